@@ -1,0 +1,144 @@
+//! Response header values for a limit decision: `Retry-After` (RFC 9110) and
+//! `RateLimit-Policy` / `RateLimit` as structured fields per
+//! draft-ietf-httpapi-ratelimit-headers (`"name";q=100;w=1`, `"name";r=0;t=1`).
+//!
+//! Policy names are restricted to `[A-Za-z0-9._-]` by validation, so they are
+//! valid inside a structured-field string without escaping.
+
+use crate::limiter::Nanos;
+use crate::policy::Policy;
+
+pub const RETRY_AFTER: &str = "retry-after";
+pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+pub const RATELIMIT: &str = "ratelimit";
+pub const SLUICE_POLICY: &str = "x-sluice-policy";
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Which of a policy's limits a decision is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    Rate,
+    Concurrency,
+}
+
+/// Whole seconds, rounded up: a client that waits this long will not be
+/// early. At least 1, as a 0 would invite an immediate retry.
+pub fn retry_after_value(retry_after: Nanos) -> String {
+    seconds_ceil(retry_after).max(1).to_string()
+}
+
+fn seconds_ceil(ns: Nanos) -> u64 {
+    ns.div_ceil(NANOS_PER_SEC)
+}
+
+/// The identifier of one limit of a policy in the RateLimit fields.
+pub fn quota_id(policy: &Policy, kind: LimitKind) -> String {
+    match kind {
+        LimitKind::Rate => policy.name.clone(),
+        LimitKind::Concurrency => format!("{}/in-flight", policy.name),
+    }
+}
+
+/// Every limit of the policy as quota policy items.
+pub fn ratelimit_policy_value(policy: &Policy) -> String {
+    let mut items = Vec::with_capacity(2);
+    if let Some(rate) = &policy.rate {
+        let period_ms = rate.period.as_millis().max(1);
+        let (quota, window_s) = if period_ms % 1000 == 0 {
+            (rate.requests, period_ms / 1000)
+        } else {
+            // The field's window is whole seconds: state the same rate per second.
+            let per_second = u128::from(rate.requests) * 1000 / u128::from(period_ms);
+            (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
+        };
+        items.push(format!(
+            "\"{}\";q={quota};w={window_s}",
+            quota_id(policy, LimitKind::Rate)
+        ));
+    }
+    if let Some(conc) = &policy.concurrency {
+        items.push(format!(
+            "\"{}\";q={};qu=\"concurrent-requests\"",
+            quota_id(policy, LimitKind::Concurrency),
+            conc.max_in_flight
+        ));
+    }
+    items.join(", ")
+}
+
+/// The live state of one limit: `remaining` units, full again in `reset`.
+pub fn ratelimit_value(policy: &Policy, kind: LimitKind, remaining: u64, reset: Nanos) -> String {
+    let id = quota_id(policy, kind);
+    match kind {
+        LimitKind::Rate => format!("\"{id}\";r={remaining};t={}", seconds_ceil(reset)),
+        LimitKind::Concurrency => format!("\"{id}\";r={remaining}"),
+    }
+}
+
+/// The headers of a local reply refusing a request.
+pub fn rejection_headers(
+    policy: &Policy,
+    kind: LimitKind,
+    retry_after: Nanos,
+) -> Vec<(&'static str, String)> {
+    vec![
+        (RETRY_AFTER, retry_after_value(retry_after)),
+        (RATELIMIT_POLICY, ratelimit_policy_value(policy)),
+        (RATELIMIT, ratelimit_value(policy, kind, 0, retry_after)),
+        (SLUICE_POLICY, policy.name.clone()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::parse_policy;
+
+    fn policy(json: &str) -> Policy {
+        parse_policy(json).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_value(1), "1");
+        assert_eq!(retry_after_value(0), "1");
+        assert_eq!(retry_after_value(1_000_000_000), "1");
+        assert_eq!(retry_after_value(1_000_000_001), "2");
+        assert_eq!(retry_after_value(u64::MAX), "18446744074");
+    }
+
+    #[test]
+    fn policy_field_lists_rate_and_concurrency() {
+        let p = policy(
+            r#"{"name": "llm", "match": {"host": "api.llm.example"},
+                "rate": {"requests": 600, "period": "1m"},
+                "concurrency": {"max_in_flight": 50}}"#,
+        );
+        assert_eq!(
+            ratelimit_policy_value(&p),
+            r#""llm";q=600;w=60, "llm/in-flight";q=50;qu="concurrent-requests""#
+        );
+        let p = policy(
+            r#"{"name": "fast", "match": {"host": "*"}, "rate": {"requests": 5, "period": "250ms"}}"#,
+        );
+        assert_eq!(ratelimit_policy_value(&p), r#""fast";q=20;w=1"#);
+    }
+
+    #[test]
+    fn rejection_carries_all_headers() {
+        let p = policy(
+            r#"{"name": "bank", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s", "burst": 20}}"#,
+        );
+        let h = rejection_headers(&p, LimitKind::Rate, 10_000_000);
+        assert_eq!(
+            h,
+            vec![
+                ("retry-after", "1".to_string()),
+                ("ratelimit-policy", "\"bank\";q=100;w=1".to_string()),
+                ("ratelimit", "\"bank\";r=0;t=1".to_string()),
+                ("x-sluice-policy", "bank".to_string()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! Concurrency limit as a lease table: one lease per holder (an Envoy worker
+//! VM), counting the slots that holder has in flight and expiring at a
+//! deadline the holder keeps renewing. A holder that dies (VM crash or
+//! restart) stops renewing, and its slots come back after the lease TTL.
+//!
+//! One lease per holder rather than per request keeps the shared value small
+//! (a few dozen workers, not thousands of requests), so every compare-and-
+//! swap moves a few hundred bytes at most whatever `max_in_flight` is.
+
+use super::{Decision, DecodeError, Nanos};
+use crate::policy::Priority;
+
+/// The fixed parameters of a concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyLimit {
+    pub max_in_flight: u32,
+    /// Slots only high-priority requests may take.
+    pub reserved_for_high: u32,
+    pub lease_ttl_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub holder: u64,
+    pub count: u32,
+    pub expires_at: Nanos,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseTable {
+    leases: Vec<Lease>,
+}
+
+impl LeaseTable {
+    /// The most holders tracked at once; a table full of live holders refuses
+    /// a new holder rather than growing without bound.
+    pub const MAX_HOLDERS: usize = 1024;
+    const LEASE_LEN: usize = 20;
+
+    pub fn leases(&self) -> &[Lease] {
+        &self.leases
+    }
+
+    /// Slots held by unexpired leases.
+    pub fn in_flight(&self) -> u32 {
+        self.leases
+            .iter()
+            .fold(0u32, |sum, l| sum.saturating_add(l.count))
+    }
+
+    pub fn held_by(&self, holder: u64) -> u32 {
+        self.leases
+            .iter()
+            .find(|l| l.holder == holder)
+            .map_or(0, |l| l.count)
+    }
+
+    /// Drops leases whose holder stopped renewing before `now`; returns the
+    /// slots reclaimed.
+    pub fn reclaim_expired(&mut self, now: Nanos) -> u32 {
+        let mut reclaimed = 0u32;
+        self.leases.retain(|l| {
+            let live = l.expires_at >= now;
+            if !live {
+                reclaimed = reclaimed.saturating_add(l.count);
+            }
+            live
+        });
+        reclaimed
+    }
+
+    /// Takes one slot for `holder` if the limit allows it for `priority`.
+    pub fn acquire(
+        &mut self,
+        limit: &ConcurrencyLimit,
+        holder: u64,
+        now: Nanos,
+        priority: Priority,
+    ) -> Decision {
+        self.reclaim_expired(now);
+        let ceiling = match priority {
+            Priority::High => limit.max_in_flight,
+            Priority::Normal => limit.max_in_flight.saturating_sub(limit.reserved_for_high),
+        };
+        let in_flight = self.in_flight();
+        let position = self.leases.iter().position(|l| l.holder == holder);
+        let has_room = in_flight < ceiling;
+        let has_place = position.is_some() || self.leases.len() < Self::MAX_HOLDERS;
+        if !has_room || !has_place {
+            return Decision::Deny {
+                // No schedule for a slot to free: suggest a short retry.
+                retry_after: 1_000_000_000,
+                reset_after: 0,
+            };
+        }
+        let expires_at = now.saturating_add(limit.lease_ttl_ns);
+        match position {
+            Some(i) => {
+                let lease = &mut self.leases[i];
+                lease.count = lease.count.saturating_add(1);
+                lease.expires_at = lease.expires_at.max(expires_at);
+            }
+            None => self.leases.push(Lease {
+                holder,
+                count: 1,
+                expires_at,
+            }),
+        }
+        Decision::Admit {
+            remaining: u64::from(ceiling - in_flight - 1),
+            reset_after: 0,
+        }
+    }
+
+    /// Returns one slot of `holder`. False if it held none (its lease had
+    /// already expired and been reclaimed): nothing is taken from others.
+    pub fn release(&mut self, holder: u64) -> bool {
+        let Some(i) = self.leases.iter().position(|l| l.holder == holder) else {
+            return false;
+        };
+        let lease = &mut self.leases[i];
+        if lease.count <= 1 {
+            self.leases.swap_remove(i);
+        } else {
+            lease.count -= 1;
+        }
+        true
+    }
+
+    /// Pushes the holder's deadline to `now + ttl`, as a live worker does on
+    /// its periodic tick.
+    pub fn renew(&mut self, holder: u64, now: Nanos, ttl: Nanos) -> bool {
+        match self.leases.iter_mut().find(|l| l.holder == holder) {
+            Some(lease) => {
+                lease.expires_at = lease.expires_at.max(now.saturating_add(ttl));
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 + self.leases.len() * Self::LEASE_LEN);
+        let n = u32::try_from(self.leases.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&n.to_le_bytes());
+        for l in &self.leases {
+            out.extend_from_slice(&l.holder.to_le_bytes());
+            out.extend_from_slice(&l.count.to_le_bytes());
+            out.extend_from_slice(&l.expires_at.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let (count, body) = bytes.split_first_chunk::<4>().ok_or(DecodeError::Length {
+            expected: 4,
+            found: bytes.len(),
+        })?;
+        let n = u32::from_le_bytes(*count) as usize;
+        if n > Self::MAX_HOLDERS || body.len() != n * Self::LEASE_LEN {
+            return Err(DecodeError::Length {
+                expected: 4 + n.min(Self::MAX_HOLDERS) * Self::LEASE_LEN,
+                found: bytes.len(),
+            });
+        }
+        let leases = body
+            .chunks_exact(Self::LEASE_LEN)
+            .map(|c| {
+                let (holder, rest) = c.split_at(8);
+                let (count, expires) = rest.split_at(4);
+                Lease {
+                    holder: u64::from_le_bytes(holder.try_into().unwrap_or_default()),
+                    count: u32::from_le_bytes(count.try_into().unwrap_or_default()),
+                    expires_at: u64::from_le_bytes(expires.try_into().unwrap_or_default()),
+                }
+            })
+            .collect();
+        Ok(Self { leases })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const LIMIT: ConcurrencyLimit = ConcurrencyLimit {
+        max_in_flight: 3,
+        reserved_for_high: 1,
+        lease_ttl_ns: 10 * SEC,
+    };
+
+    fn admitted(d: Decision) -> bool {
+        matches!(d, Decision::Admit { .. })
+    }
+
+    #[test]
+    fn normal_requests_leave_the_reserved_slot_to_high_priority() {
+        let mut t = LeaseTable::default();
+        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
+        assert!(admitted(t.acquire(&LIMIT, 2, 0, Priority::Normal)));
+        assert!(!admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
+        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::High)));
+        assert!(!admitted(t.acquire(&LIMIT, 3, 0, Priority::High)));
+        assert_eq!(t.in_flight(), 3);
+        assert!(t.release(1));
+        assert!(admitted(t.acquire(&LIMIT, 3, 0, Priority::High)));
+    }
+
+    #[test]
+    fn a_dead_holder_slots_return_after_the_ttl() {
+        let mut t = LeaseTable::default();
+        for _ in 0..3 {
+            assert!(admitted(t.acquire(&LIMIT, 7, 0, Priority::High)));
+        }
+        assert!(!admitted(t.acquire(&LIMIT, 8, 5 * SEC, Priority::High)));
+        // Holder 7 never renews or releases.
+        assert!(admitted(t.acquire(&LIMIT, 8, 10 * SEC + 1, Priority::High)));
+        assert_eq!(t.held_by(7), 0);
+        // Its late release takes nothing from holder 8.
+        assert!(!t.release(7));
+        assert_eq!(t.in_flight(), 1);
+    }
+
+    #[test]
+    fn renewing_keeps_a_long_request_slot() {
+        let mut t = LeaseTable::default();
+        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
+        assert!(t.renew(1, 8 * SEC, LIMIT.lease_ttl_ns));
+        assert_eq!(t.reclaim_expired(15 * SEC), 0);
+        assert_eq!(t.reclaim_expired(18 * SEC + 1), 1);
+    }
+
+    #[test]
+    fn release_never_goes_below_zero() {
+        let mut t = LeaseTable::default();
+        assert!(!t.release(1));
+        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
+        assert!(t.release(1));
+        assert!(!t.release(1));
+        assert_eq!(t.in_flight(), 0);
+        assert!(t.leases().is_empty());
+    }
+
+    #[test]
+    fn encoding_round_trips_and_refuses_garbage() {
+        let mut t = LeaseTable::default();
+        t.acquire(&LIMIT, u64::MAX, 5, Priority::High);
+        t.acquire(&LIMIT, 2, 6, Priority::High);
+        assert_eq!(LeaseTable::decode(&t.encode()).unwrap(), t);
+        assert_eq!(
+            LeaseTable::decode(&LeaseTable::default().encode())
+                .unwrap()
+                .in_flight(),
+            0
+        );
+        assert!(LeaseTable::decode(&[]).is_err());
+        assert!(LeaseTable::decode(&[255, 255, 255, 255]).is_err());
+        assert!(LeaseTable::decode(&[1, 0, 0, 0, 9]).is_err());
+    }
+}

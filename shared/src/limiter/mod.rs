@@ -1,0 +1,297 @@
+//! Pure limiter algorithms. No clock and no I/O: `now` comes in as
+//! nanoseconds, state comes in and goes out as small byte strings that the
+//! filter keeps in Envoy shared data and swaps by compare-and-swap.
+//!
+//! Every operation tolerates any input: time going backwards, zero or huge
+//! costs, and bytes that are not a valid state. Arithmetic is checked or
+//! saturating, so nothing overflows or panics.
+
+pub mod concurrency;
+pub mod token_bucket;
+pub mod window;
+
+pub use concurrency::{ConcurrencyLimit, Lease, LeaseTable};
+pub use token_bucket::{TokenBucket, TokenBucketState, Warmup};
+pub use window::{FixedWindow, FixedWindowState, SlidingWindow, SlidingWindowState};
+
+use crate::policy::{Algorithm, ConcurrencySpec, RateSpec};
+
+/// Nanoseconds, either an instant since the Unix epoch or a span.
+pub type Nanos = u64;
+
+/// The outcome of asking to go now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Admit {
+        /// Requests (tokens) still available right after this one.
+        remaining: u64,
+        /// Until the limit is fully available again.
+        reset_after: Nanos,
+    },
+    Deny {
+        /// Until a request of the same cost could pass (at least 1 ns).
+        retry_after: Nanos,
+        reset_after: Nanos,
+    },
+}
+
+impl Decision {
+    pub fn is_admit(&self) -> bool {
+        matches!(self, Decision::Admit { .. })
+    }
+}
+
+/// The outcome of asking for a turn (queue mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    /// The turn is at this instant (`now` when it is immediate).
+    At { instant: Nanos },
+    /// The turn would be further away than the allowed wait; nothing was
+    /// reserved. `retry_after`: how much sooner the turn would have to be.
+    Deny { retry_after: Nanos },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("state has {found} bytes, expected {expected}")]
+    Length { expected: usize, found: usize },
+    #[error("unknown state tag {0}")]
+    UnknownTag(u8),
+    #[error("state belongs to another algorithm")]
+    AlgorithmMismatch,
+}
+
+pub(crate) fn ceil_div(numerator: u128, denominator: u128) -> u128 {
+    if denominator == 0 {
+        return u128::MAX;
+    }
+    numerator.div_ceil(denominator)
+}
+
+/// A rate limiter built from a validated [`RateSpec`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimiter {
+    TokenBucket(TokenBucket),
+    FixedWindow(FixedWindow),
+    SlidingWindow(SlidingWindow),
+}
+
+/// The state of any rate limiter; encodes with a leading tag byte so a state
+/// left by a different algorithm (after a policy edit) is recognised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateState {
+    TokenBucket(TokenBucketState),
+    FixedWindow(FixedWindowState),
+    SlidingWindow(SlidingWindowState),
+}
+
+const TAG_TOKEN_BUCKET: u8 = 1;
+const TAG_FIXED_WINDOW: u8 = 2;
+const TAG_SLIDING_WINDOW: u8 = 3;
+
+impl RateState {
+    pub fn encode(&self) -> Vec<u8> {
+        let (tag, body): (u8, &[u8]) = match self {
+            RateState::TokenBucket(s) => (TAG_TOKEN_BUCKET, &s.encode()),
+            RateState::FixedWindow(s) => (TAG_FIXED_WINDOW, &s.encode()),
+            RateState::SlidingWindow(s) => (TAG_SLIDING_WINDOW, &s.encode()),
+        };
+        let mut out = Vec::with_capacity(1 + body.len());
+        out.push(tag);
+        out.extend_from_slice(body);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let (tag, body) = bytes.split_first().ok_or(DecodeError::Length {
+            expected: 1,
+            found: 0,
+        })?;
+        match *tag {
+            TAG_TOKEN_BUCKET => TokenBucketState::decode(body).map(RateState::TokenBucket),
+            TAG_FIXED_WINDOW => FixedWindowState::decode(body).map(RateState::FixedWindow),
+            TAG_SLIDING_WINDOW => SlidingWindowState::decode(body).map(RateState::SlidingWindow),
+            other => Err(DecodeError::UnknownTag(other)),
+        }
+    }
+}
+
+impl RateLimiter {
+    pub fn from_spec(spec: &RateSpec) -> Self {
+        let period_ns = spec.period.as_nanos();
+        match spec.algorithm {
+            Algorithm::TokenBucket => RateLimiter::TokenBucket(TokenBucket::new(
+                spec.requests,
+                period_ns,
+                spec.effective_burst(),
+                spec.warmup.as_ref().map(|w| Warmup {
+                    period_ns: w.period.as_nanos(),
+                    cold_factor: w.cold_factor,
+                }),
+            )),
+            Algorithm::FixedWindow => {
+                RateLimiter::FixedWindow(FixedWindow::new(spec.requests, period_ns))
+            }
+            Algorithm::SlidingWindow => {
+                RateLimiter::SlidingWindow(SlidingWindow::new(spec.requests, period_ns))
+            }
+        }
+    }
+
+    /// The state of a limiter nobody used yet: full.
+    pub fn initial_state(&self) -> RateState {
+        match self {
+            RateLimiter::TokenBucket(_) => RateState::TokenBucket(TokenBucketState::default()),
+            RateLimiter::FixedWindow(_) => RateState::FixedWindow(FixedWindowState::default()),
+            RateLimiter::SlidingWindow(_) => {
+                RateState::SlidingWindow(SlidingWindowState::default())
+            }
+        }
+    }
+
+    /// Decodes a stored state for this limiter. A state of another algorithm
+    /// is an error the caller decides on (usually: start from
+    /// [`Self::initial_state`], as the algorithm changed).
+    pub fn decode_state(&self, bytes: &[u8]) -> Result<RateState, DecodeError> {
+        let state = RateState::decode(bytes)?;
+        if self.accepts(&state) {
+            Ok(state)
+        } else {
+            Err(DecodeError::AlgorithmMismatch)
+        }
+    }
+
+    fn accepts(&self, state: &RateState) -> bool {
+        matches!(
+            (self, state),
+            (RateLimiter::TokenBucket(_), RateState::TokenBucket(_))
+                | (RateLimiter::FixedWindow(_), RateState::FixedWindow(_))
+                | (RateLimiter::SlidingWindow(_), RateState::SlidingWindow(_))
+        )
+    }
+
+    fn fit(&self, state: &mut RateState) {
+        if !self.accepts(state) {
+            *state = self.initial_state();
+        }
+    }
+
+    pub fn try_acquire(&self, state: &mut RateState, now: Nanos, cost: u64) -> Decision {
+        self.fit(state);
+        match (self, state) {
+            (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.try_acquire(s, now, cost),
+            (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => l.try_acquire(s, now, cost),
+            (RateLimiter::SlidingWindow(l), RateState::SlidingWindow(s)) => {
+                l.try_acquire(s, now, cost)
+            }
+            _ => unreachable_deny(),
+        }
+    }
+
+    pub fn reserve(
+        &self,
+        state: &mut RateState,
+        now: Nanos,
+        cost: u64,
+        max_wait: Nanos,
+    ) -> Reservation {
+        self.fit(state);
+        match (self, state) {
+            (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => {
+                l.reserve(s, now, cost, max_wait)
+            }
+            (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => {
+                l.reserve(s, now, cost, max_wait)
+            }
+            (RateLimiter::SlidingWindow(l), RateState::SlidingWindow(s)) => {
+                l.reserve(s, now, cost, max_wait)
+            }
+            _ => Reservation::Deny {
+                retry_after: 1_000_000_000,
+            },
+        }
+    }
+
+    /// Tokens available now, for utilization reports.
+    pub fn available(&self, state: &RateState, now: Nanos) -> u64 {
+        match (self, state) {
+            (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.available(s, now),
+            (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => l.available(s, now),
+            (RateLimiter::SlidingWindow(l), RateState::SlidingWindow(s)) => l.available(s, now),
+            _ => 0,
+        }
+    }
+
+    /// True when the state says nothing a fresh state would not: its place
+    /// (e.g. a per-key bucket) can be reused without giving anything away.
+    pub fn is_idle(&self, state: &RateState, now: Nanos) -> bool {
+        match (self, state) {
+            (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.is_idle(s, now),
+            (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => l.is_idle(s, now),
+            (RateLimiter::SlidingWindow(l), RateState::SlidingWindow(s)) => l.is_idle(s, now),
+            _ => true,
+        }
+    }
+}
+
+// `fit` makes the pair match; this only keeps the match exhaustive without a
+// panic path.
+fn unreachable_deny() -> Decision {
+    Decision::Deny {
+        retry_after: 1_000_000_000,
+        reset_after: 0,
+    }
+}
+
+impl ConcurrencyLimit {
+    pub fn from_spec(spec: &ConcurrencySpec) -> Self {
+        Self {
+            max_in_flight: spec.max_in_flight,
+            reserved_for_high: spec.reserved_for_high,
+            lease_ttl_ns: spec.lease_ttl.as_nanos(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::DurationMs;
+
+    fn spec(algorithm: Algorithm) -> RateSpec {
+        RateSpec {
+            algorithm,
+            requests: 5,
+            period: DurationMs::from_secs(1),
+            burst: None,
+            warmup: None,
+        }
+    }
+
+    #[test]
+    fn state_of_another_algorithm_is_recognised_and_replaced() {
+        let bucket = RateLimiter::from_spec(&spec(Algorithm::TokenBucket));
+        let window = RateLimiter::from_spec(&spec(Algorithm::FixedWindow));
+        let mut state = window.initial_state();
+        assert!(window.try_acquire(&mut state, 10, 1).is_admit());
+        let bytes = state.encode();
+        assert_eq!(
+            bucket.decode_state(&bytes),
+            Err(DecodeError::AlgorithmMismatch)
+        );
+        assert_eq!(window.decode_state(&bytes), Ok(state));
+        // Handing the wrong state to a limiter does not panic.
+        assert!(bucket.try_acquire(&mut state, 10, 1).is_admit());
+        assert!(matches!(state, RateState::TokenBucket(_)));
+    }
+
+    #[test]
+    fn garbage_states_are_errors() {
+        assert!(RateState::decode(&[]).is_err());
+        assert_eq!(
+            RateState::decode(&[9, 1, 2]),
+            Err(DecodeError::UnknownTag(9))
+        );
+        assert!(RateState::decode(&[1, 1, 2]).is_err());
+    }
+}

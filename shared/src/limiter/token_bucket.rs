@@ -1,0 +1,404 @@
+//! Token bucket as GCRA: the whole state is the theoretical arrival time
+//! (TAT), the instant at which the bucket would be full again.
+//!
+//! Exactness: one token is worth `period / requests` nanoseconds, usually not
+//! a whole number. Rounding that per request drifts (seed 002's complaint
+//! about Guava's resync). Instead every computation runs in "scaled" time, in
+//! units of `1 / requests` ns, where one token is exactly `period` units. The
+//! TAT is stored as whole nanoseconds plus the remainder in those units.
+//!
+//! Admission (cost c, burst b, P = period, all scaled): with
+//! `debt = max(tat, now) - now`, admit iff `debt <= (b - c)·P`, then
+//! `tat = max(tat, now) + c·P·f`, where `f >= 1` is the warm-up factor.
+//! Because every admission pushes the TAT by at least c·P, at most
+//! `b + rate·T` tokens pass in any interval of length T.
+
+use super::{ceil_div, Decision, DecodeError, Nanos, Reservation};
+
+/// A token bucket limiter's fixed parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucket {
+    requests: u64,
+    period_ns: u64,
+    burst: u64,
+    warmup: Option<Warmup>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Warmup {
+    pub period_ns: u64,
+    pub cold_factor: u32,
+}
+
+/// The shared state: 20 bytes in shared data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Whole nanoseconds of the TAT.
+    pub tat_ns: u64,
+    /// The TAT's remainder below one nanosecond, in units of 1/requests ns.
+    pub tat_frac: u32,
+    /// When the current warm-up ramp started (0: never).
+    pub ramp_start_ns: u64,
+}
+
+impl TokenBucketState {
+    pub const ENCODED_LEN: usize = 20;
+
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[..8].copy_from_slice(&self.tat_ns.to_le_bytes());
+        out[8..12].copy_from_slice(&self.tat_frac.to_le_bytes());
+        out[12..].copy_from_slice(&self.ramp_start_ns.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let bytes: &[u8; Self::ENCODED_LEN] =
+            bytes.try_into().map_err(|_| DecodeError::Length {
+                expected: Self::ENCODED_LEN,
+                found: bytes.len(),
+            })?;
+        let (tat, rest) = bytes.split_at(8);
+        let (frac, ramp) = rest.split_at(4);
+        Ok(Self {
+            tat_ns: u64::from_le_bytes(tat.try_into().unwrap_or_default()),
+            tat_frac: u32::from_le_bytes(frac.try_into().unwrap_or_default()),
+            ramp_start_ns: u64::from_le_bytes(ramp.try_into().unwrap_or_default()),
+        })
+    }
+}
+
+/// What an admission computed, before it is committed.
+struct Step {
+    /// Scaled debt beyond what admission allows (0 when admitted now).
+    excess: u128,
+    new_tat: u128,
+    ramp_start_ns: u64,
+}
+
+impl TokenBucket {
+    /// `requests` and `period_ns` of 0 are lifted to 1 so that an unvalidated
+    /// value cannot divide by zero; validation refuses them anyway.
+    pub fn new(requests: u64, period_ns: u64, burst: u64, warmup: Option<Warmup>) -> Self {
+        Self {
+            requests: requests.clamp(1, u64::from(u32::MAX)),
+            period_ns: period_ns.max(1),
+            burst: burst.max(1),
+            warmup: warmup.map(|w| Warmup {
+                period_ns: w.period_ns.max(1),
+                cold_factor: w.cold_factor.max(1),
+            }),
+        }
+    }
+
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    fn scale(&self) -> u128 {
+        u128::from(self.requests)
+    }
+
+    fn tat_scaled(&self, state: &TokenBucketState) -> u128 {
+        // A remainder from a policy with a larger `requests` is clamped: the
+        // TAT keeps its whole nanoseconds, so an edit loses under 1 ns.
+        let frac = u128::from(state.tat_frac).min(self.scale() - 1);
+        u128::from(state.tat_ns) * self.scale() + frac
+    }
+
+    fn state_at(&self, tat_scaled: u128, ramp_start_ns: u64) -> TokenBucketState {
+        let scale = self.scale();
+        let whole = tat_scaled / scale;
+        TokenBucketState {
+            tat_ns: u64::try_from(whole).unwrap_or(u64::MAX),
+            tat_frac: u32::try_from(tat_scaled % scale).unwrap_or(0),
+            ramp_start_ns,
+        }
+    }
+
+    /// The warm-up factor as (numerator, denominator), and the ramp start.
+    fn warm_factor(&self, state: &TokenBucketState, now: Nanos) -> ((u128, u128), u64) {
+        let Some(w) = self.warmup else {
+            return ((1, 1), state.ramp_start_ns);
+        };
+        // Idle for a whole warm-up period after the bucket filled: cold again.
+        let cold = now >= state.tat_ns.saturating_add(w.period_ns);
+        let ramp_start = if cold { now } else { state.ramp_start_ns };
+        // A clock that went back before the ramp start counts as coldest.
+        let elapsed = now.saturating_sub(ramp_start);
+        if elapsed >= w.period_ns {
+            return ((1, 1), ramp_start);
+        }
+        let period = u128::from(w.period_ns);
+        let cf = u128::from(w.cold_factor);
+        // Linear from `cold_factor` down to 1 over the ramp.
+        let numerator = cf * period - (cf - 1) * u128::from(elapsed);
+        ((numerator, period), ramp_start)
+    }
+
+    fn step(&self, state: &TokenBucketState, now: Nanos, cost: u64) -> Step {
+        let scale = self.scale();
+        let period = u128::from(self.period_ns);
+        let cost = u128::from(cost.max(1));
+        let burst = u128::from(self.burst);
+        let now_scaled = u128::from(now) * scale;
+        let tat = self.tat_scaled(state);
+        let base = tat.max(now_scaled);
+        let debt = base - now_scaled;
+        let allowance = burst.saturating_sub(cost).saturating_mul(period);
+        let ((num, den), ramp_start_ns) = self.warm_factor(state, now);
+        let increment = ceil_div(cost.saturating_mul(period).saturating_mul(num), den);
+        Step {
+            excess: debt.saturating_sub(allowance),
+            new_tat: base.saturating_add(increment),
+            ramp_start_ns,
+        }
+    }
+
+    fn remaining_after(&self, tat_scaled: u128, now: Nanos) -> u64 {
+        let now_scaled = u128::from(now) * self.scale();
+        let capacity = u128::from(self.burst) * u128::from(self.period_ns);
+        let used = tat_scaled.saturating_sub(now_scaled);
+        u64::try_from(capacity.saturating_sub(used) / u128::from(self.period_ns))
+            .unwrap_or(u64::MAX)
+    }
+
+    fn scaled_to_ns(&self, scaled: u128) -> Nanos {
+        u64::try_from(ceil_div(scaled, self.scale())).unwrap_or(u64::MAX)
+    }
+
+    /// Admits `cost` tokens now or refuses; on admission `state` is updated.
+    pub fn try_acquire(&self, state: &mut TokenBucketState, now: Nanos, cost: u64) -> Decision {
+        let step = self.step(state, now, cost);
+        if step.excess > 0 {
+            let tat = self.tat_scaled(state);
+            return Decision::Deny {
+                retry_after: self.scaled_to_ns(step.excess).max(1),
+                reset_after: self.scaled_to_ns(tat.saturating_sub(u128::from(now) * self.scale())),
+            };
+        }
+        *state = self.state_at(step.new_tat, step.ramp_start_ns);
+        Decision::Admit {
+            remaining: self.remaining_after(step.new_tat, now),
+            reset_after: self
+                .scaled_to_ns(step.new_tat.saturating_sub(u128::from(now) * self.scale())),
+        }
+    }
+
+    /// Reserves the caller's turn (Guava's `reserve`): the returned instant
+    /// is when it may go; later callers get later instants. Refused, without
+    /// touching the state, if the turn is more than `max_wait` away.
+    pub fn reserve(
+        &self,
+        state: &mut TokenBucketState,
+        now: Nanos,
+        cost: u64,
+        max_wait: Nanos,
+    ) -> Reservation {
+        let step = self.step(state, now, cost);
+        let wait = self.scaled_to_ns(step.excess);
+        if wait > max_wait {
+            return Reservation::Deny {
+                retry_after: wait - max_wait,
+            };
+        }
+        *state = self.state_at(step.new_tat, step.ramp_start_ns);
+        Reservation::At {
+            instant: now.saturating_add(wait),
+        }
+    }
+
+    /// Tokens available now without changing anything (for utilization).
+    pub fn available(&self, state: &TokenBucketState, now: Nanos) -> u64 {
+        self.remaining_after(self.tat_scaled(state), now)
+    }
+
+    /// True when the bucket is full and no warm-up is under way, so the
+    /// state carries no information and its place can be given to another key.
+    pub fn is_idle(&self, state: &TokenBucketState, now: Nanos) -> bool {
+        let full = state.tat_ns < now;
+        match self.warmup {
+            None => full,
+            Some(w) => now >= state.tat_ns.saturating_add(w.period_ns),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const T0: u64 = 1_800_000_000 * SEC;
+
+    fn admitted(d: Decision) -> bool {
+        matches!(d, Decision::Admit { .. })
+    }
+
+    #[test]
+    fn full_bucket_lets_burst_through_then_refills_at_rate() {
+        let tb = TokenBucket::new(100, SEC, 20, None);
+        let mut s = TokenBucketState::default();
+        let passed = (0..50)
+            .filter(|_| admitted(tb.try_acquire(&mut s, T0, 1)))
+            .count();
+        assert_eq!(passed, 20);
+        // 10 ms later exactly one token came back.
+        assert!(admitted(tb.try_acquire(&mut s, T0 + 10_000_000, 1)));
+        assert!(!admitted(tb.try_acquire(&mut s, T0 + 10_000_000, 1)));
+    }
+
+    #[test]
+    fn deny_reports_when_to_retry_and_changes_nothing() {
+        let tb = TokenBucket::new(10, SEC, 1, None);
+        let mut s = TokenBucketState::default();
+        assert!(admitted(tb.try_acquire(&mut s, T0, 1)));
+        let before = s;
+        match tb.try_acquire(&mut s, T0 + 30_000_000, 1) {
+            Decision::Deny { retry_after, .. } => assert_eq!(retry_after, 70_000_000),
+            other => panic!("expected deny, got {other:?}"),
+        }
+        assert_eq!(s, before);
+        assert!(admitted(tb.try_acquire(&mut s, T0 + 100_000_000, 1)));
+    }
+
+    #[test]
+    fn weighted_request_takes_several_tokens() {
+        let tb = TokenBucket::new(10, SEC, 10, None);
+        let mut s = TokenBucketState::default();
+        assert!(admitted(tb.try_acquire(&mut s, T0, 7)));
+        assert!(!admitted(tb.try_acquire(&mut s, T0, 4)));
+        assert!(admitted(tb.try_acquire(&mut s, T0, 3)));
+    }
+
+    #[test]
+    fn fractional_interval_does_not_drift() {
+        // 3 per second: 333_333_333.33.. ns per token. A backlogged caller's
+        // k-th turn must be exactly ceil(k * P / 3) after the start, however
+        // large k gets: rounding the interval per request would be off by
+        // a millisecond after three million requests.
+        let tb = TokenBucket::new(3, SEC, 1, None);
+        let mut s = TokenBucketState::default();
+        for k in 0..3_000_000u64 {
+            let expected = T0 + (u128::from(k) * u128::from(SEC)).div_ceil(3) as u64;
+            match tb.reserve(&mut s, T0, 1, u64::MAX) {
+                Reservation::At { instant } => assert_eq!(instant, expected, "turn {k}"),
+                other => panic!("turn {k}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn clock_going_back_gives_no_tokens() {
+        let tb = TokenBucket::new(10, SEC, 5, None);
+        let mut s = TokenBucketState::default();
+        for _ in 0..5 {
+            assert!(admitted(tb.try_acquire(&mut s, T0, 1)));
+        }
+        assert!(!admitted(tb.try_acquire(&mut s, T0 - 10 * SEC, 1)));
+        assert!(!admitted(tb.try_acquire(&mut s, 0, 1)));
+    }
+
+    #[test]
+    fn reservations_are_spaced_fifo_and_bounded() {
+        let tb = TokenBucket::new(50, SEC, 1, None);
+        let mut s = TokenBucketState::default();
+        let mut instants = Vec::new();
+        for _ in 0..200 {
+            match tb.reserve(&mut s, T0, 1, 2 * SEC) {
+                Reservation::At { instant } => instants.push(instant),
+                Reservation::Deny { .. } => break,
+            }
+        }
+        assert_eq!(instants.len(), 101, "0 ms .. 2000 ms at 20 ms spacing");
+        for pair in instants.windows(2) {
+            assert_eq!(pair[1] - pair[0], 20_000_000);
+        }
+        assert!(matches!(
+            tb.reserve(&mut s, T0, 1, 2 * SEC),
+            Reservation::Deny { .. }
+        ));
+    }
+
+    #[test]
+    fn warmup_starts_slow_and_reaches_full_rate() {
+        let w = Warmup {
+            period_ns: 10 * SEC,
+            cold_factor: 4,
+        };
+        let tb = TokenBucket::new(100, SEC, 1, Some(w));
+        let mut s = TokenBucketState::default();
+        let count_in = |s: &mut TokenBucketState, from: u64, to: u64| {
+            let mut n = 0;
+            let mut t = from;
+            while t < to {
+                if admitted(tb.try_acquire(s, t, 1)) {
+                    n += 1;
+                }
+                t += 1_000_000;
+            }
+            n
+        };
+        let first_second = count_in(&mut s, T0, T0 + SEC);
+        let _ = count_in(&mut s, T0 + SEC, T0 + 10 * SEC);
+        let after_ramp = count_in(&mut s, T0 + 10 * SEC, T0 + 11 * SEC);
+        assert!(
+            (25..=32).contains(&first_second),
+            "cold second admitted {first_second}"
+        );
+        assert!(
+            (99..=101).contains(&after_ramp),
+            "warm second admitted {after_ramp}"
+        );
+        // Idle again for the warm-up period: cold again.
+        let cold_again = count_in(&mut s, T0 + 30 * SEC, T0 + 31 * SEC);
+        assert!(
+            (25..=32).contains(&cold_again),
+            "re-cooled second admitted {cold_again}"
+        );
+    }
+
+    #[test]
+    fn warmup_never_locks_out_a_full_cost_request() {
+        let w = Warmup {
+            period_ns: SEC,
+            cold_factor: 10,
+        };
+        let tb = TokenBucket::new(10, SEC, 2, Some(w));
+        let mut s = TokenBucketState::default();
+        assert!(admitted(tb.try_acquire(&mut s, T0, 2)));
+    }
+
+    #[test]
+    fn state_round_trips_and_rejects_wrong_length() {
+        let s = TokenBucketState {
+            tat_ns: u64::MAX - 3,
+            tat_frac: 7,
+            ramp_start_ns: 42,
+        };
+        assert_eq!(TokenBucketState::decode(&s.encode()).unwrap(), s);
+        assert!(TokenBucketState::decode(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_panic() {
+        let tb = TokenBucket::new(u64::MAX, u64::MAX, u64::MAX, None);
+        let mut s = TokenBucketState {
+            tat_ns: u64::MAX,
+            tat_frac: u32::MAX,
+            ramp_start_ns: u64::MAX,
+        };
+        let _ = tb.try_acquire(&mut s, u64::MAX, u64::MAX);
+        let _ = tb.reserve(&mut s, 0, u64::MAX, u64::MAX);
+        let tb = TokenBucket::new(
+            0,
+            0,
+            0,
+            Some(Warmup {
+                period_ns: 0,
+                cold_factor: 0,
+            }),
+        );
+        let _ = tb.try_acquire(&mut s, 0, 0);
+    }
+}

@@ -1,0 +1,453 @@
+//! Deciding which policy a request falls under, which bucket it uses, what
+//! it costs and how urgent it is. Works on raw header bytes: a request may
+//! carry anything, and none of it may cause a panic.
+
+use std::borrow::Cow;
+
+use crate::limiter::{ConcurrencyLimit, RateLimiter};
+use crate::policy::{CostSpec, KeyOverflow, Mode, Policy, PolicySet, Priority};
+use crate::validate::{parse_policy_set, ValidationErrors};
+
+/// Read access to a request's headers. Names are lowercase; the pseudo
+/// headers `:authority`, `:path` and `:method` are headers too (as in Envoy).
+pub trait RequestHeaders {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+}
+
+/// A plain list of headers, for tests and tools.
+impl RequestHeaders for [(&str, &[u8])] {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| Cow::Borrowed(*v))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HostPattern {
+    Any,
+    Exact(String),
+    /// `*.example.com` stored as `.example.com`.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HostMatcher {
+    pattern: HostPattern,
+    /// When the pattern names a port, the request's port must equal it.
+    port: Option<String>,
+}
+
+impl HostMatcher {
+    fn new(host: &str) -> Self {
+        if host == "*" {
+            return Self {
+                pattern: HostPattern::Any,
+                port: None,
+            };
+        }
+        let (name, port) = split_port(host.as_bytes());
+        let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+        let port = port.map(|p| String::from_utf8_lossy(p).into_owned());
+        let pattern = match name.strip_prefix('*') {
+            Some(suffix) => HostPattern::Suffix(suffix.to_string()),
+            None => HostPattern::Exact(name),
+        };
+        Self { pattern, port }
+    }
+
+    fn matches(&self, authority: &[u8]) -> bool {
+        let (name, port) = split_port(authority);
+        let name = name.strip_suffix(b".").unwrap_or(name);
+        if let Some(want) = &self.port {
+            if port != Some(want.as_bytes()) {
+                return false;
+            }
+        }
+        match &self.pattern {
+            HostPattern::Any => true,
+            HostPattern::Exact(host) => name.eq_ignore_ascii_case(host.as_bytes()),
+            HostPattern::Suffix(suffix) => {
+                name.len() > suffix.len()
+                    && name[name.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+            }
+        }
+    }
+}
+
+/// Splits `host:port` / `[v6]:port`; a trailing part that is not all digits
+/// is not a port.
+fn split_port(authority: &[u8]) -> (&[u8], Option<&[u8]>) {
+    if authority.first() == Some(&b'[') {
+        if let Some(close) = authority.iter().position(|&b| b == b']') {
+            let rest = &authority[close + 1..];
+            return match rest.strip_prefix(b":") {
+                Some(port) if !port.is_empty() => (&authority[..=close], Some(port)),
+                _ => (&authority[..=close], None),
+            };
+        }
+        return (authority, None);
+    }
+    match authority.iter().rposition(|&b| b == b':') {
+        Some(i) if i + 1 < authority.len() && authority[i + 1..].iter().all(u8::is_ascii_digit) => {
+            (&authority[..i], Some(&authority[i + 1..]))
+        }
+        _ => (authority, None),
+    }
+}
+
+/// A validated policy, prepared for matching and limiting.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicy {
+    pub policy: Policy,
+    host: HostMatcher,
+    methods: Vec<String>,
+    headers: Vec<(String, Vec<u8>)>,
+    key_header: Option<String>,
+    cost_header: Option<String>,
+    priority_header: Option<String>,
+    pub rate: Option<RateLimiter>,
+    pub concurrency: Option<ConcurrencyLimit>,
+}
+
+/// Which bucket of a policy a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BucketKey {
+    /// The policy has no `key`: one bucket.
+    Policy,
+    /// A hash of the key header's value (requests without the header hash
+    /// the empty value and so share one bucket). Raw keys (API keys) never
+    /// reach shared data or logs.
+    Keyed(u64),
+}
+
+/// Everything the filter needs to know about a matched request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classification {
+    pub policy_index: usize,
+    pub key: BucketKey,
+    pub cost: u64,
+    pub priority: Priority,
+}
+
+impl CompiledPolicy {
+    pub fn new(policy: Policy) -> Self {
+        let lower = |s: &str| s.to_ascii_lowercase();
+        Self {
+            host: HostMatcher::new(&policy.matcher.host),
+            methods: policy
+                .matcher
+                .methods
+                .iter()
+                .map(|m| m.to_ascii_uppercase())
+                .collect(),
+            headers: policy
+                .matcher
+                .headers
+                .iter()
+                .map(|h| (lower(&h.name), h.equals.as_bytes().to_vec()))
+                .collect(),
+            key_header: policy.key.as_ref().map(|k| lower(&k.header)),
+            cost_header: match &policy.cost {
+                CostSpec::FromHeader(h) => Some(lower(&h.header)),
+                CostSpec::Fixed(_) => None,
+            },
+            priority_header: policy
+                .priority
+                .as_ref()
+                .and_then(|p| p.header.as_deref())
+                .map(lower),
+            rate: policy.rate.as_ref().map(RateLimiter::from_spec),
+            concurrency: policy.concurrency.as_ref().map(ConcurrencyLimit::from_spec),
+            policy,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.policy.name
+    }
+
+    pub fn is_shadow(&self) -> bool {
+        self.policy.mode == Mode::Shadow
+    }
+
+    pub fn key_overflow(&self) -> Option<KeyOverflow> {
+        self.policy.key.as_ref().map(|k| k.overflow)
+    }
+
+    pub fn max_keys(&self) -> Option<u32> {
+        self.policy.key.as_ref().map(|k| k.max_keys)
+    }
+
+    pub fn matches<R: RequestHeaders + ?Sized>(&self, req: &R) -> bool {
+        let authority = req.header(":authority").or_else(|| req.header("host"));
+        match authority {
+            Some(a) if self.host.matches(&a) => {}
+            None if self.host.pattern == HostPattern::Any && self.host.port.is_none() => {}
+            _ => return false,
+        }
+        if let Some(prefix) = &self.policy.matcher.path_prefix {
+            match req.header(":path") {
+                Some(path) if path.starts_with(prefix.as_bytes()) => {}
+                _ => return false,
+            }
+        }
+        if !self.methods.is_empty() {
+            match req.header(":method") {
+                Some(m)
+                    if self
+                        .methods
+                        .iter()
+                        .any(|want| m.eq_ignore_ascii_case(want.as_bytes())) => {}
+                _ => return false,
+            }
+        }
+        self.headers.iter().all(|(name, want)| {
+            req.header(name)
+                .is_some_and(|v| v.as_ref() == want.as_slice())
+        })
+    }
+
+    pub fn bucket_key<R: RequestHeaders + ?Sized>(&self, req: &R) -> BucketKey {
+        match &self.key_header {
+            None => BucketKey::Policy,
+            Some(h) => {
+                let value = req.header(h);
+                BucketKey::Keyed(xxhash_rust::xxh3::xxh3_64(
+                    value.as_deref().unwrap_or_default(),
+                ))
+            }
+        }
+    }
+
+    /// Tokens this request takes: a header value that is not a whole number
+    /// gives the default, one above `max` counts as `max`, 0 counts as 1.
+    pub fn cost<R: RequestHeaders + ?Sized>(&self, req: &R) -> u64 {
+        match &self.policy.cost {
+            CostSpec::Fixed(n) => (*n).max(1),
+            CostSpec::FromHeader(spec) => {
+                let parsed = self
+                    .cost_header
+                    .as_deref()
+                    .and_then(|h| req.header(h))
+                    .and_then(|v| parse_whole_number(&v));
+                parsed.unwrap_or(spec.default).clamp(1, spec.max.max(1))
+            }
+        }
+    }
+
+    pub fn priority<R: RequestHeaders + ?Sized>(&self, req: &R) -> Priority {
+        let Some(spec) = &self.policy.priority else {
+            return Priority::Normal;
+        };
+        let value = self.priority_header.as_deref().and_then(|h| req.header(h));
+        match value.as_deref().map(trim_ascii) {
+            Some(v) if v.eq_ignore_ascii_case(b"high") => Priority::High,
+            Some(v) if v.eq_ignore_ascii_case(b"normal") || v.eq_ignore_ascii_case(b"low") => {
+                Priority::Normal
+            }
+            _ => spec.default,
+        }
+    }
+}
+
+fn trim_ascii(v: &[u8]) -> &[u8] {
+    v.trim_ascii()
+}
+
+/// Digits only (surrounding spaces allowed); anything else, or a number past
+/// u64, is None.
+fn parse_whole_number(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 20 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    v.iter().try_fold(0u64, |acc, d| {
+        acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// A validated policy set, ready to classify requests.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicySet {
+    pub version: u64,
+    pub policies: Vec<CompiledPolicy>,
+}
+
+impl CompiledPolicySet {
+    /// Parses, validates and compiles; nothing is built from an invalid set.
+    pub fn from_json(json: &str) -> Result<Self, ValidationErrors> {
+        parse_policy_set(json).map(Self::from_validated)
+    }
+
+    /// Compiles a set that passed validation.
+    pub fn from_validated(set: PolicySet) -> Self {
+        Self {
+            version: set.version,
+            policies: set.policies.into_iter().map(CompiledPolicy::new).collect(),
+        }
+    }
+
+    pub fn empty() -> Self {
+        Self {
+            version: 0,
+            policies: Vec::new(),
+        }
+    }
+
+    /// The first policy that matches, in list order, and how the request
+    /// falls under it.
+    pub fn classify<R: RequestHeaders + ?Sized>(&self, req: &R) -> Option<Classification> {
+        let (policy_index, policy) = self
+            .policies
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.matches(req))?;
+        Some(Classification {
+            policy_index,
+            key: policy.bucket_key(req),
+            cost: policy.cost(req),
+            priority: policy.priority(req),
+        })
+    }
+
+    pub fn find(&self, name: &str) -> Option<(usize, &CompiledPolicy)> {
+        self.policies
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.name() == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(json: &str) -> CompiledPolicySet {
+        CompiledPolicySet::from_json(json).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn req<'a>(headers: &'a [(&'a str, &'a [u8])]) -> &'a [(&'a str, &'a [u8])] {
+        headers
+    }
+
+    const POLICIES: &str = r#"{"version": 1, "policies": [
+        {"name": "bank-payments", "match": {"host": "api.bank.example", "path_prefix": "/v1/payments", "methods": ["post"]},
+         "rate": {"requests": 10, "period": "1s"}},
+        {"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 100, "period": "1s"}},
+        {"name": "llm", "match": {"host": "*.llm.example:443", "headers": [{"name": "X-Tier", "equals": "prod"}]},
+         "key": {"header": "X-Api-Key"},
+         "cost": {"header": "x-tokens", "default": 2, "max": 50},
+         "rate": {"requests": 100, "period": "1s"},
+         "concurrency": {"max_in_flight": 5, "reserved_for_high": 1},
+         "priority": {"header": "x-priority"}},
+        {"name": "rest", "match": {"host": "*"}, "concurrency": {"max_in_flight": 1000}}
+    ]}"#;
+
+    #[test]
+    fn first_match_wins_in_list_order() {
+        let s = set(POLICIES);
+        let pick = |h: &[(&str, &[u8])]| {
+            s.classify(h)
+                .map(|c| s.policies[c.policy_index].name().to_string())
+        };
+        assert_eq!(
+            pick(req(&[
+                (":authority", b"API.bank.example"),
+                (":path", b"/v1/payments/9"),
+                (":method", b"POST")
+            ])),
+            Some("bank-payments".into())
+        );
+        assert_eq!(
+            pick(req(&[
+                (":authority", b"api.bank.example:443"),
+                (":path", b"/v1/payments"),
+                (":method", b"GET")
+            ])),
+            Some("bank".into())
+        );
+        assert_eq!(
+            pick(req(&[
+                (":authority", b"eu.llm.example:443"),
+                ("x-tier", b"prod")
+            ])),
+            Some("llm".into())
+        );
+        // Wrong port, bare suffix, or missing header: falls through to the catch-all.
+        assert_eq!(
+            pick(req(&[
+                (":authority", b"eu.llm.example:80"),
+                ("x-tier", b"prod")
+            ])),
+            Some("rest".into())
+        );
+        assert_eq!(
+            pick(req(&[
+                (":authority", b"llm.example:443"),
+                ("x-tier", b"prod")
+            ])),
+            Some("rest".into())
+        );
+        assert_eq!(
+            pick(req(&[(":authority", b"eu.llm.example:443")])),
+            Some("rest".into())
+        );
+        assert_eq!(pick(req(&[])), Some("rest".into()));
+    }
+
+    #[test]
+    fn unmatched_requests_get_no_policy() {
+        let s = set(
+            r#"{"version": 1, "policies": [{"name": "a", "match": {"host": "a.example"}, "rate": {"requests": 1, "period": "1s"}}]}"#,
+        );
+        assert_eq!(s.classify(req(&[(":authority", b"b.example")])), None);
+        assert_eq!(s.classify(req(&[])), None);
+        assert_eq!(
+            s.classify(req(&[(":authority", &[0xff, 0xfe, b':'])])),
+            None
+        );
+    }
+
+    #[test]
+    fn key_cost_and_priority_come_from_headers() {
+        let s = set(POLICIES);
+        let base: [(&str, &[u8]); 2] = [(":authority", b"eu.llm.example:443"), ("x-tier", b"prod")];
+        let with = |extra: &[(&'static str, &'static [u8])]| {
+            let mut h = base.to_vec();
+            h.extend_from_slice(extra);
+            s.classify(h.as_slice()).unwrap()
+        };
+        let a = with(&[("x-api-key", b"key-a")]);
+        let b = with(&[("x-api-key", b"key-b")]);
+        let none = with(&[]);
+        assert_ne!(a.key, b.key);
+        assert_ne!(a.key, none.key);
+        assert_eq!(with(&[("x-api-key", b"key-a")]).key, a.key);
+        assert_eq!(none.cost, 2);
+        assert_eq!(with(&[("x-tokens", b" 7 ")]).cost, 7);
+        assert_eq!(with(&[("x-tokens", b"9999")]).cost, 50);
+        assert_eq!(with(&[("x-tokens", b"0")]).cost, 1);
+        assert_eq!(with(&[("x-tokens", b"-3")]).cost, 2);
+        assert_eq!(with(&[("x-tokens", b"99999999999999999999999")]).cost, 2);
+        assert_eq!(with(&[("x-priority", b"HIGH")]).priority, Priority::High);
+        assert_eq!(
+            with(&[("x-priority", b"whatever")]).priority,
+            Priority::Normal
+        );
+        assert_eq!(none.priority, Priority::Normal);
+    }
+
+    #[test]
+    fn ipv6_and_odd_authorities() {
+        let m = HostMatcher::new("[::1]:8080");
+        assert!(m.matches(b"[::1]:8080"));
+        assert!(!m.matches(b"[::1]:8081"));
+        let m = HostMatcher::new("api.example");
+        assert!(m.matches(b"api.example."));
+        assert!(m.matches(b"api.example:99"));
+        assert!(!m.matches(b"api.example:x"));
+        assert!(!m.matches(b""));
+        assert!(!m.matches(b"["));
+    }
+}

@@ -1,0 +1,350 @@
+//! The policy schema: what an operator writes (JSON), as serde types.
+//!
+//! Parsing into these types checks shapes and refuses unknown fields;
+//! [`crate::validate`] checks meaning (ranges, combinations, duplicates).
+
+use serde::{Deserialize, Serialize};
+
+use crate::duration::DurationMs;
+
+#[cfg(feature = "schema")]
+use schemars::JsonSchema;
+
+/// A versioned, ordered list of policies. The first policy whose `match`
+/// accepts a request decides for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PolicySet {
+    /// Increases with every change; filters install a set only when it is newer.
+    pub version: u64,
+    pub policies: Vec<Policy>,
+}
+
+/// One named limit on one destination.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Letters, digits, `-`, `_`, `.`; unique in the set. Appears in stats and
+    /// in the `x-sluice-policy` response header.
+    pub name: String,
+    #[serde(rename = "match")]
+    pub matcher: MatchSpec,
+    /// Split the policy into one bucket per value of a request header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeySpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
+    /// Tokens one request takes from `rate`.
+    #[serde(default, skip_serializing_if = "CostSpec::is_default")]
+    pub cost: CostSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencySpec>,
+    #[serde(default)]
+    pub on_limit: OnLimit,
+    /// How a request's priority is found; without it every request is `normal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<PrioritySpec>,
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+/// Which requests a policy applies to. Every given condition must hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    /// Destination host (the request's `:authority`): `api.bank.example`,
+    /// `api.bank.example:8443`, `*.bank.example` (any subdomain) or `*` (any).
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// Empty means any method.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderEquals>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HeaderEquals {
+    pub name: String,
+    pub equals: String,
+}
+
+/// One bucket per distinct value of `header` (per API key, per tenant).
+///
+/// Requests without the header share one bucket. At most `max_keys` keys are
+/// tracked at once; a key whose bucket is idle (full again, nothing in flight)
+/// gives its place to a new key. When every place holds a busy key, a new key
+/// is handled by `overflow`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct KeySpec {
+    pub header: String,
+    #[serde(default = "KeySpec::default_max_keys")]
+    pub max_keys: u32,
+    #[serde(default)]
+    pub overflow: KeyOverflow,
+}
+
+impl KeySpec {
+    pub const DEFAULT_MAX_KEYS: u32 = 10_000;
+
+    fn default_max_keys() -> u32 {
+        Self::DEFAULT_MAX_KEYS
+    }
+}
+
+/// What happens to a request whose key finds no place among `max_keys`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum KeyOverflow {
+    /// All overflowing keys share one extra bucket with the policy's limits:
+    /// they are limited together, never let through unlimited.
+    #[default]
+    Shared,
+    /// Overflowing keys are refused with the policy's `on_limit` reply.
+    Reject,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RateSpec {
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// Requests (tokens) allowed per `period`.
+    pub requests: u64,
+    /// `"1s"`, `"1m"`, `"1h"`, `"250ms"` or milliseconds.
+    pub period: DurationMs,
+    /// Token bucket only: how many requests may go at once after an idle
+    /// spell. Defaults to `requests`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// Token bucket only: after an idle spell the rate starts lower and ramps
+    /// up to full, for a backend that needs warming (Guava's SmoothWarmingUp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<WarmupSpec>,
+}
+
+impl RateSpec {
+    /// The bucket capacity in effect.
+    pub fn effective_burst(&self) -> u64 {
+        self.burst.unwrap_or(self.requests)
+    }
+
+    /// The most tokens one request can ever take: beyond it a request could
+    /// never be admitted.
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket => self.effective_burst(),
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.requests,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// GCRA: smooth refill, bursts up to `burst`, no double burst at edges.
+    #[default]
+    TokenBucket,
+    /// At most `requests` per aligned window; allows up to twice that across
+    /// a window edge.
+    FixedWindow,
+    /// Weighted blend of the previous and current window; no edge burst.
+    SlidingWindow,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WarmupSpec {
+    /// How long the ramp from cold to full rate takes. A bucket idle for at
+    /// least this long is cold again.
+    pub period: DurationMs,
+    /// The cold rate is `requests / cold_factor`.
+    #[serde(default = "WarmupSpec::default_cold_factor")]
+    pub cold_factor: u32,
+}
+
+impl WarmupSpec {
+    pub const DEFAULT_COLD_FACTOR: u32 = 3;
+
+    fn default_cold_factor() -> u32 {
+        Self::DEFAULT_COLD_FACTOR
+    }
+}
+
+/// Tokens one request takes: a fixed number, or read from a request header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(
+    untagged,
+    expecting = "a number of tokens, or {\"header\": ..., \"default\": ..., \"max\": ...}"
+)]
+pub enum CostSpec {
+    Fixed(u64),
+    FromHeader(CostFromHeader),
+}
+
+impl Default for CostSpec {
+    fn default() -> Self {
+        CostSpec::Fixed(1)
+    }
+}
+
+impl CostSpec {
+    fn is_default(&self) -> bool {
+        *self == CostSpec::Fixed(1)
+    }
+
+    /// The largest cost this spec can produce.
+    pub fn max_cost(&self) -> u64 {
+        match self {
+            CostSpec::Fixed(n) => *n,
+            CostSpec::FromHeader(h) => h.max.max(h.default),
+        }
+    }
+}
+
+/// A header value that is not a whole number uses `default`; a value above
+/// `max` counts as `max`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CostFromHeader {
+    pub header: String,
+    #[serde(default = "CostFromHeader::default_cost")]
+    pub default: u64,
+    pub max: u64,
+}
+
+impl CostFromHeader {
+    fn default_cost() -> u64 {
+        1
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySpec {
+    /// Requests allowed in flight at once, across all Envoy workers.
+    pub max_in_flight: u32,
+    /// A slot not released within this time is reclaimed (a crashed worker,
+    /// a stream that never ends).
+    #[serde(default = "ConcurrencySpec::default_lease_ttl")]
+    pub lease_ttl: DurationMs,
+    /// Slots only `high` priority requests may take (a priority lane).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_for_high: u32,
+}
+
+impl ConcurrencySpec {
+    pub const DEFAULT_LEASE_TTL: DurationMs = DurationMs::from_secs(300);
+
+    fn default_lease_ttl() -> DurationMs {
+        Self::DEFAULT_LEASE_TTL
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What a request over the limit gets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct OnLimit {
+    #[serde(default)]
+    pub action: LimitAction,
+    /// Status of the local reply (also after a queue wait runs out).
+    #[serde(default = "OnLimit::default_status")]
+    pub status: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// `queue` only: the longest a request waits for its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<DurationMs>,
+    /// `queue` only: the most requests waiting at once, per Envoy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue: Option<u32>,
+}
+
+impl OnLimit {
+    pub const DEFAULT_STATUS: u16 = 429;
+    pub const DEFAULT_MAX_QUEUE: u32 = 1000;
+
+    fn default_status() -> u16 {
+        Self::DEFAULT_STATUS
+    }
+
+    pub fn queue_max(&self) -> u32 {
+        self.max_queue.unwrap_or(Self::DEFAULT_MAX_QUEUE)
+    }
+}
+
+impl Default for OnLimit {
+    fn default() -> Self {
+        Self {
+            action: LimitAction::Reject,
+            status: Self::DEFAULT_STATUS,
+            body: None,
+            max_wait: None,
+            max_queue: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum LimitAction {
+    /// Answer at once with `status`, `Retry-After` and RateLimit headers.
+    #[default]
+    Reject,
+    /// Hold the request until its turn, up to `max_wait`, then reject.
+    Queue,
+}
+
+/// A request's priority: from a header whose value is `high` or `normal`
+/// (case-insensitive); anything else, or no header, gives `default`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PrioritySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub default: Priority,
+}
+
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    #[default]
+    Normal,
+    High,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    /// Count and log what would have been limited; never limit.
+    Shadow,
+}

@@ -1,0 +1,627 @@
+//! Parsing and validation of policies, reporting every problem with the path
+//! of the field it concerns (`policies[2].rate.burst: must be >= 1`).
+//!
+//! Serde stops at the first structural error, so each policy of a set is
+//! parsed on its own: a typo in one policy does not hide the problems of the
+//! others. Policies that parse are then checked for meaning.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::duration::DurationMs;
+use crate::policy::*;
+
+/// Bounds that keep every value meaningful and every computation in range.
+pub mod bounds {
+    pub const MAX_POLICIES: usize = 1000;
+    pub const MAX_NAME_LEN: usize = 64;
+    pub const MAX_REQUESTS: u64 = 1_000_000_000;
+    pub const MAX_BURST: u64 = 1_000_000_000;
+    pub const MIN_PERIOD_MS: u64 = 1;
+    pub const MAX_PERIOD_MS: u64 = 86_400_000;
+    /// A full bucket must drain back within this (burst / requests * period).
+    pub const MAX_BUCKET_SPAN_MS: u64 = 30 * 86_400_000;
+    pub const MIN_COLD_FACTOR: u32 = 2;
+    pub const MAX_COLD_FACTOR: u32 = 10;
+    pub const MAX_WARMUP_MS: u64 = 3_600_000;
+    pub const MAX_IN_FLIGHT: u32 = 1_000_000;
+    pub const MIN_LEASE_TTL_MS: u64 = 1_000;
+    pub const MAX_LEASE_TTL_MS: u64 = 86_400_000;
+    pub const MAX_WAIT_MS: u64 = 300_000;
+    pub const MAX_QUEUE: u32 = 100_000;
+    pub const MAX_KEYS: u32 = 1_000_000;
+    pub const MAX_BODY_LEN: usize = 4096;
+    pub const MAX_HOST_LEN: usize = 261;
+    pub const MAX_PATH_PREFIX_LEN: usize = 1024;
+    pub const MAX_HEADER_VALUE_LEN: usize = 1024;
+    pub const MAX_HEADER_MATCHES: usize = 16;
+}
+
+const KNOWN_METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
+];
+
+/// One problem with one field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// `policies[2].rate.burst`; empty for the document as a whole.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found, in document order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationErrors {
+    pub errors: Vec<FieldError>,
+}
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ValidationErrors {
+    fn single(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            errors: vec![FieldError {
+                path: path.into(),
+                message: message.into(),
+            }],
+        }
+    }
+
+    fn from_vec(errors: Vec<FieldError>) -> Result<(), Self> {
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Self { errors })
+        }
+    }
+}
+
+/// Collects errors under a path prefix.
+struct Report<'a> {
+    errors: &'a mut Vec<FieldError>,
+    prefix: String,
+}
+
+impl<'a> Report<'a> {
+    fn new(errors: &'a mut Vec<FieldError>, prefix: &str) -> Self {
+        Self {
+            errors,
+            prefix: prefix.to_string(),
+        }
+    }
+
+    fn at(&mut self, field: &str, message: impl Into<String>) {
+        self.errors.push(FieldError {
+            path: join_path(&self.prefix, field),
+            message: message.into(),
+        });
+    }
+
+    fn range_ms(&mut self, field: &str, value: DurationMs, min_ms: u64, max_ms: u64) {
+        if value.as_millis() < min_ms {
+            self.at(
+                field,
+                format!("must be at least {}", DurationMs::from_millis(min_ms)),
+            );
+        } else if value.as_millis() > max_ms {
+            self.at(
+                field,
+                format!("must be at most {}", DurationMs::from_millis(max_ms)),
+            );
+        }
+    }
+
+    fn range_u64(&mut self, field: &str, value: u64, min: u64, max: u64) {
+        if value < min {
+            self.at(field, format!("must be >= {min}"));
+        } else if value > max {
+            self.at(field, format!("must be <= {max}"));
+        }
+    }
+}
+
+fn join_path(prefix: &str, field: &str) -> String {
+    match (prefix.is_empty(), field.is_empty()) {
+        (true, _) => field.to_string(),
+        (false, true) => prefix.to_string(),
+        (false, false) if field.starts_with('[') => format!("{prefix}{field}"),
+        (false, false) => format!("{prefix}.{field}"),
+    }
+}
+
+/// Parses and validates a whole policy set.
+pub fn parse_policy_set(json: &str) -> Result<PolicySet, ValidationErrors> {
+    let value: Value = serde_json::from_str(json)
+        .map_err(|e| ValidationErrors::single("", format!("not valid JSON: {e}")))?;
+    policy_set_from_value(value)
+}
+
+/// Parses and validates a policy set already decoded as JSON.
+pub fn policy_set_from_value(value: Value) -> Result<PolicySet, ValidationErrors> {
+    let Value::Object(mut fields) = value else {
+        return Err(ValidationErrors::single(
+            "",
+            "must be an object with \"version\" and \"policies\"",
+        ));
+    };
+    let mut errors = Vec::new();
+    for unknown in fields
+        .keys()
+        .filter(|k| *k != "version" && *k != "policies")
+    {
+        errors.push(FieldError {
+            path: unknown.clone(),
+            message: "unknown field, expected `version` or `policies`".into(),
+        });
+    }
+    let version = match fields.remove("version") {
+        None => {
+            errors.push(field_missing("version"));
+            None
+        }
+        Some(v) => typed::<u64>(v, "version", &mut errors),
+    };
+    let items = match fields.remove("policies") {
+        None => {
+            errors.push(field_missing("policies"));
+            Vec::new()
+        }
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            errors.push(FieldError {
+                path: "policies".into(),
+                message: "must be a list of policies".into(),
+            });
+            Vec::new()
+        }
+    };
+    if items.len() > bounds::MAX_POLICIES {
+        errors.push(FieldError {
+            path: "policies".into(),
+            message: format!("at most {} policies", bounds::MAX_POLICIES),
+        });
+    }
+    let mut policies = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        let path = format!("policies[{index}]");
+        if let Some(policy) = typed::<Policy>(item, &path, &mut errors) {
+            validate_policy(&policy, &path, &mut errors);
+            policies.push((index, policy));
+        }
+    }
+    check_unique_names(&policies, &mut errors);
+    ValidationErrors::from_vec(errors)?;
+    Ok(PolicySet {
+        // Reaching here means no error was recorded, so version parsed.
+        version: version.unwrap_or_default(),
+        policies: policies.into_iter().map(|(_, p)| p).collect(),
+    })
+}
+
+/// Parses and validates one policy; paths are relative to the policy.
+pub fn parse_policy(json: &str) -> Result<Policy, ValidationErrors> {
+    let value: Value = serde_json::from_str(json)
+        .map_err(|e| ValidationErrors::single("", format!("not valid JSON: {e}")))?;
+    policy_from_value(value)
+}
+
+/// Parses and validates one policy already decoded as JSON.
+pub fn policy_from_value(value: Value) -> Result<Policy, ValidationErrors> {
+    let mut errors = Vec::new();
+    let policy = typed::<Policy>(value, "", &mut errors);
+    if let Some(policy) = &policy {
+        validate_policy(policy, "", &mut errors);
+    }
+    ValidationErrors::from_vec(errors)?;
+    policy.ok_or_else(|| ValidationErrors::single("", "policy did not parse"))
+}
+
+/// Checks a typed policy set (e.g. one built in code) for meaning.
+pub fn validate_policy_set(set: &PolicySet) -> Result<(), ValidationErrors> {
+    let mut errors = Vec::new();
+    if set.policies.len() > bounds::MAX_POLICIES {
+        errors.push(FieldError {
+            path: "policies".into(),
+            message: format!("at most {} policies", bounds::MAX_POLICIES),
+        });
+    }
+    let indexed: Vec<(usize, Policy)> = set.policies.iter().cloned().enumerate().collect();
+    for (index, policy) in &indexed {
+        validate_policy(policy, &format!("policies[{index}]"), &mut errors);
+    }
+    check_unique_names(&indexed, &mut errors);
+    ValidationErrors::from_vec(errors)
+}
+
+fn field_missing(field: &str) -> FieldError {
+    FieldError {
+        path: field.into(),
+        message: "missing field".into(),
+    }
+}
+
+fn typed<T: DeserializeOwned>(value: Value, path: &str, errors: &mut Vec<FieldError>) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let inner = e.path().to_string();
+            let inner = if inner == "." { String::new() } else { inner };
+            let (inner, message) = split_missing_field(inner, e.into_inner().to_string());
+            errors.push(FieldError {
+                path: join_path(path, &inner),
+                message,
+            });
+            None
+        }
+    }
+}
+
+/// serde reports a missing field at its parent ("missing field `requests`");
+/// point the path at the field itself, as for every other error.
+fn split_missing_field(path: String, message: String) -> (String, String) {
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        if let Some(field) = rest.strip_suffix('`') {
+            return (join_path(&path, field), "missing field".into());
+        }
+    }
+    (path, message)
+}
+
+fn check_unique_names(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
+    let mut first_seen: HashMap<&str, usize> = HashMap::new();
+    for (index, policy) in policies {
+        match first_seen.get(policy.name.as_str()) {
+            Some(first) => errors.push(FieldError {
+                path: format!("policies[{index}].name"),
+                message: format!(
+                    "duplicate name {:?}, already used by policies[{first}]",
+                    policy.name
+                ),
+            }),
+            None => {
+                first_seen.insert(&policy.name, *index);
+            }
+        }
+    }
+}
+
+/// Checks one policy for meaning, adding errors under `prefix`.
+pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldError>) {
+    let mut r = Report::new(errors, prefix);
+    check_name(&mut r, &policy.name);
+    check_match(&mut r, &policy.matcher);
+    if let Some(key) = &policy.key {
+        check_header_name(&mut r, "key.header", &key.header);
+        r.range_u64(
+            "key.max_keys",
+            key.max_keys.into(),
+            1,
+            bounds::MAX_KEYS.into(),
+        );
+    }
+    if policy.rate.is_none() && policy.concurrency.is_none() {
+        r.at("", "sets no limit: give it `rate`, `concurrency`, or both");
+    }
+    if let Some(rate) = &policy.rate {
+        check_rate(&mut r, rate);
+    }
+    check_cost(&mut r, &policy.cost, policy.rate.as_ref());
+    if let Some(conc) = &policy.concurrency {
+        check_concurrency(&mut r, conc, policy.priority.is_some());
+    }
+    check_on_limit(&mut r, &policy.on_limit);
+    if let Some(priority) = &policy.priority {
+        if let Some(header) = &priority.header {
+            check_header_name(&mut r, "priority.header", header);
+        }
+    }
+}
+
+fn check_name(r: &mut Report, name: &str) {
+    if name.is_empty() {
+        r.at("name", "must not be empty");
+    } else if name.len() > bounds::MAX_NAME_LEN {
+        r.at(
+            "name",
+            format!("at most {} characters", bounds::MAX_NAME_LEN),
+        );
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        r.at("name", "only letters, digits, '-', '_' and '.' are allowed");
+    }
+}
+
+fn check_match(r: &mut Report, m: &MatchSpec) {
+    check_host(r, &m.host);
+    if let Some(prefix) = &m.path_prefix {
+        if !prefix.starts_with('/') {
+            r.at("match.path_prefix", "must start with '/'");
+        } else if prefix.len() > bounds::MAX_PATH_PREFIX_LEN {
+            r.at(
+                "match.path_prefix",
+                format!("at most {} characters", bounds::MAX_PATH_PREFIX_LEN),
+            );
+        } else if prefix.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            r.at(
+                "match.path_prefix",
+                "must not contain spaces or control characters",
+            );
+        }
+    }
+    for (i, method) in m.methods.iter().enumerate() {
+        if !KNOWN_METHODS.iter().any(|k| k.eq_ignore_ascii_case(method)) {
+            r.at(
+                &format!("match.methods[{i}]"),
+                format!(
+                    "unknown method {method:?}, expected one of {}",
+                    KNOWN_METHODS.join(", ")
+                ),
+            );
+        }
+    }
+    if m.headers.len() > bounds::MAX_HEADER_MATCHES {
+        r.at(
+            "match.headers",
+            format!("at most {} header conditions", bounds::MAX_HEADER_MATCHES),
+        );
+    }
+    for (i, h) in m.headers.iter().enumerate() {
+        check_header_name(r, &format!("match.headers[{i}].name"), &h.name);
+        if h.equals.len() > bounds::MAX_HEADER_VALUE_LEN {
+            r.at(
+                &format!("match.headers[{i}].equals"),
+                format!("at most {} characters", bounds::MAX_HEADER_VALUE_LEN),
+            );
+        } else if h.equals.chars().any(|c| c.is_control()) {
+            r.at(
+                &format!("match.headers[{i}].equals"),
+                "must not contain control characters",
+            );
+        }
+    }
+}
+
+fn check_host(r: &mut Report, host: &str) {
+    if host.is_empty() {
+        r.at(
+            "match.host",
+            "must not be empty; use \"*\" to match any host",
+        );
+        return;
+    }
+    if host == "*" {
+        return;
+    }
+    if host.len() > bounds::MAX_HOST_LEN {
+        r.at(
+            "match.host",
+            format!("at most {} characters", bounds::MAX_HOST_LEN),
+        );
+        return;
+    }
+    let exact = host.strip_prefix("*.").unwrap_or(host);
+    if exact.is_empty() {
+        r.at(
+            "match.host",
+            "\"*.\" needs a domain after it, e.g. \"*.example.com\"",
+        );
+    } else if exact.contains('*') {
+        r.at(
+            "match.host",
+            "'*' is allowed only as \"*\" or as a leading \"*.\" (e.g. \"*.example.com\")",
+        );
+    } else if !exact
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':' | b'[' | b']'))
+    {
+        r.at(
+            "match.host",
+            "only letters, digits, '-', '.', and an optional \":port\" are allowed",
+        );
+    } else if let Some(port) = port_of(exact) {
+        if port.parse::<u16>().map_or(true, |p| p == 0) {
+            r.at("match.host", format!("invalid port {port:?}"));
+        }
+    }
+}
+
+/// The port part of `host:port` or `[v6]:port`, if any.
+fn port_of(host: &str) -> Option<&str> {
+    if let Some(rest) = host.strip_prefix('[') {
+        let close = rest.find(']')?;
+        return rest[close + 1..].strip_prefix(':');
+    }
+    host.rsplit_once(':').map(|(_, port)| port)
+}
+
+/// An HTTP header name (RFC 9110 token), matched case-insensitively.
+fn check_header_name(r: &mut Report, field: &str, name: &str) {
+    if name.is_empty() {
+        r.at(field, "must not be empty");
+    } else if name.len() > 256 {
+        r.at(field, "at most 256 characters");
+    } else if !name.bytes().all(is_token_byte) {
+        r.at(field, format!("{name:?} is not a valid header name"));
+    }
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn check_rate(r: &mut Report, rate: &RateSpec) {
+    r.range_u64("rate.requests", rate.requests, 1, bounds::MAX_REQUESTS);
+    r.range_ms(
+        "rate.period",
+        rate.period,
+        bounds::MIN_PERIOD_MS,
+        bounds::MAX_PERIOD_MS,
+    );
+    let is_bucket = rate.algorithm == Algorithm::TokenBucket;
+    if let Some(burst) = rate.burst {
+        if !is_bucket {
+            r.at("rate.burst", "applies only to algorithm token_bucket");
+        } else {
+            r.range_u64("rate.burst", burst, 1, bounds::MAX_BURST);
+        }
+    }
+    if is_bucket && rate.requests >= 1 && rate.period.as_millis() >= 1 {
+        let span_ms = u128::from(rate.effective_burst()) * u128::from(rate.period.as_millis())
+            / u128::from(rate.requests);
+        if span_ms > u128::from(bounds::MAX_BUCKET_SPAN_MS) {
+            r.at(
+                "rate.burst",
+                "a full bucket would take more than 30 days to refill; lower burst or raise the rate",
+            );
+        }
+    }
+    if let Some(warmup) = &rate.warmup {
+        if !is_bucket {
+            r.at("rate.warmup", "applies only to algorithm token_bucket");
+        }
+        r.range_ms(
+            "rate.warmup.period",
+            warmup.period,
+            1,
+            bounds::MAX_WARMUP_MS,
+        );
+        r.range_u64(
+            "rate.warmup.cold_factor",
+            warmup.cold_factor.into(),
+            bounds::MIN_COLD_FACTOR.into(),
+            bounds::MAX_COLD_FACTOR.into(),
+        );
+    }
+}
+
+fn check_cost(r: &mut Report, cost: &CostSpec, rate: Option<&RateSpec>) {
+    let capacity = rate.map(RateSpec::capacity);
+    let over_capacity = |n: u64| capacity.is_some_and(|c| c >= 1 && n > c);
+    let capacity_message = |c: Option<u64>| {
+        format!(
+            "must be <= {} (the rate's {}), or such a request could never pass",
+            c.unwrap_or(0),
+            if rate.is_some_and(|r| r.algorithm == Algorithm::TokenBucket) {
+                "burst"
+            } else {
+                "requests per period"
+            }
+        )
+    };
+    match cost {
+        CostSpec::Fixed(1) => {}
+        _ if rate.is_none() => r.at("cost", "applies only to `rate`, and this policy has none"),
+        CostSpec::Fixed(0) => r.at("cost", "must be >= 1"),
+        CostSpec::Fixed(n) if over_capacity(*n) => r.at("cost", capacity_message(capacity)),
+        CostSpec::Fixed(_) => {}
+        CostSpec::FromHeader(h) => {
+            check_header_name(r, "cost.header", &h.header);
+            if h.default == 0 {
+                r.at("cost.default", "must be >= 1");
+            } else if over_capacity(h.default) {
+                r.at("cost.default", capacity_message(capacity));
+            }
+            if h.max < h.default.max(1) {
+                r.at("cost.max", "must be >= cost.default");
+            } else if over_capacity(h.max) {
+                r.at("cost.max", capacity_message(capacity));
+            }
+        }
+    }
+}
+
+fn check_concurrency(r: &mut Report, conc: &ConcurrencySpec, has_priority: bool) {
+    r.range_u64(
+        "concurrency.max_in_flight",
+        conc.max_in_flight.into(),
+        1,
+        bounds::MAX_IN_FLIGHT.into(),
+    );
+    r.range_ms(
+        "concurrency.lease_ttl",
+        conc.lease_ttl,
+        bounds::MIN_LEASE_TTL_MS,
+        bounds::MAX_LEASE_TTL_MS,
+    );
+    if conc.reserved_for_high > 0 {
+        if conc.reserved_for_high >= conc.max_in_flight {
+            r.at(
+                "concurrency.reserved_for_high",
+                "must be less than max_in_flight, or normal requests could never pass",
+            );
+        }
+        if !has_priority {
+            r.at(
+                "concurrency.reserved_for_high",
+                "needs `priority` on the policy, or no request is ever high priority",
+            );
+        }
+    }
+}
+
+fn check_on_limit(r: &mut Report, on_limit: &OnLimit) {
+    if !(400..=599).contains(&on_limit.status) {
+        r.at(
+            "on_limit.status",
+            "must be an HTTP error status, 400 to 599",
+        );
+    }
+    if let Some(body) = &on_limit.body {
+        if body.len() > bounds::MAX_BODY_LEN {
+            r.at(
+                "on_limit.body",
+                format!("at most {} bytes", bounds::MAX_BODY_LEN),
+            );
+        }
+    }
+    match on_limit.action {
+        LimitAction::Queue => {
+            match on_limit.max_wait {
+                None => r.at("on_limit.max_wait", "required when action is queue"),
+                Some(wait) => r.range_ms("on_limit.max_wait", wait, 1, bounds::MAX_WAIT_MS),
+            }
+            if let Some(max_queue) = on_limit.max_queue {
+                r.range_u64(
+                    "on_limit.max_queue",
+                    max_queue.into(),
+                    1,
+                    bounds::MAX_QUEUE.into(),
+                );
+            }
+        }
+        LimitAction::Reject => {
+            if on_limit.max_wait.is_some() {
+                r.at("on_limit.max_wait", "applies only when action is queue");
+            }
+            if on_limit.max_queue.is_some() {
+                r.at("on_limit.max_queue", "applies only when action is queue");
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Validation messages: every error, with its field path, in document order.
+
+use sluice_shared::{parse_policy, parse_policy_set, PolicySet};
+
+fn errors_of(json: &str) -> Vec<String> {
+    match parse_policy_set(json) {
+        Ok(set) => panic!("expected errors, got {set:?}"),
+        Err(e) => e.errors.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn set_with(policy: &str) -> String {
+    format!(r#"{{"version": 1, "policies": [{policy}]}}"#)
+}
+
+#[test]
+fn the_three_readme_examples_are_valid() {
+    let readme = include_str!("../../README.md");
+    let mut found = 0;
+    for block in readme.split("```json").skip(1) {
+        let Some((json, _)) = block.split_once("```") else {
+            continue;
+        };
+        if !json.contains("\"policies\"") {
+            continue;
+        }
+        let set: PolicySet = parse_policy_set(json)
+            .unwrap_or_else(|e| panic!("README example invalid: {e}\n{json}"));
+        found += set.policies.len();
+    }
+    assert!(found >= 3, "README shows {found} example policies");
+}
+
+#[test]
+fn reports_the_field_path_and_reason() {
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "a", "match": {"host": "x"}, "rate": {"requests": 10, "period": "1s", "burst": 0}}"#
+        )),
+        vec!["policies[0].rate.burst: must be >= 1"]
+    );
+}
+
+#[test]
+fn reports_every_error_of_every_policy() {
+    let json = r#"{"version": 1, "policies": [
+        {"name": "ok", "match": {"host": "a.example"}, "rate": {"requests": 1, "period": "1s"}},
+        {"name": "b@d", "match": {"host": "a*.x"}, "rate": {"requests": 0, "period": 0, "burst": 0},
+         "on_limit": {"action": "queue", "status": 200},
+         "concurrency": {"max_in_flight": 0, "reserved_for_high": 3}},
+        {"name": "typo", "match": {"host": "x"}, "rate": {"requests": 1, "period": "1s", "brust": 3}}
+    ]}"#;
+    assert_eq!(
+        errors_of(json),
+        vec![
+            "policies[1].name: only letters, digits, '-', '_' and '.' are allowed",
+            "policies[1].match.host: '*' is allowed only as \"*\" or as a leading \"*.\" (e.g. \"*.example.com\")",
+            "policies[1].rate.requests: must be >= 1",
+            "policies[1].rate.period: must be at least 1ms",
+            "policies[1].rate.burst: must be >= 1",
+            "policies[1].concurrency.max_in_flight: must be >= 1",
+            "policies[1].concurrency.reserved_for_high: must be less than max_in_flight, or normal requests could never pass",
+            "policies[1].concurrency.reserved_for_high: needs `priority` on the policy, or no request is ever high priority",
+            "policies[1].on_limit.status: must be an HTTP error status, 400 to 599",
+            "policies[1].on_limit.max_wait: required when action is queue",
+            "policies[2].rate.brust: unknown field `brust`, expected one of `algorithm`, `requests`, `period`, `burst`, `warmup`",
+        ]
+    );
+}
+
+#[test]
+fn refuses_unknown_fields_at_every_level() {
+    assert_eq!(
+        errors_of(r#"{"version": 1, "policies": [], "policy": []}"#),
+        vec!["policy: unknown field, expected `version` or `policies`"]
+    );
+    let errs = errors_of(&set_with(
+        r#"{"name": "a", "match": {"host": "x", "hots": "y"}, "rate": {"requests": 1, "period": "1s"}}"#,
+    ));
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0].starts_with("policies[0].match.hots: unknown field `hots`"),
+        "{errs:?}"
+    );
+    let errs = errors_of(&set_with(
+        r#"{"name": "a", "match": {"host": "x"}, "limit": 5}"#,
+    ));
+    assert!(
+        errs[0].starts_with("policies[0].limit: unknown field `limit`"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn refuses_duplicate_names() {
+    let json = r#"{"version": 1, "policies": [
+        {"name": "bank", "match": {"host": "a"}, "rate": {"requests": 1, "period": "1s"}},
+        {"name": "other", "match": {"host": "b"}, "rate": {"requests": 1, "period": "1s"}},
+        {"name": "bank", "match": {"host": "c"}, "rate": {"requests": 1, "period": "1s"}}
+    ]}"#;
+    assert_eq!(
+        errors_of(json),
+        vec!["policies[2].name: duplicate name \"bank\", already used by policies[0]"]
+    );
+}
+
+#[test]
+fn refuses_zero_and_absurd_values() {
+    let cases = [
+        (r#""rate": {"requests": 2000000000, "period": "1s"}"#, "policies[0].rate.requests: must be <= 1000000000"),
+        (r#""rate": {"requests": 1, "period": "2days"}"#, "policies[0].rate.period: must be at most 1day"),
+        (r#""rate": {"requests": 1, "period": "1h", "burst": 1000}"#, "policies[0].rate.burst: a full bucket would take more than 30 days to refill; lower burst or raise the rate"),
+        (r#""concurrency": {"max_in_flight": 5, "lease_ttl": "10ms"}"#, "policies[0].concurrency.lease_ttl: must be at least 1s"),
+        (r#""concurrency": {"max_in_flight": 5}, "on_limit": {"action": "queue", "max_wait": "1h"}"#, "policies[0].on_limit.max_wait: must be at most 5m"),
+        (r#""concurrency": {"max_in_flight": 5}, "on_limit": {"action": "queue", "max_wait": "1s", "max_queue": 0}"#, "policies[0].on_limit.max_queue: must be >= 1"),
+        (r#""rate": {"requests": 5, "period": "1s", "warmup": {"period": "10s", "cold_factor": 1}}"#, "policies[0].rate.warmup.cold_factor: must be >= 2"),
+        (r#""rate": {"requests": 5, "period": "1s"}, "key": {"header": "x-api-key", "max_keys": 0}"#, "policies[0].key.max_keys: must be >= 1"),
+    ];
+    for (fields, expected) in cases {
+        let json = set_with(&format!(
+            r#"{{"name": "a", "match": {{"host": "x"}}, {fields}}}"#
+        ));
+        assert_eq!(errors_of(&json), vec![expected], "for {fields}");
+    }
+}
+
+#[test]
+fn refuses_meaningless_combinations() {
+    let cases = [
+        (r#""mode": "shadow""#, "policies[0]: sets no limit: give it `rate`, `concurrency`, or both"),
+        (r#""rate": {"algorithm": "fixed_window", "requests": 5, "period": "1s", "burst": 2}"#, "policies[0].rate.burst: applies only to algorithm token_bucket"),
+        (r#""rate": {"algorithm": "sliding_window", "requests": 5, "period": "1s", "warmup": {"period": "1s"}}"#, "policies[0].rate.warmup: applies only to algorithm token_bucket"),
+        (r#""rate": {"requests": 100, "period": "1s", "burst": 10}, "cost": 11"#, "policies[0].cost: must be <= 10 (the rate's burst), or such a request could never pass"),
+        (r#""rate": {"algorithm": "fixed_window", "requests": 10, "period": "1s"}, "cost": {"header": "x-cost", "max": 20}"#, "policies[0].cost.max: must be <= 10 (the rate's requests per period), or such a request could never pass"),
+        (r#""concurrency": {"max_in_flight": 5}, "cost": 3"#, "policies[0].cost: applies only to `rate`, and this policy has none"),
+        (r#""rate": {"requests": 5, "period": "1s"}, "on_limit": {"max_wait": "1s"}"#, "policies[0].on_limit.max_wait: applies only when action is queue"),
+        (r#""rate": {"requests": 5, "period": "1s"}, "on_limit": {"body": "x", "status": 302}"#, "policies[0].on_limit.status: must be an HTTP error status, 400 to 599"),
+    ];
+    for (fields, expected) in cases {
+        let json = set_with(&format!(
+            r#"{{"name": "a", "match": {{"host": "x"}}, {fields}}}"#
+        ));
+        assert_eq!(errors_of(&json), vec![expected], "for {fields}");
+    }
+}
+
+#[test]
+fn refuses_bad_matchers() {
+    let cases = [
+        (r#"{"host": ""}"#, "policies[0].match.host: must not be empty; use \"*\" to match any host"),
+        (r#"{"host": "*."}"#, "policies[0].match.host: \"*.\" needs a domain after it, e.g. \"*.example.com\""),
+        (r#"{"host": "api example"}"#, "policies[0].match.host: only letters, digits, '-', '.', and an optional \":port\" are allowed"),
+        (r#"{"host": "api.example:99999"}"#, "policies[0].match.host: invalid port \"99999\""),
+        (r#"{"host": "x", "path_prefix": "v1"}"#, "policies[0].match.path_prefix: must start with '/'"),
+        (r#"{"host": "x", "methods": ["GET", "FETCH"]}"#, "policies[0].match.methods[1]: unknown method \"FETCH\", expected one of GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, CONNECT, TRACE"),
+        (r#"{"host": "x", "headers": [{"name": "bad name", "equals": "1"}]}"#, "policies[0].match.headers[0].name: \"bad name\" is not a valid header name"),
+    ];
+    for (matcher, expected) in cases {
+        let json = set_with(&format!(
+            r#"{{"name": "a", "match": {matcher}, "rate": {{"requests": 1, "period": "1s"}}}}"#
+        ));
+        assert_eq!(errors_of(&json), vec![expected], "for {matcher}");
+    }
+}
+
+#[test]
+fn not_json_or_wrong_shape_is_a_clear_error() {
+    assert!(errors_of("{")[0].starts_with("not valid JSON: "));
+    assert_eq!(
+        errors_of("[]"),
+        vec!["must be an object with \"version\" and \"policies\""]
+    );
+    assert_eq!(
+        errors_of("{}"),
+        vec!["version: missing field", "policies: missing field"]
+    );
+    assert_eq!(
+        errors_of(r#"{"version": "7", "policies": {}}"#),
+        vec![
+            "version: invalid type: string \"7\", expected u64",
+            "policies: must be a list of policies"
+        ]
+    );
+}
+
+#[test]
+fn single_policy_paths_are_relative() {
+    let err = parse_policy(
+        r#"{"name": "a", "match": {"host": "x"}, "rate": {"requests": 0, "period": "1s"}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(err.to_string(), "rate.requests: must be >= 1");
+}
+
+#[test]
+fn defaults_are_filled_and_round_trip() {
+    let set = parse_policy_set(&set_with(
+        r#"{"name": "a", "match": {"host": "x"}, "rate": {"requests": 10, "period": 1500}, "concurrency": {"max_in_flight": 3}}"#,
+    ))
+    .unwrap();
+    let p = &set.policies[0];
+    assert_eq!(p.rate.as_ref().unwrap().effective_burst(), 10);
+    assert_eq!(
+        p.concurrency.as_ref().unwrap().lease_ttl.as_millis(),
+        300_000
+    );
+    assert_eq!(p.on_limit.status, 429);
+    let text = serde_json::to_string(&set).unwrap();
+    assert!(text.contains(r#""period":"1s 500ms""#), "{text}");
+    assert_eq!(parse_policy_set(&text).unwrap(), set);
+}
