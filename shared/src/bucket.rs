@@ -1,0 +1,684 @@
+//! One bucket's complete shared state: rate limiter state, concurrency
+//! leases and the wait queue, in one value. The filter swaps the whole value
+//! with one compare-and-swap, so a request costs one read and one write of
+//! shared data, and rate and concurrency are decided together: a request the
+//! concurrency limit refuses never spends rate tokens, and the other way round.
+//!
+//! Queue mode keeps the waiting requests of every worker in one FIFO here
+//! (high priority first, then by ticket). Each worker polls the bucket on its
+//! tick and resumes its own waiters when they reach the head and the limits
+//! allow; a waiter that gives up (client gone) leaves the queue, and everyone
+//! behind moves up. Entries carry a deadline so a crashed worker's waiters
+//! cannot block the queue past `max_wait`.
+
+use crate::headers::LimitKind;
+use crate::limiter::{
+    ConcurrencyLimit, DecodeError, LeaseTable, Nanos, RateLimiter, RateState, Reservation,
+};
+use crate::matcher::CompiledPolicy;
+use crate::policy::{LimitAction, Priority};
+
+/// The limits of one policy, as the bucket applies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketLimits {
+    pub rate: Option<RateLimiter>,
+    pub concurrency: Option<ConcurrencyLimit>,
+    pub queue: Option<QueueLimits>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    pub max_wait_ns: Nanos,
+    pub max_queue: u32,
+}
+
+impl BucketLimits {
+    pub fn of(policy: &CompiledPolicy) -> Self {
+        let on_limit = &policy.policy.on_limit;
+        Self {
+            rate: policy.rate,
+            concurrency: policy.concurrency,
+            queue: match on_limit.action {
+                LimitAction::Reject => None,
+                LimitAction::Queue => Some(QueueLimits {
+                    max_wait_ns: on_limit.max_wait.map_or(0, |w| w.as_nanos()),
+                    max_queue: on_limit.queue_max(),
+                }),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiter {
+    pub holder: u64,
+    pub ticket: u64,
+    pub cost: u64,
+    pub priority: Priority,
+    pub deadline: Nanos,
+}
+
+impl Waiter {
+    /// Queue order: high priority first, then first come first served.
+    fn rank(&self) -> (std::cmp::Reverse<Priority>, u64) {
+        (std::cmp::Reverse(self.priority), self.ticket)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BucketState {
+    /// Hash of the key owning this place (0 for a policy without `key`).
+    pub owner: u64,
+    pub next_ticket: u64,
+    pub rate: Option<RateState>,
+    pub leases: LeaseTable,
+    pub waiters: Vec<Waiter>,
+}
+
+/// The outcome of a request arriving at a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Admitted {
+        /// Rate tokens left and time to full, when the policy has a rate.
+        rate: Option<(u64, Nanos)>,
+        /// Concurrency slots left, when the policy has a concurrency limit.
+        slots_left: Option<u64>,
+    },
+    Rejected {
+        kind: LimitKind,
+        retry_after: Nanos,
+    },
+    Queued {
+        ticket: u64,
+        deadline: Nanos,
+    },
+}
+
+/// Why a request would have been limited, for shadow mode and rejections.
+struct Refusal {
+    kind: LimitKind,
+    retry_after: Nanos,
+}
+
+impl BucketState {
+    const VERSION: u8 = 1;
+    const WAITER_LEN: usize = 33;
+    /// Upper bound on queue entries decoded from shared data.
+    pub const MAX_WAITERS: usize = 100_000;
+
+    pub fn new(owner: u64) -> Self {
+        Self {
+            owner,
+            ..Self::default()
+        }
+    }
+
+    /// Drops expired leases and waiters whose deadline passed.
+    pub fn cleanup(&mut self, now: Nanos) -> u32 {
+        self.waiters.retain(|w| w.deadline >= now);
+        self.leases.reclaim_expired(now)
+    }
+
+    fn rate_state(&self, limiter: &RateLimiter) -> RateState {
+        match self.rate {
+            Some(s) => s,
+            None => limiter.initial_state(),
+        }
+    }
+
+    /// Tries to take rate tokens and a slot at once; commits only if both
+    /// allow it.
+    fn try_take(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        now: Nanos,
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Admission, Refusal> {
+        let mut rate_result = None;
+        let mut new_rate = None;
+        if let Some(limiter) = &limits.rate {
+            let mut state = self.rate_state(limiter);
+            match limiter.try_acquire(&mut state, now, cost) {
+                crate::limiter::Decision::Admit {
+                    remaining,
+                    reset_after,
+                } => {
+                    rate_result = Some((remaining, reset_after));
+                    new_rate = Some(state);
+                }
+                crate::limiter::Decision::Deny { retry_after, .. } => {
+                    return Err(Refusal {
+                        kind: LimitKind::Rate,
+                        retry_after,
+                    })
+                }
+            }
+        }
+        let mut slots_left = None;
+        if let Some(limit) = &limits.concurrency {
+            let mut leases = self.leases.clone();
+            match leases.acquire(limit, holder, now, priority) {
+                crate::limiter::Decision::Admit { remaining, .. } => {
+                    slots_left = Some(remaining);
+                    self.leases = leases;
+                }
+                crate::limiter::Decision::Deny { retry_after, .. } => {
+                    return Err(Refusal {
+                        kind: LimitKind::Concurrency,
+                        retry_after,
+                    })
+                }
+            }
+        }
+        if new_rate.is_some() {
+            self.rate = new_rate;
+        }
+        Ok(Admission::Admitted {
+            rate: rate_result,
+            slots_left,
+        })
+    }
+
+    /// A request arrives. In queue mode it waits behind everyone who ranks
+    /// ahead of it; it is refused at once if the queue is full or, for a
+    /// rate limit, if its turn would come later than `max_wait`.
+    pub fn admit(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        now: Nanos,
+        cost: u64,
+        priority: Priority,
+    ) -> Admission {
+        self.cleanup(now);
+        let someone_ahead = self.waiters.iter().any(|w| w.priority >= priority);
+        let refusal = if someone_ahead {
+            None
+        } else {
+            match self.try_take(limits, holder, now, cost, priority) {
+                Ok(admitted) => return admitted,
+                Err(refusal) => Some(refusal),
+            }
+        };
+        let Some(queue) = limits.queue else {
+            let refusal = refusal.unwrap_or(Refusal {
+                kind: LimitKind::Rate,
+                retry_after: 1,
+            });
+            return Admission::Rejected {
+                kind: refusal.kind,
+                retry_after: refusal.retry_after,
+            };
+        };
+        let kind = refusal.as_ref().map_or_else(
+            || {
+                if limits.concurrency.is_some() && limits.rate.is_none() {
+                    LimitKind::Concurrency
+                } else {
+                    LimitKind::Rate
+                }
+            },
+            |r| r.kind,
+        );
+        if self.waiters.len() >= queue.max_queue as usize {
+            return Admission::Rejected {
+                kind,
+                retry_after: queue.max_wait_ns.max(1),
+            };
+        }
+        if let Some(limiter) = &limits.rate {
+            // The turns of everyone ahead, then ours, as reservations on a
+            // copy of the rate state: exact as long as nobody leaves.
+            let mut projected = self.rate_state(limiter);
+            let me = Waiter {
+                holder,
+                ticket: self.next_ticket,
+                cost,
+                priority,
+                deadline: 0,
+            };
+            let mut ahead: Vec<&Waiter> = self
+                .waiters
+                .iter()
+                .filter(|w| w.rank() < me.rank())
+                .collect();
+            ahead.sort_by_key(|w| w.rank());
+            for w in ahead {
+                let _ = limiter.reserve(&mut projected, now, w.cost, u64::MAX);
+            }
+            if let Reservation::Deny { retry_after } =
+                limiter.reserve(&mut projected, now, cost, queue.max_wait_ns)
+            {
+                return Admission::Rejected {
+                    kind: LimitKind::Rate,
+                    retry_after,
+                };
+            }
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket = self.next_ticket.wrapping_add(1);
+        let deadline = now.saturating_add(queue.max_wait_ns);
+        self.waiters.push(Waiter {
+            holder,
+            ticket,
+            cost,
+            priority,
+            deadline,
+        });
+        Admission::Queued { ticket, deadline }
+    }
+
+    /// Admits `holder`'s waiters that reached the head of the queue and fit
+    /// the limits now. Returns their tickets, in the order admitted.
+    pub fn poll(&mut self, limits: &BucketLimits, holder: u64, now: Nanos) -> Vec<u64> {
+        self.cleanup(now);
+        let mut admitted = Vec::new();
+        while let Some(head) = self.waiters.iter().min_by_key(|w| w.rank()).copied() {
+            if head.holder != holder {
+                break;
+            }
+            if self
+                .try_take(limits, holder, now, head.cost, head.priority)
+                .is_err()
+            {
+                break;
+            }
+            self.waiters.retain(|w| w.ticket != head.ticket);
+            admitted.push(head.ticket);
+        }
+        admitted
+    }
+
+    /// Removes a waiter that gave up. False if it was not queued (any more).
+    pub fn cancel(&mut self, holder: u64, ticket: u64) -> bool {
+        let before = self.waiters.len();
+        self.waiters
+            .retain(|w| !(w.holder == holder && w.ticket == ticket));
+        self.waiters.len() != before
+    }
+
+    pub fn release(&mut self, holder: u64) -> bool {
+        self.leases.release(holder)
+    }
+
+    pub fn renew(&mut self, holder: u64, now: Nanos, ttl: Nanos) -> bool {
+        self.leases.renew(holder, now, ttl)
+    }
+
+    /// True when this state holds nothing a fresh one would not: its place
+    /// may go to another key without giving anything away.
+    pub fn is_idle(&self, limits: &BucketLimits, now: Nanos) -> bool {
+        let rate_idle = match (&limits.rate, &self.rate) {
+            (Some(limiter), Some(state)) => limiter.is_idle(state, now),
+            _ => true,
+        };
+        let leases_idle = self
+            .leases
+            .leases()
+            .iter()
+            .all(|l| l.expires_at < now || l.count == 0);
+        let queue_idle = self.waiters.iter().all(|w| w.deadline < now);
+        rate_idle && leases_idle && queue_idle
+    }
+
+    /// Would this request be refused, without changing anything? For shadow
+    /// mode, which counts refusals but lets everything pass.
+    pub fn would_refuse(
+        &self,
+        limits: &BucketLimits,
+        holder: u64,
+        now: Nanos,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<(LimitKind, Nanos)> {
+        let mut copy = self.clone();
+        copy.cleanup(now);
+        copy.try_take(limits, holder, now, cost, priority)
+            .err()
+            .map(|r| (r.kind, r.retry_after))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let rate = self.rate.map(|r| r.encode()).unwrap_or_default();
+        let leases = self.leases.encode();
+        let mut out = Vec::with_capacity(
+            1 + 16 + 1 + rate.len() + leases.len() + 4 + self.waiters.len() * Self::WAITER_LEN,
+        );
+        out.push(Self::VERSION);
+        out.extend_from_slice(&self.owner.to_le_bytes());
+        out.extend_from_slice(&self.next_ticket.to_le_bytes());
+        out.push(u8::try_from(rate.len()).unwrap_or(0));
+        out.extend_from_slice(&rate);
+        out.extend_from_slice(&leases);
+        out.extend_from_slice(&u32::try_from(self.waiters.len()).unwrap_or(0).to_le_bytes());
+        for w in &self.waiters {
+            out.extend_from_slice(&w.holder.to_le_bytes());
+            out.extend_from_slice(&w.ticket.to_le_bytes());
+            out.extend_from_slice(&w.cost.to_le_bytes());
+            out.extend_from_slice(&w.deadline.to_le_bytes());
+            out.push(match w.priority {
+                Priority::Normal => 0,
+                Priority::High => 1,
+            });
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader { bytes, at: 0 };
+        let version = r.u8()?;
+        if version != Self::VERSION {
+            return Err(DecodeError::UnknownTag(version));
+        }
+        let owner = r.u64()?;
+        let next_ticket = r.u64()?;
+        let rate_len = usize::from(r.u8()?);
+        let rate = if rate_len == 0 {
+            None
+        } else {
+            Some(RateState::decode(r.take(rate_len)?)?)
+        };
+        let lease_count = r.u32()? as usize;
+        if lease_count > LeaseTable::MAX_HOLDERS {
+            return Err(r.too_short(lease_count * 20));
+        }
+        let mut lease_bytes = (lease_count as u32).to_le_bytes().to_vec();
+        lease_bytes.extend_from_slice(r.take(lease_count * 20)?);
+        let leases = LeaseTable::decode(&lease_bytes)?;
+        let waiter_count = r.u32()? as usize;
+        if waiter_count > Self::MAX_WAITERS {
+            return Err(r.too_short(waiter_count * Self::WAITER_LEN));
+        }
+        let mut waiters = Vec::with_capacity(waiter_count);
+        for _ in 0..waiter_count {
+            waiters.push(Waiter {
+                holder: r.u64()?,
+                ticket: r.u64()?,
+                cost: r.u64()?,
+                deadline: r.u64()?,
+                priority: if r.u8()? == 1 {
+                    Priority::High
+                } else {
+                    Priority::Normal
+                },
+            });
+        }
+        if r.at != bytes.len() {
+            return Err(DecodeError::Length {
+                expected: r.at,
+                found: bytes.len(),
+            });
+        }
+        Ok(Self {
+            owner,
+            next_ticket,
+            rate,
+            leases,
+            waiters,
+        })
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn too_short(&self, wanted: usize) -> DecodeError {
+        DecodeError::Length {
+            expected: self.at.saturating_add(wanted),
+            found: self.bytes.len(),
+        }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.at.checked_add(n).ok_or_else(|| self.too_short(n))?;
+        let slice = self
+            .bytes
+            .get(self.at..end)
+            .ok_or_else(|| self.too_short(n))?;
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::TokenBucket;
+
+    const SEC: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+    const T0: u64 = 1_800_000_000 * SEC;
+
+    fn rate_queue(per_sec: u64, max_wait: Nanos) -> BucketLimits {
+        BucketLimits {
+            rate: Some(RateLimiter::TokenBucket(TokenBucket::new(
+                per_sec, SEC, 1, None,
+            ))),
+            concurrency: None,
+            queue: Some(QueueLimits {
+                max_wait_ns: max_wait,
+                max_queue: 1000,
+            }),
+        }
+    }
+
+    fn slots(max: u32, reserved: u32, queue: Option<QueueLimits>) -> BucketLimits {
+        BucketLimits {
+            rate: None,
+            concurrency: Some(ConcurrencyLimit {
+                max_in_flight: max,
+                reserved_for_high: reserved,
+                lease_ttl_ns: 60 * SEC,
+            }),
+            queue,
+        }
+    }
+
+    #[test]
+    fn queue_admits_in_arrival_order_at_the_rate() {
+        let limits = rate_queue(50, 2 * SEC);
+        let mut b = BucketState::new(0);
+        let mut outcomes = Vec::new();
+        for i in 0..150u64 {
+            outcomes.push(b.admit(&limits, 1 + i % 4, T0, 1, Priority::Normal));
+        }
+        let admitted_now = outcomes
+            .iter()
+            .filter(|o| matches!(o, Admission::Admitted { .. }))
+            .count();
+        let queued = outcomes
+            .iter()
+            .filter(|o| matches!(o, Admission::Queued { .. }))
+            .count();
+        let rejected = outcomes
+            .iter()
+            .filter(|o| matches!(o, Admission::Rejected { .. }))
+            .count();
+        assert_eq!((admitted_now, queued, rejected), (1, 100, 49));
+        // Each worker polls every millisecond; turns come every 20 ms, in ticket order.
+        let mut released = Vec::new();
+        for ms in 0..=2000 {
+            for holder in 1..=4 {
+                for ticket in b.poll(&limits, holder, T0 + ms * MS) {
+                    released.push((ms, ticket));
+                }
+            }
+        }
+        assert_eq!(released.len(), 100);
+        for (i, (ms, ticket)) in released.iter().enumerate() {
+            assert_eq!(*ticket, i as u64);
+            assert_eq!(*ms, 20 * (i as u64 + 1));
+        }
+    }
+
+    #[test]
+    fn a_waiter_that_leaves_frees_its_place() {
+        let limits = rate_queue(10, SEC);
+        let mut b = BucketState::new(0);
+        assert!(matches!(
+            b.admit(&limits, 1, T0, 1, Priority::Normal),
+            Admission::Admitted { .. }
+        ));
+        let mut tickets = Vec::new();
+        for _ in 0..10 {
+            match b.admit(&limits, 1, T0, 1, Priority::Normal) {
+                Admission::Queued { ticket, .. } => tickets.push(ticket),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(
+            b.admit(&limits, 2, T0, 1, Priority::Normal),
+            Admission::Rejected { .. }
+        ));
+        assert!(b.cancel(1, tickets[3]));
+        assert!(matches!(
+            b.admit(&limits, 2, T0, 1, Priority::Normal),
+            Admission::Queued { .. }
+        ));
+    }
+
+    #[test]
+    fn slots_go_to_high_priority_first_then_fifo() {
+        let q = QueueLimits {
+            max_wait_ns: 10 * SEC,
+            max_queue: 10,
+        };
+        // Three slots, one of them only for high priority.
+        let limits = slots(3, 1, Some(q));
+        let mut b = BucketState::new(0);
+        let admitted = |a: Admission| matches!(a, Admission::Admitted { .. });
+        assert!(admitted(b.admit(&limits, 1, T0, 1, Priority::Normal)));
+        assert!(admitted(b.admit(&limits, 1, T0, 1, Priority::Normal)));
+        assert!(matches!(
+            b.admit(&limits, 1, T0, 1, Priority::Normal),
+            Admission::Queued { ticket: 0, .. }
+        ));
+        assert!(matches!(
+            b.admit(&limits, 2, T0, 1, Priority::Normal),
+            Admission::Queued { ticket: 1, .. }
+        ));
+        // No high request waits: a high one takes the reserved slot at once...
+        assert!(admitted(b.admit(&limits, 2, T0, 1, Priority::High)));
+        // ...and the next high one queues ahead of the normal ones.
+        assert!(matches!(
+            b.admit(&limits, 2, T0, 1, Priority::High),
+            Admission::Queued { ticket: 2, .. }
+        ));
+        assert_eq!(
+            b.poll(&limits, 1, T0),
+            Vec::<u64>::new(),
+            "head is holder 2's"
+        );
+        assert!(b.release(1));
+        assert_eq!(b.poll(&limits, 2, T0), vec![2]);
+        assert_eq!(
+            b.poll(&limits, 2, T0),
+            Vec::<u64>::new(),
+            "ticket 0 is next, and it is holder 1's"
+        );
+        assert_eq!(
+            b.poll(&limits, 1, T0),
+            Vec::<u64>::new(),
+            "normal requests stop one short of 3"
+        );
+        assert!(b.release(2));
+        assert_eq!(
+            b.poll(&limits, 1, T0),
+            Vec::<u64>::new(),
+            "2 in flight is still the normal ceiling"
+        );
+        assert!(b.release(2));
+        assert_eq!(b.poll(&limits, 1, T0), vec![0]);
+        assert_eq!(b.leases.in_flight(), 2);
+    }
+
+    #[test]
+    fn a_crashed_workers_waiters_expire() {
+        let q = QueueLimits {
+            max_wait_ns: SEC,
+            max_queue: 10,
+        };
+        let limits = slots(1, 0, Some(q));
+        let mut b = BucketState::new(0);
+        assert!(matches!(
+            b.admit(&limits, 9, T0, 1, Priority::Normal),
+            Admission::Admitted { .. }
+        ));
+        assert!(matches!(
+            b.admit(&limits, 9, T0, 1, Priority::Normal),
+            Admission::Queued { .. }
+        ));
+        assert!(b.release(9));
+        // Holder 9 died: its waiter blocks the head until its deadline.
+        assert!(matches!(
+            b.admit(&limits, 2, T0 + 10, 1, Priority::Normal),
+            Admission::Queued { .. }
+        ));
+        assert_eq!(b.poll(&limits, 2, T0 + 10), Vec::<u64>::new());
+        assert_eq!(b.poll(&limits, 2, T0 + SEC + 1), vec![1]);
+    }
+
+    #[test]
+    fn reject_mode_takes_rate_and_slot_together() {
+        let limits = BucketLimits {
+            rate: Some(RateLimiter::TokenBucket(TokenBucket::new(1, SEC, 2, None))),
+            concurrency: Some(ConcurrencyLimit {
+                max_in_flight: 1,
+                reserved_for_high: 0,
+                lease_ttl_ns: SEC,
+            }),
+            queue: None,
+        };
+        let mut b = BucketState::new(0);
+        assert!(matches!(
+            b.admit(&limits, 1, T0, 1, Priority::Normal),
+            Admission::Admitted { .. }
+        ));
+        let before = b.rate;
+        assert!(matches!(
+            b.admit(&limits, 1, T0, 1, Priority::Normal),
+            Admission::Rejected {
+                kind: LimitKind::Concurrency,
+                ..
+            }
+        ));
+        assert_eq!(b.rate, before, "a refused request spends no tokens");
+    }
+
+    #[test]
+    fn round_trips_and_refuses_garbage() {
+        let limits = rate_queue(5, SEC);
+        let mut b = BucketState::new(77);
+        b.admit(&limits, 1, T0, 1, Priority::Normal);
+        b.admit(&limits, 2, T0, 1, Priority::High);
+        let mut s = slots(3, 0, None);
+        s.rate = limits.rate;
+        b.admit(&s, 3, T0, 1, Priority::Normal);
+        assert_eq!(BucketState::decode(&b.encode()), Ok(b.clone()));
+        let bytes = b.encode();
+        for cut in 0..bytes.len() {
+            assert!(BucketState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(BucketState::decode(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+}
