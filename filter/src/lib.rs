@@ -1,4 +1,20 @@
-//! The Sluice proxy-wasm filter (built in step 2): a thin adapter that moves
-//! request headers and shared-data bytes between Envoy and `sluice-shared`.
+//! The Sluice proxy-wasm filter: a thin adapter between Envoy and the pure
+//! decisions of `sluice-shared`.
+//!
+//! - [`host`]: every call into Envoy, behind a trait.
+//! - [`store`]: bucket states in shared data, updated by compare-and-swap.
+//! - [`worker`]: the per-VM logic (match, admit, queue, release, tick).
+//! - `envoy` (wasm only): the proxy-wasm contexts that drive the worker.
 
-pub use sluice_shared as core;
+pub mod host;
+pub mod metrics;
+pub mod store;
+pub mod worker;
+
+#[cfg(target_arch = "wasm32")]
+mod envoy;
+
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;

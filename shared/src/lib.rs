@@ -8,6 +8,7 @@ pub mod duration;
 pub mod headers;
 pub mod limiter;
 pub mod matcher;
+pub mod plugin;
 pub mod policy;
 pub mod validate;
 

@@ -1,0 +1,253 @@
+//! The proxy-wasm contexts: they translate Envoy callbacks into calls on the
+//! [`Worker`] and carry out the actions it returns. Nothing here decides.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType, Status};
+use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
+use sluice_shared::plugin::parse_plugin_config;
+
+use crate::host::{Host, Level, SetError};
+use crate::store::allocate_holder;
+use crate::worker::{StreamAction, Verdict, Worker, IDLE_TICK_MS};
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(SluiceRoot::default()) });
+}}
+
+// The SDK's `resume_http_request` panics when Envoy answers anything but Ok
+// (a stream reset while paused); this import reports it instead.
+#[allow(clashing_extern_declarations)]
+#[link(wasm_import_module = "env")]
+extern "C" {
+    #[link_name = "proxy_continue_stream"]
+    fn continue_stream(stream_type: u32) -> u32;
+}
+
+const STREAM_HTTP_REQUEST: u32 = 0;
+const STATUS_OK: u32 = 0;
+
+struct EnvoyHost;
+
+impl Host for EnvoyHost {
+    fn now(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(SetError::CasMismatch),
+            Err(_) => Err(SetError::Failed),
+        }
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Debug => LogLevel::Debug,
+            Level::Info => LogLevel::Info,
+            Level::Warn => LogLevel::Warn,
+            Level::Error => LogLevel::Error,
+        };
+        let _ = hostcalls::log(level, message);
+    }
+
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        hostcalls::define_metric(MetricType::Counter, name).ok()
+    }
+
+    fn define_gauge(&self, name: &str) -> Option<u32> {
+        hostcalls::define_metric(MetricType::Gauge, name).ok()
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        let _ = hostcalls::increment_metric(id, delta);
+    }
+
+    fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
+        if hostcalls::set_effective_context(context_id).is_err() {
+            return false;
+        }
+        hostcalls::send_http_response(status, headers.to_vec(), Some(body)).is_ok()
+    }
+
+    fn resume(&self, context_id: u32) -> bool {
+        if hostcalls::set_effective_context(context_id).is_err() {
+            return false;
+        }
+        // SAFETY: a plain host call with an integer argument.
+        unsafe { continue_stream(STREAM_HTTP_REQUEST) == STATUS_OK }
+    }
+
+    fn set_tick_period_ms(&self, ms: u64) {
+        let _ = hostcalls::set_tick_period(Duration::from_millis(ms));
+    }
+}
+
+/// Request headers read lazily from Envoy as bytes: the matcher asks only
+/// for what it needs, and no header value can make UTF-8 decoding panic.
+struct EnvoyRequest;
+
+impl RequestHeaders for EnvoyRequest {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+            .map(Cow::Owned)
+    }
+}
+
+#[derive(Default)]
+struct SluiceRoot {
+    worker: Option<Rc<RefCell<Worker>>>,
+}
+
+impl Context for SluiceRoot {}
+
+impl RootContext for SluiceRoot {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let host = EnvoyHost;
+        let raw = self.get_plugin_configuration().unwrap_or_default();
+        let config = match parse_plugin_config(&raw) {
+            Ok(config) => config,
+            Err(errors) => {
+                for e in &errors.errors {
+                    host.log(
+                        Level::Error,
+                        &format!("sluice: invalid plugin configuration: {e}"),
+                    );
+                }
+                return false;
+            }
+        };
+        let worker = self
+            .worker
+            .get_or_insert_with(|| Rc::new(RefCell::new(Worker::new(allocate_holder(&host)))));
+        let Ok(mut w) = worker.try_borrow_mut() else {
+            return false;
+        };
+        let set = CompiledPolicySet::from_validated(config.fallback);
+        host.log(
+            Level::Info,
+            &format!(
+                "sluice: instance {} holder {} enforcing {} fallback policies (version {})",
+                config.instance,
+                w.holder(),
+                set.policies.len(),
+                set.version
+            ),
+        );
+        w.install(&host, set);
+        host.set_tick_period_ms(IDLE_TICK_MS);
+        true
+    }
+
+    fn on_tick(&mut self) {
+        let Some(worker) = &self.worker else {
+            return;
+        };
+        let host = EnvoyHost;
+        let actions = match worker.try_borrow_mut() {
+            Ok(mut w) => w.on_tick(&host),
+            Err(_) => return,
+        };
+        // Run after the borrow ends: a reply or resume may call back into us.
+        for action in actions {
+            match action {
+                StreamAction::Resume(ctx) => {
+                    if !host.resume(ctx) {
+                        if let Ok(mut w) = worker.try_borrow_mut() {
+                            w.on_resume_failed(&host, ctx);
+                        }
+                    }
+                }
+                StreamAction::Reply(ctx, reply) => {
+                    let headers: Vec<(&str, &str)> = reply
+                        .headers
+                        .iter()
+                        .map(|(n, v)| (*n, v.as_str()))
+                        .collect();
+                    host.reply(ctx, reply.status, &headers, &reply.body);
+                }
+            }
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(SluiceStream {
+            context_id,
+            worker: self.worker.clone(),
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct SluiceStream {
+    context_id: u32,
+    worker: Option<Rc<RefCell<Worker>>>,
+}
+
+impl SluiceStream {
+    fn end(&self) {
+        if let Some(worker) = &self.worker {
+            if let Ok(mut w) = worker.try_borrow_mut() {
+                w.on_stream_end(&EnvoyHost, self.context_id);
+            }
+        }
+    }
+}
+
+impl Context for SluiceStream {}
+
+impl HttpContext for SluiceStream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let Some(worker) = &self.worker else {
+            return Action::Continue;
+        };
+        let host = EnvoyHost;
+        let verdict = match worker.try_borrow_mut() {
+            Ok(mut w) => w.on_request(&host, self.context_id, &EnvoyRequest),
+            Err(_) => return Action::Continue,
+        };
+        match verdict {
+            Verdict::Continue => Action::Continue,
+            Verdict::Pause => Action::Pause,
+            Verdict::Reply(reply) => {
+                let headers: Vec<(&str, &str)> = reply
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (*n, v.as_str()))
+                    .collect();
+                host.reply(self.context_id, reply.status, &headers, &reply.body);
+                Action::Pause
+            }
+        }
+    }
+
+    fn on_log(&mut self) {
+        self.end();
+    }
+}
+
+impl Drop for SluiceStream {
+    fn drop(&mut self) {
+        // on_log runs for every stream Envoy logs; this covers any other end.
+        self.end();
+    }
+}

@@ -1,0 +1,36 @@
+//! Everything the filter asks of Envoy, behind one trait: the worker logic
+//! runs against Envoy in production and against an in-memory host in tests.
+
+use sluice_shared::limiter::Nanos;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetError {
+    /// Someone else wrote the value since we read it.
+    CasMismatch,
+    /// The host refused for another reason.
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+pub trait Host {
+    fn now(&self) -> Nanos;
+    /// The value and its CAS token; (None, None) when the key is missing.
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
+    fn log(&self, level: Level, message: &str);
+    fn define_counter(&self, name: &str) -> Option<u32>;
+    fn define_gauge(&self, name: &str) -> Option<u32>;
+    fn increment_metric(&self, id: u32, delta: i64);
+    /// Sends a local reply on stream `context_id` (which may be paused).
+    fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
+    /// Lets paused stream `context_id` continue. False if it is gone.
+    fn resume(&self, context_id: u32) -> bool;
+    fn set_tick_period_ms(&self, ms: u64);
+}

@@ -1,0 +1,197 @@
+//! Stats, batched per worker: requests only bump local counters, and the
+//! tick flushes the deltas to Envoy, so the hot path makes no metric calls.
+//!
+//! Names: `sluice.policy.<policy>.<stat>` per policy and `sluice.<stat>` for
+//! the filter as a whole. Envoy shows them under `wasmcustom.` in `/stats`;
+//! the tag extractor in our Envoy configs turns the policy into a label in
+//! `/stats/prometheus` (`sluice_policy_admitted{sluice_policy="bank"}`).
+
+use std::collections::HashMap;
+
+use crate::host::Host;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyStat {
+    Admitted,
+    Rejected,
+    Queued,
+    QueueTimeouts,
+    QueueAbandoned,
+    ShadowLimited,
+    InFlight,
+    LeasesExpired,
+    KeyEvictions,
+    KeyOverflow,
+}
+
+impl PolicyStat {
+    const ALL: [PolicyStat; 10] = [
+        PolicyStat::Admitted,
+        PolicyStat::Rejected,
+        PolicyStat::Queued,
+        PolicyStat::QueueTimeouts,
+        PolicyStat::QueueAbandoned,
+        PolicyStat::ShadowLimited,
+        PolicyStat::InFlight,
+        PolicyStat::LeasesExpired,
+        PolicyStat::KeyEvictions,
+        PolicyStat::KeyOverflow,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            PolicyStat::Admitted => "admitted",
+            PolicyStat::Rejected => "rejected",
+            PolicyStat::Queued => "queued",
+            PolicyStat::QueueTimeouts => "queue_timeouts",
+            PolicyStat::QueueAbandoned => "queue_abandoned",
+            PolicyStat::ShadowLimited => "shadow_limited",
+            PolicyStat::InFlight => "in_flight",
+            PolicyStat::LeasesExpired => "leases_expired",
+            PolicyStat::KeyEvictions => "key_evictions",
+            PolicyStat::KeyOverflow => "key_overflow",
+        }
+    }
+
+    fn is_gauge(self) -> bool {
+        self == PolicyStat::InFlight
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|s| *s == self).unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FilterStat {
+    CasRetries,
+    CasExhausted,
+    StateDecodeErrors,
+    HostErrors,
+    SyncOk,
+    SyncFailures,
+    PolicySetsInstalled,
+}
+
+impl FilterStat {
+    const ALL: [FilterStat; 7] = [
+        FilterStat::CasRetries,
+        FilterStat::CasExhausted,
+        FilterStat::StateDecodeErrors,
+        FilterStat::HostErrors,
+        FilterStat::SyncOk,
+        FilterStat::SyncFailures,
+        FilterStat::PolicySetsInstalled,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            FilterStat::CasRetries => "cas_retries",
+            FilterStat::CasExhausted => "cas_exhausted",
+            FilterStat::StateDecodeErrors => "state_decode_errors",
+            FilterStat::HostErrors => "host_errors",
+            FilterStat::SyncOk => "sync_ok",
+            FilterStat::SyncFailures => "sync_failures",
+            FilterStat::PolicySetsInstalled => "policy_sets_installed",
+        }
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|s| *s == self).unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Series {
+    ids: Vec<Option<u32>>,
+    pending: Vec<i64>,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    policies: HashMap<String, Series>,
+    filter: Series,
+}
+
+impl Metrics {
+    pub fn add(&mut self, policy: &str, stat: PolicyStat, delta: i64) {
+        let series = match self.policies.get_mut(policy) {
+            Some(s) => s,
+            None => self.policies.entry(policy.to_string()).or_default(),
+        };
+        if series.pending.is_empty() {
+            series.pending = vec![0; PolicyStat::ALL.len()];
+        }
+        series.pending[stat.index()] += delta;
+    }
+
+    pub fn add_filter(&mut self, stat: FilterStat, delta: i64) {
+        if self.filter.pending.is_empty() {
+            self.filter.pending = vec![0; FilterStat::ALL.len()];
+        }
+        self.filter.pending[stat.index()] += delta;
+    }
+
+    /// Defines a policy's stats up front, so they show (at 0) before the
+    /// first request.
+    pub fn define_policy<H: Host + ?Sized>(&mut self, host: &H, policy: &str) {
+        let series = self.policies.entry(policy.to_string()).or_default();
+        if series.ids.is_empty() {
+            series.ids = PolicyStat::ALL
+                .iter()
+                .map(|s| {
+                    let name = format!("sluice.policy.{policy}.{}", s.name());
+                    if s.is_gauge() {
+                        host.define_gauge(&name)
+                    } else {
+                        host.define_counter(&name)
+                    }
+                })
+                .collect();
+        }
+        if series.pending.is_empty() {
+            series.pending = vec![0; PolicyStat::ALL.len()];
+        }
+    }
+
+    /// Sends every pending delta to Envoy.
+    pub fn flush<H: Host + ?Sized>(&mut self, host: &H) {
+        let names: Vec<String> = self.policies.keys().cloned().collect();
+        for policy in names {
+            self.define_policy(host, &policy);
+        }
+        for series in self.policies.values_mut() {
+            for (i, delta) in series.pending.iter_mut().enumerate() {
+                if *delta != 0 {
+                    if let Some(Some(id)) = series.ids.get(i) {
+                        host.increment_metric(*id, *delta);
+                    }
+                    *delta = 0;
+                }
+            }
+        }
+        if self.filter.ids.is_empty() {
+            self.filter.ids = FilterStat::ALL
+                .iter()
+                .map(|s| host.define_counter(&format!("sluice.{}", s.name())))
+                .collect();
+            self.filter.pending.resize(FilterStat::ALL.len(), 0);
+        }
+        for (i, delta) in self.filter.pending.iter_mut().enumerate() {
+            if *delta != 0 {
+                if let Some(Some(id)) = self.filter.ids.get(i) {
+                    host.increment_metric(*id, *delta);
+                }
+                *delta = 0;
+            }
+        }
+    }
+
+    /// A pending delta, for tests.
+    pub fn pending(&self, policy: &str, stat: PolicyStat) -> i64 {
+        self.policies
+            .get(policy)
+            .and_then(|s| s.pending.get(stat.index()).copied())
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,118 @@
+//! An in-memory host with Envoy's shared-data semantics, for unit tests:
+//! a missing key is inserted whatever CAS token is passed, a token of 0
+//! overwrites unconditionally, and any other token must match the entry's.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use crate::host::{Host, Level, SetError};
+
+type Hook = Box<dyn FnOnce(&mut HashMap<String, (Vec<u8>, u32)>, &mut u32)>;
+
+#[derive(Default)]
+pub struct FakeHost {
+    pub now: Cell<u64>,
+    pub shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    next_cas: Cell<u32>,
+    pub metrics: RefCell<HashMap<String, i64>>,
+    metric_names: RefCell<Vec<String>>,
+    pub replies: RefCell<Vec<(u32, u32)>>,
+    pub resumed: RefCell<Vec<u32>>,
+    pub gone: RefCell<Vec<u32>>,
+    pub logs: RefCell<Vec<String>>,
+    /// Runs just before the next write: another worker's interleaved write.
+    pub before_next_set: RefCell<Option<Hook>>,
+    /// Every write fails with a CAS mismatch (endless contention).
+    pub always_mismatch: Cell<bool>,
+    pub tick_ms: Cell<u64>,
+}
+
+impl FakeHost {
+    pub fn at(now: u64) -> Self {
+        let h = Self::default();
+        h.now.set(now);
+        h.next_cas.set(1);
+        h
+    }
+
+    pub fn advance_ms(&self, ms: u64) {
+        self.now.set(self.now.get() + ms * 1_000_000);
+    }
+
+    pub fn metric(&self, name: &str) -> i64 {
+        self.metrics.borrow().get(name).copied().unwrap_or(0)
+    }
+}
+
+impl Host for FakeHost {
+    fn now(&self) -> u64 {
+        self.now.get()
+    }
+
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.shared.borrow().get(key) {
+            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        let mut map = self.shared.borrow_mut();
+        let mut counter = self.next_cas.get().max(1);
+        if let Some(hook) = self.before_next_set.borrow_mut().take() {
+            hook(&mut map, &mut counter);
+        }
+        if self.always_mismatch.get() {
+            return Err(SetError::CasMismatch);
+        }
+        let token = cas.unwrap_or(0);
+        if let Some((_, current)) = map.get(key) {
+            if token != 0 && token != *current {
+                return Err(SetError::CasMismatch);
+            }
+        }
+        map.insert(key.to_string(), (value.to_vec(), counter));
+        self.next_cas.set(counter + 1);
+        Ok(())
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        self.logs.borrow_mut().push(format!("{level:?} {message}"));
+    }
+
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        let mut names = self.metric_names.borrow_mut();
+        let id = names.iter().position(|n| n == name).unwrap_or_else(|| {
+            names.push(name.to_string());
+            names.len() - 1
+        });
+        Some(id as u32)
+    }
+
+    fn define_gauge(&self, name: &str) -> Option<u32> {
+        self.define_counter(name)
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        if let Some(name) = self.metric_names.borrow().get(id as usize) {
+            *self.metrics.borrow_mut().entry(name.clone()).or_default() += delta;
+        }
+    }
+
+    fn reply(&self, context_id: u32, status: u32, _headers: &[(&str, &str)], _body: &[u8]) -> bool {
+        self.replies.borrow_mut().push((context_id, status));
+        true
+    }
+
+    fn resume(&self, context_id: u32) -> bool {
+        if self.gone.borrow().contains(&context_id) {
+            return false;
+        }
+        self.resumed.borrow_mut().push(context_id);
+        true
+    }
+
+    fn set_tick_period_ms(&self, ms: u64) {
+        self.tick_ms.set(ms);
+    }
+}

@@ -1,0 +1,572 @@
+//! The filter's logic inside one Envoy worker VM, free of proxy-wasm: it
+//! decides through `sluice-shared` and talks to Envoy through [`Host`].
+//!
+//! Host actions that can call back into the VM (a local reply, resuming a
+//! paused stream) are returned to the caller instead of performed here, so
+//! the glue can run them after it stops borrowing the worker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use sluice_shared::bucket::{Admission, BucketLimits, BucketState};
+use sluice_shared::headers::{rejection_headers, LimitKind};
+use sluice_shared::limiter::Nanos;
+use sluice_shared::matcher::{
+    BucketKey, Classification, CompiledPolicy, CompiledPolicySet, RequestHeaders,
+};
+use sluice_shared::policy::KeyOverflow;
+
+use crate::host::{Host, Level};
+use crate::metrics::{FilterStat, Metrics, PolicyStat};
+use crate::store::{bucket_key, update, Place, StoreError, StoreStats};
+
+/// Tick period with nobody waiting: lease renewal and stats only.
+pub const IDLE_TICK_MS: u64 = 100;
+/// Tick period while requests wait: how promptly a turn is noticed.
+pub const QUEUE_TICK_MS: u64 = 1;
+/// Places tried for a new key before it overflows.
+const KEY_PROBES: u32 = 4;
+/// Owner of the shared overflow bucket of a keyed policy.
+const OVERFLOW_OWNER: u64 = u64::MAX;
+/// Retry-After for a refusal that has no schedule (contention, overflow).
+const DEFAULT_RETRY_NS: Nanos = 1_000_000_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What to do with a request now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    Pause,
+    Reply(LocalReply),
+}
+
+/// What the tick asks the glue to do to a paused stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamAction {
+    Resume(u32),
+    Reply(u32, LocalReply),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamState {
+    /// Admitted, holding a concurrency slot until the stream ends.
+    Holding,
+    /// Paused in the bucket's queue.
+    Waiting { ticket: u64, deadline: Nanos },
+}
+
+#[derive(Debug, Clone)]
+struct Stream {
+    policy: String,
+    bucket: String,
+    state: StreamState,
+    since: Nanos,
+    lease_ttl: Nanos,
+    has_concurrency: bool,
+}
+
+pub struct Worker {
+    holder: u64,
+    policies: Rc<CompiledPolicySet>,
+    streams: HashMap<u32, Stream>,
+    metrics: Metrics,
+    store: StoreStats,
+    flushed_store: StoreStats,
+    renewed_at: HashMap<String, Nanos>,
+    tick_ms: u64,
+}
+
+impl Worker {
+    pub fn new(holder: u64) -> Self {
+        Self {
+            holder,
+            policies: Rc::new(CompiledPolicySet::empty()),
+            streams: HashMap::new(),
+            metrics: Metrics::default(),
+            store: StoreStats::default(),
+            flushed_store: StoreStats::default(),
+            renewed_at: HashMap::new(),
+            tick_ms: IDLE_TICK_MS,
+        }
+    }
+
+    pub fn holder(&self) -> u64 {
+        self.holder
+    }
+
+    pub fn policies(&self) -> &CompiledPolicySet {
+        &self.policies
+    }
+
+    /// Replaces the policy set. Bucket states live in shared data under the
+    /// policy's name, so an edited policy keeps its state; streams already
+    /// admitted or waiting keep their bucket.
+    pub fn install<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
+        for p in &set.policies {
+            self.metrics.define_policy(host, p.name());
+        }
+        self.policies = Rc::new(set);
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.streams
+            .values()
+            .filter(|s| s.state == StreamState::Holding)
+            .count()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.streams
+            .values()
+            .filter(|s| matches!(s.state, StreamState::Waiting { .. }))
+            .count()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn on_request<H, R>(&mut self, host: &H, context_id: u32, req: &R) -> Verdict
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let policies = Rc::clone(&self.policies);
+        let Some(class) = policies.classify(req) else {
+            return Verdict::Continue;
+        };
+        let Some(policy) = policies.policies.get(class.policy_index) else {
+            return Verdict::Continue;
+        };
+        let name = policy.name();
+        let now = host.now();
+        let shadow = policy.is_shadow();
+        let mut limits = BucketLimits::of(policy);
+        if shadow {
+            // Shadow mode judges as `reject` would, and lets everything pass.
+            limits.queue = None;
+        }
+        let outcome = self.place_and_admit(host, policy, &limits, &class, now);
+        match outcome {
+            Err(error) => {
+                host.log(
+                    Level::Warn,
+                    &format!(
+                        "sluice: policy {name}: shared state unavailable ({error:?}); refusing"
+                    ),
+                );
+                if shadow {
+                    self.metrics.add(name, PolicyStat::ShadowLimited, 1);
+                    return Verdict::Continue;
+                }
+                self.metrics.add(name, PolicyStat::Rejected, 1);
+                Verdict::Reply(rejection(policy, LimitKind::Rate, DEFAULT_RETRY_NS))
+            }
+            Ok((bucket, Admission::Admitted { .. })) => {
+                self.metrics.add(name, PolicyStat::Admitted, 1);
+                if let Some(conc) = &policy.concurrency {
+                    self.metrics.add(name, PolicyStat::InFlight, 1);
+                    self.streams.insert(
+                        context_id,
+                        Stream {
+                            policy: name.to_string(),
+                            bucket,
+                            state: StreamState::Holding,
+                            since: now,
+                            lease_ttl: conc.lease_ttl_ns,
+                            has_concurrency: true,
+                        },
+                    );
+                }
+                Verdict::Continue
+            }
+            Ok((_, Admission::Rejected { kind, retry_after })) => {
+                if shadow {
+                    self.metrics.add(name, PolicyStat::ShadowLimited, 1);
+                    host.log(
+                        Level::Debug,
+                        &format!(
+                            "sluice: shadow policy {name} would have refused a request ({kind:?})"
+                        ),
+                    );
+                    return Verdict::Continue;
+                }
+                self.metrics.add(name, PolicyStat::Rejected, 1);
+                Verdict::Reply(rejection(policy, kind, retry_after))
+            }
+            Ok((bucket, Admission::Queued { ticket, deadline })) => {
+                self.metrics.add(name, PolicyStat::Queued, 1);
+                self.streams.insert(
+                    context_id,
+                    Stream {
+                        policy: name.to_string(),
+                        bucket,
+                        state: StreamState::Waiting { ticket, deadline },
+                        since: now,
+                        lease_ttl: policy.concurrency.map_or(0, |c| c.lease_ttl_ns),
+                        has_concurrency: policy.concurrency.is_some(),
+                    },
+                );
+                if self.tick_ms != QUEUE_TICK_MS {
+                    self.tick_ms = QUEUE_TICK_MS;
+                    host.set_tick_period_ms(QUEUE_TICK_MS);
+                }
+                Verdict::Pause
+            }
+        }
+    }
+
+    /// Finds the request's bucket (probing places for a keyed policy) and
+    /// admits it there. Returns the bucket's key and the outcome.
+    fn place_and_admit<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        policy: &CompiledPolicy,
+        limits: &BucketLimits,
+        class: &Classification,
+        now: Nanos,
+    ) -> Result<(String, Admission), StoreError> {
+        let holder = self.holder;
+        let name = policy.name();
+        let admit = |s: &mut BucketState| {
+            let a = s.admit(limits, holder, now, class.cost, class.priority);
+            let changed = !matches!(a, Admission::Rejected { .. });
+            (a, changed)
+        };
+        let BucketKey::Keyed(hash) = class.key else {
+            let key = bucket_key(name, Place::Single);
+            let a = update(host, &key, &mut self.store, || BucketState::new(0), admit)?;
+            return Ok((key, a));
+        };
+        let owner = if hash == 0 || hash == OVERFLOW_OWNER {
+            1
+        } else {
+            hash
+        };
+        let max_keys = policy.max_keys().unwrap_or(1).max(1);
+        let first = (owner % u64::from(max_keys)) as u32;
+        for probe in 0..KEY_PROBES.min(max_keys) {
+            let slot = ((u64::from(first) + u64::from(probe)) % u64::from(max_keys)) as u32;
+            let key = bucket_key(name, Place::Slot(slot));
+            let mut evicted = false;
+            let outcome = update(
+                host,
+                &key,
+                &mut self.store,
+                || BucketState::new(0),
+                |s| {
+                    evicted = false;
+                    let mut claimed = false;
+                    if s.owner != owner {
+                        if s.owner != 0 && !s.is_idle(limits, now) {
+                            return (None, false);
+                        }
+                        evicted = s.owner != 0;
+                        claimed = true;
+                        *s = BucketState::new(owner);
+                    }
+                    let (a, changed) = admit(s);
+                    (Some(a), changed || claimed)
+                },
+            )?;
+            if let Some(a) = outcome {
+                if evicted {
+                    self.metrics.add(name, PolicyStat::KeyEvictions, 1);
+                }
+                return Ok((key, a));
+            }
+        }
+        self.metrics.add(name, PolicyStat::KeyOverflow, 1);
+        if policy.key_overflow() == Some(KeyOverflow::Reject) {
+            let kind = if policy.rate.is_some() {
+                LimitKind::Rate
+            } else {
+                LimitKind::Concurrency
+            };
+            return Ok((
+                String::new(),
+                Admission::Rejected {
+                    kind,
+                    retry_after: DEFAULT_RETRY_NS,
+                },
+            ));
+        }
+        let key = bucket_key(name, Place::Overflow);
+        let a = update(
+            host,
+            &key,
+            &mut self.store,
+            || BucketState::new(OVERFLOW_OWNER),
+            admit,
+        )?;
+        Ok((key, a))
+    }
+
+    /// The stream ended, for whatever reason: give back its slot, or its
+    /// place in the queue. Safe to call more than once.
+    pub fn on_stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        let Some(stream) = self.streams.remove(&context_id) else {
+            return;
+        };
+        let holder = self.holder;
+        match stream.state {
+            StreamState::Holding => {
+                self.metrics.add(&stream.policy, PolicyStat::InFlight, -1);
+                let released = update(
+                    host,
+                    &stream.bucket,
+                    &mut self.store,
+                    || BucketState::new(0),
+                    |s| {
+                        let r = s.release(holder);
+                        (r, r)
+                    },
+                );
+                if released.is_err() {
+                    self.metrics.add_filter(FilterStat::HostErrors, 1);
+                    host.log(
+                        Level::Warn,
+                        &format!(
+                            "sluice: could not release a slot of {}; its lease will expire",
+                            stream.policy
+                        ),
+                    );
+                }
+            }
+            StreamState::Waiting { ticket, .. } => {
+                self.metrics
+                    .add(&stream.policy, PolicyStat::QueueAbandoned, 1);
+                let _ = update(
+                    host,
+                    &stream.bucket,
+                    &mut self.store,
+                    || BucketState::new(0),
+                    |s| {
+                        let c = s.cancel(holder, ticket);
+                        (c, c)
+                    },
+                );
+            }
+        }
+    }
+
+    /// A stream the tick asked to resume was already gone.
+    pub fn on_resume_failed<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        self.on_stream_end(host, context_id);
+    }
+
+    /// Periodic work: hand turns to waiting requests, time out the ones
+    /// that waited too long, reclaim slots of streams past their lease,
+    /// renew this worker's leases, flush stats.
+    pub fn on_tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
+        let now = host.now();
+        let mut actions = Vec::new();
+        self.serve_queues(host, now, &mut actions);
+        self.expire_stuck_streams(host, now);
+        self.renew_leases(host, now);
+        self.flush(host);
+        let wanted = if self.waiting() > 0 {
+            QUEUE_TICK_MS
+        } else {
+            IDLE_TICK_MS
+        };
+        if wanted != self.tick_ms {
+            self.tick_ms = wanted;
+            host.set_tick_period_ms(wanted);
+        }
+        actions
+    }
+
+    fn serve_queues<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        now: Nanos,
+        actions: &mut Vec<StreamAction>,
+    ) {
+        let mut by_bucket: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (ctx, s) in &self.streams {
+            if matches!(s.state, StreamState::Waiting { .. }) {
+                by_bucket.entry(s.bucket.clone()).or_default().push(*ctx);
+            }
+        }
+        let policies = Rc::clone(&self.policies);
+        let holder = self.holder;
+        for (bucket, contexts) in by_bucket {
+            let Some(policy_name) = contexts
+                .first()
+                .and_then(|c| self.streams.get(c))
+                .map(|s| s.policy.clone())
+            else {
+                continue;
+            };
+            let Some((_, policy)) = policies.find(&policy_name) else {
+                // The policy is gone: nothing limits these requests any more.
+                for ctx in contexts {
+                    self.on_stream_end(host, ctx);
+                    actions.push(StreamAction::Resume(ctx));
+                }
+                continue;
+            };
+            let limits = BucketLimits::of(policy);
+            let admitted = update(
+                host,
+                &bucket,
+                &mut self.store,
+                || BucketState::new(0),
+                |s| {
+                    let tickets = s.poll(&limits, holder, now);
+                    let changed = !tickets.is_empty();
+                    (tickets, changed)
+                },
+            )
+            .unwrap_or_default();
+            for ticket in admitted {
+                let Some(ctx) = contexts.iter().copied().find(|c| {
+                    self.streams.get(c).is_some_and(|s| {
+                        s.state
+                            == StreamState::Waiting {
+                                ticket,
+                                deadline: waiting_deadline(s),
+                            }
+                    })
+                }) else {
+                    continue;
+                };
+                self.metrics.add(&policy_name, PolicyStat::Admitted, 1);
+                let has_concurrency = self.streams.get(&ctx).is_some_and(|s| s.has_concurrency);
+                if has_concurrency {
+                    self.metrics.add(&policy_name, PolicyStat::InFlight, 1);
+                    if let Some(s) = self.streams.get_mut(&ctx) {
+                        s.state = StreamState::Holding;
+                        s.since = now;
+                    }
+                } else {
+                    self.streams.remove(&ctx);
+                }
+                actions.push(StreamAction::Resume(ctx));
+            }
+            for ctx in contexts {
+                let timed_out = self.streams.get(&ctx).is_some_and(
+                    |s| matches!(s.state, StreamState::Waiting { deadline, .. } if deadline < now),
+                );
+                if timed_out {
+                    self.on_stream_end(host, ctx);
+                    self.metrics
+                        .add(&policy_name, PolicyStat::QueueAbandoned, -1);
+                    self.metrics.add(&policy_name, PolicyStat::QueueTimeouts, 1);
+                    self.metrics.add(&policy_name, PolicyStat::Rejected, 1);
+                    let kind = if policy.rate.is_some() {
+                        LimitKind::Rate
+                    } else {
+                        LimitKind::Concurrency
+                    };
+                    actions.push(StreamAction::Reply(
+                        ctx,
+                        rejection(policy, kind, DEFAULT_RETRY_NS),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// A stream holding a slot longer than the lease TTL (one that never
+    /// ends) gives the slot back, as a crashed worker's slots come back.
+    fn expire_stuck_streams<H: Host + ?Sized>(&mut self, host: &H, now: Nanos) {
+        let stuck: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| {
+                s.state == StreamState::Holding && now.saturating_sub(s.since) > s.lease_ttl
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for ctx in stuck {
+            if let Some(policy) = self.streams.get(&ctx).map(|s| s.policy.clone()) {
+                self.metrics.add(&policy, PolicyStat::LeasesExpired, 1);
+            }
+            self.on_stream_end(host, ctx);
+        }
+    }
+
+    /// Keeps this worker's leases alive while it holds slots: renewing at a
+    /// quarter of the TTL leaves three chances before a lease could lapse.
+    fn renew_leases<H: Host + ?Sized>(&mut self, host: &H, now: Nanos) {
+        let mut buckets: BTreeMap<String, Nanos> = BTreeMap::new();
+        for s in self.streams.values() {
+            if s.state == StreamState::Holding {
+                let ttl = buckets.entry(s.bucket.clone()).or_insert(s.lease_ttl);
+                *ttl = (*ttl).min(s.lease_ttl);
+            }
+        }
+        self.renewed_at.retain(|b, _| buckets.contains_key(b));
+        let holder = self.holder;
+        for (bucket, ttl) in buckets {
+            let last = self.renewed_at.get(&bucket).copied().unwrap_or(0);
+            if now.saturating_sub(last) < ttl / 4 {
+                continue;
+            }
+            let ok = update(
+                host,
+                &bucket,
+                &mut self.store,
+                || BucketState::new(0),
+                |s| {
+                    let r = s.renew(holder, now, ttl);
+                    (r, r)
+                },
+            );
+            if ok.is_ok() {
+                self.renewed_at.insert(bucket, now);
+            }
+        }
+    }
+
+    fn flush<H: Host + ?Sized>(&mut self, host: &H) {
+        let s = self.store;
+        let f = self.flushed_store;
+        let delta = |a: u64, b: u64| i64::try_from(a.saturating_sub(b)).unwrap_or(i64::MAX);
+        self.metrics
+            .add_filter(FilterStat::CasRetries, delta(s.cas_retries, f.cas_retries));
+        self.metrics.add_filter(
+            FilterStat::CasExhausted,
+            delta(s.cas_exhausted, f.cas_exhausted),
+        );
+        self.metrics.add_filter(
+            FilterStat::StateDecodeErrors,
+            delta(s.decode_errors, f.decode_errors),
+        );
+        self.flushed_store = s;
+        self.metrics.flush(host);
+    }
+
+    pub fn count(&mut self, stat: FilterStat) {
+        self.metrics.add_filter(stat, 1);
+    }
+}
+
+fn waiting_deadline(s: &Stream) -> Nanos {
+    match s.state {
+        StreamState::Waiting { deadline, .. } => deadline,
+        StreamState::Holding => 0,
+    }
+}
+
+fn rejection(policy: &CompiledPolicy, kind: LimitKind, retry_after: Nanos) -> LocalReply {
+    let mut headers = rejection_headers(&policy.policy, kind, retry_after);
+    headers.push(("content-type", "text/plain; charset=utf-8".to_string()));
+    let body = match &policy.policy.on_limit.body {
+        Some(body) => body.as_bytes().to_vec(),
+        None => format!("limited by sluice policy {}\n", policy.name()).into_bytes(),
+    };
+    LocalReply {
+        status: u32::from(policy.policy.on_limit.status),
+        headers,
+        body,
+    }
+}
