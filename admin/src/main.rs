@@ -1,6 +1,111 @@
-//! The Sluice admin service (built in step 3).
+//! `sluice-admin`: the admin service binary.
 
-fn main() {
-    eprintln!("sluice-admin: not built yet (step 3)");
-    std::process::exit(2);
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use sluice_admin::auth::Credentials;
+use sluice_admin::store::Store;
+use sluice_admin::AppState;
+
+#[derive(Parser)]
+#[command(about = "Sluice admin: edit egress limits live, watch utilization")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "SLUICE_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// SQLite database file (created if missing).
+    #[arg(long, env = "SLUICE_DB", default_value = "./sluice.db")]
+    db: PathBuf,
+    /// The admin password (hashed with argon2 at start; never logged).
+    #[arg(long, env = "SLUICE_ADMIN_PASSWORD", hide_env_values = true)]
+    admin_password: Option<String>,
+    /// Or an argon2 PHC hash of it.
+    #[arg(long, env = "SLUICE_ADMIN_PASSWORD_HASH", hide_env_values = true)]
+    admin_password_hash: Option<String>,
+    /// Bearer token the filters send to /api/v1/sync.
+    #[arg(long, env = "SLUICE_SYNC_TOKEN", hide_env_values = true)]
+    sync_token: Option<String>,
+    /// Directory of the built web UI (index.html, pkg/).
+    #[arg(long, env = "SLUICE_UI_DIR", default_value = "target/ui")]
+    ui_dir: PathBuf,
+    /// Mark the session cookie Secure (when served over HTTPS).
+    #[arg(long)]
+    secure_cookies: bool,
+    /// A policy set (JSON) to start with when the store has never held a
+    /// policy; ignored afterwards. A set that fails validation stops the start.
+    #[arg(long, env = "SLUICE_SEED")]
+    seed: Option<PathBuf>,
+    /// Run without a password (anyone reaching the port is admin). Local
+    /// development only.
+    #[arg(long)]
+    insecure_dev: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_http=warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let credentials = match (
+        &args.admin_password,
+        &args.admin_password_hash,
+        args.insecure_dev,
+    ) {
+        (Some(p), _, _) => Credentials::from_password(p).context("--admin-password")?,
+        (None, Some(h), _) => Credentials::from_hash(h).context("--admin-password-hash")?,
+        (None, None, true) => {
+            tracing::warn!("--insecure-dev: NO LOGIN. Anyone who reaches {} can change limits. Local development only.", args.listen);
+            Credentials::InsecureDev
+        }
+        (None, None, false) => bail!(
+            "no admin credentials: set SLUICE_ADMIN_PASSWORD (or SLUICE_ADMIN_PASSWORD_HASH), \
+             or pass --insecure-dev for a local trial"
+        ),
+    };
+    if args.sync_token.is_none() && !args.insecure_dev {
+        bail!("no sync token: set SLUICE_SYNC_TOKEN (the filters' sync_token), or pass --insecure-dev");
+    }
+    let store = Store::open(&args.db).with_context(|| format!("opening {}", args.db.display()))?;
+    if let Some(path) = &args.seed {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the seed policy set {}", path.display()))?;
+        let set = sluice_shared::parse_policy_set(&text)
+            .map_err(|e| anyhow::anyhow!("seed policy set {} refused: {e}", path.display()))?;
+        let added = store
+            .seed(&set, "seed")
+            .with_context(|| format!("seeding from {}", path.display()))?;
+        if added > 0 {
+            tracing::info!(seed = %path.display(), policies = added, "seeded an empty store");
+        }
+    }
+    let state = Arc::new(AppState::new(
+        store,
+        credentials,
+        args.sync_token,
+        args.secure_cookies,
+    ));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {} (port taken?)", args.listen))?;
+    let ui_dir = args
+        .ui_dir
+        .join("index.html")
+        .exists()
+        .then_some(args.ui_dir.clone());
+    if ui_dir.is_none() {
+        tracing::warn!(dir = %args.ui_dir.display(), "no web UI built there (make ui); serving the API only");
+    }
+    tracing::info!(listen = %args.listen, db = %args.db.display(), "sluice-admin ready");
+    sluice_admin::serve(listener, state, ui_dir, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .context("serving")?;
+    Ok(())
 }

@@ -14,6 +14,7 @@ use sluice_shared::plugin::parse_plugin_config;
 
 use crate::host::{Host, Level, SetError};
 use crate::store::allocate_holder;
+use crate::sync::{Answer, SyncSettings, MAX_RESPONSE_BYTES};
 use crate::worker::{StreamAction, Verdict, Worker, IDLE_TICK_MS};
 
 proxy_wasm::main! {{
@@ -95,27 +96,89 @@ impl Host for EnvoyHost {
     fn set_tick_period_ms(&self, ms: u64) {
         let _ = hostcalls::set_tick_period(Duration::from_millis(ms));
     }
+
+    fn dispatch_http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        hostcalls::dispatch_http_call(
+            cluster,
+            headers.to_vec(),
+            Some(body),
+            Vec::new(),
+            Duration::from_millis(timeout_ms),
+        )
+        .ok()
+    }
 }
 
 /// Request headers read lazily from Envoy as bytes: the matcher asks only
-/// for what it needs, and no header value can make UTF-8 decoding panic.
-struct EnvoyRequest;
+/// for what it needs, each header crosses into the VM at most once however
+/// many policies look at it (a host call costs far more than a copy), and no
+/// header value can make UTF-8 decoding panic.
+#[derive(Default)]
+struct EnvoyRequest {
+    read: RefCell<Vec<(String, Option<Vec<u8>>)>>,
+}
 
 impl RequestHeaders for EnvoyRequest {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+        if let Ok(read) = self.read.try_borrow() {
+            if let Some((_, value)) = read.iter().find(|(n, _)| n == name) {
+                return value.clone().map(Cow::Owned);
+            }
+        }
+        let value = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
             .ok()
-            .flatten()
-            .map(Cow::Owned)
+            .flatten();
+        if let Ok(mut read) = self.read.try_borrow_mut() {
+            read.push((name.to_string(), value.clone()));
+        }
+        value.map(Cow::Owned)
     }
 }
 
 #[derive(Default)]
 struct SluiceRoot {
     worker: Option<Rc<RefCell<Worker>>>,
+    queue_ticket_header: bool,
 }
 
-impl Context for SluiceRoot {}
+impl Context for SluiceRoot {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(worker) = &self.worker else {
+            return;
+        };
+        let host = EnvoyHost;
+        // No :status means Envoy gave up (connection refused, timeout).
+        let status = self
+            .get_http_call_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        let body = if body_size > MAX_RESPONSE_BYTES {
+            let why = format!(
+                "refused a {body_size}-byte answer (at most {MAX_RESPONSE_BYTES} bytes are read)"
+            );
+            if let Ok(mut w) = worker.try_borrow_mut() {
+                w.on_sync_answer(&host, token, Answer::Failed(why));
+            }
+            return;
+        } else {
+            self.get_http_call_response_body(0, body_size)
+        };
+        if let Ok(mut w) = worker.try_borrow_mut() {
+            w.on_sync_response(&host, token, status, body.as_deref());
+        }
+    }
+}
 
 impl RootContext for SluiceRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -139,6 +202,7 @@ impl RootContext for SluiceRoot {
         let Ok(mut w) = worker.try_borrow_mut() else {
             return false;
         };
+        let sync = SyncSettings::from_config(&config);
         let set = CompiledPolicySet::from_validated(config.fallback);
         host.log(
             Level::Info,
@@ -151,6 +215,8 @@ impl RootContext for SluiceRoot {
             ),
         );
         w.install(&host, set);
+        w.set_sync(sync);
+        self.queue_ticket_header = config.queue_ticket_header;
         host.set_tick_period_ms(IDLE_TICK_MS);
         true
     }
@@ -190,6 +256,7 @@ impl RootContext for SluiceRoot {
         Some(Box::new(SluiceStream {
             context_id,
             worker: self.worker.clone(),
+            queue_ticket_header: self.queue_ticket_header,
         }))
     }
 
@@ -201,6 +268,7 @@ impl RootContext for SluiceRoot {
 struct SluiceStream {
     context_id: u32,
     worker: Option<Rc<RefCell<Worker>>>,
+    queue_ticket_header: bool,
 }
 
 impl SluiceStream {
@@ -222,12 +290,21 @@ impl HttpContext for SluiceStream {
         };
         let host = EnvoyHost;
         let verdict = match worker.try_borrow_mut() {
-            Ok(mut w) => w.on_request(&host, self.context_id, &EnvoyRequest),
+            Ok(mut w) => w.on_request(&host, self.context_id, &EnvoyRequest::default()),
             Err(_) => return Action::Continue,
         };
         match verdict {
             Verdict::Continue => Action::Continue,
-            Verdict::Pause => Action::Pause,
+            Verdict::Pause { ticket } => {
+                if self.queue_ticket_header {
+                    // Headers changed before the pause go upstream on resume.
+                    self.set_http_request_header(
+                        "x-sluice-queue-ticket",
+                        Some(&ticket.to_string()),
+                    );
+                }
+                Action::Pause
+            }
             Verdict::Reply(reply) => {
                 let headers: Vec<(&str, &str)> = reply
                     .headers

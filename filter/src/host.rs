@@ -33,4 +33,13 @@ pub trait Host {
     /// Lets paused stream `context_id` continue. False if it is gone.
     fn resume(&self, context_id: u32) -> bool;
     fn set_tick_period_ms(&self, ms: u64);
+    /// Sends an HTTP call through an Envoy cluster; the answer comes back
+    /// to the root context. Returns the call's token.
+    fn dispatch_http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Option<u32>;
 }

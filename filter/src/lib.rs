@@ -3,12 +3,15 @@
 //!
 //! - [`host`]: every call into Envoy, behind a trait.
 //! - [`store`]: bucket states in shared data, updated by compare-and-swap.
+//! - [`sync`]: policy sets from the admin, and utilization reports to it.
 //! - [`worker`]: the per-VM logic (match, admit, queue, release, tick).
 //! - `envoy` (wasm only): the proxy-wasm contexts that drive the worker.
 
+pub mod grants;
 pub mod host;
 pub mod metrics;
 pub mod store;
+pub mod sync;
 pub mod worker;
 
 #[cfg(target_arch = "wasm32")]

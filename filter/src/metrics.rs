@@ -6,9 +6,10 @@
 //! the tag extractor in our Envoy configs turns the policy into a label in
 //! `/stats/prometheus` (`sluice_policy_admitted{sluice_policy="bank"}`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::host::Host;
+use crate::sync::DeltaCounters;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyStat {
@@ -111,10 +112,25 @@ struct Series {
 pub struct Metrics {
     policies: HashMap<String, Series>,
     filter: Series,
+    /// The same deltas, kept until they go into the shared sync report.
+    unreported: BTreeMap<String, DeltaCounters>,
 }
 
 impl Metrics {
     pub fn add(&mut self, policy: &str, stat: PolicyStat, delta: i64) {
+        let unreported = match self.unreported.get_mut(policy) {
+            Some(d) => d,
+            None => self.unreported.entry(policy.to_string()).or_default(),
+        };
+        match stat {
+            PolicyStat::Admitted => unreported.admitted += delta,
+            PolicyStat::Rejected => unreported.rejected += delta,
+            PolicyStat::Queued => unreported.queued += delta,
+            PolicyStat::QueueTimeouts => unreported.queue_timeouts += delta,
+            PolicyStat::ShadowLimited => unreported.shadow_limited += delta,
+            PolicyStat::InFlight => unreported.in_flight += delta,
+            _ => {}
+        }
         let series = match self.policies.get_mut(policy) {
             Some(s) => s,
             None => self.policies.entry(policy.to_string()).or_default(),
@@ -185,6 +201,13 @@ impl Metrics {
                 *delta = 0;
             }
         }
+    }
+
+    /// The deltas since the last call, for the shared sync report.
+    pub fn take_unreported(&mut self) -> BTreeMap<String, DeltaCounters> {
+        let mut out = std::mem::take(&mut self.unreported);
+        out.retain(|_, d| !d.is_zero());
+        out
     }
 
     /// A pending delta, for tests.

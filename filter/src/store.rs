@@ -88,6 +88,34 @@ pub fn update<H: Host + ?Sized, R>(
     Err(StoreError::Contended)
 }
 
+/// Like [`update`], for a value that is not a bucket: `f` sees the current
+/// bytes (None when missing) and returns the new bytes, or None to leave the
+/// value as it is.
+pub fn update_bytes<H: Host + ?Sized, R>(
+    host: &H,
+    key: &str,
+    stats: &mut StoreStats,
+    mut f: impl FnMut(Option<&[u8]>) -> (R, Option<Vec<u8>>),
+) -> Result<R, StoreError> {
+    for attempt in 0..MAX_CAS_ATTEMPTS {
+        if attempt > 0 {
+            stats.cas_retries += 1;
+        }
+        let (bytes, cas) = host.shared_get(key);
+        let (result, new) = f(bytes.as_deref());
+        let Some(new) = new else {
+            return Ok(result);
+        };
+        match host.shared_set(key, &new, Some(cas.unwrap_or(INSERT_CAS))) {
+            Ok(()) => return Ok(result),
+            Err(SetError::CasMismatch) => continue,
+            Err(SetError::Failed) => return Err(StoreError::HostFailed),
+        }
+    }
+    stats.cas_exhausted += 1;
+    Err(StoreError::Contended)
+}
+
 const HOLDERS_KEY: &str = "sluice/holders";
 
 /// A lease-holder id unique among all VMs of this Envoy process (shared data

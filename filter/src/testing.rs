@@ -7,6 +7,9 @@ use std::collections::HashMap;
 
 use crate::host::{Host, Level, SetError};
 
+/// An HTTP call the filter sent: (cluster, headers, body).
+pub type SentCall = (String, Vec<(String, String)>, Vec<u8>);
+
 type Hook = Box<dyn FnOnce(&mut HashMap<String, (Vec<u8>, u32)>, &mut u32)>;
 
 #[derive(Default)]
@@ -25,6 +28,8 @@ pub struct FakeHost {
     /// Every write fails with a CAS mismatch (endless contention).
     pub always_mismatch: Cell<bool>,
     pub tick_ms: Cell<u64>,
+    /// HTTP calls sent: (cluster, headers, body).
+    pub calls: RefCell<Vec<SentCall>>,
 }
 
 impl FakeHost {
@@ -114,5 +119,24 @@ impl Host for FakeHost {
 
     fn set_tick_period_ms(&self, ms: u64) {
         self.tick_ms.set(ms);
+    }
+
+    fn dispatch_http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        _timeout_ms: u64,
+    ) -> Option<u32> {
+        let mut calls = self.calls.borrow_mut();
+        calls.push((
+            cluster.to_string(),
+            headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body.to_vec(),
+        ));
+        Some(calls.len() as u32)
     }
 }

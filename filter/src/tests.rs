@@ -2,6 +2,7 @@
 //! as Envoy's worker VMs share one process's shared data.
 
 use proptest::prelude::*;
+use sluice_shared::bucket::BucketState;
 use sluice_shared::matcher::CompiledPolicySet;
 
 use crate::host::Host;
@@ -31,7 +32,7 @@ fn req<'a>(authority: &'a [u8], extra: &'a [(&'a str, &'a [u8])]) -> Vec<(&'a st
 fn status(v: &Verdict) -> u32 {
     match v {
         Verdict::Continue => 200,
-        Verdict::Pause => 0,
+        Verdict::Pause { .. } => 0,
         Verdict::Reply(r) => r.status,
     }
 }
@@ -160,9 +161,11 @@ fn queued_requests_resume_in_order_and_leavers_free_their_place() {
     // Turns at 20, 40, 60, 80, 100 ms; the sixth would wait 120 ms.
     for ctx in 2..=6 {
         let w = if ctx % 2 == 0 { &mut a } else { &mut b };
-        assert_eq!(
-            w.on_request(&host, ctx, r.as_slice()),
-            Verdict::Pause,
+        assert!(
+            matches!(
+                w.on_request(&host, ctx, r.as_slice()),
+                Verdict::Pause { .. }
+            ),
             "ctx {ctx}"
         );
     }
@@ -170,7 +173,10 @@ fn queued_requests_resume_in_order_and_leavers_free_their_place() {
     assert_eq!(host.tick_ms.get(), 1);
     // Context 3 (on b) leaves: one more fits.
     b.on_stream_end(&host, 3);
-    assert_eq!(a.on_request(&host, 8, r.as_slice()), Verdict::Pause);
+    assert!(matches!(
+        a.on_request(&host, 8, r.as_slice()),
+        Verdict::Pause { .. }
+    ));
     let mut order = Vec::new();
     for _ in 0..120 {
         host.advance_ms(1);
@@ -200,8 +206,14 @@ fn concurrency_queue_times_out_with_a_reply() {
     let mut w = worker(&host, policies);
     let r = req(b"x", &[]);
     assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
-    assert_eq!(w.on_request(&host, 2, r.as_slice()), Verdict::Pause);
-    assert_eq!(w.on_request(&host, 3, r.as_slice()), Verdict::Pause);
+    assert_eq!(
+        w.on_request(&host, 2, r.as_slice()),
+        Verdict::Pause { ticket: 0 }
+    );
+    assert_eq!(
+        w.on_request(&host, 3, r.as_slice()),
+        Verdict::Pause { ticket: 1 }
+    );
     host.advance_ms(10);
     w.on_stream_end(&host, 1);
     assert_eq!(w.on_tick(&host), vec![StreamAction::Resume(2)]);
@@ -336,8 +348,17 @@ fn header_name() -> impl Strategy<Value = &'static str> {
     ]
 }
 
+/// The fuzz budget: a tenth of `SLUICE_FUZZ_CASES` (each case is up to 60
+/// requests), 1 000 by default.
+fn request_path_cases() -> u32 {
+    std::env::var("SLUICE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(1_000, |n| (n / 10).max(1))
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: request_path_cases(), ..ProptestConfig::default() })]
 
     /// Any header bytes, any sizes, any sequence of requests, ends, ticks
     /// and clock jumps: no panic, every request gets a defined verdict, and
@@ -356,7 +377,7 @@ proptest! {
             let ctx = ctx as u32;
             let h: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
             match w.on_request(&host, ctx, h.as_slice()) {
-                Verdict::Continue | Verdict::Pause => open.push(ctx),
+                Verdict::Continue | Verdict::Pause { .. } => open.push(ctx),
                 Verdict::Reply(r) => prop_assert!((400..600).contains(&r.status)),
             }
             match action {
@@ -371,5 +392,237 @@ proptest! {
         }
         prop_assert_eq!(w.in_flight(), 0);
         prop_assert_eq!(w.waiting(), 0);
+    }
+}
+
+fn sync_settings() -> crate::sync::SyncSettings {
+    crate::sync::SyncSettings {
+        instance: "unit".into(),
+        cluster: "sluice_admin".into(),
+        authority: "sluice-admin".into(),
+        interval_ns: 1_000_000_000,
+        token: Some("t0ken".into()),
+    }
+}
+
+const TWO: &str = r#"{"version": 7, "policies": [
+    {"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 10, "period": "1s", "burst": 5}},
+    {"name": "maps", "match": {"host": "api.maps.example"}, "rate": {"requests": 1, "period": "1s", "burst": 1}}]}"#;
+
+#[test]
+fn one_worker_syncs_all_install_and_unchanged_policies_keep_their_state() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, RATE);
+    let mut b = worker(&host, RATE);
+    a.set_sync(Some(sync_settings()));
+    b.set_sync(Some(sync_settings()));
+    // Use up bank's burst before the change.
+    let r = req(b"api.bank.example", &[]);
+    for i in 0..5 {
+        assert_eq!(a.on_request(&host, i, r.as_slice()), Verdict::Continue);
+    }
+    a.on_tick(&host);
+    b.on_tick(&host);
+    let calls = host.calls.borrow().clone();
+    assert_eq!(calls.len(), 1, "one sync per interval for the whole Envoy");
+    let (cluster, headers, body) = &calls[0];
+    assert_eq!(cluster, "sluice_admin");
+    assert!(headers.contains(&("authorization".into(), "Bearer t0ken".into())));
+    let report: sluice_shared::sync::SyncReport = serde_json::from_slice(body).unwrap();
+    assert_eq!(report.policy_version, 0, "still on the fallback");
+    assert_eq!(report.policies["bank"].admitted, 5);
+    assert_eq!(report.policies["bank"].tokens, Some(0));
+
+    // Garbage from the admin: nothing changes, the failure is counted.
+    a.on_sync_response(&host, 1, Some(200), Some(b"<html>oops</html>"));
+    assert_eq!(a.admin_version(), 0);
+    assert_eq!(a.policies().policies.len(), 1);
+    // A real answer, on the next turn: the failure backed off to 2 s.
+    host.advance_ms(1000);
+    a.on_tick(&host);
+    assert_eq!(host.calls.borrow().len(), 1, "backing off");
+    host.advance_ms(1000);
+    a.on_tick(&host);
+    b.on_tick(&host);
+    assert_eq!(host.calls.borrow().len(), 2);
+    a.on_sync_response(&host, 2, Some(200), Some(TWO.as_bytes()));
+    b.on_tick(&host);
+    assert_eq!((a.admin_version(), b.admin_version()), (7, 7));
+    assert_eq!(b.policies().policies.len(), 2);
+    let m = req(b"api.maps.example", &[]);
+    assert_eq!(b.on_request(&host, 50, m.as_slice()), Verdict::Continue);
+    assert!(matches!(
+        b.on_request(&host, 51, m.as_slice()),
+        Verdict::Reply(_)
+    ));
+    a.on_tick(&host);
+    assert_eq!(host.metric("sluice.sync_failures"), 1);
+    assert_eq!(host.metric("sluice.sync_ok"), 1);
+    assert_eq!(
+        host.metric("sluice.policy_sets_installed"),
+        2,
+        "each worker installed it once"
+    );
+}
+
+#[test]
+fn an_unchanged_policy_keeps_its_spent_tokens_across_a_new_set() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, TWO);
+    let r = req(b"api.bank.example", &[]);
+    for i in 0..5 {
+        assert_eq!(a.on_request(&host, i, r.as_slice()), Verdict::Continue);
+    }
+    // Only maps changes.
+    let edited = TWO.replace(r#""version": 7"#, r#""version": 8"#).replace(
+        r#""requests": 1, "period": "1s", "burst": 1"#,
+        r#""requests": 5, "period": "1s", "burst": 5"#,
+    );
+    let mut stats = StoreStats::default();
+    let set = sluice_shared::parse_policy_set(&edited).unwrap();
+    assert!(crate::sync::publish(&host, &mut stats, &set).unwrap());
+    a.on_tick(&host);
+    assert_eq!(a.admin_version(), 8);
+    assert!(
+        matches!(a.on_request(&host, 9, r.as_slice()), Verdict::Reply(_)),
+        "bank's burst is still spent"
+    );
+}
+
+/// Shared-data writes so far (each write bumps its key's CAS token).
+fn shared_writes(host: &FakeHost) -> u64 {
+    host.shared
+        .borrow()
+        .values()
+        .map(|(_, cas)| u64::from(*cas))
+        .sum()
+}
+
+#[test]
+fn far_from_its_limit_a_busy_worker_spends_granted_tokens_without_shared_data() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 1000000, "period": "1s", "burst": 10000}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, policies);
+    let r = req(b"api.example", &[]);
+    let before = shared_writes(&host);
+    for ctx in 0..1000 {
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+        host.now.set(host.now.get() + 2_000); // 500 000 requests/s
+    }
+    let writes = shared_writes(&host) - before;
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.policy.busy.admitted"), 1000);
+    assert!(
+        writes <= 40,
+        "1000 requests took {writes} shared-data writes"
+    );
+}
+
+#[test]
+fn near_its_limit_every_request_is_decided_in_shared_data() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, RATE);
+    let mut b = worker(&host, RATE);
+    let r = req(b"api.bank.example", &[]);
+    // Burst 5: a bucket of 5 never holds 4 times a grant of 2, so each of
+    // the 5 is a shared-data write, and the sixth is refused.
+    for ctx in 1..=5 {
+        let w = if ctx % 2 == 0 { &mut a } else { &mut b };
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+    }
+    assert_eq!(status(&a.on_request(&host, 6, r.as_slice())), 429);
+    assert_eq!(status(&b.on_request(&host, 7, r.as_slice())), 429);
+}
+
+#[test]
+fn far_from_its_limits_a_worker_reuses_granted_slots_and_gives_spares_back() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 1000000, "period": "1s", "burst": 10000},
+         "concurrency": {"max_in_flight": 1000}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, policies);
+    let mut b = worker(&host, policies);
+    let r = req(b"api.example", &[]);
+    let before = shared_writes(&host);
+    // Each worker: requests of 10 µs, 5 in flight at a time.
+    for ctx in 0..2000u32 {
+        let w = if ctx % 2 == 0 { &mut a } else { &mut b };
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+        if ctx >= 10 {
+            w.on_stream_end(&host, ctx - 10);
+        }
+        host.now.set(host.now.get() + 1_000);
+    }
+    let writes = shared_writes(&host) - before;
+    for ctx in 1990..2000u32 {
+        let w = if ctx % 2 == 0 { &mut a } else { &mut b };
+        w.on_stream_end(&host, ctx);
+    }
+    assert!(
+        writes <= 200,
+        "2000 requests took {writes} shared-data writes"
+    );
+    // Spares lapse and go back on the next tick: nothing stays held.
+    host.advance_ms(20);
+    a.on_tick(&host);
+    b.on_tick(&host);
+    let state = host
+        .shared
+        .borrow()
+        .iter()
+        .find(|(k, _)| k.contains("busy"))
+        .map(|(_, (v, _))| BucketState::decode(v).unwrap_or_default());
+    assert_eq!(state.map(|s| s.leases.in_flight()), Some(0));
+    assert_eq!(host.metric("sluice.policy.busy.admitted"), 2000);
+    assert_eq!(host.metric("sluice.policy.busy.in_flight"), 0);
+}
+
+#[test]
+fn near_its_concurrency_limit_no_slot_is_kept_aside() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "c", "match": {"host": "*"}, "concurrency": {"max_in_flight": 4}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, policies);
+    let mut b = worker(&host, policies);
+    let r = req(b"x", &[]);
+    // 4 slots between two workers: each request takes exactly one.
+    for ctx in 1..=4 {
+        let w = if ctx % 2 == 0 { &mut a } else { &mut b };
+        assert_eq!(
+            w.on_request(&host, ctx, r.as_slice()),
+            Verdict::Continue,
+            "ctx {ctx}"
+        );
+    }
+    assert_eq!(status(&a.on_request(&host, 5, r.as_slice())), 429);
+}
+
+#[test]
+fn slots_of_requests_decided_in_shared_data_always_go_back() {
+    // Near its limit nothing is granted; slots that end while this worker
+    // remembers using the bucket must still reach the bucket.
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "c", "match": {"host": "*"}, "concurrency": {"max_in_flight": 4}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, policies);
+    let r = req(b"x", &[]);
+    for round in 0..3u32 {
+        for ctx in 0..4 {
+            assert_eq!(
+                a.on_request(&host, round * 10 + ctx, r.as_slice()),
+                Verdict::Continue,
+                "round {round}"
+            );
+        }
+        assert_eq!(
+            status(&a.on_request(&host, round * 10 + 9, r.as_slice())),
+            429
+        );
+        for ctx in 0..4 {
+            a.on_stream_end(&host, round * 10 + ctx);
+        }
+        host.advance_ms(20);
+        a.on_tick(&host);
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
-use sluice_shared::bucket::{Admission, BucketLimits, BucketState};
+use sluice_shared::bucket::{Admission, BucketLimits, BucketState, Granted};
 use sluice_shared::headers::{rejection_headers, LimitKind};
 use sluice_shared::limiter::Nanos;
 use sluice_shared::matcher::{
@@ -16,20 +16,26 @@ use sluice_shared::matcher::{
 };
 use sluice_shared::policy::KeyOverflow;
 
+use crate::grants::{GrantKey, LocalGrants, SpareSlots};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics, PolicyStat};
 use crate::store::{bucket_key, update, Place, StoreError, StoreStats};
+use crate::sync::{self as policy_sync, Answer, SyncSettings};
 
 /// Tick period with nobody waiting: lease renewal and stats only.
 pub const IDLE_TICK_MS: u64 = 100;
 /// Tick period while requests wait: how promptly a turn is noticed.
 pub const QUEUE_TICK_MS: u64 = 1;
+/// Tick while grants hold spare slots: lapsed ones go back within it.
+pub const GRANT_TICK_MS: u64 = 10;
 /// Places tried for a new key before it overflows.
 const KEY_PROBES: u32 = 4;
 /// Owner of the shared overflow bucket of a keyed policy.
 const OVERFLOW_OWNER: u64 = u64::MAX;
 /// Retry-After for a refusal that has no schedule (contention, overflow).
 const DEFAULT_RETRY_NS: Nanos = 1_000_000_000;
+/// How often a worker adds its counters to the shared sync report.
+const REPORT_EVERY_NS: Nanos = 100_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
@@ -42,7 +48,10 @@ pub struct LocalReply {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Continue,
-    Pause,
+    /// Queued: resumed (or refused) later from the tick.
+    Pause {
+        ticket: u64,
+    },
     Reply(LocalReply),
 }
 
@@ -65,6 +74,8 @@ enum StreamState {
 struct Stream {
     policy: String,
     bucket: String,
+    /// The grant a finished request's slot may go back to.
+    grant: GrantKey,
     state: StreamState,
     since: Nanos,
     lease_ttl: Nanos,
@@ -80,6 +91,13 @@ pub struct Worker {
     flushed_store: StoreStats,
     renewed_at: HashMap<String, Nanos>,
     tick_ms: u64,
+    grants: LocalGrants,
+    sync: Option<SyncSettings>,
+    /// Version of the admin's set this worker enforces (0: the fallback).
+    admin_version: u64,
+    /// The sync call this VM is waiting for: (token, sent at).
+    pending_call: Option<(u32, Nanos)>,
+    reported_at: Nanos,
 }
 
 impl Worker {
@@ -93,7 +111,21 @@ impl Worker {
             flushed_store: StoreStats::default(),
             renewed_at: HashMap::new(),
             tick_ms: IDLE_TICK_MS,
+            grants: LocalGrants::default(),
+            sync: None,
+            admin_version: 0,
+            pending_call: None,
+            reported_at: 0,
         }
+    }
+
+    /// Where to sync from (None: enforce the fallback set only).
+    pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
+        self.sync = settings;
+    }
+
+    pub fn admin_version(&self) -> u64 {
+        self.admin_version
     }
 
     pub fn holder(&self) -> u64 {
@@ -112,6 +144,27 @@ impl Worker {
             self.metrics.define_policy(host, p.name());
         }
         self.policies = Rc::new(set);
+        for spare in self.grants.clear() {
+            self.give_back(host, spare);
+        }
+    }
+
+    /// Gives granted slots this worker did not use back to their bucket.
+    fn give_back<H: Host + ?Sized>(&mut self, host: &H, spare: SpareSlots) {
+        let holder = self.holder;
+        let given = update(
+            host,
+            &spare.bucket,
+            &mut self.store,
+            || BucketState::new(0),
+            |s| {
+                let n = s.release_many(holder, spare.slots);
+                (n, n > 0)
+            },
+        );
+        if given.is_err() {
+            self.metrics.add_filter(FilterStat::HostErrors, 1);
+        }
     }
 
     pub fn in_flight(&self) -> usize {
@@ -152,7 +205,31 @@ impl Worker {
             // Shadow mode judges as `reject` would, and lets everything pass.
             limits.queue = None;
         }
-        let outcome = self.place_and_admit(host, policy, &limits, &class, now);
+        let grant_key: GrantKey = (class.policy_index, class.key);
+        let cost = policy.rate.is_some().then_some(class.cost);
+        if let Some(bucket) = self
+            .grants
+            .spend(grant_key, cost, policy.concurrency.is_some(), now)
+        {
+            let bucket = bucket.to_string();
+            return self.admitted(context_id, policy, bucket, grant_key, now);
+        }
+        let wanted = self.grants.wanted(grant_key, now);
+        let outcome = self.place_and_admit(host, policy, &limits, &class, now, wanted);
+        if let Ok((bucket, admission, granted)) = &outcome {
+            let granted = match admission {
+                Admission::Admitted { .. } => *granted,
+                _ => Granted::default(),
+            };
+            if let Some(spare) = self.grants.record(grant_key, bucket, granted, now) {
+                self.give_back(host, spare);
+            }
+            if granted.slots > 0 && self.tick_ms > GRANT_TICK_MS {
+                self.tick_ms = GRANT_TICK_MS;
+                host.set_tick_period_ms(GRANT_TICK_MS);
+            }
+        }
+        let outcome = outcome.map(|(bucket, admission, _)| (bucket, admission));
         match outcome {
             Err(error) => {
                 host.log(
@@ -169,22 +246,7 @@ impl Worker {
                 Verdict::Reply(rejection(policy, LimitKind::Rate, DEFAULT_RETRY_NS))
             }
             Ok((bucket, Admission::Admitted { .. })) => {
-                self.metrics.add(name, PolicyStat::Admitted, 1);
-                if let Some(conc) = &policy.concurrency {
-                    self.metrics.add(name, PolicyStat::InFlight, 1);
-                    self.streams.insert(
-                        context_id,
-                        Stream {
-                            policy: name.to_string(),
-                            bucket,
-                            state: StreamState::Holding,
-                            since: now,
-                            lease_ttl: conc.lease_ttl_ns,
-                            has_concurrency: true,
-                        },
-                    );
-                }
-                Verdict::Continue
+                self.admitted(context_id, policy, bucket, grant_key, now)
             }
             Ok((_, Admission::Rejected { kind, retry_after })) => {
                 if shadow {
@@ -207,6 +269,7 @@ impl Worker {
                     Stream {
                         policy: name.to_string(),
                         bucket,
+                        grant: grant_key,
                         state: StreamState::Waiting { ticket, deadline },
                         since: now,
                         lease_ttl: policy.concurrency.map_or(0, |c| c.lease_ttl_ns),
@@ -217,13 +280,45 @@ impl Worker {
                     self.tick_ms = QUEUE_TICK_MS;
                     host.set_tick_period_ms(QUEUE_TICK_MS);
                 }
-                Verdict::Pause
+                Verdict::Pause { ticket }
             }
         }
     }
 
+    /// Counts an admitted request and, under a concurrency limit, keeps
+    /// its slot's stream until it ends.
+    fn admitted(
+        &mut self,
+        context_id: u32,
+        policy: &CompiledPolicy,
+        bucket: String,
+        grant: GrantKey,
+        now: Nanos,
+    ) -> Verdict {
+        let name = policy.name();
+        self.metrics.add(name, PolicyStat::Admitted, 1);
+        if let Some(conc) = &policy.concurrency {
+            self.metrics.add(name, PolicyStat::InFlight, 1);
+            self.streams.insert(
+                context_id,
+                Stream {
+                    policy: name.to_string(),
+                    bucket,
+                    grant,
+                    state: StreamState::Holding,
+                    since: now,
+                    lease_ttl: conc.lease_ttl_ns,
+                    has_concurrency: true,
+                },
+            );
+        }
+        Verdict::Continue
+    }
+
     /// Finds the request's bucket (probing places for a keyed policy) and
-    /// admits it there. Returns the bucket's key and the outcome.
+    /// admits it there, taking up to `wanted` tokens more for this worker
+    /// when the bucket grants them. Returns the bucket's key, the outcome
+    /// and the tokens granted.
     fn place_and_admit<H: Host + ?Sized>(
         &mut self,
         host: &H,
@@ -231,18 +326,23 @@ impl Worker {
         limits: &BucketLimits,
         class: &Classification,
         now: Nanos,
-    ) -> Result<(String, Admission), StoreError> {
+        wanted: u64,
+    ) -> Result<(String, Admission, Granted), StoreError> {
         let holder = self.holder;
         let name = policy.name();
         let admit = |s: &mut BucketState| {
             let a = s.admit(limits, holder, now, class.cost, class.priority);
+            let granted = match a {
+                Admission::Admitted { .. } => s.grant(limits, holder, now, wanted),
+                _ => Granted::default(),
+            };
             let changed = !matches!(a, Admission::Rejected { .. });
-            (a, changed)
+            ((a, granted), changed)
         };
         let BucketKey::Keyed(hash) = class.key else {
             let key = bucket_key(name, Place::Single);
-            let a = update(host, &key, &mut self.store, || BucketState::new(0), admit)?;
-            return Ok((key, a));
+            let (a, granted) = update(host, &key, &mut self.store, || BucketState::new(0), admit)?;
+            return Ok((key, a, granted));
         };
         let owner = if hash == 0 || hash == OVERFLOW_OWNER {
             1
@@ -275,11 +375,11 @@ impl Worker {
                     (Some(a), changed || claimed)
                 },
             )?;
-            if let Some(a) = outcome {
+            if let Some((a, granted)) = outcome {
                 if evicted {
                     self.metrics.add(name, PolicyStat::KeyEvictions, 1);
                 }
-                return Ok((key, a));
+                return Ok((key, a, granted));
             }
         }
         self.metrics.add(name, PolicyStat::KeyOverflow, 1);
@@ -295,6 +395,7 @@ impl Worker {
                     kind,
                     retry_after: DEFAULT_RETRY_NS,
                 },
+                Granted::default(),
             ));
         }
         let key = bucket_key(name, Place::Overflow);
@@ -305,7 +406,7 @@ impl Worker {
             || BucketState::new(OVERFLOW_OWNER),
             admit,
         )?;
-        Ok((key, a))
+        Ok((key, a.0, a.1))
     }
 
     /// The stream ended, for whatever reason: give back its slot, or its
@@ -318,6 +419,10 @@ impl Worker {
         match stream.state {
             StreamState::Holding => {
                 self.metrics.add(&stream.policy, PolicyStat::InFlight, -1);
+                if self.grants.return_slot(stream.grant, || host.now()) {
+                    // Kept for this worker's next request while the grant lives.
+                    return;
+                }
                 let released = update(
                     host,
                     &stream.bucket,
@@ -368,11 +473,19 @@ impl Worker {
         let now = host.now();
         let mut actions = Vec::new();
         self.serve_queues(host, now, &mut actions);
+        for spare in self.grants.prune(now) {
+            self.give_back(host, spare);
+        }
         self.expire_stuck_streams(host, now);
         self.renew_leases(host, now);
+        self.pick_up_published_set(host);
+        self.report_counters(host, now);
+        self.maybe_sync(host, now);
         self.flush(host);
         let wanted = if self.waiting() > 0 {
             QUEUE_TICK_MS
+        } else if self.grants.holds_slots() {
+            GRANT_TICK_MS
         } else {
             IDLE_TICK_MS
         };
@@ -543,6 +656,186 @@ impl Worker {
         );
         self.flushed_store = s;
         self.metrics.flush(host);
+    }
+
+    /// Installs the admin's set another VM published, if newer than ours.
+    /// Bucket states stay in shared data under each policy's name, so
+    /// policies that did not change keep their state.
+    fn pick_up_published_set<H: Host + ?Sized>(&mut self, host: &H) {
+        let Some(version) = policy_sync::published_version(host) else {
+            return;
+        };
+        if version <= self.admin_version {
+            return;
+        }
+        match policy_sync::published_set(host) {
+            Some(set) if set.version > self.admin_version => {
+                let (n, v) = (set.policies.len(), set.version);
+                self.admin_version = v;
+                self.install(host, CompiledPolicySet::from_validated(set));
+                self.metrics.add_filter(FilterStat::PolicySetsInstalled, 1);
+                host.log(
+                    Level::Info,
+                    &format!(
+                        "sluice: holder {} now enforcing policy set version {v} ({n} policies)",
+                        self.holder
+                    ),
+                );
+            }
+            _ => {}
+        }
+    }
+
+    fn report_counters<H: Host + ?Sized>(&mut self, host: &H, now: Nanos) {
+        if self.sync.is_none() || now.saturating_sub(self.reported_at) < REPORT_EVERY_NS {
+            return;
+        }
+        self.reported_at = now;
+        let deltas = self.metrics.take_unreported();
+        if !deltas.is_empty() && policy_sync::add_to_report(host, &mut self.store, &deltas).is_err()
+        {
+            self.metrics.add_filter(FilterStat::HostErrors, 1);
+        }
+    }
+
+    /// If it is this Envoy's turn to sync and this VM wins it, sends the
+    /// utilization snapshot to the admin.
+    fn maybe_sync<H: Host + ?Sized>(&mut self, host: &H, now: Nanos) {
+        let Some(settings) = self.sync.clone() else {
+            return;
+        };
+        if let Some((_, sent)) = self.pending_call {
+            // Envoy answers every call, if only with a timeout; this is a
+            // guard against a lost answer blocking sync for good.
+            if now.saturating_sub(sent) < settings.timeout_ms() * 2_000_000 {
+                return;
+            }
+            self.pending_call = None;
+        }
+        if !policy_sync::claim_turn(host, &mut self.store, now, settings.interval_ns) {
+            return;
+        }
+        let report = self.snapshot(host, &settings, now);
+        let body = serde_json::to_vec(&report).unwrap_or_default();
+        let (headers, body) = policy_sync::request(&settings, &body);
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match host.dispatch_http_call(&settings.cluster, &headers, &body, settings.timeout_ms()) {
+            Some(token) => self.pending_call = Some((token, now)),
+            None => {
+                self.metrics.add_filter(FilterStat::SyncFailures, 1);
+                policy_sync::finish_turn(host, &mut self.store, now, settings.interval_ns, false);
+                host.log(
+                    Level::Warn,
+                    &format!("sluice: cannot call the admin through cluster {:?}; keeping policy set version {}", settings.cluster, self.admin_version),
+                );
+            }
+        }
+    }
+
+    fn snapshot<H: Host + ?Sized>(
+        &self,
+        host: &H,
+        settings: &SyncSettings,
+        now: Nanos,
+    ) -> sluice_shared::sync::SyncReport {
+        let counters = policy_sync::read_report(host);
+        let mut policies = BTreeMap::new();
+        for p in &self.policies.policies {
+            let mut report = counters
+                .get(p.name())
+                .copied()
+                .unwrap_or_default()
+                .to_report();
+            report.max_in_flight = p.concurrency.map_or(0, |c| u64::from(c.max_in_flight));
+            if p.max_keys().is_none() {
+                // One bucket: its tokens and queue are the policy's.
+                let key = bucket_key(p.name(), Place::Single);
+                if let Some(Ok(state)) = host.shared_get(&key).0.as_deref().map(BucketState::decode)
+                {
+                    report.waiting = state.waiters.len() as u64;
+                    if let (Some(limiter), Some(rate)) = (&p.rate, &state.rate) {
+                        report.tokens = Some(limiter.available(rate, now));
+                    } else if let Some(limiter) = &p.rate {
+                        report.tokens = Some(limiter.available(&limiter.initial_state(), now));
+                    }
+                } else if let Some(limiter) = &p.rate {
+                    report.tokens = Some(limiter.available(&limiter.initial_state(), now));
+                }
+            }
+            policies.insert(p.name().to_string(), report);
+        }
+        sluice_shared::sync::SyncReport {
+            instance: settings.instance.clone(),
+            policy_version: self.admin_version,
+            at_ms: now / 1_000_000,
+            policies,
+            filter: BTreeMap::new(),
+        }
+    }
+
+    /// The admin answered (or Envoy gave up on it: `status` None).
+    pub fn on_sync_response<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        token: u32,
+        status: Option<u16>,
+        body: Option<&[u8]>,
+    ) {
+        self.on_sync_answer(host, token, policy_sync::interpret(status, body));
+    }
+
+    /// The answer to the sync call `token`, already interpreted (the shell
+    /// refuses an oversized body before reading it).
+    pub fn on_sync_answer<H: Host + ?Sized>(&mut self, host: &H, token: u32, answer: Answer) {
+        if self.pending_call.map(|(t, _)| t) != Some(token) {
+            return;
+        }
+        self.pending_call = None;
+        let Some(settings) = self.sync.clone() else {
+            return;
+        };
+        let now = host.now();
+        let ok = match answer {
+            Answer::Unchanged => true,
+            Answer::PolicySet(set) => match policy_sync::publish(host, &mut self.store, &set) {
+                Ok(_) => {
+                    self.pick_up_published_set(host);
+                    true
+                }
+                Err(e) => {
+                    host.log(
+                        Level::Warn,
+                        &format!(
+                            "sluice: could not store policy set version {}: {e:?}",
+                            set.version
+                        ),
+                    );
+                    false
+                }
+            },
+            Answer::Failed(why) => {
+                host.log(
+                    Level::Warn,
+                    &format!(
+                        "sluice: sync with the admin failed: {why}; keeping policy set version {}",
+                        self.admin_version
+                    ),
+                );
+                false
+            }
+        };
+        self.metrics.add_filter(
+            if ok {
+                FilterStat::SyncOk
+            } else {
+                FilterStat::SyncFailures
+            },
+            1,
+        );
+        policy_sync::finish_turn(host, &mut self.store, now, settings.interval_ns, ok);
     }
 
     pub fn count(&mut self, stat: FilterStat) {

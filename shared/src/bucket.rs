@@ -49,6 +49,27 @@ impl BucketLimits {
     }
 }
 
+/// How long a worker may spend tokens granted to it (see
+/// [`BucketState::grant`]). Spending a token up to this long after the
+/// bucket gave it can shift it into a later interval, so over any interval T
+/// at most `burst + rate·(T + GRANT_TTL_NS)` pass: under one token for rates
+/// below 1 000/s.
+pub const GRANT_TTL_NS: Nanos = 1_000_000;
+
+/// A bucket grants `n` requests only while it holds `GRANT_SLACK · n`
+/// tokens and free slots.
+pub const GRANT_SLACK: u64 = 4;
+
+/// What [`BucketState::grant`] gave: `requests` more admissions, each
+/// spending a token (when the policy has a rate) and a slot (when it has a
+/// concurrency limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Granted {
+    pub tokens: u64,
+    pub slots: u32,
+    pub requests: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Waiter {
     pub holder: u64,
@@ -126,13 +147,84 @@ impl BucketState {
         }
     }
 
-    /// Tries to take rate tokens and a slot at once; commits only if both
-    /// allow it.
-    fn try_take(
+    /// Takes, for `holder` to admit up to `wanted` more requests by itself
+    /// (without coming back to shared data, within [`GRANT_TTL_NS`]), a
+    /// token per request from a token bucket and a slot per request from a
+    /// concurrency limit. Only a bucket with no queue and nobody waiting
+    /// grants, and only while it holds at least [`GRANT_SLACK`] times the
+    /// grant in tokens and in free slots: near a limit every request is
+    /// decided here, one by one. A policy whose rate is a window grants
+    /// nothing. `holder` must already hold a slot when there is a
+    /// concurrency limit (call right after admitting its request).
+    pub fn grant(
         &mut self,
         limits: &BucketLimits,
         holder: u64,
         now: Nanos,
+        wanted: u64,
+    ) -> Granted {
+        let none = Granted::default();
+        if wanted == 0 || limits.queue.is_some() || !self.waiters.is_empty() {
+            return none;
+        }
+        let mut n = wanted;
+        let mut rate_state = None;
+        match &limits.rate {
+            Some(limiter @ RateLimiter::TokenBucket(_)) => {
+                let state = self.rate_state(limiter);
+                n = n.min(limiter.available(&state, now) / GRANT_SLACK);
+                rate_state = Some((limiter, state));
+            }
+            Some(_) => return none,
+            None => {}
+        }
+        if let Some(limit) = &limits.concurrency {
+            n = n.min(u64::from(self.leases.free_for_normal(limit)) / GRANT_SLACK);
+        }
+        let Ok(slots) = u32::try_from(n) else {
+            return none;
+        };
+        if n == 0 {
+            return none;
+        }
+        if let Some((limiter, mut state)) = rate_state {
+            if !limiter.try_acquire(&mut state, now, n).is_admit() {
+                return none;
+            }
+            if let Some(limit) = &limits.concurrency {
+                if !self.leases.acquire_many(limit, holder, now, slots) {
+                    return none;
+                }
+            }
+            self.rate = Some(state);
+        } else if let Some(limit) = &limits.concurrency {
+            if !self.leases.acquire_many(limit, holder, now, slots) {
+                return none;
+            }
+        }
+        Granted {
+            tokens: if limits.rate.is_some() { n } else { 0 },
+            slots: if limits.concurrency.is_some() {
+                slots
+            } else {
+                0
+            },
+            requests: n,
+        }
+    }
+
+    /// Gives back `n` granted slots `holder` did not use.
+    pub fn release_many(&mut self, holder: u64, n: u32) -> u32 {
+        self.leases.release_many(holder, n)
+    }
+
+    /// Tries to take rate tokens (as of `rate_at`) and a slot (as of `now`)
+    /// at once; commits only if both allow it.
+    fn try_take(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        (rate_at, now): (Nanos, Nanos),
         cost: u64,
         priority: Priority,
     ) -> Result<Admission, Refusal> {
@@ -140,7 +232,7 @@ impl BucketState {
         let mut new_rate = None;
         if let Some(limiter) = &limits.rate {
             let mut state = self.rate_state(limiter);
-            match limiter.try_acquire(&mut state, now, cost) {
+            match limiter.try_acquire(&mut state, rate_at, cost) {
                 crate::limiter::Decision::Admit {
                     remaining,
                     reset_after,
@@ -197,7 +289,7 @@ impl BucketState {
         let refusal = if someone_ahead {
             None
         } else {
-            match self.try_take(limits, holder, now, cost, priority) {
+            match self.try_take(limits, holder, (now, now), cost, priority) {
                 Ok(admitted) => return admitted,
                 Err(refusal) => Some(refusal),
             }
@@ -273,22 +365,45 @@ impl BucketState {
     /// Admits `holder`'s waiters that reached the head of the queue and fit
     /// the limits now. Returns their tickets, in the order admitted.
     pub fn poll(&mut self, limits: &BucketLimits, holder: u64, now: Nanos) -> Vec<u64> {
-        self.cleanup(now);
+        self.leases.reclaim_expired(now);
         let mut admitted = Vec::new();
         while let Some(head) = self.waiters.iter().min_by_key(|w| w.rank()).copied() {
-            if head.holder != holder {
+            let expired = head.deadline < now;
+            if head.holder != holder && !expired {
                 break;
             }
-            if self
-                .try_take(limits, holder, now, head.cost, head.priority)
-                .is_err()
-            {
+            // A waiter whose turn came before its deadline still goes, even
+            // when the tick that notices it comes a little late.
+            let rate_at = self.turn_of(limits, &head, now);
+            let admissible = head.holder == holder
+                && !(expired && rate_at > head.deadline)
+                && self
+                    .try_take(limits, holder, (rate_at, now), head.cost, head.priority)
+                    .is_ok();
+            if !admissible && !expired {
                 break;
             }
             self.waiters.retain(|w| w.ticket != head.ticket);
-            admitted.push(head.ticket);
+            if admissible {
+                admitted.push(head.ticket);
+            }
         }
         admitted
+    }
+
+    /// The instant the head waiter's rate turn came, if it has come: the
+    /// rate limit is charged as of then, not as of the tick that noticed it,
+    /// so a late tick does not push every later turn back.
+    fn turn_of(&self, limits: &BucketLimits, head: &Waiter, now: Nanos) -> Nanos {
+        let (Some(limiter), Some(queue)) = (&limits.rate, &limits.queue) else {
+            return now;
+        };
+        let enqueued_at = head.deadline.saturating_sub(queue.max_wait_ns).min(now);
+        let mut projected = self.rate_state(limiter);
+        match limiter.reserve(&mut projected, enqueued_at, head.cost, u64::MAX) {
+            Reservation::At { instant } => instant.clamp(enqueued_at, now),
+            Reservation::Deny { .. } => now,
+        }
     }
 
     /// Removes a waiter that gave up. False if it was not queued (any more).
@@ -335,7 +450,7 @@ impl BucketState {
     ) -> Option<(LimitKind, Nanos)> {
         let mut copy = self.clone();
         copy.cleanup(now);
-        copy.try_take(limits, holder, now, cost, priority)
+        copy.try_take(limits, holder, (now, now), cost, priority)
             .err()
             .map(|r| (r.kind, r.retry_after))
     }
@@ -528,6 +643,34 @@ mod tests {
         for (i, (ms, ticket)) in released.iter().enumerate() {
             assert_eq!(*ticket, i as u64);
             assert_eq!(*ms, 20 * (i as u64 + 1));
+        }
+    }
+
+    #[test]
+    fn late_polls_do_not_push_later_turns_back() {
+        let limits = rate_queue(50, 2 * SEC);
+        let mut b = BucketState::new(0);
+        let queued = (0..150u64)
+            .filter(|_| {
+                matches!(
+                    b.admit(&limits, 1, T0, 1, Priority::Normal),
+                    Admission::Queued { .. }
+                )
+            })
+            .count();
+        assert_eq!(queued, 100);
+        // Ticks 7 ms apart: each release is up to 7 ms late, but the turns
+        // stay on the 20 ms grid, so every queued request makes its deadline.
+        let mut released = Vec::new();
+        for ms in (0..=2100).step_by(7) {
+            for _ in b.poll(&limits, 1, T0 + ms * MS) {
+                released.push(ms);
+            }
+        }
+        assert_eq!(released.len(), 100);
+        for (i, ms) in released.iter().enumerate() {
+            let turn = 20 * (i as u64 + 1);
+            assert!((turn..turn + 7).contains(ms), "turn {i} at {ms} ms");
         }
     }
 

@@ -5,11 +5,13 @@
 
 pub mod bucket;
 pub mod duration;
+pub mod fleet;
 pub mod headers;
 pub mod limiter;
 pub mod matcher;
 pub mod plugin;
 pub mod policy;
+pub mod sync;
 pub mod validate;
 
 pub use duration::DurationMs;

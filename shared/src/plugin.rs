@@ -23,6 +23,8 @@ struct RawPluginConfig {
     sync_token: Option<String>,
     #[serde(default)]
     fallback: Option<Value>,
+    #[serde(default)]
+    queue_ticket_header: bool,
 }
 
 fn default_instance() -> String {
@@ -51,6 +53,11 @@ pub struct PluginConfig {
     pub sync_token: Option<String>,
     /// Policies enforced before any policy set arrives from the admin.
     pub fallback: PolicySet,
+    /// Adds `x-sluice-queue-ticket: <n>` to queued requests sent upstream,
+    /// so the order in which a queue released them can be checked against
+    /// the order it took them in. Off by default: it is for tests and
+    /// debugging, not for third parties.
+    pub queue_ticket_header: bool,
 }
 
 pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors> {
@@ -120,6 +127,7 @@ pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors
             sync_interval: raw.sync_interval,
             sync_token: raw.sync_token,
             fallback,
+            queue_ticket_header: raw.queue_ticket_header,
         }),
         _ => Err(ValidationErrors { errors }),
     }

@@ -347,3 +347,59 @@ proptest! {
         prop_assert_eq!(table.in_flight(), 0);
     }
 }
+
+/// Workers spending tokens granted by `BucketState::grant` stay within
+/// burst + rate·(T + GRANT_TTL) over any interval T, however requests
+/// spread over the workers.
+mod grants {
+    use super::*;
+    use sluice_shared::bucket::{Admission, BucketLimits, BucketState, GRANT_TTL_NS};
+
+    fn busy_bucket() -> impl Strategy<Value = Bucket> {
+        (1u64..=5000, 1u64..=1000, 1u64..=400).prop_map(|(requests, period_ms, burst)| Bucket {
+            requests,
+            period_ns: period_ms * MS,
+            burst,
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn granted_tokens_stay_within_the_bound_plus_one_grant_lifetime(
+            b in busy_bucket(),
+            seq in prop::collection::vec((0u64..300 * MS, 1u64..=3, 0usize..4), 1..400)
+                .prop_map(|mut v| { v.sort_by_key(|x| x.0); v }),
+        ) {
+            let limits = BucketLimits {
+                rate: Some(RateLimiter::TokenBucket(TokenBucket::new(b.requests, b.period_ns, b.burst, None))),
+                concurrency: None,
+                queue: None,
+            };
+            let mut shared = BucketState::new(0);
+            // Per worker: (tokens, until, last grant).
+            let mut local = [(0u64, 0u64, 0u64); 4];
+            let mut admitted = Vec::new();
+            for (offset, cost, worker) in seq {
+                // Validation refuses a cost above the burst.
+                let cost = cost.min(b.burst);
+                let now = T0 + offset;
+                let (tokens, until, last) = &mut local[worker];
+                if now < *until && *tokens >= cost {
+                    *tokens -= cost;
+                    admitted.push((now, cost));
+                    continue;
+                }
+                let wanted = ((*last).max(1) * 2).min(64);
+                if let Admission::Admitted { .. } = shared.admit(&limits, 1, now, cost, Priority::Normal) {
+                    admitted.push((now, cost));
+                    let granted = shared.grant(&limits, 1, now, wanted).tokens;
+                    *tokens = granted;
+                    *until = now + GRANT_TTL_NS;
+                    *last = granted;
+                }
+            }
+            assert_rate_bound(b, &admitted, GRANT_TTL_NS)?;
+        }
+    }
+}

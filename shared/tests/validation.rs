@@ -14,13 +14,20 @@ fn set_with(policy: &str) -> String {
 }
 
 #[test]
-fn the_three_readme_examples_are_valid() {
+fn the_readme_examples_are_valid() {
     let readme = include_str!("../../README.md");
     let mut found = 0;
     for block in readme.split("```json").skip(1) {
         let Some((json, _)) = block.split_once("```") else {
             continue;
         };
+        if json.contains("\"fallback\"") {
+            // A plugin configuration, checked as the filter checks it.
+            let config = sluice_shared::plugin::parse_plugin_config(json.as_bytes())
+                .unwrap_or_else(|e| panic!("README plugin configuration invalid: {e}\n{json}"));
+            found += config.fallback.policies.len();
+            continue;
+        }
         if !json.contains("\"policies\"") {
             continue;
         }

@@ -1,2 +1,10 @@
-//! Helpers for the end-to-end tests (step 2): the mock third-party API and
-//! process management for Envoy.
+//! End-to-end test support: the mock third-party API, the real Envoy
+//! process, and load generation.
+
+pub mod admin;
+pub mod browser;
+pub mod demo_load;
+pub mod envoy;
+pub mod load;
+pub mod mock;
+pub mod procinfo;

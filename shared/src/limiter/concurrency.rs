@@ -112,6 +112,52 @@ impl LeaseTable {
         }
     }
 
+    /// Takes `n` more slots for `holder` at once (spares its worker hands
+    /// to its own requests), if they fit under the normal-priority ceiling.
+    pub fn acquire_many(
+        &mut self,
+        limit: &ConcurrencyLimit,
+        holder: u64,
+        now: Nanos,
+        n: u32,
+    ) -> bool {
+        self.reclaim_expired(now);
+        let ceiling = limit.max_in_flight.saturating_sub(limit.reserved_for_high);
+        let fits = self.in_flight().saturating_add(n) <= ceiling;
+        let Some(lease) = self.leases.iter_mut().find(|l| l.holder == holder) else {
+            return false;
+        };
+        if n == 0 || !fits {
+            return false;
+        }
+        lease.count = lease.count.saturating_add(n);
+        lease.expires_at = lease.expires_at.max(now.saturating_add(limit.lease_ttl_ns));
+        true
+    }
+
+    /// Slots free for a normal-priority request.
+    pub fn free_for_normal(&self, limit: &ConcurrencyLimit) -> u32 {
+        limit
+            .max_in_flight
+            .saturating_sub(limit.reserved_for_high)
+            .saturating_sub(self.in_flight())
+    }
+
+    /// Returns `n` slots of `holder` (fewer if it holds fewer); returns how
+    /// many it gave back.
+    pub fn release_many(&mut self, holder: u64, n: u32) -> u32 {
+        let Some(i) = self.leases.iter().position(|l| l.holder == holder) else {
+            return 0;
+        };
+        let lease = &mut self.leases[i];
+        let given = n.min(lease.count);
+        lease.count -= given;
+        if lease.count == 0 {
+            self.leases.swap_remove(i);
+        }
+        given
+    }
+
     /// Returns one slot of `holder`. False if it held none (its lease had
     /// already expired and been reclaimed): nothing is taken from others.
     pub fn release(&mut self, holder: u64) -> bool {

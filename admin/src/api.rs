@@ -1,0 +1,460 @@
+//! The JSON API under `/api/v1`, the sync endpoint for filters, the live
+//! SSE stream, `/metrics` and `/healthz`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sluice_shared::sync::{SyncReport, SYNC_PATH};
+use sluice_shared::validate::policy_from_value;
+use sluice_shared::{FieldError, Policy, ValidationErrors};
+use tokio_stream::wrappers::BroadcastStream;
+
+use crate::auth::{CSRF_HEADER, SESSION_COOKIE};
+use crate::error::ApiError;
+use crate::store::{now_ms, StoredPolicy};
+use crate::AppState;
+
+type Shared = Arc<AppState>;
+
+/// Largest request body: a policy set of a few hundred policies, or a sync
+/// report, fits with room to spare.
+const MAX_BODY: usize = 256 * 1024;
+
+pub fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/api/v1/login", post(login))
+        .route("/api/v1/logout", post(logout))
+        .route("/api/v1/session", get(session))
+        .route("/api/v1/policies", get(list_policies).post(create_policy))
+        .route(
+            "/api/v1/policies/{name}",
+            get(get_policy).put(update_policy).delete(delete_policy),
+        )
+        .route("/api/v1/policies/{name}/history", get(policy_history))
+        .route("/api/v1/validate", post(validate))
+        .route("/api/v1/audit", get(audit_log))
+        .route("/api/v1/instances", get(instances))
+        .route("/api/v1/live", get(live))
+        .route(SYNC_PATH, post(sync))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// The operator behind a request: any authenticated request.
+pub struct Operator {
+    pub user: String,
+}
+
+/// An authenticated request that may change something: it also carries the
+/// session's CSRF token in `x-csrf-token`.
+pub struct Editor {
+    pub user: String,
+}
+
+fn session_of(state: &AppState, parts: &Parts) -> Result<crate::auth::Session, ApiError> {
+    let jar = CookieJar::from_headers(&parts.headers);
+    let token = jar
+        .get(SESSION_COOKIE)
+        .map(|c| c.value().to_string())
+        .ok_or(ApiError::Unauthorized)?;
+    state.sessions.get(&token).ok_or(ApiError::Unauthorized)
+}
+
+impl FromRequestParts<Shared> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Shared,
+    ) -> Result<Self, Self::Rejection> {
+        if state.credentials.is_insecure() {
+            return Ok(Operator { user: "dev".into() });
+        }
+        let session = session_of(state, parts)?;
+        Ok(Operator { user: session.user })
+    }
+}
+
+impl FromRequestParts<Shared> for Editor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Shared,
+    ) -> Result<Self, Self::Rejection> {
+        if state.credentials.is_insecure() {
+            return Ok(Editor { user: "dev".into() });
+        }
+        let session = session_of(state, parts)?;
+        let sent = parts.headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
+        if sent != Some(session.csrf.as_str()) {
+            return Err(ApiError::Csrf);
+        }
+        Ok(Editor { user: session.user })
+    }
+}
+
+async fn blocking<T, F>(f: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await?
+}
+
+fn etag(version: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or(HeaderValue::from_static("\"0\""))
+}
+
+/// `If-Match: "3"` (or `W/"3"`, or a bare 3) → 3.
+fn if_match(headers: &HeaderMap) -> Result<u64, ApiError> {
+    let raw = headers
+        .get(header::IF_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::PreconditionRequired)?;
+    raw.trim()
+        .trim_start_matches("W/")
+        .trim_matches('"')
+        .parse()
+        .map_err(|_| ApiError::BadRequest(format!("If-Match: {raw:?} is not a policy version")))
+}
+
+fn parse_policy_body(body: Value) -> Result<Policy, ApiError> {
+    policy_from_value(body).map_err(ApiError::Invalid)
+}
+
+fn stored_json(s: &StoredPolicy) -> Value {
+    json!({
+        "policy": s.policy,
+        "version": s.version,
+        "updated_at_ms": s.updated_at_ms,
+        "updated_by": s.updated_by,
+    })
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    password: String,
+}
+
+/// A browser-session cookie (no Max-Age): the server-side session expires
+/// on its own after 12 h.
+fn session_cookie(state: &AppState, value: String) -> Cookie<'static> {
+    Cookie::build((SESSION_COOKIE, value))
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(state.secure_cookies)
+        .path("/")
+        .build()
+}
+
+async fn login(
+    State(state): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    jar: CookieJar,
+    Json(form): Json<LoginForm>,
+) -> Result<Response, ApiError> {
+    let ip = peer.ip();
+    if let Some(wait) = state.throttle.blocked_for(ip) {
+        tracing::warn!(%ip, "login refused: too many failures");
+        return Err(ApiError::Throttled(wait));
+    }
+    let st = state.clone();
+    let ok = tokio::task::spawn_blocking(move || st.credentials.verify(&form.password)).await?;
+    if !ok {
+        state.throttle.failed(ip);
+        state.metrics.login_failures.inc();
+        tracing::warn!(%ip, "login failed");
+        return Err(ApiError::Unauthorized);
+    }
+    let (token, session) = state
+        .sessions
+        .create("admin")
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let st = state.clone();
+    blocking(move || Ok(st.store.audit_event("admin", "login", &ip.to_string())?)).await?;
+    tracing::info!(%ip, "login");
+    let jar = jar.add(session_cookie(&state, token));
+    Ok((
+        jar,
+        Json(json!({"user": session.user, "csrf_token": session.csrf})),
+    )
+        .into_response())
+}
+
+async fn logout(State(state): State<Shared>, _editor: Editor, jar: CookieJar) -> Response {
+    if let Some(c) = jar.get(SESSION_COOKIE) {
+        state.sessions.remove(c.value());
+    }
+    let jar = jar.remove(session_cookie(&state, String::new()));
+    (jar, StatusCode::NO_CONTENT).into_response()
+}
+
+async fn session(State(state): State<Shared>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    if state.credentials.is_insecure() {
+        return Ok(Json(
+            json!({"user": "dev", "csrf_token": "", "insecure_dev": true}),
+        ));
+    }
+    let jar = CookieJar::from_headers(&headers);
+    let token = jar.get(SESSION_COOKIE).ok_or(ApiError::Unauthorized)?;
+    let s = state
+        .sessions
+        .get(token.value())
+        .ok_or(ApiError::Unauthorized)?;
+    Ok(Json(
+        json!({"user": s.user, "csrf_token": s.csrf, "insecure_dev": false}),
+    ))
+}
+
+async fn list_policies(State(state): State<Shared>, _op: Operator) -> Result<Response, ApiError> {
+    let st = state.clone();
+    let (version, stored) = blocking(move || Ok(st.store.list()?)).await?;
+    let body =
+        json!({"version": version, "policies": stored.iter().map(stored_json).collect::<Vec<_>>()});
+    Ok(([(header::ETAG, etag(version))], Json(body)).into_response())
+}
+
+async fn get_policy(
+    State(state): State<Shared>,
+    _op: Operator,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let st = state.clone();
+    let stored = blocking(move || Ok(st.store.get(&name)?)).await?;
+    Ok((
+        [(header::ETAG, etag(stored.version))],
+        Json(stored_json(&stored)),
+    )
+        .into_response())
+}
+
+async fn policy_history(
+    State(state): State<Shared>,
+    _op: Operator,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let st = state.clone();
+    let history = blocking(move || Ok(st.store.history(&name)?)).await?;
+    Ok(Json(json!({ "history": history })))
+}
+
+async fn create_policy(
+    State(state): State<Shared>,
+    editor: Editor,
+    Json(body): Json<Value>,
+) -> Result<Response, ApiError> {
+    let policy = parse_policy_body(body)?;
+    let st = state.clone();
+    let stored = blocking(move || Ok(st.store.create(policy, &editor.user)?)).await?;
+    state.metrics.write("create");
+    tracing::info!(policy = %stored.policy.name, "policy created");
+    let location = HeaderValue::from_str(&format!("/api/v1/policies/{}", stored.policy.name)).ok();
+    let mut response = (
+        StatusCode::CREATED,
+        [(header::ETAG, etag(stored.version))],
+        Json(stored_json(&stored)),
+    )
+        .into_response();
+    if let Some(l) = location {
+        response.headers_mut().insert(header::LOCATION, l);
+    }
+    Ok(response)
+}
+
+async fn update_policy(
+    State(state): State<Shared>,
+    editor: Editor,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Result<Response, ApiError> {
+    let expected = if_match(&headers)?;
+    let policy = parse_policy_body(body)?;
+    if policy.name != name {
+        return Err(ApiError::Invalid(ValidationErrors {
+            errors: vec![FieldError {
+                path: "name".into(),
+                message: format!(
+                    "must be {name:?}, the policy being edited (create a new policy to rename)"
+                ),
+            }],
+        }));
+    }
+    let st = state.clone();
+    let stored =
+        blocking(move || Ok(st.store.update(&name, policy, expected, &editor.user)?)).await?;
+    state.metrics.write("update");
+    tracing::info!(policy = %stored.policy.name, version = stored.version, "policy updated");
+    Ok((
+        [(header::ETAG, etag(stored.version))],
+        Json(stored_json(&stored)),
+    )
+        .into_response())
+}
+
+async fn delete_policy(
+    State(state): State<Shared>,
+    editor: Editor,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let expected = if_match(&headers)?;
+    let st = state.clone();
+    let n = name.clone();
+    blocking(move || Ok(st.store.delete(&n, expected, &editor.user)?)).await?;
+    state.metrics.write("delete");
+    tracing::info!(policy = %name, "policy deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Checks a policy as the editor types, without saving it.
+async fn validate(_op: Operator, Json(body): Json<Value>) -> Result<Json<Value>, ApiError> {
+    parse_policy_body(body)?;
+    Ok(Json(json!({"ok": true})))
+}
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    limit: Option<u32>,
+    before: Option<i64>,
+}
+
+async fn audit_log(
+    State(state): State<Shared>,
+    _op: Operator,
+    Query(q): Query<AuditQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let st = state.clone();
+    let entries =
+        blocking(move || Ok(st.store.audit_log(q.limit.unwrap_or(100), q.before)?)).await?;
+    Ok(Json(json!({ "entries": entries })))
+}
+
+async fn instances(State(state): State<Shared>, _op: Operator) -> Result<Json<Value>, ApiError> {
+    let st = state.clone();
+    let rows = blocking(move || Ok(st.store.instances()?)).await?;
+    let now = now_ms();
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            let live = now.saturating_sub(r.last_sync_ms) <= crate::live::STALE_AFTER_MS;
+            json!({
+                "id": r.id, "first_seen_ms": r.first_seen_ms, "last_sync_ms": r.last_sync_ms,
+                "policy_version": r.policy_version, "syncs": r.syncs, "live": live, "report": r.report,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "instances": rows, "now_ms": now })))
+}
+
+async fn live(
+    State(state): State<Shared>,
+    _op: Operator,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let history = state.live.history();
+    let first = Event::default()
+        .event("history")
+        .json_data(&history)
+        .unwrap_or_default();
+    let frames = BroadcastStream::new(state.live.frames.subscribe()).filter_map(|f| async move {
+        // A lagging client skips frames rather than stalling the others.
+        let frame = f.ok()?;
+        Some(Ok(Event::default()
+            .event("frame")
+            .json_data(&frame)
+            .unwrap_or_default()))
+    });
+    Sse::new(stream::once(async move { Ok(first) }).chain(frames))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+async fn sync(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    if let Some(expected) = &state.sync_token {
+        let sent = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !sent.is_some_and(|s| constant_time_eq(s.as_bytes(), expected.as_bytes())) {
+            state.metrics.result("unauthorized");
+            return Err(ApiError::BadSyncToken);
+        }
+    }
+    let report: SyncReport = serde_json::from_slice(&body).map_err(|e| {
+        state.metrics.result("bad_request");
+        ApiError::BadRequest(format!("sync report: {e}"))
+    })?;
+    report.check().map_err(|e| {
+        state.metrics.result("bad_request");
+        ApiError::BadRequest(e)
+    })?;
+    state.live.ingest(&report, now_ms());
+    let st = state.clone();
+    let (set, report) = blocking(move || {
+        st.store.record_sync(&report)?;
+        Ok((st.store.policy_set()?, report))
+    })
+    .await?;
+    if set.version == report.policy_version {
+        state.metrics.result("not_modified");
+        return Ok((
+            StatusCode::NOT_MODIFIED,
+            [(header::ETAG, etag(set.version))],
+        )
+            .into_response());
+    }
+    state.metrics.result("policy_set");
+    tracing::info!(instance = %report.instance, from = report.policy_version, to = set.version, "sending policy set");
+    Ok(([(header::ETAG, etag(set.version))], Json(set)).into_response())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    let st = state.clone();
+    if let Ok(Ok(v)) = tokio::task::spawn_blocking(move || st.store.policy_set_version()).await {
+        state.metrics.policy_set_version.set(v as i64);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn healthz(State(state): State<Shared>) -> Response {
+    let st = state.clone();
+    match tokio::task::spawn_blocking(move || st.store.policy_set_version()).await {
+        Ok(Ok(version)) => {
+            Json(json!({"status": "ok", "policy_set_version": version})).into_response()
+        }
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "store unavailable"})),
+        )
+            .into_response(),
+    }
+}

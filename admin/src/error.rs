@@ -1,0 +1,96 @@
+//! API errors and how they look on the wire: a status and a JSON body
+//! `{"error": "...", "errors": [{"path": "...", "message": "..."}]}`.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use sluice_shared::ValidationErrors;
+
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("invalid policy: {0}")]
+    Invalid(ValidationErrors),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("stale edit: {0}")]
+    Stale(String, u64),
+    #[error("If-Match with the version you edited is required")]
+    PreconditionRequired,
+    #[error("log in first")]
+    Unauthorized,
+    #[error("missing or wrong CSRF token")]
+    Csrf,
+    #[error("bad sync token")]
+    BadSyncToken,
+    #[error("too many failed logins; retry later")]
+    Throttled(Duration),
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(name) => ApiError::NotFound(format!("no policy named {name:?}")),
+            StoreError::Stale { current, .. } => ApiError::Stale(e.to_string(), current),
+            StoreError::Invalid(errors) => ApiError::Invalid(errors),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<tokio::task::JoinError> for ApiError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        ApiError::Internal(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Stale(..) => StatusCode::CONFLICT,
+            ApiError::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
+            ApiError::Unauthorized | ApiError::BadSyncToken => StatusCode::UNAUTHORIZED,
+            ApiError::Csrf => StatusCode::FORBIDDEN,
+            ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let body = match &self {
+            ApiError::Invalid(errors) => json!({
+                "error": self.to_string(),
+                "errors": errors.errors.iter().map(|e| json!({"path": e.path, "message": e.message})).collect::<Vec<_>>(),
+            }),
+            ApiError::Stale(message, current) => {
+                json!({"error": message, "current_version": current})
+            }
+            ApiError::Internal(detail) => {
+                tracing::error!(%detail, "request failed");
+                json!({"error": "internal error"})
+            }
+            other => json!({"error": other.to_string()}),
+        };
+        let mut response = (status, Json(body)).into_response();
+        if let ApiError::Throttled(wait) = &self {
+            let secs = wait.as_secs().max(1).to_string();
+            if let Ok(v) = HeaderValue::from_str(&secs) {
+                response.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        if let ApiError::Stale(_, current) = &self {
+            if let Ok(v) = HeaderValue::from_str(&format!("\"{current}\"")) {
+                response.headers_mut().insert(header::ETAG, v);
+            }
+        }
+        response
+    }
+}

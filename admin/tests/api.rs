@@ -1,0 +1,654 @@
+//! The admin API over real HTTP, with a real SQLite file in a temp dir.
+
+use std::sync::Arc;
+
+use reqwest::header::HeaderMap;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use sluice_admin::auth::Credentials;
+use sluice_admin::store::Store;
+use sluice_admin::AppState;
+
+const PASSWORD: &str = "test-password-1";
+const SYNC_TOKEN: &str = "sync-secret";
+
+struct Admin {
+    base: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+    db: std::path::PathBuf,
+}
+
+struct Session {
+    cookie: String,
+    csrf: String,
+    set_cookie: String,
+}
+
+async fn start() -> Admin {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    start_on(dir, db).await
+}
+
+async fn start_on(dir: tempfile::TempDir, db: std::path::PathBuf) -> Admin {
+    start_with(dir, db, false).await
+}
+
+async fn start_with(dir: tempfile::TempDir, db: std::path::PathBuf, secure_cookies: bool) -> Admin {
+    let store = Store::open(&db).unwrap();
+    let state = Arc::new(AppState::new(
+        store,
+        Credentials::from_password(PASSWORD).unwrap(),
+        Some(SYNC_TOKEN.into()),
+        secure_cookies,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sluice_admin::serve(
+        listener,
+        state,
+        None,
+        std::future::pending(),
+    ));
+    Admin {
+        base,
+        http: reqwest::Client::new(),
+        _dir: dir,
+        db,
+    }
+}
+
+impl Admin {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> (StatusCode, HeaderMap, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            headers,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn login(&self) -> Session {
+        let (status, headers, body) = self
+            .call(
+                Method::POST,
+                "/api/v1/login",
+                &[],
+                Some(json!({"password": PASSWORD})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let set_cookie = headers["set-cookie"].to_str().unwrap().to_string();
+        let cookie = set_cookie.split(';').next().unwrap().to_string();
+        Session {
+            cookie,
+            csrf: body["csrf_token"].as_str().unwrap().to_string(),
+            set_cookie,
+        }
+    }
+
+    /// As the logged-in operator, with the CSRF token.
+    async fn edit(
+        &self,
+        s: &Session,
+        method: Method,
+        path: &str,
+        extra: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> (StatusCode, HeaderMap, Value) {
+        let mut headers = vec![
+            ("cookie", s.cookie.as_str()),
+            ("x-csrf-token", s.csrf.as_str()),
+        ];
+        headers.extend_from_slice(extra);
+        self.call(method, path, &headers, body).await
+    }
+}
+
+fn bank(requests: u64) -> Value {
+    json!({"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": requests, "period": "1s", "burst": 20}})
+}
+
+fn etag(h: &HeaderMap) -> String {
+    h.get("etag")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn crud_with_versions_and_audit() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let (status, h, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bank(100)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(etag(&h), "\"1\"");
+    assert_eq!(h["location"], "/api/v1/policies/bank");
+    assert_eq!(body["policy"]["rate"]["requests"], 100);
+
+    let (status, h, body) = admin
+        .edit(&s, Method::GET, "/api/v1/policies/bank", &[], None)
+        .await;
+    assert_eq!((status, etag(&h)), (StatusCode::OK, "\"1\"".into()));
+    assert_eq!(body["updated_by"], "admin");
+
+    // Edit with the version we saw.
+    let (status, h, body) = admin
+        .edit(
+            &s,
+            Method::PUT,
+            "/api/v1/policies/bank",
+            &[("if-match", "\"1\"")],
+            Some(bank(150)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(etag(&h), "\"2\"");
+    // A second editor still holding version 1 is refused, told the current one.
+    let (status, h, body) = admin
+        .edit(
+            &s,
+            Method::PUT,
+            "/api/v1/policies/bank",
+            &[("if-match", "\"1\"")],
+            Some(bank(999)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["current_version"], 2);
+    assert_eq!(etag(&h), "\"2\"");
+    // No version at all: the edit must say what it is based on.
+    let (status, _, _) = admin
+        .edit(
+            &s,
+            Method::PUT,
+            "/api/v1/policies/bank",
+            &[],
+            Some(bank(999)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::PRECONDITION_REQUIRED);
+
+    let (status, h, body) = admin
+        .edit(&s, Method::GET, "/api/v1/policies", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["version"], 2, "the set version counts every write");
+    assert_eq!(etag(&h), "\"2\"");
+    assert_eq!(body["policies"][0]["policy"]["rate"]["requests"], 150);
+
+    let (status, _, _) = admin
+        .edit(
+            &s,
+            Method::DELETE,
+            "/api/v1/policies/bank",
+            &[("if-match", "\"1\"")],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _, _) = admin
+        .edit(
+            &s,
+            Method::DELETE,
+            "/api/v1/policies/bank",
+            &[("if-match", "\"2\"")],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, _) = admin
+        .edit(&s, Method::GET, "/api/v1/policies/bank", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let (_, _, body) = admin
+        .edit(&s, Method::GET, "/api/v1/audit", &[], None)
+        .await;
+    let entries = body["entries"].as_array().unwrap();
+    let actions: Vec<&str> = entries
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["delete", "update", "create", "login"]);
+    let update = &entries[1];
+    assert_eq!(update["actor"], "admin");
+    assert_eq!(update["target"], "bank");
+    assert_eq!(update["old"]["rate"]["requests"], 100);
+    assert_eq!(update["new"]["rate"]["requests"], 150);
+    assert!(entries[0]["new"].is_null() && entries[0]["old"]["rate"]["requests"] == 150);
+
+    let (_, _, body) = admin
+        .edit(&s, Method::GET, "/api/v1/policies/bank/history", &[], None)
+        .await;
+    assert_eq!(body["history"].as_array().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn invalid_policies_get_422_with_every_field_error() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let bad = json!({"name": "bank", "match": {"host": "api.bank.example"},
+        "rate": {"requests": 0, "period": "1s", "burst": 0}, "concurrency": {"max_in_flight": 0}});
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bad))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let errors: Vec<String> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["path"].as_str().unwrap(),
+                e["message"].as_str().unwrap()
+            )
+        })
+        .collect();
+    println!("422 errors: {errors:?}");
+    assert!(
+        errors.contains(&"rate.requests: must be >= 1".to_string()),
+        "{errors:?}"
+    );
+    assert!(
+        errors.contains(&"rate.burst: must be >= 1".to_string()),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("concurrency.max_in_flight:")),
+        "{errors:?}"
+    );
+
+    let (status, _, body) = admin.edit(&s, Method::POST, "/api/v1/policies", &[], Some(json!({"name": "x", "match": {"host": "a"}, "rate": {"requests": 1, "period": "1s", "bogus": 1}}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        body["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bogus"),
+        "{body}"
+    );
+
+    // Duplicate names.
+    let (status, _, _) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bank(10)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bank(20)))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["errors"][0]["path"], "name");
+
+    // Renaming through PUT is refused, naming the field.
+    let mut renamed = bank(10);
+    renamed["name"] = json!("other");
+    let (status, _, body) = admin
+        .edit(
+            &s,
+            Method::PUT,
+            "/api/v1/policies/bank",
+            &[("if-match", "1")],
+            Some(renamed),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["errors"][0]["path"], "name");
+
+    // Nothing invalid was stored, and the good one is intact.
+    let (_, _, body) = admin
+        .edit(&s, Method::GET, "/api/v1/policies", &[], None)
+        .await;
+    assert_eq!(body["policies"].as_array().unwrap().len(), 1);
+    assert_eq!(body["policies"][0]["policy"]["rate"]["requests"], 10);
+
+    // The editor's live check.
+    let (status, _, _) = admin
+        .edit(&s, Method::POST, "/api/v1/validate", &[], Some(bank(5)))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/validate", &[], Some(bank(0)))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["errors"][0]["path"], "rate.requests");
+}
+
+#[tokio::test]
+async fn auth_is_required_where_it_should_be() {
+    let admin = start().await;
+    // Reads and writes without a session: 401.
+    for (method, path) in [
+        (Method::GET, "/api/v1/policies"),
+        (Method::GET, "/api/v1/policies/bank"),
+        (Method::GET, "/api/v1/audit"),
+        (Method::GET, "/api/v1/instances"),
+        (Method::GET, "/api/v1/live"),
+        (Method::POST, "/api/v1/policies"),
+        (Method::PUT, "/api/v1/policies/bank"),
+        (Method::DELETE, "/api/v1/policies/bank"),
+        (Method::POST, "/api/v1/validate"),
+        (Method::POST, "/api/v1/logout"),
+    ] {
+        let body = matches!(method, Method::POST | Method::PUT).then(|| bank(1));
+        let (status, _, _) = admin
+            .call(method.clone(), path, &[("if-match", "1")], body)
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}");
+    }
+    // A session but no (or a wrong) CSRF token: 403 on every write.
+    let s = admin.login().await;
+    for (method, path) in [
+        (Method::POST, "/api/v1/policies"),
+        (Method::PUT, "/api/v1/policies/bank"),
+        (Method::DELETE, "/api/v1/policies/bank"),
+        (Method::POST, "/api/v1/logout"),
+    ] {
+        let body = matches!(method, Method::POST | Method::PUT).then(|| bank(1));
+        let (status, _, _) = admin
+            .call(
+                method.clone(),
+                path,
+                &[("cookie", &s.cookie), ("if-match", "1")],
+                body.clone(),
+            )
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "{method} {path} without CSRF"
+        );
+        let (status, _, _) = admin
+            .call(
+                method.clone(),
+                path,
+                &[
+                    ("cookie", &s.cookie),
+                    ("x-csrf-token", "nope"),
+                    ("if-match", "1"),
+                ],
+                body,
+            )
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "{method} {path} with a wrong CSRF token"
+        );
+    }
+    // Open: health and metrics.
+    assert_eq!(
+        admin.call(Method::GET, "/healthz", &[], None).await.0,
+        StatusCode::OK
+    );
+    let (status, _, metrics) = admin.call(Method::GET, "/metrics", &[], None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(metrics
+        .as_str()
+        .unwrap()
+        .contains("sluice_admin_policy_set_version"));
+    // The cookie's flags.
+    let flags = s.set_cookie.to_ascii_lowercase();
+    println!(
+        "session cookie: {}",
+        s.set_cookie.replace(&s.cookie[15..], "<token>")
+    );
+    assert!(flags.contains("httponly"), "{flags}");
+    assert!(flags.contains("samesite=strict"), "{flags}");
+    assert!(flags.contains("path=/"), "{flags}");
+    // Logout ends the session.
+    let (status, _, _) = admin
+        .edit(&s, Method::POST, "/api/v1/logout", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        admin
+            .call(
+                Method::GET,
+                "/api/v1/policies",
+                &[("cookie", &s.cookie)],
+                None
+            )
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn behind_https_the_session_cookie_is_secure() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let admin = start_with(dir, db, true).await;
+    let s = admin.login().await;
+    let flags: Vec<String> = s
+        .set_cookie
+        .split(';')
+        .skip(1)
+        .map(|f| f.trim().to_ascii_lowercase())
+        .collect();
+    println!("session cookie flags with --secure-cookies: {flags:?}");
+    for want in ["httponly", "secure", "samesite=strict", "path=/"] {
+        assert!(flags.iter().any(|f| f == want), "{want} missing: {flags:?}");
+    }
+    // A browser session: no Max-Age or Expires, gone when the browser closes.
+    assert!(!flags
+        .iter()
+        .any(|f| f.starts_with("max-age") || f.starts_with("expires")));
+}
+
+#[tokio::test]
+async fn failed_logins_are_slowed() {
+    let admin = start().await;
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        let (status, h, _) = admin
+            .call(
+                Method::POST,
+                "/api/v1/login",
+                &[],
+                Some(json!({"password": "guess"})),
+            )
+            .await;
+        statuses.push((
+            status.as_u16(),
+            h.get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string()),
+        ));
+    }
+    println!("8 wrong passwords: {statuses:?}");
+    assert!(statuses[..5].iter().all(|(s, _)| *s == 401));
+    assert!(statuses[5..].iter().all(|(s, r)| *s == 429 && r.is_some()));
+    // Even the right password waits while the address is blocked.
+    let (status, _, _) = admin
+        .call(
+            Method::POST,
+            "/api/v1/login",
+            &[],
+            Some(json!({"password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn sync_needs_the_token_and_sends_the_set_only_when_it_changed() {
+    let admin = start().await;
+    let s = admin.login().await;
+    admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bank(100)))
+        .await;
+    let report = |version: u64| {
+        json!({"instance": "envoy-a", "policy_version": version, "at_ms": 1000,
+        "policies": {"bank": {"admitted": 5, "rejected": 1, "queued": 0, "queue_timeouts": 0, "shadow_limited": 0, "in_flight": 0, "max_in_flight": 0, "tokens": 19}}})
+    };
+    let (status, _, _) = admin
+        .call(Method::POST, "/api/v1/sync", &[], Some(report(0)))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", "Bearer wrong")],
+            Some(report(0)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let (status, h, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(report(0)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["version"], 1);
+    assert_eq!(body["policies"][0]["name"], "bank");
+    assert_eq!(etag(&h), "\"1\"");
+    let (status, _, _) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(report(1)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    let (status, _, _) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(json!({"nonsense": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (_, _, body) = admin
+        .edit(&s, Method::GET, "/api/v1/instances", &[], None)
+        .await;
+    let inst = &body["instances"][0];
+    assert_eq!(inst["id"], "envoy-a");
+    assert_eq!(inst["policy_version"], 1);
+    assert_eq!(inst["syncs"], 2);
+    assert_eq!(inst["live"], true);
+    assert_eq!(inst["report"]["policies"]["bank"]["tokens"], 19);
+}
+
+#[tokio::test]
+async fn the_store_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    {
+        let store = Store::open(&db).unwrap();
+        let policy = sluice_shared::parse_policy(&bank(42).to_string()).unwrap();
+        store.create(policy, "admin").unwrap();
+    }
+    let admin = start_on(dir, db.clone()).await;
+    let s = admin.login().await;
+    let (_, _, body) = admin
+        .edit(&s, Method::GET, "/api/v1/policies/bank", &[], None)
+        .await;
+    assert_eq!(body["policy"]["rate"]["requests"], 42);
+    let store = Store::open(&admin.db).unwrap();
+    assert_eq!(store.journal_mode().unwrap(), "wal");
+    assert_eq!(store.integrity_check().unwrap(), "ok");
+}
+
+#[test]
+fn refuses_to_start_without_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-admin"))
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("x.db"))
+        .env_remove("SLUICE_ADMIN_PASSWORD")
+        .env_remove("SLUICE_ADMIN_PASSWORD_HASH")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "without credentials: exit {:?}: {}",
+        out.status.code(),
+        stderr.trim()
+    );
+    assert!(!out.status.success());
+    assert!(stderr.contains("no admin credentials"), "{stderr}");
+}
+
+#[test]
+fn a_seed_fills_only_a_store_that_never_held_a_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("seed.db")).unwrap();
+    let set = sluice_shared::parse_policy_set(
+        &json!({"version": 1, "policies": [bank(100), {"name": "llm", "match": {"host": "api.llm.example"},
+            "concurrency": {"max_in_flight": 8}}]})
+        .to_string(),
+    )
+    .unwrap();
+    assert_eq!(store.seed(&set, "seed").unwrap(), 2);
+    let (version, listed) = store.list().unwrap();
+    assert_eq!(version, 1, "one set version for the whole seed");
+    let names: Vec<&str> = listed.iter().map(|p| p.policy.name.as_str()).collect();
+    assert_eq!(names, ["bank", "llm"]);
+    assert_eq!(store.seed(&set, "seed").unwrap(), 0, "seeded once only");
+    store.delete("bank", 1, "admin").unwrap();
+    store.delete("llm", 1, "admin").unwrap();
+    assert_eq!(
+        store.seed(&set, "seed").unwrap(),
+        0,
+        "a store emptied by hand stays empty"
+    );
+    let audit = store.audit_log(50, None).unwrap();
+    assert_eq!(audit.iter().filter(|a| a.action == "seed").count(), 2);
+}
+
+#[test]
+fn a_bad_seed_stops_the_start_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("seed.json");
+    std::fs::write(
+        &seed,
+        r#"{"version": 1, "policies": [{"name": "x", "match": {"host": "a"}, "rate": {"requests": 0, "period": "1s"}}]}"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-admin"))
+        .args(["--listen", "127.0.0.1:0", "--insecure-dev", "--db"])
+        .arg(dir.path().join("x.db"))
+        .arg("--seed")
+        .arg(&seed)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("bad seed: exit {:?}: {}", out.status.code(), stderr.trim());
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("policies[0].rate.requests: must be >= 1"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,246 @@
+//! The policy editor's model: the policy as JSON, edited field by field
+//! through JSON pointers, so every field of the schema has a form input
+//! and the server's error paths (`rate.burst`) land under the right one.
+
+use serde_json::{Map, Value};
+
+/// `rate.burst` → `/rate/burst`; `match.headers[0].name` → `/match/headers/0/name`.
+pub fn error_path_to_pointer(path: &str) -> String {
+    let mut out = String::new();
+    for part in path.split('.') {
+        let (field, rest) = part.split_once('[').unwrap_or((part, ""));
+        if !field.is_empty() {
+            out.push('/');
+            out.push_str(field);
+        }
+        for index in rest.split('[') {
+            let index = index.trim_end_matches(']');
+            if !index.is_empty() {
+                out.push('/');
+                out.push_str(index);
+            }
+        }
+    }
+    out
+}
+
+pub fn get(value: &Value, pointer: &str) -> Option<Value> {
+    value.pointer(pointer).cloned()
+}
+
+/// The input's text for a field.
+pub fn text_of(value: &Value, pointer: &str) -> String {
+    match value.pointer(pointer) {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| i.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        Some(other) => other.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Text,
+    /// An integer when the text is one; otherwise kept as text so the
+    /// server can say what is wrong with it.
+    Number,
+    /// A duration: `1s`, `250ms`, or milliseconds.
+    Duration,
+    /// A comma-separated list.
+    List,
+}
+
+/// The JSON a field's text stands for; None removes the field.
+pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
+    let t = text.trim();
+    if t.is_empty() {
+        return None;
+    }
+    Some(match kind {
+        Kind::Text | Kind::Duration => Value::String(t.to_string()),
+        Kind::Number => t
+            .parse::<i64>()
+            .map(Value::from)
+            .unwrap_or_else(|_| Value::String(t.to_string())),
+        Kind::List => Value::Array(
+            t.split(',')
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.to_string()))
+                .collect(),
+        ),
+    })
+}
+
+/// Sets (or with None removes) the value at `pointer`, creating the objects
+/// on the way and dropping objects left empty.
+pub fn set(value: &mut Value, pointer: &str, new: Option<Value>) {
+    let parts: Vec<&str> = pointer.split('/').skip(1).collect();
+    set_in(value, &parts, new);
+}
+
+fn set_in(value: &mut Value, parts: &[&str], new: Option<Value>) {
+    let Some((first, rest)) = parts.split_first() else {
+        return;
+    };
+    if !value.is_object() {
+        *value = Value::Object(Map::new());
+    }
+    let Some(map) = value.as_object_mut() else {
+        return;
+    };
+    if rest.is_empty() {
+        match new {
+            Some(v) => {
+                map.insert((*first).to_string(), v);
+            }
+            None => {
+                map.remove(*first);
+            }
+        }
+        return;
+    }
+    if new.is_none() && !map.contains_key(*first) {
+        return;
+    }
+    let child = map
+        .entry((*first).to_string())
+        .or_insert_with(|| Value::Object(Map::new()));
+    set_in(child, rest, new);
+    if child.as_object().is_some_and(|o| o.is_empty()) {
+        map.remove(*first);
+    }
+}
+
+/// One-line summaries for the policy table.
+pub fn summary_match(p: &Value) -> String {
+    let host = p["match"]["host"].as_str().unwrap_or("*");
+    match p["match"]["path_prefix"].as_str() {
+        Some(prefix) => format!("{host}{prefix}"),
+        None => host.to_string(),
+    }
+}
+
+pub fn summary_rate(p: &Value) -> String {
+    let r = &p["rate"];
+    if r.is_null() {
+        return "—".into();
+    }
+    let burst = r["burst"]
+        .as_u64()
+        .map(|b| format!(", burst {b}"))
+        .unwrap_or_default();
+    let per_key = p["key"]["header"]
+        .as_str()
+        .map(|h| format!(", per {h}"))
+        .unwrap_or_default();
+    format!(
+        "{} / {}{}{}",
+        r["requests"],
+        text_of(p, "/rate/period"),
+        burst,
+        per_key
+    )
+}
+
+pub fn summary_concurrency(p: &Value) -> String {
+    match p["concurrency"]["max_in_flight"].as_u64() {
+        Some(n) => format!("{n} in flight"),
+        None => "—".into(),
+    }
+}
+
+/// The rate limit in requests per second, for utilization bars; None for a
+/// per-key limit, whose total grows with the number of keys.
+pub fn rate_per_second(p: &Value) -> Option<f64> {
+    if !p["key"].is_null() {
+        return None;
+    }
+    let requests = p["rate"]["requests"].as_f64()?;
+    let period_ms = match &p["rate"]["period"] {
+        Value::Number(n) => n.as_f64()?,
+        Value::String(s) => parse_duration_ms(s)?,
+        _ => return None,
+    };
+    (period_ms > 0.0).then(|| requests * 1000.0 / period_ms)
+}
+
+fn parse_duration_ms(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: f64 = n.parse().ok()?;
+    Some(match unit.trim() {
+        "" | "ms" => n,
+        "s" => n * 1000.0,
+        "m" | "min" => n * 60_000.0,
+        "h" => n * 3_600_000.0,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn error_paths_become_pointers() {
+        assert_eq!(error_path_to_pointer("rate.burst"), "/rate/burst");
+        assert_eq!(
+            error_path_to_pointer("match.headers[0].name"),
+            "/match/headers/0/name"
+        );
+        assert_eq!(error_path_to_pointer("name"), "/name");
+    }
+
+    #[test]
+    fn fields_are_set_and_removed_without_leaving_empty_objects() {
+        let mut p = json!({"name": "a"});
+        set(&mut p, "/rate/requests", parse_input(Kind::Number, "100"));
+        set(&mut p, "/rate/period", parse_input(Kind::Duration, "1s"));
+        set(
+            &mut p,
+            "/match/methods",
+            parse_input(Kind::List, "GET, POST"),
+        );
+        assert_eq!(
+            p,
+            json!({"name": "a", "rate": {"requests": 100, "period": "1s"}, "match": {"methods": ["GET", "POST"]}})
+        );
+        assert_eq!(text_of(&p, "/match/methods"), "GET, POST");
+        set(&mut p, "/rate/requests", None);
+        set(&mut p, "/rate/period", parse_input(Kind::Duration, " "));
+        assert_eq!(
+            p,
+            json!({"name": "a", "match": {"methods": ["GET", "POST"]}})
+        );
+        // Not a number: kept as text for the server to refuse with a reason.
+        set(&mut p, "/rate/burst", parse_input(Kind::Number, "ten"));
+        assert_eq!(p["rate"]["burst"], "ten");
+    }
+
+    #[test]
+    fn summaries_and_rates() {
+        let mut p = json!({"name": "bank", "match": {"host": "api.bank.example", "path_prefix": "/v1"},
+            "rate": {"requests": 120, "period": "1m", "burst": 10}, "concurrency": {"max_in_flight": 4}});
+        assert_eq!(summary_match(&p), "api.bank.example/v1");
+        assert_eq!(summary_rate(&p), "120 / 1m, burst 10");
+        p["key"] = json!({"header": "x-api-key"});
+        assert_eq!(summary_rate(&p), "120 / 1m, burst 10, per x-api-key");
+        assert_eq!(rate_per_second(&p), None);
+        p["key"] = Value::Null;
+        assert_eq!(summary_concurrency(&p), "4 in flight");
+        assert_eq!(rate_per_second(&p), Some(2.0));
+    }
+}

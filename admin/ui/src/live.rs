@@ -1,0 +1,79 @@
+//! The live utilization stream (`/api/v1/live`, server-sent events): the
+//! last minutes of one-second frames, shared by every page.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use leptos::prelude::*;
+use serde::Deserialize;
+use wasm_bindgen::closure::Closure;
+use wasm_bindgen::JsCast;
+
+/// Frames kept in the browser: ten minutes.
+const KEEP: usize = 600;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+pub struct Utilization {
+    pub admitted_per_s: f64,
+    pub rejected_per_s: f64,
+    pub queued_per_s: f64,
+    #[serde(default)]
+    pub shadow_limited_per_s: f64,
+    pub in_flight: u64,
+    pub max_in_flight: u64,
+    #[serde(default)]
+    pub waiting: u64,
+    pub tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct Frame {
+    pub at_ms: u64,
+    pub policies: BTreeMap<String, Utilization>,
+    pub instances: BTreeMap<String, BTreeMap<String, Utilization>>,
+}
+
+#[derive(Clone, Copy)]
+pub struct LiveFrames(pub RwSignal<VecDeque<Frame>>);
+
+impl LiveFrames {
+    pub fn latest(&self) -> Option<Frame> {
+        self.0.with(|f| f.back().cloned())
+    }
+}
+
+/// Opens the stream once for the whole app; frames land in the signal.
+pub fn connect() -> LiveFrames {
+    let frames = LiveFrames(RwSignal::new(VecDeque::new()));
+    let Ok(source) = web_sys::EventSource::new("/api/v1/live") else {
+        return frames;
+    };
+    let signal = frames.0;
+    let on_history =
+        Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| {
+            if let Some(text) = ev.data().as_string() {
+                if let Ok(history) = serde_json::from_str::<Vec<Frame>>(&text) {
+                    signal.set(history.into_iter().collect());
+                }
+            }
+        });
+    let on_frame =
+        Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| {
+            if let Some(text) = ev.data().as_string() {
+                if let Ok(frame) = serde_json::from_str::<Frame>(&text) {
+                    signal.update(|f| {
+                        if f.len() >= KEEP {
+                            f.pop_front();
+                        }
+                        f.push_back(frame);
+                    });
+                }
+            }
+        });
+    let _ = source.add_event_listener_with_callback("history", on_history.as_ref().unchecked_ref());
+    let _ = source.add_event_listener_with_callback("frame", on_frame.as_ref().unchecked_ref());
+    // The stream lives as long as the page.
+    on_history.forget();
+    on_frame.forget();
+    std::mem::forget(source);
+    frames
+}

@@ -1,0 +1,776 @@
+//! The pages: login, policies, policy editor, live view, audit log,
+//! instances.
+
+use leptos::prelude::*;
+use leptos::task::spawn_local;
+use leptos_router::components::{Route, Router, Routes, A};
+use leptos_router::hooks::{use_navigate, use_params_map};
+use leptos_router::path;
+use serde_json::{json, Value};
+
+use crate::api::{self, ApiError, FieldError};
+use crate::form::{self, Kind};
+use crate::live::{self, LiveFrames, Utilization};
+
+#[derive(Clone, Debug, PartialEq)]
+struct SessionInfo {
+    user: String,
+    csrf: String,
+    insecure: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Session(RwSignal<Option<SessionInfo>>);
+
+impl Session {
+    fn csrf(&self) -> String {
+        self.0
+            .with_untracked(|s| s.as_ref().map(|s| s.csrf.clone()).unwrap_or_default())
+    }
+
+    /// A 401 anywhere means the session is over: back to the login page.
+    fn check(&self, e: &ApiError) {
+        if *e == ApiError::Unauthorized {
+            self.0.set(None);
+        }
+    }
+}
+
+#[component]
+pub fn App() -> impl IntoView {
+    let session = Session(RwSignal::new(None));
+    let checked = RwSignal::new(false);
+    provide_context(session);
+    spawn_local(async move {
+        if let Ok(reply) = api::get("/api/v1/session").await {
+            session.0.set(Some(SessionInfo {
+                user: reply.body["user"].as_str().unwrap_or_default().to_string(),
+                csrf: reply.body["csrf_token"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                insecure: reply.body["insecure_dev"].as_bool().unwrap_or(false),
+            }));
+        }
+        checked.set(true);
+    });
+    view! {
+        <Show when=move || checked.get() fallback=|| view! { <p class="loading">"Loading…"</p> }>
+            <Show when=move || session.0.with(Option::is_some) fallback=Login>
+                <Shell/>
+            </Show>
+        </Show>
+    }
+}
+
+#[component]
+fn Login() -> impl IntoView {
+    let session = expect_context::<Session>();
+    let password = RwSignal::new(String::new());
+    let error = RwSignal::new(None::<String>);
+    let submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        let pw = password.get_untracked();
+        spawn_local(async move {
+            match api::post("/api/v1/login", "", &json!({ "password": pw })).await {
+                Ok(reply) => session.0.set(Some(SessionInfo {
+                    user: reply.body["user"].as_str().unwrap_or_default().to_string(),
+                    csrf: reply.body["csrf_token"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    insecure: false,
+                })),
+                Err(ApiError::Unauthorized) => error.set(Some("Wrong password.".into())),
+                Err(e) => error.set(Some(e.to_string())),
+            }
+        });
+    };
+    view! {
+        <main class="login">
+            <h1>"Sluice"</h1>
+            <form id="login" on:submit=submit>
+                <label>"Admin password"
+                    <input id="password" type="password" autocomplete="current-password"
+                        prop:value=move || password.get()
+                        on:input=move |ev| password.set(event_target_value(&ev))/>
+                </label>
+                <button id="login-button" type="submit">"Log in"</button>
+                <p class="error" id="login-error">{move || error.get()}</p>
+            </form>
+        </main>
+    }
+}
+
+/// A message that survives one navigation ("Saved ..." after creating).
+#[derive(Clone, Copy)]
+struct Flash(RwSignal<Option<String>>);
+
+#[component]
+fn Shell() -> impl IntoView {
+    let session = expect_context::<Session>();
+    provide_context(live::connect());
+    provide_context(Flash(RwSignal::new(None)));
+    let logout = move |_| {
+        let csrf = session.csrf();
+        spawn_local(async move {
+            let _ = api::post("/api/v1/logout", &csrf, &json!({})).await;
+            session.0.set(None);
+        });
+    };
+    let insecure = move || session.0.with(|s| s.as_ref().is_some_and(|s| s.insecure));
+    view! {
+        <Router>
+            <header>
+                <span class="brand">"Sluice"</span>
+                <nav>
+                    <A href="/">"Policies"</A>
+                    <A href="/live">"Live"</A>
+                    <A href="/instances">"Instances"</A>
+                    <A href="/audit">"Audit log"</A>
+                </nav>
+                <span class="user">{move || session.0.with(|s| s.as_ref().map(|s| s.user.clone()).unwrap_or_default())}</span>
+                <button id="logout" on:click=logout>"Log out"</button>
+            </header>
+            <Show when=insecure>
+                <p class="warning">"--insecure-dev: no login is required. Local trial only."</p>
+            </Show>
+            <main>
+                <Routes fallback=|| view! { <p>"Not found."</p> }>
+                    <Route path=path!("/") view=PoliciesPage/>
+                    <Route path=path!("/policies/new") view=NewPolicyPage/>
+                    <Route path=path!("/policies/:name") view=EditPolicyPage/>
+                    <Route path=path!("/live") view=LivePage/>
+                    <Route path=path!("/instances") view=InstancesPage/>
+                    <Route path=path!("/audit") view=AuditPage/>
+                </Routes>
+            </main>
+        </Router>
+    }
+}
+
+/// A horizontal bar: `value` of `max`, as SVG (no inline styles: the CSP
+/// allows none).
+#[component]
+fn Bar(
+    #[prop(into)] value: Signal<f64>,
+    #[prop(into)] max: Signal<f64>,
+    #[prop(into)] label: Signal<String>,
+) -> impl IntoView {
+    let width = move || {
+        let m = max.get();
+        if m <= 0.0 {
+            0.0
+        } else {
+            (value.get() / m).clamp(0.0, 1.0) * 120.0
+        }
+    };
+    view! {
+        <span class="bar">
+            <svg width="120" height="10" viewBox="0 0 120 10">
+                <rect class="bar-bg" x="0" y="0" width="120" height="10"></rect>
+                <rect class="bar-fg" x="0" y="0" width=move || format!("{:.1}", width()) height="10"></rect>
+            </svg>
+            <span class="bar-label">{move || label.get()}</span>
+        </span>
+    }
+}
+
+#[component]
+fn PoliciesPage() -> impl IntoView {
+    let session = expect_context::<Session>();
+    let frames = expect_context::<LiveFrames>();
+    let policies = RwSignal::new(Vec::<Value>::new());
+    let error = RwSignal::new(None::<String>);
+    spawn_local(async move {
+        match api::get("/api/v1/policies").await {
+            Ok(reply) => policies.set(
+                reply.body["policies"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+            Err(e) => {
+                session.check(&e);
+                error.set(Some(e.to_string()));
+            }
+        }
+    });
+    let latest = move |name: &str| -> Utilization {
+        frames
+            .0
+            .with(|f| f.back().and_then(|fr| fr.policies.get(name).copied()))
+            .unwrap_or_default()
+    };
+    view! {
+        <h1>"Policies"</h1>
+        <p><A href="/policies/new"><span id="new-policy">"New policy"</span></A></p>
+        <p class="error">{move || error.get()}</p>
+        <table id="policies">
+            <thead><tr>
+                <th>"Name"</th><th>"Match"</th><th>"Rate"</th><th>"Concurrency"</th><th>"Mode"</th>
+                <th>"Admitted / s"</th><th>"In flight"</th>
+            </tr></thead>
+            <tbody>
+                <For each=move || policies.get() key=|s| (s["policy"]["name"].to_string(), s["version"].as_u64()) children=move |s| {
+                    let p = s["policy"].clone();
+                    let name = p["name"].as_str().unwrap_or_default().to_string();
+                    let href = format!("/policies/{name}");
+                    let rate = form::rate_per_second(&p).unwrap_or(0.0);
+                    let max_flight = p["concurrency"]["max_in_flight"].as_f64().unwrap_or(0.0);
+                    let n1 = name.clone();
+                    let n2 = name.clone();
+                    let n3 = name.clone();
+                    let n4 = name.clone();
+                    let label = name.clone();
+                    view! {
+                        <tr class="policy-row" data-policy=name>
+                            <td><A href=href>{label}</A></td>
+                            <td>{form::summary_match(&p)}</td>
+                            <td>{form::summary_rate(&p)}</td>
+                            <td>{form::summary_concurrency(&p)}</td>
+                            <td>{p["mode"].as_str().unwrap_or("enforce").to_string()}</td>
+                            <td><Bar value=Signal::derive(move || latest(&n1).admitted_per_s) max=Signal::derive(move || rate)
+                                label=Signal::derive(move || format!("{:.0}", latest(&n2).admitted_per_s))/></td>
+                            <td><Bar value=Signal::derive(move || latest(&n3).in_flight as f64) max=Signal::derive(move || max_flight)
+                                label=Signal::derive(move || { let u = latest(&n4); if max_flight > 0.0 { format!("{} / {}", u.in_flight, max_flight) } else { u.in_flight.to_string() } })/></td>
+                        </tr>
+                    }
+                }/>
+            </tbody>
+        </table>
+    }
+}
+
+#[component]
+fn NewPolicyPage() -> impl IntoView {
+    view! { <Editor name=None/> }
+}
+
+#[component]
+fn EditPolicyPage() -> impl IntoView {
+    let params = use_params_map();
+    view! {
+        {move || {
+            let name = params.read().get("name");
+            view! { <Editor name=name/> }
+        }}
+    }
+}
+
+/// Every field of a policy, by JSON pointer.
+const FIELDS: &[(&str, &str, &str, Kind)] = &[
+    (
+        "Match",
+        "Host (exact or *.suffix)",
+        "/match/host",
+        Kind::Text,
+    ),
+    ("Match", "Path prefix", "/match/path_prefix", Kind::Text),
+    (
+        "Match",
+        "Methods (comma separated)",
+        "/match/methods",
+        Kind::List,
+    ),
+    (
+        "Key",
+        "Key header (one bucket per value)",
+        "/key/header",
+        Kind::Text,
+    ),
+    ("Key", "Max keys", "/key/max_keys", Kind::Number),
+    (
+        "Key",
+        "Past max keys (shared | reject)",
+        "/key/overflow",
+        Kind::Text,
+    ),
+    (
+        "Rate",
+        "Algorithm (token_bucket | fixed_window | sliding_window)",
+        "/rate/algorithm",
+        Kind::Text,
+    ),
+    ("Rate", "Requests", "/rate/requests", Kind::Number),
+    (
+        "Rate",
+        "Per period (1s, 1m, 1h or ms)",
+        "/rate/period",
+        Kind::Duration,
+    ),
+    ("Rate", "Burst", "/rate/burst", Kind::Number),
+    (
+        "Rate",
+        "Warm-up period",
+        "/rate/warmup/period",
+        Kind::Duration,
+    ),
+    (
+        "Rate",
+        "Warm-up cold factor",
+        "/rate/warmup/cold_factor",
+        Kind::Number,
+    ),
+    ("Cost", "Cost header", "/cost/header", Kind::Text),
+    ("Cost", "Default cost", "/cost/default", Kind::Number),
+    ("Cost", "Max cost", "/cost/max", Kind::Number),
+    (
+        "Concurrency",
+        "Max in flight",
+        "/concurrency/max_in_flight",
+        Kind::Number,
+    ),
+    (
+        "Concurrency",
+        "Lease TTL",
+        "/concurrency/lease_ttl",
+        Kind::Duration,
+    ),
+    (
+        "Concurrency",
+        "Reserved for high priority",
+        "/concurrency/reserved_for_high",
+        Kind::Number,
+    ),
+    (
+        "Over the limit",
+        "Action (reject | queue)",
+        "/on_limit/action",
+        Kind::Text,
+    ),
+    ("Over the limit", "Status", "/on_limit/status", Kind::Number),
+    ("Over the limit", "Body", "/on_limit/body", Kind::Text),
+    (
+        "Over the limit",
+        "Max wait (queue)",
+        "/on_limit/max_wait",
+        Kind::Duration,
+    ),
+    (
+        "Over the limit",
+        "Max queue",
+        "/on_limit/max_queue",
+        Kind::Number,
+    ),
+    (
+        "Priority",
+        "Priority header",
+        "/priority/header",
+        Kind::Text,
+    ),
+    (
+        "Priority",
+        "Default priority (high | normal)",
+        "/priority/default",
+        Kind::Text,
+    ),
+    ("Mode", "Mode (enforce | shadow)", "/mode", Kind::Text),
+];
+
+fn field_id(pointer: &str) -> String {
+    format!("field{}", pointer.replace('/', "-"))
+}
+
+#[component]
+fn Editor(name: Option<String>) -> impl IntoView {
+    let session = expect_context::<Session>();
+    let navigate = use_navigate();
+    let is_new = name.is_none();
+    let policy = RwSignal::new(json!({"name": "", "match": {"host": ""}}));
+    let version = RwSignal::new(0u64);
+    let errors = RwSignal::new(Vec::<FieldError>::new());
+    let flash = expect_context::<Flash>();
+    let message = RwSignal::new(flash.0.get_untracked());
+    flash.0.set(None);
+    let conflict = RwSignal::new(None::<u64>);
+    let json_text = RwSignal::new(String::new());
+
+    let load = {
+        let name = name.clone();
+        move || {
+            let Some(name) = name.clone() else { return };
+            spawn_local(async move {
+                match api::get(&format!("/api/v1/policies/{name}")).await {
+                    Ok(reply) => {
+                        policy.set(reply.body["policy"].clone());
+                        version.set(reply.body["version"].as_u64().unwrap_or(0));
+                        conflict.set(None);
+                        errors.set(Vec::new());
+                    }
+                    Err(e) => {
+                        session.check(&e);
+                        message.set(Some(e.to_string()));
+                    }
+                }
+            });
+        }
+    };
+    load();
+    Effect::new(move |_| {
+        json_text.set(serde_json::to_string_pretty(&policy.get()).unwrap_or_default());
+    });
+
+    // Ask the server after every change: its messages show under the fields.
+    let validate = move || {
+        let p = policy.get_untracked();
+        let csrf = session.csrf();
+        spawn_local(async move {
+            match api::post("/api/v1/validate", &csrf, &p).await {
+                Ok(_) => errors.set(Vec::new()),
+                Err(ApiError::Invalid(list)) => errors.set(list),
+                Err(e) => session.check(&e),
+            }
+        });
+    };
+    let error_for = move |pointer: &'static str| {
+        move || {
+            errors.with(|list| {
+                list.iter()
+                    .filter(|e| form::error_path_to_pointer(&e.path) == pointer)
+                    .map(|e| e.message.clone())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+        }
+    };
+    let other_errors = move || {
+        errors.with(|list| {
+            list.iter()
+                .filter(|e| {
+                    let p = form::error_path_to_pointer(&e.path);
+                    p != "/name" && !FIELDS.iter().any(|f| f.2 == p)
+                })
+                .map(|e| format!("{}: {}", e.path, e.message))
+                .collect::<Vec<_>>()
+        })
+    };
+
+    let save = {
+        let navigate = navigate.clone();
+        move |ev: leptos::ev::SubmitEvent| {
+            ev.prevent_default();
+            let p = policy.get_untracked();
+            let csrf = session.csrf();
+            let v = version.get_untracked();
+            let navigate = navigate.clone();
+            spawn_local(async move {
+                let name = p["name"].as_str().unwrap_or_default().to_string();
+                let result = if is_new {
+                    api::post("/api/v1/policies", &csrf, &p).await
+                } else {
+                    api::put(&format!("/api/v1/policies/{name}"), &csrf, v, &p).await
+                };
+                match result {
+                    Ok(reply) => {
+                        version.set(reply.body["version"].as_u64().unwrap_or(v + 1));
+                        errors.set(Vec::new());
+                        message.set(Some(format!(
+                            "Saved {name} (version {}). Envoys pick it up on their next sync.",
+                            version.get_untracked()
+                        )));
+                        if is_new {
+                            flash.0.set(message.get_untracked());
+                            navigate(&format!("/policies/{name}"), Default::default());
+                        }
+                    }
+                    Err(ApiError::Invalid(list)) => {
+                        message.set(Some("Not saved: fix the fields marked below.".into()));
+                        errors.set(list);
+                    }
+                    Err(ApiError::Stale { current_version }) => {
+                        conflict.set(Some(current_version));
+                        message.set(None);
+                    }
+                    Err(e) => {
+                        session.check(&e);
+                        message.set(Some(format!("Not saved: {e}")));
+                    }
+                }
+            });
+        }
+    };
+    let delete = {
+        let navigate = navigate.clone();
+        move |_| {
+            let p = policy.get_untracked();
+            let csrf = session.csrf();
+            let v = version.get_untracked();
+            let navigate = navigate.clone();
+            spawn_local(async move {
+                let name = p["name"].as_str().unwrap_or_default().to_string();
+                match api::delete(&format!("/api/v1/policies/{name}"), &csrf, v).await {
+                    Ok(_) => navigate("/", Default::default()),
+                    Err(ApiError::Stale { current_version }) => conflict.set(Some(current_version)),
+                    Err(e) => message.set(Some(format!("Not deleted: {e}"))),
+                }
+            });
+        }
+    };
+    let reload = load.clone();
+
+    let mut section = "";
+    let mut rows = Vec::new();
+    for (group, label, pointer, kind) in FIELDS.iter().copied() {
+        if group != section {
+            section = group;
+            rows.push(view! { <h3>{group}</h3> }.into_any());
+        }
+        let id = field_id(pointer);
+        rows.push(
+            view! {
+                <label class="field">
+                    <span>{label}</span>
+                    <input id=id.clone() name=pointer
+                        prop:value=move || form::text_of(&policy.get(), pointer)
+                        on:change=move |ev| {
+                            let text = event_target_value(&ev);
+                            policy.update(|p| form::set(p, pointer, form::parse_input(kind, &text)));
+                            validate();
+                        }/>
+                    <span class="field-error" id=format!("{id}-error")>{error_for(pointer)}</span>
+                </label>
+            }
+            .into_any(),
+        );
+    }
+
+    view! {
+        <h1>{if is_new { "New policy".to_string() } else { format!("Policy {}", name.clone().unwrap_or_default()) }}</h1>
+        <form id="policy-form" on:submit=save>
+            <label class="field">
+                <span>"Name"</span>
+                <input id="field-name" prop:value=move || form::text_of(&policy.get(), "/name") prop:readonly=!is_new
+                    on:change=move |ev| {
+                        let text = event_target_value(&ev);
+                        policy.update(|p| form::set(p, "/name", Some(Value::String(text.trim().to_string()))));
+                        validate();
+                    }/>
+                <span class="field-error" id="field-name-error">{error_for("/name")}</span>
+            </label>
+            {rows}
+            <h3>"As JSON (every field, e.g. match.headers)"</h3>
+            <textarea id="policy-json" rows="12" prop:value=move || json_text.get()
+                on:change=move |ev| {
+                    let text = event_target_value(&ev);
+                    match serde_json::from_str::<Value>(&text) {
+                        Ok(v) => { policy.set(v); validate(); }
+                        Err(e) => errors.set(vec![FieldError { path: "(json)".into(), message: e.to_string() }]),
+                    }
+                }></textarea>
+            <ul class="errors" id="other-errors">
+                <For each=other_errors key=|e| e.clone() children=|e| view! { <li>{e}</li> }/>
+            </ul>
+            <Show when=move || conflict.get().is_some()>
+                <p class="conflict" id="conflict">
+                    {move || format!("Someone saved this policy since you opened it (now version {}). Your edit was not saved.", conflict.get().unwrap_or(0))}
+                    <button type="button" id="reload" on:click={ let reload = reload.clone(); move |_| reload() }>"Load their version"</button>
+                </p>
+            </Show>
+            <p class="message" id="message">{move || message.get()}</p>
+            <button id="save" type="submit">"Save"</button>
+            <Show when=move || !is_new>
+                <button id="delete" type="button" on:click=delete.clone()>"Delete"</button>
+            </Show>
+        </form>
+    }
+}
+
+/// Admitted, rejected and queued per second over the last two minutes.
+#[component]
+fn Chart(name: String) -> impl IntoView {
+    let frames = expect_context::<LiveFrames>();
+    const W: f64 = 480.0;
+    const H: f64 = 100.0;
+    const SPAN: usize = 120;
+    let series = move |pick: fn(&Utilization) -> f64| {
+        let name = name.clone();
+        move || {
+            frames.0.with(|all| {
+                let recent: Vec<f64> = all
+                    .iter()
+                    .rev()
+                    .take(SPAN)
+                    .rev()
+                    .map(|f| f.policies.get(&name).map(pick).unwrap_or(0.0))
+                    .collect();
+                (
+                    recent,
+                    all.iter()
+                        .rev()
+                        .take(SPAN)
+                        .flat_map(|f| f.policies.get(&name))
+                        .map(|u| u.admitted_per_s.max(u.rejected_per_s).max(u.queued_per_s))
+                        .fold(1.0, f64::max),
+                )
+            })
+        }
+    };
+    let points = move |data: (Vec<f64>, f64)| {
+        let (values, top) = data;
+        let offset = SPAN.saturating_sub(values.len());
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                format!(
+                    "{:.1},{:.1}",
+                    (offset + i) as f64 * W / SPAN as f64,
+                    // The top 20 px are the label's.
+                    H - v / top * (H - 20.0)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let admitted = series(|u| u.admitted_per_s);
+    let rejected = series(|u| u.rejected_per_s);
+    let queued = series(|u| u.queued_per_s);
+    let top = {
+        let a = admitted.clone();
+        move || format!("{:.0}/s", a().1)
+    };
+    view! {
+        <svg class="chart" width="480" height="100" viewBox="0 0 480 100">
+            <rect class="chart-bg" x="0" y="0" width="480" height="100"></rect>
+            <polyline class="line-admitted" points=move || points(admitted())></polyline>
+            <polyline class="line-rejected" points=move || points(rejected())></polyline>
+            <polyline class="line-queued" points=move || points(queued())></polyline>
+            <text x="4" y="12" class="chart-top">{top}</text>
+        </svg>
+    }
+}
+
+#[component]
+fn LivePage() -> impl IntoView {
+    let frames = expect_context::<LiveFrames>();
+    let names = move || {
+        frames
+            .latest()
+            .map(|f| f.policies.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    view! {
+        <h1>"Live"</h1>
+        <p class="legend">"Last 2 minutes, per second: "<span class="admitted">"admitted"</span>", "<span class="rejected">"rejected"</span>", "<span class="queued">"queued"</span>"."</p>
+        <Show when=move || frames.0.with(|f| f.is_empty())>
+            <p>"No Envoy has reported yet."</p>
+        </Show>
+        <For each=names key=|n| n.clone() children=move |name| {
+            let n = name.clone();
+            let now = Memo::new(move |_| frames.latest().and_then(|f| f.policies.get(&n).copied()).unwrap_or_default());
+            let n2 = name.clone();
+            let per_instance = move || {
+                frames.latest().map(|f| {
+                    f.instances.iter().filter_map(|(id, p)| p.get(&n2).map(|u| (id.clone(), *u))).collect::<Vec<_>>()
+                }).unwrap_or_default()
+            };
+            view! {
+                <section class="live-policy" data-policy=name.clone()>
+                    <h2>{name.clone()}</h2>
+                    <Chart name=name.clone()/>
+                    <p class="figures">
+                        <span class="admitted-now">{move || format!("{:.0}", now.get().admitted_per_s)}</span>" admitted/s · "
+                        <span class="rejected-now">{move || format!("{:.0}", now.get().rejected_per_s)}</span>" rejected/s · "
+                        <span class="queued-now">{move || format!("{:.0}", now.get().queued_per_s)}</span>" queued/s · in flight "
+                        <span class="in-flight-now">{move || { let u = now.get(); if u.max_in_flight > 0 { format!("{} of {}", u.in_flight, u.max_in_flight) } else { u.in_flight.to_string() } }}</span>
+                        " · tokens left "<span class="tokens-now">{move || now.get().tokens.map(|t| t.to_string()).unwrap_or_else(|| "—".into())}</span>
+                        " · waiting "{move || now.get().waiting}
+                    </p>
+                    <table class="per-instance">
+                        <thead><tr><th>"Instance"</th><th>"Admitted/s"</th><th>"Rejected/s"</th><th>"Queued/s"</th><th>"In flight"</th><th>"Tokens"</th></tr></thead>
+                        <tbody>
+                            <For each=per_instance key=|(id, u)| (id.clone(), format!("{u:?}")) children=|(id, u)| view! {
+                                <tr><td>{id}</td><td>{format!("{:.0}", u.admitted_per_s)}</td><td>{format!("{:.0}", u.rejected_per_s)}</td>
+                                <td>{format!("{:.0}", u.queued_per_s)}</td><td>{u.in_flight}</td><td>{u.tokens.map(|t| t.to_string()).unwrap_or_default()}</td></tr>
+                            }/>
+                        </tbody>
+                    </table>
+                </section>
+            }
+        }/>
+    }
+}
+
+#[component]
+fn InstancesPage() -> impl IntoView {
+    let session = expect_context::<Session>();
+    let rows = RwSignal::new(Vec::<Value>::new());
+    let now_ms = RwSignal::new(0u64);
+    spawn_local(async move {
+        match api::get("/api/v1/instances").await {
+            Ok(reply) => {
+                now_ms.set(reply.body["now_ms"].as_u64().unwrap_or(0));
+                rows.set(
+                    reply.body["instances"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+            }
+            Err(e) => session.check(&e),
+        }
+    });
+    view! {
+        <h1>"Instances"</h1>
+        <table id="instances">
+            <thead><tr><th>"Envoy"</th><th>"Status"</th><th>"Last sync"</th><th>"Policy version"</th><th>"Syncs"</th></tr></thead>
+            <tbody>
+                <For each=move || rows.get() key=|r| r["id"].to_string() children=move |r| {
+                    let ago = now_ms.get_untracked().saturating_sub(r["last_sync_ms"].as_u64().unwrap_or(0)) / 1000;
+                    view! {
+                        <tr class="instance-row">
+                            <td>{r["id"].as_str().unwrap_or_default().to_string()}</td>
+                            <td>{if r["live"].as_bool().unwrap_or(false) { "live" } else { "silent" }}</td>
+                            <td>{format!("{ago} s ago")}</td>
+                            <td>{r["policy_version"].to_string()}</td>
+                            <td>{r["syncs"].to_string()}</td>
+                        </tr>
+                    }
+                }/>
+            </tbody>
+        </table>
+    }
+}
+
+#[component]
+fn AuditPage() -> impl IntoView {
+    let session = expect_context::<Session>();
+    let entries = RwSignal::new(Vec::<Value>::new());
+    spawn_local(async move {
+        match api::get("/api/v1/audit?limit=200").await {
+            Ok(reply) => entries.set(
+                reply.body["entries"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+            Err(e) => session.check(&e),
+        }
+    });
+    let show = |v: &Value| {
+        if v.is_null() {
+            String::new()
+        } else {
+            v.to_string()
+        }
+    };
+    view! {
+        <h1>"Audit log"</h1>
+        <table id="audit">
+            <thead><tr><th>"When (UTC ms)"</th><th>"Who"</th><th>"What"</th><th>"Policy"</th><th>"Before"</th><th>"After"</th></tr></thead>
+            <tbody>
+                <For each=move || entries.get() key=|e| e["id"].as_i64() children=move |e| view! {
+                    <tr class="audit-row">
+                        <td>{e["at_ms"].to_string()}</td>
+                        <td>{e["actor"].as_str().unwrap_or_default().to_string()}</td>
+                        <td>{e["action"].as_str().unwrap_or_default().to_string()}</td>
+                        <td>{e["target"].as_str().unwrap_or_default().to_string()}</td>
+                        <td><code>{show(&e["old"])}</code></td>
+                        <td><code>{show(&e["new"])}</code></td>
+                    </tr>
+                }/>
+            </tbody>
+        </table>
+    }
+}

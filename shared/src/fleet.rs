@@ -1,0 +1,415 @@
+//! Fleet mode's arithmetic: one global limit shared by many Envoys through
+//! leases the admin grants at each sync, weighted by the demand each Envoy
+//! reports. Pure: time is a parameter (`now_ms`).
+//!
+//! An instance enforces the newest grant it received while it runs; once
+//! it lapses (the admin out of reach), the smaller of that grant and an even
+//! split of the limit among the instances the admin counted when it made
+//! the grant ([`share_in_force`]).
+//!
+//! The admin gives out only room the others may be using. Per instance it
+//! keeps every grant the instance may still apply (a sent answer may have
+//! been lost, so until the instance says which it applies, any of them) and
+//! reserves the largest: a running grant in full, a lapsed one at its
+//! fallback. The reservation of an instance it no longer hears from ends
+//! two lease periods after its last sync or one after its last grant ran
+//! out, whichever is later: a dead instance's share goes back to the rest.
+//! An instance cut off from an admin that is still serving others (a
+//! partition, not a crash) may then overshoot by its fallback; a stopped
+//! admin reallocates nothing, so there the sum holds for good.
+
+use std::collections::BTreeMap;
+
+/// A quantity of a limit: requests per second and calls in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Amount {
+    pub rate: f64,
+    pub in_flight: u32,
+}
+
+impl Amount {
+    fn max(self, other: Amount) -> Amount {
+        Amount {
+            rate: self.rate.max(other.rate),
+            in_flight: self.in_flight.max(other.in_flight),
+        }
+    }
+
+    fn min(self, other: Amount) -> Amount {
+        Amount {
+            rate: self.rate.min(other.rate),
+            in_flight: self.in_flight.min(other.in_flight),
+        }
+    }
+
+    fn plus(self, other: Amount) -> Amount {
+        Amount {
+            rate: self.rate + other.rate,
+            in_flight: self.in_flight.saturating_add(other.in_flight),
+        }
+    }
+
+    fn minus(self, other: Amount) -> Amount {
+        Amount {
+            rate: (self.rate - other.rate).max(0.0),
+            in_flight: self.in_flight.saturating_sub(other.in_flight),
+        }
+    }
+}
+
+/// What an instance would use if nothing held it back: the calls it was
+/// asked to make per second (admitted and refused), the calls it wanted in
+/// flight, and its queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Demand {
+    pub rate: f64,
+    pub in_flight: u32,
+    pub queued: u32,
+}
+
+/// A share of the global limit, valid until `expires_at_ms`; `instances`
+/// is how many the admin counted when it made it (what a lapsed grant
+/// falls back to splits the limit that many ways).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    pub share: Amount,
+    pub expires_at_ms: u64,
+    pub instances: u32,
+}
+
+/// A global policy's limit and lease terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FleetTerms {
+    pub limit: Amount,
+    pub lease_ms: u64,
+    /// The part of the limit kept as floors, split evenly, so that an idle
+    /// instance's first calls are not refused.
+    pub floor_fraction: f64,
+}
+
+/// Splits `limit` among instances by demand: each gets an even part of
+/// `floor_fraction` of the limit, the rest goes in proportion to demand
+/// (evenly when nobody wants anything). In-flight shares are whole calls;
+/// they never sum past the limit.
+pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<Amount> {
+    let n = demands.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let floor_fraction = floor_fraction.clamp(0.0, 1.0);
+    let rates = split(
+        limit.rate.max(0.0),
+        floor_fraction,
+        &demands.iter().map(|d| d.rate.max(0.0)).collect::<Vec<_>>(),
+    );
+    // Queued calls want a slot as much as running ones.
+    let wanted: Vec<f64> = demands
+        .iter()
+        .map(|d| f64::from(d.in_flight) + f64::from(d.queued))
+        .collect();
+    let in_flight = whole_calls(
+        &split(f64::from(limit.in_flight), floor_fraction, &wanted),
+        limit.in_flight,
+    );
+    rates
+        .into_iter()
+        .zip(in_flight)
+        .map(|(rate, in_flight)| Amount { rate, in_flight })
+        .collect()
+}
+
+fn split(total: f64, floor_fraction: f64, weights: &[f64]) -> Vec<f64> {
+    let n = weights.len() as f64;
+    let floor = total * floor_fraction / n;
+    let rest = total - floor * n;
+    let sum: f64 = weights.iter().filter(|w| w.is_finite()).sum();
+    weights
+        .iter()
+        .map(|&w| {
+            let part = if sum > 0.0 && w.is_finite() {
+                w / sum
+            } else if sum > 0.0 {
+                0.0
+            } else {
+                1.0 / n
+            };
+            floor + rest * part
+        })
+        .collect()
+}
+
+/// Rounds shares down to whole calls, then hands the calls left over to the
+/// largest remainders: the sum is exactly `total` (or less, never more).
+fn whole_calls(shares: &[f64], total: u32) -> Vec<u32> {
+    let mut whole: Vec<u32> = shares.iter().map(|s| s.max(0.0).floor() as u32).collect();
+    let used: u64 = whole.iter().map(|&w| u64::from(w)).sum();
+    let mut left = u64::from(total).saturating_sub(used);
+    let mut by_remainder: Vec<usize> = (0..shares.len()).collect();
+    by_remainder.sort_by(|&a, &b| {
+        let ra = shares[a] - shares[a].floor();
+        let rb = shares[b] - shares[b].floor();
+        rb.total_cmp(&ra).then(a.cmp(&b))
+    });
+    for i in by_remainder {
+        if left == 0 {
+            break;
+        }
+        whole[i] += 1;
+        left -= 1;
+    }
+    whole
+}
+
+/// The share an instance enforces of a global limit, given the newest
+/// grant it received: the grant while it runs, then the smaller of it and
+/// an even split (never more than either). Nothing before its first grant:
+/// the admin has reserved nothing for it yet (the first sync is at start).
+pub fn share_in_force(newest: Option<Grant>, limit: Amount, now_ms: u64) -> Amount {
+    match newest {
+        None => Amount::default(),
+        Some(g) if g.expires_at_ms > now_ms => g.share,
+        Some(g) => g.share.min(even_split(limit, g.instances)),
+    }
+}
+
+fn even_split(limit: Amount, instances: u32) -> Amount {
+    let n = instances.max(1);
+    Amount {
+        rate: limit.rate / f64::from(n),
+        in_flight: limit.in_flight / n,
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Member {
+    demand: Demand,
+    last_heard_ms: u64,
+    /// The grants it may still apply, oldest first.
+    grants: Vec<Grant>,
+}
+
+impl Member {
+    /// The most it may be enforcing now (0 once its reservation ended).
+    fn reserved(&self, limit: Amount, lease_ms: u64, now_ms: u64) -> Amount {
+        if now_ms >= self.reserved_until(lease_ms) {
+            return Amount::default();
+        }
+        self.grants
+            .iter()
+            .map(|&g| share_in_force(Some(g), limit, now_ms))
+            .fold(Amount::default(), Amount::max)
+    }
+
+    fn reserved_until(&self, lease_ms: u64) -> u64 {
+        let last_grant_ends = self
+            .grants
+            .iter()
+            .map(|g| g.expires_at_ms.saturating_add(lease_ms))
+            .max()
+            .unwrap_or(0);
+        last_grant_ends.max(
+            self.last_heard_ms
+                .saturating_add(lease_ms.saturating_mul(2)),
+        )
+    }
+}
+
+/// The admin's record of one global policy's grants.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    members: BTreeMap<String, Member>,
+}
+
+impl Ledger {
+    /// `instance` syncs, wanting `demand`, with the newest grant it has
+    /// received expiring at `newest` (None: none yet). Returns its new
+    /// grant.
+    pub fn sync(
+        &mut self,
+        terms: &FleetTerms,
+        instance: &str,
+        demand: Demand,
+        newest: Option<u64>,
+        now_ms: u64,
+    ) -> Grant {
+        self.forget_gone(terms, now_ms);
+        let member = self.members.entry(instance.to_string()).or_default();
+        member.demand = demand;
+        member.last_heard_ms = now_ms;
+        // Answers arrive in order: grants older than the newest it has are
+        // ones it will never apply again.
+        if let Some(newest) = newest {
+            member.grants.retain(|g| g.expires_at_ms >= newest);
+        }
+        // Shares go to the instances that are syncing; the silent ones
+        // keep only their reservations until those end.
+        let active: Vec<(&String, Demand)> = self
+            .members
+            .iter()
+            .filter(|(n, m)| {
+                n.as_str() == instance || now_ms.saturating_sub(m.last_heard_ms) < terms.lease_ms
+            })
+            .map(|(n, m)| (n, m.demand))
+            .collect();
+        let demands: Vec<Demand> = active.iter().map(|(_, d)| *d).collect();
+        let targets = allocate(terms.limit, terms.floor_fraction, &demands);
+        let target = active
+            .iter()
+            .position(|(n, _)| n.as_str() == instance)
+            .and_then(|i| targets.get(i).copied())
+            .unwrap_or_default();
+        let others = self
+            .members
+            .iter()
+            .filter(|(n, _)| n.as_str() != instance)
+            .fold(Amount::default(), |acc, (_, m)| {
+                acc.plus(m.reserved(terms.limit, terms.lease_ms, now_ms))
+            });
+        let grant = Grant {
+            share: target.min(terms.limit.minus(others)),
+            expires_at_ms: now_ms.saturating_add(terms.lease_ms),
+            instances: u32::try_from(self.members.len()).unwrap_or(u32::MAX),
+        };
+        if let Some(member) = self.members.get_mut(instance) {
+            member.grants.push(grant);
+        }
+        grant
+    }
+
+    /// The sum of what every instance may be enforcing now.
+    pub fn reserved(&self, terms: &FleetTerms, now_ms: u64) -> Amount {
+        self.members
+            .values()
+            .map(|m| m.reserved(terms.limit, terms.lease_ms, now_ms))
+            .fold(Amount::default(), Amount::plus)
+    }
+
+    /// Instances still holding a reservation, with it and their demand,
+    /// for the UI.
+    pub fn members(&self, terms: &FleetTerms, now_ms: u64) -> Vec<(String, Amount, Demand)> {
+        self.members
+            .iter()
+            .filter(|(_, m)| now_ms < m.reserved_until(terms.lease_ms))
+            .map(|(n, m)| {
+                (
+                    n.clone(),
+                    m.reserved(terms.limit, terms.lease_ms, now_ms),
+                    m.demand,
+                )
+            })
+            .collect()
+    }
+
+    /// An instance whose reservation ended no longer counts; its share
+    /// goes to the rest.
+    fn forget_gone(&mut self, terms: &FleetTerms, now_ms: u64) {
+        self.members
+            .retain(|_, m| now_ms < m.reserved_until(terms.lease_ms));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Amount = Amount {
+        rate: 1000.0,
+        in_flight: 100,
+    };
+    const TERMS: FleetTerms = FleetTerms {
+        limit: LIMIT,
+        lease_ms: 2_000,
+        floor_fraction: 0.05,
+    };
+
+    fn wants(rate: f64, in_flight: u32) -> Demand {
+        Demand {
+            rate,
+            in_flight,
+            queued: 0,
+        }
+    }
+
+    #[test]
+    fn shares_follow_demand_above_an_even_floor() {
+        let shares = allocate(
+            LIMIT,
+            0.06,
+            &[wants(800.0, 80), wants(100.0, 10), wants(100.0, 10)],
+        );
+        // 20/s floor each, then 940/s by demand.
+        assert!((shares[0].rate - (20.0 + 940.0 * 0.8)).abs() < 1e-9);
+        assert!((shares[1].rate - (20.0 + 94.0)).abs() < 1e-9);
+        assert_eq!(shares.iter().map(|s| s.in_flight).sum::<u32>(), 100);
+        assert!(shares[0].in_flight >= 76);
+        // Nobody wants anything: an even split.
+        let idle = allocate(LIMIT, 0.06, &[Demand::default(), Demand::default()]);
+        assert_eq!(idle[0], idle[1]);
+        assert_eq!(idle[0].in_flight + idle[1].in_flight, 100);
+    }
+
+    #[test]
+    fn a_shrinking_share_frees_room_only_once_the_old_grant_is_superseded() {
+        let mut ledger = Ledger::default();
+        let a = ledger.sync(&TERMS, "a", wants(1000.0, 100), None, 0);
+        assert!((a.share.rate - 1000.0).abs() < 1e-9, "alone, a gets it all");
+        // b arrives: a still holds its grant, so b gets only what is left.
+        let b = ledger.sync(&TERMS, "b", wants(1000.0, 100), None, 100);
+        assert_eq!(b.share.in_flight, 0);
+        // a shrinks to half, but until a says it has the new grant the old
+        // one may still be in use.
+        let a2 = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a.expires_at_ms), 200);
+        let b2 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b.expires_at_ms), 300);
+        assert_eq!(a2.share.in_flight, 50);
+        assert_eq!(
+            b2.share.in_flight, 0,
+            "a's first grant may still be applied"
+        );
+        ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a2.expires_at_ms), 400);
+        let b3 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b2.expires_at_ms), 500);
+        assert_eq!(b3.share.in_flight, 50);
+        assert_eq!(ledger.reserved(&TERMS, 500).in_flight, 100);
+    }
+
+    #[test]
+    fn a_dead_instance_share_returns_two_leases_after_it_last_synced() {
+        let mut ledger = Ledger::default();
+        let a1 = ledger.sync(&TERMS, "a", wants(500.0, 50), None, 0);
+        let b1 = ledger.sync(&TERMS, "b", wants(500.0, 50), None, 10);
+        let a2 = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a1.expires_at_ms), 20);
+        ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a2.expires_at_ms), 30);
+        let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1.expires_at_ms), 40);
+        assert_eq!(b2.share.in_flight, 50);
+        // a dies after its sync at 30 ms. Its grant runs to 2 030 ms; then
+        // it may be enforcing its fallback (min(50, 100 / 2)) until 4 030 ms.
+        let b3 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b2.expires_at_ms), 1_000);
+        assert_eq!(b3.share.in_flight, 50);
+        let b4 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b3.expires_at_ms), 2_031);
+        assert_eq!(b4.share.in_flight, 50);
+        assert_eq!(ledger.members(&TERMS, 2_031).len(), 2);
+        let b5 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b4.expires_at_ms), 4_030);
+        assert_eq!(b5.share.in_flight, 100);
+        assert_eq!(ledger.members(&TERMS, 4_030).len(), 1);
+    }
+
+    #[test]
+    fn a_lapsed_grant_falls_back_to_the_smaller_of_itself_and_an_even_split() {
+        let grant = |in_flight: u32| Grant {
+            share: Amount {
+                rate: f64::from(in_flight) * 10.0,
+                in_flight,
+            },
+            expires_at_ms: 1_000,
+            instances: 3,
+        };
+        assert_eq!(share_in_force(Some(grant(80)), LIMIT, 999), grant(80).share);
+        let lapsed = share_in_force(Some(grant(80)), LIMIT, 1_000);
+        assert_eq!(lapsed.in_flight, 33);
+        assert!((lapsed.rate - 1000.0 / 3.0).abs() < 1e-9);
+        assert_eq!(
+            share_in_force(Some(grant(10)), LIMIT, 5_000),
+            grant(10).share
+        );
+        assert_eq!(share_in_force(None, LIMIT, 0), Amount::default());
+    }
+}

@@ -1,0 +1,68 @@
+//! The sync protocol between the filter and the admin: what an Envoy reports
+//! every `sync_interval`, and how the admin answers.
+//!
+//! `POST /api/v1/sync` with `Authorization: Bearer <sync_token>` and a
+//! [`SyncReport`] body. The admin answers `200` with the current
+//! [`crate::PolicySet`] when its version differs from `policy_version`, and
+//! `304 Not Modified` (no body) otherwise.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const SYNC_PATH: &str = "/api/v1/sync";
+
+/// Bounds on a report, so a broken or hostile client cannot make the admin
+/// store megabytes per sync.
+pub const MAX_REPORT_POLICIES: usize = 1000;
+pub const MAX_INSTANCE_LEN: usize = 128;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SyncReport {
+    /// The Envoy's name (`instance` in the plugin configuration).
+    pub instance: String,
+    /// Version of the policy set the filter enforces (0: none from the admin yet).
+    pub policy_version: u64,
+    /// Milliseconds since the Unix epoch, by the Envoy's clock.
+    pub at_ms: u64,
+    /// Per policy, counters since the Envoy started plus current gauges.
+    #[serde(default)]
+    pub policies: BTreeMap<String, PolicyReport>,
+    /// Filter-wide counters (CAS retries, sync failures, ...).
+    #[serde(default)]
+    pub filter: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyReport {
+    pub admitted: u64,
+    pub rejected: u64,
+    pub queued: u64,
+    pub queue_timeouts: u64,
+    pub shadow_limited: u64,
+    /// Requests holding a concurrency slot now.
+    pub in_flight: u64,
+    /// The concurrency limit (0: none).
+    pub max_in_flight: u64,
+    /// Rate tokens available now (absent without a rate limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Requests waiting in the queue now.
+    #[serde(default)]
+    pub waiting: u64,
+}
+
+impl SyncReport {
+    /// Checks the bounds a well-behaved filter never crosses.
+    pub fn check(&self) -> Result<(), String> {
+        if self.instance.is_empty() || self.instance.len() > MAX_INSTANCE_LEN {
+            return Err(format!(
+                "instance: must be 1 to {MAX_INSTANCE_LEN} characters"
+            ));
+        }
+        if self.policies.len() > MAX_REPORT_POLICIES {
+            return Err(format!("policies: at most {MAX_REPORT_POLICIES} entries"));
+        }
+        Ok(())
+    }
+}

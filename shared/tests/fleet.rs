@@ -1,0 +1,186 @@
+//! Fleet leases in rounds of syncs with lost requests, lost answers,
+//! changing demand, instances dying, and the admin stopping: what the live
+//! instances enforce never sums past the limit, and when every answer
+//! arrives the shares settle on the targets.
+//!
+//! The one assumption (stated in the module docs): a live instance reaches
+//! the admin at least once every two lease periods. Longer than that is a
+//! partition, where the admin gives a silent instance's share away.
+
+use proptest::prelude::*;
+use sluice_shared::fleet::{allocate, share_in_force, Amount, Demand, FleetTerms, Grant, Ledger};
+
+const N: usize = 3;
+const TERMS: FleetTerms = FleetTerms {
+    limit: Amount {
+        rate: 1000.0,
+        in_flight: 100,
+    },
+    lease_ms: 2_000,
+    floor_fraction: 0.05,
+};
+
+fn demand() -> impl Strategy<Value = Demand> {
+    (0.0f64..3_000.0, 0u32..300, 0u32..50).prop_map(|(rate, in_flight, queued)| Demand {
+        rate,
+        in_flight,
+        queued,
+    })
+}
+
+/// What one instance does in a round.
+#[derive(Debug, Clone)]
+struct Turn {
+    /// Its sync reached the admin.
+    reached: bool,
+    /// The answer reached it back.
+    answered: bool,
+    demand: Demand,
+}
+
+#[derive(Debug, Clone)]
+struct Round {
+    wait_ms: u64,
+    turns: Vec<Turn>,
+    dies: Option<usize>,
+}
+
+fn rounds() -> impl Strategy<Value = Vec<Round>> {
+    let turn = (
+        prop::bool::weighted(0.8),
+        prop::bool::weighted(0.8),
+        demand(),
+    )
+        .prop_map(|(reached, answered, demand)| Turn {
+            reached,
+            answered,
+            demand,
+        });
+    let round = (
+        50u64..1_000,
+        prop::collection::vec(turn, N),
+        prop::option::weighted(0.03, 0..N),
+    )
+        .prop_map(|(wait_ms, turns, dies)| Round {
+            wait_ms,
+            turns,
+            dies,
+        });
+    prop::collection::vec(round, 1..80)
+}
+
+struct Instance {
+    name: &'static str,
+    alive: bool,
+    newest: Option<Grant>,
+    last_reached_ms: u64,
+}
+
+fn enforced(instances: &[Instance], now: u64) -> Amount {
+    instances
+        .iter()
+        .filter(|i| i.alive)
+        .map(|i| share_in_force(i.newest, TERMS.limit, now))
+        .fold(Amount::default(), |acc, s| Amount {
+            rate: acc.rate + s.rate,
+            in_flight: acc.in_flight + s.in_flight,
+        })
+}
+
+fn within_limit(sum: Amount) -> bool {
+    sum.in_flight <= TERMS.limit.in_flight && sum.rate <= TERMS.limit.rate * (1.0 + 1e-9)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn what_live_instances_enforce_never_exceeds_the_limit(
+        rounds in rounds(),
+        after_the_admin_stops in prop::collection::vec(0u64..20_000, 1..10),
+    ) {
+        let mut ledger = Ledger::default();
+        let mut instances: Vec<Instance> = ["a", "b", "c"]
+            .into_iter()
+            .map(|name| Instance { name, alive: true, newest: None, last_reached_ms: 0 })
+            .collect();
+        let mut now = 0u64;
+        for round in rounds {
+            now += round.wait_ms;
+            if let Some(d) = round.dies {
+                instances[d].alive = false;
+            }
+            for (i, turn) in round.turns.iter().enumerate() {
+                let inst = &mut instances[i];
+                // A live instance reaches the admin at least once every two
+                // lease periods (after that, the admin gives its share away).
+                let overdue = now.saturating_sub(inst.last_reached_ms) + 1_000 >= 2 * TERMS.lease_ms;
+                if !inst.alive || !(turn.reached || overdue) {
+                    continue;
+                }
+                inst.last_reached_ms = now;
+                let grant = ledger.sync(
+                    &TERMS,
+                    inst.name,
+                    turn.demand,
+                    inst.newest.map(|g| g.expires_at_ms),
+                    now,
+                );
+                if turn.answered {
+                    inst.newest = Some(grant);
+                }
+                let sum = enforced(&instances, now);
+                prop_assert!(within_limit(sum), "{sum:?} at {now}");
+            }
+        }
+        // The admin stops: no more grants. Grants run out, instances fall
+        // back, and the sum still holds, for good.
+        for later in after_the_admin_stops {
+            let sum = enforced(&instances, now + later);
+            prop_assert!(within_limit(sum), "{sum:?} {later} ms after the admin stopped");
+        }
+    }
+
+    #[test]
+    fn with_every_answer_delivered_shares_settle_on_the_targets(
+        demands in prop::collection::vec(demand(), N),
+    ) {
+        let mut ledger = Ledger::default();
+        let mut newest: Vec<Option<Grant>> = vec![None; N];
+        let mut now = 0;
+        // Three rounds, 100 ms apart: the first meets old grants, the second
+        // supersedes them, the third takes the freed room.
+        for _ in 0..3 {
+            for (i, name) in ["a", "b", "c"].iter().enumerate() {
+                now += 100;
+                let have = newest[i].map(|g| g.expires_at_ms);
+                newest[i] = Some(ledger.sync(&TERMS, name, demands[i], have, now));
+            }
+        }
+        let targets = allocate(TERMS.limit, TERMS.floor_fraction, &demands);
+        for (i, target) in targets.iter().enumerate() {
+            let share = newest[i].map(|g| g.share).unwrap_or_default();
+            prop_assert_eq!(share.in_flight, target.in_flight);
+            prop_assert!((share.rate - target.rate).abs() < 1e-6);
+        }
+        // The whole limit is in use.
+        let used: u32 = newest.iter().flatten().map(|g| g.share.in_flight).sum();
+        prop_assert_eq!(used, TERMS.limit.in_flight);
+    }
+
+    #[test]
+    fn allocation_keeps_floors_and_never_exceeds_the_limit(
+        demands in prop::collection::vec(demand(), 1..20),
+        floor in 0.0f64..0.5,
+    ) {
+        let shares = allocate(TERMS.limit, floor, &demands);
+        let rate: f64 = shares.iter().map(|s| s.rate).sum();
+        let in_flight: u32 = shares.iter().map(|s| s.in_flight).sum();
+        prop_assert!(rate <= TERMS.limit.rate * (1.0 + 1e-9));
+        prop_assert_eq!(in_flight, TERMS.limit.in_flight);
+        let rate_floor = TERMS.limit.rate * floor / demands.len() as f64;
+        for s in &shares {
+            prop_assert!(s.rate >= rate_floor * (1.0 - 1e-9));
+        }
+    }
+}

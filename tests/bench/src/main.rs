@@ -1,0 +1,80 @@
+//! `make bench`: Sluice measured beside the references a user would weigh it
+//! against (Envoy with no filter, a no-op wasm filter, Envoy's native
+//! local_ratelimit), in one run on this machine. Writes docs/BENCHMARKS.md
+//! and the charts next to it.
+
+mod configs;
+mod plot;
+mod procs;
+mod scenarios;
+mod wrk;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(about = "Benchmarks Sluice against Envoy without it and Envoy's native limiter")]
+pub struct Args {
+    /// The report; charts go beside it in img/.
+    #[arg(long, default_value = "docs/BENCHMARKS.md")]
+    out: PathBuf,
+    /// Length of each load run.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Repetitions of each measurement (the report gives the median).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    #[arg(
+        long,
+        default_value = "target/wasm32-wasip1/release-wasm/sluice_filter.wasm"
+    )]
+    sluice_wasm: PathBuf,
+    #[arg(
+        long,
+        default_value = "target/wasm32-wasip1/release-wasm/sluice_noop_filter.wasm"
+    )]
+    noop_wasm: PathBuf,
+    #[arg(long, default_value = "target/release/sluice-admin")]
+    admin_bin: PathBuf,
+    /// Only these scenarios (1 to 5); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<u32>,
+}
+
+impl Args {
+    fn runs(&self, scenario: u32) -> bool {
+        self.only.is_empty() || self.only.contains(&scenario)
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    plot::register_fonts()?;
+    let img = args
+        .out
+        .parent()
+        .map(|p| p.join("img"))
+        .unwrap_or_else(|| PathBuf::from("img"));
+    std::fs::create_dir_all(&img)?;
+    let mut report = scenarios::Report::new(&args)?;
+    if args.runs(1) {
+        scenarios::overhead(&args, &mut report).await?;
+    }
+    if args.runs(2) {
+        scenarios::accuracy(&args, &img, &mut report).await?;
+    }
+    if args.runs(3) {
+        scenarios::queue_precision(&args, &img, &mut report).await?;
+    }
+    if args.runs(4) {
+        scenarios::control_plane(&args, &mut report).await?;
+    }
+    if args.runs(5) {
+        scenarios::footprint(&args, &mut report)?;
+    }
+    std::fs::write(&args.out, report.markdown())?;
+    println!("wrote {}", args.out.display());
+    Ok(())
+}

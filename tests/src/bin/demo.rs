@@ -1,0 +1,305 @@
+//! `sluice-demo`, what `make run` starts: the admin (SQLite in `var/`,
+//! seeded with the demo policies), a demo "third-party API", Envoy with the
+//! filter on the egress listener, and a load generator calling the API
+//! through Envoy. Ctrl-C stops everything it started, by PID.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sluice_e2e::demo_load::{self, LoadStats};
+use sluice_e2e::mock::{MockApi, MockLimits};
+
+/// The ports `envoy/egress.yaml` names; the demo uses them as they are, so
+/// the URLs in the README work as written.
+const ADMIN_PORT: u16 = 8080;
+const ENVOY_ADMIN_PORT: u16 = 9901;
+const EGRESS_PORT: u16 = 10000;
+const DEMO_API_PORT: u16 = 9090;
+
+#[derive(Parser)]
+#[command(about = "Run the Sluice demo: admin + Envoy with the filter + a demo API + load")]
+struct Args {
+    /// Where the admin's SQLite file and the logs go.
+    #[arg(long, default_value = "var")]
+    var_dir: PathBuf,
+    #[arg(long, default_value = "envoy/egress.yaml")]
+    envoy_config: PathBuf,
+    /// Policies the admin starts with (only into a new database).
+    #[arg(long, default_value = "envoy/demo-policies.json")]
+    seed: PathBuf,
+    #[arg(long, default_value = ".venv/bin/envoy")]
+    envoy_bin: PathBuf,
+    #[arg(long, default_value = "target/debug/sluice-admin")]
+    admin_bin: PathBuf,
+    #[arg(long, default_value = "target/ui")]
+    ui_dir: PathBuf,
+    /// Envoy worker threads.
+    #[arg(long, default_value_t = 2)]
+    concurrency: u32,
+    /// Start everything but the load generator.
+    #[arg(long)]
+    no_load: bool,
+}
+
+/// A process the demo started; stopped by its PID.
+struct Started {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Started {
+    fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            Ok(None) => None,
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// SIGTERM, then SIGKILL if it is still there after `grace`.
+    fn stop(&mut self, grace: Duration) {
+        let pid = self.child.id();
+        if let Some(status) = self.exited() {
+            println!("  {} (pid {pid}) had already stopped ({status})", self.name);
+            return;
+        }
+        if let Ok(pid) = i32::try_from(pid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.exited().is_some() {
+                println!("  stopped {} (pid {pid})", self.name);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        println!("  killed {} (pid {pid}) after {grace:?}", self.name);
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+fn taken_ports() -> Vec<String> {
+    [
+        (ADMIN_PORT, "the Sluice admin"),
+        (ENVOY_ADMIN_PORT, "the Envoy admin"),
+        (EGRESS_PORT, "the egress listener"),
+        (DEMO_API_PORT, "the demo API"),
+    ]
+    .into_iter()
+    .filter(|(port, _)| std::net::TcpListener::bind(("127.0.0.1", *port)).is_err())
+    .map(|(port, what)| format!("127.0.0.1:{port} ({what})"))
+    .collect()
+}
+
+fn need(path: &Path, what: &str) -> anyhow::Result<()> {
+    if !path.exists() {
+        bail!(
+            "no {what} at {}: run `make run` from the repository root (it builds everything)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+async fn wait_for(url: &str, ok: impl Fn(&str) -> bool, proc: &mut Started) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Some(status) = proc.exited() {
+            bail!(
+                "{} exited ({status}) while starting; {}:\n{}",
+                proc.name,
+                proc.log.display(),
+                proc.log_tail()
+            );
+        }
+        if let Ok(resp) = http.get(url).send().await {
+            if resp.status().is_success() && ok(&resp.text().await.unwrap_or_default()) {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!(
+        "{} not ready after 30 s; {}:\n{}",
+        proc.name,
+        proc.log.display(),
+        proc.log_tail()
+    )
+}
+
+fn spawn(name: &'static str, command: &mut Command, log: PathBuf) -> anyhow::Result<Started> {
+    let file =
+        std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let child = command
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    Ok(Started { name, child, log })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let taken = taken_ports();
+    if !taken.is_empty() {
+        eprintln!("make run: these ports are taken:");
+        for t in &taken {
+            eprintln!("  {t}");
+        }
+        eprintln!("Is another `make run` still up? Stop it (Ctrl-C in its terminal) or free the ports, then try again.");
+        std::process::exit(2);
+    }
+    need(&args.envoy_bin, "Envoy binary")?;
+    need(&args.admin_bin, "admin binary")?;
+    need(&args.envoy_config, "Envoy configuration")?;
+    need(&args.seed, "demo policy set")?;
+    need(&args.ui_dir.join("index.html"), "built web UI")?;
+    need(
+        Path::new("target/wasm32-wasip1/release-wasm/sluice_filter.wasm"),
+        "filter",
+    )?;
+    std::fs::create_dir_all(&args.var_dir)
+        .with_context(|| format!("creating {}", args.var_dir.display()))?;
+
+    let mut started: Vec<Started> = Vec::new();
+    let outcome = run(&args, &mut started).await;
+    println!("\nStopping what the demo started:");
+    for p in started.iter_mut().rev() {
+        p.stop(Duration::from_secs(5));
+    }
+    println!("  stopped the demo API and the load generator");
+    outcome
+}
+
+async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
+    // The "third-party API": it refuses beyond 300 calls/s or 20 in flight,
+    // as the real ones do; the demo policies keep the calls under that.
+    let api = MockApi::start(
+        SocketAddr::from(([127, 0, 0, 1], DEMO_API_PORT)),
+        MockLimits {
+            max_per_second: 300,
+            max_in_flight: 20,
+        },
+    )
+    .await
+    .context("starting the demo API")?;
+
+    eprintln!("WARNING: the admin runs with --insecure-dev: no login, anyone who can reach 127.0.0.1:{ADMIN_PORT} can change limits. For a trial on this machine only.");
+    let mut admin = spawn(
+        "admin",
+        Command::new(&args.admin_bin)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{ADMIN_PORT}"))
+            .arg("--db")
+            .arg(args.var_dir.join("sluice.db"))
+            .arg("--ui-dir")
+            .arg(&args.ui_dir)
+            .arg("--seed")
+            .arg(&args.seed)
+            .arg("--insecure-dev"),
+        args.var_dir.join("admin.log"),
+    )?;
+    let admin_ready = wait_for(
+        &format!("http://127.0.0.1:{ADMIN_PORT}/healthz"),
+        |_| true,
+        &mut admin,
+    )
+    .await;
+    started.push(admin);
+    admin_ready?;
+
+    let mut envoy = spawn(
+        "Envoy",
+        Command::new(&args.envoy_bin)
+            .arg("-c")
+            .arg(&args.envoy_config)
+            .args([
+                "--concurrency",
+                &args.concurrency.to_string(),
+                "--use-dynamic-base-id",
+                "--log-level",
+                "info",
+            ]),
+        args.var_dir.join("envoy.log"),
+    )?;
+    let envoy_ready = wait_for(
+        &format!("http://127.0.0.1:{ENVOY_ADMIN_PORT}/ready"),
+        |b| b.trim() == "LIVE",
+        &mut envoy,
+    )
+    .await;
+    started.push(envoy);
+    envoy_ready?;
+
+    let load = Arc::new(LoadStats::default());
+    let load_task =
+        (!args.no_load).then(|| tokio::spawn(demo_load::run(EGRESS_PORT, Arc::clone(&load))));
+
+    println!(
+        "\nSluice demo is up.\n\
+         \n  Admin UI         http://127.0.0.1:{ADMIN_PORT}/          (live view: http://127.0.0.1:{ADMIN_PORT}/live)\
+         \n  Egress listener  http://127.0.0.1:{EGRESS_PORT}/         try: curl -i -H 'host: api.bank.example' http://127.0.0.1:{EGRESS_PORT}/v1/pay\
+         \n  Envoy admin      http://127.0.0.1:{ENVOY_ADMIN_PORT}/          stats: http://127.0.0.1:{ENVOY_ADMIN_PORT}/stats?filter=sluice\
+         \n  Demo API         http://127.0.0.1:{DEMO_API_PORT}/           (refuses over 300 calls/s or 20 in flight)\
+         \n  Logs             {}/admin.log, {}/envoy.log\
+         \n\n{}\
+         \nPress Ctrl-C to stop everything.\n",
+        args.var_dir.display(),
+        args.var_dir.display(),
+        if args.no_load {
+            "No load generator (--no-load).".to_string()
+        } else {
+            "A load generator calls api.bank.example (150/s against a 100/s limit), api.llm.example\n\
+             (12 callers against 8 in flight), api.fx.example (25/s, queued at 20/s) and\n\
+             api.maps.example (3 API keys at 15/s, each limited to 10/s) through the egress listener."
+                .to_string()
+        }
+    );
+
+    let mut report = tokio::time::interval(Duration::from_secs(10));
+    report.tick().await;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let result = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break Ok(()),
+            _ = sigterm.recv() => break Ok(()),
+            _ = report.tick() => {
+                if let Some(line) = load.take_report() {
+                    println!("{line}; the demo API refused {} so far", api.rejected_by_mock());
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                let gone = started.iter_mut().find_map(|p| {
+                    let status = p.exited()?;
+                    Some(anyhow::anyhow!("{} exited ({status}); {}:\n{}", p.name, p.log.display(), p.log_tail()))
+                });
+                if let Some(error) = gone {
+                    break Err(error);
+                }
+            }
+        }
+    };
+    if let Some(task) = load_task {
+        task.abort();
+    }
+    result
+}

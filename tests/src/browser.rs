@@ -1,0 +1,145 @@
+//! A real headless Chromium (Debian's `chromium` and `chromium-driver`,
+//! installed by `make setup`) driven over WebDriver.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use fantoccini::{Client, ClientBuilder, Locator};
+
+use crate::envoy::free_port;
+
+pub struct Browser {
+    pub client: Client,
+    driver: Child,
+}
+
+impl Browser {
+    pub async fn start() -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let driver = Command::new(
+            std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into()),
+        )
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting chromedriver (make setup installs chromium-driver)")?;
+        let url = format!("http://127.0.0.1:{port}");
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            serde_json::json!({
+                "binary": std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()),
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"]
+            }),
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let client = loop {
+            match ClientBuilder::rustls()?
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if Instant::now() > deadline => bail!("no WebDriver session: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        Ok(Self { client, driver })
+    }
+
+    /// Waits (up to 10 s) for an element to be on the page.
+    async fn element(&self, css: &str) -> anyhow::Result<fantoccini::elements::Element> {
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
+            .await
+            .with_context(|| format!("no {css} on the page"))
+    }
+
+    /// Waits (up to 10 s) for an element and returns its text.
+    pub async fn text(&self, css: &str) -> anyhow::Result<String> {
+        let el = self.element(css).await?;
+        Ok(el.text().await?)
+    }
+
+    /// Waits until `css`'s text satisfies `pred`; returns the text.
+    pub async fn wait_text(
+        &self,
+        css: &str,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        let deadline = Instant::now() + limit;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            if let Ok(els) = self.client.find_all(Locator::Css(css)).await {
+                for el in els {
+                    if let Ok(t) = el.text().await {
+                        if pred(&t) {
+                            return Ok(t);
+                        }
+                        last = t;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let page = match self.client.find(Locator::Css("body")).await {
+            Ok(body) => body.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        bail!("{css}: text never matched (last: {last:?}); the page says:\n{page}")
+    }
+
+    /// Waits until input `css`'s value equals `want`; returns the last value seen.
+    pub async fn wait_value(
+        &self,
+        css: &str,
+        want: &str,
+        limit: Duration,
+    ) -> anyhow::Result<Option<String>> {
+        let deadline = Instant::now() + limit;
+        let mut last = None;
+        while Instant::now() < deadline {
+            if let Ok(el) = self.client.find(Locator::Css(css)).await {
+                last = el.prop("value").await.ok().flatten();
+                if last.as_deref() == Some(want) {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(last)
+    }
+
+    /// Replaces an input's value and leaves the field, as a person would
+    /// (the form reacts on change).
+    pub async fn fill(&self, css: &str, value: &str) -> anyhow::Result<()> {
+        let el = self.element(css).await?;
+        el.clear().await?;
+        el.send_keys(&format!("{value}\u{e004}")).await?;
+        Ok(())
+    }
+
+    pub async fn click(&self, css: &str) -> anyhow::Result<()> {
+        let el = self.element(css).await?;
+        el.click().await?;
+        Ok(())
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}

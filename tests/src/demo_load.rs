@@ -1,0 +1,139 @@
+//! The demo's load generator: steady calls to the demo APIs through the
+//! egress listener, a little over each limit so the live view shows
+//! admitted, refused and queued calls at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Outcomes per API since the last report.
+#[derive(Default)]
+pub struct LoadStats {
+    apis: [ApiCounts; 4],
+    since: Mutex<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct ApiCounts {
+    ok: AtomicU64,
+    limited: AtomicU64,
+    failed: AtomicU64,
+}
+
+const APIS: [&str; 4] = ["bank", "llm", "fx", "maps"];
+
+impl LoadStats {
+    fn record(&self, api: usize, status: Option<u16>) {
+        let Some(counts) = self.apis.get(api) else {
+            return;
+        };
+        let counter = match status {
+            Some(200..=299) => &counts.ok,
+            Some(429) => &counts.limited,
+            _ => &counts.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Per-second figures since the previous call (None on the first).
+    pub fn take_report(&self) -> Option<String> {
+        let now = Instant::now();
+        let since = self.since.lock().ok()?.replace(now);
+        let secs = now.duration_since(since?).as_secs_f64().max(0.001);
+        let parts: Vec<String> = APIS
+            .iter()
+            .zip(&self.apis)
+            .map(|(name, c)| {
+                let ok = c.ok.swap(0, Ordering::Relaxed) as f64 / secs;
+                let limited = c.limited.swap(0, Ordering::Relaxed) as f64 / secs;
+                let failed = c.failed.swap(0, Ordering::Relaxed);
+                let failed = if failed > 0 {
+                    format!(" {failed} failed")
+                } else {
+                    String::new()
+                };
+                format!("{name} {ok:.0} ok/s {limited:.0} limited/s{failed}")
+            })
+            .collect();
+        Some(format!("load: {}", parts.join(" | ")))
+    }
+}
+
+fn request(http: &reqwest::Client, port: u16, host: &str, path: &str) -> reqwest::RequestBuilder {
+    http.get(format!("http://127.0.0.1:{port}{path}"))
+        .header("host", host)
+}
+
+async fn send(stats: &LoadStats, api: usize, request: reqwest::RequestBuilder) -> Option<u16> {
+    let status = match request.send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let _ = resp.bytes().await;
+            Some(status)
+        }
+        Err(_) => None,
+    };
+    stats.record(api, status);
+    status
+}
+
+/// `per_second` requests a second, each on its own task, whatever the
+/// answers (an open loop, as independent callers are).
+async fn open_loop<F>(stats: Arc<LoadStats>, api: usize, per_second: u32, build: F)
+where
+    F: Fn(u64) -> reqwest::RequestBuilder + Send + Sync + 'static,
+{
+    let mut every = tokio::time::interval(Duration::from_secs(1) / per_second.max(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for n in 0u64.. {
+        every.tick().await;
+        let stats = Arc::clone(&stats);
+        let request = build(n);
+        tokio::spawn(async move {
+            send(&stats, api, request).await;
+        });
+    }
+}
+
+/// Runs until aborted.
+pub async fn run(port: u16, stats: Arc<LoadStats>) {
+    let _ = stats.take_report();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(256)
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new());
+    let mut tasks = tokio::task::JoinSet::new();
+    let h = http.clone();
+    tasks.spawn(open_loop(Arc::clone(&stats), 0, 150, move |n| {
+        request(&h, port, "api.bank.example", &format!("/v1/payments/{n}"))
+    }));
+    let h = http.clone();
+    tasks.spawn(open_loop(Arc::clone(&stats), 2, 25, move |_| {
+        request(&h, port, "api.fx.example", "/v1/rates")
+    }));
+    for key in ["key-a", "key-b", "key-c"] {
+        let h = http.clone();
+        tasks.spawn(open_loop(Arc::clone(&stats), 3, 15, move |_| {
+            request(&h, port, "api.maps.example", "/v1/route").header("x-api-key", key)
+        }));
+    }
+    // Twelve callers of a slow API that allows 8 in flight; two of them
+    // are high priority and may use the 2 slots reserved for them.
+    for caller in 0..12 {
+        let h = http.clone();
+        let stats = Arc::clone(&stats);
+        tasks.spawn(async move {
+            loop {
+                let priority = if caller < 2 { "high" } else { "normal" };
+                let r = request(&h, port, "api.llm.example", "/v1/complete")
+                    .header("x-mock-delay-ms", "250")
+                    .header("x-priority", priority);
+                if send(&stats, 1, r).await != Some(200) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}

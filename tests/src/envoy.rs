@@ -1,0 +1,330 @@
+//! Runs the real Envoy binary (from the project virtualenv) with the
+//! tests' egress configuration and the built filter, and reads its stats.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The Envoy binary: `$ENVOY_BIN`, or the one `make setup` put in `.venv`.
+pub fn envoy_binary() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/envoy"));
+    if !path.exists() {
+        bail!("no Envoy binary at {}: run `make setup`", path.display());
+    }
+    Ok(path)
+}
+
+/// The filter: `$SLUICE_WASM`, or the release build `make test` makes.
+pub fn filter_wasm() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("SLUICE_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            workspace_root().join("target/wasm32-wasip1/release-wasm/sluice_filter.wasm")
+        });
+    if !path.exists() {
+        bail!("no filter at {}: run `make wasm`", path.display());
+    }
+    path.canonicalize().context("resolving the filter path")
+}
+
+/// Starts the Envoy binary on `config` with `workers` worker threads, its
+/// log in `log_path`; with `cpus` (a `taskset` list), pinned to those CPUs.
+pub fn spawn_envoy(
+    config: &Path,
+    workers: u32,
+    log_path: &Path,
+    cpus: Option<&str>,
+) -> anyhow::Result<Child> {
+    let mut command = match cpus {
+        Some(list) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", list]).arg(envoy_binary()?);
+            c
+        }
+        None => Command::new(envoy_binary()?),
+    };
+    command
+        .arg("-c")
+        .arg(config)
+        .args([
+            "--concurrency",
+            &workers.to_string(),
+            "--use-dynamic-base-id",
+            "--log-level",
+            "warn",
+        ])
+        // Where a hot restart finds the shared memory region; a short drain
+        // so that a hot restart's parent is gone within seconds.
+        .arg("--base-id-path")
+        .arg(base_id_path(log_path))
+        .args(["--drain-time-s", "2", "--parent-shutdown-time-s", "4"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log_path)?)
+        .spawn()
+        .context("starting envoy")
+}
+
+fn base_id_path(log_path: &Path) -> PathBuf {
+    log_path.with_extension("base-id")
+}
+
+/// Waits until Envoy's admin on `admin_port` says LIVE: its listeners and
+/// the filter's VMs are up. Fails with the log if Envoy exits first.
+pub fn wait_live(
+    child: &mut Child,
+    admin_port: u16,
+    log_path: &Path,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let log = || std::fs::read_to_string(log_path).unwrap_or_default();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            bail!("envoy exited ({status}); log:\n{}", log());
+        }
+        if http_get(admin_port, "/ready").is_ok_and(|body| body.trim() == "LIVE") {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("envoy not ready after {limit:?}; log:\n{}", log())
+}
+
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub struct Envoy {
+    child: Child,
+    pub admin_port: u16,
+    pub listener_port: u16,
+    _dir: tempfile::TempDir,
+    log_path: PathBuf,
+    config: PathBuf,
+    workers: u32,
+    /// The process a hot restart took over from, reaped on drop.
+    draining: Option<Child>,
+}
+
+impl Envoy {
+    /// Starts Envoy with `--concurrency workers`, the filter configured with
+    /// `plugin_config` (JSON), proxying to the mock on `mock_port`; waits
+    /// until it is ready.
+    pub fn start(plugin_config: &str, mock_port: u16, workers: u32) -> anyhow::Result<Self> {
+        let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+        Self::start_with(&template, plugin_config, mock_port, workers)
+    }
+
+    pub fn start_with(
+        template: &str,
+        plugin_config: &str,
+        mock_port: u16,
+        workers: u32,
+    ) -> anyhow::Result<Self> {
+        // Port 9 (discard): nothing answers there; only tests that sync use it.
+        Self::start_full(template, plugin_config, mock_port, 9, workers)
+    }
+
+    /// With the `sluice_admin` cluster pointing at `admin_api_port`.
+    pub fn start_with_admin(
+        plugin_config: &str,
+        mock_port: u16,
+        admin_api_port: u16,
+        workers: u32,
+    ) -> anyhow::Result<Self> {
+        let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+        Self::start_full(&template, plugin_config, mock_port, admin_api_port, workers)
+    }
+
+    fn start_full(
+        template: &str,
+        plugin_config: &str,
+        mock_port: u16,
+        admin_api_port: u16,
+        workers: u32,
+    ) -> anyhow::Result<Self> {
+        let admin_port = free_port()?;
+        let listener_port = free_port()?;
+        let wasm = filter_wasm()?;
+        // The configuration is a single-quoted YAML scalar.
+        let plugin_config = plugin_config.replace('\n', " ").replace('\'', "''");
+        let yaml = template
+            .replace("{{ADMIN_PORT}}", &admin_port.to_string())
+            .replace("{{LISTENER_PORT}}", &listener_port.to_string())
+            .replace("{{MOCK_PORT}}", &mock_port.to_string())
+            .replace("{{ADMIN_API_PORT}}", &admin_api_port.to_string())
+            .replace("{{WASM}}", &wasm.display().to_string())
+            .replace("{{PLUGIN_CONFIG}}", &plugin_config);
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, yaml)?;
+        let log_path = dir.path().join("envoy.log");
+        let child = spawn_envoy(&config, workers, &log_path, None)?;
+        let mut envoy = Self {
+            child,
+            admin_port,
+            listener_port,
+            _dir: dir,
+            log_path,
+            config,
+            workers,
+            draining: None,
+        };
+        envoy.wait_ready()?;
+        Ok(envoy)
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        wait_live(
+            &mut self.child,
+            self.admin_port,
+            &self.log_path,
+            Duration::from_secs(20),
+        )
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Envoy's hot restart: a second process (epoch 1) takes the
+    /// listening sockets over from this one, which drains for 2 s and is
+    /// told to exit after 4 s. Returns once the new one is live, with the
+    /// old one's pid.
+    pub fn hot_restart(&mut self) -> anyhow::Result<u32> {
+        let base_id = std::fs::read_to_string(base_id_path(&self.log_path))
+            .context("reading the base id of the running Envoy")?;
+        let new_log = self.log_path.with_extension("epoch1.log");
+        let child = Command::new(envoy_binary()?)
+            .arg("-c")
+            .arg(&self.config)
+            .args([
+                "--concurrency",
+                &self.workers.to_string(),
+                "--base-id",
+                base_id.trim(),
+                "--restart-epoch",
+                "1",
+                "--log-level",
+                "warn",
+                "--drain-time-s",
+                "2",
+                "--parent-shutdown-time-s",
+                "4",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&new_log)?)
+            .spawn()
+            .context("starting envoy's hot restart")?;
+        let parent = std::mem::replace(&mut self.child, child);
+        let parent_pid = parent.id();
+        self.draining = Some(parent);
+        self.log_path = new_log;
+        let live = self.wait_ready();
+        live.map(|_| parent_pid)
+    }
+
+    /// SIGKILL (a crash: no drain, no goodbye), then the same binary on the
+    /// same configuration and ports; returns once the new one is live.
+    pub fn kill_and_restart(&mut self) -> anyhow::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let previous = self.log();
+        self.child = spawn_envoy(&self.config, self.workers, &self.log_path, None)?;
+        self.wait_ready()
+            .with_context(|| format!("restarting; the killed one logged:\n{previous}"))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.listener_port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `/stats/prometheus`, parsed into (name with labels, value).
+    pub fn prometheus(&self) -> anyhow::Result<Vec<(String, f64)>> {
+        let text = http_get(self.admin_port, "/stats/prometheus")?;
+        Ok(text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                Some((name.to_string(), value.parse().ok()?))
+            })
+            .collect())
+    }
+
+    /// A per-policy stat from `/stats/prometheus`, e.g. `("admitted", "bank")`.
+    pub fn policy_stat(&self, stat: &str, policy: &str) -> anyhow::Result<f64> {
+        let want = format!("sluice_policy_{stat}{{sluice_policy=\"{policy}\"}}");
+        self.prometheus()?
+            .into_iter()
+            .find(|(n, _)| *n == want)
+            .map(|(_, v)| v)
+            .with_context(|| format!("no {want} in /stats/prometheus"))
+    }
+
+    /// A per-policy gauge (e.g. `in_flight`): from `/stats/prometheus` if
+    /// Envoy lists it there, else from `/stats`.
+    pub fn gauge(&self, policy: &str, stat: &str) -> anyhow::Result<f64> {
+        if let Ok(v) = self.policy_stat(stat, policy) {
+            return Ok(v);
+        }
+        let want = format!("wasmcustom.sluice.policy.{policy}.{stat}: ");
+        let text = http_get(self.admin_port, "/stats")?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {want} in /stats"))
+    }
+
+    /// A filter-wide stat, e.g. `cas_retries`.
+    pub fn filter_stat(&self, stat: &str) -> anyhow::Result<f64> {
+        let want = format!("sluice_{stat}{{}}");
+        self.prometheus()?
+            .into_iter()
+            .find(|(n, _)| *n == want)
+            .map(|(_, v)| v)
+            .with_context(|| format!("no {want} in /stats/prometheus"))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(mut parent) = self.draining.take() {
+            let _ = parent.kill();
+            let _ = parent.wait();
+        }
+    }
+}
+
+/// A blocking GET on 127.0.0.1 (for Envoy's admin port), which the tests
+/// call from outside the async runtime's worker tasks.
+pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let body = agent
+        .get(&url)
+        .call()
+        .with_context(|| format!("GET {url}"))?
+        .body_mut()
+        .read_to_string()
+        .with_context(|| format!("reading GET {url}"))?;
+    Ok(body)
+}

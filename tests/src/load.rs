@@ -1,0 +1,160 @@
+//! Load for the end-to-end tests: many concurrent clients on loopback,
+//! bounded in time, each result recorded with its status and headers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::header::HeaderMap;
+
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// 0 when the request failed or was aborted by the client.
+    pub status: u16,
+    pub started: Duration,
+    pub latency: Duration,
+    pub headers: HeaderMap,
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// `clients` tasks each send requests back to back for `duration`;
+/// `build(client_index)` makes each request.
+pub async fn closed_loop<F>(clients: usize, duration: Duration, build: F) -> Vec<Outcome>
+where
+    F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+{
+    let build = Arc::new(build);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let build = build.clone();
+        let http = client();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            while start.elapsed() < duration {
+                out.push(send(build(&http, i), start).await);
+            }
+            out
+        }));
+    }
+    join_all(tasks).await.into_iter().flatten().collect()
+}
+
+/// What each task returned, skipping tasks that panicked.
+async fn join_all<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        if let Ok(v) = t.await {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Closed-loop load on `host` until `stop` is set, timed from `origin`; a
+/// failed connection (Envoy restarting) waits 20 ms before the next try
+/// rather than spin.
+pub async fn until_stopped(
+    url: String,
+    host: &'static str,
+    clients: usize,
+    origin: Instant,
+    stop: Arc<AtomicBool>,
+) -> Vec<Outcome> {
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (url, stop) = (url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let http = client();
+                let mut out = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let o = send(http.get(&url).header("host", host), origin).await;
+                    if o.status == 0 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    out.push(o);
+                }
+                out
+            })
+        })
+        .collect();
+    join_all(tasks).await.into_iter().flatten().collect()
+}
+
+pub async fn send(request: reqwest::RequestBuilder, origin: Instant) -> Outcome {
+    let started = origin.elapsed();
+    let t = Instant::now();
+    match request.send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let _ = resp.bytes().await;
+            Outcome {
+                status,
+                started,
+                latency: t.elapsed(),
+                headers,
+            }
+        }
+        Err(_) => Outcome {
+            status: 0,
+            started,
+            latency: t.elapsed(),
+            headers: HeaderMap::new(),
+        },
+    }
+}
+
+pub fn count(outcomes: &[Outcome], status: u16) -> usize {
+    outcomes.iter().filter(|o| o.status == status).count()
+}
+
+/// The most events in any window of `window` over sorted instants.
+pub fn max_in_window(sorted: &[Duration], window: Duration) -> usize {
+    let mut best = 0;
+    let mut lo = 0;
+    for hi in 0..sorted.len() {
+        while sorted[hi] - sorted[lo] >= window {
+            lo += 1;
+        }
+        best = best.max(hi - lo + 1);
+    }
+    best
+}
+
+/// A burst of `n` requests to `url` for `host`, each on its own connection,
+/// so they spread over Envoy's workers.
+pub async fn burst(url: &str, host: &'static str, n: usize) -> Vec<Outcome> {
+    let origin = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let request = client().get(url).header("host", host);
+            tokio::spawn(send(request, origin))
+        })
+        .collect();
+    join_all(tasks).await
+}
+
+/// Polls `check` every 10 ms until it holds; how long that took, or an
+/// error naming `what` after `limit`.
+pub async fn wait_for(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> bool,
+) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check() {
+            return Ok(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    anyhow::bail!("{what}: not within {limit:?}")
+}

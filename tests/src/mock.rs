@@ -1,0 +1,261 @@
+//! A mock third-party API: it records every request it sees (when, with which
+//! key and sequence number), tracks how many are in flight (sampled every
+//! few milliseconds), can be slow on demand, and enforces limits of its own,
+//! answering 429 as a real provider would.
+//!
+//! Slow on demand: header `x-mock-delay-ms` or query `delay_ms`.
+//! Counters: `GET /__mock/stats` (JSON), `POST /__mock/reset`.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::IntoResponse;
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+const MAX_ARRIVALS: usize = 200_000;
+
+/// The provider's own limits; 0 means none.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct MockLimits {
+    pub max_per_second: u64,
+    pub max_in_flight: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Arrival {
+    /// Since the mock started (or was reset).
+    pub at: Duration,
+    pub key: Option<String>,
+    pub seq: Option<u64>,
+    pub host: Option<String>,
+    /// Where the filter's queue took the request in (`queue_ticket_header`).
+    pub queue_ticket: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MockStats {
+    pub total: u64,
+    pub rejected_by_mock: u64,
+    pub in_flight: u64,
+    pub max_in_flight: u64,
+    pub uptime_ms: u64,
+    /// Requests per second over the last full second.
+    pub last_second: u64,
+}
+
+struct Inner {
+    start: Mutex<Instant>,
+    limits: MockLimits,
+    /// The latest `MAX_ARRIVALS` arrivals: enough for any test, bounded
+    /// for a long-running demo.
+    arrivals: Mutex<VecDeque<Arrival>>,
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
+    rejected: AtomicU64,
+    samples: Mutex<VecDeque<u64>>,
+    window: Mutex<(u64, u64)>,
+}
+
+#[derive(Clone)]
+pub struct MockApi {
+    inner: Arc<Inner>,
+    pub addr: SocketAddr,
+}
+
+struct InFlight<'a>(&'a Inner);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Deserialize)]
+struct DelayQuery {
+    delay_ms: Option<u64>,
+}
+
+impl MockApi {
+    /// Starts on `addr` (port 0: any free port) on the current runtime.
+    pub async fn start(addr: SocketAddr, limits: MockLimits) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let inner = Arc::new(Inner {
+            start: Mutex::new(Instant::now()),
+            limits,
+            arrivals: Mutex::new(VecDeque::new()),
+            in_flight: AtomicU64::new(0),
+            max_in_flight: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            samples: Mutex::new(VecDeque::new()),
+            window: Mutex::new((0, 0)),
+        });
+        let app = Router::new()
+            .route("/__mock/stats", get(stats))
+            .route("/__mock/reset", post(reset))
+            .fallback(any(handle))
+            .with_state(inner.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let sampler = inner.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(5));
+            loop {
+                every.tick().await;
+                let n = sampler.in_flight.load(Ordering::SeqCst);
+                if let Ok(mut s) = sampler.samples.lock() {
+                    if s.len() >= MAX_ARRIVALS {
+                        s.pop_front();
+                    }
+                    s.push_back(n);
+                }
+            }
+        });
+        Ok(Self { inner, addr })
+    }
+
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.inner
+            .arrivals
+            .lock()
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn max_in_flight(&self) -> u64 {
+        self.inner.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn rejected_by_mock(&self) -> u64 {
+        self.inner.rejected.load(Ordering::SeqCst)
+    }
+
+    /// In-flight counts sampled every 5 ms since the last reset.
+    pub fn in_flight_samples(&self) -> Vec<u64> {
+        self.inner
+            .samples
+            .lock()
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn reset(&self) {
+        reset_inner(&self.inner);
+    }
+}
+
+fn reset_inner(inner: &Inner) {
+    if let Ok(mut s) = inner.start.lock() {
+        *s = Instant::now();
+    }
+    if let Ok(mut a) = inner.arrivals.lock() {
+        a.clear();
+    }
+    if let Ok(mut s) = inner.samples.lock() {
+        s.clear();
+    }
+    inner
+        .max_in_flight
+        .store(inner.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
+    inner.rejected.store(0, Ordering::SeqCst);
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+async fn handle(
+    State(inner): State<Arc<Inner>>,
+    Query(query): Query<DelayQuery>,
+    headers: HeaderMap,
+    _uri: Uri,
+) -> impl IntoResponse {
+    let at = inner.start.lock().map(|s| s.elapsed()).unwrap_or_default();
+    let now_in_flight = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    let _guard = InFlight(&inner);
+    inner
+        .max_in_flight
+        .fetch_max(now_in_flight, Ordering::SeqCst);
+    if let Ok(mut a) = inner.arrivals.lock() {
+        if a.len() >= MAX_ARRIVALS {
+            a.pop_front();
+        }
+        a.push_back(Arrival {
+            at,
+            key: header(&headers, "x-api-key"),
+            seq: header(&headers, "x-seq").and_then(|s| s.parse().ok()),
+            host: header(&headers, "host"),
+            queue_ticket: header(&headers, "x-sluice-queue-ticket").and_then(|s| s.parse().ok()),
+        });
+    }
+    let second = at.as_secs();
+    let this_second = match inner.window.lock() {
+        Ok(mut w) => {
+            if w.0 != second {
+                *w = (second, 0);
+            }
+            w.1 += 1;
+            w.1
+        }
+        Err(_) => 0,
+    };
+    let over_rate = inner.limits.max_per_second > 0 && this_second > inner.limits.max_per_second;
+    let over_flight = inner.limits.max_in_flight > 0 && now_in_flight > inner.limits.max_in_flight;
+    if over_rate || over_flight {
+        inner.rejected.fetch_add(1, Ordering::SeqCst);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            "mock: over the provider's limit\n",
+        );
+    }
+    let delay = header(&headers, "x-mock-delay-ms")
+        .and_then(|d| d.parse().ok())
+        .or(query.delay_ms)
+        .unwrap_or(0);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay.min(60_000))).await;
+    }
+    (StatusCode::OK, "ok\n")
+}
+
+async fn stats(State(inner): State<Arc<Inner>>) -> Json<MockStats> {
+    let uptime = inner.start.lock().map(|s| s.elapsed()).unwrap_or_default();
+    let last_second = inner
+        .arrivals
+        .lock()
+        .map(|a| {
+            let to = uptime.as_secs();
+            a.iter()
+                .filter(|x| to > 0 && x.at.as_secs() == to - 1)
+                .count() as u64
+        })
+        .unwrap_or(0);
+    Json(MockStats {
+        total: inner.arrivals.lock().map(|a| a.len() as u64).unwrap_or(0),
+        rejected_by_mock: inner.rejected.load(Ordering::SeqCst),
+        in_flight: inner.in_flight.load(Ordering::SeqCst),
+        max_in_flight: inner.max_in_flight.load(Ordering::SeqCst),
+        uptime_ms: u64::try_from(uptime.as_millis()).unwrap_or(u64::MAX),
+        last_second,
+    })
+}
+
+async fn reset(State(inner): State<Arc<Inner>>) -> StatusCode {
+    reset_inner(&inner);
+    StatusCode::NO_CONTENT
+}

@@ -1,0 +1,121 @@
+//! Requests no client should send, on raw sockets through the real Envoy:
+//! missing, huge and non-UTF-8 authorities, key and cost headers. Each gets a
+//! defined answer, the filter never panics, and the limits still hold after.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use sluice_e2e::envoy::Envoy;
+use sluice_e2e::mock::{MockApi, MockLimits};
+
+/// Sends `request` as raw bytes on a fresh connection; returns the status
+/// code of the answer (0 when the connection closed without one).
+fn raw(port: u16, request: &[u8]) -> anyhow::Result<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(request)?;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&answer);
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0))
+}
+
+fn get(host: &[u8], extra: &[&[u8]]) -> Vec<u8> {
+    let mut r = b"GET /v1/x HTTP/1.1\r\n".to_vec();
+    if !host.is_empty() {
+        r.extend_from_slice(b"host: ");
+        r.extend_from_slice(host);
+        r.extend_from_slice(b"\r\n");
+    }
+    for h in extra {
+        r.extend_from_slice(h);
+        r.extend_from_slice(b"\r\n");
+    }
+    r.extend_from_slice(b"connection: close\r\n\r\n");
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_a_defined_answer_and_never_a_panic() -> anyhow::Result<()> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = r#"{"instance": "bad-input", "fallback": {"version": 1, "policies": [
+        {"name": "keyed", "match": {"host": "*"}, "key": {"header": "x-api-key", "max_keys": 100},
+         "rate": {"requests": 5, "period": "1m", "burst": 5}, "cost": {"header": "x-cost", "default": 1, "max": 2}}]}}"#;
+    let envoy = Envoy::start(config, mock.addr.port(), 2)?;
+    let port = envoy.listener_port;
+    let huge = vec![b'a'; 50_000];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("no host header", get(b"", &[])),
+        ("60 KB authority", get(&huge, &[])),
+        ("non-UTF-8 authority", get(b"api.\xff\xfe.example", &[])),
+        (
+            "non-UTF-8 key",
+            get(b"api.example", &[b"x-api-key: \xc3\x28\xff"]),
+        ),
+        (
+            "huge key",
+            get(
+                b"api.example",
+                &[&[b"x-api-key: ".as_slice(), &vec![b'k'; 30_000]].concat()],
+            ),
+        ),
+        (
+            "cost not a number",
+            get(b"api.example", &[b"x-api-key: c1", b"x-cost: lots"]),
+        ),
+        (
+            "cost past u64",
+            get(
+                b"api.example",
+                &[b"x-api-key: c2", b"x-cost: 99999999999999999999999"],
+            ),
+        ),
+        (
+            "negative cost",
+            get(b"api.example", &[b"x-api-key: c3", b"x-cost: -4"]),
+        ),
+        (
+            "non-UTF-8 cost",
+            get(b"api.example", &[b"x-api-key: c4", b"x-cost: \xff\x00"]),
+        ),
+        ("empty key", get(b"api.example", &[b"x-api-key: "])),
+    ];
+    let mut answers = Vec::new();
+    for (name, request) in &cases {
+        let status = raw(port, request)?;
+        answers.push(format!("{name} -> {status}"));
+        assert!(
+            matches!(status, 200 | 400 | 413 | 429 | 431 | 0),
+            "{name}: answered {status}"
+        );
+    }
+    // The limits still hold: key "fresh" has 5 per minute.
+    let mut fresh = Vec::new();
+    for _ in 0..7 {
+        fresh.push(raw(port, &get(b"api.example", &[b"x-api-key: fresh"]))?);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let log = envoy.log();
+    let panicked =
+        log.contains("panicked") || log.contains("wasm trap") || log.contains("Function: proxy_on");
+    println!(
+        "bad input: {}; then key \"fresh\" x7 -> {fresh:?}; filter host errors {}, panics in the log: {panicked}",
+        answers.join(", "),
+        envoy.filter_stat("host_errors").unwrap_or(0.0),
+    );
+    assert!(!panicked, "the filter failed:\n{log}");
+    assert_eq!(fresh.iter().filter(|&&s| s == 200).count(), 5);
+    assert_eq!(fresh.iter().filter(|&&s| s == 429).count(), 2);
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! `envoy/docker-compose.yml` and `admin/Dockerfile`, tested without a Docker
+//! engine: the compose file parsed and cross-checked against the Dockerfile
+//! and the Envoy config it mounts, that config validated by the real Envoy
+//! with its container paths mapped, and the Dockerfile's build steps run
+//! natively, the admin image's entrypoint then started as the container
+//! would start it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use serde_yaml_ng::Value;
+use sluice_e2e::envoy::{envoy_binary, filter_wasm, free_port, workspace_root};
+
+fn compose() -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(workspace_root().join("envoy/docker-compose.yml"))?;
+    serde_yaml_ng::from_str(&text).context("envoy/docker-compose.yml is not valid YAML")
+}
+
+fn dockerfile() -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string(
+        workspace_root().join("admin/Dockerfile"),
+    )?)
+}
+
+/// Stage name -> its instructions (continuation lines joined).
+fn stages(dockerfile: &str) -> BTreeMap<String, Vec<String>> {
+    let joined = dockerfile.replace("\\\n", " ");
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current = None;
+    for line in joined.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(from) = line.strip_prefix("FROM ") {
+            let name = from
+                .split_once(" AS ")
+                .map(|(_, n)| n.trim().to_string())
+                .unwrap_or_default();
+            out.entry(name.clone()).or_default();
+            current = Some(name);
+        } else if let Some(name) = &current {
+            out.entry(name.clone()).or_default().push(line.to_string());
+        }
+    }
+    out
+}
+
+fn makefile_envoy_version() -> anyhow::Result<String> {
+    let makefile = std::fs::read_to_string(workspace_root().join("Makefile"))?;
+    makefile
+        .lines()
+        .find_map(|l| l.strip_prefix("ENVOY_VERSION :="))
+        .map(|v| v.trim().to_string())
+        .context("no ENVOY_VERSION in the Makefile")
+}
+
+#[test]
+fn compose_file_is_consistent() -> anyhow::Result<()> {
+    let compose = compose()?;
+    let services = compose["services"]
+        .as_mapping()
+        .context("no services in the compose file")?;
+    let names: Vec<&str> = services.keys().filter_map(Value::as_str).collect();
+    for want in ["envoy", "admin", "demo-api", "filter"] {
+        ensure!(names.contains(&want), "no {want} service: {names:?}");
+    }
+    // Envoy: the official image, pinned, the version the tests run.
+    let image = compose["services"]["envoy"]["image"]
+        .as_str()
+        .context("envoy has no image")?;
+    let tag = image
+        .strip_prefix("envoyproxy/envoy:v")
+        .context("envoy image is not the official one")?;
+    let minor: u32 = tag
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse().ok())
+        .context("envoy image tag is not vX.Y.Z")?;
+    ensure!(
+        tag.split('.').count() == 3 && minor >= 30,
+        "pinned 1.3x+: {image}"
+    );
+    ensure!(
+        tag == makefile_envoy_version()?,
+        "compose runs Envoy {tag}, the tests validate with {}",
+        makefile_envoy_version()?
+    );
+    // Built services point at existing Dockerfile stages.
+    let stages = stages(&dockerfile()?);
+    for name in ["admin", "demo-api", "filter"] {
+        let build = &compose["services"][name]["build"];
+        ensure!(
+            build["context"].as_str() == Some(".."),
+            "{name}: context is the repository root"
+        );
+        ensure!(build["dockerfile"].as_str() == Some("admin/Dockerfile"));
+        let target = build["target"].as_str().context("build target")?;
+        ensure!(
+            stages.contains_key(target),
+            "no stage {target} in admin/Dockerfile"
+        );
+    }
+    // Envoy's mounts: its config file exists, and the filter volume holds
+    // the path the config loads the .wasm from.
+    let mounts: Vec<&str> = compose["services"]["envoy"]["volumes"]
+        .as_sequence()
+        .context("envoy mounts")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let config_mount = mounts
+        .iter()
+        .find(|m| m.ends_with(":/etc/envoy/envoy.yaml:ro"))
+        .context("envoy config mount")?;
+    let config_file = config_mount.split(':').next().unwrap_or_default();
+    let config_path = workspace_root().join("envoy").join(config_file);
+    ensure!(config_path.exists(), "{} missing", config_path.display());
+    let config = std::fs::read_to_string(&config_path)?;
+    ensure!(mounts.contains(&"filter:/etc/sluice:ro"));
+    ensure!(config.contains(r#"filename: "/etc/sluice/sluice_filter.wasm""#));
+    let filter_cmd = &compose["services"]["filter"]["volumes"][0];
+    ensure!(filter_cmd.as_str() == Some("filter:/out"));
+    ensure!(stages["filter"]
+        .iter()
+        .any(|l| l.contains("/out/sluice_filter.wasm")));
+    // The clusters reach the other services by their compose names.
+    ensure!(config.contains("address: demo-api, port_value: 9090"));
+    ensure!(config.contains("address: admin, port_value: 8080"));
+    // Published on the host's loopback only (the admin runs --insecure-dev).
+    for service in ["admin", "envoy"] {
+        for port in compose["services"][service]["ports"]
+            .as_sequence()
+            .context("ports")?
+        {
+            let port = port.as_str().unwrap_or_default();
+            ensure!(
+                port.starts_with("127.0.0.1:"),
+                "{service} publishes {port} beyond loopback"
+            );
+        }
+    }
+    // The seed the admin is told to load is the one the image carries.
+    let command: Vec<&str> = compose["services"]["admin"]["command"]
+        .as_sequence()
+        .context("admin command")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    ensure!(command.contains(&"/etc/sluice/demo-policies.json"));
+    ensure!(stages["admin"]
+        .iter()
+        .any(|l| l.contains("envoy/demo-policies.json /etc/sluice/demo-policies.json")));
+    println!(
+        "compose: services {names:?}, Envoy {image}, Dockerfile stages {:?}",
+        stages.keys().collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+#[test]
+fn compose_envoy_config_validates_with_paths_mapped() -> anyhow::Result<()> {
+    let config = std::fs::read_to_string(workspace_root().join("envoy/compose-envoy.yaml"))?;
+    let mapped = config.replace(
+        "/etc/sluice/sluice_filter.wasm",
+        &filter_wasm()?.display().to_string(),
+    );
+    ensure!(mapped != config, "the wasm path was not mapped");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("compose-envoy.yaml");
+    std::fs::write(&path, mapped)?;
+    let out = Command::new(envoy_binary()?)
+        .args(["--mode", "validate", "--log-level", "warn", "-c"])
+        .arg(&path)
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("compose Envoy config: {}", text.trim());
+    ensure!(out.status.success(), "does not validate:\n{text}");
+    Ok(())
+}
+
+/// The build stage's RUN steps, natively from the repository root (what
+/// `COPY . .` gives the stage), then every file the later stages copy out of
+/// it must exist, and the admin must start as its image's ENTRYPOINT, ENV
+/// and the compose command start it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dockerfile_build_steps_run_natively_and_the_admin_starts() -> anyhow::Result<()> {
+    let dockerfile = dockerfile()?;
+    let stages = stages(&dockerfile);
+    let build = stages.get("build").context("no build stage")?;
+    let runs: Vec<&str> = build
+        .iter()
+        .filter_map(|l| l.strip_prefix("RUN "))
+        .collect();
+    ensure!(!runs.is_empty(), "the build stage runs nothing");
+    for run in &runs {
+        let started = Instant::now();
+        let status = Command::new("sh")
+            .args(["-c", run])
+            .current_dir(workspace_root())
+            .stdout(Stdio::null())
+            .status()
+            .with_context(|| format!("running {run}"))?;
+        println!(
+            "docker build step natively: RUN {run} -> {status} in {:?}",
+            started.elapsed()
+        );
+        ensure!(status.success(), "RUN {run} failed");
+    }
+    for stage in ["admin", "demo-api", "filter"] {
+        for line in &stages[stage] {
+            if let Some(copy) = line.strip_prefix("COPY --from=build ") {
+                let source = copy.split_whitespace().next().unwrap_or_default();
+                let local = source.strip_prefix("/src/").context("copies from /src")?;
+                ensure!(
+                    workspace_root().join(local).exists(),
+                    "{stage} copies {source}, which the build steps did not make"
+                );
+            }
+        }
+    }
+
+    // The admin image: ENTRYPOINT sluice-admin, its ENV, the compose command.
+    let admin = &stages["admin"];
+    let env_line = admin
+        .iter()
+        .find(|l| l.starts_with("ENV "))
+        .context("admin ENV")?;
+    let env: Vec<(String, String)> = env_line["ENV ".len()..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let compose = compose()?;
+    let command: Vec<String> = compose["services"]["admin"]["command"]
+        .as_sequence()
+        .context("admin command")?
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    // Container paths, mapped onto this machine.
+    let data = tempfile::tempdir()?;
+    let root = workspace_root();
+    let map = |v: &str| -> String {
+        v.replace("/data/", &format!("{}/", data.path().display()))
+            .replace(
+                "/srv/sluice-ui",
+                &root.join("target/ui").display().to_string(),
+            )
+            .replace(
+                "/etc/sluice/demo-policies.json",
+                &root.join("envoy/demo-policies.json").display().to_string(),
+            )
+    };
+    let port = free_port()?;
+    let mut cmd = Command::new(root.join("target/release/sluice-admin"));
+    for (k, v) in &env {
+        let v = if k == "SLUICE_LISTEN" {
+            format!("127.0.0.1:{port}")
+        } else {
+            map(v)
+        };
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .args(command.iter().map(|a| map(a)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the release admin")?;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let outcome = async {
+        loop {
+            if Instant::now() > deadline {
+                bail!("the admin did not come up");
+            }
+            if let Ok(r) = http.get(format!("{base}/healthz")).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let index = http.get(format!("{base}/")).send().await?.text().await?;
+        let policies: serde_json::Value = serde_json::from_str(
+            &http
+                .get(format!("{base}/api/v1/policies"))
+                .send()
+                .await?
+                .text()
+                .await?,
+        )?;
+        let names: Vec<String> = policies["policies"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p["policy"]["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "admin as the image starts it: UI served ({} bytes of index.html), seeded policies {names:?}, db in {}",
+            index.len(),
+            data.path().display()
+        );
+        ensure!(index.contains("<html") || index.contains("<!DOCTYPE"), "no UI: {index}");
+        ensure!(names == ["bank", "llm", "fx", "maps"], "{names:?}");
+        ensure!(Path::new(&data.path().join("sluice.db")).exists());
+        Ok(())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    outcome
+}

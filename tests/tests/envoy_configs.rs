@@ -1,0 +1,325 @@
+//! The Envoy configurations shipped in `envoy/`: each one validates with the
+//! real Envoy, and the demo egress config enforces its policies when run.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sluice_e2e::envoy::{envoy_binary, filter_wasm, workspace_root, Envoy};
+use sluice_e2e::load::{self, count};
+use sluice_e2e::mock::{MockApi, MockLimits};
+
+/// `envoy --mode validate` on a config file, run from the repository root
+/// (where the shipped configs expect to be started).
+fn validate(config: &std::path::Path) -> anyhow::Result<()> {
+    let out = Command::new(envoy_binary()?)
+        .current_dir(workspace_root())
+        .args(["--mode", "validate", "--log-level", "warn", "-c"])
+        .arg(config)
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "{} does not validate:\n{text}",
+        config.display()
+    );
+    println!("{}", text.trim());
+    Ok(())
+}
+
+/// A shipped config (`envoy/<file>`) with its fixed ports and wasm path
+/// turned into the harness's placeholders, so it runs beside anything else
+/// on the machine. `ports` maps each fixed port to its placeholder.
+fn shipped_as_template(file: &str, ports: &[(u16, &str)]) -> anyhow::Result<String> {
+    let shipped = std::fs::read_to_string(workspace_root().join("envoy").join(file))?;
+    let mut template = shipped.replace(
+        r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#,
+        r#"filename: "{{WASM}}""#,
+    );
+    for (port, placeholder) in ports {
+        template = template.replace(
+            &format!("port_value: {port}"),
+            &format!("port_value: {{{{{placeholder}}}}}"),
+        );
+    }
+    anyhow::ensure!(
+        template.matches("{{").count() == ports.len() + 1,
+        "{file} changed shape"
+    );
+    Ok(template)
+}
+
+/// The demo config, runnable by the harness.
+fn demo_as_template() -> anyhow::Result<String> {
+    shipped_as_template(
+        "egress.yaml",
+        &[
+            (9901, "ADMIN_PORT"),
+            (10000, "LISTENER_PORT"),
+            (9090, "MOCK_PORT"),
+        ],
+    )
+}
+
+#[test]
+fn shipped_configs_validate() -> anyhow::Result<()> {
+    filter_wasm()?;
+    validate(&workspace_root().join("envoy/egress.yaml"))?;
+    validate(&workspace_root().join("envoy/forward-proxy.yaml"))?;
+    // The tests' variant, with its placeholders filled.
+    let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+    let filled = template
+        .replace("{{ADMIN_PORT}}", "19901")
+        .replace("{{LISTENER_PORT}}", "20000")
+        .replace("{{MOCK_PORT}}", "19090")
+        .replace("{{ADMIN_API_PORT}}", "18080")
+        .replace("{{WASM}}", &filter_wasm()?.display().to_string())
+        .replace("{{PLUGIN_CONFIG}}", r#"{"instance": "validate"}"#);
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("egress-test.yaml");
+    std::fs::write(&path, filled)?;
+    validate(&path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let envoy = Envoy::start_with(&demo_as_template()?, "", mock.addr.port(), 2)?;
+    let http = load::client();
+    let origin = Instant::now();
+    // bank: 100/s with a burst of 10; 30 requests at once.
+    let bank: Vec<_> = (0..30)
+        .map(|_| {
+            tokio::spawn(load::send(
+                http.get(envoy.url("/v1/pay"))
+                    .header("host", "api.bank.example"),
+                origin,
+            ))
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in bank {
+        outcomes.push(t.await?);
+    }
+    // maps: a bucket per API key, 5 each at once.
+    let mut per_key = Vec::new();
+    for key in ["k1", "k2"] {
+        for _ in 0..8 {
+            let r = http
+                .get(envoy.url("/geo"))
+                .header("host", "api.maps.example")
+                .header("x-api-key", key);
+            per_key.push((key, load::send(r, origin).await));
+        }
+    }
+    // A host with a route but no policy here would pass untouched; the demo
+    // has a policy for every demo host, so a host with no route gets Envoy's 404.
+    let unrouted = load::send(
+        http.get(envoy.url("/")).header("host", "nowhere.example"),
+        origin,
+    )
+    .await;
+    let ok_per_key = |k: &str| {
+        per_key
+            .iter()
+            .filter(|(key, o)| *key == k && o.status == 200)
+            .count()
+    };
+    println!(
+        "demo config: bank burst of 30 -> {} passed, {} got 429; maps per key k1 {} / k2 {} of 8 passed; unrouted host -> {}",
+        count(&outcomes, 200),
+        count(&outcomes, 429),
+        ok_per_key("k1"),
+        ok_per_key("k2"),
+        unrouted.status
+    );
+    assert!(
+        (10..=11).contains(&count(&outcomes, 200)),
+        "burst 10 (plus at most one refill)"
+    );
+    assert_eq!(count(&outcomes, 200) + count(&outcomes, 429), 30);
+    assert!((5..=6).contains(&ok_per_key("k1")));
+    assert!((5..=6).contains(&ok_per_key("k2")));
+    assert_eq!(unrouted.status, 404);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_requests_pass_untouched() -> anyhow::Result<()> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = r#"{"instance": "e2e", "fallback": {"version": 1, "policies": [
+        {"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 1, "period": "1m", "burst": 1}}]}}"#;
+    let envoy = Envoy::start(config, mock.addr.port(), 2)?;
+    let http = load::client();
+    let origin = Instant::now();
+    let mut outcomes = Vec::new();
+    for _ in 0..200 {
+        outcomes.push(
+            load::send(
+                http.get(envoy.url("/x"))
+                    .header("host", "api.other.example"),
+                origin,
+            )
+            .await,
+        );
+    }
+    let limited = load::send(
+        http.get(envoy.url("/x")).header("host", "api.bank.example"),
+        origin,
+    )
+    .await;
+    let limited_again = load::send(
+        http.get(envoy.url("/x")).header("host", "api.bank.example"),
+        origin,
+    )
+    .await;
+    println!(
+        "unmatched: {} of 200 passed with no sluice header; matched host: {} then {}",
+        outcomes
+            .iter()
+            .filter(|o| o.status == 200 && !o.headers.contains_key("x-sluice-policy"))
+            .count(),
+        limited.status,
+        limited_again.status
+    );
+    assert!(outcomes
+        .iter()
+        .all(|o| o.status == 200 && !o.headers.contains_key("x-sluice-policy")));
+    assert_eq!((limited.status, limited_again.status), (200, 429));
+    Ok(())
+}
+
+/// The point of Sluice: with a provider that answers 429 past 50 requests a
+/// second, a policy just under its limit means the provider refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_limit_is_never_hit_behind_sluice() -> anyhow::Result<()> {
+    let limits = MockLimits {
+        max_per_second: 50,
+        max_in_flight: 0,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = r#"{"instance": "e2e", "fallback": {"version": 1, "policies": [
+        {"name": "guarded", "match": {"host": "guarded.example"}, "rate": {"requests": 45, "period": "1s", "burst": 1}}]}}"#;
+    let envoy = Envoy::start(config, mock.addr.port(), 4)?;
+    let run = |host: &'static str| {
+        let url = envoy.url("/");
+        load::closed_loop(16, Duration::from_secs(3), move |c, _| {
+            c.get(&url).header("host", host)
+        })
+    };
+    mock.reset();
+    let bare = run("bare.example").await;
+    let refused_bare = mock.rejected_by_mock();
+    mock.reset();
+    let guarded = run("guarded.example").await;
+    let refused_guarded = mock.rejected_by_mock();
+    println!(
+        "provider limit 50/s: without a policy the provider refused {refused_bare} of {}; \
+         behind a 45/s policy it refused {refused_guarded} ({} passed, {} refused by Sluice)",
+        bare.len(),
+        count(&guarded, 200),
+        count(&guarded, 429)
+    );
+    assert!(refused_bare > 100, "the mock enforces its own limit");
+    assert_eq!(refused_guarded, 0);
+    assert!(count(&guarded, 200) >= 130, "45/s for 3 s");
+    Ok(())
+}
+
+#[test]
+fn bad_plugin_configuration_stops_the_plugin_naming_the_field() -> anyhow::Result<()> {
+    let config = r#"{"instance": "e2e", "fallback": {"version": 1, "policies": [
+        {"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 100, "period": "1s", "burst": 0}}]}}"#;
+    let error = match Envoy::start(config, 9, 1) {
+        Ok(_) => anyhow::bail!("Envoy started with a bad plugin configuration"),
+        Err(e) => e.to_string(),
+    };
+    let line = error
+        .lines()
+        .find(|l| l.contains("invalid plugin configuration"))
+        .unwrap_or_default();
+    println!("bad plugin configuration: {}", line.trim());
+    assert!(
+        line.contains("fallback.policies[0].rate.burst: must be >= 1"),
+        "{error}"
+    );
+    assert!(!error.contains("panicked"), "{error}");
+    Ok(())
+}
+
+/// `envoy/forward-proxy.yaml`: an application that only sets a proxy
+/// (`curl -x`, or `http_proxy` in its environment) and calls the API by
+/// name is limited on that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_proxy_limits_by_authority() -> anyhow::Result<()> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let template = shipped_as_template(
+        "forward-proxy.yaml",
+        &[
+            (9901, "ADMIN_PORT"),
+            (10000, "LISTENER_PORT"),
+            (8080, "ADMIN_API_PORT"),
+        ],
+    )?;
+    let envoy = Envoy::start_with(&template, "", mock.addr.port(), 2)?;
+    let proxy = format!("http://127.0.0.1:{}", envoy.listener_port);
+    // The "localhost" policy: 5 per second, burst 5. Ten calls in a row.
+    let target = format!("http://localhost:{}/v1/quote", mock.addr.port());
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %header{x-sluice-policy}\\n",
+            "-x",
+            &proxy,
+        ])
+        .args(std::iter::repeat_n(&target, 10))
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let passed = lines.iter().filter(|l| l.starts_with("200")).count();
+    let limited = lines
+        .iter()
+        .filter(|l| l.as_str() == "429 localhost")
+        .count();
+    // No code change: the proxy from the environment, as apps pick it up.
+    let from_env = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("http://localhost:{}/v1/other", mock.addr.port()))
+        .env("http_proxy", &proxy)
+        .output()?;
+    let from_env = String::from_utf8_lossy(&from_env.stdout).to_string();
+    let hosts: Vec<String> = mock
+        .arrivals()
+        .iter()
+        .filter_map(|a| a.host.clone())
+        .collect();
+    println!(
+        "forward proxy: curl -x {proxy} {target} x10 -> {passed} passed, {limited} got 429 from policy \
+         \"localhost\"; with http_proxy in the environment -> {from_env}; the mock saw hosts {:?}",
+        hosts.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+    assert_eq!(passed + limited, 10, "{lines:?}");
+    assert!((5..=6).contains(&passed), "burst 5: {lines:?}");
+    assert!(hosts
+        .iter()
+        .all(|h| *h == format!("localhost:{}", mock.addr.port())));
+    assert_eq!(hosts.len(), passed + usize::from(from_env == "200"));
+    assert!(from_env == "200" || from_env == "429", "{from_env}");
+    // Workers flush their stats on their tick.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        envoy.policy_stat("admitted", "localhost")?,
+        hosts.len() as f64
+    );
+    Ok(())
+}

@@ -1,0 +1,688 @@
+//! Faults around the filter, in a real Envoy (`--concurrency 4`): an admin
+//! that answers badly, an admin killed mid-load, Envoy killed mid-load, a
+//! stream that outlives its lease. Each prints its figures.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+use sluice_e2e::admin::{AdminProcess, PASSWORD, SYNC_TOKEN};
+use sluice_e2e::browser::Browser;
+use sluice_e2e::envoy::{free_port, workspace_root, Envoy};
+use sluice_e2e::load::{self, count, max_in_window, wait_for, Outcome};
+use sluice_e2e::mock::{MockApi, MockLimits};
+
+const WORKERS: u32 = 4;
+
+fn bank_set(version: u64, requests: u64) -> Value {
+    json!({"version": version, "policies": [
+        {"name": "bank", "match": {"host": "api.bank.example"},
+         "rate": {"requests": requests, "period": "1s", "burst": requests}}]})
+}
+
+/// What the stand-in admin answers to the filter's sync.
+#[derive(Clone, Debug)]
+enum Answer {
+    /// A valid set: 304 when the filter already has its version.
+    Set(Value),
+    /// 200 with bytes that are neither UTF-8 nor JSON.
+    Garbage,
+    /// 200 with a valid, looser set padded past the filter's 1 MiB cap.
+    Huge,
+    /// A valid, looser set, but 3 s late (the sync timeout is 200 ms).
+    Slow,
+    /// 200 with a newer set that fails validation (a looser bank beside an
+    /// invalid policy): the whole set must be refused.
+    Invalid,
+}
+
+impl Answer {
+    fn name(&self) -> &'static str {
+        match self {
+            Answer::Set(_) => "a valid set",
+            Answer::Garbage => "garbage bytes",
+            Answer::Huge => "a 3 MiB body",
+            Answer::Slow => "an answer 3 s late",
+            Answer::Invalid => "a set that fails validation",
+        }
+    }
+}
+
+/// An admin that answers whatever the test says: the faults a real admin
+/// (or whatever sits between it and Envoy) could produce.
+#[derive(Clone)]
+struct StandInAdmin {
+    answer: Arc<Mutex<Answer>>,
+    calls: Arc<AtomicU64>,
+}
+
+async fn stand_in_sync(State(admin): State<StandInAdmin>, body: Bytes) -> Response {
+    admin.calls.fetch_add(1, Ordering::SeqCst);
+    let has: Option<u64> = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|r| r["policy_version"].as_u64());
+    let answer = admin
+        .answer
+        .lock()
+        .map(|a| a.clone())
+        .unwrap_or(Answer::Garbage);
+    let json = |v: Value| {
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            v.to_string().into_bytes(),
+        )
+            .into_response()
+    };
+    match answer {
+        Answer::Set(set) if set["version"].as_u64() == has => {
+            StatusCode::NOT_MODIFIED.into_response()
+        }
+        Answer::Set(set) => json(set),
+        Answer::Garbage => {
+            (StatusCode::OK, vec![0xff, 0xfe, b'{', b'"', 0x00, 0xc3]).into_response()
+        }
+        Answer::Huge => {
+            let mut body = bank_set(50, 1000).to_string().into_bytes();
+            body.extend(std::iter::repeat_n(b' ', 3 << 20));
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Answer::Slow => {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            json(bank_set(60, 1000))
+        }
+        Answer::Invalid => {
+            let mut set = bank_set(70, 1000);
+            if let Some(policies) = set["policies"].as_array_mut() {
+                policies.push(
+                    json!({"name": "maps", "match": {"host": "api.maps.example"},
+                    "rate": {"requests": 0, "period": "1s"}}),
+                );
+            }
+            json(set)
+        }
+    }
+}
+
+/// Envoy in front of `mock`, syncing every 200 ms with the admin on
+/// `admin_port`, once the admin's set is in every worker. The fallback is
+/// empty: whatever holds later while the admin misbehaves or is gone is the
+/// last set it sent, not something in Envoy's configuration.
+async fn synced_envoy(instance: &str, mock: &MockApi, admin_port: u16) -> anyhow::Result<Envoy> {
+    let config = json!({"instance": instance, "admin_cluster": "sluice_admin",
+        "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+        "fallback": {"version": 0, "policies": []}})
+    .to_string();
+    let envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin_port, WORKERS)?;
+    wait_for(
+        "the admin's set in every worker",
+        Duration::from_secs(5),
+        || envoy.filter_stat("policy_sets_installed").unwrap_or(0.0) >= WORKERS as f64,
+    )
+    .await?;
+    Ok(envoy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misbehaving_admin_never_replaces_the_last_good_set() -> anyhow::Result<()> {
+    let stand_in = StandInAdmin {
+        answer: Arc::new(Mutex::new(Answer::Set(bank_set(1, 5)))),
+        calls: Arc::new(AtomicU64::new(0)),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let admin_port = listener.local_addr()?.port();
+    let app = Router::new()
+        .route(sluice_shared::sync::SYNC_PATH, post(stand_in_sync))
+        .with_state(stand_in.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let envoy = synced_envoy("e2e-faulty-admin", &mock, admin_port).await?;
+    let stat = |name: &str| envoy.filter_stat(name).unwrap_or(0.0);
+    let url = envoy.url("/");
+    let first = load::burst(&url, "api.bank.example", 40).await;
+    assert!((5..=6).contains(&count(&first, 200)), "bank 5/s holds");
+    // Every VM installs it, the main thread's too; the count settles
+    // within a few ticks.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let installed = stat("policy_sets_installed");
+
+    for bad in [Answer::Garbage, Answer::Huge, Answer::Slow, Answer::Invalid] {
+        let name = bad.name();
+        *stand_in
+            .answer
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lock"))? = bad;
+        let failures_before = stat("sync_failures");
+        let took = wait_for(
+            &format!("two failed syncs on {name}"),
+            Duration::from_secs(15),
+            || stat("sync_failures") >= failures_before + 2.0,
+        )
+        .await?;
+        // The bucket refills, then a burst shows which limit is enforced:
+        // the bad answers would all have loosened bank to 1000/s.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let during = load::burst(&url, "api.bank.example", 40).await;
+        let failures = stat("sync_failures") - failures_before;
+        println!(
+            "faulty admin: {name}: {failures} failed syncs counted (the first two within {took:?}); \
+             policy sets installed {} (before {installed}); a burst of 40: {} passed, {} got 429",
+            stat("policy_sets_installed"),
+            count(&during, 200),
+            count(&during, 429)
+        );
+        assert!(
+            (5..=6).contains(&count(&during, 200)),
+            "{name}: bank 5/s kept"
+        );
+        assert_eq!(
+            stat("policy_sets_installed"),
+            installed,
+            "{name}: nothing installed"
+        );
+        // A good answer again, so the next fault starts without backoff.
+        *stand_in
+            .answer
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lock"))? = Answer::Set(bank_set(1, 5));
+        let ok_before = stat("sync_ok");
+        wait_for("a good sync", Duration::from_secs(35), || {
+            stat("sync_ok") > ok_before
+        })
+        .await?;
+    }
+    let log = envoy.log();
+    let reasons: Vec<&str> = log
+        .lines()
+        .filter_map(|l| {
+            l.find("sluice: sync with the admin failed")
+                .map(|at| &l[at + "sluice: ".len()..])
+        })
+        .collect();
+    let mut distinct: Vec<&str> = reasons
+        .iter()
+        .map(|r| r.split(';').next().unwrap_or(r))
+        .collect();
+    distinct.sort();
+    distinct.dedup();
+    println!("faulty admin: the reasons Envoy logged: {distinct:#?}");
+    for want in [
+        "not UTF-8",
+        "refused a 3145",
+        "HTTP 504",
+        "refused an invalid policy set",
+    ] {
+        assert!(
+            distinct.iter().any(|r| r.contains(want)),
+            "no log line says {want:?}"
+        );
+    }
+    assert!(
+        distinct
+            .iter()
+            .any(|r| r.contains("policies[1].rate.requests")),
+        "the refusal names the field"
+    );
+
+    // A newer valid set is taken as soon as the admin sends one.
+    *stand_in
+        .answer
+        .lock()
+        .map_err(|_| anyhow::anyhow!("lock"))? = Answer::Set(bank_set(2, 1000));
+    wait_for("the newer good set", Duration::from_secs(35), || {
+        stat("policy_sets_installed") >= installed + WORKERS as f64
+    })
+    .await?;
+    let after = load::burst(&url, "api.bank.example", 40).await;
+    println!(
+        "faulty admin: a good set again (1000/s): {} of 40 passed; {} sync calls in all; \
+         Envoy's workers never panicked: {}",
+        count(&after, 200),
+        stand_in.calls.load(Ordering::SeqCst),
+        !log.contains("panicked")
+    );
+    assert_eq!(count(&after, 200), 40);
+    assert!(!log.contains("panicked"));
+    Ok(())
+}
+
+/// bank at 40/s (burst 5) and 4 in flight, under 16 clients calling an API
+/// that takes 20 ms: the load the restart tests restart Envoy under.
+struct BankUnderLoad {
+    mock: MockApi,
+    envoy: Envoy,
+    origin: Instant,
+    stop: Arc<AtomicBool>,
+    load: tokio::task::JoinHandle<Vec<Outcome>>,
+}
+
+impl BankUnderLoad {
+    async fn start(instance: &str, provider: MockLimits) -> anyhow::Result<Self> {
+        let mock = MockApi::start("127.0.0.1:0".parse()?, provider).await?;
+        let policies = json!({"version": 1, "policies": [
+            {"name": "bank", "match": {"host": "api.bank.example"},
+             "rate": {"requests": 40, "period": "1s", "burst": 5},
+             "concurrency": {"max_in_flight": 4}}]});
+        let config = json!({"instance": instance, "fallback": policies}).to_string();
+        let envoy = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+        mock.reset();
+        let origin = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let load = tokio::spawn(load::until_stopped(
+            envoy.url("/pay?delay_ms=20"),
+            "api.bank.example",
+            16,
+            origin,
+            stop.clone(),
+        ));
+        Ok(Self {
+            mock,
+            envoy,
+            origin,
+            stop,
+            load,
+        })
+    }
+
+    /// When the mock saw its latest arrival.
+    fn mock_clock(&self) -> Duration {
+        self.mock
+            .arrivals()
+            .last()
+            .map(|a| a.at)
+            .unwrap_or_default()
+    }
+
+    /// Stops the load; every call's outcome.
+    async fn finish(&mut self) -> anyhow::Result<Vec<Outcome>> {
+        self.stop.store(true, Ordering::SeqCst);
+        Ok((&mut self.load).await?)
+    }
+
+    /// How many of 8 calls of 500 ms sent at once get a slot (all 4 when
+    /// none leaked).
+    async fn free_slots(&self) -> usize {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let slow = load::burst(&self.envoy.url("/pay?delay_ms=500"), "api.bank.example", 8).await;
+        count(&slow, 200)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_killed_mid_load_enforces_from_the_first_request_after_restart() -> anyhow::Result<()>
+{
+    // The provider allows 50/s and 4 in flight; Sluice is set below it.
+    let mut run = BankUnderLoad::start(
+        "e2e-restart",
+        MockLimits {
+            max_per_second: 50,
+            max_in_flight: 4,
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let killed_at = run.origin.elapsed();
+    let mock_clock_at_kill = run.mock_clock();
+    // On this runtime thread, which lives as long as the test: an Envoy
+    // started from a spawn_blocking thread was seen to get SIGTERM when that
+    // thread exited, 10 s idle later (a parent-death signal follows the
+    // thread that spawned the process, not the process).
+    tokio::task::block_in_place(|| run.envoy.kill_and_restart())?;
+    let live_at = run.origin.elapsed();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let outcomes = run.finish().await?;
+    let (mock, envoy) = (&run.mock, &run.envoy);
+    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let after: Vec<Duration> = arrivals
+        .iter()
+        .copied()
+        .filter(|&a| a > mock_clock_at_kill)
+        .collect();
+    let first_second_after = after
+        .first()
+        .map(|&t0| {
+            after
+                .iter()
+                .filter(|&&a| a < t0 + Duration::from_secs(1))
+                .count()
+        })
+        .unwrap_or(0);
+    // From 1 s to 3 s after the new Envoy's first call, however long the
+    // restart took (the load runs 4 s past it).
+    let first_after = after.first().copied().unwrap_or(mock_clock_at_kill);
+    let steady_after = after
+        .iter()
+        .filter(|&&a| {
+            a >= first_after + Duration::from_secs(1) && a < first_after + Duration::from_secs(3)
+        })
+        .count() as f64
+        / 2.0;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let in_flight = envoy.gauge("bank", "in_flight")?;
+    println!(
+        "envoy restart: SIGKILL at {killed_at:?}, the new Envoy live at {live_at:?}; {} requests: \
+         {} passed, {} got 429, {} failed to connect; after the restart: {} requests reached the \
+         mock in its first second (burst 5 + 40/s), most in any 1 s {} (bound 45), steady {steady_after:.1}/s; \
+         mock refused {} as over its own limit (50/s, 4 in flight), most in flight at the mock {}; \
+         in flight now {in_flight}",
+        outcomes.len(),
+        count(&outcomes, 200),
+        count(&outcomes, 429),
+        count(&outcomes, 0),
+        first_second_after,
+        max_in_window(&after, Duration::from_secs(1)),
+        mock.rejected_by_mock(),
+        mock.max_in_flight(),
+    );
+    assert_eq!(mock.rejected_by_mock(), 0, "over the provider's limit");
+    assert!(mock.max_in_flight() <= 4);
+    assert!(
+        first_second_after <= 46,
+        "{first_second_after} in the first second"
+    );
+    assert!(max_in_window(&after, Duration::from_secs(1)) <= 46);
+    assert!(
+        (36.0..=44.0).contains(&steady_after),
+        "enforcing 40/s after the restart, not {steady_after}"
+    );
+    assert_eq!(in_flight, 0.0);
+    let free = run.free_slots().await;
+    println!("envoy restart: 8 slow requests at once: {free} passed (4 slots)");
+    assert_eq!(free, 4, "no slot leaked");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_outlives_its_lease_gives_its_slot_back() -> anyhow::Result<()> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = json!({"instance": "e2e-lease", "fallback": {"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "concurrency": {"max_in_flight": 2, "lease_ttl": "2s"}}]}})
+    .to_string();
+    let envoy = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+    let origin = Instant::now();
+    // Two streams that hang far past the lease.
+    let stuck: Vec<_> = (0..2)
+        .map(|_| {
+            let request = load::client()
+                .get(envoy.url("/generate?delay_ms=8000"))
+                .header("host", "api.llm.example");
+            tokio::spawn(load::send(request, origin))
+        })
+        .collect();
+    wait_for("both stuck at the mock", Duration::from_secs(2), || {
+        mock.in_flight() == 2
+    })
+    .await?;
+    let while_held = load::burst(&envoy.url("/generate"), "api.llm.example", 1).await;
+    let mut freed_after = None;
+    while origin.elapsed() < Duration::from_secs(6) {
+        let probe = load::burst(&envoy.url("/generate"), "api.llm.example", 1).await;
+        if count(&probe, 200) == 1 {
+            freed_after = Some(origin.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let expired = envoy.policy_stat("leases_expired", "llm")?;
+    let mut stuck_status = Vec::new();
+    for s in stuck {
+        stuck_status.push(s.await?.status);
+    }
+    // The stuck streams ended after their slots were already given back:
+    // their end must not give them back a second time.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let in_flight = envoy.gauge("llm", "in_flight")?;
+    let slow = load::burst(&envoy.url("/generate?delay_ms=500"), "api.llm.example", 5).await;
+    println!(
+        "lease: 2 streams stuck at the mock for 8 s, limit 2, lease_ttl 2 s; while held: {:?}; \
+         a slot came back after {freed_after:?}; leases_expired {expired}; the stuck streams \
+         ended {stuck_status:?}; in flight then {in_flight}; 5 slow requests at once: {} passed",
+        while_held.iter().map(|o| o.status).collect::<Vec<_>>(),
+        count(&slow, 200)
+    );
+    assert_eq!(count(&while_held, 429), 1);
+    let freed = freed_after.ok_or_else(|| anyhow::anyhow!("no slot came back within 6 s"))?;
+    assert!(
+        freed >= Duration::from_secs(2) && freed < Duration::from_millis(3500),
+        "slot back after {freed:?}"
+    );
+    assert_eq!(expired, 2.0);
+    assert_eq!(
+        stuck_status,
+        vec![200, 200],
+        "the stuck streams were not cut"
+    );
+    assert_eq!(in_flight, 0.0);
+    assert_eq!(count(&slow, 200), 2, "exactly 2 slots, none counted twice");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_killed_mid_load_changes_nothing_and_comes_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("sluice.db");
+    let log_path = dir.path().join("admin.log");
+    let ui_dir = std::env::var_os("SLUICE_UI_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/ui"));
+    let port = free_port()?;
+    let admin = AdminProcess::start(&db, port, Some(&ui_dir), &log_path).await?;
+    let op = admin.login().await?;
+    op.create(
+        json!({"name": "bank", "match": {"host": "api.bank.example"},
+        "rate": {"requests": 40, "period": "1s", "burst": 5}}),
+    )
+    .await?;
+    let mock = MockApi::start(
+        "127.0.0.1:0".parse()?,
+        MockLimits {
+            max_per_second: 50,
+            max_in_flight: 0,
+        },
+    )
+    .await?;
+    let envoy = synced_envoy("e2e-admin-kill", &mock, port).await?;
+    let stat = |name: &str| envoy.filter_stat(name).unwrap_or(0.0);
+    mock.reset();
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(load::until_stopped(
+        envoy.url("/pay"),
+        "api.bank.example",
+        16,
+        origin,
+        stop.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let admin_pid = admin.pid();
+    admin.kill();
+    let killed = mock.arrivals().last().map(|a| a.at).unwrap_or_default();
+    let failures_before = stat("sync_failures");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let failures = stat("sync_failures") - failures_before;
+    let restarted = mock.arrivals().last().map(|a| a.at).unwrap_or_default();
+    let admin = AdminProcess::start(&db, port, Some(&ui_dir), &log_path).await?;
+    let ok_before = stat("sync_ok");
+    let resumed = wait_for("sync after the restart", Duration::from_secs(35), || {
+        stat("sync_ok") > ok_before
+    })
+    .await?;
+    stop.store(true, Ordering::SeqCst);
+    let outcomes = load.await?;
+    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let while_down = arrivals
+        .iter()
+        .filter(|&&a| a >= killed + Duration::from_millis(500) && a < restarted)
+        .count() as f64
+        / (restarted.saturating_sub(killed + Duration::from_millis(500))).as_secs_f64();
+    let most_1s = max_in_window(&arrivals, Duration::from_secs(1));
+
+    // The operator's view after the restart: the instance is back.
+    let op = admin.login().await?;
+    let listed_live = || {
+        let op = &op;
+        async move {
+            op.get("/api/v1/instances").await.ok().and_then(|listed| {
+                listed["instances"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|i| i["id"] == "e2e-admin-kill"))
+                    .cloned()
+            })
+        }
+    };
+    let mut me = Value::Null;
+    for _ in 0..50 {
+        me = listed_live().await.unwrap_or_default();
+        if me["live"] == true {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let browser = Browser::start().await?;
+    let page = async {
+        let c = &browser.client;
+        c.goto(&format!("{}/", admin.base())).await?;
+        browser.fill("#password", PASSWORD).await?;
+        browser.click("#login-button").await?;
+        browser
+            .wait_text("#policies", Duration::from_secs(10), |t| t.contains("bank"))
+            .await?;
+        c.goto(&format!("{}/instances", admin.base())).await?;
+        browser
+            .wait_text("#instances", Duration::from_secs(10), |t| {
+                t.contains("e2e-admin-kill") && t.contains("live")
+            })
+            .await
+    }
+    .await;
+    browser.close().await;
+    let page = page?;
+    println!(
+        "admin kill: SIGKILL of pid {admin_pid} under 16 clients; while it was down {failures} failed \
+         syncs, the mock saw {while_down:.1}/s (limit 40/s); most in any 1 s {most_1s} (bound 45); \
+         mock refused {} as over 50/s; {} requests, {} passed, {} got 429, {} failed; restarted: \
+         sync resumed after {resumed:?}; instance live={} at version {}; the instances page: {:?}",
+        mock.rejected_by_mock(),
+        outcomes.len(),
+        count(&outcomes, 200),
+        count(&outcomes, 429),
+        count(&outcomes, 0),
+        me["live"],
+        me["policy_version"],
+        page.lines().find(|l| l.contains("e2e-admin-kill")).unwrap_or(&page),
+    );
+    assert!(failures >= 1.0);
+    assert_eq!(mock.rejected_by_mock(), 0, "over the provider's limit");
+    assert!(most_1s <= 46, "{most_1s} in one second");
+    assert!(
+        (36.0..=44.0).contains(&while_down),
+        "40/s enforced while the admin was down, not {while_down:.1}/s"
+    );
+    assert_eq!(count(&outcomes, 0), 0, "Envoy answered every request");
+    assert_eq!(me["live"], true);
+
+    // Secrets stay out of both logs (the admin's at debug level).
+    let cookie_and_csrf = op.secrets();
+    let admin_log = admin.log();
+    let envoy_log = envoy.log();
+    let mut leaks = Vec::new();
+    for (what, secret) in [
+        ("the password", PASSWORD.to_string()),
+        ("the sync token", SYNC_TOKEN.to_string()),
+        ("the session cookie", cookie_and_csrf.0),
+        ("the CSRF token", cookie_and_csrf.1),
+    ] {
+        if admin_log.contains(&secret) {
+            leaks.push(format!("{what} in the admin's log"));
+        }
+        if envoy_log.contains(&secret) {
+            leaks.push(format!("{what} in Envoy's log"));
+        }
+    }
+    println!(
+        "secrets: none of password, sync token, session cookie, CSRF token in {} lines of admin \
+         log (debug) or {} lines of Envoy log: {}",
+        admin_log.lines().count(),
+        envoy_log.lines().count(),
+        leaks.is_empty()
+    );
+    assert!(leaks.is_empty(), "{leaks:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_hot_restart_mid_load() -> anyhow::Result<()> {
+    let mut run = BankUnderLoad::start("e2e-hot-restart", MockLimits::default()).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mock_clock_at_restart = run.mock_clock();
+    // On this runtime thread, not a spawn_blocking one (see above).
+    let parent = tokio::task::block_in_place(|| run.envoy.hot_restart())?;
+    // Exited: gone from /proc, or a zombie waiting to be reaped.
+    let parent_alive = move || {
+        std::fs::read_to_string(format!("/proc/{parent}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+    };
+    let parent_gone = wait_for("the old Envoy to exit", Duration::from_secs(15), || {
+        !parent_alive()
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let outcomes = run.finish().await?;
+    let (mock, envoy) = (&run.mock, &run.envoy);
+    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let overlap_end = mock_clock_at_restart + parent_gone;
+    let in_overlap: Vec<Duration> = arrivals
+        .iter()
+        .copied()
+        .filter(|&a| a > mock_clock_at_restart && a <= overlap_end)
+        .collect();
+    let after: Vec<Duration> = arrivals
+        .iter()
+        .copied()
+        .filter(|&a| a > overlap_end)
+        .collect();
+    let steady_after = after.len() as f64
+        / after
+            .last()
+            .zip(after.first())
+            .map_or(1.0, |(l, f)| (*l - *f).as_secs_f64().max(0.001));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let in_flight = envoy.gauge("bank", "in_flight")?;
+    let free = run.free_slots().await;
+    println!(
+        "hot restart: the old Envoy drained and exited {parent_gone:?} after the new one was live; \
+         {} requests, {} passed, {} got 429, {} failed; while both ran: {} reached the mock, most in \
+         any 1 s {} (one Envoy's bound 45), most in flight at the mock over the run {} (limit 4); \
+         after: most in any 1 s {} (bound 45), {steady_after:.1}/s; in flight {in_flight}; 8 slow \
+         requests at once: {} passed",
+        outcomes.len(),
+        count(&outcomes, 200),
+        count(&outcomes, 429),
+        count(&outcomes, 0),
+        in_overlap.len(),
+        max_in_window(&in_overlap, Duration::from_secs(1)),
+        mock.max_in_flight(),
+        max_in_window(&after, Duration::from_secs(1)),
+        free,
+    );
+    // Each process keeps its own counters (Envoy's shared data is per
+    // process): while both serve, the two together stay within twice the
+    // limit, and the new one alone within one.
+    assert_eq!(count(&outcomes, 0), 0, "no request lost to the restart");
+    assert!(max_in_window(&in_overlap, Duration::from_secs(1)) <= 2 * 46);
+    assert!(mock.max_in_flight() <= 8);
+    assert!(max_in_window(&after, Duration::from_secs(1)) <= 46);
+    assert_eq!(in_flight, 0.0);
+    assert_eq!(free, 4, "no slot leaked");
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! `make run` as a newcomer runs it: it builds what it needs, brings the
+//! demo up on the README's ports, answers through the egress listener and
+//! in the browser, refuses a second start clearly, and stops everything on
+//! Ctrl-C (SIGINT to its process group, as a terminal sends it).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sluice_e2e::browser::Browser;
+use sluice_e2e::envoy::workspace_root;
+
+const PORTS: [u16; 4] = [8080, 9901, 10000, 9090];
+
+fn make_run(var: &std::path::Path) -> anyhow::Result<(Child, mpsc::Receiver<String>)> {
+    let mut child = Command::new("make")
+        .arg("run")
+        .arg(format!("DEMO_VAR={}", var.display()))
+        .current_dir(workspace_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, like a job in a terminal.
+        .process_group(0)
+        .spawn()
+        .context("starting make run")?;
+    let (tx, rx) = mpsc::channel();
+    for stream in [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok((child, rx))
+}
+
+/// Lines until one satisfies `pred` (returned with all seen before it).
+fn wait_line(
+    rx: &mpsc::Receiver<String>,
+    limit: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + limit;
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = pred(&line);
+                seen.push(line);
+                if done {
+                    return Ok(seen);
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    bail!("waited {limit:?}; output so far:\n{}", seen.join("\n"))
+}
+
+fn interrupt(child: &Child) {
+    if let Ok(pgid) = i32::try_from(child.id()) {
+        let _ = kill(Pid::from_raw(-pgid), Signal::SIGINT);
+    }
+}
+
+struct StopOnDrop(Option<Child>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            interrupt(child);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if let Ok(pgid) = i32::try_from(child.id()) {
+                let _ = kill(Pid::from_raw(-pgid), Signal::SIGKILL);
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_run_brings_up_the_demo_and_ctrl_c_stops_it() -> anyhow::Result<()> {
+    for port in PORTS {
+        anyhow::ensure!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "port {port} is in use: stop whatever holds it (a `make run`?) before this test"
+        );
+    }
+    let started = Instant::now();
+    // A fresh database, as on a first run (not the developer's var/).
+    let var = tempfile::tempdir()?;
+    let (child, rx) = make_run(var.path())?;
+    let mut guard = StopOnDrop(Some(child));
+    let output = wait_line(&rx, Duration::from_secs(1200), |l| {
+        l.contains("Press Ctrl-C to stop everything")
+    })?;
+    let text = output.join("\n");
+    println!("make run: up after {:?}", started.elapsed());
+    for url in [
+        "http://127.0.0.1:8080/",
+        "http://127.0.0.1:10000/",
+        "http://127.0.0.1:9901/",
+    ] {
+        assert!(text.contains(url), "make run printed {url}:\n{text}");
+    }
+    assert!(
+        text.contains("--insecure-dev"),
+        "make run says the admin runs without a login"
+    );
+
+    // One request through the egress listener, as the README shows it.
+    let http = reqwest::Client::new();
+    let resp = http
+        .get("http://127.0.0.1:10000/v1/pay")
+        .header("host", "api.bank.example")
+        .send()
+        .await?;
+    let status = resp.status().as_u16();
+    let policy = resp
+        .headers()
+        .get("x-sluice-policy")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    println!("make run: GET api.bank.example/v1/pay through Envoy -> {status} (x-sluice-policy {policy:?})");
+    assert!(
+        status == 200 || (status == 429 && policy.as_deref() == Some("bank")),
+        "through the egress listener: {status}"
+    );
+
+    // The Envoy synced with the admin, and the live view moves.
+    let browser = Browser::start().await?;
+    browser.client.goto("http://127.0.0.1:8080/live").await?;
+    let admitted = browser
+        .wait_text(
+            ".live-policy[data-policy='bank'] .admitted-now",
+            Duration::from_secs(20),
+            |t| t.parse::<f64>().is_ok_and(|v| v > 50.0),
+        )
+        .await?;
+    let instances = http
+        .get("http://127.0.0.1:8080/api/v1/instances")
+        .send()
+        .await?
+        .text()
+        .await?;
+    println!("make run: live view shows bank at {admitted} admitted/s; instances: {instances}");
+    assert!(instances.contains("demo-envoy"), "{instances}");
+    let shot = browser.client.screenshot().await?;
+    let shots = workspace_root().join("target/screenshots");
+    std::fs::create_dir_all(&shots)?;
+    std::fs::write(shots.join("demo-live-view.png"), shot)?;
+    browser.close().await;
+
+    // A second `make run` while the first is up says the ports are taken.
+    let second = Command::new("make")
+        .arg("run")
+        .current_dir(workspace_root())
+        .output()?;
+    let second_err = String::from_utf8_lossy(&second.stderr);
+    println!(
+        "make run, a second time: exit {:?}: {}",
+        second.status.code(),
+        second_err
+            .lines()
+            .filter(|l| l.contains("taken") || l.contains("127.0.0.1"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    assert!(!second.status.success());
+    assert!(
+        second_err.contains("ports are taken") && second_err.contains("127.0.0.1:8080"),
+        "{second_err}"
+    );
+
+    // Ctrl-C: everything it started stops, and the ports are free again.
+    let mut child = guard.0.take().context("make run is gone")?;
+    let stopping = Instant::now();
+    interrupt(&child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            guard.0 = Some(child);
+            bail!("make run still running 20 s after Ctrl-C");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let tail: Vec<String> = rx.try_iter().collect();
+    println!(
+        "make run: stopped {:?} after Ctrl-C:\n{}",
+        stopping.elapsed(),
+        tail.join("\n")
+    );
+    assert!(tail
+        .iter()
+        .any(|l| l.contains("Envoy") && l.contains("pid")));
+    for port in PORTS {
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "port {port} still held after Ctrl-C"
+        );
+    }
+    Ok(())
+}

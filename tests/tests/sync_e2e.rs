@@ -1,0 +1,145 @@
+//! Limits edited in the admin reach every Envoy worker; the filter keeps
+//! its last good set while the admin is away and picks up again after.
+//! Real admin (SQLite file), real Envoy (`--concurrency 4`), the mock API.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
+use sluice_e2e::envoy::Envoy;
+use sluice_e2e::load::{self, count, wait_for};
+use sluice_e2e::mock::{MockApi, MockLimits};
+
+const WORKERS: u32 = 4;
+
+fn bank(requests: u64) -> serde_json::Value {
+    json!({"name": "bank", "match": {"host": "api.bank.example"},
+           "rate": {"requests": requests, "period": "1s", "burst": requests}})
+}
+
+fn other() -> serde_json::Value {
+    json!({"name": "maps", "match": {"host": "api.maps.example"}, "rate": {"requests": 3, "period": "1m", "burst": 3}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_move_from_the_admin_to_every_worker_and_survive_its_absence() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let admin_port = admin.port;
+    let op = admin.login().await?;
+    op.create(bank(1000)).await?;
+    op.create(other()).await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config =
+        json!({"instance": "e2e-sync", "admin_cluster": "sluice_admin", "sync_interval": "200ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin_port, WORKERS)?;
+    let installs = |envoy: &Envoy| envoy.filter_stat("policy_sets_installed").unwrap_or(0.0);
+    let first = wait_for(
+        "first policy set in every worker",
+        Duration::from_secs(5),
+        || installs(&envoy) >= WORKERS as f64,
+    )
+    .await?;
+
+    // maps spends 2 of its 3 per minute; it must keep that across bank's edit.
+    let spent = load::burst(&envoy.url("/"), "api.maps.example", 2).await;
+    assert_eq!(count(&spent, 200), 2);
+
+    // The operator tightens bank: 1000/s -> 5/s.
+    let before = installs(&envoy);
+    let changed = Instant::now();
+    op.update(bank(5)).await?;
+    let propagation = wait_for("edited set in every worker", Duration::from_secs(3), || {
+        installs(&envoy) >= before + WORKERS as f64
+    })
+    .await?;
+    let _ = changed;
+    let after_edit = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
+    let maps_after = load::burst(&envoy.url("/"), "api.maps.example", 3).await;
+    println!(
+        "sync: first set in all {WORKERS} workers after {first:?}; an edit reached all workers in {propagation:?} \
+         (sync_interval 200 ms); after 1000/s -> 5/s a burst of 40 on fresh connections: {} passed, {} got 429; \
+         unchanged policy kept its state: {} of 3 more passed (1 left of 3/min)",
+        count(&after_edit, 200),
+        count(&after_edit, 429),
+        count(&maps_after, 200),
+    );
+    assert!(propagation < Duration::from_secs(1), "took {propagation:?}");
+    assert!(
+        (5..=6).contains(&count(&after_edit, 200)),
+        "the new limit holds in every worker"
+    );
+    assert_eq!(
+        count(&maps_after, 200),
+        1,
+        "maps was not reset by bank's edit"
+    );
+
+    // The admin sees this Envoy, its version and its figures.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let instances = op.get("/api/v1/instances").await?;
+    let me = instances["instances"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["id"] == "e2e-sync"))
+        .cloned()
+        .unwrap_or_default();
+    let version = op.get("/api/v1/policies").await?["version"]
+        .as_u64()
+        .unwrap_or(0);
+    let reported_admitted = me["report"]["policies"]["bank"]["admitted"]
+        .as_u64()
+        .unwrap_or(0);
+    let envoy_admitted = envoy.policy_stat("admitted", "bank")?;
+    println!(
+        "admin's view: instance live={} at policy version {} (current {version}); bank admitted reported {reported_admitted}, Envoy stat {envoy_admitted}",
+        me["live"], me["policy_version"]
+    );
+    assert_eq!(me["live"], true);
+    assert_eq!(me["policy_version"].as_u64(), Some(version));
+    assert_eq!(reported_admitted as f64, envoy_admitted);
+
+    // The admin goes away: enforcement goes on with the last good set.
+    let db = admin.db.clone();
+    admin.stop().await;
+    let failures_before = envoy.filter_stat("sync_failures").unwrap_or(0.0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
+    let failures = envoy.filter_stat("sync_failures").unwrap_or(0.0) - failures_before;
+    println!(
+        "admin down: {failures} failed syncs counted; a burst of 40: {} passed, {} got 429 (limit 5/s kept)",
+        count(&during, 200),
+        count(&during, 429)
+    );
+    assert!(failures >= 1.0);
+    assert!((5..=6).contains(&count(&during, 200)));
+
+    // Back on the same port and database: sync resumes (after the backoff).
+    let admin = AdminServer::start(db, admin_port).await?;
+    let ok_before = envoy.filter_stat("sync_ok").unwrap_or(0.0);
+    let resumed = wait_for(
+        "sync after the admin's return",
+        Duration::from_secs(35),
+        || envoy.filter_stat("sync_ok").unwrap_or(0.0) > ok_before,
+    )
+    .await?;
+    let op = admin.login().await?;
+    op.update(bank(1000)).await?;
+    let before = installs(&envoy);
+    wait_for(
+        "loosened set in every worker",
+        Duration::from_secs(3),
+        || installs(&envoy) >= before + WORKERS as f64,
+    )
+    .await?;
+    let loosened = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
+    println!(
+        "admin back: sync resumed after {resumed:?}; loosened to 1000/s: {} of 40 passed",
+        count(&loosened, 200)
+    );
+    assert_eq!(count(&loosened, 200), 40);
+    admin.stop().await;
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! The web UI in a real headless Chromium, against the real admin (SQLite
+//! file) and, for live numbers, a real Envoy syncing with it under load.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use fantoccini::Locator;
+use serde_json::json;
+use sluice_e2e::admin::{AdminServer, PASSWORD, SYNC_TOKEN};
+use sluice_e2e::browser::Browser;
+use sluice_e2e::envoy::{workspace_root, Envoy};
+use sluice_e2e::load;
+use sluice_e2e::mock::{MockApi, MockLimits};
+
+fn ui_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::var_os("SLUICE_UI_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/ui"));
+    anyhow::ensure!(
+        dir.join("index.html").exists(),
+        "no UI built in {}: run `make ui`",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_logs_in_edits_limits_and_watches_them_live() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let base = admin.base();
+    let browser = Browser::start().await?;
+    let c = &browser.client;
+
+    // Log in: a wrong password first.
+    c.goto(&base).await?;
+    browser.fill("#password", "not-it").await?;
+    browser.click("#login-button").await?;
+    let wrong = browser
+        .wait_text("#login-error", Duration::from_secs(5), |t| !t.is_empty())
+        .await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    println!("ui: wrong password -> {wrong:?}; right password -> policies page");
+
+    // Create a policy through the form.
+    browser.click("#new-policy").await?;
+    browser.fill("#field-name", "bank").await?;
+    browser
+        .fill("#field-match-host", "api.bank.example")
+        .await?;
+    browser.fill("#field-rate-requests", "100").await?;
+    browser.fill("#field-rate-period", "1s").await?;
+    browser.click("#save").await?;
+    let saved = browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.starts_with("Saved")
+        })
+        .await?;
+    let op = admin.login().await?;
+    let stored = op.get("/api/v1/policies/bank").await?;
+    assert_eq!(stored["policy"]["rate"]["requests"], 100);
+    println!("ui: created -> {saved:?}");
+
+    // A bad value: the server's message shows under the field, nothing saved.
+    browser.fill("#field-rate-burst", "0").await?;
+    let inline = browser
+        .wait_text("#field-rate-burst-error", Duration::from_secs(5), |t| {
+            !t.is_empty()
+        })
+        .await?;
+    browser.click("#save").await?;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.starts_with("Not saved")
+        })
+        .await?;
+    assert_eq!(inline, "must be >= 1");
+    assert_eq!(op.get("/api/v1/policies/bank").await?["version"], 1);
+    println!("ui: burst 0 -> inline {inline:?}, not saved");
+
+    // Edit the rate.
+    browser.fill("#field-rate-burst", "").await?;
+    browser.fill("#field-rate-requests", "150").await?;
+    browser
+        .wait_text(
+            "#field-rate-burst-error",
+            Duration::from_secs(5),
+            str::is_empty,
+        )
+        .await?;
+    browser.click("#save").await?;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.contains("version 2")
+        })
+        .await?;
+    assert_eq!(
+        op.get("/api/v1/policies/bank").await?["policy"]["rate"]["requests"],
+        150
+    );
+
+    // Someone else saves meanwhile: our save is refused with their version.
+    op.update(json!({"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 170, "period": "1s"}})).await?;
+    browser.fill("#field-rate-requests", "160").await?;
+    browser.click("#save").await?;
+    let conflict = browser
+        .wait_text("#conflict", Duration::from_secs(5), |t| {
+            t.contains("version 3")
+        })
+        .await?;
+    assert_eq!(
+        op.get("/api/v1/policies/bank").await?["policy"]["rate"]["requests"],
+        170
+    );
+    browser.click("#reload").await?;
+    let value = browser
+        .wait_value("#field-rate-requests", "170", Duration::from_secs(5))
+        .await?;
+    println!("ui: stale save -> {conflict:?}; reloaded requests = {value:?}");
+    assert_eq!(value.as_deref(), Some("170"));
+
+    // A policy named `<script>`: refused with the field and the reason, in
+    // the form and by the API; nothing saved, nothing run.
+    c.goto(&base).await?;
+    browser.click("#new-policy").await?;
+    browser
+        .fill("#field-name", "<script>alert(1)</script>")
+        .await?;
+    browser.fill("#field-match-host", "x.example").await?;
+    browser.fill("#field-rate-requests", "1").await?;
+    browser.fill("#field-rate-period", "1s").await?;
+    browser.click("#save").await?;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.starts_with("Not saved")
+        })
+        .await?;
+    let name_error = browser
+        .wait_text("#field-name-error", Duration::from_secs(5), |t| {
+            !t.is_empty()
+        })
+        .await?;
+    let scripts = c.find_all(Locator::Css("#policy-form script")).await?.len();
+    let (status, body) = op
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/policies",
+            None,
+            Some(json!({"name": "<script>", "match": {"host": "x.example"},
+                "rate": {"requests": 1, "period": "1s"}})),
+        )
+        .await?;
+    println!(
+        "ui: a policy named <script>alert(1)</script> -> {name_error:?}, <script> elements in the \
+         form: {scripts}; the API answers {status} {body}"
+    );
+    assert_eq!(scripts, 0);
+    assert_eq!(status, 422);
+    assert_eq!(body["errors"][0]["path"], "name");
+    assert_eq!(
+        op.get("/api/v1/policies").await?["policies"]
+            .as_array()
+            .map(Vec::len),
+        Some(1),
+        "nothing saved"
+    );
+
+    // Markup in policy content is shown as text, never run.
+    op.create(json!({"name": "xss", "match": {"host": "x.example", "path_prefix": "/<script>alert(1)</script>"},
+        "rate": {"requests": 1, "period": "1s"}})).await?;
+
+    // Live: an Envoy syncs with the admin while load runs.
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config =
+        json!({"instance": "ui-envoy", "admin_cluster": "sluice_admin", "sync_interval": "250ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin.port, 2)?;
+    let url = envoy.url("/pay");
+    let load = tokio::spawn(load::closed_loop(8, Duration::from_secs(8), move |c, _| {
+        c.get(&url).header("host", "api.bank.example")
+    }));
+    c.goto(&format!("{base}/live")).await?;
+    let started = Instant::now();
+    let admitted = browser
+        .wait_text(
+            ".live-policy[data-policy='bank'] .admitted-now",
+            Duration::from_secs(8),
+            |t| t.parse::<f64>().is_ok_and(|v| v > 50.0),
+        )
+        .await?;
+    let first = started.elapsed();
+    let _ = admitted;
+    // A few seconds in, past the initial burst: the steady rate.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let admitted = browser
+        .text(".live-policy[data-policy='bank'] .admitted-now")
+        .await?;
+    let rejected = browser
+        .text(".live-policy[data-policy='bank'] .rejected-now")
+        .await?;
+    let steady: f64 = admitted.parse().unwrap_or(0.0);
+    assert!(
+        (120.0..=220.0).contains(&steady),
+        "live view shows {steady}/s for a 170/s limit"
+    );
+    let shot = c.screenshot().await?;
+    let shots = workspace_root().join("target/screenshots");
+    std::fs::create_dir_all(&shots)?;
+    std::fs::write(shots.join("live-view.png"), shot)?;
+    println!("ui: live view shows bank at {admitted} admitted/s, {rejected} rejected/s (limit 170/s, 8 clients); first numbers {first:?} after the load started");
+
+    // The policies page: the bars move too, and the markup is text.
+    c.goto(&base).await?;
+    let row = browser
+        .wait_text(
+            "tr.policy-row[data-policy='xss']",
+            Duration::from_secs(5),
+            |t| t.contains("<script>"),
+        )
+        .await?;
+    let images = c.find_all(Locator::Css("#policies script")).await?.len();
+    println!(
+        "ui: a path prefix with markup renders as {row:?}; <script> elements in the table: {images}"
+    );
+    assert_eq!(images, 0);
+    let _ = load.await;
+
+    // The audit log and the instances page.
+    c.goto(&format!("{base}/audit")).await?;
+    browser
+        .wait_text("#audit", Duration::from_secs(5), |t| {
+            t.contains("update") && t.contains("create")
+        })
+        .await?;
+    c.goto(&format!("{base}/instances")).await?;
+    browser
+        .wait_text("#instances", Duration::from_secs(5), |t| {
+            t.contains("ui-envoy") && t.contains("live")
+        })
+        .await?;
+
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}
