@@ -81,6 +81,19 @@ fn shipped_configs_validate() -> anyhow::Result<()> {
     validate(&path)
 }
 
+/// The most a token bucket of `burst` refilling at `per_second` can admit
+/// over the span these requests were in flight: its burst, what refilled
+/// from the first send to the last answer, and one token for rounding.
+fn admitted_at_most(outcomes: &[load::Outcome], burst: usize, per_second: f64) -> usize {
+    let first = outcomes.iter().map(|o| o.started).min().unwrap_or_default();
+    let last = outcomes
+        .iter()
+        .map(|o| o.started + o.latency)
+        .max()
+        .unwrap_or_default();
+    burst + (last.saturating_sub(first).as_secs_f64() * per_second).floor() as usize + 1
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
     let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
@@ -119,27 +132,37 @@ async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
         origin,
     )
     .await;
-    let ok_per_key = |k: &str| {
+    let per_key_of = |k: &str| -> Vec<load::Outcome> {
         per_key
             .iter()
-            .filter(|(key, o)| *key == k && o.status == 200)
-            .count()
+            .filter(|(key, _)| *key == k)
+            .map(|(_, o)| o.clone())
+            .collect()
     };
+    let (k1, k2) = (per_key_of("k1"), per_key_of("k2"));
+    // A bucket admits its burst, plus what refilled while the requests were
+    // being sent: on a slow machine a "burst" can take tens of milliseconds.
+    let bank_most = admitted_at_most(&outcomes, 10, 100.0);
+    let (k1_most, k2_most) = (
+        admitted_at_most(&k1, 5, 10.0),
+        admitted_at_most(&k2, 5, 10.0),
+    );
     println!(
-        "demo config: bank burst of 30 -> {} passed, {} got 429; maps per key k1 {} / k2 {} of 8 passed; unrouted host -> {}",
+        "demo config: bank burst of 30 -> {} passed (10..={bank_most}), {} got 429; maps per key k1 {} (5..={k1_most}) / k2 {} (5..={k2_most}) of 8 passed; unrouted host -> {}",
         count(&outcomes, 200),
         count(&outcomes, 429),
-        ok_per_key("k1"),
-        ok_per_key("k2"),
+        count(&k1, 200),
+        count(&k2, 200),
         unrouted.status
     );
     assert!(
-        (10..=11).contains(&count(&outcomes, 200)),
-        "burst 10 (plus at most one refill)"
+        (10..=bank_most).contains(&count(&outcomes, 200)),
+        "bank: burst 10 plus what refilled while the burst was sent"
     );
     assert_eq!(count(&outcomes, 200) + count(&outcomes, 429), 30);
-    assert!((5..=6).contains(&ok_per_key("k1")));
-    assert!((5..=6).contains(&ok_per_key("k2")));
+    assert!((5..=k1_most).contains(&count(&k1, 200)));
+    assert!((5..=k2_most).contains(&count(&k2, 200)));
+    assert_eq!(count(&k1, 200) + count(&k1, 429), 8);
     assert_eq!(unrouted.status, 404);
     Ok(())
 }
