@@ -11,8 +11,8 @@ ENVOY_VERSION := 1.40.0
 WASM_TARGET   := wasm32-wasip1
 CARGO         ?= cargo
 # Debian packages the tests need: a real headless browser for the UI tests,
-# curl for the forward-proxy test.
-APT_PACKAGES  := chromium chromium-driver curl
+# curl for the forward-proxy test, Redis for fleet mode with admin replicas.
+APT_PACKAGES  := chromium chromium-driver curl redis-server
 UI_TARGET     := wasm32-unknown-unknown
 UI_DIR        := target/ui
 # The wasm-bindgen CLI must be exactly the version of the wasm-bindgen

@@ -17,7 +17,7 @@ use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sluice_shared::sync::{SyncReport, SYNC_PATH};
+use sluice_shared::sync::{SyncReport, GRANTS_HEADER, SYNC_PATH};
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
@@ -47,6 +47,7 @@ pub fn routes() -> Router<Shared> {
         .route("/api/v1/validate", post(validate))
         .route("/api/v1/audit", get(audit_log))
         .route("/api/v1/instances", get(instances))
+        .route("/api/v1/fleet", get(fleet))
         .route("/api/v1/live", get(live))
         .route(SYNC_PATH, post(sync))
         .route("/metrics", get(metrics))
@@ -413,17 +414,47 @@ async fn sync(
         Ok((st.store.policy_set()?, report))
     })
     .await?;
-    if set.version == report.policy_version {
+    let grants = match state.fleet.grants(&set, &report, now_ms()).await {
+        Ok(grants) if grants.is_empty() => None,
+        Ok(grants) => serde_json::to_string(&grants)
+            .ok()
+            .and_then(|json| HeaderValue::from_str(&json).ok()),
+        Err(e) => {
+            // The Envoy keeps its last share until that lease runs out.
+            state.metrics.result("fleet_error");
+            tracing::error!(instance = %report.instance, error = %e, "no shares for this sync");
+            None
+        }
+    };
+    let mut response = if set.version == report.policy_version {
         state.metrics.result("not_modified");
-        return Ok((
+        (
             StatusCode::NOT_MODIFIED,
             [(header::ETAG, etag(set.version))],
         )
-            .into_response());
+            .into_response()
+    } else {
+        state.metrics.result("policy_set");
+        tracing::info!(instance = %report.instance, from = report.policy_version, to = set.version, "sending policy set");
+        ([(header::ETAG, etag(set.version))], Json(set)).into_response()
+    };
+    if let Some(grants) = grants {
+        response.headers_mut().insert(GRANTS_HEADER, grants);
     }
-    state.metrics.result("policy_set");
-    tracing::info!(instance = %report.instance, from = report.policy_version, to = set.version, "sending policy set");
-    Ok(([(header::ETAG, etag(set.version))], Json(set)).into_response())
+    Ok(response)
+}
+
+/// Each global policy's limit and how it is shared out now.
+async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<Value>, ApiError> {
+    let st = state.clone();
+    let set = blocking(move || Ok(st.store.policy_set()?)).await?;
+    let now = now_ms();
+    let views = state
+        .fleet
+        .views(&set, now)
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(Json(json!({"now_ms": now, "policies": views})))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

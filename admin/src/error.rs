@@ -33,6 +33,8 @@ pub enum ApiError {
     Throttled(Duration),
     #[error("internal error")]
     Internal(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<StoreError> for ApiError {
@@ -64,6 +66,7 @@ impl IntoResponse for ApiError {
             ApiError::Csrf => StatusCode::FORBIDDEN,
             ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         let body = match &self {
             ApiError::Invalid(errors) => json!({

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod fleet;
 pub mod live;
 pub mod metrics;
 pub mod store;
@@ -21,6 +22,7 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::auth::{Credentials, LoginThrottle, Sessions};
+use crate::fleet::Ledgers;
 use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -36,6 +38,8 @@ pub struct AppState {
     pub sync_token: Option<String>,
     /// Mark the session cookie `Secure` (behind HTTPS).
     pub secure_cookies: bool,
+    /// Global policies' shares (fleet mode).
+    pub fleet: Ledgers,
 }
 
 impl AppState {
@@ -54,7 +58,14 @@ impl AppState {
             metrics: Metrics::default(),
             sync_token,
             secure_cookies,
+            fleet: Ledgers::default(),
         }
+    }
+
+    /// Keeps fleet ledgers in `ledgers` (Redis, for several replicas).
+    pub fn with_ledgers(mut self, ledgers: Ledgers) -> Self {
+        self.fleet = ledgers;
+        self
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Parser;
 use sluice_admin::auth::Credentials;
+use sluice_admin::fleet::Ledgers;
 use sluice_admin::store::Store;
 use sluice_admin::AppState;
 
@@ -37,6 +38,11 @@ struct Args {
     /// policy; ignored afterwards. A set that fails validation stops the start.
     #[arg(long, env = "SLUICE_SEED")]
     seed: Option<PathBuf>,
+    /// Keep fleet mode's shares in Redis (`redis://127.0.0.1:6379`), so
+    /// that several admin replicas can serve the same Envoys. Without it,
+    /// one admin keeps them in memory.
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis_url: Option<String>,
     /// Run without a password (anyone reaching the port is admin). Local
     /// development only.
     #[arg(long)]
@@ -84,12 +90,16 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(seed = %path.display(), policies = added, "seeded an empty store");
         }
     }
-    let state = Arc::new(AppState::new(
-        store,
-        credentials,
-        args.sync_token,
-        args.secure_cookies,
-    ));
+    let mut state = AppState::new(store, credentials, args.sync_token, args.secure_cookies);
+    if let Some(url) = &args.redis_url {
+        let ledgers = Ledgers::redis(url)
+            .await
+            .context("connecting to Redis (--redis-url)")?;
+        // The URL may carry a password: it is never logged.
+        tracing::info!("fleet shares kept in Redis");
+        state = state.with_ledgers(ledgers);
+    }
+    let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {} (port taken?)", args.listen))?;

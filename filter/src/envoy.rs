@@ -11,6 +11,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType, Status};
 use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
 use sluice_shared::plugin::parse_plugin_config;
+use sluice_shared::sync::GRANTS_HEADER;
 
 use crate::host::{Host, Level, SetError};
 use crate::store::allocate_holder;
@@ -163,6 +164,10 @@ impl Context for SluiceRoot {
         let status = self
             .get_http_call_response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
+        let grants = self.get_http_call_response_header(GRANTS_HEADER);
+        if let Ok(mut w) = worker.try_borrow_mut() {
+            w.on_sync_grants(&host, token, status, grants.as_deref().map(str::as_bytes));
+        }
         let body = if body_size > MAX_RESPONSE_BYTES {
             let why = format!(
                 "refused a {body_size}-byte answer (at most {MAX_RESPONSE_BYTES} bytes are read)"

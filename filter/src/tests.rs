@@ -626,3 +626,55 @@ fn slots_of_requests_decided_in_shared_data_always_go_back() {
         a.on_tick(&host);
     }
 }
+
+const GLOBAL: &str = r#"{"version": 1, "policies": [
+    {"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global", "share_lease": "2s",
+     "rate": {"requests": 300, "period": "1s", "burst": 30}, "concurrency": {"max_in_flight": 30}}]}"#;
+
+#[test]
+fn a_global_policy_applies_its_share_then_falls_back_when_the_lease_lapses() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, GLOBAL);
+    let r = req(b"api.llm.example", &[]);
+    // No admin configured: nothing to share with, the whole limit applies.
+    assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
+    w.on_stream_end(&host, 1);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    // Syncing, but no share granted yet: refused without touching a bucket.
+    assert_eq!(status(&w.on_request(&host, 2, r.as_slice())), 429);
+    // The admin grants 3 slots (and 100/s, a burst of 10) for 2 s.
+    let header =
+        br#"{"llm": {"rate": 100, "in_flight": 3, "lease_ms": 2000, "instances": 10, "id": 77}}"#;
+    w.on_sync_grants(&host, 1, Some(304), Some(header));
+    w.on_sync_response(&host, 1, Some(304), None);
+    let admitted = (10..20)
+        .filter(|&i| w.on_request(&host, i, r.as_slice()) == Verdict::Continue)
+        .count();
+    assert_eq!(admitted, 3, "three slots");
+    for i in 10..20 {
+        w.on_stream_end(&host, i);
+    }
+    // The report names the grant it applies.
+    host.advance_ms(1000);
+    w.on_tick(&host);
+    let calls = host.calls.borrow().clone();
+    let report: sluice_shared::sync::SyncReport =
+        serde_json::from_slice(&calls.last().unwrap().2).unwrap();
+    assert_eq!(report.grants.get("llm"), Some(&77));
+    // The admin is gone; 2 s after the report was sent the lease lapses and
+    // the share falls back to min(grant, limit / 10): 3 slots still, 30/s.
+    host.advance_ms(1500);
+    w.on_tick(&host);
+    let p = &w.policies().policies[0];
+    assert_eq!(p.concurrency.map(|c| c.max_in_flight), Some(3));
+    assert!(!p.fleet_closed);
+    // A header that does not parse changes nothing and is counted.
+    w.on_sync_grants(&host, 2, Some(200), Some(b"garbage"));
+    assert_eq!(
+        w.policies().policies[0]
+            .concurrency
+            .map(|c| c.max_in_flight),
+        Some(3)
+    );
+}

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use sluice_shared::bucket::{Admission, BucketLimits, BucketState, Granted};
+use sluice_shared::fleet::{share_in_force, Amount};
 use sluice_shared::headers::{rejection_headers, LimitKind};
 use sluice_shared::limiter::Nanos;
 use sluice_shared::matcher::{
@@ -16,6 +17,7 @@ use sluice_shared::matcher::{
 };
 use sluice_shared::policy::KeyOverflow;
 
+use crate::fleet::{self, HeldGrant, HeldGrants};
 use crate::grants::{GrantKey, LocalGrants, SpareSlots};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics, PolicyStat};
@@ -98,6 +100,11 @@ pub struct Worker {
     /// The sync call this VM is waiting for: (token, sent at).
     pending_call: Option<(u32, Nanos)>,
     reported_at: Nanos,
+    /// Fleet mode: the grants this worker last picked up, their sequence
+    /// in shared data, and the share each global policy applies now.
+    fleet_seq: u64,
+    held: HeldGrants,
+    applied: BTreeMap<String, Amount>,
 }
 
 impl Worker {
@@ -116,6 +123,9 @@ impl Worker {
             admin_version: 0,
             pending_call: None,
             reported_at: 0,
+            fleet_seq: 0,
+            held: HeldGrants::new(),
+            applied: BTreeMap::new(),
         }
     }
 
@@ -147,6 +157,59 @@ impl Worker {
         for spare in self.grants.clear() {
             self.give_back(host, spare);
         }
+        self.applied.clear();
+        self.apply_shares(host, host.now());
+    }
+
+    /// Gives each global policy the limits of the share in force now: the
+    /// newest grant while it runs, then its fallback. Without an admin
+    /// there is nobody to share with, and a global policy is enforced
+    /// whole, as an instance one.
+    fn apply_shares<H: Host + ?Sized>(&mut self, host: &H, now: Nanos) {
+        if self.sync.is_none() {
+            return;
+        }
+        let mut changes = Vec::new();
+        for (i, p) in self.policies.policies.iter().enumerate() {
+            if !p.is_global() {
+                continue;
+            }
+            let grant = self.held.get(p.name()).map(HeldGrant::as_grant);
+            let share = share_in_force(grant, Amount::of_policy(&p.policy), now / 1_000_000);
+            if self.applied.get(p.name()) != Some(&share) {
+                changes.push((i, share));
+            }
+        }
+        if changes.is_empty() {
+            return;
+        }
+        let policies = Rc::make_mut(&mut self.policies);
+        for (i, share) in changes {
+            if let Some(p) = policies.policies.get_mut(i) {
+                p.apply_share(share);
+                host.log(
+                    Level::Debug,
+                    &format!(
+                        "sluice: global policy {} now allows {:.1}/s, {} in flight{}",
+                        p.name(),
+                        share.rate,
+                        share.in_flight,
+                        if p.fleet_closed { " (closed)" } else { "" }
+                    ),
+                );
+                self.applied.insert(p.name().to_string(), share);
+            }
+        }
+    }
+
+    /// Takes up grants another VM's sync published.
+    fn pick_up_grants<H: Host + ?Sized>(&mut self, host: &H) {
+        if self.sync.is_none() || fleet::published_seq(host) == self.fleet_seq {
+            return;
+        }
+        let (seq, held) = fleet::published(host);
+        self.fleet_seq = seq;
+        self.held = held;
     }
 
     /// Gives granted slots this worker did not use back to their bucket.
@@ -200,6 +263,15 @@ impl Worker {
         let name = policy.name();
         let now = host.now();
         let shadow = policy.is_shadow();
+        if policy.fleet_closed {
+            // This Envoy's share of a global limit is nothing right now.
+            if shadow {
+                self.metrics.add(name, PolicyStat::ShadowLimited, 1);
+                return Verdict::Continue;
+            }
+            self.metrics.add(name, PolicyStat::Rejected, 1);
+            return Verdict::Reply(rejection(policy, LimitKind::Rate, DEFAULT_RETRY_NS));
+        }
         let mut limits = BucketLimits::of(policy);
         if shadow {
             // Shadow mode judges as `reject` would, and lets everything pass.
@@ -479,6 +551,8 @@ impl Worker {
         self.expire_stuck_streams(host, now);
         self.renew_leases(host, now);
         self.pick_up_published_set(host);
+        self.pick_up_grants(host);
+        self.apply_shares(host, now);
         self.report_counters(host, now);
         self.maybe_sync(host, now);
         self.flush(host);
@@ -767,13 +841,49 @@ impl Worker {
             }
             policies.insert(p.name().to_string(), report);
         }
+        let (_, held) = fleet::published(host);
         sluice_shared::sync::SyncReport {
             instance: settings.instance.clone(),
             policy_version: self.admin_version,
             at_ms: now / 1_000_000,
             policies,
             filter: BTreeMap::new(),
+            grants: held.into_iter().map(|(p, g)| (p, g.id)).collect(),
         }
+    }
+
+    /// The fleet shares in the answer to sync call `token` (its
+    /// `sluice-grants` header); called before the answer itself.
+    pub fn on_sync_grants<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        token: u32,
+        status: Option<u16>,
+        header: Option<&[u8]>,
+    ) {
+        let Some((pending, sent)) = self.pending_call else {
+            return;
+        };
+        if pending != token || !matches!(status, Some(200 | 304)) {
+            return;
+        }
+        let Some(header) = header else {
+            return;
+        };
+        let Some(grants) = fleet::parse_header(header, sent) else {
+            self.metrics.add_filter(FilterStat::SyncFailures, 1);
+            host.log(
+                Level::Warn,
+                "sluice: the admin's sluice-grants header does not parse; keeping the shares held",
+            );
+            return;
+        };
+        if fleet::publish(host, &mut self.store, &grants).is_err() {
+            self.metrics.add_filter(FilterStat::HostErrors, 1);
+            return;
+        }
+        self.pick_up_grants(host);
+        self.apply_shares(host, host.now());
     }
 
     /// The admin answered (or Envoy gave up on it: `status` None).

@@ -20,8 +20,16 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
+use crate::limiter::{ConcurrencyLimit, RateLimiter, TokenBucket};
+use crate::policy::Policy;
+
+/// The part of a global limit kept as floors for idle instances.
+pub const FLOOR_FRACTION: f64 = 0.05;
+
 /// A quantity of a limit: requests per second and calls in flight.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Amount {
     pub rate: f64,
     pub in_flight: u32,
@@ -60,7 +68,7 @@ impl Amount {
 /// What an instance would use if nothing held it back: the calls it was
 /// asked to make per second (admitted and refused), the calls it wanted in
 /// flight, and its queue.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Demand {
     pub rate: f64,
     pub in_flight: u32,
@@ -70,7 +78,7 @@ pub struct Demand {
 /// A share of the global limit, valid until `expires_at_ms`; `instances`
 /// is how many the admin counted when it made it (what a lapsed grant
 /// falls back to splits the limit that many ways).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Grant {
     pub share: Amount,
     pub expires_at_ms: u64,
@@ -180,12 +188,15 @@ fn even_split(limit: Amount, instances: u32) -> Amount {
     }
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Member {
     demand: Demand,
     last_heard_ms: u64,
     /// The grants it may still apply, oldest first.
     grants: Vec<Grant>,
+    /// Its counters at its last sync, to turn the next ones into rates.
+    #[serde(default)]
+    usage: Option<Usage>,
 }
 
 impl Member {
@@ -214,8 +225,9 @@ impl Member {
     }
 }
 
-/// The admin's record of one global policy's grants.
-#[derive(Debug, Clone, Default)]
+/// The admin's record of one global policy's grants. Serializable: with
+/// several admin replicas it lives in Redis.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ledger {
     members: BTreeMap<String, Member>,
 }
@@ -276,6 +288,30 @@ impl Ledger {
         grant
     }
 
+    /// [`Ledger::sync`] with the demand read off the instance's counters:
+    /// what it was asked per second since its previous sync, and what it
+    /// would hold in flight if nothing were refused.
+    pub fn sync_usage(
+        &mut self,
+        terms: &FleetTerms,
+        instance: &str,
+        usage: Usage,
+        newest: Option<u64>,
+        now_ms: u64,
+    ) -> Grant {
+        let member = self.members.get(instance);
+        let measured = demand_between(member.and_then(|m| m.usage), usage, terms.limit);
+        let demand = match member {
+            Some(m) if m.usage.is_some() => smooth(m.demand, measured),
+            _ => measured,
+        };
+        let grant = self.sync(terms, instance, demand, newest, now_ms);
+        if let Some(member) = self.members.get_mut(instance) {
+            member.usage = Some(usage);
+        }
+        grant
+    }
+
     /// The sum of what every instance may be enforcing now.
     pub fn reserved(&self, terms: &FleetTerms, now_ms: u64) -> Amount {
         self.members
@@ -305,6 +341,156 @@ impl Ledger {
     fn forget_gone(&mut self, terms: &FleetTerms, now_ms: u64) {
         self.members
             .retain(|_, m| now_ms < m.reserved_until(terms.lease_ms));
+    }
+}
+
+/// Weight of the newest measurement in a member's demand. A rate counted
+/// over one sync interval is noisy (10 calls ± 1 at 50/s and 200 ms); every
+/// wobble would move the shares, and room is handed over only once the old
+/// grant is superseded, so jittery shares leave part of the limit unused.
+const DEMAND_SMOOTHING: f64 = 0.3;
+
+/// Smooths the rate only: in flight is a count of calls held now, and a
+/// blend of small counts rounds back to where it was.
+fn smooth(previous: Demand, measured: Demand) -> Demand {
+    Demand {
+        rate: previous.rate + DEMAND_SMOOTHING * (measured.rate - previous.rate),
+        ..measured
+    }
+}
+
+/// An instance's counters for one policy at one sync, as it reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Requests that matched the policy so far (admitted and refused).
+    pub asked: u64,
+    pub admitted: u64,
+    pub in_flight: u32,
+    pub waiting: u32,
+    pub at_ms: u64,
+}
+
+/// What an instance wanted between two syncs. The rate is what it was asked
+/// (refused calls included: they are demand it could not serve). In flight,
+/// by Little's law, is what it held scaled by asked over admitted: the
+/// calls it would hold if none were refused. A first report, or counters
+/// that went back (an Envoy restart), give no rate yet.
+pub fn demand_between(previous: Option<Usage>, now: Usage, limit: Amount) -> Demand {
+    let span_ms = previous.map_or(0, |p| now.at_ms.saturating_sub(p.at_ms));
+    let (asked, admitted) = match previous {
+        Some(p) if span_ms > 0 && now.asked >= p.asked && now.admitted >= p.admitted => {
+            (now.asked - p.asked, now.admitted - p.admitted)
+        }
+        _ => (0, 0),
+    };
+    let seconds = span_ms as f64 / 1000.0;
+    let rate = if seconds > 0.0 {
+        asked as f64 / seconds
+    } else {
+        0.0
+    };
+    let holding = f64::from(now.in_flight) + f64::from(now.waiting);
+    let wanted = if asked > admitted {
+        if admitted > 0 && now.in_flight > 0 {
+            holding * asked as f64 / admitted as f64
+        } else {
+            holding + 1.0
+        }
+    } else {
+        holding
+    };
+    Demand {
+        rate,
+        in_flight: wanted.ceil().min(f64::from(limit.in_flight.max(1))) as u32,
+        queued: now.waiting,
+    }
+}
+
+impl Amount {
+    /// A policy's limit as a rate per second and calls in flight (0 for
+    /// what it does not limit).
+    pub fn of_policy(policy: &Policy) -> Amount {
+        Amount {
+            rate: policy.rate.as_ref().map_or(0.0, |r| {
+                r.requests as f64 / (r.period.as_nanos().max(1) as f64 / 1e9)
+            }),
+            in_flight: policy.concurrency.as_ref().map_or(0, |c| c.max_in_flight),
+        }
+    }
+}
+
+impl FleetTerms {
+    pub fn of_policy(policy: &Policy) -> FleetTerms {
+        FleetTerms {
+            limit: Amount::of_policy(policy),
+            lease_ms: policy.share_lease().as_millis(),
+            floor_fraction: FLOOR_FRACTION,
+        }
+    }
+}
+
+/// The limits an instance applies for its share of a global policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareLimits {
+    pub rate: Option<RateLimiter>,
+    pub concurrency: Option<ConcurrencyLimit>,
+    /// The share allows no request at all (before the first grant, or
+    /// while the others hold the whole limit).
+    pub closed: bool,
+}
+
+pub const MIN_SHARE_BURST: u64 = 2;
+
+/// Rates are kept per hour so that a share of a fraction of a request per
+/// second still refills.
+const SHARE_PERIOD_NS: u64 = 3_600_000_000_000;
+
+/// Scales a global policy's limits down to `share`: the rate to the share's
+/// rate and the burst in proportion, the slots to the share's slots and the
+/// high-priority lane in proportion.
+///
+/// The burst is at least [`MIN_SHARE_BURST`] (or the policy's, if smaller):
+/// a bucket of one token admits a call only when it is exactly due, and
+/// calls that arrive on their own clock then lose up to a third of the
+/// share. The fleet's burst is so at most `burst + MIN_SHARE_BURST · n`.
+pub fn limits_for_share(policy: &Policy, share: Amount) -> ShareLimits {
+    let limit = Amount::of_policy(policy);
+    let mut closed = false;
+    let rate = policy.rate.as_ref().map(|spec| {
+        let per_hour = (share.rate.max(0.0) * 3600.0).floor() as u64;
+        closed |= per_hour == 0;
+        let fraction = if limit.rate > 0.0 {
+            (share.rate / limit.rate).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let policy_burst = spec.effective_burst();
+        let burst = ((policy_burst as f64) * fraction).floor() as u64;
+        RateLimiter::TokenBucket(TokenBucket::new(
+            per_hour.max(1),
+            SHARE_PERIOD_NS,
+            burst.max(MIN_SHARE_BURST.min(policy_burst)).max(1),
+            None,
+        ))
+    });
+    let concurrency = policy.concurrency.as_ref().map(|spec| {
+        let slots = share.in_flight.min(spec.max_in_flight);
+        let reserved = if spec.max_in_flight > 0 {
+            (u64::from(spec.reserved_for_high) * u64::from(slots) / u64::from(spec.max_in_flight))
+                as u32
+        } else {
+            0
+        };
+        ConcurrencyLimit {
+            max_in_flight: slots,
+            reserved_for_high: reserved,
+            lease_ttl_ns: spec.lease_ttl.as_nanos(),
+        }
+    });
+    ShareLimits {
+        rate,
+        concurrency,
+        closed,
     }
 }
 
@@ -390,6 +576,84 @@ mod tests {
         let b5 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b4.expires_at_ms), 4_030);
         assert_eq!(b5.share.in_flight, 100);
         assert_eq!(ledger.members(&TERMS, 4_030).len(), 1);
+    }
+
+    fn usage(asked: u64, admitted: u64, in_flight: u32, at_ms: u64) -> Usage {
+        Usage {
+            asked,
+            admitted,
+            in_flight,
+            waiting: 0,
+            at_ms,
+        }
+    }
+
+    #[test]
+    fn demand_is_what_was_asked_and_what_would_be_held() {
+        // 500 asked over 500 ms, 250 admitted while holding 10: it would
+        // hold 20 if nothing were refused.
+        let d = demand_between(
+            Some(usage(1_000, 800, 4, 1_000)),
+            usage(1_500, 1_050, 10, 1_500),
+            LIMIT,
+        );
+        assert!((d.rate - 1_000.0).abs() < 1e-9);
+        assert_eq!(d.in_flight, 20);
+        // Nothing refused: what it holds.
+        let d = demand_between(Some(usage(0, 0, 0, 0)), usage(100, 100, 7, 1_000), LIMIT);
+        assert_eq!((d.rate, d.in_flight), (100.0, 7));
+        // First report, or counters that went back: no rate yet.
+        assert_eq!(
+            demand_between(None, usage(100, 100, 3, 1_000), LIMIT).rate,
+            0.0
+        );
+        assert_eq!(
+            demand_between(Some(usage(900, 900, 0, 0)), usage(10, 10, 0, 1_000), LIMIT).rate,
+            0.0
+        );
+        // Refused with nothing admitted (a share of 0): one more than held,
+        // never more than the limit.
+        let d = demand_between(Some(usage(0, 0, 0, 0)), usage(50, 0, 0, 1_000), LIMIT);
+        assert_eq!(d.in_flight, 1);
+        let d = demand_between(
+            Some(usage(0, 0, 0, 0)),
+            usage(1_000_000, 1, 100, 1_000),
+            LIMIT,
+        );
+        assert_eq!(d.in_flight, LIMIT.in_flight);
+    }
+
+    #[test]
+    fn a_share_scales_rate_burst_and_slots() {
+        let policy: Policy = serde_json::from_str(
+            r#"{"name": "p", "match": {"host": "a"}, "scope": "global",
+                "rate": {"requests": 300, "period": "1s", "burst": 30},
+                "concurrency": {"max_in_flight": 40, "reserved_for_high": 10}}"#,
+        )
+        .unwrap();
+        let limits = limits_for_share(
+            &policy,
+            Amount {
+                rate: 100.0,
+                in_flight: 20,
+            },
+        );
+        assert!(!limits.closed);
+        let Some(RateLimiter::TokenBucket(bucket)) = limits.rate else {
+            panic!("{limits:?}")
+        };
+        assert_eq!(bucket.burst(), 10);
+        let c = limits.concurrency.unwrap();
+        assert_eq!((c.max_in_flight, c.reserved_for_high), (20, 5));
+        assert!(limits_for_share(&policy, Amount::default()).closed);
+        let tiny = limits_for_share(
+            &policy,
+            Amount {
+                rate: 0.5,
+                in_flight: 1,
+            },
+        );
+        assert!(!tiny.closed, "half a request per second still refills");
     }
 
     #[test]

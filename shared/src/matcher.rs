@@ -108,6 +108,9 @@ pub struct CompiledPolicy {
     priority_header: Option<String>,
     pub rate: Option<RateLimiter>,
     pub concurrency: Option<ConcurrencyLimit>,
+    /// A global policy whose share allows nothing now: every request is
+    /// refused without touching a bucket.
+    pub fleet_closed: bool,
 }
 
 /// Which bucket of a policy a request uses.
@@ -159,12 +162,25 @@ impl CompiledPolicy {
                 .map(lower),
             rate: policy.rate.as_ref().map(RateLimiter::from_spec),
             concurrency: policy.concurrency.as_ref().map(ConcurrencyLimit::from_spec),
+            fleet_closed: false,
             policy,
         }
     }
 
     pub fn name(&self) -> &str {
         &self.policy.name
+    }
+
+    pub fn is_global(&self) -> bool {
+        self.policy.scope == crate::policy::Scope::Global
+    }
+
+    /// Applies this instance's share of a global policy's limits.
+    pub fn apply_share(&mut self, share: crate::fleet::Amount) {
+        let limits = crate::fleet::limits_for_share(&self.policy, share);
+        self.rate = limits.rate;
+        self.concurrency = limits.concurrency;
+        self.fleet_closed = limits.closed;
     }
 
     pub fn is_shadow(&self) -> bool {

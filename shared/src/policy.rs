@@ -48,6 +48,43 @@ pub struct Policy {
     pub priority: Option<PrioritySpec>,
     #[serde(default)]
     pub mode: Mode,
+    /// Whether the limits are each Envoy's own or one limit for the fleet.
+    #[serde(default, skip_serializing_if = "Scope::is_instance")]
+    pub scope: Scope,
+    /// `global` only: how long a share the admin grants stays valid without
+    /// a renewal. Default 3 s; an Envoy that cannot reach the admin keeps its
+    /// share this long, then falls back to an even split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_lease: Option<DurationMs>,
+}
+
+impl Policy {
+    /// The share lease in effect for a global policy.
+    pub fn share_lease(&self) -> DurationMs {
+        self.share_lease.unwrap_or(Scope::DEFAULT_SHARE_LEASE)
+    }
+}
+
+/// Who a policy's limits are for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Every Envoy enforces the whole limit on its own calls.
+    #[default]
+    Instance,
+    /// The limit is for every Envoy syncing with the admin, together: the
+    /// admin leases each a share, weighted by the demand it reports
+    /// (fleet mode, docs/FLEET.md).
+    Global,
+}
+
+impl Scope {
+    pub const DEFAULT_SHARE_LEASE: DurationMs = DurationMs::from_secs(3);
+
+    fn is_instance(&self) -> bool {
+        *self == Scope::Instance
+    }
 }
 
 /// Which requests a policy applies to. Every given condition must hold.

@@ -5,12 +5,19 @@
 //! [`SyncReport`] body. The admin answers `200` with the current
 //! [`crate::PolicySet`] when its version differs from `policy_version`, and
 //! `304 Not Modified` (no body) otherwise.
+//!
+//! Fleet mode: for each `scope: global` policy both answers carry the
+//! instance's share in the [`GRANTS_HEADER`] header (JSON, a
+//! [`GrantMessage`] per policy), and the next report names the grant the
+//! instance applies (`grants`). Durations are relative, so the Envoys'
+//! clocks need not agree with the admin's.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
+pub const GRANTS_HEADER: &str = "sluice-grants";
 
 /// Bounds on a report, so a broken or hostile client cannot make the admin
 /// store megabytes per sync.
@@ -31,7 +38,28 @@ pub struct SyncReport {
     /// Filter-wide counters (CAS retries, sync failures, ...).
     #[serde(default)]
     pub filter: BTreeMap<String, u64>,
+    /// Per global policy, the id of the newest grant this Envoy received
+    /// (and so applies).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub grants: BTreeMap<String, u64>,
 }
+
+/// One global policy's share for the instance that synced.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GrantMessage {
+    /// Requests per second.
+    pub rate: f64,
+    pub in_flight: u32,
+    /// Valid for this long after the instance sent its report.
+    pub lease_ms: u64,
+    /// How many instances the admin counted; a lapsed share falls back to
+    /// the limit split this many ways.
+    pub instances: u32,
+    /// Echoed in the next report's `grants`.
+    pub id: u64,
+}
+
+pub type GrantsMessage = BTreeMap<String, GrantMessage>;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyReport {

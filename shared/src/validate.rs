@@ -29,6 +29,8 @@ pub mod bounds {
     pub const MAX_COLD_FACTOR: u32 = 10;
     pub const MAX_WARMUP_MS: u64 = 3_600_000;
     pub const MAX_IN_FLIGHT: u32 = 1_000_000;
+    pub const MIN_SHARE_LEASE_MS: u64 = 500;
+    pub const MAX_SHARE_LEASE_MS: u64 = 300_000;
     pub const MIN_LEASE_TTL_MS: u64 = 1_000;
     pub const MAX_LEASE_TTL_MS: u64 = 86_400_000;
     pub const MAX_WAIT_MS: u64 = 300_000;
@@ -334,9 +336,52 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
         check_concurrency(&mut r, conc, policy.priority.is_some());
     }
     check_on_limit(&mut r, &policy.on_limit);
+    check_scope(&mut r, policy);
     if let Some(priority) = &policy.priority {
         if let Some(header) = &priority.header {
             check_header_name(&mut r, "priority.header", header);
+        }
+    }
+}
+
+/// A global limit is split into shares by rate and slots; what cannot be
+/// split that way is refused rather than enforced wrongly.
+fn check_scope(r: &mut Report, policy: &Policy) {
+    match policy.scope {
+        Scope::Instance => {
+            if policy.share_lease.is_some() {
+                r.at(
+                    "share_lease",
+                    "only a `scope: global` policy has a share lease",
+                );
+            }
+        }
+        Scope::Global => {
+            if let Some(lease) = policy.share_lease {
+                r.range_ms(
+                    "share_lease",
+                    lease,
+                    bounds::MIN_SHARE_LEASE_MS,
+                    bounds::MAX_SHARE_LEASE_MS,
+                );
+            }
+            if policy.key.is_some() {
+                r.at(
+                    "key",
+                    "a `scope: global` policy cannot have per-key buckets",
+                );
+            }
+            if let Some(rate) = &policy.rate {
+                if rate.algorithm != Algorithm::TokenBucket {
+                    r.at(
+                        "rate.algorithm",
+                        "a `scope: global` policy needs `token_bucket`: windows cannot be split into shares",
+                    );
+                }
+                if rate.warmup.is_some() {
+                    r.at("rate.warmup", "not supported with `scope: global`");
+                }
+            }
         }
     }
 }

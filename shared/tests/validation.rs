@@ -216,3 +216,37 @@ fn defaults_are_filled_and_round_trip() {
     assert!(text.contains(r#""period":"1s 500ms""#), "{text}");
     assert_eq!(parse_policy_set(&text).unwrap(), set);
 }
+
+#[test]
+fn global_scope_refuses_what_cannot_be_split_into_shares() {
+    let err = parse_policy_set(&set_with(
+        r#"{"name": "a", "match": {"host": "x"}, "scope": "global", "share_lease": "100ms",
+            "key": {"header": "x-k"},
+            "rate": {"requests": 10, "period": "1s", "algorithm": "fixed_window"}}"#,
+    ))
+    .unwrap_err()
+    .to_string();
+    for expected in [
+        "policies[0].share_lease: must be at least 500ms",
+        "policies[0].key: a `scope: global` policy cannot have per-key buckets",
+        "policies[0].rate.algorithm: a `scope: global` policy needs `token_bucket`",
+    ] {
+        assert!(err.contains(expected), "{expected} not in {err}");
+    }
+    let err = parse_policy(
+        r#"{"name": "a", "match": {"host": "x"}, "share_lease": "2s", "rate": {"requests": 10, "period": "1s"}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "share_lease: only a `scope: global` policy has a share lease"
+    );
+    let ok = parse_policy(
+        r#"{"name": "a", "match": {"host": "x"}, "scope": "global", "concurrency": {"max_in_flight": 1000}}"#,
+    )
+    .unwrap();
+    assert_eq!(ok.share_lease().as_millis(), 3_000);
+    assert!(serde_json::to_string(&ok)
+        .unwrap()
+        .contains(r#""scope":"global""#));
+}

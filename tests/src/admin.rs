@@ -102,6 +102,17 @@ impl AdminProcess {
         ui_dir: Option<&Path>,
         log_path: &Path,
     ) -> anyhow::Result<Self> {
+        Self::start_with_args(db, port, ui_dir, log_path, &[]).await
+    }
+
+    /// With more command-line arguments (`--redis-url ...`).
+    pub async fn start_with_args(
+        db: &Path,
+        port: u16,
+        ui_dir: Option<&Path>,
+        log_path: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -118,6 +129,7 @@ impl AdminProcess {
         if let Some(dir) = ui_dir {
             command.arg("--ui-dir").arg(dir);
         }
+        command.args(extra);
         let child = command.spawn().with_context(|| {
             format!("starting {} (make e2e builds it)", Self::binary().display())
         })?;

@@ -145,6 +145,36 @@ impl Envoy {
         Self::start_full(&template, plugin_config, mock_port, admin_api_port, workers)
     }
 
+    /// With the `sluice_admin` cluster spread over several admin replicas,
+    /// health-checked every 200 ms so a dead one leaves the rotation.
+    pub fn start_with_admins(
+        plugin_config: &str,
+        mock_port: u16,
+        admin_api_ports: &[u16],
+        workers: u32,
+    ) -> anyhow::Result<Self> {
+        let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+        let one = "        - endpoint:\n            address:\n              socket_address: { address: 127.0.0.1, port_value: {{ADMIN_API_PORT}} }\n";
+        anyhow::ensure!(
+            template.contains(one),
+            "egress-test.yaml: the sluice_admin endpoint is not where this expects it"
+        );
+        let endpoints: String = admin_api_ports
+            .iter()
+            .map(|p| one.replace("{{ADMIN_API_PORT}}", &p.to_string()))
+            .collect();
+        let health = "    connect_timeout: 1s\n    health_checks:\n    - timeout: 0.5s\n      interval: 0.2s\n      no_traffic_interval: 0.2s\n      unhealthy_threshold: 1\n      healthy_threshold: 1\n      http_health_check: { path: /healthz }\n    load_assignment:\n      cluster_name: sluice_admin\n";
+        let template = template.replace(one, &endpoints).replace(
+            "    connect_timeout: 1s\n    load_assignment:\n      cluster_name: sluice_admin\n",
+            health,
+        );
+        anyhow::ensure!(
+            template.contains("http_health_check"),
+            "egress-test.yaml: no sluice_admin cluster to health-check"
+        );
+        Self::start_full(&template, plugin_config, mock_port, 9, workers)
+    }
+
     fn start_full(
         template: &str,
         plugin_config: &str,

@@ -8,3 +8,4 @@ pub mod envoy;
 pub mod load;
 pub mod mock;
 pub mod procinfo;
+pub mod redis;

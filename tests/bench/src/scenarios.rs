@@ -738,6 +738,7 @@ async fn sync_load(
                 at_ms: 0,
                 policies,
                 filter: BTreeMap::new(),
+                grants: BTreeMap::new(),
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             // Spread the instances over the interval, as real ones are.

@@ -1,0 +1,378 @@
+//! Fleet mode: one global limit shared by three real Envoys (`--concurrency
+//! 2` each) through shares the admin leases at every sync, in front of one
+//! mock provider that enforces the limit itself (300 calls a second) and
+//! counts every call over it.
+//!
+//! The global policy allows 290/s, so the provider's own limit is never hit
+//! while the shares hold; one Envoy carries 80 % of the traffic.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_e2e::admin::{AdminProcess, AdminServer, Operator, SYNC_TOKEN};
+use sluice_e2e::envoy::{free_port, Envoy};
+use sluice_e2e::load::{self, max_in_window, wait_for, Outcome};
+use sluice_e2e::mock::{MockApi, MockLimits};
+use sluice_e2e::redis::RedisServer;
+
+const GLOBAL_RPS: f64 = 290.0;
+const PROVIDER_RPS: u64 = 300;
+const LEASE: Duration = Duration::from_secs(2);
+const WORKERS: u32 = 2;
+/// Offered load per instance: 80 % through the first.
+const OFFERED: [(&str, u64); 3] = [("a", 400), ("b", 50), ("c", 50)];
+
+fn global_policy() -> Value {
+    json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+           "share_lease": "2s", "rate": {"requests": 290, "period": "1s", "burst": 6},
+           "concurrency": {"max_in_flight": 30}})
+}
+
+fn plugin_config(instance: &str) -> String {
+    json!({"instance": format!("fleet-{instance}"), "admin_cluster": "sluice_admin",
+           "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+           "fallback": {"version": 1, "policies": []}})
+    .to_string()
+}
+
+fn provider() -> MockLimits {
+    MockLimits {
+        max_per_second: PROVIDER_RPS,
+        max_in_flight: 30,
+    }
+}
+
+/// Open-loop load: `per_second` calls through `envoy`, tagged with the
+/// instance's name (the mock records it), until `stop`.
+fn paced(
+    envoy: &Envoy,
+    instance: &'static str,
+    per_second: u64,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<Outcome>> {
+    let url = envoy.url("/v1/complete");
+    tokio::spawn(async move {
+        let http = load::client();
+        let origin = Instant::now();
+        let mut every = tokio::time::interval(Duration::from_nanos(1_000_000_000 / per_second));
+        let mut calls = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            every.tick().await;
+            let request = http
+                .get(&url)
+                .header("host", "api.llm.example")
+                .header("x-api-key", instance);
+            calls.push(tokio::spawn(load::send(request, origin)));
+        }
+        let mut out = Vec::with_capacity(calls.len());
+        for c in calls {
+            if let Ok(o) = c.await {
+                out.push(o);
+            }
+        }
+        out
+    })
+}
+
+/// Calls the mock answered, per second, over `[from, to)` of its clock,
+/// from `instances` (all when empty).
+fn rate_at_mock(mock: &MockApi, instances: &[&str], from: Duration, to: Duration) -> f64 {
+    let n = mock
+        .arrivals()
+        .iter()
+        .filter(|a| a.at >= from && a.at < to)
+        .filter(|a| {
+            instances.is_empty() || a.key.as_deref().is_some_and(|k| instances.contains(&k))
+        })
+        .count();
+    n as f64 / (to - from).as_secs_f64()
+}
+
+fn most_in_any_second(mock: &MockApi) -> usize {
+    let mut at: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    at.sort();
+    max_in_window(&at, Duration::from_secs(1))
+}
+
+/// Syncs a replica answered, from its `/metrics`.
+async fn syncs_answered(base: &str) -> u64 {
+    let Ok(response) = reqwest::get(format!("{base}/metrics")).await else {
+        return 0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("sluice_admin_sync_requests_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The admin's view of the global policy: instance -> (rate share, slots).
+async fn shares(op: &Operator) -> anyhow::Result<Vec<(String, f64, u64)>> {
+    let fleet = op.get("/api/v1/fleet").await?;
+    let members = fleet["policies"][0]["members"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    Ok(members
+        .iter()
+        .map(|m| {
+            (
+                m["instance"].as_str().unwrap_or_default().to_string(),
+                m["share"]["rate"].as_f64().unwrap_or(0.0),
+                m["share"]["in_flight"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+fn start_envoys(mock: &MockApi, admin_ports: &[u16]) -> anyhow::Result<Vec<Envoy>> {
+    OFFERED
+        .iter()
+        .map(|(name, _)| {
+            Envoy::start_with_admins(&plugin_config(name), mock.addr.port(), admin_ports, WORKERS)
+        })
+        .collect()
+}
+
+fn start_load(
+    envoys: &[Envoy],
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<Outcome>>> {
+    envoys
+        .iter()
+        .zip(OFFERED)
+        .map(|(envoy, (name, rate))| paced(envoy, name, rate, stop.clone()))
+        .collect()
+}
+
+async fn finish(stop: &Arc<AtomicBool>, load: Vec<tokio::task::JoinHandle<Vec<Outcome>>>) -> usize {
+    stop.store(true, Ordering::SeqCst);
+    let mut calls = 0;
+    for l in load {
+        calls += l.await.map(|o| o.len()).unwrap_or(0);
+    }
+    calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uneven_load_uses_the_global_limit_and_a_dead_envoys_share_moves() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    op.create(global_policy()).await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, provider()).await?;
+    let mut envoys = start_envoys(&mock, &[admin.port])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    mock.reset();
+    let origin = Instant::now();
+    let load = start_load(&envoys, &stop);
+
+    // Shares settle within a few syncs; then 8 s of steady state.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let (from, to) = (Duration::from_secs(4), Duration::from_secs(12));
+    let used = rate_at_mock(&mock, &[], from, to);
+    let per: Vec<f64> = ["a", "b", "c"]
+        .iter()
+        .map(|i| rate_at_mock(&mock, &[i], from, to))
+        .collect();
+    let steady_shares = shares(&op).await?;
+
+    // Envoy c dies (SIGKILL). Its share is reserved until two leases after
+    // its last sync, then goes to a and b.
+    let killed_at = Instant::now();
+    let killed_on_mock = origin.elapsed();
+    drop(envoys.pop());
+    let moved = loop {
+        let now = shares(&op).await?;
+        let sum: f64 = now.iter().map(|(_, r, _)| r).sum();
+        if now.len() == 2 && sum >= 0.95 * GLOBAL_RPS {
+            break killed_at.elapsed();
+        }
+        anyhow::ensure!(
+            killed_at.elapsed() < LEASE * 4,
+            "c's share did not move within {:?}: {now:?}",
+            LEASE * 4
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after_from = killed_on_mock + moved + Duration::from_secs(1);
+    let after_to = origin.elapsed();
+    let used_after = rate_at_mock(&mock, &[], after_from, after_to);
+    let calls = finish(&stop, load).await;
+    let most = most_in_any_second(&mock);
+    let refused_by_provider = mock.rejected_by_mock();
+    let sync_ok: Vec<f64> = envoys
+        .iter()
+        .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
+        .collect();
+
+    println!(
+        "fleet uneven: offered a 400/s, b 50/s, c 50/s; global limit {GLOBAL_RPS}/s, provider {PROVIDER_RPS}/s; \
+         steady (4..12 s): the provider saw {used:.1}/s ({:.1} % of its limit): a {:.1}/s, b {:.1}/s, c {:.1}/s; \
+         shares then {steady_shares:?}",
+        100.0 * used / PROVIDER_RPS as f64,
+        per[0],
+        per[1],
+        per[2],
+    );
+    println!(
+        "fleet kill: c SIGKILLed; its share moved to a and b after {moved:?} (lease {LEASE:?}); then the provider saw \
+         {used_after:.1}/s ({:.1} %); {calls} calls in all; most in any 1 s at the provider {most} (limit {PROVIDER_RPS}); \
+         refused by the provider {refused_by_provider}; syncs ok a, b: {sync_ok:?}",
+        100.0 * used_after / PROVIDER_RPS as f64,
+    );
+    assert!(used >= 0.9 * PROVIDER_RPS as f64, "steady use {used:.1}/s");
+    assert!(
+        per[0] > per[1] * 3.0,
+        "a's share follows its demand: {per:?}"
+    );
+    assert!(
+        moved <= LEASE * 2 + Duration::from_secs(1),
+        "moved after {moved:?}"
+    );
+    assert!(
+        used_after >= 0.9 * PROVIDER_RPS as f64,
+        "after the kill {used_after:.1}/s"
+    );
+    assert_eq!(refused_by_provider, 0, "the provider's limit was exceeded");
+    assert!(most <= PROVIDER_RPS as usize, "{most} in one second");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_replicas_share_leases_in_redis_and_no_admin_means_no_overshoot() -> anyhow::Result<()>
+{
+    let redis = RedisServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("sluice.db");
+    let url = redis.url();
+    let replica_args = ["--redis-url", url.as_str()];
+    let ports = [free_port()?, free_port()?];
+    let first = AdminProcess::start_with_args(
+        &db,
+        ports[0],
+        None,
+        &dir.path().join("admin-1.log"),
+        &replica_args,
+    )
+    .await?;
+    let second = AdminProcess::start_with_args(
+        &db,
+        ports[1],
+        None,
+        &dir.path().join("admin-2.log"),
+        &replica_args,
+    )
+    .await?;
+    let op = first.login().await?;
+    op.create(global_policy()).await?;
+    let op2 = second.login().await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, provider()).await?;
+    let envoys = start_envoys(&mock, &ports)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    mock.reset();
+    let origin = Instant::now();
+    let load = start_load(&envoys, &stop);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let used_two = rate_at_mock(&mock, &[], Duration::from_secs(4), Duration::from_secs(8));
+    // Both replicas answered syncs, from one ledger.
+    let answered = (
+        syncs_answered(&first.base()).await,
+        syncs_answered(&second.base()).await,
+    );
+    let shares_via_first = shares(&op).await?;
+    let shares_via_second = shares(&op2).await?;
+
+    // Replica 1 dies: Envoy's health check drops it, syncs go on through 2.
+    let syncs_before: Vec<f64> = envoys
+        .iter()
+        .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
+        .collect();
+    let killed_first = origin.elapsed();
+    first.kill();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let syncs_after: Vec<f64> = envoys
+        .iter()
+        .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
+        .collect();
+    let used_one = rate_at_mock(
+        &mock,
+        &[],
+        killed_first + Duration::from_secs(2),
+        origin.elapsed(),
+    );
+    let live_after = shares(&op2).await?;
+
+    // Replica 2 dies too: no admin at all. Shares run to the end of their
+    // lease, then fall back to an even split of the limit, never more.
+    let killed_second = origin.elapsed();
+    second.kill();
+    let lapsed = wait_for(
+        "every Envoy counting failed syncs",
+        Duration::from_secs(5),
+        || {
+            envoys
+                .iter()
+                .all(|e| e.filter_stat("sync_failures").unwrap_or(0.0) > 0.0)
+        },
+    )
+    .await;
+    tokio::time::sleep(LEASE * 3).await;
+    let used_none = rate_at_mock(
+        &mock,
+        &[],
+        killed_second + LEASE + Duration::from_secs(1),
+        origin.elapsed(),
+    );
+    let calls = finish(&stop, load).await;
+    let most = most_in_any_second(&mock);
+    let refused_by_provider = mock.rejected_by_mock();
+
+    println!(
+        "fleet replicas: two admins on one SQLite file, leases in Redis, syncs answered {answered:?}; the provider saw {used_two:.1}/s \
+         ({:.1} % of {PROVIDER_RPS}/s); shares via replica 1 {shares_via_first:?}, via replica 2 {shares_via_second:?}",
+        100.0 * used_two / PROVIDER_RPS as f64,
+    );
+    println!(
+        "fleet replica kill: replica 1 SIGKILLed; syncs ok per Envoy {syncs_before:?} -> {syncs_after:?} in 6 s; \
+         the provider saw {used_one:.1}/s; replica 2 sees {live_after:?}",
+    );
+    println!(
+        "fleet no admin: both replicas gone ({lapsed:?} to the first failures); after the leases lapsed the provider saw \
+         {used_none:.1}/s (fallback: each Envoy at most {:.1}/s); {calls} calls in all; most in any 1 s {most} \
+         (limit {PROVIDER_RPS}); refused by the provider {refused_by_provider}",
+        GLOBAL_RPS / 3.0,
+    );
+    assert!(
+        answered.0 > 0 && answered.1 > 0,
+        "both replicas answered syncs: {answered:?}"
+    );
+    assert_eq!(shares_via_first.len(), 3, "{shares_via_first:?}");
+    assert_eq!(
+        shares_via_first.iter().map(|s| &s.0).collect::<Vec<_>>(),
+        shares_via_second.iter().map(|s| &s.0).collect::<Vec<_>>(),
+        "one ledger, seen from both replicas"
+    );
+    assert!(
+        used_two >= 0.9 * PROVIDER_RPS as f64,
+        "use with two replicas {used_two:.1}/s"
+    );
+    for (before, after) in syncs_before.iter().zip(&syncs_after) {
+        assert!(
+            after - before >= 10.0,
+            "syncs continued: {syncs_before:?} -> {syncs_after:?}"
+        );
+    }
+    assert_eq!(
+        live_after.len(),
+        3,
+        "every Envoy still holds a share: {live_after:?}"
+    );
+    assert!(used_none <= GLOBAL_RPS + 10.0, "fallback {used_none:.1}/s");
+    assert_eq!(refused_by_provider, 0, "the provider's limit was exceeded");
+    assert!(most <= PROVIDER_RPS as usize, "{most} in one second");
+    Ok(())
+}
