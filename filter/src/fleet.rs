@@ -18,6 +18,7 @@ use sluice_shared::sync::GrantsMessage;
 
 use crate::host::Host;
 use crate::store::{update_bytes, StoreError, StoreStats};
+use crate::sync::read_u64;
 
 pub const GRANTS_KEY: &str = "sluice/fleet/grants";
 /// Larger headers are ignored (a well-behaved admin sends a few hundred
@@ -76,28 +77,15 @@ pub fn parse_header(value: &[u8], sent_at: Nanos) -> Option<HeldGrants> {
 }
 
 fn decode(bytes: Option<&[u8]>) -> (u64, HeldGrants) {
-    let Some(b) = bytes.filter(|b| b.len() >= 8) else {
-        return (0, BTreeMap::new());
-    };
-    let mut seq = [0u8; 8];
-    seq.copy_from_slice(&b[..8]);
-    (
-        u64::from_le_bytes(seq),
-        serde_json::from_slice(&b[8..]).unwrap_or_default(),
-    )
+    match (read_u64(bytes), bytes.and_then(|b| b.get(8..))) {
+        (Some(seq), Some(json)) => (seq, serde_json::from_slice(json).unwrap_or_default()),
+        _ => (0, BTreeMap::new()),
+    }
 }
 
 /// The sequence number of the published grants (0: none yet).
 pub fn published_seq<H: Host + ?Sized>(host: &H) -> u64 {
-    host.shared_get(GRANTS_KEY)
-        .0
-        .as_deref()
-        .and_then(|b| b.get(..8))
-        .map_or(0, |b| {
-            let mut seq = [0u8; 8];
-            seq.copy_from_slice(b);
-            u64::from_le_bytes(seq)
-        })
+    read_u64(host.shared_get(GRANTS_KEY).0.as_deref()).unwrap_or(0)
 }
 
 pub fn published<H: Host + ?Sized>(host: &H) -> (u64, HeldGrants) {

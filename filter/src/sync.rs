@@ -133,7 +133,7 @@ pub fn finish_turn<H: Host + ?Sized>(
     });
 }
 
-fn read_u64(bytes: Option<&[u8]>) -> Option<u64> {
+pub(crate) fn read_u64(bytes: Option<&[u8]>) -> Option<u64> {
     let b = bytes?.get(..8)?;
     let mut a = [0u8; 8];
     a.copy_from_slice(b);
