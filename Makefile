@@ -11,8 +11,9 @@ ENVOY_VERSION := 1.40.0
 WASM_TARGET   := wasm32-wasip1
 CARGO         ?= cargo
 # Debian packages the tests need: a real headless browser for the UI tests,
-# curl for the forward-proxy test, Redis for fleet mode with admin replicas.
-APT_PACKAGES  := chromium chromium-driver curl redis-server
+# curl for the forward-proxy test, Redis and PostgreSQL for fleet mode with
+# admin replicas.
+APT_PACKAGES  := chromium chromium-driver curl redis-server postgresql
 UI_TARGET     := wasm32-unknown-unknown
 UI_DIR        := target/ui
 # The wasm-bindgen CLI must be exactly the version of the wasm-bindgen
@@ -29,11 +30,12 @@ DEMO_VAR      ?= var
 
 FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny build wasm ui test lint unit e2e wasm-check run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny build wasm ui test fleet-test lint unit e2e wasm-check run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
 	@echo "make test    fmt, clippy, every test (installs what it needs)"
+	@echo "make fleet-test  only fleet mode's tests (also in make test)"
 	@echo "make bench   benchmarks, results in docs/BENCHMARKS.md"
 	@echo "make soak    fuzz with a large budget, then 30 min of mixed load (SOAK_DURATION)"
 	@echo "make schema  regenerate docs/policy.schema.json"
@@ -127,6 +129,15 @@ e2e: wasm ui
 	ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
 	  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin \
 	  $(CARGO) test -p sluice-e2e --tests --no-fail-fast -- --nocapture --test-threads=1
+
+# Fleet mode alone (also part of `make test`): three Envoys sharing one
+# limit, admin replicas on PostgreSQL + Redis, both stores, the Fleet page.
+fleet-test: setup wasm ui
+	$(CARGO) build -p sluice-admin --bin sluice-admin
+	ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
+	  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin \
+	  $(CARGO) test -p sluice-e2e --test fleet --test store_backends --test ui_browser --no-fail-fast \
+	  -- --nocapture --test-threads=1
 
 test: setup
 	$(MAKE) --no-print-directory lint

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use serde::Serialize;
-use sluice_shared::fleet::{Amount, Demand, FleetTerms, Grant, Ledger, Usage};
+use sluice_shared::fleet::{Amount, FleetTerms, Grant, Ledger, MemberState, Usage};
 use sluice_shared::sync::{GrantMessage, GrantsMessage, SyncReport};
 use sluice_shared::{PolicySet, Scope};
 
@@ -58,21 +58,13 @@ impl Default for Ledgers {
     }
 }
 
-/// One instance's part of a global policy, for the UI.
-#[derive(Debug, Clone, Serialize)]
-pub struct MemberView {
-    pub instance: String,
-    pub share: Amount,
-    pub demand: Demand,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicyView {
     pub policy: String,
     pub limit: Amount,
     pub lease_ms: u64,
     pub reserved: Amount,
-    pub members: Vec<MemberView>,
+    pub members: Vec<MemberState>,
 }
 
 impl Ledgers {
@@ -131,15 +123,7 @@ impl Ledgers {
                 limit: terms.limit,
                 lease_ms: terms.lease_ms,
                 reserved: ledger.reserved(&terms, now_ms),
-                members: ledger
-                    .members(&terms, now_ms)
-                    .into_iter()
-                    .map(|(instance, share, demand)| MemberView {
-                        instance,
-                        share,
-                        demand,
-                    })
-                    .collect(),
+                members: ledger.members(&terms, now_ms),
             });
         }
         Ok(out)

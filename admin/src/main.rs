@@ -41,8 +41,13 @@ struct Args {
     /// Keep fleet mode's shares in Redis (`redis://127.0.0.1:6379`), so
     /// that several admin replicas can serve the same Envoys. Without it,
     /// one admin keeps them in memory.
-    #[arg(long, env = "SLUICE_REDIS_URL")]
+    #[arg(long, env = "SLUICE_REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
+    /// Keep policies in PostgreSQL (`postgres://user:password@host/db`)
+    /// instead of the SQLite file `--db`: for admin replicas on several
+    /// hosts. Never logged.
+    #[arg(long, env = "SLUICE_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
     /// Run without a password (anyone reaching the port is admin). Local
     /// development only.
     #[arg(long)]
@@ -77,19 +82,38 @@ async fn main() -> anyhow::Result<()> {
     if args.sync_token.is_none() && !args.insecure_dev {
         bail!("no sync token: set SLUICE_SYNC_TOKEN (the filters' sync_token), or pass --insecure-dev");
     }
-    let store = Store::open(&args.db).with_context(|| format!("opening {}", args.db.display()))?;
-    if let Some(path) = &args.seed {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the seed policy set {}", path.display()))?;
-        let set = sluice_shared::parse_policy_set(&text)
-            .map_err(|e| anyhow::anyhow!("seed policy set {} refused: {e}", path.display()))?;
-        let added = store
-            .seed(&set, "seed")
-            .with_context(|| format!("seeding from {}", path.display()))?;
-        if added > 0 {
-            tracing::info!(seed = %path.display(), policies = added, "seeded an empty store");
+    let seed = match &args.seed {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the seed policy set {}", path.display()))?;
+            let set = sluice_shared::parse_policy_set(&text)
+                .map_err(|e| anyhow::anyhow!("seed policy set {} refused: {e}", path.display()))?;
+            Some((path.clone(), set))
         }
-    }
+        None => None,
+    };
+    let (database_url, db) = (args.database_url.clone(), args.db.clone());
+    // Opening PostgreSQL blocks (its client runs a runtime of its own).
+    let store = tokio::task::spawn_blocking(move || -> anyhow::Result<Store> {
+        let store = match &database_url {
+            Some(url) => {
+                Store::open_postgres(url).context("connecting to PostgreSQL (--database-url)")?
+            }
+            None => Store::open(&db).with_context(|| format!("opening {}", db.display()))?,
+        };
+        if let Some((path, set)) = &seed {
+            let added = store
+                .seed(set, "seed")
+                .with_context(|| format!("seeding from {}", path.display()))?;
+            if added > 0 {
+                tracing::info!(seed = %path.display(), policies = added, "seeded an empty store");
+            }
+        }
+        Ok(store)
+    })
+    .await
+    .context("opening the store")??;
+    let store_kind = store.kind();
     let mut state = AppState::new(store, credentials, args.sync_token, args.secure_cookies);
     if let Some(url) = &args.redis_url {
         let ledgers = Ledgers::redis(url)
@@ -111,7 +135,12 @@ async fn main() -> anyhow::Result<()> {
     if ui_dir.is_none() {
         tracing::warn!(dir = %args.ui_dir.display(), "no web UI built there (make ui); serving the API only");
     }
-    tracing::info!(listen = %args.listen, db = %args.db.display(), "sluice-admin ready");
+    match store_kind {
+        "postgres" => {
+            tracing::info!(listen = %args.listen, store = "postgres", "sluice-admin ready")
+        }
+        _ => tracing::info!(listen = %args.listen, db = %args.db.display(), "sluice-admin ready"),
+    }
     sluice_admin::serve(listener, state, ui_dir, async {
         let _ = tokio::signal::ctrl_c().await;
     })

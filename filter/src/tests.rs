@@ -678,3 +678,41 @@ fn a_global_policy_applies_its_share_then_falls_back_when_the_lease_lapses() {
         Some(3)
     );
 }
+
+#[test]
+fn a_share_that_moves_a_little_each_sync_admits_what_it_allows() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, GLOBAL);
+    w.set_sync(Some(crate::sync::SyncSettings {
+        interval_ns: 200_000_000,
+        ..sync_settings()
+    }));
+    let r = req(b"api.llm.example", &[]);
+    let mut admitted = 0;
+    let mut stream = 100;
+    // 10 s of calls every 100 ms (10/s) against a share that moves between
+    // 9.7/s and 10.3/s at every 200 ms sync.
+    for step in 0..100u32 {
+        if step % 2 == 0 {
+            w.on_tick(&host);
+            let token = host.calls.borrow().len() as u32;
+            let rate = if step % 4 == 0 { 9.7 } else { 10.3 };
+            let header = format!(
+                r#"{{"llm": {{"rate": {rate}, "in_flight": 5, "lease_ms": 2000, "instances": 2, "id": {}}}}}"#,
+                1000 + step
+            );
+            w.on_sync_grants(&host, token, Some(304), Some(header.as_bytes()));
+            w.on_sync_response(&host, token, Some(304), None);
+        }
+        stream += 1;
+        if w.on_request(&host, stream, r.as_slice()) == Verdict::Continue {
+            admitted += 1;
+        }
+        w.on_stream_end(&host, stream);
+        host.advance_ms(100);
+    }
+    assert!(
+        admitted >= 95,
+        "admitted {admitted} of 100 within a ~10/s share"
+    );
+}

@@ -12,8 +12,10 @@
 //! been lost, so until the instance says which it applies, any of them) and
 //! reserves the largest: a running grant in full, a lapsed one at its
 //! fallback. The reservation of an instance it no longer hears from ends
-//! two lease periods after its last sync or one after its last grant ran
-//! out, whichever is later: a dead instance's share goes back to the rest.
+//! half a lease after its last grant ran out (one and a half lease periods
+//! after its last sync, whichever is later): a dead instance's share goes
+//! back to the rest within two lease periods of its death. A live instance
+//! that misses syncs for that long is taken for dead.
 //! An instance cut off from an admin that is still serving others (a
 //! partition, not a crash) may then overshoot by its fallback; a stopped
 //! admin reallocates nothing, so there the sum holds for good.
@@ -27,6 +29,13 @@ use crate::policy::Policy;
 
 /// The part of a global limit kept as floors for idle instances.
 pub const FLOOR_FRACTION: f64 = 0.05;
+
+/// An instance is allotted up to this much more rate than it asked for: a
+/// rate measured over a sync interval wobbles (2 calls ± 1 at 10/s and
+/// 200 ms), and a share cut to the measured mean refuses the calls above it.
+/// Headroom a small asker does not use is lost to the big ones, so it is
+/// kept small.
+pub const RATE_HEADROOM: f64 = 1.1;
 
 /// A quantity of a limit: requests per second and calls in flight.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -96,9 +105,12 @@ pub struct FleetTerms {
 }
 
 /// Splits `limit` among instances by demand: each gets an even part of
-/// `floor_fraction` of the limit, the rest goes in proportion to demand
-/// (evenly when nobody wants anything). In-flight shares are whole calls;
-/// they never sum past the limit.
+/// `floor_fraction` of the limit, then the rest is filled max-min fair:
+/// an instance that wants less than an even split of what is left gets all
+/// it wants (its rate with [`RATE_HEADROOM`]), and the big askers share the remainder evenly among them. Room
+/// nobody asked for goes out in proportion to demand (evenly when nobody
+/// wants anything), so a busy instance can grow before its next sync.
+/// In-flight shares are whole calls; they never sum past the limit.
 pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<Amount> {
     let n = demands.len();
     if n == 0 {
@@ -108,15 +120,26 @@ pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<A
     let rates = split(
         limit.rate.max(0.0),
         floor_fraction,
-        &demands.iter().map(|d| d.rate.max(0.0)).collect::<Vec<_>>(),
+        &demands
+            .iter()
+            .map(|d| d.rate.max(0.0) * RATE_HEADROOM)
+            .collect::<Vec<_>>(),
     );
     // Queued calls want a slot as much as running ones.
     let wanted: Vec<f64> = demands
         .iter()
         .map(|d| f64::from(d.in_flight) + f64::from(d.queued))
         .collect();
+    // A slot each at least, where there are enough: an instance with none
+    // refuses every call, and its next report shows no calls in flight to
+    // ask more for.
+    let slot_floor = if limit.in_flight > 0 && n <= limit.in_flight as usize {
+        floor_fraction.max(n as f64 / f64::from(limit.in_flight))
+    } else {
+        floor_fraction
+    };
     let in_flight = whole_calls(
-        &split(f64::from(limit.in_flight), floor_fraction, &wanted),
+        &split(f64::from(limit.in_flight), slot_floor, &wanted),
         limit.in_flight,
     );
     rates
@@ -126,30 +149,66 @@ pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<A
         .collect()
 }
 
-fn split(total: f64, floor_fraction: f64, weights: &[f64]) -> Vec<f64> {
-    let n = weights.len() as f64;
-    let floor = total * floor_fraction / n;
-    let rest = total - floor * n;
-    let sum: f64 = weights.iter().filter(|w| w.is_finite()).sum();
-    weights
+fn split(total: f64, floor_fraction: f64, demands: &[f64]) -> Vec<f64> {
+    let n = demands.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let floor = total * floor_fraction / n as f64;
+    let rest = (total - floor * n as f64).max(0.0);
+    let wanted: Vec<f64> = demands
         .iter()
-        .map(|&w| {
-            let part = if sum > 0.0 && w.is_finite() {
-                w / sum
-            } else if sum > 0.0 {
-                0.0
-            } else {
-                1.0 / n
-            };
-            floor + rest * part
-        })
-        .collect()
+        .map(|&d| if d.is_finite() { d.max(0.0) } else { 0.0 })
+        .collect();
+    // What each wants beyond its floor.
+    let need: Vec<f64> = wanted.iter().map(|w| (w - floor).max(0.0)).collect();
+    let needed: f64 = need.iter().sum();
+    let extra = if needed <= rest {
+        // Everyone gets all they want; the spare goes by demand.
+        let spare = rest - needed;
+        let sum: f64 = wanted.iter().sum();
+        need.iter()
+            .zip(&wanted)
+            .map(|(need, w)| {
+                let part = if sum > 0.0 { w / sum } else { 1.0 / n as f64 };
+                need + spare * part
+            })
+            .collect()
+    } else {
+        let level = water_level(&need, rest);
+        need.iter()
+            .map(|need| need.min(level))
+            .collect::<Vec<f64>>()
+    };
+    extra.into_iter().map(|e| floor + e).collect()
+}
+
+/// The level L at which giving each `min(need, L)` hands out exactly
+/// `room` (the needs add up to more than `room`).
+fn water_level(need: &[f64], room: f64) -> f64 {
+    let mut sorted = need.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut left = room;
+    let mut unsatisfied = sorted.len();
+    for need in sorted {
+        let even = left / unsatisfied as f64;
+        if need > even {
+            return even;
+        }
+        left -= need;
+        unsatisfied -= 1;
+    }
+    f64::INFINITY
 }
 
 /// Rounds shares down to whole calls, then hands the calls left over to the
 /// largest remainders: the sum is exactly `total` (or less, never more).
 fn whole_calls(shares: &[f64], total: u32) -> Vec<u32> {
-    let mut whole: Vec<u32> = shares.iter().map(|s| s.max(0.0).floor() as u32).collect();
+    // The nudge keeps a share of 0.999... (1.0 in floating point) whole.
+    let mut whole: Vec<u32> = shares
+        .iter()
+        .map(|s| (s.max(0.0) + 1e-9).floor() as u32)
+        .collect();
     let used: u64 = whole.iter().map(|&w| u64::from(w)).sum();
     let mut left = u64::from(total).saturating_sub(used);
     let mut by_remainder: Vec<usize> = (0..shares.len()).collect();
@@ -197,7 +256,18 @@ struct Member {
     /// Its counters at its last sync, to turn the next ones into rates.
     #[serde(default)]
     usage: Option<Usage>,
+    /// What it admitted per second over the last whole window of at least
+    /// [`USED_WINDOW_MS`], and held in flight at its last sync.
+    #[serde(default)]
+    used: Amount,
+    /// Its counters where the current window began.
+    #[serde(default)]
+    used_since: Option<Usage>,
 }
+
+/// Use is counted over at least this long: syncs are not evenly spaced,
+/// and a count over two syncs 20 ms apart says little about a rate.
+pub const USED_WINDOW_MS: u64 = 1_000;
 
 impl Member {
     /// The most it may be enforcing now (0 once its reservation ended).
@@ -212,16 +282,16 @@ impl Member {
     }
 
     fn reserved_until(&self, lease_ms: u64) -> u64 {
+        // The fallback after a lapsed grant stays reserved this long: an
+        // instance that merely missed a few syncs is not given away.
+        let grace = lease_ms / 2;
         let last_grant_ends = self
             .grants
             .iter()
-            .map(|g| g.expires_at_ms.saturating_add(lease_ms))
+            .map(|g| g.expires_at_ms.saturating_add(grace))
             .max()
             .unwrap_or(0);
-        last_grant_ends.max(
-            self.last_heard_ms
-                .saturating_add(lease_ms.saturating_mul(2)),
-        )
+        last_grant_ends.max(self.last_heard_ms.saturating_add(lease_ms + grace))
     }
 }
 
@@ -302,12 +372,36 @@ impl Ledger {
         let member = self.members.get(instance);
         let measured = demand_between(member.and_then(|m| m.usage), usage, terms.limit);
         let demand = match member {
-            Some(m) if m.usage.is_some() => smooth(m.demand, measured),
+            Some(Member {
+                usage: Some(previous),
+                demand,
+                ..
+            }) => smooth(
+                *demand,
+                measured,
+                usage.at_ms.saturating_sub(previous.at_ms),
+            ),
             _ => measured,
         };
         let grant = self.sync(terms, instance, demand, newest, now_ms);
         if let Some(member) = self.members.get_mut(instance) {
             member.usage = Some(usage);
+            member.used.in_flight = usage.in_flight;
+            match member.used_since {
+                Some(since)
+                    if usage.at_ms >= since.at_ms.saturating_add(USED_WINDOW_MS)
+                        && usage.admitted >= since.admitted =>
+                {
+                    member.used = used_between(Some(since), usage);
+                    member.used_since = Some(usage);
+                }
+                // Counters that went back (a restart): a new window.
+                Some(since) if usage.admitted < since.admitted || usage.at_ms < since.at_ms => {
+                    member.used_since = Some(usage);
+                }
+                Some(_) => {}
+                None => member.used_since = Some(usage),
+            }
         }
         grant
     }
@@ -320,18 +414,19 @@ impl Ledger {
             .fold(Amount::default(), Amount::plus)
     }
 
-    /// Instances still holding a reservation, with it and their demand,
-    /// for the UI.
-    pub fn members(&self, terms: &FleetTerms, now_ms: u64) -> Vec<(String, Amount, Demand)> {
+    /// Instances still holding a reservation: what each may enforce, uses
+    /// and wants, for the UI.
+    pub fn members(&self, terms: &FleetTerms, now_ms: u64) -> Vec<MemberState> {
         self.members
             .iter()
             .filter(|(_, m)| now_ms < m.reserved_until(terms.lease_ms))
-            .map(|(n, m)| {
-                (
-                    n.clone(),
-                    m.reserved(terms.limit, terms.lease_ms, now_ms),
-                    m.demand,
-                )
+            .map(|(n, m)| MemberState {
+                instance: n.clone(),
+                share: share_in_force(m.grants.last().copied(), terms.limit, now_ms),
+                reserved: m.reserved(terms.limit, terms.lease_ms, now_ms),
+                used: m.used,
+                demand: m.demand,
+                last_sync_ms: m.last_heard_ms,
             })
             .collect()
     }
@@ -344,17 +439,37 @@ impl Ledger {
     }
 }
 
-/// Weight of the newest measurement in a member's demand. A rate counted
-/// over one sync interval is noisy (10 calls ± 1 at 50/s and 200 ms); every
+/// One instance's part of a global policy as the admin sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberState {
+    pub instance: String,
+    /// Its newest grant (or, lapsed, its fallback): what it enforces once
+    /// that grant reached it.
+    pub share: Amount,
+    /// The most it may be enforcing now, counting older grants it may still
+    /// apply: what the others cannot be given.
+    pub reserved: Amount,
+    /// What it admitted per second over the last window of at least
+    /// [`USED_WINDOW_MS`], and held in flight at its last sync.
+    pub used: Amount,
+    pub demand: Demand,
+    pub last_sync_ms: u64,
+}
+
+/// Time constant of a member's smoothed demand rate. A rate counted over
+/// one sync interval is noisy (10 calls ± 1 at 50/s and 200 ms); every
 /// wobble would move the shares, and room is handed over only once the old
 /// grant is superseded, so jittery shares leave part of the limit unused.
-const DEMAND_SMOOTHING: f64 = 0.3;
+/// A measurement over `span` weighs `1 - e^(-span/τ)`: 0.3 for a 200 ms
+/// sync, little for two syncs 20 ms apart, whose count says little.
+const DEMAND_TIME_CONSTANT_MS: f64 = 560.0;
 
 /// Smooths the rate only: in flight is a count of calls held now, and a
 /// blend of small counts rounds back to where it was.
-fn smooth(previous: Demand, measured: Demand) -> Demand {
+fn smooth(previous: Demand, measured: Demand, span_ms: u64) -> Demand {
+    let weight = 1.0 - (-(span_ms as f64) / DEMAND_TIME_CONSTANT_MS).exp();
     Demand {
-        rate: previous.rate + DEMAND_SMOOTHING * (measured.rate - previous.rate),
+        rate: previous.rate + weight * (measured.rate - previous.rate),
         ..measured
     }
 }
@@ -403,6 +518,21 @@ pub fn demand_between(previous: Option<Usage>, now: Usage, limit: Amount) -> Dem
         rate,
         in_flight: wanted.ceil().min(f64::from(limit.in_flight.max(1))) as u32,
         queued: now.waiting,
+    }
+}
+
+/// What an instance admitted per second between two syncs and holds in
+/// flight now (no rate for a first report or counters that went back).
+pub fn used_between(previous: Option<Usage>, now: Usage) -> Amount {
+    let rate = match previous {
+        Some(p) if now.at_ms > p.at_ms && now.admitted >= p.admitted => {
+            (now.admitted - p.admitted) as f64 * 1000.0 / (now.at_ms - p.at_ms) as f64
+        }
+        _ => 0.0,
+    };
+    Amount {
+        rate,
+        in_flight: now.in_flight,
     }
 }
 
@@ -523,11 +653,34 @@ mod tests {
             0.06,
             &[wants(800.0, 80), wants(100.0, 10), wants(100.0, 10)],
         );
-        // 20/s floor each, then 940/s by demand.
-        assert!((shares[0].rate - (20.0 + 940.0 * 0.8)).abs() < 1e-9);
-        assert!((shares[1].rate - (20.0 + 94.0)).abs() < 1e-9);
+        // Asked 1000/s, with headroom 1100/s: over the limit, the small
+        // askers get theirs (110/s), the big one the rest.
+        assert!((shares[1].rate - 110.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[0].rate - 780.0).abs() < 1e-9, "{shares:?}");
         assert_eq!(shares.iter().map(|s| s.in_flight).sum::<u32>(), 100);
-        assert!(shares[0].in_flight >= 76);
+        assert!(shares[0].in_flight >= 79, "{shares:?}");
+        // One asks for far more than the limit: the small askers still get
+        // all they want, the big one the rest.
+        let shares = allocate(
+            LIMIT,
+            0.06,
+            &[wants(5_000.0, 500), wants(100.0, 10), wants(50.0, 5)],
+        );
+        assert!((shares[1].rate - 110.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[2].rate - 55.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[0].rate - 835.0).abs() < 1e-9, "{shares:?}");
+        assert_eq!(
+            shares.iter().map(|s| s.in_flight).collect::<Vec<_>>(),
+            [85, 10, 5]
+        );
+        // Two big askers split what the small one leaves.
+        let shares = allocate(
+            LIMIT,
+            0.0,
+            &[wants(5_000.0, 0), wants(3_000.0, 0), wants(100.0, 0)],
+        );
+        assert!((shares[0].rate - 445.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[1].rate - 445.0).abs() < 1e-9, "{shares:?}");
         // Nobody wants anything: an even split.
         let idle = allocate(LIMIT, 0.06, &[Demand::default(), Demand::default()]);
         assert_eq!(idle[0], idle[1]);
@@ -558,7 +711,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_instance_share_returns_two_leases_after_it_last_synced() {
+    fn a_dead_instance_share_returns_a_lease_and_a_half_after_it_last_synced() {
         let mut ledger = Ledger::default();
         let a1 = ledger.sync(&TERMS, "a", wants(500.0, 50), None, 0);
         let b1 = ledger.sync(&TERMS, "b", wants(500.0, 50), None, 10);
@@ -567,15 +720,17 @@ mod tests {
         let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1.expires_at_ms), 40);
         assert_eq!(b2.share.in_flight, 50);
         // a dies after its sync at 30 ms. Its grant runs to 2 030 ms; then
-        // it may be enforcing its fallback (min(50, 100 / 2)) until 4 030 ms.
+        // its fallback (min(50, 100 / 2)) stays reserved until 3 030 ms.
         let b3 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b2.expires_at_ms), 1_000);
         assert_eq!(b3.share.in_flight, 50);
         let b4 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b3.expires_at_ms), 2_031);
         assert_eq!(b4.share.in_flight, 50);
         assert_eq!(ledger.members(&TERMS, 2_031).len(), 2);
-        let b5 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b4.expires_at_ms), 4_030);
-        assert_eq!(b5.share.in_flight, 100);
-        assert_eq!(ledger.members(&TERMS, 4_030).len(), 1);
+        let b5 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b4.expires_at_ms), 3_029);
+        assert_eq!(b5.share.in_flight, 50);
+        let b6 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b5.expires_at_ms), 3_030);
+        assert_eq!(b6.share.in_flight, 100);
+        assert_eq!(ledger.members(&TERMS, 3_030).len(), 1);
     }
 
     fn usage(asked: u64, admitted: u64, in_flight: u32, at_ms: u64) -> Usage {
@@ -621,6 +776,36 @@ mod tests {
             LIMIT,
         );
         assert_eq!(d.in_flight, LIMIT.in_flight);
+    }
+
+    #[test]
+    fn members_show_what_each_instance_admitted_and_holds() {
+        let mut ledger = Ledger::default();
+        ledger.sync_usage(&TERMS, "a", usage(0, 0, 0, 0), None, 0);
+        ledger.sync_usage(&TERMS, "b", usage(50, 50, 1, 0), None, 0);
+        // 20 ms later: too short a window to call it a rate.
+        ledger.sync_usage(&TERMS, "a", usage(8, 6, 3, 20), None, 20);
+        let a = ledger.members(&TERMS, 20)[0].clone();
+        assert_eq!((a.used.rate, a.used.in_flight), (0.0, 3), "{a:?}");
+        // a: 800 asked, 600 admitted over 1 s, holding 12 at the end.
+        ledger.sync_usage(&TERMS, "a", usage(800, 600, 12, 1_000), None, 1_000);
+        let members = ledger.members(&TERMS, 1_000);
+        let a = members.iter().find(|m| m.instance == "a").unwrap();
+        assert!((a.used.rate - 600.0).abs() < 1e-9, "{a:?}");
+        assert_eq!(a.used.in_flight, 12);
+        assert!(a.demand.rate > 0.0, "{a:?}");
+        assert_eq!(a.last_sync_ms, 1_000);
+        assert!(a.share.rate > 0.0 && a.share.rate <= LIMIT.rate);
+        let b = members.iter().find(|m| m.instance == "b").unwrap();
+        assert_eq!((b.used.rate, b.used.in_flight), (0.0, 1), "no rate yet");
+        // Counters that went back (a restarted Envoy): no rate.
+        assert_eq!(
+            used_between(Some(usage(900, 900, 0, 0)), usage(10, 10, 2, 1_000)),
+            Amount {
+                rate: 0.0,
+                in_flight: 2
+            }
+        );
     }
 
     #[test]

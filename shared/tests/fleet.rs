@@ -4,8 +4,9 @@
 //! arrives the shares settle on the targets.
 //!
 //! The one assumption (stated in the module docs): a live instance reaches
-//! the admin at least once every two lease periods. Longer than that is a
-//! partition, where the admin gives a silent instance's share away.
+//! the admin at least once every one and a half lease periods. Longer than
+//! that is a partition, where the admin gives a silent instance's share
+//! away.
 
 use proptest::prelude::*;
 use sluice_shared::fleet::{allocate, share_in_force, Amount, Demand, FleetTerms, Grant, Ledger};
@@ -112,9 +113,10 @@ proptest! {
             }
             for (i, turn) in round.turns.iter().enumerate() {
                 let inst = &mut instances[i];
-                // A live instance reaches the admin at least once every two
-                // lease periods (after that, the admin gives its share away).
-                let overdue = now.saturating_sub(inst.last_reached_ms) + 1_000 >= 2 * TERMS.lease_ms;
+                // A live instance reaches the admin at least once every one
+                // and a half lease periods (after that, the admin gives its
+                // share away).
+                let overdue = now.saturating_sub(inst.last_reached_ms) + 1_000 >= TERMS.lease_ms * 3 / 2;
                 if !inst.alive || !(turn.reached || overdue) {
                     continue;
                 }
@@ -179,8 +181,18 @@ proptest! {
         prop_assert!(rate <= TERMS.limit.rate * (1.0 + 1e-9));
         prop_assert_eq!(in_flight, TERMS.limit.in_flight);
         let rate_floor = TERMS.limit.rate * floor / demands.len() as f64;
-        for s in &shares {
+        let even = TERMS.limit.rate / demands.len() as f64;
+        for (s, d) in shares.iter().zip(&demands) {
             prop_assert!(s.rate >= rate_floor * (1.0 - 1e-9));
+            // Max-min fair: asking for no more than an even split, an
+            // instance gets all it asks.
+            prop_assert!(s.rate >= d.rate.min(even) * (1.0 - 1e-9), "{s:?} for {d:?}");
+        }
+        if demands.len() <= TERMS.limit.in_flight as usize {
+            prop_assert!(shares.iter().all(|s| s.in_flight >= 1), "a slot each: {shares:?}");
+        }
+        if demands.iter().map(|d| d.rate).sum::<f64>() >= TERMS.limit.rate {
+            prop_assert!(rate >= TERMS.limit.rate * (1.0 - 1e-9), "all of it in use: {rate}");
         }
     }
 }

@@ -7,5 +7,6 @@ pub mod demo_load;
 pub mod envoy;
 pub mod load;
 pub mod mock;
+pub mod postgres;
 pub mod procinfo;
 pub mod redis;

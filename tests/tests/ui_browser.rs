@@ -247,3 +247,167 @@ async fn operator_logs_in_edits_limits_and_watches_them_live() -> anyhow::Result
     admin.stop().await;
     Ok(())
 }
+
+/// The fleet page: two real Envoys share one global limit; the page shows
+/// each one's share next to what it uses, and the numbers are the admin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_view_shows_each_envoys_share_and_use() -> anyhow::Result<()> {
+    const LIMIT_RPS: f64 = 100.0;
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let op = admin.login().await?;
+    op.create(
+        json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+        "share_lease": "2s", "rate": {"requests": 100, "period": "1s", "burst": 5},
+        "concurrency": {"max_in_flight": 20}}),
+    )
+    .await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let envoys = ["busy", "quiet"]
+        .into_iter()
+        .map(|name| {
+            let config = json!({"instance": name, "admin_cluster": "sluice_admin",
+                "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+                "fallback": {"version": 1, "policies": []}})
+            .to_string();
+            Envoy::start_with_admin(&config, mock.addr.port(), admin.port, 1)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Uneven: the busy Envoy is offered twice the limit, the quiet one 10/s.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = [("busy", 200), ("quiet", 10)]
+        .into_iter()
+        .zip(&envoys)
+        .map(|((name, rate), envoy)| {
+            load::paced(
+                envoy.url("/v1/complete"),
+                "api.llm.example",
+                name,
+                rate,
+                stop.clone(),
+            )
+        })
+        .collect::<Vec<_>>();
+
+    let browser = Browser::start().await?;
+    let c = &browser.client;
+    c.goto(&admin.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    // The policies page marks the policy global and links to its view.
+    browser
+        .wait_text(
+            "tr.policy-row[data-policy='llm']",
+            Duration::from_secs(5),
+            |t| t.contains("global"),
+        )
+        .await?;
+    browser
+        .click("tr.policy-row[data-policy='llm'] .global-link")
+        .await?;
+    let section = ".fleet-policy[data-policy='llm']";
+    let number = |t: &str| t.trim().parse::<f64>().unwrap_or(-1.0);
+    // Past the first syncs the shares follow demand: the busy Envoy holds
+    // most of the limit and uses it.
+    browser
+        .wait_text(
+            &format!("{section} tr[data-instance='busy'] .used-rate .bar-label"),
+            Duration::from_secs(15),
+            |t| number(t) > 0.6 * LIMIT_RPS,
+        )
+        .await?;
+    // The quiet Envoy's demand settles too (its first calls over its floor
+    // were refused, which counts as demand); then use is counted over whole
+    // 1 s windows: average what the page shows over a few seconds.
+    browser
+        .wait_text(
+            &format!("{section} tr[data-instance='quiet'] .share-rate"),
+            Duration::from_secs(15),
+            |t| number(t) >= 9.0,
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let row =
+        |instance: &str, cell: &str| format!("{section} tr[data-instance='{instance}'] {cell}");
+    let samples = 10u32;
+    let mut sums = [0.0f64; 6];
+    let mut most_shared = 0.0f64;
+    for _ in 0..samples {
+        let seen = [
+            number(&browser.text(&row("busy", ".share-rate")).await?),
+            number(&browser.text(&row("quiet", ".share-rate")).await?),
+            number(&browser.text(&row("busy", ".used-rate .bar-label")).await?),
+            number(&browser.text(&row("quiet", ".used-rate .bar-label")).await?),
+            number(&browser.text(&row("busy", ".share-in-flight")).await?),
+            number(&browser.text(&row("quiet", ".share-in-flight")).await?),
+        ];
+        most_shared = most_shared.max(seen[0] + seen[1]);
+        for (sum, v) in sums.iter_mut().zip(seen) {
+            *sum += v;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let [busy_share, quiet_share, busy_used, quiet_used, busy_flight, quiet_flight] =
+        sums.map(|s| s / f64::from(samples));
+    let figures = browser.text(&format!("{section} .figures")).await?;
+    let api = op.get("/api/v1/fleet").await?;
+    let shot = c.screenshot().await?;
+    let shots = workspace_root().join("target/screenshots");
+    std::fs::create_dir_all(&shots)?;
+    std::fs::write(shots.join("fleet-view.png"), shot)?;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut outcomes = Vec::new();
+    for l in load {
+        let calls = l.await?;
+        outcomes.push((
+            load::count(&calls, 200),
+            load::count(&calls, 429),
+            calls.len(),
+        ));
+    }
+    println!("ui fleet: (passed, refused, sent) per Envoy, busy then quiet: {outcomes:?}");
+    println!(
+        "ui fleet (mean of {samples} looks over 3 s): busy share {busy_share:.1}/s (used {busy_used:.1}/s, \
+         {busy_flight:.1} slots), quiet share {quiet_share:.1}/s (used {quiet_used:.1}/s, {quiet_flight:.1} slots); \
+         most shared out at one look {most_shared:.1}/s; summary {figures:?}"
+    );
+    assert!(
+        most_shared <= LIMIT_RPS + 0.1,
+        "shares {most_shared}/s over the limit"
+    );
+    assert!(busy_share > 4.0 * quiet_share, "the busy Envoy gets most");
+    assert!(
+        quiet_share >= 9.0,
+        "asking 10/s, under an even split, the quiet one gets it: {quiet_share}"
+    );
+    assert!(
+        (7.0..=13.0).contains(&quiet_used),
+        "quiet Envoy offered 10/s shows {quiet_used}/s used"
+    );
+    assert!(
+        busy_used >= 0.7 * LIMIT_RPS && busy_used <= busy_share + 10.0,
+        "busy Envoy uses {busy_used}/s of {busy_share}/s"
+    );
+    assert!(busy_flight + quiet_flight <= 20.0 && busy_flight >= 1.0 && quiet_flight >= 1.0);
+    assert!(figures.contains("Limit 100.0/s, 20 in flight"), "{figures}");
+    // The page shows the admin's own numbers.
+    let members = api["policies"][0]["members"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(members.len(), 2, "{api}");
+    for m in &members {
+        let share = m["share"]["rate"].as_f64().unwrap_or(-1.0);
+        assert!(share <= LIMIT_RPS, "{m}");
+    }
+
+    // One policy's view alone, and the empty state.
+    c.goto(&format!("{}/fleet/nothing-here", admin.base()))
+        .await?;
+    browser.text("#fleet-empty").await?;
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}

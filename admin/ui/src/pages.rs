@@ -1,5 +1,5 @@
-//! The pages: login, policies, policy editor, live view, audit log,
-//! instances.
+//! The pages: login, policies, policy editor, live view, fleet (global
+//! policies' shares), audit log, instances.
 
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -126,6 +126,7 @@ fn Shell() -> impl IntoView {
                 <nav>
                     <A href="/">"Policies"</A>
                     <A href="/live">"Live"</A>
+                    <A href="/fleet">"Fleet"</A>
                     <A href="/instances">"Instances"</A>
                     <A href="/audit">"Audit log"</A>
                 </nav>
@@ -141,6 +142,8 @@ fn Shell() -> impl IntoView {
                     <Route path=path!("/policies/new") view=NewPolicyPage/>
                     <Route path=path!("/policies/:name") view=EditPolicyPage/>
                     <Route path=path!("/live") view=LivePage/>
+                    <Route path=path!("/fleet") view=FleetPage/>
+                    <Route path=path!("/fleet/:name") view=FleetPage/>
                     <Route path=path!("/instances") view=InstancesPage/>
                     <Route path=path!("/audit") view=AuditPage/>
                 </Routes>
@@ -229,7 +232,11 @@ fn PoliciesPage() -> impl IntoView {
                             <td>{form::summary_match(&p)}</td>
                             <td>{form::summary_rate(&p)}</td>
                             <td>{form::summary_concurrency(&p)}</td>
-                            <td>{p["mode"].as_str().unwrap_or("enforce").to_string()}</td>
+                            <td>{p["mode"].as_str().unwrap_or("enforce").to_string()}
+                                {(p["scope"].as_str() == Some("global")).then(|| {
+                                    let fleet = format!("/fleet/{}", p["name"].as_str().unwrap_or_default());
+                                    view! { " · "<A href=fleet><span class="global-link">"global"</span></A> }
+                                })}</td>
                             <td><Bar value=Signal::derive(move || latest(&n1).admitted_per_s) max=Signal::derive(move || rate)
                                 label=Signal::derive(move || format!("{:.0}", latest(&n2).admitted_per_s))/></td>
                             <td><Bar value=Signal::derive(move || latest(&n3).in_flight as f64) max=Signal::derive(move || max_flight)
@@ -689,6 +696,125 @@ fn LivePage() -> impl IntoView {
                 </section>
             }
         }/>
+    }
+}
+
+/// How often the fleet page asks for the shares again.
+const FLEET_REFRESH_MS: u32 = 1_000;
+
+/// Global policies (`/fleet`) or one of them (`/fleet/:name`): the limit,
+/// and each Envoy's share of it next to what it uses and wants.
+#[component]
+fn FleetPage() -> impl IntoView {
+    let session = expect_context::<Session>();
+    let params = use_params_map();
+    let policies = RwSignal::new(Vec::<Value>::new());
+    let now_ms = RwSignal::new(0u64);
+    let error = RwSignal::new(None::<String>);
+    let loaded = RwSignal::new(false);
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let still_open = open.clone();
+    on_cleanup(move || open.store(false, std::sync::atomic::Ordering::Relaxed));
+    spawn_local(async move {
+        while still_open.load(std::sync::atomic::Ordering::Relaxed) {
+            match api::get("/api/v1/fleet").await {
+                Ok(reply) => {
+                    now_ms.set(reply.body["now_ms"].as_u64().unwrap_or(0));
+                    policies.set(
+                        reply.body["policies"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default(),
+                    );
+                    error.set(None);
+                }
+                Err(e) => {
+                    session.check(&e);
+                    error.set(Some(e.to_string()));
+                }
+            }
+            loaded.set(true);
+            gloo_timers::future::TimeoutFuture::new(FLEET_REFRESH_MS).await;
+        }
+    });
+    let shown = move || {
+        let only = params.read().get("name");
+        policies
+            .get()
+            .into_iter()
+            .filter(|p| {
+                only.as_deref()
+                    .is_none_or(|n| p["policy"].as_str() == Some(n))
+            })
+            .collect::<Vec<_>>()
+    };
+    view! {
+        <h1>"Fleet"</h1>
+        <p class="legend">"Global policies: one limit shared by every Envoy. Each Envoy holds a leased share, weighted by what it asks for; the shares never add up to more than the limit."</p>
+        <p class="error" id="fleet-error">{move || error.get()}</p>
+        <Show when=move || loaded.get() && shown().is_empty()>
+            <p id="fleet-empty">"No global policy here. Set a policy's scope to global to share its limit across Envoys."</p>
+        </Show>
+        {move || shown().into_iter().map(|p| view! { <FleetPolicy policy=p now_ms=now_ms.get()/> }).collect_view()}
+    }
+}
+
+fn per_second(v: &Value) -> f64 {
+    v["rate"].as_f64().unwrap_or(0.0)
+}
+
+fn in_flight(v: &Value) -> u64 {
+    v["in_flight"].as_u64().unwrap_or(0)
+}
+
+#[component]
+fn FleetPolicy(policy: Value, now_ms: u64) -> impl IntoView {
+    let name = policy["policy"].as_str().unwrap_or_default().to_string();
+    let limit = policy["limit"].clone();
+    let reserved = policy["reserved"].clone();
+    let members = policy["members"].as_array().cloned().unwrap_or_default();
+    let used = members.iter().fold((0.0, 0u64), |(r, f), m| {
+        (r + per_second(&m["used"]), f + in_flight(&m["used"]))
+    });
+    let (limit_rate, limit_flight) = (per_second(&limit), in_flight(&limit));
+    let rows = members
+        .into_iter()
+        .map(|m| {
+            let ago_ms = now_ms.saturating_sub(m["last_sync_ms"].as_u64().unwrap_or(0));
+            let (share, used, demand) = (&m["share"], &m["used"], &m["demand"]);
+            let (share_rate, used_rate) = (per_second(share), per_second(used));
+            let (share_flight, used_flight) = (in_flight(share), in_flight(used));
+            view! {
+                <tr class="fleet-member" data-instance=m["instance"].as_str().unwrap_or_default().to_string()>
+                    <td>{m["instance"].as_str().unwrap_or_default().to_string()}</td>
+                    <td class="share-rate">{format!("{share_rate:.1}")}</td>
+                    <td class="used-rate"><Bar value=Signal::derive(move || used_rate) max=Signal::derive(move || share_rate)
+                        label=Signal::derive(move || format!("{used_rate:.1}"))/></td>
+                    <td class="demand-rate">{format!("{:.1}", per_second(demand))}</td>
+                    <td class="share-in-flight">{share_flight}</td>
+                    <td class="used-in-flight"><Bar value=Signal::derive(move || used_flight as f64) max=Signal::derive(move || share_flight as f64)
+                        label=Signal::derive(move || used_flight.to_string())/></td>
+                    <td>{format!("{:.1} s ago", ago_ms as f64 / 1000.0)}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    let href = format!("/policies/{name}");
+    let title = name.clone();
+    view! {
+        <section class="fleet-policy live-policy" data-policy=name>
+            <h2><A href=href>{title}</A></h2>
+            <p class="figures">
+                "Limit "<span class="limit">{format!("{limit_rate:.1}/s")}{(limit_flight > 0).then(|| format!(", {limit_flight} in flight"))}</span>
+                " · shared out "<span class="reserved">{format!("{:.1}/s", per_second(&reserved))}{(limit_flight > 0).then(|| format!(", {}", in_flight(&reserved)))}</span>
+                " · used "<span class="used">{format!("{:.1}/s", used.0)}{(limit_flight > 0).then(|| format!(", {} in flight", used.1))}</span>
+                " · lease "{format!("{:.1} s", policy["lease_ms"].as_u64().unwrap_or(0) as f64 / 1000.0)}
+            </p>
+            <table class="fleet-members">
+                <thead><tr><th>"Envoy"</th><th>"Share /s"</th><th>"Used /s"</th><th>"Asked /s"</th><th>"Share in flight"</th><th>"In flight"</th><th>"Last sync"</th></tr></thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </section>
     }
 }
 

@@ -1,0 +1,394 @@
+//! The two databases the store runs on, behind one small interface: SQLite
+//! (one file; the default, for one admin) and PostgreSQL (for admin
+//! replicas on different hosts). The store's SQL is written once, with
+//! `$1`-style parameters and types both accept (BIGINT, TEXT); each
+//! backend runs it in a transaction of its own kind.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::TransactionBehavior;
+use rusqlite_migration::{Migrations, M};
+
+use super::StoreError;
+
+const SQLITE_MIGRATIONS: &[M<'static>] = &[M::up(include_str!("../../migrations/0001_init.sql"))];
+
+/// PostgreSQL migrations, in order; applied once each, under an advisory
+/// lock so replicas starting together do not race.
+const POSTGRES_MIGRATIONS: &[&str] = &[include_str!("../../migrations/postgres/0001_init.sql")];
+
+/// PostgreSQL's advisory lock taken while migrating (any fixed number).
+const MIGRATION_LOCK: i64 = 0x51_1CE;
+
+/// One SQL value: the store needs no other types.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Int(i64),
+    Text(String),
+    Null,
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::Int(v)
+    }
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Self {
+        Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Value::Text(v.to_string())
+    }
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::Text(v)
+    }
+}
+
+impl From<Option<String>> for Value {
+    fn from(v: Option<String>) -> Self {
+        v.map_or(Value::Null, Value::Text)
+    }
+}
+
+/// A result row; columns by index, as the query selected them.
+#[derive(Debug)]
+pub struct Row(Vec<Value>);
+
+impl Row {
+    pub fn int(&self, i: usize) -> Result<i64, StoreError> {
+        match self.0.get(i) {
+            Some(Value::Int(v)) => Ok(*v),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: wanted an integer, found {other:?}"
+            ))),
+        }
+    }
+
+    pub fn uint(&self, i: usize) -> Result<u64, StoreError> {
+        Ok(u64::try_from(self.int(i)?).unwrap_or(0))
+    }
+
+    pub fn text(&self, i: usize) -> Result<String, StoreError> {
+        match self.0.get(i) {
+            Some(Value::Text(v)) => Ok(v.clone()),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: wanted text, found {other:?}"
+            ))),
+        }
+    }
+
+    pub fn optional_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.0.get(i) {
+            Some(Value::Null) => Ok(None),
+            _ => self.text(i).map(Some),
+        }
+    }
+}
+
+/// What the store's queries run on: one open transaction.
+pub trait Sql {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError>;
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError>;
+
+    fn query_one(&mut self, sql: &str, params: &[Value]) -> Result<Option<Row>, StoreError> {
+        Ok(self.query(sql, params)?.into_iter().next())
+    }
+}
+
+/// What a transaction does, which decides how it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    /// A policy change: under the store's write lock.
+    Write,
+    /// A change outside the write lock.
+    Touch,
+}
+
+pub enum Db {
+    Sqlite(Mutex<rusqlite::Connection>),
+    Postgres {
+        client: Mutex<postgres::Client>,
+        /// To reconnect with.
+        config: Box<postgres::Config>,
+    },
+}
+
+impl Db {
+    /// Opens (creating if needed) the SQLite file, in WAL mode, and runs
+    /// the migrations.
+    pub fn sqlite(path: &Path) -> Result<Self, StoreError> {
+        let mut conn = rusqlite::Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        Migrations::from_slice(SQLITE_MIGRATIONS).to_latest(&mut conn)?;
+        Ok(Db::Sqlite(Mutex::new(conn)))
+    }
+
+    /// Connects to PostgreSQL at `url` (`postgres://user:pass@host/db`)
+    /// and runs the migrations. Blocking: call it off the async runtime.
+    pub fn postgres(url: &str) -> Result<Self, StoreError> {
+        let config: postgres::Config = url.parse()?;
+        let mut client = config.connect(postgres::NoTls)?;
+        migrate_postgres(&mut client)?;
+        Ok(Db::Postgres {
+            client: Mutex::new(client),
+            config: Box::new(config),
+        })
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Db::Sqlite(_) => "sqlite",
+            Db::Postgres { .. } => "postgres",
+        }
+    }
+
+    /// Runs `f` on one consistent snapshot.
+    pub fn read<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.transaction(Access::Read, f)
+    }
+
+    /// Runs `f` in a transaction that holds the store's write lock from its
+    /// first statement: writers from every replica go one at a time, and
+    /// each sees what the one before committed.
+    pub fn write<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.transaction(Access::Write, f)
+    }
+
+    /// Runs `f` outside the write lock, for a single-statement change that
+    /// must not queue behind policy edits (an Envoy's sync).
+    pub fn touch<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.transaction(Access::Touch, f)
+    }
+
+    fn transaction<T>(
+        &self,
+        access: Access,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match self {
+            Db::Sqlite(conn) => {
+                let mut conn = lock(conn)?;
+                let behavior = match access {
+                    Access::Read => TransactionBehavior::Deferred,
+                    // SQLite has one writer at a time: taking it at the
+                    // start is the write lock.
+                    Access::Write | Access::Touch => TransactionBehavior::Immediate,
+                };
+                let mut tx = conn.transaction_with_behavior(behavior)?;
+                let out = f(&mut SqliteTx(&mut tx))?;
+                tx.commit()?;
+                Ok(out)
+            }
+            Db::Postgres { client, config } => {
+                let mut client = connected(client, config)?;
+                let mut tx = match access {
+                    Access::Read => client
+                        .build_transaction()
+                        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                        .read_only(true)
+                        .start()?,
+                    // Read committed: after the lock, every statement sees
+                    // the latest commit.
+                    Access::Write | Access::Touch => client.transaction()?,
+                };
+                if access == Access::Write {
+                    tx.execute(
+                        "SELECT value FROM settings WHERE key = 'policy_set_version' FOR UPDATE",
+                        &[],
+                    )?;
+                }
+                let out = f(&mut PostgresTx(&mut tx))?;
+                tx.commit()?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// SQLite's own settings and checks (`PRAGMA ...`); None on PostgreSQL.
+    pub fn sqlite_pragma(&self, pragma: &str) -> Result<Option<String>, StoreError> {
+        match self {
+            Db::Sqlite(conn) => {
+                let conn = lock(conn)?;
+                Ok(Some(conn.query_row(
+                    &format!("PRAGMA {pragma}"),
+                    [],
+                    |r| r.get(0),
+                )?))
+            }
+            Db::Postgres { .. } => Ok(None),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> Result<MutexGuard<'_, T>, StoreError> {
+    mutex.lock().map_err(|_| StoreError::Poisoned)
+}
+
+/// How long a liveness check of the PostgreSQL connection may take.
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The client, reconnected first if the connection is gone (a server
+/// restart, a failover): the request works without restarting the admin.
+/// The check is one round trip; a connection only notices it was dropped
+/// when it is next used, and a request should not be the one to find out.
+fn connected<'a>(
+    client: &'a Mutex<postgres::Client>,
+    config: &postgres::Config,
+) -> Result<MutexGuard<'a, postgres::Client>, StoreError> {
+    let mut guard = lock(client)?;
+    if guard.is_closed() || guard.is_valid(PING_TIMEOUT).is_err() {
+        *guard = config.connect(postgres::NoTls)?;
+    }
+    Ok(guard)
+}
+
+fn migrate_postgres(client: &mut postgres::Client) -> Result<(), StoreError> {
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    )?;
+    let applied: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            &[],
+        )?
+        .get(0);
+    for (index, migration) in POSTGRES_MIGRATIONS.iter().enumerate() {
+        let version = i64::try_from(index + 1).unwrap_or(i64::MAX);
+        if version > applied {
+            tx.batch_execute(migration)?;
+            tx.execute(
+                "INSERT INTO schema_migrations (version) VALUES ($1)",
+                &[&version],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+struct SqliteTx<'a, 'c>(&'a mut rusqlite::Transaction<'c>);
+
+impl rusqlite::ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            Value::Int(v) => ToSqlOutput::Borrowed(ValueRef::Integer(*v)),
+            Value::Text(v) => ToSqlOutput::Borrowed(ValueRef::Text(v.as_bytes())),
+            Value::Null => ToSqlOutput::Borrowed(ValueRef::Null),
+        })
+    }
+}
+
+/// SQLite numbers `?N` parameters as PostgreSQL does `$N`.
+fn sqlite_sql(sql: &str) -> String {
+    sql.replace('$', "?")
+}
+
+impl Sql for SqliteTx<'_, '_> {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError> {
+        let changed = self
+            .0
+            .execute(&sqlite_sql(sql), rusqlite::params_from_iter(params))?;
+        Ok(changed as u64)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        let mut stmt = self.0.prepare(&sqlite_sql(sql))?;
+        let columns = stmt.column_count();
+        let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
+            (0..columns)
+                .map(|i| {
+                    Ok(match r.get_ref(i)? {
+                        ValueRef::Integer(v) => Value::Int(v),
+                        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+                        ValueRef::Null => Value::Null,
+                        ValueRef::Real(v) => Value::Int(v as i64),
+                        ValueRef::Blob(b) => Value::Text(String::from_utf8_lossy(b).into_owned()),
+                    })
+                })
+                .collect::<rusqlite::Result<Vec<Value>>>()
+                .map(Row)
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<Row>>>()?)
+    }
+}
+
+struct PostgresTx<'a, 'c>(&'a mut postgres::Transaction<'c>);
+
+/// Typed for PostgreSQL, which checks each parameter's type against the
+/// column's (a NULL only ever goes into a TEXT column here).
+fn postgres_params(params: &[Value]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
+    params
+        .iter()
+        .map(|p| -> Box<dyn postgres::types::ToSql + Sync> {
+            match p {
+                Value::Int(v) => Box::new(*v),
+                Value::Text(v) => Box::new(v.clone()),
+                Value::Null => Box::new(None::<String>),
+            }
+        })
+        .collect()
+}
+
+fn borrowed(
+    params: &[Box<dyn postgres::types::ToSql + Sync>],
+) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+    params.iter().map(|p| p.as_ref()).collect()
+}
+
+impl Sql for PostgresTx<'_, '_> {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError> {
+        let params = postgres_params(params);
+        Ok(self.0.execute(sql, &borrowed(&params))?)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        let params = postgres_params(params);
+        let rows = self.0.query(sql, &borrowed(&params))?;
+        rows.iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|i| {
+                        let ty = row.columns().get(i).map(|c| c.type_().clone());
+                        match ty {
+                            Some(t) if t == postgres::types::Type::INT8 => Ok(row
+                                .try_get::<_, Option<i64>>(i)?
+                                .map_or(Value::Null, Value::Int)),
+                            Some(t) if t == postgres::types::Type::INT4 => Ok(row
+                                .try_get::<_, Option<i32>>(i)?
+                                .map_or(Value::Null, |v| Value::Int(i64::from(v)))),
+                            _ => Ok(row
+                                .try_get::<_, Option<String>>(i)?
+                                .map_or(Value::Null, Value::Text)),
+                        }
+                    })
+                    .collect::<Result<Vec<Value>, StoreError>>()
+                    .map(Row)
+            })
+            .collect()
+    }
+}
