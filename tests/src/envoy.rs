@@ -103,6 +103,15 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// How many copies of the filter install each policy set in an Envoy with
+/// `workers` worker threads: one VM per worker, and the root context Envoy
+/// also runs on its main thread, which configures, ticks and syncs like the
+/// others. An install count at `before + filter_vms(workers)` means every
+/// worker has the new set; at `before + workers` one worker may still lack it.
+pub fn filter_vms(workers: u32) -> f64 {
+    f64::from(workers) + 1.0
+}
+
 pub struct Envoy {
     child: Child,
     pub admin_port: u16,

@@ -15,7 +15,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use sluice_e2e::admin::{AdminProcess, PASSWORD, SYNC_TOKEN};
 use sluice_e2e::browser::Browser;
-use sluice_e2e::envoy::{free_port, workspace_root, Envoy};
+use sluice_e2e::envoy::{filter_vms, free_port, workspace_root, Envoy};
 use sluice_e2e::load::{self, count, max_in_window, wait_for, Outcome};
 use sluice_e2e::mock::{MockApi, MockLimits};
 
@@ -123,7 +123,7 @@ async fn synced_envoy(instance: &str, mock: &MockApi, admin_port: u16) -> anyhow
     wait_for(
         "the admin's set in every worker",
         Duration::from_secs(5),
-        || envoy.filter_stat("policy_sets_installed").unwrap_or(0.0) >= WORKERS as f64,
+        || envoy.filter_stat("policy_sets_installed").unwrap_or(0.0) >= filter_vms(WORKERS),
     )
     .await?;
     Ok(envoy)
@@ -236,7 +236,7 @@ async fn a_misbehaving_admin_never_replaces_the_last_good_set() -> anyhow::Resul
         .lock()
         .map_err(|_| anyhow::anyhow!("lock"))? = Answer::Set(bank_set(2, 1000));
     wait_for("the newer good set", Duration::from_secs(35), || {
-        stat("policy_sets_installed") >= installed + WORKERS as f64
+        stat("policy_sets_installed") >= installed + filter_vms(WORKERS)
     })
     .await?;
     let after = load::burst(&url, "api.bank.example", 40).await;

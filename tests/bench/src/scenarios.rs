@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::json;
-use sluice_e2e::envoy::free_port;
+use sluice_e2e::envoy::{filter_vms, free_port};
 use sluice_e2e::mock::{Arrival, MockApi, MockLimits};
 use sluice_shared::sync::{PolicyReport, SyncReport};
 
@@ -613,7 +613,7 @@ pub async fn control_plane(args: &Args, report: &mut Report) -> anyhow::Result<(
     let envoy = BenchEnvoy::start(&config, WORKERS)?;
     let installs = |e: &BenchEnvoy| e.stat("sluice_policy_sets_installed{}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while installs(&envoy) < WORKERS as f64 {
+    while installs(&envoy) < filter_vms(WORKERS) {
         if Instant::now() > deadline {
             bail!("the first policy set never reached every worker");
         }
@@ -626,7 +626,7 @@ pub async fn control_plane(args: &Args, report: &mut Report) -> anyhow::Result<(
         op.update(policy(if change % 2 == 0 { 2000 } else { 1000 }))
             .await?;
         loop {
-            if installs(&envoy) >= before + WORKERS as f64 {
+            if installs(&envoy) >= before + filter_vms(WORKERS) {
                 break;
             }
             if started.elapsed() > Duration::from_secs(10) {
@@ -673,7 +673,8 @@ pub async fn control_plane(args: &Args, report: &mut Report) -> anyhow::Result<(
         .insert("admin_rss", format!("{admin_rss:.1}"));
     let mut s = String::from(
         "## 4. Control plane\n\nA policy edited through the admin API until every one of Envoy's 4 workers has installed \
-         it (`sluice_policy_sets_installed` grew by 4), 20 edits landing at different points of the filter's \
+         it (`sluice_policy_sets_installed` grew by 5: the 4 workers and the filter's root context on Envoy's main \
+         thread, which syncs and installs too), 20 edits landing at different points of the filter's \
          `sync_interval` of 1 s (the default). The figure includes up to 100 ms for the workers' stats to be flushed.\n\n",
     );
     let _ = writeln!(s, "| edits | p50 | p99 | fastest | slowest |\n|---|---|---|---|---|\n| 20 | {p50:.0} ms | {p99:.0} ms | {:.0} ms | {:.0} ms |\n",

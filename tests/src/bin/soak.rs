@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::{json, Value};
 use sluice_e2e::admin::{AdminProcess, SYNC_TOKEN};
-use sluice_e2e::envoy::{free_port, Envoy};
+use sluice_e2e::envoy::{filter_vms, free_port, Envoy};
 use sluice_e2e::load;
 use sluice_e2e::mock::{MockApi, MockLimits};
 use sluice_e2e::procinfo::rss_mib;
@@ -163,7 +163,7 @@ async fn main() -> anyhow::Result<()> {
     let envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin_port, args.workers)?;
     let installs = |e: &Envoy| e.filter_stat("policy_sets_installed").unwrap_or(0.0);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while installs(&envoy) < args.workers as f64 {
+    while installs(&envoy) < filter_vms(args.workers) {
         if Instant::now() > deadline {
             bail!("the admin's policies never reached Envoy");
         }
@@ -281,7 +281,7 @@ async fn main() -> anyhow::Result<()> {
     if aborted_share < ABANDONED_TARGET {
         failed.push(format!("only {aborted_share:.1} % of calls were abandoned"));
     }
-    if (changes as f64) * args.workers as f64 > versions {
+    if (changes as f64) * filter_vms(args.workers) > versions {
         failed.push("not every policy change reached every worker".into());
     }
     for (name, warm, end) in [
