@@ -94,6 +94,20 @@ fn admitted_at_most(outcomes: &[load::Outcome], burst: usize, per_second: f64) -
     burst + (last.saturating_sub(first).as_secs_f64() * per_second).floor() as usize + 1
 }
 
+/// The fewest a full bucket of `burst` admits from a burst that arrives at
+/// once: a worker granted tokens it does not spend within the grant's 1 ms
+/// loses them (README, "Grants"). Worst case, each admission that follows
+/// takes a grant of a GRANT_SLACK-th of what is left, and each grant lapses.
+fn burst_less_stranded_grants(burst: u64) -> usize {
+    let (mut left, mut admitted) = (burst, 0);
+    while left > 0 {
+        left -= 1;
+        admitted += 1;
+        left -= left / sluice_shared::bucket::GRANT_SLACK;
+    }
+    admitted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
     let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
@@ -143,12 +157,15 @@ async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
     // A bucket admits its burst, plus what refilled while the requests were
     // being sent: on a slow machine a "burst" can take tens of milliseconds.
     let bank_most = admitted_at_most(&outcomes, 10, 100.0);
+    // And at least its burst less what grants can strand (one clean
+    // `make test` run passed 9 of this burst of 10).
+    let bank_least = burst_less_stranded_grants(10);
     let (k1_most, k2_most) = (
         admitted_at_most(&k1, 5, 10.0),
         admitted_at_most(&k2, 5, 10.0),
     );
     println!(
-        "demo config: bank burst of 30 -> {} passed (10..={bank_most}), {} got 429; maps per key k1 {} (5..={k1_most}) / k2 {} (5..={k2_most}) of 8 passed; unrouted host -> {}",
+        "demo config: bank burst of 30 -> {} passed ({bank_least}..={bank_most}), {} got 429; maps per key k1 {} (5..={k1_most}) / k2 {} (5..={k2_most}) of 8 passed; unrouted host -> {}",
         count(&outcomes, 200),
         count(&outcomes, 429),
         count(&k1, 200),
@@ -156,8 +173,8 @@ async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
         unrouted.status
     );
     assert!(
-        (10..=bank_most).contains(&count(&outcomes, 200)),
-        "bank: burst 10 plus what refilled while the burst was sent"
+        (bank_least..=bank_most).contains(&count(&outcomes, 200)),
+        "bank: burst 10 less stranded grant tokens, plus what refilled while the burst was sent"
     );
     assert_eq!(count(&outcomes, 200) + count(&outcomes, 429), 30);
     assert!((5..=k1_most).contains(&count(&k1, 200)));
