@@ -159,6 +159,28 @@ pub async fn wait_for(
     anyhow::bail!("{what}: not within {limit:?}")
 }
 
+/// Paced LLM calls through several Envoys at once, until `stop`: the i-th
+/// Envoy gets the i-th of `offered`, (tag, calls per second).
+pub fn paced_through(
+    envoys: &[crate::envoy::Envoy],
+    offered: &[(&'static str, u64)],
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<Outcome>>> {
+    envoys
+        .iter()
+        .zip(offered)
+        .map(|(envoy, &(tag, rate))| {
+            paced(
+                envoy.url("/v1/complete"),
+                "api.llm.example",
+                tag,
+                rate,
+                stop.clone(),
+            )
+        })
+        .collect()
+}
+
 /// Open-loop load: `per_second` calls to `url` for `host`, tagged with an
 /// `x-api-key` of `tag` (the mock records it), until `stop`.
 pub fn paced(

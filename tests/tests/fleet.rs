@@ -105,25 +105,6 @@ fn start_envoys(mock: &MockApi, admin_ports: &[u16]) -> anyhow::Result<Vec<Envoy
         .collect()
 }
 
-fn start_load(
-    envoys: &[Envoy],
-    stop: &Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<Vec<Outcome>>> {
-    envoys
-        .iter()
-        .zip(OFFERED)
-        .map(|(envoy, (name, rate))| {
-            load::paced(
-                envoy.url("/v1/complete"),
-                "api.llm.example",
-                name,
-                rate,
-                stop.clone(),
-            )
-        })
-        .collect()
-}
-
 async fn finish(stop: &Arc<AtomicBool>, load: Vec<tokio::task::JoinHandle<Vec<Outcome>>>) -> usize {
     stop.store(true, Ordering::SeqCst);
     let mut calls = 0;
@@ -144,7 +125,7 @@ async fn uneven_load_uses_the_global_limit_and_a_dead_envoys_share_moves() -> an
     let stop = Arc::new(AtomicBool::new(false));
     mock.reset();
     let origin = Instant::now();
-    let load = start_load(&envoys, &stop);
+    let load = load::paced_through(&envoys, &OFFERED, &stop);
 
     // Shares settle within a few syncs; then 8 s of steady state.
     tokio::time::sleep(Duration::from_secs(12)).await;
@@ -257,7 +238,7 @@ async fn admin_replicas_share_leases_in_redis_and_no_admin_means_no_overshoot() 
     let stop = Arc::new(AtomicBool::new(false));
     mock.reset();
     let origin = Instant::now();
-    let load = start_load(&envoys, &stop);
+    let load = load::paced_through(&envoys, &OFFERED, &stop);
     tokio::time::sleep(Duration::from_secs(8)).await;
     let used_two = rate_at_mock(&mock, &[], Duration::from_secs(4), Duration::from_secs(8));
     // Both replicas answered syncs, from one ledger.

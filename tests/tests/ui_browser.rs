@@ -276,19 +276,7 @@ async fn fleet_view_shows_each_envoys_share_and_use() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Uneven: the busy Envoy is offered twice the limit, the quiet one 10/s.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = [("busy", 200), ("quiet", 10)]
-        .into_iter()
-        .zip(&envoys)
-        .map(|((name, rate), envoy)| {
-            load::paced(
-                envoy.url("/v1/complete"),
-                "api.llm.example",
-                name,
-                rate,
-                stop.clone(),
-            )
-        })
-        .collect::<Vec<_>>();
+    let load = load::paced_through(&envoys, &[("busy", 200), ("quiet", 10)], &stop);
 
     let browser = Browser::start().await?;
     let c = &browser.client;
