@@ -17,14 +17,14 @@ use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sluice_shared::sync::{SyncReport, GRANTS_HEADER, SYNC_PATH};
+use sluice_shared::sync::{SyncReport, SHARES_HEADER, SYNC_PATH};
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::auth::{CSRF_HEADER, SESSION_COOKIE};
 use crate::error::ApiError;
-use crate::store::{now_ms, StoredPolicy};
+use crate::store::{now, now_ms, StoredPolicy};
 use crate::AppState;
 
 type Shared = Arc<AppState>;
@@ -414,9 +414,9 @@ async fn sync(
         Ok((st.store.policy_set()?, report))
     })
     .await?;
-    let grants = match state.fleet.grants(&set, &report, now_ms()).await {
-        Ok(grants) if grants.is_empty() => None,
-        Ok(grants) => serde_json::to_string(&grants)
+    let shares = match state.fleet.shares(&set, &report, now()).await {
+        Ok(shares) if shares.is_empty() => None,
+        Ok(shares) => serde_json::to_string(&shares)
             .ok()
             .and_then(|json| HeaderValue::from_str(&json).ok()),
         Err(e) => {
@@ -438,8 +438,8 @@ async fn sync(
         tracing::info!(instance = %report.instance, from = report.policy_version, to = set.version, "sending policy set");
         ([(header::ETAG, etag(set.version))], Json(set)).into_response()
     };
-    if let Some(grants) = grants {
-        response.headers_mut().insert(GRANTS_HEADER, grants);
+    if let Some(shares) = shares {
+        response.headers_mut().insert(SHARES_HEADER, shares);
     }
     Ok(response)
 }
@@ -448,13 +448,13 @@ async fn sync(
 async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<Value>, ApiError> {
     let st = state.clone();
     let set = blocking(move || Ok(st.store.policy_set()?)).await?;
-    let now = now_ms();
+    let now = now();
     let views = state
         .fleet
         .views(&set, now)
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    Ok(Json(json!({"now_ms": now, "policies": views})))
+    Ok(Json(json!({"now_ms": now.as_millis(), "policies": views})))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

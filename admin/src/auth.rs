@@ -12,6 +12,7 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use argon2::Argon2;
 use sluice_shared::limiter::token_bucket::{TokenBucket, TokenBucketState};
 use sluice_shared::limiter::Decision;
+use sluice_shared::Span;
 
 pub const SESSION_COOKIE: &str = "sluice_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
@@ -141,17 +142,25 @@ pub struct LoginThrottle {
 impl Default for LoginThrottle {
     fn default() -> Self {
         Self {
-            limiter: TokenBucket::new(1, LOGIN_REFILL.as_nanos() as u64, LOGIN_BURST, None),
+            limiter: TokenBucket::new(1, refill(), LOGIN_BURST, None),
             started: Instant::now(),
             buckets: Mutex::new(HashMap::new()),
         }
     }
 }
 
+fn refill() -> Span {
+    Span::from_nanos(u64::try_from(LOGIN_REFILL.as_nanos()).unwrap_or(u64::MAX))
+}
+
 impl LoginThrottle {
-    fn now(&self) -> u64 {
-        // Offset so that a first failure at start finds a full bucket.
-        self.started.elapsed().as_nanos() as u64 + LOGIN_REFILL.as_nanos() as u64 * LOGIN_BURST
+    /// Monotonic time since the throttle started, offset so that a first
+    /// failure at start finds a full bucket.
+    fn now(&self) -> sluice_shared::Instant {
+        let elapsed = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        sluice_shared::Instant::EPOCH
+            + Span::from_nanos(elapsed)
+            + refill().saturating_mul(LOGIN_BURST)
     }
 
     /// Time to wait before this address may try again, if it must.
@@ -165,7 +174,7 @@ impl LoginThrottle {
         }
         let mut probe = *state;
         match self.limiter.try_acquire(&mut probe, now, 1) {
-            Decision::Deny { retry_after, .. } => Some(Duration::from_nanos(retry_after)),
+            Decision::Deny { retry_after, .. } => Some(retry_after.as_duration()),
             Decision::Admit { .. } => None,
         }
     }

@@ -11,9 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use serde::Serialize;
-use sluice_shared::fleet::{Amount, FleetTerms, Grant, Ledger, MemberState, Usage};
-use sluice_shared::sync::{GrantMessage, GrantsMessage, SyncReport};
-use sluice_shared::{PolicySet, Scope};
+use sluice_shared::fleet::{Amount, FleetTerms, Ledger, MemberState, Share, Usage};
+use sluice_shared::sync::{ShareMessage, SharesMessage, SyncReport};
+use sluice_shared::time::millis;
+use sluice_shared::{Instant, PolicySet, Scope, Span};
 
 /// Attempts before a sync gives up on a contended ledger in Redis.
 const MAX_CAS_ATTEMPTS: u32 = 32;
@@ -62,7 +63,8 @@ impl Default for Ledgers {
 pub struct PolicyView {
     pub policy: String,
     pub limit: Amount,
-    pub lease_ms: u64,
+    #[serde(rename = "lease_ms", with = "millis")]
+    pub lease: Span,
     pub reserved: Amount,
     pub members: Vec<MemberState>,
 }
@@ -80,12 +82,12 @@ impl Ledgers {
 
     /// The shares for every global policy of `set`, for the Envoy that sent
     /// `report`.
-    pub async fn grants(
+    pub async fn shares(
         &self,
         set: &PolicySet,
         report: &SyncReport,
-        now_ms: u64,
-    ) -> Result<GrantsMessage, FleetError> {
+        now: Instant,
+    ) -> Result<SharesMessage, FleetError> {
         let mut out = BTreeMap::new();
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);
@@ -99,21 +101,29 @@ impl Ledgers {
                 admitted: counters.admitted,
                 in_flight: u32::try_from(counters.in_flight).unwrap_or(u32::MAX),
                 waiting: u32::try_from(counters.waiting).unwrap_or(u32::MAX),
-                at_ms: report.at_ms,
+                at: Instant::from_millis(report.at_ms),
             };
-            let newest = report.grants.get(&policy.name).copied();
-            let grant = self
+            // The id of a share is its expiry in milliseconds.
+            let newest = report
+                .shares
+                .get(&policy.name)
+                .map(|&id| Instant::from_millis(id));
+            let share = self
                 .update(&policy.name, |ledger| {
-                    ledger.sync_usage(&terms, &report.instance, usage, newest, now_ms)
+                    ledger.sync_usage(&terms, &report.instance, usage, newest, now)
                 })
                 .await?;
-            out.insert(policy.name.clone(), message(&grant, &terms, now_ms));
+            out.insert(policy.name.clone(), message(&share, &terms, now));
         }
         Ok(out)
     }
 
     /// Each global policy's ledger as the UI shows it.
-    pub async fn views(&self, set: &PolicySet, now_ms: u64) -> Result<Vec<PolicyView>, FleetError> {
+    pub async fn views(
+        &self,
+        set: &PolicySet,
+        now: Instant,
+    ) -> Result<Vec<PolicyView>, FleetError> {
         let mut out = Vec::new();
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);
@@ -121,9 +131,9 @@ impl Ledgers {
             out.push(PolicyView {
                 policy: policy.name.clone(),
                 limit: terms.limit,
-                lease_ms: terms.lease_ms,
-                reserved: ledger.reserved(&terms, now_ms),
-                members: ledger.members(&terms, now_ms),
+                lease: terms.lease,
+                reserved: ledger.reserved(&terms, now),
+                members: ledger.members(&terms, now),
             });
         }
         Ok(out)
@@ -151,8 +161,8 @@ impl Ledgers {
     async fn update(
         &self,
         policy: &str,
-        change: impl Fn(&mut Ledger) -> Grant,
-    ) -> Result<Grant, FleetError> {
+        change: impl Fn(&mut Ledger) -> Share,
+    ) -> Result<Share, FleetError> {
         match self {
             Ledgers::Memory(ledgers) => {
                 let mut ledgers = ledgers
@@ -171,7 +181,7 @@ impl Ledgers {
                         .await?;
                     let raw = raw.unwrap_or_default();
                     let mut ledger = decode(policy, &raw)?;
-                    let grant = change(&mut ledger);
+                    let share = change(&mut ledger);
                     let new =
                         serde_json::to_string(&ledger).map_err(|source| FleetError::Corrupt {
                             policy: policy.to_string(),
@@ -185,7 +195,7 @@ impl Ledgers {
                         .invoke_async(&mut connection)
                         .await?;
                     if stored == 1 {
-                        return Ok(grant);
+                        return Ok(share);
                     }
                 }
                 Err(FleetError::Contended(policy.to_string()))
@@ -204,15 +214,12 @@ fn decode(policy: &str, raw: &str) -> Result<Ledger, FleetError> {
     })
 }
 
-fn message(grant: &Grant, terms: &FleetTerms, now_ms: u64) -> GrantMessage {
-    GrantMessage {
-        rate: grant.share.rate,
-        in_flight: grant.share.in_flight,
-        lease_ms: grant
-            .expires_at_ms
-            .saturating_sub(now_ms)
-            .min(terms.lease_ms),
-        instances: grant.instances,
-        id: grant.expires_at_ms,
+fn message(share: &Share, terms: &FleetTerms, now: Instant) -> ShareMessage {
+    ShareMessage {
+        rate: share.amount.rate,
+        in_flight: share.amount.in_flight,
+        lease_ms: (share.expires_at - now).min(terms.lease).as_millis(),
+        instances: share.instances,
+        id: share.id(),
     }
 }

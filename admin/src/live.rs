@@ -231,7 +231,7 @@ mod tests {
             at_ms,
             policies,
             filter: BTreeMap::new(),
-            grants: BTreeMap::new(),
+            shares: BTreeMap::new(),
         }
     }
 

@@ -1,60 +1,59 @@
-//! Fleet mode in the filter: the shares of global policies the admin grants
-//! at each sync, kept in Envoy shared data for every worker, and the limits
-//! each worker applies for them.
+//! Fleet mode in the filter: the shares of global policies the admin leases
+//! out at each sync, kept in Envoy shared data for every worker.
 //!
-//! - `sluice/fleet/grants`: a sequence number (8 bytes) and the grants as
+//! - `sluice/fleet/shares`: a sequence number (8 bytes) and the shares as
 //!   JSON, written by the VM whose sync brought them. Workers compare the
 //!   sequence on their tick and decode only when it moved.
 //!
-//! A grant's expiry is counted from when the report was sent, not when the
+//! A share's expiry is counted from when the report was sent, not when the
 //! answer came: the admin's lease started later, so ours ends first.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use sluice_shared::fleet::{Amount, Grant};
-use sluice_shared::limiter::Nanos;
-use sluice_shared::sync::GrantsMessage;
+use sluice_shared::fleet::{Amount, Share};
+use sluice_shared::sync::SharesMessage;
+use sluice_shared::time::{Instant, Span};
 
 use crate::host::Host;
-use crate::store::{update_bytes, StoreError, StoreStats};
+use crate::store::{Store, StoreError};
 use crate::sync::read_u64;
 
-pub const GRANTS_KEY: &str = "sluice/fleet/grants";
+pub const SHARES_KEY: &str = "sluice/fleet/shares";
 /// Larger headers are ignored (a well-behaved admin sends a few hundred
 /// bytes per global policy).
-pub const MAX_GRANTS_HEADER: usize = 64 * 1024;
+pub const MAX_SHARES_HEADER: usize = 64 * 1024;
 
-/// A grant as this Envoy holds it: the share and when it lapses, on this
-/// Envoy's clock.
+/// A share as this Envoy holds it: the amount and when its lease ends, on
+/// this Envoy's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct HeldGrant {
-    pub share: Amount,
-    pub expires_at_ns: Nanos,
+pub struct HeldShare {
+    pub amount: Amount,
+    pub expires_at: Instant,
     pub instances: u32,
     pub id: u64,
 }
 
-impl HeldGrant {
-    /// The form the pure core reasons about, in milliseconds.
-    pub fn as_grant(&self) -> Grant {
-        Grant {
-            share: self.share,
-            expires_at_ms: self.expires_at_ns / 1_000_000,
+impl HeldShare {
+    /// The form the pure core reasons about.
+    pub fn as_share(&self) -> Share {
+        Share {
+            amount: self.amount,
+            expires_at: self.expires_at,
             instances: self.instances,
         }
     }
 }
 
-pub type HeldGrants = BTreeMap<String, HeldGrant>;
+pub type HeldShares = BTreeMap<String, HeldShare>;
 
-/// The grants in the admin's answer header; None if it is not one. Shares
+/// The shares in the admin's answer header; None if it is not one. Shares
 /// that are not finite or negative are refused with the whole header.
-pub fn parse_header(value: &[u8], sent_at: Nanos) -> Option<HeldGrants> {
-    if value.len() > MAX_GRANTS_HEADER {
+pub fn parse_header(value: &[u8], sent_at: Instant) -> Option<HeldShares> {
+    if value.len() > MAX_SHARES_HEADER {
         return None;
     }
-    let message: GrantsMessage = serde_json::from_slice(value).ok()?;
+    let message: SharesMessage = serde_json::from_slice(value).ok()?;
     let mut out = BTreeMap::new();
     for (policy, m) in message {
         if !m.rate.is_finite() || m.rate < 0.0 {
@@ -62,12 +61,12 @@ pub fn parse_header(value: &[u8], sent_at: Nanos) -> Option<HeldGrants> {
         }
         out.insert(
             policy,
-            HeldGrant {
-                share: Amount {
+            HeldShare {
+                amount: Amount {
                     rate: m.rate,
                     in_flight: m.in_flight,
                 },
-                expires_at_ns: sent_at.saturating_add(m.lease_ms.saturating_mul(1_000_000)),
+                expires_at: sent_at + Span::from_millis(m.lease_ms),
                 instances: m.instances,
                 id: m.id,
             },
@@ -76,32 +75,32 @@ pub fn parse_header(value: &[u8], sent_at: Nanos) -> Option<HeldGrants> {
     Some(out)
 }
 
-fn decode(bytes: Option<&[u8]>) -> (u64, HeldGrants) {
+fn decode(bytes: Option<&[u8]>) -> (u64, HeldShares) {
     match (read_u64(bytes), bytes.and_then(|b| b.get(8..))) {
         (Some(seq), Some(json)) => (seq, serde_json::from_slice(json).unwrap_or_default()),
         _ => (0, BTreeMap::new()),
     }
 }
 
-/// The sequence number of the published grants (0: none yet).
+/// The sequence number of the published shares (0: none yet).
 pub fn published_seq<H: Host + ?Sized>(host: &H) -> u64 {
-    read_u64(host.shared_get(GRANTS_KEY).0.as_deref()).unwrap_or(0)
+    read_u64(host.shared_get(SHARES_KEY).0.as_deref()).unwrap_or(0)
 }
 
-pub fn published<H: Host + ?Sized>(host: &H) -> (u64, HeldGrants) {
-    decode(host.shared_get(GRANTS_KEY).0.as_deref())
+pub fn published<H: Host + ?Sized>(host: &H) -> (u64, HeldShares) {
+    decode(host.shared_get(SHARES_KEY).0.as_deref())
 }
 
-/// Stores the grants of one answer for every worker: they replace the
-/// policies' earlier grants; grants of policies the answer does not name
+/// Stores the shares of one answer for every worker: they replace the
+/// policies' earlier shares; shares of policies the answer does not name
 /// are dropped (those policies are no longer global).
 pub fn publish<H: Host + ?Sized>(
     host: &H,
-    stats: &mut StoreStats,
-    grants: &HeldGrants,
+    store: &mut Store,
+    shares: &HeldShares,
 ) -> Result<(), StoreError> {
-    let json = serde_json::to_vec(grants).unwrap_or_default();
-    update_bytes(host, GRANTS_KEY, stats, |cur| {
+    let json = serde_json::to_vec(shares).unwrap_or_default();
+    store.update(host, SHARES_KEY, |cur| {
         let (seq, _) = decode(cur);
         let mut value = seq.wrapping_add(1).max(1).to_le_bytes().to_vec();
         value.extend_from_slice(&json);
@@ -115,12 +114,12 @@ mod tests {
     use crate::testing::FakeHost;
 
     #[test]
-    fn header_grants_expire_a_lease_after_the_report_was_sent() {
+    fn header_shares_expire_a_lease_after_the_report_was_sent() {
         let header = br#"{"llm": {"rate": 120.5, "in_flight": 7, "lease_ms": 3000, "instances": 3, "id": 42}}"#;
-        let grants = parse_header(header, 10_000_000_000).unwrap();
-        let llm = grants["llm"];
-        assert_eq!(llm.share.in_flight, 7);
-        assert_eq!(llm.expires_at_ns, 13_000_000_000);
+        let shares = parse_header(header, Instant::from_millis(10_000)).unwrap();
+        let llm = shares["llm"];
+        assert_eq!(llm.amount.in_flight, 7);
+        assert_eq!(llm.expires_at, Instant::from_millis(13_000));
         assert_eq!((llm.instances, llm.id), (3, 42));
         for bad in [
             &b"garbage"[..],
@@ -128,23 +127,23 @@ mod tests {
             br#"{"llm": {"rate": 1}}"#,
             &[0xff, 0xfe][..],
         ] {
-            assert_eq!(parse_header(bad, 0), None, "{bad:?}");
+            assert_eq!(parse_header(bad, Instant::EPOCH), None, "{bad:?}");
         }
     }
 
     #[test]
-    fn published_grants_carry_a_moving_sequence() {
-        let host = FakeHost::at(0);
-        let mut stats = StoreStats::default();
+    fn published_shares_carry_a_moving_sequence() {
+        let host = FakeHost::at(Instant::EPOCH);
+        let mut store = Store::default();
         assert_eq!(published_seq(&host), 0);
-        let grants = parse_header(
+        let shares = parse_header(
             br#"{"llm": {"rate": 1, "in_flight": 2, "lease_ms": 3000, "instances": 1, "id": 9}}"#,
-            0,
+            Instant::EPOCH,
         )
         .unwrap();
-        publish(&host, &mut stats, &grants).unwrap();
-        publish(&host, &mut stats, &grants).unwrap();
+        publish(&host, &mut store, &shares).unwrap();
+        publish(&host, &mut store, &shares).unwrap();
         assert_eq!(published_seq(&host), 2);
-        assert_eq!(published(&host), (2, grants));
+        assert_eq!(published(&host), (2, shares));
     }
 }

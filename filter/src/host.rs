@@ -1,7 +1,7 @@
 //! Everything the filter asks of Envoy, behind one trait: the worker logic
 //! runs against Envoy in production and against an in-memory host in tests.
 
-use sluice_shared::limiter::Nanos;
+use sluice_shared::time::{Instant, Span};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetError {
@@ -20,7 +20,8 @@ pub enum Level {
 }
 
 pub trait Host {
-    fn now(&self) -> Nanos;
+    /// The host's clock (the wall clock in Envoy).
+    fn now(&self) -> Instant;
     /// The value and its CAS token; (None, None) when the key is missing.
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
@@ -32,7 +33,7 @@ pub trait Host {
     fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
     /// Lets paused stream `context_id` continue. False if it is gone.
     fn resume(&self, context_id: u32) -> bool;
-    fn set_tick_period_ms(&self, ms: u64);
+    fn set_tick_period(&self, period: Span);
     /// Sends an HTTP call through an Envoy cluster; the answer comes back
     /// to the root context. Returns the call's token.
     fn dispatch_http_call(
@@ -40,6 +41,6 @@ pub trait Host {
         cluster: &str,
         headers: &[(&str, &str)],
         body: &[u8],
-        timeout_ms: u64,
+        timeout: Span,
     ) -> Option<u32>;
 }

@@ -2,16 +2,20 @@
 //! decisions of `sluice-shared`.
 //!
 //! - [`host`]: every call into Envoy, behind a trait.
-//! - [`store`]: bucket states in shared data, updated by compare-and-swap.
-//! - [`sync`]: policy sets from the admin, and utilization reports to it.
-//! - [`fleet`]: shares of global limits granted by the admin (fleet mode).
+//! - [`store`]: values in shared data, updated by compare-and-swap; every
+//!   failure counted and logged there.
+//! - [`sync`]: policy sets from the admin; [`report`]: utilization to it.
+//! - [`fleet`]: shares of global limits leased by the admin (fleet mode).
+//! - [`prefetch`]: tokens and slots a worker takes ahead, far from a limit.
+//! - [`metrics`]: stats, batched per worker.
 //! - [`worker`]: the per-VM logic (match, admit, queue, release, tick).
 //! - `envoy` (wasm only): the proxy-wasm contexts that drive the worker.
 
 pub mod fleet;
-pub mod grants;
 pub mod host;
 pub mod metrics;
+pub mod prefetch;
+pub mod report;
 pub mod store;
 pub mod sync;
 pub mod worker;

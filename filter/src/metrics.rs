@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::host::Host;
-use crate::sync::DeltaCounters;
+use crate::report::DeltaCounters;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyStat {
@@ -85,7 +85,7 @@ impl FilterStat {
         FilterStat::PolicySetsInstalled,
     ];
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             FilterStat::CasRetries => "cas_retries",
             FilterStat::CasExhausted => "cas_exhausted",
@@ -208,6 +208,11 @@ impl Metrics {
         let mut out = std::mem::take(&mut self.unreported);
         out.retain(|_, d| !d.is_zero());
         out
+    }
+
+    /// A pending filter-wide delta, for tests.
+    pub fn pending_filter(&self, stat: FilterStat) -> i64 {
+        self.filter.pending.get(stat.index()).copied().unwrap_or(0)
     }
 
     /// A pending delta, for tests.

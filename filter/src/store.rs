@@ -1,4 +1,5 @@
-//! Bucket states in Envoy shared data, updated by compare-and-swap.
+//! Values in Envoy shared data, updated by compare-and-swap, and the one
+//! place where a failure to do so is counted and logged.
 //!
 //! Envoy inserts a missing key whatever CAS token is passed, and overwrites
 //! an existing key unconditionally when the token is 0. A worker that saw a
@@ -8,10 +9,12 @@
 //! instead of overwriting it.
 
 use sluice_shared::bucket::BucketState;
+use sluice_shared::time::{Instant, Span};
 
-use crate::host::{Host, SetError};
+use crate::host::{Host, Level, SetError};
+use crate::metrics::{FilterStat, Metrics};
 
-/// Attempts before giving up on a contended bucket (and refusing the request
+/// Attempts before giving up on a contended value (and refusing the request
 /// rather than spinning).
 pub const MAX_CAS_ATTEMPTS: u32 = 16;
 
@@ -19,12 +22,11 @@ pub const MAX_CAS_ATTEMPTS: u32 = 16;
 /// reached only after four billion writes, and then only matches by chance.
 const INSERT_CAS: u32 = u32::MAX;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    pub cas_retries: u64,
-    pub cas_exhausted: u64,
-    pub decode_errors: u64,
-}
+/// A failure of one kind is logged at most this often (it is counted every
+/// time): a contended or failing host would otherwise flood Envoy's log.
+const LOG_EVERY: Span = Span::from_secs(60);
+
+const HOLDERS_KEY: &str = "sluice/holders";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreError {
@@ -34,110 +36,209 @@ pub enum StoreError {
     HostFailed,
 }
 
-/// Where a policy's bucket lives in shared data.
-pub fn bucket_key(policy: &str, place: Place) -> String {
-    match place {
-        Place::Single => format!("sluice/b/{policy}"),
-        Place::Slot(i) => format!("sluice/b/{policy}/{i}"),
-        Place::Overflow => format!("sluice/b/{policy}/overflow"),
-    }
-}
-
+/// What can go wrong in shared data, each with its stat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
-    Single,
-    Slot(u32),
-    Overflow,
+enum Fault {
+    Contended,
+    HostFailed,
+    /// A value that does not decode (left by an incompatible version, or
+    /// broken): replaced, never trusted.
+    Unreadable,
 }
 
-/// Reads the bucket, lets `f` change it, and writes it back if `f` says it
-/// changed, retrying when another worker wrote in between. A value that does
-/// not decode (left by an incompatible version) is replaced by `fresh()`.
-pub fn update<H: Host + ?Sized, R>(
-    host: &H,
-    key: &str,
-    stats: &mut StoreStats,
-    fresh: impl Fn() -> BucketState,
-    mut f: impl FnMut(&mut BucketState) -> (R, bool),
-) -> Result<R, StoreError> {
-    for attempt in 0..MAX_CAS_ATTEMPTS {
-        if attempt > 0 {
-            stats.cas_retries += 1;
+impl Fault {
+    const ALL: [Fault; 3] = [Fault::Contended, Fault::HostFailed, Fault::Unreadable];
+
+    fn stat(self) -> FilterStat {
+        match self {
+            Fault::Contended => FilterStat::CasExhausted,
+            Fault::HostFailed => FilterStat::HostErrors,
+            Fault::Unreadable => FilterStat::StateDecodeErrors,
         }
-        let (bytes, cas) = host.shared_get(key);
-        let mut state = match bytes.as_deref().map(BucketState::decode) {
-            Some(Ok(state)) => state,
-            Some(Err(_)) => {
-                stats.decode_errors += 1;
-                fresh()
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Fault::Contended => "still contended after every compare-and-swap attempt",
+            Fault::HostFailed => "refused by Envoy",
+            Fault::Unreadable => "unreadable, replaced by a fresh value",
+        }
+    }
+}
+
+impl From<StoreError> for Fault {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Contended => Fault::Contended,
+            StoreError::HostFailed => Fault::HostFailed,
+        }
+    }
+}
+
+/// Shared data as one worker sees it: the CAS loop, and the counts of what
+/// went wrong, which reach Envoy's stats on the next flush.
+#[derive(Debug, Default)]
+pub struct Store {
+    cas_retries: u64,
+    faults: [u64; Fault::ALL.len()],
+    /// When each kind of fault was last logged.
+    logged_at: [Option<Instant>; Fault::ALL.len()],
+}
+
+impl Store {
+    /// Reads the value at `key`, lets `f` decide on it (None when missing),
+    /// and writes what `f` returns (None: leave it), retrying when another
+    /// worker wrote in between. Every error is counted and logged here; the
+    /// caller only decides what the failure means for its request.
+    pub fn update<H: Host + ?Sized, R>(
+        &mut self,
+        host: &H,
+        key: &str,
+        mut f: impl FnMut(Option<&[u8]>) -> (R, Option<Vec<u8>>),
+    ) -> Result<R, StoreError> {
+        for attempt in 0..MAX_CAS_ATTEMPTS {
+            if attempt > 0 {
+                self.cas_retries += 1;
             }
-            None => fresh(),
-        };
-        let (result, changed) = f(&mut state);
-        if !changed {
-            return Ok(result);
+            let (bytes, cas) = host.shared_get(key);
+            let (result, new) = f(bytes.as_deref());
+            let Some(new) = new else {
+                return Ok(result);
+            };
+            match host.shared_set(key, &new, Some(cas.unwrap_or(INSERT_CAS))) {
+                Ok(()) => return Ok(result),
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Failed) => {
+                    return Err(self.failed(host, key, StoreError::HostFailed))
+                }
+            }
         }
-        let token = cas.unwrap_or(INSERT_CAS);
-        match host.shared_set(key, &state.encode(), Some(token)) {
-            Ok(()) => return Ok(result),
-            Err(SetError::CasMismatch) => continue,
-            Err(SetError::Failed) => return Err(StoreError::HostFailed),
+        Err(self.failed(host, key, StoreError::Contended))
+    }
+
+    /// [`Store::update`] for a bucket: `f` changes the decoded state and
+    /// says whether it changed. A missing or unreadable value starts fresh.
+    pub fn update_bucket<H: Host + ?Sized, R>(
+        &mut self,
+        host: &H,
+        key: &str,
+        mut f: impl FnMut(&mut BucketState) -> (R, bool),
+    ) -> Result<R, StoreError> {
+        let mut unreadable = false;
+        let result = self.update(host, key, |bytes| {
+            let mut state = match bytes.map(BucketState::decode) {
+                Some(Ok(state)) => state,
+                Some(Err(_)) => {
+                    unreadable = true;
+                    BucketState::default()
+                }
+                None => BucketState::default(),
+            };
+            let (result, changed) = f(&mut state);
+            (result, changed.then(|| state.encode()))
+        });
+        if unreadable {
+            self.record(host, key, Fault::Unreadable);
+        }
+        result
+    }
+
+    /// The bucket at `key` without changing it (None when missing or
+    /// unreadable, which is counted).
+    pub fn read_bucket<H: Host + ?Sized>(&mut self, host: &H, key: &str) -> Option<BucketState> {
+        let bytes = host.shared_get(key).0?;
+        match BucketState::decode(&bytes) {
+            Ok(state) => Some(state),
+            Err(_) => {
+                self.record(host, key, Fault::Unreadable);
+                None
+            }
         }
     }
-    stats.cas_exhausted += 1;
-    Err(StoreError::Contended)
+
+    /// A lease-holder id unique among all VMs of this Envoy process (shared
+    /// data lives as long as the process), so a restarted VM never inherits
+    /// the leases of the one it replaces.
+    pub fn allocate_holder<H: Host + ?Sized>(&mut self, host: &H) -> u64 {
+        let next = self.update(host, HOLDERS_KEY, |bytes| {
+            let current = bytes
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_le_bytes);
+            let next = current.wrapping_add(1).max(1);
+            (next, Some(next.to_le_bytes().to_vec()))
+        });
+        // Unique enough: the clock in nanoseconds, kept clear of counter values.
+        next.unwrap_or_else(|_| host.now().as_nanos() | (1 << 63))
+    }
+
+    /// Adds what happened since the last flush to the filter's stats.
+    pub fn flush_into(&mut self, metrics: &mut Metrics) {
+        let as_delta = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics.add_filter(FilterStat::CasRetries, as_delta(self.cas_retries));
+        self.cas_retries = 0;
+        for (fault, count) in Fault::ALL.iter().zip(self.faults.iter_mut()) {
+            metrics.add_filter(fault.stat(), as_delta(*count));
+            *count = 0;
+        }
+    }
+
+    fn failed<H: Host + ?Sized>(&mut self, host: &H, key: &str, error: StoreError) -> StoreError {
+        self.record(host, key, error.into());
+        error
+    }
+
+    fn record<H: Host + ?Sized>(&mut self, host: &H, key: &str, fault: Fault) {
+        let i = fault as usize;
+        self.faults[i] += 1;
+        let now = host.now();
+        if self.logged_at[i].is_some_and(|at| now - at < LOG_EVERY) {
+            return;
+        }
+        self.logged_at[i] = Some(now);
+        host.log(
+            Level::Warn,
+            &format!(
+                "sluice: shared data {key:?}: {} (logged once a minute; counted in sluice.{})",
+                fault.describe(),
+                fault.stat().name()
+            ),
+        );
+    }
 }
 
-/// Like [`update`], for a value that is not a bucket: `f` sees the current
-/// bytes (None when missing) and returns the new bytes, or None to leave the
-/// value as it is.
-pub fn update_bytes<H: Host + ?Sized, R>(
-    host: &H,
-    key: &str,
-    stats: &mut StoreStats,
-    mut f: impl FnMut(Option<&[u8]>) -> (R, Option<Vec<u8>>),
-) -> Result<R, StoreError> {
-    for attempt in 0..MAX_CAS_ATTEMPTS {
-        if attempt > 0 {
-            stats.cas_retries += 1;
-        }
-        let (bytes, cas) = host.shared_get(key);
-        let (result, new) = f(bytes.as_deref());
-        let Some(new) = new else {
-            return Ok(result);
-        };
-        match host.shared_set(key, &new, Some(cas.unwrap_or(INSERT_CAS))) {
-            Ok(()) => return Ok(result),
-            Err(SetError::CasMismatch) => continue,
-            Err(SetError::Failed) => return Err(StoreError::HostFailed),
-        }
-    }
-    stats.cas_exhausted += 1;
-    Err(StoreError::Contended)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FakeHost;
 
-const HOLDERS_KEY: &str = "sluice/holders";
-
-/// A lease-holder id unique among all VMs of this Envoy process (shared data
-/// lives as long as the process), so a restarted VM never inherits the
-/// leases of the one it replaces.
-pub fn allocate_holder<H: Host + ?Sized>(host: &H) -> u64 {
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = host.shared_get(HOLDERS_KEY);
-        let current = bytes
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map_or(0, u64::from_le_bytes);
-        let next = current.wrapping_add(1).max(1);
-        match host.shared_set(
-            HOLDERS_KEY,
-            &next.to_le_bytes(),
-            Some(cas.unwrap_or(INSERT_CAS)),
-        ) {
-            Ok(()) => return next,
-            Err(SetError::CasMismatch) => continue,
-            Err(SetError::Failed) => break,
+    #[test]
+    fn every_fault_is_counted_but_logged_once_a_minute() {
+        let host = FakeHost::at(Instant::from_nanos(1));
+        let mut store = Store::default();
+        host.always_mismatch.set(true);
+        for _ in 0..3 {
+            let r: Result<(), _> = store.update(&host, "k", |_| ((), Some(vec![1])));
+            assert_eq!(r, Err(StoreError::Contended));
         }
+        assert_eq!(host.logs.borrow().len(), 1, "{:?}", host.logs.borrow());
+        host.advance_ms(60_000);
+        let _ = store.update(&host, "k", |_| ((), Some(vec![1])));
+        assert_eq!(host.logs.borrow().len(), 2);
+        let mut metrics = Metrics::default();
+        store.flush_into(&mut metrics);
+        assert_eq!(metrics.pending_filter(FilterStat::CasExhausted), 4);
+        assert_eq!(
+            metrics.pending_filter(FilterStat::CasRetries),
+            4 * i64::from(MAX_CAS_ATTEMPTS - 1)
+        );
     }
-    // Unique enough: the clock in nanoseconds, kept clear of counter values.
-    host.now() | (1 << 63)
+
+    #[test]
+    fn holders_are_unique_per_process() {
+        let host = FakeHost::at(Instant::from_nanos(1));
+        let mut store = Store::default();
+        let a = store.allocate_holder(&host);
+        let b = Store::default().allocate_holder(&host);
+        assert_ne!(a, b);
+    }
 }

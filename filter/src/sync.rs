@@ -8,28 +8,25 @@
 //!   version, and only after validation, so a bad answer never replaces it.
 //! - `sluice/policyset/version`: the version alone, which every worker
 //!   reads on its tick (8 bytes) to notice a new set cheaply.
-//! - `sluice/report`: per-policy counters summed over the workers, which the
-//!   syncing VM sends as the utilization snapshot.
+//!
+//! The counters the syncing VM reports are summed in shared data by
+//! [`crate::report`].
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-use sluice_shared::limiter::Nanos;
 use sluice_shared::plugin::PluginConfig;
-use sluice_shared::sync::{PolicyReport, SYNC_PATH};
+use sluice_shared::sync::SYNC_PATH;
+use sluice_shared::time::{Instant, Span};
 use sluice_shared::validate::parse_policy_set;
 use sluice_shared::PolicySet;
 
 use crate::host::Host;
-use crate::store::{update_bytes, StoreError, StoreStats};
+use crate::store::{Store, StoreError};
 
 pub const SYNC_KEY: &str = "sluice/sync";
 pub const POLICY_SET_KEY: &str = "sluice/policyset";
 pub const POLICY_VERSION_KEY: &str = "sluice/policyset/version";
-pub const REPORT_KEY: &str = "sluice/report";
 
 /// Longest wait between attempts while the admin keeps failing.
-const MAX_BACKOFF_NS: Nanos = 30_000_000_000;
+const MAX_BACKOFF: Span = Span::from_secs(30);
 /// Larger answers are refused unread.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
@@ -38,7 +35,7 @@ pub struct SyncSettings {
     pub instance: String,
     pub cluster: String,
     pub authority: String,
-    pub interval_ns: Nanos,
+    pub interval: Span,
     pub token: Option<String>,
 }
 
@@ -49,20 +46,21 @@ impl SyncSettings {
             instance: config.instance.clone(),
             cluster: config.admin_cluster.clone()?,
             authority: config.admin_authority.clone(),
-            interval_ns: config.sync_interval.as_nanos(),
+            interval: config.sync_interval.as_span(),
             token: config.sync_token.clone(),
         })
     }
 
     /// An answer slower than the interval is as good as none.
-    pub fn timeout_ms(&self) -> u64 {
-        (self.interval_ns / 1_000_000).clamp(100, 5_000)
+    pub fn timeout(&self) -> Span {
+        self.interval
+            .clamp(Span::from_millis(100), Span::from_secs(5))
     }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Turn {
-    next_due: Nanos,
+    next_due: Instant,
     failures: u32,
 }
 
@@ -76,13 +74,13 @@ impl Turn {
         let mut failures = [0u8; 4];
         failures.copy_from_slice(&b[8..]);
         Self {
-            next_due: u64::from_le_bytes(due),
+            next_due: Instant::from_nanos(u64::from_le_bytes(due)),
             failures: u32::from_le_bytes(failures),
         }
     }
 
     fn encode(self) -> Vec<u8> {
-        let mut out = self.next_due.to_le_bytes().to_vec();
+        let mut out = self.next_due.as_nanos().to_le_bytes().to_vec();
         out.extend_from_slice(&self.failures.to_le_bytes());
         out
     }
@@ -91,31 +89,34 @@ impl Turn {
 /// Takes the sync turn if it is due: true means this VM syncs now.
 pub fn claim_turn<H: Host + ?Sized>(
     host: &H,
-    stats: &mut StoreStats,
-    now: Nanos,
-    interval: Nanos,
+    store: &mut Store,
+    now: Instant,
+    interval: Span,
 ) -> bool {
-    update_bytes(host, SYNC_KEY, stats, |cur| {
-        let mut turn = Turn::decode(cur);
-        if now < turn.next_due {
-            return (false, None);
-        }
-        turn.next_due = now.saturating_add(interval);
-        (true, Some(turn.encode()))
-    })
-    .unwrap_or(false)
+    store
+        .update(host, SYNC_KEY, |cur| {
+            let mut turn = Turn::decode(cur);
+            if now < turn.next_due {
+                return (false, None);
+            }
+            turn.next_due = now + interval;
+            (true, Some(turn.encode()))
+        })
+        .unwrap_or(false)
 }
 
 /// After a sync: a failure pushes the next turn back, doubling up to 30 s;
 /// a success clears the backoff.
 pub fn finish_turn<H: Host + ?Sized>(
     host: &H,
-    stats: &mut StoreStats,
-    now: Nanos,
-    interval: Nanos,
+    store: &mut Store,
+    now: Instant,
+    interval: Span,
     ok: bool,
 ) {
-    let _ = update_bytes(host, SYNC_KEY, stats, |cur| {
+    // A failure is counted and logged by the store; the next claim then
+    // comes at the interval, without backoff.
+    let _ = store.update(host, SYNC_KEY, |cur| {
         let mut turn = Turn::decode(cur);
         if ok {
             if turn.failures == 0 {
@@ -126,8 +127,8 @@ pub fn finish_turn<H: Host + ?Sized>(
             turn.failures = turn.failures.saturating_add(1);
             let backoff = interval
                 .saturating_mul(1 << turn.failures.min(16))
-                .min(MAX_BACKOFF_NS);
-            turn.next_due = now.saturating_add(backoff.max(interval));
+                .min(MAX_BACKOFF);
+            turn.next_due = now + backoff.max(interval);
         }
         ((), Some(turn.encode()))
     });
@@ -157,11 +158,11 @@ pub fn published_set<H: Host + ?Sized>(host: &H) -> Option<PolicySet> {
 /// True if it was stored.
 pub fn publish<H: Host + ?Sized>(
     host: &H,
-    stats: &mut StoreStats,
+    store: &mut Store,
     set: &PolicySet,
 ) -> Result<bool, StoreError> {
     let json = serde_json::to_vec(set).unwrap_or_default();
-    let stored = update_bytes(host, POLICY_SET_KEY, stats, |cur| {
+    let stored = store.update(host, POLICY_SET_KEY, |cur| {
         if read_u64(cur).is_some_and(|v| v >= set.version) {
             return (false, None);
         }
@@ -170,7 +171,7 @@ pub fn publish<H: Host + ?Sized>(
         (true, Some(value))
     })?;
     if stored {
-        update_bytes(host, POLICY_VERSION_KEY, stats, |cur| {
+        store.update(host, POLICY_VERSION_KEY, |cur| {
             if read_u64(cur).is_some_and(|v| v >= set.version) {
                 return ((), None);
             }
@@ -178,6 +179,52 @@ pub fn publish<H: Host + ?Sized>(
         })?;
     }
     Ok(stored)
+}
+
+/// The admin's answer to a sync call as Envoy hands it over: bytes, never
+/// assumed to be UTF-8, any of them possibly missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReply<'a> {
+    /// None when Envoy gave up (connection refused, timeout, reset).
+    pub status: Option<u16>,
+    /// The fleet shares header.
+    pub shares_header: Option<&'a [u8]>,
+    pub body: ReplyBody<'a>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyBody<'a> {
+    Read(Option<&'a [u8]>),
+    /// Larger than [`MAX_RESPONSE_BYTES`]: refused unread.
+    TooLarge(usize),
+}
+
+impl SyncReply<'_> {
+    /// The admin answered as it does when all is well (200 or 304).
+    pub fn answered(&self) -> bool {
+        matches!(self.status, Some(200 | 304))
+    }
+
+    pub fn answer(&self) -> Answer {
+        match self.body {
+            ReplyBody::Read(body) => interpret(self.status, body),
+            ReplyBody::TooLarge(size) => Answer::Failed(format!(
+                "refused a {size}-byte answer (at most {MAX_RESPONSE_BYTES} bytes are read)"
+            )),
+        }
+    }
+}
+
+/// An HTTP status from the bytes of `:status`; None for anything that is
+/// not three digits.
+pub fn parse_status(value: Option<&[u8]>) -> Option<u16> {
+    let value = value?;
+    if value.len() != 3 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value.iter().try_fold(0u16, |n, d| {
+        n.checked_mul(10)?.checked_add(u16::from(d - b'0'))
+    })
 }
 
 /// What came back from the admin.
@@ -211,90 +258,6 @@ pub fn interpret(status: Option<u16>, body: Option<&[u8]>) -> Answer {
     }
 }
 
-/// Counters as workers add them up; `in_flight` moves both ways, so it is
-/// summed with wrapping arithmetic and read as the net total.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
-    pub admitted: u64,
-    pub rejected: u64,
-    pub queued: u64,
-    pub queue_timeouts: u64,
-    pub shadow_limited: u64,
-    pub in_flight: u64,
-}
-
-impl Counters {
-    pub fn add(&mut self, other: &DeltaCounters) {
-        self.admitted = self.admitted.wrapping_add_signed(other.admitted);
-        self.rejected = self.rejected.wrapping_add_signed(other.rejected);
-        self.queued = self.queued.wrapping_add_signed(other.queued);
-        self.queue_timeouts = self
-            .queue_timeouts
-            .wrapping_add_signed(other.queue_timeouts);
-        self.shadow_limited = self
-            .shadow_limited
-            .wrapping_add_signed(other.shadow_limited);
-        self.in_flight = self.in_flight.wrapping_add_signed(other.in_flight);
-    }
-
-    pub fn to_report(self) -> PolicyReport {
-        PolicyReport {
-            admitted: self.admitted,
-            rejected: self.rejected,
-            queued: self.queued,
-            queue_timeouts: self.queue_timeouts,
-            shadow_limited: self.shadow_limited,
-            // A net total below zero can only be a worker that died mid-count.
-            in_flight: if (self.in_flight as i64) < 0 {
-                0
-            } else {
-                self.in_flight
-            },
-            ..PolicyReport::default()
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeltaCounters {
-    pub admitted: i64,
-    pub rejected: i64,
-    pub queued: i64,
-    pub queue_timeouts: i64,
-    pub shadow_limited: i64,
-    pub in_flight: i64,
-}
-
-impl DeltaCounters {
-    pub fn is_zero(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-pub fn read_report<H: Host + ?Sized>(host: &H) -> BTreeMap<String, Counters> {
-    host.shared_get(REPORT_KEY)
-        .0
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
-}
-
-/// Adds one worker's deltas into the shared report.
-pub fn add_to_report<H: Host + ?Sized>(
-    host: &H,
-    stats: &mut StoreStats,
-    deltas: &BTreeMap<String, DeltaCounters>,
-) -> Result<(), StoreError> {
-    update_bytes(host, REPORT_KEY, stats, |cur| {
-        let mut report: BTreeMap<String, Counters> = cur
-            .and_then(|b| serde_json::from_slice(b).ok())
-            .unwrap_or_default();
-        for (policy, d) in deltas {
-            report.entry(policy.clone()).or_default().add(d);
-        }
-        ((), Some(serde_json::to_vec(&report).unwrap_or_default()))
-    })
-}
-
 /// The request to the admin: headers and body.
 pub fn request(settings: &SyncSettings, body: &[u8]) -> (Vec<(String, String)>, Vec<u8>) {
     let mut headers = vec![
@@ -314,7 +277,11 @@ mod tests {
     use super::*;
     use crate::testing::FakeHost;
 
-    const SEC: u64 = 1_000_000_000;
+    const SEC: Span = Span::from_secs(1);
+
+    fn at(secs: u64) -> Instant {
+        Instant::from_nanos(secs * 1_000_000_000)
+    }
 
     fn set(version: u64, requests: u64) -> PolicySet {
         parse_policy_set(&format!(
@@ -325,45 +292,46 @@ mod tests {
 
     #[test]
     fn one_vm_per_interval_gets_the_turn_and_failures_back_off() {
-        let host = FakeHost::at(10 * SEC);
-        let mut stats = StoreStats::default();
-        assert!(claim_turn(&host, &mut stats, 10 * SEC, SEC));
+        let host = FakeHost::at(at(10));
+        let mut store = Store::default();
+        let secs = |n: u64| SEC.saturating_mul(n);
+        assert!(claim_turn(&host, &mut store, at(10), SEC));
         assert!(
-            !claim_turn(&host, &mut stats, 10 * SEC + 1, SEC),
+            !claim_turn(&host, &mut store, at(10) + Span::from_nanos(1), SEC),
             "a second VM waits"
         );
-        assert!(claim_turn(&host, &mut stats, 11 * SEC, SEC));
+        assert!(claim_turn(&host, &mut store, at(11), SEC));
         // Three failures: 2 s, 4 s, 8 s.
-        let mut now = 11 * SEC;
+        let mut now = at(11);
         for expected in [2, 4, 8] {
-            finish_turn(&host, &mut stats, now, SEC, false);
+            finish_turn(&host, &mut store, now, SEC, false);
             assert!(!claim_turn(
                 &host,
-                &mut stats,
-                now + expected * SEC - 1,
+                &mut store,
+                now + secs(expected) - Span::from_nanos(1),
                 SEC
             ));
-            now += expected * SEC;
-            assert!(claim_turn(&host, &mut stats, now, SEC));
+            now += secs(expected);
+            assert!(claim_turn(&host, &mut store, now, SEC));
         }
         for _ in 0..20 {
-            finish_turn(&host, &mut stats, now, SEC, false);
+            finish_turn(&host, &mut store, now, SEC, false);
         }
         assert!(
-            claim_turn(&host, &mut stats, now + 30 * SEC, SEC),
+            claim_turn(&host, &mut store, now + secs(30), SEC),
             "backoff stops at 30 s"
         );
-        finish_turn(&host, &mut stats, now + 30 * SEC, SEC, true);
+        finish_turn(&host, &mut store, now + secs(30), SEC, true);
         assert!(
-            claim_turn(&host, &mut stats, now + 31 * SEC, SEC),
+            claim_turn(&host, &mut store, now + secs(31), SEC),
             "success: back to the interval"
         );
     }
 
     #[test]
     fn only_newer_valid_sets_are_published() {
-        let host = FakeHost::at(0);
-        let mut stats = StoreStats::default();
+        let host = FakeHost::at(Instant::EPOCH);
+        let mut stats = Store::default();
         assert_eq!(published_version(&host), None);
         assert!(publish(&host, &mut stats, &set(3, 10)).unwrap());
         assert!(!publish(&host, &mut stats, &set(2, 99)).unwrap(), "older");
@@ -375,6 +343,22 @@ mod tests {
         assert_eq!(published_set(&host).unwrap(), set(3, 10));
         assert!(publish(&host, &mut stats, &set(4, 20)).unwrap());
         assert_eq!(published_set(&host).unwrap().version, 4);
+    }
+
+    #[test]
+    fn status_comes_from_three_digits_only() {
+        assert_eq!(parse_status(Some(b"200")), Some(200));
+        assert_eq!(parse_status(Some(b"304")), Some(304));
+        for bad in [&b""[..], b"20", b"2000", b"2a0", b"\xff\xfe\x00", b" 200"] {
+            assert_eq!(parse_status(Some(bad)), None, "{bad:?}");
+        }
+        assert_eq!(parse_status(None), None);
+        let reply = SyncReply {
+            status: Some(200),
+            shares_header: None,
+            body: ReplyBody::TooLarge(3 << 20),
+        };
+        assert!(matches!(reply.answer(), Answer::Failed(why) if why.contains("3145728-byte")));
     }
 
     #[test]
@@ -398,33 +382,5 @@ mod tests {
             panic!()
         };
         assert!(why.contains("policies[0].rate.requests"), "{why}");
-    }
-
-    #[test]
-    fn report_sums_workers_including_in_flight_going_down() {
-        let host = FakeHost::at(0);
-        let mut stats = StoreStats::default();
-        let mut a = BTreeMap::new();
-        a.insert(
-            "bank".to_string(),
-            DeltaCounters {
-                admitted: 5,
-                in_flight: 3,
-                ..Default::default()
-            },
-        );
-        let mut b = BTreeMap::new();
-        b.insert(
-            "bank".to_string(),
-            DeltaCounters {
-                admitted: 2,
-                in_flight: -1,
-                ..Default::default()
-            },
-        );
-        add_to_report(&host, &mut stats, &a).unwrap();
-        add_to_report(&host, &mut stats, &b).unwrap();
-        let report = read_report(&host)["bank"].to_report();
-        assert_eq!((report.admitted, report.in_flight), (7, 2));
     }
 }

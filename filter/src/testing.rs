@@ -5,6 +5,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
+use sluice_shared::time::{Instant, Span};
+
 use crate::host::{Host, Level, SetError};
 
 /// An HTTP call the filter sent: (cluster, headers, body).
@@ -14,7 +16,7 @@ type Hook = Box<dyn FnOnce(&mut HashMap<String, (Vec<u8>, u32)>, &mut u32)>;
 
 #[derive(Default)]
 pub struct FakeHost {
-    pub now: Cell<u64>,
+    pub now: Cell<Instant>,
     pub shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
     next_cas: Cell<u32>,
     pub metrics: RefCell<HashMap<String, i64>>,
@@ -27,13 +29,13 @@ pub struct FakeHost {
     pub before_next_set: RefCell<Option<Hook>>,
     /// Every write fails with a CAS mismatch (endless contention).
     pub always_mismatch: Cell<bool>,
-    pub tick_ms: Cell<u64>,
+    pub tick: Cell<Span>,
     /// HTTP calls sent: (cluster, headers, body).
     pub calls: RefCell<Vec<SentCall>>,
 }
 
 impl FakeHost {
-    pub fn at(now: u64) -> Self {
+    pub fn at(now: Instant) -> Self {
         let h = Self::default();
         h.now.set(now);
         h.next_cas.set(1);
@@ -41,7 +43,7 @@ impl FakeHost {
     }
 
     pub fn advance_ms(&self, ms: u64) {
-        self.now.set(self.now.get() + ms * 1_000_000);
+        self.now.set(self.now.get() + Span::from_millis(ms));
     }
 
     pub fn metric(&self, name: &str) -> i64 {
@@ -50,7 +52,7 @@ impl FakeHost {
 }
 
 impl Host for FakeHost {
-    fn now(&self) -> u64 {
+    fn now(&self) -> Instant {
         self.now.get()
     }
 
@@ -117,8 +119,8 @@ impl Host for FakeHost {
         true
     }
 
-    fn set_tick_period_ms(&self, ms: u64) {
-        self.tick_ms.set(ms);
+    fn set_tick_period(&self, period: Span) {
+        self.tick.set(period);
     }
 
     fn dispatch_http_call(
@@ -126,7 +128,7 @@ impl Host for FakeHost {
         cluster: &str,
         headers: &[(&str, &str)],
         body: &[u8],
-        _timeout_ms: u64,
+        _timeout: Span,
     ) -> Option<u32> {
         let mut calls = self.calls.borrow_mut();
         calls.push((

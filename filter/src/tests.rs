@@ -5,15 +5,18 @@ use proptest::prelude::*;
 use sluice_shared::bucket::BucketState;
 use sluice_shared::matcher::CompiledPolicySet;
 
+use sluice_shared::time::{Instant, Span};
+
 use crate::host::Host;
-use crate::store::{allocate_holder, update, StoreStats, MAX_CAS_ATTEMPTS};
+use crate::store::{Store, MAX_CAS_ATTEMPTS};
+use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;
 use crate::worker::{StreamAction, Verdict, Worker};
 
-const T0: u64 = 1_800_000_000_000_000_000;
+const T0: Instant = Instant::from_nanos(1_800_000_000_000_000_000);
 
 fn worker(host: &FakeHost, policies: &str) -> Worker {
-    let mut w = Worker::new(allocate_holder(host));
+    let mut w = Worker::new(host);
     let set = CompiledPolicySet::from_json(policies).unwrap_or_else(|e| panic!("{e}"));
     w.install(host, set);
     w
@@ -170,7 +173,7 @@ fn queued_requests_resume_in_order_and_leavers_free_their_place() {
         );
     }
     assert_eq!(status(&a.on_request(&host, 7, r.as_slice())), 429);
-    assert_eq!(host.tick_ms.get(), 1);
+    assert_eq!(host.tick.get(), Span::from_millis(1));
     // Context 3 (on b) leaves: one more fits.
     b.on_stream_end(&host, 3);
     assert!(matches!(
@@ -184,7 +187,7 @@ fn queued_requests_resume_in_order_and_leavers_free_their_place() {
             for action in w.on_tick(&host) {
                 match action {
                     StreamAction::Resume(ctx) => {
-                        order.push((host.now() - T0) / 1_000_000 * 10 + u64::from(ctx))
+                        order.push((host.now() - T0).as_millis() * 10 + u64::from(ctx))
                     }
                     StreamAction::Reply(ctx, _) => panic!("{name}: ctx {ctx} timed out"),
                 }
@@ -194,7 +197,11 @@ fn queued_requests_resume_in_order_and_leavers_free_their_place() {
     // (ms, ctx) packed as ms*10+ctx: every 20 ms, in arrival order.
     assert_eq!(order, vec![202, 404, 605, 806, 1008]);
     assert_eq!(a.waiting() + b.waiting(), 0);
-    assert_eq!(host.tick_ms.get(), 100, "back to the idle tick");
+    assert_eq!(
+        host.tick.get(),
+        Span::from_millis(100),
+        "back to the idle tick"
+    );
 }
 
 #[test]
@@ -311,19 +318,18 @@ fn endless_contention_refuses_instead_of_spinning() {
 #[test]
 fn garbage_in_shared_data_is_replaced_and_counted() {
     let host = FakeHost::at(T0);
-    let mut stats = StoreStats::default();
+    let mut store = Store::default();
     host.shared
         .borrow_mut()
         .insert("sluice/b/x".into(), (vec![9, 9, 9], 5));
-    let r = update(
-        &host,
-        "sluice/b/x",
-        &mut stats,
-        || sluice_shared::bucket::BucketState::new(0),
-        |s| (s.owner, true),
-    );
+    let r = store.update_bucket(&host, "sluice/b/x", |s| (s.owner, true));
     assert_eq!(r, Ok(0));
-    assert_eq!(stats.decode_errors, 1);
+    let mut metrics = crate::metrics::Metrics::default();
+    store.flush_into(&mut metrics);
+    assert_eq!(
+        metrics.pending_filter(crate::metrics::FilterStat::StateDecodeErrors),
+        1
+    );
     assert!(host.shared_get("sluice/b/x").0.is_some_and(|v| v.len() > 3));
 }
 
@@ -383,7 +389,7 @@ proptest! {
             match action {
                 0 => { if let Some(c) = open.pop() { w.on_stream_end(&host, c); } }
                 1 => { host.advance_ms(ms); let _ = w.on_tick(&host); }
-                2 => host.now.set(host.now.get().saturating_sub(ms * 1_000_000)),
+                2 => host.now.set(host.now.get() - Span::from_millis(ms)),
                 _ => {}
             }
         }
@@ -395,12 +401,24 @@ proptest! {
     }
 }
 
+fn reply<'a>(
+    status: Option<u16>,
+    shares_header: Option<&'a [u8]>,
+    body: Option<&'a [u8]>,
+) -> SyncReply<'a> {
+    SyncReply {
+        status,
+        shares_header,
+        body: ReplyBody::Read(body),
+    }
+}
+
 fn sync_settings() -> crate::sync::SyncSettings {
     crate::sync::SyncSettings {
         instance: "unit".into(),
         cluster: "sluice_admin".into(),
         authority: "sluice-admin".into(),
-        interval_ns: 1_000_000_000,
+        interval: Span::from_secs(1),
         token: Some("t0ken".into()),
     }
 }
@@ -434,7 +452,7 @@ fn one_worker_syncs_all_install_and_unchanged_policies_keep_their_state() {
     assert_eq!(report.policies["bank"].tokens, Some(0));
 
     // Garbage from the admin: nothing changes, the failure is counted.
-    a.on_sync_response(&host, 1, Some(200), Some(b"<html>oops</html>"));
+    a.on_sync_reply(&host, 1, reply(Some(200), None, Some(b"<html>oops</html>")));
     assert_eq!(a.admin_version(), 0);
     assert_eq!(a.policies().policies.len(), 1);
     // A real answer, on the next turn: the failure backed off to 2 s.
@@ -445,7 +463,7 @@ fn one_worker_syncs_all_install_and_unchanged_policies_keep_their_state() {
     a.on_tick(&host);
     b.on_tick(&host);
     assert_eq!(host.calls.borrow().len(), 2);
-    a.on_sync_response(&host, 2, Some(200), Some(TWO.as_bytes()));
+    a.on_sync_reply(&host, 2, reply(Some(200), None, Some(TWO.as_bytes())));
     b.on_tick(&host);
     assert_eq!((a.admin_version(), b.admin_version()), (7, 7));
     assert_eq!(b.policies().policies.len(), 2);
@@ -478,9 +496,9 @@ fn an_unchanged_policy_keeps_its_spent_tokens_across_a_new_set() {
         r#""requests": 1, "period": "1s", "burst": 1"#,
         r#""requests": 5, "period": "1s", "burst": 5"#,
     );
-    let mut stats = StoreStats::default();
+    let mut store = Store::default();
     let set = sluice_shared::parse_policy_set(&edited).unwrap();
-    assert!(crate::sync::publish(&host, &mut stats, &set).unwrap());
+    assert!(crate::sync::publish(&host, &mut store, &set).unwrap());
     a.on_tick(&host);
     assert_eq!(a.admin_version(), 8);
     assert!(
@@ -499,7 +517,7 @@ fn shared_writes(host: &FakeHost) -> u64 {
 }
 
 #[test]
-fn far_from_its_limit_a_busy_worker_spends_granted_tokens_without_shared_data() {
+fn far_from_its_limit_a_busy_worker_spends_prefetched_tokens_without_shared_data() {
     let policies = r#"{"version": 1, "policies": [
         {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 1000000, "period": "1s", "burst": 10000}}]}"#;
     let host = FakeHost::at(T0);
@@ -508,7 +526,7 @@ fn far_from_its_limit_a_busy_worker_spends_granted_tokens_without_shared_data() 
     let before = shared_writes(&host);
     for ctx in 0..1000 {
         assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
-        host.now.set(host.now.get() + 2_000); // 500 000 requests/s
+        host.now.set(host.now.get() + Span::from_nanos(2_000)); // 500 000 requests/s
     }
     let writes = shared_writes(&host) - before;
     w.on_tick(&host);
@@ -525,7 +543,7 @@ fn near_its_limit_every_request_is_decided_in_shared_data() {
     let mut a = worker(&host, RATE);
     let mut b = worker(&host, RATE);
     let r = req(b"api.bank.example", &[]);
-    // Burst 5: a bucket of 5 never holds 4 times a grant of 2, so each of
+    // Burst 5: a bucket of 5 never holds 4 times a prefetch of 2, so each of
     // the 5 is a shared-data write, and the sixth is refused.
     for ctx in 1..=5 {
         let w = if ctx % 2 == 0 { &mut a } else { &mut b };
@@ -536,7 +554,7 @@ fn near_its_limit_every_request_is_decided_in_shared_data() {
 }
 
 #[test]
-fn far_from_its_limits_a_worker_reuses_granted_slots_and_gives_spares_back() {
+fn far_from_its_limits_a_worker_reuses_prefetched_slots_and_gives_spares_back() {
     let policies = r#"{"version": 1, "policies": [
         {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 1000000, "period": "1s", "burst": 10000},
          "concurrency": {"max_in_flight": 1000}}]}"#;
@@ -552,7 +570,7 @@ fn far_from_its_limits_a_worker_reuses_granted_slots_and_gives_spares_back() {
         if ctx >= 10 {
             w.on_stream_end(&host, ctx - 10);
         }
-        host.now.set(host.now.get() + 1_000);
+        host.now.set(host.now.get() + Span::from_nanos(1_000));
     }
     let writes = shared_writes(&host) - before;
     for ctx in 1990..2000u32 {
@@ -600,7 +618,7 @@ fn near_its_concurrency_limit_no_slot_is_kept_aside() {
 
 #[test]
 fn slots_of_requests_decided_in_shared_data_always_go_back() {
-    // Near its limit nothing is granted; slots that end while this worker
+    // Near its limit nothing is prefetched; slots that end while this worker
     // remembers using the bucket must still reach the bucket.
     let policies = r#"{"version": 1, "policies": [
         {"name": "c", "match": {"host": "*"}, "concurrency": {"max_in_flight": 4}}]}"#;
@@ -641,13 +659,12 @@ fn a_global_policy_applies_its_share_then_falls_back_when_the_lease_lapses() {
     w.on_stream_end(&host, 1);
     w.set_sync(Some(sync_settings()));
     w.on_tick(&host);
-    // Syncing, but no share granted yet: refused without touching a bucket.
+    // Syncing, but no share leased yet: refused without touching a bucket.
     assert_eq!(status(&w.on_request(&host, 2, r.as_slice())), 429);
-    // The admin grants 3 slots (and 100/s, a burst of 10) for 2 s.
+    // The admin leases 3 slots (and 100/s, a burst of 10) for 2 s.
     let header =
         br#"{"llm": {"rate": 100, "in_flight": 3, "lease_ms": 2000, "instances": 10, "id": 77}}"#;
-    w.on_sync_grants(&host, 1, Some(304), Some(header));
-    w.on_sync_response(&host, 1, Some(304), None);
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
     let admitted = (10..20)
         .filter(|&i| w.on_request(&host, i, r.as_slice()) == Verdict::Continue)
         .count();
@@ -655,22 +672,22 @@ fn a_global_policy_applies_its_share_then_falls_back_when_the_lease_lapses() {
     for i in 10..20 {
         w.on_stream_end(&host, i);
     }
-    // The report names the grant it applies.
+    // The report names the share it applies.
     host.advance_ms(1000);
     w.on_tick(&host);
     let calls = host.calls.borrow().clone();
     let report: sluice_shared::sync::SyncReport =
         serde_json::from_slice(&calls.last().unwrap().2).unwrap();
-    assert_eq!(report.grants.get("llm"), Some(&77));
+    assert_eq!(report.shares.get("llm"), Some(&77));
     // The admin is gone; 2 s after the report was sent the lease lapses and
-    // the share falls back to min(grant, limit / 10): 3 slots still, 30/s.
+    // the share falls back to min(share, limit / 10): 3 slots still, 30/s.
     host.advance_ms(1500);
     w.on_tick(&host);
     let p = &w.policies().policies[0];
     assert_eq!(p.concurrency.map(|c| c.max_in_flight), Some(3));
     assert!(!p.fleet_closed);
     // A header that does not parse changes nothing and is counted.
-    w.on_sync_grants(&host, 2, Some(200), Some(b"garbage"));
+    w.on_sync_reply(&host, 2, reply(Some(304), Some(b"garbage"), None));
     assert_eq!(
         w.policies().policies[0]
             .concurrency
@@ -684,7 +701,7 @@ fn a_share_that_moves_a_little_each_sync_admits_what_it_allows() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, GLOBAL);
     w.set_sync(Some(crate::sync::SyncSettings {
-        interval_ns: 200_000_000,
+        interval: Span::from_millis(200),
         ..sync_settings()
     }));
     let r = req(b"api.llm.example", &[]);
@@ -701,8 +718,11 @@ fn a_share_that_moves_a_little_each_sync_admits_what_it_allows() {
                 r#"{{"llm": {{"rate": {rate}, "in_flight": 5, "lease_ms": 2000, "instances": 2, "id": {}}}}}"#,
                 1000 + step
             );
-            w.on_sync_grants(&host, token, Some(304), Some(header.as_bytes()));
-            w.on_sync_response(&host, token, Some(304), None);
+            w.on_sync_reply(
+                &host,
+                token,
+                reply(Some(304), Some(header.as_bytes()), None),
+            );
         }
         stream += 1;
         if w.on_request(&host, stream, r.as_slice()) == Verdict::Continue {

@@ -13,10 +13,11 @@
 
 use crate::headers::LimitKind;
 use crate::limiter::{
-    ConcurrencyLimit, DecodeError, LeaseTable, Nanos, RateLimiter, RateState, Reservation,
+    ConcurrencyLimit, DecodeError, LeaseTable, RateLimiter, RateState, Reservation,
 };
 use crate::matcher::CompiledPolicy;
 use crate::policy::{LimitAction, Priority};
+use crate::time::{Instant, Span};
 
 /// The limits of one policy, as the bucket applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub struct BucketLimits {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueLimits {
-    pub max_wait_ns: Nanos,
+    pub max_wait: Span,
     pub max_queue: u32,
 }
 
@@ -41,7 +42,7 @@ impl BucketLimits {
             queue: match on_limit.action {
                 LimitAction::Reject => None,
                 LimitAction::Queue => Some(QueueLimits {
-                    max_wait_ns: on_limit.max_wait.map_or(0, |w| w.as_nanos()),
+                    max_wait: on_limit.max_wait.map_or(Span::ZERO, |w| w.as_span()),
                     max_queue: on_limit.queue_max(),
                 }),
             },
@@ -49,22 +50,22 @@ impl BucketLimits {
     }
 }
 
-/// How long a worker may spend tokens granted to it (see
-/// [`BucketState::grant`]). Spending a token up to this long after the
+/// How long a worker may spend tokens it prefetched (see
+/// [`BucketState::prefetch`]). Spending a token up to this long after the
 /// bucket gave it can shift it into a later interval, so over any interval T
-/// at most `burst + rate·(T + GRANT_TTL_NS)` pass: under one token for rates
+/// at most `burst + rate·(T + PREFETCH_TTL)` pass: under one token for rates
 /// below 1 000/s.
-pub const GRANT_TTL_NS: Nanos = 1_000_000;
+pub const PREFETCH_TTL: Span = Span::from_millis(1);
 
-/// A bucket grants `n` requests only while it holds `GRANT_SLACK · n`
-/// tokens and free slots.
-pub const GRANT_SLACK: u64 = 4;
+/// A bucket lets a worker prefetch `n` requests only while it holds
+/// `PREFETCH_SLACK · n` tokens and free slots.
+pub const PREFETCH_SLACK: u64 = 4;
 
-/// What [`BucketState::grant`] gave: `requests` more admissions, each
+/// What [`BucketState::prefetch`] gave: `requests` more admissions, each
 /// spending a token (when the policy has a rate) and a slot (when it has a
 /// concurrency limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Granted {
+pub struct Prefetched {
     pub tokens: u64,
     pub slots: u32,
     pub requests: u64,
@@ -76,7 +77,7 @@ pub struct Waiter {
     pub ticket: u64,
     pub cost: u64,
     pub priority: Priority,
-    pub deadline: Nanos,
+    pub deadline: Instant,
 }
 
 impl Waiter {
@@ -101,24 +102,24 @@ pub struct BucketState {
 pub enum Admission {
     Admitted {
         /// Rate tokens left and time to full, when the policy has a rate.
-        rate: Option<(u64, Nanos)>,
+        rate: Option<(u64, Span)>,
         /// Concurrency slots left, when the policy has a concurrency limit.
         slots_left: Option<u64>,
     },
     Rejected {
         kind: LimitKind,
-        retry_after: Nanos,
+        retry_after: Span,
     },
     Queued {
         ticket: u64,
-        deadline: Nanos,
+        deadline: Instant,
     },
 }
 
 /// Why a request would have been limited, for shadow mode and rejections.
 struct Refusal {
     kind: LimitKind,
-    retry_after: Nanos,
+    retry_after: Span,
 }
 
 impl BucketState {
@@ -135,7 +136,7 @@ impl BucketState {
     }
 
     /// Drops expired leases and waiters whose deadline passed.
-    pub fn cleanup(&mut self, now: Nanos) -> u32 {
+    pub fn cleanup(&mut self, now: Instant) -> u32 {
         self.waiters.retain(|w| w.deadline >= now);
         self.leases.reclaim_expired(now)
     }
@@ -148,22 +149,23 @@ impl BucketState {
     }
 
     /// Takes, for `holder` to admit up to `wanted` more requests by itself
-    /// (without coming back to shared data, within [`GRANT_TTL_NS`]), a
+    /// (without coming back to shared data, within [`PREFETCH_TTL`]), a
     /// token per request from a token bucket and a slot per request from a
     /// concurrency limit. Only a bucket with no queue and nobody waiting
-    /// grants, and only while it holds at least [`GRANT_SLACK`] times the
-    /// grant in tokens and in free slots: near a limit every request is
-    /// decided here, one by one. A policy whose rate is a window grants
-    /// nothing. `holder` must already hold a slot when there is a
-    /// concurrency limit (call right after admitting its request).
-    pub fn grant(
+    /// lets a worker prefetch, and only while it holds at least
+    /// [`PREFETCH_SLACK`] times the prefetch in tokens and in free slots:
+    /// near a limit every request is decided here, one by one. A policy
+    /// whose rate is a window prefetches nothing. `holder` must already hold
+    /// a slot when there is a concurrency limit (call right after admitting
+    /// its request).
+    pub fn prefetch(
         &mut self,
         limits: &BucketLimits,
         holder: u64,
-        now: Nanos,
+        now: Instant,
         wanted: u64,
-    ) -> Granted {
-        let none = Granted::default();
+    ) -> Prefetched {
+        let none = Prefetched::default();
         if wanted == 0 || limits.queue.is_some() || !self.waiters.is_empty() {
             return none;
         }
@@ -172,14 +174,14 @@ impl BucketState {
         match &limits.rate {
             Some(limiter @ RateLimiter::TokenBucket(_)) => {
                 let state = self.rate_state(limiter);
-                n = n.min(limiter.available(&state, now) / GRANT_SLACK);
+                n = n.min(limiter.available(&state, now) / PREFETCH_SLACK);
                 rate_state = Some((limiter, state));
             }
             Some(_) => return none,
             None => {}
         }
         if let Some(limit) = &limits.concurrency {
-            n = n.min(u64::from(self.leases.free_for_normal(limit)) / GRANT_SLACK);
+            n = n.min(u64::from(self.leases.free_for_normal(limit)) / PREFETCH_SLACK);
         }
         let Ok(slots) = u32::try_from(n) else {
             return none;
@@ -202,7 +204,7 @@ impl BucketState {
                 return none;
             }
         }
-        Granted {
+        Prefetched {
             tokens: if limits.rate.is_some() { n } else { 0 },
             slots: if limits.concurrency.is_some() {
                 slots
@@ -213,7 +215,7 @@ impl BucketState {
         }
     }
 
-    /// Gives back `n` granted slots `holder` did not use.
+    /// Gives back `n` prefetched slots `holder` did not use.
     pub fn release_many(&mut self, holder: u64, n: u32) -> u32 {
         self.leases.release_many(holder, n)
     }
@@ -224,7 +226,7 @@ impl BucketState {
         &mut self,
         limits: &BucketLimits,
         holder: u64,
-        (rate_at, now): (Nanos, Nanos),
+        (rate_at, now): (Instant, Instant),
         cost: u64,
         priority: Priority,
     ) -> Result<Admission, Refusal> {
@@ -280,7 +282,7 @@ impl BucketState {
         &mut self,
         limits: &BucketLimits,
         holder: u64,
-        now: Nanos,
+        now: Instant,
         cost: u64,
         priority: Priority,
     ) -> Admission {
@@ -297,27 +299,20 @@ impl BucketState {
         let Some(queue) = limits.queue else {
             let refusal = refusal.unwrap_or(Refusal {
                 kind: LimitKind::Rate,
-                retry_after: 1,
+                retry_after: Span::from_nanos(1),
             });
             return Admission::Rejected {
                 kind: refusal.kind,
                 retry_after: refusal.retry_after,
             };
         };
-        let kind = refusal.as_ref().map_or_else(
-            || {
-                if limits.concurrency.is_some() && limits.rate.is_none() {
-                    LimitKind::Concurrency
-                } else {
-                    LimitKind::Rate
-                }
-            },
-            |r| r.kind,
-        );
+        let kind = refusal
+            .as_ref()
+            .map_or_else(|| LimitKind::for_limits(limits.rate.is_some()), |r| r.kind);
         if self.waiters.len() >= queue.max_queue as usize {
             return Admission::Rejected {
                 kind,
-                retry_after: queue.max_wait_ns.max(1),
+                retry_after: queue.max_wait.max(Span::from_nanos(1)),
             };
         }
         if let Some(limiter) = &limits.rate {
@@ -329,7 +324,7 @@ impl BucketState {
                 ticket: self.next_ticket,
                 cost,
                 priority,
-                deadline: 0,
+                deadline: Instant::EPOCH,
             };
             let mut ahead: Vec<&Waiter> = self
                 .waiters
@@ -338,10 +333,10 @@ impl BucketState {
                 .collect();
             ahead.sort_by_key(|w| w.rank());
             for w in ahead {
-                let _ = limiter.reserve(&mut projected, now, w.cost, u64::MAX);
+                let _ = limiter.reserve(&mut projected, now, w.cost, Span::MAX);
             }
             if let Reservation::Deny { retry_after } =
-                limiter.reserve(&mut projected, now, cost, queue.max_wait_ns)
+                limiter.reserve(&mut projected, now, cost, queue.max_wait)
             {
                 return Admission::Rejected {
                     kind: LimitKind::Rate,
@@ -351,7 +346,7 @@ impl BucketState {
         }
         let ticket = self.next_ticket;
         self.next_ticket = self.next_ticket.wrapping_add(1);
-        let deadline = now.saturating_add(queue.max_wait_ns);
+        let deadline = now + queue.max_wait;
         self.waiters.push(Waiter {
             holder,
             ticket,
@@ -364,7 +359,7 @@ impl BucketState {
 
     /// Admits `holder`'s waiters that reached the head of the queue and fit
     /// the limits now. Returns their tickets, in the order admitted.
-    pub fn poll(&mut self, limits: &BucketLimits, holder: u64, now: Nanos) -> Vec<u64> {
+    pub fn poll(&mut self, limits: &BucketLimits, holder: u64, now: Instant) -> Vec<u64> {
         self.leases.reclaim_expired(now);
         let mut admitted = Vec::new();
         while let Some(head) = self.waiters.iter().min_by_key(|w| w.rank()).copied() {
@@ -394,13 +389,13 @@ impl BucketState {
     /// The instant the head waiter's rate turn came, if it has come: the
     /// rate limit is charged as of then, not as of the tick that noticed it,
     /// so a late tick does not push every later turn back.
-    fn turn_of(&self, limits: &BucketLimits, head: &Waiter, now: Nanos) -> Nanos {
+    fn turn_of(&self, limits: &BucketLimits, head: &Waiter, now: Instant) -> Instant {
         let (Some(limiter), Some(queue)) = (&limits.rate, &limits.queue) else {
             return now;
         };
-        let enqueued_at = head.deadline.saturating_sub(queue.max_wait_ns).min(now);
+        let enqueued_at = (head.deadline - queue.max_wait).min(now);
         let mut projected = self.rate_state(limiter);
-        match limiter.reserve(&mut projected, enqueued_at, head.cost, u64::MAX) {
+        match limiter.reserve(&mut projected, enqueued_at, head.cost, Span::MAX) {
             Reservation::At { instant } => instant.clamp(enqueued_at, now),
             Reservation::Deny { .. } => now,
         }
@@ -418,13 +413,13 @@ impl BucketState {
         self.leases.release(holder)
     }
 
-    pub fn renew(&mut self, holder: u64, now: Nanos, ttl: Nanos) -> bool {
+    pub fn renew(&mut self, holder: u64, now: Instant, ttl: Span) -> bool {
         self.leases.renew(holder, now, ttl)
     }
 
     /// True when this state holds nothing a fresh one would not: its place
     /// may go to another key without giving anything away.
-    pub fn is_idle(&self, limits: &BucketLimits, now: Nanos) -> bool {
+    pub fn is_idle(&self, limits: &BucketLimits, now: Instant) -> bool {
         let rate_idle = match (&limits.rate, &self.rate) {
             (Some(limiter), Some(state)) => limiter.is_idle(state, now),
             _ => true,
@@ -436,23 +431,6 @@ impl BucketState {
             .all(|l| l.expires_at < now || l.count == 0);
         let queue_idle = self.waiters.iter().all(|w| w.deadline < now);
         rate_idle && leases_idle && queue_idle
-    }
-
-    /// Would this request be refused, without changing anything? For shadow
-    /// mode, which counts refusals but lets everything pass.
-    pub fn would_refuse(
-        &self,
-        limits: &BucketLimits,
-        holder: u64,
-        now: Nanos,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<(LimitKind, Nanos)> {
-        let mut copy = self.clone();
-        copy.cleanup(now);
-        copy.try_take(limits, holder, (now, now), cost, priority)
-            .err()
-            .map(|r| (r.kind, r.retry_after))
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -472,7 +450,7 @@ impl BucketState {
             out.extend_from_slice(&w.holder.to_le_bytes());
             out.extend_from_slice(&w.ticket.to_le_bytes());
             out.extend_from_slice(&w.cost.to_le_bytes());
-            out.extend_from_slice(&w.deadline.to_le_bytes());
+            out.extend_from_slice(&w.deadline.as_nanos().to_le_bytes());
             out.push(match w.priority {
                 Priority::Normal => 0,
                 Priority::High => 1,
@@ -512,7 +490,7 @@ impl BucketState {
                 holder: r.u64()?,
                 ticket: r.u64()?,
                 cost: r.u64()?,
-                deadline: r.u64()?,
+                deadline: Instant::from_nanos(r.u64()?),
                 priority: if r.u8()? == 1 {
                     Priority::High
                 } else {
@@ -580,18 +558,21 @@ mod tests {
     use super::*;
     use crate::limiter::TokenBucket;
 
-    const SEC: u64 = 1_000_000_000;
-    const MS: u64 = 1_000_000;
-    const T0: u64 = 1_800_000_000 * SEC;
+    const SEC: Span = Span::from_secs(1);
+    const T0: Instant = Instant::from_nanos(1_800_000_000 * 1_000_000_000);
 
-    fn rate_queue(per_sec: u64, max_wait: Nanos) -> BucketLimits {
+    fn ms(n: u64) -> Span {
+        Span::from_millis(n)
+    }
+
+    fn rate_queue(per_sec: u64, max_wait: Span) -> BucketLimits {
         BucketLimits {
             rate: Some(RateLimiter::TokenBucket(TokenBucket::new(
                 per_sec, SEC, 1, None,
             ))),
             concurrency: None,
             queue: Some(QueueLimits {
-                max_wait_ns: max_wait,
+                max_wait,
                 max_queue: 1000,
             }),
         }
@@ -603,7 +584,7 @@ mod tests {
             concurrency: Some(ConcurrencyLimit {
                 max_in_flight: max,
                 reserved_for_high: reserved,
-                lease_ttl_ns: 60 * SEC,
+                lease_ttl: SEC.saturating_mul(60),
             }),
             queue,
         }
@@ -611,7 +592,7 @@ mod tests {
 
     #[test]
     fn queue_admits_in_arrival_order_at_the_rate() {
-        let limits = rate_queue(50, 2 * SEC);
+        let limits = rate_queue(50, SEC.saturating_mul(2));
         let mut b = BucketState::new(0);
         let mut outcomes = Vec::new();
         for i in 0..150u64 {
@@ -632,23 +613,23 @@ mod tests {
         assert_eq!((admitted_now, queued, rejected), (1, 100, 49));
         // Each worker polls every millisecond; turns come every 20 ms, in ticket order.
         let mut released = Vec::new();
-        for ms in 0..=2000 {
+        for t in 0..=2000 {
             for holder in 1..=4 {
-                for ticket in b.poll(&limits, holder, T0 + ms * MS) {
-                    released.push((ms, ticket));
+                for ticket in b.poll(&limits, holder, T0 + ms(t)) {
+                    released.push((t, ticket));
                 }
             }
         }
         assert_eq!(released.len(), 100);
-        for (i, (ms, ticket)) in released.iter().enumerate() {
+        for (i, (t, ticket)) in released.iter().enumerate() {
             assert_eq!(*ticket, i as u64);
-            assert_eq!(*ms, 20 * (i as u64 + 1));
+            assert_eq!(*t, 20 * (i as u64 + 1));
         }
     }
 
     #[test]
     fn late_polls_do_not_push_later_turns_back() {
-        let limits = rate_queue(50, 2 * SEC);
+        let limits = rate_queue(50, SEC.saturating_mul(2));
         let mut b = BucketState::new(0);
         let queued = (0..150u64)
             .filter(|_| {
@@ -662,15 +643,15 @@ mod tests {
         // Ticks 7 ms apart: each release is up to 7 ms late, but the turns
         // stay on the 20 ms grid, so every queued request makes its deadline.
         let mut released = Vec::new();
-        for ms in (0..=2100).step_by(7) {
-            for _ in b.poll(&limits, 1, T0 + ms * MS) {
-                released.push(ms);
+        for t in (0..=2100).step_by(7) {
+            for _ in b.poll(&limits, 1, T0 + ms(t)) {
+                released.push(t);
             }
         }
         assert_eq!(released.len(), 100);
-        for (i, ms) in released.iter().enumerate() {
+        for (i, t) in released.iter().enumerate() {
             let turn = 20 * (i as u64 + 1);
-            assert!((turn..turn + 7).contains(ms), "turn {i} at {ms} ms");
+            assert!((turn..turn + 7).contains(t), "turn {i} at {t} ms");
         }
     }
 
@@ -703,7 +684,7 @@ mod tests {
     #[test]
     fn slots_go_to_high_priority_first_then_fifo() {
         let q = QueueLimits {
-            max_wait_ns: 10 * SEC,
+            max_wait: SEC.saturating_mul(10),
             max_queue: 10,
         };
         // Three slots, one of them only for high priority.
@@ -758,7 +739,7 @@ mod tests {
     #[test]
     fn a_crashed_workers_waiters_expire() {
         let q = QueueLimits {
-            max_wait_ns: SEC,
+            max_wait: SEC,
             max_queue: 10,
         };
         let limits = slots(1, 0, Some(q));
@@ -774,11 +755,14 @@ mod tests {
         assert!(b.release(9));
         // Holder 9 died: its waiter blocks the head until its deadline.
         assert!(matches!(
-            b.admit(&limits, 2, T0 + 10, 1, Priority::Normal),
+            b.admit(&limits, 2, T0 + Span::from_nanos(10), 1, Priority::Normal),
             Admission::Queued { .. }
         ));
-        assert_eq!(b.poll(&limits, 2, T0 + 10), Vec::<u64>::new());
-        assert_eq!(b.poll(&limits, 2, T0 + SEC + 1), vec![1]);
+        assert_eq!(
+            b.poll(&limits, 2, T0 + Span::from_nanos(10)),
+            Vec::<u64>::new()
+        );
+        assert_eq!(b.poll(&limits, 2, T0 + SEC + Span::from_nanos(1)), vec![1]);
     }
 
     #[test]
@@ -788,7 +772,7 @@ mod tests {
             concurrency: Some(ConcurrencyLimit {
                 max_in_flight: 1,
                 reserved_for_high: 0,
-                lease_ttl_ns: SEC,
+                lease_ttl: SEC,
             }),
             queue: None,
         };

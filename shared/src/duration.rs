@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub const NANOS_PER_MILLI: u64 = 1_000_000;
+use crate::time::Span;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DurationMs(u64);
@@ -26,8 +26,8 @@ impl DurationMs {
         self.0
     }
 
-    pub const fn as_nanos(self) -> u64 {
-        self.0.saturating_mul(NANOS_PER_MILLI)
+    pub const fn as_span(self) -> Span {
+        Span::from_millis(self.0)
     }
 
     /// Parses the string form. Anything finer than a millisecond is refused

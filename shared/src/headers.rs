@@ -5,15 +5,13 @@
 //! Policy names are restricted to `[A-Za-z0-9._-]` by validation, so they are
 //! valid inside a structured-field string without escaping.
 
-use crate::limiter::Nanos;
 use crate::policy::Policy;
+use crate::time::Span;
 
 pub const RETRY_AFTER: &str = "retry-after";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 pub const RATELIMIT: &str = "ratelimit";
 pub const SLUICE_POLICY: &str = "x-sluice-policy";
-
-const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// Which of a policy's limits a decision is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,14 +20,23 @@ pub enum LimitKind {
     Concurrency,
 }
 
-/// Whole seconds, rounded up: a client that waits this long will not be
-/// early. At least 1, as a 0 would invite an immediate retry.
-pub fn retry_after_value(retry_after: Nanos) -> String {
-    seconds_ceil(retry_after).max(1).to_string()
+impl LimitKind {
+    /// The limit a refusal is reported against when no single limit caused
+    /// it (contention, a full queue, a closed fleet share, key overflow):
+    /// the rate when the policy has one, its concurrency limit otherwise.
+    pub fn for_limits(has_rate: bool) -> LimitKind {
+        if has_rate {
+            LimitKind::Rate
+        } else {
+            LimitKind::Concurrency
+        }
+    }
 }
 
-fn seconds_ceil(ns: Nanos) -> u64 {
-    ns.div_ceil(NANOS_PER_SEC)
+/// Whole seconds, rounded up: a client that waits this long will not be
+/// early. At least 1, as a 0 would invite an immediate retry.
+pub fn retry_after_value(retry_after: Span) -> String {
+    retry_after.as_secs_ceil().max(1).to_string()
 }
 
 /// The identifier of one limit of a policy in the RateLimit fields.
@@ -68,10 +75,10 @@ pub fn ratelimit_policy_value(policy: &Policy) -> String {
 }
 
 /// The live state of one limit: `remaining` units, full again in `reset`.
-pub fn ratelimit_value(policy: &Policy, kind: LimitKind, remaining: u64, reset: Nanos) -> String {
+pub fn ratelimit_value(policy: &Policy, kind: LimitKind, remaining: u64, reset: Span) -> String {
     let id = quota_id(policy, kind);
     match kind {
-        LimitKind::Rate => format!("\"{id}\";r={remaining};t={}", seconds_ceil(reset)),
+        LimitKind::Rate => format!("\"{id}\";r={remaining};t={}", reset.as_secs_ceil()),
         LimitKind::Concurrency => format!("\"{id}\";r={remaining}"),
     }
 }
@@ -80,7 +87,7 @@ pub fn ratelimit_value(policy: &Policy, kind: LimitKind, remaining: u64, reset: 
 pub fn rejection_headers(
     policy: &Policy,
     kind: LimitKind,
-    retry_after: Nanos,
+    retry_after: Span,
 ) -> Vec<(&'static str, String)> {
     vec![
         (RETRY_AFTER, retry_after_value(retry_after)),
@@ -101,11 +108,12 @@ mod tests {
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds() {
-        assert_eq!(retry_after_value(1), "1");
-        assert_eq!(retry_after_value(0), "1");
-        assert_eq!(retry_after_value(1_000_000_000), "1");
-        assert_eq!(retry_after_value(1_000_000_001), "2");
-        assert_eq!(retry_after_value(u64::MAX), "18446744074");
+        let ns = Span::from_nanos;
+        assert_eq!(retry_after_value(ns(1)), "1");
+        assert_eq!(retry_after_value(ns(0)), "1");
+        assert_eq!(retry_after_value(ns(1_000_000_000)), "1");
+        assert_eq!(retry_after_value(ns(1_000_000_001)), "2");
+        assert_eq!(retry_after_value(Span::MAX), "18446744074");
     }
 
     #[test]
@@ -130,7 +138,7 @@ mod tests {
         let p = policy(
             r#"{"name": "bank", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s", "burst": 20}}"#,
         );
-        let h = rejection_headers(&p, LimitKind::Rate, 10_000_000);
+        let h = rejection_headers(&p, LimitKind::Rate, Span::from_millis(10));
         assert_eq!(
             h,
             vec![

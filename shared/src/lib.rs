@@ -12,11 +12,13 @@ pub mod matcher;
 pub mod plugin;
 pub mod policy;
 pub mod sync;
+pub mod time;
 pub mod validate;
 
 pub use duration::DurationMs;
 pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet, RequestHeaders};
 pub use policy::*;
+pub use time::{Instant, Span};
 pub use validate::{
     parse_policy, parse_policy_set, validate_policy_set, FieldError, ValidationErrors,
 };

@@ -7,17 +7,21 @@
 //! `304 Not Modified` (no body) otherwise.
 //!
 //! Fleet mode: for each `scope: global` policy both answers carry the
-//! instance's share in the [`GRANTS_HEADER`] header (JSON, a
-//! [`GrantMessage`] per policy), and the next report names the grant the
-//! instance applies (`grants`). Durations are relative, so the Envoys'
+//! instance's share in the [`SHARES_HEADER`] header (JSON, a
+//! [`ShareMessage`] per policy), and the next report names the share the
+//! instance applies (`shares`). Durations are relative, so the Envoys'
 //! clocks need not agree with the admin's.
+//!
+//! The header is `sluice-grants` and the report's field `grants` on the
+//! wire, as the first fleet release named them: filters and admins of
+//! either release keep understanding each other.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
-pub const GRANTS_HEADER: &str = "sluice-grants";
+pub const SHARES_HEADER: &str = "sluice-grants";
 
 /// Bounds on a report, so a broken or hostile client cannot make the admin
 /// store megabytes per sync.
@@ -38,15 +42,15 @@ pub struct SyncReport {
     /// Filter-wide counters (CAS retries, sync failures, ...).
     #[serde(default)]
     pub filter: BTreeMap<String, u64>,
-    /// Per global policy, the id of the newest grant this Envoy received
+    /// Per global policy, the id of the newest share this Envoy received
     /// (and so applies).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub grants: BTreeMap<String, u64>,
+    #[serde(default, rename = "grants", skip_serializing_if = "BTreeMap::is_empty")]
+    pub shares: BTreeMap<String, u64>,
 }
 
 /// One global policy's share for the instance that synced.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct GrantMessage {
+pub struct ShareMessage {
     /// Requests per second.
     pub rate: f64,
     pub in_flight: u32,
@@ -55,11 +59,11 @@ pub struct GrantMessage {
     /// How many instances the admin counted; a lapsed share falls back to
     /// the limit split this many ways.
     pub instances: u32,
-    /// Echoed in the next report's `grants`.
+    /// Echoed in the next report's `shares`.
     pub id: u64,
 }
 
-pub type GrantsMessage = BTreeMap<String, GrantMessage>;
+pub type SharesMessage = BTreeMap<String, ShareMessage>;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyReport {

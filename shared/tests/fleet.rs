@@ -9,7 +9,8 @@
 //! away.
 
 use proptest::prelude::*;
-use sluice_shared::fleet::{allocate, share_in_force, Amount, Demand, FleetTerms, Grant, Ledger};
+use sluice_shared::fleet::{allocate, share_in_force, Amount, Demand, FleetTerms, Ledger, Share};
+use sluice_shared::time::{Instant, Span};
 
 const N: usize = 3;
 const TERMS: FleetTerms = FleetTerms {
@@ -17,7 +18,7 @@ const TERMS: FleetTerms = FleetTerms {
         rate: 1000.0,
         in_flight: 100,
     },
-    lease_ms: 2_000,
+    lease: Span::from_secs(2),
     floor_fraction: 0.05,
 };
 
@@ -73,7 +74,7 @@ fn rounds() -> impl Strategy<Value = Vec<Round>> {
 struct Instance {
     name: &'static str,
     alive: bool,
-    newest: Option<Grant>,
+    newest: Option<Share>,
     last_reached_ms: u64,
 }
 
@@ -81,7 +82,7 @@ fn enforced(instances: &[Instance], now: u64) -> Amount {
     instances
         .iter()
         .filter(|i| i.alive)
-        .map(|i| share_in_force(i.newest, TERMS.limit, now))
+        .map(|i| share_in_force(i.newest, TERMS.limit, Instant::from_millis(now)))
         .fold(Amount::default(), |acc, s| Amount {
             rate: acc.rate + s.rate,
             in_flight: acc.in_flight + s.in_flight,
@@ -116,26 +117,26 @@ proptest! {
                 // A live instance reaches the admin at least once every one
                 // and a half lease periods (after that, the admin gives its
                 // share away).
-                let overdue = now.saturating_sub(inst.last_reached_ms) + 1_000 >= TERMS.lease_ms * 3 / 2;
+                let overdue = now.saturating_sub(inst.last_reached_ms) + 1_000 >= TERMS.lease.as_millis() * 3 / 2;
                 if !inst.alive || !(turn.reached || overdue) {
                     continue;
                 }
                 inst.last_reached_ms = now;
-                let grant = ledger.sync(
+                let share = ledger.sync(
                     &TERMS,
                     inst.name,
                     turn.demand,
-                    inst.newest.map(|g| g.expires_at_ms),
-                    now,
+                    inst.newest.map(|s| s.expires_at),
+                    Instant::from_millis(now),
                 );
                 if turn.answered {
-                    inst.newest = Some(grant);
+                    inst.newest = Some(share);
                 }
                 let sum = enforced(&instances, now);
                 prop_assert!(within_limit(sum), "{sum:?} at {now}");
             }
         }
-        // The admin stops: no more grants. Grants run out, instances fall
+        // The admin stops: no more shares. Leases run out, instances fall
         // back, and the sum still holds, for good.
         for later in after_the_admin_stops {
             let sum = enforced(&instances, now + later);
@@ -148,25 +149,25 @@ proptest! {
         demands in prop::collection::vec(demand(), N),
     ) {
         let mut ledger = Ledger::default();
-        let mut newest: Vec<Option<Grant>> = vec![None; N];
+        let mut newest: Vec<Option<Share>> = vec![None; N];
         let mut now = 0;
-        // Three rounds, 100 ms apart: the first meets old grants, the second
+        // Three rounds, 100 ms apart: the first meets old shares, the second
         // supersedes them, the third takes the freed room.
         for _ in 0..3 {
             for (i, name) in ["a", "b", "c"].iter().enumerate() {
                 now += 100;
-                let have = newest[i].map(|g| g.expires_at_ms);
-                newest[i] = Some(ledger.sync(&TERMS, name, demands[i], have, now));
+                let have = newest[i].map(|s| s.expires_at);
+                newest[i] = Some(ledger.sync(&TERMS, name, demands[i], have, Instant::from_millis(now)));
             }
         }
         let targets = allocate(TERMS.limit, TERMS.floor_fraction, &demands);
         for (i, target) in targets.iter().enumerate() {
-            let share = newest[i].map(|g| g.share).unwrap_or_default();
+            let share = newest[i].map(|s| s.amount).unwrap_or_default();
             prop_assert_eq!(share.in_flight, target.in_flight);
             prop_assert!((share.rate - target.rate).abs() < 1e-6);
         }
         // The whole limit is in use.
-        let used: u32 = newest.iter().flatten().map(|g| g.share.in_flight).sum();
+        let used: u32 = newest.iter().flatten().map(|s| s.amount.in_flight).sum();
         prop_assert_eq!(used, TERMS.limit.in_flight);
     }
 

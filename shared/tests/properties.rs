@@ -5,9 +5,20 @@
 use proptest::prelude::*;
 use sluice_shared::limiter::*;
 use sluice_shared::policy::Priority;
+use sluice_shared::time::{Instant, Span};
 
 const T0: u64 = 1_800_000_000_000_000_000;
 const MS: u64 = 1_000_000;
+
+/// The oracles below reason in plain nanoseconds; these cross into the
+/// core's time types.
+fn at(ns: u64) -> Instant {
+    Instant::from_nanos(ns)
+}
+
+fn span(ns: u64) -> Span {
+    Span::from_nanos(ns)
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -67,12 +78,12 @@ proptest! {
 
     #[test]
     fn token_bucket_never_exceeds_burst_plus_rate(b in bucket(), seq in arrivals(40)) {
-        let tb = TokenBucket::new(b.requests, b.period_ns, b.burst, None);
+        let tb = TokenBucket::new(b.requests, span(b.period_ns), b.burst, None);
         let mut state = TokenBucketState::default();
         let mut admitted = Vec::new();
         for (t, cost) in seq {
             let cost = cost.min(b.burst);
-            if tb.try_acquire(&mut state, T0 + t, cost).is_admit() {
+            if tb.try_acquire(&mut state, at(T0 + t), cost).is_admit() {
                 admitted.push((t, cost));
             }
         }
@@ -83,13 +94,13 @@ proptest! {
     fn warmup_only_ever_tightens_the_bound(
         b in bucket(), seq in arrivals(40), warm_ms in 1u64..5000, cold in 2u32..=10,
     ) {
-        let w = Warmup { period_ns: warm_ms * MS, cold_factor: cold };
-        let tb = TokenBucket::new(b.requests, b.period_ns, b.burst, Some(w));
+        let w = Warmup { period: span(warm_ms * MS), cold_factor: cold };
+        let tb = TokenBucket::new(b.requests, span(b.period_ns), b.burst, Some(w));
         let mut state = TokenBucketState::default();
         let mut admitted = Vec::new();
         for (t, cost) in seq {
             let cost = cost.min(b.burst);
-            if tb.try_acquire(&mut state, T0 + t, cost).is_admit() {
+            if tb.try_acquire(&mut state, at(T0 + t), cost).is_admit() {
                 admitted.push((t, cost));
             }
         }
@@ -100,26 +111,26 @@ proptest! {
     fn token_bucket_admits_when_tokens_are_there(b in bucket(), gap_ms in 0u64..5000) {
         // Not a limiter that refuses everything: after a full refill the
         // whole burst goes through at once.
-        let tb = TokenBucket::new(b.requests, b.period_ns, b.burst, None);
+        let tb = TokenBucket::new(b.requests, span(b.period_ns), b.burst, None);
         let mut state = TokenBucketState::default();
-        let _ = tb.try_acquire(&mut state, T0, b.burst);
+        let _ = tb.try_acquire(&mut state, at(T0), b.burst);
         let refill = b.burst * b.period_ns / b.requests + 1;
         let later = T0 + refill + gap_ms * MS;
-        prop_assert!(tb.try_acquire(&mut state, later, b.burst).is_admit());
+        prop_assert!(tb.try_acquire(&mut state, at(later), b.burst).is_admit());
     }
 
     #[test]
     fn reservations_are_fifo_bounded_and_respect_the_rate(
         b in bucket(), seq in arrivals(40), max_wait_ms in 0u64..3000,
     ) {
-        let tb = TokenBucket::new(b.requests, b.period_ns, b.burst, None);
+        let tb = TokenBucket::new(b.requests, span(b.period_ns), b.burst, None);
         let mut state = TokenBucketState::default();
         let max_wait = max_wait_ms * MS;
         let mut turns: Vec<(u64, u64)> = Vec::new();
         for (t, cost) in seq {
             let cost = cost.min(b.burst);
-            if let Reservation::At { instant } = tb.reserve(&mut state, T0 + t, cost, max_wait) {
-                let instant = instant - T0;
+            if let Reservation::At { instant } = tb.reserve(&mut state, at(T0 + t), cost, span(max_wait)) {
+                let instant = instant.as_nanos() - T0;
                 prop_assert!(instant >= t, "turn before arrival");
                 prop_assert!(instant - t <= max_wait, "turn {} ns ahead, max {}", instant - t, max_wait);
                 if let Some((last, _)) = turns.last() {
@@ -137,17 +148,17 @@ proptest! {
         limit in 1u64..30, period_ms in 1u64..1000, seq in arrivals(30), reserve_some in any::<bool>(),
     ) {
         let period = period_ms * MS;
-        let fw = FixedWindow::new(limit, period);
+        let fw = FixedWindow::new(limit, span(period));
         let mut state = FixedWindowState::default();
         let mut admitted: Vec<(u64, u64)> = Vec::new();
         for (i, (t, cost)) in seq.into_iter().enumerate() {
             let cost = cost.min(limit);
             let now = T0 + t;
             if reserve_some && i % 3 == 0 {
-                if let Reservation::At { instant } = fw.reserve(&mut state, now, cost, 2 * period) {
-                    admitted.push((instant, cost));
+                if let Reservation::At { instant } = fw.reserve(&mut state, at(now), cost, span(2 * period)) {
+                    admitted.push((instant.as_nanos(), cost));
                 }
-            } else if fw.try_acquire(&mut state, now, cost).is_admit() {
+            } else if fw.try_acquire(&mut state, at(now), cost).is_admit() {
                 admitted.push((now, cost));
             }
         }
@@ -165,17 +176,17 @@ proptest! {
         limit in 1u64..30, period_ms in 1u64..1000, seq in arrivals(30), reserve_some in any::<bool>(),
     ) {
         let period = period_ms * MS;
-        let sw = SlidingWindow::new(limit, period);
+        let sw = SlidingWindow::new(limit, span(period));
         let mut state = SlidingWindowState::default();
         let mut admitted: Vec<(u64, u64)> = Vec::new();
         for (i, (t, cost)) in seq.into_iter().enumerate() {
             let cost = cost.min(limit);
             let now = T0 + t;
             if reserve_some && i % 3 == 0 {
-                if let Reservation::At { instant } = sw.reserve(&mut state, now, cost, 2 * period) {
-                    admitted.push((instant, cost));
+                if let Reservation::At { instant } = sw.reserve(&mut state, at(now), cost, span(2 * period)) {
+                    admitted.push((instant.as_nanos(), cost));
                 }
-            } else if sw.try_acquire(&mut state, now, cost).is_admit() {
+            } else if sw.try_acquire(&mut state, at(now), cost).is_admit() {
                 admitted.push((now, cost));
             }
         }
@@ -196,15 +207,15 @@ proptest! {
 
     #[test]
     fn time_going_backwards_never_admits_extra(b in bucket(), times in prop::collection::vec(0u64..3_000 * MS, 1..200)) {
-        let tb = TokenBucket::new(b.requests, b.period_ns, b.burst, None);
-        let fw = FixedWindow::new(b.burst, b.period_ns);
-        let sw = SlidingWindow::new(b.burst, b.period_ns);
+        let tb = TokenBucket::new(b.requests, span(b.period_ns), b.burst, None);
+        let fw = FixedWindow::new(b.burst, span(b.period_ns));
+        let sw = SlidingWindow::new(b.burst, span(b.period_ns));
         let (mut st, mut sf, mut ss) = (TokenBucketState::default(), FixedWindowState::default(), SlidingWindowState::default());
         let (mut nt, mut nf, mut ns) = (0u64, 0u64, 0u64);
         for &t in &times {
-            nt += u64::from(tb.try_acquire(&mut st, T0 + t, 1).is_admit());
-            nf += u64::from(fw.try_acquire(&mut sf, T0 + t, 1).is_admit());
-            ns += u64::from(sw.try_acquire(&mut ss, T0 + t, 1).is_admit());
+            nt += u64::from(tb.try_acquire(&mut st, at(T0 + t), 1).is_admit());
+            nf += u64::from(fw.try_acquire(&mut sf, at(T0 + t), 1).is_admit());
+            ns += u64::from(sw.try_acquire(&mut ss, at(T0 + t), 1).is_admit());
         }
         let lo = *times.iter().min().unwrap_or(&0);
         let hi = *times.iter().max().unwrap_or(&0);
@@ -220,19 +231,19 @@ proptest! {
     fn states_round_trip(tat in any::<u64>(), frac in any::<u32>(), ramp in any::<u64>(), a in any::<u64>(), c in any::<u64>(), d in any::<u64>()) {
         let tb = RateState::TokenBucket(TokenBucketState { tat_ns: tat, tat_frac: frac, ramp_start_ns: ramp });
         prop_assert_eq!(RateState::decode(&tb.encode()), Ok(tb));
-        let fw = RateState::FixedWindow(FixedWindowState { window_start: a, count: c });
+        let fw = RateState::FixedWindow(FixedWindowState { window_start: at(a), count: c });
         prop_assert_eq!(RateState::decode(&fw.encode()), Ok(fw));
-        let sw = RateState::SlidingWindow(SlidingWindowState { window_start: a, current: c, previous: d });
+        let sw = RateState::SlidingWindow(SlidingWindowState { window_start: at(a), current: c, previous: d });
         prop_assert_eq!(RateState::decode(&sw.encode()), Ok(sw));
     }
 
     #[test]
     fn lease_table_round_trips(leases in prop::collection::vec((any::<u64>(), 1u32..1000, any::<u64>()), 0..40)) {
-        let limit = ConcurrencyLimit { max_in_flight: u32::MAX, reserved_for_high: 0, lease_ttl_ns: 0 };
+        let limit = ConcurrencyLimit { max_in_flight: u32::MAX, reserved_for_high: 0, lease_ttl: Span::ZERO };
         let mut table = LeaseTable::default();
-        for (holder, count, at) in leases {
+        for (holder, count, when) in leases {
             for _ in 0..count.min(3) {
-                let _ = table.acquire(&limit, holder, at / 2, Priority::Normal);
+                let _ = table.acquire(&limit, holder, Instant::from_nanos(when / 2), Priority::Normal);
             }
         }
         prop_assert_eq!(LeaseTable::decode(&table.encode()), Ok(table));
@@ -281,7 +292,7 @@ proptest! {
         let limit = ConcurrencyLimit {
             max_in_flight: max,
             reserved_for_high: reserved.min(max - 1),
-            lease_ttl_ns: ttl_ms * MS,
+            lease_ttl: span(ttl_ms * MS),
         };
         let mut table = LeaseTable::default();
         let mut now = T0;
@@ -295,9 +306,9 @@ proptest! {
             match op {
                 Op::Acquire { holder, high } => {
                     let priority = if high { Priority::High } else { Priority::Normal };
-                    if table.acquire(&limit, holder_ids[holder], now, priority).is_admit() {
+                    if table.acquire(&limit, holder_ids[holder], at(now), priority).is_admit() {
                         in_flight[holder] += 1;
-                        lease_end[holder] = lease_end[holder].max(now + limit.lease_ttl_ns);
+                        lease_end[holder] = lease_end[holder].max(now + limit.lease_ttl.as_nanos());
                         let live: u32 = in_flight.iter().sum();
                         let orphans: u32 = orphaned.iter().filter(|(_, end)| *end >= now).map(|(n, _)| n).sum();
                         let ceiling = if high { max } else { max - limit.reserved_for_high };
@@ -316,8 +327,8 @@ proptest! {
                     // within the TTL (as in the filter).
                     for (h, id) in holder_ids.iter().enumerate() {
                         if in_flight[h] > 0 {
-                            prop_assert!(table.renew(*id, now, limit.lease_ttl_ns), "live lease lost");
-                            lease_end[h] = now + limit.lease_ttl_ns;
+                            prop_assert!(table.renew(*id, at(now), limit.lease_ttl), "live lease lost");
+                            lease_end[h] = now + limit.lease_ttl.as_nanos();
                         }
                     }
                 }
@@ -340,20 +351,20 @@ proptest! {
                 prop_assert!(table.release(*id));
             }
         }
-        table.reclaim_expired(now);
+        table.reclaim_expired(at(now));
         let orphans: u32 = orphaned.iter().filter(|(_, end)| *end >= now).map(|(n, _)| n).sum();
         prop_assert_eq!(table.in_flight(), orphans);
-        table.reclaim_expired(now + limit.lease_ttl_ns + 1);
+        table.reclaim_expired(at(now + limit.lease_ttl.as_nanos() + 1));
         prop_assert_eq!(table.in_flight(), 0);
     }
 }
 
-/// Workers spending tokens granted by `BucketState::grant` stay within
-/// burst + rate·(T + GRANT_TTL) over any interval T, however requests
-/// spread over the workers.
-mod grants {
+/// Workers spending tokens prefetched by `BucketState::prefetch` stay
+/// within burst + rate·(T + PREFETCH_TTL) over any interval T, however
+/// requests spread over the workers.
+mod prefetches {
     use super::*;
-    use sluice_shared::bucket::{Admission, BucketLimits, BucketState, GRANT_TTL_NS};
+    use sluice_shared::bucket::{Admission, BucketLimits, BucketState, PREFETCH_TTL};
 
     fn busy_bucket() -> impl Strategy<Value = Bucket> {
         (1u64..=5000, 1u64..=1000, 1u64..=400).prop_map(|(requests, period_ms, burst)| Bucket {
@@ -366,18 +377,18 @@ mod grants {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
         #[test]
-        fn granted_tokens_stay_within_the_bound_plus_one_grant_lifetime(
+        fn prefetched_tokens_stay_within_the_bound_plus_one_prefetch_lifetime(
             b in busy_bucket(),
             seq in prop::collection::vec((0u64..300 * MS, 1u64..=3, 0usize..4), 1..400)
                 .prop_map(|mut v| { v.sort_by_key(|x| x.0); v }),
         ) {
             let limits = BucketLimits {
-                rate: Some(RateLimiter::TokenBucket(TokenBucket::new(b.requests, b.period_ns, b.burst, None))),
+                rate: Some(RateLimiter::TokenBucket(TokenBucket::new(b.requests, span(b.period_ns), b.burst, None))),
                 concurrency: None,
                 queue: None,
             };
             let mut shared = BucketState::new(0);
-            // Per worker: (tokens, until, last grant).
+            // Per worker: (tokens, until, last prefetch).
             let mut local = [(0u64, 0u64, 0u64); 4];
             let mut admitted = Vec::new();
             for (offset, cost, worker) in seq {
@@ -391,15 +402,15 @@ mod grants {
                     continue;
                 }
                 let wanted = ((*last).max(1) * 2).min(64);
-                if let Admission::Admitted { .. } = shared.admit(&limits, 1, now, cost, Priority::Normal) {
+                if let Admission::Admitted { .. } = shared.admit(&limits, 1, at(now), cost, Priority::Normal) {
                     admitted.push((now, cost));
-                    let granted = shared.grant(&limits, 1, now, wanted).tokens;
-                    *tokens = granted;
-                    *until = now + GRANT_TTL_NS;
-                    *last = granted;
+                    let prefetched = shared.prefetch(&limits, 1, at(now), wanted).tokens;
+                    *tokens = prefetched;
+                    *until = now + PREFETCH_TTL.as_nanos();
+                    *last = prefetched;
                 }
             }
-            assert_rate_bound(b, &admitted, GRANT_TTL_NS)?;
+            assert_rate_bound(b, &admitted, PREFETCH_TTL.as_nanos())?;
         }
     }
 }

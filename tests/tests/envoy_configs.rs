@@ -95,15 +95,16 @@ fn admitted_at_most(outcomes: &[load::Outcome], burst: usize, per_second: f64) -
 }
 
 /// The fewest a full bucket of `burst` admits from a burst that arrives at
-/// once: a worker granted tokens it does not spend within the grant's 1 ms
-/// loses them (README, "Grants"). Worst case, each admission that follows
-/// takes a grant of a GRANT_SLACK-th of what is left, and each grant lapses.
-fn burst_less_stranded_grants(burst: u64) -> usize {
+/// once: a worker that prefetched tokens it does not spend within the
+/// prefetch's 1 ms loses them (README, "Prefetch"). Worst case, each
+/// admission that follows takes a prefetch of a PREFETCH_SLACK-th of what
+/// is left, and each prefetch lapses.
+fn burst_less_stranded_prefetches(burst: u64) -> usize {
     let (mut left, mut admitted) = (burst, 0);
     while left > 0 {
         left -= 1;
         admitted += 1;
-        left -= left / sluice_shared::bucket::GRANT_SLACK;
+        left -= left / sluice_shared::bucket::PREFETCH_SLACK;
     }
     admitted
 }
@@ -157,9 +158,9 @@ async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
     // A bucket admits its burst, plus what refilled while the requests were
     // being sent: on a slow machine a "burst" can take tens of milliseconds.
     let bank_most = admitted_at_most(&outcomes, 10, 100.0);
-    // And at least its burst less what grants can strand (one clean
+    // And at least its burst less what prefetches can strand (one clean
     // `make test` run passed 9 of this burst of 10).
-    let bank_least = burst_less_stranded_grants(10);
+    let bank_least = burst_less_stranded_prefetches(10);
     let (k1_most, k2_most) = (
         admitted_at_most(&k1, 5, 10.0),
         admitted_at_most(&k2, 5, 10.0),
@@ -174,7 +175,7 @@ async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
     );
     assert!(
         (bank_least..=bank_most).contains(&count(&outcomes, 200)),
-        "bank: burst 10 less stranded grant tokens, plus what refilled while the burst was sent"
+        "bank: burst 10 less stranded prefetched tokens, plus what refilled while the burst was sent"
     );
     assert_eq!(count(&outcomes, 200) + count(&outcomes, 429), 30);
     assert!((5..=k1_most).contains(&count(&k1, 200)));

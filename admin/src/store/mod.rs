@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use sluice_shared::sync::SyncReport;
 use sluice_shared::validate::validate_policy_set;
-use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
+use sluice_shared::{FieldError, Instant, Policy, PolicySet, ValidationErrors};
 
 use db::{Db, Row, Sql};
 
@@ -84,11 +84,15 @@ pub struct Store {
     db: Arc<Db>,
 }
 
+/// The wall clock, as the core's time type.
+pub fn now() -> Instant {
+    Instant::from_system(std::time::SystemTime::now())
+}
+
+/// The wall clock in milliseconds since the epoch, as the API and the
+/// store write times.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    now().as_millis()
 }
 
 fn to_json(policy: &Policy) -> String {

@@ -7,8 +7,9 @@
 //! (a few dozen workers, not thousands of requests), so every compare-and-
 //! swap moves a few hundred bytes at most whatever `max_in_flight` is.
 
-use super::{Decision, DecodeError, Nanos};
+use super::{Decision, DecodeError};
 use crate::policy::Priority;
+use crate::time::{Instant, Span};
 
 /// The fixed parameters of a concurrency limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,14 +17,14 @@ pub struct ConcurrencyLimit {
     pub max_in_flight: u32,
     /// Slots only high-priority requests may take.
     pub reserved_for_high: u32,
-    pub lease_ttl_ns: u64,
+    pub lease_ttl: Span,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     pub holder: u64,
     pub count: u32,
-    pub expires_at: Nanos,
+    pub expires_at: Instant,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,7 +58,7 @@ impl LeaseTable {
 
     /// Drops leases whose holder stopped renewing before `now`; returns the
     /// slots reclaimed.
-    pub fn reclaim_expired(&mut self, now: Nanos) -> u32 {
+    pub fn reclaim_expired(&mut self, now: Instant) -> u32 {
         let mut reclaimed = 0u32;
         self.leases.retain(|l| {
             let live = l.expires_at >= now;
@@ -74,7 +75,7 @@ impl LeaseTable {
         &mut self,
         limit: &ConcurrencyLimit,
         holder: u64,
-        now: Nanos,
+        now: Instant,
         priority: Priority,
     ) -> Decision {
         self.reclaim_expired(now);
@@ -89,11 +90,11 @@ impl LeaseTable {
         if !has_room || !has_place {
             return Decision::Deny {
                 // No schedule for a slot to free: suggest a short retry.
-                retry_after: 1_000_000_000,
-                reset_after: 0,
+                retry_after: Span::from_secs(1),
+                reset_after: Span::ZERO,
             };
         }
-        let expires_at = now.saturating_add(limit.lease_ttl_ns);
+        let expires_at = now + limit.lease_ttl;
         match position {
             Some(i) => {
                 let lease = &mut self.leases[i];
@@ -108,7 +109,7 @@ impl LeaseTable {
         }
         Decision::Admit {
             remaining: u64::from(ceiling - in_flight - 1),
-            reset_after: 0,
+            reset_after: Span::ZERO,
         }
     }
 
@@ -118,7 +119,7 @@ impl LeaseTable {
         &mut self,
         limit: &ConcurrencyLimit,
         holder: u64,
-        now: Nanos,
+        now: Instant,
         n: u32,
     ) -> bool {
         self.reclaim_expired(now);
@@ -131,7 +132,7 @@ impl LeaseTable {
             return false;
         }
         lease.count = lease.count.saturating_add(n);
-        lease.expires_at = lease.expires_at.max(now.saturating_add(limit.lease_ttl_ns));
+        lease.expires_at = lease.expires_at.max(now + limit.lease_ttl);
         true
     }
 
@@ -175,10 +176,10 @@ impl LeaseTable {
 
     /// Pushes the holder's deadline to `now + ttl`, as a live worker does on
     /// its periodic tick.
-    pub fn renew(&mut self, holder: u64, now: Nanos, ttl: Nanos) -> bool {
+    pub fn renew(&mut self, holder: u64, now: Instant, ttl: Span) -> bool {
         match self.leases.iter_mut().find(|l| l.holder == holder) {
             Some(lease) => {
-                lease.expires_at = lease.expires_at.max(now.saturating_add(ttl));
+                lease.expires_at = lease.expires_at.max(now + ttl);
                 true
             }
             None => false,
@@ -192,7 +193,7 @@ impl LeaseTable {
         for l in &self.leases {
             out.extend_from_slice(&l.holder.to_le_bytes());
             out.extend_from_slice(&l.count.to_le_bytes());
-            out.extend_from_slice(&l.expires_at.to_le_bytes());
+            out.extend_from_slice(&l.expires_at.as_nanos().to_le_bytes());
         }
         out
     }
@@ -217,7 +218,9 @@ impl LeaseTable {
                 Lease {
                     holder: u64::from_le_bytes(holder.try_into().unwrap_or_default()),
                     count: u32::from_le_bytes(count.try_into().unwrap_or_default()),
-                    expires_at: u64::from_le_bytes(expires.try_into().unwrap_or_default()),
+                    expires_at: Instant::from_nanos(u64::from_le_bytes(
+                        expires.try_into().unwrap_or_default(),
+                    )),
                 }
             })
             .collect();
@@ -229,12 +232,15 @@ impl LeaseTable {
 mod tests {
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
     const LIMIT: ConcurrencyLimit = ConcurrencyLimit {
         max_in_flight: 3,
         reserved_for_high: 1,
-        lease_ttl_ns: 10 * SEC,
+        lease_ttl: Span::from_secs(10),
     };
+
+    fn at(secs: u64, ns: u64) -> Instant {
+        Instant::from_nanos(secs * 1_000_000_000 + ns)
+    }
 
     fn admitted(d: Decision) -> bool {
         matches!(d, Decision::Admit { .. })
@@ -243,25 +249,25 @@ mod tests {
     #[test]
     fn normal_requests_leave_the_reserved_slot_to_high_priority() {
         let mut t = LeaseTable::default();
-        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
-        assert!(admitted(t.acquire(&LIMIT, 2, 0, Priority::Normal)));
-        assert!(!admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
-        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::High)));
-        assert!(!admitted(t.acquire(&LIMIT, 3, 0, Priority::High)));
+        assert!(admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::Normal)));
+        assert!(admitted(t.acquire(&LIMIT, 2, at(0, 0), Priority::Normal)));
+        assert!(!admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::Normal)));
+        assert!(admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::High)));
+        assert!(!admitted(t.acquire(&LIMIT, 3, at(0, 0), Priority::High)));
         assert_eq!(t.in_flight(), 3);
         assert!(t.release(1));
-        assert!(admitted(t.acquire(&LIMIT, 3, 0, Priority::High)));
+        assert!(admitted(t.acquire(&LIMIT, 3, at(0, 0), Priority::High)));
     }
 
     #[test]
     fn a_dead_holder_slots_return_after_the_ttl() {
         let mut t = LeaseTable::default();
         for _ in 0..3 {
-            assert!(admitted(t.acquire(&LIMIT, 7, 0, Priority::High)));
+            assert!(admitted(t.acquire(&LIMIT, 7, at(0, 0), Priority::High)));
         }
-        assert!(!admitted(t.acquire(&LIMIT, 8, 5 * SEC, Priority::High)));
+        assert!(!admitted(t.acquire(&LIMIT, 8, at(5, 0), Priority::High)));
         // Holder 7 never renews or releases.
-        assert!(admitted(t.acquire(&LIMIT, 8, 10 * SEC + 1, Priority::High)));
+        assert!(admitted(t.acquire(&LIMIT, 8, at(10, 1), Priority::High)));
         assert_eq!(t.held_by(7), 0);
         // Its late release takes nothing from holder 8.
         assert!(!t.release(7));
@@ -271,17 +277,17 @@ mod tests {
     #[test]
     fn renewing_keeps_a_long_request_slot() {
         let mut t = LeaseTable::default();
-        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
-        assert!(t.renew(1, 8 * SEC, LIMIT.lease_ttl_ns));
-        assert_eq!(t.reclaim_expired(15 * SEC), 0);
-        assert_eq!(t.reclaim_expired(18 * SEC + 1), 1);
+        assert!(admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::Normal)));
+        assert!(t.renew(1, at(8, 0), LIMIT.lease_ttl));
+        assert_eq!(t.reclaim_expired(at(15, 0)), 0);
+        assert_eq!(t.reclaim_expired(at(18, 1)), 1);
     }
 
     #[test]
     fn release_never_goes_below_zero() {
         let mut t = LeaseTable::default();
         assert!(!t.release(1));
-        assert!(admitted(t.acquire(&LIMIT, 1, 0, Priority::Normal)));
+        assert!(admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::Normal)));
         assert!(t.release(1));
         assert!(!t.release(1));
         assert_eq!(t.in_flight(), 0);
@@ -291,8 +297,8 @@ mod tests {
     #[test]
     fn encoding_round_trips_and_refuses_garbage() {
         let mut t = LeaseTable::default();
-        t.acquire(&LIMIT, u64::MAX, 5, Priority::High);
-        t.acquire(&LIMIT, 2, 6, Priority::High);
+        t.acquire(&LIMIT, u64::MAX, at(0, 5), Priority::High);
+        t.acquire(&LIMIT, 2, at(0, 6), Priority::High);
         assert_eq!(LeaseTable::decode(&t.encode()).unwrap(), t);
         assert_eq!(
             LeaseTable::decode(&LeaseTable::default().encode())

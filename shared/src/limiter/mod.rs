@@ -1,5 +1,5 @@
-//! Pure limiter algorithms. No clock and no I/O: `now` comes in as
-//! nanoseconds, state comes in and goes out as small byte strings that the
+//! Pure limiter algorithms. No clock and no I/O: `now` comes in as an
+//! [`Instant`], state comes in and goes out as small byte strings that the
 //! filter keeps in Envoy shared data and swaps by compare-and-swap.
 //!
 //! Every operation tolerates any input: time going backwards, zero or huge
@@ -15,9 +15,7 @@ pub use token_bucket::{TokenBucket, TokenBucketState, Warmup};
 pub use window::{FixedWindow, FixedWindowState, SlidingWindow, SlidingWindowState};
 
 use crate::policy::{Algorithm, ConcurrencySpec, RateSpec};
-
-/// Nanoseconds, either an instant since the Unix epoch or a span.
-pub type Nanos = u64;
+use crate::time::{Instant, Span};
 
 /// The outcome of asking to go now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,12 +24,12 @@ pub enum Decision {
         /// Requests (tokens) still available right after this one.
         remaining: u64,
         /// Until the limit is fully available again.
-        reset_after: Nanos,
+        reset_after: Span,
     },
     Deny {
         /// Until a request of the same cost could pass (at least 1 ns).
-        retry_after: Nanos,
-        reset_after: Nanos,
+        retry_after: Span,
+        reset_after: Span,
     },
 }
 
@@ -45,10 +43,10 @@ impl Decision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reservation {
     /// The turn is at this instant (`now` when it is immediate).
-    At { instant: Nanos },
+    At { instant: Instant },
     /// The turn would be further away than the allowed wait; nothing was
     /// reserved. `retry_after`: how much sooner the turn would have to be.
-    Deny { retry_after: Nanos },
+    Deny { retry_after: Span },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -118,22 +116,22 @@ impl RateState {
 
 impl RateLimiter {
     pub fn from_spec(spec: &RateSpec) -> Self {
-        let period_ns = spec.period.as_nanos();
+        let period = spec.period.as_span();
         match spec.algorithm {
             Algorithm::TokenBucket => RateLimiter::TokenBucket(TokenBucket::new(
                 spec.requests,
-                period_ns,
+                period,
                 spec.effective_burst(),
                 spec.warmup.as_ref().map(|w| Warmup {
-                    period_ns: w.period.as_nanos(),
+                    period: w.period.as_span(),
                     cold_factor: w.cold_factor,
                 }),
             )),
             Algorithm::FixedWindow => {
-                RateLimiter::FixedWindow(FixedWindow::new(spec.requests, period_ns))
+                RateLimiter::FixedWindow(FixedWindow::new(spec.requests, period))
             }
             Algorithm::SlidingWindow => {
-                RateLimiter::SlidingWindow(SlidingWindow::new(spec.requests, period_ns))
+                RateLimiter::SlidingWindow(SlidingWindow::new(spec.requests, period))
             }
         }
     }
@@ -176,7 +174,7 @@ impl RateLimiter {
         }
     }
 
-    pub fn try_acquire(&self, state: &mut RateState, now: Nanos, cost: u64) -> Decision {
+    pub fn try_acquire(&self, state: &mut RateState, now: Instant, cost: u64) -> Decision {
         self.fit(state);
         match (self, state) {
             (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.try_acquire(s, now, cost),
@@ -191,9 +189,9 @@ impl RateLimiter {
     pub fn reserve(
         &self,
         state: &mut RateState,
-        now: Nanos,
+        now: Instant,
         cost: u64,
-        max_wait: Nanos,
+        max_wait: Span,
     ) -> Reservation {
         self.fit(state);
         match (self, state) {
@@ -207,13 +205,13 @@ impl RateLimiter {
                 l.reserve(s, now, cost, max_wait)
             }
             _ => Reservation::Deny {
-                retry_after: 1_000_000_000,
+                retry_after: Span::from_secs(1),
             },
         }
     }
 
     /// Tokens available now, for utilization reports.
-    pub fn available(&self, state: &RateState, now: Nanos) -> u64 {
+    pub fn available(&self, state: &RateState, now: Instant) -> u64 {
         match (self, state) {
             (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.available(s, now),
             (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => l.available(s, now),
@@ -224,7 +222,7 @@ impl RateLimiter {
 
     /// True when the state says nothing a fresh state would not: its place
     /// (e.g. a per-key bucket) can be reused without giving anything away.
-    pub fn is_idle(&self, state: &RateState, now: Nanos) -> bool {
+    pub fn is_idle(&self, state: &RateState, now: Instant) -> bool {
         match (self, state) {
             (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.is_idle(s, now),
             (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => l.is_idle(s, now),
@@ -238,8 +236,8 @@ impl RateLimiter {
 // panic path.
 fn unreachable_deny() -> Decision {
     Decision::Deny {
-        retry_after: 1_000_000_000,
-        reset_after: 0,
+        retry_after: Span::from_secs(1),
+        reset_after: Span::ZERO,
     }
 }
 
@@ -248,7 +246,7 @@ impl ConcurrencyLimit {
         Self {
             max_in_flight: spec.max_in_flight,
             reserved_for_high: spec.reserved_for_high,
-            lease_ttl_ns: spec.lease_ttl.as_nanos(),
+            lease_ttl: spec.lease_ttl.as_span(),
         }
     }
 }
@@ -273,7 +271,8 @@ mod tests {
         let bucket = RateLimiter::from_spec(&spec(Algorithm::TokenBucket));
         let window = RateLimiter::from_spec(&spec(Algorithm::FixedWindow));
         let mut state = window.initial_state();
-        assert!(window.try_acquire(&mut state, 10, 1).is_admit());
+        let t = Instant::from_nanos(10);
+        assert!(window.try_acquire(&mut state, t, 1).is_admit());
         let bytes = state.encode();
         assert_eq!(
             bucket.decode_state(&bytes),
@@ -281,7 +280,7 @@ mod tests {
         );
         assert_eq!(window.decode_state(&bytes), Ok(state));
         // Handing the wrong state to a limiter does not panic.
-        assert!(bucket.try_acquire(&mut state, 10, 1).is_admit());
+        assert!(bucket.try_acquire(&mut state, t, 1).is_admit());
         assert!(matches!(state, RateState::TokenBucket(_)));
     }
 

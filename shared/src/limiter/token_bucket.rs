@@ -13,20 +13,21 @@
 //! Because every admission pushes the TAT by at least c·P, at most
 //! `b + rate·T` tokens pass in any interval of length T.
 
-use super::{ceil_div, Decision, DecodeError, Nanos, Reservation};
+use super::{ceil_div, Decision, DecodeError, Reservation};
+use crate::time::{Instant, Span};
 
 /// A token bucket limiter's fixed parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
     requests: u64,
-    period_ns: u64,
+    period: Span,
     burst: u64,
     warmup: Option<Warmup>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Warmup {
-    pub period_ns: u64,
+    pub period: Span,
     pub cold_factor: u32,
 }
 
@@ -77,15 +78,15 @@ struct Step {
 }
 
 impl TokenBucket {
-    /// `requests` and `period_ns` of 0 are lifted to 1 so that an unvalidated
+    /// `requests` and `period` of 0 are lifted to 1 so that an unvalidated
     /// value cannot divide by zero; validation refuses them anyway.
-    pub fn new(requests: u64, period_ns: u64, burst: u64, warmup: Option<Warmup>) -> Self {
+    pub fn new(requests: u64, period: Span, burst: u64, warmup: Option<Warmup>) -> Self {
         Self {
             requests: requests.clamp(1, u64::from(u32::MAX)),
-            period_ns: period_ns.max(1),
+            period: period.max(Span::from_nanos(1)),
             burst: burst.max(1),
             warmup: warmup.map(|w| Warmup {
-                period_ns: w.period_ns.max(1),
+                period: w.period.max(Span::from_nanos(1)),
                 cold_factor: w.cold_factor.max(1),
             }),
         }
@@ -117,28 +118,29 @@ impl TokenBucket {
     }
 
     /// The warm-up factor as (numerator, denominator), and the ramp start.
-    fn warm_factor(&self, state: &TokenBucketState, now: Nanos) -> ((u128, u128), u64) {
+    fn warm_factor(&self, state: &TokenBucketState, now: u64) -> ((u128, u128), u64) {
         let Some(w) = self.warmup else {
             return ((1, 1), state.ramp_start_ns);
         };
+        let warmup_ns = w.period.as_nanos();
         // Idle for a whole warm-up period after the bucket filled: cold again.
-        let cold = now >= state.tat_ns.saturating_add(w.period_ns);
+        let cold = now >= state.tat_ns.saturating_add(warmup_ns);
         let ramp_start = if cold { now } else { state.ramp_start_ns };
         // A clock that went back before the ramp start counts as coldest.
         let elapsed = now.saturating_sub(ramp_start);
-        if elapsed >= w.period_ns {
+        if elapsed >= warmup_ns {
             return ((1, 1), ramp_start);
         }
-        let period = u128::from(w.period_ns);
+        let period = u128::from(warmup_ns);
         let cf = u128::from(w.cold_factor);
         // Linear from `cold_factor` down to 1 over the ramp.
         let numerator = cf * period - (cf - 1) * u128::from(elapsed);
         ((numerator, period), ramp_start)
     }
 
-    fn step(&self, state: &TokenBucketState, now: Nanos, cost: u64) -> Step {
+    fn step(&self, state: &TokenBucketState, now: u64, cost: u64) -> Step {
         let scale = self.scale();
-        let period = u128::from(self.period_ns);
+        let period = u128::from(self.period.as_nanos());
         let cost = u128::from(cost.max(1));
         let burst = u128::from(self.burst);
         let now_scaled = u128::from(now) * scale;
@@ -155,33 +157,35 @@ impl TokenBucket {
         }
     }
 
-    fn remaining_after(&self, tat_scaled: u128, now: Nanos) -> u64 {
+    fn remaining_after(&self, tat_scaled: u128, now: u64) -> u64 {
+        let period = u128::from(self.period.as_nanos());
         let now_scaled = u128::from(now) * self.scale();
-        let capacity = u128::from(self.burst) * u128::from(self.period_ns);
+        let capacity = u128::from(self.burst) * period;
         let used = tat_scaled.saturating_sub(now_scaled);
-        u64::try_from(capacity.saturating_sub(used) / u128::from(self.period_ns))
-            .unwrap_or(u64::MAX)
+        u64::try_from(capacity.saturating_sub(used) / period).unwrap_or(u64::MAX)
     }
 
-    fn scaled_to_ns(&self, scaled: u128) -> Nanos {
-        u64::try_from(ceil_div(scaled, self.scale())).unwrap_or(u64::MAX)
+    fn scaled_to_span(&self, scaled: u128) -> Span {
+        Span::from_nanos(u64::try_from(ceil_div(scaled, self.scale())).unwrap_or(u64::MAX))
     }
 
     /// Admits `cost` tokens now or refuses; on admission `state` is updated.
-    pub fn try_acquire(&self, state: &mut TokenBucketState, now: Nanos, cost: u64) -> Decision {
+    pub fn try_acquire(&self, state: &mut TokenBucketState, now: Instant, cost: u64) -> Decision {
+        let now = now.as_nanos();
         let step = self.step(state, now, cost);
         if step.excess > 0 {
             let tat = self.tat_scaled(state);
             return Decision::Deny {
-                retry_after: self.scaled_to_ns(step.excess).max(1),
-                reset_after: self.scaled_to_ns(tat.saturating_sub(u128::from(now) * self.scale())),
+                retry_after: self.scaled_to_span(step.excess).max(Span::from_nanos(1)),
+                reset_after: self
+                    .scaled_to_span(tat.saturating_sub(u128::from(now) * self.scale())),
             };
         }
         *state = self.state_at(step.new_tat, step.ramp_start_ns);
         Decision::Admit {
             remaining: self.remaining_after(step.new_tat, now),
             reset_after: self
-                .scaled_to_ns(step.new_tat.saturating_sub(u128::from(now) * self.scale())),
+                .scaled_to_span(step.new_tat.saturating_sub(u128::from(now) * self.scale())),
         }
     }
 
@@ -191,12 +195,12 @@ impl TokenBucket {
     pub fn reserve(
         &self,
         state: &mut TokenBucketState,
-        now: Nanos,
+        now: Instant,
         cost: u64,
-        max_wait: Nanos,
+        max_wait: Span,
     ) -> Reservation {
-        let step = self.step(state, now, cost);
-        let wait = self.scaled_to_ns(step.excess);
+        let step = self.step(state, now.as_nanos(), cost);
+        let wait = self.scaled_to_span(step.excess);
         if wait > max_wait {
             return Reservation::Deny {
                 retry_after: wait - max_wait,
@@ -204,22 +208,23 @@ impl TokenBucket {
         }
         *state = self.state_at(step.new_tat, step.ramp_start_ns);
         Reservation::At {
-            instant: now.saturating_add(wait),
+            instant: now + wait,
         }
     }
 
     /// Tokens available now without changing anything (for utilization).
-    pub fn available(&self, state: &TokenBucketState, now: Nanos) -> u64 {
-        self.remaining_after(self.tat_scaled(state), now)
+    pub fn available(&self, state: &TokenBucketState, now: Instant) -> u64 {
+        self.remaining_after(self.tat_scaled(state), now.as_nanos())
     }
 
     /// True when the bucket is full and no warm-up is under way, so the
     /// state carries no information and its place can be given to another key.
-    pub fn is_idle(&self, state: &TokenBucketState, now: Nanos) -> bool {
+    pub fn is_idle(&self, state: &TokenBucketState, now: Instant) -> bool {
+        let now = now.as_nanos();
         let full = state.tat_ns < now;
         match self.warmup {
             None => full,
-            Some(w) => now >= state.tat_ns.saturating_add(w.period_ns),
+            Some(w) => now >= state.tat_ns.saturating_add(w.period.as_nanos()),
         }
     }
 }
@@ -228,8 +233,12 @@ impl TokenBucket {
 mod tests {
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
-    const T0: u64 = 1_800_000_000 * SEC;
+    const SEC: Span = Span::from_secs(1);
+    const T0: Instant = Instant::from_nanos(1_800_000_000 * 1_000_000_000);
+
+    fn ms(n: u64) -> Span {
+        Span::from_millis(n)
+    }
 
     fn admitted(d: Decision) -> bool {
         matches!(d, Decision::Admit { .. })
@@ -244,8 +253,8 @@ mod tests {
             .count();
         assert_eq!(passed, 20);
         // 10 ms later exactly one token came back.
-        assert!(admitted(tb.try_acquire(&mut s, T0 + 10_000_000, 1)));
-        assert!(!admitted(tb.try_acquire(&mut s, T0 + 10_000_000, 1)));
+        assert!(admitted(tb.try_acquire(&mut s, T0 + ms(10), 1)));
+        assert!(!admitted(tb.try_acquire(&mut s, T0 + ms(10), 1)));
     }
 
     #[test]
@@ -254,12 +263,12 @@ mod tests {
         let mut s = TokenBucketState::default();
         assert!(admitted(tb.try_acquire(&mut s, T0, 1)));
         let before = s;
-        match tb.try_acquire(&mut s, T0 + 30_000_000, 1) {
-            Decision::Deny { retry_after, .. } => assert_eq!(retry_after, 70_000_000),
+        match tb.try_acquire(&mut s, T0 + ms(30), 1) {
+            Decision::Deny { retry_after, .. } => assert_eq!(retry_after, ms(70)),
             other => panic!("expected deny, got {other:?}"),
         }
         assert_eq!(s, before);
-        assert!(admitted(tb.try_acquire(&mut s, T0 + 100_000_000, 1)));
+        assert!(admitted(tb.try_acquire(&mut s, T0 + ms(100), 1)));
     }
 
     #[test]
@@ -280,8 +289,9 @@ mod tests {
         let tb = TokenBucket::new(3, SEC, 1, None);
         let mut s = TokenBucketState::default();
         for k in 0..3_000_000u64 {
-            let expected = T0 + (u128::from(k) * u128::from(SEC)).div_ceil(3) as u64;
-            match tb.reserve(&mut s, T0, 1, u64::MAX) {
+            let expected =
+                T0 + Span::from_nanos((u128::from(k) * 1_000_000_000).div_ceil(3) as u64);
+            match tb.reserve(&mut s, T0, 1, Span::MAX) {
                 Reservation::At { instant } => assert_eq!(instant, expected, "turn {k}"),
                 other => panic!("turn {k}: {other:?}"),
             }
@@ -295,8 +305,12 @@ mod tests {
         for _ in 0..5 {
             assert!(admitted(tb.try_acquire(&mut s, T0, 1)));
         }
-        assert!(!admitted(tb.try_acquire(&mut s, T0 - 10 * SEC, 1)));
-        assert!(!admitted(tb.try_acquire(&mut s, 0, 1)));
+        assert!(!admitted(tb.try_acquire(
+            &mut s,
+            T0 - SEC.saturating_mul(10),
+            1
+        )));
+        assert!(!admitted(tb.try_acquire(&mut s, Instant::EPOCH, 1)));
     }
 
     #[test]
@@ -305,17 +319,17 @@ mod tests {
         let mut s = TokenBucketState::default();
         let mut instants = Vec::new();
         for _ in 0..200 {
-            match tb.reserve(&mut s, T0, 1, 2 * SEC) {
+            match tb.reserve(&mut s, T0, 1, SEC.saturating_mul(2)) {
                 Reservation::At { instant } => instants.push(instant),
                 Reservation::Deny { .. } => break,
             }
         }
         assert_eq!(instants.len(), 101, "0 ms .. 2000 ms at 20 ms spacing");
         for pair in instants.windows(2) {
-            assert_eq!(pair[1] - pair[0], 20_000_000);
+            assert_eq!(pair[1] - pair[0], ms(20));
         }
         assert!(matches!(
-            tb.reserve(&mut s, T0, 1, 2 * SEC),
+            tb.reserve(&mut s, T0, 1, SEC.saturating_mul(2)),
             Reservation::Deny { .. }
         ));
     }
@@ -323,25 +337,26 @@ mod tests {
     #[test]
     fn warmup_starts_slow_and_reaches_full_rate() {
         let w = Warmup {
-            period_ns: 10 * SEC,
+            period: SEC.saturating_mul(10),
             cold_factor: 4,
         };
         let tb = TokenBucket::new(100, SEC, 1, Some(w));
         let mut s = TokenBucketState::default();
-        let count_in = |s: &mut TokenBucketState, from: u64, to: u64| {
+        let count_in = |s: &mut TokenBucketState, from: Instant, to: Instant| {
             let mut n = 0;
             let mut t = from;
             while t < to {
                 if admitted(tb.try_acquire(s, t, 1)) {
                     n += 1;
                 }
-                t += 1_000_000;
+                t += ms(1);
             }
             n
         };
+        let secs = |n: u64| SEC.saturating_mul(n);
         let first_second = count_in(&mut s, T0, T0 + SEC);
-        let _ = count_in(&mut s, T0 + SEC, T0 + 10 * SEC);
-        let after_ramp = count_in(&mut s, T0 + 10 * SEC, T0 + 11 * SEC);
+        let _ = count_in(&mut s, T0 + SEC, T0 + secs(10));
+        let after_ramp = count_in(&mut s, T0 + secs(10), T0 + secs(11));
         assert!(
             (25..=32).contains(&first_second),
             "cold second admitted {first_second}"
@@ -351,7 +366,7 @@ mod tests {
             "warm second admitted {after_ramp}"
         );
         // Idle again for the warm-up period: cold again.
-        let cold_again = count_in(&mut s, T0 + 30 * SEC, T0 + 31 * SEC);
+        let cold_again = count_in(&mut s, T0 + secs(30), T0 + secs(31));
         assert!(
             (25..=32).contains(&cold_again),
             "re-cooled second admitted {cold_again}"
@@ -361,7 +376,7 @@ mod tests {
     #[test]
     fn warmup_never_locks_out_a_full_cost_request() {
         let w = Warmup {
-            period_ns: SEC,
+            period: SEC,
             cold_factor: 10,
         };
         let tb = TokenBucket::new(10, SEC, 2, Some(w));
@@ -382,23 +397,23 @@ mod tests {
 
     #[test]
     fn extreme_inputs_do_not_panic() {
-        let tb = TokenBucket::new(u64::MAX, u64::MAX, u64::MAX, None);
+        let tb = TokenBucket::new(u64::MAX, Span::MAX, u64::MAX, None);
         let mut s = TokenBucketState {
             tat_ns: u64::MAX,
             tat_frac: u32::MAX,
             ramp_start_ns: u64::MAX,
         };
-        let _ = tb.try_acquire(&mut s, u64::MAX, u64::MAX);
-        let _ = tb.reserve(&mut s, 0, u64::MAX, u64::MAX);
+        let _ = tb.try_acquire(&mut s, Instant::MAX, u64::MAX);
+        let _ = tb.reserve(&mut s, Instant::EPOCH, u64::MAX, Span::MAX);
         let tb = TokenBucket::new(
             0,
-            0,
+            Span::ZERO,
             0,
             Some(Warmup {
-                period_ns: 0,
+                period: Span::ZERO,
                 cold_factor: 0,
             }),
         );
-        let _ = tb.try_acquire(&mut s, 0, 0);
+        let _ = tb.try_acquire(&mut s, Instant::EPOCH, 0);
     }
 }

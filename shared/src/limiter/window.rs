@@ -7,10 +7,12 @@
 //! nobody jumps the queue. A clock that goes back lands in the same case and
 //! is refused too: going back never hands out fresh counts.
 
-use super::{ceil_div, Decision, DecodeError, Nanos, Reservation};
+use super::{ceil_div, Decision, DecodeError, Reservation};
+use crate::time::{Instant, Span};
 
-fn align(now: Nanos, period: Nanos) -> Nanos {
-    now - now % period
+/// The start of the window of length `period` (at least 1 ns) `now` is in.
+fn align(now: Instant, period: Span) -> Instant {
+    now - Span::from_nanos(now.as_nanos() % period.as_nanos().max(1))
 }
 
 fn read_u64(bytes: &[u8], at: usize) -> u64 {
@@ -35,12 +37,12 @@ fn check_len(bytes: &[u8], expected: usize) -> Result<(), DecodeError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
-    period_ns: u64,
+    period: Span,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FixedWindowState {
-    pub window_start: Nanos,
+    pub window_start: Instant,
     pub count: u64,
 }
 
@@ -49,7 +51,7 @@ impl FixedWindowState {
 
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut out = [0u8; Self::ENCODED_LEN];
-        out[..8].copy_from_slice(&self.window_start.to_le_bytes());
+        out[..8].copy_from_slice(&self.window_start.as_nanos().to_le_bytes());
         out[8..].copy_from_slice(&self.count.to_le_bytes());
         out
     }
@@ -57,24 +59,24 @@ impl FixedWindowState {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         check_len(bytes, Self::ENCODED_LEN)?;
         Ok(Self {
-            window_start: read_u64(bytes, 0),
+            window_start: Instant::from_nanos(read_u64(bytes, 0)),
             count: read_u64(bytes, 8),
         })
     }
 }
 
 impl FixedWindow {
-    pub fn new(limit: u64, period_ns: u64) -> Self {
+    pub fn new(limit: u64, period: Span) -> Self {
         Self {
             limit: limit.max(1),
-            period_ns: period_ns.max(1),
+            period: period.max(Span::from_nanos(1)),
         }
     }
 
     /// The window `now` belongs to, with its count (0 when the state's
     /// window is over).
-    fn current(&self, state: &FixedWindowState, now: Nanos) -> FixedWindowState {
-        let start = align(now, self.period_ns);
+    fn current(&self, state: &FixedWindowState, now: Instant) -> FixedWindowState {
+        let start = align(now, self.period);
         if state.window_start >= start {
             *state
         } else {
@@ -85,9 +87,9 @@ impl FixedWindow {
         }
     }
 
-    pub fn try_acquire(&self, state: &mut FixedWindowState, now: Nanos, cost: u64) -> Decision {
+    pub fn try_acquire(&self, state: &mut FixedWindowState, now: Instant, cost: u64) -> Decision {
         let cur = self.current(state, now);
-        let window_end = cur.window_start.saturating_add(self.period_ns);
+        let window_end = cur.window_start + self.period;
         let ahead = cur.window_start > now;
         let fits = cur.count.saturating_add(cost) <= self.limit;
         if ahead || !fits {
@@ -97,8 +99,8 @@ impl FixedWindow {
                 window_end
             };
             return Decision::Deny {
-                retry_after: retry_at.saturating_sub(now).max(1),
-                reset_after: window_end.saturating_sub(now),
+                retry_after: (retry_at - now).max(Span::from_nanos(1)),
+                reset_after: window_end - now,
             };
         }
         *state = FixedWindowState {
@@ -107,7 +109,7 @@ impl FixedWindow {
         };
         Decision::Admit {
             remaining: self.limit - state.count,
-            reset_after: window_end.saturating_sub(now),
+            reset_after: window_end - now,
         }
     }
 
@@ -116,9 +118,9 @@ impl FixedWindow {
     pub fn reserve(
         &self,
         state: &mut FixedWindowState,
-        now: Nanos,
+        now: Instant,
         cost: u64,
-        max_wait: Nanos,
+        max_wait: Span,
     ) -> Reservation {
         let cur = self.current(state, now);
         let next = if cur.count.saturating_add(cost) <= self.limit {
@@ -128,7 +130,7 @@ impl FixedWindow {
             }
         } else {
             FixedWindowState {
-                window_start: cur.window_start.saturating_add(self.period_ns),
+                window_start: cur.window_start + self.period,
                 count: cost.min(self.limit),
             }
         };
@@ -143,7 +145,7 @@ impl FixedWindow {
         Reservation::At { instant }
     }
 
-    pub fn available(&self, state: &FixedWindowState, now: Nanos) -> u64 {
+    pub fn available(&self, state: &FixedWindowState, now: Instant) -> u64 {
         let cur = self.current(state, now);
         if cur.window_start > now {
             0
@@ -152,7 +154,7 @@ impl FixedWindow {
         }
     }
 
-    pub fn is_idle(&self, state: &FixedWindowState, now: Nanos) -> bool {
+    pub fn is_idle(&self, state: &FixedWindowState, now: Instant) -> bool {
         self.current(state, now).count == 0
     }
 }
@@ -162,12 +164,12 @@ impl FixedWindow {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingWindow {
     limit: u64,
-    period_ns: u64,
+    period: Span,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SlidingWindowState {
-    pub window_start: Nanos,
+    pub window_start: Instant,
     pub current: u64,
     pub previous: u64,
 }
@@ -177,7 +179,7 @@ impl SlidingWindowState {
 
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut out = [0u8; Self::ENCODED_LEN];
-        out[..8].copy_from_slice(&self.window_start.to_le_bytes());
+        out[..8].copy_from_slice(&self.window_start.as_nanos().to_le_bytes());
         out[8..16].copy_from_slice(&self.current.to_le_bytes());
         out[16..].copy_from_slice(&self.previous.to_le_bytes());
         out
@@ -186,7 +188,7 @@ impl SlidingWindowState {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         check_len(bytes, Self::ENCODED_LEN)?;
         Ok(Self {
-            window_start: read_u64(bytes, 0),
+            window_start: Instant::from_nanos(read_u64(bytes, 0)),
             current: read_u64(bytes, 8),
             previous: read_u64(bytes, 16),
         })
@@ -194,18 +196,18 @@ impl SlidingWindowState {
 }
 
 impl SlidingWindow {
-    pub fn new(limit: u64, period_ns: u64) -> Self {
+    pub fn new(limit: u64, period: Span) -> Self {
         Self {
             limit: limit.max(1),
-            period_ns: period_ns.max(1),
+            period: period.max(Span::from_nanos(1)),
         }
     }
 
-    fn current(&self, state: &SlidingWindowState, now: Nanos) -> SlidingWindowState {
-        let start = align(now, self.period_ns);
+    fn current(&self, state: &SlidingWindowState, now: Instant) -> SlidingWindowState {
+        let start = align(now, self.period);
         if state.window_start >= start {
             *state
-        } else if state.window_start.saturating_add(self.period_ns) == start {
+        } else if state.window_start + self.period == start {
             SlidingWindowState {
                 window_start: start,
                 current: 0,
@@ -223,8 +225,8 @@ impl SlidingWindow {
     /// The smallest offset `e` into the window at which `cost` more fits:
     /// `previous·(P − e) + (current + cost)·P ≤ limit·P`. None if it fits
     /// nowhere in this window.
-    fn earliest_offset(&self, previous: u64, current: u64, cost: u64) -> Option<u64> {
-        let period = u128::from(self.period_ns);
+    fn earliest_offset(&self, previous: u64, current: u64, cost: u64) -> Option<Span> {
+        let period = u128::from(self.period.as_nanos());
         let used = u128::from(current).saturating_add(u128::from(cost));
         let limit = u128::from(self.limit);
         if used > limit {
@@ -232,7 +234,7 @@ impl SlidingWindow {
         }
         let previous = u128::from(previous);
         if previous == 0 {
-            return Some(0);
+            return Some(Span::ZERO);
         }
         // previous·(P − e) ≤ (limit − used)·P  ⇔  e ≥ P − (limit − used)·P / previous
         let slack = (limit - used) * period / previous;
@@ -240,19 +242,19 @@ impl SlidingWindow {
         // At the last nanosecond the previous window's weight is 1/P of it;
         // past that the next window starts.
         if e < period {
-            u64::try_from(e).ok()
+            u64::try_from(e).ok().map(Span::from_nanos)
         } else {
             None
         }
     }
 
-    pub fn try_acquire(&self, state: &mut SlidingWindowState, now: Nanos, cost: u64) -> Decision {
+    pub fn try_acquire(&self, state: &mut SlidingWindowState, now: Instant, cost: u64) -> Decision {
         let cur = self.current(state, now);
-        let window_end = cur.window_start.saturating_add(self.period_ns);
-        let reset_after = window_end.saturating_sub(now);
+        let window_end = cur.window_start + self.period;
+        let reset_after = window_end - now;
         if cur.window_start > now {
             return Decision::Deny {
-                retry_after: cur.window_start.saturating_sub(now).max(1),
+                retry_after: (cur.window_start - now).max(Span::from_nanos(1)),
                 reset_after,
             };
         }
@@ -269,18 +271,18 @@ impl SlidingWindow {
                 }
             }
             Some(e) => Decision::Deny {
-                retry_after: (e - offset).max(1),
+                retry_after: (e - offset).max(Span::from_nanos(1)),
                 reset_after,
             },
             None => {
                 // Fits in the next window at that offset, or else at the
                 // start of the one after, where nothing is left to weigh.
                 let retry_at = match self.earliest_offset(cur.current, 0, cost) {
-                    Some(e) => window_end.saturating_add(e),
-                    None => window_end.saturating_add(self.period_ns),
+                    Some(e) => window_end + e,
+                    None => window_end + self.period,
                 };
                 Decision::Deny {
-                    retry_after: retry_at.saturating_sub(now).max(1),
+                    retry_after: (retry_at - now).max(Span::from_nanos(1)),
                     reset_after,
                 }
             }
@@ -290,17 +292,17 @@ impl SlidingWindow {
     pub fn reserve(
         &self,
         state: &mut SlidingWindowState,
-        now: Nanos,
+        now: Instant,
         cost: u64,
-        max_wait: Nanos,
+        max_wait: Span,
     ) -> Reservation {
         let mut window = self.current(state, now);
-        let mut offset = now.saturating_sub(window.window_start);
+        let mut offset = now - window.window_start;
         // The request fits in this window, or the next, or at the latest at
         // the start of the one after (where the weighted count is empty).
         for _ in 0..3 {
             if let Some(e) = self.earliest_offset(window.previous, window.current, cost) {
-                let instant = window.window_start.saturating_add(e.max(offset)).max(now);
+                let instant = (window.window_start + e.max(offset)).max(now);
                 let wait = instant - now;
                 if wait > max_wait {
                     return Reservation::Deny {
@@ -314,32 +316,33 @@ impl SlidingWindow {
                 return Reservation::At { instant };
             }
             window = SlidingWindowState {
-                window_start: window.window_start.saturating_add(self.period_ns),
+                window_start: window.window_start + self.period,
                 current: 0,
                 previous: window.current,
             };
-            offset = 0;
+            offset = Span::ZERO;
         }
         // Only a cost above the limit gets here; validation prevents it.
         Reservation::Deny {
-            retry_after: max_wait.saturating_add(self.period_ns),
+            retry_after: max_wait + self.period,
         }
     }
 
     /// Requests that would fit now, by the weighted estimate.
-    pub fn available(&self, state: &SlidingWindowState, now: Nanos) -> u64 {
+    pub fn available(&self, state: &SlidingWindowState, now: Instant) -> u64 {
         let cur = self.current(state, now);
         if cur.window_start > now {
             return 0;
         }
-        let period = u128::from(self.period_ns);
-        let remaining_share = period - u128::from(now - cur.window_start);
+        let period = u128::from(self.period.as_nanos());
+        let remaining_share =
+            period.saturating_sub(u128::from((now - cur.window_start).as_nanos()));
         let weighted_previous = ceil_div(u128::from(cur.previous) * remaining_share, period);
         let used = weighted_previous.saturating_add(u128::from(cur.current));
         u64::try_from(u128::from(self.limit).saturating_sub(used)).unwrap_or(0)
     }
 
-    pub fn is_idle(&self, state: &SlidingWindowState, now: Nanos) -> bool {
+    pub fn is_idle(&self, state: &SlidingWindowState, now: Instant) -> bool {
         let cur = self.current(state, now);
         cur.current == 0 && cur.previous == 0
     }
@@ -349,8 +352,16 @@ impl SlidingWindow {
 mod tests {
     use super::*;
 
-    const SEC: u64 = 1_000_000_000;
-    const T0: u64 = 1_800_000_000 * SEC;
+    const SEC: Span = Span::from_secs(1);
+    const T0: Instant = Instant::from_nanos(1_800_000_000 * 1_000_000_000);
+
+    fn ns(n: u64) -> Span {
+        Span::from_nanos(n)
+    }
+
+    fn secs(n: u64) -> Span {
+        Span::from_secs(n)
+    }
 
     fn admitted(d: Decision) -> bool {
         matches!(d, Decision::Admit { .. })
@@ -361,11 +372,11 @@ mod tests {
         let fw = FixedWindow::new(10, SEC);
         let mut s = FixedWindowState::default();
         let n = (0..20)
-            .filter(|_| admitted(fw.try_acquire(&mut s, T0 + 500, 1)))
+            .filter(|_| admitted(fw.try_acquire(&mut s, T0 + ns(500), 1)))
             .count();
         assert_eq!(n, 10);
-        match fw.try_acquire(&mut s, T0 + 500, 1) {
-            Decision::Deny { retry_after, .. } => assert_eq!(retry_after, SEC - 500),
+        match fw.try_acquire(&mut s, T0 + ns(500), 1) {
+            Decision::Deny { retry_after, .. } => assert_eq!(retry_after, SEC - ns(500)),
             other => panic!("{other:?}"),
         }
         assert!(admitted(fw.try_acquire(&mut s, T0 + SEC, 1)));
@@ -376,15 +387,15 @@ mod tests {
         let fw = FixedWindow::new(2, SEC);
         let mut s = FixedWindowState::default();
         let mut at = Vec::new();
-        while let Reservation::At { instant } = fw.reserve(&mut s, T0 + 10, 1, 3 * SEC) {
+        while let Reservation::At { instant } = fw.reserve(&mut s, T0 + ns(10), 1, secs(3)) {
             at.push(instant - T0);
         }
         assert_eq!(
             at,
-            vec![10, 10, SEC, SEC, 2 * SEC, 2 * SEC, 3 * SEC, 3 * SEC]
+            vec![ns(10), ns(10), SEC, SEC, secs(2), secs(2), secs(3), secs(3)]
         );
         // Somebody asking to go right now must not jump that queue.
-        assert!(!admitted(fw.try_acquire(&mut s, T0 + SEC + 1, 1)));
+        assert!(!admitted(fw.try_acquire(&mut s, T0 + SEC + ns(1), 1)));
     }
 
     #[test]
@@ -392,17 +403,19 @@ mod tests {
         let sw = SlidingWindow::new(10, SEC);
         let mut s = SlidingWindowState::default();
         for _ in 0..10 {
-            assert!(admitted(sw.try_acquire(&mut s, T0 + SEC / 2, 1)));
+            assert!(admitted(sw.try_acquire(&mut s, T0 + SEC.div(2), 1)));
         }
         // A quarter into the next window, 75 % of the previous 10 still count.
-        let t = T0 + SEC + SEC / 4;
+        let t = T0 + SEC + SEC.div(4);
         let n = (0..10)
             .filter(|_| admitted(sw.try_acquire(&mut s, t, 1)))
             .count();
         assert_eq!(n, 2);
         match sw.try_acquire(&mut s, t, 1) {
             // 7.5 + 2 + 1 > 10 until previous·(P − e)/P ≤ 7, i.e. e ≥ 0.3 s.
-            Decision::Deny { retry_after, .. } => assert_eq!(retry_after, SEC * 3 / 10 - SEC / 4),
+            Decision::Deny { retry_after, .. } => {
+                assert_eq!(retry_after, SEC.saturating_mul(3).div(10) - SEC.div(4))
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -411,9 +424,9 @@ mod tests {
     fn sliding_window_reservations_are_ordered() {
         let sw = SlidingWindow::new(5, SEC);
         let mut s = SlidingWindowState::default();
-        let mut last = 0;
+        let mut last = Instant::EPOCH;
         let mut n = 0;
-        while let Reservation::At { instant } = sw.reserve(&mut s, T0, 1, 5 * SEC) {
+        while let Reservation::At { instant } = sw.reserve(&mut s, T0, 1, secs(5)) {
             assert!(instant >= last);
             last = instant;
             n += 1;
@@ -430,8 +443,8 @@ mod tests {
         let sw = SlidingWindow::new(3, SEC);
         let mut s = SlidingWindowState::default();
         for _ in 0..3 {
-            assert!(admitted(fw.try_acquire(&mut f, T0 + 5 * SEC, 1)));
-            assert!(admitted(sw.try_acquire(&mut s, T0 + 5 * SEC, 1)));
+            assert!(admitted(fw.try_acquire(&mut f, T0 + secs(5), 1)));
+            assert!(admitted(sw.try_acquire(&mut s, T0 + secs(5), 1)));
         }
         assert!(!admitted(fw.try_acquire(&mut f, T0, 1)));
         assert!(!admitted(sw.try_acquire(&mut s, T0, 1)));
@@ -440,12 +453,12 @@ mod tests {
     #[test]
     fn states_round_trip() {
         let f = FixedWindowState {
-            window_start: 9,
+            window_start: Instant::from_nanos(9),
             count: u64::MAX,
         };
         assert_eq!(FixedWindowState::decode(&f.encode()).unwrap(), f);
         let s = SlidingWindowState {
-            window_start: 1,
+            window_start: Instant::from_nanos(1),
             current: 2,
             previous: 3,
         };

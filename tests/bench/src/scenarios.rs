@@ -331,8 +331,8 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
          through the proxy-wasm ABI (h) {:.1} µs more — a filter that limits by destination must read at least \
          `:authority`; the rate check (g) adds {:.1} µs over (f) \
          (the `:authority` read, the clock, and a shared-data read and compare-and-swap write of the bucket \
-         once per grant of up to 64 requests while the bucket is far from its limit); concurrency (d) adds \
-         {:.1} µs over rate only (slots are granted with the tokens and come back to the worker's grant; \
+         once per prefetch of up to 64 requests while the bucket is far from its limit); concurrency (d) adds \
+         {:.1} µs over rate only (slots are prefetched with the tokens and come back to the worker's prefetch; \
          the end-of-stream bookkeeping remains); \
          per key (e) costs {:+.1} µs against (d) without its concurrency limit (a hash of the key and a probe).",
         added("f"),
@@ -739,7 +739,7 @@ async fn sync_load(
                 at_ms: 0,
                 policies,
                 filter: BTreeMap::new(),
-                grants: BTreeMap::new(),
+                shares: BTreeMap::new(),
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             // Spread the instances over the interval, as real ones are.

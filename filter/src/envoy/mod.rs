@@ -1,48 +1,34 @@
 //! The proxy-wasm contexts: they translate Envoy callbacks into calls on the
 //! [`Worker`] and carry out the actions it returns. Nothing here decides.
 
+mod abi;
+
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType, Status};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
 use sluice_shared::plugin::parse_plugin_config;
-use sluice_shared::sync::GRANTS_HEADER;
+use sluice_shared::sync::SHARES_HEADER;
+use sluice_shared::time::{Instant, Span};
 
 use crate::host::{Host, Level, SetError};
-use crate::store::allocate_holder;
-use crate::sync::{Answer, SyncSettings, MAX_RESPONSE_BYTES};
-use crate::worker::{StreamAction, Verdict, Worker, IDLE_TICK_MS};
+use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
+use crate::worker::{StreamAction, Verdict, Worker, IDLE_TICK};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(SluiceRoot::default()) });
 }}
 
-// The SDK's `resume_http_request` panics when Envoy answers anything but Ok
-// (a stream reset while paused); this import reports it instead.
-#[allow(clashing_extern_declarations)]
-#[link(wasm_import_module = "env")]
-extern "C" {
-    #[link_name = "proxy_continue_stream"]
-    fn continue_stream(stream_type: u32) -> u32;
-}
-
-const STREAM_HTTP_REQUEST: u32 = 0;
-const STATUS_OK: u32 = 0;
-
 struct EnvoyHost;
 
 impl Host for EnvoyHost {
-    fn now(&self) -> u64 {
-        hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    fn now(&self) -> Instant {
+        hostcalls::get_current_time().map_or(Instant::EPOCH, Instant::from_system)
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
@@ -90,12 +76,11 @@ impl Host for EnvoyHost {
         if hostcalls::set_effective_context(context_id).is_err() {
             return false;
         }
-        // SAFETY: a plain host call with an integer argument.
-        unsafe { continue_stream(STREAM_HTTP_REQUEST) == STATUS_OK }
+        abi::continue_request()
     }
 
-    fn set_tick_period_ms(&self, ms: u64) {
-        let _ = hostcalls::set_tick_period(Duration::from_millis(ms));
+    fn set_tick_period(&self, period: Span) {
+        let _ = hostcalls::set_tick_period(period.as_duration());
     }
 
     fn dispatch_http_call(
@@ -103,14 +88,14 @@ impl Host for EnvoyHost {
         cluster: &str,
         headers: &[(&str, &str)],
         body: &[u8],
-        timeout_ms: u64,
+        timeout: Span,
     ) -> Option<u32> {
         hostcalls::dispatch_http_call(
             cluster,
             headers.to_vec(),
             Some(body),
             Vec::new(),
-            Duration::from_millis(timeout_ms),
+            timeout.as_duration(),
         )
         .ok()
     }
@@ -132,9 +117,7 @@ impl RequestHeaders for EnvoyRequest {
                 return value.clone().map(Cow::Owned);
             }
         }
-        let value = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten();
+        let value = abi::header(MapType::HttpRequestHeaders, name);
         if let Ok(mut read) = self.read.try_borrow_mut() {
             read.push((name.to_string(), value.clone()));
         }
@@ -159,28 +142,27 @@ impl Context for SluiceRoot {
         let Some(worker) = &self.worker else {
             return;
         };
-        let host = EnvoyHost;
-        // No :status means Envoy gave up (connection refused, timeout).
-        let status = self
-            .get_http_call_response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok());
-        let grants = self.get_http_call_response_header(GRANTS_HEADER);
-        if let Ok(mut w) = worker.try_borrow_mut() {
-            w.on_sync_grants(&host, token, status, grants.as_deref().map(str::as_bytes));
-        }
+        // Everything read as bytes, any of it possibly missing: no :status
+        // means Envoy gave up (connection refused, timeout, reset).
+        let status =
+            parse_status(abi::header(MapType::HttpCallResponseHeaders, ":status").as_deref());
+        let shares = abi::header(MapType::HttpCallResponseHeaders, SHARES_HEADER);
         let body = if body_size > MAX_RESPONSE_BYTES {
-            let why = format!(
-                "refused a {body_size}-byte answer (at most {MAX_RESPONSE_BYTES} bytes are read)"
-            );
-            if let Ok(mut w) = worker.try_borrow_mut() {
-                w.on_sync_answer(&host, token, Answer::Failed(why));
-            }
-            return;
+            None
         } else {
-            self.get_http_call_response_body(0, body_size)
+            abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+        };
+        let reply = SyncReply {
+            status,
+            shares_header: shares.as_deref(),
+            body: if body_size > MAX_RESPONSE_BYTES {
+                ReplyBody::TooLarge(body_size)
+            } else {
+                ReplyBody::Read(body.as_deref())
+            },
         };
         if let Ok(mut w) = worker.try_borrow_mut() {
-            w.on_sync_response(&host, token, status, body.as_deref());
+            w.on_sync_reply(&EnvoyHost, token, reply);
         }
     }
 }
@@ -203,7 +185,7 @@ impl RootContext for SluiceRoot {
         };
         let worker = self
             .worker
-            .get_or_insert_with(|| Rc::new(RefCell::new(Worker::new(allocate_holder(&host)))));
+            .get_or_insert_with(|| Rc::new(RefCell::new(Worker::new(&host))));
         let Ok(mut w) = worker.try_borrow_mut() else {
             return false;
         };
@@ -222,7 +204,7 @@ impl RootContext for SluiceRoot {
         w.install(&host, set);
         w.set_sync(sync);
         self.queue_ticket_header = config.queue_ticket_header;
-        host.set_tick_period_ms(IDLE_TICK_MS);
+        host.set_tick_period(IDLE_TICK);
         true
     }
 
@@ -303,9 +285,10 @@ impl HttpContext for SluiceStream {
             Verdict::Pause { ticket } => {
                 if self.queue_ticket_header {
                     // Headers changed before the pause go upstream on resume.
-                    self.set_http_request_header(
+                    abi::replace_header(
+                        MapType::HttpRequestHeaders,
                         "x-sluice-queue-ticket",
-                        Some(&ticket.to_string()),
+                        ticket.to_string().as_bytes(),
                     );
                 }
                 Action::Pause

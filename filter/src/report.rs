@@ -1,0 +1,131 @@
+//! The utilization report: per-policy counters summed over the workers in
+//! `sluice/report` in shared data, which the syncing VM sends to the admin.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sluice_shared::sync::PolicyReport;
+
+use crate::host::Host;
+use crate::store::{Store, StoreError};
+
+pub const REPORT_KEY: &str = "sluice/report";
+
+/// Counters as workers add them up; `in_flight` moves both ways, so it is
+/// summed with wrapping arithmetic and read as the net total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub admitted: u64,
+    pub rejected: u64,
+    pub queued: u64,
+    pub queue_timeouts: u64,
+    pub shadow_limited: u64,
+    pub in_flight: u64,
+}
+
+impl Counters {
+    pub fn add(&mut self, other: &DeltaCounters) {
+        self.admitted = self.admitted.wrapping_add_signed(other.admitted);
+        self.rejected = self.rejected.wrapping_add_signed(other.rejected);
+        self.queued = self.queued.wrapping_add_signed(other.queued);
+        self.queue_timeouts = self
+            .queue_timeouts
+            .wrapping_add_signed(other.queue_timeouts);
+        self.shadow_limited = self
+            .shadow_limited
+            .wrapping_add_signed(other.shadow_limited);
+        self.in_flight = self.in_flight.wrapping_add_signed(other.in_flight);
+    }
+
+    pub fn to_report(self) -> PolicyReport {
+        PolicyReport {
+            admitted: self.admitted,
+            rejected: self.rejected,
+            queued: self.queued,
+            queue_timeouts: self.queue_timeouts,
+            shadow_limited: self.shadow_limited,
+            // A net total below zero can only be a worker that died mid-count.
+            in_flight: if (self.in_flight as i64) < 0 {
+                0
+            } else {
+                self.in_flight
+            },
+            ..PolicyReport::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeltaCounters {
+    pub admitted: i64,
+    pub rejected: i64,
+    pub queued: i64,
+    pub queue_timeouts: i64,
+    pub shadow_limited: i64,
+    pub in_flight: i64,
+}
+
+impl DeltaCounters {
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+pub fn read_report<H: Host + ?Sized>(host: &H) -> BTreeMap<String, Counters> {
+    host.shared_get(REPORT_KEY)
+        .0
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Adds one worker's deltas into the shared report.
+pub fn add_to_report<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    deltas: &BTreeMap<String, DeltaCounters>,
+) -> Result<(), StoreError> {
+    store.update(host, REPORT_KEY, |cur| {
+        let mut report: BTreeMap<String, Counters> = cur
+            .and_then(|b| serde_json::from_slice(b).ok())
+            .unwrap_or_default();
+        for (policy, d) in deltas {
+            report.entry(policy.clone()).or_default().add(d);
+        }
+        ((), Some(serde_json::to_vec(&report).unwrap_or_default()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FakeHost;
+    use sluice_shared::time::Instant;
+
+    #[test]
+    fn report_sums_workers_including_in_flight_going_down() {
+        let host = FakeHost::at(Instant::EPOCH);
+        let mut stats = Store::default();
+        let mut a = BTreeMap::new();
+        a.insert(
+            "bank".to_string(),
+            DeltaCounters {
+                admitted: 5,
+                in_flight: 3,
+                ..Default::default()
+            },
+        );
+        let mut b = BTreeMap::new();
+        b.insert(
+            "bank".to_string(),
+            DeltaCounters {
+                admitted: 2,
+                in_flight: -1,
+                ..Default::default()
+            },
+        );
+        add_to_report(&host, &mut stats, &a).unwrap();
+        add_to_report(&host, &mut stats, &b).unwrap();
+        let report = read_report(&host)["bank"].to_report();
+        assert_eq!((report.admitted, report.in_flight), (7, 2));
+    }
+}

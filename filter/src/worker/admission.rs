@@ -1,0 +1,191 @@
+//! Where a request is decided: from its classification (which policy, which
+//! key, what cost and priority) to admit, queue or refuse.
+//!
+//! 1. A global policy whose fleet share allows nothing refuses at once.
+//! 2. A prefetch this worker holds for the bucket admits without touching
+//!    shared data (far from the bucket's limits).
+//! 3. Otherwise the bucket decides in shared data, by compare-and-swap
+//!    ([`placement`](super::placement) finds a keyed policy's bucket), and
+//!    may hand this worker a prefetch for the requests that follow.
+//!
+//! A policy in shadow mode judges as `reject` would and lets everything
+//! pass; [`Admitter::refuse`] is the one place either happens.
+
+use sluice_shared::bucket::{Admission, BucketLimits, Prefetched};
+use sluice_shared::headers::{rejection_headers, LimitKind};
+use sluice_shared::matcher::{Classification, CompiledPolicy};
+use sluice_shared::time::{Instant, Span};
+
+use super::placement::{self, Placed};
+use crate::host::{Host, Level};
+use crate::metrics::{Metrics, PolicyStat};
+use crate::prefetch::{PrefetchKey, Prefetches};
+use crate::store::Store;
+
+/// Retry-After for a refusal that has no schedule (contention, overflow, a
+/// closed share, a queue wait that ran out).
+pub const DEFAULT_RETRY: Span = Span::from_secs(1);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What to do with a request now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    /// Queued: resumed (or refused) later from the tick.
+    Pause {
+        ticket: u64,
+    },
+    Reply(LocalReply),
+}
+
+/// What [`Admitter::decide`] made of a request, already counted in the
+/// policy's stats except for admission itself (the stream is tracked and
+/// counted by the caller).
+pub(super) enum Decision {
+    /// Not limited: shadow mode, or refused by nothing.
+    Pass,
+    Refuse(LocalReply),
+    Admit {
+        bucket: String,
+        key: PrefetchKey,
+        /// The bucket handed this worker spare slots along with it.
+        prefetched_slots: bool,
+    },
+    Queue {
+        bucket: String,
+        key: PrefetchKey,
+        ticket: u64,
+        deadline: Instant,
+    },
+}
+
+/// One request's view of the worker: what deciding it may touch.
+pub(super) struct Admitter<'a, H: Host + ?Sized> {
+    pub host: &'a H,
+    pub store: &'a mut Store,
+    pub metrics: &'a mut Metrics,
+    pub prefetches: &'a mut Prefetches,
+    pub holder: u64,
+    pub now: Instant,
+}
+
+impl<H: Host + ?Sized> Admitter<'_, H> {
+    pub fn decide(&mut self, policy: &CompiledPolicy, class: &Classification) -> Decision {
+        let kind_by_default = LimitKind::for_limits(policy.rate.is_some());
+        if policy.fleet_closed {
+            // This Envoy's share of a global limit is nothing right now.
+            return self.refuse(policy, kind_by_default, DEFAULT_RETRY);
+        }
+        let key: PrefetchKey = (class.policy_index, class.key);
+        let cost = policy.rate.is_some().then_some(class.cost);
+        let slot = policy.concurrency.is_some();
+        if let Some(bucket) = self.prefetches.spend(key, cost, slot, self.now) {
+            return Decision::Admit {
+                bucket: bucket.to_string(),
+                key,
+                prefetched_slots: false,
+            };
+        }
+        let mut limits = BucketLimits::of(policy);
+        if policy.is_shadow() {
+            // Shadow mode judges as `reject` would.
+            limits.queue = None;
+        }
+        let wanted = self.prefetches.wanted(key, self.now);
+        let placed = placement::place_and_admit(
+            self.host,
+            self.store,
+            self.metrics,
+            policy,
+            &limits,
+            class,
+            placement::Request {
+                holder: self.holder,
+                now: self.now,
+                prefetch: wanted,
+            },
+        );
+        let Ok(Placed {
+            bucket,
+            admission,
+            prefetched,
+        }) = placed
+        else {
+            // The store counted and logged why; a request it cannot decide
+            // is refused rather than let through unchecked.
+            return self.refuse(policy, kind_by_default, DEFAULT_RETRY);
+        };
+        match admission {
+            Admission::Admitted { .. } => {
+                self.record_prefetch(key, &bucket, prefetched);
+                Decision::Admit {
+                    bucket,
+                    key,
+                    prefetched_slots: prefetched.slots > 0,
+                }
+            }
+            Admission::Rejected { kind, retry_after } => {
+                self.record_prefetch(key, &bucket, Prefetched::default());
+                self.refuse(policy, kind, retry_after)
+            }
+            Admission::Queued { ticket, deadline } => {
+                self.record_prefetch(key, &bucket, Prefetched::default());
+                Decision::Queue {
+                    bucket,
+                    key,
+                    ticket,
+                    deadline,
+                }
+            }
+        }
+    }
+
+    /// Remembers what the bucket handed out (possibly nothing: then only
+    /// that this worker used the bucket), giving back the spare slots of the
+    /// prefetch it replaces.
+    fn record_prefetch(&mut self, key: PrefetchKey, bucket: &str, prefetched: Prefetched) {
+        if bucket.is_empty() {
+            return;
+        }
+        if let Some(spare) = self.prefetches.record(key, bucket, prefetched, self.now) {
+            super::streams::give_back(self.host, self.store, self.holder, spare);
+        }
+    }
+
+    /// The one place a limit says no: shadow mode counts it and lets the
+    /// request pass; otherwise it is counted and answered.
+    fn refuse(&mut self, policy: &CompiledPolicy, kind: LimitKind, retry_after: Span) -> Decision {
+        let name = policy.name();
+        if policy.is_shadow() {
+            self.metrics.add(name, PolicyStat::ShadowLimited, 1);
+            self.host.log(
+                Level::Debug,
+                &format!("sluice: shadow policy {name} would have refused a request ({kind:?})"),
+            );
+            return Decision::Pass;
+        }
+        self.metrics.add(name, PolicyStat::Rejected, 1);
+        Decision::Refuse(rejection(policy, kind, retry_after))
+    }
+}
+
+/// The local reply refusing a request of `policy`.
+pub(super) fn rejection(policy: &CompiledPolicy, kind: LimitKind, retry_after: Span) -> LocalReply {
+    let mut headers = rejection_headers(&policy.policy, kind, retry_after);
+    headers.push(("content-type", "text/plain; charset=utf-8".to_string()));
+    let body = match &policy.policy.on_limit.body {
+        Some(body) => body.as_bytes().to_vec(),
+        None => format!("limited by sluice policy {}\n", policy.name()).into_bytes(),
+    };
+    LocalReply {
+        status: u32::from(policy.policy.on_limit.status),
+        headers,
+        body,
+    }
+}

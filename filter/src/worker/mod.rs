@@ -1,0 +1,313 @@
+//! The filter's logic inside one Envoy worker VM, free of proxy-wasm: it
+//! decides through `sluice-shared` and talks to Envoy through [`Host`].
+//!
+//! [`Worker`] only coordinates the four things Envoy asks of it: a request
+//! arrives ([`Worker::on_request`]), time passes ([`Worker::on_tick`]), a
+//! stream ends ([`Worker::on_stream_end`]), the admin answers a sync
+//! ([`Worker::on_sync_reply`]). Each part owns its state:
+//!
+//! - [`admission`]: how a request is decided (start reading there);
+//! - [`placement`]: which bucket of a keyed policy a request uses;
+//! - [`streams`]: admitted and queued streams, their slots and leases;
+//! - [`queue`]: turns for queued streams, and their timeouts;
+//! - [`sync_client`]: policy sets and reports to and from the admin;
+//! - [`shares`]: fleet mode's shares of global policies.
+//!
+//! Host actions that can call back into the VM (a local reply, resuming a
+//! paused stream) are returned to the caller instead of performed here, so
+//! the glue can run them after it stops borrowing the worker.
+
+mod admission;
+mod placement;
+mod queue;
+mod shares;
+mod streams;
+mod sync_client;
+
+use std::rc::Rc;
+
+use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
+use sluice_shared::time::Span;
+
+use crate::host::{Host, Level};
+use crate::metrics::{FilterStat, Metrics};
+use crate::prefetch::Prefetches;
+use crate::store::Store;
+use crate::sync::{SyncReply, SyncSettings};
+
+pub use admission::{LocalReply, Verdict};
+pub use queue::StreamAction;
+
+use admission::Decision;
+use shares::FleetShares;
+use streams::Streams;
+use sync_client::SyncClient;
+
+/// Tick period with nobody waiting: lease renewal and stats only.
+pub const IDLE_TICK: Span = Span::from_millis(100);
+/// Tick period while requests wait: how promptly a turn is noticed.
+pub const QUEUE_TICK: Span = Span::from_millis(1);
+/// Tick while prefetches hold spare slots: lapsed ones go back within it.
+pub const PREFETCH_TICK: Span = Span::from_millis(10);
+
+pub struct Worker {
+    holder: u64,
+    policies: Rc<CompiledPolicySet>,
+    metrics: Metrics,
+    store: Store,
+    tick: Span,
+    prefetches: Prefetches,
+    streams: Streams,
+    sync: SyncClient,
+    shares: FleetShares,
+}
+
+impl Worker {
+    /// A worker with a lease-holder id of its own, enforcing nothing yet.
+    pub fn new<H: Host + ?Sized>(host: &H) -> Self {
+        let mut store = Store::default();
+        let holder = store.allocate_holder(host);
+        Self {
+            holder,
+            policies: Rc::new(CompiledPolicySet::empty()),
+            metrics: Metrics::default(),
+            store,
+            tick: IDLE_TICK,
+            prefetches: Prefetches::default(),
+            streams: Streams::default(),
+            sync: SyncClient::default(),
+            shares: FleetShares::default(),
+        }
+    }
+
+    /// Where to sync from (None: enforce the fallback set only).
+    pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
+        self.sync.configure(settings);
+    }
+
+    /// Version of the admin's set this worker enforces (0: the fallback).
+    pub fn admin_version(&self) -> u64 {
+        self.sync.admin_version()
+    }
+
+    pub fn holder(&self) -> u64 {
+        self.holder
+    }
+
+    pub fn policies(&self) -> &CompiledPolicySet {
+        &self.policies
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.streams.holding()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.streams.waiting()
+    }
+
+    /// Replaces the policy set. Bucket states live in shared data under the
+    /// policy's name, so an edited policy keeps its state; streams already
+    /// admitted or waiting keep their bucket.
+    pub fn install<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
+        for p in &set.policies {
+            self.metrics.define_policy(host, p.name());
+        }
+        self.policies = Rc::new(set);
+        for spare in self.prefetches.clear() {
+            streams::give_back(host, &mut self.store, self.holder, spare);
+        }
+        self.shares.forget_applied();
+        self.apply_shares(host);
+    }
+
+    pub fn on_request<H, R>(&mut self, host: &H, context_id: u32, req: &R) -> Verdict
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let policies = Rc::clone(&self.policies);
+        let Some(class) = policies.classify(req) else {
+            return Verdict::Continue;
+        };
+        let Some(policy) = policies.policies.get(class.policy_index) else {
+            return Verdict::Continue;
+        };
+        let now = host.now();
+        let mut admitter = admission::Admitter {
+            host,
+            store: &mut self.store,
+            metrics: &mut self.metrics,
+            prefetches: &mut self.prefetches,
+            holder: self.holder,
+            now,
+        };
+        match admitter.decide(policy, &class) {
+            Decision::Pass => Verdict::Continue,
+            Decision::Refuse(reply) => Verdict::Reply(reply),
+            Decision::Admit {
+                bucket,
+                key,
+                prefetched_slots,
+            } => {
+                self.streams
+                    .admitted(&mut self.metrics, context_id, policy, bucket, key, now);
+                if prefetched_slots {
+                    // Spare slots must go back soon after their prefetch lapses.
+                    self.set_tick(host, self.tick.min(PREFETCH_TICK));
+                }
+                Verdict::Continue
+            }
+            Decision::Queue {
+                bucket,
+                key,
+                ticket,
+                deadline,
+            } => {
+                self.streams.queued(
+                    &mut self.metrics,
+                    context_id,
+                    policy,
+                    bucket,
+                    key,
+                    streams::Turn { ticket, deadline },
+                    now,
+                );
+                self.set_tick(host, QUEUE_TICK);
+                Verdict::Pause { ticket }
+            }
+        }
+    }
+
+    /// The stream ended, for whatever reason: give back its slot, or its
+    /// place in the queue. Safe to call more than once.
+    pub fn on_stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        self.streams.end(
+            host,
+            &mut self.store,
+            &mut self.metrics,
+            &mut self.prefetches,
+            self.holder,
+            context_id,
+        );
+    }
+
+    /// A stream the tick asked to resume was already gone.
+    pub fn on_resume_failed<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        self.on_stream_end(host, context_id);
+    }
+
+    /// Periodic work: hand turns to waiting requests, time out the ones
+    /// that waited too long, reclaim slots of streams past their lease,
+    /// renew this worker's leases, take up what the admin sent, report to
+    /// it, flush stats.
+    pub fn on_tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
+        let now = host.now();
+        let actions = queue::serve(
+            host,
+            &mut self.store,
+            &mut self.metrics,
+            &mut self.streams,
+            &mut self.prefetches,
+            &Rc::clone(&self.policies),
+            self.holder,
+            now,
+        );
+        for spare in self.prefetches.prune(now) {
+            streams::give_back(host, &mut self.store, self.holder, spare);
+        }
+        self.streams.expire_stuck(
+            host,
+            &mut self.store,
+            &mut self.metrics,
+            &mut self.prefetches,
+            self.holder,
+            now,
+        );
+        self.streams
+            .renew_leases(host, &mut self.store, self.holder, now);
+        if let Some(set) = self.sync.pick_up_published_set(host) {
+            self.install_from_admin(host, set);
+        }
+        self.apply_shares(host);
+        self.sync
+            .report_counters(host, &mut self.store, &mut self.metrics, now);
+        self.sync.maybe_sync(
+            host,
+            &mut self.store,
+            &mut self.metrics,
+            &self.policies,
+            now,
+        );
+        self.store.flush_into(&mut self.metrics);
+        self.metrics.flush(host);
+        let period = if self.streams.waiting() > 0 {
+            QUEUE_TICK
+        } else if self.prefetches.holds_slots() {
+            PREFETCH_TICK
+        } else {
+            IDLE_TICK
+        };
+        self.set_tick(host, period);
+        actions
+    }
+
+    /// The admin answered the sync call `token` (or Envoy gave up on it).
+    pub fn on_sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
+        let Some(sent_at) = self.sync.take_pending(token) else {
+            return;
+        };
+        if let Some(header) = reply.shares_header.filter(|_| reply.answered()) {
+            if self
+                .shares
+                .take_header(host, &mut self.store, &mut self.metrics, header, sent_at)
+            {
+                self.apply_shares(host);
+            }
+        }
+        let answer = reply.answer();
+        if let Some(set) = self
+            .sync
+            .on_answer(host, &mut self.store, &mut self.metrics, answer)
+        {
+            self.install_from_admin(host, set);
+        }
+    }
+
+    /// Installs a set the admin sent, which this VM or another published.
+    fn install_from_admin<H: Host + ?Sized>(&mut self, host: &H, set: sluice_shared::PolicySet) {
+        let (n, version) = (set.policies.len(), set.version);
+        self.install(host, CompiledPolicySet::from_validated(set));
+        self.metrics.add_filter(FilterStat::PolicySetsInstalled, 1);
+        host.log(
+            Level::Info,
+            &format!(
+                "sluice: holder {} now enforcing policy set version {version} ({n} policies)",
+                self.holder
+            ),
+        );
+    }
+
+    /// Gives each global policy the limits of its share in force now.
+    /// Without an admin there is nobody to share with, and a global policy
+    /// is enforced whole, as an instance one.
+    fn apply_shares<H: Host + ?Sized>(&mut self, host: &H) {
+        if !self.sync.is_configured() {
+            return;
+        }
+        self.shares.pick_up(host);
+        self.shares.apply(host, &mut self.policies, host.now());
+    }
+
+    /// The one place the tick period changes.
+    fn set_tick<H: Host + ?Sized>(&mut self, host: &H, period: Span) {
+        if period != self.tick {
+            self.tick = period;
+            host.set_tick_period(period);
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Which bucket in shared data a request uses, and its admission there.
+//!
+//! A policy without `key` has one bucket. A keyed policy has `max_keys`
+//! places; a key hashes to a first place and probes a few after it. A place
+//! held by another key is taken over only when that key's bucket is idle
+//! (counted as an eviction); with every probed place busy the key overflows:
+//! into one bucket shared by all overflowing keys, or refused.
+
+use sluice_shared::bucket::{Admission, BucketLimits, BucketState, Prefetched};
+use sluice_shared::headers::LimitKind;
+use sluice_shared::matcher::{BucketKey, Classification, CompiledPolicy};
+use sluice_shared::policy::KeyOverflow;
+use sluice_shared::time::Instant;
+
+use super::admission::DEFAULT_RETRY;
+use crate::host::Host;
+use crate::metrics::{Metrics, PolicyStat};
+use crate::store::{Store, StoreError};
+
+/// Places tried for a new key before it overflows.
+const KEY_PROBES: u32 = 4;
+
+/// Where a policy's bucket lives in shared data.
+pub fn bucket_key(policy: &str, place: Place) -> String {
+    match place {
+        Place::Single => format!("sluice/b/{policy}"),
+        Place::Slot(i) => format!("sluice/b/{policy}/{i}"),
+        Place::Overflow => format!("sluice/b/{policy}/overflow"),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Single,
+    Slot(u32),
+    Overflow,
+}
+
+/// Who asks, when, and how many requests more it would like to prefetch.
+pub(super) struct Request {
+    pub holder: u64,
+    pub now: Instant,
+    pub prefetch: u64,
+}
+
+/// The bucket's key (empty when the request was refused before reaching
+/// one), what it decided, and what it handed out ahead.
+pub(super) struct Placed {
+    pub bucket: String,
+    pub admission: Admission,
+    pub prefetched: Prefetched,
+}
+
+/// Finds the request's bucket and admits it there, taking up to
+/// `request.prefetch` requests more for this worker when the bucket allows.
+pub(super) fn place_and_admit<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    metrics: &mut Metrics,
+    policy: &CompiledPolicy,
+    limits: &BucketLimits,
+    class: &Classification,
+    request: Request,
+) -> Result<Placed, StoreError> {
+    let Request {
+        holder,
+        now,
+        prefetch,
+    } = request;
+    let name = policy.name();
+    let admit = |s: &mut BucketState| {
+        let a = s.admit(limits, holder, now, class.cost, class.priority);
+        let prefetched = match a {
+            Admission::Admitted { .. } => s.prefetch(limits, holder, now, prefetch),
+            _ => Prefetched::default(),
+        };
+        let changed = !matches!(a, Admission::Rejected { .. });
+        ((a, prefetched), changed)
+    };
+    let placed = |bucket: String, (admission, prefetched): (Admission, Prefetched)| Placed {
+        bucket,
+        admission,
+        prefetched,
+    };
+    let BucketKey::Keyed(hash) = class.key else {
+        let key = bucket_key(name, Place::Single);
+        let outcome = store.update_bucket(host, &key, admit)?;
+        return Ok(placed(key, outcome));
+    };
+    // 0 marks a place no key owns.
+    let owner = hash.max(1);
+    let max_keys = policy.max_keys().unwrap_or(1).max(1);
+    let first = owner % u64::from(max_keys);
+    for probe in 0..KEY_PROBES.min(max_keys) {
+        let slot = ((first + u64::from(probe)) % u64::from(max_keys)) as u32;
+        let key = bucket_key(name, Place::Slot(slot));
+        let mut evicted = false;
+        let outcome = store.update_bucket(host, &key, |s| {
+            evicted = false;
+            let mut claimed = false;
+            if s.owner != owner {
+                if s.owner != 0 && !s.is_idle(limits, now) {
+                    return (None, false);
+                }
+                evicted = s.owner != 0;
+                claimed = true;
+                *s = BucketState::new(owner);
+            }
+            let (a, changed) = admit(s);
+            (Some(a), changed || claimed)
+        })?;
+        if let Some(outcome) = outcome {
+            if evicted {
+                metrics.add(name, PolicyStat::KeyEvictions, 1);
+            }
+            return Ok(placed(key, outcome));
+        }
+    }
+    metrics.add(name, PolicyStat::KeyOverflow, 1);
+    if policy.key_overflow() == Some(KeyOverflow::Reject) {
+        let refused = Admission::Rejected {
+            kind: LimitKind::for_limits(policy.rate.is_some()),
+            retry_after: DEFAULT_RETRY,
+        };
+        return Ok(placed(String::new(), (refused, Prefetched::default())));
+    }
+    let key = bucket_key(name, Place::Overflow);
+    let outcome = store.update_bucket(host, &key, admit)?;
+    Ok(placed(key, outcome))
+}

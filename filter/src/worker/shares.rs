@@ -1,0 +1,107 @@
+//! Fleet mode in a worker: the shares of global policies this Envoy holds
+//! (published in shared data by whichever VM's sync brought them), and the
+//! limits each global policy applies for its share now: the newest share
+//! while its lease runs, then its fallback.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use sluice_shared::fleet::{share_in_force, Amount};
+use sluice_shared::matcher::CompiledPolicySet;
+use sluice_shared::time::Instant;
+
+use crate::fleet::{self, HeldShare, HeldShares};
+use crate::host::{Host, Level};
+use crate::metrics::{FilterStat, Metrics};
+use crate::store::Store;
+
+#[derive(Debug, Default)]
+pub(super) struct FleetShares {
+    /// The sequence of the published shares this worker last took up.
+    seq: u64,
+    held: HeldShares,
+    /// The share each global policy applies now.
+    applied: BTreeMap<String, Amount>,
+}
+
+impl FleetShares {
+    /// A new policy set: every global policy applies its share afresh.
+    pub fn forget_applied(&mut self) {
+        self.applied.clear();
+    }
+
+    /// Takes up shares another VM's sync published.
+    pub fn pick_up<H: Host + ?Sized>(&mut self, host: &H) {
+        if fleet::published_seq(host) == self.seq {
+            return;
+        }
+        let (seq, held) = fleet::published(host);
+        self.seq = seq;
+        self.held = held;
+    }
+
+    /// The shares header of an answer to a call sent at `sent_at`: published
+    /// for every worker. False when it changed nothing (it did not parse, or
+    /// could not be stored: the shares held stay).
+    pub fn take_header<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        header: &[u8],
+        sent_at: Instant,
+    ) -> bool {
+        let Some(shares) = fleet::parse_header(header, sent_at) else {
+            metrics.add_filter(FilterStat::SyncFailures, 1);
+            host.log(
+                Level::Warn,
+                "sluice: the admin's shares header does not parse; keeping the shares held",
+            );
+            return false;
+        };
+        // On failure the store counted and logged why.
+        fleet::publish(host, store, &shares).is_ok()
+    }
+
+    /// Gives each global policy of `policies` the limits of its share in
+    /// force at `now`; the set is copied only when a share changed.
+    pub fn apply<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        policies: &mut Rc<CompiledPolicySet>,
+        now: Instant,
+    ) {
+        let mut changes = Vec::new();
+        for (i, p) in policies.policies.iter().enumerate() {
+            if !p.is_global() {
+                continue;
+            }
+            let newest = self.held.get(p.name()).map(HeldShare::as_share);
+            let share = share_in_force(newest, Amount::of_policy(&p.policy), now);
+            if self.applied.get(p.name()) != Some(&share) {
+                changes.push((i, share));
+            }
+        }
+        if changes.is_empty() {
+            return;
+        }
+        let policies = Rc::make_mut(policies);
+        for (i, share) in changes {
+            let Some(p) = policies.policies.get_mut(i) else {
+                continue;
+            };
+            p.apply_share(share);
+            host.log(
+                Level::Debug,
+                &format!(
+                    "sluice: global policy {} now allows {:.1}/s, {} in flight{}",
+                    p.name(),
+                    share.rate,
+                    share.in_flight,
+                    if p.fleet_closed { " (closed)" } else { "" }
+                ),
+            );
+            self.applied.insert(p.name().to_string(), share);
+        }
+    }
+}

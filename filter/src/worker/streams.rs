@@ -1,0 +1,292 @@
+//! The streams this worker tracks: admitted ones holding a concurrency slot
+//! until they end, and queued ones waiting for their turn. A slot is given
+//! back exactly once, whatever ends the stream; a stream holding its slot
+//! past the lease TTL gives it back as a crashed worker's would.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sluice_shared::matcher::CompiledPolicy;
+use sluice_shared::time::{Instant, Span};
+
+use crate::host::Host;
+use crate::metrics::{Metrics, PolicyStat};
+use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
+use crate::store::Store;
+
+/// A queued stream's place: its ticket in the bucket's queue and when it
+/// stops waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Turn {
+    pub ticket: u64,
+    pub deadline: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StreamState {
+    /// Admitted, holding a concurrency slot until the stream ends.
+    Holding,
+    /// Paused in the bucket's queue.
+    Waiting(Turn),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Stream {
+    pub policy: String,
+    pub bucket: String,
+    /// The prefetch a finished request's slot may go back to.
+    pub prefetch: PrefetchKey,
+    pub state: StreamState,
+    pub since: Instant,
+    /// The concurrency limit's lease TTL (None: the policy has no
+    /// concurrency limit, and an admitted stream is not tracked).
+    pub lease_ttl: Option<Span>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Streams {
+    streams: HashMap<u32, Stream>,
+    /// When this worker last renewed its lease in each bucket.
+    renewed_at: HashMap<String, Instant>,
+}
+
+impl Streams {
+    pub fn holding(&self) -> usize {
+        self.count(|s| s.state == StreamState::Holding)
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.count(|s| matches!(s.state, StreamState::Waiting(_)))
+    }
+
+    fn count(&self, f: impl Fn(&Stream) -> bool) -> usize {
+        self.streams.values().filter(|s| f(s)).count()
+    }
+
+    pub fn get(&self, context_id: u32) -> Option<&Stream> {
+        self.streams.get(&context_id)
+    }
+
+    /// Which of `contexts` waits with `ticket`.
+    pub fn with_ticket(&self, contexts: &[u32], ticket: u64) -> Option<u32> {
+        contexts.iter().copied().find(|c| {
+            self.streams
+                .get(c)
+                .is_some_and(|s| matches!(s.state, StreamState::Waiting(t) if t.ticket == ticket))
+        })
+    }
+
+    /// Still waiting after its deadline.
+    pub fn is_overdue(&self, context_id: u32, now: Instant) -> bool {
+        self.streams
+            .get(&context_id)
+            .is_some_and(|s| matches!(s.state, StreamState::Waiting(t) if t.deadline < now))
+    }
+
+    /// Waiting streams, grouped by bucket.
+    pub fn waiting_by_bucket(&self) -> BTreeMap<String, Vec<u32>> {
+        let mut by_bucket: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (ctx, s) in &self.streams {
+            if matches!(s.state, StreamState::Waiting(_)) {
+                by_bucket.entry(s.bucket.clone()).or_default().push(*ctx);
+            }
+        }
+        by_bucket
+    }
+
+    /// Counts an admitted request and, under a concurrency limit, keeps its
+    /// stream until it ends.
+    pub fn admitted(
+        &mut self,
+        metrics: &mut Metrics,
+        context_id: u32,
+        policy: &CompiledPolicy,
+        bucket: String,
+        prefetch: PrefetchKey,
+        now: Instant,
+    ) {
+        let name = policy.name();
+        metrics.add(name, PolicyStat::Admitted, 1);
+        if policy.concurrency.is_none() {
+            return;
+        }
+        metrics.add(name, PolicyStat::InFlight, 1);
+        self.track(
+            context_id,
+            policy,
+            bucket,
+            prefetch,
+            StreamState::Holding,
+            now,
+        );
+    }
+
+    /// Counts a queued request and keeps its stream until its turn.
+    #[allow(clippy::too_many_arguments)]
+    pub fn queued(
+        &mut self,
+        metrics: &mut Metrics,
+        context_id: u32,
+        policy: &CompiledPolicy,
+        bucket: String,
+        prefetch: PrefetchKey,
+        turn: Turn,
+        now: Instant,
+    ) {
+        metrics.add(policy.name(), PolicyStat::Queued, 1);
+        let state = StreamState::Waiting(turn);
+        self.track(context_id, policy, bucket, prefetch, state, now);
+    }
+
+    fn track(
+        &mut self,
+        context_id: u32,
+        policy: &CompiledPolicy,
+        bucket: String,
+        prefetch: PrefetchKey,
+        state: StreamState,
+        now: Instant,
+    ) {
+        let stream = Stream {
+            policy: policy.name().to_string(),
+            bucket,
+            prefetch,
+            state,
+            since: now,
+            lease_ttl: policy.concurrency.map(|c| c.lease_ttl),
+        };
+        self.streams.insert(context_id, stream);
+    }
+
+    /// A waiting stream's turn came: it goes upstream now, holding a slot
+    /// when its policy has a concurrency limit.
+    pub fn turn_came(&mut self, metrics: &mut Metrics, context_id: u32, now: Instant) {
+        let Some(stream) = self.streams.get_mut(&context_id) else {
+            return;
+        };
+        metrics.add(&stream.policy, PolicyStat::Admitted, 1);
+        if stream.lease_ttl.is_some() {
+            metrics.add(&stream.policy, PolicyStat::InFlight, 1);
+            stream.state = StreamState::Holding;
+            stream.since = now;
+        } else {
+            self.streams.remove(&context_id);
+        }
+    }
+
+    /// The stream ended, for whatever reason: give back its slot, or its
+    /// place in the queue. Safe to call more than once.
+    pub fn end<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        prefetches: &mut Prefetches,
+        holder: u64,
+        context_id: u32,
+    ) {
+        let Some(stream) = self.streams.remove(&context_id) else {
+            return;
+        };
+        match stream.state {
+            StreamState::Holding => {
+                metrics.add(&stream.policy, PolicyStat::InFlight, -1);
+                if prefetches.return_slot(stream.prefetch, || host.now()) {
+                    // Kept for this worker's next request while the prefetch lives.
+                    return;
+                }
+                // A failure is counted and logged by the store; the lease
+                // then expires and gives the slot back.
+                let _ = store.update_bucket(host, &stream.bucket, |s| {
+                    let r = s.release(holder);
+                    (r, r)
+                });
+            }
+            StreamState::Waiting(turn) => {
+                metrics.add(&stream.policy, PolicyStat::QueueAbandoned, 1);
+                // On failure the waiter's deadline takes it out of the queue.
+                let _ = store.update_bucket(host, &stream.bucket, |s| {
+                    let c = s.cancel(holder, turn.ticket);
+                    (c, c)
+                });
+            }
+        }
+    }
+
+    /// A stream holding a slot longer than the lease TTL (one that never
+    /// ends) gives the slot back, as a crashed worker's slots come back.
+    pub fn expire_stuck<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        prefetches: &mut Prefetches,
+        holder: u64,
+        now: Instant,
+    ) {
+        let stuck: Vec<(u32, String)> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| {
+                s.state == StreamState::Holding
+                    && s.lease_ttl.is_some_and(|ttl| now - s.since > ttl)
+            })
+            .map(|(c, s)| (*c, s.policy.clone()))
+            .collect();
+        for (ctx, policy) in stuck {
+            metrics.add(&policy, PolicyStat::LeasesExpired, 1);
+            self.end(host, store, metrics, prefetches, holder, ctx);
+        }
+    }
+
+    /// Keeps this worker's leases alive while it holds slots: renewing at a
+    /// quarter of the TTL leaves three chances before a lease could lapse.
+    pub fn renew_leases<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        holder: u64,
+        now: Instant,
+    ) {
+        let mut buckets: BTreeMap<&str, Span> = BTreeMap::new();
+        for s in self.streams.values() {
+            if let (StreamState::Holding, Some(ttl)) = (s.state, s.lease_ttl) {
+                let shortest = buckets.entry(&s.bucket).or_insert(ttl);
+                *shortest = (*shortest).min(ttl);
+            }
+        }
+        self.renewed_at
+            .retain(|b, _| buckets.contains_key(b.as_str()));
+        for (bucket, ttl) in buckets {
+            let last = self
+                .renewed_at
+                .get(bucket)
+                .copied()
+                .unwrap_or(Instant::EPOCH);
+            if now - last < ttl.div(4) {
+                continue;
+            }
+            let renewed = store.update_bucket(host, bucket, |s| {
+                let r = s.renew(holder, now, ttl);
+                (r, r)
+            });
+            // On failure (counted by the store) the next tick tries again.
+            if renewed.is_ok() {
+                self.renewed_at.insert(bucket.to_string(), now);
+            }
+        }
+    }
+}
+
+/// Gives prefetched slots this worker did not use back to their bucket
+/// (a failure is counted by the store; the lease then expires).
+pub(super) fn give_back<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    holder: u64,
+    spare: SpareSlots,
+) {
+    let _ = store.update_bucket(host, &spare.bucket, |s| {
+        let n = s.release_many(holder, spare.slots);
+        (n, n > 0)
+    });
+}

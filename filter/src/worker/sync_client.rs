@@ -1,0 +1,225 @@
+//! This worker's side of the sync with the admin: adding its counters to
+//! the shared report, taking the Envoy's sync turn when it is due, sending
+//! the report, and making sense of the answer. One VM per Envoy calls the
+//! admin per interval; every VM installs what that call brought, from
+//! shared data.
+
+use std::collections::BTreeMap;
+
+use sluice_shared::matcher::CompiledPolicySet;
+use sluice_shared::sync::SyncReport;
+use sluice_shared::time::{Instant, Span};
+use sluice_shared::PolicySet;
+
+use super::placement::{bucket_key, Place};
+use crate::fleet;
+use crate::host::{Host, Level};
+use crate::metrics::{FilterStat, Metrics};
+use crate::report;
+use crate::store::Store;
+use crate::sync::{self as policy_sync, Answer, SyncSettings};
+
+/// How often a worker adds its counters to the shared sync report.
+const REPORT_EVERY: Span = Span::from_millis(100);
+
+#[derive(Debug, Default)]
+pub(super) struct SyncClient {
+    /// Where to sync from (None: the fallback set, or sets another VM
+    /// publishes, only).
+    settings: Option<SyncSettings>,
+    /// Version of the admin's set this worker enforces (0: the fallback).
+    admin_version: u64,
+    /// The sync call this VM is waiting for: (token, sent at).
+    pending_call: Option<(u32, Instant)>,
+    reported_at: Instant,
+}
+
+impl SyncClient {
+    pub fn configure(&mut self, settings: Option<SyncSettings>) {
+        self.settings = settings;
+    }
+
+    pub fn is_configured(&self) -> bool {
+        self.settings.is_some()
+    }
+
+    pub fn admin_version(&self) -> u64 {
+        self.admin_version
+    }
+
+    /// The set another VM (or this one) published, if newer than ours.
+    /// Bucket states stay in shared data under each policy's name, so
+    /// policies that did not change keep their state.
+    pub fn pick_up_published_set<H: Host + ?Sized>(&mut self, host: &H) -> Option<PolicySet> {
+        let version = policy_sync::published_version(host)?;
+        if version <= self.admin_version {
+            return None;
+        }
+        let set = policy_sync::published_set(host).filter(|s| s.version > self.admin_version)?;
+        self.admin_version = set.version;
+        Some(set)
+    }
+
+    pub fn report_counters<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        now: Instant,
+    ) {
+        if self.settings.is_none() || now - self.reported_at < REPORT_EVERY {
+            return;
+        }
+        self.reported_at = now;
+        let deltas = metrics.take_unreported();
+        if !deltas.is_empty() {
+            // A failure is counted and logged by the store; these counts
+            // are then missing from the admin's view, not from Envoy's stats.
+            let _ = report::add_to_report(host, store, &deltas);
+        }
+    }
+
+    /// If it is this Envoy's turn to sync and this VM wins it, sends the
+    /// utilization snapshot to the admin.
+    pub fn maybe_sync<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        policies: &CompiledPolicySet,
+        now: Instant,
+    ) {
+        let Some(settings) = &self.settings else {
+            return;
+        };
+        if let Some((_, sent)) = self.pending_call {
+            // Envoy answers every call, if only with a timeout; this is a
+            // guard against a lost answer blocking sync for good.
+            if now - sent < settings.timeout().saturating_mul(2) {
+                return;
+            }
+            self.pending_call = None;
+        }
+        if !policy_sync::claim_turn(host, store, now, settings.interval) {
+            return;
+        }
+        let report = self.snapshot(host, store, policies, &settings.instance, now);
+        let body = serde_json::to_vec(&report).unwrap_or_default();
+        let (headers, body) = policy_sync::request(settings, &body);
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match host.dispatch_http_call(&settings.cluster, &headers, &body, settings.timeout()) {
+            Some(token) => self.pending_call = Some((token, now)),
+            None => {
+                metrics.add_filter(FilterStat::SyncFailures, 1);
+                policy_sync::finish_turn(host, store, now, settings.interval, false);
+                host.log(
+                    Level::Warn,
+                    &format!(
+                        "sluice: cannot call the admin through cluster {:?}; keeping policy set version {}",
+                        settings.cluster, self.admin_version
+                    ),
+                );
+            }
+        }
+    }
+
+    fn snapshot<H: Host + ?Sized>(
+        &self,
+        host: &H,
+        store: &mut Store,
+        policies: &CompiledPolicySet,
+        instance: &str,
+        now: Instant,
+    ) -> SyncReport {
+        let counters = report::read_report(host);
+        let mut reports = BTreeMap::new();
+        for p in &policies.policies {
+            let mut report = counters
+                .get(p.name())
+                .copied()
+                .unwrap_or_default()
+                .to_report();
+            report.max_in_flight = p.concurrency.map_or(0, |c| u64::from(c.max_in_flight));
+            if p.max_keys().is_none() {
+                // One bucket: its tokens and queue are the policy's.
+                let state = store
+                    .read_bucket(host, &bucket_key(p.name(), Place::Single))
+                    .unwrap_or_default();
+                report.waiting = state.waiters.len() as u64;
+                if let Some(limiter) = &p.rate {
+                    let rate = state.rate.unwrap_or_else(|| limiter.initial_state());
+                    report.tokens = Some(limiter.available(&rate, now));
+                }
+            }
+            reports.insert(p.name().to_string(), report);
+        }
+        let (_, held) = fleet::published(host);
+        SyncReport {
+            instance: instance.to_string(),
+            policy_version: self.admin_version,
+            at_ms: now.as_millis(),
+            policies: reports,
+            filter: BTreeMap::new(),
+            shares: held.into_iter().map(|(p, s)| (p, s.id)).collect(),
+        }
+    }
+
+    /// Ends the wait for call `token`; returns when it was sent, or None if
+    /// it is not the call this VM waits for.
+    pub fn take_pending(&mut self, token: u32) -> Option<Instant> {
+        match self.pending_call {
+            Some((pending, sent)) if pending == token => {
+                self.pending_call = None;
+                Some(sent)
+            }
+            _ => None,
+        }
+    }
+
+    /// The admin's answer: a newer valid set is published for every VM and
+    /// returned for this one to install; anything else keeps the set in
+    /// force. Ends the sync turn, backing off after a failure.
+    pub fn on_answer<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        answer: Answer,
+    ) -> Option<PolicySet> {
+        let mut installed = None;
+        let ok = match answer {
+            Answer::Unchanged => true,
+            Answer::PolicySet(set) => match policy_sync::publish(host, store, &set) {
+                Ok(_) => {
+                    installed = self.pick_up_published_set(host);
+                    true
+                }
+                // The store counted and logged why.
+                Err(_) => false,
+            },
+            Answer::Failed(why) => {
+                host.log(
+                    Level::Warn,
+                    &format!(
+                        "sluice: sync with the admin failed: {why}; keeping policy set version {}",
+                        self.admin_version
+                    ),
+                );
+                false
+            }
+        };
+        let stat = if ok {
+            FilterStat::SyncOk
+        } else {
+            FilterStat::SyncFailures
+        };
+        metrics.add_filter(stat, 1);
+        if let Some(settings) = &self.settings {
+            policy_sync::finish_turn(host, store, host.now(), settings.interval, ok);
+        }
+        installed
+    }
+}

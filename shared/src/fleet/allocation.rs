@@ -1,0 +1,196 @@
+//! Splitting a global limit among the instances that sync, by demand:
+//! an even floor each, then max-min fair shares of the rest.
+
+use super::{Amount, Demand};
+
+/// The part of a global limit kept as floors for idle instances.
+pub const FLOOR_FRACTION: f64 = 0.05;
+
+/// An instance is allotted up to this much more rate than it asked for: a
+/// rate measured over a sync interval wobbles (2 calls ± 1 at 10/s and
+/// 200 ms), and a share cut to the measured mean refuses the calls above it.
+/// Headroom a small asker does not use is lost to the big ones, so it is
+/// kept small.
+pub const RATE_HEADROOM: f64 = 1.1;
+
+/// Splits `limit` among instances by demand: each gets an even part of
+/// `floor_fraction` of the limit, then the rest is filled max-min fair:
+/// an instance that wants less than an even split of what is left gets all
+/// it wants (its rate with [`RATE_HEADROOM`]), and the big askers share the remainder evenly among them. Room
+/// nobody asked for goes out in proportion to demand (evenly when nobody
+/// wants anything), so a busy instance can grow before its next sync.
+/// In-flight shares are whole calls; they never sum past the limit.
+pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<Amount> {
+    let n = demands.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let floor_fraction = floor_fraction.clamp(0.0, 1.0);
+    let rates = split(
+        limit.rate.max(0.0),
+        floor_fraction,
+        &demands
+            .iter()
+            .map(|d| d.rate.max(0.0) * RATE_HEADROOM)
+            .collect::<Vec<_>>(),
+    );
+    // Queued calls want a slot as much as running ones.
+    let wanted: Vec<f64> = demands
+        .iter()
+        .map(|d| f64::from(d.in_flight) + f64::from(d.queued))
+        .collect();
+    // A slot each at least, where there are enough: an instance with none
+    // refuses every call, and its next report shows no calls in flight to
+    // ask more for.
+    let slot_floor = if limit.in_flight > 0 && n <= limit.in_flight as usize {
+        floor_fraction.max(n as f64 / f64::from(limit.in_flight))
+    } else {
+        floor_fraction
+    };
+    let in_flight = whole_calls(
+        &split(f64::from(limit.in_flight), slot_floor, &wanted),
+        limit.in_flight,
+    );
+    rates
+        .into_iter()
+        .zip(in_flight)
+        .map(|(rate, in_flight)| Amount { rate, in_flight })
+        .collect()
+}
+
+fn split(total: f64, floor_fraction: f64, demands: &[f64]) -> Vec<f64> {
+    let n = demands.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let floor = total * floor_fraction / n as f64;
+    let rest = (total - floor * n as f64).max(0.0);
+    let wanted: Vec<f64> = demands
+        .iter()
+        .map(|&d| if d.is_finite() { d.max(0.0) } else { 0.0 })
+        .collect();
+    // What each wants beyond its floor.
+    let need: Vec<f64> = wanted.iter().map(|w| (w - floor).max(0.0)).collect();
+    let needed: f64 = need.iter().sum();
+    let extra = if needed <= rest {
+        // Everyone gets all they want; the spare goes by demand.
+        let spare = rest - needed;
+        let sum: f64 = wanted.iter().sum();
+        need.iter()
+            .zip(&wanted)
+            .map(|(need, w)| {
+                let part = if sum > 0.0 { w / sum } else { 1.0 / n as f64 };
+                need + spare * part
+            })
+            .collect()
+    } else {
+        let level = water_level(&need, rest);
+        need.iter()
+            .map(|need| need.min(level))
+            .collect::<Vec<f64>>()
+    };
+    extra.into_iter().map(|e| floor + e).collect()
+}
+
+/// The level L at which giving each `min(need, L)` hands out exactly
+/// `room` (the needs add up to more than `room`).
+fn water_level(need: &[f64], room: f64) -> f64 {
+    let mut sorted = need.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut left = room;
+    let mut unsatisfied = sorted.len();
+    for need in sorted {
+        let even = left / unsatisfied as f64;
+        if need > even {
+            return even;
+        }
+        left -= need;
+        unsatisfied -= 1;
+    }
+    f64::INFINITY
+}
+
+/// Rounds shares down to whole calls, then hands the calls left over to the
+/// largest remainders: the sum is exactly `total` (or less, never more).
+fn whole_calls(shares: &[f64], total: u32) -> Vec<u32> {
+    // The nudge keeps a share of 0.999... (1.0 in floating point) whole.
+    let mut whole: Vec<u32> = shares
+        .iter()
+        .map(|s| (s.max(0.0) + 1e-9).floor() as u32)
+        .collect();
+    let used: u64 = whole.iter().map(|&w| u64::from(w)).sum();
+    let mut left = u64::from(total).saturating_sub(used);
+    let mut by_remainder: Vec<usize> = (0..shares.len()).collect();
+    by_remainder.sort_by(|&a, &b| {
+        let ra = shares[a] - shares[a].floor();
+        let rb = shares[b] - shares[b].floor();
+        rb.total_cmp(&ra).then(a.cmp(&b))
+    });
+    for i in by_remainder {
+        if left == 0 {
+            break;
+        }
+        whole[i] += 1;
+        left -= 1;
+    }
+    whole
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Amount = Amount {
+        rate: 1000.0,
+        in_flight: 100,
+    };
+
+    fn wants(rate: f64, in_flight: u32) -> Demand {
+        Demand {
+            rate,
+            in_flight,
+            queued: 0,
+        }
+    }
+
+    #[test]
+    fn shares_follow_demand_above_an_even_floor() {
+        let shares = allocate(
+            LIMIT,
+            0.06,
+            &[wants(800.0, 80), wants(100.0, 10), wants(100.0, 10)],
+        );
+        // Asked 1000/s, with headroom 1100/s: over the limit, the small
+        // askers get theirs (110/s), the big one the rest.
+        assert!((shares[1].rate - 110.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[0].rate - 780.0).abs() < 1e-9, "{shares:?}");
+        assert_eq!(shares.iter().map(|s| s.in_flight).sum::<u32>(), 100);
+        assert!(shares[0].in_flight >= 79, "{shares:?}");
+        // One asks for far more than the limit: the small askers still get
+        // all they want, the big one the rest.
+        let shares = allocate(
+            LIMIT,
+            0.06,
+            &[wants(5_000.0, 500), wants(100.0, 10), wants(50.0, 5)],
+        );
+        assert!((shares[1].rate - 110.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[2].rate - 55.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[0].rate - 835.0).abs() < 1e-9, "{shares:?}");
+        assert_eq!(
+            shares.iter().map(|s| s.in_flight).collect::<Vec<_>>(),
+            [85, 10, 5]
+        );
+        // Two big askers split what the small one leaves.
+        let shares = allocate(
+            LIMIT,
+            0.0,
+            &[wants(5_000.0, 0), wants(3_000.0, 0), wants(100.0, 0)],
+        );
+        assert!((shares[0].rate - 445.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares[1].rate - 445.0).abs() < 1e-9, "{shares:?}");
+        // Nobody wants anything: an even split.
+        let idle = allocate(LIMIT, 0.06, &[Demand::default(), Demand::default()]);
+        assert_eq!(idle[0], idle[1]);
+        assert_eq!(idle[0].in_flight + idle[1].in_flight, 100);
+    }
+}

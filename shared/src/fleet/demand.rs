@@ -1,0 +1,154 @@
+//! What an instance wants and what it uses, read off the counters it
+//! reports at each sync.
+
+use serde::{Deserialize, Serialize};
+
+use super::Amount;
+use crate::time::{millis, Instant, Span};
+
+/// What an instance would use if nothing held it back: the calls it was
+/// asked to make per second (admitted and refused), the calls it wanted in
+/// flight, and its queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Demand {
+    pub rate: f64,
+    pub in_flight: u32,
+    pub queued: u32,
+}
+
+/// Time constant of a member's smoothed demand rate. A rate counted over
+/// one sync interval is noisy (10 calls ± 1 at 50/s and 200 ms); every
+/// wobble would move the shares, and room is handed over only once the old
+/// share is superseded, so jittery shares leave part of the limit unused.
+/// A measurement over `span` weighs `1 - e^(-span/τ)`: 0.3 for a 200 ms
+/// sync, little for two syncs 20 ms apart, whose count says little.
+const DEMAND_TIME_CONSTANT: Span = Span::from_millis(560);
+
+/// Smooths the rate only: in flight is a count of calls held now, and a
+/// blend of small counts rounds back to where it was.
+pub(super) fn smooth(previous: Demand, measured: Demand, span: Span) -> Demand {
+    let weight = 1.0 - (-span.as_secs_f64() / DEMAND_TIME_CONSTANT.as_secs_f64()).exp();
+    Demand {
+        rate: previous.rate + weight * (measured.rate - previous.rate),
+        ..measured
+    }
+}
+
+/// An instance's counters for one policy at one sync, as it reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Requests that matched the policy so far (admitted and refused).
+    pub asked: u64,
+    pub admitted: u64,
+    pub in_flight: u32,
+    pub waiting: u32,
+    /// When it was counted, by the instance's clock.
+    #[serde(rename = "at_ms", with = "millis")]
+    pub at: Instant,
+}
+
+/// What an instance wanted between two syncs. The rate is what it was asked
+/// (refused calls included: they are demand it could not serve). In flight,
+/// by Little's law, is what it held scaled by asked over admitted: the
+/// calls it would hold if none were refused. A first report, or counters
+/// that went back (an Envoy restart), give no rate yet.
+pub fn demand_between(previous: Option<Usage>, now: Usage, limit: Amount) -> Demand {
+    let span = previous.map_or(Span::ZERO, |p| now.at - p.at);
+    let (asked, admitted) = match previous {
+        Some(p) if !span.is_zero() && now.asked >= p.asked && now.admitted >= p.admitted => {
+            (now.asked - p.asked, now.admitted - p.admitted)
+        }
+        _ => (0, 0),
+    };
+    let seconds = span.as_secs_f64();
+    let rate = if seconds > 0.0 {
+        asked as f64 / seconds
+    } else {
+        0.0
+    };
+    let holding = f64::from(now.in_flight) + f64::from(now.waiting);
+    let wanted = if asked > admitted {
+        if admitted > 0 && now.in_flight > 0 {
+            holding * asked as f64 / admitted as f64
+        } else {
+            holding + 1.0
+        }
+    } else {
+        holding
+    };
+    Demand {
+        rate,
+        in_flight: wanted.ceil().min(f64::from(limit.in_flight.max(1))) as u32,
+        queued: now.waiting,
+    }
+}
+
+/// What an instance admitted per second between two syncs and holds in
+/// flight now (no rate for a first report or counters that went back).
+pub fn used_between(previous: Option<Usage>, now: Usage) -> Amount {
+    let rate = match previous {
+        Some(p) if now.at > p.at && now.admitted >= p.admitted => {
+            (now.admitted - p.admitted) as f64 / (now.at - p.at).as_secs_f64()
+        }
+        _ => 0.0,
+    };
+    Amount {
+        rate,
+        in_flight: now.in_flight,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Amount = Amount {
+        rate: 1000.0,
+        in_flight: 100,
+    };
+
+    fn usage(asked: u64, admitted: u64, in_flight: u32, at_ms: u64) -> Usage {
+        Usage {
+            asked,
+            admitted,
+            in_flight,
+            waiting: 0,
+            at: Instant::from_millis(at_ms),
+        }
+    }
+
+    #[test]
+    fn demand_is_what_was_asked_and_what_would_be_held() {
+        // 500 asked over 500 ms, 250 admitted while holding 10: it would
+        // hold 20 if nothing were refused.
+        let d = demand_between(
+            Some(usage(1_000, 800, 4, 1_000)),
+            usage(1_500, 1_050, 10, 1_500),
+            LIMIT,
+        );
+        assert!((d.rate - 1_000.0).abs() < 1e-9);
+        assert_eq!(d.in_flight, 20);
+        // Nothing refused: what it holds.
+        let d = demand_between(Some(usage(0, 0, 0, 0)), usage(100, 100, 7, 1_000), LIMIT);
+        assert_eq!((d.rate, d.in_flight), (100.0, 7));
+        // First report, or counters that went back: no rate yet.
+        assert_eq!(
+            demand_between(None, usage(100, 100, 3, 1_000), LIMIT).rate,
+            0.0
+        );
+        assert_eq!(
+            demand_between(Some(usage(900, 900, 0, 0)), usage(10, 10, 0, 1_000), LIMIT).rate,
+            0.0
+        );
+        // Refused with nothing admitted (a share of 0): one more than held,
+        // never more than the limit.
+        let d = demand_between(Some(usage(0, 0, 0, 0)), usage(50, 0, 0, 1_000), LIMIT);
+        assert_eq!(d.in_flight, 1);
+        let d = demand_between(
+            Some(usage(0, 0, 0, 0)),
+            usage(1_000_000, 1, 100, 1_000),
+            LIMIT,
+        );
+        assert_eq!(d.in_flight, LIMIT.in_flight);
+    }
+}

@@ -1,0 +1,420 @@
+//! The admin's record of one global policy's shares: what it leased to
+//! each instance, what each may still be enforcing, and the next share.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::allocation::allocate;
+use super::demand::{demand_between, smooth, used_between, Demand, Usage};
+use super::{Amount, FLOOR_FRACTION};
+use crate::policy::Policy;
+use crate::time::{millis, Instant, Span};
+
+/// A share of the global limit leased to one instance until `expires_at`;
+/// `instances` is how many the admin counted when it made it (what a
+/// lapsed share falls back to splits the limit that many ways). Field names
+/// on the wire and in Redis are the ones the first release wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Share {
+    #[serde(rename = "share")]
+    pub amount: Amount,
+    #[serde(rename = "expires_at_ms", with = "millis")]
+    pub expires_at: Instant,
+    pub instances: u32,
+}
+
+impl Share {
+    /// The id an instance echoes to say it applies this share: its expiry,
+    /// in milliseconds of the admin's clock (unique per instance, since
+    /// each sync leases until later).
+    pub fn id(&self) -> u64 {
+        self.expires_at.as_millis()
+    }
+}
+
+/// A global policy's limit and lease terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FleetTerms {
+    pub limit: Amount,
+    pub lease: Span,
+    /// The part of the limit kept as floors, split evenly, so that an idle
+    /// instance's first calls are not refused.
+    pub floor_fraction: f64,
+}
+
+impl FleetTerms {
+    pub fn of_policy(policy: &Policy) -> FleetTerms {
+        FleetTerms {
+            limit: Amount::of_policy(policy),
+            lease: policy.share_lease().as_span(),
+            floor_fraction: FLOOR_FRACTION,
+        }
+    }
+}
+
+/// The share an instance enforces of a global limit, given the newest
+/// share it received: that share while its lease runs, then the smaller of
+/// it and an even split (never more than either). Nothing before its first
+/// share: the admin has reserved nothing for it yet (the first sync is at
+/// start).
+pub fn share_in_force(newest: Option<Share>, limit: Amount, now: Instant) -> Amount {
+    match newest {
+        None => Amount::default(),
+        Some(s) if s.expires_at > now => s.amount,
+        Some(s) => s.amount.min(even_split(limit, s.instances)),
+    }
+}
+
+fn even_split(limit: Amount, instances: u32) -> Amount {
+    let n = instances.max(1);
+    Amount {
+        rate: limit.rate / f64::from(n),
+        in_flight: limit.in_flight / n,
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Member {
+    demand: Demand,
+    #[serde(rename = "last_heard_ms", with = "millis")]
+    last_heard: Instant,
+    /// The shares it may still apply, oldest first.
+    #[serde(rename = "grants")]
+    shares: Vec<Share>,
+    /// Its counters at its last sync, to turn the next ones into rates.
+    #[serde(default)]
+    usage: Option<Usage>,
+    /// What it admitted per second over the last whole window of at least
+    /// [`USED_WINDOW`], and held in flight at its last sync.
+    #[serde(default)]
+    used: Amount,
+    /// Its counters where the current window began.
+    #[serde(default)]
+    used_since: Option<Usage>,
+}
+
+/// Use is counted over at least this long: syncs are not evenly spaced,
+/// and a count over two syncs 20 ms apart says little about a rate.
+pub const USED_WINDOW: Span = Span::from_secs(1);
+
+impl Member {
+    /// The most it may be enforcing now (0 once its reservation ended).
+    fn reserved(&self, limit: Amount, lease: Span, now: Instant) -> Amount {
+        if now >= self.reserved_until(lease) {
+            return Amount::default();
+        }
+        self.shares
+            .iter()
+            .map(|&s| share_in_force(Some(s), limit, now))
+            .fold(Amount::default(), Amount::max)
+    }
+
+    fn reserved_until(&self, lease: Span) -> Instant {
+        // The fallback after a lapsed share stays reserved this long: an
+        // instance that merely missed a few syncs is not given away.
+        let grace = lease.div(2);
+        let last_share_ends = self
+            .shares
+            .iter()
+            .map(|s| s.expires_at + grace)
+            .max()
+            .unwrap_or(Instant::EPOCH);
+        last_share_ends.max(self.last_heard + lease + grace)
+    }
+}
+
+/// The admin's record of one global policy's shares. Serializable: with
+/// several admin replicas it lives in Redis.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Ledger {
+    members: BTreeMap<String, Member>,
+}
+
+impl Ledger {
+    /// `instance` syncs, wanting `demand`, with the newest share it has
+    /// received expiring at `newest` (None: none yet). Returns its new
+    /// share.
+    pub fn sync(
+        &mut self,
+        terms: &FleetTerms,
+        instance: &str,
+        demand: Demand,
+        newest: Option<Instant>,
+        now: Instant,
+    ) -> Share {
+        self.forget_gone(terms, now);
+        let member = self.members.entry(instance.to_string()).or_default();
+        member.demand = demand;
+        member.last_heard = now;
+        // Answers arrive in order: shares older than the newest it has are
+        // ones it will never apply again.
+        if let Some(newest) = newest {
+            member.shares.retain(|s| s.expires_at >= newest);
+        }
+        // Shares go to the instances that are syncing; the silent ones
+        // keep only their reservations until those end.
+        let active: Vec<(&String, Demand)> = self
+            .members
+            .iter()
+            .filter(|(n, m)| n.as_str() == instance || now - m.last_heard < terms.lease)
+            .map(|(n, m)| (n, m.demand))
+            .collect();
+        let demands: Vec<Demand> = active.iter().map(|(_, d)| *d).collect();
+        let targets = allocate(terms.limit, terms.floor_fraction, &demands);
+        let target = active
+            .iter()
+            .position(|(n, _)| n.as_str() == instance)
+            .and_then(|i| targets.get(i).copied())
+            .unwrap_or_default();
+        let others = self
+            .members
+            .iter()
+            .filter(|(n, _)| n.as_str() != instance)
+            .fold(Amount::default(), |acc, (_, m)| {
+                acc.plus(m.reserved(terms.limit, terms.lease, now))
+            });
+        let share = Share {
+            amount: target.min(terms.limit.minus(others)),
+            expires_at: now + terms.lease,
+            instances: u32::try_from(self.members.len()).unwrap_or(u32::MAX),
+        };
+        if let Some(member) = self.members.get_mut(instance) {
+            member.shares.push(share);
+        }
+        share
+    }
+
+    /// [`Ledger::sync`] with the demand read off the instance's counters:
+    /// what it was asked per second since its previous sync, and what it
+    /// would hold in flight if nothing were refused.
+    pub fn sync_usage(
+        &mut self,
+        terms: &FleetTerms,
+        instance: &str,
+        usage: Usage,
+        newest: Option<Instant>,
+        now: Instant,
+    ) -> Share {
+        let member = self.members.get(instance);
+        let measured = demand_between(member.and_then(|m| m.usage), usage, terms.limit);
+        let demand = match member {
+            Some(Member {
+                usage: Some(previous),
+                demand,
+                ..
+            }) => smooth(*demand, measured, usage.at - previous.at),
+            _ => measured,
+        };
+        let share = self.sync(terms, instance, demand, newest, now);
+        if let Some(member) = self.members.get_mut(instance) {
+            member.usage = Some(usage);
+            member.used.in_flight = usage.in_flight;
+            match member.used_since {
+                Some(since)
+                    if usage.at >= since.at + USED_WINDOW && usage.admitted >= since.admitted =>
+                {
+                    member.used = used_between(Some(since), usage);
+                    member.used_since = Some(usage);
+                }
+                // Counters that went back (a restart): a new window.
+                Some(since) if usage.admitted < since.admitted || usage.at < since.at => {
+                    member.used_since = Some(usage);
+                }
+                Some(_) => {}
+                None => member.used_since = Some(usage),
+            }
+        }
+        share
+    }
+
+    /// The sum of what every instance may be enforcing now.
+    pub fn reserved(&self, terms: &FleetTerms, now: Instant) -> Amount {
+        self.members
+            .values()
+            .map(|m| m.reserved(terms.limit, terms.lease, now))
+            .fold(Amount::default(), Amount::plus)
+    }
+
+    /// Instances still holding a reservation: what each may enforce, uses
+    /// and wants, for the UI.
+    pub fn members(&self, terms: &FleetTerms, now: Instant) -> Vec<MemberState> {
+        self.members
+            .iter()
+            .filter(|(_, m)| now < m.reserved_until(terms.lease))
+            .map(|(n, m)| MemberState {
+                instance: n.clone(),
+                share: share_in_force(m.shares.last().copied(), terms.limit, now),
+                reserved: m.reserved(terms.limit, terms.lease, now),
+                used: m.used,
+                demand: m.demand,
+                last_sync: m.last_heard,
+            })
+            .collect()
+    }
+
+    /// An instance whose reservation ended no longer counts; its share
+    /// goes to the rest.
+    fn forget_gone(&mut self, terms: &FleetTerms, now: Instant) {
+        self.members
+            .retain(|_, m| now < m.reserved_until(terms.lease));
+    }
+}
+
+/// One instance's part of a global policy as the admin sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberState {
+    pub instance: String,
+    /// Its newest share (or, lapsed, its fallback): what it enforces once
+    /// that share reached it.
+    pub share: Amount,
+    /// The most it may be enforcing now, counting older shares it may still
+    /// apply: what the others cannot be given.
+    pub reserved: Amount,
+    /// What it admitted per second over the last window of at least
+    /// [`USED_WINDOW`], and held in flight at its last sync.
+    pub used: Amount,
+    pub demand: Demand,
+    #[serde(rename = "last_sync_ms", with = "millis")]
+    pub last_sync: Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Amount = Amount {
+        rate: 1000.0,
+        in_flight: 100,
+    };
+    const TERMS: FleetTerms = FleetTerms {
+        limit: LIMIT,
+        lease: Span::from_secs(2),
+        floor_fraction: 0.05,
+    };
+
+    fn wants(rate: f64, in_flight: u32) -> Demand {
+        Demand {
+            rate,
+            in_flight,
+            queued: 0,
+        }
+    }
+
+    fn t(ms: u64) -> Instant {
+        Instant::from_millis(ms)
+    }
+
+    fn usage(asked: u64, admitted: u64, in_flight: u32, at_ms: u64) -> Usage {
+        Usage {
+            asked,
+            admitted,
+            in_flight,
+            waiting: 0,
+            at: t(at_ms),
+        }
+    }
+
+    #[test]
+    fn a_shrinking_share_frees_room_only_once_the_old_share_is_superseded() {
+        let mut ledger = Ledger::default();
+        let a = ledger.sync(&TERMS, "a", wants(1000.0, 100), None, t(0));
+        assert!(
+            (a.amount.rate - 1000.0).abs() < 1e-9,
+            "alone, a gets it all"
+        );
+        // b arrives: a still holds its share, so b gets only what is left.
+        let b = ledger.sync(&TERMS, "b", wants(1000.0, 100), None, t(100));
+        assert_eq!(b.amount.in_flight, 0);
+        // a shrinks to half, but until a says it has the new share the old
+        // one may still be in use.
+        let a2 = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a.expires_at), t(200));
+        let b2 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b.expires_at), t(300));
+        assert_eq!(a2.amount.in_flight, 50);
+        assert_eq!(
+            b2.amount.in_flight, 0,
+            "a's first share may still be applied"
+        );
+        ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a2.expires_at), t(400));
+        let b3 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b2.expires_at), t(500));
+        assert_eq!(b3.amount.in_flight, 50);
+        assert_eq!(ledger.reserved(&TERMS, t(500)).in_flight, 100);
+    }
+
+    #[test]
+    fn a_dead_instance_share_returns_a_lease_and_a_half_after_it_last_synced() {
+        let mut ledger = Ledger::default();
+        let a1 = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
+        let b1 = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
+        let a2 = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a1.expires_at), t(20));
+        ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a2.expires_at), t(30));
+        let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1.expires_at), t(40));
+        assert_eq!(b2.amount.in_flight, 50);
+        // a dies after its sync at 30 ms. Its share runs to 2 030 ms; then
+        // its fallback (min(50, 100 / 2)) stays reserved until 3 030 ms.
+        let b3 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b2.expires_at), t(1_000));
+        assert_eq!(b3.amount.in_flight, 50);
+        let b4 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b3.expires_at), t(2_031));
+        assert_eq!(b4.amount.in_flight, 50);
+        assert_eq!(ledger.members(&TERMS, t(2_031)).len(), 2);
+        let b5 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b4.expires_at), t(3_029));
+        assert_eq!(b5.amount.in_flight, 50);
+        let b6 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b5.expires_at), t(3_030));
+        assert_eq!(b6.amount.in_flight, 100);
+        assert_eq!(ledger.members(&TERMS, t(3_030)).len(), 1);
+    }
+
+    #[test]
+    fn members_show_what_each_instance_admitted_and_holds() {
+        let mut ledger = Ledger::default();
+        ledger.sync_usage(&TERMS, "a", usage(0, 0, 0, 0), None, t(0));
+        ledger.sync_usage(&TERMS, "b", usage(50, 50, 1, 0), None, t(0));
+        // 20 ms later: too short a window to call it a rate.
+        ledger.sync_usage(&TERMS, "a", usage(8, 6, 3, 20), None, t(20));
+        let a = ledger.members(&TERMS, t(20))[0].clone();
+        assert_eq!((a.used.rate, a.used.in_flight), (0.0, 3), "{a:?}");
+        // a: 800 asked, 600 admitted over 1 s, holding 12 at the end.
+        ledger.sync_usage(&TERMS, "a", usage(800, 600, 12, 1_000), None, t(1_000));
+        let members = ledger.members(&TERMS, t(1_000));
+        let a = members.iter().find(|m| m.instance == "a").unwrap();
+        assert!((a.used.rate - 600.0).abs() < 1e-9, "{a:?}");
+        assert_eq!(a.used.in_flight, 12);
+        assert!(a.demand.rate > 0.0, "{a:?}");
+        assert_eq!(a.last_sync, t(1_000));
+        assert!(a.share.rate > 0.0 && a.share.rate <= LIMIT.rate);
+        let b = members.iter().find(|m| m.instance == "b").unwrap();
+        assert_eq!((b.used.rate, b.used.in_flight), (0.0, 1), "no rate yet");
+        // Counters that went back (a restarted Envoy): no rate.
+        assert_eq!(
+            used_between(Some(usage(900, 900, 0, 0)), usage(10, 10, 2, 1_000)),
+            Amount {
+                rate: 0.0,
+                in_flight: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_lapsed_share_falls_back_to_the_smaller_of_itself_and_an_even_split() {
+        let share = |in_flight: u32| Share {
+            amount: Amount {
+                rate: f64::from(in_flight) * 10.0,
+                in_flight,
+            },
+            expires_at: t(1_000),
+            instances: 3,
+        };
+        assert_eq!(
+            share_in_force(Some(share(80)), LIMIT, t(999)),
+            share(80).amount
+        );
+        let lapsed = share_in_force(Some(share(80)), LIMIT, t(1_000));
+        assert_eq!(lapsed.in_flight, 33);
+        assert!((lapsed.rate - 1000.0 / 3.0).abs() < 1e-9);
+        assert_eq!(
+            share_in_force(Some(share(10)), LIMIT, t(5_000)),
+            share(10).amount
+        );
+        assert_eq!(share_in_force(None, LIMIT, t(0)), Amount::default());
+    }
+}
