@@ -148,14 +148,13 @@ test: setup
 # The demo: admin (SQLite in var/, --insecure-dev), a demo API, Envoy with
 # the filter, and load through it. Ctrl-C stops all it started.
 run: setup wasm ui
-	$(CARGO) build -q -p sluice-admin -p sluice-e2e --bins
+	$(CARGO) build -q -p sluice-admin -p sluice-demo --bins
 	@target/debug/sluice-demo --envoy-bin $(ENVOY) --var-dir $(DEMO_VAR)
 
 # Benchmarks: Sluice beside Envoy with no filter, a no-op wasm filter and
 # the native local_ratelimit, in one run; writes docs/BENCHMARKS.md and
 # docs/img/bench-*.png. wrk and the charts' font come from Debian.
 BENCH_APT_PACKAGES := wrk fonts-dejavu-core
-NOOP_WASM := target/$(WASM_TARGET)/release-wasm/sluice_noop_filter.wasm
 BENCH_ARGS ?=
 BENCH_OUT ?= docs/BENCHMARKS.md
 

@@ -16,7 +16,11 @@ use axum::{Json, Router};
 use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
+use sluice_shared::api::{
+    AuditLog, FleetView, Health, History, Instance, InstanceList, LoginRequest, PolicyList,
+    SessionInfo, StoredPolicy, Validated,
+};
 use sluice_shared::sync::{SyncReport, SHARES_HEADER, SYNC_PATH};
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
@@ -24,7 +28,7 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::auth::{CSRF_HEADER, SESSION_COOKIE};
 use crate::error::ApiError;
-use crate::store::{now, now_ms, StoredPolicy};
+use crate::store::{now, now_ms};
 use crate::AppState;
 
 type Shared = Arc<AppState>;
@@ -109,14 +113,6 @@ impl FromRequestParts<Shared> for Editor {
     }
 }
 
-async fn blocking<T, F>(f: F) -> Result<T, ApiError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f).await?
-}
-
 fn etag(version: u64) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or(HeaderValue::from_static("\"0\""))
 }
@@ -138,20 +134,6 @@ fn parse_policy_body(body: Value) -> Result<Policy, ApiError> {
     policy_from_value(body).map_err(ApiError::Invalid)
 }
 
-fn stored_json(s: &StoredPolicy) -> Value {
-    json!({
-        "policy": s.policy,
-        "version": s.version,
-        "updated_at_ms": s.updated_at_ms,
-        "updated_by": s.updated_by,
-    })
-}
-
-#[derive(Deserialize)]
-struct LoginForm {
-    password: String,
-}
-
 /// A browser-session cookie (no Max-Age): the server-side session expires
 /// on its own after 12 h.
 fn session_cookie(state: &AppState, value: String) -> Cookie<'static> {
@@ -167,7 +149,7 @@ async fn login(
     State(state): State<Shared>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     jar: CookieJar,
-    Json(form): Json<LoginForm>,
+    Json(form): Json<LoginRequest>,
 ) -> Result<Response, ApiError> {
     let ip = peer.ip();
     if let Some(wait) = state.throttle.blocked_for(ip) {
@@ -186,15 +168,18 @@ async fn login(
         .sessions
         .create("admin")
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let st = state.clone();
-    blocking(move || Ok(st.store.audit_event("admin", "login", &ip.to_string())?)).await?;
+    state
+        .store
+        .audit_event("admin", "login", &ip.to_string())
+        .await?;
     tracing::info!(%ip, "login");
     let jar = jar.add(session_cookie(&state, token));
-    Ok((
-        jar,
-        Json(json!({"user": session.user, "csrf_token": session.csrf})),
-    )
-        .into_response())
+    let info = SessionInfo {
+        user: session.user,
+        csrf_token: session.csrf,
+        insecure_dev: false,
+    };
+    Ok((jar, Json(info)).into_response())
 }
 
 async fn logout(State(state): State<Shared>, _editor: Editor, jar: CookieJar) -> Response {
@@ -205,11 +190,16 @@ async fn logout(State(state): State<Shared>, _editor: Editor, jar: CookieJar) ->
     (jar, StatusCode::NO_CONTENT).into_response()
 }
 
-async fn session(State(state): State<Shared>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+async fn session(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Json<SessionInfo>, ApiError> {
     if state.credentials.is_insecure() {
-        return Ok(Json(
-            json!({"user": "dev", "csrf_token": "", "insecure_dev": true}),
-        ));
+        return Ok(Json(SessionInfo {
+            user: "dev".into(),
+            csrf_token: String::new(),
+            insecure_dev: true,
+        }));
     }
     let jar = CookieJar::from_headers(&headers);
     let token = jar.get(SESSION_COOKIE).ok_or(ApiError::Unauthorized)?;
@@ -217,17 +207,21 @@ async fn session(State(state): State<Shared>, headers: HeaderMap) -> Result<Json
         .sessions
         .get(token.value())
         .ok_or(ApiError::Unauthorized)?;
-    Ok(Json(
-        json!({"user": s.user, "csrf_token": s.csrf, "insecure_dev": false}),
-    ))
+    Ok(Json(SessionInfo {
+        user: s.user,
+        csrf_token: s.csrf,
+        insecure_dev: false,
+    }))
+}
+
+/// A policy with its version as the `ETag`.
+fn with_etag(stored: StoredPolicy) -> Response {
+    ([(header::ETAG, etag(stored.version))], Json(stored)).into_response()
 }
 
 async fn list_policies(State(state): State<Shared>, _op: Operator) -> Result<Response, ApiError> {
-    let st = state.clone();
-    let (version, stored) = blocking(move || Ok(st.store.list()?)).await?;
-    let body =
-        json!({"version": version, "policies": stored.iter().map(stored_json).collect::<Vec<_>>()});
-    Ok(([(header::ETAG, etag(version))], Json(body)).into_response())
+    let list: PolicyList = state.store.list().await?;
+    Ok(([(header::ETAG, etag(list.version))], Json(list)).into_response())
 }
 
 async fn get_policy(
@@ -235,23 +229,16 @@ async fn get_policy(
     _op: Operator,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let st = state.clone();
-    let stored = blocking(move || Ok(st.store.get(&name)?)).await?;
-    Ok((
-        [(header::ETAG, etag(stored.version))],
-        Json(stored_json(&stored)),
-    )
-        .into_response())
+    Ok(with_etag(state.store.get(&name).await?))
 }
 
 async fn policy_history(
     State(state): State<Shared>,
     _op: Operator,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let st = state.clone();
-    let history = blocking(move || Ok(st.store.history(&name)?)).await?;
-    Ok(Json(json!({ "history": history })))
+) -> Result<Json<History>, ApiError> {
+    let history = state.store.history(&name).await?;
+    Ok(Json(History { history }))
 }
 
 async fn create_policy(
@@ -260,17 +247,12 @@ async fn create_policy(
     Json(body): Json<Value>,
 ) -> Result<Response, ApiError> {
     let policy = parse_policy_body(body)?;
-    let st = state.clone();
-    let stored = blocking(move || Ok(st.store.create(policy, &editor.user)?)).await?;
+    let stored = state.store.create(policy, &editor.user).await?;
     state.metrics.write("create");
     tracing::info!(policy = %stored.policy.name, "policy created");
     let location = HeaderValue::from_str(&format!("/api/v1/policies/{}", stored.policy.name)).ok();
-    let mut response = (
-        StatusCode::CREATED,
-        [(header::ETAG, etag(stored.version))],
-        Json(stored_json(&stored)),
-    )
-        .into_response();
+    let mut response = with_etag(stored);
+    *response.status_mut() = StatusCode::CREATED;
     if let Some(l) = location {
         response.headers_mut().insert(header::LOCATION, l);
     }
@@ -296,16 +278,13 @@ async fn update_policy(
             }],
         }));
     }
-    let st = state.clone();
-    let stored =
-        blocking(move || Ok(st.store.update(&name, policy, expected, &editor.user)?)).await?;
+    let stored = state
+        .store
+        .update(&name, policy, expected, &editor.user)
+        .await?;
     state.metrics.write("update");
     tracing::info!(policy = %stored.policy.name, version = stored.version, "policy updated");
-    Ok((
-        [(header::ETAG, etag(stored.version))],
-        Json(stored_json(&stored)),
-    )
-        .into_response())
+    Ok(with_etag(stored))
 }
 
 async fn delete_policy(
@@ -315,18 +294,16 @@ async fn delete_policy(
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let expected = if_match(&headers)?;
-    let st = state.clone();
-    let n = name.clone();
-    blocking(move || Ok(st.store.delete(&n, expected, &editor.user)?)).await?;
+    state.store.delete(&name, expected, &editor.user).await?;
     state.metrics.write("delete");
     tracing::info!(policy = %name, "policy deleted");
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// Checks a policy as the editor types, without saving it.
-async fn validate(_op: Operator, Json(body): Json<Value>) -> Result<Json<Value>, ApiError> {
+async fn validate(_op: Operator, Json(body): Json<Value>) -> Result<Json<Validated>, ApiError> {
     parse_policy_body(body)?;
-    Ok(Json(json!({"ok": true})))
+    Ok(Json(Validated { ok: true }))
 }
 
 #[derive(Deserialize)]
@@ -339,28 +316,33 @@ async fn audit_log(
     State(state): State<Shared>,
     _op: Operator,
     Query(q): Query<AuditQuery>,
-) -> Result<Json<Value>, ApiError> {
-    let st = state.clone();
-    let entries =
-        blocking(move || Ok(st.store.audit_log(q.limit.unwrap_or(100), q.before)?)).await?;
-    Ok(Json(json!({ "entries": entries })))
+) -> Result<Json<AuditLog>, ApiError> {
+    let entries = state
+        .store
+        .audit_log(q.limit.unwrap_or(100), q.before)
+        .await?;
+    Ok(Json(AuditLog { entries }))
 }
 
-async fn instances(State(state): State<Shared>, _op: Operator) -> Result<Json<Value>, ApiError> {
-    let st = state.clone();
-    let rows = blocking(move || Ok(st.store.instances()?)).await?;
-    let now = now_ms();
-    let rows: Vec<Value> = rows
+async fn instances(
+    State(state): State<Shared>,
+    _op: Operator,
+) -> Result<Json<InstanceList>, ApiError> {
+    let rows = state.store.instances().await?;
+    let now_ms = now_ms();
+    let instances = rows
         .into_iter()
-        .map(|r| {
-            let live = now.saturating_sub(r.last_sync_ms) <= crate::live::STALE_AFTER_MS;
-            json!({
-                "id": r.id, "first_seen_ms": r.first_seen_ms, "last_sync_ms": r.last_sync_ms,
-                "policy_version": r.policy_version, "syncs": r.syncs, "live": live, "report": r.report,
-            })
+        .map(|r| Instance {
+            live: now_ms.saturating_sub(r.last_sync_ms) <= crate::live::STALE_AFTER_MS,
+            id: r.id,
+            first_seen_ms: r.first_seen_ms,
+            last_sync_ms: r.last_sync_ms,
+            policy_version: r.policy_version,
+            syncs: r.syncs,
+            report: r.report,
         })
         .collect();
-    Ok(Json(json!({ "instances": rows, "now_ms": now })))
+    Ok(Json(InstanceList { instances, now_ms }))
 }
 
 async fn live(
@@ -408,12 +390,7 @@ async fn sync(
         ApiError::BadRequest(e)
     })?;
     state.live.ingest(&report, now_ms());
-    let st = state.clone();
-    let (set, report) = blocking(move || {
-        st.store.record_sync(&report)?;
-        Ok((st.store.policy_set()?, report))
-    })
-    .await?;
+    let (report, set) = state.store.record_sync(report).await?;
     let shares = match state.fleet.shares(&set, &report, now()).await {
         Ok(shares) if shares.is_empty() => None,
         Ok(shares) => serde_json::to_string(&shares)
@@ -445,16 +422,18 @@ async fn sync(
 }
 
 /// Each global policy's limit and how it is shared out now.
-async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<Value>, ApiError> {
-    let st = state.clone();
-    let set = blocking(move || Ok(st.store.policy_set()?)).await?;
+async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<FleetView>, ApiError> {
+    let set = state.store.policy_set().await?;
     let now = now();
-    let views = state
+    let policies = state
         .fleet
         .views(&set, now)
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    Ok(Json(json!({"now_ms": now.as_millis(), "policies": views})))
+    Ok(Json(FleetView {
+        now_ms: now.as_millis(),
+        policies,
+    }))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -462,8 +441,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
-    let st = state.clone();
-    if let Ok(Ok(v)) = tokio::task::spawn_blocking(move || st.store.policy_set_version()).await {
+    if let Ok(v) = state.store.policy_set_version().await {
         state.metrics.policy_set_version.set(v as i64);
     }
     (
@@ -477,14 +455,18 @@ async fn metrics(State(state): State<Shared>) -> Response {
 }
 
 async fn healthz(State(state): State<Shared>) -> Response {
-    let st = state.clone();
-    match tokio::task::spawn_blocking(move || st.store.policy_set_version()).await {
-        Ok(Ok(version)) => {
-            Json(json!({"status": "ok", "policy_set_version": version})).into_response()
-        }
-        _ => (
+    match state.store.policy_set_version().await {
+        Ok(version) => Json(Health {
+            status: "ok".into(),
+            policy_set_version: Some(version),
+        })
+        .into_response(),
+        Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "store unavailable"})),
+            Json(Health {
+                status: "store unavailable".into(),
+                policy_set_version: None,
+            }),
         )
             .into_response(),
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use sluice_shared::api::ErrorBody;
 use sluice_shared::ValidationErrors;
 
 use crate::store::StoreError;
@@ -69,18 +69,19 @@ impl IntoResponse for ApiError {
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         let body = match &self {
-            ApiError::Invalid(errors) => json!({
-                "error": self.to_string(),
-                "errors": errors.errors.iter().map(|e| json!({"path": e.path, "message": e.message})).collect::<Vec<_>>(),
-            }),
-            ApiError::Stale(message, current) => {
-                json!({"error": message, "current_version": current})
-            }
+            ApiError::Invalid(errors) => ErrorBody {
+                errors: errors.errors.clone(),
+                ..ErrorBody::new(self.to_string())
+            },
+            ApiError::Stale(message, current) => ErrorBody {
+                current_version: Some(*current),
+                ..ErrorBody::new(message.clone())
+            },
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "request failed");
-                json!({"error": "internal error"})
+                ErrorBody::new("internal error")
             }
-            other => json!({"error": other.to_string()}),
+            other => ErrorBody::new(other.to_string()),
         };
         let mut response = (status, Json(body)).into_response();
         if let ApiError::Throttled(wait) = &self {

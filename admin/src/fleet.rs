@@ -10,11 +10,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use serde::Serialize;
-use sluice_shared::fleet::{Amount, FleetTerms, Ledger, MemberState, Share, Usage};
+use sluice_shared::api::FleetPolicy;
+use sluice_shared::fleet::{FleetTerms, Ledger, Share, Usage};
 use sluice_shared::sync::{ShareMessage, SharesMessage, SyncReport};
-use sluice_shared::time::millis;
-use sluice_shared::{Instant, PolicySet, Scope, Span};
+use sluice_shared::{Instant, PolicySet, Scope};
 
 /// Attempts before a sync gives up on a contended ledger in Redis.
 const MAX_CAS_ATTEMPTS: u32 = 32;
@@ -57,16 +56,6 @@ impl Default for Ledgers {
     fn default() -> Self {
         Ledgers::Memory(Mutex::new(HashMap::new()))
     }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct PolicyView {
-    pub policy: String,
-    pub limit: Amount,
-    #[serde(rename = "lease_ms", with = "millis")]
-    pub lease: Span,
-    pub reserved: Amount,
-    pub members: Vec<MemberState>,
 }
 
 impl Ledgers {
@@ -123,12 +112,12 @@ impl Ledgers {
         &self,
         set: &PolicySet,
         now: Instant,
-    ) -> Result<Vec<PolicyView>, FleetError> {
+    ) -> Result<Vec<FleetPolicy>, FleetError> {
         let mut out = Vec::new();
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);
             let ledger = self.read(&policy.name).await?;
-            out.push(PolicyView {
+            out.push(FleetPolicy {
                 policy: policy.name.clone(),
                 limit: terms.limit,
                 lease: terms.lease,

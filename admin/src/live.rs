@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
-use serde::Serialize;
+use sluice_shared::api::{LiveFrame, Utilization};
 use sluice_shared::sync::{PolicyReport, SyncReport};
 use tokio::sync::broadcast;
 
@@ -13,44 +13,6 @@ use tokio::sync::broadcast;
 pub const HISTORY_FRAMES: usize = 600;
 /// An instance silent for longer no longer counts towards live figures.
 pub const STALE_AFTER_MS: u64 = 5_000;
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Utilization {
-    pub admitted_per_s: f64,
-    pub rejected_per_s: f64,
-    pub queued_per_s: f64,
-    pub shadow_limited_per_s: f64,
-    pub in_flight: u64,
-    pub max_in_flight: u64,
-    pub waiting: u64,
-    /// Rate tokens left (summed over instances; absent without a rate).
-    pub tokens: Option<u64>,
-}
-
-impl Utilization {
-    fn add(&mut self, other: &Utilization) {
-        self.admitted_per_s += other.admitted_per_s;
-        self.rejected_per_s += other.rejected_per_s;
-        self.queued_per_s += other.queued_per_s;
-        self.shadow_limited_per_s += other.shadow_limited_per_s;
-        self.in_flight += other.in_flight;
-        self.max_in_flight += other.max_in_flight;
-        self.waiting += other.waiting;
-        self.tokens = match (self.tokens, other.tokens) {
-            (None, t) | (t, None) => t,
-            (Some(a), Some(b)) => Some(a + b),
-        };
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct LiveFrame {
-    pub at_ms: u64,
-    /// Per policy, summed over the live instances.
-    pub policies: BTreeMap<String, Utilization>,
-    /// Per instance, per policy.
-    pub instances: BTreeMap<String, BTreeMap<String, Utilization>>,
-}
 
 struct InstanceState {
     /// Recent reports, oldest first: rates are taken over about a second

@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
         };
         if let Some((path, set)) = &seed {
             let added = store
+                .blocking()
                 .seed(set, "seed")
                 .with_context(|| format!("seeding from {}", path.display()))?;
             if added > 0 {

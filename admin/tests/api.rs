@@ -568,7 +568,7 @@ async fn the_store_survives_a_restart() {
     {
         let store = Store::open(&db).unwrap();
         let policy = sluice_shared::parse_policy(&bank(42).to_string()).unwrap();
-        store.create(policy, "admin").unwrap();
+        store.blocking().create(policy, "admin").unwrap();
     }
     let admin = start_on(dir, db.clone()).await;
     let s = admin.login().await;
@@ -577,8 +577,14 @@ async fn the_store_survives_a_restart() {
         .await;
     assert_eq!(body["policy"]["rate"]["requests"], 42);
     let store = Store::open(&admin.db).unwrap();
-    assert_eq!(store.journal_mode().unwrap().as_deref(), Some("wal"));
-    assert_eq!(store.integrity_check().unwrap().as_deref(), Some("ok"));
+    assert_eq!(
+        store.blocking().journal_mode().unwrap().as_deref(),
+        Some("wal")
+    );
+    assert_eq!(
+        store.blocking().integrity_check().unwrap().as_deref(),
+        Some("ok")
+    );
 }
 
 #[test]
@@ -611,20 +617,24 @@ fn a_seed_fills_only_a_store_that_never_held_a_policy() {
         .to_string(),
     )
     .unwrap();
-    assert_eq!(store.seed(&set, "seed").unwrap(), 2);
-    let (version, listed) = store.list().unwrap();
+    assert_eq!(store.blocking().seed(&set, "seed").unwrap(), 2);
+    let (version, listed) = store.blocking().list().unwrap();
     assert_eq!(version, 1, "one set version for the whole seed");
     let names: Vec<&str> = listed.iter().map(|p| p.policy.name.as_str()).collect();
     assert_eq!(names, ["bank", "llm"]);
-    assert_eq!(store.seed(&set, "seed").unwrap(), 0, "seeded once only");
-    store.delete("bank", 1, "admin").unwrap();
-    store.delete("llm", 1, "admin").unwrap();
     assert_eq!(
-        store.seed(&set, "seed").unwrap(),
+        store.blocking().seed(&set, "seed").unwrap(),
+        0,
+        "seeded once only"
+    );
+    store.blocking().delete("bank", 1, "admin").unwrap();
+    store.blocking().delete("llm", 1, "admin").unwrap();
+    assert_eq!(
+        store.blocking().seed(&set, "seed").unwrap(),
         0,
         "a store emptied by hand stays empty"
     );
-    let audit = store.audit_log(50, None).unwrap();
+    let audit = store.blocking().audit_log(50, None).unwrap();
     assert_eq!(audit.iter().filter(|a| a.action == "seed").count(), 2);
 }
 

@@ -113,7 +113,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
     let mut admin = start(&db, port);
     wait_up(&http, &base).await;
     let store = Store::open(&db).expect("the store opens");
-    let (_, stored) = store.list().expect("the policies list");
+    let (_, stored) = store.blocking().list().expect("the policies list");
     let names: std::collections::HashSet<&str> =
         stored.iter().map(|p| p.policy.name.as_str()).collect();
     let lost: Vec<&String> = acknowledged
@@ -121,6 +121,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
         .filter(|n| !names.contains(n.as_str()))
         .collect();
     let integrity = store
+        .blocking()
         .integrity_check()
         .expect("integrity check runs")
         .unwrap_or_default();

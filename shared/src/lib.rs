@@ -3,6 +3,7 @@
 //! clock: the Envoy filter and the admin service are thin shells around it,
 //! and everything here is tested natively with time passed in.
 
+pub mod api;
 pub mod bucket;
 pub mod duration;
 pub mod fleet;

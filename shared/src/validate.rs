@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::duration::DurationMs;
@@ -48,7 +48,7 @@ const KNOWN_METHODS: &[&str] = &[
 ];
 
 /// One problem with one field.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldError {
     /// `policies[2].rate.burst`; empty for the document as a whole.
     pub path: String,

@@ -1,12 +1,11 @@
-//! End-to-end test support: the mock third-party API, the real Envoy
-//! process, and load generation.
+//! End-to-end test support: the real Envoy process, the admin process,
+//! PostgreSQL and Redis, a headless browser, and load generation. The mock
+//! third-party API is the demo's (`sluice_demo::mock`).
 
 pub mod admin;
 pub mod browser;
-pub mod demo_load;
 pub mod envoy;
 pub mod load;
-pub mod mock;
 pub mod postgres;
 pub mod procinfo;
 pub mod redis;

@@ -6,8 +6,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::envoy::Envoy;
-use sluice_e2e::mock::{MockApi, MockLimits};
 
 /// Sends `request` as raw bytes on a fresh connection; returns the status
 /// code of the answer (0 when the connection closed without one).

@@ -4,9 +4,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::envoy::{envoy_binary, filter_wasm, workspace_root, Envoy};
 use sluice_e2e::load::{self, count};
-use sluice_e2e::mock::{MockApi, MockLimits};
 
 /// `envoy --mode validate` on a config file, run from the repository root
 /// (where the shipped configs expect to be started).

@@ -13,11 +13,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminProcess, PASSWORD, SYNC_TOKEN};
 use sluice_e2e::browser::Browser;
 use sluice_e2e::envoy::{filter_vms, free_port, workspace_root, Envoy};
 use sluice_e2e::load::{self, count, max_in_window, wait_for, Outcome};
-use sluice_e2e::mock::{MockApi, MockLimits};
 
 const WORKERS: u32 = 4;
 

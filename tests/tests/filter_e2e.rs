@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::envoy::Envoy;
 use sluice_e2e::load::{self, closed_loop, count, max_in_window, Outcome};
-use sluice_e2e::mock::{MockApi, MockLimits};
 
 const WORKERS: u32 = 4;
 

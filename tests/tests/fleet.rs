@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminProcess, AdminServer, Operator, SYNC_TOKEN};
 use sluice_e2e::envoy::{free_port, Envoy};
 use sluice_e2e::load::{self, max_in_window, wait_for, Outcome};
-use sluice_e2e::mock::{MockApi, MockLimits};
 use sluice_e2e::postgres::PostgresServer;
 use sluice_e2e::redis::RedisServer;
 

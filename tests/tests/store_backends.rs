@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_admin::store::{Store, StoreError};
+use sluice_admin::store::{BlockingStore as Store, StoreError};
 use sluice_e2e::postgres::PostgresServer;
 use sluice_shared::sync::SyncReport;
 use sluice_shared::Policy;

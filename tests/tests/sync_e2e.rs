@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use serde_json::json;
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
 use sluice_e2e::envoy::{filter_vms, Envoy};
 use sluice_e2e::load::{self, count, wait_for};
-use sluice_e2e::mock::{MockApi, MockLimits};
 
 const WORKERS: u32 = 4;
 

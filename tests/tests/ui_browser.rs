@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
 use serde_json::json;
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminServer, PASSWORD, SYNC_TOKEN};
 use sluice_e2e::browser::Browser;
 use sluice_e2e::envoy::{workspace_root, Envoy};
 use sluice_e2e::load;
-use sluice_e2e::mock::{MockApi, MockLimits};
 
 fn ui_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::var_os("SLUICE_UI_DIR")

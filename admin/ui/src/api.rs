@@ -1,14 +1,12 @@
 //! Calls to the admin's JSON API from the browser (same origin, session
-//! cookie sent by the browser, CSRF token in a header on writes).
+//! cookie sent by the browser, CSRF token in a header on writes), typed
+//! with the admin's own API types (`sluice_shared::api`).
 
 use gloo_net::http::{Request, RequestBuilder, Response};
-use serde_json::Value;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct FieldError {
-    pub path: String,
-    pub message: String,
-}
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sluice_shared::api::ErrorBody;
+pub use sluice_shared::FieldError;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApiError {
@@ -42,48 +40,40 @@ impl std::fmt::Display for ApiError {
     }
 }
 
-pub struct Reply {
-    pub body: Value,
-}
-
-async fn finish(resp: Result<Response, gloo_net::Error>) -> Result<Reply, ApiError> {
+/// The body of a 2xx answer as `T`, or the error the server described.
+async fn finish<T: DeserializeOwned>(
+    resp: Result<Response, gloo_net::Error>,
+) -> Result<T, ApiError> {
     let resp = resp.map_err(|e| ApiError::Other(format!("network: {e}")))?;
     let status = resp.status();
     let text = resp.text().await.unwrap_or_default();
-    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    match status {
-        200..=299 => Ok(Reply { body }),
-        401 => Err(ApiError::Unauthorized),
-        409 => Err(ApiError::Stale {
-            current_version: body["current_version"].as_u64().unwrap_or(0),
-        }),
-        422 => Err(ApiError::Invalid(
-            body["errors"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|e| FieldError {
-                            path: e["path"].as_str().unwrap_or_default().to_string(),
-                            message: e["message"].as_str().unwrap_or_default().to_string(),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-        )),
-        _ => Err(ApiError::Other(
-            body["error"]
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("HTTP {status}")),
-        )),
+    if (200..=299).contains(&status) {
+        // An empty body (204) reads as JSON null, which `()` accepts.
+        let text = if text.is_empty() { "null" } else { &text };
+        return serde_json::from_str(text)
+            .map_err(|e| ApiError::Other(format!("unexpected answer: {e}")));
     }
+    let body: Option<ErrorBody> = serde_json::from_str(&text).ok();
+    Err(match (status, body) {
+        (401, _) => ApiError::Unauthorized,
+        (409, body) => ApiError::Stale {
+            current_version: body.and_then(|b| b.current_version).unwrap_or(0),
+        },
+        (422, body) => ApiError::Invalid(body.map(|b| b.errors).unwrap_or_default()),
+        (_, Some(body)) => ApiError::Other(body.error),
+        (_, None) => ApiError::Other(format!("HTTP {status}")),
+    })
 }
 
-pub async fn get(path: &str) -> Result<Reply, ApiError> {
+pub async fn get<T: DeserializeOwned>(path: &str) -> Result<T, ApiError> {
     finish(Request::get(path).send().await).await
 }
 
-fn with_body(req: RequestBuilder, csrf: &str, body: Option<&Value>) -> Result<Request, ApiError> {
+fn with_body<B: Serialize>(
+    req: RequestBuilder,
+    csrf: &str,
+    body: Option<&B>,
+) -> Result<Request, ApiError> {
     let req = req.header("x-csrf-token", csrf);
     match body {
         Some(b) => req.json(b).map_err(|e| ApiError::Other(e.to_string())),
@@ -91,7 +81,11 @@ fn with_body(req: RequestBuilder, csrf: &str, body: Option<&Value>) -> Result<Re
     }
 }
 
-pub async fn post(path: &str, csrf: &str, body: &Value) -> Result<Reply, ApiError> {
+pub async fn post<B: Serialize, T: DeserializeOwned>(
+    path: &str,
+    csrf: &str,
+    body: &B,
+) -> Result<T, ApiError> {
     finish(
         with_body(Request::post(path), csrf, Some(body))?
             .send()
@@ -100,12 +94,17 @@ pub async fn post(path: &str, csrf: &str, body: &Value) -> Result<Reply, ApiErro
     .await
 }
 
-pub async fn put(path: &str, csrf: &str, if_match: u64, body: &Value) -> Result<Reply, ApiError> {
+pub async fn put<B: Serialize, T: DeserializeOwned>(
+    path: &str,
+    csrf: &str,
+    if_match: u64,
+    body: &B,
+) -> Result<T, ApiError> {
     let req = Request::put(path).header("if-match", &format!("\"{if_match}\""));
     finish(with_body(req, csrf, Some(body))?.send().await).await
 }
 
-pub async fn delete(path: &str, csrf: &str, if_match: u64) -> Result<Reply, ApiError> {
+pub async fn delete(path: &str, csrf: &str, if_match: u64) -> Result<(), ApiError> {
     let req = Request::delete(path).header("if-match", &format!("\"{if_match}\""));
-    finish(with_body(req, csrf, None)?.send().await).await
+    finish(with_body::<()>(req, csrf, None)?.send().await).await
 }

@@ -3,6 +3,8 @@
 //! and the server's error paths (`rate.burst`) land under the right one.
 
 use serde_json::{Map, Value};
+use sluice_shared::fleet::Amount;
+use sluice_shared::Policy;
 
 /// `rate.burst` → `/rate/burst`; `match.headers[0].name` → `/match/headers/0/name`.
 pub fn error_path_to_pointer(path: &str) -> String {
@@ -121,72 +123,41 @@ fn set_in(value: &mut Value, parts: &[&str], new: Option<Value>) {
 }
 
 /// One-line summaries for the policy table.
-pub fn summary_match(p: &Value) -> String {
-    let host = p["match"]["host"].as_str().unwrap_or("*");
-    match p["match"]["path_prefix"].as_str() {
+pub fn summary_match(p: &Policy) -> String {
+    let host = &p.matcher.host;
+    match &p.matcher.path_prefix {
         Some(prefix) => format!("{host}{prefix}"),
-        None => host.to_string(),
+        None => host.clone(),
     }
 }
 
-pub fn summary_rate(p: &Value) -> String {
-    let r = &p["rate"];
-    if r.is_null() {
+pub fn summary_rate(p: &Policy) -> String {
+    let Some(r) = &p.rate else {
         return "—".into();
-    }
-    let burst = r["burst"]
-        .as_u64()
-        .map(|b| format!(", burst {b}"))
+    };
+    let burst = r.burst.map(|b| format!(", burst {b}")).unwrap_or_default();
+    let per_key = p
+        .key
+        .as_ref()
+        .map(|k| format!(", per {}", k.header))
         .unwrap_or_default();
-    let per_key = p["key"]["header"]
-        .as_str()
-        .map(|h| format!(", per {h}"))
-        .unwrap_or_default();
-    format!(
-        "{} / {}{}{}",
-        r["requests"],
-        text_of(p, "/rate/period"),
-        burst,
-        per_key
-    )
+    format!("{} / {}{}{}", r.requests, r.period, burst, per_key)
 }
 
-pub fn summary_concurrency(p: &Value) -> String {
-    match p["concurrency"]["max_in_flight"].as_u64() {
-        Some(n) => format!("{n} in flight"),
+pub fn summary_concurrency(p: &Policy) -> String {
+    match &p.concurrency {
+        Some(c) => format!("{} in flight", c.max_in_flight),
         None => "—".into(),
     }
 }
 
 /// The rate limit in requests per second, for utilization bars; None for a
 /// per-key limit, whose total grows with the number of keys.
-pub fn rate_per_second(p: &Value) -> Option<f64> {
-    if !p["key"].is_null() {
+pub fn rate_per_second(p: &Policy) -> Option<f64> {
+    if p.key.is_some() || p.rate.is_none() {
         return None;
     }
-    let requests = p["rate"]["requests"].as_f64()?;
-    let period_ms = match &p["rate"]["period"] {
-        Value::Number(n) => n.as_f64()?,
-        Value::String(s) => parse_duration_ms(s)?,
-        _ => return None,
-    };
-    (period_ms > 0.0).then(|| requests * 1000.0 / period_ms)
-}
-
-fn parse_duration_ms(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: f64 = n.parse().ok()?;
-    Some(match unit.trim() {
-        "" | "ms" => n,
-        "s" => n * 1000.0,
-        "m" | "min" => n * 60_000.0,
-        "h" => n * 3_600_000.0,
-        _ => return None,
-    })
+    Some(Amount::of_policy(p).rate)
 }
 
 #[cfg(test)]
@@ -232,15 +203,19 @@ mod tests {
 
     #[test]
     fn summaries_and_rates() {
+        let policy = |v: Value| -> Policy { serde_json::from_value(v).unwrap() };
         let mut p = json!({"name": "bank", "match": {"host": "api.bank.example", "path_prefix": "/v1"},
             "rate": {"requests": 120, "period": "1m", "burst": 10}, "concurrency": {"max_in_flight": 4}});
-        assert_eq!(summary_match(&p), "api.bank.example/v1");
-        assert_eq!(summary_rate(&p), "120 / 1m, burst 10");
+        assert_eq!(summary_match(&policy(p.clone())), "api.bank.example/v1");
+        assert_eq!(summary_rate(&policy(p.clone())), "120 / 1m, burst 10");
         p["key"] = json!({"header": "x-api-key"});
-        assert_eq!(summary_rate(&p), "120 / 1m, burst 10, per x-api-key");
-        assert_eq!(rate_per_second(&p), None);
-        p["key"] = Value::Null;
-        assert_eq!(summary_concurrency(&p), "4 in flight");
-        assert_eq!(rate_per_second(&p), Some(2.0));
+        assert_eq!(
+            summary_rate(&policy(p.clone())),
+            "120 / 1m, burst 10, per x-api-key"
+        );
+        assert_eq!(rate_per_second(&policy(p.clone())), None);
+        p.as_object_mut().unwrap().remove("key");
+        assert_eq!(summary_concurrency(&policy(p.clone())), "4 in flight");
+        assert_eq!(rate_per_second(&policy(p)), Some(2.0));
     }
 }

@@ -1,36 +1,15 @@
 //! The live utilization stream (`/api/v1/live`, server-sent events): the
 //! last minutes of one-second frames, shared by every page.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use leptos::prelude::*;
-use serde::Deserialize;
+pub use sluice_shared::api::{LiveFrame as Frame, Utilization};
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::JsCast;
 
 /// Frames kept in the browser: ten minutes.
 const KEEP: usize = 600;
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
-pub struct Utilization {
-    pub admitted_per_s: f64,
-    pub rejected_per_s: f64,
-    pub queued_per_s: f64,
-    #[serde(default)]
-    pub shadow_limited_per_s: f64,
-    pub in_flight: u64,
-    pub max_in_flight: u64,
-    #[serde(default)]
-    pub waiting: u64,
-    pub tokens: Option<u64>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct Frame {
-    pub at_ms: u64,
-    pub policies: BTreeMap<String, Utilization>,
-    pub instances: BTreeMap<String, BTreeMap<String, Utilization>>,
-}
 
 #[derive(Clone, Copy)]
 pub struct LiveFrames(pub RwSignal<VecDeque<Frame>>);

@@ -7,17 +7,15 @@ use leptos_router::components::{Route, Router, Routes, A};
 use leptos_router::hooks::{use_navigate, use_params_map};
 use leptos_router::path;
 use serde_json::{json, Value};
+use sluice_shared::api::{
+    AuditLog, FleetPolicy, FleetView, InstanceList, LoginRequest, PolicyList, SessionInfo,
+    StoredPolicy, Validated,
+};
+use sluice_shared::{Mode, Scope};
 
 use crate::api::{self, ApiError, FieldError};
 use crate::form::{self, Kind};
 use crate::live::{self, LiveFrames, Utilization};
-
-#[derive(Clone, Debug, PartialEq)]
-struct SessionInfo {
-    user: String,
-    csrf: String,
-    insecure: bool,
-}
 
 #[derive(Clone, Copy)]
 struct Session(RwSignal<Option<SessionInfo>>);
@@ -25,7 +23,7 @@ struct Session(RwSignal<Option<SessionInfo>>);
 impl Session {
     fn csrf(&self) -> String {
         self.0
-            .with_untracked(|s| s.as_ref().map(|s| s.csrf.clone()).unwrap_or_default())
+            .with_untracked(|s| s.as_ref().map(|s| s.csrf_token.clone()).unwrap_or_default())
     }
 
     /// A 401 anywhere means the session is over: back to the login page.
@@ -42,15 +40,8 @@ pub fn App() -> impl IntoView {
     let checked = RwSignal::new(false);
     provide_context(session);
     spawn_local(async move {
-        if let Ok(reply) = api::get("/api/v1/session").await {
-            session.0.set(Some(SessionInfo {
-                user: reply.body["user"].as_str().unwrap_or_default().to_string(),
-                csrf: reply.body["csrf_token"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                insecure: reply.body["insecure_dev"].as_bool().unwrap_or(false),
-            }));
+        if let Ok(info) = api::get::<SessionInfo>("/api/v1/session").await {
+            session.0.set(Some(info));
         }
         checked.set(true);
     });
@@ -72,15 +63,9 @@ fn Login() -> impl IntoView {
         ev.prevent_default();
         let pw = password.get_untracked();
         spawn_local(async move {
-            match api::post("/api/v1/login", "", &json!({ "password": pw })).await {
-                Ok(reply) => session.0.set(Some(SessionInfo {
-                    user: reply.body["user"].as_str().unwrap_or_default().to_string(),
-                    csrf: reply.body["csrf_token"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    insecure: false,
-                })),
+            let login = LoginRequest { password: pw };
+            match api::post::<_, SessionInfo>("/api/v1/login", "", &login).await {
+                Ok(info) => session.0.set(Some(info)),
                 Err(ApiError::Unauthorized) => error.set(Some("Wrong password.".into())),
                 Err(e) => error.set(Some(e.to_string())),
             }
@@ -114,11 +99,15 @@ fn Shell() -> impl IntoView {
     let logout = move |_| {
         let csrf = session.csrf();
         spawn_local(async move {
-            let _ = api::post("/api/v1/logout", &csrf, &json!({})).await;
+            let _ = api::post::<_, ()>("/api/v1/logout", &csrf, &json!({})).await;
             session.0.set(None);
         });
     };
-    let insecure = move || session.0.with(|s| s.as_ref().is_some_and(|s| s.insecure));
+    let insecure = move || {
+        session
+            .0
+            .with(|s| s.as_ref().is_some_and(|s| s.insecure_dev))
+    };
     view! {
         <Router>
             <header>
@@ -183,16 +172,11 @@ fn Bar(
 fn PoliciesPage() -> impl IntoView {
     let session = expect_context::<Session>();
     let frames = expect_context::<LiveFrames>();
-    let policies = RwSignal::new(Vec::<Value>::new());
+    let policies = RwSignal::new(Vec::<StoredPolicy>::new());
     let error = RwSignal::new(None::<String>);
     spawn_local(async move {
-        match api::get("/api/v1/policies").await {
-            Ok(reply) => policies.set(
-                reply.body["policies"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default(),
-            ),
+        match api::get::<PolicyList>("/api/v1/policies").await {
+            Ok(list) => policies.set(list.policies),
             Err(e) => {
                 session.check(&e);
                 error.set(Some(e.to_string()));
@@ -215,12 +199,12 @@ fn PoliciesPage() -> impl IntoView {
                 <th>"Admitted / s"</th><th>"In flight"</th>
             </tr></thead>
             <tbody>
-                <For each=move || policies.get() key=|s| (s["policy"]["name"].to_string(), s["version"].as_u64()) children=move |s| {
-                    let p = s["policy"].clone();
-                    let name = p["name"].as_str().unwrap_or_default().to_string();
+                <For each=move || policies.get() key=|s| (s.policy.name.clone(), s.version) children=move |s| {
+                    let p = s.policy;
+                    let name = p.name.clone();
                     let href = format!("/policies/{name}");
                     let rate = form::rate_per_second(&p).unwrap_or(0.0);
-                    let max_flight = p["concurrency"]["max_in_flight"].as_f64().unwrap_or(0.0);
+                    let max_flight = p.concurrency.as_ref().map_or(0.0, |c| f64::from(c.max_in_flight));
                     let n1 = name.clone();
                     let n2 = name.clone();
                     let n3 = name.clone();
@@ -232,9 +216,9 @@ fn PoliciesPage() -> impl IntoView {
                             <td>{form::summary_match(&p)}</td>
                             <td>{form::summary_rate(&p)}</td>
                             <td>{form::summary_concurrency(&p)}</td>
-                            <td>{p["mode"].as_str().unwrap_or("enforce").to_string()}
-                                {(p["scope"].as_str() == Some("global")).then(|| {
-                                    let fleet = format!("/fleet/{}", p["name"].as_str().unwrap_or_default());
+                            <td>{match p.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" }}
+                                {(p.scope == Scope::Global).then(|| {
+                                    let fleet = format!("/fleet/{}", p.name);
                                     view! { " · "<A href=fleet><span class="global-link">"global"</span></A> }
                                 })}</td>
                             <td><Bar value=Signal::derive(move || latest(&n1).admitted_per_s) max=Signal::derive(move || rate)
@@ -398,10 +382,10 @@ fn Editor(name: Option<String>) -> impl IntoView {
         move || {
             let Some(name) = name.clone() else { return };
             spawn_local(async move {
-                match api::get(&format!("/api/v1/policies/{name}")).await {
-                    Ok(reply) => {
-                        policy.set(reply.body["policy"].clone());
-                        version.set(reply.body["version"].as_u64().unwrap_or(0));
+                match api::get::<StoredPolicy>(&format!("/api/v1/policies/{name}")).await {
+                    Ok(stored) => {
+                        policy.set(serde_json::to_value(&stored.policy).unwrap_or(Value::Null));
+                        version.set(stored.version);
                         conflict.set(None);
                         errors.set(Vec::new());
                     }
@@ -423,7 +407,7 @@ fn Editor(name: Option<String>) -> impl IntoView {
         let p = policy.get_untracked();
         let csrf = session.csrf();
         spawn_local(async move {
-            match api::post("/api/v1/validate", &csrf, &p).await {
+            match api::post::<_, Validated>("/api/v1/validate", &csrf, &p).await {
                 Ok(_) => errors.set(Vec::new()),
                 Err(ApiError::Invalid(list)) => errors.set(list),
                 Err(e) => session.check(&e),
@@ -462,15 +446,16 @@ fn Editor(name: Option<String>) -> impl IntoView {
             let v = version.get_untracked();
             let navigate = navigate.clone();
             spawn_local(async move {
-                let name = p["name"].as_str().unwrap_or_default().to_string();
+                let name = form::text_of(&p, "/name");
                 let result = if is_new {
-                    api::post("/api/v1/policies", &csrf, &p).await
+                    api::post::<_, StoredPolicy>("/api/v1/policies", &csrf, &p).await
                 } else {
-                    api::put(&format!("/api/v1/policies/{name}"), &csrf, v, &p).await
+                    api::put::<_, StoredPolicy>(&format!("/api/v1/policies/{name}"), &csrf, v, &p)
+                        .await
                 };
                 match result {
-                    Ok(reply) => {
-                        version.set(reply.body["version"].as_u64().unwrap_or(v + 1));
+                    Ok(stored) => {
+                        version.set(stored.version);
                         errors.set(Vec::new());
                         message.set(Some(format!(
                             "Saved {name} (version {}). Envoys pick it up on their next sync.",
@@ -505,7 +490,7 @@ fn Editor(name: Option<String>) -> impl IntoView {
             let v = version.get_untracked();
             let navigate = navigate.clone();
             spawn_local(async move {
-                let name = p["name"].as_str().unwrap_or_default().to_string();
+                let name = form::text_of(&p, "/name");
                 match api::delete(&format!("/api/v1/policies/{name}"), &csrf, v).await {
                     Ok(_) => navigate("/", Default::default()),
                     Err(ApiError::Stale { current_version }) => conflict.set(Some(current_version)),
@@ -708,7 +693,7 @@ const FLEET_REFRESH_MS: u32 = 1_000;
 fn FleetPage() -> impl IntoView {
     let session = expect_context::<Session>();
     let params = use_params_map();
-    let policies = RwSignal::new(Vec::<Value>::new());
+    let policies = RwSignal::new(Vec::<FleetPolicy>::new());
     let now_ms = RwSignal::new(0u64);
     let error = RwSignal::new(None::<String>);
     let loaded = RwSignal::new(false);
@@ -717,15 +702,10 @@ fn FleetPage() -> impl IntoView {
     on_cleanup(move || open.store(false, std::sync::atomic::Ordering::Relaxed));
     spawn_local(async move {
         while still_open.load(std::sync::atomic::Ordering::Relaxed) {
-            match api::get("/api/v1/fleet").await {
-                Ok(reply) => {
-                    now_ms.set(reply.body["now_ms"].as_u64().unwrap_or(0));
-                    policies.set(
-                        reply.body["policies"]
-                            .as_array()
-                            .cloned()
-                            .unwrap_or_default(),
-                    );
+            match api::get::<FleetView>("/api/v1/fleet").await {
+                Ok(view) => {
+                    now_ms.set(view.now_ms);
+                    policies.set(view.policies);
                     error.set(None);
                 }
                 Err(e) => {
@@ -742,10 +722,7 @@ fn FleetPage() -> impl IntoView {
         policies
             .get()
             .into_iter()
-            .filter(|p| {
-                only.as_deref()
-                    .is_none_or(|n| p["policy"].as_str() == Some(n))
-            })
+            .filter(|p| only.as_deref().is_none_or(|n| p.policy == n))
             .collect::<Vec<_>>()
     };
     view! {
@@ -759,38 +736,28 @@ fn FleetPage() -> impl IntoView {
     }
 }
 
-fn per_second(v: &Value) -> f64 {
-    v["rate"].as_f64().unwrap_or(0.0)
-}
-
-fn in_flight(v: &Value) -> u64 {
-    v["in_flight"].as_u64().unwrap_or(0)
-}
-
 #[component]
-fn FleetPolicy(policy: Value, now_ms: u64) -> impl IntoView {
-    let name = policy["policy"].as_str().unwrap_or_default().to_string();
-    let limit = policy["limit"].clone();
-    let reserved = policy["reserved"].clone();
-    let members = policy["members"].as_array().cloned().unwrap_or_default();
-    let used = members.iter().fold((0.0, 0u64), |(r, f), m| {
-        (r + per_second(&m["used"]), f + in_flight(&m["used"]))
+fn FleetPolicy(policy: FleetPolicy, now_ms: u64) -> impl IntoView {
+    let name = policy.policy.clone();
+    let (limit, reserved) = (policy.limit, policy.reserved);
+    let used = policy.members.iter().fold((0.0, 0u64), |(r, f), m| {
+        (r + m.used.rate, f + u64::from(m.used.in_flight))
     });
-    let (limit_rate, limit_flight) = (per_second(&limit), in_flight(&limit));
-    let rows = members
+    let (limit_rate, limit_flight) = (limit.rate, limit.in_flight);
+    let rows = policy
+        .members
         .into_iter()
         .map(|m| {
-            let ago_ms = now_ms.saturating_sub(m["last_sync_ms"].as_u64().unwrap_or(0));
-            let (share, used, demand) = (&m["share"], &m["used"], &m["demand"]);
-            let (share_rate, used_rate) = (per_second(share), per_second(used));
-            let (share_flight, used_flight) = (in_flight(share), in_flight(used));
+            let ago_ms = now_ms.saturating_sub(m.last_sync.as_millis());
+            let (share_rate, used_rate) = (m.share.rate, m.used.rate);
+            let (share_flight, used_flight) = (m.share.in_flight, m.used.in_flight);
             view! {
-                <tr class="fleet-member" data-instance=m["instance"].as_str().unwrap_or_default().to_string()>
-                    <td>{m["instance"].as_str().unwrap_or_default().to_string()}</td>
+                <tr class="fleet-member" data-instance=m.instance.clone()>
+                    <td>{m.instance.clone()}</td>
                     <td class="share-rate">{format!("{share_rate:.1}")}</td>
                     <td class="used-rate"><Bar value=Signal::derive(move || used_rate) max=Signal::derive(move || share_rate)
                         label=Signal::derive(move || format!("{used_rate:.1}"))/></td>
-                    <td class="demand-rate">{format!("{:.1}", per_second(demand))}</td>
+                    <td class="demand-rate">{format!("{:.1}", m.demand.rate)}</td>
                     <td class="share-in-flight">{share_flight}</td>
                     <td class="used-in-flight"><Bar value=Signal::derive(move || used_flight as f64) max=Signal::derive(move || share_flight as f64)
                         label=Signal::derive(move || used_flight.to_string())/></td>
@@ -801,14 +768,15 @@ fn FleetPolicy(policy: Value, now_ms: u64) -> impl IntoView {
         .collect_view();
     let href = format!("/policies/{name}");
     let title = name.clone();
+    let lease = policy.lease;
     view! {
         <section class="fleet-policy live-policy" data-policy=name>
             <h2><A href=href>{title}</A></h2>
             <p class="figures">
                 "Limit "<span class="limit">{format!("{limit_rate:.1}/s")}{(limit_flight > 0).then(|| format!(", {limit_flight} in flight"))}</span>
-                " · shared out "<span class="reserved">{format!("{:.1}/s", per_second(&reserved))}{(limit_flight > 0).then(|| format!(", {}", in_flight(&reserved)))}</span>
+                " · shared out "<span class="reserved">{format!("{:.1}/s", reserved.rate)}{(limit_flight > 0).then(|| format!(", {}", reserved.in_flight))}</span>
                 " · used "<span class="used">{format!("{:.1}/s", used.0)}{(limit_flight > 0).then(|| format!(", {} in flight", used.1))}</span>
-                " · lease "{format!("{:.1} s", policy["lease_ms"].as_u64().unwrap_or(0) as f64 / 1000.0)}
+                " · lease "{format!("{:.1} s", lease.as_secs_f64())}
             </p>
             <table class="fleet-members">
                 <thead><tr><th>"Envoy"</th><th>"Share /s"</th><th>"Used /s"</th><th>"Asked /s"</th><th>"Share in flight"</th><th>"In flight"</th><th>"Last sync"</th></tr></thead>
@@ -821,18 +789,13 @@ fn FleetPolicy(policy: Value, now_ms: u64) -> impl IntoView {
 #[component]
 fn InstancesPage() -> impl IntoView {
     let session = expect_context::<Session>();
-    let rows = RwSignal::new(Vec::<Value>::new());
+    let rows = RwSignal::new(Vec::<sluice_shared::api::Instance>::new());
     let now_ms = RwSignal::new(0u64);
     spawn_local(async move {
-        match api::get("/api/v1/instances").await {
-            Ok(reply) => {
-                now_ms.set(reply.body["now_ms"].as_u64().unwrap_or(0));
-                rows.set(
-                    reply.body["instances"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default(),
-                );
+        match api::get::<InstanceList>("/api/v1/instances").await {
+            Ok(list) => {
+                now_ms.set(list.now_ms);
+                rows.set(list.instances);
             }
             Err(e) => session.check(&e),
         }
@@ -842,15 +805,15 @@ fn InstancesPage() -> impl IntoView {
         <table id="instances">
             <thead><tr><th>"Envoy"</th><th>"Status"</th><th>"Last sync"</th><th>"Policy version"</th><th>"Syncs"</th></tr></thead>
             <tbody>
-                <For each=move || rows.get() key=|r| r["id"].to_string() children=move |r| {
-                    let ago = now_ms.get_untracked().saturating_sub(r["last_sync_ms"].as_u64().unwrap_or(0)) / 1000;
+                <For each=move || rows.get() key=|r| r.id.clone() children=move |r| {
+                    let ago = now_ms.get_untracked().saturating_sub(r.last_sync_ms) / 1000;
                     view! {
                         <tr class="instance-row">
-                            <td>{r["id"].as_str().unwrap_or_default().to_string()}</td>
-                            <td>{if r["live"].as_bool().unwrap_or(false) { "live" } else { "silent" }}</td>
+                            <td>{r.id.clone()}</td>
+                            <td>{if r.live { "live" } else { "silent" }}</td>
                             <td>{format!("{ago} s ago")}</td>
-                            <td>{r["policy_version"].to_string()}</td>
-                            <td>{r["syncs"].to_string()}</td>
+                            <td>{r.policy_version.to_string()}</td>
+                            <td>{r.syncs.to_string()}</td>
                         </tr>
                     }
                 }/>
@@ -862,38 +825,27 @@ fn InstancesPage() -> impl IntoView {
 #[component]
 fn AuditPage() -> impl IntoView {
     let session = expect_context::<Session>();
-    let entries = RwSignal::new(Vec::<Value>::new());
+    let entries = RwSignal::new(Vec::<sluice_shared::api::AuditEntry>::new());
     spawn_local(async move {
-        match api::get("/api/v1/audit?limit=200").await {
-            Ok(reply) => entries.set(
-                reply.body["entries"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default(),
-            ),
+        match api::get::<AuditLog>("/api/v1/audit?limit=200").await {
+            Ok(log) => entries.set(log.entries),
             Err(e) => session.check(&e),
         }
     });
-    let show = |v: &Value| {
-        if v.is_null() {
-            String::new()
-        } else {
-            v.to_string()
-        }
-    };
+    let show = |v: &Option<Value>| v.as_ref().map(Value::to_string).unwrap_or_default();
     view! {
         <h1>"Audit log"</h1>
         <table id="audit">
             <thead><tr><th>"When (UTC ms)"</th><th>"Who"</th><th>"What"</th><th>"Policy"</th><th>"Before"</th><th>"After"</th></tr></thead>
             <tbody>
-                <For each=move || entries.get() key=|e| e["id"].as_i64() children=move |e| view! {
+                <For each=move || entries.get() key=|e| e.id children=move |e| view! {
                     <tr class="audit-row">
-                        <td>{e["at_ms"].to_string()}</td>
-                        <td>{e["actor"].as_str().unwrap_or_default().to_string()}</td>
-                        <td>{e["action"].as_str().unwrap_or_default().to_string()}</td>
-                        <td>{e["target"].as_str().unwrap_or_default().to_string()}</td>
-                        <td><code>{show(&e["old"])}</code></td>
-                        <td><code>{show(&e["new"])}</code></td>
+                        <td>{e.at_ms.to_string()}</td>
+                        <td>{e.actor.clone()}</td>
+                        <td>{e.action.clone()}</td>
+                        <td>{e.target.clone()}</td>
+                        <td><code>{show(&e.old)}</code></td>
+                        <td><code>{show(&e.new)}</code></td>
                     </tr>
                 }/>
             </tbody>

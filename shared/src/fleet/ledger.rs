@@ -262,7 +262,7 @@ impl Ledger {
 }
 
 /// One instance's part of a global policy as the admin sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemberState {
     pub instance: String,
     /// Its newest share (or, lapsed, its fallback): what it enforces once

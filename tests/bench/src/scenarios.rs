@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::json;
+use sluice_demo::mock::{Arrival, MockApi, MockLimits};
 use sluice_e2e::envoy::{filter_vms, free_port};
-use sluice_e2e::mock::{Arrival, MockApi, MockLimits};
 use sluice_shared::sync::{PolicyReport, SyncReport};
 
 use crate::configs;

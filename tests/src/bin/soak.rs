@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::{json, Value};
+use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminProcess, SYNC_TOKEN};
 use sluice_e2e::envoy::{filter_vms, free_port, Envoy};
 use sluice_e2e::load;
-use sluice_e2e::mock::{MockApi, MockLimits};
 use sluice_e2e::procinfo::rss_mib;
 
 #[derive(Parser)]
@@ -34,6 +34,10 @@ struct Args {
     /// (MiB, per process) before the soak fails.
     #[arg(long, default_value_t = 24.0)]
     rss_slack_mib: f64,
+    /// Leave one call in flight at the end (the soak's own test: the checks
+    /// must catch it and fail).
+    #[arg(long, hide = true)]
+    leave_a_call_open: bool,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -228,6 +232,19 @@ async fn main() -> anyhow::Result<()> {
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         let _ = c.await;
+    }
+    if args.leave_a_call_open {
+        // A call the API holds for a minute, sent once the load is over (so
+        // a free slot admits it): still in flight when the checks run.
+        let url = envoy.url("/soak?delay_ms=60000");
+        tokio::spawn(async move {
+            let _ = load::client()
+                .get(url)
+                .header("host", "api.llm.example")
+                .timeout(Duration::from_secs(120))
+                .send()
+                .await;
+        });
     }
     // Abandoned streams end as their upstream calls finish; stats reach
     // Envoy on the filter's tick.

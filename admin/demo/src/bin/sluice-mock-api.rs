@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use sluice_e2e::mock::{MockApi, MockLimits};
+use sluice_demo::mock::{MockApi, MockLimits};
 
 #[derive(Parser)]
 #[command(about = "A mock third-party API with limits of its own")]

@@ -1,0 +1,11 @@
+//! The demo `make run` starts, in pieces the end-to-end tests reuse:
+//!
+//! - [`mock`]: a third-party API with limits of its own, which counts
+//!   every call it would have refused (the demo's API and the tests'
+//!   provider);
+//! - [`load`]: the demo's load generator, a little over each limit.
+//!
+//! The launcher itself is `src/bin/sluice-demo.rs`.
+
+pub mod load;
+pub mod mock;

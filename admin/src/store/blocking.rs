@@ -1,0 +1,452 @@
+//! The store's blocking core: every query and transaction, run on the
+//! caller's thread. The admin's handlers reach it through the async
+//! [`Store`](super::Store); tools and tests may use it directly.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sluice_shared::api::{AuditEntry, HistoryEntry, StoredPolicy};
+use sluice_shared::sync::SyncReport;
+use sluice_shared::validate::validate_policy_set;
+use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
+
+use super::db::{Db, Row, Sql};
+use super::{now_ms, InstanceRow, StoreError};
+
+#[derive(Clone)]
+pub struct BlockingStore {
+    db: Arc<Db>,
+}
+
+fn to_json(policy: &Policy) -> String {
+    serde_json::to_string(policy).unwrap_or_else(|_| "null".into())
+}
+
+fn from_json(body: &str) -> Result<Policy, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::Corrupt(format!("policy body: {e}")))
+}
+
+/// Field paths of set-level errors (`policies[3].name`) name the policy the
+/// operator is editing in the single-policy API.
+fn relative_errors(errors: ValidationErrors, index: usize) -> ValidationErrors {
+    let prefix = format!("policies[{index}].");
+    ValidationErrors {
+        errors: errors
+            .errors
+            .into_iter()
+            .map(|e| FieldError {
+                path: e
+                    .path
+                    .strip_prefix(&prefix)
+                    .map(str::to_string)
+                    .unwrap_or(e.path),
+                message: e.message,
+            })
+            .collect(),
+    }
+}
+
+impl BlockingStore {
+    /// Opens (creating if needed) the SQLite file, in WAL mode, and runs
+    /// the migrations.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Ok(Self {
+            db: Arc::new(Db::sqlite(path)?),
+        })
+    }
+
+    /// Connects to PostgreSQL (`postgres://user:password@host:port/db`) and
+    /// runs the migrations. Blocking: call it off the async runtime.
+    pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            db: Arc::new(Db::postgres(url)?),
+        })
+    }
+
+    /// "sqlite" or "postgres".
+    pub fn kind(&self) -> &'static str {
+        self.db.kind()
+    }
+
+    pub fn policy_set_version(&self) -> Result<u64, StoreError> {
+        self.db.read(set_version)
+    }
+
+    pub fn list(&self) -> Result<(u64, Vec<StoredPolicy>), StoreError> {
+        self.db.read(|sql| Ok((set_version(sql)?, list(sql)?)))
+    }
+
+    pub fn policy_set(&self) -> Result<PolicySet, StoreError> {
+        let (version, stored) = self.list()?;
+        Ok(PolicySet {
+            version,
+            policies: stored.into_iter().map(|s| s.policy).collect(),
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Result<StoredPolicy, StoreError> {
+        self.db
+            .read(|sql| get(sql, name))?
+            .ok_or_else(|| StoreError::NotFound(name.into()))
+    }
+
+    pub fn history(&self, name: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        let rows = self.db.read(|sql| {
+            sql.query(
+                "SELECT version, set_version, at_ms, actor, body FROM policy_history
+                 WHERE name = $1 ORDER BY id DESC LIMIT 200",
+                &[name.into()],
+            )
+        })?;
+        rows.iter()
+            .map(|r| {
+                Ok(HistoryEntry {
+                    version: r.uint(0)?,
+                    set_version: r.uint(1)?,
+                    at_ms: r.uint(2)?,
+                    actor: r.text(3)?,
+                    policy: r.optional_text(4)?.as_deref().map(from_json).transpose()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Adds a policy at the end of the list.
+    pub fn create(&self, policy: Policy, actor: &str) -> Result<StoredPolicy, StoreError> {
+        self.db.write(|sql| {
+            if get(sql, &policy.name)?.is_some() {
+                return Err(StoreError::Invalid(ValidationErrors {
+                    errors: vec![FieldError {
+                        path: "name".into(),
+                        message: format!("a policy named {:?} already exists", policy.name),
+                    }],
+                }));
+            }
+            let mut all: Vec<Policy> = list(sql)?.into_iter().map(|s| s.policy).collect();
+            all.push(policy.clone());
+            check_set(&all, all.len() - 1)?;
+            let position = sql
+                .query_one("SELECT COALESCE(MAX(position), -1) + 1 FROM policies", &[])?
+                .map_or(Ok(0), |r| r.int(0))?;
+            let at = now_ms();
+            let set_version = bump(sql)?;
+            insert_new(sql, &policy, position, set_version, at, actor, "create")?;
+            Ok(StoredPolicy {
+                policy,
+                version: 1,
+                updated_at_ms: at,
+                updated_by: actor.into(),
+            })
+        })
+    }
+
+    /// Fills a store that has never held a policy (set version 0) with
+    /// `set`, in one transaction; a store that has, even one emptied since,
+    /// is left alone. Returns how many policies were added.
+    pub fn seed(&self, set: &PolicySet, actor: &str) -> Result<usize, StoreError> {
+        validate_policy_set(set).map_err(StoreError::Invalid)?;
+        self.db.write(|sql| {
+            if set_version(sql)? > 0 || set.policies.is_empty() {
+                return Ok(0);
+            }
+            let set_version = bump(sql)?;
+            let at = now_ms();
+            for (position, policy) in set.policies.iter().enumerate() {
+                let position = i64::try_from(position).unwrap_or(i64::MAX);
+                insert_new(sql, policy, position, set_version, at, actor, "seed")?;
+            }
+            Ok(set.policies.len())
+        })
+    }
+
+    /// Replaces a policy if the caller saw its current version.
+    pub fn update(
+        &self,
+        name: &str,
+        policy: Policy,
+        expected: u64,
+        actor: &str,
+    ) -> Result<StoredPolicy, StoreError> {
+        self.db.write(|sql| {
+            let current = get(sql, name)?.ok_or_else(|| StoreError::NotFound(name.into()))?;
+            if current.version != expected {
+                return Err(StoreError::Stale {
+                    name: name.into(),
+                    current: current.version,
+                    expected,
+                });
+            }
+            let stored = list(sql)?;
+            let index = stored
+                .iter()
+                .position(|s| s.policy.name == name)
+                .unwrap_or(0);
+            let mut all: Vec<Policy> = stored.into_iter().map(|s| s.policy).collect();
+            if let Some(slot) = all.get_mut(index) {
+                *slot = policy.clone();
+            }
+            check_set(&all, index)?;
+            let at = now_ms();
+            let version = current.version + 1;
+            sql.execute(
+                "UPDATE policies SET name = $1, body = $2, version = $3, updated_at_ms = $4, updated_by = $5 WHERE name = $6",
+                &[
+                    policy.name.as_str().into(),
+                    to_json(&policy).into(),
+                    version.into(),
+                    at.into(),
+                    actor.into(),
+                    name.into(),
+                ],
+            )?;
+            let set_version = bump(sql)?;
+            history(sql, &policy.name, version, set_version, Some(&policy), at, actor)?;
+            audit(sql, at, actor, "update", name, Some(&current.policy), Some(&policy))?;
+            Ok(StoredPolicy {
+                policy,
+                version,
+                updated_at_ms: at,
+                updated_by: actor.into(),
+            })
+        })
+    }
+
+    pub fn delete(&self, name: &str, expected: u64, actor: &str) -> Result<(), StoreError> {
+        self.db.write(|sql| {
+            let current = get(sql, name)?.ok_or_else(|| StoreError::NotFound(name.into()))?;
+            if current.version != expected {
+                return Err(StoreError::Stale {
+                    name: name.into(),
+                    current: current.version,
+                    expected,
+                });
+            }
+            sql.execute("DELETE FROM policies WHERE name = $1", &[name.into()])?;
+            let at = now_ms();
+            let set_version = bump(sql)?;
+            history(sql, name, current.version + 1, set_version, None, at, actor)?;
+            audit(sql, at, actor, "delete", name, Some(&current.policy), None)?;
+            Ok(())
+        })
+    }
+
+    /// An audit entry that is not a policy change (logins, ...).
+    pub fn audit_event(&self, actor: &str, action: &str, target: &str) -> Result<(), StoreError> {
+        self.db.touch(|sql| {
+            sql.execute(
+                "INSERT INTO audit (at_ms, actor, action, target) VALUES ($1, $2, $3, $4)",
+                &[now_ms().into(), actor.into(), action.into(), target.into()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Newest first; `before` pages back by id.
+    pub fn audit_log(
+        &self,
+        limit: u32,
+        before: Option<i64>,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let rows = self.db.read(|sql| {
+            sql.query(
+                "SELECT id, at_ms, actor, action, target, old, new FROM audit
+                 WHERE id < $1 ORDER BY id DESC LIMIT $2",
+                &[
+                    before.unwrap_or(i64::MAX).into(),
+                    i64::from(limit.min(1000)).into(),
+                ],
+            )
+        })?;
+        let parse = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
+        rows.iter()
+            .map(|r| {
+                Ok(AuditEntry {
+                    id: r.int(0)?,
+                    at_ms: r.uint(1)?,
+                    actor: r.text(2)?,
+                    action: r.text(3)?,
+                    target: r.text(4)?,
+                    old: parse(r.optional_text(5)?),
+                    new: parse(r.optional_text(6)?),
+                })
+            })
+            .collect()
+    }
+
+    pub fn record_sync(&self, report: &SyncReport) -> Result<(), StoreError> {
+        let body = serde_json::to_string(report).unwrap_or_else(|_| "{}".into());
+        self.db.touch(|sql| {
+            sql.execute(
+                "INSERT INTO instances (id, first_seen_ms, last_sync_ms, policy_version, syncs, report)
+                 VALUES ($1, $2, $2, $3, 1, $4)
+                 ON CONFLICT (id) DO UPDATE SET last_sync_ms = $2, policy_version = $3,
+                   syncs = instances.syncs + 1, report = $4",
+                &[
+                    report.instance.as_str().into(),
+                    now_ms().into(),
+                    report.policy_version.into(),
+                    body.into(),
+                ],
+            )
+            .map(drop)
+        })
+    }
+
+    pub fn instances(&self) -> Result<Vec<InstanceRow>, StoreError> {
+        let rows = self.db.read(|sql| {
+            sql.query(
+                "SELECT id, first_seen_ms, last_sync_ms, policy_version, syncs, report FROM instances ORDER BY id",
+                &[],
+            )
+        })?;
+        rows.iter()
+            .map(|r| {
+                Ok(InstanceRow {
+                    id: r.text(0)?,
+                    first_seen_ms: r.uint(1)?,
+                    last_sync_ms: r.uint(2)?,
+                    policy_version: r.uint(3)?,
+                    syncs: r.uint(4)?,
+                    report: serde_json::from_str(&r.text(5)?).unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    /// SQLite's journal mode ("wal"); None on PostgreSQL.
+    pub fn journal_mode(&self) -> Result<Option<String>, StoreError> {
+        self.db.sqlite_pragma("journal_mode")
+    }
+
+    /// SQLite's own consistency check ("ok" for a sound file); None on
+    /// PostgreSQL.
+    pub fn integrity_check(&self) -> Result<Option<String>, StoreError> {
+        self.db.sqlite_pragma("integrity_check")
+    }
+}
+
+/// Inserts a policy new to the store (version 1) at `position`, with its
+/// history entry and an audit entry for `action`.
+fn insert_new(
+    sql: &mut dyn Sql,
+    policy: &Policy,
+    position: i64,
+    set_version: u64,
+    at: u64,
+    actor: &str,
+    action: &str,
+) -> Result<(), StoreError> {
+    sql.execute(
+        "INSERT INTO policies (name, body, version, position, updated_at_ms, updated_by) VALUES ($1, $2, 1, $3, $4, $5)",
+        &[
+            policy.name.as_str().into(),
+            to_json(policy).into(),
+            position.into(),
+            at.into(),
+            actor.into(),
+        ],
+    )?;
+    history(sql, &policy.name, 1, set_version, Some(policy), at, actor)?;
+    audit(sql, at, actor, action, &policy.name, None, Some(policy))?;
+    Ok(())
+}
+
+fn set_version(sql: &mut dyn Sql) -> Result<u64, StoreError> {
+    sql.query_one(
+        "SELECT value FROM settings WHERE key = 'policy_set_version'",
+        &[],
+    )?
+    .ok_or_else(|| StoreError::Corrupt("no policy_set_version setting".into()))?
+    .uint(0)
+}
+
+fn bump(sql: &mut dyn Sql) -> Result<u64, StoreError> {
+    sql.execute(
+        "UPDATE settings SET value = value + 1 WHERE key = 'policy_set_version'",
+        &[],
+    )?;
+    set_version(sql)
+}
+
+fn stored_policy(r: &Row) -> Result<StoredPolicy, StoreError> {
+    Ok(StoredPolicy {
+        policy: from_json(&r.text(0)?)?,
+        version: r.uint(1)?,
+        updated_at_ms: r.uint(2)?,
+        updated_by: r.text(3)?,
+    })
+}
+
+fn list(sql: &mut dyn Sql) -> Result<Vec<StoredPolicy>, StoreError> {
+    sql.query(
+        "SELECT body, version, updated_at_ms, updated_by FROM policies ORDER BY position",
+        &[],
+    )?
+    .iter()
+    .map(stored_policy)
+    .collect()
+}
+
+fn get(sql: &mut dyn Sql, name: &str) -> Result<Option<StoredPolicy>, StoreError> {
+    sql.query_one(
+        "SELECT body, version, updated_at_ms, updated_by FROM policies WHERE name = $1",
+        &[name.into()],
+    )?
+    .as_ref()
+    .map(stored_policy)
+    .transpose()
+}
+
+fn check_set(all: &[Policy], edited: usize) -> Result<(), StoreError> {
+    let set = PolicySet {
+        version: 1,
+        policies: all.to_vec(),
+    };
+    validate_policy_set(&set).map_err(|e| StoreError::Invalid(relative_errors(e, edited)))
+}
+
+fn history(
+    sql: &mut dyn Sql,
+    name: &str,
+    version: u64,
+    set_version: u64,
+    policy: Option<&Policy>,
+    at: u64,
+    actor: &str,
+) -> Result<(), StoreError> {
+    sql.execute(
+        "INSERT INTO policy_history (name, version, set_version, body, at_ms, actor) VALUES ($1, $2, $3, $4, $5, $6)",
+        &[
+            name.into(),
+            version.into(),
+            set_version.into(),
+            policy.map(to_json).into(),
+            at.into(),
+            actor.into(),
+        ],
+    )?;
+    Ok(())
+}
+
+fn audit(
+    sql: &mut dyn Sql,
+    at: u64,
+    actor: &str,
+    action: &str,
+    target: &str,
+    old: Option<&Policy>,
+    new: Option<&Policy>,
+) -> Result<(), StoreError> {
+    sql.execute(
+        "INSERT INTO audit (at_ms, actor, action, target, old, new) VALUES ($1, $2, $3, $4, $5, $6)",
+        &[
+            at.into(),
+            actor.into(),
+            action.into(),
+            target.into(),
+            old.map(to_json).into(),
+            new.map(to_json).into(),
+        ],
+    )?;
+    Ok(())
+}

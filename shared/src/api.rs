@@ -1,0 +1,242 @@
+//! The admin's JSON API under `/api/v1`, as types: the admin's handlers
+//! answer with them and the web UI reads them, so both sides agree on every
+//! field by construction. Times are milliseconds since the epoch on the
+//! wire (`*_ms`), as the API has always written them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::fleet::{Amount, MemberState};
+use crate::sync::SyncReport;
+use crate::time::{millis, Span};
+use crate::validate::FieldError;
+use crate::Policy;
+
+/// `POST /login`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoginRequest {
+    pub password: String,
+}
+
+/// `POST /login` and `GET /session`: who is logged in, and the token every
+/// write must send as `x-csrf-token`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub user: String,
+    pub csrf_token: String,
+    /// The admin runs with `--insecure-dev`: nobody logs in.
+    #[serde(default)]
+    pub insecure_dev: bool,
+}
+
+/// One policy as stored, with its version (also its `ETag`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredPolicy {
+    pub policy: Policy,
+    pub version: u64,
+    pub updated_at_ms: u64,
+    pub updated_by: String,
+}
+
+/// `GET /policies`: the set in evaluation order, with the set's version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyList {
+    pub version: u64,
+    pub policies: Vec<StoredPolicy>,
+}
+
+/// One saved version of a policy (`policy` is None where it was deleted).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub version: u64,
+    pub set_version: u64,
+    pub at_ms: u64,
+    pub actor: String,
+    pub policy: Option<Policy>,
+}
+
+/// `GET /policies/{name}/history`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    pub history: Vec<HistoryEntry>,
+}
+
+/// `POST /validate`: the policy is valid (an invalid one is a 422).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Validated {
+    pub ok: bool,
+}
+
+/// One change, by whom, old → new.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub id: i64,
+    pub at_ms: u64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub old: Option<serde_json::Value>,
+    pub new: Option<serde_json::Value>,
+}
+
+/// `GET /audit`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditLog {
+    pub entries: Vec<AuditEntry>,
+}
+
+/// An Envoy that synced, and what it last reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: String,
+    pub first_seen_ms: u64,
+    pub last_sync_ms: u64,
+    pub policy_version: u64,
+    pub syncs: u64,
+    /// Heard from within the last few seconds.
+    pub live: bool,
+    pub report: SyncReport,
+}
+
+/// `GET /instances`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceList {
+    pub instances: Vec<Instance>,
+    pub now_ms: u64,
+}
+
+/// One global policy's limit and how it is shared out now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetPolicy {
+    pub policy: String,
+    pub limit: Amount,
+    #[serde(rename = "lease_ms", with = "millis")]
+    pub lease: Span,
+    /// What the members may be enforcing, together.
+    pub reserved: Amount,
+    pub members: Vec<MemberState>,
+}
+
+/// `GET /fleet`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetView {
+    pub now_ms: u64,
+    pub policies: Vec<FleetPolicy>,
+}
+
+/// Per policy (and per instance), what happens each second.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Utilization {
+    pub admitted_per_s: f64,
+    pub rejected_per_s: f64,
+    pub queued_per_s: f64,
+    #[serde(default)]
+    pub shadow_limited_per_s: f64,
+    pub in_flight: u64,
+    pub max_in_flight: u64,
+    #[serde(default)]
+    pub waiting: u64,
+    /// Rate tokens left (summed over instances; absent without a rate).
+    pub tokens: Option<u64>,
+}
+
+impl Utilization {
+    /// Adds another instance's figures.
+    pub fn add(&mut self, other: &Utilization) {
+        self.admitted_per_s += other.admitted_per_s;
+        self.rejected_per_s += other.rejected_per_s;
+        self.queued_per_s += other.queued_per_s;
+        self.shadow_limited_per_s += other.shadow_limited_per_s;
+        self.in_flight = self.in_flight.saturating_add(other.in_flight);
+        self.max_in_flight = self.max_in_flight.saturating_add(other.max_in_flight);
+        self.waiting = self.waiting.saturating_add(other.waiting);
+        self.tokens = match (self.tokens, other.tokens) {
+            (None, t) | (t, None) => t,
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        };
+    }
+}
+
+/// `GET /live` (server-sent events): a `history` event with the recent
+/// frames, then a `frame` event every second.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveFrame {
+    pub at_ms: u64,
+    /// Per policy, summed over the live instances.
+    pub policies: BTreeMap<String, Utilization>,
+    /// Per instance, per policy.
+    pub instances: BTreeMap<String, BTreeMap<String, Utilization>>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_set_version: Option<u64>,
+}
+
+/// Every error: what went wrong, with every field error of a refused
+/// policy (422) or the version that won a conflicting edit (409).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<u64>,
+}
+
+impl ErrorBody {
+    /// An error with a message only.
+    pub fn new(error: impl Into<String>) -> Self {
+        Self {
+            error: error.into(),
+            errors: Vec::new(),
+            current_version: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_keep_their_wire_shape() {
+        let plain = ErrorBody {
+            error: "log in first".into(),
+            errors: Vec::new(),
+            current_version: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&plain).unwrap(),
+            r#"{"error":"log in first"}"#
+        );
+        let invalid: ErrorBody = serde_json::from_str(
+            r#"{"error": "invalid policy", "errors": [{"path": "rate.burst", "message": "must be >= 1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(invalid.errors[0].path, "rate.burst");
+        let stale: ErrorBody =
+            serde_json::from_str(r#"{"error": "stale", "current_version": 4}"#).unwrap();
+        assert_eq!(stale.current_version, Some(4));
+    }
+
+    #[test]
+    fn a_fleet_view_reads_back_what_the_admin_writes() {
+        let json = r#"{"now_ms": 5000, "policies": [{"policy": "llm",
+            "limit": {"rate": 300.0, "in_flight": 30}, "lease_ms": 3000,
+            "reserved": {"rate": 100.0, "in_flight": 10},
+            "members": [{"instance": "e1", "share": {"rate": 100.0, "in_flight": 10},
+                "reserved": {"rate": 100.0, "in_flight": 10}, "used": {"rate": 90.0, "in_flight": 8},
+                "demand": {"rate": 95.0, "in_flight": 9, "queued": 0}, "last_sync_ms": 4900}]}]}"#;
+        let view: FleetView = serde_json::from_str(json).unwrap();
+        assert_eq!(view.policies[0].lease, Span::from_secs(3));
+        assert_eq!(view.policies[0].members[0].last_sync.as_millis(), 4900);
+        let again: FleetView =
+            serde_json::from_str(&serde_json::to_string(&view).unwrap()).unwrap();
+        assert_eq!(again, view);
+    }
+}
