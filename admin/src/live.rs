@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use sluice_shared::api::{LiveFrame, Utilization};
 use sluice_shared::sync::{PolicyReport, SyncReport};
+use sluice_shared::Span;
 use tokio::sync::broadcast;
 
 /// Ten minutes of one-second frames.
@@ -45,7 +46,7 @@ impl Default for Live {
 fn per_second(now: u64, before: u64, dt_ms: u64) -> f64 {
     // A counter that went down means the Envoy restarted: count from zero.
     let delta = if now >= before { now - before } else { now };
-    delta as f64 * 1000.0 / dt_ms as f64
+    delta as f64 / Span::from_millis(dt_ms).as_secs_f64()
 }
 
 fn rates(prev: Option<&PolicyReport>, cur: &PolicyReport, dt_ms: u64) -> Utilization {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::time::Span;
+use crate::time::{Span, NANOS_PER_MILLI};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DurationMs(u64);
@@ -40,7 +40,7 @@ impl DurationMs {
         let parsed = humantime::parse_duration(trimmed).map_err(|e| {
             format!("invalid duration {trimmed:?}: {e}; write e.g. \"250ms\", \"1s\", \"1m\"")
         })?;
-        if parsed.subsec_nanos() % 1_000_000 != 0 {
+        if u64::from(parsed.subsec_nanos()) % NANOS_PER_MILLI != 0 {
             return Err(format!(
                 "duration {trimmed:?} is finer than a millisecond; the smallest unit is 1ms"
             ));

@@ -6,7 +6,7 @@
 //! valid inside a structured-field string without escaping.
 
 use crate::policy::Policy;
-use crate::time::Span;
+use crate::time::{Span, NANOS_PER_SEC};
 
 pub const RETRY_AFTER: &str = "retry-after";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
@@ -51,13 +51,15 @@ pub fn quota_id(policy: &Policy, kind: LimitKind) -> String {
 pub fn ratelimit_policy_value(policy: &Policy) -> String {
     let mut items = Vec::with_capacity(2);
     if let Some(rate) = &policy.rate {
-        let period_ms = rate.period.as_millis().max(1);
-        let (quota, window_s) = if period_ms % 1000 == 0 {
-            (rate.requests, period_ms / 1000)
-        } else {
-            // The field's window is whole seconds: state the same rate per second.
-            let per_second = u128::from(rate.requests) * 1000 / u128::from(period_ms);
-            (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
+        let period = rate.period.as_span();
+        let (quota, window_s) = match period.as_whole_secs() {
+            Some(secs) if secs > 0 => (rate.requests, secs),
+            _ => {
+                // The field's window is whole seconds: state the same rate per second.
+                let per_second = u128::from(rate.requests) * u128::from(NANOS_PER_SEC)
+                    / u128::from(period.as_nanos().max(1));
+                (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
+            }
         };
         items.push(format!(
             "\"{}\";q={quota};w={window_s}",

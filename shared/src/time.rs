@@ -91,9 +91,23 @@ impl Span {
         self.0 / NANOS_PER_MILLI
     }
 
+    /// Whole seconds, rounded down.
+    pub const fn as_secs(self) -> u64 {
+        self.0 / NANOS_PER_SEC
+    }
+
     /// Whole seconds, rounded up: waiting this long is never too early.
     pub const fn as_secs_ceil(self) -> u64 {
         self.0.div_ceil(NANOS_PER_SEC)
+    }
+
+    /// Whole seconds, when the span is a whole number of them.
+    pub const fn as_whole_secs(self) -> Option<u64> {
+        if self.0 % NANOS_PER_SEC == 0 {
+            Some(self.0 / NANOS_PER_SEC)
+        } else {
+            None
+        }
     }
 
     pub fn as_secs_f64(self) -> f64 {

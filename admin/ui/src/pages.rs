@@ -11,7 +11,7 @@ use sluice_shared::api::{
     AuditLog, FleetPolicy, FleetView, InstanceList, LoginRequest, PolicyList, SessionInfo,
     StoredPolicy, Validated,
 };
-use sluice_shared::{Mode, Scope};
+use sluice_shared::{Mode, Scope, Span};
 
 use crate::api::{self, ApiError, FieldError};
 use crate::form::{self, Kind};
@@ -761,7 +761,7 @@ fn FleetPolicy(policy: FleetPolicy, now_ms: u64) -> impl IntoView {
                     <td class="share-in-flight">{share_flight}</td>
                     <td class="used-in-flight"><Bar value=Signal::derive(move || used_flight as f64) max=Signal::derive(move || share_flight as f64)
                         label=Signal::derive(move || used_flight.to_string())/></td>
-                    <td>{format!("{:.1} s ago", ago_ms as f64 / 1000.0)}</td>
+                    <td>{format!("{:.1} s ago", Span::from_millis(ago_ms).as_secs_f64())}</td>
                 </tr>
             }
         })
@@ -806,7 +806,7 @@ fn InstancesPage() -> impl IntoView {
             <thead><tr><th>"Envoy"</th><th>"Status"</th><th>"Last sync"</th><th>"Policy version"</th><th>"Syncs"</th></tr></thead>
             <tbody>
                 <For each=move || rows.get() key=|r| r.id.clone() children=move |r| {
-                    let ago = now_ms.get_untracked().saturating_sub(r.last_sync_ms) / 1000;
+                    let ago = Span::from_millis(now_ms.get_untracked().saturating_sub(r.last_sync_ms)).as_secs();
                     view! {
                         <tr class="instance-row">
                             <td>{r.id.clone()}</td>
