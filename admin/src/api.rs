@@ -21,13 +21,14 @@ use sluice_shared::api::{
     AuditLog, FleetView, Health, History, Instance, InstanceList, LoginRequest, PolicyList,
     SessionInfo, StoredPolicy, Validated,
 };
-use sluice_shared::sync::{SyncReport, SHARES_HEADER, SYNC_PATH};
+use sluice_shared::sync::{SyncReport, EPOCH_HEADER, SHARES_HEADER, SYNC_PATH};
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::auth::{CSRF_HEADER, SESSION_COOKIE};
 use crate::error::ApiError;
+use crate::login::Refused;
 use crate::store::{now, now_ms};
 use crate::AppState;
 
@@ -145,32 +146,48 @@ fn session_cookie(state: &AppState, value: String) -> Cookie<'static> {
         .build()
 }
 
+/// The one account there is until named users arrive.
+const ADMIN_ACCOUNT: &str = "admin";
+
 async fn login(
     State(state): State<Shared>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     jar: CookieJar,
     Json(form): Json<LoginRequest>,
 ) -> Result<Response, ApiError> {
-    let ip = peer.ip();
-    if let Some(wait) = state.throttle.blocked_for(ip) {
-        tracing::warn!(%ip, "login refused: too many failures");
-        return Err(ApiError::Throttled(wait));
-    }
+    let ip = state.addressing.client(peer.ip(), &headers);
+    // The guess is taken from the throttles before the password is
+    // checked, and checks wait for their turn: a storm of wrong logins
+    // costs a few argon2 runs, not one each.
+    let attempt = match state.login.attempt(ADMIN_ACCOUNT, ip).await {
+        Ok(attempt) => attempt,
+        Err(refused) => {
+            state.metrics.login_throttled.inc();
+            tracing::warn!(%ip, ?refused, "login refused unchecked");
+            return Err(match refused {
+                Refused::Throttled(wait) => ApiError::Throttled(wait.as_duration()),
+                Refused::Busy => ApiError::Unavailable("too many logins at once; retry".into()),
+            });
+        }
+    };
+    state.metrics.password_checks.inc();
     let st = state.clone();
     let ok = tokio::task::spawn_blocking(move || st.credentials.verify(&form.password)).await?;
     if !ok {
-        state.throttle.failed(ip);
+        drop(attempt);
         state.metrics.login_failures.inc();
         tracing::warn!(%ip, "login failed");
         return Err(ApiError::Unauthorized);
     }
+    attempt.succeeded();
     let (token, session) = state
         .sessions
-        .create("admin")
+        .create(ADMIN_ACCOUNT)
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     state
         .store
-        .audit_event("admin", "login", &ip.to_string())
+        .audit_event(ADMIN_ACCOUNT, "login", &ip.to_string())
         .await?;
     tracing::info!(%ip, "login");
     let jar = jar.add(session_cookie(&state, token));
@@ -324,12 +341,30 @@ async fn audit_log(
     Ok(Json(AuditLog { entries }))
 }
 
+/// A page of `GET /instances`: `?limit=` (1 to 1000, default 100) after
+/// `?after=` (the previous page's `next`).
+#[derive(Deserialize)]
+struct InstancesQuery {
+    limit: Option<u32>,
+    after: Option<String>,
+}
+
+const MAX_INSTANCES_PAGE: u32 = 1000;
+
 async fn instances(
     State(state): State<Shared>,
     _op: Operator,
+    Query(q): Query<InstancesQuery>,
 ) -> Result<Json<InstanceList>, ApiError> {
-    let rows = state.store.instances().await?;
+    let limit = q.limit.unwrap_or(100).clamp(1, MAX_INSTANCES_PAGE);
+    let rows = state
+        .store
+        .instances(q.after.as_deref().unwrap_or(""), limit)
+        .await?;
     let now_ms = now_ms();
+    let next = (rows.len() == limit as usize)
+        .then(|| rows.last().map(|r| r.id.clone()))
+        .flatten();
     let instances = rows
         .into_iter()
         .map(|r| Instance {
@@ -342,24 +377,31 @@ async fn instances(
             report: r.report,
         })
         .collect();
-    Ok(Json(InstanceList { instances, now_ms }))
+    Ok(Json(InstanceList {
+        instances,
+        now_ms,
+        next,
+    }))
 }
 
 async fn live(
     State(state): State<Shared>,
     _op: Operator,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    // Shared frames, serialized straight from the history: nothing is
+    // copied per stream.
     let history = state.live.history();
+    let shared: Vec<&sluice_shared::api::LiveFrame> = history.iter().map(|f| &**f).collect();
     let first = Event::default()
         .event("history")
-        .json_data(&history)
+        .json_data(&shared)
         .unwrap_or_default();
     let frames = BroadcastStream::new(state.live.frames.subscribe()).filter_map(|f| async move {
         // A lagging client skips frames rather than stalling the others.
         let frame = f.ok()?;
         Some(Ok(Event::default()
             .event("frame")
-            .json_data(&frame)
+            .json_data(&*frame)
             .unwrap_or_default()))
     });
     Sse::new(stream::once(async move { Ok(first) }).chain(frames))
@@ -390,7 +432,17 @@ async fn sync(
         ApiError::BadRequest(e)
     })?;
     state.live.ingest(&report, now_ms());
-    let (report, set) = state.store.record_sync(report).await?;
+    let answer = state.store.record_sync(report).await?;
+    let (report, set, epoch) = (answer.report, answer.set, answer.epoch);
+    if answer.renewed {
+        tracing::warn!(
+            instance = %report.instance,
+            reported = report.policy_version,
+            store = set.version,
+            epoch,
+            "an Envoy enforces a version this store never reached (restored from a backup?): new store epoch"
+        );
+    }
     let shares = match state.fleet.shares(&set, &report, now()).await {
         Ok(shares) if shares.is_empty() => None,
         Ok(shares) => serde_json::to_string(&shares)
@@ -403,7 +455,10 @@ async fn sync(
             None
         }
     };
-    let mut response = if set.version == report.policy_version {
+    // An Envoy that names no epoch is older than epochs: its version alone
+    // tells whether it is current.
+    let same_store = report.policy_epoch == epoch || report.policy_epoch == 0;
+    let mut response = if set.version == report.policy_version && same_store {
         state.metrics.result("not_modified");
         (
             StatusCode::NOT_MODIFIED,
@@ -418,6 +473,9 @@ async fn sync(
     if let Some(shares) = shares {
         response.headers_mut().insert(SHARES_HEADER, shares);
     }
+    response
+        .headers_mut()
+        .insert(EPOCH_HEADER, HeaderValue::from(epoch));
     Ok(response)
 }
 

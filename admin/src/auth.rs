@@ -1,25 +1,18 @@
 //! Operator authentication: one admin password (argon2 hash), server-side
 //! sessions behind an HttpOnly SameSite=Strict cookie, a CSRF token per
-//! session checked on every mutating request, and failed logins slowed per
-//! client address with the same GCRA limiter the filter uses.
+//! session checked on every mutating request. Failed logins are slowed in
+//! [`crate::login`].
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
-use sluice_shared::limiter::token_bucket::{TokenBucket, TokenBucketState};
-use sluice_shared::limiter::Decision;
-use sluice_shared::Span;
 
 pub const SESSION_COOKIE: &str = "sluice_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
-/// Failed logins per client address: a burst of 5, then one every 10 s.
-const LOGIN_BURST: u64 = 5;
-const LOGIN_REFILL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
@@ -130,67 +123,6 @@ impl Sessions {
     }
 }
 
-/// Slows password guessing: each failed login takes a token from the
-/// client address's bucket; with none left, logins are refused until one
-/// comes back.
-pub struct LoginThrottle {
-    limiter: TokenBucket,
-    started: Instant,
-    buckets: Mutex<HashMap<IpAddr, TokenBucketState>>,
-}
-
-impl Default for LoginThrottle {
-    fn default() -> Self {
-        Self {
-            limiter: TokenBucket::new(1, refill(), LOGIN_BURST, None),
-            started: Instant::now(),
-            buckets: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-fn refill() -> Span {
-    Span::from_nanos(u64::try_from(LOGIN_REFILL.as_nanos()).unwrap_or(u64::MAX))
-}
-
-impl LoginThrottle {
-    /// Monotonic time since the throttle started, offset so that a first
-    /// failure at start finds a full bucket.
-    fn now(&self) -> sluice_shared::Instant {
-        let elapsed = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        sluice_shared::Instant::EPOCH
-            + Span::from_nanos(elapsed)
-            + refill().saturating_mul(LOGIN_BURST)
-    }
-
-    /// Time to wait before this address may try again, if it must.
-    pub fn blocked_for(&self, ip: IpAddr) -> Option<Duration> {
-        let now = self.now();
-        let buckets = self.buckets.lock().ok()?;
-        let state = buckets.get(&ip)?;
-        let available = self.limiter.available(state, now);
-        if available > 0 {
-            return None;
-        }
-        let mut probe = *state;
-        match self.limiter.try_acquire(&mut probe, now, 1) {
-            Decision::Deny { retry_after, .. } => Some(retry_after.as_duration()),
-            Decision::Admit { .. } => None,
-        }
-    }
-
-    pub fn failed(&self, ip: IpAddr) {
-        let now = self.now();
-        if let Ok(mut buckets) = self.buckets.lock() {
-            if buckets.len() > 100_000 {
-                buckets.clear();
-            }
-            let state = buckets.entry(ip).or_default();
-            let _ = self.limiter.try_acquire(state, now, 1);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,18 +140,5 @@ mod tests {
             .unwrap()
             .verify("correct horse"));
         assert!(Credentials::from_hash("not a hash").is_err());
-    }
-
-    #[test]
-    fn five_failures_then_blocked() {
-        let throttle = LoginThrottle::default();
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        for _ in 0..LOGIN_BURST {
-            assert!(throttle.blocked_for(ip).is_none());
-            throttle.failed(ip);
-        }
-        let wait = throttle.blocked_for(ip).expect("blocked after the burst");
-        assert!(wait <= LOGIN_REFILL);
-        assert!(throttle.blocked_for("10.0.0.1".parse().unwrap()).is_none());
     }
 }

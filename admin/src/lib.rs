@@ -7,6 +7,7 @@ pub mod auth;
 pub mod error;
 pub mod fleet;
 pub mod live;
+pub mod login;
 pub mod metrics;
 pub mod store;
 
@@ -21,17 +22,24 @@ use tower_http::services::{ServeDir, ServeFile};
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::auth::{Credentials, LoginThrottle, Sessions};
+use crate::auth::{Credentials, Sessions};
 use crate::fleet::Ledgers;
 use crate::live::Live;
+use crate::login::{ClientAddressing, LoginGuard};
 use crate::metrics::Metrics;
 use crate::store::Store;
+
+/// How long an Envoy that stopped syncing stays listed.
+pub const DEFAULT_INSTANCE_TTL: sluice_shared::Span = sluice_shared::Span::from_secs(3600);
 
 pub struct AppState {
     pub store: Store,
     pub credentials: Credentials,
     pub sessions: Sessions,
-    pub throttle: LoginThrottle,
+    /// Throttles and the bound on password checks in flight.
+    pub login: LoginGuard,
+    /// Where a client's address comes from (the peer, or a trusted proxy).
+    pub addressing: ClientAddressing,
     pub live: Live,
     pub metrics: Metrics,
     /// Bearer token filters must send to `/api/v1/sync` (none: any filter).
@@ -40,6 +48,8 @@ pub struct AppState {
     pub secure_cookies: bool,
     /// Global policies' shares (fleet mode).
     pub fleet: Ledgers,
+    /// Instances silent for longer are forgotten (live view and store).
+    pub instance_ttl: sluice_shared::Span,
 }
 
 impl AppState {
@@ -53,13 +63,28 @@ impl AppState {
             store,
             credentials,
             sessions: Sessions::default(),
-            throttle: LoginThrottle::default(),
-            live: Live::default(),
+            login: LoginGuard::default(),
+            addressing: ClientAddressing::default(),
+            live: Live::new(DEFAULT_INSTANCE_TTL),
             metrics: Metrics::default(),
             sync_token,
             secure_cookies,
             fleet: Ledgers::default(),
+            instance_ttl: DEFAULT_INSTANCE_TTL,
         }
+    }
+
+    /// Forgets instances silent for `ttl` (default [`DEFAULT_INSTANCE_TTL`]).
+    pub fn with_instance_ttl(mut self, ttl: sluice_shared::Span) -> Self {
+        self.instance_ttl = ttl;
+        self.live = Live::new(ttl);
+        self
+    }
+
+    /// Believes `addressing.header` from the trusted proxies.
+    pub fn with_addressing(mut self, addressing: ClientAddressing) -> Self {
+        self.addressing = addressing;
+        self
     }
 
     /// Keeps fleet ledgers in `ledgers` (Redis, for several replicas).
@@ -105,11 +130,31 @@ pub fn spawn_live_ticker(state: Arc<AppState>) {
         loop {
             every.tick().await;
             let now = store::now_ms();
-            state.live.tick(now);
-            state.metrics.observe(&state.live.frame(now));
+            let frame = state.live.tick(now);
+            state.metrics.observe(&frame);
         }
     });
 }
+
+/// Forgets, once a minute, the instances not heard from for the instance
+/// TTL, so that pod churn does not grow the store.
+pub fn spawn_instance_pruner(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(INSTANCE_PRUNE_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            every.tick().await;
+            let before = store::now_ms().saturating_sub(state.instance_ttl.as_millis());
+            match state.store.prune_instances(before).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(instances = n, "forgot instances silent past the TTL"),
+                Err(e) => tracing::warn!(error = %e, "pruning instances"),
+            }
+        }
+    });
+}
+
+const INSTANCE_PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Serves until `shutdown` resolves.
 pub async fn serve(
@@ -119,6 +164,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     spawn_live_ticker(state.clone());
+    spawn_instance_pruner(state.clone());
     let app = app(state, ui_dir);
     axum::serve(
         listener,

@@ -1,9 +1,15 @@
 //! Live utilization: turns the cumulative counters each Envoy reports on
-//! sync into per-second rates, keeps the last minutes per policy and per
-//! instance, and broadcasts one frame a second to the UI's SSE streams.
+//! sync into per-second rates, keeps the last minutes per policy, and
+//! broadcasts one frame a second to the UI's SSE streams.
+//!
+//! Memory is bounded whatever the Envoys send: per instance only a few
+//! samples of its counters (not its reports), at most [`MAX_INSTANCES`]
+//! instances, each forgotten once silent for the instance TTL; history
+//! frames keep per-policy figures only (per-instance figures are in the
+//! newest frame) and are shared, not copied, with every stream.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_shared::api::{LiveFrame, Utilization};
 use sluice_shared::sync::{PolicyReport, SyncReport};
@@ -14,53 +20,83 @@ use tokio::sync::broadcast;
 pub const HISTORY_FRAMES: usize = 600;
 /// An instance silent for longer no longer counts towards live figures.
 pub const STALE_AFTER_MS: u64 = 5_000;
-
-struct InstanceState {
-    /// Recent reports, oldest first: rates are taken over about a second
-    /// of the Envoy's clock, whatever its sync interval.
-    reports: VecDeque<SyncReport>,
-    received_ms: u64,
-    rates: BTreeMap<String, Utilization>,
-}
-
+/// Instances tracked at once; past it, the longest silent goes.
+pub const MAX_INSTANCES: usize = 10_000;
+/// Samples of an instance's counters kept: enough to span the rate window
+/// at any sync interval down to 100 ms.
+const KEPT_SAMPLES: usize = 16;
 /// Rates span at least this much of the Envoy's clock when it can.
 const RATE_WINDOW_MS: u64 = 1_000;
-const KEPT_REPORTS: usize = 64;
 
-pub struct Live {
-    instances: Mutex<HashMap<String, InstanceState>>,
-    history: Mutex<VecDeque<LiveFrame>>,
-    pub frames: broadcast::Sender<LiveFrame>,
+/// An instance's counters for one policy, as far as rates need them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    admitted: u64,
+    rejected: u64,
+    queued: u64,
+    shadow_limited: u64,
 }
 
-impl Default for Live {
-    fn default() -> Self {
-        Self {
-            instances: Mutex::new(HashMap::new()),
-            history: Mutex::new(VecDeque::new()),
-            frames: broadcast::channel(64).0,
+impl From<&PolicyReport> for Counts {
+    fn from(r: &PolicyReport) -> Self {
+        Counts {
+            admitted: r.admitted,
+            rejected: r.rejected,
+            queued: r.queued,
+            shadow_limited: r.shadow_limited,
         }
     }
 }
 
+/// One sync's counters, by the Envoy's clock.
+struct Sample {
+    at_ms: u64,
+    counts: BTreeMap<String, Counts>,
+}
+
+struct InstanceState {
+    /// Recent samples, oldest first: rates are taken over about a second
+    /// of the Envoy's clock, whatever its sync interval.
+    samples: VecDeque<Sample>,
+    received_ms: u64,
+    rates: BTreeMap<String, Utilization>,
+}
+
+pub struct Live {
+    instances: Mutex<HashMap<String, InstanceState>>,
+    history: Mutex<VecDeque<Arc<LiveFrame>>>,
+    /// Instances silent for this long are forgotten.
+    instance_ttl_ms: u64,
+    pub frames: broadcast::Sender<Arc<LiveFrame>>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self::new(Span::from_secs(600))
+    }
+}
+
+/// A lock, recovered if a panic poisoned it: every value behind these locks
+/// is replaced whole, never left half-changed.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn per_second(now: u64, before: u64, dt_ms: u64) -> f64 {
     // A counter that went down means the Envoy restarted: count from zero.
-    let delta = if now >= before { now - before } else { now };
+    let delta = now.checked_sub(before).unwrap_or(now);
     delta as f64 / Span::from_millis(dt_ms).as_secs_f64()
 }
 
-fn rates(prev: Option<&PolicyReport>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
-    let zero = PolicyReport::default();
-    let prev = prev.unwrap_or(&zero);
-    let (admitted, rejected, queued, shadow) = if dt_ms == 0 {
-        (0.0, 0.0, 0.0, 0.0)
-    } else {
-        (
+fn rates(prev: Option<&Counts>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
+    let (admitted, rejected, queued, shadow) = match prev {
+        Some(prev) if dt_ms > 0 => (
             per_second(cur.admitted, prev.admitted, dt_ms),
             per_second(cur.rejected, prev.rejected, dt_ms),
             per_second(cur.queued, prev.queued, dt_ms),
             per_second(cur.shadow_limited, prev.shadow_limited, dt_ms),
-        )
+        ),
+        _ => (0.0, 0.0, 0.0, 0.0),
     };
     Utilization {
         admitted_per_s: admitted,
@@ -75,58 +111,84 @@ fn rates(prev: Option<&PolicyReport>, cur: &PolicyReport, dt_ms: u64) -> Utiliza
 }
 
 impl Live {
-    /// Takes a report received at `now_ms`.
+    pub fn new(instance_ttl: Span) -> Self {
+        Self {
+            instances: Mutex::new(HashMap::new()),
+            history: Mutex::new(VecDeque::new()),
+            instance_ttl_ms: instance_ttl.as_millis(),
+            frames: broadcast::channel(64).0,
+        }
+    }
+
+    /// Takes a report received at `now_ms`. The rates are worked out
+    /// before the lock is taken; under it only the result is stored.
     pub fn ingest(&self, report: &SyncReport, now_ms: u64) {
-        let Ok(mut instances) = self.instances.lock() else {
-            return;
+        let previous = {
+            let mut instances = lock(&self.instances);
+            instances.remove(&report.instance)
         };
-        let mut state = instances.remove(&report.instance).unwrap_or(InstanceState {
-            reports: VecDeque::new(),
+        let mut state = previous.unwrap_or(InstanceState {
+            samples: VecDeque::new(),
             received_ms: now_ms,
             rates: BTreeMap::new(),
         });
         // A clock that went back means a new Envoy under the same name.
         if state
-            .reports
+            .samples
             .back()
-            .is_some_and(|r| r.at_ms >= report.at_ms)
+            .is_some_and(|s| s.at_ms >= report.at_ms)
         {
-            state.reports.clear();
+            state.samples.clear();
         }
         let base = state
-            .reports
+            .samples
             .iter()
             .rev()
-            .find(|r| r.at_ms + RATE_WINDOW_MS <= report.at_ms)
-            .or(state.reports.front());
-        state.rates = match base {
-            Some(prev) => {
-                let dt = report.at_ms - prev.at_ms;
-                report
-                    .policies
-                    .iter()
-                    .map(|(name, cur)| (name.clone(), rates(prev.policies.get(name), cur, dt)))
-                    .collect()
-            }
-            None => report
+            .find(|s| s.at_ms.saturating_add(RATE_WINDOW_MS) <= report.at_ms)
+            .or(state.samples.front());
+        let dt = base.map_or(0, |b| report.at_ms.saturating_sub(b.at_ms));
+        state.rates = report
+            .policies
+            .iter()
+            .map(|(name, cur)| {
+                let prev = base.and_then(|b| b.counts.get(name));
+                (name.clone(), rates(prev, cur, dt))
+            })
+            .collect();
+        while state.samples.len() >= KEPT_SAMPLES
+            || state
+                .samples
+                .front()
+                .is_some_and(|s| s.at_ms.saturating_add(10 * RATE_WINDOW_MS) < report.at_ms)
+        {
+            state.samples.pop_front();
+        }
+        state.samples.push_back(Sample {
+            at_ms: report.at_ms,
+            counts: report
                 .policies
                 .iter()
-                .map(|(name, cur)| (name.clone(), rates(Some(cur), cur, 0)))
+                .map(|(name, r)| (name.clone(), Counts::from(r)))
                 .collect(),
-        };
-        if state.reports.len() >= KEPT_REPORTS {
-            state.reports.pop_front();
-        }
-        while state
-            .reports
-            .front()
-            .is_some_and(|r| r.at_ms + 10 * RATE_WINDOW_MS < report.at_ms)
-        {
-            state.reports.pop_front();
-        }
-        state.reports.push_back(report.clone());
+        });
         state.received_ms = now_ms;
+        let mut instances = lock(&self.instances);
+        if instances.len() >= MAX_INSTANCES {
+            // Room for this one: the longest silent goes.
+            if let Some(oldest) = instances
+                .iter()
+                .min_by_key(|(_, s)| s.received_ms)
+                .map(|(id, _)| id.clone())
+            {
+                instances.remove(&oldest);
+            }
+        }
         instances.insert(report.instance.clone(), state);
+    }
+
+    /// Instances tracked now.
+    pub fn tracked(&self) -> usize {
+        lock(&self.instances).len()
     }
 
     /// The frame for `now_ms`, from the instances heard from recently.
@@ -135,9 +197,7 @@ impl Live {
             at_ms: now_ms,
             ..LiveFrame::default()
         };
-        let Ok(instances) = self.instances.lock() else {
-            return frame;
-        };
+        let instances = lock(&self.instances);
         for (id, state) in instances.iter() {
             if now_ms.saturating_sub(state.received_ms) > STALE_AFTER_MS {
                 continue;
@@ -150,24 +210,32 @@ impl Live {
         frame
     }
 
-    /// Records and broadcasts the frame for `now_ms`.
-    pub fn tick(&self, now_ms: u64) {
-        let frame = self.frame(now_ms);
-        if let Ok(mut history) = self.history.lock() {
+    /// Forgets instances silent past the TTL, then records and broadcasts
+    /// the frame for `now_ms`. Returns the frame.
+    pub fn tick(&self, now_ms: u64) -> Arc<LiveFrame> {
+        let ttl = self.instance_ttl_ms;
+        lock(&self.instances).retain(|_, s| now_ms.saturating_sub(s.received_ms) <= ttl);
+        let frame = Arc::new(self.frame(now_ms));
+        {
+            let mut history = lock(&self.history);
             if history.len() >= HISTORY_FRAMES {
                 history.pop_front();
             }
-            history.push_back(frame.clone());
+            // History keeps the per-policy figures; the per-instance ones
+            // are in the frame broadcast now.
+            history.push_back(Arc::new(LiveFrame {
+                instances: BTreeMap::new(),
+                ..(*frame).clone()
+            }));
         }
         // No receivers is fine: nobody is watching.
-        let _ = self.frames.send(frame);
+        let _ = self.frames.send(Arc::clone(&frame));
+        frame
     }
 
-    pub fn history(&self) -> Vec<LiveFrame> {
-        self.history
-            .lock()
-            .map(|h| h.iter().cloned().collect())
-            .unwrap_or_default()
+    /// The recent frames, shared (not copied) with the caller.
+    pub fn history(&self) -> Vec<Arc<LiveFrame>> {
+        lock(&self.history).iter().cloned().collect()
     }
 }
 
@@ -193,8 +261,7 @@ mod tests {
             policy_version: 1,
             at_ms,
             policies,
-            filter: BTreeMap::new(),
-            shares: BTreeMap::new(),
+            ..SyncReport::default()
         }
     }
 
@@ -228,5 +295,33 @@ mod tests {
             live.tick(t);
         }
         assert_eq!(live.history().len(), HISTORY_FRAMES);
+    }
+
+    #[test]
+    fn huge_and_hostile_values_never_panic_or_poison() {
+        let live = Live::default();
+        let mut huge = report(u64::MAX, u64::MAX, u64::MAX);
+        huge.instance = "e2".into();
+        live.ingest(&report(0, 0, 0), 1);
+        live.ingest(&huge, 2);
+        live.ingest(&report(u64::MAX - 5, u64::MAX, u64::MAX), 3);
+        live.ingest(&huge, 4);
+        // Two instances at u64::MAX in flight each: the sum saturates.
+        assert_eq!(live.frame(5).policies["bank"].in_flight, u64::MAX);
+        live.tick(6);
+        assert_eq!(live.history().len(), 1);
+    }
+
+    #[test]
+    fn instances_are_bounded_and_forgotten_when_silent() {
+        let live = Live::new(Span::from_secs(60));
+        for i in 0..(MAX_INSTANCES + 50) {
+            let mut r = report(1_000, 10, 0);
+            r.instance = format!("e{i}");
+            live.ingest(&r, i as u64);
+        }
+        assert_eq!(live.tracked(), MAX_INSTANCES);
+        live.tick(200_000);
+        assert_eq!(live.tracked(), 0, "silent past the TTL");
     }
 }

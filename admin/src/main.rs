@@ -52,6 +52,30 @@ struct Args {
     /// development only.
     #[arg(long)]
     insecure_dev: bool,
+    /// A reverse proxy (address or CIDR) whose `--client-ip-header` is
+    /// believed; repeat for several. Login throttles then count the client
+    /// the proxy names instead of the proxy.
+    #[arg(
+        long = "trusted-proxy",
+        env = "SLUICE_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
+    trusted_proxies: Vec<ipnet::IpNet>,
+    /// The header a trusted proxy names the client in (e.g. x-forwarded-for).
+    #[arg(long, env = "SLUICE_CLIENT_IP_HEADER")]
+    client_ip_header: Option<String>,
+    /// An Envoy that stopped syncing is forgotten after this long (the
+    /// live view and the instances list), e.g. 10m, 1h.
+    #[arg(long, env = "SLUICE_INSTANCE_TTL", default_value = "1h", value_parser = parse_span)]
+    instance_ttl: sluice_shared::Span,
+}
+
+fn parse_span(text: &str) -> Result<sluice_shared::Span, String> {
+    let d = sluice_shared::DurationMs::parse(text)?;
+    if d.as_millis() == 0 {
+        return Err("must be more than 0".into());
+    }
+    Ok(d.as_span())
 }
 
 #[tokio::main]
@@ -115,7 +139,16 @@ async fn main() -> anyhow::Result<()> {
     .await
     .context("opening the store")??;
     let store_kind = store.kind();
-    let mut state = AppState::new(store, credentials, args.sync_token, args.secure_cookies);
+    if args.client_ip_header.is_some() == args.trusted_proxies.is_empty() {
+        bail!("--client-ip-header and --trusted-proxy go together: the header is believed only from the proxies");
+    }
+    let addressing = sluice_admin::login::ClientAddressing {
+        trusted_proxies: args.trusted_proxies.clone(),
+        header: args.client_ip_header.clone(),
+    };
+    let mut state = AppState::new(store, credentials, args.sync_token, args.secure_cookies)
+        .with_addressing(addressing)
+        .with_instance_ttl(args.instance_ttl);
     if let Some(url) = &args.redis_url {
         let ledgers = Ledgers::redis(url)
             .await

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub sync_requests: Family<ResultLabel, Counter>,
     pub policy_writes: Family<ActionLabel, Counter>,
     pub login_failures: Counter,
+    pub login_throttled: Counter,
+    pub password_checks: Counter,
     pub policy_set_version: Gauge,
     pub live_instances: Gauge,
     pub admitted_per_s: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
@@ -48,6 +50,8 @@ impl Default for Metrics {
             sync_requests: Family::default(),
             policy_writes: Family::default(),
             login_failures: Counter::default(),
+            login_throttled: Counter::default(),
+            password_checks: Counter::default(),
             policy_set_version: Gauge::default(),
             live_instances: Gauge::default(),
             admitted_per_s: Family::default(),
@@ -65,6 +69,16 @@ impl Default for Metrics {
             m.policy_writes.clone(),
         );
         registry.register("login_failures", "Failed logins", m.login_failures.clone());
+        registry.register(
+            "login_throttled",
+            "Logins refused unchecked: too many recent failures, or too many checks queued",
+            m.login_throttled.clone(),
+        );
+        registry.register(
+            "password_checks",
+            "Passwords checked (argon2 runs)",
+            m.password_checks.clone(),
+        );
         registry.register(
             "policy_set_version",
             "Current policy set version",

@@ -71,17 +71,19 @@ pub enum FilterStat {
     HostErrors,
     SyncOk,
     SyncFailures,
+    SyncStale,
     PolicySetsInstalled,
 }
 
 impl FilterStat {
-    const ALL: [FilterStat; 7] = [
+    const ALL: [FilterStat; 8] = [
         FilterStat::CasRetries,
         FilterStat::CasExhausted,
         FilterStat::StateDecodeErrors,
         FilterStat::HostErrors,
         FilterStat::SyncOk,
         FilterStat::SyncFailures,
+        FilterStat::SyncStale,
         FilterStat::PolicySetsInstalled,
     ];
 
@@ -93,6 +95,7 @@ impl FilterStat {
             FilterStat::HostErrors => "host_errors",
             FilterStat::SyncOk => "sync_ok",
             FilterStat::SyncFailures => "sync_failures",
+            FilterStat::SyncStale => "sync_stale",
             FilterStat::PolicySetsInstalled => "policy_sets_installed",
         }
     }

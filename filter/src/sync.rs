@@ -4,10 +4,12 @@
 //! - `sluice/sync`: whose turn it is: the next sync instant and the count of
 //!   consecutive failures (for backoff). A VM claims a turn by CAS.
 //! - `sluice/policyset`: the last good policy set from the admin, as its
-//!   version (8 bytes) followed by its JSON. Written only with a newer
-//!   version, and only after validation, so a bad answer never replaces it.
-//! - `sluice/policyset/version`: the version alone, which every worker
-//!   reads on its tick (8 bytes) to notice a new set cheaply.
+//!   [`SetId`] (16 bytes) followed by its JSON. Written only after
+//!   validation, and only with a set that may replace the one there (a
+//!   newer version, or a set from another store), so a bad answer never
+//!   replaces it.
+//! - `sluice/policyset/version`: the [`SetId`] alone, which every worker
+//!   reads on its tick to notice a new set cheaply.
 //!
 //! The counters the syncing VM reports are summed in shared data by
 //! [`crate::report`].
@@ -141,44 +143,99 @@ pub(crate) fn read_u64(bytes: Option<&[u8]>) -> Option<u64> {
     Some(u64::from_le_bytes(a))
 }
 
-/// The version hint every worker polls.
-pub fn published_version<H: Host + ?Sized>(host: &H) -> Option<u64> {
-    read_u64(host.shared_get(POLICY_VERSION_KEY).0.as_deref())
+/// Which policy set: the admin's store it came from (its epoch, drawn at
+/// random when the store was created; 0 from an admin that does not say)
+/// and its version in that store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetId {
+    pub epoch: u64,
+    pub version: u64,
 }
 
-/// The last good policy set from the admin, if any. A value that fails to
-/// decode or validate is ignored (and never written in the first place).
-pub fn published_set<H: Host + ?Sized>(host: &H) -> Option<PolicySet> {
+impl SetId {
+    /// A set may replace the one held when it is newer in the same store,
+    /// or comes from another store (the admin's database was replaced or
+    /// restored: its versions start again).
+    pub fn replaces(self, held: SetId) -> bool {
+        self.epoch != held.epoch || self.version > held.version
+    }
+
+    fn encode(self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.version.to_le_bytes());
+        out[8..].copy_from_slice(&self.epoch.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: Option<&[u8]>) -> Option<SetId> {
+        let bytes = bytes?;
+        Some(SetId {
+            version: read_u64(Some(bytes))?,
+            epoch: read_u64(bytes.get(8..))?,
+        })
+    }
+}
+
+/// The epoch an admin names in its answer; 0 when it names none (or
+/// something that is not a number).
+pub fn parse_epoch(value: Option<&[u8]>) -> u64 {
+    value
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The id every worker polls.
+pub fn published_id<H: Host + ?Sized>(host: &H) -> Option<SetId> {
+    SetId::decode(host.shared_get(POLICY_VERSION_KEY).0.as_deref())
+}
+
+/// The last good policy set from the admin, and its id, if any. A value
+/// that fails to decode or validate is ignored (and never written in the
+/// first place).
+pub fn published_set<H: Host + ?Sized>(host: &H) -> Option<(SetId, PolicySet)> {
     let bytes = host.shared_get(POLICY_SET_KEY).0?;
-    let json = std::str::from_utf8(bytes.get(8..)?).ok()?;
-    parse_policy_set(json).ok()
+    let id = SetId::decode(Some(&bytes))?;
+    let json = std::str::from_utf8(bytes.get(16..)?).ok()?;
+    parse_policy_set(json).ok().map(|set| (id, set))
 }
 
-/// Stores a validated set for every worker, unless a newer one is there.
-/// True if it was stored.
+/// What [`publish`] did with a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Stored for every worker.
+    Stored,
+    /// It is the set already held.
+    Held,
+    /// An older version of the same store than the one held: kept out.
+    Stale { held: SetId },
+}
+
+/// Stores a validated set for every worker, if it may replace the one
+/// there (see [`SetId::replaces`]).
 pub fn publish<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,
+    id: SetId,
     set: &PolicySet,
-) -> Result<bool, StoreError> {
+) -> Result<Published, StoreError> {
     let json = serde_json::to_vec(set).unwrap_or_default();
-    let stored = store.update(host, POLICY_SET_KEY, |cur| {
-        if read_u64(cur).is_some_and(|v| v >= set.version) {
-            return (false, None);
+    let outcome = store.update(host, POLICY_SET_KEY, |cur| {
+        match SetId::decode(cur) {
+            Some(held) if held == id => return (Published::Held, None),
+            Some(held) if !id.replaces(held) => return (Published::Stale { held }, None),
+            _ => {}
         }
-        let mut value = set.version.to_le_bytes().to_vec();
+        let mut value = id.encode().to_vec();
         value.extend_from_slice(&json);
-        (true, Some(value))
+        (Published::Stored, Some(value))
     })?;
-    if stored {
-        store.update(host, POLICY_VERSION_KEY, |cur| {
-            if read_u64(cur).is_some_and(|v| v >= set.version) {
-                return ((), None);
-            }
-            ((), Some(set.version.to_le_bytes().to_vec()))
+    if outcome == Published::Stored {
+        store.update(host, POLICY_VERSION_KEY, |_| {
+            ((), Some(id.encode().to_vec()))
         })?;
     }
-    Ok(stored)
+    Ok(outcome)
 }
 
 /// The admin's answer to a sync call as Envoy hands it over: bytes, never
@@ -189,6 +246,8 @@ pub struct SyncReply<'a> {
     pub status: Option<u16>,
     /// The fleet shares header.
     pub shares_header: Option<&'a [u8]>,
+    /// The store epoch header.
+    pub epoch_header: Option<&'a [u8]>,
     pub body: ReplyBody<'a>,
 }
 
@@ -329,20 +388,29 @@ mod tests {
     }
 
     #[test]
-    fn only_newer_valid_sets_are_published() {
+    fn only_newer_sets_or_sets_of_another_store_are_published() {
         let host = FakeHost::at(Instant::EPOCH);
-        let mut stats = Store::default();
-        assert_eq!(published_version(&host), None);
-        assert!(publish(&host, &mut stats, &set(3, 10)).unwrap());
-        assert!(!publish(&host, &mut stats, &set(2, 99)).unwrap(), "older");
-        assert!(
-            !publish(&host, &mut stats, &set(3, 99)).unwrap(),
-            "same version"
+        let mut store = Store::default();
+        let id = |epoch, version| SetId { epoch, version };
+        assert_eq!(published_id(&host), None);
+        let publish =
+            |store: &mut Store, id: SetId, s: PolicySet| publish(&host, store, id, &s).unwrap();
+        assert_eq!(publish(&mut store, id(7, 3), set(3, 10)), Published::Stored);
+        assert_eq!(
+            publish(&mut store, id(7, 2), set(2, 99)),
+            Published::Stale { held: id(7, 3) },
+            "older, same store"
         );
-        assert_eq!(published_version(&host), Some(3));
-        assert_eq!(published_set(&host).unwrap(), set(3, 10));
-        assert!(publish(&host, &mut stats, &set(4, 20)).unwrap());
-        assert_eq!(published_set(&host).unwrap().version, 4);
+        assert_eq!(publish(&mut store, id(7, 3), set(3, 99)), Published::Held);
+        assert_eq!(published_id(&host), Some(id(7, 3)));
+        assert_eq!(published_set(&host).unwrap(), (id(7, 3), set(3, 10)));
+        assert_eq!(publish(&mut store, id(7, 4), set(4, 20)), Published::Stored);
+        // The admin's store was replaced: its versions start again.
+        assert_eq!(publish(&mut store, id(9, 1), set(1, 5)), Published::Stored);
+        assert_eq!(published_set(&host).unwrap(), (id(9, 1), set(1, 5)));
+        assert_eq!(parse_epoch(Some(b"123")), 123);
+        assert_eq!(parse_epoch(Some(b"\xff")), 0);
+        assert_eq!(parse_epoch(None), 0);
     }
 
     #[test]
@@ -356,6 +424,7 @@ mod tests {
         let reply = SyncReply {
             status: Some(200),
             shares_header: None,
+            epoch_header: None,
             body: ReplyBody::TooLarge(3 << 20),
         };
         assert!(matches!(reply.answer(), Answer::Failed(why) if why.contains("3145728-byte")));

@@ -409,6 +409,7 @@ fn reply<'a>(
     SyncReply {
         status,
         shares_header,
+        epoch_header: None,
         body: ReplyBody::Read(body),
     }
 }
@@ -498,7 +499,14 @@ fn an_unchanged_policy_keeps_its_spent_tokens_across_a_new_set() {
     );
     let mut store = Store::default();
     let set = sluice_shared::parse_policy_set(&edited).unwrap();
-    assert!(crate::sync::publish(&host, &mut store, &set).unwrap());
+    let id = crate::sync::SetId {
+        epoch: 0,
+        version: set.version,
+    };
+    assert_eq!(
+        crate::sync::publish(&host, &mut store, id, &set).unwrap(),
+        crate::sync::Published::Stored
+    );
     a.on_tick(&host);
     assert_eq!(a.admin_version(), 8);
     assert!(
@@ -735,4 +743,28 @@ fn a_share_that_moves_a_little_each_sync_admits_what_it_allows() {
         admitted >= 95,
         "admitted {admitted} of 100 within a ~10/s share"
     );
+}
+
+#[test]
+fn a_cost_above_the_shares_burst_is_refused_even_from_a_full_bucket() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global", "share_lease": "2s",
+         "rate": {"requests": 300, "period": "1s", "burst": 30}, "cost": {"header": "x-cost", "max": 10}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, policies);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    // A share of 10/s: its burst is 30 × 10/300 = 1, lifted to 2.
+    let header =
+        br#"{"llm": {"rate": 10, "in_flight": 0, "lease_ms": 2000, "instances": 30, "id": 5}}"#;
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
+    assert_eq!(w.policies().policies[0].share_burst(), Some(2));
+    let costly = req(b"api.llm.example", &[("x-cost", b"5")]);
+    assert_eq!(
+        status(&w.on_request(&host, 1, costly.as_slice())),
+        429,
+        "cost 5 never fits a burst of 2"
+    );
+    let cheap = req(b"api.llm.example", &[("x-cost", b"2")]);
+    assert_eq!(w.on_request(&host, 2, cheap.as_slice()), Verdict::Continue);
 }

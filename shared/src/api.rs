@@ -104,6 +104,9 @@ pub struct Instance {
 pub struct InstanceList {
     pub instances: Vec<Instance>,
     pub now_ms: u64,
+    /// More instances follow: ask again with `?after=` this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// One global policy's limit and how it is shared out now.

@@ -183,6 +183,15 @@ impl CompiledPolicy {
         self.fleet_closed = limits.closed;
     }
 
+    /// The burst of this Envoy's share, for a global policy with a rate
+    /// (None otherwise).
+    pub fn share_burst(&self) -> Option<u64> {
+        match (&self.rate, self.is_global()) {
+            (Some(crate::limiter::RateLimiter::TokenBucket(tb)), true) => Some(tb.burst()),
+            _ => None,
+        }
+    }
+
     pub fn is_shadow(&self) -> bool {
         self.policy.mode == Mode::Shadow
     }

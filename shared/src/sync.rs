@@ -22,6 +22,10 @@ use serde::{Deserialize, Serialize};
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
 pub const SHARES_HEADER: &str = "sluice-grants";
+/// The admin's store epoch, on every answer: drawn at random when the store
+/// was created, and again when a restored store finds Envoys ahead of it.
+/// A filter takes a lower version from another epoch, never from its own.
+pub const EPOCH_HEADER: &str = "sluice-store-epoch";
 
 /// Bounds on a report, so a broken or hostile client cannot make the admin
 /// store megabytes per sync.
@@ -34,6 +38,9 @@ pub struct SyncReport {
     pub instance: String,
     /// Version of the policy set the filter enforces (0: none from the admin yet).
     pub policy_version: u64,
+    /// The store epoch that version belongs to (0: none named).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub policy_epoch: u64,
     /// Milliseconds since the Unix epoch, by the Envoy's clock.
     pub at_ms: u64,
     /// Per policy, counters since the Envoy started plus current gauges.
@@ -82,6 +89,10 @@ pub struct PolicyReport {
     /// Requests waiting in the queue now.
     #[serde(default)]
     pub waiting: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl SyncReport {

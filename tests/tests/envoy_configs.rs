@@ -364,3 +364,87 @@ async fn forward_proxy_limits_by_authority() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A shipped config, runnable: its ports, wasm path and compose service
+/// names turned into the harness's placeholders, and one more policy put
+/// first in its fallback: `api.bank.example:8443` at 5/s (burst 1).
+fn with_host_port_policy(file: &str) -> anyhow::Result<String> {
+    let ports: &[(u16, &str)] = &[
+        (9901, "ADMIN_PORT"),
+        (10000, "LISTENER_PORT"),
+        (9090, "MOCK_PORT"),
+    ];
+    let shipped = std::fs::read_to_string(workspace_root().join("envoy").join(file))?;
+    let mut template = shipped
+        .replace(
+            r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#,
+            r#"filename: "{{WASM}}""#,
+        )
+        .replace(
+            r#"filename: "/etc/sluice/sluice_filter.wasm""#,
+            r#"filename: "{{WASM}}""#,
+        )
+        .replace("address: demo-api,", "address: 127.0.0.1,")
+        .replace("address: admin,", "address: 127.0.0.1,")
+        .replace("address: 0.0.0.0,", "address: 127.0.0.1,");
+    for (port, placeholder) in ports {
+        template = template.replace(
+            &format!("port_value: {port}"),
+            &format!("port_value: {{{{{placeholder}}}}}"),
+        );
+    }
+    let first_policy = r#""policies": [
+                          {"name": "bank", "match": {"host": "api.bank.example"},"#;
+    anyhow::ensure!(
+        template.contains(first_policy) && template.matches("{{").count() == ports.len() + 1,
+        "{file} changed shape"
+    );
+    Ok(template.replace(
+        first_policy,
+        r#""policies": [
+                          {"name": "bank-8443", "match": {"host": "api.bank.example:8443"},
+                           "rate": {"requests": 5, "period": "1s", "burst": 1}},
+                          {"name": "bank", "match": {"host": "api.bank.example"},"#,
+    ))
+}
+
+/// A policy written as `host:port` (as the README offers) holds under
+/// every shipped config: Envoy routes on the host whatever the port
+/// (`ignore_port_in_host_matching`) but leaves the port in `:authority`
+/// for the filter to match. With the port stripped it would fail open:
+/// the host's own, looser policy would decide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Result<()> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    for file in ["egress.yaml", "compose-envoy.yaml"] {
+        let envoy = Envoy::start_with(&with_host_port_policy(file)?, "", mock.addr.port(), 2)?;
+        let url = envoy.url("/v1/pay");
+        let with_port = load::burst(&url, "api.bank.example:8443", 40).await;
+        let passed = with_port.len() - count(&with_port, 429);
+        let bound = admitted_at_most(&with_port, 1, 5.0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let without_port = load::burst(&url, "api.bank.example", 10).await;
+        println!(
+            "{file}: 40 calls to api.bank.example:8443 (policy 5/s, burst 1): {passed} passed \
+             (at most {bound}), {} got 429, answered by the API {}; api.bank.example (100/s, burst 10): {} of 10 passed",
+            count(&with_port, 429),
+            count(&with_port, 200),
+            count(&without_port, 200),
+        );
+        assert!(
+            passed >= 1 && passed <= bound,
+            "{file}: the host:port policy decided"
+        );
+        assert_eq!(
+            count(&with_port, 200),
+            passed,
+            "{file}: admitted calls reach the API (routed whatever the port)"
+        );
+        assert_eq!(
+            count(&without_port, 200),
+            10,
+            "{file}: the host's own policy"
+        );
+    }
+    Ok(())
+}

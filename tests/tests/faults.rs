@@ -6,18 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use serde_json::{json, Value};
 use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminProcess, PASSWORD, SYNC_TOKEN};
 use sluice_e2e::browser::Browser;
 use sluice_e2e::envoy::{filter_vms, free_port, workspace_root, Envoy};
 use sluice_e2e::load::{self, count, max_in_window, wait_for, Outcome};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 const WORKERS: u32 = 4;
 
@@ -41,6 +37,13 @@ enum Answer {
     /// 200 with a newer set that fails validation (a looser bank beside an
     /// invalid policy): the whole set must be refused.
     Invalid,
+    /// 304 whose shares header is not UTF-8 (the SDK's string getter
+    /// panics on it).
+    NonUtf8Header,
+    /// 200 with the headers of a looser set, then the connection closes
+    /// mid-body: Envoy reports a reset after headers, with no response
+    /// headers left to read (the SDK's getter panics on the missing map).
+    ResetAfterHeaders,
 }
 
 impl Answer {
@@ -51,51 +54,115 @@ impl Answer {
             Answer::Huge => "a 3 MiB body",
             Answer::Slow => "an answer 3 s late",
             Answer::Invalid => "a set that fails validation",
+            Answer::NonUtf8Header => "a shares header that is not UTF-8",
+            Answer::ResetAfterHeaders => "a reset after the headers (truncated body)",
         }
     }
 }
 
 /// An admin that answers whatever the test says: the faults a real admin
-/// (or whatever sits between it and Envoy) could produce.
+/// (or whatever sits between it and Envoy) could produce. It speaks
+/// HTTP/1.1 by hand, so it can send what no well-behaved server would.
 #[derive(Clone)]
 struct StandInAdmin {
     answer: Arc<Mutex<Answer>>,
     calls: Arc<AtomicU64>,
+    /// The store epoch it names in every answer (0: none).
+    epoch: Arc<AtomicU64>,
 }
 
-async fn stand_in_sync(State(admin): State<StandInAdmin>, body: Bytes) -> Response {
+impl StandInAdmin {
+    fn new(answer: Answer) -> Self {
+        Self {
+            answer: Arc::new(Mutex::new(answer)),
+            calls: Arc::new(AtomicU64::new(0)),
+            epoch: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn answer(&self, answer: Answer) -> anyhow::Result<()> {
+        *self.answer.lock().map_err(|_| anyhow::anyhow!("lock"))? = answer;
+        Ok(())
+    }
+}
+
+fn response(status: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Vec<u8> {
+    let mut out = format!("HTTP/1.1 {status}\r\nconnection: close\r\n").into_bytes();
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// One request (head and `content-length` body), one answer, then close.
+async fn stand_in_connection(mut sock: TcpStream, admin: StandInAdmin) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        if buf.len() > 1 << 20 {
+            return Ok(());
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
     admin.calls.fetch_add(1, Ordering::SeqCst);
-    let has: Option<u64> = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|r| r["policy_version"].as_u64());
+    let report = serde_json::from_slice::<Value>(buf.get(head_end..).unwrap_or(&[])).ok();
+    let has = report.as_ref().and_then(|r| r["policy_version"].as_u64());
+    let has_epoch = report
+        .as_ref()
+        .and_then(|r| r["policy_epoch"].as_u64())
+        .unwrap_or(0);
+    let epoch = admin.epoch.load(Ordering::SeqCst);
+    let epoch_text = epoch.to_string();
+    let epoch_header: (&str, &[u8]) = (sluice_shared::sync::EPOCH_HEADER, epoch_text.as_bytes());
     let answer = admin
         .answer
         .lock()
         .map(|a| a.clone())
         .unwrap_or(Answer::Garbage);
-    let json = |v: Value| {
-        (
-            [(header::CONTENT_TYPE, "application/json")],
-            v.to_string().into_bytes(),
-        )
-            .into_response()
-    };
-    match answer {
-        Answer::Set(set) if set["version"].as_u64() == has => {
-            StatusCode::NOT_MODIFIED.into_response()
+    let json: &[(&str, &[u8])] = &[("content-type", b"application/json")];
+    let bytes = match answer {
+        Answer::Set(set) if set["version"].as_u64() == has && has_epoch == epoch => {
+            response("304 Not Modified", &[epoch_header], b"")
         }
-        Answer::Set(set) => json(set),
-        Answer::Garbage => {
-            (StatusCode::OK, vec![0xff, 0xfe, b'{', b'"', 0x00, 0xc3]).into_response()
-        }
+        Answer::Set(set) => response(
+            "200 OK",
+            &[json[0], epoch_header],
+            set.to_string().as_bytes(),
+        ),
+        Answer::Garbage => response("200 OK", &[], &[0xff, 0xfe, b'{', b'"', 0x00, 0xc3]),
         Answer::Huge => {
             let mut body = bank_set(50, 1000).to_string().into_bytes();
             body.extend(std::iter::repeat_n(b' ', 3 << 20));
-            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            response("200 OK", json, &body)
         }
         Answer::Slow => {
             tokio::time::sleep(Duration::from_secs(3)).await;
-            json(bank_set(60, 1000))
+            response("200 OK", json, bank_set(60, 1000).to_string().as_bytes())
         }
         Answer::Invalid => {
             let mut set = bank_set(70, 1000);
@@ -105,8 +172,31 @@ async fn stand_in_sync(State(admin): State<StandInAdmin>, body: Bytes) -> Respon
                     "rate": {"requests": 0, "period": "1s"}}),
                 );
             }
-            json(set)
+            response("200 OK", json, set.to_string().as_bytes())
         }
+        Answer::NonUtf8Header => response(
+            "304 Not Modified",
+            &[(
+                sluice_shared::sync::SHARES_HEADER,
+                &[0xff, 0xfe, 0x80, b'{'],
+            )],
+            b"",
+        ),
+        Answer::ResetAfterHeaders => {
+            let body = bank_set(80, 1000).to_string().into_bytes();
+            let mut out = response("200 OK", json, &body);
+            // Claim the whole body, send a third of it, hang up.
+            out.truncate(out.len() - body.len() * 2 / 3);
+            out
+        }
+    };
+    sock.write_all(&bytes).await?;
+    sock.shutdown().await
+}
+
+async fn serve_stand_in(listener: TcpListener, admin: StandInAdmin) {
+    while let Ok((sock, _)) = listener.accept().await {
+        tokio::spawn(stand_in_connection(sock, admin.clone()));
     }
 }
 
@@ -131,16 +221,10 @@ async fn synced_envoy(instance: &str, mock: &MockApi, admin_port: u16) -> anyhow
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misbehaving_admin_never_replaces_the_last_good_set() -> anyhow::Result<()> {
-    let stand_in = StandInAdmin {
-        answer: Arc::new(Mutex::new(Answer::Set(bank_set(1, 5)))),
-        calls: Arc::new(AtomicU64::new(0)),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let stand_in = StandInAdmin::new(Answer::Set(bank_set(1, 5)));
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
     let admin_port = listener.local_addr()?.port();
-    let app = Router::new()
-        .route(sluice_shared::sync::SYNC_PATH, post(stand_in_sync))
-        .with_state(stand_in.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    tokio::spawn(serve_stand_in(listener, stand_in.clone()));
     let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
     let envoy = synced_envoy("e2e-faulty-admin", &mock, admin_port).await?;
     let stat = |name: &str| envoy.filter_stat(name).unwrap_or(0.0);
@@ -152,7 +236,14 @@ async fn a_misbehaving_admin_never_replaces_the_last_good_set() -> anyhow::Resul
     tokio::time::sleep(Duration::from_millis(600)).await;
     let installed = stat("policy_sets_installed");
 
-    for bad in [Answer::Garbage, Answer::Huge, Answer::Slow, Answer::Invalid] {
+    for bad in [
+        Answer::Garbage,
+        Answer::Huge,
+        Answer::Slow,
+        Answer::Invalid,
+        Answer::NonUtf8Header,
+        Answer::ResetAfterHeaders,
+    ] {
         let name = bad.name();
         *stand_in
             .answer
@@ -248,7 +339,75 @@ async fn a_misbehaving_admin_never_replaces_the_last_good_set() -> anyhow::Resul
         !log.contains("panicked")
     );
     assert_eq!(count(&after, 200), 40);
-    assert!(!log.contains("panicked"));
+    assert!(!log.contains("panicked"), "a VM panicked");
+    assert!(
+        log.contains("shares header does not parse"),
+        "the non-UTF-8 shares header was read, refused and logged"
+    );
+    Ok(())
+}
+
+/// One forged answer naming a huge version of the admin's store pins an
+/// Envoy to it: the admin's honest, lower versions of the same store are
+/// then reported as stale (not as a good sync), and a set from a new store
+/// epoch (what the admin draws when it sees an Envoy ahead of it) is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_version_is_reported_stale_until_a_new_store_epoch() -> anyhow::Result<()> {
+    let stand_in = StandInAdmin::new(Answer::Set(bank_set(3, 5)));
+    stand_in.epoch.store(111, Ordering::SeqCst);
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let admin_port = listener.local_addr()?.port();
+    tokio::spawn(serve_stand_in(listener, stand_in.clone()));
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let envoy = synced_envoy("e2e-forged", &mock, admin_port).await?;
+    let stat = |name: &str| envoy.filter_stat(name).unwrap_or(0.0);
+    let url = envoy.url("/");
+
+    // The forged answer: the same store, version u64::MAX, bank at 5/s.
+    let installed = stat("policy_sets_installed");
+    stand_in.answer(Answer::Set(bank_set(u64::MAX, 5)))?;
+    wait_for("the forged set", Duration::from_secs(5), || {
+        stat("policy_sets_installed") >= installed + filter_vms(WORKERS)
+    })
+    .await?;
+    // The honest admin again: version 4 of the same store, bank at 1000/s.
+    stand_in.answer(Answer::Set(bank_set(4, 1000)))?;
+    let stale_before = stat("sync_stale");
+    let ok_before = stat("sync_ok");
+    wait_for("stale syncs counted", Duration::from_secs(5), || {
+        stat("sync_stale") >= stale_before + 3.0
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let pinned = load::burst(&url, "api.bank.example", 40).await;
+    let stale = stat("sync_stale") - stale_before;
+    let ok = stat("sync_ok") - ok_before;
+    println!(
+        "forged: after a forged version u64::MAX, the honest version 4 was reported stale {stale} times \
+         (good syncs counted meanwhile {ok}); bank: {} of 40 passed (the forged 5/s is kept)",
+        count(&pinned, 200)
+    );
+    assert_eq!(ok, 0.0, "a stale answer is not a good sync");
+    assert!((5..=6).contains(&count(&pinned, 200)));
+    assert!(envoy
+        .log()
+        .contains("enforces version 18446744073709551615 of the same store"));
+
+    // A new store epoch: its version 1 is taken.
+    let installed = stat("policy_sets_installed");
+    stand_in.epoch.store(222, Ordering::SeqCst);
+    stand_in.answer(Answer::Set(bank_set(1, 1000)))?;
+    let took = wait_for("the new epoch's set", Duration::from_secs(5), || {
+        stat("policy_sets_installed") >= installed + filter_vms(WORKERS)
+    })
+    .await?;
+    let after = load::burst(&url, "api.bank.example", 40).await;
+    println!(
+        "forged: a new store epoch's version 1 was taken after {took:?}; bank 1000/s: {} of 40 passed",
+        count(&after, 200)
+    );
+    assert_eq!(count(&after, 200), 40);
+    assert!(!envoy.log().contains("panicked"));
     Ok(())
 }
 

@@ -119,7 +119,7 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
     };
     first.record_sync(&report)?;
     second.record_sync(&report)?;
-    let instances = first.instances()?;
+    let instances = first.instances("", 1000)?;
     assert_eq!(instances.len(), 1);
     assert_eq!((instances[0].syncs, instances[0].policy_version), (2, 4));
 

@@ -141,3 +141,100 @@ async fn limits_move_from_the_admin_to_every_worker_and_survive_its_absence() ->
     admin.stop().await;
     Ok(())
 }
+
+/// Copies the SQLite store (with its WAL files, if any) from `from` to `to`.
+fn copy_store(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    for suffix in ["", "-wal", "-shm"] {
+        let src = std::path::PathBuf::from(format!("{}{suffix}", from.display()));
+        let dst = std::path::PathBuf::from(format!("{}{suffix}", to.display()));
+        if src.exists() {
+            std::fs::copy(&src, &dst)?;
+        } else if dst.exists() {
+            std::fs::remove_file(&dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// The admin's database restored from a backup (versions go back) and
+/// replaced by another (versions start again): the Envoys take its set
+/// either way, instead of ignoring every version not above the one they
+/// hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_or_replaced_admin_store_is_taken_by_every_worker() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("sluice.db");
+    let backup = dir.path().join("backup.db");
+    let admin = AdminServer::start(db.clone(), 0).await?;
+    let admin_port = admin.port;
+    admin.login().await?.create(bank(1000)).await?;
+    admin.stop().await;
+    // The backup: the store at version 1, bank at 1000/s.
+    copy_store(&db, &backup)?;
+    let admin = AdminServer::start(db.clone(), admin_port).await?;
+    admin.login().await?.update(bank(5)).await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config =
+        json!({"instance": "e2e-restore", "admin_cluster": "sluice_admin", "sync_interval": "200ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 0, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin_port, WORKERS)?;
+    let installs = |envoy: &Envoy| envoy.filter_stat("policy_sets_installed").unwrap_or(0.0);
+    wait_for("version 2 in every worker", Duration::from_secs(5), || {
+        installs(&envoy) >= filter_vms(WORKERS)
+    })
+    .await?;
+    let before_restore = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
+    assert!((5..=6).contains(&count(&before_restore, 200)), "bank 5/s");
+
+    // Restore the backup (into a file of its own: the stopped admin's live
+    // view may still hold the old one open): the store is back at version
+    // 1 of the same epoch.
+    admin.stop().await;
+    let restored_db = dir.path().join("restored.db");
+    copy_store(&backup, &restored_db)?;
+    let before = installs(&envoy);
+    let admin = AdminServer::start(restored_db, admin_port).await?;
+    let restored = wait_for(
+        "the restored store's set in every worker",
+        Duration::from_secs(35),
+        || installs(&envoy) >= before + filter_vms(WORKERS),
+    )
+    .await?;
+    let after_restore = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
+    let reported = admin.login().await?.get("/api/v1/instances").await?;
+    let epoch = reported["instances"][0]["report"]["policy_epoch"].as_u64();
+    println!(
+        "restore: the admin's store went back from version 2 to 1; every worker took it after {restored:?} \
+         (a new store epoch, {epoch:?}); bank 1000/s: {} of 40 passed; stale syncs {}",
+        count(&after_restore, 200),
+        envoy.filter_stat("sync_stale").unwrap_or(0.0)
+    );
+    assert_eq!(count(&after_restore, 200), 40, "the restored 1000/s holds");
+
+    // Replace it: a new database whose versions start again at 1.
+    admin.stop().await;
+    let replacement = dir.path().join("new.db");
+    let admin = AdminServer::start(replacement, admin_port).await?;
+    admin.login().await?.create(bank(7)).await?;
+    let before = installs(&envoy);
+    let replaced = wait_for(
+        "the new store's set in every worker",
+        Duration::from_secs(35),
+        || installs(&envoy) >= before + filter_vms(WORKERS),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let after_replace = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
+    println!(
+        "replace: a new store at version 1: every worker took it after {replaced:?}; bank 7/s: {} of 40 passed",
+        count(&after_replace, 200)
+    );
+    assert!(
+        (7..=8).contains(&count(&after_replace, 200)),
+        "the new store's 7/s holds"
+    );
+    assert_eq!(envoy.filter_stat("sync_stale").unwrap_or(0.0), 0.0);
+    admin.stop().await;
+    Ok(())
+}

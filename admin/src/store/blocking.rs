@@ -50,16 +50,48 @@ impl BlockingStore {
     /// Opens (creating if needed) the SQLite file, in WAL mode, and runs
     /// the migrations.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        Ok(Self {
-            db: Arc::new(Db::sqlite(path)?),
-        })
+        Self::with_epoch(Db::sqlite(path)?)
     }
 
     /// Connects to PostgreSQL (`postgres://user:password@host:port/db`) and
     /// runs the migrations. Blocking: call it off the async runtime.
     pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
-        Ok(Self {
-            db: Arc::new(Db::postgres(url)?),
+        Self::with_epoch(Db::postgres(url)?)
+    }
+
+    /// Gives a store its epoch the first time it is opened (replicas
+    /// opening it together agree on the first one written).
+    fn with_epoch(db: Db) -> Result<Self, StoreError> {
+        let store = Self { db: Arc::new(db) };
+        let epoch = new_epoch()?;
+        store.db.touch(|sql| {
+            sql.execute(
+                "INSERT INTO settings (key, value) VALUES ('store_epoch', $1) ON CONFLICT (key) DO NOTHING",
+                &[epoch.into()],
+            )
+            .map(drop)
+        })?;
+        Ok(store)
+    }
+
+    /// The store's epoch: which store a policy set version belongs to.
+    pub fn epoch(&self) -> Result<u64, StoreError> {
+        self.db.read(epoch)
+    }
+
+    /// Draws a new epoch if the store still has `seen`: Envoys report a
+    /// version of this epoch the store has not reached (it was restored
+    /// from a backup, or an Envoy took a forged answer), and only a new
+    /// epoch makes them take the store's set again. Returns the epoch in
+    /// force afterwards (another replica's, if it renewed first).
+    pub fn renew_epoch(&self, seen: u64) -> Result<u64, StoreError> {
+        let fresh = new_epoch()?;
+        self.db.touch(|sql| {
+            sql.execute(
+                "UPDATE settings SET value = $1 WHERE key = 'store_epoch' AND value = $2",
+                &[fresh.into(), seen.into()],
+            )?;
+            epoch(sql)
         })
     }
 
@@ -292,11 +324,13 @@ impl BlockingStore {
         })
     }
 
-    pub fn instances(&self) -> Result<Vec<InstanceRow>, StoreError> {
+    /// Instances by id, `limit` of them after `after` (a page).
+    pub fn instances(&self, after: &str, limit: u32) -> Result<Vec<InstanceRow>, StoreError> {
         let rows = self.db.read(|sql| {
             sql.query(
-                "SELECT id, first_seen_ms, last_sync_ms, policy_version, syncs, report FROM instances ORDER BY id",
-                &[],
+                "SELECT id, first_seen_ms, last_sync_ms, policy_version, syncs, report FROM instances
+                 WHERE id > $1 ORDER BY id LIMIT $2",
+                &[after.into(), i64::from(limit).into()],
             )
         })?;
         rows.iter()
@@ -311,6 +345,17 @@ impl BlockingStore {
                 })
             })
             .collect()
+    }
+
+    /// Forgets the instances last heard from before `before_ms`; returns how
+    /// many.
+    pub fn prune_instances(&self, before_ms: u64) -> Result<u64, StoreError> {
+        self.db.touch(|sql| {
+            sql.execute(
+                "DELETE FROM instances WHERE last_sync_ms < $1",
+                &[before_ms.into()],
+            )
+        })
     }
 
     /// SQLite's journal mode ("wal"); None on PostgreSQL.
@@ -349,6 +394,19 @@ fn insert_new(
     history(sql, &policy.name, 1, set_version, Some(policy), at, actor)?;
     audit(sql, at, actor, action, &policy.name, None, Some(policy))?;
     Ok(())
+}
+
+/// A random epoch: 62 bits, so it fits the settings table's integer on
+/// every backend and is never 0 (which means "none" on the wire).
+fn new_epoch() -> Result<u64, StoreError> {
+    let bytes = crate::auth::random_bytes::<8>().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((u64::from_le_bytes(bytes) >> 2).max(1))
+}
+
+fn epoch(sql: &mut dyn Sql) -> Result<u64, StoreError> {
+    sql.query_one("SELECT value FROM settings WHERE key = 'store_epoch'", &[])?
+        .ok_or_else(|| StoreError::Corrupt("no store_epoch setting".into()))?
+        .uint(0)
 }
 
 fn set_version(sql: &mut dyn Sql) -> Result<u64, StoreError> {

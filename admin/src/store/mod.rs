@@ -64,6 +64,16 @@ pub fn now_ms() -> u64 {
     now().as_millis()
 }
 
+/// What a sync is answered from.
+pub struct SyncAnswer {
+    pub report: SyncReport,
+    pub set: PolicySet,
+    pub epoch: u64,
+    /// The report named a version of this epoch the store has not reached,
+    /// and the store drew a new epoch.
+    pub renewed: bool,
+}
+
 /// The store as the async handlers use it: each call runs the blocking
 /// query on Tokio's blocking pool, so no handler holds a runtime thread
 /// while SQLite or PostgreSQL works.
@@ -171,19 +181,36 @@ impl Store {
         self.run(move |s| s.audit_log(limit, before)).await
     }
 
-    /// Records the sync and returns the policy set to answer it with.
-    pub async fn record_sync(
-        &self,
-        report: SyncReport,
-    ) -> Result<(SyncReport, PolicySet), StoreError> {
+    /// Records the sync and returns the policy set to answer it with, and
+    /// the store's epoch. An Envoy reporting a version of this epoch the
+    /// store has not reached renews the epoch first (see
+    /// [`BlockingStore::renew_epoch`]).
+    pub async fn record_sync(&self, report: SyncReport) -> Result<SyncAnswer, StoreError> {
         self.run(move |s| {
             s.record_sync(&report)?;
-            Ok((report, s.policy_set()?))
+            let set = s.policy_set()?;
+            let mut epoch = s.epoch()?;
+            let mut renewed = false;
+            if report.policy_epoch == epoch && report.policy_version > set.version {
+                epoch = s.renew_epoch(epoch)?;
+                renewed = true;
+            }
+            Ok(SyncAnswer {
+                report,
+                set,
+                epoch,
+                renewed,
+            })
         })
         .await
     }
 
-    pub async fn instances(&self) -> Result<Vec<InstanceRow>, StoreError> {
-        self.run(|s| s.instances()).await
+    pub async fn instances(&self, after: &str, limit: u32) -> Result<Vec<InstanceRow>, StoreError> {
+        let after = after.to_string();
+        self.run(move |s| s.instances(&after, limit)).await
+    }
+
+    pub async fn prune_instances(&self, before_ms: u64) -> Result<u64, StoreError> {
+        self.run(move |s| s.prune_instances(before_ms)).await
     }
 }

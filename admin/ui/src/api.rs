@@ -69,6 +69,15 @@ pub async fn get<T: DeserializeOwned>(path: &str) -> Result<T, ApiError> {
     finish(Request::get(path).send().await).await
 }
 
+/// `GET path?name=value&...`, the values encoded.
+pub async fn get_query<T: DeserializeOwned>(
+    path: &str,
+    query: &[(&str, &str)],
+) -> Result<T, ApiError> {
+    let request = Request::get(path).query(query.iter().copied());
+    finish(request.send().await).await
+}
+
 fn with_body<B: Serialize>(
     req: RequestBuilder,
     csrf: &str,

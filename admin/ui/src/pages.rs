@@ -792,13 +792,27 @@ fn InstancesPage() -> impl IntoView {
     let rows = RwSignal::new(Vec::<sluice_shared::api::Instance>::new());
     let now_ms = RwSignal::new(0u64);
     spawn_local(async move {
-        match api::get::<InstanceList>("/api/v1/instances").await {
-            Ok(list) => {
-                now_ms.set(list.now_ms);
-                rows.set(list.instances);
+        // Page by page: a fleet may have thousands.
+        let mut all = Vec::new();
+        let mut after = String::new();
+        loop {
+            let query = [("limit", "1000"), ("after", after.as_str())];
+            match api::get_query::<InstanceList>("/api/v1/instances", &query).await {
+                Ok(page) => {
+                    now_ms.set(page.now_ms);
+                    all.extend(page.instances);
+                    match page.next {
+                        Some(next) => after = next,
+                        None => break,
+                    }
+                }
+                Err(e) => {
+                    session.check(&e);
+                    break;
+                }
             }
-            Err(e) => session.check(&e),
         }
+        rows.set(all);
     });
     view! {
         <h1>"Instances"</h1>

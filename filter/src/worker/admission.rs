@@ -82,6 +82,19 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             // This Envoy's share of a global limit is nothing right now.
             return self.refuse(policy, kind_by_default, DEFAULT_RETRY);
         }
+        if let Some(burst) = policy.share_burst().filter(|&b| class.cost > b) {
+            // This Envoy's share of a global limit holds fewer tokens than
+            // the call costs: no wait makes it fit.
+            self.host.log(
+                Level::Debug,
+                &format!(
+                    "sluice: global policy {}: a call costing {} is above this Envoy's share (burst {burst}); refused",
+                    policy.name(),
+                    class.cost
+                ),
+            );
+            return self.refuse(policy, LimitKind::Rate, DEFAULT_RETRY);
+        }
         let key: PrefetchKey = (class.policy_index, class.key);
         let cost = policy.rate.is_some().then_some(class.cost);
         let slot = policy.concurrency.is_some();

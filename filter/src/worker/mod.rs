@@ -270,9 +270,10 @@ impl Worker {
             }
         }
         let answer = reply.answer();
-        if let Some(set) = self
-            .sync
-            .on_answer(host, &mut self.store, &mut self.metrics, answer)
+        let epoch = crate::sync::parse_epoch(reply.epoch_header);
+        if let Some(set) =
+            self.sync
+                .on_answer(host, &mut self.store, &mut self.metrics, answer, epoch)
         {
             self.install_from_admin(host, set);
         }

@@ -17,7 +17,7 @@ use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
 use crate::report;
 use crate::store::Store;
-use crate::sync::{self as policy_sync, Answer, SyncSettings};
+use crate::sync::{self as policy_sync, Answer, Published, SetId, SyncSettings};
 
 /// How often a worker adds its counters to the shared sync report.
 const REPORT_EVERY: Span = Span::from_millis(100);
@@ -27,8 +27,10 @@ pub(super) struct SyncClient {
     /// Where to sync from (None: the fallback set, or sets another VM
     /// publishes, only).
     settings: Option<SyncSettings>,
-    /// Version of the admin's set this worker enforces (0: the fallback).
-    admin_version: u64,
+    /// The admin's set this worker enforces (version 0: the fallback).
+    admin_set: SetId,
+    /// The stale answer last logged, so that each is logged once.
+    stale_logged: Option<SetId>,
     /// The sync call this VM is waiting for: (token, sent at).
     pending_call: Option<(u32, Instant)>,
     reported_at: Instant,
@@ -44,19 +46,22 @@ impl SyncClient {
     }
 
     pub fn admin_version(&self) -> u64 {
-        self.admin_version
+        self.admin_set.version
     }
 
-    /// The set another VM (or this one) published, if newer than ours.
-    /// Bucket states stay in shared data under each policy's name, so
-    /// policies that did not change keep their state.
+    /// The set another VM (or this one) published, if it is not the one
+    /// this worker enforces (only a set that may replace it is ever
+    /// published). Bucket states stay in shared data under each policy's
+    /// name, so policies that did not change keep their state.
     pub fn pick_up_published_set<H: Host + ?Sized>(&mut self, host: &H) -> Option<PolicySet> {
-        let version = policy_sync::published_version(host)?;
-        if version <= self.admin_version {
+        if policy_sync::published_id(host)? == self.admin_set {
             return None;
         }
-        let set = policy_sync::published_set(host).filter(|s| s.version > self.admin_version)?;
-        self.admin_version = set.version;
+        let (id, set) = policy_sync::published_set(host)?;
+        if id == self.admin_set {
+            return None;
+        }
+        self.admin_set = id;
         Some(set)
     }
 
@@ -119,7 +124,7 @@ impl SyncClient {
                     Level::Warn,
                     &format!(
                         "sluice: cannot call the admin through cluster {:?}; keeping policy set version {}",
-                        settings.cluster, self.admin_version
+                        settings.cluster, self.admin_set.version
                     ),
                 );
             }
@@ -159,7 +164,8 @@ impl SyncClient {
         let (_, held) = fleet::published(host);
         SyncReport {
             instance: instance.to_string(),
-            policy_version: self.admin_version,
+            policy_version: self.admin_set.version,
+            policy_epoch: self.admin_set.epoch,
             at_ms: now.as_millis(),
             policies: reports,
             filter: BTreeMap::new(),
@@ -179,47 +185,71 @@ impl SyncClient {
         }
     }
 
-    /// The admin's answer: a newer valid set is published for every VM and
-    /// returned for this one to install; anything else keeps the set in
-    /// force. Ends the sync turn, backing off after a failure.
+    /// The admin's answer, from the store of `epoch`: a valid set that may
+    /// replace the one held is published for every VM and returned for
+    /// this one to install; an older version of the same store is kept out
+    /// and counted as stale; anything else keeps the set in force. Ends
+    /// the sync turn, backing off after a failure.
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
         host: &H,
         store: &mut Store,
         metrics: &mut Metrics,
         answer: Answer,
+        epoch: u64,
     ) -> Option<PolicySet> {
         let mut installed = None;
-        let ok = match answer {
-            Answer::Unchanged => true,
-            Answer::PolicySet(set) => match policy_sync::publish(host, store, &set) {
-                Ok(_) => {
-                    installed = self.pick_up_published_set(host);
-                    true
+        let (ok, stat) = match answer {
+            Answer::Unchanged => (true, FilterStat::SyncOk),
+            Answer::PolicySet(set) => {
+                let offered = SetId {
+                    epoch,
+                    version: set.version,
+                };
+                match policy_sync::publish(host, store, offered, &set) {
+                    Ok(Published::Stored | Published::Held) => {
+                        installed = self.pick_up_published_set(host);
+                        (true, FilterStat::SyncOk)
+                    }
+                    Ok(Published::Stale { held }) => {
+                        self.log_stale(host, offered, held);
+                        // The admin answered; there is nothing to back off from.
+                        (true, FilterStat::SyncStale)
+                    }
+                    // The store counted and logged why.
+                    Err(_) => (false, FilterStat::SyncFailures),
                 }
-                // The store counted and logged why.
-                Err(_) => false,
-            },
+            }
             Answer::Failed(why) => {
                 host.log(
                     Level::Warn,
                     &format!(
                         "sluice: sync with the admin failed: {why}; keeping policy set version {}",
-                        self.admin_version
+                        self.admin_set.version
                     ),
                 );
-                false
+                (false, FilterStat::SyncFailures)
             }
-        };
-        let stat = if ok {
-            FilterStat::SyncOk
-        } else {
-            FilterStat::SyncFailures
         };
         metrics.add_filter(stat, 1);
         if let Some(settings) = &self.settings {
             policy_sync::finish_turn(host, store, host.now(), settings.interval, ok);
         }
         installed
+    }
+
+    fn log_stale<H: Host + ?Sized>(&mut self, host: &H, offered: SetId, held: SetId) {
+        if self.stale_logged == Some(offered) {
+            return;
+        }
+        self.stale_logged = Some(offered);
+        host.log(
+            Level::Warn,
+            &format!(
+                "sluice: the admin sent policy set version {} of store {} but this Envoy enforces version {} of the same store; \
+                 keeping it (counted in sluice.sync_stale; an admin whose store was restored answers with a new store epoch)",
+                offered.version, offered.epoch, held.version
+            ),
+        );
     }
 }

@@ -96,6 +96,17 @@ impl TokenBucket {
         self.burst
     }
 
+    /// How long an empty bucket takes to fill.
+    fn full_refill(&self) -> Span {
+        let scaled = u128::from(self.burst) * u128::from(self.period.as_nanos());
+        self.scaled_to_span(scaled)
+    }
+
+    /// The period `requests` tokens refill over.
+    pub fn period(&self) -> Span {
+        self.period
+    }
+
     fn scale(&self) -> u128 {
         u128::from(self.requests)
     }
@@ -172,6 +183,14 @@ impl TokenBucket {
     /// Admits `cost` tokens now or refuses; on admission `state` is updated.
     pub fn try_acquire(&self, state: &mut TokenBucketState, now: Instant, cost: u64) -> Decision {
         let now = now.as_nanos();
+        if cost > self.burst {
+            // More than the bucket holds: no wait makes it fit (a full
+            // bucket would otherwise let it through, past the burst).
+            return Decision::Deny {
+                retry_after: self.full_refill(),
+                reset_after: Span::ZERO,
+            };
+        }
         let step = self.step(state, now, cost);
         if step.excess > 0 {
             let tat = self.tat_scaled(state);
@@ -199,6 +218,11 @@ impl TokenBucket {
         cost: u64,
         max_wait: Span,
     ) -> Reservation {
+        if cost > self.burst {
+            return Reservation::Deny {
+                retry_after: self.full_refill(),
+            };
+        }
         let step = self.step(state, now.as_nanos(), cost);
         let wait = self.scaled_to_span(step.excess);
         if wait > max_wait {
@@ -269,6 +293,19 @@ mod tests {
         }
         assert_eq!(s, before);
         assert!(admitted(tb.try_acquire(&mut s, T0 + ms(100), 1)));
+    }
+
+    #[test]
+    fn a_cost_above_the_burst_is_refused_even_from_a_full_bucket() {
+        let tb = TokenBucket::new(10, SEC, 4, None);
+        let mut s = TokenBucketState::default();
+        assert!(!admitted(tb.try_acquire(&mut s, T0, 5)));
+        assert!(matches!(
+            tb.reserve(&mut s, T0, 5, Span::MAX),
+            Reservation::Deny { .. }
+        ));
+        assert_eq!(s, TokenBucketState::default(), "nothing taken");
+        assert!(admitted(tb.try_acquire(&mut s, T0, 4)));
     }
 
     #[test]

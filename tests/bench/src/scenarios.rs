@@ -738,8 +738,7 @@ async fn sync_load(
                 policy_version: version,
                 at_ms: 0,
                 policies,
-                filter: BTreeMap::new(),
-                shares: BTreeMap::new(),
+                ..SyncReport::default()
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             // Spread the instances over the interval, as real ones are.
