@@ -172,8 +172,7 @@ async fn login(
         }
     };
     state.metrics.password_checks.inc();
-    let st = state.clone();
-    let ok = tokio::task::spawn_blocking(move || st.credentials.verify(&form.password)).await?;
+    let ok = state.passwords.check(form.password).await;
     if !ok {
         drop(attempt);
         state.metrics.login_failures.inc();

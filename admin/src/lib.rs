@@ -25,7 +25,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::{Credentials, Sessions};
 use crate::fleet::Ledgers;
 use crate::live::Live;
-use crate::login::{ClientAddressing, LoginGuard};
+use crate::login::{ClientAddressing, LoginGuard, PasswordChecker};
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -38,6 +38,8 @@ pub struct AppState {
     pub sessions: Sessions,
     /// Throttles and the bound on password checks in flight.
     pub login: LoginGuard,
+    /// Where passwords are checked.
+    pub passwords: PasswordChecker,
     /// Where a client's address comes from (the peer, or a trusted proxy).
     pub addressing: ClientAddressing,
     pub live: Live,
@@ -61,6 +63,7 @@ impl AppState {
     ) -> Self {
         Self {
             store,
+            passwords: PasswordChecker::new(credentials.clone()),
             credentials,
             sessions: Sessions::default(),
             login: LoginGuard::default(),
@@ -140,7 +143,9 @@ pub fn spawn_live_ticker(state: Arc<AppState>) {
 /// TTL, so that pod churn does not grow the store.
 pub fn spawn_instance_pruner(state: Arc<AppState>) {
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(INSTANCE_PRUNE_EVERY);
+        // Often enough that an instance is gone within one and a half TTLs.
+        let period = INSTANCE_PRUNE_EVERY.min(state.instance_ttl.div(2).as_duration());
+        let mut every = tokio::time::interval(period.max(Duration::from_millis(100)));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             every.tick().await;

@@ -183,6 +183,41 @@ pub enum Refused {
     Busy,
 }
 
+/// Checks passwords on one thread of its own, in one argon2 work area
+/// (19 MiB) reused from check to check, and never on a thread the store's
+/// queries need.
+pub struct PasswordChecker {
+    jobs: std::sync::mpsc::SyncSender<(String, tokio::sync::oneshot::Sender<bool>)>,
+}
+
+impl PasswordChecker {
+    pub fn new(credentials: crate::auth::Credentials) -> Self {
+        let (jobs, queue) =
+            std::sync::mpsc::sync_channel::<(String, tokio::sync::oneshot::Sender<bool>)>(64);
+        let spawned = std::thread::Builder::new()
+            .name("sluice-passwords".into())
+            .spawn(move || {
+                let mut work = Vec::new();
+                for (password, answer) in queue {
+                    let _ = answer.send(credentials.verify_in(&password, &mut work));
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "no password-checking thread: every login will fail");
+        }
+        Self { jobs }
+    }
+
+    /// Whether `password` is right (false if the checker is gone).
+    pub async fn check(&self, password: String) -> bool {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        if self.jobs.try_send((password, answer)).is_err() {
+            return false;
+        }
+        answered.await.unwrap_or(false)
+    }
+}
+
 pub struct LoginGuard {
     pub accounts: KeyedThrottle<String>,
     pub addresses: KeyedThrottle<AddressKey>,

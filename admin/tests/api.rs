@@ -36,13 +36,23 @@ async fn start_on(dir: tempfile::TempDir, db: std::path::PathBuf) -> Admin {
 }
 
 async fn start_with(dir: tempfile::TempDir, db: std::path::PathBuf, secure_cookies: bool) -> Admin {
+    start_configured(dir, db, secure_cookies, |state| state).await
+}
+
+/// An admin whose state `configure` adjusts before it serves.
+async fn start_configured(
+    dir: tempfile::TempDir,
+    db: std::path::PathBuf,
+    secure_cookies: bool,
+    configure: impl FnOnce(AppState) -> AppState,
+) -> Admin {
     let store = Store::open(&db).unwrap();
-    let state = Arc::new(AppState::new(
+    let state = Arc::new(configure(AppState::new(
         store,
         Credentials::from_password(PASSWORD).unwrap(),
         Some(SYNC_TOKEN.into()),
         secure_cookies,
-    ));
+    )));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(sluice_admin::serve(
@@ -661,4 +671,195 @@ fn a_bad_seed_stops_the_start_naming_the_field() {
         stderr.contains("policies[0].rate.requests: must be >= 1"),
         "{stderr}"
     );
+}
+
+async fn wrong_login(admin: &Admin, forwarded_for: Option<&str>) -> StatusCode {
+    let headers: Vec<(&str, &str)> = forwarded_for
+        .map(|f| vec![("x-forwarded-for", f)])
+        .unwrap_or_default();
+    admin
+        .call(
+            Method::POST,
+            "/api/v1/login",
+            &headers,
+            Some(json!({"password": "guess"})),
+        )
+        .await
+        .0
+}
+
+/// Behind a reverse proxy every user shares its address: the throttle
+/// counts the client the trusted proxy names, so one guesser does not lock
+/// the operator out; a client that is not a trusted proxy cannot pick
+/// whom it counts as. The account itself has a throttle of its own.
+#[tokio::test]
+async fn logins_are_throttled_per_client_behind_a_trusted_proxy_and_per_account() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let admin = start_configured(dir, db, false, |state| {
+        state.with_addressing(sluice_admin::login::ClientAddressing {
+            trusted_proxies: vec!["127.0.0.0/8".parse().unwrap()],
+            header: Some("x-forwarded-for".into()),
+        })
+    })
+    .await;
+    let mut guesser = Vec::new();
+    for _ in 0..7 {
+        guesser.push(wrong_login(&admin, Some("203.0.113.9")).await.as_u16());
+    }
+    // The operator, behind the same proxy, still logs in.
+    let (status, _, _) = admin
+        .call(
+            Method::POST,
+            "/api/v1/login",
+            &[("x-forwarded-for", "198.51.100.20")],
+            Some(json!({"password": PASSWORD})),
+        )
+        .await;
+    println!(
+        "behind a proxy: one client's 7 wrong passwords {guesser:?}; the operator then -> {status}"
+    );
+    assert_eq!(&guesser[..5], &[401; 5]);
+    assert_eq!(&guesser[5..], &[429; 2]);
+    assert_eq!(status, StatusCode::OK);
+    // Many addresses against the one account: its own throttle holds
+    // (20, then one every 2 s), whatever the addresses.
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        statuses.push(
+            wrong_login(&admin, Some(&format!("192.0.2.{i}")))
+                .await
+                .as_u16(),
+        );
+    }
+    let checked = statuses.iter().filter(|s| **s == 401).count();
+    println!(
+        "30 addresses, one account: {checked} checked, {} refused unchecked",
+        statuses.len() - checked
+    );
+    assert!(checked <= 21, "{statuses:?}");
+    assert!(statuses[25..].iter().all(|s| *s == 429));
+}
+
+/// A filter that names a version of this store the store has not reached
+/// (a backup was restored, or it took a forged answer) gets the store's
+/// set under a new epoch, which it takes; a filter on the current version
+/// of the current epoch gets 304.
+#[tokio::test]
+async fn an_envoy_ahead_of_the_store_gets_a_new_store_epoch() {
+    let admin = start().await;
+    let s = admin.login().await;
+    admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bank(100)))
+        .await;
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let sync = |version: u64, epoch: u64| {
+        let auth = auth.clone();
+        let admin = &admin;
+        async move {
+            admin
+                .call(
+                    Method::POST,
+                    "/api/v1/sync",
+                    &[("authorization", &auth)],
+                    Some(json!({"instance": "e", "policy_version": version, "policy_epoch": epoch, "at_ms": 1})),
+                )
+                .await
+        }
+    };
+    let epoch_of = |h: &HeaderMap| -> u64 {
+        h.get("sluice-store-epoch")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    let (status, h, _) = sync(0, 0).await;
+    assert_eq!(status, StatusCode::OK);
+    let epoch = epoch_of(&h);
+    assert_ne!(epoch, 0);
+    let (status, h, _) = sync(1, epoch).await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    assert_eq!(
+        epoch_of(&h),
+        epoch,
+        "the epoch holds while nothing odd happens"
+    );
+    // Another store's epoch: the set, same epoch.
+    let (status, h, _) = sync(1, epoch ^ 1).await;
+    assert_eq!((status, epoch_of(&h)), (StatusCode::OK, epoch));
+    // Ahead of the store in its own epoch: a new epoch.
+    let (status, h, body) = sync(u64::MAX, epoch).await;
+    let renewed = epoch_of(&h);
+    println!("an Envoy at version u64::MAX of epoch {epoch}: {status} with version {} under epoch {renewed}", body["version"]);
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["version"], 1);
+    assert_ne!(renewed, epoch);
+    let (status, _, _) = sync(1, renewed).await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+}
+
+/// Reports with counters and clocks at their limits: nothing panics (a
+/// debug build checks every addition), no lock is poisoned, and the live
+/// view and the instances list keep working. The list is paginated.
+#[tokio::test]
+async fn hostile_report_values_never_break_the_live_view_and_instances_page() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let max = u64::MAX;
+    for (instance, at) in [
+        ("huge-1", max),
+        ("huge-2", max),
+        ("huge-1", max - 1),
+        ("normal", 5),
+    ] {
+        let report = json!({"instance": instance, "policy_version": max, "at_ms": at,
+            "policies": {"bank": {"admitted": max, "rejected": max, "queued": max, "queue_timeouts": max,
+                "shadow_limited": max, "in_flight": max, "max_in_flight": max, "tokens": max, "waiting": max}}});
+        let (status, _, body) = admin
+            .call(
+                Method::POST,
+                "/api/v1/sync",
+                &[("authorization", &auth)],
+                Some(report),
+            )
+            .await;
+        assert!(
+            status.is_success() || status == StatusCode::NOT_MODIFIED,
+            "{status} {body}"
+        );
+    }
+    // The live stream's first event still comes.
+    let resp = admin
+        .http
+        .get(format!("{}/api/v1/live", admin.base))
+        .header("cookie", &s.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (status, _, page) = admin
+        .edit(&s, Method::GET, "/api/v1/instances?limit=2", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["instances"].as_array().map(Vec::len), Some(2));
+    let next = page["next"].as_str().unwrap().to_string();
+    let (_, _, rest) = admin
+        .edit(
+            &s,
+            Method::GET,
+            &format!("/api/v1/instances?limit=2&after={next}"),
+            &[],
+            None,
+        )
+        .await;
+    let names: Vec<&str> = page["instances"]
+        .as_array()
+        .into_iter()
+        .chain(rest["instances"].as_array())
+        .flatten()
+        .filter_map(|i| i["id"].as_str())
+        .collect();
+    assert_eq!(names, ["huge-1", "huge-2", "normal"]);
+    assert!(rest.get("next").is_none());
 }
