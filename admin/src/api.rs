@@ -29,7 +29,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::auth::{CSRF_HEADER, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::login::Refused;
-use crate::store::{now, now_ms};
+use crate::store::now_ms;
 use crate::AppState;
 
 type Shared = Arc<AppState>;
@@ -37,6 +37,11 @@ type Shared = Arc<AppState>;
 /// Largest request body: a policy set of a few hundred policies, or a sync
 /// report, fits with room to spare.
 const MAX_BODY: usize = 256 * 1024;
+
+/// Longest a request may take (the live stream excepted): a client that
+/// trickles its body, or a handler stuck on the store, gives up its
+/// connection.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn routes() -> Router<Shared> {
     Router::new()
@@ -53,10 +58,14 @@ pub fn routes() -> Router<Shared> {
         .route("/api/v1/audit", get(audit_log))
         .route("/api/v1/instances", get(instances))
         .route("/api/v1/fleet", get(fleet))
-        .route("/api/v1/live", get(live))
         .route(SYNC_PATH, post(sync))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .route("/api/v1/live", get(live))
         .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
@@ -265,6 +274,7 @@ async fn create_policy(
     let policy = parse_policy_body(body)?;
     let stored = state.store.create(policy, &editor.user).await?;
     state.metrics.write("create");
+    refresh_set_version(&state).await;
     tracing::info!(policy = %stored.policy.name, "policy created");
     let location = HeaderValue::from_str(&format!("/api/v1/policies/{}", stored.policy.name)).ok();
     let mut response = with_etag(stored);
@@ -299,6 +309,7 @@ async fn update_policy(
         .update(&name, policy, expected, &editor.user)
         .await?;
     state.metrics.write("update");
+    refresh_set_version(&state).await;
     tracing::info!(policy = %stored.policy.name, version = stored.version, "policy updated");
     Ok(with_etag(stored))
 }
@@ -312,8 +323,17 @@ async fn delete_policy(
     let expected = if_match(&headers)?;
     state.store.delete(&name, expected, &editor.user).await?;
     state.metrics.write("delete");
+    refresh_set_version(&state).await;
     tracing::info!(policy = %name, "policy deleted");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Keeps `/metrics`' policy set version current after a write (a scrape
+/// itself reads nothing from the store).
+pub async fn refresh_set_version(state: &AppState) {
+    if let Ok(v) = state.store.policy_set_version().await {
+        state.metrics.policy_set_version.set(v as i64);
+    }
 }
 
 /// Checks a policy as the editor types, without saving it.
@@ -433,6 +453,7 @@ async fn sync(
     state.live.ingest(&report, now_ms());
     let answer = state.store.record_sync(report).await?;
     let (report, set, epoch) = (answer.report, answer.set, answer.epoch);
+    state.metrics.policy_set_version.set(set.version as i64);
     if answer.renewed {
         tracing::warn!(
             instance = %report.instance,
@@ -442,7 +463,7 @@ async fn sync(
             "an Envoy enforces a version this store never reached (restored from a backup?): new store epoch"
         );
     }
-    let shares = match state.fleet.shares(&set, &report, now()).await {
+    let shares = match state.fleet.shares(&set, &report).await {
         Ok(shares) if shares.is_empty() => None,
         Ok(shares) => serde_json::to_string(&shares)
             .ok()
@@ -481,10 +502,10 @@ async fn sync(
 /// Each global policy's limit and how it is shared out now.
 async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<FleetView>, ApiError> {
     let set = state.store.policy_set().await?;
-    let now = now();
+    let now = state.fleet.now();
     let policies = state
         .fleet
-        .views(&set, now)
+        .views(&set)
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     Ok(Json(FleetView {
@@ -497,28 +518,35 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn metrics(State(state): State<Shared>) -> Response {
-    if let Ok(v) = state.store.policy_set_version().await {
-        state.metrics.policy_set_version.set(v as i64);
+async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    if let Some(expected) = &state.metrics_token {
+        let sent = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !sent.is_some_and(|s| constant_time_eq(s.as_bytes(), expected.as_bytes())) {
+            return Err(ApiError::Unauthorized);
+        }
     }
-    (
+    // The version as of the last sync or edit: a scrape costs no query.
+    Ok((
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         state.metrics.render(),
     )
-        .into_response()
+        .into_response())
 }
 
 async fn healthz(State(state): State<Shared>) -> Response {
-    match state.store.policy_set_version().await {
-        Ok(version) => Json(Health {
+    match state.health.check(&state.store).await {
+        Some(version) => Json(Health {
             status: "ok".into(),
             policy_set_version: Some(version),
         })
         .into_response(),
-        Err(_) => (
+        None => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(Health {
                 status: "store unavailable".into(),

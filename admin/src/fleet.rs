@@ -7,11 +7,13 @@
 //! writes back only if nobody wrote in between (else it reads again). Two
 //! replicas therefore never hand out the same room twice.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
 use sluice_shared::api::FleetPolicy;
-use sluice_shared::fleet::{FleetTerms, Ledger, Share, Usage};
+use sluice_shared::fleet::{Amount, FleetTerms, Ledger, Share, Usage};
+
+use crate::clock::MonotonicWall;
 use sluice_shared::sync::{ShareMessage, SharesMessage, SyncReport};
 use sluice_shared::{Instant, PolicySet, Scope};
 
@@ -31,6 +33,10 @@ return 1
 /// Ledgers outlive every reservation in them by far.
 const LEDGER_TTL_MS: u64 = 3_600_000;
 
+/// How long a Redis call (or reconnection) may take before the sync that
+/// needed it goes on without shares.
+const REDIS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error("redis: {0}")]
@@ -42,31 +48,77 @@ pub enum FleetError {
     },
     #[error("ledger of {0} kept changing under us ({MAX_CAS_ATTEMPTS} attempts)")]
     Contended(String),
+    #[error("reading Redis's CA certificate {0}: {1}")]
+    Ca(String, std::io::Error),
 }
 
-pub enum Ledgers {
+pub struct Ledgers {
+    backend: Backend,
+    /// Leases are measured on it (see [`MonotonicWall`]).
+    clock: MonotonicWall,
+    /// Policies whose ledger this process has written: one found missing
+    /// afterwards was lost (Redis restarted empty, or failed over).
+    seen: Mutex<HashSet<String>>,
+}
+
+enum Backend {
     Memory(Mutex<HashMap<String, Ledger>>),
     Redis {
-        connection: redis::aio::MultiplexedConnection,
+        /// Reconnects on its own when Redis restarts or the link drops.
+        connection: redis::aio::ConnectionManager,
         prefix: String,
     },
 }
 
 impl Default for Ledgers {
     fn default() -> Self {
-        Ledgers::Memory(Mutex::new(HashMap::new()))
+        Self::with_backend(Backend::Memory(Mutex::new(HashMap::new())))
     }
 }
 
 impl Ledgers {
-    /// Ledgers in Redis at `url` (`redis://host:port/db`).
-    pub async fn redis(url: &str) -> Result<Self, FleetError> {
-        let client = redis::Client::open(url)?;
-        let connection = client.get_multiplexed_async_connection().await?;
-        Ok(Ledgers::Redis {
+    fn with_backend(backend: Backend) -> Self {
+        Self {
+            backend,
+            clock: MonotonicWall::now_anchored(),
+            seen: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Ledgers in Redis at `url` (`redis://host:port/db`, or
+    /// `rediss://` for TLS checked against the system's CAs and `ca`).
+    /// The connection is re-established by itself after Redis restarts;
+    /// meanwhile syncs get no shares and Envoys keep theirs until their
+    /// leases end.
+    pub async fn redis(url: &str, ca: Option<&std::path::Path>) -> Result<Self, FleetError> {
+        let client = match ca {
+            Some(ca) => {
+                let root_cert =
+                    std::fs::read(ca).map_err(|e| FleetError::Ca(ca.display().to_string(), e))?;
+                redis::Client::build_with_tls(
+                    url,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root_cert),
+                    },
+                )?
+            }
+            None => redis::Client::open(url)?,
+        };
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(REDIS_TIMEOUT))
+            .set_response_timeout(Some(REDIS_TIMEOUT))
+            .set_number_of_retries(2);
+        let connection = client.get_connection_manager_with_config(config).await?;
+        Ok(Self::with_backend(Backend::Redis {
             connection,
             prefix: "sluice:ledger:".to_string(),
-        })
+        }))
+    }
+
+    /// Now, on the clock leases are measured on.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     /// The shares for every global policy of `set`, for the Envoy that sent
@@ -75,8 +127,8 @@ impl Ledgers {
         &self,
         set: &PolicySet,
         report: &SyncReport,
-        now: Instant,
     ) -> Result<SharesMessage, FleetError> {
+        let now = self.now();
         let mut out = BTreeMap::new();
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);
@@ -92,14 +144,10 @@ impl Ledgers {
                 waiting: u32::try_from(counters.waiting).unwrap_or(u32::MAX),
                 at: Instant::from_millis(report.at_ms),
             };
-            // The id of a share is its expiry in milliseconds.
-            let newest = report
-                .shares
-                .get(&policy.name)
-                .map(|&id| Instant::from_millis(id));
+            let held = held_share(report, &policy.name, &terms);
             let share = self
-                .update(&policy.name, |ledger| {
-                    ledger.sync_usage(&terms, &report.instance, usage, newest, now)
+                .update(&policy.name, &terms, now, |ledger| {
+                    ledger.sync_usage(&terms, &report.instance, usage, held, now)
                 })
                 .await?;
             out.insert(policy.name.clone(), message(&share, &terms, now));
@@ -108,41 +156,59 @@ impl Ledgers {
     }
 
     /// Each global policy's ledger as the UI shows it.
-    pub async fn views(
-        &self,
-        set: &PolicySet,
-        now: Instant,
-    ) -> Result<Vec<FleetPolicy>, FleetError> {
+    pub async fn views(&self, set: &PolicySet) -> Result<Vec<FleetPolicy>, FleetError> {
+        let now = self.now();
         let mut out = Vec::new();
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);
-            let ledger = self.read(&policy.name).await?;
+            let ledger = self.read(&policy.name).await?.unwrap_or_default();
             out.push(FleetPolicy {
                 policy: policy.name.clone(),
                 limit: terms.limit,
                 lease: terms.lease,
                 reserved: ledger.reserved(&terms, now),
+                recovering: ledger.recovering(now),
                 members: ledger.members(&terms, now),
             });
         }
         Ok(out)
     }
 
-    async fn read(&self, policy: &str) -> Result<Ledger, FleetError> {
-        match self {
-            Ledgers::Memory(ledgers) => Ok(ledgers
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .get(policy)
-                .cloned()
-                .unwrap_or_default()),
-            Ledgers::Redis { connection, prefix } => {
+    /// A ledger that is missing though this process wrote it was lost; so
+    /// may be any missing ledger while this process is younger than a
+    /// lease and a half (it cannot know what was there before it).
+    fn presumed_lost(&self, policy: &str, terms: &FleetTerms, now: Instant) -> bool {
+        let young = now < self.clock.at_start() + terms.lease + terms.lease.div(2);
+        young || lock(&self.seen).contains(policy)
+    }
+
+    /// The ledger of `policy` as it is, or one to start it from.
+    fn fresh(&self, policy: &str, terms: &FleetTerms, now: Instant) -> Ledger {
+        let mut ledger = Ledger::default();
+        if self.presumed_lost(policy, terms, now) {
+            tracing::warn!(
+                policy,
+                "the fleet ledger is gone (Redis restarted or failed over, or this admin restarted): \
+                 shares held by Envoys are learned back from their syncs"
+            );
+            ledger.lost(terms, now);
+        }
+        ledger
+    }
+
+    async fn read(&self, policy: &str) -> Result<Option<Ledger>, FleetError> {
+        match &self.backend {
+            Backend::Memory(ledgers) => Ok(lock(ledgers).get(policy).cloned()),
+            Backend::Redis { connection, prefix } => {
                 let mut connection = connection.clone();
                 let raw: Option<String> = redis::cmd("GET")
                     .arg(format!("{prefix}{policy}"))
                     .query_async(&mut connection)
                     .await?;
-                decode(policy, raw.as_deref().unwrap_or(""))
+                match raw.as_deref() {
+                    None | Some("") => Ok(None),
+                    Some(raw) => decode(policy, raw).map(Some),
+                }
             }
         }
     }
@@ -150,26 +216,37 @@ impl Ledgers {
     async fn update(
         &self,
         policy: &str,
+        terms: &FleetTerms,
+        now: Instant,
         change: impl Fn(&mut Ledger) -> Share,
     ) -> Result<Share, FleetError> {
-        match self {
-            Ledgers::Memory(ledgers) => {
-                let mut ledgers = ledgers
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                Ok(change(ledgers.entry(policy.to_string()).or_default()))
+        let share = match &self.backend {
+            Backend::Memory(ledgers) => {
+                let mut ledgers = lock(ledgers);
+                let ledger = match ledgers.entry(policy.to_string()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(self.fresh(policy, terms, now))
+                    }
+                };
+                change(ledger)
             }
-            Ledgers::Redis { connection, prefix } => {
+            Backend::Redis { connection, prefix } => {
                 let key = format!("{prefix}{policy}");
                 let script = redis::Script::new(COMPARE_AND_SET);
                 let mut connection = connection.clone();
+                let mut stored_share = None;
                 for _ in 0..MAX_CAS_ATTEMPTS {
                     let raw: Option<String> = redis::cmd("GET")
                         .arg(&key)
                         .query_async(&mut connection)
                         .await?;
                     let raw = raw.unwrap_or_default();
-                    let mut ledger = decode(policy, &raw)?;
+                    let mut ledger = if raw.is_empty() {
+                        self.fresh(policy, terms, now)
+                    } else {
+                        decode(policy, &raw)?
+                    };
                     let share = change(&mut ledger);
                     let new =
                         serde_json::to_string(&ledger).map_err(|source| FleetError::Corrupt {
@@ -184,13 +261,43 @@ impl Ledgers {
                         .invoke_async(&mut connection)
                         .await?;
                     if stored == 1 {
-                        return Ok(share);
+                        stored_share = Some(share);
+                        break;
                     }
                 }
-                Err(FleetError::Contended(policy.to_string()))
+                stored_share.ok_or_else(|| FleetError::Contended(policy.to_string()))?
             }
-        }
+        };
+        lock(&self.seen).insert(policy.to_string());
+        Ok(share)
     }
+}
+
+/// The share `report`'s Envoy says it holds of `policy`. An Envoy that
+/// names a share without describing it (an older filter) is taken to hold
+/// the whole limit, which is never too little; values that make no sense
+/// are bounded the same way.
+fn held_share(report: &SyncReport, policy: &str, terms: &FleetTerms) -> Option<Share> {
+    let id = *report.shares.get(policy)?;
+    let amount = match report.held.get(policy) {
+        Some(held) if held.rate.is_finite() && held.rate >= 0.0 => Amount {
+            rate: held.rate,
+            in_flight: held.in_flight,
+        },
+        _ => terms.limit,
+    };
+    let instances = report.held.get(policy).map_or(1, |h| h.instances.max(1));
+    Some(Share {
+        amount: amount.min(terms.limit),
+        expires_at: Instant::from_millis(id),
+        instances,
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn decode(policy: &str, raw: &str) -> Result<Ledger, FleetError> {

@@ -4,14 +4,15 @@
 
 pub mod api;
 pub mod auth;
+pub mod clock;
 pub mod error;
 pub mod fleet;
 pub mod live;
 pub mod login;
 pub mod metrics;
+pub mod server;
 pub mod store;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,40 @@ pub struct AppState {
     pub fleet: Ledgers,
     /// Instances silent for longer are forgotten (live view and store).
     pub instance_ttl: sluice_shared::Span,
+    /// Bearer token `/metrics` asks for (none: open, as Prometheus expects
+    /// by default; it lists policy names).
+    pub metrics_token: Option<String>,
+    /// `/healthz`'s store check, at most once a second.
+    pub health: HealthProbe,
+    /// Connection limits for [`serve`].
+    pub server_limits: server::ServerLimits,
+    /// With `--insecure-dev`: the Host names requests may carry (a guard
+    /// against DNS rebinding, since nothing asks for a login).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// The store's health, checked at most once a second however often
+/// `/healthz` is asked.
+#[derive(Default)]
+pub struct HealthProbe {
+    last: tokio::sync::Mutex<Option<(std::time::Instant, Option<u64>)>>,
+}
+
+impl HealthProbe {
+    const FRESH: Duration = Duration::from_secs(1);
+
+    /// The policy set version, or None when the store does not answer.
+    pub async fn check(&self, store: &Store) -> Option<u64> {
+        let mut last = self.last.lock().await;
+        if let Some((at, result)) = *last {
+            if at.elapsed() < Self::FRESH {
+                return result;
+            }
+        }
+        let result = store.policy_set_version().await.ok();
+        *last = Some((std::time::Instant::now(), result));
+        result
+    }
 }
 
 impl AppState {
@@ -74,7 +109,30 @@ impl AppState {
             secure_cookies,
             fleet: Ledgers::default(),
             instance_ttl: DEFAULT_INSTANCE_TTL,
+            metrics_token: None,
+            health: HealthProbe::default(),
+            server_limits: server::ServerLimits::default(),
+            allowed_hosts: Vec::new(),
         }
+    }
+
+    /// Connection limits (how many, how long to send headers).
+    pub fn with_server_limits(mut self, limits: server::ServerLimits) -> Self {
+        self.server_limits = limits;
+        self
+    }
+
+    /// `/metrics` asks for this bearer token.
+    pub fn with_metrics_token(mut self, token: Option<String>) -> Self {
+        self.metrics_token = token;
+        self
+    }
+
+    /// With `--insecure-dev`: the Host names requests may carry besides
+    /// the loopback ones.
+    pub fn with_allowed_hosts(mut self, hosts: Vec<String>) -> Self {
+        self.allowed_hosts = hosts;
+        self
     }
 
     /// Forgets instances silent for `ttl` (default [`DEFAULT_INSTANCE_TTL`]).
@@ -103,11 +161,20 @@ const CONTENT_SECURITY_POLICY: &str =
     "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
 
 pub fn app(state: Arc<AppState>, ui_dir: Option<PathBuf>) -> Router {
+    let guard = state.credentials.is_insecure().then(|| {
+        let allowed: Arc<[String]> = state.allowed_hosts.clone().into();
+        axum::middleware::from_fn(move |req, next| {
+            insecure_dev_host_guard(Arc::clone(&allowed), req, next)
+        })
+    });
     let mut router = api::routes().with_state(state);
     if let Some(dir) = ui_dir {
         let index = dir.join("index.html");
         // Client-side routes (/policies/bank, /live) all load the app.
         router = router.fallback_service(ServeDir::new(dir).fallback(ServeFile::new(index)));
+    }
+    if let Some(guard) = guard {
+        router = router.layer(guard);
     }
     router
         .layer(SetResponseHeaderLayer::if_not_present(
@@ -123,6 +190,48 @@ pub fn app(state: Arc<AppState>, ui_dir: Option<PathBuf>) -> Router {
             HeaderValue::from_static("DENY"),
         ))
         .layer(TraceLayer::new_for_http())
+}
+
+/// With `--insecure-dev` nothing asks for a login, so a web page that
+/// points a DNS name at 127.0.0.1 could drive the admin from the operator's
+/// browser (DNS rebinding). Requests must name the admin by a loopback
+/// name, or one the operator allowed (`--allowed-host`).
+async fn insecure_dev_host_guard(
+    allowed: Arc<[String]>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(|h| host_name(h).to_ascii_lowercase());
+    let ok = host.as_deref().is_some_and(|h| {
+        matches!(h, "localhost" | "127.0.0.1" | "[::1]" | "::1")
+            || allowed.iter().any(|a| a.eq_ignore_ascii_case(h))
+    });
+    if ok {
+        return next.run(req).await;
+    }
+    (
+        axum::http::StatusCode::MISDIRECTED_REQUEST,
+        "--insecure-dev answers only requests to localhost (or an --allowed-host)\n",
+    )
+        .into_response()
+}
+
+/// The host of a Host header, without its port.
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest
+            .split(']')
+            .next()
+            .map_or(host, |h| &host[..h.len() + 2]);
+    }
+    host.rsplit_once(':')
+        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+        .map_or(host, |(name, _)| name)
 }
 
 /// Publishes one live frame a second, to the SSE streams and `/metrics`.
@@ -168,13 +277,44 @@ pub async fn serve(
     ui_dir: Option<PathBuf>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with_tls(listener, None, state, ui_dir, shutdown).await
+}
+
+/// Serves plain HTTP on `listener` and, when given, HTTPS on the second
+/// listener, until `shutdown` resolves.
+pub async fn serve_with_tls(
+    listener: tokio::net::TcpListener,
+    tls_listener: Option<(tokio::net::TcpListener, Arc<rustls::ServerConfig>)>,
+    state: Arc<AppState>,
+    ui_dir: Option<PathBuf>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     spawn_live_ticker(state.clone());
     spawn_instance_pruner(state.clone());
+    api::refresh_set_version(&state).await;
+    let limits = state.server_limits;
     let app = app(state, ui_dir);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopped_too = stopped.clone();
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let tls_task = tls_listener.map(|(tls_listener, config)| {
+        tokio::spawn(server::serve(
+            tls_listener,
+            app.clone(),
+            Some(config),
+            limits,
+            until(stopped_too),
+        ))
+    });
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let plain = server::serve(listener, app, None, limits, until(stopped)).await;
+    if let Some(task) = tls_task {
+        task.await.map_err(std::io::Error::other)??;
+    }
+    plain
 }

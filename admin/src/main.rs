@@ -48,6 +48,14 @@ struct Args {
     /// hosts. Never logged.
     #[arg(long, env = "SLUICE_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// A CA certificate (PEM) PostgreSQL's certificate is checked against,
+    /// besides the system's, when the URL says `sslmode=require`.
+    #[arg(long, env = "SLUICE_DATABASE_CA")]
+    database_ca: Option<PathBuf>,
+    /// A CA certificate (PEM) Redis's certificate is checked against,
+    /// besides the system's, for a `rediss://` URL.
+    #[arg(long, env = "SLUICE_REDIS_CA")]
+    redis_ca: Option<PathBuf>,
     /// Run without a password (anyone reaching the port is admin). Local
     /// development only.
     #[arg(long)]
@@ -64,6 +72,44 @@ struct Args {
     /// The header a trusted proxy names the client in (e.g. x-forwarded-for).
     #[arg(long, env = "SLUICE_CLIENT_IP_HEADER")]
     client_ip_header: Option<String>,
+    /// Also serve HTTPS here (the address Envoys sync with, their CA
+    /// pinned): with `--tls-cert`/`--tls-key`, or `--tls-self-signed`.
+    #[arg(long, env = "SLUICE_TLS_LISTEN")]
+    tls_listen: Option<std::net::SocketAddr>,
+    /// The certificate chain (PEM) for `--tls-listen`.
+    #[arg(long, env = "SLUICE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "SLUICE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Or a self-signed certificate kept in this directory (generated the
+    /// first time; Envoys pin its ca.pem).
+    #[arg(long, env = "SLUICE_TLS_SELF_SIGNED", conflicts_with = "tls_cert")]
+    tls_self_signed: Option<PathBuf>,
+    /// Connections open at once, at most (more wait to be accepted).
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
+    /// How long a client has to send its request headers (slow clients
+    /// cannot hold connections), e.g. 10s.
+    #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_span)]
+    header_read_timeout: sluice_shared::Span,
+    /// `/metrics` asks for this bearer token (it lists policy names); open
+    /// without it, as Prometheus expects by default.
+    #[arg(long, env = "SLUICE_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
+    /// With `--insecure-dev`: a Host name requests may carry besides
+    /// localhost (e.g. the name Envoys call the admin by); repeat for
+    /// several. Anything else is refused (DNS rebinding).
+    #[arg(
+        long = "allowed-host",
+        env = "SLUICE_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
+    /// With `--insecure-dev`, listen on an address other than loopback
+    /// (in a container whose port is published on the host's loopback).
+    #[arg(long)]
+    insecure_dev_any_address: bool,
     /// An Envoy that stopped syncing is forgotten after this long (the
     /// live view and the instances list), e.g. 10m, 1h.
     #[arg(long, env = "SLUICE_INSTANCE_TTL", default_value = "1h", value_parser = parse_span)]
@@ -92,9 +138,22 @@ async fn main() -> anyhow::Result<()> {
         &args.admin_password_hash,
         args.insecure_dev,
     ) {
+        (Some(_), _, true) | (_, Some(_), true) => bail!(
+            "--insecure-dev turns the login off: drop SLUICE_ADMIN_PASSWORD (and its hash), or drop --insecure-dev"
+        ),
         (Some(p), _, _) => Credentials::from_password(p).context("--admin-password")?,
         (None, Some(h), _) => Credentials::from_hash(h).context("--admin-password-hash")?,
         (None, None, true) => {
+            if args.sync_token.is_some() {
+                bail!("--insecure-dev turns the sync token off too: drop SLUICE_SYNC_TOKEN, or drop --insecure-dev");
+            }
+            if !args.listen.ip().is_loopback() && !args.insecure_dev_any_address {
+                bail!(
+                    "--insecure-dev listens on loopback only (asked for {}): anyone reaching it could change limits; \
+                     pass --insecure-dev-any-address in a container whose port is published on loopback",
+                    args.listen
+                );
+            }
             tracing::warn!("--insecure-dev: NO LOGIN. Anyone who reaches {} can change limits. Local development only.", args.listen);
             Credentials::InsecureDev
         }
@@ -117,12 +176,12 @@ async fn main() -> anyhow::Result<()> {
         None => None,
     };
     let (database_url, db) = (args.database_url.clone(), args.db.clone());
+    let database_ca = args.database_ca.clone();
     // Opening PostgreSQL blocks (its client runs a runtime of its own).
     let store = tokio::task::spawn_blocking(move || -> anyhow::Result<Store> {
         let store = match &database_url {
-            Some(url) => {
-                Store::open_postgres(url).context("connecting to PostgreSQL (--database-url)")?
-            }
+            Some(url) => Store::open_postgres(url, database_ca.as_deref())
+                .context("connecting to PostgreSQL (--database-url)")?,
             None => Store::open(&db).with_context(|| format!("opening {}", db.display()))?,
         };
         if let Some((path, set)) = &seed {
@@ -146,11 +205,38 @@ async fn main() -> anyhow::Result<()> {
         trusted_proxies: args.trusted_proxies.clone(),
         header: args.client_ip_header.clone(),
     };
+    let tls = match (&args.tls_cert, &args.tls_key, &args.tls_self_signed) {
+        (Some(cert), Some(key), _) => Some(
+            sluice_admin::server::tls_config(cert, key)
+                .context("the TLS certificate (--tls-cert, --tls-key)")?,
+        ),
+        (_, _, Some(dir)) => {
+            let (cert, key) = sluice_admin::server::self_signed(dir)
+                .with_context(|| format!("the self-signed certificate in {}", dir.display()))?;
+            tracing::info!(ca = %dir.join("ca.pem").display(), "serving TLS with a self-signed certificate; Envoys pin its ca.pem");
+            Some(
+                sluice_admin::server::tls_config(&cert, &key)
+                    .context("the self-signed certificate")?,
+            )
+        }
+        _ => None,
+    };
+    if tls.is_some() != args.tls_listen.is_some() {
+        bail!("--tls-listen goes with a certificate (--tls-cert and --tls-key, or --tls-self-signed), and the other way round");
+    }
+    let limits = sluice_admin::server::ServerLimits {
+        max_connections: args.max_connections.max(1),
+        header_read_timeout: args.header_read_timeout.as_duration(),
+        ..Default::default()
+    };
     let mut state = AppState::new(store, credentials, args.sync_token, args.secure_cookies)
         .with_addressing(addressing)
-        .with_instance_ttl(args.instance_ttl);
+        .with_instance_ttl(args.instance_ttl)
+        .with_metrics_token(args.metrics_token.clone())
+        .with_allowed_hosts(args.allowed_hosts.clone())
+        .with_server_limits(limits);
     if let Some(url) = &args.redis_url {
-        let ledgers = Ledgers::redis(url)
+        let ledgers = Ledgers::redis(url, args.redis_ca.as_deref())
             .await
             .context("connecting to Redis (--redis-url)")?;
         // The URL may carry a password: it is never logged.
@@ -175,7 +261,19 @@ async fn main() -> anyhow::Result<()> {
         }
         _ => tracing::info!(listen = %args.listen, db = %args.db.display(), "sluice-admin ready"),
     }
-    sluice_admin::serve(listener, state, ui_dir, async {
+    let tls_listener = match (args.tls_listen, tls) {
+        (Some(addr), Some(config)) => Some((
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr} (port taken?)"))?,
+            config,
+        )),
+        _ => None,
+    };
+    if let Some(addr) = args.tls_listen {
+        tracing::info!(tls_listen = %addr, "serving HTTPS");
+    }
+    sluice_admin::serve_with_tls(listener, tls_listener, state, ui_dir, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await

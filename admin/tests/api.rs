@@ -863,3 +863,171 @@ async fn hostile_report_values_never_break_the_live_view_and_instances_page() {
     assert_eq!(names, ["huge-1", "huge-2", "normal"]);
     assert!(rest.get("next").is_none());
 }
+
+/// `/metrics` names every policy: with `--metrics-token` a scrape needs
+/// it, and a scrape reads nothing from the store (a slow or absent
+/// database cannot stall Prometheus, nor Prometheus the database).
+#[tokio::test]
+async fn metrics_asks_for_its_token_when_one_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let admin = start_configured(dir, db, false, |state| {
+        state.with_metrics_token(Some("scrape-secret".into()))
+    })
+    .await;
+    let s = admin.login().await;
+    admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bank(100)))
+        .await;
+    let scrape = |auth: Option<&'static str>| {
+        let admin = &admin;
+        async move {
+            let headers: Vec<(&str, &str)> =
+                auth.map(|a| vec![("authorization", a)]).unwrap_or_default();
+            let (status, _, body) = admin.call(Method::GET, "/metrics", &headers, None).await;
+            (status, body.as_str().unwrap_or_default().to_string())
+        }
+    };
+    let (none, _) = scrape(None).await;
+    let (wrong, _) = scrape(Some("Bearer scrape-secreT")).await;
+    let (basic, _) = scrape(Some("Basic scrape-secret")).await;
+    let (right, text) = scrape(Some("Bearer scrape-secret")).await;
+    println!("/metrics: no token {none}, wrong token {wrong}, basic {basic}, right token {right}");
+    assert_eq!(none, StatusCode::UNAUTHORIZED);
+    assert_eq!(wrong, StatusCode::UNAUTHORIZED);
+    assert_eq!(basic, StatusCode::UNAUTHORIZED);
+    assert_eq!(right, StatusCode::OK);
+    // The version written by the edit, though the scrape read no store.
+    assert!(text.contains("sluice_admin_policy_set_version 1"), "{text}");
+}
+
+/// An admin with `--insecure-dev` (no login) on the operator's machine.
+async fn start_insecure(allowed_hosts: &[&str]) -> Admin {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let store = Store::open(&db).unwrap();
+    let state = Arc::new(
+        AppState::new(store, Credentials::InsecureDev, None, false)
+            .with_allowed_hosts(allowed_hosts.iter().map(|h| h.to_string()).collect()),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sluice_admin::serve(
+        listener,
+        state,
+        None,
+        std::future::pending(),
+    ));
+    Admin {
+        base,
+        http: reqwest::Client::new(),
+        _dir: dir,
+        db,
+    }
+}
+
+/// Without a login, a page on another site could point its own DNS name
+/// at 127.0.0.1 and drive the admin from the operator's browser (DNS
+/// rebinding): its requests carry that name as Host, and are refused.
+#[tokio::test]
+async fn insecure_dev_answers_only_requests_that_name_it_by_a_local_name() {
+    let admin = start_insecure(&["sluice-admin"]).await;
+    let port = admin.base.rsplit(':').next().unwrap().to_string();
+    let mut seen = Vec::new();
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "LOCALHOST".to_string(),
+        format!("sluice-admin:{port}"),
+        format!("rebind.attacker.example:{port}"),
+        "127.0.0.1.attacker.example".to_string(),
+        "localhost.attacker.example".to_string(),
+        format!("sluice-admin.attacker.example:{port}"),
+    ] {
+        let (status, _, _) = admin
+            .call(
+                Method::GET,
+                "/api/v1/policies",
+                &[("host", host.as_str())],
+                None,
+            )
+            .await;
+        seen.push((host, status.as_u16()));
+    }
+    println!("--insecure-dev by Host: {seen:?}");
+    for (host, status) in &seen {
+        let local = !host.contains("attacker");
+        assert_eq!(*status, if local { 200 } else { 421 }, "Host {host}");
+    }
+    // A write is refused as well, and changes nothing.
+    let (status, _, _) = admin
+        .call(
+            Method::POST,
+            "/api/v1/policies",
+            &[("host", "rebind.attacker.example")],
+            Some(bank(1)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
+    let (_, _, listed) = admin.call(Method::GET, "/api/v1/policies", &[], None).await;
+    assert_eq!(listed["policies"], json!([]), "{listed}");
+}
+
+/// Runs the admin binary with `args` (and `env`) expecting it to refuse
+/// to start; returns its error output.
+fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-admin"));
+    command
+        .args(args)
+        .arg("--db")
+        .arg(dir.path().join("x.db"))
+        .env_remove("SLUICE_ADMIN_PASSWORD")
+        .env_remove("SLUICE_ADMIN_PASSWORD_HASH")
+        .env_remove("SLUICE_SYNC_TOKEN");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    println!("{args:?} {env:?}: exit {:?}: {stderr}", out.status.code());
+    assert!(!out.status.success(), "it started: {args:?} {env:?}");
+    stderr
+}
+
+/// `--insecure-dev` is for one developer's machine: mixed with a password
+/// or a sync token (a deployment) or on an address others reach, the admin
+/// refuses to start and says why.
+#[test]
+fn insecure_dev_refuses_to_run_where_it_would_be_exposed() {
+    let with_password = refused_start(
+        &["--listen", "127.0.0.1:0", "--insecure-dev"],
+        &[("SLUICE_ADMIN_PASSWORD", "a-real-password")],
+    );
+    assert!(
+        with_password.contains("--insecure-dev turns the login off"),
+        "{with_password}"
+    );
+    let with_token = refused_start(
+        &["--listen", "127.0.0.1:0", "--insecure-dev"],
+        &[("SLUICE_SYNC_TOKEN", "a-token")],
+    );
+    assert!(with_token.contains("sync token"), "{with_token}");
+    let exposed = refused_start(&["--listen", "0.0.0.0:0", "--insecure-dev"], &[]);
+    assert!(exposed.contains("loopback only"), "{exposed}");
+    let half_tls = refused_start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure-dev",
+            "--tls-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert!(
+        half_tls.contains("--tls-listen goes with a certificate"),
+        "{half_tls}"
+    );
+}

@@ -34,6 +34,9 @@ pub trait Host {
     /// Lets paused stream `context_id` continue. False if it is gone.
     fn resume(&self, context_id: u32) -> bool;
     fn set_tick_period(&self, period: Span);
+    /// Fills `buf` from the host's random source (WASI `random_get` in
+    /// Envoy). False when there is none.
+    fn random_bytes(&self, buf: &mut [u8]) -> bool;
     /// Sends an HTTP call through an Envoy cluster; the answer comes back
     /// to the root context. Returns the call's token.
     fn dispatch_http_call(

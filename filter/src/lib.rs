@@ -1,7 +1,8 @@
 //! The Sluice proxy-wasm filter: a thin adapter between Envoy and the pure
 //! decisions of `sluice-shared`.
 //!
-//! - [`host`]: every call into Envoy, behind a trait.
+//! - [`host`]: every call into Envoy, behind a trait; [`clock`]: its wall
+//!   clock made monotonic.
 //! - [`store`]: values in shared data, updated by compare-and-swap; every
 //!   failure counted and logged there.
 //! - [`sync`]: policy sets from the admin; [`report`]: utilization to it.
@@ -11,6 +12,7 @@
 //! - [`worker`]: the per-VM logic (match, admit, queue, release, tick).
 //! - `envoy` (wasm only): the proxy-wasm contexts that drive the worker.
 
+pub mod clock;
 pub mod fleet;
 pub mod host;
 pub mod metrics;

@@ -11,6 +11,14 @@ use sluice_shared::bucket::{Prefetched, PREFETCH_TTL};
 use sluice_shared::matcher::BucketKey;
 use sluice_shared::time::Instant;
 
+/// What a request admitted from a prefetch took: its bucket, and the
+/// worker's lease its slot belongs to (when the policy limits concurrency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spent<'a> {
+    pub bucket: &'a str,
+    pub lease: Option<Instant>,
+}
+
 /// The most requests asked for at once.
 pub const MAX_PREFETCH: u64 = 64;
 /// Buckets with a live prefetch, at most (per-key policies have many).
@@ -27,6 +35,8 @@ struct Prefetch {
     /// Spare slots: prefetched and not in use (a finished request's slot
     /// comes back here while the prefetch lives).
     slots: u32,
+    /// The worker's lease in the bucket the slots belong to.
+    lease: Option<Instant>,
     until: Instant,
     /// Requests the bucket handed out (0: none, this entry only remembers
     /// that the worker used the bucket).
@@ -44,19 +54,21 @@ pub struct Prefetches {
 pub struct SpareSlots {
     pub bucket: String,
     pub slots: u32,
+    pub lease: Option<Instant>,
 }
 
 impl Prefetches {
     /// Admits a request from this bucket's prefetch if it has what the request
     /// needs (`cost` tokens when the policy has a rate, a slot when it has a
-    /// concurrency limit); returns the bucket's key in shared data.
+    /// concurrency limit); returns the bucket's key in shared data, and the
+    /// lease of the slot.
     pub fn spend(
         &mut self,
         key: PrefetchKey,
         cost: Option<u64>,
         slot: bool,
         now: Instant,
-    ) -> Option<&str> {
+    ) -> Option<Spent<'_>> {
         let g = self.entries.get_mut(&key)?;
         if now >= g.until || cost.is_some_and(|c| g.tokens < c) || (slot && g.slots == 0) {
             return None;
@@ -66,7 +78,10 @@ impl Prefetches {
             g.slots -= 1;
         }
         g.spent += 1;
-        Some(&g.bucket)
+        Some(Spent {
+            bucket: &g.bucket,
+            lease: g.lease,
+        })
     }
 
     /// A request of `key`'s bucket finished: its slot stays with this
@@ -75,9 +90,15 @@ impl Prefetches {
     /// once, as near a limit, where another worker or a queued request may
     /// be waiting for it. `now` is asked only when such a prefetch exists: a
     /// clock read is a host call, and most streams end with none.
-    pub fn return_slot(&mut self, key: PrefetchKey, now: impl FnOnce() -> Instant) -> bool {
+    /// A slot of another lease than the prefetch's goes back to shared data.
+    pub fn return_slot(
+        &mut self,
+        key: PrefetchKey,
+        lease: Option<Instant>,
+        now: impl FnOnce() -> Instant,
+    ) -> bool {
         match self.entries.get_mut(&key) {
-            Some(g) if g.handed_out > 0 && now() < g.until => {
+            Some(g) if g.handed_out > 0 && g.lease == lease && now() < g.until => {
                 g.slots += 1;
                 true
             }
@@ -119,6 +140,7 @@ impl Prefetches {
                 bucket: bucket.to_string(),
                 tokens: prefetched.tokens,
                 slots: prefetched.slots,
+                lease: prefetched.lease,
                 until: now + PREFETCH_TTL,
                 handed_out: prefetched.requests,
                 spent: 0,
@@ -162,6 +184,7 @@ fn spare(g: Prefetch) -> Option<SpareSlots> {
     (g.slots > 0).then_some(SpareSlots {
         bucket: g.bucket,
         slots: g.slots,
+        lease: g.lease,
     })
 }
 
@@ -173,12 +196,14 @@ mod tests {
 
     const T0: Instant = Instant::from_nanos(1_000_000_000);
     const K: PrefetchKey = (0, BucketKey::Policy);
+    const LEASE: Instant = Instant::from_nanos(5);
 
     fn prefetched(tokens: u64, slots: u32) -> Prefetched {
         Prefetched {
             tokens,
             slots,
             requests: tokens.max(u64::from(slots)),
+            lease: (slots > 0).then_some(LEASE),
         }
     }
 
@@ -189,7 +214,7 @@ mod tests {
         assert_eq!(g.record(K, "b", Prefetched::default(), T0), None);
         assert_eq!(g.wanted(K, T0 + Span::from_nanos(1)), 2, "used just now");
         assert_eq!(g.record(K, "b", prefetched(3, 0), T0), None);
-        assert_eq!(g.spend(K, Some(2), false, T0), Some("b"));
+        assert_eq!(g.spend(K, Some(2), false, T0).map(|s| s.bucket), Some("b"));
         assert_eq!(
             g.spend(K, Some(2), false, T0),
             None,
@@ -215,17 +240,18 @@ mod tests {
         assert!(g.spend(K, None, true, T0).is_some());
         assert!(g.spend(K, None, true, T0).is_some());
         assert!(g.spend(K, None, true, T0).is_none(), "both slots in use");
-        assert!(g.return_slot(K, || T0 + Span::from_nanos(1)));
+        assert!(g.return_slot(K, Some(LEASE), || T0 + Span::from_nanos(1)));
         assert!(g.holds_slots());
         assert!(
-            !g.return_slot(K, || T0 + PREFETCH_TTL),
+            !g.return_slot(K, Some(LEASE), || T0 + PREFETCH_TTL),
             "lapsed: back to shared data"
         );
         assert_eq!(
             g.prune(T0 + PREFETCH_TTL),
             vec![SpareSlots {
                 bucket: "b".into(),
-                slots: 1
+                slots: 1,
+                lease: Some(LEASE)
             }]
         );
         assert!(g.is_empty());
@@ -236,7 +262,7 @@ mod tests {
         let mut g = Prefetches::default();
         g.record(K, "b", Prefetched::default(), T0);
         assert!(
-            !g.return_slot(K, || T0 + Span::from_nanos(1)),
+            !g.return_slot(K, Some(LEASE), || T0 + Span::from_nanos(1)),
             "near the limit: straight back"
         );
         assert!(!g.holds_slots());
@@ -273,14 +299,16 @@ mod tests {
             g.record(K, "b", prefetched(0, 4), T0 + Span::from_nanos(5)),
             Some(SpareSlots {
                 bucket: "b".into(),
-                slots: 2
+                slots: 2,
+                lease: Some(LEASE)
             })
         );
         assert_eq!(
             g.clear(),
             vec![SpareSlots {
                 bucket: "b".into(),
-                slots: 4
+                slots: 4,
+                lease: Some(LEASE)
             }]
         );
     }

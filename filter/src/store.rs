@@ -9,6 +9,7 @@
 //! instead of overwriting it.
 
 use sluice_shared::bucket::BucketState;
+use sluice_shared::key_hash::KeySecret;
 use sluice_shared::time::{Instant, Span};
 
 use crate::host::{Host, Level, SetError};
@@ -27,6 +28,7 @@ const INSERT_CAS: u32 = u32::MAX;
 const LOG_EVERY: Span = Span::from_secs(60);
 
 const HOLDERS_KEY: &str = "sluice/holders";
+const KEY_SECRET_KEY: &str = "sluice/key-secret";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreError {
@@ -171,6 +173,23 @@ impl Store {
         next.unwrap_or_else(|_| host.now().as_nanos() | (1 << 63))
     }
 
+    /// The secret keyed policies hash their keys with (see
+    /// [`sluice_shared::key_hash`]): drawn from the host's random source by
+    /// the first VM of this Envoy process, read by every other, so that all
+    /// workers put a key in the same bucket. A new process draws a new one.
+    pub fn key_secret<H: Host + ?Sized>(&mut self, host: &H) -> KeySecret {
+        let drawn = self.update(host, KEY_SECRET_KEY, |bytes| {
+            if let Some(secret) = bytes.and_then(KeySecret::decode) {
+                return (secret, None);
+            }
+            let secret = KeySecret::from_bytes(draw_secret(host));
+            (secret, Some(secret.to_bytes().to_vec()))
+        });
+        // Without shared data, this worker still hashes with a secret; it
+        // only places keys apart from the other workers.
+        drawn.unwrap_or_else(|_| KeySecret::from_bytes(draw_secret(host)))
+    }
+
     /// Adds what happened since the last flush to the filter's stats.
     pub fn flush_into(&mut self, metrics: &mut Metrics) {
         let as_delta = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -204,6 +223,23 @@ impl Store {
             ),
         );
     }
+}
+
+/// Random bytes for a key secret. A host without a random source (none
+/// known) gets one from the clock, which an attacker could guess: said
+/// loudly in the log.
+fn draw_secret<H: Host + ?Sized>(host: &H) -> [u8; KeySecret::LEN] {
+    let mut bytes = [0; KeySecret::LEN];
+    if !host.random_bytes(&mut bytes) {
+        host.log(
+            Level::Error,
+            "sluice: the host gave no random bytes; keys are hashed with a secret from the clock, which can be guessed",
+        );
+        let nanos = host.now().as_nanos().to_le_bytes();
+        bytes[..8].copy_from_slice(&nanos);
+        bytes[8..].copy_from_slice(&nanos.map(|b| b.rotate_left(3) ^ 0x5a));
+    }
+    bytes
 }
 
 #[cfg(test)]

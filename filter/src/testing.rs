@@ -32,6 +32,11 @@ pub struct FakeHost {
     pub tick: Cell<Span>,
     /// HTTP calls sent: (cluster, headers, body).
     pub calls: RefCell<Vec<SentCall>>,
+    /// Where the random source is: hosts with different values give
+    /// different bytes (two Envoy processes).
+    pub random_state: Cell<u64>,
+    /// The host has no random source.
+    pub random_fails: Cell<bool>,
 }
 
 impl FakeHost {
@@ -121,6 +126,23 @@ impl Host for FakeHost {
 
     fn set_tick_period(&self, period: Span) {
         self.tick.set(period);
+    }
+
+    fn random_bytes(&self, buf: &mut [u8]) -> bool {
+        if self.random_fails.get() {
+            return false;
+        }
+        // splitmix64: distinct, well-spread bytes; secrecy is not tested here.
+        for chunk in buf.chunks_mut(8) {
+            let state = self.random_state.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+            self.random_state.set(state);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+        }
+        true
     }
 
     fn dispatch_http_call(

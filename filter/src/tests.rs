@@ -32,6 +32,19 @@ fn req<'a>(authority: &'a [u8], extra: &'a [(&'a str, &'a [u8])]) -> Vec<(&'a st
     h
 }
 
+/// Time passes as it does in Envoy: the worker ticks every 100 ms
+/// meanwhile (its clock takes a gap of more than a second between
+/// readings for a step of the wall clock).
+fn pass(host: &FakeHost, w: &mut Worker, ms: u64) {
+    let mut left = ms;
+    while left > 0 {
+        let step = left.min(100);
+        host.advance_ms(step);
+        w.on_tick(host);
+        left -= step;
+    }
+}
+
 fn status(v: &Verdict) -> u32 {
     match v {
         Verdict::Continue => 200,
@@ -121,11 +134,9 @@ fn a_stream_that_never_ends_gives_its_slot_back_after_the_ttl() {
     let r = req(b"x", &[]);
     assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
     assert_eq!(w.on_request(&host, 2, r.as_slice()), Verdict::Continue);
-    host.advance_ms(9_000);
-    w.on_tick(&host);
+    pass(&host, &mut w, 9_000);
     assert_eq!(status(&w.on_request(&host, 3, r.as_slice())), 429);
-    host.advance_ms(1_001);
-    w.on_tick(&host);
+    pass(&host, &mut w, 1_001);
     assert_eq!(w.on_request(&host, 4, r.as_slice()), Verdict::Continue);
     w.on_tick(&host);
     assert_eq!(host.metric("sluice.policy.llm.leases_expired"), 2);
@@ -147,7 +158,7 @@ fn a_crashed_workers_slots_return_after_the_ttl() {
     drop(crashed);
     let mut fresh = worker(&host, SLOTS);
     assert_eq!(status(&fresh.on_request(&host, 1, r.as_slice())), 429);
-    host.advance_ms(10_001);
+    pass(&host, &mut fresh, 10_001);
     assert_eq!(fresh.on_request(&host, 2, r.as_slice()), Verdict::Continue);
 }
 
@@ -243,16 +254,24 @@ const PER_KEY: &str = r#"{"version": 1, "policies": [
 fn each_key_gets_its_own_bucket_and_overflow_is_shared() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, PER_KEY);
-    let mut pass = |key: &[u8], ctx: u32| {
+    let admitted = |w: &mut Worker, key: &[u8], ctx: u32| {
         w.on_request(&host, ctx, req(b"x", &[("x-api-key", key)]).as_slice()) == Verdict::Continue
     };
-    assert!(pass(b"alice", 1) && pass(b"alice", 2) && !pass(b"alice", 3));
-    assert!(pass(b"bob", 4) && pass(b"bob", 5) && !pass(b"bob", 6));
+    let mut admits = |w: &mut Worker, key: &[u8], ctxs: [u32; 3]| {
+        [
+            admitted(w, key, ctxs[0]),
+            admitted(w, key, ctxs[1]),
+            admitted(w, key, ctxs[2]),
+        ]
+    };
+    assert_eq!(admits(&mut w, b"alice", [1, 2, 3]), [true, true, false]);
+    assert_eq!(admits(&mut w, b"bob", [4, 5, 6]), [true, true, false]);
     // Both places hold busy keys: new keys share the overflow bucket.
-    assert!(pass(b"carol", 7) && pass(b"dave", 8) && !pass(b"erin", 9));
+    assert!(admitted(&mut w, b"carol", 7) && admitted(&mut w, b"dave", 8));
+    assert!(!admitted(&mut w, b"erin", 9));
     // Once alice's bucket is full again, her place can go to a new key.
-    host.advance_ms(2_001);
-    assert!(pass(b"erin", 10) && pass(b"erin", 11) && !pass(b"erin", 12));
+    pass(&host, &mut w, 2_001);
+    assert_eq!(admits(&mut w, b"erin", [10, 11, 12]), [true, true, false]);
     w.on_tick(&host);
     assert!(host.metric("sluice.policy.k.key_overflow") >= 3);
     assert!(host.metric("sluice.policy.k.key_evictions") >= 1);
@@ -687,10 +706,15 @@ fn a_global_policy_applies_its_share_then_falls_back_when_the_lease_lapses() {
     let report: sluice_shared::sync::SyncReport =
         serde_json::from_slice(&calls.last().unwrap().2).unwrap();
     assert_eq!(report.shares.get("llm"), Some(&77));
+    // And describes it, for an admin that lost its record of it.
+    let held = report.held.get("llm").copied();
+    assert_eq!(
+        held.map(|h| (h.rate, h.in_flight, h.instances)),
+        Some((100.0, 3, 10))
+    );
     // The admin is gone; 2 s after the report was sent the lease lapses and
     // the share falls back to min(share, limit / 10): 3 slots still, 30/s.
-    host.advance_ms(1500);
-    w.on_tick(&host);
+    pass(&host, &mut w, 1500);
     let p = &w.policies().policies[0];
     assert_eq!(p.concurrency.map(|c| c.max_in_flight), Some(3));
     assert!(!p.fleet_closed);
@@ -767,4 +791,177 @@ fn a_cost_above_the_shares_burst_is_refused_even_from_a_full_bucket() {
     );
     let cheap = req(b"api.llm.example", &[("x-cost", b"2")]);
     assert_eq!(w.on_request(&host, 2, cheap.as_slice()), Verdict::Continue);
+}
+
+#[test]
+fn a_step_back_of_the_wall_clock_does_not_stop_rate_limited_calls() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, RATE);
+    let r = req(b"api.bank.example", &[]);
+    for ctx in 0..5 {
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+    }
+    // The wall clock steps back an hour; calls keep coming at 10/s.
+    host.now.set(host.now.get() - Span::from_secs(3600));
+    let mut passed = 0;
+    for ctx in 10..40u32 {
+        host.advance_ms(100);
+        if w.on_request(&host, ctx, r.as_slice()) == Verdict::Continue {
+            passed += 1;
+        }
+        if ctx % 5 == 0 {
+            w.on_tick(&host);
+        }
+    }
+    // 3 s at 10/s (slewing back at a tenth: about 2.7 s of it).
+    assert!(passed >= 25, "{passed} of 30 passed after the step back");
+}
+
+#[test]
+fn a_step_forward_does_not_take_slots_from_calls_in_flight() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, SLOTS);
+    let r = req(b"x", &[]);
+    assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
+    assert_eq!(w.on_request(&host, 2, r.as_slice()), Verdict::Continue);
+    // An hour ahead at once: the leases (10 s) are not reclaimed, the
+    // streams are not taken for stuck.
+    host.now.set(host.now.get() + Span::from_secs(3600));
+    w.on_tick(&host);
+    assert_eq!(status(&w.on_request(&host, 3, r.as_slice())), 429);
+    assert_eq!(w.in_flight(), 2);
+    assert_eq!(host.metric("sluice.policy.llm.leases_expired"), 0);
+}
+
+#[test]
+fn a_late_release_never_frees_a_newer_lease_of_the_same_worker() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, SLOTS);
+    let mut b = worker(&host, SLOTS);
+    let r = req(b"x", &[]);
+    assert_eq!(a.on_request(&host, 1, r.as_slice()), Verdict::Continue);
+    // Another worker reclaims a's lease (it lapsed while a stalled).
+    let key = "sluice/b/llm";
+    let mut state = BucketState::decode(&host.shared.borrow()[key].0).unwrap();
+    state.leases = Default::default();
+    host.shared
+        .borrow_mut()
+        .insert(key.into(), (state.encode(), 999_999));
+    // a takes a new lease for a new request; then the first one ends.
+    host.advance_ms(1);
+    assert_eq!(a.on_request(&host, 2, r.as_slice()), Verdict::Continue);
+    a.on_stream_end(&host, 1);
+    // Request 2 still holds its slot: b gets one, not two.
+    assert_eq!(b.on_request(&host, 3, r.as_slice()), Verdict::Continue);
+    assert_eq!(status(&b.on_request(&host, 4, r.as_slice())), 429);
+}
+
+#[test]
+fn a_share_does_not_outlive_its_lease_when_the_clock_steps_back() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, GLOBAL);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    let header =
+        br#"{"llm": {"rate": 100, "in_flight": 3, "lease_ms": 2000, "instances": 10, "id": 77}}"#;
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
+    // The wall clock steps back an hour; 3 s pass; the admin is away.
+    host.now.set(host.now.get() - Span::from_secs(3600));
+    for _ in 0..30 {
+        host.advance_ms(100);
+        w.on_tick(&host);
+    }
+    // The 2 s lease ran out on the filter's clock: the fallback holds
+    // (min(3, 30 / 10) slots, 30/s), whatever the wall clock says.
+    let p = &w.policies().policies[0];
+    assert_eq!(p.concurrency.map(|c| c.max_in_flight), Some(3));
+    let rate = p.rate.map(|r| match r {
+        sluice_shared::limiter::RateLimiter::TokenBucket(tb) => tb.burst(),
+        _ => 0,
+    });
+    assert_eq!(
+        rate,
+        Some(3),
+        "the fallback's burst (30/s of 300 × 30), not the share's (10)"
+    );
+}
+
+const MANY_KEYS: &str = r#"{"version": 1, "policies": [
+    {"name": "k", "match": {"host": "*"}, "key": {"header": "x-api-key", "max_keys": 1000},
+     "rate": {"requests": 1, "period": "1s", "burst": 5}}]}"#;
+
+/// The places in shared data a host's workers have written a bucket to.
+fn key_places(host: &FakeHost) -> Vec<String> {
+    let mut places: Vec<String> = host
+        .shared
+        .borrow()
+        .keys()
+        .filter(|k| k.starts_with("sluice/b/k/"))
+        .cloned()
+        .collect();
+    places.sort();
+    places
+}
+
+#[test]
+fn every_worker_of_a_process_hashes_keys_with_one_secret_and_a_new_process_draws_another() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, MANY_KEYS);
+    let mut b = worker(&host, MANY_KEYS);
+    let alice = req(b"x", &[("x-api-key", b"alice")]);
+    assert_eq!(a.on_request(&host, 1, alice.as_slice()), Verdict::Continue);
+    let first = key_places(&host);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(b.on_request(&host, 2, alice.as_slice()), Verdict::Continue);
+    assert_eq!(
+        key_places(&host),
+        first,
+        "both workers use alice's one bucket"
+    );
+    let stored = host.shared.borrow().get("sluice/key-secret").cloned();
+    assert_eq!(stored.map(|(bytes, _)| bytes.len()), Some(16));
+
+    let other_process = FakeHost::at(T0);
+    other_process.random_state.set(0x5eed);
+    let mut c = worker(&other_process, MANY_KEYS);
+    assert_eq!(
+        c.on_request(&other_process, 1, alice.as_slice()),
+        Verdict::Continue
+    );
+    assert_ne!(
+        key_places(&other_process),
+        first,
+        "a new secret puts alice elsewhere"
+    );
+}
+
+#[test]
+fn a_broken_secret_in_shared_data_is_replaced_not_trusted() {
+    let host = FakeHost::at(T0);
+    host.shared
+        .borrow_mut()
+        .insert("sluice/key-secret".into(), (b"short".to_vec(), 1));
+    let mut w = worker(&host, MANY_KEYS);
+    let alice = req(b"x", &[("x-api-key", b"alice")]);
+    assert_eq!(w.on_request(&host, 1, alice.as_slice()), Verdict::Continue);
+    let stored = host.shared.borrow().get("sluice/key-secret").cloned();
+    assert_eq!(stored.map(|(bytes, _)| bytes.len()), Some(16));
+}
+
+#[test]
+fn without_a_random_source_keys_still_get_a_secret_and_the_log_says_it_is_weak() {
+    let host = FakeHost::at(T0);
+    host.random_fails.set(true);
+    let mut w = worker(&host, MANY_KEYS);
+    let alice = req(b"x", &[("x-api-key", b"alice")]);
+    assert_eq!(w.on_request(&host, 1, alice.as_slice()), Verdict::Continue);
+    assert!(
+        host.logs
+            .borrow()
+            .iter()
+            .any(|l| l.contains("no random bytes")),
+        "{:?}",
+        host.logs.borrow()
+    );
+    assert_eq!(key_places(&host).len(), 1);
 }

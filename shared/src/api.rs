@@ -118,6 +118,10 @@ pub struct FleetPolicy {
     pub lease: Span,
     /// What the members may be enforcing, together.
     pub reserved: Amount,
+    /// The ledger was lost and is being learned back from the Envoys'
+    /// syncs: no share grows until then.
+    #[serde(default)]
+    pub recovering: bool,
     pub members: Vec<MemberState>,
 }
 

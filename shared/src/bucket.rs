@@ -69,6 +69,8 @@ pub struct Prefetched {
     pub tokens: u64,
     pub slots: u32,
     pub requests: u64,
+    /// The holder's lease the slots belong to.
+    pub lease: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +107,9 @@ pub enum Admission {
         rate: Option<(u64, Span)>,
         /// Concurrency slots left, when the policy has a concurrency limit.
         slots_left: Option<u64>,
+        /// The holder's lease the slot was taken under (see
+        /// [`LeaseTable`]); the release must name it.
+        lease: Option<Instant>,
     },
     Rejected {
         kind: LimitKind,
@@ -123,7 +128,8 @@ struct Refusal {
 }
 
 impl BucketState {
-    const VERSION: u8 = 1;
+    /// 2: leases carry when they began.
+    const VERSION: u8 = 2;
     const WAITER_LEN: usize = 33;
     /// Upper bound on queue entries decoded from shared data.
     pub const MAX_WAITERS: usize = 100_000;
@@ -212,12 +218,21 @@ impl BucketState {
                 0
             },
             requests: n,
+            lease: limits
+                .concurrency
+                .and_then(|_| self.leases.lease_of(holder)),
         }
     }
 
-    /// Gives back `n` prefetched slots `holder` did not use.
-    pub fn release_many(&mut self, holder: u64, n: u32) -> u32 {
-        self.leases.release_many(holder, n)
+    /// Gives back `n` prefetched slots of `holder`'s lease `lease` that it
+    /// did not use.
+    pub fn release_many(&mut self, holder: u64, lease: Instant, n: u32) -> u32 {
+        self.leases.release_many(holder, lease, n)
+    }
+
+    /// Which lease `holder` holds in this bucket now.
+    pub fn lease_of(&self, holder: u64) -> Option<Instant> {
+        self.leases.lease_of(holder)
     }
 
     /// Tries to take rate tokens (as of `rate_at`) and a slot (as of `now`)
@@ -272,6 +287,7 @@ impl BucketState {
         Ok(Admission::Admitted {
             rate: rate_result,
             slots_left,
+            lease: slots_left.and(self.leases.lease_of(holder)),
         })
     }
 
@@ -409,8 +425,8 @@ impl BucketState {
         self.waiters.len() != before
     }
 
-    pub fn release(&mut self, holder: u64) -> bool {
-        self.leases.release(holder)
+    pub fn release(&mut self, holder: u64, lease: Instant) -> bool {
+        self.leases.release(holder, lease)
     }
 
     pub fn renew(&mut self, holder: u64, now: Instant, ttl: Span) -> bool {
@@ -475,10 +491,10 @@ impl BucketState {
         };
         let lease_count = r.u32()? as usize;
         if lease_count > LeaseTable::MAX_HOLDERS {
-            return Err(r.too_short(lease_count * 20));
+            return Err(r.too_short(lease_count * LeaseTable::LEASE_LEN));
         }
         let mut lease_bytes = (lease_count as u32).to_le_bytes().to_vec();
-        lease_bytes.extend_from_slice(r.take(lease_count * 20)?);
+        lease_bytes.extend_from_slice(r.take(lease_count * LeaseTable::LEASE_LEN)?);
         let leases = LeaseTable::decode(&lease_bytes)?;
         let waiter_count = r.u32()? as usize;
         if waiter_count > Self::MAX_WAITERS {
@@ -713,7 +729,7 @@ mod tests {
             Vec::<u64>::new(),
             "head is holder 2's"
         );
-        assert!(b.release(1));
+        assert!(b.release(1, b.lease_of(1).unwrap()));
         assert_eq!(b.poll(&limits, 2, T0), vec![2]);
         assert_eq!(
             b.poll(&limits, 2, T0),
@@ -725,13 +741,13 @@ mod tests {
             Vec::<u64>::new(),
             "normal requests stop one short of 3"
         );
-        assert!(b.release(2));
+        assert!(b.release(2, b.lease_of(2).unwrap()));
         assert_eq!(
             b.poll(&limits, 1, T0),
             Vec::<u64>::new(),
             "2 in flight is still the normal ceiling"
         );
-        assert!(b.release(2));
+        assert!(b.release(2, b.lease_of(2).unwrap()));
         assert_eq!(b.poll(&limits, 1, T0), vec![0]);
         assert_eq!(b.leases.in_flight(), 2);
     }
@@ -752,7 +768,7 @@ mod tests {
             b.admit(&limits, 9, T0, 1, Priority::Normal),
             Admission::Queued { .. }
         ));
-        assert!(b.release(9));
+        assert!(b.release(9, b.lease_of(9).unwrap()));
         // Holder 9 died: its waiter blocks the head until its deadline.
         assert!(matches!(
             b.admit(&limits, 2, T0 + Span::from_nanos(10), 1, Priority::Normal),

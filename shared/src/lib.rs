@@ -8,6 +8,7 @@ pub mod bucket;
 pub mod duration;
 pub mod fleet;
 pub mod headers;
+pub mod key_hash;
 pub mod limiter;
 pub mod matcher;
 pub mod plugin;
@@ -17,6 +18,7 @@ pub mod time;
 pub mod validate;
 
 pub use duration::DurationMs;
+pub use key_hash::KeySecret;
 pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet, RequestHeaders};
 pub use policy::*;
 pub use time::{Instant, Span};

@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 
+use crate::key_hash::KeySecret;
 use crate::limiter::{ConcurrencyLimit, RateLimiter};
 use crate::policy::{CostSpec, KeyOverflow, Mode, Policy, PolicySet, Priority};
 use crate::validate::{parse_policy_set, ValidationErrors};
@@ -233,14 +234,14 @@ impl CompiledPolicy {
         })
     }
 
-    pub fn bucket_key<R: RequestHeaders + ?Sized>(&self, req: &R) -> BucketKey {
+    /// The request's bucket; a key is hashed with `secret` (see
+    /// [`crate::key_hash`]).
+    pub fn bucket_key<R: RequestHeaders + ?Sized>(&self, req: &R, secret: &KeySecret) -> BucketKey {
         match &self.key_header {
             None => BucketKey::Policy,
             Some(h) => {
                 let value = req.header(h);
-                BucketKey::Keyed(xxhash_rust::xxh3::xxh3_64(
-                    value.as_deref().unwrap_or_default(),
-                ))
+                BucketKey::Keyed(secret.hash(self.name(), value.as_deref().unwrap_or_default()))
             }
         }
     }
@@ -321,8 +322,12 @@ impl CompiledPolicySet {
     }
 
     /// The first policy that matches, in list order, and how the request
-    /// falls under it.
-    pub fn classify<R: RequestHeaders + ?Sized>(&self, req: &R) -> Option<Classification> {
+    /// falls under it (its key hashed with `secret`).
+    pub fn classify<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        secret: &KeySecret,
+    ) -> Option<Classification> {
         let (policy_index, policy) = self
             .policies
             .iter()
@@ -330,7 +335,7 @@ impl CompiledPolicySet {
             .find(|(_, p)| p.matches(req))?;
         Some(Classification {
             policy_index,
-            key: policy.bucket_key(req),
+            key: policy.bucket_key(req, secret),
             cost: policy.cost(req),
             priority: policy.priority(req),
         })
@@ -356,6 +361,8 @@ mod tests {
         headers
     }
 
+    const SECRET: KeySecret = KeySecret::from_bytes([7; KeySecret::LEN]);
+
     const POLICIES: &str = r#"{"version": 1, "policies": [
         {"name": "bank-payments", "match": {"host": "api.bank.example", "path_prefix": "/v1/payments", "methods": ["post"]},
          "rate": {"requests": 10, "period": "1s"}},
@@ -373,7 +380,7 @@ mod tests {
     fn first_match_wins_in_list_order() {
         let s = set(POLICIES);
         let pick = |h: &[(&str, &[u8])]| {
-            s.classify(h)
+            s.classify(h, &SECRET)
                 .map(|c| s.policies[c.policy_index].name().to_string())
         };
         assert_eq!(
@@ -426,10 +433,13 @@ mod tests {
         let s = set(
             r#"{"version": 1, "policies": [{"name": "a", "match": {"host": "a.example"}, "rate": {"requests": 1, "period": "1s"}}]}"#,
         );
-        assert_eq!(s.classify(req(&[(":authority", b"b.example")])), None);
-        assert_eq!(s.classify(req(&[])), None);
         assert_eq!(
-            s.classify(req(&[(":authority", &[0xff, 0xfe, b':'])])),
+            s.classify(req(&[(":authority", b"b.example")]), &SECRET),
+            None
+        );
+        assert_eq!(s.classify(req(&[]), &SECRET), None);
+        assert_eq!(
+            s.classify(req(&[(":authority", &[0xff, 0xfe, b':'])]), &SECRET),
             None
         );
     }
@@ -441,7 +451,7 @@ mod tests {
         let with = |extra: &[(&'static str, &'static [u8])]| {
             let mut h = base.to_vec();
             h.extend_from_slice(extra);
-            s.classify(h.as_slice()).unwrap()
+            s.classify(h.as_slice(), &SECRET).unwrap()
         };
         let a = with(&[("x-api-key", b"key-a")]);
         let b = with(&[("x-api-key", b"key-b")]);

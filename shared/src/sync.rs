@@ -53,6 +53,18 @@ pub struct SyncReport {
     /// (and so applies).
     #[serde(default, rename = "grants", skip_serializing_if = "BTreeMap::is_empty")]
     pub shares: BTreeMap<String, u64>,
+    /// Per global policy, that share as this Envoy received it: an admin
+    /// that lost its record of the share learns it back from here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held: BTreeMap<String, HeldShareReport>,
+}
+
+/// A share an Envoy holds, as it describes it (ids are in `grants`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HeldShareReport {
+    pub rate: f64,
+    pub in_flight: u32,
+    pub instances: u32,
 }
 
 /// One global policy's share for the instance that synced.

@@ -133,6 +133,11 @@ impl Span {
     pub fn as_duration(self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.0)
     }
+
+    /// From a `std::time::Duration` (saturating at [`Span::MAX`]).
+    pub fn from_duration(d: std::time::Duration) -> Self {
+        Self(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
 }
 
 impl Add<Span> for Instant {

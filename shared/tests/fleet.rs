@@ -1,7 +1,8 @@
 //! Fleet leases in rounds of syncs with lost requests, lost answers,
-//! changing demand, instances dying, and the admin stopping: what the live
-//! instances enforce never sums past the limit, and when every answer
-//! arrives the shares settle on the targets.
+//! changing demand, instances dying, the admin losing its record (Redis
+//! restarted empty) and the admin stopping: what the live instances enforce
+//! never sums past the limit, and when every answer arrives the shares
+//! settle on the targets.
 //!
 //! The one assumption (stated in the module docs): a live instance reaches
 //! the admin at least once every one and a half lease periods. Longer than
@@ -45,6 +46,8 @@ struct Round {
     wait_ms: u64,
     turns: Vec<Turn>,
     dies: Option<usize>,
+    /// The ledger is lost before this round's syncs.
+    ledger_lost: bool,
 }
 
 fn rounds() -> impl Strategy<Value = Vec<Round>> {
@@ -62,11 +65,13 @@ fn rounds() -> impl Strategy<Value = Vec<Round>> {
         50u64..1_000,
         prop::collection::vec(turn, N),
         prop::option::weighted(0.03, 0..N),
+        prop::bool::weighted(0.05),
     )
-        .prop_map(|(wait_ms, turns, dies)| Round {
+        .prop_map(|(wait_ms, turns, dies, ledger_lost)| Round {
             wait_ms,
             turns,
             dies,
+            ledger_lost,
         });
     prop::collection::vec(round, 1..80)
 }
@@ -112,6 +117,11 @@ proptest! {
             if let Some(d) = round.dies {
                 instances[d].alive = false;
             }
+            if round.ledger_lost {
+                // Redis restarted empty; the admin finds the ledger gone.
+                ledger = Ledger::default();
+                ledger.lost(&TERMS, Instant::from_millis(now));
+            }
             for (i, turn) in round.turns.iter().enumerate() {
                 let inst = &mut instances[i];
                 // A live instance reaches the admin at least once every one
@@ -126,7 +136,7 @@ proptest! {
                     &TERMS,
                     inst.name,
                     turn.demand,
-                    inst.newest.map(|s| s.expires_at),
+                    inst.newest,
                     Instant::from_millis(now),
                 );
                 if turn.answered {
@@ -156,8 +166,7 @@ proptest! {
         for _ in 0..3 {
             for (i, name) in ["a", "b", "c"].iter().enumerate() {
                 now += 100;
-                let have = newest[i].map(|s| s.expires_at);
-                newest[i] = Some(ledger.sync(&TERMS, name, demands[i], have, Instant::from_millis(now)));
+                newest[i] = Some(ledger.sync(&TERMS, name, demands[i], newest[i], Instant::from_millis(now)));
             }
         }
         let targets = allocate(TERMS.limit, TERMS.floor_fraction, &demands);

@@ -317,7 +317,8 @@ proptest! {
                 }
                 Op::Release { holder } => {
                     if in_flight[holder] > 0 {
-                        prop_assert!(table.release(holder_ids[holder]));
+                        let lease = table.lease_of(holder_ids[holder]);
+                        prop_assert!(lease.is_some_and(|l| table.release(holder_ids[holder], l)));
                         in_flight[holder] -= 1;
                     }
                 }
@@ -348,7 +349,8 @@ proptest! {
         // crashed workers' unexpired slots, and after the TTL nothing.
         for (h, id) in holder_ids.iter().enumerate() {
             for _ in 0..in_flight[h] {
-                prop_assert!(table.release(*id));
+                let lease = table.lease_of(*id);
+                prop_assert!(lease.is_some_and(|l| table.release(*id, l)));
             }
         }
         table.reclaim_expired(at(now));

@@ -99,6 +99,28 @@ pub fn wait_live(
     bail!("envoy not ready after {limit:?}; log:\n{}", log())
 }
 
+/// A self-signed admin certificate for this test process (generated once,
+/// as `sluice-admin --tls-self-signed` does): its directory holds ca.pem,
+/// admin.pem and admin-key.pem.
+pub fn test_admin_tls_dir() -> anyhow::Result<PathBuf> {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(dir) = DIR.get() {
+        return Ok(dir.clone());
+    }
+    let dir = std::env::temp_dir().join(format!("sluice-e2e-tls-{}", std::process::id()));
+    sluice_admin::server::self_signed(&dir)?;
+    Ok(DIR.get_or_init(|| dir).clone())
+}
+
+/// A shipped config's pinned CA file names turned into this process's test
+/// certificate, so that Envoy can load them.
+pub fn with_test_ca(config: &str) -> anyhow::Result<String> {
+    let ca = test_admin_tls_dir()?.join("ca.pem").display().to_string();
+    Ok(config
+        .replace("\"var/tls/ca.pem\"", &format!("\"{ca}\""))
+        .replace("\"/etc/sluice-tls/ca.pem\"", &format!("\"{ca}\"")))
+}
+
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -182,6 +204,34 @@ impl Envoy {
             "egress-test.yaml: no sluice_admin cluster to health-check"
         );
         Self::start_full(&template, plugin_config, mock_port, 9, workers)
+    }
+
+    /// Syncing with an admin's `--tls-listen` on `admin_tls_port` over TLS,
+    /// pinning the certificate `ca` (and the name sluice-admin).
+    pub fn start_with_admin_tls(
+        plugin_config: &str,
+        mock_port: u16,
+        admin_tls_port: u16,
+        workers: u32,
+        ca: &Path,
+    ) -> anyhow::Result<Self> {
+        let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+        let cluster = "  - name: sluice_admin\n    type: STATIC\n";
+        anyhow::ensure!(
+            template.contains(cluster),
+            "egress-test.yaml: no sluice_admin cluster where this expects it"
+        );
+        let tls = format!(
+            "{cluster}    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        sni: sluice-admin\n        common_tls_context:\n          validation_context:\n            trusted_ca: {{ filename: \"{}\" }}\n            match_typed_subject_alt_names:\n            - san_type: DNS\n              matcher: {{ exact: sluice-admin }}\n",
+            ca.display()
+        );
+        Self::start_full(
+            &template.replace(cluster, &tls),
+            plugin_config,
+            mock_port,
+            admin_tls_port,
+            workers,
+        )
     }
 
     fn start_full(

@@ -21,6 +21,8 @@ pub struct PostgresServer {
     pub port: u16,
     bin: PathBuf,
     user: Option<User>,
+    /// `-c name=value` settings (TLS).
+    settings: Vec<String>,
     // Removed after the server stops.
     dir: tempfile::TempDir,
 }
@@ -68,6 +70,16 @@ fn command(program: &Path, user: &Option<User>) -> Command {
 
 impl PostgresServer {
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// Accepts TLS connections only (`hostssl` in pg_hba.conf), with
+    /// `cert` and `key` (PEM).
+    pub fn start_tls(cert: &Path, key: &Path) -> anyhow::Result<Self> {
+        Self::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&Path, &Path)>) -> anyhow::Result<Self> {
         let bin = bin_dir()?;
         let user = run_as()?;
         let dir = tempfile::tempdir()?;
@@ -84,13 +96,18 @@ impl PostgresServer {
         if !initdb.status.success() {
             bail!("initdb failed: {}", String::from_utf8_lossy(&initdb.stderr));
         }
+        let settings = match tls {
+            Some((cert, key)) => require_tls(&data, cert, key, &user)?,
+            None => Vec::new(),
+        };
         let port = free_port()?;
-        let child = spawn_server(&bin, &user, dir.path(), port)?;
+        let child = spawn_server(&bin, &user, dir.path(), port, &settings)?;
         let mut server = Self {
             child,
             port,
             bin,
             user,
+            settings,
             dir,
         };
         server.wait_ready()?;
@@ -117,7 +134,13 @@ impl PostgresServer {
     /// starts it again on the same data and port.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.stop();
-        self.child = spawn_server(&self.bin, &self.user, self.dir.path(), self.port)?;
+        self.child = spawn_server(
+            &self.bin,
+            &self.user,
+            self.dir.path(),
+            self.port,
+            &self.settings,
+        )?;
         self.wait_ready()
     }
 
@@ -184,8 +207,48 @@ impl Drop for PostgresServer {
     }
 }
 
-fn spawn_server(bin: &Path, user: &Option<User>, dir: &Path, port: u16) -> anyhow::Result<Child> {
-    command(&bin.join("postgres"), user)
+/// Copies the certificate and key into the data directory (PostgreSQL
+/// wants the key owned by the server's user, readable by it only) and
+/// lets only TLS connections in. Returns the settings that turn TLS on.
+fn require_tls(
+    data: &Path,
+    cert: &Path,
+    key: &Path,
+    user: &Option<User>,
+) -> anyhow::Result<Vec<String>> {
+    use std::os::unix::fs::PermissionsExt;
+    let (cert_copy, key_copy) = (data.join("server.crt"), data.join("server.key"));
+    std::fs::copy(cert, &cert_copy).context("copying the TLS certificate")?;
+    std::fs::copy(key, &key_copy).context("copying the TLS key")?;
+    std::fs::set_permissions(&key_copy, std::fs::Permissions::from_mode(0o600))?;
+    if let Some(user) = user {
+        for file in [&cert_copy, &key_copy] {
+            std::os::unix::fs::chown(file, Some(user.uid.as_raw()), Some(user.gid.as_raw()))?;
+        }
+    }
+    std::fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n",
+    )?;
+    Ok(vec![
+        "ssl=on".into(),
+        format!("ssl_cert_file={}", cert_copy.display()),
+        format!("ssl_key_file={}", key_copy.display()),
+    ])
+}
+
+fn spawn_server(
+    bin: &Path,
+    user: &Option<User>,
+    dir: &Path,
+    port: u16,
+    settings: &[String],
+) -> anyhow::Result<Child> {
+    let mut command = command(&bin.join("postgres"), user);
+    for setting in settings {
+        command.args(["-c", setting]);
+    }
+    command
         .arg("-D")
         .arg(dir.join("data"))
         .args([

@@ -1,8 +1,10 @@
 //! A real Redis server (Debian's `redis-server`, which `make setup`
-//! installs) on a free port, with nothing persisted; killed on drop.
+//! installs) on a free port, with nothing persisted; killed on drop. Plain,
+//! or TLS only (Debian builds Redis with TLS).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,55 +15,141 @@ use crate::envoy::free_port;
 pub struct RedisServer {
     child: Child,
     pub port: u16,
+    /// The CA certificate a TLS server's certificate chains to.
+    tls_ca: Option<PathBuf>,
+    args: Vec<String>,
+}
+
+fn binary() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into())
 }
 
 impl RedisServer {
     pub fn start() -> anyhow::Result<Self> {
         let port = free_port()?;
-        let binary = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
-        let child = Command::new(&binary)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {binary} (make setup installs redis-server)"))?;
-        let mut server = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !server.ping() {
-            if let Some(status) = server.child.try_wait()? {
-                bail!("redis-server exited ({status})");
-            }
-            if Instant::now() > deadline {
-                bail!("redis-server did not answer PING on port {port}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let args = vec![
+            "--port".to_string(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+        ];
+        Self::launch(port, args, None)
+    }
+
+    /// Serves TLS only, with `cert`/`key` (PEM) whose chain ends at `ca`.
+    pub fn start_tls(cert: &Path, key: &Path, ca: &Path) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let path = |p: &Path| p.display().to_string();
+        let args = vec![
+            "--port".to_string(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            path(cert),
+            "--tls-key-file".into(),
+            path(key),
+            "--tls-ca-cert-file".into(),
+            path(ca),
+            "--tls-auth-clients".into(),
+            "no".into(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+        ];
+        Self::launch(port, args, Some(ca.to_path_buf()))
+    }
+
+    fn launch(port: u16, args: Vec<String>, tls_ca: Option<PathBuf>) -> anyhow::Result<Self> {
+        let child = spawn(&args)?;
+        let mut server = Self {
+            child,
+            port,
+            tls_ca,
+            args,
+        };
+        server.wait_ready()?;
         Ok(server)
     }
 
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.ping() {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("redis-server exited ({status})");
+            }
+            if Instant::now() > deadline {
+                bail!("redis-server did not answer PING on port {}", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Kills the server (every connection dropped, every key lost, as a
+    /// crashed Redis without persistence) and starts it again on the same
+    /// port.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(&self.args)?;
+        self.wait_ready()
+    }
+
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     fn ping(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut answer = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok()
-            && s.read_exact(&mut answer).is_ok()
-            && &answer == b"+PONG\r\n"
+        match &self.tls_ca {
+            // Through redis-cli, which speaks TLS (redis-tools, a
+            // dependency of redis-server).
+            Some(ca) => Command::new("redis-cli")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "--tls",
+                    "--cacert",
+                ])
+                .arg(ca)
+                .arg("PING")
+                .output()
+                .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"PONG")),
+            None => {
+                let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+                    return false;
+                };
+                let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                let mut answer = [0u8; 7];
+                s.write_all(b"PING\r\n").is_ok()
+                    && s.read_exact(&mut answer).is_ok()
+                    && &answer == b"+PONG\r\n"
+            }
+        }
     }
+}
+
+fn spawn(args: &[String]) -> anyhow::Result<Child> {
+    Command::new(binary())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {} (make setup installs redis-server)", binary()))
 }
 
 impl Drop for RedisServer {

@@ -119,3 +119,72 @@ async fn malformed_requests_get_a_defined_answer_and_never_a_panic() -> anyhow::
     assert_eq!(fresh.iter().filter(|&&s| s == 429).count(), 2);
     Ok(())
 }
+
+/// Where a key landed before keys were hashed with a secret: xxh3 of the
+/// value, which anyone can compute.
+fn public_place(key: &str, places: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key.as_bytes()).max(1) % places
+}
+
+/// A tenant who chooses its keys aims four of them at another tenant's
+/// places (each key's place and the three probed after it), holds a call
+/// open on each, and so would push the victim out of every place it may
+/// use: refused, with overflow "reject". With keys hashed under a secret
+/// drawn by Envoy, the aimed keys land anywhere and the victim is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_aimed_at_another_tenants_places_do_not_crowd_it_out() -> anyhow::Result<()> {
+    const PLACES: u64 = 64;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = format!(
+        r#"{{"instance": "aimed-keys", "fallback": {{"version": 1, "policies": [
+        {{"name": "tenants", "match": {{"host": "*"}},
+          "key": {{"header": "x-tenant", "max_keys": {PLACES}, "overflow": "reject"}},
+          "concurrency": {{"max_in_flight": 1}}}}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, mock.addr.port(), 2)?;
+    let victim = "victim-tenant";
+    let first = public_place(victim, PLACES);
+    let aimed: Vec<String> = (0..4)
+        .map(|probe| {
+            let target = (first + probe) % PLACES;
+            (0..)
+                .map(|i| format!("attacker-{probe}-{i}"))
+                .find(|k| public_place(k, PLACES) == target)
+                .unwrap_or_default()
+        })
+        .collect();
+    let http = sluice_e2e::load::client();
+    let held: Vec<_> = aimed
+        .iter()
+        .map(|key| {
+            let request = http
+                .get(envoy.url("/v1/slow"))
+                .header("host", "api.example")
+                .header("x-tenant", key)
+                .header("x-mock-delay-ms", "3000");
+            tokio::spawn(async move { request.send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    // Until all four calls are in flight at the mock.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while mock.in_flight() < 4 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(mock.in_flight(), 4, "the attacker's calls are held open");
+    let answer = http
+        .get(envoy.url("/v1/x"))
+        .header("host", "api.example")
+        .header("x-tenant", victim)
+        .send()
+        .await?;
+    let served = answer.status().as_u16();
+    println!(
+        "aimed keys: 4 keys aimed at {victim}'s places {first}..{} (of {PLACES}), held open; the victim got {served}",
+        first + 3
+    );
+    assert_eq!(served, 200, "the victim was crowded out of its places");
+    for call in held {
+        assert_eq!(call.await??, 200, "the attacker's own calls are served");
+    }
+    Ok(())
+}

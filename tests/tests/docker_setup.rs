@@ -126,9 +126,53 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
     ensure!(stages["filter"]
         .iter()
         .any(|l| l.contains("/out/sluice_filter.wasm")));
-    // The clusters reach the other services by their compose names.
+    // The clusters reach the other services by their compose names; the
+    // sync goes to the admin's TLS port.
     ensure!(config.contains("address: demo-api, port_value: 9090"));
-    ensure!(config.contains("address: admin, port_value: 8080"));
+    ensure!(config.contains("address: admin, port_value: 8443"));
+    // Envoy pins the certificate the admin generates: one volume, mounted
+    // where the admin writes it and where Envoy reads it.
+    let admin_command: Vec<&str> = compose["services"]["admin"]["command"]
+        .as_sequence()
+        .context("admin command")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let flag = |name: &str| {
+        admin_command
+            .iter()
+            .position(|a| *a == name)
+            .and_then(|i| admin_command.get(i + 1).copied())
+    };
+    ensure!(flag("--tls-listen") == Some("0.0.0.0:8443"));
+    let cert_dir = flag("--tls-self-signed").context("the admin generates no certificate")?;
+    let admin_mounts: Vec<&str> = compose["services"]["admin"]["volumes"]
+        .as_sequence()
+        .context("admin mounts")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let tls_volume = admin_mounts
+        .iter()
+        .find_map(|m| m.strip_suffix(&format!(":{cert_dir}")))
+        .context("the certificate directory is not a volume")?;
+    let pinned_dir = mounts
+        .iter()
+        .find_map(|m| {
+            m.strip_prefix(&format!("{tls_volume}:"))?
+                .strip_suffix(":ro")
+        })
+        .context("Envoy does not mount the certificate volume")?;
+    ensure!(
+        config.contains(&format!(
+            r#"trusted_ca: {{ filename: "{pinned_dir}/ca.pem" }}"#
+        )),
+        "Envoy pins a CA outside the certificate volume ({pinned_dir})"
+    );
+    ensure!(
+        !pinned_dir.starts_with("/etc/sluice/"),
+        "a volume inside the read-only filter volume"
+    );
     // Published on the host's loopback only (the admin runs --insecure-dev).
     for service in ["admin", "envoy"] {
         for port in compose["services"][service]["ports"]
@@ -163,10 +207,10 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
 #[test]
 fn compose_envoy_config_validates_with_paths_mapped() -> anyhow::Result<()> {
     let config = std::fs::read_to_string(workspace_root().join("envoy/compose-envoy.yaml"))?;
-    let mapped = config.replace(
+    let mapped = sluice_e2e::envoy::with_test_ca(&config.replace(
         "/etc/sluice/sluice_filter.wasm",
         &filter_wasm()?.display().to_string(),
-    );
+    ))?;
     ensure!(mapped != config, "the wasm path was not mapped");
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("compose-envoy.yaml");
@@ -241,10 +285,18 @@ async fn dockerfile_build_steps_run_natively_and_the_admin_starts() -> anyhow::R
         .iter()
         .filter_map(|v| v.as_str().map(str::to_string))
         .collect();
-    // Container paths, mapped onto this machine.
+    // Container paths and addresses, mapped onto this machine.
     let data = tempfile::tempdir()?;
+    let tls = tempfile::tempdir()?;
+    let tls_port = free_port()?;
     let root = workspace_root();
     let map = |v: &str| -> String {
+        if v == "/tls" {
+            return tls.path().display().to_string();
+        }
+        if v == "0.0.0.0:8443" {
+            return format!("127.0.0.1:{tls_port}");
+        }
         v.replace("/data/", &format!("{}/", data.path().display()))
             .replace(
                 "/srv/sluice-ui",
@@ -311,6 +363,10 @@ async fn dockerfile_build_steps_run_natively_and_the_admin_starts() -> anyhow::R
         ensure!(index.contains("<html") || index.contains("<!DOCTYPE"), "no UI: {index}");
         ensure!(names == ["bank", "llm", "fx", "maps"], "{names:?}");
         ensure!(Path::new(&data.path().join("sluice.db")).exists());
+        ensure!(
+            tls.path().join("ca.pem").exists(),
+            "the admin wrote the certificate Envoy pins"
+        );
         Ok(())
     }
     .await;

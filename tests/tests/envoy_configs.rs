@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sluice_demo::mock::{MockApi, MockLimits};
-use sluice_e2e::envoy::{envoy_binary, filter_wasm, workspace_root, Envoy};
+use sluice_e2e::envoy::{envoy_binary, filter_wasm, with_test_ca, workspace_root, Envoy};
 use sluice_e2e::load::{self, count};
 
 /// `envoy --mode validate` on a config file, run from the repository root
@@ -31,7 +31,9 @@ fn validate(config: &std::path::Path) -> anyhow::Result<()> {
 /// turned into the harness's placeholders, so it runs beside anything else
 /// on the machine. `ports` maps each fixed port to its placeholder.
 fn shipped_as_template(file: &str, ports: &[(u16, &str)]) -> anyhow::Result<String> {
-    let shipped = std::fs::read_to_string(workspace_root().join("envoy").join(file))?;
+    let shipped = with_test_ca(&std::fs::read_to_string(
+        workspace_root().join("envoy").join(file),
+    )?)?;
     let mut template = shipped.replace(
         r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#,
         r#"filename: "{{WASM}}""#,
@@ -64,7 +66,17 @@ fn demo_as_template() -> anyhow::Result<String> {
 #[test]
 fn shipped_configs_validate() -> anyhow::Result<()> {
     filter_wasm()?;
-    validate(&workspace_root().join("envoy/egress.yaml"))?;
+    // egress.yaml as `make run` runs it: its pinned admin certificate where
+    // `sluice-admin --tls-self-signed` writes one.
+    let dir = tempfile::tempdir()?;
+    let egress = dir.path().join("egress.yaml");
+    std::fs::write(
+        &egress,
+        with_test_ca(&std::fs::read_to_string(
+            workspace_root().join("envoy/egress.yaml"),
+        )?)?,
+    )?;
+    validate(&egress)?;
     validate(&workspace_root().join("envoy/forward-proxy.yaml"))?;
     // The tests' variant, with its placeholders filled.
     let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
@@ -75,7 +87,6 @@ fn shipped_configs_validate() -> anyhow::Result<()> {
         .replace("{{ADMIN_API_PORT}}", "18080")
         .replace("{{WASM}}", &filter_wasm()?.display().to_string())
         .replace("{{PLUGIN_CONFIG}}", r#"{"instance": "validate"}"#);
-    let dir = tempfile::tempdir()?;
     let path = dir.path().join("egress-test.yaml");
     std::fs::write(&path, filled)?;
     validate(&path)
@@ -374,7 +385,9 @@ fn with_host_port_policy(file: &str) -> anyhow::Result<String> {
         (10000, "LISTENER_PORT"),
         (9090, "MOCK_PORT"),
     ];
-    let shipped = std::fs::read_to_string(workspace_root().join("envoy").join(file))?;
+    let shipped = with_test_ca(&std::fs::read_to_string(
+        workspace_root().join("envoy").join(file),
+    )?)?;
     let mut template = shipped
         .replace(
             r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#,

@@ -370,3 +370,226 @@ async fn admin_replicas_share_leases_in_redis_and_no_admin_means_no_overshoot() 
     assert!(most <= PROVIDER_RPS as usize, "{most} in one second");
     Ok(())
 }
+
+/// One of an admin's `/metrics` counters, summed over the lines that start
+/// with `series` (0 when it cannot be read).
+async fn admin_counter(base: &str, series: &str) -> f64 {
+    let Ok(response) = reqwest::get(format!("{base}/metrics")).await else {
+        return 0.0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `check` every 20 ms until it holds; how long that took, or None
+/// after `limit`.
+async fn until<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Redis, then PostgreSQL, restart under load behind one admin. Redis
+/// comes back empty (no persistence): every lease in it is gone, while the
+/// Envoys still enforce theirs. Shares go out again, edits are saved again
+/// and syncs succeed again within 5 s of each server being back, and the
+/// provider never sees more than its limit meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_postgres_restarts_under_load_cost_seconds_and_never_the_limit(
+) -> anyhow::Result<()> {
+    let mut redis = RedisServer::start()?;
+    let mut postgres = PostgresServer::start()?;
+    let database = postgres.database("sluice")?;
+    let dir = tempfile::tempdir()?;
+    let port = free_port()?;
+    let redis_url = redis.url();
+    let admin = AdminProcess::start_with_args(
+        &dir.path().join("unused.db"),
+        port,
+        None,
+        &dir.path().join("admin.log"),
+        &["--redis-url", &redis_url, "--database-url", &database],
+    )
+    .await?;
+    let base = admin.base();
+    let op = admin.login().await?;
+    op.create(global_policy()).await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, provider()).await?;
+    let envoys = start_envoys(&mock, &[port])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    mock.reset();
+    let load = load::paced_through(&envoys, &OFFERED, &stop);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let shared_before = shares(&op).await?;
+
+    // Redis restarts empty.
+    let fleet_errors = "sluice_admin_sync_requests_total{result=\"fleet_error\"}";
+    let errors_before = admin_counter(&base, fleet_errors).await;
+    tokio::task::block_in_place(|| redis.restart())?;
+    let shares_back = until(Duration::from_secs(5), || async {
+        shares(&op)
+            .await
+            .is_ok_and(|s| s.len() == OFFERED.len() && s.iter().all(|(_, rate, _)| *rate > 0.0))
+    })
+    .await;
+    let redis_errors = admin_counter(&base, fleet_errors).await - errors_before;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // PostgreSQL restarts (every connection dropped).
+    let syncs_before: Vec<f64> = envoys
+        .iter()
+        .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
+        .collect();
+    tokio::task::block_in_place(|| postgres.restart())?;
+    let mut attempt = 0;
+    let writes_back = until(Duration::from_secs(5), || {
+        attempt += 1;
+        let op = &op;
+        let name = format!("after-restart-{attempt}");
+        async move {
+            op.create(json!({"name": name, "match": {"host": "api.other.example"},
+                "rate": {"requests": 5, "period": "1s"}}))
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    let syncs_back = until(Duration::from_secs(5), || {
+        let envoys = &envoys;
+        let syncs_before = &syncs_before;
+        async move {
+            envoys
+                .iter()
+                .zip(syncs_before)
+                .all(|(e, before)| e.filter_stat("sync_ok").unwrap_or(0.0) >= before + 2.0)
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let shared_after = shares(&op).await?;
+    let calls = finish(&stop, load).await;
+    let most = most_in_any_second(&mock);
+    let refused_by_provider = mock.rejected_by_mock();
+    println!(
+        "backend restarts: shares before {shared_before:?}; Redis restarted empty: shares to all {} Envoys again after \
+         {shares_back:?} ({redis_errors} syncs without shares meanwhile); PostgreSQL restarted: an edit saved after \
+         {writes_back:?}, every Envoy syncing again after {syncs_back:?}; shares after {shared_after:?}; {calls} calls, \
+         most in any 1 s {most} (provider limit {PROVIDER_RPS}), refused by the provider {refused_by_provider}",
+        OFFERED.len()
+    );
+    assert!(
+        shares_back.is_some(),
+        "no shares within 5 s of Redis being back"
+    );
+    assert!(
+        writes_back.is_some(),
+        "no edit saved within 5 s of PostgreSQL being back"
+    );
+    assert!(
+        syncs_back.is_some(),
+        "syncs not back within 5 s of PostgreSQL being back"
+    );
+    assert_eq!(refused_by_provider, 0, "the provider's limit was exceeded");
+    assert!(most <= PROVIDER_RPS as usize, "{most} in one second");
+    Ok(())
+}
+
+/// Replicas keep policies in PostgreSQL and leases in Redis over TLS, each
+/// server's certificate checked against the CA given: shares go out as
+/// without TLS. With another CA the admin refuses to start and says which
+/// server it could not trust.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_reach_postgres_and_redis_over_tls_with_the_ca_checked() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (cert, key) = sluice_admin::server::self_signed(&dir.path().join("servers"))?;
+    let ca = dir.path().join("servers/ca.pem");
+    sluice_admin::server::self_signed(&dir.path().join("other"))?;
+    let other_ca = dir.path().join("other/ca.pem");
+    let redis = RedisServer::start_tls(&cert, &key, &ca)?;
+    let postgres = PostgresServer::start_tls(&cert, &key)?;
+    let database = format!("{}?sslmode=require", postgres.database("sluice")?);
+    let redis_url = redis.url();
+    let start =
+        |port: u16, log: &str, redis_ca: &std::path::Path, database_ca: &std::path::Path| {
+            let args: Vec<String> = vec![
+                "--redis-url".into(),
+                redis_url.clone(),
+                "--redis-ca".into(),
+                redis_ca.display().to_string(),
+                "--database-url".into(),
+                database.clone(),
+                "--database-ca".into(),
+                database_ca.display().to_string(),
+            ];
+            let (db, log) = (dir.path().join("unused.db"), dir.path().join(log));
+            async move {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                AdminProcess::start_with_args(&db, port, None, &log, &args).await
+            }
+        };
+    let port = free_port()?;
+    let admin = start(port, "admin.log", &ca, &ca).await?;
+    let op = admin.login().await?;
+    op.create(global_policy()).await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, provider()).await?;
+    let envoy =
+        Envoy::start_with_admins(&plugin_config("tls"), mock.addr.port(), &[port], WORKERS)?;
+    let shared = until(Duration::from_secs(5), || async {
+        shares(&op)
+            .await
+            .is_ok_and(|s| s.len() == 1 && s[0].1 > 0.0)
+    })
+    .await;
+    let view = shares(&op).await?;
+
+    let untrusted_redis = start(free_port()?, "wrong-redis-ca.log", &other_ca, &ca)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    let untrusted_postgres = start(free_port()?, "wrong-postgres-ca.log", &ca, &other_ca)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    let last_line = |log: &str| {
+        log.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .to_string()
+    };
+    println!(
+        "backends over TLS: shares after {shared:?}: {view:?}; Redis with another CA: {}; PostgreSQL with another CA: {}",
+        last_line(&untrusted_redis),
+        last_line(&untrusted_postgres)
+    );
+    assert!(
+        shared.is_some(),
+        "no share went out through TLS Redis and PostgreSQL"
+    );
+    assert!(
+        untrusted_redis.contains("connecting to Redis")
+            && untrusted_redis.to_lowercase().contains("certificate"),
+        "{untrusted_redis}"
+    );
+    assert!(
+        untrusted_postgres.contains("connecting to PostgreSQL")
+            && untrusted_postgres.to_lowercase().contains("certificate"),
+        "{untrusted_postgres}"
+    );
+    drop(envoy);
+    Ok(())
+}

@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use sluice_e2e::browser::Browser;
 use sluice_e2e::envoy::workspace_root;
 
-const PORTS: [u16; 4] = [8080, 9901, 10000, 9090];
+const PORTS: [u16; 5] = [8080, 8443, 9901, 10000, 9090];
 
 fn make_run(var: &std::path::Path) -> anyhow::Result<(Child, mpsc::Receiver<String>)> {
     let mut child = Command::new("make")

@@ -164,8 +164,8 @@ fn postgres_store_with_two_replicas_on_one_server() -> anyhow::Result<()> {
     let url = server.database("sluice")?;
     // Two replicas starting together: the migration runs once.
     let (first, second) = std::thread::scope(|s| {
-        let a = s.spawn(|| Store::open_postgres(&url));
-        let b = s.spawn(|| Store::open_postgres(&url));
+        let a = s.spawn(|| Store::open_postgres(&url, None));
+        let b = s.spawn(|| Store::open_postgres(&url, None));
         (a.join(), b.join())
     });
     let first = first.map_err(|_| anyhow::anyhow!("open panicked"))??;
@@ -181,7 +181,51 @@ fn postgres_store_with_two_replicas_on_one_server() -> anyhow::Result<()> {
         "store postgres: restarted under two open replicas; both went on (bank at version 103)"
     );
     // A third start on the same database finds the schema in place.
-    let again = Store::open_postgres(&url)?;
+    let again = Store::open_postgres(&url, None)?;
     assert_eq!(again.get("bank")?.version, 103);
+    Ok(())
+}
+
+/// A PostgreSQL that accepts TLS only: `sslmode=require` with the server's
+/// CA given works; the system's CAs alone, another CA, or no TLS at all
+/// fail, each with an error that says so.
+#[test]
+fn postgres_over_tls_checks_the_servers_certificate() -> anyhow::Result<()> {
+    let certs = tempfile::tempdir()?;
+    let (cert, key) = sluice_admin::server::self_signed(&certs.path().join("server"))?;
+    let ca = certs.path().join("server/ca.pem");
+    sluice_admin::server::self_signed(&certs.path().join("other"))?;
+    let other_ca = certs.path().join("other/ca.pem");
+    let server = PostgresServer::start_tls(&cert, &key)?;
+    let url = server.database("sluice")?;
+    let tls_url = format!("{url}?sslmode=require");
+
+    let store = Store::open_postgres(&tls_url, Some(&ca))?;
+    store.create(policy("bank", 5), "alice")?;
+    assert_eq!(store.get("bank")?.version, 1);
+
+    let error = |result: Result<Store, StoreError>| match result {
+        Ok(_) => "connected".to_string(),
+        Err(e) => e.to_string(),
+    };
+    let plain = error(Store::open_postgres(&url, Some(&ca)));
+    let system_cas_only = error(Store::open_postgres(&tls_url, None));
+    let wrong_ca = error(Store::open_postgres(&tls_url, Some(&other_ca)));
+    let missing_ca = error(Store::open_postgres(
+        &tls_url,
+        Some(&certs.path().join("nowhere.pem")),
+    ));
+    println!(
+        "store postgres TLS: with its CA: wrote and read; without TLS: {plain}; system CAs only: {system_cas_only}; \
+         another CA: {wrong_ca}; a CA file that is not there: {missing_ca}"
+    );
+    assert!(
+        plain.contains("no encryption") || plain.contains("pg_hba"),
+        "{plain}"
+    );
+    for refused in [&system_cas_only, &wrong_ca] {
+        assert!(refused.to_lowercase().contains("certificate"), "{refused}");
+    }
+    assert!(missing_ca.contains("nowhere.pem"), "{missing_ca}");
     Ok(())
 }

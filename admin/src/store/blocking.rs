@@ -55,8 +55,8 @@ impl BlockingStore {
 
     /// Connects to PostgreSQL (`postgres://user:password@host:port/db`) and
     /// runs the migrations. Blocking: call it off the async runtime.
-    pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
-        Self::with_epoch(Db::postgres(url)?)
+    pub fn open_postgres(url: &str, ca: Option<&Path>) -> Result<Self, StoreError> {
+        Self::with_epoch(Db::postgres(url, ca)?)
     }
 
     /// Gives a store its epoch the first time it is opened (replicas

@@ -10,6 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::TransactionBehavior;
 use rusqlite_migration::{Migrations, M};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
 
@@ -115,13 +116,53 @@ enum Access {
     Touch,
 }
 
+/// PostgreSQL connections: a small pool, so that one connection being
+/// re-established (the server restarted, failed over) does not hold up
+/// every request, each wait bounded by [`POSTGRES_WAIT`].
+pub type PostgresPool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<MakeRustlsConnect>>;
+
 pub enum Db {
     Sqlite(Mutex<rusqlite::Connection>),
-    Postgres {
-        client: Mutex<postgres::Client>,
-        /// To reconnect with.
-        config: Box<postgres::Config>,
-    },
+    Postgres(PostgresPool),
+}
+
+/// Connections to PostgreSQL kept at once.
+const POSTGRES_CONNECTIONS: u32 = 4;
+/// How long a request waits for a connection, and a connection attempt
+/// for the server.
+pub const POSTGRES_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// TLS to PostgreSQL when the URL asks for it (`sslmode=require`): the
+/// server's certificate checked against the system's CAs and `ca` (a PEM
+/// file, for a private CA). Without `sslmode=require` the connection is
+/// plain, as before (libpq's `prefer` without verification protects
+/// nothing).
+pub fn postgres_tls(
+    config: &mut postgres::Config,
+    ca: Option<&Path>,
+) -> Result<MakeRustlsConnect, StoreError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(ca) = ca {
+        use rustls::pki_types::pem::PemObject;
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(ca)
+            .map_err(|e| StoreError::Tls(format!("{}: {e}", ca.display())))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| StoreError::Tls(format!("{}: {e}", ca.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| StoreError::Tls(format!("{}: {e}", ca.display())))?;
+        }
+    }
+    if config.get_ssl_mode() != postgres::config::SslMode::Require {
+        config.ssl_mode(postgres::config::SslMode::Disable);
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(tls))
 }
 
 impl Db {
@@ -137,16 +178,27 @@ impl Db {
         Ok(Db::Sqlite(Mutex::new(conn)))
     }
 
-    /// Connects to PostgreSQL at `url` (`postgres://user:pass@host/db`)
-    /// and runs the migrations. Blocking: call it off the async runtime.
-    pub fn postgres(url: &str) -> Result<Self, StoreError> {
-        let config: postgres::Config = url.parse()?;
-        let mut client = config.connect(postgres::NoTls)?;
-        migrate_postgres(&mut client)?;
-        Ok(Db::Postgres {
-            client: Mutex::new(client),
-            config: Box::new(config),
-        })
+    /// Connects to PostgreSQL at `url` (`postgres://user:pass@host/db`,
+    /// `?sslmode=require` for TLS checked against the system's CAs and
+    /// `ca`) and runs the migrations. Blocking: call it off the async
+    /// runtime.
+    pub fn postgres(url: &str, ca: Option<&Path>) -> Result<Self, StoreError> {
+        let mut config: postgres::Config = url.parse()?;
+        config.connect_timeout(POSTGRES_WAIT);
+        let tls = postgres_tls(&mut config, ca)?;
+        // One connection first: a wrong address, password or certificate
+        // fails the start at once with the server's own words.
+        let mut first = config.connect(tls.clone())?;
+        migrate_postgres(&mut first)?;
+        drop(first);
+        let manager = r2d2_postgres::PostgresConnectionManager::new(config, tls);
+        let pool = r2d2::Pool::builder()
+            .max_size(POSTGRES_CONNECTIONS)
+            .min_idle(Some(1))
+            .connection_timeout(POSTGRES_WAIT)
+            .test_on_check_out(true)
+            .build_unchecked(manager);
+        Ok(Db::Postgres(pool))
     }
 
     pub fn kind(&self) -> &'static str {
@@ -202,8 +254,11 @@ impl Db {
                 tx.commit()?;
                 Ok(out)
             }
-            Db::Postgres { client, config } => {
-                let mut client = connected(client, config)?;
+            Db::Postgres(pool) => {
+                // A connection the pool checked (a dropped one is replaced).
+                let mut client = pool
+                    .get()
+                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
                 let mut tx = match access {
                     Access::Read => client
                         .build_transaction()
@@ -245,24 +300,6 @@ impl Db {
 
 fn lock<T>(mutex: &Mutex<T>) -> Result<MutexGuard<'_, T>, StoreError> {
     mutex.lock().map_err(|_| StoreError::Poisoned)
-}
-
-/// How long a liveness check of the PostgreSQL connection may take.
-const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The client, reconnected first if the connection is gone (a server
-/// restart, a failover): the request works without restarting the admin.
-/// The check is one round trip; a connection only notices it was dropped
-/// when it is next used, and a request should not be the one to find out.
-fn connected<'a>(
-    client: &'a Mutex<postgres::Client>,
-    config: &postgres::Config,
-) -> Result<MutexGuard<'a, postgres::Client>, StoreError> {
-    let mut guard = lock(client)?;
-    if guard.is_closed() || guard.is_valid(PING_TIMEOUT).is_err() {
-        *guard = config.connect(postgres::NoTls)?;
-    }
-    Ok(guard)
 }
 
 fn migrate_postgres(client: &mut postgres::Client) -> Result<(), StoreError> {

@@ -41,6 +41,10 @@ pub enum StoreError {
     Poisoned,
     #[error("store task failed: {0}")]
     Task(String),
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database TLS: {0}")]
+    Tls(String),
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -89,10 +93,11 @@ impl Store {
         BlockingStore::open(path).map(|blocking| Self { blocking })
     }
 
-    /// Connects to PostgreSQL (`postgres://user:password@host:port/db`) and
-    /// runs the migrations. Blocking: call it at start or off the runtime.
-    pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
-        BlockingStore::open_postgres(url).map(|blocking| Self { blocking })
+    /// Connects to PostgreSQL (`postgres://user:password@host:port/db`,
+    /// `?sslmode=require` for TLS, with `ca` for a private CA) and runs the
+    /// migrations. Blocking: call it at start or off the runtime.
+    pub fn open_postgres(url: &str, ca: Option<&Path>) -> Result<Self, StoreError> {
+        BlockingStore::open_postgres(url, ca).map(|blocking| Self { blocking })
     }
 
     /// "sqlite" or "postgres".

@@ -769,6 +769,10 @@ fn FleetPolicy(policy: FleetPolicy, now_ms: u64) -> impl IntoView {
     let href = format!("/policies/{name}");
     let title = name.clone();
     let lease = policy.lease;
+    let recovering = policy.recovering.then(|| view! {
+        <p class="recovering">"Recovering: the record of this policy's shares was lost (Redis restarted?). "
+            "Shares are learned back from the Envoys' syncs and do not grow until every lost lease has ended."</p>
+    });
     view! {
         <section class="fleet-policy live-policy" data-policy=name>
             <h2><A href=href>{title}</A></h2>
@@ -778,6 +782,7 @@ fn FleetPolicy(policy: FleetPolicy, now_ms: u64) -> impl IntoView {
                 " · used "<span class="used">{format!("{:.1}/s", used.0)}{(limit_flight > 0).then(|| format!(", {} in flight", used.1))}</span>
                 " · lease "{format!("{:.1} s", lease.as_secs_f64())}
             </p>
+            {recovering}
             <table class="fleet-members">
                 <thead><tr><th>"Envoy"</th><th>"Share /s"</th><th>"Used /s"</th><th>"Asked /s"</th><th>"Share in flight"</th><th>"In flight"</th><th>"Last sync"</th></tr></thead>
                 <tbody>{rows}</tbody>

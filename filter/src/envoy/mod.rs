@@ -79,6 +79,10 @@ impl Host for EnvoyHost {
         abi::continue_request()
     }
 
+    fn random_bytes(&self, buf: &mut [u8]) -> bool {
+        getrandom::fill(buf).is_ok()
+    }
+
     fn set_tick_period(&self, period: Span) {
         let _ = hostcalls::set_tick_period(period.as_duration());
     }

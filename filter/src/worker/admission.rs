@@ -54,6 +54,8 @@ pub(super) enum Decision {
     Admit {
         bucket: String,
         key: PrefetchKey,
+        /// The worker's lease the request's slot belongs to.
+        lease: Option<Instant>,
         /// The bucket handed this worker spare slots along with it.
         prefetched_slots: bool,
     },
@@ -98,10 +100,11 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         let key: PrefetchKey = (class.policy_index, class.key);
         let cost = policy.rate.is_some().then_some(class.cost);
         let slot = policy.concurrency.is_some();
-        if let Some(bucket) = self.prefetches.spend(key, cost, slot, self.now) {
+        if let Some(spent) = self.prefetches.spend(key, cost, slot, self.now) {
             return Decision::Admit {
-                bucket: bucket.to_string(),
+                bucket: spent.bucket.to_string(),
                 key,
+                lease: spent.lease,
                 prefetched_slots: false,
             };
         }
@@ -135,11 +138,12 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             return self.refuse(policy, kind_by_default, DEFAULT_RETRY);
         };
         match admission {
-            Admission::Admitted { .. } => {
+            Admission::Admitted { lease, .. } => {
                 self.record_prefetch(key, &bucket, prefetched);
                 Decision::Admit {
                     bucket,
                     key,
+                    lease,
                     prefetched_slots: prefetched.slots > 0,
                 }
             }

@@ -26,9 +26,11 @@ mod sync_client;
 
 use std::rc::Rc;
 
+use sluice_shared::key_hash::KeySecret;
 use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
 use sluice_shared::time::Span;
 
+use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
 use crate::prefetch::Prefetches;
@@ -60,6 +62,10 @@ pub struct Worker {
     streams: Streams,
     sync: SyncClient,
     shares: FleetShares,
+    /// The wall clock made monotonic (see [`crate::clock`]).
+    clock: Rc<Clock>,
+    /// What keys are hashed with; the same in every VM of the process.
+    key_secret: KeySecret,
 }
 
 impl Worker {
@@ -67,6 +73,7 @@ impl Worker {
     pub fn new<H: Host + ?Sized>(host: &H) -> Self {
         let mut store = Store::default();
         let holder = store.allocate_holder(host);
+        let key_secret = store.key_secret(host);
         Self {
             holder,
             policies: Rc::new(CompiledPolicySet::empty()),
@@ -77,6 +84,8 @@ impl Worker {
             streams: Streams::default(),
             sync: SyncClient::default(),
             shares: FleetShares::default(),
+            clock: Rc::new(Clock::default()),
+            key_secret,
         }
     }
 
@@ -114,6 +123,15 @@ impl Worker {
     /// policy's name, so an edited policy keeps its state; streams already
     /// admitted or waiting keep their bucket.
     pub fn install<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        self.install_clocked(host, set)
+    }
+
+    fn install_clocked<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
         for p in &set.policies {
             self.metrics.define_policy(host, p.name());
         }
@@ -130,8 +148,21 @@ impl Worker {
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        self.request(host, context_id, req)
+    }
+
+    fn request<H, R>(&mut self, host: &H, context_id: u32, req: &R) -> Verdict
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
         let policies = Rc::clone(&self.policies);
-        let Some(class) = policies.classify(req) else {
+        let Some(class) = policies.classify(req, &self.key_secret) else {
             return Verdict::Continue;
         };
         let Some(policy) = policies.policies.get(class.policy_index) else {
@@ -152,10 +183,12 @@ impl Worker {
             Decision::Admit {
                 bucket,
                 key,
+                lease,
                 prefetched_slots,
             } => {
+                let slot = streams::Slot { bucket, lease };
                 self.streams
-                    .admitted(&mut self.metrics, context_id, policy, bucket, key, now);
+                    .admitted(&mut self.metrics, context_id, policy, slot, key, now);
                 if prefetched_slots {
                     // Spare slots must go back soon after their prefetch lapses.
                     self.set_tick(host, self.tick.min(PREFETCH_TICK));
@@ -186,6 +219,15 @@ impl Worker {
     /// The stream ended, for whatever reason: give back its slot, or its
     /// place in the queue. Safe to call more than once.
     pub fn on_stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        self.stream_end(host, context_id)
+    }
+
+    fn stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
         self.streams.end(
             host,
             &mut self.store,
@@ -206,6 +248,15 @@ impl Worker {
     /// renew this worker's leases, take up what the admin sent, report to
     /// it, flush stats.
     pub fn on_tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        self.tick(host)
+    }
+
+    fn tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
         let now = host.now();
         let actions = queue::serve(
             host,
@@ -258,6 +309,15 @@ impl Worker {
 
     /// The admin answered the sync call `token` (or Envoy gave up on it).
     pub fn on_sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        self.sync_reply(host, token, reply)
+    }
+
+    fn sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
         let Some(sent_at) = self.sync.take_pending(token) else {
             return;
         };
@@ -282,7 +342,7 @@ impl Worker {
     /// Installs a set the admin sent, which this VM or another published.
     fn install_from_admin<H: Host + ?Sized>(&mut self, host: &H, set: sluice_shared::PolicySet) {
         let (n, version) = (set.policies.len(), set.version);
-        self.install(host, CompiledPolicySet::from_validated(set));
+        self.install_clocked(host, CompiledPolicySet::from_validated(set));
         self.metrics.add_filter(FilterStat::PolicySetsInstalled, 1);
         host.log(
             Level::Info,

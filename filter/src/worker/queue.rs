@@ -51,16 +51,16 @@ pub(super) fn serve<H: Host + ?Sized>(
         };
         let limits = BucketLimits::of(policy);
         // On failure (counted by the store) the next tick polls again.
-        let turns = store
+        let (turns, lease) = store
             .update_bucket(host, &bucket, |s| {
                 let tickets = s.poll(&limits, holder, now);
                 let changed = !tickets.is_empty();
-                (tickets, changed)
+                ((tickets, s.lease_of(holder)), changed)
             })
             .unwrap_or_default();
         for ticket in turns {
             if let Some(ctx) = streams.with_ticket(&contexts, ticket) {
-                streams.turn_came(metrics, ctx, now);
+                streams.turn_came(metrics, ctx, lease, now);
                 actions.push(StreamAction::Resume(ctx));
             }
         }

@@ -29,10 +29,20 @@ pub(super) enum StreamState {
     Waiting(Turn),
 }
 
+/// Where an admitted request's slot is: its bucket, and the worker's lease
+/// there (what the release must name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Slot {
+    pub bucket: String,
+    pub lease: Option<Instant>,
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Stream {
     pub policy: String,
     pub bucket: String,
+    /// The worker's lease its slot belongs to, once it holds one.
+    pub lease: Option<Instant>,
     /// The prefetch a finished request's slot may go back to.
     pub prefetch: PrefetchKey,
     pub state: StreamState,
@@ -100,7 +110,7 @@ impl Streams {
         metrics: &mut Metrics,
         context_id: u32,
         policy: &CompiledPolicy,
-        bucket: String,
+        slot: Slot,
         prefetch: PrefetchKey,
         now: Instant,
     ) {
@@ -110,6 +120,7 @@ impl Streams {
             return;
         }
         metrics.add(name, PolicyStat::InFlight, 1);
+        let Slot { bucket, lease } = slot;
         self.track(
             context_id,
             policy,
@@ -118,6 +129,9 @@ impl Streams {
             StreamState::Holding,
             now,
         );
+        if let Some(stream) = self.streams.get_mut(&context_id) {
+            stream.lease = lease;
+        }
     }
 
     /// Counts a queued request and keeps its stream until its turn.
@@ -149,6 +163,7 @@ impl Streams {
         let stream = Stream {
             policy: policy.name().to_string(),
             bucket,
+            lease: None,
             prefetch,
             state,
             since: now,
@@ -159,7 +174,13 @@ impl Streams {
 
     /// A waiting stream's turn came: it goes upstream now, holding a slot
     /// when its policy has a concurrency limit.
-    pub fn turn_came(&mut self, metrics: &mut Metrics, context_id: u32, now: Instant) {
+    pub fn turn_came(
+        &mut self,
+        metrics: &mut Metrics,
+        context_id: u32,
+        lease: Option<Instant>,
+        now: Instant,
+    ) {
         let Some(stream) = self.streams.get_mut(&context_id) else {
             return;
         };
@@ -167,6 +188,7 @@ impl Streams {
         if stream.lease_ttl.is_some() {
             metrics.add(&stream.policy, PolicyStat::InFlight, 1);
             stream.state = StreamState::Holding;
+            stream.lease = lease;
             stream.since = now;
         } else {
             self.streams.remove(&context_id);
@@ -190,14 +212,17 @@ impl Streams {
         match stream.state {
             StreamState::Holding => {
                 metrics.add(&stream.policy, PolicyStat::InFlight, -1);
-                if prefetches.return_slot(stream.prefetch, || host.now()) {
+                if prefetches.return_slot(stream.prefetch, stream.lease, || host.now()) {
                     // Kept for this worker's next request while the prefetch lives.
                     return;
                 }
+                let Some(lease) = stream.lease else {
+                    return;
+                };
                 // A failure is counted and logged by the store; the lease
                 // then expires and gives the slot back.
                 let _ = store.update_bucket(host, &stream.bucket, |s| {
-                    let r = s.release(holder);
+                    let r = s.release(holder, lease);
                     (r, r)
                 });
             }
@@ -285,8 +310,11 @@ pub(super) fn give_back<H: Host + ?Sized>(
     holder: u64,
     spare: SpareSlots,
 ) {
+    let Some(lease) = spare.lease else {
+        return;
+    };
     let _ = store.update_bucket(host, &spare.bucket, |s| {
-        let n = s.release_many(holder, spare.slots);
+        let n = s.release_many(holder, lease, spare.slots);
         (n, n > 0)
     });
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use sluice_shared::matcher::CompiledPolicySet;
-use sluice_shared::sync::SyncReport;
+use sluice_shared::sync::{HeldShareReport, SyncReport};
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::PolicySet;
 
@@ -169,7 +169,18 @@ impl SyncClient {
             at_ms: now.as_millis(),
             policies: reports,
             filter: BTreeMap::new(),
-            shares: held.into_iter().map(|(p, s)| (p, s.id)).collect(),
+            shares: held.iter().map(|(p, s)| (p.clone(), s.id)).collect(),
+            held: held
+                .into_iter()
+                .map(|(p, s)| {
+                    let report = HeldShareReport {
+                        rate: s.amount.rate,
+                        in_flight: s.amount.in_flight,
+                        instances: s.instances,
+                    };
+                    (p, report)
+                })
+                .collect(),
         }
     }
 

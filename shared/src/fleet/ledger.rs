@@ -126,31 +126,89 @@ impl Member {
 
 /// The admin's record of one global policy's shares. Serializable: with
 /// several admin replicas it lives in Redis.
+///
+/// The record can be lost while Envoys still enforce what it held: Redis
+/// restarted without persistence, failed over to a replica behind it, or
+/// the admin restarted with its ledgers in memory. Handing out the whole
+/// limit again then would add to the shares still running. So a ledger
+/// that learns it lost shares (the admin found it gone, or an Envoy names a
+/// running share it has no record of) recovers for one lease and a half,
+/// as long as any lost share may be in force: it records the shares the
+/// Envoys say they hold, gives none of them more than that, and gives
+/// nothing to an instance that holds nothing. Afterwards every share it did
+/// not hear of has ended and sharing goes on as before.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ledger {
     members: BTreeMap<String, Member>,
+    /// Until when it recovers from a loss (EPOCH: not recovering).
+    #[serde(default, rename = "recovering_until_ms", with = "millis")]
+    recovering_until: Instant,
 }
 
 impl Ledger {
-    /// `instance` syncs, wanting `demand`, with the newest share it has
-    /// received expiring at `newest` (None: none yet). Returns its new
+    /// The admin found this ledger gone though it had seen it: every share
+    /// it held may still be in force.
+    pub fn lost(&mut self, terms: &FleetTerms, now: Instant) {
+        self.recover_until(terms, now);
+    }
+
+    /// Whether it is recovering from a loss at `now`.
+    pub fn recovering(&self, now: Instant) -> bool {
+        now < self.recovering_until
+    }
+
+    fn recover_until(&mut self, terms: &FleetTerms, now: Instant) {
+        let until = now + terms.lease + terms.lease.div(2);
+        self.recovering_until = self.recovering_until.max(until);
+    }
+
+    /// `instance` syncs, wanting `demand`, holding `held`: the newest share
+    /// it received (None: none yet), as it describes it. Returns its new
     /// share.
     pub fn sync(
         &mut self,
         terms: &FleetTerms,
         instance: &str,
         demand: Demand,
-        newest: Option<Instant>,
+        held: Option<Share>,
         now: Instant,
     ) -> Share {
         self.forget_gone(terms, now);
+        let known = held.is_none_or(|h| {
+            self.members
+                .get(instance)
+                .is_some_and(|m| m.shares.iter().any(|s| s.expires_at == h.expires_at))
+        });
         let member = self.members.entry(instance.to_string()).or_default();
         member.demand = demand;
         member.last_heard = now;
+        if let (false, Some(held)) = (known, held) {
+            // A share this ledger has no record of: it is what the instance
+            // enforces, bounded by the limit and one lease from now, since
+            // an instance's word is all there is to go on.
+            let claimed = Share {
+                amount: held.amount.min(terms.limit),
+                expires_at: held.expires_at.min(now + terms.lease),
+                instances: held.instances.max(1),
+            };
+            member.shares.push(claimed);
+            if claimed.expires_at > now {
+                self.recover_until(terms, now);
+            }
+        }
+        let Some(member) = self.members.get_mut(instance) else {
+            return Share {
+                amount: Amount::default(),
+                expires_at: now,
+                instances: 1,
+            };
+        };
         // Answers arrive in order: shares older than the newest it has are
         // ones it will never apply again.
-        if let Some(newest) = newest {
-            member.shares.retain(|s| s.expires_at >= newest);
+        if let Some(held) = held {
+            member
+                .shares
+                .retain(|s| s.expires_at >= held.expires_at.min(now + terms.lease));
         }
         // Shares go to the instances that are syncing; the silent ones
         // keep only their reservations until those end.
@@ -174,8 +232,19 @@ impl Ledger {
             .fold(Amount::default(), |acc, (_, m)| {
                 acc.plus(m.reserved(terms.limit, terms.lease, now))
             });
+        let mut amount = target.min(terms.limit.minus(others));
+        if self.recovering(now) {
+            // No more than it enforces already (nothing, if nothing): the
+            // others' lost shares may fill the rest.
+            let holds = self
+                .members
+                .get(instance)
+                .map(|m| m.reserved(terms.limit, terms.lease, now))
+                .unwrap_or_default();
+            amount = amount.min(holds);
+        }
         let share = Share {
-            amount: target.min(terms.limit.minus(others)),
+            amount,
             expires_at: now + terms.lease,
             instances: u32::try_from(self.members.len()).unwrap_or(u32::MAX),
         };
@@ -193,7 +262,7 @@ impl Ledger {
         terms: &FleetTerms,
         instance: &str,
         usage: Usage,
-        newest: Option<Instant>,
+        held: Option<Share>,
         now: Instant,
     ) -> Share {
         let member = self.members.get(instance);
@@ -206,7 +275,7 @@ impl Ledger {
             }) => smooth(*demand, measured, usage.at - previous.at),
             _ => measured,
         };
-        let share = self.sync(terms, instance, demand, newest, now);
+        let share = self.sync(terms, instance, demand, held, now);
         if let Some(member) = self.members.get_mut(instance) {
             member.usage = Some(usage);
             member.used.in_flight = usage.in_flight;
@@ -328,15 +397,15 @@ mod tests {
         assert_eq!(b.amount.in_flight, 0);
         // a shrinks to half, but until a says it has the new share the old
         // one may still be in use.
-        let a2 = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a.expires_at), t(200));
-        let b2 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b.expires_at), t(300));
+        let a2 = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a), t(200));
+        let b2 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b), t(300));
         assert_eq!(a2.amount.in_flight, 50);
         assert_eq!(
             b2.amount.in_flight, 0,
             "a's first share may still be applied"
         );
-        ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a2.expires_at), t(400));
-        let b3 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b2.expires_at), t(500));
+        ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a2), t(400));
+        let b3 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b2), t(500));
         assert_eq!(b3.amount.in_flight, 50);
         assert_eq!(ledger.reserved(&TERMS, t(500)).in_flight, 100);
     }
@@ -346,20 +415,20 @@ mod tests {
         let mut ledger = Ledger::default();
         let a1 = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
         let b1 = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
-        let a2 = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a1.expires_at), t(20));
-        ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a2.expires_at), t(30));
-        let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1.expires_at), t(40));
+        let a2 = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a1), t(20));
+        ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a2), t(30));
+        let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1), t(40));
         assert_eq!(b2.amount.in_flight, 50);
         // a dies after its sync at 30 ms. Its share runs to 2 030 ms; then
         // its fallback (min(50, 100 / 2)) stays reserved until 3 030 ms.
-        let b3 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b2.expires_at), t(1_000));
+        let b3 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b2), t(1_000));
         assert_eq!(b3.amount.in_flight, 50);
-        let b4 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b3.expires_at), t(2_031));
+        let b4 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b3), t(2_031));
         assert_eq!(b4.amount.in_flight, 50);
         assert_eq!(ledger.members(&TERMS, t(2_031)).len(), 2);
-        let b5 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b4.expires_at), t(3_029));
+        let b5 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b4), t(3_029));
         assert_eq!(b5.amount.in_flight, 50);
-        let b6 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b5.expires_at), t(3_030));
+        let b6 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b5), t(3_030));
         assert_eq!(b6.amount.in_flight, 100);
         assert_eq!(ledger.members(&TERMS, t(3_030)).len(), 1);
     }
@@ -416,5 +485,102 @@ mod tests {
             share(10).amount
         );
         assert_eq!(share_in_force(None, LIMIT, t(0)), Amount::default());
+    }
+
+    fn in_flight(share: &Share) -> u32 {
+        share.amount.in_flight
+    }
+
+    /// a holds 70 of 100 slots, b 30; the record is lost. a syncs first
+    /// and must not get the whole limit while b still applies its 30.
+    #[test]
+    fn after_a_loss_no_share_grows_until_every_lost_lease_has_ended() {
+        let mut old = Ledger::default();
+        let a0 = old.sync(&TERMS, "a", wants(700.0, 70), None, t(0));
+        let b0 = old.sync(&TERMS, "b", wants(300.0, 30), None, t(10));
+        let a0 = old.sync(&TERMS, "a", wants(700.0, 70), Some(a0), t(20));
+        let b0 = old.sync(&TERMS, "b", wants(300.0, 30), Some(b0), t(30));
+        let a1 = old.sync(&TERMS, "a", wants(700.0, 70), Some(a0), t(40));
+        let b1 = old.sync(&TERMS, "b", wants(300.0, 30), Some(b0), t(50));
+        assert_eq!((in_flight(&a1), in_flight(&b1)), (70, 30));
+
+        // Lost at 100 ms; the admin knows it (it had written it).
+        let mut ledger = Ledger::default();
+        ledger.lost(&TERMS, t(100));
+        assert!(ledger.recovering(t(100)));
+        // a now asks for everything: it keeps what it has, no more.
+        let a2 = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a1), t(120));
+        assert_eq!(in_flight(&a2), 70);
+        // A newcomer gets nothing while lost shares may run.
+        let c = ledger.sync(&TERMS, "c", wants(100.0, 10), None, t(130));
+        assert_eq!(in_flight(&c), 0);
+        let b2 = ledger.sync(&TERMS, "b", wants(300.0, 30), Some(b1), t(140));
+        assert_eq!(in_flight(&b2), 30);
+        // Everyone syncs every 200 ms. Recovery lasts a lease and a half
+        // after the last claim of a lost share (b's, at 140 ms): until
+        // then nobody gets more than it held; then sharing goes by demand.
+        let (mut a, mut b, mut c) = (a2, b2, c);
+        for round in 1..=20u64 {
+            let at = 140 + round * 200;
+            a = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a), t(at));
+            b = ledger.sync(&TERMS, "b", wants(300.0, 30), Some(b), t(at + 5));
+            c = ledger.sync(&TERMS, "c", wants(100.0, 10), Some(c), t(at + 10));
+            if at + 10 < 3_140 {
+                assert!(ledger.recovering(t(at)));
+                assert!(in_flight(&a) <= 70 && in_flight(&b) <= 30, "at {at}");
+                assert_eq!(in_flight(&c), 0, "at {at}");
+            }
+            assert!(in_flight(&a) + in_flight(&b) + in_flight(&c) <= 100);
+        }
+        assert!(!ledger.recovering(t(3_140)));
+        assert_eq!(
+            (in_flight(&b), in_flight(&c)),
+            (30, 10),
+            "{a:?} {b:?} {c:?}"
+        );
+        assert_eq!(in_flight(&a), 60);
+    }
+
+    /// A replica that never saw the record (it started after the loss)
+    /// learns of the loss from the first Envoy naming a running share the
+    /// ledger does not hold.
+    #[test]
+    fn a_running_share_the_ledger_never_made_starts_a_recovery() {
+        let mut old = Ledger::default();
+        let a0 = old.sync(&TERMS, "a", wants(1000.0, 100), None, t(0));
+        let mut ledger = Ledger::default();
+        assert!(!ledger.recovering(t(100)));
+        let a1 = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a0), t(100));
+        assert!(ledger.recovering(t(100)));
+        assert_eq!(in_flight(&a1), 100, "a keeps what it holds");
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(110));
+        assert_eq!(in_flight(&b), 0, "a holds it all");
+        // An expired share the ledger forgot is recorded, no recovery.
+        let mut quiet = Ledger::default();
+        quiet.sync(&TERMS, "a", wants(10.0, 1), Some(a0), t(5_000));
+        assert!(!quiet.recovering(t(5_000)));
+    }
+
+    /// What an Envoy claims to hold is bounded: never more than the limit,
+    /// never running longer than one lease from now.
+    #[test]
+    fn claims_of_unknown_shares_are_bounded() {
+        let mut ledger = Ledger::default();
+        let forged = Share {
+            amount: Amount {
+                rate: 1e300,
+                in_flight: u32::MAX,
+            },
+            expires_at: t(u64::MAX / 2),
+            instances: 0,
+        };
+        let a = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(forged), t(100));
+        assert_eq!(in_flight(&a), 100);
+        assert!(a.amount.rate <= LIMIT.rate);
+        assert!(!ledger.recovering(t(100 + 3_000)));
+        // Once a's claimed lease has run out (at most a lease from the
+        // claim) and the grace after it, b gets room again.
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(100 + 4_000));
+        assert!(in_flight(&b) > 0, "{b:?}");
     }
 }

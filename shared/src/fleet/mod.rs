@@ -65,7 +65,7 @@ impl Amount {
         }
     }
 
-    fn min(self, other: Amount) -> Amount {
+    pub fn min(self, other: Amount) -> Amount {
         Amount {
             rate: self.rate.min(other.rate),
             in_flight: self.in_flight.min(other.in_flight),

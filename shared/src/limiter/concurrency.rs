@@ -6,6 +6,10 @@
 //! One lease per holder rather than per request keeps the shared value small
 //! (a few dozen workers, not thousands of requests), so every compare-and-
 //! swap moves a few hundred bytes at most whatever `max_in_flight` is.
+//!
+//! A lease is known by when it began ([`Lease::since`]): a holder whose
+//! lease expired and was reclaimed, and that took a new one since, releases
+//! a slot of the old one as nothing, never a slot of the new one.
 
 use super::{Decision, DecodeError};
 use crate::policy::Priority;
@@ -25,6 +29,8 @@ pub struct Lease {
     pub holder: u64,
     pub count: u32,
     pub expires_at: Instant,
+    /// When the holder took it: which of its leases this is.
+    pub since: Instant,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,7 +42,8 @@ impl LeaseTable {
     /// The most holders tracked at once; a table full of live holders refuses
     /// a new holder rather than growing without bound.
     pub const MAX_HOLDERS: usize = 1024;
-    const LEASE_LEN: usize = 20;
+    /// Bytes of one encoded lease.
+    pub const LEASE_LEN: usize = 28;
 
     pub fn leases(&self) -> &[Lease] {
         &self.leases
@@ -54,6 +61,14 @@ impl LeaseTable {
             .iter()
             .find(|l| l.holder == holder)
             .map_or(0, |l| l.count)
+    }
+
+    /// Which lease `holder` holds now (its start), if any.
+    pub fn lease_of(&self, holder: u64) -> Option<Instant> {
+        self.leases
+            .iter()
+            .find(|l| l.holder == holder)
+            .map(|l| l.since)
     }
 
     /// Drops leases whose holder stopped renewing before `now`; returns the
@@ -105,6 +120,7 @@ impl LeaseTable {
                 holder,
                 count: 1,
                 expires_at,
+                since: now,
             }),
         }
         Decision::Admit {
@@ -144,10 +160,14 @@ impl LeaseTable {
             .saturating_sub(self.in_flight())
     }
 
-    /// Returns `n` slots of `holder` (fewer if it holds fewer); returns how
-    /// many it gave back.
-    pub fn release_many(&mut self, holder: u64, n: u32) -> u32 {
-        let Some(i) = self.leases.iter().position(|l| l.holder == holder) else {
+    /// Returns `n` slots of `holder`'s lease `lease` (fewer if it holds
+    /// fewer, none if that lease is over); returns how many it gave back.
+    pub fn release_many(&mut self, holder: u64, lease: Instant, n: u32) -> u32 {
+        let Some(i) = self
+            .leases
+            .iter()
+            .position(|l| l.holder == holder && l.since == lease)
+        else {
             return 0;
         };
         let lease = &mut self.leases[i];
@@ -159,10 +179,15 @@ impl LeaseTable {
         given
     }
 
-    /// Returns one slot of `holder`. False if it held none (its lease had
-    /// already expired and been reclaimed): nothing is taken from others.
-    pub fn release(&mut self, holder: u64) -> bool {
-        let Some(i) = self.leases.iter().position(|l| l.holder == holder) else {
+    /// Returns one slot of `holder`'s lease `lease`. False if that lease is
+    /// over (it expired and was reclaimed, maybe replaced by a newer one):
+    /// nothing is taken from others, nor from the holder's newer lease.
+    pub fn release(&mut self, holder: u64, lease: Instant) -> bool {
+        let Some(i) = self
+            .leases
+            .iter()
+            .position(|l| l.holder == holder && l.since == lease)
+        else {
             return false;
         };
         let lease = &mut self.leases[i];
@@ -194,6 +219,7 @@ impl LeaseTable {
             out.extend_from_slice(&l.holder.to_le_bytes());
             out.extend_from_slice(&l.count.to_le_bytes());
             out.extend_from_slice(&l.expires_at.as_nanos().to_le_bytes());
+            out.extend_from_slice(&l.since.as_nanos().to_le_bytes());
         }
         out
     }
@@ -214,13 +240,16 @@ impl LeaseTable {
             .chunks_exact(Self::LEASE_LEN)
             .map(|c| {
                 let (holder, rest) = c.split_at(8);
-                let (count, expires) = rest.split_at(4);
+                let (count, rest) = rest.split_at(4);
+                let (expires, since) = rest.split_at(8);
+                let instant = |b: &[u8]| {
+                    Instant::from_nanos(u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                };
                 Lease {
                     holder: u64::from_le_bytes(holder.try_into().unwrap_or_default()),
                     count: u32::from_le_bytes(count.try_into().unwrap_or_default()),
-                    expires_at: Instant::from_nanos(u64::from_le_bytes(
-                        expires.try_into().unwrap_or_default(),
-                    )),
+                    expires_at: instant(expires),
+                    since: instant(since),
                 }
             })
             .collect();
@@ -255,7 +284,8 @@ mod tests {
         assert!(admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::High)));
         assert!(!admitted(t.acquire(&LIMIT, 3, at(0, 0), Priority::High)));
         assert_eq!(t.in_flight(), 3);
-        assert!(t.release(1));
+        let lease = t.lease_of(1).unwrap();
+        assert!(t.release(1, lease));
         assert!(admitted(t.acquire(&LIMIT, 3, at(0, 0), Priority::High)));
     }
 
@@ -270,7 +300,7 @@ mod tests {
         assert!(admitted(t.acquire(&LIMIT, 8, at(10, 1), Priority::High)));
         assert_eq!(t.held_by(7), 0);
         // Its late release takes nothing from holder 8.
-        assert!(!t.release(7));
+        assert!(!t.release(7, at(0, 0)));
         assert_eq!(t.in_flight(), 1);
     }
 
@@ -286,12 +316,31 @@ mod tests {
     #[test]
     fn release_never_goes_below_zero() {
         let mut t = LeaseTable::default();
-        assert!(!t.release(1));
+        assert!(!t.release(1, at(0, 0)));
         assert!(admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::Normal)));
-        assert!(t.release(1));
-        assert!(!t.release(1));
+        assert!(t.release(1, at(0, 0)));
+        assert!(!t.release(1, at(0, 0)));
         assert_eq!(t.in_flight(), 0);
         assert!(t.leases().is_empty());
+    }
+
+    #[test]
+    fn a_release_of_an_expired_lease_never_frees_the_holders_newer_one() {
+        let mut t = LeaseTable::default();
+        assert!(admitted(t.acquire(&LIMIT, 1, at(0, 0), Priority::Normal)));
+        let old = t.lease_of(1).unwrap();
+        // The lease lapses (the holder missed its renewals); the holder
+        // takes a new one, for another request.
+        assert!(admitted(t.acquire(&LIMIT, 1, at(11, 0), Priority::Normal)));
+        let new = t.lease_of(1).unwrap();
+        assert_ne!(old, new);
+        assert_eq!(t.held_by(1), 1);
+        // The first request ends now: its slot was reclaimed already.
+        assert!(!t.release(1, old));
+        assert_eq!(t.release_many(1, old, 5), 0);
+        assert_eq!(t.held_by(1), 1, "the new request still holds its slot");
+        assert!(t.release(1, new));
+        assert_eq!(t.in_flight(), 0);
     }
 
     #[test]

@@ -19,6 +19,10 @@ use sluice_demo::mock::{MockApi, MockLimits};
 /// The ports `envoy/egress.yaml` names; the demo uses them as they are, so
 /// the URLs in the README work as written.
 const ADMIN_PORT: u16 = 8080;
+/// The admin over TLS: what the filter syncs with.
+const ADMIN_TLS_PORT: u16 = 8443;
+/// Where the shipped config expects the admin's certificate.
+const SHIPPED_CA: &str = "var/tls/ca.pem";
 const ENVOY_ADMIN_PORT: u16 = 9901;
 const EGRESS_PORT: u16 = 10000;
 const DEMO_API_PORT: u16 = 9090;
@@ -97,6 +101,7 @@ impl Started {
 fn taken_ports() -> Vec<String> {
     [
         (ADMIN_PORT, "the Sluice admin"),
+        (ADMIN_TLS_PORT, "the Sluice admin over TLS"),
         (ENVOY_ADMIN_PORT, "the Envoy admin"),
         (EGRESS_PORT, "the egress listener"),
         (DEMO_API_PORT, "the demo API"),
@@ -215,6 +220,12 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
             .arg(&args.ui_dir)
             .arg("--seed")
             .arg(&args.seed)
+            .arg("--tls-listen")
+            .arg(format!("127.0.0.1:{ADMIN_TLS_PORT}"))
+            .arg("--tls-self-signed")
+            .arg(args.var_dir.join("tls"))
+            // The name the filter calls the admin by.
+            .args(["--allowed-host", "sluice-admin"])
             .arg("--insecure-dev"),
         args.var_dir.join("admin.log"),
     )?;
@@ -227,11 +238,21 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
     started.push(admin);
     admin_ready?;
 
+    // The shipped config pins var/tls/ca.pem; point it at this run's.
+    let shipped = std::fs::read_to_string(&args.envoy_config)
+        .with_context(|| format!("reading {}", args.envoy_config.display()))?;
+    let ca = args.var_dir.join("tls").join("ca.pem");
+    let envoy_config = args.var_dir.join("envoy.yaml");
+    std::fs::write(
+        &envoy_config,
+        shipped.replace(SHIPPED_CA, &ca.display().to_string()),
+    )
+    .with_context(|| format!("writing {}", envoy_config.display()))?;
     let mut envoy = spawn(
         "Envoy",
         Command::new(&args.envoy_bin)
             .arg("-c")
-            .arg(&args.envoy_config)
+            .arg(&envoy_config)
             .args([
                 "--concurrency",
                 &args.concurrency.to_string(),
@@ -257,12 +278,14 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
     println!(
         "\nSluice demo is up.\n\
          \n  Admin UI         http://127.0.0.1:{ADMIN_PORT}/          (live view: http://127.0.0.1:{ADMIN_PORT}/live)\
+         \n  Admin over TLS   https://127.0.0.1:{ADMIN_TLS_PORT}/         (Envoy syncs here, pinning {}/tls/ca.pem)\
          \n  Egress listener  http://127.0.0.1:{EGRESS_PORT}/         try: curl -i -H 'host: api.bank.example' http://127.0.0.1:{EGRESS_PORT}/v1/pay\
          \n  Envoy admin      http://127.0.0.1:{ENVOY_ADMIN_PORT}/          stats: http://127.0.0.1:{ENVOY_ADMIN_PORT}/stats?filter=sluice\
          \n  Demo API         http://127.0.0.1:{DEMO_API_PORT}/           (refuses over 300 calls/s or 20 in flight)\
          \n  Logs             {}/admin.log, {}/envoy.log\
          \n\n{}\
          \nPress Ctrl-C to stop everything.\n",
+        args.var_dir.display(),
         args.var_dir.display(),
         args.var_dir.display(),
         if args.no_load {

@@ -1,0 +1,235 @@
+//! The filter's clock. Envoy gives a VM only the wall clock, which NTP or an
+//! operator can step. Limits measured on it would then break: a step back
+//! of Δ would refuse every rate-limited call for about Δ (and stop syncing),
+//! a step forward past a lease's TTL would take slots from calls still in
+//! flight, a fleet share would outlive its lease while the admin hands it
+//! to others.
+//!
+//! So each worker keeps a clock of its own on top of the wall clock: it
+//! never goes back (a step back is absorbed: time goes on from where it
+//! was), and one reading moves it at most [`MAX_STEP`] ahead of the
+//! previous one (a bigger step forward is absorbed the same way). A worker
+//! reads the clock at least every tick (100 ms), so real time never moves
+//! it as far; only a step of the wall clock, or a VM stalled for longer,
+//! does. The workers' clocks then differ by at most about one tick, the
+//! precision shared state already lives with. After a step the clock slews
+//! back toward the wall clock, by a tenth of the time that passes (as
+//! `adjtime` does), so workers that absorbed a step differently, or a VM
+//! that stalled, come back in line without ever going back.
+
+use std::cell::Cell;
+
+use sluice_shared::time::{Instant, Span};
+
+use crate::host::{Host, Level, SetError};
+
+/// The most one reading moves the clock ahead of the previous one.
+pub const MAX_STEP: Span = Span::from_secs(1);
+
+#[derive(Debug, Default)]
+pub struct Clock {
+    /// Added to the wall clock, in nanoseconds.
+    offset: Cell<i128>,
+    /// The last reading: (the wall clock, the clock).
+    last: Cell<Option<(Instant, Instant)>>,
+}
+
+/// The share of the time passing by which the offset shrinks.
+const SLEW_DIVISOR: i128 = 10;
+
+/// Steps of the wall clock the clock absorbed (for a log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Back(Span),
+    Forward(Span),
+}
+
+impl Clock {
+    /// The time now, given the wall clock's reading; the step it absorbed,
+    /// if any.
+    pub fn read(&self, wall: Instant) -> (Instant, Option<Step>) {
+        let mut offset = self.offset.get();
+        if let Some((last_wall, _)) = self.last.get() {
+            // Slew: the offset shrinks by a tenth of the time that passed.
+            let slew = i128::from((wall - last_wall).as_nanos()) / SLEW_DIVISOR;
+            offset = if offset > 0 {
+                (offset - slew).max(0)
+            } else {
+                (offset + slew).min(0)
+            };
+            self.offset.set(offset);
+        }
+        let shifted = i128::from(wall.as_nanos()) + offset;
+        let candidate = Instant::from_nanos(shifted.clamp(0, i128::from(u64::MAX)) as u64);
+        let Some((_, last)) = self.last.get() else {
+            self.last.set(Some((wall, candidate)));
+            return (candidate, None);
+        };
+        let (now, step) = if candidate < last {
+            (last, Some(Step::Back(last - candidate)))
+        } else if candidate - last > MAX_STEP {
+            (
+                last + MAX_STEP,
+                Some(Step::Forward(candidate - last - MAX_STEP)),
+            )
+        } else {
+            (candidate, None)
+        };
+        if step.is_some() {
+            // From now on the wall clock reads as `now` does.
+            self.offset
+                .set(i128::from(now.as_nanos()) - i128::from(wall.as_nanos()));
+        }
+        self.last.set(Some((wall, now)));
+        (now, step)
+    }
+}
+
+/// A host whose clock is the worker's [`Clock`]: everything else goes to
+/// the host it wraps.
+pub struct Clocked<'a, H: ?Sized> {
+    pub host: &'a H,
+    pub clock: &'a Clock,
+}
+
+impl<H: Host + ?Sized> Host for Clocked<'_, H> {
+    fn now(&self) -> Instant {
+        let (now, step) = self.clock.read(self.host.now());
+        if let Some(step) = step {
+            self.host.log(
+                Level::Warn,
+                &format!("sluice: the wall clock stepped ({step:?}); limits keep their own time"),
+            );
+        }
+        now
+    }
+
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.host.shared_get(key)
+    }
+
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.host.shared_set(key, value, cas)
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        self.host.log(level, message);
+    }
+
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        self.host.define_counter(name)
+    }
+
+    fn define_gauge(&self, name: &str) -> Option<u32> {
+        self.host.define_gauge(name)
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        self.host.increment_metric(id, delta);
+    }
+
+    fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
+        self.host.reply(context_id, status, headers, body)
+    }
+
+    fn resume(&self, context_id: u32) -> bool {
+        self.host.resume(context_id)
+    }
+
+    fn set_tick_period(&self, period: Span) {
+        self.host.set_tick_period(period);
+    }
+
+    fn random_bytes(&self, buf: &mut [u8]) -> bool {
+        self.host.random_bytes(buf)
+    }
+
+    fn dispatch_http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Span,
+    ) -> Option<u32> {
+        self.host
+            .dispatch_http_call(cluster, headers, body, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Instant = Instant::from_nanos(1_800_000_000_000_000_000);
+
+    fn ms(n: u64) -> Span {
+        Span::from_millis(n)
+    }
+
+    #[test]
+    fn follows_the_wall_clock_while_it_behaves() {
+        let c = Clock::default();
+        assert_eq!(c.read(T0), (T0, None));
+        assert_eq!(c.read(T0 + ms(100)), (T0 + ms(100), None));
+        assert_eq!(c.read(T0 + ms(900)), (T0 + ms(900), None));
+    }
+
+    #[test]
+    fn a_step_back_is_absorbed_and_time_goes_on() {
+        let c = Clock::default();
+        c.read(T0);
+        let back = T0 - Span::from_secs(3600);
+        assert_eq!(c.read(back), (T0, Some(Step::Back(Span::from_secs(3600)))));
+        // Real time passes on the stepped wall clock; the clock follows it,
+        // a tenth slower while it slews back toward the wall clock.
+        assert_eq!(c.read(back + ms(100)), (T0 + ms(90), None));
+    }
+
+    #[test]
+    fn a_step_forward_moves_at_most_one_step() {
+        let c = Clock::default();
+        c.read(T0);
+        let ahead = T0 + Span::from_secs(3600);
+        let (now, step) = c.read(ahead);
+        assert_eq!(now, T0 + MAX_STEP);
+        assert_eq!(step, Some(Step::Forward(Span::from_secs(3599))));
+        // A tenth faster while it catches up.
+        assert_eq!(c.read(ahead + ms(100)), (T0 + MAX_STEP + ms(110), None));
+    }
+
+    #[test]
+    fn after_a_step_the_clock_slews_back_to_the_wall_clock() {
+        let c = Clock::default();
+        c.read(T0);
+        let ahead = T0 + Span::from_secs(5);
+        c.read(ahead);
+        // Ticks every 100 ms: the 4 s lag shrinks by 10 ms each.
+        let mut wall = ahead;
+        for _ in 0..400 {
+            wall += ms(100);
+            c.read(wall);
+        }
+        assert_eq!(c.read(wall).0, wall, "caught up after 40 s");
+    }
+
+    #[test]
+    fn never_goes_back_whatever_the_wall_clock_does() {
+        let c = Clock::default();
+        let mut last = c.read(T0).0;
+        let mut wall = T0;
+        for i in 0..1000u64 {
+            wall = match i % 7 {
+                0 => wall - Span::from_secs(i),
+                3 => wall + Span::from_secs(i * 10),
+                _ => wall + ms(7),
+            };
+            let (now, _) = c.read(wall);
+            assert!(now >= last);
+            assert!(now - last <= MAX_STEP);
+            last = now;
+        }
+        // Garbage readings do not panic.
+        c.read(Instant::EPOCH);
+        c.read(Instant::MAX);
+    }
+}
