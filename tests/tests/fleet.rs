@@ -564,12 +564,13 @@ async fn replicas_reach_postgres_and_redis_over_tls_with_the_ca_checked() -> any
         .err()
         .map(|e| format!("{e:#}"))
         .unwrap_or_default();
+    // The error and its cause, without the backtrace RUST_BACKTRACE adds.
     let last_line = |log: &str| {
         log.lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .to_string()
+            .filter(|l| l.starts_with("Error:") || l.contains("certificate"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" / ")
     };
     println!(
         "backends over TLS: shares after {shared:?}: {view:?}; Redis with another CA: {}; PostgreSQL with another CA: {}",

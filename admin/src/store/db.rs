@@ -119,7 +119,39 @@ enum Access {
 /// PostgreSQL connections: a small pool, so that one connection being
 /// re-established (the server restarted, failed over) does not hold up
 /// every request, each wait bounded by [`POSTGRES_WAIT`].
-pub type PostgresPool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<MakeRustlsConnect>>;
+pub struct PostgresPool(Option<Pool>);
+
+type Pool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<MakeRustlsConnect>>;
+
+impl PostgresPool {
+    fn get(
+        &self,
+    ) -> Result<
+        r2d2::PooledConnection<r2d2_postgres::PostgresConnectionManager<MakeRustlsConnect>>,
+        StoreError,
+    > {
+        self.0
+            .as_ref()
+            .ok_or(StoreError::Poisoned)?
+            .get()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))
+    }
+}
+
+/// The blocking client closes each connection with a runtime of its own,
+/// which must not run on an async runtime's thread: a store dropped there
+/// (at shutdown, or when a later start step fails) closes them on a
+/// thread of their own.
+impl Drop for PostgresPool {
+    fn drop(&mut self) {
+        let Some(pool) = self.0.take() else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::spawn(move || drop(pool)).join();
+        }
+    }
+}
 
 pub enum Db {
     Sqlite(Mutex<rusqlite::Connection>),
@@ -198,7 +230,7 @@ impl Db {
             .connection_timeout(POSTGRES_WAIT)
             .test_on_check_out(true)
             .build_unchecked(manager);
-        Ok(Db::Postgres(pool))
+        Ok(Db::Postgres(PostgresPool(Some(pool))))
     }
 
     pub fn kind(&self) -> &'static str {
@@ -256,9 +288,7 @@ impl Db {
             }
             Db::Postgres(pool) => {
                 // A connection the pool checked (a dropped one is replaced).
-                let mut client = pool
-                    .get()
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                let mut client = pool.get()?;
                 let mut tx = match access {
                     Access::Read => client
                         .build_transaction()

@@ -31,7 +31,7 @@ pub enum StoreError {
     Invalid(ValidationErrors),
     #[error("database: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("database: {0}")]
+    #[error("database: {}", with_causes(.0))]
     Postgres(#[from] postgres::Error),
     #[error("migrations: {0}")]
     Migration(#[from] rusqlite_migration::Error),
@@ -45,6 +45,23 @@ pub enum StoreError {
     Unavailable(String),
     #[error("database TLS: {0}")]
     Tls(String),
+}
+
+/// An error and what caused it, in one line: PostgreSQL's client says
+/// "db error" or "error performing TLS handshake", and the reason (the
+/// server's message, the certificate problem) is in its source.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 #[derive(Debug, Clone, Serialize)]
