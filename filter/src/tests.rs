@@ -257,7 +257,7 @@ fn each_key_gets_its_own_bucket_and_overflow_is_shared() {
     let admitted = |w: &mut Worker, key: &[u8], ctx: u32| {
         w.on_request(&host, ctx, req(b"x", &[("x-api-key", key)]).as_slice()) == Verdict::Continue
     };
-    let mut admits = |w: &mut Worker, key: &[u8], ctxs: [u32; 3]| {
+    let admits = |w: &mut Worker, key: &[u8], ctxs: [u32; 3]| {
         [
             admitted(w, key, ctxs[0]),
             admitted(w, key, ctxs[1]),
@@ -784,10 +784,17 @@ fn a_cost_above_the_shares_burst_is_refused_even_from_a_full_bucket() {
     w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
     assert_eq!(w.policies().policies[0].share_burst(), Some(2));
     let costly = req(b"api.llm.example", &[("x-cost", b"5")]);
-    assert_eq!(
-        status(&w.on_request(&host, 1, costly.as_slice())),
-        429,
-        "cost 5 never fits a burst of 2"
+    let Verdict::Reply(refused) = w.on_request(&host, 1, costly.as_slice()) else {
+        panic!("cost 5 never fits a burst of 2");
+    };
+    assert_eq!(refused.status, 429);
+    assert!(refused
+        .headers
+        .contains(&("x-sluice-reason", "cost-above-share-burst".to_string())));
+    let body = String::from_utf8_lossy(&refused.body);
+    assert!(
+        body.contains("costs 5") && body.contains("holds (2)"),
+        "{body}"
     );
     let cheap = req(b"api.llm.example", &[("x-cost", b"2")]);
     assert_eq!(w.on_request(&host, 2, cheap.as_slice()), Verdict::Continue);
@@ -964,4 +971,47 @@ fn without_a_random_source_keys_still_get_a_secret_and_the_log_says_it_is_weak()
         host.logs.borrow()
     );
     assert_eq!(key_places(&host).len(), 1);
+}
+
+/// 1 000 keys through a policy of 16 places: shared data holds at most
+/// the 16 places and the overflow bucket, idle places are taken over
+/// (counted as evictions of that policy), nothing else is left behind.
+#[test]
+fn many_keys_reuse_the_policys_places_and_leave_nothing_behind() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "k", "match": {"host": "*"}, "key": {"header": "x-api-key", "max_keys": 16},
+         "rate": {"requests": 10, "period": "1s", "burst": 1}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, policies);
+    let before = host.shared.borrow().len();
+    for i in 0..1_000u32 {
+        let key = format!("tenant-{i}");
+        let extra = [("x-api-key", key.as_bytes())];
+        let r = req(b"x", &extra);
+        let _ = w.on_request(&host, i, r.as_slice());
+        // 10 ms apart: a place is idle again 100 ms after its last call.
+        pass(&host, &mut w, 10);
+    }
+    let places: Vec<String> = host
+        .shared
+        .borrow()
+        .keys()
+        .filter(|k| k.starts_with("sluice/b/k"))
+        .cloned()
+        .collect();
+    assert!(places.len() <= 17, "{places:?}");
+    assert!(host.shared.borrow().len() <= before + 17);
+    let (evicted, overflowed) = (
+        host.metric("sluice.policy.k.key_evictions"),
+        host.metric("sluice.policy.k.key_overflow"),
+    );
+    assert!(
+        evicted > 500,
+        "{evicted} evictions, {overflowed} overflowed"
+    );
+    assert_eq!(
+        evicted + overflowed + 16,
+        1_000,
+        "every key placed or overflowed"
+    );
 }

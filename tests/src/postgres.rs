@@ -134,6 +134,16 @@ impl PostgresServer {
     /// starts it again on the same data and port.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.stop();
+        self.start_again()
+    }
+
+    /// Stops the server (fast shutdown); [`Self::start_again`] brings it back.
+    pub fn stop_for_now(&mut self) {
+        self.stop();
+    }
+
+    /// Starts a stopped server again on the same data and port.
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
         self.child = spawn_server(
             &self.bin,
             &self.user,

@@ -452,7 +452,20 @@ async fn redis_and_postgres_restarts_under_load_cost_seconds_and_never_the_limit
         .iter()
         .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
         .collect();
-    tokio::task::block_in_place(|| postgres.restart())?;
+    tokio::task::block_in_place(|| postgres.stop_for_now());
+    // Meanwhile: /healthz says the store is gone; /metrics, which reads
+    // nothing from it, still answers at once.
+    let asked = Instant::now();
+    let metrics_down = reqwest::get(format!("{base}/metrics"))
+        .await?
+        .status()
+        .as_u16();
+    let metrics_took = asked.elapsed();
+    let health_down = reqwest::get(format!("{base}/healthz"))
+        .await?
+        .status()
+        .as_u16();
+    tokio::task::block_in_place(|| postgres.start_again())?;
     let mut attempt = 0;
     let writes_back = until(Duration::from_secs(5), || {
         attempt += 1;
@@ -483,11 +496,19 @@ async fn redis_and_postgres_restarts_under_load_cost_seconds_and_never_the_limit
     let most = most_in_any_second(&mock);
     let refused_by_provider = mock.rejected_by_mock();
     println!(
+        "backend restarts: with PostgreSQL down /metrics answered {metrics_down} in {metrics_took:?}, /healthz {health_down}"
+    );
+    println!(
         "backend restarts: shares before {shared_before:?}; Redis restarted empty: shares to all {} Envoys again after \
          {shares_back:?} ({redis_errors} syncs without shares meanwhile); PostgreSQL restarted: an edit saved after \
          {writes_back:?}, every Envoy syncing again after {syncs_back:?}; shares after {shared_after:?}; {calls} calls, \
          most in any 1 s {most} (provider limit {PROVIDER_RPS}), refused by the provider {refused_by_provider}",
         OFFERED.len()
+    );
+    assert_eq!((metrics_down, health_down), (200, 503));
+    assert!(
+        metrics_took < Duration::from_millis(500),
+        "{metrics_took:?}"
     );
     assert!(
         shares_back.is_some(),
@@ -592,5 +613,71 @@ async fn replicas_reach_postgres_and_redis_over_tls_with_the_ca_checked() -> any
         "{untrusted_postgres}"
     );
     drop(envoy);
+    Ok(())
+}
+
+/// A call's cost (tokens from a header) can be more than an Envoy's share
+/// of a global limit holds: an idle Envoy's floor of a 300/s policy with a
+/// burst of 30 holds 2. Such a call is refused with the reason, however
+/// full that share's bucket, while a busier Envoy with more room admits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_costing_more_than_an_envoys_share_holds_is_refused_with_the_reason(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    op.create(
+        json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+        "share_lease": "2s", "rate": {"requests": 300, "period": "1s", "burst": 30},
+        "cost": {"header": "x-tokens", "default": 1, "max": 20}}),
+    )
+    .await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let envoys = start_envoys(&mock, &[admin.port])?;
+    // Only the first Envoy is busy; the others keep their floors.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = load::paced_through(&envoys[..1], &[("a", 250)], &stop);
+    let settled = until(Duration::from_secs(8), || async {
+        shares(&op).await.is_ok_and(|s| {
+            s.len() == 3 && s.iter().any(|(n, rate, _)| n == "fleet-a" && *rate > 200.0)
+        })
+    })
+    .await;
+    finish(&stop, load).await;
+    let view = shares(&op).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let http = load::client();
+    let call = |envoy: &Envoy, tokens: &'static str| {
+        http.get(envoy.url("/v1/complete"))
+            .header("host", "api.llm.example")
+            .header("x-tokens", tokens)
+            .send()
+    };
+    let idle = &envoys[2];
+    let costly = call(idle, "5").await?;
+    let costly_status = costly.status().as_u16();
+    let reason = costly
+        .headers()
+        .get("x-sluice-reason")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = costly.text().await?;
+    let cheap = call(idle, "1").await?.status().as_u16();
+    let on_the_busy_one = call(&envoys[0], "5").await?.status().as_u16();
+    println!(
+        "cost above a share: shares settled after {settled:?}: {view:?}; on an idle Envoy a call costing 5 -> {costly_status} \
+         ({reason}: {}), costing 1 -> {cheap}; on the busy Envoy costing 5 -> {on_the_busy_one}",
+        body.trim()
+    );
+    assert!(
+        settled.is_some(),
+        "the busy Envoy never got most of the limit"
+    );
+    assert_eq!(costly_status, 429);
+    assert_eq!(reason, "cost-above-share-burst");
+    assert!(body.contains("costs 5"), "{body}");
+    assert_eq!(cheap, 200);
+    assert_eq!(on_the_busy_one, 200);
     Ok(())
 }

@@ -95,7 +95,12 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                     class.cost
                 ),
             );
-            return self.refuse(policy, LimitKind::Rate, DEFAULT_RETRY);
+            return match self.refuse(policy, LimitKind::Rate, DEFAULT_RETRY) {
+                Decision::Refuse(reply) => {
+                    Decision::Refuse(above_share_burst(reply, policy, class.cost, burst))
+                }
+                other => other,
+            };
         }
         let key: PrefetchKey = (class.policy_index, class.key);
         let cost = policy.rate.is_some().then_some(class.cost);
@@ -190,6 +195,31 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         self.metrics.add(name, PolicyStat::Rejected, 1);
         Decision::Refuse(rejection(policy, kind, retry_after))
     }
+}
+
+/// Header naming why a call was refused when the limit alone does not say.
+pub const REASON_HEADER: &str = "x-sluice-reason";
+
+/// The refusal of a call costing more than this Envoy's share of a global
+/// policy can ever hold: the caller is told so (retrying the same call
+/// here fails until the share grows), unless the policy has its own body.
+fn above_share_burst(
+    mut reply: LocalReply,
+    policy: &CompiledPolicy,
+    cost: u64,
+    burst: u64,
+) -> LocalReply {
+    reply
+        .headers
+        .push((REASON_HEADER, "cost-above-share-burst".to_string()));
+    if policy.policy.on_limit.body.is_none() {
+        reply.body = format!(
+            "refused by sluice policy {}: this call costs {cost}, more than this Envoy's share of the global limit holds ({burst})\n",
+            policy.name()
+        )
+        .into_bytes();
+    }
+    reply
 }
 
 /// The local reply refusing a request of `policy`.
