@@ -191,7 +191,7 @@ impl Ledgers {
                 "the fleet ledger is gone (Redis restarted or failed over, or this admin restarted): \
                  shares held by Envoys are learned back from their syncs"
             );
-            ledger.lost(terms, now);
+            ledger.lost();
         }
         ledger
     }

@@ -28,7 +28,7 @@ pub const POLICY_SET_KEY: &str = "sluice/policyset";
 pub const POLICY_VERSION_KEY: &str = "sluice/policyset/version";
 
 /// Longest wait between attempts while the admin keeps failing.
-const MAX_BACKOFF: Span = Span::from_secs(30);
+const MAX_BACKOFF: Span = Span::from_secs(5);
 /// Larger answers are refused unread.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
@@ -107,7 +107,8 @@ pub fn claim_turn<H: Host + ?Sized>(
         .unwrap_or(false)
 }
 
-/// After a sync: a failure pushes the next turn back, doubling up to 30 s;
+/// After a sync: a failure pushes the next turn back, doubling up to 5 s
+/// (so syncs resume within 5 s of the admin answering again);
 /// a success clears the backoff.
 pub fn finish_turn<H: Host + ?Sized>(
     host: &H,
@@ -360,9 +361,9 @@ mod tests {
             "a second VM waits"
         );
         assert!(claim_turn(&host, &mut store, at(11), SEC));
-        // Three failures: 2 s, 4 s, 8 s.
+        // Three failures: 2 s, 4 s, then the cap of 5 s.
         let mut now = at(11);
-        for expected in [2, 4, 8] {
+        for expected in [2, 4, 5] {
             finish_turn(&host, &mut store, now, SEC, false);
             assert!(!claim_turn(
                 &host,
@@ -377,12 +378,16 @@ mod tests {
             finish_turn(&host, &mut store, now, SEC, false);
         }
         assert!(
-            claim_turn(&host, &mut store, now + secs(30), SEC),
-            "backoff stops at 30 s"
+            !claim_turn(&host, &mut store, now + secs(5) - Span::from_nanos(1), SEC),
+            "backing off"
         );
-        finish_turn(&host, &mut store, now + secs(30), SEC, true);
         assert!(
-            claim_turn(&host, &mut store, now + secs(31), SEC),
+            claim_turn(&host, &mut store, now + secs(5), SEC),
+            "backoff stops at 5 s"
+        );
+        finish_turn(&host, &mut store, now + secs(5), SEC, true);
+        assert!(
+            claim_turn(&host, &mut store, now + secs(6), SEC),
             "success: back to the interval"
         );
     }

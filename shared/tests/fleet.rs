@@ -4,10 +4,11 @@
 //! never sums past the limit, and when every answer arrives the shares
 //! settle on the targets.
 //!
-//! The one assumption (stated in the module docs): a live instance reaches
-//! the admin at least once every one and a half lease periods. Longer than
-//! that is a partition, where the admin gives a silent instance's share
-//! away.
+//! The one assumption (stated in the module docs): while the admin serves
+//! the others, a live instance reaches it at least once every one and a
+//! half lease periods. Longer than that is a partition, where the admin
+//! gives a silent instance's share away. An outage of the admin itself
+//! (nobody reaches it) is no partition, and is among the rounds.
 
 use proptest::prelude::*;
 use sluice_shared::fleet::{allocate, share_in_force, Amount, Demand, FleetTerms, Ledger, Share};
@@ -48,6 +49,9 @@ struct Round {
     dies: Option<usize>,
     /// The ledger is lost before this round's syncs.
     ledger_lost: bool,
+    /// The admin is out of reach for this long before this round (its
+    /// database down): no sync reaches it.
+    outage_ms: Option<u64>,
 }
 
 fn rounds() -> impl Strategy<Value = Vec<Round>> {
@@ -66,12 +70,14 @@ fn rounds() -> impl Strategy<Value = Vec<Round>> {
         prop::collection::vec(turn, N),
         prop::option::weighted(0.03, 0..N),
         prop::bool::weighted(0.05),
+        prop::option::weighted(0.05, 2_000u64..10_000),
     )
-        .prop_map(|(wait_ms, turns, dies, ledger_lost)| Round {
+        .prop_map(|(wait_ms, turns, dies, ledger_lost, outage_ms)| Round {
             wait_ms,
             turns,
             dies,
             ledger_lost,
+            outage_ms,
         });
     prop::collection::vec(round, 1..80)
 }
@@ -83,11 +89,24 @@ struct Instance {
     last_reached_ms: u64,
 }
 
+/// The admin's clock reads nanoseconds; `now` is in milliseconds.
+fn at(now_ms: u64) -> Instant {
+    Instant::from_nanos(now_ms * 1_000_000 + 654_321)
+}
+
+/// A share as an Envoy reports it back: its id is whole milliseconds.
+fn as_reported(share: Share) -> Share {
+    Share {
+        expires_at: Instant::from_millis(share.id()),
+        ..share
+    }
+}
+
 fn enforced(instances: &[Instance], now: u64) -> Amount {
     instances
         .iter()
         .filter(|i| i.alive)
-        .map(|i| share_in_force(i.newest, TERMS.limit, Instant::from_millis(now)))
+        .map(|i| share_in_force(i.newest, TERMS.limit, at(now)))
         .fold(Amount::default(), |acc, s| Amount {
             rate: acc.rate + s.rate,
             in_flight: acc.in_flight + s.in_flight,
@@ -113,6 +132,18 @@ proptest! {
             .collect();
         let mut now = 0u64;
         for round in rounds {
+            if let Some(outage) = round.outage_ms {
+                // Nothing reaches the admin; what the instances enforce
+                // (their fallbacks, once leases lapse) must hold meanwhile.
+                for step in (0..outage).step_by(250) {
+                    let sum = enforced(&instances, now + step);
+                    prop_assert!(within_limit(sum), "{sum:?} during an outage");
+                }
+                now += outage;
+                for inst in &mut instances {
+                    inst.last_reached_ms = now;
+                }
+            }
             now += round.wait_ms;
             if let Some(d) = round.dies {
                 instances[d].alive = false;
@@ -120,7 +151,7 @@ proptest! {
             if round.ledger_lost {
                 // Redis restarted empty; the admin finds the ledger gone.
                 ledger = Ledger::default();
-                ledger.lost(&TERMS, Instant::from_millis(now));
+                ledger.lost();
             }
             for (i, turn) in round.turns.iter().enumerate() {
                 let inst = &mut instances[i];
@@ -136,8 +167,8 @@ proptest! {
                     &TERMS,
                     inst.name,
                     turn.demand,
-                    inst.newest,
-                    Instant::from_millis(now),
+                    inst.newest.map(as_reported),
+                    at(now),
                 );
                 if turn.answered {
                     inst.newest = Some(share);
@@ -166,7 +197,7 @@ proptest! {
         for _ in 0..3 {
             for (i, name) in ["a", "b", "c"].iter().enumerate() {
                 now += 100;
-                newest[i] = Some(ledger.sync(&TERMS, name, demands[i], newest[i], Instant::from_millis(now)));
+                newest[i] = Some(ledger.sync(&TERMS, name, demands[i], newest[i].map(as_reported), at(now)));
             }
         }
         let targets = allocate(TERMS.limit, TERMS.floor_fraction, &demands);

@@ -453,9 +453,11 @@ async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Res
             passed,
             "{file}: admitted calls reach the API (routed whatever the port)"
         );
-        assert_eq!(
-            count(&without_port, 200),
-            10,
+        // The host's own policy (burst 10, less what lapsed prefetches
+        // strand), not the host:port one (burst 1).
+        let least = burst_less_stranded_prefetches(10);
+        assert!(
+            (least..=10).contains(&count(&without_port, 200)),
             "{file}: the host's own policy"
         );
     }

@@ -129,10 +129,12 @@ impl Member {
 ///
 /// The record can be lost while Envoys still enforce what it held: Redis
 /// restarted without persistence, failed over to a replica behind it, or
-/// the admin restarted with its ledgers in memory. Handing out the whole
-/// limit again then would add to the shares still running. So a ledger
-/// that learns it lost shares (the admin found it gone, or an Envoy names a
-/// running share it has no record of) recovers for one lease and a half,
+/// the admin restarted with its ledgers in memory; or no instance reached
+/// the admin for longer than a lease, so it forgot the ones whose
+/// fallbacks still run. Handing out the whole limit again then would add
+/// to the shares still enforced. So a ledger that learns it lost shares
+/// (the admin found it gone, an Envoy names a running share it has no
+/// record of, or nobody synced for a lease) recovers for one lease and a half,
 /// as long as any lost share may be in force: it records the shares the
 /// Envoys say they hold, gives none of them more than that, and gives
 /// nothing to an instance that holds nothing. Afterwards every share it did
@@ -143,18 +145,25 @@ pub struct Ledger {
     /// Until when it recovers from a loss (EPOCH: not recovering).
     #[serde(default, rename = "recovering_until_ms", with = "millis")]
     recovering_until: Instant,
+    /// When any instance last synced.
+    #[serde(default, rename = "last_sync_ms", with = "millis")]
+    last_sync: Instant,
+    /// Found lost, and no sync since: the recovery starts at the next one.
+    #[serde(default)]
+    lost: bool,
 }
 
 impl Ledger {
     /// The admin found this ledger gone though it had seen it: every share
-    /// it held may still be in force.
-    pub fn lost(&mut self, terms: &FleetTerms, now: Instant) {
-        self.recover_until(terms, now);
+    /// it held may still be in force. Recovery lasts from the next sync
+    /// (the admin may be out of reach until then) for a lease and a half.
+    pub fn lost(&mut self) {
+        self.lost = true;
     }
 
     /// Whether it is recovering from a loss at `now`.
     pub fn recovering(&self, now: Instant) -> bool {
-        now < self.recovering_until
+        self.lost || now < self.recovering_until
     }
 
     fn recover_until(&mut self, terms: &FleetTerms, now: Instant) {
@@ -173,11 +182,24 @@ impl Ledger {
         held: Option<Share>,
         now: Instant,
     ) -> Share {
+        let silent = self.last_sync > Instant::EPOCH && now - self.last_sync > terms.lease;
+        if self.lost || silent {
+            // Lost, or nobody synced for a lease: the admin was out of
+            // reach (its database down, say), not one instance. Every share
+            // may have lapsed to its fallback, which the instances still
+            // enforce, and the silent ones are about to be forgotten. Each
+            // live instance syncs within a lease and a half of the admin
+            // answering again; until then nobody grows.
+            self.recover_until(terms, now);
+            self.lost = false;
+        }
+        self.last_sync = self.last_sync.max(now);
         self.forget_gone(terms, now);
+        // By id: on the wire (and in Redis) expiries are whole milliseconds.
         let known = held.is_none_or(|h| {
             self.members
                 .get(instance)
-                .is_some_and(|m| m.shares.iter().any(|s| s.expires_at == h.expires_at))
+                .is_some_and(|m| m.shares.iter().any(|s| s.id() == h.id()))
         });
         let member = self.members.entry(instance.to_string()).or_default();
         member.demand = demand;
@@ -206,9 +228,8 @@ impl Ledger {
         // Answers arrive in order: shares older than the newest it has are
         // ones it will never apply again.
         if let Some(held) = held {
-            member
-                .shares
-                .retain(|s| s.expires_at >= held.expires_at.min(now + terms.lease));
+            let newest = held.id().min((now + terms.lease).as_millis());
+            member.shares.retain(|s| s.id() >= newest);
         }
         // Shares go to the instances that are syncing; the silent ones
         // keep only their reservations until those end.
@@ -506,7 +527,7 @@ mod tests {
 
         // Lost at 100 ms; the admin knows it (it had written it).
         let mut ledger = Ledger::default();
-        ledger.lost(&TERMS, t(100));
+        ledger.lost();
         assert!(ledger.recovering(t(100)));
         // a now asks for everything: it keeps what it has, no more.
         let a2 = ledger.sync(&TERMS, "a", wants(1000.0, 100), Some(a1), t(120));
@@ -578,9 +599,65 @@ mod tests {
         assert_eq!(in_flight(&a), 100);
         assert!(a.amount.rate <= LIMIT.rate);
         assert!(!ledger.recovering(t(100 + 3_000)));
-        // Once a's claimed lease has run out (at most a lease from the
-        // claim) and the grace after it, b gets room again.
-        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(100 + 4_000));
+        // b syncs all along. Once a's claimed lease has run out (at most a
+        // lease from the claim) and the grace after it, b gets room.
+        let mut b = None;
+        for at in (300..=3_300).step_by(200) {
+            b = Some(ledger.sync(&TERMS, "b", wants(500.0, 50), b, t(at)));
+        }
+        let b = b.unwrap_or_else(|| unreachable!());
         assert!(in_flight(&b) > 0, "{b:?}");
+    }
+
+    /// The admin's clock has nanoseconds; a share's id (what the Envoy
+    /// echoes) has milliseconds. A share known by its id is known.
+    #[test]
+    fn a_share_echoed_by_its_id_is_recognised() {
+        let mut ledger = Ledger::default();
+        let at = |ms: u64| Instant::from_nanos(ms * 1_000_000 + 123_456);
+        let echo = |s: Share| Share {
+            expires_at: Instant::from_millis(s.id()),
+            ..s
+        };
+        let a = ledger.sync(&TERMS, "a", wants(500.0, 50), None, at(0));
+        assert_ne!(echo(a).expires_at, a.expires_at);
+        let a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(echo(a)), at(200));
+        assert!(
+            !ledger.recovering(at(200)),
+            "its own share taken for a lost one"
+        );
+        ledger.sync(&TERMS, "a", wants(500.0, 50), Some(echo(a)), at(400));
+        assert!(!ledger.recovering(at(400)));
+        // b gets the room a gives up, as without the rounding.
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, at(410));
+        let a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(echo(a)), at(600));
+        let a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(echo(a)), at(800));
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(echo(b)), at(810));
+        assert_eq!((in_flight(&a), in_flight(&b)), (50, 50), "{a:?} {b:?}");
+    }
+
+    /// Nobody reaches the admin for three seconds (its database down): the
+    /// shares lapse to their fallbacks, which the Envoys enforce. The first
+    /// Envoy back must not get the room of the others, forgotten meanwhile.
+    #[test]
+    fn after_an_admin_outage_the_first_envoy_back_does_not_take_the_others_room() {
+        let mut ledger = Ledger::default();
+        let mut a = ledger.sync(&TERMS, "a", wants(800.0, 80), None, t(0));
+        let mut b = ledger.sync(&TERMS, "b", wants(800.0, 80), None, t(10));
+        for round in 1..=3 {
+            a = ledger.sync(&TERMS, "a", wants(800.0, 80), Some(a), t(round * 200));
+            b = ledger.sync(&TERMS, "b", wants(800.0, 80), Some(b), t(round * 200 + 10));
+        }
+        assert_eq!((in_flight(&a), in_flight(&b)), (50, 50));
+        // Silent from 610 ms to 4 000 ms: both enforce min(50, 100 / 2).
+        let a_back = ledger.sync(&TERMS, "a", wants(800.0, 80), Some(a), t(4_000));
+        assert!(ledger.recovering(t(4_000)));
+        assert_eq!(
+            in_flight(&a_back),
+            50,
+            "a keeps its fallback's room, no more"
+        );
+        let b_back = ledger.sync(&TERMS, "b", wants(800.0, 80), Some(b), t(4_100));
+        assert_eq!(in_flight(&b_back), 50);
     }
 }
