@@ -25,6 +25,24 @@ struct Session {
     set_cookie: String,
 }
 
+/// Serves `state` on a free local port until the test ends.
+async fn serve(state: Arc<AppState>, dir: tempfile::TempDir, db: std::path::PathBuf) -> Admin {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sluice_admin::serve(
+        listener,
+        state,
+        None,
+        std::future::pending(),
+    ));
+    Admin {
+        base,
+        http: reqwest::Client::new(),
+        _dir: dir,
+        db,
+    }
+}
+
 async fn start() -> Admin {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("sluice.db");
@@ -53,20 +71,7 @@ async fn start_configured(
         Some(SYNC_TOKEN.into()),
         secure_cookies,
     )));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(sluice_admin::serve(
-        listener,
-        state,
-        None,
-        std::future::pending(),
-    ));
-    Admin {
-        base,
-        http: reqwest::Client::new(),
-        _dir: dir,
-        db,
-    }
+    serve(state, dir, db).await
 }
 
 impl Admin {
@@ -910,20 +915,7 @@ async fn start_insecure(allowed_hosts: &[&str]) -> Admin {
         AppState::new(store, Credentials::InsecureDev, None, false)
             .with_allowed_hosts(allowed_hosts.iter().map(|h| h.to_string()).collect()),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(sluice_admin::serve(
-        listener,
-        state,
-        None,
-        std::future::pending(),
-    ));
-    Admin {
-        base,
-        http: reqwest::Client::new(),
-        _dir: dir,
-        db,
-    }
+    serve(state, dir, db).await
 }
 
 /// Without a login, a page on another site could point its own DNS name

@@ -105,6 +105,14 @@ impl AdminProcess {
         Self::start_with_args(db, port, ui_dir, log_path, &[]).await
     }
 
+    /// On a free port with its database and log (`sluice.db`,
+    /// `admin.log`) in `dir`, and more command-line arguments.
+    pub async fn start_in(dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        let port = crate::envoy::free_port()?;
+        let (db, log) = (dir.join("sluice.db"), dir.join("admin.log"));
+        Self::start_with_args(&db, port, None, &log, extra).await
+    }
+
     /// With more command-line arguments (`--redis-url ...`).
     pub async fn start_with_args(
         db: &Path,

@@ -27,16 +27,7 @@ fn binary() -> String {
 impl RedisServer {
     pub fn start() -> anyhow::Result<Self> {
         let port = free_port()?;
-        let args = vec![
-            "--port".to_string(),
-            port.to_string(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            String::new(),
-            "--appendonly".into(),
-            "no".into(),
-        ];
+        let args = vec!["--port".to_string(), port.to_string()];
         Self::launch(port, args, None)
     }
 
@@ -57,17 +48,16 @@ impl RedisServer {
             path(ca),
             "--tls-auth-clients".into(),
             "no".into(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            String::new(),
-            "--appendonly".into(),
-            "no".into(),
         ];
         Self::launch(port, args, Some(ca.to_path_buf()))
     }
 
-    fn launch(port: u16, args: Vec<String>, tls_ca: Option<PathBuf>) -> anyhow::Result<Self> {
+    /// Starts redis-server with `args`, local only and keeping nothing on
+    /// disk.
+    fn launch(port: u16, mut args: Vec<String>, tls_ca: Option<PathBuf>) -> anyhow::Result<Self> {
+        for arg in ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"] {
+            args.push(arg.to_string());
+        }
         let child = spawn(&args)?;
         let mut server = Self {
             child,

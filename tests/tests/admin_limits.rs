@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminProcess, SYNC_TOKEN};
-use sluice_e2e::envoy::{free_port, Envoy};
+use sluice_e2e::envoy::Envoy;
 use sluice_e2e::procinfo::rss_mib;
 
 /// A counter from the admin's `/metrics`.
@@ -32,14 +32,8 @@ async fn admin_metric(admin: &AdminProcess, name: &str) -> anyhow::Result<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_storm_checks_a_handful_of_passwords_and_starves_no_sync() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let port = free_port()?;
-    let admin = AdminProcess::start(
-        &dir.path().join("sluice.db"),
-        port,
-        None,
-        &dir.path().join("admin.log"),
-    )
-    .await?;
+    let admin = AdminProcess::start_in(dir.path(), &[]).await?;
+    let port = admin.port;
     admin
         .login()
         .await?
@@ -141,15 +135,7 @@ async fn a_login_storm_checks_a_handful_of_passwords_and_starves_no_sync() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_instance_ids_keep_the_admins_memory_flat() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let port = free_port()?;
-    let admin = AdminProcess::start_with_args(
-        &dir.path().join("sluice.db"),
-        port,
-        None,
-        &dir.path().join("admin.log"),
-        &["--instance-ttl", "3s"],
-    )
-    .await?;
+    let admin = AdminProcess::start_in(dir.path(), &["--instance-ttl", "3s"]).await?;
     let op = admin.login().await?;
     for name in ["bank", "llm", "fx", "maps"] {
         op.create(

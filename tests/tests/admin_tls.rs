@@ -21,12 +21,9 @@ fn plugin(instance: &str) -> String {
 async fn envoys_sync_over_tls_and_a_wrong_certificate_fails_visibly() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let tls_dir = dir.path().join("tls");
-    let (port, tls_port) = (free_port()?, free_port()?);
-    let admin = AdminProcess::start_with_args(
-        &dir.path().join("sluice.db"),
-        port,
-        None,
-        &dir.path().join("admin.log"),
+    let tls_port = free_port()?;
+    let admin = AdminProcess::start_in(
+        dir.path(),
         &[
             "--tls-listen",
             &format!("127.0.0.1:{tls_port}"),
@@ -104,15 +101,12 @@ async fn envoys_sync_over_tls_and_a_wrong_certificate_fails_visibly() -> anyhow:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_cannot_hold_the_admins_connections() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let port = free_port()?;
-    let admin = AdminProcess::start_with_args(
-        &dir.path().join("sluice.db"),
-        port,
-        None,
-        &dir.path().join("admin.log"),
+    let admin = AdminProcess::start_in(
+        dir.path(),
         &["--max-connections", "100", "--header-read-timeout", "1s"],
     )
     .await?;
+    let port = admin.port;
     let mut slow = Vec::new();
     for _ in 0..200 {
         let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
