@@ -375,7 +375,16 @@ impl BucketState {
 
     /// Admits `holder`'s waiters that reached the head of the queue and fit
     /// the limits now. Returns their tickets, in the order admitted.
-    pub fn poll(&mut self, limits: &BucketLimits, holder: u64, now: Instant) -> Vec<u64> {
+    /// `previous_poll` is when `holder` last polled: a rate turn that came
+    /// before it, without the waiter being admitted then, was held up by
+    /// another limit, and is not charged as of that earlier instant.
+    pub fn poll(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        previous_poll: Instant,
+        now: Instant,
+    ) -> Vec<u64> {
         self.leases.reclaim_expired(now);
         let mut admitted = Vec::new();
         while let Some(head) = self.waiters.iter().min_by_key(|w| w.rank()).copied() {
@@ -385,7 +394,7 @@ impl BucketState {
             }
             // A waiter whose turn came before its deadline still goes, even
             // when the tick that notices it comes a little late.
-            let rate_at = self.turn_of(limits, &head, now);
+            let rate_at = self.turn_of(limits, &head, previous_poll, now);
             let admissible = head.holder == holder
                 && !(expired && rate_at > head.deadline)
                 && self
@@ -404,15 +413,26 @@ impl BucketState {
 
     /// The instant the head waiter's rate turn came, if it has come: the
     /// rate limit is charged as of then, not as of the tick that noticed it,
-    /// so a late tick does not push every later turn back.
-    fn turn_of(&self, limits: &BucketLimits, head: &Waiter, now: Instant) -> Instant {
+    /// so a late tick does not push every later turn back. Never earlier
+    /// than the holder's previous poll: a waiter whose turn had come by then
+    /// but who still waited (for a concurrency slot) leaves now, and
+    /// charging it as of its old turn would let every such waiter catch up
+    /// at once, faster than the rate.
+    fn turn_of(
+        &self,
+        limits: &BucketLimits,
+        head: &Waiter,
+        previous_poll: Instant,
+        now: Instant,
+    ) -> Instant {
         let (Some(limiter), Some(queue)) = (&limits.rate, &limits.queue) else {
             return now;
         };
         let enqueued_at = (head.deadline - queue.max_wait).min(now);
+        let earliest = enqueued_at.max(previous_poll).min(now);
         let mut projected = self.rate_state(limiter);
         match limiter.reserve(&mut projected, enqueued_at, head.cost, Span::MAX) {
-            Reservation::At { instant } => instant.clamp(enqueued_at, now),
+            Reservation::At { instant } => instant.clamp(earliest, now),
             Reservation::Deny { .. } => now,
         }
     }
@@ -629,9 +649,9 @@ mod tests {
         assert_eq!((admitted_now, queued, rejected), (1, 100, 49));
         // Each worker polls every millisecond; turns come every 20 ms, in ticket order.
         let mut released = Vec::new();
-        for t in 0..=2000 {
+        for t in 0..=2000u64 {
             for holder in 1..=4 {
-                for ticket in b.poll(&limits, holder, T0 + ms(t)) {
+                for ticket in b.poll(&limits, holder, T0 + ms(t.saturating_sub(1)), T0 + ms(t)) {
                     released.push((t, ticket));
                 }
             }
@@ -659,8 +679,8 @@ mod tests {
         // Ticks 7 ms apart: each release is up to 7 ms late, but the turns
         // stay on the 20 ms grid, so every queued request makes its deadline.
         let mut released = Vec::new();
-        for t in (0..=2100).step_by(7) {
-            for _ in b.poll(&limits, 1, T0 + ms(t)) {
+        for t in (0..=2100u64).step_by(7) {
+            for _ in b.poll(&limits, 1, T0 + ms(t.saturating_sub(7)), T0 + ms(t)) {
                 released.push(t);
             }
         }
@@ -669,6 +689,51 @@ mod tests {
             let turn = 20 * (i as u64 + 1);
             assert!((turn..turn + 7).contains(t), "turn {i} at {t} ms");
         }
+    }
+
+    /// The defect of issue 16: 20/s (burst 1) and 5 in flight, queued.
+    /// The first 5 calls hold their slots for a second; the waiters' rate
+    /// turns come and go meanwhile. When the slots come back, the waiters
+    /// must still leave at the rate, not all at once as of their old turns.
+    #[test]
+    fn waiters_held_up_by_slots_still_leave_at_the_rate() {
+        let mut limits = rate_queue(20, SEC.saturating_mul(10));
+        limits.concurrency = Some(ConcurrencyLimit {
+            max_in_flight: 5,
+            reserved_for_high: 0,
+            lease_ttl: SEC.saturating_mul(60),
+        });
+        let mut b = BucketState::new(0);
+        let mut admitted_at: Vec<u64> = Vec::new();
+        let mut ends: Vec<u64> = Vec::new();
+        // The first five calls take a second each, the others 10 ms.
+        let admit = |admitted_at: &mut Vec<u64>, ends: &mut Vec<u64>, t: u64| {
+            let held = if admitted_at.len() < 5 { 1_000 } else { 10 };
+            admitted_at.push(t);
+            ends.push(t + held);
+        };
+        for t in 0..=6_000u64 {
+            let now = T0 + ms(t);
+            while let Some(i) = ends.iter().position(|end| *end == t) {
+                ends.swap_remove(i);
+                assert!(b.release(1, b.lease_of(1).unwrap()));
+            }
+            if t < 40 {
+                match b.admit(&limits, 1, now, 1, Priority::Normal) {
+                    Admission::Admitted { .. } => admit(&mut admitted_at, &mut ends, t),
+                    Admission::Queued { .. } => {}
+                    Admission::Rejected { .. } => panic!("refused at {t} ms"),
+                }
+            }
+            for _ in b.poll(&limits, 1, T0 + ms(t.saturating_sub(1)), now) {
+                admit(&mut admitted_at, &mut ends, t);
+            }
+        }
+        assert_eq!(admitted_at.len(), 40, "every waiter left in time");
+        // A rate of 20/s with a burst of 1: releases at least 50 ms apart,
+        // but for the poll period (a turn may be noticed 1 ms late).
+        let gaps: Vec<u64> = admitted_at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.iter().all(|g| *g >= 49), "release gaps {gaps:?} ms");
     }
 
     #[test]
@@ -725,30 +790,30 @@ mod tests {
             Admission::Queued { ticket: 2, .. }
         ));
         assert_eq!(
-            b.poll(&limits, 1, T0),
+            b.poll(&limits, 1, T0, T0),
             Vec::<u64>::new(),
             "head is holder 2's"
         );
         assert!(b.release(1, b.lease_of(1).unwrap()));
-        assert_eq!(b.poll(&limits, 2, T0), vec![2]);
+        assert_eq!(b.poll(&limits, 2, T0, T0), vec![2]);
         assert_eq!(
-            b.poll(&limits, 2, T0),
+            b.poll(&limits, 2, T0, T0),
             Vec::<u64>::new(),
             "ticket 0 is next, and it is holder 1's"
         );
         assert_eq!(
-            b.poll(&limits, 1, T0),
+            b.poll(&limits, 1, T0, T0),
             Vec::<u64>::new(),
             "normal requests stop one short of 3"
         );
         assert!(b.release(2, b.lease_of(2).unwrap()));
         assert_eq!(
-            b.poll(&limits, 1, T0),
+            b.poll(&limits, 1, T0, T0),
             Vec::<u64>::new(),
             "2 in flight is still the normal ceiling"
         );
         assert!(b.release(2, b.lease_of(2).unwrap()));
-        assert_eq!(b.poll(&limits, 1, T0), vec![0]);
+        assert_eq!(b.poll(&limits, 1, T0, T0), vec![0]);
         assert_eq!(b.leases.in_flight(), 2);
     }
 
@@ -775,10 +840,13 @@ mod tests {
             Admission::Queued { .. }
         ));
         assert_eq!(
-            b.poll(&limits, 2, T0 + Span::from_nanos(10)),
+            b.poll(&limits, 2, T0, T0 + Span::from_nanos(10)),
             Vec::<u64>::new()
         );
-        assert_eq!(b.poll(&limits, 2, T0 + SEC + Span::from_nanos(1)), vec![1]);
+        assert_eq!(
+            b.poll(&limits, 2, T0, T0 + SEC + Span::from_nanos(1)),
+            vec![1]
+        );
     }
 
     #[test]

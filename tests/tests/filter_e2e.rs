@@ -533,3 +533,88 @@ async fn e2e_7_prometheus_stats_match_the_mock() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A queued call must hold every limit of its policy when it is released,
+/// not only the one it waited for. A provider that allows 20 calls per
+/// calendar second and 5 in flight, a policy of exactly that (20/s, burst
+/// 1, 5 in flight, queued), 50 clients with calls of 50-450 ms: the
+/// concurrency limit holds waiters back while their rate turns pass, and
+/// when slots come back they must still leave at the rate (issue 16: the
+/// provider saw 25-29 calls in one second and refused 8-19 of 400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_8_queued_calls_hold_rate_and_concurrency_when_released() -> anyhow::Result<()> {
+    let provider = MockLimits {
+        max_per_second: 20,
+        max_in_flight: 5,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, provider).await?;
+    let envoy = Envoy::start(
+        &config(
+            r#"{"name": "llm", "match": {"host": "api.llm.example"},
+                "rate": {"requests": 20, "period": "1s", "burst": 1},
+                "concurrency": {"max_in_flight": 5},
+                "on_limit": {"action": "queue", "max_wait": "20s"}}"#,
+        ),
+        mock.addr.port(),
+        WORKERS,
+    )?;
+    mock.reset();
+    const CLIENTS: u64 = 50;
+    const CALLS_EACH: u64 = 8;
+    let url = envoy.url("/v1/chat");
+    let origin = Instant::now();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let http = load::client();
+                let mut out = Vec::new();
+                for call in 0..CALLS_EACH {
+                    // 50-450 ms, 250 ms on average: 5 slots carry 20/s
+                    // only just, so the slots and the rate take turns
+                    // holding calls back.
+                    let delay = 50 + (client * 37 + call * 101) % 401;
+                    let request = http
+                        .get(&url)
+                        .header("host", "api.llm.example")
+                        .header("x-mock-delay-ms", delay.to_string());
+                    out.push(load::send(request, origin).await);
+                }
+                out
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.extend(t.await?);
+    }
+    let took = origin.elapsed();
+    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let seconds = arrivals.last().map_or(0, |a| a.as_secs() + 1);
+    let per_second: Vec<usize> = (0..seconds)
+        .map(|s| arrivals.iter().filter(|a| a.as_secs() == s).count())
+        .collect();
+    let busiest = per_second.iter().copied().max().unwrap_or(0);
+    let (ok, limited) = (count(&outcomes, 200), count(&outcomes, 429));
+    let full_seconds = &per_second[..per_second.len().saturating_sub(1)];
+    let mean = full_seconds.iter().sum::<usize>() as f64 / full_seconds.len().max(1) as f64;
+    println!(
+        "e2e 8 rate + concurrency, queued: {} calls in {took:.1?}: {ok} × 200, {limited} × 429; \
+         the provider saw per calendar second {per_second:?} (most {busiest}, limit 20; \
+         {mean:.1}/s over its full seconds), at most {} in flight (limit 5), and refused {}",
+        outcomes.len(),
+        mock.max_in_flight(),
+        mock.rejected_by_mock(),
+    );
+    assert_eq!(mock.rejected_by_mock(), 0, "the provider refused calls");
+    assert!(busiest <= 20, "{busiest} calls in one second");
+    assert!(mock.max_in_flight() <= 5);
+    assert_eq!(
+        ok,
+        (CLIENTS * CALLS_EACH) as usize,
+        "every call got through"
+    );
+    // 5 slots of 250 ms calls carry 20/s at most: most of it is used.
+    assert!(mean >= 14.0, "only {mean:.1}/s used");
+    Ok(())
+}

@@ -28,7 +28,7 @@ use std::rc::Rc;
 
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
-use sluice_shared::time::Span;
+use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};
@@ -66,6 +66,8 @@ pub struct Worker {
     clock: Rc<Clock>,
     /// What keys are hashed with; the same in every VM of the process.
     key_secret: KeySecret,
+    /// When this worker last polled its queues (the previous tick).
+    last_queue_poll: Instant,
 }
 
 impl Worker {
@@ -86,6 +88,7 @@ impl Worker {
             shares: FleetShares::default(),
             clock: Rc::new(Clock::default()),
             key_secret,
+            last_queue_poll: Instant::EPOCH,
         }
     }
 
@@ -258,6 +261,7 @@ impl Worker {
 
     fn tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
         let now = host.now();
+        let previous_poll = std::mem::replace(&mut self.last_queue_poll, now);
         let actions = queue::serve(
             host,
             &mut self.store,
@@ -266,7 +270,7 @@ impl Worker {
             &mut self.prefetches,
             &Rc::clone(&self.policies),
             self.holder,
-            now,
+            (previous_poll, now),
         );
         for spare in self.prefetches.prune(now) {
             streams::give_back(host, &mut self.store, self.holder, spare);

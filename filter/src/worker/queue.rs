@@ -1,6 +1,8 @@
 //! Turns for queued streams: on each tick a worker polls the buckets its
 //! streams wait in, resumes the ones whose turn came (the bucket keeps one
-//! FIFO for every worker), and refuses the ones whose wait ran out.
+//! FIFO for every worker), and refuses the ones whose wait ran out. The
+//! previous tick's instant goes with each poll: a waiter is never charged
+//! to the rate as of earlier than that (see `BucketState::poll`).
 
 use sluice_shared::bucket::BucketLimits;
 use sluice_shared::headers::LimitKind;
@@ -30,7 +32,7 @@ pub(super) fn serve<H: Host + ?Sized>(
     prefetches: &mut Prefetches,
     policies: &CompiledPolicySet,
     holder: u64,
-    now: Instant,
+    (previous_poll, now): (Instant, Instant),
 ) -> Vec<StreamAction> {
     let mut actions = Vec::new();
     for (bucket, contexts) in streams.waiting_by_bucket() {
@@ -53,7 +55,7 @@ pub(super) fn serve<H: Host + ?Sized>(
         // On failure (counted by the store) the next tick polls again.
         let (turns, lease) = store
             .update_bucket(host, &bucket, |s| {
-                let tickets = s.poll(&limits, holder, now);
+                let tickets = s.poll(&limits, holder, previous_poll, now);
                 let changed = !tickets.is_empty();
                 ((tickets, s.lease_of(holder)), changed)
             })
