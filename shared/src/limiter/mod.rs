@@ -7,10 +7,12 @@
 //! saturating, so nothing overflows or panics.
 
 pub mod concurrency;
+pub mod stack;
 pub mod token_bucket;
 pub mod window;
 
 pub use concurrency::{ConcurrencyLimit, Lease, LeaseTable};
+pub use stack::{StackedOutcome, StackedTake, StepResult};
 pub use token_bucket::{TokenBucket, TokenBucketState, Warmup};
 pub use window::{FixedWindow, FixedWindowState, SlidingWindow, SlidingWindowState};
 
@@ -207,6 +209,45 @@ impl RateLimiter {
             _ => Reservation::Deny {
                 retry_after: Span::from_secs(1),
             },
+        }
+    }
+
+    /// What an admission of `cost` takes: a token bucket takes at least
+    /// one token (no call is free of the rate), a window counts `cost`.
+    pub fn taken(&self, cost: u64) -> u64 {
+        match self {
+            RateLimiter::TokenBucket(_) => cost.max(1),
+            RateLimiter::FixedWindow(_) | RateLimiter::SlidingWindow(_) => cost,
+        }
+    }
+
+    /// Gives back `tokens` taken at `taken_at` and not used (see each
+    /// algorithm's `refund`). A state of another algorithm holds nothing of
+    /// them: it is left alone.
+    pub fn refund(&self, state: &mut RateState, taken_at: Instant, now: Instant, tokens: u64) {
+        match (self, state) {
+            (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.refund(s, now, tokens),
+            (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => {
+                l.refund(s, taken_at, tokens)
+            }
+            (RateLimiter::SlidingWindow(l), RateState::SlidingWindow(s)) => {
+                l.refund(s, taken_at, tokens)
+            }
+            _ => {}
+        }
+    }
+
+    /// Takes `tokens` whatever the limit holds: a cost known only after the
+    /// call went, paid by the calls that follow.
+    pub fn charge(&self, state: &mut RateState, now: Instant, tokens: u64) {
+        self.fit(state);
+        match (self, state) {
+            (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.charge(s, now, tokens),
+            (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => l.charge(s, now, tokens),
+            (RateLimiter::SlidingWindow(l), RateState::SlidingWindow(s)) => {
+                l.charge(s, now, tokens)
+            }
+            _ => {}
         }
     }
 

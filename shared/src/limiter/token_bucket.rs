@@ -236,6 +236,32 @@ impl TokenBucket {
         }
     }
 
+    /// Gives back `tokens` a call took and did not use (refused by another
+    /// limit, or its real cost came out lower): the TAT moves back by their
+    /// worth, never before `now` (a full bucket holds no more than `burst`).
+    /// Warm-up is not undone: a refund during a ramp gives back the tokens'
+    /// plain worth, which is at most what they took.
+    pub fn refund(&self, state: &mut TokenBucketState, now: Instant, tokens: u64) {
+        let worth = u128::from(tokens).saturating_mul(u128::from(self.period.as_nanos()));
+        let now_scaled = u128::from(now.as_nanos()) * self.scale();
+        let tat = self.tat_scaled(state);
+        if tat <= now_scaled {
+            return;
+        }
+        let new_tat = tat.saturating_sub(worth).max(now_scaled);
+        *state = self.state_at(new_tat, state.ramp_start_ns);
+    }
+
+    /// Takes `tokens` whatever the bucket holds (a cost learnt after the
+    /// call went): beyond the bucket they become debt that delays the calls
+    /// that follow ("pay later"), never the one that already went.
+    pub fn charge(&self, state: &mut TokenBucketState, now: Instant, tokens: u64) {
+        let worth = u128::from(tokens).saturating_mul(u128::from(self.period.as_nanos()));
+        let now_scaled = u128::from(now.as_nanos()) * self.scale();
+        let base = self.tat_scaled(state).max(now_scaled);
+        *state = self.state_at(base.saturating_add(worth), state.ramp_start_ns);
+    }
+
     /// Tokens available now without changing anything (for utilization).
     pub fn available(&self, state: &TokenBucketState, now: Instant) -> u64 {
         self.remaining_after(self.tat_scaled(state), now.as_nanos())

@@ -113,6 +113,26 @@ impl FixedWindow {
         }
     }
 
+    /// Gives back `tokens` a call took at `taken_at`, if the window that
+    /// counted them is still the state's; a window that ended took its
+    /// count with it.
+    pub fn refund(&self, state: &mut FixedWindowState, taken_at: Instant, tokens: u64) {
+        if align(taken_at, self.period) == state.window_start {
+            state.count = state.count.saturating_sub(tokens);
+        }
+    }
+
+    /// Counts `tokens` in the window of `now` whatever it holds (a cost
+    /// learnt after the call went): past the limit the window refuses until
+    /// it ends.
+    pub fn charge(&self, state: &mut FixedWindowState, now: Instant, tokens: u64) {
+        let cur = self.current(state, now);
+        *state = FixedWindowState {
+            count: cur.count.saturating_add(tokens),
+            ..cur
+        };
+    }
+
     /// The earliest window with room takes the request; it goes at that
     /// window's start (or now, if that is the current window).
     pub fn reserve(
@@ -287,6 +307,27 @@ impl SlidingWindow {
                 }
             }
         }
+    }
+
+    /// Gives back `tokens` a call took at `taken_at`, from the window that
+    /// counted them while it still weighs: the current or the previous one.
+    pub fn refund(&self, state: &mut SlidingWindowState, taken_at: Instant, tokens: u64) {
+        let taken_in = align(taken_at, self.period);
+        if taken_in == state.window_start {
+            state.current = state.current.saturating_sub(tokens);
+        } else if taken_in + self.period == state.window_start {
+            state.previous = state.previous.saturating_sub(tokens);
+        }
+    }
+
+    /// Counts `tokens` in the window of `now` whatever it holds (a cost
+    /// learnt after the call went).
+    pub fn charge(&self, state: &mut SlidingWindowState, now: Instant, tokens: u64) {
+        let cur = self.current(state, now);
+        *state = SlidingWindowState {
+            current: cur.current.saturating_add(tokens),
+            ..cur
+        };
     }
 
     pub fn reserve(
