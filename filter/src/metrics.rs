@@ -63,6 +63,34 @@ impl PolicyStat {
     }
 }
 
+/// Stats of one of a policy's further limits (`limits`):
+/// `sluice.limit.<policy>.<limit>.<stat>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitStat {
+    /// Calls this limit let through (every limit of the policy did).
+    Admitted,
+    /// Calls this limit refused first.
+    Refused,
+    /// Tokens the admitted calls took from it.
+    Tokens,
+}
+
+impl LimitStat {
+    const ALL: [LimitStat; 3] = [LimitStat::Admitted, LimitStat::Refused, LimitStat::Tokens];
+
+    fn name(self) -> &'static str {
+        match self {
+            LimitStat::Admitted => "admitted",
+            LimitStat::Refused => "refused",
+            LimitStat::Tokens => "tokens",
+        }
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|s| *s == self).unwrap_or(0)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FilterStat {
     CasRetries,
@@ -111,9 +139,25 @@ struct Series {
     pending: Vec<i64>,
 }
 
+impl Series {
+    /// Sends the pending deltas to the stats they were defined as.
+    fn send<H: Host + ?Sized>(&mut self, host: &H) {
+        for (i, delta) in self.pending.iter_mut().enumerate() {
+            if *delta != 0 {
+                if let Some(Some(id)) = self.ids.get(i) {
+                    host.increment_metric(*id, *delta);
+                }
+                *delta = 0;
+            }
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     policies: HashMap<String, Series>,
+    /// By `<policy>.<limit>`.
+    limits: HashMap<String, Series>,
     filter: Series,
     /// The same deltas, kept until they go into the shared sync report.
     unreported: BTreeMap<String, DeltaCounters>,
@@ -140,6 +184,14 @@ impl Metrics {
         };
         if series.pending.is_empty() {
             series.pending = vec![0; PolicyStat::ALL.len()];
+        }
+        series.pending[stat.index()] += delta;
+    }
+
+    pub fn add_limit(&mut self, policy: &str, limit: &str, stat: LimitStat, delta: i64) {
+        let series = self.limits.entry(format!("{policy}.{limit}")).or_default();
+        if series.pending.is_empty() {
+            series.pending = vec![0; LimitStat::ALL.len()];
         }
         series.pending[stat.index()] += delta;
     }
@@ -180,14 +232,16 @@ impl Metrics {
             self.define_policy(host, &policy);
         }
         for series in self.policies.values_mut() {
-            for (i, delta) in series.pending.iter_mut().enumerate() {
-                if *delta != 0 {
-                    if let Some(Some(id)) = series.ids.get(i) {
-                        host.increment_metric(*id, *delta);
-                    }
-                    *delta = 0;
-                }
+            series.send(host);
+        }
+        for (limit, series) in &mut self.limits {
+            if series.ids.is_empty() {
+                series.ids = LimitStat::ALL
+                    .iter()
+                    .map(|s| host.define_counter(&format!("sluice.limit.{limit}.{}", s.name())))
+                    .collect();
             }
+            series.send(host);
         }
         if self.filter.ids.is_empty() {
             self.filter.ids = FilterStat::ALL
@@ -196,14 +250,7 @@ impl Metrics {
                 .collect();
             self.filter.pending.resize(FilterStat::ALL.len(), 0);
         }
-        for (i, delta) in self.filter.pending.iter_mut().enumerate() {
-            if *delta != 0 {
-                if let Some(Some(id)) = self.filter.ids.get(i) {
-                    host.increment_metric(*id, *delta);
-                }
-                *delta = 0;
-            }
-        }
+        self.filter.send(host);
     }
 
     /// The deltas since the last call, for the shared sync report.
@@ -216,6 +263,14 @@ impl Metrics {
     /// A pending filter-wide delta, for tests.
     pub fn pending_filter(&self, stat: FilterStat) -> i64 {
         self.filter.pending.get(stat.index()).copied().unwrap_or(0)
+    }
+
+    /// A pending delta of a further limit, for tests.
+    pub fn pending_limit(&self, policy: &str, limit: &str, stat: LimitStat) -> i64 {
+        self.limits
+            .get(&format!("{policy}.{limit}"))
+            .and_then(|s| s.pending.get(stat.index()).copied())
+            .unwrap_or(0)
     }
 
     /// A pending delta, for tests.

@@ -1015,3 +1015,85 @@ fn many_keys_reuse_the_policys_places_and_leave_nothing_behind() {
         "every key placed or overflowed"
     );
 }
+
+/// Per key 2 per minute (the policy's `rate`) and the company 5 per minute
+/// (a further limit): the company limit holds across keys, and a call the
+/// per-key bucket refuses gives the company limit its token back.
+const PER_KEY_AND_COMPANY: &str = r#"{"version": 1, "policies": [
+    {"name": "llm", "match": {"host": "api.llm.example"}, "key": {"header": "x-api-key"},
+     "rate": {"requests": 2, "period": "1m"},
+     "limits": [{"name": "company", "rate": {"requests": 5, "period": "1m"}}]}]}"#;
+
+#[test]
+fn a_company_limit_holds_across_keys_and_refusals_by_the_key_give_its_tokens_back() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, PER_KEY_AND_COMPANY);
+    let mut b = worker(&host, PER_KEY_AND_COMPANY);
+    let call = |w: &mut Worker, id: u32, key: &'static [u8]| {
+        w.on_request(
+            &host,
+            id,
+            req(b"api.llm.example", &[("x-api-key", key)]).as_slice(),
+        )
+    };
+    // Key k1: 2 pass, then its own bucket refuses 3 times (no company
+    // token kept for them).
+    for id in 0..5u32 {
+        let v = call(&mut a, id, b"k1");
+        assert_eq!(status(&v), if id < 2 { 200 } else { 429 }, "call {id}");
+        if let Verdict::Reply(r) = &v {
+            assert!(
+                !r.headers.iter().any(|(k, _)| *k == "x-sluice-limit"),
+                "refused by the key's bucket, not the company limit"
+            );
+        }
+    }
+    // k2 and k3 on the other worker: 3 more reach the company's 5.
+    let statuses: Vec<u32> = [b"k2", b"k2", b"k3", b"k3"]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| status(&call(&mut b, 10 + i as u32, k.as_slice())))
+        .collect();
+    assert_eq!(statuses, vec![200, 200, 200, 429]);
+    let Verdict::Reply(reply) = call(&mut a, 20, b"k4") else {
+        panic!("the company limit must refuse");
+    };
+    let header = |n: &str| {
+        reply
+            .headers
+            .iter()
+            .find(|(k, _)| *k == n)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(header("x-sluice-limit"), Some("company"));
+    // One company token every 12 s.
+    let retry: u64 = header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!((11..=12).contains(&retry), "retry-after {retry}");
+    assert!(String::from_utf8_lossy(&reply.body).contains("limit company"));
+    a.on_tick(&host);
+    b.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.llm.company.admitted"), 5);
+    assert_eq!(host.metric("sluice.limit.llm.company.tokens"), 5);
+    assert_eq!(host.metric("sluice.limit.llm.company.refused"), 2);
+    assert_eq!(host.metric("sluice.policy.llm.admitted"), 5);
+    assert_eq!(host.metric("sluice.policy.llm.rejected"), 5);
+}
+
+/// Shared data holding garbage where a further limit's state belongs: the
+/// limit starts afresh and the call gets a defined answer.
+#[test]
+fn garbage_in_a_further_limits_state_starts_it_afresh() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, PER_KEY_AND_COMPANY);
+    assert!(host
+        .shared_set("sluice/l/llm/company", b"\xff\x00garbage", None)
+        .is_ok());
+    let v = w.on_request(
+        &host,
+        1,
+        req(b"api.llm.example", &[("x-api-key", b"k1")]).as_slice(),
+    );
+    assert_eq!(v, Verdict::Continue);
+}

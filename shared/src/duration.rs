@@ -3,7 +3,6 @@
 //! policy round-trips exactly.
 
 use std::fmt;
-use std::time::Duration;
 
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -56,11 +55,29 @@ impl fmt::Display for DurationMs {
         if self.0 == 0 {
             return f.write_str("0ms");
         }
-        write!(
-            f,
-            "{}",
-            humantime::format_duration(Duration::from_millis(self.0))
-        )
+        // Days at most, never humantime's months of 30.44 days: a 31-day
+        // period reads "31d", not "1month 13h 26m 24s".
+        const UNITS: [(u64, &str); 5] = [
+            (86_400_000, "d"),
+            (3_600_000, "h"),
+            (60_000, "m"),
+            (1_000, "s"),
+            (1, "ms"),
+        ];
+        let mut left = self.0;
+        let mut first = true;
+        for (size, unit) in UNITS {
+            let n = left / size;
+            if n > 0 {
+                if !first {
+                    f.write_str(" ")?;
+                }
+                write!(f, "{n}{unit}")?;
+                first = false;
+                left %= size;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -109,9 +109,20 @@ pub struct CompiledPolicy {
     priority_header: Option<String>,
     pub rate: Option<RateLimiter>,
     pub concurrency: Option<ConcurrencyLimit>,
+    /// The policy's further limits, in order.
+    pub limits: Vec<CompiledLimit>,
     /// A global policy whose share allows nothing now: every request is
     /// refused without touching a bucket.
     pub fleet_closed: bool,
+}
+
+/// One of a policy's further limits, ready to count.
+#[derive(Debug, Clone)]
+pub struct CompiledLimit {
+    pub name: String,
+    pub rate: RateLimiter,
+    cost: CostSpec,
+    cost_header: Option<String>,
 }
 
 /// Which bucket of a policy a request uses.
@@ -152,10 +163,17 @@ impl CompiledPolicy {
                 .map(|h| (lower(&h.name), h.equals.as_bytes().to_vec()))
                 .collect(),
             key_header: policy.key.as_ref().map(|k| lower(&k.header)),
-            cost_header: match &policy.cost {
-                CostSpec::FromHeader(h) => Some(lower(&h.header)),
-                CostSpec::Fixed(_) => None,
-            },
+            cost_header: cost_header_of(&policy.cost),
+            limits: policy
+                .limits
+                .iter()
+                .map(|l| CompiledLimit {
+                    name: l.name.clone(),
+                    rate: RateLimiter::from_spec(&l.rate),
+                    cost: l.cost.clone(),
+                    cost_header: cost_header_of(&l.cost),
+                })
+                .collect(),
             priority_header: policy
                 .priority
                 .as_ref()
@@ -249,17 +267,15 @@ impl CompiledPolicy {
     /// Tokens this request takes: a header value that is not a whole number
     /// gives the default, one above `max` counts as `max`, 0 counts as 1.
     pub fn cost<R: RequestHeaders + ?Sized>(&self, req: &R) -> u64 {
-        match &self.policy.cost {
-            CostSpec::Fixed(n) => (*n).max(1),
-            CostSpec::FromHeader(spec) => {
-                let parsed = self
-                    .cost_header
-                    .as_deref()
-                    .and_then(|h| req.header(h))
-                    .and_then(|v| parse_whole_number(&v));
-                parsed.unwrap_or(spec.default).clamp(1, spec.max.max(1))
-            }
-        }
+        cost_of(&self.policy.cost, self.cost_header.as_deref(), req)
+    }
+
+    /// What this request takes from each of the policy's further limits.
+    pub fn limit_costs<R: RequestHeaders + ?Sized>(&self, req: &R) -> Vec<u64> {
+        self.limits
+            .iter()
+            .map(|l| cost_of(&l.cost, l.cost_header.as_deref(), req))
+            .collect()
     }
 
     pub fn priority<R: RequestHeaders + ?Sized>(&self, req: &R) -> Priority {
@@ -274,6 +290,28 @@ impl CompiledPolicy {
             }
             _ => spec.default,
         }
+    }
+}
+
+/// Tokens a request takes under `spec`: a header value that is not a
+/// whole number gives the default, one above `max` counts as `max`, 0
+/// counts as 1.
+fn cost_of<R: RequestHeaders + ?Sized>(spec: &CostSpec, header: Option<&str>, req: &R) -> u64 {
+    match spec {
+        CostSpec::Fixed(n) => (*n).max(1),
+        CostSpec::FromHeader(spec) => {
+            let parsed = header
+                .and_then(|h| req.header(h))
+                .and_then(|v| parse_whole_number(&v));
+            parsed.unwrap_or(spec.default).clamp(1, spec.max.max(1))
+        }
+    }
+}
+
+fn cost_header_of(cost: &CostSpec) -> Option<String> {
+    match cost {
+        CostSpec::FromHeader(h) => Some(h.header.to_ascii_lowercase()),
+        CostSpec::Fixed(_) => None,
     }
 }
 

@@ -41,6 +41,13 @@ pub struct Policy {
     pub cost: CostSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<ConcurrencySpec>,
+    /// More rate limits on the same calls, each counted on its own and for
+    /// every call of the policy (not per key): a company-wide limit beside
+    /// a per-key `rate`, a per-minute limit beside a per-second one,
+    /// tokens beside requests. A call goes only if every limit lets it; a
+    /// call one limit refuses takes nothing from the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<NamedLimit>,
     #[serde(default)]
     pub on_limit: OnLimit,
     /// How a request's priority is found; without it every request is `normal`.
@@ -63,6 +70,20 @@ impl Policy {
     pub fn share_lease(&self) -> DurationMs {
         self.share_lease.unwrap_or(Scope::DEFAULT_SHARE_LEASE)
     }
+}
+
+/// One more limit of a policy (see [`Policy::limits`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NamedLimit {
+    /// Letters, digits, `-`, `_`, `.`; unique in the policy. A refusal
+    /// names it in the `x-sluice-limit` header, and its stats carry it.
+    pub name: String,
+    pub rate: RateSpec,
+    /// Tokens one call takes from this limit.
+    #[serde(default, skip_serializing_if = "CostSpec::is_default")]
+    pub cost: CostSpec,
 }
 
 /// Who a policy's limits are for.

@@ -22,9 +22,11 @@ pub mod bounds {
     pub const MAX_REQUESTS: u64 = 1_000_000_000;
     pub const MAX_BURST: u64 = 1_000_000_000;
     pub const MIN_PERIOD_MS: u64 = 1;
-    pub const MAX_PERIOD_MS: u64 = 86_400_000;
+    /// 31 days: a monthly quota.
+    pub const MAX_PERIOD_MS: u64 = 31 * 86_400_000;
     /// A full bucket must drain back within this (burst / requests * period).
-    pub const MAX_BUCKET_SPAN_MS: u64 = 30 * 86_400_000;
+    pub const MAX_BUCKET_SPAN_MS: u64 = 31 * 86_400_000;
+    pub const MAX_LIMITS: usize = 8;
     pub const MIN_COLD_FACTOR: u32 = 2;
     pub const MAX_COLD_FACTOR: u32 = 10;
     pub const MAX_WARMUP_MS: u64 = 3_600_000;
@@ -337,6 +339,7 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
     }
     check_on_limit(&mut r, &policy.on_limit);
     check_scope(&mut r, policy);
+    check_limits(&mut r, policy);
     if let Some(priority) = &policy.priority {
         if let Some(header) = &priority.header {
             check_header_name(&mut r, "priority.header", header);
@@ -382,6 +385,46 @@ fn check_scope(r: &mut Report, policy: &Policy) {
                     r.at("rate.warmup", "not supported with `scope: global`");
                 }
             }
+        }
+    }
+}
+
+/// A policy's further limits: each a valid rate with a valid cost and a
+/// name of its own. What the filter cannot yet enforce across several
+/// limits is refused here, never enforced wrongly.
+fn check_limits(r: &mut Report, policy: &Policy) {
+    if policy.limits.is_empty() {
+        return;
+    }
+    if policy.limits.len() > bounds::MAX_LIMITS {
+        r.at("limits", format!("at most {} limits", bounds::MAX_LIMITS));
+    }
+    if policy.on_limit.action == LimitAction::Queue {
+        r.at(
+            "on_limit.action",
+            "a policy with `limits` refuses calls over any of them (`reject`); queueing across several limits is not supported",
+        );
+    }
+    if policy.scope == Scope::Global {
+        r.at(
+            "limits",
+            "a `scope: global` policy cannot have `limits`: each would need its own fleet share",
+        );
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (index, limit) in policy.limits.iter().enumerate() {
+        let mut lr = Report::new(r.errors, &join_path(&r.prefix, &format!("limits[{index}]")));
+        check_name(&mut lr, &limit.name);
+        check_rate(&mut lr, &limit.rate);
+        check_cost(&mut lr, &limit.cost, Some(&limit.rate));
+        if let Some(first) = seen.insert(&limit.name, index) {
+            lr.at(
+                "name",
+                format!(
+                    "duplicate name {:?}, already used by limits[{first}]",
+                    limit.name
+                ),
+            );
         }
     }
 }
@@ -536,13 +579,16 @@ fn check_rate(r: &mut Report, rate: &RateSpec) {
             r.range_u64("rate.burst", burst, 1, bounds::MAX_BURST);
         }
     }
-    if is_bucket && rate.requests >= 1 && rate.period.as_millis() >= 1 {
+    // A period out of range is reported as such, not again as a refill.
+    let period_ok =
+        (bounds::MIN_PERIOD_MS..=bounds::MAX_PERIOD_MS).contains(&rate.period.as_millis());
+    if is_bucket && rate.requests >= 1 && period_ok {
         let span_ms = u128::from(rate.effective_burst()) * u128::from(rate.period.as_millis())
             / u128::from(rate.requests);
         if span_ms > u128::from(bounds::MAX_BUCKET_SPAN_MS) {
             r.at(
                 "rate.burst",
-                "a full bucket would take more than 30 days to refill; lower burst or raise the rate",
+                "a full bucket would take more than 31 days to refill; lower burst or raise the rate",
             );
         }
     }

@@ -115,8 +115,8 @@ fn refuses_duplicate_names() {
 fn refuses_zero_and_absurd_values() {
     let cases = [
         (r#""rate": {"requests": 2000000000, "period": "1s"}"#, "policies[0].rate.requests: must be <= 1000000000"),
-        (r#""rate": {"requests": 1, "period": "2days"}"#, "policies[0].rate.period: must be at most 1day"),
-        (r#""rate": {"requests": 1, "period": "1h", "burst": 1000}"#, "policies[0].rate.burst: a full bucket would take more than 30 days to refill; lower burst or raise the rate"),
+        (r#""rate": {"requests": 1, "period": "32days"}"#, "policies[0].rate.period: must be at most 31d"),
+        (r#""rate": {"requests": 1, "period": "1h", "burst": 1000}"#, "policies[0].rate.burst: a full bucket would take more than 31 days to refill; lower burst or raise the rate"),
         (r#""concurrency": {"max_in_flight": 5, "lease_ttl": "10ms"}"#, "policies[0].concurrency.lease_ttl: must be at least 1s"),
         (r#""concurrency": {"max_in_flight": 5}, "on_limit": {"action": "queue", "max_wait": "1h"}"#, "policies[0].on_limit.max_wait: must be at most 5m"),
         (r#""concurrency": {"max_in_flight": 5}, "on_limit": {"action": "queue", "max_wait": "1s", "max_queue": 0}"#, "policies[0].on_limit.max_queue: must be >= 1"),
@@ -249,4 +249,42 @@ fn global_scope_refuses_what_cannot_be_split_into_shares() {
     assert!(serde_json::to_string(&ok)
         .unwrap()
         .contains(r#""scope":"global""#));
+}
+
+#[test]
+fn further_limits_are_checked_field_by_field() {
+    let errors = errors_of(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "on_limit": {"action": "queue", "max_wait": "1s"},
+            "limits": [
+              {"name": "tpm", "rate": {"requests": 1000, "period": "1m"}, "cost": {"header": "x-tokens", "max": 5000}},
+              {"name": "tpm", "rate": {"requests": 5, "period": "32d"}},
+              {"name": "bad name", "rate": {"requests": 0, "period": "1h"}}
+            ]}"#,
+    ));
+    assert_eq!(
+        errors,
+        vec![
+            "policies[0].on_limit.action: a policy with `limits` refuses calls over any of them (`reject`); queueing across several limits is not supported",
+            "policies[0].limits[0].cost.max: must be <= 1000 (the rate's burst), or such a request could never pass",
+            "policies[0].limits[1].rate.period: must be at most 31d",
+            "policies[0].limits[1].name: duplicate name \"tpm\", already used by limits[0]",
+            "policies[0].limits[2].name: only letters, digits, '-', '_' and '.' are allowed",
+            "policies[0].limits[2].rate.requests: must be >= 1",
+        ]
+    );
+    let errors = errors_of(&set_with(
+        r#"{"name": "fleet", "match": {"host": "*"}, "scope": "global", "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "daily", "rate": {"requests": 1000, "period": "1d", "algorithm": "fixed_window"}}]}"#,
+    ));
+    assert_eq!(
+        errors,
+        vec!["policies[0].limits: a `scope: global` policy cannot have `limits`: each would need its own fleet share"]
+    );
+    // A month-long window is a valid limit.
+    let ok = set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "monthly", "rate": {"requests": 1000000, "period": "31d", "algorithm": "fixed_window"}}]}"#,
+    );
+    assert!(parse_policy_set(&ok).is_ok());
 }

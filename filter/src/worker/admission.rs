@@ -16,6 +16,7 @@ use sluice_shared::headers::{rejection_headers, LimitKind};
 use sluice_shared::matcher::{Classification, CompiledPolicy};
 use sluice_shared::time::{Instant, Span};
 
+use super::limits::{self, Taken};
 use super::placement::{self, Placed};
 use crate::host::{Host, Level};
 use crate::metrics::{Metrics, PolicyStat};
@@ -78,7 +79,48 @@ pub(super) struct Admitter<'a, H: Host + ?Sized> {
 }
 
 impl<H: Host + ?Sized> Admitter<'_, H> {
-    pub fn decide(&mut self, policy: &CompiledPolicy, class: &Classification) -> Decision {
+    /// Decides a request of `policy`; `limit_costs` are what it takes from
+    /// each of the policy's further limits, which go first, all or nothing,
+    /// and get their tokens back if the policy's own bucket refuses.
+    pub fn decide(
+        &mut self,
+        policy: &CompiledPolicy,
+        class: &Classification,
+        limit_costs: &[u64],
+    ) -> Decision {
+        let taken = limits::take(
+            self.host,
+            self.store,
+            self.metrics,
+            policy,
+            limit_costs,
+            self.now,
+        );
+        if let Taken::Refused { limit, retry_after } = taken {
+            return match self.refuse(policy, LimitKind::Rate, retry_after) {
+                Decision::Refuse(reply) => {
+                    Decision::Refuse(refused_by_limit(reply, policy, &limit))
+                }
+                other => other,
+            };
+        }
+        let decision = self.decide_in_bucket(policy, class);
+        if matches!(decision, Decision::Refuse(_)) {
+            limits::give_back(
+                self.host,
+                self.store,
+                policy,
+                limit_costs,
+                self.now,
+                self.now,
+            );
+        } else {
+            limits::count_admitted(self.metrics, policy, limit_costs);
+        }
+        decision
+    }
+
+    fn decide_in_bucket(&mut self, policy: &CompiledPolicy, class: &Classification) -> Decision {
         let kind_by_default = LimitKind::for_limits(policy.rate.is_some());
         if policy.fleet_closed {
             // This Envoy's share of a global limit is nothing right now.
@@ -215,6 +257,23 @@ fn above_share_burst(
     if policy.policy.on_limit.body.is_none() {
         reply.body = format!(
             "refused by sluice policy {}: this call costs {cost}, more than this Envoy's share of the global limit holds ({burst})\n",
+            policy.name()
+        )
+        .into_bytes();
+    }
+    reply
+}
+
+/// Header naming which of a policy's further limits refused a call.
+pub const LIMIT_HEADER: &str = "x-sluice-limit";
+
+/// The refusal by one of the policy's further limits: named in a header,
+/// and in the body unless the policy has its own.
+fn refused_by_limit(mut reply: LocalReply, policy: &CompiledPolicy, limit: &str) -> LocalReply {
+    reply.headers.push((LIMIT_HEADER, limit.to_string()));
+    if policy.policy.on_limit.body.is_none() {
+        reply.body = format!(
+            "limited by sluice policy {} (limit {limit})\n",
             policy.name()
         )
         .into_bytes();

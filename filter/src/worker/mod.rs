@@ -18,6 +18,7 @@
 //! the glue can run them after it stops borrowing the worker.
 
 mod admission;
+mod limits;
 mod placement;
 mod queue;
 mod shares;
@@ -180,7 +181,8 @@ impl Worker {
             holder: self.holder,
             now,
         };
-        match admitter.decide(policy, &class) {
+        let limit_costs = policy.limit_costs(req);
+        match admitter.decide(policy, &class, &limit_costs) {
             Decision::Pass => Verdict::Continue,
             Decision::Refuse(reply) => Verdict::Reply(reply),
             Decision::Admit {

@@ -165,6 +165,22 @@ impl StackedTake {
         };
     }
 
+    /// The step could not be done (the state could not be stored): taking,
+    /// it counts as a refusal by that limit, with `retry_after`; giving
+    /// back or looking, that limit is passed over.
+    pub fn give_up(&mut self, retry_after: Span) {
+        self.phase = match self.phase {
+            Phase::Taking(at) => {
+                self.retry_after = self.retry_after.max(retry_after);
+                self.refused = Some(at);
+                self.refund_before(at)
+            }
+            Phase::Refunding { at } => self.refund_before(at),
+            Phase::Peeking { at } => self.peek_after(at),
+            Phase::Done => Phase::Done,
+        };
+    }
+
     /// Refunds the limits before `at` (nearest first), then peeks at the
     /// ones after the limit that refused.
     fn refund_before(&self, at: usize) -> Phase {

@@ -1,0 +1,114 @@
+//! A policy's further limits (`limits`): each in its own shared-data entry,
+//! taken all or nothing ([`StackedTake`]) before the policy's own bucket
+//! decides, and given back when that bucket refuses the call.
+
+use sluice_shared::limiter::{RateLimiter, RateState, StackedOutcome, StackedTake};
+use sluice_shared::matcher::CompiledPolicy;
+use sluice_shared::time::{Instant, Span};
+
+use super::admission::DEFAULT_RETRY;
+use crate::host::Host;
+use crate::metrics::{LimitStat, Metrics};
+use crate::store::Store;
+
+/// Where a policy's further limit lives in shared data.
+pub fn limit_key(policy: &str, limit: &str) -> String {
+    format!("sluice/l/{policy}/{limit}")
+}
+
+/// What the further limits said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Taken {
+    /// The policy has none, or every one took its cost.
+    All,
+    /// `limit` refused first; nothing was kept from the others.
+    Refused { limit: String, retry_after: Span },
+}
+
+/// Reads a limit's state; bytes that are no state of this limiter (another
+/// algorithm after an edit, or garbage) start it afresh.
+fn state_of(rate: &RateLimiter, bytes: Option<&[u8]>) -> RateState {
+    bytes
+        .and_then(|b| rate.decode_state(b).ok())
+        .unwrap_or_else(|| rate.initial_state())
+}
+
+/// Takes `costs[i]` from each of `policy`'s further limits, all or none.
+pub(super) fn take<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    metrics: &mut Metrics,
+    policy: &CompiledPolicy,
+    costs: &[u64],
+    now: Instant,
+) -> Taken {
+    if policy.limits.is_empty() {
+        return Taken::All;
+    }
+    let mut take = StackedTake::new(costs.to_vec(), now);
+    while let Some(index) = take.next_limit() {
+        let Some(limit) = policy.limits.get(index) else {
+            take.give_up(DEFAULT_RETRY);
+            continue;
+        };
+        let key = limit_key(policy.name(), &limit.name);
+        let stepped = store.update(host, &key, |bytes| {
+            let mut state = state_of(&limit.rate, bytes);
+            let step = take.apply(&limit.rate, &mut state);
+            (step, step.changed.then(|| state.encode()))
+        });
+        match stepped {
+            Ok(step) => take.advance(step),
+            // The store counted and logged it; a limit that cannot be
+            // checked refuses rather than let the call through unchecked.
+            Err(_) => take.give_up(DEFAULT_RETRY),
+        }
+    }
+    match take.outcome() {
+        Some(StackedOutcome::Refused { limit, retry_after }) => {
+            let name = policy
+                .limits
+                .get(limit)
+                .map_or_else(String::new, |l| l.name.clone());
+            metrics.add_limit(policy.name(), &name, LimitStat::Refused, 1);
+            Taken::Refused {
+                limit: name,
+                retry_after,
+            }
+        }
+        _ => Taken::All,
+    }
+}
+
+/// Counts a call every further limit let through and that went.
+pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, costs: &[u64]) {
+    for (limit, cost) in policy.limits.iter().zip(costs) {
+        metrics.add_limit(policy.name(), &limit.name, LimitStat::Admitted, 1);
+        let tokens = i64::try_from(limit.rate.taken(*cost)).unwrap_or(i64::MAX);
+        metrics.add_limit(policy.name(), &limit.name, LimitStat::Tokens, tokens);
+    }
+}
+
+/// Gives back what [`take`] took at `taken_at`: the policy's own bucket
+/// refused the call.
+pub(super) fn give_back<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    policy: &CompiledPolicy,
+    costs: &[u64],
+    taken_at: Instant,
+    now: Instant,
+) {
+    for (limit, cost) in policy.limits.iter().zip(costs) {
+        let tokens = limit.rate.taken(*cost);
+        let key = limit_key(policy.name(), &limit.name);
+        // On failure (counted and logged by the store) the tokens stay
+        // taken: the limit errs on the safe side.
+        let _ = store.update(host, &key, |bytes| {
+            let mut state = state_of(&limit.rate, bytes);
+            let before = state;
+            limit.rate.refund(&mut state, taken_at, now, tokens);
+            ((), (state != before).then(|| state.encode()))
+        });
+    }
+}
