@@ -378,6 +378,17 @@ impl Envoy {
             .with_context(|| format!("no {want} in /stats"))
     }
 
+    /// A stat of a policy's further limit, e.g. `("llm", "company", "tokens")`,
+    /// from `/stats`.
+    pub fn limit_stat(&self, policy: &str, limit: &str, stat: &str) -> anyhow::Result<f64> {
+        let want = format!("wasmcustom.sluice.limit.{policy}.{limit}.{stat}: ");
+        let text = http_get(self.admin_port, "/stats")?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {want} in /stats"))
+    }
+
     /// A filter-wide stat, e.g. `cas_retries`.
     pub fn filter_stat(&self, stat: &str) -> anyhow::Result<f64> {
         let want = format!("sluice_{stat}{{}}");

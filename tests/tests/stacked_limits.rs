@@ -1,0 +1,145 @@
+//! Several limits on one call, through a real Envoy (`--concurrency 4`):
+//! a policy's own rate and its further `limits`, all or nothing.
+
+use std::time::Duration;
+
+use sluice_demo::mock::{MockApi, MockLimits};
+use sluice_e2e::envoy::Envoy;
+use sluice_e2e::load::{self, closed_loop, count, max_in_window};
+
+const WORKERS: u32 = 4;
+
+async fn setup(policy: &str) -> anyhow::Result<(MockApi, Envoy)> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-stacked", "fallback": {{"version": 1, "policies": [{policy}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+    mock.reset();
+    Ok((mock, envoy))
+}
+
+/// Stats reach Envoy on the filter's tick (100 ms when idle).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+/// 10 per second (burst 10) and 30 per minute at once, 64 clients for 6 s:
+/// the minute's 30 go in the first seconds at no more than the per-second
+/// rate, then one call every 2 s; the per-second limit alone would have let
+/// about 70 through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_second_and_per_minute_hold_together() -> anyhow::Result<()> {
+    let (mock, envoy) = setup(
+        r#"{"name": "bank", "match": {"host": "api.bank.example"},
+            "rate": {"requests": 10, "period": "1s", "burst": 10},
+            "limits": [{"name": "per-minute", "rate": {"requests": 30, "period": "1m"}}]}"#,
+    )
+    .await?;
+    let url = envoy.url("/v1/pay");
+    let outcomes = closed_loop(64, Duration::from_secs(6), move |c, _| {
+        c.get(&url).header("host", "api.bank.example")
+    })
+    .await;
+    settle().await;
+    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let most_1s = max_in_window(&arrivals, Duration::from_secs(1));
+    let by_minute = outcomes
+        .iter()
+        .filter(|o| {
+            o.headers
+                .get("x-sluice-limit")
+                .is_some_and(|v| v == "per-minute")
+        })
+        .count();
+    let refused = count(&outcomes, 429);
+    let tokens = envoy.limit_stat("bank", "per-minute", "tokens")?;
+    let limit_refused = envoy.limit_stat("bank", "per-minute", "refused")?;
+    println!(
+        "stacked 1s + 1m: {} calls, the API saw {} (most {most_1s} in any 1 s; bounds: 30 + 1 per 2 s, 10 + 10/s), \
+         {refused} × 429 of which {by_minute} named per-minute; stats: per-minute tokens {tokens}, refused {limit_refused}, \
+         policy rejected {}",
+        outcomes.len(),
+        arrivals.len(),
+        envoy.policy_stat("rejected", "bank")?,
+    );
+    // 30 at once, then one every 2 s over the 6 s.
+    assert!((30..=34).contains(&arrivals.len()), "{} reached the API", arrivals.len());
+    assert!(most_1s <= 20, "{most_1s} in one second");
+    assert_eq!(tokens as usize, arrivals.len(), "tokens counted = calls that went");
+    assert!(by_minute > 0, "refusals name the per-minute limit");
+    assert_eq!(limit_refused as usize, by_minute);
+    Ok(())
+}
+
+/// One call per key per hour (the policy's own rate), and 100 per day for
+/// the company (a further limit; neither refills noticeably during the
+/// test). 64 clients hammer 8 keys: the keys'
+/// buckets refuse thousands of calls, and every one of them gives its
+/// company token back, so the company limit has spent exactly the 8 calls
+/// that went; 92 new keys then pass and the 101st call is refused by the
+/// company limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_refused_by_its_key_takes_nothing_from_the_company_limit() -> anyhow::Result<()> {
+    let (mock, envoy) = setup(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "key": {"header": "x-api-key"},
+            "rate": {"requests": 1, "period": "1h"},
+            "limits": [{"name": "company", "rate": {"requests": 100, "period": "1d"}}]}"#,
+    )
+    .await?;
+    let url = envoy.url("/v1/chat");
+    let storm_url = url.clone();
+    let storm = closed_loop(64, Duration::from_secs(3), move |c, i| {
+        c.get(&storm_url)
+            .header("host", "api.llm.example")
+            .header("x-api-key", format!("team-{}", i % 8))
+    })
+    .await;
+    settle().await;
+    let company_tokens = envoy.limit_stat("llm", "company", "tokens")?;
+    let passed = count(&storm, 200);
+    let by_company = storm
+        .iter()
+        .filter(|o| o.headers.get("x-sluice-limit").is_some())
+        .count();
+    let http = load::client();
+    let mut fresh = Vec::new();
+    for k in 0..92 {
+        let r = http
+            .get(&url)
+            .header("host", "api.llm.example")
+            .header("x-api-key", format!("new-{k}"))
+            .send()
+            .await?;
+        fresh.push(r.status().as_u16());
+    }
+    let last = http
+        .get(&url)
+        .header("host", "api.llm.example")
+        .header("x-api-key", "one-more")
+        .send()
+        .await?;
+    let last_status = last.status().as_u16();
+    let last_limit = last
+        .headers()
+        .get("x-sluice-limit")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    println!(
+        "per key + company: storm of {} calls on 8 keys: {passed} passed, {} refused by their key, {by_company} by the company; \
+         company tokens spent {company_tokens}; then 92 new keys: {} passed; one more: {last_status} (limit {last_limit:?}); \
+         the API saw {}",
+        storm.len(),
+        count(&storm, 429) - by_company,
+        fresh.iter().filter(|s| **s == 200).count(),
+        mock.arrivals().len(),
+    );
+    assert_eq!(passed, 8, "one call per key");
+    assert_eq!(by_company, 0, "the company limit refused nothing in the storm");
+    assert_eq!(company_tokens, 8.0, "refused calls gave their company tokens back");
+    assert!(fresh.iter().all(|s| *s == 200), "92 new keys fit the company's 100");
+    assert_eq!(last_status, 429);
+    assert_eq!(last_limit.as_deref(), Some("company"));
+    assert_eq!(mock.arrivals().len(), 100);
+    Ok(())
+}
