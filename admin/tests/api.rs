@@ -1023,3 +1023,42 @@ fn insecure_dev_refuses_to_run_where_it_would_be_exposed() {
         "{half_tls}"
     );
 }
+
+/// A limit named in several policies is one limit: a policy that gives it
+/// another rate is refused (422, on its own field), and nothing is saved.
+#[tokio::test]
+async fn a_shared_limit_with_another_rate_is_refused_on_the_policys_own_field() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let charges = json!({"name": "charges", "match": {"host": "api.stripe.example", "path_prefix": "/v1/charges"},
+        "rate": {"requests": 25, "period": "1s"},
+        "limits": [{"name": "account", "rate": {"requests": 100, "period": "1s"}}]});
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(charges))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let same = json!({"name": "refunds", "match": {"host": "api.stripe.example", "path_prefix": "/v1/refunds"},
+        "rate": {"requests": 25, "period": "1s"},
+        "limits": [{"name": "account", "rate": {"requests": 100, "period": "1s"}}]});
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(same))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let other = json!({"name": "stripe", "match": {"host": "api.stripe.example"},
+        "rate": {"requests": 25, "period": "1s"},
+        "limits": [{"name": "account", "rate": {"requests": 90, "period": "1s"}}]});
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(other))
+        .await;
+    println!("shared limit, another rate: {status} {body}");
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["errors"][0]["path"], "limits[0].rate");
+    assert!(body["errors"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("a limit named in several policies is one limit"));
+    let (status, _, _) = admin
+        .edit(&s, Method::GET, "/api/v1/policies/stripe", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing saved");
+}

@@ -63,8 +63,8 @@ impl PolicyStat {
     }
 }
 
-/// Stats of one of a policy's further limits (`limits`):
-/// `sluice.limit.<policy>.<limit>.<stat>`.
+/// Stats of a further limit (`limits`), over every policy naming it:
+/// `sluice.limit.<limit>.<stat>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LimitStat {
     /// Calls this limit let through (every limit of the policy did).
@@ -156,7 +156,7 @@ impl Series {
 #[derive(Debug, Default)]
 pub struct Metrics {
     policies: HashMap<String, Series>,
-    /// By `<policy>.<limit>`.
+    /// By limit name.
     limits: HashMap<String, Series>,
     filter: Series,
     /// The same deltas, kept until they go into the shared sync report.
@@ -188,8 +188,11 @@ impl Metrics {
         series.pending[stat.index()] += delta;
     }
 
-    pub fn add_limit(&mut self, policy: &str, limit: &str, stat: LimitStat, delta: i64) {
-        let series = self.limits.entry(format!("{policy}.{limit}")).or_default();
+    pub fn add_limit(&mut self, limit: &str, stat: LimitStat, delta: i64) {
+        let series = match self.limits.get_mut(limit) {
+            Some(s) => s,
+            None => self.limits.entry(limit.to_string()).or_default(),
+        };
         if series.pending.is_empty() {
             series.pending = vec![0; LimitStat::ALL.len()];
         }
@@ -263,14 +266,6 @@ impl Metrics {
     /// A pending filter-wide delta, for tests.
     pub fn pending_filter(&self, stat: FilterStat) -> i64 {
         self.filter.pending.get(stat.index()).copied().unwrap_or(0)
-    }
-
-    /// A pending delta of a further limit, for tests.
-    pub fn pending_limit(&self, policy: &str, limit: &str, stat: LimitStat) -> i64 {
-        self.limits
-            .get(&format!("{policy}.{limit}"))
-            .and_then(|s| s.pending.get(stat.index()).copied())
-            .unwrap_or(0)
     }
 
     /// A pending delta, for tests.

@@ -1074,9 +1074,9 @@ fn a_company_limit_holds_across_keys_and_refusals_by_the_key_give_its_tokens_bac
     assert!(String::from_utf8_lossy(&reply.body).contains("limit company"));
     a.on_tick(&host);
     b.on_tick(&host);
-    assert_eq!(host.metric("sluice.limit.llm.company.admitted"), 5);
-    assert_eq!(host.metric("sluice.limit.llm.company.tokens"), 5);
-    assert_eq!(host.metric("sluice.limit.llm.company.refused"), 2);
+    assert_eq!(host.metric("sluice.limit.company.admitted"), 5);
+    assert_eq!(host.metric("sluice.limit.company.tokens"), 5);
+    assert_eq!(host.metric("sluice.limit.company.refused"), 2);
     assert_eq!(host.metric("sluice.policy.llm.admitted"), 5);
     assert_eq!(host.metric("sluice.policy.llm.rejected"), 5);
 }
@@ -1088,7 +1088,7 @@ fn garbage_in_a_further_limits_state_starts_it_afresh() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, PER_KEY_AND_COMPANY);
     assert!(host
-        .shared_set("sluice/l/llm/company", b"\xff\x00garbage", None)
+        .shared_set("sluice/l/company", b"\xff\x00garbage", None)
         .is_ok());
     let v = w.on_request(
         &host,

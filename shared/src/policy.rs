@@ -45,7 +45,9 @@ pub struct Policy {
     /// every call of the policy (not per key): a company-wide limit beside
     /// a per-key `rate`, a per-minute limit beside a per-second one,
     /// tokens beside requests. A call goes only if every limit lets it; a
-    /// call one limit refuses takes nothing from the others.
+    /// call one limit refuses takes nothing from the others. A limit named
+    /// in several policies is one limit that all of them count against
+    /// (an account-wide limit over per-endpoint policies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<NamedLimit>,
     #[serde(default)]
@@ -77,8 +79,10 @@ impl Policy {
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NamedLimit {
-    /// Letters, digits, `-`, `_`, `.`; unique in the policy. A refusal
-    /// names it in the `x-sluice-limit` header, and its stats carry it.
+    /// Letters, digits, `-`, `_`, `.`; unique in the policy. Policies that
+    /// name the same limit share it and must give it the same `rate`. A
+    /// refusal names it in the `x-sluice-limit` header; its stats are
+    /// `sluice.limit.<name>.*`.
     pub name: String,
     pub rate: RateSpec,
     /// Tokens one call takes from this limit.

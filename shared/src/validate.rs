@@ -218,6 +218,7 @@ pub fn policy_set_from_value(value: Value) -> Result<PolicySet, ValidationErrors
         }
     }
     check_unique_names(&policies, &mut errors);
+    check_shared_limits(&policies, &mut errors);
     ValidationErrors::from_vec(errors)?;
     Ok(PolicySet {
         // Reaching here means no error was recorded, so version parsed.
@@ -258,7 +259,38 @@ pub fn validate_policy_set(set: &PolicySet) -> Result<(), ValidationErrors> {
         validate_policy(policy, &format!("policies[{index}]"), &mut errors);
     }
     check_unique_names(&indexed, &mut errors);
+    check_shared_limits(&indexed, &mut errors);
     ValidationErrors::from_vec(errors)
+}
+
+/// A limit named in several policies is one limit: they must agree on it.
+/// Every policy that disagrees is told, so an edit to either side is
+/// refused with an error on its own field.
+fn check_shared_limits(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
+    let mut by_name: HashMap<&str, Vec<(usize, usize, &RateSpec)>> = HashMap::new();
+    for (index, policy) in policies {
+        for (at, limit) in policy.limits.iter().enumerate() {
+            by_name
+                .entry(limit.name.as_str())
+                .or_default()
+                .push((*index, at, &limit.rate));
+        }
+    }
+    let mut found = Vec::new();
+    for (name, uses) in &by_name {
+        for (index, at, rate) in uses {
+            if let Some((other, _, _)) = uses.iter().find(|(i, _, r)| i != index && r != rate) {
+                found.push(FieldError {
+                    path: format!("policies[{index}].limits[{at}].rate"),
+                    message: format!(
+                        "limit {name:?} is also in policies[{other}] with another rate; a limit named in several policies is one limit"
+                    ),
+                });
+            }
+        }
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    errors.extend(found);
 }
 
 fn field_missing(field: &str) -> FieldError {

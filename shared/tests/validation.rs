@@ -281,6 +281,21 @@ fn further_limits_are_checked_field_by_field() {
         errors,
         vec!["policies[0].limits: a `scope: global` policy cannot have `limits`: each would need its own fleet share"]
     );
+    let errors = errors_of(
+        r#"{"version": 1, "policies": [
+            {"name": "charges", "match": {"host": "api.stripe.example", "path_prefix": "/v1/charges"},
+             "rate": {"requests": 25, "period": "1s"}, "limits": [{"name": "account", "rate": {"requests": 100, "period": "1s"}}]},
+            {"name": "stripe", "match": {"host": "api.stripe.example"},
+             "rate": {"requests": 25, "period": "1s"}, "limits": [{"name": "account", "rate": {"requests": 90, "period": "1s"}}]}
+        ]}"#,
+    );
+    assert_eq!(
+        errors,
+        vec![
+            "policies[0].limits[0].rate: limit \"account\" is also in policies[1] with another rate; a limit named in several policies is one limit",
+            "policies[1].limits[0].rate: limit \"account\" is also in policies[0] with another rate; a limit named in several policies is one limit",
+        ]
+    );
     // A month-long window is a valid limit.
     let ok = set_with(
         r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},

@@ -378,10 +378,9 @@ impl Envoy {
             .with_context(|| format!("no {want} in /stats"))
     }
 
-    /// A stat of a policy's further limit, e.g. `("llm", "company", "tokens")`,
-    /// from `/stats`.
-    pub fn limit_stat(&self, policy: &str, limit: &str, stat: &str) -> anyhow::Result<f64> {
-        let want = format!("wasmcustom.sluice.limit.{policy}.{limit}.{stat}: ");
+    /// A stat of a further limit, e.g. `("company", "tokens")`, from `/stats`.
+    pub fn limit_stat(&self, limit: &str, stat: &str) -> anyhow::Result<f64> {
+        let want = format!("wasmcustom.sluice.limit.{limit}.{stat}: ");
         let text = http_get(self.admin_port, "/stats")?;
         text.lines()
             .find_map(|l| l.strip_prefix(&want))

@@ -53,8 +53,8 @@ async fn per_second_and_per_minute_hold_together() -> anyhow::Result<()> {
         })
         .count();
     let refused = count(&outcomes, 429);
-    let tokens = envoy.limit_stat("bank", "per-minute", "tokens")?;
-    let limit_refused = envoy.limit_stat("bank", "per-minute", "refused")?;
+    let tokens = envoy.limit_stat("per-minute", "tokens")?;
+    let limit_refused = envoy.limit_stat("per-minute", "refused")?;
     println!(
         "stacked 1s + 1m: {} calls, the API saw {} (most {most_1s} in any 1 s; bounds: 30 + 1 per 2 s, 10 + 10/s), \
          {refused} × 429 of which {by_minute} named per-minute; stats: per-minute tokens {tokens}, refused {limit_refused}, \
@@ -64,9 +64,17 @@ async fn per_second_and_per_minute_hold_together() -> anyhow::Result<()> {
         envoy.policy_stat("rejected", "bank")?,
     );
     // 30 at once, then one every 2 s over the 6 s.
-    assert!((30..=34).contains(&arrivals.len()), "{} reached the API", arrivals.len());
+    assert!(
+        (30..=34).contains(&arrivals.len()),
+        "{} reached the API",
+        arrivals.len()
+    );
     assert!(most_1s <= 20, "{most_1s} in one second");
-    assert_eq!(tokens as usize, arrivals.len(), "tokens counted = calls that went");
+    assert_eq!(
+        tokens as usize,
+        arrivals.len(),
+        "tokens counted = calls that went"
+    );
     assert!(by_minute > 0, "refusals name the per-minute limit");
     assert_eq!(limit_refused as usize, by_minute);
     Ok(())
@@ -96,7 +104,7 @@ async fn a_call_refused_by_its_key_takes_nothing_from_the_company_limit() -> any
     })
     .await;
     settle().await;
-    let company_tokens = envoy.limit_stat("llm", "company", "tokens")?;
+    let company_tokens = envoy.limit_stat("company", "tokens")?;
     let passed = count(&storm, 200);
     let by_company = storm
         .iter()
@@ -135,11 +143,75 @@ async fn a_call_refused_by_its_key_takes_nothing_from_the_company_limit() -> any
         mock.arrivals().len(),
     );
     assert_eq!(passed, 8, "one call per key");
-    assert_eq!(by_company, 0, "the company limit refused nothing in the storm");
-    assert_eq!(company_tokens, 8.0, "refused calls gave their company tokens back");
-    assert!(fresh.iter().all(|s| *s == 200), "92 new keys fit the company's 100");
+    assert_eq!(
+        by_company, 0,
+        "the company limit refused nothing in the storm"
+    );
+    assert_eq!(
+        company_tokens, 8.0,
+        "refused calls gave their company tokens back"
+    );
+    assert!(
+        fresh.iter().all(|s| *s == 200),
+        "92 new keys fit the company's 100"
+    );
     assert_eq!(last_status, 429);
     assert_eq!(last_limit.as_deref(), Some("company"));
     assert_eq!(mock.arrivals().len(), 100);
+    Ok(())
+}
+
+/// Stripe-style: each endpoint its own rate, the account one limit that
+/// every endpoint's policy names. Per day, so nothing refills meanwhile:
+/// 5 per endpoint, 8 for the account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_named_by_two_policies_is_one_limit() -> anyhow::Result<()> {
+    let account = r#"{"name": "account", "rate": {"requests": 8, "period": "1d"}}"#;
+    let (mock, envoy) = setup(&format!(
+        r#"{{"name": "charges", "match": {{"host": "api.stripe.example", "path_prefix": "/v1/charges"}},
+             "rate": {{"requests": 5, "period": "1d"}}, "limits": [{account}]}},
+           {{"name": "refunds", "match": {{"host": "api.stripe.example", "path_prefix": "/v1/refunds"}},
+             "rate": {{"requests": 5, "period": "1d"}}, "limits": [{account}]}}"#
+    ))
+    .await?;
+    let http = load::client();
+    let mut outcomes = Vec::new();
+    for path in ["/v1/charges", "/v1/refunds"] {
+        for _ in 0..10 {
+            let r = http
+                .post(envoy.url(path))
+                .header("host", "api.stripe.example")
+                .send()
+                .await?;
+            let limit = r
+                .headers()
+                .get("x-sluice-limit")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_string();
+            outcomes.push((path, r.status().as_u16(), limit));
+        }
+    }
+    let passed = |p: &str| {
+        outcomes
+            .iter()
+            .filter(|(path, s, _)| *path == p && *s == 200)
+            .count()
+    };
+    let by_account = outcomes.iter().filter(|(_, _, l)| l == "account").count();
+    settle().await;
+    println!(
+        "shared account limit: charges {} of 10 passed (endpoint 5), refunds {} of 10 (account 8 in all), \
+         {by_account} refused naming account; account tokens {}; the API saw {}",
+        passed("/v1/charges"),
+        passed("/v1/refunds"),
+        envoy.limit_stat("account", "tokens")?,
+        mock.arrivals().len()
+    );
+    assert_eq!(passed("/v1/charges"), 5);
+    assert_eq!(passed("/v1/refunds"), 3);
+    assert_eq!(by_account, 7);
+    assert_eq!(envoy.limit_stat("account", "tokens")?, 8.0);
+    assert_eq!(mock.arrivals().len(), 8);
     Ok(())
 }

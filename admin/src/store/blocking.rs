@@ -30,9 +30,14 @@ fn from_json(body: &str) -> Result<Policy, StoreError> {
 /// operator is editing in the single-policy API.
 fn relative_errors(errors: ValidationErrors, index: usize) -> ValidationErrors {
     let prefix = format!("policies[{index}].");
+    let mut errors = errors.errors;
+    // What the set says of the other policies (a shared limit they now
+    // disagree on) is said of the edited one too; its own errors suffice.
+    if errors.iter().any(|e| e.path.starts_with(&prefix)) {
+        errors.retain(|e| e.path.starts_with(&prefix));
+    }
     ValidationErrors {
         errors: errors
-            .errors
             .into_iter()
             .map(|e| FieldError {
                 path: e

@@ -1,4 +1,5 @@
-//! A policy's further limits (`limits`): each in its own shared-data entry,
+//! A policy's further limits (`limits`): each in its own shared-data entry
+//! (one per limit name, shared by every policy that names it),
 //! taken all or nothing ([`StackedTake`]) before the policy's own bucket
 //! decides, and given back when that bucket refuses the call.
 
@@ -11,9 +12,10 @@ use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
 use crate::store::Store;
 
-/// Where a policy's further limit lives in shared data.
-pub fn limit_key(policy: &str, limit: &str) -> String {
-    format!("sluice/l/{policy}/{limit}")
+/// Where a further limit lives in shared data: by its name alone, so
+/// every policy naming it counts against the one limit.
+pub fn limit_key(limit: &str) -> String {
+    format!("sluice/l/{limit}")
 }
 
 /// What the further limits said.
@@ -51,7 +53,7 @@ pub(super) fn take<H: Host + ?Sized>(
             take.give_up(DEFAULT_RETRY);
             continue;
         };
-        let key = limit_key(policy.name(), &limit.name);
+        let key = limit_key(&limit.name);
         let stepped = store.update(host, &key, |bytes| {
             let mut state = state_of(&limit.rate, bytes);
             let step = take.apply(&limit.rate, &mut state);
@@ -70,7 +72,7 @@ pub(super) fn take<H: Host + ?Sized>(
                 .limits
                 .get(limit)
                 .map_or_else(String::new, |l| l.name.clone());
-            metrics.add_limit(policy.name(), &name, LimitStat::Refused, 1);
+            metrics.add_limit(&name, LimitStat::Refused, 1);
             Taken::Refused {
                 limit: name,
                 retry_after,
@@ -83,9 +85,9 @@ pub(super) fn take<H: Host + ?Sized>(
 /// Counts a call every further limit let through and that went.
 pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, costs: &[u64]) {
     for (limit, cost) in policy.limits.iter().zip(costs) {
-        metrics.add_limit(policy.name(), &limit.name, LimitStat::Admitted, 1);
+        metrics.add_limit(&limit.name, LimitStat::Admitted, 1);
         let tokens = i64::try_from(limit.rate.taken(*cost)).unwrap_or(i64::MAX);
-        metrics.add_limit(policy.name(), &limit.name, LimitStat::Tokens, tokens);
+        metrics.add_limit(&limit.name, LimitStat::Tokens, tokens);
     }
 }
 
@@ -101,7 +103,7 @@ pub(super) fn give_back<H: Host + ?Sized>(
 ) {
     for (limit, cost) in policy.limits.iter().zip(costs) {
         let tokens = limit.rate.taken(*cost);
-        let key = limit_key(policy.name(), &limit.name);
+        let key = limit_key(&limit.name);
         // On failure (counted and logged by the store) the tokens stay
         // taken: the limit errs on the safe side.
         let _ = store.update(host, &key, |bytes| {
