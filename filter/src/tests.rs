@@ -1072,6 +1072,15 @@ fn a_company_limit_holds_across_keys_and_refusals_by_the_key_give_its_tokens_bac
         .unwrap_or(0);
     assert!((11..=12).contains(&retry), "retry-after {retry}");
     assert!(String::from_utf8_lossy(&reply.body).contains("limit company"));
+    assert_eq!(
+        header("ratelimit-policy"),
+        Some("\"llm\";q=2;w=60, \"company\";q=5;w=60")
+    );
+    assert_eq!(
+        header("ratelimit"),
+        Some(format!("\"company\";r=0;t={retry}").as_str())
+    );
+    assert_eq!(header("content-type"), Some("text/plain; charset=utf-8"));
     a.on_tick(&host);
     b.on_tick(&host);
     assert_eq!(host.metric("sluice.limit.company.admitted"), 5);

@@ -47,24 +47,27 @@ pub fn quota_id(policy: &Policy, kind: LimitKind) -> String {
     }
 }
 
-/// Every limit of the policy as quota policy items.
+/// A rate limit as a quota policy item: `"id";q=<quota>;w=<seconds>`.
+fn rate_item(id: &str, rate: &crate::policy::RateSpec) -> String {
+    let period = rate.period.as_span();
+    let (quota, window_s) = match period.as_whole_secs() {
+        Some(secs) if secs > 0 => (rate.requests, secs),
+        _ => {
+            // The field's window is whole seconds: state the same rate per second.
+            let per_second = u128::from(rate.requests) * u128::from(NANOS_PER_SEC)
+                / u128::from(period.as_nanos().max(1));
+            (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
+        }
+    };
+    format!("\"{id}\";q={quota};w={window_s}")
+}
+
+/// Every limit of the policy as quota policy items: its rate, its
+/// concurrency, then its further limits by name.
 pub fn ratelimit_policy_value(policy: &Policy) -> String {
-    let mut items = Vec::with_capacity(2);
+    let mut items = Vec::with_capacity(2 + policy.limits.len());
     if let Some(rate) = &policy.rate {
-        let period = rate.period.as_span();
-        let (quota, window_s) = match period.as_whole_secs() {
-            Some(secs) if secs > 0 => (rate.requests, secs),
-            _ => {
-                // The field's window is whole seconds: state the same rate per second.
-                let per_second = u128::from(rate.requests) * u128::from(NANOS_PER_SEC)
-                    / u128::from(period.as_nanos().max(1));
-                (u64::try_from(per_second).unwrap_or(u64::MAX).max(1), 1)
-            }
-        };
-        items.push(format!(
-            "\"{}\";q={quota};w={window_s}",
-            quota_id(policy, LimitKind::Rate)
-        ));
+        items.push(rate_item(&quota_id(policy, LimitKind::Rate), rate));
     }
     if let Some(conc) = &policy.concurrency {
         items.push(format!(
@@ -72,6 +75,9 @@ pub fn ratelimit_policy_value(policy: &Policy) -> String {
             quota_id(policy, LimitKind::Concurrency),
             conc.max_in_flight
         ));
+    }
+    for limit in &policy.limits {
+        items.push(rate_item(&limit.name, &limit.rate));
     }
     items.join(", ")
 }
@@ -95,6 +101,24 @@ pub fn rejection_headers(
         (RETRY_AFTER, retry_after_value(retry_after)),
         (RATELIMIT_POLICY, ratelimit_policy_value(policy)),
         (RATELIMIT, ratelimit_value(policy, kind, 0, retry_after)),
+        (SLUICE_POLICY, policy.name.clone()),
+    ]
+}
+
+/// The headers of a local reply refusing a request over one of the
+/// policy's further limits, `limit`: the RateLimit field speaks of it.
+pub fn further_limit_rejection_headers(
+    policy: &Policy,
+    limit: &str,
+    retry_after: Span,
+) -> Vec<(&'static str, String)> {
+    vec![
+        (RETRY_AFTER, retry_after_value(retry_after)),
+        (RATELIMIT_POLICY, ratelimit_policy_value(policy)),
+        (
+            RATELIMIT,
+            format!("\"{limit}\";r=0;t={}", retry_after.as_secs_ceil()),
+        ),
         (SLUICE_POLICY, policy.name.clone()),
     ]
 }
@@ -133,6 +157,22 @@ mod tests {
             r#"{"name": "fast", "match": {"host": "*"}, "rate": {"requests": 5, "period": "250ms"}}"#,
         );
         assert_eq!(ratelimit_policy_value(&p), r#""fast";q=20;w=1"#);
+    }
+
+    #[test]
+    fn further_limits_are_listed_and_a_refusal_by_one_names_it() {
+        let p = policy(
+            r#"{"name": "openai", "match": {"host": "*"}, "rate": {"requests": 500, "period": "1m"},
+                "limits": [{"name": "tpm", "rate": {"requests": 30000, "period": "1m"}},
+                           {"name": "daily", "rate": {"requests": 2000000, "period": "1d", "algorithm": "fixed_window"}}]}"#,
+        );
+        assert_eq!(
+            ratelimit_policy_value(&p),
+            r#""openai";q=500;w=60, "tpm";q=30000;w=60, "daily";q=2000000;w=86400"#
+        );
+        let h = further_limit_rejection_headers(&p, "tpm", Span::from_millis(1500));
+        assert_eq!(h[0], ("retry-after", "2".to_string()));
+        assert_eq!(h[2], ("ratelimit", "\"tpm\";r=0;t=2".to_string()));
     }
 
     #[test]

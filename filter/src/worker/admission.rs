@@ -12,7 +12,7 @@
 //! pass; [`Admitter::refuse`] is the one place either happens.
 
 use sluice_shared::bucket::{Admission, BucketLimits, Prefetched};
-use sluice_shared::headers::{rejection_headers, LimitKind};
+use sluice_shared::headers::{further_limit_rejection_headers, rejection_headers, LimitKind};
 use sluice_shared::matcher::{Classification, CompiledPolicy};
 use sluice_shared::time::{Instant, Span};
 
@@ -99,7 +99,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         if let Taken::Refused { limit, retry_after } = taken {
             return match self.refuse(policy, LimitKind::Rate, retry_after) {
                 Decision::Refuse(reply) => {
-                    Decision::Refuse(refused_by_limit(reply, policy, &limit))
+                    Decision::Refuse(refused_by_limit(reply, policy, &limit, retry_after))
                 }
                 other => other,
             };
@@ -269,7 +269,19 @@ pub const LIMIT_HEADER: &str = "x-sluice-limit";
 
 /// The refusal by one of the policy's further limits: named in a header,
 /// and in the body unless the policy has its own.
-fn refused_by_limit(mut reply: LocalReply, policy: &CompiledPolicy, limit: &str) -> LocalReply {
+fn refused_by_limit(
+    mut reply: LocalReply,
+    policy: &CompiledPolicy,
+    limit: &str,
+    retry_after: Span,
+) -> LocalReply {
+    let content_type = reply
+        .headers
+        .iter()
+        .find(|(n, _)| *n == "content-type")
+        .cloned();
+    reply.headers = further_limit_rejection_headers(&policy.policy, limit, retry_after);
+    reply.headers.extend(content_type);
     reply.headers.push((LIMIT_HEADER, limit.to_string()));
     if policy.policy.on_limit.body.is_none() {
         reply.body = format!(
