@@ -15,6 +15,7 @@ pub mod plugin;
 pub mod policy;
 pub mod sync;
 pub mod time;
+pub mod usage;
 pub mod validate;
 
 pub use duration::DurationMs;

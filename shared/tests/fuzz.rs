@@ -395,3 +395,91 @@ fn shared_data_decoders() {
         Ok(())
     });
 }
+
+/// Splits `bytes` at the given points (each taken modulo the length).
+fn chunked(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    points.sort_unstable();
+    let mut out = Vec::new();
+    let mut from = 0;
+    for p in points.into_iter().chain([bytes.len()]) {
+        out.push(bytes[from..p].to_vec());
+        from = p;
+    }
+    out
+}
+
+#[test]
+fn response_usage_from_arbitrary_bodies() {
+    use sluice_shared::usage::{UsagePath, UsageReader};
+    let paths = || {
+        [
+            "usage.total_tokens",
+            "message.usage.input_tokens",
+            "usage.output_tokens",
+        ]
+        .iter()
+        .filter_map(|p| UsagePath::parse(p))
+        .collect::<Vec<_>>()
+    };
+    let input = (
+        prop::collection::vec(any::<u8>(), 0..2_000),
+        prop::collection::vec(any::<usize>(), 0..8),
+        any::<bool>(),
+    );
+    fuzz(
+        "response usage from arbitrary bytes in arbitrary chunks",
+        input,
+        |(bytes, cuts, stream)| {
+            let ct: &[u8] = if stream {
+                b"text/event-stream"
+            } else {
+                b"application/json"
+            };
+            let mut reader = UsageReader::new(paths(), Some(ct), 1_024);
+            for piece in chunked(&bytes, &cuts) {
+                reader.feed(&piece);
+            }
+            let _ = reader.finish();
+            Ok(())
+        },
+    );
+    // A well-formed stream reads the same however the network cuts it.
+    let events = prop::collection::vec((0u64..1_000_000, 0u64..1_000_000, any::<bool>()), 1..20);
+    fuzz(
+        "event-stream usage does not depend on chunking",
+        (events, prop::collection::vec(any::<usize>(), 0..12)),
+        |(events, cuts)| {
+            let mut body = Vec::new();
+            for (input, output, crlf) in &events {
+                let nl: &str = if *crlf { "\r\n" } else { "\n" };
+                body.extend_from_slice(
+                    format!(
+                        "event: x{nl}data: {{\"message\": {{\"usage\": {{\"input_tokens\": {input}}}}}, \"usage\": {{\"output_tokens\": {output}, \"total_tokens\": {}}}}}{nl}{nl}",
+                        input + output
+                    )
+                    .as_bytes(),
+                );
+            }
+            body.extend_from_slice(b"data: [DONE]\n\n");
+            let whole = {
+                let mut r = UsageReader::new(paths(), Some(b"text/event-stream"), 1_024);
+                r.feed(&body);
+                r.finish()
+            };
+            let mut r = UsageReader::new(paths(), Some(b"text/event-stream"), 1_024);
+            for piece in chunked(&body, &cuts) {
+                r.feed(&piece);
+            }
+            let pieces = r.finish();
+            let (input, output, _) = events.last().copied().unwrap_or_default();
+            let expected = Ok((input + output) * 2);
+            if whole != expected || pieces != expected {
+                return Err(format!(
+                    "whole {whole:?}, in pieces {pieces:?}, expected {expected:?}"
+                ));
+            }
+            Ok(())
+        },
+    );
+}

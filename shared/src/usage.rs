@@ -1,0 +1,309 @@
+//! A call's real cost read from its response, as the response streams by:
+//! a JSON body (`usage.total_tokens`, or a sum of paths such as
+//! `usage.input_tokens` + `usage.output_tokens`) or a `text/event-stream`
+//! whose usage comes in its events (the last value of each path wins, so
+//! OpenAI's final chunk and Anthropic's `message_start` + `message_delta`
+//! both read right).
+//!
+//! Nothing here trusts the provider: the reader keeps at most `max_bytes`
+//! (the whole JSON body, or one SSE line), and anything it cannot read —
+//! too large, not JSON, a path missing or not a whole number — is an
+//! error the caller answers by charging the estimate.
+
+use serde_json::Value;
+
+/// Why a response's usage could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsageError {
+    #[error("the response is larger than the {0} bytes read for its usage")]
+    TooLarge(usize),
+    #[error("the response is not JSON: {0}")]
+    Malformed(String),
+    #[error("no whole number at {0}")]
+    Missing(String),
+}
+
+/// A dotted path into a JSON value: `usage.total_tokens`; array items by
+/// index (`choices.0.usage`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsagePath {
+    text: String,
+    steps: Vec<String>,
+}
+
+impl UsagePath {
+    /// None for an empty path or an empty step (`usage..tokens`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let steps: Vec<String> = text.split('.').map(str::to_string).collect();
+        if text.is_empty() || steps.iter().any(String::is_empty) {
+            return None;
+        }
+        Some(Self {
+            text: text.to_string(),
+            steps,
+        })
+    }
+
+    fn find(&self, value: &Value) -> Option<u64> {
+        let mut at = value;
+        for step in &self.steps {
+            at = match at {
+                Value::Object(map) => map.get(step)?,
+                Value::Array(items) => items.get(step.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        at.as_u64()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Mode {
+    /// The whole body is one JSON document.
+    Json,
+    /// Server-sent events: `data:` lines, each a JSON document (or `[DONE]`).
+    EventStream,
+}
+
+/// Reads usage from a response fed chunk by chunk; see the module docs.
+#[derive(Debug, Clone)]
+pub struct UsageReader {
+    paths: Vec<UsagePath>,
+    mode: Mode,
+    max_bytes: usize,
+    /// The JSON body so far, or the SSE line not yet ended.
+    pending: Vec<u8>,
+    /// The latest value seen of each path (event streams).
+    latest: Vec<Option<u64>>,
+    failed: Option<UsageError>,
+}
+
+impl UsageReader {
+    /// A reader for `paths`, for a response of `content_type` (an event
+    /// stream when it says `text/event-stream`, JSON otherwise).
+    pub fn new(paths: Vec<UsagePath>, content_type: Option<&[u8]>, max_bytes: usize) -> Self {
+        let is_stream = content_type.is_some_and(|ct| {
+            ct.len() >= 17 && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
+        });
+        Self {
+            latest: vec![None; paths.len()],
+            paths,
+            mode: if is_stream {
+                Mode::EventStream
+            } else {
+                Mode::Json
+            },
+            max_bytes,
+            pending: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// The next piece of the body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if self.failed.is_some() {
+            return;
+        }
+        match self.mode {
+            Mode::Json => {
+                if self.pending.len().saturating_add(chunk.len()) > self.max_bytes {
+                    self.fail(UsageError::TooLarge(self.max_bytes));
+                } else {
+                    self.pending.extend_from_slice(chunk);
+                }
+            }
+            Mode::EventStream => {
+                let mut rest = chunk;
+                while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+                    let (line, after) = rest.split_at(end);
+                    if !self.push_line_part(line) {
+                        return;
+                    }
+                    let line = std::mem::take(&mut self.pending);
+                    self.event_line(&line);
+                    rest = &after[1..];
+                }
+                self.push_line_part(rest);
+            }
+        }
+    }
+
+    /// Adds to the line being read; false (and failed) past `max_bytes`.
+    fn push_line_part(&mut self, part: &[u8]) -> bool {
+        if self.pending.len().saturating_add(part.len()) > self.max_bytes {
+            self.fail(UsageError::TooLarge(self.max_bytes));
+            return false;
+        }
+        self.pending.extend_from_slice(part);
+        true
+    }
+
+    fn event_line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            // Comments, `event:`, `id:`, blank lines: nothing to read.
+            return;
+        };
+        let data = data.trim_ascii();
+        if data.is_empty() || data == b"[DONE]" {
+            return;
+        }
+        // An event that is not JSON says nothing of usage; later events may.
+        let Ok(value) = serde_json::from_slice::<Value>(data) else {
+            return;
+        };
+        for (path, latest) in self.paths.iter().zip(self.latest.iter_mut()) {
+            if let Some(n) = path.find(&value) {
+                *latest = Some(n);
+            }
+        }
+    }
+
+    fn fail(&mut self, error: UsageError) {
+        self.pending = Vec::new();
+        self.failed = Some(error);
+    }
+
+    /// The body ended: the sum of the paths' values.
+    pub fn finish(mut self) -> Result<u64, UsageError> {
+        if let Some(error) = self.failed.take() {
+            return Err(error);
+        }
+        let values: Vec<Option<u64>> = match self.mode {
+            Mode::Json => {
+                let value: Value = serde_json::from_slice(&self.pending)
+                    .map_err(|e| UsageError::Malformed(e.to_string()))?;
+                self.paths.iter().map(|p| p.find(&value)).collect()
+            }
+            Mode::EventStream => {
+                let last = std::mem::take(&mut self.pending);
+                self.event_line(&last);
+                self.latest.clone()
+            }
+        };
+        let mut total: u64 = 0;
+        for (path, value) in self.paths.iter().zip(values) {
+            let n = value.ok_or_else(|| UsageError::Missing(path.text.clone()))?;
+            total = total.saturating_add(n);
+        }
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(p: &[&str]) -> Vec<UsagePath> {
+        p.iter().filter_map(|p| UsagePath::parse(p)).collect()
+    }
+
+    fn read(p: &[&str], content_type: &str, chunks: &[&[u8]]) -> Result<u64, UsageError> {
+        let mut r = UsageReader::new(paths(p), Some(content_type.as_bytes()), 4096);
+        for c in chunks {
+            r.feed(c);
+        }
+        r.finish()
+    }
+
+    #[test]
+    fn a_json_body_in_pieces_gives_the_sum_of_its_paths() {
+        let body: &[&[u8]] = &[
+            br#"{"id": "x", "usage": {"input_"#,
+            br#"tokens": 120, "output_tokens": 80}}"#,
+        ];
+        assert_eq!(
+            read(
+                &["usage.input_tokens", "usage.output_tokens"],
+                "application/json",
+                body
+            ),
+            Ok(200)
+        );
+        assert_eq!(
+            read(&["usage.total_tokens"], "application/json", body),
+            Err(UsageError::Missing("usage.total_tokens".into()))
+        );
+    }
+
+    #[test]
+    fn an_openai_stream_reads_its_last_chunk() {
+        let stream: &[&[u8]] = &[
+            b"data: {\"choices\": [{\"delta\": {\"content\": \"Hi\"}}], \"usage\": null}\n\n",
+            b"data: {\"choices\": [], \"usage\": {\"total_tokens\": 4",
+            b"2}}\n\ndata: [DONE]\n\n",
+        ];
+        assert_eq!(
+            read(
+                &["usage.total_tokens"],
+                "text/event-stream; charset=utf-8",
+                stream
+            ),
+            Ok(42)
+        );
+    }
+
+    #[test]
+    fn an_anthropic_stream_sums_input_from_the_start_and_output_from_the_last_delta() {
+        let stream: &[&[u8]] = &[
+            b"event: message_start\r\ndata: {\"type\": \"message_start\", \"message\": {\"usage\": {\"input_tokens\": 25, \"output_tokens\": 1}}}\r\n\r\n",
+            b"event: message_delta\r\ndata: {\"type\": \"message_delta\", \"usage\": {\"output_tokens\": 10}}\r\n\r\n",
+            b"event: message_delta\r\ndata: {\"type\": \"message_delta\", \"usage\": {\"output_tokens\": 15}}\r\n\r\n",
+            b"event: message_stop\r\ndata: {\"type\": \"message_stop\"}\r\n\r\n",
+        ];
+        assert_eq!(
+            read(
+                &["message.usage.input_tokens", "usage.output_tokens"],
+                "text/event-stream",
+                stream
+            ),
+            Ok(40)
+        );
+    }
+
+    #[test]
+    fn hostile_responses_are_errors_never_panics() {
+        let p = ["usage.total_tokens"];
+        assert!(matches!(
+            read(&p, "application/json", &[b"not json"]),
+            Err(UsageError::Malformed(_))
+        ));
+        assert_eq!(
+            read(
+                &p,
+                "application/json",
+                &[br#"{"usage": {"total_tokens": -5}}"#]
+            ),
+            Err(UsageError::Missing("usage.total_tokens".into()))
+        );
+        assert_eq!(
+            read(
+                &p,
+                "application/json",
+                &[br#"{"usage": {"total_tokens": 1.5}}"#]
+            ),
+            Err(UsageError::Missing("usage.total_tokens".into()))
+        );
+        assert_eq!(
+            read(&p, "application/json", &[&[b' '; 5000]]),
+            Err(UsageError::TooLarge(4096))
+        );
+        // A line longer than the bound, even if split across chunks.
+        let long = vec![b'x'; 3000];
+        assert_eq!(
+            read(&p, "text/event-stream", &[b"data: ", &long, &long]),
+            Err(UsageError::TooLarge(4096))
+        );
+        // Huge numbers saturate rather than overflow.
+        assert_eq!(
+            read(
+                &["a", "b"],
+                "application/json",
+                &[br#"{"a": 18446744073709551615, "b": 18446744073709551615}"#]
+            ),
+            Ok(u64::MAX)
+        );
+        assert_eq!(UsagePath::parse(""), None);
+        assert_eq!(UsagePath::parse("usage..x"), None);
+    }
+}
