@@ -29,3 +29,5 @@ mod envoy;
 mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod usage_tests;

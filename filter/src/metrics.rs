@@ -71,18 +71,41 @@ pub enum LimitStat {
     Admitted,
     /// Calls this limit refused first.
     Refused,
-    /// Tokens the admitted calls took from it.
+    /// Tokens the admitted calls took from it (with `usage`: what each
+    /// was charged in the end, counted when its response ended).
     Tokens,
+    /// Responses whose usage was read and reconciled with the estimate.
+    UsageRead,
+    /// Responses larger than `max_body_bytes`: charged the estimate.
+    UsageTooLarge,
+    /// Responses whose usage was missing or not a whole number (not JSON,
+    /// no such path, a bad header): charged the estimate.
+    UsageMalformed,
+    /// Calls that ended before their response did (aborted, reset):
+    /// charged the estimate.
+    UsageAborted,
 }
 
 impl LimitStat {
-    const ALL: [LimitStat; 3] = [LimitStat::Admitted, LimitStat::Refused, LimitStat::Tokens];
+    const ALL: [LimitStat; 7] = [
+        LimitStat::Admitted,
+        LimitStat::Refused,
+        LimitStat::Tokens,
+        LimitStat::UsageRead,
+        LimitStat::UsageTooLarge,
+        LimitStat::UsageMalformed,
+        LimitStat::UsageAborted,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             LimitStat::Admitted => "admitted",
             LimitStat::Refused => "refused",
             LimitStat::Tokens => "tokens",
+            LimitStat::UsageRead => "usage_read",
+            LimitStat::UsageTooLarge => "usage_too_large",
+            LimitStat::UsageMalformed => "usage_malformed",
+            LimitStat::UsageAborted => "usage_aborted",
         }
     }
 
@@ -101,10 +124,12 @@ pub enum FilterStat {
     SyncFailures,
     SyncStale,
     PolicySetsInstalled,
+    /// Requests whose body was too large to read an estimate from.
+    RequestBodyTooLarge,
 }
 
 impl FilterStat {
-    const ALL: [FilterStat; 8] = [
+    const ALL: [FilterStat; 9] = [
         FilterStat::CasRetries,
         FilterStat::CasExhausted,
         FilterStat::StateDecodeErrors,
@@ -113,6 +138,7 @@ impl FilterStat {
         FilterStat::SyncFailures,
         FilterStat::SyncStale,
         FilterStat::PolicySetsInstalled,
+        FilterStat::RequestBodyTooLarge,
     ];
 
     pub fn name(self) -> &'static str {
@@ -125,6 +151,7 @@ impl FilterStat {
             FilterStat::SyncFailures => "sync_failures",
             FilterStat::SyncStale => "sync_stale",
             FilterStat::PolicySetsInstalled => "policy_sets_installed",
+            FilterStat::RequestBodyTooLarge => "request_body_too_large",
         }
     }
 

@@ -13,16 +13,19 @@ use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;
 use crate::worker::{StreamAction, Verdict, Worker};
 
-const T0: Instant = Instant::from_nanos(1_800_000_000_000_000_000);
+pub(crate) const T0: Instant = Instant::from_nanos(1_800_000_000_000_000_000);
 
-fn worker(host: &FakeHost, policies: &str) -> Worker {
+pub(crate) fn worker(host: &FakeHost, policies: &str) -> Worker {
     let mut w = Worker::new(host);
     let set = CompiledPolicySet::from_json(policies).unwrap_or_else(|e| panic!("{e}"));
     w.install(host, set);
     w
 }
 
-fn req<'a>(authority: &'a [u8], extra: &'a [(&'a str, &'a [u8])]) -> Vec<(&'a str, &'a [u8])> {
+pub(crate) fn req<'a>(
+    authority: &'a [u8],
+    extra: &'a [(&'a str, &'a [u8])],
+) -> Vec<(&'a str, &'a [u8])> {
     let mut h = vec![
         (":authority", authority),
         (":path", b"/".as_slice()),
@@ -35,7 +38,7 @@ fn req<'a>(authority: &'a [u8], extra: &'a [(&'a str, &'a [u8])]) -> Vec<(&'a st
 /// Time passes as it does in Envoy: the worker ticks every 100 ms
 /// meanwhile (its clock takes a gap of more than a second between
 /// readings for a step of the wall clock).
-fn pass(host: &FakeHost, w: &mut Worker, ms: u64) {
+pub(crate) fn pass(host: &FakeHost, w: &mut Worker, ms: u64) {
     let mut left = ms;
     while left > 0 {
         let step = left.min(100);
@@ -45,10 +48,10 @@ fn pass(host: &FakeHost, w: &mut Worker, ms: u64) {
     }
 }
 
-fn status(v: &Verdict) -> u32 {
+pub(crate) fn status(v: &Verdict) -> u32 {
     match v {
         Verdict::Continue => 200,
-        Verdict::Pause { .. } => 0,
+        Verdict::Pause { .. } | Verdict::ReadBody => 0,
         Verdict::Reply(r) => r.status,
     }
 }
@@ -402,7 +405,7 @@ proptest! {
             let ctx = ctx as u32;
             let h: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
             match w.on_request(&host, ctx, h.as_slice()) {
-                Verdict::Continue | Verdict::Pause { .. } => open.push(ctx),
+                Verdict::Continue | Verdict::Pause { .. } | Verdict::ReadBody => open.push(ctx),
                 Verdict::Reply(r) => prop_assert!((400..600).contains(&r.status)),
             }
             match action {

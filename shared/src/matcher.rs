@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use crate::key_hash::KeySecret;
 use crate::limiter::{ConcurrencyLimit, RateLimiter};
 use crate::policy::{CostSpec, KeyOverflow, Mode, Policy, PolicySet, Priority};
+use crate::usage::{CompiledUsage, UsagePath};
 use crate::validate::{parse_policy_set, ValidationErrors};
 
 /// Read access to a request's headers. Names are lowercase; the pseudo
@@ -123,6 +124,10 @@ pub struct CompiledLimit {
     pub rate: RateLimiter,
     cost: CostSpec,
     cost_header: Option<String>,
+    /// Where in the request's JSON body the estimate is read.
+    cost_json: Option<UsagePath>,
+    /// Where the real cost is read from the response.
+    pub usage: Option<CompiledUsage>,
 }
 
 /// Which bucket of a policy a request uses.
@@ -172,6 +177,11 @@ impl CompiledPolicy {
                     rate: RateLimiter::from_spec(&l.rate),
                     cost: l.cost.clone(),
                     cost_header: cost_header_of(&l.cost),
+                    cost_json: match &l.cost {
+                        CostSpec::FromRequestJson(j) => UsagePath::parse(&j.json),
+                        _ => None,
+                    },
+                    usage: l.usage.as_ref().map(CompiledUsage::new),
                 })
                 .collect(),
             priority_header: policy
@@ -270,11 +280,39 @@ impl CompiledPolicy {
         cost_of(&self.policy.cost, self.cost_header.as_deref(), req)
     }
 
-    /// What this request takes from each of the policy's further limits.
-    pub fn limit_costs<R: RequestHeaders + ?Sized>(&self, req: &R) -> Vec<u64> {
+    /// Whether a further limit's cost is read from the request's body, so
+    /// the call is decided only once its body is in.
+    pub fn reads_request_body(&self) -> bool {
+        self.limits.iter().any(|l| l.cost_json.is_some())
+    }
+
+    /// Whether a further limit's real cost is read from the response.
+    pub fn reads_usage(&self) -> bool {
+        self.limits.iter().any(|l| l.usage.is_some())
+    }
+
+    /// What this request takes from each of the policy's further limits;
+    /// `body` is the request's body when [`Self::reads_request_body`] (None:
+    /// none, or too large to read, and such costs are their default).
+    pub fn limit_costs<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        body: Option<&[u8]>,
+    ) -> Vec<u64> {
+        let json = body
+            .filter(|_| self.reads_request_body())
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok());
         self.limits
             .iter()
-            .map(|l| cost_of(&l.cost, l.cost_header.as_deref(), req))
+            .map(|l| match (&l.cost, &l.cost_json) {
+                (CostSpec::FromRequestJson(spec), Some(path)) => {
+                    let asked = json.as_ref().and_then(|v| path.find(v));
+                    asked
+                        .map_or(spec.default, |n| n.saturating_add(spec.plus))
+                        .clamp(1, spec.max.max(1))
+                }
+                _ => cost_of(&l.cost, l.cost_header.as_deref(), req),
+            })
             .collect()
     }
 
@@ -299,6 +337,8 @@ impl CompiledPolicy {
 fn cost_of<R: RequestHeaders + ?Sized>(spec: &CostSpec, header: Option<&str>, req: &R) -> u64 {
     match spec {
         CostSpec::Fixed(n) => (*n).max(1),
+        // Without the body (the policy's own cost, refused by validation).
+        CostSpec::FromRequestJson(j) => j.default.clamp(1, j.max.max(1)),
         CostSpec::FromHeader(spec) => {
             let parsed = header
                 .and_then(|h| req.header(h))
@@ -311,7 +351,7 @@ fn cost_of<R: RequestHeaders + ?Sized>(spec: &CostSpec, header: Option<&str>, re
 fn cost_header_of(cost: &CostSpec) -> Option<String> {
     match cost {
         CostSpec::FromHeader(h) => Some(h.header.to_ascii_lowercase()),
-        CostSpec::Fixed(_) => None,
+        CostSpec::Fixed(_) | CostSpec::FromRequestJson(_) => None,
     }
 }
 

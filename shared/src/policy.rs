@@ -85,9 +85,12 @@ pub struct NamedLimit {
     /// `sluice.limit.<name>.*`.
     pub name: String,
     pub rate: RateSpec,
-    /// Tokens one call takes from this limit.
+    /// Tokens one call takes from this limit (with `usage`: its estimate).
     #[serde(default, skip_serializing_if = "CostSpec::is_default")]
     pub cost: CostSpec,
+    /// The call's real cost, read from its response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageSpec>,
 }
 
 /// Who a policy's limits are for.
@@ -245,16 +248,18 @@ impl WarmupSpec {
     }
 }
 
-/// Tokens one request takes: a fixed number, or read from a request header.
+/// Tokens one request takes: a fixed number, read from a request header,
+/// or (in `limits` only) read from a field of the request's JSON body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(
     untagged,
-    expecting = "a number of tokens, or {\"header\": ..., \"default\": ..., \"max\": ...}"
+    expecting = "a number of tokens, {\"header\": ..., \"default\": ..., \"max\": ...} or {\"json\": ..., \"plus\": ..., \"default\": ..., \"max\": ...}"
 )]
 pub enum CostSpec {
     Fixed(u64),
     FromHeader(CostFromHeader),
+    FromRequestJson(CostFromRequestJson),
 }
 
 impl Default for CostSpec {
@@ -273,7 +278,13 @@ impl CostSpec {
         match self {
             CostSpec::Fixed(n) => *n,
             CostSpec::FromHeader(h) => h.max.max(h.default),
+            CostSpec::FromRequestJson(j) => j.max.max(j.default),
         }
+    }
+
+    /// Whether the cost is known only once the request's body is read.
+    pub fn reads_request_body(&self) -> bool {
+        matches!(self, CostSpec::FromRequestJson(_))
     }
 }
 
@@ -292,6 +303,69 @@ pub struct CostFromHeader {
 impl CostFromHeader {
     fn default_cost() -> u64 {
         1
+    }
+}
+
+/// An estimate read from the request's JSON body: the whole number at
+/// `json` (a dotted path, `max_tokens`) plus `plus` (a floor for what the
+/// call costs beyond it, such as its prompt), at most `max`. A body that is
+/// not JSON, too large to read, or without a whole number there costs
+/// `default`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CostFromRequestJson {
+    pub json: String,
+    #[serde(default)]
+    pub plus: u64,
+    #[serde(default = "CostFromHeader::default_cost")]
+    pub default: u64,
+    pub max: u64,
+}
+
+/// Where a call's real cost comes from once its response is known: a
+/// response header, or whole numbers in its JSON body (summed). The call
+/// is admitted against its `cost` (the estimate); when the response ends
+/// the difference is refunded or charged to the calls that follow. A
+/// response that ends early, or whose usage cannot be read, is charged the
+/// estimate.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct UsageSpec {
+    /// A response header holding the cost (`x-usage-tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// Dotted paths into a JSON response whose whole numbers are summed:
+    /// `["usage.total_tokens"]`, or `["usage.input_tokens",
+    /// "usage.output_tokens"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub json: Vec<String>,
+    /// The paths for a streamed (`text/event-stream`) answer, where the
+    /// last value of each across its events counts; default: `json`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<String>,
+    /// The most of a JSON body (or of one event) read for its usage;
+    /// default 256 KiB. A larger one is charged the estimate and counted
+    /// (`usage_too_large`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body_bytes: Option<u32>,
+}
+
+impl UsageSpec {
+    pub const DEFAULT_MAX_BODY_BYTES: u32 = 256 * 1024;
+
+    pub fn max_body_bytes(&self) -> u32 {
+        self.max_body_bytes.unwrap_or(Self::DEFAULT_MAX_BODY_BYTES)
+    }
+
+    /// The paths read from a streamed answer.
+    pub fn event_paths(&self) -> &[String] {
+        if self.events.is_empty() {
+            &self.json
+        } else {
+            &self.events
+        }
     }
 }
 

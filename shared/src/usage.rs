@@ -12,6 +12,8 @@
 
 use serde_json::Value;
 
+use crate::policy::UsageSpec;
+
 /// Why a response's usage could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UsageError {
@@ -44,7 +46,8 @@ impl UsagePath {
         })
     }
 
-    fn find(&self, value: &Value) -> Option<u64> {
+    /// The whole number at this path in `value`.
+    pub fn find(&self, value: &Value) -> Option<u64> {
         let mut at = value;
         for step in &self.steps {
             at = match at {
@@ -55,6 +58,56 @@ impl UsagePath {
         }
         at.as_u64()
     }
+}
+
+/// A limit's [`UsageSpec`], parsed once for every response it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledUsage {
+    /// Lowercase, as Envoy gives header names.
+    pub header: Option<String>,
+    json: Vec<UsagePath>,
+    events: Vec<UsagePath>,
+    pub max_body_bytes: usize,
+}
+
+impl CompiledUsage {
+    /// From a validated spec (a path that does not parse is left out).
+    pub fn new(spec: &UsageSpec) -> Self {
+        let parse = |paths: &[String]| paths.iter().filter_map(|p| UsagePath::parse(p)).collect();
+        Self {
+            header: spec.header.as_ref().map(|h| h.to_ascii_lowercase()),
+            json: parse(&spec.json),
+            events: parse(spec.event_paths()),
+            max_body_bytes: usize::try_from(spec.max_body_bytes()).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// A reader of the body of a response of `content_type`; None when
+    /// the cost comes from a header.
+    pub fn body_reader(&self, content_type: Option<&[u8]>) -> Option<UsageReader> {
+        if self.header.is_some() {
+            return None;
+        }
+        let reader = UsageReader::new(Vec::new(), content_type, self.max_body_bytes);
+        let paths = match reader.mode {
+            Mode::Json => self.json.clone(),
+            Mode::EventStream => self.events.clone(),
+        };
+        Some(reader.with_paths(paths))
+    }
+}
+
+/// The cost in a response header's value: a whole number (spaces
+/// around allowed), anything else an error.
+pub fn usage_from_header(value: Option<&[u8]>, name: &str) -> Result<u64, UsageError> {
+    let value = value.ok_or_else(|| UsageError::Missing(name.to_string()))?;
+    std::str::from_utf8(value.trim_ascii())
+        .ok()
+        .filter(|v| v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or_else(|| {
+            UsageError::Malformed(format!("header {name}: {}", String::from_utf8_lossy(value)))
+        })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +150,17 @@ impl UsageReader {
             pending: Vec::new(),
             failed: None,
         }
+    }
+
+    fn with_paths(mut self, paths: Vec<UsagePath>) -> Self {
+        self.latest = vec![None; paths.len()];
+        self.paths = paths;
+        self
+    }
+
+    /// Whether the usage is already known to be unreadable (too large).
+    pub fn has_failed(&self) -> bool {
+        self.failed.is_some()
     }
 
     /// The next piece of the body.

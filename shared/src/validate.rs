@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::duration::DurationMs;
 use crate::policy::*;
+use crate::usage::UsagePath;
 
 /// Bounds that keep every value meaningful and every computation in range.
 pub mod bounds {
@@ -43,6 +44,10 @@ pub mod bounds {
     pub const MAX_PATH_PREFIX_LEN: usize = 1024;
     pub const MAX_HEADER_VALUE_LEN: usize = 1024;
     pub const MAX_HEADER_MATCHES: usize = 16;
+    /// Paths summed for one limit's usage.
+    pub const MAX_USAGE_PATHS: usize = 8;
+    pub const MAX_JSON_PATH_LEN: usize = 256;
+    pub const MAX_USAGE_BODY_BYTES: u32 = 16 * 1024 * 1024;
 }
 
 const KNOWN_METHODS: &[&str] = &[
@@ -366,6 +371,12 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
         check_rate(&mut r, rate);
     }
     check_cost(&mut r, &policy.cost, policy.rate.as_ref());
+    if policy.cost.reads_request_body() {
+        r.at(
+            "cost.json",
+            "a cost read from the request body is for `limits` only; the policy's own `cost` is a number or a header",
+        );
+    }
     if let Some(conc) = &policy.concurrency {
         check_concurrency(&mut r, conc, policy.priority.is_some());
     }
@@ -449,6 +460,9 @@ fn check_limits(r: &mut Report, policy: &Policy) {
         check_name(&mut lr, &limit.name);
         check_rate(&mut lr, &limit.rate);
         check_cost(&mut lr, &limit.cost, Some(&limit.rate));
+        if let Some(usage) = &limit.usage {
+            check_usage(&mut lr, usage);
+        }
         if let Some(first) = seen.insert(&limit.name, index) {
             lr.at(
                 "name",
@@ -665,17 +679,95 @@ fn check_cost(r: &mut Report, cost: &CostSpec, rate: Option<&RateSpec>) {
         CostSpec::Fixed(_) => {}
         CostSpec::FromHeader(h) => {
             check_header_name(r, "cost.header", &h.header);
-            if h.default == 0 {
-                r.at("cost.default", "must be >= 1");
-            } else if over_capacity(h.default) {
-                r.at("cost.default", capacity_message(capacity));
-            }
-            if h.max < h.default.max(1) {
-                r.at("cost.max", "must be >= cost.default");
-            } else if over_capacity(h.max) {
-                r.at("cost.max", capacity_message(capacity));
-            }
+            check_default_and_max(
+                r,
+                h.default,
+                h.max,
+                capacity_message(capacity),
+                over_capacity,
+            );
         }
+        CostSpec::FromRequestJson(j) => {
+            check_json_path(r, "cost.json", &j.json);
+            if j.plus > bounds::MAX_BURST {
+                r.at("cost.plus", format!("must be <= {}", bounds::MAX_BURST));
+            }
+            check_default_and_max(
+                r,
+                j.default,
+                j.max,
+                capacity_message(capacity),
+                over_capacity,
+            );
+        }
+    }
+}
+
+fn check_default_and_max(
+    r: &mut Report,
+    default: u64,
+    max: u64,
+    capacity_message: String,
+    over_capacity: impl Fn(u64) -> bool,
+) {
+    if default == 0 {
+        r.at("cost.default", "must be >= 1");
+    } else if over_capacity(default) {
+        r.at("cost.default", capacity_message.clone());
+    }
+    if max < default.max(1) {
+        r.at("cost.max", "must be >= cost.default");
+    } else if over_capacity(max) {
+        r.at("cost.max", capacity_message);
+    }
+}
+
+fn check_json_path(r: &mut Report, field: &str, path: &str) {
+    if path.len() > bounds::MAX_JSON_PATH_LEN {
+        r.at(
+            field,
+            format!("at most {} characters", bounds::MAX_JSON_PATH_LEN),
+        );
+    } else if UsagePath::parse(path).is_none() {
+        r.at(
+            field,
+            format!("{path:?} is not a path: names or indexes joined by '.', none empty (usage.total_tokens)"),
+        );
+    }
+}
+
+/// Where a limit's real cost is read from the response: one source, paths
+/// that parse, a bounded read.
+fn check_usage(r: &mut Report, usage: &UsageSpec) {
+    match (&usage.header, usage.json.is_empty()) {
+        (Some(_), false) => r.at("usage", "give either `header` or `json`, not both"),
+        (None, true) => r.at(
+            "usage",
+            "give `header` (a response header) or `json` (paths in the response body)",
+        ),
+        _ => {}
+    }
+    if let Some(h) = &usage.header {
+        check_header_name(r, "usage.header", h);
+        if !usage.events.is_empty() {
+            r.at("usage.events", "applies only with `json`");
+        }
+    }
+    for (field, paths) in [("usage.json", &usage.json), ("usage.events", &usage.events)] {
+        if paths.len() > bounds::MAX_USAGE_PATHS {
+            r.at(field, format!("at most {} paths", bounds::MAX_USAGE_PATHS));
+        }
+        for (i, path) in paths.iter().enumerate() {
+            check_json_path(r, &format!("{field}[{i}]"), path);
+        }
+    }
+    if let Some(max) = usage.max_body_bytes {
+        r.range_u64(
+            "usage.max_body_bytes",
+            u64::from(max),
+            1024,
+            u64::from(bounds::MAX_USAGE_BODY_BYTES),
+        );
     }
 }
 

@@ -303,3 +303,49 @@ fn further_limits_are_checked_field_by_field() {
     );
     assert!(parse_policy_set(&ok).is_ok());
 }
+
+/// Costs read from the request body and the response: every bad field
+/// named, and the policy's own cost cannot read the body.
+#[test]
+fn response_costs_are_checked_field_by_field() {
+    let errors = errors_of(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "cost": {"json": "max_tokens", "max": 5},
+            "limits": [
+              {"name": "tpm", "rate": {"requests": 1000, "period": "1m"},
+               "cost": {"json": "max_tokens..x", "plus": 10, "default": 0, "max": 5000},
+               "usage": {"header": "x-usage", "json": ["usage.total_tokens"]}},
+              {"name": "tpd", "rate": {"requests": 100000, "period": "1d"},
+               "usage": {"json": ["usage.", ""], "events": ["ok.path"], "max_body_bytes": 10}},
+              {"name": "rpm", "rate": {"requests": 100, "period": "1m"}, "usage": {}},
+              {"name": "hdr", "rate": {"requests": 100, "period": "1m"}, "usage": {"header": "bad header", "events": ["a"]}}
+            ]}"#,
+    ));
+    assert_eq!(
+        errors,
+        vec![
+            "policies[0].cost.json: a cost read from the request body is for `limits` only; the policy's own `cost` is a number or a header",
+            "policies[0].limits[0].cost.json: \"max_tokens..x\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
+            "policies[0].limits[0].cost.default: must be >= 1",
+            "policies[0].limits[0].cost.max: must be <= 1000 (the rate's burst), or such a request could never pass",
+            "policies[0].limits[0].usage: give either `header` or `json`, not both",
+            "policies[0].limits[1].usage.json[0]: \"usage.\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
+            "policies[0].limits[1].usage.json[1]: \"\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
+            "policies[0].limits[1].usage.max_body_bytes: must be >= 1024",
+            "policies[0].limits[2].usage: give `header` (a response header) or `json` (paths in the response body)",
+            "policies[0].limits[3].usage.header: \"bad header\" is not a valid header name",
+            "policies[0].limits[3].usage.events: applies only with `json`",
+        ]
+    );
+    let ok = set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "tpm", "rate": {"requests": 100000, "period": "1m"},
+                        "cost": {"json": "max_tokens", "plus": 500, "default": 4000, "max": 20000},
+                        "usage": {"json": ["usage.input_tokens", "usage.output_tokens"],
+                                  "events": ["message.usage.input_tokens", "usage.output_tokens"]}}]}"#,
+    );
+    let set = parse_policy_set(&ok).unwrap_or_else(|e| panic!("{e}"));
+    // What was accepted reads back the same.
+    let again = serde_json::to_string(&set).unwrap_or_default();
+    assert_eq!(parse_policy_set(&again).ok(), Some(set));
+}

@@ -17,7 +17,9 @@ use sluice_shared::time::{Instant, Span};
 
 use crate::host::{Host, Level, SetError};
 use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
-use crate::worker::{StreamAction, Verdict, Worker, IDLE_TICK};
+use crate::worker::{
+    RequestBody, StreamAction, Verdict, Worker, IDLE_TICK, MAX_REQUEST_BODY_BYTES,
+};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -105,23 +107,32 @@ impl Host for EnvoyHost {
     }
 }
 
-/// Request headers read lazily from Envoy as bytes: the matcher asks only
-/// for what it needs, each header crosses into the VM at most once however
-/// many policies look at it (a host call costs far more than a copy), and no
+/// Headers read lazily from Envoy as bytes: the matcher asks only for what
+/// it needs, each header crosses into the VM at most once however many
+/// policies look at it (a host call costs far more than a copy), and no
 /// header value can make UTF-8 decoding panic.
-#[derive(Default)]
-struct EnvoyRequest {
+struct EnvoyHeaders {
+    map: MapType,
     read: RefCell<Vec<(String, Option<Vec<u8>>)>>,
 }
 
-impl RequestHeaders for EnvoyRequest {
+impl EnvoyHeaders {
+    fn of(map: MapType) -> Self {
+        Self {
+            map,
+            read: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl RequestHeaders for EnvoyHeaders {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         if let Ok(read) = self.read.try_borrow() {
             if let Some((_, value)) = read.iter().find(|(n, _)| n == name) {
                 return value.clone().map(Cow::Owned);
             }
         }
-        let value = abi::header(MapType::HttpRequestHeaders, name);
+        let value = abi::header(self.map, name);
         if let Ok(mut read) = self.read.try_borrow_mut() {
             read.push((name.to_string(), value.clone()));
         }
@@ -250,6 +261,9 @@ impl RootContext for SluiceRoot {
             context_id,
             worker: self.worker.clone(),
             queue_ticket_header: self.queue_ticket_header,
+            request: EnvoyHeaders::of(MapType::HttpRequestHeaders),
+            awaiting_body: false,
+            reading_response: false,
         }))
     }
 
@@ -262,6 +276,12 @@ struct SluiceStream {
     context_id: u32,
     worker: Option<Rc<RefCell<Worker>>>,
     queue_ticket_header: bool,
+    /// Read once, whether the call is decided on its headers or its body.
+    request: EnvoyHeaders,
+    /// Held until its body is in: a cost is read from it.
+    awaiting_body: bool,
+    /// Its response is read for what the call cost.
+    reading_response: bool,
 }
 
 impl SluiceStream {
@@ -272,22 +292,22 @@ impl SluiceStream {
             }
         }
     }
-}
 
-impl Context for SluiceStream {}
-
-impl HttpContext for SluiceStream {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn decide(&mut self, body: RequestBody<'_>) -> Action {
         let Some(worker) = &self.worker else {
             return Action::Continue;
         };
         let host = EnvoyHost;
         let verdict = match worker.try_borrow_mut() {
-            Ok(mut w) => w.on_request(&host, self.context_id, &EnvoyRequest::default()),
+            Ok(mut w) => w.on_request_with(&host, self.context_id, &self.request, body),
             Err(_) => return Action::Continue,
         };
         match verdict {
             Verdict::Continue => Action::Continue,
+            Verdict::ReadBody => {
+                self.awaiting_body = true;
+                Action::Pause
+            }
             Verdict::Pause { ticket } => {
                 if self.queue_ticket_header {
                     // Headers changed before the pause go upstream on resume.
@@ -309,6 +329,77 @@ impl HttpContext for SluiceStream {
                 Action::Pause
             }
         }
+    }
+}
+
+impl Context for SluiceStream {}
+
+impl HttpContext for SluiceStream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let body = if end_of_stream {
+            RequestBody::Absent
+        } else {
+            RequestBody::Coming
+        };
+        self.decide(body)
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.awaiting_body {
+            return Action::Continue;
+        }
+        if body_size > MAX_REQUEST_BODY_BYTES {
+            // Too large to read for an estimate: decided on the default,
+            // without buffering the rest.
+            self.awaiting_body = false;
+            return self.decide(RequestBody::Read(None));
+        }
+        if !end_of_stream {
+            // Envoy buffers the body until its end.
+            return Action::Pause;
+        }
+        self.awaiting_body = false;
+        let body = abi::buffer(BufferType::HttpRequestBody, 0, body_size);
+        self.decide(RequestBody::Read(Some(body.as_deref().unwrap_or_default())))
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        if !self.awaiting_body {
+            return Action::Continue;
+        }
+        // A body ended by trailers: decided on the default estimate.
+        self.awaiting_body = false;
+        self.decide(RequestBody::Read(None))
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(worker) = &self.worker else {
+            return Action::Continue;
+        };
+        if let Ok(mut w) = worker.try_borrow_mut() {
+            if w.reads_response(self.context_id) {
+                let headers = EnvoyHeaders::of(MapType::HttpResponseHeaders);
+                self.reading_response =
+                    w.on_response_headers(&EnvoyHost, self.context_id, &headers, end_of_stream);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.reading_response {
+            return Action::Continue;
+        }
+        let Some(worker) = &self.worker else {
+            return Action::Continue;
+        };
+        // Passed on as it comes: only this piece is read, never buffered.
+        let chunk = abi::buffer(BufferType::HttpResponseBody, 0, body_size).unwrap_or_default();
+        if let Ok(mut w) = worker.try_borrow_mut() {
+            self.reading_response =
+                w.on_response_body(&EnvoyHost, self.context_id, &chunk, end_of_stream);
+        }
+        Action::Continue
     }
 
     fn on_log(&mut self) {

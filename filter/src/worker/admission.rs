@@ -43,6 +43,9 @@ pub enum Verdict {
         ticket: u64,
     },
     Reply(LocalReply),
+    /// Decided only once the request's body is in (a cost read from it):
+    /// hold the request and call back with its body.
+    ReadBody,
 }
 
 /// What [`Admitter::decide`] made of a request, already counted in the
@@ -81,13 +84,14 @@ pub(super) struct Admitter<'a, H: Host + ?Sized> {
 impl<H: Host + ?Sized> Admitter<'_, H> {
     /// Decides a request of `policy`; `limit_costs` are what it takes from
     /// each of the policy's further limits, which go first, all or nothing,
-    /// and get their tokens back if the policy's own bucket refuses.
+    /// and get their tokens back if the policy's own bucket refuses. The
+    /// flag says whether the call holds its further limits' tokens.
     pub fn decide(
         &mut self,
         policy: &CompiledPolicy,
         class: &Classification,
         limit_costs: &[u64],
-    ) -> Decision {
+    ) -> (Decision, bool) {
         let taken = limits::take(
             self.host,
             self.store,
@@ -97,15 +101,17 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             self.now,
         );
         if let Taken::Refused { limit, retry_after } = taken {
-            return match self.refuse(policy, LimitKind::Rate, retry_after) {
+            let decision = match self.refuse(policy, LimitKind::Rate, retry_after) {
                 Decision::Refuse(reply) => {
                     Decision::Refuse(refused_by_limit(reply, policy, &limit, retry_after))
                 }
                 other => other,
             };
+            return (decision, false);
         }
         let decision = self.decide_in_bucket(policy, class);
-        if matches!(decision, Decision::Refuse(_)) {
+        let refused = matches!(decision, Decision::Refuse(_));
+        if refused {
             limits::give_back(
                 self.host,
                 self.store,
@@ -117,7 +123,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         } else {
             limits::count_admitted(self.metrics, policy, limit_costs);
         }
-        decision
+        (decision, !refused && !policy.limits.is_empty())
     }
 
     fn decide_in_bucket(&mut self, policy: &CompiledPolicy, class: &Classification) -> Decision {

@@ -86,6 +86,10 @@ pub(super) fn take<H: Host + ?Sized>(
 pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, costs: &[u64]) {
     for (limit, cost) in policy.limits.iter().zip(costs) {
         metrics.add_limit(&limit.name, LimitStat::Admitted, 1);
+        if limit.usage.is_some() {
+            // Counted when the response settles what it really cost.
+            continue;
+        }
         let tokens = i64::try_from(limit.rate.taken(*cost)).unwrap_or(i64::MAX);
         metrics.add_limit(&limit.name, LimitStat::Tokens, tokens);
     }
@@ -113,4 +117,32 @@ pub(super) fn give_back<H: Host + ?Sized>(
             ((), (state != before).then(|| state.encode()))
         });
     }
+}
+
+/// Settles a call's cost on `limit` once its response said what it used:
+/// `(estimate, used)` tokens, `(taken_at, now)`. Less than the estimate is
+/// refunded; more is charged whatever the limit holds, a debt the calls
+/// that follow pay.
+pub(super) fn adjust<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    limit: &str,
+    rate: &RateLimiter,
+    (estimate, used): (u64, u64),
+    (taken_at, now): (Instant, Instant),
+) {
+    if estimate == used {
+        return;
+    }
+    // On failure (counted and logged by the store) the estimate stands.
+    let _ = store.update(host, &limit_key(limit), |bytes| {
+        let mut state = state_of(rate, bytes);
+        let before = state;
+        if used > estimate {
+            rate.charge(&mut state, now, used - estimate);
+        } else {
+            rate.refund(&mut state, taken_at, now, estimate - used);
+        }
+        ((), (state != before).then(|| state.encode()))
+    });
 }

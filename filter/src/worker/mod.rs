@@ -24,6 +24,7 @@ mod queue;
 mod shares;
 mod streams;
 mod sync_client;
+mod usage;
 
 use std::rc::Rc;
 
@@ -45,6 +46,22 @@ use admission::Decision;
 use shares::FleetShares;
 use streams::Streams;
 use sync_client::SyncClient;
+use usage::{Ledger, Usages};
+
+/// A request's body, as far as deciding it is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBody<'a> {
+    /// None follows the headers.
+    Absent,
+    /// A body follows: a policy that reads it answers [`Verdict::ReadBody`].
+    Coming,
+    /// The body, read (None: too large to read).
+    Read(Option<&'a [u8]>),
+}
+
+/// The most of a request's body read for an estimate; a larger one costs
+/// the estimate's default.
+pub const MAX_REQUEST_BODY_BYTES: usize = 1024 * 1024;
 
 /// Tick period with nobody waiting: lease renewal and stats only.
 pub const IDLE_TICK: Span = Span::from_millis(100);
@@ -61,6 +78,8 @@ pub struct Worker {
     tick: Span,
     prefetches: Prefetches,
     streams: Streams,
+    /// Admitted calls whose cost their response settles.
+    usages: Usages,
     sync: SyncClient,
     shares: FleetShares,
     /// The wall clock made monotonic (see [`crate::clock`]).
@@ -85,6 +104,7 @@ impl Worker {
             tick: IDLE_TICK,
             prefetches: Prefetches::default(),
             streams: Streams::default(),
+            usages: Usages::default(),
             sync: SyncClient::default(),
             shares: FleetShares::default(),
             clock: Rc::new(Clock::default()),
@@ -147,7 +167,24 @@ impl Worker {
         self.apply_shares(host);
     }
 
+    /// Decides a request that has no body.
     pub fn on_request<H, R>(&mut self, host: &H, context_id: u32, req: &R) -> Verdict
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        self.on_request_with(host, context_id, req, RequestBody::Absent)
+    }
+
+    /// Decides a request, or asks for its body first
+    /// ([`Verdict::ReadBody`]) when its policy reads a cost from it.
+    pub fn on_request_with<H, R>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        req: &R,
+        body: RequestBody<'_>,
+    ) -> Verdict
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
@@ -157,10 +194,16 @@ impl Worker {
             host,
             clock: &clock,
         };
-        self.request(host, context_id, req)
+        self.request(host, context_id, req, body)
     }
 
-    fn request<H, R>(&mut self, host: &H, context_id: u32, req: &R) -> Verdict
+    fn request<H, R>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        req: &R,
+        body: RequestBody<'_>,
+    ) -> Verdict
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
@@ -172,6 +215,15 @@ impl Worker {
         let Some(policy) = policies.policies.get(class.policy_index) else {
             return Verdict::Continue;
         };
+        let body = match body {
+            RequestBody::Coming if policy.reads_request_body() => return Verdict::ReadBody,
+            RequestBody::Read(None) if policy.reads_request_body() => {
+                self.metrics.add_filter(FilterStat::RequestBodyTooLarge, 1);
+                None
+            }
+            RequestBody::Read(body) => body,
+            RequestBody::Absent | RequestBody::Coming => None,
+        };
         let now = host.now();
         let mut admitter = admission::Admitter {
             host,
@@ -181,8 +233,12 @@ impl Worker {
             holder: self.holder,
             now,
         };
-        let limit_costs = policy.limit_costs(req);
-        match admitter.decide(policy, &class, &limit_costs) {
+        let limit_costs = policy.limit_costs(req, body);
+        let (decision, limits_held) = admitter.decide(policy, &class, &limit_costs);
+        if limits_held && policy.reads_usage() {
+            self.usages.expect(context_id, policy, &limit_costs, now);
+        }
+        match decision {
             Decision::Pass => Verdict::Continue,
             Decision::Refuse(reply) => Verdict::Reply(reply),
             Decision::Admit {
@@ -233,6 +289,15 @@ impl Worker {
     }
 
     fn stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        if self.usages.awaits(context_id) {
+            let mut ledger = Ledger {
+                host,
+                store: &mut self.store,
+                metrics: &mut self.metrics,
+                now: host.now(),
+            };
+            self.usages.on_end(&mut ledger, context_id);
+        }
         self.streams.end(
             host,
             &mut self.store,
@@ -241,6 +306,66 @@ impl Worker {
             self.holder,
             context_id,
         );
+    }
+
+    /// Whether the stream's response is read for what the call cost.
+    pub fn reads_response(&self, context_id: u32) -> bool {
+        self.usages.awaits(context_id)
+    }
+
+    /// Calls whose response has not yet settled what they cost.
+    pub fn awaiting_usage(&self) -> usize {
+        self.usages.len()
+    }
+
+    /// The response's headers arrived. True while its body is wanted.
+    pub fn on_response_headers<H, R>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        headers: &R,
+        end_of_stream: bool,
+    ) -> bool
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        let mut ledger = Ledger {
+            host,
+            store: &mut self.store,
+            metrics: &mut self.metrics,
+            now: host.now(),
+        };
+        self.usages
+            .on_headers(&mut ledger, context_id, headers, end_of_stream)
+    }
+
+    /// The next piece of the response's body. True while more is wanted.
+    pub fn on_response_body<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) -> bool {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        let mut ledger = Ledger {
+            host,
+            store: &mut self.store,
+            metrics: &mut self.metrics,
+            now: host.now(),
+        };
+        self.usages
+            .on_body(&mut ledger, context_id, chunk, end_of_stream)
     }
 
     /// A stream the tick asked to resume was already gone.

@@ -1,0 +1,252 @@
+//! Calls whose real cost comes with their response (a limit's `usage`):
+//! admitted against an estimate, settled when the response ends. The
+//! difference is refunded, or charged as debt the calls that follow pay
+//! ("pay later": never the call already in flight). A response that ends
+//! early, is too large, or whose usage cannot be read is charged the
+//! estimate, and counted.
+
+use std::collections::HashMap;
+
+use sluice_shared::limiter::RateLimiter;
+use sluice_shared::matcher::{CompiledPolicy, RequestHeaders};
+use sluice_shared::time::Instant;
+use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageReader};
+
+use super::limits;
+use crate::host::Host;
+use crate::metrics::{LimitStat, Metrics};
+use crate::store::Store;
+
+/// One limit of an admitted call, waiting for its usage.
+#[derive(Debug)]
+struct Owed {
+    limit: String,
+    rate: RateLimiter,
+    /// Tokens taken at admission.
+    estimate: u64,
+    source: CompiledUsage,
+    /// The body's reader, once the response's headers said what it is.
+    reader: Option<UsageReader>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    taken_at: Instant,
+    owed: Vec<Owed>,
+}
+
+/// How one limit's usage came out.
+enum Outcome {
+    Read(u64),
+    Unread(LimitStat),
+}
+
+impl Outcome {
+    fn of(result: Result<u64, UsageError>) -> Self {
+        match result {
+            Ok(n) => Outcome::Read(n),
+            Err(UsageError::TooLarge(_)) => Outcome::Unread(LimitStat::UsageTooLarge),
+            Err(UsageError::Malformed(_) | UsageError::Missing(_)) => {
+                Outcome::Unread(LimitStat::UsageMalformed)
+            }
+        }
+    }
+}
+
+/// What settling touches.
+pub(super) struct Ledger<'a, H: Host + ?Sized> {
+    pub host: &'a H,
+    pub store: &'a mut Store,
+    pub metrics: &'a mut Metrics,
+    pub now: Instant,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Usages {
+    pending: HashMap<u32, Pending>,
+}
+
+impl Usages {
+    /// A call of `policy` went with `costs` taken from its further limits:
+    /// those with `usage` wait for its response.
+    pub fn expect(
+        &mut self,
+        context_id: u32,
+        policy: &CompiledPolicy,
+        costs: &[u64],
+        now: Instant,
+    ) {
+        let owed: Vec<Owed> = policy
+            .limits
+            .iter()
+            .zip(costs)
+            .filter_map(|(limit, cost)| {
+                let source = limit.usage.clone()?;
+                Some(Owed {
+                    limit: limit.name.clone(),
+                    rate: limit.rate,
+                    estimate: limit.rate.taken(*cost),
+                    source,
+                    reader: None,
+                })
+            })
+            .collect();
+        if !owed.is_empty() {
+            self.pending.insert(
+                context_id,
+                Pending {
+                    taken_at: now,
+                    owed,
+                },
+            );
+        }
+    }
+
+    pub fn awaits(&self, context_id: u32) -> bool {
+        self.pending.contains_key(&context_id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The response's headers: usage from a header settles now; a body's
+    /// reader starts. True while the body is still wanted.
+    pub fn on_headers<H, R>(
+        &mut self,
+        ledger: &mut Ledger<'_, H>,
+        context_id: u32,
+        headers: &R,
+        end_of_stream: bool,
+    ) -> bool
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let Some(pending) = self.pending.get_mut(&context_id) else {
+            return false;
+        };
+        let content_type = headers.header("content-type");
+        let taken_at = pending.taken_at;
+        pending.owed.retain_mut(|owed| {
+            if let Some(name) = &owed.source.header {
+                let value = headers.header(name);
+                let outcome = Outcome::of(usage_from_header(value.as_deref(), name));
+                settle(ledger, owed, taken_at, outcome);
+                return false;
+            }
+            owed.reader = owed.source.body_reader(content_type.as_deref());
+            true
+        });
+        self.after_progress(ledger, context_id, end_of_stream)
+    }
+
+    /// The next piece of the response's body. True while more is wanted.
+    pub fn on_body<H: Host + ?Sized>(
+        &mut self,
+        ledger: &mut Ledger<'_, H>,
+        context_id: u32,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) -> bool {
+        let Some(pending) = self.pending.get_mut(&context_id) else {
+            return false;
+        };
+        let taken_at = pending.taken_at;
+        pending.owed.retain_mut(|owed| {
+            let Some(reader) = owed.reader.as_mut() else {
+                // Headers never came: the end settles it as aborted.
+                return true;
+            };
+            reader.feed(chunk);
+            if !reader.has_failed() {
+                return true;
+            }
+            // Nothing more to read for it: settle now, free its buffer.
+            if let Some(reader) = owed.reader.take() {
+                settle(ledger, owed, taken_at, Outcome::of(reader.finish()));
+            }
+            false
+        });
+        self.after_progress(ledger, context_id, end_of_stream)
+    }
+
+    /// Settles every reader at the end of the body; forgets a call with
+    /// nothing left to settle. True while the body is still wanted.
+    fn after_progress<H: Host + ?Sized>(
+        &mut self,
+        ledger: &mut Ledger<'_, H>,
+        context_id: u32,
+        end_of_stream: bool,
+    ) -> bool {
+        let Some(pending) = self.pending.get_mut(&context_id) else {
+            return false;
+        };
+        if end_of_stream {
+            let taken_at = pending.taken_at;
+            pending.owed.retain_mut(|owed| {
+                let Some(reader) = owed.reader.take() else {
+                    return true;
+                };
+                settle(ledger, owed, taken_at, Outcome::of(reader.finish()));
+                false
+            });
+        }
+        if pending.owed.is_empty() {
+            self.pending.remove(&context_id);
+            return false;
+        }
+        pending.owed.iter().any(|o| o.reader.is_some())
+    }
+
+    /// The call ended: whatever was not settled (aborted mid-response, or
+    /// never answered) keeps its estimate.
+    pub fn on_end<H: Host + ?Sized>(&mut self, ledger: &mut Ledger<'_, H>, context_id: u32) {
+        let Some(pending) = self.pending.remove(&context_id) else {
+            return;
+        };
+        for mut owed in pending.owed {
+            settle(
+                ledger,
+                &mut owed,
+                pending.taken_at,
+                Outcome::Unread(LimitStat::UsageAborted),
+            );
+        }
+    }
+}
+
+/// Charges the limit what the call really cost (refund or debt), or keeps
+/// the estimate; counts it either way.
+fn settle<H: Host + ?Sized>(
+    ledger: &mut Ledger<'_, H>,
+    owed: &mut Owed,
+    taken_at: Instant,
+    outcome: Outcome,
+) {
+    let charged = match outcome {
+        Outcome::Read(used) => {
+            let used = owed.rate.taken(used);
+            limits::adjust(
+                ledger.host,
+                ledger.store,
+                &owed.limit,
+                &owed.rate,
+                (owed.estimate, used),
+                (taken_at, ledger.now),
+            );
+            ledger
+                .metrics
+                .add_limit(&owed.limit, LimitStat::UsageRead, 1);
+            used
+        }
+        Outcome::Unread(stat) => {
+            ledger.metrics.add_limit(&owed.limit, stat, 1);
+            owed.estimate
+        }
+    };
+    let tokens = i64::try_from(charged).unwrap_or(i64::MAX);
+    ledger
+        .metrics
+        .add_limit(&owed.limit, LimitStat::Tokens, tokens);
+}
