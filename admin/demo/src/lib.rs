@@ -3,9 +3,13 @@
 //! - [`mock`]: a third-party API with limits of its own, which counts
 //!   every call it would have refused (the demo's API and the tests'
 //!   provider);
+//! - [`llm`]: an LLM-like provider (requests and tokens per key, usage in
+//!   the answer or its last streamed event), which counts what it would
+//!   bill and refuse;
 //! - [`load`]: the demo's load generator, a little over each limit.
 //!
 //! The launcher itself is `src/bin/sluice-demo.rs`.
 
+pub mod llm;
 pub mod load;
 pub mod mock;

@@ -305,8 +305,13 @@ impl SluiceStream {
         match verdict {
             Verdict::Continue => Action::Continue,
             Verdict::ReadBody => {
+                // Envoy turns a pause of the headers into a pause of the
+                // whole stream (no body callbacks until resumed), so the
+                // headers go on and the body is held instead: a call
+                // refused on its body is reset upstream before any of its
+                // body is sent.
                 self.awaiting_body = true;
-                Action::Pause
+                Action::Continue
             }
             Verdict::Pause { ticket } => {
                 if self.queue_ticket_header {

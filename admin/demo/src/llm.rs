@@ -1,0 +1,330 @@
+//! A mock LLM provider, shaped like OpenAI's chat completions: requests
+//! and tokens per window for each API key, usage in the JSON answer or in
+//! the last event of a streamed one, and its own 429 once a key's window
+//! is spent. It counts what a real provider would bill and hold against
+//! the limit, so a test can check Sluice kept it inside.
+//!
+//! `POST /v1/chat/completions` with `{"max_tokens": N, "stream": bool}`;
+//! the key comes from `authorization: Bearer KEY` (or `x-api-key`). A call's
+//! prompt is a token per 4 bytes of its body; its answer between a fifth
+//! of `max_tokens` and all of it (a seeded sequence, so runs repeat).
+//! Tokens count in the window the call arrived in (windows aligned to the
+//! Unix epoch, as Sluice's fixed windows are), once the call completes.
+//! `GET /__llm/stats` (JSON), `POST /__llm/reset`.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+/// The provider's limits for each key; 0 means none.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct LlmLimits {
+    pub window: Duration,
+    pub requests_per_window: u64,
+    pub tokens_per_window: u64,
+    /// Pause between the events of a streamed answer (and the wait
+    /// before a JSON one).
+    pub step: Duration,
+    /// Events carrying content before the one carrying usage.
+    pub content_events: u32,
+}
+
+impl Default for LlmLimits {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(60),
+            requests_per_window: 0,
+            tokens_per_window: 0,
+            step: Duration::from_millis(5),
+            content_events: 4,
+        }
+    }
+}
+
+/// What one key did in one window.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WindowUse {
+    pub requests: u64,
+    /// Tokens of the calls that arrived in it and completed.
+    pub tokens: u64,
+    pub refused: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LlmStats {
+    /// Per key, per window start (ms since the epoch).
+    pub windows: BTreeMap<String, BTreeMap<u64, WindowUse>>,
+    pub completed: u64,
+    /// Streams the client left before their last event.
+    pub abandoned: u64,
+    pub refused: u64,
+}
+
+impl LlmStats {
+    /// Windows where a key went over a limit: (key, window, use).
+    pub fn violations(&self, limits: &LlmLimits) -> Vec<(String, u64, WindowUse)> {
+        let mut out = Vec::new();
+        for (key, windows) in &self.windows {
+            for (start, used) in windows {
+                let over_tokens =
+                    limits.tokens_per_window > 0 && used.tokens > limits.tokens_per_window;
+                let over_requests = limits.requests_per_window > 0
+                    && used.requests - used.refused > limits.requests_per_window;
+                if over_tokens || over_requests {
+                    out.push((key.clone(), *start, *used));
+                }
+            }
+        }
+        out
+    }
+}
+
+struct Inner {
+    limits: LlmLimits,
+    stats: Mutex<LlmStats>,
+    seed: Mutex<u64>,
+}
+
+#[derive(Clone)]
+pub struct MockLlm {
+    inner: Arc<Inner>,
+    pub addr: SocketAddr,
+}
+
+#[derive(Deserialize)]
+struct Ask {
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+impl MockLlm {
+    pub async fn start(addr: SocketAddr, limits: LlmLimits) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let inner = Arc::new(Inner {
+            limits,
+            stats: Mutex::new(LlmStats::default()),
+            seed: Mutex::new(0x9e37_79b9_7f4a_7c15),
+        });
+        let app = Router::new()
+            .route("/__llm/stats", get(stats))
+            .route("/__llm/reset", post(reset))
+            .fallback(post(complete))
+            .with_state(inner.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { inner, addr })
+    }
+
+    pub fn stats(&self) -> LlmStats {
+        self.inner
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn limits(&self) -> LlmLimits {
+        self.inner.limits
+    }
+
+    pub fn reset(&self) {
+        if let Ok(mut s) = self.inner.stats.lock() {
+            *s = LlmStats::default();
+        }
+    }
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn key_of(headers: &HeaderMap) -> String {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    bearer.or(api_key).unwrap_or("-").to_string()
+}
+
+impl Inner {
+    fn window_of(&self, at_ms: u64) -> u64 {
+        let window = u64::try_from(self.limits.window.as_millis())
+            .unwrap_or(1)
+            .max(1);
+        at_ms - at_ms % window
+    }
+
+    /// Counts an arrival; false when the key's window is already spent.
+    fn admit(&self, key: &str, window: u64) -> bool {
+        let Ok(mut stats) = self.stats.lock() else {
+            return false;
+        };
+        let used = stats
+            .windows
+            .entry(key.to_string())
+            .or_default()
+            .entry(window)
+            .or_default();
+        used.requests += 1;
+        let over_requests = self.limits.requests_per_window > 0
+            && used.requests - used.refused > self.limits.requests_per_window;
+        let over_tokens =
+            self.limits.tokens_per_window > 0 && used.tokens >= self.limits.tokens_per_window;
+        if over_requests || over_tokens {
+            used.refused += 1;
+            stats.refused += 1;
+            return false;
+        }
+        true
+    }
+
+    fn completed(&self, key: &str, window: u64, tokens: u64) {
+        if let Ok(mut stats) = self.stats.lock() {
+            let used = stats
+                .windows
+                .entry(key.to_string())
+                .or_default()
+                .entry(window)
+                .or_default();
+            used.tokens += tokens;
+            stats.completed += 1;
+        }
+    }
+
+    fn abandoned(&self) {
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.abandoned += 1;
+        }
+    }
+
+    /// The next answer length: xorshift, between a fifth of `max` and `max`.
+    fn answer_tokens(&self, max: u64) -> u64 {
+        let Ok(mut seed) = self.seed.lock() else {
+            return max;
+        };
+        let mut x = *seed;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *seed = x;
+        let least = (max / 5).max(1);
+        least + x % (max.saturating_sub(least) + 1)
+    }
+}
+
+async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = key_of(&headers);
+    let window = inner.window_of(epoch_ms());
+    if !inner.admit(&key, window) {
+        let error = serde_json::json!({"error": {"type": "rate_limit_exceeded",
+            "message": "mock llm: over this key's limit"}});
+        return (StatusCode::TOO_MANY_REQUESTS, Json(error)).into_response();
+    }
+    let Ok(ask) = serde_json::from_slice::<Ask>(&body) else {
+        let error = serde_json::json!({"error": {"type": "invalid_request_error"}});
+        return (StatusCode::BAD_REQUEST, Json(error)).into_response();
+    };
+    let prompt = (body.len() as u64 / 4).max(1);
+    let completion = inner.answer_tokens(ask.max_tokens.unwrap_or(256).clamp(1, 100_000));
+    let usage = Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+    };
+    if !ask.stream {
+        tokio::time::sleep(inner.limits.step).await;
+        inner.completed(&key, window, usage.total_tokens);
+        let answer = serde_json::json!({
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            "usage": usage,
+        });
+        return Json(answer).into_response();
+    }
+    stream_answer(inner, key, window, usage)
+}
+
+/// Counts a stream as abandoned unless it reached its last event.
+struct Progress {
+    inner: Arc<Inner>,
+    key: String,
+    window: u64,
+    usage: Usage,
+    sent: u32,
+    done: bool,
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if !self.done {
+            self.inner.abandoned();
+        }
+    }
+}
+
+fn stream_answer(inner: Arc<Inner>, key: String, window: u64, usage: Usage) -> Response {
+    let progress = Progress {
+        inner,
+        key,
+        window,
+        usage,
+        sent: 0,
+        done: false,
+    };
+    let events = futures_util::stream::unfold(progress, |mut p| async move {
+        if p.done {
+            return None;
+        }
+        tokio::time::sleep(p.inner.limits.step).await;
+        let event = if p.sent < p.inner.limits.content_events {
+            p.sent += 1;
+            "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n".to_string()
+        } else {
+            p.done = true;
+            p.inner.completed(&p.key, p.window, p.usage.total_tokens);
+            let last = serde_json::json!({"object": "chat.completion.chunk", "choices": [], "usage": p.usage});
+            format!("data: {last}\n\ndata: [DONE]\n\n")
+        };
+        Some((Ok::<_, Infallible>(Bytes::from(event)), p))
+    });
+    let mut response = Body::from_stream(events).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+async fn stats(State(inner): State<Arc<Inner>>) -> Json<LlmStats> {
+    Json(inner.stats.lock().map(|s| s.clone()).unwrap_or_default())
+}
+
+async fn reset(State(inner): State<Arc<Inner>>) -> StatusCode {
+    if let Ok(mut s) = inner.stats.lock() {
+        *s = LlmStats::default();
+    }
+    StatusCode::NO_CONTENT
+}

@@ -1,0 +1,266 @@
+//! Costs known after the response, through a real Envoy (`--concurrency
+//! 4`) in front of a mock LLM provider that counts the tokens it would
+//! bill in each window and refuses once a window is spent: calls are
+//! admitted against `max_tokens` + a floor, and their usage (in the JSON
+//! answer, or the last event of a streamed one) settles the difference.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_demo::llm::{LlmLimits, MockLlm};
+use sluice_e2e::envoy::Envoy;
+use sluice_e2e::load::client;
+
+const WORKERS: u32 = 4;
+/// The provider's (and the policy's) tokens per 2 s window.
+const TOKENS: u64 = 6000;
+/// Added to `max_tokens` for the prompt: the mock's prompts are shorter.
+const PLUS: u64 = 60;
+const MAX_ESTIMATE: u64 = 2000;
+
+fn policy() -> String {
+    format!(
+        r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
+            "rate": {{"requests": 1000, "period": "1s"}},
+            "limits": [{{"name": "tokens",
+              "rate": {{"requests": {TOKENS}, "period": "2s", "algorithm": "fixed_window"}},
+              "cost": {{"json": "max_tokens", "plus": {PLUS}, "default": 1000, "max": {MAX_ESTIMATE}}},
+              "usage": {{"json": ["usage.total_tokens"]}}}}]}}"#
+    )
+}
+
+async fn setup(step: Duration) -> anyhow::Result<(MockLlm, Envoy)> {
+    let limits = LlmLimits {
+        window: Duration::from_secs(2),
+        tokens_per_window: TOKENS,
+        step,
+        ..LlmLimits::default()
+    };
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-usage", "fallback": {{"version": 1, "policies": [{}]}}}}"#,
+        policy()
+    );
+    let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
+    llm.reset();
+    Ok((llm, envoy))
+}
+
+/// What one client call came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// Read to its end; the usage the provider reported.
+    Completed(u64),
+    /// Left by the client after its first piece; its estimate.
+    Aborted(u64),
+    Refused,
+    Failed,
+}
+
+/// The usage in a JSON answer or in the last event of a streamed one.
+fn usage_of(body: &str) -> Option<u64> {
+    let last_json = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| d.contains("usage"))
+        .last()
+        .unwrap_or(body);
+    let value: serde_json::Value = serde_json::from_str(last_json).ok()?;
+    value.pointer("/usage/total_tokens")?.as_u64()
+}
+
+async fn one_call(
+    http: &reqwest::Client,
+    url: &str,
+    max_tokens: u64,
+    stream: bool,
+    abort: bool,
+) -> Call {
+    let body = serde_json::json!({"model": "m", "max_tokens": max_tokens, "stream": stream,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let sent = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("authorization", "Bearer team-a")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
+    let Ok(mut response) = sent else {
+        return Call::Failed;
+    };
+    match response.status().as_u16() {
+        200 => {}
+        429 => return Call::Refused,
+        _ => return Call::Failed,
+    }
+    if abort {
+        // The first piece, then the client goes away mid-stream.
+        let _ = response.chunk().await;
+        drop(response);
+        return Call::Aborted((max_tokens + PLUS).min(MAX_ESTIMATE));
+    }
+    match response.text().await.ok().as_deref().and_then(usage_of) {
+        Some(used) => Call::Completed(used),
+        None => Call::Failed,
+    }
+}
+
+/// `clients` callers for `duration`, `max_tokens` between 100 and 499,
+/// streamed or not, aborting the calls `abort(n)` picks.
+async fn run(
+    envoy: &Envoy,
+    clients: usize,
+    duration: Duration,
+    stream: bool,
+    abort: fn(u64) -> bool,
+) -> Vec<Call> {
+    let url = envoy.url("/v1/chat/completions");
+    let counter = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (url, counter, http) = (url.clone(), counter.clone(), client());
+        tasks.push(tokio::spawn(async move {
+            let mut calls = Vec::new();
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                let max_tokens = 100 + (n * 37) % 400;
+                let call = one_call(&http, &url, max_tokens, stream, stream && abort(n)).await;
+                if call == Call::Refused {
+                    // Sluice refuses at once: do not spin.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                calls.push(call);
+            }
+            calls
+        }));
+    }
+    let mut calls = Vec::new();
+    for t in tasks {
+        calls.extend(t.await.unwrap_or_default());
+    }
+    calls
+}
+
+fn completed(calls: &[Call]) -> impl Iterator<Item = u64> + '_ {
+    calls.iter().filter_map(|c| match c {
+        Call::Completed(n) => Some(*n),
+        _ => None,
+    })
+}
+
+/// The provider's windows wholly inside the run: (tokens used in each).
+fn full_windows(llm: &MockLlm) -> Vec<u64> {
+    let stats = llm.stats();
+    let windows: Vec<u64> = stats
+        .windows
+        .values()
+        .flat_map(|w| w.values().map(|u| u.tokens))
+        .collect();
+    // The first and the last window are partial.
+    windows
+        .get(1..windows.len().saturating_sub(1))
+        .map(<[u64]>::to_vec)
+        .unwrap_or_default()
+}
+
+async fn provider_held_and_used(stream: bool) -> anyhow::Result<()> {
+    let (llm, envoy) = setup(Duration::from_millis(5)).await?;
+    let calls = run(&envoy, 12, Duration::from_secs(9), stream, |_| false).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let stats = llm.stats();
+    let used = full_windows(&llm);
+    let least = used.iter().copied().min().unwrap_or(0);
+    let mean = used.iter().sum::<u64>() as f64 / used.len().max(1) as f64;
+    let usage: u64 = completed(&calls).sum();
+    let refused = calls.iter().filter(|c| **c == Call::Refused).count();
+    let failed = calls.iter().filter(|c| **c == Call::Failed).count();
+    let charged = envoy.limit_stat("tokens", "tokens")?;
+    let read = envoy.limit_stat("tokens", "usage_read")?;
+    let violations = stats.violations(&llm.limits());
+    println!(
+        "usage from {}: {} calls, {} completed, {refused} refused by sluice, {failed} failed; \
+         provider: tokens per full 2 s window {used:?} of {TOKENS} (least {:.1} %, mean {:.1} %), \
+         refused {}, windows over the limit {}; sluice charged {charged} tokens, usage read {read}, \
+         clients saw {usage}",
+        if stream { "SSE streams" } else { "JSON answers" },
+        calls.len(),
+        stats.completed,
+        least as f64 * 100.0 / TOKENS as f64,
+        mean * 100.0 / TOKENS as f64,
+        stats.refused,
+        violations.len(),
+    );
+    assert!(
+        violations.is_empty(),
+        "over the provider's limit: {violations:?}"
+    );
+    assert_eq!(stats.refused, 0, "the provider refused calls");
+    assert_eq!(failed, 0);
+    assert!(used.len() >= 3, "windows: {used:?}");
+    assert!(
+        least as f64 >= 0.9 * TOKENS as f64,
+        "a window used only {least} of {TOKENS}: {used:?}"
+    );
+    assert_eq!(
+        charged as u64, usage,
+        "charged = the usage the answers reported"
+    );
+    assert_eq!(read as usize, completed(&calls).count());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_from_json_answers_keep_the_provider_inside_its_limit_and_use_it(
+) -> anyhow::Result<()> {
+    provider_held_and_used(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_from_streamed_answers_keep_the_provider_inside_its_limit_and_use_it(
+) -> anyhow::Result<()> {
+    provider_held_and_used(true).await
+}
+
+/// 30 % of streams left by their client after the first event: Sluice
+/// charges those their estimate and the others what they used, to the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_streams_are_charged_their_estimate_and_completed_ones_their_usage(
+) -> anyhow::Result<()> {
+    let (llm, envoy) = setup(Duration::from_millis(15)).await?;
+    let calls = run(&envoy, 12, Duration::from_secs(5), true, |n| n % 10 < 3).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let aborted: Vec<u64> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Aborted(e) => Some(*e),
+            _ => None,
+        })
+        .collect();
+    let usage: u64 = completed(&calls).sum();
+    let expected = usage + aborted.iter().sum::<u64>();
+    let charged = envoy.limit_stat("tokens", "tokens")?;
+    let aborted_stat = envoy.limit_stat("tokens", "usage_aborted")?;
+    let read = envoy.limit_stat("tokens", "usage_read")?;
+    let stats = llm.stats();
+    println!(
+        "aborted streams: {} calls, {} completed (usage {usage}), {} aborted (estimates {}); \
+         sluice charged {charged} (expected {expected}), usage_read {read}, usage_aborted {aborted_stat}; \
+         provider saw {} abandoned, refused {}, windows over the limit {}",
+        calls.len(),
+        completed(&calls).count(),
+        aborted.len(),
+        aborted.iter().sum::<u64>(),
+        stats.abandoned,
+        stats.refused,
+        stats.violations(&llm.limits()).len(),
+    );
+    assert!(aborted.len() >= 10, "too few aborted calls to judge");
+    assert_eq!(charged as u64, expected);
+    assert_eq!(aborted_stat as usize, aborted.len());
+    assert_eq!(read as usize, completed(&calls).count());
+    assert_eq!(stats.refused, 0);
+    Ok(())
+}
