@@ -63,8 +63,7 @@ fn usage_of(body: &str) -> Option<u64> {
     let last_json = body
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| d.contains("usage"))
-        .last()
+        .rfind(|d| d.contains("usage"))
         .unwrap_or(body);
     let value: serde_json::Value = serde_json::from_str(last_json).ok()?;
     value.pointer("/usage/total_tokens")?.as_u64()
