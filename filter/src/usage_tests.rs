@@ -255,3 +255,64 @@ fn usage_from_a_response_header_and_garbage_in_it() {
     assert_eq!(host.metric("sluice.limit.units.usage_malformed"), 3);
     assert_eq!(host.metric("sluice.limit.units.tokens"), 100);
 }
+
+fn usage_cases() -> u32 {
+    std::env::var("SLUICE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(500, |n| (n / 10).max(1))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: usage_cases(), ..Default::default() })]
+
+    /// Any request body, any response headers and body in any pieces, the
+    /// call ended at any point: no panic, every call settled exactly once
+    /// (read, or charged its estimate and counted), nothing left waiting.
+    #[test]
+    fn the_response_path_never_panics_and_settles_every_call(
+        calls in proptest::collection::vec((
+            proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            proptest::prop_oneof![
+                proptest::prelude::Just(b"application/json".to_vec()),
+                proptest::prelude::Just(b"text/event-stream".to_vec()),
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            ],
+            proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..700), 0..6),
+            0usize..8,
+        ), 1..20),
+    ) {
+        let host = FakeHost::at(T0);
+        let mut w = worker(&host, TOKENS_PER_MINUTE);
+        let mut admitted = 0i64;
+        for (id, (body, content_type, chunks, stop_at)) in calls.iter().enumerate() {
+            let id = id as u32;
+            // A new minute every few calls: most calls get through.
+            host.advance_ms(15_000);
+            if call(&host, &mut w, id, body) != Verdict::Continue {
+                continue;
+            }
+            admitted += 1;
+            // stop_at 0: no response at all; past the chunks: the body ends.
+            if *stop_at > 0 {
+                let headers: Vec<(&str, &[u8])> = vec![("content-type", content_type.as_slice())];
+                let mut wanted = w.on_response_headers(&host, id, headers.as_slice(), chunks.is_empty());
+                for (i, chunk) in chunks.iter().enumerate().take(*stop_at - 1) {
+                    if !wanted {
+                        break;
+                    }
+                    wanted = w.on_response_body(&host, id, chunk, i + 1 == chunks.len());
+                }
+            }
+            w.on_stream_end(&host, id);
+            w.on_stream_end(&host, id);
+        }
+        proptest::prop_assert_eq!(w.awaiting_usage(), 0);
+        w.on_tick(&host);
+        let settled: i64 = ["usage_read", "usage_too_large", "usage_malformed", "usage_aborted"]
+            .iter()
+            .map(|s| host.metric(&format!("sluice.limit.tpm.{s}")))
+            .sum();
+        proptest::prop_assert_eq!(settled, admitted);
+    }
+}

@@ -171,6 +171,31 @@ async fn make_run_brings_up_the_demo_and_ctrl_c_stops_it() -> anyhow::Result<()>
         .await?;
     println!("make run: live view shows bank at {admitted} admitted/s; instances: {instances}");
     assert!(instances.contains("demo-envoy"), "{instances}");
+    // The demo LLM: answers settle their tokens, and the provider refuses
+    // nothing.
+    let llm: serde_json::Value = serde_json::from_str(
+        &http
+            .get("http://127.0.0.1:9090/__llm/stats")
+            .send()
+            .await?
+            .text()
+            .await?,
+    )?;
+    let stats = http
+        .get("http://127.0.0.1:9901/stats?filter=sluice.limit.llm-tokens")
+        .send()
+        .await?
+        .text()
+        .await?;
+    println!(
+        "make run: demo LLM completed {} calls, refused {}; {}",
+        llm["completed"],
+        llm["refused"],
+        stats.lines().collect::<Vec<_>>().join(", ")
+    );
+    assert_eq!(llm["refused"], 0, "the demo LLM refused calls");
+    assert!(llm["completed"].as_u64().is_some_and(|n| n > 0));
+    assert!(stats.contains("llm-tokens.usage_read"), "{stats}");
     let shot = browser.client.screenshot().await?;
     let shots = workspace_root().join("target/screenshots");
     std::fs::create_dir_all(&shots)?;

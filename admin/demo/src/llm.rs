@@ -89,6 +89,23 @@ impl LlmStats {
     }
 }
 
+impl LlmStats {
+    /// Tokens of every key in the latest window.
+    pub fn latest_window_tokens(&self) -> u64 {
+        let latest = self
+            .windows
+            .values()
+            .filter_map(|w| w.keys().next_back())
+            .max()
+            .copied();
+        self.windows
+            .values()
+            .filter_map(|w| latest.and_then(|l| w.get(&l)))
+            .map(|u| u.tokens)
+            .sum()
+    }
+}
+
 struct Inner {
     limits: LlmLimits,
     stats: Mutex<LlmStats>,
@@ -116,23 +133,31 @@ struct Usage {
 }
 
 impl MockLlm {
+    /// Starts on `addr` (port 0: any free port) on the current runtime.
     pub async fn start(addr: SocketAddr, limits: LlmLimits) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        let (llm, app) = Self::routes(addr, limits);
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(llm)
+    }
+
+    /// The provider's routes, to serve beside others on `addr`:
+    /// `POST /v1/chat/completions`, `GET /__llm/stats`, `POST /__llm/reset`.
+    pub fn routes(addr: SocketAddr, limits: LlmLimits) -> (Self, Router) {
         let inner = Arc::new(Inner {
             limits,
             stats: Mutex::new(LlmStats::default()),
             seed: Mutex::new(0x9e37_79b9_7f4a_7c15),
         });
         let app = Router::new()
+            .route("/v1/chat/completions", post(complete))
             .route("/__llm/stats", get(stats))
             .route("/__llm/reset", post(reset))
-            .fallback(post(complete))
             .with_state(inner.clone());
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Self { inner, addr })
+        (Self { inner, addr }, app)
     }
 
     pub fn stats(&self) -> LlmStats {

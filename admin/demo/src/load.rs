@@ -118,17 +118,24 @@ pub async fn run(port: u16, stats: Arc<LoadStats>) {
             request(&h, port, "api.maps.example", "/v1/route").header("x-api-key", key)
         }));
     }
-    // Twelve callers of a slow API that allows 8 in flight; two of them
-    // are high priority and may use the 2 slots reserved for them.
-    for caller in 0..12 {
+    // Twelve callers of a slow LLM that allows 8 in flight; two of them
+    // are high priority and may use the 2 slots reserved for them. Half
+    // the answers are streamed; each asks for 200 to 1 000 tokens.
+    for caller in 0..12u64 {
         let h = http.clone();
         let stats = Arc::clone(&stats);
         tasks.spawn(async move {
-            loop {
+            for n in 0u64.. {
                 let priority = if caller < 2 { "high" } else { "normal" };
-                let r = request(&h, port, "api.llm.example", "/v1/complete")
-                    .header("x-mock-delay-ms", "250")
-                    .header("x-priority", priority);
+                let ask = serde_json::json!({"model": "demo", "max_tokens": 200 + (n * 97 + caller * 31) % 800,
+                    "stream": n % 2 == 0, "messages": [{"role": "user", "content": "Summarise this invoice."}]});
+                let r = h
+                    .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                    .header("host", "api.llm.example")
+                    .header("authorization", "Bearer demo-team")
+                    .header("content-type", "application/json")
+                    .header("x-priority", priority)
+                    .body(ask.to_string());
                 if send(&stats, 1, r).await != Some(200) {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

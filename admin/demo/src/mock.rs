@@ -4,6 +4,7 @@
 //! answering 429 as a real provider would.
 //!
 //! Slow on demand: header `x-mock-delay-ms` or query `delay_ms`.
+//! `POST /v1/chat/completions` is an LLM-like provider ([`crate::llm`]).
 //! Counters: `GET /__mock/stats` (JSON), `POST /__mock/reset`.
 
 use std::collections::VecDeque;
@@ -18,6 +19,8 @@ use axum::response::IntoResponse;
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+
+use crate::llm::{LlmLimits, MockLlm};
 
 const MAX_ARRIVALS: usize = 200_000;
 
@@ -85,6 +88,15 @@ struct DelayQuery {
 impl MockApi {
     /// Starts on `addr` (port 0: any free port) on the current runtime.
     pub async fn start(addr: SocketAddr, limits: MockLimits) -> anyhow::Result<Self> {
+        Ok(Self::start_with_llm(addr, limits, LlmLimits::default()).await?.0)
+    }
+
+    /// Starts with the LLM-like provider's limits `llm`.
+    pub async fn start_with_llm(
+        addr: SocketAddr,
+        limits: MockLimits,
+        llm: LlmLimits,
+    ) -> anyhow::Result<(Self, MockLlm)> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
@@ -97,11 +109,13 @@ impl MockApi {
             samples: Mutex::new(VecDeque::new()),
             window: Mutex::new((0, 0)),
         });
+        let (llm, llm_routes) = MockLlm::routes(addr, llm);
         let app = Router::new()
             .route("/__mock/stats", get(stats))
             .route("/__mock/reset", post(reset))
             .fallback(any(handle))
-            .with_state(inner.clone());
+            .with_state(inner.clone())
+            .merge(llm_routes);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -119,7 +133,7 @@ impl MockApi {
                 }
             }
         });
-        Ok(Self { inner, addr })
+        Ok((Self { inner, addr }, llm))
     }
 
     pub fn arrivals(&self) -> Vec<Arrival> {

@@ -20,7 +20,16 @@ static_resources:
             virtual_hosts:
             - name: all
               domains: ["*"]
-              routes: [{ match: { prefix: "/" }, direct_response: { status: 200, body: { inline_string: "ok" } } }]
+              routes:
+              # An LLM-like answer, whole or streamed, for response-cost limits.
+              - match: { prefix: "/json" }
+                direct_response: { status: 200, body: { inline_string: '{"id":"x","choices":[{"index":0,"message":{"content":"ok"}}],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}' } }
+                response_headers_to_add: [{ header: { key: content-type, value: application/json }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }]
+              - match: { prefix: "/sse" }
+                direct_response: { status: 200, body: { inline_string: "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":30,\"total_tokens\":42}}\n\ndata: [DONE]\n\n" } }
+                response_headers_to_add: [{ header: { key: content-type, value: text/event-stream }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }]
+              - match: { prefix: "/" }
+                direct_response: { status: 200, body: { inline_string: "ok" } }
           http_filters:
           - name: envoy.filters.http.router
             typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }

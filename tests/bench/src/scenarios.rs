@@ -122,6 +122,9 @@ struct Variant {
     label: &'static str,
     filters: Option<String>,
     script: Option<PathBuf>,
+    /// The path wrk asks for (the upstream answers `/json` and `/sse` as
+    /// an LLM would).
+    path: &'static str,
 }
 
 #[derive(Default, Clone)]
@@ -154,6 +157,34 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         r#"{"name": "bench", "match": {"host": "api.bench.example"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000}}"#,
         "",
     );
+    // An LLM call: POST with a JSON body whose max_tokens is the estimate.
+    let llm_script = dir.path().join("llm.lua");
+    std::fs::write(
+        &llm_script,
+        "wrk.method = \"POST\"\nwrk.body = '{\"model\":\"m\",\"max_tokens\":100,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n",
+    )?;
+    let never = r#""rate": {"requests": 1000000000, "period": "1s", "burst": 1000000000}"#;
+    let stacked = |n: usize| {
+        let limits: Vec<String> = (1..n)
+            .map(|i| format!(r#"{{"name": "extra-{i}", {never}}}"#))
+            .collect();
+        configs::sluice(
+            &format!(
+                r#"{{"name": "bench", "match": {{"host": "api.bench.example"}}, {never}, "limits": [{}]}}"#,
+                limits.join(", ")
+            ),
+            "",
+        )
+    };
+    let response_cost = configs::sluice(
+        &format!(
+            r#"{{"name": "bench", "match": {{"host": "api.bench.example"}}, {never},
+                "limits": [{{"name": "tokens", {never},
+                  "cost": {{"json": "max_tokens", "plus": 50, "default": 1000, "max": 100000}},
+                  "usage": {{"json": ["usage.total_tokens"]}}}}]}}"#
+        ),
+        "",
+    );
     let per_key = configs::sluice(
         r#"{"name": "perkey", "match": {"host": "api.bench.example"}, "key": {"header": "x-api-key", "max_keys": 10000},
             "rate": {"requests": 1000000, "period": "1s", "burst": 100000}}"#,
@@ -165,48 +196,91 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             label: "upstream direct (no Envoy in between)",
             filters: None,
             script: None,
+            path: "/",
         },
         Variant {
             key: "b",
             label: "Envoy, no filter",
             filters: Some(String::new()),
             script: None,
+            path: "/",
         },
         Variant {
             key: "c",
             label: "Envoy + native local_ratelimit (shared bucket, never refuses)",
             filters: Some(configs::local_ratelimit(1_000_000_000, 1_000_000_000, 1000)),
             script: None,
+            path: "/",
         },
         Variant {
             key: "f",
             label: "Envoy + no-op proxy-wasm filter",
             filters: Some(configs::wasm(&noop, "{}")),
             script: None,
+            path: "/",
         },
         Variant {
             key: "h",
             label: "Envoy + no-op proxy-wasm filter that reads `:authority`",
             filters: Some(configs::wasm(&noop, ":authority")),
             script: None,
+            path: "/",
         },
         Variant {
             key: "d",
             label: "Envoy + Sluice (rate + concurrency, never refuses)",
             filters: Some(configs::wasm(&sluice, &rate_and_concurrency)),
             script: None,
+            path: "/",
         },
         Variant {
             key: "g",
             label: "Envoy + Sluice, rate only",
             filters: Some(configs::wasm(&sluice, &rate_only)),
             script: None,
+            path: "/",
         },
         Variant {
             key: "e",
             label: "Envoy + Sluice, per-key policy over 10 000 keys",
             filters: Some(configs::wasm(&sluice, &per_key)),
             script: Some(script.clone()),
+            path: "/",
+        },
+        Variant {
+            key: "i",
+            label: "Envoy + Sluice, 2 stacked rate limits (`rate` + 1 of `limits`)",
+            filters: Some(configs::wasm(&sluice, &stacked(2))),
+            script: None,
+            path: "/",
+        },
+        Variant {
+            key: "j",
+            label: "Envoy + Sluice, 4 stacked rate limits (`rate` + 3 of `limits`)",
+            filters: Some(configs::wasm(&sluice, &stacked(4))),
+            script: None,
+            path: "/",
+        },
+        Variant {
+            key: "k",
+            label: "Envoy + Sluice, response-cost limit, JSON answer (POST, estimate from the body)",
+            filters: Some(configs::wasm(&sluice, &response_cost)),
+            script: Some(llm_script.clone()),
+            path: "/json",
+        },
+        Variant {
+            key: "l",
+            label: "Envoy + Sluice, response-cost limit, streamed (SSE) answer",
+            filters: Some(configs::wasm(&sluice, &response_cost)),
+            script: Some(llm_script.clone()),
+            path: "/sse",
+        },
+        Variant {
+            key: "m",
+            label: "Envoy, no filter, the same POST and JSON answer as (k)",
+            filters: Some(String::new()),
+            script: Some(llm_script.clone()),
+            path: "/json",
         },
     ];
     // On two cores or more: the proxy under test alone on the last core,
@@ -230,7 +304,7 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             };
             let port = proxy.as_ref().map_or(upstream.port, |p| p.port);
             let mut wrk = Wrk {
-                url: format!("http://127.0.0.1:{port}/"),
+                url: format!("http://127.0.0.1:{port}{}", v.path),
                 host: HOST,
                 connections: 50,
                 threads: 1,
@@ -280,18 +354,24 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     };
     let cpu = |key: &str| med(key, |r| r.cpu_us_per_request);
     let added = |key: &str| cpu(key) - cpu("b");
+    // The response-cost variants POST and get a JSON answer: their
+    // baseline is Envoy without a filter doing the same (m).
+    let added_over_baseline = |key: &str| match key {
+        "k" | "l" => cpu(key) - cpu("m"),
+        _ => added(key),
+    };
     let mut s = String::from(
         "## 1. Overhead\n\nRequests/s, latency and Envoy CPU per request with the limits set too high to refuse.\n\
          Envoy `--concurrency 2`, pinned to one core of its own (`taskset`); the upstream, a second Envoy answering \
          200 itself (`direct_response`), and wrk share the other core(s).\n\n",
     );
     let _ = writeln!(s, "Command (per variant, after a 2 s warm-up): `{command}`; (e) adds `-s keys.lua` (a random `x-api-key` of 10 000 per request).\n");
-    s.push_str("| variant | requests/s | p50 ms | p99 ms | Envoy CPU µs/request | added CPU µs/request over (b) |\n|---|---|---|---|---|---|\n");
+    s.push_str("| variant | requests/s | p50 ms | p99 ms | Envoy CPU µs/request | added CPU µs/request over (b); (k), (l) over (m) |\n|---|---|---|---|---|---|\n");
     for v in &variants {
         let added_text = if matches!(v.key, "a" | "b") {
             "—".to_string()
         } else {
-            format!("{:+.1}", added(v.key))
+            format!("{:+.1}", added_over_baseline(v.key))
         };
         let cpu_text = if v.key == "a" {
             "—".to_string()
@@ -340,6 +420,19 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         added("g") - added("f"),
         added("d") - added("g"),
         added("e") - added("g"),
+    );
+    let _ = writeln!(
+        s,
+        "\nSeveral limits and response costs, next to (d) at {:+.1} µs: 2 stacked rate limits (i) {:+.1} µs, \
+         4 (j) {:+.1} µs (each further limit is a shared-data read and compare-and-swap per call: they are not \
+         prefetched); a response-cost limit reading a JSON answer (k) {:+.1} µs and a streamed one (l) {:+.1} µs \
+         over the same POST without a filter (m) (the request body read and parsed for `max_tokens`, the answer \
+         parsed for its usage, and the limit settled).",
+        added("d"),
+        added("i"),
+        added("j"),
+        added_over_baseline("k"),
+        added_over_baseline("l"),
     );
     report
         .footprint

@@ -14,6 +14,7 @@ use clap::Parser;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sluice_demo::load::{self as demo_load, LoadStats};
+use sluice_demo::llm::LlmLimits;
 use sluice_demo::mock::{MockApi, MockLimits};
 
 /// The ports `envoy/egress.yaml` names; the demo uses them as they are, so
@@ -198,11 +199,19 @@ async fn main() -> anyhow::Result<()> {
 async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
     // The "third-party API": it refuses beyond 300 calls/s or 20 in flight,
     // as the real ones do; the demo policies keep the calls under that.
-    let api = MockApi::start(
+    // Its LLM (POST /v1/chat/completions) allows 360 calls and 20 000
+    // tokens a minute per key, usage in its answers.
+    let (api, llm) = MockApi::start_with_llm(
         SocketAddr::from(([127, 0, 0, 1], DEMO_API_PORT)),
         MockLimits {
             max_per_second: 300,
             max_in_flight: 20,
+        },
+        LlmLimits {
+            requests_per_window: 360,
+            tokens_per_window: 20_000,
+            step: Duration::from_millis(60),
+            ..LlmLimits::default()
         },
     )
     .await
@@ -292,12 +301,14 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
             "No load generator (--no-load).".to_string()
         } else {
             "A load generator calls api.bank.example (150/s against a 100/s limit), api.llm.example\n\
-             (12 callers against 8 in flight), api.fx.example (25/s, queued at 20/s) and\n\
-             api.maps.example (3 API keys at 15/s, each limited to 10/s) through the egress listener."
+             (12 callers against 8 in flight, 300 calls and 20 000 tokens a minute, half of them\n\
+             streamed), api.fx.example (25/s, queued at 20/s) and api.maps.example (3 API keys at\n\
+             15/s, each limited to 10/s) through the egress listener."
                 .to_string()
         }
     );
 
+    let llm_tokens = llm.limits().tokens_per_window;
     let mut report = tokio::time::interval(Duration::from_secs(10));
     report.tick().await;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -307,7 +318,14 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
             _ = sigterm.recv() => break Ok(()),
             _ = report.tick() => {
                 if let Some(line) = load.take_report() {
-                    println!("{line}; the demo API refused {} so far", api.rejected_by_mock());
+                    let llm = llm.stats();
+                    println!(
+                        "{line}; the demo API refused {} so far, its LLM {} ({} tokens in the last minute of {})",
+                        api.rejected_by_mock(),
+                        llm.refused,
+                        llm.latest_window_tokens(),
+                        llm_tokens,
+                    );
                 }
             }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
+use sluice_demo::llm::LlmLimits;
 use sluice_demo::mock::{MockApi, MockLimits};
 
 #[derive(Parser)]
@@ -17,6 +18,14 @@ struct Args {
     /// Answer 429 beyond this many requests in flight (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_in_flight: u64,
+    /// `POST /v1/chat/completions`: answer 429 beyond this many calls per
+    /// key and minute (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    llm_requests_per_minute: u64,
+    /// `POST /v1/chat/completions`: answer 429 once a key used this many
+    /// tokens in the minute (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    llm_tokens_per_minute: u64,
 }
 
 #[tokio::main]
@@ -26,7 +35,12 @@ async fn main() -> anyhow::Result<()> {
         max_per_second: args.max_per_second,
         max_in_flight: args.max_in_flight,
     };
-    let api = MockApi::start(args.listen, limits).await?;
+    let llm = LlmLimits {
+        requests_per_window: args.llm_requests_per_minute,
+        tokens_per_window: args.llm_tokens_per_minute,
+        ..LlmLimits::default()
+    };
+    let (api, _llm) = MockApi::start_with_llm(args.listen, limits, llm).await?;
     println!("mock API listening on http://{}", api.addr);
     tokio::signal::ctrl_c().await?;
     Ok(())
