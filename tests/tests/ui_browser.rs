@@ -399,3 +399,96 @@ async fn fleet_view_shows_each_envoys_share_and_use() -> anyhow::Result<()> {
     admin.stop().await;
     Ok(())
 }
+
+/// The policy editor's further limits: added with a button, each field an
+/// input, the server's errors under the field they concern (a path that
+/// does not parse, a window past 31 days), saved, and removed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let browser = Browser::start().await?;
+    browser.client.goto(&admin.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    browser.click("#new-policy").await?;
+    browser.fill("#field-name", "llm").await?;
+    browser.fill("#field-match-host", "api.llm.example").await?;
+    browser.fill("#field-rate-requests", "500").await?;
+    browser.fill("#field-rate-period", "1m").await?;
+    browser.click("#add-limit").await?;
+    for (field, value) in [
+        ("name", "tokens"),
+        ("rate-requests", "30000"),
+        ("rate-period", "32d"),
+        ("cost-json", "max_tokens"),
+        ("cost-plus", "500"),
+        ("cost-default", "4000"),
+        ("cost-max", "30000"),
+        ("usage-json", "usage..total_tokens"),
+    ] {
+        browser
+            .fill(&format!("#field-limits-0-{field}"), value)
+            .await?;
+    }
+    let window = browser
+        .wait_text(
+            "#field-limits-0-rate-period-error",
+            Duration::from_secs(5),
+            |t| !t.is_empty(),
+        )
+        .await?;
+    let path = browser
+        .wait_text(
+            "#field-limits-0-usage-json-error",
+            Duration::from_secs(5),
+            |t| !t.is_empty(),
+        )
+        .await?;
+    println!("ui: limit window 32d -> {window:?}; usage path usage..total_tokens -> {path:?}");
+    assert_eq!(window, "must be at most 31d");
+    assert!(path.contains("is not a path"), "{path}");
+    browser.fill("#field-limits-0-rate-period", "1m").await?;
+    browser
+        .fill(
+            "#field-limits-0-usage-json",
+            "usage.input_tokens, usage.output_tokens",
+        )
+        .await?;
+    browser
+        .wait_text(
+            "#field-limits-0-usage-json-error",
+            Duration::from_secs(5),
+            str::is_empty,
+        )
+        .await?;
+    browser.click("#save").await?;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.starts_with("Saved")
+        })
+        .await?;
+    let op = admin.login().await?;
+    let stored = op.get("/api/v1/policies/llm").await?;
+    assert_eq!(
+        stored["policy"]["limits"],
+        json!([{"name": "tokens", "rate": {"algorithm": "token_bucket", "requests": 30000, "period": "1m"},
+                "cost": {"json": "max_tokens", "plus": 500, "default": 4000, "max": 30000},
+                "usage": {"json": ["usage.input_tokens", "usage.output_tokens"]}}])
+    );
+    println!("ui: saved limits {}", stored["policy"]["limits"]);
+    browser.click("#remove-limit-0").await?;
+    browser.click("#save").await?;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.contains("version 2")
+        })
+        .await?;
+    let stored = op.get("/api/v1/policies/llm").await?;
+    assert!(stored["policy"].get("limits").is_none(), "{stored}");
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}

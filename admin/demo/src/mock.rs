@@ -88,7 +88,9 @@ struct DelayQuery {
 impl MockApi {
     /// Starts on `addr` (port 0: any free port) on the current runtime.
     pub async fn start(addr: SocketAddr, limits: MockLimits) -> anyhow::Result<Self> {
-        Ok(Self::start_with_llm(addr, limits, LlmLimits::default()).await?.0)
+        Ok(Self::start_with_llm(addr, limits, LlmLimits::default())
+            .await?
+            .0)
     }
 
     /// Starts with the LLM-like provider's limits `llm`.

@@ -93,6 +93,20 @@ fn set_in(value: &mut Value, parts: &[&str], new: Option<Value>) {
     let Some((first, rest)) = parts.split_first() else {
         return;
     };
+    // An item of a list (`/limits/0/name`): set inside it; the list keeps
+    // its items even when one is left empty.
+    if let (Some(items), Ok(index)) = (value.as_array_mut(), first.parse::<usize>()) {
+        if let Some(item) = items.get_mut(index) {
+            if rest.is_empty() {
+                if let Some(v) = new {
+                    *item = v;
+                }
+            } else {
+                set_in(item, rest, new);
+            }
+        }
+        return;
+    }
     if !value.is_object() {
         *value = Value::Object(Map::new());
     }
@@ -160,6 +174,36 @@ pub fn rate_per_second(p: &Policy) -> Option<f64> {
     Some(Amount::of_policy(p).rate)
 }
 
+/// Adds a further limit to the policy's `limits`, to be filled in.
+pub fn add_limit(policy: &mut Value) {
+    let Some(map) = policy.as_object_mut() else {
+        return;
+    };
+    let limits = map
+        .entry("limits")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Some(items) = limits.as_array_mut() {
+        items.push(serde_json::json!({"name": "", "rate": {"requests": 1000, "period": "1m"}}));
+    }
+}
+
+/// Removes the policy's `index`th further limit (and `limits` once empty).
+pub fn remove_limit(policy: &mut Value, index: usize) {
+    let Some(map) = policy.as_object_mut() else {
+        return;
+    };
+    let now_empty = match map.get_mut("limits").and_then(Value::as_array_mut) {
+        Some(items) if index < items.len() => {
+            items.remove(index);
+            items.is_empty()
+        }
+        _ => false,
+    };
+    if now_empty {
+        map.remove("limits");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +261,38 @@ mod tests {
         p.as_object_mut().unwrap().remove("key");
         assert_eq!(summary_concurrency(&policy(p.clone())), "4 in flight");
         assert_eq!(rate_per_second(&policy(p)), Some(2.0));
+    }
+
+    #[test]
+    fn a_further_limits_fields_are_set_inside_the_list() {
+        let mut p = json!({"name": "llm", "limits": [{"name": "a", "rate": {"requests": 1, "period": "1m"}}]});
+        set(
+            &mut p,
+            "/limits/0/usage/json",
+            parse_input(Kind::List, "usage.input_tokens, usage.output_tokens"),
+        );
+        set(
+            &mut p,
+            "/limits/0/cost/json",
+            parse_input(Kind::Text, "max_tokens"),
+        );
+        set(&mut p, "/limits/3/name", parse_input(Kind::Text, "nowhere"));
+        assert_eq!(
+            p["limits"],
+            json!([{"name": "a", "rate": {"requests": 1, "period": "1m"},
+                    "cost": {"json": "max_tokens"},
+                    "usage": {"json": ["usage.input_tokens", "usage.output_tokens"]}}])
+        );
+        add_limit(&mut p);
+        assert_eq!(p["limits"][1]["rate"]["requests"], 1000);
+        remove_limit(&mut p, 0);
+        remove_limit(&mut p, 7);
+        assert_eq!(p["limits"].as_array().map(Vec::len), Some(1));
+        remove_limit(&mut p, 0);
+        assert!(p.get("limits").is_none());
+        assert_eq!(
+            error_path_to_pointer("limits[0].usage.json[1]"),
+            "/limits/0/usage/json/1"
+        );
     }
 }

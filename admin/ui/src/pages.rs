@@ -359,6 +359,70 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
     ("Mode", "Mode (enforce | shadow)", "/mode", Kind::Text),
 ];
 
+/// The fields of one further limit, by pointer below `/limits/<index>`.
+const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
+    ("Name (letters, digits, - _ .)", "/name", Kind::Text),
+    (
+        "Algorithm (token_bucket | fixed_window | sliding_window)",
+        "/rate/algorithm",
+        Kind::Text,
+    ),
+    ("Requests (or tokens)", "/rate/requests", Kind::Number),
+    (
+        "Per period (1s, 1m, 1h, 1d or ms; at most 31d)",
+        "/rate/period",
+        Kind::Duration,
+    ),
+    ("Burst", "/rate/burst", Kind::Number),
+    ("Estimate: from request header", "/cost/header", Kind::Text),
+    (
+        "Estimate: from request JSON field (e.g. max_tokens)",
+        "/cost/json",
+        Kind::Text,
+    ),
+    (
+        "Estimate: plus (e.g. the prompt)",
+        "/cost/plus",
+        Kind::Number,
+    ),
+    ("Estimate: default", "/cost/default", Kind::Number),
+    ("Estimate: max", "/cost/max", Kind::Number),
+    ("Real cost: response header", "/usage/header", Kind::Text),
+    (
+        "Real cost: response JSON paths, summed (comma separated)",
+        "/usage/json",
+        Kind::List,
+    ),
+    (
+        "Real cost: paths in a streamed answer (default: the same)",
+        "/usage/events",
+        Kind::List,
+    ),
+    (
+        "Real cost: most body bytes read",
+        "/usage/max_body_bytes",
+        Kind::Number,
+    ),
+];
+
+/// Whether an error at `error_pointer` belongs to the input at `pointer`
+/// (a list's items belong to the list's input).
+fn belongs_to(error_pointer: &str, pointer: &str) -> bool {
+    error_pointer == pointer
+        || error_pointer
+            .strip_prefix(pointer)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Whether an error is shown under one of the further limits' inputs.
+fn is_limit_field(error_pointer: &str) -> bool {
+    let Some(rest) = error_pointer.strip_prefix("/limits/") else {
+        return false;
+    };
+    let sub = rest.find('/').map_or("", |i| &rest[i..]);
+    LIMIT_FIELDS.iter().any(|f| belongs_to(sub, f.1))
+}
+
 fn field_id(pointer: &str) -> String {
     format!("field{}", pointer.replace('/', "-"))
 }
@@ -414,11 +478,11 @@ fn Editor(name: Option<String>) -> impl IntoView {
             }
         });
     };
-    let error_for = move |pointer: &'static str| {
+    let error_for = move |pointer: String| {
         move || {
             errors.with(|list| {
                 list.iter()
-                    .filter(|e| form::error_path_to_pointer(&e.path) == pointer)
+                    .filter(|e| belongs_to(&form::error_path_to_pointer(&e.path), &pointer))
                     .map(|e| e.message.clone())
                     .collect::<Vec<_>>()
                     .join("; ")
@@ -430,7 +494,7 @@ fn Editor(name: Option<String>) -> impl IntoView {
             list.iter()
                 .filter(|e| {
                     let p = form::error_path_to_pointer(&e.path);
-                    p != "/name" && !FIELDS.iter().any(|f| f.2 == p)
+                    p != "/name" && !FIELDS.iter().any(|f| f.2 == p) && !is_limit_field(&p)
                 })
                 .map(|e| format!("{}: {}", e.path, e.message))
                 .collect::<Vec<_>>()
@@ -520,12 +584,60 @@ fn Editor(name: Option<String>) -> impl IntoView {
                             policy.update(|p| form::set(p, pointer, form::parse_input(kind, &text)));
                             validate();
                         }/>
-                    <span class="field-error" id=format!("{id}-error")>{error_for(pointer)}</span>
+                    <span class="field-error" id=format!("{id}-error")>{error_for(pointer.to_string())}</span>
                 </label>
             }
             .into_any(),
         );
     }
+
+    // Further limits: a group of inputs for each, redrawn when one is
+    // added or removed.
+    let limit_count = Memo::new(move |_| {
+        policy.with(|p| {
+            p.get("limits")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+        })
+    });
+    let limit_groups = move || {
+        (0..limit_count.get())
+            .map(|index| {
+                let inputs = LIMIT_FIELDS
+                    .iter()
+                    .copied()
+                    .map(|(label, sub, kind)| {
+                        let pointer = format!("/limits/{index}{sub}");
+                        let id = field_id(&pointer);
+                        let (shown, changed) = (pointer.clone(), pointer.clone());
+                        view! {
+                            <label class="field">
+                                <span>{label}</span>
+                                <input id=id.clone() name=pointer.clone()
+                                    prop:value=move || form::text_of(&policy.get(), &shown)
+                                    on:change=move |ev| {
+                                        let text = event_target_value(&ev);
+                                        policy.update(|p| form::set(p, &changed, form::parse_input(kind, &text)));
+                                        validate();
+                                    }/>
+                                <span class="field-error" id=format!("{id}-error")>{error_for(pointer)}</span>
+                            </label>
+                        }
+                    })
+                    .collect_view();
+                view! {
+                    <fieldset class="limit" id=format!("limit-{index}")>
+                        <legend>{format!("Further limit {}", index + 1)}</legend>
+                        {inputs}
+                        <button type="button" id=format!("remove-limit-{index}")
+                            on:click=move |_| { policy.update(|p| form::remove_limit(p, index)); validate(); }>
+                            "Remove this limit"
+                        </button>
+                    </fieldset>
+                }
+            })
+            .collect_view()
+    };
 
     view! {
         <h1>{if is_new { "New policy".to_string() } else { format!("Policy {}", name.clone().unwrap_or_default()) }}</h1>
@@ -538,9 +650,13 @@ fn Editor(name: Option<String>) -> impl IntoView {
                         policy.update(|p| form::set(p, "/name", Some(Value::String(text.trim().to_string()))));
                         validate();
                     }/>
-                <span class="field-error" id="field-name-error">{error_for("/name")}</span>
+                <span class="field-error" id="field-name-error">{error_for("/name".to_string())}</span>
             </label>
             {rows}
+            <h3>"Further limits (all must let a call through; costs may come from the response)"</h3>
+            {limit_groups}
+            <button type="button" id="add-limit"
+                on:click=move |_| { policy.update(form::add_limit); validate(); }>"Add a limit"</button>
             <h3>"As JSON (every field, e.g. match.headers)"</h3>
             <textarea id="policy-json" rows="12" prop:value=move || json_text.get()
                 on:change=move |ev| {

@@ -263,7 +263,8 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         },
         Variant {
             key: "k",
-            label: "Envoy + Sluice, response-cost limit, JSON answer (POST, estimate from the body)",
+            label:
+                "Envoy + Sluice, response-cost limit, JSON answer (POST, estimate from the body)",
             filters: Some(configs::wasm(&sluice, &response_cost)),
             script: Some(llm_script.clone()),
             path: "/json",

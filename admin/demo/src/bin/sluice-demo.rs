@@ -13,8 +13,8 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use sluice_demo::load::{self as demo_load, LoadStats};
 use sluice_demo::llm::LlmLimits;
+use sluice_demo::load::{self as demo_load, LoadStats};
 use sluice_demo::mock::{MockApi, MockLimits};
 
 /// The ports `envoy/egress.yaml` names; the demo uses them as they are, so
