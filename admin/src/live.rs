@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sluice_shared::api::{LiveFrame, Utilization};
-use sluice_shared::sync::{PolicyReport, SyncReport};
+use sluice_shared::api::{LimitUse, LiveFrame, Utilization};
+use sluice_shared::sync::{LimitReport, PolicyReport, SyncReport};
 use sluice_shared::Span;
 use tokio::sync::broadcast;
 
@@ -52,6 +52,8 @@ impl From<&PolicyReport> for Counts {
 struct Sample {
     at_ms: u64,
     counts: BTreeMap<String, Counts>,
+    /// Per further limit: admitted, refused, tokens.
+    limit_counts: BTreeMap<String, (u64, u64, u64)>,
 }
 
 struct InstanceState {
@@ -60,6 +62,7 @@ struct InstanceState {
     samples: VecDeque<Sample>,
     received_ms: u64,
     rates: BTreeMap<String, Utilization>,
+    limit_rates: BTreeMap<String, LimitUse>,
 }
 
 pub struct Live {
@@ -110,6 +113,25 @@ fn rates(prev: Option<&Counts>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
     }
 }
 
+fn limit_rates(prev: Option<&(u64, u64, u64)>, cur: &LimitReport, dt_ms: u64) -> LimitUse {
+    let (admitted, refused, tokens) = match prev {
+        Some(&(a, r, t)) if dt_ms > 0 => (
+            per_second(cur.admitted, a, dt_ms),
+            per_second(cur.refused, r, dt_ms),
+            per_second(cur.tokens, t, dt_ms),
+        ),
+        _ => (0.0, 0.0, 0.0),
+    };
+    LimitUse {
+        admitted_per_s: admitted,
+        refused_per_s: refused,
+        tokens_per_s: tokens,
+        requests: cur.requests,
+        period_ms: cur.period_ms,
+        available: cur.available,
+    }
+}
+
 impl Live {
     pub fn new(instance_ttl: Span) -> Self {
         Self {
@@ -131,6 +153,7 @@ impl Live {
             samples: VecDeque::new(),
             received_ms: now_ms,
             rates: BTreeMap::new(),
+            limit_rates: BTreeMap::new(),
         });
         // A clock that went back means a new Envoy under the same name.
         if state
@@ -155,6 +178,14 @@ impl Live {
                 (name.clone(), rates(prev, cur, dt))
             })
             .collect();
+        state.limit_rates = report
+            .limits
+            .iter()
+            .map(|(name, cur)| {
+                let prev = base.and_then(|b| b.limit_counts.get(name));
+                (name.clone(), limit_rates(prev, cur, dt))
+            })
+            .collect();
         while state.samples.len() >= KEPT_SAMPLES
             || state
                 .samples
@@ -169,6 +200,11 @@ impl Live {
                 .policies
                 .iter()
                 .map(|(name, r)| (name.clone(), Counts::from(r)))
+                .collect(),
+            limit_counts: report
+                .limits
+                .iter()
+                .map(|(name, r)| (name.clone(), (r.admitted, r.refused, r.tokens)))
                 .collect(),
         });
         state.received_ms = now_ms;
@@ -204,6 +240,9 @@ impl Live {
             }
             for (policy, u) in &state.rates {
                 frame.policies.entry(policy.clone()).or_default().add(u);
+            }
+            for (limit, u) in &state.limit_rates {
+                frame.limits.entry(limit.clone()).or_default().add(u);
             }
             frame.instances.insert(id.clone(), state.rates.clone());
         }
@@ -278,6 +317,37 @@ mod tests {
         assert_eq!(bank.tokens, Some(3));
         // A silent instance drops out of the live figures.
         assert!(live.frame(50_100 + STALE_AFTER_MS + 1).policies.is_empty());
+    }
+
+    #[test]
+    fn a_further_limits_use_is_summed_over_envoys_against_its_size() {
+        let live = Live::default();
+        let with_limit = |instance: &str, at_ms: u64, tokens: u64, available: u64| {
+            let mut r = report(at_ms, 0, 0);
+            r.instance = instance.into();
+            r.limits.insert(
+                "tpm".into(),
+                LimitReport {
+                    admitted: tokens / 100,
+                    refused: 1,
+                    tokens,
+                    requests: 30_000,
+                    period_ms: 60_000,
+                    available: Some(available),
+                },
+            );
+            r
+        };
+        live.ingest(&with_limit("e1", 10_000, 1_000, 500), 1);
+        live.ingest(&with_limit("e1", 12_000, 1_600, 400), 2);
+        live.ingest(&with_limit("e2", 5_000, 0, 900), 3);
+        live.ingest(&with_limit("e2", 6_000, 100, 800), 4);
+        let tpm = live.frame(5).limits["tpm"];
+        // 300/s from e1 and 100/s from e2.
+        assert_eq!(tpm.tokens_per_s, 400.0);
+        assert_eq!(tpm.used_per_period(), 24_000.0);
+        assert_eq!((tpm.requests, tpm.period_ms), (30_000, 60_000));
+        assert_eq!(tpm.available, Some(1_200));
     }
 
     #[test]

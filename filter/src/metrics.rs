@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::host::Host;
-use crate::report::DeltaCounters;
+use crate::report::{DeltaCounters, LimitCounters};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyStat {
@@ -188,6 +188,8 @@ pub struct Metrics {
     filter: Series,
     /// The same deltas, kept until they go into the shared sync report.
     unreported: BTreeMap<String, DeltaCounters>,
+    /// Likewise per further limit.
+    unreported_limits: BTreeMap<String, LimitCounters>,
 }
 
 impl Metrics {
@@ -216,6 +218,21 @@ impl Metrics {
     }
 
     pub fn add_limit(&mut self, limit: &str, stat: LimitStat, delta: i64) {
+        if matches!(
+            stat,
+            LimitStat::Admitted | LimitStat::Refused | LimitStat::Tokens
+        ) {
+            let unreported = match self.unreported_limits.get_mut(limit) {
+                Some(d) => d,
+                None => self.unreported_limits.entry(limit.to_string()).or_default(),
+            };
+            let delta = u64::try_from(delta).unwrap_or(0);
+            match stat {
+                LimitStat::Admitted => unreported.admitted += delta,
+                LimitStat::Refused => unreported.refused += delta,
+                _ => unreported.tokens += delta,
+            }
+        }
         let series = match self.limits.get_mut(limit) {
             Some(s) => s,
             None => self.limits.entry(limit.to_string()).or_default(),
@@ -281,6 +298,11 @@ impl Metrics {
             self.filter.pending.resize(FilterStat::ALL.len(), 0);
         }
         self.filter.send(host);
+    }
+
+    /// The further limits' deltas since the last call.
+    pub fn take_unreported_limits(&mut self) -> BTreeMap<String, LimitCounters> {
+        std::mem::take(&mut self.unreported_limits)
     }
 
     /// The deltas since the last call, for the shared sync report.

@@ -1,5 +1,6 @@
 //! The utilization report: per-policy counters summed over the workers in
-//! `sluice/report` in shared data, which the syncing VM sends to the admin.
+//! `sluice/report` in shared data (per further limit in
+//! `sluice/report/limits`), which the syncing VM sends to the admin.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +11,23 @@ use crate::host::Host;
 use crate::store::{Store, StoreError};
 
 pub const REPORT_KEY: &str = "sluice/report";
+pub const LIMIT_REPORT_KEY: &str = "sluice/report/limits";
+
+/// A further limit's counters, summed over the workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitCounters {
+    pub admitted: u64,
+    pub refused: u64,
+    pub tokens: u64,
+}
+
+impl LimitCounters {
+    pub fn add(&mut self, other: &LimitCounters) {
+        self.admitted = self.admitted.wrapping_add(other.admitted);
+        self.refused = self.refused.wrapping_add(other.refused);
+        self.tokens = self.tokens.wrapping_add(other.tokens);
+    }
+}
 
 /// Counters as workers add them up; `in_flight` moves both ways, so it is
 /// summed with wrapping arithmetic and read as the net total.
@@ -90,6 +108,30 @@ pub fn add_to_report<H: Host + ?Sized>(
             .unwrap_or_default();
         for (policy, d) in deltas {
             report.entry(policy.clone()).or_default().add(d);
+        }
+        ((), Some(serde_json::to_vec(&report).unwrap_or_default()))
+    })
+}
+
+pub fn read_limit_report<H: Host + ?Sized>(host: &H) -> BTreeMap<String, LimitCounters> {
+    host.shared_get(LIMIT_REPORT_KEY)
+        .0
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Adds one worker's further-limit deltas into the shared report.
+pub fn add_to_limit_report<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    deltas: &BTreeMap<String, LimitCounters>,
+) -> Result<(), StoreError> {
+    store.update(host, LIMIT_REPORT_KEY, |cur| {
+        let mut report: BTreeMap<String, LimitCounters> = cur
+            .and_then(|b| serde_json::from_slice(b).ok())
+            .unwrap_or_default();
+        for (limit, d) in deltas {
+            report.entry(limit.clone()).or_default().add(d);
         }
         ((), Some(serde_json::to_vec(&report).unwrap_or_default()))
     })

@@ -165,6 +165,40 @@ impl Utilization {
     }
 }
 
+/// Per further limit, what happens each second, summed over instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimitUse {
+    pub admitted_per_s: f64,
+    pub refused_per_s: f64,
+    /// Tokens charged per second.
+    pub tokens_per_s: f64,
+    /// The limit's size: `requests` per `period_ms` (each Envoy's).
+    pub requests: u64,
+    pub period_ms: u64,
+    /// Tokens it holds now (summed over instances).
+    pub available: Option<u64>,
+}
+
+impl LimitUse {
+    /// Adds another instance's figures.
+    pub fn add(&mut self, other: &LimitUse) {
+        self.admitted_per_s += other.admitted_per_s;
+        self.refused_per_s += other.refused_per_s;
+        self.tokens_per_s += other.tokens_per_s;
+        self.requests = self.requests.max(other.requests);
+        self.period_ms = self.period_ms.max(other.period_ms);
+        self.available = match (self.available, other.available) {
+            (None, t) | (t, None) => t,
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        };
+    }
+
+    /// Tokens used over one of the limit's periods at the current pace.
+    pub fn used_per_period(&self) -> f64 {
+        self.tokens_per_s * self.period_ms as f64 / 1000.0
+    }
+}
+
 /// `GET /live` (server-sent events): a `history` event with the recent
 /// frames, then a `frame` event every second.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -172,6 +206,9 @@ pub struct LiveFrame {
     pub at_ms: u64,
     /// Per policy, summed over the live instances.
     pub policies: BTreeMap<String, Utilization>,
+    /// Per further limit, summed over the live instances.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, LimitUse>,
     /// Per instance, per policy.
     pub instances: BTreeMap<String, BTreeMap<String, Utilization>>,
 }

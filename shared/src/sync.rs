@@ -57,6 +57,25 @@ pub struct SyncReport {
     /// that lost its record of the share learns it back from here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub held: BTreeMap<String, HeldShareReport>,
+    /// Per further limit (`limits`, by name), counters since the Envoy
+    /// started, its size and what it holds now.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, LimitReport>,
+}
+
+/// One further limit, as one Envoy counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitReport {
+    pub admitted: u64,
+    pub refused: u64,
+    /// Tokens the calls were charged (with `usage`: once settled).
+    pub tokens: u64,
+    /// The limit's size: `requests` per `period_ms`.
+    pub requests: u64,
+    pub period_ms: u64,
+    /// Tokens it holds now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<u64>,
 }
 
 /// A share an Envoy holds, as it describes it (ids are in `grants`).
@@ -117,6 +136,9 @@ impl SyncReport {
         }
         if self.policies.len() > MAX_REPORT_POLICIES {
             return Err(format!("policies: at most {MAX_REPORT_POLICIES} entries"));
+        }
+        if self.limits.len() > MAX_REPORT_POLICIES {
+            return Err(format!("limits: at most {MAX_REPORT_POLICIES} entries"));
         }
         Ok(())
     }

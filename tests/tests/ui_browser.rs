@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
 use serde_json::json;
+use sluice_demo::llm::{LlmLimits, MockLlm};
 use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminServer, PASSWORD, SYNC_TOKEN};
 use sluice_e2e::browser::Browser;
@@ -488,6 +489,90 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
         .await?;
     let stored = op.get("/api/v1/policies/llm").await?;
     assert!(stored["policy"].get("limits").is_none(), "{stored}");
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}
+
+/// The live view's further limits: a token limit whose calls settle their
+/// usage, fed by a real Envoy syncing under load; the page shows the
+/// tokens used per period at the current pace against the limit's size,
+/// and what it holds now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_shows_a_token_limits_use_against_its_size() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let op = admin.login().await?;
+    op.create(json!({"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s"},
+        "limits": [{"name": "tokens", "rate": {"requests": 30000, "period": "1m", "burst": 3000},
+                    "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 2000},
+                    "usage": {"json": ["usage.total_tokens"]}}]}))
+        .await?;
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let config =
+        json!({"instance": "ui-llm-envoy", "admin_cluster": "sluice_admin", "sync_interval": "250ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, llm.addr.port(), admin.port, 2)?;
+    let url = envoy.url("/v1/chat/completions");
+    let run = Duration::from_secs(10);
+    let load = tokio::spawn(load::closed_loop(8, run, move |c, n| {
+        c.post(&url)
+            .header("host", "api.llm.example")
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"max_tokens": {}}}"#, 100 + n % 200))
+    }));
+    let browser = Browser::start().await?;
+    browser.client.goto(&admin.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    browser
+        .client
+        .goto(&format!("{}/live", admin.base()))
+        .await?;
+    let row = ".live-limit[data-limit='tokens']";
+    browser
+        .wait_text(
+            &format!("{row} .used-per-period"),
+            Duration::from_secs(10),
+            |t| {
+                t.split(' ')
+                    .next()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|v| v > 0.0)
+            },
+        )
+        .await?;
+    // Past the first burst: the pace the limit allows.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let used = browser.text(&format!("{row} .used-per-period")).await?;
+    let size = browser.text(&format!("{row} .limit-size")).await?;
+    let left = browser.text(&format!("{row} .left-now")).await?;
+    let _ = load.await;
+    let charged = envoy.limit_stat("tokens", "tokens")?;
+    println!(
+        "ui: live view, limit tokens: {used} per period at this pace, of {size}, {left} left now; \
+         Envoy charged {charged} tokens in {run:?} ({:.0} per minute on average)",
+        charged / run.as_secs_f64() * 60.0
+    );
+    assert_eq!(size, "30000 per 1m");
+    let per_minute: f64 = used
+        .split(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    // The limit allows 30 000 a minute (500/s) after its burst of 3 000.
+    assert!(
+        (15_000.0..=40_000.0).contains(&per_minute),
+        "{per_minute} tokens per minute shown for a limit of 30 000"
+    );
+    assert!(
+        left.parse::<u64>().is_ok_and(|l| l <= 3000),
+        "left now {left}"
+    );
     browser.close().await;
     admin.stop().await;
     Ok(())

@@ -11,6 +11,7 @@ use sluice_shared::api::{
     AuditLog, FleetPolicy, FleetView, InstanceList, LoginRequest, PolicyList, SessionInfo,
     StoredPolicy, Validated,
 };
+use sluice_shared::duration::DurationMs;
 use sluice_shared::{Mode, Scope, Span};
 
 use crate::api::{self, ApiError, FieldError};
@@ -797,6 +798,51 @@ fn LivePage() -> impl IntoView {
                 </section>
             }
         }/>
+        <LimitsNow/>
+    }
+}
+
+/// Each further limit's use against its size: tokens charged per period at
+/// the current pace, and what it holds now (a daily budget's "left today").
+#[component]
+fn LimitsNow() -> impl IntoView {
+    let frames = expect_context::<LiveFrames>();
+    let limits = move || {
+        frames
+            .latest()
+            .map(|f| {
+                f.limits
+                    .iter()
+                    .map(|(n, u)| (n.clone(), *u))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    view! {
+        <Show when=move || !limits().is_empty()>
+            <section id="live-limits">
+                <h2>"Further limits"</h2>
+                <table class="limits-now">
+                    <thead><tr><th>"Limit"</th><th>"Used per period at this pace"</th><th>"Of"</th><th>"Left now"</th><th>"Admitted/s"</th><th>"Refused/s"</th></tr></thead>
+                    <tbody>
+                        <For each=limits key=|(n, u)| (n.clone(), format!("{u:?}")) children=|(name, u)| {
+                            let size = format!("{} per {}", u.requests, DurationMs::from_millis(u.period_ms));
+                            let share = if u.requests > 0 { format!(" ({:.0} %)", u.used_per_period() * 100.0 / u.requests as f64) } else { String::new() };
+                            view! {
+                                <tr class="live-limit" data-limit=name.clone()>
+                                    <td>{name.clone()}</td>
+                                    <td class="used-per-period">{format!("{:.0}{share}", u.used_per_period())}</td>
+                                    <td class="limit-size">{size}</td>
+                                    <td class="left-now">{u.available.map(|a| a.to_string()).unwrap_or_else(|| "—".into())}</td>
+                                    <td class="limit-admitted-now">{format!("{:.1}", u.admitted_per_s)}</td>
+                                    <td class="limit-refused-now">{format!("{:.1}", u.refused_per_s)}</td>
+                                </tr>
+                            }
+                        }/>
+                    </tbody>
+                </table>
+            </section>
+        </Show>
     }
 }
 

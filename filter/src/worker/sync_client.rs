@@ -7,10 +7,11 @@
 use std::collections::BTreeMap;
 
 use sluice_shared::matcher::CompiledPolicySet;
-use sluice_shared::sync::{HeldShareReport, SyncReport};
+use sluice_shared::sync::{HeldShareReport, LimitReport, SyncReport};
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::PolicySet;
 
+use super::limits;
 use super::placement::{bucket_key, Place};
 use crate::fleet;
 use crate::host::{Host, Level};
@@ -81,6 +82,10 @@ impl SyncClient {
             // A failure is counted and logged by the store; these counts
             // are then missing from the admin's view, not from Envoy's stats.
             let _ = report::add_to_report(host, store, &deltas);
+        }
+        let limit_deltas = metrics.take_unreported_limits();
+        if !limit_deltas.is_empty() {
+            let _ = report::add_to_limit_report(host, store, &limit_deltas);
         }
     }
 
@@ -162,6 +167,7 @@ impl SyncClient {
             reports.insert(p.name().to_string(), report);
         }
         let (_, held) = fleet::published(host);
+        let limits = limit_reports(host, policies, now);
         SyncReport {
             instance: instance.to_string(),
             policy_version: self.admin_set.version,
@@ -181,6 +187,7 @@ impl SyncClient {
                     (p, report)
                 })
                 .collect(),
+            limits,
         }
     }
 
@@ -263,4 +270,44 @@ impl SyncClient {
             ),
         );
     }
+}
+
+/// Every further limit of the set (once, by name): what it counted, its
+/// size, and what it holds now.
+fn limit_reports<H: Host + ?Sized>(
+    host: &H,
+    policies: &CompiledPolicySet,
+    now: Instant,
+) -> BTreeMap<String, LimitReport> {
+    let counters = report::read_limit_report(host);
+    let mut out = BTreeMap::new();
+    for p in &policies.policies {
+        for (spec, limit) in p.policy.limits.iter().zip(&p.limits) {
+            if out.contains_key(&limit.name) {
+                continue;
+            }
+            let counted = counters.get(&limit.name).copied().unwrap_or_default();
+            // Garbage reads as a limit afresh, as the limit itself does.
+            let available = host
+                .shared_get(&limits::limit_key(&limit.name))
+                .0
+                .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
+                .map_or_else(
+                    || limit.rate.available(&limit.rate.initial_state(), now),
+                    |state| limit.rate.available(&state, now),
+                );
+            out.insert(
+                limit.name.clone(),
+                LimitReport {
+                    admitted: counted.admitted,
+                    refused: counted.refused,
+                    tokens: counted.tokens,
+                    requests: spec.rate.requests,
+                    period_ms: spec.rate.period.as_millis(),
+                    available: Some(available),
+                },
+            );
+        }
+    }
+    out
 }
