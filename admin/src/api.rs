@@ -21,7 +21,7 @@ use sluice_shared::api::{
     AuditLog, FleetView, Health, History, Instance, InstanceList, LoginRequest, PolicyList,
     SessionInfo, StoredPolicy, Validated,
 };
-use sluice_shared::sync::{SyncReport, EPOCH_HEADER, SHARES_HEADER, SYNC_PATH};
+use sluice_shared::sync::{SyncReport, BUDGETS_HEADER, EPOCH_HEADER, SHARES_HEADER, SYNC_PATH};
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
@@ -453,6 +453,10 @@ async fn sync(
     state.live.ingest(&report, now_ms());
     let answer = state.store.record_sync(report).await?;
     let (report, set, epoch) = (answer.report, answer.set, answer.epoch);
+    let budgets = (!answer.budgets.is_empty())
+        .then(|| serde_json::to_string(&answer.budgets).ok())
+        .flatten()
+        .and_then(|json| HeaderValue::from_str(&json).ok());
     state.metrics.policy_set_version.set(set.version as i64);
     if answer.renewed {
         tracing::warn!(
@@ -492,6 +496,9 @@ async fn sync(
     };
     if let Some(shares) = shares {
         response.headers_mut().insert(SHARES_HEADER, shares);
+    }
+    if let Some(budgets) = budgets {
+        response.headers_mut().insert(BUDGETS_HEADER, budgets);
     }
     response
         .headers_mut()

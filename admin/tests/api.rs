@@ -1062,3 +1062,107 @@ async fn a_shared_limit_with_another_rate_is_refused_on_the_policys_own_field() 
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing saved");
 }
+
+/// An Envoy's sync with its daily budget `known` or not, holding
+/// `available` of 100 at `at_ms`.
+fn budget_report(instance: &str, known: bool, available: u64, at_ms: u64) -> Value {
+    json!({"instance": instance, "policy_version": 1, "at_ms": at_ms,
+        "budgets": {"daily": {"known": known, "available": available, "size": 100, "at_ms": at_ms}}})
+}
+
+async fn sync_budgets(admin: &Admin, report: Value) -> (StatusCode, Option<Value>) {
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let (status, h, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(report),
+        )
+        .await;
+    assert!(
+        status.is_success() || status.is_redirection(),
+        "{status} {body}"
+    );
+    let held = h
+        .get("sluice-budgets")
+        .map(|v| serde_json::from_slice(v.as_bytes()).unwrap());
+    (status, held)
+}
+
+#[tokio::test]
+async fn budgets_are_held_per_envoy_across_an_admin_restart_and_given_back_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let daily = json!({"name": "maps", "match": {"host": "api.maps.example"},
+        "rate": {"requests": 10, "period": "1s"},
+        "limits": [{"name": "daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"}},
+                   {"name": "per-minute", "rate": {"requests": 60, "period": "1m"}}]});
+    {
+        let store = Store::open(&db).unwrap();
+        let policy = sluice_shared::parse_policy(&daily.to_string()).unwrap();
+        store.blocking().create(policy, "admin").unwrap();
+    }
+    let admin = start_on(dir, db.clone()).await;
+    // A first start: nothing held, nothing given back.
+    let (_, held) = sync_budgets(&admin, budget_report("envoy-a", false, 100, 1_000)).await;
+    assert_eq!(held, None);
+    // Known from then on: each report is kept, none is answered.
+    for (available, at) in [(70, 2_000), (40, 3_000)] {
+        let (status, held) =
+            sync_budgets(&admin, budget_report("envoy-a", true, available, at)).await;
+        assert_eq!((status, held), (StatusCode::NOT_MODIFIED, None));
+    }
+    // The admin restarts on the same file.
+    let dir2 = admin._dir;
+    let admin = start_on(dir2, db).await;
+    // envoy-a restarts: asks, and gets back its 40 left at 3 000 ms; its
+    // full "unknown" report does not replace the record.
+    for _ in 0..2 {
+        let (_, held) = sync_budgets(&admin, budget_report("envoy-a", false, 100, 9_000)).await;
+        assert_eq!(
+            held,
+            Some(json!({"daily": {"available": 40, "size": 100, "at_ms": 3_000}}))
+        );
+    }
+    // Another Envoy has a budget of its own.
+    let (_, held) = sync_budgets(&admin, budget_report("envoy-b", false, 100, 9_000)).await;
+    assert_eq!(held, None);
+    // An Envoy on a set without the budget yet (its fallback) gets the
+    // record of the set it is about to get.
+    let (status, held) = sync_budgets(
+        &admin,
+        json!({"instance": "envoy-a", "policy_version": 0, "at_ms": 9_500}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(held.unwrap()["daily"]["available"], 40);
+    // Hostile reports: refused whole, the record untouched.
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let many: serde_json::Map<String, Value> = (0..1001)
+        .map(|i| {
+            (
+                format!("b{i}"),
+                json!({"known": true, "available": 0, "size": 1, "at_ms": 1}),
+            )
+        })
+        .collect();
+    let long_name = "x".repeat(65);
+    for budgets in [
+        Value::Object(many),
+        json!({long_name: {"known": true, "available": 0, "size": 1, "at_ms": 1}}),
+        json!({"daily": {"known": true, "available": -5, "size": 100, "at_ms": 1}}),
+    ] {
+        let (status, _, body) = admin
+            .call(
+                Method::POST,
+                "/api/v1/sync",
+                &[("authorization", &auth)],
+                Some(json!({"instance": "envoy-a", "policy_version": 1, "at_ms": 1, "budgets": budgets})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+    let (_, held) = sync_budgets(&admin, budget_report("envoy-a", false, 100, 9_000)).await;
+    assert_eq!(held.unwrap()["daily"]["available"], 40);
+}

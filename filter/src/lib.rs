@@ -26,6 +26,8 @@ pub mod worker;
 mod envoy;
 
 #[cfg(test)]
+mod budget_tests;
+#[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests;

@@ -84,10 +84,13 @@ pub enum LimitStat {
     /// Calls that ended before their response did (aborted, reset):
     /// charged the estimate.
     UsageAborted,
+    /// Calls refused because this budget's spending before a restart is
+    /// not known yet (the admin has not answered since).
+    BudgetUnknown,
 }
 
 impl LimitStat {
-    const ALL: [LimitStat; 7] = [
+    const ALL: [LimitStat; 8] = [
         LimitStat::Admitted,
         LimitStat::Refused,
         LimitStat::Tokens,
@@ -95,6 +98,7 @@ impl LimitStat {
         LimitStat::UsageTooLarge,
         LimitStat::UsageMalformed,
         LimitStat::UsageAborted,
+        LimitStat::BudgetUnknown,
     ];
 
     fn name(self) -> &'static str {
@@ -106,6 +110,7 @@ impl LimitStat {
             LimitStat::UsageTooLarge => "usage_too_large",
             LimitStat::UsageMalformed => "usage_malformed",
             LimitStat::UsageAborted => "usage_aborted",
+            LimitStat::BudgetUnknown => "budget_unknown",
         }
     }
 
@@ -126,10 +131,13 @@ pub enum FilterStat {
     PolicySetsInstalled,
     /// Requests whose body was too large to read an estimate from.
     RequestBodyTooLarge,
+    /// Admin answers whose budgets header was not one (too large, not
+    /// JSON): budgets stayed unknown.
+    BudgetsMalformed,
 }
 
 impl FilterStat {
-    const ALL: [FilterStat; 9] = [
+    const ALL: [FilterStat; 10] = [
         FilterStat::CasRetries,
         FilterStat::CasExhausted,
         FilterStat::StateDecodeErrors,
@@ -139,6 +147,7 @@ impl FilterStat {
         FilterStat::SyncStale,
         FilterStat::PolicySetsInstalled,
         FilterStat::RequestBodyTooLarge,
+        FilterStat::BudgetsMalformed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -152,6 +161,7 @@ impl FilterStat {
             FilterStat::SyncStale => "sync_stale",
             FilterStat::PolicySetsInstalled => "policy_sets_installed",
             FilterStat::RequestBodyTooLarge => "request_body_too_large",
+            FilterStat::BudgetsMalformed => "budgets_malformed",
         }
     }
 

@@ -249,6 +249,8 @@ pub struct SyncReply<'a> {
     pub shares_header: Option<&'a [u8]>,
     /// The store epoch header.
     pub epoch_header: Option<&'a [u8]>,
+    /// The budgets header.
+    pub budgets_header: Option<&'a [u8]>,
     pub body: ReplyBody<'a>,
 }
 
@@ -430,6 +432,7 @@ mod tests {
             status: Some(200),
             shares_header: None,
             epoch_header: None,
+            budgets_header: None,
             body: ReplyBody::TooLarge(3 << 20),
         };
         assert!(matches!(reply.answer(), Answer::Failed(why) if why.contains("3145728-byte")));

@@ -423,7 +423,7 @@ proptest! {
     }
 }
 
-fn reply<'a>(
+pub(crate) fn reply<'a>(
     status: Option<u16>,
     shares_header: Option<&'a [u8]>,
     body: Option<&'a [u8]>,
@@ -432,11 +432,12 @@ fn reply<'a>(
         status,
         shares_header,
         epoch_header: None,
+        budgets_header: None,
         body: ReplyBody::Read(body),
     }
 }
 
-fn sync_settings() -> crate::sync::SyncSettings {
+pub(crate) fn sync_settings() -> crate::sync::SyncSettings {
     crate::sync::SyncSettings {
         instance: "unit".into(),
         cluster: "sluice_admin".into(),

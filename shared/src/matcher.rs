@@ -128,6 +128,8 @@ pub struct CompiledLimit {
     cost_json: Option<UsagePath>,
     /// Where the real cost is read from the response.
     pub usage: Option<CompiledUsage>,
+    /// Held by the admin across restarts ([`crate::NamedLimit::is_budget`]).
+    pub budget: bool,
 }
 
 /// Which bucket of a policy a request uses.
@@ -182,6 +184,7 @@ impl CompiledPolicy {
                         _ => None,
                     },
                     usage: l.usage.as_ref().map(CompiledUsage::new),
+                    budget: l.is_budget(),
                 })
                 .collect(),
             priority_header: policy

@@ -93,6 +93,17 @@ pub struct NamedLimit {
     pub usage: Option<UsageSpec>,
 }
 
+impl NamedLimit {
+    /// A limit this long is a budget: an Envoy syncing with an admin gets
+    /// back what it spent of it after a restart, so a restart does not
+    /// refill a daily or monthly limit.
+    pub const BUDGET_MIN_PERIOD: DurationMs = DurationMs::from_secs(3600);
+
+    pub fn is_budget(&self) -> bool {
+        self.rate.period >= Self::BUDGET_MIN_PERIOD
+    }
+}
+
 /// Who a policy's limits are for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(JsonSchema))]

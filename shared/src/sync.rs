@@ -26,6 +26,15 @@ pub const SHARES_HEADER: &str = "sluice-grants";
 /// was created, and again when a restored store finds Envoys ahead of it.
 /// A filter takes a lower version from another epoch, never from its own.
 pub const EPOCH_HEADER: &str = "sluice-store-epoch";
+/// Budgets the admin holds for the Envoy that synced (JSON, a
+/// [`BudgetsMessage`]): on every answer that has any to give back.
+pub const BUDGETS_HEADER: &str = "sluice-budgets";
+/// The most budgets one answer gives back, so that the header stays far
+/// below Envoy's header size limit (60 KiB).
+pub const MAX_BUDGETS_ANSWERED: usize = 256;
+/// How long the admin keeps a budget nobody reported: longer than the
+/// longest period a limit may have (31 days).
+pub const BUDGET_RETENTION_MS: u64 = 32 * 24 * 60 * 60 * 1000;
 
 /// Bounds on a report, so a broken or hostile client cannot make the admin
 /// store megabytes per sync.
@@ -61,7 +70,52 @@ pub struct SyncReport {
     /// started, its size and what it holds now.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, LimitReport>,
+    /// Per budget (a further limit of an hour or longer, by name): what
+    /// this Envoy holds of it, and whether that includes what the admin
+    /// held for it when this Envoy started.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub budgets: BTreeMap<String, BudgetReport>,
 }
+
+/// A budget as one Envoy reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetReport {
+    /// False until the admin's answer was applied: the Envoy just started
+    /// and asks what it spent before; the admin keeps its own record.
+    pub known: bool,
+    /// Tokens left of `size`, at `at_ms` (the Envoy's clock).
+    pub available: u64,
+    pub size: u64,
+    pub at_ms: u64,
+}
+
+impl BudgetReport {
+    pub fn held(&self) -> HeldBudget {
+        HeldBudget {
+            available: self.available,
+            size: self.size,
+            at_ms: self.at_ms,
+        }
+    }
+}
+
+/// A budget as the admin holds it for one Envoy: the last it reported
+/// once known. Times are that Envoy's own clock, given back to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldBudget {
+    pub available: u64,
+    pub size: u64,
+    pub at_ms: u64,
+}
+
+impl HeldBudget {
+    /// What was spent of the budget by `at_ms`.
+    pub fn spent(&self) -> u64 {
+        self.size.saturating_sub(self.available)
+    }
+}
+
+pub type BudgetsMessage = BTreeMap<String, HeldBudget>;
 
 /// One further limit, as one Envoy counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,6 +193,16 @@ impl SyncReport {
         }
         if self.limits.len() > MAX_REPORT_POLICIES {
             return Err(format!("limits: at most {MAX_REPORT_POLICIES} entries"));
+        }
+        if self.budgets.len() > MAX_REPORT_POLICIES {
+            return Err(format!("budgets: at most {MAX_REPORT_POLICIES} entries"));
+        }
+        if let Some(name) = self
+            .budgets
+            .keys()
+            .find(|n| n.is_empty() || n.len() > crate::validate::bounds::MAX_NAME_LEN)
+        {
+            return Err(format!("budgets: {name:?} is no limit name"));
         }
         Ok(())
     }

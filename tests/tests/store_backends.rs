@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluice_admin::store::{BlockingStore as Store, StoreError};
 use sluice_e2e::postgres::PostgresServer;
-use sluice_shared::sync::SyncReport;
+use sluice_shared::sync::{BudgetReport, SyncReport};
 use sluice_shared::Policy;
 
 fn policy(name: &str, requests: u64) -> Policy {
@@ -122,6 +122,31 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
     let instances = first.instances("", 1000)?;
     assert_eq!(instances.len(), 1);
     assert_eq!((instances[0].syncs, instances[0].policy_version), (2, 4));
+
+    // A budget one replica keeps is given back by the other.
+    let set = first.policy_set()?;
+    let budget = |known: bool, available: u64| SyncReport {
+        instance: "envoy-1".into(),
+        budgets: [(
+            "daily".to_string(),
+            BudgetReport {
+                known,
+                available,
+                size: 100,
+                at_ms: 5,
+            },
+        )]
+        .into(),
+        ..SyncReport::default()
+    };
+    assert!(first.record_budgets(&budget(true, 30), &set)?.is_empty());
+    assert!(first.record_budgets(&budget(true, 25), &set)?.is_empty());
+    let held = second.record_budgets(&budget(false, 100), &set)?;
+    assert_eq!(
+        held.get("daily").map(|h| (h.available, h.size, h.at_ms)),
+        Some((25, 100, 5)),
+        "{kind}"
+    );
 
     // Both replicas write the same policy at once: every write lands once.
     let before = first.get("bank")?.version;

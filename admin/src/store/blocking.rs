@@ -6,7 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use sluice_shared::api::{AuditEntry, HistoryEntry, StoredPolicy};
-use sluice_shared::sync::SyncReport;
+use std::collections::BTreeSet;
+
+use sluice_shared::sync::{
+    BudgetsMessage, HeldBudget, SyncReport, BUDGET_RETENTION_MS, MAX_BUDGETS_ANSWERED,
+};
 use sluice_shared::validate::validate_policy_set;
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 
@@ -329,6 +333,79 @@ impl BlockingStore {
         })
     }
 
+    /// Keeps what `report` says of its known budgets, and returns the
+    /// budgets held for its instance that it does not know: those it
+    /// reports unknown (it just started) and those of `set` it does not
+    /// report yet (the set it is about to get).
+    pub fn record_budgets(
+        &self,
+        report: &SyncReport,
+        set: &PolicySet,
+    ) -> Result<BudgetsMessage, StoreError> {
+        let wanted: BTreeSet<&str> = report
+            .budgets
+            .iter()
+            .filter(|(_, b)| !b.known)
+            .map(|(name, _)| name.as_str())
+            .chain(
+                set.policies
+                    .iter()
+                    .flat_map(|p| p.limits.iter())
+                    .filter(|l| l.is_budget() && !report.budgets.contains_key(&l.name))
+                    .map(|l| l.name.as_str()),
+            )
+            .collect();
+        let known: Vec<(&String, HeldBudget)> = report
+            .budgets
+            .iter()
+            .filter(|(_, b)| b.known)
+            .map(|(name, b)| (name, b.held()))
+            .collect();
+        if wanted.is_empty() && known.is_empty() {
+            return Ok(BudgetsMessage::new());
+        }
+        let instance = report.instance.as_str();
+        self.db.touch(|sql| {
+            for (name, held) in &known {
+                sql.execute(
+                    "INSERT INTO budgets (instance, name, available, size, at_ms, updated_ms)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (instance, name) DO UPDATE SET available = $3, size = $4,
+                       at_ms = $5, updated_ms = $6",
+                    &[
+                        instance.into(),
+                        name.as_str().into(),
+                        held.available.into(),
+                        held.size.into(),
+                        held.at_ms.into(),
+                        now_ms().into(),
+                    ],
+                )?;
+            }
+            if wanted.is_empty() {
+                return Ok(BudgetsMessage::new());
+            }
+            let rows = sql.query(
+                "SELECT name, available, size, at_ms FROM budgets WHERE instance = $1
+                 ORDER BY name LIMIT $2",
+                &[instance.into(), (MAX_BUDGETS_ANSWERED as u64).into()],
+            )?;
+            let mut out = BudgetsMessage::new();
+            for row in rows {
+                let name = row.text(0)?;
+                if wanted.contains(name.as_str()) {
+                    let held = HeldBudget {
+                        available: row.uint(1)?,
+                        size: row.uint(2)?,
+                        at_ms: row.uint(3)?,
+                    };
+                    out.insert(name, held);
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Instances by id, `limit` of them after `after` (a page).
     pub fn instances(&self, after: &str, limit: u32) -> Result<Vec<InstanceRow>, StoreError> {
         let rows = self.db.read(|sql| {
@@ -356,6 +433,12 @@ impl BlockingStore {
     /// many.
     pub fn prune_instances(&self, before_ms: u64) -> Result<u64, StoreError> {
         self.db.touch(|sql| {
+            // A budget outlives its instance's silence: an Envoy down for a
+            // day still gets back what it spent of its month.
+            sql.execute(
+                "DELETE FROM budgets WHERE updated_ms < $1",
+                &[now_ms().saturating_sub(BUDGET_RETENTION_MS).into()],
+            )?;
             sql.execute(
                 "DELETE FROM instances WHERE last_sync_ms < $1",
                 &[before_ms.into()],

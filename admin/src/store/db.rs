@@ -14,11 +14,17 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
 
-const SQLITE_MIGRATIONS: &[M<'static>] = &[M::up(include_str!("../../migrations/0001_init.sql"))];
+const SQLITE_MIGRATIONS: &[M<'static>] = &[
+    M::up(include_str!("../../migrations/0001_init.sql")),
+    M::up(include_str!("../../migrations/0002_budgets.sql")),
+];
 
 /// PostgreSQL migrations, in order; applied once each, under an advisory
 /// lock so replicas starting together do not race.
-const POSTGRES_MIGRATIONS: &[&str] = &[include_str!("../../migrations/postgres/0001_init.sql")];
+const POSTGRES_MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/postgres/0001_init.sql"),
+    include_str!("../../migrations/postgres/0002_budgets.sql"),
+];
 
 /// PostgreSQL's advisory lock taken while migrating (any fixed number).
 const MIGRATION_LOCK: i64 = 0x51_1CE;

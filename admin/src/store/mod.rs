@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use sluice_shared::api::{AuditEntry, HistoryEntry, PolicyList, StoredPolicy};
-use sluice_shared::sync::SyncReport;
+use sluice_shared::sync::{BudgetsMessage, SyncReport};
 use sluice_shared::{Instant, Policy, PolicySet, ValidationErrors};
 
 pub use blocking::BlockingStore;
@@ -93,6 +93,8 @@ pub struct SyncAnswer {
     /// The report named a version of this epoch the store has not reached,
     /// and the store drew a new epoch.
     pub renewed: bool,
+    /// The budgets held for the instance that it does not know yet.
+    pub budgets: BudgetsMessage,
 }
 
 /// The store as the async handlers use it: each call runs the blocking
@@ -217,11 +219,13 @@ impl Store {
                 epoch = s.renew_epoch(epoch)?;
                 renewed = true;
             }
+            let budgets = s.record_budgets(&report, &set)?;
             Ok(SyncAnswer {
                 report,
                 set,
                 epoch,
                 renewed,
+                budgets,
             })
         })
         .await

@@ -16,6 +16,7 @@ use sluice_shared::headers::{further_limit_rejection_headers, rejection_headers,
 use sluice_shared::matcher::{Classification, CompiledPolicy};
 use sluice_shared::time::{Instant, Span};
 
+use super::budgets::Budgets;
 use super::limits::{self, Taken};
 use super::placement::{self, Placed};
 use crate::host::{Host, Level};
@@ -77,6 +78,7 @@ pub(super) struct Admitter<'a, H: Host + ?Sized> {
     pub store: &'a mut Store,
     pub metrics: &'a mut Metrics,
     pub prefetches: &'a mut Prefetches,
+    pub budgets: &'a mut Budgets,
     pub holder: u64,
     pub now: Instant,
 }
@@ -96,18 +98,31 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             self.host,
             self.store,
             self.metrics,
+            self.budgets,
             policy,
             limit_costs,
             self.now,
         );
-        if let Taken::Refused { limit, retry_after } = taken {
-            let decision = match self.refuse(policy, LimitKind::Rate, retry_after) {
-                Decision::Refuse(reply) => {
-                    Decision::Refuse(refused_by_limit(reply, policy, &limit, retry_after))
-                }
-                other => other,
-            };
-            return (decision, false);
+        match taken {
+            Taken::All => {}
+            Taken::Refused { limit, retry_after } => {
+                let decision = match self.refuse(policy, LimitKind::Rate, retry_after) {
+                    Decision::Refuse(reply) => {
+                        Decision::Refuse(refused_by_limit(reply, policy, &limit, retry_after))
+                    }
+                    other => other,
+                };
+                return (decision, false);
+            }
+            Taken::Unknown { limit } => {
+                let decision = match self.refuse(policy, LimitKind::Rate, DEFAULT_RETRY) {
+                    Decision::Refuse(reply) => {
+                        Decision::Refuse(budget_unknown(reply, policy, &limit))
+                    }
+                    other => other,
+                };
+                return (decision, false);
+            }
         }
         let decision = self.decide_in_bucket(policy, class);
         let refused = matches!(decision, Decision::Refuse(_));
@@ -292,6 +307,23 @@ fn refused_by_limit(
     if policy.policy.on_limit.body.is_none() {
         reply.body = format!(
             "limited by sluice policy {} (limit {limit})\n",
+            policy.name()
+        )
+        .into_bytes();
+    }
+    reply
+}
+
+/// The refusal by a budget whose spending before this Envoy started is not
+/// known yet: the caller is told why (it clears once the admin answers).
+fn budget_unknown(reply: LocalReply, policy: &CompiledPolicy, limit: &str) -> LocalReply {
+    let mut reply = refused_by_limit(reply, policy, limit, DEFAULT_RETRY);
+    reply
+        .headers
+        .push((REASON_HEADER, "budget-unknown".to_string()));
+    if policy.policy.on_limit.body.is_none() {
+        reply.body = format!(
+            "refused by sluice policy {}: budget {limit} resumes once the admin says what it spent before this Envoy started\n",
             policy.name()
         )
         .into_bytes();

@@ -8,6 +8,7 @@ use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::time::{Instant, Span};
 
 use super::admission::DEFAULT_RETRY;
+use super::budgets::Budgets;
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
 use crate::store::Store;
@@ -25,11 +26,14 @@ pub(super) enum Taken {
     All,
     /// `limit` refused first; nothing was kept from the others.
     Refused { limit: String, retry_after: Span },
+    /// `limit` is a budget this Envoy does not know the spending of yet
+    /// (just started; the admin has not answered): nothing was taken.
+    Unknown { limit: String },
 }
 
 /// Reads a limit's state; bytes that are no state of this limiter (another
 /// algorithm after an edit, or garbage) start it afresh.
-fn state_of(rate: &RateLimiter, bytes: Option<&[u8]>) -> RateState {
+pub(super) fn state_of(rate: &RateLimiter, bytes: Option<&[u8]>) -> RateState {
     bytes
         .and_then(|b| rate.decode_state(b).ok())
         .unwrap_or_else(|| rate.initial_state())
@@ -40,12 +44,19 @@ pub(super) fn take<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,
     metrics: &mut Metrics,
+    budgets: &mut Budgets,
     policy: &CompiledPolicy,
     costs: &[u64],
     now: Instant,
 ) -> Taken {
     if policy.limits.is_empty() {
         return Taken::All;
+    }
+    if let Some(limit) = policy.limits.iter().find(|l| !budgets.is_known(host, l)) {
+        metrics.add_limit(&limit.name, LimitStat::BudgetUnknown, 1);
+        return Taken::Unknown {
+            limit: limit.name.clone(),
+        };
     }
     let mut take = StackedTake::new(costs.to_vec(), now);
     while let Some(index) = take.next_limit() {

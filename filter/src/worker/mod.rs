@@ -11,13 +11,15 @@
 //! - [`streams`]: admitted and queued streams, their slots and leases;
 //! - [`queue`]: turns for queued streams, and their timeouts;
 //! - [`sync_client`]: policy sets and reports to and from the admin;
-//! - [`shares`]: fleet mode's shares of global policies.
+//! - [`shares`]: fleet mode's shares of global policies;
+//! - [`budgets`]: long limits the admin holds across restarts.
 //!
 //! Host actions that can call back into the VM (a local reply, resuming a
 //! paused stream) are returned to the caller instead of performed here, so
 //! the glue can run them after it stops borrowing the worker.
 
 mod admission;
+mod budgets;
 mod limits;
 mod placement;
 mod queue;
@@ -37,12 +39,13 @@ use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
-use crate::sync::{SyncReply, SyncSettings};
+use crate::sync::{Answer, SyncReply, SyncSettings};
 
 pub use admission::{LocalReply, Verdict};
 pub use queue::StreamAction;
 
 use admission::Decision;
+use budgets::Budgets;
 use shares::FleetShares;
 use streams::Streams;
 use sync_client::SyncClient;
@@ -82,6 +85,7 @@ pub struct Worker {
     usages: Usages,
     sync: SyncClient,
     shares: FleetShares,
+    budgets: Budgets,
     /// The wall clock made monotonic (see [`crate::clock`]).
     clock: Rc<Clock>,
     /// What keys are hashed with; the same in every VM of the process.
@@ -107,6 +111,7 @@ impl Worker {
             usages: Usages::default(),
             sync: SyncClient::default(),
             shares: FleetShares::default(),
+            budgets: Budgets::default(),
             clock: Rc::new(Clock::default()),
             key_secret,
             last_queue_poll: Instant::EPOCH,
@@ -115,6 +120,7 @@ impl Worker {
 
     /// Where to sync from (None: enforce the fallback set only).
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
+        self.budgets.configure(settings.is_some());
         self.sync.configure(settings);
     }
 
@@ -230,6 +236,7 @@ impl Worker {
             store: &mut self.store,
             metrics: &mut self.metrics,
             prefetches: &mut self.prefetches,
+            budgets: &mut self.budgets,
             holder: self.holder,
             now,
         };
@@ -422,6 +429,7 @@ impl Worker {
             host,
             &mut self.store,
             &mut self.metrics,
+            &mut self.budgets,
             &self.policies,
             now,
         );
@@ -461,12 +469,24 @@ impl Worker {
             }
         }
         let answer = reply.answer();
+        let answered = matches!(answer, Answer::Unchanged | Answer::PolicySet(_));
         let epoch = crate::sync::parse_epoch(reply.epoch_header);
         if let Some(set) =
             self.sync
                 .on_answer(host, &mut self.store, &mut self.metrics, answer, epoch)
         {
             self.install_from_admin(host, set);
+        }
+        if answered {
+            let policies = Rc::clone(&self.policies);
+            self.budgets.on_answer(
+                host,
+                &mut self.store,
+                &mut self.metrics,
+                &policies,
+                reply.budgets_header,
+                host.now(),
+            );
         }
     }
 

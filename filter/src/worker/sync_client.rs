@@ -11,6 +11,7 @@ use sluice_shared::sync::{HeldShareReport, LimitReport, SyncReport};
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::PolicySet;
 
+use super::budgets::Budgets;
 use super::limits;
 use super::placement::{bucket_key, Place};
 use crate::fleet;
@@ -96,6 +97,7 @@ impl SyncClient {
         host: &H,
         store: &mut Store,
         metrics: &mut Metrics,
+        budgets: &mut Budgets,
         policies: &CompiledPolicySet,
         now: Instant,
     ) {
@@ -113,7 +115,8 @@ impl SyncClient {
         if !policy_sync::claim_turn(host, store, now, settings.interval) {
             return;
         }
-        let report = self.snapshot(host, store, policies, &settings.instance, now);
+        let mut report = self.snapshot(host, store, policies, &settings.instance, now);
+        report.budgets = budgets.report(host, policies, now);
         let body = serde_json::to_vec(&report).unwrap_or_default();
         let (headers, body) = policy_sync::request(settings, &body);
         let headers: Vec<(&str, &str)> = headers
@@ -188,6 +191,7 @@ impl SyncClient {
                 })
                 .collect(),
             limits,
+            budgets: BTreeMap::new(),
         }
     }
 

@@ -251,6 +251,19 @@ impl RateLimiter {
         }
     }
 
+    /// Takes from `state` what this limit's earlier life had spent by `at`
+    /// (a budget the admin held while this Envoy restarted). A record that
+    /// is broken or hostile can take no more than the limit's size and
+    /// cannot date from after `now`: it never makes debt or a future state.
+    pub fn restore_spent(&self, state: &mut RateState, spent: u64, at: Instant, now: Instant) {
+        self.fit(state);
+        let size = self.available(&self.initial_state(), now);
+        if spent == 0 {
+            return;
+        }
+        self.charge(state, at.min(now), spent.min(size));
+    }
+
     /// Tokens available now, for utilization reports.
     pub fn available(&self, state: &RateState, now: Instant) -> u64 {
         match (self, state) {

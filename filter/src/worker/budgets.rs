@@ -1,0 +1,166 @@
+//! Budgets (further limits of an hour or longer) held by the admin across
+//! restarts. An Envoy that syncs with an admin reports what each budget
+//! holds; after a restart its budgets refuse calls (`budget-unknown`) until
+//! the admin's first answer gave back what they had spent, so a restart
+//! never refills a daily limit. Without an admin they are plain limits.
+//!
+//! "Known" is per Envoy, in shared data (every VM of a restarted Envoy
+//! starts unknown together); each VM caches the answer once it is yes,
+//! as a budget never becomes unknown again in the same Envoy.
+
+use std::collections::{BTreeMap, HashSet};
+
+use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
+use sluice_shared::sync::{BudgetReport, BudgetsMessage};
+use sluice_shared::time::Instant;
+
+use super::limits::{limit_key, state_of};
+use crate::host::{Host, Level};
+use crate::metrics::{FilterStat, Metrics};
+use crate::store::Store;
+
+/// The most of the admin's budgets header read; a larger one is refused.
+pub const MAX_BUDGETS_HEADER: usize = 64 * 1024;
+
+fn known_key(limit: &str) -> String {
+    format!("sluice/bk/{limit}")
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Budgets {
+    /// Whether this Envoy syncs with an admin (which then holds budgets).
+    held_by_admin: bool,
+    known: HashSet<String>,
+}
+
+impl Budgets {
+    pub fn configure(&mut self, held_by_admin: bool) {
+        self.held_by_admin = held_by_admin;
+    }
+
+    /// Whether `limit` may count calls: any limit that is no budget, and a
+    /// budget once this Envoy knows what it spent before.
+    pub fn is_known<H: Host + ?Sized>(&mut self, host: &H, limit: &CompiledLimit) -> bool {
+        if !limit.budget || !self.held_by_admin || self.known.contains(&limit.name) {
+            return true;
+        }
+        if host.shared_get(&known_key(&limit.name)).0.is_some() {
+            self.known.insert(limit.name.clone());
+            return true;
+        }
+        false
+    }
+
+    /// Every budget of the set (once, by name) as this Envoy holds it now.
+    pub fn report<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        policies: &CompiledPolicySet,
+        now: Instant,
+    ) -> BTreeMap<String, BudgetReport> {
+        let mut out = BTreeMap::new();
+        if !self.held_by_admin {
+            return out;
+        }
+        for limit in budgets_of(policies) {
+            if out.contains_key(&limit.name) {
+                continue;
+            }
+            let known = self.is_known(host, limit);
+            let state = state_of(
+                &limit.rate,
+                host.shared_get(&limit_key(&limit.name)).0.as_deref(),
+            );
+            let report = BudgetReport {
+                known,
+                available: limit.rate.available(&state, now),
+                size: limit.rate.available(&limit.rate.initial_state(), now),
+                at_ms: now.as_millis(),
+            };
+            out.insert(limit.name.clone(), report);
+        }
+        out
+    }
+
+    /// The admin answered (`header`: its budgets header, if any): each
+    /// budget not yet known takes what the admin held for it, if anything,
+    /// and is known from now on. A header that is not one is counted and
+    /// leaves the budgets unknown (they keep refusing) until an answer
+    /// that is.
+    pub fn on_answer<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        policies: &CompiledPolicySet,
+        header: Option<&[u8]>,
+        now: Instant,
+    ) {
+        if !self.held_by_admin {
+            return;
+        }
+        let held = match header.map(parse_header).transpose() {
+            Ok(held) => held.unwrap_or_default(),
+            Err(why) => {
+                metrics.add_filter(FilterStat::BudgetsMalformed, 1);
+                host.log(
+                    Level::Warn,
+                    &format!(
+                        "sluice: ignored the admin's budgets header ({why}); budgets stay unknown"
+                    ),
+                );
+                return;
+            }
+        };
+        let mut done = HashSet::new();
+        for limit in budgets_of(policies) {
+            if !done.insert(limit.name.as_str()) || self.is_known(host, limit) {
+                continue;
+            }
+            if let Some(record) = held.get(&limit.name) {
+                let spent = record.spent();
+                let at = Instant::from_millis(record.at_ms);
+                let restored = store.update(host, &limit_key(&limit.name), |bytes| {
+                    let mut state = state_of(&limit.rate, bytes);
+                    limit.rate.restore_spent(&mut state, spent, at, now);
+                    ((), Some(state.encode()))
+                });
+                if restored.is_err() {
+                    // Counted and logged by the store; asked again next sync.
+                    continue;
+                }
+                host.log(
+                    Level::Info,
+                    &format!(
+                        "sluice: budget {} resumes from the admin's record: {spent} of {} spent by {} ms",
+                        limit.name, record.size, record.at_ms
+                    ),
+                );
+            }
+            if store
+                .update(host, &known_key(&limit.name), |_| ((), Some(vec![1])))
+                .is_ok()
+            {
+                self.known.insert(limit.name.clone());
+            }
+        }
+    }
+}
+
+fn budgets_of(policies: &CompiledPolicySet) -> impl Iterator<Item = &CompiledLimit> {
+    policies
+        .policies
+        .iter()
+        .flat_map(|p| p.limits.iter())
+        .filter(|l| l.budget)
+}
+
+fn parse_header(value: &[u8]) -> Result<BudgetsMessage, String> {
+    if value.len() > MAX_BUDGETS_HEADER {
+        return Err(format!(
+            "{} bytes, at most {MAX_BUDGETS_HEADER} are read",
+            value.len()
+        ));
+    }
+    serde_json::from_slice(value).map_err(|e| e.to_string())
+}
