@@ -845,3 +845,142 @@ async fn envoy_hot_restart_mid_load() -> anyhow::Result<()> {
     assert_eq!(free, 4, "no slot leaked");
     Ok(())
 }
+
+/// What a budget's calls got: admitted, refused because the budget was
+/// not known yet, refused because it was spent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct BudgetCalls {
+    admitted: u32,
+    unknown: u32,
+    spent: u32,
+}
+
+/// `n` calls one after another, each sorted by its answer.
+async fn budget_calls(envoy: &Envoy, n: u32, pause: Duration) -> anyhow::Result<BudgetCalls> {
+    let http = reqwest::Client::new();
+    let mut got = BudgetCalls::default();
+    for _ in 0..n {
+        let r = http
+            .get(envoy.url("/v1/route"))
+            .header("host", "api.maps.example")
+            .send()
+            .await?;
+        let header = |name: &str| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        match (r.status().as_u16(), header("x-sluice-reason").as_deref()) {
+            (200, _) => got.admitted += 1,
+            (429, Some("budget-unknown")) => got.unknown += 1,
+            (429, None) if header("x-sluice-limit").as_deref() == Some("daily") => got.spent += 1,
+            (status, reason) => anyhow::bail!("unexpected answer {status} (reason {reason:?})"),
+        }
+        tokio::time::sleep(pause).await;
+    }
+    Ok(got)
+}
+
+/// 50 calls a day for the maps API (a token bucket refilling one call
+/// every 29 minutes: nothing during the test). Envoy's own configuration
+/// carries the policy too, so it is enforced from the first request.
+const DAILY_BUDGET: &str = r#"{"name": "maps", "match": {"host": "api.maps.example"},
+    "rate": {"requests": 100, "period": "1s"},
+    "limits": [{"name": "daily", "rate": {"requests": 50, "period": "1d"}}]}"#;
+
+/// A daily budget is not refilled by an Envoy crash: 30 calls spent, Envoy
+/// SIGKILLed and started again, and only the 20 left go through; the calls
+/// before the admin's first answer are refused as `budget-unknown`, never
+/// let through. Then the admin is down when Envoy restarts: the budget
+/// stays closed until the admin is back. Without an admin (the control),
+/// the same restart gives the whole budget back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_budget_is_not_refilled_by_an_envoy_restart() -> anyhow::Result<()> {
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let policy: Value = serde_json::from_str(DAILY_BUDGET)?;
+
+    // The control: no admin, so a restart starts the budget afresh.
+    let config = json!({"instance": "e2e-budget-alone",
+        "fallback": {"version": 1, "policies": [policy.clone()]}})
+    .to_string();
+    let mut alone = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+    let before = budget_calls(&alone, 30, Duration::ZERO).await?;
+    tokio::task::block_in_place(|| alone.kill_and_restart())?;
+    let after = budget_calls(&alone, 60, Duration::ZERO).await?;
+    println!("budget without an admin: {before:?} before the restart, {after:?} after");
+    assert_eq!((before.admitted, after.admitted), (30, 50), "refilled");
+    drop(alone);
+
+    let dir = tempfile::tempdir()?;
+    let (db, log_path) = (dir.path().join("sluice.db"), dir.path().join("admin.log"));
+    let port = free_port()?;
+    let admin = AdminProcess::start(&db, port, None, &log_path).await?;
+    admin.login().await?.create(policy.clone()).await?;
+    let config = json!({"instance": "e2e-budget", "admin_cluster": "sluice_admin",
+        "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+        "fallback": {"version": 0, "policies": [policy]}})
+    .to_string();
+    let mut envoy = Envoy::start_with_admin(&config, mock.addr.port(), port, WORKERS)?;
+    // Until the first answer the budget is closed; then 30 go.
+    let mut first = BudgetCalls::default();
+    while first.admitted < 30 {
+        let got = budget_calls(&envoy, 1, Duration::from_millis(10)).await?;
+        anyhow::ensure!(got.spent == 0, "spent before 30 calls: {first:?}");
+        first.admitted += got.admitted;
+        first.unknown += got.unknown;
+        anyhow::ensure!(first.unknown < 500, "the budget never opened");
+    }
+    // Two syncs, so the admin holds what the last call left.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    mock.reset();
+    tokio::task::block_in_place(|| envoy.kill_and_restart())?;
+    let restarted = Instant::now();
+    let after = budget_calls(&envoy, 300, Duration::from_millis(5)).await?;
+    let through = mock.arrivals().len();
+    println!(
+        "budget held by the admin: first life {first:?}; after a SIGKILL and restart {after:?} \
+         over {:?}; the API saw {through} calls after the restart",
+        restarted.elapsed()
+    );
+    assert_eq!(
+        after.admitted, 20,
+        "only what was left of the day: {after:?}"
+    );
+    assert_eq!(through, 20);
+    assert!(after.spent > 0, "and then the budget refuses: {after:?}");
+    let unknown_stat = envoy.limit_stat("daily", "budget_unknown")?;
+    assert_eq!(unknown_stat, f64::from(after.unknown));
+
+    // The admin is down when Envoy restarts: nothing goes until it is back.
+    admin.kill();
+    tokio::task::block_in_place(|| envoy.kill_and_restart())?;
+    mock.reset();
+    let down = budget_calls(&envoy, 40, Duration::from_millis(25)).await?;
+    assert_eq!(
+        (down.admitted, down.spent),
+        (0, 0),
+        "closed while unknown: {down:?}"
+    );
+    let admin = AdminProcess::start(&db, port, None, &log_path).await?;
+    let came_back = Instant::now();
+    let mut back = BudgetCalls::default();
+    while back.spent == 0 {
+        let got = budget_calls(&envoy, 1, Duration::from_millis(20)).await?;
+        back.admitted += got.admitted;
+        back.unknown += got.unknown;
+        back.spent += got.spent;
+        anyhow::ensure!(
+            came_back.elapsed() < Duration::from_secs(20),
+            "the budget did not resume: {back:?}"
+        );
+    }
+    println!(
+        "admin down while Envoy restarted: {down:?}; admin back, the budget resumed spent after {:?}: {back:?}",
+        came_back.elapsed()
+    );
+    assert_eq!(back.admitted, 0, "still spent: {back:?}");
+    assert_eq!(mock.arrivals().len(), 0);
+    drop(admin);
+    Ok(())
+}
