@@ -71,6 +71,8 @@ pub enum LimitStat {
     Admitted,
     /// Calls this limit refused first.
     Refused,
+    /// Calls that queued (queue mode) because this limit had no room yet.
+    Queued,
     /// Tokens the admitted calls took from it (with `usage`: what each
     /// was charged in the end, counted when its response ended).
     Tokens,
@@ -90,9 +92,10 @@ pub enum LimitStat {
 }
 
 impl LimitStat {
-    const ALL: [LimitStat; 8] = [
+    const ALL: [LimitStat; 9] = [
         LimitStat::Admitted,
         LimitStat::Refused,
+        LimitStat::Queued,
         LimitStat::Tokens,
         LimitStat::UsageRead,
         LimitStat::UsageTooLarge,
@@ -105,6 +108,7 @@ impl LimitStat {
         match self {
             LimitStat::Admitted => "admitted",
             LimitStat::Refused => "refused",
+            LimitStat::Queued => "queued",
             LimitStat::Tokens => "tokens",
             LimitStat::UsageRead => "usage_read",
             LimitStat::UsageTooLarge => "usage_too_large",

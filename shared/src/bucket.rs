@@ -302,9 +302,34 @@ impl BucketState {
         cost: u64,
         priority: Priority,
     ) -> Admission {
+        self.arrive(limits, holder, now, (cost, priority), false)
+    }
+
+    /// A request that must wait whatever the bucket holds (one of its
+    /// policy's further limits has no room yet) joins the queue, as
+    /// [`Self::admit`] would queue it; refused as `admit` refuses.
+    pub fn queue_behind(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        now: Instant,
+        cost: u64,
+        priority: Priority,
+    ) -> Admission {
+        self.arrive(limits, holder, now, (cost, priority), true)
+    }
+
+    fn arrive(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        now: Instant,
+        (cost, priority): (u64, Priority),
+        must_wait: bool,
+    ) -> Admission {
         self.cleanup(now);
         let someone_ahead = self.waiters.iter().any(|w| w.priority >= priority);
-        let refusal = if someone_ahead {
+        let refusal = if someone_ahead || must_wait {
             None
         } else {
             match self.try_take(limits, holder, (now, now), cost, priority) {
@@ -385,12 +410,29 @@ impl BucketState {
         previous_poll: Instant,
         now: Instant,
     ) -> Vec<u64> {
-        self.leases.reclaim_expired(now);
         let mut admitted = Vec::new();
+        while let Some(ticket) = self.poll_head(limits, holder, previous_poll, now) {
+            admitted.push(ticket);
+        }
+        admitted
+    }
+
+    /// [`Self::poll`] for the head of the queue only: drops the waiters
+    /// whose wait ran out on the way, and admits the head if it is
+    /// `holder`'s and fits the limits now. A policy with further limits
+    /// polls this way, taking them for the head before it leaves.
+    pub fn poll_head(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        previous_poll: Instant,
+        now: Instant,
+    ) -> Option<u64> {
+        self.leases.reclaim_expired(now);
         while let Some(head) = self.waiters.iter().min_by_key(|w| w.rank()).copied() {
             let expired = head.deadline < now;
             if head.holder != holder && !expired {
-                break;
+                return None;
             }
             // A waiter whose turn came before its deadline still goes, even
             // when the tick that notices it comes a little late.
@@ -401,14 +443,14 @@ impl BucketState {
                     .try_take(limits, holder, (rate_at, now), head.cost, head.priority)
                     .is_ok();
             if !admissible && !expired {
-                break;
+                return None;
             }
             self.waiters.retain(|w| w.ticket != head.ticket);
             if admissible {
-                admitted.push(head.ticket);
+                return Some(head.ticket);
             }
         }
-        admitted
+        None
     }
 
     /// The instant the head waiter's rate turn came, if it has come: the

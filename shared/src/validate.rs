@@ -442,12 +442,6 @@ fn check_limits(r: &mut Report, policy: &Policy) {
     if policy.limits.len() > bounds::MAX_LIMITS {
         r.at("limits", format!("at most {} limits", bounds::MAX_LIMITS));
     }
-    if policy.on_limit.action == LimitAction::Queue {
-        r.at(
-            "on_limit.action",
-            "a policy with `limits` refuses calls over any of them (`reject`); queueing across several limits is not supported",
-        );
-    }
     if policy.scope == Scope::Global {
         r.at(
             "limits",

@@ -265,7 +265,6 @@ fn further_limits_are_checked_field_by_field() {
     assert_eq!(
         errors,
         vec![
-            "policies[0].on_limit.action: a policy with `limits` refuses calls over any of them (`reject`); queueing across several limits is not supported",
             "policies[0].limits[0].cost.max: must be <= 1000 (the rate's burst), or such a request could never pass",
             "policies[0].limits[1].rate.period: must be at most 31d",
             "policies[0].limits[1].name: duplicate name \"tpm\", already used by limits[0]",

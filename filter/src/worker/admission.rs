@@ -14,13 +14,14 @@
 use sluice_shared::bucket::{Admission, BucketLimits, Prefetched};
 use sluice_shared::headers::{further_limit_rejection_headers, rejection_headers, LimitKind};
 use sluice_shared::matcher::{Classification, CompiledPolicy};
+use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::limits::{self, Taken};
 use super::placement::{self, Placed};
 use crate::host::{Host, Level};
-use crate::metrics::{Metrics, PolicyStat};
+use crate::metrics::{LimitStat, Metrics, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches};
 use crate::store::Store;
 
@@ -88,12 +89,18 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
     /// each of the policy's further limits, which go first, all or nothing,
     /// and get their tokens back if the policy's own bucket refuses. The
     /// flag says whether the call holds its further limits' tokens.
+    ///
+    /// In queue mode a call the further limits cannot take now waits in the
+    /// policy's queue (unless the wait they ask is beyond `max_wait`), and
+    /// a queued call takes them only when its turn comes, with the bucket,
+    /// so that it holds every limit at the moment it leaves.
     pub fn decide(
         &mut self,
         policy: &CompiledPolicy,
         class: &Classification,
         limit_costs: &[u64],
     ) -> (Decision, bool) {
+        let queue_wait = queue_wait(policy);
         let taken = limits::take(
             self.host,
             self.store,
@@ -103,9 +110,16 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             limit_costs,
             self.now,
         );
-        match taken {
-            Taken::All => {}
+        let must_wait = match taken {
+            Taken::All => false,
+            Taken::Refused { limit, retry_after }
+                if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) =>
+            {
+                self.metrics.add_limit(&limit, LimitStat::Queued, 1);
+                true
+            }
             Taken::Refused { limit, retry_after } => {
+                self.metrics.add_limit(&limit, LimitStat::Refused, 1);
                 let decision = match self.refuse(policy, LimitKind::Rate, retry_after) {
                     Decision::Refuse(reply) => {
                         Decision::Refuse(refused_by_limit(reply, policy, &limit, retry_after))
@@ -123,10 +137,17 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 };
                 return (decision, false);
             }
-        }
-        let decision = self.decide_in_bucket(policy, class);
-        let refused = matches!(decision, Decision::Refuse(_));
-        if refused {
+        };
+        let decision = self.decide_in_bucket(policy, class, must_wait);
+        let holds_limits = match decision {
+            Decision::Pass | Decision::Admit { .. } => !must_wait,
+            Decision::Refuse(_) | Decision::Queue { .. } => false,
+        };
+        if holds_limits {
+            limits::count_admitted(self.metrics, policy, limit_costs);
+        } else if !must_wait {
+            // Refused, or queued: a queued call takes its further limits
+            // again when its turn comes.
             limits::give_back(
                 self.host,
                 self.store,
@@ -135,13 +156,16 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 self.now,
                 self.now,
             );
-        } else {
-            limits::count_admitted(self.metrics, policy, limit_costs);
         }
-        (decision, !refused && !policy.limits.is_empty())
+        (decision, holds_limits && !policy.limits.is_empty())
     }
 
-    fn decide_in_bucket(&mut self, policy: &CompiledPolicy, class: &Classification) -> Decision {
+    fn decide_in_bucket(
+        &mut self,
+        policy: &CompiledPolicy,
+        class: &Classification,
+        must_wait: bool,
+    ) -> Decision {
         let kind_by_default = LimitKind::for_limits(policy.rate.is_some());
         if policy.fleet_closed {
             // This Envoy's share of a global limit is nothing right now.
@@ -168,7 +192,10 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         let key: PrefetchKey = (class.policy_index, class.key);
         let cost = policy.rate.is_some().then_some(class.cost);
         let slot = policy.concurrency.is_some();
-        if let Some(spent) = self.prefetches.spend(key, cost, slot, self.now) {
+        if let Some(spent) = (!must_wait)
+            .then(|| self.prefetches.spend(key, cost, slot, self.now))
+            .flatten()
+        {
             return Decision::Admit {
                 bucket: spent.bucket.to_string(),
                 key,
@@ -193,6 +220,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 holder: self.holder,
                 now: self.now,
                 prefetch: wanted,
+                must_wait,
             },
         );
         let Ok(Placed {
@@ -258,6 +286,13 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         self.metrics.add(name, PolicyStat::Rejected, 1);
         Decision::Refuse(rejection(policy, kind, retry_after))
     }
+}
+
+/// A queue-mode policy's `max_wait` (shadow mode judges as `reject`).
+fn queue_wait(policy: &CompiledPolicy) -> Option<Span> {
+    let on_limit = &policy.policy.on_limit;
+    (on_limit.action == LimitAction::Queue && !policy.is_shadow())
+        .then(|| on_limit.max_wait.map_or(Span::ZERO, |w| w.as_span()))
 }
 
 /// Header naming why a call was refused when the limit alone does not say.

@@ -79,11 +79,11 @@ pub(super) fn take<H: Host + ?Sized>(
     }
     match take.outcome() {
         Some(StackedOutcome::Refused { limit, retry_after }) => {
+            // Counted by the caller: a refusal, or a wait in the queue.
             let name = policy
                 .limits
                 .get(limit)
                 .map_or_else(String::new, |l| l.name.clone());
-            metrics.add_limit(&name, LimitStat::Refused, 1);
             Taken::Refused {
                 limit: name,
                 retry_after,

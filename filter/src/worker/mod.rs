@@ -275,7 +275,7 @@ impl Worker {
                     policy,
                     bucket,
                     key,
-                    streams::Turn { ticket, deadline },
+                    (streams::Turn { ticket, deadline }, limit_costs),
                     now,
                 );
                 self.set_tick(host, QUEUE_TICK);
@@ -396,16 +396,29 @@ impl Worker {
     fn tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
         let now = host.now();
         let previous_poll = std::mem::replace(&mut self.last_queue_poll, now);
+        let policies = Rc::clone(&self.policies);
+        let mut served = queue::Served::default();
         let actions = queue::serve(
             host,
-            &mut self.store,
-            &mut self.metrics,
-            &mut self.streams,
-            &mut self.prefetches,
-            &Rc::clone(&self.policies),
+            &mut queue::Parts {
+                store: &mut self.store,
+                metrics: &mut self.metrics,
+                streams: &mut self.streams,
+                prefetches: &mut self.prefetches,
+                budgets: &mut self.budgets,
+            },
+            &policies,
             self.holder,
             (previous_poll, now),
+            &mut served,
         );
+        for (context_id, policy_index, costs) in served.with_limits {
+            if let Some(policy) = policies.policies.get(policy_index) {
+                if policy.reads_usage() {
+                    self.usages.expect(context_id, policy, &costs, now);
+                }
+            }
+        }
         for spare in self.prefetches.prune(now) {
             streams::give_back(host, &mut self.store, self.holder, spare);
         }

@@ -36,11 +36,14 @@ pub enum Place {
     Overflow,
 }
 
-/// Who asks, when, and how many requests more it would like to prefetch.
+/// Who asks, when, and how many requests more it would like to prefetch;
+/// whether it must queue whatever the bucket holds (a further limit of its
+/// policy has no room yet).
 pub(super) struct Request {
     pub holder: u64,
     pub now: Instant,
     pub prefetch: u64,
+    pub must_wait: bool,
 }
 
 /// The bucket's key (empty when the request was refused before reaching
@@ -66,10 +69,15 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         holder,
         now,
         prefetch,
+        must_wait,
     } = request;
     let name = policy.name();
     let admit = |s: &mut BucketState| {
-        let a = s.admit(limits, holder, now, class.cost, class.priority);
+        let a = if must_wait {
+            s.queue_behind(limits, holder, now, class.cost, class.priority)
+        } else {
+            s.admit(limits, holder, now, class.cost, class.priority)
+        };
         let prefetched = match a {
             Admission::Admitted { .. } => s.prefetch(limits, holder, now, prefetch),
             _ => Prefetched::default(),

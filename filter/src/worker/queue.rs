@@ -6,10 +6,12 @@
 
 use sluice_shared::bucket::BucketLimits;
 use sluice_shared::headers::LimitKind;
-use sluice_shared::matcher::CompiledPolicySet;
+use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::time::Instant;
 
 use super::admission::{rejection, LocalReply, DEFAULT_RETRY};
+use super::budgets::Budgets;
+use super::limits::{self, Taken};
 use super::streams::Streams;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};
@@ -23,58 +25,87 @@ pub enum StreamAction {
     Reply(u32, LocalReply),
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What serving the queues touches of the worker.
+pub(super) struct Parts<'a> {
+    pub store: &'a mut Store,
+    pub metrics: &'a mut Metrics,
+    pub streams: &'a mut Streams,
+    pub prefetches: &'a mut Prefetches,
+    pub budgets: &'a mut Budgets,
+}
+
+/// Calls that left the queue holding their policy's further limits: (stream,
+/// policy index, costs), for the worker to settle their usage.
+#[derive(Debug, Default)]
+pub(super) struct Served {
+    pub with_limits: Vec<(u32, usize, Vec<u64>)>,
+}
+
 pub(super) fn serve<H: Host + ?Sized>(
     host: &H,
-    store: &mut Store,
-    metrics: &mut Metrics,
-    streams: &mut Streams,
-    prefetches: &mut Prefetches,
+    parts: &mut Parts<'_>,
     policies: &CompiledPolicySet,
     holder: u64,
     (previous_poll, now): (Instant, Instant),
+    served: &mut Served,
 ) -> Vec<StreamAction> {
     let mut actions = Vec::new();
-    for (bucket, contexts) in streams.waiting_by_bucket() {
+    for (bucket, contexts) in parts.streams.waiting_by_bucket() {
         let Some(policy_name) = contexts
             .first()
-            .and_then(|c| streams.get(*c))
+            .and_then(|c| parts.streams.get(*c))
             .map(|s| s.policy.clone())
         else {
             continue;
         };
-        let Some((_, policy)) = policies.find(&policy_name) else {
+        let Some((index, policy)) = policies.find(&policy_name) else {
             // The policy is gone: nothing limits these requests any more.
             for ctx in contexts {
-                streams.end(host, store, metrics, prefetches, holder, ctx);
+                parts.streams.end(
+                    host,
+                    parts.store,
+                    parts.metrics,
+                    parts.prefetches,
+                    holder,
+                    ctx,
+                );
                 actions.push(StreamAction::Resume(ctx));
             }
             continue;
         };
         let limits = BucketLimits::of(policy);
-        // On failure (counted by the store) the next tick polls again.
-        let (turns, lease) = store
-            .update_bucket(host, &bucket, |s| {
-                let tickets = s.poll(&limits, holder, previous_poll, now);
-                let changed = !tickets.is_empty();
-                ((tickets, s.lease_of(holder)), changed)
-            })
-            .unwrap_or_default();
-        for ticket in turns {
-            if let Some(ctx) = streams.with_ticket(&contexts, ticket) {
-                streams.turn_came(metrics, ctx, lease, now);
-                actions.push(StreamAction::Resume(ctx));
-            }
+        let poll = Poll {
+            bucket: &bucket,
+            contexts: &contexts,
+            limits: &limits,
+            holder,
+            times: (previous_poll, now),
+        };
+        if policy.limits.is_empty() {
+            poll.all_turns(host, parts, &mut actions);
+        } else {
+            poll.head_turns_with_limits(host, parts, (index, policy), &mut actions, served);
         }
         for ctx in contexts {
-            if !streams.is_overdue(ctx, now) {
+            if !parts.streams.is_overdue(ctx, now) {
                 continue;
             }
-            streams.end(host, store, metrics, prefetches, holder, ctx);
+            parts.streams.end(
+                host,
+                parts.store,
+                parts.metrics,
+                parts.prefetches,
+                holder,
+                ctx,
+            );
             // It did not leave: its wait ran out.
-            metrics.add(&policy_name, PolicyStat::QueueAbandoned, -1);
-            metrics.add(&policy_name, PolicyStat::QueueTimeouts, 1);
-            metrics.add(&policy_name, PolicyStat::Rejected, 1);
+            parts
+                .metrics
+                .add(&policy_name, PolicyStat::QueueAbandoned, -1);
+            parts
+                .metrics
+                .add(&policy_name, PolicyStat::QueueTimeouts, 1);
+            parts.metrics.add(&policy_name, PolicyStat::Rejected, 1);
             let kind = LimitKind::for_limits(policy.rate.is_some());
             actions.push(StreamAction::Reply(
                 ctx,
@@ -83,4 +114,106 @@ pub(super) fn serve<H: Host + ?Sized>(
         }
     }
     actions
+}
+
+/// One bucket's queue, polled by this worker.
+struct Poll<'a> {
+    bucket: &'a str,
+    contexts: &'a [u32],
+    limits: &'a BucketLimits,
+    holder: u64,
+    times: (Instant, Instant),
+}
+
+impl Poll<'_> {
+    /// Every waiter of this worker whose turn came leaves.
+    fn all_turns<H: Host + ?Sized>(
+        &self,
+        host: &H,
+        parts: &mut Parts<'_>,
+        actions: &mut Vec<StreamAction>,
+    ) {
+        let (previous_poll, now) = self.times;
+        // On failure (counted by the store) the next tick polls again.
+        let (turns, lease) = parts
+            .store
+            .update_bucket(host, self.bucket, |s| {
+                let tickets = s.poll(self.limits, self.holder, previous_poll, now);
+                let changed = !tickets.is_empty();
+                ((tickets, s.lease_of(self.holder)), changed)
+            })
+            .unwrap_or_default();
+        for ticket in turns {
+            if let Some(ctx) = parts.streams.with_ticket(self.contexts, ticket) {
+                parts.streams.turn_came(parts.metrics, ctx, lease, now);
+                actions.push(StreamAction::Resume(ctx));
+            }
+        }
+    }
+
+    /// The head of the queue leaves only once its policy's further limits
+    /// took it too, all of them at the moment it leaves; until they do it
+    /// stays at the head and nobody passes it (FIFO across every limit).
+    fn head_turns_with_limits<H: Host + ?Sized>(
+        &self,
+        host: &H,
+        parts: &mut Parts<'_>,
+        (index, policy): (usize, &CompiledPolicy),
+        actions: &mut Vec<StreamAction>,
+        served: &mut Served,
+    ) {
+        let (previous_poll, now) = self.times;
+        for _ in 0..self.contexts.len() {
+            // Whose turn it is, on a copy: nothing is taken yet.
+            let Some(state) = parts.store.read_bucket(host, self.bucket) else {
+                return;
+            };
+            let mut peek = state.clone();
+            let Some(ticket) = peek.poll_head(self.limits, self.holder, previous_poll, now) else {
+                return;
+            };
+            let Some(ctx) = parts.streams.with_ticket(self.contexts, ticket) else {
+                return;
+            };
+            let costs = parts
+                .streams
+                .get(ctx)
+                .map(|s| s.limit_costs.clone())
+                .unwrap_or_default();
+            let taken = limits::take(
+                host,
+                parts.store,
+                parts.metrics,
+                parts.budgets,
+                policy,
+                &costs,
+                now,
+            );
+            if taken != Taken::All {
+                // The head waits for its further limits (or its deadline).
+                return;
+            }
+            let left = parts
+                .store
+                .update_bucket(host, self.bucket, |s| {
+                    let left = s.poll_head(self.limits, self.holder, previous_poll, now);
+                    ((left, s.lease_of(self.holder)), left.is_some())
+                })
+                .unwrap_or_default();
+            match left {
+                (Some(left), lease) if left == ticket => {
+                    limits::count_admitted(parts.metrics, policy, &costs);
+                    parts.streams.turn_came(parts.metrics, ctx, lease, now);
+                    served.with_limits.push((ctx, index, costs));
+                    actions.push(StreamAction::Resume(ctx));
+                }
+                _ => {
+                    // Another worker changed the queue in between: the
+                    // limits get their tokens back; the next tick polls again.
+                    limits::give_back(host, parts.store, policy, &costs, now, now);
+                    return;
+                }
+            }
+        }
+    }
 }

@@ -50,6 +50,9 @@ pub(super) struct Stream {
     /// The concurrency limit's lease TTL (None: the policy has no
     /// concurrency limit, and an admitted stream is not tracked).
     pub lease_ttl: Option<Span>,
+    /// A queued call's costs on its policy's further limits, taken when
+    /// its turn comes (empty otherwise).
+    pub limit_costs: Vec<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -143,12 +146,15 @@ impl Streams {
         policy: &CompiledPolicy,
         bucket: String,
         prefetch: PrefetchKey,
-        turn: Turn,
+        (turn, limit_costs): (Turn, Vec<u64>),
         now: Instant,
     ) {
         metrics.add(policy.name(), PolicyStat::Queued, 1);
         let state = StreamState::Waiting(turn);
         self.track(context_id, policy, bucket, prefetch, state, now);
+        if let Some(stream) = self.streams.get_mut(&context_id) {
+            stream.limit_costs = limit_costs;
+        }
     }
 
     fn track(
@@ -168,6 +174,7 @@ impl Streams {
             state,
             since: now,
             lease_ttl: policy.concurrency.map(|c| c.lease_ttl),
+            limit_costs: Vec::new(),
         };
         self.streams.insert(context_id, stream);
     }

@@ -1,0 +1,189 @@
+//! Queue mode across several limits, through the worker against the
+//! in-memory host: a call the further limits cannot take yet waits in its
+//! policy's queue, FIFO, and takes every limit only when it leaves.
+
+use crate::testing::FakeHost;
+use crate::tests::{req, status, worker, T0};
+use crate::worker::{StreamAction, Verdict, Worker};
+
+const MAPS: &[u8] = b"api.maps.example";
+
+fn policy(rate: &str, limits: &str, max_wait: &str) -> String {
+    format!(
+        r#"{{"version": 1, "policies": [
+        {{"name": "maps", "match": {{"host": "api.maps.example"}}, "rate": {rate},
+         "on_limit": {{"action": "queue", "max_wait": "{max_wait}", "max_queue": 100}},
+         "limits": {limits}}}]}}"#
+    )
+}
+
+/// (ms into a run, stream), in the order they happened.
+type Events = Vec<(u64, u32)>;
+
+/// Ticks every millisecond for `ms`; returns the streams resumed, and
+/// those refused.
+fn run(host: &FakeHost, w: &mut Worker, ms: u64) -> (Events, Events) {
+    let (mut resumed, mut refused) = (Vec::new(), Vec::new());
+    for at in 1..=ms {
+        host.advance_ms(1);
+        for action in w.on_tick(host) {
+            match action {
+                StreamAction::Resume(ctx) => resumed.push((at, ctx)),
+                StreamAction::Reply(ctx, _) => refused.push((at, ctx)),
+            }
+        }
+    }
+    (resumed, refused)
+}
+
+fn arrive(host: &FakeHost, w: &mut Worker, ids: std::ops::Range<u32>) -> Vec<u32> {
+    let r = req(MAPS, &[]);
+    ids.map(|id| status(&w.on_request(host, id, r.as_slice())))
+        .collect()
+}
+
+#[test]
+fn calls_a_further_limit_holds_up_wait_in_order_and_leave_as_it_refills() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "per-second", "rate": {"requests": 2, "period": "1s", "algorithm": "fixed_window"}}]"#,
+            "5s",
+        ),
+    );
+    assert_eq!(arrive(&host, &mut w, 1..7), [200, 200, 0, 0, 0, 0]);
+    let (resumed, refused) = run(&host, &mut w, 2500);
+    assert!(refused.is_empty(), "{refused:?}");
+    let order: Vec<u32> = resumed.iter().map(|(_, c)| *c).collect();
+    assert_eq!(order, [3, 4, 5, 6], "first come, first served");
+    // Each pair in the window it fits, within a tick of its start.
+    let at: Vec<u64> = resumed.iter().map(|(t, _)| *t).collect();
+    assert_eq!(at, [1000, 1000, 2000, 2000]);
+    w.on_tick(&host);
+    host.advance_ms(100);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.per-second.queued"), 4);
+    assert_eq!(host.metric("sluice.limit.per-second.admitted"), 6);
+    assert_eq!(host.metric("sluice.limit.per-second.refused"), 0);
+    assert_eq!(host.metric("sluice.policy.maps.queued"), 4);
+}
+
+#[test]
+fn a_queued_call_leaves_only_when_the_bucket_and_every_limit_take_it_then() {
+    let host = FakeHost::at(T0);
+    // The policy's own rate: one a second. A further limit: one per 2 s.
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1, "period": "1s", "burst": 1}"#,
+            r#"[{"name": "per-2s", "rate": {"requests": 1, "period": "2s", "algorithm": "fixed_window"}}]"#,
+            "5s",
+        ),
+    );
+    assert_eq!(arrive(&host, &mut w, 1..3), [200, 0]);
+    // At 1 s the bucket would let it go; the further limit holds it to 2 s.
+    let (first, _) = run(&host, &mut w, 1500);
+    assert!(first.is_empty(), "{first:?}");
+    // A call arriving meanwhile waits behind it.
+    assert_eq!(arrive(&host, &mut w, 3..4), [0]);
+    let (second, refused) = run(&host, &mut w, 3000);
+    assert!(refused.is_empty());
+    // Call 2 at 2 s (500 ms into this run); call 3's bucket turn is 3 s,
+    // but the further limit's next window is 4 s.
+    assert_eq!(second, [(500, 2), (2500, 3)]);
+}
+
+#[test]
+fn a_wait_beyond_max_wait_is_refused_at_once_naming_the_limit() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "per-minute", "rate": {"requests": 2, "period": "1m", "algorithm": "fixed_window"}}]"#,
+            "1s",
+        ),
+    );
+    let r = req(MAPS, &[]);
+    for id in 1..3 {
+        assert_eq!(w.on_request(&host, id, r.as_slice()), Verdict::Continue);
+    }
+    let Verdict::Reply(refused) = w.on_request(&host, 3, r.as_slice()) else {
+        panic!("a wait of a minute is not queued for a max_wait of 1 s");
+    };
+    assert_eq!(refused.status, 429);
+    let header = |name: &str| {
+        refused
+            .headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header("x-sluice-limit").as_deref(), Some("per-minute"));
+    let retry: u64 = header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After");
+    assert!((1..=60).contains(&retry), "{retry}");
+    host.advance_ms(100);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.per-minute.refused"), 1);
+    assert_eq!(host.metric("sluice.limit.per-minute.queued"), 0);
+}
+
+#[test]
+fn queued_calls_the_limit_cannot_take_in_time_run_out_of_wait() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "per-second", "rate": {"requests": 2, "period": "1s", "algorithm": "fixed_window"}}]"#,
+            "1500ms",
+        ),
+    );
+    assert_eq!(arrive(&host, &mut w, 1..9), [200, 200, 0, 0, 0, 0, 0, 0]);
+    let (resumed, refused) = run(&host, &mut w, 2000);
+    assert_eq!(resumed, [(1000, 3), (1000, 4)]);
+    let late: Vec<u32> = refused.iter().map(|(_, c)| *c).collect();
+    assert_eq!(late.len(), 4, "{refused:?}");
+    assert!(refused.iter().all(|(t, _)| (1500..=1502).contains(t)));
+    assert_eq!(w.waiting(), 0);
+}
+
+#[test]
+fn a_queued_call_settles_its_usage_once_it_left() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "units", "rate": {"requests": 100, "period": "1s", "algorithm": "fixed_window"},
+                 "cost": {"header": "x-units", "default": 60, "max": 100},
+                 "usage": {"header": "x-usage-units"}}]"#,
+            "2s",
+        ),
+    );
+    let r = req(MAPS, &[]);
+    assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
+    assert!(w.reads_response(1));
+    // 60 of 100 taken: the second call's 60 waits for the next second.
+    assert!(matches!(
+        w.on_request(&host, 2, r.as_slice()),
+        Verdict::Pause { .. }
+    ));
+    assert!(!w.reads_response(2), "nothing taken while it waits");
+    let (resumed, _) = run(&host, &mut w, 1000);
+    assert_eq!(resumed, [(1000, 2)]);
+    assert!(w.reads_response(2), "its response settles what it cost");
+    let headers: Vec<(&str, &[u8])> = vec![(":status", b"200"), ("x-usage-units", b"10")];
+    w.on_response_headers(&host, 2, headers.as_slice(), true);
+    w.on_stream_end(&host, 2);
+    w.on_stream_end(&host, 1);
+    host.advance_ms(100);
+    w.on_tick(&host);
+    // Call 1 never answered: its estimate, 60; call 2: its usage, 10.
+    assert_eq!(host.metric("sluice.limit.units.tokens"), 70);
+    assert_eq!(host.metric("sluice.limit.units.usage_read"), 1);
+}
