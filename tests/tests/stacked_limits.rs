@@ -215,3 +215,92 @@ async fn a_limit_named_by_two_policies_is_one_limit() -> anyhow::Result<()> {
     assert_eq!(mock.arrivals().len(), 8);
     Ok(())
 }
+
+/// Queue mode across limits: the provider allows 20 calls in any second and
+/// 5 in flight; the policy says so with a further limit (20/s, burst 1) and
+/// its own concurrency limit, queued, beside a looser own rate and a
+/// per-minute limit. 50 clients with calls of 50-450 ms: every call waits
+/// its turn on every limit and takes them all when it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_calls_wait_for_every_limit_and_leave_holding_all_of_them() -> anyhow::Result<()> {
+    let provider = MockLimits {
+        max_per_second: 20,
+        max_in_flight: 5,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, provider).await?;
+    let config = r#"{"instance": "e2e-stacked-queue", "fallback": {"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 100, "period": "1s", "burst": 10},
+         "concurrency": {"max_in_flight": 5},
+         "on_limit": {"action": "queue", "max_wait": "30s", "max_queue": 100},
+         "limits": [{"name": "provider-rate", "rate": {"requests": 20, "period": "1s", "burst": 1}},
+                    {"name": "provider-minute", "rate": {"requests": 1000, "period": "1m"}}]}]}}"#;
+    let envoy = Envoy::start(config, mock.addr.port(), WORKERS)?;
+    mock.reset();
+    const CLIENTS: u64 = 50;
+    const CALLS_EACH: u64 = 8;
+    let url = envoy.url("/v1/chat");
+    let origin = std::time::Instant::now();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let http = load::client();
+                let mut out = Vec::new();
+                for call in 0..CALLS_EACH {
+                    let delay = 50 + (client * 37 + call * 101) % 401;
+                    let request = http
+                        .get(&url)
+                        .header("host", "api.llm.example")
+                        .header("x-mock-delay-ms", delay.to_string());
+                    out.push(load::send(request, origin).await);
+                }
+                out
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.extend(t.await?);
+    }
+    let took = origin.elapsed();
+    settle().await;
+    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let most_1s = max_in_window(&arrivals, Duration::from_secs(1));
+    // The provider counts calendar seconds of its own clock.
+    let seconds = arrivals.last().map_or(0, |a| a.as_secs() + 1);
+    let busiest = (0..seconds)
+        .map(|s| arrivals.iter().filter(|a| a.as_secs() == s).count())
+        .max()
+        .unwrap_or(0);
+    let (ok, limited) = (count(&outcomes, 200), count(&outcomes, 429));
+    let stat = |limit: &str, s: &str| envoy.limit_stat(limit, s).unwrap_or(-1.0);
+    let (queued, admitted, refused) = (
+        stat("provider-rate", "queued"),
+        stat("provider-rate", "admitted"),
+        stat("provider-rate", "refused"),
+    );
+    let rate = arrivals.len() as f64 / took.as_secs_f64();
+    println!(
+        "queue across limits: {} calls in {took:.1?} ({rate:.1}/s): {ok} × 200, {limited} × 429; the provider saw \
+         at most {busiest} in a calendar second (limit 20; {most_1s} in any 1 s) and {} in flight (limit 5), refused {}; provider-rate: \
+         queued {queued}, admitted {admitted}, refused {refused}; provider-minute admitted {}",
+        outcomes.len(),
+        mock.max_in_flight(),
+        mock.rejected_by_mock(),
+        stat("provider-minute", "admitted"),
+    );
+    assert_eq!(mock.rejected_by_mock(), 0, "the provider refused calls");
+    assert!(busiest <= 20, "{busiest} calls in one second");
+    assert!(mock.max_in_flight() <= 5);
+    assert_eq!(
+        ok,
+        (CLIENTS * CALLS_EACH) as usize,
+        "every call got through"
+    );
+    assert_eq!(admitted, (CLIENTS * CALLS_EACH) as f64);
+    assert_eq!(stat("provider-minute", "admitted"), admitted);
+    assert!(queued > 0.0, "the further limit held calls back");
+    assert_eq!(refused, 0.0);
+    Ok(())
+}
