@@ -130,6 +130,10 @@ pub struct CompiledLimit {
     pub usage: Option<CompiledUsage>,
     /// Held by the admin across restarts ([`crate::NamedLimit::is_budget`]).
     pub budget: bool,
+    /// One limit per value of this request header (lower case).
+    key_header: Option<String>,
+    /// With `key`: how many keys hold a place, and what the others do.
+    pub keys: Option<(u32, KeyOverflow)>,
 }
 
 /// Which bucket of a policy a request uses.
@@ -185,6 +189,8 @@ impl CompiledPolicy {
                     },
                     usage: l.usage.as_ref().map(CompiledUsage::new),
                     budget: l.is_budget(),
+                    key_header: l.key.as_ref().map(|k| lower(&k.header)),
+                    keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
                 })
                 .collect(),
             priority_header: policy
@@ -275,6 +281,24 @@ impl CompiledPolicy {
                 BucketKey::Keyed(secret.hash(self.name(), value.as_deref().unwrap_or_default()))
             }
         }
+    }
+
+    /// Per further limit, the hash of the request's key for it (None for a
+    /// limit without `key`). Keys are hashed as the policy's own are, under
+    /// the limit's name.
+    pub fn limit_keys<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        secret: &KeySecret,
+    ) -> Vec<Option<u64>> {
+        self.limits
+            .iter()
+            .map(|l| {
+                let header = l.key_header.as_deref()?;
+                let value = req.header(header);
+                Some(secret.hash(&l.name, value.as_deref().unwrap_or_default()))
+            })
+            .collect()
     }
 
     /// Tokens this request takes: a header value that is not a whole number

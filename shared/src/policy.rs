@@ -84,6 +84,10 @@ pub struct NamedLimit {
     /// refusal names it in the `x-sluice-limit` header; its stats are
     /// `sluice.limit.<name>.*`.
     pub name: String,
+    /// Split this limit into one per value of a request header (tokens per
+    /// minute per API key), whatever the policy's own `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeySpec>,
     pub rate: RateSpec,
     /// Tokens one call takes from this limit (with `usage`: its estimate).
     #[serde(default, skip_serializing_if = "CostSpec::is_default")]
@@ -99,8 +103,9 @@ impl NamedLimit {
     /// refill a daily or monthly limit.
     pub const BUDGET_MIN_PERIOD: DurationMs = DurationMs::from_secs(3600);
 
+    /// A keyed limit is not: the admin holds one record per limit.
     pub fn is_budget(&self) -> bool {
-        self.rate.period >= Self::BUDGET_MIN_PERIOD
+        self.rate.period >= Self::BUDGET_MIN_PERIOD && self.key.is_none()
     }
 }
 

@@ -272,26 +272,32 @@ pub fn validate_policy_set(set: &PolicySet) -> Result<(), ValidationErrors> {
 /// Every policy that disagrees is told, so an edit to either side is
 /// refused with an error on its own field.
 fn check_shared_limits(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
-    let mut by_name: HashMap<&str, Vec<(usize, usize, &RateSpec)>> = HashMap::new();
+    let mut by_name: HashMap<&str, Vec<(usize, usize, &NamedLimit)>> = HashMap::new();
     for (index, policy) in policies {
         for (at, limit) in policy.limits.iter().enumerate() {
             by_name
                 .entry(limit.name.as_str())
                 .or_default()
-                .push((*index, at, &limit.rate));
+                .push((*index, at, limit));
         }
     }
     let mut found = Vec::new();
     for (name, uses) in &by_name {
-        for (index, at, rate) in uses {
-            if let Some((other, _, _)) = uses.iter().find(|(i, _, r)| i != index && r != rate) {
-                found.push(FieldError {
-                    path: format!("policies[{index}].limits[{at}].rate"),
-                    message: format!(
-                        "limit {name:?} is also in policies[{other}] with another rate; a limit named in several policies is one limit"
-                    ),
-                });
-            }
+        for (index, at, limit) in uses {
+            let differs = |field: &str, same: &dyn Fn(&NamedLimit) -> bool| {
+                uses.iter()
+                    .find(|(i, _, l)| i != index && !same(l))
+                    .map(|(other, _, _)| FieldError {
+                        path: format!("policies[{index}].limits[{at}].{field}"),
+                        message: format!(
+                            "limit {name:?} is also in policies[{other}] with another {field}; a limit named in several policies is one limit"
+                        ),
+                    })
+            };
+            found.extend(
+                differs("rate", &|l| l.rate == limit.rate)
+                    .or_else(|| differs("key", &|l| l.key == limit.key)),
+            );
         }
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
@@ -356,13 +362,7 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
     check_name(&mut r, &policy.name);
     check_match(&mut r, &policy.matcher);
     if let Some(key) = &policy.key {
-        check_header_name(&mut r, "key.header", &key.header);
-        r.range_u64(
-            "key.max_keys",
-            key.max_keys.into(),
-            1,
-            bounds::MAX_KEYS.into(),
-        );
+        check_key(&mut r, key);
     }
     if policy.rate.is_none() && policy.concurrency.is_none() {
         r.at("", "sets no limit: give it `rate`, `concurrency`, or both");
@@ -452,6 +452,9 @@ fn check_limits(r: &mut Report, policy: &Policy) {
     for (index, limit) in policy.limits.iter().enumerate() {
         let mut lr = Report::new(r.errors, &join_path(&r.prefix, &format!("limits[{index}]")));
         check_name(&mut lr, &limit.name);
+        if let Some(key) = &limit.key {
+            check_key(&mut lr, key);
+        }
         check_rate(&mut lr, &limit.rate);
         check_cost(&mut lr, &limit.cost, Some(&limit.rate));
         if let Some(usage) = &limit.usage {
@@ -467,6 +470,16 @@ fn check_limits(r: &mut Report, policy: &Policy) {
             );
         }
     }
+}
+
+fn check_key(r: &mut Report, key: &KeySpec) {
+    check_header_name(r, "key.header", &key.header);
+    r.range_u64(
+        "key.max_keys",
+        key.max_keys.into(),
+        1,
+        bounds::MAX_KEYS.into(),
+    );
 }
 
 fn check_name(r: &mut Report, name: &str) {

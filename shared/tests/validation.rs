@@ -348,3 +348,49 @@ fn response_costs_are_checked_field_by_field() {
     let again = serde_json::to_string(&set).unwrap_or_default();
     assert_eq!(parse_policy_set(&again).ok(), Some(set));
 }
+
+#[test]
+fn a_further_limits_key_is_checked_and_one_limit_has_one_key() {
+    let errors = errors_of(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "tpm", "key": {"header": "bad header", "max_keys": 0},
+                        "rate": {"requests": 1000, "period": "1m"}}]}"#,
+    ));
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0].starts_with("policies[0].limits[0].key.header: "),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].starts_with("policies[0].limits[0].key.max_keys: "),
+        "{errors:?}"
+    );
+    let errors = errors_of(
+        r#"{"version": 1, "policies": [
+            {"name": "a", "match": {"host": "a.example"}, "rate": {"requests": 10, "period": "1s"},
+             "limits": [{"name": "shared", "key": {"header": "x-key"}, "rate": {"requests": 5, "period": "1m"}}]},
+            {"name": "b", "match": {"host": "b.example"}, "rate": {"requests": 10, "period": "1s"},
+             "limits": [{"name": "shared", "rate": {"requests": 5, "period": "1m"}}]}]}"#,
+    );
+    assert_eq!(
+        errors,
+        vec![
+            "policies[0].limits[0].key: limit \"shared\" is also in policies[1] with another key; a limit named in several policies is one limit",
+            "policies[1].limits[0].key: limit \"shared\" is also in policies[0] with another key; a limit named in several policies is one limit",
+        ]
+    );
+    // A keyed daily limit is a plain limit, not a budget the admin holds.
+    let set = parse_policy_set(
+        r#"{"version": 1, "policies": [{"name": "a", "match": {"host": "a.example"},
+            "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "daily-per-key", "key": {"header": "x-key"}, "rate": {"requests": 5, "period": "1d"}},
+                       {"name": "daily", "rate": {"requests": 50, "period": "1d"}}]}]}"#,
+    )
+    .expect("valid");
+    let budgets: Vec<bool> = set.policies[0]
+        .limits
+        .iter()
+        .map(|l| l.is_budget())
+        .collect();
+    assert_eq!(budgets, [false, true]);
+}

@@ -18,7 +18,7 @@ use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
-use super::limits::{self, Taken};
+use super::limits::{self, LimitPlace, Taken};
 use super::placement::{self, Placed};
 use crate::host::{Host, Level};
 use crate::metrics::{LimitStat, Metrics, PolicyStat};
@@ -85,10 +85,11 @@ pub(super) struct Admitter<'a, H: Host + ?Sized> {
 }
 
 impl<H: Host + ?Sized> Admitter<'_, H> {
-    /// Decides a request of `policy`; `limit_costs` are what it takes from
-    /// each of the policy's further limits, which go first, all or nothing,
-    /// and get their tokens back if the policy's own bucket refuses. The
-    /// flag says whether the call holds its further limits' tokens.
+    /// Decides a request of `policy`; `limits` are what it takes from each
+    /// of the policy's further limits and its key for each, which go first,
+    /// all or nothing, and get their tokens back if the policy's own bucket
+    /// refuses. Returns where the call holds its further limits' tokens,
+    /// if it holds any.
     ///
     /// In queue mode a call the further limits cannot take now waits in the
     /// policy's queue (unless the wait they ask is beyond `max_wait`), and
@@ -98,8 +99,8 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         &mut self,
         policy: &CompiledPolicy,
         class: &Classification,
-        limit_costs: &[u64],
-    ) -> (Decision, bool) {
+        (limit_costs, limit_keys): (&[u64], &[Option<u64>]),
+    ) -> (Decision, Option<Vec<LimitPlace>>) {
         let queue_wait = queue_wait(policy);
         let taken = limits::take(
             self.host,
@@ -108,15 +109,16 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             self.budgets,
             policy,
             limit_costs,
+            limit_keys,
             self.now,
         );
-        let must_wait = match taken {
-            Taken::All => false,
+        let (must_wait, places) = match taken {
+            Taken::All { places } => (false, places),
             Taken::Refused { limit, retry_after }
                 if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) =>
             {
                 self.metrics.add_limit(&limit, LimitStat::Queued, 1);
-                true
+                (true, Vec::new())
             }
             Taken::Refused { limit, retry_after } => {
                 self.metrics.add_limit(&limit, LimitStat::Refused, 1);
@@ -126,7 +128,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                     }
                     other => other,
                 };
-                return (decision, false);
+                return (decision, None);
             }
             Taken::Unknown { limit } => {
                 let decision = match self.refuse(policy, LimitKind::Rate, DEFAULT_RETRY) {
@@ -135,7 +137,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                     }
                     other => other,
                 };
-                return (decision, false);
+                return (decision, None);
             }
         };
         let decision = self.decide_in_bucket(policy, class, must_wait);
@@ -152,12 +154,13 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 self.host,
                 self.store,
                 policy,
-                limit_costs,
+                (limit_costs, &places),
                 self.now,
                 self.now,
             );
         }
-        (decision, holds_limits && !policy.limits.is_empty())
+        let held = (holds_limits && !policy.limits.is_empty()).then_some(places);
+        (decision, held)
     }
 
     fn decide_in_bucket(

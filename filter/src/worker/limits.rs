@@ -1,10 +1,12 @@
 //! A policy's further limits (`limits`): each in its own shared-data entry
-//! (one per limit name, shared by every policy that names it),
+//! (one per limit name, shared by every policy that names it; a keyed
+//! limit has one per key, in at most `max_keys` places),
 //! taken all or nothing ([`StackedTake`]) before the policy's own bucket
 //! decides, and given back when that bucket refuses the call.
 
-use sluice_shared::limiter::{RateLimiter, RateState, StackedOutcome, StackedTake};
-use sluice_shared::matcher::CompiledPolicy;
+use sluice_shared::limiter::{RateLimiter, RateState, StackedOutcome, StackedTake, StepResult};
+use sluice_shared::matcher::{CompiledLimit, CompiledPolicy};
+use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::{Instant, Span};
 
 use super::admission::DEFAULT_RETRY;
@@ -19,11 +21,42 @@ pub fn limit_key(limit: &str) -> String {
     format!("sluice/l/{limit}")
 }
 
+/// A keyed limit's places: `max_keys` of them, plus one the overflowing
+/// keys share.
+fn keyed_limit_key(limit: &str, place: Option<u32>) -> String {
+    match place {
+        Some(i) => format!("sluice/l/{limit}/{i}"),
+        None => format!("sluice/l/{limit}/overflow"),
+    }
+}
+
+/// Places tried for a new key of a keyed limit before it overflows.
+const KEY_PROBES: u32 = 4;
+
+/// Where a call's tokens of one further limit are: its shared-data entry,
+/// and for a keyed limit the key owning that entry then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitPlace {
+    pub key: String,
+    /// None: the entry is the limit's plain state. Some: it starts with
+    /// the owning key's hash (0 for the overflow entry).
+    pub owner: Option<u64>,
+}
+
+impl LimitPlace {
+    fn unkeyed(limit: &str) -> Self {
+        Self {
+            key: limit_key(limit),
+            owner: None,
+        }
+    }
+}
+
 /// What the further limits said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Taken {
-    /// The policy has none, or every one took its cost.
-    All,
+    /// The policy has none, or every one took its cost: where, per limit.
+    All { places: Vec<LimitPlace> },
     /// `limit` refused first; nothing was kept from the others.
     Refused { limit: String, retry_after: Span },
     /// `limit` is a budget this Envoy does not know the spending of yet
@@ -39,7 +72,58 @@ pub(super) fn state_of(rate: &RateLimiter, bytes: Option<&[u8]>) -> RateState {
         .unwrap_or_else(|| rate.initial_state())
 }
 
-/// Takes `costs[i]` from each of `policy`'s further limits, all or none.
+/// A keyed limit's entry: its owner's hash, then its state; a missing or
+/// unreadable one is nobody's (0) and fresh.
+fn owned_state_of(rate: &RateLimiter, bytes: Option<&[u8]>) -> (u64, RateState) {
+    let owner = bytes
+        .and_then(|b| b.get(..8))
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes);
+    match (owner, bytes.and_then(|b| b.get(8..))) {
+        (Some(owner), Some(rest)) => match rate.decode_state(rest) {
+            Ok(state) => (owner, state),
+            Err(_) => (0, rate.initial_state()),
+        },
+        _ => (0, rate.initial_state()),
+    }
+}
+
+fn encode_owned(owner: u64, state: &RateState) -> Vec<u8> {
+    let mut out = owner.to_le_bytes().to_vec();
+    out.extend_from_slice(&state.encode());
+    out
+}
+
+/// Changes the state at `place` with `f` (which says whether it changed).
+/// A keyed entry another key took over since holds nothing of the call's:
+/// it is left alone.
+fn update_at<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    rate: &RateLimiter,
+    place: &LimitPlace,
+    mut f: impl FnMut(&mut RateState) -> bool,
+) -> Result<(), crate::store::StoreError> {
+    store.update(host, &place.key, |bytes| match place.owner {
+        None => {
+            let mut state = state_of(rate, bytes);
+            let changed = f(&mut state);
+            ((), changed.then(|| state.encode()))
+        }
+        Some(owner) => {
+            let (held_by, mut state) = owned_state_of(rate, bytes);
+            if held_by != owner {
+                return ((), None);
+            }
+            let changed = f(&mut state);
+            ((), changed.then(|| encode_owned(owner, &state)))
+        }
+    })
+}
+
+/// Takes `costs[i]` from each of `policy`'s further limits (for a keyed
+/// one, from the place of the call's key `keys[i]`), all or none.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn take<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,
@@ -47,10 +131,11 @@ pub(super) fn take<H: Host + ?Sized>(
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
     costs: &[u64],
+    keys: &[Option<u64>],
     now: Instant,
 ) -> Taken {
     if policy.limits.is_empty() {
-        return Taken::All;
+        return Taken::All { places: Vec::new() };
     }
     if let Some(limit) = policy.limits.iter().find(|l| !budgets.is_known(host, l)) {
         metrics.add_limit(&limit.name, LimitStat::BudgetUnknown, 1);
@@ -58,23 +143,20 @@ pub(super) fn take<H: Host + ?Sized>(
             limit: limit.name.clone(),
         };
     }
+    let mut places: Vec<Option<LimitPlace>> = vec![None; policy.limits.len()];
     let mut take = StackedTake::new(costs.to_vec(), now);
     while let Some(index) = take.next_limit() {
-        let Some(limit) = policy.limits.get(index) else {
+        let (Some(limit), Some(place)) = (policy.limits.get(index), places.get_mut(index)) else {
             take.give_up(DEFAULT_RETRY);
             continue;
         };
-        let key = limit_key(&limit.name);
-        let stepped = store.update(host, &key, |bytes| {
-            let mut state = state_of(&limit.rate, bytes);
-            let step = take.apply(&limit.rate, &mut state);
-            (step, step.changed.then(|| state.encode()))
-        });
-        match stepped {
-            Ok(step) => take.advance(step),
-            // The store counted and logged it; a limit that cannot be
-            // checked refuses rather than let the call through unchecked.
-            Err(_) => take.give_up(DEFAULT_RETRY),
+        let key = keys.get(index).copied().flatten();
+        match step(host, store, limit, key, place, &take, now) {
+            Ok(Some(step)) => take.advance(step),
+            // No place for the key (overflow: reject), or the store
+            // counted and logged a failure: a limit that cannot be checked
+            // refuses rather than let the call through unchecked.
+            Ok(None) | Err(_) => take.give_up(DEFAULT_RETRY),
         }
     }
     match take.outcome() {
@@ -89,8 +171,96 @@ pub(super) fn take<H: Host + ?Sized>(
                 retry_after,
             }
         }
-        _ => Taken::All,
+        _ => Taken::All {
+            places: places
+                .into_iter()
+                .zip(&policy.limits)
+                .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
+                .collect(),
+        },
     }
+}
+
+/// One step of a stacked take on `limit`: on its one entry, or for a keyed
+/// limit on the entry of the call's key, found on the first step (a place
+/// of its own, one it takes over from an idle key, or the overflow) and
+/// kept in `place` for the steps after. None: the key has no place.
+fn step<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    limit: &CompiledLimit,
+    key: Option<u64>,
+    place: &mut Option<LimitPlace>,
+    take: &StackedTake,
+    now: Instant,
+) -> Result<Option<StepResult>, crate::store::StoreError> {
+    let rate = &limit.rate;
+    let Some(hash) = key else {
+        return store
+            .update(host, &limit_key(&limit.name), |bytes| {
+                let mut state = state_of(rate, bytes);
+                let step = take.apply(rate, &mut state);
+                (step, step.changed.then(|| state.encode()))
+            })
+            .map(Some);
+    };
+    if let Some(place) = place {
+        let owner = place.owner.unwrap_or(0);
+        return store
+            .update(host, &place.key, |bytes| {
+                let (held_by, mut state) = owned_state_of(rate, bytes);
+                if held_by != owner {
+                    // Taken over since: nothing of this call's is there.
+                    let mut fresh = rate.initial_state();
+                    return (take.apply(rate, &mut fresh), None);
+                }
+                let step = take.apply(rate, &mut state);
+                (step, step.changed.then(|| encode_owned(owner, &state)))
+            })
+            .map(Some);
+    }
+    // 0 marks an entry nobody owns.
+    let owner = hash.max(1);
+    let (max_keys, overflow) = limit.keys.unwrap_or((1, KeyOverflow::Shared));
+    let first = owner % u64::from(max_keys);
+    for probe in 0..KEY_PROBES.min(max_keys) {
+        let slot = ((first + u64::from(probe)) % u64::from(max_keys)) as u32;
+        let key = keyed_limit_key(&limit.name, Some(slot));
+        let stepped = store.update(host, &key, |bytes| {
+            let (held_by, state) = owned_state_of(rate, bytes);
+            let mine = held_by == owner;
+            if !mine && held_by != 0 && !rate.is_idle(&state, now) {
+                return (None, None);
+            }
+            let mut state = if mine { state } else { rate.initial_state() };
+            let step = take.apply(rate, &mut state);
+            (
+                Some(step),
+                step.changed.then(|| encode_owned(owner, &state)),
+            )
+        })?;
+        if let Some(step) = stepped {
+            *place = Some(LimitPlace {
+                key,
+                owner: Some(owner),
+            });
+            return Ok(Some(step));
+        }
+    }
+    if overflow == KeyOverflow::Reject {
+        return Ok(None);
+    }
+    let key = keyed_limit_key(&limit.name, None);
+    let step = store.update(host, &key, |bytes| {
+        let (_, mut state) = owned_state_of(rate, bytes);
+        let step = take.apply(rate, &mut state);
+        (step, step.changed.then(|| encode_owned(0, &state)))
+    })?;
+    *place = Some(LimitPlace {
+        key,
+        owner: Some(0),
+    });
+    Ok(Some(step))
 }
 
 /// Counts a call every further limit let through and that went.
@@ -106,38 +276,36 @@ pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, cos
     }
 }
 
-/// Gives back what [`take`] took at `taken_at`: the policy's own bucket
-/// refused the call.
+/// Gives back what [`take`] took at `taken_at` (at `places`): the policy's
+/// own bucket refused the call, or it queued.
 pub(super) fn give_back<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,
     policy: &CompiledPolicy,
-    costs: &[u64],
+    (costs, places): (&[u64], &[LimitPlace]),
     taken_at: Instant,
     now: Instant,
 ) {
-    for (limit, cost) in policy.limits.iter().zip(costs) {
+    for ((limit, cost), place) in policy.limits.iter().zip(costs).zip(places) {
         let tokens = limit.rate.taken(*cost);
-        let key = limit_key(&limit.name);
         // On failure (counted and logged by the store) the tokens stay
         // taken: the limit errs on the safe side.
-        let _ = store.update(host, &key, |bytes| {
-            let mut state = state_of(&limit.rate, bytes);
-            let before = state;
-            limit.rate.refund(&mut state, taken_at, now, tokens);
-            ((), (state != before).then(|| state.encode()))
+        let _ = update_at(host, store, &limit.rate, place, |state| {
+            let before = *state;
+            limit.rate.refund(state, taken_at, now, tokens);
+            *state != before
         });
     }
 }
 
-/// Settles a call's cost on `limit` once its response said what it used:
-/// `(estimate, used)` tokens, `(taken_at, now)`. Less than the estimate is
-/// refunded; more is charged whatever the limit holds, a debt the calls
-/// that follow pay.
+/// Settles a call's cost on the limit at `place` once its response said
+/// what it used: `(estimate, used)` tokens, `(taken_at, now)`. Less than
+/// the estimate is refunded; more is charged whatever the limit holds, a
+/// debt the calls that follow pay.
 pub(super) fn adjust<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,
-    limit: &str,
+    place: &LimitPlace,
     rate: &RateLimiter,
     (estimate, used): (u64, u64),
     (taken_at, now): (Instant, Instant),
@@ -146,14 +314,13 @@ pub(super) fn adjust<H: Host + ?Sized>(
         return;
     }
     // On failure (counted and logged by the store) the estimate stands.
-    let _ = store.update(host, &limit_key(limit), |bytes| {
-        let mut state = state_of(rate, bytes);
-        let before = state;
+    let _ = update_at(host, store, rate, place, |state| {
+        let before = *state;
         if used > estimate {
-            rate.charge(&mut state, now, used - estimate);
+            rate.charge(state, now, used - estimate);
         } else {
-            rate.refund(&mut state, taken_at, now, estimate - used);
+            rate.refund(state, taken_at, now, estimate - used);
         }
-        ((), (state != before).then(|| state.encode()))
+        *state != before
     });
 }

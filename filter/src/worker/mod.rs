@@ -241,9 +241,11 @@ impl Worker {
             now,
         };
         let limit_costs = policy.limit_costs(req, body);
-        let (decision, limits_held) = admitter.decide(policy, &class, &limit_costs);
-        if limits_held && policy.reads_usage() {
-            self.usages.expect(context_id, policy, &limit_costs, now);
+        let limit_keys = policy.limit_keys(req, &self.key_secret);
+        let (decision, held) = admitter.decide(policy, &class, (&limit_costs, &limit_keys));
+        if let Some(places) = held.filter(|_| policy.reads_usage()) {
+            self.usages
+                .expect(context_id, policy, (&limit_costs, &places), now);
         }
         match decision {
             Decision::Pass => Verdict::Continue,
@@ -275,7 +277,7 @@ impl Worker {
                     policy,
                     bucket,
                     key,
-                    (streams::Turn { ticket, deadline }, limit_costs),
+                    (streams::Turn { ticket, deadline }, limit_costs, limit_keys),
                     now,
                 );
                 self.set_tick(host, QUEUE_TICK);
@@ -412,10 +414,11 @@ impl Worker {
             (previous_poll, now),
             &mut served,
         );
-        for (context_id, policy_index, costs) in served.with_limits {
+        for (context_id, policy_index, costs, places) in served.with_limits {
             if let Some(policy) = policies.policies.get(policy_index) {
                 if policy.reads_usage() {
-                    self.usages.expect(context_id, policy, &costs, now);
+                    self.usages
+                        .expect(context_id, policy, (&costs, &places), now);
                 }
             }
         }

@@ -11,7 +11,7 @@ use sluice_shared::time::Instant;
 
 use super::admission::{rejection, LocalReply, DEFAULT_RETRY};
 use super::budgets::Budgets;
-use super::limits::{self, Taken};
+use super::limits::{self, LimitPlace, Taken};
 use super::streams::Streams;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};
@@ -34,11 +34,15 @@ pub(super) struct Parts<'a> {
     pub budgets: &'a mut Budgets,
 }
 
-/// Calls that left the queue holding their policy's further limits: (stream,
-/// policy index, costs), for the worker to settle their usage.
+/// A call that left the queue holding its policy's further limits.
+pub(super) type LeftWithLimits = (u32, usize, Vec<u64>, Vec<LimitPlace>);
+
+/// Calls that left the queue holding their policy's further limits:
+/// (stream, policy index, costs, places), for the worker to settle their
+/// usage.
 #[derive(Debug, Default)]
 pub(super) struct Served {
-    pub with_limits: Vec<(u32, usize, Vec<u64>)>,
+    pub with_limits: Vec<LeftWithLimits>,
 }
 
 pub(super) fn serve<H: Host + ?Sized>(
@@ -175,10 +179,10 @@ impl Poll<'_> {
             let Some(ctx) = parts.streams.with_ticket(self.contexts, ticket) else {
                 return;
             };
-            let costs = parts
+            let (costs, keys) = parts
                 .streams
                 .get(ctx)
-                .map(|s| s.limit_costs.clone())
+                .map(|s| (s.limit_costs.clone(), s.limit_keys.clone()))
                 .unwrap_or_default();
             let taken = limits::take(
                 host,
@@ -187,12 +191,13 @@ impl Poll<'_> {
                 parts.budgets,
                 policy,
                 &costs,
+                &keys,
                 now,
             );
-            if taken != Taken::All {
+            let Taken::All { places } = taken else {
                 // The head waits for its further limits (or its deadline).
                 return;
-            }
+            };
             let left = parts
                 .store
                 .update_bucket(host, self.bucket, |s| {
@@ -204,13 +209,13 @@ impl Poll<'_> {
                 (Some(left), lease) if left == ticket => {
                     limits::count_admitted(parts.metrics, policy, &costs);
                     parts.streams.turn_came(parts.metrics, ctx, lease, now);
-                    served.with_limits.push((ctx, index, costs));
+                    served.with_limits.push((ctx, index, costs, places));
                     actions.push(StreamAction::Resume(ctx));
                 }
                 _ => {
                     // Another worker changed the queue in between: the
                     // limits get their tokens back; the next tick polls again.
-                    limits::give_back(host, parts.store, policy, &costs, now, now);
+                    limits::give_back(host, parts.store, policy, (&costs, &places), now, now);
                     return;
                 }
             }

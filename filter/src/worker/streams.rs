@@ -50,9 +50,10 @@ pub(super) struct Stream {
     /// The concurrency limit's lease TTL (None: the policy has no
     /// concurrency limit, and an admitted stream is not tracked).
     pub lease_ttl: Option<Span>,
-    /// A queued call's costs on its policy's further limits, taken when
-    /// its turn comes (empty otherwise).
+    /// A queued call's costs on its policy's further limits, and its key
+    /// for each, taken when its turn comes (empty otherwise).
     pub limit_costs: Vec<u64>,
+    pub limit_keys: Vec<Option<u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -146,7 +147,7 @@ impl Streams {
         policy: &CompiledPolicy,
         bucket: String,
         prefetch: PrefetchKey,
-        (turn, limit_costs): (Turn, Vec<u64>),
+        (turn, limit_costs, limit_keys): (Turn, Vec<u64>, Vec<Option<u64>>),
         now: Instant,
     ) {
         metrics.add(policy.name(), PolicyStat::Queued, 1);
@@ -154,6 +155,7 @@ impl Streams {
         self.track(context_id, policy, bucket, prefetch, state, now);
         if let Some(stream) = self.streams.get_mut(&context_id) {
             stream.limit_costs = limit_costs;
+            stream.limit_keys = limit_keys;
         }
     }
 
@@ -175,6 +177,7 @@ impl Streams {
             since: now,
             lease_ttl: policy.concurrency.map(|c| c.lease_ttl),
             limit_costs: Vec::new(),
+            limit_keys: Vec::new(),
         };
         self.streams.insert(context_id, stream);
     }

@@ -291,15 +291,17 @@ fn limit_reports<H: Host + ?Sized>(
                 continue;
             }
             let counted = counters.get(&limit.name).copied().unwrap_or_default();
-            // Garbage reads as a limit afresh, as the limit itself does.
-            let available = host
-                .shared_get(&limits::limit_key(&limit.name))
-                .0
-                .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
-                .map_or_else(
-                    || limit.rate.available(&limit.rate.initial_state(), now),
-                    |state| limit.rate.available(&state, now),
-                );
+            // Garbage reads as a limit afresh, as the limit itself does. A
+            // keyed limit holds a count per key: none is the limit's.
+            let available = limit.keys.is_none().then(|| {
+                host.shared_get(&limits::limit_key(&limit.name))
+                    .0
+                    .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
+                    .map_or_else(
+                        || limit.rate.available(&limit.rate.initial_state(), now),
+                        |state| limit.rate.available(&state, now),
+                    )
+            });
             out.insert(
                 limit.name.clone(),
                 LimitReport {
@@ -308,7 +310,7 @@ fn limit_reports<H: Host + ?Sized>(
                     tokens: counted.tokens,
                     requests: spec.rate.requests,
                     period_ms: spec.rate.period.as_millis(),
-                    available: Some(available),
+                    available,
                 },
             );
         }

@@ -12,7 +12,7 @@ use sluice_shared::matcher::{CompiledPolicy, RequestHeaders};
 use sluice_shared::time::Instant;
 use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageReader};
 
-use super::limits;
+use super::limits::{self, LimitPlace};
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
 use crate::store::Store;
@@ -21,6 +21,8 @@ use crate::store::Store;
 #[derive(Debug)]
 struct Owed {
     limit: String,
+    /// Where its estimate was taken.
+    place: LimitPlace,
     rate: RateLimiter,
     /// Tokens taken at admission.
     estimate: u64,
@@ -73,17 +75,19 @@ impl Usages {
         &mut self,
         context_id: u32,
         policy: &CompiledPolicy,
-        costs: &[u64],
+        (costs, places): (&[u64], &[LimitPlace]),
         now: Instant,
     ) {
         let owed: Vec<Owed> = policy
             .limits
             .iter()
             .zip(costs)
-            .filter_map(|(limit, cost)| {
+            .zip(places)
+            .filter_map(|((limit, cost), place)| {
                 let source = limit.usage.clone()?;
                 Some(Owed {
                     limit: limit.name.clone(),
+                    place: place.clone(),
                     rate: limit.rate,
                     estimate: limit.rate.taken(*cost),
                     source,
@@ -230,7 +234,7 @@ fn settle<H: Host + ?Sized>(
             limits::adjust(
                 ledger.host,
                 ledger.store,
-                &owed.limit,
+                &owed.place,
                 &owed.rate,
                 (owed.estimate, used),
                 (taken_at, ledger.now),
