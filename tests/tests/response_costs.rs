@@ -71,7 +71,7 @@ fn usage_of(body: &str) -> Option<u64> {
 
 async fn one_call(
     http: &reqwest::Client,
-    url: &str,
+    (url, key): (&str, &str),
     max_tokens: u64,
     stream: bool,
     abort: bool,
@@ -81,7 +81,7 @@ async fn one_call(
     let sent = http
         .post(url)
         .header("host", "api.llm.example")
-        .header("authorization", "Bearer team-a")
+        .header("authorization", key)
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
@@ -126,7 +126,14 @@ async fn run(
             while Instant::now() < deadline {
                 let n = counter.fetch_add(1, Ordering::SeqCst);
                 let max_tokens = 100 + (n * 37) % 400;
-                let call = one_call(&http, &url, max_tokens, stream, stream && abort(n)).await;
+                let call = one_call(
+                    &http,
+                    (&url, "Bearer team-a"),
+                    max_tokens,
+                    stream,
+                    stream && abort(n),
+                )
+                .await;
                 if call == Call::Refused {
                     // Sluice refuses at once: do not spin.
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -261,5 +268,115 @@ async fn aborted_streams_are_charged_their_estimate_and_completed_ones_their_usa
     assert_eq!(aborted_stat as usize, aborted.len());
     assert_eq!(read as usize, completed(&calls).count());
     assert_eq!(stats.refused, 0);
+    Ok(())
+}
+
+/// Tokens per API key and for the company at once: the provider allows each
+/// key 3 000 tokens per 2 s window; the company's contract, 6 000 for all
+/// keys together. Three keys want more than both: each key stays inside
+/// its own limit, all of them inside the company's, and the provider
+/// refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_per_key_and_for_the_company_hold_together() -> anyhow::Result<()> {
+    const PER_KEY: u64 = 3000;
+    const COMPANY: u64 = 6000;
+    let limits = LlmLimits {
+        window: Duration::from_secs(2),
+        tokens_per_window: PER_KEY,
+        step: Duration::from_millis(5),
+        ..LlmLimits::default()
+    };
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let cost = format!(
+        r#""cost": {{"json": "max_tokens", "plus": {PLUS}, "default": 1000, "max": {MAX_ESTIMATE}}},
+           "usage": {{"json": ["usage.total_tokens"]}}"#
+    );
+    let config = format!(
+        r#"{{"instance": "e2e-usage-keys", "fallback": {{"version": 1, "policies": [
+        {{"name": "llm", "match": {{"host": "api.llm.example"}},
+          "key": {{"header": "authorization"}},
+          "rate": {{"requests": 1000, "period": "1s"}},
+          "limits": [
+            {{"name": "tokens-per-key", "key": {{"header": "authorization"}},
+              "rate": {{"requests": {PER_KEY}, "period": "2s", "algorithm": "fixed_window"}}, {cost}}},
+            {{"name": "company-tokens",
+              "rate": {{"requests": {COMPANY}, "period": "2s", "algorithm": "fixed_window"}}, {cost}}}]}}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
+    llm.reset();
+    let url = envoy.url("/v1/chat/completions");
+    let counter = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(9);
+    let mut tasks = Vec::new();
+    for client_index in 0..12u64 {
+        let (url, counter, http) = (url.clone(), counter.clone(), client());
+        let key = format!("Bearer team-{}", client_index % 3);
+        tasks.push(tokio::spawn(async move {
+            let mut calls = Vec::new();
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                let max_tokens = 100 + (n * 37) % 400;
+                let call = one_call(&http, (&url, &key), max_tokens, n % 2 == 0, false).await;
+                if call == Call::Refused {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                calls.push(call);
+            }
+            calls
+        }));
+    }
+    let mut calls = Vec::new();
+    for t in tasks {
+        calls.extend(t.await.unwrap_or_default());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let stats = llm.stats();
+    // Per window, what each key used and all of them together.
+    let mut per_window: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for windows in stats.windows.values() {
+        for (start, used) in windows {
+            per_window.entry(*start).or_default().push(used.tokens);
+        }
+    }
+    let totals: Vec<u64> = per_window.values().map(|keys| keys.iter().sum()).collect();
+    let full = totals
+        .get(1..totals.len().saturating_sub(1))
+        .map(<[u64]>::to_vec)
+        .unwrap_or_default();
+    let busiest_key = stats
+        .windows
+        .values()
+        .flat_map(|w| w.values().map(|u| u.tokens))
+        .max()
+        .unwrap_or(0);
+    let usage: u64 = completed(&calls).sum();
+    let refused = calls.iter().filter(|c| **c == Call::Refused).count();
+    let failed = calls.iter().filter(|c| **c == Call::Failed).count();
+    let per_key_charged = envoy.limit_stat("tokens-per-key", "tokens")?;
+    let company_charged = envoy.limit_stat("company-tokens", "tokens")?;
+    let violations = stats.violations(&llm.limits());
+    println!(
+        "tokens per key and company: {} calls, {refused} refused by sluice, {failed} failed; provider: \
+         all keys per full 2 s window {full:?} (company limit {COMPANY}), busiest key in a window \
+         {busiest_key} (limit {PER_KEY}), refused {}, windows over a key's limit {}; sluice charged \
+         per-key {per_key_charged}, company {company_charged}, clients saw {usage}",
+        calls.len(),
+        stats.refused,
+        violations.len(),
+    );
+    assert!(violations.is_empty(), "over a key's limit: {violations:?}");
+    assert!(
+        totals.iter().all(|t| *t <= COMPANY),
+        "over the company's: {totals:?}"
+    );
+    assert_eq!(stats.refused, 0, "the provider refused calls");
+    assert_eq!(failed, 0);
+    assert!(full.len() >= 3, "windows: {full:?}");
+    assert!(
+        full.iter().all(|t| *t as f64 >= 0.9 * COMPANY as f64),
+        "the company's tokens mostly used: {full:?}"
+    );
+    assert_eq!(per_key_charged as u64, usage);
+    assert_eq!(company_charged as u64, usage);
     Ok(())
 }
