@@ -152,6 +152,36 @@ impl Ledgers {
                 .await?;
             out.insert(policy.name.clone(), message(&share, &terms, now));
         }
+        // Global further limits, once each however many policies name
+        // them, leased as global policies are; their demand is what the
+        // Envoy counted for the limit.
+        let global_limits = set
+            .policies
+            .iter()
+            .flat_map(|p| p.limits.iter())
+            .filter(|l| l.scope == Scope::Global);
+        for limit in global_limits {
+            let name = limit.fleet_name();
+            if out.contains_key(&name) {
+                continue;
+            }
+            let terms = FleetTerms::of_limit(limit);
+            let counters = report.limits.get(&limit.name).copied().unwrap_or_default();
+            let usage = Usage {
+                asked: counters.admitted.saturating_add(counters.refused),
+                admitted: counters.admitted,
+                in_flight: 0,
+                waiting: 0,
+                at: Instant::from_millis(report.at_ms),
+            };
+            let held = held_share(report, &name, &terms);
+            let share = self
+                .update(&name, &terms, now, |ledger| {
+                    ledger.sync_usage(&terms, &report.instance, usage, held, now)
+                })
+                .await?;
+            out.insert(name, message(&share, &terms, now));
+        }
         Ok(out)
     }
 

@@ -28,6 +28,8 @@ mod envoy;
 #[cfg(test)]
 mod budget_tests;
 #[cfg(test)]
+mod fleet_limits_tests;
+#[cfg(test)]
 mod keyed_limits_tests;
 #[cfg(test)]
 mod queue_limits_tests;

@@ -134,6 +134,11 @@ pub struct CompiledLimit {
     key_header: Option<String>,
     /// With `key`: how many keys hold a place, and what the others do.
     pub keys: Option<(u32, KeyOverflow)>,
+    /// `scope: global`: this Envoy applies its share (see
+    /// [`CompiledPolicy::apply_limit_share`]); `closed` while the share
+    /// allows nothing (before the first).
+    pub global: bool,
+    pub closed: bool,
 }
 
 /// Which bucket of a policy a request uses.
@@ -191,6 +196,8 @@ impl CompiledPolicy {
                     budget: l.is_budget(),
                     key_header: l.key.as_ref().map(|k| lower(&k.header)),
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
+                    global: l.scope == crate::policy::Scope::Global,
+                    closed: false,
                 })
                 .collect(),
             priority_header: policy
@@ -219,6 +226,19 @@ impl CompiledPolicy {
         self.rate = limits.rate;
         self.concurrency = limits.concurrency;
         self.fleet_closed = limits.closed;
+    }
+
+    /// Applies this instance's share of further limit `index` (a global
+    /// one) to its rate.
+    pub fn apply_limit_share(&mut self, index: usize, share: crate::fleet::Amount) {
+        let (Some(spec), Some(limit)) = (self.policy.limits.get(index), self.limits.get_mut(index))
+        else {
+            return;
+        };
+        let full = crate::fleet::Amount::of_limit(spec);
+        let (rate, closed) = crate::fleet::rate_for_share(&spec.rate, full.rate, share.rate);
+        limit.rate = rate;
+        limit.closed = closed;
     }
 
     /// The burst of this Envoy's share, for a global policy with a rate

@@ -95,9 +95,20 @@ pub struct NamedLimit {
     /// The call's real cost, read from its response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageSpec>,
+    /// `global`: one limit for every Envoy syncing with the admin, which
+    /// leases each a share (as for a `global` policy), beside the
+    /// policy's own limits, which may be per key and per Envoy.
+    #[serde(default, skip_serializing_if = "Scope::is_instance")]
+    pub scope: Scope,
 }
 
 impl NamedLimit {
+    /// Where a global limit's share is in the fleet's messages: beside the
+    /// global policies' (whose names have no `/`).
+    pub fn fleet_name(&self) -> String {
+        format!("limits/{}", self.name)
+    }
+
     /// A limit this long is a budget: an Envoy syncing with an admin gets
     /// back what it spent of it after a restart, so a restart does not
     /// refill a daily or monthly limit.
@@ -105,7 +116,9 @@ impl NamedLimit {
 
     /// A keyed limit is not: the admin holds one record per limit.
     pub fn is_budget(&self) -> bool {
-        self.rate.period >= Self::BUDGET_MIN_PERIOD && self.key.is_none()
+        self.rate.period >= Self::BUDGET_MIN_PERIOD
+            && self.key.is_none()
+            && self.scope == Scope::Instance
     }
 }
 
@@ -126,7 +139,7 @@ pub enum Scope {
 impl Scope {
     pub const DEFAULT_SHARE_LEASE: DurationMs = DurationMs::from_secs(3);
 
-    fn is_instance(&self) -> bool {
+    pub fn is_instance(&self) -> bool {
         *self == Scope::Instance
     }
 }

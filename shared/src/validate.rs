@@ -296,7 +296,8 @@ fn check_shared_limits(policies: &[(usize, Policy)], errors: &mut Vec<FieldError
             };
             found.extend(
                 differs("rate", &|l| l.rate == limit.rate)
-                    .or_else(|| differs("key", &|l| l.key == limit.key)),
+                    .or_else(|| differs("key", &|l| l.key == limit.key))
+                    .or_else(|| differs("scope", &|l| l.scope == limit.scope)),
             );
         }
     }
@@ -456,6 +457,23 @@ fn check_limits(r: &mut Report, policy: &Policy) {
             check_key(&mut lr, key);
         }
         check_rate(&mut lr, &limit.rate);
+        if limit.scope == Scope::Global {
+            if limit.key.is_some() {
+                lr.at(
+                    "key",
+                    "a `scope: global` limit cannot be per key: its shares are per Envoy",
+                );
+            }
+            if limit.rate.algorithm != Algorithm::TokenBucket {
+                lr.at(
+                    "rate.algorithm",
+                    "a `scope: global` limit needs `token_bucket`: windows cannot be split into shares",
+                );
+            }
+            if limit.rate.warmup.is_some() {
+                lr.at("rate.warmup", "not supported with `scope: global`");
+            }
+        }
         check_cost(&mut lr, &limit.cost, Some(&limit.rate));
         if let Some(usage) = &limit.usage {
             check_usage(&mut lr, usage);

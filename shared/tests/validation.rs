@@ -394,3 +394,29 @@ fn a_further_limits_key_is_checked_and_one_limit_has_one_key() {
         .collect();
     assert_eq!(budgets, [false, true]);
 }
+
+#[test]
+fn a_global_further_limit_is_a_token_bucket_for_every_key() {
+    let errors = errors_of(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "fleet", "scope": "global", "key": {"header": "x-key"},
+                        "rate": {"requests": 1000, "period": "1m", "algorithm": "fixed_window"}}]}"#,
+    ));
+    assert_eq!(
+        errors,
+        vec![
+            "policies[0].limits[0].key: a `scope: global` limit cannot be per key: its shares are per Envoy",
+            "policies[0].limits[0].rate.algorithm: a `scope: global` limit needs `token_bucket`: windows cannot be split into shares",
+        ]
+    );
+    let set = parse_policy_set(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "key": {"header": "x-key"},
+            "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "fleet", "scope": "global", "rate": {"requests": 1000, "period": "1d"}}]}"#,
+    ))
+    .expect("a per-key policy with a fleet-wide limit");
+    assert!(
+        !set.policies[0].limits[0].is_budget(),
+        "a global limit is leased, not held"
+    );
+}

@@ -150,6 +150,11 @@ pub(super) fn take<H: Host + ?Sized>(
             take.give_up(DEFAULT_RETRY);
             continue;
         };
+        if limit.closed {
+            // This Envoy's share of a global limit allows nothing now.
+            take.give_up(DEFAULT_RETRY);
+            continue;
+        }
         let key = keys.get(index).copied().flatten();
         match step(host, store, limit, key, place, &take, now) {
             Ok(Some(step)) => take.advance(step),

@@ -8,6 +8,7 @@ use std::rc::Rc;
 
 use sluice_shared::fleet::{share_in_force, Amount};
 use sluice_shared::matcher::CompiledPolicySet;
+use sluice_shared::policy::Scope;
 use sluice_shared::time::Instant;
 
 use crate::fleet::{self, HeldShare, HeldShares};
@@ -63,8 +64,9 @@ impl FleetShares {
         fleet::publish(host, store, &shares).is_ok()
     }
 
-    /// Gives each global policy of `policies` the limits of its share in
-    /// force at `now`; the set is copied only when a share changed.
+    /// Gives each global policy of `policies`, and each global further
+    /// limit, the limits of its share in force at `now`; the set is copied
+    /// only when a share changed.
     pub fn apply<H: Host + ?Sized>(
         &mut self,
         host: &H,
@@ -73,35 +75,61 @@ impl FleetShares {
     ) {
         let mut changes = Vec::new();
         for (i, p) in policies.policies.iter().enumerate() {
-            if !p.is_global() {
-                continue;
+            if p.is_global() {
+                let newest = self.held.get(p.name()).map(HeldShare::as_share);
+                let share = share_in_force(newest, Amount::of_policy(&p.policy), now);
+                if self.applied.get(p.name()) != Some(&share) {
+                    changes.push((i, None, p.name().to_string(), share));
+                }
             }
-            let newest = self.held.get(p.name()).map(HeldShare::as_share);
-            let share = share_in_force(newest, Amount::of_policy(&p.policy), now);
-            if self.applied.get(p.name()) != Some(&share) {
-                changes.push((i, share));
+            for (at, spec) in p.policy.limits.iter().enumerate() {
+                if spec.scope != Scope::Global {
+                    continue;
+                }
+                let name = spec.fleet_name();
+                let newest = self.held.get(&name).map(HeldShare::as_share);
+                let share = share_in_force(newest, Amount::of_limit(spec), now);
+                // Per policy: a limit two policies name is applied in both.
+                let applied_as = format!("{}/{name}", p.name());
+                if self.applied.get(&applied_as) != Some(&share) {
+                    changes.push((i, Some(at), applied_as, share));
+                }
             }
         }
         if changes.is_empty() {
             return;
         }
         let policies = Rc::make_mut(policies);
-        for (i, share) in changes {
+        for (i, limit, applied_as, share) in changes {
             let Some(p) = policies.policies.get_mut(i) else {
                 continue;
             };
-            p.apply_share(share);
-            host.log(
-                Level::Debug,
-                &format!(
-                    "sluice: global policy {} now allows {:.1}/s, {} in flight{}",
-                    p.name(),
-                    share.rate,
-                    share.in_flight,
-                    if p.fleet_closed { " (closed)" } else { "" }
-                ),
-            );
-            self.applied.insert(p.name().to_string(), share);
+            match limit {
+                None => {
+                    p.apply_share(share);
+                    host.log(
+                        Level::Debug,
+                        &format!(
+                            "sluice: global policy {} now allows {:.1}/s, {} in flight{}",
+                            p.name(),
+                            share.rate,
+                            share.in_flight,
+                            if p.fleet_closed { " (closed)" } else { "" }
+                        ),
+                    );
+                }
+                Some(at) => {
+                    p.apply_limit_share(at, share);
+                    host.log(
+                        Level::Debug,
+                        &format!(
+                            "sluice: global limit {applied_as} now allows {:.1}/s",
+                            share.rate
+                        ),
+                    );
+                }
+            }
+            self.applied.insert(applied_as, share);
         }
     }
 }

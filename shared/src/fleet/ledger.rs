@@ -51,6 +51,16 @@ impl FleetTerms {
             floor_fraction: FLOOR_FRACTION,
         }
     }
+
+    /// A global further limit's terms: leased as a global policy's are,
+    /// for the default lease.
+    pub fn of_limit(limit: &crate::policy::NamedLimit) -> FleetTerms {
+        FleetTerms {
+            limit: Amount::of_limit(limit),
+            lease: crate::policy::Scope::DEFAULT_SHARE_LEASE.as_span(),
+            floor_fraction: FLOOR_FRACTION,
+        }
+    }
 }
 
 /// The share an instance enforces of a global limit, given the newest

@@ -37,7 +37,7 @@ use crate::policy::Policy;
 pub use allocation::{allocate, FLOOR_FRACTION, RATE_HEADROOM};
 pub use demand::{demand_between, used_between, Demand, Usage};
 pub use ledger::{share_in_force, FleetTerms, Ledger, MemberState, Share, USED_WINDOW};
-pub use share_limits::{limits_for_share, ShareLimits, MIN_SHARE_BURST};
+pub use share_limits::{limits_for_share, rate_for_share, ShareLimits, MIN_SHARE_BURST};
 
 /// A quantity of a limit: requests per second and calls in flight.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -51,11 +51,21 @@ impl Amount {
     /// what it does not limit).
     pub fn of_policy(policy: &Policy) -> Amount {
         Amount {
-            rate: policy.rate.as_ref().map_or(0.0, |r| {
-                r.requests as f64 / r.period.as_span().as_secs_f64().max(1e-9)
-            }),
+            rate: policy.rate.as_ref().map_or(0.0, Self::per_second),
             in_flight: policy.concurrency.as_ref().map_or(0, |c| c.max_in_flight),
         }
+    }
+
+    /// A global further limit's: its rate, no calls in flight.
+    pub fn of_limit(limit: &crate::policy::NamedLimit) -> Amount {
+        Amount {
+            rate: Self::per_second(&limit.rate),
+            in_flight: 0,
+        }
+    }
+
+    fn per_second(rate: &crate::policy::RateSpec) -> f64 {
+        rate.requests as f64 / rate.period.as_span().as_secs_f64().max(1e-9)
     }
 
     fn max(self, other: Amount) -> Amount {

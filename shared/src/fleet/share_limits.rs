@@ -3,7 +3,7 @@
 
 use super::Amount;
 use crate::limiter::{ConcurrencyLimit, RateLimiter, TokenBucket};
-use crate::policy::Policy;
+use crate::policy::{Policy, RateSpec};
 use crate::time::Span;
 
 /// The limits an instance applies for its share of a global policy.
@@ -34,21 +34,9 @@ pub fn limits_for_share(policy: &Policy, share: Amount) -> ShareLimits {
     let limit = Amount::of_policy(policy);
     let mut closed = false;
     let rate = policy.rate.as_ref().map(|spec| {
-        let per_hour = (share.rate.max(0.0) * 3600.0).floor() as u64;
-        closed |= per_hour == 0;
-        let fraction = if limit.rate > 0.0 {
-            (share.rate / limit.rate).clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        let policy_burst = spec.effective_burst();
-        let burst = ((policy_burst as f64) * fraction).floor() as u64;
-        RateLimiter::TokenBucket(TokenBucket::new(
-            per_hour.max(1),
-            SHARE_PERIOD,
-            burst.max(MIN_SHARE_BURST.min(policy_burst)).max(1),
-            None,
-        ))
+        let (rate, shut) = rate_for_share(spec, limit.rate, share.rate);
+        closed |= shut;
+        rate
     });
     let concurrency = policy.concurrency.as_ref().map(|spec| {
         let slots = share.in_flight.min(spec.max_in_flight);
@@ -69,6 +57,26 @@ pub fn limits_for_share(policy: &Policy, share: Amount) -> ShareLimits {
         concurrency,
         closed,
     }
+}
+
+/// A rate of `limit_rate` per second (as `spec` says it) scaled down to a
+/// share of `share_rate`; true when the share allows nothing.
+pub fn rate_for_share(spec: &RateSpec, limit_rate: f64, share_rate: f64) -> (RateLimiter, bool) {
+    let per_hour = (share_rate.max(0.0) * 3600.0).floor() as u64;
+    let fraction = if limit_rate > 0.0 {
+        (share_rate / limit_rate).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let full_burst = spec.effective_burst();
+    let burst = ((full_burst as f64) * fraction).floor() as u64;
+    let rate = RateLimiter::TokenBucket(TokenBucket::new(
+        per_hour.max(1),
+        SHARE_PERIOD,
+        burst.max(MIN_SHARE_BURST.min(full_burst)).max(1),
+        None,
+    ));
+    (rate, per_hour == 0)
 }
 
 #[cfg(test)]

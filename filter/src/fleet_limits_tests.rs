@@ -1,0 +1,55 @@
+//! A further limit with `scope: global` beside a per-key policy: this
+//! Envoy applies the share the admin leases it, as a global policy does.
+
+use crate::testing::FakeHost;
+use crate::tests::{reply, req, status, sync_settings, worker, T0};
+use crate::worker::{Verdict, Worker};
+
+const PER_KEY_AND_FLEET: &str = r#"{"version": 1, "policies": [
+    {"name": "llm", "match": {"host": "api.llm.example"},
+     "key": {"header": "x-api-key"}, "rate": {"requests": 100, "period": "1s", "burst": 100},
+     "limits": [{"name": "fleet-wide", "scope": "global",
+                 "rate": {"requests": 300, "period": "1s", "burst": 30}}]}]}"#;
+
+fn admitted(host: &FakeHost, w: &mut Worker, from: u32, n: u32) -> u32 {
+    let r = req(b"api.llm.example", &[("x-api-key", b"team-a")]);
+    (from..from + n)
+        .filter(|&id| w.on_request(host, id, r.as_slice()) == Verdict::Continue)
+        .count() as u32
+}
+
+#[test]
+fn a_global_limit_is_the_whole_limit_alone_nothing_before_its_share_then_the_share() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, PER_KEY_AND_FLEET);
+    // No admin: nothing to share with, the whole limit (its burst of 30).
+    assert_eq!(admitted(&host, &mut w, 1, 50), 30);
+
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, PER_KEY_AND_FLEET);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    // Syncing, no share yet: the global limit refuses, naming itself.
+    let r = req(b"api.llm.example", &[("x-api-key", b"team-a")]);
+    let refused = w.on_request(&host, 100, r.as_slice());
+    assert_eq!(status(&refused), 429);
+    let Verdict::Reply(reply_of) = &refused else {
+        panic!("{refused:?}")
+    };
+    assert!(reply_of
+        .headers
+        .iter()
+        .any(|(n, v)| *n == "x-sluice-limit" && v == "fleet-wide"));
+    // A share of 100/s of the 300/s: a burst of 10 of the 30.
+    let header = br#"{"limits/fleet-wide": {"rate": 100, "in_flight": 0, "lease_ms": 3000, "instances": 3, "id": 5}}"#;
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
+    assert_eq!(admitted(&host, &mut w, 200, 50), 10);
+    // The report names the share it applies, for an admin that lost it.
+    host.advance_ms(1000);
+    w.on_tick(&host);
+    let calls = host.calls.borrow().clone();
+    let report: sluice_shared::sync::SyncReport =
+        serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
+    assert_eq!(report.shares.get("limits/fleet-wide"), Some(&5));
+    assert_eq!(report.limits["fleet-wide"].admitted, 10);
+}
