@@ -359,7 +359,11 @@ const EVERYTHING: &str = r#"{"version": 1, "policies": [
     {"name": "a", "match": {"host": "*.example", "path_prefix": "/v1", "methods": ["POST"], "headers": [{"name": "x-t", "equals": "1"}]},
      "key": {"header": "x-api-key", "max_keys": 3}, "cost": {"header": "x-cost", "max": 3},
      "rate": {"requests": 5, "period": "1s", "burst": 3}, "concurrency": {"max_in_flight": 2, "reserved_for_high": 1},
-     "priority": {"header": "x-priority"}, "on_limit": {"action": "queue", "max_wait": "20ms", "max_queue": 3}},
+     "priority": {"header": "x-priority"}, "on_limit": {"action": "queue", "max_wait": "20ms", "max_queue": 3},
+     "limits": [{"name": "units-per-key", "key": {"header": "x-api-key", "max_keys": 2},
+                 "rate": {"requests": 4, "period": "10ms"}, "cost": {"header": "x-cost", "max": 3}},
+                {"name": "fleet", "scope": "global", "rate": {"requests": 10, "period": "1s"}},
+                {"name": "daily", "rate": {"requests": 40, "period": "1d", "algorithm": "fixed_window"}}]},
     {"name": "b", "match": {"host": "*"}, "key": {"header": "x-api-key", "max_keys": 1, "overflow": "reject"},
      "rate": {"algorithm": "sliding_window", "requests": 3, "period": "100ms"}}]}"#;
 
