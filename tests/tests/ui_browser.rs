@@ -429,6 +429,8 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
         ("cost-default", "4000"),
         ("cost-max", "30000"),
         ("usage-json", "usage..total_tokens"),
+        ("key-header", "authorization"),
+        ("scope", "global"),
     ] {
         browser
             .fill(&format!("#field-limits-0-{field}"), value)
@@ -448,9 +450,18 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
             |t| !t.is_empty(),
         )
         .await?;
-    println!("ui: limit window 32d -> {window:?}; usage path usage..total_tokens -> {path:?}");
+    let per_key_global = browser
+        .wait_text("#other-errors", Duration::from_secs(5), |t| {
+            t.contains("cannot be per key")
+        })
+        .await?;
+    println!(
+        "ui: limit window 32d -> {window:?}; usage path usage..total_tokens -> {path:?}; \
+         global and per key -> {per_key_global:?}"
+    );
     assert_eq!(window, "must be at most 31d");
     assert!(path.contains("is not a path"), "{path}");
+    browser.fill("#field-limits-0-scope", "").await?;
     browser.fill("#field-limits-0-rate-period", "1m").await?;
     browser
         .fill(
@@ -475,7 +486,8 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
     let stored = op.get("/api/v1/policies/llm").await?;
     assert_eq!(
         stored["policy"]["limits"],
-        json!([{"name": "tokens", "rate": {"algorithm": "token_bucket", "requests": 30000, "period": "1m"},
+        json!([{"name": "tokens", "key": {"header": "authorization", "max_keys": 10000, "overflow": "shared"},
+                "rate": {"algorithm": "token_bucket", "requests": 30000, "period": "1m"},
                 "cost": {"json": "max_tokens", "plus": 500, "default": 4000, "max": 30000},
                 "usage": {"json": ["usage.input_tokens", "usage.output_tokens"]}}])
     );

@@ -375,6 +375,17 @@ const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
         Kind::Duration,
     ),
     ("Burst", "/rate/burst", Kind::Number),
+    (
+        "Per key: request header (e.g. authorization)",
+        "/key/header",
+        Kind::Text,
+    ),
+    ("Per key: most keys held", "/key/max_keys", Kind::Number),
+    (
+        "Scope (instance | global: one limit for every Envoy)",
+        "/scope",
+        Kind::Text,
+    ),
     ("Estimate: from request header", "/cost/header", Kind::Text),
     (
         "Estimate: from request JSON field (e.g. max_tokens)",
