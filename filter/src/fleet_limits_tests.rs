@@ -53,3 +53,49 @@ fn a_global_limit_is_the_whole_limit_alone_nothing_before_its_share_then_the_sha
     assert_eq!(report.shares.get("limits/fleet-wide"), Some(&5));
     assert_eq!(report.limits["fleet-wide"].admitted, 10);
 }
+
+/// Requests and tokens for the whole fleet: a global policy (its own
+/// share) with a global further limit (a share of its own).
+const FLEET_REQUESTS_AND_TOKENS: &str = r#"{"version": 1, "policies": [
+    {"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+     "rate": {"requests": 100, "period": "1s", "burst": 40},
+     "limits": [{"name": "fleet-tokens", "scope": "global",
+                 "rate": {"requests": 3000, "period": "1s", "burst": 3000},
+                 "cost": {"header": "x-tokens", "default": 100, "max": 1000}}]}]}"#;
+
+#[test]
+fn a_global_policy_and_its_global_limit_each_apply_their_own_share() {
+    // Half the requests (a burst of 20 of 40) but a tenth of the tokens
+    // (300 of 3000).
+    let header = br#"{"llm": {"rate": 50, "in_flight": 0, "lease_ms": 3000, "instances": 2, "id": 7},
+        "limits/fleet-tokens": {"rate": 300, "in_flight": 0, "lease_ms": 3000, "instances": 10, "id": 8}}"#;
+    let shared = |host: &FakeHost| {
+        let mut w = worker(host, FLEET_REQUESTS_AND_TOKENS);
+        w.set_sync(Some(sync_settings()));
+        w.on_tick(host);
+        let r = req(b"api.llm.example", &[]);
+        assert_eq!(
+            status(&w.on_request(host, 1, r.as_slice())),
+            429,
+            "no share yet"
+        );
+        w.on_sync_reply(host, 1, reply(Some(304), Some(header), None));
+        w
+    };
+    // Calls of 100 tokens: the tokens' share holds 3.
+    let host = FakeHost::at(T0);
+    let mut w = shared(&host);
+    let costly = req(b"api.llm.example", &[]);
+    let admitted = (10..60)
+        .filter(|&id| w.on_request(&host, id, costly.as_slice()) == Verdict::Continue)
+        .count();
+    assert_eq!(admitted, 3);
+    // Calls of 1 token: the requests' share holds 20.
+    let host = FakeHost::at(T0);
+    let mut w = shared(&host);
+    let cheap = req(b"api.llm.example", &[("x-tokens", b"1")]);
+    let admitted = (10..60)
+        .filter(|&id| w.on_request(&host, id, cheap.as_slice()) == Verdict::Continue)
+        .count();
+    assert_eq!(admitted, 20);
+}

@@ -443,12 +443,6 @@ fn check_limits(r: &mut Report, policy: &Policy) {
     if policy.limits.len() > bounds::MAX_LIMITS {
         r.at("limits", format!("at most {} limits", bounds::MAX_LIMITS));
     }
-    if policy.scope == Scope::Global {
-        r.at(
-            "limits",
-            "a `scope: global` policy cannot have `limits`: each would need its own fleet share",
-        );
-    }
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, limit) in policy.limits.iter().enumerate() {
         let mut lr = Report::new(r.errors, &join_path(&r.prefix, &format!("limits[{index}]")));

@@ -272,14 +272,14 @@ fn further_limits_are_checked_field_by_field() {
             "policies[0].limits[2].rate.requests: must be >= 1",
         ]
     );
-    let errors = errors_of(&set_with(
+    // A global policy's further limits are each Envoy's own, or leased
+    // in shares of their own (`scope: global`).
+    parse_policy_set(&set_with(
         r#"{"name": "fleet", "match": {"host": "*"}, "scope": "global", "rate": {"requests": 10, "period": "1s"},
-            "limits": [{"name": "daily", "rate": {"requests": 1000, "period": "1d", "algorithm": "fixed_window"}}]}"#,
-    ));
-    assert_eq!(
-        errors,
-        vec!["policies[0].limits: a `scope: global` policy cannot have `limits`: each would need its own fleet share"]
-    );
+            "limits": [{"name": "daily", "rate": {"requests": 1000, "period": "1d", "algorithm": "fixed_window"}},
+                       {"name": "fleet-tokens", "scope": "global", "rate": {"requests": 9000, "period": "1m"}}]}"#,
+    ))
+    .expect("a global policy with further limits");
     let errors = errors_of(
         r#"{"version": 1, "policies": [
             {"name": "charges", "match": {"host": "api.stripe.example", "path_prefix": "/v1/charges"},
