@@ -332,7 +332,16 @@ async fn fleet_view_shows_each_envoys_share_and_use() -> anyhow::Result<()> {
             number(&browser.text(&row("busy", ".share-in-flight")).await?),
             number(&browser.text(&row("quiet", ".share-in-flight")).await?),
         ];
-        most_shared = most_shared.max(seen[0] + seen[1]);
+        // The rows are read one after the other and the page may redraw
+        // in between: the summary line is drawn from one look at the ledger.
+        let summary = browser.text(&format!("{section} .figures")).await?;
+        let shared_out = summary
+            .split("shared out ")
+            .nth(1)
+            .and_then(|rest| rest.split("/s").next())
+            .map_or(-1.0, number);
+        anyhow::ensure!(shared_out >= 0.0, "no share total in {summary:?}");
+        most_shared = most_shared.max(shared_out);
         for (sum, v) in sums.iter_mut().zip(seen) {
             *sum += v;
         }
