@@ -129,6 +129,7 @@ fn limit_rates(prev: Option<&(u64, u64, u64)>, cur: &LimitReport, dt_ms: u64) ->
         requests: cur.requests,
         period_ms: cur.period_ms,
         available: cur.available,
+        in_flight: cur.in_flight,
     }
 }
 
@@ -334,6 +335,7 @@ mod tests {
                     requests: 30_000,
                     period_ms: 60_000,
                     available: Some(available),
+                    in_flight: None,
                 },
             );
             r

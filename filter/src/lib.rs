@@ -34,6 +34,8 @@ mod keyed_limits_tests;
 #[cfg(test)]
 mod queue_limits_tests;
 #[cfg(test)]
+mod slot_limits_tests;
+#[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests;

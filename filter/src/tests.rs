@@ -363,7 +363,8 @@ const EVERYTHING: &str = r#"{"version": 1, "policies": [
      "limits": [{"name": "units-per-key", "key": {"header": "x-api-key", "max_keys": 2},
                  "rate": {"requests": 4, "period": "10ms"}, "cost": {"header": "x-cost", "max": 3}},
                 {"name": "fleet", "scope": "global", "rate": {"requests": 10, "period": "1s"}},
-                {"name": "daily", "rate": {"requests": 40, "period": "1d", "algorithm": "fixed_window"}}]},
+                {"name": "daily", "rate": {"requests": 40, "period": "1d", "algorithm": "fixed_window"}},
+                {"name": "in-flight", "concurrency": {"max_in_flight": 2, "lease_ttl": "1s"}}]},
     {"name": "b", "match": {"host": "*"}, "key": {"header": "x-api-key", "max_keys": 1, "overflow": "reject"},
      "rate": {"algorithm": "sliding_window", "requests": 3, "period": "100ms"}}]}"#;
 
@@ -424,6 +425,11 @@ proptest! {
         }
         prop_assert_eq!(w.in_flight(), 0);
         prop_assert_eq!(w.waiting(), 0);
+        // Every slot of the further concurrency limit came back.
+        let slots = host.shared_get("sluice/l/in-flight").0.map(|b| {
+            sluice_shared::limiter::LeaseTable::decode(&b).map(|t| t.in_flight())
+        });
+        prop_assert!(matches!(slots, None | Some(Ok(0))), "{:?}", slots);
     }
 }
 

@@ -177,6 +177,9 @@ pub struct LimitUse {
     pub period_ms: u64,
     /// Tokens it holds now (summed over instances).
     pub available: Option<u64>,
+    /// A concurrency limit (`period_ms` 0): calls in flight now (summed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u64>,
 }
 
 impl LimitUse {
@@ -191,6 +194,15 @@ impl LimitUse {
             (None, t) | (t, None) => t,
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
         };
+        self.in_flight = match (self.in_flight, other.in_flight) {
+            (None, n) | (n, None) => n,
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        };
+    }
+
+    /// A concurrency limit: it has no period.
+    pub fn is_concurrency(&self) -> bool {
+        self.period_ms == 0
     }
 
     /// Tokens used over one of the limit's periods at the current pace.

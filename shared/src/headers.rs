@@ -77,7 +77,15 @@ pub fn ratelimit_policy_value(policy: &Policy) -> String {
         ));
     }
     for limit in &policy.limits {
-        items.push(rate_item(&limit.name, &limit.rate));
+        if let Some(rate) = &limit.rate {
+            items.push(rate_item(&limit.name, rate));
+        }
+        if let Some(conc) = &limit.concurrency {
+            items.push(format!(
+                "\"{}\";q={};qu=\"concurrent-requests\"",
+                limit.name, conc.max_in_flight
+            ));
+        }
     }
     items.join(", ")
 }

@@ -6,7 +6,9 @@ use std::borrow::Cow;
 
 use crate::key_hash::KeySecret;
 use crate::limiter::{ConcurrencyLimit, RateLimiter};
-use crate::policy::{CostSpec, KeyOverflow, Mode, Policy, PolicySet, Priority};
+use crate::policy::{
+    CostSpec, KeyOverflow, Mode, NamedLimit, Policy, PolicySet, Priority, RateSpec,
+};
 use crate::usage::{CompiledUsage, UsagePath};
 use crate::validate::{parse_policy_set, ValidationErrors};
 
@@ -110,8 +112,11 @@ pub struct CompiledPolicy {
     priority_header: Option<String>,
     pub rate: Option<RateLimiter>,
     pub concurrency: Option<ConcurrencyLimit>,
-    /// The policy's further limits, in order.
+    /// The policy's further rate limits, in order.
     pub limits: Vec<CompiledLimit>,
+    /// The policy's further concurrency limits, in order: taken after the
+    /// rate limits, all or nothing with them.
+    pub slot_limits: Vec<CompiledSlotLimit>,
     /// A global policy whose share allows nothing now: every request is
     /// refused without touching a bucket.
     pub fleet_closed: bool,
@@ -139,6 +144,13 @@ pub struct CompiledLimit {
     /// allows nothing (before the first).
     pub global: bool,
     pub closed: bool,
+}
+
+/// One of a policy's further concurrency limits, ready to count.
+#[derive(Debug, Clone)]
+pub struct CompiledSlotLimit {
+    pub name: String,
+    pub limit: ConcurrencyLimit,
 }
 
 /// Which bucket of a policy a request uses.
@@ -183,9 +195,10 @@ impl CompiledPolicy {
             limits: policy
                 .limits
                 .iter()
-                .map(|l| CompiledLimit {
+                .filter_map(|l| l.rate.as_ref().map(|rate| (l, rate)))
+                .map(|(l, rate)| CompiledLimit {
                     name: l.name.clone(),
-                    rate: RateLimiter::from_spec(&l.rate),
+                    rate: RateLimiter::from_spec(rate),
                     cost: l.cost.clone(),
                     cost_header: cost_header_of(&l.cost),
                     cost_json: match &l.cost {
@@ -198,6 +211,16 @@ impl CompiledPolicy {
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
                     global: l.scope == crate::policy::Scope::Global,
                     closed: false,
+                })
+                .collect(),
+            slot_limits: policy
+                .limits
+                .iter()
+                .filter_map(|l| {
+                    l.concurrency.as_ref().map(|c| CompiledSlotLimit {
+                        name: l.name.clone(),
+                        limit: ConcurrencyLimit::from_spec(c),
+                    })
                 })
                 .collect(),
             priority_header: policy
@@ -231,14 +254,25 @@ impl CompiledPolicy {
     /// Applies this instance's share of further limit `index` (a global
     /// one) to its rate.
     pub fn apply_limit_share(&mut self, index: usize, share: crate::fleet::Amount) {
-        let (Some(spec), Some(limit)) = (self.policy.limits.get(index), self.limits.get_mut(index))
-        else {
+        let Some((spec, rate_spec)) = self.rate_limit_specs().nth(index) else {
             return;
         };
         let full = crate::fleet::Amount::of_limit(spec);
-        let (rate, closed) = crate::fleet::rate_for_share(&spec.rate, full.rate, share.rate);
+        let (rate, closed) = crate::fleet::rate_for_share(rate_spec, full.rate, share.rate);
+        let Some(limit) = self.limits.get_mut(index) else {
+            return;
+        };
         limit.rate = rate;
         limit.closed = closed;
+    }
+
+    /// The further rate limits as written, with their rates: in the order
+    /// of [`Self::limits`].
+    pub fn rate_limit_specs(&self) -> impl Iterator<Item = (&NamedLimit, &RateSpec)> {
+        self.policy
+            .limits
+            .iter()
+            .filter_map(|l| l.rate.as_ref().map(|rate| (l, rate)))
     }
 
     /// The burst of this Envoy's share, for a global policy with a rate

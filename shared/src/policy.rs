@@ -88,7 +88,14 @@ pub struct NamedLimit {
     /// minute per API key), whatever the policy's own `key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<KeySpec>,
-    pub rate: RateSpec,
+    /// A rate limit: so many calls (or tokens) per period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
+    /// Or a concurrency limit: so many calls in flight at once, for every
+    /// policy naming it (Stripe's account-wide concurrency over
+    /// per-endpoint policies). One slot per call, held until it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencySpec>,
     /// Tokens one call takes from this limit (with `usage`: its estimate).
     #[serde(default, skip_serializing_if = "CostSpec::is_default")]
     pub cost: CostSpec,
@@ -116,7 +123,9 @@ impl NamedLimit {
 
     /// A keyed limit is not: the admin holds one record per limit.
     pub fn is_budget(&self) -> bool {
-        self.rate.period >= Self::BUDGET_MIN_PERIOD
+        self.rate
+            .as_ref()
+            .is_some_and(|r| r.period >= Self::BUDGET_MIN_PERIOD)
             && self.key.is_none()
             && self.scope == Scope::Instance
     }
@@ -298,7 +307,7 @@ impl Default for CostSpec {
 }
 
 impl CostSpec {
-    fn is_default(&self) -> bool {
+    pub fn is_default(&self) -> bool {
         *self == CostSpec::Fixed(1)
     }
 

@@ -127,9 +127,13 @@ pub struct LimitReport {
     /// The limit's size: `requests` per `period_ms`.
     pub requests: u64,
     pub period_ms: u64,
-    /// Tokens it holds now.
+    /// Tokens it holds now (a concurrency limit: slots free now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available: Option<u64>,
+    /// A concurrency limit (`period_ms` 0, `requests` its `max_in_flight`):
+    /// the calls holding one of its slots now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u64>,
 }
 
 /// A share an Envoy holds, as it describes it (ids are in `grants`).

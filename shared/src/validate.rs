@@ -296,6 +296,7 @@ fn check_shared_limits(policies: &[(usize, Policy)], errors: &mut Vec<FieldError
             };
             found.extend(
                 differs("rate", &|l| l.rate == limit.rate)
+                    .or_else(|| differs("concurrency", &|l| l.concurrency == limit.concurrency))
                     .or_else(|| differs("key", &|l| l.key == limit.key))
                     .or_else(|| differs("scope", &|l| l.scope == limit.scope)),
             );
@@ -450,27 +451,17 @@ fn check_limits(r: &mut Report, policy: &Policy) {
         if let Some(key) = &limit.key {
             check_key(&mut lr, key);
         }
-        check_rate(&mut lr, &limit.rate);
-        if limit.scope == Scope::Global {
-            if limit.key.is_some() {
-                lr.at(
-                    "key",
-                    "a `scope: global` limit cannot be per key: its shares are per Envoy",
-                );
-            }
-            if limit.rate.algorithm != Algorithm::TokenBucket {
-                lr.at(
-                    "rate.algorithm",
-                    "a `scope: global` limit needs `token_bucket`: windows cannot be split into shares",
-                );
-            }
-            if limit.rate.warmup.is_some() {
-                lr.at("rate.warmup", "not supported with `scope: global`");
-            }
-        }
-        check_cost(&mut lr, &limit.cost, Some(&limit.rate));
-        if let Some(usage) = &limit.usage {
-            check_usage(&mut lr, usage);
+        match (&limit.rate, &limit.concurrency) {
+            (Some(rate), None) => check_rate_limit(&mut lr, limit, rate),
+            (None, Some(conc)) => check_slot_limit(&mut lr, limit, conc),
+            (Some(_), Some(_)) => lr.at(
+                "concurrency",
+                "a limit is a `rate` or a `concurrency`, not both: make them two limits",
+            ),
+            (None, None) => lr.at(
+                "rate",
+                "missing field: a limit needs `rate` or `concurrency`",
+            ),
         }
         if let Some(first) = seen.insert(&limit.name, index) {
             lr.at(
@@ -481,6 +472,74 @@ fn check_limits(r: &mut Report, policy: &Policy) {
                 ),
             );
         }
+    }
+}
+
+/// A further rate limit: its rate, its cost, and what `scope: global`
+/// can split into shares.
+fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateSpec) {
+    check_rate(lr, rate);
+    if limit.scope == Scope::Global {
+        if limit.key.is_some() {
+            lr.at(
+                "key",
+                "a `scope: global` limit cannot be per key: its shares are per Envoy",
+            );
+        }
+        if rate.algorithm != Algorithm::TokenBucket {
+            lr.at(
+                "rate.algorithm",
+                "a `scope: global` limit needs `token_bucket`: windows cannot be split into shares",
+            );
+        }
+        if rate.warmup.is_some() {
+            lr.at("rate.warmup", "not supported with `scope: global`");
+        }
+    }
+    check_cost(lr, &limit.cost, Some(rate));
+    if let Some(usage) = &limit.usage {
+        check_usage(lr, usage);
+    }
+}
+
+/// A further concurrency limit: one slot per call, for every policy
+/// naming it, on this Envoy. What it would mean per key, per fleet or with
+/// a cost is refused here rather than enforced as something else.
+fn check_slot_limit(lr: &mut Report, limit: &NamedLimit, conc: &ConcurrencySpec) {
+    if conc.reserved_for_high > 0 {
+        lr.at(
+            "concurrency.reserved_for_high",
+            "the priority lane is the policy's own `concurrency`'s; a concurrency limit in `limits` has none",
+        );
+    }
+    let without_lane = ConcurrencySpec {
+        reserved_for_high: 0,
+        ..conc.clone()
+    };
+    check_concurrency(lr, &without_lane, false);
+    if limit.key.is_some() {
+        lr.at(
+            "key",
+            "a concurrency limit in `limits` is for every call of the policies naming it; for calls in flight per key use the policy's own `concurrency` with its `key`",
+        );
+    }
+    if limit.scope == Scope::Global {
+        lr.at(
+            "scope",
+            "a concurrency limit in `limits` is per Envoy; for calls in flight across the fleet use a `scope: global` policy's own `concurrency`",
+        );
+    }
+    if !CostSpec::is_default(&limit.cost) {
+        lr.at(
+            "cost",
+            "a concurrency limit takes one slot per call: no `cost`",
+        );
+    }
+    if limit.usage.is_some() {
+        lr.at(
+            "usage",
+            "a concurrency limit takes one slot per call: no `usage`",
+        );
     }
 }
 

@@ -420,3 +420,69 @@ fn a_global_further_limit_is_a_token_bucket_for_every_key() {
         "a global limit is leased, not held"
     );
 }
+
+#[test]
+fn a_further_limit_is_a_rate_or_a_concurrency_limit_for_every_call() {
+    let errors = errors_of(&set_with(
+        r#"{"name": "pay", "match": {"host": "api.pay.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "both", "rate": {"requests": 5, "period": "1s"}, "concurrency": {"max_in_flight": 3}},
+                       {"name": "neither"},
+                       {"name": "per-key", "key": {"header": "x-key"}, "concurrency": {"max_in_flight": 3}},
+                       {"name": "fleet", "scope": "global", "concurrency": {"max_in_flight": 3}},
+                       {"name": "costly", "cost": 2, "usage": {"header": "x-used"}, "concurrency": {"max_in_flight": 3}},
+                       {"name": "zero", "concurrency": {"max_in_flight": 0, "lease_ttl": "10ms"}},
+                       {"name": "lane", "concurrency": {"max_in_flight": 3, "reserved_for_high": 1}}]}"#,
+    ));
+    assert_eq!(
+        errors,
+        vec![
+            "policies[0].limits[0].concurrency: a limit is a `rate` or a `concurrency`, not both: make them two limits",
+            "policies[0].limits[1].rate: missing field: a limit needs `rate` or `concurrency`",
+            "policies[0].limits[2].key: a concurrency limit in `limits` is for every call of the policies naming it; for calls in flight per key use the policy's own `concurrency` with its `key`",
+            "policies[0].limits[3].scope: a concurrency limit in `limits` is per Envoy; for calls in flight across the fleet use a `scope: global` policy's own `concurrency`",
+            "policies[0].limits[4].cost: a concurrency limit takes one slot per call: no `cost`",
+            "policies[0].limits[4].usage: a concurrency limit takes one slot per call: no `usage`",
+            "policies[0].limits[5].concurrency.max_in_flight: must be >= 1",
+            "policies[0].limits[5].concurrency.lease_ttl: must be at least 1s",
+            "policies[0].limits[6].concurrency.reserved_for_high: the priority lane is the policy's own `concurrency`'s; a concurrency limit in `limits` has none",
+        ]
+    );
+    // Named in two policies, it is one limit: one size.
+    let two = |a: &str, b: &str| {
+        errors_of(&format!(
+            r#"{{"version": 1, "policies": [
+            {{"name": "charges", "match": {{"host": "api.pay.example", "path_prefix": "/v1/charges"}},
+             "rate": {{"requests": 25, "period": "1s"}}, "limits": [{{"name": "account", {a}}}]}},
+            {{"name": "refunds", "match": {{"host": "api.pay.example", "path_prefix": "/v1/refunds"}},
+             "rate": {{"requests": 25, "period": "1s"}}, "limits": [{{"name": "account", {b}}}]}}]}}"#
+        ))
+    };
+    assert_eq!(
+        two(r#""concurrency": {"max_in_flight": 20}"#, r#""concurrency": {"max_in_flight": 25}"#),
+        [
+            "policies[0].limits[0].concurrency: limit \"account\" is also in policies[1] with another concurrency; a limit named in several policies is one limit",
+            "policies[1].limits[0].concurrency: limit \"account\" is also in policies[0] with another concurrency; a limit named in several policies is one limit",
+        ]
+    );
+    // One name, one kind: their state is one entry in shared data.
+    assert_eq!(
+        two(r#""concurrency": {"max_in_flight": 20}"#, r#""rate": {"requests": 20, "period": "1s"}"#),
+        [
+            "policies[0].limits[0].rate: limit \"account\" is also in policies[1] with another rate; a limit named in several policies is one limit",
+            "policies[1].limits[0].rate: limit \"account\" is also in policies[0] with another rate; a limit named in several policies is one limit",
+        ]
+    );
+    let set = parse_policy_set(
+        r#"{"version": 1, "policies": [
+            {"name": "charges", "match": {"host": "api.pay.example", "path_prefix": "/v1/charges"},
+             "rate": {"requests": 25, "period": "1s"},
+             "limits": [{"name": "account", "rate": {"requests": 100, "period": "1s"}},
+                        {"name": "account-in-flight", "concurrency": {"max_in_flight": 20}}]},
+            {"name": "refunds", "match": {"host": "api.pay.example", "path_prefix": "/v1/refunds"},
+             "rate": {"requests": 25, "period": "1s"},
+             "limits": [{"name": "account", "rate": {"requests": 100, "period": "1s"}},
+                        {"name": "account-in-flight", "concurrency": {"max_in_flight": 20}}]}]}"#,
+    )
+    .expect("Stripe's limits: per endpoint, for the account, and in flight");
+    assert!(!set.policies[0].limits[1].is_budget());
+}

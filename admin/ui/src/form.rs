@@ -187,6 +187,29 @@ pub fn add_limit(policy: &mut Value) {
     }
 }
 
+/// Sets `sub` (`/rate/requests`, `/concurrency/max_in_flight`, ...) of
+/// the policy's `index`th further limit. A limit is a rate or a
+/// concurrency limit: a value given to one drops the other.
+pub fn set_limit_field(policy: &mut Value, index: usize, sub: &str, new: Option<Value>) {
+    let other = if sub.starts_with("/concurrency/") {
+        Some("rate")
+    } else if sub.starts_with("/rate/") {
+        Some("concurrency")
+    } else {
+        None
+    };
+    if let (Some(other), true) = (other, new.is_some()) {
+        if let Some(limit) = policy
+            .get_mut("limits")
+            .and_then(|l| l.get_mut(index))
+            .and_then(Value::as_object_mut)
+        {
+            limit.remove(other);
+        }
+    }
+    set(policy, &format!("/limits/{index}{sub}"), new);
+}
+
 /// Removes the policy's `index`th further limit (and `limits` once empty).
 pub fn remove_limit(policy: &mut Value, index: usize) {
     let Some(map) = policy.as_object_mut() else {
@@ -261,6 +284,29 @@ mod tests {
         p.as_object_mut().unwrap().remove("key");
         assert_eq!(summary_concurrency(&policy(p.clone())), "4 in flight");
         assert_eq!(rate_per_second(&policy(p)), Some(2.0));
+    }
+
+    #[test]
+    fn a_further_limit_is_a_rate_or_a_concurrency_limit() {
+        let mut p = json!({"name": "api", "limits": [{"name": "a", "rate": {"requests": 1, "period": "1m"}}]});
+        set_limit_field(&mut p, 0, "/concurrency/max_in_flight", Some(json!(20)));
+        assert_eq!(
+            p["limits"][0],
+            json!({"name": "a", "concurrency": {"max_in_flight": 20}})
+        );
+        // Clearing a field drops nothing else.
+        set_limit_field(&mut p, 0, "/rate/burst", None);
+        assert_eq!(p["limits"][0]["concurrency"]["max_in_flight"], 20);
+        set_limit_field(&mut p, 0, "/rate/requests", Some(json!(5)));
+        assert_eq!(
+            p["limits"][0],
+            json!({"name": "a", "rate": {"requests": 5}})
+        );
+        set_limit_field(&mut p, 0, "/name", Some(json!("b")));
+        assert_eq!(p["limits"][0]["rate"]["requests"], 5);
+        // A limit that is not there is not made.
+        set_limit_field(&mut p, 4, "/concurrency/max_in_flight", Some(json!(1)));
+        assert_eq!(p["limits"].as_array().map(Vec::len), Some(1));
     }
 
     #[test]

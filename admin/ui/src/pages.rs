@@ -376,6 +376,16 @@ const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
     ),
     ("Burst", "/rate/burst", Kind::Number),
     (
+        "Or calls in flight at once (a concurrency limit instead of a rate)",
+        "/concurrency/max_in_flight",
+        Kind::Number,
+    ),
+    (
+        "Concurrency: a slot not given back returns after (default 5m)",
+        "/concurrency/lease_ttl",
+        Kind::Duration,
+    ),
+    (
         "Per key: request header (e.g. authorization)",
         "/key/header",
         Kind::Text,
@@ -621,7 +631,7 @@ fn Editor(name: Option<String>) -> impl IntoView {
                     .map(|(label, sub, kind)| {
                         let pointer = format!("/limits/{index}{sub}");
                         let id = field_id(&pointer);
-                        let (shown, changed) = (pointer.clone(), pointer.clone());
+                        let shown = pointer.clone();
                         view! {
                             <label class="field">
                                 <span>{label}</span>
@@ -629,7 +639,7 @@ fn Editor(name: Option<String>) -> impl IntoView {
                                     prop:value=move || form::text_of(&policy.get(), &shown)
                                     on:change=move |ev| {
                                         let text = event_target_value(&ev);
-                                        policy.update(|p| form::set(p, &changed, form::parse_input(kind, &text)));
+                                        policy.update(|p| form::set_limit_field(p, index, sub, form::parse_input(kind, &text)));
                                         validate();
                                     }/>
                                 <span class="field-error" id=format!("{id}-error")>{error_for(pointer)}</span>
@@ -834,15 +844,20 @@ fn LimitsNow() -> impl IntoView {
             <section id="live-limits">
                 <h2>"Further limits"</h2>
                 <table class="limits-now">
-                    <thead><tr><th>"Limit"</th><th>"Used per period at this pace"</th><th>"Of"</th><th>"Left now"</th><th>"Admitted/s"</th><th>"Refused/s"</th></tr></thead>
+                    <thead><tr><th>"Limit"</th><th>"Used per period at this pace (in flight now)"</th><th>"Of"</th><th>"Left now"</th><th>"Admitted/s"</th><th>"Refused/s"</th></tr></thead>
                     <tbody>
                         <For each=limits key=|(n, u)| (n.clone(), format!("{u:?}")) children=|(name, u)| {
-                            let size = format!("{} per {}", u.requests, DurationMs::from_millis(u.period_ms));
-                            let share = if u.requests > 0 { format!(" ({:.0} %)", u.used_per_period() * 100.0 / u.requests as f64) } else { String::new() };
+                            // A concurrency limit: calls in flight now against its size.
+                            let (used, size) = if u.is_concurrency() {
+                                (u.in_flight.unwrap_or(0) as f64, format!("{} in flight", u.requests))
+                            } else {
+                                (u.used_per_period(), format!("{} per {}", u.requests, DurationMs::from_millis(u.period_ms)))
+                            };
+                            let share = if u.requests > 0 { format!(" ({:.0} %)", used * 100.0 / u.requests as f64) } else { String::new() };
                             view! {
                                 <tr class="live-limit" data-limit=name.clone()>
                                     <td>{name.clone()}</td>
-                                    <td class="used-per-period">{format!("{:.0}{share}", u.used_per_period())}</td>
+                                    <td class="used-per-period">{format!("{used:.0}{share}")}</td>
                                     <td class="limit-size">{size}</td>
                                     <td class="left-now">{u.available.map(|a| a.to_string()).unwrap_or_else(|| "—".into())}</td>
                                     <td class="limit-admitted-now">{format!("{:.1}", u.admitted_per_s)}</td>

@@ -18,8 +18,9 @@ use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
-use super::limits::{self, LimitPlace, Taken};
+use super::limits::{self, Held, Taken};
 use super::placement::{self, Placed};
+use super::slots;
 use crate::host::{Host, Level};
 use crate::metrics::{LimitStat, Metrics, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches};
@@ -100,7 +101,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         policy: &CompiledPolicy,
         class: &Classification,
         (limit_costs, limit_keys): (&[u64], &[Option<u64>]),
-    ) -> (Decision, Option<Vec<LimitPlace>>) {
+    ) -> (Decision, Option<Held>) {
         let queue_wait = queue_wait(policy);
         let taken = limits::take(
             self.host,
@@ -108,17 +109,17 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             self.metrics,
             self.budgets,
             policy,
-            limit_costs,
-            limit_keys,
+            (limit_costs, limit_keys),
+            self.holder,
             self.now,
         );
-        let (must_wait, places) = match taken {
-            Taken::All { places } => (false, places),
+        let (must_wait, held) = match taken {
+            Taken::All { places, slots } => (false, Held { places, slots }),
             Taken::Refused { limit, retry_after }
                 if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) =>
             {
                 self.metrics.add_limit(&limit, LimitStat::Queued, 1);
-                (true, Vec::new())
+                (true, Held::default())
             }
             Taken::Refused { limit, retry_after } => {
                 self.metrics.add_limit(&limit, LimitStat::Refused, 1);
@@ -154,13 +155,14 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 self.host,
                 self.store,
                 policy,
-                (limit_costs, &places),
+                (limit_costs, &held.places),
                 self.now,
                 self.now,
             );
+            slots::release(self.host, self.store, self.holder, &held.slots);
         }
-        let held = (holds_limits && !policy.limits.is_empty()).then_some(places);
-        (decision, held)
+        let holds_any = !policy.limits.is_empty() || !policy.slot_limits.is_empty();
+        (decision, (holds_limits && holds_any).then_some(held))
     }
 
     fn decide_in_bucket(

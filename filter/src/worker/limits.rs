@@ -11,6 +11,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::admission::DEFAULT_RETRY;
 use super::budgets::Budgets;
+use super::slots::{self, HeldSlot, SlotsTaken, SLOT_RETRY};
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
 use crate::store::Store;
@@ -52,11 +53,23 @@ impl LimitPlace {
     }
 }
 
+/// What an admitted call holds of its policy's further limits, to settle
+/// its cost (`places`) and give back its slots when it ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Held {
+    pub places: Vec<LimitPlace>,
+    pub slots: Vec<HeldSlot>,
+}
+
 /// What the further limits said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Taken {
-    /// The policy has none, or every one took its cost: where, per limit.
-    All { places: Vec<LimitPlace> },
+    /// The policy has none, or every one took its cost: where, per rate
+    /// limit, and a slot in each concurrency limit.
+    All {
+        places: Vec<LimitPlace>,
+        slots: Vec<HeldSlot>,
+    },
     /// `limit` refused first; nothing was kept from the others.
     Refused { limit: String, retry_after: Span },
     /// `limit` is a budget this Envoy does not know the spending of yet
@@ -121,8 +134,9 @@ fn update_at<H: Host + ?Sized>(
     })
 }
 
-/// Takes `costs[i]` from each of `policy`'s further limits (for a keyed
-/// one, from the place of the call's key `keys[i]`), all or none.
+/// Takes `costs[i]` from each of `policy`'s further rate limits (for a
+/// keyed one, from the place of the call's key `keys[i]`), then a slot of
+/// `holder`'s in each concurrency limit: all or none.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn take<H: Host + ?Sized>(
     host: &H,
@@ -130,18 +144,44 @@ pub(super) fn take<H: Host + ?Sized>(
     metrics: &mut Metrics,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
-    costs: &[u64],
-    keys: &[Option<u64>],
+    (costs, keys): (&[u64], &[Option<u64>]),
+    holder: u64,
     now: Instant,
 ) -> Taken {
+    let places = match take_rates(host, store, metrics, budgets, policy, (costs, keys), now) {
+        Ok(places) => places,
+        Err(refused) => return refused,
+    };
+    match slots::take(host, store, policy, holder, now) {
+        SlotsTaken::All(slots) => Taken::All { places, slots },
+        SlotsTaken::Refused { limit } => {
+            give_back(host, store, policy, (costs, &places), now, now);
+            Taken::Refused {
+                limit,
+                retry_after: SLOT_RETRY,
+            }
+        }
+    }
+}
+
+/// The rate limits' part of [`take`]: where each holds the call's tokens.
+fn take_rates<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    metrics: &mut Metrics,
+    budgets: &mut Budgets,
+    policy: &CompiledPolicy,
+    (costs, keys): (&[u64], &[Option<u64>]),
+    now: Instant,
+) -> Result<Vec<LimitPlace>, Taken> {
     if policy.limits.is_empty() {
-        return Taken::All { places: Vec::new() };
+        return Ok(Vec::new());
     }
     if let Some(limit) = policy.limits.iter().find(|l| !budgets.is_known(host, l)) {
         metrics.add_limit(&limit.name, LimitStat::BudgetUnknown, 1);
-        return Taken::Unknown {
+        return Err(Taken::Unknown {
             limit: limit.name.clone(),
-        };
+        });
     }
     let mut places: Vec<Option<LimitPlace>> = vec![None; policy.limits.len()];
     let mut take = StackedTake::new(costs.to_vec(), now);
@@ -171,18 +211,16 @@ pub(super) fn take<H: Host + ?Sized>(
                 .limits
                 .get(limit)
                 .map_or_else(String::new, |l| l.name.clone());
-            Taken::Refused {
+            Err(Taken::Refused {
                 limit: name,
                 retry_after,
-            }
+            })
         }
-        _ => Taken::All {
-            places: places
-                .into_iter()
-                .zip(&policy.limits)
-                .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
-                .collect(),
-        },
+        _ => Ok(places
+            .into_iter()
+            .zip(&policy.limits)
+            .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
+            .collect()),
     }
 }
 
@@ -270,6 +308,9 @@ fn step<H: Host + ?Sized>(
 
 /// Counts a call every further limit let through and that went.
 pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, costs: &[u64]) {
+    for slot_limit in &policy.slot_limits {
+        metrics.add_limit(&slot_limit.name, LimitStat::Admitted, 1);
+    }
     for (limit, cost) in policy.limits.iter().zip(costs) {
         metrics.add_limit(&limit.name, LimitStat::Admitted, 1);
         if limit.usage.is_some() {

@@ -24,6 +24,7 @@ mod limits;
 mod placement;
 mod queue;
 mod shares;
+mod slots;
 mod streams;
 mod sync_client;
 mod usage;
@@ -243,12 +244,21 @@ impl Worker {
         let limit_costs = policy.limit_costs(req, body);
         let limit_keys = policy.limit_keys(req, &self.key_secret);
         let (decision, held) = admitter.decide(policy, &class, (&limit_costs, &limit_keys));
-        if let Some(places) = held.filter(|_| policy.reads_usage()) {
-            self.usages
-                .expect(context_id, policy, (&limit_costs, &places), now);
-        }
+        let slots = match held {
+            Some(held) => {
+                if policy.reads_usage() {
+                    self.usages
+                        .expect(context_id, policy, (&limit_costs, &held.places), now);
+                }
+                held.slots
+            }
+            None => Vec::new(),
+        };
         match decision {
-            Decision::Pass => Verdict::Continue,
+            Decision::Pass => {
+                self.streams.hold_slots(context_id, policy, slots, now);
+                Verdict::Continue
+            }
             Decision::Refuse(reply) => Verdict::Reply(reply),
             Decision::Admit {
                 bucket,
@@ -259,6 +269,7 @@ impl Worker {
                 let slot = streams::Slot { bucket, lease };
                 self.streams
                     .admitted(&mut self.metrics, context_id, policy, slot, key, now);
+                self.streams.hold_slots(context_id, policy, slots, now);
                 if prefetched_slots {
                     // Spare slots must go back soon after their prefetch lapses.
                     self.set_tick(host, self.tick.min(PREFETCH_TICK));

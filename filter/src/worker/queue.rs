@@ -85,7 +85,7 @@ pub(super) fn serve<H: Host + ?Sized>(
             holder,
             times: (previous_poll, now),
         };
-        if policy.limits.is_empty() {
+        if policy.limits.is_empty() && policy.slot_limits.is_empty() {
             poll.all_turns(host, parts, &mut actions);
         } else {
             poll.head_turns_with_limits(host, parts, (index, policy), &mut actions, served);
@@ -190,11 +190,11 @@ impl Poll<'_> {
                 parts.metrics,
                 parts.budgets,
                 policy,
-                &costs,
-                &keys,
+                (&costs, &keys),
+                self.holder,
                 now,
             );
-            let Taken::All { places } = taken else {
+            let Taken::All { places, slots } = taken else {
                 // The head waits for its further limits (or its deadline).
                 return;
             };
@@ -209,6 +209,7 @@ impl Poll<'_> {
                 (Some(left), lease) if left == ticket => {
                     limits::count_admitted(parts.metrics, policy, &costs);
                     parts.streams.turn_came(parts.metrics, ctx, lease, now);
+                    parts.streams.hold_slots(ctx, policy, slots, now);
                     served.with_limits.push((ctx, index, costs, places));
                     actions.push(StreamAction::Resume(ctx));
                 }
@@ -216,6 +217,7 @@ impl Poll<'_> {
                     // Another worker changed the queue in between: the
                     // limits get their tokens back; the next tick polls again.
                     limits::give_back(host, parts.store, policy, (&costs, &places), now, now);
+                    super::slots::release(host, parts.store, self.holder, &slots);
                     return;
                 }
             }

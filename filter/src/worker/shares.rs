@@ -82,7 +82,7 @@ impl FleetShares {
                     changes.push((i, None, p.name().to_string(), share));
                 }
             }
-            for (at, spec) in p.policy.limits.iter().enumerate() {
+            for (at, (spec, _)) in p.rate_limit_specs().enumerate() {
                 if spec.scope != Scope::Global {
                     continue;
                 }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::time::{Instant, Span};
 
+use super::slots::HeldSlot;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
@@ -54,6 +55,20 @@ pub(super) struct Stream {
     /// for each, taken when its turn comes (empty otherwise).
     pub limit_costs: Vec<u64>,
     pub limit_keys: Vec<Option<u64>>,
+    /// Slots it holds in its policy's further concurrency limits.
+    pub named_slots: Vec<HeldSlot>,
+}
+
+impl Stream {
+    /// The longest it may hold its slots: the shortest lease TTL among
+    /// them (None: it holds none).
+    fn slot_ttl(&self) -> Option<Span> {
+        self.named_slots
+            .iter()
+            .map(|s| s.ttl)
+            .chain(self.lease_ttl)
+            .min()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -178,8 +193,42 @@ impl Streams {
             lease_ttl: policy.concurrency.map(|c| c.lease_ttl),
             limit_costs: Vec::new(),
             limit_keys: Vec::new(),
+            named_slots: Vec::new(),
         };
         self.streams.insert(context_id, stream);
+    }
+
+    /// An admitted stream holds `slots` of its policy's further
+    /// concurrency limits until it ends (tracked even when the policy has
+    /// no concurrency of its own).
+    pub fn hold_slots(
+        &mut self,
+        context_id: u32,
+        policy: &CompiledPolicy,
+        slots: Vec<HeldSlot>,
+        now: Instant,
+    ) {
+        if slots.is_empty() {
+            return;
+        }
+        if !self.streams.contains_key(&context_id) {
+            let unused = (usize::MAX, sluice_shared::matcher::BucketKey::Policy);
+            self.track(
+                context_id,
+                policy,
+                String::new(),
+                unused,
+                StreamState::Holding,
+                now,
+            );
+            if let Some(stream) = self.streams.get_mut(&context_id) {
+                // No slot of the policy's own: only the named ones.
+                stream.lease_ttl = None;
+            }
+        }
+        if let Some(stream) = self.streams.get_mut(&context_id) {
+            stream.named_slots = slots;
+        }
     }
 
     /// A waiting stream's turn came: it goes upstream now, holding a slot
@@ -197,10 +246,13 @@ impl Streams {
         metrics.add(&stream.policy, PolicyStat::Admitted, 1);
         if stream.lease_ttl.is_some() {
             metrics.add(&stream.policy, PolicyStat::InFlight, 1);
-            stream.state = StreamState::Holding;
-            stream.lease = lease;
-            stream.since = now;
-        } else {
+        }
+        // Kept while it holds a slot: its policy's, or (from
+        // [`Self::hold_slots`]) a further limit's.
+        stream.state = StreamState::Holding;
+        stream.lease = lease;
+        stream.since = now;
+        if stream.lease_ttl.is_none() {
             self.streams.remove(&context_id);
         }
     }
@@ -221,6 +273,11 @@ impl Streams {
         };
         match stream.state {
             StreamState::Holding => {
+                super::slots::release(host, store, holder, &stream.named_slots);
+                if stream.lease_ttl.is_none() {
+                    // It held only further limits' slots.
+                    return;
+                }
                 metrics.add(&stream.policy, PolicyStat::InFlight, -1);
                 if prefetches.return_slot(stream.prefetch, stream.lease, || host.now()) {
                     // Kept for this worker's next request while the prefetch lives.
@@ -263,7 +320,7 @@ impl Streams {
             .iter()
             .filter(|(_, s)| {
                 s.state == StreamState::Holding
-                    && s.lease_ttl.is_some_and(|ttl| now - s.since > ttl)
+                    && s.slot_ttl().is_some_and(|ttl| now - s.since > ttl)
             })
             .map(|(c, s)| (*c, s.policy.clone()))
             .collect();
@@ -282,16 +339,22 @@ impl Streams {
         holder: u64,
         now: Instant,
     ) {
-        let mut buckets: BTreeMap<&str, Span> = BTreeMap::new();
+        // Bucket names and further limits' keys (`sluice/l/...`) differ.
+        let mut buckets: BTreeMap<&str, (Span, bool)> = BTreeMap::new();
         for s in self.streams.values() {
-            if let (StreamState::Holding, Some(ttl)) = (s.state, s.lease_ttl) {
-                let shortest = buckets.entry(&s.bucket).or_insert(ttl);
-                *shortest = (*shortest).min(ttl);
+            if s.state != StreamState::Holding {
+                continue;
+            }
+            let named = s.named_slots.iter().map(|n| (n.key.as_str(), n.ttl, true));
+            let own = s.lease_ttl.map(|ttl| (s.bucket.as_str(), ttl, false));
+            for (key, ttl, is_named) in own.into_iter().chain(named) {
+                let shortest = buckets.entry(key).or_insert((ttl, is_named));
+                shortest.0 = shortest.0.min(ttl);
             }
         }
         self.renewed_at
             .retain(|b, _| buckets.contains_key(b.as_str()));
-        for (bucket, ttl) in buckets {
+        for (bucket, (ttl, is_named)) in buckets {
             let last = self
                 .renewed_at
                 .get(bucket)
@@ -300,10 +363,16 @@ impl Streams {
             if now - last < ttl.div(4) {
                 continue;
             }
-            let renewed = store.update_bucket(host, bucket, |s| {
-                let r = s.renew(holder, now, ttl);
-                (r, r)
-            });
+            let renewed = if is_named {
+                super::slots::renew(host, store, bucket, holder, (now, ttl))
+            } else {
+                store
+                    .update_bucket(host, bucket, |s| {
+                        let r = s.renew(holder, now, ttl);
+                        (r, r)
+                    })
+                    .map(|_| ())
+            };
             // On failure (counted by the store) the next tick tries again.
             if renewed.is_ok() {
                 self.renewed_at.insert(bucket.to_string(), now);

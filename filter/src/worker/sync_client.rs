@@ -14,6 +14,7 @@ use sluice_shared::PolicySet;
 use super::budgets::Budgets;
 use super::limits;
 use super::placement::{bucket_key, Place};
+use super::slots;
 use crate::fleet;
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
@@ -286,7 +287,7 @@ fn limit_reports<H: Host + ?Sized>(
     let counters = report::read_limit_report(host);
     let mut out = BTreeMap::new();
     for p in &policies.policies {
-        for (spec, limit) in p.policy.limits.iter().zip(&p.limits) {
+        for ((_, rate), limit) in p.rate_limit_specs().zip(&p.limits) {
             if out.contains_key(&limit.name) {
                 continue;
             }
@@ -308,9 +309,30 @@ fn limit_reports<H: Host + ?Sized>(
                     admitted: counted.admitted,
                     refused: counted.refused,
                     tokens: counted.tokens,
-                    requests: spec.rate.requests,
-                    period_ms: spec.rate.period.as_millis(),
+                    requests: rate.requests,
+                    period_ms: rate.period.as_millis(),
                     available,
+                    in_flight: None,
+                },
+            );
+        }
+        for limit in &p.slot_limits {
+            if out.contains_key(&limit.name) {
+                continue;
+            }
+            let counted = counters.get(&limit.name).copied().unwrap_or_default();
+            let in_flight = u64::from(slots::in_flight(host, &limit.name, now));
+            let size = u64::from(limit.limit.max_in_flight);
+            out.insert(
+                limit.name.clone(),
+                LimitReport {
+                    admitted: counted.admitted,
+                    refused: counted.refused,
+                    tokens: counted.admitted,
+                    requests: size,
+                    period_ms: 0,
+                    available: Some(size.saturating_sub(in_flight)),
+                    in_flight: Some(in_flight),
                 },
             );
         }

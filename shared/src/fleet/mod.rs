@@ -59,7 +59,7 @@ impl Amount {
     /// A global further limit's: its rate, no calls in flight.
     pub fn of_limit(limit: &crate::policy::NamedLimit) -> Amount {
         Amount {
-            rate: Self::per_second(&limit.rate),
+            rate: limit.rate.as_ref().map_or(0.0, Self::per_second),
             in_flight: 0,
         }
     }

@@ -1,0 +1,145 @@
+//! A policy's further concurrency limits (`limits` with `concurrency`):
+//! one shared-data entry per limit name, as for a further rate limit, so
+//! every policy naming it (Stripe's account-wide calls in flight over
+//! per-endpoint policies) counts against the one limit. The entry is a
+//! lease table, as a policy's own concurrency keeps in its bucket: one
+//! lease per worker, renewed while it holds slots, reclaimed when it dies.
+//!
+//! A call takes a slot in each once every rate limit took it, all or
+//! nothing, and gives them back exactly once when its stream ends.
+
+use sluice_shared::limiter::{ConcurrencyLimit, Decision, LeaseTable};
+use sluice_shared::matcher::CompiledPolicy;
+use sluice_shared::policy::Priority;
+use sluice_shared::time::{Instant, Span};
+
+use super::limits::limit_key;
+use crate::host::Host;
+use crate::store::{Store, StoreError};
+
+/// Retry-After of a call a concurrency limit refused: no schedule says
+/// when a slot frees (rounded up to a second in the header). In queue mode
+/// the call waits for one, within `max_wait`.
+pub(super) const SLOT_RETRY: Span = Span::from_millis(1);
+
+/// One slot a call holds: where, which of this worker's leases there, and
+/// how long that lease lives unrenewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldSlot {
+    pub key: String,
+    pub lease: Instant,
+    pub ttl: Span,
+}
+
+/// What the concurrency limits said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum SlotsTaken {
+    /// A slot in each (none if the policy has none).
+    All(Vec<HeldSlot>),
+    /// `limit` had no room (or could not be read): nothing was kept.
+    Refused { limit: String },
+}
+
+/// A lease table; bytes that are none (a rate limit's state before an
+/// edit, or garbage) start it empty: the limit errs toward its callers
+/// only for as long as the slots so lost would have been held.
+fn table_of(bytes: Option<&[u8]>) -> LeaseTable {
+    bytes
+        .and_then(|b| LeaseTable::decode(b).ok())
+        .unwrap_or_default()
+}
+
+/// Takes one slot in each of `policy`'s concurrency limits for `holder`,
+/// all or none.
+pub(super) fn take<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    policy: &CompiledPolicy,
+    holder: u64,
+    now: Instant,
+) -> SlotsTaken {
+    let mut held = Vec::with_capacity(policy.slot_limits.len());
+    for slot_limit in &policy.slot_limits {
+        match take_one(
+            host,
+            store,
+            &slot_limit.name,
+            &slot_limit.limit,
+            holder,
+            now,
+        ) {
+            Ok(Some(slot)) => held.push(slot),
+            // No room, or the store counted and logged a failure: a limit
+            // that cannot be checked refuses rather than let the call go.
+            Ok(None) | Err(_) => {
+                release(host, store, holder, &held);
+                return SlotsTaken::Refused {
+                    limit: slot_limit.name.clone(),
+                };
+            }
+        }
+    }
+    SlotsTaken::All(held)
+}
+
+fn take_one<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    name: &str,
+    limit: &ConcurrencyLimit,
+    holder: u64,
+    now: Instant,
+) -> Result<Option<HeldSlot>, StoreError> {
+    let key = limit_key(name);
+    let lease = store.update(host, &key, |bytes| {
+        let mut table = table_of(bytes);
+        match table.acquire(limit, holder, now, Priority::Normal) {
+            Decision::Admit { .. } => (table.lease_of(holder), Some(table.encode())),
+            Decision::Deny { .. } => (None, None),
+        }
+    })?;
+    Ok(lease.map(|lease| HeldSlot {
+        key,
+        lease,
+        ttl: limit.lease_ttl,
+    }))
+}
+
+/// Gives `slots` back. A failure is counted and logged by the store; the
+/// worker's lease then expires and gives the slot back.
+pub(super) fn release<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    holder: u64,
+    slots: &[HeldSlot],
+) {
+    for slot in slots {
+        let _ = store.update(host, &slot.key, |bytes| {
+            let mut table = table_of(bytes);
+            let released = table.release(holder, slot.lease);
+            ((), released.then(|| table.encode()))
+        });
+    }
+}
+
+/// Keeps `holder`'s lease at `key` alive for `ttl` more.
+pub(super) fn renew<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    key: &str,
+    holder: u64,
+    (now, ttl): (Instant, Span),
+) -> Result<(), StoreError> {
+    store.update(host, key, |bytes| {
+        let mut table = table_of(bytes);
+        let renewed = table.renew(holder, now, ttl);
+        ((), renewed.then(|| table.encode()))
+    })
+}
+
+/// Calls holding a slot of limit `name` now, on every worker.
+pub fn in_flight<H: Host + ?Sized>(host: &H, name: &str, now: Instant) -> u32 {
+    let mut table = table_of(host.shared_get(&limit_key(name)).0.as_deref());
+    table.reclaim_expired(now);
+    table.in_flight()
+}
