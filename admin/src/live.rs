@@ -353,6 +353,34 @@ mod tests {
     }
 
     #[test]
+    fn a_concurrency_limits_calls_in_flight_are_summed_over_envoys() {
+        let live = Live::default();
+        let with_slots = |instance: &str, at_ms: u64, in_flight: u64| {
+            let mut r = report(at_ms, 0, 0);
+            r.instance = instance.into();
+            r.limits.insert(
+                "account-in-flight".into(),
+                LimitReport {
+                    admitted: 10,
+                    refused: 0,
+                    tokens: 10,
+                    requests: 20,
+                    period_ms: 0,
+                    available: Some(20 - in_flight),
+                    in_flight: Some(in_flight),
+                },
+            );
+            r
+        };
+        live.ingest(&with_slots("e1", 5_000, 6), 1);
+        live.ingest(&with_slots("e2", 5_000, 9), 2);
+        let slots = live.frame(3).limits["account-in-flight"];
+        assert!(slots.is_concurrency());
+        assert_eq!(slots.in_flight, Some(15));
+        assert_eq!(slots.requests, 20);
+    }
+
+    #[test]
     fn a_restarted_envoy_does_not_give_negative_rates() {
         let live = Live::default();
         live.ingest(&report(10_000, 1000, 0), 1);

@@ -304,3 +304,187 @@ async fn queued_calls_wait_for_every_limit_and_leave_holding_all_of_them() -> an
     assert_eq!(refused, 0.0);
     Ok(())
 }
+
+/// What one call of the account test came to: its status and the limit
+/// that refused it ("-" if none said).
+async fn pay_call(http: &reqwest::Client, url: &str, delay_ms: u64) -> (u16, String) {
+    let sent = http
+        .post(url)
+        .header("host", "api.pay.example")
+        .header("x-mock-delay-ms", delay_ms.to_string())
+        .send()
+        .await;
+    let Ok(response) = sent else {
+        return (0, "-".into());
+    };
+    let limit = response
+        .headers()
+        .get("x-sluice-limit")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_string();
+    let status = response.status().as_u16();
+    let _ = response.bytes().await;
+    (status, limit)
+}
+
+/// Stripe's shape: per-endpoint policies (charges, refunds) over one
+/// account that allows 8 calls in flight in all and a number per minute.
+/// 40 clients on both endpoints for 5 s: the provider never sees more than
+/// 8 in flight and refuses nothing; the thousands of calls refused for a
+/// slot take nothing from the account's minute. Then calls whose clients
+/// hang up mid-call give their slots back: 8 long calls fit again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_wide_concurrency_limit_holds_over_per_endpoint_policies() -> anyhow::Result<()>
+{
+    const IN_FLIGHT: u64 = 8;
+    const PER_MINUTE: u64 = 2_000;
+    let provider = MockLimits {
+        max_per_second: 0,
+        max_in_flight: IN_FLIGHT,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, provider).await?;
+    let limits = format!(
+        r#"[{{"name": "account-minute", "rate": {{"requests": {PER_MINUTE}, "period": "1m", "algorithm": "fixed_window"}}}},
+            {{"name": "account-in-flight", "concurrency": {{"max_in_flight": {IN_FLIGHT}, "lease_ttl": "10s"}}}}]"#
+    );
+    let config = format!(
+        r#"{{"instance": "e2e-stacked-slots", "fallback": {{"version": 1, "policies": [
+        {{"name": "charges", "match": {{"host": "api.pay.example", "path_prefix": "/v1/charges"}},
+         "rate": {{"requests": 1000, "period": "1s"}}, "limits": {limits}}},
+        {{"name": "refunds", "match": {{"host": "api.pay.example", "path_prefix": "/v1/refunds"}},
+         "rate": {{"requests": 1000, "period": "1s"}}, "limits": {limits}}}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+    mock.reset();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let tasks: Vec<_> = (0..40u64)
+        .map(|client| {
+            let path = if client % 2 == 0 {
+                "/v1/charges"
+            } else {
+                "/v1/refunds"
+            };
+            let url = envoy.url(path);
+            tokio::spawn(async move {
+                let http = load::client();
+                let mut out = Vec::new();
+                let mut n = 0u64;
+                while std::time::Instant::now() < deadline {
+                    let delay = 20 + (client * 37 + n * 101) % 120;
+                    let answer = pay_call(&http, &url, delay).await;
+                    if answer.0 == 429 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    out.push(answer);
+                    n += 1;
+                }
+                out
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.extend(t.await?);
+    }
+    settle().await;
+    let ok = outcomes.iter().filter(|(s, _)| *s == 200).count();
+    let by = |limit: &str| {
+        outcomes
+            .iter()
+            .filter(|(s, l)| *s == 429 && l == limit)
+            .count()
+    };
+    let other = outcomes
+        .iter()
+        .filter(|(s, l)| *s != 200 && !(*s == 429 && l == "account-in-flight"))
+        .count();
+    let stat = |s: &str| envoy.limit_stat("account-in-flight", s).unwrap_or(-1.0);
+    println!(
+        "account in flight: {} calls, {ok} × 200, {} × 429 naming account-in-flight, {} naming account-minute, {other} other; \
+         the provider saw at most {} in flight (limit {IN_FLIGHT}) and refused {}; stats: admitted {}, refused {}; \
+         account-minute admitted {}",
+        outcomes.len(),
+        by("account-in-flight"),
+        by("account-minute"),
+        mock.max_in_flight(),
+        mock.rejected_by_mock(),
+        stat("admitted"),
+        stat("refused"),
+        envoy.limit_stat("account-minute", "admitted")?,
+    );
+    assert_eq!(mock.rejected_by_mock(), 0, "the provider refused calls");
+    assert!(mock.max_in_flight() <= IN_FLIGHT);
+    assert!(
+        mock.max_in_flight() >= IN_FLIGHT - 2,
+        "the limit was used: {}",
+        mock.max_in_flight()
+    );
+    assert_eq!(other, 0, "every call passed or waited for a slot");
+    assert!(
+        by("account-in-flight") > 100,
+        "the slots were the binding limit"
+    );
+    assert!(
+        (ok as u64) < PER_MINUTE,
+        "the test must leave the minute unspent to see a leak"
+    );
+    assert_eq!(
+        by("account-minute"),
+        0,
+        "refusals for a slot took nothing from the minute"
+    );
+    assert_eq!(stat("admitted"), ok as f64);
+    assert_eq!(stat("refused"), by("account-in-flight") as f64);
+    assert_eq!(mock.arrivals().len(), ok);
+
+    // Clients that hang up mid-call: Envoy ends their streams, and their
+    // slots come back.
+    let url = envoy.url("/v1/charges");
+    let hang_ups: Vec<_> = (0..IN_FLIGHT)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let http = reqwest::Client::builder()
+                    .timeout(Duration::from_millis(300))
+                    .build()
+                    .expect("a client");
+                pay_call(&http, &url, 3_000).await
+            })
+        })
+        .collect();
+    let mut abandoned = Vec::new();
+    for t in hang_ups {
+        abandoned.push(t.await?);
+    }
+    assert!(
+        abandoned.iter().all(|(s, _)| *s == 0),
+        "every client hung up: {abandoned:?}"
+    );
+    // The provider finishes its side of the abandoned calls in its own time.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    mock.reset();
+    let url = envoy.url("/v1/refunds");
+    let long: Vec<_> = (0..IN_FLIGHT)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { pay_call(&load::client(), &url, 1_000).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let one_more = pay_call(&load::client(), &envoy.url("/v1/charges"), 10).await;
+    let mut long_answers = Vec::new();
+    for t in long {
+        long_answers.push(t.await?);
+    }
+    println!(
+        "account in flight after {IN_FLIGHT} hang-ups: {IN_FLIGHT} long calls {:?}; one more while they run: {one_more:?}",
+        long_answers.iter().map(|(s, _)| *s).collect::<Vec<_>>()
+    );
+    assert!(
+        long_answers.iter().all(|(s, _)| *s == 200),
+        "{long_answers:?}"
+    );
+    assert_eq!(one_more, (429, "account-in-flight".to_string()));
+    Ok(())
+}
