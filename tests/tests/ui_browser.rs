@@ -510,6 +510,24 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
         .await?;
     let stored = op.get("/api/v1/policies/llm").await?;
     assert!(stored["policy"].get("limits").is_none(), "{stored}");
+    // A concurrency limit: calls in flight instead of a rate.
+    browser.click("#add-limit").await?;
+    browser.fill("#field-limits-0-name", "in-flight").await?;
+    browser
+        .fill("#field-limits-0-concurrency-max_in_flight", "20")
+        .await?;
+    browser.click("#save").await?;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.contains("version 3")
+        })
+        .await?;
+    let stored = op.get("/api/v1/policies/llm").await?;
+    let limit = &stored["policy"]["limits"][0];
+    println!("ui: saved concurrency limit {limit}");
+    assert_eq!(limit["name"], "in-flight");
+    assert_eq!(limit["concurrency"]["max_in_flight"], 20);
+    assert!(limit.get("rate").is_none(), "{limit}");
     browser.close().await;
     admin.stop().await;
     Ok(())
@@ -529,7 +547,8 @@ async fn the_live_view_shows_a_token_limits_use_against_its_size() -> anyhow::Re
         "rate": {"requests": 1000, "period": "1s"},
         "limits": [{"name": "tokens", "rate": {"requests": 30000, "period": "1m", "burst": 3000},
                     "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 2000},
-                    "usage": {"json": ["usage.total_tokens"]}}]}))
+                    "usage": {"json": ["usage.total_tokens"]}},
+                   {"name": "in-flight", "concurrency": {"max_in_flight": 4}}]}))
         .await?;
     let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
     let config =
@@ -572,6 +591,10 @@ async fn the_live_view_shows_a_token_limits_use_against_its_size() -> anyhow::Re
     let used = browser.text(&format!("{row} .used-per-period")).await?;
     let size = browser.text(&format!("{row} .limit-size")).await?;
     let left = browser.text(&format!("{row} .left-now")).await?;
+    let slots = ".live-limit[data-limit='in-flight']";
+    let slots_size = browser.text(&format!("{slots} .limit-size")).await?;
+    let slots_used = browser.text(&format!("{slots} .used-per-period")).await?;
+    let slots_left = browser.text(&format!("{slots} .left-now")).await?;
     let _ = load.await;
     let charged = envoy.limit_stat("tokens", "tokens")?;
     println!(
@@ -579,7 +602,18 @@ async fn the_live_view_shows_a_token_limits_use_against_its_size() -> anyhow::Re
          Envoy charged {charged} tokens in {run:?} ({:.0} per minute on average)",
         charged / run.as_secs_f64() * 60.0
     );
+    println!("ui: live view, limit in-flight: {slots_used} of {slots_size}, {slots_left} free now");
     assert_eq!(size, "30000 per 1m");
+    assert_eq!(slots_size, "4 in flight");
+    let in_flight = slots_used
+        .split(' ')
+        .next()
+        .and_then(|v| v.parse::<u64>().ok());
+    let free = slots_left.parse::<u64>().ok();
+    assert!(
+        matches!((in_flight, free), (Some(n), Some(f)) if n + f == 4),
+        "in flight {slots_used:?}, free {slots_left:?}"
+    );
     let per_minute: f64 = used
         .split(' ')
         .next()
