@@ -18,11 +18,13 @@ const TOKENS: u64 = 6000;
 /// Added to `max_tokens` for the prompt: the mock's prompts are shorter.
 const PLUS: u64 = 60;
 const MAX_ESTIMATE: u64 = 2000;
-/// The room a policy leaves the provider's window: the most one call of
-/// these tests can use (`max_tokens` at most 499, plus its prompt). A call
-/// Sluice admits in a window's last milliseconds reaches the provider
-/// after its window turned and counts in the next one (a CI run saw it).
-const HEADROOM: u64 = 499 + PLUS;
+/// The room a policy leaves the provider's window, 5 %: a call Sluice
+/// admits in a window's last milliseconds reaches the provider after its
+/// window turned and counts in the next one (a CI run saw a window go
+/// over). With what the policy's window leaves unused, it covers one such
+/// call of these tests (at most 499 tokens and its prompt) nearly always,
+/// and keeps the provider's use above 90 %.
+const HEADROOM: u64 = TOKENS / 20;
 /// The policy's tokens per 2 s window.
 const POLICY_TOKENS: u64 = TOKENS - HEADROOM;
 
@@ -215,8 +217,8 @@ async fn provider_held_and_used(stream: bool) -> anyhow::Result<()> {
     assert_eq!(failed, 0);
     assert!(used.len() >= 3, "windows: {used:?}");
     assert!(
-        least as f64 >= 0.9 * POLICY_TOKENS as f64,
-        "a window used only {least} of the policy's {POLICY_TOKENS}: {used:?}"
+        least as f64 >= 0.9 * TOKENS as f64,
+        "a window used only {least} of the provider's {TOKENS}: {used:?}"
     );
     assert_eq!(
         charged as u64, usage,
@@ -382,8 +384,7 @@ async fn tokens_per_key_and_for_the_company_hold_together() -> anyhow::Result<()
     assert_eq!(failed, 0);
     assert!(full.len() >= 3, "windows: {full:?}");
     assert!(
-        full.iter()
-            .all(|t| *t as f64 >= 0.9 * company_policy as f64),
+        full.iter().all(|t| *t as f64 >= 0.9 * COMPANY as f64),
         "the company's tokens mostly used: {full:?}"
     );
     assert_eq!(per_key_charged as u64, usage);
