@@ -268,3 +268,102 @@ fn shadow_mode_counts_a_full_limit_and_lets_the_call_go() {
     assert_eq!(answer(&call(&host, &mut w, 3, "/v1/refunds")), Ok(()));
     assert_eq!(host.metric("sluice.policy.charges.shadow_limited"), 1);
 }
+
+mod across_workers {
+    use proptest::prelude::*;
+    use sluice_shared::limiter::{LeaseTable, RateState};
+    use sluice_shared::matcher::CompiledPolicySet;
+
+    use super::*;
+    use crate::host::Host;
+
+    const SET: &str = r#"{"version": 1, "policies": [
+        {"name": "charges", "match": {"host": "api.pay.example"}, "rate": {"requests": 1000, "period": "1s"},
+         "limits": [{"name": "minute", "rate": {"requests": 40, "period": "1m", "algorithm": "fixed_window"}},
+                    {"name": "slots", "concurrency": {"max_in_flight": 3, "lease_ttl": "30s"}},
+                    {"name": "fewer-slots", "concurrency": {"max_in_flight": 2, "lease_ttl": "30s"}}]}]}"#;
+
+    fn in_flight(host: &FakeHost, limit: &str) -> u32 {
+        host.shared_get(&format!("sluice/l/{limit}"))
+            .0
+            .and_then(|b| LeaseTable::decode(&b).ok())
+            .map_or(0, |t| t.in_flight())
+    }
+
+    fn minute_count(host: &FakeHost) -> u64 {
+        let set = CompiledPolicySet::from_json(SET).unwrap_or_else(|e| panic!("{e}"));
+        let minute = &set.policies[0].limits[0].rate;
+        match host
+            .shared_get("sluice/l/minute")
+            .0
+            .and_then(|b| minute.decode_state(&b).ok())
+        {
+            Some(RateState::FixedWindow(s)) => s.count,
+            _ => 0,
+        }
+    }
+
+    proptest! {
+        /// Four workers' calls and ends in any order, with compare-and-swap
+        /// conflicts: the slots held in each limit are exactly the calls
+        /// open, never more than the smaller limit, and the minute counts
+        /// exactly the calls that went (a call refused for a slot kept
+        /// nothing of the minute, nor of the other limit's slots).
+        #[test]
+        fn slots_are_never_lost_or_double_counted(
+            steps in prop::collection::vec((0usize..4, 0u8..4, 0u64..30, any::<bool>()), 1..150),
+        ) {
+            let host = FakeHost::at(T0);
+            let mut workers: Vec<Worker> = (0..4).map(|_| worker(&host, SET)).collect();
+            let mut open: Vec<Vec<u32>> = vec![Vec::new(); 4];
+            let mut went = 0u64;
+            for (ctx, (wi, action, ms, conflict)) in steps.into_iter().enumerate() {
+                let ctx = ctx as u32;
+                let w = &mut workers[wi];
+                // Another worker writes just before this step's first
+                // write: that compare-and-swap fails once and is retried.
+                if conflict {
+                    *host.before_next_set.borrow_mut() = Some(Box::new(|map, counter| {
+                        for (_, cas) in map.values_mut() {
+                            *cas = *counter;
+                            *counter += 1;
+                        }
+                    }));
+                }
+                match action {
+                    0 | 1 => match call(&host, w, ctx, "/v1/charges") {
+                        Verdict::Continue => {
+                            open[wi].push(ctx);
+                            went += 1;
+                        }
+                        Verdict::Reply(r) => prop_assert_eq!(r.status, 429),
+                        other => prop_assert!(false, "{:?}", other),
+                    },
+                    2 => {
+                        if let Some(c) = open[wi].pop() {
+                            w.on_stream_end(&host, c);
+                        }
+                    }
+                    _ => {
+                        host.advance_ms(ms);
+                        for w in &mut workers {
+                            let _ = w.on_tick(&host);
+                        }
+                    }
+                }
+                let holding: usize = open.iter().map(Vec::len).sum();
+                prop_assert_eq!(in_flight(&host, "slots") as usize, holding);
+                prop_assert_eq!(in_flight(&host, "fewer-slots") as usize, holding);
+                prop_assert!(holding <= 2);
+                prop_assert_eq!(minute_count(&host), went);
+            }
+            for (wi, ctxs) in open.into_iter().enumerate() {
+                for c in ctxs {
+                    workers[wi].on_stream_end(&host, c);
+                }
+            }
+            prop_assert_eq!(in_flight(&host, "slots"), 0);
+            prop_assert_eq!(in_flight(&host, "fewer-slots"), 0);
+        }
+    }
+}
