@@ -32,6 +32,8 @@ mod fleet_limits_tests;
 #[cfg(test)]
 mod keyed_limits_tests;
 #[cfg(test)]
+mod pause_tests;
+#[cfg(test)]
 mod queue_limits_tests;
 #[cfg(test)]
 mod slot_limits_tests;

@@ -89,10 +89,18 @@ pub enum LimitStat {
     /// Calls refused because this budget's spending before a restart is
     /// not known yet (the admin has not answered since).
     BudgetUnknown,
+    /// Answers the provider refused with a status in `pause_on`.
+    ProviderRefused,
+    /// Pauses this worker began on the provider's `Retry-After`.
+    Paused,
+    /// Of those, pauses cut to `max_pause` (the provider asked for more).
+    PauseCapped,
+    /// Provider signals that did not parse: ignored.
+    SignalMalformed,
 }
 
 impl LimitStat {
-    const ALL: [LimitStat; 9] = [
+    const ALL: [LimitStat; 13] = [
         LimitStat::Admitted,
         LimitStat::Refused,
         LimitStat::Queued,
@@ -102,6 +110,10 @@ impl LimitStat {
         LimitStat::UsageMalformed,
         LimitStat::UsageAborted,
         LimitStat::BudgetUnknown,
+        LimitStat::ProviderRefused,
+        LimitStat::Paused,
+        LimitStat::PauseCapped,
+        LimitStat::SignalMalformed,
     ];
 
     fn name(self) -> &'static str {
@@ -115,6 +127,10 @@ impl LimitStat {
             LimitStat::UsageMalformed => "usage_malformed",
             LimitStat::UsageAborted => "usage_aborted",
             LimitStat::BudgetUnknown => "budget_unknown",
+            LimitStat::ProviderRefused => "provider_refused",
+            LimitStat::Paused => "paused",
+            LimitStat::PauseCapped => "pause_capped",
+            LimitStat::SignalMalformed => "signal_malformed",
         }
     }
 

@@ -13,6 +13,7 @@ pub mod limiter;
 pub mod matcher;
 pub mod plugin;
 pub mod policy;
+pub mod provider;
 pub mod sync;
 pub mod time;
 pub mod usage;

@@ -144,6 +144,8 @@ pub struct CompiledLimit {
     /// allows nothing (before the first).
     pub global: bool,
     pub closed: bool,
+    /// What it takes from the provider's answers (`provider`).
+    pub provider: Option<crate::provider::CompiledProvider>,
 }
 
 /// One of a policy's further concurrency limits, ready to count.
@@ -211,6 +213,10 @@ impl CompiledPolicy {
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
                     global: l.scope == crate::policy::Scope::Global,
                     closed: false,
+                    provider: l
+                        .provider
+                        .as_ref()
+                        .map(crate::provider::CompiledProvider::new),
                 })
                 .collect(),
             slot_limits: policy

@@ -107,6 +107,50 @@ pub struct NamedLimit {
     /// policy's own limits, which may be per key and per Envoy.
     #[serde(default, skip_serializing_if = "Scope::is_instance")]
     pub scope: Scope,
+    /// Listen to the provider this limit mirrors: its `Retry-After` on a
+    /// refusal pauses the limit for every worker (and key, where keyed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderSpec>,
+}
+
+/// What a rate limit takes from the provider's answers (opt-in).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSpec {
+    /// Answers whose `Retry-After` (or OpenAI's `retry-after-ms`) pauses
+    /// the limit: every call it governs waits (queue) or is refused with
+    /// the time left (reject) until the provider said to come back.
+    #[serde(default = "ProviderSpec::default_pause_on")]
+    pub pause_on: Vec<u16>,
+    /// The longest a provider may pause the limit; a longer `Retry-After`
+    /// pauses this long (and is counted). Default 5 minutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pause: Option<DurationMs>,
+}
+
+impl ProviderSpec {
+    pub const DEFAULT_PAUSE_ON: [u16; 2] = [429, 503];
+    pub const DEFAULT_MAX_PAUSE: DurationMs = DurationMs::from_secs(300);
+    /// The most `max_pause` may be: a provider's hourly window.
+    pub const MAX_PAUSE_LIMIT: DurationMs = DurationMs::from_secs(24 * 3600);
+
+    fn default_pause_on() -> Vec<u16> {
+        Self::DEFAULT_PAUSE_ON.to_vec()
+    }
+
+    pub fn max_pause(&self) -> DurationMs {
+        self.max_pause.unwrap_or(Self::DEFAULT_MAX_PAUSE)
+    }
+}
+
+impl Default for ProviderSpec {
+    fn default() -> Self {
+        Self {
+            pause_on: Self::default_pause_on(),
+            max_pause: None,
+        }
+    }
 }
 
 impl NamedLimit {

@@ -48,6 +48,8 @@ pub mod bounds {
     pub const MAX_USAGE_PATHS: usize = 8;
     pub const MAX_JSON_PATH_LEN: usize = 256;
     pub const MAX_USAGE_BODY_BYTES: u32 = 16 * 1024 * 1024;
+    pub const MIN_MAX_PAUSE_MS: u64 = 1;
+    pub const MAX_PAUSE_ON: usize = 8;
 }
 
 const KNOWN_METHODS: &[&str] = &[
@@ -298,7 +300,8 @@ fn check_shared_limits(policies: &[(usize, Policy)], errors: &mut Vec<FieldError
                 differs("rate", &|l| l.rate == limit.rate)
                     .or_else(|| differs("concurrency", &|l| l.concurrency == limit.concurrency))
                     .or_else(|| differs("key", &|l| l.key == limit.key))
-                    .or_else(|| differs("scope", &|l| l.scope == limit.scope)),
+                    .or_else(|| differs("scope", &|l| l.scope == limit.scope))
+                    .or_else(|| differs("provider", &|l| l.provider == limit.provider)),
             );
         }
     }
@@ -500,6 +503,37 @@ fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateSpec) {
     if let Some(usage) = &limit.usage {
         check_usage(lr, usage);
     }
+    if let Some(provider) = &limit.provider {
+        check_provider(lr, provider);
+    }
+}
+
+fn check_provider(lr: &mut Report, provider: &ProviderSpec) {
+    if provider.pause_on.len() > bounds::MAX_PAUSE_ON {
+        lr.at(
+            "provider.pause_on",
+            format!("at most {} statuses", bounds::MAX_PAUSE_ON),
+        );
+    }
+    for (i, status) in provider.pause_on.iter().enumerate() {
+        if !(400..=599).contains(status) {
+            lr.at(
+                &format!("provider.pause_on[{i}]"),
+                "must be an error status (400 to 599): only a refusal pauses a limit",
+            );
+        }
+        if provider.pause_on[..i].contains(status) {
+            lr.at(&format!("provider.pause_on[{i}]"), "listed twice");
+        }
+    }
+    if let Some(max_pause) = provider.max_pause {
+        lr.range_ms(
+            "provider.max_pause",
+            max_pause,
+            bounds::MIN_MAX_PAUSE_MS,
+            ProviderSpec::MAX_PAUSE_LIMIT.as_millis(),
+        );
+    }
 }
 
 /// A further concurrency limit: one slot per call, for every policy
@@ -539,6 +573,12 @@ fn check_slot_limit(lr: &mut Report, limit: &NamedLimit, conc: &ConcurrencySpec)
         lr.at(
             "usage",
             "a concurrency limit takes one slot per call: no `usage`",
+        );
+    }
+    if limit.provider.is_some() {
+        lr.at(
+            "provider",
+            "a provider's pauses and counts are for rate limits: put `provider` on the rate limit it mirrors",
         );
     }
 }

@@ -486,3 +486,53 @@ fn a_further_limit_is_a_rate_or_a_concurrency_limit_for_every_call() {
     .expect("Stripe's limits: per endpoint, for the account, and in flight");
     assert!(!set.policies[0].limits[1].is_budget());
 }
+
+#[test]
+fn a_limit_listening_to_its_provider_is_checked_field_by_field() {
+    let errors = errors_of(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "ok", "rate": {"requests": 5, "period": "1s"}, "provider": {}},
+                       {"name": "statuses", "rate": {"requests": 5, "period": "1s"},
+                        "provider": {"pause_on": [200, 429, 429, 700]}},
+                       {"name": "long", "rate": {"requests": 5, "period": "1s"},
+                        "provider": {"max_pause": "2d"}},
+                       {"name": "zero", "rate": {"requests": 5, "period": "1s"},
+                        "provider": {"max_pause": 0}},
+                       {"name": "slots", "concurrency": {"max_in_flight": 3}, "provider": {}}]}"#,
+    ));
+    assert_eq!(
+        errors,
+        vec![
+            "policies[0].limits[1].provider.pause_on[0]: must be an error status (400 to 599): only a refusal pauses a limit",
+            "policies[0].limits[1].provider.pause_on[2]: listed twice",
+            "policies[0].limits[1].provider.pause_on[3]: must be an error status (400 to 599): only a refusal pauses a limit",
+            "policies[0].limits[2].provider.max_pause: must be at most 1d",
+            "policies[0].limits[3].provider.max_pause: must be at least 1ms",
+            "policies[0].limits[4].provider: a provider's pauses and counts are for rate limits: put `provider` on the rate limit it mirrors",
+        ]
+    );
+    let unknown = errors_of(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "x", "rate": {"requests": 5, "period": "1s"}, "provider": {"pause": "3s"}}]}"#,
+    ));
+    assert_eq!(unknown.len(), 1);
+    assert!(
+        unknown[0].starts_with("policies[0].limits[0].provider.pause"),
+        "{unknown:?}"
+    );
+    // Named in two policies, the limit listens the same way in both.
+    let two = errors_of(
+        r#"{"version": 1, "policies": [
+        {"name": "a", "match": {"host": "a.example"}, "rate": {"requests": 25, "period": "1s"},
+         "limits": [{"name": "shared", "rate": {"requests": 5, "period": "1s"}, "provider": {}}]},
+        {"name": "b", "match": {"host": "b.example"}, "rate": {"requests": 25, "period": "1s"},
+         "limits": [{"name": "shared", "rate": {"requests": 5, "period": "1s"}}]}]}"#,
+    );
+    assert_eq!(
+        two,
+        [
+            "policies[0].limits[0].provider: limit \"shared\" is also in policies[1] with another provider; a limit named in several policies is one limit",
+            "policies[1].limits[0].provider: limit \"shared\" is also in policies[0] with another provider; a limit named in several policies is one limit",
+        ]
+    );
+}

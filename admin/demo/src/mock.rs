@@ -3,7 +3,9 @@
 //! few milliseconds), can be slow on demand, and enforces limits of its own,
 //! answering 429 as a real provider would.
 //!
-//! Slow on demand: header `x-mock-delay-ms` or query `delay_ms`.
+//! Slow on demand: header `x-mock-delay-ms` or query `delay_ms`. A refusal
+//! on demand (as the provider's own, counted): header `x-mock-status` (an
+//! error status) with `x-mock-retry-after` sent back as `Retry-After`.
 //! `POST /v1/chat/completions` is an LLM-like provider ([`crate::llm`]).
 //! Counters: `GET /__mock/stats` (JSON), `POST /__mock/reset`.
 
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -200,7 +202,7 @@ async fn handle(
     Query(query): Query<DelayQuery>,
     headers: HeaderMap,
     _uri: Uri,
-) -> impl IntoResponse {
+) -> Response {
     let at = inner.start.lock().map(|s| s.elapsed()).unwrap_or_default();
     let now_in_flight = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     let _guard = InFlight(&inner);
@@ -230,6 +232,10 @@ async fn handle(
         }
         Err(_) => 0,
     };
+    if let Some(refusal) = refusal_on_demand(&headers) {
+        inner.rejected.fetch_add(1, Ordering::SeqCst);
+        return refusal;
+    }
     let over_rate = inner.limits.max_per_second > 0 && this_second > inner.limits.max_per_second;
     let over_flight = inner.limits.max_in_flight > 0 && now_in_flight > inner.limits.max_in_flight;
     if over_rate || over_flight {
@@ -237,7 +243,8 @@ async fn handle(
         return (
             StatusCode::TOO_MANY_REQUESTS,
             "mock: over the provider's limit\n",
-        );
+        )
+            .into_response();
     }
     let delay = header(&headers, "x-mock-delay-ms")
         .and_then(|d| d.parse().ok())
@@ -246,7 +253,23 @@ async fn handle(
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay.min(60_000))).await;
     }
-    (StatusCode::OK, "ok\n")
+    (StatusCode::OK, "ok\n").into_response()
+}
+
+/// The refusal a test asked for (`x-mock-status`, `x-mock-retry-after`).
+fn refusal_on_demand(headers: &HeaderMap) -> Option<Response> {
+    let status = header(headers, "x-mock-status")?
+        .parse::<u16>()
+        .ok()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .filter(|s| s.is_client_error() || s.is_server_error())?;
+    let mut response = (status, "mock: refused on demand\n").into_response();
+    if let Some(wait) = headers.get("x-mock-retry-after") {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, wait.clone());
+    }
+    Some(response)
 }
 
 async fn stats(State(inner): State<Arc<Inner>>) -> Json<MockStats> {

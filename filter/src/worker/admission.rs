@@ -115,17 +115,26 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         );
         let (must_wait, held) = match taken {
             Taken::All { places, slots } => (false, Held { places, slots }),
-            Taken::Refused { limit, retry_after }
-                if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) =>
-            {
+            Taken::Refused {
+                limit, retry_after, ..
+            } if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) => {
                 self.metrics.add_limit(&limit, LimitStat::Queued, 1);
                 (true, Held::default())
             }
-            Taken::Refused { limit, retry_after } => {
+            Taken::Refused {
+                limit,
+                retry_after,
+                paused,
+            } => {
                 self.metrics.add_limit(&limit, LimitStat::Refused, 1);
                 let decision = match self.refuse(policy, LimitKind::Rate, retry_after) {
                     Decision::Refuse(reply) => {
-                        Decision::Refuse(refused_by_limit(reply, policy, &limit, retry_after))
+                        let reply = refused_by_limit(reply, policy, &limit, retry_after);
+                        Decision::Refuse(if paused {
+                            provider_pause(reply, policy, &limit, retry_after)
+                        } else {
+                            reply
+                        })
                     }
                     other => other,
                 };
@@ -365,6 +374,28 @@ fn budget_unknown(reply: LocalReply, policy: &CompiledPolicy, limit: &str) -> Lo
         reply.body = format!(
             "refused by sluice policy {}: budget {limit} resumes once the admin says what it spent before this Envoy started\n",
             policy.name()
+        )
+        .into_bytes();
+    }
+    reply
+}
+
+/// The refusal while the provider's `Retry-After` pauses `limit`: the
+/// caller is told why and how long is left.
+fn provider_pause(
+    mut reply: LocalReply,
+    policy: &CompiledPolicy,
+    limit: &str,
+    retry_after: Span,
+) -> LocalReply {
+    reply
+        .headers
+        .push((REASON_HEADER, "provider-pause".to_string()));
+    if policy.policy.on_limit.body.is_none() {
+        reply.body = format!(
+            "refused by sluice policy {}: the provider asked to wait before calling again (limit {limit}, {} ms left)\n",
+            policy.name(),
+            retry_after.as_millis()
         )
         .into_bytes();
     }

@@ -11,6 +11,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::admission::DEFAULT_RETRY;
 use super::budgets::Budgets;
+use super::pauses;
 use super::slots::{self, HeldSlot, SlotsTaken, SLOT_RETRY};
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
@@ -70,8 +71,13 @@ pub(super) enum Taken {
         places: Vec<LimitPlace>,
         slots: Vec<HeldSlot>,
     },
-    /// `limit` refused first; nothing was kept from the others.
-    Refused { limit: String, retry_after: Span },
+    /// `limit` refused first (`paused`: the provider asked to wait);
+    /// nothing was kept from the others.
+    Refused {
+        limit: String,
+        retry_after: Span,
+        paused: bool,
+    },
     /// `limit` is a budget this Envoy does not know the spending of yet
     /// (just started; the admin has not answered): nothing was taken.
     Unknown { limit: String },
@@ -159,6 +165,7 @@ pub(super) fn take<H: Host + ?Sized>(
             Taken::Refused {
                 limit,
                 retry_after: SLOT_RETRY,
+                paused: false,
             }
         }
     }
@@ -182,6 +189,17 @@ fn take_rates<H: Host + ?Sized>(
         return Err(Taken::Unknown {
             limit: limit.name.clone(),
         });
+    }
+    for (index, limit) in policy.limits.iter().enumerate() {
+        let key = keys.get(index).copied().flatten();
+        if let Some(wait) = pauses::paused(host, limit, key, now) {
+            // Counted by the caller, as any refusal by this limit.
+            return Err(Taken::Refused {
+                limit: limit.name.clone(),
+                retry_after: wait,
+                paused: true,
+            });
+        }
     }
     let mut places: Vec<Option<LimitPlace>> = vec![None; policy.limits.len()];
     let mut take = StackedTake::new(costs.to_vec(), now);
@@ -214,6 +232,7 @@ fn take_rates<H: Host + ?Sized>(
             Err(Taken::Refused {
                 limit: name,
                 retry_after,
+                paused: false,
             })
         }
         _ => Ok(places

@@ -21,6 +21,7 @@
 mod admission;
 mod budgets;
 mod limits;
+mod pauses;
 mod placement;
 mod queue;
 mod shares;
@@ -84,6 +85,8 @@ pub struct Worker {
     streams: Streams,
     /// Admitted calls whose cost their response settles.
     usages: Usages,
+    /// Admitted calls whose answer may pause their limits.
+    listening: pauses::Listening,
     sync: SyncClient,
     shares: FleetShares,
     budgets: Budgets,
@@ -110,6 +113,7 @@ impl Worker {
             prefetches: Prefetches::default(),
             streams: Streams::default(),
             usages: Usages::default(),
+            listening: pauses::Listening::default(),
             sync: SyncClient::default(),
             shares: FleetShares::default(),
             budgets: Budgets::default(),
@@ -250,6 +254,8 @@ impl Worker {
                     self.usages
                         .expect(context_id, policy, (&limit_costs, &held.places), now);
                 }
+                self.listening
+                    .expect(context_id, (&policies, class.policy_index), &limit_keys);
                 held.slots
             }
             None => Vec::new(),
@@ -309,6 +315,7 @@ impl Worker {
     }
 
     fn stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        self.listening.forget(context_id);
         if self.usages.awaits(context_id) {
             let mut ledger = Ledger {
                 host,
@@ -328,9 +335,10 @@ impl Worker {
         );
     }
 
-    /// Whether the stream's response is read for what the call cost.
+    /// Whether the stream's response is read: for what the call cost, or
+    /// for what the provider says of its limit.
     pub fn reads_response(&self, context_id: u32) -> bool {
-        self.usages.awaits(context_id)
+        self.usages.awaits(context_id) || self.listening.awaits(context_id)
     }
 
     /// Calls whose response has not yet settled what they cost.
@@ -355,11 +363,18 @@ impl Worker {
             host,
             clock: &clock,
         };
+        let now = host.now();
+        self.listening.on_headers(
+            (host, &mut self.store, &mut self.metrics),
+            context_id,
+            headers,
+            now,
+        );
         let mut ledger = Ledger {
             host,
             store: &mut self.store,
             metrics: &mut self.metrics,
-            now: host.now(),
+            now,
         };
         self.usages
             .on_headers(&mut ledger, context_id, headers, end_of_stream)
@@ -425,12 +440,14 @@ impl Worker {
             (previous_poll, now),
             &mut served,
         );
-        for (context_id, policy_index, costs, places) in served.with_limits {
-            if let Some(policy) = policies.policies.get(policy_index) {
+        for left in served.with_limits {
+            if let Some(policy) = policies.policies.get(left.policy_index) {
                 if policy.reads_usage() {
                     self.usages
-                        .expect(context_id, policy, (&costs, &places), now);
+                        .expect(left.context_id, policy, (&left.costs, &left.places), now);
                 }
+                self.listening
+                    .expect(left.context_id, (&policies, left.policy_index), &left.keys);
             }
         }
         for spare in self.prefetches.prune(now) {

@@ -34,12 +34,18 @@ pub(super) struct Parts<'a> {
     pub budgets: &'a mut Budgets,
 }
 
-/// A call that left the queue holding its policy's further limits.
-pub(super) type LeftWithLimits = (u32, usize, Vec<u64>, Vec<LimitPlace>);
+/// A call that left the queue holding its policy's further limits: what
+/// it took where, for the worker to settle its usage and read its answer.
+#[derive(Debug)]
+pub(super) struct LeftWithLimits {
+    pub context_id: u32,
+    pub policy_index: usize,
+    pub costs: Vec<u64>,
+    pub keys: Vec<Option<u64>>,
+    pub places: Vec<LimitPlace>,
+}
 
-/// Calls that left the queue holding their policy's further limits:
-/// (stream, policy index, costs, places), for the worker to settle their
-/// usage.
+/// Calls that left the queue holding their policy's further limits.
 #[derive(Debug, Default)]
 pub(super) struct Served {
     pub with_limits: Vec<LeftWithLimits>,
@@ -210,7 +216,13 @@ impl Poll<'_> {
                     limits::count_admitted(parts.metrics, policy, &costs);
                     parts.streams.turn_came(parts.metrics, ctx, lease, now);
                     parts.streams.hold_slots(ctx, policy, slots, now);
-                    served.with_limits.push((ctx, index, costs, places));
+                    served.with_limits.push(LeftWithLimits {
+                        context_id: ctx,
+                        policy_index: index,
+                        costs,
+                        keys,
+                        places,
+                    });
                     actions.push(StreamAction::Resume(ctx));
                 }
                 _ => {

@@ -1,0 +1,256 @@
+//! The provider's `Retry-After` pauses a limit with `provider`: for every
+//! worker sharing the host's shared data, for its key where keyed, never
+//! longer than `max_pause`, and never from a value that does not parse.
+
+use crate::testing::FakeHost;
+use crate::tests::{pass, req, status, worker, T0};
+use crate::worker::{StreamAction, Verdict, Worker};
+
+/// 100 calls a second that the provider may pause, at most 10 s.
+const LISTENING: &str = r#"{"version": 1, "policies": [
+    {"name": "api", "match": {"host": "api.example"},
+     "rate": {"requests": 1000, "period": "1s"},
+     "limits": [{"name": "provider-rate", "rate": {"requests": 100, "period": "1s"},
+                 "provider": {"max_pause": "10s"}}]}]}"#;
+
+const HOST: &[u8] = b"api.example";
+
+fn call(host: &FakeHost, w: &mut Worker, id: u32) -> Verdict {
+    w.on_request(host, id, req(HOST, &[]).as_slice())
+}
+
+/// The provider answers call `id` with `status` and `extra` headers.
+fn answer(host: &FakeHost, w: &mut Worker, id: u32, status: &[u8], extra: &[(&str, &[u8])]) {
+    assert!(w.reads_response(id), "the answer of call {id} is read");
+    let mut headers: Vec<(&str, &[u8])> = vec![(":status", status)];
+    headers.extend_from_slice(extra);
+    w.on_response_headers(host, id, headers.as_slice(), true);
+    w.on_stream_end(host, id);
+}
+
+fn header<'a>(v: &'a Verdict, name: &str) -> Option<&'a str> {
+    match v {
+        Verdict::Reply(r) => r
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str()),
+        _ => None,
+    }
+}
+
+/// Time passes for two workers, each ticking as in Envoy.
+fn pass_both(host: &FakeHost, (a, b): (&mut Worker, &mut Worker), ms: u64) {
+    for _ in 0..ms / 100 {
+        pass(host, a, 100);
+        b.on_tick(host);
+    }
+}
+
+#[test]
+fn one_workers_429_with_retry_after_pauses_every_worker_for_that_long() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, LISTENING);
+    let mut b = worker(&host, LISTENING);
+    assert_eq!(call(&host, &mut a, 1), Verdict::Continue);
+    answer(&host, &mut a, 1, b"429", &[("retry-after", b"3")]);
+
+    let refused = call(&host, &mut b, 2);
+    assert_eq!(status(&refused), 429, "the other worker stops too");
+    assert_eq!(header(&refused, "x-sluice-limit"), Some("provider-rate"));
+    assert_eq!(header(&refused, "x-sluice-reason"), Some("provider-pause"));
+    assert_eq!(header(&refused, "retry-after"), Some("3"));
+
+    pass_both(&host, (&mut a, &mut b), 2_900);
+    let later = call(&host, &mut b, 3);
+    assert_eq!(header(&later, "retry-after"), Some("1"), "the time left");
+    pass_both(&host, (&mut a, &mut b), 100);
+    assert_eq!(call(&host, &mut b, 4), Verdict::Continue, "over after 3 s");
+    assert_eq!(call(&host, &mut a, 5), Verdict::Continue);
+
+    a.on_tick(&host);
+    b.on_tick(&host);
+    assert_eq!(
+        host.metric("sluice.limit.provider-rate.provider_refused"),
+        1
+    );
+    assert_eq!(host.metric("sluice.limit.provider-rate.paused"), 1);
+    assert_eq!(host.metric("sluice.limit.provider-rate.refused"), 2);
+    assert!(host.logs.borrow().iter().any(|l| l
+        .contains("limit provider-rate paused for 3000 ms")
+        && l.contains("answered 429")));
+}
+
+#[test]
+fn a_pause_takes_nothing_from_the_limits() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, LISTENING);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    answer(&host, &mut w, 1, b"503", &[("retry-after-ms", b"250")]);
+    for id in 2..500 {
+        assert_eq!(status(&call(&host, &mut w, id)), 429);
+    }
+    pass(&host, &mut w, 250);
+    // The 100 a second are all there: the refused calls took none.
+    let admitted = (1000..1200)
+        .filter(|&id| call(&host, &mut w, id) == Verdict::Continue)
+        .count();
+    assert_eq!(admitted, 100);
+}
+
+#[test]
+fn a_queued_call_waits_out_a_pause_within_max_wait_and_is_refused_past_it() {
+    let queued = LISTENING.replace(
+        r#""provider": {"max_pause": "10s"}}]"#,
+        r#""provider": {"max_pause": "10s"}}],
+         "on_limit": {"action": "queue", "max_wait": "2s"}"#,
+    );
+    // A pause longer than max_wait: refused at once, saying how long.
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &queued);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    answer(&host, &mut w, 1, b"429", &[("retry-after", b"3")]);
+    let refused = call(&host, &mut w, 2);
+    assert_eq!(header(&refused, "x-sluice-reason"), Some("provider-pause"));
+    assert_eq!(header(&refused, "retry-after"), Some("3"));
+
+    // Within max_wait: the call waits and goes when the pause ends.
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &queued);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    answer(&host, &mut w, 1, b"429", &[("retry-after", b"1")]);
+    assert!(matches!(call(&host, &mut w, 2), Verdict::Pause { .. }));
+    host.advance_ms(990);
+    assert!(w.on_tick(&host).is_empty(), "still paused");
+    host.advance_ms(20);
+    assert_eq!(w.on_tick(&host), vec![StreamAction::Resume(2)]);
+}
+
+#[test]
+fn a_keyed_limit_pauses_only_the_key_the_provider_refused() {
+    let keyed = LISTENING.replace(
+        r#""rate": {"requests": 100, "period": "1s"},"#,
+        r#""rate": {"requests": 100, "period": "1s"}, "key": {"header": "x-api-key", "max_keys": 4},"#,
+    );
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &keyed);
+    let with_key = |key: &'static [u8]| {
+        req(HOST, &[])
+            .into_iter()
+            .chain([("x-api-key", key)])
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        w.on_request(&host, 1, with_key(b"alice").as_slice()),
+        Verdict::Continue
+    );
+    answer(&host, &mut w, 1, b"429", &[("retry-after", b"5")]);
+    assert_eq!(
+        status(&w.on_request(&host, 2, with_key(b"alice").as_slice())),
+        429
+    );
+    for (id, key) in [(3, &b"bob"[..]), (4, b"carol"), (5, b"dave"), (6, b"erin")] {
+        assert_eq!(
+            w.on_request(&host, id, with_key(key).as_slice()),
+            Verdict::Continue,
+            "another key goes on"
+        );
+    }
+}
+
+#[test]
+fn bad_waits_are_counted_and_never_pause_past_the_cap() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, LISTENING);
+    let mut id = 1;
+    for bad in [&b"-3"[..], b"soon", b"1.5", b"\xff", &[b'7'; 200]] {
+        assert_eq!(call(&host, &mut w, id), Verdict::Continue);
+        answer(&host, &mut w, id, b"429", &[("retry-after", bad)]);
+        id += 1;
+        assert_eq!(call(&host, &mut w, id), Verdict::Continue, "{bad:?} paused");
+        w.on_stream_end(&host, id);
+        id += 1;
+    }
+    // Huge and far-future waits pause for max_pause (10 s), no longer.
+    for huge in [
+        &b"99999999999999999999999"[..],
+        b"Fri, 31 Dec 9999 23:59:59 GMT",
+    ] {
+        assert_eq!(call(&host, &mut w, id), Verdict::Continue);
+        answer(&host, &mut w, id, b"429", &[("retry-after", huge)]);
+        id += 1;
+        assert_eq!(status(&call(&host, &mut w, id)), 429);
+        id += 1;
+        pass(&host, &mut w, 10_000);
+        assert_eq!(
+            call(&host, &mut w, id),
+            Verdict::Continue,
+            "the cap ends it"
+        );
+        id += 1;
+    }
+    // A 200 asking to wait, and a 429 that does not say: no pause.
+    assert_eq!(call(&host, &mut w, id), Verdict::Continue);
+    answer(&host, &mut w, id, b"200", &[("retry-after", b"30")]);
+    assert_eq!(call(&host, &mut w, id + 1), Verdict::Continue);
+    answer(&host, &mut w, id + 1, b"429", &[]);
+    assert_eq!(call(&host, &mut w, id + 2), Verdict::Continue);
+    w.on_tick(&host);
+    assert_eq!(
+        host.metric("sluice.limit.provider-rate.signal_malformed"),
+        5
+    );
+    assert_eq!(host.metric("sluice.limit.provider-rate.pause_capped"), 2);
+    assert_eq!(host.metric("sluice.limit.provider-rate.paused"), 2);
+    assert_eq!(
+        host.metric("sluice.limit.provider-rate.provider_refused"),
+        8
+    );
+}
+
+#[test]
+fn a_broken_pause_entry_pauses_nothing_and_the_next_pause_replaces_it() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, LISTENING);
+    for garbage in [&b""[..], b"\x01garbage", &[0xffu8; 97]] {
+        host.shared
+            .borrow_mut()
+            .insert("sluice/p/provider-rate".into(), (garbage.to_vec(), 7));
+        assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+        w.on_stream_end(&host, 1);
+    }
+    assert_eq!(call(&host, &mut w, 2), Verdict::Continue);
+    answer(&host, &mut w, 2, b"429", &[("retry-after", b"2")]);
+    assert_eq!(status(&call(&host, &mut w, 3)), 429);
+}
+
+#[test]
+fn a_call_that_ends_before_its_answer_is_forgotten() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, LISTENING);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    assert!(w.reads_response(1));
+    w.on_stream_end(&host, 1);
+    assert!(!w.reads_response(1));
+    // A late answer for it changes nothing.
+    w.on_response_headers(
+        &host,
+        1,
+        [(":status", &b"429"[..]), ("retry-after", b"9")].as_slice(),
+        true,
+    );
+    assert_eq!(call(&host, &mut w, 2), Verdict::Continue);
+}
+
+#[test]
+fn limits_without_provider_read_no_answers() {
+    let host = FakeHost::at(T0);
+    let plain = LISTENING.replace(
+        r#",
+                 "provider": {"max_pause": "10s"}"#,
+        "",
+    );
+    let mut w = worker(&host, &plain);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    assert!(!w.reads_response(1));
+}
