@@ -32,7 +32,7 @@ mod fleet_limits_tests;
 #[cfg(test)]
 mod keyed_limits_tests;
 #[cfg(test)]
-mod pause_tests;
+mod provider_tests;
 #[cfg(test)]
 mod queue_limits_tests;
 #[cfg(test)]

@@ -97,10 +97,12 @@ pub enum LimitStat {
     PauseCapped,
     /// Provider signals that did not parse: ignored.
     SignalMalformed,
+    /// Answers whose count of what is left was read and followed.
+    CountRead,
 }
 
 impl LimitStat {
-    const ALL: [LimitStat; 13] = [
+    const ALL: [LimitStat; 14] = [
         LimitStat::Admitted,
         LimitStat::Refused,
         LimitStat::Queued,
@@ -114,6 +116,7 @@ impl LimitStat {
         LimitStat::Paused,
         LimitStat::PauseCapped,
         LimitStat::SignalMalformed,
+        LimitStat::CountRead,
     ];
 
     fn name(self) -> &'static str {
@@ -131,6 +134,7 @@ impl LimitStat {
             LimitStat::Paused => "paused",
             LimitStat::PauseCapped => "pause_capped",
             LimitStat::SignalMalformed => "signal_malformed",
+            LimitStat::CountRead => "count_read",
         }
     }
 

@@ -127,6 +127,92 @@ pub struct ProviderSpec {
     /// pauses this long (and is counted). Default 5 minutes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pause: Option<DurationMs>,
+    /// Follow the provider's own count of what is left, read from its
+    /// answers: a preset (`ietf`, `openai-requests`, `openai-tokens`,
+    /// `anthropic-requests`, `anthropic-tokens`, `anthropic-input-tokens`,
+    /// `anthropic-output-tokens`, `github`), `{"ietf": "<item name>"}`, or
+    /// your own headers. When the provider has fewer left than Sluice
+    /// believes, no more than that goes until its reset; Sluice never goes
+    /// above its own limit for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<ProviderHeaders>,
+}
+
+/// Where a provider says how much of its limit is left.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(
+    untagged,
+    expecting = "a preset (\"ietf\", \"openai-requests\", \"openai-tokens\", \"anthropic-requests\", \"anthropic-tokens\", \"anthropic-input-tokens\", \"anthropic-output-tokens\", \"github\"), {\"ietf\": \"<item name>\"} or {\"remaining\": ..., \"reset\": ..., \"reset_format\": ...}"
+)]
+pub enum ProviderHeaders {
+    Preset(HeaderPreset),
+    Ietf(IetfItem),
+    Custom(CustomHeaders),
+}
+
+/// The headers of a provider Sluice knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum HeaderPreset {
+    /// `RateLimit: "<this limit's name>";r=..;t=..` (or its only item), or
+    /// the older `RateLimit-Remaining` / `RateLimit-Reset`.
+    Ietf,
+    /// `x-ratelimit-remaining-requests`, reset as `1m30.5s`.
+    OpenaiRequests,
+    /// `x-ratelimit-remaining-tokens`, reset as `12ms`.
+    OpenaiTokens,
+    /// `anthropic-ratelimit-requests-remaining`, reset as an RFC 3339 time.
+    AnthropicRequests,
+    AnthropicTokens,
+    AnthropicInputTokens,
+    AnthropicOutputTokens,
+    /// `x-ratelimit-remaining`, reset in epoch seconds.
+    Github,
+}
+
+/// The IETF `RateLimit` item to follow, by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct IetfItem {
+    pub ietf: String,
+}
+
+/// A provider's own headers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CustomHeaders {
+    /// The header with the provider's limit (its quota per window), if it
+    /// sends one: after its reset, Sluice expects that much again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+    /// The header with what is left (a whole number).
+    pub remaining: String,
+    /// The header saying when the count is full again; without it, the
+    /// limit's own period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<String>,
+    #[serde(default)]
+    pub reset_format: ResetFormat,
+}
+
+/// How a reset header is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ResetFormat {
+    /// Seconds from now.
+    #[default]
+    Seconds,
+    /// Seconds since 1970 (GitHub).
+    EpochSeconds,
+    /// `12ms`, `6m0s`, `1m30.5s` (OpenAI).
+    Duration,
+    /// `2026-11-24T12:00:05Z` (Anthropic).
+    Rfc3339,
 }
 
 impl ProviderSpec {
@@ -149,6 +235,7 @@ impl Default for ProviderSpec {
         Self {
             pause_on: Self::default_pause_on(),
             max_pause: None,
+            headers: None,
         }
     }
 }

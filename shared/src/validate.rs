@@ -526,6 +526,29 @@ fn check_provider(lr: &mut Report, provider: &ProviderSpec) {
             lr.at(&format!("provider.pause_on[{i}]"), "listed twice");
         }
     }
+    match &provider.headers {
+        Some(ProviderHeaders::Ietf(item)) => {
+            if item.ietf.is_empty() || item.ietf.len() > bounds::MAX_NAME_LEN {
+                lr.at(
+                    "provider.headers.ietf",
+                    format!(
+                        "the name of an item of the provider's `RateLimit` field: 1 to {} characters",
+                        bounds::MAX_NAME_LEN
+                    ),
+                );
+            }
+        }
+        Some(ProviderHeaders::Custom(custom)) => {
+            check_header_name(lr, "provider.headers.remaining", &custom.remaining);
+            if let Some(limit) = &custom.limit {
+                check_header_name(lr, "provider.headers.limit", limit);
+            }
+            if let Some(reset) = &custom.reset {
+                check_header_name(lr, "provider.headers.reset", reset);
+            }
+        }
+        Some(ProviderHeaders::Preset(_)) | None => {}
+    }
     if let Some(max_pause) = provider.max_pause {
         lr.range_ms(
             "provider.max_pause",

@@ -498,7 +498,13 @@ fn a_limit_listening_to_its_provider_is_checked_field_by_field() {
                         "provider": {"max_pause": "2d"}},
                        {"name": "zero", "rate": {"requests": 5, "period": "1s"},
                         "provider": {"max_pause": 0}},
-                       {"name": "slots", "concurrency": {"max_in_flight": 3}, "provider": {}}]}"#,
+                       {"name": "slots", "concurrency": {"max_in_flight": 3}, "provider": {}},
+                       {"name": "custom", "rate": {"requests": 5, "period": "1s"},
+                        "provider": {"headers": {"remaining": "x quota", "reset": "", "reset_format": "epoch_seconds"}}},
+                       {"name": "item", "rate": {"requests": 5, "period": "1s"},
+                        "provider": {"headers": {"ietf": ""}}},
+                       {"name": "presets", "rate": {"requests": 5, "period": "1s"},
+                        "provider": {"headers": "openai-tokens"}}]}"#,
     ));
     assert_eq!(
         errors,
@@ -509,7 +515,20 @@ fn a_limit_listening_to_its_provider_is_checked_field_by_field() {
             "policies[0].limits[2].provider.max_pause: must be at most 1d",
             "policies[0].limits[3].provider.max_pause: must be at least 1ms",
             "policies[0].limits[4].provider: a provider's pauses and counts are for rate limits: put `provider` on the rate limit it mirrors",
+            "policies[0].limits[5].provider.headers.remaining: \"x quota\" is not a valid header name",
+            "policies[0].limits[5].provider.headers.reset: must not be empty",
+            "policies[0].limits[6].provider.headers.ietf: the name of an item of the provider's `RateLimit` field: 1 to 64 characters",
         ]
+    );
+    let unknown_preset = errors_of(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "x", "rate": {"requests": 5, "period": "1s"}, "provider": {"headers": "mistral"}}]}"#,
+    ));
+    assert_eq!(unknown_preset.len(), 1);
+    assert!(
+        unknown_preset[0].starts_with("policies[0].limits[0].provider.headers: ")
+            && unknown_preset[0].contains("openai-requests"),
+        "{unknown_preset:?}"
     );
     let unknown = errors_of(&set_with(
         r#"{"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 10, "period": "1s"},

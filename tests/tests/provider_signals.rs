@@ -223,3 +223,181 @@ async fn bad_and_huge_waits_are_ignored_or_capped() -> anyhow::Result<()> {
     assert!(!envoy.log().contains("panicked"), "the filter never panics");
     Ok(())
 }
+
+/// A run against a provider of `signals` whose limit starts at 100 a second
+/// and drops to `drop_to` at 2 s (0: never), with a hidden consumer
+/// sending `hidden_per_second` straight to it; Sluice's limit is 100 a
+/// second, following the provider's count by `follow` (None: not at all).
+struct Run {
+    windows: Vec<sluice_demo::provider::Window>,
+    calls: usize,
+    sluice_refused_locally: usize,
+}
+
+async fn run_against_provider(
+    signals: sluice_demo::provider::Signals,
+    follow: Option<&str>,
+    drop_to: u64,
+    hidden_per_second: u64,
+) -> anyhow::Result<Run> {
+    use sluice_demo::provider::MockProvider;
+    let provider = MockProvider::start(100, signals, Duration::from_millis(10)).await?;
+    let listen = follow
+        .map(|preset| format!(r#", "provider": {{"headers": "{preset}"}}"#))
+        .unwrap_or_default();
+    let config = format!(
+        r#"{{"instance": "e2e-follow", "fallback": {{"version": 1, "policies": [
+            {{"name": "api", "match": {{"host": "{HOST}"}},
+              "rate": {{"requests": 100000, "period": "1s"}},
+              "limits": [{{"name": "requests", "rate": {{"requests": 100, "period": "1s"}}{listen}}}]}}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, provider.addr.port(), WORKERS)?;
+    // Runs whole provider seconds: from the start of its next second.
+    let until_next = Duration::from_secs(provider.elapsed().as_secs() + 1) - provider.elapsed();
+    tokio::time::sleep(until_next).await;
+    let first_second = provider.elapsed().as_secs();
+    let url = envoy.url("/v1/orders");
+    let load = tokio::spawn(closed_loop(24, Duration::from_secs(6), move |c, _| {
+        c.get(&url).header("host", HOST)
+    }));
+    let hidden = (hidden_per_second > 0).then(|| {
+        let direct = format!("http://{}/v1/orders", provider.addr);
+        tokio::spawn(async move {
+            let http = load::client();
+            let every = Duration::from_micros(1_000_000 / hidden_per_second);
+            let mut tick = tokio::time::interval(every);
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_secs(6) {
+                tick.tick().await;
+                let call = http.get(&direct).header("x-hidden", "1").send();
+                tokio::spawn(call);
+            }
+        })
+    });
+    if drop_to > 0 {
+        let at = Duration::from_secs(first_second + 2);
+        tokio::time::sleep(at.saturating_sub(provider.elapsed())).await;
+        provider.set_limit(drop_to);
+    }
+    let outcomes = load.await?;
+    if let Some(hidden) = hidden {
+        hidden.await?;
+    }
+    let windows = provider.windows();
+    // The whole seconds of the run, after its first.
+    let from = usize::try_from(first_second + 1)?;
+    let to = usize::try_from(first_second + 6)?.min(windows.len());
+    Ok(Run {
+        windows: windows.get(from..to).map(<[_]>::to_vec).unwrap_or_default(),
+        calls: outcomes.len(),
+        sluice_refused_locally: outcomes
+            .iter()
+            .filter(|o| o.status == 429 && o.headers.contains_key("x-sluice-policy"))
+            .count(),
+    })
+}
+
+fn describe(run: &Run) -> String {
+    run.windows
+        .iter()
+        .map(|w| {
+            let hidden = if w.hidden_accepted + w.hidden_refused > 0 {
+                format!(" + hidden {}/{}", w.hidden_accepted, w.hidden_refused)
+            } else {
+                String::new()
+            };
+            format!("{}/{} of {}{hidden}", w.accepted, w.refused, w.limit)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn provider_refused_share(run: &Run) -> f64 {
+    let refused: u64 = run.windows.iter().map(|w| w.refused).sum();
+    let sent: u64 = run.windows.iter().map(|w| w.accepted + w.refused).sum();
+    refused as f64 / sent.max(1) as f64
+}
+
+/// The provider's limit drops from 100/s to 40/s at 2 s; Sluice is told
+/// 100/s. Following the provider's count (OpenAI's headers, and the IETF
+/// fields), the provider refuses at most 1 % of the calls after the first
+/// second; with OpenAI's millisecond resets it still gets at least 90 % of
+/// its limit. The same run not following it is reported beside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_providers_limit_drops_and_following_its_count_keeps_refusals_under_1_percent(
+) -> anyhow::Result<()> {
+    use sluice_demo::provider::Signals;
+    let openai = run_against_provider(Signals::OpenAi, Some("openai-requests"), 40, 0).await?;
+    let ietf = run_against_provider(Signals::Ietf, Some("ietf"), 40, 0).await?;
+    let blind = run_against_provider(Signals::OpenAi, None, 40, 0).await?;
+    for (name, run) in [
+        ("following openai", &openai),
+        ("following ietf", &ietf),
+        ("not following", &blind),
+    ] {
+        println!(
+            "limit 100 -> 40/s, {name}: {} calls, {} refused by Sluice; provider per second (accepted/refused of limit): {}; provider refused {:.2} %",
+            run.calls,
+            run.sluice_refused_locally,
+            describe(run),
+            100.0 * provider_refused_share(run)
+        );
+    }
+    assert_eq!(openai.windows.len(), 5, "five whole seconds measured");
+    for run in [&openai, &ietf] {
+        assert!(provider_refused_share(run) <= 0.01, "{}", describe(run));
+    }
+    // OpenAI's resets are in milliseconds: the limit is used to the full.
+    // The IETF `t` is whole seconds, which cannot place a one-second
+    // window's reset: Sluice waits for it on the safe side (reported).
+    for w in &openai.windows {
+        assert!(
+            w.accepted * 100 >= w.limit * 90,
+            "the provider's limit is still used: {}",
+            describe(&openai)
+        );
+    }
+    assert!(
+        provider_refused_share(&blind) > 0.2,
+        "without following, the provider refuses: {}",
+        describe(&blind)
+    );
+    Ok(())
+}
+
+/// A hidden consumer takes 30 of the provider's 100 a second. Following
+/// the provider's count, Sluice's calls plus theirs stay within the
+/// provider's limit: it refuses at most 1 % of Sluice's calls, and the
+/// two together use at least 90 % of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hidden_consumer_shares_the_quota_and_following_leaves_them_room() -> anyhow::Result<()> {
+    use sluice_demo::provider::Signals;
+    let following = run_against_provider(Signals::OpenAi, Some("openai-requests"), 0, 30).await?;
+    let blind = run_against_provider(Signals::OpenAi, None, 0, 30).await?;
+    for (name, run) in [("following", &following), ("not following", &blind)] {
+        let hidden_refused: u64 = run.windows.iter().map(|w| w.hidden_refused).sum();
+        println!(
+            "hidden consumer 30/s of 100/s, {name}: {} calls; provider per second (Sluice accepted/refused of limit + hidden accepted/refused): {}; \
+             provider refused {:.2} % of Sluice's calls and {hidden_refused} of the hidden consumer's",
+            run.calls,
+            describe(run),
+            100.0 * provider_refused_share(run)
+        );
+    }
+    assert_eq!(following.windows.len(), 5);
+    assert!(
+        provider_refused_share(&following) <= 0.01,
+        "{}",
+        describe(&following)
+    );
+    for w in &following.windows {
+        assert!(w.accepted + w.hidden_accepted <= w.limit);
+        assert!(
+            (w.accepted + w.hidden_accepted) * 100 >= w.limit * 90,
+            "the quota is used: {}",
+            describe(&following)
+        );
+    }
+    assert!(provider_refused_share(&blind) > 0.1, "{}", describe(&blind));
+    Ok(())
+}

@@ -13,3 +13,4 @@
 pub mod llm;
 pub mod load;
 pub mod mock;
+pub mod provider;

@@ -18,7 +18,7 @@ use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
-use super::limits::{self, Held, Taken};
+use super::limits::{self, Held, Taken, Why};
 use super::placement::{self, Placed};
 use super::slots;
 use crate::host::{Host, Level};
@@ -124,16 +124,17 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             Taken::Refused {
                 limit,
                 retry_after,
-                paused,
+                why,
             } => {
                 self.metrics.add_limit(&limit, LimitStat::Refused, 1);
                 let decision = match self.refuse(policy, LimitKind::Rate, retry_after) {
                     Decision::Refuse(reply) => {
                         let reply = refused_by_limit(reply, policy, &limit, retry_after);
-                        Decision::Refuse(if paused {
-                            provider_pause(reply, policy, &limit, retry_after)
-                        } else {
-                            reply
+                        Decision::Refuse(match why {
+                            Why::Limit => reply,
+                            Why::ProviderPause | Why::ProviderCount => {
+                                provider_said(reply, policy, (&limit, why), retry_after)
+                            }
                         })
                     }
                     other => other,
@@ -380,20 +381,30 @@ fn budget_unknown(reply: LocalReply, policy: &CompiledPolicy, limit: &str) -> Lo
     reply
 }
 
-/// The refusal while the provider's `Retry-After` pauses `limit`: the
-/// caller is told why and how long is left.
-fn provider_pause(
+/// The refusal while the provider's word holds `limit`: its
+/// `Retry-After` (`provider-pause`) or its count with nothing left until
+/// its reset (`provider-remaining`). The caller is told which and how long
+/// is left.
+fn provider_said(
     mut reply: LocalReply,
     policy: &CompiledPolicy,
-    limit: &str,
+    (limit, why): (&str, Why),
     retry_after: Span,
 ) -> LocalReply {
-    reply
-        .headers
-        .push((REASON_HEADER, "provider-pause".to_string()));
+    let (reason, what) = match why {
+        Why::ProviderCount => (
+            "provider-remaining",
+            "the provider has nothing left of this limit until its reset",
+        ),
+        Why::ProviderPause | Why::Limit => (
+            "provider-pause",
+            "the provider asked to wait before calling again",
+        ),
+    };
+    reply.headers.push((REASON_HEADER, reason.to_string()));
     if policy.policy.on_limit.body.is_none() {
         reply.body = format!(
-            "refused by sluice policy {}: the provider asked to wait before calling again (limit {limit}, {} ms left)\n",
+            "refused by sluice policy {}: {what} (limit {limit}, {} ms left)\n",
             policy.name(),
             retry_after.as_millis()
         )

@@ -11,7 +11,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::admission::DEFAULT_RETRY;
 use super::budgets::Budgets;
-use super::pauses;
+use super::provider::{self, CountSays, Counted};
 use super::slots::{self, HeldSlot, SlotsTaken, SLOT_RETRY};
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
@@ -43,6 +43,8 @@ pub struct LimitPlace {
     /// None: the entry is the limit's plain state. Some: it starts with
     /// the owning key's hash (0 for the overflow entry).
     pub owner: Option<u64>,
+    /// Where the call counts in the provider's count the limit follows.
+    pub counted: Option<Counted>,
 }
 
 impl LimitPlace {
@@ -50,6 +52,7 @@ impl LimitPlace {
         Self {
             key: limit_key(limit),
             owner: None,
+            counted: None,
         }
     }
 }
@@ -71,16 +74,27 @@ pub(super) enum Taken {
         places: Vec<LimitPlace>,
         slots: Vec<HeldSlot>,
     },
-    /// `limit` refused first (`paused`: the provider asked to wait);
-    /// nothing was kept from the others.
+    /// `limit` refused first, for `why`; nothing was kept from the
+    /// others.
     Refused {
         limit: String,
         retry_after: Span,
-        paused: bool,
+        why: Why,
     },
     /// `limit` is a budget this Envoy does not know the spending of yet
     /// (just started; the admin has not answered): nothing was taken.
     Unknown { limit: String },
+}
+
+/// Why a limit refused a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    /// Its own count (or a fault in reading it).
+    Limit,
+    /// The provider asked to wait (`Retry-After`).
+    ProviderPause,
+    /// The provider's count has nothing left until its reset.
+    ProviderCount,
 }
 
 /// Reads a limit's state; bytes that are no state of this limiter (another
@@ -158,17 +172,64 @@ pub(super) fn take<H: Host + ?Sized>(
         Ok(places) => places,
         Err(refused) => return refused,
     };
-    match slots::take(host, store, policy, holder, now) {
-        SlotsTaken::All(slots) => Taken::All { places, slots },
+    let slots = match slots::take(host, store, policy, holder, now) {
+        SlotsTaken::All(slots) => slots,
         SlotsTaken::Refused { limit } => {
             give_back(host, store, policy, (costs, &places), now, now);
-            Taken::Refused {
+            return Taken::Refused {
                 limit,
                 retry_after: SLOT_RETRY,
-                paused: false,
+                why: Why::Limit,
+            };
+        }
+    };
+    let mut places = places;
+    match count_in_provider(host, store, policy, (costs, keys), &mut places, now) {
+        Ok(()) => Taken::All { places, slots },
+        Err(refused) => {
+            give_back(host, store, policy, (costs, &places), now, now);
+            slots::release(host, store, holder, &slots);
+            refused
+        }
+    }
+}
+
+/// Counts the call in the provider's count of every limit following one,
+/// once every limit took it: all or none (on a refusal, the counts taken
+/// are in `places` for [`give_back`]).
+fn count_in_provider<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    policy: &CompiledPolicy,
+    (costs, keys): (&[u64], &[Option<u64>]),
+    places: &mut [LimitPlace],
+    now: Instant,
+) -> Result<(), Taken> {
+    for (index, (limit, place)) in policy.limits.iter().zip(places.iter_mut()).enumerate() {
+        let key = keys.get(index).copied().flatten();
+        let cost = limit.rate.taken(costs.get(index).copied().unwrap_or(0));
+        match provider::count(host, store, limit, (key, cost), now) {
+            Ok(CountSays::NotFollowed) => {}
+            Ok(CountSays::Counted(counted)) => place.counted = Some(counted),
+            Ok(CountSays::Exhausted { wait }) => {
+                return Err(Taken::Refused {
+                    limit: limit.name.clone(),
+                    retry_after: wait,
+                    why: Why::ProviderCount,
+                })
+            }
+            // The store counted and logged it: a count that cannot be
+            // checked refuses rather than let the call through unchecked.
+            Err(_) => {
+                return Err(Taken::Refused {
+                    limit: limit.name.clone(),
+                    retry_after: DEFAULT_RETRY,
+                    why: Why::Limit,
+                })
             }
         }
     }
+    Ok(())
 }
 
 /// The rate limits' part of [`take`]: where each holds the call's tokens.
@@ -192,12 +253,12 @@ fn take_rates<H: Host + ?Sized>(
     }
     for (index, limit) in policy.limits.iter().enumerate() {
         let key = keys.get(index).copied().flatten();
-        if let Some(wait) = pauses::paused(host, limit, key, now) {
+        if let Some(wait) = provider::paused(host, limit, key, now) {
             // Counted by the caller, as any refusal by this limit.
             return Err(Taken::Refused {
                 limit: limit.name.clone(),
                 retry_after: wait,
-                paused: true,
+                why: Why::ProviderPause,
             });
         }
     }
@@ -232,7 +293,7 @@ fn take_rates<H: Host + ?Sized>(
             Err(Taken::Refused {
                 limit: name,
                 retry_after,
-                paused: false,
+                why: Why::Limit,
             })
         }
         _ => Ok(places
@@ -305,6 +366,7 @@ fn step<H: Host + ?Sized>(
             *place = Some(LimitPlace {
                 key,
                 owner: Some(owner),
+                counted: None,
             });
             return Ok(Some(step));
         }
@@ -321,6 +383,7 @@ fn step<H: Host + ?Sized>(
     *place = Some(LimitPlace {
         key,
         owner: Some(0),
+        counted: None,
     });
     Ok(Some(step))
 }
@@ -353,6 +416,9 @@ pub(super) fn give_back<H: Host + ?Sized>(
 ) {
     for ((limit, cost), place) in policy.limits.iter().zip(costs).zip(places) {
         let tokens = limit.rate.taken(*cost);
+        if let Some(counted) = place.counted {
+            provider::uncount(host, store, limit, counted, tokens, now);
+        }
         // On failure (counted and logged by the store) the tokens stay
         // taken: the limit errs on the safe side.
         let _ = update_at(host, store, &limit.rate, place, |state| {

@@ -21,8 +21,8 @@
 mod admission;
 mod budgets;
 mod limits;
-mod pauses;
 mod placement;
+mod provider;
 mod queue;
 mod shares;
 mod slots;
@@ -86,7 +86,7 @@ pub struct Worker {
     /// Admitted calls whose cost their response settles.
     usages: Usages,
     /// Admitted calls whose answer may pause their limits.
-    listening: pauses::Listening,
+    listening: provider::Listening,
     sync: SyncClient,
     shares: FleetShares,
     budgets: Budgets,
@@ -113,7 +113,7 @@ impl Worker {
             prefetches: Prefetches::default(),
             streams: Streams::default(),
             usages: Usages::default(),
-            listening: pauses::Listening::default(),
+            listening: provider::Listening::default(),
             sync: SyncClient::default(),
             shares: FleetShares::default(),
             budgets: Budgets::default(),
@@ -254,8 +254,13 @@ impl Worker {
                     self.usages
                         .expect(context_id, policy, (&limit_costs, &held.places), now);
                 }
-                self.listening
-                    .expect(context_id, (&policies, class.policy_index), &limit_keys);
+                let counted: Vec<_> = held.places.iter().map(|p| p.counted).collect();
+                self.listening.expect(
+                    context_id,
+                    (&policies, class.policy_index),
+                    &limit_keys,
+                    &counted,
+                );
                 held.slots
             }
             None => Vec::new(),
@@ -446,8 +451,13 @@ impl Worker {
                     self.usages
                         .expect(left.context_id, policy, (&left.costs, &left.places), now);
                 }
-                self.listening
-                    .expect(left.context_id, (&policies, left.policy_index), &left.keys);
+                let counted: Vec<_> = left.places.iter().map(|p| p.counted).collect();
+                self.listening.expect(
+                    left.context_id,
+                    (&policies, left.policy_index),
+                    &left.keys,
+                    &counted,
+                );
             }
         }
         for spare in self.prefetches.prune(now) {

@@ -6,6 +6,12 @@
 //! Envoy) wrote: every value is bounded, and a value that does not parse
 //! is an error the caller counts, never a pause.
 
+mod counts;
+mod table;
+
+pub use counts::{CountSource, Reading};
+pub use table::{Allowed, Count, ProviderTable, Row, CLOCK_SKEW};
+
 use thiserror::Error;
 
 use crate::matcher::RequestHeaders;
@@ -17,7 +23,7 @@ pub const RETRY_AFTER: &str = "retry-after";
 pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 
 /// Longer values are not read: no real delay or date is this long.
-const MAX_VALUE_LEN: usize = 64;
+pub(crate) const MAX_VALUE_LEN: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SignalError {
@@ -30,7 +36,7 @@ pub enum SignalError {
 }
 
 impl SignalError {
-    fn malformed(header: &'static str, reason: &'static str, value: &[u8]) -> Self {
+    pub(crate) fn malformed(header: &'static str, reason: &'static str, value: &[u8]) -> Self {
         let shown = &value[..value.len().min(MAX_VALUE_LEN)];
         SignalError::Malformed {
             header,
@@ -95,7 +101,7 @@ fn retry_after_value(value: &[u8], now: Instant) -> Result<Span, SignalError> {
     }
 }
 
-fn trimmed<'v>(header: &'static str, value: &'v [u8]) -> Result<&'v str, SignalError> {
+pub(crate) fn trimmed<'v>(header: &'static str, value: &'v [u8]) -> Result<&'v str, SignalError> {
     if value.len() > MAX_VALUE_LEN {
         return Err(SignalError::malformed(header, "too long", value));
     }
@@ -104,7 +110,7 @@ fn trimmed<'v>(header: &'static str, value: &'v [u8]) -> Result<&'v str, SignalE
         .map_err(|_| SignalError::malformed(header, "not text", value))
 }
 
-fn all_digits(s: &str) -> bool {
+pub(crate) fn all_digits(s: &str) -> bool {
     s.bytes().all(|b| b.is_ascii_digit())
 }
 
@@ -113,6 +119,11 @@ fn all_digits(s: &str) -> bool {
 pub struct CompiledProvider {
     pause_on: Vec<u16>,
     pub max_pause: Span,
+    /// Where the provider's count is read (`headers`).
+    pub count: Option<CountSource>,
+    /// How long a count holds when the answer does not say: the limit's
+    /// own period.
+    pub default_reset: Span,
 }
 
 /// What one answer means for the limit.
@@ -130,11 +141,44 @@ pub enum PauseSignal {
 }
 
 impl CompiledProvider {
-    pub fn new(spec: &ProviderSpec) -> Self {
+    /// For the limit named `limit_name` whose period is `period`.
+    pub fn new(spec: &ProviderSpec, limit_name: &str, period: Span) -> Self {
         Self {
             pause_on: spec.pause_on.clone(),
             max_pause: spec.max_pause().as_span(),
+            count: spec
+                .headers
+                .as_ref()
+                .map(|h| CountSource::new(h, limit_name)),
+            default_reset: period,
         }
+    }
+
+    /// What the answer says is left of the provider's limit, and until
+    /// when (at most `max_pause`: a reset further away is not waited
+    /// for). None: not said, or not followed.
+    pub fn count_in<R: RequestHeaders + ?Sized>(
+        &self,
+        headers: &R,
+        now: Instant,
+    ) -> Result<Option<Count>, SignalError> {
+        let Some(source) = &self.count else {
+            return Ok(None);
+        };
+        Ok(source.read(headers, now)?.map(|reading| Count {
+            remaining: reading.remaining,
+            reset_in: reading
+                .reset_in
+                .unwrap_or(self.default_reset)
+                .min(self.max_pause),
+            limit: reading.limit,
+            // A window is never longer than a pause may be, nor than the
+            // limit's own period says unless the provider says otherwise.
+            window: reading
+                .window
+                .unwrap_or(self.default_reset)
+                .min(self.max_pause),
+        }))
     }
 
     /// Reads an answer of status `status` with `headers`, at `now`.
@@ -156,120 +200,6 @@ impl CompiledProvider {
             Ok(None) => PauseSignal::Refused,
             Err(e) => PauseSignal::Malformed(e),
         }
-    }
-}
-
-/// The pauses of one limit (or of one group of a keyed limit's keys), as
-/// kept in shared data: who is paused (the key's hash; 0 for an unkeyed
-/// limit), since when and until when. Bounded: a full table gives the
-/// place of the pause ending first to a new one.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PauseTable {
-    pauses: Vec<Pause>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pause {
-    pub owner: u64,
-    pub since: Instant,
-    pub until: Instant,
-}
-
-/// How far ahead of a reader's clock a pause may have begun: the workers'
-/// clocks differ by about one tick; a pause "beginning" later than this
-/// was written by no worker and is ignored.
-pub const CLOCK_SKEW: Span = Span::from_secs(1);
-
-impl PauseTable {
-    pub const MAX_PAUSES: usize = 8;
-    const VERSION: u8 = 1;
-    const ENTRY_LEN: usize = 24;
-
-    pub fn pauses(&self) -> &[Pause] {
-        &self.pauses
-    }
-
-    /// Until when `owner` is paused at `now` (None: it is not): never
-    /// longer than `max_pause` after the pause began, whatever the entry
-    /// says, and never for a pause that begins in the future.
-    pub fn paused_until(&self, owner: u64, now: Instant, max_pause: Span) -> Option<Instant> {
-        self.pauses
-            .iter()
-            .filter(|p| p.owner == owner && p.since <= now + CLOCK_SKEW)
-            .map(|p| p.until.min(p.since + max_pause))
-            .filter(|&until| until > now)
-            .max()
-    }
-
-    /// Pauses `owner` from `now` for `wait`. A pause already running
-    /// longer is kept. Returns whether the table changed.
-    pub fn pause(&mut self, owner: u64, now: Instant, wait: Span) -> bool {
-        let until = now + wait;
-        self.pauses
-            .retain(|p| p.until > now && p.since <= now + CLOCK_SKEW);
-        if let Some(p) = self.pauses.iter_mut().find(|p| p.owner == owner) {
-            if p.until >= until {
-                return false;
-            }
-            *p = Pause {
-                owner,
-                since: now,
-                until,
-            };
-            return true;
-        }
-        if self.pauses.len() >= Self::MAX_PAUSES {
-            if let Some(first) = self
-                .pauses
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, p)| p.until)
-                .map(|(i, _)| i)
-            {
-                self.pauses.swap_remove(first);
-            }
-        }
-        self.pauses.push(Pause {
-            owner,
-            since: now,
-            until,
-        });
-        true
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1 + self.pauses.len() * Self::ENTRY_LEN);
-        out.push(Self::VERSION);
-        for p in &self.pauses {
-            out.extend_from_slice(&p.owner.to_le_bytes());
-            out.extend_from_slice(&p.since.as_nanos().to_le_bytes());
-            out.extend_from_slice(&p.until.as_nanos().to_le_bytes());
-        }
-        out
-    }
-
-    /// Bytes that are no table (garbage, another version) read as no
-    /// pause: a broken entry must never stop calls.
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let (&version, rest) = bytes.split_first()?;
-        if version != Self::VERSION
-            || rest.len() % Self::ENTRY_LEN != 0
-            || rest.len() / Self::ENTRY_LEN > Self::MAX_PAUSES
-        {
-            return None;
-        }
-        let word = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
-        let pauses = rest
-            .chunks_exact(Self::ENTRY_LEN)
-            .map(|c| {
-                Some(Pause {
-                    owner: word(c.get(0..8)?)?,
-                    since: Instant::from_nanos(word(c.get(8..16)?)?),
-                    until: Instant::from_nanos(word(c.get(16..24)?)?),
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(Self { pauses })
     }
 }
 
@@ -359,7 +289,7 @@ mod tests {
 
     #[test]
     fn only_listed_refusals_pause_and_never_past_the_cap() {
-        let provider = CompiledProvider::new(&ProviderSpec::default());
+        let provider = CompiledProvider::new(&ProviderSpec::default(), "x", Span::from_secs(1));
         let h: &[(&str, &[u8])] = &[("retry-after", b"3")];
         assert_eq!(signal(&provider, Some(200), h, NOW), PauseSignal::None);
         assert_eq!(signal(&provider, None, h, NOW), PauseSignal::None);
@@ -388,57 +318,6 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_pause_holds_its_owner_only_and_a_longer_one_wins() {
-        let mut table = PauseTable::default();
-        let cap = Span::from_secs(300);
-        assert!(table.pause(7, NOW, Span::from_secs(3)));
-        assert_eq!(
-            table.paused_until(7, NOW, cap),
-            Some(NOW + Span::from_secs(3))
-        );
-        assert_eq!(table.paused_until(8, NOW, cap), None);
-        assert!(
-            !table.pause(7, NOW, Span::from_secs(1)),
-            "a shorter pause changes nothing"
-        );
-        assert!(table.pause(7, NOW, Span::from_secs(5)));
-        assert_eq!(table.paused_until(7, NOW + Span::from_secs(5), cap), None);
-        let back = PauseTable::decode(&table.encode()).unwrap();
-        assert_eq!(back, table);
-    }
-
-    #[test]
-    fn a_full_table_drops_the_pause_ending_first() {
-        let mut table = PauseTable::default();
-        for owner in 0..PauseTable::MAX_PAUSES as u64 {
-            table.pause(owner, NOW, Span::from_secs(10 + owner));
-        }
-        table.pause(99, NOW, Span::from_secs(5));
-        assert_eq!(table.pauses().len(), PauseTable::MAX_PAUSES);
-        let cap = Span::from_secs(300);
-        assert_eq!(table.paused_until(0, NOW, cap), None);
-        assert!(table.paused_until(99, NOW, cap).is_some());
-    }
-
-    #[test]
-    fn broken_entries_pause_nothing() {
-        let cap = Span::from_secs(300);
-        for bytes in [&b""[..], b"\x02", b"\x01\x00", &[1u8; 1 + 24 * 9]] {
-            assert!(PauseTable::decode(bytes).is_none_or(|t| t.pauses().len() <= 8));
-        }
-        // A pause written with a far-future start, or an end past the cap:
-        let mut table = PauseTable::default();
-        table.pauses.push(Pause {
-            owner: 0,
-            since: NOW + Span::from_secs(3600),
-            until: Instant::MAX,
-        });
-        assert_eq!(table.paused_until(0, NOW, cap), None);
-        table.pauses[0].since = NOW;
-        assert_eq!(table.paused_until(0, NOW, cap), Some(NOW + cap));
-    }
-
     proptest! {
         #[test]
         fn any_header_value_reads_without_panic_and_within_the_cap(
@@ -449,7 +328,7 @@ mod tests {
         ) {
             let name = if ms { "retry-after-ms" } else { "retry-after" };
             let headers: &[(&str, &[u8])] = &[(name, &value)];
-            let provider = CompiledProvider::new(&ProviderSpec::default());
+            let provider = CompiledProvider::new(&ProviderSpec::default(), "x", Span::from_secs(1));
             match provider.pause_for(Some(status), headers, Instant::from_millis(now_ms)) {
                 PauseSignal::Pause { wait, .. } => {
                     prop_assert!(wait <= Span::from_secs(300));
@@ -460,40 +339,5 @@ mod tests {
             }
         }
 
-        #[test]
-        fn any_bytes_decode_to_a_bounded_table_or_none(
-            bytes in proptest::collection::vec(any::<u8>(), 0..300),
-            now_ms in 0u64..4_000_000_000_000,
-            owner in any::<u64>(),
-        ) {
-            let cap = Span::from_secs(300);
-            let now = Instant::from_millis(now_ms);
-            if let Some(table) = PauseTable::decode(&bytes) {
-                prop_assert!(table.pauses().len() <= PauseTable::MAX_PAUSES);
-                if let Some(until) = table.paused_until(owner, now, cap) {
-                    prop_assert!(until > now);
-                    prop_assert!(until <= now + CLOCK_SKEW + cap);
-                }
-            }
-        }
-
-        #[test]
-        fn pauses_stay_bounded_and_each_lasts_what_it_asked(
-            steps in proptest::collection::vec((0u64..12, 0u64..5_000, 1u64..10_000), 1..60),
-        ) {
-            let cap = Span::from_secs(300);
-            let mut table = PauseTable::default();
-            let mut now = NOW;
-            for (owner, advance, wait_ms) in steps {
-                now += Span::from_millis(advance);
-                let before = table.paused_until(owner, now, cap);
-                table.pause(owner, now, Span::from_millis(wait_ms));
-                let after = table.paused_until(owner, now, cap);
-                prop_assert!(after >= Some(now + Span::from_millis(wait_ms)));
-                prop_assert!(after >= before);
-                prop_assert!(table.pauses().len() <= PauseTable::MAX_PAUSES);
-                prop_assert_eq!(PauseTable::decode(&table.encode()), Some(table.clone()));
-            }
-        }
     }
 }

@@ -254,3 +254,177 @@ fn limits_without_provider_read_no_answers() {
     assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
     assert!(!w.reads_response(1));
 }
+
+/// The same 100 a second, following the provider's IETF `RateLimit`.
+const FOLLOWING: &str = r#"{"version": 1, "policies": [
+    {"name": "api", "match": {"host": "api.example"},
+     "rate": {"requests": 1000, "period": "1s"},
+     "limits": [{"name": "provider-rate", "rate": {"requests": 100, "period": "1s"},
+                 "provider": {"headers": "ietf"}}]}]}"#;
+
+fn ratelimit(value: &'static [u8]) -> [(&'static str, &'static [u8]); 1] {
+    [("ratelimit", value)]
+}
+
+#[test]
+fn the_providers_count_caps_what_goes_until_its_reset_less_what_went_since() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, FOLLOWING);
+    let mut b = worker(&host, FOLLOWING);
+    assert_eq!(call(&host, &mut a, 1), Verdict::Continue);
+    for id in 2..=4 {
+        assert_eq!(call(&host, &mut b, id), Verdict::Continue);
+    }
+    // Call 1's answer: 5 left until the reset in 1 s. Calls 2-4 went since.
+    answer(
+        &host,
+        &mut a,
+        1,
+        b"200",
+        &ratelimit(br#""provider-rate";r=5;t=1"#),
+    );
+    assert_eq!(call(&host, &mut b, 5), Verdict::Continue);
+    assert_eq!(call(&host, &mut a, 6), Verdict::Continue);
+    let refused = call(&host, &mut b, 7);
+    assert_eq!(status(&refused), 429, "5 - 3 went: nothing left");
+    assert_eq!(
+        header(&refused, "x-sluice-reason"),
+        Some("provider-remaining")
+    );
+    assert_eq!(header(&refused, "x-sluice-limit"), Some("provider-rate"));
+    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    // Call 2's answer (it went before calls 3-6) says 4 left: 4 - 4 since.
+    answer(
+        &host,
+        &mut b,
+        2,
+        b"200",
+        &ratelimit(br#""provider-rate";r=4;t=1"#),
+    );
+    assert_eq!(status(&call(&host, &mut a, 8)), 429);
+    pass_both(&host, (&mut a, &mut b), 1_000);
+    assert_eq!(
+        call(&host, &mut a, 9),
+        Verdict::Continue,
+        "the provider's window turned"
+    );
+    a.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.provider-rate.count_read"), 2);
+}
+
+#[test]
+fn a_count_never_raises_the_limit_above_its_own_rate() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, FOLLOWING);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    // "1 000 left in the next second": the limit's own 100 a second hold.
+    answer(
+        &host,
+        &mut w,
+        1,
+        b"200",
+        &ratelimit(br#""provider-rate";r=1000;t=1"#),
+    );
+    let mut admitted = 0;
+    for id in 2..1002u32 {
+        host.advance_ms(1);
+        if call(&host, &mut w, id) == Verdict::Continue {
+            admitted += 1;
+            w.on_stream_end(&host, id);
+        }
+    }
+    // A full bucket of 100, then 100 a second: at most 199 in the second.
+    assert!((100..=199).contains(&admitted), "{admitted} went");
+}
+
+#[test]
+fn a_call_another_limit_refuses_gives_its_count_back() {
+    let tight = FOLLOWING.replace(
+        r#""rate": {"requests": 1000, "period": "1s"},"#,
+        r#""rate": {"requests": 1, "period": "1s", "burst": 1},"#,
+    );
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &tight);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    answer(
+        &host,
+        &mut w,
+        1,
+        b"200",
+        &ratelimit(br#""provider-rate";r=2;t=10"#),
+    );
+    // The policy's own 1 a second refuses these: each gives its count back.
+    pass(&host, &mut w, 1_000);
+    assert_eq!(call(&host, &mut w, 2), Verdict::Continue);
+    for id in 3..50 {
+        assert_eq!(status(&call(&host, &mut w, id)), 429);
+    }
+    pass(&host, &mut w, 1_000);
+    assert_eq!(
+        call(&host, &mut w, 50),
+        Verdict::Continue,
+        "the second of the 2 left"
+    );
+    pass(&host, &mut w, 1_000);
+    let refused = call(&host, &mut w, 51);
+    assert_eq!(
+        header(&refused, "x-sluice-reason"),
+        Some("provider-remaining")
+    );
+}
+
+#[test]
+fn malformed_counts_are_ignored_and_counted() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, FOLLOWING);
+    let mut id = 1;
+    for bad in [
+        &br#""provider-rate";r=-1"#[..],
+        br#""provider-rate";t=1"#,
+        br#""provider-rate";r=0.5"#,
+        b"\xff\xfe",
+        br#"("provider-rate");r=0"#,
+    ] {
+        assert_eq!(call(&host, &mut w, id), Verdict::Continue);
+        answer(&host, &mut w, id, b"200", &[("ratelimit", bad)]);
+        id += 1;
+    }
+    assert_eq!(call(&host, &mut w, id), Verdict::Continue, "nothing capped");
+    w.on_tick(&host);
+    assert_eq!(
+        host.metric("sluice.limit.provider-rate.signal_malformed"),
+        4
+    );
+    assert_eq!(host.metric("sluice.limit.provider-rate.count_read"), 0);
+}
+
+#[test]
+fn a_count_of_zero_on_a_refusal_holds_calls_until_the_reset_and_a_queue_waits_for_it() {
+    let queued = FOLLOWING.replace(
+        r#""provider": {"headers": "ietf"}}]"#,
+        r#""provider": {"headers": "openai-requests"}}],
+         "on_limit": {"action": "queue", "max_wait": "2s"}"#,
+    );
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &queued);
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
+    answer(
+        &host,
+        &mut w,
+        1,
+        b"429",
+        &[
+            ("x-ratelimit-remaining-requests", b"0"),
+            ("x-ratelimit-reset-requests", b"1.5s"),
+        ],
+    );
+    assert!(matches!(call(&host, &mut w, 2), Verdict::Pause { .. }));
+    host.advance_ms(100);
+    assert!(w.on_tick(&host).is_empty());
+    for _ in 0..13 {
+        pass(&host, &mut w, 100);
+    }
+    assert!(w.on_tick(&host).is_empty(), "1.4 s: still nothing left");
+    host.advance_ms(100);
+    assert_eq!(w.on_tick(&host), vec![StreamAction::Resume(2)]);
+}

@@ -1,23 +1,26 @@
-//! Pauses the provider asked for: a refusal with `Retry-After` on a call
-//! of a limit with `provider` stops that limit (for a keyed limit: that
-//! key) for every worker, through one shared-data entry per limit (per
-//! group of keys), read before the limit is taken.
+//! What the provider says, for the limits that listen (`provider`): its
+//! `Retry-After` on a refusal pauses the limit (for a keyed limit: that
+//! key), and its count of what is left caps what goes until its reset,
+//! for every worker, through one shared-data entry per limit (per group
+//! of keys; [`ProviderTable`]). A call reads the entry before the limit
+//! is taken and, when the count is followed, counts itself in it once
+//! every limit took it.
 
 use std::collections::HashMap;
 use std::rc::Rc;
 
 use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet, RequestHeaders};
-use sluice_shared::provider::{PauseSignal, PauseTable};
+use sluice_shared::provider::{Allowed, PauseSignal, ProviderTable};
 use sluice_shared::time::{Instant, Span};
 
 use crate::host::{Host, Level};
 use crate::metrics::{LimitStat, Metrics};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
-/// Where a limit's pauses live, and whose they are there: an unkeyed
-/// limit has one entry (owner 0); a keyed one spreads its keys over
-/// `max_keys` entries, each holding the pauses of the keys hashed to it.
-fn pause_place(limit: &CompiledLimit, key: Option<u64>) -> (String, u64) {
+/// Where a limit's provider state lives, and whose row it is there: an
+/// unkeyed limit has one entry (row 0); a keyed one spreads its keys over
+/// `max_keys` entries, each holding the rows of the keys hashed to it.
+fn place_of(limit: &CompiledLimit, key: Option<u64>) -> (String, u64) {
     match (key, limit.keys) {
         (Some(hash), Some((max_keys, _))) => (
             format!(
@@ -31,6 +34,10 @@ fn pause_place(limit: &CompiledLimit, key: Option<u64>) -> (String, u64) {
     }
 }
 
+fn table_of(bytes: Option<&[u8]>) -> ProviderTable {
+    bytes.and_then(ProviderTable::decode).unwrap_or_default()
+}
+
 /// How long `limit` stays paused for a call with key `key` (None: it is
 /// not paused). A missing or broken entry pauses nothing.
 pub(super) fn paused<H: Host + ?Sized>(
@@ -40,19 +47,93 @@ pub(super) fn paused<H: Host + ?Sized>(
     now: Instant,
 ) -> Option<Span> {
     let provider = limit.provider.as_ref()?;
-    let (entry, owner) = pause_place(limit, key);
+    let (entry, owner) = place_of(limit, key);
     let (bytes, _) = host.shared_get(&entry);
-    let table = PauseTable::decode(&bytes?)?;
+    let table = ProviderTable::decode(&bytes?)?;
     table
         .paused_until(owner, now, provider.max_pause)
         .map(|until| until.since(now))
 }
 
-/// One limit of an admitted call whose answer may pause it.
+/// A call's place in its limit's provider count: the row, and the row's
+/// count with the call in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub owner: u64,
+    pub admitted: u64,
+}
+
+/// What the provider's count says of a call costing `cost` on `limit`.
+pub(super) enum CountSays {
+    /// The limit does not follow a count.
+    NotFollowed,
+    Counted(Counted),
+    /// Nothing left until the provider's reset, `wait` from now.
+    Exhausted {
+        wait: Span,
+    },
+}
+
+/// Counts a call in the provider's count of `limit`, if it follows one.
+pub(super) fn count<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    limit: &CompiledLimit,
+    (key, cost): (Option<u64>, u64),
+    now: Instant,
+) -> Result<CountSays, StoreError> {
+    if limit.provider.as_ref().is_none_or(|p| p.count.is_none()) {
+        return Ok(CountSays::NotFollowed);
+    }
+    let (entry, owner) = place_of(limit, key);
+    store.update(host, &entry, |bytes| {
+        let mut table = table_of(bytes);
+        match table.admit(owner, now, cost) {
+            Allowed::Yes { admitted } => (
+                CountSays::Counted(Counted { owner, admitted }),
+                Some(table.encode()),
+            ),
+            Allowed::No { until } => (
+                CountSays::Exhausted {
+                    wait: until.since(now),
+                },
+                None,
+            ),
+        }
+    })
+}
+
+/// A counted call did not go after all: its tokens go back.
+pub(super) fn uncount<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    limit: &CompiledLimit,
+    counted: Counted,
+    cost: u64,
+    now: Instant,
+) {
+    let (entry, _) = place_of_owner(limit, counted.owner);
+    // On failure (counted and logged by the store) the tokens stay
+    // counted: the provider's count errs on the safe side.
+    let _ = store.update(host, &entry, |bytes| {
+        let mut table = table_of(bytes);
+        let before = table.clone();
+        table.give_back(counted.owner, counted.admitted, cost, now);
+        ((), (table != before).then(|| table.encode()))
+    });
+}
+
+/// The entry of a row known by its owner (the key's hash, or 0).
+fn place_of_owner(limit: &CompiledLimit, owner: u64) -> (String, u64) {
+    place_of(limit, limit.keys.is_some().then_some(owner))
+}
+
+/// One limit of an admitted call whose answer is read.
 #[derive(Debug)]
 struct Listener {
     limit: usize,
     key: Option<u64>,
+    counted: Option<Counted>,
 }
 
 /// A call whose answer is read: under which set and policy it went (a set
@@ -73,12 +154,13 @@ pub(super) struct Listening {
 impl Listening {
     /// A call of policy `policy_index` of `set` went: its limits with
     /// `provider` read its answer (`keys`: the call's key per further
-    /// limit).
+    /// limit; `counted`: where it counts in each followed count).
     pub fn expect(
         &mut self,
         context_id: u32,
         (set, policy_index): (&Rc<CompiledPolicySet>, usize),
         keys: &[Option<u64>],
+        counted: &[Option<Counted>],
     ) {
         let Some(policy) = set.policies.get(policy_index) else {
             return;
@@ -91,6 +173,7 @@ impl Listening {
             .map(|(i, _)| Listener {
                 limit: i,
                 key: keys.get(i).copied().flatten(),
+                counted: counted.get(i).copied().flatten(),
             })
             .collect();
         if !listeners.is_empty() {
@@ -114,7 +197,8 @@ impl Listening {
     }
 
     /// The answer's headers came: a refusal the limits listen to is
-    /// counted, and one with a wait pauses them.
+    /// counted, and one with a wait pauses them; a count they follow
+    /// caps what goes until its reset.
     pub fn on_headers<H, R>(
         &mut self,
         (host, store, metrics): (&H, &mut Store, &mut Metrics),
@@ -148,11 +232,7 @@ impl Listening {
                 }
                 PauseSignal::Malformed(e) => {
                     metrics.add_limit(&limit.name, LimitStat::ProviderRefused, 1);
-                    metrics.add_limit(&limit.name, LimitStat::SignalMalformed, 1);
-                    host.log(
-                        Level::Debug,
-                        &format!("sluice: limit {}: provider signal ignored: {e}", limit.name),
-                    );
+                    ignored(host, metrics, &limit.name, &e);
                 }
                 PauseSignal::Pause { wait, capped } => {
                     metrics.add_limit(&limit.name, LimitStat::ProviderRefused, 1);
@@ -160,7 +240,7 @@ impl Listening {
                         metrics.add_limit(&limit.name, LimitStat::PauseCapped, 1);
                     }
                     pause(
-                        (host, store, metrics),
+                        (host, &mut *store, &mut *metrics),
                         limit,
                         listener.key,
                         (status, wait, capped),
@@ -168,8 +248,41 @@ impl Listening {
                     );
                 }
             }
+            let Some(counted) = listener.counted else {
+                continue;
+            };
+            match provider.count_in(headers, now) {
+                Ok(None) => {}
+                Ok(Some(count)) => {
+                    metrics.add_limit(&limit.name, LimitStat::CountRead, 1);
+                    let (entry, _) = place_of_owner(limit, counted.owner);
+                    // On failure (counted and logged by the store) the
+                    // next answer brings the count again.
+                    let _ = store.update(host, &entry, |bytes| {
+                        let mut table = table_of(bytes);
+                        let changed = table.follow(counted.owner, counted.admitted, count, now);
+                        ((), changed.then(|| table.encode()))
+                    });
+                }
+                Err(e) => ignored(host, metrics, &limit.name, &e),
+            }
         }
     }
+}
+
+/// A provider signal that did not parse: counted, logged at debug level
+/// (a provider sending garbage on every answer must not flood the log).
+fn ignored<H: Host + ?Sized>(
+    host: &H,
+    metrics: &mut Metrics,
+    limit: &str,
+    error: &sluice_shared::provider::SignalError,
+) {
+    metrics.add_limit(limit, LimitStat::SignalMalformed, 1);
+    host.log(
+        Level::Debug,
+        &format!("sluice: limit {limit}: provider signal ignored: {error}"),
+    );
 }
 
 /// Writes a pause of `wait` from `now` into the limit's entry, for every
@@ -181,9 +294,9 @@ fn pause<H: Host + ?Sized>(
     (status, wait, capped): (Option<u16>, Span, bool),
     now: Instant,
 ) {
-    let (entry, owner) = pause_place(limit, key);
+    let (entry, owner) = place_of(limit, key);
     let began = store.update(host, &entry, |bytes| {
-        let mut table = bytes.and_then(PauseTable::decode).unwrap_or_default();
+        let mut table = table_of(bytes);
         let changed = table.pause(owner, now, wait);
         (changed, changed.then(|| table.encode()))
     });

@@ -1,0 +1,163 @@
+//! A provider whose true limit Sluice is not told: so many calls per
+//! calendar second (windows from its start), a limit the test may change
+//! while it runs, shared with anyone else calling it (a hidden consumer
+//! sends `x-hidden: 1`). Every answer may say what is left, as OpenAI
+//! does (`x-ratelimit-*-requests`, reset as `250ms`) or as the IETF
+//! fields do; a call over the limit gets 429. Answers take `delay` (calls
+//! stay in flight). Per window it counts what it accepted and refused, for
+//! Sluice's calls and the hidden consumer's apart.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+
+/// How the provider's answers speak of its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signals {
+    /// Only 429 when over.
+    None,
+    /// `x-ratelimit-{limit,remaining,reset}-requests`, reset as `NNNms`.
+    OpenAi,
+    /// `RateLimit-Policy: "requests";q=N;w=1`, `RateLimit: "requests";r=R;t=T`.
+    Ietf,
+}
+
+/// One calendar second at the provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    pub limit: u64,
+    pub accepted: u64,
+    pub refused: u64,
+    pub hidden_accepted: u64,
+    pub hidden_refused: u64,
+}
+
+struct Inner {
+    start: Instant,
+    limit: AtomicU64,
+    signals: Signals,
+    delay: Duration,
+    windows: Mutex<Vec<Window>>,
+}
+
+#[derive(Clone)]
+pub struct MockProvider {
+    inner: Arc<Inner>,
+    pub addr: SocketAddr,
+}
+
+impl MockProvider {
+    /// Starts on a free loopback port, on the current runtime.
+    pub async fn start(limit: u64, signals: Signals, delay: Duration) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let inner = Arc::new(Inner {
+            start: Instant::now(),
+            limit: AtomicU64::new(limit),
+            signals,
+            delay,
+            windows: Mutex::new(Vec::new()),
+        });
+        let app = Router::new()
+            .fallback(any(handle))
+            .with_state(inner.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { inner, addr })
+    }
+
+    /// The provider's limit from now on (the customer's plan changed).
+    pub fn set_limit(&self, limit: u64) {
+        self.inner.limit.store(limit, Ordering::SeqCst);
+    }
+
+    /// Since the provider started.
+    pub fn elapsed(&self) -> Duration {
+        self.inner.start.elapsed()
+    }
+
+    /// Every calendar second so far, from the provider's start.
+    pub fn windows(&self) -> Vec<Window> {
+        self.inner
+            .windows
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default()
+    }
+}
+
+async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    let at = inner.start.elapsed();
+    let second = usize::try_from(at.as_secs()).unwrap_or(usize::MAX);
+    let hidden = headers.contains_key("x-hidden");
+    let limit = inner.limit.load(Ordering::SeqCst);
+    let (accepted, used) = match inner.windows.lock() {
+        Ok(mut windows) => {
+            if windows.len() <= second {
+                windows.resize(second.saturating_add(1).min(100_000), Window::default());
+            }
+            match windows.get_mut(second) {
+                Some(w) => {
+                    w.limit = limit;
+                    let used = w.accepted + w.hidden_accepted;
+                    let accepted = used < limit;
+                    match (accepted, hidden) {
+                        (true, false) => w.accepted += 1,
+                        (true, true) => w.hidden_accepted += 1,
+                        (false, false) => w.refused += 1,
+                        (false, true) => w.hidden_refused += 1,
+                    }
+                    (accepted, used + u64::from(accepted))
+                }
+                None => (false, limit),
+            }
+        }
+        Err(_) => (false, limit),
+    };
+    if !inner.delay.is_zero() {
+        tokio::time::sleep(inner.delay).await;
+    }
+    let reset = Duration::from_secs(at.as_secs() + 1).saturating_sub(at);
+    let remaining = limit.saturating_sub(used);
+    let mut response = if accepted {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::TOO_MANY_REQUESTS, "provider: over the limit\n").into_response()
+    };
+    let out = response.headers_mut();
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            out.insert(name, v);
+        }
+    };
+    match inner.signals {
+        Signals::None => {}
+        Signals::OpenAi => {
+            put("x-ratelimit-limit-requests", limit.to_string());
+            put("x-ratelimit-remaining-requests", remaining.to_string());
+            put(
+                "x-ratelimit-reset-requests",
+                format!("{}ms", reset.as_millis().max(1)),
+            );
+        }
+        Signals::Ietf => {
+            put("ratelimit-policy", format!("\"requests\";q={limit};w=1"));
+            put(
+                "ratelimit",
+                format!(
+                    "\"requests\";r={remaining};t={}",
+                    reset.as_secs_f64().ceil() as u64
+                ),
+            );
+        }
+    }
+    response
+}

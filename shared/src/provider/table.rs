@@ -1,0 +1,569 @@
+//! What Sluice learned from a provider about one limit (or one group of a
+//! keyed limit's keys), as kept in shared data for every worker: pauses
+//! the provider asked for, and the provider's own count of what is left.
+//!
+//! Following the count: the answer to call X says `remaining` R as the
+//! provider counted when it answered X. Calls Sluice admitted after X may
+//! not be in R yet, so the calls that may still go before the provider's
+//! reset are R minus those admitted since X (each row counts the tokens
+//! it admitted, `admitted`; a call remembers the count when it went). An
+//! answer replaces what an answer to an earlier call said, never what a
+//! later one said, so any number of workers reading answers in any order
+//! converge on the newest without subtracting the same calls twice.
+
+use crate::time::{Instant, Span};
+
+/// One owner's row: its key's hash (0 for an unkeyed limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Row {
+    pub owner: u64,
+    pub pause_since: Instant,
+    pub pause_until: Instant,
+    /// Tokens admitted while following the provider's count.
+    pub admitted: u64,
+    /// Tokens that may still go before `allowance_until` (the provider's
+    /// reset), as the newest answer said.
+    pub allowance: u64,
+    pub allowance_until: Instant,
+    /// `admitted` when the call whose answer set the allowance went.
+    pub allowance_from: u64,
+    /// The provider's limit per window, once an answer said it (0: not
+    /// said): when the reset passes, that much is expected again.
+    pub provider_limit: u64,
+    pub window: Span,
+    /// What is allowed goes evenly until the reset (so that others sharing
+    /// the provider's quota find some left): the next call goes at
+    /// `pace_next`, each token pushing it `pace_every` further.
+    pub pace_next: Instant,
+    pub pace_every: Span,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderTable {
+    rows: Vec<Row>,
+}
+
+/// How far ahead of a reader's clock a pause may have begun: the workers'
+/// clocks differ by about one tick; a pause "beginning" later than this
+/// was written by no worker and is ignored.
+pub const CLOCK_SKEW: Span = Span::from_secs(1);
+
+/// What the provider's count says of a call about to go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allowed {
+    /// It may go; `admitted` is the row's count with it (remembered by the
+    /// call, for its answer).
+    Yes { admitted: u64 },
+    /// The provider has nothing left for it until `until`.
+    No { until: Instant },
+}
+
+/// The provider's count as one answer gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub remaining: u64,
+    /// When the provider's count is full again.
+    pub reset_in: Span,
+    /// Its limit per `window`, when it says it.
+    pub limit: Option<u64>,
+    pub window: Span,
+}
+
+/// How many tokens ahead of an even pace calls may go: a few calls that
+/// arrive together are not refused for it.
+pub const PACE_AHEAD: u64 = 4;
+
+impl Row {
+    /// Past the reset of a provider that said its limit: its next window
+    /// holds that limit again, paced over the window.
+    fn roll_over(&mut self, now: Instant) {
+        if self.allowance_until > now
+            || self.allowance_until == Instant::EPOCH
+            || self.provider_limit == 0
+            || self.window.is_zero()
+        {
+            return;
+        }
+        let behind = now.since(self.allowance_until).as_nanos();
+        let windows = behind / self.window.as_nanos() + 1;
+        let start = self.allowance_until + self.window.saturating_mul(windows - 1);
+        self.allowance_until = start + self.window;
+        self.allowance = self.provider_limit;
+        self.pace_every = self.window.div(self.provider_limit);
+        self.pace_next = start;
+    }
+}
+
+impl ProviderTable {
+    pub const MAX_ROWS: usize = 8;
+    const VERSION: u8 = 3;
+    const ROW_LEN: usize = 11 * 8;
+
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    pub fn row(&self, owner: u64) -> Option<&Row> {
+        self.rows.iter().find(|r| r.owner == owner)
+    }
+
+    /// Until when `owner` is paused at `now` (None: it is not): never
+    /// longer than `max_pause` after the pause began, whatever the entry
+    /// says, and never for a pause that begins in the future.
+    pub fn paused_until(&self, owner: u64, now: Instant, max_pause: Span) -> Option<Instant> {
+        let row = self.row(owner)?;
+        if row.pause_since > now + CLOCK_SKEW {
+            return None;
+        }
+        let until = row.pause_until.min(row.pause_since + max_pause);
+        (until > now).then_some(until)
+    }
+
+    /// Pauses `owner` from `now` for `wait`. A pause already running
+    /// longer is kept. Returns whether the table changed.
+    pub fn pause(&mut self, owner: u64, now: Instant, wait: Span) -> bool {
+        let until = now + wait;
+        let row = self.row_mut(owner, now);
+        let running = row.pause_until > now && row.pause_since <= now + CLOCK_SKEW;
+        if running && row.pause_until >= until {
+            return false;
+        }
+        row.pause_since = now;
+        row.pause_until = until;
+        true
+    }
+
+    /// Whether a call costing `cost` may go by the provider's count, and
+    /// if so counts it. Past the reset, a provider that said its limit has
+    /// that much again for its next window; one that did not allows
+    /// anything (the limit's own rate decides) until its next answer.
+    pub fn admit(&mut self, owner: u64, now: Instant, cost: u64) -> Allowed {
+        let row = self.row_mut(owner, now);
+        row.roll_over(now);
+        if row.allowance_until > now {
+            if row.allowance < cost {
+                return Allowed::No {
+                    until: row.allowance_until,
+                };
+            }
+            let ahead = row.pace_every.saturating_mul(PACE_AHEAD);
+            if row.pace_next > now + ahead {
+                return Allowed::No {
+                    until: Instant::from_nanos(row.pace_next.as_nanos() - ahead.as_nanos()),
+                };
+            }
+            row.allowance -= cost;
+            row.pace_next = row.pace_next.max(now) + row.pace_every.saturating_mul(cost);
+        }
+        row.admitted = row.admitted.saturating_add(cost);
+        Allowed::Yes {
+            admitted: row.admitted,
+        }
+    }
+
+    /// A call that went (when the row's count was `admitted`, with it)
+    /// did not after all: its tokens go back to the allowance it took
+    /// them from, if that allowance still holds.
+    pub fn give_back(&mut self, owner: u64, admitted: u64, cost: u64, now: Instant) {
+        if let Some(row) = self.rows.iter_mut().find(|r| r.owner == owner) {
+            if row.allowance_until > now && row.allowance_from < admitted {
+                row.allowance = row.allowance.saturating_add(cost);
+                let back = row.pace_every.saturating_mul(cost).as_nanos();
+                row.pace_next =
+                    Instant::from_nanos(row.pace_next.as_nanos().saturating_sub(back)).max(now);
+            }
+        }
+    }
+
+    /// The answer to a call that went with the row's count at `admitted`
+    /// said `count`. Returns whether the row changed.
+    pub fn follow(&mut self, owner: u64, admitted: u64, count: Count, now: Instant) -> bool {
+        let row = self.row_mut(owner, now);
+        let until = now + count.reset_in;
+        let active = row.allowance_until > now;
+        if active && admitted < row.allowance_from {
+            // An earlier call's answer, read after a later one's.
+            return false;
+        }
+        let stale_by = row.window.div(4);
+        if active && until + stale_by < row.allowance_until {
+            // About a window that already turned (a call that went just
+            // before the reset): the window now running is not its.
+            return false;
+        }
+        let before = *row;
+        let since = row.admitted.saturating_sub(admitted);
+        row.allowance = count.remaining.saturating_sub(since);
+        row.allowance_until = until;
+        row.allowance_from = admitted;
+        if let Some(limit) = count.limit.filter(|&l| l > 0) {
+            row.provider_limit = limit;
+            row.window = count.window;
+        }
+        row.pace_every = count.reset_in.div(row.allowance.max(1));
+        // Calls already sent ahead of the pace stay ahead: every answer
+        // does not grant a new burst.
+        row.pace_next = row.pace_next.max(now);
+        *row != before
+    }
+
+    /// The row of `owner`, made if missing: a full table first drops rows
+    /// with nothing running, then the one whose pause and count end
+    /// first.
+    fn row_mut(&mut self, owner: u64, now: Instant) -> &mut Row {
+        if let Some(i) = self.rows.iter().position(|r| r.owner == owner) {
+            return &mut self.rows[i];
+        }
+        if self.rows.len() >= Self::MAX_ROWS {
+            self.rows
+                .retain(|r| r.pause_until > now || r.allowance_until > now);
+        }
+        if self.rows.len() >= Self::MAX_ROWS {
+            if let Some(first) = self
+                .rows
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, r)| r.pause_until.max(r.allowance_until))
+                .map(|(i, _)| i)
+            {
+                self.rows.swap_remove(first);
+            }
+        }
+        self.rows.push(Row {
+            owner,
+            ..Row::default()
+        });
+        let last = self.rows.len() - 1;
+        &mut self.rows[last]
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + self.rows.len() * Self::ROW_LEN);
+        out.push(Self::VERSION);
+        for r in &self.rows {
+            for word in [
+                r.owner,
+                r.pause_since.as_nanos(),
+                r.pause_until.as_nanos(),
+                r.admitted,
+                r.allowance,
+                r.allowance_until.as_nanos(),
+                r.allowance_from,
+                r.provider_limit,
+                r.window.as_nanos(),
+                r.pace_next.as_nanos(),
+                r.pace_every.as_nanos(),
+            ] {
+                out.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Bytes that are no table (garbage, another version) read as an
+    /// empty one: a broken entry must never stop calls.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != Self::VERSION
+            || rest.len() % Self::ROW_LEN != 0
+            || rest.len() / Self::ROW_LEN > Self::MAX_ROWS
+        {
+            return None;
+        }
+        let rows = rest
+            .chunks_exact(Self::ROW_LEN)
+            .map(|c| {
+                let mut words = c
+                    .chunks_exact(8)
+                    .filter_map(|w| w.try_into().ok().map(u64::from_le_bytes));
+                let mut next = || words.next();
+                Some(Row {
+                    owner: next()?,
+                    pause_since: Instant::from_nanos(next()?),
+                    pause_until: Instant::from_nanos(next()?),
+                    admitted: next()?,
+                    allowance: next()?,
+                    allowance_until: Instant::from_nanos(next()?),
+                    allowance_from: next()?,
+                    provider_limit: next()?,
+                    window: Span::from_nanos(next()?),
+                    pace_next: Instant::from_nanos(next()?),
+                    pace_every: Span::from_nanos(next()?),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { rows })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NOW: Instant = Instant::from_millis(1_700_000_000_000);
+    const CAP: Span = Span::from_secs(300);
+
+    fn count(remaining: u64, reset_ms: u64) -> Count {
+        Count {
+            remaining,
+            reset_in: Span::from_millis(reset_ms),
+            limit: None,
+            window: Span::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_pause_holds_its_owner_only_and_a_longer_one_wins() {
+        let mut table = ProviderTable::default();
+        assert!(table.pause(7, NOW, Span::from_secs(3)));
+        assert_eq!(
+            table.paused_until(7, NOW, CAP),
+            Some(NOW + Span::from_secs(3))
+        );
+        assert_eq!(table.paused_until(8, NOW, CAP), None);
+        assert!(
+            !table.pause(7, NOW, Span::from_secs(1)),
+            "a shorter pause changes nothing"
+        );
+        assert!(table.pause(7, NOW, Span::from_secs(5)));
+        assert_eq!(table.paused_until(7, NOW + Span::from_secs(5), CAP), None);
+        assert_eq!(ProviderTable::decode(&table.encode()), Some(table));
+    }
+
+    #[test]
+    fn a_full_table_drops_what_ends_first() {
+        let mut table = ProviderTable::default();
+        for owner in 0..ProviderTable::MAX_ROWS as u64 {
+            table.pause(owner, NOW, Span::from_secs(10 + owner));
+        }
+        table.pause(99, NOW, Span::from_secs(5));
+        assert_eq!(table.rows().len(), ProviderTable::MAX_ROWS);
+        assert_eq!(table.paused_until(0, NOW, CAP), None);
+        assert!(table.paused_until(99, NOW, CAP).is_some());
+    }
+
+    #[test]
+    fn broken_entries_pause_nothing() {
+        for bytes in [&b""[..], b"\x01", b"\x03\x00", &[3u8; 1 + 88 * 9]] {
+            assert!(ProviderTable::decode(bytes).is_none());
+        }
+        let mut table = ProviderTable::default();
+        table.rows.push(Row {
+            pause_since: NOW + Span::from_secs(3600),
+            pause_until: Instant::MAX,
+            ..Row::default()
+        });
+        assert_eq!(
+            table.paused_until(0, NOW, CAP),
+            None,
+            "begins in the future"
+        );
+        table.rows[0].pause_since = NOW;
+        assert_eq!(table.paused_until(0, NOW, CAP), Some(NOW + CAP), "capped");
+    }
+
+    #[test]
+    fn the_answer_caps_what_goes_until_the_reset_less_what_went_since() {
+        let mut table = ProviderTable::default();
+        // Call X goes (count 1), then 3 more (count 4) before X's answer
+        // says 5 are left until the reset in 1 s.
+        let Allowed::Yes { admitted: x } = table.admit(0, NOW, 1) else {
+            panic!()
+        };
+        for _ in 0..3 {
+            table.admit(0, NOW, 1);
+        }
+        assert!(table.follow(0, x, count(5, 1000), NOW));
+        // 5 - 3 admitted since X: 2 more may go.
+        assert!(matches!(table.admit(0, NOW, 1), Allowed::Yes { .. }));
+        assert!(matches!(table.admit(0, NOW, 1), Allowed::Yes { .. }));
+        assert_eq!(
+            table.admit(0, NOW, 1),
+            Allowed::No {
+                until: NOW + Span::from_secs(1)
+            }
+        );
+        // The reset passes: the provider's window turned.
+        let later = NOW + Span::from_millis(1000);
+        assert!(matches!(table.admit(0, later, 1), Allowed::Yes { .. }));
+    }
+
+    #[test]
+    fn an_earlier_calls_answer_read_late_changes_nothing() {
+        let mut table = ProviderTable::default();
+        let Allowed::Yes { admitted: a } = table.admit(0, NOW, 1) else {
+            panic!()
+        };
+        let Allowed::Yes { admitted: b } = table.admit(0, NOW, 1) else {
+            panic!()
+        };
+        assert!(table.follow(0, b, count(10, 1000), NOW));
+        // A's answer (older: it says 11 left) comes after B's.
+        assert!(!table.follow(0, a, count(11, 1000), NOW));
+        assert_eq!(table.row(0).map(|r| r.allowance), Some(10));
+        // The same answer read by a second worker: no change, no double count.
+        assert!(!table.follow(0, b, count(10, 1000), NOW));
+        assert_eq!(table.row(0).map(|r| r.allowance), Some(10));
+    }
+
+    #[test]
+    fn a_call_given_back_returns_its_tokens_to_the_allowance() {
+        let mut table = ProviderTable::default();
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 1) else {
+            panic!()
+        };
+        table.follow(0, admitted, count(2, 1000), NOW);
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 2) else {
+            panic!()
+        };
+        assert!(matches!(table.admit(0, NOW, 1), Allowed::No { .. }));
+        table.give_back(0, admitted, 2, NOW);
+        assert!(matches!(table.admit(0, NOW, 2), Allowed::Yes { .. }));
+    }
+
+    #[test]
+    fn past_the_reset_the_providers_limit_is_expected_again_and_paced() {
+        let mut table = ProviderTable::default();
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 1) else {
+            panic!()
+        };
+        let said = Count {
+            remaining: 0,
+            reset_in: Span::from_millis(200),
+            limit: Some(40),
+            window: Span::from_secs(1),
+        };
+        table.follow(0, admitted, said, NOW);
+        assert!(matches!(table.admit(0, NOW, 1), Allowed::No { .. }));
+        // The next window holds 40, one every 25 ms (4 may go ahead).
+        let next = NOW + Span::from_millis(200);
+        let went = (0..100)
+            .filter(|_| matches!(table.admit(0, next, 1), Allowed::Yes { .. }))
+            .count();
+        assert_eq!(went, 5, "an even pace, a few ahead");
+        let mut went_in_window = went;
+        for ms in 1..1000 {
+            let at = next + Span::from_millis(ms);
+            if matches!(table.admit(0, at, 1), Allowed::Yes { .. }) {
+                went_in_window += 1;
+            }
+        }
+        assert_eq!(went_in_window, 40, "the window's 40, no more");
+    }
+
+    #[test]
+    fn an_answer_about_a_window_that_turned_does_not_refill_the_next() {
+        let mut table = ProviderTable::default();
+        let said = |remaining, reset_ms| Count {
+            remaining,
+            reset_in: Span::from_millis(reset_ms),
+            limit: Some(40),
+            window: Span::from_secs(1),
+        };
+        let Allowed::Yes { admitted: first } = table.admit(0, NOW, 1) else {
+            panic!()
+        };
+        let Allowed::Yes { admitted: last } = table.admit(0, NOW, 1) else {
+            panic!()
+        };
+        table.follow(0, first, said(0, 100), NOW);
+        // The window turns: 40 again, paced.
+        let next = NOW + Span::from_millis(100);
+        assert!(matches!(table.admit(0, next, 1), Allowed::Yes { .. }));
+        // The last call of the old window answers late: "0 left, reset in 2 ms".
+        assert!(!table.follow(0, last, said(0, 2), next + Span::from_millis(8)));
+        let row = table.row(0).copied().unwrap_or_default();
+        assert_eq!(row.allowance, 39);
+        assert_eq!(row.allowance_until, next + Span::from_secs(1));
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_decode_to_a_bounded_table_or_none(
+            bytes in proptest::collection::vec(any::<u8>(), 0..600),
+            now_ms in 0u64..4_000_000_000_000,
+            owner in any::<u64>(),
+        ) {
+            let now = Instant::from_millis(now_ms);
+            if let Some(mut table) = ProviderTable::decode(&bytes) {
+                prop_assert!(table.rows().len() <= ProviderTable::MAX_ROWS);
+                if let Some(until) = table.paused_until(owner, now, CAP) {
+                    prop_assert!(until > now);
+                    prop_assert!(until <= now + CLOCK_SKEW + CAP);
+                }
+                let _ = table.admit(owner, now, 1);
+                prop_assert!(table.rows().len() <= ProviderTable::MAX_ROWS);
+            }
+        }
+
+        #[test]
+        fn pauses_stay_bounded_and_each_lasts_what_it_asked(
+            steps in proptest::collection::vec((0u64..12, 0u64..5_000, 1u64..10_000), 1..60),
+        ) {
+            let mut table = ProviderTable::default();
+            let mut now = NOW;
+            for (owner, advance, wait_ms) in steps {
+                now += Span::from_millis(advance);
+                let before = table.paused_until(owner, now, CAP);
+                table.pause(owner, now, Span::from_millis(wait_ms));
+                let after = table.paused_until(owner, now, CAP);
+                prop_assert!(after >= Some(now + Span::from_millis(wait_ms)));
+                prop_assert!(after >= before);
+                prop_assert!(table.rows().len() <= ProviderTable::MAX_ROWS);
+                prop_assert_eq!(ProviderTable::decode(&table.encode()), Some(table.clone()));
+            }
+        }
+
+        /// Calls go and answers come back in any order, each saying what
+        /// the provider had left when the call arrived; the provider's
+        /// window holds `quota`, of which someone else used `used_before`.
+        /// Once Sluice has read one answer, its calls never take the
+        /// provider past the quota (or past where it already was): no
+        /// answer, however late or however often read, lets through calls
+        /// the provider already counted.
+        #[test]
+        fn following_answers_in_any_order_never_sends_past_the_quota(
+            quota in 1u64..50,
+            used_before in 0u64..60,
+            ops in proptest::collection::vec((0u8..3, any::<prop::sample::Index>(), 1u64..3), 1..200),
+        ) {
+            let mut table = ProviderTable::default();
+            let mut provider_used = used_before;
+            // Calls in flight: the row's count when each went, and what
+            // the provider had left when it arrived.
+            let mut in_flight: Vec<(u64, u64)> = Vec::new();
+            let mut answered: Vec<(u64, u64)> = Vec::new();
+            let mut known_at: Option<u64> = None;
+            for (op, pick, cost) in ops {
+                match op {
+                    0 => {
+                        if let Allowed::Yes { admitted } = table.admit(0, NOW, cost) {
+                            provider_used += cost;
+                            in_flight.push((admitted, quota.saturating_sub(provider_used)));
+                        }
+                    }
+                    1 if !in_flight.is_empty() => {
+                        let (admitted, remaining) = in_flight.remove(pick.index(in_flight.len()));
+                        table.follow(0, admitted, count(remaining, 60_000), NOW);
+                        answered.push((admitted, remaining));
+                        known_at.get_or_insert(provider_used);
+                    }
+                    // Another worker reads an answer already read.
+                    2 if !answered.is_empty() => {
+                        let (admitted, remaining) = answered[pick.index(answered.len())];
+                        table.follow(0, admitted, count(remaining, 60_000), NOW);
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(known_at) = known_at {
+                prop_assert!(
+                    provider_used <= quota.max(known_at),
+                    "the provider counted {} of {}, {} when Sluice first knew",
+                    provider_used, quota, known_at
+                );
+            }
+        }
+    }
+}
