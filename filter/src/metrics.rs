@@ -99,10 +99,12 @@ pub enum LimitStat {
     SignalMalformed,
     /// Answers whose count of what is left was read and followed.
     CountRead,
+    /// Cuts of an adaptive limit's rate on the provider's refusals.
+    RateCut,
 }
 
 impl LimitStat {
-    const ALL: [LimitStat; 14] = [
+    const ALL: [LimitStat; 15] = [
         LimitStat::Admitted,
         LimitStat::Refused,
         LimitStat::Queued,
@@ -117,6 +119,7 @@ impl LimitStat {
         LimitStat::PauseCapped,
         LimitStat::SignalMalformed,
         LimitStat::CountRead,
+        LimitStat::RateCut,
     ];
 
     fn name(self) -> &'static str {
@@ -135,6 +138,7 @@ impl LimitStat {
             LimitStat::PauseCapped => "pause_capped",
             LimitStat::SignalMalformed => "signal_malformed",
             LimitStat::CountRead => "count_read",
+            LimitStat::RateCut => "rate_cut",
         }
     }
 

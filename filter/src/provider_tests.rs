@@ -428,3 +428,53 @@ fn a_count_of_zero_on_a_refusal_holds_calls_until_the_reset_and_a_queue_waits_fo
     host.advance_ms(100);
     assert_eq!(w.on_tick(&host), vec![StreamAction::Resume(2)]);
 }
+
+const ADAPTIVE: &str = r#"{"version": 1, "policies": [
+    {"name": "api", "match": {"host": "api.example"},
+     "rate": {"requests": 1000, "period": "1s"},
+     "limits": [{"name": "provider-rate", "rate": {"requests": 100, "period": "1s"},
+                 "provider": {"adaptive": true}}]}]}"#;
+
+#[test]
+fn an_adaptive_limit_cuts_its_rate_once_per_overload_for_every_worker() {
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, ADAPTIVE);
+    let mut b = worker(&host, ADAPTIVE);
+    // A second at 100 a second, every answer fine.
+    for id in 1..=100u32 {
+        assert_eq!(call(&host, &mut a, id), Verdict::Continue);
+        answer(&host, &mut a, id, b"200", &[]);
+        pass(&host, &mut a, 10);
+        b.on_tick(&host);
+    }
+    // Two calls go, then both are refused: one cut, not two.
+    assert_eq!(call(&host, &mut a, 200), Verdict::Continue);
+    assert_eq!(call(&host, &mut a, 201), Verdict::Continue);
+    answer(&host, &mut a, 200, b"429", &[]);
+    answer(&host, &mut a, 201, b"429", &[]);
+    // The other worker now sends at about 70 a second.
+    let mut went = 0;
+    for id in 300..1300u32 {
+        host.advance_ms(1);
+        if id % 100 == 0 {
+            a.on_tick(&host);
+            b.on_tick(&host);
+        }
+        if call(&host, &mut b, id) == Verdict::Continue {
+            went += 1;
+            w_end(&host, &mut b, id);
+        }
+    }
+    a.on_tick(&host);
+    b.on_tick(&host);
+    assert!(
+        (70..=85).contains(&went),
+        "{went} went in the second after the cut"
+    );
+    assert_eq!(host.metric("sluice.limit.provider-rate.rate_cut"), 1);
+    assert!(host.logs.borrow().iter().any(|l| l.contains("rate cut to")));
+}
+
+fn w_end(host: &FakeHost, w: &mut Worker, id: u32) {
+    w.on_stream_end(host, id);
+}

@@ -361,7 +361,8 @@ const EVERYTHING: &str = r#"{"version": 1, "policies": [
      "rate": {"requests": 5, "period": "1s", "burst": 3}, "concurrency": {"max_in_flight": 2, "reserved_for_high": 1},
      "priority": {"header": "x-priority"}, "on_limit": {"action": "queue", "max_wait": "20ms", "max_queue": 3},
      "limits": [{"name": "units-per-key", "key": {"header": "x-api-key", "max_keys": 2},
-                 "rate": {"requests": 4, "period": "10ms"}, "cost": {"header": "x-cost", "max": 3}},
+                 "rate": {"requests": 4, "period": "10ms"}, "cost": {"header": "x-cost", "max": 3},
+                 "provider": {"headers": "ietf", "adaptive": true, "max_pause": "50ms"}},
                 {"name": "fleet", "scope": "global", "rate": {"requests": 10, "period": "1s"}},
                 {"name": "daily", "rate": {"requests": 40, "period": "1d", "algorithm": "fixed_window"}},
                 {"name": "in-flight", "concurrency": {"max_in_flight": 2, "lease_ttl": "1s"}}]},
@@ -378,6 +379,9 @@ fn header_name() -> impl Strategy<Value = &'static str> {
         Just("x-cost"),
         Just("x-priority"),
         Just("host"),
+        Just(":status"),
+        Just("retry-after"),
+        Just("ratelimit"),
     ]
 }
 
@@ -393,13 +397,14 @@ fn request_path_cases() -> u32 {
 proptest! {
     #![proptest_config(ProptestConfig { cases: request_path_cases(), ..ProptestConfig::default() })]
 
-    /// Any header bytes, any sizes, any sequence of requests, ends, ticks
-    /// and clock jumps: no panic, every request gets a defined verdict, and
+    /// Any header bytes, any sizes, any sequence of requests, answers
+    /// (any status, `Retry-After`, `RateLimit`), ends, ticks and clock
+    /// jumps: no panic, every request gets a defined verdict, and
     /// in the end nothing is left in flight or waiting.
     #[test]
     fn the_request_path_never_panics(
         steps in prop::collection::vec(
-            (prop::collection::vec((header_name(), prop::collection::vec(any::<u8>(), 0..300)), 0..8), 0u8..4, 0u64..40),
+            (prop::collection::vec((header_name(), prop::collection::vec(any::<u8>(), 0..300)), 0..8), 0u8..5, 0u64..40),
             1..60,
         ),
     ) {
@@ -417,6 +422,8 @@ proptest! {
                 0 => { if let Some(c) = open.pop() { w.on_stream_end(&host, c); } }
                 1 => { host.advance_ms(ms); let _ = w.on_tick(&host); }
                 2 => host.now.set(host.now.get() - Span::from_millis(ms)),
+                // The same headers as an answer: any status, wait, count.
+                3 => { if let Some(&c) = open.last() { w.on_response_headers(&host, c, h.as_slice(), false); } }
                 _ => {}
             }
         }

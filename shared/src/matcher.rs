@@ -213,9 +213,10 @@ impl CompiledPolicy {
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
                     global: l.scope == crate::policy::Scope::Global,
                     closed: false,
-                    provider: l.provider.as_ref().map(|p| {
-                        crate::provider::CompiledProvider::new(p, &l.name, rate.period.as_span())
-                    }),
+                    provider: l
+                        .provider
+                        .as_ref()
+                        .map(|p| crate::provider::CompiledProvider::new(p, &l.name, rate)),
                 })
                 .collect(),
             slot_limits: policy

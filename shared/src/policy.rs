@@ -136,6 +136,13 @@ pub struct ProviderSpec {
     /// above its own limit for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<ProviderHeaders>,
+    /// For a provider that says only "429": every refusal (a status in
+    /// `pause_on`) cuts this limit's rate to 0.7 of what went, once per
+    /// overload, and the rate climbs back to the limit's own along a
+    /// cubic curve (as AWS SDKs' adaptive mode), learned by every worker
+    /// at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adaptive: bool,
 }
 
 /// Where a provider says how much of its limit is left.
@@ -236,6 +243,7 @@ impl Default for ProviderSpec {
             pause_on: Self::default_pause_on(),
             max_pause: None,
             headers: None,
+            adaptive: false,
         }
     }
 }

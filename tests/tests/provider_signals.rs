@@ -224,10 +224,11 @@ async fn bad_and_huge_waits_are_ignored_or_capped() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A run against a provider of `signals` whose limit starts at 100 a second
-/// and drops to `drop_to` at 2 s (0: never), with a hidden consumer
-/// sending `hidden_per_second` straight to it; Sluice's limit is 100 a
-/// second, following the provider's count by `follow` (None: not at all).
+/// A run of `seconds` against a provider of `signals` whose limit starts at
+/// 100 a second and drops to `drop_to` at 2 s (0: never), with a hidden
+/// consumer sending `hidden_per_second` straight to it; Sluice's limit is
+/// 100 a second, listening to the provider as `listen` says (None: not at
+/// all).
 struct Run {
     windows: Vec<sluice_demo::provider::Window>,
     calls: usize,
@@ -236,14 +237,14 @@ struct Run {
 
 async fn run_against_provider(
     signals: sluice_demo::provider::Signals,
-    follow: Option<&str>,
-    drop_to: u64,
-    hidden_per_second: u64,
+    listen: Option<&str>,
+    (drop_to, hidden_per_second): (u64, u64),
+    seconds: u64,
 ) -> anyhow::Result<Run> {
     use sluice_demo::provider::MockProvider;
     let provider = MockProvider::start(100, signals, Duration::from_millis(10)).await?;
-    let listen = follow
-        .map(|preset| format!(r#", "provider": {{"headers": "{preset}"}}"#))
+    let listen = listen
+        .map(|provider| format!(r#", "provider": {provider}"#))
         .unwrap_or_default();
     let config = format!(
         r#"{{"instance": "e2e-follow", "fallback": {{"version": 1, "policies": [
@@ -257,9 +258,11 @@ async fn run_against_provider(
     tokio::time::sleep(until_next).await;
     let first_second = provider.elapsed().as_secs();
     let url = envoy.url("/v1/orders");
-    let load = tokio::spawn(closed_loop(24, Duration::from_secs(6), move |c, _| {
-        c.get(&url).header("host", HOST)
-    }));
+    let load = tokio::spawn(closed_loop(
+        24,
+        Duration::from_secs(seconds),
+        move |c, _| c.get(&url).header("host", HOST),
+    ));
     let hidden = (hidden_per_second > 0).then(|| {
         let direct = format!("http://{}/v1/orders", provider.addr);
         tokio::spawn(async move {
@@ -267,7 +270,7 @@ async fn run_against_provider(
             let every = Duration::from_micros(1_000_000 / hidden_per_second);
             let mut tick = tokio::time::interval(every);
             let started = std::time::Instant::now();
-            while started.elapsed() < Duration::from_secs(6) {
+            while started.elapsed() < Duration::from_secs(seconds) {
                 tick.tick().await;
                 let call = http.get(&direct).header("x-hidden", "1").send();
                 tokio::spawn(call);
@@ -286,7 +289,7 @@ async fn run_against_provider(
     let windows = provider.windows();
     // The whole seconds of the run, after its first.
     let from = usize::try_from(first_second + 1)?;
-    let to = usize::try_from(first_second + 6)?.min(windows.len());
+    let to = usize::try_from(first_second + seconds)?.min(windows.len());
     Ok(Run {
         windows: windows.get(from..to).map(<[_]>::to_vec).unwrap_or_default(),
         calls: outcomes.len(),
@@ -327,9 +330,16 @@ fn provider_refused_share(run: &Run) -> f64 {
 async fn the_providers_limit_drops_and_following_its_count_keeps_refusals_under_1_percent(
 ) -> anyhow::Result<()> {
     use sluice_demo::provider::Signals;
-    let openai = run_against_provider(Signals::OpenAi, Some("openai-requests"), 40, 0).await?;
-    let ietf = run_against_provider(Signals::Ietf, Some("ietf"), 40, 0).await?;
-    let blind = run_against_provider(Signals::OpenAi, None, 40, 0).await?;
+    let openai = run_against_provider(
+        Signals::OpenAi,
+        Some(r#"{"headers": "openai-requests"}"#),
+        (40, 0),
+        6,
+    )
+    .await?;
+    let ietf =
+        run_against_provider(Signals::Ietf, Some(r#"{"headers": "ietf"}"#), (40, 0), 6).await?;
+    let blind = run_against_provider(Signals::OpenAi, None, (40, 0), 6).await?;
     for (name, run) in [
         ("following openai", &openai),
         ("following ietf", &ietf),
@@ -372,8 +382,14 @@ async fn the_providers_limit_drops_and_following_its_count_keeps_refusals_under_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hidden_consumer_shares_the_quota_and_following_leaves_them_room() -> anyhow::Result<()> {
     use sluice_demo::provider::Signals;
-    let following = run_against_provider(Signals::OpenAi, Some("openai-requests"), 0, 30).await?;
-    let blind = run_against_provider(Signals::OpenAi, None, 0, 30).await?;
+    let following = run_against_provider(
+        Signals::OpenAi,
+        Some(r#"{"headers": "openai-requests"}"#),
+        (0, 30),
+        6,
+    )
+    .await?;
+    let blind = run_against_provider(Signals::OpenAi, None, (0, 30), 6).await?;
     for (name, run) in [("following", &following), ("not following", &blind)] {
         let hidden_refused: u64 = run.windows.iter().map(|w| w.hidden_refused).sum();
         println!(
@@ -399,5 +415,46 @@ async fn a_hidden_consumer_shares_the_quota_and_following_leaves_them_room() -> 
         );
     }
     assert!(provider_refused_share(&blind) > 0.1, "{}", describe(&blind));
+    Ok(())
+}
+
+/// The provider's limit drops from 100/s to 40/s at 2 s and it says only
+/// "429" (no headers). Adapting, the provider refuses fewer than 5 % of
+/// the calls after the first second and the rate settles within 10 % of
+/// 40/s over the last 5 s; the same run without adapting is reported
+/// beside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapting_to_refusals_alone_settles_near_the_providers_new_limit() -> anyhow::Result<()> {
+    use sluice_demo::provider::Signals;
+    let adaptive =
+        run_against_provider(Signals::None, Some(r#"{"adaptive": true}"#), (40, 0), 12).await?;
+    let blind = run_against_provider(Signals::None, None, (40, 0), 12).await?;
+    let settled = |run: &Run| {
+        let last: Vec<_> = run.windows.iter().rev().take(5).collect();
+        last.iter().map(|w| w.accepted as f64).sum::<f64>() / last.len().max(1) as f64
+    };
+    for (name, run) in [("adaptive", &adaptive), ("not adapting", &blind)] {
+        println!(
+            "limit 100 -> 40/s, only 429s, {name}: {} calls; provider per second (accepted/refused of limit): {}; \
+             provider refused {:.2} %; accepted {:.1}/s over the last 5 s",
+            run.calls,
+            describe(run),
+            100.0 * provider_refused_share(run),
+            settled(run)
+        );
+    }
+    assert_eq!(adaptive.windows.len(), 11, "eleven whole seconds measured");
+    assert!(
+        provider_refused_share(&adaptive) < 0.05,
+        "{}",
+        describe(&adaptive)
+    );
+    let rate = settled(&adaptive);
+    assert!(
+        (36.0..=44.0).contains(&rate),
+        "settled at {rate:.1}/s: {}",
+        describe(&adaptive)
+    );
+    assert!(provider_refused_share(&blind) > 0.2, "{}", describe(&blind));
     Ok(())
 }

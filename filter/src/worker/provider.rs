@@ -82,13 +82,13 @@ pub(super) fn count<H: Host + ?Sized>(
     (key, cost): (Option<u64>, u64),
     now: Instant,
 ) -> Result<CountSays, StoreError> {
-    if limit.provider.as_ref().is_none_or(|p| p.count.is_none()) {
+    let Some(provider) = limit.provider.as_ref().filter(|p| p.counts_calls()) else {
         return Ok(CountSays::NotFollowed);
-    }
+    };
     let (entry, owner) = place_of(limit, key);
     store.update(host, &entry, |bytes| {
         let mut table = table_of(bytes);
-        match table.admit(owner, now, cost) {
+        match table.admit(owner, now, cost, provider.adaptive) {
             Allowed::Yes { admitted } => (
                 CountSays::Counted(Counted { owner, admitted }),
                 Some(table.encode()),
@@ -225,7 +225,21 @@ impl Listening {
             let Some(provider) = &limit.provider else {
                 continue;
             };
-            match provider.pause_for(status, headers, now) {
+            let signal = provider.pause_for(status, headers, now);
+            if let (Some(full), Some(counted), false) = (
+                provider.adaptive,
+                listener.counted,
+                matches!(signal, PauseSignal::None),
+            ) {
+                cut_rate(
+                    (host, &mut *store, &mut *metrics),
+                    limit,
+                    counted,
+                    full,
+                    now,
+                );
+            }
+            match signal {
                 PauseSignal::None => {}
                 PauseSignal::Refused => {
                     metrics.add_limit(&limit.name, LimitStat::ProviderRefused, 1);
@@ -267,6 +281,37 @@ impl Listening {
                 Err(e) => ignored(host, metrics, &limit.name, &e),
             }
         }
+    }
+}
+
+/// The provider refused a call of an adaptive limit: its rate is cut
+/// (once per overload), for every worker.
+fn cut_rate<H: Host + ?Sized>(
+    (host, store, metrics): (&H, &mut Store, &mut Metrics),
+    limit: &CompiledLimit,
+    counted: Counted,
+    full: f64,
+    now: Instant,
+) {
+    let (entry, _) = place_of_owner(limit, counted.owner);
+    let cut = store.update(host, &entry, |bytes| {
+        let mut table = table_of(bytes);
+        let cut = table.throttled(counted.owner, counted.admitted, now, full);
+        let rate = table
+            .row(counted.owner)
+            .and_then(|r| r.adaptive.rate(now, full));
+        ((cut, rate), cut.then(|| table.encode()))
+    });
+    if let Ok((true, rate)) = cut {
+        metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
+        host.log(
+            Level::Info,
+            &format!(
+                "sluice: limit {}: the provider refused a call; rate cut to {:.1}/s (of {full:.1}/s)",
+                limit.name,
+                rate.unwrap_or(full)
+            ),
+        );
     }
 }
 

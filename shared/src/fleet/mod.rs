@@ -64,7 +64,8 @@ impl Amount {
         }
     }
 
-    fn per_second(rate: &crate::policy::RateSpec) -> f64 {
+    /// A rate as so many per second.
+    pub fn per_second(rate: &crate::policy::RateSpec) -> f64 {
         rate.requests as f64 / rate.period.as_span().as_secs_f64().max(1e-9)
     }
 

@@ -6,8 +6,11 @@
 //! Envoy) wrote: every value is bounded, and a value that does not parse
 //! is an error the caller counts, never a pause.
 
+mod adaptive;
 mod counts;
 mod table;
+
+pub use adaptive::Adaptive;
 
 pub use counts::{CountSource, Reading};
 pub use table::{Allowed, Count, ProviderTable, Row, CLOCK_SKEW};
@@ -15,7 +18,7 @@ pub use table::{Allowed, Count, ProviderTable, Row, CLOCK_SKEW};
 use thiserror::Error;
 
 use crate::matcher::RequestHeaders;
-use crate::policy::ProviderSpec;
+use crate::policy::{ProviderSpec, RateSpec};
 use crate::time::{Instant, Span, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 pub const RETRY_AFTER: &str = "retry-after";
@@ -115,7 +118,7 @@ pub(crate) fn all_digits(s: &str) -> bool {
 }
 
 /// A limit's `provider`, ready to read answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CompiledProvider {
     pause_on: Vec<u16>,
     pub max_pause: Span,
@@ -124,6 +127,9 @@ pub struct CompiledProvider {
     /// How long a count holds when the answer does not say: the limit's
     /// own period.
     pub default_reset: Span,
+    /// `adaptive`: the limit's own rate per second, which the adapted
+    /// rate climbs back to.
+    pub adaptive: Option<f64>,
 }
 
 /// What one answer means for the limit.
@@ -142,8 +148,12 @@ pub enum PauseSignal {
 
 impl CompiledProvider {
     /// For the limit named `limit_name` whose period is `period`.
-    pub fn new(spec: &ProviderSpec, limit_name: &str, period: Span) -> Self {
+    pub fn new(spec: &ProviderSpec, limit_name: &str, rate: &RateSpec) -> Self {
+        let period = rate.period.as_span();
         Self {
+            adaptive: spec
+                .adaptive
+                .then(|| crate::fleet::Amount::per_second(rate)),
             pause_on: spec.pause_on.clone(),
             max_pause: spec.max_pause().as_span(),
             count: spec
@@ -181,6 +191,12 @@ impl CompiledProvider {
         }))
     }
 
+    /// Whether the provider's answers are read on every call (to follow
+    /// its count, or to adapt to its refusals).
+    pub fn counts_calls(&self) -> bool {
+        self.count.is_some() || self.adaptive.is_some()
+    }
+
     /// Reads an answer of status `status` with `headers`, at `now`.
     pub fn pause_for<R: RequestHeaders + ?Sized>(
         &self,
@@ -209,6 +225,16 @@ mod tests {
     use proptest::prelude::*;
 
     const NOW: Instant = Instant::from_millis(1_700_000_000_000);
+
+    fn per_second(requests: u64) -> RateSpec {
+        RateSpec {
+            algorithm: Default::default(),
+            requests,
+            period: crate::DurationMs::from_secs(1),
+            burst: None,
+            warmup: None,
+        }
+    }
 
     fn signal(
         provider: &CompiledProvider,
@@ -289,7 +315,7 @@ mod tests {
 
     #[test]
     fn only_listed_refusals_pause_and_never_past_the_cap() {
-        let provider = CompiledProvider::new(&ProviderSpec::default(), "x", Span::from_secs(1));
+        let provider = CompiledProvider::new(&ProviderSpec::default(), "x", &per_second(100));
         let h: &[(&str, &[u8])] = &[("retry-after", b"3")];
         assert_eq!(signal(&provider, Some(200), h, NOW), PauseSignal::None);
         assert_eq!(signal(&provider, None, h, NOW), PauseSignal::None);
@@ -328,7 +354,7 @@ mod tests {
         ) {
             let name = if ms { "retry-after-ms" } else { "retry-after" };
             let headers: &[(&str, &[u8])] = &[(name, &value)];
-            let provider = CompiledProvider::new(&ProviderSpec::default(), "x", Span::from_secs(1));
+            let provider = CompiledProvider::new(&ProviderSpec::default(), "x", &per_second(100));
             match provider.pause_for(Some(status), headers, Instant::from_millis(now_ms)) {
                 PauseSignal::Pause { wait, .. } => {
                     prop_assert!(wait <= Span::from_secs(300));

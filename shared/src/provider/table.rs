@@ -11,10 +11,11 @@
 //! later one said, so any number of workers reading answers in any order
 //! converge on the newest without subtracting the same calls twice.
 
+use super::adaptive::Adaptive;
 use crate::time::{Instant, Span};
 
 /// One owner's row: its key's hash (0 for an unkeyed limit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Row {
     pub owner: u64,
     pub pause_since: Instant,
@@ -36,9 +37,11 @@ pub struct Row {
     /// `pace_next`, each token pushing it `pace_every` further.
     pub pace_next: Instant,
     pub pace_every: Span,
+    /// The rate learned from refusals (`adaptive`).
+    pub adaptive: Adaptive,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProviderTable {
     rows: Vec<Row>,
 }
@@ -96,8 +99,8 @@ impl Row {
 
 impl ProviderTable {
     pub const MAX_ROWS: usize = 8;
-    const VERSION: u8 = 3;
-    const ROW_LEN: usize = 11 * 8;
+    const VERSION: u8 = 4;
+    const ROW_LEN: usize = 19 * 8;
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
@@ -137,21 +140,33 @@ impl ProviderTable {
     /// if so counts it. Past the reset, a provider that said its limit has
     /// that much again for its next window; one that did not allows
     /// anything (the limit's own rate decides) until its next answer.
-    pub fn admit(&mut self, owner: u64, now: Instant, cost: u64) -> Allowed {
+    ///
+    /// `adaptive`: the limit's own rate per second, when it adapts to
+    /// refusals: the call must also fit the adapted pace.
+    pub fn admit(&mut self, owner: u64, now: Instant, cost: u64, adaptive: Option<f64>) -> Allowed {
         let row = self.row_mut(owner, now);
         row.roll_over(now);
-        if row.allowance_until > now {
+        let counted = row.allowance_until > now;
+        let ahead = row.pace_every.saturating_mul(PACE_AHEAD);
+        if counted {
             if row.allowance < cost {
                 return Allowed::No {
                     until: row.allowance_until,
                 };
             }
-            let ahead = row.pace_every.saturating_mul(PACE_AHEAD);
             if row.pace_next > now + ahead {
                 return Allowed::No {
                     until: Instant::from_nanos(row.pace_next.as_nanos() - ahead.as_nanos()),
                 };
             }
+        }
+        if let Some(full) = adaptive {
+            if let Err(until) = row.adaptive.admit(now, cost, full) {
+                return Allowed::No { until };
+            }
+            row.adaptive.sent(now, cost);
+        }
+        if counted {
             row.allowance -= cost;
             row.pace_next = row.pace_next.max(now) + row.pace_every.saturating_mul(cost);
         }
@@ -173,6 +188,15 @@ impl ProviderTable {
                     Instant::from_nanos(row.pace_next.as_nanos().saturating_sub(back)).max(now);
             }
         }
+    }
+
+    /// The provider refused a call that went when the row's count was
+    /// `admitted` (`full`: the limit's own rate per second): the adapted
+    /// rate is cut, once per overload. Returns whether it was.
+    pub fn throttled(&mut self, owner: u64, admitted: u64, now: Instant, full: f64) -> bool {
+        let row = self.row_mut(owner, now);
+        let now_admitted = row.admitted;
+        row.adaptive.throttled(now, (admitted, now_admitted), full)
     }
 
     /// The answer to a call that went with the row's count at `admitted`
@@ -253,7 +277,10 @@ impl ProviderTable {
                 r.window.as_nanos(),
                 r.pace_next.as_nanos(),
                 r.pace_every.as_nanos(),
-            ] {
+            ]
+            .into_iter()
+            .chain(r.adaptive.words())
+            {
                 out.extend_from_slice(&word.to_le_bytes());
             }
         }
@@ -289,6 +316,16 @@ impl ProviderTable {
                     window: Span::from_nanos(next()?),
                     pace_next: Instant::from_nanos(next()?),
                     pace_every: Span::from_nanos(next()?),
+                    adaptive: Adaptive::from_words([
+                        next()?,
+                        next()?,
+                        next()?,
+                        next()?,
+                        next()?,
+                        next()?,
+                        next()?,
+                        next()?,
+                    ]),
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -345,7 +382,7 @@ mod tests {
 
     #[test]
     fn broken_entries_pause_nothing() {
-        for bytes in [&b""[..], b"\x01", b"\x03\x00", &[3u8; 1 + 88 * 9]] {
+        for bytes in [&b""[..], b"\x01", b"\x04\x00", &[4u8; 1 + 152 * 9]] {
             assert!(ProviderTable::decode(bytes).is_none());
         }
         let mut table = ProviderTable::default();
@@ -368,34 +405,37 @@ mod tests {
         let mut table = ProviderTable::default();
         // Call X goes (count 1), then 3 more (count 4) before X's answer
         // says 5 are left until the reset in 1 s.
-        let Allowed::Yes { admitted: x } = table.admit(0, NOW, 1) else {
+        let Allowed::Yes { admitted: x } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
         for _ in 0..3 {
-            table.admit(0, NOW, 1);
+            table.admit(0, NOW, 1, None);
         }
         assert!(table.follow(0, x, count(5, 1000), NOW));
         // 5 - 3 admitted since X: 2 more may go.
-        assert!(matches!(table.admit(0, NOW, 1), Allowed::Yes { .. }));
-        assert!(matches!(table.admit(0, NOW, 1), Allowed::Yes { .. }));
+        assert!(matches!(table.admit(0, NOW, 1, None), Allowed::Yes { .. }));
+        assert!(matches!(table.admit(0, NOW, 1, None), Allowed::Yes { .. }));
         assert_eq!(
-            table.admit(0, NOW, 1),
+            table.admit(0, NOW, 1, None),
             Allowed::No {
                 until: NOW + Span::from_secs(1)
             }
         );
         // The reset passes: the provider's window turned.
         let later = NOW + Span::from_millis(1000);
-        assert!(matches!(table.admit(0, later, 1), Allowed::Yes { .. }));
+        assert!(matches!(
+            table.admit(0, later, 1, None),
+            Allowed::Yes { .. }
+        ));
     }
 
     #[test]
     fn an_earlier_calls_answer_read_late_changes_nothing() {
         let mut table = ProviderTable::default();
-        let Allowed::Yes { admitted: a } = table.admit(0, NOW, 1) else {
+        let Allowed::Yes { admitted: a } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
-        let Allowed::Yes { admitted: b } = table.admit(0, NOW, 1) else {
+        let Allowed::Yes { admitted: b } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
         assert!(table.follow(0, b, count(10, 1000), NOW));
@@ -410,22 +450,22 @@ mod tests {
     #[test]
     fn a_call_given_back_returns_its_tokens_to_the_allowance() {
         let mut table = ProviderTable::default();
-        let Allowed::Yes { admitted } = table.admit(0, NOW, 1) else {
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
         table.follow(0, admitted, count(2, 1000), NOW);
-        let Allowed::Yes { admitted } = table.admit(0, NOW, 2) else {
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 2, None) else {
             panic!()
         };
-        assert!(matches!(table.admit(0, NOW, 1), Allowed::No { .. }));
+        assert!(matches!(table.admit(0, NOW, 1, None), Allowed::No { .. }));
         table.give_back(0, admitted, 2, NOW);
-        assert!(matches!(table.admit(0, NOW, 2), Allowed::Yes { .. }));
+        assert!(matches!(table.admit(0, NOW, 2, None), Allowed::Yes { .. }));
     }
 
     #[test]
     fn past_the_reset_the_providers_limit_is_expected_again_and_paced() {
         let mut table = ProviderTable::default();
-        let Allowed::Yes { admitted } = table.admit(0, NOW, 1) else {
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
         let said = Count {
@@ -435,17 +475,17 @@ mod tests {
             window: Span::from_secs(1),
         };
         table.follow(0, admitted, said, NOW);
-        assert!(matches!(table.admit(0, NOW, 1), Allowed::No { .. }));
+        assert!(matches!(table.admit(0, NOW, 1, None), Allowed::No { .. }));
         // The next window holds 40, one every 25 ms (4 may go ahead).
         let next = NOW + Span::from_millis(200);
         let went = (0..100)
-            .filter(|_| matches!(table.admit(0, next, 1), Allowed::Yes { .. }))
+            .filter(|_| matches!(table.admit(0, next, 1, None), Allowed::Yes { .. }))
             .count();
         assert_eq!(went, 5, "an even pace, a few ahead");
         let mut went_in_window = went;
         for ms in 1..1000 {
             let at = next + Span::from_millis(ms);
-            if matches!(table.admit(0, at, 1), Allowed::Yes { .. }) {
+            if matches!(table.admit(0, at, 1, None), Allowed::Yes { .. }) {
                 went_in_window += 1;
             }
         }
@@ -461,16 +501,16 @@ mod tests {
             limit: Some(40),
             window: Span::from_secs(1),
         };
-        let Allowed::Yes { admitted: first } = table.admit(0, NOW, 1) else {
+        let Allowed::Yes { admitted: first } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
-        let Allowed::Yes { admitted: last } = table.admit(0, NOW, 1) else {
+        let Allowed::Yes { admitted: last } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
         table.follow(0, first, said(0, 100), NOW);
         // The window turns: 40 again, paced.
         let next = NOW + Span::from_millis(100);
-        assert!(matches!(table.admit(0, next, 1), Allowed::Yes { .. }));
+        assert!(matches!(table.admit(0, next, 1, None), Allowed::Yes { .. }));
         // The last call of the old window answers late: "0 left, reset in 2 ms".
         assert!(!table.follow(0, last, said(0, 2), next + Span::from_millis(8)));
         let row = table.row(0).copied().unwrap_or_default();
@@ -492,7 +532,7 @@ mod tests {
                     prop_assert!(until > now);
                     prop_assert!(until <= now + CLOCK_SKEW + CAP);
                 }
-                let _ = table.admit(owner, now, 1);
+                let _ = table.admit(owner, now, 1, None);
                 prop_assert!(table.rows().len() <= ProviderTable::MAX_ROWS);
             }
         }
@@ -538,7 +578,7 @@ mod tests {
             for (op, pick, cost) in ops {
                 match op {
                     0 => {
-                        if let Allowed::Yes { admitted } = table.admit(0, NOW, cost) {
+                        if let Allowed::Yes { admitted } = table.admit(0, NOW, cost, None) {
                             provider_used += cost;
                             in_flight.push((admitted, quota.saturating_sub(provider_used)));
                         }

@@ -1,0 +1,260 @@
+//! An adaptive rate for a provider that says only "429": cut on a
+//! refusal, recover toward the limit's own rate along a cubic curve (as
+//! AWS SDKs' adaptive retry mode does, CUBIC: `rate × 0.7` on a throttle,
+//! then `0.4·(t − K)³ + w_max`). Kept in the provider's shared-data row, so
+//! every worker sends at the rate learned by any of them; a refusal cuts
+//! once per overload (a burst of 429s from calls that went before the
+//! cut, or within a quarter second of it, cuts once);
+//! and a `Retry-After` on the refusal pauses on top (see the table).
+
+use crate::time::{Instant, Span};
+
+/// The rate after a throttle: `BETA × w_max`.
+pub const BETA: f64 = 0.7;
+/// CUBIC's scaling constant (AWS's).
+pub const SCALE: f64 = 0.4;
+/// The send rate is measured over this long, smoothed by `SMOOTH`.
+pub const MEASURE_EVERY: Span = Span::from_millis(500);
+pub const SMOOTH: f64 = 0.8;
+/// Refusals this soon after a cut are of the same overload.
+pub const CUT_GUARD: Span = Span::from_millis(250);
+/// The lowest rate a throttle cuts to, per second (AWS's floor).
+pub const FLOOR_PER_SECOND: f64 = 0.5;
+/// How many calls may go at once ahead of the adapted pace.
+pub const AHEAD: f64 = 2.0;
+
+/// The adaptive part of one row. A rate of 0 means "not adapted": the
+/// limit's own rate holds.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Adaptive {
+    /// The rate just after the last cut, tokens per second (0: none).
+    pub cut_to: f64,
+    /// The rate the last cut was taken from.
+    pub w_max: f64,
+    pub cut_at: Instant,
+    /// The row's count of admitted tokens at the cut: refusals of calls
+    /// that went before it are of the same overload, and cut no further.
+    pub cut_after: u64,
+    /// Smoothed send rate, tokens per second.
+    pub measured: f64,
+    pub measure_start: Instant,
+    pub measure_count: u64,
+    /// When the next token may go at the adapted pace.
+    pub next: Instant,
+}
+
+impl Adaptive {
+    /// The rate in force at `now`, at most `full` (the limit's own rate
+    /// per second). None: not adapted.
+    pub fn rate(&self, now: Instant, full: f64) -> Option<f64> {
+        if self.cut_to <= 0.0 || !self.cut_to.is_finite() || !self.w_max.is_finite() {
+            return None;
+        }
+        let k = (self.w_max * (1.0 - BETA) / SCALE).cbrt();
+        let t = now.since(self.cut_at).as_secs_f64();
+        let rate = SCALE * (t - k).powi(3) + self.w_max;
+        let floor = FLOOR_PER_SECOND.min(full);
+        let rate = rate.max(floor);
+        (rate < full).then_some(rate)
+    }
+
+    /// Counts `cost` tokens sent at `now` into the measured send rate.
+    pub fn sent(&mut self, now: Instant, cost: u64) {
+        let elapsed = now.since(self.measure_start);
+        if elapsed >= MEASURE_EVERY {
+            let rate = self.measure_count as f64 / elapsed.as_secs_f64();
+            self.measured = if self.measured > 0.0 {
+                SMOOTH * rate + (1.0 - SMOOTH) * self.measured
+            } else {
+                rate
+            };
+            self.measure_start = now;
+            self.measure_count = 0;
+        }
+        self.measure_count = self.measure_count.saturating_add(cost);
+    }
+
+    /// Whether `cost` tokens may go at `now` at the adapted pace (`full`:
+    /// the limit's own rate per second); if so, takes them. Otherwise,
+    /// when they may.
+    pub fn admit(&mut self, now: Instant, cost: u64, full: f64) -> Result<(), Instant> {
+        let Some(rate) = self.rate(now, full) else {
+            if self.cut_to > 0.0 {
+                // Recovered: the limit's own rate holds again.
+                self.cut_to = 0.0;
+            }
+            return Ok(());
+        };
+        let every = 1.0 / rate;
+        let ahead = Span::from_nanos((every * AHEAD * 1e9) as u64);
+        if self.next > now + ahead {
+            return Err(Instant::from_nanos(self.next.as_nanos() - ahead.as_nanos()));
+        }
+        let step = Span::from_nanos((every * cost as f64 * 1e9).min(u64::MAX as f64) as u64);
+        self.next = self.next.max(now) + step;
+        Ok(())
+    }
+
+    /// The provider refused a call that went when the row had admitted
+    /// `admitted` tokens (`now_admitted`: the row's count now; `full`: the
+    /// limit's own rate per second). Returns whether it cut the rate.
+    pub fn throttled(
+        &mut self,
+        now: Instant,
+        (admitted, now_admitted): (u64, u64),
+        full: f64,
+    ) -> bool {
+        // One cut per overload: not for calls that went before the last
+        // cut, nor within a measuring round of it (a provider's window
+        // stays full until it turns, whatever the rate meanwhile).
+        if self.cut_to > 0.0 && (admitted <= self.cut_after || now.since(self.cut_at) < CUT_GUARD) {
+            return false;
+        }
+        let current = self.rate(now, full).unwrap_or(full);
+        let measured = if self.measured > 0.0 {
+            self.measured
+        } else {
+            current
+        };
+        self.w_max = current.min(measured).max(FLOOR_PER_SECOND.min(full));
+        self.cut_to = (self.w_max * BETA).max(FLOOR_PER_SECOND.min(full));
+        // The curve starts at the cut: `rate(cut_at)` is `cut_to`.
+        self.cut_at = now;
+        self.cut_after = now_admitted;
+        self.next = self.next.max(now);
+        true
+    }
+
+    pub fn words(&self) -> [u64; 8] {
+        [
+            self.cut_to.to_bits(),
+            self.w_max.to_bits(),
+            self.cut_at.as_nanos(),
+            self.cut_after,
+            self.measured.to_bits(),
+            self.measure_start.as_nanos(),
+            self.measure_count,
+            self.next.as_nanos(),
+        ]
+    }
+
+    /// From [`Self::words`]; non-finite or negative rates read as "not
+    /// adapted" (a broken entry never stops calls).
+    pub fn from_words(w: [u64; 8]) -> Self {
+        let rate = |bits: u64| {
+            let r = f64::from_bits(bits);
+            if r.is_finite() && r >= 0.0 {
+                r
+            } else {
+                0.0
+            }
+        };
+        Self {
+            cut_to: rate(w[0]),
+            w_max: rate(w[1]),
+            cut_at: Instant::from_nanos(w[2]),
+            cut_after: w[3],
+            measured: rate(w[4]),
+            measure_start: Instant::from_nanos(w[5]),
+            measure_count: w[6],
+            next: Instant::from_nanos(w[7]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NOW: Instant = Instant::from_millis(1_700_000_000_000);
+
+    #[test]
+    fn a_throttle_cuts_to_seven_tenths_and_the_curve_recovers_to_the_full_rate() {
+        let mut a = Adaptive::default();
+        assert_eq!(a.rate(NOW, 100.0), None);
+        for ms in 0..1000 {
+            a.sent(NOW + Span::from_millis(ms), 1);
+        }
+        assert!(a.throttled(NOW + Span::from_secs(1), (10, 1000), 100.0));
+        let at = |s: f64| {
+            a.rate(
+                NOW + Span::from_secs(1) + Span::from_nanos((s * 1e9) as u64),
+                100.0,
+            )
+        };
+        let cut = at(0.0).unwrap_or(0.0);
+        assert!((cut - 0.7 * a.w_max).abs() < 0.5, "{cut} of {}", a.w_max);
+        // K = ∛(w_max · 0.3 / 0.4): back at w_max then.
+        let k = (a.w_max * 0.3 / 0.4).cbrt();
+        assert!((at(k).unwrap_or(100.0) - a.w_max).abs() < 0.01);
+        assert!(at(k + 20.0).is_none(), "recovered past the full rate");
+    }
+
+    #[test]
+    fn refusals_of_one_overload_cut_once() {
+        let mut a = Adaptive::default();
+        assert!(a.throttled(NOW, (5, 10), 100.0));
+        let once = a.rate(NOW, 100.0);
+        // Calls that went before the cut (admitted ≤ 10) refused too:
+        for admitted in 1..=10 {
+            assert!(!a.throttled(NOW, (admitted, 12), 100.0));
+        }
+        assert_eq!(a.rate(NOW, 100.0), once);
+        // One that went after the cut, refused within a quarter second
+        // of it, is the same overload; later, it cuts again.
+        assert!(!a.throttled(NOW + Span::from_millis(200), (11, 12), 100.0));
+        let later = NOW + CUT_GUARD;
+        assert!(a.throttled(later, (11, 12), 100.0));
+        assert!(a.rate(later, 100.0) < once);
+    }
+
+    #[test]
+    fn the_adapted_pace_lets_that_many_a_second_through() {
+        let mut a = Adaptive::default();
+        a.throttled(NOW, (1, 1), 57.0);
+        // Cut to 0.7 × 57 ≈ 40; over the next second the curve climbs
+        // to 0.4·(1 − ∛42.75)³ + 57 ≈ 50.8: about 46 on average, plus the
+        // 2 allowed ahead.
+        let went = (0..10_000)
+            .filter(|i| {
+                a.admit(NOW + Span::from_nanos(i * 100_000), 1, 57.0)
+                    .is_ok()
+            })
+            .count();
+        assert!((45..=49).contains(&went), "{went}");
+    }
+
+    proptest! {
+        #[test]
+        fn the_rate_stays_between_the_floor_and_the_full_rate(
+            events in proptest::collection::vec((0u8..3, 0u64..3_000, 1u64..5), 1..100),
+            full in 0.1f64..10_000.0,
+        ) {
+            let mut a = Adaptive::default();
+            let mut now = NOW;
+            let mut admitted = 0;
+            for (event, advance, cost) in events {
+                now += Span::from_millis(advance);
+                match event {
+                    0 => { if a.admit(now, cost, full).is_ok() { admitted += cost; a.sent(now, cost); } }
+                    1 => { a.throttled(now, (admitted, admitted), full); }
+                    _ => {}
+                }
+                if let Some(rate) = a.rate(now, full) {
+                    prop_assert!(rate < full);
+                    prop_assert!(rate >= FLOOR_PER_SECOND.min(full) - 1e-9);
+                }
+                prop_assert_eq!(Adaptive::from_words(a.words()), a);
+            }
+        }
+
+        #[test]
+        fn any_words_read_without_panic(words in proptest::array::uniform8(any::<u64>()), cost in 0u64..1000) {
+            let mut a = Adaptive::from_words(words);
+            let _ = a.rate(NOW, 100.0);
+            let _ = a.admit(NOW, cost, 100.0);
+            let _ = a.throttled(NOW, (1, 2), 100.0);
+        }
+    }
+}
