@@ -236,10 +236,11 @@ mod tests {
             let mut admitted = 0;
             for (event, advance, cost) in events {
                 now += Span::from_millis(advance);
-                match event {
-                    0 => { if a.admit(now, cost, full).is_ok() { admitted += cost; a.sent(now, cost); } }
-                    1 => { a.throttled(now, (admitted, admitted), full); }
-                    _ => {}
+                if event == 0 && a.admit(now, cost, full).is_ok() {
+                    admitted += cost;
+                    a.sent(now, cost);
+                } else if event == 1 {
+                    a.throttled(now, (admitted, admitted), full);
                 }
                 if let Some(rate) = a.rate(now, full) {
                     prop_assert!(rate < full);
