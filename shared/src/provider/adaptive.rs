@@ -86,7 +86,7 @@ impl Adaptive {
             return Ok(());
         };
         let every = 1.0 / rate;
-        let ahead = Span::from_nanos((every * AHEAD * 1e9) as u64);
+        let ahead = Span::from_nanos((every * AHEAD * 1e9) as u64).max(super::table::PACE_SKEW);
         if self.next > now + ahead {
             return Err(Instant::from_nanos(self.next.as_nanos() - ahead.as_nanos()));
         }

@@ -75,6 +75,11 @@ pub struct Count {
 /// How many tokens ahead of an even pace calls may go: a few calls that
 /// arrive together are not refused for it.
 pub const PACE_AHEAD: u64 = 4;
+/// And at least this far ahead: each Envoy worker reads time once per turn
+/// of its event loop, so workers' "now" differ by up to a few
+/// milliseconds under load; a pace finer than that would refuse calls
+/// only because another worker's clock read later.
+pub const PACE_SKEW: Span = Span::from_millis(10);
 
 impl Row {
     /// Past the reset of a provider that said its limit: its next window
@@ -147,7 +152,7 @@ impl ProviderTable {
         let row = self.row_mut(owner, now);
         row.roll_over(now);
         let counted = row.allowance_until > now;
-        let ahead = row.pace_every.saturating_mul(PACE_AHEAD);
+        let ahead = row.pace_every.saturating_mul(PACE_AHEAD).max(PACE_SKEW);
         if counted {
             if row.allowance < cost {
                 return Allowed::No {
@@ -215,9 +220,23 @@ impl ProviderTable {
             // before the reset): the window now running is not its.
             return false;
         }
-        let before = *row;
         let since = row.admitted.saturating_sub(admitted);
-        row.allowance = count.remaining.saturating_sub(since);
+        let allowance = count.remaining.saturating_sub(since);
+        let turn = if stale_by.is_zero() {
+            count.reset_in.div(4)
+        } else {
+            stale_by
+        };
+        let same_limit = count.limit.is_none_or(|l| l == row.provider_limit);
+        if active && allowance >= row.allowance && until <= row.allowance_until + turn && same_limit
+        {
+            // Nothing stricter, nor a new window: what the row holds
+            // stands (far from the provider's limit, most answers say
+            // this, and not writing them keeps workers from contending).
+            return false;
+        }
+        let before = *row;
+        row.allowance = allowance;
         row.allowance_until = until;
         row.allowance_from = admitted;
         if let Some(limit) = count.limit.filter(|&l| l > 0) {
@@ -516,6 +535,36 @@ mod tests {
         let row = table.row(0).copied().unwrap_or_default();
         assert_eq!(row.allowance, 39);
         assert_eq!(row.allowance_until, next + Span::from_secs(1));
+    }
+
+    #[test]
+    fn answers_far_from_the_limit_change_nothing() {
+        let mut table = ProviderTable::default();
+        let said = |remaining| Count {
+            remaining,
+            reset_in: Span::from_secs(60),
+            limit: Some(1_000_000),
+            window: Span::from_secs(60),
+        };
+        let Allowed::Yes { admitted: first } = table.admit(0, NOW, 1, None) else {
+            panic!()
+        };
+        assert!(table.follow(0, first, said(999_000), NOW));
+        let mut later = Vec::new();
+        for _ in 0..10 {
+            if let Allowed::Yes { admitted } = table.admit(0, NOW, 1, None) {
+                later.push(admitted);
+            }
+        }
+        // Each later call's answer is as loose as what the row holds.
+        for (i, admitted) in later.iter().enumerate() {
+            let at = NOW + Span::from_millis(i as u64);
+            assert!(!table.follow(0, *admitted, said(999_000 - 1 - i as u64), at));
+        }
+        // A stricter one is written.
+        let last = later.last().copied().unwrap_or(first);
+        assert!(table.follow(0, last, said(500), NOW + Span::from_millis(20)));
+        assert_eq!(table.row(0).map(|r| r.allowance), Some(500));
     }
 
     proptest! {

@@ -28,6 +28,13 @@ static_resources:
               - match: { prefix: "/sse" }
                 direct_response: { status: 200, body: { inline_string: "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":30,\"total_tokens\":42}}\n\ndata: [DONE]\n\n" } }
                 response_headers_to_add: [{ header: { key: content-type, value: text/event-stream }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }]
+              # A provider that says what is left of its limit (OpenAI's headers).
+              - match: { prefix: "/headers" }
+                direct_response: { status: 200, body: { inline_string: "ok" } }
+                response_headers_to_add:
+                - { header: { key: x-ratelimit-limit-requests, value: "1000000000" }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+                - { header: { key: x-ratelimit-remaining-requests, value: "999999999" }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+                - { header: { key: x-ratelimit-reset-requests, value: "60s" }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }
               - match: { prefix: "/" }
                 direct_response: { status: 200, body: { inline_string: "ok" } }
           http_filters:

@@ -185,6 +185,14 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         ),
         "",
     );
+    // (i) again, its further limit following the provider's headers.
+    let following = configs::sluice(
+        &format!(
+            r#"{{"name": "bench", "match": {{"host": "api.bench.example"}}, {never},
+                "limits": [{{"name": "provider", {never}, "provider": {{"headers": "openai-requests"}}}}]}}"#
+        ),
+        "",
+    );
     let per_key = configs::sluice(
         r#"{"name": "perkey", "match": {"host": "api.bench.example"}, "key": {"header": "x-api-key", "max_keys": 10000},
             "rate": {"requests": 1000000, "period": "1s", "burst": 100000}}"#,
@@ -260,6 +268,13 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             filters: Some(configs::wasm(&sluice, &stacked(4))),
             script: None,
             path: "/",
+        },
+        Variant {
+            key: "n",
+            label: "Envoy + Sluice, (i) with its further limit following the provider's headers (OpenAI's, on every answer)",
+            filters: Some(configs::wasm(&sluice, &following)),
+            script: None,
+            path: "/headers",
         },
         Variant {
             key: "k",
@@ -434,6 +449,14 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         added("j"),
         added_over_baseline("k"),
         added_over_baseline("l"),
+    );
+    let _ = writeln!(
+        s,
+        "\nListening to the provider: (i) with its further limit following OpenAI's `x-ratelimit-*-requests` \
+         headers (n) {:+.1} µs over (b), {:+.1} µs over (i) (the answer's headers read and parsed, and the \
+         provider row's compare-and-swap on admission and on the answer).",
+        added("n"),
+        added("n") - added("i"),
     );
     report
         .footprint
