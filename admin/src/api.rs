@@ -21,7 +21,9 @@ use sluice_shared::api::{
     AuditLog, FleetView, Health, History, Instance, InstanceList, LoginRequest, PolicyList,
     SessionInfo, StoredPolicy, Validated,
 };
-use sluice_shared::sync::{SyncReport, BUDGETS_HEADER, EPOCH_HEADER, SHARES_HEADER, SYNC_PATH};
+use sluice_shared::sync::{
+    SyncReport, BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_PATH,
+};
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
@@ -450,7 +452,14 @@ async fn sync(
         state.metrics.result("bad_request");
         ApiError::BadRequest(e)
     })?;
-    state.live.ingest(&report, now_ms());
+    let received_ms = now_ms();
+    state.live.ingest(&report, received_ms);
+    state.relay.hear(&report, received_ms);
+    let news = state.relay.news_for(&report, received_ms);
+    let news = (!news.is_empty())
+        .then(|| serde_json::to_string(&news).ok())
+        .flatten()
+        .and_then(|json| HeaderValue::from_str(&json).ok());
     let answer = state.store.record_sync(report).await?;
     let (report, set, epoch) = (answer.report, answer.set, answer.epoch);
     let budgets = (!answer.budgets.is_empty())
@@ -499,6 +508,9 @@ async fn sync(
     }
     if let Some(budgets) = budgets {
         response.headers_mut().insert(BUDGETS_HEADER, budgets);
+    }
+    if let Some(news) = news {
+        response.headers_mut().insert(PROVIDER_HEADER, news);
     }
     response
         .headers_mut()

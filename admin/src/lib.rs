@@ -10,6 +10,7 @@ pub mod fleet;
 pub mod live;
 pub mod login;
 pub mod metrics;
+pub mod relay;
 pub mod server;
 pub mod store;
 
@@ -51,6 +52,8 @@ pub struct AppState {
     pub secure_cookies: bool,
     /// Global policies' shares (fleet mode).
     pub fleet: Ledgers,
+    /// Pauses and rate cuts one Envoy's provider asked for, for the others.
+    pub relay: relay::ProviderRelay,
     /// Instances silent for longer are forgotten (live view and store).
     pub instance_ttl: sluice_shared::Span,
     /// Bearer token `/metrics` asks for (none: open, as Prometheus expects
@@ -113,6 +116,7 @@ impl AppState {
             sync_token,
             secure_cookies,
             fleet: Ledgers::default(),
+            relay: relay::ProviderRelay::default(),
             instance_ttl: DEFAULT_INSTANCE_TTL,
             metrics_token: None,
             health: HealthProbe::default(),

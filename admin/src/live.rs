@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sluice_shared::api::{LimitUse, LiveFrame, Utilization};
+use sluice_shared::api::{LimitUse, LiveFrame, ProviderUse, Utilization};
 use sluice_shared::sync::{LimitReport, PolicyReport, SyncReport};
 use sluice_shared::Span;
 use tokio::sync::broadcast;
@@ -52,8 +52,9 @@ impl From<&PolicyReport> for Counts {
 struct Sample {
     at_ms: u64,
     counts: BTreeMap<String, Counts>,
-    /// Per further limit: admitted, refused, tokens.
-    limit_counts: BTreeMap<String, (u64, u64, u64)>,
+    /// Per further limit: admitted, refused, tokens, refused by the
+    /// provider.
+    limit_counts: BTreeMap<String, (u64, u64, u64, u64)>,
 }
 
 struct InstanceState {
@@ -113,15 +114,26 @@ fn rates(prev: Option<&Counts>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
     }
 }
 
-fn limit_rates(prev: Option<&(u64, u64, u64)>, cur: &LimitReport, dt_ms: u64) -> LimitUse {
-    let (admitted, refused, tokens) = match prev {
-        Some(&(a, r, t)) if dt_ms > 0 => (
+fn limit_rates(prev: Option<&(u64, u64, u64, u64)>, cur: &LimitReport, dt_ms: u64) -> LimitUse {
+    let provider_refused = cur.provider.map_or(0, |p| p.refused);
+    let (admitted, refused, tokens, provider_refused_per_s) = match prev {
+        Some(&(a, r, t, p)) if dt_ms > 0 => (
             per_second(cur.admitted, a, dt_ms),
             per_second(cur.refused, r, dt_ms),
             per_second(cur.tokens, t, dt_ms),
+            per_second(provider_refused, p, dt_ms),
         ),
-        _ => (0.0, 0.0, 0.0),
+        _ => (0.0, 0.0, 0.0, 0.0),
     };
+    let provider = cur.provider.map(|p| ProviderUse {
+        remaining: p.remaining,
+        limit: p.limit,
+        pause: p.pause,
+        rate: p.rate,
+        refused_per_s: provider_refused_per_s,
+        pauses: p.pauses,
+        cuts: p.cuts,
+    });
     LimitUse {
         admitted_per_s: admitted,
         refused_per_s: refused,
@@ -130,6 +142,7 @@ fn limit_rates(prev: Option<&(u64, u64, u64)>, cur: &LimitReport, dt_ms: u64) ->
         period_ms: cur.period_ms,
         available: cur.available,
         in_flight: cur.in_flight,
+        provider,
     }
 }
 
@@ -205,7 +218,13 @@ impl Live {
             limit_counts: report
                 .limits
                 .iter()
-                .map(|(name, r)| (name.clone(), (r.admitted, r.refused, r.tokens)))
+                .map(|(name, r)| {
+                    let provider_refused = r.provider.map_or(0, |p| p.refused);
+                    (
+                        name.clone(),
+                        (r.admitted, r.refused, r.tokens, provider_refused),
+                    )
+                })
                 .collect(),
         });
         state.received_ms = now_ms;
@@ -336,6 +355,7 @@ mod tests {
                     period_ms: 60_000,
                     available: Some(available),
                     in_flight: None,
+                    provider: None,
                 },
             );
             r
@@ -368,6 +388,7 @@ mod tests {
                     period_ms: 0,
                     available: Some(20 - in_flight),
                     in_flight: Some(in_flight),
+                    provider: None,
                 },
             );
             r

@@ -157,6 +157,7 @@ fn a_failed_or_broken_answer_leaves_the_budget_unknown() {
             shares_header: None,
             epoch_header: None,
             budgets_header: Some(br#"{"daily": {"available": 10, "size": 10, "at_ms": 1}}"#),
+            provider_header: None,
             body: ReplyBody::Read(None),
         },
     );

@@ -32,6 +32,8 @@ mod fleet_limits_tests;
 #[cfg(test)]
 mod keyed_limits_tests;
 #[cfg(test)]
+mod provider_relay_tests;
+#[cfg(test)]
 mod provider_tests;
 #[cfg(test)]
 mod queue_limits_tests;

@@ -162,10 +162,13 @@ pub enum FilterStat {
     /// Admin answers whose budgets header was not one (too large, not
     /// JSON): budgets stayed unknown.
     BudgetsMalformed,
+    /// Admin answers whose provider news header was not one: nothing
+    /// relayed was taken from it.
+    ProviderNewsMalformed,
 }
 
 impl FilterStat {
-    const ALL: [FilterStat; 10] = [
+    const ALL: [FilterStat; 11] = [
         FilterStat::CasRetries,
         FilterStat::CasExhausted,
         FilterStat::StateDecodeErrors,
@@ -176,6 +179,7 @@ impl FilterStat {
         FilterStat::PolicySetsInstalled,
         FilterStat::RequestBodyTooLarge,
         FilterStat::BudgetsMalformed,
+        FilterStat::ProviderNewsMalformed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -190,6 +194,7 @@ impl FilterStat {
             FilterStat::PolicySetsInstalled => "policy_sets_installed",
             FilterStat::RequestBodyTooLarge => "request_body_too_large",
             FilterStat::BudgetsMalformed => "budgets_malformed",
+            FilterStat::ProviderNewsMalformed => "provider_news_malformed",
         }
     }
 
@@ -258,7 +263,12 @@ impl Metrics {
     pub fn add_limit(&mut self, limit: &str, stat: LimitStat, delta: i64) {
         if matches!(
             stat,
-            LimitStat::Admitted | LimitStat::Refused | LimitStat::Tokens
+            LimitStat::Admitted
+                | LimitStat::Refused
+                | LimitStat::Tokens
+                | LimitStat::ProviderRefused
+                | LimitStat::Paused
+                | LimitStat::RateCut
         ) {
             let unreported = match self.unreported_limits.get_mut(limit) {
                 Some(d) => d,
@@ -268,6 +278,9 @@ impl Metrics {
             match stat {
                 LimitStat::Admitted => unreported.admitted += delta,
                 LimitStat::Refused => unreported.refused += delta,
+                LimitStat::ProviderRefused => unreported.provider_refused += delta,
+                LimitStat::Paused => unreported.pauses += delta,
+                LimitStat::RateCut => unreported.rate_cuts += delta,
                 _ => unreported.tokens += delta,
             }
         }

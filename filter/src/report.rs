@@ -19,6 +19,18 @@ pub struct LimitCounters {
     pub admitted: u64,
     pub refused: u64,
     pub tokens: u64,
+    /// A limit that listens to its provider: the provider's refusals,
+    /// pauses begun, rate cuts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub provider_refused: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pauses: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rate_cuts: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl LimitCounters {
@@ -26,6 +38,9 @@ impl LimitCounters {
         self.admitted = self.admitted.wrapping_add(other.admitted);
         self.refused = self.refused.wrapping_add(other.refused);
         self.tokens = self.tokens.wrapping_add(other.tokens);
+        self.provider_refused = self.provider_refused.wrapping_add(other.provider_refused);
+        self.pauses = self.pauses.wrapping_add(other.pauses);
+        self.rate_cuts = self.rate_cuts.wrapping_add(other.rate_cuts);
     }
 }
 

@@ -107,6 +107,21 @@ pub fn claim_turn<H: Host + ?Sized>(
         .unwrap_or(false)
 }
 
+/// Brings this Envoy's next sync forward to `now` (news the admin should
+/// relay at once), unless syncs are backing off after failures.
+pub fn hurry<H: Host + ?Sized>(host: &H, store: &mut Store, now: Instant) {
+    // A failure is counted and logged by the store; the news then goes at
+    // the next regular sync.
+    let _ = store.update(host, SYNC_KEY, |cur| {
+        let mut turn = Turn::decode(cur);
+        if turn.failures > 0 || turn.next_due <= now {
+            return ((), None);
+        }
+        turn.next_due = now;
+        ((), Some(turn.encode()))
+    });
+}
+
 /// After a sync: a failure pushes the next turn back, doubling up to 5 s
 /// (so syncs resume within 5 s of the admin answering again);
 /// a success clears the backoff.
@@ -251,6 +266,8 @@ pub struct SyncReply<'a> {
     pub epoch_header: Option<&'a [u8]>,
     /// The budgets header.
     pub budgets_header: Option<&'a [u8]>,
+    /// What other Envoys' providers said.
+    pub provider_header: Option<&'a [u8]>,
     pub body: ReplyBody<'a>,
 }
 
@@ -433,6 +450,7 @@ mod tests {
             shares_header: None,
             epoch_header: None,
             budgets_header: None,
+            provider_header: None,
             body: ReplyBody::TooLarge(3 << 20),
         };
         assert!(matches!(reply.answer(), Answer::Failed(why) if why.contains("3145728-byte")));

@@ -450,6 +450,7 @@ pub(crate) fn reply<'a>(
         shares_header,
         epoch_header: None,
         budgets_header: None,
+        provider_header: None,
         body: ReplyBody::Read(body),
     }
 }

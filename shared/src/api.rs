@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::fleet::{Amount, MemberState};
-use crate::sync::SyncReport;
+use crate::sync::{PauseReport, SyncReport};
 use crate::time::{millis, Span};
 use crate::validate::FieldError;
 use crate::Policy;
@@ -180,6 +180,54 @@ pub struct LimitUse {
     /// A concurrency limit (`period_ms` 0): calls in flight now (summed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<u64>,
+    /// A limit that listens to its provider: what the provider said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderUse>,
+}
+
+/// What a limit's provider said, over the live instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProviderUse {
+    /// The provider's count of what is left before its reset: the lowest
+    /// any Envoy holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+    /// The provider's limit per window, as it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// The pause in force with the most left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PauseReport>,
+    /// The adapted rates per second, summed over the Envoys that adapt
+    /// (absent: none does; the limit's own rate holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// The provider's refusals per second.
+    pub refused_per_s: f64,
+    /// Since the Envoys started: pauses begun, rate cuts.
+    pub pauses: u64,
+    pub cuts: u64,
+}
+
+impl ProviderUse {
+    pub fn add(&mut self, other: &ProviderUse) {
+        self.remaining = match (self.remaining, other.remaining) {
+            (None, r) | (r, None) => r,
+            (Some(a), Some(b)) => Some(a.min(b)),
+        };
+        self.limit = self.limit.max(other.limit);
+        self.pause = match (self.pause, other.pause) {
+            (None, p) | (p, None) => p,
+            (Some(a), Some(b)) => Some(if b.left_ms > a.left_ms { b } else { a }),
+        };
+        self.rate = match (self.rate, other.rate) {
+            (None, r) | (r, None) => r,
+            (Some(a), Some(b)) => Some(a + b),
+        };
+        self.refused_per_s += other.refused_per_s;
+        self.pauses = self.pauses.saturating_add(other.pauses);
+        self.cuts = self.cuts.saturating_add(other.cuts);
+    }
 }
 
 impl LimitUse {
@@ -197,6 +245,13 @@ impl LimitUse {
         self.in_flight = match (self.in_flight, other.in_flight) {
             (None, n) | (n, None) => n,
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        };
+        self.provider = match (self.provider, other.provider) {
+            (None, p) | (p, None) => p,
+            (Some(mut a), Some(b)) => {
+                a.add(&b);
+                Some(a)
+            }
         };
     }
 

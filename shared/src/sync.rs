@@ -36,6 +36,17 @@ pub const MAX_BUDGETS_ANSWERED: usize = 256;
 /// longest period a limit may have (31 days).
 pub const BUDGET_RETENTION_MS: u64 = 32 * 24 * 60 * 60 * 1000;
 
+/// What other Envoys' providers said (JSON, a [`ProviderNews`]), on
+/// answers to Envoys that share a limit that listens to its provider:
+/// pauses still running and rate cuts of the last
+/// [`RELAYED_CUT_FOR_MS`], each as relative times.
+pub const PROVIDER_HEADER: &str = "sluice-provider";
+/// The most limits one answer relays news of.
+pub const MAX_PROVIDER_NEWS: usize = 256;
+/// How long the admin keeps relaying a rate cut: past it, an Envoy that
+/// did not hear of it has had several syncs to.
+pub const RELAYED_CUT_FOR_MS: u64 = 5_000;
+
 /// Bounds on a report, so a broken or hostile client cannot make the admin
 /// store megabytes per sync.
 pub const MAX_REPORT_POLICIES: usize = 1000;
@@ -118,7 +129,7 @@ impl HeldBudget {
 pub type BudgetsMessage = BTreeMap<String, HeldBudget>;
 
 /// One further limit, as one Envoy counts it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimitReport {
     pub admitted: u64,
     pub refused: u64,
@@ -134,6 +145,67 @@ pub struct LimitReport {
     /// the calls holding one of its slots now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<u64>,
+    /// A limit that listens to its provider: what the provider said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderReport>,
+}
+
+/// What a further limit's provider said, as one Envoy holds it at
+/// `at_ms`. The state (count, pause, rate) is an unkeyed limit's; a keyed
+/// limit keeps it per key and reports the counters only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProviderReport {
+    /// Tokens the provider's count still allows before its reset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+    /// The provider's limit per window, as it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PauseReport>,
+    /// The adapted rate per second (absent: the limit's own rate holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// How long before `at_ms` the rate was last cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_ago_ms: Option<u64>,
+    /// Since the Envoy started: the provider's refusals, pauses begun,
+    /// rate cuts.
+    #[serde(default)]
+    pub refused: u64,
+    #[serde(default)]
+    pub pauses: u64,
+    #[serde(default)]
+    pub cuts: u64,
+}
+
+/// A pause in force.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseReport {
+    /// How long it has run and still runs, at `at_ms`.
+    pub ran_ms: u64,
+    pub left_ms: u64,
+    /// The provider's status on the answer that began it (0: not known).
+    pub status: u16,
+    /// It began on another Envoy's word, relayed by the admin.
+    #[serde(default)]
+    pub relayed: bool,
+}
+
+/// Per limit (by name), what other Envoys' providers said.
+pub type ProviderNews = BTreeMap<String, LimitNews>;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimitNews {
+    /// A pause still running: for this long after the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_ms: Option<u64>,
+    /// The provider's status on the answer that began it.
+    #[serde(default)]
+    pub status: u16,
+    /// The newest rate cut, this long before the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_ago_ms: Option<u64>,
 }
 
 /// A share an Envoy holds, as it describes it (ids are in `grants`).

@@ -369,12 +369,15 @@ impl Worker {
             clock: &clock,
         };
         let now = host.now();
-        self.listening.on_headers(
+        let news = self.listening.on_headers(
             (host, &mut self.store, &mut self.metrics),
             context_id,
             headers,
             now,
         );
+        if news {
+            self.sync.hurry(host, &mut self.store, now);
+        }
         let mut ledger = Ledger {
             host,
             store: &mut self.store,
@@ -533,6 +536,16 @@ impl Worker {
         }
         if answered {
             let policies = Rc::clone(&self.policies);
+            if let Some(header) = reply.provider_header {
+                let now = host.now();
+                provider::take_news(
+                    (host, &mut self.store, &mut self.metrics),
+                    &policies,
+                    header,
+                    now.since(sent_at).div(2),
+                    now,
+                );
+            }
             self.budgets.on_answer(
                 host,
                 &mut self.store,

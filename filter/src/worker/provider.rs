@@ -10,11 +10,14 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet, RequestHeaders};
-use sluice_shared::provider::{Allowed, PauseSignal, ProviderTable};
+use sluice_shared::provider::{Allowed, PauseSignal, PauseWhy, ProviderTable};
 use sluice_shared::time::{Instant, Span};
 
+use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
+
 use crate::host::{Host, Level};
-use crate::metrics::{LimitStat, Metrics};
+use crate::metrics::{FilterStat, LimitStat, Metrics};
+use crate::report::LimitCounters;
 use crate::store::{Store, StoreError};
 
 /// Where a limit's provider state lives, and whose row it is there: an
@@ -198,22 +201,25 @@ impl Listening {
 
     /// The answer's headers came: a refusal the limits listen to is
     /// counted, and one with a wait pauses them; a count they follow
-    /// caps what goes until its reset.
+    /// caps what goes until its reset. Returns whether it began a pause
+    /// or cut a rate: news for the other Envoys.
     pub fn on_headers<H, R>(
         &mut self,
         (host, store, metrics): (&H, &mut Store, &mut Metrics),
         context_id: u32,
         headers: &R,
         now: Instant,
-    ) where
+    ) -> bool
+    where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
+        let mut news = false;
         let Some(call) = self.calls.remove(&context_id) else {
-            return;
+            return news;
         };
         let Some(policy) = call.set.policies.get(call.policy_index) else {
-            return;
+            return news;
         };
         let status = headers
             .header(":status")
@@ -231,13 +237,13 @@ impl Listening {
                 listener.counted,
                 matches!(signal, PauseSignal::None),
             ) {
-                cut_rate(
+                news |= cut_rate(
                     (host, &mut *store, &mut *metrics),
                     limit,
                     counted,
                     full,
                     now,
-                );
+                ) && relayed(limit);
             }
             match signal {
                 PauseSignal::None => {}
@@ -253,13 +259,13 @@ impl Listening {
                     if capped {
                         metrics.add_limit(&limit.name, LimitStat::PauseCapped, 1);
                     }
-                    pause(
+                    news |= pause(
                         (host, &mut *store, &mut *metrics),
                         limit,
                         listener.key,
                         (status, wait, capped),
                         now,
-                    );
+                    ) && relayed(limit);
                 }
             }
             let Some(counted) = listener.counted else {
@@ -281,18 +287,19 @@ impl Listening {
                 Err(e) => ignored(host, metrics, &limit.name, &e),
             }
         }
+        news
     }
 }
 
 /// The provider refused a call of an adaptive limit: its rate is cut
-/// (once per overload), for every worker.
+/// (once per overload), for every worker. Returns whether it was.
 fn cut_rate<H: Host + ?Sized>(
     (host, store, metrics): (&H, &mut Store, &mut Metrics),
     limit: &CompiledLimit,
     counted: Counted,
     full: f64,
     now: Instant,
-) {
+) -> bool {
     let (entry, _) = place_of_owner(limit, counted.owner);
     let cut = store.update(host, &entry, |bytes| {
         let mut table = table_of(bytes);
@@ -302,7 +309,10 @@ fn cut_rate<H: Host + ?Sized>(
             .and_then(|r| r.adaptive.rate(now, full));
         ((cut, rate), cut.then(|| table.encode()))
     });
-    if let Ok((true, rate)) = cut {
+    let Ok((true, rate)) = cut else {
+        return false;
+    };
+    {
         metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
         host.log(
             Level::Info,
@@ -313,6 +323,7 @@ fn cut_rate<H: Host + ?Sized>(
             ),
         );
     }
+    true
 }
 
 /// A provider signal that did not parse: counted, logged at debug level
@@ -332,22 +343,27 @@ fn ignored<H: Host + ?Sized>(
 
 /// Writes a pause of `wait` from `now` into the limit's entry, for every
 /// worker to read, with a log line and a stat when it begins one.
+/// Returns whether it did.
 fn pause<H: Host + ?Sized>(
     (host, store, metrics): (&H, &mut Store, &mut Metrics),
     limit: &CompiledLimit,
     key: Option<u64>,
     (status, wait, capped): (Option<u16>, Span, bool),
     now: Instant,
-) {
+) -> bool {
     let (entry, owner) = place_of(limit, key);
+    let why = PauseWhy {
+        status: status.unwrap_or(0),
+        relayed: false,
+    };
     let began = store.update(host, &entry, |bytes| {
         let mut table = table_of(bytes);
-        let changed = table.pause(owner, now, wait);
+        let changed = table.pause_because(owner, now, wait, why);
         (changed, changed.then(|| table.encode()))
     });
     // A failed write is counted and logged by the store: no pause then.
     if !matches!(began, Ok(true)) {
-        return;
+        return false;
     }
     metrics.add_limit(&limit.name, LimitStat::Paused, 1);
     let whose = if key.is_some() { " for this key" } else { "" };
@@ -361,6 +377,159 @@ fn pause<H: Host + ?Sized>(
             limit.name,
             wait.as_millis(),
             status.map_or_else(|| "?".to_string(), |s| s.to_string()),
+        ),
+    );
+    true
+}
+
+/// Whether what `limit`'s provider says is relayed to and from the other
+/// Envoys: a limit they share (`scope: global`), unkeyed (keys are hashed
+/// with a secret of each Envoy and never leave it).
+fn relayed(limit: &CompiledLimit) -> bool {
+    limit.global && limit.keys.is_none() && limit.provider.is_some()
+}
+
+/// What `limit`'s provider said, for the report to the admin
+/// (`counters`: the limit's since the Envoy started). None for a limit
+/// that does not listen.
+pub(super) fn report<H: Host + ?Sized>(
+    host: &H,
+    limit: &CompiledLimit,
+    counters: &LimitCounters,
+    now: Instant,
+) -> Option<ProviderReport> {
+    let provider = limit.provider.as_ref()?;
+    let mut report = ProviderReport {
+        refused: counters.provider_refused,
+        pauses: counters.pauses,
+        cuts: counters.rate_cuts,
+        ..ProviderReport::default()
+    };
+    if limit.keys.is_none() {
+        let (entry, owner) = place_of(limit, None);
+        let table = table_of(host.shared_get(&entry).0.as_deref());
+        let state = table.state(owner, now, provider.max_pause, provider.adaptive);
+        report.remaining = state.remaining;
+        report.limit = state.provider_limit;
+        report.pause = state.paused.map(|(since, until, why)| PauseReport {
+            ran_ms: now.since(since).as_millis(),
+            left_ms: until.since(now).as_millis(),
+            status: why.status,
+            relayed: why.relayed,
+        });
+        report.rate = state.rate;
+        report.cut_ago_ms = state.cut_at.map(|at| now.since(at).as_millis());
+    }
+    Some(report)
+}
+
+/// The most of the provider news header that is read.
+pub const MAX_NEWS_HEADER: usize = 64 * 1024;
+
+/// The admin relayed what other Envoys' providers said: each pause still
+/// running and each recent rate cut of a limit they share is taken as if
+/// this Envoy had seen it (`delay`: how long ago the admin answered).
+/// A header that is no news is counted and logged, and changes nothing.
+pub(super) fn take_news<H: Host + ?Sized>(
+    (host, store, metrics): (&H, &mut Store, &mut Metrics),
+    policies: &CompiledPolicySet,
+    header: &[u8],
+    delay: Span,
+    now: Instant,
+) {
+    let news: ProviderNews = match parse_news(header) {
+        Ok(news) => news,
+        Err(why) => {
+            metrics.add_filter(FilterStat::ProviderNewsMalformed, 1);
+            host.log(
+                Level::Warn,
+                &format!("sluice: the admin's provider news was ignored: {why}"),
+            );
+            return;
+        }
+    };
+    for (name, item) in news.iter().take(MAX_PROVIDER_NEWS) {
+        let Some(limit) = policies
+            .policies
+            .iter()
+            .flat_map(|p| p.limits.iter())
+            .find(|l| &l.name == name && relayed(l))
+        else {
+            continue;
+        };
+        let Some(provider) = &limit.provider else {
+            continue;
+        };
+        let (entry, owner) = place_of(limit, None);
+        if let Some(ms) = item.pause_ms {
+            let wait = (Span::from_millis(ms) - delay).min(provider.max_pause);
+            if !wait.is_zero() {
+                relayed_pause(
+                    (host, &mut *store, &mut *metrics),
+                    (limit, &entry, owner),
+                    (item.status, wait),
+                    now,
+                );
+            }
+        }
+        if let (Some(ago), Some(full)) = (item.cut_ago_ms, provider.adaptive) {
+            let at = now - (Span::from_millis(ago) + delay);
+            let cut = store.update(host, &entry, |bytes| {
+                let mut table = table_of(bytes);
+                let cut = table.throttled_elsewhere(owner, at, now, full);
+                let rate = table.row(owner).and_then(|r| r.adaptive.rate(now, full));
+                ((cut, rate), cut.then(|| table.encode()))
+            });
+            if let Ok((true, rate)) = cut {
+                metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
+                host.log(
+                    Level::Info,
+                    &format!(
+                        "sluice: limit {}: another Envoy's provider refused a call (relayed by the admin); rate cut to {:.1}/s (of {full:.1}/s)",
+                        limit.name,
+                        rate.unwrap_or(full)
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn parse_news(header: &[u8]) -> Result<ProviderNews, String> {
+    if header.len() > MAX_NEWS_HEADER {
+        return Err(format!(
+            "{} bytes, at most {MAX_NEWS_HEADER} are read",
+            header.len()
+        ));
+    }
+    serde_json::from_slice(header).map_err(|e| e.to_string())
+}
+
+fn relayed_pause<H: Host + ?Sized>(
+    (host, store, metrics): (&H, &mut Store, &mut Metrics),
+    (limit, entry, owner): (&CompiledLimit, &str, u64),
+    (status, wait): (u16, Span),
+    now: Instant,
+) {
+    let why = PauseWhy {
+        status,
+        relayed: true,
+    };
+    let began = store.update(host, entry, |bytes| {
+        let mut table = table_of(bytes);
+        let changed = table.pause_because(owner, now, wait, why);
+        (changed, changed.then(|| table.encode()))
+    });
+    if !matches!(began, Ok(true)) {
+        return;
+    }
+    metrics.add_limit(&limit.name, LimitStat::Paused, 1);
+    host.log(
+        Level::Warn,
+        &format!(
+            "sluice: limit {} paused for {} ms: another Envoy's provider answered {status} with a wait (relayed by the admin)",
+            limit.name,
+            wait.as_millis(),
         ),
     );
 }

@@ -14,6 +14,7 @@ use sluice_shared::PolicySet;
 use super::budgets::Budgets;
 use super::limits;
 use super::placement::{bucket_key, Place};
+use super::provider;
 use super::slots;
 use crate::fleet;
 use crate::host::{Host, Level};
@@ -37,7 +38,13 @@ pub(super) struct SyncClient {
     /// The sync call this VM is waiting for: (token, sent at).
     pending_call: Option<(u32, Instant)>,
     reported_at: Instant,
+    /// When this VM last brought the sync forward.
+    hurried_at: Instant,
 }
+
+/// How often one VM may bring the Envoy's sync forward: a provider
+/// refusing call after call must not turn syncs into a flood.
+const HURRY_EVERY: Span = Span::from_millis(100);
 
 impl SyncClient {
     pub fn configure(&mut self, settings: Option<SyncSettings>) {
@@ -66,6 +73,19 @@ impl SyncClient {
         }
         self.admin_set = id;
         Some(set)
+    }
+
+    /// News for the other Envoys (a pause, a rate cut): the Envoy's next
+    /// sync is brought forward to now, so that the admin hears of it
+    /// within a tick instead of an interval.
+    pub fn hurry<H: Host + ?Sized>(&mut self, host: &H, store: &mut Store, now: Instant) {
+        if self.settings.is_none() || now.since(self.hurried_at) < HURRY_EVERY {
+            return;
+        }
+        self.hurried_at = now;
+        // This VM's counters go with the news.
+        self.reported_at = Instant::EPOCH;
+        policy_sync::hurry(host, store, now);
     }
 
     pub fn report_counters<H: Host + ?Sized>(
@@ -313,6 +333,7 @@ fn limit_reports<H: Host + ?Sized>(
                     period_ms: rate.period.as_millis(),
                     available,
                     in_flight: None,
+                    provider: provider::report(host, limit, &counted, now),
                 },
             );
         }
@@ -333,6 +354,7 @@ fn limit_reports<H: Host + ?Sized>(
                     period_ms: 0,
                     available: Some(size.saturating_sub(in_flight)),
                     in_flight: Some(in_flight),
+                    provider: None,
                 },
             );
         }

@@ -20,6 +20,8 @@ pub const SMOOTH: f64 = 0.8;
 pub const CUT_GUARD: Span = Span::from_millis(250);
 /// The lowest rate a throttle cuts to, per second (AWS's floor).
 pub const FLOOR_PER_SECOND: f64 = 0.5;
+/// A cut another Envoy made is followed only this soon after it.
+pub const RELAYED_CUT_FRESH: Span = Span::from_secs(5);
 /// How many calls may go at once ahead of the adapted pace.
 pub const AHEAD: f64 = 2.0;
 
@@ -125,6 +127,28 @@ impl Adaptive {
         true
     }
 
+    /// Another Envoy's provider refused a call at `at` (`now_admitted`:
+    /// this row's count now): the same cut, unless this row already cut
+    /// for that overload (within [`CUT_GUARD`] of it, or later).
+    pub fn throttled_elsewhere(&mut self, at: Instant, now_admitted: u64, full: f64) -> bool {
+        // Any cut made since (or just before) is this one or a newer one;
+        // the admin relays the same cut at every sync for a while.
+        if self.cut_at > Instant::EPOCH && at < self.cut_at + CUT_GUARD {
+            return false;
+        }
+        let current = self.rate(at, full).unwrap_or(full);
+        let measured = if self.measured > 0.0 {
+            self.measured
+        } else {
+            current
+        };
+        self.w_max = current.min(measured).max(FLOOR_PER_SECOND.min(full));
+        self.cut_to = (self.w_max * BETA).max(FLOOR_PER_SECOND.min(full));
+        self.cut_at = at;
+        self.cut_after = now_admitted;
+        true
+    }
+
     pub fn words(&self) -> [u64; 8] {
         [
             self.cut_to.to_bits(),
@@ -207,6 +231,22 @@ mod tests {
         let later = NOW + CUT_GUARD;
         assert!(a.throttled(later, (11, 12), 100.0));
         assert!(a.rate(later, 100.0) < once);
+    }
+
+    #[test]
+    fn a_relayed_cut_of_an_overload_this_row_already_cut_for_is_skipped() {
+        let mut a = Adaptive::default();
+        assert!(a.throttled(NOW, (5, 10), 100.0));
+        let once = a.rate(NOW, 100.0);
+        // Another Envoy saw the same overload 100 ms later.
+        assert!(!a.throttled_elsewhere(NOW + Span::from_millis(100), 12, 100.0));
+        assert_eq!(a.rate(NOW, 100.0), once);
+        // A later one, past the guard, is a new overload.
+        assert!(a.throttled_elsewhere(NOW + CUT_GUARD, 12, 100.0));
+        assert!(a.rate(NOW + CUT_GUARD, 100.0) < once);
+        // Even once recovered, the same news does not cut again.
+        a.cut_to = 0.0;
+        assert!(!a.throttled_elsewhere(NOW + CUT_GUARD, 12, 100.0));
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod table;
 pub use adaptive::Adaptive;
 
 pub use counts::{CountSource, Reading};
-pub use table::{Allowed, Count, ProviderTable, Row, CLOCK_SKEW};
+pub use table::{Allowed, Count, PauseWhy, ProviderTable, Row, RowState, CLOCK_SKEW};
 
 use thiserror::Error;
 

@@ -11,7 +11,7 @@
 //! later one said, so any number of workers reading answers in any order
 //! converge on the newest without subtracting the same calls twice.
 
-use super::adaptive::Adaptive;
+use super::adaptive::{Adaptive, RELAYED_CUT_FRESH};
 use crate::time::{Instant, Span};
 
 /// One owner's row: its key's hash (0 for an unkeyed limit).
@@ -20,6 +20,8 @@ pub struct Row {
     pub owner: u64,
     pub pause_since: Instant,
     pub pause_until: Instant,
+    /// Why the pause running (or last run) began.
+    pub pause_why: PauseWhy,
     /// Tokens admitted while following the provider's count.
     pub admitted: u64,
     /// Tokens that may still go before `allowance_until` (the provider's
@@ -50,6 +52,48 @@ pub struct ProviderTable {
 /// clocks differ by about one tick; a pause "beginning" later than this
 /// was written by no worker and is ignored.
 pub const CLOCK_SKEW: Span = Span::from_secs(1);
+
+/// Why a limit was paused: the provider's status on the answer that
+/// asked for it, and whether another Envoy saw that answer (relayed by
+/// the admin in fleet mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PauseWhy {
+    /// 0: not said.
+    pub status: u16,
+    pub relayed: bool,
+}
+
+impl PauseWhy {
+    const RELAYED: u64 = 1 << 16;
+
+    fn word(self) -> u64 {
+        u64::from(self.status) | if self.relayed { Self::RELAYED } else { 0 }
+    }
+
+    fn from_word(word: u64) -> Self {
+        PauseWhy {
+            status: (word & 0xffff) as u16,
+            relayed: word & Self::RELAYED != 0,
+        }
+    }
+}
+
+/// What one row says now, for reports: the provider's count, a pause in
+/// force, the adapted rate.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RowState {
+    /// Tokens the provider's count still allows before its reset (None:
+    /// no count in force).
+    pub remaining: Option<u64>,
+    /// The provider's limit per window, once said.
+    pub provider_limit: Option<u64>,
+    /// The pause in force: since when, until when, and why.
+    pub paused: Option<(Instant, Instant, PauseWhy)>,
+    /// The adapted rate per second (None: the limit's own rate holds).
+    pub rate: Option<f64>,
+    /// When the rate was last cut.
+    pub cut_at: Option<Instant>,
+}
 
 /// What the provider's count says of a call about to go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,8 +148,8 @@ impl Row {
 
 impl ProviderTable {
     pub const MAX_ROWS: usize = 8;
-    const VERSION: u8 = 4;
-    const ROW_LEN: usize = 19 * 8;
+    const VERSION: u8 = 5;
+    const ROW_LEN: usize = 20 * 8;
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
@@ -130,6 +174,11 @@ impl ProviderTable {
     /// Pauses `owner` from `now` for `wait`. A pause already running
     /// longer is kept. Returns whether the table changed.
     pub fn pause(&mut self, owner: u64, now: Instant, wait: Span) -> bool {
+        self.pause_because(owner, now, wait, PauseWhy::default())
+    }
+
+    /// [`Self::pause`], saying why.
+    pub fn pause_because(&mut self, owner: u64, now: Instant, wait: Span, why: PauseWhy) -> bool {
         let until = now + wait;
         let row = self.row_mut(owner, now);
         let running = row.pause_until > now && row.pause_since <= now + CLOCK_SKEW;
@@ -138,7 +187,46 @@ impl ProviderTable {
         }
         row.pause_since = now;
         row.pause_until = until;
+        row.pause_why = why;
         true
+    }
+
+    /// Another Envoy's provider refused a call at `at` (by this Envoy's
+    /// clock): the adapted rate is cut as if this Envoy had seen it, once
+    /// per overload, and only while the news is fresh. Returns whether it
+    /// was.
+    pub fn throttled_elsewhere(
+        &mut self,
+        owner: u64,
+        at: Instant,
+        now: Instant,
+        full: f64,
+    ) -> bool {
+        if at + RELAYED_CUT_FRESH < now {
+            return false;
+        }
+        let row = self.row_mut(owner, now);
+        let now_admitted = row.admitted;
+        row.adaptive
+            .throttled_elsewhere(at.min(now), now_admitted, full)
+    }
+
+    /// What `owner`'s row says at `now` (`max_pause`: the limit's cap;
+    /// `full`: its own rate per second, when it adapts).
+    pub fn state(&self, owner: u64, now: Instant, max_pause: Span, full: Option<f64>) -> RowState {
+        let Some(row) = self.row(owner) else {
+            return RowState::default();
+        };
+        let counted = row.allowance_until > now;
+        RowState {
+            remaining: counted.then_some(row.allowance),
+            provider_limit: (row.provider_limit > 0).then_some(row.provider_limit),
+            paused: self
+                .paused_until(owner, now, max_pause)
+                .map(|until| (row.pause_since, until, row.pause_why)),
+            rate: full.and_then(|f| row.adaptive.rate(now, f)),
+            cut_at: (row.adaptive.cut_at > Instant::EPOCH).then_some(row.adaptive.cut_at),
+        }
     }
 
     /// Whether a call costing `cost` may go by the provider's count, and
@@ -288,6 +376,7 @@ impl ProviderTable {
                 r.owner,
                 r.pause_since.as_nanos(),
                 r.pause_until.as_nanos(),
+                r.pause_why.word(),
                 r.admitted,
                 r.allowance,
                 r.allowance_until.as_nanos(),
@@ -327,6 +416,7 @@ impl ProviderTable {
                     owner: next()?,
                     pause_since: Instant::from_nanos(next()?),
                     pause_until: Instant::from_nanos(next()?),
+                    pause_why: PauseWhy::from_word(next()?),
                     admitted: next()?,
                     allowance: next()?,
                     allowance_until: Instant::from_nanos(next()?),
@@ -388,6 +478,61 @@ mod tests {
     }
 
     #[test]
+    fn the_state_says_why_a_pause_runs_and_what_the_count_leaves() {
+        let mut table = ProviderTable::default();
+        let why = PauseWhy {
+            status: 429,
+            relayed: true,
+        };
+        assert!(table.pause_because(0, NOW, Span::from_secs(3), why));
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 1, None) else {
+            panic!()
+        };
+        table.follow(
+            0,
+            admitted,
+            Count {
+                remaining: 7,
+                reset_in: Span::from_secs(1),
+                limit: Some(40),
+                window: Span::from_secs(1),
+            },
+            NOW,
+        );
+        let state = table.state(0, NOW + Span::from_millis(500), CAP, None);
+        assert_eq!(state.remaining, Some(7));
+        assert_eq!(state.provider_limit, Some(40));
+        assert_eq!(state.paused, Some((NOW, NOW + Span::from_secs(3), why)));
+        assert_eq!(state.rate, None);
+        let decoded = ProviderTable::decode(&table.encode()).unwrap_or_default();
+        assert_eq!(
+            decoded.state(0, NOW, CAP, None).paused.map(|p| p.2),
+            Some(why)
+        );
+        let later = table.state(0, NOW + Span::from_secs(4), CAP, None);
+        assert_eq!((later.paused, later.provider_limit), (None, Some(40)));
+        assert_eq!(table.state(9, NOW, CAP, None), RowState::default());
+    }
+
+    #[test]
+    fn a_cut_another_envoy_made_is_followed_once_while_fresh() {
+        let mut table = ProviderTable::default();
+        let full = 100.0;
+        let at = NOW - Span::from_millis(400);
+        assert!(table.throttled_elsewhere(0, at, NOW, full));
+        let rate = table.state(0, NOW, CAP, Some(full)).rate;
+        assert!(rate.is_some_and(|r| r < full), "{rate:?}");
+        // The admin relays it again at the next sync: no second cut.
+        assert!(!table.throttled_elsewhere(0, at, NOW + Span::from_secs(1), full));
+        // Old news is not followed.
+        let mut fresh = ProviderTable::default();
+        assert!(!fresh.throttled_elsewhere(0, NOW - Span::from_secs(6), NOW, full));
+        // A time from the future is taken as now.
+        assert!(fresh.throttled_elsewhere(0, NOW + Span::from_secs(3600), NOW, full));
+        assert_eq!(fresh.state(0, NOW, CAP, Some(full)).cut_at, Some(NOW));
+    }
+
+    #[test]
     fn a_full_table_drops_what_ends_first() {
         let mut table = ProviderTable::default();
         for owner in 0..ProviderTable::MAX_ROWS as u64 {
@@ -401,7 +546,7 @@ mod tests {
 
     #[test]
     fn broken_entries_pause_nothing() {
-        for bytes in [&b""[..], b"\x01", b"\x04\x00", &[4u8; 1 + 152 * 9]] {
+        for bytes in [&b""[..], b"\x01", b"\x05\x00", &[5u8; 1 + 160 * 9]] {
             assert!(ProviderTable::decode(bytes).is_none());
         }
         let mut table = ProviderTable::default();
