@@ -321,6 +321,35 @@ impl Operator {
         (value.to_string(), self.csrf.clone())
     }
 
+    /// The live view's history (the first event of `/api/v1/live`): one
+    /// frame a second, oldest first.
+    pub async fn live_history(&self) -> anyhow::Result<Value> {
+        let mut resp = self
+            .http
+            .get(format!("{}/api/v1/live", self.base))
+            .header("cookie", &self.cookie)
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await?;
+        let mut text = String::new();
+        while let Some(chunk) = resp.chunk().await? {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            let Some(start) = text.find("event: history") else {
+                continue;
+            };
+            // The event is whole once the blank line after it came.
+            if let Some(len) = text[start..].find("\n\n") {
+                let data: String = text[start..start + len]
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim_start)
+                    .collect();
+                return Ok(serde_json::from_str(&data)?);
+            }
+        }
+        bail!("the live stream ended before its history")
+    }
+
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         let (status, body) = self.raw(reqwest::Method::GET, path, None, None).await?;
         if status != 200 {

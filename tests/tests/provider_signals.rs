@@ -458,3 +458,164 @@ async fn adapting_to_refusals_alone_settles_near_the_providers_new_limit() -> an
     assert!(provider_refused_share(&blind) > 0.2, "{}", describe(&blind));
     Ok(())
 }
+
+/// Fleet mode: two Envoys share the limit through one admin (syncing
+/// every 200 ms). Envoy a's provider answers 429 with `Retry-After: 3`;
+/// a stops at once, and b within a sync of hearing it from the admin;
+/// both resume 3 s (± 100 ms) after the 429. The admin's live view shows
+/// the pause, why and for how long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_one_envoy_sees_pauses_the_other_envoy_through_the_admin() -> anyhow::Result<()> {
+    use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
+
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    op.create(serde_json::json!({
+        "name": "api", "match": {"host": HOST},
+        "rate": {"requests": 100000, "period": "1s"},
+        "limits": [{"name": "provider-rate", "scope": "global",
+                    "rate": {"requests": 100000, "period": "1s"},
+                    "provider": {"max_pause": "10s"}}]}))
+        .await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = |instance: &str| {
+        serde_json::json!({"instance": instance, "admin_cluster": "sluice_admin",
+            "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+            "fallback": {"version": 1, "policies": []}})
+        .to_string()
+    };
+    let a = Envoy::start_with_admins(&config("fleet-a"), mock.addr.port(), &[admin.port], WORKERS)?;
+    let b = Envoy::start_with_admins(&config("fleet-b"), mock.addr.port(), &[admin.port], 2)?;
+    // Shares reach both within a few syncs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mock.reset();
+    let through = |envoy: &Envoy, tag: &'static str| {
+        let url = envoy.url("/v1/orders");
+        tokio::spawn(closed_loop(8, Duration::from_secs(8), move |c, _| {
+            c.get(&url).header("host", HOST).header("x-api-key", tag)
+        }))
+    };
+    let (load_a, load_b) = (through(&a, "a"), through(&b, "b"));
+    // Shares follow the demand within a few leases.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let http = load::client();
+    let provoked = provoke(&http, &a.url("/v1/orders"), 429, "3").await?;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let live = op.live_history().await?;
+    let (outcomes_a, outcomes_b) = (load_a.await?, load_b.await?);
+    settle().await;
+
+    let arrivals = mock.arrivals();
+    let statuses = |outcomes: &[load::Outcome]| -> std::collections::BTreeMap<u16, usize> {
+        outcomes.iter().fold(Default::default(), |mut m, o| {
+            *m.entry(o.status).or_default() += 1;
+            m
+        })
+    };
+    let reasons = |outcomes: &[load::Outcome]| -> std::collections::BTreeMap<String, usize> {
+        outcomes
+            .iter()
+            .filter(|o| o.status == 429)
+            .fold(Default::default(), |mut m, o| {
+                let h = |n: &str| {
+                    o.headers
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-")
+                        .to_string()
+                };
+                *m.entry(format!(
+                    "{}/{}/{}",
+                    h("x-sluice-limit"),
+                    h("x-sluice-reason"),
+                    o.started.as_millis() / 1000
+                ))
+                .or_default() += 1;
+                m
+            })
+    };
+    let refused_at = arrivals
+        .iter()
+        .find(|x| x.seq == Some(REFUSED_SEQ))
+        .map(|x| x.at)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "the refused call never reached the provider (answered {provoked}); a's callers got {:?}, b's {:?}",
+                reasons(&outcomes_a),
+                reasons(&outcomes_b)
+            )
+        })?;
+    let from = |tag: &str| -> Vec<Duration> {
+        arrivals
+            .iter()
+            .filter(|x| x.key.as_deref() == Some(tag))
+            .map(|x| x.at)
+            .collect()
+    };
+    let (at_a, at_b) = (from("a"), from("b"));
+    // The last call each let through before stopping, and the first after.
+    let stopped = |at: &[Duration]| {
+        at.iter()
+            .filter(|&&t| t > refused_at && t < refused_at + Duration::from_millis(2000))
+            .max()
+            .map_or(Duration::ZERO, |&t| t - refused_at)
+    };
+    let resumed = |at: &[Duration]| {
+        at.iter()
+            .filter(|&&t| t > refused_at + Duration::from_millis(2000))
+            .min()
+            .map(|&t| t - refused_at)
+    };
+    let (stopped_a, stopped_b) = (stopped(&at_a), stopped(&at_b));
+    let (resumed_a, resumed_b) = (resumed(&at_a), resumed(&at_b));
+    let before_b = at_b
+        .iter()
+        .filter(|&&t| t < refused_at && t + Duration::from_secs(1) > refused_at)
+        .count();
+    let statuses_b = statuses(&outcomes_b);
+    let paused_b = b.limit_stat("provider-rate", "paused")?;
+    // The newest frame (frames come each second): the pause, why, how
+    // long it ran and has left.
+    let shown = live
+        .as_array()
+        .and_then(|frames| frames.last())
+        .map(|f| f["limits"]["provider-rate"]["provider"]["pause"].clone())
+        .unwrap_or_default();
+    let (ran, left) = (
+        shown["ran_ms"].as_u64().unwrap_or(0),
+        shown["left_ms"].as_u64().unwrap_or(0),
+    );
+    let pause_shown = shown["status"] == 429 && left > 0 && (2_850..=3_150).contains(&(ran + left));
+    println!(
+        "fleet pause: the provider's 429 (answered {provoked}) through a at {refused_at:?}; \
+         a let its last call through {stopped_a:?} after it and resumed {resumed_a:?} after; \
+         b ({before_b} calls in the second before) let its last through {stopped_b:?} after and resumed {resumed_b:?} after; \
+         b's paused stat {paused_b}, its callers got {statuses_b:?}; {} arrivals from a; {} + {} calls by the clients; the live view's newest frame 1 s after: {shown}",
+        at_a.len(),
+        outcomes_a.len(),
+        outcomes_b.len(),
+    );
+    assert_eq!(provoked, 429);
+    assert!(before_b > 100, "b was calling before: {before_b}");
+    assert!(
+        stopped_a <= Duration::from_millis(50),
+        "a stopped after {stopped_a:?}"
+    );
+    // b hears of it at its next sync after a's (a syncs within a tick).
+    assert!(
+        stopped_b <= Duration::from_millis(450),
+        "b stopped after {stopped_b:?}"
+    );
+    for (name, resumed) in [("a", resumed_a), ("b", resumed_b)] {
+        let resumed = resumed.ok_or_else(|| anyhow::anyhow!("{name} never resumed"))?;
+        assert!(
+            resumed >= Duration::from_millis(2900) && resumed <= Duration::from_millis(3100),
+            "{name} resumed {resumed:?} after the 429 (3 s ± 100 ms)"
+        );
+    }
+    assert_eq!(paused_b, 1.0, "b paused once, on the admin's word");
+    assert!(b.log().contains("relayed by the admin"));
+    assert!(pause_shown, "the live view shows the pause: {shown}");
+    Ok(())
+}

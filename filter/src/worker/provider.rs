@@ -423,6 +423,10 @@ pub(super) fn report<H: Host + ?Sized>(
     Some(report)
 }
 
+/// A relayed pause ending no more than this after the one running is
+/// the same pause.
+const RELAY_SLACK: Span = Span::from_millis(100);
+
 /// The most of the provider news header that is read.
 pub const MAX_NEWS_HEADER: usize = 64 * 1024;
 
@@ -515,8 +519,17 @@ fn relayed_pause<H: Host + ?Sized>(
         status,
         relayed: true,
     };
+    let max_pause = limit.provider.as_ref().map_or(wait, |p| p.max_pause);
     let began = store.update(host, entry, |bytes| {
         let mut table = table_of(bytes);
+        // The admin relays a running pause at every sync, each time a
+        // little off (the trip there and back): the same pause.
+        if table
+            .paused_until(owner, now, max_pause)
+            .is_some_and(|until| until + RELAY_SLACK >= now + wait)
+        {
+            return (false, None);
+        }
         let changed = table.pause_because(owner, now, wait, why);
         (changed, changed.then(|| table.encode()))
     });
