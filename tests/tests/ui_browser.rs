@@ -632,3 +632,119 @@ async fn the_live_view_shows_a_token_limits_use_against_its_size() -> anyhow::Re
     admin.stop().await;
     Ok(())
 }
+
+/// A limit that listens to its provider (OpenAI's headers, adaptive): the
+/// live view shows what the provider says is left beside Sluice's own
+/// count, and after the provider's 429 with `Retry-After: 3` the pause
+/// (why, how long), the adapted rate and, over time, the paused seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_shows_what_the_provider_says() -> anyhow::Result<()> {
+    use sluice_demo::provider::{MockProvider, Signals};
+    const HOST: &str = "api.provider.example";
+
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let op = admin.login().await?;
+    op.create(json!({"name": "api", "match": {"host": HOST},
+        "rate": {"requests": 100000, "period": "1s"},
+        "limits": [{"name": "provider-rate", "rate": {"requests": 200, "period": "1s"},
+                    "provider": {"headers": "openai-requests", "adaptive": true, "max_pause": "10s"}}]}))
+    .await?;
+    let provider = MockProvider::start(1000, Signals::OpenAi, Duration::from_millis(10)).await?;
+    let config = json!({"instance": "ui-provider-envoy", "admin_cluster": "sluice_admin",
+        "sync_interval": "250ms", "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+    .to_string();
+    let envoy = Envoy::start_with_admin(&config, provider.addr.port(), admin.port, 2)?;
+    let url = envoy.url("/v1/orders");
+    let load_url = url.clone();
+    let load = tokio::spawn(load::closed_loop(
+        4,
+        Duration::from_secs(14),
+        move |c, _| c.get(&load_url).header("host", HOST),
+    ));
+    let browser = Browser::start().await?;
+    browser.client.goto(&admin.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    browser
+        .client
+        .goto(&format!("{}/live", admin.base()))
+        .await?;
+    let row = ".live-provider[data-limit='provider-rate']";
+    let left = browser
+        .wait_text(
+            &format!("{row} .provider-left"),
+            Duration::from_secs(10),
+            |t| t.ends_with(" of 1000"),
+        )
+        .await?;
+    let sluice_left = browser.text(&format!("{row} .sluice-left")).await?;
+    let provoked = load::client()
+        .get(&url)
+        .header("host", HOST)
+        .header("x-mock-status", "429")
+        .header("x-mock-retry-after", "3")
+        .send()
+        .await?
+        .status()
+        .as_u16();
+    let pause = browser
+        .wait_text(
+            &format!("{row} .provider-pause"),
+            Duration::from_secs(3),
+            |t| t.contains("answered 429"),
+        )
+        .await?;
+    let adapted = browser
+        .wait_text(
+            &format!("{row} .adapted-rate"),
+            Duration::from_secs(3),
+            |t| t.ends_with("/s of 200.0/s"),
+        )
+        .await?;
+    let cuts = browser.text(&format!("{row} .provider-cuts")).await?;
+    let pauses = browser.text(&format!("{row} .provider-pauses")).await?;
+    // The next frames shade the paused seconds on the chart.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let shaded = browser
+        .client
+        .find_all(Locator::Css(
+            ".provider-chart-box[data-limit='provider-rate'] rect.paused-second",
+        ))
+        .await?
+        .len();
+    let adapted_points = browser
+        .client
+        .find(Locator::Css(
+            ".provider-chart-box[data-limit='provider-rate'] polyline.line-adapted",
+        ))
+        .await?
+        .attr("points")
+        .await?
+        .unwrap_or_default();
+    let _ = load.await;
+    println!(
+        "ui: live view, provider-rate: left by the provider {left:?} beside Sluice's {sluice_left:?}; \
+         after the provider's 429 (answered {provoked}): {pause:?}, adapted rate {adapted:?}, \
+         pauses {pauses}, rate cuts {cuts}; the chart shades {shaded} paused seconds and draws the adapted rate at {} points",
+        adapted_points.split(' ').filter(|p| !p.is_empty()).count()
+    );
+    assert_eq!(provoked, 429);
+    assert!(
+        sluice_left.parse::<u64>().is_ok(),
+        "Sluice's count: {sluice_left:?}"
+    );
+    assert!(
+        pause.contains("paused") && !pause.contains("another Envoy"),
+        "{pause:?}"
+    );
+    assert_eq!(pauses, "1");
+    assert!(cuts.parse::<u64>().is_ok_and(|c| c >= 1), "cuts {cuts:?}");
+    assert!((1..=4).contains(&shaded), "{shaded} paused seconds shaded");
+    assert!(!adapted_points.is_empty(), "the adapted rate is drawn");
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}

@@ -257,7 +257,7 @@ async fn handle(
 }
 
 /// The refusal a test asked for (`x-mock-status`, `x-mock-retry-after`).
-fn refusal_on_demand(headers: &HeaderMap) -> Option<Response> {
+pub(crate) fn refusal_on_demand(headers: &HeaderMap) -> Option<Response> {
     let status = header(headers, "x-mock-status")?
         .parse::<u16>()
         .ok()

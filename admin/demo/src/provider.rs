@@ -5,7 +5,8 @@
 //! does (`x-ratelimit-*-requests`, reset as `250ms`) or as the IETF
 //! fields do; a call over the limit gets 429. Answers take `delay` (calls
 //! stay in flight). Per window it counts what it accepted and refused, for
-//! Sluice's calls and the hidden consumer's apart.
+//! Sluice's calls and the hidden consumer's apart. As the plain mock does,
+//! it refuses on demand (`x-mock-status`, `x-mock-retry-after`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -95,6 +96,11 @@ impl MockProvider {
 }
 
 async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    // A refusal a test asks for (`x-mock-status`, `x-mock-retry-after`),
+    // counted nowhere.
+    if let Some(refusal) = crate::mock::refusal_on_demand(&headers) {
+        return refusal;
+    }
     let at = inner.start.elapsed();
     let second = usize::try_from(at.as_secs()).unwrap_or(usize::MAX);
     let hidden = headers.contains_key("x-hidden");

@@ -820,6 +820,172 @@ fn LivePage() -> impl IntoView {
             }
         }/>
         <LimitsNow/>
+        <ProvidersNow/>
+    }
+}
+
+/// How a pause reads: how long it has left, why, and since when.
+fn describe_pause(p: &sluice_shared::sync::PauseReport) -> String {
+    let status = if p.status > 0 {
+        format!("the provider answered {}", p.status)
+    } else {
+        "the provider asked".to_string()
+    };
+    let whose = if p.relayed {
+        " (seen by another Envoy)"
+    } else {
+        ""
+    };
+    format!(
+        "paused {:.1} s more: {status} with a wait {:.1} s ago{whose}",
+        p.left_ms as f64 / 1000.0,
+        p.ran_ms as f64 / 1000.0
+    )
+}
+
+/// The further limits that listen to their provider: what the provider
+/// says is left beside Sluice's own count, pauses (how long, why), the
+/// adapted rate, and over time, each second's calls, the adapted rate,
+/// the provider's refusals and pauses.
+#[component]
+fn ProvidersNow() -> impl IntoView {
+    let frames = expect_context::<LiveFrames>();
+    let listening = move || {
+        frames
+            .latest()
+            .map(|f| {
+                f.limits
+                    .iter()
+                    .filter_map(|(n, u)| u.provider.map(|p| (n.clone(), *u, p)))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let names = move || {
+        listening()
+            .into_iter()
+            .map(|(n, _, _)| n)
+            .collect::<Vec<_>>()
+    };
+    view! {
+        <Show when=move || !listening().is_empty()>
+            <section id="live-providers">
+                <h2>"What the providers say"</h2>
+                <p class="legend">"Per second: "<span class="admitted">"let through"</span>", "
+                    <span class="adapted">"adapted rate"</span>", "<span class="rejected">"refused by the provider"</span>
+                    "; shaded: paused on the provider's word."</p>
+                <table class="providers-now">
+                    <thead><tr><th>"Limit"</th><th>"Left (Sluice)"</th><th>"Left (provider)"</th><th>"Pause"</th>
+                        <th>"Adapted rate"</th><th>"Provider refusals/s"</th><th>"Pauses"</th><th>"Rate cuts"</th></tr></thead>
+                    <tbody>
+                        <For each=listening key=|(n, u, _)| (n.clone(), format!("{u:?}")) children=|(name, u, p)| {
+                            let own = if u.period_ms > 0 {
+                                u.requests as f64 * 1000.0 / u.period_ms as f64
+                            } else {
+                                0.0
+                            };
+                            view! {
+                                <tr class="live-provider" data-limit=name.clone()>
+                                    <td>{name.clone()}</td>
+                                    <td class="sluice-left">{u.available.map(|a| a.to_string()).unwrap_or_else(|| "—".into())}</td>
+                                    <td class="provider-left">{p.remaining.map(|r| match p.limit {
+                                        Some(l) => format!("{r} of {l}"),
+                                        None => r.to_string(),
+                                    }).unwrap_or_else(|| "—".into())}</td>
+                                    <td class="provider-pause">{p.pause.as_ref().map(describe_pause).unwrap_or_else(|| "—".into())}</td>
+                                    <td class="adapted-rate">{p.rate.map(|r| format!("{r:.1}/s of {own:.1}/s")).unwrap_or_else(|| "—".into())}</td>
+                                    <td class="provider-refused-now">{format!("{:.1}", p.refused_per_s)}</td>
+                                    <td class="provider-pauses">{p.pauses}</td>
+                                    <td class="provider-cuts">{p.cuts}</td>
+                                </tr>
+                            }
+                        }/>
+                    </tbody>
+                </table>
+                <For each=names key=|n| n.clone() children=|name| {
+                    let (title, attr) = (name.clone(), name.clone());
+                    view! {
+                        <div class="provider-chart-box" data-limit=attr>
+                            <h3>{title}</h3>
+                            <ProviderChart name=name/>
+                        </div>
+                    }
+                }/>
+            </section>
+        </Show>
+    }
+}
+
+/// The last two minutes of one limit that listens to its provider.
+#[component]
+fn ProviderChart(name: String) -> impl IntoView {
+    let frames = expect_context::<LiveFrames>();
+    const W: f64 = 480.0;
+    const H: f64 = 100.0;
+    const SPAN: usize = 120;
+    // Per frame: let through/s, adapted rate/s, provider refusals/s, paused.
+    let recent = Memo::new(move |_| {
+        frames.0.with(|all| {
+            all.iter()
+                .rev()
+                .take(SPAN)
+                .rev()
+                .map(|f| {
+                    let u = f.limits.get(&name);
+                    let p = u.and_then(|u| u.provider);
+                    (
+                        u.map_or(0.0, |u| u.admitted_per_s),
+                        p.and_then(|p| p.rate),
+                        p.map_or(0.0, |p| p.refused_per_s),
+                        p.is_some_and(|p| p.pause.is_some()),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+    });
+    let top = Memo::new(move |_| {
+        recent.with(|data| {
+            data.iter()
+                .map(|(a, r, x, _)| a.max(r.unwrap_or(0.0)).max(*x))
+                .fold(1.0, f64::max)
+        })
+    });
+    let x_of = move |i: usize, n: usize| (SPAN.saturating_sub(n) + i) as f64 * W / SPAN as f64;
+    let line = move |pick: fn(&(f64, Option<f64>, f64, bool)) -> Option<f64>| {
+        move || {
+            let data = recent.get();
+            let top = top.get();
+            data.iter()
+                .enumerate()
+                .filter_map(|(i, d)| {
+                    pick(d).map(|v| {
+                        format!("{:.1},{:.1}", x_of(i, data.len()), H - v / top * (H - 20.0))
+                    })
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    };
+    let paused = move || {
+        let data = recent.get();
+        data.iter()
+            .enumerate()
+            .filter(|(_, d)| d.3)
+            .map(|(i, _)| {
+                let x = x_of(i, data.len());
+                view! { <rect class="paused-second" x=format!("{x:.1}") y="0" width=format!("{:.1}", W / SPAN as f64) height="100"></rect> }
+            })
+            .collect_view()
+    };
+    view! {
+        <svg class="chart provider-chart" width="480" height="100" viewBox="0 0 480 100">
+            <rect class="chart-bg" x="0" y="0" width="480" height="100"></rect>
+            {paused}
+            <polyline class="line-admitted" points=line(|d| Some(d.0))></polyline>
+            <polyline class="line-adapted" points=line(|d| d.1)></polyline>
+            <polyline class="line-rejected" points=line(|d| Some(d.2))></polyline>
+            <text x="4" y="12" class="chart-top">{move || format!("{:.0}/s", top.get())}</text>
+        </svg>
     }
 }
 
