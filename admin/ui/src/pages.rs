@@ -916,6 +916,15 @@ fn ProvidersNow() -> impl IntoView {
     }
 }
 
+/// One second of a limit that listens to its provider, as charted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ProviderSecond {
+    admitted: f64,
+    adapted: Option<f64>,
+    refused: f64,
+    paused: bool,
+}
+
 /// The last two minutes of one limit that listens to its provider.
 #[component]
 fn ProviderChart(name: String) -> impl IntoView {
@@ -923,7 +932,6 @@ fn ProviderChart(name: String) -> impl IntoView {
     const W: f64 = 480.0;
     const H: f64 = 100.0;
     const SPAN: usize = 120;
-    // Per frame: let through/s, adapted rate/s, provider refusals/s, paused.
     let recent = Memo::new(move |_| {
         frames.0.with(|all| {
             all.iter()
@@ -933,12 +941,12 @@ fn ProviderChart(name: String) -> impl IntoView {
                 .map(|f| {
                     let u = f.limits.get(&name);
                     let p = u.and_then(|u| u.provider);
-                    (
-                        u.map_or(0.0, |u| u.admitted_per_s),
-                        p.and_then(|p| p.rate),
-                        p.map_or(0.0, |p| p.refused_per_s),
-                        p.is_some_and(|p| p.pause.is_some()),
-                    )
+                    ProviderSecond {
+                        admitted: u.map_or(0.0, |u| u.admitted_per_s),
+                        adapted: p.and_then(|p| p.rate),
+                        refused: p.map_or(0.0, |p| p.refused_per_s),
+                        paused: p.is_some_and(|p| p.pause.is_some()),
+                    }
                 })
                 .collect::<Vec<_>>()
         })
@@ -946,12 +954,12 @@ fn ProviderChart(name: String) -> impl IntoView {
     let top = Memo::new(move |_| {
         recent.with(|data| {
             data.iter()
-                .map(|(a, r, x, _)| a.max(r.unwrap_or(0.0)).max(*x))
+                .map(|d| d.admitted.max(d.adapted.unwrap_or(0.0)).max(d.refused))
                 .fold(1.0, f64::max)
         })
     });
     let x_of = move |i: usize, n: usize| (SPAN.saturating_sub(n) + i) as f64 * W / SPAN as f64;
-    let line = move |pick: fn(&(f64, Option<f64>, f64, bool)) -> Option<f64>| {
+    let line = move |pick: fn(&ProviderSecond) -> Option<f64>| {
         move || {
             let data = recent.get();
             let top = top.get();
@@ -970,7 +978,7 @@ fn ProviderChart(name: String) -> impl IntoView {
         let data = recent.get();
         data.iter()
             .enumerate()
-            .filter(|(_, d)| d.3)
+            .filter(|(_, d)| d.paused)
             .map(|(i, _)| {
                 let x = x_of(i, data.len());
                 view! { <rect class="paused-second" x=format!("{x:.1}") y="0" width=format!("{:.1}", W / SPAN as f64) height="100"></rect> }
@@ -981,9 +989,9 @@ fn ProviderChart(name: String) -> impl IntoView {
         <svg class="chart provider-chart" width="480" height="100" viewBox="0 0 480 100">
             <rect class="chart-bg" x="0" y="0" width="480" height="100"></rect>
             {paused}
-            <polyline class="line-admitted" points=line(|d| Some(d.0))></polyline>
-            <polyline class="line-adapted" points=line(|d| d.1)></polyline>
-            <polyline class="line-rejected" points=line(|d| Some(d.2))></polyline>
+            <polyline class="line-admitted" points=line(|d| Some(d.admitted))></polyline>
+            <polyline class="line-adapted" points=line(|d| d.adapted)></polyline>
+            <polyline class="line-rejected" points=line(|d| Some(d.refused))></polyline>
             <text x="4" y="12" class="chart-top">{move || format!("{:.0}/s", top.get())}</text>
         </svg>
     }
