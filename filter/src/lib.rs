@@ -40,6 +40,8 @@ mod queue_limits_tests;
 #[cfg(test)]
 mod slot_limits_tests;
 #[cfg(test)]
+mod telling_tests;
+#[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests;

@@ -367,7 +367,10 @@ const EVERYTHING: &str = r#"{"version": 1, "policies": [
                 {"name": "daily", "rate": {"requests": 40, "period": "1d", "algorithm": "fixed_window"}},
                 {"name": "in-flight", "concurrency": {"max_in_flight": 2, "lease_ttl": "1s"}}]},
     {"name": "b", "match": {"host": "*"}, "key": {"header": "x-api-key", "max_keys": 1, "overflow": "reject"},
-     "rate": {"algorithm": "sliding_window", "requests": 3, "period": "100ms"}}]}"#;
+     "ratelimit_headers": "always",
+     "rate": {"algorithm": "sliding_window", "requests": 3, "period": "100ms"},
+     "limits": [{"name": "b-provider", "rate": {"requests": 5, "period": "1s"},
+                 "provider": {"headers": "openai-requests", "max_pause": "50ms"}}]}]}"#;
 
 fn header_name() -> impl Strategy<Value = &'static str> {
     prop_oneof![
@@ -382,6 +385,8 @@ fn header_name() -> impl Strategy<Value = &'static str> {
         Just(":status"),
         Just("retry-after"),
         Just("ratelimit"),
+        Just("x-ratelimit-remaining-requests"),
+        Just("x-ratelimit-reset-requests"),
     ]
 }
 
@@ -423,7 +428,13 @@ proptest! {
                 1 => { host.advance_ms(ms); let _ = w.on_tick(&host); }
                 2 => host.now.set(host.now.get() - Span::from_millis(ms)),
                 // The same headers as an answer: any status, wait, count.
-                3 => { if let Some(&c) = open.last() { w.on_response_headers(&host, c, h.as_slice(), false); } }
+                3 => { if let Some(&c) = open.last() {
+                    w.on_response_headers(&host, c, h.as_slice(), false);
+                    if w.tells(c) {
+                        let told = w.answer_headers(&host, c);
+                        prop_assert!(told.iter().all(|(_, v)| v.is_ascii() && !v.contains('\n')));
+                    }
+                } }
                 _ => {}
             }
         }

@@ -99,6 +99,26 @@ pub fn ratelimit_value(policy: &Policy, kind: LimitKind, remaining: u64, reset: 
     }
 }
 
+/// One limit's state as a `RateLimit` item: `"id";r=<remaining>;t=<reset>`
+/// (a concurrency limit, which does not reset: no `t`).
+pub fn ratelimit_item(id: &str, remaining: u64, reset: Option<Span>) -> String {
+    match reset {
+        Some(reset) => format!("\"{id}\";r={remaining};t={}", reset.as_secs_ceil()),
+        None => format!("\"{id}\";r={remaining}"),
+    }
+}
+
+/// The fields an admitted call's answer gets (`ratelimit_headers:
+/// always`): every limit of the policy, and the state of those that have
+/// one to tell (`items`, from [`ratelimit_item`]).
+pub fn admitted_headers(policy: &Policy, items: &[String]) -> Vec<(&'static str, String)> {
+    let mut out = vec![(RATELIMIT_POLICY, ratelimit_policy_value(policy))];
+    if !items.is_empty() {
+        out.push((RATELIMIT, items.join(", ")));
+    }
+    out
+}
+
 /// The headers of a local reply refusing a request.
 pub fn rejection_headers(
     policy: &Policy,

@@ -65,6 +65,29 @@ pub struct Policy {
     /// share this long, then falls back to an even split.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_lease: Option<DurationMs>,
+    /// When callers get the `RateLimit-Policy` and `RateLimit` fields:
+    /// on refusals only (the default), or on every answer, so that they
+    /// can pace themselves before they are refused.
+    #[serde(default, skip_serializing_if = "RateLimitHeaders::is_refusals")]
+    pub ratelimit_headers: RateLimitHeaders,
+}
+
+/// When the `RateLimit-Policy` / `RateLimit` fields go to callers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitHeaders {
+    /// On Sluice's refusals only.
+    #[default]
+    Refusals,
+    /// Also on every answer a call of the policy gets from upstream.
+    Always,
+}
+
+impl RateLimitHeaders {
+    pub fn is_refusals(&self) -> bool {
+        *self == RateLimitHeaders::Refusals
+    }
 }
 
 impl Policy {

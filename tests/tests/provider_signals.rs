@@ -619,3 +619,75 @@ async fn a_429_one_envoy_sees_pauses_the_other_envoy_through_the_admin() -> anyh
     assert!(pause_shown, "the live view shows the pause: {shown}");
     Ok(())
 }
+
+/// `ratelimit_headers: always`: every answer a caller gets through Envoy
+/// says where the limits stand, the provider's count included (OpenAI's
+/// headers say 40 a second, below the policy's 100), and the provider's
+/// own 429 with `Retry-After: 2` says 0 left for 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_answers_tell_callers_where_the_limits_stand() -> anyhow::Result<()> {
+    use sluice_demo::provider::{MockProvider, Signals};
+    let provider = MockProvider::start(40, Signals::OpenAi, Duration::from_millis(1)).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-tell", "fallback": {{"version": 1, "policies": [
+            {{"name": "api", "match": {{"host": "{HOST}"}}, "ratelimit_headers": "always",
+              "rate": {{"requests": 1000, "period": "1s"}},
+              "limits": [{{"name": "requests", "rate": {{"requests": 100, "period": "1s"}},
+                          "provider": {{"headers": "openai-requests", "max_pause": "10s"}}}}]}}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, provider.addr.port(), WORKERS)?;
+    let http = load::client();
+    let url = envoy.url("/v1/orders");
+    let mut told = Vec::new();
+    for _ in 0..5 {
+        let r = plain(&http, &url).await?;
+        let field = |name: &str| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        told.push((
+            r.status().as_u16(),
+            field("ratelimit-policy"),
+            field("ratelimit"),
+        ));
+    }
+    let refused = provoke(&http, &url, 429, "2").await?;
+    let after = plain(&http, &url).await?;
+    let refused_told = {
+        // The provider's own answer, passed on: read it again through a
+        // call that is not refused by the pause (the mock answers any).
+        after
+            .headers()
+            .get("ratelimit")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    println!(
+        "tell callers: answers {told:?}; after the provider's 429 (answered {refused}) the next call got {} with RateLimit {refused_told:?}",
+        after.status()
+    );
+    for (status, policy, state) in &told {
+        assert_eq!(*status, 200);
+        assert_eq!(policy, r#""api";q=1000;w=1, "requests";q=100;w=1"#);
+        let left = state
+            .split(", ")
+            .find_map(|item| item.strip_prefix(r#""requests";r="#))
+            .and_then(|rest| rest.split(';').next())
+            .and_then(|n| n.parse::<u64>().ok());
+        assert!(
+            left.is_some_and(|n| n < 40),
+            "the provider's count (40 a second) is told: {state}"
+        );
+    }
+    assert_eq!(refused, 429);
+    assert_eq!(after.status().as_u16(), 429, "paused");
+    assert!(
+        refused_told.contains(r#""requests";r=0;t=2"#),
+        "{refused_told}"
+    );
+    Ok(())
+}

@@ -358,6 +358,12 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
         Kind::Text,
     ),
     ("Mode", "Mode (enforce | shadow)", "/mode", Kind::Text),
+    (
+        "Over the limit",
+        "RateLimit headers to callers (refusals | always)",
+        "/ratelimit_headers",
+        Kind::Text,
+    ),
 ];
 
 /// The fields of one further limit, by pointer below `/limits/<index>`.

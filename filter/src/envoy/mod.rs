@@ -385,12 +385,21 @@ impl HttpContext for SluiceStream {
         let Some(worker) = &self.worker else {
             return Action::Continue;
         };
+        let mut told = Vec::new();
         if let Ok(mut w) = worker.try_borrow_mut() {
             if w.reads_response(self.context_id) {
                 let headers = EnvoyHeaders::of(MapType::HttpResponseHeaders);
                 self.reading_response =
                     w.on_response_headers(&EnvoyHost, self.context_id, &headers, end_of_stream);
             }
+            if w.tells(self.context_id) {
+                told = w.answer_headers(&EnvoyHost, self.context_id);
+            }
+        }
+        // Sluice's view replaces fields of the same name from upstream: it
+        // already takes in what the provider said.
+        for (name, value) in told {
+            self.set_http_response_header(name, Some(&value));
         }
         Action::Continue
     }

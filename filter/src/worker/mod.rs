@@ -28,6 +28,7 @@ mod shares;
 mod slots;
 mod streams;
 mod sync_client;
+mod telling;
 mod usage;
 
 use std::rc::Rc;
@@ -87,6 +88,8 @@ pub struct Worker {
     usages: Usages,
     /// Admitted calls whose answer may pause their limits.
     listening: provider::Listening,
+    /// Calls whose answer tells the caller where the limits stand.
+    telling: telling::Telling,
     sync: SyncClient,
     shares: FleetShares,
     budgets: Budgets,
@@ -114,6 +117,7 @@ impl Worker {
             streams: Streams::default(),
             usages: Usages::default(),
             listening: provider::Listening::default(),
+            telling: telling::Telling::default(),
             sync: SyncClient::default(),
             shares: FleetShares::default(),
             budgets: Budgets::default(),
@@ -265,6 +269,10 @@ impl Worker {
             }
             None => Vec::new(),
         };
+        if !matches!(decision, Decision::Refuse(_)) {
+            self.telling
+                .expect(context_id, &policies, class.policy_index);
+        }
         match decision {
             Decision::Pass => {
                 self.streams.hold_slots(context_id, policy, slots, now);
@@ -321,6 +329,7 @@ impl Worker {
 
     fn stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
         self.listening.forget(context_id);
+        self.telling.forget(context_id);
         if self.usages.awaits(context_id) {
             let mut ledger = Ledger {
                 host,
@@ -344,6 +353,27 @@ impl Worker {
     /// for what the provider says of its limit.
     pub fn reads_response(&self, context_id: u32) -> bool {
         self.usages.awaits(context_id) || self.listening.awaits(context_id)
+    }
+
+    /// Whether the stream's answer tells its caller where the limits
+    /// stand (`ratelimit_headers: always`).
+    pub fn tells(&self, context_id: u32) -> bool {
+        self.telling.awaits(context_id)
+    }
+
+    /// The fields the answer to stream `context_id` gets (once).
+    pub fn answer_headers<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+    ) -> Vec<(&'static str, String)> {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        let now = host.now();
+        self.telling.headers(host, &mut self.store, context_id, now)
     }
 
     /// Calls whose response has not yet settled what they cost.

@@ -546,3 +546,24 @@ fn relayed_pause<H: Host + ?Sized>(
         ),
     );
 }
+
+/// What the provider allows of unkeyed `limit` now, and until when: 0
+/// while it is paused, the provider's count while one is in force (None:
+/// it says nothing, or the limit is keyed).
+pub(super) fn says<H: Host + ?Sized>(
+    host: &H,
+    limit: &CompiledLimit,
+    now: Instant,
+) -> Option<(u64, Span)> {
+    let provider = limit.provider.as_ref()?;
+    if limit.keys.is_some() {
+        return None;
+    }
+    let (entry, owner) = place_of(limit, None);
+    let table = ProviderTable::decode(&host.shared_get(&entry).0?)?;
+    let state = table.state(owner, now, provider.max_pause, None);
+    if let Some((_, until, _)) = state.paused {
+        return Some((0, until.since(now)));
+    }
+    Some((state.remaining?, state.count_until?.since(now)))
+}

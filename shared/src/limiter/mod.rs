@@ -274,6 +274,17 @@ impl RateLimiter {
         }
     }
 
+    /// How long until the limit holds its whole quota again: the `t` of
+    /// the `RateLimit` field.
+    pub fn until_reset(&self, state: &RateState, now: Instant) -> Span {
+        match (self, state) {
+            (RateLimiter::TokenBucket(l), RateState::TokenBucket(s)) => l.until_full(s, now),
+            (RateLimiter::FixedWindow(l), RateState::FixedWindow(s)) => l.until_reset(s, now),
+            (RateLimiter::SlidingWindow(l), RateState::SlidingWindow(s)) => l.until_reset(s, now),
+            _ => Span::ZERO,
+        }
+    }
+
     /// True when the state says nothing a fresh state would not: its place
     /// (e.g. a per-key bucket) can be reused without giving anything away.
     pub fn is_idle(&self, state: &RateState, now: Instant) -> bool {

@@ -267,6 +267,11 @@ impl TokenBucket {
         self.remaining_after(self.tat_scaled(state), now.as_nanos())
     }
 
+    /// How long until the bucket is full again (0: it is).
+    pub fn until_full(&self, state: &TokenBucketState, now: Instant) -> Span {
+        Span::from_nanos(state.tat_ns.saturating_sub(now.as_nanos()))
+    }
+
     /// True when the bucket is full and no warm-up is under way, so the
     /// state carries no information and its place can be given to another key.
     pub fn is_idle(&self, state: &TokenBucketState, now: Instant) -> bool {

@@ -174,6 +174,15 @@ impl FixedWindow {
         }
     }
 
+    /// How long until the window counting calls now ends (0: none counted).
+    pub fn until_reset(&self, state: &FixedWindowState, now: Instant) -> Span {
+        let cur = self.current(state, now);
+        if cur.count == 0 {
+            return Span::ZERO;
+        }
+        (cur.window_start + self.period).since(now)
+    }
+
     pub fn is_idle(&self, state: &FixedWindowState, now: Instant) -> bool {
         self.current(state, now).count == 0
     }
@@ -381,6 +390,21 @@ impl SlidingWindow {
         let weighted_previous = ceil_div(u128::from(cur.previous) * remaining_share, period);
         let used = weighted_previous.saturating_add(u128::from(cur.current));
         u64::try_from(u128::from(self.limit).saturating_sub(used)).unwrap_or(0)
+    }
+
+    /// How long until nothing counted now weighs any more: the end of the
+    /// window after the current one when the current counts calls, the
+    /// current's end when only the previous does.
+    pub fn until_reset(&self, state: &SlidingWindowState, now: Instant) -> Span {
+        let cur = self.current(state, now);
+        let end = if cur.current > 0 {
+            cur.window_start + self.period + self.period
+        } else if cur.previous > 0 {
+            cur.window_start + self.period
+        } else {
+            return Span::ZERO;
+        };
+        end.since(now)
     }
 
     pub fn is_idle(&self, state: &SlidingWindowState, now: Instant) -> bool {

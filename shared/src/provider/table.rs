@@ -85,6 +85,8 @@ pub struct RowState {
     /// Tokens the provider's count still allows before its reset (None:
     /// no count in force).
     pub remaining: Option<u64>,
+    /// That reset.
+    pub count_until: Option<Instant>,
     /// The provider's limit per window, once said.
     pub provider_limit: Option<u64>,
     /// The pause in force: since when, until when, and why.
@@ -220,6 +222,7 @@ impl ProviderTable {
         let counted = row.allowance_until > now;
         RowState {
             remaining: counted.then_some(row.allowance),
+            count_until: counted.then_some(row.allowance_until),
             provider_limit: (row.provider_limit > 0).then_some(row.provider_limit),
             paused: self
                 .paused_until(owner, now, max_pause)

@@ -1,0 +1,121 @@
+//! `ratelimit_headers: always`: the answer to every call of the policy
+//! that went upstream tells its caller where the policy's limits stand,
+//! in the fields Sluice's refusals carry (`RateLimit-Policy`,
+//! `RateLimit`), so that callers can pace themselves before they are
+//! refused. A limit that follows its provider's count tells the lower of
+//! the two; one the provider paused tells 0 until the pause ends.
+//!
+//! Limits with a count per key (a keyed policy's rate, a keyed further
+//! limit) are listed in `RateLimit-Policy` only: which key a call used is
+//! the filter's business, not a value to compute per answer.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use sluice_shared::headers::{admitted_headers, quota_id, ratelimit_item, LimitKind};
+use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
+use sluice_shared::policy::RateLimitHeaders;
+use sluice_shared::time::{Instant, Span};
+
+use super::limits;
+use super::placement::{bucket_key, Place};
+use super::provider;
+use super::slots;
+use crate::host::Host;
+use crate::store::Store;
+
+/// Calls whose answer gets the fields: under which set and policy they went.
+#[derive(Debug, Default)]
+pub(super) struct Telling {
+    calls: HashMap<u32, (Rc<CompiledPolicySet>, usize)>,
+}
+
+impl Telling {
+    /// A call of policy `policy_index` of `set` goes (or waits to).
+    pub fn expect(&mut self, context_id: u32, set: &Rc<CompiledPolicySet>, policy_index: usize) {
+        let tells = set
+            .policies
+            .get(policy_index)
+            .is_some_and(|p| p.policy.ratelimit_headers == RateLimitHeaders::Always);
+        if tells {
+            self.calls
+                .insert(context_id, (Rc::clone(set), policy_index));
+        }
+    }
+
+    pub fn awaits(&self, context_id: u32) -> bool {
+        self.calls.contains_key(&context_id)
+    }
+
+    pub fn forget(&mut self, context_id: u32) {
+        self.calls.remove(&context_id);
+    }
+
+    /// The fields for the answer to call `context_id` (none for a call
+    /// that is not told).
+    pub fn headers<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        context_id: u32,
+        now: Instant,
+    ) -> Vec<(&'static str, String)> {
+        let Some((set, index)) = self.calls.remove(&context_id) else {
+            return Vec::new();
+        };
+        let Some(policy) = set.policies.get(index) else {
+            return Vec::new();
+        };
+        admitted_headers(&policy.policy, &items(host, store, policy, now))
+    }
+}
+
+/// The state of each limit of `policy` that has one to tell.
+fn items<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    policy: &CompiledPolicy,
+    now: Instant,
+) -> Vec<String> {
+    let mut items = Vec::new();
+    if let (Some(limiter), None) = (&policy.rate, policy.max_keys()) {
+        let state = store
+            .read_bucket(host, &bucket_key(policy.name(), Place::Single))
+            .unwrap_or_default();
+        let rate = state.rate.unwrap_or_else(|| limiter.initial_state());
+        items.push(ratelimit_item(
+            &quota_id(&policy.policy, LimitKind::Rate),
+            limiter.available(&rate, now),
+            Some(limiter.until_reset(&rate, now)),
+        ));
+    }
+    for limit in policy.limits.iter().filter(|l| l.keys.is_none()) {
+        // Garbage reads as a limit afresh, as the limit itself does.
+        let state = host
+            .shared_get(&limits::limit_key(&limit.name))
+            .0
+            .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
+            .unwrap_or_else(|| limit.rate.initial_state());
+        let (mut remaining, mut reset) = if limit.closed {
+            (0, Span::ZERO)
+        } else {
+            (
+                limit.rate.available(&state, now),
+                limit.rate.until_reset(&state, now),
+            )
+        };
+        if let Some((says, until)) = provider::says(host, limit, now) {
+            if says < remaining {
+                remaining = says;
+                reset = until;
+            }
+        }
+        items.push(ratelimit_item(&limit.name, remaining, Some(reset)));
+    }
+    for limit in &policy.slot_limits {
+        let size = limit.limit.max_in_flight;
+        let free = size.saturating_sub(slots::in_flight(host, &limit.name, now));
+        items.push(ratelimit_item(&limit.name, u64::from(free), None));
+    }
+    items
+}
