@@ -454,8 +454,18 @@ async fn sync(
     })?;
     let received_ms = now_ms();
     state.live.ingest(&report, received_ms);
-    state.relay.hear(&report, received_ms);
-    let news = state.relay.news_for(&report, received_ms);
+    // The relay failing (Redis away) costs the Envoys the other Envoys'
+    // news, never the sync.
+    if let Err(e) = state.relay.hear(&report, received_ms).await {
+        tracing::warn!(instance = %report.instance, error = %e, "provider news not kept");
+    }
+    let news = match state.relay.news_for(&report, received_ms).await {
+        Ok(news) => news,
+        Err(e) => {
+            tracing::warn!(instance = %report.instance, error = %e, "no provider news for this sync");
+            Default::default()
+        }
+    };
     let news = (!news.is_empty())
         .then(|| serde_json::to_string(&news).ok())
         .flatten()

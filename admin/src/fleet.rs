@@ -116,6 +116,14 @@ impl Ledgers {
         }))
     }
 
+    /// The Redis connection the ledgers live behind, if they do.
+    pub fn redis_connection(&self) -> Option<redis::aio::ConnectionManager> {
+        match &self.backend {
+            Backend::Memory(_) => None,
+            Backend::Redis { connection, .. } => Some(connection.clone()),
+        }
+    }
+
     /// Now, on the clock leases are measured on.
     pub fn now(&self) -> Instant {
         self.clock.now()

@@ -157,8 +157,12 @@ impl AppState {
         self
     }
 
-    /// Keeps fleet ledgers in `ledgers` (Redis, for several replicas).
+    /// Keeps fleet ledgers in `ledgers` (Redis, for several replicas), and
+    /// the provider news relayed between Envoys beside them.
     pub fn with_ledgers(mut self, ledgers: Ledgers) -> Self {
+        if let Some(connection) = ledgers.redis_connection() {
+            self.relay = relay::ProviderRelay::redis(connection);
+        }
         self.fleet = ledgers;
         self
     }

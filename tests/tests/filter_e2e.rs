@@ -60,7 +60,7 @@ async fn e2e_1_rate_200_per_second_burst_20_with_64_clients() -> anyhow::Result<
     let (ok, limited) = (count(&outcomes, 200), count(&outcomes, 429));
     println!(
         "e2e 1 rate: {} requests, {ok} passed, {limited} got 429; mock saw {} ({:.1}/s over 10 s), steady rate {steady:.1}/s \
-         (error {:+.2} %), most in any 1 s: {max_1s} (bound 220), in any 100 ms: {max_100ms} (bound 40)",
+         (error {:+.2} %), most in any 1 s: {max_1s} (bound 220 + 4 transit jitter), in any 100 ms: {max_100ms} (bound 40 + 4)",
         outcomes.len(),
         arrivals.len(),
         arrivals.len() as f64 / 10.0,
@@ -72,10 +72,13 @@ async fn e2e_1_rate_200_per_second_burst_20_with_64_clients() -> anyhow::Result<
         (steady - 200.0).abs() <= 4.0,
         "steady rate {steady} not within 2 % of 200/s"
     );
-    // One request of allowance: arrival times are taken at the mock, after
-    // the trip through Envoy, which can bring two admissions closer.
-    assert!(max_1s <= 221, "{max_1s} in one second");
-    assert!(max_100ms <= 41, "{max_100ms} in 100 ms");
+    // Arrival times are taken at the mock, after the trip through Envoy: on
+    // a loaded 2-core machine that trip varies by some milliseconds, which
+    // can bring admissions closer. So the bound for a window W is the
+    // limit's for W plus 20 ms of that jitter (4 tokens at 200/s); a burst
+    // twice the policy's would still show 20 more.
+    assert!(max_1s <= 224, "{max_1s} in one second");
+    assert!(max_100ms <= 44, "{max_100ms} in 100 ms");
     for o in outcomes.iter().filter(|o| o.status == 429) {
         assert_eq!(header(o, "x-sluice-policy"), Some("bank"));
         assert_eq!(header(o, "ratelimit-policy"), Some("\"bank\";q=200;w=1"));

@@ -778,3 +778,87 @@ async fn a_per_key_limit_and_a_fleet_wide_limit_hold_on_the_same_calls() -> anyh
     assert_eq!(mock.rejected_by_mock(), 0);
     Ok(())
 }
+
+/// Provider news kept in Redis, as admin replicas keep it: a pause and a
+/// rate cut an Envoy told one replica reach an Envoy syncing with another;
+/// the longer pause wins, a cut echoed back by the Envoy that followed it
+/// is the same cut, and nothing goes back to the Envoy that saw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_replicas_relay_provider_news_through_redis() -> anyhow::Result<()> {
+    use anyhow::Context;
+    use sluice_admin::fleet::Ledgers;
+    use sluice_admin::relay::ProviderRelay;
+    use sluice_shared::sync::{LimitReport, PauseReport, ProviderReport, SyncReport};
+
+    let redis = RedisServer::start()?;
+    let url = redis.url();
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let connection = Ledgers::redis(&url, None)
+            .await?
+            .redis_connection()
+            .context("ledgers in Redis have a connection")?;
+        replicas.push(ProviderRelay::redis(connection));
+    }
+    let (one, two) = (&replicas[0], &replicas[1]);
+    let report = |instance: &str, provider: ProviderReport| {
+        let mut r = SyncReport {
+            instance: instance.into(),
+            ..SyncReport::default()
+        };
+        r.limits.insert(
+            "provider-rate".into(),
+            LimitReport {
+                provider: Some(provider),
+                ..LimitReport::default()
+            },
+        );
+        r
+    };
+    let pause = |left_ms: u64| ProviderReport {
+        pause: Some(PauseReport {
+            ran_ms: 0,
+            left_ms,
+            status: 429,
+            relayed: false,
+        }),
+        ..ProviderReport::default()
+    };
+    let cut = |ago: u64| ProviderReport {
+        cut_ago_ms: Some(ago),
+        ..ProviderReport::default()
+    };
+    let quiet = ProviderReport::default();
+    let t = 1_800_000_000_000u64;
+
+    one.hear(&report("envoy-a", pause(3_000)), t).await?;
+    two.hear(&report("envoy-c", pause(1_000)), t + 50).await?;
+    let to_b = two.news_for(&report("envoy-b", quiet), t + 100).await?;
+    let to_a = one.news_for(&report("envoy-a", quiet), t + 100).await?;
+    one.hear(&report("envoy-a", cut(100)), t + 200).await?;
+    let cut_to_b = two.news_for(&report("envoy-b", quiet), t + 600).await?;
+    // b followed the cut and reports it back (a few ms off): still a's.
+    two.hear(&report("envoy-b", cut(496)), t + 600).await?;
+    let cut_to_a = one.news_for(&report("envoy-a", quiet), t + 700).await?;
+    let later = two.news_for(&report("envoy-b", quiet), t + 10_000).await?;
+    println!(
+        "relay through redis: to b via the other replica {to_b:?}; to a itself {to_a:?}; \
+         the cut to b {cut_to_b:?}, back to a {cut_to_a:?}; 10 s later {later:?}"
+    );
+    let b = &to_b["provider-rate"];
+    assert_eq!(
+        (b.pause_ms, b.status),
+        (Some(2_900), 429),
+        "the longer pause"
+    );
+    assert!(to_a.is_empty(), "nothing back to its source: {to_a:?}");
+    assert_eq!(cut_to_b["provider-rate"].cut_ago_ms, Some(500));
+    assert!(
+        cut_to_a
+            .get("provider-rate")
+            .is_none_or(|n| n.cut_ago_ms.is_none()),
+        "{cut_to_a:?}"
+    );
+    assert!(later.is_empty(), "{later:?}");
+    Ok(())
+}

@@ -377,8 +377,9 @@ async fn the_providers_limit_drops_and_following_its_count_keeps_refusals_under_
 
 /// A hidden consumer takes 30 of the provider's 100 a second. Following
 /// the provider's count, Sluice's calls plus theirs stay within the
-/// provider's limit: it refuses at most 1 % of Sluice's calls, and the
-/// two together use at least 90 % of it.
+/// provider's limit: it refuses at most one of Sluice's calls a second
+/// (the race for its last slot), and the two together use at least 90 %
+/// of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hidden_consumer_shares_the_quota_and_following_leaves_them_room() -> anyhow::Result<()> {
     use sluice_demo::provider::Signals;
@@ -401,12 +402,16 @@ async fn a_hidden_consumer_shares_the_quota_and_following_leaves_them_room() -> 
         );
     }
     assert_eq!(following.windows.len(), 5);
+    // The hidden consumer's calls are seen only in the answers that come
+    // after them: the provider's last slot of a second can go to either,
+    // so one of Sluice's calls a second may lose that race, never more.
     assert!(
-        provider_refused_share(&following) <= 0.01,
+        provider_refused_share(&following) <= 0.02,
         "{}",
         describe(&following)
     );
     for w in &following.windows {
+        assert!(w.refused <= 1, "{}", describe(&following));
         assert!(w.accepted + w.hidden_accepted <= w.limit);
         assert!(
             (w.accepted + w.hidden_accepted) * 100 >= w.limit * 90,
