@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Path, Query, State};
-use axum::http::request::Parts;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,6 +20,7 @@ use sluice_shared::api::{
     AuditLog, FleetView, Health, History, Instance, InstanceList, LoginRequest, PolicyList,
     SessionInfo, StoredPolicy, Validated,
 };
+use sluice_shared::people::{check_name, Role, BOOTSTRAP_ADMIN};
 use sluice_shared::sync::{
     SyncReport, BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_PATH,
 };
@@ -28,7 +28,8 @@ use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
 
-use crate::auth::{CSRF_HEADER, SESSION_COOKIE};
+use crate::access::{Editor, Operator, Via, Writer};
+use crate::auth::{constant_time_eq, Credentials, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::login::Refused;
 use crate::store::now_ms;
@@ -60,6 +61,7 @@ pub fn routes() -> Router<Shared> {
         .route("/api/v1/audit", get(audit_log))
         .route("/api/v1/instances", get(instances))
         .route("/api/v1/fleet", get(fleet))
+        .merge(crate::people_api::routes())
         .route(SYNC_PATH, post(sync))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -69,60 +71,6 @@ pub fn routes() -> Router<Shared> {
         ))
         .route("/api/v1/live", get(live))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-}
-
-/// The operator behind a request: any authenticated request.
-pub struct Operator {
-    pub user: String,
-}
-
-/// An authenticated request that may change something: it also carries the
-/// session's CSRF token in `x-csrf-token`.
-pub struct Editor {
-    pub user: String,
-}
-
-fn session_of(state: &AppState, parts: &Parts) -> Result<crate::auth::Session, ApiError> {
-    let jar = CookieJar::from_headers(&parts.headers);
-    let token = jar
-        .get(SESSION_COOKIE)
-        .map(|c| c.value().to_string())
-        .ok_or(ApiError::Unauthorized)?;
-    state.sessions.get(&token).ok_or(ApiError::Unauthorized)
-}
-
-impl FromRequestParts<Shared> for Operator {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &Shared,
-    ) -> Result<Self, Self::Rejection> {
-        if state.credentials.is_insecure() {
-            return Ok(Operator { user: "dev".into() });
-        }
-        let session = session_of(state, parts)?;
-        Ok(Operator { user: session.user })
-    }
-}
-
-impl FromRequestParts<Shared> for Editor {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &Shared,
-    ) -> Result<Self, Self::Rejection> {
-        if state.credentials.is_insecure() {
-            return Ok(Editor { user: "dev".into() });
-        }
-        let session = session_of(state, parts)?;
-        let sent = parts.headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
-        if sent != Some(session.csrf.as_str()) {
-            return Err(ApiError::Csrf);
-        }
-        Ok(Editor { user: session.user })
-    }
 }
 
 fn etag(version: u64) -> HeaderValue {
@@ -157,9 +105,6 @@ fn session_cookie(state: &AppState, value: String) -> Cookie<'static> {
         .build()
 }
 
-/// The one account there is until named users arrive.
-const ADMIN_ACCOUNT: &str = "admin";
-
 async fn login(
     State(state): State<Shared>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -168,48 +113,74 @@ async fn login(
     Json(form): Json<LoginRequest>,
 ) -> Result<Response, ApiError> {
     let ip = state.addressing.client(peer.ip(), &headers);
+    let user = form
+        .user
+        .as_deref()
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .unwrap_or(BOOTSTRAP_ADMIN)
+        .to_string();
+    // A name that could never be stored is refused before it costs a
+    // throttle entry or a check.
+    if check_name(&user).is_err() {
+        state.metrics.login_failures.inc();
+        return Err(ApiError::Unauthorized);
+    }
     // The guess is taken from the throttles before the password is
     // checked, and checks wait for their turn: a storm of wrong logins
     // costs a few argon2 runs, not one each.
-    let attempt = match state.login.attempt(ADMIN_ACCOUNT, ip).await {
+    let attempt = match state.login.attempt(&user, ip).await {
         Ok(attempt) => attempt,
         Err(refused) => {
             state.metrics.login_throttled.inc();
-            tracing::warn!(%ip, ?refused, "login refused unchecked");
+            tracing::warn!(%ip, %user, ?refused, "login refused unchecked");
             return Err(match refused {
                 Refused::Throttled(wait) => ApiError::Throttled(wait.as_duration()),
                 Refused::Busy => ApiError::Unavailable("too many logins at once; retry".into()),
             });
         }
     };
+    // A stored user first; the admin password is the account `admin`
+    // while no stored user takes that name.
+    let stored = state.store.user(&user).await?;
+    let (credentials, bootstrap) = match &stored {
+        Some(record) => (Credentials::from_hash(&record.password_hash).ok(), false),
+        None if user == BOOTSTRAP_ADMIN && state.credentials.has_bootstrap_password() => {
+            (Some(state.credentials.clone()), true)
+        }
+        None => (None, false),
+    };
     state.metrics.password_checks.inc();
-    let ok = state.passwords.check(form.password).await;
+    let ok = state.passwords.check(credentials, form.password).await;
     if !ok {
         drop(attempt);
         state.metrics.login_failures.inc();
-        tracing::warn!(%ip, "login failed");
+        tracing::warn!(%ip, %user, "login failed");
         return Err(ApiError::Unauthorized);
     }
     attempt.succeeded();
     let (token, session) = state
         .sessions
-        .create(ADMIN_ACCOUNT)
+        .create(&user, bootstrap)
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     state
         .store
-        .audit_event(ADMIN_ACCOUNT, "login", &ip.to_string())
+        .audit_event(&user, "login", &ip.to_string())
         .await?;
-    tracing::info!(%ip, "login");
+    tracing::info!(%ip, %user, "login");
     let jar = jar.add(session_cookie(&state, token));
+    let role = stored.map_or(Role::Admin, |r| r.info.role);
     let info = SessionInfo {
         user: session.user,
         csrf_token: session.csrf,
         insecure_dev: false,
+        role,
+        via: "password".into(),
     };
     Ok((jar, Json(info)).into_response())
 }
 
-async fn logout(State(state): State<Shared>, _editor: Editor, jar: CookieJar) -> Response {
+async fn logout(State(state): State<Shared>, _caller: Writer, jar: CookieJar) -> Response {
     if let Some(c) = jar.get(SESSION_COOKIE) {
         state.sessions.remove(c.value());
     }
@@ -217,28 +188,21 @@ async fn logout(State(state): State<Shared>, _editor: Editor, jar: CookieJar) ->
     (jar, StatusCode::NO_CONTENT).into_response()
 }
 
-async fn session(
-    State(state): State<Shared>,
-    headers: HeaderMap,
-) -> Result<Json<SessionInfo>, ApiError> {
-    if state.credentials.is_insecure() {
-        return Ok(Json(SessionInfo {
-            user: "dev".into(),
-            csrf_token: String::new(),
-            insecure_dev: true,
-        }));
-    }
-    let jar = CookieJar::from_headers(&headers);
-    let token = jar.get(SESSION_COOKIE).ok_or(ApiError::Unauthorized)?;
-    let s = state
-        .sessions
-        .get(token.value())
-        .ok_or(ApiError::Unauthorized)?;
-    Ok(Json(SessionInfo {
-        user: s.user,
-        csrf_token: s.csrf,
-        insecure_dev: false,
-    }))
+/// Who the caller is, for the UI: by session, proxy header or token.
+async fn session(Operator(caller): Operator) -> Json<SessionInfo> {
+    let csrf_token = match &caller.via {
+        Via::Session { csrf } => csrf.clone(),
+        // A proxy's user proves a write with any value in the header.
+        Via::Proxy => "proxy".into(),
+        Via::Token { .. } | Via::Dev => String::new(),
+    };
+    Json(SessionInfo {
+        insecure_dev: caller.via == Via::Dev,
+        via: caller.via.as_str().into(),
+        user: caller.actor,
+        csrf_token,
+        role: caller.role,
+    })
 }
 
 /// A policy with its version as the `ETag`.
@@ -274,7 +238,7 @@ async fn create_policy(
     Json(body): Json<Value>,
 ) -> Result<Response, ApiError> {
     let policy = parse_policy_body(body)?;
-    let stored = state.store.create(policy, &editor.user).await?;
+    let stored = state.store.create(policy, &editor.0.actor).await?;
     state.metrics.write("create");
     refresh_set_version(&state).await;
     tracing::info!(policy = %stored.policy.name, "policy created");
@@ -308,7 +272,7 @@ async fn update_policy(
     }
     let stored = state
         .store
-        .update(&name, policy, expected, &editor.user)
+        .update(&name, policy, expected, &editor.0.actor)
         .await?;
     state.metrics.write("update");
     refresh_set_version(&state).await;
@@ -323,7 +287,7 @@ async fn delete_policy(
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let expected = if_match(&headers)?;
-    state.store.delete(&name, expected, &editor.user).await?;
+    state.store.delete(&name, expected, &editor.0.actor).await?;
     state.metrics.write("delete");
     refresh_set_version(&state).await;
     tracing::info!(policy = %name, "policy deleted");
@@ -541,10 +505,6 @@ async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<FleetV
         now_ms: now.as_millis(),
         policies,
     }))
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {

@@ -1,7 +1,9 @@
-//! Operator authentication: one admin password (argon2 hash), server-side
-//! sessions behind an HttpOnly SameSite=Strict cookie, a CSRF token per
-//! session checked on every mutating request. Failed logins are slowed in
-//! [`crate::login`].
+//! Operator authentication: named users (argon2 hashes in the store) and
+//! the bootstrap admin password, server-side sessions behind an HttpOnly
+//! SameSite=Strict cookie, a CSRF token per session checked on every
+//! mutating request, and API tokens kept as the SHA-256 of their secret.
+//! Failed logins are slowed in [`crate::login`]; who may do what is decided
+//! in [`crate::access`].
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -29,6 +31,8 @@ pub enum AuthError {
 pub enum Credentials {
     /// An argon2 PHC hash of the admin password.
     Password { hash: String },
+    /// No admin password: the store's users are the only way in.
+    UsersOnly,
     /// `--insecure-dev`: no login needed; every request acts as `dev`.
     InsecureDev,
 }
@@ -61,6 +65,7 @@ impl Credentials {
     pub fn verify_in(&self, password: &str, work: &mut Vec<argon2::Block>) -> bool {
         match self {
             Credentials::InsecureDev => true,
+            Credentials::UsersOnly => false,
             Credentials::Password { hash } => {
                 verify_with_memory(hash, password.as_bytes(), work).unwrap_or(false)
             }
@@ -70,6 +75,33 @@ impl Credentials {
     pub fn is_insecure(&self) -> bool {
         matches!(self, Credentials::InsecureDev)
     }
+
+    /// An admin password exists besides the store's users.
+    pub fn has_bootstrap_password(&self) -> bool {
+        matches!(self, Credentials::Password { .. })
+    }
+}
+
+/// The SHA-256 of an API token's secret, in hex: what the store keeps. The
+/// secret is 256 random bits, so a fast hash loses nothing to guessing and
+/// checking a token costs microseconds, not argon2's 19 MiB.
+pub fn token_hash(secret: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Compares without stopping at the first difference.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A new token: (id, secret), hex, from the OS's random numbers.
+pub fn new_token_parts() -> Result<(String, String), AuthError> {
+    let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+    Ok((hex(&random_bytes::<8>()?), hex(&random_bytes::<32>()?)))
 }
 
 /// The largest work area a stored hash may ask for (its `m` parameter):
@@ -121,6 +153,8 @@ pub fn random_token() -> Result<String, AuthError> {
 pub struct Session {
     pub csrf: String,
     pub user: String,
+    /// Logged in with the admin password, not as a stored user.
+    pub bootstrap: bool,
     expires: Instant,
 }
 
@@ -131,11 +165,12 @@ pub struct Sessions {
 
 impl Sessions {
     /// A new session; returns (cookie token, session).
-    pub fn create(&self, user: &str) -> Result<(String, Session), AuthError> {
+    pub fn create(&self, user: &str, bootstrap: bool) -> Result<(String, Session), AuthError> {
         let token = random_token()?;
         let session = Session {
             csrf: random_token()?,
             user: user.into(),
+            bootstrap,
             expires: Instant::now() + SESSION_TTL,
         };
         if let Ok(mut map) = self.by_token.lock() {
@@ -165,6 +200,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn token_hashes_are_sha256_hex() {
+        // SHA-256("abc"), FIPS 180-2's example.
+        assert_eq!(
+            token_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let (id, secret) = new_token_parts().unwrap();
+        assert_eq!((id.len(), secret.len()), (16, 64));
+        let token = sluice_shared::people::format_token(&id, &secret);
+        assert_eq!(
+            sluice_shared::people::parse_token(&token),
+            Some((id.as_str(), secret.as_str()))
+        );
+        assert!(constant_time_eq(b"ab", b"ab") && !constant_time_eq(b"ab", b"ac"));
+        assert!(!constant_time_eq(b"ab", b"abc"));
+    }
+
+    #[test]
     fn password_verifies_and_hash_round_trips() {
         let creds = Credentials::from_password("correct horse").unwrap();
         assert!(creds.verify("correct horse"));
@@ -177,6 +230,7 @@ mod tests {
             .unwrap()
             .verify("correct horse"));
         assert!(Credentials::from_hash("not a hash").is_err());
+        assert!(!Credentials::UsersOnly.verify(""));
         // One work area, reused: the same answers.
         let mut work = Vec::new();
         for _ in 0..3 {

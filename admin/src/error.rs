@@ -15,8 +15,16 @@ use crate::store::StoreError;
 pub enum ApiError {
     #[error("invalid policy: {0}")]
     Invalid(ValidationErrors),
+    #[error("invalid request: {0}")]
+    InvalidRequest(ValidationErrors),
     #[error("{0}")]
     BadRequest(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    BadToken(String),
     #[error("{0}")]
     NotFound(String),
     #[error("stale edit: {0}")]
@@ -43,6 +51,10 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(name) => ApiError::NotFound(format!("no policy named {name:?}")),
             StoreError::Stale { current, .. } => ApiError::Stale(e.to_string(), current),
             StoreError::Invalid(errors) => ApiError::Invalid(errors),
+            StoreError::NoSuchUser(_) | StoreError::NoSuchToken(_) => {
+                ApiError::NotFound(e.to_string())
+            }
+            StoreError::Exists(_) | StoreError::LastAdmin(_) => ApiError::Conflict(e.to_string()),
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -57,8 +69,11 @@ impl From<tokio::task::JoinError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self {
-            ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Invalid(_) | ApiError::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Stale(..) => StatusCode::CONFLICT,
             ApiError::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
@@ -69,7 +84,7 @@ impl IntoResponse for ApiError {
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         let body = match &self {
-            ApiError::Invalid(errors) => ErrorBody {
+            ApiError::Invalid(errors) | ApiError::InvalidRequest(errors) => ErrorBody {
                 errors: errors.errors.clone(),
                 ..ErrorBody::new(self.to_string())
             },

@@ -2,6 +2,7 @@
 //! and a Leptos web UI, carried to every Envoy by the filter's sync, and
 //! live utilization from what the Envoys report.
 
+pub mod access;
 pub mod api;
 pub mod auth;
 pub mod clock;
@@ -10,6 +11,8 @@ pub mod fleet;
 pub mod live;
 pub mod login;
 pub mod metrics;
+pub mod people_api;
+pub mod people_cli;
 pub mod relay;
 pub mod server;
 pub mod store;
@@ -66,6 +69,8 @@ pub struct AppState {
     /// With `--insecure-dev`: the Host names requests may carry (a guard
     /// against DNS rebinding, since nothing asks for a login).
     pub allowed_hosts: Vec<String>,
+    /// A reverse proxy's user header, believed from its addresses only.
+    pub proxy_users: access::ProxyUsers,
 }
 
 /// The store's health, checked at most once a second however often
@@ -106,7 +111,7 @@ impl AppState {
     ) -> Self {
         Self {
             store,
-            passwords: PasswordChecker::new(credentials.clone()),
+            passwords: PasswordChecker::new(),
             credentials,
             sessions: Sessions::default(),
             login: LoginGuard::default(),
@@ -122,7 +127,14 @@ impl AppState {
             health: HealthProbe::default(),
             server_limits: server::ServerLimits::default(),
             allowed_hosts: Vec::new(),
+            proxy_users: access::ProxyUsers::default(),
         }
+    }
+
+    /// Believes a reverse proxy's user header (off by default).
+    pub fn with_proxy_users(mut self, proxy_users: access::ProxyUsers) -> Self {
+        self.proxy_users = proxy_users;
+        self
     }
 
     /// Connection limits (how many, how long to send headers).

@@ -186,20 +186,45 @@ pub enum Refused {
 /// Checks passwords on one thread of its own, in one argon2 work area
 /// (19 MiB) reused from check to check, and never on a thread the store's
 /// queries need.
+/// A password to check against credentials, or (None) against a decoy: a
+/// login for an unknown user takes as long as a known user's, so timing
+/// does not tell which names exist.
+type CheckJob = (
+    Option<crate::auth::Credentials>,
+    String,
+    tokio::sync::oneshot::Sender<bool>,
+);
+
 pub struct PasswordChecker {
-    jobs: std::sync::mpsc::SyncSender<(String, tokio::sync::oneshot::Sender<bool>)>,
+    jobs: std::sync::mpsc::SyncSender<CheckJob>,
 }
 
 impl PasswordChecker {
-    pub fn new(credentials: crate::auth::Credentials) -> Self {
-        let (jobs, queue) =
-            std::sync::mpsc::sync_channel::<(String, tokio::sync::oneshot::Sender<bool>)>(64);
+    /// One thread checks passwords, one at a time, reusing argon2's work
+    /// area (see [`crate::auth::Credentials::verify_in`]).
+    pub fn new() -> Self {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<CheckJob>(64);
         let spawned = std::thread::Builder::new()
             .name("sluice-passwords".into())
             .spawn(move || {
                 let mut work = Vec::new();
-                for (password, answer) in queue {
-                    let _ = answer.send(credentials.verify_in(&password, &mut work));
+                let mut decoy = None;
+                for (credentials, password, answer) in queue {
+                    let ok = match credentials {
+                        Some(credentials) => credentials.verify_in(&password, &mut work),
+                        None => {
+                            if decoy.is_none() {
+                                decoy = crate::auth::random_token()
+                                    .ok()
+                                    .and_then(|t| crate::auth::Credentials::from_password(&t).ok());
+                            }
+                            if let Some(decoy) = &decoy {
+                                decoy.verify_in(&password, &mut work);
+                            }
+                            false
+                        }
+                    };
+                    let _ = answer.send(ok);
                 }
             });
         if let Err(e) = spawned {
@@ -208,13 +233,24 @@ impl PasswordChecker {
         Self { jobs }
     }
 
-    /// Whether `password` is right (false if the checker is gone).
-    pub async fn check(&self, password: String) -> bool {
+    /// Whether `password` matches `credentials` (false if the checker is
+    /// gone or its queue is full; always false, after as long, for None).
+    pub async fn check(
+        &self,
+        credentials: Option<crate::auth::Credentials>,
+        password: String,
+    ) -> bool {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        if self.jobs.try_send((password, answer)).is_err() {
+        if self.jobs.try_send((credentials, password, answer)).is_err() {
             return false;
         }
         answered.await.unwrap_or(false)
+    }
+}
+
+impl Default for PasswordChecker {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

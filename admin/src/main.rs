@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use sluice_admin::auth::Credentials;
 use sluice_admin::fleet::Ledgers;
 use sluice_admin::store::Store;
@@ -13,11 +13,14 @@ use sluice_admin::AppState;
 #[derive(Parser)]
 #[command(about = "Sluice admin: edit egress limits live, watch utilization")]
 struct Args {
+    /// Without a command: serve the admin.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Address to listen on.
     #[arg(long, env = "SLUICE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: std::net::SocketAddr,
     /// SQLite database file (created if missing).
-    #[arg(long, env = "SLUICE_DB", default_value = "./sluice.db")]
+    #[arg(long, env = "SLUICE_DB", default_value = "./sluice.db", global = true)]
     db: PathBuf,
     /// The admin password (hashed with argon2 at start; never logged).
     #[arg(long, env = "SLUICE_ADMIN_PASSWORD", hide_env_values = true)]
@@ -46,11 +49,16 @@ struct Args {
     /// Keep policies in PostgreSQL (`postgres://user:password@host/db`)
     /// instead of the SQLite file `--db`: for admin replicas on several
     /// hosts. Never logged.
-    #[arg(long, env = "SLUICE_DATABASE_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "SLUICE_DATABASE_URL",
+        hide_env_values = true,
+        global = true
+    )]
     database_url: Option<String>,
     /// A CA certificate (PEM) PostgreSQL's certificate is checked against,
     /// besides the system's, when the URL says `sslmode=require`.
-    #[arg(long, env = "SLUICE_DATABASE_CA")]
+    #[arg(long, env = "SLUICE_DATABASE_CA", global = true)]
     database_ca: Option<PathBuf>,
     /// A CA certificate (PEM) Redis's certificate is checked against,
     /// besides the system's, for a `rediss://` URL.
@@ -69,6 +77,20 @@ struct Args {
         value_delimiter = ','
     )]
     trusted_proxies: Vec<ipnet::IpNet>,
+    /// Believe this header (e.g. x-forwarded-user) as the logged-in user's
+    /// name, from `--user-header-proxy` addresses only; the user must
+    /// exist here (`sluice-admin user add`), and gets their stored role.
+    /// Off by default.
+    #[arg(long, env = "SLUICE_USER_HEADER")]
+    user_header: Option<String>,
+    /// The authenticating reverse proxy (address or CIDR) whose
+    /// `--user-header` is believed; repeat for several.
+    #[arg(
+        long = "user-header-proxy",
+        env = "SLUICE_USER_HEADER_PROXIES",
+        value_delimiter = ','
+    )]
+    user_header_proxies: Vec<ipnet::IpNet>,
     /// The header a trusted proxy names the client in (e.g. x-forwarded-for).
     #[arg(long, env = "SLUICE_CLIENT_IP_HEADER")]
     client_ip_header: Option<String>,
@@ -116,6 +138,53 @@ struct Args {
     instance_ttl: sluice_shared::Span,
 }
 
+#[derive(Subcommand)]
+enum Command {
+    /// Manage the people who log in (roles: viewer, editor, admin).
+    User {
+        #[command(subcommand)]
+        action: sluice_admin::people_cli::UserAction,
+    },
+    /// Manage API tokens for scripts and CI (scopes: read, write).
+    Token {
+        #[command(subcommand)]
+        action: sluice_admin::people_cli::TokenAction,
+    },
+}
+
+/// Opens the store the flags name, blocking.
+fn open_store(args: &Args) -> anyhow::Result<Store> {
+    match &args.database_url {
+        Some(url) => Store::open_postgres(url, args.database_ca.as_deref())
+            .context("connecting to PostgreSQL (--database-url)"),
+        None => Store::open(&args.db).with_context(|| format!("opening {}", args.db.display())),
+    }
+}
+
+/// `sluice-admin user …` / `token …`, then exit.
+fn run_command(args: &Args, command: &Command) -> anyhow::Result<()> {
+    let store = open_store(args)?;
+    let guard = if args.admin_password.is_some() || args.admin_password_hash.is_some() {
+        sluice_admin::store::AdminGuard::None
+    } else {
+        sluice_admin::store::AdminGuard::KeepOne
+    };
+    let (mut stdin, mut stdout) = (std::io::stdin().lock(), std::io::stdout().lock());
+    match command {
+        Command::User { action } => sluice_admin::people_cli::run_user(
+            store.blocking(),
+            action.clone(),
+            guard,
+            &mut stdin,
+            &mut stdout,
+        )?,
+        Command::Token { action } => {
+            sluice_admin::people_cli::run_token(store.blocking(), action.clone(), &mut stdout)?
+        }
+    }
+    Ok(())
+}
+
 fn parse_span(text: &str) -> Result<sluice_shared::Span, String> {
     let d = sluice_shared::DurationMs::parse(text)?;
     if d.as_millis() == 0 {
@@ -126,13 +195,26 @@ fn parse_span(text: &str) -> Result<sluice_shared::Span, String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tower_http=warn".into()),
-        )
-        .init();
     let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,tower_http=warn".into());
+    if args.command.is_some() {
+        // A command's answer is its stdout; what the store logs goes aside.
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+        // PostgreSQL's blocking client runs a runtime of its own.
+        let args = std::sync::Arc::new(args);
+        let shared = args.clone();
+        return tokio::task::spawn_blocking(move || {
+            let command = shared.command.as_ref().context("no command")?;
+            run_command(&shared, command)
+        })
+        .await
+        .context("running the command")?;
+    }
+    tracing_subscriber::fmt().with_env_filter(filter).init();
     let credentials = match (
         &args.admin_password,
         &args.admin_password_hash,
@@ -157,14 +239,9 @@ async fn main() -> anyhow::Result<()> {
             tracing::warn!("--insecure-dev: NO LOGIN. Anyone who reaches {} can change limits. Local development only.", args.listen);
             Credentials::InsecureDev
         }
-        (None, None, false) => bail!(
-            "no admin credentials: set SLUICE_ADMIN_PASSWORD (or SLUICE_ADMIN_PASSWORD_HASH), \
-             or pass --insecure-dev for a local trial"
-        ),
+        // Decided once the store is open: its users may be the way in.
+        (None, None, false) => Credentials::UsersOnly,
     };
-    if args.sync_token.is_none() && !args.insecure_dev {
-        bail!("no sync token: set SLUICE_SYNC_TOKEN (the filters' sync_token), or pass --insecure-dev");
-    }
     let seed = match &args.seed {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -197,6 +274,29 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .context("opening the store")??;
+    if matches!(credentials, Credentials::UsersOnly) {
+        let users = store.users().await.context("reading the users")?;
+        if users.is_empty() {
+            bail!(
+                "no admin credentials: set SLUICE_ADMIN_PASSWORD (or SLUICE_ADMIN_PASSWORD_HASH), \
+                 add an admin user (sluice-admin user add NAME --role admin), \
+                 or pass --insecure-dev for a local trial"
+            );
+        }
+        if !users.iter().any(|u| u.role.can_administer()) {
+            tracing::warn!("no admin password and no admin user: nobody can manage users (sluice-admin user set-role NAME admin)");
+        }
+    }
+    if args.sync_token.is_none() && !args.insecure_dev {
+        bail!("no sync token: set SLUICE_SYNC_TOKEN (the filters' sync_token), or pass --insecure-dev");
+    }
+    if args.user_header.is_some() == args.user_header_proxies.is_empty() {
+        bail!("--user-header and --user-header-proxy go together: the header is believed only from the proxy");
+    }
+    let proxy_users = sluice_admin::access::ProxyUsers {
+        header: args.user_header.clone(),
+        proxies: args.user_header_proxies.clone(),
+    };
     let store_kind = store.kind();
     if args.client_ip_header.is_some() == args.trusted_proxies.is_empty() {
         bail!("--client-ip-header and --trusted-proxy go together: the header is believed only from the proxies");
@@ -234,6 +334,7 @@ async fn main() -> anyhow::Result<()> {
         .with_instance_ttl(args.instance_ttl)
         .with_metrics_token(args.metrics_token.clone())
         .with_allowed_hosts(args.allowed_hosts.clone())
+        .with_proxy_users(proxy_users)
         .with_server_limits(limits);
     if let Some(url) = &args.redis_url {
         let ledgers = Ledgers::redis(url, args.redis_ca.as_deref())

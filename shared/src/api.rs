@@ -13,11 +13,7 @@ use crate::time::{millis, Span};
 use crate::validate::FieldError;
 use crate::Policy;
 
-/// `POST /login`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoginRequest {
-    pub password: String,
-}
+pub use crate::people::LoginRequest;
 
 /// `POST /login` and `GET /session`: who is logged in, and the token every
 /// write must send as `x-csrf-token`.
@@ -28,6 +24,13 @@ pub struct SessionInfo {
     /// The admin runs with `--insecure-dev`: nobody logs in.
     #[serde(default)]
     pub insecure_dev: bool,
+    /// What the user may do (the UI hides what they may not).
+    #[serde(default)]
+    pub role: crate::people::Role,
+    /// How they were let in: "password", "proxy" (a trusted reverse
+    /// proxy's user header) or "dev".
+    #[serde(default)]
+    pub via: String,
 }
 
 /// One policy as stored, with its version (also its `ETag`).

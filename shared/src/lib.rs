@@ -11,6 +11,7 @@ pub mod headers;
 pub mod key_hash;
 pub mod limiter;
 pub mod matcher;
+pub mod people;
 pub mod plugin;
 pub mod policy;
 pub mod provider;

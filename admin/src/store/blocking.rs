@@ -19,7 +19,7 @@ use super::{now_ms, InstanceRow, StoreError};
 
 #[derive(Clone)]
 pub struct BlockingStore {
-    db: Arc<Db>,
+    pub(super) db: Arc<Db>,
 }
 
 fn to_json(policy: &Policy) -> String {

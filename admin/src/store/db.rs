@@ -17,6 +17,7 @@ use super::StoreError;
 const SQLITE_MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0001_init.sql")),
     M::up(include_str!("../../migrations/0002_budgets.sql")),
+    M::up(include_str!("../../migrations/0003_people.sql")),
 ];
 
 /// PostgreSQL migrations, in order; applied once each, under an advisory
@@ -24,6 +25,7 @@ const SQLITE_MIGRATIONS: &[M<'static>] = &[
 const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_init.sql"),
     include_str!("../../migrations/postgres/0002_budgets.sql"),
+    include_str!("../../migrations/postgres/0003_people.sql"),
 ];
 
 /// PostgreSQL's advisory lock taken while migrating (any fixed number).
@@ -91,6 +93,13 @@ impl Row {
             other => Err(StoreError::Corrupt(format!(
                 "column {i}: wanted text, found {other:?}"
             ))),
+        }
+    }
+
+    pub fn optional_uint(&self, i: usize) -> Result<Option<u64>, StoreError> {
+        match self.0.get(i) {
+            Some(Value::Null) => Ok(None),
+            _ => self.uint(i).map(Some),
         }
     }
 

@@ -7,15 +7,18 @@
 
 mod blocking;
 mod db;
+mod people;
 
 use std::path::Path;
 
 use serde::Serialize;
 use sluice_shared::api::{AuditEntry, HistoryEntry, PolicyList, StoredPolicy};
+use sluice_shared::people::{Role, TokenInfo, TokenScope, UserInfo};
 use sluice_shared::sync::{BudgetsMessage, SyncReport};
 use sluice_shared::{Instant, Policy, PolicySet, ValidationErrors};
 
 pub use blocking::BlockingStore;
+pub use people::{AdminGuard, TokenRecord, UserRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -35,6 +38,14 @@ pub enum StoreError {
     Postgres(#[from] postgres::Error),
     #[error("migrations: {0}")]
     Migration(#[from] rusqlite_migration::Error),
+    #[error("{0}")]
+    Exists(String),
+    #[error("no user named {0:?}")]
+    NoSuchUser(String),
+    #[error("no token with id {0:?}")]
+    NoSuchToken(String),
+    #[error("{0:?} is the last admin: make another user admin first (or start with SLUICE_ADMIN_PASSWORD)")]
+    LastAdmin(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
     #[error("store lock poisoned")]
@@ -238,5 +249,82 @@ impl Store {
 
     pub async fn prune_instances(&self, before_ms: u64) -> Result<u64, StoreError> {
         self.run(move |s| s.prune_instances(before_ms)).await
+    }
+
+    pub async fn add_user(
+        &self,
+        name: &str,
+        role: Role,
+        password_hash: String,
+        actor: &str,
+    ) -> Result<UserInfo, StoreError> {
+        let (name, actor) = (name.to_string(), actor.to_string());
+        self.run(move |s| s.add_user(&name, role, &password_hash, &actor))
+            .await
+    }
+
+    pub async fn users(&self) -> Result<Vec<UserInfo>, StoreError> {
+        self.run(|s| s.users()).await
+    }
+
+    pub async fn user(&self, name: &str) -> Result<Option<UserRecord>, StoreError> {
+        let name = name.to_string();
+        self.run(move |s| s.user(&name)).await
+    }
+
+    pub async fn change_user(
+        &self,
+        name: &str,
+        role: Option<Role>,
+        password_hash: Option<String>,
+        actor: &str,
+        guard: AdminGuard,
+    ) -> Result<UserInfo, StoreError> {
+        let (name, actor) = (name.to_string(), actor.to_string());
+        self.run(move |s| s.change_user(&name, role, password_hash.as_deref(), &actor, guard))
+            .await
+    }
+
+    pub async fn remove_user(
+        &self,
+        name: &str,
+        actor: &str,
+        guard: AdminGuard,
+    ) -> Result<(), StoreError> {
+        let (name, actor) = (name.to_string(), actor.to_string());
+        self.run(move |s| s.remove_user(&name, &actor, guard)).await
+    }
+
+    pub async fn add_token(
+        &self,
+        id: String,
+        name: String,
+        scope: TokenScope,
+        secret_hash: String,
+        expires_ms: u64,
+        actor: &str,
+    ) -> Result<TokenInfo, StoreError> {
+        let actor = actor.to_string();
+        self.run(move |s| s.add_token(&id, &name, scope, &secret_hash, expires_ms, &actor))
+            .await
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<TokenInfo>, StoreError> {
+        self.run(|s| s.tokens()).await
+    }
+
+    pub async fn token(&self, id: &str) -> Result<Option<TokenRecord>, StoreError> {
+        let id = id.to_string();
+        self.run(move |s| s.token(&id)).await
+    }
+
+    pub async fn token_used(&self, id: &str, now: u64) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.run(move |s| s.token_used(&id, now)).await
+    }
+
+    pub async fn revoke_token(&self, id: &str, actor: &str) -> Result<(), StoreError> {
+        let (id, actor) = (id.to_string(), actor.to_string());
+        self.run(move |s| s.revoke_token(&id, &actor)).await
     }
 }

@@ -56,9 +56,13 @@ async fn finish<T: DeserializeOwned>(
     let body: Option<ErrorBody> = serde_json::from_str(&text).ok();
     Err(match (status, body) {
         (401, _) => ApiError::Unauthorized,
-        (409, body) => ApiError::Stale {
-            current_version: body.and_then(|b| b.current_version).unwrap_or(0),
-        },
+        (
+            409,
+            Some(ErrorBody {
+                current_version: Some(current_version),
+                ..
+            }),
+        ) => ApiError::Stale { current_version },
         (422, body) => ApiError::Invalid(body.map(|b| b.errors).unwrap_or_default()),
         (_, Some(body)) => ApiError::Other(body.error),
         (_, None) => ApiError::Other(format!("HTTP {status}")),
@@ -116,4 +120,27 @@ pub async fn put<B: Serialize, T: DeserializeOwned>(
 pub async fn delete(path: &str, csrf: &str, if_match: u64) -> Result<(), ApiError> {
     let req = Request::delete(path).header("if-match", &format!("\"{if_match}\""));
     finish(with_body::<()>(req, csrf, None)?.send().await).await
+}
+
+pub async fn patch<B: Serialize, T: DeserializeOwned>(
+    path: &str,
+    csrf: &str,
+    body: &B,
+) -> Result<T, ApiError> {
+    finish(
+        with_body(Request::patch(path), csrf, Some(body))?
+            .send()
+            .await,
+    )
+    .await
+}
+
+/// `DELETE` of something without versions (a user, a token).
+pub async fn remove(path: &str, csrf: &str) -> Result<(), ApiError> {
+    finish(
+        with_body::<()>(Request::delete(path), csrf, None)?
+            .send()
+            .await,
+    )
+    .await
 }

@@ -12,6 +12,7 @@ use sluice_shared::api::{
     StoredPolicy, Validated,
 };
 use sluice_shared::duration::DurationMs;
+use sluice_shared::people::Role;
 use sluice_shared::{Mode, Scope, Span};
 
 use crate::api::{self, ApiError, FieldError};
@@ -19,16 +20,29 @@ use crate::form::{self, Kind};
 use crate::live::{self, LiveFrames, Utilization};
 
 #[derive(Clone, Copy)]
-struct Session(RwSignal<Option<SessionInfo>>);
+pub(crate) struct Session(pub(crate) RwSignal<Option<SessionInfo>>);
 
 impl Session {
-    fn csrf(&self) -> String {
+    fn role(&self) -> Role {
+        self.0
+            .with(|s| s.as_ref().map(|s| s.role).unwrap_or_default())
+    }
+
+    fn can_edit(&self) -> bool {
+        self.role().can_edit()
+    }
+
+    fn can_administer(&self) -> bool {
+        self.role().can_administer()
+    }
+
+    pub(crate) fn csrf(&self) -> String {
         self.0
             .with_untracked(|s| s.as_ref().map(|s| s.csrf_token.clone()).unwrap_or_default())
     }
 
     /// A 401 anywhere means the session is over: back to the login page.
-    fn check(&self, e: &ApiError) {
+    pub(crate) fn check(&self, e: &ApiError) {
         if *e == ApiError::Unauthorized {
             self.0.set(None);
         }
@@ -58,16 +72,23 @@ pub fn App() -> impl IntoView {
 #[component]
 fn Login() -> impl IntoView {
     let session = expect_context::<Session>();
+    let user = RwSignal::new(String::new());
     let password = RwSignal::new(String::new());
     let error = RwSignal::new(None::<String>);
     let submit = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
         let pw = password.get_untracked();
+        let name = user.get_untracked().trim().to_string();
         spawn_local(async move {
-            let login = LoginRequest { password: pw };
+            let login = LoginRequest {
+                user: (!name.is_empty()).then_some(name),
+                password: pw,
+            };
             match api::post::<_, SessionInfo>("/api/v1/login", "", &login).await {
                 Ok(info) => session.0.set(Some(info)),
-                Err(ApiError::Unauthorized) => error.set(Some("Wrong password.".into())),
+                Err(ApiError::Unauthorized) => {
+                    error.set(Some("Wrong user name or password.".into()))
+                }
                 Err(e) => error.set(Some(e.to_string())),
             }
         });
@@ -76,7 +97,12 @@ fn Login() -> impl IntoView {
         <main class="login">
             <h1>"Sluice"</h1>
             <form id="login" on:submit=submit>
-                <label>"Admin password"
+                <label>"User (empty: admin)"
+                    <input id="user" autocomplete="username"
+                        prop:value=move || user.get()
+                        on:input=move |ev| user.set(event_target_value(&ev))/>
+                </label>
+                <label>"Password"
                     <input id="password" type="password" autocomplete="current-password"
                         prop:value=move || password.get()
                         on:input=move |ev| password.set(event_target_value(&ev))/>
@@ -119,8 +145,11 @@ fn Shell() -> impl IntoView {
                     <A href="/fleet">"Fleet"</A>
                     <A href="/instances">"Instances"</A>
                     <A href="/audit">"Audit log"</A>
+                    <Show when=move || session.can_administer()>
+                        <A href="/people"><span id="people-link">"People"</span></A>
+                    </Show>
                 </nav>
-                <span class="user">{move || session.0.with(|s| s.as_ref().map(|s| s.user.clone()).unwrap_or_default())}</span>
+                <span class="user" id="who">{move || session.0.with(|s| s.as_ref().map(|s| format!("{} ({})", s.user, s.role)).unwrap_or_default())}</span>
                 <button id="logout" on:click=logout>"Log out"</button>
             </header>
             <Show when=insecure>
@@ -136,6 +165,7 @@ fn Shell() -> impl IntoView {
                     <Route path=path!("/fleet/:name") view=FleetPage/>
                     <Route path=path!("/instances") view=InstancesPage/>
                     <Route path=path!("/audit") view=AuditPage/>
+                    <Route path=path!("/people") view=crate::people::PeoplePage/>
                 </Routes>
             </main>
         </Router>
@@ -192,7 +222,11 @@ fn PoliciesPage() -> impl IntoView {
     };
     view! {
         <h1>"Policies"</h1>
-        <p><A href="/policies/new"><span id="new-policy">"New policy"</span></A></p>
+        <Show when=move || session.can_edit() fallback=|| view! {
+            <p class="read-only" id="read-only">"You can watch and read; changing policies takes an editor."</p>
+        }>
+            <p><A href="/policies/new"><span id="new-policy">"New policy"</span></A></p>
+        </Show>
         <p class="error">{move || error.get()}</p>
         <table id="policies">
             <thead><tr>
@@ -704,8 +738,12 @@ fn Editor(name: Option<String>) -> impl IntoView {
                 </p>
             </Show>
             <p class="message" id="message">{move || message.get()}</p>
-            <button id="save" type="submit">"Save"</button>
-            <Show when=move || !is_new>
+            <Show when=move || session.can_edit() fallback=|| view! {
+                <p class="read-only" id="read-only">"Read only: changing policies takes an editor."</p>
+            }>
+                <button id="save" type="submit">"Save"</button>
+            </Show>
+            <Show when=move || !is_new && session.can_edit()>
                 <button id="delete" type="button" on:click=delete.clone()>"Delete"</button>
             </Show>
         </form>
