@@ -209,11 +209,20 @@ pub struct Operator {
 impl Operator {
     /// Logs in to the admin at `base` (`http://host:port`).
     pub async fn login(base: &str, password: &str) -> anyhow::Result<Self> {
+        Self::login_as(base, None, password).await
+    }
+
+    /// Logs in as the stored user `user` (None: the admin password's).
+    pub async fn login_as(base: &str, user: Option<&str>, password: &str) -> anyhow::Result<Self> {
         let http = reqwest::Client::new();
+        let mut body = json!({ "password": password });
+        if let Some(user) = user {
+            body["user"] = json!(user);
+        }
         let resp = http
             .post(format!("{base}/api/v1/login"))
             .header("content-type", "application/json")
-            .body(json!({"password": password}).to_string())
+            .body(body.to_string())
             .send()
             .await?;
         if !resp.status().is_success() {

@@ -748,3 +748,127 @@ async fn the_live_view_shows_what_the_provider_says() -> anyhow::Result<()> {
     admin.stop().await;
     Ok(())
 }
+
+/// An admin adds a viewer and a write token on the People page; the viewer
+/// logs in by name and sees policies without a way to change them, and the
+/// API refuses the viewer's writes; the token works for a script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let base = admin.base();
+    let op = admin.login().await?;
+    op.create(json!({"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 10, "period": "1s"}}))
+        .await?;
+    let browser = Browser::start().await?;
+    let c = &browser.client;
+    c.goto(&base).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    let who = browser
+        .wait_text("#who", Duration::from_secs(5), |t| !t.is_empty())
+        .await?;
+    assert_eq!(who, "admin (admin)");
+
+    // A viewer, added through the form.
+    browser.click("#people-link").await?;
+    browser.fill("#new-user-name", "vic").await?;
+    c.find(Locator::Css("#new-user-role"))
+        .await?
+        .select_by_value("viewer")
+        .await?;
+    browser.fill("#new-user-password", "short").await?;
+    browser.click("#add-user-button").await?;
+    let refused = browser
+        .wait_text("#people-message", Duration::from_secs(5), |t| {
+            t.starts_with("Not added")
+        })
+        .await?;
+    assert!(refused.contains("password: must be at least 12"), "{refused}");
+    browser
+        .fill("#new-user-password", "vic-password-123")
+        .await?;
+    browser.click("#add-user-button").await?;
+    let added = browser
+        .wait_text("#people-message", Duration::from_secs(5), |t| {
+            t.starts_with("Added")
+        })
+        .await?;
+    browser
+        .wait_text(".user-row[data-user=vic]", Duration::from_secs(5), |t| {
+            t.contains("vic")
+        })
+        .await?;
+
+    // A write token, shown once.
+    browser.fill("#new-token-name", "ci-deploy").await?;
+    c.find(Locator::Css("#new-token-scope"))
+        .await?
+        .select_by_value("write")
+        .await?;
+    browser.click("#create-token-button").await?;
+    let token = browser
+        .wait_text("#new-token-secret", Duration::from_secs(5), |t| {
+            t.starts_with("sluice_")
+        })
+        .await?;
+    let http = reqwest::Client::new();
+    let by_token = http
+        .post(format!("{base}/api/v1/policies"))
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body(json!({"name": "shop", "match": {"host": "api.shop.example"}, "rate": {"requests": 5, "period": "1s"}}).to_string())
+        .send()
+        .await?
+        .status();
+    assert_eq!(by_token.as_u16(), 201);
+    println!("ui: {added:?} (after {refused:?}); a write token created in the page made policy shop as a script (201)");
+
+    // The viewer: reads, no edit button anywhere, 403 from the API.
+    browser.click("#logout").await?;
+    browser.fill("#user", "vic").await?;
+    browser.fill("#password", "vic-password-123").await?;
+    browser.click("#login-button").await?;
+    let notice = browser.text("#read-only").await?;
+    browser
+        .wait_text(".policy-row", Duration::from_secs(5), |t| t.contains("bank"))
+        .await?;
+    assert!(c.find(Locator::Css("#new-policy")).await.is_err(), "a New policy link for a viewer");
+    assert!(c.find(Locator::Css("#people-link")).await.is_err(), "People for a viewer");
+    c.goto(&format!("{base}/policies/bank")).await?;
+    let editor_notice = browser.text("#read-only").await?;
+    browser
+        .wait_value("#field-rate-requests", "10", Duration::from_secs(5))
+        .await?;
+    assert!(c.find(Locator::Css("#save")).await.is_err(), "a Save button for a viewer");
+    assert!(c.find(Locator::Css("#delete")).await.is_err(), "a Delete button for a viewer");
+    let vic = sluice_e2e::admin::Operator::login_as(&base, Some("vic"), "vic-password-123").await?;
+    let (status, answer) = vic
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/policies",
+            None,
+            Some(json!({"name": "x", "match": {"host": "x.example"}, "rate": {"requests": 1, "period": "1s"}})),
+        )
+        .await?;
+    assert_eq!(status, 403, "{answer}");
+    let audit = op.get("/api/v1/audit").await?;
+    let actors: Vec<String> = audit["entries"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| format!("{} {} {}", e["actor"].as_str().unwrap_or(""), e["action"].as_str().unwrap_or(""), e["target"].as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(actors.contains(&"token:ci-deploy create shop".to_string()), "{actors:?}");
+    assert!(actors.contains(&"admin user.add vic".to_string()), "{actors:?}");
+    println!(
+        "ui: viewer vic sees {notice:?} and, on bank, {editor_notice:?}; no New policy, Save, Delete or People; the API answers 403: {}",
+        answer["error"]
+    );
+    browser.close().await;
+    Ok(())
+}
