@@ -17,8 +17,8 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_shared::api::{
-    AuditLog, FleetView, Health, History, Instance, InstanceList, LoginRequest, PolicyList,
-    SessionInfo, StoredPolicy, Validated,
+    Applied, ApplyRequest, AuditLog, FleetView, Health, History, Instance, InstanceList,
+    LoginRequest, PolicyList, PolicyOrder, SessionInfo, StoredPolicy, Validated,
 };
 use sluice_shared::people::{check_name, Role, BOOTSTRAP_ADMIN};
 use sluice_shared::sync::{
@@ -29,6 +29,7 @@ use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::access::{Editor, Operator, Via, Writer};
+use crate::as_code::{load, SourceFile};
 use crate::auth::{constant_time_eq, Credentials, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::login::Refused;
@@ -58,6 +59,8 @@ pub fn routes() -> Router<Shared> {
         )
         .route("/api/v1/policies/{name}/history", get(policy_history))
         .route("/api/v1/validate", post(validate))
+        .route("/api/v1/apply", post(apply))
+        .route("/api/v1/order", axum::routing::put(reorder))
         .route("/api/v1/audit", get(audit_log))
         .route("/api/v1/instances", get(instances))
         .route("/api/v1/fleet", get(fleet))
@@ -211,7 +214,8 @@ fn with_etag(stored: StoredPolicy) -> Response {
 }
 
 async fn list_policies(State(state): State<Shared>, _op: Operator) -> Result<Response, ApiError> {
-    let list: PolicyList = state.store.list().await?;
+    let mut list: PolicyList = state.store.list().await?;
+    list.managed = state.managed.as_ref().map(|m| m.state());
     Ok(([(header::ETAG, etag(list.version))], Json(list)).into_response())
 }
 
@@ -237,6 +241,7 @@ async fn create_policy(
     editor: Editor,
     Json(body): Json<Value>,
 ) -> Result<Response, ApiError> {
+    refuse_if_managed(&state)?;
     let policy = parse_policy_body(body)?;
     let stored = state.store.create(policy, &editor.0.actor).await?;
     state.metrics.write("create");
@@ -258,6 +263,7 @@ async fn update_policy(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Result<Response, ApiError> {
+    refuse_if_managed(&state)?;
     let expected = if_match(&headers)?;
     let policy = parse_policy_body(body)?;
     if policy.name != name {
@@ -286,12 +292,89 @@ async fn delete_policy(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
+    refuse_if_managed(&state)?;
     let expected = if_match(&headers)?;
     state.store.delete(&name, expected, &editor.0.actor).await?;
     state.metrics.write("delete");
     refresh_set_version(&state).await;
     tracing::info!(policy = %name, "policy deleted");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// In managed mode the directory is the only way to change policies.
+fn refuse_if_managed(state: &AppState) -> Result<(), ApiError> {
+    match &state.managed {
+        Some(managed) => Err(ApiError::Conflict(format!(
+            "policies are managed from {} (policies as code): change the files there",
+            managed.dir.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[derive(Deserialize)]
+struct ApplyQuery {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Policies as code over the API (a CI job with a write token): the files
+/// as text, read and validated as `sluice-admin apply` does, applied in
+/// one transaction, or with `?dry_run=true` only diffed.
+async fn apply(
+    State(state): State<Shared>,
+    Editor(editor): Editor,
+    Query(query): Query<ApplyQuery>,
+    Json(body): Json<Value>,
+) -> Result<Json<Applied>, ApiError> {
+    refuse_if_managed(&state)?;
+    let request: ApplyRequest =
+        serde_json::from_value(body).map_err(|e| ApiError::BadRequest(format!("apply: {e}")))?;
+    let files: Vec<SourceFile> = request
+        .files
+        .into_iter()
+        .map(|f| SourceFile {
+            path: f.path,
+            text: f.text,
+        })
+        .collect();
+    let loaded = load(&files).map_err(ApiError::Invalid)?;
+    let applied = state
+        .store
+        .apply_set(
+            loaded.policies,
+            loaded.sources,
+            &editor.actor,
+            query.dry_run,
+        )
+        .await?;
+    if applied.applied {
+        state.metrics.write("apply");
+        refresh_set_version(&state).await;
+        tracing::info!(by = %editor.actor, version = applied.version, "policies applied");
+    }
+    Ok(Json(applied))
+}
+
+/// A new evaluation order (first match wins): every policy's name, with
+/// `If-Match` naming the set version the caller saw.
+async fn reorder(
+    State(state): State<Shared>,
+    Editor(editor): Editor,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Result<Response, ApiError> {
+    refuse_if_managed(&state)?;
+    let expected = if_match(&headers)?;
+    let order: PolicyOrder =
+        serde_json::from_value(body).map_err(|e| ApiError::BadRequest(format!("order: {e}")))?;
+    let version = state
+        .store
+        .reorder(order.names, expected, &editor.actor)
+        .await?;
+    state.metrics.write("reorder");
+    refresh_set_version(&state).await;
+    Ok(([(header::ETAG, etag(version))], StatusCode::NO_CONTENT).into_response())
 }
 
 /// Keeps `/metrics`' policy set version current after a write (a scrape

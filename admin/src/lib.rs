@@ -4,12 +4,14 @@
 
 pub mod access;
 pub mod api;
+pub mod as_code;
 pub mod auth;
 pub mod clock;
 pub mod error;
 pub mod fleet;
 pub mod live;
 pub mod login;
+pub mod managed;
 pub mod metrics;
 pub mod people_api;
 pub mod people_cli;
@@ -71,6 +73,8 @@ pub struct AppState {
     pub allowed_hosts: Vec<String>,
     /// A reverse proxy's user header, believed from its addresses only.
     pub proxy_users: access::ProxyUsers,
+    /// `--managed-dir`: the policies are the directory's.
+    pub managed: Option<Arc<managed::Managed>>,
 }
 
 /// The store's health, checked at most once a second however often
@@ -128,7 +132,14 @@ impl AppState {
             server_limits: server::ServerLimits::default(),
             allowed_hosts: Vec::new(),
             proxy_users: access::ProxyUsers::default(),
+            managed: None,
         }
+    }
+
+    /// Takes the policies from `dir` (policies as code, managed mode).
+    pub fn with_managed_dir(mut self, dir: PathBuf) -> Self {
+        self.managed = Some(Arc::new(managed::Managed::new(dir)));
+        self
     }
 
     /// Believes a reverse proxy's user header (off by default).

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::io::Write;
+
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use sluice_admin::auth::Credentials;
@@ -91,6 +93,11 @@ struct Args {
         value_delimiter = ','
     )]
     user_header_proxies: Vec<ipnet::IpNet>,
+    /// Policies as code: the policy set is this directory's YAML and JSON
+    /// files (read at start and on every change; a bad change is refused
+    /// whole and shown); nobody edits policies in the UI or the API.
+    #[arg(long, env = "SLUICE_MANAGED_DIR")]
+    managed_dir: Option<PathBuf>,
     /// The header a trusted proxy names the client in (e.g. x-forwarded-for).
     #[arg(long, env = "SLUICE_CLIENT_IP_HEADER")]
     client_ip_header: Option<String>,
@@ -150,6 +157,23 @@ enum Command {
         #[command(subcommand)]
         action: sluice_admin::people_cli::TokenAction,
     },
+    /// Write every policy, in order, as YAML or JSON (to stdout, or -o).
+    Export {
+        #[arg(long, value_parser = ["yaml", "json"], default_value = "yaml")]
+        format: String,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Make the policies those of FILE or of the policy files in DIR: shows
+    /// what changes (added, changed field by field, removed, order) and
+    /// applies it in one transaction, or nothing if any file is refused.
+    Apply {
+        #[arg(short = 'f', long = "file")]
+        path: PathBuf,
+        /// Show the changes; apply nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// Opens the store the flags name, blocking.
@@ -180,6 +204,41 @@ fn run_command(args: &Args, command: &Command) -> anyhow::Result<()> {
         )?,
         Command::Token { action } => {
             sluice_admin::people_cli::run_token(store.blocking(), action.clone(), &mut stdout)?
+        }
+        Command::Export { format, output } => {
+            let set = store.blocking().policy_set()?;
+            let text = sluice_admin::as_code::export(&set.policies, format == "yaml")
+                .map_err(|e| anyhow::anyhow!("export: {e}"))?;
+            match output {
+                Some(path) => std::fs::write(path, text)
+                    .with_context(|| format!("writing {}", path.display()))?,
+                None => stdout.write_all(text.as_bytes())?,
+            }
+        }
+        Command::Apply { path, dry_run } => {
+            let files = sluice_admin::as_code::read_path(path)?;
+            let loaded = sluice_admin::as_code::load(&files).map_err(|errors| {
+                let lines: Vec<String> = errors.errors.iter().map(|e| format!("  {e}")).collect();
+                anyhow::anyhow!(
+                    "nothing applied; {} refused:\n{}",
+                    path.display(),
+                    lines.join("\n")
+                )
+            })?;
+            let actor = sluice_admin::people_cli::cli_actor();
+            let applied =
+                store
+                    .blocking()
+                    .apply_set(&loaded.policies, &loaded.sources, &actor, *dry_run)?;
+            write!(stdout, "{}", applied.diff)?;
+            let verdict = match (dry_run, applied.applied) {
+                (true, _) => "dry run: nothing applied".to_string(),
+                (false, true) => format!("applied: policy set version {}", applied.version),
+                (false, false) => {
+                    format!("nothing to apply: policy set version {}", applied.version)
+                }
+            };
+            writeln!(stdout, "{verdict}")?;
         }
     }
     Ok(())
@@ -344,7 +403,17 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("fleet shares kept in Redis");
         state = state.with_ledgers(ledgers);
     }
+    if let Some(dir) = &args.managed_dir {
+        state = state.with_managed_dir(dir.clone());
+    }
     let state = Arc::new(state);
+    if let Some(managed) = state.managed.clone() {
+        // At start, before the first sync is answered; a refused directory
+        // leaves the store's last good set in force (and says so).
+        managed.sync_once(&state).await;
+        sluice_admin::managed::watch(state.clone());
+        tracing::info!(dir = %managed.dir.display(), "policies managed from a directory");
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {} (port taken?)", args.listen))?;

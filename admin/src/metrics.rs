@@ -36,6 +36,8 @@ pub struct Metrics {
     pub login_throttled: Counter,
     pub password_checks: Counter,
     pub policy_set_version: Gauge,
+    /// 1 while the managed directory's last change was refused.
+    pub managed_error: Gauge,
     pub live_instances: Gauge,
     pub admitted_per_s: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
     pub rejected_per_s: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
@@ -53,6 +55,7 @@ impl Default for Metrics {
             login_throttled: Counter::default(),
             password_checks: Counter::default(),
             policy_set_version: Gauge::default(),
+            managed_error: Gauge::default(),
             live_instances: Gauge::default(),
             admitted_per_s: Family::default(),
             rejected_per_s: Family::default(),
@@ -83,6 +86,11 @@ impl Default for Metrics {
             "policy_set_version",
             "Current policy set version",
             m.policy_set_version.clone(),
+        );
+        registry.register(
+            "managed_error",
+            "1 while the managed directory's last change was refused (the last good set stays)",
+            m.managed_error.clone(),
         );
         registry.register(
             "live_instances",

@@ -40,6 +40,10 @@ pub struct StoredPolicy {
     pub version: u64,
     pub updated_at_ms: u64,
     pub updated_by: String,
+    /// The file it was applied from (policies as code); None when made or
+    /// last edited by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// `GET /policies`: the set in evaluation order, with the set's version.
@@ -47,6 +51,54 @@ pub struct StoredPolicy {
 pub struct PolicyList {
     pub version: u64,
     pub policies: Vec<StoredPolicy>,
+    /// The directory the policies are managed from (`--managed-dir`):
+    /// nobody edits them here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed: Option<ManagedState>,
+}
+
+/// A managed directory and how its last reading went.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ManagedState {
+    pub dir: String,
+    /// When the directory was last read and applied (ms since the epoch).
+    #[serde(default)]
+    pub applied_ms: u64,
+    /// Why its last change was refused (every error, file: path: reason);
+    /// the policies in force are the last good ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `POST /apply` (policies as code): the files, as text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyRequest {
+    pub files: Vec<ApplyFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyFile {
+    pub path: String,
+    pub text: String,
+}
+
+/// What an apply changed (or, dry, would change).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    pub diff: crate::policy_diff::SetDiff,
+    /// The policy set's version afterwards.
+    pub version: u64,
+    /// False for a dry run, or when nothing changed.
+    pub applied: bool,
+}
+
+/// `PUT /order`: every policy's name, in the new evaluation order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyOrder {
+    pub names: Vec<String>,
 }
 
 /// One saved version of a policy (`policy` is None where it was deleted).

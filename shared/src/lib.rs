@@ -14,6 +14,7 @@ pub mod matcher;
 pub mod people;
 pub mod plugin;
 pub mod policy;
+pub mod policy_diff;
 pub mod provider;
 pub mod sync;
 pub mod time;

@@ -786,7 +786,10 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
             t.starts_with("Not added")
         })
         .await?;
-    assert!(refused.contains("password: must be at least 12"), "{refused}");
+    assert!(
+        refused.contains("password: must be at least 12"),
+        "{refused}"
+    );
     browser
         .fill("#new-user-password", "vic-password-123")
         .await?;
@@ -833,17 +836,31 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
     browser.click("#login-button").await?;
     let notice = browser.text("#read-only").await?;
     browser
-        .wait_text(".policy-row", Duration::from_secs(5), |t| t.contains("bank"))
+        .wait_text(".policy-row", Duration::from_secs(5), |t| {
+            t.contains("bank")
+        })
         .await?;
-    assert!(c.find(Locator::Css("#new-policy")).await.is_err(), "a New policy link for a viewer");
-    assert!(c.find(Locator::Css("#people-link")).await.is_err(), "People for a viewer");
+    assert!(
+        c.find(Locator::Css("#new-policy")).await.is_err(),
+        "a New policy link for a viewer"
+    );
+    assert!(
+        c.find(Locator::Css("#people-link")).await.is_err(),
+        "People for a viewer"
+    );
     c.goto(&format!("{base}/policies/bank")).await?;
     let editor_notice = browser.text("#read-only").await?;
     browser
         .wait_value("#field-rate-requests", "10", Duration::from_secs(5))
         .await?;
-    assert!(c.find(Locator::Css("#save")).await.is_err(), "a Save button for a viewer");
-    assert!(c.find(Locator::Css("#delete")).await.is_err(), "a Delete button for a viewer");
+    assert!(
+        c.find(Locator::Css("#save")).await.is_err(),
+        "a Save button for a viewer"
+    );
+    assert!(
+        c.find(Locator::Css("#delete")).await.is_err(),
+        "a Delete button for a viewer"
+    );
     let vic = sluice_e2e::admin::Operator::login_as(&base, Some("vic"), "vic-password-123").await?;
     let (status, answer) = vic
         .raw(
@@ -859,12 +876,25 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|e| format!("{} {} {}", e["actor"].as_str().unwrap_or(""), e["action"].as_str().unwrap_or(""), e["target"].as_str().unwrap_or("")))
+                .map(|e| {
+                    format!(
+                        "{} {} {}",
+                        e["actor"].as_str().unwrap_or(""),
+                        e["action"].as_str().unwrap_or(""),
+                        e["target"].as_str().unwrap_or("")
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();
-    assert!(actors.contains(&"token:ci-deploy create shop".to_string()), "{actors:?}");
-    assert!(actors.contains(&"admin user.add vic".to_string()), "{actors:?}");
+    assert!(
+        actors.contains(&"token:ci-deploy create shop".to_string()),
+        "{actors:?}"
+    );
+    assert!(
+        actors.contains(&"admin user.add vic".to_string()),
+        "{actors:?}"
+    );
     println!(
         "ui: viewer vic sees {notice:?} and, on bank, {editor_notice:?}; no New policy, Save, Delete or People; the API answers 403: {}",
         answer["error"]

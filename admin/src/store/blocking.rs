@@ -22,7 +22,7 @@ pub struct BlockingStore {
     pub(super) db: Arc<Db>,
 }
 
-fn to_json(policy: &Policy) -> String {
+pub(super) fn to_json(policy: &Policy) -> String {
     serde_json::to_string(policy).unwrap_or_else(|_| "null".into())
 }
 
@@ -177,6 +177,7 @@ impl BlockingStore {
                 version: 1,
                 updated_at_ms: at,
                 updated_by: actor.into(),
+                source: None,
             })
         })
     }
@@ -230,7 +231,7 @@ impl BlockingStore {
             let at = now_ms();
             let version = current.version + 1;
             sql.execute(
-                "UPDATE policies SET name = $1, body = $2, version = $3, updated_at_ms = $4, updated_by = $5 WHERE name = $6",
+                "UPDATE policies SET name = $1, body = $2, version = $3, updated_at_ms = $4, updated_by = $5, source = NULL WHERE name = $6",
                 &[
                     policy.name.as_str().into(),
                     to_json(&policy).into(),
@@ -248,6 +249,7 @@ impl BlockingStore {
                 version,
                 updated_at_ms: at,
                 updated_by: actor.into(),
+                source: None,
             })
         })
     }
@@ -460,7 +462,7 @@ impl BlockingStore {
 
 /// Inserts a policy new to the store (version 1) at `position`, with its
 /// history entry and an audit entry for `action`.
-fn insert_new(
+pub(super) fn insert_new(
     sql: &mut dyn Sql,
     policy: &Policy,
     position: i64,
@@ -497,7 +499,7 @@ fn epoch(sql: &mut dyn Sql) -> Result<u64, StoreError> {
         .uint(0)
 }
 
-fn set_version(sql: &mut dyn Sql) -> Result<u64, StoreError> {
+pub(super) fn set_version(sql: &mut dyn Sql) -> Result<u64, StoreError> {
     sql.query_one(
         "SELECT value FROM settings WHERE key = 'policy_set_version'",
         &[],
@@ -506,7 +508,7 @@ fn set_version(sql: &mut dyn Sql) -> Result<u64, StoreError> {
     .uint(0)
 }
 
-fn bump(sql: &mut dyn Sql) -> Result<u64, StoreError> {
+pub(super) fn bump(sql: &mut dyn Sql) -> Result<u64, StoreError> {
     sql.execute(
         "UPDATE settings SET value = value + 1 WHERE key = 'policy_set_version'",
         &[],
@@ -520,12 +522,13 @@ fn stored_policy(r: &Row) -> Result<StoredPolicy, StoreError> {
         version: r.uint(1)?,
         updated_at_ms: r.uint(2)?,
         updated_by: r.text(3)?,
+        source: r.optional_text(4)?,
     })
 }
 
-fn list(sql: &mut dyn Sql) -> Result<Vec<StoredPolicy>, StoreError> {
+pub(super) fn list(sql: &mut dyn Sql) -> Result<Vec<StoredPolicy>, StoreError> {
     sql.query(
-        "SELECT body, version, updated_at_ms, updated_by FROM policies ORDER BY position",
+        "SELECT body, version, updated_at_ms, updated_by, source FROM policies ORDER BY position",
         &[],
     )?
     .iter()
@@ -533,9 +536,9 @@ fn list(sql: &mut dyn Sql) -> Result<Vec<StoredPolicy>, StoreError> {
     .collect()
 }
 
-fn get(sql: &mut dyn Sql, name: &str) -> Result<Option<StoredPolicy>, StoreError> {
+pub(super) fn get(sql: &mut dyn Sql, name: &str) -> Result<Option<StoredPolicy>, StoreError> {
     sql.query_one(
-        "SELECT body, version, updated_at_ms, updated_by FROM policies WHERE name = $1",
+        "SELECT body, version, updated_at_ms, updated_by, source FROM policies WHERE name = $1",
         &[name.into()],
     )?
     .as_ref()
@@ -551,7 +554,7 @@ fn check_set(all: &[Policy], edited: usize) -> Result<(), StoreError> {
     validate_policy_set(&set).map_err(|e| StoreError::Invalid(relative_errors(e, edited)))
 }
 
-fn history(
+pub(super) fn history(
     sql: &mut dyn Sql,
     name: &str,
     version: u64,
@@ -574,7 +577,7 @@ fn history(
     Ok(())
 }
 
-fn audit(
+pub(super) fn audit(
     sql: &mut dyn Sql,
     at: u64,
     actor: &str,

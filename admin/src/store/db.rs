@@ -18,6 +18,7 @@ const SQLITE_MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0001_init.sql")),
     M::up(include_str!("../../migrations/0002_budgets.sql")),
     M::up(include_str!("../../migrations/0003_people.sql")),
+    M::up(include_str!("../../migrations/0004_sources.sql")),
 ];
 
 /// PostgreSQL migrations, in order; applied once each, under an advisory
@@ -26,6 +27,7 @@ const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_init.sql"),
     include_str!("../../migrations/postgres/0002_budgets.sql"),
     include_str!("../../migrations/postgres/0003_people.sql"),
+    include_str!("../../migrations/postgres/0004_sources.sql"),
 ];
 
 /// PostgreSQL's advisory lock taken while migrating (any fixed number).

@@ -5,6 +5,7 @@
 //! is validated before it commits, so the store never holds a set a filter
 //! would refuse.
 
+mod as_code;
 mod blocking;
 mod db;
 mod people;
@@ -158,7 +159,11 @@ impl Store {
     pub async fn list(&self) -> Result<PolicyList, StoreError> {
         self.run(|s| s.list())
             .await
-            .map(|(version, policies)| PolicyList { version, policies })
+            .map(|(version, policies)| PolicyList {
+                version,
+                policies,
+                managed: None,
+            })
     }
 
     pub async fn policy_set(&self) -> Result<PolicySet, StoreError> {
@@ -326,5 +331,27 @@ impl Store {
     pub async fn revoke_token(&self, id: &str, actor: &str) -> Result<(), StoreError> {
         let (id, actor) = (id.to_string(), actor.to_string());
         self.run(move |s| s.revoke_token(&id, &actor)).await
+    }
+
+    pub async fn apply_set(
+        &self,
+        desired: Vec<Policy>,
+        sources: Vec<String>,
+        actor: &str,
+        dry_run: bool,
+    ) -> Result<sluice_shared::api::Applied, StoreError> {
+        let actor = actor.to_string();
+        self.run(move |s| s.apply_set(&desired, &sources, &actor, dry_run))
+            .await
+    }
+
+    pub async fn reorder(
+        &self,
+        names: Vec<String>,
+        expected: u64,
+        actor: &str,
+    ) -> Result<u64, StoreError> {
+        let actor = actor.to_string();
+        self.run(move |s| s.reorder(&names, expected, &actor)).await
     }
 }

@@ -77,7 +77,7 @@ const USER_COLUMNS: &str = "name, role, created_ms, created_by, password_hash";
 const TOKEN_COLUMNS: &str =
     "id, name, scope, secret_hash, created_ms, created_by, expires_ms, last_used_ms";
 
-fn audit(
+pub(super) fn audit(
     sql: &mut dyn Sql,
     actor: &str,
     action: &str,

@@ -8,8 +8,8 @@ use leptos_router::hooks::{use_navigate, use_params_map};
 use leptos_router::path;
 use serde_json::{json, Value};
 use sluice_shared::api::{
-    AuditLog, FleetPolicy, FleetView, InstanceList, LoginRequest, PolicyList, SessionInfo,
-    StoredPolicy, Validated,
+    AuditLog, FleetPolicy, FleetView, InstanceList, LoginRequest, ManagedState, PolicyList,
+    SessionInfo, StoredPolicy, Validated,
 };
 use sluice_shared::duration::DurationMs;
 use sluice_shared::people::Role;
@@ -204,16 +204,50 @@ fn PoliciesPage() -> impl IntoView {
     let session = expect_context::<Session>();
     let frames = expect_context::<LiveFrames>();
     let policies = RwSignal::new(Vec::<StoredPolicy>::new());
+    let set_version = RwSignal::new(0u64);
+    let managed = RwSignal::new(None::<ManagedState>);
     let error = RwSignal::new(None::<String>);
-    spawn_local(async move {
-        match api::get::<PolicyList>("/api/v1/policies").await {
-            Ok(list) => policies.set(list.policies),
-            Err(e) => {
-                session.check(&e);
-                error.set(Some(e.to_string()));
+    let load = move || {
+        spawn_local(async move {
+            match api::get::<PolicyList>("/api/v1/policies").await {
+                Ok(list) => {
+                    set_version.set(list.version);
+                    managed.set(list.managed);
+                    policies.set(list.policies);
+                }
+                Err(e) => {
+                    session.check(&e);
+                    error.set(Some(e.to_string()));
+                }
             }
+        });
+    };
+    load();
+    // Moves a policy one place up (-1) or down (+1): evaluation order is
+    // first match wins, so a specific policy goes before a wildcard.
+    let shift = move |name: String, by: isize| {
+        let mut names: Vec<String> =
+            policies.with_untracked(|p| p.iter().map(|s| s.policy.name.clone()).collect());
+        let Some(at) = names.iter().position(|n| *n == name) else {
+            return;
+        };
+        let to = at as isize + by;
+        if to < 0 || to as usize >= names.len() {
+            return;
         }
-    });
+        names.swap(at, to as usize);
+        let csrf = session.csrf();
+        let expected = set_version.get_untracked();
+        spawn_local(async move {
+            let order = sluice_shared::api::PolicyOrder { names };
+            match api::put::<_, ()>("/api/v1/order", &csrf, expected, &order).await {
+                Ok(()) => error.set(None),
+                Err(e) => error.set(Some(format!("Not moved: {e}"))),
+            }
+            load();
+        });
+    };
+    let editable = move || session.can_edit() && managed.with(Option::is_none);
     let latest = move |name: &str| -> Utilization {
         frames
             .0
@@ -222,16 +256,24 @@ fn PoliciesPage() -> impl IntoView {
     };
     view! {
         <h1>"Policies"</h1>
+        <Show when=move || managed.with(Option::is_some)>
+            <p class="managed" id="managed">{move || managed.with(|m| m.as_ref().map(|m| format!(
+                "Managed from {} (policies as code): change the files there.", m.dir)).unwrap_or_default())}</p>
+            <p class="error" id="managed-error">{move || managed.with(|m| m.as_ref().and_then(|m| m.error.clone()).map(|e| format!(
+                "The directory's last change was refused; the policies below stay in force. {e}")))}</p>
+        </Show>
         <Show when=move || session.can_edit() fallback=|| view! {
             <p class="read-only" id="read-only">"You can watch and read; changing policies takes an editor."</p>
         }>
-            <p><A href="/policies/new"><span id="new-policy">"New policy"</span></A></p>
+            <Show when=move || managed.with(Option::is_none)>
+                <p><A href="/policies/new"><span id="new-policy">"New policy"</span></A></p>
+            </Show>
         </Show>
         <p class="error">{move || error.get()}</p>
         <table id="policies">
             <thead><tr>
                 <th>"Name"</th><th>"Match"</th><th>"Rate"</th><th>"Concurrency"</th><th>"Mode"</th>
-                <th>"Admitted / s"</th><th>"In flight"</th>
+                <th>"Admitted / s"</th><th>"In flight"</th><th>"From"</th><th>"Order"</th>
             </tr></thead>
             <tbody>
                 <For each=move || policies.get() key=|s| (s.policy.name.clone(), s.version) children=move |s| {
@@ -245,6 +287,8 @@ fn PoliciesPage() -> impl IntoView {
                     let n3 = name.clone();
                     let n4 = name.clone();
                     let label = name.clone();
+                    let (up, down) = (name.clone(), name.clone());
+                    let source = s.source.clone().unwrap_or_else(|| "by hand".into());
                     view! {
                         <tr class="policy-row" data-policy=name>
                             <td><A href=href>{label}</A></td>
@@ -260,6 +304,11 @@ fn PoliciesPage() -> impl IntoView {
                                 label=Signal::derive(move || format!("{:.0}", latest(&n2).admitted_per_s))/></td>
                             <td><Bar value=Signal::derive(move || latest(&n3).in_flight as f64) max=Signal::derive(move || max_flight)
                                 label=Signal::derive(move || { let u = latest(&n4); if max_flight > 0.0 { format!("{} / {}", u.in_flight, max_flight) } else { u.in_flight.to_string() } })/></td>
+                            <td class="policy-source">{source}</td>
+                            <td><Show when=editable>
+                                <button type="button" class="move-up" title="evaluate earlier" on:click={ let up = up.clone(); move |_| shift(up.clone(), -1) }>"↑"</button>
+                                <button type="button" class="move-down" title="evaluate later" on:click={ let down = down.clone(); move |_| shift(down.clone(), 1) }>"↓"</button>
+                            </Show></td>
                         </tr>
                     }
                 }/>
@@ -502,6 +551,14 @@ fn Editor(name: Option<String>) -> impl IntoView {
     flash.0.set(None);
     let conflict = RwSignal::new(None::<u64>);
     let json_text = RwSignal::new(String::new());
+    // Policies managed from a directory are read only here.
+    let managed_from = RwSignal::new(None::<String>);
+    spawn_local(async move {
+        if let Ok(list) = api::get::<PolicyList>("/api/v1/policies").await {
+            managed_from.set(list.managed.map(|m| m.dir));
+        }
+    });
+    let editable = move || session.can_edit() && managed_from.with(Option::is_none);
 
     let load = {
         let name = name.clone();
@@ -738,12 +795,15 @@ fn Editor(name: Option<String>) -> impl IntoView {
                 </p>
             </Show>
             <p class="message" id="message">{move || message.get()}</p>
-            <Show when=move || session.can_edit() fallback=|| view! {
-                <p class="read-only" id="read-only">"Read only: changing policies takes an editor."</p>
+            <Show when=editable fallback=move || view! {
+                <p class="read-only" id="read-only">{move || match managed_from.get() {
+                    Some(dir) => format!("Read only: managed from {dir} (policies as code); change the files there."),
+                    None => "Read only: changing policies takes an editor.".to_string(),
+                }}</p>
             }>
                 <button id="save" type="submit">"Save"</button>
             </Show>
-            <Show when=move || !is_new && session.can_edit()>
+            <Show when=move || !is_new && editable()>
                 <button id="delete" type="button" on:click=delete.clone()>"Delete"</button>
             </Show>
         </form>
