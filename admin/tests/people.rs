@@ -328,6 +328,25 @@ async fn api_tokens_are_scoped_shown_once_stored_hashed_and_expire() {
     }
     let (write, read) = (As::token(&tokens[0]), As::token(&tokens[1]));
 
+    // A browser reads the list without a CSRF header (reads change
+    // nothing); a write without it is refused.
+    let cookie_only = As {
+        headers: root.headers[..1].to_vec(),
+    };
+    let (status, _) = admin
+        .call(&cookie_only, Method::GET, "/api/v1/tokens", None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = admin
+        .call(
+            &cookie_only,
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"name": "x", "scope": "read"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
     // Listed without secrets; stored as hashes only.
     let (_, listed) = admin.call(&root, Method::GET, "/api/v1/tokens", None).await;
     let text = listed.to_string();

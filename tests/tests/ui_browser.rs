@@ -831,10 +831,23 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
 
     // The viewer: reads, no edit button anywhere, 403 from the API.
     browser.click("#logout").await?;
+    c.goto(&format!("{base}/people")).await?;
     browser.fill("#user", "vic").await?;
     browser.fill("#password", "vic-password-123").await?;
     browser.click("#login-button").await?;
-    let notice = browser.text("#read-only").await?;
+    let people = browser
+        .wait_text("#people-admins-only", Duration::from_secs(5), |t| {
+            !t.is_empty()
+        })
+        .await?;
+    assert!(
+        c.find(Locator::Css("#add-user")).await.is_err(),
+        "the add-user form for a viewer"
+    );
+    c.goto(&base).await?;
+    let notice = browser
+        .wait_text("#read-only", Duration::from_secs(5), |t| !t.is_empty())
+        .await?;
     browser
         .wait_text(".policy-row", Duration::from_secs(5), |t| {
             t.contains("bank")
@@ -849,7 +862,11 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
         "People for a viewer"
     );
     c.goto(&format!("{base}/policies/bank")).await?;
-    let editor_notice = browser.text("#read-only").await?;
+    let editor_notice = browser
+        .wait_text("#read-only", Duration::from_secs(5), |t| {
+            t.contains("editor")
+        })
+        .await?;
     browser
         .wait_value("#field-rate-requests", "10", Duration::from_secs(5))
         .await?;
@@ -896,9 +913,116 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
         "{actors:?}"
     );
     println!(
-        "ui: viewer vic sees {notice:?} and, on bank, {editor_notice:?}; no New policy, Save, Delete or People; the API answers 403: {}",
+        "ui: viewer vic sees {notice:?} and, on bank, {editor_notice:?}; no New policy, Save, Delete or People link; /people says {people:?}; the API answers 403: {}",
         answer["error"]
     );
+    browser.close().await;
+    Ok(())
+}
+
+/// Order is editable (a specific policy moved before a wildcard), and a
+/// managed directory's policies show read only with the file they come
+/// from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_move_in_order_and_managed_ones_are_read_only() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let base = admin.base();
+    let op = admin.login().await?;
+    op.create(
+        json!({"name": "any", "match": {"host": "*"}, "rate": {"requests": 1000, "period": "1s"}}),
+    )
+    .await?;
+    op.create(json!({"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 10, "period": "1s"}}))
+        .await?;
+    let browser = Browser::start().await?;
+    let c = &browser.client;
+    c.goto(&base).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser
+        .wait_text(
+            ".policy-row[data-policy=bank]",
+            Duration::from_secs(5),
+            |t| t.contains("by hand"),
+        )
+        .await?;
+    browser
+        .click(".policy-row[data-policy=bank] .move-up")
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let order = loop {
+        let listed = op.get("/api/v1/policies").await?;
+        let names: Vec<String> = listed["policies"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p["policy"]["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names == ["bank", "any"] || Instant::now() > deadline {
+            break names;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(order, ["bank", "any"]);
+    let first_row = browser
+        .wait_text(".policy-row", Duration::from_secs(5), |t| {
+            t.starts_with("bank")
+        })
+        .await?;
+    println!("ui: bank moved before the wildcard: order {order:?}, first row {first_row:?}");
+    admin.stop().await;
+
+    // Managed from a directory: read only, with the file named.
+    let files = dir.path().join("policies");
+    std::fs::create_dir(&files)?;
+    std::fs::write(
+        files.join("bank.yaml"),
+        "name: bank\nmatch: {host: api.bank.example}\nrate: {requests: 10, period: 1s}\n",
+    )?;
+    let port = sluice_e2e::envoy::free_port()?;
+    let managed = sluice_e2e::admin::AdminProcess::start_with_args(
+        &dir.path().join("managed.db"),
+        port,
+        Some(&ui_dir()?),
+        &dir.path().join("admin.log"),
+        &["--managed-dir", files.to_str().unwrap_or_default()],
+    )
+    .await?;
+    c.goto(&managed.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    let banner = browser.text("#managed").await?;
+    let source = browser
+        .wait_text(
+            ".policy-row[data-policy=bank] .policy-source",
+            Duration::from_secs(5),
+            |t| t == "bank.yaml",
+        )
+        .await?;
+    assert!(banner.starts_with("Managed from"), "{banner}");
+    assert!(
+        c.find(Locator::Css("#new-policy")).await.is_err(),
+        "New policy while managed"
+    );
+    assert!(
+        c.find(Locator::Css(".move-up")).await.is_err(),
+        "moving while managed"
+    );
+    c.goto(&format!("{}/policies/bank", managed.base())).await?;
+    let notice = browser
+        .wait_text("#read-only", Duration::from_secs(5), |t| {
+            t.contains("managed from")
+        })
+        .await?;
+    assert!(
+        c.find(Locator::Css("#save")).await.is_err(),
+        "Save while managed"
+    );
+    println!("ui: managed: {banner:?}; bank from {source:?}; editor says {notice:?}, no Save, no New policy, no move");
     browser.close().await;
     Ok(())
 }

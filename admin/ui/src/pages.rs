@@ -32,7 +32,7 @@ impl Session {
         self.role().can_edit()
     }
 
-    fn can_administer(&self) -> bool {
+    pub(crate) fn can_administer(&self) -> bool {
         self.role().can_administer()
     }
 

@@ -19,6 +19,19 @@ fn field_errors(e: &ApiError) -> String {
 #[component]
 pub fn PeoplePage() -> impl IntoView {
     let session = expect_context::<Session>();
+    view! {
+        <Show when=move || session.can_administer() fallback=|| view! {
+            <h1>"People"</h1>
+            <p class="read-only" id="people-admins-only">"Managing users and API tokens takes an admin."</p>
+        }>
+            <People/>
+        </Show>
+    }
+}
+
+#[component]
+fn People() -> impl IntoView {
+    let session = expect_context::<Session>();
     let users = RwSignal::new(Vec::<UserInfo>::new());
     let tokens = RwSignal::new(Vec::<TokenInfo>::new());
     let now_ms = RwSignal::new(0u64);
