@@ -12,8 +12,9 @@ WASM_TARGET   := wasm32-wasip1
 CARGO         ?= cargo
 # Debian packages the tests need: a real headless browser for the UI tests,
 # curl for the forward-proxy test, Redis and PostgreSQL for fleet mode with
-# admin replicas.
-APT_PACKAGES  := chromium chromium-driver curl redis-server postgresql
+# admin replicas, Prometheus (and promtool) for the shipped scrape config,
+# alert rules and dashboard queries.
+APT_PACKAGES  := chromium chromium-driver curl redis-server postgresql prometheus
 UI_TARGET     := wasm32-unknown-unknown
 UI_DIR        := target/ui
 # The wasm-bindgen CLI must be exactly the version of the wasm-bindgen

@@ -380,8 +380,9 @@ async fn reorder(
 /// Keeps `/metrics`' policy set version current after a write (a scrape
 /// itself reads nothing from the store).
 pub async fn refresh_set_version(state: &AppState) {
-    if let Ok(v) = state.store.policy_set_version().await {
-        state.metrics.policy_set_version.set(v as i64);
+    if let Ok(set) = state.store.policy_set().await {
+        state.metrics.policy_set_version.set(set.version as i64);
+        state.metrics.observe_policies(&set);
     }
 }
 

@@ -270,16 +270,31 @@ fn host_name(host: &str) -> &str {
         .map_or(host, |(name, _)| name)
 }
 
+/// Live ticks between two readings of the policies' sizes.
+const POLICY_SIZES_EVERY: u64 = 5;
+
 /// Publishes one live frame a second, to the SSE streams and `/metrics`.
 pub fn spawn_live_ticker(state: Arc<AppState>) {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut ticks = 0u64;
         loop {
             every.tick().await;
             let now = store::now_ms();
             let frame = state.live.tick(now);
             state.metrics.observe(&frame);
+            state
+                .metrics
+                .observe_instances(&state.live.sync_health(now));
+            // The policies' sizes, for /metrics' limit lines: a read every
+            // few seconds (edits also refresh them at once).
+            if ticks % POLICY_SIZES_EVERY == 0 {
+                if let Ok(set) = state.store.policy_set().await {
+                    state.metrics.observe_policies(&set);
+                }
+            }
+            ticks += 1;
         }
     });
 }

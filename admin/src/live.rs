@@ -62,6 +62,8 @@ struct InstanceState {
     /// of the Envoy's clock, whatever its sync interval.
     samples: VecDeque<Sample>,
     received_ms: u64,
+    /// Its filter's count of failed syncs, as last reported.
+    sync_failures: u64,
     rates: BTreeMap<String, Utilization>,
     limit_rates: BTreeMap<String, LimitUse>,
 }
@@ -166,6 +168,7 @@ impl Live {
         let mut state = previous.unwrap_or(InstanceState {
             samples: VecDeque::new(),
             received_ms: now_ms,
+            sync_failures: 0,
             rates: BTreeMap::new(),
             limit_rates: BTreeMap::new(),
         });
@@ -228,6 +231,7 @@ impl Live {
                 .collect(),
         });
         state.received_ms = now_ms;
+        state.sync_failures = report.filter.get("sync_failures").copied().unwrap_or(0);
         let mut instances = lock(&self.instances);
         if instances.len() >= MAX_INSTANCES {
             // Room for this one: the longest silent goes.
@@ -240,6 +244,21 @@ impl Live {
             }
         }
         instances.insert(report.instance.clone(), state);
+    }
+
+    /// Per instance tracked: how long since its last sync (ms) and its
+    /// filter's failed syncs, for `/metrics`.
+    pub fn sync_health(&self, now_ms: u64) -> Vec<(String, u64, u64)> {
+        lock(&self.instances)
+            .iter()
+            .map(|(id, s)| {
+                (
+                    id.clone(),
+                    now_ms.saturating_sub(s.received_ms),
+                    s.sync_failures,
+                )
+            })
+            .collect()
     }
 
     /// Instances tracked now.

@@ -28,6 +28,18 @@ pub struct PolicyLabel {
     pub policy: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    pub limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceLabel {
+    pub instance: String,
+}
+
+type FloatGauges<L> = Family<L, Gauge<f64, AtomicU64>>;
+
 pub struct Metrics {
     registry: Registry,
     pub sync_requests: Family<ResultLabel, Counter>,
@@ -42,6 +54,25 @@ pub struct Metrics {
     pub admitted_per_s: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
     pub rejected_per_s: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
     pub in_flight: Family<PolicyLabel, Gauge>,
+    pub queued_per_s: FloatGauges<PolicyLabel>,
+    pub shadow_limited_per_s: FloatGauges<PolicyLabel>,
+    pub max_in_flight: Family<PolicyLabel, Gauge>,
+    pub waiting: Family<PolicyLabel, Gauge>,
+    pub tokens_left: Family<PolicyLabel, Gauge>,
+    /// The policy's rate, per second, per Envoy (from the policy set).
+    pub rate_limit_per_s: FloatGauges<PolicyLabel>,
+    /// The policy's queue bound (`max_wait`), seconds.
+    pub max_wait_seconds: FloatGauges<PolicyLabel>,
+    pub limit_admitted_per_s: FloatGauges<LimitLabel>,
+    pub limit_refused_per_s: FloatGauges<LimitLabel>,
+    pub limit_tokens_per_s: FloatGauges<LimitLabel>,
+    /// A further limit's size per second (each Envoy's); a concurrency
+    /// limit's in-flight bound.
+    pub limit_size_per_s: FloatGauges<LimitLabel>,
+    pub limit_available: Family<LimitLabel, Gauge>,
+    pub limit_provider_refused_per_s: FloatGauges<LimitLabel>,
+    pub instance_last_sync_age: FloatGauges<InstanceLabel>,
+    pub instance_sync_failures: Family<InstanceLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -60,6 +91,21 @@ impl Default for Metrics {
             admitted_per_s: Family::default(),
             rejected_per_s: Family::default(),
             in_flight: Family::default(),
+            queued_per_s: Family::default(),
+            shadow_limited_per_s: Family::default(),
+            max_in_flight: Family::default(),
+            waiting: Family::default(),
+            tokens_left: Family::default(),
+            rate_limit_per_s: Family::default(),
+            max_wait_seconds: Family::default(),
+            limit_admitted_per_s: Family::default(),
+            limit_refused_per_s: Family::default(),
+            limit_tokens_per_s: Family::default(),
+            limit_size_per_s: Family::default(),
+            limit_available: Family::default(),
+            limit_provider_refused_per_s: Family::default(),
+            instance_last_sync_age: Family::default(),
+            instance_sync_failures: Family::default(),
         };
         registry.register(
             "sync_requests",
@@ -112,6 +158,91 @@ impl Default for Metrics {
             "Requests in flight, all Envoys",
             m.in_flight.clone(),
         );
+        let families: [(&str, &str, &FloatGauges<PolicyLabel>); 4] = [
+            (
+                "policy_queued_per_second",
+                "Requests that waited in the queue per second, all Envoys",
+                &m.queued_per_s,
+            ),
+            (
+                "policy_shadow_limited_per_second",
+                "Requests a shadow policy would have refused per second, all Envoys",
+                &m.shadow_limited_per_s,
+            ),
+            (
+                "policy_rate_limit_per_second",
+                "The policy's rate per Envoy, requests per second (from the policy set)",
+                &m.rate_limit_per_s,
+            ),
+            (
+                "policy_max_wait_seconds",
+                "The policy's queue bound, max_wait, in seconds",
+                &m.max_wait_seconds,
+            ),
+        ];
+        for (name, help, family) in families {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "policy_max_in_flight",
+            "The concurrency limit, summed over Envoys",
+            m.max_in_flight.clone(),
+        );
+        registry.register(
+            "policy_waiting",
+            "Requests waiting in the queue now, all Envoys",
+            m.waiting.clone(),
+        );
+        registry.register(
+            "policy_tokens_left",
+            "Rate tokens left now, summed over Envoys",
+            m.tokens_left.clone(),
+        );
+        let limits: [(&str, &str, &FloatGauges<LimitLabel>); 5] = [
+            (
+                "limit_admitted_per_second",
+                "Calls a further limit let through per second, all Envoys",
+                &m.limit_admitted_per_s,
+            ),
+            (
+                "limit_refused_per_second",
+                "Calls a further limit refused per second, all Envoys",
+                &m.limit_refused_per_s,
+            ),
+            (
+                "limit_tokens_per_second",
+                "Tokens charged to a further limit per second, all Envoys",
+                &m.limit_tokens_per_s,
+            ),
+            (
+                "limit_size_per_second",
+                "A further limit's size per second per Envoy (a concurrency limit: its bound)",
+                &m.limit_size_per_s,
+            ),
+            (
+                "limit_provider_refused_per_second",
+                "Calls the provider refused per second, all Envoys",
+                &m.limit_provider_refused_per_s,
+            ),
+        ];
+        for (name, help, family) in limits {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "limit_available",
+            "Tokens a further limit holds now, summed over Envoys",
+            m.limit_available.clone(),
+        );
+        registry.register(
+            "instance_last_sync_age_seconds",
+            "Seconds since each Envoy's last sync",
+            m.instance_last_sync_age.clone(),
+        );
+        registry.register(
+            "instance_sync_failures",
+            "Each Envoy's failed syncs, as its filter counts them",
+            m.instance_sync_failures.clone(),
+        );
         Self { registry, ..m }
     }
 }
@@ -138,6 +269,11 @@ impl Metrics {
         self.admitted_per_s.clear();
         self.rejected_per_s.clear();
         self.in_flight.clear();
+        self.queued_per_s.clear();
+        self.shadow_limited_per_s.clear();
+        self.max_in_flight.clear();
+        self.waiting.clear();
+        self.tokens_left.clear();
         for (policy, u) in &frame.policies {
             let label = PolicyLabel {
                 policy: policy.clone(),
@@ -148,7 +284,95 @@ impl Metrics {
             self.rejected_per_s
                 .get_or_create(&label)
                 .set(u.rejected_per_s);
-            self.in_flight.get_or_create(&label).set(u.in_flight as i64);
+            self.in_flight.get_or_create(&label).set(gauge(u.in_flight));
+            self.queued_per_s.get_or_create(&label).set(u.queued_per_s);
+            self.shadow_limited_per_s
+                .get_or_create(&label)
+                .set(u.shadow_limited_per_s);
+            self.waiting.get_or_create(&label).set(gauge(u.waiting));
+            if u.max_in_flight > 0 {
+                self.max_in_flight
+                    .get_or_create(&label)
+                    .set(gauge(u.max_in_flight));
+            }
+            if let Some(tokens) = u.tokens {
+                self.tokens_left.get_or_create(&label).set(gauge(tokens));
+            }
+        }
+        self.limit_admitted_per_s.clear();
+        self.limit_refused_per_s.clear();
+        self.limit_tokens_per_s.clear();
+        self.limit_size_per_s.clear();
+        self.limit_available.clear();
+        self.limit_provider_refused_per_s.clear();
+        for (limit, u) in &frame.limits {
+            let label = LimitLabel {
+                limit: limit.clone(),
+            };
+            self.limit_admitted_per_s
+                .get_or_create(&label)
+                .set(u.admitted_per_s);
+            self.limit_refused_per_s
+                .get_or_create(&label)
+                .set(u.refused_per_s);
+            self.limit_tokens_per_s
+                .get_or_create(&label)
+                .set(u.tokens_per_s);
+            let size = if u.period_ms == 0 {
+                u.requests as f64
+            } else {
+                u.requests as f64 * 1000.0 / u.period_ms as f64
+            };
+            self.limit_size_per_s.get_or_create(&label).set(size);
+            if let Some(available) = u.available.or(u.in_flight) {
+                self.limit_available
+                    .get_or_create(&label)
+                    .set(gauge(available));
+            }
+            if let Some(provider) = &u.provider {
+                self.limit_provider_refused_per_s
+                    .get_or_create(&label)
+                    .set(provider.refused_per_s);
+            }
+        }
+    }
+
+    /// Each instance's sync health: seconds since its last sync, failures.
+    pub fn observe_instances(&self, health: &[(String, u64, u64)]) {
+        self.instance_last_sync_age.clear();
+        self.instance_sync_failures.clear();
+        for (instance, age_ms, failures) in health {
+            let label = InstanceLabel {
+                instance: instance.clone(),
+            };
+            self.instance_last_sync_age
+                .get_or_create(&label)
+                .set(*age_ms as f64 / 1000.0);
+            self.instance_sync_failures
+                .get_or_create(&label)
+                .set(gauge(*failures));
+        }
+    }
+
+    /// What the policy set says of each policy's size.
+    pub fn observe_policies(&self, set: &sluice_shared::PolicySet) {
+        self.rate_limit_per_s.clear();
+        self.max_wait_seconds.clear();
+        for policy in &set.policies {
+            let label = PolicyLabel {
+                policy: policy.name.clone(),
+            };
+            if let Some(rate) = &policy.rate {
+                let period_ms = rate.period.as_millis().max(1) as f64;
+                self.rate_limit_per_s
+                    .get_or_create(&label)
+                    .set(rate.requests as f64 * 1000.0 / period_ms);
+            }
+            if let Some(wait) = policy.on_limit.max_wait {
+                self.max_wait_seconds
+                    .get_or_create(&label)
+                    .set(wait.as_millis() as f64 / 1000.0);
+            }
         }
     }
 
@@ -159,4 +383,8 @@ impl Metrics {
         }
         out
     }
+}
+
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
