@@ -124,6 +124,16 @@ impl Browser {
         Ok(())
     }
 
+    /// Picks the option `value` of the select `css` ("" for the empty
+    /// one), as a person would: the select reacts on change.
+    pub async fn choose(&self, css: &str, value: &str) -> anyhow::Result<()> {
+        let el = self.element(css).await?;
+        el.select_by_value(value)
+            .await
+            .with_context(|| format!("{css}: no option {value:?}"))?;
+        Ok(())
+    }
+
     pub async fn click(&self, css: &str) -> anyhow::Result<()> {
         let el = self.element(css).await?;
         el.click().await?;

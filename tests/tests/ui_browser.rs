@@ -439,12 +439,13 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
         ("cost-max", "30000"),
         ("usage-json", "usage..total_tokens"),
         ("key-header", "authorization"),
-        ("scope", "global"),
     ] {
         browser
             .fill(&format!("#field-limits-0-{field}"), value)
             .await?;
     }
+    // Choices are selects, not words to type.
+    browser.choose("#field-limits-0-scope", "global").await?;
     let window = browser
         .wait_text(
             "#field-limits-0-rate-period-error",
@@ -470,7 +471,16 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
     );
     assert_eq!(window, "must be at most 31d");
     assert!(path.contains("is not a path"), "{path}");
-    browser.fill("#field-limits-0-scope", "").await?;
+    browser.choose("#field-limits-0-scope", "").await?;
+    // Fields that were only in the JSON box: header conditions, the mode
+    // as a choice.
+    browser
+        .fill("#field-match-headers", "x-tenant=acme")
+        .await?;
+    browser.choose("#field-mode", "shadow").await?;
+    browser
+        .choose("#field-limits-0-rate-algorithm", "token_bucket")
+        .await?;
     browser.fill("#field-limits-0-rate-period", "1m").await?;
     browser
         .fill(
@@ -493,6 +503,11 @@ async fn the_editor_adds_a_token_limit_with_a_response_cost() -> anyhow::Result<
         .await?;
     let op = admin.login().await?;
     let stored = op.get("/api/v1/policies/llm").await?;
+    assert_eq!(
+        stored["policy"]["match"]["headers"],
+        json!([{"name": "x-tenant", "equals": "acme"}])
+    );
+    assert_eq!(stored["policy"]["mode"], "shadow");
     assert_eq!(
         stored["policy"]["limits"],
         json!([{"name": "tokens", "key": {"header": "authorization", "max_keys": 10000, "overflow": "shared"},

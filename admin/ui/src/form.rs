@@ -37,11 +37,16 @@ pub fn text_of(value: &Value, pointer: &str) -> String {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|i| {
-                i.as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| i.to_string())
-            })
+            .map(
+                |i| match (i.get("name").and_then(Value::as_str), i.get("equals")) {
+                    (Some(name), Some(Value::String(equals))) => format!("{name}={equals}"),
+                    (Some(name), None) => name.to_string(),
+                    _ => i
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| i.to_string()),
+                },
+            )
             .collect::<Vec<_>>()
             .join(", "),
         Some(other) => other.to_string(),
@@ -58,7 +63,19 @@ pub enum Kind {
     Duration,
     /// A comma-separated list.
     List,
+    /// One of these words (a select; empty: the default).
+    Choice(&'static [&'static str]),
+    /// Header conditions: `name=value, name=value` → `[{name, equals}]`.
+    Headers,
 }
+
+pub const ALGORITHMS: &[&str] = &["token_bucket", "fixed_window", "sliding_window"];
+pub const OVERFLOWS: &[&str] = &["shared", "reject"];
+pub const ACTIONS: &[&str] = &["reject", "queue"];
+pub const MODES: &[&str] = &["enforce", "shadow"];
+pub const SCOPES: &[&str] = &["instance", "global"];
+pub const PRIORITIES: &[&str] = &["normal", "high"];
+pub const RATELIMIT_HEADERS: &[&str] = &["refusals", "always"];
 
 /// The JSON a field's text stands for; None removes the field.
 pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
@@ -67,7 +84,21 @@ pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
         return None;
     }
     Some(match kind {
-        Kind::Text | Kind::Duration => Value::String(t.to_string()),
+        Kind::Text | Kind::Duration | Kind::Choice(_) => Value::String(t.to_string()),
+        // A pair without `=` goes as a name alone: the server says what is
+        // missing.
+        Kind::Headers => Value::Array(
+            t.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, value)) => {
+                        serde_json::json!({"name": name.trim(), "equals": value.trim()})
+                    }
+                    None => serde_json::json!({ "name": pair }),
+                })
+                .collect(),
+        ),
         Kind::Number => t
             .parse::<i64>()
             .map(Value::from)
@@ -340,5 +371,97 @@ mod tests {
             error_path_to_pointer("limits[0].usage.json[1]"),
             "/limits/0/usage/json/1"
         );
+    }
+}
+
+/// One line on what a field does, by its pointer (a further limit's by
+/// the pointer below `/limits/<index>`).
+pub fn help(pointer: &str) -> &'static str {
+    match pointer {
+        "/name" => "Letters, digits, - _ . ; unique in the set.",
+        "/match/host" => "The request's :authority: exact, *.suffix for subdomains, or * for any.",
+        "/match/path_prefix" => "Only paths starting with this (empty: any path).",
+        "/match/methods" => "Only these methods, e.g. GET, POST (empty: any).",
+        "/match/headers" => "Only requests whose headers equal these values, e.g. x-tenant=acme.",
+        "/key/header" => "One bucket per value of this header (per API key, per tenant).",
+        "/key/max_keys" => "Keys tracked at once; an idle key gives its place to a new one.",
+        "/key/overflow" => "Past max keys: share one extra bucket, or refuse the newcomers.",
+        "/rate/algorithm" => "token_bucket smooths with a burst; windows count per period.",
+        "/rate/requests" => "Calls (or cost units) allowed per period.",
+        "/rate/period" => "The period: 1s, 1m, 1h, up to 31d.",
+        "/rate/burst" => {
+            "Calls allowed at once after an idle spell (token bucket; default: requests)."
+        }
+        "/rate/warmup/period" => "Ramp up to the full rate over this long after idling.",
+        "/rate/warmup/cold_factor" => {
+            "How much slower a cold start begins (e.g. 3: a third of the rate)."
+        }
+        "/cost/header" => "A call costs this request header's number (e.g. tokens asked for).",
+        "/cost/json" => "Or this path in the request's JSON body, e.g. max_tokens.",
+        "/cost/default" => "The cost when the header or field is missing or not a number.",
+        "/cost/max" => "Costs above this are counted as this.",
+        "/cost/plus" => "Added to every estimate (e.g. the prompt's tokens).",
+        "/usage/header" => "The real cost, from this response header, settles the estimate.",
+        "/usage/json" => "Or these paths in the response's JSON (their sum).",
+        "/usage/events" => "Read the usage from a streamed (event-stream) answer.",
+        "/usage/max_body_bytes" => "The largest answer read for its usage.",
+        "/concurrency/max_in_flight" => "Calls in flight at once, across every worker.",
+        "/concurrency/lease_ttl" => "A slot whose call never ended is taken back after this.",
+        "/concurrency/reserved_for_high" => "Slots only high-priority calls may take.",
+        "/on_limit/action" => "reject answers at once; queue waits for room up to max wait.",
+        "/on_limit/status" => "The refusal's status (default 429).",
+        "/on_limit/body" => "The refusal's body.",
+        "/on_limit/max_wait" => "Longest a queued call waits before it is refused.",
+        "/on_limit/max_queue" => "Most calls waiting at once; more are refused.",
+        "/priority/header" => "This header says a call's priority: high or normal.",
+        "/priority/default" => "The priority of calls without the header.",
+        "/mode" => "shadow counts what it would refuse and refuses nothing.",
+        "/scope" => "global: one limit for every Envoy, shared out by the admin.",
+        "/share_lease" => "How long a global policy's share lasts without a sync.",
+        "/ratelimit_headers" => "always: every answer tells callers what is left (RateLimit).",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod help_tests {
+    use super::*;
+
+    #[test]
+    fn headers_read_and_write_as_name_value_pairs() {
+        let value = parse_input(Kind::Headers, "x-tenant=acme, x-env = prod, broken").unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!([
+                {"name": "x-tenant", "equals": "acme"},
+                {"name": "x-env", "equals": "prod"},
+                {"name": "broken"}
+            ])
+        );
+        let policy = serde_json::json!({"match": {"headers": value}});
+        assert_eq!(
+            text_of(&policy, "/match/headers"),
+            "x-tenant=acme, x-env=prod, broken"
+        );
+        assert_eq!(
+            parse_input(Kind::Choice(MODES), "shadow"),
+            Some(Value::String("shadow".into()))
+        );
+        assert_eq!(parse_input(Kind::Choice(MODES), ""), None);
+    }
+
+    #[test]
+    fn every_choice_and_common_field_has_help() {
+        for pointer in [
+            "/rate/algorithm",
+            "/key/overflow",
+            "/on_limit/action",
+            "/mode",
+            "/scope",
+            "/share_lease",
+            "/match/headers",
+        ] {
+            assert!(!help(pointer).is_empty(), "{pointer}");
+        }
     }
 }

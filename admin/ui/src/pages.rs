@@ -349,6 +349,12 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
         Kind::List,
     ),
     (
+        "Match",
+        "Headers (name=value, comma separated)",
+        "/match/headers",
+        Kind::Headers,
+    ),
+    (
         "Key",
         "Key header (one bucket per value)",
         "/key/header",
@@ -357,15 +363,15 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
     ("Key", "Max keys", "/key/max_keys", Kind::Number),
     (
         "Key",
-        "Past max keys (shared | reject)",
+        "Past max keys",
         "/key/overflow",
-        Kind::Text,
+        Kind::Choice(form::OVERFLOWS),
     ),
     (
         "Rate",
-        "Algorithm (token_bucket | fixed_window | sliding_window)",
+        "Algorithm",
         "/rate/algorithm",
-        Kind::Text,
+        Kind::Choice(form::ALGORITHMS),
     ),
     ("Rate", "Requests", "/rate/requests", Kind::Number),
     (
@@ -410,9 +416,9 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
     ),
     (
         "Over the limit",
-        "Action (reject | queue)",
+        "Action",
         "/on_limit/action",
-        Kind::Text,
+        Kind::Choice(form::ACTIONS),
     ),
     ("Over the limit", "Status", "/on_limit/status", Kind::Number),
     ("Over the limit", "Body", "/on_limit/body", Kind::Text),
@@ -436,16 +442,23 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
     ),
     (
         "Priority",
-        "Default priority (high | normal)",
+        "Default priority",
         "/priority/default",
-        Kind::Text,
+        Kind::Choice(form::PRIORITIES),
     ),
-    ("Mode", "Mode (enforce | shadow)", "/mode", Kind::Text),
+    ("Mode", "Mode", "/mode", Kind::Choice(form::MODES)),
+    ("Mode", "Scope", "/scope", Kind::Choice(form::SCOPES)),
+    (
+        "Mode",
+        "Share lease (global)",
+        "/share_lease",
+        Kind::Duration,
+    ),
     (
         "Over the limit",
-        "RateLimit headers to callers (refusals | always)",
+        "RateLimit headers to callers",
         "/ratelimit_headers",
-        Kind::Text,
+        Kind::Choice(form::RATELIMIT_HEADERS),
     ),
 ];
 
@@ -453,9 +466,9 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
 const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
     ("Name (letters, digits, - _ .)", "/name", Kind::Text),
     (
-        "Algorithm (token_bucket | fixed_window | sliding_window)",
+        "Algorithm",
         "/rate/algorithm",
-        Kind::Text,
+        Kind::Choice(form::ALGORITHMS),
     ),
     ("Requests (or tokens)", "/rate/requests", Kind::Number),
     (
@@ -481,9 +494,9 @@ const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
     ),
     ("Per key: most keys held", "/key/max_keys", Kind::Number),
     (
-        "Scope (instance | global: one limit for every Envoy)",
+        "Scope (global: one limit for every Envoy)",
         "/scope",
-        Kind::Text,
+        Kind::Choice(form::SCOPES),
     ),
     ("Estimate: from request header", "/cost/header", Kind::Text),
     (
@@ -532,6 +545,40 @@ fn is_limit_field(error_pointer: &str) -> bool {
     };
     let sub = rest.find('/').map_or("", |i| &rest[i..]);
     LIMIT_FIELDS.iter().any(|f| belongs_to(sub, f.1))
+}
+
+/// A field's input: a select of its words for a choice (the first option,
+/// empty, leaves the field out), otherwise a text input. `on_text` gets the
+/// text when it changes.
+fn field_input(
+    id: String,
+    name: String,
+    kind: Kind,
+    text: impl Fn() -> String + Send + Sync + Clone + 'static,
+    on_text: impl Fn(String) + 'static,
+) -> AnyView {
+    match kind {
+        Kind::Choice(words) => {
+            let options = words
+                .iter()
+                .map(|w| {
+                    let text = text.clone();
+                    view! { <option value=*w selected=move || text() == *w>{*w}</option> }
+                })
+                .collect_view();
+            view! {
+                <select id=id name=name on:change=move |ev| on_text(event_target_value(&ev))>
+                    <option value="" selected={ let text = text.clone(); move || text().is_empty() }>"(default)"</option>
+                    {options}
+                </select>
+            }
+            .into_any()
+        }
+        _ => view! {
+            <input id=id name=name prop:value=text on:change=move |ev| on_text(event_target_value(&ev))/>
+        }
+        .into_any(),
+    }
 }
 
 fn field_id(pointer: &str) -> String {
@@ -692,17 +739,22 @@ fn Editor(name: Option<String>) -> impl IntoView {
             rows.push(view! { <h3>{group}</h3> }.into_any());
         }
         let id = field_id(pointer);
+        let input = field_input(
+            id.clone(),
+            pointer.to_string(),
+            kind,
+            move || form::text_of(&policy.get(), pointer),
+            move |text| {
+                policy.update(|p| form::set(p, pointer, form::parse_input(kind, &text)));
+                validate();
+            },
+        );
         rows.push(
             view! {
                 <label class="field">
                     <span>{label}</span>
-                    <input id=id.clone() name=pointer
-                        prop:value=move || form::text_of(&policy.get(), pointer)
-                        on:change=move |ev| {
-                            let text = event_target_value(&ev);
-                            policy.update(|p| form::set(p, pointer, form::parse_input(kind, &text)));
-                            validate();
-                        }/>
+                    {input}
+                    <span class="help">{form::help(pointer)}</span>
                     <span class="field-error" id=format!("{id}-error")>{error_for(pointer.to_string())}</span>
                 </label>
             }
@@ -729,16 +781,21 @@ fn Editor(name: Option<String>) -> impl IntoView {
                         let pointer = format!("/limits/{index}{sub}");
                         let id = field_id(&pointer);
                         let shown = pointer.clone();
+                        let input = field_input(
+                            id.clone(),
+                            pointer.clone(),
+                            kind,
+                            move || form::text_of(&policy.get(), &shown),
+                            move |text| {
+                                policy.update(|p| form::set_limit_field(p, index, sub, form::parse_input(kind, &text)));
+                                validate();
+                            },
+                        );
                         view! {
                             <label class="field">
                                 <span>{label}</span>
-                                <input id=id.clone() name=pointer.clone()
-                                    prop:value=move || form::text_of(&policy.get(), &shown)
-                                    on:change=move |ev| {
-                                        let text = event_target_value(&ev);
-                                        policy.update(|p| form::set_limit_field(p, index, sub, form::parse_input(kind, &text)));
-                                        validate();
-                                    }/>
+                                {input}
+                                <span class="help">{form::help(sub)}</span>
                                 <span class="field-error" id=format!("{id}-error")>{error_for(pointer)}</span>
                             </label>
                         }
