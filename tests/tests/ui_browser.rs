@@ -208,6 +208,45 @@ async fn operator_logs_in_edits_limits_and_watches_them_live() -> anyhow::Result
         (120.0..=220.0).contains(&steady),
         "live view shows {steady}/s for a 170/s limit"
     );
+    // The chart: the limit as a line, a time axis, and the values of the
+    // second under the pointer; shadow counts beside the refusals.
+    let chart = ".chart-box[data-policy='bank']";
+    let limit_label = browser.text(&format!("{chart} .chart-limit")).await?;
+    assert_eq!(limit_label, "limit 170/s");
+    let limit_lines = c
+        .find_all(Locator::Css(&format!("{chart} line.line-limit")))
+        .await?
+        .len();
+    assert_eq!(limit_lines, 1);
+    let axis: Vec<String> = {
+        let mut labels = Vec::new();
+        for el in c
+            .find_all(Locator::Css(&format!("{chart} text.axis")))
+            .await?
+        {
+            labels.push(el.text().await?);
+        }
+        labels
+    };
+    assert_eq!(axis, ["−120 s", "−60 s", "now"]);
+    c.execute(
+        "const svg = document.querySelector(arguments[0]); const r = svg.getBoundingClientRect(); \
+         svg.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + 470, clientY: r.top + 50, bubbles: true}));",
+        vec![json!(format!("{chart} svg"))],
+    )
+    .await?;
+    let pointer = browser
+        .wait_text(
+            &format!("{chart} .chart-pointer"),
+            Duration::from_secs(5),
+            |t| t.contains("admitted/s"),
+        )
+        .await?;
+    let shadow = browser
+        .text(".live-policy[data-policy='bank'] .shadow-now")
+        .await?;
+    assert_eq!(shadow, "0", "an enforcing policy would-refuse nothing");
+    println!("ui: chart of bank: {limit_label:?}, axis {axis:?}; under the pointer {pointer:?}; shadow {shadow}");
     let shot = c.screenshot().await?;
     let shots = workspace_root().join("target/screenshots");
     std::fs::create_dir_all(&shots)?;

@@ -867,74 +867,127 @@ fn Editor(name: Option<String>) -> impl IntoView {
     }
 }
 
-/// Admitted, rejected and queued per second over the last two minutes.
+/// Admitted, rejected and queued per second over the last two minutes,
+/// with a time axis, the limit drawn as a line, and the values of the
+/// second under the pointer.
 #[component]
-fn Chart(name: String) -> impl IntoView {
+fn Chart(name: String, #[prop(into)] limit: Signal<Option<f64>>) -> impl IntoView {
     let frames = expect_context::<LiveFrames>();
     const W: f64 = 480.0;
     const H: f64 = 100.0;
     const SPAN: usize = 120;
-    let series = move |pick: fn(&Utilization) -> f64| {
+    // The last SPAN seconds of this policy, oldest first.
+    let recent = {
         let name = name.clone();
         move || {
             frames.0.with(|all| {
-                let recent: Vec<f64> = all
-                    .iter()
+                all.iter()
                     .rev()
                     .take(SPAN)
                     .rev()
-                    .map(|f| f.policies.get(&name).map(pick).unwrap_or(0.0))
-                    .collect();
-                (
-                    recent,
-                    all.iter()
-                        .rev()
-                        .take(SPAN)
-                        .flat_map(|f| f.policies.get(&name))
-                        .map(|u| u.admitted_per_s.max(u.rejected_per_s).max(u.queued_per_s))
-                        .fold(1.0, f64::max),
-                )
+                    .map(|f| f.policies.get(&name).copied().unwrap_or_default())
+                    .collect::<Vec<Utilization>>()
             })
         }
     };
-    let points = move |data: (Vec<f64>, f64)| {
-        let (values, top) = data;
-        let offset = SPAN.saturating_sub(values.len());
-        values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                format!(
-                    "{:.1},{:.1}",
-                    (offset + i) as f64 * W / SPAN as f64,
-                    // The top 20 px are the label's.
-                    H - v / top * (H - 20.0)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let admitted = series(|u| u.admitted_per_s);
-    let rejected = series(|u| u.rejected_per_s);
-    let queued = series(|u| u.queued_per_s);
     let top = {
-        let a = admitted.clone();
-        move || format!("{:.0}/s", a().1)
+        let recent = recent.clone();
+        move || {
+            recent()
+                .iter()
+                .map(|u| u.admitted_per_s.max(u.rejected_per_s).max(u.queued_per_s))
+                .fold(limit.get().unwrap_or(1.0).max(1.0), f64::max)
+                * 1.1
+        }
+    };
+    let y = move |v: f64, top: f64| H - v / top * (H - 20.0);
+    let x = move |i: usize, len: usize| (SPAN.saturating_sub(len) + i) as f64 * W / SPAN as f64;
+    let limit_y = {
+        let top = top.clone();
+        move || limit.get().map(|l| format!("{:.1}", y(l, top())))
+    };
+    let hover = RwSignal::new(None::<f64>);
+    let under_pointer = {
+        let recent = recent.clone();
+        move || {
+            let at = hover.get()?;
+            let values = recent();
+            let slot = (at / W * SPAN as f64) as usize;
+            let index = slot.checked_sub(SPAN.saturating_sub(values.len()))?;
+            let u = values.get(index)?;
+            let ago = values.len().saturating_sub(index + 1);
+            Some(format!(
+                "{ago} s ago: {:.0} admitted/s, {:.0} rejected/s, {:.0} queued/s",
+                u.admitted_per_s, u.rejected_per_s, u.queued_per_s
+            ))
+        }
+    };
+    let top_label = {
+        let top = top.clone();
+        move || format!("{:.0}/s", top() / 1.1)
+    };
+    let line = |pick: fn(&Utilization) -> f64| {
+        let recent = recent.clone();
+        let top = top.clone();
+        move || {
+            let values = recent();
+            let top = top();
+            values
+                .iter()
+                .enumerate()
+                .map(|(i, u)| format!("{:.1},{:.1}", x(i, values.len()), y(pick(u), top)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
     };
     view! {
-        <svg class="chart" width="480" height="100" viewBox="0 0 480 100">
-            <rect class="chart-bg" x="0" y="0" width="480" height="100"></rect>
-            <polyline class="line-admitted" points=move || points(admitted())></polyline>
-            <polyline class="line-rejected" points=move || points(rejected())></polyline>
-            <polyline class="line-queued" points=move || points(queued())></polyline>
-            <text x="4" y="12" class="chart-top">{top}</text>
-        </svg>
+        <div class="chart-box" data-policy=name.clone()>
+            <svg class="chart" width="480" height="114" viewBox="0 0 480 114"
+                on:mousemove=move |ev: leptos::ev::MouseEvent| hover.set(Some(f64::from(ev.offset_x())))
+                on:mouseleave=move |_| hover.set(None)>
+                <rect class="chart-bg" x="0" y="0" width="480" height="100"></rect>
+                {move || limit_y().map(|ly| view! {
+                    <line class="line-limit" x1="0" x2="480" y1=ly.clone() y2=ly></line>
+                })}
+                <polyline class="line-admitted" points=line(|u| u.admitted_per_s)></polyline>
+                <polyline class="line-rejected" points=line(|u| u.rejected_per_s)></polyline>
+                <polyline class="line-queued" points=line(|u| u.queued_per_s)></polyline>
+                {move || hover.get().map(|hx| view! {
+                    <line class="pointer" x1=format!("{hx:.0}") x2=format!("{hx:.0}") y1="0" y2="100"></line>
+                })}
+                <text x="4" y="12" class="chart-top">{top_label}</text>
+                {move || limit.get().map(|l| view! { <text x="476" y="12" text-anchor="end" class="chart-limit">{format!("limit {l:.0}/s")}</text> })}
+                <text x="0" y="112" class="axis">"−120 s"</text>
+                <text x="240" y="112" text-anchor="middle" class="axis">"−60 s"</text>
+                <text x="480" y="112" text-anchor="end" class="axis">"now"</text>
+            </svg>
+            <p class="chart-pointer">{under_pointer}</p>
+        </div>
     }
 }
 
 #[component]
 fn LivePage() -> impl IntoView {
     let frames = expect_context::<LiveFrames>();
+    // Each policy's rate (per Envoy, or the fleet's for a global one), for
+    // the limit line.
+    let rates = RwSignal::new(std::collections::BTreeMap::<String, (f64, bool)>::new());
+    spawn_local(async move {
+        if let Ok(list) = api::get::<PolicyList>("/api/v1/policies").await {
+            rates.set(
+                list.policies
+                    .iter()
+                    .filter_map(|s| {
+                        let rate = form::rate_per_second(&s.policy)?;
+                        Some((
+                            s.policy.name.clone(),
+                            (rate, s.policy.scope == Scope::Global),
+                        ))
+                    })
+                    .collect(),
+            );
+        }
+    });
     let names = move || {
         frames
             .latest()
@@ -943,7 +996,7 @@ fn LivePage() -> impl IntoView {
     };
     view! {
         <h1>"Live"</h1>
-        <p class="legend">"Last 2 minutes, per second: "<span class="admitted">"admitted"</span>", "<span class="rejected">"rejected"</span>", "<span class="queued">"queued"</span>"."</p>
+        <p class="legend">"Last 2 minutes, per second: "<span class="admitted">"admitted"</span>", "<span class="rejected">"rejected"</span>", "<span class="queued">"queued"</span>", and the "<span class="limit">"limit"</span>" (the policy's rate times the Envoys reporting it). Point at a chart for that second's values."</p>
         <Show when=move || frames.0.with(|f| f.is_empty())>
             <p>"No Envoy has reported yet."</p>
         </Show>
@@ -956,13 +1009,25 @@ fn LivePage() -> impl IntoView {
                     f.instances.iter().filter_map(|(id, p)| p.get(&n2).map(|u| (id.clone(), *u))).collect::<Vec<_>>()
                 }).unwrap_or_default()
             };
+            let n3 = name.clone();
+            let limit = Signal::derive(move || {
+                let (rate, global) = rates.with(|r| r.get(&n3).copied())?;
+                if global {
+                    return Some(rate);
+                }
+                let envoys = frames
+                    .latest()
+                    .map_or(0, |f| f.instances.values().filter(|p| p.contains_key(&n3)).count());
+                Some(rate * envoys.max(1) as f64)
+            });
             view! {
                 <section class="live-policy" data-policy=name.clone()>
                     <h2>{name.clone()}</h2>
-                    <Chart name=name.clone()/>
+                    <Chart name=name.clone() limit=limit/>
                     <p class="figures">
                         <span class="admitted-now">{move || format!("{:.0}", now.get().admitted_per_s)}</span>" admitted/s · "
                         <span class="rejected-now">{move || format!("{:.0}", now.get().rejected_per_s)}</span>" rejected/s · "
+                        <span class="shadow-now">{move || format!("{:.0}", now.get().shadow_limited_per_s)}</span>" would have been refused/s (shadow) · "
                         <span class="queued-now">{move || format!("{:.0}", now.get().queued_per_s)}</span>" queued/s · in flight "
                         <span class="in-flight-now">{move || { let u = now.get(); if u.max_in_flight > 0 { format!("{} of {}", u.in_flight, u.max_in_flight) } else { u.in_flight.to_string() } }}</span>
                         " · tokens left "<span class="tokens-now">{move || now.get().tokens.map(|t| t.to_string()).unwrap_or_else(|| "—".into())}</span>
