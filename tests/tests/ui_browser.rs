@@ -871,6 +871,10 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
             t.starts_with("sluice_")
         })
         .await?;
+    let shot = c.screenshot().await?;
+    let shots = workspace_root().join("target/screenshots");
+    std::fs::create_dir_all(&shots)?;
+    std::fs::write(shots.join("people.png"), shot)?;
     let http = reqwest::Client::new();
     let by_token = http
         .post(format!("{base}/api/v1/policies"))
