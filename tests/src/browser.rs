@@ -124,6 +124,15 @@ impl Browser {
         Ok(())
     }
 
+    /// Types into an input without leaving it (the form checks as you
+    /// type).
+    pub async fn type_text(&self, css: &str, value: &str) -> anyhow::Result<()> {
+        let el = self.element(css).await?;
+        el.clear().await?;
+        el.send_keys(value).await?;
+        Ok(())
+    }
+
     /// Picks the option `value` of the select `css` ("" for the empty
     /// one), as a person would: the select reacts on change.
     pub async fn choose(&self, css: &str, value: &str) -> anyhow::Result<()> {

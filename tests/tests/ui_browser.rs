@@ -65,8 +65,9 @@ async fn operator_logs_in_edits_limits_and_watches_them_live() -> anyhow::Result
     assert_eq!(stored["policy"]["rate"]["requests"], 100);
     println!("ui: created -> {saved:?}");
 
-    // A bad value: the server's message shows under the field, nothing saved.
-    browser.fill("#field-rate-burst", "0").await?;
+    // A bad value: the server's message shows under the field as it is
+    // typed (the field is not left), nothing saved.
+    browser.type_text("#field-rate-burst", "0").await?;
     let inline = browser
         .wait_text("#field-rate-burst-error", Duration::from_secs(5), |t| {
             !t.is_empty()

@@ -574,10 +574,24 @@ fn field_input(
             }
             .into_any()
         }
-        _ => view! {
+        // Lists are taken whole when the field is left (a trailing comma
+        // mid-typing is not an item); other fields as they are typed.
+        Kind::List | Kind::Headers => view! {
             <input id=id name=name prop:value=text on:change=move |ev| on_text(event_target_value(&ev))/>
         }
         .into_any(),
+        // Also on change: clearing a field (a script, an autofill) may fire
+        // no input event.
+        _ => {
+            let on_text = std::rc::Rc::new(on_text);
+            let on_change = on_text.clone();
+            view! {
+                <input id=id name=name prop:value=text
+                    on:input=move |ev| on_text(event_target_value(&ev))
+                    on:change=move |ev| on_change(event_target_value(&ev))/>
+            }
+            .into_any()
+        }
     }
 }
 
@@ -633,11 +647,20 @@ fn Editor(name: Option<String>) -> impl IntoView {
     });
 
     // Ask the server after every change: its messages show under the fields.
+    // Checked as you type: only the answer to the latest check is shown
+    // (answers to earlier keystrokes may arrive after it).
+    let checks = StoredValue::new(0u64);
     let validate = move || {
         let p = policy.get_untracked();
         let csrf = session.csrf();
+        checks.update_value(|n| *n += 1);
+        let this = checks.get_value();
         spawn_local(async move {
-            match api::post::<_, Validated>("/api/v1/validate", &csrf, &p).await {
+            let answer = api::post::<_, Validated>("/api/v1/validate", &csrf, &p).await;
+            if checks.get_value() != this {
+                return;
+            }
+            match answer {
                 Ok(_) => errors.set(Vec::new()),
                 Err(ApiError::Invalid(list)) => errors.set(list),
                 Err(e) => session.check(&e),
