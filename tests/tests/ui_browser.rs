@@ -888,6 +888,33 @@ async fn people_page_adds_a_viewer_who_sees_no_edit_button() -> anyhow::Result<(
     assert_eq!(by_token.as_u16(), 201);
     println!("ui: {added:?} (after {refused:?}); a write token created in the page made policy shop as a script (201)");
 
+    // An editor (added through the API): edit buttons, but no People.
+    let (status, _) = op
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/users",
+            None,
+            Some(json!({"name": "eddie", "role": "editor", "password": "eddie-password-1"})),
+        )
+        .await?;
+    assert_eq!(status, 201);
+    browser.click("#logout").await?;
+    c.goto(&base).await?;
+    browser.fill("#user", "eddie").await?;
+    browser.fill("#password", "eddie-password-1").await?;
+    browser.click("#login-button").await?;
+    browser
+        .wait_text("#who", Duration::from_secs(5), |t| t == "eddie (editor)")
+        .await?;
+    browser.text("#new-policy").await?;
+    assert!(
+        c.find(Locator::Css("#people-link")).await.is_err(),
+        "People for an editor"
+    );
+    c.goto(&format!("{base}/policies/bank")).await?;
+    browser.text("#save").await?;
+    println!("ui: editor eddie sees New policy and Save, no People link");
+
     // The viewer: reads, no edit button anywhere, 403 from the API.
     browser.click("#logout").await?;
     c.goto(&format!("{base}/people")).await?;
