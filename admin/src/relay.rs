@@ -32,6 +32,12 @@ pub const MAX_PAUSE_MS: u64 = 24 * 60 * 60 * 1000;
 /// Cuts this close to the one heard are of the same overload (the filter's
 /// guard between its own cuts).
 pub const CUT_GUARD_MS: u64 = 250;
+/// A pause ending this close after the one heard is the same pause: the
+/// Envoy reports it at every sync, each report a little late (the trip to
+/// the admin, a loaded machine), which would otherwise move its end and
+/// tell the others of a new pause. A provider's own waits come in whole
+/// seconds, so a real new one ends later than this.
+pub const PAUSE_SAME_MS: u64 = 500;
 
 /// Keeps the value whose leading number (a time in ms) is newer than the
 /// stored one's by more than ARGV[3] ms; expires it after ARGV[4] ms.
@@ -190,7 +196,7 @@ impl ProviderRelay {
                     make_room(&mut heard, name, now_ms);
                     let entry = heard.entry(name.clone()).or_default();
                     if let Some((until, status)) = pause {
-                        if Mark::older_than(entry.pause.as_ref(), until, 0) {
+                        if Mark::older_than(entry.pause.as_ref(), until, PAUSE_SAME_MS) {
                             entry.pause = Some(Mark {
                                 at_ms: until,
                                 status,
@@ -224,7 +230,7 @@ impl ProviderRelay {
                             .key(format!("{prefix}pause:{name}"))
                             .arg(until)
                             .arg(mark.encode())
-                            .arg(0)
+                            .arg(PAUSE_SAME_MS)
                             .arg((until - now_ms).saturating_add(1_000))
                             .invoke_async(&mut connection)
                             .await?;
@@ -425,6 +431,27 @@ mod tests {
             .await
             .ok();
         assert!(news(&relay, "a", 1_700).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn later_reports_of_the_same_pause_do_not_move_its_end() {
+        let relay = ProviderRelay::default();
+        relay
+            .hear(&report("a", paused(3_000, false)), 1_000)
+            .await
+            .ok();
+        // The next report arrived 300 ms late: its end reads 300 ms later.
+        relay
+            .hear(&report("a", paused(2_750, false)), 1_550)
+            .await
+            .ok();
+        assert_eq!(news(&relay, "b", 2_000).await["rpm"].pause_ms, Some(2_000));
+        // The provider asked again, a second more: a new end.
+        relay
+            .hear(&report("a", paused(3_000, false)), 2_000)
+            .await
+            .ok();
+        assert_eq!(news(&relay, "b", 2_000).await["rpm"].pause_ms, Some(3_000));
     }
 
     #[tokio::test]

@@ -230,8 +230,11 @@ async fn a_restored_or_replaced_admin_store_is_taken_by_every_worker() -> anyhow
         "replace: a new store at version 1: every worker took it after {replaced:?}; bank 7/s: {} of 40 passed",
         count(&after_replace, 200)
     );
+    // 7 (a full bucket) and perhaps 1 refilled during the burst; one of
+    // the 7 may sit prefetched in the worker the burst reached least (it
+    // goes back on that worker's tick). Either way 1000/s no longer holds.
     assert!(
-        (7..=8).contains(&count(&after_replace, 200)),
+        (6..=8).contains(&count(&after_replace, 200)),
         "the new store's 7/s holds"
     );
     assert_eq!(envoy.filter_stat("sync_stale").unwrap_or(0.0), 0.0);
