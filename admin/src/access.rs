@@ -15,7 +15,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::header;
 use axum::http::request::Parts;
 use axum_extra::extract::cookie::CookieJar;
 use ipnet::IpNet;
@@ -100,13 +99,7 @@ impl Caller {
 }
 
 fn bearer(parts: &Parts) -> Option<&str> {
-    parts
-        .headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+    crate::auth::bearer(&parts.headers).map(str::trim)
 }
 
 fn peer(parts: &Parts) -> Option<IpAddr> {

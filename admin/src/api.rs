@@ -30,7 +30,7 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::access::{Editor, Operator, Via, Writer};
 use crate::as_code::{load, SourceFile};
-use crate::auth::{constant_time_eq, Credentials, SESSION_COOKIE};
+use crate::auth::{bears, Credentials, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::login::Refused;
 use crate::store::now_ms;
@@ -483,11 +483,7 @@ async fn sync(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     if let Some(expected) = &state.sync_token {
-        let sent = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !sent.is_some_and(|s| constant_time_eq(s.as_bytes(), expected.as_bytes())) {
+        if !bears(&headers, expected) {
             state.metrics.result("unauthorized");
             return Err(ApiError::BadSyncToken);
         }
@@ -593,11 +589,7 @@ async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<FleetV
 
 async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     if let Some(expected) = &state.metrics_token {
-        let sent = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !sent.is_some_and(|s| constant_time_eq(s.as_bytes(), expected.as_bytes())) {
+        if !bears(&headers, expected) {
             return Err(ApiError::Unauthorized);
         }
     }

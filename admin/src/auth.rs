@@ -93,6 +93,21 @@ pub fn token_hash(secret: &str) -> String {
         .collect()
 }
 
+/// The token of an `Authorization: Bearer <token>` header, as sent.
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+/// Whether `headers` carry `Authorization: Bearer <expected>`, compared
+/// in constant time.
+pub fn bears(headers: &axum::http::HeaderMap, expected: &str) -> bool {
+    bearer(headers).is_some_and(|sent| constant_time_eq(sent.as_bytes(), expected.as_bytes()))
+}
+
 /// Compares without stopping at the first difference.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -3,14 +3,14 @@
 //! before it commits, one set version for the lot, every policy's change in
 //! the history and the audit log.
 
-use serde_json::json;
 use sluice_shared::api::Applied;
 use sluice_shared::policy_diff::{diff_sets, SetDiff};
 use sluice_shared::validate::validate_policy_set;
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 
 use super::blocking::{
-    audit, bump, history, insert_new, list, set_version, to_json, BlockingStore,
+    audit_order, bump, insert_new, list, remove_policy, set_version, write_next_version,
+    BlockingStore,
 };
 use super::db::Sql;
 use super::{now_ms, StoreError};
@@ -120,14 +120,7 @@ impl BlockingStore {
             let names_ref: Vec<&str> = names.iter().map(String::as_str).collect();
             positions(sql, &names_ref, None)?;
             let version = bump(sql)?;
-            super::people::audit(
-                sql,
-                actor,
-                "reorder",
-                "policies",
-                Some(json!(before)),
-                Some(json!(names)),
-            )?;
+            audit_order(sql, now_ms(), actor, (&before, names))?;
             Ok(version)
         })
     }
@@ -144,16 +137,9 @@ fn record(
     actor: &str,
 ) -> Result<(), StoreError> {
     let find = |name: &str| desired.iter().find(|p| p.name == name);
-    for name in &diff.removed {
-        let Some(old) = stored.iter().find(|s| &s.policy.name == name) else {
-            continue;
-        };
-        sql.execute(
-            "DELETE FROM policies WHERE name = $1",
-            &[name.as_str().into()],
-        )?;
-        history(sql, name, old.version + 1, version, None, at, actor)?;
-        audit(sql, at, actor, "delete", name, Some(&old.policy), None)?;
+    let current = |name: &str| stored.iter().find(|s| s.policy.name == name);
+    for old in diff.removed.iter().filter_map(|name| current(name)) {
+        remove_policy(sql, old, (version, at, actor))?;
     }
     for name in &diff.added {
         if let Some(policy) = find(name) {
@@ -162,52 +148,13 @@ fn record(
         }
     }
     for change in &diff.changed {
-        let (Some(policy), Some(old)) = (
-            find(&change.name),
-            stored.iter().find(|s| s.policy.name == change.name),
-        ) else {
-            continue;
-        };
-        let policy_version = old.version + 1;
-        sql.execute(
-            "UPDATE policies SET body = $2, version = $3, updated_at_ms = $4, updated_by = $5 WHERE name = $1",
-            &[
-                change.name.as_str().into(),
-                to_json(policy).into(),
-                policy_version.into(),
-                at.into(),
-                actor.into(),
-            ],
-        )?;
-        history(
-            sql,
-            &change.name,
-            policy_version,
-            version,
-            Some(policy),
-            at,
-            actor,
-        )?;
-        audit(
-            sql,
-            at,
-            actor,
-            "update",
-            &change.name,
-            Some(&old.policy),
-            Some(policy),
-        )?;
+        if let (Some(policy), Some(old)) = (find(&change.name), current(&change.name)) {
+            write_next_version(sql, old, policy, (version, at, actor))?;
+        }
     }
     if let Some(order) = &diff.order {
         let before: Vec<&str> = stored.iter().map(|s| s.policy.name.as_str()).collect();
-        super::people::audit(
-            sql,
-            actor,
-            "reorder",
-            "policies",
-            Some(json!(before)),
-            Some(json!(order)),
-        )?;
+        audit_order(sql, at, actor, (&before, order))?;
     }
     Ok(())
 }
@@ -215,6 +162,7 @@ fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use sluice_shared::validate::policy_from_value;
 
     fn policy(name: &str, host: &str, requests: u64) -> Policy {

@@ -22,7 +22,7 @@ pub struct BlockingStore {
     pub(super) db: Arc<Db>,
 }
 
-pub(super) fn to_json(policy: &Policy) -> String {
+fn to_json(policy: &Policy) -> String {
     serde_json::to_string(policy).unwrap_or_else(|_| "null".into())
 }
 
@@ -229,21 +229,8 @@ impl BlockingStore {
             }
             check_set(&all, index)?;
             let at = now_ms();
-            let version = current.version + 1;
-            sql.execute(
-                "UPDATE policies SET name = $1, body = $2, version = $3, updated_at_ms = $4, updated_by = $5, source = NULL WHERE name = $6",
-                &[
-                    policy.name.as_str().into(),
-                    to_json(&policy).into(),
-                    version.into(),
-                    at.into(),
-                    actor.into(),
-                    name.into(),
-                ],
-            )?;
             let set_version = bump(sql)?;
-            history(sql, &policy.name, version, set_version, Some(&policy), at, actor)?;
-            audit(sql, at, actor, "update", name, Some(&current.policy), Some(&policy))?;
+            let version = write_next_version(sql, &current, &policy, (set_version, at, actor))?;
             Ok(StoredPolicy {
                 policy,
                 version,
@@ -264,12 +251,8 @@ impl BlockingStore {
                     expected,
                 });
             }
-            sql.execute("DELETE FROM policies WHERE name = $1", &[name.into()])?;
-            let at = now_ms();
             let set_version = bump(sql)?;
-            history(sql, name, current.version + 1, set_version, None, at, actor)?;
-            audit(sql, at, actor, "delete", name, Some(&current.policy), None)?;
-            Ok(())
+            remove_policy(sql, &current, (set_version, now_ms(), actor))
         })
     }
 
@@ -536,7 +519,7 @@ pub(super) fn list(sql: &mut dyn Sql) -> Result<Vec<StoredPolicy>, StoreError> {
     .collect()
 }
 
-pub(super) fn get(sql: &mut dyn Sql, name: &str) -> Result<Option<StoredPolicy>, StoreError> {
+fn get(sql: &mut dyn Sql, name: &str) -> Result<Option<StoredPolicy>, StoreError> {
     sql.query_one(
         "SELECT body, version, updated_at_ms, updated_by, source FROM policies WHERE name = $1",
         &[name.into()],
@@ -554,7 +537,7 @@ fn check_set(all: &[Policy], edited: usize) -> Result<(), StoreError> {
     validate_policy_set(&set).map_err(|e| StoreError::Invalid(relative_errors(e, edited)))
 }
 
-pub(super) fn history(
+fn history(
     sql: &mut dyn Sql,
     name: &str,
     version: u64,
@@ -577,7 +560,8 @@ pub(super) fn history(
     Ok(())
 }
 
-pub(super) fn audit(
+/// A policy change in the audit log: the policy before and after.
+fn audit(
     sql: &mut dyn Sql,
     at: u64,
     actor: &str,
@@ -586,6 +570,22 @@ pub(super) fn audit(
     old: Option<&Policy>,
     new: Option<&Policy>,
 ) -> Result<(), StoreError> {
+    audit_entry(
+        sql,
+        (at, actor, action, target),
+        old.map(to_json),
+        new.map(to_json),
+    )
+}
+
+/// One audit entry: (when, who, what, of what), with what was before and
+/// after as JSON text.
+pub(super) fn audit_entry(
+    sql: &mut dyn Sql,
+    (at, actor, action, target): (u64, &str, &str, &str),
+    old: Option<String>,
+    new: Option<String>,
+) -> Result<(), StoreError> {
     sql.execute(
         "INSERT INTO audit (at_ms, actor, action, target, old, new) VALUES ($1, $2, $3, $4, $5, $6)",
         &[
@@ -593,9 +593,79 @@ pub(super) fn audit(
             actor.into(),
             action.into(),
             target.into(),
-            old.map(to_json).into(),
-            new.map(to_json).into(),
+            old.into(),
+            new.into(),
         ],
     )?;
     Ok(())
+}
+
+/// Writes `policy` as the next version of `current` (by hand: no source
+/// file), with its history and audit entries. Returns the new version.
+pub(super) fn write_next_version(
+    sql: &mut dyn Sql,
+    current: &StoredPolicy,
+    policy: &Policy,
+    (set_version, at, actor): (u64, u64, &str),
+) -> Result<u64, StoreError> {
+    let name = current.policy.name.as_str();
+    let version = current.version + 1;
+    sql.execute(
+        "UPDATE policies SET name = $1, body = $2, version = $3, updated_at_ms = $4, updated_by = $5, source = NULL WHERE name = $6",
+        &[
+            policy.name.as_str().into(),
+            to_json(policy).into(),
+            version.into(),
+            at.into(),
+            actor.into(),
+            name.into(),
+        ],
+    )?;
+    history(
+        sql,
+        &policy.name,
+        version,
+        set_version,
+        Some(policy),
+        at,
+        actor,
+    )?;
+    audit(
+        sql,
+        at,
+        actor,
+        "update",
+        name,
+        Some(&current.policy),
+        Some(policy),
+    )?;
+    Ok(version)
+}
+
+/// Deletes `current`, with its history and audit entries.
+pub(super) fn remove_policy(
+    sql: &mut dyn Sql,
+    current: &StoredPolicy,
+    (set_version, at, actor): (u64, u64, &str),
+) -> Result<(), StoreError> {
+    let name = current.policy.name.as_str();
+    sql.execute("DELETE FROM policies WHERE name = $1", &[name.into()])?;
+    history(sql, name, current.version + 1, set_version, None, at, actor)?;
+    audit(sql, at, actor, "delete", name, Some(&current.policy), None)
+}
+
+/// A new evaluation order in the audit log: the names before and after.
+pub(super) fn audit_order<B: AsRef<str>, A: AsRef<str>>(
+    sql: &mut dyn Sql,
+    at: u64,
+    actor: &str,
+    (before, after): (&[B], &[A]),
+) -> Result<(), StoreError> {
+    let json = |names: Vec<&str>| serde_json::Value::from(names).to_string();
+    audit_entry(
+        sql,
+        (at, actor, "reorder", "policies"),
+        Some(json(before.iter().map(AsRef::as_ref).collect())),
+        Some(json(after.iter().map(AsRef::as_ref).collect())),
+    )
 }

@@ -5,7 +5,7 @@
 use serde_json::json;
 use sluice_shared::people::{Role, TokenInfo, TokenScope, UserInfo};
 
-use super::blocking::BlockingStore;
+use super::blocking::{audit_entry, BlockingStore};
 use super::db::{Row, Sql};
 use super::{now_ms, StoreError};
 
@@ -77,7 +77,7 @@ const USER_COLUMNS: &str = "name, role, created_ms, created_by, password_hash";
 const TOKEN_COLUMNS: &str =
     "id, name, scope, secret_hash, created_ms, created_by, expires_ms, last_used_ms";
 
-pub(super) fn audit(
+fn audit(
     sql: &mut dyn Sql,
     actor: &str,
     action: &str,
@@ -85,18 +85,12 @@ pub(super) fn audit(
     old: Option<serde_json::Value>,
     new: Option<serde_json::Value>,
 ) -> Result<(), StoreError> {
-    sql.execute(
-        "INSERT INTO audit (at_ms, actor, action, target, old, new) VALUES ($1, $2, $3, $4, $5, $6)",
-        &[
-            now_ms().into(),
-            actor.into(),
-            action.into(),
-            target.into(),
-            old.map(|v| v.to_string()).into(),
-            new.map(|v| v.to_string()).into(),
-        ],
+    audit_entry(
+        sql,
+        (now_ms(), actor, action, target),
+        old.map(|v| v.to_string()),
+        new.map(|v| v.to_string()),
     )
-    .map(drop)
 }
 
 fn admins(sql: &mut dyn Sql) -> Result<u64, StoreError> {
