@@ -39,14 +39,9 @@ pub enum Credentials {
 
 impl Credentials {
     pub fn from_password(password: &str) -> Result<Self, AuthError> {
-        let salt_bytes = random_bytes::<16>()?;
-        let salt =
-            SaltString::encode_b64(&salt_bytes).map_err(|e| AuthError::Hash(e.to_string()))?;
-        let hash = Argon2::default()
-            .hash_password(password.as_bytes(), &salt)
-            .map_err(|e| AuthError::Hash(e.to_string()))?
-            .to_string();
-        Ok(Self::Password { hash })
+        Ok(Self::Password {
+            hash: hash_password(password)?,
+        })
     }
 
     pub fn from_hash(hash: &str) -> Result<Self, AuthError> {
@@ -80,6 +75,17 @@ impl Credentials {
     pub fn has_bootstrap_password(&self) -> bool {
         matches!(self, Credentials::Password { .. })
     }
+}
+
+/// An argon2 PHC hash of `password`, with a fresh salt: what the store
+/// keeps of a user's password.
+pub fn hash_password(password: &str) -> Result<String, AuthError> {
+    let salt_bytes = random_bytes::<16>()?;
+    let salt = SaltString::encode_b64(&salt_bytes).map_err(|e| AuthError::Hash(e.to_string()))?;
+    Ok(Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map_err(|e| AuthError::Hash(e.to_string()))?
+        .to_string())
 }
 
 /// The SHA-256 of an API token's secret, in hex: what the store keeps. The

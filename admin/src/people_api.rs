@@ -17,7 +17,7 @@ use sluice_shared::people::{
 use sluice_shared::{FieldError, ValidationErrors};
 
 use crate::access::{Administrator, Operator};
-use crate::auth::{new_token_parts, token_hash, Credentials};
+use crate::auth::{hash_password, new_token_parts, token_hash};
 use crate::error::ApiError;
 use crate::store::{now_ms, AdminGuard};
 use crate::AppState;
@@ -50,13 +50,9 @@ fn parse<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
 
 /// Hashes `password` with argon2 on the blocking pool.
 async fn hash(password: String) -> Result<String, ApiError> {
-    let credentials = tokio::task::spawn_blocking(move || Credentials::from_password(&password))
+    tokio::task::spawn_blocking(move || hash_password(&password))
         .await?
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    match credentials {
-        Credentials::Password { hash } => Ok(hash),
-        _ => Err(ApiError::Internal("no hash".into())),
-    }
+        .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 /// While an admin password exists, the last admin user may go.

@@ -9,7 +9,7 @@ use sluice_shared::people::{
     check_name, check_password, format_token, parse_lifetime, NewUser, Role, TokenScope,
 };
 
-use crate::auth::{new_token_parts, random_token, token_hash, Credentials};
+use crate::auth::{hash_password, new_token_parts, random_token, token_hash};
 use crate::store::{now_ms, AdminGuard, BlockingStore, StoreError};
 
 #[derive(Debug, Clone, Subcommand)]
@@ -113,10 +113,7 @@ fn password(
 }
 
 fn hash(password: &str) -> Result<String, CliError> {
-    match Credentials::from_password(password).map_err(|e| CliError::Hash(e.to_string()))? {
-        Credentials::Password { hash } => Ok(hash),
-        _ => Err(CliError::Hash("no hash".into())),
-    }
+    hash_password(password).map_err(|e| CliError::Hash(e.to_string()))
 }
 
 pub fn run_user(
@@ -236,6 +233,7 @@ pub fn run_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::Credentials;
 
     fn store() -> (tempfile::TempDir, BlockingStore) {
         let dir = tempfile::tempdir().unwrap();
