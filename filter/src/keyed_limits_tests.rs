@@ -139,3 +139,64 @@ fn garbage_in_a_keyed_place_is_nobodys_and_fresh() {
             .expect("a fake host stores anything");
     }
 }
+
+/// The live view's per-key counts, as the syncing worker reports them:
+/// by label, never by raw key, with the keys that found no place.
+#[test]
+fn the_sync_report_names_the_busiest_keys_by_label_and_counts_overflow() {
+    use sluice_shared::key_view::{label_secret, name_key, KeyEstimate};
+    use sluice_shared::sync::SyncReport;
+    use sluice_shared::KeyLabel;
+
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 5, "period": "1m"},
+         "key": {"header": "authorization", "max_keys": 1}}]}"#,
+    );
+    let settings = crate::tests::sync_settings();
+    let secret = label_secret(settings.token.as_deref());
+    w.set_sync(Some(settings));
+    let mut id = 0;
+    let mut send = |w: &mut Worker, key: &str, n: u32| {
+        for _ in 0..n {
+            id += 1;
+            let mut headers = req(LLM, &[]);
+            headers.push(("authorization", key.as_bytes()));
+            let _ = w.on_request(&host, id, headers.as_slice());
+            w.on_stream_end(&host, id);
+        }
+    };
+    // key-a holds the one place; b and c overflow into the shared bucket.
+    send(&mut w, "sk-live-aaaa", 7);
+    send(&mut w, "sk-live-bbbb", 2);
+    send(&mut w, "sk-live-cccc", 1);
+    let before = host.calls.borrow().len();
+    for _ in 0..300 {
+        host.advance_ms(10);
+        w.on_tick(&host);
+        if host.calls.borrow().len() > before {
+            break;
+        }
+    }
+    let calls = host.calls.borrow();
+    let body = &calls.last().expect("a sync call").2;
+    assert!(!String::from_utf8_lossy(body).contains("sk-live"));
+    let report: SyncReport = serde_json::from_slice(body).expect("a report");
+    let llm = &report.keys["llm"];
+    let label = |k: &[u8]| name_key(&secret, "llm", k, KeyLabel::Hash).label;
+    let a = llm
+        .top
+        .keys
+        .iter()
+        .find(|k| k.label == label(b"sk-live-aaaa"));
+    let a = a.expect("key a listed");
+    // 5 a minute for key a: 5 admitted, 2 refused.
+    assert_eq!((a.calls, a.admitted, a.refused), (7, 5, 2));
+    assert_eq!(llm.top.total, 10);
+    assert_eq!(llm.seen.estimate(), KeyEstimate::About(3));
+    assert_eq!(llm.overflowed.estimate(), KeyEstimate::About(2));
+    assert!(llm.since_ms <= report.at_ms);
+}

@@ -5,13 +5,87 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use sluice_shared::sync::PolicyReport;
+use sluice_shared::key_view::{KeysReport, ENVOY_TOP_KEYS};
+use sluice_shared::sync::{PolicyReport, MAX_REPORT_KEYED};
+use sluice_shared::time::Instant;
 
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 
 pub const REPORT_KEY: &str = "sluice/report";
 pub const LIMIT_REPORT_KEY: &str = "sluice/report/limits";
+pub const KEYS_REPORT_KEY: &str = "sluice/report/keys";
+
+/// The Envoy's per-key counts since the syncing VM last took them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct SharedKeys {
+    since_ms: u64,
+    policies: BTreeMap<String, KeysReport>,
+}
+
+fn read_keys(bytes: Option<&[u8]>) -> SharedKeys {
+    // Broken or from another release: start over rather than fail to count.
+    bytes
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default()
+}
+
+/// Adds one worker's per-key counts (since `since`) into the Envoy's.
+pub fn add_to_keys_report<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    since: Instant,
+    pending: &BTreeMap<String, KeysReport>,
+) -> Result<(), StoreError> {
+    store.update(host, KEYS_REPORT_KEY, |cur| {
+        let mut shared = read_keys(cur);
+        if shared.since_ms == 0 {
+            shared.since_ms = since.as_millis();
+        }
+        for (policy, keys) in pending {
+            shared
+                .policies
+                .entry(policy.clone())
+                .or_default()
+                .merge(keys, ENVOY_TOP_KEYS);
+        }
+        ((), Some(serde_json::to_vec(&shared).unwrap_or_default()))
+    })
+}
+
+/// Takes the Envoy's per-key counts for a report, leaving none: each
+/// report covers the span since the previous one. Only policies still in
+/// `keep` are reported (a removed policy's counts go with it).
+pub fn take_keys_report<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    now: Instant,
+    keep: impl Fn(&str) -> bool,
+) -> BTreeMap<String, KeysReport> {
+    let fresh = SharedKeys {
+        since_ms: now.as_millis(),
+        policies: BTreeMap::new(),
+    };
+    let fresh = serde_json::to_vec(&fresh).unwrap_or_default();
+    let taken = store.update(host, KEYS_REPORT_KEY, |cur| {
+        (read_keys(cur), Some(fresh.clone()))
+    });
+    // A failure is counted and logged by the store; the view misses a span.
+    let Ok(taken) = taken else {
+        return BTreeMap::new();
+    };
+    let since_ms = taken.since_ms.min(now.as_millis());
+    taken
+        .policies
+        .into_iter()
+        .filter(|(policy, keys)| keep(policy) && !keys.is_empty())
+        .take(MAX_REPORT_KEYED)
+        .map(|(policy, mut keys)| {
+            keys.since_ms = since_ms;
+            (policy, keys)
+        })
+        .collect()
+}
 
 /// A further limit's counters, summed over the workers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,8 +229,10 @@ pub fn add_to_limit_report<H: Host + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::Host;
     use crate::testing::FakeHost;
-    use sluice_shared::time::Instant;
+    use sluice_shared::key_view::{label_secret, name_key, KeyOutcome};
+    use sluice_shared::KeyLabel;
 
     #[test]
     fn report_sums_workers_including_in_flight_going_down() {
@@ -184,5 +260,54 @@ mod tests {
         add_to_report(&host, &mut stats, &b).unwrap();
         let report = read_report(&host)["bank"].to_report();
         assert_eq!((report.admitted, report.in_flight), (7, 2));
+    }
+
+    #[test]
+    fn per_key_counts_add_up_over_workers_and_start_over_when_taken() {
+        let host = FakeHost::at(Instant::EPOCH + sluice_shared::Span::from_secs(100));
+        let mut store = Store::default();
+        let secret = label_secret(Some("t"));
+        let key = |v: &[u8]| name_key(&secret, "llm", v, KeyLabel::Hash);
+        let mut worker = |n: u64, value: &[u8]| {
+            let mut pending = BTreeMap::new();
+            let keys: &mut KeysReport = pending.entry("llm".to_string()).or_default();
+            for _ in 0..n {
+                keys.record(&key(value), KeyOutcome::Admitted, false, 32);
+            }
+            add_to_keys_report(&host, &mut store, host.now(), &pending).unwrap();
+        };
+        worker(5, b"a");
+        worker(3, b"a");
+        worker(2, b"b");
+        let now = host.now() + sluice_shared::Span::from_secs(1);
+        let taken = take_keys_report(&host, &mut store, now, |p| p == "llm");
+        let llm = &taken["llm"];
+        assert_eq!(llm.since_ms, host.now().as_millis());
+        assert_eq!(llm.top.total, 10);
+        let a = llm
+            .top
+            .keys
+            .iter()
+            .find(|k| k.hash == key(b"a").hash)
+            .unwrap();
+        assert_eq!(a.admitted, 8);
+        assert!(take_keys_report(&host, &mut store, now, |_| true).is_empty());
+    }
+
+    #[test]
+    fn broken_per_key_counts_in_shared_data_are_started_over() {
+        let host = FakeHost::at(Instant::EPOCH + sluice_shared::Span::from_secs(100));
+        let mut store = Store::default();
+        for junk in [
+            &b"{"[..],
+            b"[]",
+            b"{\"since_ms\":1,\"policies\":{\"x\":{\"seen\":[1]}}}",
+        ] {
+            host.shared_set(KEYS_REPORT_KEY, junk, None).unwrap();
+            assert!(take_keys_report(&host, &mut store, host.now(), |_| true).is_empty());
+            let mut pending = BTreeMap::new();
+            pending.insert("x".to_string(), KeysReport::default());
+            add_to_keys_report(&host, &mut store, host.now(), &pending).unwrap();
+        }
     }
 }

@@ -9,6 +9,7 @@ pub mod duration;
 pub mod fleet;
 pub mod headers;
 pub mod key_hash;
+pub mod key_view;
 pub mod limiter;
 pub mod matcher;
 pub mod people;

@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use crate::key_hash::KeySecret;
+use crate::key_view::{name_key, KeyName};
 use crate::limiter::{ConcurrencyLimit, RateLimiter};
 use crate::policy::{
     CostSpec, KeyOverflow, Mode, NamedLimit, Policy, PolicySet, Priority, RateSpec,
@@ -300,6 +301,30 @@ impl CompiledPolicy {
 
     pub fn max_keys(&self) -> Option<u32> {
         self.policy.key.as_ref().map(|k| k.max_keys)
+    }
+
+    /// The request's key as the live view names it (None for a policy
+    /// without `key`), labels hashed with `secret` (see
+    /// [`crate::key_view`]).
+    pub fn key_name<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        secret: &KeySecret,
+    ) -> Option<KeyName> {
+        let header = self.key_header.as_deref()?;
+        let mode = self
+            .policy
+            .key
+            .as_ref()
+            .map(|k| k.label)
+            .unwrap_or_default();
+        let value = req.header(header);
+        Some(name_key(
+            secret,
+            self.name(),
+            value.as_deref().unwrap_or_default(),
+            mode,
+        ))
     }
 
     pub fn matches<R: RequestHeaders + ?Sized>(&self, req: &R) -> bool {

@@ -355,6 +355,30 @@ pub struct KeySpec {
     pub max_keys: u32,
     #[serde(default)]
     pub overflow: KeyOverflow,
+    /// How the live view names keys: a keyed hash (default: raw keys never
+    /// leave Envoy) or, for values that are no secret (a tenant id, a
+    /// region), the value itself.
+    #[serde(default, skip_serializing_if = "KeyLabel::is_hash")]
+    pub label: KeyLabel,
+}
+
+/// How the live view names a policy's keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum KeyLabel {
+    /// A keyed hash such as `#3fa2c41b09de`; the admin finds a key you type.
+    #[default]
+    Hash,
+    /// The header's value, when printable and no secret (cut at 64
+    /// characters).
+    Value,
+}
+
+impl KeyLabel {
+    fn is_hash(&self) -> bool {
+        *self == KeyLabel::Hash
+    }
 }
 
 impl KeySpec {

@@ -20,6 +20,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
+
 pub const SYNC_PATH: &str = "/api/v1/sync";
 pub const SHARES_HEADER: &str = "sluice-grants";
 /// The admin's store epoch, on every answer: drawn at random when the store
@@ -51,6 +53,9 @@ pub const RELAYED_CUT_FOR_MS: u64 = 5_000;
 /// store megabytes per sync.
 pub const MAX_REPORT_POLICIES: usize = 1000;
 pub const MAX_INSTANCE_LEN: usize = 128;
+/// Keyed policies one report may describe key by key (each up to a few
+/// kilobytes).
+pub const MAX_REPORT_KEYED: usize = 100;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SyncReport {
@@ -86,6 +91,11 @@ pub struct SyncReport {
     /// held for it when this Envoy started.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub budgets: BTreeMap<String, BudgetReport>,
+    /// Per keyed policy: its busiest keys and distinct keys since the
+    /// previous report (not since start: the filter starts over at every
+    /// report, so that keys gone quiet make room).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, KeysReport>,
 }
 
 /// A budget as one Envoy reports it.
@@ -272,6 +282,23 @@ impl SyncReport {
         }
         if self.budgets.len() > MAX_REPORT_POLICIES {
             return Err(format!("budgets: at most {MAX_REPORT_POLICIES} entries"));
+        }
+        if self.keys.len() > MAX_REPORT_KEYED {
+            return Err(format!("keys: at most {MAX_REPORT_KEYED} policies"));
+        }
+        for (policy, keys) in &self.keys {
+            if keys.top.keys.len() > ENVOY_TOP_KEYS {
+                return Err(format!("keys.{policy}: at most {ENVOY_TOP_KEYS} keys"));
+            }
+            // A value label is cut at MAX_VALUE_LABEL characters, plus "…".
+            if keys
+                .top
+                .keys
+                .iter()
+                .any(|k| k.label.len() > MAX_VALUE_LABEL + 3)
+            {
+                return Err(format!("keys.{policy}: a label is too long"));
+            }
         }
         if let Some(name) = self
             .budgets

@@ -83,6 +83,9 @@ pub(super) struct Admitter<'a, H: Host + ?Sized> {
     pub budgets: &'a mut Budgets,
     pub holder: u64,
     pub now: Instant,
+    /// Set when the request's key found no place of its own (for the
+    /// live view's count of overflowing keys).
+    pub overflowed: bool,
 }
 
 impl<H: Host + ?Sized> Admitter<'_, H> {
@@ -211,6 +214,9 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             .then(|| self.prefetches.spend(key, cost, slot, self.now))
             .flatten()
         {
+            // A keyed policy's buckets end in a place number or this.
+            self.overflowed =
+                policy.max_keys().is_some() && spent.bucket.ends_with(placement::OVERFLOW_SUFFIX);
             return Decision::Admit {
                 bucket: spent.bucket.to_string(),
                 key,
@@ -242,12 +248,14 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             bucket,
             admission,
             prefetched,
+            overflowed,
         }) = placed
         else {
             // The store counted and logged why; a request it cannot decide
             // is refused rather than let through unchecked.
             return self.refuse(policy, kind_by_default, DEFAULT_RETRY);
         };
+        self.overflowed = overflowed;
         match admission {
             Admission::Admitted { lease, .. } => {
                 self.record_prefetch(key, &bucket, prefetched);

@@ -20,6 +20,7 @@
 
 mod admission;
 mod budgets;
+mod key_counts;
 mod limits;
 mod placement;
 mod provider;
@@ -34,7 +35,8 @@ mod usage;
 use std::rc::Rc;
 
 use sluice_shared::key_hash::KeySecret;
-use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
+use sluice_shared::key_view::KeyOutcome;
+use sluice_shared::matcher::{BucketKey, CompiledPolicySet, RequestHeaders};
 use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};
@@ -248,10 +250,20 @@ impl Worker {
             budgets: &mut self.budgets,
             holder: self.holder,
             now,
+            overflowed: false,
         };
         let limit_costs = policy.limit_costs(req, body);
         let limit_keys = policy.limit_keys(req, &self.key_secret);
         let (decision, held) = admitter.decide(policy, &class, (&limit_costs, &limit_keys));
+        if class.key != BucketKey::Policy {
+            let outcome = match decision {
+                Decision::Pass | Decision::Admit { .. } => KeyOutcome::Admitted,
+                Decision::Queue { .. } => KeyOutcome::Queued,
+                Decision::Refuse(_) => KeyOutcome::Refused,
+            };
+            let overflowed = admitter.overflowed;
+            self.sync.count_key(policy, req, (outcome, overflowed), now);
+        }
         let slots = match held {
             Some(held) => {
                 if policy.reads_usage() {

@@ -20,12 +20,14 @@ use crate::store::{Store, StoreError};
 /// Places tried for a new key before it overflows.
 const KEY_PROBES: u32 = 4;
 
+pub const OVERFLOW_SUFFIX: &str = "/overflow";
+
 /// Where a policy's bucket lives in shared data.
 pub fn bucket_key(policy: &str, place: Place) -> String {
     match place {
         Place::Single => format!("sluice/b/{policy}"),
         Place::Slot(i) => format!("sluice/b/{policy}/{i}"),
-        Place::Overflow => format!("sluice/b/{policy}/overflow"),
+        Place::Overflow => format!("sluice/b/{policy}{OVERFLOW_SUFFIX}"),
     }
 }
 
@@ -52,6 +54,8 @@ pub(super) struct Placed {
     pub bucket: String,
     pub admission: Admission,
     pub prefetched: Prefetched,
+    /// The key found no place of its own.
+    pub overflowed: bool,
 }
 
 /// Finds the request's bucket and admits it there, taking up to
@@ -89,6 +93,11 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         bucket,
         admission,
         prefetched,
+        overflowed: false,
+    };
+    let overflowed = |p: Placed| Placed {
+        overflowed: true,
+        ..p
     };
     let BucketKey::Keyed(hash) = class.key else {
         let key = bucket_key(name, Place::Single);
@@ -130,9 +139,12 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             kind: LimitKind::for_limits(policy.rate.is_some()),
             retry_after: DEFAULT_RETRY,
         };
-        return Ok(placed(String::new(), (refused, Prefetched::default())));
+        return Ok(overflowed(placed(
+            String::new(),
+            (refused, Prefetched::default()),
+        )));
     }
     let key = bucket_key(name, Place::Overflow);
     let outcome = store.update_bucket(host, &key, admit)?;
-    Ok(placed(key, outcome))
+    Ok(overflowed(placed(key, outcome)))
 }

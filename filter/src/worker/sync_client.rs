@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use sluice_shared::matcher::CompiledPolicySet;
+use sluice_shared::key_view::KeyOutcome;
+use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet, RequestHeaders};
 use sluice_shared::sync::{HeldShareReport, LimitReport, SyncReport};
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::PolicySet;
 
 use super::budgets::Budgets;
+use super::key_counts::KeyCounts;
 use super::limits;
 use super::placement::{bucket_key, Place};
 use super::provider;
@@ -40,6 +42,8 @@ pub(super) struct SyncClient {
     reported_at: Instant,
     /// When this VM last brought the sync forward.
     hurried_at: Instant,
+    /// Per-key counts for the live view.
+    keys: KeyCounts,
 }
 
 /// How often one VM may bring the Envoy's sync forward: a provider
@@ -48,7 +52,20 @@ const HURRY_EVERY: Span = Span::from_millis(100);
 
 impl SyncClient {
     pub fn configure(&mut self, settings: Option<SyncSettings>) {
+        self.keys
+            .configure(settings.as_ref().map(|s| s.token.as_deref()));
         self.settings = settings;
+    }
+
+    /// Counts a keyed request for the live view (when there is an admin).
+    pub fn count_key<R: RequestHeaders + ?Sized>(
+        &mut self,
+        policy: &CompiledPolicy,
+        req: &R,
+        outcome: (KeyOutcome, bool),
+        now: Instant,
+    ) {
+        self.keys.record(policy, req, outcome, now);
     }
 
     pub fn is_configured(&self) -> bool {
@@ -109,6 +126,7 @@ impl SyncClient {
         if !limit_deltas.is_empty() {
             let _ = report::add_to_limit_report(host, store, &limit_deltas);
         }
+        self.keys.flush(host, store);
     }
 
     /// If it is this Envoy's turn to sync and this VM wins it, sends the
@@ -213,6 +231,7 @@ impl SyncClient {
                 .collect(),
             limits,
             budgets: BTreeMap::new(),
+            keys: report::take_keys_report(host, store, now, |name| policies.find(name).is_some()),
         }
     }
 
