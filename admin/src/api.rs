@@ -18,8 +18,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use sluice_shared::api::{
     Applied, ApplyRequest, AuditLog, FleetView, Health, History, Instance, InstanceList,
-    LoginRequest, PolicyList, PolicyOrder, SessionInfo, StoredPolicy, Validated,
+    KeyLabelAnswer, KeyLabelRequest, LoginRequest, PolicyList, PolicyOrder, SessionInfo,
+    StoredPolicy, Validated,
 };
+use sluice_shared::key_view::{label_secret, name_key};
 use sluice_shared::people::{check_name, Role, BOOTSTRAP_ADMIN};
 use sluice_shared::sync::{
     SyncReport, BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_PATH,
@@ -58,6 +60,7 @@ pub fn routes() -> Router<Shared> {
             get(get_policy).put(update_policy).delete(delete_policy),
         )
         .route("/api/v1/policies/{name}/history", get(policy_history))
+        .route("/api/v1/policies/{name}/key-label", post(key_label))
         .route("/api/v1/validate", post(validate))
         .route("/api/v1/apply", post(apply))
         .route("/api/v1/order", axum::routing::put(reorder))
@@ -234,6 +237,42 @@ async fn policy_history(
 ) -> Result<Json<History>, ApiError> {
     let history = state.store.history(&name).await?;
     Ok(Json(History { history }))
+}
+
+/// The longest key the live view will name: far above any API key, and
+/// below anything Envoy would pass as one header.
+const MAX_KEY_LEN: usize = 8 * 1024;
+
+/// The label the live view shows for a key typed in. A POST, so that the
+/// key (an API key, say) stays out of URLs and access logs.
+async fn key_label(
+    State(state): State<Shared>,
+    _op: Operator,
+    Path(name): Path<String>,
+    Json(body): Json<Value>,
+) -> Result<Json<KeyLabelAnswer>, ApiError> {
+    let KeyLabelRequest { key } = crate::people_api::parse(body)?;
+    let invalid = |message: String| {
+        ApiError::InvalidRequest(ValidationErrors {
+            errors: vec![FieldError {
+                path: "key".into(),
+                message,
+            }],
+        })
+    };
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(invalid(format!("must be 1 to {MAX_KEY_LEN} bytes")));
+    }
+    let stored = state.store.get(&name).await?;
+    let Some(spec) = &stored.policy.key else {
+        return Err(invalid(format!("policy {name:?} has no key")));
+    };
+    let secret = label_secret(state.sync_token.as_deref());
+    let named = name_key(&secret, &name, key.as_bytes(), spec.label);
+    Ok(Json(KeyLabelAnswer {
+        policy: name,
+        label: named.label,
+    }))
 }
 
 async fn create_policy(

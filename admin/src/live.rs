@@ -11,7 +11,10 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sluice_shared::api::{LimitUse, LiveFrame, ProviderUse, Utilization};
+use sluice_shared::api::{
+    KeyUse, KeysUse, LimitUse, LiveFrame, ProviderUse, Utilization, KEYS_ACTIVE_FOR_MS,
+};
+use sluice_shared::key_view::{KeyBitmap, KeysReport, TopKeys, SHOWN_TOP_KEYS};
 use sluice_shared::sync::{LimitReport, PolicyReport, SyncReport};
 use sluice_shared::Span;
 use tokio::sync::broadcast;
@@ -66,10 +69,146 @@ struct InstanceState {
     sync_failures: u64,
     rates: BTreeMap<String, Utilization>,
     limit_rates: BTreeMap<String, LimitUse>,
+    /// Per keyed policy, its keys' recent counts and their rates.
+    key_spans: BTreeMap<String, VecDeque<KeySpan>>,
+    key_rates: BTreeMap<String, KeyRates>,
 }
+
+/// One Envoy's keys of one policy, a second.
+#[derive(Debug, Clone, Default)]
+struct KeyRates {
+    top: Vec<KeyUse>,
+    calls_per_s: f64,
+}
+
+/// One report's key counts, over the span `since_ms..at_ms` of the Envoy's
+/// clock.
+#[derive(Debug, Clone)]
+struct KeySpan {
+    since_ms: u64,
+    at_ms: u64,
+    top: TopKeys,
+}
+
+impl KeyRates {
+    /// Rates over the recent spans together: at least a second of them
+    /// when there is, as for the policies' rates, so that a key calling a
+    /// few times a second does not flicker between 0 and 8 at a 250 ms
+    /// sync interval.
+    fn of(spans: &VecDeque<KeySpan>) -> Option<Self> {
+        let first = spans.front()?;
+        let last = spans.back()?;
+        // A span of nothing (or a clock gone back) gives no rate.
+        let ms = last
+            .at_ms
+            .checked_sub(first.since_ms)
+            .filter(|&ms| ms > 0)?;
+        let seconds = Span::from_millis(ms).as_secs_f64();
+        let mut summed: HashMap<&str, KeyUse> = HashMap::new();
+        let mut calls = 0u64;
+        for span in spans {
+            calls = calls.saturating_add(span.top.total);
+            for k in &span.top.keys {
+                let sum = summed.entry(&k.label).or_insert_with(|| KeyUse {
+                    label: k.label.clone(),
+                    ..KeyUse::default()
+                });
+                sum.admitted_per_s += k.admitted as f64;
+                sum.queued_per_s += k.queued as f64;
+                sum.refused_per_s += k.refused as f64;
+                sum.uncertain_per_s += k.error as f64;
+            }
+        }
+        let top = summed
+            .into_values()
+            .map(|k| KeyUse {
+                admitted_per_s: k.admitted_per_s / seconds,
+                queued_per_s: k.queued_per_s / seconds,
+                refused_per_s: k.refused_per_s / seconds,
+                uncertain_per_s: k.uncertain_per_s / seconds,
+                label: k.label,
+            })
+            .collect();
+        Some(KeyRates {
+            top,
+            calls_per_s: calls as f64 / seconds,
+        })
+    }
+}
+
+/// Adds a report's key counts to an Envoy's recent spans of one policy,
+/// keeping about a second of them. A span that does not begin where the
+/// last ended (a report lost on the way) starts them over, since the
+/// calls of the gap are missing.
+fn add_span(spans: &mut VecDeque<KeySpan>, report: &KeysReport, at_ms: u64) {
+    if spans
+        .back()
+        .is_some_and(|last| last.at_ms != report.since_ms)
+    {
+        spans.clear();
+    }
+    spans.push_back(KeySpan {
+        since_ms: report.since_ms,
+        at_ms,
+        top: report.top.clone(),
+    });
+    while spans.len() > KEPT_SAMPLES
+        || spans
+            .get(1)
+            .is_some_and(|next| at_ms.saturating_sub(next.since_ms) >= RATE_WINDOW_MS)
+    {
+        spans.pop_front();
+    }
+}
+
+/// Which keys of a policy the Envoys saw, per second of the admin's clock
+/// over the last [`KEYS_ACTIVE_FOR_MS`]: distinct keys are counted over
+/// every Envoy, a key busy on two counting once.
+#[derive(Debug, Default)]
+struct SeenKeys {
+    /// (second, keys seen, keys overflowed), oldest first.
+    seconds: VecDeque<(u64, KeyBitmap, KeyBitmap)>,
+}
+
+impl SeenKeys {
+    fn add(&mut self, now_ms: u64, report: &KeysReport) {
+        let second = now_ms / 1000;
+        match self.seconds.back_mut() {
+            Some((s, seen, overflowed)) if *s == second => {
+                seen.union(&report.seen);
+                overflowed.union(&report.overflowed);
+            }
+            _ => self
+                .seconds
+                .push_back((second, report.seen.clone(), report.overflowed.clone())),
+        }
+        self.forget_before(now_ms);
+    }
+
+    fn forget_before(&mut self, now_ms: u64) {
+        let oldest = now_ms.saturating_sub(KEYS_ACTIVE_FOR_MS) / 1000;
+        while self.seconds.front().is_some_and(|(s, _, _)| *s < oldest) {
+            self.seconds.pop_front();
+        }
+    }
+
+    fn union(&self) -> (KeyBitmap, KeyBitmap) {
+        let (mut seen, mut overflowed) = (KeyBitmap::default(), KeyBitmap::default());
+        for (_, s, o) in &self.seconds {
+            seen.union(s);
+            overflowed.union(o);
+        }
+        (seen, overflowed)
+    }
+}
+
+/// Keyed policies whose distinct keys are tracked at once: names come
+/// from the Envoys' reports, so a hostile one must not grow this.
+const MAX_SEEN_POLICIES: usize = 1000;
 
 pub struct Live {
     instances: Mutex<HashMap<String, InstanceState>>,
+    seen_keys: Mutex<HashMap<String, SeenKeys>>,
     history: Mutex<VecDeque<Arc<LiveFrame>>>,
     /// Instances silent for this long are forgotten.
     instance_ttl_ms: u64,
@@ -152,6 +291,7 @@ impl Live {
     pub fn new(instance_ttl: Span) -> Self {
         Self {
             instances: Mutex::new(HashMap::new()),
+            seen_keys: Mutex::new(HashMap::new()),
             history: Mutex::new(VecDeque::new()),
             instance_ttl_ms: instance_ttl.as_millis(),
             frames: broadcast::channel(64).0,
@@ -171,6 +311,8 @@ impl Live {
             sync_failures: 0,
             rates: BTreeMap::new(),
             limit_rates: BTreeMap::new(),
+            key_spans: BTreeMap::new(),
+            key_rates: BTreeMap::new(),
         });
         // A clock that went back means a new Envoy under the same name.
         if state
@@ -230,6 +372,30 @@ impl Live {
                 })
                 .collect(),
         });
+        // Policies no longer reported (or of another set) are forgotten.
+        state
+            .key_spans
+            .retain(|name, _| report.keys.contains_key(name));
+        for (name, keys) in &report.keys {
+            add_span(
+                state.key_spans.entry(name.clone()).or_default(),
+                keys,
+                report.at_ms,
+            );
+        }
+        state.key_rates = state
+            .key_spans
+            .iter()
+            .filter_map(|(name, spans)| Some((name.clone(), KeyRates::of(spans)?)))
+            .collect();
+        if !report.keys.is_empty() {
+            let mut seen = lock(&self.seen_keys);
+            for (name, keys) in &report.keys {
+                if seen.len() < MAX_SEEN_POLICIES || seen.contains_key(name) {
+                    seen.entry(name.clone()).or_default().add(now_ms, keys);
+                }
+            }
+        }
         state.received_ms = now_ms;
         state.sync_failures = report.filter.get("sync_failures").copied().unwrap_or(0);
         let mut instances = lock(&self.instances);
@@ -285,7 +451,62 @@ impl Live {
             }
             frame.instances.insert(id.clone(), state.rates.clone());
         }
+        frame.keys = Self::keys_use(instances.values(), now_ms);
+        drop(instances);
+        for (name, seen) in lock(&self.seen_keys).iter() {
+            let (active, overflowed) = seen.union();
+            let keys = frame.keys.entry(name.clone()).or_default();
+            keys.active = Some(active.estimate());
+            keys.overflowed = Some(overflowed.estimate());
+        }
         frame
+    }
+
+    /// Per keyed policy, its keys' rates summed over the live instances,
+    /// the busiest first.
+    fn keys_use<'a>(
+        instances: impl Iterator<Item = &'a InstanceState>,
+        now_ms: u64,
+    ) -> BTreeMap<String, KeysUse> {
+        let mut by_label: BTreeMap<&str, (f64, HashMap<&str, KeyUse>)> = BTreeMap::new();
+        for state in instances {
+            if now_ms.saturating_sub(state.received_ms) > STALE_AFTER_MS {
+                continue;
+            }
+            for (policy, rates) in &state.key_rates {
+                let (calls, keys) = by_label.entry(policy).or_default();
+                *calls += rates.calls_per_s;
+                for k in &rates.top {
+                    let sum = keys.entry(&k.label).or_insert_with(|| KeyUse {
+                        label: k.label.clone(),
+                        ..KeyUse::default()
+                    });
+                    sum.admitted_per_s += k.admitted_per_s;
+                    sum.queued_per_s += k.queued_per_s;
+                    sum.refused_per_s += k.refused_per_s;
+                    sum.uncertain_per_s += k.uncertain_per_s;
+                }
+            }
+        }
+        by_label
+            .into_iter()
+            .map(|(policy, (calls_per_s, keys))| {
+                let mut top: Vec<KeyUse> = keys.into_values().collect();
+                top.sort_by(|a, b| {
+                    b.admitted_per_s
+                        .total_cmp(&a.admitted_per_s)
+                        .then_with(|| b.refused_per_s.total_cmp(&a.refused_per_s))
+                        .then_with(|| a.label.cmp(&b.label))
+                });
+                top.truncate(SHOWN_TOP_KEYS);
+                let keys = KeysUse {
+                    top,
+                    calls_per_s,
+                    ..KeysUse::default()
+                };
+                (policy.to_string(), keys)
+            })
+            .collect()
     }
 
     /// Forgets instances silent past the TTL, then records and broadcasts
@@ -293,6 +514,10 @@ impl Live {
     pub fn tick(&self, now_ms: u64) -> Arc<LiveFrame> {
         let ttl = self.instance_ttl_ms;
         lock(&self.instances).retain(|_, s| now_ms.saturating_sub(s.received_ms) <= ttl);
+        lock(&self.seen_keys).retain(|_, seen| {
+            seen.forget_before(now_ms);
+            !seen.seconds.is_empty()
+        });
         let frame = Arc::new(self.frame(now_ms));
         {
             let mut history = lock(&self.history);
@@ -303,6 +528,7 @@ impl Live {
             // are in the frame broadcast now.
             history.push_back(Arc::new(LiveFrame {
                 instances: BTreeMap::new(),
+                keys: BTreeMap::new(),
                 ..(*frame).clone()
             }));
         }
@@ -463,5 +689,85 @@ mod tests {
         assert_eq!(live.tracked(), MAX_INSTANCES);
         live.tick(200_000);
         assert_eq!(live.tracked(), 0, "silent past the TTL");
+    }
+
+    fn keyed(instance: &str, at_ms: u64, since_ms: u64, calls: &[(&[u8], u64)]) -> SyncReport {
+        use sluice_shared::key_view::{label_secret, name_key, KeyOutcome, ENVOY_TOP_KEYS};
+        let secret = label_secret(Some("t"));
+        let mut keys = KeysReport {
+            since_ms,
+            ..KeysReport::default()
+        };
+        for (key, n) in calls {
+            let name = name_key(&secret, "llm", key, sluice_shared::KeyLabel::Hash);
+            for _ in 0..*n {
+                keys.record(&name, KeyOutcome::Admitted, false, ENVOY_TOP_KEYS);
+            }
+        }
+        let mut r = report(at_ms, 0, 0);
+        r.instance = instance.into();
+        r.keys.insert("llm".into(), keys);
+        r
+    }
+
+    #[test]
+    fn keys_are_summed_over_envoys_and_counted_once_when_on_both() {
+        use sluice_shared::key_view::KeyEstimate;
+        let live = Live::default();
+        // e1: a 20/s, b 5/s over 2 s; e2: b 30/s over 1 s, c 1/s.
+        live.ingest(
+            &keyed("e1", 12_000, 10_000, &[(b"a", 40), (b"b", 10)]),
+            100_000,
+        );
+        live.ingest(
+            &keyed("e2", 6_000, 5_000, &[(b"b", 30), (b"c", 1)]),
+            100_200,
+        );
+        let frame = live.frame(100_300);
+        let llm = &frame.keys["llm"];
+        let rates: Vec<f64> = llm.top.iter().map(|k| k.admitted_per_s).collect();
+        assert_eq!(rates, [35.0, 20.0, 1.0]);
+        assert_eq!(llm.calls_per_s, 56.0);
+        assert_eq!(llm.active, Some(KeyEstimate::About(3)));
+        assert_eq!(llm.overflowed, Some(KeyEstimate::About(0)));
+        // Keys live in the newest frame only.
+        live.tick(100_400);
+        assert!(live.history()[0].keys.is_empty());
+        // Ten seconds later the keys are no longer active.
+        let later = live.tick(100_300 + KEYS_ACTIVE_FOR_MS + 1_000);
+        assert!(later.keys.is_empty(), "{:?}", later.keys);
+    }
+
+    #[test]
+    fn hostile_key_reports_give_no_rates_and_cannot_grow_the_view() {
+        let live = Live::default();
+        // A span of nothing or backwards: no rates, no panic.
+        live.ingest(&keyed("e1", 5_000, 5_000, &[(b"a", 4)]), 1);
+        live.ingest(&keyed("e2", 5_000, u64::MAX, &[(b"a", 4)]), 2);
+        let frame = live.frame(3);
+        assert!(frame.keys["llm"].top.is_empty());
+        for i in 0..(MAX_SEEN_POLICIES + 20) {
+            let mut r = keyed("e3", 5_000 + i as u64, 4_000, &[(b"a", 1)]);
+            let keys = r.keys.remove("llm").unwrap();
+            r.keys.insert(format!("p{i}"), keys);
+            live.ingest(&r, 4);
+        }
+        assert!(lock(&live.seen_keys).len() <= MAX_SEEN_POLICIES);
+    }
+
+    #[test]
+    fn a_keys_rate_spans_a_second_of_short_reports() {
+        let live = Live::default();
+        // 250 ms reports of a key calling 4 times a second: 1, 2, 1, 0.
+        for (i, n) in [1u64, 2, 1, 0, 1].into_iter().enumerate() {
+            let at = 10_000 + 250 * (i as u64 + 1);
+            live.ingest(&keyed("e1", at, at - 250, &[(b"a", n)]), at);
+        }
+        let llm = &live.frame(11_300).keys["llm"];
+        // The last second: 2, 1, 0, 1.
+        assert_eq!(llm.top[0].admitted_per_s, 4.0);
+        // A report that does not follow on (a gap) starts the spans over.
+        live.ingest(&keyed("e1", 20_000, 19_500, &[(b"a", 3)]), 11_400);
+        assert_eq!(live.frame(11_500).keys["llm"].top[0].admitted_per_s, 6.0);
     }
 }

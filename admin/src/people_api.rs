@@ -36,7 +36,7 @@ pub fn routes() -> Router<Shared> {
 }
 
 /// A JSON body as `T`, or 422 naming the field serde stopped at.
-fn parse<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+pub(crate) fn parse<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(body).map_err(|e| {
         let path = e.path().to_string();
         ApiError::InvalidRequest(ValidationErrors {

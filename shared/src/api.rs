@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::fleet::{Amount, MemberState};
+use crate::key_view::KeyEstimate;
 use crate::sync::{PauseReport, SyncReport};
 use crate::time::{millis, Span};
 use crate::validate::FieldError;
@@ -333,6 +334,52 @@ pub struct LiveFrame {
     pub limits: BTreeMap<String, LimitUse>,
     /// Per instance, per policy.
     pub instances: BTreeMap<String, BTreeMap<String, Utilization>>,
+    /// Per keyed policy, its busiest keys over the live instances (in the
+    /// newest frame only, not in history).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, KeysUse>,
+}
+
+/// A keyed policy's keys, over the live instances.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeysUse {
+    /// The busiest keys by admitted calls a second, busiest first (at most
+    /// [`crate::key_view::SHOWN_TOP_KEYS`]).
+    pub top: Vec<KeyUse>,
+    /// Calls a second over every key, listed or not.
+    pub calls_per_s: f64,
+    /// Distinct keys seen over the last [`KEYS_ACTIVE_FOR_MS`].
+    pub active: Option<KeyEstimate>,
+    /// Of those, keys that found no place of their own (`max_keys`).
+    pub overflowed: Option<KeyEstimate>,
+}
+
+/// How long a key counts as active after its last call.
+pub const KEYS_ACTIVE_FOR_MS: u64 = 10_000;
+
+/// One key's use. `uncertain_per_s` is how much of its calls may be other
+/// keys' (Space-Saving's error; 0 when counted exactly).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeyUse {
+    pub label: String,
+    pub admitted_per_s: f64,
+    pub queued_per_s: f64,
+    pub refused_per_s: f64,
+    #[serde(default)]
+    pub uncertain_per_s: f64,
+}
+
+/// `POST /api/v1/policies/{name}/key-label`: which label the live view
+/// shows for a key typed in (the key is never stored or logged).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyLabelRequest {
+    pub key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyLabelAnswer {
+    pub policy: String,
+    pub label: String,
 }
 
 /// `GET /healthz`.

@@ -62,8 +62,10 @@ impl KeySecret {
     /// The hash of key `value` under `policy`.
     pub fn hash(&self, policy: &str, value: &[u8]) -> u64 {
         let mut h = SipHasher13::new_with_keys(self.k0, self.k1);
-        // Length-prefixed, so ("ab", "c") and ("a", "bc") differ.
-        h.write_usize(policy.len());
+        // Length-prefixed, so ("ab", "c") and ("a", "bc") differ; as u64,
+        // so that the filter (wasm32) and the admin (64-bit) agree on the
+        // live view's key labels.
+        h.write_u64(policy.len() as u64);
         h.write(policy.as_bytes());
         h.write(value);
         h.finish()

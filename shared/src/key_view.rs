@@ -358,6 +358,16 @@ mod tests {
         );
     }
 
+    /// The filter (wasm32) and the admin (x86_64, aarch64) must name a key
+    /// alike: a label is part of the wire format. Seen the same in Envoy
+    /// by the browser test of the live view.
+    #[test]
+    fn a_label_is_the_same_on_every_platform() {
+        let secret = label_secret(Some("e2e-sync-token"));
+        let named = name_key(&secret, "per-key", b"sk-live-cccc", KeyLabel::Hash);
+        assert_eq!(named.label, "#dd0a8b726faa");
+    }
+
     #[test]
     fn value_labels_show_printable_values_only() {
         let secret = label_secret(None);

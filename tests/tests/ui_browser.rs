@@ -1112,3 +1112,176 @@ async fn policies_move_in_order_and_managed_ones_are_read_only() -> anyhow::Resu
     browser.close().await;
     Ok(())
 }
+
+/// A keyed policy under three keys through a real Envoy: the live view
+/// lists them by label (never the raw key) with their rates, counts them
+/// active and the one that found no place (`max_keys: 2`) as overflowed,
+/// and the find box names a pasted key and marks its row. The key-label
+/// API refuses what it cannot name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_lists_the_busiest_keys_and_finds_one() -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let op = admin.login().await?;
+    op.create(
+        json!({"name": "per-key", "match": {"host": "api.keys.example"},
+        "rate": {"requests": 10, "period": "1s"},
+        "key": {"header": "x-api-key", "max_keys": 2}}),
+    )
+    .await?;
+    op.create(
+        json!({"name": "unkeyed", "match": {"host": "api.other.example"},
+        "rate": {"requests": 10, "period": "1s"}}),
+    )
+    .await?;
+    // What the API refuses: no key, an unkeyed policy, an unknown one.
+    let label_of = |policy: &str, key: serde_json::Value| {
+        let op = &op;
+        let path = format!("/api/v1/policies/{policy}/key-label");
+        async move { op.raw(reqwest::Method::POST, &path, None, Some(key)).await }
+    };
+    let (empty, empty_body) = label_of("per-key", json!({"key": ""})).await?;
+    let (unkeyed, unkeyed_body) = label_of("unkeyed", json!({"key": "k"})).await?;
+    let (unknown, _) = label_of("nope", json!({"key": "k"})).await?;
+    let (wrong, _) = label_of("per-key", json!({"label": "k"})).await?;
+    println!("ui: key-label refuses: empty {empty} {empty_body}; unkeyed {unkeyed} {unkeyed_body}; unknown {unknown}; no key field {wrong}");
+    assert_eq!((empty, unkeyed, unknown, wrong), (422, 422, 404, 422));
+    assert_eq!(empty_body["errors"][0]["path"], "key");
+
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config =
+        json!({"instance": "ui-keys-envoy", "admin_cluster": "sluice_admin", "sync_interval": "250ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin.port, 2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = envoy.url("/v1/things");
+    // a and b keep their places busy (each above its 10/s); c comes
+    // later and finds none.
+    let mut loads = vec![
+        load::paced(
+            url.clone(),
+            "api.keys.example",
+            "sk-live-aaaa",
+            40,
+            stop.clone(),
+        ),
+        load::paced(
+            url.clone(),
+            "api.keys.example",
+            "sk-live-bbbb",
+            20,
+            stop.clone(),
+        ),
+    ];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    loads.push(load::paced(
+        url,
+        "api.keys.example",
+        "sk-live-cccc",
+        4,
+        stop.clone(),
+    ));
+
+    let browser = Browser::start().await?;
+    browser.client.goto(&admin.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    browser
+        .client
+        .goto(&format!("{}/live", admin.base()))
+        .await?;
+    let section = ".live-policy[data-policy='per-key']";
+    browser
+        .wait_text(
+            &format!("{section} .keys-active"),
+            Duration::from_secs(15),
+            |t| t == "3",
+        )
+        .await?;
+    // Rates over a few reports.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut rows = Vec::new();
+    for row in browser
+        .client
+        .find_all(Locator::Css(&format!("{section} tr.top-key")))
+        .await?
+    {
+        let cells: Vec<String> = {
+            let mut out = Vec::new();
+            for td in row.find_all(Locator::Css("td")).await? {
+                out.push(td.text().await?);
+            }
+            out
+        };
+        rows.push(cells);
+    }
+    let active = browser.text(&format!("{section} .keys-active")).await?;
+    let overflowed = browser.text(&format!("{section} .keys-overflowed")).await?;
+    println!("ui: busiest keys of per-key (label, admitted/s, queued/s, refused/s, ±): {rows:?}; active {active}, overflowed {overflowed}");
+    let page = browser.client.source().await?;
+    assert!(!page.contains("sk-live"), "a raw key reached the page");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let rate = |row: &[String], i: usize| {
+        row.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    // a and b: their 10/s each, the rest refused; c: its 4/s in the
+    // overflow bucket, so listed last.
+    for row in &rows[..2] {
+        assert!((6.0..=14.0).contains(&rate(row, 1)), "{row:?}");
+        assert!(rate(row, 3) >= 5.0, "{row:?}");
+    }
+    assert!((2.0..=6.0).contains(&rate(&rows[2], 1)), "{:?}", rows[2]);
+    assert!(rate(&rows[2], 3) < 1.0, "{:?}", rows[2]);
+    assert!(
+        rows.iter()
+            .all(|r| r[0].starts_with('#') && r[0].len() == 13),
+        "{rows:?}"
+    );
+    assert_eq!(active, "3");
+    assert_eq!(overflowed, "1");
+
+    // The find box names c's key as its row does, and marks the row.
+    browser
+        .fill(&format!("{section} .find-key-input"), "sk-live-cccc")
+        .await?;
+    browser
+        .click(&format!("{section} .find-key button"))
+        .await?;
+    let found = browser
+        .wait_text(
+            &format!("{section} .find-key-result"),
+            Duration::from_secs(5),
+            |t| t.starts_with("That key is #"),
+        )
+        .await?;
+    let marked = browser
+        .text(&format!("{section} tr.top-key.found .key-label"))
+        .await?;
+    println!("ui: find a key: {found:?}; marked row {marked}");
+    assert_eq!(marked, rows[2][0]);
+    assert!(
+        found.contains(&marked) && found.contains("admitted/s"),
+        "{found}"
+    );
+    let (status, answer) = label_of("per-key", json!({"key": "sk-live-cccc"})).await?;
+    assert_eq!(
+        (status, answer["label"].as_str()),
+        (200, Some(marked.as_str()))
+    );
+
+    stop.store(true, Ordering::SeqCst);
+    for l in loads {
+        let _ = l.await;
+    }
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}

@@ -17,6 +17,7 @@ use sluice_shared::{Mode, Scope, Span};
 
 use crate::api::{self, ApiError, FieldError};
 use crate::form::{self, Kind};
+use crate::keys::KeysNow;
 use crate::live::{self, LiveFrames, Utilization};
 
 #[derive(Clone, Copy)]
@@ -1065,6 +1066,7 @@ fn LivePage() -> impl IntoView {
                             }/>
                         </tbody>
                     </table>
+                    <KeysNow policy=name.clone()/>
                 </section>
             }
         }/>
