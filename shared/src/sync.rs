@@ -310,3 +310,36 @@ impl SyncReport {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key_view::{KeyCount, KeysReport};
+
+    fn report() -> SyncReport {
+        SyncReport {
+            instance: "e1".into(),
+            ..SyncReport::default()
+        }
+    }
+
+    #[test]
+    fn per_key_reports_past_their_bounds_are_refused_with_the_reason() {
+        assert_eq!(report().check(), Ok(()));
+        let mut many = report();
+        for i in 0..=MAX_REPORT_KEYED {
+            many.keys.insert(format!("p{i}"), KeysReport::default());
+        }
+        assert!(many.check().unwrap_err().starts_with("keys:"));
+        let mut crowded = report();
+        let keys = crowded.keys.entry("llm".into()).or_default();
+        keys.top.keys = vec![KeyCount::default(); ENVOY_TOP_KEYS + 1];
+        assert!(crowded.check().unwrap_err().starts_with("keys.llm:"));
+        let mut long = report();
+        long.keys.entry("llm".into()).or_default().top.keys = vec![KeyCount {
+            label: "x".repeat(500),
+            ..KeyCount::default()
+        }];
+        assert!(long.check().unwrap_err().contains("too long"));
+    }
+}

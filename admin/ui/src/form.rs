@@ -71,6 +71,7 @@ pub enum Kind {
 
 pub const ALGORITHMS: &[&str] = &["token_bucket", "fixed_window", "sliding_window"];
 pub const OVERFLOWS: &[&str] = &["shared", "reject"];
+pub const KEY_LABELS: &[&str] = &["hash", "value"];
 pub const ACTIONS: &[&str] = &["reject", "queue"];
 pub const MODES: &[&str] = &["enforce", "shadow"];
 pub const SCOPES: &[&str] = &["instance", "global"];
@@ -386,6 +387,7 @@ pub fn help(pointer: &str) -> &'static str {
         "/key/header" => "One bucket per value of this header (per API key, per tenant).",
         "/key/max_keys" => "Keys tracked at once; an idle key gives its place to a new one.",
         "/key/overflow" => "Past max keys: share one extra bucket, or refuse the newcomers.",
+        "/key/label" => "How the live view names keys: a hash (raw keys stay in Envoy), or the value for non-secret ones.",
         "/rate/algorithm" => "token_bucket smooths with a burst; windows count per period.",
         "/rate/requests" => "Calls (or cost units) allowed per period.",
         "/rate/period" => "The period: 1s, 1m, 1h, up to 31d.",
@@ -450,11 +452,29 @@ mod help_tests {
         assert_eq!(parse_input(Kind::Choice(MODES), ""), None);
     }
 
+    /// Every word a select offers is one the policy schema takes.
+    #[test]
+    fn every_choice_is_accepted_by_the_schema() {
+        use sluice_shared::{Algorithm, KeyLabel, KeyOverflow, LimitAction, Mode, Scope};
+        fn takes<T: serde::de::DeserializeOwned>(words: &[&str]) {
+            for w in words {
+                assert!(serde_json::from_value::<T>(Value::String((*w).into())).is_ok(), "{w}");
+            }
+        }
+        takes::<Algorithm>(ALGORITHMS);
+        takes::<KeyOverflow>(OVERFLOWS);
+        takes::<KeyLabel>(KEY_LABELS);
+        takes::<LimitAction>(ACTIONS);
+        takes::<Mode>(MODES);
+        takes::<Scope>(SCOPES);
+    }
+
     #[test]
     fn every_choice_and_common_field_has_help() {
         for pointer in [
             "/rate/algorithm",
             "/key/overflow",
+            "/key/label",
             "/on_limit/action",
             "/mode",
             "/scope",

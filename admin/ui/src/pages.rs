@@ -369,6 +369,12 @@ const FIELDS: &[(&str, &str, &str, Kind)] = &[
         Kind::Choice(form::OVERFLOWS),
     ),
     (
+        "Key",
+        "Keys shown in the live view as",
+        "/key/label",
+        Kind::Choice(form::KEY_LABELS),
+    ),
+    (
         "Rate",
         "Algorithm",
         "/rate/algorithm",
