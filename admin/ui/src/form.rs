@@ -458,7 +458,10 @@ mod help_tests {
         use sluice_shared::{Algorithm, KeyLabel, KeyOverflow, LimitAction, Mode, Scope};
         fn takes<T: serde::de::DeserializeOwned>(words: &[&str]) {
             for w in words {
-                assert!(serde_json::from_value::<T>(Value::String((*w).into())).is_ok(), "{w}");
+                assert!(
+                    serde_json::from_value::<T>(Value::String((*w).into())).is_ok(),
+                    "{w}"
+                );
             }
         }
         takes::<Algorithm>(ALGORITHMS);
