@@ -112,9 +112,10 @@ pub async fn run(port: u16, stats: Arc<LoadStats>) {
     tasks.spawn(open_loop(Arc::clone(&stats), 2, 25, move |_| {
         request(&h, port, "api.fx.example", "/v1/rates")
     }));
-    for key in ["key-a", "key-b", "key-c"] {
+    // One key above its 10/s, two below: the live view's busiest keys.
+    for (key, per_second) in [("key-a", 15), ("key-b", 8), ("key-c", 3)] {
         let h = http.clone();
-        tasks.spawn(open_loop(Arc::clone(&stats), 3, 15, move |_| {
+        tasks.spawn(open_loop(Arc::clone(&stats), 3, per_second, move |_| {
             request(&h, port, "api.maps.example", "/v1/route").header("x-api-key", key)
         }));
     }
