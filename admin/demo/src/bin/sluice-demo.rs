@@ -302,8 +302,8 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
         } else {
             "A load generator calls api.bank.example (150/s against a 100/s limit), api.llm.example\n\
              (12 callers against 8 in flight, 300 calls and 20 000 tokens a minute, half of them\n\
-             streamed), api.fx.example (25/s, queued at 20/s) and api.maps.example (3 API keys at\n\
-             15/s, each limited to 10/s) through the egress listener."
+             streamed), api.fx.example (25/s, queued at 20/s) and api.maps.example (API keys at\n\
+             15/s, 8/s and 3/s, each limited to 10/s) through the egress listener."
                 .to_string()
         }
     );
