@@ -154,8 +154,9 @@ run: setup wasm ui
 
 # Benchmarks: Sluice beside Envoy with no filter, a no-op wasm filter and
 # the native local_ratelimit, in one run; writes docs/BENCHMARKS.md and
-# docs/img/bench-*.png. wrk and the charts' font come from Debian.
-BENCH_APT_PACKAGES := wrk fonts-dejavu-core
+# docs/img/bench-*.png. wrk, valgrind (callgrind) and the charts' font come
+# from Debian.
+BENCH_APT_PACKAGES := wrk fonts-dejavu-core valgrind
 BENCH_ARGS ?=
 BENCH_OUT ?= docs/BENCHMARKS.md
 

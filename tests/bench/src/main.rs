@@ -3,7 +3,10 @@
 //! local_ratelimit), in one run on this machine. Writes docs/BENCHMARKS.md
 //! and the charts next to it.
 
+mod callgrind;
 mod configs;
+mod instructions;
+mod judge;
 mod plot;
 mod procs;
 mod scenarios;
@@ -37,7 +40,7 @@ pub struct Args {
     noop_wasm: PathBuf,
     #[arg(long, default_value = "target/release/sluice-admin")]
     admin_bin: PathBuf,
-    /// Only these scenarios (1 to 5); all by default.
+    /// Only these scenarios (1 to 6); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
 }
@@ -73,6 +76,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.runs(5) {
         scenarios::footprint(&args, &mut report)?;
+    }
+    if args.runs(6) {
+        instructions::instructions(&args, &mut report).await?;
     }
     std::fs::write(&args.out, report.markdown())?;
     println!("wrote {}", args.out.display());

@@ -40,6 +40,11 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// A process stopped (killed) when dropped.
+    pub fn new(child: Child) -> Self {
+        Self { child, _dir: None }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
