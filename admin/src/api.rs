@@ -76,6 +76,8 @@ pub fn routes() -> Router<Shared> {
             REQUEST_TIMEOUT,
         ))
         .route("/api/v1/live", get(live))
+        // Held up to 25 s (push): outside the 30 s timeout, bounded itself.
+        .route(crate::push::WATCH_PATH, post(crate::push::watch))
         .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
@@ -419,6 +421,8 @@ async fn reorder(
 /// Keeps `/metrics`' policy set version current after a write (a scrape
 /// itself reads nothing from the store).
 pub async fn refresh_set_version(state: &AppState) {
+    // Held watches look again (they answer only a set that differs).
+    state.changes.notify();
     if let Ok(set) = state.store.policy_set().await {
         state.metrics.policy_set_version.set(set.version as i64);
         state.metrics.observe_policies(&set);

@@ -15,6 +15,7 @@ pub mod managed;
 pub mod metrics;
 pub mod people_api;
 pub mod people_cli;
+pub mod push;
 pub mod relay;
 pub mod server;
 pub mod store;
@@ -75,6 +76,8 @@ pub struct AppState {
     pub proxy_users: access::ProxyUsers,
     /// `--managed-dir`: the policies are the directory's.
     pub managed: Option<Arc<managed::Managed>>,
+    /// Held watches, told of policy changes (push).
+    pub changes: push::Changes,
 }
 
 /// The store's health, checked at most once a second however often
@@ -133,6 +136,7 @@ impl AppState {
             allowed_hosts: Vec::new(),
             proxy_users: access::ProxyUsers::default(),
             managed: None,
+            changes: push::Changes::default(),
         }
     }
 
@@ -342,8 +346,10 @@ pub async fn serve_with_tls(
 ) -> std::io::Result<()> {
     spawn_live_ticker(state.clone());
     spawn_instance_pruner(state.clone());
+    push::spawn_version_poller(state.clone());
     api::refresh_set_version(&state).await;
     let limits = state.server_limits;
+    let state_for_stop = Arc::clone(&state);
     let app = app(state, ui_dir);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopped_too = stopped.clone();
@@ -359,8 +365,11 @@ pub async fn serve_with_tls(
             until(stopped_too),
         ))
     });
+    let stopping = Arc::clone(&state_for_stop);
     tokio::spawn(async move {
         shutdown.await;
+        // Held watches answer now, so that no connection holds us up.
+        stopping.changes.stop();
         let _ = stop.send(true);
     });
     let plain = server::serve(listener, app, None, limits, until(stopped)).await;

@@ -1166,3 +1166,154 @@ async fn budgets_are_held_per_envoy_across_an_admin_restart_and_given_back_when_
     let (_, held) = sync_budgets(&admin, budget_report("envoy-a", false, 100, 9_000)).await;
     assert_eq!(held.unwrap()["daily"]["available"], 40);
 }
+
+/// Push: a watch is held until the policy set differs from the one it
+/// names, answered at once when it already does, `304` after its hold;
+/// the sync token and a well-formed body are required; stopping the
+/// admin answers held watches rather than waiting for them.
+#[tokio::test]
+async fn a_watch_is_answered_as_soon_as_an_edit_lands() {
+    use std::time::{Duration, Instant};
+    let admin = start().await;
+    let s = admin.login().await;
+    let (status, _, _) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(bank(10)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, _, list) = admin
+        .call(
+            Method::GET,
+            "/api/v1/policies",
+            &[("cookie", &s.cookie)],
+            None,
+        )
+        .await;
+    let version = list["version"].as_u64().unwrap();
+    let bearer = format!("Bearer {SYNC_TOKEN}");
+    let watch = |v: u64, wait_ms: &'static str| {
+        let (admin, bearer) = (&admin, bearer.clone());
+        async move {
+            admin
+                .call(
+                    Method::POST,
+                    "/api/v1/sync/watch",
+                    &[("authorization", &bearer), ("sluice-wait-ms", wait_ms)],
+                    Some(json!({"instance": "e1", "policy_version": v})),
+                )
+                .await
+        }
+    };
+    // Behind: answered at once with the set and the store's epoch.
+    let (status, headers, body) = watch(0, "5000").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["version"].as_u64(), Some(version));
+    assert!(headers.contains_key("sluice-store-epoch"));
+    // Current, nothing changes: 304 after the hold.
+    let started = Instant::now();
+    let (status, _, _) = watch(version, "300").await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // Current, an edit lands 200 ms in: answered with it right after.
+    let held = tokio::spawn({
+        let base = admin.base.clone();
+        let bearer = bearer.clone();
+        async move {
+            let started = Instant::now();
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/api/v1/sync/watch"))
+                .header("authorization", bearer)
+                .header("content-type", "application/json")
+                .body(json!({"instance": "e1", "policy_version": version}).to_string())
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status();
+            let body: Value =
+                serde_json::from_str(&resp.text().await.unwrap_or_default()).unwrap_or_default();
+            (status, body, Instant::now(), started)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, _, _) = admin
+        .edit(
+            &s,
+            Method::PUT,
+            "/api/v1/policies/bank",
+            &[("if-match", &format!("\"{version}\""))],
+            Some(bank(20)),
+        )
+        .await;
+    let edited = Instant::now();
+    assert_eq!(status, StatusCode::OK);
+    let (status, body, answered, started) = held.await.unwrap();
+    let after_edit = answered.saturating_duration_since(edited);
+    println!(
+        "watch: held {:?}, answered {after_edit:?} after the edit's 200",
+        answered - started
+    );
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["version"].as_u64(), Some(version + 1));
+    assert!(after_edit < Duration::from_millis(100), "{after_edit:?}");
+    // No token, a wrong one, a bad body.
+    let (status, _, _) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync/watch",
+            &[("authorization", "Bearer wrong")],
+            Some(json!({"instance": "e1", "policy_version": 0})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    for bad in [
+        json!({"policy_version": 0}),
+        json!({"instance": "", "policy_version": 0}),
+        json!("x"),
+    ] {
+        let (status, _, body) = admin
+            .call(
+                Method::POST,
+                "/api/v1/sync/watch",
+                &[("authorization", &bearer)],
+                Some(bad),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+}
+
+/// A held watch does not hold up the admin's shutdown.
+#[tokio::test]
+async fn stopping_the_admin_answers_held_watches() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("sluice.db")).unwrap();
+    let state = Arc::new(AppState::new(
+        store,
+        Credentials::from_password(PASSWORD).unwrap(),
+        Some(SYNC_TOKEN.into()),
+        false,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sluice_admin::serve(listener, state, None, async move {
+        let _ = stopped.await;
+    }));
+    let held = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/api/v1/sync/watch"))
+            .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+            .body(json!({"instance": "e1", "policy_version": 0}).to_string())
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    let took = started.elapsed();
+    let answer = held.await.unwrap();
+    println!("watch at shutdown: {answer:?}; the admin stopped in {took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}

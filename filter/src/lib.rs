@@ -20,6 +20,7 @@ pub mod prefetch;
 pub mod report;
 pub mod store;
 pub mod sync;
+pub mod watch;
 pub mod worker;
 
 #[cfg(target_arch = "wasm32")]
@@ -35,6 +36,8 @@ mod keyed_limits_tests;
 mod provider_relay_tests;
 #[cfg(test)]
 mod provider_tests;
+#[cfg(test)]
+mod push_tests;
 #[cfg(test)]
 mod queue_limits_tests;
 #[cfg(test)]

@@ -165,10 +165,14 @@ pub enum FilterStat {
     /// Admin answers whose provider news header was not one: nothing
     /// relayed was taken from it.
     ProviderNewsMalformed,
+    /// Policy sets the admin pushed (answers to the watch call).
+    PushSets,
+    /// Watch calls that failed (the admin away, a timeout, a bad answer).
+    PushFailures,
 }
 
 impl FilterStat {
-    const ALL: [FilterStat; 11] = [
+    const ALL: [FilterStat; 13] = [
         FilterStat::CasRetries,
         FilterStat::CasExhausted,
         FilterStat::StateDecodeErrors,
@@ -180,6 +184,8 @@ impl FilterStat {
         FilterStat::RequestBodyTooLarge,
         FilterStat::BudgetsMalformed,
         FilterStat::ProviderNewsMalformed,
+        FilterStat::PushSets,
+        FilterStat::PushFailures,
     ];
 
     pub fn name(self) -> &'static str {
@@ -195,6 +201,8 @@ impl FilterStat {
             FilterStat::RequestBodyTooLarge => "request_body_too_large",
             FilterStat::BudgetsMalformed => "budgets_malformed",
             FilterStat::ProviderNewsMalformed => "provider_news_malformed",
+            FilterStat::PushSets => "push_sets",
+            FilterStat::PushFailures => "push_failures",
         }
     }
 

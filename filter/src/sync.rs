@@ -39,6 +39,8 @@ pub struct SyncSettings {
     pub authority: String,
     pub interval: Span,
     pub token: Option<String>,
+    /// Keep a watch open for pushed policy sets.
+    pub push: bool,
 }
 
 impl SyncSettings {
@@ -50,6 +52,7 @@ impl SyncSettings {
             authority: config.admin_authority.clone(),
             interval: config.sync_interval.as_span(),
             token: config.sync_token.clone(),
+            push: config.sync_push,
         })
     }
 

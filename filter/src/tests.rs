@@ -473,6 +473,7 @@ pub(crate) fn sync_settings() -> crate::sync::SyncSettings {
         authority: "sluice-admin".into(),
         interval: Span::from_secs(1),
         token: Some("t0ken".into()),
+        push: false,
     }
 }
 

@@ -25,6 +25,12 @@ struct RawPluginConfig {
     fallback: Option<Value>,
     #[serde(default)]
     queue_ticket_header: bool,
+    #[serde(default = "default_sync_push")]
+    sync_push: bool,
+}
+
+fn default_sync_push() -> bool {
+    true
 }
 
 fn default_instance() -> String {
@@ -58,6 +64,10 @@ pub struct PluginConfig {
     /// the order it took them in. Off by default: it is for tests and
     /// debugging, not for third parties.
     pub queue_ticket_header: bool,
+    /// Keeps a watch call open to the admin, which answers it as soon as
+    /// the policy set changes (push); the syncs carry on at the interval.
+    /// On by default; off, edits arrive with the next sync.
+    pub sync_push: bool,
 }
 
 pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors> {
@@ -128,6 +138,7 @@ pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors
             sync_token: raw.sync_token,
             fallback,
             queue_ticket_header: raw.queue_ticket_header,
+            sync_push: raw.sync_push,
         }),
         _ => Err(ValidationErrors { errors }),
     }

@@ -23,6 +23,12 @@ use serde::{Deserialize, Serialize};
 use crate::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
+/// Push: a watch call (sync token, a [`WatchRequest`] body) the admin holds
+/// until the policy set differs from the one named, then answers `200`
+/// with it, or `304` after the hold asked for in [`WAIT_HEADER`] (ms, at
+/// most 25 s). Both answers carry [`EPOCH_HEADER`].
+pub const WATCH_PATH: &str = "/api/v1/sync/watch";
+pub const WAIT_HEADER: &str = "sluice-wait-ms";
 pub const SHARES_HEADER: &str = "sluice-grants";
 /// The admin's store epoch, on every answer: drawn at random when the store
 /// was created, and again when a restored store finds Envoys ahead of it.
@@ -96,6 +102,15 @@ pub struct SyncReport {
     /// report, so that keys gone quiet make room).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub keys: BTreeMap<String, KeysReport>,
+}
+
+/// The body of a watch call: the set its Envoy enforces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchRequest {
+    pub instance: String,
+    pub policy_version: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub policy_epoch: u64,
 }
 
 /// A budget as one Envoy reports it.

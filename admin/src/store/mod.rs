@@ -166,6 +166,11 @@ impl Store {
             })
     }
 
+    /// The store's epoch (see [`sluice_shared::sync::EPOCH_HEADER`]).
+    pub async fn epoch(&self) -> Result<u64, StoreError> {
+        self.run(|s| s.epoch()).await
+    }
+
     pub async fn policy_set(&self) -> Result<PolicySet, StoreError> {
         self.run(|s| s.policy_set()).await
     }

@@ -77,6 +77,10 @@ pub const IDLE_TICK: Span = Span::from_millis(100);
 pub const QUEUE_TICK: Span = Span::from_millis(1);
 /// Tick while prefetches hold spare slots: lapsed ones go back within it.
 pub const PREFETCH_TICK: Span = Span::from_millis(10);
+/// Tick with nobody waiting while the admin pushes policy sets: how soon
+/// every worker installs a set one VM received (a read of its version in
+/// shared data per tick).
+pub const PUSH_TICK: Span = Span::from_millis(20);
 
 pub struct Worker {
     holder: u64,
@@ -532,12 +536,16 @@ impl Worker {
             &self.policies,
             now,
         );
+        self.sync
+            .maybe_watch(host, &mut self.store, &mut self.metrics, now);
         self.store.flush_into(&mut self.metrics);
         self.metrics.flush(host);
         let period = if self.streams.waiting() > 0 {
             QUEUE_TICK
         } else if self.prefetches.holds_slots() {
             PREFETCH_TICK
+        } else if self.sync.pushes() {
+            PUSH_TICK
         } else {
             IDLE_TICK
         };
@@ -556,6 +564,19 @@ impl Worker {
     }
 
     fn sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
+        if let Some(sent) = self.sync.take_watch(token) {
+            let epoch = crate::sync::parse_epoch(reply.epoch_header);
+            if let Some(set) = self.sync.on_watch_answer(
+                host,
+                &mut self.store,
+                &mut self.metrics,
+                (reply.answer(), epoch),
+                sent,
+            ) {
+                self.install_from_admin(host, set);
+            }
+            return;
+        }
         let Some(sent_at) = self.sync.take_pending(token) else {
             return;
         };

@@ -24,6 +24,7 @@ use crate::metrics::{FilterStat, Metrics};
 use crate::report;
 use crate::store::Store;
 use crate::sync::{self as policy_sync, Answer, Published, SetId, SyncSettings};
+use crate::watch;
 
 /// How often a worker adds its counters to the shared sync report.
 const REPORT_EVERY: Span = Span::from_millis(100);
@@ -44,6 +45,10 @@ pub(super) struct SyncClient {
     hurried_at: Instant,
     /// Per-key counts for the live view.
     keys: KeyCounts,
+    /// The watch call this VM holds open (push): (token, sent at).
+    watch_call: Option<(u32, Instant)>,
+    /// The watch is failing: logged once until it answers again.
+    watch_failing: bool,
 }
 
 /// How often one VM may bring the Envoy's sync forward: a provider
@@ -70,6 +75,11 @@ impl SyncClient {
 
     pub fn is_configured(&self) -> bool {
         self.settings.is_some()
+    }
+
+    /// Whether pushed sets may arrive (workers then look for them often).
+    pub fn pushes(&self) -> bool {
+        self.settings.as_ref().is_some_and(|s| s.push)
     }
 
     pub fn admin_version(&self) -> u64 {
@@ -237,6 +247,105 @@ impl SyncClient {
 
     /// Ends the wait for call `token`; returns when it was sent, or None if
     /// it is not the call this VM waits for.
+    /// Opens the watch call if push is on, no VM of this Envoy holds it and
+    /// the last one did not fail just now.
+    pub fn maybe_watch<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        now: Instant,
+    ) {
+        let Some(settings) = self.settings.as_ref().filter(|s| s.push) else {
+            return;
+        };
+        let call_limit = watch::HOLD + watch::MARGIN;
+        if let Some((_, sent)) = self.watch_call {
+            // Envoy answers every call, if only with a timeout; a guard
+            // against a lost answer keeping the watch closed for good.
+            if now - sent < call_limit.saturating_mul(2) {
+                return;
+            }
+            self.watch_call = None;
+        }
+        if !watch::claim(host, store, now, now + call_limit) {
+            return;
+        }
+        let (headers, body) = watch::request(settings, self.admin_set);
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match host.dispatch_http_call(&settings.cluster, &headers, &body, call_limit) {
+            Some(token) => self.watch_call = Some((token, now)),
+            None => {
+                metrics.add_filter(FilterStat::PushFailures, 1);
+                watch::release(host, store, watch::retry_after(host, now));
+            }
+        }
+    }
+
+    /// When this VM's watch call `token` was sent, if it is that call
+    /// (which it then is no more).
+    pub fn take_watch(&mut self, token: u32) -> Option<Instant> {
+        match self.watch_call {
+            Some((pending, sent)) if pending == token => {
+                self.watch_call = None;
+                Some(sent)
+            }
+            _ => None,
+        }
+    }
+
+    /// The admin answered the watch (or Envoy gave up on it): a pushed set
+    /// is published and returned to install, as a sync's would be. The
+    /// watch opens again at once after an answer, after 1 to 3 s after a
+    /// failure.
+    pub fn on_watch_answer<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        metrics: &mut Metrics,
+        (answer, epoch): (Answer, u64),
+        sent: Instant,
+    ) -> Option<PolicySet> {
+        let now = host.now();
+        let (ok, installed) = match answer {
+            Answer::Unchanged => (true, None),
+            Answer::PolicySet(set) => {
+                let (ok, stat, installed) = self.take_set(host, store, set, epoch);
+                metrics.add_filter(stat, 1);
+                if installed.is_some() {
+                    metrics.add_filter(FilterStat::PushSets, 1);
+                }
+                (ok, installed)
+            }
+            Answer::Failed(why) => {
+                if !self.watch_failing {
+                    host.log(
+                        Level::Warn,
+                        &format!("sluice: the admin's push watch failed: {why}; retrying within 3 s, syncs go on"),
+                    );
+                }
+                (false, None)
+            }
+        };
+        self.watch_failing = !ok;
+        if installed.is_some() {
+            watch::release(host, store, now);
+            self.maybe_watch(host, store, metrics, now);
+        } else if ok {
+            // An answer that brought nothing new comes after the hold; one
+            // that comes at once (an admin that does not hold) must not
+            // turn watches into a loop.
+            watch::release(host, store, (sent + watch::MIN_GAP).max(now));
+        } else {
+            metrics.add_filter(FilterStat::PushFailures, 1);
+            watch::release(host, store, watch::retry_after(host, now));
+        }
+        installed
+    }
+
     pub fn take_pending(&mut self, token: u32) -> Option<Instant> {
         match self.pending_call {
             Some((pending, sent)) if pending == token => {
@@ -264,23 +373,9 @@ impl SyncClient {
         let (ok, stat) = match answer {
             Answer::Unchanged => (true, FilterStat::SyncOk),
             Answer::PolicySet(set) => {
-                let offered = SetId {
-                    epoch,
-                    version: set.version,
-                };
-                match policy_sync::publish(host, store, offered, &set) {
-                    Ok(Published::Stored | Published::Held) => {
-                        installed = self.pick_up_published_set(host);
-                        (true, FilterStat::SyncOk)
-                    }
-                    Ok(Published::Stale { held }) => {
-                        self.log_stale(host, offered, held);
-                        // The admin answered; there is nothing to back off from.
-                        (true, FilterStat::SyncStale)
-                    }
-                    // The store counted and logged why.
-                    Err(_) => (false, FilterStat::SyncFailures),
-                }
+                let (ok, stat, set) = self.take_set(host, store, set, epoch);
+                installed = set;
+                (ok, stat)
             }
             Answer::Failed(why) => {
                 host.log(
@@ -298,6 +393,34 @@ impl SyncClient {
             policy_sync::finish_turn(host, store, host.now(), settings.interval, ok);
         }
         installed
+    }
+
+    /// A set the admin sent (synced or pushed), from the store of `epoch`:
+    /// published for every VM if it may replace the one held. Whether the
+    /// admin answered well, the stat to count, and the set to install here.
+    fn take_set<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        store: &mut Store,
+        set: PolicySet,
+        epoch: u64,
+    ) -> (bool, FilterStat, Option<PolicySet>) {
+        let offered = SetId {
+            epoch,
+            version: set.version,
+        };
+        match policy_sync::publish(host, store, offered, &set) {
+            Ok(Published::Stored | Published::Held) => {
+                (true, FilterStat::SyncOk, self.pick_up_published_set(host))
+            }
+            Ok(Published::Stale { held }) => {
+                self.log_stale(host, offered, held);
+                // The admin answered; there is nothing to back off from.
+                (true, FilterStat::SyncStale, None)
+            }
+            // The store counted and logged why.
+            Err(_) => (false, FilterStat::SyncFailures, None),
+        }
     }
 
     fn log_stale<H: Host + ?Sized>(&mut self, host: &H, offered: SetId, held: SetId) {

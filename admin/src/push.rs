@@ -1,0 +1,137 @@
+//! Policy changes pushed to the Envoys. Besides its sync every interval,
+//! each Envoy keeps one watch call open: the admin holds it until the
+//! policy set changes, then answers with the new set at once, so an edit
+//! is enforced within a round trip instead of up to a sync interval.
+//! Reports, shares and provider news keep going with the syncs.
+//!
+//! A change is noticed when this admin writes (every write refreshes the
+//! set's version) and, for edits made through another replica or the
+//! command line, by reading the version once a second.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sluice_shared::sync::{WatchRequest, EPOCH_HEADER, MAX_INSTANCE_LEN};
+use tokio::sync::watch;
+
+use crate::auth::bears;
+use crate::error::ApiError;
+use crate::AppState;
+
+pub use sluice_shared::sync::{WAIT_HEADER, WATCH_PATH};
+/// The longest hold: below the 30 s every other request is given, and
+/// the filter's call timeout is the hold plus a margin.
+pub const MAX_HOLD: Duration = Duration::from_secs(25);
+/// How often the version is read for changes made elsewhere.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Who is told of a change, and of the admin stopping (a held watch is
+/// answered at once then, so that shutting down does not wait for it).
+pub struct Changes {
+    seen: watch::Sender<u64>,
+    stopping: watch::Sender<bool>,
+}
+
+impl Default for Changes {
+    fn default() -> Self {
+        Self {
+            seen: watch::channel(0).0,
+            stopping: watch::channel(false).0,
+        }
+    }
+}
+
+impl Changes {
+    /// The policy set may have changed: every held watch looks again.
+    pub fn notify(&self) {
+        self.seen.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+}
+
+/// Reads the set's version once a second and, when another replica or
+/// the command line changed it, refreshes it here (which notifies).
+pub fn spawn_version_poller(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(POLL_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            every.tick().await;
+            if *state.changes.stopping.borrow() {
+                return;
+            }
+            let Ok(version) = state.store.policy_set_version().await else {
+                continue;
+            };
+            if version as i64 != state.metrics.policy_set_version.get() {
+                crate::api::refresh_set_version(&state).await;
+            }
+        }
+    });
+}
+
+/// `POST /api/v1/sync/watch` (the sync token): answered `200` with the
+/// policy set as soon as it differs from the one named, or `304` after
+/// the hold (`sluice-wait-ms`, at most [`MAX_HOLD`]).
+pub async fn watch(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    if let Some(expected) = &state.sync_token {
+        if !bears(&headers, expected) {
+            return Err(ApiError::BadSyncToken);
+        }
+    }
+    let request: WatchRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("watch: {e}")))?;
+    if request.instance.is_empty() || request.instance.len() > MAX_INSTANCE_LEN {
+        return Err(ApiError::BadRequest(format!(
+            "watch: instance must be 1 to {MAX_INSTANCE_LEN} characters"
+        )));
+    }
+    let hold = headers
+        .get(WAIT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(MAX_HOLD, Duration::from_millis)
+        .min(MAX_HOLD);
+    // Subscribed before the first read, so no change slips in between.
+    let mut changes = state.changes.seen.subscribe();
+    let mut stopping = state.changes.stopping.subscribe();
+    let deadline = tokio::time::Instant::now() + hold;
+    loop {
+        let set = state.store.policy_set().await?;
+        let epoch = state.store.epoch().await?;
+        let same_store = request.policy_epoch == epoch || request.policy_epoch == 0;
+        if set.version != request.policy_version || !same_store {
+            tracing::info!(instance = %request.instance, from = request.policy_version, to = set.version, "pushing policy set");
+            let mut response = Json(set).into_response();
+            response
+                .headers_mut()
+                .insert(EPOCH_HEADER, HeaderValue::from(epoch));
+            return Ok(response);
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { break },
+            () = tokio::time::sleep_until(deadline) => break,
+            _ = stopping.wait_for(|s| *s) => break,
+        }
+    }
+    let epoch = state.store.epoch().await?;
+    Ok((
+        StatusCode::NOT_MODIFIED,
+        [(
+            header::HeaderName::from_static(EPOCH_HEADER),
+            HeaderValue::from(epoch),
+        )],
+    )
+        .into_response())
+}

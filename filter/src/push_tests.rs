@@ -1,0 +1,141 @@
+//! Push: one VM per Envoy keeps a watch open; a pushed set is installed
+//! and published for the other VMs, which take it on their next tick; the
+//! watch reopens at once after an answer, and only after 1 to 3 s after a
+//! failure; a bad pushed set changes nothing.
+
+use sluice_shared::time::Span;
+
+use crate::testing::FakeHost;
+use crate::tests::{reply, req, sync_settings, worker, T0};
+use crate::worker::{Verdict, Worker, PUSH_TICK};
+
+const ONE: &str = r#"{"version": 1, "policies": [
+    {"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 1, "period": "1m"}}]}"#;
+const TWO: &[u8] = br#"{"version": 2, "policies": [
+    {"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 1000, "period": "1m"}}]}"#;
+
+fn pushing(host: &FakeHost) -> Worker {
+    let mut w = worker(host, ONE);
+    w.set_sync(Some(crate::sync::SyncSettings {
+        push: true,
+        ..sync_settings()
+    }));
+    w
+}
+
+/// The tokens of the watch calls sent so far.
+fn watches(host: &FakeHost) -> Vec<u32> {
+    host.calls
+        .borrow()
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, headers, _))| {
+            headers
+                .iter()
+                .any(|(k, v)| k == ":path" && v == sluice_shared::sync::WATCH_PATH)
+        })
+        .map(|(i, _)| i as u32 + 1)
+        .collect()
+}
+
+fn admitted(host: &FakeHost, w: &mut Worker, id: u32) -> bool {
+    let v = w.on_request(host, id, req(b"api.bank.example", &[]).as_slice());
+    w.on_stream_end(host, id);
+    v == Verdict::Continue
+}
+
+#[test]
+fn a_pushed_set_is_enforced_by_every_worker_within_a_tick() {
+    let host = FakeHost::at(T0);
+    let mut a = pushing(&host);
+    let mut b = pushing(&host);
+    a.on_tick(&host);
+    b.on_tick(&host);
+    // One watch for the Envoy, whichever VM holds it.
+    let open = watches(&host);
+    assert_eq!(open.len(), 1, "{open:?}");
+    let body = &host.calls.borrow()[open[0] as usize - 1].2.clone();
+    let named: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(named["instance"], "unit");
+    assert!(admitted(&host, &mut a, 1));
+    assert!(!admitted(&host, &mut a, 2), "1 a minute");
+    // The admin answers the watch with version 2: the VM installs it and
+    // opens the next watch at once.
+    a.on_sync_reply(&host, open[0], reply(Some(200), None, Some(TWO)));
+    // The bucket keeps its state across the edit: at 1000 a minute a
+    // token comes every 60 ms.
+    host.advance_ms(100);
+    assert!(admitted(&host, &mut a, 3));
+    assert_eq!(watches(&host).len(), 2);
+    // The other VM installs it on its next tick.
+    host.advance_ms(PUSH_TICK.as_millis().max(60));
+    b.on_tick(&host);
+    assert!(admitted(&host, &mut b, 4));
+}
+
+#[test]
+fn a_failed_watch_reopens_after_one_to_three_seconds_and_a_bad_set_changes_nothing() {
+    let host = FakeHost::at(T0);
+    let mut w = pushing(&host);
+    w.on_tick(&host);
+    let first = watches(&host)[0];
+    // Garbage from the admin: the set in force stays.
+    w.on_sync_reply(&host, first, reply(Some(200), None, Some(b"{not json")));
+    assert!(admitted(&host, &mut w, 1));
+    assert!(!admitted(&host, &mut w, 2));
+    let mut reopened = None;
+    for step in 1..=400u64 {
+        host.advance_ms(10);
+        w.on_tick(&host);
+        if watches(&host).len() > 1 {
+            reopened = Some(step * 10);
+            break;
+        }
+    }
+    let after = reopened.expect("the watch reopens");
+    assert!(
+        (1_000..=3_010).contains(&after),
+        "reopened after {after} ms"
+    );
+    // Envoy gave up on it (no status): the same.
+    let second = *watches(&host).last().unwrap();
+    w.on_sync_reply(&host, second, reply(None, None, None));
+    host.advance_ms(900);
+    w.on_tick(&host);
+    assert_eq!(watches(&host).len(), 2);
+    host.advance_ms(Span::from_secs(3).as_millis());
+    w.on_tick(&host);
+    assert_eq!(watches(&host).len(), 3);
+}
+
+/// An admin that answers at once without a new set (one that does not
+/// hold) gets at most one watch a second.
+#[test]
+fn an_admin_that_does_not_hold_gets_a_watch_a_second() {
+    let host = FakeHost::at(T0);
+    let mut w = pushing(&host);
+    let one = ONE.as_bytes();
+    for _ in 0..300 {
+        host.advance_ms(10);
+        w.on_tick(&host);
+        let open = *watches(&host).last().unwrap();
+        // Answered at once: the same set, or 304.
+        let body = if open % 2 == 0 { Some(one) } else { None };
+        let status = if open % 2 == 0 { 200 } else { 304 };
+        w.on_sync_reply(&host, open, reply(Some(status), None, body));
+    }
+    let n = watches(&host).len();
+    assert!((3..=4).contains(&n), "{n} watches in 3 s");
+}
+
+#[test]
+fn without_push_no_watch_is_opened() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, ONE);
+    w.set_sync(Some(sync_settings()));
+    for _ in 0..10 {
+        host.advance_ms(100);
+        w.on_tick(&host);
+    }
+    assert!(watches(&host).is_empty());
+}
