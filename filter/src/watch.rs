@@ -34,16 +34,24 @@ fn decode(bytes: Option<&[u8]>) -> Instant {
         })
 }
 
-/// Claims the watch until `until` if nobody holds it at `now`.
-pub fn claim<H: Host + ?Sized>(host: &H, store: &mut Store, now: Instant, until: Instant) -> bool {
+/// Claims the watch until `until` if nobody holds it at `now`; otherwise
+/// says until when it is held (not worth asking again before).
+pub fn claim<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    now: Instant,
+    until: Instant,
+) -> Result<(), Instant> {
     store
         .update(host, WATCH_KEY, |cur| {
-            if now < decode(cur) {
-                return (false, None);
+            let held_until = decode(cur);
+            if now < held_until {
+                return (Err(held_until), None);
             }
-            (true, Some(until.as_nanos().to_le_bytes().to_vec()))
+            (Ok(()), Some(until.as_nanos().to_le_bytes().to_vec()))
         })
-        .unwrap_or(false)
+        // A store failure (counted and logged there): try on a later tick.
+        .unwrap_or(Err(now))
 }
 
 /// Gives the watch up: claimable from `from` on.
@@ -97,11 +105,14 @@ mod tests {
         let host = FakeHost::at(Instant::EPOCH + Span::from_secs(10));
         let (mut a, mut b) = (Store::default(), Store::default());
         let now = host.now();
-        assert!(claim(&host, &mut a, now, now + HOLD + MARGIN));
-        assert!(!claim(&host, &mut b, now + Span::from_secs(3), now + HOLD));
+        assert_eq!(claim(&host, &mut a, now, now + HOLD + MARGIN), Ok(()));
+        assert_eq!(
+            claim(&host, &mut b, now + Span::from_secs(3), now + HOLD),
+            Err(now + HOLD + MARGIN)
+        );
         release(&host, &mut a, now + Span::from_secs(4));
-        assert!(!claim(&host, &mut b, now + Span::from_secs(3), now + HOLD));
-        assert!(claim(&host, &mut b, now + Span::from_secs(4), now + HOLD));
+        assert!(claim(&host, &mut b, now + Span::from_secs(3), now + HOLD).is_err());
+        assert!(claim(&host, &mut b, now + Span::from_secs(4), now + HOLD).is_ok());
     }
 
     #[test]
@@ -109,7 +120,7 @@ mod tests {
         let host = FakeHost::at(Instant::EPOCH + Span::from_secs(10));
         let mut store = Store::default();
         host.shared_set(WATCH_KEY, b"garbage", None).unwrap();
-        assert!(claim(&host, &mut store, host.now(), host.now() + HOLD));
+        assert!(claim(&host, &mut store, host.now(), host.now() + HOLD).is_ok());
     }
 
     #[test]

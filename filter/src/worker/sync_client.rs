@@ -49,6 +49,8 @@ pub(super) struct SyncClient {
     watch_call: Option<(u32, Instant)>,
     /// The watch is failing: logged once until it answers again.
     watch_failing: bool,
+    /// Another VM holds the watch until then.
+    watch_held_until: Instant,
 }
 
 /// How often one VM may bring the Envoy's sync forward: a provider
@@ -268,7 +270,13 @@ impl SyncClient {
             }
             self.watch_call = None;
         }
-        if !watch::claim(host, store, now, now + call_limit) {
+        if now < self.watch_held_until {
+            return;
+        }
+        if let Err(held_until) = watch::claim(host, store, now, now + call_limit) {
+            // Another VM holds it: no shared-data read per tick meanwhile.
+            // Its holder, not this VM, opens it again after an answer.
+            self.watch_held_until = held_until;
             return;
         }
         let (headers, body) = watch::request(settings, self.admin_set);

@@ -862,7 +862,8 @@ fn hold_watches(
             let http = reqwest::Client::new();
             let url = format!("{base}/api/v1/sync/watch");
             let auth = format!("Bearer {token}");
-            let body = json!({"instance": format!("sim-{i}"), "policy_version": version}).to_string();
+            let body =
+                json!({"instance": format!("sim-{i}"), "policy_version": version}).to_string();
             tokio::spawn(async move {
                 loop {
                     let answered = http
