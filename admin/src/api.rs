@@ -421,9 +421,8 @@ async fn reorder(
 /// Keeps `/metrics`' policy set version current after a write (a scrape
 /// itself reads nothing from the store).
 pub async fn refresh_set_version(state: &AppState) {
-    // Held watches look again (they answer only a set that differs).
-    state.changes.notify();
     if let Ok(set) = state.store.policy_set().await {
+        state.changes.observe(set.version);
         state.metrics.policy_set_version.set(set.version as i64);
         state.metrics.observe_policies(&set);
     }
@@ -564,6 +563,7 @@ async fn sync(
         .flatten()
         .and_then(|json| HeaderValue::from_str(&json).ok());
     state.metrics.policy_set_version.set(set.version as i64);
+    state.changes.observe(set.version);
     if answer.renewed {
         tracing::warn!(
             instance = %report.instance,

@@ -46,9 +46,14 @@ impl Default for Changes {
 }
 
 impl Changes {
-    /// The policy set may have changed: every held watch looks again.
-    pub fn notify(&self) {
-        self.seen.send_modify(|n| *n = n.wrapping_add(1));
+    /// The policy set's version as just read: a version other than the
+    /// last one seen wakes every held watch (which answers with the set).
+    pub fn observe(&self, version: u64) {
+        self.seen.send_if_modified(|seen| {
+            let changed = *seen != version;
+            *seen = version;
+            changed
+        });
     }
 
     pub fn stop(&self) {
@@ -56,8 +61,8 @@ impl Changes {
     }
 }
 
-/// Reads the set's version once a second and, when another replica or
-/// the command line changed it, refreshes it here (which notifies).
+/// Reads the set's version once a second, for edits made through another
+/// replica or the command line.
 pub fn spawn_version_poller(state: Arc<AppState>) {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(POLL_EVERY);
@@ -67,11 +72,8 @@ pub fn spawn_version_poller(state: Arc<AppState>) {
             if *state.changes.stopping.borrow() {
                 return;
             }
-            let Ok(version) = state.store.policy_set_version().await else {
-                continue;
-            };
-            if version as i64 != state.metrics.policy_set_version.get() {
-                crate::api::refresh_set_version(&state).await;
+            if let Ok(version) = state.store.policy_set_version().await {
+                state.changes.observe(version);
             }
         }
     });
