@@ -139,3 +139,26 @@ fn without_push_no_watch_is_opened() {
     }
     assert!(watches(&host).is_empty());
 }
+
+/// The same with several VMs: still one watch a second for the Envoy.
+#[test]
+fn several_vms_share_one_watch_a_second_when_answers_bring_nothing() {
+    let host = FakeHost::at(T0);
+    let mut vms: Vec<Worker> = (0..3).map(|_| pushing(&host)).collect();
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 0..300 {
+        host.advance_ms(10);
+        for w in vms.iter_mut() {
+            w.on_tick(&host);
+        }
+        for open in watches(&host) {
+            if answered.insert(open) {
+                for w in vms.iter_mut() {
+                    w.on_sync_reply(&host, open, reply(Some(304), None, None));
+                }
+            }
+        }
+    }
+    let n = watches(&host).len();
+    assert!((3..=4).contains(&n), "{n} watches in 3 s");
+}
