@@ -61,12 +61,14 @@ fn a_pushed_set_is_enforced_by_every_worker_within_a_tick() {
     assert!(!admitted(&host, &mut a, 2), "1 a minute");
     // The admin answers the watch with version 2: the VM installs it and
     // opens the next watch at once.
+    host.advance_ms(60);
     a.on_sync_reply(&host, open[0], reply(Some(200), None, Some(TWO)));
+    // The next watch opens at once (60 ms after the last went).
+    assert_eq!(watches(&host).len(), 2);
     // The bucket keeps its state across the edit: at 1000 a minute a
     // token comes every 60 ms.
     host.advance_ms(100);
     assert!(admitted(&host, &mut a, 3));
-    assert_eq!(watches(&host).len(), 2);
     // The other VM installs it on its next tick.
     host.advance_ms(PUSH_TICK.as_millis().max(60));
     b.on_tick(&host);
@@ -138,6 +140,45 @@ fn without_push_no_watch_is_opened() {
         w.on_tick(&host);
     }
     assert!(watches(&host).is_empty());
+}
+
+/// A set the sync brought first, then the watch: still news (the admin
+/// pushed it), so the next watch opens at once, not a second later.
+#[test]
+fn a_push_that_loses_the_race_to_a_sync_still_reopens_the_watch_at_once() {
+    let host = FakeHost::at(T0);
+    let mut w = pushing(&host);
+    w.on_tick(&host);
+    let watch = watches(&host)[0];
+    host.advance_ms(100);
+    let calls = host.calls.borrow().len() as u32;
+    let sync = (1..=calls).find(|t| !watches(&host).contains(t)).unwrap();
+    w.on_sync_reply(&host, sync, reply(Some(200), None, Some(TWO)));
+    w.on_sync_reply(&host, watch, reply(Some(200), None, Some(TWO)));
+    assert_eq!(watches(&host).len(), 2, "reopened at once");
+}
+
+/// An admin that answers news after news at once gets at most 20
+/// watches a second.
+#[test]
+fn news_after_news_opens_at_most_twenty_watches_a_second() {
+    let host = FakeHost::at(T0);
+    let mut w = pushing(&host);
+    let mut answered = std::collections::BTreeSet::new();
+    let mut version = 1;
+    for _ in 0..100 {
+        host.advance_ms(10);
+        w.on_tick(&host);
+        for open in watches(&host) {
+            if answered.insert(open) {
+                version += 1;
+                let set = format!(r#"{{"version": {version}, "policies": []}}"#);
+                w.on_sync_reply(&host, open, reply(Some(200), None, Some(set.as_bytes())));
+            }
+        }
+    }
+    let n = watches(&host).len();
+    assert!((15..=21).contains(&n), "{n} watches in 1 s");
 }
 
 /// The same with several VMs: still one watch a second for the Envoy.

@@ -21,6 +21,8 @@ pub const HOLD: Span = Span::from_secs(20);
 pub const MARGIN: Span = Span::from_secs(5);
 /// Watches that bring nothing new open at most this often.
 pub const MIN_GAP: Span = Span::from_secs(1);
+/// Watches that bring news open at most this often.
+pub const NEWS_GAP: Span = Span::from_millis(50);
 /// A failed watch is retried after a random wait in this range.
 pub const RETRY_MIN: Span = Span::from_secs(1);
 pub const RETRY_SPREAD_MS: u64 = 2_000;

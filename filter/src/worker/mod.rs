@@ -564,14 +564,14 @@ impl Worker {
     }
 
     fn sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
-        if let Some(sent) = self.sync.take_watch(token) {
+        if let Some(call) = self.sync.take_watch(token) {
             let epoch = crate::sync::parse_epoch(reply.epoch_header);
             if let Some(set) = self.sync.on_watch_answer(
                 host,
                 &mut self.store,
                 &mut self.metrics,
                 (reply.answer(), epoch),
-                sent,
+                call,
             ) {
                 self.install_from_admin(host, set);
             }

@@ -46,11 +46,20 @@ pub(super) struct SyncClient {
     /// Per-key counts for the live view.
     keys: KeyCounts,
     /// The watch call this VM holds open (push): (token, sent at).
-    watch_call: Option<(u32, Instant)>,
+    watch_call: Option<WatchCall>,
     /// The watch is failing: logged once until it answers again.
     watch_failing: bool,
     /// Another VM holds the watch until then.
     watch_held_until: Instant,
+}
+
+/// The watch call a VM holds open: its token, when it went, and the set
+/// it named (the one this VM enforced then).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WatchCall {
+    token: u32,
+    sent: Instant,
+    named: SetId,
 }
 
 /// How often one VM may bring the Envoy's sync forward: a provider
@@ -262,7 +271,7 @@ impl SyncClient {
             return;
         };
         let call_limit = watch::HOLD + watch::MARGIN;
-        if let Some((_, sent)) = self.watch_call {
+        if let Some(WatchCall { sent, .. }) = self.watch_call {
             // Envoy answers every call, if only with a timeout; a guard
             // against a lost answer keeping the watch closed for good.
             if now - sent < call_limit.saturating_mul(2) {
@@ -285,7 +294,13 @@ impl SyncClient {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         match host.dispatch_http_call(&settings.cluster, &headers, &body, call_limit) {
-            Some(token) => self.watch_call = Some((token, now)),
+            Some(token) => {
+                self.watch_call = Some(WatchCall {
+                    token,
+                    sent: now,
+                    named: self.admin_set,
+                })
+            }
             None => {
                 metrics.add_filter(FilterStat::PushFailures, 1);
                 watch::release(host, store, watch::retry_after(host, now));
@@ -293,13 +308,13 @@ impl SyncClient {
         }
     }
 
-    /// When this VM's watch call `token` was sent, if it is that call
-    /// (which it then is no more).
-    pub fn take_watch(&mut self, token: u32) -> Option<Instant> {
+    /// This VM's watch call `token`, if it is that call (which it then is
+    /// no more).
+    pub fn take_watch(&mut self, token: u32) -> Option<WatchCall> {
         match self.watch_call {
-            Some((pending, sent)) if pending == token => {
+            Some(call) if call.token == token => {
                 self.watch_call = None;
-                Some(sent)
+                Some(call)
             }
             _ => None,
         }
@@ -315,9 +330,13 @@ impl SyncClient {
         store: &mut Store,
         metrics: &mut Metrics,
         (answer, epoch): (Answer, u64),
-        sent: Instant,
+        call: WatchCall,
     ) -> Option<PolicySet> {
         let now = host.now();
+        // The admin answered with a set other than the one the watch named:
+        // news, even when a sync brought it here first.
+        let news = matches!(&answer, Answer::PolicySet(set)
+            if (SetId { epoch, version: set.version }) != call.named);
         let (ok, installed) = match answer {
             Answer::Unchanged => (true, None),
             Answer::PolicySet(set) => {
@@ -339,14 +358,19 @@ impl SyncClient {
             }
         };
         self.watch_failing = !ok;
-        if installed.is_some() {
-            watch::release(host, store, now);
-            self.maybe_watch(host, store, metrics, now);
+        if ok && news {
+            // Even news opens the next watch at most every NEWS_GAP: an
+            // admin that answers news after news cannot spin this VM.
+            let reopen = (call.sent + watch::NEWS_GAP).max(now);
+            watch::release(host, store, reopen);
+            if reopen <= now {
+                self.maybe_watch(host, store, metrics, now);
+            }
         } else if ok {
             // An answer that brought nothing new comes after the hold; one
             // that comes at once (an admin that does not hold) must not
             // turn watches into a loop.
-            watch::release(host, store, (sent + watch::MIN_GAP).max(now));
+            watch::release(host, store, (call.sent + watch::MIN_GAP).max(now));
         } else {
             metrics.add_filter(FilterStat::PushFailures, 1);
             watch::release(host, store, watch::retry_after(host, now));
