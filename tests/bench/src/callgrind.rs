@@ -110,6 +110,7 @@ pub fn count(config: &str, load: &Load) -> anyhow::Result<Counted> {
         .context("starting envoy under valgrind (make bench installs valgrind)")?;
     let mut proc = Proc::new(child);
     wait_live(&mut proc.child, admin_port, &log_path, START_LIMIT)?;
+    first_answer(port, load.host)?;
     let mut run = Wrk {
         url: format!("http://127.0.0.1:{port}{}", load.path),
         host: load.host,
@@ -137,6 +138,33 @@ pub fn count(config: &str, load: &Load) -> anyhow::Result<Counted> {
         instructions,
         requests: result.requests,
     })
+}
+
+/// Under valgrind the first call through a wasm filter takes tens of
+/// seconds (V8 compiles the module then): wait for one answer before the
+/// timed warm-up.
+fn first_answer(port: u16, host: &str) -> anyhow::Result<()> {
+    for _ in 0..3 {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "120",
+            ])
+            .arg("-H")
+            .arg(format!("Host: {host}"))
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .output()
+            .context("running curl")?;
+        if out.stdout == b"200" {
+            return Ok(());
+        }
+    }
+    bail!("Envoy under callgrind never answered 200")
 }
 
 fn control(args: &[&str]) -> anyhow::Result<()> {
