@@ -61,7 +61,7 @@ impl Counted {
 }
 
 /// How long Envoy may take to come up under valgrind (V8 included).
-const START_LIMIT: Duration = Duration::from_secs(180);
+const START_LIMIT: Duration = Duration::from_secs(600);
 
 /// The calls a count is made of: as in docs/PERFORMANCE.md, one wrk
 /// thread over 4 connections (Envoy under callgrind is some 50 times
