@@ -113,7 +113,10 @@ pub async fn watch(
         let set = state.store.policy_set().await?;
         let epoch = state.store.epoch().await?;
         let same_store = request.policy_epoch == epoch || request.policy_epoch == 0;
-        if set.version != request.policy_version || !same_store {
+        // An Envoy ahead of this store (restored from a backup) is not
+        // sent the older set: its next sync draws the store a new epoch,
+        // and that set reaches it then.
+        if set.version > request.policy_version || !same_store {
             tracing::info!(instance = %request.instance, from = request.policy_version, to = set.version, "pushing policy set");
             let mut response = Json(set).into_response();
             response

@@ -124,8 +124,10 @@ async fn limits_move_from_the_admin_to_every_worker_and_survive_its_absence() ->
     )
     .await?;
     let op = admin.login().await?;
-    op.update(bank(1000)).await?;
+    // Counted before the edit: pushed, it may be in every worker before
+    // the edit's answer is read here.
     let before = installs(&envoy);
+    op.update(bank(1000)).await?;
     wait_for(
         "loosened set in every worker",
         Duration::from_secs(3),
