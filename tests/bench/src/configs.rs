@@ -126,3 +126,14 @@ pub fn sluice(policies: &str, extra: &str) -> String {
         r#"{{"instance": "bench"{extra}, "fallback": {{"version": 1, "policies": [{policies}]}}}}"#
     )
 }
+
+/// A wrk script sending one of 10 000 API keys at random per request (the
+/// per-key variants), written into `dir`.
+pub fn keys_script(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    let script = dir.join("keys.lua");
+    std::fs::write(
+        &script,
+        "request = function()\n  wrk.headers[\"x-api-key\"] = \"key-\" .. math.random(1, 10000)\n  return wrk.format(nil)\nend\n",
+    )?;
+    Ok(script)
+}

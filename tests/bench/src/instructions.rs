@@ -41,11 +41,7 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
         .context("the Sluice filter (make wasm)")?;
     let noop = args.noop_wasm.canonicalize().context("the no-op filter")?;
     let dir = tempfile::tempdir()?;
-    let keys = dir.path().join("keys.lua");
-    std::fs::write(
-        &keys,
-        "request = function()\n  wrk.headers[\"x-api-key\"] = \"key-\" .. math.random(1, 10000)\n  return wrk.format(nil)\nend\n",
-    )?;
+    let keys = configs::keys_script(dir.path())?;
     let policy = |rate: &str, extra: &str| {
         configs::wasm(
             &sluice,

@@ -143,12 +143,7 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         .context("the Sluice filter (make wasm)")?;
     let noop = args.noop_wasm.canonicalize().context("the no-op filter")?;
     let dir = tempfile::tempdir()?;
-    let script = dir.path().join("keys.lua");
-    // 10 000 API keys, one at random per request.
-    std::fs::write(
-        &script,
-        "request = function()\n  wrk.headers[\"x-api-key\"] = \"key-\" .. math.random(1, 10000)\n  return wrk.format(nil)\nend\n",
-    )?;
+    let script = configs::keys_script(dir.path())?;
     let rate_and_concurrency = configs::sluice(
         r#"{"name": "bench", "match": {"host": "api.bench.example"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000},
             "concurrency": {"max_in_flight": 100000}}"#,
