@@ -32,6 +32,16 @@ pub struct Clock {
     offset: Cell<i128>,
     /// The last reading: (the wall clock, the clock).
     last: Cell<Option<(Instant, Instant)>>,
+    /// Slowed time (plugin `time_scale`), for measuring under callgrind.
+    dilation: Cell<Option<Dilation>>,
+}
+
+/// The wall clock slowed to `scale` of real time from `origin` (its first
+/// reading) on.
+#[derive(Debug, Clone, Copy)]
+struct Dilation {
+    scale: f64,
+    origin: Option<Instant>,
 }
 
 /// The share of the time passing by which the offset shrinks.
@@ -45,9 +55,49 @@ pub enum Step {
 }
 
 impl Clock {
+    /// Runs the clock at `scale` (0 < scale ≤ 1) of real time from the next
+    /// reading on; 1 is real time.
+    pub fn set_scale(&self, scale: f64) {
+        let dilation = (scale.is_finite() && scale > 0.0 && scale < 1.0).then_some(Dilation {
+            scale,
+            origin: None,
+        });
+        self.dilation.set(dilation);
+    }
+
+    /// The clock's last reading, without reading the wall clock (a host
+    /// call): as recent as this worker's last request or tick.
+    pub fn last_reading(&self) -> Option<Instant> {
+        self.last.get().map(|(_, now)| now)
+    }
+
+    /// The real time a span of this clock's time takes.
+    pub fn real_span(&self, span: Span) -> Span {
+        match self.dilation.get() {
+            Some(d) => {
+                Span::from_nanos((span.as_nanos() as f64 / d.scale).min(u64::MAX as f64) as u64)
+            }
+            None => span,
+        }
+    }
+
+    /// The wall clock's reading, slowed when a scale is set.
+    fn dilated(&self, wall: Instant) -> Instant {
+        let Some(mut d) = self.dilation.get() else {
+            return wall;
+        };
+        let origin = *d.origin.get_or_insert(wall);
+        self.dilation.set(Some(d));
+        if wall <= origin {
+            return wall;
+        }
+        origin + Span::from_nanos(((wall - origin).as_nanos() as f64 * d.scale) as u64)
+    }
+
     /// The time now, given the wall clock's reading; the step it absorbed,
     /// if any.
     pub fn read(&self, wall: Instant) -> (Instant, Option<Step>) {
+        let wall = self.dilated(wall);
         let mut offset = self.offset.get();
         if let Some((last_wall, _)) = self.last.get() {
             // Slew: the offset shrinks by a tenth of the time that passed.
@@ -137,7 +187,7 @@ impl<H: Host + ?Sized> Host for Clocked<'_, H> {
     }
 
     fn set_tick_period(&self, period: Span) {
-        self.host.set_tick_period(period);
+        self.host.set_tick_period(self.clock.real_span(period));
     }
 
     fn random_bytes(&self, buf: &mut [u8]) -> bool {
@@ -152,7 +202,7 @@ impl<H: Host + ?Sized> Host for Clocked<'_, H> {
         timeout: Span,
     ) -> Option<u32> {
         self.host
-            .dispatch_http_call(cluster, headers, body, timeout)
+            .dispatch_http_call(cluster, headers, body, self.clock.real_span(timeout))
     }
 }
 
@@ -210,6 +260,29 @@ mod tests {
             c.read(wall);
         }
         assert_eq!(c.read(wall).0, wall, "caught up after 40 s");
+    }
+
+    #[test]
+    fn a_scaled_clock_runs_slower_and_its_spans_take_longer() {
+        let c = Clock::default();
+        c.set_scale(0.02);
+        assert_eq!(c.read(T0).0, T0);
+        assert_eq!(c.read(T0 + Span::from_secs(1)).0, T0 + ms(20));
+        assert_eq!(c.read(T0 + Span::from_secs(50)).0, T0 + Span::from_secs(1));
+        assert_eq!(c.real_span(ms(10)), ms(500));
+        // Still never back, and garbage does not panic.
+        assert_eq!(c.read(T0).0, T0 + Span::from_secs(1));
+        c.read(Instant::MAX);
+        // Stretching a huge span saturates rather than wraps.
+        assert_eq!(c.real_span(Span::from_nanos(u64::MAX)).as_nanos(), u64::MAX);
+        // Out-of-range scales mean real time.
+        for bad in [0.0, -1.0, 1.0, 2.0, f64::NAN, f64::INFINITY] {
+            let c = Clock::default();
+            c.set_scale(bad);
+            assert_eq!(c.real_span(ms(10)), ms(10));
+            c.read(T0);
+            assert_eq!(c.read(T0 + ms(100)).0, T0 + ms(100));
+        }
     }
 
     #[test]

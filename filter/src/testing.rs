@@ -37,6 +37,10 @@ pub struct FakeHost {
     pub random_state: Cell<u64>,
     /// The host has no random source.
     pub random_fails: Cell<bool>,
+    /// Host calls made, by the name of the call: in Envoy each crosses
+    /// out of the VM, and most call back into it, far dearer than the
+    /// filter's own work.
+    pub host_calls: RefCell<HashMap<&'static str, u64>>,
 }
 
 impl FakeHost {
@@ -51,6 +55,15 @@ impl FakeHost {
         self.now.set(self.now.get() + Span::from_millis(ms));
     }
 
+    fn count(&self, call: &'static str) {
+        *self.host_calls.borrow_mut().entry(call).or_default() += 1;
+    }
+
+    /// Host calls of every kind made so far.
+    pub fn host_calls_made(&self) -> u64 {
+        self.host_calls.borrow().values().sum()
+    }
+
     pub fn metric(&self, name: &str) -> i64 {
         self.metrics.borrow().get(name).copied().unwrap_or(0)
     }
@@ -58,10 +71,12 @@ impl FakeHost {
 
 impl Host for FakeHost {
     fn now(&self) -> Instant {
+        self.count("now");
         self.now.get()
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.count("shared_get");
         match self.shared.borrow().get(key) {
             Some((v, cas)) => (Some(v.clone()), Some(*cas)),
             None => (None, None),
@@ -69,6 +84,7 @@ impl Host for FakeHost {
     }
 
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.count("shared_set");
         let mut map = self.shared.borrow_mut();
         let mut counter = self.next_cas.get().max(1);
         if let Some(hook) = self.before_next_set.borrow_mut().take() {
@@ -89,10 +105,12 @@ impl Host for FakeHost {
     }
 
     fn log(&self, level: Level, message: &str) {
+        self.count("log");
         self.logs.borrow_mut().push(format!("{level:?} {message}"));
     }
 
     fn define_counter(&self, name: &str) -> Option<u32> {
+        self.count("define_counter");
         let mut names = self.metric_names.borrow_mut();
         let id = names.iter().position(|n| n == name).unwrap_or_else(|| {
             names.push(name.to_string());
@@ -102,21 +120,25 @@ impl Host for FakeHost {
     }
 
     fn define_gauge(&self, name: &str) -> Option<u32> {
+        self.count("define_gauge");
         self.define_counter(name)
     }
 
     fn increment_metric(&self, id: u32, delta: i64) {
+        self.count("increment_metric");
         if let Some(name) = self.metric_names.borrow().get(id as usize) {
             *self.metrics.borrow_mut().entry(name.clone()).or_default() += delta;
         }
     }
 
     fn reply(&self, context_id: u32, status: u32, _headers: &[(&str, &str)], _body: &[u8]) -> bool {
+        self.count("reply");
         self.replies.borrow_mut().push((context_id, status));
         true
     }
 
     fn resume(&self, context_id: u32) -> bool {
+        self.count("resume");
         if self.gone.borrow().contains(&context_id) {
             return false;
         }
@@ -125,10 +147,12 @@ impl Host for FakeHost {
     }
 
     fn set_tick_period(&self, period: Span) {
+        self.count("set_tick_period");
         self.tick.set(period);
     }
 
     fn random_bytes(&self, buf: &mut [u8]) -> bool {
+        self.count("random_bytes");
         if self.random_fails.get() {
             return false;
         }
@@ -152,6 +176,7 @@ impl Host for FakeHost {
         body: &[u8],
         _timeout: Span,
     ) -> Option<u32> {
+        self.count("dispatch_http_call");
         let mut calls = self.calls.borrow_mut();
         calls.push((
             cluster.to_string(),

@@ -598,6 +598,74 @@ fn far_from_its_limit_a_busy_worker_spends_prefetched_tokens_without_shared_data
     );
 }
 
+/// 1000 requests 200 µs apart with the worker's clock at `scale` of real
+/// time: the shared-data writes they took, and the tick period the worker
+/// asked Envoy for while it held prefetched slots.
+fn writes_and_tick_at_scale(scale: f64) -> (u64, Span) {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 1000000, "period": "1s", "burst": 10000},
+         "concurrency": {"max_in_flight": 100000}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, policies);
+    w.set_time_scale(scale);
+    let r = req(b"api.example", &[]);
+    let before = shared_writes(&host);
+    for ctx in 0..1000 {
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+        w.on_stream_end(&host, ctx);
+        host.now.set(host.now.get() + Span::from_nanos(200_000));
+    }
+    (shared_writes(&host) - before, host.tick.get())
+}
+
+#[test]
+fn a_slowed_clock_makes_a_slow_envoy_take_prefetches_as_a_fast_one_does() {
+    // 5 000 requests/s: a prefetch lives 1 ms, so most calls find it lapsed.
+    let (real_writes, real_tick) = writes_and_tick_at_scale(1.0);
+    // Slowed 50 times, the worker sees 250 000 requests/s.
+    let (slowed_writes, slowed_tick) = writes_and_tick_at_scale(0.02);
+    assert!(real_writes >= 300, "real time: {real_writes} writes");
+    assert!(slowed_writes <= 100, "slowed: {slowed_writes} writes");
+    assert_eq!(real_tick, crate::worker::PREFETCH_TICK);
+    assert_eq!(
+        slowed_tick,
+        Span::from_millis(500),
+        "the tick is stretched too"
+    );
+}
+
+#[test]
+fn far_from_its_limits_a_request_costs_the_host_one_clock_read() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000},
+         "concurrency": {"max_in_flight": 100000}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, policies);
+    let r = req(b"api.example", &[]);
+    let mut next = 0u32;
+    let mut call = |w: &mut Worker| {
+        assert_eq!(w.on_request(&host, next, r.as_slice()), Verdict::Continue);
+        w.on_stream_end(&host, next);
+        next += 1;
+        // 20 000 requests/s, 4 at a time: a prefetch covers 20.
+        host.now.set(host.now.get() + Span::from_nanos(50_000));
+    };
+    for _ in 0..100 {
+        call(&mut w);
+    }
+    host.host_calls.borrow_mut().clear();
+    for _ in 0..1000 {
+        call(&mut w);
+    }
+    let calls = host.host_calls.borrow().clone();
+    let made = host.host_calls_made();
+    eprintln!("host calls for 1000 requests: {calls:?}");
+    assert!(
+        made <= 1300,
+        "{made} host calls for 1000 requests: {calls:?}"
+    );
+}
+
 #[test]
 fn near_its_limit_every_request_is_decided_in_shared_data() {
     let host = FakeHost::at(T0);

@@ -17,9 +17,7 @@ use sluice_shared::time::{Instant, Span};
 
 use crate::host::{Host, Level, SetError};
 use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
-use crate::worker::{
-    RequestBody, StreamAction, Verdict, Worker, IDLE_TICK, MAX_REQUEST_BODY_BYTES,
-};
+use crate::worker::{RequestBody, StreamAction, Verdict, Worker, MAX_REQUEST_BODY_BYTES};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -222,10 +220,11 @@ impl RootContext for SluiceRoot {
                 set.version
             ),
         );
+        w.set_time_scale(config.time_scale);
         w.install(&host, set);
         w.set_sync(sync);
+        w.start_ticking(&host);
         self.queue_ticket_header = config.queue_ticket_header;
-        host.set_tick_period(IDLE_TICK);
         true
     }
 

@@ -133,6 +133,23 @@ impl Worker {
         }
     }
 
+    /// Runs this worker's clock at `scale` of real time (plugin
+    /// `time_scale`; 1 is real time), its ticks and call timeouts
+    /// stretched to match.
+    pub fn set_time_scale(&mut self, scale: f64) {
+        self.clock.set_scale(scale);
+    }
+
+    /// The tick period this worker wants, in real time.
+    pub fn start_ticking<H: Host + ?Sized>(&mut self, host: &H) {
+        let clock = Rc::clone(&self.clock);
+        let host = &Clocked {
+            host,
+            clock: &clock,
+        };
+        host.set_tick_period(self.tick);
+    }
+
     /// Where to sync from (None: enforce the fallback set only).
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
         self.budgets.configure(settings.is_some());
@@ -355,12 +372,16 @@ impl Worker {
             };
             self.usages.on_end(&mut ledger, context_id);
         }
+        // A slot goes back to a prefetch by the clock's last reading: a
+        // fresh one is a host call on every stream's end, and a slot kept
+        // in a prefetch that just lapsed goes back at the next tick.
+        let recent = self.clock.last_reading();
         self.streams.end(
             host,
             &mut self.store,
             &mut self.metrics,
             &mut self.prefetches,
-            self.holder,
+            (self.holder, recent),
             context_id,
         );
     }

@@ -76,7 +76,7 @@ pub(super) fn serve<H: Host + ?Sized>(
                     parts.store,
                     parts.metrics,
                     parts.prefetches,
-                    holder,
+                    (holder, Some(now)),
                     ctx,
                 );
                 actions.push(StreamAction::Resume(ctx));
@@ -105,7 +105,7 @@ pub(super) fn serve<H: Host + ?Sized>(
                 parts.store,
                 parts.metrics,
                 parts.prefetches,
-                holder,
+                (holder, Some(now)),
                 ctx,
             );
             // It did not leave: its wait ran out.

@@ -265,7 +265,7 @@ impl Streams {
         store: &mut Store,
         metrics: &mut Metrics,
         prefetches: &mut Prefetches,
-        holder: u64,
+        (holder, recent): (u64, Option<Instant>),
         context_id: u32,
     ) {
         let Some(stream) = self.streams.remove(&context_id) else {
@@ -279,7 +279,9 @@ impl Streams {
                     return;
                 }
                 metrics.add(&stream.policy, PolicyStat::InFlight, -1);
-                if prefetches.return_slot(stream.prefetch, stream.lease, || host.now()) {
+                if prefetches.return_slot(stream.prefetch, stream.lease, || {
+                    recent.unwrap_or_else(|| host.now())
+                }) {
                     // Kept for this worker's next request while the prefetch lives.
                     return;
                 }
@@ -326,7 +328,7 @@ impl Streams {
             .collect();
         for (ctx, policy) in stuck {
             metrics.add(&policy, PolicyStat::LeasesExpired, 1);
-            self.end(host, store, metrics, prefetches, holder, ctx);
+            self.end(host, store, metrics, prefetches, (holder, Some(now)), ctx);
         }
     }
 

@@ -52,6 +52,8 @@ pub fn parse_instructions(dump: &str) -> Option<u64> {
 pub struct Counted {
     pub instructions: u64,
     pub requests: u64,
+    /// Requests a second Envoy answered under callgrind.
+    pub per_second: f64,
 }
 
 impl Counted {
@@ -133,6 +135,7 @@ pub fn count(config: &str, load: &Load) -> anyhow::Result<Counted> {
     Ok(Counted {
         instructions,
         requests: result.requests,
+        per_second: result.per_second,
     })
 }
 

@@ -13,7 +13,9 @@ use crate::configs;
 use crate::judge::instruction_ratio;
 use crate::procs::BenchEnvoy;
 use crate::scenarios::Report;
+use crate::wrk::Wrk;
 use crate::Args;
+use sluice_shared::plugin::MIN_TIME_SCALE;
 
 const HOST: &str = "api.bench.example";
 /// Sluice's added instructions over Envoy at most this many times the
@@ -26,13 +28,25 @@ pub const TARGET: f64 = 1.15;
 const NEAR: &str = r#""rate": {"requests": 100000000, "period": "1s", "burst": 3}"#;
 const FAR: &str = r#""rate": {"requests": 100000000, "period": "1s", "burst": 1000000}"#;
 
+/// One count, and for Sluice how its clock was slowed to match full speed.
+struct Measured {
+    per_request: f64,
+    /// Requests a second under callgrind.
+    per_second: f64,
+    /// (requests a second at full speed, the filter's `time_scale`).
+    slowed: Option<(f64, f64)>,
+}
+
 struct Counted {
     key: &'static str,
     label: &'static str,
-    far: f64,
+    far: Measured,
     /// None where far and near are the same (no limit in the filter).
-    near: Option<f64>,
+    near: Option<Measured>,
 }
+
+/// Seconds of the full-speed run that sets a variant's clock scale.
+const FULL_SPEED_RUN: Duration = Duration::from_secs(3);
 
 pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let sluice = args
@@ -42,12 +56,12 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
     let noop = args.noop_wasm.canonicalize().context("the no-op filter")?;
     let dir = tempfile::tempdir()?;
     let keys = configs::keys_script(dir.path())?;
-    let policy = |rate: &str, extra: &str| {
+    let policy = |rate: &str, extra: &str, scale: f64| {
         configs::wasm(
             &sluice,
             &configs::sluice(
                 &format!(r#"{{"name": "bench", "match": {{"host": "{HOST}"}}, {rate}{extra}}}"#),
-                "",
+                &format!(r#", "time_scale": {scale}"#),
             ),
         )
     };
@@ -55,7 +69,7 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
     let per_key = r#", "key": {"header": "x-api-key", "max_keys": 10000}"#;
     let upstream = BenchEnvoy::start(&configs::upstream(), 1)?;
     let measure = Duration::from_secs(args.seconds);
-    let run = |filters: &str, script: Option<&std::path::Path>| -> anyhow::Result<f64> {
+    let count = |filters: &str, script: Option<&std::path::Path>| -> anyhow::Result<Measured> {
         let load = Load {
             host: HOST,
             path: "/",
@@ -64,53 +78,83 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
             measure,
         };
         let counted = callgrind::count(&configs::proxy(filters, upstream.port), &load)?;
-        Ok(counted.per_request())
+        Ok(Measured {
+            per_request: counted.per_request(),
+            per_second: counted.per_second,
+            slowed: None,
+        })
     };
     let mut rows = Vec::new();
-    let mut both = |key, label, far: (String, Option<&std::path::Path>), near: Option<String>| {
-        let far_count = run(&far.0, far.1)?;
-        let near_count = near.map(|n| run(&n, far.1)).transpose()?;
+    let mut plain = |key, label, filters: String| -> anyhow::Result<f64> {
+        let far = count(&filters, None)?;
         println!(
-            "instructions ({key}) {label}: far {far_count:.0}, near {near_count:?} per request"
+            "instructions ({key}) {label}: {:.0} per request, {:.0}/s under callgrind",
+            far.per_request, far.per_second
+        );
+        let rate = far.per_second;
+        rows.push(Counted {
+            key,
+            label,
+            far,
+            near: None,
+        });
+        Ok(rate)
+    };
+    plain("b", "Envoy, no filter", String::new())?;
+    plain("f", "no-op proxy-wasm filter", configs::wasm(&noop, "{}"))?;
+    let slow_rate = plain(
+        "h",
+        "no-op proxy-wasm filter that reads `:authority`",
+        configs::wasm(&noop, ":authority"),
+    )?;
+    // Under callgrind Envoy answers some 50 times fewer calls a second, and
+    // a prefetch that lives 1 ms would cover a call or none: every call
+    // would pay for shared data, far from the limit or not. Each Sluice
+    // variant's clock is slowed by how much slower (h) runs there than the
+    // variant at full speed, so its prefetches and ticks fall per request
+    // as they do at full speed (a little less often, since the variant runs
+    // slower than (h) under callgrind).
+    let sluice_count = |rate: &str, extra: &str, script| -> anyhow::Result<Measured> {
+        let full = BenchEnvoy::start(&configs::proxy(&policy(rate, extra, 1.0), upstream.port), 1)?;
+        let run = Wrk {
+            url: format!("http://127.0.0.1:{}/", full.port),
+            host: HOST,
+            connections: 4,
+            threads: 1,
+            duration: FULL_SPEED_RUN,
+            script,
+            cpus: None,
+        };
+        run.run()?;
+        let full_speed = run.run()?.per_second;
+        drop(full);
+        let scale = (slow_rate / full_speed.max(1.0)).clamp(MIN_TIME_SCALE, 1.0);
+        let mut measured = count(&policy(rate, extra, scale), script)?;
+        measured.slowed = Some((full_speed, scale));
+        Ok(measured)
+    };
+    let mut sluice_row = |key, label, extra: &str, script| -> anyhow::Result<()> {
+        let far = sluice_count(FAR, extra, script)?;
+        let near = sluice_count(NEAR, extra, script)?;
+        println!(
+            "instructions ({key}) {label}: far {:.0}, near {:.0} per request",
+            far.per_request, near.per_request
         );
         rows.push(Counted {
             key,
             label,
-            far: far_count,
-            near: near_count,
+            far,
+            near: Some(near),
         });
-        anyhow::Ok(())
+        Ok(())
     };
-    both("b", "Envoy, no filter", (String::new(), None), None)?;
-    both(
-        "f",
-        "no-op proxy-wasm filter",
-        (configs::wasm(&noop, "{}"), None),
-        None,
-    )?;
-    both(
-        "h",
-        "no-op proxy-wasm filter that reads `:authority`",
-        (configs::wasm(&noop, ":authority"), None),
-        None,
-    )?;
-    both(
-        "g",
-        "Sluice, rate only",
-        (policy(FAR, ""), None),
-        Some(policy(NEAR, "")),
-    )?;
-    both(
-        "d",
-        "Sluice, rate + concurrency",
-        (policy(FAR, concurrency), None),
-        Some(policy(NEAR, concurrency)),
-    )?;
-    both(
+    sluice_row("g", "Sluice, rate only", "", None)?;
+    sluice_row("d", "Sluice, rate + concurrency", concurrency, None)?;
+    sluice_row(
         "e",
         "Sluice, per key over 10 000 keys",
-        (policy(FAR, per_key), Some(&keys)),
-        Some(policy(NEAR, per_key)),
+        per_key,
+        Some(&keys),
     )?;
     report.add(section(&rows, args.seconds));
     Ok(())
@@ -118,14 +162,15 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
 
 fn section(rows: &[Counted], seconds: u64) -> String {
     let of = |key: &str| rows.iter().find(|r| r.key == key);
-    let base = of("b").map_or(f64::NAN, |r| r.far);
+    let base = of("b").map_or(f64::NAN, |r| r.far.per_request);
     let added = |key: &str, near: bool| {
         of(key).map_or(f64::NAN, |r| {
-            if near {
-                r.near.unwrap_or(r.far) - base
+            let m = if near {
+                r.near.as_ref().unwrap_or(&r.far)
             } else {
-                r.far - base
-            }
+                &r.far
+            };
+            m.per_request - base
         })
     };
     let mut s = format!(
@@ -140,18 +185,21 @@ fn section(rows: &[Counted], seconds: u64) -> String {
          |---|---|---|---|---|\n"
     );
     for r in rows {
-        let near = r.near.map_or(("same".into(), "same".into()), |n| {
-            (format!("{n:.0}"), format!("{:+.0}", n - base))
+        let near = r.near.as_ref().map_or(("same".into(), "same".into()), |n| {
+            (
+                format!("{:.0}", n.per_request),
+                format!("{:+.0}", n.per_request - base),
+            )
         });
         let added_far = if r.key == "b" {
             "—".to_string()
         } else {
-            format!("{:+.0}", r.far - base)
+            format!("{:+.0}", r.far.per_request - base)
         };
         let _ = writeln!(
             s,
             "| ({}) {} | {:.0} | {added_far} | {} | {} |",
-            r.key, r.label, r.far, near.0, near.1
+            r.key, r.label, r.far.per_request, near.0, near.1
         );
     }
     let (far_ratio, far_verdict) = instruction_ratio(added("d", false), added("h", false), TARGET);
@@ -163,5 +211,32 @@ fn section(rows: &[Counted], seconds: u64) -> String {
          Near the limit: {near_ratio:.3} (stated, no target: every call pays a shared-data read and \
          compare-and-swap). Rate only (g)/(h), far: {rate_ratio:.3}."
     );
+    s.push_str(
+        "\nUnder callgrind Envoy answers some 50 times fewer calls a second. A prefetch lives 1 ms of the \
+         filter's clock and a worker holding one ticks every 10 ms, so at that pace every call would find \
+         its prefetch lapsed and a tick would fall every few calls: the count would be of a filter near its \
+         limit all the time, and of ticks a full-speed Envoy spreads over hundreds of calls. Each Sluice \
+         run therefore slows the filter's clock (plugin field `time_scale`) by how much slower (h) runs \
+         under callgrind than that variant runs at full speed (one worker, the same load, 3 s), so the \
+         filter sees about as many calls per second of its clock as at full speed (a little fewer: the \
+         variant runs slower than (h) under callgrind).\n\n\
+         | variant | calls/s at full speed | calls/s under callgrind, far / near | `time_scale` | calls per second of the filter's clock, far / near |\n\
+         |---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let (Some((full, scale)), Some(near)) = (r.far.slowed, r.near.as_ref()) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "| ({}) {} | {full:.0} | {:.0} / {:.0} | {scale:.5} | {:.0} / {:.0} |",
+            r.key,
+            r.label,
+            r.far.per_second,
+            near.per_second,
+            r.far.per_second / scale,
+            near.per_second / near.slowed.map_or(1.0, |(_, s)| s),
+        );
+    }
     s
 }
