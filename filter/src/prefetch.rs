@@ -149,6 +149,21 @@ impl Prefetches {
         previous.and_then(spare)
     }
 
+    /// Takes the spare slots out of `key`'s prefetch, which the caller is
+    /// about to replace: they go back to the bucket in the same
+    /// compare-and-swap that decides its request there.
+    pub fn take_spare(&mut self, key: PrefetchKey) -> Option<SpareSlots> {
+        let g = self.entries.get_mut(&key)?;
+        if g.slots == 0 {
+            return None;
+        }
+        Some(SpareSlots {
+            bucket: g.bucket.clone(),
+            slots: std::mem::take(&mut g.slots),
+            lease: g.lease,
+        })
+    }
+
     /// Forgets lapsed prefetches and returns their spare slots, to give back
     /// (their tokens stay spent: a lapsed token is a request that did not
     /// happen, never one too many).

@@ -230,6 +230,10 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             limits.queue = None;
         }
         let wanted = self.prefetches.wanted(key, self.now);
+        // The prefetch this decision replaces gives its spare slots back in
+        // the same write (a write of its own would be a second round trip
+        // to shared data for every prefetch).
+        let spare = self.prefetches.take_spare(key);
         let placed = placement::place_and_admit(
             self.host,
             self.store,
@@ -242,13 +246,19 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 now: self.now,
                 prefetch: wanted,
                 must_wait,
+                spare: spare.as_ref(),
             },
         );
+        let returned = placed.as_ref().is_ok_and(|p| p.spare_returned);
+        if let Some(spare) = spare.filter(|_| !returned) {
+            super::streams::give_back(self.host, self.store, self.holder, spare);
+        }
         let Ok(Placed {
             bucket,
             admission,
             prefetched,
             overflowed,
+            ..
         }) = placed
         else {
             // The store counted and logged why; a request it cannot decide

@@ -15,6 +15,7 @@ use sluice_shared::time::Instant;
 use super::admission::DEFAULT_RETRY;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};
+use crate::prefetch::SpareSlots;
 use crate::store::{Store, StoreError};
 
 /// Places tried for a new key before it overflows.
@@ -40,12 +41,14 @@ pub enum Place {
 
 /// Who asks, when, and how many requests more it would like to prefetch;
 /// whether it must queue whatever the bucket holds (a further limit of its
-/// policy has no room yet).
-pub(super) struct Request {
+/// policy has no room yet); the spare slots of the prefetch it replaces,
+/// given back in the same write when they are of the bucket it lands in.
+pub(super) struct Request<'a> {
     pub holder: u64,
     pub now: Instant,
     pub prefetch: u64,
     pub must_wait: bool,
+    pub spare: Option<&'a SpareSlots>,
 }
 
 /// The bucket's key (empty when the request was refused before reaching
@@ -56,6 +59,8 @@ pub(super) struct Placed {
     pub prefetched: Prefetched,
     /// The key found no place of its own.
     pub overflowed: bool,
+    /// The spare slots went back with the decision.
+    pub spare_returned: bool,
 }
 
 /// Finds the request's bucket and admits it there, taking up to
@@ -67,16 +72,29 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
     policy: &CompiledPolicy,
     limits: &BucketLimits,
     class: &Classification,
-    request: Request,
+    request: Request<'_>,
 ) -> Result<Placed, StoreError> {
     let Request {
         holder,
         now,
         prefetch,
         must_wait,
+        spare,
     } = request;
     let name = policy.name();
-    let admit = |s: &mut BucketState| {
+    // Set by the run of `admit` that was written: a retried
+    // compare-and-swap runs it again on the state it reads anew.
+    let spare_returned = std::cell::Cell::new(false);
+    let admit = |bucket: &str, s: &mut BucketState| {
+        let returned = match spare {
+            Some(SpareSlots {
+                bucket: of,
+                slots,
+                lease: Some(lease),
+            }) if of == bucket => s.release_many(holder, *lease, *slots) > 0,
+            _ => false,
+        };
+        spare_returned.set(returned);
         let a = if must_wait {
             s.queue_behind(limits, holder, now, class.cost, class.priority)
         } else {
@@ -86,7 +104,7 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             Admission::Admitted { .. } => s.prefetch(limits, holder, now, prefetch),
             _ => Prefetched::default(),
         };
-        let changed = !matches!(a, Admission::Rejected { .. });
+        let changed = returned || !matches!(a, Admission::Rejected { .. });
         ((a, prefetched), changed)
     };
     let placed = |bucket: String, (admission, prefetched): (Admission, Prefetched)| Placed {
@@ -94,6 +112,7 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         admission,
         prefetched,
         overflowed: false,
+        spare_returned: spare_returned.get(),
     };
     let overflowed = |p: Placed| Placed {
         overflowed: true,
@@ -101,7 +120,7 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
     };
     let BucketKey::Keyed(hash) = class.key else {
         let key = bucket_key(name, Place::Single);
-        let outcome = store.update_bucket(host, &key, admit)?;
+        let outcome = store.update_bucket(host, &key, |s| admit(&key, s))?;
         return Ok(placed(key, outcome));
     };
     // 0 marks a place no key owns.
@@ -123,7 +142,7 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
                 claimed = true;
                 *s = BucketState::new(owner);
             }
-            let (a, changed) = admit(s);
+            let (a, changed) = admit(&key, s);
             (Some(a), changed || claimed)
         })?;
         if let Some(outcome) = outcome {
@@ -139,12 +158,13 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             kind: LimitKind::for_limits(policy.rate.is_some()),
             retry_after: DEFAULT_RETRY,
         };
+        spare_returned.set(false);
         return Ok(overflowed(placed(
             String::new(),
             (refused, Prefetched::default()),
         )));
     }
     let key = bucket_key(name, Place::Overflow);
-    let outcome = store.update_bucket(host, &key, admit)?;
+    let outcome = store.update_bucket(host, &key, |s| admit(&key, s))?;
     Ok(overflowed(placed(key, outcome)))
 }
