@@ -6,7 +6,9 @@
 //! the tag extractor in our Envoy configs turns the policy into a label in
 //! `/stats/prometheus` (`sluice_policy_admitted{sluice_policy="bank"}`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use crate::host::Host;
 use crate::report::{DeltaCounters, LimitCounters};
@@ -215,6 +217,9 @@ impl FilterStat {
 struct Series {
     ids: Vec<Option<u32>>,
     pending: Vec<i64>,
+    /// A policy's deltas kept until they go into the shared sync report
+    /// (in the same entry: one lookup per count on the request path).
+    unreported: DeltaCounters,
 }
 
 impl Series {
@@ -233,22 +238,22 @@ impl Series {
 
 #[derive(Debug, Default)]
 pub struct Metrics {
-    policies: HashMap<String, Series>,
+    policies: FxHashMap<String, Series>,
     /// By limit name.
-    limits: HashMap<String, Series>,
+    limits: FxHashMap<String, Series>,
     filter: Series,
-    /// The same deltas, kept until they go into the shared sync report.
-    unreported: BTreeMap<String, DeltaCounters>,
-    /// Likewise per further limit.
+    /// A further limit's deltas, kept until they go into the shared sync
+    /// report.
     unreported_limits: BTreeMap<String, LimitCounters>,
 }
 
 impl Metrics {
     pub fn add(&mut self, policy: &str, stat: PolicyStat, delta: i64) {
-        let unreported = match self.unreported.get_mut(policy) {
-            Some(d) => d,
-            None => self.unreported.entry(policy.to_string()).or_default(),
+        let series = match self.policies.get_mut(policy) {
+            Some(s) => s,
+            None => self.policies.entry(policy.to_string()).or_default(),
         };
+        let unreported = &mut series.unreported;
         match stat {
             PolicyStat::Admitted => unreported.admitted += delta,
             PolicyStat::Rejected => unreported.rejected += delta,
@@ -258,10 +263,6 @@ impl Metrics {
             PolicyStat::InFlight => unreported.in_flight += delta,
             _ => {}
         }
-        let series = match self.policies.get_mut(policy) {
-            Some(s) => s,
-            None => self.policies.entry(policy.to_string()).or_default(),
-        };
         if series.pending.is_empty() {
             series.pending = vec![0; PolicyStat::ALL.len()];
         }
@@ -366,9 +367,12 @@ impl Metrics {
 
     /// The deltas since the last call, for the shared sync report.
     pub fn take_unreported(&mut self) -> BTreeMap<String, DeltaCounters> {
-        let mut out = std::mem::take(&mut self.unreported);
-        out.retain(|_, d| !d.is_zero());
-        out
+        self.policies
+            .iter_mut()
+            .map(|(name, series)| (name, std::mem::take(&mut series.unreported)))
+            .filter(|(_, d)| !d.is_zero())
+            .map(|(name, d)| (name.clone(), d))
+            .collect()
     }
 
     /// A pending filter-wide delta, for tests.

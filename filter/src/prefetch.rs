@@ -5,7 +5,9 @@
 //! instead of twice per request. Near a limit buckets stop handing out
 //! prefetches and every request is decided in shared data again.
 
-use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use sluice_shared::bucket::{Prefetched, PREFETCH_TTL};
 use sluice_shared::matcher::BucketKey;
@@ -15,7 +17,9 @@ use sluice_shared::time::Instant;
 /// worker's lease its slot belongs to (when the policy limits concurrency).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spent<'a> {
-    pub bucket: &'a str,
+    /// Shared with the prefetch: a request takes its bucket's name without
+    /// a copy.
+    pub bucket: &'a Arc<str>,
     pub lease: Option<Instant>,
 }
 
@@ -30,7 +34,7 @@ pub type PrefetchKey = (usize, BucketKey);
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Prefetch {
     /// The bucket's key in shared data.
-    bucket: String,
+    bucket: Arc<str>,
     tokens: u64,
     /// Spare slots: prefetched and not in use (a finished request's slot
     /// comes back here while the prefetch lives).
@@ -46,7 +50,7 @@ struct Prefetch {
 
 #[derive(Debug, Default)]
 pub struct Prefetches {
-    entries: HashMap<PrefetchKey, Prefetch>,
+    entries: FxHashMap<PrefetchKey, Prefetch>,
 }
 
 /// Spare slots to give back to a bucket in shared data.
@@ -137,7 +141,7 @@ impl Prefetches {
             Prefetch {
                 // Even with nothing prefetched: a finished request's slot may
                 // come back to this entry and must then reach this bucket.
-                bucket: bucket.to_string(),
+                bucket: Arc::from(bucket),
                 tokens: prefetched.tokens,
                 slots: prefetched.slots,
                 lease: prefetched.lease,
@@ -158,7 +162,7 @@ impl Prefetches {
             return None;
         }
         Some(SpareSlots {
-            bucket: g.bucket.clone(),
+            bucket: g.bucket.to_string(),
             slots: std::mem::take(&mut g.slots),
             lease: g.lease,
         })
@@ -197,7 +201,7 @@ impl Prefetches {
 
 fn spare(g: Prefetch) -> Option<SpareSlots> {
     (g.slots > 0).then_some(SpareSlots {
-        bucket: g.bucket,
+        bucket: g.bucket.to_string(),
         slots: g.slots,
         lease: g.lease,
     })
@@ -229,7 +233,10 @@ mod tests {
         assert_eq!(g.record(K, "b", Prefetched::default(), T0), None);
         assert_eq!(g.wanted(K, T0 + Span::from_nanos(1)), 2, "used just now");
         assert_eq!(g.record(K, "b", prefetched(3, 0), T0), None);
-        assert_eq!(g.spend(K, Some(2), false, T0).map(|s| s.bucket), Some("b"));
+        assert_eq!(
+            g.spend(K, Some(2), false, T0).map(|s| s.bucket.as_ref()),
+            Some("b")
+        );
         assert_eq!(
             g.spend(K, Some(2), false, T0),
             None,

@@ -54,8 +54,11 @@ impl BucketLimits {
 /// [`BucketState::prefetch`]). Spending a token up to this long after the
 /// bucket gave it can shift it into a later interval, so over any interval T
 /// at most `burst + rate·(T + PREFETCH_TTL)` pass: under one token for rates
-/// below 1 000/s.
-pub const PREFETCH_TTL: Span = Span::from_millis(1);
+/// below 200/s, 0.5 % of a second's worth above. Each prefetch costs a
+/// round trip to shared data, which a shorter lifetime spreads over fewer
+/// requests: at 1 ms, a worker answering 8 000 calls a second paid it every
+/// 8 calls, a fifth of Sluice's cost per call (docs/PERFORMANCE.md).
+pub const PREFETCH_TTL: Span = Span::from_millis(5);
 
 /// A bucket lets a worker prefetch `n` requests only while it holds
 /// `PREFETCH_SLACK · n` tokens and free slots.

@@ -105,6 +105,8 @@ fn split_port(authority: &[u8]) -> (&[u8], Option<&[u8]>) {
 #[derive(Debug, Clone)]
 pub struct CompiledPolicy {
     pub policy: Policy,
+    /// The policy's name, for what keeps it per request without a copy.
+    shared_name: std::sync::Arc<str>,
     host: HostMatcher,
     methods: Vec<String>,
     headers: Vec<(String, Vec<u8>)>,
@@ -238,12 +240,18 @@ impl CompiledPolicy {
             rate: policy.rate.as_ref().map(RateLimiter::from_spec),
             concurrency: policy.concurrency.as_ref().map(ConcurrencyLimit::from_spec),
             fleet_closed: false,
+            shared_name: policy.name.as_str().into(),
             policy,
         }
     }
 
     pub fn name(&self) -> &str {
         &self.policy.name
+    }
+
+    /// The name, shared (a reference count, not a copy).
+    pub fn shared_name(&self) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(&self.shared_name)
     }
 
     pub fn is_global(&self) -> bool {

@@ -11,6 +11,8 @@
 //! A policy in shadow mode judges as `reject` would and lets everything
 //! pass; [`Admitter::refuse`] is the one place either happens.
 
+use std::sync::Arc;
+
 use sluice_shared::bucket::{Admission, BucketLimits, Prefetched};
 use sluice_shared::headers::{further_limit_rejection_headers, rejection_headers, LimitKind};
 use sluice_shared::matcher::{Classification, CompiledPolicy};
@@ -59,7 +61,7 @@ pub(super) enum Decision {
     Pass,
     Refuse(LocalReply),
     Admit {
-        bucket: String,
+        bucket: Arc<str>,
         key: PrefetchKey,
         /// The worker's lease the request's slot belongs to.
         lease: Option<Instant>,
@@ -218,7 +220,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             self.overflowed =
                 policy.max_keys().is_some() && spent.bucket.ends_with(placement::OVERFLOW_SUFFIX);
             return Decision::Admit {
-                bucket: spent.bucket.to_string(),
+                bucket: Arc::clone(spent.bucket),
                 key,
                 lease: spent.lease,
                 prefetched_slots: false,
@@ -270,7 +272,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             Admission::Admitted { lease, .. } => {
                 self.record_prefetch(key, &bucket, prefetched);
                 Decision::Admit {
-                    bucket,
+                    bucket: Arc::from(bucket),
                     key,
                     lease,
                     prefetched_slots: prefetched.slots > 0,

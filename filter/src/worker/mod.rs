@@ -338,7 +338,7 @@ impl Worker {
                     &mut self.metrics,
                     context_id,
                     policy,
-                    bucket,
+                    bucket.into(),
                     key,
                     (streams::Turn { ticket, deadline }, limit_costs, limit_keys),
                     now,

@@ -6,7 +6,7 @@
 //! is taken and, when the count is followed, counts itself in it once
 //! every limit took it.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
 use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet, RequestHeaders};
@@ -151,7 +151,7 @@ struct Call {
 /// Admitted calls whose answers are read for the provider's word.
 #[derive(Debug, Default)]
 pub(super) struct Listening {
-    calls: HashMap<u32, Call>,
+    calls: FxHashMap<u32, Call>,
 }
 
 impl Listening {

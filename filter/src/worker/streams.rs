@@ -3,7 +3,10 @@
 //! back exactly once, whatever ends the stream; a stream holding its slot
 //! past the lease TTL gives it back as a crashed worker's would.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::time::{Instant, Span};
@@ -34,14 +37,14 @@ pub(super) enum StreamState {
 /// there (what the release must name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Slot {
-    pub bucket: String,
+    pub bucket: Arc<str>,
     pub lease: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
 pub(super) struct Stream {
-    pub policy: String,
-    pub bucket: String,
+    pub policy: Arc<str>,
+    pub bucket: Arc<str>,
     /// The worker's lease its slot belongs to, once it holds one.
     pub lease: Option<Instant>,
     /// The prefetch a finished request's slot may go back to.
@@ -73,9 +76,9 @@ impl Stream {
 
 #[derive(Debug, Default)]
 pub(super) struct Streams {
-    streams: HashMap<u32, Stream>,
+    streams: FxHashMap<u32, Stream>,
     /// When this worker last renewed its lease in each bucket.
-    renewed_at: HashMap<String, Instant>,
+    renewed_at: FxHashMap<String, Instant>,
 }
 
 impl Streams {
@@ -116,7 +119,10 @@ impl Streams {
         let mut by_bucket: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for (ctx, s) in &self.streams {
             if matches!(s.state, StreamState::Waiting(_)) {
-                by_bucket.entry(s.bucket.clone()).or_default().push(*ctx);
+                by_bucket
+                    .entry(s.bucket.to_string())
+                    .or_default()
+                    .push(*ctx);
             }
         }
         by_bucket
@@ -160,7 +166,7 @@ impl Streams {
         metrics: &mut Metrics,
         context_id: u32,
         policy: &CompiledPolicy,
-        bucket: String,
+        bucket: Arc<str>,
         prefetch: PrefetchKey,
         (turn, limit_costs, limit_keys): (Turn, Vec<u64>, Vec<Option<u64>>),
         now: Instant,
@@ -178,13 +184,13 @@ impl Streams {
         &mut self,
         context_id: u32,
         policy: &CompiledPolicy,
-        bucket: String,
+        bucket: Arc<str>,
         prefetch: PrefetchKey,
         state: StreamState,
         now: Instant,
     ) {
         let stream = Stream {
-            policy: policy.name().to_string(),
+            policy: policy.shared_name(),
             bucket,
             lease: None,
             prefetch,
@@ -216,7 +222,7 @@ impl Streams {
             self.track(
                 context_id,
                 policy,
-                String::new(),
+                Arc::from(""),
                 unused,
                 StreamState::Holding,
                 now,
@@ -317,7 +323,7 @@ impl Streams {
         holder: u64,
         now: Instant,
     ) {
-        let stuck: Vec<(u32, String)> = self
+        let stuck: Vec<(u32, Arc<str>)> = self
             .streams
             .iter()
             .filter(|(_, s)| {
@@ -348,7 +354,7 @@ impl Streams {
                 continue;
             }
             let named = s.named_slots.iter().map(|n| (n.key.as_str(), n.ttl, true));
-            let own = s.lease_ttl.map(|ttl| (s.bucket.as_str(), ttl, false));
+            let own = s.lease_ttl.map(|ttl| (&*s.bucket, ttl, false));
             for (key, ttl, is_named) in own.into_iter().chain(named) {
                 let shortest = buckets.entry(key).or_insert((ttl, is_named));
                 shortest.0 = shortest.0.min(ttl);

@@ -9,7 +9,7 @@
 //! limit) are listed in `RateLimit-Policy` only: which key a call used is
 //! the filter's business, not a value to compute per answer.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
 use sluice_shared::headers::{admitted_headers, quota_id, ratelimit_item, LimitKind};
@@ -27,7 +27,7 @@ use crate::store::Store;
 /// Calls whose answer gets the fields: under which set and policy they went.
 #[derive(Debug, Default)]
 pub(super) struct Telling {
-    calls: HashMap<u32, (Rc<CompiledPolicySet>, usize)>,
+    calls: FxHashMap<u32, (Rc<CompiledPolicySet>, usize)>,
 }
 
 impl Telling {

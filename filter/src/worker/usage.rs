@@ -5,7 +5,7 @@
 //! early, is too large, or whose usage cannot be read is charged the
 //! estimate, and counted.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use sluice_shared::limiter::RateLimiter;
 use sluice_shared::matcher::{CompiledPolicy, RequestHeaders};
@@ -65,7 +65,7 @@ pub(super) struct Ledger<'a, H: Host + ?Sized> {
 
 #[derive(Debug, Default)]
 pub(super) struct Usages {
-    pending: HashMap<u32, Pending>,
+    pending: FxHashMap<u32, Pending>,
 }
 
 impl Usages {
