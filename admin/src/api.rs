@@ -574,10 +574,15 @@ async fn sync(
         );
     }
     let shares = match state.fleet.shares(&set, &report).await {
-        Ok(shares) if shares.is_empty() => None,
-        Ok(shares) => serde_json::to_string(&shares)
-            .ok()
-            .and_then(|json| HeaderValue::from_str(&json).ok()),
+        Ok(shares) if shares.message.is_empty() => None,
+        Ok(shares) => {
+            if shares.freed {
+                state.changes.fleet_news();
+            }
+            serde_json::to_string(&shares.message)
+                .ok()
+                .and_then(|json| HeaderValue::from_str(&json).ok())
+        }
         Err(e) => {
             // The Envoy keeps its last share until that lease runs out.
             state.metrics.result("fleet_error");

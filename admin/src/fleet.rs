@@ -30,6 +30,17 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 "#;
 
+/// A sync that frees this part of a global limit (a share superseded by a
+/// smaller one) tells every Envoy holding a watch to sync now.
+const FREED_TO_TELL: f64 = 0.1;
+
+/// The shares of one sync's answer, and whether it freed room others may
+/// take (see [`FREED_TO_TELL`]).
+pub struct Shares {
+    pub message: SharesMessage,
+    pub freed: bool,
+}
+
 /// Ledgers outlive every reservation in them by far.
 const LEDGER_TTL_MS: u64 = 3_600_000;
 
@@ -131,13 +142,22 @@ impl Ledgers {
 
     /// The shares for every global policy of `set`, for the Envoy that sent
     /// `report`.
-    pub async fn shares(
-        &self,
-        set: &PolicySet,
-        report: &SyncReport,
-    ) -> Result<SharesMessage, FleetError> {
+    pub async fn shares(&self, set: &PolicySet, report: &SyncReport) -> Result<Shares, FleetError> {
         let now = self.now();
         let mut out = BTreeMap::new();
+        let mut freed = false;
+        // What the others cannot be given, before and after this sync: a
+        // drop of a tenth of the limit or more is room someone may want.
+        let sync_freeing = |ledger: &mut Ledger, terms: &FleetTerms, usage, held| {
+            let before = ledger.reserved(terms, now);
+            let share = ledger.sync_usage(terms, &report.instance, usage, held, now);
+            let after = ledger.reserved(terms, now);
+            let freed = before.rate - after.rate >= FREED_TO_TELL * terms.limit.rate
+                || (terms.limit.in_flight > 0
+                    && f64::from(before.in_flight.saturating_sub(after.in_flight))
+                        >= FREED_TO_TELL * f64::from(terms.limit.in_flight));
+            (share, freed)
+        };
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);
             let counters = report
@@ -153,11 +173,12 @@ impl Ledgers {
                 at: Instant::from_millis(report.at_ms),
             };
             let held = held_share(report, &policy.name, &terms);
-            let share = self
+            let (share, freed_here) = self
                 .update(&policy.name, &terms, now, |ledger| {
-                    ledger.sync_usage(&terms, &report.instance, usage, held, now)
+                    sync_freeing(ledger, &terms, usage, held)
                 })
                 .await?;
+            freed |= freed_here;
             out.insert(policy.name.clone(), message(&share, &terms, now));
         }
         // Global further limits, once each however many policies name
@@ -183,14 +204,47 @@ impl Ledgers {
                 at: Instant::from_millis(report.at_ms),
             };
             let held = held_share(report, &name, &terms);
-            let share = self
+            let (share, freed_here) = self
                 .update(&name, &terms, now, |ledger| {
-                    ledger.sync_usage(&terms, &report.instance, usage, held, now)
+                    sync_freeing(ledger, &terms, usage, held)
                 })
                 .await?;
+            freed |= freed_here;
             out.insert(name, message(&share, &terms, now));
         }
-        Ok(out)
+        Ok(Shares {
+            message: out,
+            freed,
+        })
+    }
+
+    /// `instance`'s watch connection closed before it was answered: its
+    /// process may be gone. Noted in each global ledger it is in, which
+    /// gives its share away if it does not sync again within two sync
+    /// intervals ([`Ledger::departed`]).
+    pub async fn departed(&self, set: &PolicySet, instance: &str) -> Result<(), FleetError> {
+        let now = self.now();
+        let policies = set
+            .policies
+            .iter()
+            .filter(|p| p.scope == Scope::Global)
+            .map(|p| (p.name.clone(), FleetTerms::of_policy(p)));
+        let limits = set
+            .policies
+            .iter()
+            .flat_map(|p| p.limits.iter())
+            .filter(|l| l.scope == Scope::Global)
+            .map(|l| (l.fleet_name(), FleetTerms::of_limit(l)));
+        let mut done = std::collections::BTreeSet::new();
+        for (name, terms) in policies.chain(limits) {
+            // A ledger nobody wrote yet has nothing of it to free.
+            if !done.insert(name.clone()) || self.read(&name).await?.is_none() {
+                continue;
+            }
+            self.update(&name, &terms, now, |ledger| ledger.departed(instance, now))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Each global policy's ledger as the UI shows it.
@@ -251,13 +305,13 @@ impl Ledgers {
         }
     }
 
-    async fn update(
+    async fn update<R>(
         &self,
         policy: &str,
         terms: &FleetTerms,
         now: Instant,
-        change: impl Fn(&mut Ledger) -> Share,
-    ) -> Result<Share, FleetError> {
+        change: impl Fn(&mut Ledger) -> R,
+    ) -> Result<R, FleetError> {
         let share = match &self.backend {
             Backend::Memory(ledgers) => {
                 let mut ledgers = lock(ledgers);

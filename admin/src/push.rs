@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sluice_shared::sync::{WatchRequest, EPOCH_HEADER, MAX_INSTANCE_LEN};
+use sluice_shared::sync::{WatchRequest, EPOCH_HEADER, MAX_INSTANCE_LEN, SYNC_NOW_HEADER};
 use tokio::sync::watch;
 
 use crate::auth::bears;
@@ -34,6 +34,8 @@ const POLL_EVERY: Duration = Duration::from_secs(1);
 pub struct Changes {
     seen: watch::Sender<u64>,
     stopping: watch::Sender<bool>,
+    /// Bumped when a sync freed fleet room (see `fleet::Shares`).
+    fleet: watch::Sender<u64>,
 }
 
 impl Default for Changes {
@@ -41,6 +43,7 @@ impl Default for Changes {
         Self {
             seen: watch::channel(0).0,
             stopping: watch::channel(false).0,
+            fleet: watch::channel(0).0,
         }
     }
 }
@@ -54,6 +57,13 @@ impl Changes {
             *seen = version;
             changed
         });
+    }
+
+    /// A sync freed fleet room: every held watch is answered `304` with
+    /// [`SYNC_NOW_HEADER`], and its Envoy syncs at once (a watch then
+    /// reopens within 50 ms, so news reaches each Envoy at most that often).
+    pub fn fleet_news(&self) {
+        self.fleet.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     pub fn stop(&self) {
@@ -87,18 +97,68 @@ pub async fn watch(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
+    let mut held = HeldWatch {
+        state: Arc::clone(&state),
+        instance: None,
+    };
+    let answer = answer_watch(&state, &headers, &body, &mut held).await;
+    // Answered (or refused): not a departure.
+    held.instance = None;
+    answer
+}
+
+/// A watch being held. Dropped before it is answered, its connection
+/// closed: hyper drops the handler of a request whose client went away
+/// (a SIGKILLed Envoy's kernel closes its connections), and the fleet
+/// ledgers are told (see `Ledgers::departed`).
+struct HeldWatch {
+    state: Arc<AppState>,
+    /// Set once the request is known good, cleared when it is answered.
+    instance: Option<String>,
+}
+
+impl Drop for HeldWatch {
+    fn drop(&mut self) {
+        let Some(instance) = self.instance.take() else {
+            return;
+        };
+        let state = Arc::clone(&self.state);
+        // Drop cannot wait; the runtime is there while requests are served.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let noted = match state.store.policy_set().await {
+                Ok(set) => state.fleet.departed(&set, &instance).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match noted {
+                Ok(()) => tracing::info!(%instance, "watch connection closed unanswered; its fleet shares are freed unless it syncs again"),
+                Err(e) => tracing::warn!(%instance, error = %e, "watch connection closed unanswered; not noted in the fleet ledgers"),
+            }
+        });
+    }
+}
+
+async fn answer_watch(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: &[u8],
+    held: &mut HeldWatch,
+) -> Result<Response, ApiError> {
     if let Some(expected) = &state.sync_token {
-        if !bears(&headers, expected) {
+        if !bears(headers, expected) {
             return Err(ApiError::BadSyncToken);
         }
     }
     let request: WatchRequest =
-        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("watch: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("watch: {e}")))?;
     if request.instance.is_empty() || request.instance.len() > MAX_INSTANCE_LEN {
         return Err(ApiError::BadRequest(format!(
             "watch: instance must be 1 to {MAX_INSTANCE_LEN} characters"
         )));
     }
+    held.instance = Some(request.instance.clone());
     let hold = headers
         .get(WAIT_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -108,7 +168,9 @@ pub async fn watch(
     // Subscribed before the first read, so no change slips in between.
     let mut changes = state.changes.seen.subscribe();
     let mut stopping = state.changes.stopping.subscribe();
+    let mut fleet = state.changes.fleet.subscribe();
     let deadline = tokio::time::Instant::now() + hold;
+    let mut sync_now = false;
     loop {
         let set = state.store.policy_set().await?;
         let epoch = state.store.epoch().await?;
@@ -126,17 +188,28 @@ pub async fn watch(
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { break },
+            news = fleet.changed() => {
+                sync_now = news.is_ok();
+                break;
+            }
             () = tokio::time::sleep_until(deadline) => break,
             _ = stopping.wait_for(|s| *s) => break,
         }
     }
     let epoch = state.store.epoch().await?;
-    Ok((
+    let mut response = (
         StatusCode::NOT_MODIFIED,
         [(
             header::HeaderName::from_static(EPOCH_HEADER),
             HeaderValue::from(epoch),
         )],
     )
-        .into_response())
+        .into_response();
+    if sync_now {
+        response.headers_mut().insert(
+            header::HeaderName::from_static(SYNC_NOW_HEADER),
+            HeaderValue::from_static("1"),
+        );
+    }
+    Ok(response)
 }

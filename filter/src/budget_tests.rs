@@ -153,6 +153,7 @@ fn a_failed_or_broken_answer_leaves_the_budget_unknown() {
         &host,
         token,
         SyncReply {
+            sync_now: false,
             status: None,
             shares_header: None,
             epoch_header: None,

@@ -271,6 +271,8 @@ pub struct SyncReply<'a> {
     pub budgets_header: Option<&'a [u8]>,
     /// What other Envoys' providers said.
     pub provider_header: Option<&'a [u8]>,
+    /// A watch's answer says to sync now (fleet room was freed).
+    pub sync_now: bool,
     pub body: ReplyBody<'a>,
 }
 
@@ -449,6 +451,7 @@ mod tests {
         }
         assert_eq!(parse_status(None), None);
         let reply = SyncReply {
+            sync_now: false,
             status: Some(200),
             shares_header: None,
             epoch_header: None,

@@ -457,6 +457,7 @@ pub(crate) fn reply<'a>(
     body: Option<&'a [u8]>,
 ) -> SyncReply<'a> {
     SyncReply {
+        sync_now: false,
         status,
         shares_header,
         epoch_header: None,

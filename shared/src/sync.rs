@@ -29,6 +29,10 @@ pub const SYNC_PATH: &str = "/api/v1/sync";
 /// most 25 s). Both answers carry [`EPOCH_HEADER`].
 pub const WATCH_PATH: &str = "/api/v1/sync/watch";
 pub const WAIT_HEADER: &str = "sluice-wait-ms";
+/// On a watch's `304`: a fleet share freed room others may want (an Envoy
+/// whose load fell took a smaller share); sync now instead of at the
+/// interval.
+pub const SYNC_NOW_HEADER: &str = "sluice-sync-now";
 pub const SHARES_HEADER: &str = "sluice-grants";
 /// The admin's store epoch, on every answer: drawn at random when the store
 /// was created, and again when a restored store finds Envoys ahead of it.

@@ -181,6 +181,70 @@ pub fn paced_through(
         .collect()
 }
 
+/// Paced LLM calls through several Envoys, the heavy load moving: every
+/// `period` the next Envoy in turn is offered `heavy` calls a second and
+/// the others `light`, until `stop`. Tags are the ones given, in order.
+pub fn moving_through(
+    envoys: &[crate::envoy::Envoy],
+    tags: &[&'static str],
+    (heavy, light): (u64, u64),
+    period: Duration,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<Outcome>>> {
+    let n = envoys.len().max(1) as u128;
+    let origin = Instant::now();
+    envoys
+        .iter()
+        .zip(tags)
+        .enumerate()
+        .map(|(i, (envoy, &tag))| {
+            let rate = move |at: Duration| {
+                let turn = (at.as_millis() / period.as_millis().max(1)) % n;
+                if turn == i as u128 {
+                    heavy
+                } else {
+                    light
+                }
+            };
+            scheduled(
+                envoy.url("/v1/complete"),
+                "api.llm.example",
+                tag,
+                (origin, rate),
+                stop.clone(),
+            )
+        })
+        .collect()
+}
+
+/// Open-loop load whose rate follows `rate(time since origin)`.
+fn scheduled(
+    url: String,
+    host: &'static str,
+    tag: &'static str,
+    (origin, rate): (Instant, impl Fn(Duration) -> u64 + Send + 'static),
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<Outcome>> {
+    tokio::spawn(async move {
+        let http = client();
+        let mut next = tokio::time::Instant::from_std(origin);
+        let mut calls = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            next += Duration::from_nanos(1_000_000_000 / rate(next.into_std() - origin).max(1));
+            tokio::time::sleep_until(next).await;
+            let request = http.get(&url).header("host", host).header("x-api-key", tag);
+            calls.push(tokio::spawn(send(request, origin)));
+        }
+        let mut out = Vec::with_capacity(calls.len());
+        for c in calls {
+            if let Ok(o) = c.await {
+                out.push(o);
+            }
+        }
+        out
+    })
+}
+
 /// Open-loop load: `per_second` calls to `url` for `host`, tagged with an
 /// `x-api-key` of `tag` (the mock records it), until `stop`.
 pub fn paced(

@@ -12,7 +12,9 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
 use sluice_shared::plugin::parse_plugin_config;
-use sluice_shared::sync::{BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER};
+use sluice_shared::sync::{
+    BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
+};
 use sluice_shared::time::{Instant, Span};
 
 use crate::host::{Host, Level, SetError};
@@ -163,6 +165,7 @@ impl Context for SluiceRoot {
         let epoch = abi::header(MapType::HttpCallResponseHeaders, EPOCH_HEADER);
         let budgets = abi::header(MapType::HttpCallResponseHeaders, BUDGETS_HEADER);
         let provider = abi::header(MapType::HttpCallResponseHeaders, PROVIDER_HEADER);
+        let sync_now = abi::header(MapType::HttpCallResponseHeaders, SYNC_NOW_HEADER).is_some();
         let body = if body_size > MAX_RESPONSE_BYTES {
             None
         } else {
@@ -174,6 +177,7 @@ impl Context for SluiceRoot {
             epoch_header: epoch.as_deref(),
             budgets_header: budgets.as_deref(),
             provider_header: provider.as_deref(),
+            sync_now,
             body: if body_size > MAX_RESPONSE_BYTES {
                 ReplyBody::TooLarge(body_size)
             } else {

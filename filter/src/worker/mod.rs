@@ -591,7 +591,7 @@ impl Worker {
                 host,
                 &mut self.store,
                 &mut self.metrics,
-                (reply.answer(), epoch),
+                (reply.answer(), epoch, reply.sync_now),
                 call,
             ) {
                 self.install_from_admin(host, set);
@@ -602,11 +602,16 @@ impl Worker {
             return;
         };
         if let Some(header) = reply.shares_header.filter(|_| reply.answered()) {
-            if self
-                .shares
-                .take_header(host, &mut self.store, &mut self.metrics, header, sent_at)
-            {
+            let taken =
+                self.shares
+                    .take_header(host, &mut self.store, &mut self.metrics, header, sent_at);
+            if let Some(shares::Shrank(shrank)) = taken {
                 self.apply_shares(host);
+                if shrank {
+                    // The admin frees the old share's room for the others
+                    // only once this Envoy says it holds the new one.
+                    self.sync.hurry(host, &mut self.store, host.now());
+                }
             }
         }
         let answer = reply.answer();

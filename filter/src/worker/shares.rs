@@ -16,6 +16,15 @@ use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
 use crate::store::Store;
 
+/// Whether a share of the answer just taken shrank by more than a wobble.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shrank(pub bool);
+
+/// A share cut below this part of the one it replaces is told to the
+/// admin at once (a sync now, not at the interval): until then it keeps the
+/// old one reserved, and an Envoy whose load grew cannot have that room.
+const SHRINK_TO_TELL: f64 = 0.9;
+
 #[derive(Debug, Default)]
 pub(super) struct FleetShares {
     /// The sequence of the published shares this worker last took up.
@@ -42,8 +51,10 @@ impl FleetShares {
     }
 
     /// The shares header of an answer to a call sent at `sent_at`: published
-    /// for every worker. False when it changed nothing (it did not parse, or
-    /// could not be stored: the shares held stay).
+    /// for every worker. None when it changed nothing (it did not parse, or
+    /// could not be stored: the shares held stay); otherwise whether a share
+    /// shrank, which the admin keeps reserved at its old size until this
+    /// Envoy says, at its next sync, that it holds the new one.
     pub fn take_header<H: Host + ?Sized>(
         &mut self,
         host: &H,
@@ -51,17 +62,26 @@ impl FleetShares {
         metrics: &mut Metrics,
         header: &[u8],
         sent_at: Instant,
-    ) -> bool {
+    ) -> Option<Shrank> {
         let Some(shares) = fleet::parse_header(header, sent_at) else {
             metrics.add_filter(FilterStat::SyncFailures, 1);
             host.log(
                 Level::Warn,
                 "sluice: the admin's shares header does not parse; keeping the shares held",
             );
-            return false;
+            return None;
         };
+        self.pick_up(host);
+        let shrank = shares.iter().any(|(name, new)| {
+            self.held.get(name).is_some_and(|old| {
+                new.amount.rate < old.amount.rate * SHRINK_TO_TELL
+                    || new.amount.in_flight < old.amount.in_flight
+            })
+        });
         // On failure the store counted and logged why.
-        fleet::publish(host, store, &shares).is_ok()
+        fleet::publish(host, store, &shares)
+            .is_ok()
+            .then_some(Shrank(shrank))
     }
 
     /// Gives each global policy of `policies`, and each global further

@@ -24,14 +24,38 @@ pub struct Demand {
 /// sync, little for two syncs 20 ms apart, whose count says little.
 const DEMAND_TIME_CONSTANT: Span = Span::from_millis(560);
 
+/// A measured rate this many standard deviations of its count's noise
+/// away from the smoothed one is a change of demand, not a wobble: the
+/// smoothed rate jumps to it. Load that moves from one Envoy to another
+/// then moves the shares within a sync instead of over a second or two,
+/// while wobbles (3 sigma is 47/s at 50/s over 200 ms) stay smoothed.
+const JUMP_SIGMAS: f64 = 3.0;
+/// Only a count over this long may jump: a sync hurried right after
+/// another counts a few calls, and Envoy's workers add theirs to the
+/// report every 20 ms, so a short count can read far off the real rate.
+const JUMP_MIN_SPAN: Span = Span::from_millis(100);
+
 /// Smooths the rate only: in flight is a count of calls held now, and a
 /// blend of small counts rounds back to where it was.
 pub(super) fn smooth(previous: Demand, measured: Demand, span: Span) -> Demand {
-    let weight = 1.0 - (-span.as_secs_f64() / DEMAND_TIME_CONSTANT.as_secs_f64()).exp();
-    Demand {
-        rate: previous.rate + weight * (measured.rate - previous.rate),
-        ..measured
-    }
+    let seconds = span.as_secs_f64();
+    let weight = 1.0 - (-seconds / DEMAND_TIME_CONSTANT.as_secs_f64()).exp();
+    // Calls arriving at random: the count over `span` has a standard
+    // deviation of its square root (at least one call's worth), taken at
+    // the lower of the two rates: a load that fell from 120/s to 50/s is
+    // told from a wobble of 50/s, not of 120/s.
+    let noise = if seconds > 0.0 {
+        (previous.rate.min(measured.rate) * seconds).sqrt().max(1.0) / seconds
+    } else {
+        f64::INFINITY
+    };
+    let change = measured.rate - previous.rate;
+    let rate = if span >= JUMP_MIN_SPAN && change.abs() > JUMP_SIGMAS * noise {
+        measured.rate
+    } else {
+        previous.rate + weight * change
+    };
+    Demand { rate, ..measured }
 }
 
 /// An instance's counters for one policy at one sync, as it reports them.
@@ -150,5 +174,36 @@ mod tests {
             LIMIT,
         );
         assert_eq!(d.in_flight, LIMIT.in_flight);
+    }
+
+    fn rated(rate: f64) -> Demand {
+        Demand {
+            rate,
+            ..Demand::default()
+        }
+    }
+
+    #[test]
+    fn wobbles_are_smoothed_and_moves_are_followed_at_once() {
+        let sync = Span::from_millis(200);
+        // 50/s counted as 11 calls in 200 ms: a wobble, weighed 0.3.
+        let d = smooth(rated(50.0), rated(55.0), sync);
+        assert!((d.rate - 51.5).abs() < 0.1, "{d:?}");
+        // A fall the first sync after a move only half saw is followed too.
+        assert_eq!(smooth(rated(118.0), rated(50.0), sync).rate, 50.0);
+        // The load moved: 400/s to 50/s and back are followed in one sync.
+        assert_eq!(smooth(rated(400.0), rated(50.0), sync).rate, 50.0);
+        assert_eq!(smooth(rated(50.0), rated(400.0), sync).rate, 400.0);
+        // Nothing to something: a first call is not yet a rate.
+        assert!(smooth(rated(0.0), rated(5.0), sync).rate < 5.0);
+        // Two syncs 1 ms or 50 ms apart say little, whatever they count.
+        let d = smooth(rated(50.0), rated(1000.0), Span::from_millis(1));
+        assert!(d.rate < 60.0, "{d:?}");
+        let d = smooth(rated(400.0), rated(0.0), Span::from_millis(50));
+        assert!(d.rate > 300.0, "{d:?}");
+        // Garbage spans do not produce NaN.
+        assert!(smooth(rated(50.0), rated(60.0), Span::ZERO)
+            .rate
+            .is_finite());
     }
 }

@@ -102,7 +102,20 @@ struct Member {
     /// Its counters where the current window began.
     #[serde(default)]
     used_since: Option<Usage>,
+    /// Time between its last two syncs.
+    #[serde(default, rename = "sync_gap_ms", with = "millis")]
+    sync_gap: Span,
+    /// When its watch connection closed unanswered (see
+    /// [`Ledger::departed`]), if it has not synced since.
+    #[serde(default, rename = "departed_ms", with = "millis")]
+    departed: Instant,
 }
+
+/// An instance whose watch connection closed is taken for dead once it has
+/// not synced for this many of its sync intervals since...
+const DEPARTURE_SYNCS: u64 = 2;
+/// ...and at least this long.
+const DEPARTURE_GRACE: Span = Span::from_millis(300);
 
 /// Use is counted over at least this long: syncs are not evenly spaced,
 /// and a count over two syncs 20 ms apart says little about a rate.
@@ -130,7 +143,25 @@ impl Member {
             .map(|s| s.expires_at + grace)
             .max()
             .unwrap_or(Instant::EPOCH);
-        last_share_ends.max(self.last_heard + lease + grace)
+        let until = last_share_ends.max(self.last_heard + lease + grace);
+        match self.dead_from() {
+            Some(dead) => until.min(dead),
+            None => until,
+        }
+    }
+
+    /// When a departed instance counts as dead: its connection closed and
+    /// it missed its next syncs (a live one whose watch merely failed syncs
+    /// on).
+    fn dead_from(&self) -> Option<Instant> {
+        if self.departed == Instant::EPOCH || self.departed < self.last_heard {
+            return None;
+        }
+        let wait = self
+            .sync_gap
+            .saturating_mul(DEPARTURE_SYNCS)
+            .max(DEPARTURE_GRACE);
+        Some(self.departed + wait)
     }
 }
 
@@ -213,7 +244,11 @@ impl Ledger {
         });
         let member = self.members.entry(instance.to_string()).or_default();
         member.demand = demand;
+        if member.last_heard > Instant::EPOCH && now > member.last_heard {
+            member.sync_gap = now - member.last_heard;
+        }
         member.last_heard = now;
+        member.departed = Instant::EPOCH;
         if let (false, Some(held)) = (known, held) {
             // A share this ledger has no record of: it is what the instance
             // enforces, bounded by the limit and one lease from now, since
@@ -326,6 +361,20 @@ impl Ledger {
             }
         }
         share
+    }
+
+    /// `instance`'s watch connection closed at `at` without an answer: its
+    /// process may have died (a SIGKILLed Envoy's kernel closes it). If it
+    /// does not sync again within two of its sync intervals (300 ms at
+    /// least), nothing of it is reserved any more and its share goes to the
+    /// others at their next syncs, well within a lease; a live instance
+    /// whose watch merely failed syncs on and keeps its share.
+    pub fn departed(&mut self, instance: &str, at: Instant) {
+        if let Some(member) = self.members.get_mut(instance) {
+            if at >= member.last_heard {
+                member.departed = at;
+            }
+        }
     }
 
     /// The sum of what every instance may be enforcing now.
@@ -462,6 +511,49 @@ mod tests {
         let b6 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b5), t(3_030));
         assert_eq!(b6.amount.in_flight, 100);
         assert_eq!(ledger.members(&TERMS, t(3_030)).len(), 1);
+    }
+
+    #[test]
+    fn a_departed_instance_that_stops_syncing_frees_its_share_within_a_lease() {
+        let mut ledger = Ledger::default();
+        let mut a = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
+        let mut b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
+        for ms in (200..=1_000).step_by(200) {
+            a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a), t(ms));
+            b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(ms + 10));
+        }
+        assert_eq!(b.amount.in_flight, 50);
+        // a is killed at 1 100 ms: its watch connection closes. It synced
+        // every 200 ms, so after 400 ms without a sync it is dead.
+        ledger.departed("a", t(1_100));
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(1_210));
+        assert_eq!(b.amount.in_flight, 50, "still within two syncs");
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(1_510));
+        assert_eq!(b.amount.in_flight, 100, "a's share moved 410 ms after");
+        assert_eq!(ledger.members(&TERMS, t(1_510)).len(), 1);
+
+        // A live instance whose watch failed syncs on: nothing moves.
+        let mut ledger = Ledger::default();
+        let mut a = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
+        let mut b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
+        for ms in (200..=1_000).step_by(200) {
+            a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a), t(ms));
+            b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(ms + 10));
+        }
+        ledger.departed("a", t(1_100));
+        a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a), t(1_200));
+        for ms in (1_400..=4_000).step_by(200) {
+            a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a), t(ms));
+            b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(ms + 10));
+            assert_eq!(a.amount.in_flight + b.amount.in_flight, 100);
+            assert_eq!(b.amount.in_flight, 50, "at {ms} ms");
+        }
+        // A departure older than the last sync, or of an unknown instance,
+        // changes nothing.
+        ledger.departed("a", t(3_000));
+        ledger.departed("nobody", t(4_100));
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(4_400));
+        assert_eq!(b.amount.in_flight, 50);
     }
 
     #[test]
