@@ -1320,3 +1320,111 @@ async fn stopping_the_admin_answers_held_watches() {
     println!("watch at shutdown: {answer:?}; the admin stopped in {took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
 }
+
+/// One Envoy's sync for the global policy `llm`, naming the share it
+/// holds (as the filter does): the share the admin answers with.
+async fn fleet_sync(admin: &Admin, instance: &str, held: Option<&Value>) -> Value {
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut report = json!({"instance": instance, "policy_version": 1, "at_ms": at_ms});
+    if let Some(h) = held {
+        report["grants"] = json!({"llm": h["id"]});
+        report["held"] = json!({"llm": {"rate": h["rate"], "in_flight": h["in_flight"],
+                                         "instances": h["instances"]}});
+    }
+    let (status, headers, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(report),
+        )
+        .await;
+    assert!(
+        status.is_success() || status.is_redirection(),
+        "{status} {body}"
+    );
+    let grants: Value = headers
+        .get("sluice-grants")
+        .map(|v| serde_json::from_slice(v.as_bytes()).unwrap())
+        .unwrap_or_default();
+    grants["llm"].clone()
+}
+
+/// A SIGKILLed Envoy's kernel closes its held watch. The admin notes it;
+/// when that Envoy then misses two syncs its share goes to the others at
+/// once, not a lease and a half after its last sync (3 s here).
+#[tokio::test]
+async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
+    use std::time::{Duration, Instant};
+    let admin = start().await;
+    let s = admin.login().await;
+    let llm = json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+        "share_lease": "2s", "rate": {"requests": 300, "period": "1s", "burst": 30}});
+    let (status, _, _) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(llm))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Both sync every 100 ms, past the new admin's recovery (1.5 leases).
+    let (mut a, mut c) = (Value::Null, Value::Null);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(3_600) {
+        a = fleet_sync(&admin, "a", Some(&a).filter(|v| !v.is_null())).await;
+        c = fleet_sync(&admin, "c", Some(&c).filter(|v| !v.is_null())).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let even = a["rate"].as_f64().unwrap();
+    assert!((100.0..=200.0).contains(&even), "a {a}, c {c}");
+    // c holds a watch, then its connection closes (the client gives up).
+    let closed = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap()
+        .post(format!("{}/api/v1/sync/watch", admin.base))
+        .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+        .header("sluice-wait-ms", "20000")
+        .header("content-type", "application/json")
+        .body(json!({"instance": "c", "policy_version": 1}).to_string())
+        .send()
+        .await;
+    assert!(closed.is_err(), "the watch was held: {closed:?}");
+    let gone = Instant::now();
+    let moved = loop {
+        a = fleet_sync(&admin, "a", Some(&a)).await;
+        if a["rate"].as_f64().unwrap() >= 290.0 {
+            break gone.elapsed();
+        }
+        assert!(
+            gone.elapsed() < Duration::from_millis(1_500),
+            "c's share did not move: a {a}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("a closed watch: c's share moved to a {moved:?} after (a {a})");
+    assert!(
+        moved >= Duration::from_millis(250),
+        "before c missed two syncs"
+    );
+
+    // A live Envoy whose watch closes syncs on and keeps its share.
+    let closed = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap()
+        .post(format!("{}/api/v1/sync/watch", admin.base))
+        .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+        .header("sluice-wait-ms", "20000")
+        .header("content-type", "application/json")
+        .body(json!({"instance": "a", "policy_version": 1}).to_string())
+        .send()
+        .await;
+    assert!(closed.is_err());
+    for _ in 0..10 {
+        a = fleet_sync(&admin, "a", Some(&a)).await;
+        assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -203,3 +203,102 @@ fn several_vms_share_one_watch_a_second_when_answers_bring_nothing() {
     let n = watches(&host).len();
     assert!((3..=4).contains(&n), "{n} watches in 3 s");
 }
+
+/// The tokens of the sync calls (not watches) sent so far.
+fn syncs(host: &FakeHost) -> Vec<u32> {
+    host.calls
+        .borrow()
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, headers, _))| {
+            headers
+                .iter()
+                .any(|(k, v)| k == ":path" && v == sluice_shared::sync::SYNC_PATH)
+        })
+        .map(|(i, _)| i as u32 + 1)
+        .collect()
+}
+
+/// Ticks every 10 ms for up to `limit_ms`; how long until a sync call more
+/// than `before` was sent.
+fn next_sync_after(host: &FakeHost, w: &mut Worker, before: usize, limit_ms: u64) -> Option<u64> {
+    (1..=limit_ms / 10).find_map(|step| {
+        host.advance_ms(10);
+        w.on_tick(host);
+        (syncs(host).len() > before).then_some(step * 10)
+    })
+}
+
+#[test]
+fn a_watch_answered_with_sync_now_brings_a_sync_at_once_and_reopens() {
+    let host = FakeHost::at(T0);
+    let mut w = pushing(&host);
+    w.on_tick(&host);
+    let first_sync = *syncs(&host).last().expect("a first sync");
+    w.on_sync_reply(&host, first_sync, reply(Some(304), None, None));
+    let watch = watches(&host)[0];
+    host.advance_ms(300);
+    // Fleet room was freed: sync now, not at the 1 s interval.
+    let news = crate::sync::SyncReply {
+        sync_now: true,
+        ..reply(Some(304), None, None)
+    };
+    w.on_sync_reply(&host, watch, news);
+    let before = syncs(&host).len();
+    let after = next_sync_after(&host, &mut w, before, 1_000).expect("a sync");
+    assert!(
+        after <= PUSH_TICK.as_millis() + 10,
+        "synced {after} ms after"
+    );
+    assert_eq!(watches(&host).len(), 2, "the watch reopened at once");
+
+    // A plain 304 (the hold ended) brings no early sync.
+    let synced = *syncs(&host).last().unwrap();
+    w.on_sync_reply(&host, synced, reply(Some(304), None, None));
+    let watch = *watches(&host).last().unwrap();
+    w.on_sync_reply(&host, watch, reply(Some(304), None, None));
+    let before = syncs(&host).len();
+    let after = next_sync_after(&host, &mut w, before, 2_000).expect("a sync");
+    assert!(after >= 900, "synced {after} ms after a plain 304");
+}
+
+#[test]
+fn a_share_cut_by_a_tenth_or_more_is_told_to_the_admin_at_once() {
+    const GLOBAL: &str = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+         "rate": {"requests": 300, "period": "1s", "burst": 30}}]}"#;
+    let share = |rate: u32, id: u32| {
+        format!(
+            r#"{{"llm": {{"rate": {rate}, "in_flight": 0, "lease_ms": 3000, "instances": 3, "id": {id}}}}}"#
+        )
+    };
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, GLOBAL);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    let answer = |w: &mut Worker, header: &str| {
+        let token = *syncs(&host).last().expect("a sync");
+        w.on_sync_reply(
+            &host,
+            token,
+            reply(Some(304), Some(header.as_bytes()), None),
+        );
+    };
+    answer(&mut w, &share(200, 1));
+    // Grown, or cut by less than a tenth: the next sync at the interval.
+    let before = syncs(&host).len();
+    assert!(next_sync_after(&host, &mut w, before, 2_000).expect("a sync") >= 900);
+    answer(&mut w, &share(190, 2));
+    let before = syncs(&host).len();
+    assert!(next_sync_after(&host, &mut w, before, 2_000).expect("a sync") >= 900);
+    // Cut from 190/s to 60/s: the admin keeps the old share reserved until
+    // this Envoy says it holds the new one, so it says so now.
+    answer(&mut w, &share(60, 3));
+    let before = syncs(&host).len();
+    let after = next_sync_after(&host, &mut w, before, 2_000).expect("a sync");
+    assert!(after <= 110, "told after {after} ms");
+    let calls = host.calls.borrow().clone();
+    let report: sluice_shared::sync::SyncReport =
+        serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
+    assert_eq!(report.shares.get("llm"), Some(&3));
+}

@@ -243,7 +243,11 @@ async fn load_that_moves_between_envoys_every_5_s_still_uses_the_global_limit() 
                     )
                 })
                 .collect();
-            println!("trace {:>5} ms: {}", started.elapsed().as_millis(), line.join(" | "));
+            println!(
+                "trace {:>5} ms: {}",
+                started.elapsed().as_millis(),
+                line.join(" | ")
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -260,7 +264,9 @@ async fn load_that_moves_between_envoys_every_5_s_still_uses_the_global_limit() 
         .iter()
         .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
         .collect();
-    println!("fleet moving: syncs ok per Envoy {syncs:?} (every 200 ms would be about 100 in 20 s)");
+    println!(
+        "fleet moving: syncs ok per Envoy {syncs:?} (every 200 ms would be about 100 in 20 s)"
+    );
     println!(
         "fleet moving: 400/s moves a -> b -> c every {PERIOD:?}, the others 50/s; global limit {GLOBAL_RPS}/s; \
          from 4.5 s to 20 s the provider saw {used:.1}/s ({:.1} % of the global limit); per period after a move \
@@ -719,13 +725,18 @@ async fn a_call_costing_more_than_an_envoys_share_holds_is_refused_with_the_reas
     // Only the first Envoy is busy; the others keep their floors.
     let stop = Arc::new(AtomicBool::new(false));
     let load = load::paced_through(&envoys[..1], &[("a", 250)], &stop);
+    // Settled: past the new admin's recovery (every Envoy holds a share),
+    // the busy one holding most. The load goes on while the calls are
+    // made: shares follow demand within a sync, and without it the idle
+    // Envoys would soon hold a third each.
     let settled = until(Duration::from_secs(8), || async {
         shares(&op).await.is_ok_and(|s| {
-            s.len() == 3 && s.iter().any(|(n, rate, _)| n == "fleet-a" && *rate > 200.0)
+            s.len() == 3
+                && s.iter().all(|(_, rate, _)| *rate > 0.0)
+                && s.iter().any(|(n, rate, _)| n == "fleet-a" && *rate > 200.0)
         })
     })
     .await;
-    finish(&stop, load).await;
     let view = shares(&op).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let http = load::client();
@@ -747,6 +758,7 @@ async fn a_call_costing_more_than_an_envoys_share_holds_is_refused_with_the_reas
     let body = costly.text().await?;
     let cheap = call(idle, "1").await?.status().as_u16();
     let on_the_busy_one = call(&envoys[0], "5").await?.status().as_u16();
+    finish(&stop, load).await;
     println!(
         "cost above a share: shares settled after {settled:?}: {view:?}; on an idle Envoy a call costing 5 -> {costly_status} \
          ({reason}: {}), costing 1 -> {cheap}; on the busy Envoy costing 5 -> {on_the_busy_one}",
