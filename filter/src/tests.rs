@@ -631,7 +631,7 @@ fn a_slowed_clock_makes_a_slow_envoy_take_prefetches_as_a_fast_one_does() {
     );
     assert_eq!(
         slowed_tick,
-        Span::from_millis(500),
+        Span::from_millis(crate::worker::PREFETCH_TICK.as_millis() * 50),
         "the tick is stretched too"
     );
 }

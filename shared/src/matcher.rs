@@ -71,7 +71,10 @@ impl HostMatcher {
         }
         match &self.pattern {
             HostPattern::Any => true,
-            HostPattern::Exact(host) => name.eq_ignore_ascii_case(host.as_bytes()),
+            // Most authorities come as configured: bytes compare first.
+            HostPattern::Exact(host) => {
+                name == host.as_bytes() || name.eq_ignore_ascii_case(host.as_bytes())
+            }
             HostPattern::Suffix(suffix) => {
                 name.len() > suffix.len()
                     && name[name.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())

@@ -4,7 +4,7 @@
 mod abi;
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
@@ -110,33 +110,44 @@ impl Host for EnvoyHost {
 /// Headers read lazily from Envoy as bytes: the matcher asks only for what
 /// it needs, each header crosses into the VM at most once however many
 /// policies look at it (a host call costs far more than a copy), and no
-/// header value can make UTF-8 decoding panic.
+/// header value can make UTF-8 decoding panic. A value read is kept in a
+/// cell that is set once and lent out from there, never copied.
 struct EnvoyHeaders {
     map: MapType,
-    read: RefCell<Vec<(String, Option<Vec<u8>>)>>,
+    read: [KeptHeader; HEADERS_KEPT],
 }
+
+/// A header's name and its value (None: absent), each set once.
+type KeptHeader = (OnceCell<String>, OnceCell<Option<Vec<u8>>>);
+
+/// Distinct headers kept per request; more are read each time asked.
+const HEADERS_KEPT: usize = 8;
 
 impl EnvoyHeaders {
     fn of(map: MapType) -> Self {
         Self {
             map,
-            read: RefCell::new(Vec::new()),
+            read: Default::default(),
         }
     }
 }
 
 impl RequestHeaders for EnvoyHeaders {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        if let Ok(read) = self.read.try_borrow() {
-            if let Some((_, value)) = read.iter().find(|(n, _)| n == name) {
-                return value.clone().map(Cow::Owned);
+        for (kept_name, value) in &self.read {
+            match kept_name.get() {
+                Some(n) if n == name => {
+                    return value.get().and_then(Option::as_deref).map(Cow::Borrowed);
+                }
+                Some(_) => continue,
+                None => {
+                    let _ = kept_name.set(name.to_string());
+                    let value = value.get_or_init(|| abi::header(self.map, name));
+                    return value.as_deref().map(Cow::Borrowed);
+                }
             }
         }
-        let value = abi::header(self.map, name);
-        if let Ok(mut read) = self.read.try_borrow_mut() {
-            read.push((name.to_string(), value.clone()));
-        }
-        value.map(Cow::Owned)
+        abi::header(self.map, name).map(Cow::Owned)
     }
 }
 
@@ -271,6 +282,7 @@ impl RootContext for SluiceRoot {
             request: EnvoyHeaders::of(MapType::HttpRequestHeaders),
             awaiting_body: false,
             reading_response: false,
+            ended: false,
         }))
     }
 
@@ -289,10 +301,15 @@ struct SluiceStream {
     awaiting_body: bool,
     /// Its response is read for what the call cost.
     reading_response: bool,
+    /// Its end was told to the worker (by `on_log`, or on drop).
+    ended: bool,
 }
 
 impl SluiceStream {
-    fn end(&self) {
+    fn end(&mut self) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
         if let Some(worker) = &self.worker {
             if let Ok(mut w) = worker.try_borrow_mut() {
                 w.on_stream_end(&EnvoyHost, self.context_id);

@@ -75,8 +75,10 @@ pub const MAX_REQUEST_BODY_BYTES: usize = 1024 * 1024;
 pub const IDLE_TICK: Span = Span::from_millis(100);
 /// Tick period while requests wait: how promptly a turn is noticed.
 pub const QUEUE_TICK: Span = Span::from_millis(1);
-/// Tick while prefetches hold spare slots: lapsed ones go back within it.
-pub const PREFETCH_TICK: Span = Span::from_millis(10);
+/// Tick while prefetches hold spare slots: lapsed ones go back within it
+/// (they count against `max_in_flight` meanwhile, and a bucket lets a
+/// worker prefetch only while it has 4 times as many free).
+pub const PREFETCH_TICK: Span = Span::from_millis(20);
 /// Tick with nobody waiting while the admin pushes policy sets: how soon
 /// every worker installs a set one VM received (a read of its version in
 /// shared data per tick).
