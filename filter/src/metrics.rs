@@ -60,8 +60,10 @@ impl PolicyStat {
         self == PolicyStat::InFlight
     }
 
+    /// Its place in `ALL`, which lists the variants in declaration order
+    /// (a test checks it): a count per request looks it up.
     fn index(self) -> usize {
-        Self::ALL.iter().position(|s| *s == self).unwrap_or(0)
+        self as usize
     }
 }
 
@@ -144,8 +146,10 @@ impl LimitStat {
         }
     }
 
+    /// Its place in `ALL`, which lists the variants in declaration order
+    /// (a test checks it): a count per request looks it up.
     fn index(self) -> usize {
-        Self::ALL.iter().position(|s| *s == self).unwrap_or(0)
+        self as usize
     }
 }
 
@@ -208,8 +212,10 @@ impl FilterStat {
         }
     }
 
+    /// Its place in `ALL`, which lists the variants in declaration order
+    /// (a test checks it): a count per request looks it up.
     fn index(self) -> usize {
-        Self::ALL.iter().position(|s| *s == self).unwrap_or(0)
+        self as usize
     }
 }
 
@@ -386,5 +392,23 @@ impl Metrics {
             .get(policy)
             .and_then(|s| s.pending.get(stat.index()).copied())
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_stat_indexes_its_place_in_all() {
+        for (i, stat) in PolicyStat::ALL.iter().enumerate() {
+            assert_eq!(stat.index(), i, "{stat:?}");
+        }
+        for (i, stat) in LimitStat::ALL.iter().enumerate() {
+            assert_eq!(stat.index(), i, "{stat:?}");
+        }
+        for (i, stat) in FilterStat::ALL.iter().enumerate() {
+            assert_eq!(stat.index(), i, "{stat:?}");
+        }
     }
 }

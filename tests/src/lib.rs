@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod browser;
 pub mod envoy;
+pub mod fleet;
 pub mod load;
 pub mod postgres;
 pub mod procinfo;

@@ -10,61 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::json;
 use sluice_demo::mock::{MockApi, MockLimits};
-use sluice_e2e::admin::{AdminProcess, AdminServer, Operator, SYNC_TOKEN};
+use sluice_e2e::admin::{AdminProcess, AdminServer};
 use sluice_e2e::envoy::{free_port, Envoy};
-use sluice_e2e::load::{self, max_in_window, wait_for, Outcome};
+use sluice_e2e::fleet::{
+    self, finish, global_policy, most_in_any_second, plugin_config, provider, rate_at_mock, shares,
+    start_envoys, until, Fleet, GLOBAL_RPS, LEASE, OFFERED, PROVIDER_RPS, WORKERS,
+};
+use sluice_e2e::load::{self, wait_for, Outcome};
 use sluice_e2e::postgres::PostgresServer;
 use sluice_e2e::redis::RedisServer;
-
-const GLOBAL_RPS: f64 = 290.0;
-const PROVIDER_RPS: u64 = 300;
-const LEASE: Duration = Duration::from_secs(2);
-const WORKERS: u32 = 2;
-/// Offered load per instance: 80 % through the first.
-const OFFERED: [(&str, u64); 3] = [("a", 400), ("b", 50), ("c", 50)];
-
-fn global_policy() -> Value {
-    json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
-           "share_lease": "2s", "rate": {"requests": 290, "period": "1s", "burst": 6},
-           "concurrency": {"max_in_flight": 30}})
-}
-
-fn plugin_config(instance: &str) -> String {
-    json!({"instance": format!("fleet-{instance}"), "admin_cluster": "sluice_admin",
-           "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
-           "fallback": {"version": 1, "policies": []}})
-    .to_string()
-}
-
-fn provider() -> MockLimits {
-    MockLimits {
-        max_per_second: PROVIDER_RPS,
-        max_in_flight: 30,
-    }
-}
-
-/// Calls the mock answered, per second, over `[from, to)` of its clock,
-/// from `instances` (all when empty).
-fn rate_at_mock(mock: &MockApi, instances: &[&str], from: Duration, to: Duration) -> f64 {
-    let n = mock
-        .arrivals()
-        .iter()
-        .filter(|a| a.at >= from && a.at < to)
-        .filter(|a| {
-            instances.is_empty() || a.key.as_deref().is_some_and(|k| instances.contains(&k))
-        })
-        .count();
-    n as f64 / (to - from).as_secs_f64()
-}
-
-fn most_in_any_second(mock: &MockApi) -> usize {
-    let mut at: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
-    at.sort();
-    max_in_window(&at, Duration::from_secs(1))
-}
 
 /// Syncs a replica answered, from its `/metrics`.
 async fn syncs_answered(base: &str) -> u64 {
@@ -78,208 +34,105 @@ async fn syncs_answered(base: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// The admin's view of the global policy: instance -> (rate share, slots).
-async fn shares(op: &Operator) -> anyhow::Result<Vec<(String, f64, u64)>> {
-    let fleet = op.get("/api/v1/fleet").await?;
-    let members = fleet["policies"][0]["members"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    Ok(members
-        .iter()
-        .map(|m| {
-            (
-                m["instance"].as_str().unwrap_or_default().to_string(),
-                m["share"]["rate"].as_f64().unwrap_or(0.0),
-                m["share"]["in_flight"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect())
-}
-
-fn start_envoys(mock: &MockApi, admin_ports: &[u16]) -> anyhow::Result<Vec<Envoy>> {
-    OFFERED
-        .iter()
-        .map(|(name, _)| {
-            Envoy::start_with_admins(&plugin_config(name), mock.addr.port(), admin_ports, WORKERS)
-        })
-        .collect()
-}
-
-async fn finish(stop: &Arc<AtomicBool>, load: Vec<tokio::task::JoinHandle<Vec<Outcome>>>) -> usize {
-    stop.store(true, Ordering::SeqCst);
-    let mut calls = 0;
-    for l in load {
-        calls += l.await.map(|o| o.len()).unwrap_or(0);
-    }
-    calls
-}
-
+/// Uneven load: at least 98 % of the global limit reaches the provider.
+/// Then Envoy c dies (SIGKILL): its kernel closes its watch connection,
+/// and once it has missed two syncs its share goes to a and b, within a
+/// lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uneven_load_uses_the_global_limit_and_a_dead_envoys_share_moves() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
-    let op = admin.login().await?;
-    op.create(global_policy()).await?;
-    let mock = MockApi::start("127.0.0.1:0".parse()?, provider()).await?;
-    let mut envoys = start_envoys(&mock, &[admin.port])?;
-    let stop = Arc::new(AtomicBool::new(false));
-    mock.reset();
-    let origin = Instant::now();
-    let load = load::paced_through(&envoys, &OFFERED, &stop);
-
-    // Shares settle within a few syncs; then 8 s of steady state.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let (from, to) = (Duration::from_secs(4), Duration::from_secs(12));
-    let used = rate_at_mock(&mock, &[], from, to);
-    let per: Vec<f64> = ["a", "b", "c"]
-        .iter()
-        .map(|i| rate_at_mock(&mock, &[i], from, to))
-        .collect();
-    let steady_shares = shares(&op).await?;
-
-    // Envoy c dies (SIGKILL). Its kernel closes its watch connection; once
-    // it has missed two syncs its share goes to a and b: within a lease.
-    let killed_at = Instant::now();
-    let killed_on_mock = origin.elapsed();
-    drop(envoys.pop());
-    let moved = loop {
-        let now = shares(&op).await?;
-        let sum: f64 = now.iter().map(|(_, r, _)| r).sum();
-        if now.len() == 2 && sum >= 0.95 * GLOBAL_RPS {
-            break killed_at.elapsed();
-        }
-        anyhow::ensure!(
-            killed_at.elapsed() < LEASE * 4,
-            "c's share did not move within {:?}: {now:?}",
-            LEASE * 4
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let after_from = killed_on_mock + moved + Duration::from_secs(1);
-    let after_to = origin.elapsed();
-    let used_after = rate_at_mock(&mock, &[], after_from, after_to);
-    let calls = finish(&stop, load).await;
-    let most = most_in_any_second(&mock);
-    let refused_by_provider = mock.rejected_by_mock();
-    let sync_ok: Vec<f64> = envoys
-        .iter()
-        .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
-        .collect();
-
+    let mut fleet = Fleet::start().await?;
+    let run = fleet::uneven_then_kill(&mut fleet).await?;
     println!(
         "fleet uneven: offered a 400/s, b 50/s, c 50/s; global limit {GLOBAL_RPS}/s, provider {PROVIDER_RPS}/s; \
-         steady (4..12 s): the provider saw {used:.1}/s ({:.1} % of the global limit): a {:.1}/s, b {:.1}/s, c {:.1}/s; \
-         shares then {steady_shares:?}",
-        100.0 * used / GLOBAL_RPS,
-        per[0],
-        per[1],
-        per[2],
+         steady (4..12 s): the provider saw {:.1}/s ({:.1} % of the global limit): a {:.1}/s, b {:.1}/s, c {:.1}/s; \
+         shares then {:?}",
+        run.used,
+        100.0 * run.used / GLOBAL_RPS,
+        run.per[0],
+        run.per[1],
+        run.per[2],
+        run.steady_shares,
     );
     println!(
-        "fleet kill: c SIGKILLed; its share moved to a and b after {moved:?} (lease {LEASE:?}); then the provider saw \
-         {used_after:.1}/s ({:.1} % of the global limit); {calls} calls in all; most in any 1 s at the provider {most} (limit {PROVIDER_RPS}); \
-         refused by the provider {refused_by_provider}; syncs ok a, b: {sync_ok:?}",
-        100.0 * used_after / GLOBAL_RPS,
+        "fleet kill: c SIGKILLed; its share moved to a and b after {:?} (lease {LEASE:?}); then the provider saw \
+         {:.1}/s ({:.1} % of the global limit); {} calls in all; most in any 1 s at the provider {} (limit {PROVIDER_RPS}); \
+         refused by the provider {}; syncs ok a, b: {:?}",
+        run.moved,
+        run.used_after,
+        100.0 * run.used_after / GLOBAL_RPS,
+        run.calls,
+        run.most_in_a_second,
+        run.refused_by_provider,
+        run.syncs_ok,
     );
     assert!(
-        used >= 0.98 * GLOBAL_RPS,
-        "steady use {used:.1}/s of {GLOBAL_RPS}/s"
+        run.used >= fleet::UNEVEN_TARGET * GLOBAL_RPS,
+        "steady use {:.1}/s of {GLOBAL_RPS}/s",
+        run.used
     );
     assert!(
-        per[0] > per[1] * 3.0,
-        "a's share follows its demand: {per:?}"
+        run.per[0] > run.per[1] * 3.0,
+        "a's share follows its demand: {:?}",
+        run.per
     );
-    assert!(moved <= LEASE, "moved after {moved:?}, more than a lease");
     assert!(
-        used_after >= 0.9 * PROVIDER_RPS as f64,
-        "after the kill {used_after:.1}/s"
+        run.moved <= LEASE,
+        "moved after {:?}, more than a lease",
+        run.moved
     );
-    assert_eq!(refused_by_provider, 0, "the provider's limit was exceeded");
-    assert!(most <= PROVIDER_RPS as usize, "{most} in one second");
+    assert!(
+        run.used_after >= fleet::UNEVEN_TARGET * GLOBAL_RPS,
+        "after the kill {:.1}/s",
+        run.used_after
+    );
+    assert_eq!(
+        run.refused_by_provider, 0,
+        "the provider's limit was exceeded"
+    );
+    assert!(
+        run.most_in_a_second <= PROVIDER_RPS as usize,
+        "{} in one second",
+        run.most_in_a_second
+    );
     Ok(())
 }
 
 /// The heavy load moves to the next Envoy every 5 s: a 400/s, then b,
-/// then c, the other two at 50/s each. Shares must follow within a sync or
-/// two of each move.
+/// then c, the other two at 50/s each. Shares follow within a sync or two
+/// of each move: at least 95 % of the global limit reaches the provider.
+/// `FLEET_TRACE=1` prints the admin's view every 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_that_moves_between_envoys_every_5_s_still_uses_the_global_limit() -> anyhow::Result<()>
 {
-    const PERIOD: Duration = Duration::from_secs(5);
-    let dir = tempfile::tempdir()?;
-    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
-    let op = admin.login().await?;
-    op.create(global_policy()).await?;
-    let mock = MockApi::start("127.0.0.1:0".parse()?, provider()).await?;
-    let envoys = start_envoys(&mock, &[admin.port])?;
-    // Every Envoy has synced and holds a share before the load starts.
-    until(Duration::from_secs(10), || async {
-        shares(&op).await.is_ok_and(|s| s.len() == 3)
-    })
-    .await
-    .context("three Envoys in the fleet within 10 s")?;
-    let stop = Arc::new(AtomicBool::new(false));
-    mock.reset();
-    let load = load::moving_through(&envoys, &["a", "b", "c"], (400, 50), PERIOD, &stop);
-    let started = Instant::now();
-    while started.elapsed() < PERIOD * 4 {
-        if std::env::var("FLEET_TRACE").is_ok() {
-            let fleet = op.get("/api/v1/fleet").await?;
-            let line: Vec<String> = fleet["policies"][0]["members"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .iter()
-                .map(|m| {
-                    format!(
-                        "{} share {:.0} res {:.0} dem {:.0} used {:.0}",
-                        m["instance"].as_str().unwrap_or_default(),
-                        m["share"]["rate"].as_f64().unwrap_or(0.0),
-                        m["reserved"]["rate"].as_f64().unwrap_or(0.0),
-                        m["demand"]["rate"].as_f64().unwrap_or(0.0),
-                        m["used"]["rate"].as_f64().unwrap_or(0.0)
-                    )
-                })
-                .collect();
-            println!(
-                "trace {:>5} ms: {}",
-                started.elapsed().as_millis(),
-                line.join(" | ")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let calls = finish(&stop, load).await;
-    // From the first move on: three moves, each followed by 5 s of load.
-    let (from, to) = (PERIOD - Duration::from_millis(500), PERIOD * 4);
-    let used = rate_at_mock(&mock, &[], from, to);
-    let per_period: Vec<f64> = (1..4)
-        .map(|k| rate_at_mock(&mock, &[], PERIOD * k, PERIOD * (k + 1)))
-        .collect();
-    let most = most_in_any_second(&mock);
-    let refused_by_provider = mock.rejected_by_mock();
-    let syncs: Vec<f64> = envoys
-        .iter()
-        .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
-        .collect();
+    let fleet = Fleet::start().await?;
+    let run = fleet::moving(&fleet, std::env::var("FLEET_TRACE").is_ok()).await?;
     println!(
-        "fleet moving: syncs ok per Envoy {syncs:?} (every 200 ms would be about 100 in 20 s)"
-    );
-    println!(
-        "fleet moving: 400/s moves a -> b -> c every {PERIOD:?}, the others 50/s; global limit {GLOBAL_RPS}/s; \
-         from 4.5 s to 20 s the provider saw {used:.1}/s ({:.1} % of the global limit); per period after a move \
-         {per_period:.1?}; {calls} calls; most in any 1 s {most} (provider {PROVIDER_RPS}); refused by the provider \
-         {refused_by_provider}",
-        100.0 * used / GLOBAL_RPS,
+        "fleet moving: 400/s moves a -> b -> c every {:?}, the others 50/s; global limit {GLOBAL_RPS}/s; \
+         from 4.5 s to 20 s the provider saw {:.1}/s ({:.1} % of the global limit); per period after a move \
+         {:.1?}; {} calls; most in any 1 s {} (provider {PROVIDER_RPS}); refused by the provider {}; syncs ok {:?}",
+        fleet::MOVE_EVERY,
+        run.used,
+        100.0 * run.used / GLOBAL_RPS,
+        run.per_period,
+        run.calls,
+        run.most_in_a_second,
+        run.refused_by_provider,
+        run.syncs_ok,
     );
     assert!(
-        used >= 0.95 * GLOBAL_RPS,
-        "moving load used {used:.1}/s of {GLOBAL_RPS}/s"
+        run.used >= fleet::MOVING_TARGET * GLOBAL_RPS,
+        "moving load used {:.1}/s of {GLOBAL_RPS}/s",
+        run.used
     );
-    assert_eq!(refused_by_provider, 0, "the provider's limit was exceeded");
-    assert!(most <= PROVIDER_RPS as usize, "{most} in one second");
+    assert_eq!(
+        run.refused_by_provider, 0,
+        "the provider's limit was exceeded"
+    );
+    assert!(
+        run.most_in_a_second <= PROVIDER_RPS as usize,
+        "{} in one second",
+        run.most_in_a_second
+    );
     Ok(())
 }
 
@@ -468,23 +321,6 @@ async fn admin_counter(base: &str, series: &str) -> f64 {
         .filter(|l| l.starts_with(series))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-/// Polls `check` every 20 ms until it holds; how long that took, or None
-/// after `limit`.
-async fn until<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if check().await {
-            return Some(started.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 /// Redis, then PostgreSQL, restart under load behind one admin. Redis

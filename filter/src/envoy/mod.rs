@@ -120,8 +120,9 @@ struct EnvoyHeaders {
 /// A header's name and its value (None: absent), each set once.
 type KeptHeader = (OnceCell<String>, OnceCell<Option<Vec<u8>>>);
 
-/// Distinct headers kept per request; more are read each time asked.
-const HEADERS_KEPT: usize = 8;
+/// Distinct headers kept per request (a policy reads the host, and maybe
+/// a key, a cost and a priority); more are read each time asked.
+const HEADERS_KEPT: usize = 4;
 
 impl EnvoyHeaders {
     fn of(map: MapType) -> Self {

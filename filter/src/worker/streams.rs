@@ -146,17 +146,9 @@ impl Streams {
         }
         metrics.add(name, PolicyStat::InFlight, 1);
         let Slot { bucket, lease } = slot;
-        self.track(
-            context_id,
-            policy,
-            bucket,
-            prefetch,
-            StreamState::Holding,
-            now,
-        );
-        if let Some(stream) = self.streams.get_mut(&context_id) {
-            stream.lease = lease;
-        }
+        let mut stream = Self::stream(policy, bucket, prefetch, StreamState::Holding, now);
+        stream.lease = lease;
+        self.streams.insert(context_id, stream);
     }
 
     /// Counts a queued request and keeps its stream until its turn.
@@ -189,7 +181,18 @@ impl Streams {
         state: StreamState,
         now: Instant,
     ) {
-        let stream = Stream {
+        let stream = Self::stream(policy, bucket, prefetch, state, now);
+        self.streams.insert(context_id, stream);
+    }
+
+    fn stream(
+        policy: &CompiledPolicy,
+        bucket: Arc<str>,
+        prefetch: PrefetchKey,
+        state: StreamState,
+        now: Instant,
+    ) -> Stream {
+        Stream {
             policy: policy.shared_name(),
             bucket,
             lease: None,
@@ -200,8 +203,7 @@ impl Streams {
             limit_costs: Vec::new(),
             limit_keys: Vec::new(),
             named_slots: Vec::new(),
-        };
-        self.streams.insert(context_id, stream);
+        }
     }
 
     /// An admitted stream holds `slots` of its policy's further

@@ -15,6 +15,7 @@ use crate::procs::BenchEnvoy;
 use crate::scenarios::Report;
 use crate::wrk::Wrk;
 use crate::Args;
+use sluice_shared::bucket::PREFETCH_TTL;
 use sluice_shared::plugin::MIN_TIME_SCALE;
 
 const HOST: &str = "api.bench.example";
@@ -211,9 +212,10 @@ fn section(rows: &[Counted], seconds: u64) -> String {
          Near the limit: {near_ratio:.3} (stated, no target: every call pays a shared-data read and \
          compare-and-swap). Rate only (g)/(h), far: {rate_ratio:.3}."
     );
-    s.push_str(
-        "\nUnder callgrind Envoy answers some 50 times fewer calls a second. A prefetch lives 1 ms of the \
-         filter's clock and a worker holding one ticks every 10 ms, so at that pace every call would find \
+    let _ = write!(
+        s,
+        "\nUnder callgrind Envoy answers some 50 times fewer calls a second. A prefetch lives {} ms of the \
+         filter's clock and a worker holding one ticks every 20 ms, so at that pace every call would find \
          its prefetch lapsed and a tick would fall every few calls: the count would be of a filter near its \
          limit all the time, and of ticks a full-speed Envoy spreads over hundreds of calls. Each Sluice \
          run therefore slows the filter's clock (plugin field `time_scale`) by how much slower (h) runs \
@@ -222,6 +224,7 @@ fn section(rows: &[Counted], seconds: u64) -> String {
          variant runs slower than (h) under callgrind).\n\n\
          | variant | calls/s at full speed | calls/s under callgrind, far / near | `time_scale` | calls per second of the filter's clock, far / near |\n\
          |---|---|---|---|---|\n",
+        PREFETCH_TTL.as_millis()
     );
     for r in rows {
         let (Some((full, scale)), Some(near)) = (r.far.slowed, r.near.as_ref()) else {

@@ -5,6 +5,7 @@
 
 mod callgrind;
 mod configs;
+mod fleet_use;
 mod instructions;
 mod judge;
 mod plot;
@@ -40,7 +41,7 @@ pub struct Args {
     noop_wasm: PathBuf,
     #[arg(long, default_value = "target/release/sluice-admin")]
     admin_bin: PathBuf,
-    /// Only these scenarios (1 to 6); all by default.
+    /// Only these scenarios (1 to 7); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
 }
@@ -79,6 +80,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.runs(6) {
         instructions::instructions(&args, &mut report).await?;
+    }
+    if args.runs(7) {
+        fleet_use::fleet_use(&mut report).await?;
     }
     std::fs::write(&args.out, report.markdown())?;
     println!("wrote {}", args.out.display());
