@@ -1070,7 +1070,8 @@ fn budget_report(instance: &str, known: bool, available: u64, at_ms: u64) -> Val
         "budgets": {"daily": {"known": known, "available": available, "size": 100, "at_ms": at_ms}}})
 }
 
-async fn sync_budgets(admin: &Admin, report: Value) -> (StatusCode, Option<Value>) {
+/// A sync with the sync token, answered 2xx or 3xx: its status and headers.
+async fn sync_with(admin: &Admin, report: Value) -> (StatusCode, HeaderMap) {
     let auth = format!("Bearer {SYNC_TOKEN}");
     let (status, h, body) = admin
         .call(
@@ -1084,6 +1085,11 @@ async fn sync_budgets(admin: &Admin, report: Value) -> (StatusCode, Option<Value
         status.is_success() || status.is_redirection(),
         "{status} {body}"
     );
+    (status, h)
+}
+
+async fn sync_budgets(admin: &Admin, report: Value) -> (StatusCode, Option<Value>) {
+    let (status, h) = sync_with(admin, report).await;
     let held = h
         .get("sluice-budgets")
         .map(|v| serde_json::from_slice(v.as_bytes()).unwrap());
@@ -1324,7 +1330,6 @@ async fn stopping_the_admin_answers_held_watches() {
 /// One Envoy's sync for the global policy `llm`, naming the share it
 /// holds (as the filter does): the share the admin answers with.
 async fn fleet_sync(admin: &Admin, instance: &str, held: Option<&Value>) -> Value {
-    let auth = format!("Bearer {SYNC_TOKEN}");
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -1335,18 +1340,7 @@ async fn fleet_sync(admin: &Admin, instance: &str, held: Option<&Value>) -> Valu
         report["held"] = json!({"llm": {"rate": h["rate"], "in_flight": h["in_flight"],
                                          "instances": h["instances"]}});
     }
-    let (status, headers, body) = admin
-        .call(
-            Method::POST,
-            "/api/v1/sync",
-            &[("authorization", &auth)],
-            Some(report),
-        )
-        .await;
-    assert!(
-        status.is_success() || status.is_redirection(),
-        "{status} {body}"
-    );
+    let (_, headers) = sync_with(admin, report).await;
     let grants: Value = headers
         .get("sluice-grants")
         .map(|v| serde_json::from_slice(v.as_bytes()).unwrap())

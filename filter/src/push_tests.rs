@@ -23,19 +23,20 @@ fn pushing(host: &FakeHost) -> Worker {
     w
 }
 
-/// The tokens of the watch calls sent so far.
-fn watches(host: &FakeHost) -> Vec<u32> {
+/// The tokens of the calls to `path` sent so far.
+fn calls_to(host: &FakeHost, path: &str) -> Vec<u32> {
     host.calls
         .borrow()
         .iter()
         .enumerate()
-        .filter(|(_, (_, headers, _))| {
-            headers
-                .iter()
-                .any(|(k, v)| k == ":path" && v == sluice_shared::sync::WATCH_PATH)
-        })
+        .filter(|(_, (_, headers, _))| headers.iter().any(|(k, v)| k == ":path" && v == path))
         .map(|(i, _)| i as u32 + 1)
         .collect()
+}
+
+/// The tokens of the watch calls sent so far.
+fn watches(host: &FakeHost) -> Vec<u32> {
+    calls_to(host, sluice_shared::sync::WATCH_PATH)
 }
 
 fn admitted(host: &FakeHost, w: &mut Worker, id: u32) -> bool {
@@ -206,17 +207,7 @@ fn several_vms_share_one_watch_a_second_when_answers_bring_nothing() {
 
 /// The tokens of the sync calls (not watches) sent so far.
 fn syncs(host: &FakeHost) -> Vec<u32> {
-    host.calls
-        .borrow()
-        .iter()
-        .enumerate()
-        .filter(|(_, (_, headers, _))| {
-            headers
-                .iter()
-                .any(|(k, v)| k == ":path" && v == sluice_shared::sync::SYNC_PATH)
-        })
-        .map(|(i, _)| i as u32 + 1)
-        .collect()
+    calls_to(host, sluice_shared::sync::SYNC_PATH)
 }
 
 /// Ticks every 10 ms for up to `limit_ms`; how long until a sync call more

@@ -216,11 +216,7 @@ pub async fn uneven_then_kill(fleet: &mut Fleet) -> anyhow::Result<Uneven> {
         calls,
         most_in_a_second: most_in_any_second(&fleet.mock),
         refused_by_provider: fleet.mock.rejected_by_mock(),
-        syncs_ok: fleet
-            .envoys
-            .iter()
-            .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
-            .collect(),
+        syncs_ok: syncs_ok(&fleet.envoys),
     })
 }
 
@@ -272,12 +268,16 @@ pub async fn moving(fleet: &Fleet, trace: bool) -> anyhow::Result<Moving> {
         calls,
         most_in_a_second: most_in_any_second(&fleet.mock),
         refused_by_provider: fleet.mock.rejected_by_mock(),
-        syncs_ok: fleet
-            .envoys
-            .iter()
-            .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
-            .collect(),
+        syncs_ok: syncs_ok(&fleet.envoys),
     })
+}
+
+/// Syncs each Envoy's filter counted as answered.
+fn syncs_ok(envoys: &[Envoy]) -> Vec<f64> {
+    envoys
+        .iter()
+        .map(|e| e.filter_stat("sync_ok").unwrap_or(0.0))
+        .collect()
 }
 
 /// Each member's share, reservation, demand and use, on one line.

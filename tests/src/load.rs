@@ -254,23 +254,5 @@ pub fn paced(
     per_second: u64,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<Vec<Outcome>> {
-    tokio::spawn(async move {
-        let http = client();
-        let origin = Instant::now();
-        let mut every =
-            tokio::time::interval(Duration::from_nanos(1_000_000_000 / per_second.max(1)));
-        let mut calls = Vec::new();
-        while !stop.load(Ordering::SeqCst) {
-            every.tick().await;
-            let request = http.get(&url).header("host", host).header("x-api-key", tag);
-            calls.push(tokio::spawn(send(request, origin)));
-        }
-        let mut out = Vec::with_capacity(calls.len());
-        for c in calls {
-            if let Ok(o) = c.await {
-                out.push(o);
-            }
-        }
-        out
-    })
+    scheduled(url, host, tag, (Instant::now(), move |_| per_second), stop)
 }

@@ -34,6 +34,16 @@ async fn syncs_answered(base: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// The provider refused nothing and never saw more than its limit in a
+/// second.
+fn never_over_the_provider(refused: u64, most_in_a_second: usize) {
+    assert_eq!(refused, 0, "the provider's limit was exceeded");
+    assert!(
+        most_in_a_second <= PROVIDER_RPS as usize,
+        "{most_in_a_second} in one second"
+    );
+}
+
 /// Uneven load: at least 98 % of the global limit reaches the provider.
 /// Then Envoy c dies (SIGKILL): its kernel closes its watch connection,
 /// and once it has missed two syncs its share goes to a and b, within a
@@ -85,15 +95,7 @@ async fn uneven_load_uses_the_global_limit_and_a_dead_envoys_share_moves() -> an
         "after the kill {:.1}/s",
         run.used_after
     );
-    assert_eq!(
-        run.refused_by_provider, 0,
-        "the provider's limit was exceeded"
-    );
-    assert!(
-        run.most_in_a_second <= PROVIDER_RPS as usize,
-        "{} in one second",
-        run.most_in_a_second
-    );
+    never_over_the_provider(run.refused_by_provider, run.most_in_a_second);
     Ok(())
 }
 
@@ -124,15 +126,7 @@ async fn load_that_moves_between_envoys_every_5_s_still_uses_the_global_limit() 
         "moving load used {:.1}/s of {GLOBAL_RPS}/s",
         run.used
     );
-    assert_eq!(
-        run.refused_by_provider, 0,
-        "the provider's limit was exceeded"
-    );
-    assert!(
-        run.most_in_a_second <= PROVIDER_RPS as usize,
-        "{} in one second",
-        run.most_in_a_second
-    );
+    never_over_the_provider(run.refused_by_provider, run.most_in_a_second);
     Ok(())
 }
 

@@ -513,8 +513,9 @@ mod tests {
         assert_eq!(ledger.members(&TERMS, t(3_030)).len(), 1);
     }
 
-    #[test]
-    fn a_departed_instance_that_stops_syncing_frees_its_share_within_a_lease() {
+    /// a and b, each wanting half, syncing every 200 ms from 0 to 1 000 ms:
+    /// the ledger and their last shares.
+    fn two_syncing_every_200_ms_for_a_second() -> (Ledger, Share, Share) {
         let mut ledger = Ledger::default();
         let mut a = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
         let mut b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
@@ -522,6 +523,12 @@ mod tests {
             a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a), t(ms));
             b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(ms + 10));
         }
+        (ledger, a, b)
+    }
+
+    #[test]
+    fn a_departed_instance_that_stops_syncing_frees_its_share_within_a_lease() {
+        let (mut ledger, _, b) = two_syncing_every_200_ms_for_a_second();
         assert_eq!(b.amount.in_flight, 50);
         // a is killed at 1 100 ms: its watch connection closes. It synced
         // every 200 ms, so after 400 ms without a sync it is dead.
@@ -533,13 +540,7 @@ mod tests {
         assert_eq!(ledger.members(&TERMS, t(1_510)).len(), 1);
 
         // A live instance whose watch failed syncs on: nothing moves.
-        let mut ledger = Ledger::default();
-        let mut a = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
-        let mut b = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
-        for ms in (200..=1_000).step_by(200) {
-            a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a), t(ms));
-            b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(ms + 10));
-        }
+        let (mut ledger, mut a, mut b) = two_syncing_every_200_ms_for_a_second();
         ledger.departed("a", t(1_100));
         a = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a), t(1_200));
         for ms in (1_400..=4_000).step_by(200) {
