@@ -1348,6 +1348,23 @@ async fn fleet_sync(admin: &Admin, instance: &str, held: Option<&Value>) -> Valu
     grants["llm"].clone()
 }
 
+/// `instance` opens a watch the admin holds, and closes its connection
+/// after `after`, unanswered.
+async fn close_a_held_watch(admin: &Admin, instance: &str, after: std::time::Duration) {
+    let closed = reqwest::Client::builder()
+        .timeout(after)
+        .build()
+        .unwrap()
+        .post(format!("{}/api/v1/sync/watch", admin.base))
+        .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+        .header("sluice-wait-ms", "20000")
+        .header("content-type", "application/json")
+        .body(json!({"instance": instance, "policy_version": 1}).to_string())
+        .send()
+        .await;
+    assert!(closed.is_err(), "the watch was held: {closed:?}");
+}
+
 /// A SIGKILLed Envoy's kernel closes its held watch. The admin notes it;
 /// when that Envoy then misses two syncs its share goes to the others at
 /// once, not a lease and a half after its last sync (3 s here).
@@ -1373,18 +1390,7 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
     let even = a["rate"].as_f64().unwrap();
     assert!((100.0..=200.0).contains(&even), "a {a}, c {c}");
     // c holds a watch, then its connection closes (the client gives up).
-    let closed = reqwest::Client::builder()
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap()
-        .post(format!("{}/api/v1/sync/watch", admin.base))
-        .header("authorization", format!("Bearer {SYNC_TOKEN}"))
-        .header("sluice-wait-ms", "20000")
-        .header("content-type", "application/json")
-        .body(json!({"instance": "c", "policy_version": 1}).to_string())
-        .send()
-        .await;
-    assert!(closed.is_err(), "the watch was held: {closed:?}");
+    close_a_held_watch(&admin, "c", Duration::from_millis(200)).await;
     let gone = Instant::now();
     let moved = loop {
         a = fleet_sync(&admin, "a", Some(&a)).await;
@@ -1404,18 +1410,7 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
     );
 
     // A live Envoy whose watch closes syncs on and keeps its share.
-    let closed = reqwest::Client::builder()
-        .timeout(Duration::from_millis(100))
-        .build()
-        .unwrap()
-        .post(format!("{}/api/v1/sync/watch", admin.base))
-        .header("authorization", format!("Bearer {SYNC_TOKEN}"))
-        .header("sluice-wait-ms", "20000")
-        .header("content-type", "application/json")
-        .body(json!({"instance": "a", "policy_version": 1}).to_string())
-        .send()
-        .await;
-    assert!(closed.is_err());
+    close_a_held_watch(&admin, "a", Duration::from_millis(100)).await;
     for _ in 0..10 {
         a = fleet_sync(&admin, "a", Some(&a)).await;
         assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");
