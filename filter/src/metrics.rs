@@ -244,7 +244,10 @@ impl Series {
 
 #[derive(Debug, Default)]
 pub struct Metrics {
-    policies: FxHashMap<String, Series>,
+    /// Where each policy's series is in `policies`.
+    policy_series: FxHashMap<String, PolicySeries>,
+    /// Never shrinks: a series outlives its policy set, as Envoy's stats do.
+    policies: Vec<(String, Series)>,
     /// By limit name.
     limits: FxHashMap<String, Series>,
     filter: Series,
@@ -253,11 +256,31 @@ pub struct Metrics {
     unreported_limits: BTreeMap<String, LimitCounters>,
 }
 
+/// A policy's series, found once per policy set: a request then counts
+/// by an index rather than by hashing its policy's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicySeries(usize);
+
 impl Metrics {
     pub fn add(&mut self, policy: &str, stat: PolicyStat, delta: i64) {
-        let series = match self.policies.get_mut(policy) {
-            Some(s) => s,
-            None => self.policies.entry(policy.to_string()).or_default(),
+        let series = self.series_of(policy);
+        self.add_to(series, stat, delta);
+    }
+
+    /// The series of `policy`, started if it has none yet.
+    pub fn series_of(&mut self, policy: &str) -> PolicySeries {
+        if let Some(series) = self.policy_series.get(policy) {
+            return *series;
+        }
+        let series = PolicySeries(self.policies.len());
+        self.policies.push((policy.to_string(), Series::default()));
+        self.policy_series.insert(policy.to_string(), series);
+        series
+    }
+
+    pub fn add_to(&mut self, series: PolicySeries, stat: PolicyStat, delta: i64) {
+        let Some((_, series)) = self.policies.get_mut(series.0) else {
+            return;
         };
         let unreported = &mut series.unreported;
         match stat {
@@ -318,8 +341,11 @@ impl Metrics {
 
     /// Defines a policy's stats up front, so they show (at 0) before the
     /// first request.
-    pub fn define_policy<H: Host + ?Sized>(&mut self, host: &H, policy: &str) {
-        let series = self.policies.entry(policy.to_string()).or_default();
+    pub fn define_policy<H: Host + ?Sized>(&mut self, host: &H, policy: &str) -> PolicySeries {
+        let id = self.series_of(policy);
+        let Some((_, series)) = self.policies.get_mut(id.0) else {
+            return id;
+        };
         if series.ids.is_empty() {
             series.ids = PolicyStat::ALL
                 .iter()
@@ -336,15 +362,21 @@ impl Metrics {
         if series.pending.is_empty() {
             series.pending = vec![0; PolicyStat::ALL.len()];
         }
+        id
     }
 
     /// Sends every pending delta to Envoy.
     pub fn flush<H: Host + ?Sized>(&mut self, host: &H) {
-        let names: Vec<String> = self.policies.keys().cloned().collect();
-        for policy in names {
+        let undefined: Vec<String> = self
+            .policies
+            .iter()
+            .filter(|(_, series)| series.ids.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for policy in undefined {
             self.define_policy(host, &policy);
         }
-        for series in self.policies.values_mut() {
+        for (_, series) in &mut self.policies {
             series.send(host);
         }
         for (limit, series) in &mut self.limits {
@@ -375,7 +407,7 @@ impl Metrics {
     pub fn take_unreported(&mut self) -> BTreeMap<String, DeltaCounters> {
         self.policies
             .iter_mut()
-            .map(|(name, series)| (name, std::mem::take(&mut series.unreported)))
+            .map(|(name, series)| (&*name, std::mem::take(&mut series.unreported)))
             .filter(|(_, d)| !d.is_zero())
             .map(|(name, d)| (name.clone(), d))
             .collect()
@@ -388,9 +420,10 @@ impl Metrics {
 
     /// A pending delta, for tests.
     pub fn pending(&self, policy: &str, stat: PolicyStat) -> i64 {
-        self.policies
+        self.policy_series
             .get(policy)
-            .and_then(|s| s.pending.get(stat.index()).copied())
+            .and_then(|id| self.policies.get(id.0))
+            .and_then(|(_, s)| s.pending.get(stat.index()).copied())
             .unwrap_or(0)
     }
 }

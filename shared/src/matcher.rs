@@ -62,6 +62,12 @@ impl HostMatcher {
     }
 
     fn matches(&self, authority: &[u8]) -> bool {
+        // Most authorities come exactly as configured.
+        if let (HostPattern::Exact(host), None) = (&self.pattern, &self.port) {
+            if authority == host.as_bytes() {
+                return true;
+            }
+        }
         let (name, port) = split_port(authority);
         let name = name.strip_suffix(b".").unwrap_or(name);
         if let Some(want) = &self.port {
@@ -71,10 +77,7 @@ impl HostMatcher {
         }
         match &self.pattern {
             HostPattern::Any => true,
-            // Most authorities come as configured: bytes compare first.
-            HostPattern::Exact(host) => {
-                name == host.as_bytes() || name.eq_ignore_ascii_case(host.as_bytes())
-            }
+            HostPattern::Exact(host) => name.eq_ignore_ascii_case(host.as_bytes()),
             HostPattern::Suffix(suffix) => {
                 name.len() > suffix.len()
                     && name[name.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())

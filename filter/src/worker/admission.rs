@@ -108,6 +108,11 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         (limit_costs, limit_keys): (&[u64], &[Option<u64>]),
     ) -> (Decision, Option<Held>) {
         let queue_wait = queue_wait(policy);
+        let holds_any = !policy.limits.is_empty() || !policy.slot_limits.is_empty();
+        if !holds_any {
+            // Most policies have one limit of their own: nothing further.
+            return (self.decide_in_bucket(policy, class, false), None);
+        }
         let taken = limits::take(
             self.host,
             self.store,
@@ -176,8 +181,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             );
             slots::release(self.host, self.store, self.holder, &held.slots);
         }
-        let holds_any = !policy.limits.is_empty() || !policy.slot_limits.is_empty();
-        (decision, (holds_limits && holds_any).then_some(held))
+        (decision, holds_limits.then_some(held))
     }
 
     fn decide_in_bucket(

@@ -41,7 +41,7 @@ use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};
-use crate::metrics::{FilterStat, Metrics};
+use crate::metrics::{FilterStat, Metrics, PolicySeries};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
@@ -87,6 +87,8 @@ pub const PUSH_TICK: Span = Span::from_millis(20);
 pub struct Worker {
     holder: u64,
     policies: Rc<CompiledPolicySet>,
+    /// Each policy's stats, in the order of `policies`.
+    series: Vec<PolicySeries>,
     metrics: Metrics,
     store: Store,
     tick: Span,
@@ -118,6 +120,7 @@ impl Worker {
         Self {
             holder,
             policies: Rc::new(CompiledPolicySet::empty()),
+            series: Vec::new(),
             metrics: Metrics::default(),
             store,
             tick: IDLE_TICK,
@@ -196,9 +199,11 @@ impl Worker {
     }
 
     fn install_clocked<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
-        for p in &set.policies {
-            self.metrics.define_policy(host, p.name());
-        }
+        self.series = set
+            .policies
+            .iter()
+            .map(|p| self.metrics.define_policy(host, p.name()))
+            .collect();
         self.policies = Rc::new(set);
         for spare in self.prefetches.clear() {
             streams::give_back(host, &mut self.store, self.holder, spare);
@@ -308,6 +313,11 @@ impl Worker {
             self.telling
                 .expect(context_id, &policies, class.policy_index);
         }
+        let series = match self.series.get(class.policy_index) {
+            Some(series) => *series,
+            None => self.metrics.series_of(policy.name()),
+        };
+        let policy = (policy, series);
         match decision {
             Decision::Pass => {
                 self.streams.hold_slots(context_id, policy, slots, now);

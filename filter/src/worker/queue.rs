@@ -12,7 +12,7 @@ use sluice_shared::time::Instant;
 use super::admission::{rejection, LocalReply, DEFAULT_RETRY};
 use super::budgets::Budgets;
 use super::limits::{self, LimitPlace, Taken};
-use super::streams::Streams;
+use super::streams::{Further, Streams};
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};
 use crate::prefetch::Prefetches;
@@ -188,7 +188,8 @@ impl Poll<'_> {
             let (costs, keys) = parts
                 .streams
                 .get(ctx)
-                .map(|s| (s.limit_costs.clone(), s.limit_keys.clone()))
+                .and_then(|s| s.further.as_deref())
+                .map(|f: &Further| (f.costs.clone(), f.keys.clone()))
                 .unwrap_or_default();
             let taken = limits::take(
                 host,
@@ -215,7 +216,8 @@ impl Poll<'_> {
                 (Some(left), lease) if left == ticket => {
                     limits::count_admitted(parts.metrics, policy, &costs);
                     parts.streams.turn_came(parts.metrics, ctx, lease, now);
-                    parts.streams.hold_slots(ctx, policy, slots, now);
+                    let series = parts.metrics.series_of(policy.name());
+                    parts.streams.hold_slots(ctx, (policy, series), slots, now);
                     served.with_limits.push(LeftWithLimits {
                         context_id: ctx,
                         policy_index: index,

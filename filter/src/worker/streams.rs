@@ -13,7 +13,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::slots::HeldSlot;
 use crate::host::Host;
-use crate::metrics::{Metrics, PolicyStat};
+use crate::metrics::{Metrics, PolicySeries, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
 use crate::store::Store;
 
@@ -41,9 +41,23 @@ pub(super) struct Slot {
     pub lease: Option<Instant>,
 }
 
+/// A stream's part in its policy's further limits. Boxed: most policies
+/// have none, and a stream is moved into and out of its map whole.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Further {
+    /// A queued call's cost on each further limit, and its key for each,
+    /// taken when its turn comes (empty otherwise).
+    pub costs: Vec<u64>,
+    pub keys: Vec<Option<u64>>,
+    /// Slots it holds in the further concurrency limits.
+    pub slots: Vec<HeldSlot>,
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Stream {
     pub policy: Arc<str>,
+    /// Where its policy's stats are counted.
+    pub series: PolicySeries,
     pub bucket: Arc<str>,
     /// The worker's lease its slot belongs to, once it holds one.
     pub lease: Option<Instant>,
@@ -54,19 +68,18 @@ pub(super) struct Stream {
     /// The concurrency limit's lease TTL (None: the policy has no
     /// concurrency limit, and an admitted stream is not tracked).
     pub lease_ttl: Option<Span>,
-    /// A queued call's costs on its policy's further limits, and its key
-    /// for each, taken when its turn comes (empty otherwise).
-    pub limit_costs: Vec<u64>,
-    pub limit_keys: Vec<Option<u64>>,
-    /// Slots it holds in its policy's further concurrency limits.
-    pub named_slots: Vec<HeldSlot>,
+    pub further: Option<Box<Further>>,
 }
 
 impl Stream {
+    fn named_slots(&self) -> &[HeldSlot] {
+        self.further.as_deref().map_or(&[], |f| &f.slots)
+    }
+
     /// The longest it may hold its slots: the shortest lease TTL among
     /// them (None: it holds none).
     fn slot_ttl(&self) -> Option<Span> {
-        self.named_slots
+        self.named_slots()
             .iter()
             .map(|s| s.ttl)
             .chain(self.lease_ttl)
@@ -134,19 +147,24 @@ impl Streams {
         &mut self,
         metrics: &mut Metrics,
         context_id: u32,
-        policy: &CompiledPolicy,
+        (policy, series): (&CompiledPolicy, PolicySeries),
         slot: Slot,
         prefetch: PrefetchKey,
         now: Instant,
     ) {
-        let name = policy.name();
-        metrics.add(name, PolicyStat::Admitted, 1);
+        metrics.add_to(series, PolicyStat::Admitted, 1);
         if policy.concurrency.is_none() {
             return;
         }
-        metrics.add(name, PolicyStat::InFlight, 1);
+        metrics.add_to(series, PolicyStat::InFlight, 1);
         let Slot { bucket, lease } = slot;
-        let mut stream = Self::stream(policy, bucket, prefetch, StreamState::Holding, now);
+        let mut stream = Self::stream(
+            (policy, series),
+            bucket,
+            prefetch,
+            StreamState::Holding,
+            now,
+        );
         stream.lease = lease;
         self.streams.insert(context_id, stream);
     }
@@ -157,25 +175,26 @@ impl Streams {
         &mut self,
         metrics: &mut Metrics,
         context_id: u32,
-        policy: &CompiledPolicy,
+        (policy, series): (&CompiledPolicy, PolicySeries),
         bucket: Arc<str>,
         prefetch: PrefetchKey,
         (turn, limit_costs, limit_keys): (Turn, Vec<u64>, Vec<Option<u64>>),
         now: Instant,
     ) {
-        metrics.add(policy.name(), PolicyStat::Queued, 1);
+        metrics.add_to(series, PolicyStat::Queued, 1);
         let state = StreamState::Waiting(turn);
-        self.track(context_id, policy, bucket, prefetch, state, now);
+        self.track(context_id, (policy, series), bucket, prefetch, state, now);
         if let Some(stream) = self.streams.get_mut(&context_id) {
-            stream.limit_costs = limit_costs;
-            stream.limit_keys = limit_keys;
+            let further = stream.further.get_or_insert_with(Box::default);
+            further.costs = limit_costs;
+            further.keys = limit_keys;
         }
     }
 
     fn track(
         &mut self,
         context_id: u32,
-        policy: &CompiledPolicy,
+        policy: (&CompiledPolicy, PolicySeries),
         bucket: Arc<str>,
         prefetch: PrefetchKey,
         state: StreamState,
@@ -186,7 +205,7 @@ impl Streams {
     }
 
     fn stream(
-        policy: &CompiledPolicy,
+        (policy, series): (&CompiledPolicy, PolicySeries),
         bucket: Arc<str>,
         prefetch: PrefetchKey,
         state: StreamState,
@@ -194,15 +213,14 @@ impl Streams {
     ) -> Stream {
         Stream {
             policy: policy.shared_name(),
+            series,
             bucket,
             lease: None,
             prefetch,
             state,
             since: now,
             lease_ttl: policy.concurrency.map(|c| c.lease_ttl),
-            limit_costs: Vec::new(),
-            limit_keys: Vec::new(),
-            named_slots: Vec::new(),
+            further: None,
         }
     }
 
@@ -212,7 +230,7 @@ impl Streams {
     pub fn hold_slots(
         &mut self,
         context_id: u32,
-        policy: &CompiledPolicy,
+        policy: (&CompiledPolicy, PolicySeries),
         slots: Vec<HeldSlot>,
         now: Instant,
     ) {
@@ -235,7 +253,7 @@ impl Streams {
             }
         }
         if let Some(stream) = self.streams.get_mut(&context_id) {
-            stream.named_slots = slots;
+            stream.further.get_or_insert_with(Box::default).slots = slots;
         }
     }
 
@@ -251,9 +269,9 @@ impl Streams {
         let Some(stream) = self.streams.get_mut(&context_id) else {
             return;
         };
-        metrics.add(&stream.policy, PolicyStat::Admitted, 1);
+        metrics.add_to(stream.series, PolicyStat::Admitted, 1);
         if stream.lease_ttl.is_some() {
-            metrics.add(&stream.policy, PolicyStat::InFlight, 1);
+            metrics.add_to(stream.series, PolicyStat::InFlight, 1);
         }
         // Kept while it holds a slot: its policy's, or (from
         // [`Self::hold_slots`]) a further limit's.
@@ -281,12 +299,12 @@ impl Streams {
         };
         match stream.state {
             StreamState::Holding => {
-                super::slots::release(host, store, holder, &stream.named_slots);
+                super::slots::release(host, store, holder, stream.named_slots());
                 if stream.lease_ttl.is_none() {
                     // It held only further limits' slots.
                     return;
                 }
-                metrics.add(&stream.policy, PolicyStat::InFlight, -1);
+                metrics.add_to(stream.series, PolicyStat::InFlight, -1);
                 if prefetches.return_slot(stream.prefetch, stream.lease, || {
                     recent.unwrap_or_else(|| host.now())
                 }) {
@@ -304,7 +322,7 @@ impl Streams {
                 });
             }
             StreamState::Waiting(turn) => {
-                metrics.add(&stream.policy, PolicyStat::QueueAbandoned, 1);
+                metrics.add_to(stream.series, PolicyStat::QueueAbandoned, 1);
                 // On failure the waiter's deadline takes it out of the queue.
                 let _ = store.update_bucket(host, &stream.bucket, |s| {
                     let c = s.cancel(holder, turn.ticket);
@@ -325,17 +343,17 @@ impl Streams {
         holder: u64,
         now: Instant,
     ) {
-        let stuck: Vec<(u32, Arc<str>)> = self
+        let stuck: Vec<(u32, PolicySeries)> = self
             .streams
             .iter()
             .filter(|(_, s)| {
                 s.state == StreamState::Holding
                     && s.slot_ttl().is_some_and(|ttl| now - s.since > ttl)
             })
-            .map(|(c, s)| (*c, s.policy.clone()))
+            .map(|(c, s)| (*c, s.series))
             .collect();
-        for (ctx, policy) in stuck {
-            metrics.add(&policy, PolicyStat::LeasesExpired, 1);
+        for (ctx, series) in stuck {
+            metrics.add_to(series, PolicyStat::LeasesExpired, 1);
             self.end(host, store, metrics, prefetches, (holder, Some(now)), ctx);
         }
     }
@@ -355,7 +373,10 @@ impl Streams {
             if s.state != StreamState::Holding {
                 continue;
             }
-            let named = s.named_slots.iter().map(|n| (n.key.as_str(), n.ttl, true));
+            let named = s
+                .named_slots()
+                .iter()
+                .map(|n| (n.key.as_str(), n.ttl, true));
             let own = s.lease_ttl.map(|ttl| (&*s.bucket, ttl, false));
             for (key, ttl, is_named) in own.into_iter().chain(named) {
                 let shortest = buckets.entry(key).or_insert((ttl, is_named));

@@ -107,7 +107,8 @@ impl Usages {
     }
 
     pub fn awaits(&self, context_id: u32) -> bool {
-        self.pending.contains_key(&context_id)
+        // Most calls are of policies that never wait: no hash at all.
+        !self.pending.is_empty() && self.pending.contains_key(&context_id)
     }
 
     pub fn len(&self) -> usize {

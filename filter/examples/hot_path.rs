@@ -1,0 +1,194 @@
+//! The filter's per-call work, natively, for a profiler: the worker decides
+//! `--calls` requests to one policy, each ended as Envoy ends a stream,
+//! against an in-memory host that costs next to nothing. Under callgrind
+//! (docs/PERFORMANCE.md) it names the functions where the filter's own
+//! instructions go; in Envoy, host calls and V8 add to them.
+//!
+//! cargo build --release -p sluice-filter --example hot_path
+//! valgrind --tool=callgrind --toggle-collect='*decide_calls*' \
+//!   target/release/examples/hot_path --policy concurrency
+
+use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+use sluice_filter::host::{Host, Level, SetError};
+use sluice_filter::worker::{Verdict, Worker};
+use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
+use sluice_shared::plugin::parse_plugin_config;
+use sluice_shared::time::{Instant, Span};
+
+/// The variants scenario 6 of `make bench` counts, far from their limit.
+const RATE: &str = r#""rate": {"requests": 100000000, "period": "1s", "burst": 1000000}"#;
+
+fn policy(variant: &str) -> Option<String> {
+    let extra = match variant {
+        "rate" => "",
+        "concurrency" => r#", "concurrency": {"max_in_flight": 100000}"#,
+        "per-key" => r#", "key": {"header": "x-api-key", "max_keys": 10000}"#,
+        _ => return None,
+    };
+    Some(format!(
+        r#"{{"instance": "profile", "fallback": {{"version": 1, "policies": [{{"name": "bench", "match": {{"host": "api.bench.example"}}, {RATE}{extra}}}]}}}}"#
+    ))
+}
+
+/// Shared data in a map, a clock moved by hand, and nothing else.
+#[derive(Default)]
+struct QuietHost {
+    now: Cell<Instant>,
+    shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    next_cas: Cell<u32>,
+}
+
+impl Host for QuietHost {
+    fn now(&self) -> Instant {
+        self.now.get()
+    }
+
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.shared.borrow().get(key) {
+            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        let mut shared = self.shared.borrow_mut();
+        if let (Some(cas), Some((_, held))) = (cas, shared.get(key)) {
+            if cas != 0 && cas != *held {
+                return Err(SetError::CasMismatch);
+            }
+        }
+        let next = self.next_cas.get().wrapping_add(1).max(1);
+        self.next_cas.set(next);
+        shared.insert(key.to_string(), (value.to_vec(), next));
+        Ok(())
+    }
+
+    fn log(&self, _level: Level, _message: &str) {}
+
+    fn define_counter(&self, _name: &str) -> Option<u32> {
+        Some(1)
+    }
+
+    fn define_gauge(&self, _name: &str) -> Option<u32> {
+        Some(1)
+    }
+
+    fn increment_metric(&self, _id: u32, _delta: i64) {}
+
+    fn reply(&self, _context_id: u32, _status: u32, _: &[(&str, &str)], _: &[u8]) -> bool {
+        true
+    }
+
+    fn resume(&self, _context_id: u32) -> bool {
+        true
+    }
+
+    fn set_tick_period(&self, _period: Span) {}
+
+    fn random_bytes(&self, buf: &mut [u8]) -> bool {
+        buf.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        true
+    }
+
+    fn dispatch_http_call(&self, _: &str, _: &[(&str, &str)], _: &[u8], _: Span) -> Option<u32> {
+        None
+    }
+}
+
+struct Call {
+    key: String,
+}
+
+impl RequestHeaders for Call {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        match name {
+            ":authority" => Some(Cow::Borrowed(b"api.bench.example")),
+            "x-api-key" => Some(Cow::Borrowed(self.key.as_bytes())),
+            _ => None,
+        }
+    }
+}
+
+/// Calls spaced 20 µs apart (50 000 a second), as one Envoy worker under
+/// load; each call's stream ends before the next starts. Returns how many
+/// were let through.
+#[inline(never)]
+fn decide_calls(worker: &mut Worker, host: &QuietHost, calls: u32) -> u32 {
+    let mut passed = 0;
+    let call = Call { key: String::new() };
+    let mut call = call;
+    for n in 0..calls {
+        host.now.set(host.now.get() + Span::from_nanos(20_000));
+        let context_id = n + 2;
+        call.key.clear();
+        call.key.push_str(KEYS[n as usize % KEYS.len()]);
+        if matches!(
+            worker.on_request(host, context_id, &call),
+            Verdict::Continue
+        ) {
+            passed += 1;
+        }
+        if worker.reads_response(context_id) {
+            worker.on_response_headers(host, context_id, &call, true);
+        }
+        if worker.tells(context_id) {
+            worker.answer_headers(host, context_id);
+        }
+        worker.on_stream_end(host, context_id);
+        if n % 1000 == 999 {
+            worker.on_tick(host);
+        }
+    }
+    passed
+}
+
+const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
+
+fn main() -> ExitCode {
+    let mut variant = "concurrency".to_string();
+    let mut calls: u32 = 200_000;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match (arg.as_str(), args.next()) {
+            ("--policy", Some(v)) => variant = v,
+            ("--calls", Some(n)) => match n.parse() {
+                Ok(n) => calls = n,
+                Err(e) => {
+                    eprintln!("--calls {n}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            _ => {
+                eprintln!("usage: hot_path [--policy rate|concurrency|per-key] [--calls N]");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let Some(json) = policy(&variant) else {
+        eprintln!("unknown policy variant {variant}: rate, concurrency or per-key");
+        return ExitCode::FAILURE;
+    };
+    let config = match parse_plugin_config(json.as_bytes()) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{errors:?}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let host = QuietHost::default();
+    host.now.set(Instant::from_nanos(1_000_000_000_000_000));
+    let mut worker = Worker::new(&host);
+    worker.install(&host, CompiledPolicySet::from_validated(config.fallback));
+    worker.start_ticking(&host);
+    let passed = decide_calls(&mut worker, &host, calls);
+    println!("{variant}: {passed} of {calls} calls let through");
+    if passed == calls {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
