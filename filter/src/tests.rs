@@ -1218,3 +1218,41 @@ fn garbage_in_a_further_limits_state_starts_it_afresh() {
     );
     assert_eq!(v, Verdict::Continue);
 }
+
+/// Counts go to a policy's own stats by an index found at install: a new
+/// set that reorders the policies and adds one must not send a stream
+/// admitted under the old set, nor a new call, to another policy's stats.
+#[test]
+fn stats_follow_their_policy_across_a_set_that_reorders_them() {
+    let before = r#"{"version": 1, "policies": [
+        {"name": "bank", "match": {"host": "api.bank.example"}, "concurrency": {"max_in_flight": 10}},
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 100, "period": "1s"}}]}"#;
+    let after = r#"{"version": 2, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 100, "period": "1s"}},
+        {"name": "bank", "match": {"host": "api.bank.example"}, "concurrency": {"max_in_flight": 10}},
+        {"name": "new", "match": {"host": "api.new.example"}, "rate": {"requests": 100, "period": "1s"}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, before);
+    let bank = req(b"api.bank.example", &[]);
+    let llm = req(b"api.llm.example", &[]);
+    assert_eq!(w.on_request(&host, 1, bank.as_slice()), Verdict::Continue);
+    assert_eq!(w.on_request(&host, 2, llm.as_slice()), Verdict::Continue);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.policy.bank.in_flight"), 1);
+    let set = CompiledPolicySet::from_json(after).unwrap_or_else(|e| panic!("{e}"));
+    w.install(&host, set);
+    for context_id in [3, 5] {
+        assert_eq!(
+            w.on_request(&host, context_id, llm.as_slice()),
+            Verdict::Continue
+        );
+    }
+    assert_eq!(w.on_request(&host, 4, bank.as_slice()), Verdict::Continue);
+    w.on_stream_end(&host, 1);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.policy.bank.admitted"), 2);
+    assert_eq!(host.metric("sluice.policy.bank.in_flight"), 1);
+    assert_eq!(host.metric("sluice.policy.llm.admitted"), 3);
+    assert_eq!(host.metric("sluice.policy.llm.in_flight"), 0);
+    assert_eq!(host.metric("sluice.policy.new.admitted"), 0);
+}

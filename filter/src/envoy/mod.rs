@@ -114,20 +114,25 @@ impl Host for EnvoyHost {
 /// cell that is set once and lent out from there, never copied.
 struct EnvoyHeaders {
     map: MapType,
+    /// Every policy's match reads it first: kept without a copy of its name.
+    authority: OnceCell<Option<Vec<u8>>>,
     read: [KeptHeader; HEADERS_KEPT],
 }
 
 /// A header's name and its value (None: absent), each set once.
 type KeptHeader = (OnceCell<String>, OnceCell<Option<Vec<u8>>>);
 
-/// Distinct headers kept per request (a policy reads the host, and maybe
-/// a key, a cost and a priority); more are read each time asked.
-const HEADERS_KEPT: usize = 4;
+/// Distinct headers kept per request besides `:authority` (a policy may
+/// read a key, a cost and a priority); more are read each time asked.
+const HEADERS_KEPT: usize = 3;
+
+const AUTHORITY: &str = ":authority";
 
 impl EnvoyHeaders {
     fn of(map: MapType) -> Self {
         Self {
             map,
+            authority: OnceCell::new(),
             read: Default::default(),
         }
     }
@@ -135,6 +140,12 @@ impl EnvoyHeaders {
 
 impl RequestHeaders for EnvoyHeaders {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        if name == AUTHORITY {
+            let value = self
+                .authority
+                .get_or_init(|| abi::header(self.map, AUTHORITY));
+            return value.as_deref().map(Cow::Borrowed);
+        }
         for (kept_name, value) in &self.read {
             match kept_name.get() {
                 Some(n) if n == name => {

@@ -294,6 +294,10 @@ impl Streams {
         (holder, recent): (u64, Option<Instant>),
         context_id: u32,
     ) {
+        if self.streams.is_empty() {
+            // Policies without a concurrency limit keep no streams.
+            return;
+        }
         let Some(stream) = self.streams.remove(&context_id) else {
             return;
         };
