@@ -60,9 +60,19 @@ impl Browser {
     }
 
     /// Waits (up to 10 s) for an element and returns its text.
+    /// A live view re-renders its rows every second: an element found just
+    /// before a render is gone when its text is asked, and is found again.
     pub async fn text(&self, css: &str) -> anyhow::Result<String> {
-        let el = self.element(css).await?;
-        Ok(el.text().await?)
+        const ATTEMPTS: u32 = 5;
+        let mut attempt = 1;
+        loop {
+            let el = self.element(css).await?;
+            match el.text().await {
+                Ok(text) => return Ok(text),
+                Err(e) if e.is_stale_element_reference() && attempt < ATTEMPTS => attempt += 1,
+                Err(e) => return Err(e).with_context(|| format!("the text of {css}")),
+            }
+        }
     }
 
     /// Waits until `css`'s text satisfies `pred`; returns the text.
