@@ -26,6 +26,20 @@ use crate::host::{Host, Level, SetError};
 /// The most one reading moves the clock ahead of the previous one.
 pub const MAX_STEP: Span = Span::from_secs(1);
 
+/// Calls that may decide on the clock's last reading instead of reading it
+/// (a host call, a quarter of what Sluice adds per call far from its
+/// limits: docs/PERFORMANCE.md), once readings come [`DENSE`] apart. Such a
+/// call only spends a prefetch (anything that goes to shared data reads the
+/// clock first), so a prefetch that lapsed since the reading is spent by at
+/// most this many calls past its lifetime, whatever time passed.
+pub const MAX_REUSES: u32 = 3;
+
+/// Readings this close together mean calls come densely enough that the
+/// next few come within a fraction of a prefetch's lifetime
+/// ([`sluice_shared::bucket::PREFETCH_TTL`], 5 ms): only then is a reading
+/// reused. Sparser calls read the clock each time, as every call did.
+pub const DENSE: Span = Span::from_millis(1);
+
 #[derive(Debug, Default)]
 pub struct Clock {
     /// Added to the wall clock, in nanoseconds.
@@ -34,6 +48,8 @@ pub struct Clock {
     last: Cell<Option<(Instant, Instant)>>,
     /// Slowed time (plugin `time_scale`), for measuring under callgrind.
     dilation: Cell<Option<Dilation>>,
+    /// Calls that may still reuse the last reading (see [`MAX_REUSES`]).
+    reuses_left: Cell<u32>,
 }
 
 /// The wall clock slowed to `scale` of real time from `origin` (its first
@@ -69,6 +85,18 @@ impl Clock {
     /// call): as recent as this worker's last request or tick.
     pub fn last_reading(&self) -> Option<Instant> {
         self.last.get().map(|(_, now)| now)
+    }
+
+    /// The last reading, for a call that only spends a prefetch, while
+    /// readings come densely and fewer than [`MAX_REUSES`] calls reused it;
+    /// otherwise nothing, and the caller reads the clock.
+    pub fn reuse(&self) -> Option<Instant> {
+        let left = self.reuses_left.get();
+        if left == 0 {
+            return None;
+        }
+        self.reuses_left.set(left - 1);
+        self.last_reading()
     }
 
     /// The real time a span of this clock's time takes.
@@ -113,6 +141,7 @@ impl Clock {
         let candidate = Instant::from_nanos(shifted.clamp(0, i128::from(u64::MAX)) as u64);
         let Some((_, last)) = self.last.get() else {
             self.last.set(Some((wall, candidate)));
+            self.reuses_left.set(0);
             return (candidate, None);
         };
         let (now, step) = if candidate < last {
@@ -131,6 +160,8 @@ impl Clock {
                 .set(i128::from(now.as_nanos()) - i128::from(wall.as_nanos()));
         }
         self.last.set(Some((wall, now)));
+        let dense = step.is_none() && now - last <= DENSE;
+        self.reuses_left.set(if dense { MAX_REUSES } else { 0 });
         (now, step)
     }
 }
@@ -283,6 +314,33 @@ mod tests {
             c.read(T0);
             assert_eq!(c.read(T0 + ms(100)).0, T0 + ms(100));
         }
+    }
+
+    #[test]
+    fn a_reading_is_reused_by_a_few_calls_only_while_readings_come_densely() {
+        let c = Clock::default();
+        assert_eq!(c.reuse(), None, "nothing read yet");
+        c.read(T0);
+        assert_eq!(c.reuse(), None, "one reading says nothing of density");
+        // Sparse: 10 ms apart.
+        c.read(T0 + ms(10));
+        assert_eq!(c.reuse(), None);
+        // Dense: 200 µs apart; then MAX_REUSES calls reuse it, however late.
+        let dense = T0 + ms(10) + Span::from_nanos(200_000);
+        c.read(dense);
+        for _ in 0..MAX_REUSES {
+            assert_eq!(c.reuse(), Some(dense));
+        }
+        assert_eq!(c.reuse(), None, "then the clock is read again");
+        // A fresh reading after a pause ends reuse at once.
+        c.read(dense + Span::from_nanos(100_000));
+        assert_eq!(c.reuse(), Some(dense + Span::from_nanos(100_000)));
+        c.read(dense + ms(50));
+        assert_eq!(c.reuse(), None);
+        // So does a step of the wall clock, even a dense one.
+        c.read(dense + ms(50) + Span::from_nanos(1));
+        c.read(T0);
+        assert_eq!(c.reuse(), None, "a step back is not a dense reading");
     }
 
     #[test]

@@ -637,7 +637,7 @@ fn a_slowed_clock_makes_a_slow_envoy_take_prefetches_as_a_fast_one_does() {
 }
 
 #[test]
-fn far_from_its_limits_a_request_costs_the_host_one_clock_read() {
+fn far_from_its_limits_densely_coming_requests_read_the_clock_once_in_four() {
     let policies = r#"{"version": 1, "policies": [
         {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000},
          "concurrency": {"max_in_flight": 100000}}]}"#;
@@ -661,10 +661,15 @@ fn far_from_its_limits_a_request_costs_the_host_one_clock_read() {
     }
     let calls = host.host_calls.borrow().clone();
     let of = |call| calls.get(call).copied().unwrap_or(0);
-    // One clock read per request (not another at its end); one round to
-    // shared data per prefetch (1 ms, 20 requests), its spare slots given
-    // back in the same write; nothing else.
-    assert_eq!(of("now"), 1000, "{calls:?}");
+    // A clock read per MAX_REUSES + 1 requests spending a prefetch (none at
+    // their end), and one before each round to shared data (one per
+    // prefetch, 1 ms, 20 requests, its spare slots given back in the same
+    // write); nothing else.
+    let reads_for_prefetches = 1000 / u64::from(crate::clock::MAX_REUSES + 1);
+    assert!(
+        of("now") <= reads_for_prefetches + of("shared_set"),
+        "{calls:?}"
+    );
     assert!(
         of("shared_get") <= 55 && of("shared_set") <= 55,
         "{calls:?}"
@@ -674,6 +679,55 @@ fn far_from_its_limits_a_request_costs_the_host_one_clock_read() {
         of("now") + of("shared_get") + of("shared_set"),
         "{calls:?}"
     );
+}
+
+#[test]
+fn after_a_pause_a_lapsed_prefetch_serves_at_most_the_calls_that_reuse_a_reading() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, policies);
+    let r = req(b"api.example", &[]);
+    // Dense calls, 50 µs apart, until a prefetch of 64 is in hand.
+    let mut ctx = 0u32;
+    for _ in 0..300 {
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+        ctx += 1;
+        host.now.set(host.now.get() + Span::from_nanos(50_000));
+    }
+    // Whatever the state of reuse, at most MAX_REUSES more calls go by
+    // the last reading; the prefetch then has tokens to spare.
+    host.advance_ms(1000);
+    let calls_before_shared_data = (0..10)
+        .take_while(|_| {
+            let before = shared_writes(&host);
+            assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+            ctx += 1;
+            shared_writes(&host) == before
+        })
+        .count();
+    assert!(
+        calls_before_shared_data <= crate::clock::MAX_REUSES as usize,
+        "{calls_before_shared_data} calls spent a prefetch that lapsed a second ago"
+    );
+}
+
+#[test]
+fn calls_coming_sparsely_read_the_clock_each_even_while_a_prefetch_serves_them() {
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, policies);
+    let r = req(b"api.example", &[]);
+    // 2 ms apart: a prefetch (5 ms) serves some calls, each on a fresh reading.
+    for ctx in 0..100 {
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+        host.advance_ms(2);
+    }
+    let calls = host.host_calls.borrow().clone();
+    let of = |call| calls.get(call).copied().unwrap_or(0);
+    assert!(of("shared_set") < 90, "prefetches served some: {calls:?}");
+    assert!(of("now") >= 100, "{calls:?}");
 }
 
 #[test]

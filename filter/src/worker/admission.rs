@@ -85,6 +85,9 @@ pub(super) struct Admitter<'a, H: Host + ?Sized> {
     pub budgets: &'a mut Budgets,
     pub holder: u64,
     pub now: Instant,
+    /// `now` is the clock's last reading, reused ([`crate::clock::Clock::reuse`]):
+    /// good for spending a prefetch only, so anything else reads the clock first.
+    pub now_reused: bool,
     /// Set when the request's key found no place of its own (for the
     /// live view's count of overflowing keys).
     pub overflowed: bool,
@@ -107,12 +110,13 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         class: &Classification,
         (limit_costs, limit_keys): (&[u64], &[Option<u64>]),
     ) -> (Decision, Option<Held>) {
-        let queue_wait = queue_wait(policy);
         let holds_any = !policy.limits.is_empty() || !policy.slot_limits.is_empty();
         if !holds_any {
             // Most policies have one limit of their own: nothing further.
             return (self.decide_in_bucket(policy, class, false), None);
         }
+        self.read_clock();
+        let queue_wait = queue_wait(policy);
         let taken = limits::take(
             self.host,
             self.store,
@@ -230,6 +234,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 prefetched_slots: false,
             };
         }
+        self.read_clock();
         let mut limits = BucketLimits::of(policy);
         if policy.is_shadow() {
             // Shadow mode judges as `reject` would.
@@ -295,6 +300,14 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                     deadline,
                 }
             }
+        }
+    }
+
+    /// Reads the clock if `now` is a reused reading: past a prefetch, a
+    /// decision is taken in shared data, where time must be now.
+    fn read_clock(&mut self) {
+        if std::mem::take(&mut self.now_reused) {
+            self.now = self.host.now();
         }
     }
 

@@ -269,7 +269,9 @@ impl Worker {
             RequestBody::Read(body) => body,
             RequestBody::Absent | RequestBody::Coming => None,
         };
-        let now = host.now();
+        // Far from its limits a call spends a prefetch, for which the
+        // clock's last reading will do while calls come densely.
+        let reused = self.clock.reuse();
         let mut admitter = admission::Admitter {
             host,
             store: &mut self.store,
@@ -277,12 +279,14 @@ impl Worker {
             prefetches: &mut self.prefetches,
             budgets: &mut self.budgets,
             holder: self.holder,
-            now,
+            now: reused.unwrap_or_else(|| host.now()),
+            now_reused: reused.is_some(),
             overflowed: false,
         };
         let limit_costs = policy.limit_costs(req, body);
         let limit_keys = policy.limit_keys(req, &self.key_secret);
         let (decision, held) = admitter.decide(policy, &class, (&limit_costs, &limit_keys));
+        let now = admitter.now;
         if class.key != BucketKey::Policy {
             let outcome = match decision {
                 Decision::Pass | Decision::Admit { .. } => KeyOutcome::Admitted,
