@@ -28,17 +28,18 @@ pub const MAX_STEP: Span = Span::from_secs(1);
 
 /// Calls that may decide on the clock's last reading instead of reading it
 /// (a host call, a quarter of what Sluice adds per call far from its
-/// limits: docs/PERFORMANCE.md), once readings come [`DENSE`] apart. Such a
-/// call only spends a prefetch (anything that goes to shared data reads the
-/// clock first), so a prefetch that lapsed since the reading is spent by at
-/// most this many calls past its lifetime, whatever time passed.
+/// limits: docs/PERFORMANCE.md), while calls come at most [`DENSE`] apart.
+/// Such a call only spends a prefetch (anything that goes to shared data
+/// reads the clock first), so a prefetch that lapsed since the reading is
+/// spent by at most this many calls past its lifetime, whatever time passed.
 pub const MAX_REUSES: u32 = 3;
 
-/// Readings this close together mean calls come densely enough that the
-/// next few come within a fraction of a prefetch's lifetime
-/// ([`sluice_shared::bucket::PREFETCH_TTL`], 5 ms): only then is a reading
-/// reused. Sparser calls read the clock each time, as every call did.
-pub const DENSE: Span = Span::from_millis(1);
+/// Calls this close together on average (since the previous reading) let
+/// the next [`MAX_REUSES`] reuse a reading: they then come within about
+/// 1 ms of it, a fifth of a prefetch's lifetime
+/// ([`sluice_shared::bucket::PREFETCH_TTL`]). Sparser calls read the clock
+/// each time, as every call did before.
+pub const DENSE: Span = Span::from_nanos(333_333);
 
 #[derive(Debug, Default)]
 pub struct Clock {
@@ -50,6 +51,8 @@ pub struct Clock {
     dilation: Cell<Option<Dilation>>,
     /// Calls that may still reuse the last reading (see [`MAX_REUSES`]).
     reuses_left: Cell<u32>,
+    /// Calls that reused it.
+    reused: Cell<u32>,
 }
 
 /// The wall clock slowed to `scale` of real time from `origin` (its first
@@ -96,6 +99,7 @@ impl Clock {
             return None;
         }
         self.reuses_left.set(left - 1);
+        self.reused.set(self.reused.get() + 1);
         self.last_reading()
     }
 
@@ -141,7 +145,6 @@ impl Clock {
         let candidate = Instant::from_nanos(shifted.clamp(0, i128::from(u64::MAX)) as u64);
         let Some((_, last)) = self.last.get() else {
             self.last.set(Some((wall, candidate)));
-            self.reuses_left.set(0);
             return (candidate, None);
         };
         let (now, step) = if candidate < last {
@@ -160,7 +163,10 @@ impl Clock {
                 .set(i128::from(now.as_nanos()) - i128::from(wall.as_nanos()));
         }
         self.last.set(Some((wall, now)));
-        let dense = step.is_none() && now - last <= DENSE;
+        // The calls the previous reading served: the one that took it, and
+        // those that reused it.
+        let served = 1 + self.reused.replace(0);
+        let dense = step.is_none() && now - last <= DENSE.saturating_mul(u64::from(served));
         self.reuses_left.set(if dense { MAX_REUSES } else { 0 });
         (now, step)
     }
@@ -332,13 +338,23 @@ mod tests {
             assert_eq!(c.reuse(), Some(dense));
         }
         assert_eq!(c.reuse(), None, "then the clock is read again");
+        // Density is per call: 1.2 ms after a reading four calls used is
+        // 300 µs a call (dense); after a reading one call used, it is not.
+        let later = dense + Span::from_nanos(1_200_000);
+        c.read(later);
+        assert_eq!(c.reuse(), Some(later));
+        c.read(later + Span::from_nanos(100_000));
+        c.read(later + Span::from_nanos(1_300_000));
+        assert_eq!(c.reuse(), None);
         // A fresh reading after a pause ends reuse at once.
-        c.read(dense + Span::from_nanos(100_000));
-        assert_eq!(c.reuse(), Some(dense + Span::from_nanos(100_000)));
-        c.read(dense + ms(50));
+        let resumed = later + ms(2);
+        c.read(resumed);
+        c.read(resumed + Span::from_nanos(100_000));
+        assert_eq!(c.reuse(), Some(resumed + Span::from_nanos(100_000)));
+        c.read(resumed + ms(50));
         assert_eq!(c.reuse(), None);
         // So does a step of the wall clock, even a dense one.
-        c.read(dense + ms(50) + Span::from_nanos(1));
+        c.read(resumed + ms(50) + Span::from_nanos(1));
         c.read(T0);
         assert_eq!(c.reuse(), None, "a step back is not a dense reading");
     }

@@ -712,6 +712,60 @@ fn after_a_pause_a_lapsed_prefetch_serves_at_most_the_calls_that_reuse_a_reading
     );
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Workers deciding some calls on a reused reading of their clock stay
+    /// within `burst + rate·(T + PREFETCH_TTL)` over any interval T, plus
+    /// at most MAX_REUSES calls per worker spending a prefetch that lapsed
+    /// since the reading: whether calls come densely, sparsely or pause.
+    #[test]
+    fn calls_on_a_reused_reading_stay_within_the_bound_plus_the_reuses(
+        requests in 1_000u64..=5_000,
+        burst in 100u64..=400,
+        calls in prop::collection::vec(
+            (
+                prop_oneof![20 => 1_000u64..100_000, 1 => 5_000_000u64..40_000_000],
+                prop_oneof![1 => Just(0usize), 4 => 1usize..3],
+            ),
+            1..600,
+        ),
+    ) {
+        use sluice_shared::bucket::PREFETCH_TTL;
+        const WORKERS: usize = 3;
+        let policies = format!(r#"{{"version": 1, "policies": [
+            {{"name": "busy", "match": {{"host": "*"}}, "rate": {{"requests": {requests}, "period": "1s", "burst": {burst}}}}}]}}"#);
+        let host = FakeHost::at(T0);
+        let mut workers: Vec<Worker> = (0..WORKERS).map(|_| worker(&host, &policies)).collect();
+        let mut last_tick = [T0; WORKERS];
+        let r = req(b"api.example", &[]);
+        let mut admitted: Vec<u64> = Vec::new();
+        for (ctx, (gap, at)) in calls.into_iter().enumerate() {
+            host.now.set(host.now.get() + Span::from_nanos(gap));
+            let now = host.now.get();
+            if now - last_tick[at] >= Span::from_millis(100) {
+                workers[at].on_tick(&host);
+                last_tick[at] = now;
+            }
+            if workers[at].on_request(&host, ctx as u32, r.as_slice()) == Verdict::Continue {
+                admitted.push((now - T0).as_nanos());
+            }
+        }
+        let extra = (WORKERS as u64) * u64::from(crate::clock::MAX_REUSES);
+        let slack = u128::from(PREFETCH_TTL.as_nanos());
+        for i in 0..admitted.len() {
+            for j in i..admitted.len() {
+                let n = (j - i + 1) as u128;
+                let dt = u128::from(admitted[j] - admitted[i]) + slack;
+                let bound_ns = u128::from(burst + extra) * 1_000_000_000 + u128::from(requests) * dt;
+                prop_assert!(
+                    n * 1_000_000_000 <= bound_ns,
+                    "{n} calls in {dt} ns: bound {burst} + {extra} + {requests}/s"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn calls_coming_sparsely_read_the_clock_each_even_while_a_prefetch_serves_them() {
     let policies = r#"{"version": 1, "policies": [

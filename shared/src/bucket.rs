@@ -54,7 +54,9 @@ impl BucketLimits {
 /// [`BucketState::prefetch`]). Spending a token up to this long after the
 /// bucket gave it can shift it into a later interval, so over any interval T
 /// at most `burst + rate·(T + PREFETCH_TTL)` pass: under one token for rates
-/// below 200/s, 0.5 % of a second's worth above. Each prefetch costs a
+/// below 200/s, 0.5 % of a second's worth above (the filter adds at most
+/// 3 calls per worker deciding on a reused clock reading: its `clock.rs`,
+/// `MAX_REUSES`). Each prefetch costs a
 /// round trip to shared data, which a shorter lifetime spreads over fewer
 /// requests: at 1 ms, a worker answering 8 000 calls a second paid it every
 /// 8 calls, a fifth of Sluice's cost per call (docs/PERFORMANCE.md).
