@@ -116,7 +116,9 @@ struct EnvoyHeaders {
     map: MapType,
     /// Every policy's match reads it first: kept without a copy of its name.
     authority: OnceCell<Option<Vec<u8>>>,
-    read: [KeptHeader; HEADERS_KEPT],
+    /// Most policies read no other header: the cells for others are made
+    /// on first use, not for every stream.
+    read: OnceCell<Box<[KeptHeader; HEADERS_KEPT]>>,
 }
 
 /// A header's name and its value (None: absent), each set once.
@@ -133,7 +135,7 @@ impl EnvoyHeaders {
         Self {
             map,
             authority: OnceCell::new(),
-            read: Default::default(),
+            read: OnceCell::new(),
         }
     }
 }
@@ -146,7 +148,7 @@ impl RequestHeaders for EnvoyHeaders {
                 .get_or_init(|| abi::header(self.map, AUTHORITY));
             return value.as_deref().map(Cow::Borrowed);
         }
-        for (kept_name, value) in &self.read {
+        for (kept_name, value) in self.read.get_or_init(Default::default).iter() {
             match kept_name.get() {
                 Some(n) if n == name => {
                     return value.get().and_then(Option::as_deref).map(Cow::Borrowed);
