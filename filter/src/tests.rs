@@ -681,12 +681,15 @@ fn far_from_its_limits_densely_coming_requests_read_the_clock_once_in_four() {
     );
 }
 
+/// A rate no test comes near: every call after the first few spends a
+/// prefetch.
+const FAR_RATE: &str = r#"{"version": 1, "policies": [
+    {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000}}]}"#;
+
 #[test]
 fn after_a_pause_a_lapsed_prefetch_serves_at_most_the_calls_that_reuse_a_reading() {
-    let policies = r#"{"version": 1, "policies": [
-        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000}}]}"#;
     let host = FakeHost::at(T0);
-    let mut w = worker(&host, policies);
+    let mut w = worker(&host, FAR_RATE);
     let r = req(b"api.example", &[]);
     // Dense calls, 50 µs apart, until a prefetch of 64 is in hand.
     let mut ctx = 0u32;
@@ -768,10 +771,8 @@ proptest! {
 
 #[test]
 fn calls_coming_sparsely_read_the_clock_each_even_while_a_prefetch_serves_them() {
-    let policies = r#"{"version": 1, "policies": [
-        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 1000000}}]}"#;
     let host = FakeHost::at(T0);
-    let mut w = worker(&host, policies);
+    let mut w = worker(&host, FAR_RATE);
     let r = req(b"api.example", &[]);
     // 2 ms apart: a prefetch (5 ms) serves some calls, each on a fresh reading.
     for ctx in 0..100 {

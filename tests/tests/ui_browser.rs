@@ -759,8 +759,23 @@ async fn the_live_view_shows_what_the_provider_says() -> anyhow::Result<()> {
             |t| t.ends_with("/s of 200.0/s"),
         )
         .await?;
-    let cuts = browser.text(&format!("{row} .provider-cuts")).await?;
-    let pauses = browser.text(&format!("{row} .provider-pauses")).await?;
+    // The pause itself is in shared data at once; the counts of pauses and
+    // cuts reach the admin with the worker's next report (every 20 ms of
+    // its ticks), so they may show a sync later than the pause.
+    let pauses = browser
+        .wait_text(
+            &format!("{row} .provider-pauses"),
+            Duration::from_secs(3),
+            |t| t != "0",
+        )
+        .await?;
+    let cuts = browser
+        .wait_text(
+            &format!("{row} .provider-cuts"),
+            Duration::from_secs(3),
+            |t| t != "0",
+        )
+        .await?;
     // The next frames shade the paused seconds on the chart.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let shaded = browser
