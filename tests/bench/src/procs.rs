@@ -132,6 +132,25 @@ impl BenchEnvoy {
         })
     }
 
+    /// Envoy's counts of answers by class and every non-zero stat of the
+    /// wasm filters (refusals, shared-data faults, VM failures): what an
+    /// error about unexpected answers needs to say which they were.
+    pub fn answer_stats(&self) -> String {
+        http_get(self.admin_port, "/stats")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                let (name, value) = l.split_once(": ").unwrap_or((l, ""));
+                let answers = name.starts_with("http.proxy.")
+                    && (name.ends_with("downstream_rq_4xx") || name.ends_with("downstream_rq_5xx"));
+                let filter = (name.contains("sluice") || name.contains("wasm")) && value != "0";
+                answers || filter
+            })
+            .take(60)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// A stat from /stats/prometheus (name with labels), 0 when absent.
     pub fn stat(&self, name: &str) -> f64 {
         http_get(self.admin_port, "/stats/prometheus")

@@ -341,9 +341,13 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
             let rss = measured.map(rss_mib).transpose()?.unwrap_or(f64::NAN);
             if result.non_2xx > 0 {
                 bail!(
-                    "variant {}: {} non-2xx answers; limits were meant never to refuse",
+                    "variant {}: {} non-2xx answers; limits were meant never to refuse (Envoy: {})",
                     v.key,
-                    result.non_2xx
+                    result.non_2xx,
+                    proxy
+                        .as_ref()
+                        .map(BenchEnvoy::answer_stats)
+                        .unwrap_or_default()
                 );
             }
             println!(
