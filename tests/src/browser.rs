@@ -1,17 +1,22 @@
 //! A real headless Chromium (Debian's `chromium` and `chromium-driver`,
 //! installed by `make setup`) driven over WebDriver.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use fantoccini::{Client, ClientBuilder, Locator};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 
 use crate::envoy::free_port;
 
 pub struct Browser {
     pub client: Client,
     driver: Child,
+    /// Set once stopped: the group's id may then belong to someone else.
+    stopped: bool,
 }
 
 impl Browser {
@@ -23,6 +28,10 @@ impl Browser {
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        // A group of its own, with the Chromium it starts: a test that
+        // fails before closing its session stops them all (killing only
+        // chromedriver left Chromium running).
+        .process_group(0)
         .spawn()
         .context("starting chromedriver (make setup installs chromium-driver)")?;
         let url = format!("http://127.0.0.1:{port}");
@@ -46,7 +55,11 @@ impl Browser {
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         };
-        Ok(Self { client, driver })
+        Ok(Self {
+            client,
+            driver,
+            stopped: false,
+        })
     }
 
     /// Waits (up to 10 s) for an element to be on the page.
@@ -161,6 +174,17 @@ impl Browser {
 
     pub async fn close(mut self) {
         let _ = self.client.clone().close().await;
+        self.stop();
+    }
+
+    /// Stops chromedriver and every browser process it started.
+    fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.driver.id()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -168,7 +192,6 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+        self.stop();
     }
 }
