@@ -325,8 +325,18 @@ impl Envoy {
     /// SIGKILL (a crash: no drain, no goodbye), then the same binary on the
     /// same configuration and ports; returns once the new one is live.
     pub fn kill_and_restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.restart()
+    }
+
+    /// SIGKILL, and waits until the process is gone.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts the same Envoy again after `kill`, and waits until it is ready.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
         let previous = self.log();
         self.child = spawn_envoy(&self.config, self.workers, &self.log_path, None)?;
         self.wait_ready()
