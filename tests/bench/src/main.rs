@@ -44,11 +44,22 @@ pub struct Args {
     /// Only these scenarios (1 to 7); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
+    /// Scenario 6: count only these variants (b, f, h, g, d, e); all by
+    /// default. For weighing one change: `--only 6 --variants b,h,d`.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// Scenario 6: count Sluice far from its limits only, not near them.
+    #[arg(long)]
+    far_only: bool,
 }
 
 impl Args {
     fn runs(&self, scenario: u32) -> bool {
         self.only.is_empty() || self.only.contains(&scenario)
+    }
+
+    fn counts_variant(&self, key: &str) -> bool {
+        self.variants.is_empty() || self.variants.iter().any(|v| v == key)
     }
 }
 
