@@ -129,16 +129,16 @@ impl RequestHeaders for Call {
     }
 }
 
-/// Calls spaced 20 µs apart (50 000 a second), as one Envoy worker under
-/// load; each call's stream ends before the next starts. Returns how many
-/// were let through.
+/// Calls spaced `gap` apart (by default 20 µs: 50 000 a second), as one
+/// Envoy worker under load; each call's stream ends before the next
+/// starts. Returns how many were let through.
 #[inline(never)]
-fn decide_calls(worker: &mut Worker, host: &QuietHost, calls: u32) -> u32 {
+fn decide_calls(worker: &mut Worker, host: &QuietHost, calls: u32, gap: Span) -> u32 {
     let mut passed = 0;
     let call = Call { key: String::new() };
     let mut call = call;
     for n in 0..calls {
-        host.now.set(host.now.get() + Span::from_nanos(20_000));
+        host.now.set(host.now.get() + gap);
         let context_id = n + 2;
         call.key.clear();
         call.key.push_str(KEYS[n as usize % KEYS.len()]);
@@ -167,6 +167,7 @@ const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
 fn main() -> ExitCode {
     let mut variant = "concurrency".to_string();
     let mut calls: u32 = 200_000;
+    let mut gap = Span::from_nanos(20_000);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
@@ -178,8 +179,17 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             },
+            ("--gap-us", Some(n)) => match n.parse::<u64>() {
+                Ok(n) => gap = Span::from_nanos(n * 1_000),
+                Err(e) => {
+                    eprintln!("--gap-us {n}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
             _ => {
-                eprintln!("usage: hot_path [--policy rate|concurrency|per-key] [--calls N]");
+                eprintln!(
+                    "usage: hot_path [--policy rate|concurrency|per-key] [--calls N] [--gap-us MICROSECONDS]"
+                );
                 return ExitCode::FAILURE;
             }
         }
@@ -200,7 +210,7 @@ fn main() -> ExitCode {
     let mut worker = Worker::new(&host);
     worker.install(&host, CompiledPolicySet::from_validated(config.fallback));
     worker.start_ticking(&host);
-    let passed = decide_calls(&mut worker, &host, calls);
+    let passed = decide_calls(&mut worker, &host, calls, gap);
     println!("{variant}: {passed} of {calls} calls let through");
     for (kind, n) in HOST_CALLS.iter().zip(&host.calls) {
         let per_call = n.get() as f64 / f64::from(calls.max(1));

@@ -5,6 +5,7 @@
 //! instead of twice per request. Near a limit buckets stop handing out
 //! prefetches and every request is decided in shared data again.
 
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -56,7 +57,7 @@ pub struct Prefetches {
 /// Spare slots to give back to a bucket in shared data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpareSlots {
-    pub bucket: String,
+    pub bucket: Arc<str>,
     pub slots: u32,
     pub lease: Option<Instant>,
 }
@@ -133,24 +134,40 @@ impl Prefetches {
         now: Instant,
     ) -> Option<SpareSlots> {
         let got = prefetched.requests > 0;
-        if !got && !self.entries.contains_key(&key) && self.entries.len() >= MAX_ENTRIES {
-            return None;
+        let full = self.entries.len() >= MAX_ENTRIES;
+        let fresh = |bucket: Arc<str>| Prefetch {
+            // Even with nothing prefetched: a finished request's slot may
+            // come back to this entry and must then reach this bucket.
+            bucket,
+            tokens: prefetched.tokens,
+            slots: prefetched.slots,
+            lease: prefetched.lease,
+            until: now + PREFETCH_TTL,
+            handed_out: prefetched.requests,
+            spent: 0,
+        };
+        match self.entries.entry(key) {
+            Entry::Occupied(mut entry) => {
+                // The name is shared with the prefetch replaced when it is
+                // the same (it differs when the key moved to another place):
+                // one allocation and copy a round fewer.
+                let bucket = match &entry.get().bucket {
+                    same if **same == *bucket => Arc::clone(same),
+                    _ => Arc::from(bucket),
+                };
+                spare(std::mem::replace(entry.get_mut(), fresh(bucket)))
+            }
+            Entry::Vacant(_) if !got && full => None,
+            Entry::Vacant(entry) => {
+                entry.insert(fresh(Arc::from(bucket)));
+                None
+            }
         }
-        let previous = self.entries.insert(
-            key,
-            Prefetch {
-                // Even with nothing prefetched: a finished request's slot may
-                // come back to this entry and must then reach this bucket.
-                bucket: Arc::from(bucket),
-                tokens: prefetched.tokens,
-                slots: prefetched.slots,
-                lease: prefetched.lease,
-                until: now + PREFETCH_TTL,
-                handed_out: prefetched.requests,
-                spent: 0,
-            },
-        );
-        previous.and_then(spare)
+    }
+
+    /// The bucket name `key`'s prefetch keeps, shared rather than copied.
+    pub fn bucket(&self, key: PrefetchKey) -> Option<&Arc<str>> {
+        self.entries.get(&key).map(|g| &g.bucket)
     }
 
     /// Takes the spare slots out of `key`'s prefetch, which the caller is
@@ -162,7 +179,7 @@ impl Prefetches {
             return None;
         }
         Some(SpareSlots {
-            bucket: g.bucket.to_string(),
+            bucket: Arc::clone(&g.bucket),
             slots: std::mem::take(&mut g.slots),
             lease: g.lease,
         })
@@ -201,7 +218,7 @@ impl Prefetches {
 
 fn spare(g: Prefetch) -> Option<SpareSlots> {
     (g.slots > 0).then_some(SpareSlots {
-        bucket: g.bucket.to_string(),
+        bucket: g.bucket,
         slots: g.slots,
         lease: g.lease,
     })

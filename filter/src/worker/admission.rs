@@ -280,8 +280,12 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         match admission {
             Admission::Admitted { lease, .. } => {
                 self.record_prefetch(key, &bucket, prefetched);
+                let bucket = match self.prefetches.bucket(key) {
+                    Some(kept) if **kept == *bucket => Arc::clone(kept),
+                    _ => Arc::from(bucket),
+                };
                 Decision::Admit {
-                    bucket: Arc::from(bucket),
+                    bucket,
                     key,
                     lease,
                     prefetched_slots: prefetched.slots > 0,

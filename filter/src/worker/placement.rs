@@ -23,12 +23,16 @@ const KEY_PROBES: u32 = 4;
 
 pub const OVERFLOW_SUFFIX: &str = "/overflow";
 
+const BUCKET_PREFIX: &str = "sluice/b/";
+
 /// Where a policy's bucket lives in shared data.
 pub fn bucket_key(policy: &str, place: Place) -> String {
     match place {
-        Place::Single => format!("sluice/b/{policy}"),
-        Place::Slot(i) => format!("sluice/b/{policy}/{i}"),
-        Place::Overflow => format!("sluice/b/{policy}{OVERFLOW_SUFFIX}"),
+        // Not `format!`: this runs on every round to shared data, and the
+        // formatting machinery costs several times the copy.
+        Place::Single => [BUCKET_PREFIX, policy].concat(),
+        Place::Slot(i) => format!("{BUCKET_PREFIX}{policy}/{i}"),
+        Place::Overflow => [BUCKET_PREFIX, policy, OVERFLOW_SUFFIX].concat(),
     }
 }
 
@@ -91,7 +95,7 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
                 bucket: of,
                 slots,
                 lease: Some(lease),
-            }) if of == bucket => s.release_many(holder, *lease, *slots) > 0,
+            }) if &**of == bucket => s.release_many(holder, *lease, *slots) > 0,
             _ => false,
         };
         spare_returned.set(returned);

