@@ -151,10 +151,7 @@ impl Prefetches {
                 // The name is shared with the prefetch replaced when it is
                 // the same (it differs when the key moved to another place):
                 // one allocation and copy a round fewer.
-                let bucket = match &entry.get().bucket {
-                    same if **same == *bucket => Arc::clone(same),
-                    _ => Arc::from(bucket),
-                };
+                let bucket = shared_name(Some(&entry.get().bucket), bucket);
                 spare(std::mem::replace(entry.get_mut(), fresh(bucket)))
             }
             Entry::Vacant(_) if !got && full => None,
@@ -213,6 +210,15 @@ impl Prefetches {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// `name` as an `Arc<str>`: `kept` shared when it is the same name,
+/// a new one otherwise.
+pub fn shared_name(kept: Option<&Arc<str>>, name: &str) -> Arc<str> {
+    match kept {
+        Some(kept) if **kept == *name => Arc::clone(kept),
+        _ => Arc::from(name),
     }
 }
 

@@ -25,7 +25,7 @@ use super::placement::{self, Placed};
 use super::slots;
 use crate::host::{Host, Level};
 use crate::metrics::{LimitStat, Metrics, PolicyStat};
-use crate::prefetch::{PrefetchKey, Prefetches};
+use crate::prefetch::{shared_name, PrefetchKey, Prefetches};
 use crate::store::Store;
 
 /// Retry-After for a refusal that has no schedule (contention, overflow, a
@@ -280,10 +280,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         match admission {
             Admission::Admitted { lease, .. } => {
                 self.record_prefetch(key, &bucket, prefetched);
-                let bucket = match self.prefetches.bucket(key) {
-                    Some(kept) if **kept == *bucket => Arc::clone(kept),
-                    _ => Arc::from(bucket),
-                };
+                let bucket = shared_name(self.prefetches.bucket(key), &bucket);
                 Decision::Admit {
                     bucket,
                     key,
