@@ -29,13 +29,14 @@ pub const TARGET: f64 = 1.15;
 const NEAR: &str = r#""rate": {"requests": 100000000, "period": "1s", "burst": 3}"#;
 const FAR: &str = r#""rate": {"requests": 100000000, "period": "1s", "burst": 1000000}"#;
 
-/// One count, and for Sluice how its clock was slowed to match full speed.
+/// One count, and for Sluice how fast the variant ran at full speed.
 struct Measured {
     per_request: f64,
     /// Requests a second under callgrind.
     per_second: f64,
-    /// (requests a second at full speed, the filter's `time_scale`).
-    slowed: Option<(f64, f64)>,
+    /// Requests a second at full speed (its clock is slowed by
+    /// [`CLOCK_SCALE`]).
+    full_speed: Option<f64>,
 }
 
 /// How far a count's pace was from [`PACED`], as a fraction of it.
@@ -67,7 +68,7 @@ struct Counted {
     near: Option<Measured>,
 }
 
-/// Seconds of the full-speed run that sets a variant's clock scale.
+/// Seconds of the full-speed run whose pace is shown beside a variant's count.
 const FULL_SPEED_RUN: Duration = Duration::from_secs(3);
 
 /// Calls a second in every count: below what the slowest variant answers
@@ -81,6 +82,11 @@ pub const PACED: f64 = 40.0;
 /// there). Fixed, not taken from each run's full-speed pace: that moved by
 /// a third between runs, and (d)'s count by 700 instructions with it.
 pub const WORKER_PACE: f64 = 4_000.0;
+
+/// A Sluice variant's `time_scale`: its clock sees [`PACED`] calls a
+/// second as [`WORKER_PACE`].
+const CLOCK_SCALE: f64 = PACED / WORKER_PACE;
+const _: () = assert!(CLOCK_SCALE >= MIN_TIME_SCALE && CLOCK_SCALE <= 1.0);
 
 /// How far (as a fraction) the pace a count was made at may be from
 /// [`PACED`]: further, Envoy fell behind the calls, and a Sluice variant's
@@ -133,7 +139,7 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
         Ok(Measured {
             per_request: counted.per_request(),
             per_second: counted.per_second,
-            slowed: None,
+            full_speed: None,
         })
     };
     let mut rows = Vec::new();
@@ -182,9 +188,8 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
         run.run()?;
         let full_speed = run.run()?.per_second;
         drop(full);
-        let scale = (PACED / WORKER_PACE).clamp(MIN_TIME_SCALE, 1.0);
-        let mut measured = count(&policy(rate, extra, scale), keys)?;
-        measured.slowed = Some((full_speed, scale));
+        let mut measured = count(&policy(rate, extra, CLOCK_SCALE), keys)?;
+        measured.full_speed = Some(full_speed);
         Ok(measured)
     };
     let mut sluice_row = |key, label, extra: &str, keys| -> anyhow::Result<()> {
@@ -227,7 +232,7 @@ fn section(rows: &[Counted], seconds: u64) -> String {
                 (false, _) => Some(&r.far),
                 (true, Some(n)) => Some(n),
                 // No limit in the filter: far and near are the same.
-                (true, None) if r.far.slowed.is_none() => Some(&r.far),
+                (true, None) if r.far.full_speed.is_none() => Some(&r.far),
                 (true, None) => None,
             };
             m.map_or(f64::NAN, |m| m.per_request - base)
@@ -246,7 +251,7 @@ fn section(rows: &[Counted], seconds: u64) -> String {
          |---|---|---|---|---|\n"
     );
     for r in rows {
-        let near = match (&r.near, r.far.slowed) {
+        let near = match (&r.near, r.far.full_speed) {
             (Some(n), _) => (
                 format!("{:.0}", n.per_request),
                 format!("{:+.0}", n.per_request - base),
@@ -299,23 +304,23 @@ fn section(rows: &[Counted], seconds: u64) -> String {
         PACE_TOLERANCE * 100.0,
     );
     for r in rows {
-        let Some((full, scale)) = r.far.slowed else {
+        let Some(full) = r.far.full_speed else {
             continue;
         };
         let (near_per_second, near_clocked) =
             r.near.as_ref().map_or(("—".into(), "—".into()), |n| {
                 (
                     format!("{:.0}", n.per_second),
-                    format!("{:.0}", n.per_second / n.slowed.map_or(1.0, |(_, s)| s)),
+                    format!("{:.0}", n.per_second / CLOCK_SCALE),
                 )
             });
         let _ = writeln!(
             s,
-            "| ({}) {} | {full:.0} | {:.0} / {near_per_second} | {scale:.5} | {:.0} / {near_clocked} |",
+            "| ({}) {} | {full:.0} | {:.0} / {near_per_second} | {CLOCK_SCALE:.5} | {:.0} / {near_clocked} |",
             r.key,
             r.label,
             r.far.per_second,
-            r.far.per_second / scale,
+            r.far.per_second / CLOCK_SCALE,
         );
     }
     s
@@ -332,7 +337,7 @@ mod tests {
             far: Measured {
                 per_second,
                 per_request: 180_000.0,
-                slowed: None,
+                full_speed: None,
             },
             near: None,
         }

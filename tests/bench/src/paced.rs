@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use sluice_e2e::load;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -46,11 +46,7 @@ impl Paced<'_> {
 
     async fn send(&self) -> anyhow::Result<PacedResult> {
         anyhow::ensure!(self.per_second > 0.0, "a paced load needs a positive rate");
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(MAX_IN_FLIGHT)
-            .timeout(Duration::from_secs(60))
-            .build()
-            .context("building the HTTP client")?;
+        let client = load::client();
         let calls = (self.per_second * self.duration.as_secs_f64()).round() as u64;
         let gap = Duration::from_secs_f64(1.0 / self.per_second);
         let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
