@@ -125,14 +125,16 @@ impl Prefetches {
 
     /// Records what the bucket just prefetched (possibly nothing: then the
     /// entry only remembers that this worker used the bucket now), replacing
-    /// the previous prefetch; returns that prefetch's spare slots, to give back.
+    /// the previous prefetch. Returns the bucket's name as the entry keeps
+    /// it (for the admitted stream to share rather than copy or look up
+    /// again) and the replaced prefetch's spare slots, to give back.
     pub fn record(
         &mut self,
         key: PrefetchKey,
         bucket: &str,
         prefetched: Prefetched,
         now: Instant,
-    ) -> Option<SpareSlots> {
+    ) -> (Arc<str>, Option<SpareSlots>) {
         let got = prefetched.requests > 0;
         let full = self.entries.len() >= MAX_ENTRIES;
         let fresh = |bucket: Arc<str>| Prefetch {
@@ -151,20 +153,17 @@ impl Prefetches {
                 // The name is shared with the prefetch replaced when it is
                 // the same (it differs when the key moved to another place):
                 // one allocation and copy a round fewer.
-                let bucket = shared_name(Some(&entry.get().bucket), bucket);
-                spare(std::mem::replace(entry.get_mut(), fresh(bucket)))
+                let name = shared_name(&entry.get().bucket, bucket);
+                let replaced = std::mem::replace(entry.get_mut(), fresh(Arc::clone(&name)));
+                (name, spare(replaced))
             }
-            Entry::Vacant(_) if !got && full => None,
+            Entry::Vacant(_) if !got && full => (Arc::from(bucket), None),
             Entry::Vacant(entry) => {
-                entry.insert(fresh(Arc::from(bucket)));
-                None
+                let name: Arc<str> = Arc::from(bucket);
+                entry.insert(fresh(Arc::clone(&name)));
+                (name, None)
             }
         }
-    }
-
-    /// The bucket name `key`'s prefetch keeps, shared rather than copied.
-    pub fn bucket(&self, key: PrefetchKey) -> Option<&Arc<str>> {
-        self.entries.get(&key).map(|g| &g.bucket)
     }
 
     /// Takes the spare slots out of `key`'s prefetch, which the caller is
@@ -215,10 +214,11 @@ impl Prefetches {
 
 /// `name` as an `Arc<str>`: `kept` shared when it is the same name,
 /// a new one otherwise.
-pub fn shared_name(kept: Option<&Arc<str>>, name: &str) -> Arc<str> {
-    match kept {
-        Some(kept) if **kept == *name => Arc::clone(kept),
-        _ => Arc::from(name),
+fn shared_name(kept: &Arc<str>, name: &str) -> Arc<str> {
+    if **kept == *name {
+        Arc::clone(kept)
+    } else {
+        Arc::from(name)
     }
 }
 
@@ -253,9 +253,9 @@ mod tests {
     fn spends_only_what_it_was_prefetched_and_only_in_time() {
         let mut g = Prefetches::default();
         assert_eq!(g.wanted(K, T0), 0, "a bucket this worker has not used");
-        assert_eq!(g.record(K, "b", Prefetched::default(), T0), None);
+        assert_eq!(g.record(K, "b", Prefetched::default(), T0).1, None);
         assert_eq!(g.wanted(K, T0 + Span::from_nanos(1)), 2, "used just now");
-        assert_eq!(g.record(K, "b", prefetched(3, 0), T0), None);
+        assert_eq!(g.record(K, "b", prefetched(3, 0), T0).1, None);
         assert_eq!(
             g.spend(K, Some(2), false, T0).map(|s| s.bucket.as_ref()),
             Some("b")
@@ -328,7 +328,7 @@ mod tests {
         }
         assert_eq!(g.wanted(k, T0 + PREFETCH_TTL), 4, "4 were spent in time");
         assert_eq!(
-            g.record(k, "b", Prefetched::default(), T0 + PREFETCH_TTL),
+            g.record(k, "b", Prefetched::default(), T0 + PREFETCH_TTL).1,
             None
         );
         assert!(g.prune(T0 + PREFETCH_TTL.saturating_mul(2)).is_empty());
@@ -341,7 +341,8 @@ mod tests {
         g.record(K, "b", prefetched(0, 3), T0);
         assert!(g.spend(K, None, true, T0).is_some());
         assert_eq!(
-            g.record(K, "b", prefetched(0, 4), T0 + Span::from_nanos(5)),
+            g.record(K, "b", prefetched(0, 4), T0 + Span::from_nanos(5))
+                .1,
             Some(SpareSlots {
                 bucket: "b".into(),
                 slots: 2,
@@ -356,5 +357,17 @@ mod tests {
                 lease: Some(LEASE)
             }]
         );
+    }
+
+    #[test]
+    fn the_name_a_round_returns_is_the_one_its_prefetch_keeps() {
+        let mut g = Prefetches::default();
+        let (first, _) = g.record(K, "b", prefetched(3, 0), T0);
+        let (again, _) = g.record(K, "b", prefetched(3, 0), T0);
+        assert!(Arc::ptr_eq(&first, &again), "the same name is shared");
+        let (moved, _) = g.record(K, "c", prefetched(3, 0), T0);
+        assert_eq!(&*moved, "c", "a key moved to another bucket");
+        let held = g.spend(K, Some(1), false, T0).map(|s| Arc::clone(s.bucket));
+        assert!(held.is_some_and(|h| Arc::ptr_eq(&h, &moved)));
     }
 }

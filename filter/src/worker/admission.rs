@@ -25,7 +25,7 @@ use super::placement::{self, Placed};
 use super::slots;
 use crate::host::{Host, Level};
 use crate::metrics::{LimitStat, Metrics, PolicyStat};
-use crate::prefetch::{shared_name, PrefetchKey, Prefetches};
+use crate::prefetch::{PrefetchKey, Prefetches};
 use crate::store::Store;
 
 /// Retry-After for a refusal that has no schedule (contention, overflow, a
@@ -279,8 +279,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         self.overflowed = overflowed;
         match admission {
             Admission::Admitted { lease, .. } => {
-                self.record_prefetch(key, &bucket, prefetched);
-                let bucket = shared_name(self.prefetches.bucket(key), &bucket);
+                let bucket = self.record_prefetch(key, &bucket, prefetched);
                 Decision::Admit {
                     bucket,
                     key,
@@ -314,14 +313,22 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
 
     /// Remembers what the bucket handed out (possibly nothing: then only
     /// that this worker used the bucket), giving back the spare slots of the
-    /// prefetch it replaces.
-    fn record_prefetch(&mut self, key: PrefetchKey, bucket: &str, prefetched: Prefetched) {
+    /// prefetch it replaces. Returns the bucket's name, shared with the
+    /// prefetch that keeps it.
+    fn record_prefetch(
+        &mut self,
+        key: PrefetchKey,
+        bucket: &str,
+        prefetched: Prefetched,
+    ) -> Arc<str> {
         if bucket.is_empty() {
-            return;
+            return Arc::from(bucket);
         }
-        if let Some(spare) = self.prefetches.record(key, bucket, prefetched, self.now) {
+        let (name, spare) = self.prefetches.record(key, bucket, prefetched, self.now);
+        if let Some(spare) = spare {
             super::streams::give_back(self.host, self.store, self.holder, spare);
         }
+        name
     }
 
     /// The one place a limit says no: shadow mode counts it and lets the
