@@ -127,13 +127,18 @@ pub fn sluice(policies: &str, extra: &str) -> String {
     )
 }
 
-/// A wrk script sending one of 10 000 API keys at random per request (the
-/// per-key variants), written into `dir`.
+/// API keys the per-key variants spread their calls over.
+pub const BENCH_KEYS: u32 = 10_000;
+
+/// A wrk script sending one of [`BENCH_KEYS`] API keys at random per
+/// request (the per-key variants), written into `dir`.
 pub fn keys_script(dir: &Path) -> std::io::Result<std::path::PathBuf> {
     let script = dir.join("keys.lua");
     std::fs::write(
         &script,
-        "request = function()\n  wrk.headers[\"x-api-key\"] = \"key-\" .. math.random(1, 10000)\n  return wrk.format(nil)\nend\n",
+        format!(
+            "request = function()\n  wrk.headers[\"x-api-key\"] = \"key-\" .. math.random(1, {BENCH_KEYS})\n  return wrk.format(nil)\nend\n"
+        ),
     )?;
     Ok(script)
 }

@@ -57,9 +57,6 @@ fn off_pace(rows: &[Counted], keys: &[&str]) -> Option<String> {
         })
 }
 
-/// API keys (e) spreads its calls over, as the wrk script does.
-const KEYS: u32 = 10_000;
-
 struct Counted {
     key: &'static str,
     label: &'static str,
@@ -218,7 +215,12 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
     };
     sluice_row("g", "Sluice, rate only", "", None)?;
     sluice_row("d", "Sluice, rate + concurrency", concurrency, None)?;
-    sluice_row("e", "Sluice, per key over 10 000 keys", per_key, Some(KEYS))?;
+    sluice_row(
+        "e",
+        "Sluice, per key over 10 000 keys",
+        per_key,
+        Some(configs::BENCH_KEYS),
+    )?;
     report.add(section(&rows, measure.as_secs()));
     Ok(())
 }
