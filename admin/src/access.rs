@@ -187,6 +187,25 @@ pub async fn caller(state: &AppState, parts: &Parts) -> Result<Caller, ApiError>
     })
 }
 
+/// An Envoy with the sync token (`/api/v1/sync` and its watch), checked
+/// from the headers before any of the body is read: a client without the
+/// token is answered 401 at once, however slowly it sends its body.
+pub struct SyncPeer;
+
+impl FromRequestParts<Shared> for SyncPeer {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Self, ApiError> {
+        match &state.sync_token {
+            Some(expected) if !crate::auth::bears(&parts.headers, expected) => {
+                state.metrics.result("unauthorized");
+                Err(ApiError::BadSyncToken)
+            }
+            _ => Ok(SyncPeer),
+        }
+    }
+}
+
 /// Any caller let in: may read.
 pub struct Operator(pub Caller);
 

@@ -207,6 +207,7 @@ pub fn app(state: Arc<AppState>, ui_dir: Option<PathBuf>) -> Router {
             insecure_dev_host_guard(Arc::clone(&allowed), req, next)
         })
     });
+    let body_deadline = state.server_limits.header_read_timeout;
     let mut router = api::routes().with_state(state);
     if let Some(dir) = ui_dir {
         let index = dir.join("index.html");
@@ -217,6 +218,9 @@ pub fn app(state: Arc<AppState>, ui_dir: Option<PathBuf>) -> Router {
         router = router.layer(guard);
     }
     router
+        .layer(axum::middleware::map_request(move |req| {
+            server::body_deadline(body_deadline, req)
+        }))
         .layer(SetResponseHeaderLayer::if_not_present(
             header::CONTENT_SECURITY_POLICY,
             HeaderValue::from_static(CONTENT_SECURITY_POLICY),

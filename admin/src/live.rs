@@ -24,7 +24,7 @@ pub const HISTORY_FRAMES: usize = 600;
 /// An instance silent for longer no longer counts towards live figures.
 pub const STALE_AFTER_MS: u64 = 5_000;
 /// Instances tracked at once; past it, the longest silent goes.
-pub const MAX_INSTANCES: usize = 10_000;
+pub use sluice_shared::sync::MAX_INSTANCES;
 /// Samples of an instance's counters kept: enough to span the rate window
 /// at any sync interval down to 100 ms.
 const KEPT_SAMPLES: usize = 16;
@@ -255,7 +255,13 @@ fn rates(prev: Option<&Counts>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
     }
 }
 
-fn limit_rates(prev: Option<&(u64, u64, u64, u64)>, cur: &LimitReport, dt_ms: u64) -> LimitUse {
+/// A limit's use on `instance` over the last `dt_ms`.
+fn limit_rates(
+    instance: &str,
+    prev: Option<&(u64, u64, u64, u64)>,
+    cur: &LimitReport,
+    dt_ms: u64,
+) -> LimitUse {
     let provider_refused = cur.provider.map_or(0, |p| p.refused);
     let (admitted, refused, tokens, provider_refused_per_s) = match prev {
         Some(&(a, r, t, p)) if dt_ms > 0 => (
@@ -270,6 +276,10 @@ fn limit_rates(prev: Option<&(u64, u64, u64, u64)>, cur: &LimitReport, dt_ms: u6
         remaining: p.remaining,
         limit: p.limit,
         pause: p.pause,
+        paused_by: p
+            .pause
+            .filter(|pause| !pause.relayed)
+            .map(|_| instance.to_string()),
         rate: p.rate,
         refused_per_s: provider_refused_per_s,
         pauses: p.pauses,
@@ -342,7 +352,7 @@ impl Live {
             .iter()
             .map(|(name, cur)| {
                 let prev = base.and_then(|b| b.limit_counts.get(name));
-                (name.clone(), limit_rates(prev, cur, dt))
+                (name.clone(), limit_rates(&report.instance, prev, cur, dt))
             })
             .collect();
         while state.samples.len() >= KEPT_SAMPLES
@@ -609,7 +619,7 @@ mod tests {
         live.ingest(&with_limit("e1", 12_000, 1_600, 400), 2);
         live.ingest(&with_limit("e2", 5_000, 0, 900), 3);
         live.ingest(&with_limit("e2", 6_000, 100, 800), 4);
-        let tpm = live.frame(5).limits["tpm"];
+        let tpm = live.frame(5).limits["tpm"].clone();
         // 300/s from e1 and 100/s from e2.
         assert_eq!(tpm.tokens_per_s, 400.0);
         assert_eq!(tpm.used_per_period(), 24_000.0);
@@ -640,7 +650,7 @@ mod tests {
         };
         live.ingest(&with_slots("e1", 5_000, 6), 1);
         live.ingest(&with_slots("e2", 5_000, 9), 2);
-        let slots = live.frame(3).limits["account-in-flight"];
+        let slots = live.frame(3).limits["account-in-flight"].clone();
         assert!(slots.is_concurrency());
         assert_eq!(slots.in_flight, Some(15));
         assert_eq!(slots.requests, 20);

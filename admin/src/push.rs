@@ -8,17 +8,19 @@
 //! set's version) and, for edits made through another replica or the
 //! command line, by reading the version once a second.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sluice_shared::sync::{WatchRequest, EPOCH_HEADER, MAX_INSTANCE_LEN, SYNC_NOW_HEADER};
+use sluice_shared::sync::{check_instance, WatchRequest, EPOCH_HEADER, SYNC_NOW_HEADER};
 use tokio::sync::watch;
 
-use crate::auth::bears;
+use crate::access::SyncPeer;
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -28,6 +30,8 @@ pub use sluice_shared::sync::{WAIT_HEADER, WATCH_PATH};
 pub const MAX_HOLD: Duration = Duration::from_secs(25);
 /// How often the version is read for changes made elsewhere.
 const POLL_EVERY: Duration = Duration::from_secs(1);
+/// Watches held at once, one per instance.
+pub use sluice_shared::sync::MAX_INSTANCES as MAX_HELD_WATCHES;
 
 /// Who is told of a change, and of the admin stopping (a held watch is
 /// answered at once then, so that shutting down does not wait for it).
@@ -36,6 +40,18 @@ pub struct Changes {
     stopping: watch::Sender<bool>,
     /// Bumped when a sync freed fleet room (see `fleet::Shares`).
     fleet: watch::Sender<u64>,
+    /// The watch each instance holds: a newer one answers the older at
+    /// once, so an instance holds one however many it opens, and a change
+    /// costs a store read per instance, not per watch.
+    held: Mutex<HashMap<String, Holder>>,
+    next_ticket: AtomicU64,
+}
+
+/// The newest watch of one instance: its ticket, and how the one it
+/// replaces is told.
+struct Holder {
+    ticket: u64,
+    replaced: watch::Sender<bool>,
 }
 
 impl Default for Changes {
@@ -44,8 +60,43 @@ impl Default for Changes {
             seen: watch::channel(0).0,
             stopping: watch::channel(false).0,
             fleet: watch::channel(0).0,
+            held: Mutex::new(HashMap::new()),
+            next_ticket: AtomicU64::new(1),
         }
     }
+}
+
+/// Why a watch is not held.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HoldRefused {
+    /// [`MAX_HELD_WATCHES`] instances hold one already.
+    Full,
+}
+
+/// A watch's place as its instance's newest. Dropped, it frees the place
+/// unless a newer watch took it.
+pub struct Hold<'a> {
+    changes: &'a Changes,
+    instance: String,
+    ticket: u64,
+    /// Turns true when a newer watch of the same instance replaces this one.
+    pub replaced: watch::Receiver<bool>,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        let mut held = lock(&self.changes.held);
+        if held
+            .get(&self.instance)
+            .is_some_and(|h| h.ticket == self.ticket)
+        {
+            held.remove(&self.instance);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Changes {
@@ -68,6 +119,35 @@ impl Changes {
 
     pub fn stop(&self) {
         self.stopping.send_replace(true);
+    }
+
+    /// Makes a watch `instance`'s only held one: the one it held before
+    /// is answered now.
+    pub fn hold(&self, instance: &str) -> Result<Hold<'_>, HoldRefused> {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let (replaced_tx, replaced) = watch::channel(false);
+        let mut held = lock(&self.held);
+        if !held.contains_key(instance) && held.len() >= MAX_HELD_WATCHES {
+            return Err(HoldRefused::Full);
+        }
+        let newer = Holder {
+            ticket,
+            replaced: replaced_tx,
+        };
+        if let Some(older) = held.insert(instance.to_string(), newer) {
+            older.replaced.send_replace(true);
+        }
+        Ok(Hold {
+            changes: self,
+            instance: instance.to_string(),
+            ticket,
+            replaced,
+        })
+    }
+
+    /// Instances holding a watch now.
+    pub fn held(&self) -> usize {
+        lock(&self.held).len()
     }
 }
 
@@ -94,6 +174,7 @@ pub fn spawn_version_poller(state: Arc<AppState>) {
 /// the hold (`sluice-wait-ms`, at most [`MAX_HOLD`]).
 pub async fn watch(
     State(state): State<Arc<AppState>>,
+    _peer: SyncPeer,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -146,18 +227,15 @@ async fn answer_watch(
     body: &[u8],
     held: &mut HeldWatch,
 ) -> Result<Response, ApiError> {
-    if let Some(expected) = &state.sync_token {
-        if !bears(headers, expected) {
-            return Err(ApiError::BadSyncToken);
-        }
-    }
     let request: WatchRequest =
         serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("watch: {e}")))?;
-    if request.instance.is_empty() || request.instance.len() > MAX_INSTANCE_LEN {
-        return Err(ApiError::BadRequest(format!(
-            "watch: instance must be 1 to {MAX_INSTANCE_LEN} characters"
-        )));
-    }
+    check_instance(&request.instance)
+        .map_err(|e| ApiError::BadRequest(format!("watch: instance: {e}")))?;
+    let mut place = state.changes.hold(&request.instance).map_err(|_| {
+        ApiError::Unavailable(format!(
+            "{MAX_HELD_WATCHES} instances hold a watch already; sync instead"
+        ))
+    })?;
     held.instance = Some(request.instance.clone());
     let hold = headers
         .get(WAIT_HEADER)
@@ -194,6 +272,8 @@ async fn answer_watch(
             }
             () = tokio::time::sleep_until(deadline) => break,
             _ = stopping.wait_for(|s| *s) => break,
+            // A newer watch of the same instance holds its place now.
+            _ = place.replaced.wait_for(|r| *r) => break,
         }
     }
     let epoch = state.store.epoch().await?;

@@ -1,34 +1,37 @@
 //! What one Envoy's provider said, relayed to the others: a limit they
-//! share (`scope: global`) that one Envoy finds paused by the provider
-//! (`Retry-After`) or its adapted rate cut, every Envoy syncing here
-//! pauses or cuts too, at its next sync.
+//! share (`scope: global`, unkeyed, listening to its provider, in the
+//! policy set) that one Envoy finds paused by the provider (`Retry-After`)
+//! or its adapted rate cut, every Envoy syncing here pauses or cuts too,
+//! at its next sync. News of any other name is not heard.
 //!
 //! Only what a provider said first-hand is relayed: a pause an Envoy took
 //! from this relay is reported as `relayed` and not passed on again, and a
 //! cut within [`CUT_GUARD_MS`] of the one heard is the same overload.
-//! Times are kept by the admin's wall clock and sent as relative spans, so
-//! the Envoys' clocks need not agree with it. Bounded whatever Envoys send:
-//! at most [`MAX_LIMITS`] limits in memory, a pause of at most
-//! [`MAX_PAUSE_MS`].
+//! Pause news comes in stretches ([`RelayedStretch`]): re-reported at
+//! every sync, a pause is relayed for the limit's `max_pause` in total from
+//! the first report, and again only once the news went quiet for as long.
+//! Each stretch is logged with the instance that began it. Times are kept
+//! by the admin's wall clock and sent as relative spans, so the Envoys'
+//! clocks need not agree with it. Bounded whatever Envoys send: at most
+//! [`MAX_LIMITS`] limits in memory.
 //!
 //! One admin keeps the news in memory; replicas sharing Redis (as their
 //! fleet ledgers do) keep it there, two keys per limit that expire with
-//! the news, each changed only by a script that keeps the newer news: an
-//! Envoy hears what another said to any replica.
+//! the news, each changed only by a script: an Envoy hears what another
+//! said to any replica.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
+use sluice_shared::provider::RelayedStretch;
 use sluice_shared::sync::{
     LimitNews, ProviderNews, ProviderReport, SyncReport, MAX_PROVIDER_NEWS, RELAYED_CUT_FOR_MS,
 };
+use sluice_shared::{Instant, PolicySet, Scope, Span};
 
 /// Limits whose news is kept in memory at once; past it, what ends first
 /// goes.
 pub const MAX_LIMITS: usize = 10_000;
-/// No provider pause is relayed for longer (the policy's own cap,
-/// `max_pause`, is at most a day; each Envoy applies its own).
-pub const MAX_PAUSE_MS: u64 = 24 * 60 * 60 * 1000;
 /// Cuts this close to the one heard are of the same overload (the filter's
 /// guard between its own cuts).
 pub const CUT_GUARD_MS: u64 = 250;
@@ -38,6 +41,8 @@ pub const CUT_GUARD_MS: u64 = 250;
 /// tell the others of a new pause. A provider's own waits come in whole
 /// seconds, so a real new one ends later than this.
 pub const PAUSE_SAME_MS: u64 = 500;
+/// Tries of a change to a pause kept in Redis that another replica raced.
+const REDIS_TRIES: usize = 5;
 
 /// Keeps the value whose leading number (a time in ms) is newer than the
 /// stored one's by more than ARGV[3] ms; expires it after ARGV[4] ms.
@@ -51,14 +56,24 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
 return 1
 "#;
 
+/// Sets ARGV[2] (expiring after ARGV[3] ms) if the value is still ARGV[1]
+/// ("" for none).
+const COMPARE_AND_SET: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if (current or '') ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"#;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    #[error("redis: the pause of {0} kept changing under this replica")]
+    Contended(String),
 }
 
-/// One piece of news: when (a pause's end, a cut's moment, in ms by the
-/// admin's clock), the provider's status, and which Envoy heard it.
+/// A cut: when (ms, by the admin's clock), and which Envoy heard it.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Mark {
     at_ms: u64,
@@ -88,16 +103,97 @@ impl Mark {
     }
 }
 
+/// A limit's pause news: until when it is relayed, the provider's status,
+/// the instance whose report began the stretch, and the stretch itself
+/// (all ms by the admin's clock).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct PauseMark {
+    until_ms: u64,
+    status: u16,
+    began_ms: u64,
+    heard_ms: u64,
+    by: String,
+}
+
+impl PauseMark {
+    fn encode(&self) -> String {
+        format!(
+            "{} {} {} {} {}",
+            self.until_ms, self.status, self.began_ms, self.heard_ms, self.by
+        )
+    }
+
+    fn decode(raw: &str) -> Option<Self> {
+        let mut parts = raw.splitn(5, ' ');
+        Some(PauseMark {
+            until_ms: parts.next()?.parse().ok()?,
+            status: parts.next()?.parse().ok()?,
+            began_ms: parts.next()?.parse().ok()?,
+            heard_ms: parts.next()?.parse().ok()?,
+            by: parts.next()?.to_string(),
+        })
+    }
+
+    fn stretch(&self) -> RelayedStretch {
+        RelayedStretch {
+            began: Instant::from_millis(self.began_ms),
+            heard: Instant::from_millis(self.heard_ms),
+        }
+    }
+
+    /// `current` after `by` reported a pause of `left_ms` at `now_ms`;
+    /// and whether that report began a stretch.
+    fn heard(
+        current: Option<&PauseMark>,
+        (now_ms, left_ms): (u64, u64),
+        (status, by): (u16, &str),
+        max_pause: Span,
+    ) -> (PauseMark, bool) {
+        let now = Instant::from_millis(now_ms);
+        let mut stretch = current.map(PauseMark::stretch).unwrap_or_default();
+        let fresh = stretch.begins_anew(now, max_pause);
+        let until = stretch.hear(now, Span::from_millis(left_ms), max_pause);
+        let mut mark = match current {
+            Some(m) if !fresh => m.clone(),
+            _ => PauseMark {
+                by: by.to_string(),
+                ..PauseMark::default()
+            },
+        };
+        mark.began_ms = stretch.began.as_millis();
+        mark.heard_ms = stretch.heard.as_millis();
+        if let Some(until) = until.map(Instant::as_millis) {
+            if mark.until_ms.saturating_add(PAUSE_SAME_MS) < until {
+                mark.until_ms = until;
+                mark.status = status;
+            }
+        }
+        (mark, fresh && until.is_some())
+    }
+
+    /// How long the mark matters after `now_ms`: while its pause runs,
+    /// and while news heard next would still be of its stretch.
+    fn keep_for_ms(&self, now_ms: u64, max_pause: Span) -> u64 {
+        let quiet_at = self.heard_ms.saturating_add(max_pause.as_millis());
+        self.until_ms.max(quiet_at).saturating_sub(now_ms)
+    }
+}
+
 /// A limit's news: the pause that runs longest, the newest cut.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Heard {
-    pause: Option<Mark>,
+    pause: Option<PauseMark>,
     cut: Option<Mark>,
+    /// The limit's max_pause when last heard (how long the pause mark
+    /// matters).
+    max_pause: Span,
 }
 
 impl Heard {
     fn ends_ms(&self) -> u64 {
-        let pause = self.pause.as_ref().map_or(0, |m| m.at_ms);
+        let pause = self.pause.as_ref().map_or(0, |m| {
+            m.until_ms.max(m.heard_ms + self.max_pause.as_millis())
+        });
         let cut = self
             .cut
             .as_ref()
@@ -111,9 +207,9 @@ impl Heard {
         if let Some(pause) = self
             .pause
             .as_ref()
-            .filter(|m| m.at_ms > now_ms && m.by != instance)
+            .filter(|m| m.until_ms > now_ms && m.by != instance)
         {
-            item.pause_ms = Some(pause.at_ms - now_ms);
+            item.pause_ms = Some(pause.until_ms - now_ms);
             item.status = pause.status;
         }
         if let Some(cut) = self.cut.as_ref().filter(|m| {
@@ -125,10 +221,30 @@ impl Heard {
     }
 }
 
-/// What an Envoy's report says first-hand of a limit at `now_ms`: a pause
-/// (its end, the status) and a cut (its moment).
-/// What one Envoy saw itself: a pause until (ms, by this admin's clock)
-/// with the provider's status, and when its rate was cut.
+/// The limits of `set` whose news is relayed, with their `max_pause`:
+/// global, unkeyed (keys are hashed with a secret of each Envoy) and
+/// listening to their provider. A limit named in several policies takes
+/// the shortest `max_pause` any gives it.
+fn relayed_limits(set: &PolicySet) -> HashMap<&str, Span> {
+    let mut limits: HashMap<&str, Span> = HashMap::new();
+    for limit in set.policies.iter().flat_map(|p| p.limits.iter()) {
+        let Some(provider) = &limit.provider else {
+            continue;
+        };
+        if limit.scope != Scope::Global || limit.key.is_some() {
+            continue;
+        }
+        let max_pause = provider.max_pause().as_span();
+        limits
+            .entry(limit.name.as_str())
+            .and_modify(|m| *m = (*m).min(max_pause))
+            .or_insert(max_pause);
+    }
+    limits
+}
+
+/// What one Envoy saw itself: a pause of so long with the provider's
+/// status, and when its rate was cut (ms, by this admin's clock).
 struct FirstHand {
     pause: Option<(u64, u16)>,
     cut: Option<u64>,
@@ -138,12 +254,22 @@ fn first_hand(provider: &ProviderReport, now_ms: u64) -> FirstHand {
     let pause = provider
         .pause
         .filter(|p| !p.relayed && p.left_ms > 0)
-        .map(|p| (now_ms.saturating_add(p.left_ms.min(MAX_PAUSE_MS)), p.status));
+        .map(|p| (p.left_ms, p.status));
     let cut = provider
         .cut_ago_ms
         .filter(|&ago| ago < RELAYED_CUT_FOR_MS)
         .map(|ago| now_ms.saturating_sub(ago));
     FirstHand { pause, cut }
+}
+
+fn log_began(name: &str, mark: &PauseMark, now_ms: u64) {
+    tracing::warn!(
+        limit = %name,
+        instance = %mark.by,
+        status = mark.status,
+        relayed_for_ms = mark.until_ms.saturating_sub(now_ms),
+        "the provider paused a shared limit: relayed to the other Envoys (news of this stretch holds them at most max_pause)"
+    );
 }
 
 enum Backend {
@@ -177,39 +303,53 @@ impl ProviderRelay {
         }
     }
 
-    /// Takes the news in `report`, received at `now_ms` by this admin's
-    /// clock.
-    pub async fn hear(&self, report: &SyncReport, now_ms: u64) -> Result<(), RelayError> {
-        let news: Vec<(&String, FirstHand)> = report
+    /// Takes the news in `report` of the limits `set` relays, received at
+    /// `now_ms` by this admin's clock.
+    pub async fn hear(
+        &self,
+        report: &SyncReport,
+        set: &PolicySet,
+        now_ms: u64,
+    ) -> Result<(), RelayError> {
+        let relayed = relayed_limits(set);
+        let news: Vec<(&String, Span, FirstHand)> = report
             .limits
             .iter()
-            .filter_map(|(name, l)| Some((name, first_hand(l.provider.as_ref()?, now_ms))))
-            .filter(|(_, seen)| seen.pause.is_some() || seen.cut.is_some())
+            .filter_map(|(name, l)| {
+                let max_pause = *relayed.get(name.as_str())?;
+                Some((name, max_pause, first_hand(l.provider.as_ref()?, now_ms)))
+            })
+            .filter(|(_, _, seen)| seen.pause.is_some() || seen.cut.is_some())
             .collect();
         if news.is_empty() {
             return Ok(());
         }
+        let by = report.instance.as_str();
         match &self.backend {
             Backend::Memory(heard) => {
                 let mut heard = lock(heard);
-                for (name, FirstHand { pause, cut }) in news {
+                for (name, max_pause, FirstHand { pause, cut }) in news {
                     make_room(&mut heard, name, now_ms);
                     let entry = heard.entry(name.clone()).or_default();
-                    if let Some((until, status)) = pause {
-                        if Mark::older_than(entry.pause.as_ref(), until, PAUSE_SAME_MS) {
-                            entry.pause = Some(Mark {
-                                at_ms: until,
-                                status,
-                                by: report.instance.clone(),
-                            });
+                    entry.max_pause = max_pause;
+                    if let Some((left_ms, status)) = pause {
+                        let (mark, began) = PauseMark::heard(
+                            entry.pause.as_ref(),
+                            (now_ms, left_ms),
+                            (status, by),
+                            max_pause,
+                        );
+                        if began {
+                            log_began(name, &mark, now_ms);
                         }
+                        entry.pause = Some(mark);
                     }
                     if let Some(at) = cut {
                         if Mark::older_than(entry.cut.as_ref(), at, CUT_GUARD_MS) {
                             entry.cut = Some(Mark {
                                 at_ms: at,
                                 status: 0,
-                                by: report.instance.clone(),
+                                by: by.to_string(),
                             });
                         }
                     }
@@ -217,31 +357,51 @@ impl ProviderRelay {
                 Ok(())
             }
             Backend::Redis { connection, prefix } => {
-                let script = redis::Script::new(KEEP_NEWER);
+                let keep_newer = redis::Script::new(KEEP_NEWER);
+                let compare_and_set = redis::Script::new(COMPARE_AND_SET);
                 let mut connection = connection.clone();
-                for (name, FirstHand { pause, cut }) in news {
-                    if let Some((until, status)) = pause {
-                        let mark = Mark {
-                            at_ms: until,
-                            status,
-                            by: report.instance.clone(),
-                        };
-                        let _: i64 = script
-                            .key(format!("{prefix}pause:{name}"))
-                            .arg(until)
-                            .arg(mark.encode())
-                            .arg(PAUSE_SAME_MS)
-                            .arg((until - now_ms).saturating_add(1_000))
-                            .invoke_async(&mut connection)
-                            .await?;
+                for (name, max_pause, FirstHand { pause, cut }) in news {
+                    if let Some((left_ms, status)) = pause {
+                        let key = format!("{prefix}pause:{name}");
+                        let mut done = false;
+                        for _ in 0..REDIS_TRIES {
+                            let raw: Option<String> = redis::cmd("GET")
+                                .arg(&key)
+                                .query_async(&mut connection)
+                                .await?;
+                            let current = raw.as_deref().and_then(PauseMark::decode);
+                            let (mark, began) = PauseMark::heard(
+                                current.as_ref(),
+                                (now_ms, left_ms),
+                                (status, by),
+                                max_pause,
+                            );
+                            let set: i64 = compare_and_set
+                                .key(&key)
+                                .arg(raw.unwrap_or_default())
+                                .arg(mark.encode())
+                                .arg(mark.keep_for_ms(now_ms, max_pause).saturating_add(1_000))
+                                .invoke_async(&mut connection)
+                                .await?;
+                            if set == 1 {
+                                if began {
+                                    log_began(name, &mark, now_ms);
+                                }
+                                done = true;
+                                break;
+                            }
+                        }
+                        if !done {
+                            return Err(RelayError::Contended(name.clone()));
+                        }
                     }
                     if let Some(at) = cut {
                         let mark = Mark {
                             at_ms: at,
                             status: 0,
-                            by: report.instance.clone(),
+                            by: by.to_string(),
                         };
-                        let _: i64 = script
+                        let _: i64 = keep_newer
                             .key(format!("{prefix}cut:{name}"))
                             .arg(at)
                             .arg(mark.encode())
@@ -257,18 +417,21 @@ impl ProviderRelay {
     }
 
     /// The news for `report`'s Envoy at `now_ms`: pauses still running and
-    /// recent cuts of the limits it reported listening to their provider,
-    /// that other Envoys heard.
+    /// recent cuts of the limits of `set` that relay and that it reported
+    /// listening to their provider, that other Envoys heard.
     pub async fn news_for(
         &self,
         report: &SyncReport,
+        set: &PolicySet,
         now_ms: u64,
     ) -> Result<ProviderNews, RelayError> {
+        let relayed = relayed_limits(set);
         let listening: Vec<&String> = report
             .limits
             .iter()
-            .filter(|(_, l)| l.provider.is_some())
+            .filter(|(name, l)| l.provider.is_some() && relayed.contains_key(name.as_str()))
             .map(|(name, _)| name)
+            .take(MAX_PROVIDER_NEWS)
             .collect();
         let mut news = ProviderNews::new();
         if listening.is_empty() {
@@ -304,21 +467,19 @@ impl ProviderRelay {
                             .cloned()
                             .flatten()
                             .as_deref()
-                            .and_then(Mark::decode),
+                            .and_then(PauseMark::decode),
                         cut: pair
                             .get(1)
                             .cloned()
                             .flatten()
                             .as_deref()
                             .and_then(Mark::decode),
+                        max_pause: Span::ZERO,
                     })
                     .collect()
             }
         };
         for (name, heard) in listening.into_iter().zip(heard) {
-            if news.len() >= MAX_PROVIDER_NEWS {
-                break;
-            }
             if let Some(item) = heard.news_for(&report.instance, now_ms) {
                 news.insert(name.clone(), item);
             }
@@ -369,19 +530,38 @@ mod tests {
     use super::*;
     use sluice_shared::sync::{LimitReport, PauseReport};
 
-    fn report(instance: &str, provider: Option<ProviderReport>) -> SyncReport {
+    /// A set relaying `rpm` (global, unkeyed, listening, max_pause 5 s),
+    /// beside limits it does not relay: `keyed` and `local`.
+    fn set() -> PolicySet {
+        serde_json::from_value(serde_json::json!({"version": 1, "policies": [
+            {"name": "p", "match": {"host": "a"}, "rate": {"requests": 100, "period": "1s"}, "limits": [
+                {"name": "rpm", "scope": "global", "rate": {"requests": 100, "period": "1m"},
+                 "provider": {"max_pause": "5s"}},
+                {"name": "keyed", "key": {"header": "x-key"}, "rate": {"requests": 100, "period": "1m"},
+                 "provider": {}},
+                {"name": "local", "rate": {"requests": 100, "period": "1m"}, "provider": {}}
+            ]}
+        ]}))
+        .expect("a valid set")
+    }
+
+    fn report_on(instance: &str, limit: &str, provider: Option<ProviderReport>) -> SyncReport {
         let mut r = SyncReport {
             instance: instance.into(),
             ..SyncReport::default()
         };
         r.limits.insert(
-            "rpm".into(),
+            limit.into(),
             LimitReport {
                 provider: Some(provider.unwrap_or_default()),
                 ..LimitReport::default()
             },
         );
         r
+    }
+
+    fn report(instance: &str, provider: Option<ProviderReport>) -> SyncReport {
+        report_on(instance, "rpm", provider)
     }
 
     fn paused(left_ms: u64, relayed: bool) -> Option<ProviderReport> {
@@ -403,9 +583,13 @@ mod tests {
         })
     }
 
+    async fn hear(relay: &ProviderRelay, report: &SyncReport, now_ms: u64) {
+        relay.hear(report, &set(), now_ms).await.ok();
+    }
+
     async fn news(relay: &ProviderRelay, instance: &str, now_ms: u64) -> ProviderNews {
         relay
-            .news_for(&report(instance, None), now_ms)
+            .news_for(&report(instance, None), &set(), now_ms)
             .await
             .unwrap_or_default()
     }
@@ -413,10 +597,7 @@ mod tests {
     #[tokio::test]
     async fn a_pause_one_envoy_saw_reaches_the_others_for_what_is_left() {
         let relay = ProviderRelay::default();
-        relay
-            .hear(&report("a", paused(3_000, false)), 1_000)
-            .await
-            .ok();
+        hear(&relay, &report("a", paused(3_000, false)), 1_000).await;
         let to_b = news(&relay, "b", 1_500).await;
         assert_eq!(to_b["rpm"].pause_ms, Some(2_500));
         assert_eq!(to_b["rpm"].status, 429);
@@ -426,92 +607,92 @@ mod tests {
         );
         assert!(news(&relay, "b", 4_000).await.is_empty(), "over");
         // b reports the pause it took from the relay: not news.
-        relay
-            .hear(&report("b", paused(2_600, true)), 1_600)
-            .await
-            .ok();
+        hear(&relay, &report("b", paused(2_600, true)), 1_600).await;
         assert!(news(&relay, "a", 1_700).await.is_empty());
     }
 
     #[tokio::test]
     async fn later_reports_of_the_same_pause_do_not_move_its_end() {
         let relay = ProviderRelay::default();
-        relay
-            .hear(&report("a", paused(3_000, false)), 1_000)
-            .await
-            .ok();
+        hear(&relay, &report("a", paused(3_000, false)), 1_000).await;
         // The next report arrived 300 ms late: its end reads 300 ms later.
-        relay
-            .hear(&report("a", paused(2_750, false)), 1_550)
-            .await
-            .ok();
+        hear(&relay, &report("a", paused(2_750, false)), 1_550).await;
         assert_eq!(news(&relay, "b", 2_000).await["rpm"].pause_ms, Some(2_000));
         // The provider asked again, a second more: a new end.
-        relay
-            .hear(&report("a", paused(3_000, false)), 2_000)
-            .await
-            .ok();
+        hear(&relay, &report("a", paused(3_000, false)), 2_000).await;
         assert_eq!(news(&relay, "b", 2_000).await["rpm"].pause_ms, Some(3_000));
+    }
+
+    #[tokio::test]
+    async fn a_pause_re_reported_at_every_sync_is_relayed_for_max_pause_in_total() {
+        let relay = ProviderRelay::default();
+        let mut relayed_until = 0;
+        // A rogue reports "a day more" every 200 ms for a minute.
+        for i in 0..300u64 {
+            let now = 10_000 + 200 * i;
+            hear(&relay, &report("rogue", paused(86_400_000, false)), now).await;
+            if let Some(ms) = news(&relay, "b", now)
+                .await
+                .get("rpm")
+                .and_then(|n| n.pause_ms)
+            {
+                relayed_until = relayed_until.max(now + ms);
+            }
+        }
+        assert_eq!(
+            relayed_until,
+            10_000 + 5_000,
+            "max_pause from the first report"
+        );
+        // Quiet for max_pause: a new pause is news again, and who began
+        // it is the instance that reported it first.
+        hear(&relay, &report("c", paused(1_000, false)), 80_000).await;
+        assert_eq!(news(&relay, "b", 80_000).await["rpm"].pause_ms, Some(1_000));
+        assert!(news(&relay, "c", 80_000).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn only_the_sets_shared_unkeyed_listening_limits_are_relayed() {
+        let relay = ProviderRelay::default();
+        for limit in ["keyed", "local", "made-up"] {
+            hear(&relay, &report_on("a", limit, paused(3_000, false)), 1_000).await;
+            let to_b = relay
+                .news_for(&report_on("b", limit, None), &set(), 1_000)
+                .await
+                .unwrap_or_default();
+            assert!(to_b.is_empty(), "{limit}");
+        }
+        assert!(relay.is_empty());
     }
 
     #[tokio::test]
     async fn a_cut_is_relayed_for_a_while_and_its_echo_is_not_a_new_one() {
         let relay = ProviderRelay::default();
-        relay.hear(&report("a", cut(100)), 10_000).await.ok();
+        hear(&relay, &report("a", cut(100)), 10_000).await;
         let to_b = news(&relay, "b", 10_400).await;
         assert_eq!(to_b.get("rpm").and_then(|n| n.cut_ago_ms), Some(500));
         // b followed it and reports it back, a few ms apart: still a's.
-        relay.hear(&report("b", cut(495)), 10_400).await.ok();
+        hear(&relay, &report("b", cut(495)), 10_400).await;
         assert!(news(&relay, "a", 10_500).await.is_empty());
         assert!(news(&relay, "c", 10_000 + RELAYED_CUT_FOR_MS)
             .await
             .is_empty());
         // Old news is not taken.
-        relay
-            .hear(&report("c", cut(RELAYED_CUT_FOR_MS)), 20_000)
-            .await
-            .ok();
+        hear(&relay, &report("c", cut(RELAYED_CUT_FOR_MS)), 20_000).await;
         assert!(news(&relay, "a", 20_000).await.is_empty());
     }
 
     #[tokio::test]
     async fn hostile_reports_are_bounded() {
         let relay = ProviderRelay::default();
-        relay
-            .hear(&report("a", paused(u64::MAX, false)), 1_000)
-            .await
-            .ok();
-        assert_eq!(
-            news(&relay, "b", 1_000).await["rpm"].pause_ms,
-            Some(MAX_PAUSE_MS)
-        );
+        hear(&relay, &report("a", paused(u64::MAX, false)), 1_000).await;
+        assert_eq!(news(&relay, "b", 1_000).await["rpm"].pause_ms, Some(5_000));
+        // Names the set does not have are not kept, however many.
         for i in 0..MAX_LIMITS + 10 {
-            let mut r = report("a", None);
-            r.limits.clear();
-            r.limits.insert(
-                format!("l{i}"),
-                LimitReport {
-                    provider: paused(1_000 + i as u64, false),
-                    ..LimitReport::default()
-                },
-            );
-            relay.hear(&r, 2_000).await.ok();
+            let r = report_on("a", &format!("l{i}"), paused(1_000, false));
+            hear(&relay, &r, 2_000).await;
         }
-        assert_eq!(relay.len(), MAX_LIMITS);
-        // Only the limits an Envoy reports listening are news to it, at
-        // most so many.
-        let mut many = report("b", None);
-        many.limits = (0..MAX_LIMITS)
-            .map(|i| {
-                let limit = LimitReport {
-                    provider: Some(ProviderReport::default()),
-                    ..LimitReport::default()
-                };
-                (format!("l{i}"), limit)
-            })
-            .collect();
-        let told = relay.news_for(&many, 2_000).await.unwrap_or_default();
-        assert_eq!(told.len(), MAX_PROVIDER_NEWS);
+        assert_eq!(relay.len(), 1);
     }
 
     #[test]
@@ -519,11 +700,20 @@ mod tests {
         let mark = Mark {
             at_ms: 1_700_000_000_123,
             status: 503,
-            by: "envoy with spaces".into(),
+            by: "envoy-1".into(),
         };
         assert_eq!(Mark::decode(&mark.encode()), Some(mark));
+        let pause = PauseMark {
+            until_ms: 1_700_000_003_000,
+            status: 429,
+            began_ms: 1_700_000_000_000,
+            heard_ms: 1_700_000_001_000,
+            by: "envoy-1".into(),
+        };
+        assert_eq!(PauseMark::decode(&pause.encode()), Some(pause));
         for bad in ["", "x 1 a", "1 x a", "1 2", "-1 429 a"] {
             assert_eq!(Mark::decode(bad), None, "{bad:?}");
+            assert_eq!(PauseMark::decode(bad), None, "{bad:?}");
         }
     }
 }

@@ -1,18 +1,22 @@
 //! The admin's HTTP(S) server: axum's router behind the limits a service
 //! reachable by every Envoy (and maybe more) needs. At most
 //! `max_connections` connections are open at once (the next is accepted
-//! when one closes), a client has `header_read_timeout` to send its
-//! request headers and `handshake_timeout` to finish a TLS handshake, so
-//! slow or idle clients cannot hold the server's connections; TLS (rustls)
-//! when a certificate is configured.
+//! when one closes). A connection with no request in flight is closed
+//! after `header_read_timeout`, whatever it is doing meanwhile: sending
+//! nothing, half an HTTP/2 preface, half its headers, or idling between
+//! requests over HTTP/1.1 keep-alive or HTTP/2. A request's body must
+//! arrive within the same time, and a TLS handshake within
+//! `handshake_timeout`; so slow or idle clients cannot hold the server's
+//! connections. TLS (rustls) when a certificate is configured.
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
 use axum::http::Request;
 use axum::Router;
@@ -24,6 +28,24 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
+
+/// Requests one HTTP/2 connection may have open at once: a browser's
+/// page (the live stream and a few API calls) or an Envoy's sync and
+/// watch need far fewer.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
+/// How often an HTTP/2 connection with requests in flight is pinged, and
+/// how long the answer may take: a peer that vanished (no FIN, no RST)
+/// gives its requests up.
+const H2_PING_EVERY: Duration = Duration::from_secs(20);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+/// After an idle connection is asked to close (HTTP/2: GOAWAY), how long
+/// the close may take before the connection is dropped outright.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_millis(250);
+
+/// Marks a request that came over TLS (the session cookie is then
+/// `Secure`).
+#[derive(Debug, Clone, Copy)]
+pub struct OverTls;
 
 /// Limits on the connections the admin serves.
 #[derive(Debug, Clone, Copy)]
@@ -85,12 +107,12 @@ pub async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             match acceptor {
-                None => connection(stream, peer, app, limits, stop).await,
+                None => connection(stream, (peer, false), app, limits, stop).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream))
                         .await
                     {
-                        Ok(Ok(tls)) => connection(tls, peer, app, limits, stop).await,
+                        Ok(Ok(tls)) => connection(tls, (peer, true), app, limits, stop).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -108,23 +130,45 @@ pub async fn serve(
 
 async fn connection<I>(
     io: I,
-    peer: SocketAddr,
+    (peer, over_tls): (SocketAddr, bool),
     app: Router,
     limits: ServerLimits,
     mut stop: watch::Receiver<()>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = app.map_request(move |mut req: Request<Incoming>| {
+    let activity = Activity::default();
+    let tracked = activity.clone();
+    let service = tower::service_fn(move |mut req: Request<Incoming>| {
+        let in_flight = tracked.begin();
         req.extensions_mut().insert(ConnectInfo(peer));
-        req.map(Body::new)
+        if over_tls {
+            req.extensions_mut().insert(OverTls);
+        }
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(req.map(Body::new)).await?;
+            // In flight until its body is written (the live stream's
+            // lasts as long as it is watched).
+            Ok::<_, std::convert::Infallible>(response.map(|body| {
+                Body::new(Tracked {
+                    body,
+                    _in_flight: in_flight,
+                })
+            }))
+        }
     });
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .keep_alive_interval(H2_PING_EVERY)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
     let mut conn =
         pin!(builder
             .serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(service)));
@@ -142,7 +186,94 @@ async fn connection<I>(
             conn.as_mut().graceful_shutdown();
             let _ = conn.as_mut().await;
         }
+        // Nothing in flight for that long, however many bytes trickled
+        // in meanwhile (hyper's own header timer does not run while it
+        // sniffs the protocol, nor between HTTP/2 requests).
+        () = activity.idle_for(limits.header_read_timeout) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(IDLE_CLOSE_GRACE, conn.as_mut()).await;
+            tracing::debug!(%peer, "closed a connection idle for the header read timeout");
+        }
     }
+}
+
+/// The requests in flight on one connection.
+#[derive(Clone)]
+struct Activity(Arc<watch::Sender<usize>>);
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self(Arc::new(watch::channel(0).0))
+    }
+}
+
+impl Activity {
+    fn begin(&self) -> InFlight {
+        self.0.send_modify(|n| *n += 1);
+        InFlight(self.clone())
+    }
+
+    /// Resolves once no request has been in flight for `limit` (counted
+    /// from the connection's start or its last request's end).
+    async fn idle_for(&self, limit: Duration) {
+        let mut count = self.0.subscribe();
+        loop {
+            let busy = *count.borrow_and_update() > 0;
+            if busy {
+                // The sender lives as long as `self`: changed() cannot fail.
+                let _ = count.changed().await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(limit) => return,
+                _ = count.changed() => {}
+            }
+        }
+    }
+}
+
+/// One request in flight, until dropped.
+struct InFlight(Activity);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0 .0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// A response body that keeps its request counted in flight.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Bounds the time a request's body may take to arrive: a client that
+/// trickles it gives up its connection as one that trickles its headers.
+pub async fn body_deadline(
+    deadline: Duration,
+    req: axum::extract::Request,
+) -> axum::extract::Request {
+    req.map(|body| Body::new(tower_http::timeout::DeadlineBody::new(deadline, body)))
 }
 
 /// TLS for the admin from PEM files: the certificate chain and its key.

@@ -228,3 +228,51 @@ fn news_that_is_no_news_changes_nothing_and_is_counted() {
     relay(&host, &mut w, br#"{"provider-rate": {"pause_ms": 3000}}"#);
     assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
 }
+
+#[test]
+fn news_renewed_at_every_sync_holds_the_limit_for_max_pause_in_total() {
+    let host = FakeHost::at(T0);
+    let mut w = syncing(&host, SHARED);
+    // A rogue holder of the sync token has the admin say "a minute more"
+    // at every sync, for 30 s; the limit's max_pause is 10 s.
+    let mut refused_ms = 0u64;
+    let mut id = 10;
+    while host.now().since(T0).as_millis() < 30_000 {
+        relay(
+            &host,
+            &mut w,
+            br#"{"provider-rate": {"pause_ms": 60000, "status": 429}}"#,
+        );
+        id += 1;
+        let verdict = call(&host, &mut w, id);
+        if status(&verdict) == 429 {
+            refused_ms = host.now().since(T0).as_millis();
+        } else {
+            w.on_response_headers(&host, id, [(":status", &b"200"[..])].as_slice(), true);
+            w.on_stream_end(&host, id);
+        }
+    }
+    assert!(
+        (9_000..=10_100).contains(&refused_ms),
+        "held until {refused_ms} ms after the first news"
+    );
+    assert_eq!(host.metric("sluice.limit.provider-rate.paused"), 1);
+    // This Envoy's own provider refuses: relayed news is believed again.
+    id += 1;
+    assert_eq!(call(&host, &mut w, id), Verdict::Continue);
+    w.on_response_headers(
+        &host,
+        id,
+        [(":status", &b"429"[..]), ("retry-after", b"1")].as_slice(),
+        true,
+    );
+    w.on_stream_end(&host, id);
+    pass(&host, &mut w, 1_100);
+    relay(
+        &host,
+        &mut w,
+        br#"{"provider-rate": {"pause_ms": 4000, "status": 429}}"#,
+    );
+    let refused = call(&host, &mut w, id + 1);
+    assert_eq!(header(&refused, "x-sluice-reason"), Some("provider-pause"));
+}

@@ -222,7 +222,7 @@ impl Utilization {
 }
 
 /// Per further limit, what happens each second, summed over instances.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimitUse {
     pub admitted_per_s: f64,
     pub refused_per_s: f64,
@@ -242,7 +242,7 @@ pub struct LimitUse {
 }
 
 /// What a limit's provider said, over the live instances.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProviderUse {
     /// The provider's count of what is left before its reset: the lowest
     /// any Envoy holds.
@@ -254,6 +254,10 @@ pub struct ProviderUse {
     /// The pause in force with the most left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<PauseReport>,
+    /// The Envoy whose provider began a pause in force (the others took
+    /// it from the admin's relay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_by: Option<String>,
     /// The adapted rates per second, summed over the Envoys that adapt
     /// (absent: none does; the limit's own rate holds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -276,6 +280,9 @@ impl ProviderUse {
             (None, p) | (p, None) => p,
             (Some(a), Some(b)) => Some(if b.left_ms > a.left_ms { b } else { a }),
         };
+        if self.paused_by.is_none() {
+            self.paused_by.clone_from(&other.paused_by);
+        }
         self.rate = match (self.rate, other.rate) {
             (None, r) | (r, None) => r,
             (Some(a), Some(b)) => Some(a + b),
@@ -302,13 +309,11 @@ impl LimitUse {
             (None, n) | (n, None) => n,
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
         };
-        self.provider = match (self.provider, other.provider) {
-            (None, p) | (p, None) => p,
-            (Some(mut a), Some(b)) => {
-                a.add(&b);
-                Some(a)
-            }
-        };
+        match (&mut self.provider, &other.provider) {
+            (Some(a), Some(b)) => a.add(b),
+            (None, b) => self.provider.clone_from(b),
+            (_, None) => {}
+        }
     }
 
     /// A concurrency limit: it has no period.

@@ -106,10 +106,10 @@ pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors
         )
     })?;
     let mut errors = Vec::new();
-    if raw.instance.is_empty() || raw.instance.len() > 128 {
+    if let Err(message) = crate::sync::check_instance(&raw.instance) {
         errors.push(FieldError {
             path: "instance".into(),
-            message: "must be 1 to 128 characters".into(),
+            message,
         });
     }
     let interval = raw.sync_interval.as_millis();

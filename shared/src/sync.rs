@@ -63,9 +63,33 @@ pub const RELAYED_CUT_FOR_MS: u64 = 5_000;
 /// store megabytes per sync.
 pub const MAX_REPORT_POLICIES: usize = 1000;
 pub const MAX_INSTANCE_LEN: usize = 128;
+/// Envoys one admin keeps track of (live view, instance list, watches):
+/// past it a new instance is refused until a silent one is forgotten.
+pub const MAX_INSTANCES: usize = 10_000;
 /// Keyed policies one report may describe key by key (each up to a few
 /// kilobytes).
 pub const MAX_REPORT_KEYED: usize = 100;
+/// Filter-wide counters one report may carry (the filter has a few dozen).
+pub const MAX_REPORT_FILTER_STATS: usize = 128;
+
+/// Checks an instance name: 1 to [`MAX_INSTANCE_LEN`] ASCII letters,
+/// digits, `-`, `_`, `.` or `:` (a host name, a pod name, `host:port`).
+/// The admin shows it, labels metrics and keys Redis with it, so nothing
+/// else is let in.
+pub fn check_instance(instance: &str) -> Result<(), String> {
+    if instance.is_empty() || instance.len() > MAX_INSTANCE_LEN {
+        return Err(format!("must be 1 to {MAX_INSTANCE_LEN} characters"));
+    }
+    if let Some(bad) = instance
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(format!(
+            "{bad:?} is not allowed: only letters, digits, '-', '_', '.' and ':'"
+        ));
+    }
+    Ok(())
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SyncReport {
@@ -288,11 +312,7 @@ fn is_zero(n: &u64) -> bool {
 impl SyncReport {
     /// Checks the bounds a well-behaved filter never crosses.
     pub fn check(&self) -> Result<(), String> {
-        if self.instance.is_empty() || self.instance.len() > MAX_INSTANCE_LEN {
-            return Err(format!(
-                "instance: must be 1 to {MAX_INSTANCE_LEN} characters"
-            ));
-        }
+        check_instance(&self.instance).map_err(|e| format!("instance: {e}"))?;
         if self.policies.len() > MAX_REPORT_POLICIES {
             return Err(format!("policies: at most {MAX_REPORT_POLICIES} entries"));
         }
@@ -301,6 +321,11 @@ impl SyncReport {
         }
         if self.budgets.len() > MAX_REPORT_POLICIES {
             return Err(format!("budgets: at most {MAX_REPORT_POLICIES} entries"));
+        }
+        if self.filter.len() > MAX_REPORT_FILTER_STATS {
+            return Err(format!(
+                "filter: at most {MAX_REPORT_FILTER_STATS} counters"
+            ));
         }
         if self.keys.len() > MAX_REPORT_KEYED {
             return Err(format!("keys: at most {MAX_REPORT_KEYED} policies"));
@@ -330,16 +355,108 @@ impl SyncReport {
     }
 }
 
+impl SyncReport {
+    /// Forgets what the report says of names `set` does not have: only
+    /// the set's policies and limits become live-view entries, metric
+    /// labels, stored records and relay keys, whatever an Envoy (or a
+    /// holder of the sync token) makes up. An Envoy a version behind loses
+    /// the figures of a policy just removed, for a sync or two.
+    pub fn keep_known(&mut self, set: &crate::PolicySet) {
+        use std::collections::BTreeSet;
+        let policies: BTreeSet<&str> = set.policies.iter().map(|p| p.name.as_str()).collect();
+        let limits = || set.policies.iter().flat_map(|p| p.limits.iter());
+        let limit_names: BTreeSet<&str> = limits().map(|l| l.name.as_str()).collect();
+        let budgets: BTreeSet<&str> = limits()
+            .filter(|l| l.is_budget())
+            .map(|l| l.name.as_str())
+            .collect();
+        let keyed: BTreeSet<&str> = set
+            .policies
+            .iter()
+            .filter(|p| p.key.is_some())
+            .map(|p| p.name.as_str())
+            .collect();
+        let shared: BTreeSet<String> = set
+            .policies
+            .iter()
+            .filter(|p| p.scope == crate::Scope::Global)
+            .map(|p| p.name.clone())
+            .chain(
+                limits()
+                    .filter(|l| l.scope == crate::Scope::Global)
+                    .map(crate::NamedLimit::fleet_name),
+            )
+            .collect();
+        self.policies
+            .retain(|name, _| policies.contains(name.as_str()));
+        self.limits
+            .retain(|name, _| limit_names.contains(name.as_str()));
+        self.budgets
+            .retain(|name, _| budgets.contains(name.as_str()));
+        self.keys.retain(|name, _| keyed.contains(name.as_str()));
+        self.shares.retain(|name, _| shared.contains(name));
+        self.held.retain(|name, _| shared.contains(name));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::key_view::{KeyCount, KeysReport};
+
+    #[test]
+    fn a_report_keeps_only_the_names_of_the_set() {
+        let set: crate::PolicySet = serde_json::from_value(serde_json::json!({
+            "version": 1,
+            "policies": [
+                {"name": "bank", "match": {"host": "a"}, "rate": {"requests": 5, "period": "1s"},
+                 "key": {"header": "x-key"},
+                 "limits": [{"name": "daily", "rate": {"requests": 5, "period": "1d"}},
+                            {"name": "fleet", "scope": "global", "rate": {"requests": 5, "period": "1s"}}]},
+                {"name": "shop", "match": {"host": "b"}, "scope": "global",
+                 "rate": {"requests": 5, "period": "1s"}}
+            ]
+        }))
+        .unwrap();
+        let mut r = report();
+        for name in ["bank", "shop", "made-up"] {
+            r.policies.insert(name.into(), PolicyReport::default());
+            r.keys.insert(name.into(), KeysReport::default());
+            r.shares.insert(name.into(), 1);
+        }
+        for name in ["daily", "fleet", "made-up"] {
+            r.limits.insert(name.into(), LimitReport::default());
+            r.budgets.insert(name.into(), BudgetReport::default());
+        }
+        r.shares.insert("limits/fleet".into(), 2);
+        r.keep_known(&set);
+        let names = |m: Vec<&String>| m.into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(names(r.policies.keys().collect()), ["bank", "shop"]);
+        assert_eq!(names(r.keys.keys().collect()), ["bank"]);
+        assert_eq!(names(r.shares.keys().collect()), ["limits/fleet", "shop"]);
+        assert_eq!(names(r.limits.keys().collect()), ["daily", "fleet"]);
+        assert_eq!(names(r.budgets.keys().collect()), ["daily"]);
+    }
 
     fn report() -> SyncReport {
         SyncReport {
             instance: "e1".into(),
             ..SyncReport::default()
         }
+    }
+
+    #[test]
+    fn instance_names_are_short_and_plain() {
+        for good in ["egress-1", "envoy_2.prod", "10.0.0.5:9901", "a"] {
+            assert_eq!(check_instance(good), Ok(()), "{good}");
+        }
+        let long = "x".repeat(MAX_INSTANCE_LEN + 1);
+        for bad in ["", "a\"} 1\n", "a b", "caf\u{e9}", "a/b", long.as_str()] {
+            assert!(check_instance(bad).is_err(), "{bad:?}");
+        }
+        let mut hostile = report();
+        hostile.instance = "a\"} 1\n".into();
+        assert!(hostile.check().unwrap_err().starts_with("instance: "));
     }
 
     #[test]

@@ -752,17 +752,51 @@ async fn admin_replicas_relay_provider_news_through_redis() -> anyhow::Result<()
     };
     let quiet = ProviderReport::default();
     let t = 1_800_000_000_000u64;
+    let set: sluice_shared::PolicySet = serde_json::from_value(json!({"version": 1, "policies": [
+        {"name": "p", "match": {"host": "a"}, "rate": {"requests": 100, "period": "1s"},
+         "limits": [{"name": "provider-rate", "scope": "global",
+                     "rate": {"requests": 100, "period": "1s"}, "provider": {"max_pause": "5s"}}]}]}))?;
+    let set = &set;
 
-    one.hear(&report("envoy-a", pause(3_000)), t).await?;
-    two.hear(&report("envoy-c", pause(1_000)), t + 50).await?;
-    let to_b = two.news_for(&report("envoy-b", quiet), t + 100).await?;
-    let to_a = one.news_for(&report("envoy-a", quiet), t + 100).await?;
-    one.hear(&report("envoy-a", cut(100)), t + 200).await?;
-    let cut_to_b = two.news_for(&report("envoy-b", quiet), t + 600).await?;
+    one.hear(&report("envoy-a", pause(3_000)), set, t).await?;
+    two.hear(&report("envoy-c", pause(1_000)), set, t + 50)
+        .await?;
+    let to_b = two
+        .news_for(&report("envoy-b", quiet), set, t + 100)
+        .await?;
+    let to_a = one
+        .news_for(&report("envoy-a", quiet), set, t + 100)
+        .await?;
+    one.hear(&report("envoy-a", cut(100)), set, t + 200).await?;
+    let cut_to_b = two
+        .news_for(&report("envoy-b", quiet), set, t + 600)
+        .await?;
     // b followed the cut and reports it back (a few ms off): still a's.
-    two.hear(&report("envoy-b", cut(496)), t + 600).await?;
-    let cut_to_a = one.news_for(&report("envoy-a", quiet), t + 700).await?;
-    let later = two.news_for(&report("envoy-b", quiet), t + 10_000).await?;
+    two.hear(&report("envoy-b", cut(496)), set, t + 600).await?;
+    let cut_to_a = one
+        .news_for(&report("envoy-a", quiet), set, t + 700)
+        .await?;
+    let later = two
+        .news_for(&report("envoy-b", quiet), set, t + 10_000)
+        .await?;
+    // A rogue re-reporting a day's pause every 200 ms through both
+    // replicas: relayed for max_pause (5 s) from its first report only.
+    let rogue_from = t + 100_000;
+    let mut relayed_until = 0;
+    for i in 0..100u64 {
+        let now = rogue_from + 200 * i;
+        let replica = if i % 2 == 0 { one } else { two };
+        replica
+            .hear(&report("rogue", pause(86_400_000)), set, now)
+            .await?;
+        let told = replica
+            .news_for(&report("envoy-b", quiet), set, now)
+            .await?;
+        if let Some(ms) = told.get("provider-rate").and_then(|n| n.pause_ms) {
+            relayed_until = relayed_until.max(now + ms);
+        }
+    }
+    assert_eq!(relayed_until, rogue_from + 5_000, "max_pause in total");
     println!(
         "relay through redis: to b via the other replica {to_b:?}; to a itself {to_a:?}; \
          the cut to b {cut_to_b:?}, back to a {cut_to_a:?}; 10 s later {later:?}"

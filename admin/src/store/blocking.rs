@@ -302,6 +302,23 @@ impl BlockingStore {
     pub fn record_sync(&self, report: &SyncReport) -> Result<(), StoreError> {
         let body = serde_json::to_string(report).unwrap_or_else(|_| "{}".into());
         self.db.touch(|sql| {
+            let known = sql
+                .query_one(
+                    "SELECT 1 FROM instances WHERE id = $1",
+                    &[report.instance.as_str().into()],
+                )?
+                .is_some();
+            if !known {
+                let count = sql
+                    .query_one("SELECT COUNT(*) FROM instances", &[])?
+                    .map_or(Ok(0), |r| r.uint(0))?;
+                if count >= sluice_shared::sync::MAX_INSTANCES as u64 {
+                    return Err(StoreError::TooManyInstances(
+                        sluice_shared::sync::MAX_INSTANCES,
+                        report.instance.clone(),
+                    ));
+                }
+            }
             sql.execute(
                 "INSERT INTO instances (id, first_seen_ms, last_sync_ms, policy_version, syncs, report)
                  VALUES ($1, $2, $2, $3, 1, $4)

@@ -49,6 +49,8 @@ pub enum StoreError {
     LastAdmin(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    #[error("{0} instances are known already: {1:?} is not added (instances silent past the TTL are forgotten)")]
+    TooManyInstances(usize, String),
     #[error("store lock poisoned")]
     Poisoned,
     #[error("store task failed: {0}")]
@@ -226,14 +228,16 @@ impl Store {
         self.run(move |s| s.audit_log(limit, before)).await
     }
 
-    /// Records the sync and returns the policy set to answer it with, and
-    /// the store's epoch. An Envoy reporting a version of this epoch the
+    /// Records the sync (what it says of names the set has; an instance
+    /// beyond [`sluice_shared::sync::MAX_INSTANCES`] is refused) and returns the report so
+    /// kept, the policy set to answer it with, and the store's epoch. An Envoy reporting a version of this epoch the
     /// store has not reached renews the epoch first (see
     /// [`BlockingStore::renew_epoch`]).
-    pub async fn record_sync(&self, report: SyncReport) -> Result<SyncAnswer, StoreError> {
+    pub async fn record_sync(&self, mut report: SyncReport) -> Result<SyncAnswer, StoreError> {
         self.run(move |s| {
-            s.record_sync(&report)?;
             let set = s.policy_set()?;
+            report.keep_known(&set);
+            s.record_sync(&report)?;
             let mut epoch = s.epoch()?;
             let mut renewed = false;
             if report.policy_epoch == epoch && report.policy_version > set.version {

@@ -1081,17 +1081,18 @@ fn LivePage() -> impl IntoView {
     }
 }
 
-/// How a pause reads: how long it has left, why, and since when.
-fn describe_pause(p: &sluice_shared::sync::PauseReport) -> String {
+/// How a pause reads: how long it has left, why, since when, and whose
+/// provider began it.
+fn describe_pause(p: &sluice_shared::sync::PauseReport, by: Option<&str>) -> String {
     let status = if p.status > 0 {
         format!("the provider answered {}", p.status)
     } else {
         "the provider asked".to_string()
     };
-    let whose = if p.relayed {
-        " (seen by another Envoy)"
-    } else {
-        ""
+    let whose = match by {
+        Some(instance) => format!(" (seen by {instance})"),
+        None if p.relayed => " (seen by another Envoy)".to_string(),
+        None => String::new(),
     };
     format!(
         "paused {:.1} s more: {status} with a wait {:.1} s ago{whose}",
@@ -1113,7 +1114,7 @@ fn ProvidersNow() -> impl IntoView {
             .map(|f| {
                 f.limits
                     .iter()
-                    .filter_map(|(n, u)| u.provider.map(|p| (n.clone(), *u, p)))
+                    .filter_map(|(n, u)| u.provider.clone().map(|p| (n.clone(), u.clone(), p)))
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default()
@@ -1149,7 +1150,7 @@ fn ProvidersNow() -> impl IntoView {
                                         Some(l) => format!("{r} of {l}"),
                                         None => r.to_string(),
                                     }).unwrap_or_else(|| "—".into())}</td>
-                                    <td class="provider-pause">{p.pause.as_ref().map(describe_pause).unwrap_or_else(|| "—".into())}</td>
+                                    <td class="provider-pause">{p.pause.as_ref().map(|pause| describe_pause(pause, p.paused_by.as_deref())).unwrap_or_else(|| "—".into())}</td>
                                     <td class="adapted-rate">{p.rate.map(|r| format!("{r:.1}/s of {own:.1}/s")).unwrap_or_else(|| "—".into())}</td>
                                     <td class="provider-refused-now">{format!("{:.1}", p.refused_per_s)}</td>
                                     <td class="provider-pauses">{p.pauses}</td>
@@ -1197,7 +1198,7 @@ fn ProviderChart(name: String) -> impl IntoView {
                 .rev()
                 .map(|f| {
                     let u = f.limits.get(&name);
-                    let p = u.and_then(|u| u.provider);
+                    let p = u.and_then(|u| u.provider.as_ref());
                     ProviderSecond {
                         admitted: u.map_or(0.0, |u| u.admitted_per_s),
                         adapted: p.and_then(|p| p.rate),
@@ -1265,7 +1266,7 @@ fn LimitsNow() -> impl IntoView {
             .map(|f| {
                 f.limits
                     .iter()
-                    .map(|(n, u)| (n.clone(), *u))
+                    .map(|(n, u)| (n.clone(), u.clone()))
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default()

@@ -520,34 +520,27 @@ fn relayed_pause<H: Host + ?Sized>(
     (status, wait): (u16, Span),
     now: Instant,
 ) {
-    let why = PauseWhy {
-        status,
-        relayed: true,
-    };
     let max_pause = limit.provider.as_ref().map_or(wait, |p| p.max_pause);
+    // The admin relays a running pause at every sync, each time a little
+    // off (the trip there and back): the same pause, within RELAY_SLACK.
+    // However often it is relayed, news holds the limit for max_pause in
+    // total until this Envoy's own provider refuses (RelayedStretch).
     let began = store.update(host, entry, |bytes| {
         let mut table = table_of(bytes);
-        // The admin relays a running pause at every sync, each time a
-        // little off (the trip there and back): the same pause.
-        if table
-            .paused_until(owner, now, max_pause)
-            .is_some_and(|until| until + RELAY_SLACK >= now + wait)
-        {
-            return (false, None);
-        }
-        let changed = table.pause_because(owner, now, wait, why);
-        (changed, changed.then(|| table.encode()))
+        let (changed, began) =
+            table.pause_relayed(owner, (now, wait), status, (max_pause, RELAY_SLACK));
+        (began, changed.then(|| table.encode()))
     });
-    if !matches!(began, Ok(true)) {
+    let Ok(Some(until)) = began else {
         return;
-    }
+    };
     metrics.add_limit(&limit.name, LimitStat::Paused, 1);
     host.log(
         Level::Warn,
         &format!(
             "sluice: limit {} paused for {} ms: another Envoy's provider answered {status} with a wait (relayed by the admin)",
             limit.name,
-            wait.as_millis(),
+            until.since(now).as_millis(),
         ),
     );
 }

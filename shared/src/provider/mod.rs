@@ -8,11 +8,13 @@
 
 mod adaptive;
 mod counts;
+mod relayed;
 mod table;
 
 pub use adaptive::Adaptive;
 
 pub use counts::{CountSource, Reading};
+pub use relayed::RelayedStretch;
 pub use table::{Allowed, Count, PauseWhy, ProviderTable, Row, RowState, CLOCK_SKEW};
 
 use thiserror::Error;

@@ -12,6 +12,7 @@
 //! converge on the newest without subtracting the same calls twice.
 
 use super::adaptive::{Adaptive, RELAYED_CUT_FRESH};
+use super::relayed::RelayedStretch;
 use crate::time::{Instant, Span};
 
 /// One owner's row: its key's hash (0 for an unkeyed limit).
@@ -41,6 +42,8 @@ pub struct Row {
     pub pace_every: Span,
     /// The rate learned from refusals (`adaptive`).
     pub adaptive: Adaptive,
+    /// The stretch of pause news other Envoys' providers gave it.
+    pub relayed: RelayedStretch,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -150,8 +153,8 @@ impl Row {
 
 impl ProviderTable {
     pub const MAX_ROWS: usize = 8;
-    const VERSION: u8 = 5;
-    const ROW_LEN: usize = 20 * 8;
+    const VERSION: u8 = 6;
+    const ROW_LEN: usize = 22 * 8;
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
@@ -184,6 +187,10 @@ impl ProviderTable {
         let until = now + wait;
         let row = self.row_mut(owner, now);
         let running = row.pause_until > now && row.pause_since <= now + CLOCK_SKEW;
+        if !why.relayed {
+            // The provider itself refused: relayed news is believed anew.
+            row.relayed.reset();
+        }
         if running && row.pause_until >= until {
             return false;
         }
@@ -191,6 +198,42 @@ impl ProviderTable {
         row.pause_until = until;
         row.pause_why = why;
         true
+    }
+
+    /// The admin relayed that another Envoy's provider paused `owner` for
+    /// `wait` (`status`: its answer). Held at most as long as the stretch
+    /// of such news allows ([`RelayedStretch`]); a pause already running
+    /// keeps its start, so `max_pause` counts from it. A pause running
+    /// to within `slack` of the news' end is the same pause. Returns
+    /// whether the table changed, and the pause's end when one began or
+    /// grew.
+    pub fn pause_relayed(
+        &mut self,
+        owner: u64,
+        (now, wait): (Instant, Span),
+        status: u16,
+        (max_pause, slack): (Span, Span),
+    ) -> (bool, Option<Instant>) {
+        let running = self.paused_until(owner, now, max_pause);
+        let row = self.row_mut(owner, now);
+        let before = row.relayed;
+        let heard = row.relayed.hear(now, wait, max_pause);
+        let changed = row.relayed != before;
+        let Some(until) = heard else {
+            return (changed, None);
+        };
+        if running.is_some_and(|r| r + slack >= until) {
+            return (changed, None);
+        }
+        if running.is_none() {
+            row.pause_since = now;
+        }
+        row.pause_until = until;
+        row.pause_why = PauseWhy {
+            status,
+            relayed: true,
+        };
+        (true, Some(until))
     }
 
     /// Another Envoy's provider refused a call at `at` (by this Envoy's
@@ -388,6 +431,8 @@ impl ProviderTable {
                 r.window.as_nanos(),
                 r.pace_next.as_nanos(),
                 r.pace_every.as_nanos(),
+                r.relayed.began.as_nanos(),
+                r.relayed.heard.as_nanos(),
             ]
             .into_iter()
             .chain(r.adaptive.words())
@@ -428,6 +473,10 @@ impl ProviderTable {
                     window: Span::from_nanos(next()?),
                     pace_next: Instant::from_nanos(next()?),
                     pace_every: Span::from_nanos(next()?),
+                    relayed: RelayedStretch {
+                        began: Instant::from_nanos(next()?),
+                        heard: Instant::from_nanos(next()?),
+                    },
                     adaptive: Adaptive::from_words([
                         next()?,
                         next()?,
