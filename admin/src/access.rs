@@ -38,14 +38,29 @@ pub struct ProxyUsers {
 
 impl ProxyUsers {
     /// The user the proxy names, if the request comes from the proxy and
-    /// carries the header.
-    fn user<'a>(&self, peer: Option<IpAddr>, parts: &'a Parts) -> Option<&'a str> {
-        let header = self.header.as_deref()?;
-        let peer = peer?;
+    /// carries the header. A header given twice is refused: a proxy that
+    /// appends to a client's own would let the client pick the first.
+    fn user<'a>(
+        &self,
+        peer: Option<IpAddr>,
+        parts: &'a Parts,
+    ) -> Result<Option<&'a str>, ApiError> {
+        let (Some(header), Some(peer)) = (self.header.as_deref(), peer) else {
+            return Ok(None);
+        };
         if !self.proxies.iter().any(|n| n.contains(&peer)) {
-            return None;
+            return Ok(None);
         }
-        parts.headers.get(header)?.to_str().ok().map(str::trim)
+        let mut values = parts.headers.get_all(header).iter();
+        let Some(first) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(ApiError::BadRequest(format!(
+                "{header} is given more than once: the proxy must set it, not add to the client's"
+            )));
+        }
+        Ok(first.to_str().ok().map(str::trim))
     }
 }
 
@@ -138,6 +153,61 @@ async fn stored_role(state: &AppState, name: &str) -> Result<Option<Role>, ApiEr
     Ok(state.store.user(name).await?.map(|u| u.info.role))
 }
 
+/// Told whenever a way in may have closed here (a password changed, a
+/// user removed, a token revoked, a logout), so that what outlives one
+/// request (a live stream) asks again at once.
+pub struct AccessChanges(tokio::sync::watch::Sender<u64>);
+
+impl Default for AccessChanges {
+    fn default() -> Self {
+        Self(tokio::sync::watch::channel(0).0)
+    }
+}
+
+impl AccessChanges {
+    pub fn changed(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
+/// What a request presented to come in (its headers and address), to ask
+/// later whether that still lets it in.
+#[derive(Clone)]
+pub struct Presented {
+    headers: axum::http::HeaderMap,
+    peer: Option<ConnectInfo<SocketAddr>>,
+}
+
+impl Presented {
+    /// Whether these credentials still let a caller in.
+    pub async fn still_let_in(&self, state: &AppState) -> bool {
+        let (mut parts, ()) = axum::http::Request::new(()).into_parts();
+        parts.headers = self.headers.clone();
+        if let Some(peer) = self.peer {
+            parts.extensions.insert(peer);
+        }
+        caller(state, &parts).await.is_ok()
+    }
+}
+
+impl FromRequestParts<Shared> for Presented {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &Shared,
+    ) -> Result<Self, std::convert::Infallible> {
+        Ok(Presented {
+            headers: parts.headers.clone(),
+            peer: parts.extensions.get::<ConnectInfo<SocketAddr>>().copied(),
+        })
+    }
+}
+
 /// Who is behind `parts`, or 401.
 pub async fn caller(state: &AppState, parts: &Parts) -> Result<Caller, ApiError> {
     if state.credentials.is_insecure() {
@@ -150,7 +220,7 @@ pub async fn caller(state: &AppState, parts: &Parts) -> Result<Caller, ApiError>
     if let Some(token) = bearer(parts) {
         return by_token(state, token).await;
     }
-    if let Some(name) = state.proxy_users.user(peer(parts), parts) {
+    if let Some(name) = state.proxy_users.user(peer(parts), parts)? {
         check_name(name).map_err(|e| {
             ApiError::Forbidden(format!("the proxy's user header names no valid user: {e}"))
         })?;
@@ -175,10 +245,18 @@ pub async fn caller(state: &AppState, parts: &Parts) -> Result<Caller, ApiError>
     let role = if session.bootstrap {
         Role::Admin
     } else {
-        // Removed since they logged in: the session is over.
-        stored_role(state, &session.user)
+        // Removed, or given a new password, since they logged in: the
+        // session is over.
+        let stored = state
+            .store
+            .user(&session.user)
             .await?
-            .ok_or(ApiError::Unauthorized)?
+            .filter(|u| {
+                session.password.as_deref()
+                    == Some(crate::auth::password_fingerprint(&u.password_hash).as_str())
+            })
+            .ok_or(ApiError::Unauthorized)?;
+        stored.info.role
     };
     Ok(Caller {
         actor: session.user,

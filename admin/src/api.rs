@@ -11,6 +11,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::Extension;
 use axum::{Json, Router};
 use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use futures_util::stream::{self, Stream, StreamExt};
@@ -30,11 +31,12 @@ use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
 
-use crate::access::{Editor, Operator, SyncPeer, Via, Writer};
+use crate::access::{Editor, Operator, Presented, SyncPeer, Via, Writer};
 use crate::as_code::{load, SourceFile};
 use crate::auth::{bears, Credentials, SESSION_COOKIE};
 use crate::error::ApiError;
 use crate::login::Refused;
+use crate::server::OverTls;
 use crate::store::now_ms;
 use crate::AppState;
 
@@ -103,12 +105,14 @@ fn parse_policy_body(body: Value) -> Result<Policy, ApiError> {
 }
 
 /// A browser-session cookie (no Max-Age): the server-side session expires
-/// on its own after 12 h.
-fn session_cookie(state: &AppState, value: String) -> Cookie<'static> {
+/// on its own after 12 h. `Secure` whenever the login came over TLS (or
+/// `--secure-cookies`, behind a proxy that ends TLS), so a browser never
+/// sends it over plain HTTP.
+fn session_cookie(state: &AppState, over_tls: bool, value: String) -> Cookie<'static> {
     Cookie::build((SESSION_COOKIE, value))
         .http_only(true)
         .same_site(SameSite::Strict)
-        .secure(state.secure_cookies)
+        .secure(state.secure_cookies || over_tls)
         .path("/")
         .build()
 }
@@ -116,6 +120,7 @@ fn session_cookie(state: &AppState, value: String) -> Cookie<'static> {
 async fn login(
     State(state): State<Shared>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    tls: Option<Extension<OverTls>>,
     headers: HeaderMap,
     jar: CookieJar,
     Json(form): Json<LoginRequest>,
@@ -167,16 +172,19 @@ async fn login(
         return Err(ApiError::Unauthorized);
     }
     attempt.succeeded();
+    let fingerprint = stored
+        .as_ref()
+        .map(|r| crate::auth::password_fingerprint(&r.password_hash));
     let (token, session) = state
         .sessions
-        .create(&user, bootstrap)
+        .create(&user, bootstrap, fingerprint)
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     state
         .store
         .audit_event(&user, "login", &ip.to_string())
         .await?;
     tracing::info!(%ip, %user, "login");
-    let jar = jar.add(session_cookie(&state, token));
+    let jar = jar.add(session_cookie(&state, tls.is_some(), token));
     let role = stored.map_or(Role::Admin, |r| r.info.role);
     let info = SessionInfo {
         user: session.user,
@@ -188,11 +196,17 @@ async fn login(
     Ok((jar, Json(info)).into_response())
 }
 
-async fn logout(State(state): State<Shared>, _caller: Writer, jar: CookieJar) -> Response {
+async fn logout(
+    State(state): State<Shared>,
+    _caller: Writer,
+    tls: Option<Extension<OverTls>>,
+    jar: CookieJar,
+) -> Response {
     if let Some(c) = jar.get(SESSION_COOKIE) {
         state.sessions.remove(c.value());
+        state.access_changes.changed();
     }
-    let jar = jar.remove(session_cookie(&state, String::new()));
+    let jar = jar.remove(session_cookie(&state, tls.is_some(), String::new()));
     (jar, StatusCode::NO_CONTENT).into_response()
 }
 
@@ -247,12 +261,43 @@ const MAX_KEY_LEN: usize = 8 * 1024;
 
 /// The label the live view shows for a key typed in. A POST, so that the
 /// key (an API key, say) stays out of URLs and access logs.
+/// Key lookups per caller: a few at once, then one every 6 s. A lookup
+/// hashes a guessed key the way the Envoys do, so it is an editor's, and
+/// counted and audited.
+const KEY_LOOKUP_BURST: u64 = 10;
+const KEY_LOOKUP_EVERY: sluice_shared::Span = sluice_shared::Span::from_secs(6);
+
+/// Throttles key lookups per caller.
+pub fn key_lookup_throttle() -> crate::login::KeyedThrottle<String> {
+    crate::login::KeyedThrottle::new(
+        KEY_LOOKUP_BURST,
+        KEY_LOOKUP_EVERY,
+        crate::login::MAX_TRACKED,
+    )
+}
+
 async fn key_label(
     State(state): State<Shared>,
-    _op: Operator,
+    Editor(editor): Editor,
     Path(name): Path<String>,
     Json(body): Json<Value>,
 ) -> Result<Json<KeyLabelAnswer>, ApiError> {
+    let now = sluice_shared::Instant::from_millis(now_ms());
+    if !state.key_lookups.take(&editor.actor, now) {
+        let wait = state
+            .key_lookups
+            .wait(&editor.actor, now)
+            .unwrap_or(KEY_LOOKUP_EVERY);
+        tracing::warn!(actor = %editor.actor, policy = %name, "key lookup refused: over the limit");
+        return Err(ApiError::Limited(
+            format!(
+                "{} looked up {KEY_LOOKUP_BURST} keys in a row: one more every {} s",
+                editor.actor,
+                KEY_LOOKUP_EVERY.as_secs()
+            ),
+            wait.as_duration(),
+        ));
+    }
     let KeyLabelRequest { key } = crate::people_api::parse(body)?;
     let invalid = |message: String| {
         ApiError::InvalidRequest(ValidationErrors {
@@ -271,6 +316,16 @@ async fn key_label(
     };
     let secret = label_secret(state.sync_token.as_deref());
     let named = name_key(&secret, &name, key.as_bytes(), spec.label);
+    // The label, never the key, goes into the audit log.
+    state
+        .store
+        .audit_event(
+            &editor.actor,
+            "key.lookup",
+            &format!("{name} {}", named.label),
+        )
+        .await?;
+    tracing::info!(actor = %editor.actor, policy = %name, label = %named.label, "key looked up");
     Ok(Json(KeyLabelAnswer {
         policy: name,
         label: named.label,
@@ -495,10 +550,21 @@ async fn instances(
     }))
 }
 
+/// How often a live stream asks whether its credentials still let it in,
+/// besides whenever a way in closed on this admin (a revocation made on
+/// another replica is noticed within this).
+const LIVE_RECHECK_EVERY: Duration = Duration::from_secs(5);
+
 async fn live(
     State(state): State<Shared>,
-    _op: Operator,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Operator(caller): Operator,
+    presented: Presented,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let seat = state
+        .live
+        .streams
+        .take(&caller.actor)
+        .map_err(|full| ApiError::TooMany(full.to_string()))?;
     // Shared frames, serialized straight from the history: nothing is
     // copied per stream.
     let history = state.live.history();
@@ -515,8 +581,31 @@ async fn live(
             .json_data(&*frame)
             .unwrap_or_default()))
     });
-    Sse::new(stream::once(async move { Ok(first) }).chain(frames))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    // The stream ends when what let it in no longer does (a password
+    // changed, the user removed, a token revoked, a logout).
+    let recheck = Arc::clone(&state);
+    let ended = async move {
+        let mut changes = recheck.access_changes.subscribe();
+        loop {
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = tokio::time::sleep(LIVE_RECHECK_EVERY) => {}
+            }
+            if !presented.still_let_in(&recheck).await {
+                tracing::info!(actor = %caller.actor, "live stream ended: its credentials no longer let it in");
+                return;
+            }
+        }
+    };
+    let events = stream::once(async move { Ok(first) })
+        .chain(frames)
+        .take_until(ended)
+        // The seat is given back when the stream goes.
+        .map(move |event| {
+            let _held = &seat;
+            event
+        });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
 async fn sync(

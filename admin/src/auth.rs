@@ -176,7 +176,18 @@ pub struct Session {
     pub user: String,
     /// Logged in with the admin password, not as a stored user.
     pub bootstrap: bool,
+    /// The [`password_fingerprint`] of the stored user's hash at login:
+    /// a password changed since (here, on another replica or from the
+    /// shell) ends the session.
+    pub password: Option<String>,
     expires: Instant,
+}
+
+/// What a session keeps of the password it was opened with: the SHA-256
+/// of the stored argon2 hash (which changes with every new password, its
+/// salt being fresh).
+pub fn password_fingerprint(password_hash: &str) -> String {
+    token_hash(password_hash)
 }
 
 #[derive(Default)]
@@ -185,13 +196,21 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// A new session; returns (cookie token, session).
-    pub fn create(&self, user: &str, bootstrap: bool) -> Result<(String, Session), AuthError> {
+    /// A new session; returns (cookie token, session). `password`: the
+    /// stored user's [`password_fingerprint`] (None for the admin
+    /// password).
+    pub fn create(
+        &self,
+        user: &str,
+        bootstrap: bool,
+        password: Option<String>,
+    ) -> Result<(String, Session), AuthError> {
         let token = random_token()?;
         let session = Session {
             csrf: random_token()?,
             user: user.into(),
             bootstrap,
+            password,
             expires: Instant::now() + SESSION_TTL,
         };
         if let Ok(mut map) = self.by_token.lock() {
@@ -212,6 +231,14 @@ impl Sessions {
     pub fn remove(&self, token: &str) {
         if let Ok(mut map) = self.by_token.lock() {
             map.remove(token);
+        }
+    }
+
+    /// Ends every session of `user` (their password changed, or they were
+    /// removed).
+    pub fn remove_user(&self, user: &str) {
+        if let Ok(mut map) = self.by_token.lock() {
+            map.retain(|_, s| s.bootstrap || s.user != user);
         }
     }
 }

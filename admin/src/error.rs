@@ -39,6 +39,11 @@ pub enum ApiError {
     BadSyncToken,
     #[error("too many failed logins; retry later")]
     Throttled(Duration),
+    #[error("{0}")]
+    TooMany(String),
+    /// 429 with `Retry-After`.
+    #[error("{0}")]
+    Limited(String, Duration),
     #[error("internal error")]
     Internal(String),
     #[error("unavailable: {0}")]
@@ -79,7 +84,9 @@ impl IntoResponse for ApiError {
             ApiError::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
             ApiError::Unauthorized | ApiError::BadSyncToken => StatusCode::UNAUTHORIZED,
             ApiError::Csrf => StatusCode::FORBIDDEN,
-            ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Throttled(_) | ApiError::TooMany(_) | ApiError::Limited(..) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
@@ -99,7 +106,7 @@ impl IntoResponse for ApiError {
             other => ErrorBody::new(other.to_string()),
         };
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::Throttled(wait) = &self {
+        if let ApiError::Throttled(wait) | ApiError::Limited(_, wait) = &self {
             let secs = wait.as_secs().max(1).to_string();
             if let Ok(v) = HeaderValue::from_str(&secs) {
                 response.headers_mut().insert(header::RETRY_AFTER, v);

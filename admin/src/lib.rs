@@ -78,6 +78,10 @@ pub struct AppState {
     pub managed: Option<Arc<managed::Managed>>,
     /// Held watches, told of policy changes (push).
     pub changes: push::Changes,
+    /// Told when a way in may have closed (live streams ask again).
+    pub access_changes: access::AccessChanges,
+    /// Key lookups (`key-label`), per caller.
+    pub key_lookups: login::KeyedThrottle<String>,
 }
 
 /// The store's health, checked at most once a second however often
@@ -137,6 +141,8 @@ impl AppState {
             proxy_users: access::ProxyUsers::default(),
             managed: None,
             changes: push::Changes::default(),
+            access_changes: access::AccessChanges::default(),
+            key_lookups: api::key_lookup_throttle(),
         }
     }
 

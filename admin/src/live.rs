@@ -25,6 +25,10 @@ pub const HISTORY_FRAMES: usize = 600;
 pub const STALE_AFTER_MS: u64 = 5_000;
 /// Instances tracked at once; past it, the longest silent goes.
 pub use sluice_shared::sync::MAX_INSTANCES;
+/// Live streams one caller may have open at once (a few browser tabs).
+pub const MAX_STREAMS_PER_CALLER: usize = 16;
+/// Live streams open at once, for everyone.
+pub const MAX_STREAMS: usize = 512;
 /// Samples of an instance's counters kept: enough to span the rate window
 /// at any sync interval down to 100 ms.
 const KEPT_SAMPLES: usize = 16;
@@ -213,6 +217,64 @@ pub struct Live {
     /// Instances silent for this long are forgotten.
     instance_ttl_ms: u64,
     pub frames: broadcast::Sender<Arc<LiveFrame>>,
+    /// The live streams open, per caller.
+    pub streams: Streams,
+}
+
+/// Live streams open, per caller, bounded per caller and in all.
+#[derive(Default)]
+pub struct Streams {
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Why a live stream is not opened.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StreamsFull {
+    #[error("{0} has {MAX_STREAMS_PER_CALLER} live streams open already; close one")]
+    Caller(String),
+    #[error("{MAX_STREAMS} live streams are open already; retry later")]
+    All,
+}
+
+/// One open stream's place, given back when dropped.
+pub struct StreamSeat {
+    open: Arc<Mutex<HashMap<String, usize>>>,
+    caller: String,
+}
+
+impl Streams {
+    pub fn take(&self, caller: &str) -> Result<StreamSeat, StreamsFull> {
+        let mut open = lock(&self.open);
+        if open.values().sum::<usize>() >= MAX_STREAMS {
+            return Err(StreamsFull::All);
+        }
+        let mine = open.entry(caller.to_string()).or_default();
+        if *mine >= MAX_STREAMS_PER_CALLER {
+            return Err(StreamsFull::Caller(caller.to_string()));
+        }
+        *mine += 1;
+        Ok(StreamSeat {
+            open: Arc::clone(&self.open),
+            caller: caller.to_string(),
+        })
+    }
+
+    /// Streams open now.
+    pub fn open(&self) -> usize {
+        lock(&self.open).values().sum()
+    }
+}
+
+impl Drop for StreamSeat {
+    fn drop(&mut self) {
+        let mut open = lock(&self.open);
+        if let Some(n) = open.get_mut(&self.caller) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.caller);
+            }
+        }
+    }
 }
 
 impl Default for Live {
@@ -305,6 +367,7 @@ impl Live {
             history: Mutex::new(VecDeque::new()),
             instance_ttl_ms: instance_ttl.as_millis(),
             frames: broadcast::channel(64).0,
+            streams: Streams::default(),
         }
     }
 

@@ -98,6 +98,7 @@ async fn change_user(
 ) -> Result<Json<UserInfo>, ApiError> {
     let request: UserChange = parse(body)?;
     request.check().map_err(ApiError::InvalidRequest)?;
+    let changed_password = request.password.is_some();
     let hash = match request.password {
         Some(password) => Some(hash(password).await?),
         None => None,
@@ -107,6 +108,10 @@ async fn change_user(
         .change_user(&name, request.role, hash, &admin.actor, guard(&state))
         .await?;
     tracing::info!(user = %user.name, role = %user.role, by = %admin.actor, "user changed");
+    if changed_password {
+        state.sessions.remove_user(&user.name);
+    }
+    state.access_changes.changed();
     Ok(Json(user))
 }
 
@@ -120,6 +125,8 @@ async fn remove_user(
         .remove_user(&name, &admin.actor, guard(&state))
         .await?;
     tracing::info!(user = %name, by = %admin.actor, "user removed");
+    state.sessions.remove_user(&name);
+    state.access_changes.changed();
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -168,5 +175,6 @@ async fn revoke_token(
 ) -> Result<StatusCode, ApiError> {
     state.store.revoke_token(&id, &admin.actor).await?;
     tracing::info!(id = %id, by = %admin.actor, "API token revoked");
+    state.access_changes.changed();
     Ok(StatusCode::NO_CONTENT)
 }

@@ -476,6 +476,100 @@ async fn behind_https_the_session_cookie_is_secure() {
         .any(|f| f.starts_with("max-age") || f.starts_with("expires")));
 }
 
+/// The login's `Set-Cookie` over TLS, by a raw HTTP/1.1 request through a
+/// TLS connection that trusts `ca`.
+async fn login_over_tls(port: u16, ca: &std::path::Path) -> String {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(ca).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let body = json!({"password": PASSWORD}).to_string();
+    let request = format!(
+        "POST /api/v1/login HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer).await.unwrap_or_default();
+    answer
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("set-cookie:")
+                .then(|| l.to_string())
+        })
+        .unwrap_or_else(|| panic!("no cookie in {answer}"))
+}
+
+/// An admin that serves TLS marks the cookie of a login over TLS
+/// `Secure` without being told; a login over its plain listener (a local
+/// trial, a health checker) gets one a browser keeps on plain HTTP.
+#[tokio::test]
+async fn over_tls_the_session_cookie_is_secure_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = sluice_admin::server::self_signed(&dir.path().join("tls")).unwrap();
+    let tls = sluice_admin::server::tls_config(&cert, &key).unwrap();
+    let store = Store::open(&dir.path().join("sluice.db")).unwrap();
+    let state = Arc::new(AppState::new(
+        store,
+        Credentials::from_password(PASSWORD).unwrap(),
+        Some(SYNC_TOKEN.into()),
+        false,
+    ));
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let secure = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (plain_port, tls_port) = (
+        plain.local_addr().unwrap().port(),
+        secure.local_addr().unwrap().port(),
+    );
+    tokio::spawn(sluice_admin::serve_with_tls(
+        plain,
+        Some((secure, tls)),
+        state,
+        None,
+        std::future::pending(),
+    ));
+    let over_tls = login_over_tls(tls_port, &dir.path().join("tls/ca.pem")).await;
+    let plain_admin = Admin {
+        base: format!("http://127.0.0.1:{plain_port}"),
+        http: reqwest::Client::new(),
+        _dir: dir,
+        db: std::path::PathBuf::new(),
+    };
+    let over_plain = plain_admin.login().await.set_cookie;
+    println!("session cookie over TLS: {over_tls}; over plain HTTP: {over_plain}");
+    let flags = |c: &str| -> Vec<String> {
+        c.split(';')
+            .skip(1)
+            .map(|f| f.trim().to_ascii_lowercase())
+            .collect()
+    };
+    assert!(flags(&over_tls).iter().any(|f| f == "secure"), "{over_tls}");
+    assert!(
+        flags(&over_tls).iter().any(|f| f == "httponly"),
+        "{over_tls}"
+    );
+    assert!(
+        !flags(&over_plain).iter().any(|f| f == "secure"),
+        "{over_plain}"
+    );
+}
+
 #[tokio::test]
 async fn failed_logins_are_slowed() {
     let admin = start().await;
@@ -1416,4 +1510,98 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
         assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// 10 000 watches from one instance, 200 at a time: each new one answers
+/// the one it replaces at once, so the instance holds one watch however
+/// many it opens, and another instance's watch is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_watches_from_one_instance_leave_one_held() {
+    use futures_util::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("sluice.db")).unwrap();
+    let state = Arc::new(AppState::new(
+        store,
+        Credentials::from_password(PASSWORD).unwrap(),
+        Some(SYNC_TOKEN.into()),
+        false,
+    ));
+    let db = dir.path().join("sluice.db");
+    let admin = serve(Arc::clone(&state), dir, db).await;
+    let (_, headers) = sync_with(
+        &admin,
+        json!({"instance": "e1", "policy_version": 0, "at_ms": 1}),
+    )
+    .await;
+    let epoch: u64 = headers["sluice-store-epoch"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let watch = |instance: &'static str, timeout_s: u64| {
+        let http = admin.http.clone();
+        let url = format!("{}/api/v1/sync/watch", admin.base);
+        async move {
+            http.post(url)
+                .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+                .header("sluice-wait-ms", "20000")
+                .header("content-type", "application/json")
+                .body(
+                    json!({"instance": instance, "policy_version": 0, "policy_epoch": epoch})
+                        .to_string(),
+                )
+                .timeout(std::time::Duration::from_secs(timeout_s))
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    };
+    let other = tokio::spawn(watch("e2", 60));
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sampling = {
+        let (state, most) = (Arc::clone(&state), Arc::clone(&most));
+        tokio::spawn(async move {
+            loop {
+                most.fetch_max(state.changes.held(), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    let answers: Vec<_> = futures_util::stream::iter(0..10_000)
+        .map(|_| watch("e1", 1))
+        .buffer_unordered(200)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    // The newest e1 watch was left by its client: the admin lets it go.
+    let mut held_now = state.changes.held();
+    for _ in 0..100 {
+        if held_now == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        held_now = state.changes.held();
+    }
+    sampling.abort();
+    let replaced = answers
+        .iter()
+        .filter(|a| matches!(a, Ok(StatusCode::NOT_MODIFIED)))
+        .count();
+    let still_held = answers.iter().filter(|a| a.is_err()).count();
+    println!(
+        "watches: 10 000 from one instance, 200 at a time, in {took:.2?}: {replaced} answered 304 when replaced, \
+         {still_held} still held at the client's timeout; at most {} instances holding a watch at any time \
+         (with one other instance), {held_now} at the end (the other's)",
+        most.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert_eq!(replaced, 9_999);
+    assert_eq!(still_held, 1, "the newest is held");
+    assert!(most.load(std::sync::atomic::Ordering::Relaxed) <= 2);
+    assert_eq!(held_now, 1);
+    assert!(
+        !other.is_finished(),
+        "the other instance's watch is left alone"
+    );
+    other.abort();
 }

@@ -682,6 +682,31 @@ async fn a_proxy_user_header_is_believed_from_the_proxy_only() {
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+    // A proxy that appends the header to the client's own: the client
+    // would choose its user by the first value. Refused, whatever the
+    // order.
+    for (first, second) in [
+        ("alice@example.com", "mallory"),
+        ("mallory", "alice@example.com"),
+    ] {
+        let twice = As::nobody()
+            .with("x-forwarded-user", first)
+            .with("x-forwarded-user", second)
+            .with("x-csrf-token", "proxy");
+        let (status, answer) = admin
+            .call(
+                &twice,
+                Method::POST,
+                "/api/v1/policies",
+                Some(policy("shop")),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains("more than once"),
+            "{answer}"
+        );
+    }
     let root = admin.login(None, PASSWORD).await.unwrap();
     let actors = admin.audit_actors(&root).await;
     assert!(
@@ -818,4 +843,204 @@ async fn the_first_admin_is_made_from_the_shell() {
     let _ = server.wait();
     assert_eq!(status, Some(StatusCode::OK));
     assert_eq!(by_token.ok(), Some(StatusCode::CREATED));
+}
+
+/// Finding a key's label hashes a guessed key the way the Envoys do: an
+/// editor's, limited per caller, and audited (the label, never the key).
+#[tokio::test]
+async fn key_lookups_take_an_editor_are_limited_and_audited() {
+    let admin = start_default().await;
+    let root = admin.login(None, PASSWORD).await.unwrap();
+    let mut keyed = policy("maps");
+    keyed["key"] = json!({"header": "x-api-key"});
+    let (status, _) = admin
+        .call(&root, Method::POST, "/api/v1/policies", Some(keyed))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let path = "/api/v1/policies/maps/key-label";
+    let guess = |n: usize| Some(json!({"key": format!("sk-guess-{n}")}));
+    let viewer = admin.add_user(&root, "vic", "viewer").await;
+    let (status, answer) = admin.call(&viewer, Method::POST, path, guess(0)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let editor = admin.add_user(&root, "eve", "editor").await;
+    let mut answered = 0;
+    let mut refused = None;
+    for n in 0..30 {
+        let (status, answer) = admin.call(&editor, Method::POST, path, guess(n)).await;
+        match status {
+            StatusCode::OK => answered += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                refused = Some(answer);
+                break;
+            }
+            other => panic!("{other}: {answer}"),
+        }
+    }
+    println!("key lookups: a viewer 403; an editor {answered} answered, then 429: {refused:?}");
+    assert_eq!(answered, 10, "a burst of 10");
+    assert!(
+        refused
+            .as_ref()
+            .and_then(|r| r["error"].as_str())
+            .is_some_and(|e| e.contains("one more every 6 s")),
+        "the 11th refused, saying why: {refused:?}"
+    );
+    // Another editor has lookups of their own.
+    let (status, _) = admin.call(&root, Method::POST, path, guess(99)).await;
+    assert_eq!(status, StatusCode::OK);
+    let lookups: Vec<_> = admin
+        .audit_actors(&root)
+        .await
+        .into_iter()
+        .filter(|(_, action, _)| action == "key.lookup")
+        .collect();
+    assert_eq!(lookups.len(), 11, "{lookups:?}");
+    assert!(lookups
+        .iter()
+        .any(|(actor, _, target)| actor == "eve" && target.starts_with("maps #")));
+    assert!(
+        lookups
+            .iter()
+            .all(|(_, _, target)| !target.contains("sk-guess")),
+        "no key in the audit log: {lookups:?}"
+    );
+}
+
+/// Reads a live stream until it ends (Some(time it ended)) or `limit`.
+async fn stream_ends_within(
+    response: reqwest::Response,
+    limit: std::time::Duration,
+) -> Option<std::time::Instant> {
+    use futures_util::StreamExt;
+    let mut body = response.bytes_stream();
+    tokio::time::timeout(limit, async {
+        while let Some(chunk) = body.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+        std::time::Instant::now()
+    })
+    .await
+    .ok()
+}
+
+async fn open_live(admin: &Admin, who: &As) -> reqwest::Response {
+    let mut req = admin.http.get(format!("{}/api/v1/live", admin.base));
+    for (k, v) in &who.headers {
+        req = req.header(k, v);
+    }
+    let response = req.send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response
+}
+
+/// A password change, a user's removal or a token's revocation ends what
+/// they had open: sessions (the old cookie gets 401, also when the
+/// password changed elsewhere) and live streams (closed within a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_password_or_revoked_token_ends_sessions_and_live_streams() {
+    let admin = start_default().await;
+    let root = admin.login(None, PASSWORD).await.unwrap();
+    let bob = admin.add_user(&root, "bob", "viewer").await;
+    let bob_live = open_live(&admin, &bob).await;
+    let (status, _) = admin
+        .call(
+            &root,
+            Method::PATCH,
+            "/api/v1/users/bob",
+            Some(json!({"password": "a-brand-new-password"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let changed = std::time::Instant::now();
+    let ended = stream_ends_within(bob_live, std::time::Duration::from_secs(3)).await;
+    let (status, _) = admin
+        .call(&bob, Method::GET, "/api/v1/policies", None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "the old cookie");
+    let ended_in = ended.map(|at| at.duration_since(changed));
+    // A password changed behind this admin's back (the shell, another
+    // replica) ends the session too.
+    let carol = admin.add_user(&root, "carol", "viewer").await;
+    admin
+        .store
+        .change_user(
+            "carol",
+            None,
+            Some(hash("changed-from-the-shell")),
+            "cli:ops",
+            sluice_admin::store::AdminGuard::None,
+        )
+        .await
+        .unwrap();
+    let (status, _) = admin
+        .call(&carol, Method::GET, "/api/v1/policies", None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "changed elsewhere");
+    // A revoked token's stream.
+    let (status, created) = admin
+        .call(
+            &root,
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"name": "grafana", "scope": "read"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let token = As::token(created["token"].as_str().unwrap());
+    let token_live = open_live(&admin, &token).await;
+    let id = created["info"]["id"].as_str().unwrap();
+    let (status, _) = admin
+        .call(&root, Method::DELETE, &format!("/api/v1/tokens/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let revoked = std::time::Instant::now();
+    let token_ended = stream_ends_within(token_live, std::time::Duration::from_secs(3))
+        .await
+        .map(|at| at.duration_since(revoked));
+    println!(
+        "ending access: bob's live stream closed {ended_in:?} after his password changed, his old cookie 401; \
+         carol's cookie 401 after a change from the shell; a revoked token's stream closed {token_ended:?} after"
+    );
+    assert!(
+        ended_in.is_some_and(|d| d < std::time::Duration::from_secs(1)),
+        "{ended_in:?}"
+    );
+    assert!(
+        token_ended.is_some_and(|d| d < std::time::Duration::from_secs(1)),
+        "{token_ended:?}"
+    );
+}
+
+/// Live streams are bounded per caller.
+#[tokio::test]
+async fn live_streams_are_bounded_per_caller() {
+    let admin = start_default().await;
+    let root = admin.login(None, PASSWORD).await.unwrap();
+    let mut open = Vec::new();
+    for _ in 0..sluice_admin::live::MAX_STREAMS_PER_CALLER {
+        open.push(open_live(&admin, &root).await);
+    }
+    let (status, answer) = admin.call(&root, Method::GET, "/api/v1/live", None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    // Another caller has room of their own; one closed makes room again.
+    let vic = admin.add_user(&root, "vic", "viewer").await;
+    drop(open_live(&admin, &vic).await);
+    drop(open.pop());
+    let again = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        loop {
+            let mut req = admin.http.get(format!("{}/api/v1/live", admin.base));
+            for (k, v) in &root.headers {
+                req = req.header(k, v);
+            }
+            let response = req.send().await.unwrap();
+            if response.status() == StatusCode::OK {
+                return response;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(again.is_ok(), "a closed stream gives its seat back");
 }

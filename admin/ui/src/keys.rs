@@ -76,6 +76,9 @@ pub fn KeysNow(policy: String) -> impl IntoView {
                     <span class="keys-calls">{move || format!("{:.1}", keys.get().map_or(0.0, |k| k.calls_per_s))}</span>
                     " calls/s over all keys"
                 </p>
+                // Finding a key hashes a guess: editors only (the admin
+                // refuses viewers, limits and audits each lookup).
+                <Show when=move || session.can_edit()>
                 <form class="find-key" on:submit=find>
                     <label>"Find a key "
                         <input type="password" class="find-key-input" autocomplete="off" placeholder="paste a key"
@@ -85,6 +88,7 @@ pub fn KeysNow(policy: String) -> impl IntoView {
                     <button type="submit">"Find"</button>
                     <span class="find-key-result">{move || found_line().or_else(|| message.get())}</span>
                 </form>
+                </Show>
                 <table class="top-keys">
                     <thead><tr><th>"Key"</th><th>"Admitted/s"</th><th>"Queued/s"</th><th>"Refused/s"</th><th>"± (counts shared with keys no longer listed)"</th></tr></thead>
                     <tbody>

@@ -29,7 +29,7 @@ impl Session {
             .with(|s| s.as_ref().map(|s| s.role).unwrap_or_default())
     }
 
-    fn can_edit(&self) -> bool {
+    pub(crate) fn can_edit(&self) -> bool {
         self.role().can_edit()
     }
 
