@@ -733,14 +733,29 @@ async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Result<Resp
         }
     }
     // The version as of the last sync or edit: a scrape costs no query.
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
-        .into_response())
+    let open_metrics = headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    Ok(if open_metrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            state.metrics.render(),
+        )
+            .into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            state.metrics.render_text(),
+        )
+            .into_response()
+    })
 }
 
 async fn healthz(State(state): State<Shared>) -> Response {

@@ -376,6 +376,7 @@ impl Metrics {
         }
     }
 
+    /// OpenMetrics text, what Prometheus asks for.
     pub fn render(&self) -> String {
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
@@ -383,8 +384,64 @@ impl Metrics {
         }
         out
     }
+
+    /// The same in Prometheus' text format (0.0.4), for a client that does
+    /// not ask for OpenMetrics (`curl`, `promtool check metrics`): a
+    /// counter's HELP and TYPE name its `_total` series, and there is no
+    /// `# EOF` or `# UNIT`.
+    pub fn render_text(&self) -> String {
+        text_format(&self.render())
+    }
+}
+
+/// OpenMetrics text as Prometheus' text format (see
+/// [`Metrics::render_text`]).
+pub fn text_format(open_metrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open_metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open_metrics.len());
+    for line in open_metrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let comment = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match comment {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let total = if counters.contains(name) {
+                    "_total"
+                } else {
+                    ""
+                };
+                out.push_str(&format!("{prefix}{name}{total} {tail}"));
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn gauge(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_format_names_counters_by_their_series() {
+        let open = "# HELP a_logins Logins.\n# TYPE a_logins counter\na_logins_total 3\n\
+                    # HELP a_up Up.\n# TYPE a_up gauge\n# UNIT a_up seconds\na_up 1\n# EOF\n";
+        assert_eq!(
+            text_format(open),
+            "# HELP a_logins_total Logins.\n# TYPE a_logins_total counter\na_logins_total 3\n\
+             # HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n"
+        );
+    }
 }

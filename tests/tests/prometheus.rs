@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use sluice_demo::provider::{MockProvider, Signals};
 use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
@@ -304,6 +305,164 @@ async fn under_load_every_dashboard_query_returns_data_and_the_saturation_alert_
             .iter()
             .any(|a| a.starts_with("SluiceInstanceNotSyncing")),
         "a syncing Envoy reported as not syncing: {firing:?}"
+    );
+    Ok(())
+}
+
+/// Hostile sync reports through the real admin binary: 100 instance ids,
+/// each report naming 1 000 policies, limits, keyed policies and budgets
+/// the set does not have, for a minute. Only the set's names become
+/// series (and live entries, stored records): `/metrics` has one series
+/// per policy in the set, passes `promtool check metrics`, and the
+/// admin's memory stays flat. Instance ids that could break a scrape are
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_reports_shape_neither_the_metrics_nor_the_admins_memory() -> anyhow::Result<()> {
+    use sluice_shared::sync::{BudgetReport, LimitReport, PolicyReport, SyncReport};
+    const INSTANCES: usize = 100;
+    const RUN: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir()?;
+    let admin = sluice_e2e::admin::AdminProcess::start_in(dir.path(), &[]).await?;
+    let operator = admin.login().await?;
+    let set = [
+        json!({"name": "bank", "match": {"host": "api.bank.example"}, "rate": {"requests": 100, "period": "1s"},
+               "limits": [{"name": "bank-daily", "rate": {"requests": 100000, "period": "1d"}}]}),
+        json!({"name": "maps", "match": {"host": "api.maps.example"}, "key": {"header": "x-api-key"},
+               "rate": {"requests": 10, "period": "1s"}}),
+        json!({"name": "llm", "match": {"host": "api.llm.example"}, "concurrency": {"max_in_flight": 8}}),
+    ];
+    for policy in set {
+        operator.create(policy).await?;
+    }
+    let report = |i: usize, n: u64| {
+        let mut r = SyncReport {
+            instance: format!("hostile-{i}"),
+            policy_version: 3,
+            at_ms: 1_800_000_000_000 + n * 1_000,
+            ..SyncReport::default()
+        };
+        let counts = PolicyReport {
+            admitted: n * 10,
+            ..PolicyReport::default()
+        };
+        for name in ["bank", "maps", "llm"] {
+            r.policies.insert(name.into(), counts);
+        }
+        r.limits.insert("bank-daily".into(), LimitReport::default());
+        for j in 0..480 {
+            r.policies.insert(format!("made-up-{i}-{n}-{j}"), counts);
+            r.limits
+                .insert(format!("made-up-limit-{i}-{n}-{j}"), LimitReport::default());
+        }
+        for j in 0..20 {
+            r.keys
+                .insert(format!("made-up-keyed-{i}-{n}-{j}"), Default::default());
+            r.budgets
+                .insert(format!("made-up-budget-{j}"), BudgetReport::default());
+        }
+        r
+    };
+    let http = reqwest::Client::new();
+    let url = format!("{}/api/v1/sync", admin.base());
+    let send = |body: String| {
+        http.post(&url)
+            .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    // Ids that would break a scrape or a log line: refused.
+    let mut refused = 0;
+    for bad in ["a\"} 1\n", "a b", "évian", "x/../y", ""] {
+        let mut r = report(0, 0);
+        r.instance = bad.into();
+        if send(serde_json::to_string(&r)?).await?.status() == 400 {
+            refused += 1;
+        }
+    }
+    let started = Instant::now();
+    let mut rss = Vec::new();
+    let (mut sent, mut accepted, mut n) = (0u64, 0u64, 0u64);
+    while started.elapsed() < RUN {
+        let bodies: Vec<String> = (0..INSTANCES)
+            .map(|i| serde_json::to_string(&report(i, n)))
+            .collect::<Result<_, _>>()?;
+        let mut answers =
+            futures_util::stream::iter(bodies.into_iter().map(&send)).buffer_unordered(4);
+        while let Some(answer) = answers.next().await {
+            sent += 1;
+            accepted +=
+                u64::from(answer.is_ok_and(|a| a.status().is_success() || a.status() == 304));
+        }
+        n += 1;
+        rss.push((
+            started.elapsed(),
+            sluice_e2e::procinfo::rss_mib(admin.pid())?,
+        ));
+    }
+    let metrics = http
+        .get(format!("{}/metrics", admin.base()))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let path = dir.path().join("metrics.txt");
+    std::fs::write(&path, &metrics)?;
+    let check = Command::new("sh")
+        .arg("-c")
+        .arg(format!("promtool check metrics < {}", path.display()))
+        .output()?;
+    let labels = |label: &str| -> std::collections::BTreeSet<String> {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("sluice_admin_"))
+            .filter_map(|l| {
+                l.split(&format!("{label}=\""))
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(String::from)
+            })
+            .collect()
+    };
+    let (policies, limits, instances) = (labels("policy"), labels("limit"), labels("instance"));
+    let series = metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_admin_"))
+        .count();
+    // Memory after the first 10 s (warm: every instance known) and at the end.
+    let warm = rss
+        .iter()
+        .find(|(at, _)| *at >= Duration::from_secs(10))
+        .map_or(0.0, |(_, m)| *m);
+    let end = rss.last().map_or(0.0, |(_, m)| *m);
+    let peak = rss.iter().map(|(_, m)| *m).fold(0.0, f64::max);
+    println!(
+        "hostile reports: {refused} of 5 bad instance ids refused; {sent} reports ({accepted} answered) from {INSTANCES} ids \
+         in {:.0?}, 1 000 made-up names each; /metrics: {series} series, policy labels {policies:?}, limit labels {limits:?}, \
+         {} instance labels, promtool check metrics: {}; admin RSS {warm:.1} MiB at 10 s, {end:.1} MiB at the end, peak {peak:.1} MiB",
+        started.elapsed(),
+        instances.len(),
+        if check.status.success() { "ok".to_string() } else { String::from_utf8_lossy(&check.stderr).to_string() },
+    );
+    assert_eq!(refused, 5);
+    assert!(check.status.success(), "promtool check metrics failed");
+    let names = |v: &[&str]| {
+        v.iter()
+            .map(|s| s.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(
+        policies,
+        names(&["bank", "llm", "maps"]),
+        "one series per policy in the set"
+    );
+    assert!(limits.is_subset(&names(&["bank-daily"])), "{limits:?}");
+    assert!(instances.len() <= INSTANCES, "{}", instances.len());
+    assert!(accepted > 0);
+    assert!(
+        end < warm + 20.0,
+        "admin memory grew from {warm:.1} to {end:.1} MiB"
     );
     Ok(())
 }
