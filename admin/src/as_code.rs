@@ -16,6 +16,37 @@ use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 /// hundred policies at most.
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 pub const MAX_FILES: usize = 1000;
+/// The most YAML nodes one file may hold, aliases expanded: a thousand
+/// policies of a hundred fields each. An alias bomb (an anchor referenced
+/// over and over, each copy expanded) stops here, long before it takes
+/// memory or time.
+pub const MAX_YAML_NODES: usize = 100_000;
+
+/// A YAML file's document as JSON, within [`MAX_YAML_NODES`] nodes and as
+/// many events replayed through aliases. Pure Rust (serde-saphyr), no
+/// unsafe code.
+pub fn parse_yaml(text: &str) -> Result<Value, String> {
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_nodes: MAX_YAML_NODES,
+            max_events: 2 * MAX_YAML_NODES,
+            max_documents: 1,
+        },
+        alias_limits: serde_saphyr::alias_limits! {
+            max_total_replayed_events: MAX_YAML_NODES,
+        },
+        // One line per error: where, and why.
+        with_snippet: false,
+    };
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| {
+        let e = e.to_string();
+        if e.contains("budget breached") {
+            format!("{e}: a file holds at most {MAX_YAML_NODES} YAML nodes, aliases expanded")
+        } else {
+            e
+        }
+    })
+}
 
 /// One file's name (as it is to be shown) and text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,7 +142,7 @@ pub fn read_path(path: &Path) -> Result<Vec<SourceFile>, ReadError> {
 fn items(file: &SourceFile, errors: &mut Vec<FieldError>) -> Vec<(Value, String)> {
     let yaml = !file.path.ends_with(".json");
     let parsed: Result<Value, String> = if yaml {
-        serde_yaml_ng::from_str(&file.text).map_err(|e| format!("not valid YAML: {e}"))
+        parse_yaml(&file.text).map_err(|e| format!("not valid YAML: {e}"))
     } else {
         serde_json::from_str(&file.text).map_err(|e| format!("not valid JSON: {e}"))
     };
@@ -282,7 +313,7 @@ pub fn load(files: &[SourceFile]) -> Result<Loaded, ValidationErrors> {
 pub fn export(policies: &[Policy], yaml: bool) -> Result<String, String> {
     let doc = serde_json::json!({ "policies": policies });
     if yaml {
-        serde_yaml_ng::to_string(&doc).map_err(|e| e.to_string())
+        serde_saphyr::to_string(&doc).map_err(|e| e.to_string())
     } else {
         serde_json::to_string_pretty(&doc)
             .map(|s| s + "\n")
@@ -384,5 +415,20 @@ mod tests {
             read_path(&dir.path().join("missing.yaml")),
             Err(ReadError::Io { .. })
         ));
+    }
+
+    #[test]
+    fn anchors_are_read_and_an_alias_bomb_is_refused() {
+        let shared = "common: &limits\n  - {name: day, rate: {requests: 5, period: 1d}}\n\
+                      policies:\n  - {name: a, match: {host: a}, rate: {requests: 1, period: 1s}, limits: *limits}\n";
+        let value = parse_yaml(shared).unwrap();
+        assert_eq!(value["policies"][0]["limits"][0]["name"], "day");
+        let bomb = format!(
+            "x: &a [{}1]\ny: [{}*a]\n",
+            "1,".repeat(2_000),
+            "*a,".repeat(100)
+        );
+        let e = parse_yaml(&bomb).unwrap_err();
+        assert!(e.contains("at most 100000 YAML nodes"), "{e}");
     }
 }

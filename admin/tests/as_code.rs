@@ -445,3 +445,195 @@ async fn a_managed_directory_is_the_policy_set_and_nobody_edits_it_here() {
 fn files_of(text: &str) -> Value {
     files(&[("bank.yaml", text)])
 }
+
+/// A YAML alias bomb: an anchor of 40 000 items referenced 42 000 times,
+/// about 201 KiB (under `POST /apply`'s 256 KiB), that expands to about
+/// 1.7 × 10⁹ values.
+fn alias_bomb() -> String {
+    let mut text = String::from("name: bomb\nmatch: {host: bomb.example}\nx: &a [");
+    text.push_str(&"1,".repeat(40_000));
+    text.push_str("1]\ny: [");
+    text.push_str(&"*a,".repeat(42_000));
+    text.push_str("*a]\n");
+    text
+}
+
+/// A process's resident memory and its peak, in MiB.
+fn memory_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The admin binary serving on a free port; killed on drop.
+struct AdminBinary {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for AdminBinary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn admin_binary(db: &Path, extra: &[&str]) -> (AdminBinary, Duration) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-admin"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--db"])
+        .arg(db)
+        .args(extra)
+        .env("SLUICE_ADMIN_PASSWORD", PASSWORD)
+        .env("SLUICE_SYNC_TOKEN", "sync")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let admin = AdminBinary {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let http = reqwest::Client::new();
+    loop {
+        let up = http.get(format!("{}/healthz", admin.base)).send().await;
+        if up.is_ok_and(|r| r.status().is_success()) {
+            return (admin, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the admin did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The bomb through `apply`, `POST /api/v1/apply` and a managed directory:
+/// refused within 100 ms naming the file, memory barely moves, and an
+/// admin whose managed directory holds it starts and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yaml_alias_bomb_is_refused_at_once_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = alias_bomb();
+    let managed = dir.path().join("managed");
+    std::fs::create_dir(&managed).unwrap();
+    std::fs::write(managed.join("10-bank.yaml"), BANK).unwrap();
+    std::fs::write(managed.join("20-bomb.yaml"), &bomb).unwrap();
+    let file = managed.join("20-bomb.yaml");
+
+    // The command line: refused, the whole run (start, parse, exit) brief.
+    let started = Instant::now();
+    let (ok, _, err) = cli(
+        &dir.path().join("cli.db"),
+        &["apply", "--dry-run", "-f", file.to_str().unwrap()],
+    );
+    let cli_took = started.elapsed();
+    let err = err
+        .lines()
+        .find(|l| l.contains("not valid YAML"))
+        .unwrap_or(&err)
+        .trim()
+        .to_string();
+
+    // The API, against the real binary.
+    let (plain, _) = admin_binary(&dir.path().join("api.db"), &[]).await;
+    let pid = plain.child.id();
+    let http = reqwest::Client::new();
+    let login = http
+        .post(format!("{}/api/v1/login", plain.base))
+        .json(&json!({"password": PASSWORD}))
+        .send()
+        .await
+        .unwrap();
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let csrf = login.json::<Value>().await.unwrap()["csrf_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (before, _) = memory_mib(pid);
+    let body = json!({"files": [{"path": "bomb.yaml", "text": bomb}]});
+    let started = Instant::now();
+    let answer = http
+        .post(format!("{}/api/v1/apply", plain.base))
+        .header("cookie", &cookie)
+        .header("x-csrf-token", &csrf)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let api_took = started.elapsed();
+    let status = answer.status();
+    let refusal: Value = answer.json().await.unwrap();
+    let (_, api_peak) = memory_mib(pid);
+
+    // Managed mode: the directory holds it from the start.
+    let (managed_admin, start_took) = admin_binary(
+        &dir.path().join("managed.db"),
+        &["--managed-dir", managed.to_str().unwrap()],
+    )
+    .await;
+    let listed: Value = http
+        .get(format!("{}/api/v1/policies", managed_admin.base))
+        .header("cookie", &{
+            let login = http
+                .post(format!("{}/api/v1/login", managed_admin.base))
+                .json(&json!({"password": PASSWORD}))
+                .send()
+                .await
+                .unwrap();
+            login.headers()["set-cookie"]
+                .to_str()
+                .unwrap()
+                .split(';')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (_, managed_peak) = memory_mib(managed_admin.child.id());
+    let shown = listed["managed"]["error"].to_string();
+    println!(
+        "alias bomb ({} KiB): apply --dry-run exit {} in {cli_took:.1?} ({}); \
+         POST /apply {status} in {api_took:.1?}, admin RSS {before:.1} MiB before, peak {api_peak:.1} MiB after; \
+         managed: the admin served {start_took:.1?} after it started, peak {managed_peak:.1} MiB, showing {shown}",
+        bomb.len() / 1024,
+        if ok { 0 } else { 1 },
+        err,
+    );
+    assert!(
+        !ok && err.contains("20-bomb.yaml") && err.contains("not valid YAML"),
+        "{err}"
+    );
+    assert!(
+        cli_took < Duration::from_secs(2),
+        "the whole command, start to exit"
+    );
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refusal}");
+    assert!(refusal.to_string().contains("bomb.yaml"), "{refusal}");
+    assert!(api_took < Duration::from_millis(100), "{api_took:?}");
+    assert!(api_peak - before < 50.0, "{before} -> {api_peak} MiB");
+    assert!(shown.contains("20-bomb.yaml"), "{listed}");
+    assert!(managed_peak < 100.0);
+}

@@ -11,12 +11,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use serde_yaml_ng::Value;
+use serde_json::Value;
 use sluice_e2e::envoy::{envoy_binary, filter_wasm, free_port, workspace_root};
 
 fn compose() -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(workspace_root().join("envoy/docker-compose.yml"))?;
-    serde_yaml_ng::from_str(&text).context("envoy/docker-compose.yml is not valid YAML")
+    serde_saphyr::from_str(&text).context("envoy/docker-compose.yml is not valid YAML")
 }
 
 fn dockerfile() -> anyhow::Result<String> {
@@ -61,9 +61,9 @@ fn makefile_envoy_version() -> anyhow::Result<String> {
 fn compose_file_is_consistent() -> anyhow::Result<()> {
     let compose = compose()?;
     let services = compose["services"]
-        .as_mapping()
+        .as_object()
         .context("no services in the compose file")?;
-    let names: Vec<&str> = services.keys().filter_map(Value::as_str).collect();
+    let names: Vec<&str> = services.keys().map(String::as_str).collect();
     for want in ["envoy", "admin", "demo-api", "filter"] {
         ensure!(names.contains(&want), "no {want} service: {names:?}");
     }
@@ -106,7 +106,7 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
     // Envoy's mounts: its config file exists, and the filter volume holds
     // the path the config loads the .wasm from.
     let mounts: Vec<&str> = compose["services"]["envoy"]["volumes"]
-        .as_sequence()
+        .as_array()
         .context("envoy mounts")?
         .iter()
         .filter_map(Value::as_str)
@@ -133,7 +133,7 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
     // Envoy pins the certificate the admin generates: one volume, mounted
     // where the admin writes it and where Envoy reads it.
     let admin_command: Vec<&str> = compose["services"]["admin"]["command"]
-        .as_sequence()
+        .as_array()
         .context("admin command")?
         .iter()
         .filter_map(Value::as_str)
@@ -147,7 +147,7 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
     ensure!(flag("--tls-listen") == Some("0.0.0.0:8443"));
     let cert_dir = flag("--tls-self-signed").context("the admin generates no certificate")?;
     let admin_mounts: Vec<&str> = compose["services"]["admin"]["volumes"]
-        .as_sequence()
+        .as_array()
         .context("admin mounts")?
         .iter()
         .filter_map(Value::as_str)
@@ -176,7 +176,7 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
     // Published on the host's loopback only (the admin runs --insecure-dev).
     for service in ["admin", "envoy"] {
         for port in compose["services"][service]["ports"]
-            .as_sequence()
+            .as_array()
             .context("ports")?
         {
             let port = port.as_str().unwrap_or_default();
@@ -188,7 +188,7 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
     }
     // The seed the admin is told to load is the one the image carries.
     let command: Vec<&str> = compose["services"]["admin"]["command"]
-        .as_sequence()
+        .as_array()
         .context("admin command")?
         .iter()
         .filter_map(Value::as_str)
@@ -280,7 +280,7 @@ async fn dockerfile_build_steps_run_natively_and_the_admin_starts() -> anyhow::R
         .collect();
     let compose = compose()?;
     let command: Vec<String> = compose["services"]["admin"]["command"]
-        .as_sequence()
+        .as_array()
         .context("admin command")?
         .iter()
         .filter_map(|v| v.as_str().map(str::to_string))
