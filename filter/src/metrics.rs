@@ -82,14 +82,18 @@ pub enum LimitStat {
     Tokens,
     /// Responses whose usage was read and reconciled with the estimate.
     UsageRead,
-    /// Responses larger than `max_body_bytes`: charged the estimate.
+    /// Responses larger than `max_body_bytes`, or beyond what the worker
+    /// holds of all responses at once: charged the unread charge.
     UsageTooLarge,
-    /// Responses whose usage was missing or not a whole number (not JSON,
-    /// no such path, a bad header): charged the estimate.
+    /// Responses whose usage was not a whole number (not JSON, a bad
+    /// header): charged the unread charge.
     UsageMalformed,
     /// Calls that ended before their response did (aborted, reset):
-    /// charged the estimate.
+    /// charged the unread charge.
     UsageAborted,
+    /// Responses that carried no usage (an OpenAI stream that did not
+    /// ask for it, a missing header or path): charged the unread charge.
+    UsageMissing,
     /// Calls refused because this budget's spending before a restart is
     /// not known yet (the admin has not answered since).
     BudgetUnknown,
@@ -108,7 +112,7 @@ pub enum LimitStat {
 }
 
 impl LimitStat {
-    const ALL: [LimitStat; 15] = [
+    const ALL: [LimitStat; 16] = [
         LimitStat::Admitted,
         LimitStat::Refused,
         LimitStat::Queued,
@@ -117,6 +121,7 @@ impl LimitStat {
         LimitStat::UsageTooLarge,
         LimitStat::UsageMalformed,
         LimitStat::UsageAborted,
+        LimitStat::UsageMissing,
         LimitStat::BudgetUnknown,
         LimitStat::ProviderRefused,
         LimitStat::Paused,
@@ -136,6 +141,7 @@ impl LimitStat {
             LimitStat::UsageTooLarge => "usage_too_large",
             LimitStat::UsageMalformed => "usage_malformed",
             LimitStat::UsageAborted => "usage_aborted",
+            LimitStat::UsageMissing => "usage_missing",
             LimitStat::BudgetUnknown => "budget_unknown",
             LimitStat::ProviderRefused => "provider_refused",
             LimitStat::Paused => "paused",

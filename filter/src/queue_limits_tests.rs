@@ -183,7 +183,8 @@ fn a_queued_call_settles_its_usage_once_it_left() {
     w.on_stream_end(&host, 1);
     host.advance_ms(100);
     w.on_tick(&host);
-    // Call 1 never answered: its estimate, 60; call 2: its usage, 10.
-    assert_eq!(host.metric("sluice.limit.units.tokens"), 70);
+    // Call 1 never answered: the unread charge, the cost's max (100), not
+    // its estimate (60); call 2: its usage, 10.
+    assert_eq!(host.metric("sluice.limit.units.tokens"), 110);
     assert_eq!(host.metric("sluice.limit.units.usage_read"), 1);
 }

@@ -40,16 +40,23 @@ fn json_response(host: &FakeHost, w: &mut Worker, id: u32, chunks: &[&[u8]]) {
     w.on_stream_end(host, id);
 }
 
+/// Probes with calls estimated at 1 000 (and using just that) until the
+/// limit refuses: what it had left, to the thousand. The probes stay
+/// charged, as usage read.
 fn tokens_left(host: &FakeHost, w: &mut Worker) -> u64 {
-    // Probe with calls of a known estimate until the limit refuses.
     let mut admitted = 0;
-    for id in 9000..9100u32 {
+    for id in 9000..9200u32 {
         let v = call(host, w, id, br#"{"max_tokens": 900}"#);
         if status(&v) != 200 {
             break;
         }
         admitted += 1000;
-        w.on_stream_end(host, id);
+        json_response(
+            host,
+            w,
+            id,
+            &[br#"{"usage": {"prompt_tokens": 400, "completion_tokens": 600}}"#],
+        );
     }
     admitted
 }
@@ -81,10 +88,11 @@ fn a_json_usage_refunds_what_the_estimate_took_beyond_it() {
     }
     assert_eq!(tokens_left(&host, &mut w), 9000);
     w.on_tick(&host);
-    assert_eq!(host.metric("sluice.limit.tpm.usage_read"), 2);
-    // 2 × 500 read, then 9 calls of estimate 1 000 still in their window.
+    // The two calls and the 9 probes.
+    assert_eq!(host.metric("sluice.limit.tpm.usage_read"), 2 + 9);
+    // 2 × 500 read, then 9 probes of 1 000 in the same window.
     assert_eq!(host.metric("sluice.limit.tpm.tokens"), 1000 + 9 * 1000);
-    assert_eq!(host.metric("sluice.limit.tpm.usage_aborted"), 9);
+    assert_eq!(host.metric("sluice.limit.tpm.usage_aborted"), 0);
 }
 
 #[test]
@@ -131,68 +139,102 @@ fn a_streamed_answer_settles_on_its_last_event_in_any_chunking() {
     assert_eq!(tokens_left(&host, &mut w), 9000, "100 used of 10 000");
 }
 
+/// A minute of 100 000 tokens, the rest as [`TOKENS_PER_MINUTE`], and
+/// what a call whose usage is unread is charged.
+fn large_minute(unread: &str) -> String {
+    TOKENS_PER_MINUTE
+        .replace(r#""requests": 10000"#, r#""requests": 100000"#)
+        .replace(
+            r#""max_body_bytes": 2048"#,
+            &format!(r#""max_body_bytes": 2048{unread}"#),
+        )
+}
+
+/// Calls whose usage goes unread in every way a caller or a provider can
+/// make it: each is charged the most its cost can be (5 000), not its
+/// estimate (1 000, from the caller's own max_tokens), and counted.
 #[test]
-fn an_aborted_stream_a_malformed_body_and_a_huge_one_are_charged_their_estimate() {
+fn an_aborted_stream_an_unreadable_body_and_a_huge_one_are_charged_the_unread_charge() {
     let host = FakeHost::at(T0);
-    let mut w = worker(&host, TOKENS_PER_MINUTE);
+    let mut w = worker(&host, &large_minute(""));
+    unread_in_every_way(&host, &mut w);
+    // Five charged 5 000 each.
+    assert_eq!(tokens_left(&host, &mut w), 100_000 - 5 * 5000);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.tpm.usage_aborted"), 2);
+    assert_eq!(host.metric("sluice.limit.tpm.usage_malformed"), 1);
+    assert_eq!(host.metric("sluice.limit.tpm.usage_missing"), 1);
+    assert_eq!(host.metric("sluice.limit.tpm.usage_too_large"), 1);
+    assert_eq!(host.metric("sluice.limit.tpm.usage_read"), 75);
+    assert_eq!(host.metric("sluice.limit.tpm.tokens"), 100_000);
+    // Charged a number of tokens instead, never less than the estimate;
+    // or, asked for, the estimate as before.
+    for (unread, each) in [
+        (r#", "unread": 3000"#, 3000),
+        (r#", "unread": 10"#, 1000),
+        (r#", "unread": "estimate""#, 1000),
+    ] {
+        let host = FakeHost::at(T0);
+        let mut w = worker(&host, &large_minute(unread));
+        unread_in_every_way(&host, &mut w);
+        assert_eq!(tokens_left(&host, &mut w), 100_000 - 5 * each, "{unread}");
+    }
+}
+
+/// Five calls estimated at 1 000 whose usage is not read: one aborted
+/// mid-stream, one answered with a body that is not JSON, one without
+/// usage, one too large to read, one never answered.
+fn unread_in_every_way(host: &FakeHost, w: &mut Worker) {
     // Aborted mid-stream: headers and part of the body, then the end.
     assert_eq!(
-        call(&host, &mut w, 1, br#"{"max_tokens": 900}"#),
+        call(host, w, 1, br#"{"max_tokens": 900}"#),
         Verdict::Continue
     );
     let sse: Vec<(&str, &[u8])> = vec![("content-type", b"text/event-stream")];
-    assert!(w.on_response_headers(&host, 1, sse.as_slice(), false));
-    assert!(w.on_response_body(&host, 1, b"data: {\"usage\": {\"prompt_tokens\": 1", false));
-    w.on_stream_end(&host, 1);
+    assert!(w.on_response_headers(host, 1, sse.as_slice(), false));
+    assert!(w.on_response_body(host, 1, b"data: {\"usage\": {\"prompt_tokens\": 1", false));
+    w.on_stream_end(host, 1);
     // Not JSON.
     assert_eq!(
-        call(&host, &mut w, 2, br#"{"max_tokens": 900}"#),
+        call(host, w, 2, br#"{"max_tokens": 900}"#),
         Verdict::Continue
     );
-    json_response(&host, &mut w, 2, &[b"<html>502 Bad Gateway</html>"]);
-    // A path missing, and a number that is not whole.
+    json_response(host, w, 2, &[b"<html>502 Bad Gateway</html>"]);
+    // No whole number at the paths: missing, negative, fractional.
     assert_eq!(
-        call(&host, &mut w, 3, br#"{"max_tokens": 900}"#),
+        call(host, w, 3, br#"{"max_tokens": 900}"#),
         Verdict::Continue
     );
     json_response(
-        &host,
-        &mut w,
+        host,
+        w,
         3,
         &[br#"{"usage": {"prompt_tokens": -5, "completion_tokens": 1.5}}"#],
     );
     // Past max_body_bytes (2 KiB): read no further, settled at once.
     assert_eq!(
-        call(&host, &mut w, 4, br#"{"max_tokens": 900}"#),
+        call(host, w, 4, br#"{"max_tokens": 900}"#),
         Verdict::Continue
     );
     let json: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
-    assert!(w.on_response_headers(&host, 4, json.as_slice(), false));
+    assert!(w.on_response_headers(host, 4, json.as_slice(), false));
     let big = vec![b' '; 3000];
     assert!(
-        !w.on_response_body(&host, 4, &big, false),
+        !w.on_response_body(host, 4, &big, false),
         "stops reading past the bound"
     );
-    w.on_stream_end(&host, 4);
+    w.on_stream_end(host, 4);
     // Never answered (the upstream reset before headers).
     assert_eq!(
-        call(&host, &mut w, 5, br#"{"max_tokens": 900}"#),
+        call(host, w, 5, br#"{"max_tokens": 900}"#),
         Verdict::Continue
     );
-    w.on_stream_end(&host, 5);
+    w.on_stream_end(host, 5);
     assert_eq!(w.awaiting_usage(), 0);
-    // Five estimates of 1 000 stay taken.
-    assert_eq!(tokens_left(&host, &mut w), 5000);
-    w.on_tick(&host);
-    assert_eq!(host.metric("sluice.limit.tpm.usage_aborted"), 2 + 5);
-    assert_eq!(host.metric("sluice.limit.tpm.usage_malformed"), 2);
-    assert_eq!(host.metric("sluice.limit.tpm.usage_too_large"), 1);
-    assert_eq!(host.metric("sluice.limit.tpm.usage_read"), 0);
-    assert_eq!(host.metric("sluice.limit.tpm.tokens"), 10 * 1000);
 }
 
 #[test]
-fn a_request_body_that_is_not_json_or_too_large_costs_the_default_estimate() {
+fn a_request_body_that_is_not_json_costs_the_default_and_one_too_large_its_max() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, TOKENS_PER_MINUTE);
     let headers = req(LLM, &[]);
@@ -203,17 +245,19 @@ fn a_request_body_that_is_not_json_or_too_large_costs_the_default_estimate() {
     ] {
         assert_eq!(call(&host, &mut w, id, body), Verdict::Continue);
     }
+    // Too large to read: it could ask for anything, so it is estimated at
+    // the cost's max (5 000), not its default.
     assert_eq!(
         w.on_request_with(&host, 3, headers.as_slice(), RequestBody::Read(None)),
         Verdict::Continue,
-        "too large to read: default"
     );
-    // 3 × 2 000 taken: 4 000 left, and a max_tokens past `max` costs 5 000.
+    // 2 × 2 000 + 5 000 taken: 1 000 left, and a max_tokens past `max`
+    // costs 5 000.
     assert_eq!(
         status(&call(&host, &mut w, 4, br#"{"max_tokens": 99999999999}"#)),
         429
     );
-    assert_eq!(tokens_left(&host, &mut w), 4000);
+    assert_eq!(tokens_left(&host, &mut w), 1000);
     w.on_tick(&host);
     assert_eq!(host.metric("sluice.request_body_too_large"), 1);
     // A request without a body is decided at once on the default.
@@ -223,14 +267,14 @@ fn a_request_body_that_is_not_json_or_too_large_costs_the_default_estimate() {
 }
 
 /// Usage from a response header, under a token bucket: a response with no
-/// such header, or garbage in it, keeps the estimate.
+/// such header, or garbage in it, is charged the cost's max.
 #[test]
 fn usage_from_a_response_header_and_garbage_in_it() {
     let host = FakeHost::at(T0);
     let policy = r#"{"version": 1, "policies": [
         {"name": "api", "match": {"host": "api.llm.example"},
          "rate": {"requests": 1000, "period": "1s"},
-         "limits": [{"name": "units", "rate": {"requests": 100, "period": "1m", "burst": 100},
+         "limits": [{"name": "units", "rate": {"requests": 400, "period": "1m", "burst": 400},
                      "cost": {"header": "x-units", "default": 30, "max": 100},
                      "usage": {"header": "X-Usage-Units"}}]}]}"#;
     let mut w = worker(&host, policy);
@@ -247,13 +291,15 @@ fn usage_from_a_response_header_and_garbage_in_it() {
     go(&mut w, 2, &[("x-usage-units", b"-3")]);
     go(&mut w, 3, &[("x-usage-units", b"\xff\xfe")]);
     go(&mut w, 4, &[("content-type", b"text/plain")]);
-    // 10 + 3 × 30: the bucket of 100 is empty.
-    let v = w.on_request(&host, 5, req(LLM, &[("x-units", b"1")]).as_slice());
+    // 10 + 3 × 100 (the unread charge, not the estimate 30) of 400: a
+    // call of 100 no longer fits (it would, charged the estimates).
+    let v = w.on_request(&host, 5, req(LLM, &[("x-units", b"100")]).as_slice());
     assert_eq!(status(&v), 429);
     w.on_tick(&host);
     assert_eq!(host.metric("sluice.limit.units.usage_read"), 1);
-    assert_eq!(host.metric("sluice.limit.units.usage_malformed"), 3);
-    assert_eq!(host.metric("sluice.limit.units.tokens"), 100);
+    assert_eq!(host.metric("sluice.limit.units.usage_malformed"), 2);
+    assert_eq!(host.metric("sluice.limit.units.usage_missing"), 1);
+    assert_eq!(host.metric("sluice.limit.units.tokens"), 310);
 }
 
 fn usage_cases() -> u32 {
@@ -309,10 +355,97 @@ proptest::proptest! {
         }
         proptest::prop_assert_eq!(w.awaiting_usage(), 0);
         w.on_tick(&host);
-        let settled: i64 = ["usage_read", "usage_too_large", "usage_malformed", "usage_aborted"]
+        let settled: i64 = ["usage_read", "usage_too_large", "usage_malformed", "usage_aborted", "usage_missing"]
             .iter()
             .map(|s| host.metric(&format!("sluice.limit.tpm.{s}")))
             .sum();
         proptest::prop_assert_eq!(settled, admitted);
     }
+}
+
+/// 2 000 calls at once whose answers are each as large as the limit reads
+/// (16 MiB): the worker never holds more than [`MAX_HELD_BYTES`] of them;
+/// a body that would pass it is not read, charged the unread charge and
+/// counted, and answers small enough are still read.
+#[test]
+fn many_large_answers_at_once_stay_under_the_workers_cap() {
+    use crate::worker::MAX_HELD_BYTES;
+    const CALLS: u32 = 2_000;
+    const BODY: usize = 16 * 1024 * 1024;
+    const CHUNK: usize = 256 * 1024;
+    let host = FakeHost::at(T0);
+    let policy = TOKENS_PER_MINUTE
+        .replace(
+            r#""requests": 1000, "period": "1s""#,
+            r#""requests": 100000, "period": "1s""#,
+        )
+        .replace(
+            r#""requests": 10000, "period": "1m""#,
+            r#""requests": 1000000000, "period": "1m""#,
+        )
+        .replace(
+            r#""default": 2000, "max": 5000"#,
+            r#""default": 1000, "max": 1000"#,
+        )
+        .replace(
+            r#""max_body_bytes": 2048"#,
+            &format!(r#""max_body_bytes": {BODY}"#),
+        );
+    let mut w = worker(&host, &policy);
+    let json: Vec<(&str, &[u8])> = vec![(":status", b"200"), ("content-type", b"application/json")];
+    for id in 1..=CALLS + 10 {
+        assert_eq!(
+            call(&host, &mut w, id, br#"{"max_tokens": 900}"#),
+            Verdict::Continue
+        );
+        assert!(w.on_response_headers(&host, id, json.as_slice(), false));
+    }
+    // Ten small answers, read whole.
+    for id in CALLS + 1..=CALLS + 10 {
+        let body = br#"{"usage": {"prompt_tokens": 10, "completion_tokens": 20}}"#;
+        assert!(!w.on_response_body(&host, id, body, true));
+        w.on_stream_end(&host, id);
+    }
+    // The large ones, a chunk each in turn, for as long as each is read.
+    let chunk = vec![b' '; CHUNK];
+    let mut reading: Vec<(u32, usize)> = (1..=CALLS).map(|id| (id, 0)).collect();
+    let mut most = 0;
+    while !reading.is_empty() {
+        reading.retain_mut(|(id, sent)| {
+            *sent += CHUNK;
+            let last = *sent >= BODY;
+            let wanted = w.on_response_body(&host, *id, &chunk, last);
+            most = most.max(w.response_bytes_held());
+            if !wanted {
+                w.on_stream_end(&host, *id);
+            }
+            wanted && !last
+        });
+    }
+    assert_eq!(w.awaiting_usage(), 0);
+    assert_eq!(w.response_bytes_held(), 0);
+    w.on_tick(&host);
+    let too_large = host.metric("sluice.limit.tpm.usage_too_large");
+    println!(
+        "{CALLS} answers of {} MiB at once: at most {:.1} MiB held (cap {} MiB); {too_large} not read past it, \
+         charged the unread charge; 10 small ones read",
+        BODY / 1024 / 1024,
+        most as f64 / 1024.0 / 1024.0,
+        MAX_HELD_BYTES / 1024 / 1024
+    );
+    assert!(most <= MAX_HELD_BYTES, "{most}");
+    assert!(most > MAX_HELD_BYTES / 2, "the cap was reached: {most}");
+    // The few read to their end (blanks: no usage in them) fitted together.
+    let whole = host.metric("sluice.limit.tpm.usage_malformed");
+    assert_eq!(too_large + whole, i64::from(CALLS));
+    assert!(
+        whole <= i64::try_from(MAX_HELD_BYTES / BODY).unwrap_or(0),
+        "{whole}"
+    );
+    assert_eq!(host.metric("sluice.limit.tpm.usage_read"), 10);
+    // 10 read (30 each) and 2 000 charged the max, 1 000 each.
+    assert_eq!(
+        host.metric("sluice.limit.tpm.tokens"),
+        10 * 30 + i64::from(CALLS) * 1000
+    );
 }

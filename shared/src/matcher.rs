@@ -216,7 +216,7 @@ impl CompiledPolicy {
                         CostSpec::FromRequestJson(j) => UsagePath::parse(&j.json),
                         _ => None,
                     },
-                    usage: l.usage.as_ref().map(CompiledUsage::new),
+                    usage: l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
                     budget: l.is_budget(),
                     key_header: l.key.as_ref().map(|k| lower(&k.header)),
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
@@ -421,22 +421,30 @@ impl CompiledPolicy {
     }
 
     /// What this request takes from each of the policy's further limits;
-    /// `body` is the request's body when [`Self::reads_request_body`] (None:
-    /// none, or too large to read, and such costs are their default).
+    /// `body` is the request's body as far as it was read (see
+    /// [`RequestJson`]).
     pub fn limit_costs<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
-        body: Option<&[u8]>,
+        body: RequestJson<'_>,
     ) -> Vec<u64> {
         if self.limits.is_empty() {
             return Vec::new();
         }
-        let json = body
-            .filter(|_| self.reads_request_body())
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok());
+        let json = match body {
+            RequestJson::Read(b) if self.reads_request_body() => {
+                serde_json::from_slice::<serde_json::Value>(b).ok()
+            }
+            _ => None,
+        };
         self.limits
             .iter()
             .map(|l| match (&l.cost, &l.cost_json) {
+                // A body too large to read could ask for anything: it is
+                // estimated at the most the cost may be, never its default.
+                (CostSpec::FromRequestJson(spec), Some(_)) if body == RequestJson::TooLarge => {
+                    spec.max.max(1)
+                }
                 (CostSpec::FromRequestJson(spec), Some(path)) => {
                     let asked = json.as_ref().and_then(|v| path.find(v));
                     asked
@@ -501,6 +509,17 @@ fn parse_whole_number(v: &[u8]) -> Option<u64> {
     v.iter().try_fold(0u64, |acc, d| {
         acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
     })
+}
+
+/// A request's body as far as an estimate is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestJson<'a> {
+    /// Not read (none came, or no limit reads it): costs are their default.
+    None,
+    /// Too large to read: costs from it are their `max`.
+    TooLarge,
+    /// The body: costs from it read its JSON, or their default.
+    Read(&'a [u8]),
 }
 
 /// A validated policy set, ready to classify requests.

@@ -551,8 +551,8 @@ pub struct CostFromRequestJson {
 /// response header, or whole numbers in its JSON body (summed). The call
 /// is admitted against its `cost` (the estimate); when the response ends
 /// the difference is refunded or charged to the calls that follow. A
-/// response that ends early, or whose usage cannot be read, is charged the
-/// estimate.
+/// response that ends early, carries no usage, or whose usage cannot be
+/// read is charged `unread`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -570,10 +570,61 @@ pub struct UsageSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<String>,
     /// The most of a JSON body (or of one event) read for its usage;
-    /// default 256 KiB. A larger one is charged the estimate and counted
+    /// default 256 KiB. A larger one is charged `unread` and counted
     /// (`usage_too_large`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_body_bytes: Option<u32>,
+    /// What a call is charged when its usage could not be read (an answer
+    /// cut short, without usage, too large to read): `"max"` (the default:
+    /// the most its `cost` can be, not the caller's own estimate), a
+    /// number of tokens, or `"estimate"` (what it was admitted against).
+    /// Never less than the estimate.
+    #[serde(default, skip_serializing_if = "UnreadCharge::is_default")]
+    pub unread: UnreadCharge,
+}
+
+/// See [`UsageSpec::unread`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(
+    untagged,
+    expecting = "\"max\", \"estimate\" or a whole number of tokens"
+)]
+pub enum UnreadCharge {
+    Named(UnreadName),
+    Tokens(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum UnreadName {
+    /// The most the limit's `cost` can be.
+    Max,
+    /// What the call was admitted against.
+    Estimate,
+}
+
+impl Default for UnreadCharge {
+    fn default() -> Self {
+        UnreadCharge::Named(UnreadName::Max)
+    }
+}
+
+impl UnreadCharge {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The tokens charged for unread usage of a limit whose cost is
+    /// `cost` (None: the estimate).
+    pub fn tokens(&self, cost: &CostSpec) -> Option<u64> {
+        match self {
+            UnreadCharge::Named(UnreadName::Max) => Some(cost.max_cost()),
+            UnreadCharge::Named(UnreadName::Estimate) => None,
+            UnreadCharge::Tokens(n) => Some(*n),
+        }
+    }
 }
 
 impl UsageSpec {

@@ -68,18 +68,28 @@ pub struct CompiledUsage {
     json: Vec<UsagePath>,
     events: Vec<UsagePath>,
     pub max_body_bytes: usize,
+    /// Tokens charged when the usage cannot be read (None: the estimate).
+    unread: Option<u64>,
 }
 
 impl CompiledUsage {
-    /// From a validated spec (a path that does not parse is left out).
-    pub fn new(spec: &UsageSpec) -> Self {
+    /// From a validated spec (a path that does not parse is left out) of
+    /// a limit whose cost is `cost`.
+    pub fn new(spec: &UsageSpec, cost: &crate::policy::CostSpec) -> Self {
         let parse = |paths: &[String]| paths.iter().filter_map(|p| UsagePath::parse(p)).collect();
         Self {
             header: spec.header.as_ref().map(|h| h.to_ascii_lowercase()),
             json: parse(&spec.json),
             events: parse(spec.event_paths()),
             max_body_bytes: usize::try_from(spec.max_body_bytes()).unwrap_or(usize::MAX),
+            unread: spec.unread.tokens(cost),
         }
+    }
+
+    /// What a call admitted against `estimate` is charged when its usage
+    /// could not be read: the unread charge, never less than the estimate.
+    pub fn unread_charge(&self, estimate: u64) -> u64 {
+        self.unread.map_or(estimate, |n| n.max(estimate))
     }
 
     /// A reader of the body of a response of `content_type`; None when
@@ -251,6 +261,17 @@ impl UsageReader {
             total = total.saturating_add(n);
         }
         Ok(total)
+    }
+
+    /// Bytes this reader holds now (the body so far, or a line).
+    pub fn buffered(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Stops reading (the worker holds too much already): the usage is
+    /// unread, and the buffer is freed.
+    pub fn give_up(&mut self) {
+        self.fail(UsageError::TooLarge(self.max_bytes));
     }
 }
 

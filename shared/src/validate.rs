@@ -910,6 +910,9 @@ fn check_usage(r: &mut Report, usage: &UsageSpec) {
             u64::from(bounds::MAX_USAGE_BODY_BYTES),
         );
     }
+    if let crate::policy::UnreadCharge::Tokens(n) = usage.unread {
+        r.range_u64("usage.unread", n, 1, bounds::MAX_REQUESTS);
+    }
 }
 
 fn check_concurrency(r: &mut Report, conc: &ConcurrencySpec, has_priority: bool) {

@@ -315,7 +315,7 @@ fn response_costs_are_checked_field_by_field() {
                "cost": {"json": "max_tokens..x", "plus": 10, "default": 0, "max": 5000},
                "usage": {"header": "x-usage", "json": ["usage.total_tokens"]}},
               {"name": "tpd", "rate": {"requests": 100000, "period": "1d"},
-               "usage": {"json": ["usage.", ""], "events": ["ok.path"], "max_body_bytes": 10}},
+               "usage": {"json": ["usage.", ""], "events": ["ok.path"], "max_body_bytes": 10, "unread": 0}},
               {"name": "rpm", "rate": {"requests": 100, "period": "1m"}, "usage": {}},
               {"name": "hdr", "rate": {"requests": 100, "period": "1m"}, "usage": {"header": "bad header", "events": ["a"]}}
             ]}"#,
@@ -331,6 +331,7 @@ fn response_costs_are_checked_field_by_field() {
             "policies[0].limits[1].usage.json[0]: \"usage.\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
             "policies[0].limits[1].usage.json[1]: \"\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
             "policies[0].limits[1].usage.max_body_bytes: must be >= 1024",
+            "policies[0].limits[1].usage.unread: must be >= 1",
             "policies[0].limits[2].usage: give `header` (a response header) or `json` (paths in the response body)",
             "policies[0].limits[3].usage.header: \"bad header\" is not a valid header name",
             "policies[0].limits[3].usage.events: applies only with `json`",
@@ -347,6 +348,24 @@ fn response_costs_are_checked_field_by_field() {
     // What was accepted reads back the same.
     let again = serde_json::to_string(&set).unwrap_or_default();
     assert_eq!(parse_policy_set(&again).ok(), Some(set));
+    // The unread charge: "max" (the default), "estimate" or tokens.
+    for unread in [r#""max""#, r#""estimate""#, "25000"] {
+        let set = ok.replace(
+            r#""usage": {"json""#,
+            &format!(r#""usage": {{"unread": {unread}, "json""#),
+        );
+        parse_policy_set(&set).unwrap_or_else(|e| panic!("{unread}: {e}"));
+    }
+    let wrong = ok.replace(
+        r#""usage": {"json""#,
+        r#""usage": {"unread": "sometimes", "json""#,
+    );
+    let e = parse_policy_set(&wrong).unwrap_err().to_string();
+    assert!(
+        e.contains("usage.unread")
+            && e.contains("\"max\", \"estimate\" or a whole number of tokens"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -36,7 +36,7 @@ use std::rc::Rc;
 
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::KeyOutcome;
-use sluice_shared::matcher::{BucketKey, CompiledPolicySet, RequestHeaders};
+use sluice_shared::matcher::{BucketKey, CompiledPolicySet, RequestHeaders, RequestJson};
 use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};
@@ -48,6 +48,7 @@ use crate::sync::{Answer, SyncReply, SyncSettings};
 
 pub use admission::{LocalReply, Verdict};
 pub use queue::StreamAction;
+pub use usage::MAX_HELD_BYTES;
 
 use admission::Decision;
 use budgets::Budgets;
@@ -67,8 +68,8 @@ pub enum RequestBody<'a> {
     Read(Option<&'a [u8]>),
 }
 
-/// The most of a request's body read for an estimate; a larger one costs
-/// the estimate's default.
+/// The most of a request's body read for an estimate; a larger one is
+/// estimated at the cost's `max`.
 pub const MAX_REQUEST_BODY_BYTES: usize = 1024 * 1024;
 
 /// Tick period with nobody waiting: lease renewal and stats only.
@@ -186,6 +187,12 @@ impl Worker {
         self.streams.waiting()
     }
 
+    /// Bytes of response bodies held now to read their usage (at most
+    /// [`usage::MAX_HELD_BYTES`]).
+    pub fn response_bytes_held(&self) -> usize {
+        self.usages.held()
+    }
+
     /// Replaces the policy set. Bucket states live in shared data under the
     /// policy's name, so an edited policy keeps its state; streams already
     /// admitted or waiting keep their bucket.
@@ -264,10 +271,12 @@ impl Worker {
             RequestBody::Coming if policy.reads_request_body() => return Verdict::ReadBody,
             RequestBody::Read(None) if policy.reads_request_body() => {
                 self.metrics.add_filter(FilterStat::RequestBodyTooLarge, 1);
-                None
+                RequestJson::TooLarge
             }
-            RequestBody::Read(body) => body,
-            RequestBody::Absent | RequestBody::Coming => None,
+            RequestBody::Read(Some(body)) => RequestJson::Read(body),
+            RequestBody::Read(None) | RequestBody::Absent | RequestBody::Coming => {
+                RequestJson::None
+            }
         };
         // Far from its limits a call spends a prefetch, for which the
         // clock's last reading will do while calls come densely.

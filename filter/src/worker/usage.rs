@@ -2,8 +2,11 @@
 //! admitted against an estimate, settled when the response ends. The
 //! difference is refunded, or charged as debt the calls that follow pay
 //! ("pay later": never the call already in flight). A response that ends
-//! early, is too large, or whose usage cannot be read is charged the
-//! estimate, and counted.
+//! early, carries no usage, is too large, or whose usage cannot be read is
+//! charged the limit's unread charge (by default the most its cost can
+//! be, whatever the caller's estimate said), and counted. What the worker
+//! holds of response bodies at once is bounded ([`MAX_HELD_BYTES`]); a
+//! body that would pass it is not read.
 
 use rustc_hash::FxHashMap;
 
@@ -48,9 +51,8 @@ impl Outcome {
         match result {
             Ok(n) => Outcome::Read(n),
             Err(UsageError::TooLarge(_)) => Outcome::Unread(LimitStat::UsageTooLarge),
-            Err(UsageError::Malformed(_) | UsageError::Missing(_)) => {
-                Outcome::Unread(LimitStat::UsageMalformed)
-            }
+            Err(UsageError::Malformed(_)) => Outcome::Unread(LimitStat::UsageMalformed),
+            Err(UsageError::Missing(_)) => Outcome::Unread(LimitStat::UsageMissing),
         }
     }
 }
@@ -63,9 +65,17 @@ pub(super) struct Ledger<'a, H: Host + ?Sized> {
     pub now: Instant,
 }
 
+/// The most of response bodies one worker holds at once, over every call
+/// it reads usage for: past it, a body that would grow the total is not
+/// read (charged its unread charge, counted `usage_too_large`), so many
+/// large answers at once cannot exhaust the VM's memory.
+pub const MAX_HELD_BYTES: usize = 64 * 1024 * 1024;
+
 #[derive(Debug, Default)]
 pub(super) struct Usages {
     pending: FxHashMap<u32, Pending>,
+    /// What the readers hold now, all calls together.
+    held: usize,
 }
 
 impl Usages {
@@ -115,6 +125,11 @@ impl Usages {
         self.pending.len()
     }
 
+    /// Bytes of response bodies held now.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
     /// The response's headers: usage from a header settles now; a body's
     /// reader starts. True while the body is still wanted.
     pub fn on_headers<H, R>(
@@ -158,12 +173,19 @@ impl Usages {
             return false;
         };
         let taken_at = pending.taken_at;
+        let held = &mut self.held;
         pending.owed.retain_mut(|owed| {
             let Some(reader) = owed.reader.as_mut() else {
                 // Headers never came: the end settles it as aborted.
                 return true;
             };
-            reader.feed(chunk);
+            let before = reader.buffered();
+            if held.saturating_add(chunk.len()) > MAX_HELD_BYTES {
+                reader.give_up();
+            } else {
+                reader.feed(chunk);
+            }
+            *held = (*held - before.min(*held)).saturating_add(reader.buffered());
             if !reader.has_failed() {
                 return true;
             }
@@ -189,10 +211,12 @@ impl Usages {
         };
         if end_of_stream {
             let taken_at = pending.taken_at;
+            let held = &mut self.held;
             pending.owed.retain_mut(|owed| {
                 let Some(reader) = owed.reader.take() else {
                     return true;
                 };
+                *held = held.saturating_sub(reader.buffered());
                 settle(ledger, owed, taken_at, Outcome::of(reader.finish()));
                 false
             });
@@ -211,6 +235,9 @@ impl Usages {
             return;
         };
         for mut owed in pending.owed {
+            if let Some(reader) = owed.reader.take() {
+                self.held = self.held.saturating_sub(reader.buffered());
+            }
             settle(
                 ledger,
                 &mut owed,
@@ -221,8 +248,8 @@ impl Usages {
     }
 }
 
-/// Charges the limit what the call really cost (refund or debt), or keeps
-/// the estimate; counts it either way.
+/// Charges the limit what the call really cost (refund or debt), or its
+/// unread charge when that could not be read; counts it either way.
 fn settle<H: Host + ?Sized>(
     ledger: &mut Ledger<'_, H>,
     owed: &mut Owed,
@@ -231,25 +258,24 @@ fn settle<H: Host + ?Sized>(
 ) {
     let charged = match outcome {
         Outcome::Read(used) => {
-            let used = owed.rate.taken(used);
-            limits::adjust(
-                ledger.host,
-                ledger.store,
-                &owed.place,
-                &owed.rate,
-                (owed.estimate, used),
-                (taken_at, ledger.now),
-            );
             ledger
                 .metrics
                 .add_limit(&owed.limit, LimitStat::UsageRead, 1);
-            used
+            owed.rate.taken(used)
         }
         Outcome::Unread(stat) => {
             ledger.metrics.add_limit(&owed.limit, stat, 1);
-            owed.estimate
+            owed.rate.taken(owed.source.unread_charge(owed.estimate))
         }
     };
+    limits::adjust(
+        ledger.host,
+        ledger.store,
+        &owed.place,
+        &owed.rate,
+        (owed.estimate, charged),
+        (taken_at, ledger.now),
+    );
     let tokens = i64::try_from(charged).unwrap_or(i64::MAX);
     ledger
         .metrics

@@ -349,6 +349,77 @@ mod tests {
         assert!(matches!(state, RateState::TokenBucket(_)));
     }
 
+    proptest::proptest! {
+        /// A cost learnt after the calls went (`charge`) beyond what a
+        /// limit holds is paid by the calls that follow, whatever the
+        /// algorithm: no window edge, nor a bucket's refill, sheds it.
+        #[test]
+        fn debt_is_paid_by_the_calls_that_follow_for_every_algorithm(
+            algorithm in proptest::prop_oneof![
+                proptest::prelude::Just(Algorithm::TokenBucket),
+                proptest::prelude::Just(Algorithm::FixedWindow),
+                proptest::prelude::Just(Algorithm::SlidingWindow),
+            ],
+            limit in 1u64..50,
+            debt_windows in 0u64..4,
+            extra in 0u64..50,
+            start_ms in 0u64..1000,
+        ) {
+            const WINDOWS: u64 = 6;
+            let spec = RateSpec {
+                algorithm,
+                requests: limit,
+                period: DurationMs::from_secs(1),
+                burst: None,
+                warmup: None,
+            };
+            let limiter = RateLimiter::from_spec(&spec);
+            let mut state = limiter.initial_state();
+            let t0 = Instant::from_millis(1_800_000_000_000) + Span::from_millis(start_ms);
+            // The whole limit taken, then a debt of a few windows' worth.
+            let mut taken = 0;
+            while limiter.try_acquire(&mut state, t0, 1).is_admit() {
+                taken += 1;
+            }
+            let debt = debt_windows * limit + extra;
+            limiter.charge(&mut state, t0, debt);
+            // Then calls of 1 every hundredth of a period, WINDOWS periods.
+            let mut admitted = 0u64;
+            for i in 1..=WINDOWS * 100 {
+                if limiter.try_acquire(&mut state, t0 + Span::from_millis(10 * i), 1).is_admit() {
+                    admitted += 1;
+                }
+            }
+            // What WINDOWS more periods hold, less the debt; a window's
+            // worth of slack for where t0 falls in its window (and the
+            // sliding window's weighing).
+            let bound = (WINDOWS * limit + limit).saturating_sub(debt);
+            proptest::prop_assert!(
+                admitted <= bound,
+                "{algorithm:?} limit {limit}: took {taken}, debt {debt}, then {admitted} admitted (at most {bound})"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fixed_window_carries_its_debt_to_the_windows_after() {
+        let window = RateLimiter::from_spec(&spec(Algorithm::FixedWindow));
+        let mut state = window.initial_state();
+        let t0 = Instant::from_millis(1_800_000_000_000);
+        window.charge(&mut state, t0, 12);
+        // 12 in a window of 5: the next window owes 7 - 5 = 2 more, the
+        // one after has 3 left.
+        assert!(!window
+            .try_acquire(&mut state, t0 + Span::from_secs(1), 1)
+            .is_admit());
+        assert_eq!(window.available(&state, t0 + Span::from_secs(2)), 3);
+        assert_eq!(window.until_reset(&state, t0), Span::from_secs(3));
+        match window.try_acquire(&mut state, t0 + Span::from_millis(1500), 1) {
+            Decision::Deny { retry_after, .. } => assert_eq!(retry_after, Span::from_millis(500)),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn garbage_states_are_errors() {
         assert!(RateState::decode(&[]).is_err());

@@ -1,6 +1,11 @@
 //! Window counters, aligned to multiples of the period since the epoch so
 //! every worker and every Envoy agrees on window edges.
 //!
+//! A window may count more than its limit: a cost learnt after its calls
+//! went (`charge`). That debt is carried into the windows that follow,
+//! each paying off a limit's worth, so a caller cannot shed it at a
+//! window's edge.
+//!
 //! A state's window may lie ahead of `now`: reservations (queue mode) fill
 //! windows in order and move the state forward. A caller asking for an
 //! immediate admission while a later window is being filled is refused, so
@@ -13,6 +18,11 @@ use crate::time::{Instant, Span};
 /// The start of the window of length `period` (at least 1 ns) `now` is in.
 fn align(now: Instant, period: Span) -> Instant {
     now - Span::from_nanos(now.as_nanos() % period.as_nanos().max(1))
+}
+
+/// Windows of `period` from the aligned `earlier` to the aligned `later`.
+fn windows_between(earlier: Instant, later: Instant, period: Span) -> u64 {
+    later.since(earlier).as_nanos() / period.as_nanos().max(1)
 }
 
 fn read_u64(bytes: &[u8], at: usize) -> u64 {
@@ -73,18 +83,37 @@ impl FixedWindow {
         }
     }
 
-    /// The window `now` belongs to, with its count (0 when the state's
-    /// window is over).
+    /// The window `now` belongs to, with its count: when the state's
+    /// window is over, what it counted beyond the limit less a limit's
+    /// worth for each window since.
     fn current(&self, state: &FixedWindowState, now: Instant) -> FixedWindowState {
         let start = align(now, self.period);
         if state.window_start >= start {
-            *state
-        } else {
-            FixedWindowState {
-                window_start: start,
-                count: 0,
-            }
+            return *state;
         }
+        let windows = windows_between(state.window_start, start, self.period);
+        FixedWindowState {
+            window_start: start,
+            count: state
+                .count
+                .saturating_sub(self.limit.saturating_mul(windows)),
+        }
+    }
+
+    /// How many windows after `cur`'s the first with room for `cost` is
+    /// (0: `cur` itself): each window pays a limit's worth of debt.
+    fn windows_to_room(&self, cur: &FixedWindowState, cost: u64) -> u64 {
+        let need = u128::from(cur.count) + u128::from(cost);
+        let limit = u128::from(self.limit);
+        if need <= limit {
+            return 0;
+        }
+        u64::try_from(ceil_div(need - limit, limit)).unwrap_or(u64::MAX)
+    }
+
+    /// The start of the window `windows` after `cur`'s.
+    fn window_after(&self, cur: &FixedWindowState, windows: u64) -> Instant {
+        cur.window_start + self.period.saturating_mul(windows)
     }
 
     pub fn try_acquire(&self, state: &mut FixedWindowState, now: Instant, cost: u64) -> Decision {
@@ -96,7 +125,7 @@ impl FixedWindow {
             let retry_at = if ahead && fits {
                 cur.window_start
             } else {
-                window_end
+                self.window_after(&cur, self.windows_to_room(&cur, cost).max(1))
             };
             return Decision::Deny {
                 retry_after: (retry_at - now).max(Span::from_nanos(1)),
@@ -143,16 +172,14 @@ impl FixedWindow {
         max_wait: Span,
     ) -> Reservation {
         let cur = self.current(state, now);
-        let next = if cur.count.saturating_add(cost) <= self.limit {
-            FixedWindowState {
-                window_start: cur.window_start,
-                count: cur.count + cost,
-            }
-        } else {
-            FixedWindowState {
-                window_start: cur.window_start + self.period,
-                count: cost.min(self.limit),
-            }
+        let windows = self.windows_to_room(&cur, cost);
+        let next = FixedWindowState {
+            window_start: self.window_after(&cur, windows),
+            count: cur
+                .count
+                .saturating_sub(self.limit.saturating_mul(windows))
+                .saturating_add(cost)
+                .min(self.limit.max(cost)),
         };
         let instant = next.window_start.max(now);
         let wait = instant - now;
@@ -174,13 +201,16 @@ impl FixedWindow {
         }
     }
 
-    /// How long until the window counting calls now ends (0: none counted).
+    /// How long until the window counting calls now ends, or the last
+    /// window its debt reaches (0: none counted).
     pub fn until_reset(&self, state: &FixedWindowState, now: Instant) -> Span {
         let cur = self.current(state, now);
         if cur.count == 0 {
             return Span::ZERO;
         }
-        (cur.window_start + self.period).since(now)
+        let windows = ceil_div(u128::from(cur.count), u128::from(self.limit));
+        let windows = u64::try_from(windows).unwrap_or(u64::MAX);
+        self.window_after(&cur, windows).since(now)
     }
 
     pub fn is_idle(&self, state: &FixedWindowState, now: Instant) -> bool {
@@ -235,20 +265,39 @@ impl SlidingWindow {
     fn current(&self, state: &SlidingWindowState, now: Instant) -> SlidingWindowState {
         let start = align(now, self.period);
         if state.window_start >= start {
-            *state
-        } else if state.window_start + self.period == start {
-            SlidingWindowState {
-                window_start: start,
-                current: 0,
-                previous: state.current,
-            }
-        } else {
-            SlidingWindowState {
-                window_start: start,
-                current: 0,
-                previous: 0,
-            }
+            return *state;
         }
+        self.roll(
+            state,
+            windows_between(state.window_start, start, self.period),
+        )
+    }
+
+    /// `state` `windows` windows on: a window weighs at most a limit's
+    /// worth as the previous one; what it counted beyond is debt carried
+    /// into the current, less a limit's worth for each window between.
+    fn roll(&self, state: &SlidingWindowState, windows: u64) -> SlidingWindowState {
+        if windows == 0 {
+            return *state;
+        }
+        let paid = |n: u64| self.limit.saturating_mul(n);
+        SlidingWindowState {
+            window_start: state.window_start + self.period.saturating_mul(windows),
+            current: state.current.saturating_sub(paid(windows)),
+            previous: state
+                .current
+                .saturating_sub(paid(windows - 1))
+                .min(self.limit),
+        }
+    }
+
+    /// The first window after `cur` in which `cost` could fit once the
+    /// debt carried there is paid (at least 1).
+    fn first_window_with_room(&self, cur: &SlidingWindowState, cost: u64) -> u64 {
+        let need = u128::from(cur.current) + u128::from(cost);
+        let limit = u128::from(self.limit);
+        let windows = ceil_div(need.saturating_sub(limit), limit).max(1);
+        u64::try_from(windows).unwrap_or(u64::MAX)
     }
 
     /// The smallest offset `e` into the window at which `cost` more fits:
@@ -304,11 +353,13 @@ impl SlidingWindow {
                 reset_after,
             },
             None => {
-                // Fits in the next window at that offset, or else at the
-                // start of the one after, where nothing is left to weigh.
-                let retry_at = match self.earliest_offset(cur.current, 0, cost) {
-                    Some(e) => window_end + e,
-                    None => window_end + self.period,
+                // Fits in the first window the debt leaves room in, at
+                // that offset, or else at the start of the one after.
+                let first = self.first_window_with_room(&cur, cost);
+                let later = self.roll(&cur, first);
+                let retry_at = match self.earliest_offset(later.previous, later.current, cost) {
+                    Some(e) => later.window_start + e,
+                    None => later.window_start + self.period,
                 };
                 Decision::Deny {
                     retry_after: (retry_at - now).max(Span::from_nanos(1)),
@@ -346,11 +397,19 @@ impl SlidingWindow {
         cost: u64,
         max_wait: Span,
     ) -> Reservation {
-        let mut window = self.current(state, now);
+        let cur = self.current(state, now);
+        let mut window = cur;
         let mut offset = now - window.window_start;
-        // The request fits in this window, or the next, or at the latest at
-        // the start of the one after (where the weighted count is empty).
-        for _ in 0..3 {
+        // The request fits in this window, or else in the first the debt
+        // leaves room in, or the next, or at the latest at the start of the
+        // one after (where the weighted count is only this request).
+        for attempt in 0..4 {
+            if attempt == 1 {
+                window = self.roll(&cur, self.first_window_with_room(&cur, cost));
+                offset = Span::ZERO;
+            } else if attempt > 1 {
+                window = self.roll(&window, 1);
+            }
             if let Some(e) = self.earliest_offset(window.previous, window.current, cost) {
                 let instant = (window.window_start + e.max(offset)).max(now);
                 let wait = instant - now;
@@ -365,12 +424,6 @@ impl SlidingWindow {
                 };
                 return Reservation::At { instant };
             }
-            window = SlidingWindowState {
-                window_start: window.window_start + self.period,
-                current: 0,
-                previous: window.current,
-            };
-            offset = Span::ZERO;
         }
         // Only a cost above the limit gets here; validation prevents it.
         Reservation::Deny {
@@ -398,7 +451,10 @@ impl SlidingWindow {
     pub fn until_reset(&self, state: &SlidingWindowState, now: Instant) -> Span {
         let cur = self.current(state, now);
         let end = if cur.current > 0 {
-            cur.window_start + self.period + self.period
+            // The windows its debt reaches, and the one it then weighs on.
+            let windows = ceil_div(u128::from(cur.current), u128::from(self.limit));
+            let windows = u64::try_from(windows).unwrap_or(u64::MAX);
+            cur.window_start + self.period.saturating_mul(windows.saturating_add(1))
         } else if cur.previous > 0 {
             cur.window_start + self.period
         } else {
