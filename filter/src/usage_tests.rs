@@ -449,3 +449,75 @@ fn many_large_answers_at_once_stay_under_the_workers_cap() {
         10 * 30 + i64::from(CALLS) * 1000
     );
 }
+
+/// Request headers as a proxy-wasm host gives them: readable while the
+/// headers pass, not once the body comes (what was read before stays
+/// known, as the Envoy glue keeps it).
+struct PhasedHeaders<'a> {
+    all: Vec<(&'a str, &'a [u8])>,
+    passing: std::cell::Cell<bool>,
+    kept: std::cell::RefCell<Vec<(String, Option<Vec<u8>>)>>,
+}
+
+impl sluice_shared::matcher::RequestHeaders for PhasedHeaders<'_> {
+    fn header(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
+        if let Some((_, v)) = self.kept.borrow().iter().find(|(n, _)| n == name) {
+            return v.clone().map(std::borrow::Cow::Owned);
+        }
+        if !self.passing.get() {
+            return None;
+        }
+        let value = self.all.as_slice().header(name).map(|v| v.into_owned());
+        self.kept
+            .borrow_mut()
+            .push((name.to_string(), value.clone()));
+        value.map(std::borrow::Cow::Owned)
+    }
+}
+
+/// A policy deciding on the request's body keys a further limit by a
+/// header: the header is read while the headers pass, so each key has
+/// its own limit (read only once the body came, every key would share
+/// one, the empty key's).
+#[test]
+fn a_body_reading_policy_keys_its_limits_by_headers_read_while_they_pass() {
+    let host = FakeHost::at(T0);
+    let policy = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
+         "priority": {"header": "x-priority", "default": "normal"},
+         "limits": [{"name": "per-key", "key": {"header": "authorization"},
+                     "rate": {"requests": 1000, "period": "1m", "algorithm": "fixed_window"},
+                     "cost": {"json": "max_tokens", "default": 100, "max": 1000}},
+                    {"name": "per-team", "key": {"header": "x-team"},
+                     "rate": {"requests": 5000, "period": "1m"},
+                     "cost": {"header": "x-weight", "default": 1, "max": 10}}]}]}"#;
+    let mut w = worker(&host, policy);
+    let mut admitted = std::collections::BTreeMap::new();
+    for (id, key) in (1..=8u32).zip([b"Bearer a".as_slice(), b"Bearer b"].into_iter().cycle()) {
+        let extra: [(&str, &[u8]); 4] = [
+            ("authorization", key),
+            ("x-team", b"t1"),
+            ("x-weight", b"2"),
+            ("x-priority", b"high"),
+        ];
+        let headers = PhasedHeaders {
+            all: req(LLM, &extra),
+            passing: std::cell::Cell::new(true),
+            kept: Default::default(),
+        };
+        assert_eq!(
+            w.on_request_with(&host, id, &headers, RequestBody::Coming),
+            Verdict::ReadBody
+        );
+        headers.passing.set(false);
+        let v = w.on_request_with(
+            &host,
+            id,
+            &headers,
+            RequestBody::Read(Some(br#"{"max_tokens": 400}"#)),
+        );
+        *admitted.entry(key).or_insert(0) += u32::from(v == Verdict::Continue);
+    }
+    // 1 000 a minute per key at 400 a call: two calls each, not two in all.
+    assert_eq!(admitted.values().copied().collect::<Vec<_>>(), [2, 2]);
+}

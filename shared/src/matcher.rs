@@ -409,6 +409,22 @@ impl CompiledPolicy {
         cost_of(&self.policy.cost, self.cost_header.as_deref(), req)
     }
 
+    /// Every request header deciding a call of this policy may read
+    /// besides its match (its key, costs and priority, and its further
+    /// limits' keys and costs). Proxy-wasm hosts answer header reads only
+    /// while the headers pass: a policy that decides on the body reads
+    /// these first, so that what the decision needs is at hand then.
+    pub fn decision_headers(&self) -> impl Iterator<Item = &str> {
+        [&self.key_header, &self.cost_header, &self.priority_header]
+            .into_iter()
+            .chain(
+                self.limits
+                    .iter()
+                    .flat_map(|l| [&l.key_header, &l.cost_header]),
+            )
+            .filter_map(|h| h.as_deref())
+    }
+
     /// Whether a further limit's cost is read from the request's body, so
     /// the call is decided only once its body is in.
     pub fn reads_request_body(&self) -> bool {

@@ -28,18 +28,23 @@ const HEADROOM: u64 = TOKENS / 20;
 /// The policy's tokens per 2 s window.
 const POLICY_TOKENS: u64 = TOKENS - HEADROOM;
 
-fn policy() -> String {
+/// The policy; `usage` adds fields to the limit's `usage`.
+fn policy(usage: &str) -> String {
     format!(
         r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
             "rate": {{"requests": 1000, "period": "1s"}},
             "limits": [{{"name": "tokens",
               "rate": {{"requests": {POLICY_TOKENS}, "period": "2s", "algorithm": "fixed_window"}},
               "cost": {{"json": "max_tokens", "plus": {PLUS}, "default": 1000, "max": {MAX_ESTIMATE}}},
-              "usage": {{"json": ["usage.total_tokens"]}}}}]}}"#
+              "usage": {{"json": ["usage.total_tokens"]{usage}}}}}]}}"#
     )
 }
 
 async fn setup(step: Duration) -> anyhow::Result<(MockLlm, Envoy)> {
+    setup_with(step, "").await
+}
+
+async fn setup_with(step: Duration, usage: &str) -> anyhow::Result<(MockLlm, Envoy)> {
     let limits = LlmLimits {
         window: Duration::from_secs(2),
         tokens_per_window: TOKENS,
@@ -49,7 +54,7 @@ async fn setup(step: Duration) -> anyhow::Result<(MockLlm, Envoy)> {
     let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
     let config = format!(
         r#"{{"instance": "e2e-usage", "fallback": {{"version": 1, "policies": [{}]}}}}"#,
-        policy()
+        policy(usage)
     );
     let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
     llm.reset();
@@ -61,8 +66,8 @@ async fn setup(step: Duration) -> anyhow::Result<(MockLlm, Envoy)> {
 enum Call {
     /// Read to its end; the usage the provider reported.
     Completed(u64),
-    /// Left by the client after its first piece; its estimate.
-    Aborted(u64),
+    /// Left by the client after its first piece.
+    Aborted,
     Refused,
     Failed,
 }
@@ -86,6 +91,7 @@ async fn one_call(
     abort: bool,
 ) -> Call {
     let body = serde_json::json!({"model": "m", "max_tokens": max_tokens, "stream": stream,
+        "stream_options": {"include_usage": true},
         "messages": [{"role": "user", "content": "hi"}]});
     let sent = http
         .post(url)
@@ -107,7 +113,7 @@ async fn one_call(
         // The first piece, then the client goes away mid-stream.
         let _ = response.chunk().await;
         drop(response);
-        return Call::Aborted((max_tokens + PLUS).min(MAX_ESTIMATE));
+        return Call::Aborted;
     }
     match response.text().await.ok().as_deref().and_then(usage_of) {
         Some(used) => Call::Completed(used),
@@ -240,20 +246,27 @@ async fn tokens_from_streamed_answers_keep_the_provider_inside_its_limit_and_use
     provider_held_and_used(true).await
 }
 
+/// What the policy's limit charges a stream left before its usage
+/// (`unread`), above every estimate of these calls (at most 559).
+const UNREAD: u64 = 600;
+
 /// 30 % of streams left by their client after the first event: Sluice
-/// charges those their estimate and the others what they used, to the token.
+/// charges those the unread charge and the others what they used, to the
+/// token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn aborted_streams_are_charged_their_estimate_and_completed_ones_their_usage(
+async fn aborted_streams_are_charged_the_unread_charge_and_completed_ones_their_usage(
 ) -> anyhow::Result<()> {
-    let (llm, envoy) = setup(Duration::from_millis(15)).await?;
+    let (llm, envoy) = setup_with(
+        Duration::from_millis(15),
+        &format!(r#", "unread": {UNREAD}"#),
+    )
+    .await?;
     let calls = run(&envoy, 12, Duration::from_secs(5), true, |n| n % 10 < 3).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let aborted: Vec<u64> = calls
         .iter()
-        .filter_map(|c| match c {
-            Call::Aborted(e) => Some(*e),
-            _ => None,
-        })
+        .filter(|c| **c == Call::Aborted)
+        .map(|_| UNREAD)
         .collect();
     let usage: u64 = completed(&calls).sum();
     let expected = usage + aborted.iter().sum::<u64>();
@@ -262,7 +275,7 @@ async fn aborted_streams_are_charged_their_estimate_and_completed_ones_their_usa
     let read = envoy.limit_stat("tokens", "usage_read")?;
     let stats = llm.stats();
     println!(
-        "aborted streams: {} calls, {} completed (usage {usage}), {} aborted (estimates {}); \
+        "aborted streams: {} calls, {} completed (usage {usage}), {} aborted (charged {} as unread); \
          sluice charged {charged} (expected {expected}), usage_read {read}, usage_aborted {aborted_stat}; \
          provider saw {} abandoned, refused {}, windows over the limit {}",
         calls.len(),
@@ -389,5 +402,193 @@ async fn tokens_per_key_and_for_the_company_hold_together() -> anyhow::Result<()
     );
     assert_eq!(per_key_charged as u64, usage);
     assert_eq!(company_charged as u64, usage);
+    Ok(())
+}
+
+/// Sends one call of `ask` (JSON) as `key`; its status and body, or the
+/// status only when `abort` leaves it after the first piece.
+async fn ask(
+    http: &reqwest::Client,
+    (url, key): (&str, &str),
+    ask: serde_json::Value,
+    abort: bool,
+) -> anyhow::Result<(u16, String)> {
+    let mut response = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("authorization", key)
+        .header("content-type", "application/json")
+        .body(ask.to_string())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    if abort {
+        let _ = response.chunk().await;
+        return Ok((status, String::new()));
+    }
+    Ok((status, response.text().await?))
+}
+
+/// Waits until the limit's `stat` reaches `at_least`.
+async fn stat_reaches(envoy: &Envoy, limit: &str, stat: &str, at_least: f64) -> anyhow::Result<()> {
+    sluice_e2e::load::wait_for(stat, Duration::from_secs(10), || {
+        envoy.limit_stat(limit, stat).unwrap_or(0.0) >= at_least
+    })
+    .await
+    .map(drop)
+}
+
+/// Usage Sluice could not read, in each way a caller can arrange it (a
+/// stream it leaves, a stream that does not ask for usage, an answer
+/// too large to read): each is charged the unread charge (the cost's
+/// max, 20 000), not the estimate from the caller's own max_tokens, and
+/// counted; an answer read is charged its usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_that_cannot_be_read_is_charged_the_unread_charge() -> anyhow::Result<()> {
+    const MAX: f64 = 20_000.0;
+    let limits = LlmLimits {
+        step: Duration::from_millis(40),
+        ..LlmLimits::default()
+    };
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = r#"{"instance": "e2e-unread", "fallback": {"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
+         "limits": [{"name": "tokens", "rate": {"requests": 1000000, "period": "1h", "algorithm": "fixed_window"},
+                     "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 20000},
+                     "usage": {"json": ["usage.total_tokens"]}}]}]}}"#;
+    let envoy = Envoy::start(config, llm.addr.port(), WORKERS)?;
+    let (http, url) = (client(), envoy.url("/v1/chat/completions"));
+    let call = (url.as_str(), "Bearer tenant");
+    let charged = || envoy.limit_stat("tokens", "tokens").unwrap_or(0.0);
+    let mut seen = Vec::new();
+    // A stream left after its first event.
+    let before = charged();
+    let ask_stream = serde_json::json!({"max_tokens": 40, "stream": true,
+        "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(ask(&http, call, ask_stream, true).await?.0, 200);
+    stat_reaches(&envoy, "tokens", "usage_aborted", 1.0).await?;
+    seen.push(("aborted stream", charged() - before));
+    // A stream that does not ask for its usage (OpenAI then sends none).
+    let before = charged();
+    let no_usage = serde_json::json!({"max_tokens": 40, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = ask(&http, call, no_usage, false).await?;
+    assert!(
+        status == 200 && body.ends_with("data: [DONE]\n\n") && !body.contains("usage"),
+        "{body}"
+    );
+    stat_reaches(&envoy, "tokens", "usage_missing", 1.0).await?;
+    seen.push(("stream without usage", charged() - before));
+    // 128 choices: an answer past the 256 KiB read for its usage.
+    let before = charged();
+    let large = serde_json::json!({"max_tokens": 1000, "n": 128,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = ask(&http, call, large, false).await?;
+    assert!(
+        status == 200 && body.len() > 256 * 1024,
+        "{} bytes",
+        body.len()
+    );
+    stat_reaches(&envoy, "tokens", "usage_too_large", 1.0).await?;
+    seen.push(("answer of 128 choices", charged() - before));
+    let large_bytes = body.len();
+    // An answer read: its usage.
+    let before = charged();
+    let read =
+        serde_json::json!({"max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]});
+    let (_, body) = ask(&http, call, read, false).await?;
+    let used = usage_of(&body).unwrap_or(0) as f64;
+    stat_reaches(&envoy, "tokens", "usage_read", 1.0).await?;
+    seen.push(("answer read", charged() - before));
+    println!(
+        "unread usage: charged {seen:?} (the cost's max {MAX}; estimates 100 and 1 060; the answer read used {used}; \
+         the large answer {large_bytes} bytes)"
+    );
+    assert_eq!(seen[0].1, MAX);
+    assert_eq!(seen[1].1, MAX);
+    assert_eq!(seen[2].1, MAX);
+    assert_eq!(seen[3].1, used);
+    Ok(())
+}
+
+/// Two tenants sending the same 2 000-token prompts for a minute, each
+/// under its own 6 000 tokens per 2 s: one reads its usage, the other
+/// streams without asking for it (estimate: its max_tokens 50 + 60).
+/// The one that dodges its usage gets no more through to the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_dodging_its_usage_gets_no_more_through_than_one_reporting_it(
+) -> anyhow::Result<()> {
+    const RUN: Duration = Duration::from_secs(60);
+    let limits = LlmLimits {
+        window: Duration::from_secs(2),
+        step: Duration::from_millis(5),
+        ..LlmLimits::default()
+    };
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = r#"{"instance": "e2e-dodge", "fallback": {"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
+         "limits": [{"name": "tokens-per-key", "key": {"header": "authorization"},
+                     "rate": {"requests": 6000, "period": "2s", "algorithm": "fixed_window"},
+                     "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 3000},
+                     "usage": {"json": ["usage.total_tokens"]}}]}]}}"#;
+    let envoy = Envoy::start(config, llm.addr.port(), WORKERS)?;
+    llm.reset();
+    let url = envoy.url("/v1/chat/completions");
+    let prompt = "word ".repeat(1600);
+    let deadline = Instant::now() + RUN;
+    let mut tasks = Vec::new();
+    for (key, asks_usage) in [("Bearer honest", true), ("Bearer dodger", false)] {
+        for _ in 0..3 {
+            let (url, http, prompt) = (url.clone(), client(), prompt.clone());
+            tasks.push(tokio::spawn(async move {
+                let (mut admitted, mut refused) = (0u64, 0u64);
+                while Instant::now() < deadline {
+                    let mut body = serde_json::json!({"max_tokens": 50, "stream": true,
+                        "messages": [{"role": "user", "content": prompt}]});
+                    if asks_usage {
+                        body["stream_options"] = serde_json::json!({"include_usage": true});
+                    }
+                    match ask(&http, (&url, key), body, false).await {
+                        Ok((200, _)) => admitted += 1,
+                        Ok(_) => {
+                            refused += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(_) => {}
+                    }
+                }
+                (key, admitted, refused)
+            }));
+        }
+    }
+    let mut calls: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for t in tasks {
+        let (key, admitted, refused) = t.await?;
+        let entry = calls.entry(key).or_default();
+        entry.0 += admitted;
+        entry.1 += refused;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = llm.stats();
+    let tokens = |key: &str| -> u64 {
+        stats
+            .windows
+            .get(key)
+            .map_or(0, |w| w.values().map(|u| u.tokens).sum())
+    };
+    let (honest, dodger) = (tokens("honest"), tokens("dodger"));
+    let missing = envoy.limit_stat("tokens-per-key", "usage_missing")?;
+    println!(
+        "dodging usage for {RUN:?}: the provider counted {honest} tokens for the tenant reporting its usage \
+         ({:?} calls admitted, refused), {dodger} for the one that did not ask for it ({:?}); \
+         {missing} answers without usage charged the unread charge",
+        calls.get("Bearer honest"),
+        calls.get("Bearer dodger"),
+    );
+    assert!(honest > 0 && missing > 0.0);
+    assert!(
+        dodger <= honest,
+        "the dodger got {dodger} tokens through, the honest {honest}"
+    );
     Ok(())
 }

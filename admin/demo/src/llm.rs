@@ -7,7 +7,12 @@
 //! `POST /v1/chat/completions` with `{"max_tokens": N, "stream": bool}`;
 //! the key comes from `authorization: Bearer KEY` (or `x-api-key`). A call's
 //! prompt is a token per 4 bytes of its body; its answer between a fifth
-//! of `max_tokens` and all of it (a seeded sequence, so runs repeat).
+//! of `max_tokens` and all of it (a seeded sequence, so runs repeat), for
+//! each of its `n` choices (1 to 128). As OpenAI's, a streamed answer
+//! carries its usage (in a last chunk with no choices) only when the
+//! request asks for it (`"stream_options": {"include_usage": true}`). A
+//! single choice's text is short; several choices carry their text (a
+//! token per 4 bytes), so `n` makes an answer large.
 //! Tokens count in the window the call arrived in (windows aligned to the
 //! Unix epoch, as Sluice's fixed windows are), once the call completes.
 //! `GET /__llm/stats` (JSON), `POST /__llm/reset`.
@@ -123,7 +128,19 @@ struct Ask {
     max_tokens: Option<u64>,
     #[serde(default)]
     stream: bool,
+    #[serde(default)]
+    stream_options: StreamOptions,
+    n: Option<u64>,
 }
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Most choices one call may ask for.
+pub const MAX_CHOICES: u64 = 128;
 
 #[derive(Serialize)]
 struct Usage {
@@ -273,7 +290,12 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
         return (StatusCode::BAD_REQUEST, Json(error)).into_response();
     };
     let prompt = (body.len() as u64 / 4).max(1);
-    let completion = inner.answer_tokens(ask.max_tokens.unwrap_or(256).clamp(1, 100_000));
+    let max_tokens = ask.max_tokens.unwrap_or(256).clamp(1, 100_000);
+    let choices = ask.n.unwrap_or(1).clamp(1, MAX_CHOICES);
+    let answers: Vec<u64> = (0..choices)
+        .map(|_| inner.answer_tokens(max_tokens))
+        .collect();
+    let completion: u64 = answers.iter().sum();
     let usage = Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
@@ -282,14 +304,28 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
     if !ask.stream {
         tokio::time::sleep(inner.limits.step).await;
         inner.completed(&key, window, usage.total_tokens);
+        let text = |tokens: u64| {
+            if choices == 1 {
+                "ok".to_string()
+            } else {
+                "tok ".repeat(usize::try_from(tokens).unwrap_or(0))
+            }
+        };
+        let choices: Vec<serde_json::Value> = answers
+            .iter()
+            .enumerate()
+            .map(|(i, tokens)| {
+                serde_json::json!({"index": i, "message": {"role": "assistant", "content": text(*tokens)}})
+            })
+            .collect();
         let answer = serde_json::json!({
             "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            "choices": choices,
             "usage": usage,
         });
         return Json(answer).into_response();
     }
-    stream_answer(inner, key, window, usage)
+    stream_answer(inner, key, window, usage, ask.stream_options.include_usage)
 }
 
 /// Counts a stream as abandoned unless it reached its last event.
@@ -298,6 +334,8 @@ struct Progress {
     key: String,
     window: u64,
     usage: Usage,
+    /// The request asked for the usage chunk.
+    with_usage: bool,
     sent: u32,
     done: bool,
 }
@@ -310,12 +348,19 @@ impl Drop for Progress {
     }
 }
 
-fn stream_answer(inner: Arc<Inner>, key: String, window: u64, usage: Usage) -> Response {
+fn stream_answer(
+    inner: Arc<Inner>,
+    key: String,
+    window: u64,
+    usage: Usage,
+    with_usage: bool,
+) -> Response {
     let progress = Progress {
         inner,
         key,
         window,
         usage,
+        with_usage,
         sent: 0,
         done: false,
     };
@@ -330,8 +375,12 @@ fn stream_answer(inner: Arc<Inner>, key: String, window: u64, usage: Usage) -> R
         } else {
             p.done = true;
             p.inner.completed(&p.key, p.window, p.usage.total_tokens);
-            let last = serde_json::json!({"object": "chat.completion.chunk", "choices": [], "usage": p.usage});
-            format!("data: {last}\n\ndata: [DONE]\n\n")
+            if p.with_usage {
+                let last = serde_json::json!({"object": "chat.completion.chunk", "choices": [], "usage": p.usage});
+                format!("data: {last}\n\ndata: [DONE]\n\n")
+            } else {
+                "data: [DONE]\n\n".to_string()
+            }
         };
         Some((Ok::<_, Infallible>(Bytes::from(event)), p))
     });

@@ -129,7 +129,7 @@ pub async fn run(port: u16, stats: Arc<LoadStats>) {
             for n in 0u64.. {
                 let priority = if caller < 2 { "high" } else { "normal" };
                 let ask = serde_json::json!({"model": "demo", "max_tokens": 200 + (n * 97 + caller * 31) % 800,
-                    "stream": n % 2 == 0, "messages": [{"role": "user", "content": "Summarise this invoice."}]});
+                    "stream": n % 2 == 0, "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "Summarise this invoice."}]});
                 let r = h
                     .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
                     .header("host", "api.llm.example")

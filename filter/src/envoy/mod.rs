@@ -118,15 +118,43 @@ struct EnvoyHeaders {
     authority: OnceCell<Option<Vec<u8>>>,
     /// Most policies read no other header: the cells for others are made
     /// on first use, not for every stream.
-    read: OnceCell<Box<[KeptHeader; HEADERS_KEPT]>>,
+    read: OnceCell<Box<KeptHeaders>>,
 }
 
 /// A header's name and its value (None: absent), each set once.
 type KeptHeader = (OnceCell<String>, OnceCell<Option<Vec<u8>>>);
 
-/// Distinct headers kept per request besides `:authority` (a policy may
-/// read a key, a cost and a priority); more are read each time asked.
+/// Every header read of a request, kept: the host answers header reads
+/// only while the headers pass, so a decision made on the body finds
+/// them here. A few at a time, more made on first use.
+#[derive(Default)]
+struct KeptHeaders {
+    slots: [KeptHeader; HEADERS_KEPT],
+    more: OnceCell<Box<KeptHeaders>>,
+}
+
+/// Distinct headers kept per allocation besides `:authority` (a policy
+/// often reads a key, a cost and a priority).
 const HEADERS_KEPT: usize = 3;
+
+impl KeptHeaders {
+    fn value(&self, map: MapType, name: &str) -> Option<Cow<'_, [u8]>> {
+        for (kept_name, value) in &self.slots {
+            match kept_name.get() {
+                Some(n) if n == name => {
+                    return value.get().and_then(Option::as_deref).map(Cow::Borrowed);
+                }
+                Some(_) => continue,
+                None => {
+                    let _ = kept_name.set(name.to_string());
+                    let value = value.get_or_init(|| abi::header(map, name));
+                    return value.as_deref().map(Cow::Borrowed);
+                }
+            }
+        }
+        self.more.get_or_init(Default::default).value(map, name)
+    }
+}
 
 const AUTHORITY: &str = ":authority";
 
@@ -148,20 +176,9 @@ impl RequestHeaders for EnvoyHeaders {
                 .get_or_init(|| abi::header(self.map, AUTHORITY));
             return value.as_deref().map(Cow::Borrowed);
         }
-        for (kept_name, value) in self.read.get_or_init(Default::default).iter() {
-            match kept_name.get() {
-                Some(n) if n == name => {
-                    return value.get().and_then(Option::as_deref).map(Cow::Borrowed);
-                }
-                Some(_) => continue,
-                None => {
-                    let _ = kept_name.set(name.to_string());
-                    let value = value.get_or_init(|| abi::header(self.map, name));
-                    return value.as_deref().map(Cow::Borrowed);
-                }
-            }
-        }
-        abi::header(self.map, name).map(Cow::Owned)
+        self.read
+            .get_or_init(Default::default)
+            .value(self.map, name)
     }
 }
 
@@ -392,8 +409,8 @@ impl HttpContext for SluiceStream {
             return Action::Continue;
         }
         if body_size > MAX_REQUEST_BODY_BYTES {
-            // Too large to read for an estimate: decided on the default,
-            // without buffering the rest.
+            // Too large to read for an estimate: decided on the cost's
+            // max, without buffering the rest.
             self.awaiting_body = false;
             return self.decide(RequestBody::Read(None));
         }
@@ -410,7 +427,7 @@ impl HttpContext for SluiceStream {
         if !self.awaiting_body {
             return Action::Continue;
         }
-        // A body ended by trailers: decided on the default estimate.
+        // A body ended by trailers was not read: decided on the cost's max.
         self.awaiting_body = false;
         self.decide(RequestBody::Read(None))
     }

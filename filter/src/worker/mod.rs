@@ -268,7 +268,14 @@ impl Worker {
             return Verdict::Continue;
         };
         let body = match body {
-            RequestBody::Coming if policy.reads_request_body() => return Verdict::ReadBody,
+            RequestBody::Coming if policy.reads_request_body() => {
+                // Read while the headers pass: the host answers header
+                // reads no more once the body comes.
+                for header in policy.decision_headers() {
+                    let _ = req.header(header);
+                }
+                return Verdict::ReadBody;
+            }
             RequestBody::Read(None) if policy.reads_request_body() => {
                 self.metrics.add_filter(FilterStat::RequestBodyTooLarge, 1);
                 RequestJson::TooLarge
