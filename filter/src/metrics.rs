@@ -181,10 +181,13 @@ pub enum FilterStat {
     PushSets,
     /// Watch calls that failed (the admin away, a timeout, a bad answer).
     PushFailures,
+    /// Answers not read for their usage because the worker held its most
+    /// of response bodies already (charged the unread charge).
+    UsageBufferFull,
 }
 
 impl FilterStat {
-    const ALL: [FilterStat; 13] = [
+    const ALL: [FilterStat; 14] = [
         FilterStat::CasRetries,
         FilterStat::CasExhausted,
         FilterStat::StateDecodeErrors,
@@ -198,6 +201,7 @@ impl FilterStat {
         FilterStat::ProviderNewsMalformed,
         FilterStat::PushSets,
         FilterStat::PushFailures,
+        FilterStat::UsageBufferFull,
     ];
 
     pub fn name(self) -> &'static str {
@@ -215,6 +219,7 @@ impl FilterStat {
             FilterStat::ProviderNewsMalformed => "provider_news_malformed",
             FilterStat::PushSets => "push_sets",
             FilterStat::PushFailures => "push_failures",
+            FilterStat::UsageBufferFull => "usage_buffer_full",
         }
     }
 

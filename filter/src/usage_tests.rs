@@ -435,6 +435,7 @@ fn many_large_answers_at_once_stay_under_the_workers_cap() {
     );
     assert!(most <= MAX_HELD_BYTES, "{most}");
     assert!(most > MAX_HELD_BYTES / 2, "the cap was reached: {most}");
+    assert_eq!(host.metric("sluice.usage_buffer_full"), too_large);
     // The few read to their end (blanks: no usage in them) fitted together.
     let whole = host.metric("sluice.limit.tpm.usage_malformed");
     assert_eq!(too_large + whole, i64::from(CALLS));

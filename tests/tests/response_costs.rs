@@ -592,3 +592,103 @@ async fn a_tenant_dodging_its_usage_gets_no_more_through_than_one_reporting_it(
     );
     Ok(())
 }
+
+/// Envoy's stats whose name contains `part`, as (name, value).
+fn envoy_stats(envoy: &Envoy, part: &str) -> anyhow::Result<Vec<(String, f64)>> {
+    Ok(envoy
+        .prometheus()?
+        .into_iter()
+        .filter(|(n, _)| n.contains(part))
+        .collect())
+}
+
+/// Many large answers at once through one Envoy worker: 300 answers of
+/// about 600 KiB, each arriving 64 KiB every 20 ms, all read for their
+/// usage (up to 1 MiB each). The worker holds at most 64 MiB of them:
+/// past it, an answer is not read, charged the unread charge and counted
+/// (`usage_buffer_full`); its VM is never restarted, and it decides the
+/// next call as before. (That the worker never holds more than the cap is
+/// shown with 2 000 answers of 16 MiB in `usage_tests`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_large_answers_at_once_keep_the_workers_memory_bounded() -> anyhow::Result<()> {
+    const CALLS: usize = 300;
+    let limits = LlmLimits {
+        json_chunk_every: Duration::from_millis(20),
+        ..LlmLimits::default()
+    };
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = r#"{"instance": "e2e-held", "fallback": {"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 100000, "period": "1s"},
+         "limits": [{"name": "tokens", "rate": {"requests": 1000000000, "period": "1h", "algorithm": "fixed_window"},
+                     "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 5000},
+                     "usage": {"json": ["usage.total_tokens"], "max_body_bytes": 1048576}}]}]}}"#;
+    let envoy = Envoy::start(config, llm.addr.port(), 1)?;
+    let url = envoy.url("/v1/chat/completions");
+    // One call first: the VM warmed, memory measured after it.
+    let (status, _) = ask(
+        &client(),
+        (&url, "Bearer t"),
+        serde_json::json!({"max_tokens": 10}),
+        false,
+    )
+    .await?;
+    assert_eq!(status, 200);
+    let vms_before = envoy_stats(&envoy, "wasm_envoy_wasm_runtime_v8")?;
+    let rss_before = sluice_e2e::procinfo::rss_mib(envoy.pid())?;
+    let started = Instant::now();
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let (url, http) = (url.clone(), client());
+            tokio::spawn(async move {
+                let ask_for = serde_json::json!({"max_tokens": 2000, "n": 128,
+                    "messages": [{"role": "user", "content": "hi"}]});
+                ask(&http, (&url, "Bearer t"), ask_for, false).await
+            })
+        })
+        .collect();
+    let mut bytes = 0usize;
+    for call in calls {
+        let (status, body) = call.await??;
+        assert_eq!(status, 200);
+        bytes += body.len();
+    }
+    let took = started.elapsed();
+    let rss_after = sluice_e2e::procinfo::rss_mib(envoy.pid())?;
+    stat_reaches(&envoy, "tokens", "usage_read", 1.0).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (read, too_large, buffer_full) = (
+        envoy.limit_stat("tokens", "usage_read")?,
+        envoy.limit_stat("tokens", "usage_too_large")?,
+        envoy.filter_stat("usage_buffer_full")?,
+    );
+    let vms_after = envoy_stats(&envoy, "wasm_envoy_wasm_runtime_v8")?;
+    let (status, _) = ask(
+        &client(),
+        (&url, "Bearer t"),
+        serde_json::json!({"max_tokens": 10}),
+        false,
+    )
+    .await?;
+    let log = envoy.log();
+    let panics = log
+        .lines()
+        .filter(|l| l.contains("panicked") || l.contains("Function: proxy_on"))
+        .count();
+    println!(
+        "{CALLS} answers at once, {:.0} MiB in all, in {took:.1?}: usage read {read} (1 first), not read {too_large} \
+         ({buffer_full} of them past the worker's 64 MiB); Envoy RSS {rss_before:.1} -> {rss_after:.1} MiB; wasm VMs {vms_before:?} -> \
+         {vms_after:?}; panics in the log {panics}; a call afterwards {status}",
+        bytes as f64 / 1024.0 / 1024.0
+    );
+    assert_eq!(
+        read + too_large,
+        CALLS as f64 + 1.0,
+        "every answer settled once"
+    );
+    assert!(buffer_full > 0.0, "the cap was reached");
+    assert!(buffer_full <= too_large);
+    assert_eq!(vms_before, vms_after, "no VM created or lost");
+    assert_eq!(panics, 0);
+    assert_eq!(status, 200);
+    Ok(())
+}

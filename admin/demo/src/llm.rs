@@ -29,6 +29,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 /// The provider's limits for each key; 0 means none.
@@ -42,6 +43,10 @@ pub struct LlmLimits {
     pub step: Duration,
     /// Events carrying content before the one carrying usage.
     pub content_events: u32,
+    /// A JSON answer is sent 64 KiB at a time this far apart (zero: at
+    /// once), as a slow provider's large answer arrives.
+    #[serde(default)]
+    pub json_chunk_every: Duration,
 }
 
 impl Default for LlmLimits {
@@ -52,6 +57,7 @@ impl Default for LlmLimits {
             tokens_per_window: 0,
             step: Duration::from_millis(5),
             content_events: 4,
+            json_chunk_every: Duration::ZERO,
         }
     }
 }
@@ -323,9 +329,29 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
             "choices": choices,
             "usage": usage,
         });
-        return Json(answer).into_response();
+        let every = inner.limits.json_chunk_every;
+        if every.is_zero() {
+            return Json(answer).into_response();
+        }
+        return trickled_json(answer.to_string().into_bytes(), every);
     }
     stream_answer(inner, key, window, usage, ask.stream_options.include_usage)
+}
+
+/// A JSON body sent 64 KiB at a time, `every` apart.
+fn trickled_json(body: Vec<u8>, every: Duration) -> Response {
+    const CHUNK: usize = 64 * 1024;
+    let chunks: Vec<Bytes> = body.chunks(CHUNK).map(Bytes::copy_from_slice).collect();
+    let pieces = futures_util::stream::iter(chunks).then(move |chunk| async move {
+        tokio::time::sleep(every).await;
+        Ok::<_, Infallible>(chunk)
+    });
+    let mut response = Body::from_stream(pieces).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Counts a stream as abandoned unless it reached its last event.

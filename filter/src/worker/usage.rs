@@ -17,7 +17,7 @@ use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageRe
 
 use super::limits::{self, LimitPlace};
 use crate::host::Host;
-use crate::metrics::{LimitStat, Metrics};
+use crate::metrics::{FilterStat, LimitStat, Metrics};
 use crate::store::Store;
 
 /// One limit of an admitted call, waiting for its usage.
@@ -182,6 +182,7 @@ impl Usages {
             let before = reader.buffered();
             if held.saturating_add(chunk.len()) > MAX_HELD_BYTES {
                 reader.give_up();
+                ledger.metrics.add_filter(FilterStat::UsageBufferFull, 1);
             } else {
                 reader.feed(chunk);
             }
