@@ -314,6 +314,7 @@ fn rates(prev: Option<&Counts>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
         max_in_flight: cur.max_in_flight,
         waiting: cur.waiting,
         tokens: cur.tokens,
+        port_hidden: cur.port_hidden,
     }
 }
 

@@ -25,10 +25,13 @@ pub enum PolicyStat {
     LeasesExpired,
     KeyEvictions,
     KeyOverflow,
+    /// Calls matched by their host alone: the policy names a port the
+    /// request did not carry (Envoy may strip ports before filters run).
+    PortHidden,
 }
 
 impl PolicyStat {
-    const ALL: [PolicyStat; 10] = [
+    const ALL: [PolicyStat; 11] = [
         PolicyStat::Admitted,
         PolicyStat::Rejected,
         PolicyStat::Queued,
@@ -39,6 +42,7 @@ impl PolicyStat {
         PolicyStat::LeasesExpired,
         PolicyStat::KeyEvictions,
         PolicyStat::KeyOverflow,
+        PolicyStat::PortHidden,
     ];
 
     fn name(self) -> &'static str {
@@ -53,6 +57,7 @@ impl PolicyStat {
             PolicyStat::LeasesExpired => "leases_expired",
             PolicyStat::KeyEvictions => "key_evictions",
             PolicyStat::KeyOverflow => "key_overflow",
+            PolicyStat::PortHidden => "port_hidden",
         }
     }
 
@@ -301,6 +306,7 @@ impl Metrics {
             PolicyStat::QueueTimeouts => unreported.queue_timeouts += delta,
             PolicyStat::ShadowLimited => unreported.shadow_limited += delta,
             PolicyStat::InFlight => unreported.in_flight += delta,
+            PolicyStat::PortHidden => unreported.port_hidden += delta,
             _ => {}
         }
         if series.pending.is_empty() {

@@ -128,6 +128,8 @@ pub struct Counters {
     pub queue_timeouts: u64,
     pub shadow_limited: u64,
     pub in_flight: u64,
+    #[serde(default)]
+    pub port_hidden: u64,
 }
 
 impl Counters {
@@ -142,6 +144,7 @@ impl Counters {
             .shadow_limited
             .wrapping_add_signed(other.shadow_limited);
         self.in_flight = self.in_flight.wrapping_add_signed(other.in_flight);
+        self.port_hidden = self.port_hidden.wrapping_add_signed(other.port_hidden);
     }
 
     pub fn to_report(self) -> PolicyReport {
@@ -151,6 +154,7 @@ impl Counters {
             queued: self.queued,
             queue_timeouts: self.queue_timeouts,
             shadow_limited: self.shadow_limited,
+            port_hidden: self.port_hidden,
             // A net total below zero can only be a worker that died mid-count.
             in_flight: if (self.in_flight as i64) < 0 {
                 0
@@ -170,6 +174,7 @@ pub struct DeltaCounters {
     pub queue_timeouts: i64,
     pub shadow_limited: i64,
     pub in_flight: i64,
+    pub port_hidden: i64,
 }
 
 impl DeltaCounters {

@@ -202,6 +202,14 @@ pub struct Utilization {
     pub waiting: u64,
     /// Rate tokens left (summed over instances; absent without a rate).
     pub tokens: Option<u64>,
+    /// Calls matched by their host alone, since the Envoys started: the
+    /// policy names a port the requests do not carry (Envoy strips it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub port_hidden: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Utilization {
@@ -218,6 +226,7 @@ impl Utilization {
             (None, t) | (t, None) => t,
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
         };
+        self.port_hidden = self.port_hidden.saturating_add(other.port_hidden);
     }
 }
 

@@ -61,6 +61,11 @@ impl HostMatcher {
         Self { pattern, port }
     }
 
+    /// Whether `authority` is this host. A pattern naming a port matches
+    /// that port, or no port at all: an Envoy that strips ports before
+    /// filters run (`strip_any_host_port`) hides it, and a limit that
+    /// stopped applying then would fail open. It matches by the name
+    /// alone then (see [`Self::port_hidden`]).
     fn matches(&self, authority: &[u8]) -> bool {
         // Most authorities come exactly as configured.
         if let (HostPattern::Exact(host), None) = (&self.pattern, &self.port) {
@@ -70,8 +75,8 @@ impl HostMatcher {
         }
         let (name, port) = split_port(authority);
         let name = name.strip_suffix(b".").unwrap_or(name);
-        if let Some(want) = &self.port {
-            if port != Some(want.as_bytes()) {
+        if let (Some(want), Some(port)) = (&self.port, port) {
+            if port != want.as_bytes() {
                 return false;
             }
         }
@@ -83,6 +88,14 @@ impl HostMatcher {
                     && name[name.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
             }
         }
+    }
+}
+
+impl HostMatcher {
+    /// The pattern names a port the request's authority does not carry:
+    /// matched by the name alone.
+    fn port_hidden(&self, authority: Option<&[u8]>) -> bool {
+        self.port.is_some() && authority.is_some_and(|a| split_port(a).1.is_none())
     }
 }
 
@@ -182,6 +195,9 @@ pub struct Classification {
     pub key: BucketKey,
     pub cost: u64,
     pub priority: Priority,
+    /// The policy names a port the request did not carry (Envoy may have
+    /// stripped it): matched by the host alone.
+    pub port_hidden: bool,
 }
 
 impl CompiledPolicy {
@@ -583,6 +599,8 @@ impl CompiledPolicySet {
             key: policy.bucket_key(req, secret),
             cost: policy.cost(req),
             priority: policy.priority(req),
+            port_hidden: policy.host.port.is_some()
+                && policy.host.port_hidden(req.header(":authority").as_deref()),
         })
     }
 
@@ -671,6 +689,33 @@ mod tests {
             Some("rest".into())
         );
         assert_eq!(pick(req(&[])), Some("rest".into()));
+    }
+
+    /// A policy naming a port still holds when Envoy strips ports before
+    /// filters run: a request without a port matches it by its host (fail
+    /// closed), and says so; one with another port does not.
+    #[test]
+    fn a_policy_naming_a_port_matches_a_request_without_one() {
+        let s = set(POLICIES);
+        let classify = |authority: &'static [u8]| {
+            s.classify(
+                req(&[(":authority", authority), ("x-tier", b"prod")]),
+                &SECRET,
+            )
+            .map(|c| (s.policies[c.policy_index].name().to_string(), c.port_hidden))
+        };
+        assert_eq!(classify(b"eu.llm.example"), Some(("llm".into(), true)));
+        assert_eq!(classify(b"eu.llm.example:443"), Some(("llm".into(), false)));
+        assert_eq!(
+            classify(b"eu.llm.example:8443"),
+            Some(("rest".into(), false))
+        );
+        // A policy naming no port never says a port was hidden.
+        let bank = s.classify(req(&[(":authority", b"api.bank.example")]), &SECRET);
+        assert_eq!(bank.map(|c| c.port_hidden), Some(false));
+        let m = HostMatcher::new("[::1]:8080");
+        assert!(m.matches(b"[::1]"));
+        assert!(m.port_hidden(Some(b"[::1]")));
     }
 
     #[test]

@@ -303,6 +303,10 @@ pub struct PolicyReport {
     /// Requests waiting in the queue now.
     #[serde(default)]
     pub waiting: u64,
+    /// Calls matched by their host alone, since the Envoy started: the
+    /// policy names a port the requests did not carry.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub port_hidden: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

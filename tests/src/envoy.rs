@@ -165,6 +165,18 @@ impl Envoy {
         Self::start_full(template, plugin_config, mock_port, 9, workers)
     }
 
+    /// From `template` (as `envoy/egress-test.yaml`, changed by the
+    /// test), the `sluice_admin` cluster pointing at `admin_api_port`.
+    pub fn start_from(
+        template: &str,
+        plugin_config: &str,
+        mock_port: u16,
+        admin_api_port: u16,
+        workers: u32,
+    ) -> anyhow::Result<Self> {
+        Self::start_full(template, plugin_config, mock_port, admin_api_port, workers)
+    }
+
     /// With the `sluice_admin` cluster pointing at `admin_api_port`.
     pub fn start_with_admin(
         plugin_config: &str,

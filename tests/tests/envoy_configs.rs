@@ -463,3 +463,83 @@ async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Res
     }
     Ok(())
 }
+
+/// A user's own Envoy that strips ports before filters run
+/// (`strip_any_host_port: true`): a policy on `api.bank.example:8443`
+/// still holds its calls, matched by the host alone (fail closed, not
+/// open); the filter logs it once, counts it (`port_hidden`), and the
+/// admin's live view shows it on the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_port_policy_holds_under_an_envoy_that_strips_ports() -> anyhow::Result<()> {
+    use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    op.create(
+        serde_json::json!({"name": "bank-8443", "match": {"host": "api.bank.example:8443"},
+        "rate": {"requests": 5, "period": "1s", "burst": 1}}),
+    )
+    .await?;
+    let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+    let manager = "          stat_prefix: egress\n";
+    anyhow::ensure!(template.contains(manager), "egress-test.yaml changed shape");
+    let stripping = template.replace(
+        manager,
+        &format!("{manager}          strip_any_host_port: true\n"),
+    );
+    let plugin = serde_json::json!({"instance": "strips-ports", "admin_cluster": "sluice_admin",
+        "sync_interval": "200ms", "sync_token": SYNC_TOKEN, "fallback": {"version": 0, "policies": []}})
+    .to_string();
+    let envoy = Envoy::start_from(&stripping, &plugin, mock.addr.port(), admin.port, 2)?;
+    load::wait_for("the set", Duration::from_secs(10), || {
+        envoy.filter_stat("policy_sets_installed").unwrap_or(0.0) >= 3.0
+    })
+    .await?;
+    let url = envoy.url("/v1/pay");
+    let started = std::time::Instant::now();
+    let calls = load::burst(&url, "api.bank.example:8443", 100).await;
+    let took = started.elapsed().as_secs_f64();
+    let passed = count(&calls, 200);
+    // The policy's bound over the burst: 1 + 5/s.
+    let bound = 1 + (5.0 * took).ceil() as usize + 1;
+    // Stats flush at the workers' next tick.
+    let _ = load::wait_for("port_hidden", Duration::from_secs(2), || {
+        envoy.policy_stat("port_hidden", "bank-8443").unwrap_or(0.0) >= 100.0
+    })
+    .await;
+    let hidden = envoy.policy_stat("port_hidden", "bank-8443")?;
+    let logged = envoy
+        .log()
+        .lines()
+        .filter(|l| l.contains("policy bank-8443 names the port"))
+        .count();
+    let mut shown = 0;
+    for _ in 0..20 {
+        let history = op.live_history().await?;
+        shown = history
+            .as_array()
+            .and_then(|f| f.last())
+            .and_then(|f| f["policies"]["bank-8443"]["port_hidden"].as_u64())
+            .unwrap_or(0);
+        if shown >= 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "strip_any_host_port: 100 calls to api.bank.example:8443 (policy 5/s, burst 1) in {took:.2} s: {passed} passed \
+         (at most {bound}), {} got 429; port_hidden {hidden}; logged {logged} time(s); the live view shows {shown} \
+         calls without their port",
+        count(&calls, 429),
+    );
+    assert!(
+        passed >= 1 && passed <= bound,
+        "{passed} passed: the policy holds"
+    );
+    assert_eq!(hidden, 100.0);
+    assert_eq!(logged, 1, "logged once for the Envoy");
+    assert!(shown >= 100, "the live view shows it");
+    admin.stop().await;
+    Ok(())
+}

@@ -1063,6 +1063,13 @@ fn LivePage() -> impl IntoView {
                         " · tokens left "<span class="tokens-now">{move || now.get().tokens.map(|t| t.to_string()).unwrap_or_else(|| "—".into())}</span>
                         " · waiting "{move || now.get().waiting}
                     </p>
+                    <Show when=move || { now.get().port_hidden > 0 }>
+                        <p class="port-hidden warning">
+                            "This policy names a port, but "<span class="port-hidden-count">{move || now.get().port_hidden}</span>
+                            " of its calls came without one (the Envoy strips ports before filters run: "
+                            <code>"strip_any_host_port"</code>"). They are matched by the host alone, whatever their port."
+                        </p>
+                    </Show>
                     <table class="per-instance">
                         <thead><tr><th>"Instance"</th><th>"Admitted/s"</th><th>"Rejected/s"</th><th>"Queued/s"</th><th>"In flight"</th><th>"Tokens"</th></tr></thead>
                         <tbody>

@@ -36,12 +36,14 @@ use std::rc::Rc;
 
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::KeyOutcome;
-use sluice_shared::matcher::{BucketKey, CompiledPolicySet, RequestHeaders, RequestJson};
+use sluice_shared::matcher::{
+    BucketKey, CompiledPolicy, CompiledPolicySet, RequestHeaders, RequestJson,
+};
 use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};
-use crate::metrics::{FilterStat, Metrics, PolicySeries};
+use crate::metrics::{FilterStat, Metrics, PolicySeries, PolicyStat};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
@@ -110,6 +112,9 @@ pub struct Worker {
     key_secret: KeySecret,
     /// When this worker last polled its queues (the previous tick).
     last_queue_poll: Instant,
+    /// Policies naming a port whose requests came without one, noticed
+    /// here (logged once per Envoy).
+    port_hidden: rustc_hash::FxHashSet<String>,
 }
 
 impl Worker {
@@ -136,6 +141,7 @@ impl Worker {
             clock: Rc::new(Clock::default()),
             key_secret,
             last_queue_poll: Instant::EPOCH,
+            port_hidden: Default::default(),
         }
     }
 
@@ -267,6 +273,9 @@ impl Worker {
         let Some(policy) = policies.policies.get(class.policy_index) else {
             return Verdict::Continue;
         };
+        if class.port_hidden {
+            self.port_was_hidden(host, policy);
+        }
         let body = match body {
             RequestBody::Coming if policy.reads_request_body() => {
                 // Read while the headers pass: the host answers header
@@ -378,6 +387,33 @@ impl Worker {
                 self.set_tick(host, QUEUE_TICK);
                 Verdict::Pause { ticket }
             }
+        }
+    }
+
+    /// A call of `policy`, which names a port, came without one (Envoy
+    /// strips ports before filters run: `strip_any_host_port`): it was
+    /// matched by its host alone. Counted; logged once per policy and
+    /// Envoy, so the operator learns the port means nothing here.
+    fn port_was_hidden<H: Host + ?Sized>(&mut self, host: &H, policy: &CompiledPolicy) {
+        self.metrics.add(policy.name(), PolicyStat::PortHidden, 1);
+        if self.port_hidden.contains(policy.name()) {
+            return;
+        }
+        self.port_hidden.insert(policy.name().to_string());
+        let marker = format!("sluice/port-hidden/{}", policy.name());
+        let first = self.store.update(host, &marker, |seen| {
+            (seen.is_none(), seen.is_none().then(|| vec![1]))
+        });
+        if matches!(first, Ok(true)) {
+            host.log(
+                Level::Warn,
+                &format!(
+                    "sluice: policy {} names the port in {:?}, but its requests come without one \
+                     (does this Envoy strip ports, strip_any_host_port?): they are matched by the host alone",
+                    policy.name(),
+                    policy.policy.matcher.host
+                ),
+            );
         }
     }
 
