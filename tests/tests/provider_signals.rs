@@ -696,3 +696,109 @@ async fn admitted_answers_tell_callers_where_the_limits_stand() -> anyhow::Resul
     );
     Ok(())
 }
+
+/// A holder of the sync token posing as an Envoy ("rogue") reports, at
+/// every sync for 8 s, that its provider paused a shared limit for a
+/// minute. A real Envoy syncing with the same admin is held by that news
+/// for the limit's `max_pause` (2 s) in total, not for the 8 s nor the
+/// minute: the admin relays one stretch of news for at most `max_pause`,
+/// and the Envoy takes no more from one stretch either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rogue_re_reporting_a_pause_holds_the_others_for_max_pause_in_total() -> anyhow::Result<()>
+{
+    use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
+    use sluice_shared::sync::{LimitReport, PauseReport, ProviderReport, SyncReport};
+
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    let version = op
+        .create(serde_json::json!({
+            "name": "api", "match": {"host": HOST},
+            "rate": {"requests": 100000, "period": "1s"},
+            "limits": [{"name": "provider-rate", "scope": "global",
+                        "rate": {"requests": 100000, "period": "1s"},
+                        "provider": {"max_pause": "2s"}}]}))
+        .await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = serde_json::json!({"instance": "honest", "admin_cluster": "sluice_admin",
+        "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+        "fallback": {"version": 1, "policies": []}})
+    .to_string();
+    let envoy = Envoy::start_with_admins(&config, mock.addr.port(), &[admin.port], 2)?;
+    // Its share of the limit, within a few syncs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let url = envoy.url("/v1/orders");
+    let load = tokio::spawn(closed_loop(4, Duration::from_secs(10), move |c, _| {
+        c.get(&url).header("host", HOST)
+    }));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rogue = {
+        let sync = format!("{}/api/v1/sync", admin.base());
+        tokio::spawn(async move {
+            let http = load::client();
+            let started = std::time::Instant::now();
+            let mut reports = 0;
+            while started.elapsed() < Duration::from_secs(8) {
+                let mut report = SyncReport {
+                    instance: "rogue".into(),
+                    policy_version: version,
+                    at_ms: 1,
+                    ..SyncReport::default()
+                };
+                report.limits.insert(
+                    "provider-rate".into(),
+                    LimitReport {
+                        provider: Some(ProviderReport {
+                            pause: Some(PauseReport {
+                                ran_ms: 0,
+                                left_ms: 60_000,
+                                status: 429,
+                                relayed: false,
+                            }),
+                            ..ProviderReport::default()
+                        }),
+                        ..LimitReport::default()
+                    },
+                );
+                let _ = http
+                    .post(&sync)
+                    .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+                    .header("content-type", "application/json")
+                    .body(serde_json::to_string(&report).unwrap_or_default())
+                    .send()
+                    .await;
+                reports += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            reports
+        })
+    };
+    let reports = rogue.await?;
+    let outcomes = load.await?;
+    let paused: Vec<_> = outcomes
+        .iter()
+        .filter(|o| {
+            o.status == 429
+                && o.headers
+                    .get("x-sluice-reason")
+                    .is_some_and(|r| r == "provider-pause")
+        })
+        .map(|o| o.started)
+        .collect();
+    let held = match (paused.iter().min(), paused.iter().max()) {
+        (Some(first), Some(last)) => *last - *first,
+        _ => Duration::ZERO,
+    };
+    let passed = count(&outcomes, 200);
+    let paused_stat = envoy.limit_stat("provider-rate", "paused")?;
+    println!(
+        "a rogue's pause news, {reports} reports of a 60 s pause over 8 s (max_pause 2 s): the honest Envoy refused \
+         {} calls for the pause, over {held:.2?} from the first to the last; {passed} calls passed; pauses begun {paused_stat}",
+        paused.len()
+    );
+    assert!(!paused.is_empty(), "the news was relayed");
+    assert!(held <= Duration::from_millis(2_300), "held {held:?}");
+    admin.stop().await;
+    Ok(())
+}
