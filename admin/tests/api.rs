@@ -64,14 +64,24 @@ async fn start_configured(
     secure_cookies: bool,
     configure: impl FnOnce(AppState) -> AppState,
 ) -> Admin {
-    let store = Store::open(&db).unwrap();
-    let state = Arc::new(configure(AppState::new(
-        store,
+    let state = Arc::new(configure(new_state(&db, secure_cookies)));
+    serve(state, dir, db).await
+}
+
+/// The admin's state on the SQLite file `db`, the test's password and
+/// sync token.
+fn new_state(db: &std::path::Path, secure_cookies: bool) -> AppState {
+    AppState::new(
+        Store::open(db).unwrap(),
         Credentials::from_password(PASSWORD).unwrap(),
         Some(SYNC_TOKEN.into()),
         secure_cookies,
-    )));
-    serve(state, dir, db).await
+    )
+}
+
+/// [`new_state`], shared, for a test that looks into it while it serves.
+fn state_on(db: &std::path::Path) -> Arc<AppState> {
+    Arc::new(new_state(db, false))
 }
 
 impl Admin {
@@ -524,13 +534,7 @@ async fn over_tls_the_session_cookie_is_secure_by_itself() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = sluice_admin::server::self_signed(&dir.path().join("tls")).unwrap();
     let tls = sluice_admin::server::tls_config(&cert, &key).unwrap();
-    let store = Store::open(&dir.path().join("sluice.db")).unwrap();
-    let state = Arc::new(AppState::new(
-        store,
-        Credentials::from_password(PASSWORD).unwrap(),
-        Some(SYNC_TOKEN.into()),
-        false,
-    ));
+    let state = state_on(&dir.path().join("sluice.db"));
     let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let secure = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (plain_port, tls_port) = (
@@ -1389,13 +1393,7 @@ async fn a_watch_is_answered_as_soon_as_an_edit_lands() {
 async fn stopping_the_admin_answers_held_watches() {
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("sluice.db")).unwrap();
-    let state = Arc::new(AppState::new(
-        store,
-        Credentials::from_password(PASSWORD).unwrap(),
-        Some(SYNC_TOKEN.into()),
-        false,
-    ));
+    let state = state_on(&dir.path().join("sluice.db"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -1519,14 +1517,8 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
 async fn ten_thousand_watches_from_one_instance_leave_one_held() {
     use futures_util::StreamExt;
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("sluice.db")).unwrap();
-    let state = Arc::new(AppState::new(
-        store,
-        Credentials::from_password(PASSWORD).unwrap(),
-        Some(SYNC_TOKEN.into()),
-        false,
-    ));
     let db = dir.path().join("sluice.db");
+    let state = state_on(&db);
     let admin = serve(Arc::clone(&state), dir, db).await;
     let (_, headers) = sync_with(
         &admin,

@@ -189,29 +189,8 @@ impl Admin {
     }
 
     async fn token(&self, scope: &str) -> Vec<(&'static str, String)> {
-        let resp = self
-            .http
-            .post(format!("{}/api/v1/login", self.base))
-            .header("content-type", "application/json")
-            .body(json!({"password": PASSWORD}).to_string())
-            .send()
-            .await
-            .unwrap();
-        let cookie = resp.headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap()
-            .to_string();
-        let info: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
-        let session = vec![
-            ("cookie", cookie),
-            (
-                "x-csrf-token",
-                info["csrf_token"].as_str().unwrap().to_string(),
-            ),
-        ];
+        let (cookie, csrf) = login(&self.http, &self.base).await;
+        let session = vec![("cookie", cookie), ("x-csrf-token", csrf)];
         let (status, created) = self
             .call(
                 &session,
@@ -226,6 +205,27 @@ impl Admin {
             format!("Bearer {}", created["token"].as_str().unwrap()),
         )]
     }
+}
+
+/// Logs in to the admin at `base` with the admin password: the session
+/// cookie and its CSRF token.
+async fn login(http: &reqwest::Client, base: &str) -> (String, String) {
+    let resp = http
+        .post(format!("{base}/api/v1/login"))
+        .header("content-type", "application/json")
+        .body(json!({"password": PASSWORD}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let cookie = resp.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let info: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    (cookie, info["csrf_token"].as_str().unwrap().to_string())
 }
 
 fn files(list: &[(&str, &str)]) -> Value {
@@ -550,23 +550,7 @@ async fn a_yaml_alias_bomb_is_refused_at_once_everywhere() {
     let (plain, _) = admin_binary(&dir.path().join("api.db"), &[]).await;
     let pid = plain.child.id();
     let http = reqwest::Client::new();
-    let login = http
-        .post(format!("{}/api/v1/login", plain.base))
-        .json(&json!({"password": PASSWORD}))
-        .send()
-        .await
-        .unwrap();
-    let cookie = login.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    let csrf = login.json::<Value>().await.unwrap()["csrf_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (cookie, csrf) = login(&http, &plain.base).await;
     let (before, _) = memory_mib(pid);
     let body = json!({"files": [{"path": "bomb.yaml", "text": bomb}]});
     let started = Instant::now();
@@ -589,23 +573,10 @@ async fn a_yaml_alias_bomb_is_refused_at_once_everywhere() {
         &["--managed-dir", managed.to_str().unwrap()],
     )
     .await;
+    let (managed_cookie, _) = login(&http, &managed_admin.base).await;
     let listed: Value = http
         .get(format!("{}/api/v1/policies", managed_admin.base))
-        .header("cookie", &{
-            let login = http
-                .post(format!("{}/api/v1/login", managed_admin.base))
-                .json(&json!({"password": PASSWORD}))
-                .send()
-                .await
-                .unwrap();
-            login.headers()["set-cookie"]
-                .to_str()
-                .unwrap()
-                .split(';')
-                .next()
-                .unwrap()
-                .to_string()
-        })
+        .header("cookie", &managed_cookie)
         .send()
         .await
         .unwrap()

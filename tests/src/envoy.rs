@@ -162,19 +162,7 @@ impl Envoy {
         workers: u32,
     ) -> anyhow::Result<Self> {
         // Port 9 (discard): nothing answers there; only tests that sync use it.
-        Self::start_full(template, plugin_config, mock_port, 9, workers)
-    }
-
-    /// From `template` (as `envoy/egress-test.yaml`, changed by the
-    /// test), the `sluice_admin` cluster pointing at `admin_api_port`.
-    pub fn start_from(
-        template: &str,
-        plugin_config: &str,
-        mock_port: u16,
-        admin_api_port: u16,
-        workers: u32,
-    ) -> anyhow::Result<Self> {
-        Self::start_full(template, plugin_config, mock_port, admin_api_port, workers)
+        Self::start_from(template, plugin_config, mock_port, 9, workers)
     }
 
     /// With the `sluice_admin` cluster pointing at `admin_api_port`.
@@ -185,7 +173,7 @@ impl Envoy {
         workers: u32,
     ) -> anyhow::Result<Self> {
         let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
-        Self::start_full(&template, plugin_config, mock_port, admin_api_port, workers)
+        Self::start_from(&template, plugin_config, mock_port, admin_api_port, workers)
     }
 
     /// With the `sluice_admin` cluster spread over several admin replicas,
@@ -215,7 +203,7 @@ impl Envoy {
             template.contains("http_health_check"),
             "egress-test.yaml: no sluice_admin cluster to health-check"
         );
-        Self::start_full(&template, plugin_config, mock_port, 9, workers)
+        Self::start_from(&template, plugin_config, mock_port, 9, workers)
     }
 
     /// Syncing with an admin's `--tls-listen` on `admin_tls_port` over TLS,
@@ -237,7 +225,7 @@ impl Envoy {
             "{cluster}    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        sni: sluice-admin\n        common_tls_context:\n          validation_context:\n            trusted_ca: {{ filename: \"{}\" }}\n            match_typed_subject_alt_names:\n            - san_type: DNS\n              matcher: {{ exact: sluice-admin }}\n",
             ca.display()
         );
-        Self::start_full(
+        Self::start_from(
             &template.replace(cluster, &tls),
             plugin_config,
             mock_port,
@@ -246,7 +234,9 @@ impl Envoy {
         )
     }
 
-    fn start_full(
+    /// From `template` (as `envoy/egress-test.yaml`, changed by the
+    /// test), the `sluice_admin` cluster pointing at `admin_api_port`.
+    pub fn start_from(
         template: &str,
         plugin_config: &str,
         mock_port: u16,

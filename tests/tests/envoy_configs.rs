@@ -424,8 +424,10 @@ fn with_host_port_policy(file: &str) -> anyhow::Result<String> {
 /// A policy written as `host:port` (as the README offers) holds under
 /// every shipped config: Envoy routes on the host whatever the port
 /// (`ignore_port_in_host_matching`) but leaves the port in `:authority`
-/// for the filter to match. With the port stripped it would fail open:
-/// the host's own, looser policy would decide.
+/// for the filter to match. A call to another port goes to the host's own
+/// policy; one without a port is held by the host:port policy too (the
+/// filter cannot tell it from one whose port an Envoy stripped, and
+/// fails closed), counted as `port_hidden`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Result<()> {
     let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
@@ -436,12 +438,21 @@ async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Res
         let passed = with_port.len() - count(&with_port, 429);
         let bound = admitted_at_most(&with_port, 1, 5.0);
         tokio::time::sleep(Duration::from_millis(200)).await;
+        let other_port = load::burst(&url, "api.bank.example:443", 10).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
         let without_port = load::burst(&url, "api.bank.example", 10).await;
+        let _ = load::wait_for("port_hidden", Duration::from_secs(2), || {
+            envoy.policy_stat("port_hidden", "bank-8443").unwrap_or(0.0) >= 10.0
+        })
+        .await;
+        let hidden = envoy.policy_stat("port_hidden", "bank-8443")?;
         println!(
             "{file}: 40 calls to api.bank.example:8443 (policy 5/s, burst 1): {passed} passed \
-             (at most {bound}), {} got 429, answered by the API {}; api.bank.example (100/s, burst 10): {} of 10 passed",
+             (at most {bound}), {} got 429, answered by the API {}; api.bank.example:443 (the host's policy, \
+             100/s, burst 10): {} of 10 passed; api.bank.example without a port: {} of 10 passed, port_hidden {hidden}",
             count(&with_port, 429),
             count(&with_port, 200),
+            count(&other_port, 200),
             count(&without_port, 200),
         );
         assert!(
@@ -453,13 +464,17 @@ async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Res
             passed,
             "{file}: admitted calls reach the API (routed whatever the port)"
         );
-        // The host's own policy (burst 10, less what lapsed prefetches
-        // strand), not the host:port one (burst 1).
+        // Another port: the host's own policy (burst 10, less what lapsed
+        // prefetches strand), not the host:port one (burst 1).
         let least = burst_less_stranded_prefetches(10);
         assert!(
-            (least..=10).contains(&count(&without_port, 200)),
+            (least..=10).contains(&count(&other_port, 200)),
             "{file}: the host's own policy"
         );
+        // No port: held by the host:port policy (5/s, 400 ms since the
+        // last burst), and counted.
+        assert!(count(&without_port, 200) <= 3, "{file}: failed closed");
+        assert_eq!(hidden, 10.0, "{file}: port_hidden");
     }
     Ok(())
 }

@@ -40,6 +40,22 @@ fn policy(usage: &str) -> String {
     )
 }
 
+/// The mock LLM with `limits`, behind an Envoy of `workers` enforcing
+/// `policies` (a JSON list) from its configuration as `instance`.
+async fn llm_behind_envoy(
+    limits: LlmLimits,
+    (instance, policies): (&str, &str),
+    workers: u32,
+) -> anyhow::Result<(MockLlm, Envoy)> {
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = format!(
+        r#"{{"instance": "{instance}", "fallback": {{"version": 1, "policies": {policies}}}}}"#
+    );
+    let envoy = Envoy::start(&config, llm.addr.port(), workers)?;
+    llm.reset();
+    Ok((llm, envoy))
+}
+
 async fn setup(step: Duration) -> anyhow::Result<(MockLlm, Envoy)> {
     setup_with(step, "").await
 }
@@ -51,14 +67,8 @@ async fn setup_with(step: Duration, usage: &str) -> anyhow::Result<(MockLlm, Env
         step,
         ..LlmLimits::default()
     };
-    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
-    let config = format!(
-        r#"{{"instance": "e2e-usage", "fallback": {{"version": 1, "policies": [{}]}}}}"#,
-        policy(usage)
-    );
-    let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
-    llm.reset();
-    Ok((llm, envoy))
+    let policies = format!("[{}]", policy(usage));
+    llm_behind_envoy(limits, ("e2e-usage", &policies), WORKERS).await
 }
 
 /// What one client call came to.
@@ -450,13 +460,12 @@ async fn usage_that_cannot_be_read_is_charged_the_unread_charge() -> anyhow::Res
         step: Duration::from_millis(40),
         ..LlmLimits::default()
     };
-    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
-    let config = r#"{"instance": "e2e-unread", "fallback": {"version": 1, "policies": [
+    let policies = r#"[
         {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
          "limits": [{"name": "tokens", "rate": {"requests": 1000000, "period": "1h", "algorithm": "fixed_window"},
                      "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 20000},
-                     "usage": {"json": ["usage.total_tokens"]}}]}]}}"#;
-    let envoy = Envoy::start(config, llm.addr.port(), WORKERS)?;
+                     "usage": {"json": ["usage.total_tokens"]}}]}]"#;
+    let (_llm, envoy) = llm_behind_envoy(limits, ("e2e-unread", policies), WORKERS).await?;
     let (http, url) = (client(), envoy.url("/v1/chat/completions"));
     let call = (url.as_str(), "Bearer tenant");
     let charged = || envoy.limit_stat("tokens", "tokens").unwrap_or(0.0);
@@ -524,15 +533,13 @@ async fn a_tenant_dodging_its_usage_gets_no_more_through_than_one_reporting_it(
         step: Duration::from_millis(5),
         ..LlmLimits::default()
     };
-    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
-    let config = r#"{"instance": "e2e-dodge", "fallback": {"version": 1, "policies": [
+    let policies = r#"[
         {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
          "limits": [{"name": "tokens-per-key", "key": {"header": "authorization"},
                      "rate": {"requests": 6000, "period": "2s", "algorithm": "fixed_window"},
                      "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 3000},
-                     "usage": {"json": ["usage.total_tokens"]}}]}]}}"#;
-    let envoy = Envoy::start(config, llm.addr.port(), WORKERS)?;
-    llm.reset();
+                     "usage": {"json": ["usage.total_tokens"]}}]}]"#;
+    let (llm, envoy) = llm_behind_envoy(limits, ("e2e-dodge", policies), WORKERS).await?;
     let url = envoy.url("/v1/chat/completions");
     let prompt = "word ".repeat(1600);
     let deadline = Instant::now() + RUN;
@@ -616,13 +623,12 @@ async fn many_large_answers_at_once_keep_the_workers_memory_bounded() -> anyhow:
         json_chunk_every: Duration::from_millis(20),
         ..LlmLimits::default()
     };
-    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
-    let config = r#"{"instance": "e2e-held", "fallback": {"version": 1, "policies": [
+    let policies = r#"[
         {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 100000, "period": "1s"},
          "limits": [{"name": "tokens", "rate": {"requests": 1000000000, "period": "1h", "algorithm": "fixed_window"},
                      "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 5000},
-                     "usage": {"json": ["usage.total_tokens"], "max_body_bytes": 1048576}}]}]}}"#;
-    let envoy = Envoy::start(config, llm.addr.port(), 1)?;
+                     "usage": {"json": ["usage.total_tokens"], "max_body_bytes": 1048576}}]}]"#;
+    let (_llm, envoy) = llm_behind_envoy(limits, ("e2e-held", policies), 1).await?;
     let url = envoy.url("/v1/chat/completions");
     // One call first: the VM warmed, memory measured after it.
     let (status, _) = ask(
