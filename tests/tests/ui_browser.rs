@@ -1219,26 +1219,32 @@ async fn the_live_view_lists_the_busiest_keys_and_finds_one() -> anyhow::Result<
             |t| t == "3",
         )
         .await?;
-    // Rates over a few reports.
+    // Rates over a few reports; the table as a frame drew it (a frame
+    // read while the live stream reconnects, say, may have none yet).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut rows = Vec::new();
-    for row in browser
-        .client
-        .find_all(Locator::Css(&format!("{section} tr.top-key")))
-        .await?
-    {
-        let cells: Vec<String> = {
-            let mut out = Vec::new();
+    let mut reads = 0;
+    while rows.len() < 3 && reads < 10 {
+        if reads > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        reads += 1;
+        rows.clear();
+        for row in browser
+            .client
+            .find_all(Locator::Css(&format!("{section} tr.top-key")))
+            .await?
+        {
+            let mut cells = Vec::new();
             for td in row.find_all(Locator::Css("td")).await? {
-                out.push(td.text().await?);
+                cells.push(td.text().await?);
             }
-            out
-        };
-        rows.push(cells);
+            rows.push(cells);
+        }
     }
     let active = browser.text(&format!("{section} .keys-active")).await?;
     let overflowed = browser.text(&format!("{section} .keys-overflowed")).await?;
-    println!("ui: busiest keys of per-key (label, admitted/s, queued/s, refused/s, ±): {rows:?}; active {active}, overflowed {overflowed}");
+    println!("ui: busiest keys of per-key (label, admitted/s, queued/s, refused/s, ±): {rows:?} (read {reads} time(s)); active {active}, overflowed {overflowed}");
     let page = browser.client.source().await?;
     assert!(!page.contains("sk-live"), "a raw key reached the page");
     assert_eq!(rows.len(), 3, "{rows:?}");
