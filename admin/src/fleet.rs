@@ -20,16 +20,6 @@ use sluice_shared::{Instant, PolicySet, Scope};
 /// Attempts before a sync gives up on a contended ledger in Redis.
 const MAX_CAS_ATTEMPTS: u32 = 32;
 
-/// Sets the key only if it still holds what the caller read ("" for
-/// missing); the expiry drops the ledgers of policies long gone.
-const COMPARE_AND_SET: &str = r#"
-local current = redis.call('GET', KEYS[1])
-if current == false then current = '' end
-if current ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-"#;
-
 /// A sync that frees this part of a global limit (a share superseded by a
 /// smaller one) tells every Envoy holding a watch to sync now.
 const FREED_TO_TELL: f64 = 0.1;
@@ -325,19 +315,11 @@ impl Ledgers {
             }
             Backend::Redis { connection, prefix } => {
                 let key = format!("{prefix}{policy}");
-                let script = redis::Script::new(COMPARE_AND_SET);
-                let mut connection = connection.clone();
-                let mut stored_share = None;
-                for _ in 0..MAX_CAS_ATTEMPTS {
-                    let raw: Option<String> = redis::cmd("GET")
-                        .arg(&key)
-                        .query_async(&mut connection)
-                        .await?;
-                    let raw = raw.unwrap_or_default();
+                crate::redis_cas::update(connection, &key, MAX_CAS_ATTEMPTS, |raw| {
                     let mut ledger = if raw.is_empty() {
                         self.fresh(policy, terms, now)
                     } else {
-                        decode(policy, &raw)?
+                        decode(policy, raw)?
                     };
                     let share = change(&mut ledger);
                     let new =
@@ -345,19 +327,10 @@ impl Ledgers {
                             policy: policy.to_string(),
                             source,
                         })?;
-                    let stored: i64 = script
-                        .key(&key)
-                        .arg(&raw)
-                        .arg(&new)
-                        .arg(LEDGER_TTL_MS)
-                        .invoke_async(&mut connection)
-                        .await?;
-                    if stored == 1 {
-                        stored_share = Some(share);
-                        break;
-                    }
-                }
-                stored_share.ok_or_else(|| FleetError::Contended(policy.to_string()))?
+                    Ok::<_, FleetError>((share, new, LEDGER_TTL_MS))
+                })
+                .await?
+                .ok_or_else(|| FleetError::Contended(policy.to_string()))?
             }
         };
         lock(&self.seen).insert(policy.to_string());

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod people_api;
 pub mod people_cli;
 pub mod push;
+mod redis_cas;
 pub mod relay;
 pub mod server;
 pub mod store;

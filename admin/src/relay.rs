@@ -42,7 +42,7 @@ pub const CUT_GUARD_MS: u64 = 250;
 /// seconds, so a real new one ends later than this.
 pub const PAUSE_SAME_MS: u64 = 500;
 /// Tries of a change to a pause kept in Redis that another replica raced.
-const REDIS_TRIES: usize = 5;
+const REDIS_TRIES: u32 = 5;
 
 /// Keeps the value whose leading number (a time in ms) is newer than the
 /// stored one's by more than ARGV[3] ms; expires it after ARGV[4] ms.
@@ -53,15 +53,6 @@ if current then
   if at and at + tonumber(ARGV[3]) >= tonumber(ARGV[1]) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
-return 1
-"#;
-
-/// Sets ARGV[2] (expiring after ARGV[3] ms) if the value is still ARGV[1]
-/// ("" for none).
-const COMPARE_AND_SET: &str = r#"
-local current = redis.call('GET', KEYS[1])
-if (current or '') ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 "#;
 
@@ -358,41 +349,28 @@ impl ProviderRelay {
             }
             Backend::Redis { connection, prefix } => {
                 let keep_newer = redis::Script::new(KEEP_NEWER);
-                let compare_and_set = redis::Script::new(COMPARE_AND_SET);
-                let mut connection = connection.clone();
+                let mut connection_for_cuts = connection.clone();
                 for (name, max_pause, FirstHand { pause, cut }) in news {
                     if let Some((left_ms, status)) = pause {
                         let key = format!("{prefix}pause:{name}");
-                        let mut done = false;
-                        for _ in 0..REDIS_TRIES {
-                            let raw: Option<String> = redis::cmd("GET")
-                                .arg(&key)
-                                .query_async(&mut connection)
-                                .await?;
-                            let current = raw.as_deref().and_then(PauseMark::decode);
-                            let (mark, began) = PauseMark::heard(
-                                current.as_ref(),
-                                (now_ms, left_ms),
-                                (status, by),
-                                max_pause,
-                            );
-                            let set: i64 = compare_and_set
-                                .key(&key)
-                                .arg(raw.unwrap_or_default())
-                                .arg(mark.encode())
-                                .arg(mark.keep_for_ms(now_ms, max_pause).saturating_add(1_000))
-                                .invoke_async(&mut connection)
-                                .await?;
-                            if set == 1 {
-                                if began {
-                                    log_began(name, &mark, now_ms);
-                                }
-                                done = true;
-                                break;
-                            }
-                        }
-                        if !done {
-                            return Err(RelayError::Contended(name.clone()));
+                        let stored =
+                            crate::redis_cas::update(connection, &key, REDIS_TRIES, |raw| {
+                                let (mark, began) = PauseMark::heard(
+                                    PauseMark::decode(raw).as_ref(),
+                                    (now_ms, left_ms),
+                                    (status, by),
+                                    max_pause,
+                                );
+                                let keep_ms =
+                                    mark.keep_for_ms(now_ms, max_pause).saturating_add(1_000);
+                                let value = mark.encode();
+                                Ok::<_, RelayError>(((mark, began), value, keep_ms))
+                            })
+                            .await?;
+                        match stored {
+                            Some((mark, true)) => log_began(name, &mark, now_ms),
+                            Some(_) => {}
+                            None => return Err(RelayError::Contended(name.clone())),
                         }
                     }
                     if let Some(at) = cut {
@@ -407,7 +385,7 @@ impl ProviderRelay {
                             .arg(mark.encode())
                             .arg(CUT_GUARD_MS)
                             .arg(RELAYED_CUT_FOR_MS + 1_000)
-                            .invoke_async(&mut connection)
+                            .invoke_async(&mut connection_for_cuts)
                             .await?;
                     }
                 }
