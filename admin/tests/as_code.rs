@@ -485,11 +485,7 @@ impl Drop for AdminBinary {
 }
 
 async fn admin_binary(db: &Path, extra: &[&str]) -> (AdminBinary, Duration) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = sluice_test_ports::free_port().expect("a free port");
     let started = Instant::now();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-admin"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--db"])

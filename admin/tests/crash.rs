@@ -2,7 +2,6 @@
 //! writes: after a restart on the same SQLite file every write that was
 //! answered 2xx is there, and the store passes its integrity check.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -62,10 +61,7 @@ async fn login(http: &reqwest::Client, base: &str) -> (String, String) {
 async fn sigkill_during_writes_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let db = dir.path().join("crash.db");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = sluice_test_ports::free_port().expect("a free port");
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     let mut admin = start(&db, port);

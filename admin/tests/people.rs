@@ -801,10 +801,7 @@ async fn the_first_admin_is_made_from_the_shell() {
     assert!(!ok && err.contains("last admin"), "{err}");
 
     // The service, with no admin password: the shell's user and token work.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = sluice_test_ports::free_port().expect("a free port");
     let mut server = std::process::Command::new(binary)
         .args(["--listen", &format!("127.0.0.1:{port}"), "--db"])
         .arg(&db)

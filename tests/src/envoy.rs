@@ -1,7 +1,6 @@
 //! Runs the real Envoy binary (from the project virtualenv) with the
 //! tests' egress configuration and the built filter, and reads its stats.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -121,8 +120,10 @@ pub fn with_test_ca(config: &str) -> anyhow::Result<String> {
         .replace("\"/etc/sluice-tls/ca.pem\"", &format!("\"{ca}\"")))
 }
 
+/// A port for a process the test starts (see `sluice_test_ports`: never
+/// one the kernel or another test may take meanwhile).
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(sluice_test_ports::free_port()?)
 }
 
 /// How many copies of the filter install each policy set in an Envoy with
