@@ -11,6 +11,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::admission::DEFAULT_RETRY;
 use super::budgets::Budgets;
+use super::key_places::{self, Claim};
 use super::provider::{self, CountSays, Counted};
 use super::slots::{self, HeldSlot, SlotsTaken, SLOT_RETRY};
 use crate::host::Host;
@@ -31,9 +32,6 @@ fn keyed_limit_key(limit: &str, place: Option<u32>) -> String {
         None => format!("sluice/l/{limit}/overflow"),
     }
 }
-
-/// Places tried for a new key of a keyed limit before it overflows.
-const KEY_PROBES: u32 = 4;
 
 /// Where a call's tokens of one further limit are: its shared-data entry,
 /// and for a keyed limit the key owning that entry then.
@@ -342,20 +340,17 @@ fn step<H: Host + ?Sized>(
             })
             .map(Some);
     }
-    // 0 marks an entry nobody owns.
-    let owner = hash.max(1);
+    let owner = key_places::owner_of(hash);
     let (max_keys, overflow) = limit.keys.unwrap_or((1, KeyOverflow::Shared));
-    let first = owner % u64::from(max_keys);
-    for probe in 0..KEY_PROBES.min(max_keys) {
-        let slot = ((first + u64::from(probe)) % u64::from(max_keys)) as u32;
+    for slot in key_places::probes(owner, max_keys) {
         let key = keyed_limit_key(&limit.name, Some(slot));
         let stepped = store.update(host, &key, |bytes| {
             let (held_by, state) = owned_state_of(rate, bytes);
-            let mine = held_by == owner;
-            if !mine && held_by != 0 && !rate.is_idle(&state, now) {
-                return (None, None);
-            }
-            let mut state = if mine { state } else { rate.initial_state() };
+            let mut state = match key_places::claim(held_by, owner, || rate.is_idle(&state, now)) {
+                Claim::Busy => return (None, None),
+                Claim::Mine => state,
+                Claim::Free | Claim::Evict => rate.initial_state(),
+            };
             let step = take.apply(rate, &mut state);
             (
                 Some(step),

@@ -21,6 +21,7 @@
 mod admission;
 mod budgets;
 mod key_counts;
+mod key_places;
 mod limits;
 mod placement;
 mod provider;

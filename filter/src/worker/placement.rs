@@ -13,13 +13,11 @@ use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::Instant;
 
 use super::admission::DEFAULT_RETRY;
+use super::key_places::{self, Claim};
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};
 use crate::prefetch::SpareSlots;
 use crate::store::{Store, StoreError};
-
-/// Places tried for a new key before it overflows.
-const KEY_PROBES: u32 = 4;
 
 pub const OVERFLOW_SUFFIX: &str = "/overflow";
 
@@ -127,27 +125,20 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         let outcome = store.update_bucket(host, &key, |s| admit(&key, s))?;
         return Ok(placed(key, outcome));
     };
-    // 0 marks a place no key owns.
-    let owner = hash.max(1);
-    let max_keys = policy.max_keys().unwrap_or(1).max(1);
-    let first = owner % u64::from(max_keys);
-    for probe in 0..KEY_PROBES.min(max_keys) {
-        let slot = ((first + u64::from(probe)) % u64::from(max_keys)) as u32;
+    let owner = key_places::owner_of(hash);
+    for slot in key_places::probes(owner, policy.max_keys().unwrap_or(1)) {
         let key = bucket_key(name, Place::Slot(slot));
         let mut evicted = false;
         let outcome = store.update_bucket(host, &key, |s| {
-            evicted = false;
-            let mut claimed = false;
-            if s.owner != owner {
-                if s.owner != 0 && !s.is_idle(limits, now) {
-                    return (None, false);
-                }
-                evicted = s.owner != 0;
-                claimed = true;
-                *s = BucketState::new(owner);
+            let claim = key_places::claim(s.owner, owner, || s.is_idle(limits, now));
+            evicted = claim == Claim::Evict;
+            match claim {
+                Claim::Busy => return (None, false),
+                Claim::Free | Claim::Evict => *s = BucketState::new(owner),
+                Claim::Mine => {}
             }
             let (a, changed) = admit(&key, s);
-            (Some(a), changed || claimed)
+            (Some(a), changed || claim != Claim::Mine)
         })?;
         if let Some(outcome) = outcome {
             if evicted {
