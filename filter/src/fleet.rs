@@ -15,11 +15,11 @@ use sluice_shared::fleet::{Amount, Share};
 use sluice_shared::sync::SharesMessage;
 use sluice_shared::time::{Instant, Span};
 
+use crate::entries::SHARES_KEY;
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 use crate::sync::read_u64;
 
-pub const SHARES_KEY: &str = "sluice/fleet/shares";
 /// Larger headers are ignored (a well-behaved admin sends a few hundred
 /// bytes per global policy).
 pub const MAX_SHARES_HEADER: usize = 64 * 1024;

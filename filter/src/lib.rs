@@ -3,6 +3,8 @@
 //!
 //! - [`host`]: every call into Envoy, behind a trait; [`clock`]: its wall
 //!   clock made monotonic.
+//! - [`entries`]: every shared-data entry's key, and the limit state's
+//!   layout.
 //! - [`store`]: values in shared data, updated by compare-and-swap; every
 //!   failure counted and logged there.
 //! - [`sync`]: policy sets from the admin; [`report`]: utilization to it.
@@ -13,6 +15,7 @@
 //! - `envoy` (wasm only): the proxy-wasm contexts that drive the worker.
 
 pub mod clock;
+pub mod entries;
 pub mod fleet;
 pub mod host;
 pub mod metrics;

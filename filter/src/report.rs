@@ -9,12 +9,9 @@ use sluice_shared::key_view::{KeysReport, ENVOY_TOP_KEYS};
 use sluice_shared::sync::{PolicyReport, MAX_REPORT_KEYED};
 use sluice_shared::time::Instant;
 
+use crate::entries::{KEYS_REPORT_KEY, LIMIT_REPORT_KEY, REPORT_KEY};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
-
-pub const REPORT_KEY: &str = "sluice/report";
-pub const LIMIT_REPORT_KEY: &str = "sluice/report/limits";
-pub const KEYS_REPORT_KEY: &str = "sluice/report/keys";
 
 /// The Envoy's per-key counts since the syncing VM last took them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ use sluice_shared::bucket::BucketState;
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::time::{Instant, Span};
 
+use crate::entries::{HOLDERS_KEY, KEY_SECRET_KEY};
 use crate::host::{Host, Level, SetError};
 use crate::metrics::{FilterStat, Metrics};
 
@@ -26,9 +27,6 @@ const INSERT_CAS: u32 = u32::MAX;
 /// A failure of one kind is logged at most this often (it is counted every
 /// time): a contended or failing host would otherwise flood Envoy's log.
 const LOG_EVERY: Span = Span::from_secs(60);
-
-const HOLDERS_KEY: &str = "sluice/holders";
-const KEY_SECRET_KEY: &str = "sluice/key-secret";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreError {

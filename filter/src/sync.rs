@@ -20,12 +20,9 @@ use sluice_shared::time::{Instant, Span};
 use sluice_shared::validate::parse_policy_set;
 use sluice_shared::PolicySet;
 
+use crate::entries::{POLICY_SET_KEY, POLICY_VERSION_KEY, SYNC_KEY};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
-
-pub const SYNC_KEY: &str = "sluice/sync";
-pub const POLICY_SET_KEY: &str = "sluice/policyset";
-pub const POLICY_VERSION_KEY: &str = "sluice/policyset/version";
 
 /// Longest wait between attempts while the admin keeps failing.
 const MAX_BACKOFF: Span = Span::from_secs(5);

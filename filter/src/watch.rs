@@ -10,11 +10,11 @@
 use sluice_shared::sync::{WatchRequest, WAIT_HEADER, WATCH_PATH};
 use sluice_shared::time::{Instant, Span};
 
+use crate::entries::WATCH_KEY;
 use crate::host::Host;
 use crate::store::Store;
 use crate::sync::{SetId, SyncSettings};
 
-pub const WATCH_KEY: &str = "sluice/sync/watch";
 /// How long the admin is asked to hold a watch.
 pub const HOLD: Span = Span::from_secs(20);
 /// Envoy gives up on a call this much after the hold.

@@ -22,15 +22,13 @@ use sluice_shared::time::{Instant, Span};
 use super::budgets::Budgets;
 use super::limits::{self, Held, Taken, Why};
 use super::placement::{self, Placed};
+use super::retry::DEFAULT_RETRY;
 use super::slots;
+use crate::entries;
 use crate::host::{Host, Level};
 use crate::metrics::{LimitStat, Metrics, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches};
 use crate::store::Store;
-
-/// Retry-After for a refusal that has no schedule (contention, overflow, a
-/// closed share, a queue wait that ran out).
-pub const DEFAULT_RETRY: Span = Span::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
@@ -226,7 +224,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         {
             // A keyed policy's buckets end in a place number or this.
             self.overflowed =
-                policy.max_keys().is_some() && spent.bucket.ends_with(placement::OVERFLOW_SUFFIX);
+                policy.max_keys().is_some() && spent.bucket.ends_with(entries::OVERFLOW_SUFFIX);
             return Decision::Admit {
                 bucket: Arc::clone(spent.bucket),
                 key,

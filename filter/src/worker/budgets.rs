@@ -14,17 +14,13 @@ use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::sync::{BudgetReport, BudgetsMessage};
 use sluice_shared::time::Instant;
 
-use super::limits::{limit_key, state_of};
+use crate::entries::{budget_known_key, limit_key, limit_state};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
 use crate::store::Store;
 
 /// The most of the admin's budgets header read; a larger one is refused.
 pub const MAX_BUDGETS_HEADER: usize = 64 * 1024;
-
-fn known_key(limit: &str) -> String {
-    format!("sluice/bk/{limit}")
-}
 
 #[derive(Debug, Default)]
 pub(super) struct Budgets {
@@ -44,7 +40,7 @@ impl Budgets {
         if !limit.budget || !self.held_by_admin || self.known.contains(&limit.name) {
             return true;
         }
-        if host.shared_get(&known_key(&limit.name)).0.is_some() {
+        if host.shared_get(&budget_known_key(&limit.name)).0.is_some() {
             self.known.insert(limit.name.clone());
             return true;
         }
@@ -67,7 +63,7 @@ impl Budgets {
                 continue;
             }
             let known = self.is_known(host, limit);
-            let state = state_of(
+            let state = limit_state(
                 &limit.rate,
                 host.shared_get(&limit_key(&limit.name)).0.as_deref(),
             );
@@ -121,7 +117,7 @@ impl Budgets {
                 let spent = record.spent();
                 let at = Instant::from_millis(record.at_ms);
                 let restored = store.update(host, &limit_key(&limit.name), |bytes| {
-                    let mut state = state_of(&limit.rate, bytes);
+                    let mut state = limit_state(&limit.rate, bytes);
                     limit.rate.restore_spent(&mut state, spent, at, now);
                     ((), Some(state.encode()))
                 });
@@ -138,7 +134,9 @@ impl Budgets {
                 );
             }
             if store
-                .update(host, &known_key(&limit.name), |_| ((), Some(vec![1])))
+                .update(host, &budget_known_key(&limit.name), |_| {
+                    ((), Some(vec![1]))
+                })
                 .is_ok()
             {
                 self.known.insert(limit.name.clone());

@@ -100,7 +100,7 @@ mod tests {
         counts.record(llm, req, (KeyOutcome::Refused, true), host.now());
         counts.record(bank, req, (KeyOutcome::Admitted, false), host.now());
         counts.flush(&host, &mut store);
-        let stored = host.shared_get(report::KEYS_REPORT_KEY).0.unwrap();
+        let stored = host.shared_get(crate::entries::KEYS_REPORT_KEY).0.unwrap();
         assert!(!String::from_utf8_lossy(&stored).contains("sk-secret"));
         let taken = report::take_keys_report(&host, &mut store, host.now(), |_| true);
         assert_eq!(taken.keys().collect::<Vec<_>>(), ["llm"]);

@@ -9,29 +9,17 @@ use sluice_shared::matcher::{CompiledLimit, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::{Instant, Span};
 
-use super::admission::DEFAULT_RETRY;
 use super::budgets::Budgets;
 use super::key_places::{self, Claim};
 use super::provider::{self, CountSays, Counted};
-use super::slots::{self, HeldSlot, SlotsTaken, SLOT_RETRY};
+use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
+use super::slots::{self, HeldSlot, SlotsTaken};
+use crate::entries::{
+    encode_owned_limit_state, keyed_limit_key, limit_key, limit_state, owned_limit_state,
+};
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
 use crate::store::Store;
-
-/// Where a further limit lives in shared data: by its name alone, so
-/// every policy naming it counts against the one limit.
-pub fn limit_key(limit: &str) -> String {
-    format!("sluice/l/{limit}")
-}
-
-/// A keyed limit's places: `max_keys` of them, plus one the overflowing
-/// keys share.
-fn keyed_limit_key(limit: &str, place: Option<u32>) -> String {
-    match place {
-        Some(i) => format!("sluice/l/{limit}/{i}"),
-        None => format!("sluice/l/{limit}/overflow"),
-    }
-}
 
 /// Where a call's tokens of one further limit are: its shared-data entry,
 /// and for a keyed limit the key owning that entry then.
@@ -95,36 +83,6 @@ pub(super) enum Why {
     ProviderCount,
 }
 
-/// Reads a limit's state; bytes that are no state of this limiter (another
-/// algorithm after an edit, or garbage) start it afresh.
-pub(super) fn state_of(rate: &RateLimiter, bytes: Option<&[u8]>) -> RateState {
-    bytes
-        .and_then(|b| rate.decode_state(b).ok())
-        .unwrap_or_else(|| rate.initial_state())
-}
-
-/// A keyed limit's entry: its owner's hash, then its state; a missing or
-/// unreadable one is nobody's (0) and fresh.
-fn owned_state_of(rate: &RateLimiter, bytes: Option<&[u8]>) -> (u64, RateState) {
-    let owner = bytes
-        .and_then(|b| b.get(..8))
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(u64::from_le_bytes);
-    match (owner, bytes.and_then(|b| b.get(8..))) {
-        (Some(owner), Some(rest)) => match rate.decode_state(rest) {
-            Ok(state) => (owner, state),
-            Err(_) => (0, rate.initial_state()),
-        },
-        _ => (0, rate.initial_state()),
-    }
-}
-
-fn encode_owned(owner: u64, state: &RateState) -> Vec<u8> {
-    let mut out = owner.to_le_bytes().to_vec();
-    out.extend_from_slice(&state.encode());
-    out
-}
-
 /// Changes the state at `place` with `f` (which says whether it changed).
 /// A keyed entry another key took over since holds nothing of the call's:
 /// it is left alone.
@@ -137,17 +95,17 @@ fn update_at<H: Host + ?Sized>(
 ) -> Result<(), crate::store::StoreError> {
     store.update(host, &place.key, |bytes| match place.owner {
         None => {
-            let mut state = state_of(rate, bytes);
+            let mut state = limit_state(rate, bytes);
             let changed = f(&mut state);
             ((), changed.then(|| state.encode()))
         }
         Some(owner) => {
-            let (held_by, mut state) = owned_state_of(rate, bytes);
+            let (held_by, mut state) = owned_limit_state(rate, bytes);
             if held_by != owner {
                 return ((), None);
             }
             let changed = f(&mut state);
-            ((), changed.then(|| encode_owned(owner, &state)))
+            ((), changed.then(|| encode_owned_limit_state(owner, &state)))
         }
     })
 }
@@ -319,7 +277,7 @@ fn step<H: Host + ?Sized>(
     let Some(hash) = key else {
         return store
             .update(host, &limit_key(&limit.name), |bytes| {
-                let mut state = state_of(rate, bytes);
+                let mut state = limit_state(rate, bytes);
                 let step = take.apply(rate, &mut state);
                 (step, step.changed.then(|| state.encode()))
             })
@@ -329,14 +287,18 @@ fn step<H: Host + ?Sized>(
         let owner = place.owner.unwrap_or(0);
         return store
             .update(host, &place.key, |bytes| {
-                let (held_by, mut state) = owned_state_of(rate, bytes);
+                let (held_by, mut state) = owned_limit_state(rate, bytes);
                 if held_by != owner {
                     // Taken over since: nothing of this call's is there.
                     let mut fresh = rate.initial_state();
                     return (take.apply(rate, &mut fresh), None);
                 }
                 let step = take.apply(rate, &mut state);
-                (step, step.changed.then(|| encode_owned(owner, &state)))
+                (
+                    step,
+                    step.changed
+                        .then(|| encode_owned_limit_state(owner, &state)),
+                )
             })
             .map(Some);
     }
@@ -345,7 +307,7 @@ fn step<H: Host + ?Sized>(
     for slot in key_places::probes(owner, max_keys) {
         let key = keyed_limit_key(&limit.name, Some(slot));
         let stepped = store.update(host, &key, |bytes| {
-            let (held_by, state) = owned_state_of(rate, bytes);
+            let (held_by, state) = owned_limit_state(rate, bytes);
             let mut state = match key_places::claim(held_by, owner, || rate.is_idle(&state, now)) {
                 Claim::Busy => return (None, None),
                 Claim::Mine => state,
@@ -354,7 +316,8 @@ fn step<H: Host + ?Sized>(
             let step = take.apply(rate, &mut state);
             (
                 Some(step),
-                step.changed.then(|| encode_owned(owner, &state)),
+                step.changed
+                    .then(|| encode_owned_limit_state(owner, &state)),
             )
         })?;
         if let Some(step) = stepped {
@@ -371,9 +334,12 @@ fn step<H: Host + ?Sized>(
     }
     let key = keyed_limit_key(&limit.name, None);
     let step = store.update(host, &key, |bytes| {
-        let (_, mut state) = owned_state_of(rate, bytes);
+        let (_, mut state) = owned_limit_state(rate, bytes);
         let step = take.apply(rate, &mut state);
-        (step, step.changed.then(|| encode_owned(0, &state)))
+        (
+            step,
+            step.changed.then(|| encode_owned_limit_state(0, &state)),
+        )
     })?;
     *place = Some(LimitPlace {
         key,

@@ -26,6 +26,7 @@ mod limits;
 mod placement;
 mod provider;
 mod queue;
+mod retry;
 mod shares;
 mod slots;
 mod streams;
@@ -401,7 +402,7 @@ impl Worker {
             return;
         }
         self.port_hidden.insert(policy.name().to_string());
-        let marker = format!("sluice/port-hidden/{}", policy.name());
+        let marker = crate::entries::port_hidden_key(policy.name());
         let first = self.store.update(host, &marker, |seen| {
             (seen.is_none(), seen.is_none().then(|| vec![1]))
         });

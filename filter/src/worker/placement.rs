@@ -12,34 +12,13 @@ use sluice_shared::matcher::{BucketKey, Classification, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::Instant;
 
-use super::admission::DEFAULT_RETRY;
 use super::key_places::{self, Claim};
+use super::retry::DEFAULT_RETRY;
+use crate::entries::{bucket_key, Place};
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};
 use crate::prefetch::SpareSlots;
 use crate::store::{Store, StoreError};
-
-pub const OVERFLOW_SUFFIX: &str = "/overflow";
-
-const BUCKET_PREFIX: &str = "sluice/b/";
-
-/// Where a policy's bucket lives in shared data.
-pub fn bucket_key(policy: &str, place: Place) -> String {
-    match place {
-        // Not `format!`: this runs on every round to shared data, and the
-        // formatting machinery costs several times the copy.
-        Place::Single => [BUCKET_PREFIX, policy].concat(),
-        Place::Slot(i) => format!("{BUCKET_PREFIX}{policy}/{i}"),
-        Place::Overflow => [BUCKET_PREFIX, policy, OVERFLOW_SUFFIX].concat(),
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
-    Single,
-    Slot(u32),
-    Overflow,
-}
 
 /// Who asks, when, and how many requests more it would like to prefetch;
 /// whether it must queue whatever the bucket holds (a further limit of its

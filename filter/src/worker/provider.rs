@@ -15,27 +15,11 @@ use sluice_shared::time::{Instant, Span};
 
 use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
 
+use crate::entries::provider_key;
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, LimitStat, Metrics};
 use crate::report::LimitCounters;
 use crate::store::{Store, StoreError};
-
-/// Where a limit's provider state lives, and whose row it is there: an
-/// unkeyed limit has one entry (row 0); a keyed one spreads its keys over
-/// `max_keys` entries, each holding the rows of the keys hashed to it.
-fn place_of(limit: &CompiledLimit, key: Option<u64>) -> (String, u64) {
-    match (key, limit.keys) {
-        (Some(hash), Some((max_keys, _))) => (
-            format!(
-                "sluice/p/{}/{}",
-                limit.name,
-                hash % u64::from(max_keys.max(1))
-            ),
-            hash,
-        ),
-        _ => (format!("sluice/p/{}", limit.name), 0),
-    }
-}
 
 fn table_of(bytes: Option<&[u8]>) -> ProviderTable {
     bytes.and_then(ProviderTable::decode).unwrap_or_default()
@@ -50,7 +34,7 @@ pub(super) fn paused<H: Host + ?Sized>(
     now: Instant,
 ) -> Option<Span> {
     let provider = limit.provider.as_ref()?;
-    let (entry, owner) = place_of(limit, key);
+    let (entry, owner) = provider_key(limit, key);
     let (bytes, _) = host.shared_get(&entry);
     let table = ProviderTable::decode(&bytes?)?;
     table
@@ -88,7 +72,7 @@ pub(super) fn count<H: Host + ?Sized>(
     let Some(provider) = limit.provider.as_ref().filter(|p| p.counts_calls()) else {
         return Ok(CountSays::NotFollowed);
     };
-    let (entry, owner) = place_of(limit, key);
+    let (entry, owner) = provider_key(limit, key);
     store.update(host, &entry, |bytes| {
         let mut table = table_of(bytes);
         match table.admit(owner, now, cost, provider.adaptive) {
@@ -128,7 +112,7 @@ pub(super) fn uncount<H: Host + ?Sized>(
 
 /// The entry of a row known by its owner (the key's hash, or 0).
 fn place_of_owner(limit: &CompiledLimit, owner: u64) -> (String, u64) {
-    place_of(limit, limit.keys.is_some().then_some(owner))
+    provider_key(limit, limit.keys.is_some().then_some(owner))
 }
 
 /// One limit of an admitted call whose answer is read.
@@ -354,7 +338,7 @@ fn pause<H: Host + ?Sized>(
     (status, wait, capped): (Option<u16>, Span, bool),
     now: Instant,
 ) -> bool {
-    let (entry, owner) = place_of(limit, key);
+    let (entry, owner) = provider_key(limit, key);
     let why = PauseWhy {
         status: status.unwrap_or(0),
         relayed: false,
@@ -409,7 +393,7 @@ pub(super) fn report<H: Host + ?Sized>(
         ..ProviderReport::default()
     };
     if limit.keys.is_none() {
-        let (entry, owner) = place_of(limit, None);
+        let (entry, owner) = provider_key(limit, None);
         let table = table_of(host.shared_get(&entry).0.as_deref());
         let state = table.state(owner, now, provider.max_pause, provider.adaptive);
         report.remaining = state.remaining;
@@ -469,7 +453,7 @@ pub(super) fn take_news<H: Host + ?Sized>(
         let Some(provider) = &limit.provider else {
             continue;
         };
-        let (entry, owner) = place_of(limit, None);
+        let (entry, owner) = provider_key(limit, None);
         if let Some(ms) = item.pause_ms {
             let wait = (Span::from_millis(ms) - delay).min(provider.max_pause);
             if !wait.is_zero() {
@@ -557,7 +541,7 @@ pub(super) fn says<H: Host + ?Sized>(
     if limit.keys.is_some() {
         return None;
     }
-    let (entry, owner) = place_of(limit, None);
+    let (entry, owner) = provider_key(limit, None);
     let table = ProviderTable::decode(&host.shared_get(&entry).0?)?;
     let state = table.state(owner, now, provider.max_pause, None);
     if let Some((_, until, _)) = state.paused {

@@ -9,9 +9,10 @@ use sluice_shared::headers::LimitKind;
 use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::time::Instant;
 
-use super::admission::{rejection, LocalReply, DEFAULT_RETRY};
+use super::admission::{rejection, LocalReply};
 use super::budgets::Budgets;
 use super::limits::{self, LimitPlace, Taken};
+use super::retry::DEFAULT_RETRY;
 use super::streams::{Further, Streams};
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyStat};

@@ -13,14 +13,9 @@ use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::policy::Priority;
 use sluice_shared::time::{Instant, Span};
 
-use super::limits::limit_key;
+use crate::entries::limit_key;
 use crate::host::Host;
 use crate::store::{Store, StoreError};
-
-/// Retry-After of a call a concurrency limit refused: no schedule says
-/// when a slot frees (rounded up to a second in the header). In queue mode
-/// the call waits for one, within `max_wait`.
-pub(super) const SLOT_RETRY: Span = Span::from_millis(1);
 
 /// One slot a call holds: where, which of this worker's leases there, and
 /// how long that lease lives unrenewed.

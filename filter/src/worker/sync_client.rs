@@ -14,10 +14,9 @@ use sluice_shared::PolicySet;
 
 use super::budgets::Budgets;
 use super::key_counts::KeyCounts;
-use super::limits;
-use super::placement::{bucket_key, Place};
 use super::provider;
 use super::slots;
+use crate::entries::{bucket_key, limit_key, Place};
 use crate::fleet;
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
@@ -499,7 +498,7 @@ fn limit_reports<H: Host + ?Sized>(
             // Garbage reads as a limit afresh, as the limit itself does. A
             // keyed limit holds a count per key: none is the limit's.
             let available = limit.keys.is_none().then(|| {
-                host.shared_get(&limits::limit_key(&limit.name))
+                host.shared_get(&limit_key(&limit.name))
                     .0
                     .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
                     .map_or_else(

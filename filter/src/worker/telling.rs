@@ -17,10 +17,9 @@ use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::policy::RateLimitHeaders;
 use sluice_shared::time::{Instant, Span};
 
-use super::limits;
-use super::placement::{bucket_key, Place};
 use super::provider;
 use super::slots;
+use crate::entries::{bucket_key, limit_key, Place};
 use crate::host::Host;
 use crate::store::Store;
 
@@ -95,7 +94,7 @@ fn items<H: Host + ?Sized>(
     for limit in policy.limits.iter().filter(|l| l.keys.is_none()) {
         // Garbage reads as a limit afresh, as the limit itself does.
         let state = host
-            .shared_get(&limits::limit_key(&limit.name))
+            .shared_get(&limit_key(&limit.name))
             .0
             .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
             .unwrap_or_else(|| limit.rate.initial_state());
