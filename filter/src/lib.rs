@@ -7,7 +7,8 @@
 //!   layout.
 //! - [`store`]: values in shared data, updated by compare-and-swap; every
 //!   failure counted and logged there.
-//! - [`sync`]: policy sets from the admin; [`report`]: utilization to it.
+//! - [`sync`]: policy sets from the admin; [`report`]: utilization to it,
+//!   from the [`counters`] the workers add up.
 //! - [`fleet`]: shares of global limits leased by the admin (fleet mode).
 //! - [`prefetch`]: tokens and slots a worker takes ahead, far from a limit.
 //! - [`metrics`]: stats, batched per worker.
@@ -15,6 +16,7 @@
 //! - `envoy` (wasm only): the proxy-wasm contexts that drive the worker.
 
 pub mod clock;
+pub mod counters;
 pub mod entries;
 pub mod fleet;
 pub mod host;

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use crate::counters::{DeltaCounters, LimitCounters};
 use crate::host::Host;
-use crate::report::{DeltaCounters, LimitCounters};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyStat {

@@ -15,10 +15,10 @@ use sluice_shared::time::{Instant, Span};
 
 use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
 
+use crate::counters::LimitCounters;
 use crate::entries::provider_key;
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, LimitStat, Metrics};
-use crate::report::LimitCounters;
 use crate::store::{Store, StoreError};
 
 fn table_of(bytes: Option<&[u8]>) -> ProviderTable {
