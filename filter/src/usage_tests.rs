@@ -460,7 +460,7 @@ struct PhasedHeaders<'a> {
     kept: std::cell::RefCell<Vec<(String, Option<Vec<u8>>)>>,
 }
 
-impl sluice_shared::matcher::RequestHeaders for PhasedHeaders<'_> {
+impl sluice_shared::request_headers::RequestHeaders for PhasedHeaders<'_> {
     fn header(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
         if let Some((_, v)) = self.kept.borrow().iter().find(|(n, _)| n == name) {
             return v.clone().map(std::borrow::Cow::Owned);

@@ -17,6 +17,7 @@ pub mod plugin;
 pub mod policy;
 pub mod policy_diff;
 pub mod provider;
+pub mod request_headers;
 pub mod sync;
 pub mod time;
 pub mod usage;
@@ -24,8 +25,9 @@ pub mod validate;
 
 pub use duration::DurationMs;
 pub use key_hash::KeySecret;
-pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet, RequestHeaders};
+pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet};
 pub use policy::*;
+pub use request_headers::RequestHeaders;
 pub use time::{Instant, Span};
 pub use validate::{
     parse_policy, parse_policy_set, validate_policy_set, FieldError, ValidationErrors,

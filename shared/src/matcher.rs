@@ -2,31 +2,15 @@
 //! it costs and how urgent it is. Works on raw header bytes: a request may
 //! carry anything, and none of it may cause a panic.
 
-use std::borrow::Cow;
-
 use crate::key_hash::KeySecret;
 use crate::key_view::{name_key, KeyName};
 use crate::limiter::{ConcurrencyLimit, RateLimiter};
 use crate::policy::{
     CostSpec, KeyOverflow, Mode, NamedLimit, Policy, PolicySet, Priority, RateSpec,
 };
+use crate::request_headers::RequestHeaders;
 use crate::usage::{CompiledUsage, UsagePath};
 use crate::validate::{parse_policy_set, ValidationErrors};
-
-/// Read access to a request's headers. Names are lowercase; the pseudo
-/// headers `:authority`, `:path` and `:method` are headers too (as in Envoy).
-pub trait RequestHeaders {
-    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
-}
-
-/// A plain list of headers, for tests and tools.
-impl RequestHeaders for [(&str, &[u8])] {
-    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        self.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| Cow::Borrowed(*v))
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostPattern {

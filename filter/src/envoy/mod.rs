@@ -10,8 +10,9 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
-use sluice_shared::matcher::{CompiledPolicySet, RequestHeaders};
+use sluice_shared::matcher::CompiledPolicySet;
 use sluice_shared::plugin::parse_plugin_config;
+use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::sync::{
     BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
 };

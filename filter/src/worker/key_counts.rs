@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{label_secret, KeyOutcome, KeysReport, WORKER_TOP_KEYS};
-use sluice_shared::matcher::{CompiledPolicy, RequestHeaders};
+use sluice_shared::matcher::CompiledPolicy;
+use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 
 use crate::host::Host;

@@ -38,9 +38,8 @@ use std::rc::Rc;
 
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::KeyOutcome;
-use sluice_shared::matcher::{
-    BucketKey, CompiledPolicy, CompiledPolicySet, RequestHeaders, RequestJson,
-};
+use sluice_shared::matcher::{BucketKey, CompiledPolicy, CompiledPolicySet, RequestJson};
+use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};

@@ -9,8 +9,9 @@
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
-use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet, RequestHeaders};
+use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::provider::{Allowed, PauseSignal, PauseWhy, ProviderTable};
+use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
 use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};

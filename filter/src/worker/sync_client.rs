@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use sluice_shared::key_view::KeyOutcome;
-use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet, RequestHeaders};
+use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
+use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::sync::{HeldShareReport, LimitReport, SyncReport};
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::PolicySet;

@@ -24,6 +24,12 @@ pub const FLOOR_PER_SECOND: f64 = 0.5;
 pub const RELAYED_CUT_FRESH: Span = Span::from_secs(5);
 /// How many calls may go at once ahead of the adapted pace.
 pub const AHEAD: f64 = 2.0;
+/// A pace (this one's and the provider table's) is checked at least this
+/// far ahead: each Envoy worker reads time once per turn of its event loop,
+/// so workers' "now" differ by up to a few milliseconds under load; a pace
+/// finer than that would refuse calls only because another worker's clock
+/// read later.
+pub const PACE_SKEW: Span = Span::from_millis(10);
 
 /// The adaptive part of one row. A rate of 0 means "not adapted": the
 /// limit's own rate holds.
@@ -88,7 +94,7 @@ impl Adaptive {
             return Ok(());
         };
         let every = 1.0 / rate;
-        let ahead = Span::from_nanos((every * AHEAD * 1e9) as u64).max(super::table::PACE_SKEW);
+        let ahead = Span::from_nanos((every * AHEAD * 1e9) as u64).max(PACE_SKEW);
         if self.next > now + ahead {
             return Err(Instant::from_nanos(self.next.as_nanos() - ahead.as_nanos()));
         }

@@ -3,8 +3,8 @@
 //! "name";r=50;t=30`, and the older drafts' `RateLimit-Remaining` /
 //! `RateLimit-Reset`), or a vendor's own headers with their reset format.
 
-use crate::matcher::RequestHeaders;
 use crate::policy::{HeaderPreset, ProviderHeaders, ResetFormat};
+use crate::request_headers::RequestHeaders;
 use crate::time::{Instant, Span, NANOS_PER_SEC};
 
 use super::{SignalError, MAX_VALUE_LEN};

@@ -19,8 +19,8 @@ pub use table::{Allowed, Count, PauseWhy, ProviderTable, Row, RowState, CLOCK_SK
 
 use thiserror::Error;
 
-use crate::matcher::RequestHeaders;
 use crate::policy::{ProviderSpec, RateSpec};
+use crate::request_headers::RequestHeaders;
 use crate::time::{Instant, Span, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 pub const RETRY_AFTER: &str = "retry-after";

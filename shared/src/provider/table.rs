@@ -11,7 +11,7 @@
 //! later one said, so any number of workers reading answers in any order
 //! converge on the newest without subtracting the same calls twice.
 
-use super::adaptive::{Adaptive, RELAYED_CUT_FRESH};
+use super::adaptive::{Adaptive, PACE_SKEW, RELAYED_CUT_FRESH};
 use super::relayed::RelayedStretch;
 use crate::time::{Instant, Span};
 
@@ -124,12 +124,6 @@ pub struct Count {
 /// How many tokens ahead of an even pace calls may go: a few calls that
 /// arrive together are not refused for it.
 pub const PACE_AHEAD: u64 = 4;
-/// And at least this far ahead: each Envoy worker reads time once per turn
-/// of its event loop, so workers' "now" differ by up to a few
-/// milliseconds under load; a pace finer than that would refuse calls
-/// only because another worker's clock read later.
-pub const PACE_SKEW: Span = Span::from_millis(10);
-
 impl Row {
     /// Past the reset of a provider that said its limit: its next window
     /// holds that limit again, paced over the window.
