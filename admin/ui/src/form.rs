@@ -407,6 +407,9 @@ pub fn help(pointer: &str) -> &'static str {
         "/usage/json" => "Or these paths in the response's JSON (their sum).",
         "/usage/events" => "Read the usage from a streamed (event-stream) answer.",
         "/usage/max_body_bytes" => "The largest answer read for its usage.",
+        "/usage/unread" => {
+            "An answer whose usage cannot be read is charged: max (the cost's most), estimate, or a number."
+        }
         "/concurrency/max_in_flight" => "Calls in flight at once, across every worker.",
         "/concurrency/lease_ttl" => "A slot whose call never ended is taken back after this.",
         "/concurrency/reserved_for_high" => "Slots only high-priority calls may take.",

@@ -10,7 +10,7 @@ use sluice_shared::key_view::KeyEstimate;
 
 use crate::api;
 use crate::live::LiveFrames;
-use crate::pages::Session;
+use crate::session::Session;
 
 fn estimate(e: Option<KeyEstimate>) -> String {
     match e {

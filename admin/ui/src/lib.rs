@@ -3,6 +3,7 @@
 //! and the Envoys seen. Client-side rendered with Leptos; every value shown
 //! goes through Leptos text nodes, so policy content is never HTML.
 
+pub mod fields;
 pub mod form;
 
 #[cfg(target_arch = "wasm32")]
@@ -15,6 +16,8 @@ mod live;
 mod pages;
 #[cfg(target_arch = "wasm32")]
 mod people;
+#[cfg(target_arch = "wasm32")]
+mod session;
 
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen::prelude::wasm_bindgen(start)]

@@ -10,7 +10,7 @@ use sluice_shared::people::{
 };
 
 use crate::api::{self, ApiError};
-use crate::pages::Session;
+use crate::session::Session;
 
 fn field_errors(e: &ApiError) -> String {
     e.to_string()
