@@ -61,8 +61,6 @@ pub struct AppState {
     pub fleet: Ledgers,
     /// Pauses and rate cuts one Envoy's provider asked for, for the others.
     pub relay: relay::ProviderRelay,
-    /// Instances silent for longer are forgotten (live view and store).
-    pub instance_ttl: sluice_shared::Span,
     /// Bearer token `/metrics` asks for (none: open, as Prometheus expects
     /// by default; it lists policy names).
     pub metrics_token: Option<String>,
@@ -134,7 +132,6 @@ impl AppState {
             secure_cookies,
             fleet: Ledgers::default(),
             relay: relay::ProviderRelay::default(),
-            instance_ttl: DEFAULT_INSTANCE_TTL,
             metrics_token: None,
             health: HealthProbe::default(),
             server_limits: server::ServerLimits::default(),
@@ -180,7 +177,6 @@ impl AppState {
 
     /// Forgets instances silent for `ttl` (default [`DEFAULT_INSTANCE_TTL`]).
     pub fn with_instance_ttl(mut self, ttl: sluice_shared::Span) -> Self {
-        self.instance_ttl = ttl;
         self.live = Live::new(ttl);
         self
     }
@@ -319,12 +315,12 @@ pub fn spawn_live_ticker(state: Arc<AppState>) {
 pub fn spawn_instance_pruner(state: Arc<AppState>) {
     tokio::spawn(async move {
         // Often enough that an instance is gone within one and a half TTLs.
-        let period = INSTANCE_PRUNE_EVERY.min(state.instance_ttl.div(2).as_duration());
+        let period = INSTANCE_PRUNE_EVERY.min(state.live.instance_ttl().div(2).as_duration());
         let mut every = tokio::time::interval(period.max(Duration::from_millis(100)));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             every.tick().await;
-            let before = store::now_ms().saturating_sub(state.instance_ttl.as_millis());
+            let before = store::now_ms().saturating_sub(state.live.instance_ttl().as_millis());
             match state.store.prune_instances(before).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(instances = n, "forgot instances silent past the TTL"),

@@ -372,6 +372,12 @@ impl Live {
         }
     }
 
+    /// How long an instance is kept without a report (the one setting;
+    /// the store's pruning reads it here too).
+    pub fn instance_ttl(&self) -> Span {
+        Span::from_millis(self.instance_ttl_ms)
+    }
+
     /// Takes a report received at `now_ms`. The rates are worked out
     /// before the lock is taken; under it only the result is stored.
     pub fn ingest(&self, report: &SyncReport, now_ms: u64) {
