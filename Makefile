@@ -124,12 +124,14 @@ wasm-check:
 	$(CARGO) build -p sluice-shared --target $(WASM_TARGET)
 
 # The real Envoy (from .venv) with the real filter, one test at a time:
-# they measure rates and timing.
+# they measure rates and timing. One suite alone:
+# `make e2e E2E_TESTS="--test faults"`.
+E2E_TESTS ?= --tests
 e2e: wasm ui
 	$(CARGO) build -p sluice-admin --bin sluice-admin
 	ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
 	  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin \
-	  $(CARGO) test -p sluice-e2e --tests --no-fail-fast -- --nocapture --test-threads=1
+	  $(CARGO) test -p sluice-e2e $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
 
 # Fleet mode alone (also part of `make test`): three Envoys sharing one
 # limit, admin replicas on PostgreSQL + Redis, both stores, the Fleet page.
