@@ -1,11 +1,20 @@
-//! Every entry this filter keeps in Envoy shared data: its key, and for the
-//! limit state several parts share (further limits, budgets, slots), how
-//! its bytes read. A new entry goes here, so that no two parts pick the
+//! Every entry this filter keeps in Envoy shared data: its key, and how
+//! its value is laid out ([`Codec`]). A new entry goes here, so that no two parts pick the
 //! same key and every layout is found in one place. Keys start `sluice/`;
 //! the names of policies and limits in them are validated names.
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::marker::PhantomData;
+
+use sluice_shared::bucket::BucketState;
+use sluice_shared::limiter::concurrency::LeaseTable;
 use sluice_shared::limiter::{RateLimiter, RateState};
 use sluice_shared::matcher::CompiledLimit;
+use sluice_shared::provider::ProviderTable;
+use sluice_shared::time::Instant;
+
+use crate::host::Host;
 
 /// The sync state shared by the workers (`sync::SyncState`).
 pub const SYNC_KEY: &str = "sluice/sync";
@@ -97,33 +106,264 @@ pub fn provider_key(limit: &CompiledLimit, key: Option<u64>) -> (String, u64) {
     }
 }
 
-/// Reads a limit's state; bytes that are no state of this limiter (another
-/// algorithm after an edit, or garbage) start it afresh.
-pub fn limit_state(rate: &RateLimiter, bytes: Option<&[u8]>) -> RateState {
-    bytes
-        .and_then(|b| rate.decode_state(b).ok())
-        .unwrap_or_else(|| rate.initial_state())
+/// How a value is laid out under its key. Callers of
+/// [`Store`](crate::store::Store) get the value, never its bytes: most
+/// values lay themselves out ([`Entry`]), a limit's state by its limiter
+/// ([`LimitState`], [`OwnedLimitState`]).
+pub trait Codec {
+    type Value;
+    /// What a missing or unreadable value reads as.
+    fn fresh(&self) -> Self::Value;
+    /// None: the bytes are not such a value (broken, or another layout).
+    fn decode(&self, bytes: &[u8]) -> Option<Self::Value>;
+    fn encode(&self, value: &Self::Value) -> Vec<u8>;
 }
 
-/// A keyed limit's entry: its owner's hash, then its state; a missing or
-/// unreadable one is nobody's (0) and fresh.
-pub fn owned_limit_state(rate: &RateLimiter, bytes: Option<&[u8]>) -> (u64, RateState) {
-    let owner = bytes
-        .and_then(|b| b.get(..8))
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(u64::from_le_bytes);
-    match (owner, bytes.and_then(|b| b.get(8..))) {
-        (Some(owner), Some(rest)) => match rate.decode_state(rest) {
-            Ok(state) => (owner, state),
-            Err(_) => (0, rate.initial_state()),
-        },
-        _ => (0, rate.initial_state()),
+/// A value that lays itself out; a missing or unreadable one is its
+/// `Default`.
+pub trait Entry: Default {
+    fn decode(bytes: &[u8]) -> Option<Self>;
+    fn encode(&self) -> Vec<u8>;
+}
+
+/// The [`Codec`] of an [`Entry`].
+pub struct Plain<T>(PhantomData<T>);
+
+impl<T> Default for Plain<T> {
+    fn default() -> Self {
+        Self(PhantomData)
     }
 }
 
-/// The bytes of a keyed limit's entry.
-pub fn encode_owned_limit_state(owner: u64, state: &RateState) -> Vec<u8> {
-    let mut out = owner.to_le_bytes().to_vec();
-    out.extend_from_slice(&state.encode());
-    out
+impl<T: Entry> Codec for Plain<T> {
+    type Value = T;
+    fn fresh(&self) -> T {
+        T::default()
+    }
+    fn decode(&self, bytes: &[u8]) -> Option<T> {
+        T::decode(bytes)
+    }
+    fn encode(&self, value: &T) -> Vec<u8> {
+        value.encode()
+    }
+}
+
+/// Reads the value at `key` without changing it: fresh when missing or
+/// unreadable (for what is only shown or reported; a decision that must
+/// count a broken value reads through the store).
+pub fn read<H: Host + ?Sized, C: Codec>(host: &H, key: &str, codec: &C) -> C::Value {
+    host.shared_get(key)
+        .0
+        .and_then(|bytes| codec.decode(&bytes))
+        .unwrap_or_else(|| codec.fresh())
+}
+
+/// [`read`] of an [`Entry`].
+pub fn read_as<T: Entry, H: Host + ?Sized>(host: &H, key: &str) -> T {
+    read(host, key, &Plain::<T>::default())
+}
+
+impl Entry for BucketState {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        BucketState::decode(bytes).ok()
+    }
+    fn encode(&self) -> Vec<u8> {
+        BucketState::encode(self)
+    }
+}
+
+impl Entry for ProviderTable {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        ProviderTable::decode(bytes)
+    }
+    fn encode(&self) -> Vec<u8> {
+        ProviderTable::encode(self)
+    }
+}
+
+impl Entry for LeaseTable {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        LeaseTable::decode(bytes).ok()
+    }
+    fn encode(&self) -> Vec<u8> {
+        LeaseTable::encode(self)
+    }
+}
+
+/// A marker ([`budget_known_key`], [`port_hidden_key`]): set or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marker(pub bool);
+
+impl Entry for Marker {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        match bytes {
+            [1] => Some(Self(true)),
+            [0] => Some(Self(false)),
+            _ => None,
+        }
+    }
+    fn encode(&self) -> Vec<u8> {
+        vec![u8::from(self.0)]
+    }
+}
+
+/// A counter, little-endian ([`HOLDERS_KEY`]).
+impl Entry for u64 {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        <[u8; 8]>::try_from(bytes).ok().map(u64::from_le_bytes)
+    }
+    fn encode(&self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+
+/// A point in time, nanoseconds little-endian ([`WATCH_KEY`]).
+impl Entry for Instant {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        u64::decode(bytes).map(Instant::from_nanos)
+    }
+    fn encode(&self) -> Vec<u8> {
+        self.as_nanos().encode()
+    }
+}
+
+/// A value kept as JSON: the reports' counters ([`REPORT_KEY`],
+/// [`LIMIT_REPORT_KEY`], [`KEYS_REPORT_KEY`]). Broken, or from another
+/// release: it starts over rather than fail to count.
+pub struct Json<T>(PhantomData<T>);
+
+impl<T> Default for Json<T> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T: Serialize + DeserializeOwned + Default> Codec for Json<T> {
+    type Value = T;
+    fn fresh(&self) -> T {
+        T::default()
+    }
+    fn decode(&self, bytes: &[u8]) -> Option<T> {
+        serde_json::from_slice(bytes).ok()
+    }
+    fn encode(&self, value: &T) -> Vec<u8> {
+        serde_json::to_vec(value).unwrap_or_default()
+    }
+}
+
+/// A further limit's state ([`limit_key`]); bytes that are no state of
+/// this limiter (another algorithm after an edit, or garbage) start it
+/// afresh.
+pub struct LimitState<'a>(pub &'a RateLimiter);
+
+impl Codec for LimitState<'_> {
+    type Value = RateState;
+    fn fresh(&self) -> RateState {
+        self.0.initial_state()
+    }
+    fn decode(&self, bytes: &[u8]) -> Option<RateState> {
+        self.0.decode_state(bytes).ok()
+    }
+    fn encode(&self, state: &RateState) -> Vec<u8> {
+        state.encode()
+    }
+}
+
+/// A keyed limit's place ([`keyed_limit_key`]): its owner's hash, then its
+/// state; a missing or unreadable one is nobody's (0) and fresh.
+pub struct OwnedLimitState<'a>(pub &'a RateLimiter);
+
+impl Codec for OwnedLimitState<'_> {
+    type Value = (u64, RateState);
+    fn fresh(&self) -> (u64, RateState) {
+        (0, self.0.initial_state())
+    }
+    fn decode(&self, bytes: &[u8]) -> Option<(u64, RateState)> {
+        let owner = u64::decode(bytes.get(..8)?)?;
+        let state = self.0.decode_state(bytes.get(8..)?).ok()?;
+        Some((owner, state))
+    }
+    fn encode(&self, (owner, state): &(u64, RateState)) -> Vec<u8> {
+        let mut out = owner.encode();
+        out.extend_from_slice(&state.encode());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{FilterStat, Metrics};
+    use crate::store::Store;
+    use crate::testing::FakeHost;
+    use proptest::prelude::*;
+    use sluice_shared::policy::RateSpec;
+    use std::collections::BTreeMap;
+
+    fn limiter() -> RateLimiter {
+        let spec: RateSpec = serde_json::from_str(r#"{"requests": 10, "period": "1s"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        RateLimiter::from_spec(&spec)
+    }
+
+    fn round_trip<C: Codec>(codec: &C, value: &C::Value) -> Option<C::Value> {
+        codec.decode(&codec.encode(value))
+    }
+
+    /// A value of every layout that is not what its reader expects is
+    /// replaced by a fresh one, and counted, never trusted.
+    #[test]
+    fn a_broken_value_of_any_entry_starts_fresh_and_is_counted() {
+        let host = FakeHost::at(Instant::from_nanos(1));
+        let mut store = Store::default();
+        let rate = limiter();
+        for key in ["marker", "counter", "time", "state", "owned"] {
+            host.shared
+                .borrow_mut()
+                .insert(key.into(), (vec![7, 7, 7], 5));
+        }
+        let seen = store.update_as::<Marker, _, _>(&host, "marker", |m| (m.0, false));
+        let count = store.update_as::<u64, _, _>(&host, "counter", |n| (*n, false));
+        let at = store.update_as::<Instant, _, _>(&host, "time", |t| (*t, false));
+        let state = store.update_with(&host, "state", &LimitState(&rate), |s| (*s, false));
+        let owned = store.update_with(&host, "owned", &OwnedLimitState(&rate), |e| (e.0, false));
+        assert_eq!(seen, Ok(false));
+        assert_eq!(count, Ok(0));
+        assert_eq!(at, Ok(Instant::EPOCH));
+        assert_eq!(state, Ok(rate.initial_state()));
+        assert_eq!(owned, Ok(0));
+        let mut metrics = Metrics::default();
+        store.flush_into(&mut metrics);
+        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 5);
+        // A missing value is no fault.
+        let fresh = store.update_as::<u64, _, _>(&host, "missing", |n| (*n, false));
+        assert_eq!(fresh, Ok(0));
+        store.flush_into(&mut metrics);
+        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 5);
+    }
+
+    proptest! {
+        #[test]
+        fn every_layout_reads_what_it_wrote(n in any::<u64>(), owner in any::<u64>(), seen in any::<bool>()) {
+            prop_assert_eq!(round_trip(&Plain::<u64>::default(), &n), Some(n));
+            let at = Instant::from_nanos(n);
+            prop_assert_eq!(round_trip(&Plain::<Instant>::default(), &at), Some(at));
+            prop_assert_eq!(round_trip(&Plain::<Marker>::default(), &Marker(seen)), Some(Marker(seen)));
+            let rate = limiter();
+            let state = rate.initial_state();
+            prop_assert_eq!(round_trip(&LimitState(&rate), &state), Some(state));
+            let entry = (owner, state);
+            prop_assert_eq!(round_trip(&OwnedLimitState(&rate), &entry), Some(entry));
+        }
+
+        #[test]
+        fn any_bytes_read_as_a_value_or_nothing(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let rate = limiter();
+            let _ = OwnedLimitState(&rate).decode(&bytes);
+            let _ = LimitState(&rate).decode(&bytes);
+            let _ = Plain::<Marker>::default().decode(&bytes);
+            let _ = Plain::<Instant>::default().decode(&bytes);
+            let _ = Json::<BTreeMap<String, u64>>::default().decode(&bytes);
+        }
+    }
 }

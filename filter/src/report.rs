@@ -10,7 +10,7 @@ use sluice_shared::sync::MAX_REPORT_KEYED;
 use sluice_shared::time::Instant;
 
 use crate::counters::{Counters, DeltaCounters, LimitCounters};
-use crate::entries::{KEYS_REPORT_KEY, LIMIT_REPORT_KEY, REPORT_KEY};
+use crate::entries::{self, Json, KEYS_REPORT_KEY, LIMIT_REPORT_KEY, REPORT_KEY};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 
@@ -21,13 +21,6 @@ struct SharedKeys {
     policies: BTreeMap<String, KeysReport>,
 }
 
-fn read_keys(bytes: Option<&[u8]>) -> SharedKeys {
-    // Broken or from another release: start over rather than fail to count.
-    bytes
-        .and_then(|b| serde_json::from_slice(b).ok())
-        .unwrap_or_default()
-}
-
 /// Adds one worker's per-key counts (since `since`) into the Envoy's.
 pub fn add_to_keys_report<H: Host + ?Sized>(
     host: &H,
@@ -35,20 +28,24 @@ pub fn add_to_keys_report<H: Host + ?Sized>(
     since: Instant,
     pending: &BTreeMap<String, KeysReport>,
 ) -> Result<(), StoreError> {
-    store.update(host, KEYS_REPORT_KEY, |cur| {
-        let mut shared = read_keys(cur);
-        if shared.since_ms == 0 {
-            shared.since_ms = since.as_millis();
-        }
-        for (policy, keys) in pending {
-            shared
-                .policies
-                .entry(policy.clone())
-                .or_default()
-                .merge(keys, ENVOY_TOP_KEYS);
-        }
-        ((), Some(serde_json::to_vec(&shared).unwrap_or_default()))
-    })
+    store.update_with(
+        host,
+        KEYS_REPORT_KEY,
+        &Json::default(),
+        |shared: &mut SharedKeys| {
+            if shared.since_ms == 0 {
+                shared.since_ms = since.as_millis();
+            }
+            for (policy, keys) in pending {
+                shared
+                    .policies
+                    .entry(policy.clone())
+                    .or_default()
+                    .merge(keys, ENVOY_TOP_KEYS);
+            }
+            ((), true)
+        },
+    )
 }
 
 /// Takes the Envoy's per-key counts for a report, leaving none: each
@@ -64,9 +61,8 @@ pub fn take_keys_report<H: Host + ?Sized>(
         since_ms: now.as_millis(),
         policies: BTreeMap::new(),
     };
-    let fresh = serde_json::to_vec(&fresh).unwrap_or_default();
-    let taken = store.update(host, KEYS_REPORT_KEY, |cur| {
-        (read_keys(cur), Some(fresh.clone()))
+    let taken = store.update_with(host, KEYS_REPORT_KEY, &Json::default(), |shared| {
+        (std::mem::replace(shared, fresh.clone()), true)
     });
     // A failure is counted and logged by the store; the view misses a span.
     let Ok(taken) = taken else {
@@ -86,10 +82,7 @@ pub fn take_keys_report<H: Host + ?Sized>(
 }
 
 pub fn read_report<H: Host + ?Sized>(host: &H) -> BTreeMap<String, Counters> {
-    host.shared_get(REPORT_KEY)
-        .0
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    entries::read(host, REPORT_KEY, &Json::default())
 }
 
 /// Adds one worker's deltas into the shared report.
@@ -98,22 +91,21 @@ pub fn add_to_report<H: Host + ?Sized>(
     store: &mut Store,
     deltas: &BTreeMap<String, DeltaCounters>,
 ) -> Result<(), StoreError> {
-    store.update(host, REPORT_KEY, |cur| {
-        let mut report: BTreeMap<String, Counters> = cur
-            .and_then(|b| serde_json::from_slice(b).ok())
-            .unwrap_or_default();
-        for (policy, d) in deltas {
-            report.entry(policy.clone()).or_default().add(d);
-        }
-        ((), Some(serde_json::to_vec(&report).unwrap_or_default()))
-    })
+    store.update_with(
+        host,
+        REPORT_KEY,
+        &Json::default(),
+        |report: &mut BTreeMap<String, Counters>| {
+            for (policy, d) in deltas {
+                report.entry(policy.clone()).or_default().add(d);
+            }
+            ((), true)
+        },
+    )
 }
 
 pub fn read_limit_report<H: Host + ?Sized>(host: &H) -> BTreeMap<String, LimitCounters> {
-    host.shared_get(LIMIT_REPORT_KEY)
-        .0
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    entries::read(host, LIMIT_REPORT_KEY, &Json::default())
 }
 
 /// Adds one worker's further-limit deltas into the shared report.
@@ -122,15 +114,17 @@ pub fn add_to_limit_report<H: Host + ?Sized>(
     store: &mut Store,
     deltas: &BTreeMap<String, LimitCounters>,
 ) -> Result<(), StoreError> {
-    store.update(host, LIMIT_REPORT_KEY, |cur| {
-        let mut report: BTreeMap<String, LimitCounters> = cur
-            .and_then(|b| serde_json::from_slice(b).ok())
-            .unwrap_or_default();
-        for (limit, d) in deltas {
-            report.entry(limit.clone()).or_default().add(d);
-        }
-        ((), Some(serde_json::to_vec(&report).unwrap_or_default()))
-    })
+    store.update_with(
+        host,
+        LIMIT_REPORT_KEY,
+        &Json::default(),
+        |report: &mut BTreeMap<String, LimitCounters>| {
+            for (limit, d) in deltas {
+                report.entry(limit.clone()).or_default().add(d);
+            }
+            ((), true)
+        },
+    )
 }
 
 #[cfg(test)]

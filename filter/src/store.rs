@@ -8,11 +8,10 @@
 //! write fails as a CAS mismatch and the update is retried on the real value,
 //! instead of overwriting it.
 
-use sluice_shared::bucket::BucketState;
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::time::{Instant, Span};
 
-use crate::entries::{HOLDERS_KEY, KEY_SECRET_KEY};
+use crate::entries::{Codec, Entry, Plain, HOLDERS_KEY, KEY_SECRET_KEY};
 use crate::host::{Host, Level, SetError};
 use crate::metrics::{FilterStat, Metrics};
 
@@ -116,26 +115,23 @@ impl Store {
         Err(self.failed(host, key, StoreError::Contended))
     }
 
-    /// [`Store::update`] for a bucket: `f` changes the decoded state and
-    /// says whether it changed. A missing or unreadable value starts fresh.
-    pub fn update_bucket<H: Host + ?Sized, R>(
+    /// [`Store::update`] of a value laid out by `codec`: `f` changes the
+    /// value and says whether it changed. A missing value starts fresh; an
+    /// unreadable one too, counted and logged.
+    pub fn update_with<H: Host + ?Sized, C: Codec, R>(
         &mut self,
         host: &H,
         key: &str,
-        mut f: impl FnMut(&mut BucketState) -> (R, bool),
+        codec: &C,
+        mut f: impl FnMut(&mut C::Value) -> (R, bool),
     ) -> Result<R, StoreError> {
         let mut unreadable = false;
         let result = self.update(host, key, |bytes| {
-            let mut state = match bytes.map(BucketState::decode) {
-                Some(Ok(state)) => state,
-                Some(Err(_)) => {
-                    unreadable = true;
-                    BucketState::default()
-                }
-                None => BucketState::default(),
-            };
-            let (result, changed) = f(&mut state);
-            (result, changed.then(|| state.encode()))
+            let decoded = bytes.map(|b| codec.decode(b));
+            unreadable = matches!(decoded, Some(None));
+            let mut value = decoded.flatten().unwrap_or_else(|| codec.fresh());
+            let (result, changed) = f(&mut value);
+            (result, changed.then(|| codec.encode(&value)))
         });
         if unreadable {
             self.record(host, key, Fault::Unreadable);
@@ -143,29 +139,34 @@ impl Store {
         result
     }
 
-    /// The bucket at `key` without changing it (None when missing or
+    /// [`Store::update_with`] of an [`Entry`].
+    pub fn update_as<T: Entry, H: Host + ?Sized, R>(
+        &mut self,
+        host: &H,
+        key: &str,
+        f: impl FnMut(&mut T) -> (R, bool),
+    ) -> Result<R, StoreError> {
+        self.update_with(host, key, &Plain::<T>::default(), f)
+    }
+
+    /// The value at `key` without changing it (None when missing or
     /// unreadable, which is counted).
-    pub fn read_bucket<H: Host + ?Sized>(&mut self, host: &H, key: &str) -> Option<BucketState> {
+    pub fn read_as<T: Entry, H: Host + ?Sized>(&mut self, host: &H, key: &str) -> Option<T> {
         let bytes = host.shared_get(key).0?;
-        match BucketState::decode(&bytes) {
-            Ok(state) => Some(state),
-            Err(_) => {
-                self.record(host, key, Fault::Unreadable);
-                None
-            }
+        let value = T::decode(&bytes);
+        if value.is_none() {
+            self.record(host, key, Fault::Unreadable);
         }
+        value
     }
 
     /// A lease-holder id unique among all VMs of this Envoy process (shared
     /// data lives as long as the process), so a restarted VM never inherits
     /// the leases of the one it replaces.
     pub fn allocate_holder<H: Host + ?Sized>(&mut self, host: &H) -> u64 {
-        let next = self.update(host, HOLDERS_KEY, |bytes| {
-            let current = bytes
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map_or(0, u64::from_le_bytes);
-            let next = current.wrapping_add(1).max(1);
-            (next, Some(next.to_le_bytes().to_vec()))
+        let next = self.update_as::<u64, _, _>(host, HOLDERS_KEY, |count| {
+            *count = count.wrapping_add(1).max(1);
+            (*count, true)
         });
         // Unique enough: the clock in nanoseconds, kept clear of counter values.
         next.unwrap_or_else(|_| host.now().as_nanos() | (1 << 63))

@@ -20,7 +20,7 @@ use sluice_shared::time::{Instant, Span};
 use sluice_shared::validate::parse_policy_set;
 use sluice_shared::PolicySet;
 
-use crate::entries::{POLICY_SET_KEY, POLICY_VERSION_KEY, SYNC_KEY};
+use crate::entries::{Entry, POLICY_SET_KEY, POLICY_VERSION_KEY, SYNC_KEY};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 
@@ -66,22 +66,17 @@ struct Turn {
     failures: u32,
 }
 
-impl Turn {
-    fn decode(bytes: Option<&[u8]>) -> Self {
-        let Some(b) = bytes.filter(|b| b.len() == 12) else {
-            return Self::default();
-        };
-        let mut due = [0u8; 8];
-        due.copy_from_slice(&b[..8]);
-        let mut failures = [0u8; 4];
-        failures.copy_from_slice(&b[8..]);
-        Self {
+impl Entry for Turn {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let due = <[u8; 8]>::try_from(bytes.get(..8)?).ok()?;
+        let failures = <[u8; 4]>::try_from(bytes.get(8..)?).ok()?;
+        Some(Self {
             next_due: Instant::from_nanos(u64::from_le_bytes(due)),
             failures: u32::from_le_bytes(failures),
-        }
+        })
     }
 
-    fn encode(self) -> Vec<u8> {
+    fn encode(&self) -> Vec<u8> {
         let mut out = self.next_due.as_nanos().to_le_bytes().to_vec();
         out.extend_from_slice(&self.failures.to_le_bytes());
         out
@@ -96,13 +91,12 @@ pub fn claim_turn<H: Host + ?Sized>(
     interval: Span,
 ) -> bool {
     store
-        .update(host, SYNC_KEY, |cur| {
-            let mut turn = Turn::decode(cur);
+        .update_as::<Turn, _, _>(host, SYNC_KEY, |turn| {
             if now < turn.next_due {
-                return (false, None);
+                return (false, false);
             }
             turn.next_due = now + interval;
-            (true, Some(turn.encode()))
+            (true, true)
         })
         .unwrap_or(false)
 }
@@ -112,13 +106,12 @@ pub fn claim_turn<H: Host + ?Sized>(
 pub fn hurry<H: Host + ?Sized>(host: &H, store: &mut Store, now: Instant) {
     // A failure is counted and logged by the store; the news then goes at
     // the next regular sync.
-    let _ = store.update(host, SYNC_KEY, |cur| {
-        let mut turn = Turn::decode(cur);
+    let _ = store.update_as::<Turn, _, _>(host, SYNC_KEY, |turn| {
         if turn.failures > 0 || turn.next_due <= now {
-            return ((), None);
+            return ((), false);
         }
         turn.next_due = now;
-        ((), Some(turn.encode()))
+        ((), true)
     });
 }
 
@@ -134,11 +127,10 @@ pub fn finish_turn<H: Host + ?Sized>(
 ) {
     // A failure is counted and logged by the store; the next claim then
     // comes at the interval, without backoff.
-    let _ = store.update(host, SYNC_KEY, |cur| {
-        let mut turn = Turn::decode(cur);
+    let _ = store.update_as::<Turn, _, _>(host, SYNC_KEY, |turn| {
         if ok {
             if turn.failures == 0 {
-                return ((), None);
+                return ((), false);
             }
             turn.failures = 0;
         } else {
@@ -148,7 +140,7 @@ pub fn finish_turn<H: Host + ?Sized>(
                 .min(MAX_BACKOFF);
             turn.next_due = now + backoff.max(interval);
         }
-        ((), Some(turn.encode()))
+        ((), true)
     });
 }
 

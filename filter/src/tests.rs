@@ -344,7 +344,7 @@ fn garbage_in_shared_data_is_replaced_and_counted() {
     host.shared
         .borrow_mut()
         .insert("sluice/b/x".into(), (vec![9, 9, 9], 5));
-    let r = store.update_bucket(&host, "sluice/b/x", |s| (s.owner, true));
+    let r = store.update_as::<BucketState, _, _>(&host, "sluice/b/x", |s| (s.owner, true));
     assert_eq!(r, Ok(0));
     let mut metrics = crate::metrics::Metrics::default();
     store.flush_into(&mut metrics);

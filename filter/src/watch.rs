@@ -27,15 +27,6 @@ pub const NEWS_GAP: Span = Span::from_millis(50);
 pub const RETRY_MIN: Span = Span::from_secs(1);
 pub const RETRY_SPREAD_MS: u64 = 2_000;
 
-fn decode(bytes: Option<&[u8]>) -> Instant {
-    // Broken or missing: nobody's, so claimable.
-    bytes
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map_or(Instant::EPOCH, |b| {
-            Instant::from_nanos(u64::from_le_bytes(b))
-        })
-}
-
 /// Claims the watch until `until` if nobody holds it at `now`; otherwise
 /// says until when it is held (not worth asking again before).
 pub fn claim<H: Host + ?Sized>(
@@ -45,12 +36,13 @@ pub fn claim<H: Host + ?Sized>(
     until: Instant,
 ) -> Result<(), Instant> {
     store
-        .update(host, WATCH_KEY, |cur| {
-            let held_until = decode(cur);
-            if now < held_until {
-                return (Err(held_until), None);
+        // Broken or missing: nobody's (held until the epoch), so claimable.
+        .update_as::<Instant, _, _>(host, WATCH_KEY, |held_until| {
+            if now < *held_until {
+                return (Err(*held_until), false);
             }
-            (Ok(()), Some(until.as_nanos().to_le_bytes().to_vec()))
+            *held_until = until;
+            (Ok(()), true)
         })
         // A store failure (counted and logged there): try on a later tick.
         .unwrap_or(Err(now))
@@ -60,8 +52,9 @@ pub fn claim<H: Host + ?Sized>(
 pub fn release<H: Host + ?Sized>(host: &H, store: &mut Store, from: Instant) {
     // A failure is counted and logged by the store; the lease then lapses
     // on its own after the hold.
-    let _ = store.update(host, WATCH_KEY, |_| {
-        ((), Some(from.as_nanos().to_le_bytes().to_vec()))
+    let _ = store.update_as::<Instant, _, _>(host, WATCH_KEY, |held_until| {
+        *held_until = from;
+        ((), true)
     });
 }
 

@@ -119,38 +119,6 @@ pub fn admitted_headers(policy: &Policy, items: &[String]) -> Vec<(&'static str,
     out
 }
 
-/// The headers of a local reply refusing a request.
-pub fn rejection_headers(
-    policy: &Policy,
-    kind: LimitKind,
-    retry_after: Span,
-) -> Vec<(&'static str, String)> {
-    vec![
-        (RETRY_AFTER, retry_after_value(retry_after)),
-        (RATELIMIT_POLICY, ratelimit_policy_value(policy)),
-        (RATELIMIT, ratelimit_value(policy, kind, 0, retry_after)),
-        (SLUICE_POLICY, policy.name.clone()),
-    ]
-}
-
-/// The headers of a local reply refusing a request over one of the
-/// policy's further limits, `limit`: the RateLimit field speaks of it.
-pub fn further_limit_rejection_headers(
-    policy: &Policy,
-    limit: &str,
-    retry_after: Span,
-) -> Vec<(&'static str, String)> {
-    vec![
-        (RETRY_AFTER, retry_after_value(retry_after)),
-        (RATELIMIT_POLICY, ratelimit_policy_value(policy)),
-        (
-            RATELIMIT,
-            format!("\"{limit}\";r=0;t={}", retry_after.as_secs_ceil()),
-        ),
-        (SLUICE_POLICY, policy.name.clone()),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,7 +156,7 @@ mod tests {
     }
 
     #[test]
-    fn further_limits_are_listed_and_a_refusal_by_one_names_it() {
+    fn further_limits_are_listed() {
         let p = policy(
             r#"{"name": "openai", "match": {"host": "*"}, "rate": {"requests": 500, "period": "1m"},
                 "limits": [{"name": "tpm", "rate": {"requests": 30000, "period": "1m"}},
@@ -197,26 +165,6 @@ mod tests {
         assert_eq!(
             ratelimit_policy_value(&p),
             r#""openai";q=500;w=60, "tpm";q=30000;w=60, "daily";q=2000000;w=86400"#
-        );
-        let h = further_limit_rejection_headers(&p, "tpm", Span::from_millis(1500));
-        assert_eq!(h[0], ("retry-after", "2".to_string()));
-        assert_eq!(h[2], ("ratelimit", "\"tpm\";r=0;t=2".to_string()));
-    }
-
-    #[test]
-    fn rejection_carries_all_headers() {
-        let p = policy(
-            r#"{"name": "bank", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s", "burst": 20}}"#,
-        );
-        let h = rejection_headers(&p, LimitKind::Rate, Span::from_millis(10));
-        assert_eq!(
-            h,
-            vec![
-                ("retry-after", "1".to_string()),
-                ("ratelimit-policy", "\"bank\";q=100;w=1".to_string()),
-                ("ratelimit", "\"bank\";r=0;t=1".to_string()),
-                ("x-sluice-policy", "bank".to_string()),
-            ]
         );
     }
 }

@@ -14,14 +14,15 @@
 use std::sync::Arc;
 
 use sluice_shared::bucket::{Admission, BucketLimits, Prefetched};
-use sluice_shared::headers::{further_limit_rejection_headers, rejection_headers, LimitKind};
+use sluice_shared::headers::LimitKind;
 use sluice_shared::matcher::{Classification, CompiledPolicy};
 use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
-use super::limits::{self, Held, Taken, Why};
+use super::limits::{self, Held, Taken};
 use super::placement::{self, Placed};
+use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::slots;
 use crate::entries;
@@ -29,13 +30,6 @@ use crate::host::{Host, Level};
 use crate::metrics::{LimitStat, Metrics, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches};
 use crate::store::Store;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalReply {
-    pub status: u32,
-    pub headers: Vec<(&'static str, String)>,
-    pub body: Vec<u8>,
-}
 
 /// What to do with a request now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,28 +133,12 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 why,
             } => {
                 self.metrics.add_limit(&limit, LimitStat::Refused, 1);
-                let decision = match self.refuse(policy, LimitKind::Rate, retry_after) {
-                    Decision::Refuse(reply) => {
-                        let reply = refused_by_limit(reply, policy, &limit, retry_after);
-                        Decision::Refuse(match why {
-                            Why::Limit => reply,
-                            Why::ProviderPause | Why::ProviderCount => {
-                                provider_said(reply, policy, (&limit, why), retry_after)
-                            }
-                        })
-                    }
-                    other => other,
-                };
-                return (decision, None);
+                let refusal = Refusal::Limit { limit, why };
+                return (self.refuse(policy, &refusal, retry_after), None);
             }
             Taken::Unknown { limit } => {
-                let decision = match self.refuse(policy, LimitKind::Rate, DEFAULT_RETRY) {
-                    Decision::Refuse(reply) => {
-                        Decision::Refuse(budget_unknown(reply, policy, &limit))
-                    }
-                    other => other,
-                };
-                return (decision, None);
+                let refusal = Refusal::BudgetUnknown { limit };
+                return (self.refuse(policy, &refusal, DEFAULT_RETRY), None);
             }
         };
         let decision = self.decide_in_bucket(policy, class, must_wait);
@@ -192,10 +170,12 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         class: &Classification,
         must_wait: bool,
     ) -> Decision {
-        let kind_by_default = LimitKind::for_limits(policy.rate.is_some());
+        let by_default = Refusal::Policy {
+            kind: LimitKind::for_limits(policy.rate.is_some()),
+        };
         if policy.fleet_closed {
             // This Envoy's share of a global limit is nothing right now.
-            return self.refuse(policy, kind_by_default, DEFAULT_RETRY);
+            return self.refuse(policy, &by_default, DEFAULT_RETRY);
         }
         if let Some(burst) = policy.share_burst().filter(|&b| class.cost > b) {
             // This Envoy's share of a global limit holds fewer tokens than
@@ -208,12 +188,11 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                     class.cost
                 ),
             );
-            return match self.refuse(policy, LimitKind::Rate, DEFAULT_RETRY) {
-                Decision::Refuse(reply) => {
-                    Decision::Refuse(above_share_burst(reply, policy, class.cost, burst))
-                }
-                other => other,
+            let refusal = Refusal::AboveShareBurst {
+                cost: class.cost,
+                burst,
             };
+            return self.refuse(policy, &refusal, DEFAULT_RETRY);
         }
         let key: PrefetchKey = (class.policy_index, class.key);
         let cost = policy.rate.is_some().then_some(class.cost);
@@ -272,7 +251,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         else {
             // The store counted and logged why; a request it cannot decide
             // is refused rather than let through unchecked.
-            return self.refuse(policy, kind_by_default, DEFAULT_RETRY);
+            return self.refuse(policy, &by_default, DEFAULT_RETRY);
         };
         self.overflowed = overflowed;
         match admission {
@@ -287,7 +266,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
             }
             Admission::Rejected { kind, retry_after } => {
                 self.record_prefetch(key, &bucket, Prefetched::default());
-                self.refuse(policy, kind, retry_after)
+                self.refuse(policy, &Refusal::Policy { kind }, retry_after)
             }
             Admission::Queued { ticket, deadline } => {
                 self.record_prefetch(key, &bucket, Prefetched::default());
@@ -331,18 +310,23 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
 
     /// The one place a limit says no: shadow mode counts it and lets the
     /// request pass; otherwise it is counted and answered.
-    fn refuse(&mut self, policy: &CompiledPolicy, kind: LimitKind, retry_after: Span) -> Decision {
+    fn refuse(
+        &mut self,
+        policy: &CompiledPolicy,
+        refusal: &Refusal,
+        retry_after: Span,
+    ) -> Decision {
         let name = policy.name();
         if policy.is_shadow() {
             self.metrics.add(name, PolicyStat::ShadowLimited, 1);
             self.host.log(
                 Level::Debug,
-                &format!("sluice: shadow policy {name} would have refused a request ({kind:?})"),
+                &format!("sluice: shadow policy {name} would have refused a request ({refusal:?})"),
             );
             return Decision::Pass;
         }
         self.metrics.add(name, PolicyStat::Rejected, 1);
-        Decision::Refuse(rejection(policy, kind, retry_after))
+        Decision::Refuse(refusal::render(policy, refusal, retry_after))
     }
 }
 
@@ -351,122 +335,4 @@ fn queue_wait(policy: &CompiledPolicy) -> Option<Span> {
     let on_limit = &policy.policy.on_limit;
     (on_limit.action == LimitAction::Queue && !policy.is_shadow())
         .then(|| on_limit.max_wait.map_or(Span::ZERO, |w| w.as_span()))
-}
-
-/// Header naming why a call was refused when the limit alone does not say.
-pub const REASON_HEADER: &str = "x-sluice-reason";
-
-/// The refusal of a call costing more than this Envoy's share of a global
-/// policy can ever hold: the caller is told so (retrying the same call
-/// here fails until the share grows), unless the policy has its own body.
-fn above_share_burst(
-    mut reply: LocalReply,
-    policy: &CompiledPolicy,
-    cost: u64,
-    burst: u64,
-) -> LocalReply {
-    reply
-        .headers
-        .push((REASON_HEADER, "cost-above-share-burst".to_string()));
-    if policy.policy.on_limit.body.is_none() {
-        reply.body = format!(
-            "refused by sluice policy {}: this call costs {cost}, more than this Envoy's share of the global limit holds ({burst})\n",
-            policy.name()
-        )
-        .into_bytes();
-    }
-    reply
-}
-
-/// Header naming which of a policy's further limits refused a call.
-pub const LIMIT_HEADER: &str = "x-sluice-limit";
-
-/// The refusal by one of the policy's further limits: named in a header,
-/// and in the body unless the policy has its own.
-fn refused_by_limit(
-    mut reply: LocalReply,
-    policy: &CompiledPolicy,
-    limit: &str,
-    retry_after: Span,
-) -> LocalReply {
-    let content_type = reply
-        .headers
-        .iter()
-        .find(|(n, _)| *n == "content-type")
-        .cloned();
-    reply.headers = further_limit_rejection_headers(&policy.policy, limit, retry_after);
-    reply.headers.extend(content_type);
-    reply.headers.push((LIMIT_HEADER, limit.to_string()));
-    if policy.policy.on_limit.body.is_none() {
-        reply.body = format!(
-            "limited by sluice policy {} (limit {limit})\n",
-            policy.name()
-        )
-        .into_bytes();
-    }
-    reply
-}
-
-/// The refusal by a budget whose spending before this Envoy started is not
-/// known yet: the caller is told why (it clears once the admin answers).
-fn budget_unknown(reply: LocalReply, policy: &CompiledPolicy, limit: &str) -> LocalReply {
-    let mut reply = refused_by_limit(reply, policy, limit, DEFAULT_RETRY);
-    reply
-        .headers
-        .push((REASON_HEADER, "budget-unknown".to_string()));
-    if policy.policy.on_limit.body.is_none() {
-        reply.body = format!(
-            "refused by sluice policy {}: budget {limit} resumes once the admin says what it spent before this Envoy started\n",
-            policy.name()
-        )
-        .into_bytes();
-    }
-    reply
-}
-
-/// The refusal while the provider's word holds `limit`: its
-/// `Retry-After` (`provider-pause`) or its count with nothing left until
-/// its reset (`provider-remaining`). The caller is told which and how long
-/// is left.
-fn provider_said(
-    mut reply: LocalReply,
-    policy: &CompiledPolicy,
-    (limit, why): (&str, Why),
-    retry_after: Span,
-) -> LocalReply {
-    let (reason, what) = match why {
-        Why::ProviderCount => (
-            "provider-remaining",
-            "the provider has nothing left of this limit until its reset",
-        ),
-        Why::ProviderPause | Why::Limit => (
-            "provider-pause",
-            "the provider asked to wait before calling again",
-        ),
-    };
-    reply.headers.push((REASON_HEADER, reason.to_string()));
-    if policy.policy.on_limit.body.is_none() {
-        reply.body = format!(
-            "refused by sluice policy {}: {what} (limit {limit}, {} ms left)\n",
-            policy.name(),
-            retry_after.as_millis()
-        )
-        .into_bytes();
-    }
-    reply
-}
-
-/// The local reply refusing a request of `policy`.
-pub(super) fn rejection(policy: &CompiledPolicy, kind: LimitKind, retry_after: Span) -> LocalReply {
-    let mut headers = rejection_headers(&policy.policy, kind, retry_after);
-    headers.push(("content-type", "text/plain; charset=utf-8".to_string()));
-    let body = match &policy.policy.on_limit.body {
-        Some(body) => body.as_bytes().to_vec(),
-        None => format!("limited by sluice policy {}\n", policy.name()).into_bytes(),
-    };
-    LocalReply {
-        status: u32::from(policy.policy.on_limit.status),
-        headers,
-        body,
-    }
 }

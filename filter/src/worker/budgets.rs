@@ -14,7 +14,7 @@ use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::sync::{BudgetReport, BudgetsMessage};
 use sluice_shared::time::Instant;
 
-use crate::entries::{budget_known_key, limit_key, limit_state};
+use crate::entries::{self, budget_known_key, limit_key, LimitState, Marker};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
 use crate::store::Store;
@@ -40,7 +40,7 @@ impl Budgets {
         if !limit.budget || !self.held_by_admin || self.known.contains(&limit.name) {
             return true;
         }
-        if host.shared_get(&budget_known_key(&limit.name)).0.is_some() {
+        if entries::read_as::<Marker, _>(host, &budget_known_key(&limit.name)).0 {
             self.known.insert(limit.name.clone());
             return true;
         }
@@ -63,10 +63,7 @@ impl Budgets {
                 continue;
             }
             let known = self.is_known(host, limit);
-            let state = limit_state(
-                &limit.rate,
-                host.shared_get(&limit_key(&limit.name)).0.as_deref(),
-            );
+            let state = entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate));
             let report = BudgetReport {
                 known,
                 available: limit.rate.available(&state, now),
@@ -116,11 +113,15 @@ impl Budgets {
             if let Some(record) = held.get(&limit.name) {
                 let spent = record.spent();
                 let at = Instant::from_millis(record.at_ms);
-                let restored = store.update(host, &limit_key(&limit.name), |bytes| {
-                    let mut state = limit_state(&limit.rate, bytes);
-                    limit.rate.restore_spent(&mut state, spent, at, now);
-                    ((), Some(state.encode()))
-                });
+                let restored = store.update_with(
+                    host,
+                    &limit_key(&limit.name),
+                    &LimitState(&limit.rate),
+                    |state| {
+                        limit.rate.restore_spent(state, spent, at, now);
+                        ((), true)
+                    },
+                );
                 if restored.is_err() {
                     // Counted and logged by the store; asked again next sync.
                     continue;
@@ -134,8 +135,9 @@ impl Budgets {
                 );
             }
             if store
-                .update(host, &budget_known_key(&limit.name), |_| {
-                    ((), Some(vec![1]))
+                .update_as::<Marker, _, _>(host, &budget_known_key(&limit.name), |known| {
+                    known.0 = true;
+                    ((), true)
                 })
                 .is_ok()
             {

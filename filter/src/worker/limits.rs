@@ -14,9 +14,7 @@ use super::key_places::{self, Claim};
 use super::provider::{self, CountSays, Counted};
 use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
 use super::slots::{self, HeldSlot, SlotsTaken};
-use crate::entries::{
-    encode_owned_limit_state, keyed_limit_key, limit_key, limit_state, owned_limit_state,
-};
+use crate::entries::{keyed_limit_key, limit_key, LimitState, OwnedLimitState};
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
 use crate::store::Store;
@@ -93,21 +91,20 @@ fn update_at<H: Host + ?Sized>(
     place: &LimitPlace,
     mut f: impl FnMut(&mut RateState) -> bool,
 ) -> Result<(), crate::store::StoreError> {
-    store.update(host, &place.key, |bytes| match place.owner {
-        None => {
-            let mut state = limit_state(rate, bytes);
-            let changed = f(&mut state);
-            ((), changed.then(|| state.encode()))
-        }
-        Some(owner) => {
-            let (held_by, mut state) = owned_limit_state(rate, bytes);
-            if held_by != owner {
-                return ((), None);
-            }
-            let changed = f(&mut state);
-            ((), changed.then(|| encode_owned_limit_state(owner, &state)))
-        }
-    })
+    match place.owner {
+        None => store.update_with(host, &place.key, &LimitState(rate), |state| ((), f(state))),
+        Some(owner) => store.update_with(
+            host,
+            &place.key,
+            &OwnedLimitState(rate),
+            |(held_by, state)| {
+                if *held_by != owner {
+                    return ((), false);
+                }
+                ((), f(state))
+            },
+        ),
+    }
 }
 
 /// Takes `costs[i]` from each of `policy`'s further rate limits (for a
@@ -276,49 +273,43 @@ fn step<H: Host + ?Sized>(
     let rate = &limit.rate;
     let Some(hash) = key else {
         return store
-            .update(host, &limit_key(&limit.name), |bytes| {
-                let mut state = limit_state(rate, bytes);
-                let step = take.apply(rate, &mut state);
-                (step, step.changed.then(|| state.encode()))
+            .update_with(host, &limit_key(&limit.name), &LimitState(rate), |state| {
+                let step = take.apply(rate, state);
+                (step, step.changed)
             })
             .map(Some);
     };
     if let Some(place) = place {
         let owner = place.owner.unwrap_or(0);
         return store
-            .update(host, &place.key, |bytes| {
-                let (held_by, mut state) = owned_limit_state(rate, bytes);
-                if held_by != owner {
-                    // Taken over since: nothing of this call's is there.
-                    let mut fresh = rate.initial_state();
-                    return (take.apply(rate, &mut fresh), None);
-                }
-                let step = take.apply(rate, &mut state);
-                (
-                    step,
-                    step.changed
-                        .then(|| encode_owned_limit_state(owner, &state)),
-                )
-            })
+            .update_with(
+                host,
+                &place.key,
+                &OwnedLimitState(rate),
+                |(held_by, state)| {
+                    if *held_by != owner {
+                        // Taken over since: nothing of this call's is there.
+                        let mut fresh = rate.initial_state();
+                        return (take.apply(rate, &mut fresh), false);
+                    }
+                    let step = take.apply(rate, state);
+                    (step, step.changed)
+                },
+            )
             .map(Some);
     }
     let owner = key_places::owner_of(hash);
     let (max_keys, overflow) = limit.keys.unwrap_or((1, KeyOverflow::Shared));
     for slot in key_places::probes(owner, max_keys) {
         let key = keyed_limit_key(&limit.name, Some(slot));
-        let stepped = store.update(host, &key, |bytes| {
-            let (held_by, state) = owned_limit_state(rate, bytes);
-            let mut state = match key_places::claim(held_by, owner, || rate.is_idle(&state, now)) {
-                Claim::Busy => return (None, None),
-                Claim::Mine => state,
-                Claim::Free | Claim::Evict => rate.initial_state(),
-            };
-            let step = take.apply(rate, &mut state);
-            (
-                Some(step),
-                step.changed
-                    .then(|| encode_owned_limit_state(owner, &state)),
-            )
+        let stepped = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
+            match key_places::claim(entry.0, owner, || rate.is_idle(&entry.1, now)) {
+                Claim::Busy => return (None, false),
+                Claim::Mine => {}
+                Claim::Free | Claim::Evict => *entry = (owner, rate.initial_state()),
+            }
+            let step = take.apply(rate, &mut entry.1);
+            (Some(step), step.changed)
         })?;
         if let Some(step) = stepped {
             *place = Some(LimitPlace {
@@ -333,13 +324,11 @@ fn step<H: Host + ?Sized>(
         return Ok(None);
     }
     let key = keyed_limit_key(&limit.name, None);
-    let step = store.update(host, &key, |bytes| {
-        let (_, mut state) = owned_limit_state(rate, bytes);
-        let step = take.apply(rate, &mut state);
-        (
-            step,
-            step.changed.then(|| encode_owned_limit_state(0, &state)),
-        )
+    let step = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
+        // The overflow place is nobody's: every overflowing key shares it.
+        entry.0 = 0;
+        let step = take.apply(rate, &mut entry.1);
+        (step, step.changed)
     })?;
     *place = Some(LimitPlace {
         key,

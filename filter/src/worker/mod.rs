@@ -26,6 +26,7 @@ mod limits;
 mod placement;
 mod provider;
 mod queue;
+mod refusal;
 mod retry;
 mod shares;
 mod slots;
@@ -49,8 +50,9 @@ use crate::prefetch::Prefetches;
 use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
 
-pub use admission::{LocalReply, Verdict};
+pub use admission::Verdict;
 pub use queue::StreamAction;
+pub use refusal::LocalReply;
 pub use usage::MAX_HELD_BYTES;
 
 use admission::Decision;
@@ -402,9 +404,13 @@ impl Worker {
         }
         self.port_hidden.insert(policy.name().to_string());
         let marker = crate::entries::port_hidden_key(policy.name());
-        let first = self.store.update(host, &marker, |seen| {
-            (seen.is_none(), seen.is_none().then(|| vec![1]))
-        });
+        let first = self
+            .store
+            .update_as::<crate::entries::Marker, _, _>(host, &marker, |seen| {
+                let first = !seen.0;
+                seen.0 = true;
+                (first, first)
+            });
         if matches!(first, Ok(true)) {
             host.log(
                 Level::Warn,

@@ -101,14 +101,14 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
     };
     let BucketKey::Keyed(hash) = class.key else {
         let key = bucket_key(name, Place::Single);
-        let outcome = store.update_bucket(host, &key, |s| admit(&key, s))?;
+        let outcome = store.update_as::<BucketState, _, _>(host, &key, |s| admit(&key, s))?;
         return Ok(placed(key, outcome));
     };
     let owner = key_places::owner_of(hash);
     for slot in key_places::probes(owner, policy.max_keys().unwrap_or(1)) {
         let key = bucket_key(name, Place::Slot(slot));
         let mut evicted = false;
-        let outcome = store.update_bucket(host, &key, |s| {
+        let outcome = store.update_as::<BucketState, _, _>(host, &key, |s| {
             let claim = key_places::claim(s.owner, owner, || s.is_idle(limits, now));
             evicted = claim == Claim::Evict;
             match claim {
@@ -139,6 +139,6 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         )));
     }
     let key = bucket_key(name, Place::Overflow);
-    let outcome = store.update_bucket(host, &key, |s| admit(&key, s))?;
+    let outcome = store.update_as::<BucketState, _, _>(host, &key, |s| admit(&key, s))?;
     Ok(overflowed(placed(key, outcome)))
 }

@@ -10,21 +10,17 @@ use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
 use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
-use sluice_shared::provider::{Allowed, PauseSignal, PauseWhy, ProviderTable};
+use sluice_shared::provider::{Allowed, Heard, PauseSignal, PauseWhy, ProviderTable};
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
 use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
 
 use crate::counters::LimitCounters;
-use crate::entries::provider_key;
+use crate::entries::{self, provider_key};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, LimitStat, Metrics};
 use crate::store::{Store, StoreError};
-
-fn table_of(bytes: Option<&[u8]>) -> ProviderTable {
-    bytes.and_then(ProviderTable::decode).unwrap_or_default()
-}
 
 /// How long `limit` stays paused for a call with key `key` (None: it is
 /// not paused). A missing or broken entry pauses nothing.
@@ -36,8 +32,7 @@ pub(super) fn paused<H: Host + ?Sized>(
 ) -> Option<Span> {
     let provider = limit.provider.as_ref()?;
     let (entry, owner) = provider_key(limit, key);
-    let (bytes, _) = host.shared_get(&entry);
-    let table = ProviderTable::decode(&bytes?)?;
+    let table: ProviderTable = entries::read_as(host, &entry);
     table
         .paused_until(owner, now, provider.max_pause)
         .map(|until| until.since(now))
@@ -74,18 +69,14 @@ pub(super) fn count<H: Host + ?Sized>(
         return Ok(CountSays::NotFollowed);
     };
     let (entry, owner) = provider_key(limit, key);
-    store.update(host, &entry, |bytes| {
-        let mut table = table_of(bytes);
+    store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
         match table.admit(owner, now, cost, provider.adaptive) {
-            Allowed::Yes { admitted } => (
-                CountSays::Counted(Counted { owner, admitted }),
-                Some(table.encode()),
-            ),
+            Allowed::Yes { admitted } => (CountSays::Counted(Counted { owner, admitted }), true),
             Allowed::No { until } => (
                 CountSays::Exhausted {
                     wait: until.since(now),
                 },
-                None,
+                false,
             ),
         }
     })
@@ -103,11 +94,10 @@ pub(super) fn uncount<H: Host + ?Sized>(
     let (entry, _) = place_of_owner(limit, counted.owner);
     // On failure (counted and logged by the store) the tokens stay
     // counted: the provider's count errs on the safe side.
-    let _ = store.update(host, &entry, |bytes| {
-        let mut table = table_of(bytes);
+    let _ = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
         let before = table.clone();
         table.give_back(counted.owner, counted.admitted, cost, now);
-        ((), (table != before).then(|| table.encode()))
+        ((), *table != before)
     });
 }
 
@@ -228,7 +218,13 @@ impl Listening {
                 news |= cut_rate(
                     (host, &mut *store, &mut *metrics),
                     limit,
-                    counted,
+                    (
+                        counted.owner,
+                        Heard::Here {
+                            admitted: counted.admitted,
+                        },
+                        now,
+                    ),
                     full,
                     now,
                 ) && relayed(limit);
@@ -247,11 +243,15 @@ impl Listening {
                     if capped {
                         metrics.add_limit(&limit.name, LimitStat::PauseCapped, 1);
                     }
+                    let why = PauseWhy {
+                        status: status.unwrap_or(0),
+                        relayed: false,
+                    };
                     news |= pause(
                         (host, &mut *store, &mut *metrics),
                         limit,
                         listener.key,
-                        (status, wait, capped),
+                        (why, wait, capped),
                         now,
                     ) && relayed(limit);
                 }
@@ -266,10 +266,11 @@ impl Listening {
                     let (entry, _) = place_of_owner(limit, counted.owner);
                     // On failure (counted and logged by the store) the
                     // next answer brings the count again.
-                    let _ = store.update(host, &entry, |bytes| {
-                        let mut table = table_of(bytes);
-                        let changed = table.follow(counted.owner, counted.admitted, count, now);
-                        ((), changed.then(|| table.encode()))
+                    let _ = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
+                        (
+                            (),
+                            table.follow(counted.owner, counted.admitted, count, now),
+                        )
                     });
                 }
                 Err(e) => ignored(host, metrics, &limit.name, &e),
@@ -279,38 +280,38 @@ impl Listening {
     }
 }
 
-/// The provider refused a call of an adaptive limit: its rate is cut
+/// A provider refused a call of adaptive `limit` (`owner`: the row;
+/// `heard`: this Envoy's call or another's, at `at`): its rate is cut
 /// (once per overload), for every worker. Returns whether it was.
 fn cut_rate<H: Host + ?Sized>(
     (host, store, metrics): (&H, &mut Store, &mut Metrics),
     limit: &CompiledLimit,
-    counted: Counted,
+    (owner, heard, at): (u64, Heard, Instant),
     full: f64,
     now: Instant,
 ) -> bool {
-    let (entry, _) = place_of_owner(limit, counted.owner);
-    let cut = store.update(host, &entry, |bytes| {
-        let mut table = table_of(bytes);
-        let cut = table.throttled(counted.owner, counted.admitted, now, full);
-        let rate = table
-            .row(counted.owner)
-            .and_then(|r| r.adaptive.rate(now, full));
-        ((cut, rate), cut.then(|| table.encode()))
+    let (entry, _) = place_of_owner(limit, owner);
+    let cut = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
+        let cut = table.throttled(owner, (heard, at), now, full);
+        let rate = table.row(owner).and_then(|r| r.adaptive.rate(now, full));
+        ((cut, rate), cut)
     });
     let Ok((true, rate)) = cut else {
         return false;
     };
-    {
-        metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
-        host.log(
-            Level::Info,
-            &format!(
-                "sluice: limit {}: the provider refused a call; rate cut to {:.1}/s (of {full:.1}/s)",
-                limit.name,
-                rate.unwrap_or(full)
-            ),
-        );
-    }
+    metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
+    let whose = match heard {
+        Heard::Here { .. } => "the provider refused a call",
+        Heard::Relayed => "another Envoy's provider refused a call (relayed by the admin)",
+    };
+    host.log(
+        Level::Info,
+        &format!(
+            "sluice: limit {}: {whose}; rate cut to {:.1}/s (of {full:.1}/s)",
+            limit.name,
+            rate.unwrap_or(full)
+        ),
+    );
     true
 }
 
@@ -330,41 +331,51 @@ fn ignored<H: Host + ?Sized>(
 }
 
 /// Writes a pause of `wait` from `now` into the limit's entry, for every
-/// worker to read, with a log line and a stat when it begins one.
-/// Returns whether it did.
+/// worker to read, with a log line and a stat when it begins one (`why`:
+/// the provider's answer, and whether another Envoy heard it; `capped`:
+/// the provider asked for more than `max_pause`). Returns whether it did.
 fn pause<H: Host + ?Sized>(
     (host, store, metrics): (&H, &mut Store, &mut Metrics),
     limit: &CompiledLimit,
     key: Option<u64>,
-    (status, wait, capped): (Option<u16>, Span, bool),
+    (why, wait, capped): (PauseWhy, Span, bool),
     now: Instant,
 ) -> bool {
     let (entry, owner) = provider_key(limit, key);
-    let why = PauseWhy {
-        status: status.unwrap_or(0),
-        relayed: false,
-    };
-    let began = store.update(host, &entry, |bytes| {
-        let mut table = table_of(bytes);
-        let changed = table.pause_because(owner, now, wait, why);
-        (changed, changed.then(|| table.encode()))
+    let max_pause = limit.provider.as_ref().map_or(wait, |p| p.max_pause);
+    // Relayed news: the admin relays a running pause at every sync, each
+    // time a little off (the trip there and back): the same pause, within
+    // RELAY_SLACK. However often it is relayed, news holds the limit for
+    // max_pause in total until this Envoy's own provider refuses
+    // (RelayedStretch).
+    let began = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
+        let (changed, began) = table.hear_pause(owner, (now, wait), why, (max_pause, RELAY_SLACK));
+        (began, changed)
     });
     // A failed write is counted and logged by the store: no pause then.
-    if !matches!(began, Ok(true)) {
+    let Ok(Some(until)) = began else {
         return false;
-    }
+    };
     metrics.add_limit(&limit.name, LimitStat::Paused, 1);
     let whose = if key.is_some() { " for this key" } else { "" };
     let cap = if capped { " (cut to max_pause)" } else { "" };
+    let status = match why.status {
+        0 => "?".to_string(),
+        s => s.to_string(),
+    };
+    let heard = if why.relayed {
+        format!("another Envoy's provider answered {status} with a wait (relayed by the admin)")
+    } else {
+        format!("the provider answered {status} with a wait")
+    };
     // A warning: the provider is refusing calls, which an operator wants
     // to see at Envoy's usual log level.
     host.log(
         Level::Warn,
         &format!(
-            "sluice: limit {} paused{whose} for {} ms{cap}: the provider answered {} with a wait",
+            "sluice: limit {} paused{whose} for {} ms{cap}: {heard}",
             limit.name,
-            wait.as_millis(),
-            status.map_or_else(|| "?".to_string(), |s| s.to_string()),
+            until.since(now).as_millis(),
         ),
     );
     true
@@ -395,7 +406,7 @@ pub(super) fn report<H: Host + ?Sized>(
     };
     if limit.keys.is_none() {
         let (entry, owner) = provider_key(limit, None);
-        let table = table_of(host.shared_get(&entry).0.as_deref());
+        let table: ProviderTable = entries::read_as(host, &entry);
         let state = table.state(owner, now, provider.max_pause, provider.adaptive);
         report.remaining = state.remaining;
         report.limit = state.provider_limit;
@@ -454,37 +465,31 @@ pub(super) fn take_news<H: Host + ?Sized>(
         let Some(provider) = &limit.provider else {
             continue;
         };
-        let (entry, owner) = provider_key(limit, None);
         if let Some(ms) = item.pause_ms {
             let wait = (Span::from_millis(ms) - delay).min(provider.max_pause);
             if !wait.is_zero() {
-                relayed_pause(
+                let why = PauseWhy {
+                    status: item.status,
+                    relayed: true,
+                };
+                pause(
                     (host, &mut *store, &mut *metrics),
-                    (limit, &entry, owner),
-                    (item.status, wait),
+                    limit,
+                    None,
+                    (why, wait, false),
                     now,
                 );
             }
         }
         if let (Some(ago), Some(full)) = (item.cut_ago_ms, provider.adaptive) {
             let at = now - (Span::from_millis(ago) + delay);
-            let cut = store.update(host, &entry, |bytes| {
-                let mut table = table_of(bytes);
-                let cut = table.throttled_elsewhere(owner, at, now, full);
-                let rate = table.row(owner).and_then(|r| r.adaptive.rate(now, full));
-                ((cut, rate), cut.then(|| table.encode()))
-            });
-            if let Ok((true, rate)) = cut {
-                metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
-                host.log(
-                    Level::Info,
-                    &format!(
-                        "sluice: limit {}: another Envoy's provider refused a call (relayed by the admin); rate cut to {:.1}/s (of {full:.1}/s)",
-                        limit.name,
-                        rate.unwrap_or(full)
-                    ),
-                );
-            }
+            cut_rate(
+                (host, &mut *store, &mut *metrics),
+                limit,
+                (0, Heard::Relayed, at),
+                full,
+                now,
+            );
         }
     }
 }
@@ -497,37 +502,6 @@ fn parse_news(header: &[u8]) -> Result<ProviderNews, String> {
         ));
     }
     serde_json::from_slice(header).map_err(|e| e.to_string())
-}
-
-fn relayed_pause<H: Host + ?Sized>(
-    (host, store, metrics): (&H, &mut Store, &mut Metrics),
-    (limit, entry, owner): (&CompiledLimit, &str, u64),
-    (status, wait): (u16, Span),
-    now: Instant,
-) {
-    let max_pause = limit.provider.as_ref().map_or(wait, |p| p.max_pause);
-    // The admin relays a running pause at every sync, each time a little
-    // off (the trip there and back): the same pause, within RELAY_SLACK.
-    // However often it is relayed, news holds the limit for max_pause in
-    // total until this Envoy's own provider refuses (RelayedStretch).
-    let began = store.update(host, entry, |bytes| {
-        let mut table = table_of(bytes);
-        let (changed, began) =
-            table.pause_relayed(owner, (now, wait), status, (max_pause, RELAY_SLACK));
-        (began, changed.then(|| table.encode()))
-    });
-    let Ok(Some(until)) = began else {
-        return;
-    };
-    metrics.add_limit(&limit.name, LimitStat::Paused, 1);
-    host.log(
-        Level::Warn,
-        &format!(
-            "sluice: limit {} paused for {} ms: another Envoy's provider answered {status} with a wait (relayed by the admin)",
-            limit.name,
-            until.since(now).as_millis(),
-        ),
-    );
 }
 
 /// What the provider allows of unkeyed `limit` now, and until when: 0
@@ -543,7 +517,7 @@ pub(super) fn says<H: Host + ?Sized>(
         return None;
     }
     let (entry, owner) = provider_key(limit, None);
-    let table = ProviderTable::decode(&host.shared_get(&entry).0?)?;
+    let table: ProviderTable = entries::read_as(host, &entry);
     let state = table.state(owner, now, provider.max_pause, None);
     if let Some((_, until, _)) = state.paused {
         return Some((0, until.since(now)));

@@ -4,14 +4,14 @@
 //! previous tick's instant goes with each poll: a waiter is never charged
 //! to the rate as of earlier than that (see `BucketState::poll`).
 
-use sluice_shared::bucket::BucketLimits;
+use sluice_shared::bucket::{BucketLimits, BucketState};
 use sluice_shared::headers::LimitKind;
 use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::time::Instant;
 
-use super::admission::{rejection, LocalReply};
 use super::budgets::Budgets;
 use super::limits::{self, LimitPlace, Taken};
+use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::streams::{Further, Streams};
 use crate::host::Host;
@@ -117,10 +117,12 @@ pub(super) fn serve<H: Host + ?Sized>(
                 .metrics
                 .add(&policy_name, PolicyStat::QueueTimeouts, 1);
             parts.metrics.add(&policy_name, PolicyStat::Rejected, 1);
-            let kind = LimitKind::for_limits(policy.rate.is_some());
+            let refusal = Refusal::Policy {
+                kind: LimitKind::for_limits(policy.rate.is_some()),
+            };
             actions.push(StreamAction::Reply(
                 ctx,
-                rejection(policy, kind, DEFAULT_RETRY),
+                refusal::render(policy, &refusal, DEFAULT_RETRY),
             ));
         }
     }
@@ -148,7 +150,7 @@ impl Poll<'_> {
         // On failure (counted by the store) the next tick polls again.
         let (turns, lease) = parts
             .store
-            .update_bucket(host, self.bucket, |s| {
+            .update_as::<BucketState, _, _>(host, self.bucket, |s| {
                 let tickets = s.poll(self.limits, self.holder, previous_poll, now);
                 let changed = !tickets.is_empty();
                 ((tickets, s.lease_of(self.holder)), changed)
@@ -176,7 +178,7 @@ impl Poll<'_> {
         let (previous_poll, now) = self.times;
         for _ in 0..self.contexts.len() {
             // Whose turn it is, on a copy: nothing is taken yet.
-            let Some(state) = parts.store.read_bucket(host, self.bucket) else {
+            let Some(state) = parts.store.read_as::<BucketState, _>(host, self.bucket) else {
                 return;
             };
             let mut peek = state.clone();
@@ -208,7 +210,7 @@ impl Poll<'_> {
             };
             let left = parts
                 .store
-                .update_bucket(host, self.bucket, |s| {
+                .update_as::<BucketState, _, _>(host, self.bucket, |s| {
                     let left = s.poll_head(self.limits, self.holder, previous_poll, now);
                     ((left, s.lease_of(self.holder)), left.is_some())
                 })

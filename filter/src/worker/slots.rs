@@ -13,7 +13,7 @@ use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::policy::Priority;
 use sluice_shared::time::{Instant, Span};
 
-use crate::entries::limit_key;
+use crate::entries::{self, limit_key};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 
@@ -38,12 +38,6 @@ pub(super) enum SlotsTaken {
 /// A lease table; bytes that are none (a rate limit's state before an
 /// edit, or garbage) start it empty: the limit errs toward its callers
 /// only for as long as the slots so lost would have been held.
-fn table_of(bytes: Option<&[u8]>) -> LeaseTable {
-    bytes
-        .and_then(|b| LeaseTable::decode(b).ok())
-        .unwrap_or_default()
-}
-
 /// Takes one slot in each of `policy`'s concurrency limits for `holder`,
 /// all or none.
 pub(super) fn take<H: Host + ?Sized>(
@@ -86,11 +80,10 @@ fn take_one<H: Host + ?Sized>(
     now: Instant,
 ) -> Result<Option<HeldSlot>, StoreError> {
     let key = limit_key(name);
-    let lease = store.update(host, &key, |bytes| {
-        let mut table = table_of(bytes);
+    let lease = store.update_as::<LeaseTable, _, _>(host, &key, |table| {
         match table.acquire(limit, holder, now, Priority::Normal) {
-            Decision::Admit { .. } => (table.lease_of(holder), Some(table.encode())),
-            Decision::Deny { .. } => (None, None),
+            Decision::Admit { .. } => (table.lease_of(holder), true),
+            Decision::Deny { .. } => (None, false),
         }
     })?;
     Ok(lease.map(|lease| HeldSlot {
@@ -109,10 +102,8 @@ pub(super) fn release<H: Host + ?Sized>(
     slots: &[HeldSlot],
 ) {
     for slot in slots {
-        let _ = store.update(host, &slot.key, |bytes| {
-            let mut table = table_of(bytes);
-            let released = table.release(holder, slot.lease);
-            ((), released.then(|| table.encode()))
+        let _ = store.update_as::<LeaseTable, _, _>(host, &slot.key, |table| {
+            ((), table.release(holder, slot.lease))
         });
     }
 }
@@ -125,16 +116,12 @@ pub(super) fn renew<H: Host + ?Sized>(
     holder: u64,
     (now, ttl): (Instant, Span),
 ) -> Result<(), StoreError> {
-    store.update(host, key, |bytes| {
-        let mut table = table_of(bytes);
-        let renewed = table.renew(holder, now, ttl);
-        ((), renewed.then(|| table.encode()))
-    })
+    store.update_as::<LeaseTable, _, _>(host, key, |table| ((), table.renew(holder, now, ttl)))
 }
 
 /// Calls holding a slot of limit `name` now, on every worker.
 pub fn in_flight<H: Host + ?Sized>(host: &H, name: &str, now: Instant) -> u32 {
-    let mut table = table_of(host.shared_get(&limit_key(name)).0.as_deref());
+    let mut table: LeaseTable = entries::read_as(host, &limit_key(name));
     table.reclaim_expired(now);
     table.in_flight()
 }

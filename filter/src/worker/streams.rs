@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use sluice_shared::bucket::BucketState;
 use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::time::{Instant, Span};
 
@@ -320,7 +321,7 @@ impl Streams {
                 };
                 // A failure is counted and logged by the store; the lease
                 // then expires and gives the slot back.
-                let _ = store.update_bucket(host, &stream.bucket, |s| {
+                let _ = store.update_as::<BucketState, _, _>(host, &stream.bucket, |s| {
                     let r = s.release(holder, lease);
                     (r, r)
                 });
@@ -328,7 +329,7 @@ impl Streams {
             StreamState::Waiting(turn) => {
                 metrics.add_to(stream.series, PolicyStat::QueueAbandoned, 1);
                 // On failure the waiter's deadline takes it out of the queue.
-                let _ = store.update_bucket(host, &stream.bucket, |s| {
+                let _ = store.update_as::<BucketState, _, _>(host, &stream.bucket, |s| {
                     let c = s.cancel(holder, turn.ticket);
                     (c, c)
                 });
@@ -402,7 +403,7 @@ impl Streams {
                 super::slots::renew(host, store, bucket, holder, (now, ttl))
             } else {
                 store
-                    .update_bucket(host, bucket, |s| {
+                    .update_as::<BucketState, _, _>(host, bucket, |s| {
                         let r = s.renew(holder, now, ttl);
                         (r, r)
                     })
@@ -427,7 +428,7 @@ pub(super) fn give_back<H: Host + ?Sized>(
     let Some(lease) = spare.lease else {
         return;
     };
-    let _ = store.update_bucket(host, &spare.bucket, |s| {
+    let _ = store.update_as::<BucketState, _, _>(host, &spare.bucket, |s| {
         let n = s.release_many(holder, lease, spare.slots);
         (n, n > 0)
     });

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use sluice_shared::bucket::BucketState;
 use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::request_headers::RequestHeaders;
@@ -17,7 +18,7 @@ use super::budgets::Budgets;
 use super::key_counts::KeyCounts;
 use super::provider;
 use super::slots;
-use crate::entries::{bucket_key, limit_key, Place};
+use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
 use crate::fleet;
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, Metrics};
@@ -223,7 +224,7 @@ impl SyncClient {
             if p.max_keys().is_none() {
                 // One bucket: its tokens and queue are the policy's.
                 let state = store
-                    .read_bucket(host, &bucket_key(p.name(), Place::Single))
+                    .read_as::<BucketState, _>(host, &bucket_key(p.name(), Place::Single))
                     .unwrap_or_default();
                 report.waiting = state.waiters.len() as u64;
                 if let Some(limiter) = &p.rate {
@@ -499,13 +500,8 @@ fn limit_reports<H: Host + ?Sized>(
             // Garbage reads as a limit afresh, as the limit itself does. A
             // keyed limit holds a count per key: none is the limit's.
             let available = limit.keys.is_none().then(|| {
-                host.shared_get(&limit_key(&limit.name))
-                    .0
-                    .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
-                    .map_or_else(
-                        || limit.rate.available(&limit.rate.initial_state(), now),
-                        |state| limit.rate.available(&state, now),
-                    )
+                let state = entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate));
+                limit.rate.available(&state, now)
             });
             out.insert(
                 limit.name.clone(),

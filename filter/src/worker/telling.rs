@@ -12,6 +12,7 @@
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
+use sluice_shared::bucket::BucketState;
 use sluice_shared::headers::{admitted_headers, quota_id, ratelimit_item, LimitKind};
 use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::policy::RateLimitHeaders;
@@ -19,7 +20,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::provider;
 use super::slots;
-use crate::entries::{bucket_key, limit_key, Place};
+use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
 use crate::host::Host;
 use crate::store::Store;
 
@@ -82,7 +83,7 @@ fn items<H: Host + ?Sized>(
     let mut items = Vec::new();
     if let (Some(limiter), None) = (&policy.rate, policy.max_keys()) {
         let state = store
-            .read_bucket(host, &bucket_key(policy.name(), Place::Single))
+            .read_as::<BucketState, _>(host, &bucket_key(policy.name(), Place::Single))
             .unwrap_or_default();
         let rate = state.rate.unwrap_or_else(|| limiter.initial_state());
         items.push(ratelimit_item(
@@ -93,11 +94,7 @@ fn items<H: Host + ?Sized>(
     }
     for limit in policy.limits.iter().filter(|l| l.keys.is_none()) {
         // Garbage reads as a limit afresh, as the limit itself does.
-        let state = host
-            .shared_get(&limit_key(&limit.name))
-            .0
-            .and_then(|bytes| limit.rate.decode_state(&bytes).ok())
-            .unwrap_or_else(|| limit.rate.initial_state());
+        let state = entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate));
         let (mut remaining, mut reset) = if limit.closed {
             (0, Span::ZERO)
         } else {

@@ -31,6 +31,16 @@ pub const AHEAD: f64 = 2.0;
 /// read later.
 pub const PACE_SKEW: Span = Span::from_millis(10);
 
+/// Where news of a refusal came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// This Envoy's own call, which went when the row had admitted
+    /// `admitted` tokens.
+    Here { admitted: u64 },
+    /// Another Envoy's, relayed by the admin.
+    Relayed,
+}
+
 /// The adaptive part of one row. A rate of 0 means "not adapted": the
 /// limit's own rate holds.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -103,43 +113,24 @@ impl Adaptive {
         Ok(())
     }
 
-    /// The provider refused a call that went when the row had admitted
-    /// `admitted` tokens (`now_admitted`: the row's count now; `full`: the
-    /// limit's own rate per second). Returns whether it cut the rate.
-    pub fn throttled(
-        &mut self,
-        now: Instant,
-        (admitted, now_admitted): (u64, u64),
-        full: f64,
-    ) -> bool {
-        // One cut per overload: not for calls that went before the last
-        // cut, nor within a measuring round of it (a provider's window
-        // stays full until it turns, whatever the rate meanwhile).
-        if self.cut_to > 0.0 && (admitted <= self.cut_after || now.since(self.cut_at) < CUT_GUARD) {
-            return false;
-        }
-        let current = self.rate(now, full).unwrap_or(full);
-        let measured = if self.measured > 0.0 {
-            self.measured
-        } else {
-            current
+    /// A provider refused a call at `at` (`heard`: this Envoy's call, or
+    /// another's; `now_admitted`: the row's count now; `full`: the limit's
+    /// own rate per second): the rate is cut, once per overload. Returns
+    /// whether it was.
+    pub fn throttled(&mut self, at: Instant, heard: Heard, now_admitted: u64, full: f64) -> bool {
+        let same_overload = match heard {
+            // Not for calls that went before the last cut, nor within a
+            // measuring round of it (a provider's window stays full until
+            // it turns, whatever the rate meanwhile).
+            Heard::Here { admitted } => {
+                self.cut_to > 0.0
+                    && (admitted <= self.cut_after || at.since(self.cut_at) < CUT_GUARD)
+            }
+            // Any cut made since (or just before) is this one or a newer
+            // one; the admin relays the same cut at every sync for a while.
+            Heard::Relayed => self.cut_at > Instant::EPOCH && at < self.cut_at + CUT_GUARD,
         };
-        self.w_max = current.min(measured).max(FLOOR_PER_SECOND.min(full));
-        self.cut_to = (self.w_max * BETA).max(FLOOR_PER_SECOND.min(full));
-        // The curve starts at the cut: `rate(cut_at)` is `cut_to`.
-        self.cut_at = now;
-        self.cut_after = now_admitted;
-        self.next = self.next.max(now);
-        true
-    }
-
-    /// Another Envoy's provider refused a call at `at` (`now_admitted`:
-    /// this row's count now): the same cut, unless this row already cut
-    /// for that overload (within [`CUT_GUARD`] of it, or later).
-    pub fn throttled_elsewhere(&mut self, at: Instant, now_admitted: u64, full: f64) -> bool {
-        // Any cut made since (or just before) is this one or a newer one;
-        // the admin relays the same cut at every sync for a while.
-        if self.cut_at > Instant::EPOCH && at < self.cut_at + CUT_GUARD {
+        if same_overload {
             return false;
         }
         let current = self.rate(at, full).unwrap_or(full);
@@ -150,8 +141,10 @@ impl Adaptive {
         };
         self.w_max = current.min(measured).max(FLOOR_PER_SECOND.min(full));
         self.cut_to = (self.w_max * BETA).max(FLOOR_PER_SECOND.min(full));
+        // The curve starts at the cut: `rate(cut_at)` is `cut_to`.
         self.cut_at = at;
         self.cut_after = now_admitted;
+        self.next = self.next.max(at);
         true
     }
 
@@ -206,7 +199,12 @@ mod tests {
         for ms in 0..1000 {
             a.sent(NOW + Span::from_millis(ms), 1);
         }
-        assert!(a.throttled(NOW + Span::from_secs(1), (10, 1000), 100.0));
+        assert!(a.throttled(
+            NOW + Span::from_secs(1),
+            Heard::Here { admitted: 10 },
+            1000,
+            100.0
+        ));
         let at = |s: f64| {
             a.rate(
                 NOW + Span::from_secs(1) + Span::from_nanos((s * 1e9) as u64),
@@ -224,41 +222,46 @@ mod tests {
     #[test]
     fn refusals_of_one_overload_cut_once() {
         let mut a = Adaptive::default();
-        assert!(a.throttled(NOW, (5, 10), 100.0));
+        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, 100.0));
         let once = a.rate(NOW, 100.0);
         // Calls that went before the cut (admitted ≤ 10) refused too:
         for admitted in 1..=10 {
-            assert!(!a.throttled(NOW, (admitted, 12), 100.0));
+            assert!(!a.throttled(NOW, Heard::Here { admitted }, 12, 100.0));
         }
         assert_eq!(a.rate(NOW, 100.0), once);
         // One that went after the cut, refused within a quarter second
         // of it, is the same overload; later, it cuts again.
-        assert!(!a.throttled(NOW + Span::from_millis(200), (11, 12), 100.0));
+        assert!(!a.throttled(
+            NOW + Span::from_millis(200),
+            Heard::Here { admitted: 11 },
+            12,
+            100.0
+        ));
         let later = NOW + CUT_GUARD;
-        assert!(a.throttled(later, (11, 12), 100.0));
+        assert!(a.throttled(later, Heard::Here { admitted: 11 }, 12, 100.0));
         assert!(a.rate(later, 100.0) < once);
     }
 
     #[test]
     fn a_relayed_cut_of_an_overload_this_row_already_cut_for_is_skipped() {
         let mut a = Adaptive::default();
-        assert!(a.throttled(NOW, (5, 10), 100.0));
+        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, 100.0));
         let once = a.rate(NOW, 100.0);
         // Another Envoy saw the same overload 100 ms later.
-        assert!(!a.throttled_elsewhere(NOW + Span::from_millis(100), 12, 100.0));
+        assert!(!a.throttled(NOW + Span::from_millis(100), Heard::Relayed, 12, 100.0));
         assert_eq!(a.rate(NOW, 100.0), once);
         // A later one, past the guard, is a new overload.
-        assert!(a.throttled_elsewhere(NOW + CUT_GUARD, 12, 100.0));
+        assert!(a.throttled(NOW + CUT_GUARD, Heard::Relayed, 12, 100.0));
         assert!(a.rate(NOW + CUT_GUARD, 100.0) < once);
         // Even once recovered, the same news does not cut again.
         a.cut_to = 0.0;
-        assert!(!a.throttled_elsewhere(NOW + CUT_GUARD, 12, 100.0));
+        assert!(!a.throttled(NOW + CUT_GUARD, Heard::Relayed, 12, 100.0));
     }
 
     #[test]
     fn the_adapted_pace_lets_that_many_a_second_through() {
         let mut a = Adaptive::default();
-        a.throttled(NOW, (1, 1), 57.0);
+        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, 57.0);
         // Cut to 0.7 × 57 ≈ 40; over the next second the curve climbs
         // to 0.4·(1 − ∛42.75)³ + 57 ≈ 50.8: about 46 on average, plus the
         // 2 allowed ahead.
@@ -286,7 +289,7 @@ mod tests {
                     admitted += cost;
                     a.sent(now, cost);
                 } else if event == 1 {
-                    a.throttled(now, (admitted, admitted), full);
+                    a.throttled(now, Heard::Here { admitted }, admitted, full);
                 }
                 if let Some(rate) = a.rate(now, full) {
                     prop_assert!(rate < full);
@@ -301,7 +304,7 @@ mod tests {
             let mut a = Adaptive::from_words(words);
             let _ = a.rate(NOW, 100.0);
             let _ = a.admit(NOW, cost, 100.0);
-            let _ = a.throttled(NOW, (1, 2), 100.0);
+            let _ = a.throttled(NOW, Heard::Here { admitted: 1 }, 2, 100.0);
         }
     }
 }

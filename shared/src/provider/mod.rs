@@ -11,7 +11,7 @@ mod counts;
 mod relayed;
 mod table;
 
-pub use adaptive::Adaptive;
+pub use adaptive::{Adaptive, Heard};
 
 pub use counts::{CountSource, Reading};
 pub use relayed::RelayedStretch;

@@ -11,7 +11,7 @@
 //! later one said, so any number of workers reading answers in any order
 //! converge on the newest without subtracting the same calls twice.
 
-use super::adaptive::{Adaptive, PACE_SKEW, RELAYED_CUT_FRESH};
+use super::adaptive::{Adaptive, Heard, PACE_SKEW, RELAYED_CUT_FRESH};
 use super::relayed::RelayedStretch;
 use crate::time::{Instant, Span};
 
@@ -170,14 +170,41 @@ impl ProviderTable {
         (until > now).then_some(until)
     }
 
-    /// Pauses `owner` from `now` for `wait`. A pause already running
-    /// longer is kept. Returns whether the table changed.
+    /// Pauses `owner` from `now` for `wait`, as this Envoy's provider
+    /// asked. Returns whether the table changed.
     pub fn pause(&mut self, owner: u64, now: Instant, wait: Span) -> bool {
-        self.pause_because(owner, now, wait, PauseWhy::default())
+        let (changed, _) = self.hear_pause(
+            owner,
+            (now, wait),
+            PauseWhy::default(),
+            (Span::MAX, Span::ZERO),
+        );
+        changed
     }
 
-    /// [`Self::pause`], saying why.
-    pub fn pause_because(&mut self, owner: u64, now: Instant, wait: Span, why: PauseWhy) -> bool {
+    /// A provider answered `why.status` with a wait of `wait` at `now`:
+    /// this Envoy's own, or another's relayed by the admin
+    /// (`why.relayed`; `max_pause` and `slack` are for relayed news, see
+    /// [`Self::pause_relayed`]). Returns whether the table changed, and
+    /// the pause's end when one began or grew.
+    pub fn hear_pause(
+        &mut self,
+        owner: u64,
+        (now, wait): (Instant, Span),
+        why: PauseWhy,
+        (max_pause, slack): (Span, Span),
+    ) -> (bool, Option<Instant>) {
+        if why.relayed {
+            self.pause_relayed(owner, (now, wait), why.status, (max_pause, slack))
+        } else {
+            let began = self.pause_here(owner, now, wait, why);
+            (began, began.then(|| now + wait))
+        }
+    }
+
+    /// This Envoy's provider paused `owner`: a pause already running
+    /// longer is kept. Returns whether the table changed.
+    fn pause_here(&mut self, owner: u64, now: Instant, wait: Span, why: PauseWhy) -> bool {
         let until = now + wait;
         let row = self.row_mut(owner, now);
         let running = row.pause_until > now && row.pause_since <= now + CLOCK_SKEW;
@@ -201,7 +228,7 @@ impl ProviderTable {
     /// to within `slack` of the news' end is the same pause. Returns
     /// whether the table changed, and the pause's end when one began or
     /// grew.
-    pub fn pause_relayed(
+    fn pause_relayed(
         &mut self,
         owner: u64,
         (now, wait): (Instant, Span),
@@ -230,24 +257,24 @@ impl ProviderTable {
         (true, Some(until))
     }
 
-    /// Another Envoy's provider refused a call at `at` (by this Envoy's
-    /// clock): the adapted rate is cut as if this Envoy had seen it, once
-    /// per overload, and only while the news is fresh. Returns whether it
-    /// was.
-    pub fn throttled_elsewhere(
+    /// A provider refused a call at `at` (by this Envoy's clock;
+    /// `heard`: this Envoy's call or another's; `full`: the limit's own
+    /// rate per second): the adapted rate is cut, once per overload, and
+    /// for relayed news only while it is fresh. Returns whether it was.
+    pub fn throttled(
         &mut self,
         owner: u64,
-        at: Instant,
+        (heard, at): (Heard, Instant),
         now: Instant,
         full: f64,
     ) -> bool {
-        if at + RELAYED_CUT_FRESH < now {
+        if heard == Heard::Relayed && at + RELAYED_CUT_FRESH < now {
             return false;
         }
         let row = self.row_mut(owner, now);
         let now_admitted = row.admitted;
         row.adaptive
-            .throttled_elsewhere(at.min(now), now_admitted, full)
+            .throttled(at.min(now), heard, now_admitted, full)
     }
 
     /// What `owner`'s row says at `now` (`max_pause`: the limit's cap;
@@ -321,15 +348,6 @@ impl ProviderTable {
                     Instant::from_nanos(row.pace_next.as_nanos().saturating_sub(back)).max(now);
             }
         }
-    }
-
-    /// The provider refused a call that went when the row's count was
-    /// `admitted` (`full`: the limit's own rate per second): the adapted
-    /// rate is cut, once per overload. Returns whether it was.
-    pub fn throttled(&mut self, owner: u64, admitted: u64, now: Instant, full: f64) -> bool {
-        let row = self.row_mut(owner, now);
-        let now_admitted = row.admitted;
-        row.adaptive.throttled(now, (admitted, now_admitted), full)
     }
 
     /// The answer to a call that went with the row's count at `admitted`
@@ -530,7 +548,8 @@ mod tests {
             status: 429,
             relayed: true,
         };
-        assert!(table.pause_because(0, NOW, Span::from_secs(3), why));
+        let heard = table.hear_pause(0, (NOW, Span::from_secs(3)), why, (CAP, Span::ZERO));
+        assert_eq!(heard, (true, Some(NOW + Span::from_secs(3))));
         let Allowed::Yes { admitted } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
@@ -565,16 +584,16 @@ mod tests {
         let mut table = ProviderTable::default();
         let full = 100.0;
         let at = NOW - Span::from_millis(400);
-        assert!(table.throttled_elsewhere(0, at, NOW, full));
+        assert!(table.throttled(0, (Heard::Relayed, at), NOW, full));
         let rate = table.state(0, NOW, CAP, Some(full)).rate;
         assert!(rate.is_some_and(|r| r < full), "{rate:?}");
         // The admin relays it again at the next sync: no second cut.
-        assert!(!table.throttled_elsewhere(0, at, NOW + Span::from_secs(1), full));
+        assert!(!table.throttled(0, (Heard::Relayed, at), NOW + Span::from_secs(1), full));
         // Old news is not followed.
         let mut fresh = ProviderTable::default();
-        assert!(!fresh.throttled_elsewhere(0, NOW - Span::from_secs(6), NOW, full));
+        assert!(!fresh.throttled(0, (Heard::Relayed, NOW - Span::from_secs(6)), NOW, full));
         // A time from the future is taken as now.
-        assert!(fresh.throttled_elsewhere(0, NOW + Span::from_secs(3600), NOW, full));
+        assert!(fresh.throttled(0, (Heard::Relayed, NOW + Span::from_secs(3600)), NOW, full));
         assert_eq!(fresh.state(0, NOW, CAP, Some(full)).cut_at, Some(NOW));
     }
 

@@ -1,0 +1,226 @@
+//! The one place a refused call's reply is written: admission says why
+//! ([`Refusal`]), [`render`] says it to the caller, as headers (the IETF
+//! `RateLimit` fields, `Retry-After`, Sluice's own) and a body, unless the
+//! policy has a body of its own.
+
+use sluice_shared::headers::{
+    ratelimit_item, ratelimit_policy_value, ratelimit_value, retry_after_value, LimitKind,
+    RATELIMIT, RATELIMIT_POLICY, RETRY_AFTER, SLUICE_POLICY,
+};
+use sluice_shared::matcher::CompiledPolicy;
+use sluice_shared::time::Span;
+
+use super::limits::Why;
+
+/// Header naming why a call was refused when the limit alone does not say.
+pub const REASON_HEADER: &str = "x-sluice-reason";
+
+/// Header naming which of a policy's further limits refused a call.
+pub const LIMIT_HEADER: &str = "x-sluice-limit";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Why a call is refused: all its reply says besides the policy and the
+/// time to wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// The policy's own limit (`kind`: its rate or its concurrency), a
+    /// fleet share that allows nothing, or a store that could not decide.
+    Policy { kind: LimitKind },
+    /// One of the policy's further limits, by its own count or by what its
+    /// provider said.
+    Limit { limit: String, why: Why },
+    /// A budget whose spending before this Envoy started is not known yet
+    /// (it clears once the admin answers).
+    BudgetUnknown { limit: String },
+    /// The call costs more than this Envoy's share of a global policy can
+    /// ever hold: retrying the same call here fails until the share grows.
+    AboveShareBurst { cost: u64, burst: u64 },
+}
+
+impl Refusal {
+    /// The further limit the refusal names, if any.
+    fn limit(&self) -> Option<&str> {
+        match self {
+            Refusal::Limit { limit, .. } | Refusal::BudgetUnknown { limit } => Some(limit),
+            Refusal::Policy { .. } | Refusal::AboveShareBurst { .. } => None,
+        }
+    }
+
+    /// The `x-sluice-reason` value, when the limit alone does not say why.
+    fn reason(&self) -> Option<&'static str> {
+        match self {
+            Refusal::Policy { .. }
+            | Refusal::Limit {
+                why: Why::Limit, ..
+            } => None,
+            Refusal::Limit {
+                why: Why::ProviderPause,
+                ..
+            } => Some("provider-pause"),
+            Refusal::Limit {
+                why: Why::ProviderCount,
+                ..
+            } => Some("provider-remaining"),
+            Refusal::BudgetUnknown { .. } => Some("budget-unknown"),
+            Refusal::AboveShareBurst { .. } => Some("cost-above-share-burst"),
+        }
+    }
+
+    /// The body, for a policy without one of its own.
+    fn explain(&self, policy: &str, retry_after: Span) -> String {
+        match self {
+            Refusal::Policy { .. } => format!("limited by sluice policy {policy}\n"),
+            Refusal::Limit {
+                limit,
+                why: Why::Limit,
+            } => format!("limited by sluice policy {policy} (limit {limit})\n"),
+            Refusal::Limit { limit, why } => {
+                let what = if *why == Why::ProviderCount {
+                    "the provider has nothing left of this limit until its reset"
+                } else {
+                    "the provider asked to wait before calling again"
+                };
+                format!(
+                    "refused by sluice policy {policy}: {what} (limit {limit}, {} ms left)\n",
+                    retry_after.as_millis()
+                )
+            }
+            Refusal::BudgetUnknown { limit } => format!(
+                "refused by sluice policy {policy}: budget {limit} resumes once the admin says what it spent before this Envoy started\n"
+            ),
+            Refusal::AboveShareBurst { cost, burst } => format!(
+                "refused by sluice policy {policy}: this call costs {cost}, more than this Envoy's share of the global limit holds ({burst})\n"
+            ),
+        }
+    }
+}
+
+/// The local reply refusing a call of `policy`, which may try again after
+/// `retry_after`.
+pub(super) fn render(policy: &CompiledPolicy, refusal: &Refusal, retry_after: Span) -> LocalReply {
+    let spec = &policy.policy;
+    // The RateLimit field speaks of what refused: a further limit, or the
+    // policy's own.
+    let ratelimit = match (refusal, refusal.limit()) {
+        (_, Some(limit)) => ratelimit_item(limit, 0, Some(retry_after)),
+        (Refusal::Policy { kind }, None) => ratelimit_value(spec, *kind, 0, retry_after),
+        (_, None) => ratelimit_value(spec, LimitKind::Rate, 0, retry_after),
+    };
+    let mut headers = vec![
+        (RETRY_AFTER, retry_after_value(retry_after)),
+        (RATELIMIT_POLICY, ratelimit_policy_value(spec)),
+        (RATELIMIT, ratelimit),
+        (SLUICE_POLICY, spec.name.clone()),
+        ("content-type", "text/plain; charset=utf-8".to_string()),
+    ];
+    if let Some(limit) = refusal.limit() {
+        headers.push((LIMIT_HEADER, limit.to_string()));
+    }
+    if let Some(reason) = refusal.reason() {
+        headers.push((REASON_HEADER, reason.to_string()));
+    }
+    let body = match &spec.on_limit.body {
+        Some(body) => body.as_bytes().to_vec(),
+        None => refusal.explain(policy.name(), retry_after).into_bytes(),
+    };
+    LocalReply {
+        status: u32::from(spec.on_limit.status),
+        headers,
+        body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_shared::validate::parse_policy;
+
+    fn policy(json: &str) -> CompiledPolicy {
+        CompiledPolicy::new(parse_policy(json).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    fn header<'a>(reply: &'a LocalReply, name: &str) -> Option<&'a str> {
+        reply
+            .headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn a_refusal_by_the_policy_carries_all_headers() {
+        let p = policy(
+            r#"{"name": "bank", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s", "burst": 20}}"#,
+        );
+        let refusal = Refusal::Policy {
+            kind: LimitKind::Rate,
+        };
+        let reply = render(&p, &refusal, Span::from_millis(10));
+        assert_eq!(
+            reply.headers,
+            vec![
+                ("retry-after", "1".to_string()),
+                ("ratelimit-policy", "\"bank\";q=100;w=1".to_string()),
+                ("ratelimit", "\"bank\";r=0;t=1".to_string()),
+                ("x-sluice-policy", "bank".to_string()),
+                ("content-type", "text/plain; charset=utf-8".to_string()),
+            ]
+        );
+        assert_eq!(reply.body, b"limited by sluice policy bank\n");
+        assert_eq!(reply.status, 429);
+    }
+
+    #[test]
+    fn a_refusal_by_a_further_limit_names_it_and_says_why() {
+        let p = policy(
+            r#"{"name": "openai", "match": {"host": "*"}, "rate": {"requests": 500, "period": "1m"},
+                "limits": [{"name": "tpm", "rate": {"requests": 30000, "period": "1m"}}]}"#,
+        );
+        let by = |why| Refusal::Limit {
+            limit: "tpm".to_string(),
+            why,
+        };
+        let reply = render(&p, &by(Why::Limit), Span::from_millis(1500));
+        assert_eq!(header(&reply, "retry-after"), Some("2"));
+        assert_eq!(header(&reply, "ratelimit"), Some("\"tpm\";r=0;t=2"));
+        assert_eq!(header(&reply, LIMIT_HEADER), Some("tpm"));
+        assert_eq!(header(&reply, REASON_HEADER), None);
+        assert_eq!(reply.body, b"limited by sluice policy openai (limit tpm)\n");
+        let paused = render(&p, &by(Why::ProviderPause), Span::from_millis(1500));
+        assert_eq!(header(&paused, REASON_HEADER), Some("provider-pause"));
+        assert!(String::from_utf8_lossy(&paused.body).contains("1500 ms left"));
+        let counted = render(&p, &by(Why::ProviderCount), Span::from_millis(1500));
+        assert_eq!(header(&counted, REASON_HEADER), Some("provider-remaining"));
+        let unknown = Refusal::BudgetUnknown {
+            limit: "tpm".to_string(),
+        };
+        let reply = render(&p, &unknown, Span::from_secs(1));
+        assert_eq!(header(&reply, REASON_HEADER), Some("budget-unknown"));
+        assert_eq!(header(&reply, LIMIT_HEADER), Some("tpm"));
+    }
+
+    #[test]
+    fn a_policys_own_body_and_status_replace_sluices() {
+        let p = policy(
+            r#"{"name": "fx", "match": {"host": "*"}, "rate": {"requests": 5, "period": "1s"},
+                "on_limit": {"status": 503, "body": "{\"busy\": true}"}}"#,
+        );
+        let refusal = Refusal::AboveShareBurst { cost: 9, burst: 5 };
+        let reply = render(&p, &refusal, Span::from_secs(1));
+        assert_eq!(
+            (reply.status, reply.body.as_slice()),
+            (503, &b"{\"busy\": true}"[..])
+        );
+        assert_eq!(
+            header(&reply, REASON_HEADER),
+            Some("cost-above-share-burst")
+        );
+        assert_eq!(header(&reply, "ratelimit"), Some("\"fx\";r=0;t=1"));
+    }
+}
