@@ -20,6 +20,7 @@ use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
+use super::ctx::Ctx;
 use super::limits::{self, Held, Taken};
 use super::placement::{self, Placed};
 use super::refusal::{self, LocalReply, Refusal};
@@ -27,9 +28,8 @@ use super::retry::DEFAULT_RETRY;
 use super::slots;
 use crate::entries;
 use crate::host::{Host, Level};
-use crate::metrics::{LimitStat, Metrics, PolicyStat};
+use crate::metrics::{LimitStat, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches};
-use crate::store::Store;
 
 /// What to do with a request now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,24 +68,17 @@ pub(super) enum Decision {
     },
 }
 
-/// One request's view of the worker: what deciding it may touch.
-pub(super) struct Admitter<'a, H: Host + ?Sized> {
-    pub host: &'a H,
-    pub store: &'a mut Store,
-    pub metrics: &'a mut Metrics,
-    pub prefetches: &'a mut Prefetches,
-    pub budgets: &'a mut Budgets,
-    pub holder: u64,
-    pub now: Instant,
-    /// `now` is the clock's last reading, reused ([`crate::clock::Clock::reuse`]):
-    /// good for spending a prefetch only, so anything else reads the clock first.
-    pub now_reused: bool,
+/// Deciding one request: what of the worker's own parts it may touch,
+/// besides the event's [`Ctx`].
+pub(super) struct Deciding<'w> {
+    pub prefetches: &'w mut Prefetches,
+    pub budgets: &'w mut Budgets,
     /// Set when the request's key found no place of its own (for the
     /// live view's count of overflowing keys).
     pub overflowed: bool,
 }
 
-impl<H: Host + ?Sized> Admitter<'_, H> {
+impl Deciding<'_> {
     /// Decides a request of `policy`; `limits` are what it takes from each
     /// of the policy's further limits and its key for each, which go first,
     /// all or nothing, and get their tokens back if the policy's own bucket
@@ -96,8 +89,9 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
     /// policy's queue (unless the wait they ask is beyond `max_wait`), and
     /// a queued call takes them only when its turn comes, with the bucket,
     /// so that it holds every limit at the moment it leaves.
-    pub fn decide(
+    pub fn decide<H: Host + ?Sized>(
         &mut self,
+        ctx: &mut Ctx<'_, H>,
         policy: &CompiledPolicy,
         class: &Classification,
         (limit_costs, limit_keys): (&[u64], &[Option<u64>]),
@@ -105,26 +99,17 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         let holds_any = !policy.limits.is_empty() || !policy.slot_limits.is_empty();
         if !holds_any {
             // Most policies have one limit of their own: nothing further.
-            return (self.decide_in_bucket(policy, class, false), None);
+            return (self.decide_in_bucket(ctx, policy, class, false), None);
         }
-        self.read_clock();
+        ctx.read_clock();
         let queue_wait = queue_wait(policy);
-        let taken = limits::take(
-            self.host,
-            self.store,
-            self.metrics,
-            self.budgets,
-            policy,
-            (limit_costs, limit_keys),
-            self.holder,
-            self.now,
-        );
+        let taken = limits::take(ctx, self.budgets, policy, (limit_costs, limit_keys));
         let (must_wait, held) = match taken {
             Taken::All { places, slots } => (false, Held { places, slots }),
             Taken::Refused {
                 limit, retry_after, ..
             } if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) => {
-                self.metrics.add_limit(&limit, LimitStat::Queued, 1);
+                ctx.metrics.add_limit(&limit, LimitStat::Queued, 1);
                 (true, Held::default())
             }
             Taken::Refused {
@@ -132,40 +117,35 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 retry_after,
                 why,
             } => {
-                self.metrics.add_limit(&limit, LimitStat::Refused, 1);
+                ctx.metrics.add_limit(&limit, LimitStat::Refused, 1);
                 let refusal = Refusal::Limit { limit, why };
-                return (self.refuse(policy, &refusal, retry_after), None);
+                return (refuse(ctx, policy, &refusal, retry_after), None);
             }
             Taken::Unknown { limit } => {
                 let refusal = Refusal::BudgetUnknown { limit };
-                return (self.refuse(policy, &refusal, DEFAULT_RETRY), None);
+                return (refuse(ctx, policy, &refusal, DEFAULT_RETRY), None);
             }
         };
-        let decision = self.decide_in_bucket(policy, class, must_wait);
+        let decision = self.decide_in_bucket(ctx, policy, class, must_wait);
         let holds_limits = match decision {
             Decision::Pass | Decision::Admit { .. } => !must_wait,
             Decision::Refuse(_) | Decision::Queue { .. } => false,
         };
         if holds_limits {
-            limits::count_admitted(self.metrics, policy, limit_costs);
+            limits::count_admitted(ctx.metrics, policy, limit_costs);
         } else if !must_wait {
             // Refused, or queued: a queued call takes its further limits
             // again when its turn comes.
-            limits::give_back(
-                self.host,
-                self.store,
-                policy,
-                (limit_costs, &held.places),
-                self.now,
-                self.now,
-            );
-            slots::release(self.host, self.store, self.holder, &held.slots);
+            let now = ctx.now;
+            limits::give_back(ctx, policy, (limit_costs, &held.places), now);
+            slots::release(ctx, &held.slots);
         }
         (decision, holds_limits.then_some(held))
     }
 
-    fn decide_in_bucket(
+    fn decide_in_bucket<H: Host + ?Sized>(
         &mut self,
+        ctx: &mut Ctx<'_, H>,
         policy: &CompiledPolicy,
         class: &Classification,
         must_wait: bool,
@@ -175,12 +155,12 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         };
         if policy.fleet_closed {
             // This Envoy's share of a global limit is nothing right now.
-            return self.refuse(policy, &by_default, DEFAULT_RETRY);
+            return refuse(ctx, policy, &by_default, DEFAULT_RETRY);
         }
         if let Some(burst) = policy.share_burst().filter(|&b| class.cost > b) {
             // This Envoy's share of a global limit holds fewer tokens than
             // the call costs: no wait makes it fit.
-            self.host.log(
+            ctx.host.log(
                 Level::Debug,
                 &format!(
                     "sluice: global policy {}: a call costing {} is above this Envoy's share (burst {burst}); refused",
@@ -192,13 +172,13 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 cost: class.cost,
                 burst,
             };
-            return self.refuse(policy, &refusal, DEFAULT_RETRY);
+            return refuse(ctx, policy, &refusal, DEFAULT_RETRY);
         }
         let key: PrefetchKey = (class.policy_index, class.key);
         let cost = policy.rate.is_some().then_some(class.cost);
         let slot = policy.concurrency.is_some();
         if let Some(spent) = (!must_wait)
-            .then(|| self.prefetches.spend(key, cost, slot, self.now))
+            .then(|| self.prefetches.spend(key, cost, slot, ctx.now))
             .flatten()
         {
             // A keyed policy's buckets end in a place number or this.
@@ -211,27 +191,23 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 prefetched_slots: false,
             };
         }
-        self.read_clock();
+        ctx.read_clock();
         let mut limits = BucketLimits::of(policy);
         if policy.is_shadow() {
             // Shadow mode judges as `reject` would.
             limits.queue = None;
         }
-        let wanted = self.prefetches.wanted(key, self.now);
+        let wanted = self.prefetches.wanted(key, ctx.now);
         // The prefetch this decision replaces gives its spare slots back in
         // the same write (a write of its own would be a second round trip
         // to shared data for every prefetch).
         let spare = self.prefetches.take_spare(key);
         let placed = placement::place_and_admit(
-            self.host,
-            self.store,
-            self.metrics,
+            ctx,
             policy,
             &limits,
             class,
             placement::Request {
-                holder: self.holder,
-                now: self.now,
                 prefetch: wanted,
                 must_wait,
                 spare: spare.as_ref(),
@@ -239,7 +215,7 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         );
         let returned = placed.as_ref().is_ok_and(|p| p.spare_returned);
         if let Some(spare) = spare.filter(|_| !returned) {
-            super::streams::give_back(self.host, self.store, self.holder, spare);
+            super::streams::give_back(ctx, spare);
         }
         let Ok(Placed {
             bucket,
@@ -251,12 +227,12 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         else {
             // The store counted and logged why; a request it cannot decide
             // is refused rather than let through unchecked.
-            return self.refuse(policy, &by_default, DEFAULT_RETRY);
+            return refuse(ctx, policy, &by_default, DEFAULT_RETRY);
         };
         self.overflowed = overflowed;
         match admission {
             Admission::Admitted { lease, .. } => {
-                let bucket = self.record_prefetch(key, &bucket, prefetched);
+                let bucket = self.record_prefetch(ctx, key, &bucket, prefetched);
                 Decision::Admit {
                     bucket,
                     key,
@@ -265,11 +241,11 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
                 }
             }
             Admission::Rejected { kind, retry_after } => {
-                self.record_prefetch(key, &bucket, Prefetched::default());
-                self.refuse(policy, &Refusal::Policy { kind }, retry_after)
+                self.record_prefetch(ctx, key, &bucket, Prefetched::default());
+                refuse(ctx, policy, &Refusal::Policy { kind }, retry_after)
             }
             Admission::Queued { ticket, deadline } => {
-                self.record_prefetch(key, &bucket, Prefetched::default());
+                self.record_prefetch(ctx, key, &bucket, Prefetched::default());
                 Decision::Queue {
                     bucket,
                     key,
@@ -280,20 +256,13 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         }
     }
 
-    /// Reads the clock if `now` is a reused reading: past a prefetch, a
-    /// decision is taken in shared data, where time must be now.
-    fn read_clock(&mut self) {
-        if std::mem::take(&mut self.now_reused) {
-            self.now = self.host.now();
-        }
-    }
-
     /// Remembers what the bucket handed out (possibly nothing: then only
     /// that this worker used the bucket), giving back the spare slots of the
     /// prefetch it replaces. Returns the bucket's name, shared with the
     /// prefetch that keeps it.
-    fn record_prefetch(
+    fn record_prefetch<H: Host + ?Sized>(
         &mut self,
+        ctx: &mut Ctx<'_, H>,
         key: PrefetchKey,
         bucket: &str,
         prefetched: Prefetched,
@@ -301,33 +270,33 @@ impl<H: Host + ?Sized> Admitter<'_, H> {
         if bucket.is_empty() {
             return Arc::from(bucket);
         }
-        let (name, spare) = self.prefetches.record(key, bucket, prefetched, self.now);
+        let (name, spare) = self.prefetches.record(key, bucket, prefetched, ctx.now);
         if let Some(spare) = spare {
-            super::streams::give_back(self.host, self.store, self.holder, spare);
+            super::streams::give_back(ctx, spare);
         }
         name
     }
+}
 
-    /// The one place a limit says no: shadow mode counts it and lets the
-    /// request pass; otherwise it is counted and answered.
-    fn refuse(
-        &mut self,
-        policy: &CompiledPolicy,
-        refusal: &Refusal,
-        retry_after: Span,
-    ) -> Decision {
-        let name = policy.name();
-        if policy.is_shadow() {
-            self.metrics.add(name, PolicyStat::ShadowLimited, 1);
-            self.host.log(
-                Level::Debug,
-                &format!("sluice: shadow policy {name} would have refused a request ({refusal:?})"),
-            );
-            return Decision::Pass;
-        }
-        self.metrics.add(name, PolicyStat::Rejected, 1);
-        Decision::Refuse(refusal::render(policy, refusal, retry_after))
+/// The one place a limit says no: shadow mode counts it and lets the
+/// request pass; otherwise it is counted and answered.
+fn refuse<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    refusal: &Refusal,
+    retry_after: Span,
+) -> Decision {
+    let name = policy.name();
+    if policy.is_shadow() {
+        ctx.metrics.add(name, PolicyStat::ShadowLimited, 1);
+        ctx.host.log(
+            Level::Debug,
+            &format!("sluice: shadow policy {name} would have refused a request ({refusal:?})"),
+        );
+        return Decision::Pass;
     }
+    ctx.metrics.add(name, PolicyStat::Rejected, 1);
+    Decision::Refuse(refusal::render(policy, refusal, retry_after))
 }
 
 /// A queue-mode policy's `max_wait` (shadow mode judges as `reject`).

@@ -14,10 +14,10 @@ use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::sync::{BudgetReport, BudgetsMessage};
 use sluice_shared::time::Instant;
 
+use super::ctx::Ctx;
 use crate::entries::{self, budget_known_key, limit_key, LimitState, Marker};
 use crate::host::{Host, Level};
-use crate::metrics::{FilterStat, Metrics};
-use crate::store::Store;
+use crate::metrics::FilterStat;
 
 /// The most of the admin's budgets header read; a larger one is refused.
 pub const MAX_BUDGETS_HEADER: usize = 64 * 1024;
@@ -82,13 +82,11 @@ impl Budgets {
     /// that is.
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
+        ctx: &mut Ctx<'_, H>,
         policies: &CompiledPolicySet,
         header: Option<&[u8]>,
-        now: Instant,
     ) {
+        let (host, store, metrics, now) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics, ctx.now);
         if !self.held_by_admin {
             return;
         }

@@ -10,6 +10,7 @@ use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
+use super::ctx::Ctx;
 use super::key_places::{self, Claim};
 use super::provider::{self, CountSays, Counted};
 use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
@@ -17,7 +18,6 @@ use super::slots::{self, HeldSlot, SlotsTaken};
 use crate::entries::{keyed_limit_key, limit_key, LimitState, OwnedLimitState};
 use crate::host::Host;
 use crate::metrics::{LimitStat, Metrics};
-use crate::store::Store;
 
 /// Where a call's tokens of one further limit are: its shared-data entry,
 /// and for a keyed limit the key owning that entry then.
@@ -85,12 +85,12 @@ pub(super) enum Why {
 /// A keyed entry another key took over since holds nothing of the call's:
 /// it is left alone.
 fn update_at<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     rate: &RateLimiter,
     place: &LimitPlace,
     mut f: impl FnMut(&mut RateState) -> bool,
 ) -> Result<(), crate::store::StoreError> {
+    let (host, store) = (ctx.host, &mut *ctx.store);
     match place.owner {
         None => store.update_with(host, &place.key, &LimitState(rate), |state| ((), f(state))),
         Some(owner) => store.update_with(
@@ -110,25 +110,21 @@ fn update_at<H: Host + ?Sized>(
 /// Takes `costs[i]` from each of `policy`'s further rate limits (for a
 /// keyed one, from the place of the call's key `keys[i]`), then a slot of
 /// `holder`'s in each concurrency limit: all or none.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn take<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
-    metrics: &mut Metrics,
+    ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
     (costs, keys): (&[u64], &[Option<u64>]),
-    holder: u64,
-    now: Instant,
 ) -> Taken {
-    let places = match take_rates(host, store, metrics, budgets, policy, (costs, keys), now) {
+    let places = match take_rates(ctx, budgets, policy, (costs, keys)) {
         Ok(places) => places,
         Err(refused) => return refused,
     };
-    let slots = match slots::take(host, store, policy, holder, now) {
+    let now = ctx.now;
+    let slots = match slots::take(ctx, policy) {
         SlotsTaken::All(slots) => slots,
         SlotsTaken::Refused { limit } => {
-            give_back(host, store, policy, (costs, &places), now, now);
+            give_back(ctx, policy, (costs, &places), now);
             return Taken::Refused {
                 limit,
                 retry_after: SLOT_RETRY,
@@ -137,11 +133,11 @@ pub(super) fn take<H: Host + ?Sized>(
         }
     };
     let mut places = places;
-    match count_in_provider(host, store, policy, (costs, keys), &mut places, now) {
+    match count_in_provider(ctx, policy, (costs, keys), &mut places) {
         Ok(()) => Taken::All { places, slots },
         Err(refused) => {
-            give_back(host, store, policy, (costs, &places), now, now);
-            slots::release(host, store, holder, &slots);
+            give_back(ctx, policy, (costs, &places), now);
+            slots::release(ctx, &slots);
             refused
         }
     }
@@ -151,17 +147,15 @@ pub(super) fn take<H: Host + ?Sized>(
 /// once every limit took it: all or none (on a refusal, the counts taken
 /// are in `places` for [`give_back`]).
 fn count_in_provider<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
     (costs, keys): (&[u64], &[Option<u64>]),
     places: &mut [LimitPlace],
-    now: Instant,
 ) -> Result<(), Taken> {
     for (index, (limit, place)) in policy.limits.iter().zip(places.iter_mut()).enumerate() {
         let key = keys.get(index).copied().flatten();
         let cost = limit.rate.taken(costs.get(index).copied().unwrap_or(0));
-        match provider::count(host, store, limit, (key, cost), now) {
+        match provider::count(ctx, limit, (key, cost)) {
             Ok(CountSays::NotFollowed) => {}
             Ok(CountSays::Counted(counted)) => place.counted = Some(counted),
             Ok(CountSays::Exhausted { wait }) => {
@@ -187,26 +181,29 @@ fn count_in_provider<H: Host + ?Sized>(
 
 /// The rate limits' part of [`take`]: where each holds the call's tokens.
 fn take_rates<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
-    metrics: &mut Metrics,
+    ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
     (costs, keys): (&[u64], &[Option<u64>]),
-    now: Instant,
 ) -> Result<Vec<LimitPlace>, Taken> {
     if policy.limits.is_empty() {
         return Ok(Vec::new());
     }
-    if let Some(limit) = policy.limits.iter().find(|l| !budgets.is_known(host, l)) {
-        metrics.add_limit(&limit.name, LimitStat::BudgetUnknown, 1);
+    let now = ctx.now;
+    if let Some(limit) = policy
+        .limits
+        .iter()
+        .find(|l| !budgets.is_known(ctx.host, l))
+    {
+        ctx.metrics
+            .add_limit(&limit.name, LimitStat::BudgetUnknown, 1);
         return Err(Taken::Unknown {
             limit: limit.name.clone(),
         });
     }
     for (index, limit) in policy.limits.iter().enumerate() {
         let key = keys.get(index).copied().flatten();
-        if let Some(wait) = provider::paused(host, limit, key, now) {
+        if let Some(wait) = provider::paused(ctx.host, limit, key, now) {
             // Counted by the caller, as any refusal by this limit.
             return Err(Taken::Refused {
                 limit: limit.name.clone(),
@@ -228,7 +225,7 @@ fn take_rates<H: Host + ?Sized>(
             continue;
         }
         let key = keys.get(index).copied().flatten();
-        match step(host, store, limit, key, place, &take, now) {
+        match step(ctx, limit, key, place, &take) {
             Ok(Some(step)) => take.advance(step),
             // No place for the key (overflow: reject), or the store
             // counted and logged a failure: a limit that cannot be checked
@@ -262,14 +259,13 @@ fn take_rates<H: Host + ?Sized>(
 /// of its own, one it takes over from an idle key, or the overflow) and
 /// kept in `place` for the steps after. None: the key has no place.
 fn step<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     key: Option<u64>,
     place: &mut Option<LimitPlace>,
     take: &StackedTake,
-    now: Instant,
 ) -> Result<Option<StepResult>, crate::store::StoreError> {
+    let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
     let rate = &limit.rate;
     let Some(hash) = key else {
         return store
@@ -357,21 +353,20 @@ pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, cos
 /// Gives back what [`take`] took at `taken_at` (at `places`): the policy's
 /// own bucket refused the call, or it queued.
 pub(super) fn give_back<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
     (costs, places): (&[u64], &[LimitPlace]),
     taken_at: Instant,
-    now: Instant,
 ) {
+    let now = ctx.now;
     for ((limit, cost), place) in policy.limits.iter().zip(costs).zip(places) {
         let tokens = limit.rate.taken(*cost);
         if let Some(counted) = place.counted {
-            provider::uncount(host, store, limit, counted, tokens, now);
+            provider::uncount(ctx, limit, counted, tokens);
         }
         // On failure (counted and logged by the store) the tokens stay
         // taken: the limit errs on the safe side.
-        let _ = update_at(host, store, &limit.rate, place, |state| {
+        let _ = update_at(ctx, &limit.rate, place, |state| {
             let before = *state;
             limit.rate.refund(state, taken_at, now, tokens);
             *state != before
@@ -384,18 +379,18 @@ pub(super) fn give_back<H: Host + ?Sized>(
 /// the estimate is refunded; more is charged whatever the limit holds, a
 /// debt the calls that follow pay.
 pub(super) fn adjust<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     place: &LimitPlace,
     rate: &RateLimiter,
     (estimate, used): (u64, u64),
-    (taken_at, now): (Instant, Instant),
+    taken_at: Instant,
 ) {
     if estimate == used {
         return;
     }
+    let now = ctx.now;
     // On failure (counted and logged by the store) the estimate stands.
-    let _ = update_at(host, store, rate, place, |state| {
+    let _ = update_at(ctx, rate, place, |state| {
         let before = *state;
         if used > estimate {
             rate.charge(state, now, used - estimate);

@@ -4,7 +4,9 @@
 //! [`Worker`] only coordinates the four things Envoy asks of it: a request
 //! arrives ([`Worker::on_request`]), time passes ([`Worker::on_tick`]), a
 //! stream ends ([`Worker::on_stream_end`]), the admin answers a sync
-//! ([`Worker::on_sync_reply`]). Each part owns its state:
+//! ([`Worker::on_sync_reply`]). For each event it builds one [`ctx::Ctx`]
+//! (Envoy behind the worker's clock, shared data, stats, its holder id and
+//! the time), which every part takes as `&mut`. Each part owns its state:
 //!
 //! - [`admission`]: how a request is decided (start reading there);
 //! - [`placement`]: which bucket of a keyed policy a request uses;
@@ -20,6 +22,7 @@
 
 mod admission;
 mod budgets;
+mod ctx;
 mod key_counts;
 mod key_places;
 mod limits;
@@ -57,10 +60,11 @@ pub use usage::MAX_HELD_BYTES;
 
 use admission::Decision;
 use budgets::Budgets;
+use ctx::Ctx;
 use shares::FleetShares;
 use streams::Streams;
 use sync_client::SyncClient;
-use usage::{Ledger, Usages};
+use usage::Usages;
 
 /// A request's body, as far as deciding it is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,12 +95,20 @@ pub const PREFETCH_TICK: Span = Span::from_millis(20);
 pub const PUSH_TICK: Span = Span::from_millis(20);
 
 pub struct Worker {
+    /// The wall clock made monotonic (see [`crate::clock`]).
+    clock: Clock,
+    store: Store,
+    metrics: Metrics,
     holder: u64,
+    /// Each part's own state; every event reaches them with one [`Ctx`].
+    parts: Parts,
+}
+
+/// What [`Worker`] coordinates, each part owning its state.
+struct Parts {
     policies: Rc<CompiledPolicySet>,
     /// Each policy's stats, in the order of `policies`.
     series: Vec<PolicySeries>,
-    metrics: Metrics,
-    store: Store,
     tick: Span,
     prefetches: Prefetches,
     streams: Streams,
@@ -109,8 +121,6 @@ pub struct Worker {
     sync: SyncClient,
     shares: FleetShares,
     budgets: Budgets,
-    /// The wall clock made monotonic (see [`crate::clock`]).
-    clock: Rc<Clock>,
     /// What keys are hashed with; the same in every VM of the process.
     key_secret: KeySecret,
     /// When this worker last polled its queues (the previous tick).
@@ -120,6 +130,17 @@ pub struct Worker {
     port_hidden: rustc_hash::FxHashSet<String>,
 }
 
+/// When an event is handled: at a fresh reading of the clock; at its last
+/// reading (`Recent`: the end of a stream, which settles nothing by the
+/// clock unless it reads it); or not read yet (`Unread`: a request, which
+/// reads it only once it is known to be limited, see [`Ctx::reuse_clock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum When {
+    Fresh,
+    Recent,
+    Unread,
+}
+
 impl Worker {
     /// A worker with a lease-holder id of its own, enforcing nothing yet.
     pub fn new<H: Host + ?Sized>(host: &H) -> Self {
@@ -127,25 +148,57 @@ impl Worker {
         let holder = store.allocate_holder(host);
         let key_secret = store.key_secret(host);
         Self {
-            holder,
-            policies: Rc::new(CompiledPolicySet::empty()),
-            series: Vec::new(),
-            metrics: Metrics::default(),
+            clock: Clock::default(),
             store,
-            tick: IDLE_TICK,
-            prefetches: Prefetches::default(),
-            streams: Streams::default(),
-            usages: Usages::default(),
-            listening: provider::Listening::default(),
-            telling: telling::Telling::default(),
-            sync: SyncClient::default(),
-            shares: FleetShares::default(),
-            budgets: Budgets::default(),
-            clock: Rc::new(Clock::default()),
-            key_secret,
-            last_queue_poll: Instant::EPOCH,
-            port_hidden: Default::default(),
+            metrics: Metrics::default(),
+            holder,
+            parts: Parts {
+                policies: Rc::new(CompiledPolicySet::empty()),
+                series: Vec::new(),
+                tick: IDLE_TICK,
+                prefetches: Prefetches::default(),
+                streams: Streams::default(),
+                usages: Usages::default(),
+                listening: provider::Listening::default(),
+                telling: telling::Telling::default(),
+                sync: SyncClient::default(),
+                shares: FleetShares::default(),
+                budgets: Budgets::default(),
+                key_secret,
+                last_queue_poll: Instant::EPOCH,
+                port_hidden: Default::default(),
+            },
         }
+    }
+
+    /// Handles one event: the host behind this worker's clock, and the one
+    /// context built for it.
+    fn event<H: Host + ?Sized, R>(
+        &mut self,
+        host: &H,
+        when: When,
+        f: impl FnOnce(&mut Parts, &mut Ctx<'_, Clocked<'_, H>>) -> R,
+    ) -> R {
+        let clock = &self.clock;
+        let host = &Clocked { host, clock };
+        let (now, fresh) = match when {
+            When::Fresh => (host.now(), true),
+            When::Recent => match clock.last_reading() {
+                Some(recent) => (recent, false),
+                None => (host.now(), true),
+            },
+            When::Unread => (Instant::EPOCH, false),
+        };
+        let mut ctx = Ctx {
+            host,
+            clock,
+            store: &mut self.store,
+            metrics: &mut self.metrics,
+            holder: self.holder,
+            now,
+            fresh,
+        };
+        f(&mut self.parts, &mut ctx)
     }
 
     /// Runs this worker's clock at `scale` of real time (plugin
@@ -157,23 +210,20 @@ impl Worker {
 
     /// The tick period this worker wants, in real time.
     pub fn start_ticking<H: Host + ?Sized>(&mut self, host: &H) {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        host.set_tick_period(self.tick);
+        self.event(host, When::Recent, |parts, ctx| {
+            ctx.host.set_tick_period(parts.tick)
+        });
     }
 
     /// Where to sync from (None: enforce the fallback set only).
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
-        self.budgets.configure(settings.is_some());
-        self.sync.configure(settings);
+        self.parts.budgets.configure(settings.is_some());
+        self.parts.sync.configure(settings);
     }
 
     /// Version of the admin's set this worker enforces (0: the fallback).
     pub fn admin_version(&self) -> u64 {
-        self.sync.admin_version()
+        self.parts.sync.admin_version()
     }
 
     pub fn holder(&self) -> u64 {
@@ -181,7 +231,7 @@ impl Worker {
     }
 
     pub fn policies(&self) -> &CompiledPolicySet {
-        &self.policies
+        &self.parts.policies
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -189,43 +239,24 @@ impl Worker {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.streams.holding()
+        self.parts.streams.holding()
     }
 
     pub fn waiting(&self) -> usize {
-        self.streams.waiting()
+        self.parts.streams.waiting()
     }
 
     /// Bytes of response bodies held now to read their usage (at most
     /// [`usage::MAX_HELD_BYTES`]).
     pub fn response_bytes_held(&self) -> usize {
-        self.usages.held()
+        self.parts.usages.held()
     }
 
     /// Replaces the policy set. Bucket states live in shared data under the
     /// policy's name, so an edited policy keeps its state; streams already
     /// admitted or waiting keep their bucket.
     pub fn install<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        self.install_clocked(host, set)
-    }
-
-    fn install_clocked<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
-        self.series = set
-            .policies
-            .iter()
-            .map(|p| self.metrics.define_policy(host, p.name()))
-            .collect();
-        self.policies = Rc::new(set);
-        for spare in self.prefetches.clear() {
-            streams::give_back(host, &mut self.store, self.holder, spare);
-        }
-        self.shares.forget_applied();
-        self.apply_shares(host);
+        self.event(host, When::Fresh, |parts, ctx| parts.install(ctx, set))
     }
 
     /// Decides a request that has no body.
@@ -250,17 +281,125 @@ impl Worker {
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        self.request(host, context_id, req, body)
+        self.event(host, When::Unread, |parts, ctx| {
+            parts.request(ctx, context_id, req, body)
+        })
+    }
+
+    /// The stream ended, for whatever reason: give back its slot, or its
+    /// place in the queue. Safe to call more than once.
+    pub fn on_stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        // A slot goes back to a prefetch by the clock's last reading: a
+        // fresh one is a host call on every stream's end, and a slot kept
+        // in a prefetch that just lapsed goes back at the next tick.
+        self.event(host, When::Recent, |parts, ctx| {
+            parts.stream_end(ctx, context_id)
+        })
+    }
+
+    /// Whether the stream's response is read: for what the call cost, or
+    /// for what the provider says of its limit.
+    pub fn reads_response(&self, context_id: u32) -> bool {
+        self.parts.usages.awaits(context_id) || self.parts.listening.awaits(context_id)
+    }
+
+    /// Whether the stream's answer tells its caller where the limits
+    /// stand (`ratelimit_headers: always`).
+    pub fn tells(&self, context_id: u32) -> bool {
+        self.parts.telling.awaits(context_id)
+    }
+
+    /// The fields the answer to stream `context_id` gets (once).
+    pub fn answer_headers<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+    ) -> Vec<(&'static str, String)> {
+        self.event(host, When::Fresh, |parts, ctx| {
+            parts.telling.headers(ctx, context_id)
+        })
+    }
+
+    /// Calls whose response has not yet settled what they cost.
+    pub fn awaiting_usage(&self) -> usize {
+        self.parts.usages.len()
+    }
+
+    /// The response's headers arrived. True while its body is wanted.
+    pub fn on_response_headers<H, R>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        headers: &R,
+        end_of_stream: bool,
+    ) -> bool
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        self.event(host, When::Fresh, |parts, ctx| {
+            let news = parts.listening.on_headers(ctx, context_id, headers);
+            if news {
+                parts.sync.hurry(ctx);
+            }
+            parts
+                .usages
+                .on_headers(ctx, context_id, headers, end_of_stream)
+        })
+    }
+
+    /// The next piece of the response's body. True while more is wanted.
+    pub fn on_response_body<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) -> bool {
+        self.event(host, When::Fresh, |parts, ctx| {
+            parts.usages.on_body(ctx, context_id, chunk, end_of_stream)
+        })
+    }
+
+    /// A stream the tick asked to resume was already gone.
+    pub fn on_resume_failed<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+        self.on_stream_end(host, context_id);
+    }
+
+    /// Periodic work: hand turns to waiting requests, time out the ones
+    /// that waited too long, reclaim slots of streams past their lease,
+    /// renew this worker's leases, take up what the admin sent, report to
+    /// it, flush stats.
+    pub fn on_tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
+        self.event(host, When::Fresh, |parts, ctx| parts.tick(ctx))
+    }
+
+    /// The admin answered the sync call `token` (or Envoy gave up on it).
+    pub fn on_sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
+        self.event(host, When::Fresh, |parts, ctx| {
+            parts.sync_reply(ctx, token, reply)
+        })
+    }
+}
+
+impl Parts {
+    fn install<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, set: CompiledPolicySet) {
+        self.series = set
+            .policies
+            .iter()
+            .map(|p| ctx.metrics.define_policy(ctx.host, p.name()))
+            .collect();
+        self.policies = Rc::new(set);
+        for spare in self.prefetches.clear() {
+            streams::give_back(ctx, spare);
+        }
+        self.shares.forget_applied();
+        self.apply_shares(ctx);
     }
 
     fn request<H, R>(
         &mut self,
-        host: &H,
+        ctx: &mut Ctx<'_, H>,
         context_id: u32,
         req: &R,
         body: RequestBody<'_>,
@@ -277,7 +416,7 @@ impl Worker {
             return Verdict::Continue;
         };
         if class.port_hidden {
-            self.port_was_hidden(host, policy);
+            self.port_was_hidden(ctx, policy);
         }
         let body = match body {
             RequestBody::Coming if policy.reads_request_body() => {
@@ -289,7 +428,7 @@ impl Worker {
                 return Verdict::ReadBody;
             }
             RequestBody::Read(None) if policy.reads_request_body() => {
-                self.metrics.add_filter(FilterStat::RequestBodyTooLarge, 1);
+                ctx.metrics.add_filter(FilterStat::RequestBodyTooLarge, 1);
                 RequestJson::TooLarge
             }
             RequestBody::Read(Some(body)) => RequestJson::Read(body),
@@ -299,29 +438,23 @@ impl Worker {
         };
         // Far from its limits a call spends a prefetch, for which the
         // clock's last reading will do while calls come densely.
-        let reused = self.clock.reuse();
-        let mut admitter = admission::Admitter {
-            host,
-            store: &mut self.store,
-            metrics: &mut self.metrics,
+        ctx.reuse_clock();
+        let mut deciding = admission::Deciding {
             prefetches: &mut self.prefetches,
             budgets: &mut self.budgets,
-            holder: self.holder,
-            now: reused.unwrap_or_else(|| host.now()),
-            now_reused: reused.is_some(),
             overflowed: false,
         };
         let limit_costs = policy.limit_costs(req, body);
         let limit_keys = policy.limit_keys(req, &self.key_secret);
-        let (decision, held) = admitter.decide(policy, &class, (&limit_costs, &limit_keys));
-        let now = admitter.now;
+        let (decision, held) = deciding.decide(ctx, policy, &class, (&limit_costs, &limit_keys));
+        let now = ctx.now;
         if class.key != BucketKey::Policy {
             let outcome = match decision {
                 Decision::Pass | Decision::Admit { .. } => KeyOutcome::Admitted,
                 Decision::Queue { .. } => KeyOutcome::Queued,
                 Decision::Refuse(_) => KeyOutcome::Refused,
             };
-            let overflowed = admitter.overflowed;
+            let overflowed = deciding.overflowed;
             self.sync.count_key(policy, req, (outcome, overflowed), now);
         }
         let slots = match held {
@@ -347,7 +480,7 @@ impl Worker {
         }
         let series = match self.series.get(class.policy_index) {
             Some(series) => *series,
-            None => self.metrics.series_of(policy.name()),
+            None => ctx.metrics.series_of(policy.name()),
         };
         let policy = (policy, series);
         match decision {
@@ -364,11 +497,11 @@ impl Worker {
             } => {
                 let slot = streams::Slot { bucket, lease };
                 self.streams
-                    .admitted(&mut self.metrics, context_id, policy, slot, key, now);
+                    .admitted(ctx.metrics, context_id, policy, slot, key, now);
                 self.streams.hold_slots(context_id, policy, slots, now);
                 if prefetched_slots {
                     // Spare slots must go back soon after their prefetch lapses.
-                    self.set_tick(host, self.tick.min(PREFETCH_TICK));
+                    self.set_tick(ctx, self.tick.min(PREFETCH_TICK));
                 }
                 Verdict::Continue
             }
@@ -378,16 +511,16 @@ impl Worker {
                 ticket,
                 deadline,
             } => {
-                self.streams.queued(
-                    &mut self.metrics,
-                    context_id,
-                    policy,
-                    bucket.into(),
-                    key,
-                    (streams::Turn { ticket, deadline }, limit_costs, limit_keys),
-                    now,
-                );
-                self.set_tick(host, QUEUE_TICK);
+                let waiting = streams::Waiting {
+                    bucket: bucket.into(),
+                    prefetch: key,
+                    turn: streams::Turn { ticket, deadline },
+                    limit_costs,
+                    limit_keys,
+                };
+                self.streams
+                    .queued(ctx.metrics, context_id, policy, waiting, now);
+                self.set_tick(ctx, QUEUE_TICK);
                 Verdict::Pause { ticket }
             }
         }
@@ -397,22 +530,22 @@ impl Worker {
     /// strips ports before filters run: `strip_any_host_port`): it was
     /// matched by its host alone. Counted; logged once per policy and
     /// Envoy, so the operator learns the port means nothing here.
-    fn port_was_hidden<H: Host + ?Sized>(&mut self, host: &H, policy: &CompiledPolicy) {
-        self.metrics.add(policy.name(), PolicyStat::PortHidden, 1);
+    fn port_was_hidden<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, policy: &CompiledPolicy) {
+        ctx.metrics.add(policy.name(), PolicyStat::PortHidden, 1);
         if self.port_hidden.contains(policy.name()) {
             return;
         }
         self.port_hidden.insert(policy.name().to_string());
         let marker = crate::entries::port_hidden_key(policy.name());
-        let first = self
-            .store
-            .update_as::<crate::entries::Marker, _, _>(host, &marker, |seen| {
-                let first = !seen.0;
-                seen.0 = true;
-                (first, first)
-            });
+        let first =
+            ctx.store
+                .update_as::<crate::entries::Marker, _, _>(ctx.host, &marker, |seen| {
+                    let first = !seen.0;
+                    seen.0 = true;
+                    (first, first)
+                });
         if matches!(first, Ok(true)) {
-            host.log(
+            ctx.host.log(
                 Level::Warn,
                 &format!(
                     "sluice: policy {} names the port in {:?}, but its requests come without one \
@@ -424,170 +557,29 @@ impl Worker {
         }
     }
 
-    /// The stream ended, for whatever reason: give back its slot, or its
-    /// place in the queue. Safe to call more than once.
-    pub fn on_stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        self.stream_end(host, context_id)
-    }
-
-    fn stream_end<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
+    fn stream_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
         self.listening.forget(context_id);
         self.telling.forget(context_id);
         if self.usages.awaits(context_id) {
-            let mut ledger = Ledger {
-                host,
-                store: &mut self.store,
-                metrics: &mut self.metrics,
-                now: host.now(),
-            };
-            self.usages.on_end(&mut ledger, context_id);
+            self.usages.on_end(ctx, context_id);
         }
-        // A slot goes back to a prefetch by the clock's last reading: a
-        // fresh one is a host call on every stream's end, and a slot kept
-        // in a prefetch that just lapsed goes back at the next tick.
-        let recent = self.clock.last_reading();
-        self.streams.end(
-            host,
-            &mut self.store,
-            &mut self.metrics,
-            &mut self.prefetches,
-            (self.holder, recent),
-            context_id,
-        );
+        self.streams.end(ctx, &mut self.prefetches, context_id);
     }
 
-    /// Whether the stream's response is read: for what the call cost, or
-    /// for what the provider says of its limit.
-    pub fn reads_response(&self, context_id: u32) -> bool {
-        self.usages.awaits(context_id) || self.listening.awaits(context_id)
-    }
-
-    /// Whether the stream's answer tells its caller where the limits
-    /// stand (`ratelimit_headers: always`).
-    pub fn tells(&self, context_id: u32) -> bool {
-        self.telling.awaits(context_id)
-    }
-
-    /// The fields the answer to stream `context_id` gets (once).
-    pub fn answer_headers<H: Host + ?Sized>(
-        &mut self,
-        host: &H,
-        context_id: u32,
-    ) -> Vec<(&'static str, String)> {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        let now = host.now();
-        self.telling.headers(host, &mut self.store, context_id, now)
-    }
-
-    /// Calls whose response has not yet settled what they cost.
-    pub fn awaiting_usage(&self) -> usize {
-        self.usages.len()
-    }
-
-    /// The response's headers arrived. True while its body is wanted.
-    pub fn on_response_headers<H, R>(
-        &mut self,
-        host: &H,
-        context_id: u32,
-        headers: &R,
-        end_of_stream: bool,
-    ) -> bool
-    where
-        H: Host + ?Sized,
-        R: RequestHeaders + ?Sized,
-    {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        let now = host.now();
-        let news = self.listening.on_headers(
-            (host, &mut self.store, &mut self.metrics),
-            context_id,
-            headers,
-            now,
-        );
-        if news {
-            self.sync.hurry(host, &mut self.store, now);
-        }
-        let mut ledger = Ledger {
-            host,
-            store: &mut self.store,
-            metrics: &mut self.metrics,
-            now,
-        };
-        self.usages
-            .on_headers(&mut ledger, context_id, headers, end_of_stream)
-    }
-
-    /// The next piece of the response's body. True while more is wanted.
-    pub fn on_response_body<H: Host + ?Sized>(
-        &mut self,
-        host: &H,
-        context_id: u32,
-        chunk: &[u8],
-        end_of_stream: bool,
-    ) -> bool {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        let mut ledger = Ledger {
-            host,
-            store: &mut self.store,
-            metrics: &mut self.metrics,
-            now: host.now(),
-        };
-        self.usages
-            .on_body(&mut ledger, context_id, chunk, end_of_stream)
-    }
-
-    /// A stream the tick asked to resume was already gone.
-    pub fn on_resume_failed<H: Host + ?Sized>(&mut self, host: &H, context_id: u32) {
-        self.on_stream_end(host, context_id);
-    }
-
-    /// Periodic work: hand turns to waiting requests, time out the ones
-    /// that waited too long, reclaim slots of streams past their lease,
-    /// renew this worker's leases, take up what the admin sent, report to
-    /// it, flush stats.
-    pub fn on_tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        self.tick(host)
-    }
-
-    fn tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
-        let now = host.now();
+    fn tick<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) -> Vec<StreamAction> {
+        let now = ctx.now;
         let previous_poll = std::mem::replace(&mut self.last_queue_poll, now);
         let policies = Rc::clone(&self.policies);
         let mut served = queue::Served::default();
         let actions = queue::serve(
-            host,
+            ctx,
             &mut queue::Parts {
-                store: &mut self.store,
-                metrics: &mut self.metrics,
                 streams: &mut self.streams,
                 prefetches: &mut self.prefetches,
                 budgets: &mut self.budgets,
             },
             &policies,
-            self.holder,
-            (previous_poll, now),
+            previous_poll,
             &mut served,
         );
         for left in served.with_limits {
@@ -606,36 +598,19 @@ impl Worker {
             }
         }
         for spare in self.prefetches.prune(now) {
-            streams::give_back(host, &mut self.store, self.holder, spare);
+            streams::give_back(ctx, spare);
         }
-        self.streams.expire_stuck(
-            host,
-            &mut self.store,
-            &mut self.metrics,
-            &mut self.prefetches,
-            self.holder,
-            now,
-        );
-        self.streams
-            .renew_leases(host, &mut self.store, self.holder, now);
-        if let Some(set) = self.sync.pick_up_published_set(host) {
-            self.install_from_admin(host, set);
+        self.streams.expire_stuck(ctx, &mut self.prefetches);
+        self.streams.renew_leases(ctx);
+        if let Some(set) = self.sync.pick_up_published_set(ctx.host) {
+            self.install_from_admin(ctx, set);
         }
-        self.apply_shares(host);
-        self.sync
-            .report_counters(host, &mut self.store, &mut self.metrics, now);
-        self.sync.maybe_sync(
-            host,
-            &mut self.store,
-            &mut self.metrics,
-            &mut self.budgets,
-            &self.policies,
-            now,
-        );
-        self.sync
-            .maybe_watch(host, &mut self.store, &mut self.metrics, now);
-        self.store.flush_into(&mut self.metrics);
-        self.metrics.flush(host);
+        self.apply_shares(ctx);
+        self.sync.report_counters(ctx);
+        self.sync.maybe_sync(ctx, &mut self.budgets, &self.policies);
+        self.sync.maybe_watch(ctx);
+        ctx.store.flush_into(ctx.metrics);
+        ctx.metrics.flush(ctx.host);
         let period = if self.streams.waiting() > 0 {
             QUEUE_TICK
         } else if self.prefetches.holds_slots() {
@@ -645,31 +620,23 @@ impl Worker {
         } else {
             IDLE_TICK
         };
-        self.set_tick(host, period);
+        self.set_tick(ctx, period);
         actions
     }
 
-    /// The admin answered the sync call `token` (or Envoy gave up on it).
-    pub fn on_sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
-        let clock = Rc::clone(&self.clock);
-        let host = &Clocked {
-            host,
-            clock: &clock,
-        };
-        self.sync_reply(host, token, reply)
-    }
-
-    fn sync_reply<H: Host + ?Sized>(&mut self, host: &H, token: u32, reply: SyncReply<'_>) {
+    fn sync_reply<H: Host + ?Sized>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        token: u32,
+        reply: SyncReply<'_>,
+    ) {
         if let Some(call) = self.sync.take_watch(token) {
             let epoch = crate::sync::parse_epoch(reply.epoch_header);
-            if let Some(set) = self.sync.on_watch_answer(
-                host,
-                &mut self.store,
-                &mut self.metrics,
-                (reply.answer(), epoch, reply.sync_now),
-                call,
-            ) {
-                self.install_from_admin(host, set);
+            if let Some(set) =
+                self.sync
+                    .on_watch_answer(ctx, reply.answer(), epoch, reply.sync_now, call)
+            {
+                self.install_from_admin(ctx, set);
             }
             return;
         }
@@ -677,60 +644,49 @@ impl Worker {
             return;
         };
         if let Some(header) = reply.shares_header.filter(|_| reply.answered()) {
-            let taken =
-                self.shares
-                    .take_header(host, &mut self.store, &mut self.metrics, header, sent_at);
+            let taken = self.shares.take_header(ctx, header, sent_at);
             if let Some(shares::Shrank(shrank)) = taken {
-                self.apply_shares(host);
+                self.apply_shares(ctx);
                 if shrank {
                     // The admin frees the old share's room for the others
                     // only once this Envoy says it holds the new one.
-                    self.sync.hurry(host, &mut self.store, host.now());
+                    ctx.now = ctx.host.now();
+                    self.sync.hurry(ctx);
                 }
             }
         }
         let answer = reply.answer();
         let answered = matches!(answer, Answer::Unchanged | Answer::PolicySet(_));
         let epoch = crate::sync::parse_epoch(reply.epoch_header);
-        if let Some(set) =
-            self.sync
-                .on_answer(host, &mut self.store, &mut self.metrics, answer, epoch)
-        {
-            self.install_from_admin(host, set);
+        if let Some(set) = self.sync.on_answer(ctx, answer, epoch) {
+            self.install_from_admin(ctx, set);
         }
         if answered {
             let policies = Rc::clone(&self.policies);
             if let Some(header) = reply.provider_header {
-                let now = host.now();
-                provider::take_news(
-                    (host, &mut self.store, &mut self.metrics),
-                    &policies,
-                    header,
-                    now.since(sent_at).div(2),
-                    now,
-                );
+                ctx.now = ctx.host.now();
+                let delay = ctx.now.since(sent_at).div(2);
+                provider::take_news(ctx, &policies, header, delay);
             }
-            self.budgets.on_answer(
-                host,
-                &mut self.store,
-                &mut self.metrics,
-                &policies,
-                reply.budgets_header,
-                host.now(),
-            );
+            ctx.now = ctx.host.now();
+            self.budgets.on_answer(ctx, &policies, reply.budgets_header);
         }
     }
 
     /// Installs a set the admin sent, which this VM or another published.
-    fn install_from_admin<H: Host + ?Sized>(&mut self, host: &H, set: sluice_shared::PolicySet) {
+    fn install_from_admin<H: Host + ?Sized>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        set: sluice_shared::PolicySet,
+    ) {
         let (n, version) = (set.policies.len(), set.version);
-        self.install_clocked(host, CompiledPolicySet::from_validated(set));
-        self.metrics.add_filter(FilterStat::PolicySetsInstalled, 1);
-        host.log(
+        self.install(ctx, CompiledPolicySet::from_validated(set));
+        ctx.metrics.add_filter(FilterStat::PolicySetsInstalled, 1);
+        ctx.host.log(
             Level::Info,
             &format!(
                 "sluice: holder {} now enforcing policy set version {version} ({n} policies)",
-                self.holder
+                ctx.holder
             ),
         );
     }
@@ -738,19 +694,20 @@ impl Worker {
     /// Gives each global policy the limits of its share in force now.
     /// Without an admin there is nobody to share with, and a global policy
     /// is enforced whole, as an instance one.
-    fn apply_shares<H: Host + ?Sized>(&mut self, host: &H) {
+    fn apply_shares<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
         if !self.sync.is_configured() {
             return;
         }
-        self.shares.pick_up(host);
-        self.shares.apply(host, &mut self.policies, host.now());
+        self.shares.pick_up(ctx.host);
+        self.shares
+            .apply(ctx.host, &mut self.policies, ctx.host.now());
     }
 
     /// The one place the tick period changes.
-    fn set_tick<H: Host + ?Sized>(&mut self, host: &H, period: Span) {
+    fn set_tick<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, period: Span) {
         if period != self.tick {
             self.tick = period;
-            host.set_tick_period(period);
+            ctx.host.set_tick_period(period);
         }
     }
 }

@@ -10,23 +10,21 @@ use sluice_shared::bucket::{Admission, BucketLimits, BucketState, Prefetched};
 use sluice_shared::headers::LimitKind;
 use sluice_shared::matcher::{BucketKey, Classification, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
-use sluice_shared::time::Instant;
 
+use super::ctx::Ctx;
 use super::key_places::{self, Claim};
 use super::retry::DEFAULT_RETRY;
 use crate::entries::{bucket_key, Place};
 use crate::host::Host;
-use crate::metrics::{Metrics, PolicyStat};
+use crate::metrics::PolicyStat;
 use crate::prefetch::SpareSlots;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
-/// Who asks, when, and how many requests more it would like to prefetch;
-/// whether it must queue whatever the bucket holds (a further limit of its
-/// policy has no room yet); the spare slots of the prefetch it replaces,
-/// given back in the same write when they are of the bucket it lands in.
+/// How many requests more the worker would like to prefetch; whether it
+/// must queue whatever the bucket holds (a further limit of its policy has
+/// no room yet); the spare slots of the prefetch it replaces, given back
+/// in the same write when they are of the bucket it lands in.
 pub(super) struct Request<'a> {
-    pub holder: u64,
-    pub now: Instant,
     pub prefetch: u64,
     pub must_wait: bool,
     pub spare: Option<&'a SpareSlots>,
@@ -47,17 +45,15 @@ pub(super) struct Placed {
 /// Finds the request's bucket and admits it there, taking up to
 /// `request.prefetch` requests more for this worker when the bucket allows.
 pub(super) fn place_and_admit<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
-    metrics: &mut Metrics,
+    ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
     limits: &BucketLimits,
     class: &Classification,
     request: Request<'_>,
 ) -> Result<Placed, StoreError> {
+    let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
+    let (holder, now) = (ctx.holder, ctx.now);
     let Request {
-        holder,
-        now,
         prefetch,
         must_wait,
         spare,

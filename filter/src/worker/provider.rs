@@ -16,11 +16,12 @@ use sluice_shared::time::{Instant, Span};
 
 use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
 
+use super::ctx::Ctx;
 use crate::counters::LimitCounters;
 use crate::entries::{self, provider_key};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterStat, LimitStat, Metrics};
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 /// How long `limit` stays paused for a call with key `key` (None: it is
 /// not paused). A missing or broken entry pauses nothing.
@@ -59,46 +60,49 @@ pub(super) enum CountSays {
 
 /// Counts a call in the provider's count of `limit`, if it follows one.
 pub(super) fn count<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     (key, cost): (Option<u64>, u64),
-    now: Instant,
 ) -> Result<CountSays, StoreError> {
+    let now = ctx.now;
     let Some(provider) = limit.provider.as_ref().filter(|p| p.counts_calls()) else {
         return Ok(CountSays::NotFollowed);
     };
     let (entry, owner) = provider_key(limit, key);
-    store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
-        match table.admit(owner, now, cost, provider.adaptive) {
-            Allowed::Yes { admitted } => (CountSays::Counted(Counted { owner, admitted }), true),
-            Allowed::No { until } => (
-                CountSays::Exhausted {
-                    wait: until.since(now),
-                },
-                false,
-            ),
-        }
-    })
+    ctx.store
+        .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+            match table.admit(owner, now, cost, provider.adaptive) {
+                Allowed::Yes { admitted } => {
+                    (CountSays::Counted(Counted { owner, admitted }), true)
+                }
+                Allowed::No { until } => (
+                    CountSays::Exhausted {
+                        wait: until.since(now),
+                    },
+                    false,
+                ),
+            }
+        })
 }
 
 /// A counted call did not go after all: its tokens go back.
 pub(super) fn uncount<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     counted: Counted,
     cost: u64,
-    now: Instant,
 ) {
+    let now = ctx.now;
     let (entry, _) = place_of_owner(limit, counted.owner);
     // On failure (counted and logged by the store) the tokens stay
     // counted: the provider's count errs on the safe side.
-    let _ = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
-        let before = table.clone();
-        table.give_back(counted.owner, counted.admitted, cost, now);
-        ((), *table != before)
-    });
+    let _ = ctx
+        .store
+        .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+            let before = table.clone();
+            table.give_back(counted.owner, counted.admitted, cost, now);
+            ((), *table != before)
+        });
 }
 
 /// The entry of a row known by its owner (the key's hash, or 0).
@@ -181,17 +185,12 @@ impl Listening {
     /// counted, and one with a wait pauses them; a count they follow
     /// caps what goes until its reset. Returns whether it began a pause
     /// or cut a rate: news for the other Envoys.
-    pub fn on_headers<H, R>(
-        &mut self,
-        (host, store, metrics): (&H, &mut Store, &mut Metrics),
-        context_id: u32,
-        headers: &R,
-        now: Instant,
-    ) -> bool
+    pub fn on_headers<H, R>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32, headers: &R) -> bool
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
+        let (host, now) = (ctx.host, ctx.now);
         let mut news = false;
         let Some(call) = self.calls.remove(&context_id) else {
             return news;
@@ -216,7 +215,7 @@ impl Listening {
                 matches!(signal, PauseSignal::None),
             ) {
                 news |= cut_rate(
-                    (host, &mut *store, &mut *metrics),
+                    ctx,
                     limit,
                     (
                         counted.owner,
@@ -226,34 +225,31 @@ impl Listening {
                         now,
                     ),
                     full,
-                    now,
                 ) && relayed(limit);
             }
             match signal {
                 PauseSignal::None => {}
                 PauseSignal::Refused => {
-                    metrics.add_limit(&limit.name, LimitStat::ProviderRefused, 1);
+                    ctx.metrics
+                        .add_limit(&limit.name, LimitStat::ProviderRefused, 1);
                 }
                 PauseSignal::Malformed(e) => {
-                    metrics.add_limit(&limit.name, LimitStat::ProviderRefused, 1);
-                    ignored(host, metrics, &limit.name, &e);
+                    ctx.metrics
+                        .add_limit(&limit.name, LimitStat::ProviderRefused, 1);
+                    ignored(host, ctx.metrics, &limit.name, &e);
                 }
                 PauseSignal::Pause { wait, capped } => {
-                    metrics.add_limit(&limit.name, LimitStat::ProviderRefused, 1);
+                    ctx.metrics
+                        .add_limit(&limit.name, LimitStat::ProviderRefused, 1);
                     if capped {
-                        metrics.add_limit(&limit.name, LimitStat::PauseCapped, 1);
+                        ctx.metrics
+                            .add_limit(&limit.name, LimitStat::PauseCapped, 1);
                     }
                     let why = PauseWhy {
                         status: status.unwrap_or(0),
                         relayed: false,
                     };
-                    news |= pause(
-                        (host, &mut *store, &mut *metrics),
-                        limit,
-                        listener.key,
-                        (why, wait, capped),
-                        now,
-                    ) && relayed(limit);
+                    news |= pause(ctx, limit, listener.key, (why, wait, capped)) && relayed(limit);
                 }
             }
             let Some(counted) = listener.counted else {
@@ -262,18 +258,20 @@ impl Listening {
             match provider.count_in(headers, now) {
                 Ok(None) => {}
                 Ok(Some(count)) => {
-                    metrics.add_limit(&limit.name, LimitStat::CountRead, 1);
+                    ctx.metrics.add_limit(&limit.name, LimitStat::CountRead, 1);
                     let (entry, _) = place_of_owner(limit, counted.owner);
                     // On failure (counted and logged by the store) the
                     // next answer brings the count again.
-                    let _ = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
-                        (
-                            (),
-                            table.follow(counted.owner, counted.admitted, count, now),
-                        )
-                    });
+                    let _ = ctx
+                        .store
+                        .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+                            (
+                                (),
+                                table.follow(counted.owner, counted.admitted, count, now),
+                            )
+                        });
                 }
-                Err(e) => ignored(host, metrics, &limit.name, &e),
+                Err(e) => ignored(host, ctx.metrics, &limit.name, &e),
             }
         }
         news
@@ -284,22 +282,24 @@ impl Listening {
 /// `heard`: this Envoy's call or another's, at `at`): its rate is cut
 /// (once per overload), for every worker. Returns whether it was.
 fn cut_rate<H: Host + ?Sized>(
-    (host, store, metrics): (&H, &mut Store, &mut Metrics),
+    ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     (owner, heard, at): (u64, Heard, Instant),
     full: f64,
-    now: Instant,
 ) -> bool {
+    let (host, now) = (ctx.host, ctx.now);
     let (entry, _) = place_of_owner(limit, owner);
-    let cut = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
-        let cut = table.throttled(owner, (heard, at), now, full);
-        let rate = table.row(owner).and_then(|r| r.adaptive.rate(now, full));
-        ((cut, rate), cut)
-    });
+    let cut = ctx
+        .store
+        .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+            let cut = table.throttled(owner, (heard, at), now, full);
+            let rate = table.row(owner).and_then(|r| r.adaptive.rate(now, full));
+            ((cut, rate), cut)
+        });
     let Ok((true, rate)) = cut else {
         return false;
     };
-    metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
+    ctx.metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
     let whose = match heard {
         Heard::Here { .. } => "the provider refused a call",
         Heard::Relayed => "another Envoy's provider refused a call (relayed by the admin)",
@@ -335,12 +335,12 @@ fn ignored<H: Host + ?Sized>(
 /// the provider's answer, and whether another Envoy heard it; `capped`:
 /// the provider asked for more than `max_pause`). Returns whether it did.
 fn pause<H: Host + ?Sized>(
-    (host, store, metrics): (&H, &mut Store, &mut Metrics),
+    ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     key: Option<u64>,
     (why, wait, capped): (PauseWhy, Span, bool),
-    now: Instant,
 ) -> bool {
+    let (host, now) = (ctx.host, ctx.now);
     let (entry, owner) = provider_key(limit, key);
     let max_pause = limit.provider.as_ref().map_or(wait, |p| p.max_pause);
     // Relayed news: the admin relays a running pause at every sync, each
@@ -348,15 +348,18 @@ fn pause<H: Host + ?Sized>(
     // RELAY_SLACK. However often it is relayed, news holds the limit for
     // max_pause in total until this Envoy's own provider refuses
     // (RelayedStretch).
-    let began = store.update_as::<ProviderTable, _, _>(host, &entry, |table| {
-        let (changed, began) = table.hear_pause(owner, (now, wait), why, (max_pause, RELAY_SLACK));
-        (began, changed)
-    });
+    let began = ctx
+        .store
+        .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+            let (changed, began) =
+                table.hear_pause(owner, (now, wait), why, (max_pause, RELAY_SLACK));
+            (began, changed)
+        });
     // A failed write is counted and logged by the store: no pause then.
     let Ok(Some(until)) = began else {
         return false;
     };
-    metrics.add_limit(&limit.name, LimitStat::Paused, 1);
+    ctx.metrics.add_limit(&limit.name, LimitStat::Paused, 1);
     let whose = if key.is_some() { " for this key" } else { "" };
     let cap = if capped { " (cut to max_pause)" } else { "" };
     let status = match why.status {
@@ -436,16 +439,16 @@ pub const MAX_NEWS_HEADER: usize = 64 * 1024;
 /// this Envoy had seen it (`delay`: how long ago the admin answered).
 /// A header that is no news is counted and logged, and changes nothing.
 pub(super) fn take_news<H: Host + ?Sized>(
-    (host, store, metrics): (&H, &mut Store, &mut Metrics),
+    ctx: &mut Ctx<'_, H>,
     policies: &CompiledPolicySet,
     header: &[u8],
     delay: Span,
-    now: Instant,
 ) {
+    let (host, now) = (ctx.host, ctx.now);
     let news: ProviderNews = match parse_news(header) {
         Ok(news) => news,
         Err(why) => {
-            metrics.add_filter(FilterStat::ProviderNewsMalformed, 1);
+            ctx.metrics.add_filter(FilterStat::ProviderNewsMalformed, 1);
             host.log(
                 Level::Warn,
                 &format!("sluice: the admin's provider news was ignored: {why}"),
@@ -472,24 +475,12 @@ pub(super) fn take_news<H: Host + ?Sized>(
                     status: item.status,
                     relayed: true,
                 };
-                pause(
-                    (host, &mut *store, &mut *metrics),
-                    limit,
-                    None,
-                    (why, wait, false),
-                    now,
-                );
+                pause(ctx, limit, None, (why, wait, false));
             }
         }
         if let (Some(ago), Some(full)) = (item.cut_ago_ms, provider.adaptive) {
             let at = now - (Span::from_millis(ago) + delay);
-            cut_rate(
-                (host, &mut *store, &mut *metrics),
-                limit,
-                (0, Heard::Relayed, at),
-                full,
-                now,
-            );
+            cut_rate(ctx, limit, (0, Heard::Relayed, at), full);
         }
     }
 }

@@ -10,14 +10,14 @@ use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::time::Instant;
 
 use super::budgets::Budgets;
+use super::ctx::Ctx;
 use super::limits::{self, LimitPlace, Taken};
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::streams::{Further, Streams};
 use crate::host::Host;
-use crate::metrics::{Metrics, PolicyStat};
+use crate::metrics::PolicyStat;
 use crate::prefetch::Prefetches;
-use crate::store::Store;
 
 /// What the tick asks the glue to do to a paused stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,10 +26,9 @@ pub enum StreamAction {
     Reply(u32, LocalReply),
 }
 
-/// What serving the queues touches of the worker.
+/// What serving the queues touches of the worker's own parts, besides the
+/// tick's [`Ctx`].
 pub(super) struct Parts<'a> {
-    pub store: &'a mut Store,
-    pub metrics: &'a mut Metrics,
     pub streams: &'a mut Streams,
     pub prefetches: &'a mut Prefetches,
     pub budgets: &'a mut Budgets,
@@ -52,14 +51,16 @@ pub(super) struct Served {
     pub with_limits: Vec<LeftWithLimits>,
 }
 
+/// Hands turns to the waiters whose turn came since `previous_poll` and
+/// refuses those whose wait ran out.
 pub(super) fn serve<H: Host + ?Sized>(
-    host: &H,
+    ctx: &mut Ctx<'_, H>,
     parts: &mut Parts<'_>,
     policies: &CompiledPolicySet,
-    holder: u64,
-    (previous_poll, now): (Instant, Instant),
+    previous_poll: Instant,
     served: &mut Served,
 ) -> Vec<StreamAction> {
+    let now = ctx.now;
     let mut actions = Vec::new();
     for (bucket, contexts) in parts.streams.waiting_by_bucket() {
         let Some(policy_name) = contexts
@@ -71,16 +72,9 @@ pub(super) fn serve<H: Host + ?Sized>(
         };
         let Some((index, policy)) = policies.find(&policy_name) else {
             // The policy is gone: nothing limits these requests any more.
-            for ctx in contexts {
-                parts.streams.end(
-                    host,
-                    parts.store,
-                    parts.metrics,
-                    parts.prefetches,
-                    (holder, Some(now)),
-                    ctx,
-                );
-                actions.push(StreamAction::Resume(ctx));
+            for context_id in contexts {
+                parts.streams.end(ctx, parts.prefetches, context_id);
+                actions.push(StreamAction::Resume(context_id));
             }
             continue;
         };
@@ -89,39 +83,28 @@ pub(super) fn serve<H: Host + ?Sized>(
             bucket: &bucket,
             contexts: &contexts,
             limits: &limits,
-            holder,
-            times: (previous_poll, now),
+            previous_poll,
         };
         if policy.limits.is_empty() && policy.slot_limits.is_empty() {
-            poll.all_turns(host, parts, &mut actions);
+            poll.all_turns(ctx, parts, &mut actions);
         } else {
-            poll.head_turns_with_limits(host, parts, (index, policy), &mut actions, served);
+            poll.head_turns_with_limits(ctx, parts, (index, policy), &mut actions, served);
         }
-        for ctx in contexts {
-            if !parts.streams.is_overdue(ctx, now) {
+        for context_id in contexts {
+            if !parts.streams.is_overdue(context_id, now) {
                 continue;
             }
-            parts.streams.end(
-                host,
-                parts.store,
-                parts.metrics,
-                parts.prefetches,
-                (holder, Some(now)),
-                ctx,
-            );
+            parts.streams.end(ctx, parts.prefetches, context_id);
             // It did not leave: its wait ran out.
-            parts
-                .metrics
+            ctx.metrics
                 .add(&policy_name, PolicyStat::QueueAbandoned, -1);
-            parts
-                .metrics
-                .add(&policy_name, PolicyStat::QueueTimeouts, 1);
-            parts.metrics.add(&policy_name, PolicyStat::Rejected, 1);
+            ctx.metrics.add(&policy_name, PolicyStat::QueueTimeouts, 1);
+            ctx.metrics.add(&policy_name, PolicyStat::Rejected, 1);
             let refusal = Refusal::Policy {
                 kind: LimitKind::for_limits(policy.rate.is_some()),
             };
             actions.push(StreamAction::Reply(
-                ctx,
+                context_id,
                 refusal::render(policy, &refusal, DEFAULT_RETRY),
             ));
         }
@@ -134,32 +117,31 @@ struct Poll<'a> {
     bucket: &'a str,
     contexts: &'a [u32],
     limits: &'a BucketLimits,
-    holder: u64,
-    times: (Instant, Instant),
+    previous_poll: Instant,
 }
 
 impl Poll<'_> {
     /// Every waiter of this worker whose turn came leaves.
     fn all_turns<H: Host + ?Sized>(
         &self,
-        host: &H,
+        ctx: &mut Ctx<'_, H>,
         parts: &mut Parts<'_>,
         actions: &mut Vec<StreamAction>,
     ) {
-        let (previous_poll, now) = self.times;
+        let (previous_poll, now, holder) = (self.previous_poll, ctx.now, ctx.holder);
         // On failure (counted by the store) the next tick polls again.
-        let (turns, lease) = parts
+        let (turns, lease) = ctx
             .store
-            .update_as::<BucketState, _, _>(host, self.bucket, |s| {
-                let tickets = s.poll(self.limits, self.holder, previous_poll, now);
+            .update_as::<BucketState, _, _>(ctx.host, self.bucket, |s| {
+                let tickets = s.poll(self.limits, holder, previous_poll, now);
                 let changed = !tickets.is_empty();
-                ((tickets, s.lease_of(self.holder)), changed)
+                ((tickets, s.lease_of(holder)), changed)
             })
             .unwrap_or_default();
         for ticket in turns {
-            if let Some(ctx) = parts.streams.with_ticket(self.contexts, ticket) {
-                parts.streams.turn_came(parts.metrics, ctx, lease, now);
-                actions.push(StreamAction::Resume(ctx));
+            if let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) {
+                parts.streams.turn_came(ctx.metrics, context_id, lease, now);
+                actions.push(StreamAction::Resume(context_id));
             }
         }
     }
@@ -169,72 +151,65 @@ impl Poll<'_> {
     /// stays at the head and nobody passes it (FIFO across every limit).
     fn head_turns_with_limits<H: Host + ?Sized>(
         &self,
-        host: &H,
+        ctx: &mut Ctx<'_, H>,
         parts: &mut Parts<'_>,
         (index, policy): (usize, &CompiledPolicy),
         actions: &mut Vec<StreamAction>,
         served: &mut Served,
     ) {
-        let (previous_poll, now) = self.times;
+        let (previous_poll, now, holder) = (self.previous_poll, ctx.now, ctx.holder);
         for _ in 0..self.contexts.len() {
             // Whose turn it is, on a copy: nothing is taken yet.
-            let Some(state) = parts.store.read_as::<BucketState, _>(host, self.bucket) else {
+            let Some(state) = ctx.store.read_as::<BucketState, _>(ctx.host, self.bucket) else {
                 return;
             };
             let mut peek = state.clone();
-            let Some(ticket) = peek.poll_head(self.limits, self.holder, previous_poll, now) else {
+            let Some(ticket) = peek.poll_head(self.limits, holder, previous_poll, now) else {
                 return;
             };
-            let Some(ctx) = parts.streams.with_ticket(self.contexts, ticket) else {
+            let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) else {
                 return;
             };
             let (costs, keys) = parts
                 .streams
-                .get(ctx)
+                .get(context_id)
                 .and_then(|s| s.further.as_deref())
                 .map(|f: &Further| (f.costs.clone(), f.keys.clone()))
                 .unwrap_or_default();
-            let taken = limits::take(
-                host,
-                parts.store,
-                parts.metrics,
-                parts.budgets,
-                policy,
-                (&costs, &keys),
-                self.holder,
-                now,
-            );
+            let taken = limits::take(ctx, parts.budgets, policy, (&costs, &keys));
             let Taken::All { places, slots } = taken else {
                 // The head waits for its further limits (or its deadline).
                 return;
             };
-            let left = parts
+            let left = ctx
                 .store
-                .update_as::<BucketState, _, _>(host, self.bucket, |s| {
-                    let left = s.poll_head(self.limits, self.holder, previous_poll, now);
-                    ((left, s.lease_of(self.holder)), left.is_some())
+                .update_as::<BucketState, _, _>(ctx.host, self.bucket, |s| {
+                    let left = s.poll_head(self.limits, holder, previous_poll, now);
+                    ((left, s.lease_of(holder)), left.is_some())
                 })
                 .unwrap_or_default();
             match left {
                 (Some(left), lease) if left == ticket => {
-                    limits::count_admitted(parts.metrics, policy, &costs);
-                    parts.streams.turn_came(parts.metrics, ctx, lease, now);
-                    let series = parts.metrics.series_of(policy.name());
-                    parts.streams.hold_slots(ctx, (policy, series), slots, now);
+                    limits::count_admitted(ctx.metrics, policy, &costs);
+                    parts.streams.turn_came(ctx.metrics, context_id, lease, now);
+                    let series = ctx.metrics.series_of(policy.name());
+                    parts
+                        .streams
+                        .hold_slots(context_id, (policy, series), slots, now);
                     served.with_limits.push(LeftWithLimits {
-                        context_id: ctx,
+                        context_id,
                         policy_index: index,
                         costs,
                         keys,
                         places,
                     });
-                    actions.push(StreamAction::Resume(ctx));
+                    actions.push(StreamAction::Resume(context_id));
                 }
                 _ => {
                     // Another worker changed the queue in between: the
                     // limits get their tokens back; the next tick polls again.
-                    limits::give_back(host, parts.store, policy, (&costs, &places), now, now);
-                    super::slots::release(host, parts.store, self.holder, &slots);
+                    limits::give_back(ctx, policy, (&costs, &places), now);
+                    super::slots::release(ctx, &slots);
                     return;
                 }
             }

@@ -11,10 +11,10 @@ use sluice_shared::matcher::CompiledPolicySet;
 use sluice_shared::policy::Scope;
 use sluice_shared::time::Instant;
 
+use super::ctx::Ctx;
 use crate::fleet::{self, HeldShare, HeldShares};
 use crate::host::{Host, Level};
-use crate::metrics::{FilterStat, Metrics};
-use crate::store::Store;
+use crate::metrics::FilterStat;
 
 /// Whether a share of the answer just taken shrank by more than a wobble.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,12 +57,11 @@ impl FleetShares {
     /// Envoy says, at its next sync, that it holds the new one.
     pub fn take_header<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
+        ctx: &mut Ctx<'_, H>,
         header: &[u8],
         sent_at: Instant,
     ) -> Option<Shrank> {
+        let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
         let Some(shares) = fleet::parse_header(header, sent_at) else {
             metrics.add_filter(FilterStat::SyncFailures, 1);
             host.log(

@@ -13,9 +13,10 @@ use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::policy::Priority;
 use sluice_shared::time::{Instant, Span};
 
+use super::ctx::Ctx;
 use crate::entries::{self, limit_key};
 use crate::host::Host;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 /// One slot a call holds: where, which of this worker's leases there, and
 /// how long that lease lives unrenewed.
@@ -40,28 +41,15 @@ pub(super) enum SlotsTaken {
 /// only for as long as the slots so lost would have been held.
 /// Takes one slot in each of `policy`'s concurrency limits for `holder`,
 /// all or none.
-pub(super) fn take<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
-    policy: &CompiledPolicy,
-    holder: u64,
-    now: Instant,
-) -> SlotsTaken {
+pub(super) fn take<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, policy: &CompiledPolicy) -> SlotsTaken {
     let mut held = Vec::with_capacity(policy.slot_limits.len());
     for slot_limit in &policy.slot_limits {
-        match take_one(
-            host,
-            store,
-            &slot_limit.name,
-            &slot_limit.limit,
-            holder,
-            now,
-        ) {
+        match take_one(ctx, &slot_limit.name, &slot_limit.limit) {
             Ok(Some(slot)) => held.push(slot),
             // No room, or the store counted and logged a failure: a limit
             // that cannot be checked refuses rather than let the call go.
             Ok(None) | Err(_) => {
-                release(host, store, holder, &held);
+                release(ctx, &held);
                 return SlotsTaken::Refused {
                     limit: slot_limit.name.clone(),
                 };
@@ -72,20 +60,20 @@ pub(super) fn take<H: Host + ?Sized>(
 }
 
 fn take_one<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     name: &str,
     limit: &ConcurrencyLimit,
-    holder: u64,
-    now: Instant,
 ) -> Result<Option<HeldSlot>, StoreError> {
     let key = limit_key(name);
-    let lease = store.update_as::<LeaseTable, _, _>(host, &key, |table| {
-        match table.acquire(limit, holder, now, Priority::Normal) {
-            Decision::Admit { .. } => (table.lease_of(holder), true),
-            Decision::Deny { .. } => (None, false),
-        }
-    })?;
+    let (holder, now) = (ctx.holder, ctx.now);
+    let lease = ctx
+        .store
+        .update_as::<LeaseTable, _, _>(ctx.host, &key, |table| {
+            match table.acquire(limit, holder, now, Priority::Normal) {
+                Decision::Admit { .. } => (table.lease_of(holder), true),
+                Decision::Deny { .. } => (None, false),
+            }
+        })?;
     Ok(lease.map(|lease| HeldSlot {
         key,
         lease,
@@ -95,28 +83,26 @@ fn take_one<H: Host + ?Sized>(
 
 /// Gives `slots` back. A failure is counted and logged by the store; the
 /// worker's lease then expires and gives the slot back.
-pub(super) fn release<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
-    holder: u64,
-    slots: &[HeldSlot],
-) {
+pub(super) fn release<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, slots: &[HeldSlot]) {
+    let holder = ctx.holder;
     for slot in slots {
-        let _ = store.update_as::<LeaseTable, _, _>(host, &slot.key, |table| {
-            ((), table.release(holder, slot.lease))
-        });
+        let _ = ctx
+            .store
+            .update_as::<LeaseTable, _, _>(ctx.host, &slot.key, |table| {
+                ((), table.release(holder, slot.lease))
+            });
     }
 }
 
 /// Keeps `holder`'s lease at `key` alive for `ttl` more.
 pub(super) fn renew<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
+    ctx: &mut Ctx<'_, H>,
     key: &str,
-    holder: u64,
-    (now, ttl): (Instant, Span),
+    ttl: Span,
 ) -> Result<(), StoreError> {
-    store.update_as::<LeaseTable, _, _>(host, key, |table| ((), table.renew(holder, now, ttl)))
+    let (holder, now) = (ctx.holder, ctx.now);
+    ctx.store
+        .update_as::<LeaseTable, _, _>(ctx.host, key, |table| ((), table.renew(holder, now, ttl)))
 }
 
 /// Calls holding a slot of limit `name` now, on every worker.

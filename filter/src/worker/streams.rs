@@ -12,11 +12,11 @@ use sluice_shared::bucket::BucketState;
 use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::time::{Instant, Span};
 
+use super::ctx::Ctx;
 use super::slots::HeldSlot;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicySeries, PolicyStat};
 use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
-use crate::store::Store;
 
 /// A queued stream's place: its ticket in the bucket's queue and when it
 /// stops waiting.
@@ -24,6 +24,17 @@ use crate::store::Store;
 pub(super) struct Turn {
     pub ticket: u64,
     pub deadline: Instant,
+}
+
+/// A queued call: the bucket it waits in, its prefetch key, its turn, and
+/// what it takes from the policy's further limits (and by which keys) when
+/// the turn comes.
+pub(super) struct Waiting {
+    pub bucket: Arc<str>,
+    pub prefetch: PrefetchKey,
+    pub turn: Turn,
+    pub limit_costs: Vec<u64>,
+    pub limit_keys: Vec<Option<u64>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,17 +182,21 @@ impl Streams {
     }
 
     /// Counts a queued request and keeps its stream until its turn.
-    #[allow(clippy::too_many_arguments)]
     pub fn queued(
         &mut self,
         metrics: &mut Metrics,
         context_id: u32,
         (policy, series): (&CompiledPolicy, PolicySeries),
-        bucket: Arc<str>,
-        prefetch: PrefetchKey,
-        (turn, limit_costs, limit_keys): (Turn, Vec<u64>, Vec<Option<u64>>),
+        waiting: Waiting,
         now: Instant,
     ) {
+        let Waiting {
+            bucket,
+            prefetch,
+            turn,
+            limit_costs,
+            limit_keys,
+        } = waiting;
         metrics.add_to(series, PolicyStat::Queued, 1);
         let state = StreamState::Waiting(turn);
         self.track(context_id, (policy, series), bucket, prefetch, state, now);
@@ -288,11 +303,8 @@ impl Streams {
     /// place in the queue. Safe to call more than once.
     pub fn end<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
+        ctx: &mut Ctx<'_, H>,
         prefetches: &mut Prefetches,
-        (holder, recent): (u64, Option<Instant>),
         context_id: u32,
     ) {
         if self.streams.is_empty() {
@@ -304,15 +316,15 @@ impl Streams {
         };
         match stream.state {
             StreamState::Holding => {
-                super::slots::release(host, store, holder, stream.named_slots());
+                super::slots::release(ctx, stream.named_slots());
+                let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
+                let (holder, now) = (ctx.holder, ctx.now);
                 if stream.lease_ttl.is_none() {
                     // It held only further limits' slots.
                     return;
                 }
                 metrics.add_to(stream.series, PolicyStat::InFlight, -1);
-                if prefetches.return_slot(stream.prefetch, stream.lease, || {
-                    recent.unwrap_or_else(|| host.now())
-                }) {
+                if prefetches.return_slot(stream.prefetch, stream.lease, || now) {
                     // Kept for this worker's next request while the prefetch lives.
                     return;
                 }
@@ -327,7 +339,9 @@ impl Streams {
                 });
             }
             StreamState::Waiting(turn) => {
-                metrics.add_to(stream.series, PolicyStat::QueueAbandoned, 1);
+                let (host, store, holder) = (ctx.host, &mut *ctx.store, ctx.holder);
+                ctx.metrics
+                    .add_to(stream.series, PolicyStat::QueueAbandoned, 1);
                 // On failure the waiter's deadline takes it out of the queue.
                 let _ = store.update_as::<BucketState, _, _>(host, &stream.bucket, |s| {
                     let c = s.cancel(holder, turn.ticket);
@@ -341,13 +355,10 @@ impl Streams {
     /// ends) gives the slot back, as a crashed worker's slots come back.
     pub fn expire_stuck<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
+        ctx: &mut Ctx<'_, H>,
         prefetches: &mut Prefetches,
-        holder: u64,
-        now: Instant,
     ) {
+        let now = ctx.now;
         let stuck: Vec<(u32, PolicySeries)> = self
             .streams
             .iter()
@@ -357,21 +368,16 @@ impl Streams {
             })
             .map(|(c, s)| (*c, s.series))
             .collect();
-        for (ctx, series) in stuck {
-            metrics.add_to(series, PolicyStat::LeasesExpired, 1);
-            self.end(host, store, metrics, prefetches, (holder, Some(now)), ctx);
+        for (context_id, series) in stuck {
+            ctx.metrics.add_to(series, PolicyStat::LeasesExpired, 1);
+            self.end(ctx, prefetches, context_id);
         }
     }
 
     /// Keeps this worker's leases alive while it holds slots: renewing at a
     /// quarter of the TTL leaves three chances before a lease could lapse.
-    pub fn renew_leases<H: Host + ?Sized>(
-        &mut self,
-        host: &H,
-        store: &mut Store,
-        holder: u64,
-        now: Instant,
-    ) {
+    pub fn renew_leases<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
+        let (holder, now) = (ctx.holder, ctx.now);
         // Bucket names and further limits' keys (`sluice/l/...`) differ.
         let mut buckets: BTreeMap<&str, (Span, bool)> = BTreeMap::new();
         for s in self.streams.values() {
@@ -400,10 +406,10 @@ impl Streams {
                 continue;
             }
             let renewed = if is_named {
-                super::slots::renew(host, store, bucket, holder, (now, ttl))
+                super::slots::renew(ctx, bucket, ttl)
             } else {
-                store
-                    .update_as::<BucketState, _, _>(host, bucket, |s| {
+                ctx.store
+                    .update_as::<BucketState, _, _>(ctx.host, bucket, |s| {
                         let r = s.renew(holder, now, ttl);
                         (r, r)
                     })
@@ -419,17 +425,15 @@ impl Streams {
 
 /// Gives prefetched slots this worker did not use back to their bucket
 /// (a failure is counted by the store; the lease then expires).
-pub(super) fn give_back<H: Host + ?Sized>(
-    host: &H,
-    store: &mut Store,
-    holder: u64,
-    spare: SpareSlots,
-) {
+pub(super) fn give_back<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, spare: SpareSlots) {
     let Some(lease) = spare.lease else {
         return;
     };
-    let _ = store.update_as::<BucketState, _, _>(host, &spare.bucket, |s| {
-        let n = s.release_many(holder, lease, spare.slots);
-        (n, n > 0)
-    });
+    let holder = ctx.holder;
+    let _ = ctx
+        .store
+        .update_as::<BucketState, _, _>(ctx.host, &spare.bucket, |s| {
+            let n = s.release_many(holder, lease, spare.slots);
+            (n, n > 0)
+        });
 }

@@ -15,13 +15,14 @@ use sluice_shared::time::{Instant, Span};
 use sluice_shared::PolicySet;
 
 use super::budgets::Budgets;
+use super::ctx::Ctx;
 use super::key_counts::KeyCounts;
 use super::provider;
 use super::slots;
 use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
 use crate::fleet;
 use crate::host::{Host, Level};
-use crate::metrics::{FilterStat, Metrics};
+use crate::metrics::FilterStat;
 use crate::report;
 use crate::store::Store;
 use crate::sync::{self as policy_sync, Answer, Published, SetId, SyncSettings};
@@ -121,7 +122,8 @@ impl SyncClient {
     /// News for the other Envoys (a pause, a rate cut): the Envoy's next
     /// sync is brought forward to now, so that the admin hears of it
     /// within a tick instead of an interval.
-    pub fn hurry<H: Host + ?Sized>(&mut self, host: &H, store: &mut Store, now: Instant) {
+    pub fn hurry<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
+        let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
         if self.settings.is_none() || now.since(self.hurried_at) < HURRY_EVERY {
             return;
         }
@@ -131,13 +133,8 @@ impl SyncClient {
         policy_sync::hurry(host, store, now);
     }
 
-    pub fn report_counters<H: Host + ?Sized>(
-        &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
-        now: Instant,
-    ) {
+    pub fn report_counters<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
+        let (host, store, metrics, now) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics, ctx.now);
         if self.settings.is_none() || now - self.reported_at < REPORT_EVERY {
             return;
         }
@@ -159,13 +156,11 @@ impl SyncClient {
     /// utilization snapshot to the admin.
     pub fn maybe_sync<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
+        ctx: &mut Ctx<'_, H>,
         budgets: &mut Budgets,
         policies: &CompiledPolicySet,
-        now: Instant,
     ) {
+        let (host, store, metrics, now) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics, ctx.now);
         let Some(settings) = &self.settings else {
             return;
         };
@@ -265,13 +260,8 @@ impl SyncClient {
     /// it is not the call this VM waits for.
     /// Opens the watch call if push is on, no VM of this Envoy holds it and
     /// the last one did not fail just now.
-    pub fn maybe_watch<H: Host + ?Sized>(
-        &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
-        now: Instant,
-    ) {
+    pub fn maybe_watch<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
+        let (host, store, metrics, now) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics, ctx.now);
         let Some(settings) = self.settings.as_ref().filter(|s| s.push) else {
             return;
         };
@@ -331,13 +321,13 @@ impl SyncClient {
     /// failure.
     pub fn on_watch_answer<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
-        (answer, epoch, sync_now): (Answer, u64, bool),
+        ctx: &mut Ctx<'_, H>,
+        answer: Answer,
+        epoch: u64,
+        sync_now: bool,
         call: WatchCall,
     ) -> Option<PolicySet> {
-        let now = host.now();
+        let (host, now) = (ctx.host, ctx.now);
         // The admin answered with a set other than the one the watch named:
         // news, even when a sync brought it here first. So is a word to
         // sync now: fleet room was freed that this Envoy may want.
@@ -346,15 +336,15 @@ impl SyncClient {
             || matches!(&answer, Answer::PolicySet(set)
             if (SetId { epoch, version: set.version }) != call.named);
         if sync_now {
-            self.hurry(host, store, now);
+            self.hurry(ctx);
         }
         let (ok, installed) = match answer {
             Answer::Unchanged => (true, None),
             Answer::PolicySet(set) => {
-                let (ok, stat, installed) = self.take_set(host, store, set, epoch);
-                metrics.add_filter(stat, 1);
+                let (ok, stat, installed) = self.take_set(host, ctx.store, set, epoch);
+                ctx.metrics.add_filter(stat, 1);
                 if installed.is_some() {
-                    metrics.add_filter(FilterStat::PushSets, 1);
+                    ctx.metrics.add_filter(FilterStat::PushSets, 1);
                 }
                 (ok, installed)
             }
@@ -373,18 +363,18 @@ impl SyncClient {
             // Even news opens the next watch at most every NEWS_GAP: an
             // admin that answers news after news cannot spin this VM.
             let reopen = (call.sent + watch::NEWS_GAP).max(now);
-            watch::release(host, store, reopen);
+            watch::release(host, ctx.store, reopen);
             if reopen <= now {
-                self.maybe_watch(host, store, metrics, now);
+                self.maybe_watch(ctx);
             }
         } else if ok {
             // An answer that brought nothing new comes after the hold; one
             // that comes at once (an admin that does not hold) must not
             // turn watches into a loop.
-            watch::release(host, store, (call.sent + watch::MIN_GAP).max(now));
+            watch::release(host, ctx.store, (call.sent + watch::MIN_GAP).max(now));
         } else {
-            metrics.add_filter(FilterStat::PushFailures, 1);
-            watch::release(host, store, watch::retry_after(host, now));
+            ctx.metrics.add_filter(FilterStat::PushFailures, 1);
+            watch::release(host, ctx.store, watch::retry_after(host, now));
         }
         installed
     }
@@ -406,12 +396,11 @@ impl SyncClient {
     /// the sync turn, backing off after a failure.
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
-        metrics: &mut Metrics,
+        ctx: &mut Ctx<'_, H>,
         answer: Answer,
         epoch: u64,
     ) -> Option<PolicySet> {
+        let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
         let mut installed = None;
         let (ok, stat) = match answer {
             Answer::Unchanged => (true, FilterStat::SyncOk),

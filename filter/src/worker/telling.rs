@@ -18,6 +18,7 @@ use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::policy::RateLimitHeaders;
 use sluice_shared::time::{Instant, Span};
 
+use super::ctx::Ctx;
 use super::provider;
 use super::slots;
 use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
@@ -58,11 +59,10 @@ impl Telling {
     /// that is not told).
     pub fn headers<H: Host + ?Sized>(
         &mut self,
-        host: &H,
-        store: &mut Store,
+        ctx: &mut Ctx<'_, H>,
         context_id: u32,
-        now: Instant,
     ) -> Vec<(&'static str, String)> {
+        let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
         let Some((set, index)) = self.calls.remove(&context_id) else {
             return Vec::new();
         };

@@ -16,10 +16,10 @@ use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageReader};
 
+use super::ctx::Ctx;
 use super::limits::{self, LimitPlace};
 use crate::host::Host;
-use crate::metrics::{FilterStat, LimitStat, Metrics};
-use crate::store::Store;
+use crate::metrics::{FilterStat, LimitStat};
 
 /// One limit of an admitted call, waiting for its usage.
 #[derive(Debug)]
@@ -56,14 +56,6 @@ impl Outcome {
             Err(UsageError::Missing(_)) => Outcome::Unread(LimitStat::UsageMissing),
         }
     }
-}
-
-/// What settling touches.
-pub(super) struct Ledger<'a, H: Host + ?Sized> {
-    pub host: &'a H,
-    pub store: &'a mut Store,
-    pub metrics: &'a mut Metrics,
-    pub now: Instant,
 }
 
 /// The most of response bodies one worker holds at once, over every call
@@ -135,7 +127,7 @@ impl Usages {
     /// reader starts. True while the body is still wanted.
     pub fn on_headers<H, R>(
         &mut self,
-        ledger: &mut Ledger<'_, H>,
+        ctx: &mut Ctx<'_, H>,
         context_id: u32,
         headers: &R,
         end_of_stream: bool,
@@ -153,19 +145,19 @@ impl Usages {
             if let Some(name) = &owed.source.header {
                 let value = headers.header(name);
                 let outcome = Outcome::of(usage_from_header(value.as_deref(), name));
-                settle(ledger, owed, taken_at, outcome);
+                settle(ctx, owed, taken_at, outcome);
                 return false;
             }
             owed.reader = owed.source.body_reader(content_type.as_deref());
             true
         });
-        self.after_progress(ledger, context_id, end_of_stream)
+        self.after_progress(ctx, context_id, end_of_stream)
     }
 
     /// The next piece of the response's body. True while more is wanted.
     pub fn on_body<H: Host + ?Sized>(
         &mut self,
-        ledger: &mut Ledger<'_, H>,
+        ctx: &mut Ctx<'_, H>,
         context_id: u32,
         chunk: &[u8],
         end_of_stream: bool,
@@ -183,7 +175,7 @@ impl Usages {
             let before = reader.buffered();
             if held.saturating_add(chunk.len()) > MAX_HELD_BYTES {
                 reader.give_up();
-                ledger.metrics.add_filter(FilterStat::UsageBufferFull, 1);
+                ctx.metrics.add_filter(FilterStat::UsageBufferFull, 1);
             } else {
                 reader.feed(chunk);
             }
@@ -193,18 +185,18 @@ impl Usages {
             }
             // Nothing more to read for it: settle now, free its buffer.
             if let Some(reader) = owed.reader.take() {
-                settle(ledger, owed, taken_at, Outcome::of(reader.finish()));
+                settle(ctx, owed, taken_at, Outcome::of(reader.finish()));
             }
             false
         });
-        self.after_progress(ledger, context_id, end_of_stream)
+        self.after_progress(ctx, context_id, end_of_stream)
     }
 
     /// Settles every reader at the end of the body; forgets a call with
     /// nothing left to settle. True while the body is still wanted.
     fn after_progress<H: Host + ?Sized>(
         &mut self,
-        ledger: &mut Ledger<'_, H>,
+        ctx: &mut Ctx<'_, H>,
         context_id: u32,
         end_of_stream: bool,
     ) -> bool {
@@ -219,7 +211,7 @@ impl Usages {
                     return true;
                 };
                 *held = held.saturating_sub(reader.buffered());
-                settle(ledger, owed, taken_at, Outcome::of(reader.finish()));
+                settle(ctx, owed, taken_at, Outcome::of(reader.finish()));
                 false
             });
         }
@@ -232,16 +224,19 @@ impl Usages {
 
     /// The call ended: whatever was not settled (aborted mid-response, or
     /// never answered) keeps its estimate.
-    pub fn on_end<H: Host + ?Sized>(&mut self, ledger: &mut Ledger<'_, H>, context_id: u32) {
+    pub fn on_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
         let Some(pending) = self.pending.remove(&context_id) else {
             return;
         };
+        // A stream's end is handled at the clock's last reading; settling
+        // charges at the time it happens.
+        ctx.read_clock();
         for mut owed in pending.owed {
             if let Some(reader) = owed.reader.take() {
                 self.held = self.held.saturating_sub(reader.buffered());
             }
             settle(
-                ledger,
+                ctx,
                 &mut owed,
                 pending.taken_at,
                 Outcome::Unread(LimitStat::UsageAborted),
@@ -253,33 +248,29 @@ impl Usages {
 /// Charges the limit what the call really cost (refund or debt), or its
 /// unread charge when that could not be read; counts it either way.
 fn settle<H: Host + ?Sized>(
-    ledger: &mut Ledger<'_, H>,
+    ctx: &mut Ctx<'_, H>,
     owed: &mut Owed,
     taken_at: Instant,
     outcome: Outcome,
 ) {
     let charged = match outcome {
         Outcome::Read(used) => {
-            ledger
-                .metrics
-                .add_limit(&owed.limit, LimitStat::UsageRead, 1);
+            ctx.metrics.add_limit(&owed.limit, LimitStat::UsageRead, 1);
             owed.rate.taken(used)
         }
         Outcome::Unread(stat) => {
-            ledger.metrics.add_limit(&owed.limit, stat, 1);
+            ctx.metrics.add_limit(&owed.limit, stat, 1);
             owed.rate.taken(owed.source.unread_charge(owed.estimate))
         }
     };
     limits::adjust(
-        ledger.host,
-        ledger.store,
+        ctx,
         &owed.place,
         &owed.rate,
         (owed.estimate, charged),
-        (taken_at, ledger.now),
+        taken_at,
     );
     let tokens = i64::try_from(charged).unwrap_or(i64::MAX);
-    ledger
-        .metrics
+    ctx.metrics
         .add_limit(&owed.limit, LimitStat::Tokens, tokens);
 }
