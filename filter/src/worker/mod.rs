@@ -256,7 +256,8 @@ impl Worker {
     /// policy's name, so an edited policy keeps its state; streams already
     /// admitted or waiting keep their bucket.
     pub fn install<H: Host + ?Sized>(&mut self, host: &H, set: CompiledPolicySet) {
-        self.event(host, When::Fresh, |parts, ctx| parts.install(ctx, set))
+        // Installing reads no time of its own (shares read the clock).
+        self.event(host, When::Recent, |parts, ctx| parts.install(ctx, set))
     }
 
     /// Decides a request that has no body.
