@@ -24,14 +24,14 @@ use sluice_shared::api::{
 };
 use sluice_shared::key_view::{label_secret, name_key};
 use sluice_shared::people::{check_name, Role, BOOTSTRAP_ADMIN};
-use sluice_shared::sync::{
-    SyncReport, BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_PATH,
-};
+use sluice_shared::sync::{SyncReport, SYNC_PATH};
+use sluice_shared::sync_answer::AdminAnswer;
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::access::{Editor, Operator, Presented, SyncPeer, Via, Writer};
+use crate::answer::http_answer;
 use crate::as_code::{load, SourceFile};
 use crate::auth::{bears, Credentials, SESSION_COOKIE};
 use crate::error::ApiError;
@@ -621,41 +621,47 @@ async fn sync(
         state.metrics.result("bad_request");
         ApiError::BadRequest(e)
     })?;
+    let answer = answer_sync(&state, report).await?;
+    state.metrics.result(if answer.set.is_some() {
+        "policy_set"
+    } else {
+        "not_modified"
+    });
+    Ok(http_answer(answer.http()))
+}
+
+/// What the admin answers an Envoy's report: it records the report (the
+/// live view, relayed provider news, fleet demand) and answers with the
+/// set when the Envoy's is not current, and always with the store's epoch,
+/// the Envoy's fleet shares, its budgets and other Envoys' provider news.
+async fn answer_sync(state: &AppState, report: SyncReport) -> Result<AdminAnswer, ApiError> {
     let received_ms = now_ms();
     // The store keeps what the report says of the set's names only, and
     // hands the report back so kept: nothing below sees a made-up name.
-    let answer = state.store.record_sync(report).await.map_err(|e| {
+    let recorded = state.store.record_sync(report).await.map_err(|e| {
         if matches!(e, crate::store::StoreError::TooManyInstances(..)) {
             state.metrics.result("too_many_instances");
             return ApiError::Unavailable(e.to_string());
         }
         ApiError::from(e)
     })?;
-    let (report, set, epoch) = (answer.report, answer.set, answer.epoch);
+    let (report, set, epoch) = (recorded.report, recorded.set, recorded.epoch);
     state.live.ingest(&report, received_ms);
     // The relay failing (Redis away) costs the Envoys the other Envoys'
     // news, never the sync.
     if let Err(e) = state.relay.hear(&report, &set, received_ms).await {
         tracing::warn!(instance = %report.instance, error = %e, "provider news not kept");
     }
-    let news = match state.relay.news_for(&report, &set, received_ms).await {
+    let provider = match state.relay.news_for(&report, &set, received_ms).await {
         Ok(news) => news,
         Err(e) => {
             tracing::warn!(instance = %report.instance, error = %e, "no provider news for this sync");
             Default::default()
         }
     };
-    let news = (!news.is_empty())
-        .then(|| serde_json::to_string(&news).ok())
-        .flatten()
-        .and_then(|json| HeaderValue::from_str(&json).ok());
-    let budgets = (!answer.budgets.is_empty())
-        .then(|| serde_json::to_string(&answer.budgets).ok())
-        .flatten()
-        .and_then(|json| HeaderValue::from_str(&json).ok());
     state.metrics.policy_set_version.set(set.version as i64);
     state.changes.observe(set.version);
-    if answer.renewed {
+    if recorded.renewed {
         tracing::warn!(
             instance = %report.instance,
             reported = report.policy_version,
@@ -665,50 +671,35 @@ async fn sync(
         );
     }
     let shares = match state.fleet.shares(&set, &report).await {
-        Ok(shares) if shares.message.is_empty() => None,
         Ok(shares) => {
             if shares.freed {
                 state.changes.fleet_news();
             }
-            serde_json::to_string(&shares.message)
-                .ok()
-                .and_then(|json| HeaderValue::from_str(&json).ok())
+            shares.message
         }
         Err(e) => {
             // The Envoy keeps its last share until that lease runs out.
             state.metrics.result("fleet_error");
             tracing::error!(instance = %report.instance, error = %e, "no shares for this sync");
-            None
+            Default::default()
         }
     };
     // An Envoy that names no epoch is older than epochs: its version alone
     // tells whether it is current.
     let same_store = report.policy_epoch == epoch || report.policy_epoch == 0;
-    let mut response = if set.version == report.policy_version && same_store {
-        state.metrics.result("not_modified");
-        (
-            StatusCode::NOT_MODIFIED,
-            [(header::ETAG, etag(set.version))],
-        )
-            .into_response()
-    } else {
-        state.metrics.result("policy_set");
+    let current = set.version == report.policy_version && same_store;
+    if !current {
         tracing::info!(instance = %report.instance, from = report.policy_version, to = set.version, "sending policy set");
-        ([(header::ETAG, etag(set.version))], Json(set)).into_response()
-    };
-    if let Some(shares) = shares {
-        response.headers_mut().insert(SHARES_HEADER, shares);
     }
-    if let Some(budgets) = budgets {
-        response.headers_mut().insert(BUDGETS_HEADER, budgets);
-    }
-    if let Some(news) = news {
-        response.headers_mut().insert(PROVIDER_HEADER, news);
-    }
-    response
-        .headers_mut()
-        .insert(EPOCH_HEADER, HeaderValue::from(epoch));
-    Ok(response)
+    Ok(AdminAnswer {
+        version: Some(set.version),
+        set: (!current).then_some(set),
+        epoch,
+        shares,
+        budgets: recorded.budgets,
+        provider,
+        sync_now: false,
+    })
 }
 
 /// Each global policy's limit and how it is shared out now.

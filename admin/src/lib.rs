@@ -3,6 +3,7 @@
 //! live utilization from what the Envoys report.
 
 pub mod access;
+mod answer;
 pub mod api;
 pub mod as_code;
 pub mod auth;

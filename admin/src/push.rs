@@ -14,13 +14,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use sluice_shared::sync::{check_instance, WatchRequest, EPOCH_HEADER, SYNC_NOW_HEADER};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use sluice_shared::sync::{check_instance, WatchRequest};
+use sluice_shared::sync_answer::AdminAnswer;
 use tokio::sync::watch;
 
 use crate::access::SyncPeer;
+use crate::answer::http_answer;
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -258,11 +259,12 @@ async fn answer_watch(
         // and that set reaches it then.
         if set.version > request.policy_version || !same_store {
             tracing::info!(instance = %request.instance, from = request.policy_version, to = set.version, "pushing policy set");
-            let mut response = Json(set).into_response();
-            response
-                .headers_mut()
-                .insert(EPOCH_HEADER, HeaderValue::from(epoch));
-            return Ok(response);
+            let answer = AdminAnswer {
+                set: Some(set),
+                epoch,
+                ..AdminAnswer::default()
+            };
+            return Ok(http_answer(answer.http()));
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { break },
@@ -276,20 +278,10 @@ async fn answer_watch(
             _ = place.replaced.wait_for(|r| *r) => break,
         }
     }
-    let epoch = state.store.epoch().await?;
-    let mut response = (
-        StatusCode::NOT_MODIFIED,
-        [(
-            header::HeaderName::from_static(EPOCH_HEADER),
-            HeaderValue::from(epoch),
-        )],
-    )
-        .into_response();
-    if sync_now {
-        response.headers_mut().insert(
-            header::HeaderName::from_static(SYNC_NOW_HEADER),
-            HeaderValue::from_static("1"),
-        );
-    }
-    Ok(response)
+    let answer = AdminAnswer {
+        epoch: state.store.epoch().await?,
+        sync_now,
+        ..AdminAnswer::default()
+    };
+    Ok(http_answer(answer.http()))
 }

@@ -12,17 +12,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_shared::fleet::{Amount, Share};
-use sluice_shared::sync::SharesMessage;
+use sluice_shared::sync_answer::read_shares;
 use sluice_shared::time::{Instant, Span};
 
 use crate::entries::SHARES_KEY;
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 use crate::sync::read_u64;
-
-/// Larger headers are ignored (a well-behaved admin sends a few hundred
-/// bytes per global policy).
-pub const MAX_SHARES_HEADER: usize = 64 * 1024;
 
 /// A share as this Envoy holds it: the amount and when its lease ends, on
 /// this Envoy's clock.
@@ -50,10 +46,7 @@ pub type HeldShares = BTreeMap<String, HeldShare>;
 /// The shares in the admin's answer header; None if it is not one. Shares
 /// that are not finite or negative are refused with the whole header.
 pub fn parse_header(value: &[u8], sent_at: Instant) -> Option<HeldShares> {
-    if value.len() > MAX_SHARES_HEADER {
-        return None;
-    }
-    let message: SharesMessage = serde_json::from_slice(value).ok()?;
+    let message = read_shares(value).ok()?;
     let mut out = BTreeMap::new();
     for (policy, m) in message {
         if !m.rate.is_finite() || m.rate < 0.0 {

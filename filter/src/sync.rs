@@ -184,15 +184,6 @@ impl SetId {
     }
 }
 
-/// The epoch an admin names in its answer; 0 when it names none (or
-/// something that is not a number).
-pub fn parse_epoch(value: Option<&[u8]>) -> u64 {
-    value
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// The id every worker polls.
 pub fn published_id<H: Host + ?Sized>(host: &H) -> Option<SetId> {
     SetId::decode(host.shared_get(POLICY_VERSION_KEY).0.as_deref())
@@ -426,9 +417,6 @@ mod tests {
         // The admin's store was replaced: its versions start again.
         assert_eq!(publish(&mut store, id(9, 1), set(1, 5)), Published::Stored);
         assert_eq!(published_set(&host).unwrap(), (id(9, 1), set(1, 5)));
-        assert_eq!(parse_epoch(Some(b"123")), 123);
-        assert_eq!(parse_epoch(Some(b"\xff")), 0);
-        assert_eq!(parse_epoch(None), 0);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod policy_diff;
 pub mod provider;
 pub mod request_headers;
 pub mod sync;
+pub mod sync_answer;
 pub mod time;
 pub mod usage;
 pub mod validate;

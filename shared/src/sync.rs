@@ -10,7 +10,8 @@
 //! instance's share in the [`SHARES_HEADER`] header (JSON, a
 //! [`ShareMessage`] per policy), and the next report names the share the
 //! instance applies (`shares`). Durations are relative, so the Envoys'
-//! clocks need not agree with the admin's.
+//! clocks need not agree with the admin's. The answers are written and
+//! read in [`crate::sync_answer`] only.
 //!
 //! The header is `sluice-grants` and the report's field `grants` on the
 //! wire, as the first fleet release named them: filters and admins of

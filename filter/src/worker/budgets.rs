@@ -11,16 +11,14 @@
 use std::collections::{BTreeMap, HashSet};
 
 use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
-use sluice_shared::sync::{BudgetReport, BudgetsMessage};
+use sluice_shared::sync::BudgetReport;
+use sluice_shared::sync_answer::read_budgets;
 use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
 use crate::entries::{self, budget_known_key, limit_key, LimitState, Marker};
 use crate::host::{Host, Level};
 use crate::metrics::FilterStat;
-
-/// The most of the admin's budgets header read; a larger one is refused.
-pub const MAX_BUDGETS_HEADER: usize = 64 * 1024;
 
 #[derive(Debug, Default)]
 pub(super) struct Budgets {
@@ -90,7 +88,7 @@ impl Budgets {
         if !self.held_by_admin {
             return;
         }
-        let held = match header.map(parse_header).transpose() {
+        let held = match header.map(read_budgets).transpose() {
             Ok(held) => held.unwrap_or_default(),
             Err(why) => {
                 metrics.add_filter(FilterStat::BudgetsMalformed, 1);
@@ -151,14 +149,4 @@ fn budgets_of(policies: &CompiledPolicySet) -> impl Iterator<Item = &CompiledLim
         .iter()
         .flat_map(|p| p.limits.iter())
         .filter(|l| l.budget)
-}
-
-fn parse_header(value: &[u8]) -> Result<BudgetsMessage, String> {
-    if value.len() > MAX_BUDGETS_HEADER {
-        return Err(format!(
-            "{} bytes, at most {MAX_BUDGETS_HEADER} are read",
-            value.len()
-        ));
-    }
-    serde_json::from_slice(value).map_err(|e| e.to_string())
 }

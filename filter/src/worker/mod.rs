@@ -52,6 +52,7 @@ use crate::metrics::{FilterStat, Metrics, PolicySeries, PolicyStat};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
+use sluice_shared::sync_answer::read_epoch;
 
 pub use admission::Verdict;
 pub use queue::StreamAction;
@@ -632,7 +633,7 @@ impl Parts {
         reply: SyncReply<'_>,
     ) {
         if let Some(call) = self.sync.take_watch(token) {
-            let epoch = crate::sync::parse_epoch(reply.epoch_header);
+            let epoch = read_epoch(reply.epoch_header);
             if let Some(set) =
                 self.sync
                     .on_watch_answer(ctx, reply.answer(), epoch, reply.sync_now, call)
@@ -658,7 +659,7 @@ impl Parts {
         }
         let answer = reply.answer();
         let answered = matches!(answer, Answer::Unchanged | Answer::PolicySet(_));
-        let epoch = crate::sync::parse_epoch(reply.epoch_header);
+        let epoch = read_epoch(reply.epoch_header);
         if let Some(set) = self.sync.on_answer(ctx, answer, epoch) {
             self.install_from_admin(ctx, set);
         }

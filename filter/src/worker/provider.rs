@@ -15,6 +15,7 @@ use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
 use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
+use sluice_shared::sync_answer::read_news;
 
 use super::ctx::Ctx;
 use crate::counters::LimitCounters;
@@ -431,9 +432,6 @@ pub(super) fn report<H: Host + ?Sized>(
 /// own waits come in whole seconds, so a real new pause ends later.
 const RELAY_SLACK: Span = Span::from_millis(500);
 
-/// The most of the provider news header that is read.
-pub const MAX_NEWS_HEADER: usize = 64 * 1024;
-
 /// The admin relayed what other Envoys' providers said: each pause still
 /// running and each recent rate cut of a limit they share is taken as if
 /// this Envoy had seen it (`delay`: how long ago the admin answered).
@@ -445,7 +443,7 @@ pub(super) fn take_news<H: Host + ?Sized>(
     delay: Span,
 ) {
     let (host, now) = (ctx.host, ctx.now);
-    let news: ProviderNews = match parse_news(header) {
+    let news: ProviderNews = match read_news(header) {
         Ok(news) => news,
         Err(why) => {
             ctx.metrics.add_filter(FilterStat::ProviderNewsMalformed, 1);
@@ -483,16 +481,6 @@ pub(super) fn take_news<H: Host + ?Sized>(
             cut_rate(ctx, limit, (0, Heard::Relayed, at), full);
         }
     }
-}
-
-fn parse_news(header: &[u8]) -> Result<ProviderNews, String> {
-    if header.len() > MAX_NEWS_HEADER {
-        return Err(format!(
-            "{} bytes, at most {MAX_NEWS_HEADER} are read",
-            header.len()
-        ));
-    }
-    serde_json::from_slice(header).map_err(|e| e.to_string())
 }
 
 /// What the provider allows of unkeyed `limit` now, and until when: 0
