@@ -18,40 +18,18 @@
 pub mod clock;
 pub mod counters;
 pub mod entries;
-pub mod fleet;
 pub mod host;
 pub mod metrics;
 pub mod prefetch;
 pub mod report;
 pub mod store;
 pub mod sync;
-pub mod watch;
 pub mod worker;
 
 #[cfg(target_arch = "wasm32")]
 mod envoy;
 
 #[cfg(test)]
-mod budget_tests;
-#[cfg(test)]
-mod fleet_limits_tests;
-#[cfg(test)]
-mod keyed_limits_tests;
-#[cfg(test)]
-mod provider_relay_tests;
-#[cfg(test)]
-mod provider_tests;
-#[cfg(test)]
-mod push_tests;
-#[cfg(test)]
-mod queue_limits_tests;
-#[cfg(test)]
-mod slot_limits_tests;
-#[cfg(test)]
-mod telling_tests;
-#[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod usage_tests;

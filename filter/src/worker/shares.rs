@@ -12,9 +12,9 @@ use sluice_shared::policy::Scope;
 use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
-use crate::fleet::{self, HeldShare, HeldShares};
 use crate::host::{Host, Level};
 use crate::metrics::FilterStat;
+use crate::sync::fleet::{self, HeldShare, HeldShares};
 
 /// Whether a share of the answer just taken shrank by more than a wobble.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

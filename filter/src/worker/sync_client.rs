@@ -20,13 +20,13 @@ use super::key_counts::KeyCounts;
 use super::provider;
 use super::slots;
 use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
-use crate::fleet;
 use crate::host::{Host, Level};
 use crate::metrics::FilterStat;
 use crate::report;
 use crate::store::Store;
+use crate::sync::fleet;
+use crate::sync::watch;
 use crate::sync::{self as policy_sync, Answer, Published, SetId, SyncSettings};
-use crate::watch;
 
 /// How often a worker adds its counters to the shared sync report (one
 /// shared-data write, only while syncing and only with counts to add). The

@@ -12,7 +12,12 @@
 //!   reads on its tick to notice a new set cheaply.
 //!
 //! The counters the syncing VM reports are summed in shared data by
-//! [`crate::report`].
+//! [`crate::report`]. The held watch for pushed edits is [`watch`], fleet
+//! shares [`fleet`]; the worker's side of all three is
+//! `worker/sync_client.rs` and `worker/shares.rs`.
+
+pub mod fleet;
+pub mod watch;
 
 use sluice_shared::plugin::PluginConfig;
 use sluice_shared::sync::SYNC_PATH;

@@ -1,5 +1,6 @@
 //! The worker against the in-memory host: several workers share one host,
-//! as Envoy's worker VMs share one process's shared data.
+//! as Envoy's worker VMs share one process's shared data. The tests of
+//! the request path and the helpers every test file here uses.
 
 use proptest::prelude::*;
 use sluice_shared::bucket::BucketState;
@@ -12,6 +13,19 @@ use crate::store::{Store, MAX_CAS_ATTEMPTS};
 use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;
 use crate::worker::{StreamAction, Verdict, Worker};
+
+// One file per feature, through the worker as Envoy drives it; the
+// helpers they share are below.
+mod budgets;
+mod fleet_limits;
+mod keyed_limits;
+mod provider;
+mod provider_relay;
+mod push;
+mod queue_limits;
+mod slot_limits;
+mod telling;
+mod usage;
 
 pub(crate) const T0: Instant = Instant::from_nanos(1_800_000_000_000_000_000);
 
