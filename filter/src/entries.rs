@@ -317,7 +317,9 @@ mod tests {
         let host = FakeHost::at(Instant::from_nanos(1));
         let mut store = Store::default();
         let rate = limiter();
-        for key in ["marker", "counter", "time", "state", "owned"] {
+        for key in [
+            "marker", "counter", "time", "state", "owned", "set", "set-id", "shares",
+        ] {
             host.shared
                 .borrow_mut()
                 .insert(key.into(), (vec![7, 7, 7], 5));
@@ -327,19 +329,29 @@ mod tests {
         let at = store.update_as::<Instant, _, _>(&host, "time", |t| (*t, false));
         let state = store.update_with(&host, "state", &LimitState(&rate), |s| (*s, false));
         let owned = store.update_with(&host, "owned", &OwnedLimitState(&rate), |e| (e.0, false));
+        let set = store.update_as::<Option<crate::sync::PublishedSet>, _, _>(&host, "set", |s| {
+            (s.is_none(), false)
+        });
+        let set_id =
+            store.update_as::<Option<crate::sync::SetId>, _, _>(&host, "set-id", |id| (*id, false));
+        let shares =
+            store.update_as::<crate::sync::fleet::PublishedShares, _, _>(&host, "shares", |s| {
+                (s.seq, false)
+            });
         assert_eq!(seen, Ok(false));
         assert_eq!(count, Ok(0));
         assert_eq!(at, Ok(Instant::EPOCH));
         assert_eq!(state, Ok(rate.initial_state()));
         assert_eq!(owned, Ok(0));
+        assert_eq!((set, set_id, shares), (Ok(true), Ok(None), Ok(0)));
         let mut metrics = Metrics::default();
         store.flush_into(&mut metrics);
-        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 5);
+        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 8);
         // A missing value is no fault.
         let fresh = store.update_as::<u64, _, _>(&host, "missing", |n| (*n, false));
         assert_eq!(fresh, Ok(0));
         store.flush_into(&mut metrics);
-        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 5);
+        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 8);
     }
 
     proptest! {

@@ -15,7 +15,7 @@ use sluice_shared::fleet::{Amount, Share};
 use sluice_shared::sync_answer::read_shares;
 use sluice_shared::time::{Instant, Span};
 
-use crate::entries::SHARES_KEY;
+use crate::entries::{self, Entry, SHARES_KEY};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 use crate::sync::read_u64;
@@ -68,20 +68,47 @@ pub fn parse_header(value: &[u8], sent_at: Instant) -> Option<HeldShares> {
     Some(out)
 }
 
-fn decode(bytes: Option<&[u8]>) -> (u64, HeldShares) {
-    match (read_u64(bytes), bytes.and_then(|b| b.get(8..))) {
-        (Some(seq), Some(json)) => (seq, serde_json::from_slice(json).unwrap_or_default()),
-        _ => (0, BTreeMap::new()),
+/// [`SHARES_KEY`]: a sequence number every worker polls (0: none yet),
+/// then the shares as JSON, read only when the number moved.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PublishedShares {
+    pub seq: u64,
+    pub shares: HeldShares,
+}
+
+impl Entry for PublishedShares {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        Some(Self {
+            seq: published_seq_of(bytes)?,
+            // Shares that do not read are none: the policies fall back to
+            // their share of the limit split among the instances.
+            shares: serde_json::from_slice(bytes.get(8..)?).unwrap_or_default(),
+        })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut value = self.seq.to_le_bytes().to_vec();
+        value.extend_from_slice(&serde_json::to_vec(&self.shares).unwrap_or_default());
+        value
     }
 }
 
-/// The sequence number of the published shares (0: none yet).
+fn published_seq_of(bytes: &[u8]) -> Option<u64> {
+    read_u64(Some(bytes))
+}
+
+/// The sequence number of the published shares (0: none yet), without
+/// reading the shares.
 pub fn published_seq<H: Host + ?Sized>(host: &H) -> u64 {
-    read_u64(host.shared_get(SHARES_KEY).0.as_deref()).unwrap_or(0)
+    host.shared_get(SHARES_KEY)
+        .0
+        .and_then(|bytes| published_seq_of(&bytes))
+        .unwrap_or(0)
 }
 
 pub fn published<H: Host + ?Sized>(host: &H) -> (u64, HeldShares) {
-    decode(host.shared_get(SHARES_KEY).0.as_deref())
+    let published: PublishedShares = entries::read_as(host, SHARES_KEY);
+    (published.seq, published.shares)
 }
 
 /// Stores the shares of one answer for every worker: they replace the
@@ -92,12 +119,10 @@ pub fn publish<H: Host + ?Sized>(
     store: &mut Store,
     shares: &HeldShares,
 ) -> Result<(), StoreError> {
-    let json = serde_json::to_vec(shares).unwrap_or_default();
-    store.update(host, SHARES_KEY, |cur| {
-        let (seq, _) = decode(cur);
-        let mut value = seq.wrapping_add(1).max(1).to_le_bytes().to_vec();
-        value.extend_from_slice(&json);
-        ((), Some(value))
+    store.update_as::<PublishedShares, _, _>(host, SHARES_KEY, |published| {
+        published.seq = published.seq.wrapping_add(1).max(1);
+        published.shares = shares.clone();
+        ((), true)
     })
 }
 

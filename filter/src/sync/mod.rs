@@ -25,7 +25,7 @@ use sluice_shared::time::{Instant, Span};
 use sluice_shared::validate::parse_policy_set;
 use sluice_shared::PolicySet;
 
-use crate::entries::{Entry, POLICY_SET_KEY, POLICY_VERSION_KEY, SYNC_KEY};
+use crate::entries::{self, Entry, POLICY_SET_KEY, POLICY_VERSION_KEY, SYNC_KEY};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 
@@ -180,8 +180,8 @@ impl SetId {
         out
     }
 
-    fn decode(bytes: Option<&[u8]>) -> Option<SetId> {
-        let bytes = bytes?;
+    /// From the first 16 bytes of `bytes`.
+    fn decode(bytes: &[u8]) -> Option<SetId> {
         Some(SetId {
             version: read_u64(Some(bytes))?,
             epoch: read_u64(bytes.get(8..))?,
@@ -189,19 +189,54 @@ impl SetId {
     }
 }
 
+/// [`POLICY_VERSION_KEY`]: the id alone (None: no set published yet).
+impl Entry for Option<SetId> {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        SetId::decode(bytes).map(Some)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        self.map(|id| id.encode().to_vec()).unwrap_or_default()
+    }
+}
+
+/// [`POLICY_SET_KEY`]: the set's id, then its JSON, validated only when a
+/// worker installs it (a publish compares ids and never parses a set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedSet {
+    pub id: SetId,
+    pub json: Vec<u8>,
+}
+
+impl Entry for Option<PublishedSet> {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let id = SetId::decode(bytes)?;
+        let json = bytes.get(16..)?.to_vec();
+        Some(Some(PublishedSet { id, json }))
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let Some(set) = self else {
+            return Vec::new();
+        };
+        let mut value = set.id.encode().to_vec();
+        value.extend_from_slice(&set.json);
+        value
+    }
+}
+
 /// The id every worker polls.
 pub fn published_id<H: Host + ?Sized>(host: &H) -> Option<SetId> {
-    SetId::decode(host.shared_get(POLICY_VERSION_KEY).0.as_deref())
+    entries::read_as::<Option<SetId>, _>(host, POLICY_VERSION_KEY)
 }
 
 /// The last good policy set from the admin, and its id, if any. A value
 /// that fails to decode or validate is ignored (and never written in the
 /// first place).
 pub fn published_set<H: Host + ?Sized>(host: &H) -> Option<(SetId, PolicySet)> {
-    let bytes = host.shared_get(POLICY_SET_KEY).0?;
-    let id = SetId::decode(Some(&bytes))?;
-    let json = std::str::from_utf8(bytes.get(16..)?).ok()?;
-    parse_policy_set(json).ok().map(|set| (id, set))
+    let published = entries::read_as::<Option<PublishedSet>, _>(host, POLICY_SET_KEY)?;
+    let json = std::str::from_utf8(&published.json).ok()?;
+    parse_policy_set(json).ok().map(|set| (published.id, set))
 }
 
 /// What [`publish`] did with a set.
@@ -224,19 +259,22 @@ pub fn publish<H: Host + ?Sized>(
     set: &PolicySet,
 ) -> Result<Published, StoreError> {
     let json = serde_json::to_vec(set).unwrap_or_default();
-    let outcome = store.update(host, POLICY_SET_KEY, |cur| {
-        match SetId::decode(cur) {
-            Some(held) if held == id => return (Published::Held, None),
-            Some(held) if !id.replaces(held) => return (Published::Stale { held }, None),
+    let outcome = store.update_as::<Option<PublishedSet>, _, _>(host, POLICY_SET_KEY, |cur| {
+        match cur.as_ref().map(|held| held.id) {
+            Some(held) if held == id => return (Published::Held, false),
+            Some(held) if !id.replaces(held) => return (Published::Stale { held }, false),
             _ => {}
         }
-        let mut value = id.encode().to_vec();
-        value.extend_from_slice(&json);
-        (Published::Stored, Some(value))
+        *cur = Some(PublishedSet {
+            id,
+            json: json.clone(),
+        });
+        (Published::Stored, true)
     })?;
     if outcome == Published::Stored {
-        store.update(host, POLICY_VERSION_KEY, |_| {
-            ((), Some(id.encode().to_vec()))
+        store.update_as::<Option<SetId>, _, _>(host, POLICY_VERSION_KEY, |held| {
+            *held = Some(id);
+            ((), true)
         })?;
     }
     Ok(outcome)
