@@ -220,7 +220,7 @@ pub async fn caller(state: &AppState, parts: &Parts) -> Result<Caller, ApiError>
     if let Some(token) = bearer(parts) {
         return by_token(state, token).await;
     }
-    if let Some(name) = state.proxy_users.user(peer(parts), parts)? {
+    if let Some(name) = state.config.proxy_users.user(peer(parts), parts)? {
         check_name(name).map_err(|e| {
             ApiError::Forbidden(format!("the proxy's user header names no valid user: {e}"))
         })?;
@@ -274,7 +274,7 @@ impl FromRequestParts<Shared> for SyncPeer {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Self, ApiError> {
-        match &state.sync_token {
+        match &state.config.sync_token {
             Some(expected) if !crate::auth::bears(&parts.headers, expected) => {
                 state.metrics.result("unauthorized");
                 Err(ApiError::BadSyncToken)

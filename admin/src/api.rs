@@ -112,7 +112,7 @@ fn session_cookie(state: &AppState, over_tls: bool, value: String) -> Cookie<'st
     Cookie::build((SESSION_COOKIE, value))
         .http_only(true)
         .same_site(SameSite::Strict)
-        .secure(state.secure_cookies || over_tls)
+        .secure(state.config.secure_cookies || over_tls)
         .path("/")
         .build()
 }
@@ -125,7 +125,7 @@ async fn login(
     jar: CookieJar,
     Json(form): Json<LoginRequest>,
 ) -> Result<Response, ApiError> {
-    let ip = state.addressing.client(peer.ip(), &headers);
+    let ip = state.config.addressing.client(peer.ip(), &headers);
     let user = form
         .user
         .as_deref()
@@ -314,7 +314,7 @@ async fn key_label(
     let Some(spec) = &stored.policy.key else {
         return Err(invalid(format!("policy {name:?} has no key")));
     };
-    let secret = label_secret(state.sync_token.as_deref());
+    let secret = label_secret(state.config.sync_token.as_deref());
     let named = name_key(&secret, &name, key.as_bytes(), spec.label);
     // The label, never the key, goes into the audit log.
     state
@@ -718,7 +718,7 @@ async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<FleetV
 }
 
 async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
-    if let Some(expected) = &state.metrics_token {
+    if let Some(expected) = &state.config.metrics_token {
         if !bears(&headers, expected) {
             return Err(ApiError::Unauthorized);
         }

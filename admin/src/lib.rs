@@ -42,31 +42,17 @@ use crate::store::Store;
 /// How long an Envoy that stopped syncing stays listed.
 pub const DEFAULT_INSTANCE_TTL: sluice_shared::Span = sluice_shared::Span::from_secs(3600);
 
-pub struct AppState {
-    pub store: Store,
-    pub credentials: Credentials,
-    pub sessions: Sessions,
-    /// Throttles and the bound on password checks in flight.
-    pub login: LoginGuard,
-    /// Where passwords are checked.
-    pub passwords: PasswordChecker,
-    /// Where a client's address comes from (the peer, or a trusted proxy).
-    pub addressing: ClientAddressing,
-    pub live: Live,
-    pub metrics: Metrics,
+/// What the admin was told at its start: how it answers, whom it
+/// believes, what it asks of callers. Read only while it serves.
+#[derive(Default)]
+pub struct AdminConfig {
     /// Bearer token filters must send to `/api/v1/sync` (none: any filter).
     pub sync_token: Option<String>,
     /// Mark the session cookie `Secure` (behind HTTPS).
     pub secure_cookies: bool,
-    /// Global policies' shares (fleet mode).
-    pub fleet: Ledgers,
-    /// Pauses and rate cuts one Envoy's provider asked for, for the others.
-    pub relay: relay::ProviderRelay,
     /// Bearer token `/metrics` asks for (none: open, as Prometheus expects
     /// by default; it lists policy names).
     pub metrics_token: Option<String>,
-    /// `/healthz`'s store check, at most once a second.
-    pub health: HealthProbe,
     /// Connection limits for [`serve`].
     pub server_limits: server::ServerLimits,
     /// With `--insecure-dev`: the Host names requests may carry (a guard
@@ -74,6 +60,29 @@ pub struct AppState {
     pub allowed_hosts: Vec<String>,
     /// A reverse proxy's user header, believed from its addresses only.
     pub proxy_users: access::ProxyUsers,
+    /// Where a client's address comes from (the peer, or a trusted proxy).
+    pub addressing: ClientAddressing,
+}
+
+/// The admin while it serves: its configuration, and the services every
+/// request may use.
+pub struct AppState {
+    pub config: AdminConfig,
+    pub store: Store,
+    pub credentials: Credentials,
+    pub sessions: Sessions,
+    /// Throttles and the bound on password checks in flight.
+    pub login: LoginGuard,
+    /// Where passwords are checked.
+    pub passwords: PasswordChecker,
+    pub live: Live,
+    pub metrics: Metrics,
+    /// Global policies' shares (fleet mode).
+    pub fleet: Ledgers,
+    /// Pauses and rate cuts one Envoy's provider asked for, for the others.
+    pub relay: relay::ProviderRelay,
+    /// `/healthz`'s store check, at most once a second.
+    pub health: HealthProbe,
     /// `--managed-dir`: the policies are the directory's.
     pub managed: Option<Arc<managed::Managed>>,
     /// Held watches, told of policy changes (push).
@@ -121,23 +130,21 @@ impl AppState {
         secure_cookies: bool,
     ) -> Self {
         Self {
+            config: AdminConfig {
+                sync_token,
+                secure_cookies,
+                ..AdminConfig::default()
+            },
             store,
             passwords: PasswordChecker::new(),
             credentials,
             sessions: Sessions::default(),
             login: LoginGuard::default(),
-            addressing: ClientAddressing::default(),
             live: Live::new(DEFAULT_INSTANCE_TTL),
             metrics: Metrics::default(),
-            sync_token,
-            secure_cookies,
             fleet: Ledgers::default(),
             relay: relay::ProviderRelay::default(),
-            metrics_token: None,
             health: HealthProbe::default(),
-            server_limits: server::ServerLimits::default(),
-            allowed_hosts: Vec::new(),
-            proxy_users: access::ProxyUsers::default(),
             managed: None,
             changes: push::Changes::default(),
             access_changes: access::AccessChanges::default(),
@@ -153,26 +160,26 @@ impl AppState {
 
     /// Believes a reverse proxy's user header (off by default).
     pub fn with_proxy_users(mut self, proxy_users: access::ProxyUsers) -> Self {
-        self.proxy_users = proxy_users;
+        self.config.proxy_users = proxy_users;
         self
     }
 
     /// Connection limits (how many, how long to send headers).
     pub fn with_server_limits(mut self, limits: server::ServerLimits) -> Self {
-        self.server_limits = limits;
+        self.config.server_limits = limits;
         self
     }
 
     /// `/metrics` asks for this bearer token.
     pub fn with_metrics_token(mut self, token: Option<String>) -> Self {
-        self.metrics_token = token;
+        self.config.metrics_token = token;
         self
     }
 
     /// With `--insecure-dev`: the Host names requests may carry besides
     /// the loopback ones.
     pub fn with_allowed_hosts(mut self, hosts: Vec<String>) -> Self {
-        self.allowed_hosts = hosts;
+        self.config.allowed_hosts = hosts;
         self
     }
 
@@ -184,7 +191,7 @@ impl AppState {
 
     /// Believes `addressing.header` from the trusted proxies.
     pub fn with_addressing(mut self, addressing: ClientAddressing) -> Self {
-        self.addressing = addressing;
+        self.config.addressing = addressing;
         self
     }
 
@@ -206,12 +213,12 @@ const CONTENT_SECURITY_POLICY: &str =
 
 pub fn app(state: Arc<AppState>, ui_dir: Option<PathBuf>) -> Router {
     let guard = state.credentials.is_insecure().then(|| {
-        let allowed: Arc<[String]> = state.allowed_hosts.clone().into();
+        let allowed: Arc<[String]> = state.config.allowed_hosts.clone().into();
         axum::middleware::from_fn(move |req, next| {
             insecure_dev_host_guard(Arc::clone(&allowed), req, next)
         })
     });
-    let body_deadline = state.server_limits.header_read_timeout;
+    let body_deadline = state.config.server_limits.header_read_timeout;
     let mut router = api::routes().with_state(state);
     if let Some(dir) = ui_dir {
         let index = dir.join("index.html");
@@ -356,7 +363,7 @@ pub async fn serve_with_tls(
     spawn_instance_pruner(state.clone());
     push::spawn_version_poller(state.clone());
     api::refresh_set_version(&state).await;
-    let limits = state.server_limits;
+    let limits = state.config.server_limits;
     let state_for_stop = Arc::clone(&state);
     let app = app(state, ui_dir);
     let (stop, stopped) = tokio::sync::watch::channel(false);
