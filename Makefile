@@ -168,21 +168,13 @@ fleet-test: setup wasm ui
 	$(E2E_ENV) $(CARGO) test -p sluice-e2e --test fleet --test store_backends --test ui_browser --no-fail-fast \
 	  -- --nocapture --test-threads=1
 
-# The filter's and the UI's wasm builds lock other build directories than
-# the unit tests' (target/release*, not target/debug), so they run beside
-# them and fill the cores a single build leaves idle; their output is
-# printed when they end. (`wasm-check` is not needed here: the filter's
-# build compiles the shared crate for wasm32-wasip1, and lint checks it.)
-WASM_UI_LOG := target/wasm-ui.log
+# `wasm-check` is not needed here: the filter's build (in e2e) compiles
+# the shared crate for wasm32-wasip1, and lint checks it for that target.
+# (Building the wasm and the UI beside the unit tests was tried: on two
+# cores the three builds together took 26 s longer than one after another.)
 test: setup
 	$(MAKE) --no-print-directory lint
-	@mkdir -p target; rm -f $(WASM_UI_LOG).rc; \
-	( set +e; $(MAKE) --no-print-directory wasm ui >$(WASM_UI_LOG) 2>&1; echo $$? >$(WASM_UI_LOG).rc ) & \
-	builds=$$!; \
-	unit=0; $(MAKE) --no-print-directory unit || unit=$$?; \
-	wait $$builds; \
-	echo "=== wasm and ui builds (beside the unit tests):"; cat $(WASM_UI_LOG); \
-	[ "$$unit" -eq 0 ] && [ "$$(cat $(WASM_UI_LOG).rc)" -eq 0 ]
+	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory e2e
 
 # The demo: admin (SQLite in var/, --insecure-dev), a demo API, Envoy with
