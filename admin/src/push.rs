@@ -112,7 +112,7 @@ impl Changes {
     }
 
     /// A sync freed fleet room: every held watch is answered `304` with
-    /// [`SYNC_NOW_HEADER`], and its Envoy syncs at once (a watch then
+    /// [`sluice_shared::sync::SYNC_NOW_HEADER`], and its Envoy syncs at once (a watch then
     /// reopens within 50 ms, so news reaches each Envoy at most that often).
     pub fn fleet_news(&self) {
         self.fleet.send_modify(|n| *n = n.wrapping_add(1));

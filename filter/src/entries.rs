@@ -64,14 +64,14 @@ pub fn bucket_key(policy: &str, place: Place) -> String {
 }
 
 /// Where a further limit lives: by its name alone, so every policy naming
-/// it counts against the one limit. Its state ([`limit_state`]), or for a
+/// it counts against the one limit. Its state ([`LimitState`]), or for a
 /// concurrency limit its slot table.
 pub fn limit_key(limit: &str) -> String {
     format!("sluice/l/{limit}")
 }
 
 /// A keyed limit's places: `max_keys` of them (Some), plus one the
-/// overflowing keys share (None). Each holds [`owned_limit_state`].
+/// overflowing keys share (None). Each holds an [`OwnedLimitState`].
 pub fn keyed_limit_key(limit: &str, place: Option<u32>) -> String {
     match place {
         Some(i) => format!("sluice/l/{limit}/{i}"),

@@ -3,13 +3,13 @@
 //!
 //! - [`host`]: every call into Envoy, behind a trait; [`clock`]: its wall
 //!   clock made monotonic.
-//! - [`entries`]: every shared-data entry's key, and the limit state's
-//!   layout.
+//! - [`entries`]: every shared-data entry's key and layout.
 //! - [`store`]: values in shared data, updated by compare-and-swap; every
 //!   failure counted and logged there.
-//! - [`sync`]: policy sets from the admin; [`report`]: utilization to it,
-//!   from the [`counters`] the workers add up.
-//! - [`fleet`]: shares of global limits leased by the admin (fleet mode).
+//! - [`sync`]: policy sets from the admin, the held watch
+//!   ([`sync::watch`]) and shares of global limits ([`sync::fleet`]);
+//!   [`report`]: utilization to it, from the [`counters`] the workers add
+//!   up.
 //! - [`prefetch`]: tokens and slots a worker takes ahead, far from a limit.
 //! - [`metrics`]: stats, batched per worker.
 //! - [`worker`]: the per-VM logic (match, admit, queue, release, tick).

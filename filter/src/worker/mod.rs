@@ -4,11 +4,12 @@
 //! [`Worker`] only coordinates the four things Envoy asks of it: a request
 //! arrives ([`Worker::on_request`]), time passes ([`Worker::on_tick`]), a
 //! stream ends ([`Worker::on_stream_end`]), the admin answers a sync
-//! ([`Worker::on_sync_reply`]). For each event it builds one [`ctx::Ctx`]
+//! ([`Worker::on_sync_reply`]). For each event it builds one `Ctx` (`ctx.rs`)
 //! (Envoy behind the worker's clock, shared data, stats, its holder id and
 //! the time), which every part takes as `&mut`. Each part owns its state:
 //!
 //! - [`admission`]: how a request is decided (start reading there);
+//! - [`refusal`]: the reply a refused request gets;
 //! - [`placement`]: which bucket of a keyed policy a request uses;
 //! - [`streams`]: admitted and queued streams, their slots and leases;
 //! - [`queue`]: turns for queued streams, and their timeouts;
@@ -44,6 +45,7 @@ use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::matcher::{BucketKey, CompiledPolicy, CompiledPolicySet, RequestJson};
 use sluice_shared::request_headers::RequestHeaders;
+use sluice_shared::sync_answer::read_epoch;
 use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};
@@ -52,7 +54,6 @@ use crate::metrics::{FilterStat, Metrics, PolicySeries, PolicyStat};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
-use sluice_shared::sync_answer::read_epoch;
 
 pub use admission::Verdict;
 pub use queue::StreamAction;

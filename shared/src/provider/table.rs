@@ -185,7 +185,7 @@ impl ProviderTable {
     /// A provider answered `why.status` with a wait of `wait` at `now`:
     /// this Envoy's own, or another's relayed by the admin
     /// (`why.relayed`; `max_pause` and `slack` are for relayed news, see
-    /// [`Self::pause_relayed`]). Returns whether the table changed, and
+    /// `pause_relayed`). Returns whether the table changed, and
     /// the pause's end when one began or grew.
     pub fn hear_pause(
         &mut self,
