@@ -35,7 +35,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 # the end-to-end tests): one set of dependency features, so one build.
 DEMO_BINS     := -p sluice-admin -p sluice-demo --bins
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny build wasm ui test fleet-test lint unit e2e wasm-check run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny build wasm ui test fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -123,10 +123,6 @@ lint:
 unit:
 	$(CARGO) test --workspace --exclude sluice-e2e --all-features --no-fail-fast
 
-# The core must build for the filter's target, not only natively.
-wasm-check:
-	$(CARGO) build -p sluice-shared --target $(WASM_TARGET)
-
 # The real Envoy (from .venv) with the real filter. Suites that measure
 # rates or timing run one test at a time; the suites in E2E_UNTIMED assert
 # no time and run beside them, under `nice -n 19` so their build (the
@@ -168,9 +164,8 @@ fleet-test: setup wasm ui
 	$(E2E_ENV) $(CARGO) test -p sluice-e2e --test fleet --test store_backends --test ui_browser --no-fail-fast \
 	  -- --nocapture --test-threads=1
 
-# `wasm-check` is not needed here: the filter's build (in e2e) compiles
-# the shared crate for wasm32-wasip1, and lint checks it for that target.
-# (Building the wasm and the UI beside the unit tests was tried: on two
+# The shared crate is built for wasm32-wasip1 by the filter's build (in
+# e2e) and checked for it by lint: no build of its own. (Building the wasm and the UI beside the unit tests was tried: on two
 # cores the three builds together took 26 s longer than one after another.)
 test: setup
 	$(MAKE) --no-print-directory lint

@@ -627,7 +627,7 @@ async fn sync(
     } else {
         "not_modified"
     });
-    Ok(http_answer(answer.http()))
+    Ok(http_answer(&answer))
 }
 
 /// What the admin answers an Envoy's report: it records the report (the

@@ -264,7 +264,7 @@ async fn answer_watch(
                 epoch,
                 ..AdminAnswer::default()
             };
-            return Ok(http_answer(answer.http()));
+            return Ok(http_answer(&answer));
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { break },
@@ -283,5 +283,5 @@ async fn answer_watch(
         sync_now,
         ..AdminAnswer::default()
     };
-    Ok(http_answer(answer.http()))
+    Ok(http_answer(&answer))
 }

@@ -181,6 +181,10 @@ impl Entry for ProviderTable {
     }
 }
 
+/// A concurrency limit's lease table ([`limit_key`]); bytes that are none
+/// (a rate limit's state before an edit, or garbage) start it empty: the
+/// limit errs toward its callers only for as long as the slots so lost
+/// would have been held.
 impl Entry for LeaseTable {
     fn decode(bytes: &[u8]) -> Option<Self> {
         LeaseTable::decode(bytes).ok()

@@ -215,18 +215,10 @@ impl Listening {
                 listener.counted,
                 matches!(signal, PauseSignal::None),
             ) {
-                news |= cut_rate(
-                    ctx,
-                    limit,
-                    (
-                        counted.owner,
-                        Heard::Here {
-                            admitted: counted.admitted,
-                        },
-                        now,
-                    ),
-                    full,
-                ) && relayed(limit);
+                let heard = Heard::Here {
+                    admitted: counted.admitted,
+                };
+                news |= cut_rate(ctx, limit, counted.owner, (heard, now), full) && relayed(limit);
             }
             match signal {
                 PauseSignal::None => {}
@@ -250,7 +242,7 @@ impl Listening {
                         status: status.unwrap_or(0),
                         relayed: false,
                     };
-                    news |= pause(ctx, limit, listener.key, (why, wait, capped)) && relayed(limit);
+                    news |= pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit);
                 }
             }
             let Some(counted) = listener.counted else {
@@ -285,7 +277,8 @@ impl Listening {
 fn cut_rate<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
-    (owner, heard, at): (u64, Heard, Instant),
+    owner: u64,
+    (heard, at): (Heard, Instant),
     full: f64,
 ) -> bool {
     let (host, now) = (ctx.host, ctx.now);
@@ -339,7 +332,9 @@ fn pause<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     key: Option<u64>,
-    (why, wait, capped): (PauseWhy, Span, bool),
+    why: PauseWhy,
+    wait: Span,
+    capped: bool,
 ) -> bool {
     let (host, now) = (ctx.host, ctx.now);
     let (entry, owner) = provider_key(limit, key);
@@ -473,12 +468,12 @@ pub(super) fn take_news<H: Host + ?Sized>(
                     status: item.status,
                     relayed: true,
                 };
-                pause(ctx, limit, None, (why, wait, false));
+                pause(ctx, limit, None, why, wait, false);
             }
         }
         if let (Some(ago), Some(full)) = (item.cut_ago_ms, provider.adaptive) {
             let at = now - (Span::from_millis(ago) + delay);
-            cut_rate(ctx, limit, (0, Heard::Relayed, at), full);
+            cut_rate(ctx, limit, 0, (Heard::Relayed, at), full);
         }
     }
 }

@@ -36,9 +36,6 @@ pub(super) enum SlotsTaken {
     Refused { limit: String },
 }
 
-/// A lease table; bytes that are none (a rate limit's state before an
-/// edit, or garbage) start it empty: the limit errs toward its callers
-/// only for as long as the slots so lost would have been held.
 /// Takes one slot in each of `policy`'s concurrency limits for `holder`,
 /// all or none.
 pub(super) fn take<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, policy: &CompiledPolicy) -> SlotsTaken {
