@@ -2,18 +2,20 @@
 //! each Envoy's sync into its share of the policy's limit.
 //!
 //! One admin keeps the ledgers in memory. Several replicas keep them in
-//! Redis, one key per policy, changed only through a compare-and-set Lua
-//! script: a replica reads the ledger, runs the same pure allocation, and
-//! writes back only if nobody wrote in between (else it reads again). Two
-//! replicas therefore never hand out the same room twice.
+//! Redis, one key per policy, changed only by compare-and-set (`kv.rs`):
+//! a replica reads the ledger, runs the same pure allocation, and writes
+//! back only if nobody wrote in between (else it reads again). Two
+//! replicas therefore never hand out the same room twice. Either way a
+//! ledger is kept for an hour after its last sync.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use sluice_shared::api::FleetPolicy;
 use sluice_shared::fleet::{Amount, FleetTerms, Ledger, Share, Usage};
 
 use crate::clock::MonotonicWall;
+use crate::kv::{Kv, KvError, RedisConnection, Write};
 use sluice_shared::sync::{ShareMessage, SharesMessage, SyncReport};
 use sluice_shared::{Instant, PolicySet, Scope};
 
@@ -34,27 +36,26 @@ pub struct Shares {
 /// Ledgers outlive every reservation in them by far.
 const LEDGER_TTL_MS: u64 = 3_600_000;
 
-/// How long a Redis call (or reconnection) may take before the sync that
-/// needed it goes on without shares.
-const REDIS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Ledgers held in memory at once: one per global policy and global
+/// further limit of a set, far fewer than this.
+const MAX_LEDGERS_IN_MEMORY: usize = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("ledger of {policy} in redis does not decode: {source}")]
+    #[error(transparent)]
+    Store(#[from] KvError),
+    #[error("ledger of {policy} does not decode: {source}")]
     Corrupt {
         policy: String,
         source: serde_json::Error,
     },
     #[error("ledger of {0} kept changing under us ({MAX_CAS_ATTEMPTS} attempts)")]
     Contended(String),
-    #[error("reading Redis's CA certificate {0}: {1}")]
-    Ca(String, std::io::Error),
 }
 
 pub struct Ledgers {
-    backend: Backend,
+    /// One JSON ledger per policy (and global further limit).
+    ledgers: Kv,
     /// Leases are measured on it (see [`MonotonicWall`]).
     clock: MonotonicWall,
     /// Policies whose ledger this process has written: one found missing
@@ -62,67 +63,29 @@ pub struct Ledgers {
     seen: Mutex<HashSet<String>>,
 }
 
-enum Backend {
-    Memory(Mutex<HashMap<String, Ledger>>),
-    Redis {
-        /// Reconnects on its own when Redis restarts or the link drops.
-        connection: redis::aio::ConnectionManager,
-        prefix: String,
-    },
-}
-
 impl Default for Ledgers {
     fn default() -> Self {
-        Self::with_backend(Backend::Memory(Mutex::new(HashMap::new())))
+        Self::in_kv(Kv::memory(LEDGER_PREFIX, MAX_LEDGERS_IN_MEMORY))
     }
 }
 
+/// Where ledgers are kept, under a policy's name.
+const LEDGER_PREFIX: &str = "sluice:ledger:";
+
 impl Ledgers {
-    fn with_backend(backend: Backend) -> Self {
+    fn in_kv(ledgers: Kv) -> Self {
         Self {
-            backend,
+            ledgers,
             clock: MonotonicWall::now_anchored(),
             seen: Mutex::new(HashSet::new()),
         }
     }
 
-    /// Ledgers in Redis at `url` (`redis://host:port/db`, or
-    /// `rediss://` for TLS checked against the system's CAs and `ca`).
-    /// The connection is re-established by itself after Redis restarts;
-    /// meanwhile syncs get no shares and Envoys keep theirs until their
-    /// leases end.
-    pub async fn redis(url: &str, ca: Option<&std::path::Path>) -> Result<Self, FleetError> {
-        let client = match ca {
-            Some(ca) => {
-                let root_cert =
-                    std::fs::read(ca).map_err(|e| FleetError::Ca(ca.display().to_string(), e))?;
-                redis::Client::build_with_tls(
-                    url,
-                    redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(root_cert),
-                    },
-                )?
-            }
-            None => redis::Client::open(url)?,
-        };
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(REDIS_TIMEOUT))
-            .set_response_timeout(Some(REDIS_TIMEOUT))
-            .set_number_of_retries(2);
-        let connection = client.get_connection_manager_with_config(config).await?;
-        Ok(Self::with_backend(Backend::Redis {
-            connection,
-            prefix: "sluice:ledger:".to_string(),
-        }))
-    }
-
-    /// The Redis connection the ledgers live behind, if they do.
-    pub fn redis_connection(&self) -> Option<redis::aio::ConnectionManager> {
-        match &self.backend {
-            Backend::Memory(_) => None,
-            Backend::Redis { connection, .. } => Some(connection.clone()),
-        }
+    /// Ledgers in Redis, through `connection`. The connection is
+    /// re-established by itself after Redis restarts; meanwhile syncs get
+    /// no shares and Envoys keep theirs until their leases end.
+    pub fn redis(connection: &RedisConnection) -> Self {
+        Self::in_kv(Kv::redis(connection, LEDGER_PREFIX))
     }
 
     /// Now, on the clock leases are measured on.
@@ -279,19 +242,9 @@ impl Ledgers {
     }
 
     async fn read(&self, policy: &str) -> Result<Option<Ledger>, FleetError> {
-        match &self.backend {
-            Backend::Memory(ledgers) => Ok(lock(ledgers).get(policy).cloned()),
-            Backend::Redis { connection, prefix } => {
-                let mut connection = connection.clone();
-                let raw: Option<String> = redis::cmd("GET")
-                    .arg(format!("{prefix}{policy}"))
-                    .query_async(&mut connection)
-                    .await?;
-                match raw.as_deref() {
-                    None | Some("") => Ok(None),
-                    Some(raw) => decode(policy, raw).map(Some),
-                }
-            }
+        match self.ledgers.get(policy).await?.as_deref() {
+            None | Some("") => Ok(None),
+            Some(raw) => decode(policy, raw).map(Some),
         }
     }
 
@@ -302,37 +255,25 @@ impl Ledgers {
         now: Instant,
         change: impl Fn(&mut Ledger) -> R,
     ) -> Result<R, FleetError> {
-        let share = match &self.backend {
-            Backend::Memory(ledgers) => {
-                let mut ledgers = lock(ledgers);
-                let ledger = match ledgers.entry(policy.to_string()) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(self.fresh(policy, terms, now))
-                    }
+        let share = self
+            .ledgers
+            .update(policy, MAX_CAS_ATTEMPTS, |raw| {
+                let mut ledger = if raw.is_empty() {
+                    self.fresh(policy, terms, now)
+                } else {
+                    decode(policy, raw)?
                 };
-                change(ledger)
-            }
-            Backend::Redis { connection, prefix } => {
-                let key = format!("{prefix}{policy}");
-                crate::redis_cas::update(connection, &key, MAX_CAS_ATTEMPTS, |raw| {
-                    let mut ledger = if raw.is_empty() {
-                        self.fresh(policy, terms, now)
-                    } else {
-                        decode(policy, raw)?
-                    };
-                    let share = change(&mut ledger);
-                    let new =
-                        serde_json::to_string(&ledger).map_err(|source| FleetError::Corrupt {
-                            policy: policy.to_string(),
-                            source,
-                        })?;
-                    Ok::<_, FleetError>((share, new, LEDGER_TTL_MS))
-                })
-                .await?
-                .ok_or_else(|| FleetError::Contended(policy.to_string()))?
-            }
-        };
+                let share = change(&mut ledger);
+                let value =
+                    serde_json::to_string(&ledger).map_err(|source| FleetError::Corrupt {
+                        policy: policy.to_string(),
+                        source,
+                    })?;
+                let keep_ms = LEDGER_TTL_MS;
+                Ok::<_, FleetError>((share, Write::Set { value, keep_ms }))
+            })
+            .await?
+            .ok_or_else(|| FleetError::Contended(policy.to_string()))?;
         lock(&self.seen).insert(policy.to_string());
         Ok(share)
     }

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod clock;
 pub mod error;
 pub mod fleet;
+pub mod kv;
 pub mod live;
 pub mod login;
 pub mod managed;
@@ -17,7 +18,6 @@ pub mod metrics;
 pub mod people_api;
 pub mod people_cli;
 pub mod push;
-mod redis_cas;
 pub mod relay;
 pub mod server;
 pub mod store;
@@ -195,13 +195,11 @@ impl AppState {
         self
     }
 
-    /// Keeps fleet ledgers in `ledgers` (Redis, for several replicas), and
-    /// the provider news relayed between Envoys beside them.
-    pub fn with_ledgers(mut self, ledgers: Ledgers) -> Self {
-        if let Some(connection) = ledgers.redis_connection() {
-            self.relay = relay::ProviderRelay::redis(connection);
-        }
-        self.fleet = ledgers;
+    /// Keeps fleet ledgers and the provider news relayed between Envoys
+    /// in Redis, through `connection`, for several replicas.
+    pub fn with_redis(mut self, connection: &kv::RedisConnection) -> Self {
+        self.fleet = Ledgers::redis(connection);
+        self.relay = relay::ProviderRelay::redis(connection);
         self
     }
 }

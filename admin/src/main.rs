@@ -8,7 +8,7 @@ use std::io::Write;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use sluice_admin::auth::Credentials;
-use sluice_admin::fleet::Ledgers;
+use sluice_admin::kv::RedisConnection;
 use sluice_admin::store::Store;
 use sluice_admin::AppState;
 
@@ -396,12 +396,12 @@ async fn main() -> anyhow::Result<()> {
         .with_proxy_users(proxy_users)
         .with_server_limits(limits);
     if let Some(url) = &args.redis_url {
-        let ledgers = Ledgers::redis(url, args.redis_ca.as_deref())
+        let redis = RedisConnection::open(url, args.redis_ca.as_deref())
             .await
             .context("connecting to Redis (--redis-url)")?;
         // The URL may carry a password: it is never logged.
         tracing::info!("fleet shares kept in Redis");
-        state = state.with_ledgers(ledgers);
+        state = state.with_redis(&redis);
     }
     if let Some(dir) = &args.managed_dir {
         state = state.with_managed_dir(dir.clone());

@@ -16,18 +16,19 @@
 //! [`MAX_LIMITS`] limits in memory.
 //!
 //! One admin keeps the news in memory; replicas sharing Redis (as their
-//! fleet ledgers do) keep it there, two keys per limit that expire with
-//! the news, each changed only by a script: an Envoy hears what another
-//! said to any replica.
+//! fleet ledgers do) keep it there (`kv.rs`): two keys per limit, a pause
+//! and a cut, that expire with the news, each changed only by
+//! compare-and-set, so an Envoy hears what another said to any replica.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 
 use sluice_shared::provider::RelayedStretch;
 use sluice_shared::sync::{
     LimitNews, ProviderNews, ProviderReport, SyncReport, MAX_PROVIDER_NEWS, RELAYED_CUT_FOR_MS,
 };
 use sluice_shared::{Instant, PolicySet, Scope, Span};
+
+use crate::kv::{Kv, KvError, RedisConnection, Write};
 
 /// Limits whose news is kept in memory at once; past it, what ends first
 /// goes.
@@ -41,26 +42,17 @@ pub const CUT_GUARD_MS: u64 = 250;
 /// tell the others of a new pause. A provider's own waits come in whole
 /// seconds, so a real new one ends later than this.
 pub const PAUSE_SAME_MS: u64 = 500;
-/// Tries of a change to a pause kept in Redis that another replica raced.
+/// Tries of a change to news kept in Redis that other replicas raced.
 const REDIS_TRIES: u32 = 5;
 
-/// Keeps the value whose leading number (a time in ms) is newer than the
-/// stored one's by more than ARGV[3] ms; expires it after ARGV[4] ms.
-const KEEP_NEWER: &str = r#"
-local current = redis.call('GET', KEYS[1])
-if current then
-  local at = tonumber(string.match(current, '^%d+'))
-  if at and at + tonumber(ARGV[3]) >= tonumber(ARGV[1]) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
-return 1
-"#;
+/// Where news is kept: `pause:<limit>` and `cut:<limit>` under it.
+const NEWS_PREFIX: &str = "sluice:provider:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("redis: the pause of {0} kept changing under this replica")]
+    #[error(transparent)]
+    Store(#[from] KvError),
+    #[error("the news of {0} kept changing under this replica")]
     Contended(String),
 }
 
@@ -175,23 +167,9 @@ impl PauseMark {
 struct Heard {
     pause: Option<PauseMark>,
     cut: Option<Mark>,
-    /// The limit's max_pause when last heard (how long the pause mark
-    /// matters).
-    max_pause: Span,
 }
 
 impl Heard {
-    fn ends_ms(&self) -> u64 {
-        let pause = self.pause.as_ref().map_or(0, |m| {
-            m.until_ms.max(m.heard_ms + self.max_pause.as_millis())
-        });
-        let cut = self
-            .cut
-            .as_ref()
-            .map_or(0, |m| m.at_ms.saturating_add(RELAYED_CUT_FOR_MS));
-        pause.max(cut)
-    }
-
     /// What of it is news to `instance` at `now_ms`.
     fn news_for(&self, instance: &str, now_ms: u64) -> Option<LimitNews> {
         let mut item = LimitNews::default();
@@ -263,34 +241,23 @@ fn log_began(name: &str, mark: &PauseMark, now_ms: u64) {
     );
 }
 
-enum Backend {
-    Memory(Mutex<HashMap<String, Heard>>),
-    Redis {
-        connection: redis::aio::ConnectionManager,
-        prefix: String,
-    },
-}
-
 pub struct ProviderRelay {
-    backend: Backend,
+    news: Kv,
 }
 
 impl Default for ProviderRelay {
     fn default() -> Self {
         Self {
-            backend: Backend::Memory(Mutex::new(HashMap::new())),
+            news: Kv::memory(NEWS_PREFIX, 2 * MAX_LIMITS),
         }
     }
 }
 
 impl ProviderRelay {
     /// News kept in Redis, through `connection` (the fleet ledgers').
-    pub fn redis(connection: redis::aio::ConnectionManager) -> Self {
+    pub fn redis(connection: &RedisConnection) -> Self {
         Self {
-            backend: Backend::Redis {
-                connection,
-                prefix: "sluice:provider:".to_string(),
-            },
+            news: Kv::redis(connection, NEWS_PREFIX),
         }
     }
 
@@ -303,95 +270,56 @@ impl ProviderRelay {
         now_ms: u64,
     ) -> Result<(), RelayError> {
         let relayed = relayed_limits(set);
-        let news: Vec<(&String, Span, FirstHand)> = report
-            .limits
-            .iter()
-            .filter_map(|(name, l)| {
-                let max_pause = *relayed.get(name.as_str())?;
-                Some((name, max_pause, first_hand(l.provider.as_ref()?, now_ms)))
-            })
-            .filter(|(_, _, seen)| seen.pause.is_some() || seen.cut.is_some())
-            .collect();
-        if news.is_empty() {
-            return Ok(());
-        }
+        let news = report.limits.iter().filter_map(|(name, l)| {
+            let max_pause = *relayed.get(name.as_str())?;
+            Some((name, max_pause, first_hand(l.provider.as_ref()?, now_ms)))
+        });
         let by = report.instance.as_str();
-        match &self.backend {
-            Backend::Memory(heard) => {
-                let mut heard = lock(heard);
-                for (name, max_pause, FirstHand { pause, cut }) in news {
-                    make_room(&mut heard, name, now_ms);
-                    let entry = heard.entry(name.clone()).or_default();
-                    entry.max_pause = max_pause;
-                    if let Some((left_ms, status)) = pause {
+        for (name, max_pause, FirstHand { pause, cut }) in news {
+            if let Some((left_ms, status)) = pause {
+                let stored = self
+                    .news
+                    .update(&format!("pause:{name}"), REDIS_TRIES, |raw| {
                         let (mark, began) = PauseMark::heard(
-                            entry.pause.as_ref(),
+                            PauseMark::decode(raw).as_ref(),
                             (now_ms, left_ms),
                             (status, by),
                             max_pause,
                         );
-                        if began {
-                            log_began(name, &mark, now_ms);
-                        }
-                        entry.pause = Some(mark);
-                    }
-                    if let Some(at) = cut {
-                        if Mark::older_than(entry.cut.as_ref(), at, CUT_GUARD_MS) {
-                            entry.cut = Some(Mark {
-                                at_ms: at,
-                                status: 0,
-                                by: by.to_string(),
-                            });
-                        }
-                    }
+                        let keep_ms = mark.keep_for_ms(now_ms, max_pause).saturating_add(1_000);
+                        let value = mark.encode();
+                        Ok::<_, RelayError>(((mark, began), Write::Set { value, keep_ms }))
+                    })
+                    .await?;
+                match stored {
+                    Some((mark, true)) => log_began(name, &mark, now_ms),
+                    Some(_) => {}
+                    None => return Err(RelayError::Contended(name.clone())),
                 }
-                Ok(())
             }
-            Backend::Redis { connection, prefix } => {
-                let keep_newer = redis::Script::new(KEEP_NEWER);
-                let mut connection_for_cuts = connection.clone();
-                for (name, max_pause, FirstHand { pause, cut }) in news {
-                    if let Some((left_ms, status)) = pause {
-                        let key = format!("{prefix}pause:{name}");
-                        let stored =
-                            crate::redis_cas::update(connection, &key, REDIS_TRIES, |raw| {
-                                let (mark, began) = PauseMark::heard(
-                                    PauseMark::decode(raw).as_ref(),
-                                    (now_ms, left_ms),
-                                    (status, by),
-                                    max_pause,
-                                );
-                                let keep_ms =
-                                    mark.keep_for_ms(now_ms, max_pause).saturating_add(1_000);
-                                let value = mark.encode();
-                                Ok::<_, RelayError>(((mark, began), value, keep_ms))
-                            })
-                            .await?;
-                        match stored {
-                            Some((mark, true)) => log_began(name, &mark, now_ms),
-                            Some(_) => {}
-                            None => return Err(RelayError::Contended(name.clone())),
+            if let Some(at_ms) = cut {
+                let stored = self
+                    .news
+                    .update(&format!("cut:{name}"), REDIS_TRIES, |raw| {
+                        if !Mark::older_than(Mark::decode(raw).as_ref(), at_ms, CUT_GUARD_MS) {
+                            return Ok::<_, RelayError>(((), Write::Keep));
                         }
-                    }
-                    if let Some(at) = cut {
                         let mark = Mark {
-                            at_ms: at,
+                            at_ms,
                             status: 0,
                             by: by.to_string(),
                         };
-                        let _: i64 = keep_newer
-                            .key(format!("{prefix}cut:{name}"))
-                            .arg(at)
-                            .arg(mark.encode())
-                            .arg(CUT_GUARD_MS)
-                            .arg(RELAYED_CUT_FOR_MS + 1_000)
-                            .invoke_async(&mut connection_for_cuts)
-                            .await?;
-                    }
+                        let value = mark.encode();
+                        let keep_ms = RELAYED_CUT_FOR_MS + 1_000;
+                        Ok(((), Write::Set { value, keep_ms }))
+                    })
+                    .await?;
+                if stored.is_none() {
+                    return Err(RelayError::Contended(name.clone()));
                 }
-                Ok(())
             }
         }
+        Ok(())
     }
 
     /// The news for `report`'s Envoy at `now_ms`: pauses still running and
@@ -415,49 +343,18 @@ impl ProviderRelay {
         if listening.is_empty() {
             return Ok(news);
         }
-        let heard: Vec<Heard> = match &self.backend {
-            Backend::Memory(heard) => {
-                let heard = lock(heard);
-                listening
-                    .iter()
-                    .map(|name| heard.get(*name).cloned().unwrap_or_default())
-                    .collect()
-            }
-            Backend::Redis { connection, prefix } => {
-                let mut connection = connection.clone();
-                let keys: Vec<String> = listening
-                    .iter()
-                    .flat_map(|name| {
-                        [
-                            format!("{prefix}pause:{name}"),
-                            format!("{prefix}cut:{name}"),
-                        ]
-                    })
-                    .collect();
-                let raw: Vec<Option<String>> = redis::cmd("MGET")
-                    .arg(&keys)
-                    .query_async(&mut connection)
-                    .await?;
-                raw.chunks(2)
-                    .map(|pair| Heard {
-                        pause: pair
-                            .first()
-                            .cloned()
-                            .flatten()
-                            .as_deref()
-                            .and_then(PauseMark::decode),
-                        cut: pair
-                            .get(1)
-                            .cloned()
-                            .flatten()
-                            .as_deref()
-                            .and_then(Mark::decode),
-                        max_pause: Span::ZERO,
-                    })
-                    .collect()
-            }
-        };
-        for (name, heard) in listening.into_iter().zip(heard) {
+        let keys: Vec<String> = listening
+            .iter()
+            .flat_map(|name| [format!("pause:{name}"), format!("cut:{name}")])
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let raw = self.news.get_many(&keys).await?;
+        for (name, pair) in listening.into_iter().zip(raw.chunks(2)) {
+            let value = |i: usize| pair.get(i).cloned().flatten();
+            let heard = Heard {
+                pause: value(0).as_deref().and_then(PauseMark::decode),
+                cut: value(1).as_deref().and_then(Mark::decode),
+            };
             if let Some(item) = heard.news_for(&report.instance, now_ms) {
                 news.insert(name.clone(), item);
             }
@@ -465,42 +362,14 @@ impl ProviderRelay {
         Ok(news)
     }
 
-    /// Limits with news kept in memory now (0 with Redis).
+    /// Pauses and cuts kept in memory now (0 with Redis).
     pub fn len(&self) -> usize {
-        match &self.backend {
-            Backend::Memory(heard) => lock(heard).len(),
-            Backend::Redis { .. } => 0,
-        }
+        self.news.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Room for `name`'s news: past [`MAX_LIMITS`], news that ended goes,
-/// then what ends first.
-fn make_room(heard: &mut HashMap<String, Heard>, name: &str, now_ms: u64) {
-    if heard.contains_key(name) || heard.len() < MAX_LIMITS {
-        return;
-    }
-    heard.retain(|_, h| h.ends_ms() > now_ms);
-    if heard.len() >= MAX_LIMITS {
-        if let Some(first) = heard
-            .iter()
-            .min_by_key(|(_, h)| h.ends_ms())
-            .map(|(n, _)| n.clone())
-        {
-            heard.remove(&first);
-        }
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain data: keep going.
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -708,7 +708,7 @@ async fn a_per_key_limit_and_a_fleet_wide_limit_hold_on_the_same_calls() -> anyh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_replicas_relay_provider_news_through_redis() -> anyhow::Result<()> {
     use anyhow::Context;
-    use sluice_admin::fleet::Ledgers;
+    use sluice_admin::kv::RedisConnection;
     use sluice_admin::relay::ProviderRelay;
     use sluice_shared::sync::{LimitReport, PauseReport, ProviderReport, SyncReport};
 
@@ -716,11 +716,10 @@ async fn admin_replicas_relay_provider_news_through_redis() -> anyhow::Result<()
     let url = redis.url();
     let mut replicas = Vec::new();
     for _ in 0..2 {
-        let connection = Ledgers::redis(&url, None)
-            .await?
-            .redis_connection()
-            .context("ledgers in Redis have a connection")?;
-        replicas.push(ProviderRelay::redis(connection));
+        let connection = RedisConnection::open(&url, None)
+            .await
+            .context("connecting to the test's Redis")?;
+        replicas.push(ProviderRelay::redis(&connection));
     }
     let (one, two) = (&replicas[0], &replicas[1]);
     let report = |instance: &str, provider: ProviderReport| {

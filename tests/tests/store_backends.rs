@@ -254,3 +254,113 @@ fn postgres_over_tls_checks_the_servers_certificate() -> anyhow::Result<()> {
     assert!(missing_ca.contains("nowhere.pem"), "{missing_ca}");
     Ok(())
 }
+
+/// The key-value store fleet ledgers and relayed news live in, on both of
+/// its backends: in memory (one admin) and in a real Redis (replicas). The
+/// same contract on both, then what only Redis has: a replica that wrote
+/// in between makes the other read again, and keeps losing only when
+/// every try was raced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_value_store_keeps_one_contract_in_memory_and_in_redis() -> anyhow::Result<()> {
+    use sluice_admin::kv::{Kv, KvError, RedisConnection, Write};
+    use sluice_e2e::redis::RedisServer;
+
+    fn set(value: &str, keep_ms: u64) -> Write {
+        Write::Set {
+            value: value.to_string(),
+            keep_ms,
+        }
+    }
+    async fn contract(kind: &str, kv: &Kv) -> anyhow::Result<()> {
+        assert_eq!(kv.get("a").await?, None, "{kind}");
+        let seen = kv
+            .update("a", 3, |raw| {
+                Ok::<_, KvError>((raw.to_string(), set("1", 60_000)))
+            })
+            .await?;
+        assert_eq!(seen.as_deref(), Some(""), "{kind}: none reads as empty");
+        let seen = kv
+            .update("a", 3, |raw| {
+                Ok::<_, KvError>((raw.to_string(), Write::Keep))
+            })
+            .await?;
+        assert_eq!(seen.as_deref(), Some("1"), "{kind}");
+        kv.update("short", 3, |_| Ok::<_, KvError>(((), set("x", 50))))
+            .await?;
+        let got = kv.get_many(&["a", "short", "none"]).await?;
+        assert_eq!(
+            got,
+            vec![Some("1".into()), Some("x".into()), None],
+            "{kind}"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(kv.get("short").await?, None, "{kind}: expired");
+        assert_eq!(kv.get("a").await?.as_deref(), Some("1"), "{kind}");
+        let failed = kv
+            .update("a", 3, |_| -> Result<((), Write), KvError> {
+                Err(KvError::Ca("none".into(), std::io::Error::other("refused")))
+            })
+            .await;
+        assert!(failed.is_err(), "{kind}");
+        assert_eq!(kv.get("a").await?.as_deref(), Some("1"), "{kind}: kept");
+        println!("kv {kind}: read, write, keep, expiry and a failed change behave alike");
+        Ok(())
+    }
+
+    contract("memory", &Kv::memory("t:", 100)).await?;
+    let redis = RedisServer::start()?;
+    let connection = RedisConnection::open(&redis.url(), None).await?;
+    let one = Kv::redis(&connection, "t:");
+    contract("redis", &one).await?;
+    assert!(one.is_shared() && !Kv::memory("t:", 1).is_shared());
+
+    // Another replica on its own connection, under another prefix: apart.
+    let other = RedisConnection::open(&redis.url(), None).await?;
+    assert_eq!(Kv::redis(&other, "u:").get("a").await?, None);
+    let two = Kv::redis(&other, "t:");
+    // Two replicas adding one to a counter at once, 100 times each: no
+    // lost update.
+    let bump = |kv: &'static Kv| async move {
+        let mut raced = 0u32;
+        for _ in 0..100 {
+            let mut tries = 0u32;
+            let done = kv
+                .update("n", 50, |raw| {
+                    tries += 1;
+                    let n: u64 = raw.parse().unwrap_or(0);
+                    Ok::<_, KvError>(((), set(&(n + 1).to_string(), 60_000)))
+                })
+                .await?;
+            anyhow::ensure!(done.is_some(), "50 tries all raced");
+            raced += tries - 1;
+        }
+        Ok::<u32, anyhow::Error>(raced)
+    };
+    let one: &'static Kv = Box::leak(Box::new(one));
+    let two: &'static Kv = Box::leak(Box::new(two));
+    let (a, b) = tokio::join!(tokio::spawn(bump(one)), tokio::spawn(bump(two)));
+    let raced = a?? + b??;
+    assert_eq!(
+        one.get("n").await?.as_deref(),
+        Some("200"),
+        "no lost update"
+    );
+    // A change that another replica's write interrupts every time: the
+    // update gives up after its tries and says so (None), writing nothing.
+    let mut rival = redis::Client::open(redis.url())?.get_connection()?;
+    let mut tries = 0u32;
+    let gave_up = one
+        .update("n", 3, |_| {
+            tries += 1;
+            let _: () = redis::cmd("SET")
+                .arg("t:n")
+                .arg(format!("rival {tries}"))
+                .query(&mut rival)?;
+            Ok::<_, anyhow::Error>(((), set("lost", 60_000)))
+        })
+        .await?;
+    assert_eq!((gave_up, tries), (None, 3));
+    assert_eq!(one.get("n").await?.as_deref(), Some("rival 3"));
+    println!("kv redis: 200 updates from two replicas, none lost ({raced} raced and read again); three raced tries give up");
+    Ok(())
+}
