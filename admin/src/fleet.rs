@@ -16,6 +16,7 @@ use sluice_shared::fleet::{Amount, FleetTerms, Ledger, Share, Usage};
 
 use crate::clock::MonotonicWall;
 use crate::kv::{Kv, KvError, RedisConnection, Write};
+use sluice_shared::stats::{LimitCounter, PolicyCounter};
 use sluice_shared::sync::{ShareMessage, SharesMessage, SyncReport};
 use sluice_shared::{Instant, PolicySet, Scope};
 
@@ -118,10 +119,15 @@ impl Ledgers {
                 .get(&policy.name)
                 .copied()
                 .unwrap_or_default();
+            let (admitted, rejected) = (
+                counters.counts[PolicyCounter::Admitted],
+                counters.counts[PolicyCounter::Rejected],
+            );
+            let in_flight = counters.counts[PolicyCounter::InFlight];
             let usage = Usage {
-                asked: counters.admitted.saturating_add(counters.rejected),
-                admitted: counters.admitted,
-                in_flight: u32::try_from(counters.in_flight).unwrap_or(u32::MAX),
+                asked: admitted.saturating_add(rejected),
+                admitted,
+                in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
                 waiting: u32::try_from(counters.waiting).unwrap_or(u32::MAX),
                 at: Instant::from_millis(report.at_ms),
             };
@@ -149,9 +155,13 @@ impl Ledgers {
             }
             let terms = FleetTerms::of_limit(limit);
             let counters = report.limits.get(&limit.name).copied().unwrap_or_default();
+            let (admitted, refused) = (
+                counters.counts[LimitCounter::Admitted],
+                counters.counts[LimitCounter::Refused],
+            );
             let usage = Usage {
-                asked: counters.admitted.saturating_add(counters.refused),
-                admitted: counters.admitted,
+                asked: admitted.saturating_add(refused),
+                admitted,
                 in_flight: 0,
                 waiting: 0,
                 at: Instant::from_millis(report.at_ms),

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sluice_shared::api::{
     KeyUse, KeysUse, LimitUse, LiveFrame, ProviderUse, Utilization, KEYS_ACTIVE_FOR_MS,
 };
+use sluice_shared::counts::{Counts, LiveCounts};
 use sluice_shared::key_view::{KeyBitmap, KeysReport, TopKeys, SHOWN_TOP_KEYS};
+use sluice_shared::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 use sluice_shared::sync::{LimitReport, PolicyReport, SyncReport};
 use sluice_shared::Span;
 use tokio::sync::broadcast;
@@ -35,33 +37,12 @@ const KEPT_SAMPLES: usize = 16;
 /// Rates span at least this much of the Envoy's clock when it can.
 const RATE_WINDOW_MS: u64 = 1_000;
 
-/// An instance's counters for one policy, as far as rates need them.
-#[derive(Debug, Clone, Copy, Default)]
-struct Counts {
-    admitted: u64,
-    rejected: u64,
-    queued: u64,
-    shadow_limited: u64,
-}
-
-impl From<&PolicyReport> for Counts {
-    fn from(r: &PolicyReport) -> Self {
-        Counts {
-            admitted: r.admitted,
-            rejected: r.rejected,
-            queued: r.queued,
-            shadow_limited: r.shadow_limited,
-        }
-    }
-}
-
 /// One sync's counters, by the Envoy's clock.
 struct Sample {
     at_ms: u64,
-    counts: BTreeMap<String, Counts>,
-    /// Per further limit: admitted, refused, tokens, refused by the
-    /// provider.
-    limit_counts: BTreeMap<String, (u64, u64, u64, u64)>,
+    counts: BTreeMap<String, Counts<PolicyCounter>>,
+    /// Per further limit: its own counters and its provider's.
+    limit_counts: BTreeMap<String, (Counts<LimitCounter>, Counts<ProviderCounter>)>,
 }
 
 struct InstanceState {
@@ -289,52 +270,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn per_second(now: u64, before: u64, dt_ms: u64) -> f64 {
-    // A counter that went down means the Envoy restarted: count from zero.
-    let delta = now.checked_sub(before).unwrap_or(now);
-    delta as f64 / Span::from_millis(dt_ms).as_secs_f64()
-}
-
-fn rates(prev: Option<&Counts>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
-    let (admitted, rejected, queued, shadow) = match prev {
-        Some(prev) if dt_ms > 0 => (
-            per_second(cur.admitted, prev.admitted, dt_ms),
-            per_second(cur.rejected, prev.rejected, dt_ms),
-            per_second(cur.queued, prev.queued, dt_ms),
-            per_second(cur.shadow_limited, prev.shadow_limited, dt_ms),
-        ),
-        _ => (0.0, 0.0, 0.0, 0.0),
-    };
+fn rates(prev: Option<&Counts<PolicyCounter>>, cur: &PolicyReport, dt_ms: u64) -> Utilization {
     Utilization {
-        admitted_per_s: admitted,
-        rejected_per_s: rejected,
-        queued_per_s: queued,
-        shadow_limited_per_s: shadow,
-        in_flight: cur.in_flight,
+        counts: LiveCounts::between(prev, &cur.counts, Span::from_millis(dt_ms)),
         max_in_flight: cur.max_in_flight,
         waiting: cur.waiting,
         tokens: cur.tokens,
-        port_hidden: cur.port_hidden,
     }
 }
 
 /// A limit's use on `instance` over the last `dt_ms`.
 fn limit_rates(
     instance: &str,
-    prev: Option<&(u64, u64, u64, u64)>,
+    prev: Option<&(Counts<LimitCounter>, Counts<ProviderCounter>)>,
     cur: &LimitReport,
     dt_ms: u64,
 ) -> LimitUse {
-    let provider_refused = cur.provider.map_or(0, |p| p.refused);
-    let (admitted, refused, tokens, provider_refused_per_s) = match prev {
-        Some(&(a, r, t, p)) if dt_ms > 0 => (
-            per_second(cur.admitted, a, dt_ms),
-            per_second(cur.refused, r, dt_ms),
-            per_second(cur.tokens, t, dt_ms),
-            per_second(provider_refused, p, dt_ms),
-        ),
-        _ => (0.0, 0.0, 0.0, 0.0),
-    };
+    let span = Span::from_millis(dt_ms);
     let provider = cur.provider.map(|p| ProviderUse {
         remaining: p.remaining,
         limit: p.limit,
@@ -344,14 +296,10 @@ fn limit_rates(
             .filter(|pause| !pause.relayed)
             .map(|_| instance.to_string()),
         rate: p.rate,
-        refused_per_s: provider_refused_per_s,
-        pauses: p.pauses,
-        cuts: p.cuts,
+        counts: LiveCounts::between(prev.map(|(_, p)| p), &p.counts, span),
     });
     LimitUse {
-        admitted_per_s: admitted,
-        refused_per_s: refused,
-        tokens_per_s: tokens,
+        counts: LiveCounts::between(prev.map(|(l, _)| l), &cur.counts, span),
         requests: cur.requests,
         period_ms: cur.period_ms,
         available: cur.available,
@@ -438,17 +386,14 @@ impl Live {
             counts: report
                 .policies
                 .iter()
-                .map(|(name, r)| (name.clone(), Counts::from(r)))
+                .map(|(name, r)| (name.clone(), r.counts))
                 .collect(),
             limit_counts: report
                 .limits
                 .iter()
                 .map(|(name, r)| {
-                    let provider_refused = r.provider.map_or(0, |p| p.refused);
-                    (
-                        name.clone(),
-                        (r.admitted, r.refused, r.tokens, provider_refused),
-                    )
+                    let provider = r.provider.map(|p| p.counts).unwrap_or_default();
+                    (name.clone(), (r.counts, provider))
                 })
                 .collect(),
         });
@@ -626,15 +571,26 @@ impl Live {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_shared::counts::Counter;
+
+    fn counts<C: Counter>(values: &[(C, u64)]) -> Counts<C> {
+        let mut counts = Counts::default();
+        for &(c, v) in values {
+            counts.set(c, v);
+        }
+        counts
+    }
 
     fn report(at_ms: u64, admitted: u64, in_flight: u64) -> SyncReport {
         let mut policies = BTreeMap::new();
         policies.insert(
             "bank".to_string(),
             PolicyReport {
-                admitted,
-                rejected: admitted / 2,
-                in_flight,
+                counts: counts(&[
+                    (PolicyCounter::Admitted, admitted),
+                    (PolicyCounter::Rejected, admitted / 2),
+                    (PolicyCounter::InFlight, in_flight),
+                ]),
                 max_in_flight: 10,
                 tokens: Some(3),
                 ..PolicyReport::default()
@@ -656,9 +612,9 @@ mod tests {
         live.ingest(&report(12_000, 300, 7), 50_100);
         let frame = live.frame(50_200);
         let bank = frame.policies["bank"];
-        assert_eq!(bank.admitted_per_s, 100.0);
-        assert_eq!(bank.rejected_per_s, 50.0);
-        assert_eq!(bank.in_flight, 7);
+        assert_eq!(bank.counts.per_s(PolicyCounter::Admitted), 100.0);
+        assert_eq!(bank.counts.per_s(PolicyCounter::Rejected), 50.0);
+        assert_eq!(bank.counts.now(PolicyCounter::InFlight), 7);
         assert_eq!(bank.tokens, Some(3));
         // A silent instance drops out of the live figures.
         assert!(live.frame(50_100 + STALE_AFTER_MS + 1).policies.is_empty());
@@ -673,9 +629,11 @@ mod tests {
             r.limits.insert(
                 "tpm".into(),
                 LimitReport {
-                    admitted: tokens / 100,
-                    refused: 1,
-                    tokens,
+                    counts: counts(&[
+                        (LimitCounter::Admitted, tokens / 100),
+                        (LimitCounter::Refused, 1),
+                        (LimitCounter::Tokens, tokens),
+                    ]),
                     requests: 30_000,
                     period_ms: 60_000,
                     available: Some(available),
@@ -691,7 +649,7 @@ mod tests {
         live.ingest(&with_limit("e2", 6_000, 100, 800), 4);
         let tpm = live.frame(5).limits["tpm"].clone();
         // 300/s from e1 and 100/s from e2.
-        assert_eq!(tpm.tokens_per_s, 400.0);
+        assert_eq!(tpm.counts.per_s(LimitCounter::Tokens), 400.0);
         assert_eq!(tpm.used_per_period(), 24_000.0);
         assert_eq!((tpm.requests, tpm.period_ms), (30_000, 60_000));
         assert_eq!(tpm.available, Some(1_200));
@@ -706,9 +664,7 @@ mod tests {
             r.limits.insert(
                 "account-in-flight".into(),
                 LimitReport {
-                    admitted: 10,
-                    refused: 0,
-                    tokens: 10,
+                    counts: counts(&[(LimitCounter::Admitted, 10), (LimitCounter::Tokens, 10)]),
                     requests: 20,
                     period_ms: 0,
                     available: Some(20 - in_flight),
@@ -731,7 +687,8 @@ mod tests {
         let live = Live::default();
         live.ingest(&report(10_000, 1000, 0), 1);
         live.ingest(&report(11_000, 20, 0), 2);
-        assert_eq!(live.frame(3).policies["bank"].admitted_per_s, 20.0);
+        let bank = live.frame(3).policies["bank"];
+        assert_eq!(bank.counts.per_s(PolicyCounter::Admitted), 20.0);
     }
 
     #[test]
@@ -753,7 +710,8 @@ mod tests {
         live.ingest(&report(u64::MAX - 5, u64::MAX, u64::MAX), 3);
         live.ingest(&huge, 4);
         // Two instances at u64::MAX in flight each: the sum saturates.
-        assert_eq!(live.frame(5).policies["bank"].in_flight, u64::MAX);
+        let bank = live.frame(5).policies["bank"];
+        assert_eq!(bank.counts.now(PolicyCounter::InFlight), u64::MAX);
         live.tick(6);
         assert_eq!(live.history().len(), 1);
     }

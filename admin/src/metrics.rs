@@ -12,6 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use sluice_shared::api::LiveFrame;
+use sluice_shared::counts::{self, Kind, LiveCounts};
+use sluice_shared::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -40,6 +42,62 @@ pub struct InstanceLabel {
 
 type FloatGauges<L> = Family<L, Gauge<f64, AtomicU64>>;
 
+/// One gauge family per reported counter of family `C`, named
+/// `<prefix>_<name>_per_second` for a rate and `<prefix>_<name>` for a
+/// total or a gauge, its help the counter's meaning: a counter added to
+/// its family shows here by itself.
+struct CounterGauges<C, L> {
+    families: Vec<(C, FloatGauges<L>)>,
+}
+
+impl<C, L> CounterGauges<C, L>
+where
+    C: counts::Counter,
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    fn register(registry: &mut Registry, prefix: &str, whose: &str) -> Self {
+        let families = C::ALL
+            .iter()
+            .filter(|c| c.kind().is_reported())
+            .map(|&c| {
+                let family = FloatGauges::<L>::default();
+                let meaning = c.meaning().trim_end_matches('.');
+                let (name, help) = match c.kind() {
+                    Kind::Rate => (
+                        format!("{prefix}_{}_per_second", c.name()),
+                        format!("{whose}{meaning}, per second, all Envoys"),
+                    ),
+                    Kind::Total => (
+                        format!("{prefix}_{}", c.name()),
+                        format!("{whose}{meaning}, since the Envoys started, all Envoys"),
+                    ),
+                    _ => (
+                        format!("{prefix}_{}", c.name()),
+                        format!("{whose}{meaning}, all Envoys"),
+                    ),
+                };
+                registry.register(name, help, family.clone());
+                (c, family)
+            })
+            .collect();
+        Self { families }
+    }
+
+    fn clear(&self) {
+        for (_, family) in &self.families {
+            family.clear();
+        }
+    }
+
+    fn set(&self, label: &L, live: &LiveCounts<C>) {
+        for (c, value) in live.shown() {
+            if let Some((_, family)) = self.families.iter().find(|(f, _)| *f == c) {
+                family.get_or_create(label).set(value);
+            }
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sync_requests: Family<ResultLabel, Counter>,
@@ -51,11 +109,8 @@ pub struct Metrics {
     /// 1 while the managed directory's last change was refused.
     pub managed_error: Gauge,
     pub live_instances: Gauge,
-    pub admitted_per_s: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
-    pub rejected_per_s: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
-    pub in_flight: Family<PolicyLabel, Gauge>,
-    pub queued_per_s: FloatGauges<PolicyLabel>,
-    pub shadow_limited_per_s: FloatGauges<PolicyLabel>,
+    /// Each reported policy counter, as the live view shows it.
+    policy_counts: CounterGauges<PolicyCounter, PolicyLabel>,
     pub max_in_flight: Family<PolicyLabel, Gauge>,
     pub waiting: Family<PolicyLabel, Gauge>,
     pub tokens_left: Family<PolicyLabel, Gauge>,
@@ -63,14 +118,12 @@ pub struct Metrics {
     pub rate_limit_per_s: FloatGauges<PolicyLabel>,
     /// The policy's queue bound (`max_wait`), seconds.
     pub max_wait_seconds: FloatGauges<PolicyLabel>,
-    pub limit_admitted_per_s: FloatGauges<LimitLabel>,
-    pub limit_refused_per_s: FloatGauges<LimitLabel>,
-    pub limit_tokens_per_s: FloatGauges<LimitLabel>,
+    limit_counts: CounterGauges<LimitCounter, LimitLabel>,
+    limit_provider_counts: CounterGauges<ProviderCounter, LimitLabel>,
     /// A further limit's size per second (each Envoy's); a concurrency
     /// limit's in-flight bound.
     pub limit_size_per_s: FloatGauges<LimitLabel>,
     pub limit_available: Family<LimitLabel, Gauge>,
-    pub limit_provider_refused_per_s: FloatGauges<LimitLabel>,
     pub instance_last_sync_age: FloatGauges<InstanceLabel>,
     pub instance_sync_failures: Family<InstanceLabel, Gauge>,
 }
@@ -78,6 +131,10 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("sluice_admin");
+        let policy_counts = CounterGauges::register(&mut registry, "policy", "");
+        let limit_counts = CounterGauges::register(&mut registry, "limit", "");
+        let limit_provider_counts =
+            CounterGauges::register(&mut registry, "limit_provider", "the provider: ");
         let m = Self {
             registry: Registry::default(),
             sync_requests: Family::default(),
@@ -88,22 +145,16 @@ impl Default for Metrics {
             policy_set_version: Gauge::default(),
             managed_error: Gauge::default(),
             live_instances: Gauge::default(),
-            admitted_per_s: Family::default(),
-            rejected_per_s: Family::default(),
-            in_flight: Family::default(),
-            queued_per_s: Family::default(),
-            shadow_limited_per_s: Family::default(),
+            policy_counts,
             max_in_flight: Family::default(),
             waiting: Family::default(),
             tokens_left: Family::default(),
             rate_limit_per_s: Family::default(),
             max_wait_seconds: Family::default(),
-            limit_admitted_per_s: Family::default(),
-            limit_refused_per_s: Family::default(),
-            limit_tokens_per_s: Family::default(),
+            limit_counts,
+            limit_provider_counts,
             limit_size_per_s: Family::default(),
             limit_available: Family::default(),
-            limit_provider_refused_per_s: Family::default(),
             instance_last_sync_age: Family::default(),
             instance_sync_failures: Family::default(),
         };
@@ -143,32 +194,7 @@ impl Default for Metrics {
             "Envoys that synced in the last 5 s",
             m.live_instances.clone(),
         );
-        registry.register(
-            "policy_admitted_per_second",
-            "Admitted requests per second, all Envoys",
-            m.admitted_per_s.clone(),
-        );
-        registry.register(
-            "policy_rejected_per_second",
-            "Rejected requests per second, all Envoys",
-            m.rejected_per_s.clone(),
-        );
-        registry.register(
-            "policy_in_flight",
-            "Requests in flight, all Envoys",
-            m.in_flight.clone(),
-        );
-        let families: [(&str, &str, &FloatGauges<PolicyLabel>); 4] = [
-            (
-                "policy_queued_per_second",
-                "Requests that waited in the queue per second, all Envoys",
-                &m.queued_per_s,
-            ),
-            (
-                "policy_shadow_limited_per_second",
-                "Requests a shadow policy would have refused per second, all Envoys",
-                &m.shadow_limited_per_s,
-            ),
+        let families: [(&str, &str, &FloatGauges<PolicyLabel>); 2] = [
             (
                 "policy_rate_limit_per_second",
                 "The policy's rate per Envoy, requests per second (from the policy set)",
@@ -198,36 +224,11 @@ impl Default for Metrics {
             "Rate tokens left now, summed over Envoys",
             m.tokens_left.clone(),
         );
-        let limits: [(&str, &str, &FloatGauges<LimitLabel>); 5] = [
-            (
-                "limit_admitted_per_second",
-                "Calls a further limit let through per second, all Envoys",
-                &m.limit_admitted_per_s,
-            ),
-            (
-                "limit_refused_per_second",
-                "Calls a further limit refused per second, all Envoys",
-                &m.limit_refused_per_s,
-            ),
-            (
-                "limit_tokens_per_second",
-                "Tokens charged to a further limit per second, all Envoys",
-                &m.limit_tokens_per_s,
-            ),
-            (
-                "limit_size_per_second",
-                "A further limit's size per second per Envoy (a concurrency limit: its bound)",
-                &m.limit_size_per_s,
-            ),
-            (
-                "limit_provider_refused_per_second",
-                "Calls the provider refused per second, all Envoys",
-                &m.limit_provider_refused_per_s,
-            ),
-        ];
-        for (name, help, family) in limits {
-            registry.register(name, help, family.clone());
-        }
+        registry.register(
+            "limit_size_per_second",
+            "A further limit's size per second per Envoy (a concurrency limit: its bound)",
+            m.limit_size_per_s.clone(),
+        );
         registry.register(
             "limit_available",
             "Tokens a further limit holds now, summed over Envoys",
@@ -266,11 +267,7 @@ impl Metrics {
 
     pub fn observe(&self, frame: &LiveFrame) {
         self.live_instances.set(frame.instances.len() as i64);
-        self.admitted_per_s.clear();
-        self.rejected_per_s.clear();
-        self.in_flight.clear();
-        self.queued_per_s.clear();
-        self.shadow_limited_per_s.clear();
+        self.policy_counts.clear();
         self.max_in_flight.clear();
         self.waiting.clear();
         self.tokens_left.clear();
@@ -278,17 +275,7 @@ impl Metrics {
             let label = PolicyLabel {
                 policy: policy.clone(),
             };
-            self.admitted_per_s
-                .get_or_create(&label)
-                .set(u.admitted_per_s);
-            self.rejected_per_s
-                .get_or_create(&label)
-                .set(u.rejected_per_s);
-            self.in_flight.get_or_create(&label).set(gauge(u.in_flight));
-            self.queued_per_s.get_or_create(&label).set(u.queued_per_s);
-            self.shadow_limited_per_s
-                .get_or_create(&label)
-                .set(u.shadow_limited_per_s);
+            self.policy_counts.set(&label, &u.counts);
             self.waiting.get_or_create(&label).set(gauge(u.waiting));
             if u.max_in_flight > 0 {
                 self.max_in_flight
@@ -299,25 +286,15 @@ impl Metrics {
                 self.tokens_left.get_or_create(&label).set(gauge(tokens));
             }
         }
-        self.limit_admitted_per_s.clear();
-        self.limit_refused_per_s.clear();
-        self.limit_tokens_per_s.clear();
+        self.limit_counts.clear();
+        self.limit_provider_counts.clear();
         self.limit_size_per_s.clear();
         self.limit_available.clear();
-        self.limit_provider_refused_per_s.clear();
         for (limit, u) in &frame.limits {
             let label = LimitLabel {
                 limit: limit.clone(),
             };
-            self.limit_admitted_per_s
-                .get_or_create(&label)
-                .set(u.admitted_per_s);
-            self.limit_refused_per_s
-                .get_or_create(&label)
-                .set(u.refused_per_s);
-            self.limit_tokens_per_s
-                .get_or_create(&label)
-                .set(u.tokens_per_s);
+            self.limit_counts.set(&label, &u.counts);
             let size = if u.period_ms == 0 {
                 u.requests as f64
             } else {
@@ -330,9 +307,7 @@ impl Metrics {
                     .set(gauge(available));
             }
             if let Some(provider) = &u.provider {
-                self.limit_provider_refused_per_s
-                    .get_or_create(&label)
-                    .set(provider.refused_per_s);
+                self.limit_provider_counts.set(&label, &provider.counts);
             }
         }
     }
@@ -443,5 +418,43 @@ mod tests {
             "# HELP a_logins_total Logins.\n# TYPE a_logins_total counter\na_logins_total 3\n\
              # HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n"
         );
+    }
+
+    /// Every reported counter of every family has its series, named by
+    /// its kind, with its meaning as help.
+    #[test]
+    fn every_reported_counter_shows_with_its_meaning() {
+        use sluice_shared::api::{LimitUse, ProviderUse, Utilization};
+        use sluice_shared::counts::Counter;
+        let metrics = Metrics::default();
+        let mut frame = LiveFrame::default();
+        frame.policies.insert("bank".into(), Utilization::default());
+        frame.limits.insert(
+            "tpm".into(),
+            LimitUse {
+                provider: Some(ProviderUse::default()),
+                ..LimitUse::default()
+            },
+        );
+        metrics.observe(&frame);
+        let text = metrics.render_text();
+        fn expect<C: Counter>(text: &str, prefix: &str) {
+            for c in C::ALL.iter().filter(|c| c.kind().is_reported()) {
+                let name = match c.kind() {
+                    Kind::Rate => format!("sluice_admin_{prefix}_{}_per_second", c.name()),
+                    _ => format!("sluice_admin_{prefix}_{}", c.name()),
+                };
+                let help = format!("# HELP {name} ");
+                let line = text.lines().find(|l| l.starts_with(&help));
+                assert!(
+                    line.is_some_and(|l| l.contains(c.meaning().trim_end_matches('.'))),
+                    "{name} with its meaning in:\n{text}"
+                );
+                assert!(text.lines().any(|l| l.starts_with(&format!("{name}{{"))));
+            }
+        }
+        expect::<PolicyCounter>(&text, "policy");
+        expect::<LimitCounter>(&text, "limit");
+        expect::<ProviderCounter>(&text, "limit_provider");
     }
 }

@@ -297,7 +297,7 @@ impl Codec for OwnedLimitState<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{FilterStat, Metrics};
+    use crate::metrics::{FilterCounter, Metrics};
     use crate::store::Store;
     use crate::testing::FakeHost;
     use proptest::prelude::*;
@@ -350,12 +350,12 @@ mod tests {
         assert_eq!((set, set_id, shares), (Ok(true), Ok(None), Ok(0)));
         let mut metrics = Metrics::default();
         store.flush_into(&mut metrics);
-        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 8);
+        assert_eq!(metrics.pending_filter(FilterCounter::StateDecodeErrors), 8);
         // A missing value is no fault.
         let fresh = store.update_as::<u64, _, _>(&host, "missing", |n| (*n, false));
         assert_eq!(fresh, Ok(0));
         store.flush_into(&mut metrics);
-        assert_eq!(metrics.pending_filter(FilterStat::StateDecodeErrors), 8);
+        assert_eq!(metrics.pending_filter(FilterCounter::StateDecodeErrors), 8);
     }
 
     proptest! {

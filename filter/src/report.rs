@@ -97,7 +97,7 @@ pub fn add_to_report<H: Host + ?Sized>(
         &Json::default(),
         |report: &mut BTreeMap<String, Counters>| {
             for (policy, d) in deltas {
-                report.entry(policy.clone()).or_default().add(d);
+                report.entry(policy.clone()).or_default().add_deltas(d);
             }
             ((), true)
         },
@@ -133,34 +133,31 @@ mod tests {
     use crate::host::Host;
     use crate::testing::FakeHost;
     use sluice_shared::key_view::{label_secret, name_key, KeyOutcome};
+    use sluice_shared::stats::PolicyCounter;
     use sluice_shared::KeyLabel;
 
     #[test]
     fn report_sums_workers_including_in_flight_going_down() {
         let host = FakeHost::at(Instant::EPOCH);
         let mut stats = Store::default();
-        let mut a = BTreeMap::new();
-        a.insert(
-            "bank".to_string(),
-            DeltaCounters {
-                admitted: 5,
-                in_flight: 3,
-                ..Default::default()
-            },
-        );
-        let mut b = BTreeMap::new();
-        b.insert(
-            "bank".to_string(),
-            DeltaCounters {
-                admitted: 2,
-                in_flight: -1,
-                ..Default::default()
-            },
-        );
+        let delta = |admitted: i64, in_flight: i64| {
+            let mut d = DeltaCounters::default();
+            d.add(PolicyCounter::Admitted, admitted);
+            d.add(PolicyCounter::InFlight, in_flight);
+            BTreeMap::from([("bank".to_string(), d)])
+        };
+        let (a, b) = (delta(5, 3), delta(2, -1));
         add_to_report(&host, &mut stats, &a).unwrap();
         add_to_report(&host, &mut stats, &b).unwrap();
-        let report = read_report(&host)["bank"].to_report();
-        assert_eq!((report.admitted, report.in_flight), (7, 2));
+        let report = crate::counters::policy_report(read_report(&host)["bank"]);
+        let counts = report.counts;
+        assert_eq!(
+            (
+                counts[PolicyCounter::Admitted],
+                counts[PolicyCounter::InFlight]
+            ),
+            (7, 2)
+        );
     }
 
     #[test]

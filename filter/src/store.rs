@@ -8,12 +8,13 @@
 //! write fails as a CAS mismatch and the update is retried on the real value,
 //! instead of overwriting it.
 
+use sluice_shared::counts::Counter;
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::time::{Instant, Span};
 
 use crate::entries::{Codec, Entry, Plain, HOLDERS_KEY, KEY_SECRET_KEY};
 use crate::host::{Host, Level, SetError};
-use crate::metrics::{FilterStat, Metrics};
+use crate::metrics::{FilterCounter, Metrics};
 
 /// Attempts before giving up on a contended value (and refusing the request
 /// rather than spinning).
@@ -48,11 +49,11 @@ enum Fault {
 impl Fault {
     const ALL: [Fault; 3] = [Fault::Contended, Fault::HostFailed, Fault::Unreadable];
 
-    fn stat(self) -> FilterStat {
+    fn stat(self) -> FilterCounter {
         match self {
-            Fault::Contended => FilterStat::CasExhausted,
-            Fault::HostFailed => FilterStat::HostErrors,
-            Fault::Unreadable => FilterStat::StateDecodeErrors,
+            Fault::Contended => FilterCounter::CasExhausted,
+            Fault::HostFailed => FilterCounter::HostErrors,
+            Fault::Unreadable => FilterCounter::StateDecodeErrors,
         }
     }
 
@@ -192,7 +193,7 @@ impl Store {
     /// Adds what happened since the last flush to the filter's stats.
     pub fn flush_into(&mut self, metrics: &mut Metrics) {
         let as_delta = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        metrics.add_filter(FilterStat::CasRetries, as_delta(self.cas_retries));
+        metrics.add_filter(FilterCounter::CasRetries, as_delta(self.cas_retries));
         self.cas_retries = 0;
         for (fault, count) in Fault::ALL.iter().zip(self.faults.iter_mut()) {
             metrics.add_filter(fault.stat(), as_delta(*count));
@@ -261,9 +262,9 @@ mod tests {
         assert_eq!(host.logs.borrow().len(), 2);
         let mut metrics = Metrics::default();
         store.flush_into(&mut metrics);
-        assert_eq!(metrics.pending_filter(FilterStat::CasExhausted), 4);
+        assert_eq!(metrics.pending_filter(FilterCounter::CasExhausted), 4);
         assert_eq!(
-            metrics.pending_filter(FilterStat::CasRetries),
+            metrics.pending_filter(FilterCounter::CasRetries),
             4 * i64::from(MAX_CAS_ATTEMPTS - 1)
         );
     }

@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::counts::LiveCounts;
 use crate::fleet::{Amount, MemberState};
 use crate::key_view::KeyEstimate;
+use crate::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 use crate::sync::{PauseReport, SyncReport};
 use crate::time::{millis, Span};
 use crate::validate::FieldError;
@@ -191,52 +193,38 @@ pub struct FleetView {
 /// Per policy (and per instance), what happens each second.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Utilization {
-    pub admitted_per_s: f64,
-    pub rejected_per_s: f64,
-    pub queued_per_s: f64,
-    #[serde(default)]
-    pub shadow_limited_per_s: f64,
-    pub in_flight: u64,
+    /// Its reported counters (`PolicyCounter`) as shown: a rate per second
+    /// (`admitted_per_s`, ...) or the value now (`in_flight`, totals
+    /// since the Envoys started).
+    #[serde(flatten)]
+    pub counts: LiveCounts<PolicyCounter>,
     pub max_in_flight: u64,
     #[serde(default)]
     pub waiting: u64,
     /// Rate tokens left (summed over instances; absent without a rate).
     pub tokens: Option<u64>,
-    /// Calls matched by their host alone, since the Envoys started: the
-    /// policy names a port the requests do not carry (Envoy strips it).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub port_hidden: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 impl Utilization {
     /// Adds another instance's figures.
     pub fn add(&mut self, other: &Utilization) {
-        self.admitted_per_s += other.admitted_per_s;
-        self.rejected_per_s += other.rejected_per_s;
-        self.queued_per_s += other.queued_per_s;
-        self.shadow_limited_per_s += other.shadow_limited_per_s;
-        self.in_flight = self.in_flight.saturating_add(other.in_flight);
+        self.counts.add(&other.counts);
         self.max_in_flight = self.max_in_flight.saturating_add(other.max_in_flight);
         self.waiting = self.waiting.saturating_add(other.waiting);
         self.tokens = match (self.tokens, other.tokens) {
             (None, t) | (t, None) => t,
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
         };
-        self.port_hidden = self.port_hidden.saturating_add(other.port_hidden);
     }
 }
 
 /// Per further limit, what happens each second, summed over instances.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimitUse {
-    pub admitted_per_s: f64,
-    pub refused_per_s: f64,
-    /// Tokens charged per second.
-    pub tokens_per_s: f64,
+    /// Its reported counters (`LimitCounter`) as shown: `admitted_per_s`,
+    /// `refused_per_s`, `tokens_per_s` (tokens charged per second).
+    #[serde(flatten)]
+    pub counts: LiveCounts<LimitCounter>,
     /// The limit's size: `requests` per `period_ms` (each Envoy's).
     pub requests: u64,
     pub period_ms: u64,
@@ -271,11 +259,11 @@ pub struct ProviderUse {
     /// (absent: none does; the limit's own rate holds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
-    /// The provider's refusals per second.
-    pub refused_per_s: f64,
-    /// Since the Envoys started: pauses begun, rate cuts.
-    pub pauses: u64,
-    pub cuts: u64,
+    /// Its counters (`ProviderCounter`) as shown: the provider's refusals
+    /// per second (`refused_per_s`); pauses begun and rate cuts since the
+    /// Envoys started.
+    #[serde(flatten)]
+    pub counts: LiveCounts<ProviderCounter>,
 }
 
 impl ProviderUse {
@@ -296,18 +284,14 @@ impl ProviderUse {
             (None, r) | (r, None) => r,
             (Some(a), Some(b)) => Some(a + b),
         };
-        self.refused_per_s += other.refused_per_s;
-        self.pauses = self.pauses.saturating_add(other.pauses);
-        self.cuts = self.cuts.saturating_add(other.cuts);
+        self.counts.add(&other.counts);
     }
 }
 
 impl LimitUse {
     /// Adds another instance's figures.
     pub fn add(&mut self, other: &LimitUse) {
-        self.admitted_per_s += other.admitted_per_s;
-        self.refused_per_s += other.refused_per_s;
-        self.tokens_per_s += other.tokens_per_s;
+        self.counts.add(&other.counts);
         self.requests = self.requests.max(other.requests);
         self.period_ms = self.period_ms.max(other.period_ms);
         self.available = match (self.available, other.available) {
@@ -332,7 +316,7 @@ impl LimitUse {
 
     /// Tokens used over one of the limit's periods at the current pace.
     pub fn used_per_period(&self) -> f64 {
-        self.tokens_per_s * self.period_ms as f64 / 1000.0
+        self.counts.per_s(LimitCounter::Tokens) * self.period_ms as f64 / 1000.0
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod bucket;
+pub mod counts;
 pub mod duration;
 pub mod fleet;
 pub mod headers;
@@ -18,6 +19,7 @@ pub mod policy;
 pub mod policy_diff;
 pub mod provider;
 pub mod request_headers;
+pub mod stats;
 pub mod sync;
 pub mod sync_answer;
 pub mod time;

@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::counts::Counts;
 use crate::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
+use crate::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
 /// Push: a watch call (sync token, a [`WatchRequest`] body) the admin holds
@@ -185,10 +187,9 @@ pub type BudgetsMessage = BTreeMap<String, HeldBudget>;
 /// One further limit, as one Envoy counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimitReport {
-    pub admitted: u64,
-    pub refused: u64,
-    /// Tokens the calls were charged (with `usage`: once settled).
-    pub tokens: u64,
+    /// Its reported counters (`LimitCounter`), by name.
+    #[serde(flatten)]
+    pub counts: Counts<LimitCounter>,
     /// The limit's size: `requests` per `period_ms`.
     pub requests: u64,
     pub period_ms: u64,
@@ -224,13 +225,9 @@ pub struct ProviderReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut_ago_ms: Option<u64>,
     /// Since the Envoy started: the provider's refusals, pauses begun,
-    /// rate cuts.
-    #[serde(default)]
-    pub refused: u64,
-    #[serde(default)]
-    pub pauses: u64,
-    #[serde(default)]
-    pub cuts: u64,
+    /// rate cuts (`ProviderCounter`), by name.
+    #[serde(flatten)]
+    pub counts: Counts<ProviderCounter>,
 }
 
 /// A pause in force.
@@ -289,13 +286,10 @@ pub type SharesMessage = BTreeMap<String, ShareMessage>;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyReport {
-    pub admitted: u64,
-    pub rejected: u64,
-    pub queued: u64,
-    pub queue_timeouts: u64,
-    pub shadow_limited: u64,
-    /// Requests holding a concurrency slot now.
-    pub in_flight: u64,
+    /// Its reported counters (`PolicyCounter`), by name: since the Envoy
+    /// started, and `in_flight` now.
+    #[serde(flatten)]
+    pub counts: Counts<PolicyCounter>,
     /// The concurrency limit (0: none).
     pub max_in_flight: u64,
     /// Rate tokens available now (absent without a rate limit).
@@ -304,10 +298,6 @@ pub struct PolicyReport {
     /// Requests waiting in the queue now.
     #[serde(default)]
     pub waiting: u64,
-    /// Calls matched by their host alone, since the Envoy started: the
-    /// policy names a port the requests did not carry.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub port_hidden: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -482,5 +472,44 @@ mod tests {
             ..KeyCount::default()
         }];
         assert!(long.check().unwrap_err().contains("too long"));
+    }
+
+    /// Filters and admins of other releases read each other's reports:
+    /// the counters keep their names and places.
+    #[test]
+    fn reports_keep_the_names_older_filters_and_admins_speak() {
+        use crate::stats::{LimitCounter, PolicyCounter, ProviderCounter};
+        let older = r#"{"admitted":5,"rejected":1,"queued":2,"queue_timeouts":0,
+            "shadow_limited":4,"in_flight":3,"max_in_flight":10,"waiting":1}"#;
+        let report: PolicyReport = serde_json::from_str(older).unwrap();
+        assert_eq!(report.counts[PolicyCounter::InFlight], 3);
+        assert_eq!(report.counts[PolicyCounter::ShadowLimited], 4);
+        assert_eq!((report.max_in_flight, report.waiting), (10, 1));
+        let written = serde_json::to_value(report).unwrap();
+        for name in [
+            "admitted",
+            "rejected",
+            "queued",
+            "queue_timeouts",
+            "shadow_limited",
+            "in_flight",
+            "max_in_flight",
+            "waiting",
+        ] {
+            assert!(written.get(name).is_some(), "{name} in {written}");
+        }
+        let limit: LimitReport = serde_json::from_str(
+            r#"{"admitted":1,"refused":2,"tokens":3,"requests":10,"period_ms":1000,
+                "provider":{"refused":4,"pauses":1,"cuts":2,"remaining":7}}"#,
+        )
+        .unwrap();
+        assert_eq!(limit.counts[LimitCounter::Tokens], 3);
+        let provider = limit.provider.unwrap();
+        assert_eq!(provider.counts[ProviderCounter::Cuts], 2);
+        assert_eq!(provider.remaining, Some(7));
+        let written = serde_json::to_value(limit).unwrap();
+        assert_eq!(written["refused"], 2);
+        assert_eq!(written["provider"]["refused"], 4);
+        assert!(written.get("provider_refused").is_none(), "reported once");
     }
 }

@@ -341,10 +341,10 @@ async fn hostile_reports_shape_neither_the_metrics_nor_the_admins_memory() -> an
             at_ms: 1_800_000_000_000 + n * 1_000,
             ..SyncReport::default()
         };
-        let counts = PolicyReport {
-            admitted: n * 10,
-            ..PolicyReport::default()
-        };
+        let mut counts = PolicyReport::default();
+        counts
+            .counts
+            .set(sluice_shared::stats::PolicyCounter::Admitted, n * 10);
         for name in ["bank", "maps", "llm"] {
             r.policies.insert(name.into(), counts);
         }

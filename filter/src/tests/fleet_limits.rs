@@ -51,7 +51,10 @@ fn a_global_limit_is_the_whole_limit_alone_nothing_before_its_share_then_the_sha
     let report: sluice_shared::sync::SyncReport =
         serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
     assert_eq!(report.shares.get("limits/fleet-wide"), Some(&5));
-    assert_eq!(report.limits["fleet-wide"].admitted, 10);
+    assert_eq!(
+        report.limits["fleet-wide"].counts[crate::metrics::LimitCounter::Admitted],
+        10
+    );
 }
 
 /// Requests and tokens for the whole fleet: a global policy (its own

@@ -363,7 +363,7 @@ fn garbage_in_shared_data_is_replaced_and_counted() {
     let mut metrics = crate::metrics::Metrics::default();
     store.flush_into(&mut metrics);
     assert_eq!(
-        metrics.pending_filter(crate::metrics::FilterStat::StateDecodeErrors),
+        metrics.pending_filter(crate::metrics::FilterCounter::StateDecodeErrors),
         1
     );
     assert!(host.shared_get("sluice/b/x").0.is_some_and(|v| v.len() > 3));
@@ -517,7 +517,10 @@ fn one_worker_syncs_all_install_and_unchanged_policies_keep_their_state() {
     assert!(headers.contains(&("authorization".into(), "Bearer t0ken".into())));
     let report: sluice_shared::sync::SyncReport = serde_json::from_slice(body).unwrap();
     assert_eq!(report.policy_version, 0, "still on the fallback");
-    assert_eq!(report.policies["bank"].admitted, 5);
+    assert_eq!(
+        report.policies["bank"].counts[crate::metrics::PolicyCounter::Admitted],
+        5
+    );
     assert_eq!(report.policies["bank"].tokens, Some(0));
 
     // Garbage from the admin: nothing changes, the failure is counted.

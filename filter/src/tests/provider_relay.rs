@@ -3,6 +3,7 @@
 //! pauses and cuts a shared limit here; news that is no news changes
 //! nothing.
 
+use sluice_shared::stats::ProviderCounter;
 use sluice_shared::sync::SyncReport;
 
 use crate::host::Host;
@@ -119,8 +120,13 @@ fn a_pause_is_sent_to_the_admin_within_a_tick_with_why_and_for_how_long() {
         pause.left_ms
     );
     assert!(provider.cut_ago_ms.is_some(), "the 429 cut the rate too");
+    let counts = provider.counts;
     assert_eq!(
-        (provider.refused, provider.pauses, provider.cuts),
+        (
+            counts[ProviderCounter::Refused],
+            counts[ProviderCounter::Pauses],
+            counts[ProviderCounter::Cuts]
+        ),
         (1, 1, 1)
     );
 }

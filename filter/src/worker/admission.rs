@@ -28,7 +28,7 @@ use super::retry::DEFAULT_RETRY;
 use super::slots;
 use crate::entries;
 use crate::host::{Host, Level};
-use crate::metrics::{LimitStat, PolicyStat};
+use crate::metrics::{LimitCounter, PolicyCounter};
 use crate::prefetch::{PrefetchKey, Prefetches};
 
 /// What to do with a request now.
@@ -109,7 +109,7 @@ impl Deciding<'_> {
             Taken::Refused {
                 limit, retry_after, ..
             } if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) => {
-                ctx.metrics.add_limit(&limit, LimitStat::Queued, 1);
+                ctx.metrics.add_limit(&limit, LimitCounter::Queued, 1);
                 (true, Held::default())
             }
             Taken::Refused {
@@ -117,7 +117,7 @@ impl Deciding<'_> {
                 retry_after,
                 why,
             } => {
-                ctx.metrics.add_limit(&limit, LimitStat::Refused, 1);
+                ctx.metrics.add_limit(&limit, LimitCounter::Refused, 1);
                 let refusal = Refusal::Limit { limit, why };
                 return (refuse(ctx, policy, &refusal, retry_after), None);
             }
@@ -288,14 +288,14 @@ fn refuse<H: Host + ?Sized>(
 ) -> Decision {
     let name = policy.name();
     if policy.is_shadow() {
-        ctx.metrics.add(name, PolicyStat::ShadowLimited, 1);
+        ctx.metrics.add(name, PolicyCounter::ShadowLimited, 1);
         ctx.host.log(
             Level::Debug,
             &format!("sluice: shadow policy {name} would have refused a request ({refusal:?})"),
         );
         return Decision::Pass;
     }
-    ctx.metrics.add(name, PolicyStat::Rejected, 1);
+    ctx.metrics.add(name, PolicyCounter::Rejected, 1);
     Decision::Refuse(refusal::render(policy, refusal, retry_after))
 }
 

@@ -18,7 +18,7 @@ use sluice_shared::time::Instant;
 use super::ctx::Ctx;
 use crate::entries::{self, budget_known_key, limit_key, LimitState, Marker};
 use crate::host::{Host, Level};
-use crate::metrics::FilterStat;
+use crate::metrics::FilterCounter;
 
 #[derive(Debug, Default)]
 pub(super) struct Budgets {
@@ -91,7 +91,7 @@ impl Budgets {
         let held = match header.map(read_budgets).transpose() {
             Ok(held) => held.unwrap_or_default(),
             Err(why) => {
-                metrics.add_filter(FilterStat::BudgetsMalformed, 1);
+                metrics.add_filter(FilterCounter::BudgetsMalformed, 1);
                 host.log(
                     Level::Warn,
                     &format!(

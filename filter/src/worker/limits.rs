@@ -17,7 +17,7 @@ use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
 use super::slots::{self, HeldSlot, SlotsTaken};
 use crate::entries::{keyed_limit_key, limit_key, LimitState, OwnedLimitState};
 use crate::host::Host;
-use crate::metrics::{LimitStat, Metrics};
+use crate::metrics::{LimitCounter, Metrics};
 
 /// Where a call's tokens of one further limit are: its shared-data entry,
 /// and for a keyed limit the key owning that entry then.
@@ -196,7 +196,7 @@ fn take_rates<H: Host + ?Sized>(
         .find(|l| !budgets.is_known(ctx.host, l))
     {
         ctx.metrics
-            .add_limit(&limit.name, LimitStat::BudgetUnknown, 1);
+            .add_limit(&limit.name, LimitCounter::BudgetUnknown, 1);
         return Err(Taken::Unknown {
             limit: limit.name.clone(),
         });
@@ -337,16 +337,16 @@ fn step<H: Host + ?Sized>(
 /// Counts a call every further limit let through and that went.
 pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, costs: &[u64]) {
     for slot_limit in &policy.slot_limits {
-        metrics.add_limit(&slot_limit.name, LimitStat::Admitted, 1);
+        metrics.add_limit(&slot_limit.name, LimitCounter::Admitted, 1);
     }
     for (limit, cost) in policy.limits.iter().zip(costs) {
-        metrics.add_limit(&limit.name, LimitStat::Admitted, 1);
+        metrics.add_limit(&limit.name, LimitCounter::Admitted, 1);
         if limit.usage.is_some() {
             // Counted when the response settles what it really cost.
             continue;
         }
         let tokens = i64::try_from(limit.rate.taken(*cost)).unwrap_or(i64::MAX);
-        metrics.add_limit(&limit.name, LimitStat::Tokens, tokens);
+        metrics.add_limit(&limit.name, LimitCounter::Tokens, tokens);
     }
 }
 

@@ -50,7 +50,7 @@ use sluice_shared::time::{Instant, Span};
 
 use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};
-use crate::metrics::{FilterStat, Metrics, PolicySeries, PolicyStat};
+use crate::metrics::{FilterCounter, Metrics, PolicyCounter, PolicySeries};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
@@ -431,7 +431,8 @@ impl Parts {
                 return Verdict::ReadBody;
             }
             RequestBody::Read(None) if policy.reads_request_body() => {
-                ctx.metrics.add_filter(FilterStat::RequestBodyTooLarge, 1);
+                ctx.metrics
+                    .add_filter(FilterCounter::RequestBodyTooLarge, 1);
                 RequestJson::TooLarge
             }
             RequestBody::Read(Some(body)) => RequestJson::Read(body),
@@ -534,7 +535,7 @@ impl Parts {
     /// matched by its host alone. Counted; logged once per policy and
     /// Envoy, so the operator learns the port means nothing here.
     fn port_was_hidden<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, policy: &CompiledPolicy) {
-        ctx.metrics.add(policy.name(), PolicyStat::PortHidden, 1);
+        ctx.metrics.add(policy.name(), PolicyCounter::PortHidden, 1);
         if self.port_hidden.contains(policy.name()) {
             return;
         }
@@ -684,7 +685,8 @@ impl Parts {
     ) {
         let (n, version) = (set.policies.len(), set.version);
         self.install(ctx, CompiledPolicySet::from_validated(set));
-        ctx.metrics.add_filter(FilterStat::PolicySetsInstalled, 1);
+        ctx.metrics
+            .add_filter(FilterCounter::PolicySetsInstalled, 1);
         ctx.host.log(
             Level::Info,
             &format!(

@@ -16,7 +16,7 @@ use super::key_places::{self, Claim};
 use super::retry::DEFAULT_RETRY;
 use crate::entries::{bucket_key, Place};
 use crate::host::Host;
-use crate::metrics::PolicyStat;
+use crate::metrics::PolicyCounter;
 use crate::prefetch::SpareSlots;
 use crate::store::StoreError;
 
@@ -117,12 +117,12 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         })?;
         if let Some(outcome) = outcome {
             if evicted {
-                metrics.add(name, PolicyStat::KeyEvictions, 1);
+                metrics.add(name, PolicyCounter::KeyEvictions, 1);
             }
             return Ok(placed(key, outcome));
         }
     }
-    metrics.add(name, PolicyStat::KeyOverflow, 1);
+    metrics.add(name, PolicyCounter::KeyOverflow, 1);
     if policy.key_overflow() == Some(KeyOverflow::Reject) {
         let refused = Admission::Rejected {
             kind: LimitKind::for_limits(policy.rate.is_some()),

@@ -21,7 +21,7 @@ use super::ctx::Ctx;
 use crate::counters::LimitCounters;
 use crate::entries::{self, provider_key};
 use crate::host::{Host, Level};
-use crate::metrics::{FilterStat, LimitStat, Metrics};
+use crate::metrics::{FilterCounter, LimitCounter, Metrics};
 use crate::store::StoreError;
 
 /// How long `limit` stays paused for a call with key `key` (None: it is
@@ -224,19 +224,19 @@ impl Listening {
                 PauseSignal::None => {}
                 PauseSignal::Refused => {
                     ctx.metrics
-                        .add_limit(&limit.name, LimitStat::ProviderRefused, 1);
+                        .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
                 }
                 PauseSignal::Malformed(e) => {
                     ctx.metrics
-                        .add_limit(&limit.name, LimitStat::ProviderRefused, 1);
+                        .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
                     ignored(host, ctx.metrics, &limit.name, &e);
                 }
                 PauseSignal::Pause { wait, capped } => {
                     ctx.metrics
-                        .add_limit(&limit.name, LimitStat::ProviderRefused, 1);
+                        .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
                     if capped {
                         ctx.metrics
-                            .add_limit(&limit.name, LimitStat::PauseCapped, 1);
+                            .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
                     }
                     let why = PauseWhy {
                         status: status.unwrap_or(0),
@@ -251,7 +251,8 @@ impl Listening {
             match provider.count_in(headers, now) {
                 Ok(None) => {}
                 Ok(Some(count)) => {
-                    ctx.metrics.add_limit(&limit.name, LimitStat::CountRead, 1);
+                    ctx.metrics
+                        .add_limit(&limit.name, LimitCounter::CountRead, 1);
                     let (entry, _) = place_of_owner(limit, counted.owner);
                     // On failure (counted and logged by the store) the
                     // next answer brings the count again.
@@ -293,7 +294,7 @@ fn cut_rate<H: Host + ?Sized>(
     let Ok((true, rate)) = cut else {
         return false;
     };
-    ctx.metrics.add_limit(&limit.name, LimitStat::RateCut, 1);
+    ctx.metrics.add_limit(&limit.name, LimitCounter::RateCut, 1);
     let whose = match heard {
         Heard::Here { .. } => "the provider refused a call",
         Heard::Relayed => "another Envoy's provider refused a call (relayed by the admin)",
@@ -317,7 +318,7 @@ fn ignored<H: Host + ?Sized>(
     limit: &str,
     error: &sluice_shared::provider::SignalError,
 ) {
-    metrics.add_limit(limit, LimitStat::SignalMalformed, 1);
+    metrics.add_limit(limit, LimitCounter::SignalMalformed, 1);
     host.log(
         Level::Debug,
         &format!("sluice: limit {limit}: provider signal ignored: {error}"),
@@ -355,7 +356,7 @@ fn pause<H: Host + ?Sized>(
     let Ok(Some(until)) = began else {
         return false;
     };
-    ctx.metrics.add_limit(&limit.name, LimitStat::Paused, 1);
+    ctx.metrics.add_limit(&limit.name, LimitCounter::Paused, 1);
     let whose = if key.is_some() { " for this key" } else { "" };
     let cap = if capped { " (cut to max_pause)" } else { "" };
     let status = match why.status {
@@ -398,9 +399,7 @@ pub(super) fn report<H: Host + ?Sized>(
 ) -> Option<ProviderReport> {
     let provider = limit.provider.as_ref()?;
     let mut report = ProviderReport {
-        refused: counters.provider_refused,
-        pauses: counters.pauses,
-        cuts: counters.rate_cuts,
+        counts: counters.provider,
         ..ProviderReport::default()
     };
     if limit.keys.is_none() {
@@ -441,7 +440,8 @@ pub(super) fn take_news<H: Host + ?Sized>(
     let news: ProviderNews = match read_news(header) {
         Ok(news) => news,
         Err(why) => {
-            ctx.metrics.add_filter(FilterStat::ProviderNewsMalformed, 1);
+            ctx.metrics
+                .add_filter(FilterCounter::ProviderNewsMalformed, 1);
             host.log(
                 Level::Warn,
                 &format!("sluice: the admin's provider news was ignored: {why}"),

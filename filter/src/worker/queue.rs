@@ -16,7 +16,7 @@ use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::streams::{Further, Streams};
 use crate::host::Host;
-use crate::metrics::PolicyStat;
+use crate::metrics::PolicyCounter;
 use crate::prefetch::Prefetches;
 
 /// What the tick asks the glue to do to a paused stream.
@@ -97,9 +97,10 @@ pub(super) fn serve<H: Host + ?Sized>(
             parts.streams.end(ctx, parts.prefetches, context_id);
             // It did not leave: its wait ran out.
             ctx.metrics
-                .add(&policy_name, PolicyStat::QueueAbandoned, -1);
-            ctx.metrics.add(&policy_name, PolicyStat::QueueTimeouts, 1);
-            ctx.metrics.add(&policy_name, PolicyStat::Rejected, 1);
+                .add(&policy_name, PolicyCounter::QueueAbandoned, -1);
+            ctx.metrics
+                .add(&policy_name, PolicyCounter::QueueTimeouts, 1);
+            ctx.metrics.add(&policy_name, PolicyCounter::Rejected, 1);
             let refusal = Refusal::Policy {
                 kind: LimitKind::for_limits(policy.rate.is_some()),
             };

@@ -13,7 +13,7 @@ use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
 use crate::host::{Host, Level};
-use crate::metrics::FilterStat;
+use crate::metrics::FilterCounter;
 use crate::sync::fleet::{self, HeldShare, HeldShares};
 
 /// Whether a share of the answer just taken shrank by more than a wobble.
@@ -63,7 +63,7 @@ impl FleetShares {
     ) -> Option<Shrank> {
         let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
         let Some(shares) = fleet::parse_header(header, sent_at) else {
-            metrics.add_filter(FilterStat::SyncFailures, 1);
+            metrics.add_filter(FilterCounter::SyncFailures, 1);
             host.log(
                 Level::Warn,
                 "sluice: the admin's shares header does not parse; keeping the shares held",

@@ -15,7 +15,7 @@ use sluice_shared::time::{Instant, Span};
 use super::ctx::Ctx;
 use super::slots::HeldSlot;
 use crate::host::Host;
-use crate::metrics::{Metrics, PolicySeries, PolicyStat};
+use crate::metrics::{Metrics, PolicyCounter, PolicySeries};
 use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
 
 /// A queued stream's place: its ticket in the bucket's queue and when it
@@ -164,11 +164,11 @@ impl Streams {
         prefetch: PrefetchKey,
         now: Instant,
     ) {
-        metrics.add_to(series, PolicyStat::Admitted, 1);
+        metrics.add_to(series, PolicyCounter::Admitted, 1);
         if policy.concurrency.is_none() {
             return;
         }
-        metrics.add_to(series, PolicyStat::InFlight, 1);
+        metrics.add_to(series, PolicyCounter::InFlight, 1);
         let Slot { bucket, lease } = slot;
         let mut stream = Self::stream(
             (policy, series),
@@ -197,7 +197,7 @@ impl Streams {
             limit_costs,
             limit_keys,
         } = waiting;
-        metrics.add_to(series, PolicyStat::Queued, 1);
+        metrics.add_to(series, PolicyCounter::Queued, 1);
         let state = StreamState::Waiting(turn);
         self.track(context_id, (policy, series), bucket, prefetch, state, now);
         if let Some(stream) = self.streams.get_mut(&context_id) {
@@ -285,9 +285,9 @@ impl Streams {
         let Some(stream) = self.streams.get_mut(&context_id) else {
             return;
         };
-        metrics.add_to(stream.series, PolicyStat::Admitted, 1);
+        metrics.add_to(stream.series, PolicyCounter::Admitted, 1);
         if stream.lease_ttl.is_some() {
-            metrics.add_to(stream.series, PolicyStat::InFlight, 1);
+            metrics.add_to(stream.series, PolicyCounter::InFlight, 1);
         }
         // Kept while it holds a slot: its policy's, or (from
         // [`Self::hold_slots`]) a further limit's.
@@ -323,7 +323,7 @@ impl Streams {
                     // It held only further limits' slots.
                     return;
                 }
-                metrics.add_to(stream.series, PolicyStat::InFlight, -1);
+                metrics.add_to(stream.series, PolicyCounter::InFlight, -1);
                 if prefetches.return_slot(stream.prefetch, stream.lease, || now) {
                     // Kept for this worker's next request while the prefetch lives.
                     return;
@@ -341,7 +341,7 @@ impl Streams {
             StreamState::Waiting(turn) => {
                 let (host, store, holder) = (ctx.host, &mut *ctx.store, ctx.holder);
                 ctx.metrics
-                    .add_to(stream.series, PolicyStat::QueueAbandoned, 1);
+                    .add_to(stream.series, PolicyCounter::QueueAbandoned, 1);
                 // On failure the waiter's deadline takes it out of the queue.
                 let _ = store.update_as::<BucketState, _, _>(host, &stream.bucket, |s| {
                     let c = s.cancel(holder, turn.ticket);
@@ -369,7 +369,7 @@ impl Streams {
             .map(|(c, s)| (*c, s.series))
             .collect();
         for (context_id, series) in stuck {
-            ctx.metrics.add_to(series, PolicyStat::LeasesExpired, 1);
+            ctx.metrics.add_to(series, PolicyCounter::LeasesExpired, 1);
             self.end(ctx, prefetches, context_id);
         }
     }

@@ -21,7 +21,7 @@ use super::provider;
 use super::slots;
 use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
 use crate::host::{Host, Level};
-use crate::metrics::FilterStat;
+use crate::metrics::{FilterCounter, LimitCounter};
 use crate::report;
 use crate::store::Store;
 use crate::sync::fleet;
@@ -186,7 +186,7 @@ impl SyncClient {
         match host.dispatch_http_call(&settings.cluster, &headers, &body, settings.timeout()) {
             Some(token) => self.pending_call = Some((token, now)),
             None => {
-                metrics.add_filter(FilterStat::SyncFailures, 1);
+                metrics.add_filter(FilterCounter::SyncFailures, 1);
                 policy_sync::finish_turn(host, store, now, settings.interval, false);
                 host.log(
                     Level::Warn,
@@ -210,11 +210,8 @@ impl SyncClient {
         let counters = report::read_report(host);
         let mut reports = BTreeMap::new();
         for p in &policies.policies {
-            let mut report = counters
-                .get(p.name())
-                .copied()
-                .unwrap_or_default()
-                .to_report();
+            let mut report =
+                crate::counters::policy_report(counters.get(p.name()).copied().unwrap_or_default());
             report.max_in_flight = p.concurrency.map_or(0, |c| u64::from(c.max_in_flight));
             if p.max_keys().is_none() {
                 // One bucket: its tokens and queue are the policy's.
@@ -297,7 +294,7 @@ impl SyncClient {
                 })
             }
             None => {
-                metrics.add_filter(FilterStat::PushFailures, 1);
+                metrics.add_filter(FilterCounter::PushFailures, 1);
                 watch::release(host, store, watch::retry_after(host, now));
             }
         }
@@ -344,7 +341,7 @@ impl SyncClient {
                 let (ok, stat, installed) = self.take_set(host, ctx.store, set, epoch);
                 ctx.metrics.add_filter(stat, 1);
                 if installed.is_some() {
-                    ctx.metrics.add_filter(FilterStat::PushSets, 1);
+                    ctx.metrics.add_filter(FilterCounter::PushSets, 1);
                 }
                 (ok, installed)
             }
@@ -373,7 +370,7 @@ impl SyncClient {
             // turn watches into a loop.
             watch::release(host, ctx.store, (call.sent + watch::MIN_GAP).max(now));
         } else {
-            ctx.metrics.add_filter(FilterStat::PushFailures, 1);
+            ctx.metrics.add_filter(FilterCounter::PushFailures, 1);
             watch::release(host, ctx.store, watch::retry_after(host, now));
         }
         installed
@@ -403,7 +400,7 @@ impl SyncClient {
         let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
         let mut installed = None;
         let (ok, stat) = match answer {
-            Answer::Unchanged => (true, FilterStat::SyncOk),
+            Answer::Unchanged => (true, FilterCounter::SyncOk),
             Answer::PolicySet(set) => {
                 let (ok, stat, set) = self.take_set(host, store, set, epoch);
                 installed = set;
@@ -417,7 +414,7 @@ impl SyncClient {
                         self.admin_set.version
                     ),
                 );
-                (false, FilterStat::SyncFailures)
+                (false, FilterCounter::SyncFailures)
             }
         };
         metrics.add_filter(stat, 1);
@@ -436,22 +433,24 @@ impl SyncClient {
         store: &mut Store,
         set: PolicySet,
         epoch: u64,
-    ) -> (bool, FilterStat, Option<PolicySet>) {
+    ) -> (bool, FilterCounter, Option<PolicySet>) {
         let offered = SetId {
             epoch,
             version: set.version,
         };
         match policy_sync::publish(host, store, offered, &set) {
-            Ok(Published::Stored | Published::Held) => {
-                (true, FilterStat::SyncOk, self.pick_up_published_set(host))
-            }
+            Ok(Published::Stored | Published::Held) => (
+                true,
+                FilterCounter::SyncOk,
+                self.pick_up_published_set(host),
+            ),
             Ok(Published::Stale { held }) => {
                 self.log_stale(host, offered, held);
                 // The admin answered; there is nothing to back off from.
-                (true, FilterStat::SyncStale, None)
+                (true, FilterCounter::SyncStale, None)
             }
             // The store counted and logged why.
-            Err(_) => (false, FilterStat::SyncFailures, None),
+            Err(_) => (false, FilterCounter::SyncFailures, None),
         }
     }
 
@@ -495,9 +494,7 @@ fn limit_reports<H: Host + ?Sized>(
             out.insert(
                 limit.name.clone(),
                 LimitReport {
-                    admitted: counted.admitted,
-                    refused: counted.refused,
-                    tokens: counted.tokens,
+                    counts: counted.counts,
                     requests: rate.requests,
                     period_ms: rate.period.as_millis(),
                     available,
@@ -513,12 +510,13 @@ fn limit_reports<H: Host + ?Sized>(
             let counted = counters.get(&limit.name).copied().unwrap_or_default();
             let in_flight = u64::from(slots::in_flight(host, &limit.name, now));
             let size = u64::from(limit.limit.max_in_flight);
+            let mut counts = counted.counts;
+            // A slot is a concurrency limit's token.
+            counts.set(LimitCounter::Tokens, counts[LimitCounter::Admitted]);
             out.insert(
                 limit.name.clone(),
                 LimitReport {
-                    admitted: counted.admitted,
-                    refused: counted.refused,
-                    tokens: counted.admitted,
+                    counts,
                     requests: size,
                     period_ms: 0,
                     available: Some(size.saturating_sub(in_flight)),

@@ -19,7 +19,7 @@ use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageRe
 use super::ctx::Ctx;
 use super::limits::{self, LimitPlace};
 use crate::host::Host;
-use crate::metrics::{FilterStat, LimitStat};
+use crate::metrics::{FilterCounter, LimitCounter};
 
 /// One limit of an admitted call, waiting for its usage.
 #[derive(Debug)]
@@ -44,16 +44,16 @@ struct Pending {
 /// How one limit's usage came out.
 enum Outcome {
     Read(u64),
-    Unread(LimitStat),
+    Unread(LimitCounter),
 }
 
 impl Outcome {
     fn of(result: Result<u64, UsageError>) -> Self {
         match result {
             Ok(n) => Outcome::Read(n),
-            Err(UsageError::TooLarge(_)) => Outcome::Unread(LimitStat::UsageTooLarge),
-            Err(UsageError::Malformed(_)) => Outcome::Unread(LimitStat::UsageMalformed),
-            Err(UsageError::Missing(_)) => Outcome::Unread(LimitStat::UsageMissing),
+            Err(UsageError::TooLarge(_)) => Outcome::Unread(LimitCounter::UsageTooLarge),
+            Err(UsageError::Malformed(_)) => Outcome::Unread(LimitCounter::UsageMalformed),
+            Err(UsageError::Missing(_)) => Outcome::Unread(LimitCounter::UsageMissing),
         }
     }
 }
@@ -175,7 +175,7 @@ impl Usages {
             let before = reader.buffered();
             if held.saturating_add(chunk.len()) > MAX_HELD_BYTES {
                 reader.give_up();
-                ctx.metrics.add_filter(FilterStat::UsageBufferFull, 1);
+                ctx.metrics.add_filter(FilterCounter::UsageBufferFull, 1);
             } else {
                 reader.feed(chunk);
             }
@@ -239,7 +239,7 @@ impl Usages {
                 ctx,
                 &mut owed,
                 pending.taken_at,
-                Outcome::Unread(LimitStat::UsageAborted),
+                Outcome::Unread(LimitCounter::UsageAborted),
             );
         }
     }
@@ -255,7 +255,8 @@ fn settle<H: Host + ?Sized>(
 ) {
     let charged = match outcome {
         Outcome::Read(used) => {
-            ctx.metrics.add_limit(&owed.limit, LimitStat::UsageRead, 1);
+            ctx.metrics
+                .add_limit(&owed.limit, LimitCounter::UsageRead, 1);
             owed.rate.taken(used)
         }
         Outcome::Unread(stat) => {
@@ -272,5 +273,5 @@ fn settle<H: Host + ?Sized>(
     );
     let tokens = i64::try_from(charged).unwrap_or(i64::MAX);
     ctx.metrics
-        .add_limit(&owed.limit, LimitStat::Tokens, tokens);
+        .add_limit(&owed.limit, LimitCounter::Tokens, tokens);
 }

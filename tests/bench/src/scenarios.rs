@@ -907,12 +907,14 @@ async fn sync_load(
         let auth = format!("Bearer {token}");
         let done = Arc::clone(&done);
         tasks.push(tokio::spawn(async move {
+            let mut counts = sluice_shared::counts::Counts::default();
+            counts.set(sluice_shared::stats::PolicyCounter::Admitted, 950);
+            counts.set(sluice_shared::stats::PolicyCounter::Rejected, 12);
             let mut policies = BTreeMap::new();
             policies.insert(
                 "cp".to_string(),
                 PolicyReport {
-                    admitted: 950,
-                    rejected: 12,
+                    counts,
                     tokens: Some(40),
                     ..Default::default()
                 },

@@ -5,6 +5,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use sluice_shared::api::PolicyList;
 use sluice_shared::duration::DurationMs;
+use sluice_shared::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 use sluice_shared::Scope;
 
 use crate::api;
@@ -40,7 +41,12 @@ fn Chart(name: String, #[prop(into)] limit: Signal<Option<f64>>) -> impl IntoVie
         move || {
             recent()
                 .iter()
-                .map(|u| u.admitted_per_s.max(u.rejected_per_s).max(u.queued_per_s))
+                .map(|u| {
+                    u.counts
+                        .per_s(PolicyCounter::Admitted)
+                        .max(u.counts.per_s(PolicyCounter::Rejected))
+                        .max(u.counts.per_s(PolicyCounter::Queued))
+                })
                 .fold(limit.get().unwrap_or(1.0).max(1.0), f64::max)
                 * 1.1
         }
@@ -63,7 +69,9 @@ fn Chart(name: String, #[prop(into)] limit: Signal<Option<f64>>) -> impl IntoVie
             let ago = values.len().saturating_sub(index + 1);
             Some(format!(
                 "{ago} s ago: {:.0} admitted/s, {:.0} rejected/s, {:.0} queued/s",
-                u.admitted_per_s, u.rejected_per_s, u.queued_per_s
+                u.counts.per_s(PolicyCounter::Admitted),
+                u.counts.per_s(PolicyCounter::Rejected),
+                u.counts.per_s(PolicyCounter::Queued)
             ))
         }
     };
@@ -94,9 +102,9 @@ fn Chart(name: String, #[prop(into)] limit: Signal<Option<f64>>) -> impl IntoVie
                 {move || limit_y().map(|ly| view! {
                     <line class="line-limit" x1="0" x2="480" y1=ly.clone() y2=ly></line>
                 })}
-                <polyline class="line-admitted" points=line(|u| u.admitted_per_s)></polyline>
-                <polyline class="line-rejected" points=line(|u| u.rejected_per_s)></polyline>
-                <polyline class="line-queued" points=line(|u| u.queued_per_s)></polyline>
+                <polyline class="line-admitted" points=line(|u| u.counts.per_s(PolicyCounter::Admitted))></polyline>
+                <polyline class="line-rejected" points=line(|u| u.counts.per_s(PolicyCounter::Rejected))></polyline>
+                <polyline class="line-queued" points=line(|u| u.counts.per_s(PolicyCounter::Queued))></polyline>
                 {move || hover.get().map(|hx| view! {
                     <line class="pointer" x1=format!("{hx:.0}") x2=format!("{hx:.0}") y1="0" y2="100"></line>
                 })}
@@ -170,17 +178,17 @@ pub(super) fn LivePage() -> impl IntoView {
                     <h2>{name.clone()}</h2>
                     <Chart name=name.clone() limit=limit/>
                     <p class="figures">
-                        <span class="admitted-now">{move || format!("{:.0}", now.get().admitted_per_s)}</span>" admitted/s · "
-                        <span class="rejected-now">{move || format!("{:.0}", now.get().rejected_per_s)}</span>" rejected/s · "
-                        <span class="shadow-now">{move || format!("{:.0}", now.get().shadow_limited_per_s)}</span>" would have been refused/s (shadow) · "
-                        <span class="queued-now">{move || format!("{:.0}", now.get().queued_per_s)}</span>" queued/s · in flight "
-                        <span class="in-flight-now">{move || { let u = now.get(); if u.max_in_flight > 0 { format!("{} of {}", u.in_flight, u.max_in_flight) } else { u.in_flight.to_string() } }}</span>
+                        <span class="admitted-now">{move || format!("{:.0}", now.get().counts.per_s(PolicyCounter::Admitted))}</span>" admitted/s · "
+                        <span class="rejected-now">{move || format!("{:.0}", now.get().counts.per_s(PolicyCounter::Rejected))}</span>" rejected/s · "
+                        <span class="shadow-now">{move || format!("{:.0}", now.get().counts.per_s(PolicyCounter::ShadowLimited))}</span>" would have been refused/s (shadow) · "
+                        <span class="queued-now">{move || format!("{:.0}", now.get().counts.per_s(PolicyCounter::Queued))}</span>" queued/s · in flight "
+                        <span class="in-flight-now">{move || { let u = now.get(); if u.max_in_flight > 0 { format!("{} of {}", u.counts.now(PolicyCounter::InFlight), u.max_in_flight) } else { u.counts.now(PolicyCounter::InFlight).to_string() } }}</span>
                         " · tokens left "<span class="tokens-now">{move || now.get().tokens.map(|t| t.to_string()).unwrap_or_else(|| "—".into())}</span>
                         " · waiting "{move || now.get().waiting}
                     </p>
-                    <Show when=move || { now.get().port_hidden > 0 }>
+                    <Show when=move || { now.get().counts.now(PolicyCounter::PortHidden) > 0 }>
                         <p class="port-hidden warning">
-                            "This policy names a port, but "<span class="port-hidden-count">{move || now.get().port_hidden}</span>
+                            "This policy names a port, but "<span class="port-hidden-count">{move || now.get().counts.now(PolicyCounter::PortHidden)}</span>
                             " of its calls came without one (the Envoy strips ports before filters run: "
                             <code>"strip_any_host_port"</code>"). They are matched by the host alone, whatever their port."
                         </p>
@@ -189,8 +197,8 @@ pub(super) fn LivePage() -> impl IntoView {
                         <thead><tr><th>"Instance"</th><th>"Admitted/s"</th><th>"Rejected/s"</th><th>"Queued/s"</th><th>"In flight"</th><th>"Tokens"</th></tr></thead>
                         <tbody>
                             <For each=per_instance key=|(id, u)| (id.clone(), format!("{u:?}")) children=|(id, u)| view! {
-                                <tr><td>{id}</td><td>{format!("{:.0}", u.admitted_per_s)}</td><td>{format!("{:.0}", u.rejected_per_s)}</td>
-                                <td>{format!("{:.0}", u.queued_per_s)}</td><td>{u.in_flight}</td><td>{u.tokens.map(|t| t.to_string()).unwrap_or_default()}</td></tr>
+                                <tr><td>{id}</td><td>{format!("{:.0}", u.counts.per_s(PolicyCounter::Admitted))}</td><td>{format!("{:.0}", u.counts.per_s(PolicyCounter::Rejected))}</td>
+                                <td>{format!("{:.0}", u.counts.per_s(PolicyCounter::Queued))}</td><td>{u.counts.now(PolicyCounter::InFlight)}</td><td>{u.tokens.map(|t| t.to_string()).unwrap_or_default()}</td></tr>
                             }/>
                         </tbody>
                     </table>
@@ -274,9 +282,9 @@ fn ProvidersNow() -> impl IntoView {
                                     }).unwrap_or_else(|| "—".into())}</td>
                                     <td class="provider-pause">{p.pause.as_ref().map(|pause| describe_pause(pause, p.paused_by.as_deref())).unwrap_or_else(|| "—".into())}</td>
                                     <td class="adapted-rate">{p.rate.map(|r| format!("{r:.1}/s of {own:.1}/s")).unwrap_or_else(|| "—".into())}</td>
-                                    <td class="provider-refused-now">{format!("{:.1}", p.refused_per_s)}</td>
-                                    <td class="provider-pauses">{p.pauses}</td>
-                                    <td class="provider-cuts">{p.cuts}</td>
+                                    <td class="provider-refused-now">{format!("{:.1}", p.counts.per_s(ProviderCounter::Refused))}</td>
+                                    <td class="provider-pauses">{p.counts.now(ProviderCounter::Pauses)}</td>
+                                    <td class="provider-cuts">{p.counts.now(ProviderCounter::Cuts)}</td>
                                 </tr>
                             }
                         }/>
@@ -322,9 +330,9 @@ fn ProviderChart(name: String) -> impl IntoView {
                     let u = f.limits.get(&name);
                     let p = u.and_then(|u| u.provider.as_ref());
                     ProviderSecond {
-                        admitted: u.map_or(0.0, |u| u.admitted_per_s),
+                        admitted: u.map_or(0.0, |u| u.counts.per_s(LimitCounter::Admitted)),
                         adapted: p.and_then(|p| p.rate),
-                        refused: p.map_or(0.0, |p| p.refused_per_s),
+                        refused: p.map_or(0.0, |p| p.counts.per_s(ProviderCounter::Refused)),
                         paused: p.is_some_and(|p| p.pause.is_some()),
                     }
                 })
@@ -414,8 +422,8 @@ fn LimitsNow() -> impl IntoView {
                                     <td class="used-per-period">{format!("{used:.0}{share}")}</td>
                                     <td class="limit-size">{size}</td>
                                     <td class="left-now">{u.available.map(|a| a.to_string()).unwrap_or_else(|| "—".into())}</td>
-                                    <td class="limit-admitted-now">{format!("{:.1}", u.admitted_per_s)}</td>
-                                    <td class="limit-refused-now">{format!("{:.1}", u.refused_per_s)}</td>
+                                    <td class="limit-admitted-now">{format!("{:.1}", u.counts.per_s(LimitCounter::Admitted))}</td>
+                                    <td class="limit-refused-now">{format!("{:.1}", u.counts.per_s(LimitCounter::Refused))}</td>
                                 </tr>
                             }
                         }/>

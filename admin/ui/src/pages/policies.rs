@@ -4,6 +4,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::A;
 use sluice_shared::api::{ManagedState, PolicyList, StoredPolicy};
+use sluice_shared::stats::PolicyCounter;
 use sluice_shared::{Mode, Scope};
 
 use crate::api;
@@ -114,10 +115,10 @@ pub(super) fn PoliciesPage() -> impl IntoView {
                                     let fleet = format!("/fleet/{}", p.name);
                                     view! { " · "<A href=fleet><span class="global-link">"global"</span></A> }
                                 })}</td>
-                            <td><Bar value=Signal::derive(move || latest(&n1).admitted_per_s) max=Signal::derive(move || rate)
-                                label=Signal::derive(move || format!("{:.0}", latest(&n2).admitted_per_s))/></td>
-                            <td><Bar value=Signal::derive(move || latest(&n3).in_flight as f64) max=Signal::derive(move || max_flight)
-                                label=Signal::derive(move || { let u = latest(&n4); if max_flight > 0.0 { format!("{} / {}", u.in_flight, max_flight) } else { u.in_flight.to_string() } })/></td>
+                            <td><Bar value=Signal::derive(move || latest(&n1).counts.per_s(PolicyCounter::Admitted)) max=Signal::derive(move || rate)
+                                label=Signal::derive(move || format!("{:.0}", latest(&n2).counts.per_s(PolicyCounter::Admitted)))/></td>
+                            <td><Bar value=Signal::derive(move || latest(&n3).counts.now(PolicyCounter::InFlight) as f64) max=Signal::derive(move || max_flight)
+                                label=Signal::derive(move || { let u = latest(&n4); if max_flight > 0.0 { format!("{} / {}", u.counts.now(PolicyCounter::InFlight), max_flight) } else { u.counts.now(PolicyCounter::InFlight).to_string() } })/></td>
                             <td class="policy-source">{source}</td>
                             <td><Show when=editable>
                                 <button type="button" class="move-up" title="evaluate earlier" on:click={ let up = up.clone(); move |_| shift(up.clone(), -1) }>"↑"</button>
