@@ -115,7 +115,7 @@ wasm:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
-	$(CARGO) clippy -p sluice-filter -p sluice-shared -p sluice-noop-filter --target $(WASM_TARGET) -- -D warnings
+	$(CARGO) clippy -p sluice-filter -p sluice-filter-core -p sluice-shared -p sluice-wire -p sluice-noop-filter --target $(WASM_TARGET) -- -D warnings
 	$(CARGO) clippy -p sluice-ui --target $(UI_TARGET) -- -D warnings
 	# Advisories need the RustSec database from GitHub, out of reach here (deny.toml).
 	$(CARGO_DENY) check licenses bans sources

@@ -18,7 +18,7 @@ use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum_extra::extract::cookie::CookieJar;
 use ipnet::IpNet;
-use sluice_shared::people::{check_name, parse_token, Role};
+use sluice_api::people::{check_name, parse_token, Role};
 
 use crate::auth::{constant_time_eq, token_hash, CSRF_HEADER, SESSION_COOKIE};
 use crate::error::ApiError;

@@ -1,9 +1,9 @@
 //! The one place an answer to an Envoy (a sync's or a watch's, laid out
-//! by [`sluice_shared::sync_answer`]) becomes axum's response.
+//! by [`sluice_wire::sync_answer`]) becomes axum's response.
 
 use axum::http::{header::HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use sluice_shared::sync_answer::AdminAnswer;
+use sluice_wire::sync_answer::AdminAnswer;
 
 /// A header value that cannot be sent is left out: the Envoy then keeps
 /// what it holds (its shares until their lease ends, its budgets unknown).

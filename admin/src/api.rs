@@ -17,17 +17,17 @@ use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_shared::api::{
+use sluice_api::people::{check_name, Role, BOOTSTRAP_ADMIN};
+use sluice_api::{
     Applied, ApplyRequest, AuditLog, FleetView, Health, History, Instance, InstanceList,
     KeyLabelAnswer, KeyLabelRequest, LoginRequest, PolicyList, PolicyOrder, SessionInfo,
     StoredPolicy, Validated,
 };
 use sluice_shared::key_view::{label_secret, name_key};
-use sluice_shared::people::{check_name, Role, BOOTSTRAP_ADMIN};
-use sluice_shared::sync::{SyncReport, SYNC_PATH};
-use sluice_shared::sync_answer::AdminAnswer;
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
+use sluice_wire::sync::{SyncReport, SYNC_PATH};
+use sluice_wire::sync_answer::AdminAnswer;
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::access::{Editor, Operator, Presented, SyncPeer, Via, Writer};
@@ -568,7 +568,7 @@ async fn live(
     // Shared frames, serialized straight from the history: nothing is
     // copied per stream.
     let history = state.live.history();
-    let shared: Vec<&sluice_shared::api::LiveFrame> = history.iter().map(|f| &**f).collect();
+    let shared: Vec<&sluice_api::LiveFrame> = history.iter().map(|f| &**f).collect();
     let first = Event::default()
         .event("history")
         .json_data(&shared)

@@ -256,9 +256,9 @@ mod tests {
         );
         let (id, secret) = new_token_parts().unwrap();
         assert_eq!((id.len(), secret.len()), (16, 64));
-        let token = sluice_shared::people::format_token(&id, &secret);
+        let token = sluice_api::people::format_token(&id, &secret);
         assert_eq!(
-            sluice_shared::people::parse_token(&token),
+            sluice_api::people::parse_token(&token),
             Some((id.as_str(), secret.as_str()))
         );
         assert!(constant_time_eq(b"ab", b"ab") && !constant_time_eq(b"ab", b"ac"));

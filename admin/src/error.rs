@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sluice_shared::api::ErrorBody;
+use sluice_api::ErrorBody;
 use sluice_shared::ValidationErrors;
 
 use crate::store::StoreError;

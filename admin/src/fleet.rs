@@ -11,14 +11,14 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
-use sluice_shared::api::FleetPolicy;
+use sluice_api::FleetPolicy;
 use sluice_shared::fleet::{Amount, FleetTerms, Ledger, Share, Usage};
 
 use crate::clock::MonotonicWall;
 use crate::kv::{Kv, KvError, RedisConnection, Write};
-use sluice_shared::stats::{LimitCounter, PolicyCounter};
-use sluice_shared::sync::{ShareMessage, SharesMessage, SyncReport};
 use sluice_shared::{Instant, PolicySet, Scope};
+use sluice_wire::stats::{LimitCounter, PolicyCounter};
+use sluice_wire::sync::{ShareMessage, SharesMessage, SyncReport};
 
 /// Attempts before a sync gives up on a contended ledger in Redis.
 const MAX_CAS_ATTEMPTS: u32 = 32;

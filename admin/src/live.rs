@@ -11,14 +11,14 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sluice_shared::api::{
+use sluice_api::{
     KeyUse, KeysUse, LimitUse, LiveFrame, ProviderUse, Utilization, KEYS_ACTIVE_FOR_MS,
 };
-use sluice_shared::counts::{Counts, LiveCounts};
 use sluice_shared::key_view::{KeyBitmap, KeysReport, TopKeys, SHOWN_TOP_KEYS};
-use sluice_shared::stats::{LimitCounter, PolicyCounter, ProviderCounter};
-use sluice_shared::sync::{LimitReport, PolicyReport, SyncReport};
 use sluice_shared::Span;
+use sluice_wire::counts::{Counts, LiveCounts};
+use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
+use sluice_wire::sync::{LimitReport, PolicyReport, SyncReport};
 use tokio::sync::broadcast;
 
 /// Ten minutes of one-second frames.
@@ -26,7 +26,7 @@ pub const HISTORY_FRAMES: usize = 600;
 /// An instance silent for longer no longer counts towards live figures.
 pub const STALE_AFTER_MS: u64 = 5_000;
 /// Instances tracked at once; past it, the longest silent goes.
-pub use sluice_shared::sync::MAX_INSTANCES;
+pub use sluice_wire::sync::MAX_INSTANCES;
 /// Live streams one caller may have open at once (a few browser tabs).
 pub const MAX_STREAMS_PER_CALLER: usize = 16;
 /// Live streams open at once, for everyone.
@@ -571,7 +571,7 @@ impl Live {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_shared::counts::Counter;
+    use sluice_wire::counts::Counter;
 
     fn counts<C: Counter>(values: &[(C, u64)]) -> Counts<C> {
         let mut counts = Counts::default();

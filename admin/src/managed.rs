@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_shared::api::ManagedState;
+use sluice_api::ManagedState;
 
 use crate::as_code::{load, read_path, SourceFile};
 use crate::store::now_ms;

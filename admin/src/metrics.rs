@@ -11,9 +11,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use sluice_shared::api::LiveFrame;
-use sluice_shared::counts::{self, Kind, LiveCounts};
-use sluice_shared::stats::{LimitCounter, PolicyCounter, ProviderCounter};
+use sluice_api::LiveFrame;
+use sluice_wire::counts::{self, Kind, LiveCounts};
+use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -424,8 +424,8 @@ mod tests {
     /// its kind, with its meaning as help.
     #[test]
     fn every_reported_counter_shows_with_its_meaning() {
-        use sluice_shared::api::{LimitUse, ProviderUse, Utilization};
-        use sluice_shared::counts::Counter;
+        use sluice_api::{LimitUse, ProviderUse, Utilization};
+        use sluice_wire::counts::Counter;
         let metrics = Metrics::default();
         let mut frame = LiveFrame::default();
         frame.policies.insert("bank".into(), Utilization::default());

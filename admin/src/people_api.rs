@@ -11,7 +11,7 @@ use axum::routing::{delete, get, patch};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use sluice_shared::people::{
+use sluice_api::people::{
     format_token, CreatedToken, NewToken, NewUser, TokenList, UserChange, UserInfo, UserList,
 };
 use sluice_shared::{FieldError, ValidationErrors};

@@ -5,7 +5,7 @@
 use std::io::{BufRead, Write};
 
 use clap::Subcommand;
-use sluice_shared::people::{
+use sluice_api::people::{
     check_name, check_password, format_token, parse_lifetime, NewUser, Role, TokenScope,
 };
 
@@ -353,7 +353,7 @@ mod tests {
         .unwrap();
         let said = String::from_utf8(out).unwrap();
         let token = said.lines().last().unwrap();
-        let (id, secret) = sluice_shared::people::parse_token(token).unwrap();
+        let (id, secret) = sluice_api::people::parse_token(token).unwrap();
         let record = store.token(id).unwrap().unwrap();
         assert_eq!(record.secret_hash, token_hash(secret));
         assert!(!record.secret_hash.contains(secret));

@@ -16,8 +16,8 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use sluice_shared::sync::{check_instance, WatchRequest};
-use sluice_shared::sync_answer::AdminAnswer;
+use sluice_wire::sync::{check_instance, WatchRequest};
+use sluice_wire::sync_answer::AdminAnswer;
 use tokio::sync::watch;
 
 use crate::access::SyncPeer;
@@ -25,14 +25,14 @@ use crate::answer::http_answer;
 use crate::error::ApiError;
 use crate::AppState;
 
-pub use sluice_shared::sync::{WAIT_HEADER, WATCH_PATH};
+pub use sluice_wire::sync::{WAIT_HEADER, WATCH_PATH};
 /// The longest hold: below the 30 s every other request is given, and
 /// the filter's call timeout is the hold plus a margin.
 pub const MAX_HOLD: Duration = Duration::from_secs(25);
 /// How often the version is read for changes made elsewhere.
 const POLL_EVERY: Duration = Duration::from_secs(1);
 /// Watches held at once, one per instance.
-pub use sluice_shared::sync::MAX_INSTANCES as MAX_HELD_WATCHES;
+pub use sluice_wire::sync::MAX_INSTANCES as MAX_HELD_WATCHES;
 
 /// Who is told of a change, and of the admin stopping (a held watch is
 /// answered at once then, so that shutting down does not wait for it).
@@ -112,7 +112,7 @@ impl Changes {
     }
 
     /// A sync freed fleet room: every held watch is answered `304` with
-    /// [`sluice_shared::sync::SYNC_NOW_HEADER`], and its Envoy syncs at once (a watch then
+    /// [`sluice_wire::sync::SYNC_NOW_HEADER`], and its Envoy syncs at once (a watch then
     /// reopens within 50 ms, so news reaches each Envoy at most that often).
     pub fn fleet_news(&self) {
         self.fleet.send_modify(|n| *n = n.wrapping_add(1));

@@ -23,10 +23,10 @@
 use std::collections::HashMap;
 
 use sluice_shared::provider::RelayedStretch;
-use sluice_shared::sync::{
+use sluice_shared::{Instant, PolicySet, Scope, Span};
+use sluice_wire::sync::{
     LimitNews, ProviderNews, ProviderReport, SyncReport, MAX_PROVIDER_NEWS, RELAYED_CUT_FOR_MS,
 };
-use sluice_shared::{Instant, PolicySet, Scope, Span};
 
 use crate::kv::{Kv, KvError, RedisConnection, Write};
 
@@ -375,7 +375,7 @@ impl ProviderRelay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_shared::sync::{LimitReport, PauseReport};
+    use sluice_wire::sync::{LimitReport, PauseReport};
 
     /// A set relaying `rpm` (global, unkeyed, listening, max_pause 5 s),
     /// beside limits it does not relay: `keyed` and `local`.

@@ -11,7 +11,7 @@ use sluice_admin::access::ProxyUsers;
 use sluice_admin::auth::{token_hash, Credentials};
 use sluice_admin::store::Store;
 use sluice_admin::AppState;
-use sluice_shared::people::{Role, TokenScope};
+use sluice_api::people::{Role, TokenScope};
 
 const PASSWORD: &str = "test-password-1";
 

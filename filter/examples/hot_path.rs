@@ -18,8 +18,8 @@ use std::process::ExitCode;
 
 use sluice_filter::host::{Host, Level, SetError};
 use sluice_filter::worker::{Verdict, Worker};
-use sluice_shared::matcher::CompiledPolicySet;
-use sluice_shared::plugin::parse_plugin_config;
+use sluice_filter_core::matcher::CompiledPolicySet;
+use sluice_filter_core::plugin::parse_plugin_config;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 

@@ -37,7 +37,7 @@ pub const MAX_REUSES: u32 = 3;
 /// Calls this close together on average (since the previous reading) let
 /// the next [`MAX_REUSES`] reuse a reading: they then come within about
 /// 1 ms of it, a fifth of a prefetch's lifetime
-/// ([`sluice_shared::bucket::PREFETCH_TTL`]). Sparser calls read the clock
+/// ([`sluice_filter_core::bucket::PREFETCH_TTL`]). Sparser calls read the clock
 /// each time, as every call did before.
 pub const DENSE: Span = Span::from_nanos(333_333);
 

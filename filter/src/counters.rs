@@ -1,12 +1,12 @@
 //! The counters workers add up in shared data for the report: a policy's
 //! (`Counters`, changed by `DeltaCounters`) and a further limit's
 //! (`LimitCounters`), each a [`Counts`] of the families in
-//! `sluice_shared::stats`.
+//! `sluice_wire::stats`.
 
 use serde::{Deserialize, Serialize};
-use sluice_shared::counts::Counts;
-use sluice_shared::stats::{LimitCounter, PolicyCounter, ProviderCounter};
-use sluice_shared::sync::PolicyReport;
+use sluice_wire::counts::Counts;
+use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
+use sluice_wire::sync::PolicyReport;
 
 /// A policy's counters summed over the workers; `in_flight` moves both
 /// ways, so it is summed with wrapping arithmetic and read as the net

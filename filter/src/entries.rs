@@ -7,10 +7,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::marker::PhantomData;
 
-use sluice_shared::bucket::BucketState;
+use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::matcher::CompiledLimit;
 use sluice_shared::limiter::concurrency::LeaseTable;
 use sluice_shared::limiter::{RateLimiter, RateState};
-use sluice_shared::matcher::CompiledLimit;
 use sluice_shared::provider::ProviderTable;
 use sluice_shared::time::Instant;
 

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
-use sluice_shared::counts::{Counter, Counts, Kind};
-pub use sluice_shared::stats::{FilterCounter, LimitCounter, PolicyCounter};
+use sluice_wire::counts::{Counter, Counts, Kind};
+pub use sluice_wire::stats::{FilterCounter, LimitCounter, PolicyCounter};
 
 use crate::counters::{DeltaCounters, LimitCounters};
 use crate::host::Host;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use sluice_shared::bucket::{Prefetched, PREFETCH_TTL};
-use sluice_shared::matcher::BucketKey;
+use sluice_filter_core::bucket::{Prefetched, PREFETCH_TTL};
+use sluice_filter_core::matcher::BucketKey;
 use sluice_shared::time::Instant;
 
 /// What a request admitted from a prefetch took: its bucket, and the

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_shared::key_view::{KeysReport, ENVOY_TOP_KEYS};
-use sluice_shared::sync::MAX_REPORT_KEYED;
 use sluice_shared::time::Instant;
+use sluice_wire::sync::MAX_REPORT_KEYED;
 
 use crate::counters::{Counters, DeltaCounters, LimitCounters};
 use crate::entries::{self, Json, KEYS_REPORT_KEY, LIMIT_REPORT_KEY, REPORT_KEY};
@@ -133,8 +133,8 @@ mod tests {
     use crate::host::Host;
     use crate::testing::FakeHost;
     use sluice_shared::key_view::{label_secret, name_key, KeyOutcome};
-    use sluice_shared::stats::PolicyCounter;
     use sluice_shared::KeyLabel;
+    use sluice_wire::stats::PolicyCounter;
 
     #[test]
     fn report_sums_workers_including_in_flight_going_down() {

@@ -8,9 +8,9 @@
 //! write fails as a CAS mismatch and the update is retried on the real value,
 //! instead of overwriting it.
 
-use sluice_shared::counts::Counter;
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::time::{Instant, Span};
+use sluice_wire::counts::Counter;
 
 use crate::entries::{Codec, Entry, Plain, HOLDERS_KEY, KEY_SECRET_KEY};
 use crate::host::{Host, Level, SetError};

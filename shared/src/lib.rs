@@ -1,34 +1,28 @@
-//! Sluice's pure core: the policy schema, its validation, request matching,
-//! the limiter algorithms and the response header values. No I/O and no
-//! clock: the Envoy filter and the admin service are thin shells around it,
-//! and everything here is tested natively with time passed in.
+//! Sluice's pure core, what the filter and the admin both use: the policy
+//! schema, its validation, the limiter algorithms, provider signals, usage
+//! parsing, key hashing and the per-key view, and fleet allocation. No
+//! I/O and no clock: the Envoy filter and the admin service are thin
+//! shells around it, and everything here is tested natively with time
+//! passed in. What the filter
+//! and the admin say to each other is `sluice_wire`'s; the filter's own
+//! decisions (matching, buckets, refusal headers, its configuration) are
+//! `sluice_filter_core`'s; the admin's JSON API is `sluice_api`'s.
 
-pub mod api;
-pub mod bucket;
-pub mod counts;
 pub mod duration;
 pub mod fleet;
-pub mod headers;
+pub mod instance;
 pub mod key_hash;
 pub mod key_view;
 pub mod limiter;
-pub mod matcher;
-pub mod people;
-pub mod plugin;
 pub mod policy;
-pub mod policy_diff;
 pub mod provider;
 pub mod request_headers;
-pub mod stats;
-pub mod sync;
-pub mod sync_answer;
 pub mod time;
 pub mod usage;
 pub mod validate;
 
 pub use duration::DurationMs;
 pub use key_hash::KeySecret;
-pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet};
 pub use policy::*;
 pub use request_headers::RequestHeaders;
 pub use time::{Instant, Span};

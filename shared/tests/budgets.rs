@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use sluice_shared::limiter::{FixedWindow, RateLimiter, SlidingWindow, TokenBucket};
-use sluice_shared::sync::HeldBudget;
 use sluice_shared::time::{Instant, Span};
+use sluice_wire::sync::HeldBudget;
 
 const DAY: Span = Span::from_secs(86_400);
 /// 2027-01-15T12:00:00Z: mid-day, so a daily window started 12 h ago.

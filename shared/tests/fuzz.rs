@@ -12,13 +12,14 @@ use std::time::Instant;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
-use sluice_shared::bucket::BucketState;
+use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::plugin::parse_plugin_config;
+use sluice_filter_core::CompiledPolicySet;
 use sluice_shared::limiter::{
     FixedWindowState, LeaseTable, RateState, SlidingWindowState, TokenBucketState,
 };
-use sluice_shared::plugin::parse_plugin_config;
-use sluice_shared::sync::SyncReport;
-use sluice_shared::{parse_policy_set, CompiledPolicySet, DurationMs, RequestHeaders};
+use sluice_shared::{parse_policy_set, DurationMs, RequestHeaders};
+use sluice_wire::sync::SyncReport;
 
 fn budget() -> u32 {
     std::env::var("SLUICE_FUZZ_CASES")

@@ -366,7 +366,7 @@ proptest! {
 /// requests spread over the workers.
 mod prefetches {
     use super::*;
-    use sluice_shared::bucket::{Admission, BucketLimits, BucketState, PREFETCH_TTL};
+    use sluice_filter_core::bucket::{Admission, BucketLimits, BucketState, PREFETCH_TTL};
 
     fn busy_bucket() -> impl Strategy<Value = Bucket> {
         (1u64..=5000, 1u64..=1000, 1u64..=400).prop_map(|(requests, period_ms, burst)| Bucket {

@@ -23,7 +23,7 @@ fn the_readme_examples_are_valid() {
         };
         if json.contains("\"fallback\"") {
             // A plugin configuration, checked as the filter checks it.
-            let config = sluice_shared::plugin::parse_plugin_config(json.as_bytes())
+            let config = sluice_filter_core::plugin::parse_plugin_config(json.as_bytes())
                 .unwrap_or_else(|e| panic!("README plugin configuration invalid: {e}\n{json}"));
             found += config.fallback.policies.len();
             continue;

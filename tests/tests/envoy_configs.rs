@@ -115,7 +115,7 @@ fn burst_less_stranded_prefetches(burst: u64) -> usize {
     while left > 0 {
         left -= 1;
         admitted += 1;
-        left -= left / sluice_shared::bucket::PREFETCH_SLACK;
+        left -= left / sluice_filter_core::bucket::PREFETCH_SLACK;
     }
     admitted
 }

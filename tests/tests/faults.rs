@@ -133,7 +133,7 @@ async fn stand_in_connection(mut sock: TcpStream, admin: StandInAdmin) -> std::i
     let is_watch = head
         .lines()
         .next()
-        .is_some_and(|l| l.contains(sluice_shared::sync::WATCH_PATH));
+        .is_some_and(|l| l.contains(sluice_wire::sync::WATCH_PATH));
     let report = serde_json::from_slice::<Value>(buf.get(head_end..).unwrap_or(&[])).ok();
     let has = report.as_ref().and_then(|r| r["policy_version"].as_u64());
     let has_epoch = report
@@ -142,7 +142,7 @@ async fn stand_in_connection(mut sock: TcpStream, admin: StandInAdmin) -> std::i
         .unwrap_or(0);
     let epoch = admin.epoch.load(Ordering::SeqCst);
     let epoch_text = epoch.to_string();
-    let epoch_header: (&str, &[u8]) = (sluice_shared::sync::EPOCH_HEADER, epoch_text.as_bytes());
+    let epoch_header: (&str, &[u8]) = (sluice_wire::sync::EPOCH_HEADER, epoch_text.as_bytes());
     let answer = admin
         .answer
         .lock()
@@ -186,10 +186,7 @@ async fn stand_in_connection(mut sock: TcpStream, admin: StandInAdmin) -> std::i
         }
         Answer::NonUtf8Header => response(
             "304 Not Modified",
-            &[(
-                sluice_shared::sync::SHARES_HEADER,
-                &[0xff, 0xfe, 0x80, b'{'],
-            )],
+            &[(sluice_wire::sync::SHARES_HEADER, &[0xff, 0xfe, 0x80, b'{'])],
             b"",
         ),
         Answer::ResetAfterHeaders => {

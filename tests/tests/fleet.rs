@@ -710,7 +710,7 @@ async fn admin_replicas_relay_provider_news_through_redis() -> anyhow::Result<()
     use anyhow::Context;
     use sluice_admin::kv::RedisConnection;
     use sluice_admin::relay::ProviderRelay;
-    use sluice_shared::sync::{LimitReport, PauseReport, ProviderReport, SyncReport};
+    use sluice_wire::sync::{LimitReport, PauseReport, ProviderReport, SyncReport};
 
     let redis = RedisServer::start()?;
     let url = redis.url();

@@ -318,7 +318,7 @@ async fn under_load_every_dashboard_query_returns_data_and_the_saturation_alert_
 /// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_reports_shape_neither_the_metrics_nor_the_admins_memory() -> anyhow::Result<()> {
-    use sluice_shared::sync::{BudgetReport, LimitReport, PolicyReport, SyncReport};
+    use sluice_wire::sync::{BudgetReport, LimitReport, PolicyReport, SyncReport};
     const INSTANCES: usize = 100;
     const RUN: Duration = Duration::from_secs(60);
     let dir = tempfile::tempdir()?;
@@ -344,7 +344,7 @@ async fn hostile_reports_shape_neither_the_metrics_nor_the_admins_memory() -> an
         let mut counts = PolicyReport::default();
         counts
             .counts
-            .set(sluice_shared::stats::PolicyCounter::Admitted, n * 10);
+            .set(sluice_wire::stats::PolicyCounter::Admitted, n * 10);
         for name in ["bank", "maps", "llm"] {
             r.policies.insert(name.into(), counts);
         }

@@ -707,7 +707,7 @@ async fn admitted_answers_tell_callers_where_the_limits_stand() -> anyhow::Resul
 async fn a_rogue_re_reporting_a_pause_holds_the_others_for_max_pause_in_total() -> anyhow::Result<()>
 {
     use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
-    use sluice_shared::sync::{LimitReport, PauseReport, ProviderReport, SyncReport};
+    use sluice_wire::sync::{LimitReport, PauseReport, ProviderReport, SyncReport};
 
     let dir = tempfile::tempdir()?;
     let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use sluice_admin::store::{BlockingStore as Store, StoreError};
 use sluice_e2e::postgres::PostgresServer;
-use sluice_shared::sync::{BudgetReport, SyncReport};
 use sluice_shared::Policy;
+use sluice_wire::sync::{BudgetReport, SyncReport};
 
 fn policy(name: &str, requests: u64) -> Policy {
     serde_json::from_value(

@@ -3,8 +3,8 @@
 //! before it commits, one set version for the lot, every policy's change in
 //! the history and the audit log.
 
-use sluice_shared::api::Applied;
-use sluice_shared::policy_diff::{diff_sets, SetDiff};
+use sluice_api::policy_diff::{diff_sets, SetDiff};
+use sluice_api::Applied;
 use sluice_shared::validate::validate_policy_set;
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 
@@ -130,7 +130,7 @@ impl BlockingStore {
 fn record(
     sql: &mut dyn Sql,
     diff: &SetDiff,
-    stored: &[sluice_shared::api::StoredPolicy],
+    stored: &[sluice_api::StoredPolicy],
     desired: &[Policy],
     version: u64,
     at: u64,

@@ -5,14 +5,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_shared::api::{AuditEntry, HistoryEntry, StoredPolicy};
+use sluice_api::{AuditEntry, HistoryEntry, StoredPolicy};
 use std::collections::BTreeSet;
 
-use sluice_shared::sync::{
-    BudgetsMessage, HeldBudget, SyncReport, BUDGET_RETENTION_MS, MAX_BUDGETS_ANSWERED,
-};
 use sluice_shared::validate::validate_policy_set;
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
+use sluice_wire::sync::{
+    BudgetsMessage, HeldBudget, SyncReport, BUDGET_RETENTION_MS, MAX_BUDGETS_ANSWERED,
+};
 
 use super::db::{Db, Row, Sql};
 use super::{now_ms, InstanceRow, StoreError};
@@ -312,9 +312,9 @@ impl BlockingStore {
                 let count = sql
                     .query_one("SELECT COUNT(*) FROM instances", &[])?
                     .map_or(Ok(0), |r| r.uint(0))?;
-                if count >= sluice_shared::sync::MAX_INSTANCES as u64 {
+                if count >= sluice_wire::sync::MAX_INSTANCES as u64 {
                     return Err(StoreError::TooManyInstances(
-                        sluice_shared::sync::MAX_INSTANCES,
+                        sluice_wire::sync::MAX_INSTANCES,
                         report.instance.clone(),
                     ));
                 }

@@ -13,10 +13,10 @@ mod people;
 use std::path::Path;
 
 use serde::Serialize;
-use sluice_shared::api::{AuditEntry, HistoryEntry, PolicyList, StoredPolicy};
-use sluice_shared::people::{Role, TokenInfo, TokenScope, UserInfo};
-use sluice_shared::sync::{BudgetsMessage, SyncReport};
+use sluice_api::people::{Role, TokenInfo, TokenScope, UserInfo};
+use sluice_api::{AuditEntry, HistoryEntry, PolicyList, StoredPolicy};
 use sluice_shared::{Instant, Policy, PolicySet, ValidationErrors};
+use sluice_wire::sync::{BudgetsMessage, SyncReport};
 
 pub use blocking::BlockingStore;
 pub use people::{AdminGuard, TokenRecord, UserRecord};
@@ -168,7 +168,7 @@ impl Store {
             })
     }
 
-    /// The store's epoch (see [`sluice_shared::sync::EPOCH_HEADER`]).
+    /// The store's epoch (see [`sluice_wire::sync::EPOCH_HEADER`]).
     pub async fn epoch(&self) -> Result<u64, StoreError> {
         self.run(|s| s.epoch()).await
     }
@@ -229,7 +229,7 @@ impl Store {
     }
 
     /// Records the sync (what it says of names the set has; an instance
-    /// beyond [`sluice_shared::sync::MAX_INSTANCES`] is refused) and returns the report so
+    /// beyond [`sluice_wire::sync::MAX_INSTANCES`] is refused) and returns the report so
     /// kept, the policy set to answer it with, and the store's epoch. An Envoy reporting a version of this epoch the
     /// store has not reached renews the epoch first (see
     /// [`BlockingStore::renew_epoch`]).
@@ -348,7 +348,7 @@ impl Store {
         sources: Vec<String>,
         actor: &str,
         dry_run: bool,
-    ) -> Result<sluice_shared::api::Applied, StoreError> {
+    ) -> Result<sluice_api::Applied, StoreError> {
         let actor = actor.to_string();
         self.run(move |s| s.apply_set(&desired, &sources, &actor, dry_run))
             .await

@@ -3,7 +3,7 @@
 //! except to be checked.
 
 use serde_json::json;
-use sluice_shared::people::{Role, TokenInfo, TokenScope, UserInfo};
+use sluice_api::people::{Role, TokenInfo, TokenScope, UserInfo};
 
 use super::blocking::{audit_entry, BlockingStore};
 use super::db::{Row, Sql};

@@ -1,11 +1,11 @@
 //! Calls to the admin's JSON API from the browser (same origin, session
 //! cookie sent by the browser, CSRF token in a header on writes), typed
-//! with the admin's own API types (`sluice_shared::api`).
+//! with the admin's own API types (`sluice_api`).
 
 use gloo_net::http::{Request, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sluice_shared::api::ErrorBody;
+use sluice_api::ErrorBody;
 pub use sluice_shared::FieldError;
 
 #[derive(Debug, Clone, PartialEq)]

@@ -5,7 +5,7 @@
 
 use leptos::prelude::*;
 use leptos::task::spawn_local;
-use sluice_shared::api::{KeyLabelAnswer, KeyLabelRequest, KeysUse};
+use sluice_api::{KeyLabelAnswer, KeyLabelRequest, KeysUse};
 use sluice_shared::key_view::KeyEstimate;
 
 use crate::api;

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use leptos::prelude::*;
-pub use sluice_shared::api::{LiveFrame as Frame, Utilization};
+pub use sluice_api::{LiveFrame as Frame, Utilization};
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::JsCast;
 

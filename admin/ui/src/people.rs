@@ -5,7 +5,7 @@
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use serde_json::json;
-use sluice_shared::people::{
+use sluice_api::people::{
     CreatedToken, NewToken, NewUser, Role, TokenInfo, TokenList, TokenScope, UserInfo, UserList,
 };
 

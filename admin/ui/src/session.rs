@@ -1,8 +1,8 @@
 //! Who is logged in, shared by every page through Leptos' context.
 
 use leptos::prelude::*;
-use sluice_shared::api::SessionInfo;
-use sluice_shared::people::Role;
+use sluice_api::people::Role;
+use sluice_api::SessionInfo;
 
 use crate::api::ApiError;
 

@@ -10,13 +10,13 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
-use sluice_shared::matcher::CompiledPolicySet;
-use sluice_shared::plugin::parse_plugin_config;
+use sluice_filter_core::matcher::CompiledPolicySet;
+use sluice_filter_core::plugin::parse_plugin_config;
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::sync::{
+use sluice_shared::time::{Instant, Span};
+use sluice_wire::sync::{
     BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
 };
-use sluice_shared::time::{Instant, Span};
 
 use crate::host::{Host, Level, SetError};
 use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_shared::fleet::{Amount, Share};
-use sluice_shared::sync_answer::read_shares;
 use sluice_shared::time::{Instant, Span};
+use sluice_wire::sync_answer::read_shares;
 
 use crate::entries::{self, Entry, SHARES_KEY};
 use crate::host::Host;

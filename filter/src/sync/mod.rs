@@ -19,11 +19,11 @@
 pub mod fleet;
 pub mod watch;
 
-use sluice_shared::plugin::PluginConfig;
-use sluice_shared::sync::SYNC_PATH;
+use sluice_filter_core::plugin::PluginConfig;
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::validate::parse_policy_set;
 use sluice_shared::PolicySet;
+use sluice_wire::sync::SYNC_PATH;
 
 use crate::entries::{self, Entry, POLICY_SET_KEY, POLICY_VERSION_KEY, SYNC_KEY};
 use crate::host::Host;

@@ -1,5 +1,5 @@
 //! Push: one VM per Envoy keeps a watch call open to the admin (see
-//! [`sluice_shared::sync::WATCH_PATH`]), which answers it as soon as the
+//! [`sluice_wire::sync::WATCH_PATH`]), which answers it as soon as the
 //! policy set changes. Which VM holds it is a lease in shared data,
 //! `sluice/sync/watch`: the instant until which the watch is someone's
 //! (8 bytes, nanoseconds). A VM claims an expired lease by CAS; the holder
@@ -7,8 +7,8 @@
 //! random 1 to 3 s after a failure, so that Envoys do not all call back
 //! together when an admin restarts.
 
-use sluice_shared::sync::{WatchRequest, WAIT_HEADER, WATCH_PATH};
 use sluice_shared::time::{Instant, Span};
+use sluice_wire::sync::{WatchRequest, WAIT_HEADER, WATCH_PATH};
 
 use crate::entries::WATCH_KEY;
 use crate::host::Host;

@@ -3,7 +3,7 @@
 //! the admin answers, then resumed from its record; every broken answer
 //! keeps them unknown or takes at most the limit's size.
 
-use sluice_shared::sync::SyncReport;
+use sluice_wire::sync::SyncReport;
 
 use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;

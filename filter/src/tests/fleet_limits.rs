@@ -48,7 +48,7 @@ fn a_global_limit_is_the_whole_limit_alone_nothing_before_its_share_then_the_sha
     host.advance_ms(1000);
     w.on_tick(&host);
     let calls = host.calls.borrow().clone();
-    let report: sluice_shared::sync::SyncReport =
+    let report: sluice_wire::sync::SyncReport =
         serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
     assert_eq!(report.shares.get("limits/fleet-wide"), Some(&5));
     assert_eq!(

@@ -145,8 +145,8 @@ fn garbage_in_a_keyed_place_is_nobodys_and_fresh() {
 #[test]
 fn the_sync_report_names_the_busiest_keys_by_label_and_counts_overflow() {
     use sluice_shared::key_view::{label_secret, name_key, KeyEstimate};
-    use sluice_shared::sync::SyncReport;
     use sluice_shared::KeyLabel;
+    use sluice_wire::sync::SyncReport;
 
     let host = FakeHost::at(T0);
     let mut w = worker(

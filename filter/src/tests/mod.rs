@@ -3,8 +3,8 @@
 //! the request path and the helpers every test file here uses.
 
 use proptest::prelude::*;
-use sluice_shared::bucket::BucketState;
-use sluice_shared::matcher::CompiledPolicySet;
+use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::matcher::CompiledPolicySet;
 
 use sluice_shared::time::{Instant, Span};
 
@@ -515,7 +515,7 @@ fn one_worker_syncs_all_install_and_unchanged_policies_keep_their_state() {
     let (cluster, headers, body) = &calls[0];
     assert_eq!(cluster, "sluice_admin");
     assert!(headers.contains(&("authorization".into(), "Bearer t0ken".into())));
-    let report: sluice_shared::sync::SyncReport = serde_json::from_slice(body).unwrap();
+    let report: sluice_wire::sync::SyncReport = serde_json::from_slice(body).unwrap();
     assert_eq!(report.policy_version, 0, "still on the fallback");
     assert_eq!(
         report.policies["bank"].counts[crate::metrics::PolicyCounter::Admitted],
@@ -750,7 +750,7 @@ proptest! {
             1..600,
         ),
     ) {
-        use sluice_shared::bucket::PREFETCH_TTL;
+        use sluice_filter_core::bucket::PREFETCH_TTL;
         const WORKERS: usize = 3;
         let policies = format!(r#"{{"version": 1, "policies": [
             {{"name": "busy", "match": {{"host": "*"}}, "rate": {{"requests": {requests}, "period": "1s", "burst": {burst}}}}}]}}"#);
@@ -941,7 +941,7 @@ fn a_global_policy_applies_its_share_then_falls_back_when_the_lease_lapses() {
     host.advance_ms(1000);
     w.on_tick(&host);
     let calls = host.calls.borrow().clone();
-    let report: sluice_shared::sync::SyncReport =
+    let report: sluice_wire::sync::SyncReport =
         serde_json::from_slice(&calls.last().unwrap().2).unwrap();
     assert_eq!(report.shares.get("llm"), Some(&77));
     // And describes it, for an admin that lost its record of it.

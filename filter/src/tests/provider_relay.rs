@@ -3,8 +3,8 @@
 //! pauses and cuts a shared limit here; news that is no news changes
 //! nothing.
 
-use sluice_shared::stats::ProviderCounter;
-use sluice_shared::sync::SyncReport;
+use sluice_wire::stats::ProviderCounter;
+use sluice_wire::sync::SyncReport;
 
 use crate::host::Host;
 use crate::testing::FakeHost;

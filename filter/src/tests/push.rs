@@ -36,7 +36,7 @@ fn calls_to(host: &FakeHost, path: &str) -> Vec<u32> {
 
 /// The tokens of the watch calls sent so far.
 fn watches(host: &FakeHost) -> Vec<u32> {
-    calls_to(host, sluice_shared::sync::WATCH_PATH)
+    calls_to(host, sluice_wire::sync::WATCH_PATH)
 }
 
 fn admitted(host: &FakeHost, w: &mut Worker, id: u32) -> bool {
@@ -207,7 +207,7 @@ fn several_vms_share_one_watch_a_second_when_answers_bring_nothing() {
 
 /// The tokens of the sync calls (not watches) sent so far.
 fn syncs(host: &FakeHost) -> Vec<u32> {
-    calls_to(host, sluice_shared::sync::SYNC_PATH)
+    calls_to(host, sluice_wire::sync::SYNC_PATH)
 }
 
 /// Ticks every 10 ms for up to `limit_ms`; how long until a sync call more
@@ -289,7 +289,7 @@ fn a_share_cut_by_a_tenth_or_more_is_told_to_the_admin_at_once() {
     let after = next_sync_after(&host, &mut w, before, 2_000).expect("a sync");
     assert!(after <= 110, "told after {after} ms");
     let calls = host.calls.borrow().clone();
-    let report: sluice_shared::sync::SyncReport =
+    let report: sluice_wire::sync::SyncReport =
         serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
     assert_eq!(report.shares.get("llm"), Some(&3));
 }

@@ -271,8 +271,8 @@ fn shadow_mode_counts_a_full_limit_and_lets_the_call_go() {
 
 mod across_workers {
     use proptest::prelude::*;
+    use sluice_filter_core::matcher::CompiledPolicySet;
     use sluice_shared::limiter::{LeaseTable, RateState};
-    use sluice_shared::matcher::CompiledPolicySet;
 
     use super::*;
     use crate::host::Host;

@@ -13,9 +13,9 @@
 
 use std::sync::Arc;
 
-use sluice_shared::bucket::{Admission, BucketLimits, Prefetched};
-use sluice_shared::headers::LimitKind;
-use sluice_shared::matcher::{Classification, CompiledPolicy};
+use sluice_filter_core::bucket::{Admission, BucketLimits, Prefetched};
+use sluice_filter_core::headers::LimitKind;
+use sluice_filter_core::matcher::{Classification, CompiledPolicy};
 use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 

@@ -10,10 +10,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
-use sluice_shared::sync::BudgetReport;
-use sluice_shared::sync_answer::read_budgets;
+use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::time::Instant;
+use sluice_wire::sync::BudgetReport;
+use sluice_wire::sync_answer::read_budgets;
 
 use super::ctx::Ctx;
 use crate::entries::{self, budget_known_key, limit_key, LimitState, Marker};

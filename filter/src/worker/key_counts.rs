@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
+use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{label_secret, KeyOutcome, KeysReport, WORKER_TOP_KEYS};
-use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 
@@ -73,7 +73,7 @@ impl KeyCounts {
 mod tests {
     use super::*;
     use crate::testing::FakeHost;
-    use sluice_shared::matcher::CompiledPolicySet;
+    use sluice_filter_core::matcher::CompiledPolicySet;
     use sluice_shared::Span;
 
     const KEYED: &str = r#"{"version": 1, "policies": [

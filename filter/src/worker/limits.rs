@@ -4,8 +4,8 @@
 //! taken all or nothing ([`StackedTake`]) before the policy's own bucket
 //! decides, and given back when that bucket refuses the call.
 
+use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy};
 use sluice_shared::limiter::{RateLimiter, RateState, StackedOutcome, StackedTake, StepResult};
-use sluice_shared::matcher::{CompiledLimit, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::{Instant, Span};
 

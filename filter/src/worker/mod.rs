@@ -41,12 +41,12 @@ mod usage;
 
 use std::rc::Rc;
 
+use sluice_filter_core::matcher::{BucketKey, CompiledPolicy, CompiledPolicySet, RequestJson};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::KeyOutcome;
-use sluice_shared::matcher::{BucketKey, CompiledPolicy, CompiledPolicySet, RequestJson};
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::sync_answer::read_epoch;
 use sluice_shared::time::{Instant, Span};
+use sluice_wire::sync_answer::read_epoch;
 
 use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};

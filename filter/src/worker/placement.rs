@@ -6,9 +6,9 @@
 //! (counted as an eviction); with every probed place busy the key overflows:
 //! into one bucket shared by all overflowing keys, or refused.
 
-use sluice_shared::bucket::{Admission, BucketLimits, BucketState, Prefetched};
-use sluice_shared::headers::LimitKind;
-use sluice_shared::matcher::{BucketKey, Classification, CompiledPolicy};
+use sluice_filter_core::bucket::{Admission, BucketLimits, BucketState, Prefetched};
+use sluice_filter_core::headers::LimitKind;
+use sluice_filter_core::matcher::{BucketKey, Classification, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
 
 use super::ctx::Ctx;

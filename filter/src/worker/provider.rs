@@ -9,13 +9,13 @@
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
-use sluice_shared::matcher::{CompiledLimit, CompiledPolicySet};
+use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::provider::{Allowed, Heard, PauseSignal, PauseWhy, ProviderTable};
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
-use sluice_shared::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
-use sluice_shared::sync_answer::read_news;
+use sluice_wire::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
+use sluice_wire::sync_answer::read_news;
 
 use super::ctx::Ctx;
 use crate::counters::LimitCounters;

@@ -4,9 +4,9 @@
 //! previous tick's instant goes with each poll: a waiter is never charged
 //! to the rate as of earlier than that (see `BucketState::poll`).
 
-use sluice_shared::bucket::{BucketLimits, BucketState};
-use sluice_shared::headers::LimitKind;
-use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
+use sluice_filter_core::bucket::{BucketLimits, BucketState};
+use sluice_filter_core::headers::LimitKind;
+use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::time::Instant;
 
 use super::budgets::Budgets;

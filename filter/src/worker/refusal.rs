@@ -3,11 +3,11 @@
 //! `RateLimit` fields, `Retry-After`, Sluice's own) and a body, unless the
 //! policy has a body of its own.
 
-use sluice_shared::headers::{
+use sluice_filter_core::headers::{
     ratelimit_item, ratelimit_policy_value, ratelimit_value, retry_after_value, LimitKind,
     RATELIMIT, RATELIMIT_POLICY, RETRY_AFTER, SLUICE_POLICY,
 };
-use sluice_shared::matcher::CompiledPolicy;
+use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::time::Span;
 
 use super::limits::Why;

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
+use sluice_filter_core::matcher::CompiledPolicySet;
 use sluice_shared::fleet::{share_in_force, Amount};
-use sluice_shared::matcher::CompiledPolicySet;
 use sluice_shared::policy::Scope;
 use sluice_shared::time::Instant;
 

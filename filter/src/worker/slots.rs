@@ -8,8 +8,8 @@
 //! A call takes a slot in each once every rate limit took it, all or
 //! nothing, and gives them back exactly once when its stream ends.
 
+use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::limiter::{ConcurrencyLimit, Decision, LeaseTable};
-use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::policy::Priority;
 use sluice_shared::time::{Instant, Span};
 

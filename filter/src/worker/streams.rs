@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use sluice_shared::bucket::BucketState;
-use sluice_shared::matcher::CompiledPolicy;
+use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
@@ -254,7 +254,7 @@ impl Streams {
             return;
         }
         if !self.streams.contains_key(&context_id) {
-            let unused = (usize::MAX, sluice_shared::matcher::BucketKey::Policy);
+            let unused = (usize::MAX, sluice_filter_core::matcher::BucketKey::Policy);
             self.track(
                 context_id,
                 policy,

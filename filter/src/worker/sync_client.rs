@@ -6,13 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use sluice_shared::bucket::BucketState;
+use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::key_view::KeyOutcome;
-use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::sync::{HeldShareReport, LimitReport, SyncReport};
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::PolicySet;
+use sluice_wire::sync::{HeldShareReport, LimitReport, SyncReport};
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;

@@ -12,9 +12,9 @@
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
-use sluice_shared::bucket::BucketState;
-use sluice_shared::headers::{admitted_headers, quota_id, ratelimit_item, LimitKind};
-use sluice_shared::matcher::{CompiledPolicy, CompiledPolicySet};
+use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::headers::{admitted_headers, quota_id, ratelimit_item, LimitKind};
+use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::policy::RateLimitHeaders;
 use sluice_shared::time::{Instant, Span};
 

@@ -10,8 +10,8 @@
 
 use rustc_hash::FxHashMap;
 
+use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::limiter::RateLimiter;
-use sluice_shared::matcher::CompiledPolicy;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageReader};

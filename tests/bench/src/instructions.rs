@@ -15,8 +15,8 @@ use crate::procs::BenchEnvoy;
 use crate::scenarios::Report;
 use crate::wrk::Wrk;
 use crate::Args;
-use sluice_shared::bucket::PREFETCH_TTL;
-use sluice_shared::plugin::MIN_TIME_SCALE;
+use sluice_filter_core::bucket::PREFETCH_TTL;
+use sluice_filter_core::plugin::MIN_TIME_SCALE;
 
 const HOST: &str = "api.bench.example";
 /// Sluice's added instructions over Envoy at most this many times the

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 use sluice_demo::mock::{Arrival, MockApi, MockLimits};
 use sluice_e2e::envoy::{filter_vms, free_port};
-use sluice_shared::sync::{PolicyReport, SyncReport};
+use sluice_wire::sync::{PolicyReport, SyncReport};
 
 use crate::configs;
 use crate::judge::{cpu_ratio, verdict, Added};
@@ -907,9 +907,9 @@ async fn sync_load(
         let auth = format!("Bearer {token}");
         let done = Arc::clone(&done);
         tasks.push(tokio::spawn(async move {
-            let mut counts = sluice_shared::counts::Counts::default();
-            counts.set(sluice_shared::stats::PolicyCounter::Admitted, 950);
-            counts.set(sluice_shared::stats::PolicyCounter::Rejected, 12);
+            let mut counts = sluice_wire::counts::Counts::default();
+            counts.set(sluice_wire::stats::PolicyCounter::Admitted, 950);
+            counts.set(sluice_wire::stats::PolicyCounter::Rejected, 12);
             let mut policies = BTreeMap::new();
             policies.insert(
                 "cp".to_string(),

@@ -3,7 +3,7 @@
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use serde_json::Value;
-use sluice_shared::api::AuditLog;
+use sluice_api::AuditLog;
 
 use crate::api;
 use crate::session::Session;
@@ -11,7 +11,7 @@ use crate::session::Session;
 #[component]
 pub(super) fn AuditPage() -> impl IntoView {
     let session = expect_context::<Session>();
-    let entries = RwSignal::new(Vec::<sluice_shared::api::AuditEntry>::new());
+    let entries = RwSignal::new(Vec::<sluice_api::AuditEntry>::new());
     spawn_local(async move {
         match api::get::<AuditLog>("/api/v1/audit?limit=200").await {
             Ok(log) => entries.set(log.entries),

@@ -5,7 +5,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::hooks::{use_navigate, use_params_map};
 use serde_json::{json, Value};
-use sluice_shared::api::{PolicyList, StoredPolicy, Validated};
+use sluice_api::{PolicyList, StoredPolicy, Validated};
 
 use crate::api::{self, ApiError, FieldError};
 use crate::fields::{FIELDS, LIMIT_FIELDS};

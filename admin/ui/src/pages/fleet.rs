@@ -4,7 +4,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::A;
 use leptos_router::hooks::use_params_map;
-use sluice_shared::api::{FleetPolicy, FleetView};
+use sluice_api::{FleetPolicy, FleetView};
 use sluice_shared::Span;
 
 use crate::api;

@@ -2,7 +2,7 @@
 
 use leptos::prelude::*;
 use leptos::task::spawn_local;
-use sluice_shared::api::InstanceList;
+use sluice_api::InstanceList;
 use sluice_shared::Span;
 
 use crate::api;
@@ -11,7 +11,7 @@ use crate::session::Session;
 #[component]
 pub(super) fn InstancesPage() -> impl IntoView {
     let session = expect_context::<Session>();
-    let rows = RwSignal::new(Vec::<sluice_shared::api::Instance>::new());
+    let rows = RwSignal::new(Vec::<sluice_api::Instance>::new());
     let now_ms = RwSignal::new(0u64);
     spawn_local(async move {
         // Page by page: a fleet may have thousands.

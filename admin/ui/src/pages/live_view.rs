@@ -3,10 +3,10 @@
 
 use leptos::prelude::*;
 use leptos::task::spawn_local;
-use sluice_shared::api::PolicyList;
+use sluice_api::PolicyList;
 use sluice_shared::duration::DurationMs;
-use sluice_shared::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 use sluice_shared::Scope;
+use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 
 use crate::api;
 use crate::form;
@@ -213,7 +213,7 @@ pub(super) fn LivePage() -> impl IntoView {
 
 /// How a pause reads: how long it has left, why, since when, and whose
 /// provider began it.
-fn describe_pause(p: &sluice_shared::sync::PauseReport, by: Option<&str>) -> String {
+fn describe_pause(p: &sluice_wire::sync::PauseReport, by: Option<&str>) -> String {
     let status = if p.status > 0 {
         format!("the provider answered {}", p.status)
     } else {

@@ -2,7 +2,7 @@
 
 use leptos::prelude::*;
 use leptos::task::spawn_local;
-use sluice_shared::api::{LoginRequest, SessionInfo};
+use sluice_api::{LoginRequest, SessionInfo};
 
 use crate::api::{self, ApiError};
 use crate::session::Session;

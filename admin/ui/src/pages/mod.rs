@@ -15,7 +15,7 @@ use leptos::task::spawn_local;
 use leptos_router::components::{Route, Router, Routes, A};
 use leptos_router::path;
 use serde_json::json;
-use sluice_shared::api::SessionInfo;
+use sluice_api::SessionInfo;
 
 use crate::api;
 use crate::live;

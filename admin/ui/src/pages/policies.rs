@@ -3,9 +3,9 @@
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::A;
-use sluice_shared::api::{ManagedState, PolicyList, StoredPolicy};
-use sluice_shared::stats::PolicyCounter;
+use sluice_api::{ManagedState, PolicyList, StoredPolicy};
 use sluice_shared::{Mode, Scope};
+use sluice_wire::stats::PolicyCounter;
 
 use crate::api;
 use crate::form;
@@ -54,7 +54,7 @@ pub(super) fn PoliciesPage() -> impl IntoView {
         let csrf = session.csrf();
         let expected = set_version.get_untracked();
         spawn_local(async move {
-            let order = sluice_shared::api::PolicyOrder { names };
+            let order = sluice_api::PolicyOrder { names };
             match api::put::<_, ()>("/api/v1/order", &csrf, expected, &order).await {
                 Ok(()) => error.set(None),
                 Err(e) => error.set(Some(format!("Not moved: {e}"))),

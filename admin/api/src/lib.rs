@@ -3,18 +3,21 @@
 //! field by construction. Times are milliseconds since the epoch on the
 //! wire (`*_ms`), as the API has always written them.
 
+pub mod people;
+pub mod policy_diff;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::counts::LiveCounts;
-use crate::fleet::{Amount, MemberState};
-use crate::key_view::KeyEstimate;
-use crate::stats::{LimitCounter, PolicyCounter, ProviderCounter};
-use crate::sync::{PauseReport, SyncReport};
-use crate::time::{millis, Span};
-use crate::validate::FieldError;
-use crate::Policy;
+use sluice_shared::fleet::{Amount, MemberState};
+use sluice_shared::key_view::KeyEstimate;
+use sluice_shared::time::{millis, Span};
+use sluice_shared::validate::FieldError;
+use sluice_shared::Policy;
+use sluice_wire::counts::LiveCounts;
+use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
+use sluice_wire::sync::{PauseReport, SyncReport};
 
 pub use crate::people::LoginRequest;
 
@@ -342,7 +345,7 @@ pub struct LiveFrame {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KeysUse {
     /// The busiest keys by admitted calls a second, busiest first (at most
-    /// [`crate::key_view::SHOWN_TOP_KEYS`]).
+    /// [`sluice_shared::key_view::SHOWN_TOP_KEYS`]).
     pub top: Vec<KeyUse>,
     /// Calls a second over every key, listed or not.
     pub calls_per_s: f64,

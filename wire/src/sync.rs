@@ -3,7 +3,7 @@
 //!
 //! `POST /api/v1/sync` with `Authorization: Bearer <sync_token>` and a
 //! [`SyncReport`] body. The admin answers `200` with the current
-//! [`crate::PolicySet`] when its version differs from `policy_version`, and
+//! [`sluice_shared::PolicySet`] when its version differs from `policy_version`, and
 //! `304 Not Modified` (no body) otherwise.
 //!
 //! Fleet mode: for each `scope: global` policy both answers carry the
@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::counts::Counts;
-use crate::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
 use crate::stats::{LimitCounter, PolicyCounter, ProviderCounter};
+use sluice_shared::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
 /// Push: a watch call (sync token, a [`WatchRequest`] body) the admin holds
@@ -62,10 +62,13 @@ pub const MAX_PROVIDER_NEWS: usize = 256;
 /// did not hear of it has had several syncs to.
 pub const RELAYED_CUT_FOR_MS: u64 = 5_000;
 
+/// An instance's name is checked where the filter's configuration is
+/// (`sluice_shared::instance`): the report carries the same name.
+pub use sluice_shared::instance::{check_instance, MAX_INSTANCE_LEN};
+
 /// Bounds on a report, so a broken or hostile client cannot make the admin
 /// store megabytes per sync.
 pub const MAX_REPORT_POLICIES: usize = 1000;
-pub const MAX_INSTANCE_LEN: usize = 128;
 /// Envoys one admin keeps track of (live view, instance list, watches):
 /// past it a new instance is refused until a silent one is forgotten.
 pub const MAX_INSTANCES: usize = 10_000;
@@ -74,25 +77,6 @@ pub const MAX_INSTANCES: usize = 10_000;
 pub const MAX_REPORT_KEYED: usize = 100;
 /// Filter-wide counters one report may carry (the filter has a few dozen).
 pub const MAX_REPORT_FILTER_STATS: usize = 128;
-
-/// Checks an instance name: 1 to [`MAX_INSTANCE_LEN`] ASCII letters,
-/// digits, `-`, `_`, `.` or `:` (a host name, a pod name, `host:port`).
-/// The admin shows it, labels metrics and keys Redis with it, so nothing
-/// else is let in.
-pub fn check_instance(instance: &str) -> Result<(), String> {
-    if instance.is_empty() || instance.len() > MAX_INSTANCE_LEN {
-        return Err(format!("must be 1 to {MAX_INSTANCE_LEN} characters"));
-    }
-    if let Some(bad) = instance
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
-    {
-        return Err(format!(
-            "{bad:?} is not allowed: only letters, digits, '-', '_', '.' and ':'"
-        ));
-    }
-    Ok(())
-}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SyncReport {
@@ -342,7 +326,7 @@ impl SyncReport {
         if let Some(name) = self
             .budgets
             .keys()
-            .find(|n| n.is_empty() || n.len() > crate::validate::bounds::MAX_NAME_LEN)
+            .find(|n| n.is_empty() || n.len() > sluice_shared::validate::bounds::MAX_NAME_LEN)
         {
             return Err(format!("budgets: {name:?} is no limit name"));
         }
@@ -356,7 +340,7 @@ impl SyncReport {
     /// labels, stored records and relay keys, whatever an Envoy (or a
     /// holder of the sync token) makes up. An Envoy a version behind loses
     /// the figures of a policy just removed, for a sync or two.
-    pub fn keep_known(&mut self, set: &crate::PolicySet) {
+    pub fn keep_known(&mut self, set: &sluice_shared::PolicySet) {
         use std::collections::BTreeSet;
         let policies: BTreeSet<&str> = set.policies.iter().map(|p| p.name.as_str()).collect();
         let limits = || set.policies.iter().flat_map(|p| p.limits.iter());
@@ -374,12 +358,12 @@ impl SyncReport {
         let shared: BTreeSet<String> = set
             .policies
             .iter()
-            .filter(|p| p.scope == crate::Scope::Global)
+            .filter(|p| p.scope == sluice_shared::Scope::Global)
             .map(|p| p.name.clone())
             .chain(
                 limits()
-                    .filter(|l| l.scope == crate::Scope::Global)
-                    .map(crate::NamedLimit::fleet_name),
+                    .filter(|l| l.scope == sluice_shared::Scope::Global)
+                    .map(sluice_shared::NamedLimit::fleet_name),
             )
             .collect();
         self.policies
@@ -397,11 +381,11 @@ impl SyncReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key_view::{KeyCount, KeysReport};
+    use sluice_shared::key_view::{KeyCount, KeysReport};
 
     #[test]
     fn a_report_keeps_only_the_names_of_the_set() {
-        let set: crate::PolicySet = serde_json::from_value(serde_json::json!({
+        let set: sluice_shared::PolicySet = serde_json::from_value(serde_json::json!({
             "version": 1,
             "policies": [
                 {"name": "bank", "match": {"host": "a"}, "rate": {"requests": 5, "period": "1s"},

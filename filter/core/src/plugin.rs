@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::duration::DurationMs;
-use crate::policy::PolicySet;
-use crate::validate::{policy_set_from_value, FieldError, ValidationErrors};
+use sluice_shared::duration::DurationMs;
+use sluice_shared::policy::PolicySet;
+use sluice_shared::validate::{policy_set_from_value, FieldError, ValidationErrors};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -106,7 +106,7 @@ pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors
         )
     })?;
     let mut errors = Vec::new();
-    if let Err(message) = crate::sync::check_instance(&raw.instance) {
+    if let Err(message) = sluice_shared::instance::check_instance(&raw.instance) {
         errors.push(FieldError {
             path: "instance".into(),
             message,

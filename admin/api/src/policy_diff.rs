@@ -8,7 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::Policy;
+use sluice_shared::Policy;
 
 /// One field that differs: its path (`rate.requests`, `limits[0].name`)
 /// and its value before and after (None: absent).
@@ -172,9 +172,9 @@ impl fmt::Display for SetDiff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::policy_from_value;
     use proptest::prelude::*;
     use serde_json::json;
+    use sluice_shared::validate::policy_from_value;
 
     fn policy(value: Value) -> Policy {
         policy_from_value(value).unwrap()

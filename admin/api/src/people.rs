@@ -7,8 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::duration::DurationMs;
-use crate::validate::{FieldError, ValidationErrors};
+use sluice_shared::duration::DurationMs;
+use sluice_shared::validate::{FieldError, ValidationErrors};
 
 /// What a person may do. Each role can do everything the one before can.
 #[derive(

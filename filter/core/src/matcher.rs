@@ -2,15 +2,15 @@
 //! it costs and how urgent it is. Works on raw header bytes: a request may
 //! carry anything, and none of it may cause a panic.
 
-use crate::key_hash::KeySecret;
-use crate::key_view::{name_key, KeyName};
-use crate::limiter::{ConcurrencyLimit, RateLimiter};
-use crate::policy::{
+use sluice_shared::key_hash::KeySecret;
+use sluice_shared::key_view::{name_key, KeyName};
+use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
+use sluice_shared::policy::{
     CostSpec, KeyOverflow, Mode, NamedLimit, Policy, PolicySet, Priority, RateSpec,
 };
-use crate::request_headers::RequestHeaders;
-use crate::usage::{CompiledUsage, UsagePath};
-use crate::validate::{parse_policy_set, ValidationErrors};
+use sluice_shared::request_headers::RequestHeaders;
+use sluice_shared::usage::{CompiledUsage, UsagePath};
+use sluice_shared::validate::{parse_policy_set, ValidationErrors};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostPattern {
@@ -139,7 +139,7 @@ pub struct CompiledLimit {
     cost_json: Option<UsagePath>,
     /// Where the real cost is read from the response.
     pub usage: Option<CompiledUsage>,
-    /// Held by the admin across restarts ([`crate::NamedLimit::is_budget`]).
+    /// Held by the admin across restarts ([`sluice_shared::NamedLimit::is_budget`]).
     pub budget: bool,
     /// One limit per value of this request header (lower case).
     key_header: Option<String>,
@@ -151,7 +151,7 @@ pub struct CompiledLimit {
     pub global: bool,
     pub closed: bool,
     /// What it takes from the provider's answers (`provider`).
-    pub provider: Option<crate::provider::CompiledProvider>,
+    pub provider: Option<sluice_shared::provider::CompiledProvider>,
 }
 
 /// One of a policy's further concurrency limits, ready to count.
@@ -220,12 +220,12 @@ impl CompiledPolicy {
                     budget: l.is_budget(),
                     key_header: l.key.as_ref().map(|k| lower(&k.header)),
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
-                    global: l.scope == crate::policy::Scope::Global,
+                    global: l.scope == sluice_shared::policy::Scope::Global,
                     closed: false,
                     provider: l
                         .provider
                         .as_ref()
-                        .map(|p| crate::provider::CompiledProvider::new(p, &l.name, rate)),
+                        .map(|p| sluice_shared::provider::CompiledProvider::new(p, &l.name, rate)),
                 })
                 .collect(),
             slot_limits: policy
@@ -261,12 +261,12 @@ impl CompiledPolicy {
     }
 
     pub fn is_global(&self) -> bool {
-        self.policy.scope == crate::policy::Scope::Global
+        self.policy.scope == sluice_shared::policy::Scope::Global
     }
 
     /// Applies this instance's share of a global policy's limits.
-    pub fn apply_share(&mut self, share: crate::fleet::Amount) {
-        let limits = crate::fleet::limits_for_share(&self.policy, share);
+    pub fn apply_share(&mut self, share: sluice_shared::fleet::Amount) {
+        let limits = sluice_shared::fleet::limits_for_share(&self.policy, share);
         self.rate = limits.rate;
         self.concurrency = limits.concurrency;
         self.fleet_closed = limits.closed;
@@ -274,12 +274,12 @@ impl CompiledPolicy {
 
     /// Applies this instance's share of further limit `index` (a global
     /// one) to its rate.
-    pub fn apply_limit_share(&mut self, index: usize, share: crate::fleet::Amount) {
+    pub fn apply_limit_share(&mut self, index: usize, share: sluice_shared::fleet::Amount) {
         let Some((spec, rate_spec)) = self.rate_limit_specs().nth(index) else {
             return;
         };
-        let full = crate::fleet::Amount::of_limit(spec);
-        let (rate, closed) = crate::fleet::rate_for_share(rate_spec, full.rate, share.rate);
+        let full = sluice_shared::fleet::Amount::of_limit(spec);
+        let (rate, closed) = sluice_shared::fleet::rate_for_share(rate_spec, full.rate, share.rate);
         let Some(limit) = self.limits.get_mut(index) else {
             return;
         };
@@ -300,7 +300,7 @@ impl CompiledPolicy {
     /// (None otherwise).
     pub fn share_burst(&self) -> Option<u64> {
         match (&self.rate, self.is_global()) {
-            (Some(crate::limiter::RateLimiter::TokenBucket(tb)), true) => Some(tb.burst()),
+            (Some(sluice_shared::limiter::RateLimiter::TokenBucket(tb)), true) => Some(tb.burst()),
             _ => None,
         }
     }
@@ -319,7 +319,7 @@ impl CompiledPolicy {
 
     /// The request's key as the live view names it (None for a policy
     /// without `key`), labels hashed with `secret` (see
-    /// [`crate::key_view`]).
+    /// [`sluice_shared::key_view`]).
     pub fn key_name<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
@@ -371,7 +371,7 @@ impl CompiledPolicy {
     }
 
     /// The request's bucket; a key is hashed with `secret` (see
-    /// [`crate::key_hash`]).
+    /// [`sluice_shared::key_hash`]).
     pub fn bucket_key<R: RequestHeaders + ?Sized>(&self, req: &R, secret: &KeySecret) -> BucketKey {
         match &self.key_header {
             None => BucketKey::Policy,

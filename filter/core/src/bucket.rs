@@ -12,12 +12,12 @@
 //! cannot block the queue past `max_wait`.
 
 use crate::headers::LimitKind;
-use crate::limiter::{
+use crate::matcher::CompiledPolicy;
+use sluice_shared::limiter::{
     ConcurrencyLimit, DecodeError, LeaseTable, RateLimiter, RateState, Reservation,
 };
-use crate::matcher::CompiledPolicy;
-use crate::policy::{LimitAction, Priority};
-use crate::time::{Instant, Span};
+use sluice_shared::policy::{LimitAction, Priority};
+use sluice_shared::time::{Instant, Span};
 
 /// The limits of one policy, as the bucket applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,14 +255,14 @@ impl BucketState {
         if let Some(limiter) = &limits.rate {
             let mut state = self.rate_state(limiter);
             match limiter.try_acquire(&mut state, rate_at, cost) {
-                crate::limiter::Decision::Admit {
+                sluice_shared::limiter::Decision::Admit {
                     remaining,
                     reset_after,
                 } => {
                     rate_result = Some((remaining, reset_after));
                     new_rate = Some(state);
                 }
-                crate::limiter::Decision::Deny { retry_after, .. } => {
+                sluice_shared::limiter::Decision::Deny { retry_after, .. } => {
                     return Err(Refusal {
                         kind: LimitKind::Rate,
                         retry_after,
@@ -274,11 +274,11 @@ impl BucketState {
         if let Some(limit) = &limits.concurrency {
             let mut leases = self.leases.clone();
             match leases.acquire(limit, holder, now, priority) {
-                crate::limiter::Decision::Admit { remaining, .. } => {
+                sluice_shared::limiter::Decision::Admit { remaining, .. } => {
                     slots_left = Some(remaining);
                     self.leases = leases;
                 }
-                crate::limiter::Decision::Deny { retry_after, .. } => {
+                sluice_shared::limiter::Decision::Deny { retry_after, .. } => {
                     return Err(Refusal {
                         kind: LimitKind::Concurrency,
                         retry_after,
@@ -639,7 +639,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::TokenBucket;
+    use sluice_shared::limiter::TokenBucket;
 
     const SEC: Span = Span::from_secs(1);
     const T0: Instant = Instant::from_nanos(1_800_000_000 * 1_000_000_000);

@@ -11,11 +11,11 @@
 
 use serde::de::DeserializeOwned;
 
-use crate::policy::PolicySet;
 use crate::sync::{
     BudgetsMessage, ProviderNews, SharesMessage, BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER,
     SHARES_HEADER, SYNC_NOW_HEADER,
 };
+use sluice_shared::policy::PolicySet;
 
 /// The most of one answer header a filter reads (a well-behaved admin
 /// sends a few hundred bytes per policy; Envoy's own limit is 60 KiB).
@@ -129,7 +129,7 @@ fn read_json<T: DeserializeOwned>(value: &[u8]) -> Result<T, String> {
 mod tests {
     use super::*;
     use crate::sync::{HeldBudget, LimitNews, ShareMessage};
-    use crate::validate::parse_policy_set;
+    use sluice_shared::validate::parse_policy_set;
 
     fn header<'a>(answer: &'a HttpAnswer, name: &str) -> Option<&'a [u8]> {
         answer

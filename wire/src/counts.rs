@@ -19,7 +19,7 @@ use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::Span;
+use sluice_shared::Span;
 
 /// The most counters one family may have (checked where it is declared).
 pub const MAX_COUNTERS: usize = 24;

@@ -5,8 +5,8 @@
 //! Policy names are restricted to `[A-Za-z0-9._-]` by validation, so they are
 //! valid inside a structured-field string without escaping.
 
-use crate::policy::Policy;
-use crate::time::{Span, NANOS_PER_SEC};
+use sluice_shared::policy::Policy;
+use sluice_shared::time::{Span, NANOS_PER_SEC};
 
 pub const RETRY_AFTER: &str = "retry-after";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
@@ -48,7 +48,7 @@ pub fn quota_id(policy: &Policy, kind: LimitKind) -> String {
 }
 
 /// A rate limit as a quota policy item: `"id";q=<quota>;w=<seconds>`.
-fn rate_item(id: &str, rate: &crate::policy::RateSpec) -> String {
+fn rate_item(id: &str, rate: &sluice_shared::policy::RateSpec) -> String {
     let period = rate.period.as_span();
     let (quota, window_s) = match period.as_whole_secs() {
         Some(secs) if secs > 0 => (rate.requests, secs),
@@ -122,7 +122,7 @@ pub fn admitted_headers(policy: &Policy, items: &[String]) -> Vec<(&'static str,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::parse_policy;
+    use sluice_shared::validate::parse_policy;
 
     fn policy(json: &str) -> Policy {
         parse_policy(json).unwrap_or_else(|e| panic!("{e}"))

@@ -1,0 +1,14 @@
+//! The filter's pure decisions, apart from proxy-wasm and tested natively
+//! with time passed in: which policy a request falls under, its key, cost
+//! and priority ([`matcher`]), the state of a policy's bucket and how it
+//! admits and queues ([`bucket`]), the values of a refusal's headers
+//! ([`headers`]) and the plugin configuration ([`plugin`]). Only the
+//! filter (and its tests and benchmarks) uses them; what the admin uses as
+//! well is `sluice_shared`'s.
+
+pub mod bucket;
+pub mod headers;
+pub mod matcher;
+pub mod plugin;
+
+pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet};
