@@ -33,7 +33,12 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 
 # The admin and demo binaries, built by one command everywhere (`make run`,
 # the end-to-end tests): one set of dependency features, so one build.
-DEMO_BINS     := -p sluice-admin -p sluice-demo --bins
+# Cargo unifies features over the packages a command selects, so every
+# host build here selects the whole workspace with all features, as the
+# unit tests do: the end-to-end harness then reuses the unit tests' build
+# of every dependency instead of building a second set.
+WORKSPACE     := --workspace --all-features
+DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
 .PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny build wasm ui test fleet-test lint unit e2e run bench soak schema clean
 
@@ -138,16 +143,16 @@ E2E_UNTIMED_LOG := target/e2e-untimed.log
 e2e: wasm ui
 	$(CARGO) build $(DEMO_BINS)
 ifneq ($(strip $(E2E_TESTS)),)
-	$(E2E_ENV) $(CARGO) test -p sluice-e2e $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
+	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
 else
-	$(CARGO) test -p sluice-e2e --tests --no-run
+	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_UNTIMED) $(E2E_TIMED)) --no-run
 	@rm -f $(E2E_UNTIMED_LOG).rc; \
-	( set +e; $(E2E_ENV) nice -n 19 $(CARGO) test -p sluice-e2e $(addprefix --test ,$(E2E_UNTIMED)) \
+	( set +e; $(E2E_ENV) nice -n 19 $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_UNTIMED)) \
 	    --no-fail-fast -- --nocapture --test-threads=1 >$(E2E_UNTIMED_LOG) 2>&1; \
 	  echo $$? >$(E2E_UNTIMED_LOG).rc ) & \
 	untimed=$$!; \
 	timed=0; \
-	$(E2E_ENV) $(CARGO) test -p sluice-e2e --lib --bins $(addprefix --test ,$(E2E_TIMED)) \
+	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_TIMED)) \
 	  --no-fail-fast -- --nocapture --test-threads=1 || timed=$$?; \
 	wait $$untimed; \
 	echo "=== e2e suites beside the timed ones ($(E2E_UNTIMED)):"; \
@@ -161,7 +166,7 @@ endif
 # limit, admin replicas on PostgreSQL + Redis, both stores, the Fleet page.
 fleet-test: setup wasm ui
 	$(CARGO) build $(DEMO_BINS)
-	$(E2E_ENV) $(CARGO) test -p sluice-e2e --test fleet --test store_backends --test ui_browser --no-fail-fast \
+	$(E2E_ENV) $(CARGO) test $(WORKSPACE) --test fleet --test store_backends --test ui_browser --no-fail-fast \
 	  -- --nocapture --test-threads=1
 
 # The shared crate is built for wasm32-wasip1 by the filter's build (in

@@ -38,10 +38,11 @@ impl<C: Counter> Default for Series<C> {
 
 impl<C: Counter> Series<C> {
     /// Defines the family's stats under `prefix` once.
-    fn define<H: Host + ?Sized>(&mut self, host: &H, prefix: &str) {
+    fn define<H: Host + ?Sized>(&mut self, host: &H, prefix: impl FnOnce() -> String) {
         if !self.ids.is_empty() {
             return;
         }
+        let prefix = prefix();
         self.ids = C::ALL
             .iter()
             .map(|c| {
@@ -144,7 +145,7 @@ impl Metrics {
     pub fn define_policy<H: Host + ?Sized>(&mut self, host: &H, policy: &str) -> PolicySeries {
         let id = self.series_of(policy);
         if let Some((_, series)) = self.policies.get_mut(id.0) {
-            series.define(host, &format!("sluice.policy.{policy}."));
+            series.define(host, || format!("sluice.policy.{policy}."));
         }
         id
     }
@@ -152,14 +153,14 @@ impl Metrics {
     /// Sends every pending delta to Envoy.
     pub fn flush<H: Host + ?Sized>(&mut self, host: &H) {
         for (policy, series) in &mut self.policies {
-            series.define(host, &format!("sluice.policy.{policy}."));
+            series.define(host, || format!("sluice.policy.{policy}."));
             series.send(host);
         }
         for (limit, series) in &mut self.limits {
-            series.define(host, &format!("sluice.limit.{limit}."));
+            series.define(host, || format!("sluice.limit.{limit}."));
             series.send(host);
         }
-        self.filter.define(host, "sluice.");
+        self.filter.define(host, || "sluice.".to_string());
         self.filter.send(host);
     }
 
