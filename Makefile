@@ -132,53 +132,29 @@ unit:
 # rates or timing run one test at a time; the suites in E2E_UNTIMED assert
 # no time and run beside them, under `nice -n 19` so their build (the
 # Dockerfile's release build) takes only CPU the timed suites leave idle.
-# The web UI's release build runs beside the timed suites too, niced: the
-# suites in E2E_UI (which serve or start the UI) wait for it and run last. The suites run from the list their build printed
-# (tests/run-suites), not through cargo, so no build lock stands between a
-# suite and the builds beside it. The untimed lane's output is printed
-# when it ends. One suite alone, serially: `make e2e E2E_TESTS="--test faults"`.
+# Their output is printed when they end. One suite alone, serially:
+# `make e2e E2E_TESTS="--test faults"`.
 E2E_TESTS ?=
 E2E_UNTIMED := docker_setup store_backends
-E2E_UI := faults make_run ui_browser
-# The timed suites that have run beside the niced builds in every clean
-# run so far go first, while those builds take the idle CPU; the suites
-# whose deadlines are tight (a pause relayed within 450 ms, ...) follow.
-E2E_BESIDE_BUILDS := admin_limits admin_tls bad_requests envoy_configs filter_e2e fleet prometheus soak_short
-E2E_SUITES := $(basename $(notdir $(wildcard tests/tests/*.rs)))
-E2E_TIMED := $(filter $(E2E_BESIDE_BUILDS),$(E2E_SUITES)) \
-  $(filter-out $(E2E_UNTIMED) $(E2E_UI) $(E2E_BESIDE_BUILDS),$(E2E_SUITES))
-E2E_TIMED_LAST := $(filter $(E2E_UI),$(E2E_SUITES))
+E2E_TIMED := $(filter-out $(E2E_UNTIMED),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
   SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin
-E2E_BUILD_LOG := target/e2e-build.log
-E2E_LIST := target/e2e-suites.txt
-E2E_UI_LOG := target/e2e-ui.log
 E2E_UNTIMED_LOG := target/e2e-untimed.log
-E2E_RUN = env $(E2E_ENV) tests/run-suites $(E2E_LIST)
-e2e: wasm
-ifneq ($(strip $(E2E_TESTS)),)
-	$(MAKE) --no-print-directory ui
+e2e: wasm ui
 	$(CARGO) build $(DEMO_BINS)
+ifneq ($(strip $(E2E_TESTS)),)
 	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
 else
-	$(CARGO) build $(DEMO_BINS)
-	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_SUITES)) --no-run 2>&1 | tee $(E2E_BUILD_LOG)
-	sed -n 's#^ *Executable tests/\([a-z0-9_]*\)\.rs (\(.*\))$$#\1 \2#p' $(E2E_BUILD_LOG) >$(E2E_LIST)
-	@rm -f $(E2E_UI_LOG).rc $(E2E_UNTIMED_LOG).rc; \
-	( set +e; nice -n 19 $(MAKE) --no-print-directory ui >$(E2E_UI_LOG) 2>&1; echo $$? >$(E2E_UI_LOG).rc ) & \
-	( set +e; nice -n 19 $(E2E_RUN) $(E2E_UNTIMED) >$(E2E_UNTIMED_LOG) 2>&1; echo $$? >$(E2E_UNTIMED_LOG).rc ) & \
-	beside=$$!; \
+	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_UNTIMED) $(E2E_TIMED)) --no-run
+	@rm -f $(E2E_UNTIMED_LOG).rc; \
+	( set +e; $(E2E_ENV) nice -n 19 $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_UNTIMED)) \
+	    --no-fail-fast -- --nocapture --test-threads=1 >$(E2E_UNTIMED_LOG) 2>&1; \
+	  echo $$? >$(E2E_UNTIMED_LOG).rc ) & \
+	untimed=$$!; \
 	timed=0; \
-	$(E2E_RUN) $(E2E_TIMED) || timed=1; \
-	while [ ! -f $(E2E_UI_LOG).rc ]; do sleep 1; done; \
-	echo "=== the web UI's build, beside the timed suites:"; \
-	cat $(E2E_UI_LOG); \
-	if [ "$$(cat $(E2E_UI_LOG).rc)" -eq 0 ]; then \
-	  $(E2E_RUN) $(E2E_TIMED_LAST) || timed=1; \
-	else \
-	  echo "e2e: the web UI did not build: $(E2E_TIMED_LAST) not run"; timed=1; \
-	fi; \
-	wait $$beside; \
+	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_TIMED)) \
+	  --no-fail-fast -- --nocapture --test-threads=1 || timed=$$?; \
+	wait $$untimed; \
 	echo "=== e2e suites beside the timed ones ($(E2E_UNTIMED)):"; \
 	cat $(E2E_UNTIMED_LOG); \
 	untimed_rc=$$(cat $(E2E_UNTIMED_LOG).rc); \
