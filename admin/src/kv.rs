@@ -11,7 +11,7 @@
 //! expired goes first, then what expires first.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
@@ -87,7 +87,7 @@ pub struct Kv {
 }
 
 enum Backend {
-    Memory(Arc<Mutex<Memory>>),
+    Memory(Mutex<Memory>),
     Redis(ConnectionManager),
 }
 
@@ -105,10 +105,10 @@ impl Kv {
     /// Values in this process's memory, at most `max_entries` at once.
     pub fn memory(prefix: &str, max_entries: usize) -> Self {
         Self {
-            backend: Backend::Memory(Arc::new(Mutex::new(Memory {
+            backend: Backend::Memory(Mutex::new(Memory {
                 values: HashMap::new(),
                 max_entries: max_entries.max(1),
-            }))),
+            })),
             prefix: prefix.to_string(),
         }
     }

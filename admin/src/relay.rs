@@ -45,8 +45,18 @@ pub const PAUSE_SAME_MS: u64 = 500;
 /// Tries of a change to news kept in Redis that other replicas raced.
 const REDIS_TRIES: u32 = 5;
 
-/// Where news is kept: `pause:<limit>` and `cut:<limit>` under it.
+/// Where news is kept: [`pause_key`] and [`cut_key`] under it.
 const NEWS_PREFIX: &str = "sluice:provider:";
+
+/// A limit's pause news, under [`NEWS_PREFIX`].
+fn pause_key(limit: &str) -> String {
+    format!("pause:{limit}")
+}
+
+/// A limit's newest cut, under [`NEWS_PREFIX`].
+fn cut_key(limit: &str) -> String {
+    format!("cut:{limit}")
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -279,7 +289,7 @@ impl ProviderRelay {
             if let Some((left_ms, status)) = pause {
                 let stored = self
                     .news
-                    .update(&format!("pause:{name}"), REDIS_TRIES, |raw| {
+                    .update(&pause_key(name), REDIS_TRIES, |raw| {
                         let (mark, began) = PauseMark::heard(
                             PauseMark::decode(raw).as_ref(),
                             (now_ms, left_ms),
@@ -300,7 +310,7 @@ impl ProviderRelay {
             if let Some(at_ms) = cut {
                 let stored = self
                     .news
-                    .update(&format!("cut:{name}"), REDIS_TRIES, |raw| {
+                    .update(&cut_key(name), REDIS_TRIES, |raw| {
                         if !Mark::older_than(Mark::decode(raw).as_ref(), at_ms, CUT_GUARD_MS) {
                             return Ok::<_, RelayError>(((), Write::Keep));
                         }
@@ -345,15 +355,15 @@ impl ProviderRelay {
         }
         let keys: Vec<String> = listening
             .iter()
-            .flat_map(|name| [format!("pause:{name}"), format!("cut:{name}")])
+            .flat_map(|name| [pause_key(name), cut_key(name)])
             .collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let raw = self.news.get_many(&keys).await?;
         for (name, pair) in listening.into_iter().zip(raw.chunks(2)) {
-            let value = |i: usize| pair.get(i).cloned().flatten();
+            let value = |i: usize| pair.get(i).and_then(Option::as_deref);
             let heard = Heard {
-                pause: value(0).as_deref().and_then(PauseMark::decode),
-                cut: value(1).as_deref().and_then(Mark::decode),
+                pause: value(0).and_then(PauseMark::decode),
+                cut: value(1).and_then(Mark::decode),
             };
             if let Some(item) = heard.news_for(&report.instance, now_ms) {
                 news.insert(name.clone(), item);

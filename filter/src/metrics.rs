@@ -83,6 +83,11 @@ pub struct Metrics {
     unreported_limits: BTreeMap<String, LimitCounters>,
 }
 
+/// Where a policy's stats are named: `sluice.policy.<policy>.<stat>`.
+fn policy_prefix(policy: &str) -> String {
+    format!("sluice.policy.{policy}.")
+}
+
 /// A policy's series, found once per policy set: a request then counts
 /// by an index rather than by hashing its policy's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +150,7 @@ impl Metrics {
     pub fn define_policy<H: Host + ?Sized>(&mut self, host: &H, policy: &str) -> PolicySeries {
         let id = self.series_of(policy);
         if let Some((_, series)) = self.policies.get_mut(id.0) {
-            series.define(host, || format!("sluice.policy.{policy}."));
+            series.define(host, || policy_prefix(policy));
         }
         id
     }
@@ -153,7 +158,7 @@ impl Metrics {
     /// Sends every pending delta to Envoy.
     pub fn flush<H: Host + ?Sized>(&mut self, host: &H) {
         for (policy, series) in &mut self.policies {
-            series.define(host, || format!("sluice.policy.{policy}."));
+            series.define(host, || policy_prefix(policy));
             series.send(host);
         }
         for (limit, series) in &mut self.limits {
