@@ -135,7 +135,8 @@ async fn a_login_storm_checks_a_handful_of_passwords_and_starves_no_sync() -> an
 
 /// Pod churn: 10 000 instance ids sync over time, in rounds of 2 000 that
 /// then fall silent. With an instance TTL of 3 s the admin forgets them
-/// (live view and store), and its memory stays flat from round to round.
+/// (live view and store), and its memory stays flat from round to round
+/// once the first round has warmed its allocator up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_instance_ids_keep_the_admins_memory_flat() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -194,10 +195,13 @@ async fn ten_thousand_instance_ids_keep_the_admins_memory_flat() -> anyhow::Resu
          instances listed at the end {listed}"
     );
     assert_eq!(listed, 0, "silent instances are forgotten");
-    let grown = rss[4] - rss[0];
+    // The first round only warms the allocator up: a clean run saw the
+    // admin go 83 -> 96 MiB from round 1 to 2 and then stay within 1.5 MiB,
+    // another start at 100.7 and stay within 1.5. A leak grows every round.
+    let grown = rss[4] - rss[1];
     assert!(
         grown < 8.0,
-        "the admin grew {grown:.1} MiB over 8 000 more ids"
+        "the admin grew {grown:.1} MiB over 6 000 more ids after a warm-up round"
     );
     Ok(())
 }

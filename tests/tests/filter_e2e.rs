@@ -421,7 +421,7 @@ async fn e2e_6_aborted_clients_leak_no_slot() -> anyhow::Result<()> {
             "on_limit": {"action": "queue", "max_wait": "200ms"}}"#,
     )
     .await?;
-    const TOTAL: usize = 20_000;
+    const TOTAL: usize = 10_000;
     let sent = Arc::new(AtomicUsize::new(0));
     let url = envoy.url("/slow");
     let mut tasks = Vec::new();
@@ -563,7 +563,7 @@ async fn e2e_8_queued_calls_hold_rate_and_concurrency_when_released() -> anyhow:
     )?;
     mock.reset();
     const CLIENTS: u64 = 50;
-    const CALLS_EACH: u64 = 8;
+    const CALLS_EACH: u64 = 4;
     let url = envoy.url("/v1/chat");
     let origin = Instant::now();
     let tasks: Vec<_> = (0..CLIENTS)

@@ -16,7 +16,7 @@ fn soak(args: &[&str]) -> anyhow::Result<Output> {
 
 #[test]
 fn a_short_soak_passes_its_checks() -> anyhow::Result<()> {
-    let out = soak(&["--duration", "40s"])?;
+    let out = soak(&["--duration", "25s"])?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the short soak failed");
     assert!(stdout.contains("soak: passed"));
@@ -25,7 +25,7 @@ fn a_short_soak_passes_its_checks() -> anyhow::Result<()> {
 
 #[test]
 fn a_soak_that_leaves_a_call_in_flight_fails() -> anyhow::Result<()> {
-    let out = soak(&["--duration", "20s", "--leave-a-call-open"])?;
+    let out = soak(&["--duration", "10s", "--leave-a-call-open"])?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "the soak must fail");
     assert!(

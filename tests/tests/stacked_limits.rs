@@ -238,7 +238,7 @@ async fn queued_calls_wait_for_every_limit_and_leave_holding_all_of_them() -> an
     let envoy = Envoy::start(config, mock.addr.port(), WORKERS)?;
     mock.reset();
     const CLIENTS: u64 = 50;
-    const CALLS_EACH: u64 = 8;
+    const CALLS_EACH: u64 = 4;
     let url = envoy.url("/v1/chat");
     let origin = std::time::Instant::now();
     let tasks: Vec<_> = (0..CLIENTS)
