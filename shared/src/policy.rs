@@ -330,6 +330,37 @@ pub struct MatchSpec {
     pub methods: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<HeaderEquals>,
+    /// Fields of the request's JSON body (`model` is `gpt-4o`). Only a
+    /// policy with such conditions reads the body (up to 1 MiB); a body that
+    /// is not JSON, or lacks the field, does not match, and the request
+    /// goes on to the next policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub json: Vec<JsonMatch>,
+}
+
+impl MatchSpec {
+    /// Whether matching a request takes its body.
+    pub fn reads_request_body(&self) -> bool {
+        !self.json.is_empty()
+    }
+}
+
+/// A condition on one field of the request's JSON body: exactly one of
+/// `equals`, `prefix` and `one_of`. A string field is compared as it is; a
+/// number or `true`/`false` as its JSON text (`3`, `true`); anything else
+/// (an object, a list, `null`) matches nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct JsonMatch {
+    /// A dotted path into the body: `model`, `metadata.team`, `input.0.role`.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub one_of: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -340,9 +371,11 @@ pub struct HeaderEquals {
     pub equals: String,
 }
 
-/// One bucket per distinct value of `header` (per API key, per tenant).
+/// One bucket per distinct value of `header` (per API key, per tenant), or
+/// of a field of the request's JSON body (`json`: per model, per `user`).
 ///
-/// Requests without the header share one bucket. At most `max_keys` keys are
+/// Requests without the header (or whose body is not JSON, or lacks the
+/// field) share one bucket. At most `max_keys` keys are
 /// tracked at once; a key whose bucket is idle (full again, nothing in flight)
 /// gives its place to a new key. When every place holds a busy key, a new key
 /// is handled by `overflow`.
@@ -350,7 +383,14 @@ pub struct HeaderEquals {
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KeySpec {
-    pub header: String,
+    /// A request header: exactly one of `header` and `json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// A dotted path into the request's JSON body (`model`, `user`,
+    /// `metadata.team`): a string is the key as it is, a number or
+    /// `true`/`false` its JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
     #[serde(default = "KeySpec::default_max_keys")]
     pub max_keys: u32,
     #[serde(default)]
@@ -383,6 +423,31 @@ impl KeyLabel {
 
 impl KeySpec {
     pub const DEFAULT_MAX_KEYS: u32 = 10_000;
+
+    /// A key read from request header `header`.
+    pub fn header(header: &str) -> Self {
+        Self {
+            header: Some(header.to_string()),
+            json: None,
+            max_keys: Self::DEFAULT_MAX_KEYS,
+            overflow: KeyOverflow::default(),
+            label: KeyLabel::default(),
+        }
+    }
+
+    /// Whether the key is read from the request's body.
+    pub fn reads_request_body(&self) -> bool {
+        self.json.is_some()
+    }
+
+    /// Where the key comes from, for people: `x-api-key`, `json model`.
+    pub fn source(&self) -> String {
+        match (&self.header, &self.json) {
+            (Some(header), _) => header.clone(),
+            (None, Some(path)) => format!("json {path}"),
+            (None, None) => String::new(),
+        }
+    }
 
     fn default_max_keys() -> u32 {
         Self::DEFAULT_MAX_KEYS

@@ -48,6 +48,11 @@ impl UsagePath {
 
     /// The whole number at this path in `value`.
     pub fn find(&self, value: &Value) -> Option<u64> {
+        self.value_in(value)?.as_u64()
+    }
+
+    /// Whatever is at this path in `value`.
+    pub fn value_in<'v>(&self, value: &'v Value) -> Option<&'v Value> {
         let mut at = value;
         for step in &self.steps {
             at = match at {
@@ -56,7 +61,23 @@ impl UsagePath {
                 _ => return None,
             };
         }
-        at.as_u64()
+        Some(at)
+    }
+
+    /// The text at this path in `value`, for a match or a key: a string as
+    /// it is, a number or `true`/`false` as its JSON text; None for
+    /// anything else (an object, a list, `null`) or nothing there.
+    pub fn text_in<'v>(&self, value: &'v Value) -> Option<std::borrow::Cow<'v, str>> {
+        match self.value_in(value)? {
+            Value::String(s) => Some(std::borrow::Cow::Borrowed(s)),
+            Value::Number(n) => Some(std::borrow::Cow::Owned(n.to_string())),
+            Value::Bool(b) => Some(std::borrow::Cow::Borrowed(if *b {
+                "true"
+            } else {
+                "false"
+            })),
+            Value::Null | Value::Array(_) | Value::Object(_) => None,
+        }
     }
 }
 

@@ -47,6 +47,10 @@ pub mod bounds {
     /// Paths summed for one limit's usage.
     pub const MAX_USAGE_PATHS: usize = 8;
     pub const MAX_JSON_PATH_LEN: usize = 256;
+    /// Names or indexes in one JSON path (`a.b.c` is 3).
+    pub const MAX_JSON_PATH_STEPS: usize = 16;
+    pub const MAX_JSON_MATCHES: usize = 8;
+    pub const MAX_JSON_ONE_OF: usize = 64;
     pub const MAX_USAGE_BODY_BYTES: u32 = 16 * 1024 * 1024;
     pub const MIN_MAX_PAUSE_MS: u64 = 1;
     pub const MAX_PAUSE_ON: usize = 8;
@@ -607,7 +611,15 @@ fn check_slot_limit(lr: &mut Report, limit: &NamedLimit, conc: &ConcurrencySpec)
 }
 
 fn check_key(r: &mut Report, key: &KeySpec) {
-    check_header_name(r, "key.header", &key.header);
+    match (&key.header, &key.json) {
+        (Some(header), None) => check_header_name(r, "key.header", header),
+        (None, Some(path)) => check_json_path(r, "key.json", path),
+        (Some(_), Some(_)) => r.at("key", "give either `header` or `json`, not both"),
+        (None, None) => r.at(
+            "key",
+            "give `header` (a request header) or `json` (a path in the request's JSON body)",
+        ),
+    }
     r.range_u64(
         "key.max_keys",
         key.max_keys.into(),
@@ -634,6 +646,7 @@ fn check_name(r: &mut Report, name: &str) {
 
 fn check_match(r: &mut Report, m: &MatchSpec) {
     check_host(r, &m.host);
+    check_json_matches(r, &m.json);
     if let Some(prefix) = &m.path_prefix {
         if !prefix.starts_with('/') {
             r.at("match.path_prefix", "must start with '/'");
@@ -874,6 +887,63 @@ fn check_json_path(r: &mut Report, field: &str, path: &str) {
             field,
             format!("{path:?} is not a path: names or indexes joined by '.', none empty (usage.total_tokens)"),
         );
+    } else if path.split('.').count() > bounds::MAX_JSON_PATH_STEPS {
+        r.at(
+            field,
+            format!(
+                "at most {} names or indexes deep",
+                bounds::MAX_JSON_PATH_STEPS
+            ),
+        );
+    }
+}
+
+/// Conditions on the request's JSON body: a path each, and exactly one of
+/// `equals`, `prefix` and `one_of`, with values as bounded as a header's.
+fn check_json_matches(r: &mut Report, matches: &[JsonMatch]) {
+    if matches.len() > bounds::MAX_JSON_MATCHES {
+        r.at(
+            "match.json",
+            format!("at most {} body conditions", bounds::MAX_JSON_MATCHES),
+        );
+    }
+    for (i, m) in matches.iter().enumerate() {
+        let at = |field: &str| format!("match.json[{i}]{field}");
+        check_json_path(r, &at(".path"), &m.path);
+        let given = usize::from(m.equals.is_some())
+            + usize::from(m.prefix.is_some())
+            + usize::from(!m.one_of.is_empty());
+        if given != 1 {
+            r.at(
+                &at(""),
+                "give exactly one of `equals`, `prefix` and `one_of`",
+            );
+        }
+        if m.one_of.len() > bounds::MAX_JSON_ONE_OF {
+            r.at(
+                &at(".one_of"),
+                format!("at most {} values", bounds::MAX_JSON_ONE_OF),
+            );
+        }
+        let values = m
+            .equals
+            .iter()
+            .map(|v| (at(".equals"), v))
+            .chain(m.prefix.iter().map(|v| (at(".prefix"), v)))
+            .chain(
+                m.one_of
+                    .iter()
+                    .enumerate()
+                    .map(|(j, v)| (at(&format!(".one_of[{j}]")), v)),
+            );
+        for (field, value) in values {
+            if value.len() > bounds::MAX_HEADER_VALUE_LEN {
+                r.at(
+                    &field,
+                    format!("at most {} characters", bounds::MAX_HEADER_VALUE_LEN),
+                );
+            }
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
 use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::matcher::BodyJson;
 use sluice_filter_core::plugin::parse_plugin_config;
 use sluice_filter_core::CompiledPolicySet;
 use sluice_shared::limiter::{
@@ -361,11 +362,89 @@ fn matcher_on_arbitrary_headers() {
     .unwrap_or_else(|e| panic!("the fuzzed policy set is valid: {e}"));
     fuzz("matcher and classification", request(), |req| {
         let secret = sluice_shared::KeySecret::from_bytes([3; sluice_shared::KeySecret::LEN]);
-        let Some(c) = set.classify(&req, &secret) else {
+        let classified = set.classify(&req, &secret, &BodyJson::Absent);
+        let Some(c) = classified.class() else {
             return Err("the catch-all policy matches everything".into());
         };
         if c.cost == 0 || c.cost > 50 {
             return Err(format!("cost {} outside 1..=50", c.cost));
+        }
+        Ok(())
+    });
+}
+
+/// Request bodies: JSON of any shape (deep, huge numbers, fields of every
+/// type where the match and the keys look), and bytes that are not JSON.
+/// Classifying on them never panics, a body the match cannot read falls to
+/// the next policy, and the catch-all always takes the call.
+#[test]
+fn matcher_on_arbitrary_bodies() {
+    let set = CompiledPolicySet::from_json(
+        &json!({"version": 1, "policies": [
+            {"name": "gpt", "match": {"host": "*", "json": [{"path": "model", "prefix": "gpt-"},
+                                                          {"path": "meta.tier", "one_of": ["1", "true", "gold"]}]},
+             "key": {"json": "user"}, "rate": {"requests": 100, "period": "1s"},
+             "limits": [{"name": "tokens", "key": {"json": "messages.0.role"},
+                         "rate": {"requests": 1000, "period": "1m"},
+                         "cost": {"json": "max_tokens", "default": 5, "max": 500}}]},
+            {"name": "rest", "match": {"host": "*"}, "rate": {"requests": 10, "period": "1s"}}]})
+        .to_string(),
+    )
+    .unwrap_or_else(|e| panic!("the fuzzed policy set is valid: {e}"));
+    let scalar = prop_oneof![
+        any::<String>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| json!(f)),
+        any::<bool>().prop_map(Value::from),
+        Just(Value::Null),
+        prop::sample::select(&["gpt-4o", "gpt-", "claude", "gold", "user", "1"][..])
+            .prop_map(Value::from),
+    ];
+    let value = scalar.prop_recursive(6, 64, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+            prop::collection::btree_map(
+                prop::sample::select(
+                    &[
+                        "model",
+                        "meta",
+                        "tier",
+                        "user",
+                        "messages",
+                        "role",
+                        "max_tokens",
+                        "0"
+                    ][..]
+                )
+                .prop_map(str::to_string),
+                inner,
+                0..8
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    });
+    let body = prop_oneof![
+        value.prop_map(|v| v.to_string().into_bytes()),
+        prop::collection::vec(any::<u8>(), 0..256),
+        (1usize..2_000).prop_map(|n| "[".repeat(n).into_bytes()),
+    ];
+    fuzz("matcher on request bodies", body, |body| {
+        let secret = sluice_shared::KeySecret::from_bytes([3; sluice_shared::KeySecret::LEN]);
+        let headers = Request(vec![(":authority".into(), b"api.llm.example".to_vec())]);
+        let parsed = BodyJson::parse(&body);
+        let Some(c) = set.classify(&headers, &secret, &parsed).class() else {
+            return Err("the catch-all policy matches every body".into());
+        };
+        let policy = &set.policies[c.policy_index];
+        let costs = policy.limit_costs(&headers, &parsed);
+        if costs.iter().any(|&c| c == 0 || c > 500) {
+            return Err(format!("costs {costs:?} outside 1..=500"));
+        }
+        let _ = policy.limit_keys(&headers, &secret, &parsed);
+        let _ = policy.key_name(&headers, &secret, &parsed);
+        if !matches!(parsed, BodyJson::Json(_)) && policy.name() == "gpt" {
+            return Err("a body that is not JSON matched a policy on its body".into());
         }
         Ok(())
     });

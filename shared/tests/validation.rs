@@ -574,3 +574,46 @@ fn a_limit_listening_to_its_provider_is_checked_field_by_field() {
         ]
     );
 }
+
+/// Matches and keys on the request's JSON body: a path that parses and
+/// is not too deep, exactly one test per condition, one source per key;
+/// each refusal names the field.
+#[test]
+fn body_matches_and_body_keys_are_checked_with_their_field() {
+    let deep = vec!["a"; 17].join(".");
+    let errors = errors_of(&set_with(&format!(
+        r#"{{"name": "llm", "match": {{"host": "api.llm.example", "json": [
+                {{"path": "", "equals": "x"}},
+                {{"path": "model"}},
+                {{"path": "model", "equals": "a", "prefix": "b"}},
+                {{"path": "{deep}", "one_of": ["x"]}},
+                {{"path": "model..name", "equals": "x"}}]}},
+            "key": {{"json": "user", "header": "x-user"}},
+            "rate": {{"requests": 10, "period": "1s"}},
+            "limits": [{{"name": "tpm", "key": {{"json": ""}}, "rate": {{"requests": 1000, "period": "1m"}}}},
+                       {{"name": "rpm", "key": {{}}, "rate": {{"requests": 1000, "period": "1m"}}}}]}}"#
+    )));
+    let expected = [
+        "policies[0].match.json[0].path: \"\" is not a path",
+        "policies[0].match.json[1]: give exactly one of `equals`, `prefix` and `one_of`",
+        "policies[0].match.json[2]: give exactly one of `equals`, `prefix` and `one_of`",
+        "policies[0].match.json[3].path: at most 16 names or indexes deep",
+        "policies[0].match.json[4].path: \"model..name\" is not a path",
+        "policies[0].key: give either `header` or `json`, not both",
+        "policies[0].limits[0].key.json: \"\" is not a path",
+        "policies[0].limits[1].key: give `header` (a request header) or `json`",
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for want in expected {
+        assert!(
+            errors.iter().any(|e| e.starts_with(want)),
+            "{want} not among {errors:#?}"
+        );
+    }
+    let good = parse_policy_set(&set_with(
+        r#"{"name": "llm", "match": {"host": "api.llm.example", "json": [{"path": "model", "one_of": ["gpt-4o", "gpt-4o-mini"]}]},
+            "key": {"json": "user"}, "rate": {"requests": 10, "period": "1s"},
+            "limits": [{"name": "tpm", "key": {"json": "model"}, "rate": {"requests": 1000, "period": "1m"}}]}"#,
+    ));
+    assert!(good.is_ok(), "{good:?}");
+}

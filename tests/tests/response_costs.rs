@@ -700,3 +700,142 @@ async fn many_large_answers_at_once_keep_the_workers_memory_bounded() -> anyhow:
     assert_eq!(status, 200);
     Ok(())
 }
+
+/// One POST to the mock LLM through Envoy with `body` as it is: its status
+/// and the policy and limit a refusal names.
+async fn post_raw(
+    http: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<(u16, Option<String>, Option<String>)> {
+    let response = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let named = (header("x-sluice-policy"), header("x-sluice-limit"));
+    let status = response.status().as_u16();
+    let _ = response.bytes().await;
+    Ok((status, named.0, named.1))
+}
+
+/// Policies per model, from the request's JSON body, through Envoy: the
+/// first policy whose `match.json` holds takes the call, a limit keyed by
+/// `model` gives each model its own requests per minute, and a body that
+/// is not JSON, lacks the field or is too large to read goes to the next
+/// policy, counted, as do calls lacking the key's field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::Result<()> {
+    let policies = r#"[
+        {"name": "gpt-4o", "match": {"host": "api.llm.example", "json": [{"path": "model", "equals": "gpt-4o"}]},
+         "rate": {"requests": 3, "period": "1m", "burst": 3}},
+        {"name": "models", "match": {"host": "api.llm.example", "json": [{"path": "model", "prefix": "gpt-"}]},
+         "key": {"json": "user"},
+         "rate": {"requests": 1000, "period": "1s"},
+         "limits": [{"name": "rpm-per-model", "key": {"json": "model"},
+                     "rate": {"requests": 2, "period": "1m", "algorithm": "fixed_window"}}]},
+        {"name": "rest", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"}}]"#;
+    let (_llm, envoy) =
+        llm_behind_envoy(LlmLimits::default(), ("e2e-per-model", policies), WORKERS).await?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    let chat = |model: &str, user: Option<&str>| {
+        let mut body = serde_json::json!({"model": model, "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}]});
+        if let Some(user) = user {
+            body["user"] = user.into();
+        }
+        body.to_string().into_bytes()
+    };
+    let mut seen = Vec::new();
+    let send = |label: &'static str, body: Vec<u8>| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let answer = post_raw(&http, &url, body).await?;
+            anyhow::Ok((label, answer))
+        }
+    };
+    for _ in 0..5 {
+        seen.push(send("gpt-4o", chat("gpt-4o", Some("ann"))).await?);
+    }
+    for _ in 0..3 {
+        seen.push(send("gpt-4o-mini", chat("gpt-4o-mini", Some("ann"))).await?);
+    }
+    for _ in 0..3 {
+        seen.push(send("gpt-3.5", chat("gpt-3.5", None)).await?);
+    }
+    for _ in 0..3 {
+        seen.push(send("claude", chat("claude-haiku", Some("ann"))).await?);
+    }
+    seen.push(send("not json", b"model=gpt-4o".to_vec()).await?);
+    seen.push(send("no model", br#"{"prompt": "hi"}"#.to_vec()).await?);
+    let mut huge = chat("gpt-4o", None);
+    huge.truncate(huge.len() - 1);
+    huge.extend_from_slice(format!(r#","pad":"{}"}}"#, "x".repeat(1_100_000)).as_bytes());
+    seen.push(send("too large", huge).await?);
+    let outcome = |label: &str| -> Vec<String> {
+        seen.iter()
+            .filter(|(l, _)| *l == label)
+            .map(
+                |(_, (status, policy, limit))| match (status, policy, limit) {
+                    (429, Some(p), Some(l)) => format!("429 {p}/{l}"),
+                    (429, Some(p), None) => format!("429 {p}"),
+                    (status, _, _) => status.to_string(),
+                },
+            )
+            .collect()
+    };
+    let stat = |policy: &str, name: &str| envoy.policy_stat(name, policy).unwrap_or(-1.0);
+    sluice_e2e::load::wait_for("the stats", Duration::from_secs(10), || {
+        stat("rest", "admitted") >= 6.0 && stat("gpt-4o", "body_unmatched") >= 3.0
+    })
+    .await?;
+    let unread = envoy.policy_stat("key_unread", "models").unwrap_or(-1.0);
+    println!(
+        "per model: gpt-4o {:?}; gpt-4o-mini {:?}; gpt-3.5 {:?}; claude {:?}; not JSON {:?}, no model {:?}, too large {:?}; \
+         admitted gpt-4o {}, models {}, rest {}; passed over by gpt-4o {} and by models {}; models' calls without a user {unread}; \
+         bodies too large {}",
+        outcome("gpt-4o"),
+        outcome("gpt-4o-mini"),
+        outcome("gpt-3.5"),
+        outcome("claude"),
+        outcome("not json"),
+        outcome("no model"),
+        outcome("too large"),
+        stat("gpt-4o", "admitted"),
+        stat("models", "admitted"),
+        stat("rest", "admitted"),
+        stat("gpt-4o", "body_unmatched"),
+        stat("models", "body_unmatched"),
+        envoy.filter_stat("request_body_too_large").unwrap_or(-1.0),
+    );
+    assert_eq!(
+        outcome("gpt-4o"),
+        ["200", "200", "200", "429 gpt-4o", "429 gpt-4o"]
+    );
+    let per_model = ["200", "200", "429 models/rpm-per-model"];
+    assert_eq!(outcome("gpt-4o-mini"), per_model, "its own 2 a minute");
+    assert_eq!(outcome("gpt-3.5"), per_model, "its own 2 a minute too");
+    assert_eq!(outcome("claude"), ["200"; 3]);
+    for label in ["not json", "no model", "too large"] {
+        assert_ne!(outcome(label)[0].get(..3), Some("429"), "{label}");
+    }
+    assert_eq!(stat("gpt-4o", "admitted"), 3.0);
+    assert_eq!(stat("models", "admitted"), 4.0);
+    assert_eq!(stat("rest", "admitted"), 6.0);
+    // Passed over: the body not JSON, without `model`, too large to read.
+    assert_eq!(stat("gpt-4o", "body_unmatched"), 3.0);
+    assert_eq!(stat("models", "body_unmatched"), 3.0);
+    assert_eq!(unread, 3.0, "the three gpt-3.5 calls without a user");
+    assert_eq!(envoy.filter_stat("request_body_too_large")?, 1.0);
+    Ok(())
+}

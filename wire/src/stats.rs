@@ -36,6 +36,13 @@ counters! {
         /// requests did not carry (Envoy may strip ports before filters
         /// run).
         PortHidden = "port_hidden", Total;
+        /// Calls passed over to the next policy because their body, which
+        /// this policy's `match.json` reads, was not JSON (or too large to
+        /// read) or lacked a field the match names.
+        BodyUnmatched = "body_unmatched", Total;
+        /// Calls whose key (`key.json`) was not in their body: they share
+        /// the bucket of calls without a key.
+        KeyUnread = "key_unread", Total;
     }
 }
 
@@ -70,6 +77,9 @@ counters! {
         /// ask for it, a missing header or path): charged the unread
         /// charge.
         UsageMissing = "usage_missing", Local;
+        /// Calls whose key for this limit (`key.json`) was not in their
+        /// body: they share the limit's bucket of calls without a key.
+        KeyUnread = "key_unread", Total;
         /// Calls refused because this budget's spending before a restart
         /// is not known yet (the admin has not answered since).
         BudgetUnknown = "budget_unknown", Local;

@@ -31,6 +31,12 @@ pub const FIELDS: &[(&str, &str, &str, Kind)] = &[
         "/key/header",
         Kind::Text,
     ),
+    (
+        "Key",
+        "Or a field of the JSON body (e.g. user, model)",
+        "/key/json",
+        Kind::Text,
+    ),
     ("Key", "Max keys", "/key/max_keys", Kind::Number),
     (
         "Key",
@@ -169,6 +175,11 @@ pub const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
         "/key/header",
         Kind::Text,
     ),
+    (
+        "Or per key: a field of the JSON body (e.g. model)",
+        "/key/json",
+        Kind::Text,
+    ),
     ("Per key: most keys held", "/key/max_keys", Kind::Number),
     (
         "Scope (global: one limit for every Envoy)",
@@ -237,6 +248,9 @@ mod tests {
         "/limits/key/overflow",
         "/limits/rate/warmup/cold_factor",
         "/limits/rate/warmup/period",
+        // Conditions on the request's JSON body (path and equals, prefix
+        // or one_of): in the policy's JSON.
+        "/match/json",
         // Listening to the provider: vendor header names and formats.
         "/limits/provider/adaptive",
         "/limits/provider/headers/ietf",

@@ -185,7 +185,7 @@ pub fn summary_rate(p: &Policy) -> String {
     let per_key = p
         .key
         .as_ref()
-        .map(|k| format!(", per {}", k.header))
+        .map(|k| format!(", per {}", k.source()))
         .unwrap_or_default();
     format!("{} / {}{}{}", r.requests, r.period, burst, per_key)
 }
@@ -385,6 +385,7 @@ pub fn help(pointer: &str) -> &'static str {
         "/match/methods" => "Only these methods, e.g. GET, POST (empty: any).",
         "/match/headers" => "Only requests whose headers equal these values, e.g. x-tenant=acme.",
         "/key/header" => "One bucket per value of this header (per API key, per tenant).",
+        "/key/json" => "Or one bucket per value of this field of the request's JSON body (model, user, metadata.team); the body is then read before the call is decided.",
         "/key/max_keys" => "Keys tracked at once; an idle key gives its place to a new one.",
         "/key/overflow" => "Past max keys: share one extra bucket, or refuse the newcomers.",
         "/key/label" => "How the live view names keys: a hash (raw keys stay in Envoy), or the value for non-secret ones.",

@@ -6,11 +6,13 @@ use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
 use sluice_shared::policy::{
-    CostSpec, KeyOverflow, Mode, NamedLimit, Policy, PolicySet, Priority, RateSpec,
+    CostSpec, JsonMatch, KeyOverflow, KeySpec, Mode, NamedLimit, Policy, PolicySet, Priority,
+    RateSpec,
 };
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::usage::{CompiledUsage, UsagePath};
 use sluice_shared::validate::{parse_policy_set, ValidationErrors};
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostPattern {
@@ -113,7 +115,9 @@ pub struct CompiledPolicy {
     host: HostMatcher,
     methods: Vec<String>,
     headers: Vec<(String, Vec<u8>)>,
-    key_header: Option<String>,
+    /// Conditions on the request's JSON body (`match.json`).
+    body_matches: Vec<BodyMatch>,
+    key: Option<KeySource>,
     cost_header: Option<String>,
     priority_header: Option<String>,
     pub rate: Option<RateLimiter>,
@@ -126,6 +130,8 @@ pub struct CompiledPolicy {
     /// A global policy whose share allows nothing now: every request is
     /// refused without touching a bucket.
     pub fleet_closed: bool,
+    /// The policy's key or a further limit's is read from the body.
+    keys_from_body: bool,
 }
 
 /// One of a policy's further limits, ready to count.
@@ -141,8 +147,8 @@ pub struct CompiledLimit {
     pub usage: Option<CompiledUsage>,
     /// Held by the admin across restarts ([`sluice_shared::NamedLimit::is_budget`]).
     pub budget: bool,
-    /// One limit per value of this request header (lower case).
-    key_header: Option<String>,
+    /// One limit per value of a request header or body field.
+    key: Option<KeySource>,
     /// With `key`: how many keys hold a place, and what the others do.
     pub keys: Option<(u32, KeyOverflow)>,
     /// `scope: global`: this Envoy applies its share (see
@@ -201,7 +207,13 @@ impl CompiledPolicy {
                 .iter()
                 .map(|h| (lower(&h.name), h.equals.as_bytes().to_vec()))
                 .collect(),
-            key_header: policy.key.as_ref().map(|k| lower(&k.header)),
+            body_matches: policy
+                .matcher
+                .json
+                .iter()
+                .filter_map(BodyMatch::new)
+                .collect(),
+            key: policy.key.as_ref().and_then(KeySource::new),
             cost_header: cost_header_of(&policy.cost),
             limits: policy
                 .limits
@@ -218,7 +230,7 @@ impl CompiledPolicy {
                     },
                     usage: l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
                     budget: l.is_budget(),
-                    key_header: l.key.as_ref().map(|k| lower(&k.header)),
+                    key: l.key.as_ref().and_then(KeySource::new),
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
                     global: l.scope == sluice_shared::policy::Scope::Global,
                     closed: false,
@@ -246,6 +258,11 @@ impl CompiledPolicy {
             rate: policy.rate.as_ref().map(RateLimiter::from_spec),
             concurrency: policy.concurrency.as_ref().map(ConcurrencyLimit::from_spec),
             fleet_closed: false,
+            keys_from_body: policy
+                .key
+                .iter()
+                .chain(policy.limits.iter().filter_map(|l| l.key.as_ref()))
+                .any(KeySpec::reads_request_body),
             shared_name: policy.name.as_str().into(),
             policy,
         }
@@ -324,15 +341,16 @@ impl CompiledPolicy {
         &self,
         req: &R,
         secret: &KeySecret,
+        body: &BodyJson,
     ) -> Option<KeyName> {
-        let header = self.key_header.as_deref()?;
+        let key = self.key.as_ref()?;
         let mode = self
             .policy
             .key
             .as_ref()
             .map(|k| k.label)
             .unwrap_or_default();
-        let value = req.header(header);
+        let value = key.value(req, body);
         Some(name_key(
             secret,
             self.name(),
@@ -341,6 +359,8 @@ impl CompiledPolicy {
         ))
     }
 
+    /// Whether the request's headers match (its body is for
+    /// [`Self::matches_body`]).
     pub fn matches<R: RequestHeaders + ?Sized>(&self, req: &R) -> bool {
         let authority = req.header(":authority").or_else(|| req.header("host"));
         match authority {
@@ -370,16 +390,59 @@ impl CompiledPolicy {
         })
     }
 
+    /// Whether the match's conditions on the body hold (true for a policy
+    /// without any); None when they cannot be told: the body is not JSON,
+    /// too large, absent, or lacks a field they name.
+    pub fn matches_body(&self, body: &BodyJson) -> Option<bool> {
+        if self.body_matches.is_empty() {
+            return Some(true);
+        }
+        let json = body.json()?;
+        for condition in &self.body_matches {
+            if !condition.holds(json)? {
+                return Some(false);
+            }
+        }
+        Some(true)
+    }
+
     /// The request's bucket; a key is hashed with `secret` (see
-    /// [`sluice_shared::key_hash`]).
-    pub fn bucket_key<R: RequestHeaders + ?Sized>(&self, req: &R, secret: &KeySecret) -> BucketKey {
-        match &self.key_header {
+    /// [`sluice_shared::key_hash`]). A key the body lacks is the empty
+    /// value's: those calls share one bucket.
+    pub fn bucket_key<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        secret: &KeySecret,
+        body: &BodyJson,
+    ) -> BucketKey {
+        match &self.key {
             None => BucketKey::Policy,
-            Some(h) => {
-                let value = req.header(h);
+            Some(key) => {
+                let value = key.value(req, body);
                 BucketKey::Keyed(secret.hash(self.name(), value.as_deref().unwrap_or_default()))
             }
         }
+    }
+
+    /// Whether the policy's key or a further limit's is a field of the
+    /// request's body.
+    pub fn keys_from_body(&self) -> bool {
+        self.keys_from_body
+    }
+
+    /// Whether the policy's key is a body field this body lacks.
+    pub fn key_unread(&self, body: &BodyJson) -> bool {
+        self.key.as_ref().is_some_and(|k| k.unread(body))
+    }
+
+    /// The further limits whose key is a body field this body lacks.
+    pub fn limits_key_unread<'a>(
+        &'a self,
+        body: &'a BodyJson,
+    ) -> impl Iterator<Item = &'a CompiledLimit> + 'a {
+        self.limits
+            .iter()
+            .filter(move |l| l.key.as_ref().is_some_and(|k| k.unread(body)))
     }
 
     /// Per further limit, the hash of the request's key for it (None for a
@@ -389,6 +452,7 @@ impl CompiledPolicy {
         &self,
         req: &R,
         secret: &KeySecret,
+        body: &BodyJson,
     ) -> Vec<Option<u64>> {
         if self.limits.is_empty() {
             return Vec::new();
@@ -396,8 +460,7 @@ impl CompiledPolicy {
         self.limits
             .iter()
             .map(|l| {
-                let header = l.key_header.as_deref()?;
-                let value = req.header(header);
+                let value = l.key.as_ref()?.value(req, body);
                 Some(secret.hash(&l.name, value.as_deref().unwrap_or_default()))
             })
             .collect()
@@ -415,20 +478,33 @@ impl CompiledPolicy {
     /// while the headers pass: a policy that decides on the body reads
     /// these first, so that what the decision needs is at hand then.
     pub fn decision_headers(&self) -> impl Iterator<Item = &str> {
-        [&self.key_header, &self.cost_header, &self.priority_header]
-            .into_iter()
-            .chain(
-                self.limits
-                    .iter()
-                    .flat_map(|l| [&l.key_header, &l.cost_header]),
-            )
-            .filter_map(|h| h.as_deref())
+        fn key_header(key: &Option<KeySource>) -> Option<&str> {
+            key.as_ref().and_then(KeySource::header)
+        }
+        [
+            key_header(&self.key),
+            self.cost_header.as_deref(),
+            self.priority_header.as_deref(),
+        ]
+        .into_iter()
+        .chain(
+            self.limits
+                .iter()
+                .flat_map(move |l| [key_header(&l.key), l.cost_header.as_deref()]),
+        )
+        .flatten()
     }
 
-    /// Whether a further limit's cost is read from the request's body, so
-    /// the call is decided only once its body is in.
+    /// Whether the call is decided only once its body is in: the match,
+    /// a key or a further limit's cost reads it.
     pub fn reads_request_body(&self) -> bool {
-        self.limits.iter().any(|l| l.cost_json.is_some())
+        let from_body = |key: &Option<KeySource>| key.as_ref().is_some_and(KeySource::reads_body);
+        !self.body_matches.is_empty()
+            || from_body(&self.key)
+            || self
+                .limits
+                .iter()
+                .any(|l| l.cost_json.is_some() || from_body(&l.key))
     }
 
     /// Whether a further limit's real cost is read from the response.
@@ -437,32 +513,21 @@ impl CompiledPolicy {
     }
 
     /// What this request takes from each of the policy's further limits;
-    /// `body` is the request's body as far as it was read (see
-    /// [`RequestJson`]).
-    pub fn limit_costs<R: RequestHeaders + ?Sized>(
-        &self,
-        req: &R,
-        body: RequestJson<'_>,
-    ) -> Vec<u64> {
+    /// `body` is the request's body as far as it was read.
+    pub fn limit_costs<R: RequestHeaders + ?Sized>(&self, req: &R, body: &BodyJson) -> Vec<u64> {
         if self.limits.is_empty() {
             return Vec::new();
         }
-        let json = match body {
-            RequestJson::Read(b) if self.reads_request_body() => {
-                serde_json::from_slice::<serde_json::Value>(b).ok()
-            }
-            _ => None,
-        };
         self.limits
             .iter()
             .map(|l| match (&l.cost, &l.cost_json) {
                 // A body too large to read could ask for anything: it is
                 // estimated at the most the cost may be, never its default.
-                (CostSpec::FromRequestJson(spec), Some(_)) if body == RequestJson::TooLarge => {
+                (CostSpec::FromRequestJson(spec), Some(_)) if *body == BodyJson::TooLarge => {
                     spec.max.max(1)
                 }
                 (CostSpec::FromRequestJson(spec), Some(path)) => {
-                    let asked = json.as_ref().and_then(|v| path.find(v));
+                    let asked = body.json().and_then(|v| path.find(v));
                     asked
                         .map_or(spec.default, |n| n.saturating_add(spec.plus))
                         .clamp(1, spec.max.max(1))
@@ -527,15 +592,155 @@ fn parse_whole_number(v: &[u8]) -> Option<u64> {
     })
 }
 
-/// A request's body as far as an estimate is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestJson<'a> {
-    /// Not read (none came, or no limit reads it): costs are their default.
-    None,
+/// A request's body as a decision reads it: parsed once, for the match,
+/// the keys and the costs together.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BodyJson {
+    /// A body follows, not read yet: a policy that reads it asks for it
+    /// ([`Classified::NeedsBody`]).
+    Coming,
+    /// None came (or it was not read): costs from it are their default, a
+    /// key from it is missing, a match on it does not hold.
+    Absent,
     /// Too large to read: costs from it are their `max`.
     TooLarge,
-    /// The body: costs from it read its JSON, or their default.
-    Read(&'a [u8]),
+    /// Read, and not JSON.
+    Invalid,
+    Json(serde_json::Value),
+}
+
+impl BodyJson {
+    pub fn parse(body: &[u8]) -> Self {
+        serde_json::from_slice(body).map_or(Self::Invalid, Self::Json)
+    }
+
+    fn json(&self) -> Option<&serde_json::Value> {
+        match self {
+            Self::Json(v) => Some(v),
+            Self::Coming | Self::Absent | Self::TooLarge | Self::Invalid => None,
+        }
+    }
+}
+
+/// Where a key's value comes from: a request header or a field of the
+/// request's JSON body.
+#[derive(Debug, Clone)]
+enum KeySource {
+    /// Lower case, as Envoy gives header names.
+    Header(String),
+    Json(UsagePath),
+}
+
+impl KeySource {
+    /// From a validated spec (None for one that names no source).
+    fn new(spec: &KeySpec) -> Option<Self> {
+        match (&spec.header, &spec.json) {
+            (Some(header), _) => Some(Self::Header(header.to_ascii_lowercase())),
+            (None, Some(path)) => UsagePath::parse(path).map(Self::Json),
+            (None, None) => None,
+        }
+    }
+
+    fn header(&self) -> Option<&str> {
+        match self {
+            Self::Header(h) => Some(h),
+            Self::Json(_) => None,
+        }
+    }
+
+    fn reads_body(&self) -> bool {
+        matches!(self, Self::Json(_))
+    }
+
+    /// The key's value (None: absent; such calls share one bucket).
+    fn value<'r, R: RequestHeaders + ?Sized>(
+        &self,
+        req: &'r R,
+        body: &'r BodyJson,
+    ) -> Option<Cow<'r, [u8]>> {
+        match self {
+            Self::Header(h) => req.header(h),
+            Self::Json(path) => match path.text_in(body.json()?)? {
+                Cow::Borrowed(s) => Some(Cow::Borrowed(s.as_bytes())),
+                Cow::Owned(s) => Some(Cow::Owned(s.into_bytes())),
+            },
+        }
+    }
+
+    /// A body field the body lacks (a missing header is an ordinary key:
+    /// the empty one).
+    fn unread(&self, body: &BodyJson) -> bool {
+        match self {
+            Self::Header(_) => false,
+            Self::Json(path) => body.json().and_then(|v| path.text_in(v)).is_none(),
+        }
+    }
+}
+
+/// One condition of `match.json`, ready to test.
+#[derive(Debug, Clone)]
+struct BodyMatch {
+    path: UsagePath,
+    test: BodyTest,
+}
+
+#[derive(Debug, Clone)]
+enum BodyTest {
+    Equals(String),
+    Prefix(String),
+    OneOf(Vec<String>),
+}
+
+impl BodyMatch {
+    /// From a validated condition (exactly one test).
+    fn new(spec: &JsonMatch) -> Option<Self> {
+        let test = match (&spec.equals, &spec.prefix) {
+            (Some(v), _) => BodyTest::Equals(v.clone()),
+            (None, Some(p)) => BodyTest::Prefix(p.clone()),
+            (None, None) => BodyTest::OneOf(spec.one_of.clone()),
+        };
+        Some(Self {
+            path: UsagePath::parse(&spec.path)?,
+            test,
+        })
+    }
+
+    /// None: the body lacks the field (or holds no text there).
+    fn holds(&self, json: &serde_json::Value) -> Option<bool> {
+        let text = self.path.text_in(json)?;
+        Some(match &self.test {
+            BodyTest::Equals(want) => *text == **want,
+            BodyTest::Prefix(prefix) => text.starts_with(prefix.as_str()),
+            BodyTest::OneOf(values) => values.iter().any(|v| *v == *text),
+        })
+    }
+}
+
+/// What [`CompiledPolicySet::classify`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Classified {
+    /// The first policy matching the headers, from index `from`, decides
+    /// on the body, which is still coming: keep the headers policies from
+    /// `from` on read ([`CompiledPolicySet::keep_headers_for_body`]), read
+    /// the body, and classify again.
+    NeedsBody { from: usize },
+    Decided {
+        /// The policy the request falls under (None: no policy).
+        class: Option<Classification>,
+        /// Policies passed over because their `match.json` could not be
+        /// told from the body (not JSON, too large, a field missing).
+        passed_over: Vec<usize>,
+    },
+}
+
+impl Classified {
+    /// The policy the request falls under, once decided.
+    pub fn class(self) -> Option<Classification> {
+        match self {
+            Self::Decided { class, .. } => class,
+            Self::NeedsBody { .. } => None,
+        }
+    }
 }
 
 /// A validated policy set, ready to classify requests.
@@ -567,25 +772,63 @@ impl CompiledPolicySet {
     }
 
     /// The first policy that matches, in list order, and how the request
-    /// falls under it (its key hashed with `secret`).
+    /// falls under it (its key hashed with `secret`). A policy that decides
+    /// on the body asks for it while it is [`BodyJson::Coming`].
     pub fn classify<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
         secret: &KeySecret,
-    ) -> Option<Classification> {
-        let (policy_index, policy) = self
-            .policies
-            .iter()
-            .enumerate()
-            .find(|(_, p)| p.matches(req))?;
-        Some(Classification {
-            policy_index,
-            key: policy.bucket_key(req, secret),
-            cost: policy.cost(req),
-            priority: policy.priority(req),
-            port_hidden: policy.host.port.is_some()
-                && policy.host.port_hidden(req.header(":authority").as_deref()),
-        })
+        body: &BodyJson,
+    ) -> Classified {
+        let mut passed_over = Vec::new();
+        for (policy_index, policy) in self.policies.iter().enumerate() {
+            if !policy.matches(req) {
+                continue;
+            }
+            if *body == BodyJson::Coming && policy.reads_request_body() {
+                return Classified::NeedsBody { from: policy_index };
+            }
+            match policy.matches_body(body) {
+                Some(true) => {}
+                Some(false) => continue,
+                None => {
+                    passed_over.push(policy_index);
+                    continue;
+                }
+            }
+            let class = Classification {
+                policy_index,
+                key: policy.bucket_key(req, secret, body),
+                cost: policy.cost(req),
+                priority: policy.priority(req),
+                port_hidden: policy.host.port.is_some()
+                    && policy.host.port_hidden(req.header(":authority").as_deref()),
+            };
+            return Classified::Decided {
+                class: Some(class),
+                passed_over,
+            };
+        }
+        Classified::Decided {
+            class: None,
+            passed_over,
+        }
+    }
+
+    /// Reads, while the headers pass, every header classifying the request
+    /// again once its body is in may read (policies from `from` on: their
+    /// match, and for those whose headers match, what deciding reads).
+    /// Proxy-wasm hosts answer header reads only while the headers pass;
+    /// `req` keeps what was read.
+    pub fn keep_headers_for_body<R: RequestHeaders + ?Sized>(&self, req: &R, from: usize) {
+        for policy in self.policies.iter().skip(from) {
+            if policy.matches(req) {
+                let _ = req.header(":authority");
+                for header in policy.decision_headers() {
+                    let _ = req.header(header);
+                }
+            }
+        }
     }
 
     pub fn find(&self, name: &str) -> Option<(usize, &CompiledPolicy)> {
@@ -627,7 +870,8 @@ mod tests {
     fn first_match_wins_in_list_order() {
         let s = set(POLICIES);
         let pick = |h: &[(&str, &[u8])]| {
-            s.classify(h, &SECRET)
+            s.classify(h, &SECRET, &BodyJson::Absent)
+                .class()
                 .map(|c| s.policies[c.policy_index].name().to_string())
         };
         assert_eq!(
@@ -685,7 +929,9 @@ mod tests {
             s.classify(
                 req(&[(":authority", authority), ("x-tier", b"prod")]),
                 &SECRET,
+                &BodyJson::Absent,
             )
+            .class()
             .map(|c| (s.policies[c.policy_index].name().to_string(), c.port_hidden))
         };
         assert_eq!(classify(b"eu.llm.example"), Some(("llm".into(), true)));
@@ -695,7 +941,13 @@ mod tests {
             Some(("rest".into(), false))
         );
         // A policy naming no port never says a port was hidden.
-        let bank = s.classify(req(&[(":authority", b"api.bank.example")]), &SECRET);
+        let bank = s
+            .classify(
+                req(&[(":authority", b"api.bank.example")]),
+                &SECRET,
+                &BodyJson::Absent,
+            )
+            .class();
         assert_eq!(bank.map(|c| c.port_hidden), Some(false));
         let m = HostMatcher::new("[::1]:8080");
         assert!(m.matches(b"[::1]"));
@@ -708,12 +960,25 @@ mod tests {
             r#"{"version": 1, "policies": [{"name": "a", "match": {"host": "a.example"}, "rate": {"requests": 1, "period": "1s"}}]}"#,
         );
         assert_eq!(
-            s.classify(req(&[(":authority", b"b.example")]), &SECRET),
+            s.classify(
+                req(&[(":authority", b"b.example")]),
+                &SECRET,
+                &BodyJson::Absent
+            )
+            .class(),
             None
         );
-        assert_eq!(s.classify(req(&[]), &SECRET), None);
         assert_eq!(
-            s.classify(req(&[(":authority", &[0xff, 0xfe, b':'])]), &SECRET),
+            s.classify(req(&[]), &SECRET, &BodyJson::Absent).class(),
+            None
+        );
+        assert_eq!(
+            s.classify(
+                req(&[(":authority", &[0xff, 0xfe, b':'])]),
+                &SECRET,
+                &BodyJson::Absent
+            )
+            .class(),
             None
         );
     }
@@ -725,7 +990,9 @@ mod tests {
         let with = |extra: &[(&'static str, &'static [u8])]| {
             let mut h = base.to_vec();
             h.extend_from_slice(extra);
-            s.classify(h.as_slice(), &SECRET).unwrap()
+            s.classify(h.as_slice(), &SECRET, &BodyJson::Absent)
+                .class()
+                .unwrap()
         };
         let a = with(&[("x-api-key", b"key-a")]);
         let b = with(&[("x-api-key", b"key-b")]);
@@ -758,5 +1025,127 @@ mod tests {
         assert!(!m.matches(b"api.example:x"));
         assert!(!m.matches(b""));
         assert!(!m.matches(b"["));
+    }
+
+    const PER_MODEL: &str = r#"{"version": 1, "policies": [
+        {"name": "gpt-4o", "match": {"host": "api.llm.example", "json": [{"path": "model", "equals": "gpt-4o"}]},
+         "rate": {"requests": 10, "period": "1s"}},
+        {"name": "small", "match": {"host": "api.llm.example", "json": [{"path": "model", "one_of": ["gpt-4o-mini", "haiku"]}]},
+         "rate": {"requests": 10, "period": "1s"}},
+        {"name": "claude", "match": {"host": "api.llm.example", "json": [{"path": "model", "prefix": "claude-"}]},
+         "key": {"json": "metadata.user_id"},
+         "limits": [{"name": "per-model", "key": {"json": "model"}, "rate": {"requests": 100, "period": "1m"}}],
+         "rate": {"requests": 10, "period": "1s"}},
+        {"name": "rest", "match": {"host": "*"}, "rate": {"requests": 10, "period": "1s"}}
+    ]}"#;
+
+    fn classify_body(s: &CompiledPolicySet, body: &BodyJson) -> Classified {
+        s.classify(req(&[(":authority", b"api.llm.example")]), &SECRET, body)
+    }
+
+    fn json(text: &str) -> BodyJson {
+        BodyJson::parse(text.as_bytes())
+    }
+
+    /// A policy matching on the body asks for it while it is coming; once
+    /// read, the first policy whose body conditions hold takes the call,
+    /// and one whose conditions cannot be told (not JSON, a field missing)
+    /// passes it on, named.
+    #[test]
+    fn a_match_on_the_body_waits_for_it_and_passes_on_what_it_cannot_read() {
+        let s = set(PER_MODEL);
+        assert_eq!(
+            classify_body(&s, &BodyJson::Coming),
+            Classified::NeedsBody { from: 0 }
+        );
+        let pick = |body: &BodyJson| match classify_body(&s, body) {
+            Classified::Decided { class, passed_over } => (
+                class.map(|c| s.policies[c.policy_index].name().to_string()),
+                passed_over,
+            ),
+            Classified::NeedsBody { .. } => panic!("the body was read"),
+        };
+        let named = |n: &str| Some(n.to_string());
+        assert_eq!(
+            pick(&json(r#"{"model": "gpt-4o"}"#)),
+            (named("gpt-4o"), vec![])
+        );
+        assert_eq!(
+            pick(&json(r#"{"model": "haiku"}"#)),
+            (named("small"), vec![])
+        );
+        assert_eq!(
+            pick(&json(r#"{"model": "claude-sonnet-4"}"#)),
+            (named("claude"), vec![])
+        );
+        assert_eq!(
+            pick(&json(r#"{"model": "gpt-4o-2024"}"#)),
+            (named("rest"), vec![])
+        );
+        // Not a string where the model should be: not told, passed on.
+        assert_eq!(
+            pick(&json(r#"{"model": {"name": "gpt-4o"}}"#)),
+            (named("rest"), vec![0, 1, 2])
+        );
+        assert_eq!(
+            pick(&json(r#"{"prompt": "hi"}"#)),
+            (named("rest"), vec![0, 1, 2])
+        );
+        assert_eq!(
+            pick(&BodyJson::parse(b"model=gpt-4o")),
+            (named("rest"), vec![0, 1, 2])
+        );
+        assert_eq!(pick(&BodyJson::TooLarge), (named("rest"), vec![0, 1, 2]));
+        assert_eq!(pick(&BodyJson::Absent), (named("rest"), vec![0, 1, 2]));
+        // Numbers and booleans compare as their JSON text.
+        let s = set(
+            r#"{"version": 1, "policies": [{"name": "n", "match": {"host": "*", "json": [{"path": "n", "equals": "3"}, {"path": "b", "equals": "true"}]}, "rate": {"requests": 1, "period": "1s"}}]}"#,
+        );
+        let class = |b: &str| classify_body(&s, &json(b)).class().is_some();
+        assert!(class(r#"{"n": 3, "b": true}"#));
+        assert!(!class(r#"{"n": 3.5, "b": true}"#));
+        // A string holding the same text is the same value.
+        assert!(class(r#"{"n": "3", "b": true}"#));
+        assert!(!class(r#"{"n": 3, "b": "false"}"#));
+    }
+
+    /// Keys from the body: one bucket per value, the calls lacking it in
+    /// one shared bucket (told apart by `key_unread`), and a policy whose
+    /// headers match never reads the body unless it decides on it.
+    #[test]
+    fn keys_from_the_body_split_calls_and_missing_ones_share_a_bucket() {
+        let s = set(PER_MODEL);
+        let claude = &s.policies[2];
+        let key = |b: &BodyJson| {
+            classify_body(&s, b)
+                .class()
+                .map(|c| (c.key, claude.limit_keys(req(&[]), &SECRET, b)))
+        };
+        let alice = json(r#"{"model": "claude-opus-4", "metadata": {"user_id": "alice"}}"#);
+        let bob = json(r#"{"model": "claude-haiku-4", "metadata": {"user_id": "bob"}}"#);
+        let nobody = json(r#"{"model": "claude-haiku-4"}"#);
+        let (alice_key, alice_limits) = key(&alice).unwrap_or_else(|| panic!("claude"));
+        let (bob_key, bob_limits) = key(&bob).unwrap_or_else(|| panic!("claude"));
+        let (nobody_key, nobody_limits) = key(&nobody).unwrap_or_else(|| panic!("claude"));
+        assert_ne!(alice_key, bob_key);
+        assert_ne!(alice_key, nobody_key);
+        assert_ne!(alice_limits, bob_limits, "per model");
+        assert_eq!(bob_limits, nobody_limits, "the same model");
+        assert!(claude.keys_from_body());
+        assert!(!claude.key_unread(&alice));
+        assert!(claude.key_unread(&nobody));
+        assert_eq!(claude.limits_key_unread(&nobody).count(), 0);
+        assert_eq!(claude.limits_key_unread(&json("{}")).count(), 1);
+        assert!(claude.reads_request_body());
+        assert!(!s.policies[3].reads_request_body());
+        assert!(!s.policies[3].keys_from_body());
+        // A request the catch-all takes on its headers alone is decided at
+        // once, its body never asked for.
+        let other = s.classify(
+            req(&[(":authority", b"api.bank.example")]),
+            &SECRET,
+            &BodyJson::Coming,
+        );
+        assert!(matches!(other, Classified::Decided { class: Some(_), .. }));
     }
 }

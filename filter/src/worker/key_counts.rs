@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use sluice_filter_core::matcher::CompiledPolicy;
+use sluice_filter_core::matcher::{BodyJson, CompiledPolicy};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{label_secret, KeyOutcome, KeysReport, WORKER_TOP_KEYS};
 use sluice_shared::request_headers::RequestHeaders;
@@ -37,14 +37,14 @@ impl KeyCounts {
     pub fn record<R: RequestHeaders + ?Sized>(
         &mut self,
         policy: &CompiledPolicy,
-        req: &R,
+        (req, body): (&R, &BodyJson),
         (outcome, overflowed): (KeyOutcome, bool),
         now: Instant,
     ) {
         let Some(secret) = &self.secret else {
             return;
         };
-        let Some(key) = policy.key_name(req, secret) else {
+        let Some(key) = policy.key_name(req, secret, body) else {
             return;
         };
         self.since.get_or_insert(now);
@@ -92,14 +92,34 @@ mod tests {
         let bank = &set.policies[1];
         let req: &[(&str, &[u8])] = &[("x-api-key", b"sk-secret-1")];
         // No admin: nothing is kept.
-        counts.record(llm, req, (KeyOutcome::Admitted, false), host.now());
+        counts.record(
+            llm,
+            (req, &BodyJson::Absent),
+            (KeyOutcome::Admitted, false),
+            host.now(),
+        );
         assert!(counts.since.is_none());
         counts.configure(Some(Some("token")));
         for _ in 0..3 {
-            counts.record(llm, req, (KeyOutcome::Admitted, false), host.now());
+            counts.record(
+                llm,
+                (req, &BodyJson::Absent),
+                (KeyOutcome::Admitted, false),
+                host.now(),
+            );
         }
-        counts.record(llm, req, (KeyOutcome::Refused, true), host.now());
-        counts.record(bank, req, (KeyOutcome::Admitted, false), host.now());
+        counts.record(
+            llm,
+            (req, &BodyJson::Absent),
+            (KeyOutcome::Refused, true),
+            host.now(),
+        );
+        counts.record(
+            bank,
+            (req, &BodyJson::Absent),
+            (KeyOutcome::Admitted, false),
+            host.now(),
+        );
         counts.flush(&host, &mut store);
         let stored = host.shared_get(crate::entries::KEYS_REPORT_KEY).0.unwrap();
         assert!(!String::from_utf8_lossy(&stored).contains("sk-secret"));

@@ -41,7 +41,9 @@ mod usage;
 
 use std::rc::Rc;
 
-use sluice_filter_core::matcher::{BucketKey, CompiledPolicy, CompiledPolicySet, RequestJson};
+use sluice_filter_core::matcher::{
+    BodyJson, BucketKey, Classified, CompiledPolicy, CompiledPolicySet,
+};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::request_headers::RequestHeaders;
@@ -50,7 +52,7 @@ use sluice_wire::sync_answer::read_epoch;
 
 use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};
-use crate::metrics::{FilterCounter, Metrics, PolicyCounter, PolicySeries};
+use crate::metrics::{FilterCounter, LimitCounter, Metrics, PolicyCounter, PolicySeries};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
@@ -412,7 +414,33 @@ impl Parts {
         R: RequestHeaders + ?Sized,
     {
         let policies = Rc::clone(&self.policies);
-        let Some(class) = policies.classify(req, &self.key_secret) else {
+        // A body is read only when a policy asked for it (ReadBody).
+        let body = match body {
+            RequestBody::Absent => BodyJson::Absent,
+            RequestBody::Coming => BodyJson::Coming,
+            RequestBody::Read(Some(body)) => BodyJson::parse(body),
+            RequestBody::Read(None) => {
+                ctx.metrics
+                    .add_filter(FilterCounter::RequestBodyTooLarge, 1);
+                BodyJson::TooLarge
+            }
+        };
+        let (class, passed_over) = match policies.classify(req, &self.key_secret, &body) {
+            Classified::NeedsBody { from } => {
+                // Read while the headers pass: the host answers header
+                // reads no more once the body comes.
+                policies.keep_headers_for_body(req, from);
+                return Verdict::ReadBody;
+            }
+            Classified::Decided { class, passed_over } => (class, passed_over),
+        };
+        for index in passed_over {
+            if let Some(passed) = policies.policies.get(index) {
+                ctx.metrics
+                    .add(passed.name(), PolicyCounter::BodyUnmatched, 1);
+            }
+        }
+        let Some(class) = class else {
             return Verdict::Continue;
         };
         let Some(policy) = policies.policies.get(class.policy_index) else {
@@ -421,25 +449,9 @@ impl Parts {
         if class.port_hidden {
             self.port_was_hidden(ctx, policy);
         }
-        let body = match body {
-            RequestBody::Coming if policy.reads_request_body() => {
-                // Read while the headers pass: the host answers header
-                // reads no more once the body comes.
-                for header in policy.decision_headers() {
-                    let _ = req.header(header);
-                }
-                return Verdict::ReadBody;
-            }
-            RequestBody::Read(None) if policy.reads_request_body() => {
-                ctx.metrics
-                    .add_filter(FilterCounter::RequestBodyTooLarge, 1);
-                RequestJson::TooLarge
-            }
-            RequestBody::Read(Some(body)) => RequestJson::Read(body),
-            RequestBody::Read(None) | RequestBody::Absent | RequestBody::Coming => {
-                RequestJson::None
-            }
-        };
+        if policy.keys_from_body() {
+            self.count_unread_keys(ctx, policy, &body);
+        }
         // Far from its limits a call spends a prefetch, for which the
         // clock's last reading will do while calls come densely.
         ctx.reuse_clock();
@@ -448,8 +460,8 @@ impl Parts {
             budgets: &mut self.budgets,
             overflowed: false,
         };
-        let limit_costs = policy.limit_costs(req, body);
-        let limit_keys = policy.limit_keys(req, &self.key_secret);
+        let limit_costs = policy.limit_costs(req, &body);
+        let limit_keys = policy.limit_keys(req, &self.key_secret, &body);
         let (decision, held) = deciding.decide(ctx, policy, &class, (&limit_costs, &limit_keys));
         let now = ctx.now;
         if class.key != BucketKey::Policy {
@@ -459,7 +471,8 @@ impl Parts {
                 Decision::Refuse(_) => KeyOutcome::Refused,
             };
             let overflowed = deciding.overflowed;
-            self.sync.count_key(policy, req, (outcome, overflowed), now);
+            self.sync
+                .count_key(policy, (req, &body), (outcome, overflowed), now);
         }
         let slots = match held {
             Some(held) => {
@@ -534,6 +547,23 @@ impl Parts {
     /// strips ports before filters run: `strip_any_host_port`): it was
     /// matched by its host alone. Counted; logged once per policy and
     /// Envoy, so the operator learns the port means nothing here.
+    /// Keys read from a body that lacks them: those calls share the
+    /// bucket of calls without a key, and are counted.
+    fn count_unread_keys<H: Host + ?Sized>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        policy: &CompiledPolicy,
+        body: &BodyJson,
+    ) {
+        if policy.key_unread(body) {
+            ctx.metrics.add(policy.name(), PolicyCounter::KeyUnread, 1);
+        }
+        for limit in policy.limits_key_unread(body) {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::KeyUnread, 1);
+        }
+    }
+
     fn port_was_hidden<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, policy: &CompiledPolicy) {
         ctx.metrics.add(policy.name(), PolicyCounter::PortHidden, 1);
         if self.port_hidden.contains(policy.name()) {
