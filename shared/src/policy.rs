@@ -627,13 +627,15 @@ pub struct UsageSpec {
     pub header: Option<String>,
     /// Dotted paths into a JSON response whose whole numbers are summed:
     /// `["usage.total_tokens"]`, or `["usage.input_tokens",
-    /// "usage.output_tokens"]`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub json: Vec<String>,
+    /// "usage.output_tokens"]`; or weighed, a path to its weight:
+    /// `{"usage.prompt_tokens": 1, "usage.completion_tokens": 4,
+    /// "usage.prompt_tokens_details.cached_tokens": -1}`.
+    #[serde(default, skip_serializing_if = "UsagePaths::is_empty")]
+    pub json: UsagePaths,
     /// The paths for a streamed (`text/event-stream`) answer, where the
     /// last value of each across its events counts; default: `json`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub events: Vec<String>,
+    #[serde(default, skip_serializing_if = "UsagePaths::is_empty")]
+    pub events: UsagePaths,
     /// The most of a JSON body (or of one event) read for its usage;
     /// default 256 KiB. A larger one is charged `unread` and counted
     /// (`usage_too_large`).
@@ -700,12 +702,97 @@ impl UsageSpec {
     }
 
     /// The paths read from a streamed answer.
-    pub fn event_paths(&self) -> &[String] {
+    pub fn event_paths(&self) -> &UsagePaths {
         if self.events.is_empty() {
             &self.json
         } else {
             &self.events
         }
+    }
+}
+
+/// Paths into a JSON answer whose whole numbers are summed, each times its
+/// weight: a list (every weight 1) or a map of path to weight. A path of a
+/// positive weight must be in the answer (or its usage is missing); one of
+/// a negative weight (a discount, such as cached prompt tokens) counts 0
+/// when absent. The sum is never below 0.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UsagePaths(pub Vec<(String, i64)>);
+
+impl UsagePaths {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Each path with its weight.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.0.iter().map(|(path, weight)| (path.as_str(), *weight))
+    }
+}
+
+impl<S: Into<String>> FromIterator<S> for UsagePaths {
+    /// Paths of weight 1.
+    fn from_iter<I: IntoIterator<Item = S>>(paths: I) -> Self {
+        Self(paths.into_iter().map(|p| (p.into(), 1)).collect())
+    }
+}
+
+impl Serialize for UsagePaths {
+    /// A list while every weight is 1, as most policies write it.
+    fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        if self.0.iter().all(|(_, weight)| *weight == 1) {
+            let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+            for (path, _) in &self.0 {
+                seq.serialize_element(path)?;
+            }
+            seq.end()
+        } else {
+            let mut map = serializer.serialize_map(Some(self.0.len()))?;
+            for (path, weight) in &self.0 {
+                map.serialize_entry(path, weight)?;
+            }
+            map.end()
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for UsagePaths {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(
+            untagged,
+            expecting = "a list of paths, or a map of path to a whole-number weight"
+        )]
+        enum Written {
+            List(Vec<String>),
+            Weighted(std::collections::BTreeMap<String, i64>),
+        }
+        Ok(match Written::deserialize(deserializer)? {
+            Written::List(paths) => paths.into_iter().collect(),
+            Written::Weighted(weights) => Self(weights.into_iter().collect()),
+        })
+    }
+}
+
+#[cfg(feature = "schema")]
+impl JsonSchema for UsagePaths {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "UsagePaths".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Dotted paths into a JSON answer whose whole numbers are summed: a list (each counted once), or a map of path to weight (`{\"usage.prompt_tokens\": 1, \"usage.completion_tokens\": 4, \"usage.prompt_tokens_details.cached_tokens\": -1}`). A negative weight's path counts 0 when absent; the sum is never below 0.",
+            "oneOf": [
+                { "type": "array", "items": { "type": "string" } },
+                { "type": "object", "additionalProperties": { "type": "integer" } }
+            ]
+        })
     }
 }
 

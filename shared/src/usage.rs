@@ -86,8 +86,8 @@ impl UsagePath {
 pub struct CompiledUsage {
     /// Lowercase, as Envoy gives header names.
     pub header: Option<String>,
-    json: Vec<UsagePath>,
-    events: Vec<UsagePath>,
+    json: Vec<WeightedPath>,
+    events: Vec<WeightedPath>,
     pub max_body_bytes: usize,
     /// Tokens charged when the usage cannot be read (None: the estimate).
     unread: Option<u64>,
@@ -97,7 +97,12 @@ impl CompiledUsage {
     /// From a validated spec (a path that does not parse is left out) of
     /// a limit whose cost is `cost`.
     pub fn new(spec: &UsageSpec, cost: &crate::policy::CostSpec) -> Self {
-        let parse = |paths: &[String]| paths.iter().filter_map(|p| UsagePath::parse(p)).collect();
+        let parse = |paths: &crate::policy::UsagePaths| {
+            paths
+                .iter()
+                .filter_map(|(p, weight)| Some((UsagePath::parse(p)?, weight)))
+                .collect()
+        };
         Self {
             header: spec.header.as_ref().map(|h| h.to_ascii_lowercase()),
             json: parse(&spec.json),
@@ -149,10 +154,13 @@ enum Mode {
     EventStream,
 }
 
+/// A path and what each of its units counts (negative: a discount).
+pub type WeightedPath = (UsagePath, i64);
+
 /// Reads usage from a response fed chunk by chunk; see the module docs.
 #[derive(Debug, Clone)]
 pub struct UsageReader {
-    paths: Vec<UsagePath>,
+    paths: Vec<WeightedPath>,
     mode: Mode,
     max_bytes: usize,
     /// The JSON body so far, or the SSE line not yet ended.
@@ -165,7 +173,7 @@ pub struct UsageReader {
 impl UsageReader {
     /// A reader for `paths`, for a response of `content_type` (an event
     /// stream when it says `text/event-stream`, JSON otherwise).
-    pub fn new(paths: Vec<UsagePath>, content_type: Option<&[u8]>, max_bytes: usize) -> Self {
+    pub fn new(paths: Vec<WeightedPath>, content_type: Option<&[u8]>, max_bytes: usize) -> Self {
         let is_stream = content_type.is_some_and(|ct| {
             ct.len() >= 17 && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
         });
@@ -183,7 +191,7 @@ impl UsageReader {
         }
     }
 
-    fn with_paths(mut self, paths: Vec<UsagePath>) -> Self {
+    fn with_paths(mut self, paths: Vec<WeightedPath>) -> Self {
         self.latest = vec![None; paths.len()];
         self.paths = paths;
         self
@@ -247,7 +255,7 @@ impl UsageReader {
         let Ok(value) = serde_json::from_slice::<Value>(data) else {
             return;
         };
-        for (path, latest) in self.paths.iter().zip(self.latest.iter_mut()) {
+        for ((path, _), latest) in self.paths.iter().zip(self.latest.iter_mut()) {
             if let Some(n) = path.find(&value) {
                 *latest = Some(n);
             }
@@ -268,7 +276,7 @@ impl UsageReader {
             Mode::Json => {
                 let value: Value = serde_json::from_slice(&self.pending)
                     .map_err(|e| UsageError::Malformed(e.to_string()))?;
-                self.paths.iter().map(|p| p.find(&value)).collect()
+                self.paths.iter().map(|(p, _)| p.find(&value)).collect()
             }
             Mode::EventStream => {
                 let last = std::mem::take(&mut self.pending);
@@ -276,12 +284,17 @@ impl UsageReader {
                 self.latest.clone()
             }
         };
-        let mut total: u64 = 0;
-        for (path, value) in self.paths.iter().zip(values) {
-            let n = value.ok_or_else(|| UsageError::Missing(path.text.clone()))?;
-            total = total.saturating_add(n);
+        // Weights times u64 values fit an i128 whatever the answer says.
+        let mut total: i128 = 0;
+        for ((path, weight), value) in self.paths.iter().zip(values) {
+            match value {
+                Some(n) => total = total.saturating_add(i128::from(*weight) * i128::from(n)),
+                // A discount that is not there takes nothing off.
+                None if *weight < 0 => {}
+                None => return Err(UsageError::Missing(path.text.clone())),
+            }
         }
-        Ok(total)
+        Ok(u64::try_from(total.max(0)).unwrap_or(u64::MAX))
     }
 
     /// Bytes this reader holds now (the body so far, or a line).
@@ -300,8 +313,10 @@ impl UsageReader {
 mod tests {
     use super::*;
 
-    fn paths(p: &[&str]) -> Vec<UsagePath> {
-        p.iter().filter_map(|p| UsagePath::parse(p)).collect()
+    fn paths(p: &[&str]) -> Vec<WeightedPath> {
+        p.iter()
+            .filter_map(|p| Some((UsagePath::parse(p)?, 1)))
+            .collect()
     }
 
     fn read(p: &[&str], content_type: &str, chunks: &[&[u8]]) -> Result<u64, UsageError> {
@@ -411,5 +426,66 @@ mod tests {
         );
         assert_eq!(UsagePath::parse(""), None);
         assert_eq!(UsagePath::parse("usage..x"), None);
+    }
+
+    fn weighed(p: &[(&str, i64)]) -> Vec<WeightedPath> {
+        p.iter()
+            .filter_map(|(p, w)| Some((UsagePath::parse(p)?, *w)))
+            .collect()
+    }
+
+    /// Weighed paths: output counted 4 times, cached prompt tokens taken
+    /// off; a discount that is not there takes nothing off, a counted path
+    /// that is not there leaves the usage missing, and the sum never goes
+    /// below 0 or past u64.
+    #[test]
+    fn weights_count_kinds_of_tokens_and_a_missing_discount_is_zero() {
+        let weights = [
+            ("usage.prompt_tokens", 1),
+            ("usage.completion_tokens", 4),
+            ("usage.prompt_tokens_details.cached_tokens", -1),
+        ];
+        let read = |body: &str, content_type: &str| {
+            let mut r = UsageReader::new(weighed(&weights), Some(content_type.as_bytes()), 4096);
+            r.feed(body.as_bytes());
+            r.finish()
+        };
+        let json = "application/json";
+        assert_eq!(
+            read(
+                r#"{"usage": {"prompt_tokens": 1000, "completion_tokens": 50, "prompt_tokens_details": {"cached_tokens": 800}}}"#,
+                json
+            ),
+            Ok(1000 + 200 - 800)
+        );
+        assert_eq!(
+            read(
+                r#"{"usage": {"prompt_tokens": 1000, "completion_tokens": 50}}"#,
+                json
+            ),
+            Ok(1200)
+        );
+        assert_eq!(
+            read(r#"{"usage": {"prompt_tokens": 1000}}"#, json),
+            Err(UsageError::Missing("usage.completion_tokens".into()))
+        );
+        // A hostile answer: more cached than prompted, numbers at u64::MAX.
+        assert_eq!(
+            read(
+                r#"{"usage": {"prompt_tokens": 1, "completion_tokens": 0, "prompt_tokens_details": {"cached_tokens": 18446744073709551615}}}"#,
+                json
+            ),
+            Ok(0)
+        );
+        assert_eq!(
+            read(
+                r#"{"usage": {"prompt_tokens": 18446744073709551615, "completion_tokens": 18446744073709551615}}"#,
+                json
+            ),
+            Ok(u64::MAX)
+        );
+        // A stream: the last value of each path across its events.
+        let stream = "data: {\"usage\": null}\n\ndata: {\"usage\": {\"prompt_tokens\": 10, \"completion_tokens\": 5, \"prompt_tokens_details\": {\"cached_tokens\": 4}}}\n\ndata: [DONE]\n\n";
+        assert_eq!(read(stream, "text/event-stream"), Ok(10 + 20 - 4));
     }
 }

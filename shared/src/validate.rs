@@ -46,6 +46,9 @@ pub mod bounds {
     pub const MAX_HEADER_MATCHES: usize = 16;
     /// Paths summed for one limit's usage.
     pub const MAX_USAGE_PATHS: usize = 8;
+    /// A usage path's weight, either way (output tokens counted 4 times,
+    /// cached ones -1).
+    pub const MAX_USAGE_WEIGHT: u64 = 1_000;
     pub const MAX_JSON_PATH_LEN: usize = 256;
     /// Names or indexes in one JSON path (`a.b.c` is 3).
     pub const MAX_JSON_PATH_STEPS: usize = 16;
@@ -968,8 +971,28 @@ fn check_usage(r: &mut Report, usage: &UsageSpec) {
         if paths.len() > bounds::MAX_USAGE_PATHS {
             r.at(field, format!("at most {} paths", bounds::MAX_USAGE_PATHS));
         }
-        for (i, path) in paths.iter().enumerate() {
+        for (i, (path, weight)) in paths.iter().enumerate() {
             check_json_path(r, &format!("{field}[{i}]"), path);
+            if weight == 0 {
+                r.at(
+                    &format!("{field}[{i}]"),
+                    format!("{path:?} has weight 0: it counts nothing, leave it out"),
+                );
+            } else if weight.unsigned_abs() > bounds::MAX_USAGE_WEIGHT {
+                r.at(
+                    &format!("{field}[{i}]"),
+                    format!(
+                        "{path:?}: a weight between -{max} and {max}",
+                        max = bounds::MAX_USAGE_WEIGHT
+                    ),
+                );
+            }
+        }
+        if !paths.is_empty() && paths.iter().all(|(_, weight)| weight < 0) {
+            r.at(
+                field,
+                "no path counts up: give at least one a positive weight",
+            );
         }
     }
     if let Some(max) = usage.max_body_bytes {

@@ -492,14 +492,15 @@ fn chunked(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
 #[test]
 fn response_usage_from_arbitrary_bodies() {
     use sluice_shared::usage::{UsagePath, UsageReader};
+    // Weighed as a limit may weigh them: a discount among them.
     let paths = || {
         [
-            "usage.total_tokens",
-            "message.usage.input_tokens",
-            "usage.output_tokens",
+            ("usage.total_tokens", 1),
+            ("message.usage.input_tokens", 4),
+            ("usage.output_tokens", -1),
         ]
         .iter()
-        .filter_map(|p| UsagePath::parse(p))
+        .filter_map(|(p, weight)| Some((UsagePath::parse(p)?, *weight)))
         .collect::<Vec<_>>()
     };
     let input = (
@@ -553,7 +554,8 @@ fn response_usage_from_arbitrary_bodies() {
             }
             let pieces = r.finish();
             let (input, output, _) = events.last().copied().unwrap_or_default();
-            let expected = Ok((input + output) * 2);
+            // total + 4 × input - output, as the paths weigh them.
+            let expected = Ok((input + output) + 4 * input - output);
             if whole != expected || pieces != expected {
                 return Err(format!(
                     "whole {whole:?}, in pieces {pieces:?}, expected {expected:?}"

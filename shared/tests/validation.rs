@@ -617,3 +617,52 @@ fn body_matches_and_body_keys_are_checked_with_their_field() {
     ));
     assert!(good.is_ok(), "{good:?}");
 }
+
+/// Weighed usage paths: a weight of 0, one past the bound and a set with
+/// no positive weight are refused naming the field; a weight that is not
+/// a whole number is refused by the parser, saying what is expected; a
+/// list and a map of weights round-trip as they were written.
+#[test]
+fn weighed_usage_paths_are_checked_with_their_field() {
+    let limit = |json: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 10, "period": "1s"}},
+                "limits": [{{"name": "tpm", "rate": {{"requests": 1000, "period": "1m"}},
+                            "cost": {{"json": "max_tokens", "default": 10, "max": 100}},
+                            "usage": {{"json": {json}}}}}]}}"#
+        ))
+    };
+    let errors = errors_of(&limit(r#"{"usage.a": 0, "usage.b": 1001, "usage.c": 2}"#));
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0].starts_with("policies[0].limits[0].usage.json[0]: \"usage.a\" has weight 0"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].starts_with(
+            "policies[0].limits[0].usage.json[1]: \"usage.b\": a weight between -1000 and 1000"
+        ),
+        "{errors:?}"
+    );
+    let errors = errors_of(&limit(r#"{"usage.cached": -1}"#));
+    assert_eq!(
+        errors,
+        ["policies[0].limits[0].usage.json: no path counts up: give at least one a positive weight"]
+    );
+    let wrong = parse_policy_set(&limit(r#"{"usage.a": "four"}"#))
+        .expect_err("a weight that is not a number")
+        .to_string();
+    assert!(
+        wrong.contains("a list of paths, or a map of path to a whole-number weight"),
+        "{wrong}"
+    );
+    for written in [
+        r#"["usage.total_tokens"]"#,
+        r#"{"usage.completion_tokens": 4, "usage.prompt_tokens": 1}"#,
+    ] {
+        let set = parse_policy_set(&limit(written)).unwrap_or_else(|e| panic!("{written}: {e}"));
+        let usage = serde_json::to_value(&set.policies[0].limits[0].usage).unwrap_or_default();
+        let back: serde_json::Value = serde_json::from_str(written).unwrap_or_default();
+        assert_eq!(usage["json"], back, "{written}");
+    }
+}

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use sluice_demo::llm::{LlmLimits, MockLlm};
 use sluice_e2e::envoy::Envoy;
 use sluice_e2e::load::client;
@@ -838,4 +839,96 @@ async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::
     assert_eq!(unread, 3.0, "the three gpt-3.5 calls without a user");
     assert_eq!(envoy.filter_stat("request_body_too_large")?, 1.0);
     Ok(())
+}
+
+/// Weighed usage through Envoy: a limit counting output tokens 4 times and
+/// leaving cached prompt tokens out (as Anthropic's input limits do),
+/// over JSON and streamed answers, with prompts the mock has cached and
+/// fresh ones. Each call is charged prompt + 4 × completion - cached, as
+/// its own answer says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighed_usage_counts_output_four_times_and_leaves_cached_prompts_out() -> anyhow::Result<()>
+{
+    let policies = r#"[{"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s"},
+        "limits": [{"name": "weighed", "rate": {"requests": 10000000, "period": "1m"},
+                    "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 5000},
+                    "usage": {"json": {"usage.prompt_tokens": 1, "usage.completion_tokens": 4,
+                                       "usage.prompt_tokens_details.cached_tokens": -1}}}]}]"#;
+    let (_llm, envoy) =
+        llm_behind_envoy(LlmLimits::default(), ("e2e-weighed", policies), WORKERS).await?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    let (mut expected, mut calls, mut cached_calls) = (0u64, 0u64, 0u64);
+    let mut seen = Vec::new();
+    for i in 0..12u64 {
+        // Every third prompt repeats the first: the mock has it cached.
+        let prompt = if i % 3 == 2 {
+            "the same long prompt ".repeat(40)
+        } else {
+            format!("prompt {i} ").repeat(30)
+        };
+        let stream = i % 2 == 1;
+        let ask = serde_json::json!({"model": "m", "max_tokens": 40, "stream": stream,
+            "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": prompt}]});
+        let (status, body) = ask_call(&http, &url, ask).await?;
+        anyhow::ensure!(status == 200, "call {i}: {status}");
+        let usage = last_usage(&body).context("the answer's usage")?;
+        let count = |pointer: &str| usage.pointer(pointer).and_then(|v| v.as_u64()).unwrap_or(0);
+        let (prompt, completion, cached) = (
+            count("/prompt_tokens"),
+            count("/completion_tokens"),
+            count("/prompt_tokens_details/cached_tokens"),
+        );
+        cached_calls += u64::from(cached > 0);
+        expected += prompt + 4 * completion - cached;
+        seen.push((prompt, completion, cached));
+        calls += 1;
+    }
+    stat_reaches(&envoy, "weighed", "usage_read", calls as f64).await?;
+    let charged = envoy.limit_stat("weighed", "tokens")?;
+    println!(
+        "weighed usage: {calls} calls (JSON and streamed; {cached_calls} with their prompt cached), (prompt, completion, cached) {seen:?}: \
+         charged {charged}, prompt + 4 × completion - cached = {expected}; usage missing {}",
+        envoy.limit_stat("weighed", "usage_missing")?
+    );
+    // The repeated prompt goes once as JSON and once streamed (two
+    // bodies), each cached from its second call on.
+    assert_eq!(cached_calls, 2, "the repeated bodies were cached");
+    assert_eq!(charged, expected as f64);
+    assert_eq!(envoy.limit_stat("weighed", "usage_missing")?, 0.0);
+    Ok(())
+}
+
+/// One call's status and body.
+async fn ask_call(
+    http: &reqwest::Client,
+    url: &str,
+    ask: serde_json::Value,
+) -> anyhow::Result<(u16, String)> {
+    let response = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("authorization", "Bearer weighed")
+        .header("content-type", "application/json")
+        .body(ask.to_string())
+        .send()
+        .await?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// The `usage` object of a JSON answer, or of the last event carrying one.
+fn last_usage(body: &str) -> Option<serde_json::Value> {
+    let last_json = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .rfind(|v| v.get("usage").is_some_and(|u| !u.is_null()));
+    let value = match last_json {
+        Some(v) => v,
+        None => serde_json::from_str(body).ok()?,
+    };
+    value.get("usage").cloned()
 }

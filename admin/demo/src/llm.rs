@@ -13,6 +13,10 @@
 //! request asks for it (`"stream_options": {"include_usage": true}`). A
 //! single choice's text is short; several choices carry their text (a
 //! token per 4 bytes), so `n` makes an answer large.
+//! As OpenAI's, it caches prompts: a call whose body it has seen before
+//! (from any key) reports its whole prompt as read from the cache
+//! (`usage.prompt_tokens_details.cached_tokens`), still within
+//! `prompt_tokens`; it remembers the last 4 096 bodies.
 //! Tokens count in the window the call arrived in (windows aligned to the
 //! Unix epoch, as Sluice's fixed windows are), once the call completes.
 //! `GET /__llm/stats` (JSON), `POST /__llm/reset`.
@@ -121,6 +125,32 @@ struct Inner {
     limits: LlmLimits,
     stats: Mutex<LlmStats>,
     seed: Mutex<u64>,
+    /// Hashes of the bodies seen lately, oldest first: the prompt cache.
+    cached: Mutex<std::collections::VecDeque<u64>>,
+}
+
+/// Bodies the prompt cache remembers.
+const CACHED_BODIES: usize = 4096;
+
+impl Inner {
+    /// Whether `body` was seen before (and remembers it).
+    fn seen_before(&self, body: &[u8]) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        body.hash(&mut hasher);
+        let hash = hasher.finish();
+        let Ok(mut cached) = self.cached.lock() else {
+            return false;
+        };
+        if cached.contains(&hash) {
+            return true;
+        }
+        if cached.len() >= CACHED_BODIES {
+            cached.pop_front();
+        }
+        cached.push_back(hash);
+        false
+    }
 }
 
 #[derive(Clone)]
@@ -153,6 +183,13 @@ struct Usage {
     prompt_tokens: u64,
     completion_tokens: u64,
     total_tokens: u64,
+    prompt_tokens_details: PromptDetails,
+}
+
+#[derive(Serialize)]
+struct PromptDetails {
+    /// Of `prompt_tokens`, those read from the prompt cache.
+    cached_tokens: u64,
 }
 
 impl MockLlm {
@@ -174,6 +211,7 @@ impl MockLlm {
             limits,
             stats: Mutex::new(LlmStats::default()),
             seed: Mutex::new(0x9e37_79b9_7f4a_7c15),
+            cached: Mutex::new(std::collections::VecDeque::new()),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -302,10 +340,12 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
         .map(|_| inner.answer_tokens(max_tokens))
         .collect();
     let completion: u64 = answers.iter().sum();
+    let cached_tokens = if inner.seen_before(&body) { prompt } else { 0 };
     let usage = Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: prompt + completion,
+        prompt_tokens_details: PromptDetails { cached_tokens },
     };
     if !ask.stream {
         tokio::time::sleep(inner.limits.step).await;

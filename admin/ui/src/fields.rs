@@ -201,14 +201,14 @@ pub const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
     ("Estimate: max", "/cost/max", Kind::Number),
     ("Real cost: response header", "/usage/header", Kind::Text),
     (
-        "Real cost: response JSON paths, summed (comma separated)",
+        "Real cost: response JSON paths, summed (comma separated; path*4 weighs one)",
         "/usage/json",
-        Kind::List,
+        Kind::Weighted,
     ),
     (
         "Real cost: paths in a streamed answer (default: the same)",
         "/usage/events",
-        Kind::List,
+        Kind::Weighted,
     ),
     (
         "Real cost: most body bytes read",

@@ -49,6 +49,15 @@ pub fn text_of(value: &Value, pointer: &str) -> String {
             )
             .collect::<Vec<_>>()
             .join(", "),
+        // Weighed paths: `path*weight`, the weight left out when it is 1.
+        Some(Value::Object(weights)) => weights
+            .iter()
+            .map(|(path, weight)| match weight.as_i64() {
+                Some(1) => path.clone(),
+                _ => format!("{path}*{weight}"),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
         Some(other) => other.to_string(),
     }
 }
@@ -63,6 +72,9 @@ pub enum Kind {
     Duration,
     /// A comma-separated list.
     List,
+    /// A list whose items may carry a whole-number weight: `a, b*4, c*-1`;
+    /// a map of item to weight when any weight is not 1.
+    Weighted,
     /// One of these words (a select; empty: the default).
     Choice(&'static [&'static str]),
     /// Header conditions: `name=value, name=value` → `[{name, equals}]`.
@@ -111,7 +123,40 @@ pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
                 .map(|s| Value::String(s.to_string()))
                 .collect(),
         ),
+        Kind::Weighted => weighted(t),
     })
+}
+
+/// `a, b*4, c*-1`: a list while every weight is 1, else a map of item to
+/// weight (a weight that is not a whole number is kept as text, for the
+/// validation to name).
+fn weighted(text: &str) -> Value {
+    let items: Vec<(String, Value)> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| match item.rsplit_once('*') {
+            Some((path, weight)) => {
+                let weight = weight.trim();
+                let value = weight
+                    .parse::<i64>()
+                    .map(Value::from)
+                    .unwrap_or_else(|_| Value::String(weight.to_string()));
+                (path.trim().to_string(), value)
+            }
+            None => (item.to_string(), Value::from(1)),
+        })
+        .collect();
+    if items.iter().all(|(_, weight)| weight.as_i64() == Some(1)) {
+        Value::Array(
+            items
+                .into_iter()
+                .map(|(path, _)| Value::String(path))
+                .collect(),
+        )
+    } else {
+        Value::Object(items.into_iter().collect())
+    }
 }
 
 /// Sets (or with None removes) the value at `pointer`, creating the objects
@@ -405,7 +450,7 @@ pub fn help(pointer: &str) -> &'static str {
         "/cost/max" => "Costs above this are counted as this.",
         "/cost/plus" => "Added to every estimate (e.g. the prompt's tokens).",
         "/usage/header" => "The real cost, from this response header, settles the estimate.",
-        "/usage/json" => "Or these paths in the response's JSON (their sum).",
+        "/usage/json" => "Or these paths in the response's JSON (their sum); a weight after a star counts a path that many times (usage.completion_tokens*4) or takes it off (usage.prompt_tokens_details.cached_tokens*-1).",
         "/usage/events" => "Read the usage from a streamed (event-stream) answer.",
         "/usage/max_body_bytes" => "The largest answer read for its usage.",
         "/usage/unread" => {
@@ -474,6 +519,44 @@ mod help_tests {
         takes::<LimitAction>(ACTIONS);
         takes::<Mode>(MODES);
         takes::<Scope>(SCOPES);
+    }
+
+    /// Weighed usage paths: `path*weight` in the input, a list while every
+    /// weight is 1, a map otherwise, and shown back as they were typed.
+    #[test]
+    fn weighed_paths_read_and_show_as_typed() {
+        let typed = "usage.prompt_tokens, usage.completion_tokens*4, usage.cached*-1";
+        let value = parse_input(Kind::Weighted, typed);
+        assert_eq!(
+            value,
+            Some(
+                serde_json::json!({"usage.prompt_tokens": 1, "usage.completion_tokens": 4, "usage.cached": -1})
+            )
+        );
+        let mut p = serde_json::json!({"usage": {}});
+        set(&mut p, "/usage/json", value);
+        let mut shown: Vec<String> = text_of(&p, "/usage/json")
+            .split(", ")
+            .map(str::to_string)
+            .collect();
+        shown.sort();
+        assert_eq!(
+            shown,
+            [
+                "usage.cached*-1",
+                "usage.completion_tokens*4",
+                "usage.prompt_tokens"
+            ]
+        );
+        assert_eq!(
+            parse_input(Kind::Weighted, "a, b*1"),
+            Some(serde_json::json!(["a", "b"]))
+        );
+        assert_eq!(
+            parse_input(Kind::Weighted, "a*x"),
+            Some(serde_json::json!({"a": "x"})),
+            "kept for the validation to name"
+        );
     }
 
     #[test]
