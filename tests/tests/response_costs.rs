@@ -869,10 +869,10 @@ async fn weighed_usage_counts_output_four_times_and_leaves_cached_prompts_out() 
             format!("prompt {i} ").repeat(30)
         };
         let stream = i % 2 == 1;
-        let ask = serde_json::json!({"model": "m", "max_tokens": 40, "stream": stream,
+        let question = serde_json::json!({"model": "m", "max_tokens": 40, "stream": stream,
             "stream_options": {"include_usage": true},
             "messages": [{"role": "user", "content": prompt}]});
-        let (status, body) = ask_call(&http, &url, ask).await?;
+        let (status, body) = ask(&http, (&url, "Bearer weighed"), question, false).await?;
         anyhow::ensure!(status == 200, "call {i}: {status}");
         let usage = last_usage(&body).context("the answer's usage")?;
         let count = |pointer: &str| usage.pointer(pointer).and_then(|v| v.as_u64()).unwrap_or(0);
@@ -899,23 +899,6 @@ async fn weighed_usage_counts_output_four_times_and_leaves_cached_prompts_out() 
     assert_eq!(charged, expected as f64);
     assert_eq!(envoy.limit_stat("weighed", "usage_missing")?, 0.0);
     Ok(())
-}
-
-/// One call's status and body.
-async fn ask_call(
-    http: &reqwest::Client,
-    url: &str,
-    ask: serde_json::Value,
-) -> anyhow::Result<(u16, String)> {
-    let response = http
-        .post(url)
-        .header("host", "api.llm.example")
-        .header("authorization", "Bearer weighed")
-        .header("content-type", "application/json")
-        .body(ask.to_string())
-        .send()
-        .await?;
-    Ok((response.status().as_u16(), response.text().await?))
 }
 
 /// The `usage` object of a JSON answer, or of the last event carrying one.
