@@ -424,17 +424,6 @@ impl KeyLabel {
 impl KeySpec {
     pub const DEFAULT_MAX_KEYS: u32 = 10_000;
 
-    /// A key read from request header `header`.
-    pub fn header(header: &str) -> Self {
-        Self {
-            header: Some(header.to_string()),
-            json: None,
-            max_keys: Self::DEFAULT_MAX_KEYS,
-            overflow: KeyOverflow::default(),
-            label: KeyLabel::default(),
-        }
-    }
-
     /// Whether the key is read from the request's body.
     pub fn reads_request_body(&self) -> bool {
         self.json.is_some()

@@ -543,10 +543,6 @@ impl Parts {
         }
     }
 
-    /// A call of `policy`, which names a port, came without one (Envoy
-    /// strips ports before filters run: `strip_any_host_port`): it was
-    /// matched by its host alone. Counted; logged once per policy and
-    /// Envoy, so the operator learns the port means nothing here.
     /// Keys read from a body that lacks them: those calls share the
     /// bucket of calls without a key, and are counted.
     fn count_unread_keys<H: Host + ?Sized>(
@@ -564,6 +560,10 @@ impl Parts {
         }
     }
 
+    /// A call of `policy`, which names a port, came without one (Envoy
+    /// strips ports before filters run: `strip_any_host_port`): it was
+    /// matched by its host alone. Counted; logged once per policy and
+    /// Envoy, so the operator learns the port means nothing here.
     fn port_was_hidden<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, policy: &CompiledPolicy) {
         ctx.metrics.add(policy.name(), PolicyCounter::PortHidden, 1);
         if self.port_hidden.contains(policy.name()) {
