@@ -17,13 +17,30 @@ use sluice_e2e::envoy::workspace_root;
 
 const PORTS: [u16; 5] = [8080, 8443, 9901, 10000, 9090];
 
-/// `make`, as a user's shell starts it: without the library path `cargo
-/// test` sets for its test binaries. Cargo reruns build scripts when
-/// `LD_LIBRARY_PATH` changes, so with it `make run` rebuilt ring and the
+/// `make`, as a user's shell starts it: without what `cargo test` sets for
+/// its test binaries (the package's `CARGO_PKG_*` and `CARGO_MANIFEST_*`,
+/// `CARGO_BIN_EXE_*`, the library path, ...). Build scripts ask to be
+/// rerun when some of those change (ring's: `CARGO_PKG_NAME`,
+/// `CARGO_MANIFEST_DIR`), so with them `make run` rebuilt ring and the
 /// admin (30 s of a clean run) before the demo came up.
 fn user_shell_make() -> Command {
+    const SET_BY_CARGO_TEST: &[&str] = &[
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_BIN_",
+        "CARGO_CRATE_",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_PRIMARY_PACKAGE",
+        "OUT_DIR",
+        "LD_LIBRARY_PATH",
+    ];
     let mut make = Command::new("make");
-    make.env_remove("LD_LIBRARY_PATH");
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name == "CARGO" || SET_BY_CARGO_TEST.iter().any(|p| name.starts_with(p)) {
+            make.env_remove(name.as_ref());
+        }
+    }
     make
 }
 
