@@ -143,11 +143,12 @@ unit:
 E2E_TESTS ?=
 E2E_UNTIMED := docker_setup store_backends
 # These run last, in this order, each when the Dockerfile's release
-# build beside has long ended: provider_signals has the tightest
-# deadlines (two runs with that build beside it failed), and make_run's
-# `make run` would wait for the cargo lock that build holds (a clean run
-# waited 35 s).
-E2E_LAST := provider_signals make_run
+# build beside has long ended: fleet and provider_signals have the
+# tightest deadlines (with that build beside them, fleet once saw a share
+# follow its load a period late, and provider_signals heard a pause late
+# in two runs of two), and make_run's `make run` would wait for the cargo
+# lock that build holds (a clean run waited 35 s).
+E2E_LAST := fleet provider_signals make_run
 E2E_TIMED := $(filter-out $(E2E_UNTIMED) $(E2E_LAST),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
   SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin
