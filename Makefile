@@ -128,8 +128,8 @@ lint:
 # Every package's unit tests and every integration test outside tests/ (the
 # end-to-end suites, which need Envoy, run in e2e). Selected by target,
 # not with `--exclude sluice-e2e`: leaving a package out changes the
-# features cargo unifies, and a clean run then built 97 crates a second
-# time for e2e.
+# features cargo unifies (after a whole-workspace build, the excluding
+# command compiled 97 crates again).
 UNIT_SUITES := $(basename $(notdir $(foreach f,$(wildcard */tests/*.rs */*/tests/*.rs),$(if $(or $(findstring /src/tests/,$(f)),$(filter tests/tests/%,$(f))),,$(f)))))
 unit:
 	$(CARGO) test $(WORKSPACE) --lib --bins $(addprefix --test ,$(UNIT_SUITES)) --no-fail-fast
