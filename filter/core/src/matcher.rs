@@ -498,13 +498,9 @@ impl CompiledPolicy {
     /// Whether the call is decided only once its body is in: the match,
     /// a key or a further limit's cost reads it.
     pub fn reads_request_body(&self) -> bool {
-        let from_body = |key: &Option<KeySource>| key.as_ref().is_some_and(KeySource::reads_body);
         !self.body_matches.is_empty()
-            || from_body(&self.key)
-            || self
-                .limits
-                .iter()
-                .any(|l| l.cost_json.is_some() || from_body(&l.key))
+            || self.keys_from_body
+            || self.limits.iter().any(|l| l.cost_json.is_some())
     }
 
     /// Whether a further limit's real cost is read from the response.
@@ -646,10 +642,6 @@ impl KeySource {
             Self::Header(h) => Some(h),
             Self::Json(_) => None,
         }
-    }
-
-    fn reads_body(&self) -> bool {
-        matches!(self, Self::Json(_))
     }
 
     /// The key's value (None: absent; such calls share one bucket).
