@@ -15,6 +15,7 @@ pub mod key_hash;
 pub mod key_view;
 pub mod limiter;
 pub mod policy;
+pub mod prompt;
 pub mod provider;
 pub mod request_headers;
 pub mod time;

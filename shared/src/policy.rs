@@ -532,7 +532,7 @@ impl WarmupSpec {
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(
     untagged,
-    expecting = "a number of tokens, {\"header\": ..., \"default\": ..., \"max\": ...} or {\"json\": ..., \"plus\": ..., \"default\": ..., \"max\": ...}"
+    expecting = "a number of tokens, {\"header\": ..., \"default\": ..., \"max\": ...} or {\"json\": ..., \"plus\": ..., \"plus_prompt\": {\"paths\": [...], \"chars_per_token\": ...}, \"default\": ..., \"max\": ...}"
 )]
 pub enum CostSpec {
     Fixed(u64),
@@ -586,9 +586,10 @@ impl CostFromHeader {
 
 /// An estimate read from the request's JSON body: the whole number at
 /// `json` (a dotted path, `max_tokens`) plus `plus` (a floor for what the
-/// call costs beyond it, such as its prompt), at most `max`. A body that is
-/// not JSON, too large to read, or without a whole number there costs
-/// `default`.
+/// call costs beyond it, such as a prompt's framing), plus the prompt's
+/// estimated tokens (`plus_prompt`), at most `max`. A JSON body without a
+/// whole number at `json` costs `default` (and its prompt); one that is
+/// not JSON costs `default`, one too large to read `max`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -596,9 +597,36 @@ pub struct CostFromRequestJson {
     pub json: String,
     #[serde(default)]
     pub plus: u64,
+    /// Adds the prompt's size, so that a long prompt is admitted against
+    /// about what it will cost before it is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plus_prompt: Option<PromptEstimate>,
     #[serde(default = "CostFromHeader::default_cost")]
     pub default: u64,
     pub max: u64,
+}
+
+/// A prompt's tokens estimated from its text: the characters of every
+/// string under `paths` (`messages`, `input`, `prompt`; a path the body
+/// lacks adds nothing), divided by `chars_per_token` and rounded up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PromptEstimate {
+    pub paths: Vec<String>,
+    /// Characters a token holds on average: about 4 for English text
+    /// and OpenAI's or Anthropic's tokenizers, less for JSON or code
+    /// (3.3), less still for other scripts. Default 4.
+    #[serde(default = "PromptEstimate::default_chars_per_token")]
+    pub chars_per_token: f64,
+}
+
+impl PromptEstimate {
+    pub const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
+
+    fn default_chars_per_token() -> f64 {
+        Self::DEFAULT_CHARS_PER_TOKEN
+    }
 }
 
 /// Where a call's real cost comes from once its response is known: a

@@ -54,6 +54,9 @@ pub mod bounds {
     pub const MAX_JSON_PATH_STEPS: usize = 16;
     pub const MAX_JSON_MATCHES: usize = 8;
     pub const MAX_JSON_ONE_OF: usize = 64;
+    pub const MAX_PROMPT_PATHS: usize = 8;
+    pub const MIN_CHARS_PER_TOKEN: f64 = 0.25;
+    pub const MAX_CHARS_PER_TOKEN: f64 = 64.0;
     pub const MAX_USAGE_BODY_BYTES: u32 = 16 * 1024 * 1024;
     pub const MIN_MAX_PAUSE_MS: u64 = 1;
     pub const MAX_PAUSE_ON: usize = 8;
@@ -849,6 +852,9 @@ fn check_cost(r: &mut Report, cost: &CostSpec, rate: Option<&RateSpec>) {
             if j.plus > bounds::MAX_BURST {
                 r.at("cost.plus", format!("must be <= {}", bounds::MAX_BURST));
             }
+            if let Some(prompt) = &j.plus_prompt {
+                check_prompt_estimate(r, prompt);
+            }
             check_default_and_max(
                 r,
                 j.default,
@@ -896,6 +902,38 @@ fn check_json_path(r: &mut Report, field: &str, path: &str) {
             format!(
                 "at most {} names or indexes deep",
                 bounds::MAX_JSON_PATH_STEPS
+            ),
+        );
+    }
+}
+
+/// Where a prompt's text is and how many characters make a token: a few
+/// paths, and a ratio a tokenizer could have (a quarter of a character,
+/// as some scripts' characters take several tokens, to 64).
+fn check_prompt_estimate(r: &mut Report, prompt: &PromptEstimate) {
+    if prompt.paths.is_empty() {
+        r.at(
+            "cost.plus_prompt.paths",
+            "name at least one path (messages)",
+        );
+    }
+    if prompt.paths.len() > bounds::MAX_PROMPT_PATHS {
+        r.at(
+            "cost.plus_prompt.paths",
+            format!("at most {} paths", bounds::MAX_PROMPT_PATHS),
+        );
+    }
+    for (i, path) in prompt.paths.iter().enumerate() {
+        check_json_path(r, &format!("cost.plus_prompt.paths[{i}]"), path);
+    }
+    let ratio = prompt.chars_per_token;
+    if !(bounds::MIN_CHARS_PER_TOKEN..=bounds::MAX_CHARS_PER_TOKEN).contains(&ratio) {
+        r.at(
+            "cost.plus_prompt.chars_per_token",
+            format!(
+                "must be between {} and {} characters",
+                bounds::MIN_CHARS_PER_TOKEN,
+                bounds::MAX_CHARS_PER_TOKEN
             ),
         );
     }

@@ -374,8 +374,9 @@ fn matcher_on_arbitrary_headers() {
 }
 
 /// Request bodies: JSON of any shape (deep, huge numbers, fields of every
-/// type where the match and the keys look), and bytes that are not JSON.
-/// Classifying on them never panics, a body the match cannot read falls to
+/// type where the match, the keys and the prompt estimate look), and bytes
+/// that are not JSON. Classifying on them never panics, costs stay in
+/// 1..=max however long the prompt, a body the match cannot read falls to
 /// the next policy, and the catch-all always takes the call.
 #[test]
 fn matcher_on_arbitrary_bodies() {
@@ -386,7 +387,8 @@ fn matcher_on_arbitrary_bodies() {
              "key": {"json": "user"}, "rate": {"requests": 100, "period": "1s"},
              "limits": [{"name": "tokens", "key": {"json": "messages.0.role"},
                          "rate": {"requests": 1000, "period": "1m"},
-                         "cost": {"json": "max_tokens", "default": 5, "max": 500}}]},
+                         "cost": {"json": "max_tokens", "default": 5, "max": 500,
+                                  "plus_prompt": {"paths": ["messages", "meta.tier"], "chars_per_token": 0.25}}}]},
             {"name": "rest", "match": {"host": "*"}, "rate": {"requests": 10, "period": "1s"}}]})
         .to_string(),
     )

@@ -368,6 +368,60 @@ fn response_costs_are_checked_field_by_field() {
     );
 }
 
+/// A prompt estimate names where the prompt is and a ratio a tokenizer
+/// could have; each bad part named.
+#[test]
+fn a_prompt_estimate_is_checked_field_by_field() {
+    let with = |prompt: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 10, "period": "1s"}},
+                "limits": [{{"name": "tpm", "rate": {{"requests": 1000000, "period": "1m"}},
+                            "cost": {{"json": "max_tokens", "plus_prompt": {prompt}, "max": 200000}}}}]}}"#
+        ))
+    };
+    assert_eq!(
+        errors_of(&with(r#"{"paths": []}"#)),
+        vec!["policies[0].limits[0].cost.plus_prompt.paths: name at least one path (messages)"]
+    );
+    let deep = vec!["a"; 17].join(".");
+    assert_eq!(
+        errors_of(&with(&format!(
+            r#"{{"paths": ["messages", "", "{deep}"], "chars_per_token": 0.1}}"#
+        ))),
+        vec![
+            "policies[0].limits[0].cost.plus_prompt.paths[1]: \"\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
+            "policies[0].limits[0].cost.plus_prompt.paths[2]: at most 16 names or indexes deep",
+            "policies[0].limits[0].cost.plus_prompt.chars_per_token: must be between 0.25 and 64 characters",
+        ]
+    );
+    let nine: Vec<String> = (0..9).map(|i| format!("\"p{i}\"")).collect();
+    assert_eq!(
+        errors_of(&with(&format!(
+            r#"{{"paths": [{}], "chars_per_token": 65}}"#,
+            nine.join(", ")
+        ))),
+        vec![
+            "policies[0].limits[0].cost.plus_prompt.paths: at most 8 paths",
+            "policies[0].limits[0].cost.plus_prompt.chars_per_token: must be between 0.25 and 64 characters",
+        ]
+    );
+    let e = parse_policy_set(&with(r#"{"paths": ["messages"], "chars": 4}"#))
+        .unwrap_err()
+        .to_string();
+    // An untagged cost names its field and every shape it may take.
+    assert!(
+        e.contains("policies[0].limits[0].cost:")
+            && e.contains(r#""plus_prompt": {"paths": [...], "chars_per_token": ...}"#),
+        "{e}"
+    );
+    // The default ratio is 4, and what was accepted reads back the same.
+    let set = parse_policy_set(&with(r#"{"paths": ["messages", "input", "prompt"]}"#))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let again = serde_json::to_string(&set).unwrap_or_default();
+    assert!(again.contains(r#""chars_per_token":4.0"#), "{again}");
+    assert_eq!(parse_policy_set(&again).ok(), Some(set));
+}
+
 #[test]
 fn a_further_limits_key_is_checked_and_one_limit_has_one_key() {
     let errors = errors_of(&set_with(

@@ -915,3 +915,132 @@ fn last_usage(body: &str) -> Option<serde_json::Value> {
     };
     value.get("usage").cloned()
 }
+
+/// English prose: the README's and docs' paragraphs (no code, tables or
+/// headings), repeated to `chars` characters and cut at a word.
+fn english_text(chars: usize) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut prose = String::new();
+    for doc in ["README.md", "docs/RELIABILITY.md", "docs/PERFORMANCE.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap_or_default();
+        let mut in_code = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                in_code = !in_code;
+                continue;
+            }
+            let line = line.trim();
+            let skip = in_code
+                || line.is_empty()
+                || line.starts_with(['#', '|', '<', '-', '*', '>'])
+                || line.contains('`');
+            if !skip {
+                prose.push_str(line);
+                prose.push(' ');
+            }
+        }
+    }
+    assert!(
+        prose.len() > 10_000,
+        "the docs' prose: {} bytes",
+        prose.len()
+    );
+    let text: String = prose.chars().cycle().take(chars).collect();
+    match text.rfind(' ') {
+        Some(at) if at > chars / 2 => text[..at].to_string(),
+        _ => text,
+    }
+}
+
+/// JSON as a program puts it in a prompt: compact records of orders.
+fn json_text(chars: usize) -> String {
+    let mut records = Vec::new();
+    let mut text = String::from("[]");
+    let mut i = 0u64;
+    while text.chars().count() < chars {
+        let currency = ["EUR", "USD", "GBP"][(i % 3) as usize];
+        let status = ["paid", "shipped", "refunded"][(i % 3) as usize];
+        records.push(serde_json::json!({
+            "order_id": format!("ord_{:08x}", i.wrapping_mul(2_654_435_761) % 0xffff_ffff),
+            "customer": {"name": format!("Customer {i}"), "email": format!("buyer{i}@shop.example")},
+            "amount": (i * 7919) % 100_000,
+            "currency": currency,
+            "items": [{"sku": format!("SKU-{}", i % 97), "qty": i % 5 + 1}],
+            "status": status,
+        }));
+        text = serde_json::Value::Array(records.clone()).to_string();
+        i += 1;
+    }
+    let _ = records.pop();
+    let shorter = serde_json::Value::Array(records).to_string();
+    if shorter.chars().count() < chars * 3 / 4 {
+        // A short prompt: part of one record, as a program might clip it.
+        return text.chars().take(chars).collect();
+    }
+    shorter
+}
+
+/// The prompt estimate through Envoy against the mock's own count
+/// (OpenAI's `cl100k_base` tokenizer, with a message's framing): prompts
+/// of 10 to 100 000 tokens, English prose and JSON, each estimated at
+/// its characters / 4 (+ 6 for the framing) before it is sent. Each
+/// estimate is within 25 % of what the provider then counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_estimates_are_within_a_quarter_of_the_providers_count() -> anyhow::Result<()> {
+    const FRAMING: u64 = 6;
+    const MAX_TOKENS: u64 = 16;
+    let policies = format!(
+        r#"[{{"name": "llm", "match": {{"host": "api.llm.example"}},
+        "rate": {{"requests": 1000, "period": "1s"}},
+        "limits": [{{"name": "estimate", "rate": {{"requests": 100000000, "period": "1m"}},
+                    "cost": {{"json": "max_tokens", "plus": {FRAMING}, "default": 1000, "max": 1000000,
+                             "plus_prompt": {{"paths": ["messages", "input", "prompt"], "chars_per_token": 4}}}}}}]}}]"#
+    );
+    let (_llm, envoy) =
+        llm_behind_envoy(LlmLimits::default(), ("e2e-prompt", &policies), WORKERS).await?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    let mut seen = Vec::new();
+    let mut calls = 0.0;
+    for (kind, chars_per_token, text) in [
+        ("English", 40usize, english_text as fn(usize) -> String),
+        ("JSON", 34, json_text),
+    ] {
+        for tokens in [10usize, 100, 1_000, 10_000, 100_000] {
+            // Tenths of a character per token: about 4 for prose, 3.4 for JSON.
+            let prompt = text(tokens * chars_per_token / 10);
+            let before = envoy.limit_stat("estimate", "tokens").unwrap_or(0.0);
+            let question = serde_json::json!({"model": "m", "max_tokens": MAX_TOKENS,
+                "messages": [{"role": "user", "content": prompt}]});
+            let (status, body) = ask(&http, (&url, "Bearer estimate"), question, false).await?;
+            anyhow::ensure!(status == 200, "{kind} {tokens}: {status} {body}");
+            calls += 1.0;
+            stat_reaches(&envoy, "estimate", "admitted", calls).await?;
+            let estimate = envoy.limit_stat("estimate", "tokens")? - before - MAX_TOKENS as f64;
+            let counted = last_usage(&body)
+                .and_then(|u| u.get("prompt_tokens")?.as_u64())
+                .context("the answer's prompt_tokens")? as f64;
+            seen.push((
+                kind,
+                prompt.chars().count(),
+                estimate,
+                counted,
+                estimate / counted - 1.0,
+            ));
+        }
+    }
+    for (kind, chars, estimate, counted, off) in &seen {
+        println!(
+            "prompt estimate: {kind:7} {chars:>7} characters: estimated {estimate:>6}, the provider counted {counted:>6} ({:+.1} %)",
+            off * 100.0
+        );
+    }
+    for (kind, chars, _, _, off) in &seen {
+        anyhow::ensure!(
+            off.abs() <= 0.25,
+            "{kind} of {chars} characters: {:+.1} %",
+            off * 100.0
+        );
+    }
+    Ok(())
+}

@@ -6,6 +6,7 @@
 //! - [`llm`]: an LLM-like provider (requests and tokens per key, usage in
 //!   the answer or its last streamed event), which counts what it would
 //!   bill and refuse;
+//! - [`tokens`]: how it counts a prompt's tokens (OpenAI's tokenizer);
 //! - [`load`]: the demo's load generator, a little over each limit.
 //!
 //! The launcher itself is `src/bin/sluice-demo.rs`.
@@ -14,3 +15,4 @@ pub mod llm;
 pub mod load;
 pub mod mock;
 pub mod provider;
+pub mod tokens;

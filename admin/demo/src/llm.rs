@@ -6,7 +6,7 @@
 //!
 //! `POST /v1/chat/completions` with `{"max_tokens": N, "stream": bool}`;
 //! the key comes from `authorization: Bearer KEY` (or `x-api-key`). A call's
-//! prompt is a token per 4 bytes of its body; its answer between a fifth
+//! prompt counts as OpenAI bills it ([`crate::tokens`]); its answer between a fifth
 //! of `max_tokens` and all of it (a seeded sequence, so runs repeat), for
 //! each of its `n` choices (1 to 128). As OpenAI's, a streamed answer
 //! carries its usage (in a last chunk with no choices) only when the
@@ -333,7 +333,8 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
         let error = serde_json::json!({"error": {"type": "invalid_request_error"}});
         return (StatusCode::BAD_REQUEST, Json(error)).into_response();
     };
-    let prompt = (body.len() as u64 / 4).max(1);
+    let prompt = serde_json::from_slice::<serde_json::Value>(&body)
+        .map_or(1, |v| crate::tokens::prompt_tokens(&v, body.len()));
     let max_tokens = ask.max_tokens.unwrap_or(256).clamp(1, 100_000);
     let choices = ask.n.unwrap_or(1).clamp(1, MAX_CHOICES);
     let answers: Vec<u64> = (0..choices)

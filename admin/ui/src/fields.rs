@@ -197,6 +197,16 @@ pub const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
         "/cost/plus",
         Kind::Number,
     ),
+    (
+        "Estimate: plus the prompt at these JSON paths (comma separated)",
+        "/cost/plus_prompt/paths",
+        Kind::List,
+    ),
+    (
+        "Estimate: the prompt's characters per token (default 4)",
+        "/cost/plus_prompt/chars_per_token",
+        Kind::Number,
+    ),
     ("Estimate: default", "/cost/default", Kind::Number),
     ("Estimate: max", "/cost/max", Kind::Number),
     ("Real cost: response header", "/usage/header", Kind::Text),
@@ -242,6 +252,8 @@ mod tests {
         // limit in the form, where token limits live.
         "/cost/json",
         "/cost/plus",
+        "/cost/plus_prompt/chars_per_token",
+        "/cost/plus_prompt/paths",
         // Rarely set on a further limit; in the policy's JSON.
         "/limits/concurrency/reserved_for_high",
         "/limits/key/label",

@@ -65,8 +65,8 @@ pub fn text_of(value: &Value, pointer: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Text,
-    /// An integer when the text is one; otherwise kept as text so the
-    /// server can say what is wrong with it.
+    /// An integer when the text is one, else a decimal (`3.4`);
+    /// otherwise kept as text so the server can say what is wrong with it.
     Number,
     /// A duration: `1s`, `250ms`, or milliseconds.
     Duration,
@@ -115,7 +115,12 @@ pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
         Kind::Number => t
             .parse::<i64>()
             .map(Value::from)
-            .unwrap_or_else(|_| Value::String(t.to_string())),
+            .ok()
+            .or_else(|| {
+                let decimal = t.parse::<f64>().ok()?;
+                serde_json::Number::from_f64(decimal).map(Value::Number)
+            })
+            .unwrap_or_else(|| Value::String(t.to_string())),
         Kind::List => Value::Array(
             t.split(',')
                 .map(|s| s.trim())
@@ -341,6 +346,8 @@ mod tests {
             json!({"name": "a", "match": {"methods": ["GET", "POST"]}})
         );
         // Not a number: kept as text for the server to refuse with a reason.
+        assert_eq!(parse_input(Kind::Number, "3.4"), Some(json!(3.4)));
+        assert_eq!(parse_input(Kind::Number, "NaN"), Some(json!("NaN")));
         set(&mut p, "/rate/burst", parse_input(Kind::Number, "ten"));
         assert_eq!(p["rate"]["burst"], "ten");
     }
@@ -448,7 +455,9 @@ pub fn help(pointer: &str) -> &'static str {
         "/cost/json" => "Or this path in the request's JSON body, e.g. max_tokens.",
         "/cost/default" => "The cost when the header or field is missing or not a number.",
         "/cost/max" => "Costs above this are counted as this.",
-        "/cost/plus" => "Added to every estimate (e.g. the prompt's tokens).",
+        "/cost/plus" => "Added to every estimate (e.g. a chat's framing: 3 tokens a message and 3 for the reply).",
+        "/cost/plus_prompt/paths" => "Where the prompt is in the request's JSON (messages, input, prompt): its text's characters are added to the estimate.",
+        "/cost/plus_prompt/chars_per_token" => "Characters a token holds: 4 for English, about 3.4 for JSON or code.",
         "/usage/header" => "The real cost, from this response header, settles the estimate.",
         "/usage/json" => "Or these paths in the response's JSON (their sum); a weight after a star counts a path that many times (usage.completion_tokens*4) or takes it off (usage.prompt_tokens_details.cached_tokens*-1).",
         "/usage/events" => "Read the usage from a streamed (event-stream) answer.",

@@ -9,6 +9,7 @@ use sluice_shared::policy::{
     CostSpec, JsonMatch, KeyOverflow, KeySpec, Mode, NamedLimit, Policy, PolicySet, Priority,
     RateSpec,
 };
+use sluice_shared::prompt::PromptTokens;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::usage::{CompiledUsage, UsagePath};
 use sluice_shared::validate::{parse_policy_set, ValidationErrors};
@@ -143,6 +144,8 @@ pub struct CompiledLimit {
     cost_header: Option<String>,
     /// Where in the request's JSON body the estimate is read.
     cost_json: Option<UsagePath>,
+    /// What the request's prompt adds to that estimate.
+    cost_prompt: Option<PromptTokens>,
     /// Where the real cost is read from the response.
     pub usage: Option<CompiledUsage>,
     /// Held by the admin across restarts ([`sluice_shared::NamedLimit::is_budget`]).
@@ -226,6 +229,12 @@ impl CompiledPolicy {
                     cost_header: cost_header_of(&l.cost),
                     cost_json: match &l.cost {
                         CostSpec::FromRequestJson(j) => UsagePath::parse(&j.json),
+                        _ => None,
+                    },
+                    cost_prompt: match &l.cost {
+                        CostSpec::FromRequestJson(j) => {
+                            j.plus_prompt.as_ref().map(PromptTokens::new)
+                        }
                         _ => None,
                     },
                     usage: l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
@@ -523,9 +532,15 @@ impl CompiledPolicy {
                     spec.max.max(1)
                 }
                 (CostSpec::FromRequestJson(spec), Some(path)) => {
-                    let asked = body.json().and_then(|v| path.find(v));
+                    let json = body.json();
+                    let asked = json.and_then(|v| path.find(v));
+                    let prompt = match (json, &l.cost_prompt) {
+                        (Some(v), Some(prompt)) => prompt.tokens(v),
+                        _ => 0,
+                    };
                     asked
                         .map_or(spec.default, |n| n.saturating_add(spec.plus))
+                        .saturating_add(prompt)
                         .clamp(1, spec.max.max(1))
                 }
                 _ => cost_of(&l.cost, l.cost_header.as_deref(), req),
@@ -1139,5 +1154,34 @@ mod tests {
             &BodyJson::Coming,
         );
         assert!(matches!(other, Classified::Decided { class: Some(_), .. }));
+    }
+    #[test]
+    fn a_limits_estimate_adds_the_prompt_to_what_the_call_asks_for() {
+        let s = set(r#"{"version": 1, "policies": [
+            {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 100, "period": "1s"},
+             "limits": [{"name": "tpm", "rate": {"requests": 1000000, "period": "1m"},
+                         "cost": {"json": "max_tokens", "plus": 7, "default": 100, "max": 200000,
+                                  "plus_prompt": {"paths": ["messages", "prompt"], "chars_per_token": 4}}}]}
+        ]}"#);
+        let llm = &s.policies[0];
+        let cost = |b: &BodyJson| llm.limit_costs(req(&[]), b)[0];
+        let prompt = "x".repeat(40_000);
+        let asked = json(&format!(
+            r#"{{"max_tokens": 50, "messages": [{{"role": "user", "content": "{prompt}"}}]}}"#
+        ));
+        // 50 asked + 7 + (4 for "user" + 40 000) / 4.
+        assert_eq!(cost(&asked), 50 + 7 + 10_001);
+        // No max_tokens: the default, and still the prompt.
+        assert_eq!(cost(&json(r#"{"prompt": "abcdefgh"}"#)), 100 + 2);
+        // At most max; a body that is not JSON costs the default, one too
+        // large to read the max.
+        let huge = json(&format!(
+            r#"{{"max_tokens": 1, "prompt": "{}"}}"#,
+            "y".repeat(900_000)
+        ));
+        assert_eq!(cost(&huge), 200_000);
+        assert_eq!(cost(&BodyJson::Invalid), 100);
+        assert_eq!(cost(&BodyJson::TooLarge), 200_000);
+        assert_eq!(cost(&BodyJson::Absent), 100);
     }
 }
