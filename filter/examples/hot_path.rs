@@ -103,6 +103,12 @@ impl Host for QuietHost {
         true
     }
 
+    fn remove_request_header(&self, _name: &str) {}
+
+    fn replace_request_body(&self, _old_len: usize, _body: &[u8]) -> bool {
+        true
+    }
+
     fn resume(&self, _context_id: u32) -> bool {
         true
     }

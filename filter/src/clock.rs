@@ -219,6 +219,14 @@ impl<H: Host + ?Sized> Host for Clocked<'_, H> {
         self.host.reply(context_id, status, headers, body)
     }
 
+    fn remove_request_header(&self, name: &str) {
+        self.host.remove_request_header(name);
+    }
+
+    fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {
+        self.host.replace_request_body(old_len, body)
+    }
+
     fn resume(&self, context_id: u32) -> bool {
         self.host.resume(context_id)
     }

@@ -31,6 +31,11 @@ pub trait Host {
     fn increment_metric(&self, id: u32, delta: i64);
     /// Sends a local reply on stream `context_id` (which may be paused).
     fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
+    /// Removes a header of the request now passing (its headers only).
+    fn remove_request_header(&self, name: &str);
+    /// Replaces the body of the request now passing, `old_len` bytes
+    /// buffered to its end, with `body`. False when the host refused.
+    fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool;
     /// Lets paused stream `context_id` continue. False if it is gone.
     fn resume(&self, context_id: u32) -> bool;
     fn set_tick_period(&self, period: Span);

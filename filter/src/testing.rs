@@ -41,6 +41,10 @@ pub struct FakeHost {
     /// out of the VM, and most call back into it, far dearer than the
     /// filter's own work.
     pub host_calls: RefCell<HashMap<&'static str, u64>>,
+    /// Request headers removed, in order.
+    pub removed_headers: RefCell<Vec<String>>,
+    /// Request bodies replaced: (the length replaced, the new body).
+    pub replaced_bodies: RefCell<Vec<(usize, Vec<u8>)>>,
 }
 
 impl FakeHost {
@@ -134,6 +138,19 @@ impl Host for FakeHost {
     fn reply(&self, context_id: u32, status: u32, _headers: &[(&str, &str)], _body: &[u8]) -> bool {
         self.count("reply");
         self.replies.borrow_mut().push((context_id, status));
+        true
+    }
+
+    fn remove_request_header(&self, name: &str) {
+        self.count("remove_request_header");
+        self.removed_headers.borrow_mut().push(name.to_string());
+    }
+
+    fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {
+        self.count("replace_request_body");
+        self.replaced_bodies
+            .borrow_mut()
+            .push((old_len, body.to_vec()));
         true
     }
 

@@ -665,6 +665,14 @@ pub struct UsageSpec {
     /// Never less than the estimate.
     #[serde(default, skip_serializing_if = "UnreadCharge::is_default")]
     pub unread: UnreadCharge,
+    /// For OpenAI-style streams: a streamed request that does not ask for
+    /// its usage is sent asking (`"stream_options": {"include_usage":
+    /// true}`), and what the provider adds for it is taken out of the
+    /// answer, which the caller gets as it would have without. So a
+    /// stream's usage is read, not charged `unread`. Such calls go
+    /// upstream without `content-length` (their body may grow).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask_stream_usage: bool,
 }
 
 /// See [`UsageSpec::unread`].

@@ -91,6 +91,8 @@ pub struct CompiledUsage {
     pub max_body_bytes: usize,
     /// Tokens charged when the usage cannot be read (None: the estimate).
     unread: Option<u64>,
+    /// Streamed requests are asked for their usage ([`crate::stream_usage`]).
+    pub ask_stream_usage: bool,
 }
 
 impl CompiledUsage {
@@ -109,6 +111,7 @@ impl CompiledUsage {
             events: parse(spec.event_paths()),
             max_body_bytes: usize::try_from(spec.max_body_bytes()).unwrap_or(usize::MAX),
             unread: spec.unread.tokens(cost),
+            ask_stream_usage: spec.ask_stream_usage,
         }
     }
 

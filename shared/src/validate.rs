@@ -1004,6 +1004,12 @@ fn check_usage(r: &mut Report, usage: &UsageSpec) {
         if !usage.events.is_empty() {
             r.at("usage.events", "applies only with `json`");
         }
+        if usage.ask_stream_usage {
+            r.at(
+                "usage.ask_stream_usage",
+                "applies only with `json`: the usage asked for comes in the stream's events",
+            );
+        }
     }
     for (field, paths) in [("usage.json", &usage.json), ("usage.events", &usage.events)] {
         if paths.len() > bounds::MAX_USAGE_PATHS {

@@ -317,7 +317,7 @@ fn response_costs_are_checked_field_by_field() {
               {"name": "tpd", "rate": {"requests": 100000, "period": "1d"},
                "usage": {"json": ["usage.", ""], "events": ["ok.path"], "max_body_bytes": 10, "unread": 0}},
               {"name": "rpm", "rate": {"requests": 100, "period": "1m"}, "usage": {}},
-              {"name": "hdr", "rate": {"requests": 100, "period": "1m"}, "usage": {"header": "bad header", "events": ["a"]}}
+              {"name": "hdr", "rate": {"requests": 100, "period": "1m"}, "usage": {"header": "bad header", "events": ["a"], "ask_stream_usage": true}}
             ]}"#,
     ));
     assert_eq!(
@@ -335,6 +335,7 @@ fn response_costs_are_checked_field_by_field() {
             "policies[0].limits[2].usage: give `header` (a response header) or `json` (paths in the response body)",
             "policies[0].limits[3].usage.header: \"bad header\" is not a valid header name",
             "policies[0].limits[3].usage.events: applies only with `json`",
+            "policies[0].limits[3].usage.ask_stream_usage: applies only with `json`: the usage asked for comes in the stream's events",
         ]
     );
     let ok = set_with(

@@ -1044,3 +1044,100 @@ async fn prompt_estimates_are_within_a_quarter_of_the_providers_count() -> anyho
     }
     Ok(())
 }
+
+/// `usage.ask_stream_usage` through Envoy: a streamed call that does not
+/// ask for its usage is sent asking, its usage is read (not charged the
+/// unread charge), and its caller gets byte for byte what the provider
+/// sends a caller not asking. A caller asking gets the usage chunk; a
+/// JSON answer, a body whose options are not an object and a caller
+/// hanging up mid-stream each pass as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_asked_for_their_usage_and_callers_see_the_answer_they_asked_for(
+) -> anyhow::Result<()> {
+    let policies = r#"[{"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s"},
+        "limits": [{"name": "asked", "rate": {"requests": 10000000, "period": "1m"},
+                    "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 5000},
+                    "usage": {"json": ["usage.total_tokens"], "ask_stream_usage": true}}]}]"#;
+    // Events 40 ms apart: a caller leaving after the first leaves mid-stream.
+    let limits = LlmLimits {
+        step: Duration::from_millis(40),
+        ..LlmLimits::default()
+    };
+    let (llm, envoy) = llm_behind_envoy(limits, ("e2e-asked", policies), WORKERS).await?;
+    let through_sluice = envoy.url("/v1/chat/completions");
+    let direct = format!("http://{}/v1/chat/completions", llm.addr);
+    let http = client();
+    let not_asking = serde_json::json!({"model": "m", "max_tokens": 40, "stream": true,
+        "messages": [{"role": "user", "content": "Tell me about rivers."}]});
+    // What the provider sends a caller that does not ask.
+    let (status, provider_sent) =
+        ask(&http, (&direct, "Bearer direct"), not_asking.clone(), false).await?;
+    anyhow::ensure!(
+        status == 200 && !provider_sent.contains("usage"),
+        "{provider_sent}"
+    );
+    let (status, caller_got) = ask(
+        &http,
+        (&through_sluice, "Bearer asked"),
+        not_asking.clone(),
+        false,
+    )
+    .await?;
+    stat_reaches(&envoy, "asked", "usage_read", 1.0).await?;
+    let charged = envoy.limit_stat("asked", "tokens")?;
+    let billed: u64 = llm
+        .stats()
+        .windows
+        .get("asked")
+        .map_or(0, |w| w.values().map(|u| u.tokens).sum());
+    println!(
+        "asked for a stream's usage: the caller got {} bytes, the provider sends {} to a caller not asking \
+         (identical: {}); charged {charged}, the provider billed {billed}; asked {}, usage chunks taken out {}",
+        caller_got.len(),
+        provider_sent.len(),
+        caller_got == provider_sent,
+        envoy.policy_stat("stream_usage_asked", "llm")?,
+        envoy.policy_stat("stream_usage_stripped", "llm")?,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        caller_got, provider_sent,
+        "byte for byte what a caller not asking gets"
+    );
+    assert_eq!(charged, billed as f64, "charged the usage read");
+    assert_eq!(envoy.limit_stat("asked", "usage_missing")?, 0.0);
+    assert_eq!(envoy.policy_stat("stream_usage_asked", "llm")?, 1.0);
+    assert_eq!(envoy.policy_stat("stream_usage_stripped", "llm")?, 1.0);
+
+    // A caller asking gets what it asked for, untouched.
+    let mut asking = not_asking.clone();
+    asking["stream_options"] = serde_json::json!({"include_usage": true});
+    let (_, got) = ask(&http, (&through_sluice, "Bearer asked"), asking, false).await?;
+    assert!(
+        got.contains(r#""choices":[],"#)
+            && got.contains(r#""usage":{"#)
+            && got.contains(r#""usage":null"#),
+        "{got}"
+    );
+    // A JSON answer, and options that are not an object (the provider
+    // refuses the body as it came).
+    let mut json = not_asking.clone();
+    json["stream"] = false.into();
+    let (status, got) = ask(&http, (&through_sluice, "Bearer asked"), json, false).await?;
+    assert!(
+        status == 200 && got.contains(r#""usage":{"#),
+        "{status} {got}"
+    );
+    let mut odd = not_asking.clone();
+    odd["stream_options"] = 5.into();
+    let (status, _) = ask(&http, (&through_sluice, "Bearer asked"), odd, false).await?;
+    assert_eq!(status, 400, "the body went as it came");
+    assert_eq!(envoy.policy_stat("stream_usage_asked", "llm")?, 1.0);
+    // A caller hanging up mid-stream: charged as aborted, nothing else.
+    let (status, _) = ask(&http, (&through_sluice, "Bearer asked"), not_asking, true).await?;
+    assert_eq!(status, 200);
+    stat_reaches(&envoy, "asked", "usage_aborted", 1.0).await?;
+    assert_eq!(envoy.policy_stat("stream_usage_asked", "llm")?, 2.0);
+    Ok(())
+}

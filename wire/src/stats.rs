@@ -43,6 +43,12 @@ counters! {
         /// Calls whose key (`key.json`) was not in their body: they share
         /// the bucket of calls without a key.
         KeyUnread = "key_unread", Total;
+        /// Streamed calls that did not ask for their usage, sent asking
+        /// (`usage.ask_stream_usage`).
+        StreamUsageAsked = "stream_usage_asked", Total;
+        /// Of their answers' usage chunks, those taken out before the
+        /// caller saw them.
+        StreamUsageStripped = "stream_usage_stripped", Total;
     }
 }
 

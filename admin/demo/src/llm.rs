@@ -9,8 +9,9 @@
 //! prompt counts as OpenAI bills it ([`crate::tokens`]); its answer between a fifth
 //! of `max_tokens` and all of it (a seeded sequence, so runs repeat), for
 //! each of its `n` choices (1 to 128). As OpenAI's, a streamed answer
-//! carries its usage (in a last chunk with no choices) only when the
-//! request asks for it (`"stream_options": {"include_usage": true}`). A
+//! carries its usage (in a last chunk with no choices, and `"usage":null`
+//! in each chunk before) only when the request asks for it
+//! (`"stream_options": {"include_usage": true}`). A
 //! single choice's text is short; several choices carry their text (a
 //! token per 4 bytes), so `n` makes an answer large.
 //! As OpenAI's, it caches prompts: a call whose body it has seen before
@@ -438,7 +439,10 @@ fn stream_answer(
         tokio::time::sleep(p.inner.limits.step).await;
         let event = if p.sent < p.inner.limits.content_events {
             p.sent += 1;
-            "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n".to_string()
+            // As OpenAI's: with usage asked for, every chunk before the
+            // last says `"usage":null`.
+            let usage = if p.with_usage { ",\"usage\":null" } else { "" };
+            format!("data: {{\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok {}\"}}}}]{usage}}}\n\n", p.sent)
         } else {
             p.done = true;
             p.inner.completed(&p.key, p.window, p.usage.total_tokens);

@@ -221,6 +221,11 @@ pub const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
         Kind::Weighted,
     ),
     (
+        "Real cost: ask streams for their usage",
+        "/usage/ask_stream_usage",
+        Kind::Flag,
+    ),
+    (
         "Real cost: most body bytes read",
         "/usage/max_body_bytes",
         Kind::Number,

@@ -77,6 +77,8 @@ pub enum Kind {
     Weighted,
     /// One of these words (a select; empty: the default).
     Choice(&'static [&'static str]),
+    /// `true` or `false` (a select of the two; empty: the default).
+    Flag,
     /// Header conditions: `name=value, name=value` → `[{name, equals}]`.
     Headers,
 }
@@ -89,6 +91,8 @@ pub const MODES: &[&str] = &["enforce", "shadow"];
 pub const SCOPES: &[&str] = &["instance", "global"];
 pub const PRIORITIES: &[&str] = &["normal", "high"];
 pub const RATELIMIT_HEADERS: &[&str] = &["refusals", "always"];
+/// A [`Kind::Flag`]'s words.
+pub const FLAGS: &[&str] = &["true", "false"];
 
 /// The JSON a field's text stands for; None removes the field.
 pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
@@ -129,6 +133,11 @@ pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
                 .collect(),
         ),
         Kind::Weighted => weighted(t),
+        Kind::Flag => match t {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            other => Value::String(other.to_string()),
+        },
     })
 }
 
@@ -347,6 +356,9 @@ mod tests {
         );
         // Not a number: kept as text for the server to refuse with a reason.
         assert_eq!(parse_input(Kind::Number, "3.4"), Some(json!(3.4)));
+        assert_eq!(parse_input(Kind::Flag, "true"), Some(json!(true)));
+        assert_eq!(parse_input(Kind::Flag, "false"), Some(json!(false)));
+        assert_eq!(parse_input(Kind::Flag, ""), None);
         assert_eq!(parse_input(Kind::Number, "NaN"), Some(json!("NaN")));
         set(&mut p, "/rate/burst", parse_input(Kind::Number, "ten"));
         assert_eq!(p["rate"]["burst"], "ten");
@@ -456,6 +468,7 @@ pub fn help(pointer: &str) -> &'static str {
         "/cost/default" => "The cost when the header or field is missing or not a number.",
         "/cost/max" => "Costs above this are counted as this.",
         "/cost/plus" => "Added to every estimate (e.g. a chat's framing: 3 tokens a message and 3 for the reply).",
+        "/usage/ask_stream_usage" => "OpenAI-style streams that do not ask for their usage are sent asking; what that adds to the answer is taken out before the caller sees it.",
         "/cost/plus_prompt/paths" => "Where the prompt is in the request's JSON (messages, input, prompt): its text's characters are added to the estimate.",
         "/cost/plus_prompt/chars_per_token" => "Characters a token holds: 4 for English, about 3.4 for JSON or code.",
         "/usage/header" => "The real cost, from this response header, settles the estimate.",

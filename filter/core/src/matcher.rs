@@ -505,11 +505,21 @@ impl CompiledPolicy {
     }
 
     /// Whether the call is decided only once its body is in: the match,
-    /// a key or a further limit's cost reads it.
+    /// a key or a further limit's cost reads it, or a streamed request is
+    /// to be asked for its usage.
     pub fn reads_request_body(&self) -> bool {
         !self.body_matches.is_empty()
             || self.keys_from_body
             || self.limits.iter().any(|l| l.cost_json.is_some())
+            || self.asks_stream_usage()
+    }
+
+    /// Whether a streamed request that does not ask for its usage is
+    /// made to ask (`usage.ask_stream_usage` on a further limit).
+    pub fn asks_stream_usage(&self) -> bool {
+        self.limits
+            .iter()
+            .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
     }
 
     /// Whether a further limit's real cost is read from the response.
@@ -836,6 +846,16 @@ impl CompiledPolicySet {
                 }
             }
         }
+    }
+
+    /// Whether a request whose body is awaited for policies from `from` on
+    /// may be made to ask for its stream's usage: its body may grow, so it
+    /// must go upstream without the length it came with.
+    pub fn may_ask_stream_usage<R: RequestHeaders + ?Sized>(&self, req: &R, from: usize) -> bool {
+        self.policies
+            .iter()
+            .skip(from)
+            .any(|p| p.asks_stream_usage() && p.matches(req))
     }
 
     pub fn find(&self, name: &str) -> Option<(usize, &CompiledPolicy)> {

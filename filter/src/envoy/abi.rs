@@ -42,6 +42,18 @@ extern "C" {
         return_buffer_size: *mut usize,
     ) -> u32;
 
+    #[link_name = "proxy_remove_header_map_value"]
+    fn remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+
+    #[link_name = "proxy_set_buffer_bytes"]
+    fn set_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        size: usize,
+        buffer_data: *const u8,
+        buffer_size: usize,
+    ) -> u32;
+
     #[link_name = "proxy_continue_stream"]
     fn continue_stream(stream_type: u32) -> u32;
 }
@@ -84,6 +96,19 @@ pub fn replace_header(map: MapType, key: &str, value: &[u8]) -> bool {
             value.len(),
         ) == STATUS_OK
     }
+}
+
+/// Removes a header of `map`; false when the host refused.
+pub fn remove_header(map: MapType, key: &str) -> bool {
+    // SAFETY: the key is a valid slice for the call.
+    unsafe { remove_header_map_value(map as u32, key.as_ptr(), key.len()) == STATUS_OK }
+}
+
+/// Replaces the first `size` bytes of a buffer with `value` (the whole of
+/// it when `size` is its length); false when the host refused.
+pub fn replace_buffer(buffer: BufferType, size: usize, value: &[u8]) -> bool {
+    // SAFETY: the value is a valid slice for the call.
+    unsafe { set_buffer_bytes(buffer as u32, 0, size, value.as_ptr(), value.len()) == STATUS_OK }
 }
 
 /// Up to `max` bytes of a buffer from `start`; None when there is none.

@@ -75,6 +75,14 @@ impl Host for EnvoyHost {
         hostcalls::send_http_response(status, headers.to_vec(), Some(body)).is_ok()
     }
 
+    fn remove_request_header(&self, name: &str) {
+        let _ = abi::remove_header(MapType::HttpRequestHeaders, name);
+    }
+
+    fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {
+        abi::replace_buffer(BufferType::HttpRequestBody, old_len, body)
+    }
+
     fn resume(&self, context_id: u32) -> bool {
         if hostcalls::set_effective_context(context_id).is_err() {
             return false;
@@ -443,6 +451,10 @@ impl HttpContext for SluiceStream {
                 let headers = EnvoyHeaders::of(MapType::HttpResponseHeaders);
                 self.reading_response =
                     w.on_response_headers(&EnvoyHost, self.context_id, &headers, end_of_stream);
+                if w.strips_answer(self.context_id) {
+                    // Its pieces change length as they pass.
+                    abi::remove_header(MapType::HttpResponseHeaders, "content-length");
+                }
             }
             if w.tells(self.context_id) {
                 told = w.answer_headers(&EnvoyHost, self.context_id);
@@ -463,11 +475,19 @@ impl HttpContext for SluiceStream {
         let Some(worker) = &self.worker else {
             return Action::Continue;
         };
-        // Passed on as it comes: only this piece is read, never buffered.
+        // Passed on as it comes: only this piece is read, never buffered
+        // (a stripped answer holds back at most an event's start).
         let chunk = abi::buffer(BufferType::HttpResponseBody, 0, body_size).unwrap_or_default();
         if let Ok(mut w) = worker.try_borrow_mut() {
-            self.reading_response =
+            let usage_wanted =
                 w.on_response_body(&EnvoyHost, self.context_id, &chunk, end_of_stream);
+            if let Some(passed) = w.strip_answer(&EnvoyHost, self.context_id, &chunk, end_of_stream)
+            {
+                if passed != chunk {
+                    abi::replace_buffer(BufferType::HttpResponseBody, body_size, &passed);
+                }
+            }
+            self.reading_response = usage_wanted || w.strips_answer(self.context_id);
         }
         Action::Continue
     }

@@ -522,3 +522,77 @@ fn a_body_reading_policy_keys_its_limits_by_headers_read_while_they_pass() {
     // 1 000 a minute per key at 400 a call: two calls each, not two in all.
     assert_eq!(admitted.values().copied().collect::<Vec<_>>(), [2, 2]);
 }
+
+/// `ask_stream_usage`: a streamed call not asking is sent asking (its body
+/// replaced, its length dropped while its headers pass); its answer's
+/// usage chunk is taken out and still read; a call already asking, and a
+/// refusal's JSON answer, go as they are.
+#[test]
+fn a_stream_is_asked_for_its_usage_and_the_answer_loses_what_that_added() {
+    let policies = TOKENS_PER_MINUTE.replace(
+        r#""max_body_bytes": 2048}"#,
+        r#""max_body_bytes": 2048, "ask_stream_usage": true}"#,
+    );
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &policies);
+    let body = br#"{"max_tokens": 900, "stream": true}"#;
+    assert_eq!(call(&host, &mut w, 1, body), Verdict::Continue);
+    assert_eq!(*host.removed_headers.borrow(), ["content-length"]);
+    let replaced = host.replaced_bodies.borrow().clone();
+    assert_eq!(
+        replaced,
+        [(
+            body.len(),
+            br#"{"stream_options":{"include_usage":true},"max_tokens": 900, "stream": true}"#
+                .to_vec()
+        )]
+    );
+    let headers: Vec<(&str, &[u8])> =
+        vec![(":status", b"200"), ("content-type", b"text/event-stream")];
+    assert!(w.on_response_headers(&host, 1, headers.as_slice(), false));
+    assert!(w.strips_answer(1));
+    let content = b"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n";
+    let usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":400,\"completion_tokens\":500}}\n\ndata: [DONE]\n\n";
+    let mut got = Vec::new();
+    for (chunk, end) in [(&content[..], false), (&usage[..], true)] {
+        w.on_response_body(&host, 1, chunk, end);
+        got.extend(w.strip_answer(&host, 1, chunk, end).unwrap_or_default());
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n"
+    );
+    w.on_stream_end(&host, 1);
+    pass(&host, &mut w, 100);
+    assert_eq!(host.metric("sluice.limit.tpm.usage_read"), 1);
+    assert_eq!(host.metric("sluice.policy.llm.stream_usage_asked"), 1);
+    assert_eq!(host.metric("sluice.policy.llm.stream_usage_stripped"), 1);
+    // Already asking: the body goes as it is, the answer too.
+    let asking =
+        br#"{"max_tokens": 900, "stream": true, "stream_options": {"include_usage": true}}"#;
+    assert_eq!(call(&host, &mut w, 2, asking), Verdict::Continue);
+    assert_eq!(host.replaced_bodies.borrow().len(), 1);
+    assert!(w.on_response_headers(&host, 2, headers.as_slice(), false));
+    assert!(!w.strips_answer(2));
+    assert_eq!(w.strip_answer(&host, 2, usage, true), None);
+    w.on_stream_end(&host, 2);
+    // Asked, but the provider answered JSON (a refusal): left as it is.
+    assert_eq!(call(&host, &mut w, 3, body), Verdict::Continue);
+    let json: Vec<(&str, &[u8])> = vec![(":status", b"429"), ("content-type", b"application/json")];
+    w.on_response_headers(&host, 3, json.as_slice(), false);
+    assert!(!w.strips_answer(3));
+    w.on_stream_end(&host, 3);
+}
+
+/// Without `ask_stream_usage` nothing of the request is touched.
+#[test]
+fn without_asking_no_body_or_length_is_touched() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, TOKENS_PER_MINUTE);
+    assert_eq!(
+        call(&host, &mut w, 1, br#"{"max_tokens": 900, "stream": true}"#),
+        Verdict::Continue
+    );
+    assert!(host.removed_headers.borrow().is_empty());
+    assert!(host.replaced_bodies.borrow().is_empty());
+}

@@ -22,6 +22,7 @@
 //! the glue can run them after it stops borrowing the worker.
 
 mod admission;
+mod asked_usage;
 mod budgets;
 mod ctx;
 mod key_counts;
@@ -118,6 +119,8 @@ struct Parts {
     streams: Streams,
     /// Admitted calls whose cost their response settles.
     usages: Usages,
+    /// Streamed calls sent asking for their usage; their answers' stripping.
+    asked: asked_usage::AskedStreams,
     /// Admitted calls whose answer may pause their limits.
     listening: provider::Listening,
     /// Calls whose answer tells the caller where the limits stand.
@@ -163,6 +166,7 @@ impl Worker {
                 prefetches: Prefetches::default(),
                 streams: Streams::default(),
                 usages: Usages::default(),
+                asked: asked_usage::AskedStreams::default(),
                 listening: provider::Listening::default(),
                 telling: telling::Telling::default(),
                 sync: SyncClient::default(),
@@ -305,7 +309,31 @@ impl Worker {
     /// Whether the stream's response is read: for what the call cost, or
     /// for what the provider says of its limit.
     pub fn reads_response(&self, context_id: u32) -> bool {
-        self.parts.usages.awaits(context_id) || self.parts.listening.awaits(context_id)
+        self.parts.usages.awaits(context_id)
+            || self.parts.listening.awaits(context_id)
+            || self.parts.asked.awaits(context_id)
+    }
+
+    /// Whether the answer to stream `context_id` is rewritten as it
+    /// passes (what asking for a stream's usage added taken out): it
+    /// loses its `content-length`, and each piece is replaced by
+    /// [`Worker::strip_answer`]'s.
+    pub fn strips_answer(&self, context_id: u32) -> bool {
+        self.parts.asked.strips(context_id)
+    }
+
+    /// What the caller gets of the answer's next piece, when it is
+    /// stripped (None: the piece goes as it is).
+    pub fn strip_answer<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) -> Option<Vec<u8>> {
+        self.event(host, When::Recent, |parts, ctx| {
+            parts.asked.strip(ctx, context_id, chunk, end_of_stream)
+        })
     }
 
     /// Whether the stream's answer tells its caller where the limits
@@ -347,9 +375,12 @@ impl Worker {
             if news {
                 parts.sync.hurry(ctx);
             }
-            parts
+            // Before the usage reader, which may settle and forget the call.
+            let strips = !end_of_stream && parts.asked.on_headers(context_id, headers);
+            let reads = parts
                 .usages
-                .on_headers(ctx, context_id, headers, end_of_stream)
+                .on_headers(ctx, context_id, headers, end_of_stream);
+            reads || strips
         })
     }
 
@@ -414,6 +445,10 @@ impl Parts {
         R: RequestHeaders + ?Sized,
     {
         let policies = Rc::clone(&self.policies);
+        let raw = match body {
+            RequestBody::Read(Some(raw)) => Some(raw),
+            RequestBody::Absent | RequestBody::Coming | RequestBody::Read(None) => None,
+        };
         // A body is read only when a policy asked for it (ReadBody).
         let body = match body {
             RequestBody::Absent => BodyJson::Absent,
@@ -430,6 +465,11 @@ impl Parts {
                 // Read while the headers pass: the host answers header
                 // reads no more once the body comes.
                 policies.keep_headers_for_body(req, from);
+                if policies.may_ask_stream_usage(req, from) {
+                    // Its body may grow: the length it came with must not
+                    // go upstream with it (the headers go on now).
+                    ctx.host.remove_request_header("content-length");
+                }
                 return Verdict::ReadBody;
             }
             Classified::Decided { class, passed_over } => (class, passed_over),
@@ -494,6 +534,9 @@ impl Parts {
         if !matches!(decision, Decision::Refuse(_)) {
             self.telling
                 .expect(context_id, &policies, class.policy_index);
+            if let Some(raw) = raw {
+                self.asked.ask(ctx, context_id, policy, raw);
+            }
         }
         let series = match self.series.get(class.policy_index) {
             Some(series) => *series,
@@ -594,6 +637,7 @@ impl Parts {
     fn stream_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
         self.listening.forget(context_id);
         self.telling.forget(context_id);
+        self.asked.end(context_id);
         if self.usages.awaits(context_id) {
             self.usages.on_end(ctx, context_id);
         }

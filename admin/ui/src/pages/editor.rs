@@ -59,6 +59,7 @@ fn field_input(
     on_text: impl Fn(String) + 'static,
 ) -> AnyView {
     match kind {
+        Kind::Flag => field_input(id, name, Kind::Choice(form::FLAGS), text, on_text),
         Kind::Choice(words) => {
             let options = words
                 .iter()

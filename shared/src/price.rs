@@ -1,0 +1,430 @@
+//! Money: a price table (per model, per million tokens of input, output
+//! and cached input, in one currency) and what a call costs in it, in
+//! whole millionths of the currency ("micro-units"). No floating point
+//! in the books: prices are read from their decimal text and every sum
+//! is integer arithmetic, rounded up once per call.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::policy::{PromptEstimate, UsagePaths};
+
+/// An amount of money in millionths of its currency. Written as a decimal
+/// with at most 6 places, as text (`"2.50"`) or a number (`2.5`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Money(pub u64);
+
+/// Why a decimal is not an amount of money.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MoneyError {
+    #[error("{0:?} is not an amount: digits, at most one '.', at most 6 places after it")]
+    NotAnAmount(String),
+    #[error("{0:?} is more than {max}", max = Money::MAX)]
+    TooLarge(String),
+}
+
+impl Money {
+    /// Micro-units in one unit of the currency.
+    pub const ONE: u64 = 1_000_000;
+    /// A trillion units: no price or budget is near it, and every product
+    /// of it with a token count fits an i128.
+    pub const MAX: Money = Money(1_000_000_000_000 * Self::ONE);
+
+    pub fn micros(self) -> u64 {
+        self.0
+    }
+
+    /// Parses `"12"`, `"2.5"`, `"0.075"`: exact, never through a float.
+    pub fn parse(text: &str) -> Result<Self, MoneyError> {
+        let bad = || MoneyError::NotAnAmount(text.to_string());
+        let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+        let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+        if whole.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 6 {
+            return Err(bad());
+        }
+        if text.contains('.') && fraction.is_empty() {
+            return Err(bad());
+        }
+        let too_large = || MoneyError::TooLarge(text.to_string());
+        let whole: u64 = whole.parse().map_err(|_| too_large())?;
+        let fraction: u64 = format!("{fraction:0<6}").parse().map_err(|_| bad())?;
+        let micros = whole
+            .checked_mul(Self::ONE)
+            .and_then(|w| w.checked_add(fraction))
+            .ok_or_else(too_large)?;
+        if micros > Self::MAX.0 {
+            return Err(too_large());
+        }
+        Ok(Money(micros))
+    }
+}
+
+impl fmt::Display for Money {
+    /// The shortest decimal: `2.5`, `0.075`, `12`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (whole, fraction) = (self.0 / Self::ONE, self.0 % Self::ONE);
+        if fraction == 0 {
+            return write!(f, "{whole}");
+        }
+        let places = format!("{fraction:06}");
+        write!(f, "{whole}.{}", places.trim_end_matches('0'))
+    }
+}
+
+impl Serialize for Money {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Money {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Money;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an amount: \"2.50\" or 2.5, at most 6 decimal places")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Money, E> {
+                Money::parse(v).map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Money, E> {
+                Money::parse(&v.to_string()).map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Money, E> {
+                Money::parse(&v.to_string()).map_err(E::custom)
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Money, E> {
+                // The shortest text that reads back as this number: `2.5`
+                // for 2.5, never 2.4999…; then parsed exactly.
+                Money::parse(&format!("{v}")).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Money {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Money".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "An amount of money: a decimal with at most 6 places, as text (\"2.50\") or a number (2.5).",
+            "oneOf": [
+                { "type": "string", "pattern": "^[0-9]+(\\.[0-9]{1,6})?$" },
+                { "type": "number", "minimum": 0 }
+            ]
+        })
+    }
+}
+
+/// What models cost, per million tokens, in one currency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PriceTable {
+    /// An ISO 4217 code (`USD`, `EUR`): every amount of the table, and of
+    /// every limit whose cost is `price`, is in it.
+    pub currency: String,
+    /// By the model's name as the request's `model` field gives it; a
+    /// name ending in `*` prices every model it begins (`gpt-4o-*`), the
+    /// longest such entry first. An exact name wins over any prefix.
+    pub models: BTreeMap<String, ModelPrice>,
+    /// The price of a model not in `models`; without it such a call is
+    /// refused by every limit whose cost is `price` (never free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<ModelPrice>,
+}
+
+/// One model's prices per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input: Money,
+    pub output: Money,
+    /// Input read from the provider's prompt cache; default: `input`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<Money>,
+}
+
+impl ModelPrice {
+    pub fn cached_input(&self) -> Money {
+        self.cached_input.unwrap_or(self.input)
+    }
+}
+
+/// How a provider reports the token kinds a price reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum UsageFormat {
+    /// `usage.prompt_tokens` (cached ones included, as
+    /// `usage.prompt_tokens_details.cached_tokens`) and
+    /// `usage.completion_tokens`, in the JSON answer or a stream's last
+    /// chunk.
+    #[default]
+    Openai,
+    /// `usage.input_tokens` (cached reads apart, as
+    /// `usage.cache_read_input_tokens`) and `usage.output_tokens`; in a
+    /// stream, the input in `message_start`'s `message.usage`.
+    Anthropic,
+}
+
+/// A limit whose cost is money (`"cost": "price"`, or `{"price": {...}}`
+/// to set how the estimate is made): estimated before the call at the
+/// model's prices, charged after it from the usage the answer reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PriceCost {
+    /// The request's field of the most output tokens it asks for.
+    #[serde(default = "PriceCost::default_output")]
+    pub output: String,
+    /// Output tokens estimated when the request does not say.
+    #[serde(default = "PriceCost::default_output_tokens")]
+    pub default_output: u64,
+    /// How the prompt's input tokens are estimated.
+    #[serde(default = "PriceCost::default_prompt")]
+    pub prompt: PromptEstimate,
+    /// How the answer reports its usage.
+    #[serde(default)]
+    pub usage: UsageFormat,
+}
+
+impl Default for PriceCost {
+    fn default() -> Self {
+        Self {
+            output: Self::default_output(),
+            default_output: Self::default_output_tokens(),
+            prompt: Self::default_prompt(),
+            usage: UsageFormat::default(),
+        }
+    }
+}
+
+impl PriceCost {
+    fn default_output() -> String {
+        "max_tokens".into()
+    }
+
+    fn default_output_tokens() -> u64 {
+        4096
+    }
+
+    fn default_prompt() -> PromptEstimate {
+        PromptEstimate {
+            paths: ["messages", "input", "prompt", "system"]
+                .map(String::from)
+                .to_vec(),
+            chars_per_token: PromptEstimate::DEFAULT_CHARS_PER_TOKEN,
+        }
+    }
+
+    /// The usage paths of `format`, each weighed by `price` (micro-units
+    /// per million tokens): their sum over a million is the call's cost.
+    /// JSON answers and streams.
+    pub fn weighed_usage(format: UsageFormat, price: &ModelPrice) -> (UsagePaths, UsagePaths) {
+        let weight = |m: Money| i64::try_from(m.micros()).unwrap_or(i64::MAX);
+        let (input, output, cached) = (
+            weight(price.input),
+            weight(price.output),
+            weight(price.cached_input()),
+        );
+        let paths = |list: &[(&str, i64)]| {
+            UsagePaths(
+                list.iter()
+                    .filter(|(_, w)| *w != 0)
+                    .map(|(p, w)| (p.to_string(), *w))
+                    .collect(),
+            )
+        };
+        match format {
+            // Cached tokens are within prompt_tokens: they are charged
+            // the difference of the two prices on top.
+            UsageFormat::Openai => {
+                let json = paths(&[
+                    ("usage.prompt_tokens", input),
+                    ("usage.prompt_tokens_details.cached_tokens", cached - input),
+                    ("usage.completion_tokens", output),
+                ]);
+                (json.clone(), json)
+            }
+            UsageFormat::Anthropic => (
+                paths(&[
+                    ("usage.input_tokens", input),
+                    ("usage.cache_read_input_tokens", cached),
+                    ("usage.output_tokens", output),
+                ]),
+                paths(&[
+                    ("message.usage.input_tokens", input),
+                    ("message.usage.cache_read_input_tokens", cached),
+                    ("usage.output_tokens", output),
+                ]),
+            ),
+        }
+    }
+}
+
+/// Tokens at a price per million: micro-units, rounded up.
+pub fn cost_of(tokens: u64, per_million: Money) -> u64 {
+    let product = u128::from(tokens) * u128::from(per_million.micros());
+    u64::try_from(product.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// A [`PriceTable`] ready to look models up.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CompiledPrices {
+    exact: BTreeMap<String, ModelPrice>,
+    /// `gpt-4o-*` as `gpt-4o-`, longest first.
+    prefixes: Vec<(String, ModelPrice)>,
+    default: Option<ModelPrice>,
+}
+
+impl CompiledPrices {
+    pub fn new(table: &PriceTable) -> Self {
+        let mut prefixes: Vec<(String, ModelPrice)> = table
+            .models
+            .iter()
+            .filter_map(|(name, price)| Some((name.strip_suffix('*')?.to_string(), *price)))
+            .collect();
+        prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        Self {
+            exact: table
+                .models
+                .iter()
+                .filter(|(name, _)| !name.ends_with('*'))
+                .map(|(name, price)| (name.clone(), *price))
+                .collect(),
+            prefixes,
+            default: table.default,
+        }
+    }
+
+    /// The prices of `model` (None: the request names none): the exact
+    /// entry, else the longest prefix, else the default, else none.
+    pub fn of(&self, model: Option<&str>) -> Option<&ModelPrice> {
+        let found = model.and_then(|m| {
+            self.exact.get(m).or_else(|| {
+                self.prefixes
+                    .iter()
+                    .find(|(prefix, _)| m.starts_with(prefix.as_str()))
+                    .map(|(_, price)| price)
+            })
+        });
+        found.or(self.default.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn amounts_are_read_exactly_and_written_short() {
+        for (text, micros, shown) in [
+            ("2.50", 2_500_000, "2.5"),
+            ("0.075", 75_000, "0.075"),
+            ("12", 12_000_000, "12"),
+            ("0.000001", 1, "0.000001"),
+            ("0", 0, "0"),
+        ] {
+            let m = Money::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!((m.micros(), m.to_string().as_str()), (micros, shown));
+        }
+        for bad in [
+            "",
+            ".5",
+            "5.",
+            "1.0000001",
+            "-1",
+            "1e3",
+            "1,5",
+            "NaN",
+            " 1",
+            "1.2.3",
+        ] {
+            assert!(Money::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(matches!(
+            Money::parse("1000000000001"),
+            Err(MoneyError::TooLarge(_))
+        ));
+        assert!(matches!(
+            Money::parse("99999999999999999999999"),
+            Err(MoneyError::TooLarge(_))
+        ));
+        // Numbers read through their shortest text, never a float's error.
+        let from_json = |j: &str| serde_json::from_str::<Money>(j).map(Money::micros).ok();
+        assert_eq!(from_json("0.1"), Some(100_000));
+        assert_eq!(from_json("2.675"), Some(2_675_000));
+        assert_eq!(from_json("15"), Some(15_000_000));
+        assert_eq!(from_json("0.0000001"), None);
+        assert_eq!(from_json("-2"), None);
+        assert_eq!(from_json("true"), None);
+    }
+
+    #[test]
+    fn costs_round_up_once_per_call() {
+        let per_million = Money::parse("0.15").unwrap_or_default();
+        assert_eq!(cost_of(100, per_million), 15);
+        assert_eq!(cost_of(1, per_million), 1, "0.15 micro-units round up");
+        assert_eq!(cost_of(0, per_million), 0);
+        assert_eq!(cost_of(u64::MAX, Money::MAX), u64::MAX, "saturates");
+    }
+
+    #[test]
+    fn exact_names_then_the_longest_prefix_then_the_default() {
+        let price = |input: &str| ModelPrice {
+            input: Money::parse(input).unwrap_or_default(),
+            output: Money::default(),
+            cached_input: None,
+        };
+        let table = PriceTable {
+            currency: "USD".into(),
+            models: [
+                ("gpt-4o".to_string(), price("2.5")),
+                ("gpt-4o-*".to_string(), price("3")),
+                ("gpt-4o-mini*".to_string(), price("0.15")),
+            ]
+            .into_iter()
+            .collect(),
+            default: None,
+        };
+        let prices = CompiledPrices::new(&table);
+        let input = |m: Option<&str>| prices.of(m).map(|p| p.input.to_string());
+        assert_eq!(input(Some("gpt-4o")).as_deref(), Some("2.5"));
+        assert_eq!(input(Some("gpt-4o-2024-08-06")).as_deref(), Some("3"));
+        assert_eq!(input(Some("gpt-4o-mini-2024")).as_deref(), Some("0.15"));
+        assert_eq!(input(Some("claude")), None);
+        assert_eq!(input(None), None);
+        let with_default = CompiledPrices::new(&PriceTable {
+            default: Some(price("10")),
+            ..table
+        });
+        assert_eq!(
+            with_default
+                .of(Some("claude"))
+                .map(|p| p.input.to_string())
+                .as_deref(),
+            Some("10")
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn what_is_written_reads_back_the_same(micros in 0u64..=Money::MAX.0) {
+            let m = Money(micros);
+            prop_assert_eq!(Money::parse(&m.to_string()), Ok(m));
+            let json = serde_json::to_string(&m).unwrap_or_default();
+            prop_assert_eq!(serde_json::from_str::<Money>(&json).ok(), Some(m));
+        }
+    }
+}
