@@ -286,6 +286,7 @@ pub fn load(files: &[SourceFile]) -> Result<Loaded, ValidationErrors> {
     if errors.is_empty() {
         let set = PolicySet {
             version: 1,
+            prices: None,
             policies: loaded.policies.clone(),
         };
         if let Err(e) = validate_policy_set(&set) {

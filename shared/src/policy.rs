@@ -18,6 +18,9 @@ use schemars::JsonSchema;
 pub struct PolicySet {
     /// Increases with every change; filters install a set only when it is newer.
     pub version: u64,
+    /// What models cost, for limits whose cost is money (`"cost": "price"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<crate::price::PriceTable>,
     pub policies: Vec<Policy>,
 }
 
@@ -532,12 +535,47 @@ impl WarmupSpec {
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(
     untagged,
-    expecting = "a number of tokens, {\"header\": ..., \"default\": ..., \"max\": ...} or {\"json\": ..., \"plus\": ..., \"plus_prompt\": {\"paths\": [...], \"chars_per_token\": ...}, \"default\": ..., \"max\": ...}"
+    expecting = "a number of tokens, {\"header\": ..., \"default\": ..., \"max\": ...}, {\"json\": ..., \"plus\": ..., \"plus_prompt\": {\"paths\": [...], \"chars_per_token\": ...}, \"default\": ..., \"max\": ...}, \"price\" or {\"price\": {\"output\": ..., \"default_output\": ..., \"prompt\": ..., \"usage\": \"openai\" or \"anthropic\"}}"
 )]
 pub enum CostSpec {
     Fixed(u64),
     FromHeader(CostFromHeader),
     FromRequestJson(CostFromRequestJson),
+    /// Money at the set's `prices` (in `limits` only): the limit's
+    /// `rate.requests` is then its budget in millionths of the currency.
+    Price(PriceCostSpec),
+}
+
+/// `"price"`, or `{"price": {...}}` to set how it is estimated and read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(untagged)]
+pub enum PriceCostSpec {
+    Word(PriceWord),
+    Set(PricedWith),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PriceWord {
+    Price,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PricedWith {
+    pub price: crate::price::PriceCost,
+}
+
+impl PriceCostSpec {
+    pub fn cost(&self) -> crate::price::PriceCost {
+        match self {
+            PriceCostSpec::Word(_) => crate::price::PriceCost::default(),
+            PriceCostSpec::Set(with) => with.price.clone(),
+        }
+    }
 }
 
 impl Default for CostSpec {
@@ -557,12 +595,19 @@ impl CostSpec {
             CostSpec::Fixed(n) => *n,
             CostSpec::FromHeader(h) => h.max.max(h.default),
             CostSpec::FromRequestJson(j) => j.max.max(j.default),
+            // Money has no most: the estimate is the most a call can be.
+            CostSpec::Price(_) => 0,
         }
     }
 
     /// Whether the cost is known only once the request's body is read.
     pub fn reads_request_body(&self) -> bool {
-        matches!(self, CostSpec::FromRequestJson(_))
+        matches!(self, CostSpec::FromRequestJson(_) | CostSpec::Price(_))
+    }
+
+    /// Whether the cost is money at the set's prices.
+    pub fn is_price(&self) -> bool {
+        matches!(self, CostSpec::Price(_))
     }
 }
 
@@ -711,6 +756,14 @@ impl UnreadCharge {
     /// The tokens charged for unread usage of a limit whose cost is
     /// `cost` (None: the estimate).
     pub fn tokens(&self, cost: &CostSpec) -> Option<u64> {
+        // Money's estimate already counts the most output the call asked
+        // for at its model's price: "max" is that estimate.
+        if cost.is_price() {
+            return match self {
+                UnreadCharge::Tokens(n) => Some(*n),
+                UnreadCharge::Named(_) => None,
+            };
+        }
         match self {
             UnreadCharge::Named(UnreadName::Max) => Some(cost.max_cost()),
             UnreadCharge::Named(UnreadName::Estimate) => None,

@@ -43,6 +43,11 @@ impl PromptTokens {
             .filter_map(|p| p.value_in(body))
             .map(chars_of_strings)
             .fold(0, u64::saturating_add);
+        self.tokens_of_chars(chars)
+    }
+
+    /// The estimated tokens of `chars` characters of text.
+    pub fn tokens_of_chars(&self, chars: u64) -> u64 {
         chars
             .saturating_mul(1000)
             .div_ceil(self.milli_chars_per_token)

@@ -93,6 +93,9 @@ pub struct CompiledUsage {
     unread: Option<u64>,
     /// Streamed requests are asked for their usage ([`crate::stream_usage`]).
     pub ask_stream_usage: bool,
+    /// The paths' weighed sum counts this many to one (a million for a
+    /// price per million tokens), rounded up.
+    per: u64,
 }
 
 impl CompiledUsage {
@@ -112,6 +115,31 @@ impl CompiledUsage {
             max_body_bytes: usize::try_from(spec.max_body_bytes()).unwrap_or(usize::MAX),
             unread: spec.unread.tokens(cost),
             ask_stream_usage: spec.ask_stream_usage,
+            per: 1,
+        }
+    }
+
+    /// The usage of one call of a limit whose cost is money: its answer's
+    /// token kinds at `price`, in micro-units (`spec`: the limit's own
+    /// `usage`, for its read bound, unread charge and streams).
+    pub fn priced(
+        spec: Option<&UsageSpec>,
+        cost: &crate::policy::CostSpec,
+        format: crate::price::UsageFormat,
+        price: &crate::price::ModelPrice,
+    ) -> Self {
+        let default = UsageSpec::default();
+        let spec = spec.unwrap_or(&default);
+        let (json, events) = crate::price::PriceCost::weighed_usage(format, price);
+        let priced = UsageSpec {
+            header: None,
+            json,
+            events,
+            ..spec.clone()
+        };
+        Self {
+            per: 1_000_000,
+            ..Self::new(&priced, cost)
         }
     }
 
@@ -127,7 +155,8 @@ impl CompiledUsage {
         if self.header.is_some() {
             return None;
         }
-        let reader = UsageReader::new(Vec::new(), content_type, self.max_body_bytes);
+        let mut reader = UsageReader::new(Vec::new(), content_type, self.max_body_bytes);
+        reader.per = self.per.max(1);
         let paths = match reader.mode {
             Mode::Json => self.json.clone(),
             Mode::EventStream => self.events.clone(),
@@ -171,6 +200,8 @@ pub struct UsageReader {
     /// The latest value seen of each path (event streams).
     latest: Vec<Option<u64>>,
     failed: Option<UsageError>,
+    /// The weighed sum counts this many to one, rounded up.
+    per: u64,
 }
 
 impl UsageReader {
@@ -191,6 +222,7 @@ impl UsageReader {
             max_bytes,
             pending: Vec::new(),
             failed: None,
+            per: 1,
         }
     }
 
@@ -297,7 +329,9 @@ impl UsageReader {
                 None => return Err(UsageError::Missing(path.text.clone())),
             }
         }
-        Ok(u64::try_from(total.max(0)).unwrap_or(u64::MAX))
+        let per = i128::from(self.per.max(1));
+        let total = total.max(0).saturating_add(per - 1) / per;
+        Ok(u64::try_from(total).unwrap_or(u64::MAX))
     }
 
     /// Bytes this reader holds now (the body so far, or a line).

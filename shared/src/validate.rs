@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::duration::DurationMs;
 use crate::policy::*;
+use crate::price::{ModelPrice, Money, PriceTable};
 use crate::usage::UsagePath;
 
 /// Bounds that keep every value meaningful and every computation in range.
@@ -55,6 +56,10 @@ pub mod bounds {
     pub const MAX_JSON_MATCHES: usize = 8;
     pub const MAX_JSON_ONE_OF: usize = 64;
     pub const MAX_PROMPT_PATHS: usize = 8;
+    pub const MAX_PRICED_MODELS: usize = 1024;
+    pub const MAX_MODEL_NAME: usize = 128;
+    /// Per million tokens, in units of the currency.
+    pub const MAX_PRICE_PER_MILLION: u64 = 100_000;
     pub const MIN_CHARS_PER_TOKEN: f64 = 0.25;
     pub const MAX_CHARS_PER_TOKEN: f64 = 64.0;
     pub const MAX_USAGE_BODY_BYTES: u32 = 16 * 1024 * 1024;
@@ -192,11 +197,11 @@ pub fn policy_set_from_value(value: Value) -> Result<PolicySet, ValidationErrors
     let mut errors = Vec::new();
     for unknown in fields
         .keys()
-        .filter(|k| *k != "version" && *k != "policies")
+        .filter(|k| !["version", "prices", "policies"].contains(&k.as_str()))
     {
         errors.push(FieldError {
             path: unknown.clone(),
-            message: "unknown field, expected `version` or `policies`".into(),
+            message: "unknown field, expected `version`, `prices` or `policies`".into(),
         });
     }
     let version = match fields.remove("version") {
@@ -206,6 +211,12 @@ pub fn policy_set_from_value(value: Value) -> Result<PolicySet, ValidationErrors
         }
         Some(v) => typed::<u64>(v, "version", &mut errors),
     };
+    let prices = fields
+        .remove("prices")
+        .and_then(|v| typed::<PriceTable>(v, "prices", &mut errors));
+    if let Some(prices) = &prices {
+        check_prices(&mut Report::new(&mut errors, "prices"), prices);
+    }
     let items = match fields.remove("policies") {
         None => {
             errors.push(field_missing("policies"));
@@ -236,10 +247,12 @@ pub fn policy_set_from_value(value: Value) -> Result<PolicySet, ValidationErrors
     }
     check_unique_names(&policies, &mut errors);
     check_shared_limits(&policies, &mut errors);
+    check_priced_limits(&policies, prices.is_some(), &mut errors);
     ValidationErrors::from_vec(errors)?;
     Ok(PolicySet {
         // Reaching here means no error was recorded, so version parsed.
         version: version.unwrap_or_default(),
+        prices,
         policies: policies.into_iter().map(|(_, p)| p).collect(),
     })
 }
@@ -386,7 +399,12 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
         check_rate(&mut r, rate);
     }
     check_cost(&mut r, &policy.cost, policy.rate.as_ref());
-    if policy.cost.reads_request_body() {
+    if policy.cost.is_price() {
+        r.at(
+            "cost",
+            "a price is for `limits` only: give a further limit whose cost is `price`",
+        );
+    } else if policy.cost.reads_request_body() {
         r.at(
             "cost.json",
             "a cost read from the request body is for `limits` only; the policy's own `cost` is a number or a header",
@@ -510,8 +528,10 @@ fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateSpec) {
         }
     }
     check_cost(lr, &limit.cost, Some(rate));
-    if let Some(usage) = &limit.usage {
-        check_usage(lr, usage);
+    match &limit.usage {
+        Some(usage) if limit.cost.is_price() => check_price_usage(lr, usage),
+        Some(usage) => check_usage(lr, usage),
+        None => {}
     }
     if let Some(provider) = &limit.provider {
         check_provider(lr, provider);
@@ -847,13 +867,24 @@ fn check_cost(r: &mut Report, cost: &CostSpec, rate: Option<&RateSpec>) {
                 over_capacity,
             );
         }
+        CostSpec::Price(spec) => {
+            let price = spec.cost();
+            check_json_path(r, "cost.price.output", &price.output);
+            r.range_u64(
+                "cost.price.default_output",
+                price.default_output,
+                1,
+                bounds::MAX_BURST,
+            );
+            check_prompt_estimate(r, "cost.price.prompt", &price.prompt);
+        }
         CostSpec::FromRequestJson(j) => {
             check_json_path(r, "cost.json", &j.json);
             if j.plus > bounds::MAX_BURST {
                 r.at("cost.plus", format!("must be <= {}", bounds::MAX_BURST));
             }
             if let Some(prompt) = &j.plus_prompt {
-                check_prompt_estimate(r, prompt);
+                check_prompt_estimate(r, "cost.plus_prompt", prompt);
             }
             check_default_and_max(
                 r,
@@ -910,26 +941,26 @@ fn check_json_path(r: &mut Report, field: &str, path: &str) {
 /// Where a prompt's text is and how many characters make a token: a few
 /// paths, and a ratio a tokenizer could have (a quarter of a character,
 /// as some scripts' characters take several tokens, to 64).
-fn check_prompt_estimate(r: &mut Report, prompt: &PromptEstimate) {
+fn check_prompt_estimate(r: &mut Report, field: &str, prompt: &PromptEstimate) {
     if prompt.paths.is_empty() {
         r.at(
-            "cost.plus_prompt.paths",
+            &format!("{field}.paths"),
             "name at least one path (messages)",
         );
     }
     if prompt.paths.len() > bounds::MAX_PROMPT_PATHS {
         r.at(
-            "cost.plus_prompt.paths",
+            &format!("{field}.paths"),
             format!("at most {} paths", bounds::MAX_PROMPT_PATHS),
         );
     }
     for (i, path) in prompt.paths.iter().enumerate() {
-        check_json_path(r, &format!("cost.plus_prompt.paths[{i}]"), path);
+        check_json_path(r, &format!("{field}.paths[{i}]"), path);
     }
     let ratio = prompt.chars_per_token;
     if !(bounds::MIN_CHARS_PER_TOKEN..=bounds::MAX_CHARS_PER_TOKEN).contains(&ratio) {
         r.at(
-            "cost.plus_prompt.chars_per_token",
+            &format!("{field}.chars_per_token"),
             format!(
                 "must be between {} and {} characters",
                 bounds::MIN_CHARS_PER_TOKEN,
@@ -1049,6 +1080,111 @@ fn check_usage(r: &mut Report, usage: &UsageSpec) {
     }
     if let crate::policy::UnreadCharge::Tokens(n) = usage.unread {
         r.range_u64("usage.unread", n, 1, bounds::MAX_REQUESTS);
+    }
+}
+
+/// A price limit reads its usage as its `price.usage` says: its `usage`
+/// may only ask streams for it and bound the read.
+fn check_price_usage(r: &mut Report, usage: &UsageSpec) {
+    if usage.header.is_some() || !usage.json.is_empty() || !usage.events.is_empty() {
+        r.at(
+            "usage",
+            "a price reads the answer's usage as `cost.price.usage` says (openai or anthropic): give only `ask_stream_usage`, `unread` or `max_body_bytes`",
+        );
+    }
+    if let Some(max) = usage.max_body_bytes {
+        r.range_u64(
+            "usage.max_body_bytes",
+            u64::from(max),
+            1024,
+            u64::from(bounds::MAX_USAGE_BODY_BYTES),
+        );
+    }
+    if let crate::policy::UnreadCharge::Tokens(n) = usage.unread {
+        r.range_u64("usage.unread", n, 1, bounds::MAX_REQUESTS);
+    }
+}
+
+/// A price table: a known currency, named models, prices a provider
+/// could charge.
+fn check_prices(r: &mut Report, prices: &PriceTable) {
+    if iso_currency::Currency::from_code(&prices.currency).is_none() {
+        r.at(
+            "currency",
+            format!(
+                "{:?} is not an ISO 4217 currency code (USD, EUR, GBP, JPY, ...)",
+                prices.currency
+            ),
+        );
+    }
+    if prices.models.len() > bounds::MAX_PRICED_MODELS {
+        r.at(
+            "models",
+            format!("at most {} models", bounds::MAX_PRICED_MODELS),
+        );
+    }
+    for (name, price) in &prices.models {
+        let at = format!("models.{name}");
+        let bare = name.strip_suffix('*').unwrap_or(name);
+        if bare.is_empty() || name.len() > bounds::MAX_MODEL_NAME || bare.contains('*') {
+            r.at(
+                &at,
+                format!(
+                    "a model's name, at most {} characters, `*` only at its end",
+                    bounds::MAX_MODEL_NAME
+                ),
+            );
+        }
+        check_model_price(r, &at, price);
+    }
+    if let Some(default) = &prices.default {
+        check_model_price(r, "default", default);
+    }
+}
+
+fn check_model_price(r: &mut Report, at: &str, price: &ModelPrice) {
+    let most = Money(bounds::MAX_PRICE_PER_MILLION * Money::ONE);
+    for (kind, amount) in [
+        ("input", Some(price.input)),
+        ("output", Some(price.output)),
+        ("cached_input", price.cached_input),
+    ] {
+        if amount.is_some_and(|a| a > most) {
+            r.at(
+                &format!("{at}.{kind}"),
+                format!(
+                    "at most {} a million tokens: a price is per million tokens",
+                    bounds::MAX_PRICE_PER_MILLION
+                ),
+            );
+        }
+    }
+    if price.input.micros() == 0 && price.output.micros() == 0 {
+        r.at(
+            at,
+            "input and output both free: give the model's price, or leave it out (then `default`, or refused)",
+        );
+    }
+}
+
+/// A limit whose cost is `price` needs the set's `prices`.
+fn check_priced_limits(
+    policies: &[(usize, Policy)],
+    has_prices: bool,
+    errors: &mut Vec<FieldError>,
+) {
+    if has_prices {
+        return;
+    }
+    for (index, policy) in policies {
+        for (i, limit) in policy.limits.iter().enumerate() {
+            if limit.cost.is_price() {
+                errors.push(FieldError {
+                    path: format!("policies[{index}].limits[{i}].cost"),
+                    message: "a price needs the set's `prices`: what each model costs, and in which currency".into(),
+                });
+            }
+        }
     }
 }
 

@@ -381,14 +381,18 @@ fn matcher_on_arbitrary_headers() {
 #[test]
 fn matcher_on_arbitrary_bodies() {
     let set = CompiledPolicySet::from_json(
-        &json!({"version": 1, "policies": [
+        &json!({"version": 1,
+            "prices": {"currency": "USD", "models": {"gpt-4o": {"input": 2.5, "output": 10}, "user*": {"input": 100000, "output": 100000}}},
+            "policies": [
             {"name": "gpt", "match": {"host": "*", "json": [{"path": "model", "prefix": "gpt-"},
                                                           {"path": "meta.tier", "one_of": ["1", "true", "gold"]}]},
              "key": {"json": "user"}, "rate": {"requests": 100, "period": "1s"},
              "limits": [{"name": "tokens", "key": {"json": "messages.0.role"},
                          "rate": {"requests": 1000, "period": "1m"},
                          "cost": {"json": "max_tokens", "default": 5, "max": 500,
-                                  "plus_prompt": {"paths": ["messages", "meta.tier"], "chars_per_token": 0.25}}}]},
+                                  "plus_prompt": {"paths": ["messages", "meta.tier"], "chars_per_token": 0.25}}},
+                        {"name": "money", "rate": {"requests": 1000000000, "period": "1d", "algorithm": "fixed_window"},
+                         "cost": {"price": {"output": "max_tokens", "prompt": {"paths": ["messages", "model"], "chars_per_token": 0.25}}}}]},
             {"name": "rest", "match": {"host": "*"}, "rate": {"requests": 10, "period": "1s"}}]})
         .to_string(),
     )
@@ -440,9 +444,18 @@ fn matcher_on_arbitrary_bodies() {
         };
         let policy = &set.policies[c.policy_index];
         let costs = policy.limit_costs(&headers, &parsed);
-        if costs.iter().any(|&c| c == 0 || c > 500) {
+        if costs.first().is_some_and(|&c| c == 0 || c > 500) {
             return Err(format!("costs {costs:?} outside 1..=500"));
         }
+        // Money: at least 1, or refused as unpriced; the call's usage is
+        // priced or, unpriced, not read.
+        let price = policy.call_price(&parsed);
+        match (costs.get(1), price) {
+            (Some(&sluice_filter_core::matcher::UNPRICED), None) | (None, _) => {}
+            (Some(&c), Some(_)) if c >= 1 && c != sluice_filter_core::matcher::UNPRICED => {}
+            (c, p) => return Err(format!("money cost {c:?} with price {p:?}")),
+        }
+        let _ = policy.priced_usage(1, price.as_ref());
         let _ = policy.limit_keys(&headers, &secret, &parsed);
         let _ = policy.key_name(&headers, &secret, &parsed);
         if !matches!(parsed, BodyJson::Json(_)) && policy.name() == "gpt" {

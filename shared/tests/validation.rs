@@ -721,3 +721,88 @@ fn weighed_usage_paths_are_checked_with_their_field() {
         assert_eq!(usage["json"], back, "{written}");
     }
 }
+
+/// Prices and money limits: a known currency, amounts a provider could
+/// charge, a price only where the set has prices, every bad part named.
+#[test]
+fn prices_and_money_limits_are_checked_field_by_field() {
+    let set = |prices: &str, cost: &str| {
+        format!(
+            r#"{{"version": 1, {prices} "policies": [{{"name": "llm", "match": {{"host": "api.llm.example"}},
+                "rate": {{"requests": 10, "period": "1s"}},
+                "limits": [{{"name": "team-monthly", "key": {{"header": "x-team"}},
+                            "rate": {{"requests": 500000000, "period": "30d", "algorithm": "fixed_window"}},
+                            "cost": {cost}}}]}}]}}"#
+        )
+    };
+    let good =
+        r#""prices": {"currency": "USD", "models": {"gpt-4o": {"input": "2.50", "output": 10}}},"#;
+    assert!(parse_policy_set(&set(good, r#""price""#)).is_ok());
+    assert!(parse_policy_set(&set(
+        good,
+        r#"{"price": {"usage": "anthropic", "default_output": 1024}}"#
+    ))
+    .is_ok());
+    assert_eq!(
+        errors_of(&set("", r#""price""#)),
+        vec!["policies[0].limits[0].cost: a price needs the set's `prices`: what each model costs, and in which currency"]
+    );
+    let bad = r#""prices": {"currency": "DOLLARS", "models": {
+        "": {"input": 1, "output": 1},
+        "gpt-*-mini": {"input": "1", "output": "200000"},
+        "free": {"input": 0, "output": "0.0"}},
+        "default": {"input": "100001", "output": 1}},"#;
+    assert_eq!(
+        errors_of(&set(bad, r#"{"price": {"output": "a..b", "default_output": 0, "prompt": {"paths": []}}}"#)),
+        vec![
+            "prices.currency: \"DOLLARS\" is not an ISO 4217 currency code (USD, EUR, GBP, JPY, ...)",
+            "prices.models.: a model's name, at most 128 characters, `*` only at its end",
+            "prices.models.free: input and output both free: give the model's price, or leave it out (then `default`, or refused)",
+            "prices.models.gpt-*-mini: a model's name, at most 128 characters, `*` only at its end",
+            "prices.models.gpt-*-mini.output: at most 100000 a million tokens: a price is per million tokens",
+            "prices.default.input: at most 100000 a million tokens: a price is per million tokens",
+            "policies[0].limits[0].cost.price.output: \"a..b\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
+            "policies[0].limits[0].cost.price.default_output: must be >= 1",
+            "policies[0].limits[0].cost.price.prompt.paths: name at least one path (messages)",
+        ]
+    );
+    // Amounts that are not amounts: the field and what an amount is.
+    for amount in [r#""-1""#, r#""2.5.0""#, "0.0000001", r#""1e3""#, "true"] {
+        let prices = format!(
+            r#""prices": {{"currency": "EUR", "models": {{"m": {{"input": {amount}, "output": 1}}}}}},"#
+        );
+        let e = parse_policy_set(&set(&prices, r#""price""#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("prices.models.m.input"), "{amount}: {e}");
+    }
+    // A price is for further limits, and reads its usage its own way.
+    let own = format!(
+        r#"{{"version": 1, {good} "policies": [{{"name": "llm", "match": {{"host": "a.example"}},
+            "rate": {{"requests": 10, "period": "1s"}}, "cost": "price"}}]}}"#
+    );
+    assert_eq!(
+        errors_of(&own),
+        vec!["policies[0].cost: a price is for `limits` only: give a further limit whose cost is `price`"]
+    );
+    let with_paths = set(
+        good,
+        r#""price", "usage": {"json": ["usage.total_tokens"]}"#,
+    );
+    assert_eq!(
+        errors_of(&with_paths),
+        vec!["policies[0].limits[0].usage: a price reads the answer's usage as `cost.price.usage` says (openai or anthropic): give only `ask_stream_usage`, `unread` or `max_body_bytes`"]
+    );
+    // What was accepted reads back the same, amounts as exact text.
+    let accepted = parse_policy_set(&set(
+        r#""prices": {"currency": "JPY", "models": {"m*": {"input": 0.075, "output": "15", "cached_input": "0.0375"}}, "default": {"input": 1, "output": 2}},"#,
+        r#""price""#,
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let again = serde_json::to_string(&accepted).unwrap_or_default();
+    assert!(
+        again.contains(r#""input":"0.075""#) && again.contains(r#""cached_input":"0.0375""#),
+        "{again}"
+    );
+    assert_eq!(parse_policy_set(&again).ok(), Some(accepted));
+}

@@ -81,6 +81,10 @@ pub struct LlmStats {
     /// Per key, per window start (ms since the epoch).
     pub windows: BTreeMap<String, BTreeMap<u64, WindowUse>>,
     pub completed: u64,
+    /// What each key was billed, in millionths of the prices' currency
+    /// (calls of a model with a price, [`MockLlm::set_prices`]).
+    #[serde(default)]
+    pub spent: BTreeMap<String, u64>,
     /// Streams the client left before their last event.
     pub abandoned: u64,
     pub refused: u64,
@@ -122,8 +126,29 @@ impl LlmStats {
     }
 }
 
+/// A model's prices per million tokens, in millionths of a currency.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MockPrice {
+    /// The model's name, or a prefix of names ending in `*`.
+    pub model: String,
+    pub input: u64,
+    pub cached_input: u64,
+    pub output: u64,
+}
+
+impl MockPrice {
+    fn prices(&self, model: &str) -> bool {
+        match self.model.strip_suffix('*') {
+            Some(prefix) => model.starts_with(prefix),
+            None => model == self.model,
+        }
+    }
+}
+
 struct Inner {
     limits: LlmLimits,
+    /// What it bills, first match (exact names before prefixes).
+    prices: Mutex<Vec<MockPrice>>,
     stats: Mutex<LlmStats>,
     seed: Mutex<u64>,
     /// Hashes of the bodies seen lately, oldest first: the prompt cache.
@@ -162,6 +187,8 @@ pub struct MockLlm {
 
 #[derive(Deserialize)]
 struct Ask {
+    #[serde(default)]
+    model: Option<String>,
     max_tokens: Option<u64>,
     #[serde(default)]
     stream: bool,
@@ -213,6 +240,7 @@ impl MockLlm {
             stats: Mutex::new(LlmStats::default()),
             seed: Mutex::new(0x9e37_79b9_7f4a_7c15),
             cached: Mutex::new(std::collections::VecDeque::new()),
+            prices: Mutex::new(Vec::new()),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -232,6 +260,14 @@ impl MockLlm {
 
     pub fn limits(&self) -> LlmLimits {
         self.inner.limits
+    }
+
+    /// Bills calls of these models (a model without a price is billed
+    /// nothing, as the mock always did).
+    pub fn set_prices(&self, prices: Vec<MockPrice>) {
+        if let Ok(mut p) = self.inner.prices.lock() {
+            *p = prices;
+        }
     }
 
     pub fn reset(&self) {
@@ -288,8 +324,9 @@ impl Inner {
         true
     }
 
-    fn completed(&self, key: &str, window: u64, tokens: u64) {
+    fn completed(&self, key: &str, window: u64, tokens: u64, spent: u64) {
         if let Ok(mut stats) = self.stats.lock() {
+            *stats.spent.entry(key.to_string()).or_default() += spent;
             let used = stats
                 .windows
                 .entry(key.to_string())
@@ -305,6 +342,30 @@ impl Inner {
         if let Ok(mut stats) = self.stats.lock() {
             stats.abandoned += 1;
         }
+    }
+
+    /// What a call of `model` with `usage` is billed, in micro-units,
+    /// rounded up once: fresh input, cached input and output each at
+    /// their price per million.
+    fn bill(&self, model: Option<&str>, usage: &Usage) -> u64 {
+        let Ok(prices) = self.prices.lock() else {
+            return 0;
+        };
+        let Some(model) = model else {
+            return 0;
+        };
+        let price = prices
+            .iter()
+            .find(|p| p.model == model)
+            .or_else(|| prices.iter().find(|p| p.prices(model)));
+        let Some(price) = price else {
+            return 0;
+        };
+        let cached = usage.prompt_tokens_details.cached_tokens;
+        let per_million = u128::from(usage.prompt_tokens - cached) * u128::from(price.input)
+            + u128::from(cached) * u128::from(price.cached_input)
+            + u128::from(usage.completion_tokens) * u128::from(price.output);
+        u64::try_from(per_million.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
 
     /// The next answer length: xorshift, between a fifth of `max` and `max`.
@@ -349,9 +410,10 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
         total_tokens: prompt + completion,
         prompt_tokens_details: PromptDetails { cached_tokens },
     };
+    let spent = inner.bill(ask.model.as_deref(), &usage);
     if !ask.stream {
         tokio::time::sleep(inner.limits.step).await;
-        inner.completed(&key, window, usage.total_tokens);
+        inner.completed(&key, window, usage.total_tokens, spent);
         let text = |tokens: u64| {
             if choices == 1 {
                 "ok".to_string()
@@ -377,7 +439,12 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
         }
         return trickled_json(answer.to_string().into_bytes(), every);
     }
-    stream_answer(inner, key, window, usage, ask.stream_options.include_usage)
+    stream_answer(
+        inner,
+        (key, window, spent),
+        usage,
+        ask.stream_options.include_usage,
+    )
 }
 
 /// A JSON body sent 64 KiB at a time, `every` apart.
@@ -404,6 +471,8 @@ struct Progress {
     usage: Usage,
     /// The request asked for the usage chunk.
     with_usage: bool,
+    /// What the call is billed once it completes.
+    spent: u64,
     sent: u32,
     done: bool,
 }
@@ -418,8 +487,7 @@ impl Drop for Progress {
 
 fn stream_answer(
     inner: Arc<Inner>,
-    key: String,
-    window: u64,
+    (key, window, spent): (String, u64, u64),
     usage: Usage,
     with_usage: bool,
 ) -> Response {
@@ -429,6 +497,7 @@ fn stream_answer(
         window,
         usage,
         with_usage,
+        spent,
         sent: 0,
         done: false,
     };
@@ -445,7 +514,8 @@ fn stream_answer(
             format!("data: {{\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok {}\"}}}}]{usage}}}\n\n", p.sent)
         } else {
             p.done = true;
-            p.inner.completed(&p.key, p.window, p.usage.total_tokens);
+            p.inner
+                .completed(&p.key, p.window, p.usage.total_tokens, p.spent);
             if p.with_usage {
                 let last = serde_json::json!({"object": "chat.completion.chunk", "choices": [], "usage": p.usage});
                 format!("data: {last}\n\ndata: [DONE]\n\n")

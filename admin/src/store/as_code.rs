@@ -49,6 +49,7 @@ impl BlockingStore {
     ) -> Result<Applied, StoreError> {
         validate_policy_set(&PolicySet {
             version: 1,
+            prices: None,
             policies: desired.to_vec(),
         })
         .map_err(StoreError::Invalid)?;

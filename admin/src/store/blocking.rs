@@ -121,6 +121,7 @@ impl BlockingStore {
         let (version, stored) = self.list()?;
         Ok(PolicySet {
             version,
+            prices: None,
             policies: stored.into_iter().map(|s| s.policy).collect(),
         })
     }
@@ -549,6 +550,7 @@ fn get(sql: &mut dyn Sql, name: &str) -> Result<Option<StoredPolicy>, StoreError
 fn check_set(all: &[Policy], edited: usize) -> Result<(), StoreError> {
     let set = PolicySet {
         version: 1,
+        prices: None,
         policies: all.to_vec(),
     };
     validate_policy_set(&set).map_err(|e| StoreError::Invalid(relative_errors(e, edited)))

@@ -208,6 +208,31 @@ pub const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
         Kind::Number,
     ),
     ("Estimate: default", "/cost/default", Kind::Number),
+    (
+        "Money: cost in money at the price table, usage read as",
+        "/cost/price/usage",
+        Kind::Choice(form::USAGE_FORMATS),
+    ),
+    (
+        "Money: request field of the most output tokens (default max_tokens)",
+        "/cost/price/output",
+        Kind::Text,
+    ),
+    (
+        "Money: output tokens estimated when not asked (default 4096)",
+        "/cost/price/default_output",
+        Kind::Number,
+    ),
+    (
+        "Money: the prompt at these JSON paths (comma separated)",
+        "/cost/price/prompt/paths",
+        Kind::List,
+    ),
+    (
+        "Money: the prompt's characters per token",
+        "/cost/price/prompt/chars_per_token",
+        Kind::Number,
+    ),
     ("Estimate: max", "/cost/max", Kind::Number),
     ("Real cost: response header", "/usage/header", Kind::Text),
     (
@@ -259,6 +284,12 @@ mod tests {
         "/cost/plus",
         "/cost/plus_prompt/chars_per_token",
         "/cost/plus_prompt/paths",
+        // A price is a further limit's cost only.
+        "/cost/price/default_output",
+        "/cost/price/output",
+        "/cost/price/prompt/chars_per_token",
+        "/cost/price/prompt/paths",
+        "/cost/price/usage",
         // Rarely set on a further limit; in the policy's JSON.
         "/limits/concurrency/reserved_for_high",
         "/limits/key/label",

@@ -91,6 +91,7 @@ pub const MODES: &[&str] = &["enforce", "shadow"];
 pub const SCOPES: &[&str] = &["instance", "global"];
 pub const PRIORITIES: &[&str] = &["normal", "high"];
 pub const RATELIMIT_HEADERS: &[&str] = &["refusals", "always"];
+pub const USAGE_FORMATS: &[&str] = &["openai", "anthropic"];
 /// A [`Kind::Flag`]'s words.
 pub const FLAGS: &[&str] = &["true", "false"];
 
@@ -469,6 +470,11 @@ pub fn help(pointer: &str) -> &'static str {
         "/cost/max" => "Costs above this are counted as this.",
         "/cost/plus" => "Added to every estimate (e.g. a chat's framing: 3 tokens a message and 3 for the reply).",
         "/usage/ask_stream_usage" => "OpenAI-style streams that do not ask for their usage are sent asking; what that adds to the answer is taken out before the caller sees it.",
+        "/cost/price/usage" => "Makes the limit count money at the price table's prices (its rate then counts millionths of the currency: 500 USD is 500000000); how the answer reports its tokens.",
+        "/cost/price/output" => "The request's field of the most output tokens it asks for; the estimate prices that much output.",
+        "/cost/price/default_output" => "Output tokens estimated for a request that does not say.",
+        "/cost/price/prompt/paths" => "Where the prompt is (default messages, input, prompt, system): its characters are priced as input.",
+        "/cost/price/prompt/chars_per_token" => "Characters a token holds: 4 for English, about 3.4 for JSON.",
         "/cost/plus_prompt/paths" => "Where the prompt is in the request's JSON (messages, input, prompt): its text's characters are added to the estimate.",
         "/cost/plus_prompt/chars_per_token" => "Characters a token holds: 4 for English, about 3.4 for JSON or code.",
         "/usage/header" => "The real cost, from this response header, settles the estimate.",

@@ -7,8 +7,9 @@ use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
 use sluice_shared::policy::{
     CostSpec, JsonMatch, KeyOverflow, KeySpec, Mode, NamedLimit, Policy, PolicySet, Priority,
-    RateSpec,
+    RateSpec, UsageSpec,
 };
+use sluice_shared::price::{self, CompiledPrices, ModelPrice, Money, PriceCost, UsageFormat};
 use sluice_shared::prompt::PromptTokens;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::usage::{CompiledUsage, UsagePath};
@@ -131,6 +132,8 @@ pub struct CompiledPolicy {
     /// A global policy whose share allows nothing now: every request is
     /// refused without touching a bucket.
     pub fleet_closed: bool,
+    /// The set's prices, when a further limit's cost is money.
+    prices: Option<std::sync::Arc<CompiledPrices>>,
     /// The policy's key or a further limit's is read from the body.
     keys_from_body: bool,
 }
@@ -146,6 +149,10 @@ pub struct CompiledLimit {
     cost_json: Option<UsagePath>,
     /// What the request's prompt adds to that estimate.
     cost_prompt: Option<PromptTokens>,
+    /// A cost in money at the set's prices.
+    price: Option<CompiledPriceCost>,
+    /// The limit's own `usage` (a money limit's is priced per call).
+    usage_spec: Option<UsageSpec>,
     /// Where the real cost is read from the response.
     pub usage: Option<CompiledUsage>,
     /// Held by the admin across restarts ([`sluice_shared::NamedLimit::is_budget`]).
@@ -161,6 +168,13 @@ pub struct CompiledLimit {
     pub closed: bool,
     /// What it takes from the provider's answers (`provider`).
     pub provider: Option<sluice_shared::provider::CompiledProvider>,
+}
+
+impl CompiledLimit {
+    /// Whether its cost is money at the set's prices.
+    pub fn is_priced(&self) -> bool {
+        self.price.is_some()
+    }
 }
 
 /// One of a policy's further concurrency limits, ready to count.
@@ -237,7 +251,27 @@ impl CompiledPolicy {
                         }
                         _ => None,
                     },
-                    usage: l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
+                    price: match &l.cost {
+                        CostSpec::Price(spec) => Some(CompiledPriceCost::new(spec.cost())),
+                        _ => None,
+                    },
+                    usage_spec: l.usage.clone(),
+                    // A money limit reads its usage at each call's prices
+                    // ([`CompiledPolicy::priced_usage`]); this one says it
+                    // reads one.
+                    usage: match &l.cost {
+                        CostSpec::Price(_) => Some(CompiledUsage::priced(
+                            l.usage.as_ref(),
+                            &l.cost,
+                            UsageFormat::Openai,
+                            &ModelPrice {
+                                input: Money::default(),
+                                output: Money::default(),
+                                cached_input: None,
+                            },
+                        )),
+                        _ => l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
+                    },
                     budget: l.is_budget(),
                     key: l.key.as_ref().and_then(KeySource::new),
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
@@ -267,6 +301,7 @@ impl CompiledPolicy {
             rate: policy.rate.as_ref().map(RateLimiter::from_spec),
             concurrency: policy.concurrency.as_ref().map(ConcurrencyLimit::from_spec),
             fleet_closed: false,
+            prices: None,
             keys_from_body: policy
                 .key
                 .iter()
@@ -522,6 +557,34 @@ impl CompiledPolicy {
             .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
     }
 
+    /// The prices of the call's model (its body's `model`, or none when
+    /// the body was not read), for its money limits; None when the policy
+    /// has none, or the model has no price and the table no default.
+    pub fn call_price(&self, body: &BodyJson) -> Option<ModelPrice> {
+        let prices = self.prices.as_ref()?;
+        let model_path = UsagePath::parse("model")?;
+        let model = body.json().and_then(|v| model_path.text_in(v));
+        prices.of(model.as_deref()).copied()
+    }
+
+    /// What a call of `price` is charged by the limit at `index` once its
+    /// answer is in: a money limit's usage at the call's model's prices
+    /// (None for an unpriced call, which was refused), any other limit's
+    /// own.
+    pub fn priced_usage(&self, index: usize, price: Option<&ModelPrice>) -> Option<CompiledUsage> {
+        let limit = self.limits.get(index)?;
+        match (&limit.price, price) {
+            (Some(cost), Some(price)) => Some(CompiledUsage::priced(
+                limit.usage_spec.as_ref(),
+                &limit.cost,
+                cost.spec.usage,
+                price,
+            )),
+            (Some(_), None) => None,
+            (None, _) => limit.usage.clone(),
+        }
+    }
+
     /// Whether a further limit's real cost is read from the response.
     pub fn reads_usage(&self) -> bool {
         self.limits.iter().any(|l| l.usage.is_some())
@@ -533,6 +596,7 @@ impl CompiledPolicy {
         if self.limits.is_empty() {
             return Vec::new();
         }
+        let price = self.call_price(body);
         self.limits
             .iter()
             .map(|l| match (&l.cost, &l.cost_json) {
@@ -541,6 +605,10 @@ impl CompiledPolicy {
                 (CostSpec::FromRequestJson(spec), Some(_)) if *body == BodyJson::TooLarge => {
                     spec.max.max(1)
                 }
+                (CostSpec::Price(_), _) => l
+                    .price
+                    .as_ref()
+                    .map_or(UNPRICED, |p| p.estimate(body, price.as_ref())),
                 (CostSpec::FromRequestJson(spec), Some(path)) => {
                     let json = body.json();
                     let asked = json.and_then(|v| path.find(v));
@@ -581,6 +649,7 @@ fn cost_of<R: RequestHeaders + ?Sized>(spec: &CostSpec, header: Option<&str>, re
         CostSpec::Fixed(n) => (*n).max(1),
         // Without the body (the policy's own cost, refused by validation).
         CostSpec::FromRequestJson(j) => j.default.clamp(1, j.max.max(1)),
+        CostSpec::Price(_) => UNPRICED,
         CostSpec::FromHeader(spec) => {
             let parsed = header
                 .and_then(|h| req.header(h))
@@ -593,7 +662,62 @@ fn cost_of<R: RequestHeaders + ?Sized>(spec: &CostSpec, header: Option<&str>, re
 fn cost_header_of(cost: &CostSpec) -> Option<String> {
     match cost {
         CostSpec::FromHeader(h) => Some(h.header.to_ascii_lowercase()),
-        CostSpec::Fixed(_) | CostSpec::FromRequestJson(_) => None,
+        CostSpec::Fixed(_) | CostSpec::FromRequestJson(_) | CostSpec::Price(_) => None,
+    }
+}
+
+/// The estimate of a money limit's call whose model has no price (and
+/// the table no default): refused, never free.
+pub const UNPRICED: u64 = u64::MAX;
+
+/// The most of a request body read (the filter's bound): a body too large
+/// to read is estimated as a prompt of at least this many characters.
+const READ_BODY_BOUND: u64 = 1024 * 1024;
+
+/// A money limit, ready to estimate and price calls.
+#[derive(Debug, Clone)]
+struct CompiledPriceCost {
+    spec: PriceCost,
+    output: Option<UsagePath>,
+    prompt: PromptTokens,
+}
+
+impl CompiledPriceCost {
+    fn new(spec: PriceCost) -> Self {
+        Self {
+            output: UsagePath::parse(&spec.output),
+            prompt: PromptTokens::new(&spec.prompt),
+            spec,
+        }
+    }
+
+    /// The call's estimate in micro-units at `price`: its prompt at the
+    /// input price and the output it asks for (or the default) at the
+    /// output price; [`UNPRICED`] without a price.
+    fn estimate(&self, body: &BodyJson, price: Option<&ModelPrice>) -> u64 {
+        let Some(price) = price else {
+            return UNPRICED;
+        };
+        let (prompt, output) = match body {
+            BodyJson::Json(v) => (
+                self.prompt.tokens(v),
+                self.output
+                    .as_ref()
+                    .and_then(|p| p.find(v))
+                    .unwrap_or(self.spec.default_output),
+            ),
+            // Unread: a prompt of at least all that could be read.
+            BodyJson::TooLarge => (
+                self.prompt.tokens_of_chars(READ_BODY_BOUND),
+                self.spec.default_output,
+            ),
+            BodyJson::Coming | BodyJson::Absent | BodyJson::Invalid => {
+                (0, self.spec.default_output)
+            }
+        };
+        price::cost_of(prompt, price.input)
+            .saturating_add(price::cost_of(output, price.output))
+            .max(1)
     }
 }
 
@@ -775,9 +899,23 @@ impl CompiledPolicySet {
 
     /// Compiles a set that passed validation.
     pub fn from_validated(set: PolicySet) -> Self {
+        let prices = set
+            .prices
+            .as_ref()
+            .map(|t| std::sync::Arc::new(CompiledPrices::new(t)));
         Self {
             version: set.version,
-            policies: set.policies.into_iter().map(CompiledPolicy::new).collect(),
+            policies: set
+                .policies
+                .into_iter()
+                .map(|p| {
+                    let mut compiled = CompiledPolicy::new(p);
+                    if compiled.limits.iter().any(|l| l.price.is_some()) {
+                        compiled.prices = prices.clone();
+                    }
+                    compiled
+                })
+                .collect(),
         }
     }
 

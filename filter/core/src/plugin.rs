@@ -134,6 +134,7 @@ pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors
     let fallback = match raw.fallback {
         None => Some(PolicySet {
             version: 0,
+            prices: None,
             policies: Vec::new(),
         }),
         Some(v) => match policy_set_from_value(v) {

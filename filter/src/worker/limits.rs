@@ -4,7 +4,7 @@
 //! taken all or nothing ([`StackedTake`]) before the policy's own bucket
 //! decides, and given back when that bucket refuses the call.
 
-use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy};
+use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy, UNPRICED};
 use sluice_shared::limiter::{RateLimiter, RateState, StackedOutcome, StackedTake, StepResult};
 use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::{Instant, Span};
@@ -79,7 +79,14 @@ pub(super) enum Why {
     ProviderPause,
     /// The provider's count has nothing left until its reset.
     ProviderCount,
+    /// A money limit's call whose model has no price (and the table no
+    /// default): never free.
+    Unpriced,
 }
+
+/// How long a caller refused for an unpriced model is told to wait: the
+/// same call fails until the price table changes.
+const UNPRICED_RETRY: Span = Span::from_secs(60);
 
 /// Changes the state at `place` with `f` (which says whether it changed).
 /// A keyed entry another key took over since holds nothing of the call's:
@@ -199,6 +206,19 @@ fn take_rates<H: Host + ?Sized>(
             .add_limit(&limit.name, LimitCounter::BudgetUnknown, 1);
         return Err(Taken::Unknown {
             limit: limit.name.clone(),
+        });
+    }
+    if let Some(limit) = policy
+        .limits
+        .iter()
+        .zip(costs)
+        .find(|(l, cost)| l.is_priced() && **cost == UNPRICED)
+        .map(|(l, _)| l)
+    {
+        return Err(Taken::Refused {
+            limit: limit.name.clone(),
+            retry_after: UNPRICED_RETRY,
+            why: Why::Unpriced,
         });
     }
     for (index, limit) in policy.limits.iter().enumerate() {

@@ -501,6 +501,7 @@ impl Parts {
             overflowed: false,
         };
         let limit_costs = policy.limit_costs(req, &body);
+        let call_price = policy.call_price(&body);
         let limit_keys = policy.limit_keys(req, &self.key_secret, &body);
         let (decision, held) = deciding.decide(ctx, policy, &class, (&limit_costs, &limit_keys));
         let now = ctx.now;
@@ -517,8 +518,13 @@ impl Parts {
         let slots = match held {
             Some(held) => {
                 if policy.reads_usage() {
-                    self.usages
-                        .expect(context_id, policy, (&limit_costs, &held.places), now);
+                    self.usages.expect(
+                        context_id,
+                        policy,
+                        (&limit_costs, &held.places),
+                        call_price.as_ref(),
+                        now,
+                    );
                 }
                 let counted: Vec<_> = held.places.iter().map(|p| p.counted).collect();
                 self.listening.expect(
@@ -577,6 +583,7 @@ impl Parts {
                     turn: streams::Turn { ticket, deadline },
                     limit_costs,
                     limit_keys,
+                    price: call_price,
                 };
                 self.streams
                     .queued(ctx.metrics, context_id, policy, waiting, now);
@@ -663,8 +670,13 @@ impl Parts {
         for left in served.with_limits {
             if let Some(policy) = policies.policies.get(left.policy_index) {
                 if policy.reads_usage() {
-                    self.usages
-                        .expect(left.context_id, policy, (&left.costs, &left.places), now);
+                    self.usages.expect(
+                        left.context_id,
+                        policy,
+                        (&left.costs, &left.places),
+                        left.price.as_ref(),
+                        now,
+                    );
                 }
                 let counted: Vec<_> = left.places.iter().map(|p| p.counted).collect();
                 self.listening.expect(

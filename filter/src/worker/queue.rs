@@ -43,6 +43,7 @@ pub(super) struct LeftWithLimits {
     pub costs: Vec<u64>,
     pub keys: Vec<Option<u64>>,
     pub places: Vec<LimitPlace>,
+    pub price: Option<sluice_shared::price::ModelPrice>,
 }
 
 /// Calls that left the queue holding their policy's further limits.
@@ -171,11 +172,11 @@ impl Poll<'_> {
             let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) else {
                 return;
             };
-            let (costs, keys) = parts
+            let (costs, keys, price) = parts
                 .streams
                 .get(context_id)
                 .and_then(|s| s.further.as_deref())
-                .map(|f: &Further| (f.costs.clone(), f.keys.clone()))
+                .map(|f: &Further| (f.costs.clone(), f.keys.clone(), f.price))
                 .unwrap_or_default();
             let taken = limits::take(ctx, parts.budgets, policy, (&costs, &keys));
             let Taken::All { places, slots } = taken else {
@@ -203,6 +204,7 @@ impl Poll<'_> {
                         costs,
                         keys,
                         places,
+                        price,
                     });
                     actions.push(StreamAction::Resume(context_id));
                 }

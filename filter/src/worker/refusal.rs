@@ -67,6 +67,9 @@ impl Refusal {
                 why: Why::ProviderCount,
                 ..
             } => Some("provider-remaining"),
+            Refusal::Limit {
+                why: Why::Unpriced, ..
+            } => Some("model-unpriced"),
             Refusal::BudgetUnknown { .. } => Some("budget-unknown"),
             Refusal::AboveShareBurst { .. } => Some("cost-above-share-burst"),
         }
@@ -80,6 +83,12 @@ impl Refusal {
                 limit,
                 why: Why::Limit,
             } => format!("limited by sluice policy {policy} (limit {limit})\n"),
+            Refusal::Limit {
+                limit,
+                why: Why::Unpriced,
+            } => format!(
+                "refused by sluice policy {policy}: the call's model has no price, and the price table no default (limit {limit} counts money)\n"
+            ),
             Refusal::Limit { limit, why } => {
                 let what = if *why == Why::ProviderCount {
                     "the provider has nothing left of this limit until its reset"

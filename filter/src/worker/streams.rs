@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledPolicy;
+use sluice_shared::price::ModelPrice;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
@@ -35,6 +36,8 @@ pub(super) struct Waiting {
     pub turn: Turn,
     pub limit_costs: Vec<u64>,
     pub limit_keys: Vec<Option<u64>>,
+    /// The call's model's prices, for its money limits.
+    pub price: Option<ModelPrice>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +64,8 @@ pub(super) struct Further {
     /// taken when its turn comes (empty otherwise).
     pub costs: Vec<u64>,
     pub keys: Vec<Option<u64>>,
+    /// Its model's prices, for its money limits.
+    pub price: Option<ModelPrice>,
     /// Slots it holds in the further concurrency limits.
     pub slots: Vec<HeldSlot>,
 }
@@ -196,6 +201,7 @@ impl Streams {
             turn,
             limit_costs,
             limit_keys,
+            price,
         } = waiting;
         metrics.add_to(series, PolicyCounter::Queued, 1);
         let state = StreamState::Waiting(turn);
@@ -204,6 +210,7 @@ impl Streams {
             let further = stream.further.get_or_insert_with(Box::default);
             further.costs = limit_costs;
             further.keys = limit_keys;
+            further.price = price;
         }
     }
 

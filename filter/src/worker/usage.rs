@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 
 use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::limiter::RateLimiter;
+use sluice_shared::price::ModelPrice;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageReader};
@@ -79,15 +80,17 @@ impl Usages {
         context_id: u32,
         policy: &CompiledPolicy,
         (costs, places): (&[u64], &[LimitPlace]),
+        price: Option<&ModelPrice>,
         now: Instant,
     ) {
         let owed: Vec<Owed> = policy
             .limits
             .iter()
+            .enumerate()
             .zip(costs)
             .zip(places)
-            .filter_map(|((limit, cost), place)| {
-                let source = limit.usage.clone()?;
+            .filter_map(|(((index, limit), cost), place)| {
+                let source = policy.priced_usage(index, price)?;
                 Some(Owed {
                     limit: limit.name.clone(),
                     place: place.clone(),

@@ -1,0 +1,170 @@
+//! Budgets in money through a real Envoy (`--concurrency 4`) in front of
+//! the mock LLM: a price table per model, limits whose cost is `price`
+//! (estimated before the call at the model's prices, charged after it
+//! from the usage the answer reports), per team and for everyone.
+
+use sluice_demo::llm::{LlmLimits, MockLlm, MockPrice};
+use sluice_e2e::envoy::Envoy;
+use sluice_e2e::load::client;
+
+const WORKERS: u32 = 4;
+
+/// What the mock provider bills: the same prices, per million tokens in
+/// micro-units, counted its own way.
+fn provider_prices() -> Vec<MockPrice> {
+    let price = |model: &str, input, cached_input, output| MockPrice {
+        model: model.into(),
+        input,
+        cached_input,
+        output,
+    };
+    vec![
+        price("gpt-4o", 2_500_000, 1_250_000, 10_000_000),
+        price("gpt-4o-mini*", 150_000, 75_000, 600_000),
+    ]
+}
+
+const PRICES: &str = r#"{"currency": "USD", "models": {
+    "gpt-4o": {"input": "2.50", "output": "10.00", "cached_input": "1.25"},
+    "gpt-4o-mini*": {"input": 0.15, "output": 0.6, "cached_input": 0.075}}}"#;
+
+/// Each team 0.01 USD a day; everyone together 0.025.
+const TEAM_BUDGET: u64 = 10_000;
+const COMPANY_BUDGET: u64 = 25_000;
+
+async fn llm_behind_envoy(policies: &str) -> anyhow::Result<(MockLlm, Envoy)> {
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-money", "fallback": {{"version": 1, "prices": {PRICES}, "policies": {policies}}}}}"#
+    );
+    let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
+    llm.reset();
+    llm.set_prices(provider_prices());
+    Ok((llm, envoy))
+}
+
+struct Answer {
+    status: u16,
+    reason: Option<String>,
+    limit: Option<String>,
+    body: String,
+}
+
+async fn chat(
+    http: &reqwest::Client,
+    url: &str,
+    (team, model, max_tokens): (&str, &str, u64),
+    stream: bool,
+    prompt: &str,
+) -> anyhow::Result<Answer> {
+    let body = serde_json::json!({"model": model, "max_tokens": max_tokens, "stream": stream,
+        "messages": [{"role": "user", "content": prompt}]});
+    let response = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("authorization", format!("Bearer {team}"))
+        .header("x-team", team)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (reason, limit) = (header("x-sluice-reason"), header("x-sluice-limit"));
+    let status = response.status().as_u16();
+    Ok(Answer {
+        status,
+        reason,
+        limit,
+        body: response.text().await?,
+    })
+}
+
+/// Two teams call two priced models, JSON and streamed (the streams not
+/// asking for usage: the limit asks for them), until their daily budgets
+/// refuse: each call is charged exactly what its answer's usage costs at
+/// its model's prices, each team stops at its own budget, and a model
+/// missing from the table is refused, never free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyhow::Result<()> {
+    let policies = format!(
+        r#"[{{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 1000, "period": "1s"}},
+        "limits": [
+          {{"name": "team-daily", "key": {{"header": "x-team"}},
+            "rate": {{"requests": {TEAM_BUDGET}, "period": "1d", "algorithm": "fixed_window"}},
+            "cost": "price", "usage": {{"ask_stream_usage": true}}}},
+          {{"name": "company-daily",
+            "rate": {{"requests": {COMPANY_BUDGET}, "period": "1d", "algorithm": "fixed_window"}},
+            "cost": {{"price": {{"default_output": 500}}}}, "usage": {{"ask_stream_usage": true}}}}]}}]"#
+    );
+    let (llm, envoy) = llm_behind_envoy(&policies).await?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    let mut calls = std::collections::BTreeMap::<&str, u64>::new();
+    let mut refused_at = std::collections::BTreeMap::<&str, usize>::new();
+    for i in 0..400usize {
+        if refused_at.len() == 2 {
+            break;
+        }
+        let (team, model, max_tokens) = if i % 2 == 0 {
+            ("team-a", "gpt-4o", 40)
+        } else {
+            ("team-b", "gpt-4o-mini-2024-07-18", 1000)
+        };
+        if refused_at.contains_key(team) {
+            continue;
+        }
+        let prompt = format!("Question {i}: how do rivers form? ").repeat(1 + i % 4);
+        let answer = chat(&http, &url, (team, model, max_tokens), i % 3 == 0, &prompt).await?;
+        match answer.status {
+            200 => *calls.entry(team).or_default() += 1,
+            429 => {
+                anyhow::ensure!(
+                    answer.limit.as_deref() == Some("team-daily") && answer.reason.is_none(),
+                    "call {i}: refused by {:?} ({:?}): {}",
+                    answer.limit,
+                    answer.reason,
+                    answer.body
+                );
+                refused_at.insert(team, i);
+            }
+            other => anyhow::bail!("call {i}: {other} {}", answer.body),
+        }
+    }
+    // Settled once each answer ended: wait for the last usage read.
+    let billed = llm.stats().spent;
+    let total: u64 = billed.values().sum();
+    sluice_e2e::load::wait_for(
+        "company-daily charged",
+        std::time::Duration::from_secs(10),
+        || envoy.limit_stat("company-daily", "tokens").unwrap_or(0.0) >= total as f64,
+    )
+    .await?;
+    let company = envoy.limit_stat("company-daily", "tokens")?;
+    let per_team = envoy.limit_stat("team-daily", "tokens")?;
+    let unpriced = chat(&http, &url, ("team-c", "claude-3-opus", 10), false, "hi").await?;
+    println!(
+        "money budgets: {calls:?} calls, the provider billed {billed:?} micro-USD (budget {TEAM_BUDGET} each), refused at calls {refused_at:?}; \
+         sluice charged the teams {per_team} and the company {company}; an unpriced model: {} {:?} {:?}",
+        unpriced.status, unpriced.reason, unpriced.limit
+    );
+    assert_eq!(
+        per_team, total as f64,
+        "each call its usage at its model's prices"
+    );
+    assert_eq!(company, total as f64);
+    assert_eq!(refused_at.len(), 2, "both teams reached their budget");
+    for spent in billed.values() {
+        assert!(*spent <= TEAM_BUDGET, "{spent} within the budget");
+    }
+    assert_eq!(unpriced.status, 429);
+    assert_eq!(unpriced.reason.as_deref(), Some("model-unpriced"));
+    assert!(unpriced.limit.is_some());
+    assert_eq!(envoy.limit_stat("team-daily", "usage_missing")?, 0.0);
+    Ok(())
+}
