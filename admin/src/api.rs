@@ -24,6 +24,7 @@ use sluice_api::{
     StoredPolicy, Validated,
 };
 use sluice_shared::key_view::{label_secret, name_key};
+use sluice_shared::price::PriceTable;
 use sluice_shared::validate::policy_from_value;
 use sluice_shared::{FieldError, Policy, ValidationErrors};
 use sluice_wire::sync::{SyncReport, SYNC_PATH};
@@ -64,6 +65,7 @@ pub fn routes() -> Router<Shared> {
         .route("/api/v1/policies/{name}/history", get(policy_history))
         .route("/api/v1/policies/{name}/key-label", post(key_label))
         .route("/api/v1/validate", post(validate))
+        .route("/api/v1/prices", get(get_prices).put(put_prices))
         .route("/api/v1/apply", post(apply))
         .route("/api/v1/order", axum::routing::put(reorder))
         .route("/api/v1/audit", get(audit_log))
@@ -435,11 +437,11 @@ async fn apply(
         })
         .collect();
     let loaded = load(&files).map_err(ApiError::Invalid)?;
+    let prices = loaded.prices();
     let applied = state
         .store
         .apply_set(
-            loaded.policies,
-            loaded.sources,
+            (loaded.policies, loaded.sources, prices),
             &editor.actor,
             query.dry_run,
         )
@@ -481,6 +483,40 @@ pub async fn refresh_set_version(state: &AppState) {
         state.metrics.policy_set_version.set(set.version as i64);
         state.metrics.observe_policies(&set);
     }
+}
+
+/// The set's price table (`null`: none).
+async fn get_prices(
+    State(state): State<Shared>,
+    _op: Operator,
+) -> Result<Json<Option<PriceTable>>, ApiError> {
+    Ok(Json(state.store.prices().await?))
+}
+
+/// Replaces the set's price table (`null` removes it), checked with every
+/// policy: a money limit needs prices. 422 names each bad field
+/// (`prices.models.gpt-4o.input`).
+async fn put_prices(
+    State(state): State<Shared>,
+    editor: Editor,
+    Json(body): Json<Value>,
+) -> Result<Json<sluice_api::PricesSaved>, ApiError> {
+    refuse_if_managed(&state)?;
+    let table = match body {
+        Value::Null => None,
+        body => {
+            let mut errors = Vec::new();
+            match sluice_shared::validate::typed_at::<PriceTable>(body, "prices", &mut errors) {
+                Some(table) => Some(table),
+                None => return Err(ApiError::Invalid(ValidationErrors { errors })),
+            }
+        }
+    };
+    let version = state.store.set_prices(table, &editor.0.actor).await?;
+    state.metrics.write("prices");
+    refresh_set_version(&state).await;
+    tracing::info!(by = %editor.0.actor, version, "prices saved");
+    Ok(Json(sluice_api::PricesSaved { version }))
 }
 
 /// Checks a policy as the editor types, without saving it.

@@ -2,13 +2,16 @@
 //! policy set in order (files by name, policies in file order), checked with
 //! the same validation as the API, every error named by its file and path.
 //!
-//! A file holds a set as `export` writes it (`{"policies": [...]}`), a list
-//! of policies, or one policy.
+//! A file holds a set as `export` writes it (`{"prices": {...}, "policies":
+//! [...]}`, each part optional), a list of policies, or one policy. At most
+//! one file gives `prices`; the set's prices are the files' (none given:
+//! none), as its policies are.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sluice_shared::price::PriceTable;
 use sluice_shared::validate::{policy_from_value, validate_policy_set};
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 
@@ -60,6 +63,14 @@ pub struct SourceFile {
 pub struct Loaded {
     pub policies: Vec<Policy>,
     pub sources: Vec<String>,
+    /// The set's price table, and the file it came from.
+    pub prices: Option<(PriceTable, String)>,
+}
+
+impl Loaded {
+    pub fn prices(&self) -> Option<PriceTable> {
+        self.prices.as_ref().map(|(table, _)| table.clone())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,8 +149,13 @@ pub fn read_path(path: &Path) -> Result<Vec<SourceFile>, ReadError> {
         .collect()
 }
 
-/// The file's items: (value, its path inside the file).
-fn items(file: &SourceFile, errors: &mut Vec<FieldError>) -> Vec<(Value, String)> {
+/// The file's items: (value, its path inside the file); its `prices`, if
+/// it gives them, go to `prices`.
+fn items(
+    file: &SourceFile,
+    prices: &mut Vec<(Value, String)>,
+    errors: &mut Vec<FieldError>,
+) -> Vec<(Value, String)> {
     let yaml = !file.path.ends_with(".json");
     let parsed: Result<Value, String> = if yaml {
         parse_yaml(&file.text).map_err(|e| format!("not valid YAML: {e}"))
@@ -154,18 +170,25 @@ fn items(file: &SourceFile, errors: &mut Vec<FieldError>) -> Vec<(Value, String)
         }
     };
     match value {
-        Value::Object(mut fields) if fields.contains_key("policies") => {
+        Value::Object(mut fields)
+            if fields.contains_key("policies") || fields.contains_key("prices") =>
+        {
             for key in fields
                 .keys()
-                .filter(|k| *k != "policies" && *k != "version")
+                .filter(|k| !["policies", "prices", "version"].contains(&k.as_str()))
             {
                 errors.push(at(
                     &file.path,
                     key,
-                    "unknown field, expected `policies` (and `version`, ignored)".into(),
+                    "unknown field, expected `prices` and `policies` (and `version`, ignored)"
+                        .into(),
                 ));
             }
+            if let Some(table) = fields.remove("prices") {
+                prices.push((table, file.path.clone()));
+            }
             match fields.remove("policies") {
+                None => Vec::new(),
                 Some(Value::Array(list)) => list
                     .into_iter()
                     .enumerate()
@@ -265,10 +288,12 @@ pub fn load(files: &[SourceFile]) -> Result<Loaded, ValidationErrors> {
     let mut loaded = Loaded {
         policies: Vec::new(),
         sources: Vec::new(),
+        prices: None,
     };
     let mut origins = Vec::new();
+    let mut price_tables = Vec::new();
     for file in files {
-        for (value, local) in items(file, &mut errors) {
+        for (value, local) in items(file, &mut price_tables, &mut errors) {
             match policy_from_value(value) {
                 Ok(policy) => {
                     origins.push((file.path.clone(), local));
@@ -283,17 +308,42 @@ pub fn load(files: &[SourceFile]) -> Result<Loaded, ValidationErrors> {
             }
         }
     }
+    if let [_, (_, second), ..] = price_tables.as_slice() {
+        let first = &price_tables[0].1;
+        errors.push(at(
+            second,
+            "prices",
+            format!("the set's prices are already given in {first}: one file gives them"),
+        ));
+    }
+    if let Some((table, path)) = price_tables.into_iter().next() {
+        let mut table_errors = Vec::new();
+        if let Some(table) =
+            sluice_shared::validate::typed_at::<PriceTable>(table, "prices", &mut table_errors)
+        {
+            loaded.prices = Some((table, path.clone()));
+        }
+        errors.extend(
+            table_errors
+                .into_iter()
+                .map(|e| at(&path, &e.path, e.message)),
+        );
+    }
     if errors.is_empty() {
         let set = PolicySet {
             version: 1,
-            prices: None,
+            prices: loaded.prices(),
             policies: loaded.policies.clone(),
         };
         if let Err(e) = validate_policy_set(&set) {
             errors.extend(e.errors.into_iter().map(|e| {
                 let message = locate(&e.message, &origins);
+                let prices_file = loaded.prices.as_ref().map(|(_, file)| file);
                 match split_index(&e.path).and_then(|(k, rest)| Some((origins.get(k)?, rest))) {
                     Some(((file, local), rest)) => at(file, &join(local, rest), message),
+                    None if e.path.starts_with("prices") && prices_file.is_some() => {
+                        at(prices_file.map_or("", String::as_str), &e.path, message)
+                    }
                     None => FieldError {
                         path: e.path,
                         message,
@@ -309,10 +359,14 @@ pub fn load(files: &[SourceFile]) -> Result<Loaded, ValidationErrors> {
     }
 }
 
-/// The store's policies as a file: `{"policies": [...]}` in order, YAML or
-/// JSON. Applying it back changes nothing.
-pub fn export(policies: &[Policy], yaml: bool) -> Result<String, String> {
-    let doc = serde_json::json!({ "policies": policies });
+/// The store's set as a file: `{"prices": {...}, "policies": [...]}` in
+/// order (no `prices` when it has none), YAML or JSON. Applying it back
+/// changes nothing.
+pub fn export(set: &PolicySet, yaml: bool) -> Result<String, String> {
+    let doc = match &set.prices {
+        Some(prices) => serde_json::json!({ "prices": prices, "policies": set.policies }),
+        None => serde_json::json!({ "policies": set.policies }),
+    };
     if yaml {
         serde_saphyr::to_string(&doc).map_err(|e| e.to_string())
     } else {
@@ -387,11 +441,44 @@ mod tests {
         assert!(errors.errors[0].message.contains("one.yaml"), "{errors:?}");
     }
 
+    /// A file may give the set's prices beside its policies; one file
+    /// only, each bad part named by its file and path.
+    #[test]
+    fn prices_come_from_one_file_and_their_errors_name_it() {
+        const PRICES: &str =
+            "prices:\n  currency: USD\n  models:\n    gpt-4o: {input: '2.50', output: 10}\n";
+        let loaded = load(&[file("a.yaml", BANK), file("prices.yaml", PRICES)]).unwrap();
+        let (table, from) = loaded.prices.clone().unwrap();
+        assert_eq!(
+            (table.currency.as_str(), from.as_str()),
+            ("USD", "prices.yaml")
+        );
+        let twice = load(&[file("p1.yaml", PRICES), file("p2.yaml", PRICES)]).unwrap_err();
+        assert_eq!(twice.errors[0].path, "p2.yaml: prices");
+        let bad = PRICES.replace("USD", "XYZ").replace("'2.50'", "'2.5.0'");
+        let errors = load(&[file("p.yaml", &bad)]).unwrap_err();
+        assert_eq!(errors.errors.len(), 1, "{errors:?}");
+        assert!(
+            errors.errors[0].path.starts_with("p.yaml: prices.models"),
+            "{errors:?}"
+        );
+        let errors = load(&[file("p.yaml", &PRICES.replace("USD", "XYZ"))]).unwrap_err();
+        assert_eq!(
+            errors.errors[0].path, "p.yaml: prices.currency",
+            "{errors:?}"
+        );
+    }
+
     #[test]
     fn an_export_loads_back_as_the_same_policies() {
         let loaded = load(&[file("a.yaml", BANK)]).unwrap();
+        let set = PolicySet {
+            version: 1,
+            prices: loaded.prices(),
+            policies: loaded.policies.clone(),
+        };
         for yaml in [true, false] {
-            let text = export(&loaded.policies, yaml).unwrap();
+            let text = export(&set, yaml).unwrap();
             let path = if yaml { "x.yaml" } else { "x.json" };
             assert_eq!(
                 load(&[file(path, &text)]).unwrap().policies,

@@ -207,7 +207,7 @@ fn run_command(args: &Args, command: &Command) -> anyhow::Result<()> {
         }
         Command::Export { format, output } => {
             let set = store.blocking().policy_set()?;
-            let text = sluice_admin::as_code::export(&set.policies, format == "yaml")
+            let text = sluice_admin::as_code::export(&set, format == "yaml")
                 .map_err(|e| anyhow::anyhow!("export: {e}"))?;
             match output {
                 Some(path) => std::fs::write(path, text)
@@ -226,11 +226,16 @@ fn run_command(args: &Args, command: &Command) -> anyhow::Result<()> {
                 )
             })?;
             let actor = sluice_admin::people_cli::cli_actor();
-            let applied =
-                store
-                    .blocking()
-                    .apply_set(&loaded.policies, &loaded.sources, &actor, *dry_run)?;
+            let prices = loaded.prices();
+            let applied = store.blocking().apply_set(
+                (&loaded.policies, &loaded.sources, prices.as_ref()),
+                &actor,
+                *dry_run,
+            )?;
             write!(stdout, "{}", applied.diff)?;
+            if applied.prices_changed {
+                writeln!(stdout, "~ prices")?;
+            }
             let verdict = match (dry_run, applied.applied) {
                 (true, _) => "dry run: nothing applied".to_string(),
                 (false, true) => format!("applied: policy set version {}", applied.version),

@@ -70,9 +70,14 @@ impl Managed {
             Ok(loaded) => loaded,
             Err(errors) => return self.refused(state, errors.to_string()),
         };
+        let prices = loaded.prices();
         match state
             .store
-            .apply_set(loaded.policies, loaded.sources, &self.actor(), false)
+            .apply_set(
+                (loaded.policies, loaded.sources, prices),
+                &self.actor(),
+                false,
+            )
             .await
         {
             Ok(applied) => {

@@ -1597,3 +1597,100 @@ async fn ten_thousand_watches_from_one_instance_leave_one_held() {
     );
     other.abort();
 }
+
+/// The price table through the API: saved (a new set version, in the
+/// audit log, in what Envoys get), refused with each bad field's path
+/// (422), kept while a money limit needs it.
+#[tokio::test]
+async fn prices_are_versioned_with_the_set_and_checked_with_its_policies() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let (status, _, body) = admin
+        .edit(&s, Method::GET, "/api/v1/prices", &[], None)
+        .await;
+    assert_eq!((status, body), (StatusCode::OK, Value::Null));
+    let money = json!({"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 100, "period": "1s"},
+        "limits": [{"name": "team-monthly", "key": {"header": "x-team"},
+                    "rate": {"requests": 500000000, "period": "30d", "algorithm": "fixed_window"},
+                    "cost": "price"}]});
+    // No prices yet: the money limit is refused, its field named.
+    let (status, _, body) = admin
+        .edit(
+            &s,
+            Method::POST,
+            "/api/v1/policies",
+            &[],
+            Some(money.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("limits[0].cost"), "{body}");
+    // A bad table: every field named.
+    let bad =
+        json!({"currency": "USDX", "models": {"gpt-4o": {"input": "2.50", "output": "100001"}}});
+    let (status, _, body) = admin
+        .edit(&s, Method::PUT, "/api/v1/prices", &[], Some(bad))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let text = body.to_string();
+    assert!(
+        text.contains("prices.currency") && text.contains("prices.models.gpt-4o.output"),
+        "{text}"
+    );
+    let (status, _, body) = admin
+        .edit(
+            &s,
+            Method::PUT,
+            "/api/v1/prices",
+            &[],
+            Some(json!({"currency": "USD", "models": {"m": {"input": "x"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("prices.models.m.input"), "{body}");
+    // A good one: a new set version, then the money limit is welcome.
+    let table = json!({"currency": "USD", "models": {"gpt-4o": {"input": "2.50", "output": "10", "cached_input": "1.25"}}});
+    let (status, _, body) = admin
+        .edit(&s, Method::PUT, "/api/v1/prices", &[], Some(table.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["version"], 1);
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(money))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // The same table again changes nothing.
+    let (_, _, body) = admin
+        .edit(&s, Method::PUT, "/api/v1/prices", &[], Some(table))
+        .await;
+    assert_eq!(body["version"], 2);
+    // Removing it while a limit counts money is refused.
+    let (status, _, body) = admin
+        .edit(&s, Method::PUT, "/api/v1/prices", &[], Some(Value::Null))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body.to_string().contains("policies[0].limits[0].cost"),
+        "{body}"
+    );
+    // What Envoys get carries it, amounts as exact text.
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let (status, _, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(json!({"instance": "envoy-a", "policy_version": 0, "at_ms": 1000})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["prices"]["models"]["gpt-4o"]["input"], "2.5");
+    let (_, _, audit) = admin
+        .edit(&s, Method::GET, "/api/v1/audit", &[], None)
+        .await;
+    assert!(
+        audit.to_string().contains("\"action\":\"prices\""),
+        "{audit}"
+    );
+}

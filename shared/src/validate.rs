@@ -284,13 +284,26 @@ pub fn validate_policy_set(set: &PolicySet) -> Result<(), ValidationErrors> {
             message: format!("at most {} policies", bounds::MAX_POLICIES),
         });
     }
+    if let Some(prices) = &set.prices {
+        check_prices(&mut Report::new(&mut errors, "prices"), prices);
+    }
     let indexed: Vec<(usize, Policy)> = set.policies.iter().cloned().enumerate().collect();
     for (index, policy) in &indexed {
         validate_policy(policy, &format!("policies[{index}]"), &mut errors);
     }
     check_unique_names(&indexed, &mut errors);
     check_shared_limits(&indexed, &mut errors);
+    check_priced_limits(&indexed, set.prices.is_some(), &mut errors);
     ValidationErrors::from_vec(errors)
+}
+
+/// `value` as a `T`, or its errors pushed with their paths under `path`.
+pub fn typed_at<T: DeserializeOwned>(
+    value: Value,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<T> {
+    typed(value, path, errors)
 }
 
 /// A limit named in several policies is one limit: they must agree on it.

@@ -90,6 +90,12 @@ pub struct ApplyFile {
     pub text: String,
 }
 
+/// `PUT /prices`: the policy set's version once the table is saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PricesSaved {
+    pub version: u64,
+}
+
 /// What an apply changed (or, dry, would change).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Applied {
@@ -98,6 +104,9 @@ pub struct Applied {
     pub version: u64,
     /// False for a dry run, or when nothing changed.
     pub applied: bool,
+    /// The set's price table changed (or, dry, would change).
+    #[serde(default)]
+    pub prices_changed: bool,
 }
 
 /// `PUT /order`: every policy's name, in the new evaluation order.

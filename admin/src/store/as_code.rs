@@ -8,9 +8,11 @@ use sluice_api::Applied;
 use sluice_shared::validate::validate_policy_set;
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 
+use sluice_shared::price::PriceTable;
+
 use super::blocking::{
-    audit_order, bump, insert_new, list, remove_policy, set_version, write_next_version,
-    BlockingStore,
+    audit_order, bump, insert_new, list, prices, remove_policy, set_version, write_next_version,
+    write_prices, BlockingStore,
 };
 use super::db::Sql;
 use super::{now_ms, StoreError};
@@ -40,16 +42,16 @@ impl BlockingStore {
     /// Makes the store's policy set `desired` (in that order; `sources[i]`
     /// is where `desired[i]` came from), or with `dry_run` only says what
     /// that would change. Nothing is written when nothing changes.
+    /// The files' `prices` are the set's (none given: none).
     pub fn apply_set(
         &self,
-        desired: &[Policy],
-        sources: &[String],
+        (desired, sources, desired_prices): (&[Policy], &[String], Option<&PriceTable>),
         actor: &str,
         dry_run: bool,
     ) -> Result<Applied, StoreError> {
         validate_policy_set(&PolicySet {
             version: 1,
-            prices: None,
+            prices: desired_prices.cloned(),
             policies: desired.to_vec(),
         })
         .map_err(StoreError::Invalid)?;
@@ -60,6 +62,7 @@ impl BlockingStore {
                     diff: diff_sets(&current, desired),
                     version: set_version(sql)?,
                     applied: false,
+                    prices_changed: prices(sql)?.as_ref() != desired_prices,
                 })
             });
         }
@@ -67,8 +70,10 @@ impl BlockingStore {
             let stored = list(sql)?;
             let current: Vec<Policy> = stored.iter().map(|s| s.policy.clone()).collect();
             let diff = diff_sets(&current, desired);
+            let old_prices = prices(sql)?;
+            let prices_changed = old_prices.as_ref() != desired_prices;
             let names: Vec<&str> = desired.iter().map(|p| p.name.as_str()).collect();
-            if diff.is_empty() {
+            if diff.is_empty() && !prices_changed {
                 // Where each policy comes from may still have moved (a
                 // file renamed): no Envoy needs to hear of it.
                 positions(sql, &names, Some(sources))?;
@@ -76,16 +81,21 @@ impl BlockingStore {
                     diff,
                     version: set_version(sql)?,
                     applied: false,
+                    prices_changed,
                 });
             }
             let at = now_ms();
             let version = bump(sql)?;
             record(sql, &diff, &stored, desired, version, at, actor)?;
+            if prices_changed {
+                write_prices(sql, (old_prices.as_ref(), desired_prices), at, actor)?;
+            }
             positions(sql, &names, Some(sources))?;
             Ok(Applied {
                 diff,
                 version,
                 applied: true,
+                prices_changed,
             })
         })
     }
@@ -177,6 +187,41 @@ mod tests {
         (dir, store)
     }
 
+    /// The files' prices are the set's: a change alone is a new version,
+    /// the same table again is none, no table removes it.
+    #[test]
+    fn applied_prices_are_the_sets_and_versioned_with_it() {
+        let (_dir, store) = store();
+        let desired = [policy("bank", "bank.example", 20)];
+        let sources = ["a.yaml".to_string()];
+        let table: PriceTable = serde_json::from_str(
+            r#"{"currency": "EUR", "models": {"m": {"input": "1", "output": "2"}}}"#,
+        )
+        .unwrap();
+        let first = store
+            .apply_set((&desired, &sources, None), "ci", false)
+            .unwrap();
+        let dry = store
+            .apply_set((&desired, &sources, Some(&table)), "ci", true)
+            .unwrap();
+        assert!(dry.prices_changed && !dry.applied);
+        let priced = store
+            .apply_set((&desired, &sources, Some(&table)), "ci", false)
+            .unwrap();
+        assert!(priced.applied && priced.prices_changed && priced.diff.is_empty());
+        assert_eq!(priced.version, first.version + 1);
+        assert_eq!(store.policy_set().unwrap().prices, Some(table.clone()));
+        let again = store
+            .apply_set((&desired, &sources, Some(&table)), "ci", false)
+            .unwrap();
+        assert!(!again.applied && !again.prices_changed);
+        let removed = store
+            .apply_set((&desired, &sources, None), "ci", false)
+            .unwrap();
+        assert!(removed.applied && removed.prices_changed);
+        assert_eq!(store.prices().unwrap(), None);
+    }
+
     #[test]
     fn an_applied_set_replaces_the_store_in_one_version_and_again_changes_nothing() {
         let (_dir, store) = store();
@@ -188,14 +233,18 @@ mod tests {
             .unwrap();
         let desired = [policy("bank", "bank.example", 20), policy("any", "*", 100)];
         let sources = ["a.yaml".to_string(), "b.yaml".to_string()];
-        let dry = store.apply_set(&desired, &sources, "ci", true).unwrap();
+        let dry = store
+            .apply_set((&desired, &sources, None), "ci", true)
+            .unwrap();
         assert!(!dry.applied);
         assert_eq!(
             store.policy_set_version().unwrap(),
             2,
             "a dry run writes nothing"
         );
-        let applied = store.apply_set(&desired, &sources, "ci", false).unwrap();
+        let applied = store
+            .apply_set((&desired, &sources, None), "ci", false)
+            .unwrap();
         assert_eq!((applied.applied, applied.version), (true, 3));
         assert_eq!(applied.diff.added, ["any"]);
         assert_eq!(applied.diff.removed, ["old"]);
@@ -209,7 +258,9 @@ mod tests {
             got,
             [("bank", 2, Some("a.yaml")), ("any", 1, Some("b.yaml"))]
         );
-        let again = store.apply_set(&desired, &sources, "ci", false).unwrap();
+        let again = store
+            .apply_set((&desired, &sources, None), "ci", false)
+            .unwrap();
         assert!(again.diff.is_empty() && !again.applied);
         assert_eq!(store.policy_set_version().unwrap(), 3);
         let actions: Vec<String> = store
@@ -232,7 +283,7 @@ mod tests {
             .unwrap();
         let twice = [policy("x", "x.example", 1), policy("x", "y.example", 1)];
         let err = store
-            .apply_set(&twice, &["a".into(), "b".into()], "ci", false)
+            .apply_set((&twice, &["a".into(), "b".into()], None), "ci", false)
             .unwrap_err();
         assert!(matches!(err, StoreError::Invalid(_)), "{err}");
         assert_eq!(store.policy_set_version().unwrap(), 1);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use sluice_api::{AuditEntry, HistoryEntry, StoredPolicy};
 use std::collections::BTreeSet;
 
+use sluice_shared::price::PriceTable;
 use sluice_shared::validate::validate_policy_set;
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 use sluice_wire::sync::{
@@ -22,12 +23,12 @@ pub struct BlockingStore {
     pub(super) db: Arc<Db>,
 }
 
-fn to_json(policy: &Policy) -> String {
-    serde_json::to_string(policy).unwrap_or_else(|_| "null".into())
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
 }
 
-fn from_json(body: &str) -> Result<Policy, StoreError> {
-    serde_json::from_str(body).map_err(|e| StoreError::Corrupt(format!("policy body: {e}")))
+fn from_json<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::Corrupt(format!("stored JSON: {e}")))
 }
 
 /// Field paths of set-level errors (`policies[3].name`) name the policy the
@@ -118,11 +119,40 @@ impl BlockingStore {
     }
 
     pub fn policy_set(&self) -> Result<PolicySet, StoreError> {
-        let (version, stored) = self.list()?;
-        Ok(PolicySet {
-            version,
-            prices: None,
-            policies: stored.into_iter().map(|s| s.policy).collect(),
+        self.db.read(|sql| {
+            Ok(PolicySet {
+                version: set_version(sql)?,
+                prices: prices(sql)?,
+                policies: list(sql)?.into_iter().map(|s| s.policy).collect(),
+            })
+        })
+    }
+
+    /// The set's price table, if it has one.
+    pub fn prices(&self) -> Result<Option<PriceTable>, StoreError> {
+        self.db.read(prices)
+    }
+
+    /// Makes `table` the set's prices (None: none), checked with every
+    /// policy (a money limit needs prices); the set's new version, or its
+    /// version as it was when nothing changes.
+    pub fn set_prices(&self, table: Option<PriceTable>, actor: &str) -> Result<u64, StoreError> {
+        self.db.write(|sql| {
+            let old = prices(sql)?;
+            if old == table {
+                return set_version(sql);
+            }
+            let all: Vec<Policy> = list(sql)?.into_iter().map(|s| s.policy).collect();
+            validate_policy_set(&PolicySet {
+                version: 1,
+                prices: table.clone(),
+                policies: all,
+            })
+            .map_err(StoreError::Invalid)?;
+            let at = now_ms();
+            let version = bump(sql)?;
+            write_prices(sql, (old.as_ref(), table.as_ref()), at, actor)?;
+            Ok(version)
         })
     }
 
@@ -166,7 +196,7 @@ impl BlockingStore {
             }
             let mut all: Vec<Policy> = list(sql)?.into_iter().map(|s| s.policy).collect();
             all.push(policy.clone());
-            check_set(&all, all.len() - 1)?;
+            check_set(sql, &all, all.len() - 1)?;
             let position = sql
                 .query_one("SELECT COALESCE(MAX(position), -1) + 1 FROM policies", &[])?
                 .map_or(Ok(0), |r| r.int(0))?;
@@ -228,7 +258,7 @@ impl BlockingStore {
             if let Some(slot) = all.get_mut(index) {
                 *slot = policy.clone();
             }
-            check_set(&all, index)?;
+            check_set(sql, &all, index)?;
             let at = now_ms();
             let set_version = bump(sql)?;
             let version = write_next_version(sql, &current, &policy, (set_version, at, actor))?;
@@ -547,10 +577,40 @@ fn get(sql: &mut dyn Sql, name: &str) -> Result<Option<StoredPolicy>, StoreError
     .transpose()
 }
 
-fn check_set(all: &[Policy], edited: usize) -> Result<(), StoreError> {
+/// Replaces the stored price table `old` with `new` (validated with the
+/// set), with its audit entry.
+pub(super) fn write_prices(
+    sql: &mut dyn Sql,
+    (old, new): (Option<&PriceTable>, Option<&PriceTable>),
+    at: u64,
+    actor: &str,
+) -> Result<(), StoreError> {
+    sql.execute("DELETE FROM prices", &[])?;
+    if let Some(table) = new {
+        sql.execute(
+            "INSERT INTO prices (id, body, updated_at_ms, updated_by) VALUES (1, $1, $2, $3)",
+            &[to_json(table).into(), at.into(), actor.into()],
+        )?;
+    }
+    audit_entry(
+        sql,
+        (at, actor, "prices", "prices"),
+        old.map(to_json),
+        new.map(to_json),
+    )
+}
+
+/// The set's price table, as stored (validated when it was written).
+pub(super) fn prices(sql: &mut dyn Sql) -> Result<Option<PriceTable>, StoreError> {
+    sql.query_one("SELECT body FROM prices WHERE id = 1", &[])?
+        .map(|r| r.text(0).and_then(|body| from_json(&body)))
+        .transpose()
+}
+
+fn check_set(sql: &mut dyn Sql, all: &[Policy], edited: usize) -> Result<(), StoreError> {
     let set = PolicySet {
         version: 1,
-        prices: None,
+        prices: prices(sql)?,
         policies: all.to_vec(),
     };
     validate_policy_set(&set).map_err(|e| StoreError::Invalid(relative_errors(e, edited)))

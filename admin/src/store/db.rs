@@ -19,6 +19,7 @@ const SQLITE_MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0002_budgets.sql")),
     M::up(include_str!("../../migrations/0003_people.sql")),
     M::up(include_str!("../../migrations/0004_sources.sql")),
+    M::up(include_str!("../../migrations/0005_prices.sql")),
 ];
 
 /// PostgreSQL migrations, in order; applied once each, under an advisory
@@ -28,6 +29,7 @@ const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0002_budgets.sql"),
     include_str!("../../migrations/postgres/0003_people.sql"),
     include_str!("../../migrations/postgres/0004_sources.sql"),
+    include_str!("../../migrations/postgres/0005_prices.sql"),
 ];
 
 /// PostgreSQL's advisory lock taken while migrating (any fixed number).

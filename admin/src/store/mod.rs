@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::Serialize;
 use sluice_api::people::{Role, TokenInfo, TokenScope, UserInfo};
 use sluice_api::{AuditEntry, HistoryEntry, PolicyList, StoredPolicy};
+use sluice_shared::price::PriceTable;
 use sluice_shared::{Instant, Policy, PolicySet, ValidationErrors};
 use sluice_wire::sync::{BudgetsMessage, SyncReport};
 
@@ -344,14 +345,26 @@ impl Store {
 
     pub async fn apply_set(
         &self,
-        desired: Vec<Policy>,
-        sources: Vec<String>,
+        (desired, sources, prices): (Vec<Policy>, Vec<String>, Option<PriceTable>),
         actor: &str,
         dry_run: bool,
     ) -> Result<sluice_api::Applied, StoreError> {
         let actor = actor.to_string();
-        self.run(move |s| s.apply_set(&desired, &sources, &actor, dry_run))
+        self.run(move |s| s.apply_set((&desired, &sources, prices.as_ref()), &actor, dry_run))
             .await
+    }
+
+    pub async fn prices(&self) -> Result<Option<PriceTable>, StoreError> {
+        self.run(|s| s.prices()).await
+    }
+
+    pub async fn set_prices(
+        &self,
+        table: Option<PriceTable>,
+        actor: &str,
+    ) -> Result<u64, StoreError> {
+        let actor = actor.to_string();
+        self.run(move |s| s.set_prices(table, &actor)).await
     }
 
     pub async fn reorder(
