@@ -280,6 +280,7 @@ pub fn cost_of(tokens: u64, per_million: Money) -> u64 {
 /// A [`PriceTable`] ready to look models up.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CompiledPrices {
+    pub currency: String,
     exact: BTreeMap<String, ModelPrice>,
     /// `gpt-4o-*` as `gpt-4o-`, longest first.
     prefixes: Vec<(String, ModelPrice)>,
@@ -295,6 +296,7 @@ impl CompiledPrices {
             .collect();
         prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
         Self {
+            currency: table.currency.clone(),
             exact: table
                 .models
                 .iter()

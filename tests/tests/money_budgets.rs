@@ -47,6 +47,8 @@ struct Answer {
     status: u16,
     reason: Option<String>,
     limit: Option<String>,
+    /// What a budget's refusal says: spent, budget, renews in, currency.
+    told: [Option<String>; 4],
     body: String,
 }
 
@@ -76,11 +78,19 @@ async fn chat(
             .map(str::to_string)
     };
     let (reason, limit) = (header("x-sluice-reason"), header("x-sluice-limit"));
+    let told = [
+        "x-sluice-spent",
+        "x-sluice-budget",
+        "x-sluice-renews-in",
+        "x-sluice-currency",
+    ]
+    .map(header);
     let status = response.status().as_u16();
     Ok(Answer {
         status,
         reason,
         limit,
+        told,
         body: response.text().await?,
     })
 }
@@ -107,6 +117,7 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
     let http = client();
     let mut calls = std::collections::BTreeMap::<&str, u64>::new();
     let mut refused_at = std::collections::BTreeMap::<&str, usize>::new();
+    let mut told = std::collections::BTreeMap::<&str, ([Option<String>; 4], String)>::new();
     for i in 0..400usize {
         if refused_at.len() == 2 {
             break;
@@ -132,6 +143,7 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
                     answer.body
                 );
                 refused_at.insert(team, i);
+                told.insert(team, (answer.told, answer.body));
             }
             other => anyhow::bail!("call {i}: {other} {}", answer.body),
         }
@@ -161,6 +173,30 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
     assert_eq!(refused_at.len(), 2, "both teams reached their budget");
     for spent in billed.values() {
         assert!(*spent <= TEAM_BUDGET, "{spent} within the budget");
+    }
+    // Each refusal said what the team spent (all the provider billed it),
+    // the budget, and when it renews (by the next UTC midnight).
+    let micros = |text: &str| -> u64 {
+        let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+        whole.parse::<u64>().unwrap_or(0) * 1_000_000
+            + format!("{fraction:0<6}").parse::<u64>().unwrap_or(0)
+    };
+    for (team, (headers, body)) in &told {
+        println!(
+            "money budgets: {team} refused with {headers:?}: {}",
+            body.trim_end()
+        );
+        let [spent, budget, renews, currency] = headers;
+        assert_eq!(currency.as_deref(), Some("USD"));
+        assert_eq!(budget.as_deref(), Some("0.01"));
+        assert_eq!(
+            spent.as_deref().map(micros),
+            billed.get(*team).copied(),
+            "{team}"
+        );
+        let renews: u64 = renews.as_deref().and_then(|r| r.parse().ok()).unwrap_or(0);
+        assert!((1..=86_400).contains(&renews), "{renews}");
+        assert!(body.contains("of a budget of 0.01 USD"), "{body}");
     }
     assert_eq!(unpriced.status, 429);
     assert_eq!(unpriced.reason.as_deref(), Some("model-unpriced"));

@@ -557,6 +557,11 @@ impl CompiledPolicy {
             .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
     }
 
+    /// The currency of its money limits, when it has any.
+    pub fn currency(&self) -> Option<&str> {
+        self.prices.as_ref().map(|p| p.currency.as_str())
+    }
+
     /// The prices of the call's model (its body's `model`, or none when
     /// the body was not read), for its money limits; None when the policy
     /// has none, or the model has no price and the table no default.

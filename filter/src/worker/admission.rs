@@ -116,9 +116,14 @@ impl Deciding<'_> {
                 limit,
                 retry_after,
                 why,
+                standing,
             } => {
                 ctx.metrics.add_limit(&limit, LimitCounter::Refused, 1);
-                let refusal = Refusal::Limit { limit, why };
+                let refusal = Refusal::Limit {
+                    limit,
+                    why,
+                    standing,
+                };
                 return (refuse(ctx, policy, &refusal, retry_after), None);
             }
             Taken::Unknown { limit } => {

@@ -5,7 +5,9 @@
 //! decides, and given back when that bucket refuses the call.
 
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy, UNPRICED};
-use sluice_shared::limiter::{RateLimiter, RateState, StackedOutcome, StackedTake, StepResult};
+use sluice_shared::limiter::{
+    RateLimiter, RateState, StackedOutcome, StackedTake, Standing, StepResult,
+};
 use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::{Instant, Span};
 
@@ -64,6 +66,8 @@ pub(super) enum Taken {
         limit: String,
         retry_after: Span,
         why: Why,
+        /// Where the limit stood, when its own count refused.
+        standing: Option<Standing>,
     },
     /// `limit` is a budget this Envoy does not know the spending of yet
     /// (just started; the admin has not answered): nothing was taken.
@@ -136,6 +140,7 @@ pub(super) fn take<H: Host + ?Sized>(
                 limit,
                 retry_after: SLOT_RETRY,
                 why: Why::Limit,
+                standing: None,
             };
         }
     };
@@ -170,6 +175,7 @@ fn count_in_provider<H: Host + ?Sized>(
                     limit: limit.name.clone(),
                     retry_after: wait,
                     why: Why::ProviderCount,
+                    standing: None,
                 })
             }
             // The store counted and logged it: a count that cannot be
@@ -179,6 +185,7 @@ fn count_in_provider<H: Host + ?Sized>(
                     limit: limit.name.clone(),
                     retry_after: DEFAULT_RETRY,
                     why: Why::Limit,
+                    standing: None,
                 })
             }
         }
@@ -219,6 +226,7 @@ fn take_rates<H: Host + ?Sized>(
             limit: limit.name.clone(),
             retry_after: UNPRICED_RETRY,
             why: Why::Unpriced,
+            standing: None,
         });
     }
     for (index, limit) in policy.limits.iter().enumerate() {
@@ -229,6 +237,7 @@ fn take_rates<H: Host + ?Sized>(
                 limit: limit.name.clone(),
                 retry_after: wait,
                 why: Why::ProviderPause,
+                standing: None,
             });
         }
     }
@@ -264,6 +273,7 @@ fn take_rates<H: Host + ?Sized>(
                 limit: name,
                 retry_after,
                 why: Why::Limit,
+                standing: take.standing(),
             })
         }
         _ => Ok(places

@@ -10,6 +10,10 @@ use sluice_filter_core::headers::{
 use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::time::Span;
 
+use sluice_shared::limiter::Standing;
+use sluice_shared::price::Money;
+use sluice_shared::NamedLimit;
+
 use super::limits::Why;
 
 /// Header naming why a call was refused when the limit alone does not say.
@@ -32,9 +36,13 @@ pub(super) enum Refusal {
     /// The policy's own limit (`kind`: its rate or its concurrency), a
     /// fleet share that allows nothing, or a store that could not decide.
     Policy { kind: LimitKind },
-    /// One of the policy's further limits, by its own count or by what its
-    /// provider said.
-    Limit { limit: String, why: Why },
+    /// One of the policy's further limits, by its own count (`standing`:
+    /// where it stood) or by what its provider said.
+    Limit {
+        limit: String,
+        why: Why,
+        standing: Option<Standing>,
+    },
     /// A budget whose spending before this Envoy started is not known yet
     /// (it clears once the admin answers).
     BudgetUnknown { limit: String },
@@ -82,14 +90,16 @@ impl Refusal {
             Refusal::Limit {
                 limit,
                 why: Why::Limit,
+                ..
             } => format!("limited by sluice policy {policy} (limit {limit})\n"),
             Refusal::Limit {
                 limit,
                 why: Why::Unpriced,
+                ..
             } => format!(
                 "refused by sluice policy {policy}: the call's model has no price, and the price table no default (limit {limit} counts money)\n"
             ),
-            Refusal::Limit { limit, why } => {
+            Refusal::Limit { limit, why, .. } => {
                 let what = if *why == Why::ProviderCount {
                     "the provider has nothing left of this limit until its reset"
                 } else {
@@ -134,14 +144,101 @@ pub(super) fn render(policy: &CompiledPolicy, refusal: &Refusal, retry_after: Sp
     if let Some(reason) = refusal.reason() {
         headers.push((REASON_HEADER, reason.to_string()));
     }
-    let body = match &spec.on_limit.body {
-        Some(body) => body.as_bytes().to_vec(),
-        None => refusal.explain(policy.name(), retry_after).into_bytes(),
+    let told = budget_told(policy, refusal);
+    if let Some(told) = &told {
+        headers.extend(told.headers());
+    }
+    let body = match (&spec.on_limit.body, &told) {
+        (Some(body), _) => body.as_bytes().to_vec(),
+        (None, Some(told)) => told.explain(policy.name()).into_bytes(),
+        (None, None) => refusal.explain(policy.name(), retry_after).into_bytes(),
     };
     LocalReply {
         status: u32::from(spec.on_limit.status),
         headers,
         body,
+    }
+}
+
+/// Headers of a budget's refusal: what is spent, the budget, and how long
+/// until it renews (whole seconds, rounded up); for money, its currency
+/// and amounts as decimals of it.
+pub const SPENT_HEADER: &str = "x-sluice-spent";
+pub const BUDGET_HEADER: &str = "x-sluice-budget";
+pub const RENEWS_HEADER: &str = "x-sluice-renews-in";
+pub const CURRENCY_HEADER: &str = "x-sluice-currency";
+
+/// What a refusal by a budget (a limit counting money, or of a period of
+/// an hour or more) tells about it.
+struct BudgetTold<'a> {
+    limit: &'a str,
+    standing: Standing,
+    currency: Option<&'a str>,
+}
+
+/// The refusal's budget, when a budget refused by its own count.
+fn budget_told<'a>(policy: &'a CompiledPolicy, refusal: &'a Refusal) -> Option<BudgetTold<'a>> {
+    let Refusal::Limit {
+        limit,
+        why: Why::Limit,
+        standing: Some(standing),
+    } = refusal
+    else {
+        return None;
+    };
+    let compiled = policy.limits.iter().find(|l| l.name == *limit)?;
+    let spec = policy.policy.limits.iter().find(|l| l.name == *limit)?;
+    let long = spec
+        .rate
+        .as_ref()
+        .is_some_and(|r| r.period >= NamedLimit::BUDGET_MIN_PERIOD);
+    let currency = compiled.is_priced().then(|| policy.currency()).flatten();
+    (long || currency.is_some()).then_some(BudgetTold {
+        limit,
+        standing: *standing,
+        currency,
+    })
+}
+
+impl BudgetTold<'_> {
+    fn amount(&self, n: u64) -> String {
+        match self.currency {
+            Some(_) => Money(n).to_string(),
+            None => n.to_string(),
+        }
+    }
+
+    fn renews_in_secs(&self) -> u64 {
+        self.standing.until_reset.as_secs_ceil()
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = vec![
+            (SPENT_HEADER, self.amount(self.standing.spent)),
+            (BUDGET_HEADER, self.amount(self.standing.size)),
+            (RENEWS_HEADER, self.renews_in_secs().to_string()),
+        ];
+        if let Some(currency) = self.currency {
+            headers.push((CURRENCY_HEADER, currency.to_string()));
+        }
+        headers
+    }
+
+    fn explain(&self, policy: &str) -> String {
+        let unit = match self.currency {
+            Some(currency) => format!(" {currency}"),
+            None => " tokens".to_string(),
+        };
+        let secs = self.renews_in_secs();
+        format!(
+            "limited by sluice policy {policy} (limit {limit}): spent {spent}{unit} of a budget of {size}{unit}; it renews in {h}h {m:02}m {s:02}s\n",
+            limit = self.limit,
+            spent = self.amount(self.standing.spent),
+            size = self.amount(self.standing.size),
+            h = secs / 3600,
+            m = secs % 3600 / 60,
+            s = secs % 60,
+        )
     }
 }
 
@@ -194,6 +291,7 @@ mod tests {
         let by = |why| Refusal::Limit {
             limit: "tpm".to_string(),
             why,
+            standing: None,
         };
         let reply = render(&p, &by(Why::Limit), Span::from_millis(1500));
         assert_eq!(header(&reply, "retry-after"), Some("2"));
@@ -231,5 +329,55 @@ mod tests {
             Some("cost-above-share-burst")
         );
         assert_eq!(header(&reply, "ratelimit"), Some("\"fx\";r=0;t=1"));
+    }
+    #[test]
+    fn a_budgets_refusal_says_what_is_spent_of_it_and_when_it_renews() {
+        let set = sluice_filter_core::matcher::CompiledPolicySet::from_json(
+            r#"{"version": 1, "prices": {"currency": "EUR", "models": {"m": {"input": 1, "output": 2}}},
+                "policies": [{"name": "llm", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s"},
+                  "limits": [
+                    {"name": "team-daily", "key": {"header": "x-team"},
+                     "rate": {"requests": 10000, "period": "1d", "algorithm": "fixed_window"}, "cost": "price"},
+                    {"name": "tokens-daily", "rate": {"requests": 500000, "period": "1d", "algorithm": "fixed_window"}},
+                    {"name": "tpm", "rate": {"requests": 1000, "period": "1m"}}]}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let p = &set.policies[0];
+        let standing = Standing {
+            spent: 9_576,
+            size: 10_000,
+            until_reset: Span::from_millis(3_600_500),
+        };
+        let refused = |limit: &str| Refusal::Limit {
+            limit: limit.into(),
+            why: Why::Limit,
+            standing: Some(standing),
+        };
+        let money = render(p, &refused("team-daily"), Span::from_secs(10));
+        assert_eq!(header(&money, SPENT_HEADER), Some("0.009576"));
+        assert_eq!(header(&money, BUDGET_HEADER), Some("0.01"));
+        assert_eq!(header(&money, RENEWS_HEADER), Some("3601"));
+        assert_eq!(header(&money, CURRENCY_HEADER), Some("EUR"));
+        assert_eq!(
+            String::from_utf8_lossy(&money.body),
+            "limited by sluice policy llm (limit team-daily): spent 0.009576 EUR of a budget of 0.01 EUR; it renews in 1h 00m 01s\n"
+        );
+        let tokens = render(p, &refused("tokens-daily"), Span::from_secs(10));
+        assert_eq!(header(&tokens, SPENT_HEADER), Some("9576"));
+        assert_eq!(header(&tokens, CURRENCY_HEADER), None);
+        assert!(String::from_utf8_lossy(&tokens.body)
+            .contains("spent 9576 tokens of a budget of 10000 tokens"));
+        // A minute's rate is no budget; a provider's pause says its own.
+        let rate = render(p, &refused("tpm"), Span::from_secs(10));
+        assert_eq!(header(&rate, SPENT_HEADER), None);
+        let paused = Refusal::Limit {
+            limit: "team-daily".into(),
+            why: Why::ProviderPause,
+            standing: None,
+        };
+        assert_eq!(
+            header(&render(p, &paused, Span::from_secs(10)), SPENT_HEADER),
+            None
+        );
     }
 }

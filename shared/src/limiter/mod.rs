@@ -12,7 +12,7 @@ pub mod token_bucket;
 pub mod window;
 
 pub use concurrency::{ConcurrencyLimit, Lease, LeaseTable};
-pub use stack::{StackedOutcome, StackedTake, StepResult};
+pub use stack::{StackedOutcome, StackedTake, Standing, StepResult};
 pub use token_bucket::{TokenBucket, TokenBucketState, Warmup};
 pub use window::{FixedWindow, FixedWindowState, SlidingWindow, SlidingWindowState};
 

@@ -50,6 +50,29 @@ pub struct StepResult {
     /// Whether the state changed and must be stored.
     pub changed: bool,
     decision: Option<Decision>,
+    /// Where the limit stood when it refused.
+    standing: Option<Standing>,
+}
+
+/// Where a limit stands: what of its size is spent, and when it holds all
+/// of it again (a budget's renewal). What a refusal tells the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    pub spent: u64,
+    pub size: u64,
+    pub until_reset: Span,
+}
+
+impl Standing {
+    pub fn of(limiter: &RateLimiter, state: &RateState, now: Instant) -> Self {
+        let size = limiter.available(&limiter.initial_state(), now);
+        let available = limiter.available(state, now);
+        Self {
+            spent: size.saturating_sub(available),
+            size,
+            until_reset: limiter.until_reset(state, now),
+        }
+    }
 }
 
 /// One call's take across several limits; see the module docs.
@@ -58,8 +81,9 @@ pub struct StackedTake {
     costs: Vec<u64>,
     now: Instant,
     phase: Phase,
-    /// The first limit that refused, if one did.
+    /// The first limit that refused, if one did, and where it stood.
     refused: Option<usize>,
+    standing: Option<Standing>,
     retry_after: Span,
 }
 
@@ -76,6 +100,7 @@ impl StackedTake {
             now,
             phase,
             refused: None,
+            standing: None,
             retry_after: Span::ZERO,
         }
     }
@@ -86,6 +111,11 @@ impl StackedTake {
             Phase::Taking(at) | Phase::Refunding { at, .. } | Phase::Peeking { at, .. } => Some(at),
             Phase::Done => None,
         }
+    }
+
+    /// Where the limit that refused stood when it did.
+    pub fn standing(&self) -> Option<Standing> {
+        self.standing
     }
 
     /// The outcome, once [`Self::next_limit`] is None.
@@ -110,9 +140,12 @@ impl StackedTake {
         match self.phase {
             Phase::Taking(at) => {
                 let decision = limiter.try_acquire(state, self.now, cost(at));
+                let standing =
+                    (!decision.is_admit()).then(|| Standing::of(limiter, state, self.now));
                 StepResult {
                     changed: decision.is_admit(),
                     decision: Some(decision),
+                    standing,
                 }
             }
             Phase::Refunding { at, .. } => {
@@ -121,6 +154,7 @@ impl StackedTake {
                 StepResult {
                     changed: *state != before,
                     decision: None,
+                    standing: None,
                 }
             }
             Phase::Peeking { at, .. } => {
@@ -129,11 +163,13 @@ impl StackedTake {
                 StepResult {
                     changed: false,
                     decision: Some(decision),
+                    standing: None,
                 }
             }
             Phase::Done => StepResult {
                 changed: false,
                 decision: None,
+                standing: None,
             },
         }
     }
@@ -152,6 +188,7 @@ impl StackedTake {
             (Phase::Taking(at), Some(Decision::Deny { retry_after, .. })) => {
                 self.retry_after = self.retry_after.max(retry_after);
                 self.refused = Some(at);
+                self.standing = step.standing;
                 self.refund_before(at)
             }
             (Phase::Refunding { at }, _) => self.refund_before(at),
