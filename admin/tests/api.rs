@@ -1693,4 +1693,43 @@ async fn prices_are_versioned_with_the_set_and_checked_with_its_policies() {
         audit.to_string().contains("\"action\":\"prices\""),
         "{audit}"
     );
+    // Warning lines crossed, as an Envoy reports them (a count since it
+    // started): one audit line per report that crossed any, saying how
+    // many; a restarted Envoy's count starts again.
+    let crossed = |n: u64| {
+        json!({"instance": "envoy-a", "policy_version": 2, "at_ms": 2000,
+               "limits": {"team-monthly": {"warn_crossed": n, "requests": 500000000, "period_ms": 2592000000u64}}})
+    };
+    let mut lines = Vec::new();
+    for n in [1, 1, 3, 1] {
+        let (status, _, body) = admin
+            .call(
+                Method::POST,
+                "/api/v1/sync",
+                &[("authorization", &auth)],
+                Some(crossed(n)),
+            )
+            .await;
+        assert!(
+            status.is_success() || status == StatusCode::NOT_MODIFIED,
+            "{status} {body}"
+        );
+        let (_, _, audit) = admin
+            .edit(&s, Method::GET, "/api/v1/audit", &[], None)
+            .await;
+        let warns: Vec<String> = audit["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["action"] == "warn" && e["target"] == "team-monthly")
+            .map(|e| e["new"].to_string())
+            .collect();
+        lines.push(warns);
+    }
+    let counts: Vec<usize> = lines.iter().map(Vec::len).collect();
+    assert_eq!(counts, [1, 1, 2, 3], "{lines:?}");
+    let newest = |i: usize| lines[i].first().cloned().unwrap_or_default();
+    assert!(newest(0).contains("1 time(s)"), "{lines:?}");
+    assert!(newest(2).contains("2 time(s)"), "{lines:?}");
+    assert!(newest(3).contains("1 time(s)"), "{lines:?}");
 }

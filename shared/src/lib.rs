@@ -23,6 +23,7 @@ pub mod stream_usage;
 pub mod time;
 pub mod usage;
 pub mod validate;
+pub mod warn;
 
 pub use duration::DurationMs;
 pub use key_hash::KeySecret;

@@ -137,6 +137,12 @@ pub struct NamedLimit {
     /// refusal pauses the limit for every worker (and key, where keyed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<ProviderSpec>,
+    /// Warning lines, as shares of the limit (`[0.8, 0.95]`): a call that
+    /// leaves it past one gets `x-sluice-warn: "<limit>";used=0.81`, and
+    /// each crossing is counted (`warn_crossed`) and written to the
+    /// admin's audit log once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warn_at: Vec<f64>,
 }
 
 /// What a rate limit takes from the provider's answers (opt-in).

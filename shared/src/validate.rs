@@ -57,6 +57,7 @@ pub mod bounds {
     pub const MAX_JSON_ONE_OF: usize = 64;
     pub const MAX_PROMPT_PATHS: usize = 8;
     pub const MAX_PRICED_MODELS: usize = 1024;
+    pub const MAX_WARN_LINES: usize = 4;
     pub const MAX_MODEL_NAME: usize = 128;
     /// Per million tokens, in units of the currency.
     pub const MAX_PRICE_PER_MILLION: u64 = 100_000;
@@ -541,6 +542,7 @@ fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateSpec) {
         }
     }
     check_cost(lr, &limit.cost, Some(rate));
+    check_warn_at(lr, &limit.warn_at);
     match &limit.usage {
         Some(usage) if limit.cost.is_price() => check_price_usage(lr, usage),
         Some(usage) => check_usage(lr, usage),
@@ -617,6 +619,12 @@ fn check_slot_limit(lr: &mut Report, limit: &NamedLimit, conc: &ConcurrencySpec)
         ..conc.clone()
     };
     check_concurrency(lr, &without_lane, false);
+    if !limit.warn_at.is_empty() {
+        lr.at(
+            "warn_at",
+            "warning lines are for a `rate` limit: a concurrency limit has no share used",
+        );
+    }
     if limit.key.is_some() {
         lr.at(
             "key",
@@ -1093,6 +1101,30 @@ fn check_usage(r: &mut Report, usage: &UsageSpec) {
     }
     if let crate::policy::UnreadCharge::Tokens(n) = usage.unread {
         r.range_u64("usage.unread", n, 1, bounds::MAX_REQUESTS);
+    }
+}
+
+/// Warning lines: a few shares of the limit, each between 0 and 1,
+/// ascending.
+fn check_warn_at(r: &mut Report, lines: &[f64]) {
+    if lines.len() > bounds::MAX_WARN_LINES {
+        r.at(
+            "warn_at",
+            format!("at most {} lines", bounds::MAX_WARN_LINES),
+        );
+    }
+    for (i, line) in lines.iter().enumerate() {
+        if !(*line > 0.0 && *line < 1.0) {
+            r.at(
+                &format!("warn_at[{i}]"),
+                "a share of the limit, between 0 and 1 (0.8 warns at 80 %)",
+            );
+        } else if i > 0 && lines[i - 1] >= *line {
+            r.at(
+                &format!("warn_at[{i}]"),
+                "lines go up: each above the one before",
+            );
+        }
     }
 }
 

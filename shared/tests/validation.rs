@@ -79,7 +79,7 @@ fn reports_every_error_of_every_policy() {
 fn refuses_unknown_fields_at_every_level() {
     assert_eq!(
         errors_of(r#"{"version": 1, "policies": [], "policy": []}"#),
-        vec!["policy: unknown field, expected `version` or `policies`"]
+        vec!["policy: unknown field, expected `version`, `prices` or `policies`"]
     );
     let errs = errors_of(&set_with(
         r#"{"name": "a", "match": {"host": "x", "hots": "y"}, "rate": {"requests": 1, "period": "1s"}}"#,
@@ -720,6 +720,37 @@ fn weighed_usage_paths_are_checked_with_their_field() {
         let back: serde_json::Value = serde_json::from_str(written).unwrap_or_default();
         assert_eq!(usage["json"], back, "{written}");
     }
+}
+
+/// Warning lines: shares of a rate limit, ascending, each named.
+#[test]
+fn warning_lines_are_shares_of_a_rate_limit() {
+    let with = |warn: &str, limit: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "a.example"}}, "rate": {{"requests": 10, "period": "1s"}},
+                "limits": [{{"name": "l", {limit}, "warn_at": {warn}}}]}}"#
+        ))
+    };
+    let rate = r#""rate": {"requests": 1000, "period": "1d", "algorithm": "fixed_window"}"#;
+    assert!(parse_policy_set(&with("[0.8, 0.95]", rate)).is_ok());
+    assert_eq!(
+        errors_of(&with("[0, 0.9, 0.5, 1, 0.1, 0.2]", rate)),
+        vec![
+            "policies[0].limits[0].warn_at: at most 4 lines",
+            "policies[0].limits[0].warn_at[0]: a share of the limit, between 0 and 1 (0.8 warns at 80 %)",
+            "policies[0].limits[0].warn_at[2]: lines go up: each above the one before",
+            "policies[0].limits[0].warn_at[3]: a share of the limit, between 0 and 1 (0.8 warns at 80 %)",
+            "policies[0].limits[0].warn_at[4]: lines go up: each above the one before",
+        ]
+    );
+    assert_eq!(
+        errors_of(&with("[0.8]", r#""concurrency": {"max_in_flight": 5}"#)),
+        vec!["policies[0].limits[0].warn_at: warning lines are for a `rate` limit: a concurrency limit has no share used"]
+    );
+    let e = parse_policy_set(&with(r#"["80%"]"#, rate))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("policies[0].limits[0].warn_at[0]"), "{e}");
 }
 
 /// Prices and money limits: a known currency, amounts a provider could

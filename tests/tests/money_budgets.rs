@@ -3,6 +3,7 @@
 //! (estimated before the call at the model's prices, charged after it
 //! from the usage the answer reports), per team and for everyone.
 
+use anyhow::Context;
 use sluice_demo::llm::{LlmLimits, MockLlm, MockPrice};
 use sluice_e2e::envoy::Envoy;
 use sluice_e2e::load::client;
@@ -49,6 +50,8 @@ struct Answer {
     limit: Option<String>,
     /// What a budget's refusal says: spent, budget, renews in, currency.
     told: [Option<String>; 4],
+    /// `x-sluice-warn`, on a call that left a limit past a warning line.
+    warn: Option<String>,
     body: String,
 }
 
@@ -85,12 +88,14 @@ async fn chat(
         "x-sluice-currency",
     ]
     .map(header);
+    let warn = header("x-sluice-warn");
     let status = response.status().as_u16();
     Ok(Answer {
         status,
         reason,
         limit,
         told,
+        warn,
         body: response.text().await?,
     })
 }
@@ -107,7 +112,7 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
         "limits": [
           {{"name": "team-daily", "key": {{"header": "x-team"}},
             "rate": {{"requests": {TEAM_BUDGET}, "period": "1d", "algorithm": "fixed_window"}},
-            "cost": "price", "usage": {{"ask_stream_usage": true}}}},
+            "cost": "price", "usage": {{"ask_stream_usage": true}}, "warn_at": [0.8, 0.95]}},
           {{"name": "company-daily",
             "rate": {{"requests": {COMPANY_BUDGET}, "period": "1d", "algorithm": "fixed_window"}},
             "cost": {{"price": {{"default_output": 500}}}}, "usage": {{"ask_stream_usage": true}}}}]}}]"#
@@ -118,6 +123,9 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
     let mut calls = std::collections::BTreeMap::<&str, u64>::new();
     let mut refused_at = std::collections::BTreeMap::<&str, usize>::new();
     let mut told = std::collections::BTreeMap::<&str, ([Option<String>; 4], String)>::new();
+    // Per team, each admitted call: (what the provider had billed the
+    // team before it, its warning).
+    let mut warned = std::collections::BTreeMap::<&str, Vec<(u64, Option<String>)>>::new();
     for i in 0..400usize {
         if refused_at.len() == 2 {
             break;
@@ -131,9 +139,16 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
             continue;
         }
         let prompt = format!("Question {i}: how do rivers form? ").repeat(1 + i % 4);
+        let billed_before = llm.stats().spent.get(team).copied().unwrap_or(0);
         let answer = chat(&http, &url, (team, model, max_tokens), i % 3 == 0, &prompt).await?;
         match answer.status {
-            200 => *calls.entry(team).or_default() += 1,
+            200 => {
+                *calls.entry(team).or_default() += 1;
+                warned
+                    .entry(team)
+                    .or_default()
+                    .push((billed_before, answer.warn.clone()));
+            }
             429 => {
                 anyhow::ensure!(
                     answer.limit.as_deref() == Some("team-daily") && answer.reason.is_none(),
@@ -198,6 +213,33 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
         assert!((1..=86_400).contains(&renews), "{renews}");
         assert!(body.contains("of a budget of 0.01 USD"), "{body}");
     }
+    // The warning: no call before 80 % of the budget, every call after
+    // the first warned one, and that one within one call of 80 %: what
+    // was billed before it plus its estimate (at most one call's: 500
+    // micro-USD here) reached the line.
+    for (team, seen) in &warned {
+        let first = seen.iter().position(|(_, w)| w.is_some());
+        let first = first.with_context(|| format!("{team} was never warned: {seen:?}"))?;
+        let (billed, header) = &seen[first];
+        println!("money budgets: {team} first warned at call {first} of {}, {billed} micro-USD billed before it: {header:?}", seen.len());
+        assert!(*billed < TEAM_BUDGET * 8 / 10, "{team}: {seen:?}");
+        assert!(*billed + 600 >= TEAM_BUDGET * 8 / 10, "{team}: {seen:?}");
+        assert!(
+            seen[first..].iter().all(|(_, w)| w.is_some()),
+            "{team}: {seen:?}"
+        );
+        assert!(
+            header
+                .as_deref()
+                .is_some_and(|h| h.starts_with("\"team-daily\";used=0.")),
+            "{header:?}"
+        );
+    }
+    assert_eq!(
+        envoy.limit_stat("team-daily", "warn_crossed")?,
+        4.0,
+        "two lines, two teams"
+    );
     assert_eq!(unpriced.status, 429);
     assert_eq!(unpriced.reason.as_deref(), Some("model-unpriced"));
     assert!(unpriced.limit.is_some());

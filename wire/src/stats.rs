@@ -86,6 +86,11 @@ counters! {
         /// Calls whose key for this limit (`key.json`) was not in their
         /// body: they share the limit's bucket of calls without a key.
         KeyUnread = "key_unread", Total;
+        /// Calls that left it past one of its warning lines (`warn_at`):
+        /// their answers carry `x-sluice-warn`.
+        Warned = "warned", Rate;
+        /// Warning lines crossed: once per line per period (per key).
+        WarnCrossed = "warn_crossed", Total;
         /// Calls refused because this budget's spending before a restart
         /// is not known yet (the admin has not answered since).
         BudgetUnknown = "budget_unknown", Local;

@@ -333,12 +333,15 @@ impl BlockingStore {
     pub fn record_sync(&self, report: &SyncReport) -> Result<(), StoreError> {
         let body = serde_json::to_string(report).unwrap_or_else(|_| "{}".into());
         self.db.touch(|sql| {
-            let known = sql
-                .query_one(
-                    "SELECT 1 FROM instances WHERE id = $1",
-                    &[report.instance.as_str().into()],
-                )?
-                .is_some();
+            let previous = sql.query_one(
+                "SELECT report FROM instances WHERE id = $1",
+                &[report.instance.as_str().into()],
+            )?;
+            let known = previous.is_some();
+            let previous: Option<SyncReport> = previous
+                .and_then(|r| r.text(0).ok())
+                .and_then(|text| serde_json::from_str(&text).ok());
+            audit_warnings(sql, previous.as_ref(), report)?;
             if !known {
                 let count = sql
                     .query_one("SELECT COUNT(*) FROM instances", &[])?
@@ -598,6 +601,38 @@ pub(super) fn write_prices(
         old.map(to_json),
         new.map(to_json),
     )
+}
+
+/// An audit line for each limit whose warning lines `report` says were
+/// crossed since `previous` (the instance's report before; counts start
+/// again when its Envoy restarts): once per crossing, as the Envoy counts
+/// each crossing once.
+fn audit_warnings(
+    sql: &mut dyn Sql,
+    previous: Option<&SyncReport>,
+    report: &SyncReport,
+) -> Result<(), StoreError> {
+    use sluice_wire::stats::LimitCounter;
+    for (name, limit) in &report.limits {
+        let now = limit.counts.get(LimitCounter::WarnCrossed);
+        let before = previous
+            .and_then(|p| p.limits.get(name))
+            .map_or(0, |l| l.counts.get(LimitCounter::WarnCrossed));
+        let crossed = if now >= before { now - before } else { now };
+        if crossed > 0 {
+            let what = format!(
+                "crossed a warning line {crossed} time(s) (Envoy {})",
+                report.instance
+            );
+            audit_entry(
+                sql,
+                (now_ms(), "sluice", "warn", name),
+                None,
+                Some(serde_json::to_string(&what).unwrap_or_default()),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// The set's price table, as stored (validated when it was written).

@@ -246,6 +246,11 @@ pub const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
         Kind::Weighted,
     ),
     (
+        "Warn at (shares of the limit, e.g. 0.8, 0.95)",
+        "/warn_at",
+        Kind::Numbers,
+    ),
+    (
         "Real cost: ask streams for their usage",
         "/usage/ask_stream_usage",
         Kind::Flag,

@@ -72,6 +72,9 @@ pub enum Kind {
     Duration,
     /// A comma-separated list.
     List,
+    /// A comma-separated list of numbers (`0.8, 0.95`); an item that is
+    /// none is kept as text, for the server to name.
+    Numbers,
     /// A list whose items may carry a whole-number weight: `a, b*4, c*-1`;
     /// a map of item to weight when any weight is not 1.
     Weighted,
@@ -134,6 +137,18 @@ pub fn parse_input(kind: Kind, text: &str) -> Option<Value> {
                 .collect(),
         ),
         Kind::Weighted => weighted(t),
+        Kind::Numbers => Value::Array(
+            t.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse::<f64>()
+                        .ok()
+                        .and_then(serde_json::Number::from_f64)
+                        .map_or_else(|| Value::String(s.to_string()), Value::Number)
+                })
+                .collect(),
+        ),
         Kind::Flag => match t {
             "true" => Value::Bool(true),
             "false" => Value::Bool(false),
@@ -360,6 +375,14 @@ mod tests {
         assert_eq!(parse_input(Kind::Flag, "true"), Some(json!(true)));
         assert_eq!(parse_input(Kind::Flag, "false"), Some(json!(false)));
         assert_eq!(parse_input(Kind::Flag, ""), None);
+        assert_eq!(
+            parse_input(Kind::Numbers, "0.8, 0.95"),
+            Some(json!([0.8, 0.95]))
+        );
+        assert_eq!(
+            parse_input(Kind::Numbers, "0.8, most"),
+            Some(json!([0.8, "most"]))
+        );
         assert_eq!(parse_input(Kind::Number, "NaN"), Some(json!("NaN")));
         set(&mut p, "/rate/burst", parse_input(Kind::Number, "ten"));
         assert_eq!(p["rate"]["burst"], "ten");
@@ -470,6 +493,7 @@ pub fn help(pointer: &str) -> &'static str {
         "/cost/max" => "Costs above this are counted as this.",
         "/cost/plus" => "Added to every estimate (e.g. a chat's framing: 3 tokens a message and 3 for the reply).",
         "/usage/ask_stream_usage" => "OpenAI-style streams that do not ask for their usage are sent asking; what that adds to the answer is taken out before the caller sees it.",
+        "/warn_at" => "Warning lines, shares of the limit (0.8, 0.95): calls past one get x-sluice-warn, and each crossing goes to the audit log.",
         "/cost/price/usage" => "Makes the limit count money at the price table's prices (its rate then counts millionths of the currency: 500 USD is 500000000); how the answer reports its tokens.",
         "/cost/price/output" => "The request's field of the most output tokens it asks for; the estimate prices that much output.",
         "/cost/price/default_output" => "Output tokens estimated for a request that does not say.",

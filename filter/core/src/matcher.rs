@@ -14,6 +14,7 @@ use sluice_shared::prompt::PromptTokens;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::usage::{CompiledUsage, UsagePath};
 use sluice_shared::validate::{parse_policy_set, ValidationErrors};
+use sluice_shared::warn::WarnLines;
 use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +152,8 @@ pub struct CompiledLimit {
     cost_prompt: Option<PromptTokens>,
     /// A cost in money at the set's prices.
     price: Option<CompiledPriceCost>,
+    /// Its warning lines (`warn_at`).
+    pub warn: WarnLines,
     /// The limit's own `usage` (a money limit's is priced per call).
     usage_spec: Option<UsageSpec>,
     /// Where the real cost is read from the response.
@@ -256,6 +259,7 @@ impl CompiledPolicy {
                         _ => None,
                     },
                     usage_spec: l.usage.clone(),
+                    warn: WarnLines::new(&l.warn_at),
                     // A money limit reads its usage at each call's prices
                     // ([`CompiledPolicy::priced_usage`]); this one says it
                     // reads one.

@@ -105,7 +105,18 @@ impl Deciding<'_> {
         let queue_wait = queue_wait(policy);
         let taken = limits::take(ctx, self.budgets, policy, (limit_costs, limit_keys));
         let (must_wait, held) = match taken {
-            Taken::All { places, slots } => (false, Held { places, slots }),
+            Taken::All {
+                places,
+                slots,
+                warnings,
+            } => (
+                false,
+                Held {
+                    places,
+                    slots,
+                    warnings,
+                },
+            ),
             Taken::Refused {
                 limit, retry_after, ..
             } if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) => {

@@ -10,6 +10,7 @@ use sluice_shared::limiter::{
 };
 use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::{Instant, Span};
+use sluice_shared::warn::period_mark;
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
@@ -49,6 +50,8 @@ impl LimitPlace {
 pub(super) struct Held {
     pub places: Vec<LimitPlace>,
     pub slots: Vec<HeldSlot>,
+    /// Limits the call left past a warning line: (name, thousandths used).
+    pub warnings: Vec<(String, u64)>,
 }
 
 /// What the further limits said.
@@ -59,6 +62,8 @@ pub(super) enum Taken {
     All {
         places: Vec<LimitPlace>,
         slots: Vec<HeldSlot>,
+        /// Limits the call left past a warning line: (name, thousandths used).
+        warnings: Vec<(String, u64)>,
     },
     /// `limit` refused first, for `why`; nothing was kept from the
     /// others.
@@ -127,8 +132,8 @@ pub(super) fn take<H: Host + ?Sized>(
     policy: &CompiledPolicy,
     (costs, keys): (&[u64], &[Option<u64>]),
 ) -> Taken {
-    let places = match take_rates(ctx, budgets, policy, (costs, keys)) {
-        Ok(places) => places,
+    let (places, warnings) = match take_rates(ctx, budgets, policy, (costs, keys)) {
+        Ok(taken) => taken,
         Err(refused) => return refused,
     };
     let now = ctx.now;
@@ -146,7 +151,11 @@ pub(super) fn take<H: Host + ?Sized>(
     };
     let mut places = places;
     match count_in_provider(ctx, policy, (costs, keys), &mut places) {
-        Ok(()) => Taken::All { places, slots },
+        Ok(()) => Taken::All {
+            places,
+            slots,
+            warnings,
+        },
         Err(refused) => {
             give_back(ctx, policy, (costs, &places), now);
             slots::release(ctx, &slots);
@@ -199,9 +208,9 @@ fn take_rates<H: Host + ?Sized>(
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
     (costs, keys): (&[u64], &[Option<u64>]),
-) -> Result<Vec<LimitPlace>, Taken> {
+) -> Result<(Vec<LimitPlace>, Vec<PastWarning>), Taken> {
     if policy.limits.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let now = ctx.now;
     if let Some(limit) = policy
@@ -243,6 +252,9 @@ fn take_rates<H: Host + ?Sized>(
     }
     let mut places: Vec<Option<LimitPlace>> = vec![None; policy.limits.len()];
     let mut take = StackedTake::new(costs.to_vec(), now);
+    if policy.limits.iter().any(|l| !l.warn.is_empty()) {
+        take = take.watching(policy.limits.iter().map(|l| !l.warn.is_empty()).collect());
+    }
     while let Some(index) = take.next_limit() {
         let (Some(limit), Some(place)) = (policy.limits.get(index), places.get_mut(index)) else {
             take.give_up(DEFAULT_RETRY);
@@ -276,12 +288,82 @@ fn take_rates<H: Host + ?Sized>(
                 standing: take.standing(),
             })
         }
-        _ => Ok(places
-            .into_iter()
-            .zip(&policy.limits)
-            .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
-            .collect()),
+        _ => {
+            let places: Vec<LimitPlace> = places
+                .into_iter()
+                .zip(&policy.limits)
+                .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
+                .collect();
+            let warnings = warnings(ctx, policy, (costs, &places), &take);
+            Ok((places, warnings))
+        }
     }
+}
+
+/// A limit the call left past a warning line: its name, thousandths used.
+pub(super) type PastWarning = (String, u64);
+
+/// The warning lines the call's take crossed (counted) and those it left
+/// its limits past (the answer says so).
+fn warnings<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    (costs, places): (&[u64], &[LimitPlace]),
+    take: &StackedTake,
+) -> Vec<(String, u64)> {
+    let mut past = Vec::new();
+    for (index, limit) in policy.limits.iter().enumerate() {
+        if limit.warn.is_empty() {
+            continue;
+        }
+        let Some(standing) = take.taken_standing(index) else {
+            continue;
+        };
+        let taken = limit.rate.taken(costs.get(index).copied().unwrap_or(0));
+        let warning = limit.warn.check(&standing, taken);
+        if warning.crossed != 0 {
+            let place = places.get(index);
+            let period = policy
+                .policy
+                .limits
+                .iter()
+                .find(|l| l.name == limit.name)
+                .and_then(|l| l.rate.as_ref())
+                .map_or(1, |r| r.period.as_span().as_nanos());
+            let mark = period_mark(
+                ctx.now.as_nanos(),
+                period,
+                place.and_then(|p| p.owner).unwrap_or(0),
+            );
+            let first = (0..8u8)
+                .filter(|line| warning.crossed & (1 << line) != 0)
+                .filter(|line| {
+                    let key = format!("{}/w{line}", place.map_or("", |p| p.key.as_str()));
+                    // Once a period: a line crossed again after usage gave
+                    // some of an estimate back is not a new crossing.
+                    ctx.store
+                        .update_as::<u64, _, _>(ctx.host, &key, |seen| {
+                            let new = *seen != mark;
+                            *seen = mark;
+                            (new, new)
+                        })
+                        .unwrap_or(false)
+                })
+                .count();
+            if first > 0 {
+                ctx.metrics.add_limit(
+                    &limit.name,
+                    LimitCounter::WarnCrossed,
+                    i64::try_from(first).unwrap_or(i64::MAX),
+                );
+            }
+        }
+        if let Some(used) = warning.past {
+            ctx.metrics.add_limit(&limit.name, LimitCounter::Warned, 1);
+            past.push((limit.name.clone(), used));
+        }
+    }
+    past
 }
 
 /// One step of a stacked take on `limit`: on its one entry, or for a keyed

@@ -39,6 +39,7 @@ mod streams;
 mod sync_client;
 mod telling;
 mod usage;
+mod warnings;
 
 use std::rc::Rc;
 
@@ -121,6 +122,8 @@ struct Parts {
     usages: Usages,
     /// Streamed calls sent asking for their usage; their answers' stripping.
     asked: asked_usage::AskedStreams,
+    /// Calls whose answers say a limit is past a warning line.
+    warnings: warnings::Warnings,
     /// Admitted calls whose answer may pause their limits.
     listening: provider::Listening,
     /// Calls whose answer tells the caller where the limits stand.
@@ -167,6 +170,7 @@ impl Worker {
                 streams: Streams::default(),
                 usages: Usages::default(),
                 asked: asked_usage::AskedStreams::default(),
+                warnings: warnings::Warnings::default(),
                 listening: provider::Listening::default(),
                 telling: telling::Telling::default(),
                 sync: SyncClient::default(),
@@ -339,7 +343,7 @@ impl Worker {
     /// Whether the stream's answer tells its caller where the limits
     /// stand (`ratelimit_headers: always`).
     pub fn tells(&self, context_id: u32) -> bool {
-        self.parts.telling.awaits(context_id)
+        self.parts.telling.awaits(context_id) || self.parts.warnings.awaits(context_id)
     }
 
     /// The fields the answer to stream `context_id` gets (once).
@@ -349,7 +353,9 @@ impl Worker {
         context_id: u32,
     ) -> Vec<(&'static str, String)> {
         self.event(host, When::Fresh, |parts, ctx| {
-            parts.telling.headers(ctx, context_id)
+            let mut headers = parts.telling.headers(ctx, context_id);
+            headers.extend(parts.warnings.header(context_id));
+            headers
         })
     }
 
@@ -526,6 +532,7 @@ impl Parts {
                         now,
                     );
                 }
+                self.warnings.expect(context_id, &held.warnings);
                 let counted: Vec<_> = held.places.iter().map(|p| p.counted).collect();
                 self.listening.expect(
                     context_id,
@@ -644,6 +651,7 @@ impl Parts {
     fn stream_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
         self.listening.forget(context_id);
         self.telling.forget(context_id);
+        self.warnings.forget(context_id);
         self.asked.end(context_id);
         if self.usages.awaits(context_id) {
             self.usages.on_end(ctx, context_id);
@@ -678,6 +686,7 @@ impl Parts {
                         now,
                     );
                 }
+                self.warnings.expect(left.context_id, &left.warnings);
                 let counted: Vec<_> = left.places.iter().map(|p| p.counted).collect();
                 self.listening.expect(
                     left.context_id,

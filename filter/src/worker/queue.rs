@@ -44,6 +44,8 @@ pub(super) struct LeftWithLimits {
     pub keys: Vec<Option<u64>>,
     pub places: Vec<LimitPlace>,
     pub price: Option<sluice_shared::price::ModelPrice>,
+    /// Limits it left past a warning line: (name, thousandths used).
+    pub warnings: Vec<(String, u64)>,
 }
 
 /// Calls that left the queue holding their policy's further limits.
@@ -179,7 +181,12 @@ impl Poll<'_> {
                 .map(|f: &Further| (f.costs.clone(), f.keys.clone(), f.price))
                 .unwrap_or_default();
             let taken = limits::take(ctx, parts.budgets, policy, (&costs, &keys));
-            let Taken::All { places, slots } = taken else {
+            let Taken::All {
+                places,
+                slots,
+                warnings,
+            } = taken
+            else {
                 // The head waits for its further limits (or its deadline).
                 return;
             };
@@ -205,6 +212,7 @@ impl Poll<'_> {
                         keys,
                         places,
                         price,
+                        warnings,
                     });
                     actions.push(StreamAction::Resume(context_id));
                 }

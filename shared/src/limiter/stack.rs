@@ -84,6 +84,10 @@ pub struct StackedTake {
     /// The first limit that refused, if one did, and where it stood.
     refused: Option<usize>,
     standing: Option<Standing>,
+    /// Limits whose standing after taking is wanted (their warning lines),
+    /// and what it was.
+    watched: Vec<bool>,
+    taken_standings: Vec<Option<Standing>>,
     retry_after: Span,
 }
 
@@ -101,6 +105,8 @@ impl StackedTake {
             phase,
             refused: None,
             standing: None,
+            watched: Vec::new(),
+            taken_standings: Vec::new(),
             retry_after: Span::ZERO,
         }
     }
@@ -110,6 +116,23 @@ impl StackedTake {
         match self.phase {
             Phase::Taking(at) | Phase::Refunding { at, .. } | Phase::Peeking { at, .. } => Some(at),
             Phase::Done => None,
+        }
+    }
+
+    /// Also tells where each limit `watched[i]` stands once it took its
+    /// cost ([`Self::taken_standing`]).
+    pub fn watching(mut self, watched: Vec<bool>) -> Self {
+        self.taken_standings = vec![None; watched.len()];
+        self.watched = watched;
+        self
+    }
+
+    /// Where limit `index` (watched) stood once it took its cost, when
+    /// every limit did.
+    pub fn taken_standing(&self, index: usize) -> Option<Standing> {
+        match self.refused {
+            Some(_) => None,
+            None => self.taken_standings.get(index).copied().flatten(),
         }
     }
 
@@ -140,8 +163,8 @@ impl StackedTake {
         match self.phase {
             Phase::Taking(at) => {
                 let decision = limiter.try_acquire(state, self.now, cost(at));
-                let standing =
-                    (!decision.is_admit()).then(|| Standing::of(limiter, state, self.now));
+                let wanted = !decision.is_admit() || self.watched.get(at) == Some(&true);
+                let standing = wanted.then(|| Standing::of(limiter, state, self.now));
                 StepResult {
                     changed: decision.is_admit(),
                     decision: Some(decision),
@@ -179,6 +202,9 @@ impl StackedTake {
         let last = self.costs.len().saturating_sub(1);
         self.phase = match (self.phase, step.decision) {
             (Phase::Taking(at), Some(Decision::Admit { .. })) => {
+                if let Some(slot) = self.taken_standings.get_mut(at) {
+                    *slot = step.standing;
+                }
                 if at >= last {
                     Phase::Done
                 } else {

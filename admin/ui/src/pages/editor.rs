@@ -78,7 +78,7 @@ fn field_input(
         }
         // Lists are taken whole when the field is left (a trailing comma
         // mid-typing is not an item); other fields as they are typed.
-        Kind::List | Kind::Weighted | Kind::Headers => view! {
+        Kind::List | Kind::Numbers | Kind::Weighted | Kind::Headers => view! {
             <input id=id name=name prop:value=text on:change=move |ev| on_text(event_target_value(&ev))/>
         }
         .into_any(),
