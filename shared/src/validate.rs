@@ -22,6 +22,8 @@ pub mod bounds {
     pub const MAX_POLICIES: usize = 1000;
     pub const MAX_NAME_LEN: usize = 64;
     pub const MAX_REQUESTS: u64 = 1_000_000_000;
+    /// A money limit's `rate.requests`, in millionths: a billion units.
+    pub const MAX_MONEY_BUDGET: u64 = 1_000_000_000_000_000;
     pub const MAX_BURST: u64 = 1_000_000_000;
     pub const MIN_PERIOD_MS: u64 = 1;
     /// 31 days: a monthly quota.
@@ -523,7 +525,17 @@ fn check_limits(r: &mut Report, policy: &Policy) {
 /// A further rate limit: its rate, its cost, and what `scope: global`
 /// can split into shares.
 fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateSpec) {
-    check_rate(lr, rate);
+    if limit.cost.is_price() {
+        check_rate_up_to(lr, rate, bounds::MAX_MONEY_BUDGET);
+        if rate.algorithm == Algorithm::TokenBucket {
+            lr.at(
+                "rate.algorithm",
+                "a budget in money is counted per period: fixed_window or sliding_window",
+            );
+        }
+    } else {
+        check_rate(lr, rate);
+    }
     if limit.scope == Scope::Global {
         if limit.key.is_some() {
             lr.at(
@@ -811,7 +823,12 @@ fn is_token_byte(b: u8) -> bool {
 }
 
 fn check_rate(r: &mut Report, rate: &RateSpec) {
-    r.range_u64("rate.requests", rate.requests, 1, bounds::MAX_REQUESTS);
+    check_rate_up_to(r, rate, bounds::MAX_REQUESTS);
+}
+
+/// A rate of at most `max_requests` a period (money counts millionths).
+fn check_rate_up_to(r: &mut Report, rate: &RateSpec, max_requests: u64) {
+    r.range_u64("rate.requests", rate.requests, 1, max_requests);
     r.range_ms(
         "rate.period",
         rate.period,

@@ -824,6 +824,18 @@ fn prices_and_money_limits_are_checked_field_by_field() {
         errors_of(&with_paths),
         vec!["policies[0].limits[0].usage: a price reads the answer's usage as `cost.price.usage` says (openai or anthropic): give only `ask_stream_usage`, `unread` or `max_body_bytes`"]
     );
+    // A budget in money counts millionths per window: past a billion of
+    // them, but not as a token bucket.
+    let big = set(good, r#""price""#).replace("500000000", "5000000000000");
+    assert!(parse_policy_set(&big).is_ok());
+    let bucket = set(good, r#""price""#).replace(
+        r#""algorithm": "fixed_window""#,
+        r#""algorithm": "token_bucket""#,
+    );
+    assert_eq!(
+        errors_of(&bucket),
+        vec!["policies[0].limits[0].rate.algorithm: a budget in money is counted per period: fixed_window or sliding_window"]
+    );
     // What was accepted reads back the same, amounts as exact text.
     let accepted = parse_policy_set(&set(
         r#""prices": {"currency": "JPY", "models": {"m*": {"input": 0.075, "output": "15", "cached_input": "0.0375"}}, "default": {"input": 1, "output": 2}},"#,

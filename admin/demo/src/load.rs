@@ -121,19 +121,24 @@ pub async fn run(port: u16, stats: Arc<LoadStats>) {
     }
     // Twelve callers of a slow LLM that allows 8 in flight; two of them
     // are high priority and may use the 2 slots reserved for them. Half
-    // the answers are streamed; each asks for 200 to 1 000 tokens.
+    // the answers are streamed (not asking for their usage: the policy
+    // asks); each asks for 200 to 1 000 tokens of gpt-4o or gpt-4o-mini,
+    // for one of three teams with a daily budget in money.
     for caller in 0..12u64 {
         let h = http.clone();
         let stats = Arc::clone(&stats);
         tasks.spawn(async move {
+            let team = ["team-a", "team-b", "team-c"][(caller % 3) as usize];
             for n in 0u64.. {
                 let priority = if caller < 2 { "high" } else { "normal" };
-                let ask = serde_json::json!({"model": "demo", "max_tokens": 200 + (n * 97 + caller * 31) % 800,
-                    "stream": n % 2 == 0, "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "Summarise this invoice."}]});
+                let model = if (n + caller) % 4 == 0 { "gpt-4o" } else { "gpt-4o-mini" };
+                let ask = serde_json::json!({"model": model, "max_tokens": 200 + (n * 97 + caller * 31) % 800,
+                    "stream": n % 2 == 0, "messages": [{"role": "user", "content": "Summarise this invoice."}]});
                 let r = h
                     .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
                     .header("host", "api.llm.example")
                     .header("authorization", "Bearer demo-team")
+                    .header("x-team", team)
                     .header("content-type", "application/json")
                     .header("x-priority", priority)
                     .body(ask.to_string());

@@ -228,6 +228,9 @@ impl BlockingStore {
                 let position = i64::try_from(position).unwrap_or(i64::MAX);
                 insert_new(sql, policy, position, set_version, at, actor, "seed")?;
             }
+            if let Some(prices) = &set.prices {
+                write_prices(sql, (None, Some(prices)), at, actor)?;
+            }
             Ok(set.policies.len())
         })
     }

@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use sluice_demo::llm::LlmLimits;
+use sluice_demo::llm::{LlmLimits, MockPrice};
 use sluice_demo::load::{self as demo_load, LoadStats};
 use sluice_demo::mock::{MockApi, MockLimits};
 
@@ -216,6 +216,21 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
     )
     .await
     .context("starting the demo API")?;
+    // It bills as the demo policies price (envoy/demo-policies.json).
+    llm.set_prices(vec![
+        MockPrice {
+            model: "gpt-4o".into(),
+            input: 2_500_000,
+            cached_input: 1_250_000,
+            output: 10_000_000,
+        },
+        MockPrice {
+            model: "gpt-4o-mini*".into(),
+            input: 150_000,
+            cached_input: 75_000,
+            output: 600_000,
+        },
+    ]);
 
     eprintln!("WARNING: the admin runs with --insecure-dev: no login, anyone who can reach 127.0.0.1:{ADMIN_PORT} can change limits. For a trial on this machine only.");
     let mut admin = spawn(
