@@ -6,6 +6,7 @@ pub mod admin;
 pub mod browser;
 pub mod envoy;
 pub mod fleet;
+pub mod llm_budgets;
 pub mod load;
 pub mod postgres;
 pub mod procinfo;

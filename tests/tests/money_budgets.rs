@@ -246,3 +246,51 @@ async fn money_budgets_charge_each_call_its_usage_at_its_models_prices() -> anyh
     assert_eq!(envoy.limit_stat("team-daily", "usage_missing")?, 0.0);
     Ok(())
 }
+
+/// The measurement of `make bench` (scenario 8), briefly: three models
+/// with their own tokens per minute and prices, 30 callers in 3 teams
+/// with daily budgets, streamed and not, prompts of mixed sizes, some
+/// callers hanging up. The provider refuses no call for a model's tokens
+/// per minute; each team's spend, as Sluice counts it, ends at its budget
+/// (within 0.5 %), what the provider billed it is never above it by more
+/// than one call's estimate; the first warning comes within one call of
+/// 80 %.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teams_spend_their_budgets_and_no_model_goes_over_its_tokens_per_minute(
+) -> anyhow::Result<()> {
+    use sluice_e2e::llm_budgets::{run, WARN_AT};
+    let outcome = run(std::time::Duration::from_secs(30), BRIEF_BUDGET).await?;
+    for (name, model) in &outcome.models {
+        println!("llm budgets: model {name}: {model:?}");
+        assert_eq!(model.refused, 0, "{name}: the provider refused calls");
+        assert!(model.tokens > 0, "{name} was used");
+    }
+    for (name, team) in &outcome.teams {
+        let share = |n: u64| n as f64 / team.budget as f64;
+        println!(
+            "llm budgets: {name}: counted {:.2} % of its budget, billed {:.2} %, first warned at {:?}; {team:?}",
+            100.0 * share(team.counted),
+            100.0 * share(team.billed),
+            team.first_warning
+        );
+        assert!(team.counted <= team.budget, "{name}: {team:?}");
+        assert!(
+            share(team.counted) >= 0.995,
+            "{name} ends within 0.5 % of its budget: {team:?}"
+        );
+        assert!(
+            team.billed <= team.budget + team.largest_estimate,
+            "{name}: {team:?}"
+        );
+        let first = team.first_warning.unwrap_or(0.0);
+        let one_call = share(team.largest_estimate);
+        assert!(
+            first >= WARN_AT && first <= WARN_AT + one_call + 0.01,
+            "{name}: first warned at {first}, one call is {one_call}"
+        );
+    }
+    Ok(())
+}
+
+/// Each team's budget for the brief run: spent in about two thirds of it.
+const BRIEF_BUDGET: u64 = 3_000_000;

@@ -149,6 +149,8 @@ struct Inner {
     limits: LlmLimits,
     /// What it bills, first match (exact names before prefixes).
     prices: Mutex<Vec<MockPrice>>,
+    /// Tokens per window of each model that has its own limit.
+    model_limits: Mutex<BTreeMap<String, u64>>,
     stats: Mutex<LlmStats>,
     seed: Mutex<u64>,
     /// Hashes of the bodies seen lately, oldest first: the prompt cache.
@@ -241,6 +243,7 @@ impl MockLlm {
             seed: Mutex::new(0x9e37_79b9_7f4a_7c15),
             cached: Mutex::new(std::collections::VecDeque::new()),
             prices: Mutex::new(Vec::new()),
+            model_limits: Mutex::new(BTreeMap::new()),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -267,6 +270,15 @@ impl MockLlm {
     pub fn set_prices(&self, prices: Vec<MockPrice>) {
         if let Ok(mut p) = self.inner.prices.lock() {
             *p = prices;
+        }
+    }
+
+    /// Limits these models' tokens per window, for every key together
+    /// (each model's window counts as the key `model:<name>`), as
+    /// providers limit per model.
+    pub fn set_model_limits(&self, limits: BTreeMap<String, u64>) {
+        if let Ok(mut l) = self.inner.model_limits.lock() {
+            *l = limits;
         }
     }
 
@@ -300,8 +312,19 @@ impl Inner {
         at_ms - at_ms % window
     }
 
-    /// Counts an arrival; false when the key's window is already spent.
-    fn admit(&self, key: &str, window: u64) -> bool {
+    /// Where a call of `model` by API key `key` counts, and its tokens
+    /// per window: its model's own account when models have limits
+    /// ([`MockLlm::set_model_limits`]), else the key's.
+    fn account_of(&self, key: &str, model: Option<&str>) -> (String, u64) {
+        let limits = self.model_limits.lock().ok();
+        match model.and_then(|m| Some((m, *limits.as_ref()?.get(m)?))) {
+            Some((model, tokens)) => (format!("model:{model}"), tokens),
+            None => (key.to_string(), self.limits.tokens_per_window),
+        }
+    }
+
+    /// Counts an arrival; false when the account's window is already spent.
+    fn admit(&self, (key, tokens_per_window): (&str, u64), window: u64) -> bool {
         let Ok(mut stats) = self.stats.lock() else {
             return false;
         };
@@ -314,8 +337,7 @@ impl Inner {
         used.requests += 1;
         let over_requests = self.limits.requests_per_window > 0
             && used.requests - used.refused > self.limits.requests_per_window;
-        let over_tokens =
-            self.limits.tokens_per_window > 0 && used.tokens >= self.limits.tokens_per_window;
+        let over_tokens = tokens_per_window > 0 && used.tokens >= tokens_per_window;
         if over_requests || over_tokens {
             used.refused += 1;
             stats.refused += 1;
@@ -324,9 +346,10 @@ impl Inner {
         true
     }
 
-    fn completed(&self, key: &str, window: u64, tokens: u64, spent: u64) {
+    /// A call completed: its tokens in `key`'s window, its bill to `payer`.
+    fn completed(&self, (key, payer): (&str, &str), window: u64, tokens: u64, spent: u64) {
         if let Ok(mut stats) = self.stats.lock() {
-            *stats.spent.entry(key.to_string()).or_default() += spent;
+            *stats.spent.entry(payer.to_string()).or_default() += spent;
             let used = stats
                 .windows
                 .entry(key.to_string())
@@ -384,17 +407,18 @@ impl Inner {
 }
 
 async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes) -> Response {
-    let key = key_of(&headers);
+    let payer = key_of(&headers);
     let window = inner.window_of(epoch_ms());
-    if !inner.admit(&key, window) {
-        let error = serde_json::json!({"error": {"type": "rate_limit_exceeded",
-            "message": "mock llm: over this key's limit"}});
-        return (StatusCode::TOO_MANY_REQUESTS, Json(error)).into_response();
-    }
     let Ok(ask) = serde_json::from_slice::<Ask>(&body) else {
         let error = serde_json::json!({"error": {"type": "invalid_request_error"}});
         return (StatusCode::BAD_REQUEST, Json(error)).into_response();
     };
+    let (key, tokens_per_window) = inner.account_of(&payer, ask.model.as_deref());
+    if !inner.admit((&key, tokens_per_window), window) {
+        let error = serde_json::json!({"error": {"type": "rate_limit_exceeded",
+            "message": "mock llm: over this key's limit"}});
+        return (StatusCode::TOO_MANY_REQUESTS, Json(error)).into_response();
+    }
     let prompt = serde_json::from_slice::<serde_json::Value>(&body)
         .map_or(1, |v| crate::tokens::prompt_tokens(&v, body.len()));
     let max_tokens = ask.max_tokens.unwrap_or(256).clamp(1, 100_000);
@@ -413,7 +437,7 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
     let spent = inner.bill(ask.model.as_deref(), &usage);
     if !ask.stream {
         tokio::time::sleep(inner.limits.step).await;
-        inner.completed(&key, window, usage.total_tokens, spent);
+        inner.completed((&key, &payer), window, usage.total_tokens, spent);
         let text = |tokens: u64| {
             if choices == 1 {
                 "ok".to_string()
@@ -441,7 +465,7 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
     }
     stream_answer(
         inner,
-        (key, window, spent),
+        (key, payer, window, spent),
         usage,
         ask.stream_options.include_usage,
     )
@@ -471,8 +495,9 @@ struct Progress {
     usage: Usage,
     /// The request asked for the usage chunk.
     with_usage: bool,
-    /// What the call is billed once it completes.
+    /// What the call is billed once it completes, and who pays it.
     spent: u64,
+    payer: String,
     sent: u32,
     done: bool,
 }
@@ -487,7 +512,7 @@ impl Drop for Progress {
 
 fn stream_answer(
     inner: Arc<Inner>,
-    (key, window, spent): (String, u64, u64),
+    (key, payer, window, spent): (String, String, u64, u64),
     usage: Usage,
     with_usage: bool,
 ) -> Response {
@@ -498,6 +523,7 @@ fn stream_answer(
         usage,
         with_usage,
         spent,
+        payer,
         sent: 0,
         done: false,
     };
@@ -515,7 +541,7 @@ fn stream_answer(
         } else {
             p.done = true;
             p.inner
-                .completed(&p.key, p.window, p.usage.total_tokens, p.spent);
+                .completed((&p.key, &p.payer), p.window, p.usage.total_tokens, p.spent);
             if p.with_usage {
                 let last = serde_json::json!({"object": "chat.completion.chunk", "choices": [], "usage": p.usage});
                 format!("data: {last}\n\ndata: [DONE]\n\n")

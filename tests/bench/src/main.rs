@@ -8,6 +8,7 @@ mod configs;
 mod fleet_use;
 mod instructions;
 mod judge;
+mod money;
 mod paced;
 mod plot;
 mod procs;
@@ -42,7 +43,7 @@ pub struct Args {
     noop_wasm: PathBuf,
     #[arg(long, default_value = "target/release/sluice-admin")]
     admin_bin: PathBuf,
-    /// Only these scenarios (1 to 7); all by default.
+    /// Only these scenarios (1 to 8); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// Scenario 6: count only these variants (b, f, h, g, d, e); all by
@@ -95,6 +96,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.runs(7) {
         fleet_use::fleet_use(&mut report).await?;
+    }
+    if args.runs(8) {
+        money::money(&mut report).await?;
     }
     std::fs::write(&args.out, report.markdown())?;
     println!("wrote {}", args.out.display());
