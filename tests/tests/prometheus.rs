@@ -55,7 +55,7 @@ fn the_shipped_config_and_rules_pass_promtool() -> anyhow::Result<()> {
             .to_str()
             .unwrap_or_default(),
     ])?;
-    assert!(rules.contains("SUCCESS: 4 rules found"), "{rules}");
+    assert!(rules.contains("SUCCESS: 5 rules found"), "{rules}");
     assert!(tests.contains("SUCCESS"), "{tests}");
     println!(
         "promtool: {} | {} | {}",

@@ -1306,3 +1306,66 @@ async fn the_live_view_lists_the_busiest_keys_and_finds_one() -> anyhow::Result<
     admin.stop().await;
     Ok(())
 }
+
+/// The price table in the editor: models added row by row, a bad amount
+/// refused with its field, the table saved (a new set version) and read
+/// back when the page opens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prices_page_edits_the_price_table() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let browser = Browser::start().await?;
+    browser.client.goto(&admin.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    browser
+        .client
+        .goto(&format!("{}/prices", admin.base()))
+        .await?;
+    browser.choose("#prices-currency", "EUR").await?;
+    browser.click("#add-price").await?;
+    browser.fill("#price-0-model", "gpt-4o").await?;
+    browser.fill("#price-0-input", "2.5.0").await?;
+    browser.fill("#price-0-output", "10").await?;
+    browser.click("#save-prices").await?;
+    let refused = browser
+        .wait_text("#prices-errors", Duration::from_secs(5), |t| !t.is_empty())
+        .await?;
+    assert!(refused.contains("prices.models.gpt-4o.input"), "{refused}");
+    browser.fill("#price-0-input", "2.50").await?;
+    browser.fill("#price-0-cached", "1.25").await?;
+    browser.click("#add-price").await?;
+    browser.fill("#price-1-model", "gpt-4o-mini*").await?;
+    browser.fill("#price-1-input", "0.15").await?;
+    browser.fill("#price-1-output", "0.6").await?;
+    browser.fill("#price-default-input", "5").await?;
+    browser.fill("#price-default-output", "15").await?;
+    browser.click("#save-prices").await?;
+    let saved = browser
+        .wait_text("#prices-message", Duration::from_secs(5), |t| {
+            t.contains("version")
+        })
+        .await?;
+    let op = admin.login().await?;
+    let table = op.get("/api/v1/prices").await?;
+    println!("ui: prices saved ({saved}): {table}");
+    assert_eq!(table["currency"], "EUR");
+    assert_eq!(table["models"]["gpt-4o"]["input"], "2.5");
+    assert_eq!(table["models"]["gpt-4o"]["cached_input"], "1.25");
+    assert_eq!(table["models"]["gpt-4o-mini*"]["output"], "0.6");
+    assert_eq!(table["default"]["output"], "15");
+    // Opened again, the page shows what is stored.
+    browser
+        .client
+        .goto(&format!("{}/prices", admin.base()))
+        .await?;
+    let model = browser
+        .wait_value("#price-0-model", "gpt-4o", Duration::from_secs(5))
+        .await?;
+    assert_eq!(model.as_deref(), Some("gpt-4o"));
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}

@@ -117,6 +117,20 @@ pub async fn put<B: Serialize, T: DeserializeOwned>(
     finish(with_body(req, csrf, Some(body))?.send().await).await
 }
 
+/// `PUT` of something without versions (the price table).
+pub async fn replace<B: Serialize, T: DeserializeOwned>(
+    path: &str,
+    csrf: &str,
+    body: &B,
+) -> Result<T, ApiError> {
+    finish(
+        with_body(Request::put(path), csrf, Some(body))?
+            .send()
+            .await,
+    )
+    .await
+}
+
 pub async fn delete(path: &str, csrf: &str, if_match: u64) -> Result<(), ApiError> {
     let req = Request::delete(path).header("if-match", &format!("\"{if_match}\""));
     finish(with_body::<()>(req, csrf, None)?.send().await).await

@@ -1,4 +1,4 @@
-//! The pages: login, policies, policy editor, live view, fleet (global
+//! The pages: login, policies, policy editor, prices, live view, fleet (global
 //! policies' shares), audit log, instances, people; and what they share
 //! (the shell with its navigation, a flash message, a bar).
 
@@ -9,6 +9,7 @@ mod instances;
 mod live_view;
 mod login;
 mod policies;
+mod prices;
 
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -28,6 +29,7 @@ use instances::InstancesPage;
 use live_view::LivePage;
 use login::Login;
 use policies::PoliciesPage;
+use prices::PricesPage;
 
 #[component]
 pub fn App() -> impl IntoView {
@@ -76,6 +78,7 @@ fn Shell() -> impl IntoView {
                 <span class="brand">"Sluice"</span>
                 <nav>
                     <A href="/">"Policies"</A>
+                    <A href="/prices">"Prices"</A>
                     <A href="/live">"Live"</A>
                     <A href="/fleet">"Fleet"</A>
                     <A href="/instances">"Instances"</A>
@@ -95,6 +98,7 @@ fn Shell() -> impl IntoView {
                     <Route path=path!("/") view=PoliciesPage/>
                     <Route path=path!("/policies/new") view=NewPolicyPage/>
                     <Route path=path!("/policies/:name") view=EditPolicyPage/>
+                    <Route path=path!("/prices") view=PricesPage/>
                     <Route path=path!("/live") view=LivePage/>
                     <Route path=path!("/fleet") view=FleetPage/>
                     <Route path=path!("/fleet/:name") view=FleetPage/>
