@@ -292,5 +292,6 @@ async fn teams_spend_their_budgets_and_no_model_goes_over_its_tokens_per_minute(
     Ok(())
 }
 
-/// Each team's budget for the brief run: spent in about two thirds of it.
-const BRIEF_BUDGET: u64 = 3_000_000;
+/// Each team's budget for the brief run: spent in about a third of it here
+/// (a team spends 0.07 to 0.15 USD a second), so a slower machine reaches it too.
+const BRIEF_BUDGET: u64 = 1_000_000;
