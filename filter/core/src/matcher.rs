@@ -571,9 +571,11 @@ impl CompiledPolicy {
     /// has none, or the model has no price and the table no default.
     pub fn call_price(&self, body: &BodyJson) -> Option<ModelPrice> {
         let prices = self.prices.as_ref()?;
-        let model_path = UsagePath::parse("model")?;
-        let model = body.json().and_then(|v| model_path.text_in(v));
-        prices.of(model.as_deref()).copied()
+        let model = body
+            .json()
+            .and_then(|v| v.get("model"))
+            .and_then(serde_json::Value::as_str);
+        prices.of(model).copied()
     }
 
     /// What a call of `price` is charged by the limit at `index` once its
