@@ -1108,6 +1108,12 @@ fn check_usage(r: &mut Report, usage: &UsageSpec) {
             );
         }
     }
+    check_usage_bounds(r, usage);
+}
+
+/// How much of an answer is read for its usage, and what an unread one is
+/// charged: the same for every limit that reads usage.
+fn check_usage_bounds(r: &mut Report, usage: &UsageSpec) {
     if let Some(max) = usage.max_body_bytes {
         r.range_u64(
             "usage.max_body_bytes",
@@ -1154,17 +1160,7 @@ fn check_price_usage(r: &mut Report, usage: &UsageSpec) {
             "a price reads the answer's usage as `cost.price.usage` says (openai or anthropic): give only `ask_stream_usage`, `unread` or `max_body_bytes`",
         );
     }
-    if let Some(max) = usage.max_body_bytes {
-        r.range_u64(
-            "usage.max_body_bytes",
-            u64::from(max),
-            1024,
-            u64::from(bounds::MAX_USAGE_BODY_BYTES),
-        );
-    }
-    if let crate::policy::UnreadCharge::Tokens(n) = usage.unread {
-        r.range_u64("usage.unread", n, 1, bounds::MAX_REQUESTS);
-    }
+    check_usage_bounds(r, usage);
 }
 
 /// A price table: a known currency, named models, prices a provider
