@@ -443,13 +443,13 @@ fn matcher_on_arbitrary_bodies() {
             return Err("the catch-all policy matches every body".into());
         };
         let policy = &set.policies[c.policy_index];
-        let costs = policy.limit_costs(&headers, &parsed);
+        let price = policy.call_price(&parsed);
+        let costs = policy.limit_costs(&headers, &parsed, price.as_ref());
         if costs.first().is_some_and(|&c| c == 0 || c > 500) {
             return Err(format!("costs {costs:?} outside 1..=500"));
         }
         // Money: at least 1, or refused as unpriced; the call's usage is
         // priced or, unpriced, not read.
-        let price = policy.call_price(&parsed);
         match (costs.get(1), price) {
             (Some(&sluice_filter_core::matcher::UNPRICED), None) | (None, _) => {}
             (Some(&c), Some(_)) if c >= 1 && c != sluice_filter_core::matcher::UNPRICED => {}

@@ -603,11 +603,16 @@ impl CompiledPolicy {
 
     /// What this request takes from each of the policy's further limits;
     /// `body` is the request's body as far as it was read.
-    pub fn limit_costs<R: RequestHeaders + ?Sized>(&self, req: &R, body: &BodyJson) -> Vec<u64> {
+    /// `price`: the call's model's, as [`Self::call_price`] found it.
+    pub fn limit_costs<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        body: &BodyJson,
+        price: Option<&ModelPrice>,
+    ) -> Vec<u64> {
         if self.limits.is_empty() {
             return Vec::new();
         }
-        let price = self.call_price(body);
         self.limits
             .iter()
             .map(|l| match (&l.cost, &l.cost_json) {
@@ -619,7 +624,7 @@ impl CompiledPolicy {
                 (CostSpec::Price(_), _) => l
                     .price
                     .as_ref()
-                    .map_or(UNPRICED, |p| p.estimate(body, price.as_ref())),
+                    .map_or(UNPRICED, |p| p.estimate(body, price)),
                 (CostSpec::FromRequestJson(spec), Some(path)) => {
                     let json = body.json();
                     let asked = json.and_then(|v| path.find(v));
@@ -1333,7 +1338,7 @@ mod tests {
                                   "plus_prompt": {"paths": ["messages", "prompt"], "chars_per_token": 4}}}]}
         ]}"#);
         let llm = &s.policies[0];
-        let cost = |b: &BodyJson| llm.limit_costs(req(&[]), b)[0];
+        let cost = |b: &BodyJson| llm.limit_costs(req(&[]), b, None)[0];
         let prompt = "x".repeat(40_000);
         let asked = json(&format!(
             r#"{{"max_tokens": 50, "messages": [{{"role": "user", "content": "{prompt}"}}]}}"#

@@ -506,8 +506,8 @@ impl Parts {
             budgets: &mut self.budgets,
             overflowed: false,
         };
-        let limit_costs = policy.limit_costs(req, &body);
         let call_price = policy.call_price(&body);
+        let limit_costs = policy.limit_costs(req, &body, call_price.as_ref());
         let limit_keys = policy.limit_keys(req, &self.key_secret, &body);
         let (decision, held) = deciding.decide(ctx, policy, &class, (&limit_costs, &limit_keys));
         let now = ctx.now;
