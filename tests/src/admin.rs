@@ -108,9 +108,18 @@ impl AdminProcess {
     /// On a free port with its database and log (`sluice.db`,
     /// `admin.log`) in `dir`, and more command-line arguments.
     pub async fn start_in(dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_in_env(dir, extra, &[]).await
+    }
+
+    /// As `start_in`, with more environment variables for the admin.
+    pub async fn start_in_env(
+        dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let port = crate::envoy::free_port()?;
         let (db, log) = (dir.join("sluice.db"), dir.join("admin.log"));
-        Self::start_with_args(&db, port, None, &log, extra).await
+        Self::spawn(&db, port, None, &log, extra, env).await
     }
 
     /// With more command-line arguments (`--redis-url ...`).
@@ -120,6 +129,17 @@ impl AdminProcess {
         ui_dir: Option<&Path>,
         log_path: &Path,
         extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::spawn(db, port, ui_dir, log_path, extra, &[]).await
+    }
+
+    async fn spawn(
+        db: &Path,
+        port: u16,
+        ui_dir: Option<&Path>,
+        log_path: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -137,7 +157,7 @@ impl AdminProcess {
         if let Some(dir) = ui_dir {
             command.arg("--ui-dir").arg(dir);
         }
-        command.args(extra);
+        command.args(extra).envs(env.iter().copied());
         let child = command.spawn().with_context(|| {
             format!("starting {} (make e2e builds it)", Self::binary().display())
         })?;
