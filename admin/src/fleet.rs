@@ -154,7 +154,7 @@ impl Ledgers {
                 continue;
             }
             let terms = FleetTerms::of_limit(limit);
-            let counters = report.limits.get(&limit.name).copied().unwrap_or_default();
+            let counters = report.limits.get(&limit.name).cloned().unwrap_or_default();
             let (admitted, refused) = (
                 counters.counts[LimitCounter::Admitted],
                 counters.counts[LimitCounter::Refused],

@@ -305,6 +305,7 @@ fn limit_rates(
         available: cur.available,
         in_flight: cur.in_flight,
         provider,
+        spend: cur.spend.clone(),
     }
 }
 
@@ -476,6 +477,9 @@ impl Live {
             }
             frame.instances.insert(id.clone(), state.rates.clone());
         }
+        for spend in frame.limits.values_mut().filter_map(|u| u.spend.as_mut()) {
+            spend.keep_top();
+        }
         frame.keys = Self::keys_use(instances.values(), now_ms);
         drop(instances);
         for (name, seen) in lock(&self.seen_keys).iter() {
@@ -639,6 +643,7 @@ mod tests {
                     available: Some(available),
                     in_flight: None,
                     provider: None,
+                    spend: None,
                 },
             );
             r
@@ -656,6 +661,54 @@ mod tests {
     }
 
     #[test]
+    fn a_budgets_spend_is_summed_over_envoys_and_its_keys_by_hash() {
+        use sluice_shared::spend::{KeySpend, SpendReport};
+        let live = Live::default();
+        let key = |label: &str, hash: u64, spent: u64| KeySpend {
+            label: label.into(),
+            hash,
+            spent,
+            size: 1_000,
+        };
+        let with_spend = |instance: &str, keys: Vec<KeySpend>| {
+            let mut r = report(10_000, 0, 0);
+            r.instance = instance.into();
+            r.limits.insert(
+                "team-daily".into(),
+                LimitReport {
+                    requests: 1_000,
+                    period_ms: 86_400_000,
+                    spend: Some(SpendReport {
+                        spent: keys.iter().map(|k| k.spent).sum(),
+                        size: 1_000,
+                        spending_keys: keys.len() as u64,
+                        keys,
+                        ..SpendReport::default()
+                    }),
+                    ..LimitReport::default()
+                },
+            );
+            r
+        };
+        live.ingest(
+            &with_spend("e1", vec![key("team-a", 1, 300), key("team-b", 2, 200)]),
+            1,
+        );
+        live.ingest(&with_spend("e2", vec![key("team-b", 2, 250)]), 2);
+        let spend = live.frame(3).limits["team-daily"]
+            .spend
+            .clone()
+            .expect("spend");
+        assert_eq!((spend.spent, spend.spending_keys), (750, 3));
+        let keys: Vec<(&str, u64, u64)> = spend
+            .keys
+            .iter()
+            .map(|k| (k.label.as_str(), k.spent, k.size))
+            .collect();
+        assert_eq!(keys, [("team-b", 450, 2_000), ("team-a", 300, 1_000)]);
+    }
+
+    #[test]
     fn a_concurrency_limits_calls_in_flight_are_summed_over_envoys() {
         let live = Live::default();
         let with_slots = |instance: &str, at_ms: u64, in_flight: u64| {
@@ -670,6 +723,7 @@ mod tests {
                     available: Some(20 - in_flight),
                     in_flight: Some(in_flight),
                     provider: None,
+                    spend: None,
                 },
             );
             r

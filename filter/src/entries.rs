@@ -80,6 +80,13 @@ pub fn keyed_limit_key(limit: &str, place: Option<u32>) -> String {
 }
 
 /// Marks a budget's state as one the admin's budgets header set.
+/// Labels of a keyed limit of an hour or longer whose keys are shown as
+/// their values (`label: value`): owner hash to label, for the live view
+/// (see `worker/spend.rs`).
+pub fn spend_labels_key(limit: &str) -> String {
+    format!("sluice/sl/{limit}")
+}
+
 pub fn budget_known_key(limit: &str) -> String {
     format!("sluice/bk/{limit}")
 }

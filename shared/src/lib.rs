@@ -19,6 +19,7 @@ pub mod price;
 pub mod prompt;
 pub mod provider;
 pub mod request_headers;
+pub mod spend;
 pub mod stream_usage;
 pub mod time;
 pub mod usage;

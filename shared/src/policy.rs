@@ -294,11 +294,15 @@ impl NamedLimit {
 
     /// A keyed limit is not: the admin holds one record per limit.
     pub fn is_budget(&self) -> bool {
+        self.spends_over_hours() && self.key.is_none() && self.scope == Scope::Instance
+    }
+
+    /// A rate limit of an hour or longer, keyed or not: the live view shows
+    /// what it has spent (per key: the top spenders) against its size.
+    pub fn spends_over_hours(&self) -> bool {
         self.rate
             .as_ref()
             .is_some_and(|r| r.period >= Self::BUDGET_MIN_PERIOD)
-            && self.key.is_none()
-            && self.scope == Scope::Instance
     }
 }
 

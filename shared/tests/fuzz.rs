@@ -456,7 +456,7 @@ fn matcher_on_arbitrary_bodies() {
             (c, p) => return Err(format!("money cost {c:?} with price {p:?}")),
         }
         let _ = policy.priced_usage(1, price.as_ref());
-        let _ = policy.limit_keys(&headers, &secret, &parsed);
+        let _ = policy.limit_keys(&headers, (&secret, Some(&secret)), &parsed);
         let _ = policy.key_name(&headers, &secret, &parsed);
         if !matches!(parsed, BodyJson::Json(_)) && policy.name() == "gpt" {
             return Err("a body that is not JSON matched a policy on its body".into());

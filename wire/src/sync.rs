@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::counts::Counts;
 use crate::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 use sluice_shared::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
+use sluice_shared::spend::SpendReport;
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
 /// Push: a watch call (sync token, a [`WatchRequest`] body) the admin holds
@@ -169,7 +170,7 @@ impl HeldBudget {
 pub type BudgetsMessage = BTreeMap<String, HeldBudget>;
 
 /// One further limit, as one Envoy counts it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimitReport {
     /// Its reported counters (`LimitCounter`), by name.
     #[serde(flatten)]
@@ -187,6 +188,9 @@ pub struct LimitReport {
     /// A limit that listens to its provider: what the provider said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<ProviderReport>,
+    /// A limit of an hour or longer: what it spent this period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend: Option<SpendReport>,
 }
 
 /// What a further limit's provider said, as one Envoy holds it at
@@ -321,6 +325,13 @@ impl SyncReport {
                 .any(|k| k.label.len() > MAX_VALUE_LABEL + 3)
             {
                 return Err(format!("keys.{policy}: a label is too long"));
+            }
+        }
+        for (limit, report) in &self.limits {
+            if let Some(spend) = &report.spend {
+                spend
+                    .check()
+                    .map_err(|e| format!("limits.{limit}.spend: {e}"))?;
             }
         }
         if let Some(name) = self

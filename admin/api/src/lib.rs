@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use sluice_shared::fleet::{Amount, MemberState};
 use sluice_shared::key_view::KeyEstimate;
+use sluice_shared::spend::SpendReport;
 use sluice_shared::time::{millis, Span};
 use sluice_shared::validate::FieldError;
 use sluice_shared::Policy;
@@ -248,6 +249,10 @@ pub struct LimitUse {
     /// A limit that listens to its provider: what the provider said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<ProviderUse>,
+    /// A limit of an hour or longer: what it spent this period (summed
+    /// over instances; a keyed one's top spenders).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend: Option<SpendReport>,
 }
 
 /// What a limit's provider said, over the live instances.
@@ -317,6 +322,11 @@ impl LimitUse {
         match (&mut self.provider, &other.provider) {
             (Some(a), Some(b)) => a.add(b),
             (None, b) => self.provider.clone_from(b),
+            (_, None) => {}
+        }
+        match (&mut self.spend, &other.spend) {
+            (Some(a), Some(b)) => a.merge(b),
+            (None, b) => self.spend.clone_from(b),
             (_, None) => {}
         }
     }

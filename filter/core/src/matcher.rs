@@ -6,8 +6,8 @@ use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
 use sluice_shared::policy::{
-    CostSpec, JsonMatch, KeyOverflow, KeySpec, Mode, NamedLimit, Policy, PolicySet, Priority,
-    RateSpec, UsageSpec,
+    CostSpec, JsonMatch, KeyLabel, KeyOverflow, KeySpec, Mode, NamedLimit, Policy, PolicySet,
+    Priority, RateSpec, UsageSpec,
 };
 use sluice_shared::price::{self, CompiledPrices, ModelPrice, Money, PriceCost, UsageFormat};
 use sluice_shared::prompt::PromptTokens;
@@ -160,8 +160,13 @@ pub struct CompiledLimit {
     pub usage: Option<CompiledUsage>,
     /// Held by the admin across restarts ([`sluice_shared::NamedLimit::is_budget`]).
     pub budget: bool,
+    /// Its spend is shown in the live view
+    /// ([`sluice_shared::NamedLimit::spends_over_hours`]).
+    pub spends_over_hours: bool,
     /// One limit per value of a request header or body field.
     key: Option<KeySource>,
+    /// How the live view names its keys.
+    pub key_label: KeyLabel,
     /// With `key`: how many keys hold a place, and what the others do.
     pub keys: Option<(u32, KeyOverflow)>,
     /// `scope: global`: this Envoy applies its share (see
@@ -277,7 +282,9 @@ impl CompiledPolicy {
                         _ => l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
                     },
                     budget: l.is_budget(),
+                    spends_over_hours: l.spends_over_hours(),
                     key: l.key.as_ref().and_then(KeySource::new),
+                    key_label: l.key.as_ref().map(|k| k.label).unwrap_or_default(),
                     keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),
                     global: l.scope == sluice_shared::policy::Scope::Global,
                     closed: false,
@@ -495,11 +502,14 @@ impl CompiledPolicy {
 
     /// Per further limit, the hash of the request's key for it (None for a
     /// limit without `key`). Keys are hashed as the policy's own are, under
-    /// the limit's name.
+    /// the limit's name; those of a limit of an hour or longer with
+    /// `spending` when given (the live view's label secret, the same on
+    /// every Envoy and after a restart), so that its keys' spend adds up
+    /// over the fleet.
     pub fn limit_keys<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
-        secret: &KeySecret,
+        (secret, spending): (&KeySecret, Option<&KeySecret>),
         body: &BodyJson,
     ) -> Vec<Option<u64>> {
         if self.limits.is_empty() {
@@ -509,9 +519,33 @@ impl CompiledPolicy {
             .iter()
             .map(|l| {
                 let value = l.key.as_ref()?.value(req, body);
+                let secret = match spending {
+                    Some(spending) if l.spends_over_hours => spending,
+                    _ => secret,
+                };
                 Some(secret.hash(&l.name, value.as_deref().unwrap_or_default()))
             })
             .collect()
+    }
+
+    /// The request's key for its further limit `index` as the live view
+    /// names it (None: no such limit, or it has no `key`); with the secret
+    /// [`Self::limit_keys`] hashed it with, its hash is that one.
+    pub fn limit_key_name<R: RequestHeaders + ?Sized>(
+        &self,
+        index: usize,
+        req: &R,
+        secret: &KeySecret,
+        body: &BodyJson,
+    ) -> Option<KeyName> {
+        let limit = self.limits.get(index)?;
+        let value = limit.key.as_ref()?.value(req, body);
+        Some(name_key(
+            secret,
+            &limit.name,
+            value.as_deref().unwrap_or_default(),
+            limit.key_label,
+        ))
     }
 
     /// Tokens this request takes: a header value that is not a whole number
@@ -1300,7 +1334,7 @@ mod tests {
         let key = |b: &BodyJson| {
             classify_body(&s, b)
                 .class()
-                .map(|c| (c.key, claude.limit_keys(req(&[]), &SECRET, b)))
+                .map(|c| (c.key, claude.limit_keys(req(&[]), (&SECRET, None), b)))
         };
         let alice = json(r#"{"model": "claude-opus-4", "metadata": {"user_id": "alice"}}"#);
         let bob = json(r#"{"model": "claude-haiku-4", "metadata": {"user_id": "bob"}}"#);

@@ -3,11 +3,9 @@
 //! the admin answers, then resumed from its record; every broken answer
 //! keeps them unknown or takes at most the limit's size.
 
-use sluice_wire::sync::SyncReport;
-
 use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;
-use crate::tests::{pass, reply, req, status, sync_settings, worker, T0};
+use crate::tests::{answer, next_report, pass, req, status, sync_settings, worker, T0};
 use crate::worker::{Verdict, Worker};
 
 /// 10 calls a day (T0 is 08:00 UTC), beside a per-second rate.
@@ -40,29 +38,6 @@ fn header_of<'a>(v: &'a Verdict, name: &str) -> Option<&'a str> {
             .map(|(_, v)| v.as_str()),
         _ => None,
     }
-}
-
-/// The report the worker sends on its next sync turn (backed off or not),
-/// and the call's token.
-fn next_report(host: &FakeHost, w: &mut Worker) -> (SyncReport, u32) {
-    let before = host.calls.borrow().len();
-    for _ in 0..10 {
-        host.advance_ms(1000);
-        w.on_tick(host);
-        let calls = host.calls.borrow();
-        if calls.len() > before {
-            let body = &calls.last().expect("a sync call").2;
-            let token = u32::try_from(calls.len()).expect("few calls");
-            return (serde_json::from_slice(body).expect("a report"), token);
-        }
-    }
-    panic!("no sync call in 10 s");
-}
-
-fn answer(host: &FakeHost, w: &mut Worker, token: u32, status: u16, budgets: Option<&[u8]>) {
-    let mut r = reply(Some(status), None, None);
-    r.budgets_header = budgets;
-    w.on_sync_reply(host, token, r);
 }
 
 fn syncing(host: &FakeHost) -> Worker {

@@ -24,6 +24,7 @@ mod provider_relay;
 mod push;
 mod queue_limits;
 mod slot_limits;
+mod spend;
 mod telling;
 mod usage;
 
@@ -479,6 +480,35 @@ pub(crate) fn reply<'a>(
         provider_header: None,
         body: ReplyBody::Read(body),
     }
+}
+
+/// The report the worker sends on its next sync turn (backed off or not),
+/// and the call's token.
+pub(crate) fn next_report(host: &FakeHost, w: &mut Worker) -> (sluice_wire::sync::SyncReport, u32) {
+    let before = host.calls.borrow().len();
+    for _ in 0..10 {
+        host.advance_ms(1000);
+        w.on_tick(host);
+        let calls = host.calls.borrow();
+        if calls.len() > before {
+            let body = &calls.last().expect("a sync call").2;
+            let token = u32::try_from(calls.len()).expect("few calls");
+            return (serde_json::from_slice(body).expect("a report"), token);
+        }
+    }
+    panic!("no sync call in 10 s");
+}
+
+pub(crate) fn answer(
+    host: &FakeHost,
+    w: &mut Worker,
+    token: u32,
+    status: u16,
+    budgets: Option<&[u8]>,
+) {
+    let mut r = reply(Some(status), None, None);
+    r.budgets_header = budgets;
+    w.on_sync_reply(host, token, r);
 }
 
 pub(crate) fn sync_settings() -> crate::sync::SyncSettings {

@@ -35,6 +35,7 @@ mod refusal;
 mod retry;
 mod shares;
 mod slots;
+mod spend;
 mod streams;
 mod sync_client;
 mod telling;
@@ -133,6 +134,9 @@ struct Parts {
     budgets: Budgets,
     /// What keys are hashed with; the same in every VM of the process.
     key_secret: KeySecret,
+    /// What keys of limits of an hour or longer are hashed with, and
+    /// their labels for the live view.
+    spend_labels: spend::SpendLabels,
     /// When this worker last polled its queues (the previous tick).
     last_queue_poll: Instant,
     /// Policies naming a port whose requests came without one, noticed
@@ -177,6 +181,7 @@ impl Worker {
                 shares: FleetShares::default(),
                 budgets: Budgets::default(),
                 key_secret,
+                spend_labels: spend::SpendLabels::default(),
                 last_queue_poll: Instant::EPOCH,
                 port_hidden: Default::default(),
             },
@@ -230,6 +235,9 @@ impl Worker {
     /// Where to sync from (None: enforce the fallback set only).
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
         self.parts.budgets.configure(settings.is_some());
+        self.parts
+            .spend_labels
+            .configure(settings.as_ref().map(|s| s.token.as_deref()));
         self.parts.sync.configure(settings);
     }
 
@@ -508,7 +516,8 @@ impl Parts {
         };
         let call_price = policy.call_price(&body);
         let limit_costs = policy.limit_costs(req, &body, call_price.as_ref());
-        let limit_keys = policy.limit_keys(req, &self.key_secret, &body);
+        let limit_keys =
+            policy.limit_keys(req, (&self.key_secret, self.spend_labels.secret()), &body);
         let (decision, held) = deciding.decide(ctx, policy, &class, (&limit_costs, &limit_keys));
         let now = ctx.now;
         if class.key != BucketKey::Policy {
@@ -523,6 +532,8 @@ impl Parts {
         }
         let slots = match held {
             Some(held) => {
+                self.spend_labels
+                    .record(ctx, policy, (req, &body), &limit_keys);
                 if policy.reads_usage() {
                     self.usages.expect(
                         context_id,

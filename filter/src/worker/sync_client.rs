@@ -19,6 +19,7 @@ use super::ctx::Ctx;
 use super::key_counts::KeyCounts;
 use super::provider;
 use super::slots;
+use super::spend::SpendScan;
 use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterCounter, LimitCounter};
@@ -51,6 +52,8 @@ pub(super) struct SyncClient {
     hurried_at: Instant,
     /// Per-key counts for the live view.
     keys: KeyCounts,
+    /// What keyed limits of an hour or longer spent, place by place.
+    spend: SpendScan,
     /// The watch call this VM holds open (push): (token, sent at).
     watch_call: Option<WatchCall>,
     /// The watch is failing: logged once until it answers again.
@@ -177,6 +180,7 @@ impl SyncClient {
         }
         let mut report = self.snapshot(host, store, policies, &settings.instance, now);
         report.budgets = budgets.report(host, policies, now);
+        report.limits = limit_reports(host, policies, now, &mut self.spend);
         let body = serde_json::to_vec(&report).unwrap_or_default();
         let (headers, body) = policy_sync::request(settings, &body);
         let headers: Vec<(&str, &str)> = headers
@@ -227,7 +231,6 @@ impl SyncClient {
             reports.insert(p.name().to_string(), report);
         }
         let (_, held) = fleet::published(host);
-        let limits = limit_reports(host, policies, now);
         SyncReport {
             instance: instance.to_string(),
             policy_version: self.admin_set.version,
@@ -247,7 +250,7 @@ impl SyncClient {
                     (p, report)
                 })
                 .collect(),
-            limits,
+            limits: BTreeMap::new(),
             budgets: BTreeMap::new(),
             keys: report::take_keys_report(host, store, now, |name| policies.find(name).is_some()),
         }
@@ -476,9 +479,17 @@ fn limit_reports<H: Host + ?Sized>(
     host: &H,
     policies: &CompiledPolicySet,
     now: Instant,
+    spend: &mut SpendScan,
 ) -> BTreeMap<String, LimitReport> {
     let counters = report::read_limit_report(host);
     let mut out = BTreeMap::new();
+    spend.keep_only(
+        &policies
+            .policies
+            .iter()
+            .flat_map(|p| p.limits.iter().map(|l| l.name.as_str()))
+            .collect(),
+    );
     for p in &policies.policies {
         for ((_, rate), limit) in p.rate_limit_specs().zip(&p.limits) {
             if out.contains_key(&limit.name) {
@@ -500,6 +511,7 @@ fn limit_reports<H: Host + ?Sized>(
                     available,
                     in_flight: None,
                     provider: provider::report(host, limit, &counted, now),
+                    spend: spend.report(host, limit, now),
                 },
             );
         }
@@ -522,6 +534,7 @@ fn limit_reports<H: Host + ?Sized>(
                     available: Some(size.saturating_sub(in_flight)),
                     in_flight: Some(in_flight),
                     provider: None,
+                    spend: None,
                 },
             );
         }

@@ -1,0 +1,155 @@
+//! What limits of an hour or longer report having spent, through the
+//! worker against the in-memory host: an unkeyed one's spend and renewal,
+//! a keyed one's top spenders under labels the admin can find, read a
+//! slice of places per report, and broken shared data read as fresh.
+
+use sluice_shared::key_view::{hash_label, label_secret};
+use sluice_shared::spend::SpendReport;
+
+use crate::host::Host;
+use crate::testing::FakeHost;
+use crate::tests::{answer, next_report, req, sync_settings, worker, T0};
+use crate::worker::{Verdict, Worker};
+
+/// A daily budget for everyone, one per team shown by name, one per API
+/// key shown as a hash; a per-second limit has no spend to show.
+const TEAMS: &str = r#"{"version": 1, "policies": [
+    {"name": "llm", "match": {"host": "api.llm.example"},
+     "rate": {"requests": 1000, "period": "1s"},
+     "limits": [
+        {"name": "daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"}},
+        {"name": "per-team", "rate": {"requests": 50, "period": "1d", "algorithm": "fixed_window"},
+         "key": {"header": "x-team", "label": "value", "max_keys": 3000}},
+        {"name": "per-api-key", "rate": {"requests": 50, "period": "1h", "algorithm": "fixed_window"},
+         "key": {"header": "x-api-key", "max_keys": 1000}},
+        {"name": "per-second", "rate": {"requests": 500, "period": "1s"}}]}]}"#;
+
+const LLM: &[u8] = b"api.llm.example";
+
+fn call(host: &FakeHost, w: &mut Worker, id: u32, team: &[u8], api_key: &[u8]) -> bool {
+    let headers = [("x-team", team), ("x-api-key", api_key)];
+    let r = req(LLM, &headers);
+    let admitted = w.on_request(host, id, r.as_slice()) == Verdict::Continue;
+    if admitted {
+        w.on_stream_end(host, id);
+    }
+    admitted
+}
+
+/// A worker syncing with an admin (token `t0ken`), its budgets known.
+fn known(host: &FakeHost) -> Worker {
+    let mut w = worker(host, TEAMS);
+    w.set_sync(Some(sync_settings()));
+    let (_, token) = next_report(host, &mut w);
+    answer(host, &mut w, token, 304, None);
+    w
+}
+
+fn spend(w: &mut Worker, host: &FakeHost, limit: &str) -> SpendReport {
+    let (report, token) = next_report(host, w);
+    answer(host, w, token, 304, None);
+    report.limits[limit].spend.clone().expect("a spend")
+}
+
+#[test]
+fn each_long_limit_reports_its_spend_and_keyed_ones_their_top_spenders() {
+    let host = FakeHost::at(T0);
+    let mut w = known(&host);
+    let mut id = 1;
+    for (team, calls) in [(&b"team-a"[..], 5), (b"team-b", 3), (b"team-c", 1)] {
+        for _ in 0..calls {
+            assert!(call(&host, &mut w, id, team, b"sk-one"));
+            id += 1;
+        }
+    }
+    // 3 000 places, 1 024 read per report: the third report has read all.
+    let mut teams = spend(&mut w, &host, "per-team");
+    for _ in 0..2 {
+        teams = spend(&mut w, &host, "per-team");
+    }
+    let secret = label_secret(Some("t0ken"));
+    let shown: Vec<(&str, u64, u64, u64)> = teams
+        .keys
+        .iter()
+        .map(|k| (k.label.as_str(), k.hash, k.spent, k.size))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("team-a", secret.hash("per-team", b"team-a"), 5, 50),
+            ("team-b", secret.hash("per-team", b"team-b"), 3, 50),
+            ("team-c", secret.hash("per-team", b"team-c"), 1, 50),
+        ],
+        "labels and hashes as the admin names the keys"
+    );
+    assert_eq!((teams.spent, teams.size, teams.spending_keys), (9, 50, 3));
+
+    let (report, _) = next_report(&host, &mut w);
+    let daily = report.limits["daily"].spend.clone().expect("a spend");
+    assert_eq!((daily.spent, daily.size), (9, 100));
+    // T0 is 08:00 UTC and a few reports (a second each) went by: the day
+    // renews in a little under 16 hours.
+    let day_left = 16 * 3600 * 1000;
+    assert!(
+        (day_left - 10_000..day_left).contains(&daily.renews_in_ms),
+        "{}",
+        daily.renews_in_ms
+    );
+    assert!(daily.keys.is_empty());
+    let api_keys = report.limits["per-api-key"].spend.clone().expect("a spend");
+    assert_eq!(api_keys.keys.len(), 1);
+    assert_eq!(
+        api_keys.keys[0].label,
+        hash_label(secret.hash("per-api-key", b"sk-one")),
+        "a key not shown by value is its hash, never the key"
+    );
+    assert!(report.limits["per-second"].spend.is_none());
+}
+
+#[test]
+fn broken_labels_and_places_read_as_hashes_and_fresh_states() {
+    let host = FakeHost::at(T0);
+    let mut w = known(&host);
+    assert!(call(&host, &mut w, 1, b"team-a", b"sk-one"));
+    // Garbage over the labels and over a place: nothing panics, the
+    // label falls back to the hash, the broken place counts as fresh.
+    let (labels, _) = host.shared_get("sluice/sl/per-team");
+    assert!(labels.is_some(), "the label was written");
+    host.shared_set("sluice/sl/per-team", b"{not json", None)
+        .expect("set");
+    host.shared_set("sluice/l/per-team/7", &[0xff; 3], None)
+        .expect("set");
+    let mut teams = SpendReport::default();
+    for _ in 0..3 {
+        teams = spend(&mut w, &host, "per-team");
+    }
+    let secret = label_secret(Some("t0ken"));
+    assert_eq!(teams.keys.len(), 1);
+    assert_eq!(
+        teams.keys[0].label,
+        hash_label(secret.hash("per-team", b"team-a"))
+    );
+    assert_eq!(teams.spent, 1);
+}
+
+#[test]
+fn without_a_token_keys_keep_the_envoys_own_secret() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, TEAMS);
+    let mut settings = sync_settings();
+    settings.token = None;
+    w.set_sync(Some(settings));
+    let (_, token) = next_report(&host, &mut w);
+    answer(&host, &mut w, token, 304, None);
+    assert!(call(&host, &mut w, 1, b"team-a", b"sk-one"));
+    let mut teams = SpendReport::default();
+    for _ in 0..3 {
+        teams = spend(&mut w, &host, "per-team");
+    }
+    assert_eq!(teams.spent, 1);
+    assert_ne!(
+        teams.keys[0].hash,
+        label_secret(None).hash("per-team", b"team-a"),
+        "the public secret places no keys an attacker could aim at"
+    );
+}

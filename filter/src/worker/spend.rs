@@ -1,0 +1,223 @@
+//! What each limit of an hour or longer (a daily token budget, a monthly
+//! money budget) has spent this period, for the live view
+//! ([`sluice_shared::spend`]).
+//!
+//! An unkeyed limit's spend is its one state's. A keyed limit's is in up to
+//! `max_keys` places: the reporting VM reads a slice of them per report
+//! ([`SCAN_PER_REPORT`]), remembers what each held, and reports the top
+//! spenders of all it remembers, so a report costs the same however many
+//! keys there are and a place is at most `max_keys / SCAN_PER_REPORT`
+//! reports old.
+//!
+//! With a sync token, such a limit's keys are hashed with the live view's
+//! label secret (see [`CompiledPolicy::limit_keys`]): the same key has the
+//! same hash on every Envoy, so the admin adds a key's spend up, and its
+//! label is the one the admin finds for a typed key. Keys shown as their
+//! values (`label: value`) have their labels written once per worker to a
+//! small shared-data map ([`MAX_LABELS`]); a key not in it shows its hash.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashSet;
+use sluice_filter_core::matcher::{BodyJson, CompiledLimit, CompiledPolicy};
+use sluice_shared::key_hash::KeySecret;
+use sluice_shared::key_view::{hash_label, label_secret, SHOWN_TOP_KEYS};
+use sluice_shared::policy::KeyLabel;
+use sluice_shared::request_headers::RequestHeaders;
+use sluice_shared::spend::{top_spenders, KeySpend, SpendReport};
+use sluice_shared::time::Instant;
+
+use super::ctx::Ctx;
+use super::key_places::owner_of;
+use crate::entries::{
+    self, keyed_limit_key, limit_key, spend_labels_key, Json, LimitState, OwnedLimitState,
+};
+use crate::host::Host;
+
+/// Places of a keyed limit the reporting VM reads per report.
+pub(super) const SCAN_PER_REPORT: u32 = 1024;
+/// Labels a keyed limit keeps in shared data; past it, the lowest hashes
+/// give way.
+pub(super) const MAX_LABELS: usize = 256;
+/// Owners a worker remembers having labelled, before it starts over.
+const MAX_WRITTEN: usize = 4096;
+/// The label of the place shared by keys that found none of their own.
+pub(super) const OVERFLOW_LABEL: &str = "(keys without a place)";
+
+/// The worker's side of each call: the secret keys of such limits are
+/// hashed with, and the labels it has written.
+#[derive(Debug, Default)]
+pub(super) struct SpendLabels {
+    secret: Option<KeySecret>,
+    written: FxHashSet<u64>,
+}
+
+impl SpendLabels {
+    /// With an admin and a sync token (`Some(Some(token))`), keys of long
+    /// limits are hashed with the label secret; otherwise with the Envoy's
+    /// own.
+    pub fn configure(&mut self, reporting_with: Option<Option<&str>>) {
+        self.secret = reporting_with.flatten().map(|t| label_secret(Some(t)));
+        self.written.clear();
+    }
+
+    pub fn secret(&self) -> Option<&KeySecret> {
+        self.secret.as_ref()
+    }
+
+    /// Writes the labels of an admitted call's keys (`keys`, from
+    /// `limit_keys`) for its long limits shown by value, once per key.
+    pub fn record<H: Host + ?Sized, R: RequestHeaders + ?Sized>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        policy: &CompiledPolicy,
+        (req, body): (&R, &BodyJson),
+        keys: &[Option<u64>],
+    ) {
+        let Some(secret) = &self.secret else {
+            return;
+        };
+        for (index, limit) in policy.limits.iter().enumerate() {
+            if !limit.spends_over_hours || limit.key_label != KeyLabel::Value {
+                continue;
+            }
+            let Some(Some(hash)) = keys.get(index) else {
+                continue;
+            };
+            let owner = owner_of(*hash);
+            if self.written.contains(&owner) {
+                continue;
+            }
+            let Some(name) = policy.limit_key_name(index, req, secret, body) else {
+                continue;
+            };
+            let written = ctx.store.update_with(
+                ctx.host,
+                &spend_labels_key(&limit.name),
+                &Json::<BTreeMap<u64, String>>::default(),
+                |labels| {
+                    if labels.get(&owner) == Some(&name.label) {
+                        return ((), false);
+                    }
+                    labels.insert(owner, name.label.clone());
+                    while labels.len() > MAX_LABELS {
+                        labels.pop_first();
+                    }
+                    ((), true)
+                },
+            );
+            // A failure is counted by the store; the key shows its hash
+            // until a later call writes it.
+            if written.is_ok() {
+                if self.written.len() >= MAX_WRITTEN {
+                    self.written.clear();
+                }
+                self.written.insert(owner);
+            }
+        }
+    }
+}
+
+/// The reporting VM's memory of keyed limits' places.
+#[derive(Debug, Default)]
+pub(super) struct SpendScan {
+    keyed: BTreeMap<String, KeyedScan>,
+}
+
+#[derive(Debug, Default)]
+struct KeyedScan {
+    /// Per place: its owner (0: nobody) and what it had spent when read.
+    places: Vec<(u64, u64)>,
+    next: u32,
+}
+
+impl SpendScan {
+    /// Forgets the limits no longer in the set.
+    pub fn keep_only(&mut self, names: &BTreeSet<&str>) {
+        self.keyed.retain(|name, _| names.contains(name.as_str()));
+    }
+
+    /// What `limit` has spent this period, if it is one of an hour or
+    /// longer. Garbage in shared data reads as a fresh state, as the limit
+    /// itself reads it.
+    pub fn report<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        limit: &CompiledLimit,
+        now: Instant,
+    ) -> Option<SpendReport> {
+        if !limit.spends_over_hours {
+            return None;
+        }
+        let rate = &limit.rate;
+        let size = rate.available(&rate.initial_state(), now);
+        let Some((max_keys, _)) = limit.keys else {
+            let state = entries::read(host, &limit_key(&limit.name), &LimitState(rate));
+            return Some(SpendReport {
+                spent: size.saturating_sub(rate.available(&state, now)),
+                size,
+                renews_in_ms: rate.until_reset(&state, now).as_millis(),
+                ..SpendReport::default()
+            });
+        };
+        let scan = self.keyed.entry(limit.name.clone()).or_default();
+        let places = max_keys.max(1);
+        if scan.places.len() != places as usize {
+            *scan = KeyedScan {
+                places: vec![(0, 0); places as usize],
+                next: 0,
+            };
+        }
+        let spent_at = |key: &str| {
+            let (owner, state) = entries::read(host, key, &OwnedLimitState(rate));
+            (owner, size.saturating_sub(rate.available(&state, now)))
+        };
+        for _ in 0..SCAN_PER_REPORT.min(places) {
+            let place = scan.next;
+            scan.places[place as usize] = spent_at(&keyed_limit_key(&limit.name, Some(place)));
+            scan.next = (place + 1) % places;
+        }
+        let labels = entries::read(
+            host,
+            &spend_labels_key(&limit.name),
+            &Json::<BTreeMap<u64, String>>::default(),
+        );
+        let spending = || {
+            scan.places
+                .iter()
+                .filter(|(owner, spent)| *owner != 0 && *spent > 0)
+        };
+        let (_, overflow_spent) = spent_at(&keyed_limit_key(&limit.name, None));
+        // Labels for the top only: a limit may have thousands of keys.
+        let mut top: Vec<(u64, u64)> = spending().copied().collect();
+        if overflow_spent > 0 {
+            top.push((0, overflow_spent));
+        }
+        top.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(SHOWN_TOP_KEYS);
+        let keys = top
+            .into_iter()
+            .map(|(owner, spent)| KeySpend {
+                label: match owner {
+                    0 => OVERFLOW_LABEL.to_string(),
+                    _ => labels
+                        .get(&owner)
+                        .cloned()
+                        .unwrap_or_else(|| hash_label(owner)),
+                },
+                hash: owner,
+                spent,
+                size,
+            })
+            .collect();
+        Some(SpendReport {
+            spent: spending()
+                .map(|(_, spent)| *spent)
+                .fold(overflow_spent, u64::saturating_add),
+            size,
+            renews_in_ms: 0,
+            spending_keys: spending().count() as u64,
+            keys: top_spenders(keys),
+        })
+    }
+}
