@@ -5,9 +5,12 @@
 
 pub mod fields;
 pub mod form;
+pub mod spend_text;
 
 #[cfg(target_arch = "wasm32")]
 mod api;
+#[cfg(target_arch = "wasm32")]
+mod budgets;
 #[cfg(target_arch = "wasm32")]
 mod keys;
 #[cfg(target_arch = "wasm32")]

@@ -10,6 +10,7 @@ use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 
 use crate::api;
 use crate::form;
+use crate::budgets::BudgetsNow;
 use crate::keys::KeysNow;
 use crate::live::{LiveFrames, Utilization};
 
@@ -207,6 +208,7 @@ pub(super) fn LivePage() -> impl IntoView {
             }
         }/>
         <LimitsNow/>
+        <BudgetsNow/>
         <ProvidersNow/>
     }
 }

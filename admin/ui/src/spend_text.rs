@@ -1,0 +1,168 @@
+//! How the live view words a budget's spend (limits of an hour or longer,
+//! [`sluice_shared::spend`]): amounts in money or tokens, shares against
+//! the size and the warning lines, when the period renews, and a month at
+//! the recent pace. Pure, so that it is tested natively.
+
+use std::collections::BTreeMap;
+
+use sluice_shared::policy::CostSpec;
+use sluice_shared::price::{Money, PriceTable};
+use sluice_shared::spend::month_at;
+use sluice_shared::Policy;
+
+/// What the live view needs of a budget's definition.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BudgetSpec {
+    /// A money limit: the price table's currency (amounts in micro-units).
+    pub currency: Option<String>,
+    /// Its warning lines, as ratios of its size.
+    pub warn_at: Vec<f64>,
+}
+
+/// Every limit of the policies, by name, as the live view words it.
+pub fn budget_specs(policies: &[Policy], prices: Option<&PriceTable>) -> BTreeMap<String, BudgetSpec> {
+    let currency = prices.map(|p| p.currency.clone());
+    policies
+        .iter()
+        .flat_map(|p| p.limits.iter())
+        .filter(|l| l.spends_over_hours())
+        .map(|l| {
+            let money = matches!(l.cost, CostSpec::Price(_));
+            let spec = BudgetSpec {
+                currency: if money {
+                    Some(currency.clone().unwrap_or_else(|| "(no price table)".into()))
+                } else {
+                    None
+                },
+                warn_at: l.warn_at.clone(),
+            };
+            (l.name.clone(), spec)
+        })
+        .collect()
+}
+
+impl BudgetSpec {
+    /// `n` in the limit's unit: money to the cent (`0.83 USD`, `< 0.01 USD`
+    /// for a sliver), tokens as they are.
+    pub fn amount(&self, n: u64) -> String {
+        let Some(currency) = &self.currency else {
+            return n.to_string();
+        };
+        let cent = Money::ONE / 100;
+        if n > 0 && n < cent {
+            return format!("< 0.01 {currency}");
+        }
+        format!("{}.{:02} {currency}", n / Money::ONE, n % Money::ONE / cent)
+    }
+
+    /// `amount` for a figure that is a pace, not a count.
+    pub fn amount_f(&self, n: f64) -> String {
+        if !n.is_finite() || n <= 0.0 {
+            return self.amount(0);
+        }
+        self.amount(n.min(u64::MAX as f64) as u64)
+    }
+
+    /// The warning lines `used` (a ratio) is past.
+    pub fn past_lines(&self, used: f64) -> usize {
+        self.warn_at.iter().filter(|line| used >= **line).count()
+    }
+}
+
+/// `spent` of `size` as a ratio (0 for a size of 0).
+pub fn used(spent: u64, size: u64) -> f64 {
+    if size == 0 {
+        0.0
+    } else {
+        spent as f64 / size as f64
+    }
+}
+
+/// A percentage to show: `81 %`.
+pub fn percent(ratio: f64) -> String {
+    format!("{:.0} %", (ratio * 100.0).max(0.0))
+}
+
+/// How long until a period renews: `15 h 58 min`, `3 d 4 h`, `42 s`.
+pub fn renews_in(ms: u64) -> String {
+    let s = ms / 1000;
+    let (d, h, m) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s} s"),
+        (0, 0, m) => format!("{m} min"),
+        (0, h, m) => format!("{h} h {m} min"),
+        (d, h, _) => format!("{d} d {h} h"),
+    }
+}
+
+/// A month's spend at the mean of `per_second` (the recent frames' pace;
+/// frames without the limit left out).
+pub fn month_projection(per_second: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = per_second
+        .filter(|v| v.is_finite())
+        .fold((0.0, 0u32), |(sum, n), v| (sum + v, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        month_at(sum / f64::from(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn money() -> BudgetSpec {
+        BudgetSpec {
+            currency: Some("USD".into()),
+            warn_at: vec![0.8, 0.95],
+        }
+    }
+
+    #[test]
+    fn money_shows_to_the_cent_and_tokens_as_they_are() {
+        assert_eq!(money().amount(830_000), "0.83 USD");
+        assert_eq!(money().amount(2_000_000), "2.00 USD");
+        assert_eq!(money().amount(1_239_999), "1.23 USD");
+        assert_eq!(money().amount(3), "< 0.01 USD");
+        assert_eq!(money().amount(0), "0.00 USD");
+        assert_eq!(BudgetSpec::default().amount(12_345), "12345");
+        assert_eq!(money().amount_f(f64::NAN), "0.00 USD");
+        assert_eq!(money().amount_f(-5.0), "0.00 USD");
+    }
+
+    #[test]
+    fn warning_lines_passed_and_shares() {
+        assert_eq!(money().past_lines(used(79, 100)), 0);
+        assert_eq!(money().past_lines(used(80, 100)), 1);
+        assert_eq!(money().past_lines(used(100, 100)), 2);
+        assert_eq!(used(5, 0), 0.0);
+        assert_eq!(percent(used(81, 100)), "81 %");
+    }
+
+    #[test]
+    fn renewal_and_a_month_at_the_pace() {
+        assert_eq!(renews_in(42_000), "42 s");
+        assert_eq!(renews_in(57_540_000), "15 h 59 min");
+        assert_eq!(renews_in(3 * 86_400_000 + 4 * 3_600_000), "3 d 4 h");
+        // 1 micro-unit a second on average: 2.59 units in 30 days.
+        let month = month_projection([0.5, 1.5, f64::NAN].into_iter());
+        assert_eq!(money().amount_f(month), "2.59 USD");
+        assert_eq!(month_projection(std::iter::empty()), 0.0);
+    }
+
+    #[test]
+    fn only_limits_of_an_hour_or_longer_are_budgets_and_money_has_a_currency() {
+        let set: sluice_shared::PolicySet = serde_json::from_str(
+            r#"{"version": 1, "policies": [{"name": "llm", "match": {"host": "a.example"},
+               "limits": [{"name": "daily", "rate": {"requests": 5000000, "period": "1d", "algorithm": "fixed_window"},
+                           "cost": "price", "warn_at": [0.8]},
+                          {"name": "tpm", "rate": {"requests": 1000, "period": "1m"}}]}]}"#,
+        )
+        .expect("a set");
+        let specs = budget_specs(&set.policies, None);
+        assert_eq!(specs.keys().collect::<Vec<_>>(), ["daily"]);
+        assert_eq!(specs["daily"].warn_at, [0.8]);
+        assert_eq!(specs["daily"].currency.as_deref(), Some("(no price table)"));
+    }
+}
