@@ -28,8 +28,8 @@ pub struct SpendReport {
     /// What it allows per period (summed over the Envoys reporting it; a
     /// keyed limit: per key).
     pub size: u64,
-    /// Until the period renews (an unkeyed window; the soonest of the
-    /// Envoys'); 0 when unknown (a token bucket, a keyed limit).
+    /// Until the period renews (a keyed limit: the soonest of its spending
+    /// keys; over Envoys: the soonest); 0 when nothing is spent.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub renews_in_ms: u64,
     /// A keyed limit's top spenders, most first.

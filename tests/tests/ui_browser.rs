@@ -1369,3 +1369,161 @@ async fn the_prices_page_edits_the_price_table() -> anyhow::Result<()> {
     admin.stop().await;
     Ok(())
 }
+
+/// A money budget per team (shown by name) and one for everyone, through
+/// a real Envoy syncing with the admin: the live view's Budgets section
+/// shows each team's spend to the cent of what the provider billed it,
+/// against its budget, past its warning line, with a month's projection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Result<()> {
+    use sluice_demo::llm::MockPrice;
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let op = admin.login().await?;
+    let (status, body) = op
+        .raw(
+            reqwest::Method::PUT,
+            "/api/v1/prices",
+            None,
+            Some(
+                json!({"currency": "USD", "models": {"gpt-4o": {"input": "25", "output": "100"}}}),
+            ),
+        )
+        .await?;
+    anyhow::ensure!(status == 200, "prices: {status} {body}");
+    op.create(json!({"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s"},
+        "limits": [
+            {"name": "team-daily", "rate": {"requests": 1_000_000, "period": "1d", "algorithm": "fixed_window"},
+             "cost": "price", "warn_at": [0.01],
+             "key": {"header": "x-team", "label": "value"}},
+            {"name": "company-daily", "rate": {"requests": 5_000_000, "period": "1d", "algorithm": "fixed_window"},
+             "cost": "price", "warn_at": [0.5, 0.9]}]}))
+        .await?;
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    llm.set_prices(vec![MockPrice {
+        model: "gpt-4o".into(),
+        input: 25_000_000,
+        cached_input: 25_000_000,
+        output: 100_000_000,
+    }]);
+    let config =
+        json!({"instance": "ui-budget-envoy", "admin_cluster": "sluice_admin", "sync_interval": "250ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, llm.addr.port(), admin.port, 2)?;
+    // The page is open while the calls go, so that it sees their pace.
+    let browser = Browser::start().await?;
+    browser.client.goto(&admin.base()).await?;
+    browser.fill("#password", PASSWORD).await?;
+    browser.click("#login-button").await?;
+    browser.text("#policies").await?;
+    browser
+        .client
+        .goto(&format!("{}/live", admin.base()))
+        .await?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = reqwest::Client::new();
+    // The admin's set in every VM (with the budgets' first answer): the
+    // fallback has no policies and would let the calls go uncounted.
+    let vms = sluice_e2e::envoy::filter_vms(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while envoy.filter_stat("policy_sets_installed").unwrap_or(0.0) < vms {
+        anyhow::ensure!(Instant::now() < deadline, "the admin's set never arrived");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut calls = [("team-a", 6u32), ("team-b", 3), ("team-c", 1)];
+    for (team, n) in &mut calls {
+        while *n > 0 {
+            let answer = http
+                .post(&url)
+                .header("host", "api.llm.example")
+                .header("authorization", format!("Bearer {team}"))
+                .header("x-team", *team)
+                .header("content-type", "application/json")
+                .body(
+                    json!({"model": "gpt-4o", "max_tokens": 400,
+                    "messages": [{"role": "user", "content": "Say something long about budgets."}]})
+                    .to_string(),
+                )
+                .send()
+                .await?;
+            let status = answer.status();
+            if status.is_success() {
+                *n -= 1;
+                // Over a second or two: a pace, not one spike.
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            } else {
+                let reason = answer.headers().get("x-sluice-reason").cloned();
+                let body = answer.text().await.unwrap_or_default();
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "{team}: {status} ({reason:?}: {body}) until the deadline"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let billed = llm.stats().spent;
+    let cents = |micros: u64| {
+        format!(
+            "{}.{:02} USD",
+            micros / 1_000_000,
+            micros % 1_000_000 / 10_000
+        )
+    };
+    let mut shown = Vec::new();
+    for (team, _) in &calls {
+        let row = format!(".live-budget[data-limit='team-daily'] .budget-key[data-key='{team}']");
+        let want = cents(billed.get(*team).copied().unwrap_or(0));
+        let spent = browser
+            .wait_text(&format!("{row} .key-spent"), Duration::from_secs(15), |t| {
+                t == want
+            })
+            .await?;
+        let share = browser.text(&format!("{row} .key-share")).await?;
+        shown.push(format!("{team} {spent} ({share})"));
+    }
+    let company = ".live-budget[data-limit='company-daily']";
+    let total: u64 = billed.values().sum();
+    let spent = browser
+        .wait_text(&format!("{company} .spent"), Duration::from_secs(5), |t| {
+            t == cents(total)
+        })
+        .await?;
+    let size = browser.text(&format!("{company} .budget-size")).await?;
+    let lines = browser.text(&format!("{company} .warn-lines")).await?;
+    let renews = browser.text(&format!("{company} .renews-in")).await?;
+    let month = browser
+        .text(&format!("{company} .month-projection"))
+        .await?;
+    let keys = browser
+        .text(".live-budget[data-limit='team-daily'] .spending-keys")
+        .await?;
+    let past = browser
+        .client
+        .find_all(Locator::Css(
+            ".live-budget[data-limit='team-daily'] .warn-line.past-warning",
+        ))
+        .await?
+        .len();
+    println!(
+        "ui: budgets, team-daily by {keys} keys: {}; company-daily {spent} of {size}, warn at {lines}, renews in {renews}, a month at this pace {month}; provider billed {billed:?}",
+        shown.join(", ")
+    );
+    assert_eq!(keys, "3");
+    assert_eq!(size, "5.00 USD");
+    assert_eq!(lines, "50 %, 90 %");
+    assert!(renews.contains('h') || renews.contains("min"), "{renews}");
+    let team_renews = browser
+        .text(".live-budget[data-limit='team-daily'] .renews-in")
+        .await?;
+    assert_eq!(
+        team_renews, renews,
+        "the teams' day renews with the company's"
+    );
+    assert!(month.ends_with(" USD") && month != "0.00 USD", "{month}");
+    assert_eq!(past, 3, "each team is past its 1 % line");
+    Ok(())
+}

@@ -48,14 +48,20 @@ pub fn BudgetsNow() -> impl IntoView {
             specs.set(budget_specs(&policies, prices.as_ref()));
         }
     });
+    // Each budget with its definition, so that a row is drawn again once
+    // the definitions are in, as well as each second.
     let budgets = move || {
+        let specs = specs.get();
         frames
             .latest()
             .map(|f| {
                 f.limits
                     .iter()
-                    .filter_map(|(name, u)| Some((name.clone(), u.spend.clone()?)))
-                    .collect::<Vec<(String, SpendReport)>>()
+                    .filter_map(|(name, u)| {
+                        let spec = specs.get(name).cloned().unwrap_or_default();
+                        Some((name.clone(), u.spend.clone()?, spec))
+                    })
+                    .collect::<Vec<(String, SpendReport, BudgetSpec)>>()
             })
             .unwrap_or_default()
     };
@@ -64,8 +70,7 @@ pub fn BudgetsNow() -> impl IntoView {
             <section id="live-budgets">
                 <h2>"Budgets"</h2>
                 <p class="legend">"Limits of an hour or longer: spent this period against the budget (the Envoys' added up; a keyed one's per key), its warning lines, and a 30-day month at the last minute's pace."</p>
-                <For each=budgets key=|(n, s)| (n.clone(), format!("{s:?}")) children=move |(name, spend)| {
-                    let spec = specs.with(|s| s.get(&name).cloned()).unwrap_or_default();
+                <For each=budgets key=|(n, s, spec)| (n.clone(), format!("{s:?} {spec:?}")) children=move |(name, spend, spec)| {
                     let pace_name = name.clone();
                     let month = frames.0.with(|all| {
                         month_projection(

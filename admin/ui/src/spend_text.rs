@@ -20,7 +20,10 @@ pub struct BudgetSpec {
 }
 
 /// Every limit of the policies, by name, as the live view words it.
-pub fn budget_specs(policies: &[Policy], prices: Option<&PriceTable>) -> BTreeMap<String, BudgetSpec> {
+pub fn budget_specs(
+    policies: &[Policy],
+    prices: Option<&PriceTable>,
+) -> BTreeMap<String, BudgetSpec> {
     let currency = prices.map(|p| p.currency.clone());
     policies
         .iter()
@@ -30,7 +33,11 @@ pub fn budget_specs(policies: &[Policy], prices: Option<&PriceTable>) -> BTreeMa
             let money = matches!(l.cost, CostSpec::Price(_));
             let spec = BudgetSpec {
                 currency: if money {
-                    Some(currency.clone().unwrap_or_else(|| "(no price table)".into()))
+                    Some(
+                        currency
+                            .clone()
+                            .unwrap_or_else(|| "(no price table)".into()),
+                    )
                 } else {
                     None
                 },
@@ -78,9 +85,15 @@ pub fn used(spent: u64, size: u64) -> f64 {
     }
 }
 
-/// A percentage to show: `81 %`.
+/// A percentage to show: `81 %`; a tenth under 1 % (`0.5 %`), so that a
+/// small warning line does not read as 0.
 pub fn percent(ratio: f64) -> String {
-    format!("{:.0} %", (ratio * 100.0).max(0.0))
+    let p = (ratio * 100.0).max(0.0);
+    if p > 0.0 && p < 1.0 {
+        format!("{p:.1} %")
+    } else {
+        format!("{p:.0} %")
+    }
 }
 
 /// How long until a period renews: `15 h 58 min`, `3 d 4 h`, `42 s`.
@@ -138,6 +151,8 @@ mod tests {
         assert_eq!(money().past_lines(used(100, 100)), 2);
         assert_eq!(used(5, 0), 0.0);
         assert_eq!(percent(used(81, 100)), "81 %");
+        assert_eq!(percent(0.001), "0.1 %");
+        assert_eq!(percent(0.0), "0 %");
     }
 
     #[test]

@@ -578,12 +578,16 @@ impl CompiledPolicy {
     }
 
     /// Whether the call is decided only once its body is in: the match,
-    /// a key or a further limit's cost reads it, or a streamed request is
-    /// to be asked for its usage.
+    /// a key or a further limit's cost reads it (a money limit: the model
+    /// and the estimate), or a streamed request is to be asked for its
+    /// usage.
     pub fn reads_request_body(&self) -> bool {
         !self.body_matches.is_empty()
             || self.keys_from_body
-            || self.limits.iter().any(|l| l.cost_json.is_some())
+            || self
+                .limits
+                .iter()
+                .any(|l| l.cost_json.is_some() || l.price.is_some())
             || self.asks_stream_usage()
     }
 
@@ -1391,5 +1395,24 @@ mod tests {
         assert_eq!(cost(&BodyJson::Invalid), 100);
         assert_eq!(cost(&BodyJson::TooLarge), 200_000);
         assert_eq!(cost(&BodyJson::Absent), 100);
+    }
+
+    /// A money limit needs the call's model and estimate from the body,
+    /// whatever else the policy reads: a call decided on its headers alone
+    /// would have no model and be refused as unpriced.
+    #[test]
+    fn a_money_limit_alone_reads_the_body() {
+        let set = CompiledPolicySet::from_json(
+            r#"{"version": 1, "prices": {"currency": "USD", "models": {"gpt-4o": {"input": "2.50", "output": "10"}}},
+                "policies": [{"name": "llm", "match": {"host": "api.llm.example"},
+                  "rate": {"requests": 100, "period": "1s"},
+                  "limits": [{"name": "team-daily", "rate": {"requests": 1000000, "period": "1d", "algorithm": "fixed_window"},
+                              "cost": "price", "key": {"header": "x-team"}}]}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let llm = &set.policies[0];
+        assert!(llm.reads_request_body());
+        let body = BodyJson::parse(br#"{"model": "gpt-4o", "max_tokens": 10}"#);
+        assert!(llm.call_price(&body).is_some());
     }
 }

@@ -83,6 +83,11 @@ fn each_long_limit_reports_its_spend_and_keyed_ones_their_top_spenders() {
         "labels and hashes as the admin names the keys"
     );
     assert_eq!((teams.spent, teams.size, teams.spending_keys), (9, 50, 3));
+    assert!(
+        (16 * 3600 * 1000 - 10_000..16 * 3600 * 1000).contains(&teams.renews_in_ms),
+        "the teams' day renews with the day: {}",
+        teams.renews_in_ms
+    );
 
     let (report, _) = next_report(&host, &mut w);
     let daily = report.limits["daily"].spend.clone().expect("a spend");

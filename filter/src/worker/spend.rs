@@ -128,6 +128,8 @@ pub(super) struct SpendScan {
 struct KeyedScan {
     /// Per place: its owner (0: nobody) and what it had spent when read.
     places: Vec<(u64, u64)>,
+    /// Per place: when its period renews (the Envoy's clock, ms).
+    renews_at: Vec<u64>,
     next: u32,
 }
 
@@ -165,18 +167,38 @@ impl SpendScan {
         if scan.places.len() != places as usize {
             *scan = KeyedScan {
                 places: vec![(0, 0); places as usize],
+                renews_at: vec![0; places as usize],
                 next: 0,
             };
         }
         let spent_at = |key: &str| {
             let (owner, state) = entries::read(host, key, &OwnedLimitState(rate));
-            (owner, size.saturating_sub(rate.available(&state, now)))
+            let renews_at = now.as_millis() + rate.until_reset(&state, now).as_millis();
+            (
+                owner,
+                size.saturating_sub(rate.available(&state, now)),
+                renews_at,
+            )
         };
         for _ in 0..SCAN_PER_REPORT.min(places) {
-            let place = scan.next;
-            scan.places[place as usize] = spent_at(&keyed_limit_key(&limit.name, Some(place)));
-            scan.next = (place + 1) % places;
+            let place = scan.next as usize;
+            let (owner, spent, renews_at) =
+                spent_at(&keyed_limit_key(&limit.name, Some(scan.next)));
+            scan.places[place] = (owner, spent);
+            scan.renews_at[place] = renews_at;
+            scan.next = (scan.next + 1) % places;
         }
+        // The soonest of its spending keys (a fixed window renews them all
+        // at once).
+        let renews_in_ms = scan
+            .places
+            .iter()
+            .zip(&scan.renews_at)
+            .filter(|((owner, spent), _)| *owner != 0 && *spent > 0)
+            .map(|(_, at)| at.saturating_sub(now.as_millis()))
+            .filter(|left| *left > 0)
+            .min()
+            .unwrap_or(0);
         let labels = entries::read(
             host,
             &spend_labels_key(&limit.name),
@@ -187,7 +209,7 @@ impl SpendScan {
                 .iter()
                 .filter(|(owner, spent)| *owner != 0 && *spent > 0)
         };
-        let (_, overflow_spent) = spent_at(&keyed_limit_key(&limit.name, None));
+        let (_, overflow_spent, _) = spent_at(&keyed_limit_key(&limit.name, None));
         // Labels for the top only: a limit may have thousands of keys.
         let mut top: Vec<(u64, u64)> = spending().copied().collect();
         if overflow_spent > 0 {
@@ -215,7 +237,7 @@ impl SpendScan {
                 .map(|(_, spent)| *spent)
                 .fold(overflow_spent, u64::saturating_add),
             size,
-            renews_in_ms: 0,
+            renews_in_ms,
             spending_keys: spending().count() as u64,
             keys: top_spenders(keys),
         })

@@ -9,8 +9,8 @@ use sluice_shared::Scope;
 use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 
 use crate::api;
-use crate::form;
 use crate::budgets::BudgetsNow;
+use crate::form;
 use crate::keys::KeysNow;
 use crate::live::{LiveFrames, Utilization};
 
