@@ -1271,6 +1271,113 @@ async fn budgets_are_held_per_envoy_across_an_admin_restart_and_given_back_when_
     assert_eq!(held.unwrap()["daily"]["available"], 40);
 }
 
+/// A keyed budget is held per key: each report's changed keys are kept
+/// (a key that spent nothing is forgotten), and an Envoy that asks gets
+/// them back in parts of 256 keys, in order, each part after the last key
+/// it names; keys last heard of more than a period before are not sent.
+#[tokio::test]
+async fn keyed_budgets_are_held_per_key_and_given_back_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let teams = json!({"name": "maps", "match": {"host": "api.maps.example"},
+        "rate": {"requests": 10, "period": "1s"},
+        "limits": [{"name": "team-daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"},
+                    "key": {"header": "x-team", "max_keys": 4096}}]});
+    {
+        let store = Store::open(&db).unwrap();
+        let policy = sluice_shared::parse_policy(&teams.to_string()).unwrap();
+        store.blocking().create(policy, "admin").unwrap();
+    }
+    let admin = start_on(dir, db).await;
+    let day = 86_400_000u64;
+    let report = |known: bool, at_ms: u64, keys: Value, resume_after: Option<i64>| {
+        let mut budget = json!({"known": known, "available": 100, "size": 100, "at_ms": at_ms});
+        if let Some(after) = resume_after {
+            budget["resume_after"] = json!(after);
+        }
+        json!({"instance": "envoy-a", "policy_version": 1, "at_ms": at_ms,
+            "budgets": {"team-daily": budget}, "budget_keys": {"team-daily": keys}})
+    };
+    // 300 keys spend (owners spread over the whole u64 range, so that the
+    // signed order the admin keeps is tried), one of them long ago.
+    let owner = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let keys: Vec<Value> = (1..=300)
+        .map(|i| json!({"owner": owner(i), "spent": i % 90 + 1}))
+        .collect();
+    sync_budgets(
+        &admin,
+        report(true, day, json!([{"owner": owner(999), "spent": 7}]), None),
+    )
+    .await;
+    sync_budgets(&admin, report(true, 3 * day, Value::Array(keys), None)).await;
+    // A key that spent nothing (its day renewed) is forgotten.
+    sync_budgets(
+        &admin,
+        report(
+            true,
+            3 * day,
+            json!([{"owner": owner(300), "spent": 0}]),
+            None,
+        ),
+    )
+    .await;
+    // The Envoy restarts and asks: two parts.
+    let (_, held) = sync_budgets(&admin, report(false, 3 * day + 5_000, json!([]), None)).await;
+    let first = held.expect("a first part");
+    let part = &first["team-daily"];
+    assert_eq!(part["more"], true);
+    let taken = part["keys"].as_array().unwrap();
+    assert_eq!(taken.len(), 256);
+    let cursor = |k: &Value| k["owner"].as_u64().unwrap() as i64;
+    assert!(
+        taken.windows(2).all(|w| cursor(&w[0]) < cursor(&w[1])),
+        "in order"
+    );
+    let last = cursor(taken.last().unwrap());
+    let (_, held) = sync_budgets(
+        &admin,
+        report(false, 3 * day + 6_000, json!([]), Some(last)),
+    )
+    .await;
+    let second = held.expect("a second part");
+    let rest = second["team-daily"]["keys"].as_array().unwrap();
+    assert_eq!(second["team-daily"].get("more"), None);
+    assert_eq!(
+        rest.len(),
+        43,
+        "299 kept, the forgotten and the old one left out"
+    );
+    let all: Vec<(u64, u64)> = taken
+        .iter()
+        .chain(rest)
+        .map(|k| (k["owner"].as_u64().unwrap(), k["spent"].as_u64().unwrap()))
+        .collect();
+    assert!(all.contains(&(owner(7), 8)));
+    assert!(all
+        .iter()
+        .all(|(o, _)| *o != owner(300) && *o != owner(999)));
+    // Past the last key, nothing more.
+    let after_all = cursor(rest.last().unwrap());
+    let (_, held) = sync_budgets(
+        &admin,
+        report(false, 3 * day + 7_000, json!([]), Some(after_all)),
+    )
+    .await;
+    assert_eq!(held, None);
+    // Hostile: more keys than a report may carry is refused whole.
+    let many: Vec<Value> = (0..2049).map(|i| json!({"owner": i, "spent": 1})).collect();
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let (status, _, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(report(true, 3 * day, Value::Array(many), None)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
 /// Push: a watch is held until the policy set differs from the one it
 /// names, answered at once when it already does, `304` after its hold;
 /// the sync token and a well-formed body are required; stopping the

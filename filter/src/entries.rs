@@ -79,7 +79,6 @@ pub fn keyed_limit_key(limit: &str, place: Option<u32>) -> String {
     }
 }
 
-/// Marks a budget's state as one the admin's budgets header set.
 /// Labels of a keyed limit of an hour or longer whose keys are shown as
 /// their values (`label: value`): owner hash to label, for the live view
 /// (see `worker/spend.rs`).
@@ -87,8 +86,15 @@ pub fn spend_labels_key(limit: &str) -> String {
     format!("sluice/sl/{limit}")
 }
 
+/// Marks a budget's state as one the admin's budgets header set.
 pub fn budget_known_key(limit: &str) -> String {
     format!("sluice/bk/{limit}")
+}
+
+/// A keyed budget the admin gives back in parts: the last key taken
+/// (`Json<Option<i64>>`, see `sluice_wire::sync::HeldKey::cursor`).
+pub fn budget_cursor_key(limit: &str) -> String {
+    format!("sluice/bkc/{limit}")
 }
 
 /// Marks that a policy's port-hidden warning was logged in this Envoy.

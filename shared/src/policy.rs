@@ -297,6 +297,13 @@ impl NamedLimit {
         self.spends_over_hours() && self.key.is_none() && self.scope == Scope::Instance
     }
 
+    /// A keyed budget: the admin holds what each key spent, so that a
+    /// restart refills no key's day or month either (with a sync token,
+    /// which keeps a key's hash the same across restarts).
+    pub fn is_keyed_budget(&self) -> bool {
+        self.spends_over_hours() && self.key.is_some() && self.scope == Scope::Instance
+    }
+
     /// A rate limit of an hour or longer, keyed or not: the live view shows
     /// what it has spent (per key: the top spenders) against its size.
     pub fn spends_over_hours(&self) -> bool {

@@ -28,6 +28,7 @@ fn a_daily_window_restored_the_same_day_holds_what_it_held() {
         available: 700,
         size: 1_000,
         at_ms: (NOW - Span::from_secs(60)).as_millis(),
+        ..HeldBudget::default()
     };
     let mut state = limit.initial_state();
     limit.restore_spent(
@@ -64,6 +65,7 @@ fn a_bigger_budget_keeps_what_was_spent_of_the_smaller() {
         available: 100,
         size: 1_000,
         at_ms: NOW.as_millis(),
+        ..HeldBudget::default()
     };
     let mut state = limit.initial_state();
     limit.restore_spent(

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sluice_admin::store::{BlockingStore as Store, StoreError};
 use sluice_e2e::postgres::PostgresServer;
 use sluice_shared::Policy;
-use sluice_wire::sync::{BudgetReport, SyncReport};
+use sluice_wire::sync::{BudgetReport, KeySpent, SyncReport};
 
 fn policy(name: &str, requests: u64) -> Policy {
     serde_json::from_value(
@@ -134,6 +134,7 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
                 available,
                 size: 100,
                 at_ms: 5,
+                resume_after: None,
             },
         )]
         .into(),
@@ -146,6 +147,50 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
         held.get("daily").map(|h| (h.available, h.size, h.at_ms)),
         Some((25, 100, 5)),
         "{kind}"
+    );
+
+    // A keyed budget's keys, hashes over the whole u64 range (stored as
+    // signed integers, bit for bit), kept by one replica and given back
+    // by the other in the order the parts go.
+    let teams: Policy = serde_json::from_value(serde_json::json!({"name": "teams",
+        "match": {"host": "teams.example"}, "rate": {"requests": 10, "period": "1s"},
+        "limits": [{"name": "team-daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"},
+                    "key": {"header": "x-team"}}]}))?;
+    first.create(teams, "alice")?;
+    let set = first.policy_set()?;
+    let owners = [u64::MAX, 1, 1 << 63, 42];
+    let team_budget = |known: bool, keys: Vec<KeySpent>| SyncReport {
+        instance: "envoy-1".into(),
+        at_ms: 1_000,
+        budgets: [(
+            "team-daily".to_string(),
+            BudgetReport {
+                known,
+                available: 100,
+                size: 100,
+                at_ms: 1_000,
+                resume_after: None,
+            },
+        )]
+        .into(),
+        budget_keys: [("team-daily".to_string(), keys)].into(),
+        ..SyncReport::default()
+    };
+    let spent: Vec<KeySpent> = owners
+        .iter()
+        .zip(1..)
+        .map(|(owner, spent)| KeySpent { owner: *owner, spent })
+        .collect();
+    assert!(first.record_budgets(&team_budget(true, spent), &set)?.is_empty());
+    let held = second.record_budgets(&team_budget(false, Vec::new()), &set)?;
+    let given: Vec<(u64, u64)> = held
+        .get("team-daily")
+        .map(|h| h.keys.iter().map(|k| (k.owner, k.spent)).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        given,
+        [(1 << 63, 3), (u64::MAX, 1), (1, 2), (42, 4)],
+        "{kind}: every key, in signed order"
     );
 
     // Both replicas write the same policy at once: every write lands once.

@@ -113,6 +113,10 @@ pub struct SyncReport {
     /// held for it when this Envoy started.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub budgets: BTreeMap<String, BudgetReport>,
+    /// Per keyed budget: the keys whose spend changed since the last
+    /// report (only once the budget is known).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub budget_keys: BTreeMap<String, Vec<KeySpent>>,
     /// Per keyed policy: its busiest keys and distinct keys since the
     /// previous report (not since start: the filter starts over at every
     /// report, so that keys gone quiet make room).
@@ -139,7 +143,40 @@ pub struct BudgetReport {
     pub available: u64,
     pub size: u64,
     pub at_ms: u64,
+    /// A keyed budget being given back in parts: the last key it took
+    /// (its hash as the admin orders them); the admin sends those after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_after: Option<i64>,
 }
+
+/// What one key of a keyed budget has spent, at the report's `at_ms` (0:
+/// nothing, or the key gave its place up: forget it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySpent {
+    pub owner: u64,
+    pub spent: u64,
+}
+
+/// What a keyed budget's key spent by `at_ms`, as the admin gives it back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldKey {
+    pub owner: u64,
+    pub spent: u64,
+    pub at_ms: u64,
+}
+
+impl HeldKey {
+    /// How the admin orders keys (SQL integers are signed): the cursor of
+    /// [`BudgetReport::resume_after`].
+    pub fn cursor(&self) -> i64 {
+        self.owner as i64
+    }
+}
+
+/// The most keys of keyed budgets one answer gives back (in all).
+pub const MAX_KEYS_ANSWERED: usize = 256;
+/// The most changed keys one report says of one keyed budget.
+pub const MAX_KEYS_REPORTED: usize = 2048;
 
 impl BudgetReport {
     pub fn held(&self) -> HeldBudget {
@@ -147,17 +184,23 @@ impl BudgetReport {
             available: self.available,
             size: self.size,
             at_ms: self.at_ms,
+            ..HeldBudget::default()
         }
     }
 }
 
 /// A budget as the admin holds it for one Envoy: the last it reported
-/// once known. Times are that Envoy's own clock, given back to it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// once known. Times are that Envoy's own clock, given back to it. A keyed
+/// budget's is its keys' (`keys`, in parts: `more` when others follow).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldBudget {
     pub available: u64,
     pub size: u64,
     pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<HeldKey>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
 }
 
 impl HeldBudget {
@@ -334,6 +377,20 @@ impl SyncReport {
                     .map_err(|e| format!("limits.{limit}.spend: {e}"))?;
             }
         }
+        if self.budget_keys.len() > MAX_REPORT_POLICIES {
+            return Err(format!(
+                "budget_keys: at most {MAX_REPORT_POLICIES} budgets"
+            ));
+        }
+        if let Some((name, _)) = self
+            .budget_keys
+            .iter()
+            .find(|(_, keys)| keys.len() > MAX_KEYS_REPORTED)
+        {
+            return Err(format!(
+                "budget_keys.{name}: at most {MAX_KEYS_REPORTED} keys"
+            ));
+        }
         if let Some(name) = self
             .budgets
             .keys()
@@ -357,7 +414,11 @@ impl SyncReport {
         let limits = || set.policies.iter().flat_map(|p| p.limits.iter());
         let limit_names: BTreeSet<&str> = limits().map(|l| l.name.as_str()).collect();
         let budgets: BTreeSet<&str> = limits()
-            .filter(|l| l.is_budget())
+            .filter(|l| l.is_budget() || l.is_keyed_budget())
+            .map(|l| l.name.as_str())
+            .collect();
+        let keyed_budgets: BTreeSet<&str> = limits()
+            .filter(|l| l.is_keyed_budget())
             .map(|l| l.name.as_str())
             .collect();
         let keyed: BTreeSet<&str> = set
@@ -383,6 +444,8 @@ impl SyncReport {
             .retain(|name, _| limit_names.contains(name.as_str()));
         self.budgets
             .retain(|name, _| budgets.contains(name.as_str()));
+        self.budget_keys
+            .retain(|name, _| keyed_budgets.contains(name.as_str()));
         self.keys.retain(|name, _| keyed.contains(name.as_str()));
         self.shares.retain(|name, _| shared.contains(name));
         self.held.retain(|name, _| shared.contains(name));

@@ -12,8 +12,8 @@
 use serde::de::DeserializeOwned;
 
 use crate::sync::{
-    BudgetsMessage, ProviderNews, SharesMessage, BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER,
-    SHARES_HEADER, SYNC_NOW_HEADER,
+    BudgetsMessage, ProviderNews, SharesMessage, BUDGETS_HEADER, EPOCH_HEADER, MAX_KEYS_ANSWERED,
+    PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
 };
 use sluice_shared::policy::PolicySet;
 
@@ -105,9 +105,14 @@ pub fn read_shares(value: &[u8]) -> Result<SharesMessage, String> {
     read_json(value)
 }
 
-/// The budgets header.
+/// The budgets header: at most [`MAX_KEYS_ANSWERED`] keys in all.
 pub fn read_budgets(value: &[u8]) -> Result<BudgetsMessage, String> {
-    read_json(value)
+    let budgets: BudgetsMessage = read_json(value)?;
+    let keys: usize = budgets.values().map(|b| b.keys.len()).sum();
+    if keys > MAX_KEYS_ANSWERED {
+        return Err(format!("{keys} keys, more than {MAX_KEYS_ANSWERED}"));
+    }
+    Ok(budgets)
 }
 
 /// The provider news header.

@@ -6,13 +6,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use sluice_api::{AuditEntry, HistoryEntry, StoredPolicy};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sluice_shared::price::PriceTable;
 use sluice_shared::validate::validate_policy_set;
 use sluice_shared::{FieldError, Policy, PolicySet, ValidationErrors};
 use sluice_wire::sync::{
-    BudgetsMessage, HeldBudget, SyncReport, BUDGET_RETENTION_MS, MAX_BUDGETS_ANSWERED,
+    BudgetsMessage, HeldBudget, HeldKey, SyncReport, BUDGET_RETENTION_MS, MAX_BUDGETS_ANSWERED,
+    MAX_KEYS_ANSWERED,
 };
 
 use super::db::{Db, Row, Sql};
@@ -390,7 +391,10 @@ impl BlockingStore {
                 set.policies
                     .iter()
                     .flat_map(|p| p.limits.iter())
-                    .filter(|l| l.is_budget() && !report.budgets.contains_key(&l.name))
+                    .filter(|l| {
+                        (l.is_budget() || l.is_keyed_budget())
+                            && !report.budgets.contains_key(&l.name)
+                    })
                     .map(|l| l.name.as_str()),
             )
             .collect();
@@ -400,11 +404,20 @@ impl BlockingStore {
             .filter(|(_, b)| b.known)
             .map(|(name, b)| (name, b.held()))
             .collect();
-        if wanted.is_empty() && known.is_empty() {
+        if wanted.is_empty() && known.is_empty() && report.budget_keys.is_empty() {
             return Ok(BudgetsMessage::new());
         }
+        // Keyed budgets, with their periods.
+        let keyed: BTreeMap<&str, u64> = set
+            .policies
+            .iter()
+            .flat_map(|p| p.limits.iter())
+            .filter(|l| l.is_keyed_budget())
+            .filter_map(|l| Some((l.name.as_str(), l.rate.as_ref()?.period.as_millis())))
+            .collect();
         let instance = report.instance.as_str();
         self.db.touch(|sql| {
+            record_budget_keys(sql, report, &keyed)?;
             for (name, held) in &known {
                 sql.execute(
                     "INSERT INTO budgets (instance, name, available, size, at_ms, updated_ms)
@@ -432,15 +445,21 @@ impl BlockingStore {
             let mut out = BudgetsMessage::new();
             for row in rows {
                 let name = row.text(0)?;
-                if wanted.contains(name.as_str()) {
+                if wanted.contains(name.as_str()) && !keyed.contains_key(name.as_str()) {
                     let held = HeldBudget {
                         available: row.uint(1)?,
                         size: row.uint(2)?,
                         at_ms: row.uint(3)?,
+                        ..HeldBudget::default()
                     };
                     out.insert(name, held);
                 }
             }
+            let wanted_keyed = keyed
+                .iter()
+                .filter(|(name, _)| wanted.contains(**name))
+                .map(|(name, period)| (*name, *period));
+            give_back_budget_keys(sql, report, wanted_keyed, &mut out)?;
             Ok(out)
         })
     }
@@ -474,9 +493,14 @@ impl BlockingStore {
         self.db.touch(|sql| {
             // A budget outlives its instance's silence: an Envoy down for a
             // day still gets back what it spent of its month.
+            let forgotten = now_ms().saturating_sub(BUDGET_RETENTION_MS);
             sql.execute(
                 "DELETE FROM budgets WHERE updated_ms < $1",
-                &[now_ms().saturating_sub(BUDGET_RETENTION_MS).into()],
+                &[forgotten.into()],
+            )?;
+            sql.execute(
+                "DELETE FROM budget_keys WHERE updated_ms < $1",
+                &[forgotten.into()],
             )?;
             sql.execute(
                 "DELETE FROM instances WHERE last_sync_ms < $1",
@@ -634,6 +658,110 @@ fn audit_warnings(
                 Some(serde_json::to_string(&what).unwrap_or_default()),
             )?;
         }
+    }
+    Ok(())
+}
+
+/// Keeps what `report` says of its keyed budgets' keys: a key that spent
+/// nothing (or gave its place up) is forgotten.
+fn record_budget_keys(
+    sql: &mut dyn Sql,
+    report: &SyncReport,
+    keyed: &BTreeMap<&str, u64>,
+) -> Result<(), StoreError> {
+    let instance = report.instance.as_str();
+    for (name, keys) in &report.budget_keys {
+        if !keyed.contains_key(name.as_str()) {
+            continue;
+        }
+        for key in keys {
+            // The hash as SQL's signed integer, bit for bit.
+            let owner = key.owner as i64;
+            if key.spent == 0 {
+                sql.execute(
+                    "DELETE FROM budget_keys WHERE instance = $1 AND name = $2 AND owner = $3",
+                    &[instance.into(), name.as_str().into(), owner.into()],
+                )?;
+                continue;
+            }
+            sql.execute(
+                "INSERT INTO budget_keys (instance, name, owner, spent, at_ms, updated_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (instance, name, owner) DO UPDATE SET spent = $4, at_ms = $5,
+                   updated_ms = $6",
+                &[
+                    instance.into(),
+                    name.as_str().into(),
+                    owner.into(),
+                    key.spent.into(),
+                    report.at_ms.into(),
+                    now_ms().into(),
+                ],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The next part of each keyed budget in `wanted` (name, period) the
+/// admin holds for `report`'s instance: the keys after the last it took,
+/// at most [`MAX_KEYS_ANSWERED`] in all, `more` when some are left. Keys
+/// last heard of more than a period ago hold nothing of the period now
+/// (on the Envoy's own clock): they are not sent.
+fn give_back_budget_keys<'a>(
+    sql: &mut dyn Sql,
+    report: &SyncReport,
+    wanted: impl Iterator<Item = (&'a str, u64)>,
+    out: &mut BudgetsMessage,
+) -> Result<(), StoreError> {
+    let mut left = MAX_KEYS_ANSWERED;
+    for (name, period_ms) in wanted {
+        if left == 0 {
+            break;
+        }
+        let from = match report.budgets.get(name).and_then(|b| b.resume_after) {
+            Some(after) => match after.checked_add(1) {
+                Some(next) => next,
+                None => continue,
+            },
+            None => i64::MIN,
+        };
+        let rows = sql.query(
+            "SELECT owner, spent, at_ms FROM budget_keys
+             WHERE instance = $1 AND name = $2 AND owner >= $3 AND at_ms >= $4
+             ORDER BY owner LIMIT $5",
+            &[
+                report.instance.as_str().into(),
+                name.into(),
+                from.into(),
+                report.at_ms.saturating_sub(period_ms).into(),
+                (left as u64 + 1).into(),
+            ],
+        )?;
+        let more = rows.len() > left;
+        let keys = rows
+            .iter()
+            .take(left)
+            .map(|row| {
+                Ok(HeldKey {
+                    owner: row.int(0)? as u64,
+                    spent: row.uint(1)?,
+                    at_ms: row.uint(2)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if keys.is_empty() {
+            continue;
+        }
+        left -= keys.len();
+        out.insert(
+            name.to_string(),
+            HeldBudget {
+                keys,
+                more,
+                ..HeldBudget::default()
+            },
+        );
     }
     Ok(())
 }

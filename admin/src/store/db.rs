@@ -20,6 +20,7 @@ const SQLITE_MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0003_people.sql")),
     M::up(include_str!("../../migrations/0004_sources.sql")),
     M::up(include_str!("../../migrations/0005_prices.sql")),
+    M::up(include_str!("../../migrations/0006_budget_keys.sql")),
 ];
 
 /// PostgreSQL migrations, in order; applied once each, under an advisory
@@ -30,6 +31,7 @@ const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0003_people.sql"),
     include_str!("../../migrations/postgres/0004_sources.sql"),
     include_str!("../../migrations/postgres/0005_prices.sql"),
+    include_str!("../../migrations/postgres/0006_budget_keys.sql"),
 ];
 
 /// PostgreSQL's advisory lock taken while migrating (any fixed number).

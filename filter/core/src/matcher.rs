@@ -160,6 +160,8 @@ pub struct CompiledLimit {
     pub usage: Option<CompiledUsage>,
     /// Held by the admin across restarts ([`sluice_shared::NamedLimit::is_budget`]).
     pub budget: bool,
+    /// Held by the admin per key ([`sluice_shared::NamedLimit::is_keyed_budget`]).
+    pub keyed_budget: bool,
     /// Its spend is shown in the live view
     /// ([`sluice_shared::NamedLimit::spends_over_hours`]).
     pub spends_over_hours: bool,
@@ -282,6 +284,7 @@ impl CompiledPolicy {
                         _ => l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
                     },
                     budget: l.is_budget(),
+                    keyed_budget: l.is_keyed_budget(),
                     spends_over_hours: l.spends_over_hours(),
                     key: l.key.as_ref().and_then(KeySource::new),
                     key_label: l.key.as_ref().map(|k| k.label).unwrap_or_default(),

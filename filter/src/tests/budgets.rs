@@ -182,3 +182,158 @@ fn a_hostile_record_takes_at_most_the_budget_and_only_until_its_window_ends() {
         assert_eq!(admitted(&host, &mut tomorrow, 100, 20), 10, "{record}");
     }
 }
+
+/// 5 calls a day per team.
+const TEAMS: &str = r#"{"version": 1, "policies": [
+    {"name": "maps", "match": {"host": "api.maps.example"},
+     "rate": {"requests": 1000, "period": "1s"},
+     "limits": [{"name": "team-daily", "rate": {"requests": 5, "period": "1d", "algorithm": "fixed_window"},
+                 "key": {"header": "x-team", "max_keys": 64}}]}]}"#;
+
+fn team_admitted(host: &FakeHost, w: &mut Worker, team: &[u8], from: u32, tries: u32) -> u32 {
+    let headers = [("x-team", team)];
+    let r = req(MAPS, &headers);
+    let mut n = 0;
+    for id in from..from + tries {
+        if w.on_request(host, id, r.as_slice()) == Verdict::Continue {
+            n += 1;
+            w.on_stream_end(host, id);
+        }
+    }
+    n
+}
+
+fn owner(team: &[u8]) -> u64 {
+    sluice_shared::key_view::label_secret(Some("t0ken")).hash("team-daily", team)
+}
+
+#[test]
+fn a_keyed_budget_reports_its_keys_and_comes_back_in_parts() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, TEAMS);
+    w.set_sync(Some(sync_settings()));
+    let (report, token) = next_report(&host, &mut w);
+    assert!(!report.budgets["team-daily"].known);
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-a", 1, 3),
+        0,
+        "unknown: closed"
+    );
+    answer(&host, &mut w, token, 304, None);
+    assert_eq!(team_admitted(&host, &mut w, b"team-a", 10, 3), 3);
+    assert_eq!(team_admitted(&host, &mut w, b"team-b", 20, 1), 1);
+    let (report, token) = next_report(&host, &mut w);
+    answer(&host, &mut w, token, 304, None);
+    let mut said: Vec<(u64, u64)> = report.budget_keys["team-daily"]
+        .iter()
+        .map(|k| (k.owner, k.spent))
+        .collect();
+    said.sort_unstable();
+    let mut want = vec![(owner(b"team-a"), 3), (owner(b"team-b"), 1)];
+    want.sort_unstable();
+    assert_eq!(said, want, "the keys whose spend changed");
+    let (report, _) = next_report(&host, &mut w);
+    assert!(report.budget_keys.is_empty(), "nothing changed since");
+
+    // A restart: a new Envoy (fresh shared data) asks, and is given the
+    // keys in two parts; a part given twice charges nothing twice.
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, TEAMS);
+    w.set_sync(Some(sync_settings()));
+    let (report, token) = next_report(&host, &mut w);
+    assert_eq!(report.budgets["team-daily"].resume_after, None);
+    let at = T0.as_millis();
+    let part = |team: &[u8], spent: u64, more: bool| {
+        format!(
+            r#"{{"team-daily": {{"available": 0, "size": 0, "at_ms": 0, "more": {more},
+                 "keys": [{{"owner": {}, "spent": {spent}, "at_ms": {at}}}]}}}}"#,
+            owner(team)
+        )
+    };
+    let first = part(b"team-a", 3, true);
+    answer(&host, &mut w, token, 304, Some(first.as_bytes()));
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-b", 30, 2),
+        0,
+        "closed until the last part"
+    );
+    let (report, token) = next_report(&host, &mut w);
+    let daily = report.budgets["team-daily"];
+    assert!(!daily.known);
+    let cursor = owner(b"team-a") as i64;
+    assert_eq!(daily.resume_after, Some(cursor), "names the last key taken");
+    // The same part again (an answer lost and asked again): no double charge.
+    answer(&host, &mut w, token, 304, Some(first.as_bytes()));
+    let (_, token) = next_report(&host, &mut w);
+    let last = part(b"team-b", 1, false);
+    answer(&host, &mut w, token, 304, Some(last.as_bytes()));
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-a", 40, 5),
+        2,
+        "team-a: 2 left"
+    );
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-b", 50, 5),
+        4,
+        "team-b: 4 left"
+    );
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-c", 60, 6),
+        5,
+        "team-c: fresh"
+    );
+    let (report, _) = next_report(&host, &mut w);
+    assert!(report.budgets["team-daily"].known);
+    assert_eq!(report.budgets["team-daily"].resume_after, None);
+}
+
+#[test]
+fn hostile_parts_take_at_most_each_keys_size_and_too_many_keys_are_refused() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, TEAMS);
+    w.set_sync(Some(sync_settings()));
+    let (_, token) = next_report(&host, &mut w);
+    let too_many = format!(
+        r#"{{"team-daily": {{"available": 0, "size": 0, "at_ms": 0, "keys": [{}]}}}}"#,
+        (0..=sluice_wire::sync::MAX_KEYS_ANSWERED)
+            .map(|i| format!(r#"{{"owner": {i}, "spent": 1, "at_ms": 0}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    answer(&host, &mut w, token, 304, Some(too_many.as_bytes()));
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-a", 1, 2),
+        0,
+        "still unknown"
+    );
+    let (_, token) = next_report(&host, &mut w);
+    // Spent far beyond the size, dated in the future: the day's 5 at most.
+    let huge = format!(
+        r#"{{"team-daily": {{"available": 0, "size": 0, "at_ms": 0,
+             "keys": [{{"owner": {}, "spent": 18446744073709551615, "at_ms": 18446744073709551615}}]}}}}"#,
+        owner(b"team-a")
+    );
+    answer(&host, &mut w, token, 304, Some(huge.as_bytes()));
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-a", 10, 3),
+        0,
+        "spent for the day"
+    );
+    assert_eq!(team_admitted(&host, &mut w, b"team-b", 20, 6), 5);
+}
+
+#[test]
+fn without_a_token_a_keyed_budget_is_a_plain_limit() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, TEAMS);
+    let mut settings = sync_settings();
+    settings.token = None;
+    w.set_sync(Some(settings));
+    assert_eq!(
+        team_admitted(&host, &mut w, b"team-a", 1, 6),
+        5,
+        "open at once"
+    );
+    let (report, _) = next_report(&host, &mut w);
+    assert!(!report.budgets.contains_key("team-daily"));
+}

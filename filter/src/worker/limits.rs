@@ -377,7 +377,7 @@ fn step<H: Host + ?Sized>(
     place: &mut Option<LimitPlace>,
     take: &StackedTake,
 ) -> Result<Option<StepResult>, crate::store::StoreError> {
-    let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
+    let (host, store) = (ctx.host, &mut *ctx.store);
     let rate = &limit.rate;
     let Some(hash) = key else {
         return store
@@ -407,27 +407,19 @@ fn step<H: Host + ?Sized>(
             .map(Some);
     }
     let owner = key_places::owner_of(hash);
-    let (max_keys, overflow) = limit.keys.unwrap_or((1, KeyOverflow::Shared));
-    for slot in key_places::probes(owner, max_keys) {
-        let key = keyed_limit_key(&limit.name, Some(slot));
-        let stepped = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
-            match key_places::claim(entry.0, owner, || rate.is_idle(&entry.1, now)) {
-                Claim::Busy => return (None, false),
-                Claim::Mine => {}
-                Claim::Free | Claim::Evict => *entry = (owner, rate.initial_state()),
-            }
-            let step = take.apply(rate, &mut entry.1);
-            (Some(step), step.changed)
-        })?;
-        if let Some(step) = stepped {
-            *place = Some(LimitPlace {
-                key,
-                owner: Some(owner),
-                counted: None,
-            });
-            return Ok(Some(step));
-        }
+    let overflow = limit.keys.map_or(KeyOverflow::Shared, |(_, o)| o);
+    if let Some((key, step)) = on_key_place(ctx, limit, owner, |state| {
+        let step = take.apply(rate, state);
+        (step, step.changed)
+    })? {
+        *place = Some(LimitPlace {
+            key,
+            owner: Some(owner),
+            counted: None,
+        });
+        return Ok(Some(step));
     }
+    let (host, store) = (ctx.host, &mut *ctx.store);
     if overflow == KeyOverflow::Reject {
         return Ok(None);
     }
@@ -444,6 +436,39 @@ fn step<H: Host + ?Sized>(
         counted: None,
     });
     Ok(Some(step))
+}
+
+/// Runs `f` on the state of `owner`'s place in keyed `limit`, the one
+/// rule a call's take and a budget's restore both use: its own place, or a
+/// free or idle one it claims afresh. None (with `f` not run): every place
+/// it may use holds another key in use.
+pub(super) fn on_key_place<H: Host + ?Sized, R>(
+    ctx: &mut Ctx<'_, H>,
+    limit: &CompiledLimit,
+    owner: u64,
+    mut f: impl FnMut(&mut RateState) -> (R, bool),
+) -> Result<Option<(String, R)>, crate::store::StoreError> {
+    let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
+    let rate = &limit.rate;
+    let max_keys = limit.keys.map_or(1, |(max, _)| max);
+    for slot in key_places::probes(owner, max_keys) {
+        let key = keyed_limit_key(&limit.name, Some(slot));
+        let done = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
+            match key_places::claim(entry.0, owner, || rate.is_idle(&entry.1, now)) {
+                Claim::Busy => return (None, false),
+                Claim::Mine => {}
+                // Written only if `f` changes the state: a claim that
+                // holds nothing is no claim.
+                Claim::Free | Claim::Evict => *entry = (owner, rate.initial_state()),
+            }
+            let (out, changed) = f(&mut entry.1);
+            (Some(out), changed)
+        })?;
+        if let Some(out) = done {
+            return Ok(Some((key, out)));
+        }
+    }
+    Ok(None)
 }
 
 /// Counts a call every further limit let through and that went.

@@ -234,7 +234,10 @@ impl Worker {
 
     /// Where to sync from (None: enforce the fallback set only).
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
-        self.parts.budgets.configure(settings.is_some());
+        self.parts.budgets.configure(
+            settings.is_some(),
+            settings.as_ref().is_some_and(|s| s.token.is_some()),
+        );
         self.parts
             .spend_labels
             .configure(settings.as_ref().map(|s| s.token.as_deref()));
@@ -779,7 +782,10 @@ impl Parts {
                 provider::take_news(ctx, &policies, header, delay);
             }
             ctx.now = ctx.host.now();
-            self.budgets.on_answer(ctx, &policies, reply.budgets_header);
+            if self.budgets.on_answer(ctx, &policies, reply.budgets_header) {
+                // A keyed budget comes back in parts: the next at once.
+                self.sync.hurry(ctx);
+            }
         }
     }
 

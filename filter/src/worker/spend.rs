@@ -26,6 +26,7 @@ use sluice_shared::policy::KeyLabel;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::spend::{top_spenders, KeySpend, SpendReport};
 use sluice_shared::time::Instant;
+use sluice_wire::sync::{KeySpent, MAX_KEYS_REPORTED};
 
 use super::ctx::Ctx;
 use super::key_places::owner_of;
@@ -122,6 +123,9 @@ impl SpendLabels {
 #[derive(Debug, Default)]
 pub(super) struct SpendScan {
     keyed: BTreeMap<String, KeyedScan>,
+    /// Per keyed budget, the keys whose spend changed since the last
+    /// report (the admin keeps them across restarts, see `budgets.rs`).
+    changed: BTreeMap<String, Vec<KeySpent>>,
 }
 
 #[derive(Debug, Default)]
@@ -137,6 +141,12 @@ impl SpendScan {
     /// Forgets the limits no longer in the set.
     pub fn keep_only(&mut self, names: &BTreeSet<&str>) {
         self.keyed.retain(|name, _| names.contains(name.as_str()));
+        self.changed.retain(|name, _| names.contains(name.as_str()));
+    }
+
+    /// The keys of keyed budgets whose spend changed since the last call.
+    pub fn take_changed(&mut self) -> BTreeMap<String, Vec<KeySpent>> {
+        std::mem::take(&mut self.changed)
     }
 
     /// What `limit` has spent this period, if it is one of an hour or
@@ -180,13 +190,33 @@ impl SpendScan {
                 renews_at,
             )
         };
+        let mut changed = Vec::new();
         for _ in 0..SCAN_PER_REPORT.min(places) {
             let place = scan.next as usize;
             let (owner, spent, renews_at) =
                 spent_at(&keyed_limit_key(&limit.name, Some(scan.next)));
+            let (was_owner, was_spent) = scan.places[place];
+            if was_owner != 0 && was_owner != owner && was_spent > 0 {
+                // Its key gave the place up (idle: nothing spent now).
+                changed.push(KeySpent {
+                    owner: was_owner,
+                    spent: 0,
+                });
+            }
+            if owner != 0 && (owner, spent) != (was_owner, was_spent) {
+                changed.push(KeySpent { owner, spent });
+            }
             scan.places[place] = (owner, spent);
             scan.renews_at[place] = renews_at;
             scan.next = (scan.next + 1) % places;
+        }
+        if limit.keyed_budget && !changed.is_empty() {
+            let list = self.changed.entry(limit.name.clone()).or_default();
+            // A place read twice before a report (a limit of few places)
+            // has its newest last; the admin applies them in order.
+            list.extend(changed);
+            let over = list.len().saturating_sub(MAX_KEYS_REPORTED);
+            list.drain(..over);
         }
         // The soonest of its spending keys (a fixed window renews them all
         // at once).

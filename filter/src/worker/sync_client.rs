@@ -181,6 +181,12 @@ impl SyncClient {
         let mut report = self.snapshot(host, store, policies, &settings.instance, now);
         report.budgets = budgets.report(host, policies, now);
         report.limits = limit_reports(host, policies, now, &mut self.spend);
+        // Keys of a budget not known yet are being given back: the admin
+        // has them already.
+        report.budget_keys = self.spend.take_changed();
+        report
+            .budget_keys
+            .retain(|name, _| report.budgets.get(name).is_some_and(|b| b.known));
         let body = serde_json::to_vec(&report).unwrap_or_default();
         let (headers, body) = policy_sync::request(settings, &body);
         let headers: Vec<(&str, &str)> = headers
@@ -251,6 +257,7 @@ impl SyncClient {
                 })
                 .collect(),
             limits: BTreeMap::new(),
+            budget_keys: BTreeMap::new(),
             budgets: BTreeMap::new(),
             keys: report::take_keys_report(host, store, now, |name| policies.find(name).is_some()),
         }
