@@ -157,4 +157,5 @@ fn without_a_token_keys_keep_the_envoys_own_secret() {
         label_secret(None).hash("per-team", b"team-a"),
         "the public secret places no keys an attacker could aim at"
     );
+    assert_eq!(teams.keys[0].label, "team-a", "a value label all the same");
 }

@@ -535,8 +535,12 @@ impl Parts {
         }
         let slots = match held {
             Some(held) => {
-                self.spend_labels
-                    .record(ctx, policy, (req, &body), &limit_keys);
+                self.spend_labels.record(
+                    ctx,
+                    policy,
+                    (req, &body),
+                    (&limit_keys, &self.key_secret),
+                );
                 if policy.reads_usage() {
                     self.usages.expect(
                         context_id,

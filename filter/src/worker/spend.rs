@@ -50,6 +50,8 @@ pub(super) const OVERFLOW_LABEL: &str = "(keys without a place)";
 #[derive(Debug, Default)]
 pub(super) struct SpendLabels {
     secret: Option<KeySecret>,
+    /// Whether an admin is told (labels are written only then).
+    reporting: bool,
     written: FxHashSet<u64>,
 }
 
@@ -59,6 +61,7 @@ impl SpendLabels {
     /// own.
     pub fn configure(&mut self, reporting_with: Option<Option<&str>>) {
         self.secret = reporting_with.flatten().map(|t| label_secret(Some(t)));
+        self.reporting = reporting_with.is_some();
         self.written.clear();
     }
 
@@ -67,17 +70,19 @@ impl SpendLabels {
     }
 
     /// Writes the labels of an admitted call's keys (`keys`, from
-    /// `limit_keys`) for its long limits shown by value, once per key.
+    /// `limit_keys`, hashed with [`Self::secret`] or else `own`, the
+    /// Envoy's) for its long limits shown by value, once per key.
     pub fn record<H: Host + ?Sized, R: RequestHeaders + ?Sized>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
         policy: &CompiledPolicy,
         (req, body): (&R, &BodyJson),
-        keys: &[Option<u64>],
+        (keys, own): (&[Option<u64>], &KeySecret),
     ) {
-        let Some(secret) = &self.secret else {
+        if !self.reporting {
             return;
-        };
+        }
+        let secret = self.secret.as_ref().unwrap_or(own);
         for (index, limit) in policy.limits.iter().enumerate() {
             if !limit.spends_over_hours || limit.key_label != KeyLabel::Value {
                 continue;
