@@ -20,6 +20,19 @@ pub struct Browser {
 }
 
 impl Browser {
+    /// Logs in to the admin at `base` with the test password, then opens
+    /// `page` (`/live`; "" stays on the policies).
+    pub async fn log_in(&self, base: &str, page: &str) -> anyhow::Result<()> {
+        self.client.goto(base).await?;
+        self.fill("#password", crate::admin::PASSWORD).await?;
+        self.click("#login-button").await?;
+        self.text("#policies").await?;
+        if !page.is_empty() {
+            self.client.goto(&format!("{base}{page}")).await?;
+        }
+        Ok(())
+    }
+
     pub async fn start() -> anyhow::Result<Self> {
         let port = free_port()?;
         let driver = Command::new(

@@ -179,9 +179,14 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
     let spent: Vec<KeySpent> = owners
         .iter()
         .zip(1..)
-        .map(|(owner, spent)| KeySpent { owner: *owner, spent })
+        .map(|(owner, spent)| KeySpent {
+            owner: *owner,
+            spent,
+        })
         .collect();
-    assert!(first.record_budgets(&team_budget(true, spent), &set)?.is_empty());
+    assert!(first
+        .record_budgets(&team_budget(true, spent), &set)?
+        .is_empty());
     let held = second.record_budgets(&team_budget(false, Vec::new()), &set)?;
     let given: Vec<(u64, u64)> = held
         .get("team-daily")

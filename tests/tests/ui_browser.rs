@@ -620,14 +620,7 @@ async fn the_live_view_shows_a_token_limits_use_against_its_size() -> anyhow::Re
             .body(format!(r#"{{"max_tokens": {}}}"#, 100 + n % 200))
     }));
     let browser = Browser::start().await?;
-    browser.client.goto(&admin.base()).await?;
-    browser.fill("#password", PASSWORD).await?;
-    browser.click("#login-button").await?;
-    browser.text("#policies").await?;
-    browser
-        .client
-        .goto(&format!("{}/live", admin.base()))
-        .await?;
+    browser.log_in(&admin.base(), "/live").await?;
     let row = ".live-limit[data-limit='tokens']";
     browser
         .wait_text(
@@ -719,14 +712,7 @@ async fn the_live_view_shows_what_the_provider_says() -> anyhow::Result<()> {
         move |c, _| c.get(&load_url).header("host", HOST),
     ));
     let browser = Browser::start().await?;
-    browser.client.goto(&admin.base()).await?;
-    browser.fill("#password", PASSWORD).await?;
-    browser.click("#login-button").await?;
-    browser.text("#policies").await?;
-    browser
-        .client
-        .goto(&format!("{}/live", admin.base()))
-        .await?;
+    browser.log_in(&admin.base(), "/live").await?;
     let row = ".live-provider[data-limit='provider-rate']";
     let left = browser
         .wait_text(
@@ -1203,14 +1189,7 @@ async fn the_live_view_lists_the_busiest_keys_and_finds_one() -> anyhow::Result<
     ));
 
     let browser = Browser::start().await?;
-    browser.client.goto(&admin.base()).await?;
-    browser.fill("#password", PASSWORD).await?;
-    browser.click("#login-button").await?;
-    browser.text("#policies").await?;
-    browser
-        .client
-        .goto(&format!("{}/live", admin.base()))
-        .await?;
+    browser.log_in(&admin.base(), "/live").await?;
     let section = ".live-policy[data-policy='per-key']";
     browser
         .wait_text(
@@ -1316,14 +1295,7 @@ async fn the_prices_page_edits_the_price_table() -> anyhow::Result<()> {
     let admin =
         AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
     let browser = Browser::start().await?;
-    browser.client.goto(&admin.base()).await?;
-    browser.fill("#password", PASSWORD).await?;
-    browser.click("#login-button").await?;
-    browser.text("#policies").await?;
-    browser
-        .client
-        .goto(&format!("{}/prices", admin.base()))
-        .await?;
+    browser.log_in(&admin.base(), "/prices").await?;
     browser.choose("#prices-currency", "EUR").await?;
     browser.click("#add-price").await?;
     browser.fill("#price-0-model", "gpt-4o").await?;
@@ -1415,14 +1387,7 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
     let envoy = Envoy::start_with_admin(&config, llm.addr.port(), admin.port, 2)?;
     // The page is open while the calls go, so that it sees their pace.
     let browser = Browser::start().await?;
-    browser.client.goto(&admin.base()).await?;
-    browser.fill("#password", PASSWORD).await?;
-    browser.click("#login-button").await?;
-    browser.text("#policies").await?;
-    browser
-        .client
-        .goto(&format!("{}/live", admin.base()))
-        .await?;
+    browser.log_in(&admin.base(), "/live").await?;
     let url = envoy.url("/v1/chat/completions");
     let http = reqwest::Client::new();
     // The admin's set in every VM (with the budgets' first answer): the
