@@ -12,3 +12,6 @@ CREATE TABLE budget_keys (
     updated_ms BIGINT NOT NULL,
     PRIMARY KEY (instance, name, owner)
 );
+-- The most recently heard of keys of a budget, kept when an instance reports
+-- more than the budget's max_keys.
+CREATE INDEX budget_keys_heard ON budget_keys (instance, name, updated_ms);

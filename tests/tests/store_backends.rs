@@ -155,7 +155,7 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
     let teams: Policy = serde_json::from_value(serde_json::json!({"name": "teams",
         "match": {"host": "teams.example"}, "rate": {"requests": 10, "period": "1s"},
         "limits": [{"name": "team-daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"},
-                    "key": {"header": "x-team"}}]}))?;
+                    "key": {"header": "x-team", "max_keys": 4}}]}))?;
     first.create(teams, "alice")?;
     let set = first.policy_set()?;
     let owners = [u64::MAX, 1, 1 << 63, 42];
@@ -176,16 +176,22 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
         budget_keys: [("team-daily".to_string(), keys)].into(),
         ..SyncReport::default()
     };
-    let spent: Vec<KeySpent> = owners
-        .iter()
-        .zip(1..)
-        .map(|(owner, spent)| KeySpent {
+    for (owner, spent) in owners.iter().zip(1..) {
+        let key = KeySpent {
             owner: *owner,
             spent,
-        })
-        .collect();
+        };
+        assert!(first
+            .record_budgets(&team_budget(true, vec![key]), &set)?
+            .is_empty());
+        // Heard of one after another.
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    // One more than the budget's 4 places: the one heard of longest ago
+    // goes.
+    let fifth = KeySpent { owner: 5, spent: 5 };
     assert!(first
-        .record_budgets(&team_budget(true, spent), &set)?
+        .record_budgets(&team_budget(true, vec![fifth]), &set)?
         .is_empty());
     let held = second.record_budgets(&team_budget(false, Vec::new()), &set)?;
     let given: Vec<(u64, u64)> = held
@@ -194,8 +200,8 @@ fn behaves(kind: &str, first: Store, second: Store) -> anyhow::Result<()> {
         .unwrap_or_default();
     assert_eq!(
         given,
-        [(1 << 63, 3), (u64::MAX, 1), (1, 2), (42, 4)],
-        "{kind}: every key, in signed order"
+        [(1 << 63, 3), (1, 2), (5, 5), (42, 4)],
+        "{kind}: the 4 heard of last, in signed order"
     );
 
     // Both replicas write the same policy at once: every write lands once.

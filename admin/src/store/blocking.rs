@@ -407,13 +407,16 @@ impl BlockingStore {
         if wanted.is_empty() && known.is_empty() && report.budget_keys.is_empty() {
             return Ok(BudgetsMessage::new());
         }
-        // Keyed budgets, with their periods.
-        let keyed: BTreeMap<&str, u64> = set
+        // Keyed budgets: their periods and how many keys they hold.
+        let keyed: BTreeMap<&str, (u64, u32)> = set
             .policies
             .iter()
             .flat_map(|p| p.limits.iter())
             .filter(|l| l.is_keyed_budget())
-            .filter_map(|l| Some((l.name.as_str(), l.rate.as_ref()?.period.as_millis())))
+            .filter_map(|l| {
+                let period = l.rate.as_ref()?.period.as_millis();
+                Some((l.name.as_str(), (period, l.key.as_ref()?.max_keys)))
+            })
             .collect();
         let instance = report.instance.as_str();
         self.db.touch(|sql| {
@@ -458,7 +461,7 @@ impl BlockingStore {
             let wanted_keyed = keyed
                 .iter()
                 .filter(|(name, _)| wanted.contains(**name))
-                .map(|(name, period)| (*name, *period));
+                .map(|(name, (period, _))| (*name, *period));
             give_back_budget_keys(sql, report, wanted_keyed, &mut out)?;
             Ok(out)
         })
@@ -667,13 +670,13 @@ fn audit_warnings(
 fn record_budget_keys(
     sql: &mut dyn Sql,
     report: &SyncReport,
-    keyed: &BTreeMap<&str, u64>,
+    keyed: &BTreeMap<&str, (u64, u32)>,
 ) -> Result<(), StoreError> {
     let instance = report.instance.as_str();
     for (name, keys) in &report.budget_keys {
-        if !keyed.contains_key(name.as_str()) {
+        let Some((_, max_keys)) = keyed.get(name.as_str()) else {
             continue;
-        }
+        };
         for key in keys {
             // The hash as SQL's signed integer, bit for bit.
             let owner = key.owner as i64;
@@ -699,6 +702,19 @@ fn record_budget_keys(
                 ],
             )?;
         }
+        // An Envoy holds at most `max_keys` keys of it: whatever reports
+        // say, the store keeps the most recently heard of that many (and
+        // any heard of at the same time as the last of them).
+        sql.execute(
+            "DELETE FROM budget_keys WHERE instance = $1 AND name = $2 AND updated_ms < (
+               SELECT updated_ms FROM budget_keys WHERE instance = $1 AND name = $2
+               ORDER BY updated_ms DESC LIMIT 1 OFFSET $3)",
+            &[
+                instance.into(),
+                name.as_str().into(),
+                u64::from(max_keys.saturating_sub(1)).into(),
+            ],
+        )?;
     }
     Ok(())
 }
