@@ -3,11 +3,15 @@
 //! ([`sluice_shared::spend`]).
 //!
 //! An unkeyed limit's spend is its one state's. A keyed limit's is in up to
-//! `max_keys` places: the reporting VM reads a slice of them per report
-//! ([`SCAN_PER_REPORT`]), remembers what each held, and reports the top
-//! spenders of all it remembers, so a report costs the same however many
-//! keys there are and a place is at most `max_keys / SCAN_PER_REPORT`
-//! reports old.
+//! `max_keys` places: the VM whose turn it is to report reads a slice of
+//! them ([`SCAN_PER_REPORT`]), remembers what each held, and reports the
+//! top spenders of all it remembers, so a report costs the same however
+//! many keys there are. Each VM remembers what it read itself: with `n`
+//! VMs taking turns a place is at most `n * max_keys / SCAN_PER_REPORT`
+//! reports old. For a keyed budget it also reports the keys whose spend
+//! differs from what it last read (`budget_keys`, held by the admin across
+//! restarts, see `budgets.rs`); a key that gave its place up is reported
+//! as having spent nothing.
 //!
 //! With a sync token, such a limit's keys are hashed with the live view's
 //! label secret (see [`CompiledPolicy::limit_keys`]): the same key has the
