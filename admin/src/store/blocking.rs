@@ -398,15 +398,6 @@ impl BlockingStore {
                     .map(|l| l.name.as_str()),
             )
             .collect();
-        let known: Vec<(&String, HeldBudget)> = report
-            .budgets
-            .iter()
-            .filter(|(_, b)| b.known)
-            .map(|(name, b)| (name, b.held()))
-            .collect();
-        if wanted.is_empty() && known.is_empty() && report.budget_keys.is_empty() {
-            return Ok(BudgetsMessage::new());
-        }
         // Keyed budgets: their periods and how many keys they hold.
         let keyed: BTreeMap<&str, (u64, u32)> = set
             .policies
@@ -418,6 +409,16 @@ impl BlockingStore {
                 Some((l.name.as_str(), (period, l.key.as_ref()?.max_keys)))
             })
             .collect();
+        // A keyed budget's record is its keys' (`budget_keys`).
+        let known: Vec<(&String, HeldBudget)> = report
+            .budgets
+            .iter()
+            .filter(|(name, b)| b.known && !keyed.contains_key(name.as_str()))
+            .map(|(name, b)| (name, b.held()))
+            .collect();
+        if wanted.is_empty() && known.is_empty() && report.budget_keys.is_empty() {
+            return Ok(BudgetsMessage::new());
+        }
         let instance = report.instance.as_str();
         self.db.touch(|sql| {
             record_budget_keys(sql, report, &keyed)?;
