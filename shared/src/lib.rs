@@ -9,6 +9,7 @@
 //! `sluice_filter_core`'s; the admin's JSON API is `sluice_api`'s.
 
 pub mod duration;
+pub mod fair;
 pub mod fleet;
 pub mod instance;
 pub mod key_hash;
