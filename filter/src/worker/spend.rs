@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use sluice_filter_core::matcher::{BodyJson, CompiledLimit, CompiledPolicy};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{hash_label, label_secret, SHOWN_TOP_KEYS};
@@ -139,11 +139,21 @@ pub(super) struct SpendScan {
 
 #[derive(Debug, Default)]
 struct KeyedScan {
-    /// Per place: its owner (0: nobody) and what it had spent when read.
-    places: Vec<(u64, u64)>,
-    /// Per place: when its period renews (the Envoy's clock, ms).
-    renews_at: Vec<u64>,
+    /// The places a key held when read (by place): its owner, what it had
+    /// spent, and when its period renews (the Envoy's clock, ms). Places
+    /// nobody held are left out, so this grows with the keys in use, not
+    /// with `max_keys` (up to a million).
+    held: FxHashMap<u32, HeldPlace>,
+    /// How many places the limit has.
+    places: u32,
     next: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HeldPlace {
+    owner: u64,
+    spent: u64,
+    renews_at: u64,
 }
 
 impl SpendScan {
@@ -183,11 +193,10 @@ impl SpendScan {
         };
         let scan = self.keyed.entry(limit.name.clone()).or_default();
         let places = max_keys.max(1);
-        if scan.places.len() != places as usize {
+        if scan.places != places {
             *scan = KeyedScan {
-                places: vec![(0, 0); places as usize],
-                renews_at: vec![0; places as usize],
-                next: 0,
+                places,
+                ..KeyedScan::default()
             };
         }
         let spent_at = |key: &str| {
@@ -201,10 +210,10 @@ impl SpendScan {
         };
         let mut changed = Vec::new();
         for _ in 0..SCAN_PER_REPORT.min(places) {
-            let place = scan.next as usize;
-            let (owner, spent, renews_at) =
-                spent_at(&keyed_limit_key(&limit.name, Some(scan.next)));
-            let (was_owner, was_spent) = scan.places[place];
+            let place = scan.next;
+            let (owner, spent, renews_at) = spent_at(&keyed_limit_key(&limit.name, Some(place)));
+            let (was_owner, was_spent) =
+                scan.held.get(&place).map_or((0, 0), |h| (h.owner, h.spent));
             if was_owner != 0 && was_owner != owner && was_spent > 0 {
                 // Its key gave the place up (idle: nothing spent now).
                 changed.push(KeySpent {
@@ -215,9 +224,19 @@ impl SpendScan {
             if owner != 0 && (owner, spent) != (was_owner, was_spent) {
                 changed.push(KeySpent { owner, spent });
             }
-            scan.places[place] = (owner, spent);
-            scan.renews_at[place] = renews_at;
-            scan.next = (scan.next + 1) % places;
+            if owner == 0 {
+                scan.held.remove(&place);
+            } else {
+                scan.held.insert(
+                    place,
+                    HeldPlace {
+                        owner,
+                        spent,
+                        renews_at,
+                    },
+                );
+            }
+            scan.next = (place + 1) % places;
         }
         if limit.keyed_budget && !changed.is_empty() {
             let list = self.changed.entry(limit.name.clone()).or_default();
@@ -230,11 +249,10 @@ impl SpendScan {
         // The soonest of its spending keys (a fixed window renews them all
         // at once).
         let renews_in_ms = scan
-            .places
-            .iter()
-            .zip(&scan.renews_at)
-            .filter(|((owner, spent), _)| *owner != 0 && *spent > 0)
-            .map(|(_, at)| at.saturating_sub(now.as_millis()))
+            .held
+            .values()
+            .filter(|h| h.spent > 0)
+            .map(|h| h.renews_at.saturating_sub(now.as_millis()))
             .filter(|left| *left > 0)
             .min()
             .unwrap_or(0);
@@ -244,13 +262,14 @@ impl SpendScan {
             &Json::<BTreeMap<u64, String>>::default(),
         );
         let spending = || {
-            scan.places
-                .iter()
-                .filter(|(owner, spent)| *owner != 0 && *spent > 0)
+            scan.held
+                .values()
+                .filter(|h| h.spent > 0)
+                .map(|h| (h.owner, h.spent))
         };
         let (_, overflow_spent, _) = spent_at(&keyed_limit_key(&limit.name, None));
         // Labels for the top only: a limit may have thousands of keys.
-        let mut top: Vec<(u64, u64)> = spending().copied().collect();
+        let mut top: Vec<(u64, u64)> = spending().collect();
         if overflow_spent > 0 {
             top.push((0, overflow_spent));
         }
@@ -273,7 +292,7 @@ impl SpendScan {
             .collect();
         Some(SpendReport {
             spent: spending()
-                .map(|(_, spent)| *spent)
+                .map(|(_, spent)| spent)
                 .fold(overflow_spent, u64::saturating_add),
             size,
             renews_in_ms,
