@@ -335,7 +335,17 @@ impl BlockingStore {
     }
 
     pub fn record_sync(&self, report: &SyncReport) -> Result<(), StoreError> {
-        let body = serde_json::to_string(report).unwrap_or_else(|_| "{}".into());
+        // The changed keys of keyed budgets (up to 2 048 each) are kept in
+        // `budget_keys`, not again in every instance row.
+        let body = if report.budget_keys.is_empty() {
+            serde_json::to_string(report)
+        } else {
+            serde_json::to_string(&SyncReport {
+                budget_keys: Default::default(),
+                ..report.clone()
+            })
+        }
+        .unwrap_or_else(|_| "{}".into());
         self.db.touch(|sql| {
             let previous = sql.query_one(
                 "SELECT report FROM instances WHERE id = $1",
