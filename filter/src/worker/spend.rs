@@ -39,7 +39,11 @@ use crate::entries::{
 };
 use crate::host::Host;
 
-/// Places of a keyed limit the reporting VM reads per report.
+/// Places of keyed limits the reporting VM reads per report, in all (each
+/// keyed limit of an hour or longer its part, at least one): a report then
+/// says at most twice as many keys of keyed budgets (a key that left a
+/// place and the one now in it), which keeps it well within the admin's
+/// body limit however many keyed budgets the set has.
 pub(super) const SCAN_PER_REPORT: u32 = 1024;
 /// Labels a keyed limit keeps in shared data; past it, the lowest hashes
 /// give way.
@@ -132,6 +136,8 @@ impl SpendLabels {
 #[derive(Debug, Default)]
 pub(super) struct SpendScan {
     keyed: BTreeMap<String, KeyedScan>,
+    /// Places each keyed limit reads this report.
+    per_limit: u32,
     /// Per keyed budget, the keys whose spend changed since the last
     /// report (the admin keeps them across restarts, see `budgets.rs`).
     changed: BTreeMap<String, Vec<KeySpent>>,
@@ -157,15 +163,36 @@ struct HeldPlace {
 }
 
 impl SpendScan {
-    /// Forgets the limits no longer in the set.
-    pub fn keep_only(&mut self, names: &BTreeSet<&str>) {
+    /// Starts a report of `limits` (the set's, a limit named twice
+    /// counted once): forgets the limits no longer in it, and divides
+    /// [`SCAN_PER_REPORT`] between its keyed limits of an hour or longer.
+    pub fn begin<'a>(&mut self, limits: impl Iterator<Item = &'a CompiledLimit>) {
+        let mut names = BTreeSet::new();
+        let mut keyed = BTreeSet::new();
+        for limit in limits {
+            names.insert(limit.name.as_str());
+            if limit.spends_over_hours && limit.keys.is_some() {
+                keyed.insert(limit.name.as_str());
+            }
+        }
         self.keyed.retain(|name, _| names.contains(name.as_str()));
         self.changed.retain(|name, _| names.contains(name.as_str()));
+        let count = u32::try_from(keyed.len()).unwrap_or(u32::MAX).max(1);
+        self.per_limit = (SCAN_PER_REPORT / count).max(1);
     }
 
-    /// The keys of keyed budgets whose spend changed since the last call.
+    /// The keys of keyed budgets whose spend changed since the last call,
+    /// at most [`MAX_KEYS_REPORTED`] in all (reached only by a set of more
+    /// than a thousand keyed budgets, each reading one place a report).
     pub fn take_changed(&mut self) -> BTreeMap<String, Vec<KeySpent>> {
-        std::mem::take(&mut self.changed)
+        let mut changed = std::mem::take(&mut self.changed);
+        let mut room = MAX_KEYS_REPORTED;
+        for keys in changed.values_mut() {
+            keys.truncate(room);
+            room -= keys.len();
+        }
+        changed.retain(|_, keys| !keys.is_empty());
+        changed
     }
 
     /// What `limit` has spent this period, if it is one of an hour or
@@ -209,7 +236,7 @@ impl SpendScan {
             )
         };
         let mut changed = Vec::new();
-        for _ in 0..SCAN_PER_REPORT.min(places) {
+        for _ in 0..self.per_limit.max(1).min(places) {
             let place = scan.next;
             let (owner, spent, renews_at) = spent_at(&keyed_limit_key(&limit.name, Some(place)));
             let (was_owner, was_spent) =
@@ -239,9 +266,8 @@ impl SpendScan {
             scan.next = (place + 1) % places;
         }
         if limit.keyed_budget && !changed.is_empty() {
+            // Taken at every report: at most twice the places read.
             let list = self.changed.entry(limit.name.clone()).or_default();
-            // A place read twice before a report (a limit of few places)
-            // has its newest last; the admin applies them in order.
             list.extend(changed);
             let over = list.len().saturating_sub(MAX_KEYS_REPORTED);
             list.drain(..over);
@@ -299,5 +325,41 @@ impl SpendScan {
             spending_keys: spending().count() as u64,
             keys: top_spenders(keys),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_filter_core::matcher::CompiledPolicySet;
+
+    #[test]
+    fn keyed_limits_share_the_places_read_and_a_report_says_at_most_its_keys() {
+        let set = CompiledPolicySet::from_json(
+            r#"{"version": 1, "policies": [{"name": "p", "match": {"host": "a.example"},
+                "rate": {"requests": 10, "period": "1s"},
+                "limits": [
+                  {"name": "a", "rate": {"requests": 5, "period": "1d"}, "key": {"header": "x-a"}},
+                  {"name": "b", "rate": {"requests": 5, "period": "1d"}, "key": {"header": "x-b"}},
+                  {"name": "c", "rate": {"requests": 5, "period": "1d"}, "key": {"header": "x-c"}},
+                  {"name": "d", "rate": {"requests": 5, "period": "1d"}, "key": {"header": "x-d"}},
+                  {"name": "unkeyed", "rate": {"requests": 5, "period": "1d"}},
+                  {"name": "short", "rate": {"requests": 5, "period": "1m"}, "key": {"header": "x-e"}}]}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut scan = SpendScan::default();
+        scan.begin(set.policies.iter().flat_map(|p| p.limits.iter()));
+        assert_eq!(scan.per_limit, SCAN_PER_REPORT / 4);
+        let many = |n: u64| {
+            (0..n)
+                .map(|owner| KeySpent { owner, spent: 1 })
+                .collect::<Vec<_>>()
+        };
+        scan.changed.insert("a".into(), many(1_500));
+        scan.changed.insert("b".into(), many(1_500));
+        let taken = scan.take_changed();
+        let said: usize = taken.values().map(Vec::len).sum();
+        assert_eq!(said, MAX_KEYS_REPORTED);
+        assert!(scan.take_changed().is_empty());
     }
 }

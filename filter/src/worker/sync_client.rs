@@ -490,13 +490,7 @@ fn limit_reports<H: Host + ?Sized>(
 ) -> BTreeMap<String, LimitReport> {
     let counters = report::read_limit_report(host);
     let mut out = BTreeMap::new();
-    spend.keep_only(
-        &policies
-            .policies
-            .iter()
-            .flat_map(|p| p.limits.iter().map(|l| l.name.as_str()))
-            .collect(),
-    );
+    spend.begin(policies.policies.iter().flat_map(|p| p.limits.iter()));
     for p in &policies.policies {
         for ((_, rate), limit) in p.rate_limit_specs().zip(&p.limits) {
             if out.contains_key(&limit.name) {
