@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
+use sluice_shared::limiter::Standing;
 use sluice_shared::time::Instant;
 use sluice_wire::sync::{BudgetReport, HeldBudget};
 use sluice_wire::sync_answer::read_budgets;
@@ -226,12 +227,11 @@ fn restore_keys<H: Host + ?Sized>(
 ) -> Result<(), crate::store::StoreError> {
     let rate = &limit.rate;
     let now = ctx.now;
-    let size = rate.available(&rate.initial_state(), now);
     let mut placeless = 0u64;
     for key in &record.keys {
         let at = Instant::from_millis(key.at_ms);
         let placed = limits::on_key_place(ctx, limit, key.owner, |state| {
-            let holds = size.saturating_sub(rate.available(state, now));
+            let holds = Standing::of(rate, state, now).spent;
             if key.spent <= holds {
                 return ((), false);
             }

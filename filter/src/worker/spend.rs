@@ -26,6 +26,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use sluice_filter_core::matcher::{BodyJson, CompiledLimit, CompiledPolicy};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{hash_label, label_secret, SHOWN_TOP_KEYS};
+use sluice_shared::limiter::{RateState, Standing};
 use sluice_shared::policy::KeyLabel;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::spend::{top_spenders, KeySpend, SpendReport};
@@ -34,9 +35,7 @@ use sluice_wire::sync::{KeySpent, MAX_KEYS_REPORTED};
 
 use super::ctx::Ctx;
 use super::key_places::owner_of;
-use crate::entries::{
-    self, keyed_limit_key, limit_key, spend_labels_key, Json, LimitState, OwnedLimitState,
-};
+use crate::entries::{self, keyed_limit_key, spend_labels_key, Json, OwnedLimitState};
 use crate::host::Host;
 
 /// Places of keyed limits the reporting VM reads per report, in all (each
@@ -196,28 +195,30 @@ impl SpendScan {
     }
 
     /// What `limit` has spent this period, if it is one of an hour or
-    /// longer. Garbage in shared data reads as a fresh state, as the limit
-    /// itself reads it.
+    /// longer: an unkeyed one's from `state` (its one state, as the report
+    /// read it), a keyed one's from its places. Garbage in shared data reads
+    /// as a fresh state, as the limit itself reads it.
     pub fn report<H: Host + ?Sized>(
         &mut self,
         host: &H,
         limit: &CompiledLimit,
+        state: Option<&RateState>,
         now: Instant,
     ) -> Option<SpendReport> {
         if !limit.spends_over_hours {
             return None;
         }
         let rate = &limit.rate;
-        let size = rate.available(&rate.initial_state(), now);
         let Some((max_keys, _)) = limit.keys else {
-            let state = entries::read(host, &limit_key(&limit.name), &LimitState(rate));
+            let standing = Standing::of(rate, state?, now);
             return Some(SpendReport {
-                spent: size.saturating_sub(rate.available(&state, now)),
-                size,
-                renews_in_ms: rate.until_reset(&state, now).as_millis(),
+                spent: standing.spent,
+                size: standing.size,
+                renews_in_ms: standing.until_reset.as_millis(),
                 ..SpendReport::default()
             });
         };
+        let size = rate.available(&rate.initial_state(), now);
         let scan = self.keyed.entry(limit.name.clone()).or_default();
         let places = max_keys.max(1);
         if scan.places != places {
@@ -228,12 +229,9 @@ impl SpendScan {
         }
         let spent_at = |key: &str| {
             let (owner, state) = entries::read(host, key, &OwnedLimitState(rate));
-            let renews_at = now.as_millis() + rate.until_reset(&state, now).as_millis();
-            (
-                owner,
-                size.saturating_sub(rate.available(&state, now)),
-                renews_at,
-            )
+            let standing = Standing::of(rate, &state, now);
+            let renews_at = now.as_millis() + standing.until_reset.as_millis();
+            (owner, standing.spent, renews_at)
         };
         let mut changed = Vec::new();
         for _ in 0..self.per_limit.max(1).min(places) {

@@ -499,10 +499,11 @@ fn limit_reports<H: Host + ?Sized>(
             let counted = counters.get(&limit.name).copied().unwrap_or_default();
             // Garbage reads as a limit afresh, as the limit itself does. A
             // keyed limit holds a count per key: none is the limit's.
-            let available = limit.keys.is_none().then(|| {
-                let state = entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate));
-                limit.rate.available(&state, now)
-            });
+            let state = limit
+                .keys
+                .is_none()
+                .then(|| entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate)));
+            let available = state.as_ref().map(|s| limit.rate.available(s, now));
             out.insert(
                 limit.name.clone(),
                 LimitReport {
@@ -512,7 +513,7 @@ fn limit_reports<H: Host + ?Sized>(
                     available,
                     in_flight: None,
                     provider: provider::report(host, limit, &counted, now),
-                    spend: spend.report(host, limit, now),
+                    spend: spend.report(host, limit, state.as_ref(), now),
                 },
             );
         }
