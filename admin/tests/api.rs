@@ -49,6 +49,14 @@ async fn start() -> Admin {
     start_on(dir, db).await
 }
 
+/// A store file at `db` holding `policy`, created by `admin` before the
+/// service starts on it.
+fn store_with(db: &std::path::Path, policy: &Value) {
+    let store = Store::open(db).unwrap();
+    let policy = sluice_shared::parse_policy(&policy.to_string()).unwrap();
+    store.blocking().create(policy, "admin").unwrap();
+}
+
 async fn start_on(dir: tempfile::TempDir, db: std::path::PathBuf) -> Admin {
     start_with(dir, db, false).await
 }
@@ -678,11 +686,7 @@ async fn sync_needs_the_token_and_sends_the_set_only_when_it_changed() {
 async fn the_store_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("sluice.db");
-    {
-        let store = Store::open(&db).unwrap();
-        let policy = sluice_shared::parse_policy(&bank(42).to_string()).unwrap();
-        store.blocking().create(policy, "admin").unwrap();
-    }
+    store_with(&db, &bank(42));
     let admin = start_on(dir, db.clone()).await;
     let s = admin.login().await;
     let (_, _, body) = admin
@@ -1202,11 +1206,7 @@ async fn budgets_are_held_per_envoy_across_an_admin_restart_and_given_back_when_
         "rate": {"requests": 10, "period": "1s"},
         "limits": [{"name": "daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"}},
                    {"name": "per-minute", "rate": {"requests": 60, "period": "1m"}}]});
-    {
-        let store = Store::open(&db).unwrap();
-        let policy = sluice_shared::parse_policy(&daily.to_string()).unwrap();
-        store.blocking().create(policy, "admin").unwrap();
-    }
+    store_with(&db, &daily);
     let admin = start_on(dir, db.clone()).await;
     // A first start: nothing held, nothing given back.
     let (_, held) = sync_budgets(&admin, budget_report("envoy-a", false, 100, 1_000)).await;
@@ -1283,11 +1283,7 @@ async fn keyed_budgets_are_held_per_key_and_given_back_in_parts() {
         "rate": {"requests": 10, "period": "1s"},
         "limits": [{"name": "team-daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"},
                     "key": {"header": "x-team", "max_keys": 4096}}]});
-    {
-        let store = Store::open(&db).unwrap();
-        let policy = sluice_shared::parse_policy(&teams.to_string()).unwrap();
-        store.blocking().create(policy, "admin").unwrap();
-    }
+    store_with(&db, &teams);
     let admin = start_on(dir, db).await;
     let day = 86_400_000u64;
     let report = |known: bool, at_ms: u64, keys: Value, resume_after: Option<i64>| {

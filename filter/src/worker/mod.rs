@@ -234,13 +234,15 @@ impl Worker {
 
     /// Where to sync from (None: enforce the fallback set only).
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
-        self.parts.budgets.configure(
-            settings.is_some(),
-            settings.as_ref().is_some_and(|s| s.token.is_some()),
-        );
         self.parts
             .spend_labels
             .configure(settings.as_ref().map(|s| s.token.as_deref()));
+        // Keyed budgets are held when their keys hash alike after a
+        // restart: with the label secret.
+        self.parts.budgets.configure(
+            settings.is_some(),
+            self.parts.spend_labels.secret().is_some(),
+        );
         self.parts.sync.configure(settings);
     }
 
