@@ -176,8 +176,8 @@ impl HeldKey {
 /// The most keys of keyed budgets one answer gives back (in all).
 pub const MAX_KEYS_ANSWERED: usize = 256;
 /// The most changed keys of keyed budgets one report says, in all (at
-/// most 116 KiB of JSON, 2 048 times the longest entry's 58 bytes: well
-/// within the admin's 256 KiB body limit).
+/// most 120 KiB of JSON, 2 048 times the longest entry's 60 bytes, comma
+/// included: well within the admin's 256 KiB body limit).
 pub const MAX_KEYS_REPORTED: usize = 2048;
 
 impl BudgetReport {
