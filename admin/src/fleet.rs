@@ -23,15 +23,27 @@ use sluice_wire::sync::{ShareMessage, SharesMessage, SyncReport};
 /// Attempts before a sync gives up on a contended ledger in Redis.
 const MAX_CAS_ATTEMPTS: u32 = 32;
 
-/// A sync that frees this part of a global limit (a share superseded by a
-/// smaller one) tells every Envoy holding a watch to sync now.
-const FREED_TO_TELL: f64 = 0.1;
+/// A sync that moves this part of a global limit tells every Envoy holding
+/// a watch to sync now: one that frees it (a share superseded by a smaller
+/// one), or one whose share falls short of its target by it because the
+/// others still hold the room (`Ledger::held_back`). A twentieth: at a
+/// tenth, room moving in steps of 6 % of the limit (an Envoy that had been
+/// lent spare room giving it back) waited for the next regular sync.
+const MOVED_TO_TELL: f64 = 0.05;
 
-/// The shares of one sync's answer, and whether it freed room others may
-/// take (see [`FREED_TO_TELL`]).
+/// The shares of one sync's answer, and whether the others should sync now
+/// (see [`MOVED_TO_TELL`]): room was freed that they may take, or this
+/// Envoy wants room they hold.
 pub struct Shares {
     pub message: SharesMessage,
     pub freed: bool,
+}
+
+/// Whether `moved` is enough of `limit` to tell the others at once.
+fn worth_telling(moved: Amount, limit: Amount) -> bool {
+    moved.rate >= MOVED_TO_TELL * limit.rate
+        || (limit.in_flight > 0
+            && f64::from(moved.in_flight) >= MOVED_TO_TELL * f64::from(limit.in_flight))
 }
 
 /// Ledgers outlive every reservation in them by far.
@@ -100,17 +112,16 @@ impl Ledgers {
         let now = self.now();
         let mut out = BTreeMap::new();
         let mut freed = false;
-        // What the others cannot be given, before and after this sync: a
-        // drop of a tenth of the limit or more is room someone may want.
+        // What the others cannot be given, before and after this sync (a
+        // drop is room someone may want), and what this Envoy wanted of the
+        // room the others hold.
         let sync_freeing = |ledger: &mut Ledger, terms: &FleetTerms, usage, held| {
             let before = ledger.reserved(terms, now);
             let share = ledger.sync_usage(terms, &report.instance, usage, held, now);
             let after = ledger.reserved(terms, now);
-            let freed = before.rate - after.rate >= FREED_TO_TELL * terms.limit.rate
-                || (terms.limit.in_flight > 0
-                    && f64::from(before.in_flight.saturating_sub(after.in_flight))
-                        >= FREED_TO_TELL * f64::from(terms.limit.in_flight));
-            (share, freed)
+            let tell = worth_telling(before.minus(after), terms.limit)
+                || worth_telling(ledger.held_back(&report.instance), terms.limit);
+            (share, tell)
         };
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);

@@ -293,3 +293,51 @@ fn a_share_cut_by_a_tenth_or_more_is_told_to_the_admin_at_once() {
         serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
     assert_eq!(report.shares.get("llm"), Some(&3));
 }
+
+fn sync_now() -> crate::sync::SyncReply<'static> {
+    crate::sync::SyncReply {
+        sync_now: true,
+        ..reply(Some(304), None, None)
+    }
+}
+
+/// Two words to sync now 40 ms apart (two Envoys freeing fleet room one
+/// after the other): the first brings a sync at once, the second one as
+/// soon as 100 ms have passed since the first, not at the next interval.
+#[test]
+fn news_within_100_ms_of_the_last_hurry_brings_a_sync_when_they_have_passed() {
+    let host = FakeHost::at(T0);
+    let mut w = pushing(&host);
+    w.on_tick(&host);
+    let first_sync = syncs(&host)[0];
+    host.advance_ms(10);
+    w.on_sync_reply(&host, first_sync, reply(Some(304), None, None));
+    host.advance_ms(200);
+    let watch = *watches(&host).last().unwrap();
+    w.on_sync_reply(&host, watch, sync_now());
+    w.on_tick(&host);
+    let hurried = syncs(&host);
+    assert_eq!(hurried.len(), 2, "the first news syncs at once");
+    w.on_sync_reply(&host, hurried[1], reply(Some(304), None, None));
+    host.advance_ms(40);
+    let watch = *watches(&host).last().unwrap();
+    w.on_sync_reply(&host, watch, sync_now());
+    w.on_tick(&host);
+    assert_eq!(syncs(&host).len(), 2, "at most one hurry in 100 ms");
+    host.advance_ms(30);
+    w.on_tick(&host);
+    assert_eq!(syncs(&host).len(), 2);
+    host.advance_ms(40);
+    w.on_tick(&host);
+    assert_eq!(
+        syncs(&host).len(),
+        3,
+        "owed news syncs 110 ms after the first, not after 1 s"
+    );
+    // Once: no further sync until the interval.
+    for _ in 0..8 {
+        host.advance_ms(100);
+        w.on_tick(&host);
+    }
+    assert_eq!(syncs(&host).len(), 3);
+}

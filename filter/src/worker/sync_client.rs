@@ -50,6 +50,11 @@ pub(super) struct SyncClient {
     reported_at: Instant,
     /// When this VM last brought the sync forward.
     hurried_at: Instant,
+    /// News came within [`HURRY_EVERY`] of the last hurry: the sync is
+    /// brought forward once that has passed, not dropped (a second freeing
+    /// of fleet room 50 ms after the first otherwise waited a whole
+    /// interval).
+    hurry_owed: bool,
     /// Per-key counts for the live view.
     keys: KeyCounts,
     /// What keyed limits of an hour or longer spent, place by place.
@@ -127,9 +132,14 @@ impl SyncClient {
     /// within a tick instead of an interval.
     pub fn hurry<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
         let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
-        if self.settings.is_none() || now.since(self.hurried_at) < HURRY_EVERY {
+        if self.settings.is_none() {
             return;
         }
+        if now.since(self.hurried_at) < HURRY_EVERY {
+            self.hurry_owed = true;
+            return;
+        }
+        self.hurry_owed = false;
         self.hurried_at = now;
         // This VM's counters go with the news.
         self.reported_at = Instant::EPOCH;
@@ -163,6 +173,9 @@ impl SyncClient {
         budgets: &mut Budgets,
         policies: &CompiledPolicySet,
     ) {
+        if self.hurry_owed && ctx.now.since(self.hurried_at) >= HURRY_EVERY {
+            self.hurry(ctx);
+        }
         let (host, store, metrics, now) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics, ctx.now);
         let Some(settings) = &self.settings else {
             return;

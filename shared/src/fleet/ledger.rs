@@ -109,6 +109,10 @@ struct Member {
     /// [`Ledger::departed`]), if it has not synced since.
     #[serde(default, rename = "departed_ms", with = "millis")]
     departed: Instant,
+    /// At its last sync, what its target gave it beyond the share it got:
+    /// room the others still held (see [`Ledger::held_back`]).
+    #[serde(default)]
+    held_back: Amount,
 }
 
 /// An instance whose watch connection closed is taken for dead once it has
@@ -314,10 +318,30 @@ impl Ledger {
             expires_at: now + terms.lease,
             instances: u32::try_from(self.members.len()).unwrap_or(u32::MAX),
         };
+        let recovering = self.recovering(now);
         if let Some(member) = self.members.get_mut(instance) {
             member.shares.push(share);
+            // While recovering nobody grows: syncs of the others would not
+            // make room.
+            member.held_back = if recovering {
+                Amount::default()
+            } else {
+                target.minus(amount)
+            };
         }
         share
+    }
+
+    /// What `instance`'s last sync would have given it but for room the
+    /// others still held (their older, larger shares, until they sync and
+    /// say they hold smaller ones). The admin then asks them to sync at
+    /// once rather than at their interval, so that room moves to where
+    /// the load went within a round trip.
+    pub fn held_back(&self, instance: &str) -> Amount {
+        self.members
+            .get(instance)
+            .map(|m| m.held_back)
+            .unwrap_or_default()
     }
 
     /// [`Ledger::sync`] with the demand read off the instance's counters:
@@ -488,6 +512,50 @@ mod tests {
         let b3 = ledger.sync(&TERMS, "b", wants(1000.0, 100), Some(b2), t(500));
         assert_eq!(b3.amount.in_flight, 50);
         assert_eq!(ledger.reserved(&TERMS, t(500)).in_flight, 100);
+    }
+
+    #[test]
+    fn room_the_others_still_hold_is_held_back_until_they_sync() {
+        let mut ledger = Ledger::default();
+        let a = ledger.sync(&TERMS, "a", wants(900.0, 90), None, t(0));
+        let b = ledger.sync(&TERMS, "b", wants(50.0, 5), None, t(10));
+        let a = ledger.sync(&TERMS, "a", wants(900.0, 90), Some(a), t(200));
+        let b = ledger.sync(&TERMS, "b", wants(50.0, 5), Some(b), t(210));
+        // b got less than its target at first: a's first share (all of it)
+        // was still held until a said it had the smaller one.
+        assert!(
+            ledger.held_back("b").rate > 40.0,
+            "{:?}",
+            ledger.held_back("b")
+        );
+        let a = ledger.sync(&TERMS, "a", wants(900.0, 90), Some(a), t(250));
+        let b = ledger.sync(&TERMS, "b", wants(50.0, 5), Some(b), t(260));
+        assert!(
+            ledger.held_back("a").rate < 1.0,
+            "{:?}",
+            ledger.held_back("a")
+        );
+        assert!(
+            ledger.held_back("b").rate < 1.0,
+            "{:?}",
+            ledger.held_back("b")
+        );
+        // The load moves to b: b wants more than a leaves it.
+        let b = ledger.sync(&TERMS, "b", wants(900.0, 90), Some(b), t(300));
+        let held = ledger.held_back("b");
+        assert!(held.rate > 300.0 && held.in_flight > 30, "{held:?}");
+        // a syncs (wanting little now) and says it holds its smaller share:
+        // b's next sync gets the room.
+        let a = ledger.sync(&TERMS, "a", wants(50.0, 5), Some(a), t(310));
+        ledger.sync(&TERMS, "a", wants(50.0, 5), Some(a), t(320));
+        let b2 = ledger.sync(&TERMS, "b", wants(900.0, 90), Some(b), t(330));
+        assert!(b2.amount.rate > 800.0, "{b2:?}");
+        assert!(
+            ledger.held_back("b").rate < 1.0,
+            "{:?}",
+            ledger.held_back("b")
+        );
+        assert_eq!(ledger.held_back("nobody"), Amount::default());
     }
 
     #[test]

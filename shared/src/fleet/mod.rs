@@ -90,7 +90,8 @@ impl Amount {
         }
     }
 
-    fn minus(self, other: Amount) -> Amount {
+    /// What is left of `self` after `other`, never below nothing.
+    pub fn minus(self, other: Amount) -> Amount {
         Amount {
             rate: (self.rate - other.rate).max(0.0),
             in_flight: self.in_flight.saturating_sub(other.in_flight),
