@@ -22,6 +22,12 @@
 
 use std::collections::BTreeMap;
 
+mod table;
+pub use table::{
+    FairClaimant, FairDecodeError, FairKey, FairTable, FairTake, FairTerms, HOLD, MAX_KEYS,
+    OVERFLOW_KEY, UNIT, WINDOW,
+};
+
 use serde::{Deserialize, Serialize};
 
 /// Weights are kept in thousandths: `0.5` is 500.

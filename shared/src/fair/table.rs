@@ -1,0 +1,572 @@
+//! A rate limit shared fairly between keys, as one value every worker
+//! changes by compare-and-swap: each key's share of the limit (from
+//! [`shares`](super::shares), by what each key asked lately), a small
+//! token bucket per key filled at its share, and a spare pool.
+//!
+//! - Every [`WINDOW`] the shares are worked out again from what each key
+//!   asked (admitted and refused) in the last two windows, with a quarter
+//!   and one token a second of headroom: a key asking less than its weighted
+//!   part gets what it asks, the others divide the rest by weight
+//!   (reservations first).
+//! - A key's bucket fills at its share and holds at most [`HOLD`] of it;
+//!   what overflows (a key using less than its share) goes to the spare
+//!   pool, and so does the part of the limit no share claims; any key past
+//!   its own tokens takes from the pool: work-conserving whatever the
+//!   headroom, and a key new to the table is served at once.
+//! - A key with no tokens of its own and nothing spare is refused, with
+//!   the time its share takes to bring one call's worth.
+//!
+//! The limit's own bucket is still taken after this table admits: the
+//! shares add up to the limit at most, so fairness divides the limit and
+//! never adds to it.
+//!
+//! Amounts are in millionths of a token, so that shares of small rates
+//! split exactly.
+
+use crate::time::{Instant, Span};
+
+use super::{shares, Claim};
+
+/// One token, in the table's units.
+pub const UNIT: u64 = 1_000_000;
+
+/// How often shares follow demand.
+pub const WINDOW: Span = Span::from_millis(100);
+
+/// How much of its share a key's bucket (and of the limit the pool) holds.
+pub const HOLD: Span = Span::from_millis(100);
+
+/// Keys tracked at most; the others share one overflow entry.
+pub const MAX_KEYS: usize = 256;
+
+/// The overflow entry's key.
+pub const OVERFLOW_KEY: u64 = 0;
+
+/// The limit being shared: its rate in [`UNIT`]s a second and how many keys
+/// have entries of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairTerms {
+    pub capacity: u64,
+    pub max_keys: usize,
+}
+
+/// Who asks: the key's hash, its weight in thousandths and what is
+/// reserved for it in [`UNIT`]s a second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairClaimant {
+    pub key: u64,
+    pub weight: u64,
+    pub reserved: u64,
+}
+
+/// One key's entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FairKey {
+    pub key: u64,
+    pub weight: u64,
+    pub reserved: u64,
+    /// Its share in [`UNIT`]s a second, until the window ends.
+    pub share: u64,
+    /// Its bucket (below zero: a call larger than the bucket holds went
+    /// on credit).
+    pub tokens: i64,
+    /// Asked (admitted or not) this window and the one before.
+    pub asked: u64,
+    pub asked_before: u64,
+    /// Admitted this window and the one before.
+    pub used: u64,
+    pub used_before: u64,
+}
+
+/// The whole shared state of one fair limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FairTable {
+    pub window_start: Instant,
+    pub refilled_at: Instant,
+    /// Spare tokens any key may take (below zero: lent on credit).
+    pub pool: i64,
+    pub keys: Vec<FairKey>,
+}
+
+/// What the table made of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FairTake {
+    /// From the key's own share.
+    Own,
+    /// Beyond its share, from what others left spare.
+    Spare,
+    /// Over its share while the others want theirs: refused until its
+    /// share brings the call's worth.
+    Refused { retry_after: Span },
+}
+
+impl FairTake {
+    pub fn admitted(self) -> bool {
+        !matches!(self, FairTake::Refused { .. })
+    }
+}
+
+/// Why bytes are no table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FairDecodeError {
+    #[error("fair table: version {0} unknown")]
+    Version(u8),
+    #[error("fair table: {0} bytes, too short")]
+    Short(usize),
+    #[error("fair table: {0} keys, more than {MAX_KEYS} and the overflow")]
+    TooManyKeys(usize),
+}
+
+const VERSION: u8 = 1;
+const HEADER_LEN: usize = 1 + 8 + 8 + 8 + 4;
+const KEY_LEN: usize = 8 * 9;
+
+impl FairTable {
+    /// A call of `who` costing `cost` tokens at `now`.
+    pub fn take(
+        &mut self,
+        terms: &FairTerms,
+        now: Instant,
+        who: FairClaimant,
+        cost: u64,
+    ) -> FairTake {
+        self.advance(terms, now);
+        let cost = cost.saturating_mul(UNIT);
+        let at = self.entry(terms, who);
+        let key = &mut self.keys[at];
+        key.asked = key.asked.saturating_add(cost);
+        let cap = hold(key.share);
+        let signed = i64::try_from(cost).unwrap_or(i64::MAX);
+        if key.tokens >= signed || (key.tokens > 0 && cost > cap) {
+            key.tokens = key.tokens.saturating_sub(signed);
+            key.used = key.used.saturating_add(cost);
+            return FairTake::Own;
+        }
+        let own = key.tokens.max(0);
+        let need = signed - own;
+        if self.pool >= need || (self.pool > 0 && cost > hold(terms.capacity)) {
+            key.tokens -= own;
+            key.used = key.used.saturating_add(cost);
+            self.pool = self.pool.saturating_sub(need);
+            return FairTake::Spare;
+        }
+        // Until its bucket holds the call's worth (or all it can hold).
+        let short = (cost.min(cap.max(1)) as i64)
+            .saturating_sub(key.tokens)
+            .max(1) as u128;
+        let retry_after = if key.share == 0 {
+            WINDOW
+        } else {
+            let nanos = short * 1_000_000_000 / u128::from(key.share);
+            Span::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)).max(Span::from_millis(1))
+        };
+        FairTake::Refused { retry_after }
+    }
+
+    /// A call admitted here was refused by the limit itself: its tokens
+    /// come back to its key.
+    pub fn give_back(&mut self, terms: &FairTerms, who: FairClaimant, cost: u64) {
+        let cost = cost.saturating_mul(UNIT);
+        let at = self.entry(terms, who);
+        let key = &mut self.keys[at];
+        key.tokens = key
+            .tokens
+            .saturating_add(i64::try_from(cost).unwrap_or(i64::MAX));
+        key.used = key.used.saturating_sub(cost);
+    }
+
+    /// The entry of `who` (made if it has none; the overflow entry when
+    /// every place is taken).
+    fn entry(&mut self, terms: &FairTerms, who: FairClaimant) -> usize {
+        let key = if who.key == OVERFLOW_KEY { 1 } else { who.key };
+        if let Some(at) = self.keys.iter().position(|k| k.key == key) {
+            let entry = &mut self.keys[at];
+            entry.weight = who.weight;
+            entry.reserved = who.reserved;
+            return at;
+        }
+        let own_places = self.keys.iter().filter(|k| k.key != OVERFLOW_KEY).count();
+        if own_places < terms.max_keys.min(MAX_KEYS) {
+            self.keys.push(FairKey {
+                key,
+                weight: who.weight,
+                reserved: who.reserved,
+                ..FairKey::default()
+            });
+            return self.keys.len() - 1;
+        }
+        if let Some(at) = self.keys.iter().position(|k| k.key == OVERFLOW_KEY) {
+            return at;
+        }
+        self.keys.push(FairKey {
+            key: OVERFLOW_KEY,
+            weight: super::WEIGHT_SCALE,
+            ..FairKey::default()
+        });
+        self.keys.len() - 1
+    }
+
+    /// Fills every bucket to `now` (what overflows to the pool), and at
+    /// each window's end works the shares out again.
+    fn advance(&mut self, terms: &FairTerms, now: Instant) {
+        let since = now.since(self.refilled_at).min(Span::from_secs(1));
+        if self.refilled_at == Instant::EPOCH {
+            self.window_start = now;
+        }
+        self.refilled_at = self.refilled_at.max(now);
+        let pool_cap = i64::try_from(hold(terms.capacity)).unwrap_or(i64::MAX);
+        // What no share claims fills the pool too: a key new to the table
+        // (no share until the window ends) takes from it at once.
+        let shared: u64 = self.keys.iter().map(|k| k.share).sum();
+        let unclaimed = u128::from(terms.capacity.saturating_sub(shared))
+            * u128::from(since.as_nanos())
+            / 1_000_000_000;
+        self.pool = self
+            .pool
+            .saturating_add(i64::try_from(unclaimed).unwrap_or(i64::MAX));
+        for key in &mut self.keys {
+            let add = u128::from(key.share) * u128::from(since.as_nanos()) / 1_000_000_000;
+            let cap = i64::try_from(hold(key.share)).unwrap_or(i64::MAX);
+            let filled = key
+                .tokens
+                .saturating_add(i64::try_from(add).unwrap_or(i64::MAX));
+            if filled > cap {
+                self.pool = self.pool.saturating_add(filled - cap.max(key.tokens));
+                key.tokens = cap.max(key.tokens);
+            } else {
+                key.tokens = filled;
+            }
+        }
+        self.pool = self.pool.min(pool_cap);
+        let ended = now.since(self.window_start);
+        if ended < WINDOW {
+            return;
+        }
+        let one_window = ended < WINDOW.saturating_mul(2);
+        for key in &mut self.keys {
+            (key.asked_before, key.used_before) = if one_window {
+                (key.asked, key.used)
+            } else {
+                (0, 0)
+            };
+            key.asked = 0;
+            key.used = 0;
+        }
+        self.window_start = now;
+        // Keys that asked nothing for two windows and owe nothing go.
+        self.keys.retain(|k| k.asked_before > 0 || k.tokens < 0);
+        self.share_out(terms);
+    }
+
+    /// Each key's share for the next window, from what it asked.
+    fn share_out(&mut self, terms: &FairTerms) {
+        let per_second = Span::from_secs(1).as_nanos() / WINDOW.as_nanos();
+        let claims: Vec<Claim> = self
+            .keys
+            .iter()
+            .map(|k| {
+                let asked = k.asked_before.saturating_mul(per_second);
+                Claim {
+                    weight: k.weight,
+                    demand: asked.saturating_add(asked / 4).saturating_add(UNIT),
+                    reserved: k.reserved.min(terms.capacity),
+                }
+            })
+            .collect();
+        for (key, share) in self.keys.iter_mut().zip(shares(terms.capacity, &claims)) {
+            key.share = share;
+        }
+    }
+
+    /// Each key's share and what it asked and was admitted over the last
+    /// whole window, in tokens a second: (key, weight, share, asked, used).
+    pub fn view(&self) -> impl Iterator<Item = (u64, u64, f64, f64, f64)> + '_ {
+        let rate = |v: u64| v as f64 / UNIT as f64 * (1.0 / WINDOW.as_secs_f64());
+        self.keys.iter().map(move |k| {
+            (
+                k.key,
+                k.weight,
+                k.share as f64 / UNIT as f64,
+                rate(k.asked_before),
+                rate(k.used_before),
+            )
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.keys.len() * KEY_LEN);
+        out.push(VERSION);
+        out.extend_from_slice(&self.window_start.as_nanos().to_le_bytes());
+        out.extend_from_slice(&self.refilled_at.as_nanos().to_le_bytes());
+        out.extend_from_slice(&self.pool.to_le_bytes());
+        out.extend_from_slice(&u32::try_from(self.keys.len()).unwrap_or(0).to_le_bytes());
+        for k in &self.keys {
+            for v in [k.key, k.weight, k.reserved, k.share] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out.extend_from_slice(&k.tokens.to_le_bytes());
+            for v in [k.asked, k.asked_before, k.used, k.used_before] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FairDecodeError> {
+        let word = |at: usize| -> Result<[u8; 8], FairDecodeError> {
+            bytes
+                .get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .ok_or(FairDecodeError::Short(bytes.len()))
+        };
+        match bytes.first() {
+            Some(&VERSION) => {}
+            Some(&other) => return Err(FairDecodeError::Version(other)),
+            None => return Err(FairDecodeError::Short(0)),
+        }
+        let count = bytes
+            .get(25..29)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+            .ok_or(FairDecodeError::Short(bytes.len()))? as usize;
+        if count > MAX_KEYS + 1 {
+            return Err(FairDecodeError::TooManyKeys(count));
+        }
+        if bytes.len() != HEADER_LEN + count * KEY_LEN {
+            return Err(FairDecodeError::Short(bytes.len()));
+        }
+        let mut keys = Vec::with_capacity(count);
+        for n in 0..count {
+            let at = HEADER_LEN + n * KEY_LEN;
+            let u = |i: usize| word(at + 8 * i).map(u64::from_le_bytes);
+            keys.push(FairKey {
+                key: u(0)?,
+                weight: u(1)?,
+                reserved: u(2)?,
+                share: u(3)?,
+                tokens: i64::from_le_bytes(word(at + 32)?),
+                asked: u(5)?,
+                asked_before: u(6)?,
+                used: u(7)?,
+                used_before: u(8)?,
+            });
+        }
+        Ok(Self {
+            window_start: Instant::from_nanos(u64::from_le_bytes(word(1)?)),
+            refilled_at: Instant::from_nanos(u64::from_le_bytes(word(9)?)),
+            pool: i64::from_le_bytes(word(17)?),
+            keys,
+        })
+    }
+}
+
+/// What a bucket filling at `rate` a second holds at most.
+fn hold(rate: u64) -> u64 {
+    let held = u128::from(rate) * u128::from(HOLD.as_nanos()) / 1_000_000_000;
+    u64::try_from(held).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const TERMS: FairTerms = FairTerms {
+        capacity: 100 * UNIT,
+        max_keys: 100,
+    };
+
+    fn key(key: u64, weight: u64) -> FairClaimant {
+        FairClaimant {
+            key,
+            weight: weight * super::super::WEIGHT_SCALE,
+            reserved: 0,
+        }
+    }
+
+    /// Offers each key its calls a second, evenly spread, for `seconds`;
+    /// what each had admitted over the last `measure` seconds.
+    fn run(
+        table: &mut FairTable,
+        offered: &[(FairClaimant, u64)],
+        (from, seconds, measure): (u64, u64, u64),
+    ) -> Vec<u64> {
+        let mut admitted = vec![0; offered.len()];
+        // A step of 100 µs; each key's calls land on their own instants.
+        let steps = seconds * 10_000;
+        let mut next: Vec<u64> = vec![0; offered.len()];
+        for step in 0..steps {
+            let now = Instant::from_nanos((from * 10_000 + step) * 100_000);
+            for (i, (who, per_second)) in offered.iter().enumerate() {
+                if *per_second == 0 {
+                    continue;
+                }
+                let every = 10_000 / per_second;
+                if step >= next[i] {
+                    next[i] = step + every.max(1);
+                    if table.take(&TERMS, now, *who, 1).admitted()
+                        && step >= (seconds - measure) * 10_000
+                    {
+                        admitted[i] += 1;
+                    }
+                }
+            }
+        }
+        admitted
+    }
+
+    #[test]
+    fn greedy_keys_get_the_limit_by_weight() {
+        let mut table = FairTable::default();
+        let got = run(
+            &mut table,
+            &[(key(1, 1), 1_000), (key(2, 1), 1_000), (key(3, 2), 1_000)],
+            (0, 12, 10),
+        );
+        for (got, want) in got.iter().zip([250, 250, 500]) {
+            assert!(
+                got.abs_diff(want) * 100 <= want * 3,
+                "{got} of {want} in 10 s"
+            );
+        }
+    }
+
+    #[test]
+    fn a_quiet_key_gets_all_it_asks_and_the_noisy_one_the_rest() {
+        let mut table = FairTable::default();
+        let got = run(
+            &mut table,
+            &[(key(1, 1), 1_000), (key(2, 1), 20)],
+            (0, 12, 10),
+        );
+        assert!(got[1] >= 198, "quiet {got:?}");
+        assert!(got[0] >= 780 && got[0] + got[1] <= 1_005, "{got:?}");
+    }
+
+    #[test]
+    fn an_idle_key_lends_its_share_and_takes_it_back_when_it_returns() {
+        let mut table = FairTable::default();
+        let (a, b, gold) = (key(1, 1), key(2, 1), key(3, 2));
+        run(
+            &mut table,
+            &[(a, 1_000), (b, 1_000), (gold, 1_000)],
+            (0, 2, 1),
+        );
+        let idle = run(&mut table, &[(a, 1_000), (b, 1_000), (gold, 0)], (2, 3, 2));
+        assert!(
+            idle[0] >= 95 && idle[1] >= 95,
+            "50/50 while gold rests: {idle:?}"
+        );
+        let back = run(
+            &mut table,
+            &[(a, 1_000), (b, 1_000), (gold, 1_000)],
+            (5, 3, 2),
+        );
+        assert!(back[2] >= 95 && back[0] <= 55, "gold back: {back:?}");
+    }
+
+    #[test]
+    fn reservations_are_kept_for_a_key_that_wants_them() {
+        let mut table = FairTable::default();
+        let gold = FairClaimant {
+            reserved: 60 * UNIT,
+            ..key(3, 1)
+        };
+        let got = run(
+            &mut table,
+            &[(key(1, 1), 1_000), (gold, 1_000)],
+            (0, 12, 10),
+        );
+        // Gold: its 60 and half of the 40 left.
+        assert!(
+            got[1].abs_diff(800) <= 24 && got[0].abs_diff(200) <= 10,
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn keys_past_max_keys_share_the_overflow_entry() {
+        let mut table = FairTable::default();
+        let terms = FairTerms {
+            max_keys: 2,
+            ..TERMS
+        };
+        for k in 1..=5 {
+            table.take(&terms, Instant::from_millis(1), key(k, 1), 1);
+        }
+        assert_eq!(table.keys.len(), 3);
+        assert_eq!(table.keys[2].key, OVERFLOW_KEY);
+        assert_eq!(table.keys[2].asked, 3 * UNIT, "keys 3, 4 and 5");
+        // A key whose hash is the overflow's own is not taken for it.
+        table.take(&terms, Instant::from_millis(2), key(OVERFLOW_KEY, 1), 1);
+        assert_eq!(table.keys[2].asked, 3 * UNIT);
+    }
+
+    #[test]
+    fn a_refused_call_is_told_when_its_share_brings_one() {
+        let mut table = FairTable::default();
+        let (a, b) = (key(1, 1), key(2, 1));
+        run(&mut table, &[(a, 1_000), (b, 1_000)], (0, 1, 1));
+        let now = Instant::from_millis(1_000);
+        let mut refused = None;
+        for _ in 0..100 {
+            if let FairTake::Refused { retry_after } = table.take(&TERMS, now, a, 1) {
+                refused = Some(retry_after);
+                break;
+            }
+        }
+        let retry = refused.expect("a greedy key is refused");
+        // At 50 a second a token takes 20 ms.
+        assert!(retry <= Span::from_millis(21), "{retry:?}");
+    }
+
+    #[test]
+    fn bad_bytes_are_refused_not_read() {
+        let mut table = FairTable::default();
+        table.take(&TERMS, Instant::from_millis(5), key(9, 1), 1);
+        let bytes = table.encode();
+        assert_eq!(FairTable::decode(&bytes), Ok(table));
+        assert!(FairTable::decode(&bytes[..bytes.len() - 1]).is_err());
+        assert!(FairTable::decode(&[]).is_err());
+        assert!(FairTable::decode(&[9; 40]).is_err());
+        let mut many = bytes.clone();
+        many[25..29].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            FairTable::decode(&many),
+            Err(FairDecodeError::TooManyKeys(u32::MAX as usize))
+        );
+    }
+
+    proptest! {
+        /// Whatever the calls, costs, weights and clock (even going back):
+        /// no panic, and over any run no more is admitted than the
+        /// limit's rate over the run plus what the buckets and the pool
+        /// hold (a tenth of a second's worth each) and one call on credit
+        /// per key.
+        #[test]
+        fn never_more_than_the_limit_and_what_it_holds(
+            calls in prop::collection::vec((0u64..6, 1u64..4, 0u64..3_000_000, 1u64..3_000), 1..400),
+        ) {
+            let mut table = FairTable::default();
+            let mut now = 0u64;
+            let mut admitted = 0u64;
+            let (mut first, mut last) = (u64::MAX, 0u64);
+            for (k, cost, step, weight) in calls {
+                now = now.saturating_add(step);
+                first = first.min(now);
+                last = last.max(now);
+                let who = FairClaimant { key: k, weight, reserved: (k % 2) * 30 * UNIT };
+                if table.take(&TERMS, Instant::from_nanos(now), who, cost).admitted() {
+                    admitted += cost;
+                }
+                let bytes = table.encode();
+                prop_assert_eq!(FairTable::decode(&bytes), Ok(table.clone()));
+            }
+            let seconds = (last - first) as f64 / 1e9;
+            // The limit over the run, the pool full at the start and the
+            // buckets and the pool full at the end, one call on credit each.
+            let bound = 100.0 * seconds + 10.0 + 6.0 * (10.0 + 3.0) + 10.0 + 3.0;
+            prop_assert!((admitted as f64) <= bound, "{} > {}", admitted, bound);
+        }
+    }
+}
