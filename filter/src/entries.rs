@@ -9,6 +9,7 @@ use std::marker::PhantomData;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledLimit;
+use sluice_shared::fair::FairTable;
 use sluice_shared::limiter::concurrency::LeaseTable;
 use sluice_shared::limiter::{RateLimiter, RateState};
 use sluice_shared::provider::ProviderTable;
@@ -97,6 +98,12 @@ pub fn budget_cursor_key(limit: &str) -> String {
     format!("sluice/bkc/{limit}")
 }
 
+/// A policy's fair table (`fair`): each key's share and bucket, the
+/// spare pool.
+pub fn fair_key(policy: &str) -> String {
+    format!("sluice/f/{policy}")
+}
+
 /// Marks that a policy's port-hidden warning was logged in this Envoy.
 pub fn port_hidden_key(policy: &str) -> String {
     format!("sluice/port-hidden/{policy}")
@@ -182,6 +189,15 @@ impl Entry for BucketState {
     }
     fn encode(&self) -> Vec<u8> {
         BucketState::encode(self)
+    }
+}
+
+impl Entry for FairTable {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        FairTable::decode(bytes).ok()
+    }
+    fn encode(&self) -> Vec<u8> {
+        FairTable::encode(self)
     }
 }
 

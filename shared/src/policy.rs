@@ -3,6 +3,8 @@
 //! Parsing into these types checks shapes and refuses unknown fields;
 //! [`crate::validate`] checks meaning (ranges, combinations, duplicates).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::duration::DurationMs;
@@ -73,6 +75,45 @@ pub struct Policy {
     /// can pace themselves before they are refused.
     #[serde(default, skip_serializing_if = "RateLimitHeaders::is_refusals")]
     pub ratelimit_headers: RateLimitHeaders,
+    /// Share the policy's `rate` fairly between the values of a key (teams,
+    /// customers): while several want more than the rate gives, each gets
+    /// it in proportion to its weight; a key wanting less gets all it
+    /// wants and the rest goes to the others. The rate's own bound holds
+    /// as it is: fairness divides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair: Option<FairSpec>,
+}
+
+/// How a policy's rate is shared between keys (`fair`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FairSpec {
+    /// Who shares: a request header or a JSON body field. At most the
+    /// smaller of `max_keys` and 256 keys have shares of their own; the
+    /// others share one.
+    pub key: KeySpec,
+    /// Weights by key value (0.001 to 1000); others have `default_weight`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weights: BTreeMap<String, f64>,
+    #[serde(default = "FairSpec::default_weight")]
+    pub default_weight: f64,
+    /// Reserved per key value, in the rate's requests (or tokens) per its
+    /// period: kept for the key while it wants it, lent out while it does
+    /// not. They add up to the rate at most.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub min: BTreeMap<String, u64>,
+}
+
+impl FairSpec {
+    pub const MIN_WEIGHT: f64 = 0.001;
+    pub const MAX_WEIGHT: f64 = 1000.0;
+    /// Weights and reservations named at most.
+    pub const MAX_NAMED: usize = 1000;
+
+    fn default_weight() -> f64 {
+        1.0
+    }
 }
 
 /// When the `RateLimit-Policy` / `RateLimit` fields go to callers.

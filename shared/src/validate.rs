@@ -42,6 +42,8 @@ pub mod bounds {
     pub const MAX_WAIT_MS: u64 = 300_000;
     pub const MAX_QUEUE: u32 = 100_000;
     pub const MAX_KEYS: u32 = 1_000_000;
+    /// A key value named in `fair.weights` or `fair.min`.
+    pub const MAX_KEY_VALUE_LEN: usize = 256;
     pub const MAX_BODY_LEN: usize = 4096;
     pub const MAX_HOST_LEN: usize = 261;
     pub const MAX_PATH_PREFIX_LEN: usize = 1024;
@@ -432,6 +434,9 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
     check_on_limit(&mut r, &policy.on_limit);
     check_scope(&mut r, policy);
     check_limits(&mut r, policy);
+    if let Some(fair) = &policy.fair {
+        check_fair(&mut r, policy, fair);
+    }
     if let Some(priority) = &policy.priority {
         if let Some(header) = &priority.header {
             check_header_name(&mut r, "priority.header", header);
@@ -665,6 +670,81 @@ fn check_slot_limit(lr: &mut Report, limit: &NamedLimit, conc: &ConcurrencySpec)
         lr.at(
             "provider",
             "a provider's pauses and counts are for rate limits: put `provider` on the rate limit it mirrors",
+        );
+    }
+}
+
+/// `fair`: a key to share by, weights in range, and reservations that
+/// add up to the rate at most (a peer's minimum per member once pushed
+/// its total past the cap). What the filter does not share fairly yet is
+/// refused here, never enforced unfairly.
+fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
+    let mut fr = Report::new(r.errors, &join_path(&r.prefix, "fair"));
+    check_key(&mut fr, &fair.key);
+    let Some(rate) = &policy.rate else {
+        fr.at("", "shares the policy's `rate`: give the policy a `rate`");
+        return;
+    };
+    if policy.key.is_some() {
+        fr.at(
+            "",
+            "a policy with `key` has a bucket per key already: share one rate fairly with `fair`, or split it with `key`, not both",
+        );
+    }
+    if policy.on_limit.action == LimitAction::Queue {
+        fr.at(
+            "",
+            "fair shares refuse (`on_limit.action: reject`); a fair queue is not built yet",
+        );
+    }
+    if policy.scope == Scope::Global {
+        fr.at(
+            "",
+            "fair shares are per Envoy for now: not with `scope: global`",
+        );
+    }
+    let weight_in_range = |w: f64| (FairSpec::MIN_WEIGHT..=FairSpec::MAX_WEIGHT).contains(&w);
+    let range = format!(
+        "a weight is from {} to {}",
+        FairSpec::MIN_WEIGHT,
+        FairSpec::MAX_WEIGHT
+    );
+    if !weight_in_range(fair.default_weight) {
+        fr.at("default_weight", range.clone());
+    }
+    for (what, count) in [("weights", fair.weights.len()), ("min", fair.min.len())] {
+        if count > FairSpec::MAX_NAMED {
+            fr.at(what, format!("at most {} keys", FairSpec::MAX_NAMED));
+        }
+    }
+    for (name, weight) in &fair.weights {
+        if !weight_in_range(*weight) {
+            fr.at(&format!("weights.{name}"), range.clone());
+        }
+    }
+    for name in fair.weights.keys().chain(fair.min.keys()) {
+        if name.is_empty() || name.len() > bounds::MAX_KEY_VALUE_LEN {
+            fr.at(
+                "weights",
+                format!(
+                    "a key value is 1 to {} characters",
+                    bounds::MAX_KEY_VALUE_LEN
+                ),
+            );
+            break;
+        }
+    }
+    let reserved = fair
+        .min
+        .values()
+        .fold(0u64, |sum, v| sum.saturating_add(*v));
+    if reserved > rate.requests {
+        fr.at(
+            "min",
+            format!(
+                "reservations add up to {reserved}, more than the rate's {}: they would push the total past the limit",
+                rate.requests
+            ),
         );
     }
 }

@@ -849,3 +849,58 @@ fn prices_and_money_limits_are_checked_field_by_field() {
     );
     assert_eq!(parse_policy_set(&again).ok(), Some(accepted));
 }
+
+#[test]
+fn fair_shares_need_a_key_a_rate_sane_weights_and_reservations_within_the_rate() {
+    let ok = set_with(
+        r#"{"name": "llm", "match": {"host": "x"}, "rate": {"requests": 100, "period": "1s"},
+            "fair": {"key": {"header": "x-tenant"}, "weights": {"gold": 3, "batch": 0.5},
+                     "default_weight": 1, "min": {"gold": 20, "batch": 80}}}"#,
+    );
+    let set = parse_policy_set(&ok).unwrap_or_else(|e| panic!("{e}"));
+    let fair = set.policies[0].fair.as_ref().expect("fair");
+    assert_eq!(fair.weights["gold"], 3.0);
+    assert_eq!(fair.min["batch"], 80);
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "llm", "match": {"host": "x"}, "rate": {"requests": 100, "period": "1s"},
+                "fair": {"key": {"header": "x-tenant"}, "min": {"gold": 60, "silver": 41}}}"#
+        )),
+        vec!["policies[0].fair.min: reservations add up to 101, more than the rate's 100: they would push the total past the limit"]
+    );
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "llm", "match": {"host": "x"}, "rate": {"requests": 100, "period": "1s"},
+                "fair": {"key": {}, "weights": {"gold": 0, "lead": 1001}, "default_weight": -1}}"#
+        )),
+        vec![
+            "policies[0].fair.key: give `header` (a request header) or `json` (a path in the request's JSON body)",
+            "policies[0].fair.default_weight: a weight is from 0.001 to 1000",
+            "policies[0].fair.weights.gold: a weight is from 0.001 to 1000",
+            "policies[0].fair.weights.lead: a weight is from 0.001 to 1000",
+        ]
+    );
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "llm", "match": {"host": "x"}, "concurrency": {"max_in_flight": 5},
+                "fair": {"key": {"header": "x-tenant"}}}"#
+        )),
+        vec!["policies[0].fair: shares the policy's `rate`: give the policy a `rate`"]
+    );
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "llm", "match": {"host": "x"}, "rate": {"requests": 100, "period": "1s"},
+                "key": {"header": "x-user"}, "fair": {"key": {"header": "x-tenant"}, "extra": 1}}"#
+        ))
+        .len(),
+        1,
+        "an unknown field is refused"
+    );
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "llm", "match": {"host": "x"}, "rate": {"requests": 100, "period": "1s"},
+                "key": {"header": "x-user"}, "fair": {"key": {"header": "x-tenant"}}}"#
+        )),
+        vec!["policies[0].fair: a policy with `key` has a bucket per key already: share one rate fairly with `fair`, or split it with `key`, not both"]
+    );
+}

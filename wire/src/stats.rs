@@ -22,6 +22,9 @@ counters! {
         QueueAbandoned = "queue_abandoned", Local;
         /// Requests a shadow policy would have refused.
         ShadowLimited = "shadow_limited", Rate;
+        /// Requests refused (in `rejected` too) because their key was past
+        /// its fair share while other keys wanted theirs (`fair`).
+        FairRefused = "fair_refused", Rate;
         /// Requests holding a concurrency slot now.
         InFlight = "in_flight", Gauge;
         /// Concurrency leases taken back from workers that stopped renewing

@@ -301,6 +301,16 @@ mod tests {
         "/limits/key/overflow",
         "/limits/rate/warmup/cold_factor",
         "/limits/rate/warmup/period",
+        // Fair shares (a key, weights and reservations by key value): in
+        // the policy's JSON.
+        "/fair/default_weight",
+        "/fair/key/header",
+        "/fair/key/json",
+        "/fair/key/label",
+        "/fair/key/max_keys",
+        "/fair/key/overflow",
+        "/fair/min",
+        "/fair/weights",
         // Conditions on the request's JSON body (path and equals, prefix
         // or one_of): in the policy's JSON.
         "/match/json",

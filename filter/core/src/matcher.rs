@@ -2,12 +2,13 @@
 //! it costs and how urgent it is. Works on raw header bytes: a request may
 //! carry anything, and none of it may cause a panic.
 
+use sluice_shared::fair::{self, FairClaimant, FairTerms};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
 use sluice_shared::policy::{
-    CostSpec, JsonMatch, KeyLabel, KeyOverflow, KeySpec, Mode, NamedLimit, Policy, PolicySet,
-    Priority, RateSpec, UsageSpec,
+    CostSpec, FairSpec, JsonMatch, KeyLabel, KeyOverflow, KeySpec, Mode, NamedLimit, Policy,
+    PolicySet, Priority, RateSpec, UsageSpec,
 };
 use sluice_shared::price::{self, CompiledPrices, ModelPrice, Money, PriceCost, UsageFormat};
 use sluice_shared::prompt::PromptTokens;
@@ -16,6 +17,7 @@ use sluice_shared::usage::{CompiledUsage, UsagePath};
 use sluice_shared::validate::{parse_policy_set, ValidationErrors};
 use sluice_shared::warn::WarnLines;
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostPattern {
@@ -137,6 +139,72 @@ pub struct CompiledPolicy {
     prices: Option<std::sync::Arc<CompiledPrices>>,
     /// The policy's key or a further limit's is read from the body.
     keys_from_body: bool,
+    /// `fair`: who shares the rate, with what weights.
+    pub fair: Option<CompiledFair>,
+}
+
+/// A policy's `fair`, ready to tell who asks: the key's hash, weight and
+/// reservation, and the terms its table shares the rate on.
+#[derive(Debug, Clone)]
+pub struct CompiledFair {
+    key: KeySource,
+    weights: HashMap<Vec<u8>, u64>,
+    default_weight: u64,
+    /// Reservations in the table's units a second.
+    reserved: HashMap<Vec<u8>, u64>,
+    pub terms: FairTerms,
+}
+
+impl CompiledFair {
+    fn new(spec: &FairSpec, rate: &RateSpec) -> Option<Self> {
+        let thousandths = |w: f64| (w * fair::WEIGHT_SCALE as f64).round().max(1.0) as u64;
+        let period_ms = u128::from(rate.period.as_millis().max(1));
+        let per_second = |n: u64| {
+            let units = u128::from(n) * u128::from(fair::UNIT) * 1000 / period_ms;
+            u64::try_from(units).unwrap_or(u64::MAX)
+        };
+        Some(Self {
+            key: KeySource::new(&spec.key)?,
+            weights: spec
+                .weights
+                .iter()
+                .map(|(k, w)| (k.as_bytes().to_vec(), thousandths(*w)))
+                .collect(),
+            default_weight: thousandths(spec.default_weight),
+            reserved: spec
+                .min
+                .iter()
+                .map(|(k, n)| (k.as_bytes().to_vec(), per_second(*n)))
+                .collect(),
+            terms: FairTerms {
+                capacity: per_second(rate.requests),
+                burst: rate.effective_burst().saturating_mul(fair::UNIT),
+                max_keys: usize::try_from(spec.key.max_keys).unwrap_or(usize::MAX),
+            },
+        })
+    }
+
+    /// Who a request is: its key's hash (as a policy key is hashed), weight
+    /// and reservation (absent key: the empty value).
+    fn claimant<R: RequestHeaders + ?Sized>(
+        &self,
+        policy: &str,
+        req: &R,
+        secret: &KeySecret,
+        body: &BodyJson,
+    ) -> FairClaimant {
+        let value = self.key.value(req, body);
+        let value = value.as_deref().unwrap_or_default();
+        FairClaimant {
+            key: secret.hash(policy, value),
+            weight: self
+                .weights
+                .get(value)
+                .copied()
+                .unwrap_or(self.default_weight),
+            reserved: self.reserved.get(value).copied().unwrap_or(0),
+        }
+    }
 }
 
 /// One of a policy's further limits, ready to count.
@@ -215,6 +283,8 @@ pub struct Classification {
     /// The policy names a port the request did not carry (Envoy may have
     /// stripped it): matched by the host alone.
     pub port_hidden: bool,
+    /// Who asks, when the policy's rate is shared fairly.
+    pub fair: Option<FairClaimant>,
 }
 
 impl CompiledPolicy {
@@ -320,7 +390,13 @@ impl CompiledPolicy {
                 .key
                 .iter()
                 .chain(policy.limits.iter().filter_map(|l| l.key.as_ref()))
+                .chain(policy.fair.as_ref().map(|f| &f.key))
                 .any(KeySpec::reads_request_body),
+            fair: policy
+                .fair
+                .as_ref()
+                .zip(policy.rate.as_ref())
+                .and_then(|(f, rate)| CompiledFair::new(f, rate)),
             shared_name: policy.name.as_str().into(),
             policy,
         }
@@ -570,6 +646,7 @@ impl CompiledPolicy {
             key_header(&self.key),
             self.cost_header.as_deref(),
             self.priority_header.as_deref(),
+            self.fair.as_ref().and_then(|f| f.key.header()),
         ]
         .into_iter()
         .chain(
@@ -1015,6 +1092,10 @@ impl CompiledPolicySet {
                 priority: policy.priority(req),
                 port_hidden: policy.host.port.is_some()
                     && policy.host.port_hidden(req.header(":authority").as_deref()),
+                fair: policy
+                    .fair
+                    .as_ref()
+                    .map(|f| f.claimant(policy.name(), req, secret, body)),
             };
             return Classified::Decided {
                 class: Some(class),

@@ -17,6 +17,7 @@ use crate::worker::{StreamAction, Verdict, Worker};
 // One file per feature, through the worker as Envoy drives it; the
 // helpers they share are below.
 mod budgets;
+mod fair;
 mod fleet_limits;
 mod keyed_limits;
 mod provider;

@@ -21,6 +21,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
+use super::fair::{self, Fair};
 use super::limits::{self, Held, Taken};
 use super::placement::{self, Placed};
 use super::refusal::{self, LocalReply, Refusal};
@@ -193,7 +194,10 @@ impl Deciding<'_> {
         let key: PrefetchKey = (class.policy_index, class.key);
         let cost = policy.rate.is_some().then_some(class.cost);
         let slot = policy.concurrency.is_some();
-        if let Some(spent) = (!must_wait)
+        // A fair policy's every call goes through its table: nothing is
+        // prefetched past it.
+        let shared_fairly = policy.fair.is_some();
+        if let Some(spent) = (!must_wait && !shared_fairly)
             .then(|| self.prefetches.spend(key, cost, slot, ctx.now))
             .flatten()
         {
@@ -208,12 +212,27 @@ impl Deciding<'_> {
             };
         }
         ctx.read_clock();
+        let fair_taken = match fair::take(ctx, policy, class) {
+            Fair::NotShared => None,
+            Fair::Taken(who) => Some(who),
+            Fair::Refused { retry_after } => {
+                if !policy.is_shadow() {
+                    ctx.metrics
+                        .add(policy.name(), PolicyCounter::FairRefused, 1);
+                }
+                return refuse(ctx, policy, &Refusal::FairShare, retry_after);
+            }
+        };
         let mut limits = BucketLimits::of(policy);
         if policy.is_shadow() {
             // Shadow mode judges as `reject` would.
             limits.queue = None;
         }
-        let wanted = self.prefetches.wanted(key, ctx.now);
+        let wanted = if shared_fairly {
+            0
+        } else {
+            self.prefetches.wanted(key, ctx.now)
+        };
         // The prefetch this decision replaces gives its spare slots back in
         // the same write (a write of its own would be a second round trip
         // to shared data for every prefetch).
@@ -257,6 +276,9 @@ impl Deciding<'_> {
                 }
             }
             Admission::Rejected { kind, retry_after } => {
+                if let Some(who) = fair_taken {
+                    fair::give_back(ctx, policy, who, class.cost);
+                }
                 self.record_prefetch(ctx, key, &bucket, Prefetched::default());
                 refuse(ctx, policy, &Refusal::Policy { kind }, retry_after)
             }

@@ -25,6 +25,7 @@ mod admission;
 mod asked_usage;
 mod budgets;
 mod ctx;
+mod fair;
 mod key_counts;
 mod key_places;
 mod limits;

@@ -49,6 +49,9 @@ pub(super) enum Refusal {
     /// The call costs more than this Envoy's share of a global policy can
     /// ever hold: retrying the same call here fails until the share grows.
     AboveShareBurst { cost: u64, burst: u64 },
+    /// The policy's rate is shared fairly (`fair`) and the call's key is
+    /// past its share while others want theirs.
+    FairShare,
 }
 
 impl Refusal {
@@ -56,7 +59,7 @@ impl Refusal {
     fn limit(&self) -> Option<&str> {
         match self {
             Refusal::Limit { limit, .. } | Refusal::BudgetUnknown { limit } => Some(limit),
-            Refusal::Policy { .. } | Refusal::AboveShareBurst { .. } => None,
+            Refusal::Policy { .. } | Refusal::AboveShareBurst { .. } | Refusal::FairShare => None,
         }
     }
 
@@ -80,6 +83,7 @@ impl Refusal {
             } => Some("model-unpriced"),
             Refusal::BudgetUnknown { .. } => Some("budget-unknown"),
             Refusal::AboveShareBurst { .. } => Some("cost-above-share-burst"),
+            Refusal::FairShare => Some("fair-share"),
         }
     }
 
@@ -115,6 +119,9 @@ impl Refusal {
             ),
             Refusal::AboveShareBurst { cost, burst } => format!(
                 "refused by sluice policy {policy}: this call costs {cost}, more than this Envoy's share of the global limit holds ({burst})\n"
+            ),
+            Refusal::FairShare => format!(
+                "limited by sluice policy {policy}: this caller has used its fair share while others want theirs\n"
             ),
         }
     }

@@ -24,8 +24,8 @@ use std::collections::BTreeMap;
 
 mod table;
 pub use table::{
-    FairClaimant, FairDecodeError, FairKey, FairTable, FairTake, FairTerms, HOLD, MAX_KEYS,
-    OVERFLOW_KEY, UNIT, WINDOW,
+    FairClaimant, FairDecodeError, FairKey, FairTable, FairTake, FairTerms, MAX_KEYS, OVERFLOW_KEY,
+    UNIT, WINDOW,
 };
 
 use serde::{Deserialize, Serialize};

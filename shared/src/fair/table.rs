@@ -8,17 +8,21 @@
 //!   and one token a second of headroom: a key asking less than its weighted
 //!   part gets what it asks, the others divide the rest by weight
 //!   (reservations first).
-//! - A key's bucket fills at its share and holds at most [`HOLD`] of it;
-//!   what overflows (a key using less than its share) goes to the spare
-//!   pool, and so does the part of the limit no share claims; any key past
-//!   its own tokens takes from the pool: work-conserving whatever the
-//!   headroom, and a key new to the table is served at once.
-//! - A key with no tokens of its own and nothing spare is refused, with
-//!   the time its share takes to bring one call's worth.
+//! - The table is the limit's token bucket cut in parts: a key's part
+//!   fills at its share and holds at most its share of the burst; what
+//!   overflows (a key using less than its share) goes to the spare pool,
+//!   and so does the part of the rate no share claims; any key past its
+//!   own tokens takes from the pool: work-conserving whatever the
+//!   headroom, and a key new to the table is served at once. All parts
+//!   together hold the burst at most.
+//! - A key with too few tokens of its own and too few spare is refused,
+//!   with the time its share takes to bring the call's worth.
 //!
-//! The limit's own bucket is still taken after this table admits: the
-//! shares add up to the limit at most, so fairness divides the limit and
-//! never adds to it.
+//! The limit's own bucket is still taken after this table admits, and
+//! does not refuse what it admitted: both fill at the rate and hold the
+//! burst at most, and the table takes no more than it holds, so it never
+//! holds more than the bucket does. Fairness divides the limit and never
+//! adds to it; it only decides who gets the bucket's tokens.
 //!
 //! Amounts are in millionths of a token, so that shares of small rates
 //! split exactly.
@@ -33,21 +37,28 @@ pub const UNIT: u64 = 1_000_000;
 /// How often shares follow demand.
 pub const WINDOW: Span = Span::from_millis(100);
 
-/// How much of its share a key's bucket (and of the limit the pool) holds.
-pub const HOLD: Span = Span::from_millis(100);
-
 /// Keys tracked at most; the others share one overflow entry.
 pub const MAX_KEYS: usize = 256;
 
 /// The overflow entry's key.
 pub const OVERFLOW_KEY: u64 = 0;
 
-/// The limit being shared: its rate in [`UNIT`]s a second and how many keys
-/// have entries of their own.
+/// The limit being shared: its rate in [`UNIT`]s a second, its burst in
+/// [`UNIT`]s, and how many keys have entries of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FairTerms {
     pub capacity: u64,
+    pub burst: u64,
     pub max_keys: usize,
+}
+
+impl FairTerms {
+    /// What a part filling at `rate` a second holds at most: that share
+    /// of the burst.
+    fn hold(&self, rate: u64) -> i64 {
+        let held = u128::from(rate) * u128::from(self.burst) / u128::from(self.capacity.max(1));
+        i64::try_from(held.min(u128::from(self.burst))).unwrap_or(i64::MAX)
+    }
 }
 
 /// Who asks: the key's hash, its weight in thousandths and what is
@@ -67,8 +78,7 @@ pub struct FairKey {
     pub reserved: u64,
     /// Its share in [`UNIT`]s a second, until the window ends.
     pub share: u64,
-    /// Its bucket (below zero: a call larger than the bucket holds went
-    /// on credit).
+    /// Its part of the bucket.
     pub tokens: i64,
     /// Asked (admitted or not) this window and the one before.
     pub asked: u64,
@@ -83,7 +93,7 @@ pub struct FairKey {
 pub struct FairTable {
     pub window_start: Instant,
     pub refilled_at: Instant,
-    /// Spare tokens any key may take (below zero: lent on credit).
+    /// Spare tokens any key may take.
     pub pool: i64,
     pub keys: Vec<FairKey>,
 }
@@ -135,43 +145,41 @@ impl FairTable {
         let at = self.entry(terms, who);
         let key = &mut self.keys[at];
         key.asked = key.asked.saturating_add(cost);
-        let cap = hold(key.share);
         let signed = i64::try_from(cost).unwrap_or(i64::MAX);
-        if key.tokens >= signed || (key.tokens > 0 && cost > cap) {
-            key.tokens = key.tokens.saturating_sub(signed);
+        if key.tokens >= signed {
+            key.tokens -= signed;
             key.used = key.used.saturating_add(cost);
             return FairTake::Own;
         }
         let own = key.tokens.max(0);
         let need = signed - own;
-        if self.pool >= need || (self.pool > 0 && cost > hold(terms.capacity)) {
+        if self.pool >= need {
             key.tokens -= own;
             key.used = key.used.saturating_add(cost);
-            self.pool = self.pool.saturating_sub(need);
+            self.pool -= need;
             return FairTake::Spare;
         }
-        // Until its bucket holds the call's worth (or all it can hold).
-        let short = (cost.min(cap.max(1)) as i64)
-            .saturating_sub(key.tokens)
-            .max(1) as u128;
-        let retry_after = if key.share == 0 {
+        // Until its part holds the call's worth, if it can hold it; else
+        // until the shares are worked out again.
+        let short = signed.saturating_sub(key.tokens).max(1).unsigned_abs();
+        let retry_after = if key.share == 0 || signed > terms.hold(key.share) {
             WINDOW
         } else {
-            let nanos = short * 1_000_000_000 / u128::from(key.share);
+            let nanos = u128::from(short) * 1_000_000_000 / u128::from(key.share);
             Span::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)).max(Span::from_millis(1))
         };
         FairTake::Refused { retry_after }
     }
 
     /// A call admitted here was refused by the limit itself: its tokens
-    /// come back to its key.
+    /// come back to its key (as far as its part holds them).
     pub fn give_back(&mut self, terms: &FairTerms, who: FairClaimant, cost: u64) {
         let cost = cost.saturating_mul(UNIT);
         let at = self.entry(terms, who);
         let key = &mut self.keys[at];
-        key.tokens = key
-            .tokens
-            .saturating_add(i64::try_from(cost).unwrap_or(i64::MAX));
+        let cap = terms.hold(key.share).max(key.tokens);
+        let back = i64::try_from(cost).unwrap_or(i64::MAX);
+        key.tokens = key.tokens.saturating_add(back).min(cap);
         key.used = key.used.saturating_sub(cost);
     }
 
@@ -206,38 +214,40 @@ impl FairTable {
         self.keys.len() - 1
     }
 
-    /// Fills every bucket to `now` (what overflows to the pool), and at
-    /// each window's end works the shares out again.
+    /// Fills every part to `now` (what overflows to the pool), and at each
+    /// window's end works the shares out again.
     fn advance(&mut self, terms: &FairTerms, now: Instant) {
         let since = now.since(self.refilled_at).min(Span::from_secs(1));
         if self.refilled_at == Instant::EPOCH {
             self.window_start = now;
         }
         self.refilled_at = self.refilled_at.max(now);
-        let pool_cap = i64::try_from(hold(terms.capacity)).unwrap_or(i64::MAX);
+        let over = |rate: u64| {
+            let units = u128::from(rate) * u128::from(since.as_nanos()) / 1_000_000_000;
+            i64::try_from(units).unwrap_or(i64::MAX)
+        };
         // What no share claims fills the pool too: a key new to the table
         // (no share until the window ends) takes from it at once.
         let shared: u64 = self.keys.iter().map(|k| k.share).sum();
-        let unclaimed = u128::from(terms.capacity.saturating_sub(shared))
-            * u128::from(since.as_nanos())
-            / 1_000_000_000;
         self.pool = self
             .pool
-            .saturating_add(i64::try_from(unclaimed).unwrap_or(i64::MAX));
+            .saturating_add(over(terms.capacity.saturating_sub(shared)));
+        let mut held: i64 = 0;
         for key in &mut self.keys {
-            let add = u128::from(key.share) * u128::from(since.as_nanos()) / 1_000_000_000;
-            let cap = i64::try_from(hold(key.share)).unwrap_or(i64::MAX);
-            let filled = key
-                .tokens
-                .saturating_add(i64::try_from(add).unwrap_or(i64::MAX));
+            let cap = terms.hold(key.share);
+            let filled = key.tokens.saturating_add(over(key.share));
             if filled > cap {
                 self.pool = self.pool.saturating_add(filled - cap.max(key.tokens));
                 key.tokens = cap.max(key.tokens);
             } else {
                 key.tokens = filled;
             }
+            held = held.saturating_add(key.tokens.max(0));
         }
-        self.pool = self.pool.min(pool_cap);
+        // All parts together hold the burst at most (the keys' own parts
+        // add up to it at most: their shares add up to the rate at most).
+        let burst = i64::try_from(terms.burst).unwrap_or(i64::MAX);
+        self.pool = self.pool.min(burst.saturating_sub(held)).max(0);
         let ended = now.since(self.window_start);
         if ended < WINDOW {
             return;
@@ -253,8 +263,9 @@ impl FairTable {
             key.used = 0;
         }
         self.window_start = now;
-        // Keys that asked nothing for two windows and owe nothing go.
-        self.keys.retain(|k| k.asked_before > 0 || k.tokens < 0);
+        // Keys that asked nothing for two windows go (what their parts
+        // held with them: the table then holds less than the bucket).
+        self.keys.retain(|k| k.asked_before > 0);
         self.share_out(terms);
     }
 
@@ -360,12 +371,6 @@ impl FairTable {
     }
 }
 
-/// What a bucket filling at `rate` a second holds at most.
-fn hold(rate: u64) -> u64 {
-    let held = u128::from(rate) * u128::from(HOLD.as_nanos()) / 1_000_000_000;
-    u64::try_from(held).unwrap_or(u64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,6 +378,7 @@ mod tests {
 
     const TERMS: FairTerms = FairTerms {
         capacity: 100 * UNIT,
+        burst: 10 * UNIT,
         max_keys: 100,
     };
 
@@ -539,10 +545,9 @@ mod tests {
 
     proptest! {
         /// Whatever the calls, costs, weights and clock (even going back):
-        /// no panic, and over any run no more is admitted than the
-        /// limit's rate over the run plus what the buckets and the pool
-        /// hold (a tenth of a second's worth each) and one call on credit
-        /// per key.
+        /// no panic, and over any run no more is admitted than a token
+        /// bucket of the limit's rate and burst admits: the rate over the
+        /// run and the burst.
         #[test]
         fn never_more_than_the_limit_and_what_it_holds(
             calls in prop::collection::vec((0u64..6, 1u64..4, 0u64..3_000_000, 1u64..3_000), 1..400),
@@ -563,9 +568,7 @@ mod tests {
                 prop_assert_eq!(FairTable::decode(&bytes), Ok(table.clone()));
             }
             let seconds = (last - first) as f64 / 1e9;
-            // The limit over the run, the pool full at the start and the
-            // buckets and the pool full at the end, one call on credit each.
-            let bound = 100.0 * seconds + 10.0 + 6.0 * (10.0 + 3.0) + 10.0 + 3.0;
+            let bound = 100.0 * seconds + 10.0;
             prop_assert!((admitted as f64) <= bound, "{} > {}", admitted, bound);
         }
     }

@@ -1,0 +1,188 @@
+//! `fair`: one policy's rate shared between tenants by weight, across the
+//! workers of an Envoy, through the worker against the in-memory host.
+
+use crate::host::Host;
+use crate::testing::FakeHost;
+use crate::tests::{req, worker, T0};
+use crate::worker::{Verdict, Worker};
+
+const LLM: &[u8] = b"api.llm.example";
+
+fn policy(extra: &str) -> String {
+    format!(
+        r#"{{"version": 1, "policies": [
+        {{"name": "llm", "match": {{"host": "api.llm.example"}},
+         "rate": {{"requests": 100, "period": "1s", "burst": 5}},
+         "fair": {{"key": {{"header": "x-tenant"}}, "weights": {{"gold": 2}}{extra}}}}}]}}"#
+    )
+}
+
+/// The call's answer: admitted, or the refusal's reason.
+fn call(host: &FakeHost, w: &mut Worker, id: u32, tenant: &str) -> Result<(), String> {
+    let mut headers = req(LLM, &[]);
+    headers.push(("x-tenant", tenant.as_bytes()));
+    let verdict = w.on_request(host, id, headers.as_slice());
+    w.on_stream_end(host, id);
+    match verdict {
+        Verdict::Continue => Ok(()),
+        Verdict::Reply(reply) => Err(reply
+            .headers
+            .iter()
+            .find(|(n, _)| *n == "x-sluice-reason")
+            .map_or_else(|| "the rate".to_string(), |(_, v)| v.clone())),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Every tenant calls every `every_ms` through one of two workers, for
+/// `seconds`; what each had admitted over the last `measured` seconds.
+/// Only the fair table refuses, unless it starts broken (it then starts
+/// full while the bucket may not be).
+fn greedy(
+    host: &FakeHost,
+    workers: &mut [Worker; 2],
+    tenants: &[(&str, u64)],
+    (seconds, measured): (u64, u64),
+) -> Vec<u64> {
+    let strict = host
+        .shared_get("sluice/f/llm")
+        .0
+        .is_none_or(|b| b.len() >= 29);
+    let mut admitted = vec![0; tenants.len()];
+    let mut id = 0;
+    for ms in 0..seconds * 1000 {
+        host.advance_ms(1);
+        for (i, (tenant, every_ms)) in tenants.iter().enumerate() {
+            if ms % every_ms != 0 {
+                continue;
+            }
+            id += 1;
+            let w = &mut workers[id as usize % 2];
+            match call(host, w, id, tenant) {
+                Ok(()) if ms >= (seconds - measured) * 1000 => admitted[i] += 1,
+                Ok(()) => {}
+                Err(why) => assert!(
+                    why == "fair-share" || !strict,
+                    "the bucket refused what the fair table admitted: {why}"
+                ),
+            }
+        }
+        if ms % 100 == 0 {
+            for w in workers.iter_mut() {
+                w.on_tick(host);
+            }
+        }
+    }
+    admitted
+}
+
+#[test]
+fn greedy_tenants_share_the_rate_by_weight_across_workers() {
+    let host = FakeHost::at(T0);
+    let set = policy("");
+    let mut workers = [worker(&host, &set), worker(&host, &set)];
+    // 500 calls a second each, 5 times the rate.
+    let got = greedy(
+        &host,
+        &mut workers,
+        &[("a", 2), ("b", 2), ("gold", 2)],
+        (6, 5),
+    );
+    for (got, want) in got.iter().zip([125, 125, 250]) {
+        assert!(
+            got.abs_diff(want) * 100 <= want * 5,
+            "{got} of {want}: {:?}",
+            got
+        );
+    }
+    assert!(
+        got.iter().sum::<u64>() <= 505,
+        "never past the rate: {got:?}"
+    );
+    assert!(host.metric("sluice.policy.llm.fair_refused") > 1_000);
+}
+
+#[test]
+fn a_quiet_tenant_gets_all_it_asks_beside_a_noisy_one() {
+    let host = FakeHost::at(T0);
+    let set = policy("");
+    let mut workers = [worker(&host, &set), worker(&host, &set)];
+    // Noisy: 1 000 a second; quiet: 20 a second.
+    let got = greedy(&host, &mut workers, &[("noisy", 1), ("quiet", 50)], (6, 5));
+    assert_eq!(got[1], 100, "the quiet tenant's every call: {got:?}");
+    assert!(
+        (390..=405).contains(&got[0]),
+        "the noisy one the rest: {got:?}"
+    );
+}
+
+#[test]
+fn the_refusal_says_fair_share_and_when_to_come_back() {
+    let host = FakeHost::at(T0);
+    let set = policy("");
+    let mut workers = [worker(&host, &set), worker(&host, &set)];
+    greedy(&host, &mut workers, &[("a", 2), ("b", 2)], (1, 1));
+    let mut headers = req(LLM, &[]);
+    headers.push(("x-tenant", b"a".as_slice()));
+    let reply = (0..50)
+        .find_map(
+            |id| match workers[0].on_request(&host, 10_000 + id, headers.as_slice()) {
+                Verdict::Reply(reply) => Some(reply),
+                _ => None,
+            },
+        )
+        .expect("a greedy tenant is refused");
+    let header = |name: &str| {
+        reply
+            .headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(reply.status, 429);
+    assert_eq!(header("x-sluice-reason").as_deref(), Some("fair-share"));
+    assert_eq!(header("retry-after").as_deref(), Some("1"));
+    assert!(String::from_utf8_lossy(&reply.body).contains("fair share"));
+}
+
+#[test]
+fn reservations_are_kept_for_a_tenant_that_wants_them() {
+    let host = FakeHost::at(T0);
+    let set = policy(r#", "min": {"batch": 60}"#);
+    let mut workers = [worker(&host, &set), worker(&host, &set)];
+    let got = greedy(&host, &mut workers, &[("a", 2), ("batch", 2)], (6, 5));
+    // batch: its 60 and half of the other 40.
+    assert!(
+        got[1].abs_diff(400) <= 20 && got[0].abs_diff(100) <= 10,
+        "{got:?}"
+    );
+}
+
+#[test]
+fn shadow_mode_counts_what_fairness_would_refuse_and_lets_it_pass() {
+    let host = FakeHost::at(T0);
+    let set = policy("").replace(r#""fair""#, r#""mode": "shadow", "fair""#);
+    let mut workers = [worker(&host, &set), worker(&host, &set)];
+    let got = greedy(&host, &mut workers, &[("a", 2), ("b", 2)], (2, 1));
+    assert_eq!(got, [500, 500]);
+    assert_eq!(host.metric("sluice.policy.llm.fair_refused"), 0);
+    assert!(host.metric("sluice.policy.llm.shadow_limited") > 500);
+}
+
+#[test]
+fn a_broken_fair_table_starts_afresh_and_the_rate_still_holds() {
+    let host = FakeHost::at(T0);
+    let set = policy("");
+    let mut workers = [worker(&host, &set), worker(&host, &set)];
+    for garbage in [&b""[..], &[1u8; 3], &[1, 255, 255, 255, 255, 0, 0]] {
+        host.shared_set("sluice/f/llm", garbage, None).unwrap();
+        let got = greedy(&host, &mut workers, &[("a", 2), ("b", 2)], (2, 1));
+        assert!(got.iter().sum::<u64>() <= 105, "{got:?}");
+        assert!(got[0].abs_diff(got[1]) <= 10, "{got:?}");
+    }
+    // Hostile tenant values: long, binary, absent.
+    let long = "x".repeat(100_000);
+    for tenant in [long.as_str(), "\u{0}\u{1}", ""] {
+        let _ = call(&host, &mut workers[0], 99_999, tenant);
+    }
+}

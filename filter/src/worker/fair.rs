@@ -1,0 +1,70 @@
+//! The worker's side of `fair`: each call of a policy whose rate is shared
+//! fairly takes its key's part in the policy's fair table (one shared-data
+//! value, `entries::fair_key`) before the policy's own bucket, and gives it
+//! back if the bucket then refuses. The table decides
+//! (`sluice_shared::fair::FairTable`); this only reads and writes it.
+
+use sluice_filter_core::matcher::{Classification, CompiledPolicy};
+use sluice_shared::fair::{FairClaimant, FairTable, FairTake};
+use sluice_shared::time::Span;
+
+use super::ctx::Ctx;
+use crate::entries;
+use crate::host::Host;
+
+/// What the fair table said of a call.
+pub(super) enum Fair {
+    /// No `fair`, or the table could not be changed (its fault counted by
+    /// the store): the policy's bucket alone decides, as it bounds the
+    /// total either way.
+    NotShared,
+    /// Taken from the key's share or the spare pool: give it back if the
+    /// bucket refuses.
+    Taken(FairClaimant),
+    /// Past its share while others want theirs.
+    Refused { retry_after: Span },
+}
+
+pub(super) fn take<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    class: &Classification,
+) -> Fair {
+    let (Some(compiled), Some(who)) = (&policy.fair, class.fair) else {
+        return Fair::NotShared;
+    };
+    let (terms, now, cost) = (compiled.terms, ctx.now, class.cost);
+    let key = entries::fair_key(policy.name());
+    let taken = ctx
+        .store
+        .update_as::<FairTable, _, _>(ctx.host, &key, |table| {
+            (table.take(&terms, now, who, cost), true)
+        });
+    match taken {
+        Ok(FairTake::Refused { retry_after }) => Fair::Refused { retry_after },
+        Ok(FairTake::Own | FairTake::Spare) => Fair::Taken(who),
+        Err(_) => Fair::NotShared,
+    }
+}
+
+/// The bucket refused a call the table admitted: its key gets it back.
+pub(super) fn give_back<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    who: FairClaimant,
+    cost: u64,
+) {
+    let Some(compiled) = &policy.fair else {
+        return;
+    };
+    let terms = compiled.terms;
+    let key = entries::fair_key(policy.name());
+    // A failure is counted by the store; the key then lost one call of
+    // its share, never the limit's bound.
+    let _ = ctx
+        .store
+        .update_as::<FairTable, _, _>(ctx.host, &key, |table| {
+            table.give_back(&terms, who, cost);
+            ((), true)
+        });
+}
