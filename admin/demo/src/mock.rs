@@ -1,7 +1,9 @@
 //! A mock third-party API: it records every request it sees (when, with which
 //! key and sequence number), tracks how many are in flight (sampled every
 //! few milliseconds), can be slow on demand, and enforces limits of its own,
-//! answering 429 as a real provider would.
+//! answering 429 as a real provider would. Its rate limit counts calls per
+//! calendar second (of the wall clock), as providers that allow "100 calls
+//! a second" count them.
 //!
 //! Slow on demand: header `x-mock-delay-ms` or query `delay_ms`. A refusal
 //! on demand (as the provider's own, counted): header `x-mock-status` (an
@@ -42,6 +44,8 @@ pub struct Arrival {
     pub host: Option<String>,
     /// Where the filter's queue took the request in (`queue_ticket_header`).
     pub queue_ticket: Option<u64>,
+    /// The calendar second it came in (seconds since the Unix epoch).
+    pub second: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -204,6 +208,10 @@ async fn handle(
     _uri: Uri,
 ) -> Response {
     let at = inner.start.lock().map(|s| s.elapsed()).unwrap_or_default();
+    let second = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
     let now_in_flight = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     let _guard = InFlight(&inner);
     inner
@@ -219,9 +227,9 @@ async fn handle(
             seq: header(&headers, "x-seq").and_then(|s| s.parse().ok()),
             host: header(&headers, "host"),
             queue_ticket: header(&headers, "x-sluice-queue-ticket").and_then(|s| s.parse().ok()),
+            second,
         });
     }
-    let second = at.as_secs();
     let this_second = match inner.window.lock() {
         Ok(mut w) => {
             if w.0 != second {

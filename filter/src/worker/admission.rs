@@ -277,7 +277,7 @@ impl Deciding<'_> {
             }
             Admission::Rejected { kind, retry_after } => {
                 if let Some(who) = fair_taken {
-                    fair::give_back(ctx, policy, who, class.cost);
+                    fair::refused_after(ctx, policy, (who, class.cost), kind);
                 }
                 self.record_prefetch(ctx, key, &bucket, Prefetched::default());
                 refuse(ctx, policy, &Refusal::Policy { kind }, retry_after)

@@ -4,6 +4,7 @@
 //! back if the bucket then refuses. The table decides
 //! (`sluice_shared::fair::FairTable`); this only reads and writes it.
 
+use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
 use sluice_shared::fair::{FairClaimant, FairTable, FairTake};
 use sluice_shared::time::Span;
@@ -47,24 +48,30 @@ pub(super) fn take<H: Host + ?Sized>(
     }
 }
 
-/// The bucket refused a call the table admitted: its key gets it back.
-pub(super) fn give_back<H: Host + ?Sized>(
+/// The bucket refused a call the table admitted. For want of a slot
+/// (`kind` concurrency), the rate's tokens come back to the call's key.
+/// For want of the rate's tokens, the table held more than the bucket (it
+/// was lost or broken and started afresh, full): the tokens stay spent, so
+/// the table grows poorer until it holds no more than the bucket again,
+/// and the bucket stops refusing whoever comes first.
+pub(super) fn refused_after<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
-    who: FairClaimant,
-    cost: u64,
+    (who, cost): (FairClaimant, u64),
+    kind: LimitKind,
 ) {
     let Some(compiled) = &policy.fair else {
         return;
     };
     let terms = compiled.terms;
+    let refund = kind == LimitKind::Concurrency;
     let key = entries::fair_key(policy.name());
     // A failure is counted by the store; the key then lost one call of
     // its share, never the limit's bound.
     let _ = ctx
         .store
         .update_as::<FairTable, _, _>(ctx.host, &key, |table| {
-            table.give_back(&terms, who, cost);
+            table.give_back(&terms, who, cost, refund);
             ((), true)
         });
 }

@@ -54,10 +54,13 @@ pub struct FairTerms {
 
 impl FairTerms {
     /// What a part filling at `rate` a second holds at most: that share
-    /// of the burst.
+    /// of the burst, and one token at least (a key whose share of the
+    /// burst is less would never hold a call's worth of its own, and a
+    /// noisy key would drain the pool it then depends on).
     fn hold(&self, rate: u64) -> i64 {
         let held = u128::from(rate) * u128::from(self.burst) / u128::from(self.capacity.max(1));
-        i64::try_from(held.min(u128::from(self.burst))).unwrap_or(i64::MAX)
+        let held = held.max(u128::from(UNIT)).min(u128::from(self.burst));
+        i64::try_from(held).unwrap_or(i64::MAX)
     }
 }
 
@@ -171,16 +174,19 @@ impl FairTable {
         FairTake::Refused { retry_after }
     }
 
-    /// A call admitted here was refused by the limit itself: its tokens
-    /// come back to its key (as far as its part holds them).
-    pub fn give_back(&mut self, terms: &FairTerms, who: FairClaimant, cost: u64) {
+    /// A call admitted here was refused by the limit itself: it no longer
+    /// counts as used, and with `refund` its tokens come back to its key
+    /// (as far as its part holds them).
+    pub fn give_back(&mut self, terms: &FairTerms, who: FairClaimant, cost: u64, refund: bool) {
         let cost = cost.saturating_mul(UNIT);
         let at = self.entry(terms, who);
         let key = &mut self.keys[at];
-        let cap = terms.hold(key.share).max(key.tokens);
-        let back = i64::try_from(cost).unwrap_or(i64::MAX);
-        key.tokens = key.tokens.saturating_add(back).min(cap);
         key.used = key.used.saturating_sub(cost);
+        if refund {
+            let cap = terms.hold(key.share).max(key.tokens);
+            let back = i64::try_from(cost).unwrap_or(i64::MAX);
+            key.tokens = key.tokens.saturating_add(back).min(cap);
+        }
     }
 
     /// The entry of `who` (made if it has none; the overflow entry when
@@ -201,16 +207,19 @@ impl FairTable {
                 reserved: who.reserved,
                 ..FairKey::default()
             });
-            return self.keys.len() - 1;
-        }
-        if let Some(at) = self.keys.iter().position(|k| k.key == OVERFLOW_KEY) {
+        } else if let Some(at) = self.keys.iter().position(|k| k.key == OVERFLOW_KEY) {
             return at;
+        } else {
+            self.keys.push(FairKey {
+                key: OVERFLOW_KEY,
+                weight: super::WEIGHT_SCALE,
+                ..FairKey::default()
+            });
         }
-        self.keys.push(FairKey {
-            key: OVERFLOW_KEY,
-            weight: super::WEIGHT_SCALE,
-            ..FairKey::default()
-        });
+        // A newcomer gets its share now, not at the window's end: its part
+        // starts filling at once (a quiet caller's second call 50 ms after
+        // its first was refused while a noisy one drained the pool).
+        self.share_out(terms);
         self.keys.len() - 1
     }
 
@@ -232,9 +241,12 @@ impl FairTable {
         self.pool = self
             .pool
             .saturating_add(over(terms.capacity.saturating_sub(shared)));
+        let burst = i64::try_from(terms.burst).unwrap_or(i64::MAX);
         let mut held: i64 = 0;
         for key in &mut self.keys {
-            let cap = terms.hold(key.share);
+            // Its own cap, within what the parts before it left of the
+            // burst (one token each may add up to more than the burst).
+            let cap = terms.hold(key.share).min(burst.saturating_sub(held));
             let filled = key.tokens.saturating_add(over(key.share));
             if filled > cap {
                 self.pool = self.pool.saturating_add(filled - cap.max(key.tokens));
@@ -244,9 +256,7 @@ impl FairTable {
             }
             held = held.saturating_add(key.tokens.max(0));
         }
-        // All parts together hold the burst at most (the keys' own parts
-        // add up to it at most: their shares add up to the rate at most).
-        let burst = i64::try_from(terms.burst).unwrap_or(i64::MAX);
+        // All parts together hold the burst at most.
         self.pool = self.pool.min(burst.saturating_sub(held)).max(0);
         let ended = now.since(self.window_start);
         if ended < WINDOW {
@@ -269,14 +279,20 @@ impl FairTable {
         self.share_out(terms);
     }
 
-    /// Each key's share for the next window, from what it asked.
+    /// Each key's share for the next window, from what it asked (a key
+    /// new this window, having asked nothing yet that counts, as if it
+    /// wanted all: it gets its weighted part until its asks are counted).
     fn share_out(&mut self, terms: &FairTerms) {
         let per_second = Span::from_secs(1).as_nanos() / WINDOW.as_nanos();
         let claims: Vec<Claim> = self
             .keys
             .iter()
             .map(|k| {
-                let asked = k.asked_before.saturating_mul(per_second);
+                let asked = if k.asked_before == 0 {
+                    terms.capacity
+                } else {
+                    k.asked_before.saturating_mul(per_second)
+                };
                 Claim {
                     weight: k.weight,
                     demand: asked.saturating_add(asked / 4).saturating_add(UNIT),
@@ -524,6 +540,28 @@ mod tests {
         let retry = refused.expect("a greedy key is refused");
         // At 50 a second a token takes 20 ms.
         assert!(retry <= Span::from_millis(21), "{retry:?}");
+    }
+
+    #[test]
+    fn a_call_the_limit_refused_is_refunded_only_for_want_of_a_slot() {
+        let mut table = FairTable::default();
+        let a = key(1, 1);
+        run(&mut table, &[(a, 1_000)], (0, 1, 1));
+        let now = Instant::from_millis(1_000);
+        while table.take(&TERMS, now, a, 1).admitted() {}
+        let before = table.keys[0].tokens;
+        table.give_back(&TERMS, a, 1, false);
+        assert_eq!(
+            table.keys[0].tokens, before,
+            "the table held more than the bucket"
+        );
+        table.give_back(&TERMS, a, 1, true);
+        assert_eq!(
+            table.keys[0].tokens,
+            before + UNIT as i64,
+            "a slot was missing"
+        );
+        assert!(table.take(&TERMS, now, a, 1).admitted());
     }
 
     #[test]
