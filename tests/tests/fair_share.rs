@@ -346,3 +346,88 @@ async fn hostile_tenant_values_are_tenants_and_the_rate_holds() -> anyhow::Resul
     assert_eq!(mock.rejected_by_mock(), 0);
     Ok(())
 }
+
+/// The quiet tenant's waits in queue mode beside a noisy tenant offering
+/// ten times the quota: (p50, p99, worst) of its admitted calls, and how
+/// many it had refused.
+async fn quiet_waits_in_queue(
+    fair: bool,
+) -> anyhow::Result<(Duration, Duration, Duration, usize, f64)> {
+    let queue = r#""on_limit": {"action": "queue", "max_wait": "2s", "max_queue": 5000}"#;
+    let fair_spec = if fair {
+        r#", "fair": {"key": {"header": "x-api-key"}}"#
+    } else {
+        ""
+    };
+    let policy = format!(
+        r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
+            "rate": {{"requests": 95, "period": "1s", "burst": 5}}, {queue}{fair_spec}}}"#
+    );
+    let limits = MockLimits {
+        max_per_second: PROVIDER_PER_SECOND,
+        max_in_flight: 0,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-fair-queue", "fallback": {{"version": 1, "policies": [{policy}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+    mock.reset();
+    let noisy = start(&envoy, "noisy", 950);
+    // The noisy backlog builds first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let quiet = start(&envoy, "quiet", 20);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let quiet_calls = quiet.finish().await;
+    noisy.finish().await;
+    let mut waits: Vec<Duration> = quiet_calls
+        .iter()
+        .filter(|o| o.status == 200)
+        .map(|o| o.latency)
+        .collect();
+    waits.sort();
+    let at = |q: f64| {
+        waits
+            .get(((waits.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or_default()
+    };
+    let seconds = per_second(&mock, Duration::from_secs(2), Duration::from_secs(7));
+    let quiet_rate = seconds
+        .values()
+        .map(|by| by.get("quiet").copied().unwrap_or(0))
+        .sum::<u64>() as f64
+        / seconds.len().max(1) as f64;
+    assert_eq!(mock.rejected_by_mock(), 0, "the provider refused calls");
+    Ok((
+        at(0.5),
+        at(0.99),
+        at(1.0),
+        load::count(&quiet_calls, 429),
+        quiet_rate,
+    ))
+}
+
+/// Queue mode: the quiet tenant's calls wait for their share, not behind
+/// the noisy tenant's backlog (p99 under 100 ms), against FIFO, where
+/// they wait about the whole `max_wait` (2 s) or are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_queue_keeps_a_quiet_tenants_wait_short_beside_a_noisy_backlog() -> anyhow::Result<()>
+{
+    let (p50, p99, worst, refused, rate) = quiet_waits_in_queue(true).await?;
+    let (fifo_p50, fifo_p99, fifo_worst, fifo_refused, fifo_rate) =
+        quiet_waits_in_queue(false).await?;
+    println!(
+        "fair queue: noisy offers 950/s, quiet 20/s, max_wait 2 s; quiet waits with fair: p50 {p50:?}, p99 {p99:?}, \
+         worst {worst:?}, {refused} refused, the provider saw quiet {rate:.1}/s; FIFO: p50 {fifo_p50:?}, p99 {fifo_p99:?}, \
+         worst {fifo_worst:?}, {fifo_refused} refused, the provider saw quiet {fifo_rate:.1}/s"
+    );
+    assert!(p99 < Duration::from_millis(100), "fair p99 {p99:?}");
+    assert_eq!(refused, 0);
+    assert!(rate >= 19.0, "quiet {rate:.1}/s");
+    assert!(
+        fifo_p50 > Duration::from_millis(1_000) || fifo_refused > 60,
+        "FIFO was not slow"
+    );
+    Ok(())
+}

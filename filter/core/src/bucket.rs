@@ -4,8 +4,9 @@
 //! shared data, and rate and concurrency are decided together: a request the
 //! concurrency limit refuses never spends rate tokens, and the other way round.
 //!
-//! Queue mode keeps the waiting requests of every worker in one FIFO here
-//! (high priority first, then by ticket). Each worker polls the bucket on its
+//! Queue mode keeps the waiting requests of every worker in one queue here
+//! (high priority first, then by ticket; a `fair` policy's calls, within a
+//! priority, by start-time fair queueing tags: [`FairTag`]). Each worker polls the bucket on its
 //! tick and resumes its own waiters when they reach the head and the limits
 //! allow; a waiter that gives up (client gone) leaves the queue, and everyone
 //! behind moves up. Entries carry a deadline so a crashed worker's waiters
@@ -85,12 +86,36 @@ pub struct Waiter {
     pub cost: u64,
     pub priority: Priority,
     pub deadline: Instant,
+    /// A `fair` policy's call: its key and place in the fair order.
+    pub fair: Option<FairTag>,
 }
 
+/// Where a waiting call of a `fair` policy stands in start-time fair
+/// queueing (Goyal, Vin and Cheng 1996): it starts at the later of the
+/// queue's virtual time and the end of its key's calls already waiting,
+/// and spans its cost per weight. Calls leave by start (arrival order
+/// among equal starts): a key with nothing waiting starts at the virtual
+/// time, ahead of a noisy key's backlog, so its wait is bounded by its
+/// share; within a key, first come first served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairTag {
+    pub key: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Virtual time one token spans at weight 1 (1 000 thousandths).
+pub const VIRTUAL_PER_TOKEN: u64 = 1_000_000;
+
 impl Waiter {
-    /// Queue order: high priority first, then first come first served.
-    fn rank(&self) -> (std::cmp::Reverse<Priority>, u64) {
-        (std::cmp::Reverse(self.priority), self.ticket)
+    /// Queue order: high priority first, then by fair start (0 for a
+    /// policy without `fair`), then first come first served.
+    fn rank(&self) -> (std::cmp::Reverse<Priority>, u64, u64) {
+        (
+            std::cmp::Reverse(self.priority),
+            self.fair.map_or(0, |f| f.start),
+            self.ticket,
+        )
     }
 }
 
@@ -102,6 +127,9 @@ pub struct BucketState {
     pub rate: Option<RateState>,
     pub leases: LeaseTable,
     pub waiters: Vec<Waiter>,
+    /// A fair queue's virtual time: the start of the call that left last
+    /// (0 while nobody waits).
+    pub virtual_now: u64,
 }
 
 /// The outcome of a request arriving at a bucket.
@@ -135,7 +163,11 @@ struct Refusal {
 impl BucketState {
     /// 2: leases carry when they began.
     const VERSION: u8 = 2;
+    /// 3: version 2 and a fair queue: the virtual time, and each waiter's
+    /// key, start and end (written only when a fair queue has any).
+    const FAIR_VERSION: u8 = 3;
     const WAITER_LEN: usize = 33;
+    const FAIR_WAITER_LEN: usize = 24;
     /// Upper bound on queue entries decoded from shared data.
     pub const MAX_WAITERS: usize = 100_000;
 
@@ -149,6 +181,9 @@ impl BucketState {
     /// Drops expired leases and waiters whose deadline passed.
     pub fn cleanup(&mut self, now: Instant) -> u32 {
         self.waiters.retain(|w| w.deadline >= now);
+        if self.waiters.is_empty() {
+            self.virtual_now = 0;
+        }
         self.leases.reclaim_expired(now)
     }
 
@@ -307,7 +342,21 @@ impl BucketState {
         cost: u64,
         priority: Priority,
     ) -> Admission {
-        self.arrive(limits, holder, now, (cost, priority), false)
+        self.arrive(limits, holder, now, (cost, priority, None), false)
+    }
+
+    /// [`Self::admit`] for a call of a `fair` policy: `fair` is its key
+    /// and weight (thousandths), which place it in the queue.
+    pub fn admit_fairly(
+        &mut self,
+        limits: &BucketLimits,
+        holder: u64,
+        now: Instant,
+        (cost, priority): (u64, Priority),
+        fair: Option<(u64, u64)>,
+        must_wait: bool,
+    ) -> Admission {
+        self.arrive(limits, holder, now, (cost, priority, fair), must_wait)
     }
 
     /// A request that must wait whatever the bucket holds (one of its
@@ -321,7 +370,32 @@ impl BucketState {
         cost: u64,
         priority: Priority,
     ) -> Admission {
-        self.arrive(limits, holder, now, (cost, priority), true)
+        self.arrive(limits, holder, now, (cost, priority, None), true)
+    }
+
+    /// Where a call of `key` at `weight` (thousandths) costing `cost`
+    /// starts and ends in the fair order.
+    fn fair_tag(&self, key: u64, weight: u64, cost: u64) -> FairTag {
+        let start = self
+            .waiters
+            .iter()
+            .filter_map(|w| w.fair)
+            .filter(|f| f.key == key)
+            .map(|f| f.end)
+            .max()
+            .unwrap_or(0)
+            .max(self.virtual_now);
+        let span = cost
+            .max(1)
+            .saturating_mul(VIRTUAL_PER_TOKEN)
+            .checked_div(weight.max(1))
+            .unwrap_or(u64::MAX)
+            .max(1);
+        FairTag {
+            key,
+            start,
+            end: start.saturating_add(span),
+        }
     }
 
     fn arrive(
@@ -329,7 +403,7 @@ impl BucketState {
         limits: &BucketLimits,
         holder: u64,
         now: Instant,
-        (cost, priority): (u64, Priority),
+        (cost, priority, fair): (u64, Priority, Option<(u64, u64)>),
         must_wait: bool,
     ) -> Admission {
         self.cleanup(now);
@@ -371,6 +445,7 @@ impl BucketState {
                 cost,
                 priority,
                 deadline: Instant::EPOCH,
+                fair: fair.map(|(key, weight)| self.fair_tag(key, weight, cost)),
             };
             let mut ahead: Vec<&Waiter> = self
                 .waiters
@@ -393,12 +468,14 @@ impl BucketState {
         let ticket = self.next_ticket;
         self.next_ticket = self.next_ticket.wrapping_add(1);
         let deadline = now + queue.max_wait;
+        let fair = fair.map(|(key, weight)| self.fair_tag(key, weight, cost));
         self.waiters.push(Waiter {
             holder,
             ticket,
             cost,
             priority,
             deadline,
+            fair,
         });
         Admission::Queued { ticket, deadline }
     }
@@ -451,6 +528,7 @@ impl BucketState {
                 return None;
             }
             self.waiters.retain(|w| w.ticket != head.ticket);
+            self.leave(&head);
             if admissible {
                 return Some(head.ticket);
             }
@@ -481,6 +559,17 @@ impl BucketState {
         match limiter.reserve(&mut projected, enqueued_at, head.cost, Span::MAX) {
             Reservation::At { instant } => instant.clamp(earliest, now),
             Reservation::Deny { .. } => now,
+        }
+    }
+
+    /// A waiter left the head of the queue: a fair queue's virtual time
+    /// moves to its start, and starts afresh once nobody waits.
+    fn leave(&mut self, head: &Waiter) {
+        if let Some(tag) = head.fair {
+            self.virtual_now = self.virtual_now.max(tag.start);
+        }
+        if self.waiters.is_empty() {
+            self.virtual_now = 0;
         }
     }
 
@@ -522,7 +611,12 @@ impl BucketState {
         let mut out = Vec::with_capacity(
             1 + 16 + 1 + rate.len() + leases.len() + 4 + self.waiters.len() * Self::WAITER_LEN,
         );
-        out.push(Self::VERSION);
+        let fair = self.virtual_now != 0 || self.waiters.iter().any(|w| w.fair.is_some());
+        out.push(if fair {
+            Self::FAIR_VERSION
+        } else {
+            Self::VERSION
+        });
         out.extend_from_slice(&self.owner.to_le_bytes());
         out.extend_from_slice(&self.next_ticket.to_le_bytes());
         out.push(u8::try_from(rate.len()).unwrap_or(0));
@@ -539,13 +633,27 @@ impl BucketState {
                 Priority::High => 1,
             });
         }
+        if fair {
+            out.extend_from_slice(&self.virtual_now.to_le_bytes());
+            for w in &self.waiters {
+                // Key 0 stands for none (fair tables take key 0 for 1).
+                let tag = w.fair.unwrap_or(FairTag {
+                    key: 0,
+                    start: 0,
+                    end: 0,
+                });
+                for v in [tag.key, tag.start, tag.end] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader { bytes, at: 0 };
         let version = r.u8()?;
-        if version != Self::VERSION {
+        if version != Self::VERSION && version != Self::FAIR_VERSION {
             return Err(DecodeError::UnknownTag(version));
         }
         let owner = r.u64()?;
@@ -579,7 +687,19 @@ impl BucketState {
                 } else {
                     Priority::Normal
                 },
+                fair: None,
             });
+        }
+        let mut virtual_now = 0;
+        if version == Self::FAIR_VERSION {
+            virtual_now = r.u64()?;
+            if bytes.len().saturating_sub(r.at) < waiter_count * Self::FAIR_WAITER_LEN {
+                return Err(r.too_short(waiter_count * Self::FAIR_WAITER_LEN));
+            }
+            for w in &mut waiters {
+                let (key, start, end) = (r.u64()?, r.u64()?, r.u64()?);
+                w.fair = (key != 0).then_some(FairTag { key, start, end });
+            }
         }
         if r.at != bytes.len() {
             return Err(DecodeError::Length {
@@ -593,6 +713,7 @@ impl BucketState {
             rate,
             leases,
             waiters,
+            virtual_now,
         })
     }
 }
@@ -640,6 +761,7 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
     use sluice_shared::limiter::TokenBucket;
+    use std::collections::BTreeMap;
 
     const SEC: Span = Span::from_secs(1);
     const T0: Instant = Instant::from_nanos(1_800_000_000 * 1_000_000_000);
@@ -671,6 +793,143 @@ mod tests {
             }),
             queue,
         }
+    }
+
+    /// Polls every millisecond for `ms`; the keys of the calls that left,
+    /// in order (`keys` maps ticket to key).
+    fn drain_fairly(
+        b: &mut BucketState,
+        limits: &BucketLimits,
+        keys: &BTreeMap<u64, u64>,
+        ms_total: u64,
+    ) -> Vec<u64> {
+        let mut left = Vec::new();
+        for t in 1..=ms_total {
+            for ticket in b.poll(limits, 1, T0 + ms(t - 1), T0 + ms(t)) {
+                left.push(keys[&ticket]);
+            }
+        }
+        left
+    }
+
+    /// A fair call of `key` at `weight` arriving at `at`; its ticket noted
+    /// in `keys` when it waits.
+    fn arrive_fairly(
+        b: &mut BucketState,
+        limits: &BucketLimits,
+        keys: &mut BTreeMap<u64, u64>,
+        at: Instant,
+        (key, weight): (u64, u64),
+    ) -> Admission {
+        let a = b.admit_fairly(
+            limits,
+            1,
+            at,
+            (1, Priority::Normal),
+            Some((key, weight)),
+            false,
+        );
+        if let Admission::Queued { ticket, .. } = a {
+            keys.insert(ticket, key);
+        }
+        a
+    }
+
+    #[test]
+    fn a_fair_queue_lets_a_quiet_key_past_a_noisy_keys_backlog() {
+        let limits = rate_queue(50, SEC.saturating_mul(10));
+        let mut b = BucketState::new(0);
+        let mut keys = BTreeMap::new();
+        // The noisy key (7) queues 100 calls: two seconds of the rate.
+        for _ in 0..100 {
+            arrive_fairly(&mut b, &limits, &mut keys, T0, (7, 1_000));
+        }
+        // After 200 ms the quiet key (9) comes: it is next but one.
+        let early = drain_fairly(&mut b, &limits, &keys, 200);
+        assert!(early.iter().all(|k| *k == 7));
+        let at = T0 + ms(200);
+        assert!(matches!(
+            arrive_fairly(&mut b, &limits, &mut keys, at, (9, 1_000)),
+            Admission::Queued { .. }
+        ));
+        let mut next = Vec::new();
+        for t in 201..=260u64 {
+            for ticket in b.poll(&limits, 1, T0 + ms(t - 1), T0 + ms(t)) {
+                next.push(keys[&ticket]);
+            }
+        }
+        assert!(next.iter().take(2).any(|k| *k == 9), "{next:?}");
+        // Without fairness it waits behind the whole backlog.
+        let mut fifo = BucketState::new(0);
+        for _ in 0..100 {
+            fifo.admit(&limits, 1, T0, 1, Priority::Normal);
+        }
+        assert!(matches!(
+            fifo.admit(&limits, 1, at, 1, Priority::Normal),
+            Admission::Queued { ticket: 99, .. }
+        ));
+        // The state, fair tags and all, survives its bytes; a state
+        // without a fair queue keeps the older layout.
+        assert_eq!(BucketState::decode(&b.encode()), Ok(b.clone()));
+        assert_eq!(fifo.encode()[0], 2);
+        assert_eq!(b.encode()[0], 3);
+    }
+
+    #[test]
+    fn backlogged_keys_leave_a_fair_queue_by_weight_and_in_order_within_a_key() {
+        let limits = rate_queue(100, SEC.saturating_mul(10));
+        let mut b = BucketState::new(0);
+        let mut keys = BTreeMap::new();
+        for _ in 0..300 {
+            arrive_fairly(&mut b, &limits, &mut keys, T0, (1, 1_000));
+            arrive_fairly(&mut b, &limits, &mut keys, T0, (2, 2_000));
+        }
+        let mut order = Vec::new();
+        for t in 1..=3_000u64 {
+            for ticket in b.poll(&limits, 1, T0 + ms(t - 1), T0 + ms(t)) {
+                order.push(ticket);
+            }
+        }
+        let twos = order.iter().take(300).filter(|t| keys[*t] == 2).count();
+        assert!(
+            (195..=205).contains(&twos),
+            "{twos} of the first 300 to weight 2"
+        );
+        for key in [1, 2] {
+            let mine: Vec<u64> = order.iter().copied().filter(|t| keys[t] == key).collect();
+            assert!(
+                mine.windows(2).all(|w| w[0] < w[1]),
+                "first come first served within key {key}"
+            );
+        }
+        // Everyone gone: the virtual time starts afresh.
+        let rest = drain_fairly(&mut b, &limits, &keys, 20_000);
+        assert!(
+            b.waiters.is_empty(),
+            "{} left over, {} drained",
+            b.waiters.len(),
+            rest.len()
+        );
+        assert_eq!(b.virtual_now, 0);
+    }
+
+    #[test]
+    fn broken_fair_bytes_are_refused() {
+        let limits = rate_queue(10, SEC);
+        let mut b = BucketState::new(0);
+        for k in 1..4 {
+            b.admit_fairly(&limits, 1, T0, (1, Priority::Normal), Some((k, 500)), false);
+        }
+        let bytes = b.encode();
+        for cut in [1, 8, 24, 25] {
+            assert!(
+                BucketState::decode(&bytes[..bytes.len() - cut]).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(BucketState::decode(&longer).is_err());
     }
 
     #[test]

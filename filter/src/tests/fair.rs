@@ -186,3 +186,47 @@ fn a_broken_fair_table_starts_afresh_and_the_rate_still_holds() {
         let _ = call(&host, &mut workers[0], 99_999, tenant);
     }
 }
+
+/// Queue mode: a noisy tenant's 200 waiting calls (4 s of the rate) and
+/// then a quiet tenant's call: the quiet call leaves within two turns of
+/// the rate, not behind the backlog; without `fair` it waits its 4 s.
+#[test]
+fn a_fair_queue_lets_a_quiet_tenant_past_a_noisy_backlog() {
+    let queued = |fair: &str| {
+        format!(
+            r#"{{"version": 1, "policies": [
+            {{"name": "llm", "match": {{"host": "api.llm.example"}},
+             "rate": {{"requests": 50, "period": "1s", "burst": 1}},
+             "on_limit": {{"action": "queue", "max_wait": "10s", "max_queue": 1000}}{fair}}}]}}"#
+        )
+    };
+    let waited = |set: &str| {
+        let host = FakeHost::at(T0);
+        let mut w = worker(&host, set);
+        let arrive = |w: &mut Worker, id: u32, tenant: &str| {
+            let mut headers = req(LLM, &[]);
+            headers.push(("x-tenant", tenant.as_bytes()));
+            w.on_request(&host, id, headers.as_slice())
+        };
+        for id in 1..=200 {
+            arrive(&mut w, id, "noisy");
+        }
+        assert!(matches!(
+            arrive(&mut w, 999, "quiet"),
+            Verdict::Pause { .. }
+        ));
+        for ms in 1..=10_000u64 {
+            host.advance_ms(1);
+            for action in w.on_tick(&host) {
+                if action == crate::worker::StreamAction::Resume(999) {
+                    return ms;
+                }
+            }
+        }
+        panic!("the quiet call never left");
+    };
+    let fair = waited(&queued(r#", "fair": {"key": {"header": "x-tenant"}}"#));
+    let fifo = waited(&queued(""));
+    assert!(fair <= 45, "fair: the quiet call waited {fair} ms");
+    assert!(fifo >= 3_900, "FIFO: the quiet call waited {fifo} ms");
+}

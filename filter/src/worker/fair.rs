@@ -1,12 +1,14 @@
-//! The worker's side of `fair`: each call of a policy whose rate is shared
-//! fairly takes its key's part in the policy's fair table (one shared-data
-//! value, `entries::fair_key`) before the policy's own bucket, and gives it
-//! back if the bucket then refuses. The table decides
-//! (`sluice_shared::fair::FairTable`); this only reads and writes it.
+//! The worker's side of `fair` in reject mode: each call of a policy whose
+//! rate is shared fairly takes its key's part in the policy's fair table
+//! (one shared-data value, `entries::fair_key`) before the policy's own
+//! bucket. The table decides (`sluice_shared::fair::FairTable`); this only
+//! reads and writes it. In queue mode the policy's queue orders waiting
+//! calls fairly instead (`sluice_filter_core::bucket::FairTag`).
 
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
 use sluice_shared::fair::{FairClaimant, FairTable, FairTake};
+use sluice_shared::policy::LimitAction;
 use sluice_shared::time::Span;
 
 use super::ctx::Ctx;
@@ -34,6 +36,11 @@ pub(super) fn take<H: Host + ?Sized>(
     let (Some(compiled), Some(who)) = (&policy.fair, class.fair) else {
         return Fair::NotShared;
     };
+    if policy.policy.on_limit.action == LimitAction::Queue && !policy.is_shadow() {
+        // Queued calls leave the policy's queue in the fair order instead
+        // (`BucketState`'s fair tags): the queue is the share.
+        return Fair::NotShared;
+    }
     let (terms, now, cost) = (compiled.terms, ctx.now, class.cost);
     let key = entries::fair_key(policy.name());
     let taken = ctx

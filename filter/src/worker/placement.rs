@@ -72,10 +72,19 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             _ => false,
         };
         spare_returned.set(returned);
-        let a = if must_wait {
-            s.queue_behind(limits, holder, now, class.cost, class.priority)
-        } else {
-            s.admit(limits, holder, now, class.cost, class.priority)
+        let a = match class.fair {
+            // A fair policy's call waits in the fair order (key 0 is
+            // none in the bucket's layout).
+            Some(who) => s.admit_fairly(
+                limits,
+                holder,
+                now,
+                (class.cost, class.priority),
+                Some((who.key.max(1), who.weight)),
+                must_wait,
+            ),
+            None if must_wait => s.queue_behind(limits, holder, now, class.cost, class.priority),
+            None => s.admit(limits, holder, now, class.cost, class.priority),
         };
         let prefetched = match a {
             Admission::Admitted { .. } => s.prefetch(limits, holder, now, prefetch),
