@@ -913,6 +913,48 @@ mod tests {
         assert_eq!(b.virtual_now, 0);
     }
 
+    proptest::proptest! {
+        /// Whatever the arrivals (keys, weights, costs, times): nothing
+        /// panics, the state survives its bytes, calls of one key leave in
+        /// the order they came, and the rate holds.
+        #[test]
+        fn a_fair_queue_keeps_order_within_a_key_and_the_rate(
+            calls in proptest::collection::vec((0u64..5, 1u64..3_000_000, 1u64..4, 0u64..30), 1..150),
+        ) {
+            let limits = rate_queue(100, SEC.saturating_mul(5));
+            let mut b = BucketState::new(0);
+            let mut keys = BTreeMap::new();
+            let mut now = T0;
+            let mut left: Vec<u64> = Vec::new();
+            let mut admitted_cost = 0;
+            for (key, weight, cost, step) in calls {
+                let previous = now;
+                now = now + ms(step);
+                for ticket in b.poll(&limits, 1, previous, now) {
+                    left.push(ticket);
+                }
+                let a = b.admit_fairly(&limits, 1, now, (cost, Priority::Normal), Some((key + 1, weight)), false);
+                match a {
+                    Admission::Queued { ticket, .. } => { keys.insert(ticket, (key, cost)); }
+                    Admission::Admitted { .. } => admitted_cost += cost,
+                    Admission::Rejected { .. } => {}
+                }
+                proptest::prop_assert_eq!(BucketState::decode(&b.encode()), Ok(b.clone()));
+            }
+            let end = now + SEC.saturating_mul(6);
+            for ticket in b.poll(&limits, 1, now, end) {
+                left.push(ticket);
+            }
+            for key in 0..5 {
+                let mine: Vec<u64> = left.iter().copied().filter(|t| keys[t].0 == key).collect();
+                proptest::prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "key {} out of order: {:?}", key, mine);
+            }
+            let total: u64 = admitted_cost + left.iter().map(|t| keys[t].1).sum::<u64>();
+            let seconds = (end - T0).as_secs_f64();
+            proptest::prop_assert!(total as f64 <= 1.0 + 100.0 * seconds, "{} in {} s", total, seconds);
+        }
+    }
+
     #[test]
     fn broken_fair_bytes_are_refused() {
         let limits = rate_queue(10, SEC);

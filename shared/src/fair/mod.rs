@@ -20,15 +20,11 @@
 //! largest remainder (ties to the earlier key), so the shares add up
 //! exactly.
 
-use std::collections::BTreeMap;
-
 mod table;
 pub use table::{
     FairClaimant, FairDecodeError, FairKey, FairTable, FairTake, FairTerms, MAX_KEYS, OVERFLOW_KEY,
     UNIT, WINDOW,
 };
-
-use serde::{Deserialize, Serialize};
 
 /// Weights are kept in thousandths: `0.5` is 500.
 pub const WEIGHT_SCALE: u64 = 1000;
@@ -118,62 +114,6 @@ fn weight_of(claim: &Claim) -> u128 {
     u128::from(claim.weight.max(1))
 }
 
-/// The order waiting calls leave a fair queue in: start-time fair queueing
-/// (Goyal, Vin and Cheng 1996). A call that starts waiting is tagged with
-/// when it would start if each key were served at the pace of its weight:
-/// the later of the queue's virtual time and the end of its key's calls
-/// already waiting; calls leave by tag (arrival order among equal tags).
-/// A key that waits behind nobody of its own starts at the virtual time,
-/// ahead of a noisy key's backlog, so its wait is bounded by its share,
-/// not by the backlog; within a key the order is first come, first served.
-///
-/// Virtual time counts cost per weight: a call of `cost` from a key of
-/// weight `w` thousandths spans `cost * VIRTUAL_PER_TOKEN / w`. A key is
-/// forgotten once virtual time passes the end of its last call, and every
-/// key when the queue is idle.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FairClock {
-    /// The tag of the last call that left.
-    now: u128,
-    /// Per key (hash) waiting, when its last waiting call ends.
-    ends: BTreeMap<u64, u128>,
-}
-
-/// Virtual time one token spans at weight 1 (1 000 thousandths).
-pub const VIRTUAL_PER_TOKEN: u128 = 1_000_000;
-
-impl FairClock {
-    /// The tag of a call of `key` (weight in thousandths) that starts
-    /// waiting now, costing `cost`.
-    pub fn tag(&mut self, key: u64, weight: u64, cost: u64) -> u128 {
-        let start = self.ends.get(&key).copied().unwrap_or(0).max(self.now);
-        let span = u128::from(cost.max(1)) * VIRTUAL_PER_TOKEN / u128::from(weight.max(1));
-        self.ends.insert(key, start.saturating_add(span.max(1)));
-        start
-    }
-
-    /// The call tagged `tag` left the queue (admitted, timed out or gone):
-    /// virtual time moves to it, and keys with nothing left waiting are
-    /// forgotten.
-    pub fn left(&mut self, tag: u128) {
-        self.now = self.now.max(tag);
-        let now = self.now;
-        self.ends.retain(|_, end| *end > now);
-    }
-
-    /// Nobody waits any more: start afresh (virtual time never grows
-    /// without a backlog).
-    pub fn idle(&mut self) {
-        *self = Self::default();
-    }
-
-    /// Keys remembered: with calls waiting, or whose last call ends past
-    /// the virtual time.
-    pub fn keys(&self) -> usize {
-        self.ends.len()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,106 +171,6 @@ mod tests {
         let got = shares(100, &[reserved(70), reserved(70), reserved(70)]);
         assert_eq!(got.iter().sum::<u64>(), 100);
         assert_eq!(got, [70, 30, 0]);
-    }
-
-    /// A queue of (tag, arrival, key) served by tag.
-    fn serve(clock: &mut FairClock, waiting: &mut Vec<(u128, usize, u64)>) -> Option<u64> {
-        let at = (0..waiting.len()).min_by_key(|&i| (waiting[i].0, waiting[i].1))?;
-        let (tag, _, key) = waiting.remove(at);
-        clock.left(tag);
-        Some(key)
-    }
-
-    #[test]
-    fn backlogged_keys_leave_in_proportion_to_their_weights() {
-        let mut clock = FairClock::default();
-        let mut waiting = Vec::new();
-        for n in 0..300 {
-            waiting.push((clock.tag(1, 1_000, 1), 2 * n, 1));
-            waiting.push((clock.tag(2, 2_000, 1), 2 * n + 1, 2));
-        }
-        let order: Vec<u64> = std::iter::from_fn(|| serve(&mut clock, &mut waiting))
-            .take(300)
-            .collect();
-        let twos = order.iter().filter(|k| **k == 2).count();
-        assert!(
-            (199..=201).contains(&twos),
-            "{twos} of 300 to the weight-2 key"
-        );
-    }
-
-    #[test]
-    fn a_quiet_key_waits_behind_its_share_not_the_noisy_keys_backlog() {
-        let mut clock = FairClock::default();
-        let mut waiting = Vec::new();
-        for n in 0..1_000 {
-            waiting.push((clock.tag(1, 1_000, 1), n, 1));
-        }
-        // 10 served, then the quiet key's call comes: it is next but one.
-        for _ in 0..10 {
-            serve(&mut clock, &mut waiting);
-        }
-        waiting.push((clock.tag(2, 1_000, 1), 1_000, 2));
-        let next: Vec<u64> = std::iter::from_fn(|| serve(&mut clock, &mut waiting))
-            .take(2)
-            .collect();
-        assert!(next.contains(&2), "{next:?}");
-        // Everyone served: the clock holds no more than the key of the last
-        // call (it ends past the virtual time), and starts afresh when the
-        // queue is idle.
-        while serve(&mut clock, &mut waiting).is_some() {}
-        assert!(clock.keys() <= 1, "{clock:?}");
-        clock.idle();
-        assert_eq!(clock, FairClock::default());
-    }
-
-    proptest! {
-        /// Whatever the arrivals: within a key calls leave in arrival
-        /// order, and while two keys are both backlogged their service
-        /// (in cost per weight) never drifts apart by more than one call's
-        /// span each.
-        #[test]
-        fn fair_order_keeps_fifo_within_a_key_and_weights_across_keys(
-            arrivals in prop::collection::vec((0u64..4, 1u64..5), 1..200),
-            weights in prop::collection::vec(1u64..4_000, 4),
-        ) {
-            let mut clock = FairClock::default();
-            let mut waiting = Vec::new();
-            for (n, (key, cost)) in arrivals.iter().enumerate() {
-                let tag = clock.tag(*key, weights[*key as usize], *cost);
-                waiting.push((tag, n, *key));
-            }
-            let costs: Vec<u64> = arrivals.iter().map(|(_, c)| *c).collect();
-            let mut served: Vec<usize> = Vec::new();
-            while let Some(at) = (0..waiting.len()).min_by_key(|&i| (waiting[i].0, waiting[i].1)) {
-                let (tag, n, _) = waiting.remove(at);
-                clock.left(tag);
-                served.push(n);
-            }
-            for key in 0..4u64 {
-                let mine: Vec<usize> = served.iter().copied().filter(|n| arrivals[*n].0 == key).collect();
-                prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "FIFO within key {}", key);
-            }
-            // Normalized service of keys 0 and 1 at every point where both
-            // still have calls waiting.
-            let span = |n: usize| {
-                u128::from(costs[n]) * VIRTUAL_PER_TOKEN / u128::from(weights[arrivals[n].0 as usize])
-            };
-            let total = |key: u64| served.iter().filter(|n| arrivals[**n].0 == key).count();
-            let (left0, left1) = (total(0), total(1));
-            let (mut got0, mut got1, mut done0, mut done1) = (0u128, 0u128, 0, 0);
-            let most = (0..arrivals.len()).map(span).max().unwrap_or(0);
-            for n in &served {
-                match arrivals[*n].0 {
-                    0 => { got0 += span(*n); done0 += 1; }
-                    1 => { got1 += span(*n); done1 += 1; }
-                    _ => {}
-                }
-                if done0 < left0 && done1 < left1 {
-                    prop_assert!(got0.abs_diff(got1) <= 2 * most, "{} vs {}", got0, got1);
-                }
-            }
-        }
     }
 
     proptest! {
