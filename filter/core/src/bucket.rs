@@ -929,7 +929,7 @@ mod tests {
             let mut admitted_cost = 0;
             for (key, weight, cost, step) in calls {
                 let previous = now;
-                now = now + ms(step);
+                now += ms(step);
                 for ticket in b.poll(&limits, 1, previous, now) {
                     left.push(ticket);
                 }
