@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod browser;
 pub mod envoy;
+pub mod fair;
 pub mod fleet;
 pub mod llm_budgets;
 pub mod load;

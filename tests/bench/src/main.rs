@@ -5,6 +5,7 @@
 
 mod callgrind;
 mod configs;
+mod fair_shares;
 mod fleet_use;
 mod instructions;
 mod judge;
@@ -43,7 +44,7 @@ pub struct Args {
     noop_wasm: PathBuf,
     #[arg(long, default_value = "target/release/sluice-admin")]
     admin_bin: PathBuf,
-    /// Only these scenarios (1 to 8); all by default.
+    /// Only these scenarios (1 to 9); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// Scenario 6: count only these variants (b, f, h, g, d, e); all by
@@ -99,6 +100,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.runs(8) {
         money::money(&mut report).await?;
+    }
+    if args.runs(9) {
+        fair_shares::fair_shares(&mut report).await?;
     }
     std::fs::write(&args.out, report.markdown())?;
     println!("wrote {}", args.out.display());

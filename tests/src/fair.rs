@@ -1,0 +1,315 @@
+//! `fair` measured: one provider quota shared between tenants through a
+//! real Envoy (`--concurrency 4`), in front of a mock provider that allows
+//! 100 calls per calendar second and counts every tenant's calls (the
+//! tenant is the `x-api-key` each call carries). The policy allows 95 a
+//! second with a burst of 5, so no calendar second can hold more than 100.
+//! `tests/tests/fair_share.rs` asserts on these runs and `make bench`
+//! (scenario 9) prints them against their targets.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_demo::mock::{MockApi, MockLimits};
+
+use crate::envoy::Envoy;
+use crate::load::{self, Outcome};
+
+pub const WORKERS: u32 = 4;
+pub const PROVIDER_PER_SECOND: u64 = 100;
+/// How long the three greedy tenants run (issue 34: 30 s).
+pub const GREEDY: Duration = Duration::from_secs(30);
+
+/// The policy's rate, within the provider's calendar seconds.
+pub fn policy(fair: &str, on_limit: &str) -> String {
+    format!(
+        r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
+            "rate": {{"requests": 95, "period": "1s", "burst": 5}}{on_limit}{fair}}}"#
+    )
+}
+
+pub async fn setup(policy: &str) -> anyhow::Result<(MockApi, Envoy)> {
+    let limits = MockLimits {
+        max_per_second: PROVIDER_PER_SECOND,
+        max_in_flight: 0,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-fair", "fallback": {{"version": 1, "policies": [{policy}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+    mock.reset();
+    Ok((mock, envoy))
+}
+
+/// One tenant's paced load, stopped on its own.
+pub struct Tenant {
+    stop: Arc<AtomicBool>,
+    calls: tokio::task::JoinHandle<Vec<Outcome>>,
+}
+
+pub fn start(envoy: &Envoy, tag: &'static str, per_second: u64) -> Tenant {
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = load::paced(
+        envoy.url("/v1/complete"),
+        "api.llm.example",
+        tag,
+        per_second,
+        stop.clone(),
+    );
+    Tenant { stop, calls }
+}
+
+impl Tenant {
+    pub async fn finish(self) -> Vec<Outcome> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.calls.await.unwrap_or_default()
+    }
+}
+
+/// Per calendar second the provider saw, each tenant's calls.
+pub type Seconds = BTreeMap<u64, BTreeMap<String, u64>>;
+
+/// The whole calendar seconds between `from` and `to` of the mock's clock.
+pub fn per_second(mock: &MockApi, from: Duration, to: Duration) -> Seconds {
+    let mut seconds = Seconds::new();
+    for a in mock.arrivals().iter().filter(|a| a.at >= from && a.at < to) {
+        *seconds
+            .entry(a.second)
+            .or_default()
+            .entry(a.key.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    // The first and last calendar seconds are partly outside.
+    let keys: Vec<u64> = seconds.keys().copied().collect();
+    if keys.len() > 2 {
+        seconds.remove(&keys[0]);
+        seconds.remove(&keys[keys.len() - 1]);
+    }
+    seconds
+}
+
+/// A tenant's part of what the provider saw, per second: the worst
+/// second's distance from `want` (a fraction of `want`) and the mean part.
+pub fn parts(seconds: &Seconds, tenant: &str, want: f64) -> (f64, f64) {
+    let parts: Vec<f64> = seconds
+        .values()
+        .map(|by| {
+            let total: u64 = by.values().sum();
+            by.get(tenant).copied().unwrap_or(0) as f64 / total.max(1) as f64
+        })
+        .collect();
+    let worst = parts
+        .iter()
+        .map(|p| (p - want).abs() / want)
+        .fold(0.0, f64::max);
+    (worst, parts.iter().sum::<f64>() / parts.len().max(1) as f64)
+}
+
+/// A tenant's mean calls a second.
+pub fn mean(seconds: &Seconds, tenant: &str) -> f64 {
+    seconds
+        .values()
+        .map(|by| by.get(tenant).copied().unwrap_or(0))
+        .sum::<u64>() as f64
+        / seconds.len().max(1) as f64
+}
+
+pub fn most_in_a_second(seconds: &Seconds) -> u64 {
+    seconds
+        .values()
+        .map(|by| by.values().sum())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Three greedy tenants, weights 1, 1 and 2.
+pub struct Weighted {
+    pub steady: Seconds,
+    /// While gold rests, from 2 s after it stopped.
+    pub resting: Seconds,
+    /// After gold came back, from 2 s on.
+    pub back: Seconds,
+    pub calls: usize,
+    pub refused: usize,
+    pub fair_refusals: usize,
+    pub fair_refused_stat: f64,
+    pub most_in_a_second: u64,
+    pub refused_by_provider: u64,
+}
+
+/// Three greedy tenants (300 calls a second each, weights 1, 1 and 2) for
+/// `greedy`; then the weight-2 tenant rests for 6 s and comes back for 6 s.
+pub async fn weighted(greedy: Duration) -> anyhow::Result<Weighted> {
+    let (mock, envoy) = setup(&policy(
+        r#", "fair": {"key": {"header": "x-api-key"}, "weights": {"gold": 2}}"#,
+        "",
+    ))
+    .await?;
+    let clock = Instant::now();
+    let elapsed = || clock.elapsed();
+    let (a, b) = (start(&envoy, "a", 300), start(&envoy, "b", 300));
+    let gold = start(&envoy, "gold", 300);
+    tokio::time::sleep(greedy + Duration::from_secs(1)).await;
+    let steady = per_second(&mock, Duration::from_secs(1), elapsed());
+    let mut calls = gold.finish().await;
+    let rested_at = elapsed();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let resting = per_second(&mock, rested_at + Duration::from_secs(2), elapsed());
+    let back_at = elapsed();
+    let gold = start(&envoy, "gold", 300);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let back = per_second(&mock, back_at + Duration::from_secs(2), elapsed());
+    for t in [a, b, gold] {
+        calls.extend(t.finish().await);
+    }
+    // Stats reach Envoy on the filter's tick.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    Ok(Weighted {
+        most_in_a_second: most_in_a_second(&per_second(&mock, Duration::ZERO, elapsed())),
+        steady,
+        resting,
+        back,
+        calls: calls.len(),
+        refused: load::count(&calls, 429),
+        fair_refusals: calls
+            .iter()
+            .filter(|o| o.status == 429)
+            .filter(|o| {
+                o.headers
+                    .get("x-sluice-reason")
+                    .is_some_and(|v| v == "fair-share")
+            })
+            .count(),
+        fair_refused_stat: envoy.policy_stat("fair_refused", "llm")?,
+        refused_by_provider: mock.rejected_by_mock(),
+    })
+}
+
+/// A noisy tenant beside a quiet one, in reject mode.
+pub struct NoisyQuiet {
+    pub seconds: Seconds,
+    pub quiet_calls: usize,
+    pub quiet_refused: usize,
+    /// Refusals of the quiet tenant after its very first call.
+    pub quiet_refused_later: usize,
+    pub noisy_calls: usize,
+    pub noisy_refused: usize,
+    pub refused_by_provider: u64,
+}
+
+/// Noisy offers 1 000 calls a second (ten times the quota), quiet 20.
+pub async fn noisy_quiet() -> anyhow::Result<NoisyQuiet> {
+    let (mock, envoy) = setup(&policy(r#", "fair": {"key": {"header": "x-api-key"}}"#, "")).await?;
+    let (noisy, quiet) = (start(&envoy, "noisy", 1_000), start(&envoy, "quiet", 20));
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let seconds = per_second(&mock, Duration::from_secs(1), Duration::from_secs(7));
+    let quiet_calls = quiet.finish().await;
+    let noisy_calls = noisy.finish().await;
+    let first = quiet_calls
+        .iter()
+        .map(|o| o.started)
+        .min()
+        .unwrap_or_default();
+    Ok(NoisyQuiet {
+        seconds,
+        quiet_calls: quiet_calls.len(),
+        quiet_refused: load::count(&quiet_calls, 429),
+        quiet_refused_later: quiet_calls
+            .iter()
+            .filter(|o| o.status == 429 && o.started > first)
+            .count(),
+        noisy_calls: noisy_calls.len(),
+        noisy_refused: load::count(&noisy_calls, 429),
+        refused_by_provider: mock.rejected_by_mock(),
+    })
+}
+
+/// Reservations of 60 and 35 (the whole 95), three greedy tenants.
+pub struct Reserved {
+    pub seconds: Seconds,
+    pub most_in_a_second: u64,
+    pub calls: usize,
+    pub refused_by_provider: u64,
+}
+
+pub async fn reserved() -> anyhow::Result<Reserved> {
+    let (mock, envoy) = setup(&policy(
+        r#", "fair": {"key": {"header": "x-api-key"}, "min": {"a": 60, "b": 35}}"#,
+        "",
+    ))
+    .await?;
+    let tenants = [
+        start(&envoy, "a", 300),
+        start(&envoy, "b", 300),
+        start(&envoy, "c", 300),
+    ];
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let seconds = per_second(&mock, Duration::from_secs(2), Duration::from_secs(6));
+    let mut calls = Vec::new();
+    for t in tenants {
+        calls.extend(t.finish().await);
+    }
+    Ok(Reserved {
+        most_in_a_second: most_in_a_second(&per_second(
+            &mock,
+            Duration::ZERO,
+            Duration::from_secs(7),
+        )),
+        seconds,
+        calls: calls.len(),
+        refused_by_provider: mock.rejected_by_mock(),
+    })
+}
+
+/// The quiet tenant's waits in queue mode beside a noisy backlog.
+pub struct QueueWaits {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub worst: Duration,
+    pub refused: usize,
+    /// Quiet calls a second the provider saw.
+    pub quiet_rate: f64,
+    pub refused_by_provider: u64,
+}
+
+/// Noisy offers 950 calls a second (ten times the quota) and builds a
+/// backlog for 1 s; then quiet offers 20 a second for 6 s. `max_wait` 2 s.
+/// With `fair`, or FIFO (the same policy without it).
+pub async fn queue_waits(fair: bool) -> anyhow::Result<QueueWaits> {
+    let on_limit = r#", "on_limit": {"action": "queue", "max_wait": "2s", "max_queue": 5000}"#;
+    let fair_spec = if fair {
+        r#", "fair": {"key": {"header": "x-api-key"}}"#
+    } else {
+        ""
+    };
+    let (mock, envoy) = setup(&policy(fair_spec, on_limit)).await?;
+    let noisy = start(&envoy, "noisy", 950);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let quiet = start(&envoy, "quiet", 20);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let quiet_calls = quiet.finish().await;
+    noisy.finish().await;
+    let mut waits: Vec<Duration> = quiet_calls
+        .iter()
+        .filter(|o| o.status == 200)
+        .map(|o| o.latency)
+        .collect();
+    waits.sort();
+    let at = |q: f64| {
+        waits
+            .get(((waits.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or_default()
+    };
+    let seconds = per_second(&mock, Duration::from_secs(2), Duration::from_secs(7));
+    Ok(QueueWaits {
+        p50: at(0.5),
+        p99: at(0.99),
+        worst: at(1.0),
+        refused: load::count(&quiet_calls, 429),
+        quiet_rate: mean(&seconds, "quiet"),
+        refused_by_provider: mock.rejected_by_mock(),
+    })
+}
