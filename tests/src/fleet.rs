@@ -260,6 +260,20 @@ pub async fn moving(fleet: &Fleet, trace: bool) -> anyhow::Result<Moving> {
     }
     let calls = finish(&stop, load).await;
     let (from, to) = (MOVE_EVERY - Duration::from_millis(500), MOVE_EVERY * 4);
+    if trace {
+        // What the provider saw per 100 ms, by instance.
+        for tenth in 40..200u32 {
+            let at = Duration::from_millis(100) * tenth;
+            let per: Vec<String> = ["a", "b", "c"]
+                .iter()
+                .map(|i| {
+                    let n = rate_at_mock(&fleet.mock, &[i], at, at + Duration::from_millis(100));
+                    format!("{i} {:.0}", n)
+                })
+                .collect();
+            println!("arrivals {:>5} ms: {}", at.as_millis(), per.join(" "));
+        }
+    }
     Ok(Moving {
         used: rate_at_mock(&fleet.mock, &[], from, to),
         per_period: (1..4)

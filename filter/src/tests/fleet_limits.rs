@@ -102,3 +102,52 @@ fn a_global_policy_and_its_global_limit_each_apply_their_own_share() {
         .count();
     assert_eq!(admitted, 20);
 }
+
+/// The load moved here: a global policy's first refusal after a quiet
+/// second brings the sync forward (the admin learns the demand within a
+/// tick, not an interval); refusals that go on do not.
+#[test]
+fn a_first_refusal_of_a_global_policy_after_a_quiet_second_syncs_at_once() {
+    let header = br#"{"llm": {"rate": 50, "in_flight": 0, "lease_ms": 30000, "instances": 2, "id": 7},
+        "limits/fleet-tokens": {"rate": 3000, "in_flight": 0, "lease_ms": 30000, "instances": 1, "id": 8}}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, FLEET_REQUESTS_AND_TOKENS);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
+    let syncs = |host: &FakeHost| {
+        host.calls
+            .borrow()
+            .iter()
+            .filter(|(_, h, _)| {
+                h.iter()
+                    .any(|(k, v)| k == ":path" && v == sluice_wire::sync::SYNC_PATH)
+            })
+            .count()
+    };
+    let cheap = req(b"api.llm.example", &[("x-tokens", b"1")]);
+    // A quiet second, and the regular sync that comes with it, answered.
+    host.advance_ms(1_000);
+    w.on_tick(&host);
+    let regular = syncs(&host) as u32;
+    w.on_sync_reply(&host, regular, reply(Some(304), Some(header), None));
+    host.advance_ms(50);
+    let before = syncs(&host);
+    // The share's burst goes, then refusals begin.
+    let refused = (100..140)
+        .filter(|&id| w.on_request(&host, id, cheap.as_slice()) != Verdict::Continue)
+        .count();
+    assert!(refused > 0);
+    host.advance_ms(5);
+    w.on_tick(&host);
+    assert_eq!(syncs(&host), before + 1, "the first refusal brings a sync");
+    let token = syncs(&host) as u32;
+    w.on_sync_reply(&host, token, reply(Some(304), Some(header), None));
+    // Refusing on: no more hurried syncs before the interval (1 s).
+    for id in 200..260 {
+        host.advance_ms(10);
+        let _ = w.on_request(&host, id, cheap.as_slice());
+        w.on_tick(&host);
+    }
+    assert_eq!(syncs(&host), before + 1, "refusals that go on are no news");
+}

@@ -565,6 +565,9 @@ impl Parts {
             }
             None => Vec::new(),
         };
+        if matches!(decision, Decision::Refuse(_)) && policy.is_global() {
+            self.sync.fleet_refused(ctx);
+        }
         if !matches!(decision, Decision::Refuse(_)) {
             self.telling
                 .expect(context_id, &policies, class.policy_index);

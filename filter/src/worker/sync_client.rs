@@ -55,6 +55,8 @@ pub(super) struct SyncClient {
     /// of fleet room 50 ms after the first otherwise waited a whole
     /// interval).
     hurry_owed: bool,
+    /// When this VM last refused a call of a global policy.
+    fleet_refused_at: Instant,
     /// Per-key counts for the live view.
     keys: KeyCounts,
     /// What keyed limits of an hour or longer spent, place by place.
@@ -79,6 +81,13 @@ pub(super) struct WatchCall {
 /// How often one VM may bring the Envoy's sync forward: a provider
 /// refusing call after call must not turn syncs into a flood.
 const HURRY_EVERY: Span = Span::from_millis(100);
+
+/// A VM that refuses a global policy's call after this long without
+/// refusing one brings the sync forward: its load grew past its share (the
+/// load moved here), and the admin learns it within milliseconds instead
+/// of at the next interval. A VM refusing all along (its share is what the
+/// others leave it) does not.
+const FLEET_QUIET: Span = Span::from_secs(1);
 
 impl SyncClient {
     pub fn configure(&mut self, settings: Option<SyncSettings>) {
@@ -144,6 +153,16 @@ impl SyncClient {
         // This VM's counters go with the news.
         self.reported_at = Instant::EPOCH;
         policy_sync::hurry(host, store, now);
+    }
+
+    /// This VM refused a call of a global policy (its share ran out).
+    pub fn fleet_refused<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
+        let quiet = ctx.now.since(self.fleet_refused_at) >= FLEET_QUIET;
+        self.fleet_refused_at = ctx.now;
+        if quiet {
+            // The refusal counted so far goes with the news.
+            self.hurry(ctx);
+        }
     }
 
     pub fn report_counters<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {

@@ -36,8 +36,11 @@ const JUMP_SIGMAS: f64 = 3.0;
 const JUMP_MIN_SPAN: Span = Span::from_millis(100);
 
 /// Smooths the rate only: in flight is a count of calls held now, and a
-/// blend of small counts rounds back to where it was.
-pub(super) fn smooth(previous: Demand, measured: Demand, span: Span) -> Demand {
+/// blend of small counts rounds back to where it was. True when the rate
+/// jumped: the count that jumped may have seen the change for part of its
+/// span only (load moved 50 ms into a 200 ms count reads 118/s for 50/s),
+/// so the next whole count is taken as it is ([`settle`]).
+pub(super) fn smooth(previous: Demand, measured: Demand, span: Span) -> (Demand, bool) {
     let seconds = span.as_secs_f64();
     let weight = 1.0 - (-seconds / DEMAND_TIME_CONSTANT.as_secs_f64()).exp();
     // Calls arriving at random: the count over `span` has a standard
@@ -50,12 +53,24 @@ pub(super) fn smooth(previous: Demand, measured: Demand, span: Span) -> Demand {
         f64::INFINITY
     };
     let change = measured.rate - previous.rate;
-    let rate = if span >= JUMP_MIN_SPAN && change.abs() > JUMP_SIGMAS * noise {
+    let jumped = span >= JUMP_MIN_SPAN && change.abs() > JUMP_SIGMAS * noise;
+    let rate = if jumped {
         measured.rate
     } else {
         previous.rate + weight * change
     };
-    Demand { rate, ..measured }
+    (Demand { rate, ..measured }, jumped)
+}
+
+/// The first count after a jump: taken as it is when it is a whole one
+/// (else smoothed as usual). Returns the demand and whether it is still
+/// settling (a count too short to settle on, or another jump).
+pub(super) fn settle(previous: Demand, measured: Demand, span: Span) -> (Demand, bool) {
+    if span >= JUMP_MIN_SPAN {
+        return (measured, false);
+    }
+    let (demand, _) = smooth(previous, measured, span);
+    (demand, true)
 }
 
 /// An instance's counters for one policy at one sync, as it reports them.
@@ -187,23 +202,42 @@ mod tests {
     fn wobbles_are_smoothed_and_moves_are_followed_at_once() {
         let sync = Span::from_millis(200);
         // 50/s counted as 11 calls in 200 ms: a wobble, weighed 0.3.
-        let d = smooth(rated(50.0), rated(55.0), sync);
+        let (d, jumped) = smooth(rated(50.0), rated(55.0), sync);
+        assert!(!jumped);
         assert!((d.rate - 51.5).abs() < 0.1, "{d:?}");
         // A fall the first sync after a move only half saw is followed too.
-        assert_eq!(smooth(rated(118.0), rated(50.0), sync).rate, 50.0);
+        assert_eq!(smooth(rated(118.0), rated(50.0), sync).0.rate, 50.0);
         // The load moved: 400/s to 50/s and back are followed in one sync.
-        assert_eq!(smooth(rated(400.0), rated(50.0), sync).rate, 50.0);
-        assert_eq!(smooth(rated(50.0), rated(400.0), sync).rate, 400.0);
+        assert_eq!(smooth(rated(400.0), rated(50.0), sync).0.rate, 50.0);
+        assert_eq!(smooth(rated(50.0), rated(400.0), sync).0.rate, 400.0);
         // Nothing to something: a first call is not yet a rate.
-        assert!(smooth(rated(0.0), rated(5.0), sync).rate < 5.0);
+        assert!(smooth(rated(0.0), rated(5.0), sync).0.rate < 5.0);
         // Two syncs 1 ms or 50 ms apart say little, whatever they count.
-        let d = smooth(rated(50.0), rated(1000.0), Span::from_millis(1));
+        let (d, _) = smooth(rated(50.0), rated(1000.0), Span::from_millis(1));
         assert!(d.rate < 60.0, "{d:?}");
-        let d = smooth(rated(400.0), rated(0.0), Span::from_millis(50));
+        let (d, _) = smooth(rated(400.0), rated(0.0), Span::from_millis(50));
         assert!(d.rate > 300.0, "{d:?}");
         // Garbage spans do not produce NaN.
         assert!(smooth(rated(50.0), rated(60.0), Span::ZERO)
+            .0
             .rate
             .is_finite());
+    }
+
+    /// Load moved 50 ms into a count: it reads 67/s for 50/s and jumps
+    /// there; the next whole count (50/s) is taken as it is, not blended
+    /// down over a second (the room it kept was lost to the Envoy the load
+    /// moved to).
+    #[test]
+    fn the_count_after_a_jump_is_taken_as_it_is() {
+        let sync = Span::from_millis(200);
+        let (partial, jumped) = smooth(rated(400.0), rated(67.0), sync);
+        assert!(jumped && partial.rate == 67.0);
+        assert_eq!(settle(partial, rated(50.0), sync), (rated(50.0), false));
+        // A count too short to settle on is smoothed, and settling goes on.
+        let (d, settling) = settle(partial, rated(50.0), Span::from_millis(20));
+        assert!(settling && d.rate > 60.0, "{d:?}");
+        // Without the jump, the same count is a wobble.
+        assert!(smooth(rated(67.0), rated(50.0), sync).0.rate > 60.0);
     }
 }

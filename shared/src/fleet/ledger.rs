@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::allocation::allocate;
-use super::demand::{demand_between, smooth, used_between, Demand, Usage};
+use super::demand::{demand_between, settle, smooth, used_between, Demand, Usage};
 use super::{Amount, FLOOR_FRACTION};
 use crate::policy::Policy;
 use crate::time::{millis, Instant, Span};
@@ -113,6 +113,10 @@ struct Member {
     /// room the others still held (see [`Ledger::held_back`]).
     #[serde(default)]
     held_back: Amount,
+    /// Its demand jumped at its last sync: the next whole count is taken
+    /// as it is (`demand::settle`).
+    #[serde(default)]
+    settling: bool,
 }
 
 /// An instance whose watch connection closed is taken for dead once it has
@@ -357,16 +361,25 @@ impl Ledger {
     ) -> Share {
         let member = self.members.get(instance);
         let measured = demand_between(member.and_then(|m| m.usage), usage, terms.limit);
-        let demand = match member {
+        let (demand, settling) = match member {
             Some(Member {
                 usage: Some(previous),
                 demand,
+                settling,
                 ..
-            }) => smooth(*demand, measured, usage.at - previous.at),
-            _ => measured,
+            }) => {
+                let span = usage.at - previous.at;
+                if *settling {
+                    settle(*demand, measured, span)
+                } else {
+                    smooth(*demand, measured, span)
+                }
+            }
+            _ => (measured, false),
         };
         let share = self.sync(terms, instance, demand, held, now);
         if let Some(member) = self.members.get_mut(instance) {
+            member.settling = settling;
             member.usage = Some(usage);
             member.used.in_flight = usage.in_flight;
             match member.used_since {
