@@ -292,6 +292,12 @@ fn a_share_cut_by_a_tenth_or_more_is_told_to_the_admin_at_once() {
     let report: sluice_wire::sync::SyncReport =
         serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
     assert_eq!(report.shares.get("llm"), Some(&3));
+    // Cut again at once, in the answer to that sync: told at once too,
+    // not 100 ms after the last (the room moves a step a round trip).
+    answer(&mut w, &share(20, 4));
+    let before = syncs(&host).len();
+    let again = next_sync_after(&host, &mut w, before, 2_000).expect("a sync");
+    assert!(again <= 10, "told after {again} ms");
 }
 
 fn sync_now() -> crate::sync::SyncReply<'static> {

@@ -772,9 +772,11 @@ impl Parts {
                 self.apply_shares(ctx);
                 if shrank {
                     // The admin frees the old share's room for the others
-                    // only once this Envoy says it holds the new one.
+                    // only once this Envoy says it holds the new one: at
+                    // once, even right after another hurry (a share cut
+                    // in steps waited 100 ms a step).
                     ctx.now = ctx.host.now();
-                    self.sync.hurry(ctx);
+                    self.sync.hurry_now(ctx);
                 }
             }
         }

@@ -140,12 +140,20 @@ impl SyncClient {
     /// sync is brought forward to now, so that the admin hears of it
     /// within a tick instead of an interval.
     pub fn hurry<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
-        let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
-        if self.settings.is_none() {
+        if ctx.now.since(self.hurried_at) < HURRY_EVERY {
+            self.hurry_owed = self.settings.is_some();
             return;
         }
-        if now.since(self.hurried_at) < HURRY_EVERY {
-            self.hurry_owed = true;
+        self.hurry_now(ctx);
+    }
+
+    /// [`Self::hurry`] without waiting out [`HURRY_EVERY`]: for a step of
+    /// the fleet protocol (saying a smaller share is held, so the admin
+    /// frees the larger one's room), which only an answer brings, so it
+    /// cannot flood.
+    pub fn hurry_now<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
+        let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
+        if self.settings.is_none() {
             return;
         }
         self.hurry_owed = false;
