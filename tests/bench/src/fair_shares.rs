@@ -8,15 +8,8 @@ use std::time::Duration;
 
 use sluice_e2e::fair::{self, mean, parts, GREEDY, PROVIDER_PER_SECOND, WORKERS};
 
+use crate::judge::verdict;
 use crate::scenarios::Report;
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "NOT met"
-    }
-}
 
 pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
     let weighted = fair::weighted(GREEDY).await?;

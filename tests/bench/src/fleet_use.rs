@@ -9,15 +9,8 @@ use sluice_e2e::fleet::{
     self, Fleet, GLOBAL_RPS, LEASE, MOVE_EVERY, MOVING_TARGET, PROVIDER_RPS, UNEVEN_TARGET,
 };
 
+use crate::judge::verdict;
 use crate::scenarios::Report;
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "NOT met"
-    }
-}
 
 pub async fn fleet_use(report: &mut Report) -> anyhow::Result<()> {
     let mut uneven_fleet = Fleet::start().await?;

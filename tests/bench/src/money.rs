@@ -7,20 +7,13 @@ use std::time::Duration;
 
 use sluice_e2e::llm_budgets::{self, CALLERS, MODELS, TPM_SHARE, WARN_AT};
 
+use crate::judge::verdict;
 use crate::scenarios::Report;
 
 /// 3 minutes, and a budget each team spends in about two of them (the
 /// models' tokens per minute bind first: a team spends about 4 USD a minute).
 const DURATION: Duration = Duration::from_secs(180);
 const TEAM_BUDGET: u64 = 8_000_000;
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "NOT met"
-    }
-}
 
 pub async fn money(report: &mut Report) -> anyhow::Result<()> {
     let outcome = llm_budgets::run(DURATION, TEAM_BUDGET).await?;
