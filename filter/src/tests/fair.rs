@@ -230,3 +230,47 @@ fn a_fair_queue_lets_a_quiet_tenant_past_a_noisy_backlog() {
     assert!(fair <= 45, "fair: the quiet call waited {fair} ms");
     assert!(fifo >= 3_900, "FIFO: the quiet call waited {fifo} ms");
 }
+
+/// The tenant read from the request's JSON body (`fair.key.json`): the
+/// call waits for its body, tenants share by weight, and a body that is
+/// no JSON is the tenant without a key.
+#[test]
+fn tenants_from_the_json_body_share_by_weight() {
+    use crate::worker::RequestBody;
+    let host = FakeHost::at(T0);
+    let set = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 100, "period": "1s", "burst": 5},
+         "fair": {"key": {"json": "metadata.team"}, "weights": {"gold": 3}}}]}"#;
+    let mut w = worker(&host, set);
+    let headers = req(LLM, &[]);
+    let tenants: [(&str, &[u8]); 3] = [
+        ("gold", br#"{"metadata": {"team": "gold"}}"#),
+        ("blue", br#"{"metadata": {"team": "blue"}}"#),
+        ("none", b"not json"),
+    ];
+    let mut admitted = std::collections::BTreeMap::new();
+    let mut id = 0;
+    for ms in 0..3_000u64 {
+        host.advance_ms(1);
+        for (name, body) in tenants {
+            id += 1;
+            assert_eq!(
+                w.on_request_with(&host, id, headers.as_slice(), RequestBody::Coming),
+                Verdict::ReadBody
+            );
+            let v = w.on_request_with(&host, id, headers.as_slice(), RequestBody::Read(Some(body)));
+            w.on_stream_end(&host, id);
+            if v == Verdict::Continue && ms >= 1_000 {
+                *admitted.entry(name).or_insert(0u32) += 1;
+            }
+        }
+        if ms % 100 == 0 {
+            w.on_tick(&host);
+        }
+    }
+    // Over the last 2 s (200 calls): gold 3 parts of 5, the others 1 each.
+    assert!(admitted["gold"].abs_diff(120) <= 6, "{admitted:?}");
+    assert!(admitted["blue"].abs_diff(40) <= 3, "{admitted:?}");
+    assert!(admitted["none"].abs_diff(40) <= 3, "{admitted:?}");
+}
