@@ -226,8 +226,15 @@ impl FairTable {
     /// Fills every part to `now` (what overflows to the pool), and at each
     /// window's end works the shares out again.
     fn advance(&mut self, terms: &FairTerms, now: Instant) {
-        let since = now.since(self.refilled_at).min(Span::from_secs(1));
-        if self.refilled_at == Instant::EPOCH {
+        // However long since (a slow rate refills over days); a fresh
+        // table starts full, as the limit's bucket does.
+        let fresh = self.refilled_at == Instant::EPOCH;
+        let since = if fresh {
+            Span::MAX
+        } else {
+            now.since(self.refilled_at)
+        };
+        if fresh {
             self.window_start = now;
         }
         self.refilled_at = self.refilled_at.max(now);
@@ -273,8 +280,16 @@ impl FairTable {
             key.used = 0;
         }
         self.window_start = now;
-        // Keys that asked nothing for two windows go (what their parts
-        // held with them: the table then holds less than the bucket).
+        // Keys that asked nothing for two windows go; what their parts
+        // held goes to the pool (the parts and the pool hold the burst at
+        // most together, so the pool stays within it).
+        let gone: i64 = self
+            .keys
+            .iter()
+            .filter(|k| k.asked_before == 0)
+            .map(|k| k.tokens.max(0))
+            .fold(0, i64::saturating_add);
+        self.pool = self.pool.saturating_add(gone);
         self.keys.retain(|k| k.asked_before > 0);
         self.share_out(terms);
     }
@@ -562,6 +577,26 @@ mod tests {
             "a slot was missing"
         );
         assert!(table.take(&TERMS, now, a, 1).admitted());
+    }
+
+    /// One call a day, burst 1: the first call goes, the next is refused
+    /// for a day, then goes (the table keeps time however slow; a rate
+    /// in whole millionths of a token a second, 11 for 11.57, fills up to
+    /// a tenth later than the bucket, never sooner).
+    #[test]
+    fn a_slow_rate_is_shared_as_slowly_as_the_bucket_fills() {
+        let day = FairTerms {
+            capacity: UNIT / 86_400,
+            burst: UNIT,
+            max_keys: 10,
+        };
+        let mut table = FairTable::default();
+        let t = |s: u64| Instant::from_millis(s * 1000);
+        assert!(table.take(&day, t(1), key(1, 1), 1).admitted());
+        assert!(!table.take(&day, t(2), key(1, 1), 1).admitted());
+        assert!(!table.take(&day, t(43_200), key(1, 1), 1).admitted());
+        assert!(!table.take(&day, t(86_300), key(1, 1), 1).admitted());
+        assert!(table.take(&day, t(95_100), key(1, 1), 1).admitted());
     }
 
     #[test]
