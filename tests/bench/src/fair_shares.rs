@@ -60,12 +60,16 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
     );
     let _ = writeln!(
         s,
-        "| calls the provider refused | **{}** (most in a calendar second {}; {} calls, {} refused by Sluice, all `fair-share`: {}) | 0: {} |",
+        "| calls the provider refused | **{}** (most in a calendar second {}; {} calls, {} refused by Sluice, {} `fair-share`) | 0: {} |",
         weighted.refused_by_provider,
         weighted.most_in_a_second,
         weighted.calls,
         weighted.refused,
-        weighted.refused == weighted.fair_refusals,
+        if weighted.refused == weighted.fair_refusals {
+            "all"
+        } else {
+            "NOT all"
+        },
         verdict(weighted.refused_by_provider == 0)
     );
     let (noisy, quiet) = (
