@@ -192,6 +192,11 @@ fn reset_inner(inner: &Inner) {
         .max_in_flight
         .store(inner.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
     inner.rejected.store(0, Ordering::SeqCst);
+    // A reset starts the count of the current calendar second afresh: a
+    // run just before must not use up the next run's second.
+    if let Ok(mut w) = inner.window.lock() {
+        *w = (0, 0);
+    }
 }
 
 fn header(headers: &HeaderMap, name: &str) -> Option<String> {
