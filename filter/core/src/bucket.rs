@@ -345,9 +345,12 @@ impl BucketState {
         self.arrive(limits, holder, now, (cost, priority, None), false)
     }
 
-    /// [`Self::admit`] for a call of a `fair` policy: `fair` is its key
-    /// and weight (thousandths), which place it in the queue.
-    pub fn admit_fairly(
+    /// [`Self::admit`] for any call: with `must_wait`, it waits whatever
+    /// the bucket holds (one of its policy's further limits has no room
+    /// yet), refused as `admit` refuses; `fair` is a `fair` policy's key
+    /// and weight (thousandths), which place it in the queue (None for any
+    /// other policy's).
+    pub fn admit_call(
         &mut self,
         limits: &BucketLimits,
         holder: u64,
@@ -357,20 +360,6 @@ impl BucketState {
         must_wait: bool,
     ) -> Admission {
         self.arrive(limits, holder, now, (cost, priority, fair), must_wait)
-    }
-
-    /// A request that must wait whatever the bucket holds (one of its
-    /// policy's further limits has no room yet) joins the queue, as
-    /// [`Self::admit`] would queue it; refused as `admit` refuses.
-    pub fn queue_behind(
-        &mut self,
-        limits: &BucketLimits,
-        holder: u64,
-        now: Instant,
-        cost: u64,
-        priority: Priority,
-    ) -> Admission {
-        self.arrive(limits, holder, now, (cost, priority, None), true)
     }
 
     /// Where a call of `key` at `weight` (thousandths) costing `cost`
@@ -435,6 +424,7 @@ impl BucketState {
                 retry_after: queue.max_wait.max(Span::from_nanos(1)),
             };
         }
+        let fair = fair.map(|(key, weight)| self.fair_tag(key, weight, cost));
         if let Some(limiter) = &limits.rate {
             // The turns of everyone ahead, then ours, as reservations on a
             // copy of the rate state: exact as long as nobody leaves.
@@ -445,7 +435,7 @@ impl BucketState {
                 cost,
                 priority,
                 deadline: Instant::EPOCH,
-                fair: fair.map(|(key, weight)| self.fair_tag(key, weight, cost)),
+                fair,
             };
             let mut ahead: Vec<&Waiter> = self
                 .waiters
@@ -468,7 +458,6 @@ impl BucketState {
         let ticket = self.next_ticket;
         self.next_ticket = self.next_ticket.wrapping_add(1);
         let deadline = now + queue.max_wait;
-        let fair = fair.map(|(key, weight)| self.fair_tag(key, weight, cost));
         self.waiters.push(Waiter {
             holder,
             ticket,
@@ -821,7 +810,7 @@ mod tests {
         at: Instant,
         (key, weight): (u64, u64),
     ) -> Admission {
-        let a = b.admit_fairly(
+        let a = b.admit_call(
             limits,
             1,
             at,
@@ -933,7 +922,7 @@ mod tests {
                 for ticket in b.poll(&limits, 1, previous, now) {
                     left.push(ticket);
                 }
-                let a = b.admit_fairly(&limits, 1, now, (cost, Priority::Normal), Some((key + 1, weight)), false);
+                let a = b.admit_call(&limits, 1, now, (cost, Priority::Normal), Some((key + 1, weight)), false);
                 match a {
                     Admission::Queued { ticket, .. } => { keys.insert(ticket, (key, cost)); }
                     Admission::Admitted { .. } => admitted_cost += cost,
@@ -960,7 +949,7 @@ mod tests {
         let limits = rate_queue(10, SEC);
         let mut b = BucketState::new(0);
         for k in 1..4 {
-            b.admit_fairly(&limits, 1, T0, (1, Priority::Normal), Some((k, 500)), false);
+            b.admit_call(&limits, 1, T0, (1, Priority::Normal), Some((k, 500)), false);
         }
         let bytes = b.encode();
         for cut in [1, 8, 24, 25] {

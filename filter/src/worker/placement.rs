@@ -72,20 +72,17 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             _ => false,
         };
         spare_returned.set(returned);
-        let a = match class.fair {
-            // A fair policy's call waits in the fair order (key 0 is
-            // none in the bucket's layout).
-            Some(who) => s.admit_fairly(
-                limits,
-                holder,
-                now,
-                (class.cost, class.priority),
-                Some((who.key.max(1), who.weight)),
-                must_wait,
-            ),
-            None if must_wait => s.queue_behind(limits, holder, now, class.cost, class.priority),
-            None => s.admit(limits, holder, now, class.cost, class.priority),
-        };
+        // A fair policy's call waits in the fair order (key 0 is none in
+        // the bucket's layout).
+        let fair = class.fair.map(|who| (who.key.max(1), who.weight));
+        let a = s.admit_call(
+            limits,
+            holder,
+            now,
+            (class.cost, class.priority),
+            fair,
+            must_wait,
+        );
         let prefetched = match a {
             Admission::Admitted { .. } => s.prefetch(limits, holder, now, prefetch),
             _ => Prefetched::default(),

@@ -320,21 +320,6 @@ impl FairTable {
         }
     }
 
-    /// Each key's share and what it asked and was admitted over the last
-    /// whole window, in tokens a second: (key, weight, share, asked, used).
-    pub fn view(&self) -> impl Iterator<Item = (u64, u64, f64, f64, f64)> + '_ {
-        let rate = |v: u64| v as f64 / UNIT as f64 * (1.0 / WINDOW.as_secs_f64());
-        self.keys.iter().map(move |k| {
-            (
-                k.key,
-                k.weight,
-                k.share as f64 / UNIT as f64,
-                rate(k.asked_before),
-                rate(k.used_before),
-            )
-        })
-    }
-
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_LEN + self.keys.len() * KEY_LEN);
         out.push(VERSION);
