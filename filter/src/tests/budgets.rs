@@ -5,7 +5,7 @@
 
 use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;
-use crate::tests::{answer, next_report, pass, req, status, sync_settings, worker, T0};
+use crate::tests::{answer, header_of, next_report, pass, req, status, sync_settings, worker, T0};
 use crate::worker::{Verdict, Worker};
 
 /// 10 calls a day (T0 is 08:00 UTC), beside a per-second rate.
@@ -27,17 +27,6 @@ fn admitted(host: &FakeHost, w: &mut Worker, from: u32, tries: u32) -> u32 {
         }
     }
     n
-}
-
-fn header_of<'a>(v: &'a Verdict, name: &str) -> Option<&'a str> {
-    match v {
-        Verdict::Reply(r) => r
-            .headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str()),
-        _ => None,
-    }
 }
 
 fn syncing(host: &FakeHost) -> Worker {

@@ -3,7 +3,7 @@
 
 use crate::host::Host;
 use crate::testing::FakeHost;
-use crate::tests::{req, worker, T0};
+use crate::tests::{header_of, req, worker, T0};
 use crate::worker::{Verdict, Worker};
 
 const LLM: &[u8] = b"api.llm.example";
@@ -25,11 +25,9 @@ fn call(host: &FakeHost, w: &mut Worker, id: u32, tenant: &str) -> Result<(), St
     w.on_stream_end(host, id);
     match verdict {
         Verdict::Continue => Ok(()),
-        Verdict::Reply(reply) => Err(reply
-            .headers
-            .iter()
-            .find(|(n, _)| *n == "x-sluice-reason")
-            .map_or_else(|| "the rate".to_string(), |(_, v)| v.clone())),
+        Verdict::Reply(_) => Err(header_of(&verdict, "x-sluice-reason")
+            .unwrap_or("the rate")
+            .to_string()),
         other => Err(format!("{other:?}")),
     }
 }
@@ -124,24 +122,16 @@ fn the_refusal_says_fair_share_and_when_to_come_back() {
     greedy(&host, &mut workers, &[("a", 2), ("b", 2)], (1, 1));
     let mut headers = req(LLM, &[]);
     headers.push(("x-tenant", b"a".as_slice()));
-    let reply = (0..50)
-        .find_map(
-            |id| match workers[0].on_request(&host, 10_000 + id, headers.as_slice()) {
-                Verdict::Reply(reply) => Some(reply),
-                _ => None,
-            },
-        )
+    let refused = (0..50)
+        .map(|id| workers[0].on_request(&host, 10_000 + id, headers.as_slice()))
+        .find(|v| matches!(v, Verdict::Reply(_)))
         .expect("a greedy tenant is refused");
-    let header = |name: &str| {
-        reply
-            .headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.clone())
+    let Verdict::Reply(reply) = &refused else {
+        unreachable!("found as a reply")
     };
     assert_eq!(reply.status, 429);
-    assert_eq!(header("x-sluice-reason").as_deref(), Some("fair-share"));
-    assert_eq!(header("retry-after").as_deref(), Some("1"));
+    assert_eq!(header_of(&refused, "x-sluice-reason"), Some("fair-share"));
+    assert_eq!(header_of(&refused, "retry-after"), Some("1"));
     assert!(String::from_utf8_lossy(&reply.body).contains("fair share"));
 }
 

@@ -64,6 +64,18 @@ pub(crate) fn pass(host: &FakeHost, w: &mut Worker, ms: u64) {
     }
 }
 
+/// A header of a refusal's reply (None when the call was not refused).
+pub(crate) fn header_of<'a>(v: &'a Verdict, name: &str) -> Option<&'a str> {
+    match v {
+        Verdict::Reply(r) => r
+            .headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str()),
+        _ => None,
+    }
+}
+
 pub(crate) fn status(v: &Verdict) -> u32 {
     match v {
         Verdict::Continue => 200,
