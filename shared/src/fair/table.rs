@@ -83,9 +83,12 @@ pub struct FairKey {
     pub share: u64,
     /// Its part of the bucket.
     pub tokens: i64,
-    /// Asked (admitted or not) this window and the one before.
+    /// Asked (admitted or not) this window, the one before, and the one
+    /// before that: a share follows the larger of the last two whole
+    /// windows (a quiet key at 20 a second asks 1 to 3 calls a window).
     pub asked: u64,
     pub asked_before: u64,
+    pub asked_earlier: u64,
     /// Admitted this window and the one before.
     pub used: u64,
     pub used_before: u64,
@@ -130,9 +133,10 @@ pub enum FairDecodeError {
     TooManyKeys(usize),
 }
 
-const VERSION: u8 = 1;
+/// 2: each key keeps what it asked two windows back.
+const VERSION: u8 = 2;
 const HEADER_LEN: usize = 1 + 8 + 8 + 8 + 4;
-const KEY_LEN: usize = 8 * 9;
+const KEY_LEN: usize = 8 * 10;
 
 impl FairTable {
     /// A call of `who` costing `cost` tokens at `now`.
@@ -271,10 +275,10 @@ impl FairTable {
         }
         let one_window = ended < WINDOW.saturating_mul(2);
         for key in &mut self.keys {
-            (key.asked_before, key.used_before) = if one_window {
-                (key.asked, key.used)
+            (key.asked_earlier, key.asked_before, key.used_before) = if one_window {
+                (key.asked_before, key.asked, key.used)
             } else {
-                (0, 0)
+                (0, 0, 0)
             };
             key.asked = 0;
             key.used = 0;
@@ -286,27 +290,31 @@ impl FairTable {
         let gone: i64 = self
             .keys
             .iter()
-            .filter(|k| k.asked_before == 0)
+            .filter(|k| k.asked_before == 0 && k.asked_earlier == 0)
             .map(|k| k.tokens.max(0))
             .fold(0, i64::saturating_add);
         self.pool = self.pool.saturating_add(gone);
-        self.keys.retain(|k| k.asked_before > 0);
+        self.keys
+            .retain(|k| k.asked_before > 0 || k.asked_earlier > 0);
         self.share_out(terms);
     }
 
     /// Each key's share for the next window, from what it asked (a key
-    /// new this window, having asked nothing yet that counts, as if it
-    /// wanted all: it gets its weighted part until its asks are counted).
+    /// without two whole windows counted, new or back from rest, as if it
+    /// wanted all: it gets its weighted part until its asks are counted;
+    /// its first window is a part of one).
     fn share_out(&mut self, terms: &FairTerms) {
         let per_second = Span::from_secs(1).as_nanos() / WINDOW.as_nanos();
         let claims: Vec<Claim> = self
             .keys
             .iter()
             .map(|k| {
-                let asked = if k.asked_before == 0 {
+                let asked = if k.asked_earlier == 0 {
                     terms.capacity
                 } else {
-                    k.asked_before.saturating_mul(per_second)
+                    k.asked_before
+                        .max(k.asked_earlier)
+                        .saturating_mul(per_second)
                 };
                 Claim {
                     weight: k.weight,
@@ -332,7 +340,13 @@ impl FairTable {
                 out.extend_from_slice(&v.to_le_bytes());
             }
             out.extend_from_slice(&k.tokens.to_le_bytes());
-            for v in [k.asked, k.asked_before, k.used, k.used_before] {
+            for v in [
+                k.asked,
+                k.asked_before,
+                k.asked_earlier,
+                k.used,
+                k.used_before,
+            ] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
@@ -374,8 +388,9 @@ impl FairTable {
                 tokens: i64::from_le_bytes(word(at + 32)?),
                 asked: u(5)?,
                 asked_before: u(6)?,
-                used: u(7)?,
-                used_before: u(8)?,
+                asked_earlier: u(7)?,
+                used: u(8)?,
+                used_before: u(9)?,
             });
         }
         Ok(Self {
@@ -463,6 +478,34 @@ mod tests {
         );
         assert!(got[1] >= 198, "quiet {got:?}");
         assert!(got[0] >= 780 && got[0] + got[1] <= 1_005, "{got:?}");
+    }
+
+    /// A quiet key at 20 a second whose calls fall unevenly (1 in one
+    /// window, 3 in the next), coming late in a window, beside a noisy
+    /// one: its share is its weighted part until two whole windows are
+    /// counted, then the larger of the last two, and every call goes.
+    #[test]
+    fn a_quiet_key_with_uneven_windows_loses_no_call() {
+        let mut table = FairTable::default();
+        let (noisy, quiet) = (key(1, 1), key(2, 1));
+        let mut refused = 0;
+        for ms in 0..10_000u64 {
+            let now = Instant::from_millis(ms);
+            table.take(&TERMS, now, noisy, 1);
+            // Its first call 5 ms before a window ends: that window
+            // counts a part of its asks.
+            let first = 95;
+            if ms >= first
+                && [0, 100, 130, 160].contains(&((ms - first) % 200))
+                && !table.take(&TERMS, now, quiet, 1).admitted()
+                && ms > first
+            {
+                refused += 1;
+            }
+        }
+        // Its very first call may find the pool just drained (its share
+        // has brought it nothing yet); none after it is refused.
+        assert_eq!(refused, 0);
     }
 
     #[test]
