@@ -22,6 +22,7 @@ use sluice_api::people::{check_name, parse_token, Role};
 
 use crate::auth::{constant_time_eq, token_hash, CSRF_HEADER, SESSION_COOKIE};
 use crate::error::ApiError;
+use crate::server::OnPeerClose;
 use crate::store::now_ms;
 use crate::AppState;
 
@@ -267,8 +268,10 @@ pub async fn caller(state: &AppState, parts: &Parts) -> Result<Caller, ApiError>
 
 /// An Envoy with the sync token (`/api/v1/sync` and its watch), checked
 /// from the headers before any of the body is read: a client without the
-/// token is answered 401 at once, however slowly it sends its body.
-pub struct SyncPeer;
+/// token is answered 401 at once, however slowly it sends its body. Holds
+/// what its connection does when the Envoy closes it (see
+/// `push::departs_on_close`).
+pub struct SyncPeer(pub OnPeerClose);
 
 impl FromRequestParts<Shared> for SyncPeer {
     type Rejection = ApiError;
@@ -279,7 +282,15 @@ impl FromRequestParts<Shared> for SyncPeer {
                 state.metrics.result("unauthorized");
                 Err(ApiError::BadSyncToken)
             }
-            _ => Ok(SyncPeer),
+            // Not served through `server` (a test's router): nothing to
+            // run, as a connection that never closes.
+            _ => Ok(SyncPeer(
+                parts
+                    .extensions
+                    .get::<OnPeerClose>()
+                    .cloned()
+                    .unwrap_or_default(),
+            )),
         }
     }
 }

@@ -646,7 +646,7 @@ async fn live(
 
 async fn sync(
     State(state): State<Shared>,
-    _peer: SyncPeer,
+    peer: SyncPeer,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let report: SyncReport = serde_json::from_slice(&body).map_err(|e| {
@@ -657,6 +657,7 @@ async fn sync(
         state.metrics.result("bad_request");
         ApiError::BadRequest(e)
     })?;
+    crate::push::departs_on_close(&state, &peer, &report.instance);
     let answer = answer_sync(&state, report).await?;
     state.metrics.result(if answer.set.is_some() {
         "policy_set"

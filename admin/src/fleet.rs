@@ -192,8 +192,8 @@ impl Ledgers {
         })
     }
 
-    /// `instance`'s watch connection closed before it was answered: its
-    /// process may be gone. Noted in each global ledger it is in, which
+    /// A connection `instance` synced or watched over closed (see
+    /// `push::departs_on_close`): its process may be gone. Noted in each global ledger it is in, which
     /// gives its share away if it does not sync again within two sync
     /// intervals ([`Ledger::departed`]).
     pub async fn departed(&self, set: &PolicySet, instance: &str) -> Result<(), FleetError> {

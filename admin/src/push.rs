@@ -175,37 +175,28 @@ pub fn spawn_version_poller(state: Arc<AppState>) {
 /// the hold (`sluice-wait-ms`, at most [`MAX_HOLD`]).
 pub async fn watch(
     State(state): State<Arc<AppState>>,
-    _peer: SyncPeer,
+    peer: SyncPeer,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let mut held = HeldWatch {
-        state: Arc::clone(&state),
-        instance: None,
-    };
-    let answer = answer_watch(&state, &headers, &body, &mut held).await;
-    // Answered (or refused): not a departure.
-    held.instance = None;
-    answer
+    let request: WatchRequest = serde_json::from_slice(body.as_ref())
+        .map_err(|e| ApiError::BadRequest(format!("watch: {e}")))?;
+    check_instance(&request.instance)
+        .map_err(|e| ApiError::BadRequest(format!("watch: instance: {e}")))?;
+    departs_on_close(&state, &peer, &request.instance);
+    answer_watch(&state, &headers, &request).await
 }
 
-/// A watch being held. Dropped before it is answered, its connection
-/// closed: hyper drops the handler of a request whose client went away
-/// (a SIGKILLed Envoy's kernel closes its connections), and the fleet
-/// ledgers are told (see `Ledgers::departed`).
-struct HeldWatch {
-    state: Arc<AppState>,
-    /// Set once the request is known good, cleared when it is answered.
-    instance: Option<String>,
-}
-
-impl Drop for HeldWatch {
-    fn drop(&mut self) {
-        let Some(instance) = self.instance.take() else {
-            return;
-        };
-        let state = Arc::clone(&self.state);
-        // Drop cannot wait; the runtime is there while requests are served.
+/// From now on, `instance` closing this connection is taken as its
+/// departure: its process may be gone (a SIGKILLed Envoy's kernel closes
+/// its connections, a held watch's or one idle between syncs), and its
+/// fleet shares go to the others if it does not sync again within two
+/// sync intervals (see `Ledgers::departed`). A live Envoy that closes a
+/// connection syncs on over another and keeps its shares.
+pub fn departs_on_close(state: &Arc<AppState>, peer: &SyncPeer, instance: &str) {
+    let (state, instance) = (Arc::clone(state), instance.to_string());
+    peer.0.set(move || {
+        // Run from the connection's task, so within the runtime.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -215,29 +206,23 @@ impl Drop for HeldWatch {
                 Err(e) => Err(e.to_string()),
             };
             match noted {
-                Ok(()) => tracing::info!(%instance, "watch connection closed unanswered; its fleet shares are freed unless it syncs again"),
-                Err(e) => tracing::warn!(%instance, error = %e, "watch connection closed unanswered; not noted in the fleet ledgers"),
+                Ok(()) => tracing::info!(%instance, "an Envoy's connection closed; its fleet shares are freed unless it syncs again"),
+                Err(e) => tracing::warn!(%instance, error = %e, "an Envoy's connection closed; not noted in the fleet ledgers"),
             }
         });
-    }
+    });
 }
 
 async fn answer_watch(
     state: &Arc<AppState>,
     headers: &HeaderMap,
-    body: &[u8],
-    held: &mut HeldWatch,
+    request: &WatchRequest,
 ) -> Result<Response, ApiError> {
-    let request: WatchRequest =
-        serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("watch: {e}")))?;
-    check_instance(&request.instance)
-        .map_err(|e| ApiError::BadRequest(format!("watch: instance: {e}")))?;
     let mut place = state.changes.hold(&request.instance).map_err(|_| {
         ApiError::Unavailable(format!(
             "{MAX_HELD_WATCHES} instances hold a watch already; sync instead"
         ))
     })?;
-    held.instance = Some(request.instance.clone());
     let hold = headers
         .get(WAIT_HEADER)
         .and_then(|v| v.to_str().ok())

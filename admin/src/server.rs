@@ -47,6 +47,39 @@ const IDLE_CLOSE_GRACE: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Copy)]
 pub struct OverTls;
 
+/// What to do when the peer closes a connection, set by a handler that
+/// learnt who is at its other end (an Envoy's sync names its instance).
+/// Every request carries its connection's. Run only when the peer closed
+/// or broke the connection, never when the server closed it (idle,
+/// shutdown) nor on a timeout: a SIGKILLed process's kernel closes its
+/// connections, whether a request was in flight on them or not.
+#[derive(Clone, Default)]
+pub struct OnPeerClose(Arc<std::sync::Mutex<Option<PeerCloseAction>>>);
+
+type PeerCloseAction = Box<dyn FnOnce() + Send>;
+
+impl OnPeerClose {
+    /// Replaces what the connection's close will do.
+    pub fn set(&self, action: impl FnOnce() + Send + 'static) {
+        *self.slot() = Some(Box::new(action));
+    }
+
+    fn run(&self) {
+        // Taken out first: the action runs without the lock held.
+        let action = self.slot().take();
+        if let Some(action) = action {
+            action();
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<PeerCloseAction>> {
+        // A panic while holding this lock leaves a plain value behind.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Limits on the connections the admin serves.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
@@ -139,9 +172,12 @@ async fn connection<I>(
 {
     let activity = Activity::default();
     let tracked = activity.clone();
+    let on_peer_close = OnPeerClose::default();
+    let for_requests = on_peer_close.clone();
     let service = tower::service_fn(move |mut req: Request<Incoming>| {
         let in_flight = tracked.begin();
         req.extensions_mut().insert(ConnectInfo(peer));
+        req.extensions_mut().insert(for_requests.clone());
         if over_tls {
             req.extensions_mut().insert(OverTls);
         }
@@ -176,8 +212,14 @@ async fn connection<I>(
     stop.mark_unchanged();
     tokio::select! {
         result = conn.as_mut() => {
-            if let Err(e) = result {
+            let timed_out = result.as_ref().is_err_and(|e| {
+                e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout)
+            });
+            if let Err(e) = &result {
                 tracing::trace!(%peer, error = %e, "connection ended");
+            }
+            if !timed_out {
+                on_peer_close.run();
             }
         }
         // A new value, or the server gone entirely: either way, close
@@ -351,4 +393,94 @@ pub enum TlsError {
     Write(String, String),
     #[error("TLS configuration: {0}")]
     Config(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::extract::Extension;
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    /// A server whose one route asks to count its connection's close by
+    /// the peer; idle connections closed after 300 ms.
+    async fn counting_server() -> (SocketAddr, Arc<AtomicUsize>) {
+        let closes = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&closes);
+        let app = Router::new().route(
+            "/",
+            get(move |Extension(on_close): Extension<OnPeerClose>| {
+                let counted = Arc::clone(&counted);
+                async move {
+                    on_close.set(move || {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    });
+                    "ok"
+                }
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let limits = ServerLimits {
+            header_read_timeout: Duration::from_millis(300),
+            ..ServerLimits::default()
+        };
+        tokio::spawn(serve(listener, app, None, limits, std::future::pending()));
+        (addr, closes)
+    }
+
+    /// Sends one keep-alive request and reads its whole answer.
+    async fn one_request(addr: SocketAddr) -> TcpStream {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"ok") {
+            let mut chunk = [0; 256];
+            let n = stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed before the answer: {answer:?}");
+            answer.extend_from_slice(&chunk[..n]);
+        }
+        stream
+    }
+
+    async fn count_after(closes: &AtomicUsize, wait: Duration) -> usize {
+        tokio::time::sleep(wait).await;
+        closes.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_peer_closing_an_idle_connection_runs_its_action_once() {
+        let (addr, closes) = counting_server().await;
+        let stream = one_request(addr).await;
+        assert_eq!(count_after(&closes, Duration::from_millis(50)).await, 0);
+        drop(stream);
+        assert_eq!(count_after(&closes, Duration::from_millis(100)).await, 1);
+    }
+
+    #[tokio::test]
+    async fn the_server_closing_an_idle_connection_runs_nothing() {
+        let (addr, closes) = counting_server().await;
+        let mut stream = one_request(addr).await;
+        // The server closes it after 300 ms of nothing in flight.
+        let mut rest = [0; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0))), "{read:?}");
+        drop(stream);
+        assert_eq!(count_after(&closes, Duration::from_millis(100)).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_never_learnt_its_peer_runs_nothing() {
+        let (addr, closes) = counting_server().await;
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        drop(stream);
+        assert_eq!(count_after(&closes, Duration::from_millis(100)).await, 0);
+    }
 }

@@ -1525,6 +1525,16 @@ async fn stopping_the_admin_answers_held_watches() {
 /// One Envoy's sync for the global policy `llm`, naming the share it
 /// holds (as the filter does): the share the admin answers with.
 async fn fleet_sync(admin: &Admin, instance: &str, held: Option<&Value>) -> Value {
+    fleet_sync_over(&admin.http, admin, instance, held).await
+}
+
+/// [`fleet_sync`] over `http`'s connections.
+async fn fleet_sync_over(
+    http: &reqwest::Client,
+    admin: &Admin,
+    instance: &str,
+    held: Option<&Value>,
+) -> Value {
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -1535,8 +1545,18 @@ async fn fleet_sync(admin: &Admin, instance: &str, held: Option<&Value>) -> Valu
         report["held"] = json!({"llm": {"rate": h["rate"], "in_flight": h["in_flight"],
                                          "instances": h["instances"]}});
     }
-    let (_, headers) = sync_with(admin, report).await;
-    let grants: Value = headers
+    let answer = http
+        .post(format!("{}/api/v1/sync", admin.base))
+        .header("authorization", format!("Bearer {SYNC_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(report.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status();
+    assert!(status.is_success() || status.is_redirection(), "{status}");
+    let grants: Value = answer
+        .headers()
         .get("sluice-grants")
         .map(|v| serde_json::from_slice(v.as_bytes()).unwrap())
         .unwrap_or_default();
@@ -1606,6 +1626,62 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
 
     // A live Envoy whose watch closes syncs on and keeps its share.
     close_a_held_watch(&admin, "a", Duration::from_millis(100)).await;
+    for _ in 0..10 {
+        a = fleet_sync(&admin, "a", Some(&a)).await;
+        assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An Envoy SIGKILLed between two syncs, with no watch held: its kernel
+/// closes the connection it synced over, and its share moves as when a
+/// held watch closes (not a lease and a half after its last sync).
+#[tokio::test]
+async fn a_connection_closed_between_syncs_frees_a_silent_envoys_fleet_share() {
+    use std::time::{Duration, Instant};
+    let admin = start().await;
+    let s = admin.login().await;
+    let llm = json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+        "share_lease": "2s", "rate": {"requests": 300, "period": "1s", "burst": 30}});
+    let (status, _, _) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(llm))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // c syncs over a connection of its own, kept alive between syncs.
+    let c_http = reqwest::Client::new();
+    let (mut a, mut c) = (Value::Null, Value::Null);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(3_600) {
+        a = fleet_sync(&admin, "a", Some(&a).filter(|v| !v.is_null())).await;
+        c = fleet_sync_over(&c_http, &admin, "c", Some(&c).filter(|v| !v.is_null())).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let even = a["rate"].as_f64().unwrap();
+    assert!((100.0..=200.0).contains(&even), "a {a}, c {c}");
+    drop(c_http);
+    let gone = Instant::now();
+    let moved = loop {
+        a = fleet_sync(&admin, "a", Some(&a)).await;
+        if a["rate"].as_f64().unwrap() >= 290.0 {
+            break gone.elapsed();
+        }
+        assert!(
+            gone.elapsed() < Duration::from_millis(1_500),
+            "c's share did not move: a {a}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("a connection closed between syncs: c's share moved to a {moved:?} after (a {a})");
+    assert!(
+        moved >= Duration::from_millis(250),
+        "before c missed two syncs"
+    );
+
+    // A live Envoy whose sync connection closes syncs on over another
+    // and keeps its share.
+    let a_http = reqwest::Client::new();
+    a = fleet_sync_over(&a_http, &admin, "a", Some(&a)).await;
+    drop(a_http);
     for _ in 0..10 {
         a = fleet_sync(&admin, "a", Some(&a)).await;
         assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");

@@ -105,7 +105,7 @@ struct Member {
     /// Time between its last two syncs.
     #[serde(default, rename = "sync_gap_ms", with = "millis")]
     sync_gap: Span,
-    /// When its watch connection closed unanswered (see
+    /// When a connection of its to the admin closed (see
     /// [`Ledger::departed`]), if it has not synced since.
     #[serde(default, rename = "departed_ms", with = "millis")]
     departed: Instant,
@@ -119,7 +119,7 @@ struct Member {
     settling: bool,
 }
 
-/// An instance whose watch connection closed is taken for dead once it has
+/// An instance whose connection closed is taken for dead once it has
 /// not synced for this many of its sync intervals since...
 const DEPARTURE_SYNCS: u64 = 2;
 /// ...and at least this long.
@@ -159,7 +159,7 @@ impl Member {
     }
 
     /// When a departed instance counts as dead: its connection closed and
-    /// it missed its next syncs (a live one whose watch merely failed syncs
+    /// it missed its next syncs (a live one whose connection merely closed syncs
     /// on).
     fn dead_from(&self) -> Option<Instant> {
         if self.departed == Instant::EPOCH || self.departed < self.last_heard {
@@ -400,12 +400,12 @@ impl Ledger {
         share
     }
 
-    /// `instance`'s watch connection closed at `at` without an answer: its
-    /// process may have died (a SIGKILLed Envoy's kernel closes it). If it
+    /// A connection `instance` synced or watched over closed at `at`: its
+    /// process may have died (a SIGKILLed Envoy's kernel closes them). If it
     /// does not sync again within two of its sync intervals (300 ms at
     /// least), nothing of it is reserved any more and its share goes to the
     /// others at their next syncs, well within a lease; a live instance
-    /// whose watch merely failed syncs on and keeps its share.
+    /// whose connection merely closed syncs on and keeps its share.
     pub fn departed(&mut self, instance: &str, at: Instant) {
         if let Some(member) = self.members.get_mut(instance) {
             if at >= member.last_heard {
