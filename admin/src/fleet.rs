@@ -115,7 +115,7 @@ impl Ledgers {
         // What the others cannot be given, before and after this sync (a
         // drop is room someone may want), and what this Envoy wanted of the
         // room the others hold.
-        let sync_freeing = |ledger: &mut Ledger, terms: &FleetTerms, usage, held| {
+        let sync_freeing = |ledger: &mut Ledger, terms: &FleetTerms, usage: (Usage, &[_]), held| {
             let before = ledger.reserved(terms, now);
             let share = ledger.sync_usage(terms, &report.instance, usage, held, now);
             let after = ledger.reserved(terms, now);
@@ -143,9 +143,11 @@ impl Ledgers {
                 at: Instant::from_millis(report.at_ms),
             };
             let held = held_share(report, &policy.name, &terms);
+            // A policy shared fairly weighs its Envoys' keys.
+            let keys = report.fair.get(&policy.name).map_or(&[][..], Vec::as_slice);
             let (share, freed_here) = self
                 .update(&policy.name, &terms, now, |ledger| {
-                    sync_freeing(ledger, &terms, usage, held)
+                    sync_freeing(ledger, &terms, (usage, keys), held)
                 })
                 .await?;
             freed |= freed_here;
@@ -180,7 +182,7 @@ impl Ledgers {
             let held = held_share(report, &name, &terms);
             let (share, freed_here) = self
                 .update(&name, &terms, now, |ledger| {
-                    sync_freeing(ledger, &terms, usage, held)
+                    sync_freeing(ledger, &terms, (usage, &[]), held)
                 })
                 .await?;
             freed |= freed_here;

@@ -697,10 +697,16 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
             "reservations hold in reject mode; a fair queue orders waiting calls by weight only",
         );
     }
-    if policy.scope == Scope::Global {
+    if policy.scope == Scope::Global && policy.on_limit.action == LimitAction::Queue {
         fr.at(
             "",
-            "fair shares are per Envoy for now: not with `scope: global`",
+            "a fair queue orders one Envoy's waiting calls: with `scope: global`, share fairly in reject mode",
+        );
+    }
+    if policy.scope == Scope::Global && !fair.min.is_empty() {
+        fr.at(
+            "min",
+            "reservations are kept by each Envoy's table: not with `scope: global` (weights are weighed across the fleet)",
         );
     }
     let weight_in_range = |w: f64| (FairSpec::MIN_WEIGHT..=FairSpec::MAX_WEIGHT).contains(&w);

@@ -362,7 +362,7 @@ fn matcher_on_arbitrary_headers() {
     .unwrap_or_else(|e| panic!("the fuzzed policy set is valid: {e}"));
     fuzz("matcher and classification", request(), |req| {
         let secret = sluice_shared::KeySecret::from_bytes([3; sluice_shared::KeySecret::LEN]);
-        let classified = set.classify(&req, &secret, &BodyJson::Absent);
+        let classified = set.classify(&req, (&secret, None), &BodyJson::Absent);
         let Some(c) = classified.class() else {
             return Err("the catch-all policy matches everything".into());
         };
@@ -439,7 +439,7 @@ fn matcher_on_arbitrary_bodies() {
         let secret = sluice_shared::KeySecret::from_bytes([3; sluice_shared::KeySecret::LEN]);
         let headers = Request(vec![(":authority".into(), b"api.llm.example".to_vec())]);
         let parsed = BodyJson::parse(&body);
-        let Some(c) = set.classify(&headers, &secret, &parsed).class() else {
+        let Some(c) = set.classify(&headers, (&secret, None), &parsed).class() else {
             return Err("the catch-all policy matches every body".into());
         };
         let policy = &set.policies[c.policy_index];

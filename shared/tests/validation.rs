@@ -913,4 +913,26 @@ fn fair_shares_need_a_key_a_rate_sane_weights_and_reservations_within_the_rate()
         ))),
         vec!["policies[0].fair.min: reservations hold in reject mode; a fair queue orders waiting calls by weight only"]
     );
+    // Across the fleet: weights in reject mode; not reservations, not a
+    // fair queue.
+    let global = r#"{"name": "llm", "match": {"host": "x"}, "scope": "global",
+        "rate": {"requests": 100, "period": "1s"}, "fair": {"key": {"header": "x-tenant"}}}"#;
+    assert!(
+        parse_policy_set(&set_with(global)).is_ok(),
+        "fair across the fleet"
+    );
+    assert_eq!(
+        errors_of(&set_with(&global.replace(
+            r#""x-tenant"}"#,
+            r#""x-tenant"}, "min": {"gold": 10}"#
+        ))),
+        vec!["policies[0].fair.min: reservations are kept by each Envoy's table: not with `scope: global` (weights are weighed across the fleet)"]
+    );
+    assert_eq!(
+        errors_of(&set_with(&global.replace(
+            r#""scope": "global","#,
+            r#""scope": "global", "on_limit": {"action": "queue", "max_wait": "5s"},"#
+        ))),
+        vec!["policies[0].fair: a fair queue orders one Envoy's waiting calls: with `scope: global`, share fairly in reject mode"]
+    );
 }

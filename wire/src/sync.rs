@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::counts::Counts;
 use crate::stats::{LimitCounter, PolicyCounter, ProviderCounter};
+use sluice_shared::fair::{FairKeyView, REPORTED_KEYS};
 use sluice_shared::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
 use sluice_shared::spend::SpendReport;
 
@@ -122,6 +123,10 @@ pub struct SyncReport {
     /// report, so that keys gone quiet make room).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub keys: BTreeMap<String, KeysReport>,
+    /// Per policy shared fairly (`fair`): its busiest keys' weights,
+    /// shares, use and demand, as this Envoy's table has them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fair: BTreeMap<String, Vec<FairKeyView>>,
 }
 
 /// The body of a watch call: the set its Envoy enforces.
@@ -370,6 +375,23 @@ impl SyncReport {
                 .any(|k| k.label.len() > MAX_VALUE_LABEL + 3)
             {
                 return Err(format!("keys.{policy}: a label is too long"));
+            }
+        }
+        if self.fair.len() > MAX_REPORT_POLICIES {
+            return Err(format!("fair: at most {MAX_REPORT_POLICIES} policies"));
+        }
+        for (policy, keys) in &self.fair {
+            if keys.len() > REPORTED_KEYS {
+                return Err(format!("fair.{policy}: at most {REPORTED_KEYS} keys"));
+            }
+            let rate_ok = |r: f64| r.is_finite() && r >= 0.0;
+            if keys
+                .iter()
+                .any(|k| !rate_ok(k.share) || !rate_ok(k.used) || !rate_ok(k.demand))
+            {
+                return Err(format!(
+                    "fair.{policy}: a share, use or demand is not a finite rate of 0 or more"
+                ));
             }
         }
         for (limit, report) in &self.limits {

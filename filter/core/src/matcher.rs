@@ -184,6 +184,15 @@ impl CompiledFair {
         })
     }
 
+    /// Shares this Envoy's share of a global limit instead: `rate` a second
+    /// and `burst` tokens.
+    fn share(&mut self, rate: f64, burst: u64) {
+        let units = (rate.max(0.0) * fair::UNIT as f64).floor();
+        // An f64 past u64 saturates in `as`.
+        self.terms.capacity = units as u64;
+        self.terms.burst = burst.saturating_mul(fair::UNIT);
+    }
+
     /// Who a request is: its key's hash (as a policy key is hashed), weight
     /// and reservation (absent key: the empty value).
     fn claimant<R: RequestHeaders + ?Sized>(
@@ -415,12 +424,17 @@ impl CompiledPolicy {
         self.policy.scope == sluice_shared::policy::Scope::Global
     }
 
-    /// Applies this instance's share of a global policy's limits.
+    /// Applies this instance's share of a global policy's limits; a fair
+    /// table then shares that share.
     pub fn apply_share(&mut self, share: sluice_shared::fleet::Amount) {
         let limits = sluice_shared::fleet::limits_for_share(&self.policy, share);
         self.rate = limits.rate;
         self.concurrency = limits.concurrency;
         self.fleet_closed = limits.closed;
+        let burst = self.share_burst();
+        if let (Some(fair), Some(burst)) = (&mut self.fair, burst) {
+            fair.share(share.rate, burst);
+        }
     }
 
     /// Applies this instance's share of further limit `index` (a global
@@ -1061,12 +1075,15 @@ impl CompiledPolicySet {
     }
 
     /// The first policy that matches, in list order, and how the request
-    /// falls under it (its key hashed with `secret`). A policy that decides
-    /// on the body asks for it while it is [`BodyJson::Coming`].
+    /// falls under it: its key hashed with `secret`, and its `fair` key with
+    /// `fair_secret` (the fleet's label secret when an admin is there, so
+    /// that a key hashes alike on every Envoy and the live view can name
+    /// it; else `secret`). A policy that decides on the body asks for it
+    /// while it is [`BodyJson::Coming`].
     pub fn classify<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
-        secret: &KeySecret,
+        (secret, fair_secret): (&KeySecret, Option<&KeySecret>),
         body: &BodyJson,
     ) -> Classified {
         let mut passed_over = Vec::new();
@@ -1095,7 +1112,7 @@ impl CompiledPolicySet {
                 fair: policy
                     .fair
                     .as_ref()
-                    .map(|f| f.claimant(policy.name(), req, secret, body)),
+                    .map(|f| f.claimant(policy.name(), req, fair_secret.unwrap_or(secret), body)),
             };
             return Classified::Decided {
                 class: Some(class),
@@ -1173,7 +1190,7 @@ mod tests {
     fn first_match_wins_in_list_order() {
         let s = set(POLICIES);
         let pick = |h: &[(&str, &[u8])]| {
-            s.classify(h, &SECRET, &BodyJson::Absent)
+            s.classify(h, (&SECRET, None), &BodyJson::Absent)
                 .class()
                 .map(|c| s.policies[c.policy_index].name().to_string())
         };
@@ -1231,7 +1248,7 @@ mod tests {
         let classify = |authority: &'static [u8]| {
             s.classify(
                 req(&[(":authority", authority), ("x-tier", b"prod")]),
-                &SECRET,
+                (&SECRET, None),
                 &BodyJson::Absent,
             )
             .class()
@@ -1247,7 +1264,7 @@ mod tests {
         let bank = s
             .classify(
                 req(&[(":authority", b"api.bank.example")]),
-                &SECRET,
+                (&SECRET, None),
                 &BodyJson::Absent,
             )
             .class();
@@ -1265,20 +1282,21 @@ mod tests {
         assert_eq!(
             s.classify(
                 req(&[(":authority", b"b.example")]),
-                &SECRET,
+                (&SECRET, None),
                 &BodyJson::Absent
             )
             .class(),
             None
         );
         assert_eq!(
-            s.classify(req(&[]), &SECRET, &BodyJson::Absent).class(),
+            s.classify(req(&[]), (&SECRET, None), &BodyJson::Absent)
+                .class(),
             None
         );
         assert_eq!(
             s.classify(
                 req(&[(":authority", &[0xff, 0xfe, b':'])]),
-                &SECRET,
+                (&SECRET, None),
                 &BodyJson::Absent
             )
             .class(),
@@ -1293,7 +1311,7 @@ mod tests {
         let with = |extra: &[(&'static str, &'static [u8])]| {
             let mut h = base.to_vec();
             h.extend_from_slice(extra);
-            s.classify(h.as_slice(), &SECRET, &BodyJson::Absent)
+            s.classify(h.as_slice(), (&SECRET, None), &BodyJson::Absent)
                 .class()
                 .unwrap()
         };
@@ -1343,7 +1361,11 @@ mod tests {
     ]}"#;
 
     fn classify_body(s: &CompiledPolicySet, body: &BodyJson) -> Classified {
-        s.classify(req(&[(":authority", b"api.llm.example")]), &SECRET, body)
+        s.classify(
+            req(&[(":authority", b"api.llm.example")]),
+            (&SECRET, None),
+            body,
+        )
     }
 
     fn json(text: &str) -> BodyJson {
@@ -1446,7 +1468,7 @@ mod tests {
         // once, its body never asked for.
         let other = s.classify(
             req(&[(":authority", b"api.bank.example")]),
-            &SECRET,
+            (&SECRET, None),
             &BodyJson::Coming,
         );
         assert!(matches!(other, Classified::Decided { class: Some(_), .. }));

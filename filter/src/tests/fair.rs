@@ -264,3 +264,60 @@ fn tenants_from_the_json_body_share_by_weight() {
     assert!(admitted["blue"].abs_diff(40) <= 3, "{admitted:?}");
     assert!(admitted["none"].abs_diff(40) <= 3, "{admitted:?}");
 }
+
+/// A global policy shared fairly: this Envoy's table shares the share the
+/// admin leased it, by weight, and its report tells the admin each key's
+/// weight and demand, hashed under the fleet's label secret (alike on
+/// every Envoy, so the admin can weigh a key across them).
+#[test]
+fn a_global_limit_shares_this_envoys_share_and_reports_its_keys() {
+    use crate::tests::{reply, sync_settings};
+    use sluice_shared::key_view::label_secret;
+    let host = FakeHost::at(T0);
+    let set = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
+         "rate": {"requests": 100, "period": "1s", "burst": 10},
+         "fair": {"key": {"header": "x-tenant"}, "weights": {"gold": 2}}}]}"#;
+    let mut w = worker(&host, set);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    // A share of 30/s of the 100/s (a burst of 3).
+    let header =
+        br#"{"llm": {"rate": 30, "in_flight": 0, "lease_ms": 60000, "instances": 2, "id": 5}}"#;
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
+    let (mut gold, mut other, mut id) = (0, 0, 1_000);
+    for ms in 0..3_000 {
+        host.advance_ms(1);
+        for (tenant, admitted) in [("gold", &mut gold), ("other", &mut other)] {
+            id += 1;
+            // Both greedy: a call every 2 ms (500/s) each.
+            if ms % 2 == 0 && call(&host, &mut w, id, tenant).is_ok() && ms >= 1_000 {
+                *admitted += 1;
+            }
+        }
+    }
+    // Over the last 2 s: 20/s and 10/s of the share's 30/s.
+    assert!((36..=44).contains(&gold), "gold {gold}, other {other}");
+    assert!((16..=24).contains(&other), "gold {gold}, other {other}");
+    assert!(gold + other <= 60 + 3, "gold {gold}, other {other}");
+
+    // The next sync, as the calls go on.
+    host.advance_ms(1);
+    w.on_tick(&host);
+    let calls = host.calls.borrow().clone();
+    let report: sluice_wire::sync::SyncReport =
+        serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
+    let keys = &report.fair["llm"];
+    let secret = label_secret(Some("t0ken"));
+    let gold_key = keys
+        .iter()
+        .find(|k| k.key == secret.hash("llm", b"gold"))
+        .unwrap_or_else(|| panic!("gold under the label secret: {keys:?}"));
+    assert_eq!(gold_key.weight, 2_000);
+    assert!(gold_key.demand > gold_key.share, "{gold_key:?}");
+    assert!(
+        keys.iter()
+            .any(|k| k.key == secret.hash("llm", b"other") && k.weight == 1_000),
+        "{keys:?}"
+    );
+}

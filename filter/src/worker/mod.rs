@@ -480,20 +480,21 @@ impl Parts {
                 BodyJson::TooLarge
             }
         };
-        let (class, passed_over) = match policies.classify(req, &self.key_secret, &body) {
-            Classified::NeedsBody { from } => {
-                // Read while the headers pass: the host answers header
-                // reads no more once the body comes.
-                policies.keep_headers_for_body(req, from);
-                if policies.may_ask_stream_usage(req, from) {
-                    // Its body may grow: the length it came with must not
-                    // go upstream with it (the headers go on now).
-                    ctx.host.remove_request_header("content-length");
+        let (class, passed_over) =
+            match policies.classify(req, (&self.key_secret, self.spend_labels.secret()), &body) {
+                Classified::NeedsBody { from } => {
+                    // Read while the headers pass: the host answers header
+                    // reads no more once the body comes.
+                    policies.keep_headers_for_body(req, from);
+                    if policies.may_ask_stream_usage(req, from) {
+                        // Its body may grow: the length it came with must not
+                        // go upstream with it (the headers go on now).
+                        ctx.host.remove_request_header("content-length");
+                    }
+                    return Verdict::ReadBody;
                 }
-                return Verdict::ReadBody;
-            }
-            Classified::Decided { class, passed_over } => (class, passed_over),
-        };
+                Classified::Decided { class, passed_over } => (class, passed_over),
+            };
         for index in passed_over {
             if let Some(passed) = policies.policies.get(index) {
                 ctx.metrics

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::{BodyJson, CompiledPolicy, CompiledPolicySet};
+use sluice_shared::fair::{FairKeyView, FairTable, REPORTED_KEYS};
 use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
@@ -300,6 +301,7 @@ impl SyncClient {
             budget_keys: BTreeMap::new(),
             budgets: BTreeMap::new(),
             keys: report::take_keys_report(host, store, now, |name| policies.find(name).is_some()),
+            fair: fair_views(host, store, policies, now),
         }
     }
 
@@ -522,6 +524,26 @@ impl SyncClient {
 
 /// Every further limit of the set (once, by name): what it counted, its
 /// size, and what it holds now.
+/// Each fair table's busiest keys (reject mode: a fair queue keeps no
+/// table), for the live view and the admin's weighing of a global limit.
+fn fair_views<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    policies: &CompiledPolicySet,
+    now: Instant,
+) -> BTreeMap<String, Vec<FairKeyView>> {
+    policies
+        .policies
+        .iter()
+        .filter_map(|p| {
+            let fair = p.fair.as_ref()?;
+            let table = store.read_as::<FairTable, _>(host, &entries::fair_key(p.name()))?;
+            let keys = table.view(&fair.terms, now, REPORTED_KEYS);
+            Some((p.name().to_string(), keys))
+        })
+        .collect()
+}
+
 fn limit_reports<H: Host + ?Sized>(
     host: &H,
     policies: &CompiledPolicySet,

@@ -22,9 +22,12 @@
 
 mod table;
 pub use table::{
-    FairClaimant, FairDecodeError, FairKey, FairTable, FairTake, FairTerms, MAX_KEYS, OVERFLOW_KEY,
-    UNIT, WINDOW,
+    FairClaimant, FairDecodeError, FairKey, FairKeyView, FairTable, FairTake, FairTerms, MAX_KEYS,
+    OVERFLOW_KEY, UNIT, WINDOW,
 };
+
+/// Keys an Envoy reports per fair policy, the busiest first.
+pub const REPORTED_KEYS: usize = 64;
 
 /// Weights are kept in thousandths: `0.5` is 500.
 pub const WEIGHT_SCALE: u64 = 1000;
@@ -110,8 +113,12 @@ fn divide(
     }
 }
 
+/// The largest weight counted, in thousandths (a policy's weights go up to
+/// 1 000): a weight read off a report cannot overflow the arithmetic.
+const MAX_WEIGHT: u64 = 1_000 * WEIGHT_SCALE;
+
 fn weight_of(claim: &Claim) -> u128 {
-    u128::from(claim.weight.max(1))
+    u128::from(claim.weight.clamp(1, MAX_WEIGHT))
 }
 
 #[cfg(test)]

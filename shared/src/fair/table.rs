@@ -94,6 +94,20 @@ pub struct FairKey {
     pub used_before: u64,
 }
 
+/// One key of a fair table as an Envoy reports it: its weight in
+/// thousandths, and per second its share, what it used and what it asked
+/// (its demand) over the last whole windows. The key is a hash: under the
+/// fleet's label secret when an admin is there (alike on every Envoy, and
+/// shown as its label), [`OVERFLOW_KEY`] for the keys past `max_keys`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FairKeyView {
+    pub key: u64,
+    pub weight: u64,
+    pub share: f64,
+    pub used: f64,
+    pub demand: f64,
+}
+
 /// The whole shared state of one fair limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FairTable {
@@ -326,6 +340,30 @@ impl FairTable {
         for (key, share) in self.keys.iter_mut().zip(shares(terms.capacity, &claims)) {
             key.share = share;
         }
+    }
+
+    /// Each key as of `now`: its share, what it used and what it asked
+    /// per second (the overflow entry among them), busiest first, at most
+    /// `most`.
+    pub fn view(&self, terms: &FairTerms, now: Instant, most: usize) -> Vec<FairKeyView> {
+        let mut table = self.clone();
+        table.advance(terms, now);
+        let per_second = (Span::from_secs(1).as_nanos() / WINDOW.as_nanos()) as f64;
+        let rate = |units: u64| units as f64 * per_second / UNIT as f64;
+        let mut keys: Vec<FairKeyView> = table
+            .keys
+            .iter()
+            .map(|k| FairKeyView {
+                key: k.key,
+                weight: k.weight,
+                share: k.share as f64 / UNIT as f64,
+                used: rate(k.used_before),
+                demand: rate(k.asked_before.max(k.asked_earlier)),
+            })
+            .collect();
+        keys.sort_by(|a, b| b.demand.total_cmp(&a.demand).then(a.key.cmp(&b.key)));
+        keys.truncate(most);
+        keys
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::allocation::allocate;
 use super::demand::{demand_between, settle, smooth, used_between, Demand, Usage};
-use super::{Amount, FLOOR_FRACTION};
+use super::{fair_demand, Amount, FLOOR_FRACTION};
+use crate::fair::FairKeyView;
 use crate::policy::Policy;
 use crate::time::{millis, Instant, Span};
 
@@ -117,6 +118,10 @@ struct Member {
     /// as it is (`demand::settle`).
     #[serde(default)]
     settling: bool,
+    /// For a limit shared fairly, its keys as its last sync reported them
+    /// (see `fair_demand`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    fair: Vec<FairKeyView>,
 }
 
 /// An instance whose connection closed is taken for dead once it has
@@ -286,13 +291,14 @@ impl Ledger {
         }
         // Shares go to the instances that are syncing; the silent ones
         // keep only their reservations until those end.
-        let active: Vec<(&String, Demand)> = self
+        let active: Vec<(&String, &Member)> = self
             .members
             .iter()
             .filter(|(n, m)| n.as_str() == instance || now - m.last_heard < terms.lease)
-            .map(|(n, m)| (n, m.demand))
             .collect();
-        let demands: Vec<Demand> = active.iter().map(|(_, d)| *d).collect();
+        let demands: Vec<Demand> = active.iter().map(|(_, m)| m.demand).collect();
+        let keys: Vec<&[FairKeyView]> = active.iter().map(|(_, m)| m.fair.as_slice()).collect();
+        let demands = fair_demand::weigh(terms.limit.rate, &demands, &keys);
         let targets = allocate(terms.limit, terms.floor_fraction, &demands);
         let target = active
             .iter()
@@ -355,10 +361,13 @@ impl Ledger {
         &mut self,
         terms: &FleetTerms,
         instance: &str,
-        usage: Usage,
+        (usage, fair): (Usage, &[FairKeyView]),
         held: Option<Share>,
         now: Instant,
     ) -> Share {
+        if let Some(member) = self.members.get_mut(instance) {
+            member.fair = fair.to_vec();
+        }
         let member = self.members.get(instance);
         let measured = demand_between(member.and_then(|m| m.usage), usage, terms.limit);
         let (demand, settling) = match member {
@@ -379,6 +388,7 @@ impl Ledger {
         };
         let share = self.sync(terms, instance, demand, held, now);
         if let Some(member) = self.members.get_mut(instance) {
+            member.fair = fair.to_vec();
             member.settling = settling;
             member.usage = Some(usage);
             member.used.in_flight = usage.in_flight;
@@ -639,16 +649,61 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_shared_fairly_splits_by_the_weights_of_each_instances_keys() {
+        let key = |key: u64, weight: u64| FairKeyView {
+            key,
+            weight: weight * crate::fair::WEIGHT_SCALE,
+            demand: 2_000.0,
+            ..FairKeyView::default()
+        };
+        // Both greedy; a's one key weighs 1, b's two keys 1 and 2.
+        let (a_keys, b_keys) = ([key(1, 1)], [key(2, 1), key(3, 2)]);
+        let mut ledger = Ledger::default();
+        let (mut a, mut b) = (None, None);
+        for n in 0..10u64 {
+            let at = n * 200;
+            let asked = 2_000 * at / 1_000;
+            let a_usage = (usage(asked, asked / 4, 0, at), &a_keys[..]);
+            a = Some(ledger.sync_usage(&TERMS, "a", a_usage, a, t(at)));
+            let b_usage = (usage(2 * asked, asked, 0, at), &b_keys[..]);
+            b = Some(ledger.sync_usage(&TERMS, "b", b_usage, b, t(at + 1)));
+        }
+        let (a, b) = (a.unwrap().amount.rate, b.unwrap().amount.rate);
+        // 250 and 750 of 1 000, but for the allocation's floors and
+        // headroom.
+        assert!((240.0..=270.0).contains(&a), "a {a}, b {b}");
+        assert!(a + b <= LIMIT.rate + 1e-9, "a {a}, b {b}");
+        assert!(b >= 720.0, "a {a}, b {b}");
+        // Without keys, the same demand splits evenly.
+        let mut even = Ledger::default();
+        let (mut a, mut b) = (None, None);
+        for n in 0..10u64 {
+            let at = n * 200;
+            let asked = 2_000 * at / 1_000;
+            a = Some(even.sync_usage(&TERMS, "a", (usage(asked, 0, 0, at), &[]), a, t(at)));
+            b = Some(even.sync_usage(&TERMS, "b", (usage(2 * asked, 0, 0, at), &[]), b, t(at + 1)));
+        }
+        let a = a.unwrap().amount.rate;
+        assert!((480.0..=520.0).contains(&a), "a {a}");
+    }
+
+    #[test]
     fn members_show_what_each_instance_admitted_and_holds() {
         let mut ledger = Ledger::default();
-        ledger.sync_usage(&TERMS, "a", usage(0, 0, 0, 0), None, t(0));
-        ledger.sync_usage(&TERMS, "b", usage(50, 50, 1, 0), None, t(0));
+        ledger.sync_usage(&TERMS, "a", (usage(0, 0, 0, 0), &[]), None, t(0));
+        ledger.sync_usage(&TERMS, "b", (usage(50, 50, 1, 0), &[]), None, t(0));
         // 20 ms later: too short a window to call it a rate.
-        ledger.sync_usage(&TERMS, "a", usage(8, 6, 3, 20), None, t(20));
+        ledger.sync_usage(&TERMS, "a", (usage(8, 6, 3, 20), &[]), None, t(20));
         let a = ledger.members(&TERMS, t(20))[0].clone();
         assert_eq!((a.used.rate, a.used.in_flight), (0.0, 3), "{a:?}");
         // a: 800 asked, 600 admitted over 1 s, holding 12 at the end.
-        ledger.sync_usage(&TERMS, "a", usage(800, 600, 12, 1_000), None, t(1_000));
+        ledger.sync_usage(
+            &TERMS,
+            "a",
+            (usage(800, 600, 12, 1_000), &[]),
+            None,
+            t(1_000),
+        );
         let members = ledger.members(&TERMS, t(1_000));
         let a = members.iter().find(|m| m.instance == "a").unwrap();
         assert!((a.used.rate - 600.0).abs() < 1e-9, "{a:?}");

@@ -22,11 +22,13 @@
 //!
 //! - [`allocation`]: splitting a limit among instances by demand.
 //! - [`demand`]: what an instance wants and uses, read off its counters.
+//! - [`fair_demand`]: demand weighed by key for a limit shared fairly.
 //! - [`ledger`]: the admin's record of the shares it leased out.
 //! - [`share_limits`]: the limits an instance applies for its share.
 
 pub mod allocation;
 pub mod demand;
+pub mod fair_demand;
 pub mod ledger;
 pub mod share_limits;
 

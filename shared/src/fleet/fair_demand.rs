@@ -1,0 +1,140 @@
+//! A global limit shared fairly by key (`fair`): every instance reports its
+//! keys' weights and demands, and the admin weighs them fleet-wide before
+//! it splits the limit between instances. The limit is divided between
+//! the keys by weight, as one Envoy's table divides its share
+//! ([`crate::fair::shares`]); each key's part is spread over the instances
+//! it asks through, in proportion to what it asks there; and an instance's
+//! demand counts for no more than its keys' parts. Each Envoy's table then
+//! divides its share between its keys by weight again, so a key's calls
+//! come out near its fleet-wide part wherever they arrive.
+//!
+//! Keys are hashes under the fleet's label secret, alike on every Envoy.
+
+use std::collections::BTreeMap;
+
+use super::Demand;
+use crate::fair::{shares, Claim, FairKeyView};
+
+/// Rates are weighed in thousandths of a call a second.
+const MILLI: f64 = 1000.0;
+
+/// `demands` with each instance's rate cut to its keys' fair part of
+/// `limit_rate` (unchanged where it reports no keys, and all of them when
+/// none does).
+pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[FairKeyView]]) -> Vec<Demand> {
+    if keys.iter().all(|k| k.is_empty()) {
+        return demands.to_vec();
+    }
+    let milli = |rate: f64| (rate.max(0.0) * MILLI).round() as u64;
+    // Per key: its weight and what it asks fleet-wide.
+    let mut fleet: BTreeMap<u64, Claim> = BTreeMap::new();
+    for key in keys.iter().flat_map(|k| k.iter()) {
+        let claim = fleet.entry(key.key).or_insert(Claim {
+            weight: key.weight,
+            demand: 0,
+            reserved: 0,
+        });
+        claim.weight = claim.weight.max(key.weight);
+        claim.demand = claim.demand.saturating_add(milli(key.demand));
+    }
+    let claims: Vec<Claim> = fleet.values().copied().collect();
+    let parts: BTreeMap<u64, (u64, u64)> = fleet
+        .keys()
+        .zip(shares(milli(limit_rate), &claims).into_iter().zip(&claims))
+        .map(|(&key, (part, claim))| (key, (part, claim.demand)))
+        .collect();
+    demands
+        .iter()
+        .zip(keys)
+        .map(|(demand, keys)| {
+            let asked: f64 = keys.iter().map(|k| milli(k.demand) as f64).sum();
+            if asked <= 0.0 {
+                return *demand;
+            }
+            let fair: f64 = keys
+                .iter()
+                .filter_map(|k| {
+                    let &(part, total) = parts.get(&k.key)?;
+                    (total > 0).then(|| part as f64 * milli(k.demand) as f64 / total as f64)
+                })
+                .sum();
+            Demand {
+                rate: demand.rate * (fair / asked).min(1.0),
+                ..*demand
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fair::WEIGHT_SCALE;
+
+    fn key(key: u64, weight: u64, demand: f64) -> FairKeyView {
+        FairKeyView {
+            key,
+            weight: weight * WEIGHT_SCALE,
+            demand,
+            ..FairKeyView::default()
+        }
+    }
+
+    fn asking(rate: f64) -> Demand {
+        Demand {
+            rate,
+            ..Demand::default()
+        }
+    }
+
+    #[test]
+    fn greedy_keys_on_different_instances_count_by_weight() {
+        // t1 (weight 1) through a; t2 (1) and t3 (2) through b.
+        let a = [key(1, 1, 200.0)];
+        let b = [key(2, 1, 200.0), key(3, 2, 200.0)];
+        let weighed = weigh(100.0, &[asking(200.0), asking(400.0)], &[&a, &b]);
+        assert!((weighed[0].rate - 25.0).abs() < 0.01, "{weighed:?}");
+        assert!((weighed[1].rate - 75.0).abs() < 0.01, "{weighed:?}");
+    }
+
+    #[test]
+    fn a_key_on_two_instances_splits_its_part_by_where_it_asks() {
+        let a = [key(1, 1, 150.0)];
+        let b = [key(1, 1, 50.0), key(2, 1, 200.0)];
+        let weighed = weigh(100.0, &[asking(150.0), asking(250.0)], &[&a, &b]);
+        // Key 1 gets 50, three quarters of it through a.
+        assert!((weighed[0].rate - 37.5).abs() < 0.01, "{weighed:?}");
+        assert!((weighed[1].rate - 62.5).abs() < 0.01, "{weighed:?}");
+    }
+
+    #[test]
+    fn room_enough_for_all_changes_nothing() {
+        let a = [key(1, 1, 20.0)];
+        let b = [key(2, 3, 30.0)];
+        let demands = [asking(20.0), asking(30.0)];
+        assert_eq!(weigh(100.0, &demands, &[&a, &b]), demands);
+        // Nobody reports keys (a policy without `fair`): as they came.
+        assert_eq!(weigh(10.0, &demands, &[&[], &[]]), demands);
+    }
+
+    #[test]
+    fn hostile_numbers_never_raise_a_demand() {
+        let wild = [
+            key(1, 0, f64::MAX),
+            FairKeyView {
+                weight: u64::MAX,
+                ..key(2, 1, 1e300)
+            },
+            key(3, 1, -5.0),
+            key(1, 7, f64::NAN),
+        ];
+        let demands = [asking(80.0), asking(40.0)];
+        let weighed = weigh(100.0, &demands, &[&wild, &[key(9, 1, 40.0)]]);
+        for (w, d) in weighed.iter().zip(&demands) {
+            assert!(
+                w.rate.is_finite() && w.rate >= 0.0 && w.rate <= d.rate,
+                "{weighed:?}"
+            );
+        }
+    }
+}
