@@ -313,3 +313,98 @@ pub async fn queue_waits(fair: bool) -> anyhow::Result<QueueWaits> {
         refused_by_provider: mock.rejected_by_mock(),
     })
 }
+
+/// Two Envoys sharing one global limit fairly: tenant `a` (weight 1)
+/// calls through Envoy a only, `b` (weight 1) and `gold` (weight 2)
+/// through Envoy b only.
+pub struct AcrossFleet {
+    /// From 5 s on, once shares have followed the keys.
+    pub steady: Seconds,
+    /// The admin's shares then: instance, rate.
+    pub shares: Vec<(String, f64)>,
+    pub calls: usize,
+    pub most_in_a_second: u64,
+    pub refused_by_provider: u64,
+}
+
+/// The global policy of [`across_fleet`]: 90 a second with a burst of 4,
+/// so that the bursts of two Envoys' shares (2 at least each) still fit a
+/// calendar second of the provider's 100.
+pub const FLEET_RATE: u64 = 90;
+
+/// Every tenant greedy (300 calls a second) for `run`.
+pub async fn across_fleet(run: Duration) -> anyhow::Result<AcrossFleet> {
+    use crate::admin::{AdminServer, SYNC_TOKEN};
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    op.create(serde_json::json!({
+        "name": "llm", "match": {"host": "api.llm.example"}, "scope": "global", "share_lease": "2s",
+        "rate": {"requests": FLEET_RATE, "period": "1s", "burst": 4},
+        "fair": {"key": {"header": "x-api-key"}, "weights": {"gold": 2}}}))
+        .await?;
+    let limits = MockLimits {
+        max_per_second: PROVIDER_PER_SECOND,
+        max_in_flight: 0,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let envoy = |name: &str| {
+        let config = serde_json::json!({"instance": format!("fair-{name}"), "admin_cluster": "sluice_admin",
+            "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+            "fallback": {"version": 1, "policies": []}});
+        Envoy::start_with_admins(
+            &config.to_string(),
+            mock.addr.port(),
+            &[admin.port],
+            WORKERS,
+        )
+    };
+    let (a, b) = (envoy("a")?, envoy("b")?);
+    // Both hold a share before the load starts.
+    let held = |fleet: serde_json::Value| {
+        fleet["policies"][0]["members"]
+            .as_array()
+            .is_some_and(|m| m.len() == 2)
+    };
+    let started = Instant::now();
+    while !held(op.get("/api/v1/fleet").await?) {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(10),
+            "no shares after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    mock.reset();
+    let clock = Instant::now();
+    let tenants = [
+        start(&a, "a", 300),
+        start(&b, "b", 300),
+        start(&b, "gold", 300),
+    ];
+    tokio::time::sleep(run).await;
+    let steady = per_second(&mock, Duration::from_secs(5), clock.elapsed());
+    let fleet = op.get("/api/v1/fleet").await?;
+    let shares = fleet["policies"][0]["members"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            (
+                m["instance"].as_str().unwrap_or_default().to_string(),
+                m["share"]["rate"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    let mut calls = 0;
+    for t in tenants {
+        calls += t.finish().await.len();
+    }
+    Ok(AcrossFleet {
+        most_in_a_second: most_in_a_second(&per_second(&mock, Duration::ZERO, clock.elapsed())),
+        steady,
+        shares,
+        calls,
+        refused_by_provider: mock.rejected_by_mock(),
+    })
+}

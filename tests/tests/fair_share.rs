@@ -201,3 +201,45 @@ async fn hostile_tenant_values_are_tenants_and_the_rate_holds() -> anyhow::Resul
     assert_eq!(mock.rejected_by_mock(), 0);
     Ok(())
 }
+
+/// Two Envoys, one global limit shared fairly: tenant `a` calls through
+/// Envoy a alone, `b` and `gold` (weight 2) through Envoy b. Each Envoy
+/// asks for all it can get, but the admin weighs their keys: a is leased
+/// about a quarter of the limit and b three quarters, so the provider sees
+/// the tenants 25/25/50 (within 10 %) and refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Result<()> {
+    let run = fair::across_fleet(Duration::from_secs(20)).await?;
+    let (a_worst, a_mean) = parts(&run.steady, "a", 0.25);
+    let (b_worst, b_mean) = parts(&run.steady, "b", 0.25);
+    let (gold_worst, gold_mean) = parts(&run.steady, "gold", 0.5);
+    let totals: Vec<u64> = run.steady.values().map(|by| by.values().sum()).collect();
+    println!(
+        "fair across two Envoys (global {}/s): {} seconds; mean parts a {a_mean:.3} b {b_mean:.3} gold \
+         {gold_mean:.3}; worst second off by a {:.1} % b {:.1} % gold {:.1} %; calls per second {totals:?}; \
+         shares {:?}; {} calls; most in a calendar second {}; provider refused {}",
+        fair::FLEET_RATE,
+        run.steady.len(),
+        100.0 * a_worst,
+        100.0 * b_worst,
+        100.0 * gold_worst,
+        run.shares,
+        run.calls,
+        run.most_in_a_second,
+        run.refused_by_provider,
+    );
+    assert!(run.steady.len() >= 13, "{} whole seconds", run.steady.len());
+    for (who, mean, want) in [
+        ("a", a_mean, 0.25),
+        ("b", b_mean, 0.25),
+        ("gold", gold_mean, 0.5),
+    ] {
+        assert!(
+            (mean - want).abs() <= 0.1 * want,
+            "{who}'s part was {mean:.3}, not {want} within 10 %"
+        );
+    }
+    assert_eq!(run.refused_by_provider, 0, "the provider refused calls");
+    assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
+    Ok(())
+}
