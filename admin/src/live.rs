@@ -12,9 +12,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_api::{
-    KeyUse, KeysUse, LimitUse, LiveFrame, ProviderUse, Utilization, KEYS_ACTIVE_FOR_MS,
+    FairKeyUse, KeyUse, KeysUse, LimitUse, LiveFrame, ProviderUse, Utilization,
+    FAIR_OVERFLOW_LABEL, KEYS_ACTIVE_FOR_MS,
 };
-use sluice_shared::key_view::{KeyBitmap, KeysReport, TopKeys, SHOWN_TOP_KEYS};
+use sluice_shared::fair::{FairKeyView, OVERFLOW_KEY, WEIGHT_SCALE};
+use sluice_shared::key_view::{hash_label, KeyBitmap, KeysReport, TopKeys, SHOWN_TOP_KEYS};
 use sluice_shared::Span;
 use sluice_wire::counts::{Counts, LiveCounts};
 use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
@@ -57,6 +59,8 @@ struct InstanceState {
     /// Per keyed policy, its keys' recent counts and their rates.
     key_spans: BTreeMap<String, VecDeque<KeySpan>>,
     key_rates: BTreeMap<String, KeyRates>,
+    /// Per policy shared fairly, its keys as the last report had them.
+    fair: BTreeMap<String, Vec<FairKeyView>>,
 }
 
 /// One Envoy's keys of one policy, a second.
@@ -342,6 +346,7 @@ impl Live {
             limit_rates: BTreeMap::new(),
             key_spans: BTreeMap::new(),
             key_rates: BTreeMap::new(),
+            fair: BTreeMap::new(),
         });
         // A clock that went back means a new Envoy under the same name.
         if state
@@ -422,6 +427,7 @@ impl Live {
                 }
             }
         }
+        state.fair = report.fair.clone();
         state.received_ms = now_ms;
         state.sync_failures = report.filter.get("sync_failures").copied().unwrap_or(0);
         let mut instances = lock(&self.instances);
@@ -481,6 +487,7 @@ impl Live {
             spend.keep_top();
         }
         frame.keys = Self::keys_use(instances.values(), now_ms);
+        frame.fair = Self::fair_use(instances.values(), now_ms);
         drop(instances);
         for (name, seen) in lock(&self.seen_keys).iter() {
             let (active, overflowed) = seen.union();
@@ -538,6 +545,56 @@ impl Live {
             .collect()
     }
 
+    /// Per policy shared fairly, its keys summed over the live instances
+    /// (a key is hashed alike on every Envoy), the most demanding first.
+    fn fair_use<'a>(
+        instances: impl Iterator<Item = &'a InstanceState>,
+        now_ms: u64,
+    ) -> BTreeMap<String, Vec<FairKeyUse>> {
+        let mut by_key: BTreeMap<&str, HashMap<u64, FairKeyView>> = BTreeMap::new();
+        for state in instances {
+            if now_ms.saturating_sub(state.received_ms) > STALE_AFTER_MS {
+                continue;
+            }
+            for (policy, keys) in &state.fair {
+                let summed = by_key.entry(policy).or_default();
+                for k in keys {
+                    let sum = summed.entry(k.key).or_insert(FairKeyView {
+                        key: k.key,
+                        ..FairKeyView::default()
+                    });
+                    sum.weight = sum.weight.max(k.weight);
+                    sum.share += k.share;
+                    sum.used += k.used;
+                    sum.demand += k.demand;
+                }
+            }
+        }
+        by_key
+            .into_iter()
+            .map(|(policy, keys)| {
+                let mut top: Vec<FairKeyView> = keys.into_values().collect();
+                top.sort_by(|a, b| b.demand.total_cmp(&a.demand).then(a.key.cmp(&b.key)));
+                top.truncate(SHOWN_TOP_KEYS);
+                let shown = top
+                    .into_iter()
+                    .map(|k| FairKeyUse {
+                        label: if k.key == OVERFLOW_KEY {
+                            FAIR_OVERFLOW_LABEL.to_string()
+                        } else {
+                            hash_label(k.key)
+                        },
+                        weight: k.weight as f64 / WEIGHT_SCALE as f64,
+                        share_per_s: k.share,
+                        used_per_s: k.used,
+                        demand_per_s: k.demand,
+                    })
+                    .collect();
+                (policy.to_string(), shown)
+            })
+            .collect()
+    }
+
     /// Forgets instances silent past the TTL, then records and broadcasts
     /// the frame for `now_ms`. Returns the frame.
     pub fn tick(&self, now_ms: u64) -> Arc<LiveFrame> {
@@ -558,6 +615,7 @@ impl Live {
             history.push_back(Arc::new(LiveFrame {
                 instances: BTreeMap::new(),
                 keys: BTreeMap::new(),
+                fair: BTreeMap::new(),
                 ..(*frame).clone()
             }));
         }
@@ -781,6 +839,56 @@ mod tests {
         assert_eq!(live.tracked(), MAX_INSTANCES);
         live.tick(200_000);
         assert_eq!(live.tracked(), 0, "silent past the TTL");
+    }
+
+    #[test]
+    fn fair_keys_are_summed_over_envoys_by_hash_and_shown_by_demand() {
+        let live = Live::default();
+        let key = |key: u64, share: f64, demand: f64| FairKeyView {
+            key,
+            weight: 2 * WEIGHT_SCALE,
+            share,
+            used: share,
+            demand,
+        };
+        let mut a = report(1_000, 0, 0);
+        a.instance = "a".into();
+        a.fair.insert(
+            "llm".into(),
+            vec![key(7, 20.0, 100.0), key(OVERFLOW_KEY, 5.0, 5.0)],
+        );
+        let mut b = report(1_000, 0, 0);
+        b.instance = "b".into();
+        b.fair
+            .insert("llm".into(), vec![key(7, 10.0, 50.0), key(9, 30.0, 40.0)]);
+        live.ingest(&a, 1);
+        live.ingest(&b, 2);
+        let frame = live.tick(3);
+        let shown: Vec<(&str, f64, f64, f64)> = frame.fair["llm"]
+            .iter()
+            .map(|k| (k.label.as_str(), k.weight, k.share_per_s, k.demand_per_s))
+            .collect();
+        let (seven, nine) = (hash_label(7), hash_label(9));
+        assert_eq!(
+            shown,
+            [
+                (seven.as_str(), 2.0, 30.0, 150.0),
+                (nine.as_str(), 2.0, 30.0, 40.0),
+                (FAIR_OVERFLOW_LABEL, 2.0, 5.0, 5.0)
+            ]
+        );
+        // Per key, in the newest frame only.
+        assert!(live.history()[0].fair.is_empty());
+        // At most the top 20 of many keys.
+        let mut many = report(1_000, 0, 0);
+        many.fair.insert(
+            "llm".into(),
+            (1..=64).map(|k| key(k, 1.0, k as f64)).collect(),
+        );
+        live.ingest(&many, 4);
+        let frame = live.frame(5);
+        assert_eq!(frame.fair["llm"].len(), SHOWN_TOP_KEYS);
+        assert_eq!(frame.fair["llm"][0].label, hash_label(64));
     }
 
     fn keyed(instance: &str, at_ms: u64, since_ms: u64, calls: &[(&[u8], u64)]) -> SyncReport {

@@ -353,6 +353,17 @@ impl Operator {
     /// The live view's history (the first event of `/api/v1/live`): one
     /// frame a second, oldest first.
     pub async fn live_history(&self) -> anyhow::Result<Value> {
+        self.live_event("history").await
+    }
+
+    /// The live view's next frame (its per-key tables among it).
+    pub async fn live_frame(&self) -> anyhow::Result<Value> {
+        self.live_event("frame").await
+    }
+
+    /// The first event named `name` of `/api/v1/live`.
+    async fn live_event(&self, name: &str) -> anyhow::Result<Value> {
+        let event = format!("event: {name}");
         let mut resp = self
             .http
             .get(format!("{}/api/v1/live", self.base))
@@ -363,7 +374,7 @@ impl Operator {
         let mut text = String::new();
         while let Some(chunk) = resp.chunk().await? {
             text.push_str(&String::from_utf8_lossy(&chunk));
-            let Some(start) = text.find("event: history") else {
+            let Some(start) = text.find(&event) else {
                 continue;
             };
             // The event is whole once the blank line after it came.
@@ -376,7 +387,7 @@ impl Operator {
                 return Ok(serde_json::from_str(&data)?);
             }
         }
-        bail!("the live stream ended before its history")
+        bail!("the live stream ended before its {name}")
     }
 
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {

@@ -322,6 +322,9 @@ pub struct AcrossFleet {
     pub steady: Seconds,
     /// The admin's shares then: instance, rate.
     pub shares: Vec<(String, f64)>,
+    /// The live view's fair table then: tenant, weight, share, used and
+    /// asked a second (the labels told back into tenants).
+    pub live: Vec<(String, f64, f64, f64, f64)>,
     pub calls: usize,
     pub most_in_a_second: u64,
     pub refused_by_provider: u64,
@@ -396,11 +399,40 @@ pub async fn across_fleet(run: Duration) -> anyhow::Result<AcrossFleet> {
             )
         })
         .collect();
+    let frame = op.live_frame().await?;
+    let secret = sluice_shared::key_view::label_secret(Some(SYNC_TOKEN));
+    let tenant_of = |label: &str| {
+        ["a", "b", "gold"]
+            .into_iter()
+            .find(|t| {
+                sluice_shared::key_view::hash_label(secret.hash("llm", t.as_bytes())) == label
+            })
+            .unwrap_or(label)
+            .to_string()
+    };
+    let live = frame["fair"]["llm"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|k| {
+            let n = |f: &str| k[f].as_f64().unwrap_or(-1.0);
+            let label = k["label"].as_str().unwrap_or_default();
+            (
+                tenant_of(label),
+                n("weight"),
+                n("share_per_s"),
+                n("used_per_s"),
+                n("demand_per_s"),
+            )
+        })
+        .collect();
     let mut calls = 0;
     for t in tenants {
         calls += t.finish().await.len();
     }
     Ok(AcrossFleet {
+        live,
         most_in_a_second: most_in_a_second(&per_second(&mock, Duration::ZERO, clock.elapsed())),
         steady,
         shares,

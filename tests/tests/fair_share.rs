@@ -217,18 +217,46 @@ async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Resul
     println!(
         "fair across two Envoys (global {}/s): {} seconds; mean parts a {a_mean:.3} b {b_mean:.3} gold \
          {gold_mean:.3}; worst second off by a {:.1} % b {:.1} % gold {:.1} %; calls per second {totals:?}; \
-         shares {:?}; {} calls; most in a calendar second {}; provider refused {}",
+         shares {:?}; live view (tenant, weight, share, used, asked /s) {:?}; {} calls; most in a calendar second {}; \
+         provider refused {}",
         fair::FLEET_RATE,
         run.steady.len(),
         100.0 * a_worst,
         100.0 * b_worst,
         100.0 * gold_worst,
         run.shares,
+        run.live,
         run.calls,
         run.most_in_a_second,
         run.refused_by_provider,
     );
-    assert!(run.steady.len() >= 13, "{} whole seconds", run.steady.len());
+    assert!(run.steady.len() >= 12, "{} whole seconds", run.steady.len());
+    // The live view names each tenant's key (as the Envoys hash it) with
+    // its weight, a share by weight, and its demand past its share.
+    let live = |tenant: &str| {
+        run.live
+            .iter()
+            .find(|k| k.0 == tenant)
+            .cloned()
+            .unwrap_or_else(|| panic!("{tenant} not in the live view: {:?}", run.live))
+    };
+    let (a, b, gold) = (live("a"), live("b"), live("gold"));
+    assert_eq!((a.1, b.1, gold.1), (1.0, 1.0, 2.0), "weights");
+    assert!(
+        (gold.2 / b.2 - 2.0).abs() <= 0.3 && (a.2 / b.2 - 1.0).abs() <= 0.15,
+        "shares by weight: {:?}",
+        run.live
+    );
+    assert!(
+        a.2 + b.2 + gold.2 <= fair::FLEET_RATE as f64 * 1.02,
+        "the shares divide the limit: {:?}",
+        run.live
+    );
+    assert!(
+        [&a, &b, &gold].iter().all(|k| k.4 > k.2),
+        "greedy: each asks past its share: {:?}",
+        run.live
+    );
     for (who, mean, want) in [
         ("a", a_mean, 0.25),
         ("b", b_mean, 0.25),

@@ -358,7 +358,28 @@ pub struct LiveFrame {
     /// newest frame only, not in history).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub keys: BTreeMap<String, KeysUse>,
+    /// Per policy shared fairly, its keys' shares, use and demand summed
+    /// over the live instances, the most demanding first (at most
+    /// [`sluice_shared::key_view::SHOWN_TOP_KEYS`]; newest frame only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fair: BTreeMap<String, Vec<FairKeyUse>>,
 }
+
+/// One key of a policy shared fairly (`fair`), over the live instances:
+/// its weight, and per second its share, what it used and what it asked.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FairKeyUse {
+    /// As the busiest keys name it (its hash under the fleet's label
+    /// secret), or [`FAIR_OVERFLOW_LABEL`].
+    pub label: String,
+    pub weight: f64,
+    pub share_per_s: f64,
+    pub used_per_s: f64,
+    pub demand_per_s: f64,
+}
+
+/// The label of the keys past `max_keys`, which share one entry.
+pub const FAIR_OVERFLOW_LABEL: &str = "(other keys)";
 
 /// A keyed policy's keys, over the live instances.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

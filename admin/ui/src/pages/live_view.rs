@@ -10,6 +10,7 @@ use sluice_wire::stats::{LimitCounter, PolicyCounter, ProviderCounter};
 
 use crate::api;
 use crate::budgets::BudgetsNow;
+use crate::fair_keys::FairKeysNow;
 use crate::form;
 use crate::keys::KeysNow;
 use crate::live::{LiveFrames, Utilization};
@@ -204,6 +205,7 @@ pub(super) fn LivePage() -> impl IntoView {
                         </tbody>
                     </table>
                     <KeysNow policy=name.clone()/>
+                    <FairKeysNow policy=name.clone()/>
                 </section>
             }
         }/>
