@@ -11,6 +11,7 @@ pub mod spend_text;
 mod api;
 #[cfg(target_arch = "wasm32")]
 mod budgets;
+#[cfg(target_arch = "wasm32")]
 mod fair_keys;
 #[cfg(target_arch = "wasm32")]
 mod keys;
