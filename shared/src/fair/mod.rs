@@ -35,7 +35,8 @@ pub const WEIGHT_SCALE: u64 = 1000;
 /// What one key brings to a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
-    /// Its weight in thousandths (0 counts as the smallest weight, 1).
+    /// Its weight in thousandths (0 counts as the smallest weight, 1, and
+    /// past 1 000 000 as 1 000 000).
     pub weight: u64,
     /// What it would take.
     pub demand: u64,

@@ -17,6 +17,7 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
     let reserved = fair::reserved().await?;
     let queued = fair::queue_waits(true).await?;
     let fifo = fair::queue_waits(false).await?;
+    let fleet = fair::across_fleet(Duration::from_secs(20)).await?;
     let mut s = format!(
         "## 9. Fair shares of one quota\n\n\
          One Envoy (`--concurrency {WORKERS}`) with a policy of 95 calls a second (burst 5) shared by the \
@@ -111,9 +112,32 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
         reserved.refused_by_provider,
         verdict(a >= 57.0 && b >= 33.0 && reserved.refused_by_provider == 0)
     );
+    let fleet_parts: Vec<f64> = [("a", 0.25), ("b", 0.25), ("gold", 0.5)]
+        .iter()
+        .map(|(who, want)| parts(&fleet.steady, who, *want).1)
+        .collect();
+    let fleet_off = fleet_parts
+        .iter()
+        .zip([0.25, 0.25, 0.5])
+        .map(|(part, want)| (part - want).abs() / want)
+        .fold(0.0, f64::max);
     let _ = writeln!(
         s,
-        "| two Envoys, a `global` fair limit | not measured: `fair` with `scope: global` is refused by validation until it is built | shares within 10 % of the weights: not built |"
+        "| two Envoys (`--concurrency {WORKERS}` each, an in-process admin), a `global` fair limit of {}/s: a through one Envoy, b and gold (weight 2) through the other, all greedy; from 5 s to 20 s | mean parts **{:.3} / {:.3} / {:.3}** (at most {:.1} % off); the admin's shares {}; most in a calendar second {}; the provider refused **{}** | within 10 % of the weights, 0 refused: {} |",
+        fair::FLEET_RATE,
+        fleet_parts[0],
+        fleet_parts[1],
+        fleet_parts[2],
+        100.0 * fleet_off,
+        fleet
+            .shares
+            .iter()
+            .map(|(who, rate)| format!("{who} {rate:.1}/s"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        fleet.most_in_a_second,
+        fleet.refused_by_provider,
+        verdict(fleet_off <= 0.1 && fleet.refused_by_provider == 0)
     );
     report.add(s);
     Ok(())
