@@ -691,12 +691,6 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
             "a policy with `key` has a bucket per key already: share one rate fairly with `fair`, or split it with `key`, not both",
         );
     }
-    if policy.on_limit.action == LimitAction::Queue && !fair.min.is_empty() {
-        fr.at(
-            "min",
-            "reservations hold in reject mode; a fair queue orders waiting calls by weight only",
-        );
-    }
     if policy.scope == Scope::Global && policy.on_limit.action == LimitAction::Queue {
         fr.at(
             "",

@@ -14,6 +14,7 @@
 
 use crate::headers::LimitKind;
 use crate::matcher::CompiledPolicy;
+use sluice_shared::fair::{self, Claim, FairClaimant};
 use sluice_shared::limiter::{
     ConcurrencyLimit, DecodeError, LeaseTable, RateLimiter, RateState, Reservation,
 };
@@ -97,15 +98,38 @@ pub struct Waiter {
 /// among equal starts): a key with nothing waiting starts at the virtual
 /// time, ahead of a noisy key's backlog, so its wait is bounded by its
 /// share; within a key, first come first served.
+///
+/// With reservations (`min`), a call spans its cost per its key's share
+/// instead of its weight: the share among the keys waiting then, each
+/// taken as greedy, reservations first ([`sluice_shared::fair::shares`]),
+/// so a reserved key leaves at its reservation at least while it waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FairTag {
     pub key: u64,
     pub start: u64,
     pub end: u64,
+    /// Its key's weight (thousandths) and reservation ([`fair::UNIT`]s a
+    /// second), for the shares of the calls that come after.
+    pub weight: u64,
+    pub reserved: u64,
+}
+
+/// A `fair` policy's call as its queue places it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairCall {
+    pub who: FairClaimant,
+    /// For a policy with reservations: the rate its keys share
+    /// ([`fair::UNIT`]s a second). None: weights alone place its calls.
+    pub reserving: Option<u64>,
 }
 
 /// Virtual time one token spans at weight 1 (1 000 thousandths).
 pub const VIRTUAL_PER_TOKEN: u64 = 1_000_000;
+
+/// With reservations, a key's share of the rate stands in for its weight,
+/// in thousandths of the rate (a key with all of it weighs as one of
+/// weight 1 alone).
+const SHARE_AS_WEIGHT: u128 = fair::WEIGHT_SCALE as u128;
 
 impl Waiter {
     /// Queue order: high priority first, then by fair start (0 for a
@@ -130,6 +154,13 @@ pub struct BucketState {
     /// A fair queue's virtual time: the start of the call that left last
     /// (0 while nobody waits).
     pub virtual_now: u64,
+    /// A fair queue's keys whose last call left with its end still ahead
+    /// of the virtual time: (key, end). A key's next call starts there at
+    /// the earliest, so that a key served one call at a time keeps to its
+    /// share instead of starting at the virtual time each call. Ends the
+    /// virtual time passed are forgotten (they no longer hold anyone
+    /// back); at most [`Self::MAX_FINISHES`], the earliest dropped first.
+    pub finishes: Vec<(u64, u64)>,
 }
 
 /// The outcome of a request arriving at a bucket.
@@ -164,12 +195,19 @@ impl BucketState {
     /// 2: leases carry when they began.
     const VERSION: u8 = 2;
     /// 3: version 2 and a fair queue: the virtual time, and each waiter's
-    /// key, start and end (written only when a fair queue has any).
-    const FAIR_VERSION: u8 = 3;
+    /// key, start and end (written only when a fair queue has any). Read,
+    /// no longer written.
+    const FAIR_VERSION_3: u8 = 3;
+    /// 4: version 3 with each waiter's weight and reservation, and the
+    /// keys' remembered ends.
+    const FAIR_VERSION: u8 = 4;
     const WAITER_LEN: usize = 33;
-    const FAIR_WAITER_LEN: usize = 24;
+    const FAIR_WAITER_LEN_3: usize = 24;
+    const FAIR_WAITER_LEN: usize = 40;
     /// Upper bound on queue entries decoded from shared data.
     pub const MAX_WAITERS: usize = 100_000;
+    /// Upper bound on a fair queue's remembered ends.
+    pub const MAX_FINISHES: usize = 1_024;
 
     pub fn new(owner: u64) -> Self {
         Self {
@@ -183,6 +221,7 @@ impl BucketState {
         self.waiters.retain(|w| w.deadline >= now);
         if self.waiters.is_empty() {
             self.virtual_now = 0;
+            self.finishes.clear();
         }
         self.leases.reclaim_expired(now)
     }
@@ -347,24 +386,25 @@ impl BucketState {
 
     /// [`Self::admit`] for any call: with `must_wait`, it waits whatever
     /// the bucket holds (one of its policy's further limits has no room
-    /// yet), refused as `admit` refuses; `fair` is a `fair` policy's key
-    /// and weight (thousandths), which place it in the queue (None for any
-    /// other policy's).
+    /// yet), refused as `admit` refuses; `fair` is a `fair` policy's call,
+    /// which its key places in the queue (None for any other policy's).
     pub fn admit_call(
         &mut self,
         limits: &BucketLimits,
         holder: u64,
         now: Instant,
         (cost, priority): (u64, Priority),
-        fair: Option<(u64, u64)>,
+        fair: Option<FairCall>,
         must_wait: bool,
     ) -> Admission {
         self.arrive(limits, holder, now, (cost, priority, fair), must_wait)
     }
 
-    /// Where a call of `key` at `weight` (thousandths) costing `cost`
-    /// starts and ends in the fair order.
-    fn fair_tag(&self, key: u64, weight: u64, cost: u64) -> FairTag {
+    /// Where `call` costing `cost` starts and ends in the fair order. Key
+    /// 0 stands for none in the layout: a key hashed to 0 is taken as 1.
+    fn fair_tag(&self, call: FairCall, cost: u64) -> FairTag {
+        let who = call.who;
+        let key = who.key.max(1);
         let start = self
             .waiters
             .iter()
@@ -373,7 +413,12 @@ impl BucketState {
             .map(|f| f.end)
             .max()
             .unwrap_or(0)
+            .max(self.finish_of(key))
             .max(self.virtual_now);
+        let weight = match call.reserving {
+            None => who.weight,
+            Some(capacity) => self.share_as_weight(who, key, capacity),
+        };
         let span = cost
             .max(1)
             .saturating_mul(VIRTUAL_PER_TOKEN)
@@ -384,7 +429,49 @@ impl BucketState {
             key,
             start,
             end: start.saturating_add(span),
+            weight: who.weight,
+            reserved: who.reserved,
         }
+    }
+
+    /// Where `key`'s last call that left ended (0: it ends nowhere ahead).
+    fn finish_of(&self, key: u64) -> u64 {
+        self.finishes
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(0, |(_, end)| *end)
+    }
+
+    /// `who`'s share of `capacity` among the keys waiting and itself, all
+    /// greedy, reservations first: in thousandths of the capacity.
+    fn share_as_weight(&self, who: FairClaimant, key: u64, capacity: u64) -> u64 {
+        let mut keys: Vec<(u64, Claim)> = vec![(
+            key,
+            Claim {
+                weight: who.weight,
+                demand: capacity,
+                reserved: who.reserved,
+            },
+        )];
+        for tag in self.waiters.iter().filter_map(|w| w.fair) {
+            if keys.iter().all(|(k, _)| *k != tag.key) {
+                keys.push((
+                    tag.key,
+                    Claim {
+                        weight: tag.weight,
+                        demand: capacity,
+                        reserved: tag.reserved,
+                    },
+                ));
+            }
+        }
+        let claims: Vec<Claim> = keys.iter().map(|(_, c)| *c).collect();
+        let mine = fair::shares(capacity, &claims)
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let part = u128::from(mine) * SHARE_AS_WEIGHT / u128::from(capacity.max(1));
+        u64::try_from(part).unwrap_or(u64::MAX)
     }
 
     fn arrive(
@@ -392,7 +479,7 @@ impl BucketState {
         limits: &BucketLimits,
         holder: u64,
         now: Instant,
-        (cost, priority, fair): (u64, Priority, Option<(u64, u64)>),
+        (cost, priority, fair): (u64, Priority, Option<FairCall>),
         must_wait: bool,
     ) -> Admission {
         self.cleanup(now);
@@ -424,7 +511,7 @@ impl BucketState {
                 retry_after: queue.max_wait.max(Span::from_nanos(1)),
             };
         }
-        let fair = fair.map(|(key, weight)| self.fair_tag(key, weight, cost));
+        let fair = fair.map(|call| self.fair_tag(call, cost));
         if let Some(limiter) = &limits.rate {
             // The turns of everyone ahead, then ours, as reservations on a
             // copy of the rate state: exact as long as nobody leaves.
@@ -556,9 +643,21 @@ impl BucketState {
     fn leave(&mut self, head: &Waiter) {
         if let Some(tag) = head.fair {
             self.virtual_now = self.virtual_now.max(tag.start);
+            match self.finishes.iter_mut().find(|(k, _)| *k == tag.key) {
+                Some((_, end)) => *end = (*end).max(tag.end),
+                None => self.finishes.push((tag.key, tag.end)),
+            }
+            let now = self.virtual_now;
+            self.finishes.retain(|(_, end)| *end > now);
+            if self.finishes.len() > Self::MAX_FINISHES {
+                self.finishes
+                    .sort_by_key(|(_, end)| std::cmp::Reverse(*end));
+                self.finishes.truncate(Self::MAX_FINISHES);
+            }
         }
         if self.waiters.is_empty() {
             self.virtual_now = 0;
+            self.finishes.clear();
         }
     }
 
@@ -600,7 +699,9 @@ impl BucketState {
         let mut out = Vec::with_capacity(
             1 + 16 + 1 + rate.len() + leases.len() + 4 + self.waiters.len() * Self::WAITER_LEN,
         );
-        let fair = self.virtual_now != 0 || self.waiters.iter().any(|w| w.fair.is_some());
+        let fair = self.virtual_now != 0
+            || !self.finishes.is_empty()
+            || self.waiters.iter().any(|w| w.fair.is_some());
         out.push(if fair {
             Self::FAIR_VERSION
         } else {
@@ -630,10 +731,21 @@ impl BucketState {
                     key: 0,
                     start: 0,
                     end: 0,
+                    weight: 0,
+                    reserved: 0,
                 });
-                for v in [tag.key, tag.start, tag.end] {
+                for v in [tag.key, tag.start, tag.end, tag.weight, tag.reserved] {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
+            }
+            out.extend_from_slice(
+                &u32::try_from(self.finishes.len())
+                    .unwrap_or(0)
+                    .to_le_bytes(),
+            );
+            for (key, end) in &self.finishes {
+                out.extend_from_slice(&key.to_le_bytes());
+                out.extend_from_slice(&end.to_le_bytes());
             }
         }
         out
@@ -642,7 +754,7 @@ impl BucketState {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader { bytes, at: 0 };
         let version = r.u8()?;
-        if version != Self::VERSION && version != Self::FAIR_VERSION {
+        if ![Self::VERSION, Self::FAIR_VERSION_3, Self::FAIR_VERSION].contains(&version) {
             return Err(DecodeError::UnknownTag(version));
         }
         let owner = r.u64()?;
@@ -680,14 +792,43 @@ impl BucketState {
             });
         }
         let mut virtual_now = 0;
-        if version == Self::FAIR_VERSION {
+        let mut finishes = Vec::new();
+        if version != Self::VERSION {
+            let with_shares = version == Self::FAIR_VERSION;
+            let len = if with_shares {
+                Self::FAIR_WAITER_LEN
+            } else {
+                Self::FAIR_WAITER_LEN_3
+            };
             virtual_now = r.u64()?;
-            if bytes.len().saturating_sub(r.at) < waiter_count * Self::FAIR_WAITER_LEN {
-                return Err(r.too_short(waiter_count * Self::FAIR_WAITER_LEN));
+            if bytes.len().saturating_sub(r.at) < waiter_count * len {
+                return Err(r.too_short(waiter_count * len));
             }
             for w in &mut waiters {
                 let (key, start, end) = (r.u64()?, r.u64()?, r.u64()?);
-                w.fair = (key != 0).then_some(FairTag { key, start, end });
+                // Version 3 knew weights only: a weight of 1, nothing
+                // reserved.
+                let (weight, reserved) = if with_shares {
+                    (r.u64()?, r.u64()?)
+                } else {
+                    (fair::WEIGHT_SCALE, 0)
+                };
+                w.fair = (key != 0).then_some(FairTag {
+                    key,
+                    start,
+                    end,
+                    weight,
+                    reserved,
+                });
+            }
+            if with_shares {
+                let count = r.u32()? as usize;
+                if count > Self::MAX_FINISHES {
+                    return Err(r.too_short(count * 16));
+                }
+                for _ in 0..count {
+                    finishes.push((r.u64()?, r.u64()?));
+                }
             }
         }
         if r.at != bytes.len() {
@@ -703,6 +844,7 @@ impl BucketState {
             leases,
             waiters,
             virtual_now,
+            finishes,
         })
     }
 }
@@ -801,6 +943,18 @@ mod tests {
         left
     }
 
+    /// A fair call of `key` at `weight` (thousandths), nothing reserved.
+    fn weighted(key: u64, weight: u64) -> FairCall {
+        FairCall {
+            who: FairClaimant {
+                key,
+                weight,
+                reserved: 0,
+            },
+            reserving: None,
+        }
+    }
+
     /// A fair call of `key` at `weight` arriving at `at`; its ticket noted
     /// in `keys` when it waits.
     fn arrive_fairly(
@@ -815,7 +969,7 @@ mod tests {
             1,
             at,
             (1, Priority::Normal),
-            Some((key, weight)),
+            Some(weighted(key, weight)),
             false,
         );
         if let Admission::Queued { ticket, .. } = a {
@@ -861,7 +1015,97 @@ mod tests {
         // without a fair queue keeps the older layout.
         assert_eq!(BucketState::decode(&b.encode()), Ok(b.clone()));
         assert_eq!(fifo.encode()[0], 2);
-        assert_eq!(b.encode()[0], 3);
+        assert_eq!(b.encode()[0], 4);
+        // Version 3 (tags without weights) still reads: weight 1, nothing
+        // reserved.
+        let v4 = b.encode();
+        let tags_len = b.waiters.len() * BucketState::FAIR_WAITER_LEN;
+        let fair_at = v4.len() - 8 - tags_len - 4 - b.finishes.len() * 16;
+        let mut v3 = v4[..fair_at + 8].to_vec();
+        v3[0] = 3;
+        for tag in v4[fair_at + 8..fair_at + 8 + tags_len].chunks(BucketState::FAIR_WAITER_LEN) {
+            v3.extend_from_slice(&tag[..BucketState::FAIR_WAITER_LEN_3]);
+        }
+        let read = BucketState::decode(&v3).expect("version 3");
+        assert_eq!(read.waiters.len(), b.waiters.len());
+        assert!(read.waiters.iter().zip(&b.waiters).all(|(r, w)| r
+            .fair
+            .map(|f| (f.key, f.start, f.end, f.weight, f.reserved))
+            == w.fair.map(|f| (f.key, f.start, f.end, 1_000, 0))));
+    }
+
+    #[test]
+    fn a_key_served_one_call_at_a_time_keeps_to_its_weight() {
+        let limits = rate_queue(100, SEC.saturating_mul(10));
+        let mut b = BucketState::new(0);
+        let mut keys = BTreeMap::new();
+        for _ in 0..300 {
+            arrive_fairly(&mut b, &limits, &mut keys, T0, (1, 1_000));
+        }
+        // Key 2 (weight 0.1) sends its next call as soon as its last left.
+        let mut light = 0;
+        for t in 1..=2_000u64 {
+            let at = T0 + ms(t);
+            if !b.waiters.iter().any(|w| w.fair.is_some_and(|f| f.key == 2)) {
+                arrive_fairly(&mut b, &limits, &mut keys, at, (2, 100));
+            }
+            for ticket in b.poll(&limits, 1, T0 + ms(t - 1), at) {
+                light += u32::from(keys[&ticket] == 2);
+            }
+        }
+        // A tenth of key 1's pace: about 18 of 200, not every other call.
+        assert!((10..=25).contains(&light), "{light} of 200");
+        assert!(!b.finishes.is_empty());
+        assert_eq!(BucketState::decode(&b.encode()), Ok(b.clone()));
+    }
+
+    #[test]
+    fn a_fair_queue_keeps_a_reservation_for_a_backlogged_key() {
+        let limits = rate_queue(100, SEC.saturating_mul(10));
+        let capacity = 100 * fair::UNIT;
+        let call = |key: u64, reserved: u64| FairCall {
+            who: FairClaimant {
+                key,
+                weight: 1_000,
+                reserved: reserved * fair::UNIT,
+            },
+            reserving: Some(capacity),
+        };
+        let run = |a_reserved: u64| {
+            let mut b = BucketState::new(0);
+            let mut keys = BTreeMap::new();
+            // Three greedy keys of weight 1, each with 300 calls waiting;
+            // key 1 has 60 a second of the 100 reserved.
+            for _ in 0..300 {
+                for (key, reserved) in [(1, a_reserved), (2, 0), (3, 0)] {
+                    let a = b.admit_call(
+                        &limits,
+                        1,
+                        T0,
+                        (1, Priority::Normal),
+                        Some(call(key, reserved)),
+                        false,
+                    );
+                    if let Admission::Queued { ticket, .. } = a {
+                        keys.insert(ticket, key);
+                    }
+                }
+            }
+            let left = drain_fairly(&mut b, &limits, &keys, 2_000);
+            let of = |k: u64| left.iter().filter(|l| **l == k).count();
+            (of(1), of(2), of(3))
+        };
+        // Over 2 s (200 calls): its 60 a second, and a third of the other
+        // 40 beside (as `fair::shares` divides a rate): 73/13/13.
+        let (a, b, c) = run(60);
+        assert!((140..=160).contains(&a), "{a}/{b}/{c}");
+        assert!(
+            (20..=32).contains(&b) && (20..=32).contains(&c),
+            "{a}/{b}/{c}"
+        );
+        // Without the reservation, a third each.
+        let (a, b, c) = run(0);
+        assert!((63..=70).contains(&a), "{a}/{b}/{c}");
     }
 
     #[test]
@@ -922,7 +1166,7 @@ mod tests {
                 for ticket in b.poll(&limits, 1, previous, now) {
                     left.push(ticket);
                 }
-                let a = b.admit_call(&limits, 1, now, (cost, Priority::Normal), Some((key + 1, weight)), false);
+                let a = b.admit_call(&limits, 1, now, (cost, Priority::Normal), Some(weighted(key + 1, weight)), false);
                 match a {
                     Admission::Queued { ticket, .. } => { keys.insert(ticket, (key, cost)); }
                     Admission::Admitted { .. } => admitted_cost += cost,
@@ -949,7 +1193,14 @@ mod tests {
         let limits = rate_queue(10, SEC);
         let mut b = BucketState::new(0);
         for k in 1..4 {
-            b.admit_call(&limits, 1, T0, (1, Priority::Normal), Some((k, 500)), false);
+            b.admit_call(
+                &limits,
+                1,
+                T0,
+                (1, Priority::Normal),
+                Some(weighted(k, 500)),
+                false,
+            );
         }
         let bytes = b.encode();
         for cut in [1, 8, 24, 25] {

@@ -184,6 +184,12 @@ impl CompiledFair {
         })
     }
 
+    /// With reservations, the rate its keys share: a fair queue then places
+    /// calls by their keys' shares (`bucket::FairCall`).
+    pub fn reserving(&self) -> Option<u64> {
+        (!self.reserved.is_empty()).then_some(self.terms.capacity)
+    }
+
     /// Shares this Envoy's share of a global limit instead: `rate` a second
     /// and `burst` tokens.
     fn share(&mut self, rate: f64, burst: u64) {

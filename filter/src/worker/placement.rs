@@ -6,7 +6,7 @@
 //! (counted as an eviction); with every probed place busy the key overflows:
 //! into one bucket shared by all overflowing keys, or refused.
 
-use sluice_filter_core::bucket::{Admission, BucketLimits, BucketState, Prefetched};
+use sluice_filter_core::bucket::{Admission, BucketLimits, BucketState, FairCall, Prefetched};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{BucketKey, Classification, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
@@ -72,9 +72,11 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             _ => false,
         };
         spare_returned.set(returned);
-        // A fair policy's call waits in the fair order (key 0 is none in
-        // the bucket's layout).
-        let fair = class.fair.map(|who| (who.key.max(1), who.weight));
+        // A fair policy's call waits in the fair order.
+        let fair = class.fair.map(|who| FairCall {
+            who,
+            reserving: policy.fair.as_ref().and_then(|f| f.reserving()),
+        });
         let a = s.admit_call(
             limits,
             holder,
