@@ -104,6 +104,12 @@ pub fn fair_key(policy: &str) -> String {
     format!("sluice/f/{policy}")
 }
 
+/// A further limit's fair table, shared by every policy naming the limit
+/// (names have no `/`, so these never meet a policy's).
+pub fn fair_limit_key(limit: &str) -> String {
+    format!("sluice/fl/{limit}")
+}
+
 /// Marks that a policy's port-hidden warning was logged in this Envoy.
 pub fn port_hidden_key(policy: &str) -> String {
     format!("sluice/port-hidden/{policy}")

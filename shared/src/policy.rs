@@ -184,6 +184,11 @@ pub struct NamedLimit {
     /// admin's audit log once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warn_at: Vec<f64>,
+    /// Share this limit's `rate` fairly between the values of a key, by
+    /// weight (as a policy's `fair` shares its own rate): tokens per
+    /// minute divided between tenants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair: Option<FairSpec>,
 }
 
 /// What a rate limit takes from the provider's answers (opt-in).

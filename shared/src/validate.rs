@@ -342,7 +342,8 @@ fn check_shared_limits(policies: &[(usize, Policy)], errors: &mut Vec<FieldError
                     .or_else(|| differs("concurrency", &|l| l.concurrency == limit.concurrency))
                     .or_else(|| differs("key", &|l| l.key == limit.key))
                     .or_else(|| differs("scope", &|l| l.scope == limit.scope))
-                    .or_else(|| differs("provider", &|l| l.provider == limit.provider)),
+                    .or_else(|| differs("provider", &|l| l.provider == limit.provider))
+                    .or_else(|| differs("fair", &|l| l.fair == limit.fair)),
             );
         }
     }
@@ -505,7 +506,12 @@ fn check_limits(r: &mut Report, policy: &Policy) {
         }
         match (&limit.rate, &limit.concurrency) {
             (Some(rate), None) => check_rate_limit(&mut lr, limit, rate),
-            (None, Some(conc)) => check_slot_limit(&mut lr, limit, conc),
+            (None, Some(conc)) => {
+                check_slot_limit(&mut lr, limit, conc);
+                if let Some(fair) = &limit.fair {
+                    check_limit_fair(&mut lr, limit, fair);
+                }
+            }
             (Some(_), Some(_)) => lr.at(
                 "concurrency",
                 "a limit is a `rate` or a `concurrency`, not both: make them two limits",
@@ -567,6 +573,9 @@ fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateSpec) {
     }
     if let Some(provider) = &limit.provider {
         check_provider(lr, provider);
+    }
+    if let Some(fair) = &limit.fair {
+        check_limit_fair(lr, limit, fair);
     }
 }
 
@@ -691,6 +700,7 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
             "a policy with `key` has a bucket per key already: share one rate fairly with `fair`, or split it with `key`, not both",
         );
     }
+    check_fair_spec(&mut fr, fair, rate);
     if policy.scope == Scope::Global && policy.on_limit.action == LimitAction::Queue {
         fr.at(
             "",
@@ -703,6 +713,44 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
             "reservations are kept by each Envoy's table: not with `scope: global` (weights are weighed across the fleet)",
         );
     }
+}
+
+/// A further limit's `fair`: its own `rate` shared by weight, in this
+/// Envoy (not across the fleet, not beside a per-key split).
+fn check_limit_fair(lr: &mut Report, limit: &NamedLimit, fair: &FairSpec) {
+    let mut fr = Report::new(lr.errors, &join_path(&lr.prefix, "fair"));
+    check_key(&mut fr, &fair.key);
+    let Some(rate) = &limit.rate else {
+        fr.at(
+            "",
+            "shares the limit's `rate`: a concurrency limit is not shared fairly yet",
+        );
+        return;
+    };
+    if limit.key.is_some() {
+        fr.at(
+            "",
+            "a limit with `key` has a bucket per key already: share its rate fairly with `fair`, or split it with `key`, not both",
+        );
+    }
+    if limit.scope == Scope::Global {
+        fr.at(
+            "",
+            "a further limit is shared fairly per Envoy: not with `scope: global` (a global policy's own `rate` can be)",
+        );
+    }
+    if limit.cost.is_price() {
+        fr.at(
+            "",
+            "a budget in money is not shared fairly: give it a `key`",
+        );
+    }
+    check_fair_spec(&mut fr, fair, rate);
+}
+
+/// What any `fair` must say well: weights in range, named keys of sane
+/// length, reservations within the rate.
+fn check_fair_spec(fr: &mut Report, fair: &FairSpec, rate: &RateSpec) {
     let weight_in_range = |w: f64| (FairSpec::MIN_WEIGHT..=FairSpec::MAX_WEIGHT).contains(&w);
     let range = format!(
         "a weight is from {} to {}",

@@ -913,6 +913,50 @@ fn fair_shares_need_a_key_a_rate_sane_weights_and_reservations_within_the_rate()
         .is_ok(),
         "a fair queue with reservations"
     );
+    // A further rate limit shares its own rate; not a concurrency limit,
+    // not one split by key, not one across the fleet; and the policies
+    // naming it agree on it.
+    let limit = |fair_limit: &str| {
+        format!(
+            r#"{{"name": "llm", "match": {{"host": "x"}}, "rate": {{"requests": 1000, "period": "1s"}},
+                "limits": [{fair_limit}]}}"#
+        )
+    };
+    let tpm = r#"{"name": "tpm", "rate": {"requests": 100, "period": "1s"},
+        "fair": {"key": {"header": "x-tenant"}, "weights": {"gold": 2}, "min": {"gold": 30}}}"#;
+    assert!(
+        parse_policy_set(&set_with(&limit(tpm))).is_ok(),
+        "a limit shared fairly"
+    );
+    assert_eq!(
+        errors_of(&set_with(&limit(
+            r#"{"name": "slots", "concurrency": {"max_in_flight": 5}, "fair": {"key": {"header": "x-tenant"}}},
+               {"name": "keyed", "key": {"header": "x-user"}, "rate": {"requests": 10, "period": "1s"},
+                "fair": {"key": {"header": "x-tenant"}, "min": {"a": 11}}},
+               {"name": "fleet", "scope": "global", "rate": {"requests": 10, "period": "1s"},
+                "fair": {"key": {"header": "x-tenant"}}}"#
+        ))),
+        vec![
+            "policies[0].limits[0].fair: shares the limit's `rate`: a concurrency limit is not shared fairly yet",
+            "policies[0].limits[1].fair: a limit with `key` has a bucket per key already: share its rate fairly with `fair`, or split it with `key`, not both",
+            "policies[0].limits[1].fair.min: reservations add up to 11, more than the rate's 10: they would push the total past the limit",
+            "policies[0].limits[2].fair: a further limit is shared fairly per Envoy: not with `scope: global` (a global policy's own `rate` can be)",
+        ]
+    );
+    let two = format!(
+        r#"{{"version": 1, "policies": [{}, {}]}}"#,
+        limit(tpm),
+        limit(r#"{"name": "tpm", "rate": {"requests": 100, "period": "1s"}}"#)
+            .replace("\"llm\"", "\"other\"")
+    );
+    assert!(
+        errors_of(&two).iter().any(|e| e.starts_with(
+            "policies[1].limits[0].fair: limit \"tpm\" is also in policies[0] with another fair"
+        )),
+        "{:?}",
+        errors_of(&two)
+    );
+
     // Across the fleet: weights in reject mode; not reservations, not a
     // fair queue.
     let global = r#"{"name": "llm", "match": {"host": "x"}, "scope": "global",

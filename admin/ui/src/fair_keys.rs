@@ -1,21 +1,23 @@
-//! The live view of a policy shared fairly (`fair`): per key, its weight,
-//! its share of the limit now, what it used and what it asked, the most
-//! demanding first, summed over the Envoys.
+//! The live view of a rate shared fairly (`fair`, a policy's own or a
+//! further limit's): per key, its weight, its share of the limit now, what
+//! it used and what it asked, the most demanding first, summed over the
+//! Envoys.
 
 use leptos::prelude::*;
 use sluice_api::FairKeyUse;
 
 use crate::live::LiveFrames;
 
+/// `name`: the policy's, or `limits/<limit>` for a further limit's.
 #[component]
-pub fn FairKeysNow(policy: String) -> impl IntoView {
+pub fn FairKeysNow(name: String, title: String) -> impl IntoView {
     let frames = expect_context::<LiveFrames>();
-    let keys = Memo::new(move |_| frames.latest().and_then(|f| f.fair.get(&policy).cloned()));
+    let keys = Memo::new(move |_| frames.latest().and_then(|f| f.fair.get(&name).cloned()));
     let rows = move || keys.get().unwrap_or_default();
     view! {
         <Show when=move || keys.get().is_some()>
             <div class="fair-now">
-                <h3>"Fair shares"</h3>
+                <h3>{title}</h3>
                 <p class="fair-figures">
                     "Each key's share of the limit now (by weight, among the keys that want it), "
                     "what it used and what it asked, a second."

@@ -311,6 +311,14 @@ mod tests {
         "/fair/key/overflow",
         "/fair/min",
         "/fair/weights",
+        "/limits/fair/default_weight",
+        "/limits/fair/key/header",
+        "/limits/fair/key/json",
+        "/limits/fair/key/label",
+        "/limits/fair/key/max_keys",
+        "/limits/fair/key/overflow",
+        "/limits/fair/min",
+        "/limits/fair/weights",
         // Conditions on the request's JSON body (path and equals, prefix
         // or one_of): in the policy's JSON.
         "/match/json",

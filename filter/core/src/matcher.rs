@@ -261,6 +261,8 @@ pub struct CompiledLimit {
     pub closed: bool,
     /// What it takes from the provider's answers (`provider`).
     pub provider: Option<sluice_shared::provider::CompiledProvider>,
+    /// `fair`: who shares its rate, with what weights.
+    pub fair: Option<CompiledFair>,
 }
 
 impl CompiledLimit {
@@ -380,6 +382,7 @@ impl CompiledPolicy {
                         .provider
                         .as_ref()
                         .map(|p| sluice_shared::provider::CompiledProvider::new(p, &l.name, rate)),
+                    fair: l.fair.as_ref().and_then(|f| CompiledFair::new(f, rate)),
                 })
                 .collect(),
             slot_limits: policy
@@ -406,6 +409,12 @@ impl CompiledPolicy {
                 .iter()
                 .chain(policy.limits.iter().filter_map(|l| l.key.as_ref()))
                 .chain(policy.fair.as_ref().map(|f| &f.key))
+                .chain(
+                    policy
+                        .limits
+                        .iter()
+                        .filter_map(|l| l.fair.as_ref().map(|f| &f.key)),
+                )
                 .any(KeySpec::reads_request_body),
             fair: policy
                 .fair
@@ -627,6 +636,29 @@ impl CompiledPolicy {
             .collect()
     }
 
+    /// Who the request is in each further rate limit shared fairly (None
+    /// for a limit without `fair`; empty when none is): its key hashed
+    /// under the limit's name with `secret`, as [`Self::classify`] hashes
+    /// a policy's.
+    pub fn limit_claimants<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        secret: &KeySecret,
+        body: &BodyJson,
+    ) -> Vec<Option<FairClaimant>> {
+        if self.limits.iter().all(|l| l.fair.is_none()) {
+            return Vec::new();
+        }
+        self.limits
+            .iter()
+            .map(|l| {
+                l.fair
+                    .as_ref()
+                    .map(|f| f.claimant(&l.name, req, secret, body))
+            })
+            .collect()
+    }
+
     /// The request's key for its further limit `index` as the live view
     /// names it (None: no such limit, or it has no `key`); with the secret
     /// [`Self::limit_keys`] hashed it with, its hash is that one.
@@ -669,11 +701,13 @@ impl CompiledPolicy {
             self.fair.as_ref().and_then(|f| f.key.header()),
         ]
         .into_iter()
-        .chain(
-            self.limits
-                .iter()
-                .flat_map(move |l| [key_header(&l.key), l.cost_header.as_deref()]),
-        )
+        .chain(self.limits.iter().flat_map(move |l| {
+            [
+                key_header(&l.key),
+                l.cost_header.as_deref(),
+                l.fair.as_ref().and_then(|f| f.key.header()),
+            ]
+        }))
         .flatten()
     }
 

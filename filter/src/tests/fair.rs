@@ -321,3 +321,38 @@ fn a_global_limit_shares_this_envoys_share_and_reports_its_keys() {
         "{keys:?}"
     );
 }
+
+/// Tokens per second shared fairly between tenants by a further limit,
+/// beside the policy's own rate: the limit's table divides its rate by
+/// weight across the workers, a refusal names the limit and the fair
+/// share, and a call the policy's own rate refuses after the table took
+/// gives its tokens back to its tenant.
+#[test]
+fn a_further_limit_shares_its_rate_by_weight() {
+    let host = FakeHost::at(T0);
+    let set = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 1000, "period": "1s", "burst": 1000},
+         "limits": [{"name": "tps", "rate": {"requests": 100, "period": "1s", "burst": 5},
+                     "cost": {"header": "x-tokens", "default": 1, "max": 5},
+                     "fair": {"key": {"header": "x-tenant"}, "weights": {"gold": 2}}}]}]}"#;
+    let mut workers = [worker(&host, set), worker(&host, set)];
+    let got = greedy(&host, &mut workers, &[("a", 2), ("gold", 2)], (6, 5));
+    // 500 over the last 5 s: a third and two thirds.
+    for (got, want) in got.iter().zip([167, 333]) {
+        assert!(got.abs_diff(want) * 100 <= want * 5, "{got:?}");
+    }
+    assert!(
+        got.iter().sum::<u64>() <= 505,
+        "never past the limit: {got:?}"
+    );
+    let mut headers = req(LLM, &[]);
+    headers.push(("x-tenant", b"a".as_slice()));
+    let refused = (0..50)
+        .map(|id| workers[0].on_request(&host, 20_000 + id, headers.as_slice()))
+        .find(|v| matches!(v, Verdict::Reply(_)))
+        .expect("a greedy tenant is refused");
+    assert_eq!(header_of(&refused, "x-sluice-reason"), Some("fair-share"));
+    assert_eq!(header_of(&refused, "x-sluice-limit"), Some("tps"));
+    assert!(host.metric("sluice.limit.tps.refused") > 1_000);
+}

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use sluice_filter_core::bucket::{Admission, BucketLimits, Prefetched};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
+use sluice_shared::fair::FairClaimant;
 use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
@@ -95,7 +96,11 @@ impl Deciding<'_> {
         ctx: &mut Ctx<'_, H>,
         policy: &CompiledPolicy,
         class: &Classification,
-        (limit_costs, limit_keys): (&[u64], &[Option<u64>]),
+        (limit_costs, limit_keys, limit_claimants): (
+            &[u64],
+            &[Option<u64>],
+            &[Option<FairClaimant>],
+        ),
     ) -> (Decision, Option<Held>) {
         let holds_any = !policy.limits.is_empty() || !policy.slot_limits.is_empty();
         if !holds_any {
@@ -104,18 +109,25 @@ impl Deciding<'_> {
         }
         ctx.read_clock();
         let queue_wait = queue_wait(policy);
-        let taken = limits::take(ctx, self.budgets, policy, (limit_costs, limit_keys));
+        let taken = limits::take(
+            ctx,
+            self.budgets,
+            policy,
+            (limit_costs, limit_keys, limit_claimants),
+        );
         let (must_wait, held) = match taken {
             Taken::All {
                 places,
                 slots,
                 warnings,
+                fair,
             } => (
                 false,
                 Held {
                     places,
                     slots,
                     warnings,
+                    fair,
                 },
             ),
             Taken::Refused {
@@ -155,6 +167,7 @@ impl Deciding<'_> {
             // again when its turn comes.
             let now = ctx.now;
             limits::give_back(ctx, policy, (limit_costs, &held.places), now);
+            fair::give_back_limits(ctx, policy, (&held.fair, limit_costs), None);
             slots::release(ctx, &held.slots);
         }
         (decision, holds_limits.then_some(held))

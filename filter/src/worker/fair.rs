@@ -6,6 +6,7 @@
 //! calls fairly instead (`sluice_filter_core::bucket::FairTag`).
 
 use sluice_filter_core::headers::LimitKind;
+use sluice_filter_core::matcher::CompiledFair;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
 use sluice_shared::fair::{FairClaimant, FairTable, FairTake};
 use sluice_shared::policy::LimitAction;
@@ -41,17 +42,11 @@ pub(super) fn take<H: Host + ?Sized>(
         // (`BucketState`'s fair tags): the queue is the share.
         return Fair::NotShared;
     }
-    let (terms, now, cost) = (compiled.terms, ctx.now, class.cost);
     let key = entries::fair_key(policy.name());
-    let taken = ctx
-        .store
-        .update_as::<FairTable, _, _>(ctx.host, &key, |table| {
-            (table.take(&terms, now, who, cost), true)
-        });
-    match taken {
-        Ok(FairTake::Refused { retry_after }) => Fair::Refused { retry_after },
-        Ok(FairTake::Own | FairTake::Spare) => Fair::Taken(who),
-        Err(_) => Fair::NotShared,
+    match take_from(ctx, compiled, &key, who, class.cost) {
+        Some(FairTake::Refused { retry_after }) => Fair::Refused { retry_after },
+        Some(FairTake::Own | FairTake::Spare) => Fair::Taken(who),
+        None => Fair::NotShared,
     }
 }
 
@@ -81,4 +76,90 @@ pub(super) fn refused_after<H: Host + ?Sized>(
             table.give_back(&terms, who, cost, refund);
             ((), true)
         });
+}
+
+/// What a call took of its further limits' fair tables: (the limit's
+/// index among the policy's rate limits, who took).
+pub(super) type FairTaken = Vec<(usize, FairClaimant)>;
+
+/// Takes `costs[i]` from the fair table of each further rate limit shared
+/// fairly (`claimants[i]`): all or none. Refused: the limit and when its
+/// share brings the call's worth. A table that cannot be changed (its
+/// fault counted by the store) leaves the limit's bucket alone to decide.
+pub(super) fn take_limits<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    costs: &[u64],
+    claimants: &[Option<FairClaimant>],
+) -> Result<FairTaken, (String, Span)> {
+    let mut taken = FairTaken::new();
+    for (index, (limit, who)) in policy.limits.iter().zip(claimants).enumerate() {
+        let (Some(compiled), Some(who)) = (&limit.fair, *who) else {
+            continue;
+        };
+        let cost = costs.get(index).copied().unwrap_or(1);
+        match take_from(
+            ctx,
+            compiled,
+            &entries::fair_limit_key(&limit.name),
+            who,
+            cost,
+        ) {
+            Some(FairTake::Refused { retry_after }) => {
+                give_back_limits(ctx, policy, (&taken, costs), None);
+                return Err((limit.name.clone(), retry_after));
+            }
+            Some(FairTake::Own | FairTake::Spare) => taken.push((index, who)),
+            None => {}
+        }
+    }
+    Ok(taken)
+}
+
+/// Gives back what `taken` took of further limits' fair tables, because
+/// a limit or the policy refused the call after them: the tokens come
+/// back to each key, but for `refused_by`'s, whose bucket held fewer than
+/// its table (they stay spent, as [`refused_after`] says why).
+pub(super) fn give_back_limits<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    (taken, costs): (&[(usize, FairClaimant)], &[u64]),
+    refused_by: Option<&str>,
+) {
+    for &(index, who) in taken {
+        let Some(limit) = policy.limits.get(index) else {
+            continue;
+        };
+        let Some(compiled) = &limit.fair else {
+            continue;
+        };
+        let terms = compiled.terms;
+        let cost = costs.get(index).copied().unwrap_or(1);
+        let refund = refused_by != Some(limit.name.as_str());
+        // A failure is counted by the store; the key then lost one call
+        // of its share, never the limit's bound.
+        let _ = ctx.store.update_as::<FairTable, _, _>(
+            ctx.host,
+            &entries::fair_limit_key(&limit.name),
+            |table| {
+                table.give_back(&terms, who, cost, refund);
+                ((), true)
+            },
+        );
+    }
+}
+
+fn take_from<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    compiled: &CompiledFair,
+    key: &str,
+    who: FairClaimant,
+    cost: u64,
+) -> Option<FairTake> {
+    let (terms, now) = (compiled.terms, ctx.now);
+    ctx.store
+        .update_as::<FairTable, _, _>(ctx.host, key, |table| {
+            (table.take(&terms, now, who, cost), true)
+        })
+        .ok()
 }

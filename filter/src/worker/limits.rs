@@ -5,6 +5,7 @@
 //! decides, and given back when that bucket refuses the call.
 
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy, UNPRICED};
+use sluice_shared::fair::FairClaimant;
 use sluice_shared::limiter::{
     RateLimiter, RateState, StackedOutcome, StackedTake, Standing, StepResult,
 };
@@ -14,6 +15,7 @@ use sluice_shared::warn::period_mark;
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
+use super::fair::{self, FairTaken};
 use super::key_places::{self, Claim};
 use super::provider::{self, CountSays, Counted};
 use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
@@ -52,6 +54,8 @@ pub(super) struct Held {
     pub slots: Vec<HeldSlot>,
     /// Limits the call left past a warning line: (name, thousandths used).
     pub warnings: Vec<(String, u64)>,
+    /// What it took of its limits' fair tables.
+    pub fair: FairTaken,
 }
 
 /// What the further limits said.
@@ -64,6 +68,7 @@ pub(super) enum Taken {
         slots: Vec<HeldSlot>,
         /// Limits the call left past a warning line: (name, thousandths used).
         warnings: Vec<(String, u64)>,
+        fair: FairTaken,
     },
     /// `limit` refused first, for `why`; nothing was kept from the
     /// others.
@@ -91,6 +96,9 @@ pub(super) enum Why {
     /// A money limit's call whose model has no price (and the table no
     /// default): never free.
     Unpriced,
+    /// The limit's rate is shared fairly (`fair`) and the call's key is
+    /// past its share while others want theirs.
+    FairShare,
 }
 
 /// How long a caller refused for an unpriced model is told to wait: the
@@ -130,17 +138,39 @@ pub(super) fn take<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
-    (costs, keys): (&[u64], &[Option<u64>]),
+    (costs, keys, claimants): (&[u64], &[Option<u64>], &[Option<FairClaimant>]),
 ) -> Taken {
+    // Each limit shared fairly first: a key past its share takes nothing.
+    let fair = match fair::take_limits(ctx, policy, costs, claimants) {
+        Ok(fair) => fair,
+        Err((limit, retry_after)) => {
+            return Taken::Refused {
+                limit,
+                retry_after,
+                why: Why::FairShare,
+                standing: None,
+            }
+        }
+    };
     let (places, warnings) = match take_rates(ctx, budgets, policy, (costs, keys)) {
         Ok(taken) => taken,
-        Err(refused) => return refused,
+        Err(refused) => {
+            // The limit that refused held fewer tokens than its table: its
+            // key's stay spent (see `fair::refused_after`).
+            let by = match &refused {
+                Taken::Refused { limit, .. } => Some(limit.as_str()),
+                _ => None,
+            };
+            fair::give_back_limits(ctx, policy, (&fair, costs), by);
+            return refused;
+        }
     };
     let now = ctx.now;
     let slots = match slots::take(ctx, policy) {
         SlotsTaken::All(slots) => slots,
         SlotsTaken::Refused { limit } => {
             give_back(ctx, policy, (costs, &places), now);
+            fair::give_back_limits(ctx, policy, (&fair, costs), None);
             return Taken::Refused {
                 limit,
                 retry_after: SLOT_RETRY,
@@ -155,9 +185,11 @@ pub(super) fn take<H: Host + ?Sized>(
             places,
             slots,
             warnings,
+            fair,
         },
         Err(refused) => {
             give_back(ctx, policy, (costs, &places), now);
+            fair::give_back_limits(ctx, policy, (&fair, costs), None);
             slots::release(ctx, &slots);
             refused
         }

@@ -525,7 +525,14 @@ impl Parts {
         let limit_costs = policy.limit_costs(req, &body, call_price.as_ref());
         let limit_keys =
             policy.limit_keys(req, (&self.key_secret, self.spend_labels.secret()), &body);
-        let (decision, held) = deciding.decide(ctx, policy, &class, (&limit_costs, &limit_keys));
+        let fair_secret = self.spend_labels.secret().unwrap_or(&self.key_secret);
+        let limit_claimants = policy.limit_claimants(req, fair_secret, &body);
+        let (decision, held) = deciding.decide(
+            ctx,
+            policy,
+            &class,
+            (&limit_costs, &limit_keys, &limit_claimants),
+        );
         let now = ctx.now;
         if class.key != BucketKey::Policy {
             let outcome = match decision {
@@ -615,6 +622,7 @@ impl Parts {
                     turn: streams::Turn { ticket, deadline },
                     limit_costs,
                     limit_keys,
+                    limit_claimants,
                     price: call_price,
                 };
                 self.streams

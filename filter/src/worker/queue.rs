@@ -174,17 +174,25 @@ impl Poll<'_> {
             let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) else {
                 return;
             };
-            let (costs, keys, price) = parts
+            let (costs, keys, claimants, price) = parts
                 .streams
                 .get(context_id)
                 .and_then(|s| s.further.as_deref())
-                .map(|f: &Further| (f.costs.clone(), f.keys.clone(), f.price))
+                .map(|f: &Further| {
+                    (
+                        f.costs.clone(),
+                        f.keys.clone(),
+                        f.claimants.clone(),
+                        f.price,
+                    )
+                })
                 .unwrap_or_default();
-            let taken = limits::take(ctx, parts.budgets, policy, (&costs, &keys));
+            let taken = limits::take(ctx, parts.budgets, policy, (&costs, &keys, &claimants));
             let Taken::All {
                 places,
                 slots,
                 warnings,
+                fair,
             } = taken
             else {
                 // The head waits for its further limits (or its deadline).
@@ -220,6 +228,7 @@ impl Poll<'_> {
                     // Another worker changed the queue in between: the
                     // limits get their tokens back; the next tick polls again.
                     limits::give_back(ctx, policy, (&costs, &places), now);
+                    super::fair::give_back_limits(ctx, policy, (&fair, &costs), None);
                     super::slots::release(ctx, &slots);
                     return;
                 }

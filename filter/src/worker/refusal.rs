@@ -81,6 +81,10 @@ impl Refusal {
             Refusal::Limit {
                 why: Why::Unpriced, ..
             } => Some("model-unpriced"),
+            Refusal::Limit {
+                why: Why::FairShare,
+                ..
+            } => Some("fair-share"),
             Refusal::BudgetUnknown { .. } => Some("budget-unknown"),
             Refusal::AboveShareBurst { .. } => Some("cost-above-share-burst"),
             Refusal::FairShare => Some("fair-share"),
@@ -102,6 +106,13 @@ impl Refusal {
                 ..
             } => format!(
                 "refused by sluice policy {policy}: the call's model has no price, and the price table no default (limit {limit} counts money)\n"
+            ),
+            Refusal::Limit {
+                limit,
+                why: Why::FairShare,
+                ..
+            } => format!(
+                "limited by sluice policy {policy} (limit {limit}): this caller has used its fair share of the limit while others want theirs\n"
             ),
             Refusal::Limit { limit, why, .. } => {
                 let what = if *why == Why::ProviderCount {

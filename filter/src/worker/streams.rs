@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledPolicy;
+use sluice_shared::fair::FairClaimant;
 use sluice_shared::price::ModelPrice;
 use sluice_shared::time::{Instant, Span};
 
@@ -36,6 +37,8 @@ pub(super) struct Waiting {
     pub turn: Turn,
     pub limit_costs: Vec<u64>,
     pub limit_keys: Vec<Option<u64>>,
+    /// Who it is in each further limit shared fairly.
+    pub limit_claimants: Vec<Option<FairClaimant>>,
     /// The call's model's prices, for its money limits.
     pub price: Option<ModelPrice>,
 }
@@ -64,6 +67,7 @@ pub(super) struct Further {
     /// taken when its turn comes (empty otherwise).
     pub costs: Vec<u64>,
     pub keys: Vec<Option<u64>>,
+    pub claimants: Vec<Option<FairClaimant>>,
     /// Its model's prices, for its money limits.
     pub price: Option<ModelPrice>,
     /// Slots it holds in the further concurrency limits.
@@ -201,6 +205,7 @@ impl Streams {
             turn,
             limit_costs,
             limit_keys,
+            limit_claimants,
             price,
         } = waiting;
         metrics.add_to(series, PolicyCounter::Queued, 1);
@@ -210,6 +215,7 @@ impl Streams {
             let further = stream.further.get_or_insert_with(Box::default);
             further.costs = limit_costs;
             further.keys = limit_keys;
+            further.claimants = limit_claimants;
             further.price = price;
         }
     }

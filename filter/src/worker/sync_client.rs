@@ -525,23 +525,45 @@ impl SyncClient {
 /// Every further limit of the set (once, by name): what it counted, its
 /// size, and what it holds now.
 /// Each fair table's busiest keys (reject mode: a fair queue keeps no
-/// table), for the live view and the admin's weighing of a global limit.
+/// table), for the live view and the admin's weighing of a global limit:
+/// a policy's under its name, a further limit's as `limits/<name>`.
 fn fair_views<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,
     policies: &CompiledPolicySet,
     now: Instant,
 ) -> BTreeMap<String, Vec<FairKeyView>> {
-    policies
+    let own = policies.policies.iter().filter_map(|p| {
+        let fair = p.fair.as_ref()?;
+        Some((
+            p.name().to_string(),
+            entries::fair_key(p.name()),
+            fair.terms,
+        ))
+    });
+    let of_limits = policies
         .policies
         .iter()
-        .filter_map(|p| {
-            let fair = p.fair.as_ref()?;
-            let table = store.read_as::<FairTable, _>(host, &entries::fair_key(p.name()))?;
-            let keys = table.view(&fair.terms, now, REPORTED_KEYS);
-            Some((p.name().to_string(), keys))
-        })
-        .collect()
+        .flat_map(|p| p.limits.iter())
+        .filter_map(|l| {
+            let fair = l.fair.as_ref()?;
+            Some((
+                format!("limits/{}", l.name),
+                entries::fair_limit_key(&l.name),
+                fair.terms,
+            ))
+        });
+    let mut views = BTreeMap::new();
+    for (name, key, terms) in own.chain(of_limits) {
+        if views.contains_key(&name) {
+            // A limit named in several policies has one table.
+            continue;
+        }
+        if let Some(table) = store.read_as::<FairTable, _>(host, &key) {
+            views.insert(name, table.view(&terms, now, REPORTED_KEYS));
+        }
+    }
+    views
 }
 
 fn limit_reports<H: Host + ?Sized>(

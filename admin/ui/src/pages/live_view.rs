@@ -205,7 +205,7 @@ pub(super) fn LivePage() -> impl IntoView {
                         </tbody>
                     </table>
                     <KeysNow policy=name.clone()/>
-                    <FairKeysNow policy=name.clone()/>
+                    <FairKeysNow name=name.clone() title="Fair shares".to_string()/>
                 </section>
             }
         }/>
@@ -433,6 +433,11 @@ fn LimitsNow() -> impl IntoView {
                         }/>
                     </tbody>
                 </table>
+                // A limit shared fairly: its keys' shares.
+                <For each=limits key=|(n, _)| n.clone() children=|(name, _)| {
+                    let title = format!("Fair shares of {name}");
+                    view! { <FairKeysNow name=format!("limits/{name}") title=title/> }
+                }/>
             </section>
         </Show>
     }
