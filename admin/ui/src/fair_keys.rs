@@ -17,7 +17,7 @@ pub fn FairKeysNow(name: String, title: String) -> impl IntoView {
     view! {
         <Show when=move || keys.get().is_some()>
             <div class="fair-now">
-                <h3>{title}</h3>
+                <h3>{title.clone()}</h3>
                 <p class="fair-figures">
                     "Each key's share of the limit now (by weight, among the keys that want it), "
                     "what it used and what it asked, a second."
