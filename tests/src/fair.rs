@@ -447,3 +447,54 @@ pub async fn across_fleet(run: Duration) -> anyhow::Result<AcrossFleet> {
         refused_by_provider: mock.rejected_by_mock(),
     })
 }
+
+/// A further limit shared fairly beside the policy's own rate.
+pub struct FurtherLimit {
+    pub seconds: Seconds,
+    pub calls: usize,
+    pub refused: usize,
+    /// Refusals naming the limit `tps` and the fair share.
+    pub fair_refusals: usize,
+    pub most_in_a_second: u64,
+    pub refused_by_provider: u64,
+}
+
+/// The policy allows 1 000 a second; its further limit `tps` 95 a second
+/// (burst 5), shared by `x-api-key` with `gold` weighing 2. Tenants `a`
+/// and `gold` greedy (300 a second each) for 8 s.
+pub async fn further_limit() -> anyhow::Result<FurtherLimit> {
+    let policy = r#"{"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s", "burst": 100},
+        "limits": [{"name": "tps", "rate": {"requests": 95, "period": "1s", "burst": 5},
+                    "fair": {"key": {"header": "x-api-key"}, "weights": {"gold": 2}}}]}"#;
+    let (mock, envoy) = setup(policy).await?;
+    let tenants = [start(&envoy, "a", 300), start(&envoy, "gold", 300)];
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let seconds = per_second(&mock, Duration::from_secs(2), Duration::from_secs(8));
+    let mut calls = Vec::new();
+    for t in tenants {
+        calls.extend(t.finish().await);
+    }
+    let fair_refusals = calls
+        .iter()
+        .filter(|o| o.status == 429)
+        .filter(|o| {
+            o.headers
+                .get("x-sluice-reason")
+                .is_some_and(|v| v == "fair-share")
+                && o.headers.get("x-sluice-limit").is_some_and(|v| v == "tps")
+        })
+        .count();
+    Ok(FurtherLimit {
+        most_in_a_second: most_in_a_second(&per_second(
+            &mock,
+            Duration::ZERO,
+            Duration::from_secs(9),
+        )),
+        seconds,
+        calls: calls.len(),
+        refused: load::count(&calls, 429),
+        fair_refusals,
+        refused_by_provider: mock.rejected_by_mock(),
+    })
+}

@@ -277,3 +277,43 @@ async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Resul
     assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
     Ok(())
 }
+
+/// A further limit (95 a second beside the policy's 1 000) shared fairly:
+/// `a` and `gold` (weight 2), both greedy, get a third and two thirds of
+/// it at the provider (within 5 %); every refusal names the limit and the
+/// fair share; the provider refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_further_limit_is_shared_by_weight() -> anyhow::Result<()> {
+    let run = fair::further_limit().await?;
+    let (a_worst, a_mean) = parts(&run.seconds, "a", 1.0 / 3.0);
+    let (gold_worst, gold_mean) = parts(&run.seconds, "gold", 2.0 / 3.0);
+    println!(
+        "fair further limit tps 95/s: {} seconds; mean parts a {a_mean:.3} gold {gold_mean:.3}; worst second off by \
+         a {:.1} % gold {:.1} %; {} calls, {} refused ({} naming tps and fair-share); most in a calendar second {}; \
+         provider refused {}",
+        run.seconds.len(),
+        100.0 * a_worst,
+        100.0 * gold_worst,
+        run.calls,
+        run.refused,
+        run.fair_refusals,
+        run.most_in_a_second,
+        run.refused_by_provider,
+    );
+    assert!(
+        run.seconds.len() >= 5,
+        "{} whole seconds",
+        run.seconds.len()
+    );
+    assert!(
+        (a_mean - 1.0 / 3.0).abs() <= 0.05 / 3.0 && (gold_mean - 2.0 / 3.0).abs() <= 0.1 / 3.0,
+        "parts a {a_mean:.3}, gold {gold_mean:.3}"
+    );
+    assert_eq!(
+        run.refused, run.fair_refusals,
+        "every refusal names tps and the fair share"
+    );
+    assert_eq!(run.refused_by_provider, 0);
+    assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
+    Ok(())
+}

@@ -19,6 +19,7 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
     let queued = fair::queue_waits(true).await?;
     let fifo = fair::queue_waits(false).await?;
     let fleet = fair::across_fleet(Duration::from_secs(20)).await?;
+    let further = fair::further_limit().await?;
     let mut s = format!(
         "## 9. Fair shares of one quota\n\n\
          One Envoy (`--concurrency {WORKERS}`) with a policy of 95 calls a second (burst 5) shared by the \
@@ -124,6 +125,22 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
         reserved_queue.most_in_a_second,
         reserved_queue.refused_by_provider,
         verdict(a >= 57.0 && b >= 33.0 && reserved_queue.refused_by_provider == 0)
+    );
+    let (a_off, a_part) = parts(&further.seconds, "a", 1.0 / 3.0);
+    let (gold_off, gold_part) = parts(&further.seconds, "gold", 2.0 / 3.0);
+    let _ = writeln!(
+        s,
+        "| a further limit of 95/s (`limits[].fair`, beside the policy's 1 000/s), a and gold (weight 2) greedy | mean parts **{a_part:.3} / {gold_part:.3}** (worst second {:.1} % / {:.1} % off); {} of {} refusals name `tps` and `fair-share`; the provider refused **{}** | a third and two thirds, 0 refused: {} |",
+        100.0 * a_off,
+        100.0 * gold_off,
+        further.fair_refusals,
+        further.refused,
+        further.refused_by_provider,
+        verdict(
+            (a_part - 1.0 / 3.0).abs() <= 0.05 / 3.0
+                && further.refused == further.fair_refusals
+                && further.refused_by_provider == 0
+        )
     );
     let fleet_parts: Vec<f64> = [("a", 0.25), ("b", 0.25), ("gold", 0.5)]
         .iter()
