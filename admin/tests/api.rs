@@ -1580,13 +1580,11 @@ async fn close_a_held_watch(admin: &Admin, instance: &str, after: std::time::Dur
     assert!(closed.is_err(), "the watch was held: {closed:?}");
 }
 
-/// A SIGKILLed Envoy's kernel closes its held watch. The admin notes it;
-/// when that Envoy then misses two syncs its share goes to the others at
-/// once, not a lease and a half after its last sync (3 s here).
-#[tokio::test]
-async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
+/// The global policy `llm` (300/s, lease 2 s), and Envoys `a` and `c`
+/// (c over `c_http`'s connections) syncing every 100 ms past the new
+/// admin's recovery (1.5 leases): a's share then, about half.
+async fn a_and_c_sharing_llm(admin: &Admin, c_http: &reqwest::Client) -> Value {
     use std::time::{Duration, Instant};
-    let admin = start().await;
     let s = admin.login().await;
     let llm = json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
         "share_lease": "2s", "rate": {"requests": 300, "period": "1s", "burst": 30}});
@@ -1594,21 +1592,26 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
         .edit(&s, Method::POST, "/api/v1/policies", &[], Some(llm))
         .await;
     assert_eq!(status, StatusCode::CREATED);
-    // Both sync every 100 ms, past the new admin's recovery (1.5 leases).
     let (mut a, mut c) = (Value::Null, Value::Null);
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(3_600) {
-        a = fleet_sync(&admin, "a", Some(&a).filter(|v| !v.is_null())).await;
-        c = fleet_sync(&admin, "c", Some(&c).filter(|v| !v.is_null())).await;
+        a = fleet_sync(admin, "a", Some(&a).filter(|v| !v.is_null())).await;
+        c = fleet_sync_over(c_http, admin, "c", Some(&c).filter(|v| !v.is_null())).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let even = a["rate"].as_f64().unwrap();
     assert!((100.0..=200.0).contains(&even), "a {a}, c {c}");
-    // c holds a watch, then its connection closes (the client gives up).
-    close_a_held_watch(&admin, "c", Duration::from_millis(200)).await;
+    a
+}
+
+/// `a` syncs every 100 ms until it holds all of `llm` (c's share moved
+/// to it): how long that took, at least two of c's missed syncs and
+/// within 1.5 s, not a lease and a half.
+async fn until_cs_share_moves_to_a(admin: &Admin, a: &mut Value) -> std::time::Duration {
+    use std::time::{Duration, Instant};
     let gone = Instant::now();
     let moved = loop {
-        a = fleet_sync(&admin, "a", Some(&a)).await;
+        *a = fleet_sync(admin, "a", Some(a)).await;
         if a["rate"].as_f64().unwrap() >= 290.0 {
             break gone.elapsed();
         }
@@ -1618,19 +1621,37 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    println!("a closed watch: c's share moved to a {moved:?} after (a {a})");
     assert!(
         moved >= Duration::from_millis(250),
         "before c missed two syncs"
     );
+    moved
+}
 
+/// a syncs on for a second and keeps all of `llm`.
+async fn a_keeps_it_all(admin: &Admin, a: &mut Value) {
+    for _ in 0..10 {
+        *a = fleet_sync(admin, "a", Some(a)).await;
+        assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A SIGKILLed Envoy's kernel closes its held watch. The admin notes it;
+/// when that Envoy then misses two syncs its share goes to the others at
+/// once, not a lease and a half after its last sync (3 s here).
+#[tokio::test]
+async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
+    use std::time::Duration;
+    let admin = start().await;
+    let mut a = a_and_c_sharing_llm(&admin, &admin.http).await;
+    // c holds a watch, then its connection closes (the client gives up).
+    close_a_held_watch(&admin, "c", Duration::from_millis(200)).await;
+    let moved = until_cs_share_moves_to_a(&admin, &mut a).await;
+    println!("a closed watch: c's share moved to a {moved:?} after (a {a})");
     // A live Envoy whose watch closes syncs on and keeps its share.
     close_a_held_watch(&admin, "a", Duration::from_millis(100)).await;
-    for _ in 0..10 {
-        a = fleet_sync(&admin, "a", Some(&a)).await;
-        assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    a_keeps_it_all(&admin, &mut a).await;
 }
 
 /// An Envoy SIGKILLed between two syncs, with no watch held: its kernel
@@ -1638,55 +1659,19 @@ async fn a_watch_closed_unanswered_frees_a_silent_envoys_fleet_share() {
 /// held watch closes (not a lease and a half after its last sync).
 #[tokio::test]
 async fn a_connection_closed_between_syncs_frees_a_silent_envoys_fleet_share() {
-    use std::time::{Duration, Instant};
     let admin = start().await;
-    let s = admin.login().await;
-    let llm = json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
-        "share_lease": "2s", "rate": {"requests": 300, "period": "1s", "burst": 30}});
-    let (status, _, _) = admin
-        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(llm))
-        .await;
-    assert_eq!(status, StatusCode::CREATED);
     // c syncs over a connection of its own, kept alive between syncs.
     let c_http = reqwest::Client::new();
-    let (mut a, mut c) = (Value::Null, Value::Null);
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_millis(3_600) {
-        a = fleet_sync(&admin, "a", Some(&a).filter(|v| !v.is_null())).await;
-        c = fleet_sync_over(&c_http, &admin, "c", Some(&c).filter(|v| !v.is_null())).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let even = a["rate"].as_f64().unwrap();
-    assert!((100.0..=200.0).contains(&even), "a {a}, c {c}");
+    let mut a = a_and_c_sharing_llm(&admin, &c_http).await;
     drop(c_http);
-    let gone = Instant::now();
-    let moved = loop {
-        a = fleet_sync(&admin, "a", Some(&a)).await;
-        if a["rate"].as_f64().unwrap() >= 290.0 {
-            break gone.elapsed();
-        }
-        assert!(
-            gone.elapsed() < Duration::from_millis(1_500),
-            "c's share did not move: a {a}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let moved = until_cs_share_moves_to_a(&admin, &mut a).await;
     println!("a connection closed between syncs: c's share moved to a {moved:?} after (a {a})");
-    assert!(
-        moved >= Duration::from_millis(250),
-        "before c missed two syncs"
-    );
-
     // A live Envoy whose sync connection closes syncs on over another
     // and keeps its share.
     let a_http = reqwest::Client::new();
     a = fleet_sync_over(&a_http, &admin, "a", Some(&a)).await;
     drop(a_http);
-    for _ in 0..10 {
-        a = fleet_sync(&admin, "a", Some(&a)).await;
-        assert!(a["rate"].as_f64().unwrap() >= 290.0, "a {a}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    a_keeps_it_all(&admin, &mut a).await;
 }
 
 /// 10 000 watches from one instance, 200 at a time: each new one answers

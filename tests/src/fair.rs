@@ -107,6 +107,30 @@ pub fn parts(seconds: &Seconds, tenant: &str, want: f64) -> (f64, f64) {
     (worst, parts.iter().sum::<f64>() / parts.len().max(1) as f64)
 }
 
+/// The seconds in which the tenants took at least 90 % of `rate`: the
+/// limit was contended, so how it was divided says something. A second in
+/// which the machine starved the load (or the Envoys) of CPU is left out,
+/// as the figures print how many were judged.
+pub fn contended(seconds: &Seconds, rate: u64) -> Seconds {
+    seconds
+        .iter()
+        .filter(|(_, by)| by.values().sum::<u64>() * 10 >= rate * 9)
+        .map(|(second, by)| (*second, by.clone()))
+        .collect()
+}
+
+/// Refusals that say the fair share refused them (and, given, name the
+/// further limit that did).
+pub fn fair_refusals(calls: &[Outcome], limit: Option<&str>) -> usize {
+    let says =
+        |o: &&Outcome, header: &str, value: &str| o.headers.get(header).is_some_and(|v| v == value);
+    calls
+        .iter()
+        .filter(|o| o.status == 429 && says(o, "x-sluice-reason", "fair-share"))
+        .filter(|o| limit.is_none_or(|l| says(o, "x-sluice-limit", l)))
+        .count()
+}
+
 /// A tenant's mean calls a second.
 pub fn mean(seconds: &Seconds, tenant: &str) -> f64 {
     seconds
@@ -173,15 +197,7 @@ pub async fn weighted(greedy: Duration) -> anyhow::Result<Weighted> {
         back,
         calls: calls.len(),
         refused: load::count(&calls, 429),
-        fair_refusals: calls
-            .iter()
-            .filter(|o| o.status == 429)
-            .filter(|o| {
-                o.headers
-                    .get("x-sluice-reason")
-                    .is_some_and(|v| v == "fair-share")
-            })
-            .count(),
+        fair_refusals: fair_refusals(&calls, None),
         fair_refused_stat: envoy.policy_stat("fair_refused", "llm")?,
         refused_by_provider: mock.rejected_by_mock(),
     })
@@ -475,16 +491,7 @@ pub async fn further_limit() -> anyhow::Result<FurtherLimit> {
     for t in tenants {
         calls.extend(t.finish().await);
     }
-    let fair_refusals = calls
-        .iter()
-        .filter(|o| o.status == 429)
-        .filter(|o| {
-            o.headers
-                .get("x-sluice-reason")
-                .is_some_and(|v| v == "fair-share")
-                && o.headers.get("x-sluice-limit").is_some_and(|v| v == "tps")
-        })
-        .count();
+    let fair_refusals = fair_refusals(&calls, Some("tps"));
     Ok(FurtherLimit {
         most_in_a_second: most_in_a_second(&per_second(
             &mock,

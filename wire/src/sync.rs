@@ -469,6 +469,20 @@ impl SyncReport {
         self.keys.retain(|name, _| keyed.contains(name.as_str()));
         self.shares.retain(|name, _| shared.contains(name));
         self.held.retain(|name, _| shared.contains(name));
+        // Fair tables: a policy's under its name, a further limit's as
+        // `limits/<name>`, of those that have `fair`.
+        let fair: BTreeSet<String> = set
+            .policies
+            .iter()
+            .filter(|p| p.fair.is_some())
+            .map(|p| p.name.clone())
+            .chain(
+                limits()
+                    .filter(|l| l.fair.is_some())
+                    .map(sluice_shared::NamedLimit::fleet_name),
+            )
+            .collect();
+        self.fair.retain(|name, _| fair.contains(name));
     }
 }
 
@@ -487,7 +501,11 @@ mod tests {
                  "limits": [{"name": "daily", "rate": {"requests": 5, "period": "1d"}},
                             {"name": "fleet", "scope": "global", "rate": {"requests": 5, "period": "1s"}}]},
                 {"name": "shop", "match": {"host": "b"}, "scope": "global",
-                 "rate": {"requests": 5, "period": "1s"}}
+                 "rate": {"requests": 5, "period": "1s"}},
+                {"name": "llm", "match": {"host": "c"}, "rate": {"requests": 5, "period": "1s"},
+                 "fair": {"key": {"header": "x-tenant"}},
+                 "limits": [{"name": "tps", "rate": {"requests": 50, "period": "1s"},
+                             "fair": {"key": {"header": "x-tenant"}}}]}
             ]
         }))
         .unwrap();
@@ -502,6 +520,9 @@ mod tests {
             r.budgets.insert(name.into(), BudgetReport::default());
         }
         r.shares.insert("limits/fleet".into(), 2);
+        for name in ["llm", "bank", "limits/tps", "limits/daily", "made-up"] {
+            r.fair.insert(name.into(), Vec::new());
+        }
         r.keep_known(&set);
         let names = |m: Vec<&String>| m.into_iter().cloned().collect::<Vec<_>>();
         assert_eq!(names(r.policies.keys().collect()), ["bank", "shop"]);
@@ -509,6 +530,7 @@ mod tests {
         assert_eq!(names(r.shares.keys().collect()), ["limits/fleet", "shop"]);
         assert_eq!(names(r.limits.keys().collect()), ["daily", "fleet"]);
         assert_eq!(names(r.budgets.keys().collect()), ["daily"]);
+        assert_eq!(names(r.fair.keys().collect()), ["limits/tps", "llm"]);
     }
 
     fn report() -> SyncReport {

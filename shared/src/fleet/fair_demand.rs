@@ -19,8 +19,11 @@ use crate::fair::{shares, Claim, FairKeyView};
 const MILLI: f64 = 1000.0;
 
 /// `demands` with each instance's rate cut to its keys' fair part of
-/// `limit_rate` (unchanged where it reports no keys, and all of them when
-/// none does).
+/// `limit_rate`, while the keys together ask for more than the limit
+/// (unchanged where an instance reports no keys, and all of them when none
+/// does or there is room for every key). A cut, not a scaling: an Envoy
+/// whose own count lags its keys' (it fell behind for a moment) keeps the
+/// smaller of the two, never a fraction of it.
 pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[FairKeyView]]) -> Vec<Demand> {
     if keys.iter().all(|k| k.is_empty()) {
         return demands.to_vec();
@@ -38,6 +41,12 @@ pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[FairKeyView]]) -> Ve
         claim.demand = claim.demand.saturating_add(milli(key.demand));
     }
     let claims: Vec<Claim> = fleet.values().copied().collect();
+    let asked_in_all = claims
+        .iter()
+        .fold(0u64, |sum, c| sum.saturating_add(c.demand));
+    if asked_in_all <= milli(limit_rate) {
+        return demands.to_vec();
+    }
     let parts: BTreeMap<u64, (u64, u64)> = fleet
         .keys()
         .zip(shares(milli(limit_rate), &claims).into_iter().zip(&claims))
@@ -47,8 +56,7 @@ pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[FairKeyView]]) -> Ve
         .iter()
         .zip(keys)
         .map(|(demand, keys)| {
-            let asked: f64 = keys.iter().map(|k| milli(k.demand) as f64).sum();
-            if asked <= 0.0 {
+            if keys.is_empty() {
                 return *demand;
             }
             let fair: f64 = keys
@@ -59,7 +67,7 @@ pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[FairKeyView]]) -> Ve
                 })
                 .sum();
             Demand {
-                rate: demand.rate * (fair / asked).min(1.0),
+                rate: demand.rate.min(fair / MILLI),
                 ..*demand
             }
         })
@@ -105,6 +113,19 @@ mod tests {
         // Key 1 gets 50, three quarters of it through a.
         assert!((weighed[0].rate - 37.5).abs() < 0.01, "{weighed:?}");
         assert!((weighed[1].rate - 62.5).abs() < 0.01, "{weighed:?}");
+    }
+
+    #[test]
+    fn an_envoy_whose_own_count_lags_its_keys_keeps_its_part_not_a_fraction() {
+        // a's keys ask 200 a second, but its own count (smoothed) fell to
+        // 60 for a moment: it keeps 25, its key's part, not 60 × 25/200.
+        let a = [key(1, 1, 200.0)];
+        let b = [key(2, 1, 200.0), key(3, 2, 200.0)];
+        let weighed = weigh(100.0, &[asking(60.0), asking(400.0)], &[&a, &b]);
+        assert!((weighed[0].rate - 25.0).abs() < 0.01, "{weighed:?}");
+        // One asking less than its part keeps what it asks.
+        let weighed = weigh(100.0, &[asking(10.0), asking(400.0)], &[&a, &b]);
+        assert!((weighed[0].rate - 10.0).abs() < 0.01, "{weighed:?}");
     }
 
     #[test]
