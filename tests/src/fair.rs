@@ -343,8 +343,10 @@ pub async fn queue_waits(fair: bool) -> anyhow::Result<QueueWaits> {
 pub struct AcrossFleet {
     /// From 5 s on, once shares have followed the keys.
     pub steady: Seconds,
-    /// The admin's shares then: instance, rate.
+    /// The admin's shares at the end: instance, rate.
     pub shares: Vec<(String, f64)>,
+    /// Its shares every half second (a's, b's).
+    pub trace: Vec<Vec<u64>>,
     /// The live view's fair table then: tenant, weight, share, used and
     /// asked a second (the labels told back into tenants).
     pub live: Vec<(String, f64, f64, f64, f64)>,
@@ -407,21 +409,28 @@ pub async fn across_fleet(run: Duration) -> anyhow::Result<AcrossFleet> {
         start(&b, "b", 300),
         start(&b, "gold", 300),
     ];
-    tokio::time::sleep(run).await;
+    // The admin's shares every half second, to tell a share that moved
+    // from an Envoy that fell behind.
+    let mut trace = Vec::new();
+    let mut shares: Vec<(String, f64)> = Vec::new();
+    while clock.elapsed() < run {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let fleet = op.get("/api/v1/fleet").await?;
+        shares = fleet["policies"][0]["members"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| {
+                (
+                    m["instance"].as_str().unwrap_or_default().to_string(),
+                    m["share"]["rate"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        trace.push(shares.iter().map(|(_, rate)| rate.round() as u64).collect());
+    }
     let steady = per_second(&mock, Duration::from_secs(5), clock.elapsed());
-    let fleet = op.get("/api/v1/fleet").await?;
-    let shares = fleet["policies"][0]["members"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|m| {
-            (
-                m["instance"].as_str().unwrap_or_default().to_string(),
-                m["share"]["rate"].as_f64().unwrap_or(0.0),
-            )
-        })
-        .collect();
     let frame = op.live_frame().await?;
     let secret = sluice_shared::key_view::label_secret(Some(SYNC_TOKEN));
     let tenant_of = |label: &str| {
@@ -455,6 +464,7 @@ pub async fn across_fleet(run: Duration) -> anyhow::Result<AcrossFleet> {
         calls += t.finish().await.len();
     }
     Ok(AcrossFleet {
+        trace,
         live,
         most_in_a_second: most_in_a_second(&per_second(&mock, Duration::ZERO, clock.elapsed())),
         steady,
