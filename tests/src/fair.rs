@@ -107,18 +107,6 @@ pub fn parts(seconds: &Seconds, tenant: &str, want: f64) -> (f64, f64) {
     (worst, parts.iter().sum::<f64>() / parts.len().max(1) as f64)
 }
 
-/// The seconds in which the tenants took at least 90 % of `rate`: the
-/// limit was contended, so how it was divided says something. A second in
-/// which the machine starved the load (or the Envoys) of CPU is left out,
-/// as the figures print how many were judged.
-pub fn contended(seconds: &Seconds, rate: u64) -> Seconds {
-    seconds
-        .iter()
-        .filter(|(_, by)| by.values().sum::<u64>() * 10 >= rate * 9)
-        .map(|(second, by)| (*second, by.clone()))
-        .collect()
-}
-
 /// Refusals that say the fair share refused them (and, given, name the
 /// further limit that did).
 pub fn fair_refusals(calls: &[Outcome], limit: Option<&str>) -> usize {

@@ -216,19 +216,17 @@ async fn hostile_tenant_values_are_tenants_and_the_rate_holds() -> anyhow::Resul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Result<()> {
     let run = fair::across_fleet(Duration::from_secs(20)).await?;
-    let judged = fair::contended(&run.steady, fair::FLEET_RATE);
-    let (a_worst, a_mean) = parts(&judged, "a", 0.25);
-    let (b_worst, b_mean) = parts(&judged, "b", 0.25);
-    let (gold_worst, gold_mean) = parts(&judged, "gold", 0.5);
+    let (a_worst, a_mean) = parts(&run.steady, "a", 0.25);
+    let (b_worst, b_mean) = parts(&run.steady, "b", 0.25);
+    let (gold_worst, gold_mean) = parts(&run.steady, "gold", 0.5);
     let totals: Vec<u64> = run.steady.values().map(|by| by.values().sum()).collect();
     println!(
-        "fair across two Envoys (global {}/s): {} seconds, {} judged; mean parts a {a_mean:.3} b {b_mean:.3} gold \
+        "fair across two Envoys (global {}/s): {} seconds; mean parts a {a_mean:.3} b {b_mean:.3} gold \
          {gold_mean:.3}; worst second off by a {:.1} % b {:.1} % gold {:.1} %; calls per second {totals:?}; \
          shares {:?}; live view (tenant, weight, share, used, asked /s) {:?}; {} calls; most in a calendar second {}; \
          provider refused {}",
         fair::FLEET_RATE,
         run.steady.len(),
-        judged.len(),
         100.0 * a_worst,
         100.0 * b_worst,
         100.0 * gold_worst,
@@ -242,12 +240,7 @@ async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Resul
         "fair across two Envoys: per second {:?}; the admin's shares every 0.5 s {:?}",
         run.steady, run.trace
     );
-    assert!(
-        judged.len() >= 10,
-        "{} whole seconds, {} judged",
-        run.steady.len(),
-        judged.len()
-    );
+    assert!(run.steady.len() >= 12, "{} whole seconds", run.steady.len());
     // The live view names each tenant's key (as the Envoys hash it) with
     // its weight, a share by weight, and its demand past its share.
     let live = |tenant: &str| {

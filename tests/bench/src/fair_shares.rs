@@ -142,10 +142,9 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
                 && further.refused_by_provider == 0
         )
     );
-    let judged = fair::contended(&fleet.steady, fair::FLEET_RATE);
     let fleet_parts: Vec<f64> = [("a", 0.25), ("b", 0.25), ("gold", 0.5)]
         .iter()
-        .map(|(who, want)| parts(&judged, who, *want).1)
+        .map(|(who, want)| parts(&fleet.steady, who, *want).1)
         .collect();
     let fleet_off = fleet_parts
         .iter()
@@ -154,10 +153,8 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
         .fold(0.0, f64::max);
     let _ = writeln!(
         s,
-        "| two Envoys (`--concurrency {WORKERS}` each, an in-process admin), a `global` fair limit of {}/s: a through one Envoy, b and gold (weight 2) through the other, all greedy; from 5 s to 20 s, the seconds with at least 90 % of the limit taken ({} of {}) | mean parts **{:.3} / {:.3} / {:.3}** (at most {:.1} % off); the admin's shares {}; most in a calendar second {}; the provider refused **{}** | within 10 % of the weights, 0 refused: {} |",
+        "| two Envoys (`--concurrency {WORKERS}` each, an in-process admin), a `global` fair limit of {}/s: a through one Envoy, b and gold (weight 2) through the other, all greedy; from 5 s to 20 s | mean parts **{:.3} / {:.3} / {:.3}** (at most {:.1} % off); the admin's shares {}; most in a calendar second {}; the provider refused **{}** | within 10 % of the weights, 0 refused: {} |",
         fair::FLEET_RATE,
-        judged.len(),
-        fleet.steady.len(),
         fleet_parts[0],
         fleet_parts[1],
         fleet_parts[2],
