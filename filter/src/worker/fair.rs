@@ -1,13 +1,14 @@
-//! The worker's side of `fair` in reject mode: each call of a policy whose
+//! The worker's side of `fair`: in reject mode each call of a policy whose
 //! rate is shared fairly takes its key's part in the policy's fair table
 //! (one shared-data value, `entries::fair_key`) before the policy's own
-//! bucket. The table decides (`sluice_shared::fair::FairTable`); this only
-//! reads and writes it. In queue mode the policy's queue orders waiting
-//! calls fairly instead (`sluice_filter_core::bucket::FairTag`).
+//! bucket; in queue mode the policy's queue orders waiting calls fairly
+//! instead (`sluice_filter_core::bucket::FairTag`). A further limit shared
+//! fairly has a table of its own (`entries::fair_limit_key`), taken before
+//! the limits' buckets in either mode ([`take_limits`]). The table decides
+//! (`sluice_shared::fair::FairTable`); this only reads and writes it.
 
 use sluice_filter_core::headers::LimitKind;
-use sluice_filter_core::matcher::CompiledFair;
-use sluice_filter_core::matcher::{Classification, CompiledPolicy};
+use sluice_filter_core::matcher::{Classification, CompiledFair, CompiledPolicy};
 use sluice_shared::fair::{FairClaimant, FairTable, FairTake};
 use sluice_shared::policy::LimitAction;
 use sluice_shared::time::Span;
