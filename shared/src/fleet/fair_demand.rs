@@ -13,7 +13,22 @@
 use std::collections::BTreeMap;
 
 use super::Demand;
+use serde::{Deserialize, Serialize};
+
 use crate::fair::{shares, Claim, FairKeyView};
+
+/// One key of an instance as the ledger keeps it for weighing: its hash,
+/// weight (thousandths) and demand (calls a second). A tuple on the wire:
+/// the ledger holds up to 64 of these per instance and is read and written
+/// whole at every sync.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeyDemand(pub u64, pub u64, pub f64);
+
+impl From<&FairKeyView> for KeyDemand {
+    fn from(view: &FairKeyView) -> Self {
+        KeyDemand(view.key, view.weight, view.demand)
+    }
+}
 
 /// Rates are weighed in thousandths of a call a second.
 const MILLI: f64 = 1000.0;
@@ -24,21 +39,21 @@ const MILLI: f64 = 1000.0;
 /// does or there is room for every key). A cut, not a scaling: an Envoy
 /// whose own count lags its keys' (it fell behind for a moment) keeps the
 /// smaller of the two, never a fraction of it.
-pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[FairKeyView]]) -> Vec<Demand> {
+pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[KeyDemand]]) -> Vec<Demand> {
     if keys.iter().all(|k| k.is_empty()) {
         return demands.to_vec();
     }
     let milli = |rate: f64| (rate.max(0.0) * MILLI).round() as u64;
     // Per key: its weight and what it asks fleet-wide.
     let mut fleet: BTreeMap<u64, Claim> = BTreeMap::new();
-    for key in keys.iter().flat_map(|k| k.iter()) {
-        let claim = fleet.entry(key.key).or_insert(Claim {
-            weight: key.weight,
+    for &KeyDemand(key, weight, demand) in keys.iter().flat_map(|k| k.iter()) {
+        let claim = fleet.entry(key).or_insert(Claim {
+            weight,
             demand: 0,
             reserved: 0,
         });
-        claim.weight = claim.weight.max(key.weight);
-        claim.demand = claim.demand.saturating_add(milli(key.demand));
+        claim.weight = claim.weight.max(weight);
+        claim.demand = claim.demand.saturating_add(milli(demand));
     }
     let claims: Vec<Claim> = fleet.values().copied().collect();
     let asked_in_all = claims
@@ -61,9 +76,9 @@ pub fn weigh(limit_rate: f64, demands: &[Demand], keys: &[&[FairKeyView]]) -> Ve
             }
             let fair: f64 = keys
                 .iter()
-                .filter_map(|k| {
-                    let &(part, total) = parts.get(&k.key)?;
-                    (total > 0).then(|| part as f64 * milli(k.demand) as f64 / total as f64)
+                .filter_map(|&KeyDemand(key, _, demand)| {
+                    let &(part, total) = parts.get(&key)?;
+                    (total > 0).then(|| part as f64 * milli(demand) as f64 / total as f64)
                 })
                 .sum();
             Demand {
@@ -79,13 +94,8 @@ mod tests {
     use super::*;
     use crate::fair::WEIGHT_SCALE;
 
-    fn key(key: u64, weight: u64, demand: f64) -> FairKeyView {
-        FairKeyView {
-            key,
-            weight: weight * WEIGHT_SCALE,
-            demand,
-            ..FairKeyView::default()
-        }
+    fn key(key: u64, weight: u64, demand: f64) -> KeyDemand {
+        KeyDemand(key, weight * WEIGHT_SCALE, demand)
     }
 
     fn asking(rate: f64) -> Demand {
@@ -142,10 +152,7 @@ mod tests {
     fn hostile_numbers_never_raise_a_demand() {
         let wild = [
             key(1, 0, f64::MAX),
-            FairKeyView {
-                weight: u64::MAX,
-                ..key(2, 1, 1e300)
-            },
+            KeyDemand(2, u64::MAX, 1e300),
             key(3, 1, -5.0),
             key(1, 7, f64::NAN),
         ];

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::allocation::allocate;
 use super::demand::{demand_between, settle, smooth, used_between, Demand, Usage};
+use super::fair_demand::KeyDemand;
 use super::{fair_demand, Amount, FLOOR_FRACTION};
 use crate::fair::FairKeyView;
 use crate::policy::Policy;
@@ -121,7 +122,7 @@ struct Member {
     /// For a limit shared fairly, its keys as its last sync reported them
     /// (see `fair_demand`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    fair: Vec<FairKeyView>,
+    fair: Vec<KeyDemand>,
 }
 
 /// An instance whose connection closed is taken for dead once it has
@@ -297,7 +298,7 @@ impl Ledger {
             .filter(|(n, m)| n.as_str() == instance || now - m.last_heard < terms.lease)
             .collect();
         let demands: Vec<Demand> = active.iter().map(|(_, m)| m.demand).collect();
-        let keys: Vec<&[FairKeyView]> = active.iter().map(|(_, m)| m.fair.as_slice()).collect();
+        let keys: Vec<&[KeyDemand]> = active.iter().map(|(_, m)| m.fair.as_slice()).collect();
         let demands = fair_demand::weigh(terms.limit.rate, &demands, &keys);
         let targets = allocate(terms.limit, terms.floor_fraction, &demands);
         let target = active
@@ -366,7 +367,7 @@ impl Ledger {
         now: Instant,
     ) -> Share {
         if let Some(member) = self.members.get_mut(instance) {
-            member.fair = fair.to_vec();
+            member.fair = fair.iter().map(KeyDemand::from).collect();
         }
         let member = self.members.get(instance);
         let measured = demand_between(member.and_then(|m| m.usage), usage, terms.limit);
@@ -388,7 +389,7 @@ impl Ledger {
         };
         let share = self.sync(terms, instance, demand, held, now);
         if let Some(member) = self.members.get_mut(instance) {
-            member.fair = fair.to_vec();
+            member.fair = fair.iter().map(KeyDemand::from).collect();
             member.settling = settling;
             member.usage = Some(usage);
             member.used.in_flight = usage.in_flight;
