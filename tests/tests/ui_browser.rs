@@ -1286,6 +1286,102 @@ async fn the_live_view_lists_the_busiest_keys_and_finds_one() -> anyhow::Result<
     Ok(())
 }
 
+/// A policy shared fairly through a real Envoy: the live view lists its
+/// tenants by label (never the raw key) with their weights, shares by
+/// weight, use and asked calls a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_shows_each_tenants_fair_share() -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let op = admin.login().await?;
+    op.create(
+        json!({"name": "shared", "match": {"host": "api.fair.example"},
+        "rate": {"requests": 30, "period": "1s", "burst": 3},
+        "fair": {"key": {"header": "x-api-key"}, "weights": {"sk-gold": 2}}}),
+    )
+    .await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config =
+        json!({"instance": "ui-fair-envoy", "admin_cluster": "sluice_admin", "sync_interval": "250ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin.port, 2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = envoy.url("/v1/things");
+    // Both greedy: 60 a second each for the 30.
+    let loads = ["sk-plain", "sk-gold"]
+        .map(|key| load::paced(url.clone(), "api.fair.example", key, 60, stop.clone()));
+
+    let browser = Browser::start().await?;
+    browser.log_in(&admin.base(), "/live").await?;
+    let section = ".live-policy[data-policy='shared']";
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let started = std::time::Instant::now();
+    // Shares settle within a few reports.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    while rows.len() < 2 && started.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rows.clear();
+        for row in browser
+            .client
+            .find_all(Locator::Css(&format!("{section} tr.fair-key")))
+            .await?
+        {
+            let mut cells = Vec::new();
+            for td in row.find_all(Locator::Css("td")).await? {
+                cells.push(td.text().await?);
+            }
+            rows.push(cells);
+        }
+    }
+    let title = browser.text(&format!("{section} .fair-now h3")).await?;
+    println!("ui: fair shares of shared (label, weight, share/s, used/s, asked/s): {rows:?}; titled {title:?}");
+    let page = browser.client.source().await?;
+    assert!(
+        !page.contains("sk-gold") && !page.contains("sk-plain"),
+        "a raw key reached the page"
+    );
+    assert_eq!(title, "Fair shares");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let number = |row: &[String], i: usize| {
+        row.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    let gold = rows
+        .iter()
+        .find(|r| r[1] == "2")
+        .expect("the weight-2 tenant");
+    let plain = rows
+        .iter()
+        .find(|r| r[1] == "1")
+        .expect("the weight-1 tenant");
+    assert!(
+        rows.iter()
+            .all(|r| r[0].starts_with('#') && r[0].len() == 13),
+        "{rows:?}"
+    );
+    // 20 and 10 of the 30 a second, each asking 60.
+    assert!((17.0..=23.0).contains(&number(gold, 2)), "{gold:?}");
+    assert!((8.0..=12.0).contains(&number(plain, 2)), "{plain:?}");
+    assert!(
+        number(gold, 4) > number(gold, 2) && number(plain, 4) > number(plain, 2),
+        "{rows:?}"
+    );
+
+    stop.store(true, Ordering::SeqCst);
+    for l in loads {
+        let _ = l.await;
+    }
+    browser.close().await;
+    admin.stop().await;
+    Ok(())
+}
+
 /// The price table in the editor: models added row by row, a bad amount
 /// refused with its field, the table saved (a new set version) and read
 /// back when the page opens again.
