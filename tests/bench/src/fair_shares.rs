@@ -14,8 +14,7 @@ use crate::scenarios::Report;
 pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
     let weighted = fair::weighted(GREEDY).await?;
     let noisy_quiet = fair::noisy_quiet().await?;
-    let reserved = fair::reserved(false).await?;
-    let reserved_queue = fair::reserved(true).await?;
+    let reserved = fair::reserved().await?;
     let queued = fair::queue_waits(true).await?;
     let fifo = fair::queue_waits(false).await?;
     let fleet = fair::across_fleet(Duration::from_secs(20)).await?;
@@ -113,18 +112,6 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
         reserved.most_in_a_second,
         reserved.refused_by_provider,
         verdict(a >= 57.0 && b >= 33.0 && reserved.refused_by_provider == 0)
-    );
-    let (a, b) = (
-        mean(&reserved_queue.seconds, "a"),
-        mean(&reserved_queue.seconds, "b"),
-    );
-    let _ = writeln!(
-        s,
-        "| the same in a fair queue (`max_wait` 2 s) | a **{a:.1}/s**, b **{b:.1}/s**, c {:.1}/s; most in a calendar second {}; the provider refused **{}** | reservations kept, 0 refused: {} |",
-        mean(&reserved_queue.seconds, "c"),
-        reserved_queue.most_in_a_second,
-        reserved_queue.refused_by_provider,
-        verdict(a >= 57.0 && b >= 33.0 && reserved_queue.refused_by_provider == 0)
     );
     let (a_off, a_part) = parts(&further.seconds, "a", 1.0 / 3.0);
     let (gold_off, gold_part) = parts(&further.seconds, "gold", 2.0 / 3.0);
