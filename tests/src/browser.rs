@@ -101,6 +101,20 @@ impl Browser {
         }
     }
 
+    /// The text of each cell of each row `css` finds, as the page has it
+    /// now (no rows: none yet).
+    pub async fn table_rows(&self, css: &str) -> anyhow::Result<Vec<Vec<String>>> {
+        let mut rows = Vec::new();
+        for row in self.client.find_all(Locator::Css(css)).await? {
+            let mut cells = Vec::new();
+            for td in row.find_all(Locator::Css("td")).await? {
+                cells.push(td.text().await?);
+            }
+            rows.push(cells);
+        }
+        Ok(rows)
+    }
+
     /// Waits until `css`'s text satisfies `pred`; returns the text.
     pub async fn wait_text(
         &self,

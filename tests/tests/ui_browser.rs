@@ -1208,18 +1208,7 @@ async fn the_live_view_lists_the_busiest_keys_and_finds_one() -> anyhow::Result<
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         reads += 1;
-        rows.clear();
-        for row in browser
-            .client
-            .find_all(Locator::Css(&format!("{section} tr.top-key")))
-            .await?
-        {
-            let mut cells = Vec::new();
-            for td in row.find_all(Locator::Css("td")).await? {
-                cells.push(td.text().await?);
-            }
-            rows.push(cells);
-        }
+        rows = browser.table_rows(&format!("{section} tr.top-key")).await?;
     }
     let active = browser.text(&format!("{section} .keys-active")).await?;
     let overflowed = browser.text(&format!("{section} .keys-overflowed")).await?;
@@ -1325,18 +1314,9 @@ async fn the_live_view_shows_each_tenants_fair_share() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     while rows.len() < 2 && started.elapsed() < Duration::from_secs(15) {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        rows.clear();
-        for row in browser
-            .client
-            .find_all(Locator::Css(&format!("{section} tr.fair-key")))
-            .await?
-        {
-            let mut cells = Vec::new();
-            for td in row.find_all(Locator::Css("td")).await? {
-                cells.push(td.text().await?);
-            }
-            rows.push(cells);
-        }
+        rows = browser
+            .table_rows(&format!("{section} tr.fair-key"))
+            .await?;
     }
     let title = browser.text(&format!("{section} .fair-now h3")).await?;
     println!("ui: fair shares of shared (label, weight, share/s, used/s, asked/s): {rows:?}; titled {title:?}");
