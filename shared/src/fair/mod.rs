@@ -20,7 +20,11 @@
 //! largest remainder (ties to the earlier key), so the shares add up
 //! exactly.
 
+mod slots;
 mod table;
+pub use slots::{
+    FairSlotTake, FairSlotTerms, FairSlots, FairSlotsDecodeError, SlotKey, SlotLease, WANT_MEMORY,
+};
 pub use table::{
     FairClaimant, FairDecodeError, FairKey, FairKeyView, FairTable, FairTake, FairTerms, MAX_KEYS,
     OVERFLOW_KEY, UNIT, WINDOW,
