@@ -567,6 +567,7 @@ impl Live {
                     sum.share += k.share;
                     sum.used += k.used;
                     sum.demand += k.demand;
+                    sum.slots |= k.slots;
                 }
             }
         }
@@ -588,6 +589,7 @@ impl Live {
                         share_per_s: k.share,
                         used_per_s: k.used,
                         demand_per_s: k.demand,
+                        slots: k.slots,
                     })
                     .collect();
                 (policy.to_string(), shown)
@@ -850,6 +852,7 @@ mod tests {
             share,
             used: share,
             demand,
+            slots: false,
         };
         let mut a = report(1_000, 0, 0);
         a.instance = "a".into();

@@ -9,7 +9,7 @@ use std::marker::PhantomData;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledLimit;
-use sluice_shared::fair::FairTable;
+use sluice_shared::fair::{FairSlots, FairTable};
 use sluice_shared::limiter::concurrency::LeaseTable;
 use sluice_shared::limiter::{RateLimiter, RateState};
 use sluice_shared::provider::ProviderTable;
@@ -110,6 +110,17 @@ pub fn fair_limit_key(limit: &str) -> String {
     format!("sluice/fl/{limit}")
 }
 
+/// A policy's own slots shared fairly: who may take one more.
+pub fn fair_slots_key(policy: &str) -> String {
+    format!("sluice/fs/{policy}")
+}
+
+/// A further concurrency limit's slots shared fairly, shared by every
+/// policy naming the limit.
+pub fn fair_slot_limit_key(limit: &str) -> String {
+    format!("sluice/fsl/{limit}")
+}
+
 /// Marks that a policy's port-hidden warning was logged in this Envoy.
 pub fn port_hidden_key(policy: &str) -> String {
     format!("sluice/port-hidden/{policy}")
@@ -204,6 +215,15 @@ impl Entry for FairTable {
     }
     fn encode(&self) -> Vec<u8> {
         FairTable::encode(self)
+    }
+}
+
+impl Entry for FairSlots {
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        FairSlots::decode(bytes).ok()
+    }
+    fn encode(&self) -> Vec<u8> {
+        FairSlots::encode(self)
     }
 }
 

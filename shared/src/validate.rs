@@ -684,15 +684,26 @@ fn check_slot_limit(lr: &mut Report, limit: &NamedLimit, conc: &ConcurrencySpec)
 }
 
 /// `fair`: a key to share by, weights in range, and reservations that
-/// add up to the rate at most (a peer's minimum per member once pushed
+/// add up to the limit at most (a peer's minimum per member once pushed
 /// its total past the cap). What the filter does not share fairly yet is
 /// refused here, never enforced unfairly.
 fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
     let mut fr = Report::new(r.errors, &join_path(&r.prefix, "fair"));
     check_key(&mut fr, &fair.key);
-    let Some(rate) = &policy.rate else {
-        fr.at("", "shares the policy's `rate`: give the policy a `rate`");
-        return;
+    let reservable = match (&policy.rate, &policy.concurrency) {
+        // "sets no limit" says it.
+        (None, None) => return,
+        (Some(rate), None) => Some(Reservable::rate(rate)),
+        (None, Some(slots)) => Some(Reservable::slots(slots)),
+        (Some(_), Some(_)) => {
+            if !fair.min.is_empty() {
+                fr.at(
+                    "min",
+                    "the policy shares both its `rate` and its `concurrency`: reservations would be in two units (put one of them in a further limit with its own `fair` to reserve)",
+                );
+            }
+            None
+        }
     };
     if policy.key.is_some() {
         fr.at(
@@ -700,7 +711,7 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
             "a policy with `key` has a bucket per key already: share one rate fairly with `fair`, or split it with `key`, not both",
         );
     }
-    check_fair_spec(&mut fr, fair, rate);
+    check_fair_spec(&mut fr, fair, reservable);
     if policy.on_limit.action == LimitAction::Queue && !fair.min.is_empty() {
         fr.at(
             "min",
@@ -713,6 +724,12 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
             "a fair queue orders one Envoy's waiting calls: with `scope: global`, share fairly in reject mode",
         );
     }
+    if policy.scope == Scope::Global && policy.concurrency.is_some() {
+        fr.at(
+            "",
+            "slots are shared fairly per Envoy: not with `scope: global` (a global policy's own `rate` can be)",
+        );
+    }
     if policy.scope == Scope::Global && !fair.min.is_empty() {
         fr.at(
             "min",
@@ -721,17 +738,21 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
     }
 }
 
-/// A further limit's `fair`: its own `rate` shared by weight, in this
-/// Envoy (not across the fleet, not beside a per-key split).
+/// A further limit's `fair`: its own `rate` or `concurrency` shared by
+/// weight, in this Envoy (not across the fleet, not beside a per-key
+/// split).
 fn check_limit_fair(lr: &mut Report, limit: &NamedLimit, fair: &FairSpec) {
     let mut fr = Report::new(lr.errors, &join_path(&lr.prefix, "fair"));
     check_key(&mut fr, &fair.key);
-    let Some(rate) = &limit.rate else {
-        fr.at(
-            "",
-            "shares the limit's `rate`: a concurrency limit is not shared fairly yet",
-        );
-        return;
+    let rate = match (&limit.rate, &limit.concurrency) {
+        (Some(rate), _) => rate,
+        (None, Some(slots)) => {
+            // Its `key`, `scope` and `cost` are refused as any concurrency
+            // limit's are.
+            check_fair_spec(&mut fr, fair, Some(Reservable::slots(slots)));
+            return;
+        }
+        (None, None) => return,
     };
     if limit.key.is_some() {
         fr.at(
@@ -751,12 +772,35 @@ fn check_limit_fair(lr: &mut Report, limit: &NamedLimit, fair: &FairSpec) {
             "a budget in money is not shared fairly: give it a `key`",
         );
     }
-    check_fair_spec(&mut fr, fair, rate);
+    check_fair_spec(&mut fr, fair, Some(Reservable::rate(rate)));
+}
+
+/// What reservations are counted against: the limit's size in its units.
+struct Reservable {
+    size: u64,
+    what: &'static str,
+}
+
+impl Reservable {
+    fn rate(rate: &RateSpec) -> Self {
+        Self {
+            size: rate.requests,
+            what: "the rate's",
+        }
+    }
+
+    /// The slots a normal-priority call may take.
+    fn slots(slots: &ConcurrencySpec) -> Self {
+        Self {
+            size: u64::from(slots.max_in_flight.saturating_sub(slots.reserved_for_high)),
+            what: "the slots' (without those reserved for high priority)",
+        }
+    }
 }
 
 /// What any `fair` must say well: weights in range, named keys of sane
 /// length, reservations within the rate.
-fn check_fair_spec(fr: &mut Report, fair: &FairSpec, rate: &RateSpec) {
+fn check_fair_spec(fr: &mut Report, fair: &FairSpec, reservable: Option<Reservable>) {
     let weight_in_range = |w: f64| (FairSpec::MIN_WEIGHT..=FairSpec::MAX_WEIGHT).contains(&w);
     let range = format!(
         "a weight is from {} to {}",
@@ -792,12 +836,14 @@ fn check_fair_spec(fr: &mut Report, fair: &FairSpec, rate: &RateSpec) {
         .min
         .values()
         .fold(0u64, |sum, v| sum.saturating_add(*v));
-    if reserved > rate.requests {
+    let Some(Reservable { size, what }) = reservable else {
+        return;
+    };
+    if reserved > size {
         fr.at(
             "min",
             format!(
-                "reservations add up to {reserved}, more than the rate's {}: they would push the total past the limit",
-                rate.requests
+                "reservations add up to {reserved}, more than {what} {size}: they would push the total past the limit",
             ),
         );
     }

@@ -851,7 +851,7 @@ fn prices_and_money_limits_are_checked_field_by_field() {
 }
 
 #[test]
-fn fair_shares_need_a_key_a_rate_sane_weights_and_reservations_within_the_rate() {
+fn fair_shares_need_a_key_sane_weights_and_reservations_within_the_limit() {
     let ok = set_with(
         r#"{"name": "llm", "match": {"host": "x"}, "rate": {"requests": 100, "period": "1s"},
             "fair": {"key": {"header": "x-tenant"}, "weights": {"gold": 3, "batch": 0.5},
@@ -880,12 +880,35 @@ fn fair_shares_need_a_key_a_rate_sane_weights_and_reservations_within_the_rate()
             "policies[0].fair.weights.lead: a weight is from 0.001 to 1000",
         ]
     );
+    // Slots shared fairly: reservations within the slots a normal call
+    // may take; in two units (rate and slots) none.
+    let slots = r#"{"name": "llm", "match": {"host": "x"},
+        "concurrency": {"max_in_flight": 10, "reserved_for_high": 2}, "priority": {"header": "x-priority"},
+        "fair": {"key": {"header": "x-tenant"}, "min": {"gold": 8}}}"#;
+    assert!(
+        parse_policy_set(&set_with(slots)).is_ok(),
+        "slots shared fairly"
+    );
     assert_eq!(
-        errors_of(&set_with(
-            r#"{"name": "llm", "match": {"host": "x"}, "concurrency": {"max_in_flight": 5},
-                "fair": {"key": {"header": "x-tenant"}}}"#
-        )),
-        vec!["policies[0].fair: shares the policy's `rate`: give the policy a `rate`"]
+        errors_of(&set_with(&slots.replace(r#""gold": 8"#, r#""gold": 9"#))),
+        vec!["policies[0].fair.min: reservations add up to 9, more than the slots' (without those reserved for high priority) 8: they would push the total past the limit"]
+    );
+    assert_eq!(
+        errors_of(&set_with(&slots.replace(
+            r#""match": {"host": "x"},"#,
+            r#""match": {"host": "x"}, "rate": {"requests": 100, "period": "1s"},"#
+        ))),
+        vec!["policies[0].fair.min: the policy shares both its `rate` and its `concurrency`: reservations would be in two units (put one of them in a further limit with its own `fair` to reserve)"]
+    );
+    assert_eq!(
+        errors_of(&set_with(&slots.replace(
+            r#""match": {"host": "x"},"#,
+            r#""match": {"host": "x"}, "scope": "global","#
+        ))),
+        vec![
+            "policies[0].fair: slots are shared fairly per Envoy: not with `scope: global` (a global policy's own `rate` can be)",
+            "policies[0].fair.min: reservations are kept by each Envoy's table: not with `scope: global` (weights are weighed across the fleet)",
+        ]
     );
     assert_eq!(
         errors_of(&set_with(
@@ -912,9 +935,8 @@ fn fair_shares_need_a_key_a_rate_sane_weights_and_reservations_within_the_rate()
         )),
         vec!["policies[0].fair.min: reservations hold in reject mode; a fair queue orders waiting calls by weight only"]
     );
-    // A further rate limit shares its own rate; not a concurrency limit,
-    // not one split by key, not one across the fleet; and the policies
-    // naming it agree on it.
+    // A further limit shares its own rate or slots; not one split by key,
+    // not one across the fleet; and the policies naming it agree on it.
     let limit = |fair_limit: &str| {
         format!(
             r#"{{"name": "llm", "match": {{"host": "x"}}, "rate": {{"requests": 1000, "period": "1s"}},
@@ -929,14 +951,14 @@ fn fair_shares_need_a_key_a_rate_sane_weights_and_reservations_within_the_rate()
     );
     assert_eq!(
         errors_of(&set_with(&limit(
-            r#"{"name": "slots", "concurrency": {"max_in_flight": 5}, "fair": {"key": {"header": "x-tenant"}}},
+            r#"{"name": "slots", "concurrency": {"max_in_flight": 5}, "fair": {"key": {"header": "x-tenant"}, "min": {"a": 6}}},
                {"name": "keyed", "key": {"header": "x-user"}, "rate": {"requests": 10, "period": "1s"},
                 "fair": {"key": {"header": "x-tenant"}, "min": {"a": 11}}},
                {"name": "fleet", "scope": "global", "rate": {"requests": 10, "period": "1s"},
                 "fair": {"key": {"header": "x-tenant"}}}"#
         ))),
         vec![
-            "policies[0].limits[0].fair: shares the limit's `rate`: a concurrency limit is not shared fairly yet",
+            "policies[0].limits[0].fair.min: reservations add up to 6, more than the slots' (without those reserved for high priority) 5: they would push the total past the limit",
             "policies[0].limits[1].fair: a limit with `key` has a bucket per key already: share its rate fairly with `fair`, or split it with `key`, not both",
             "policies[0].limits[1].fair.min: reservations add up to 11, more than the rate's 10: they would push the total past the limit",
             "policies[0].limits[2].fair: a further limit is shared fairly per Envoy: not with `scope: global` (a global policy's own `rate` can be)",

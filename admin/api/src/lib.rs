@@ -366,7 +366,9 @@ pub struct LiveFrame {
 }
 
 /// One key of a policy shared fairly (`fair`), over the live instances:
-/// its weight, and per second its share, what it used and what it asked.
+/// its weight, and per second its share, what it used and what it asked
+/// (with `slots`, slots shared fairly: the slots it may hold, holds and
+/// wants, at once).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FairKeyUse {
     /// As the busiest keys name it (its hash under the fleet's label
@@ -376,6 +378,8 @@ pub struct FairKeyUse {
     pub share_per_s: f64,
     pub used_per_s: f64,
     pub demand_per_s: f64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slots: bool,
 }
 
 /// The label of the keys past `max_keys`, which share one entry.

@@ -2,13 +2,13 @@
 //! it costs and how urgent it is. Works on raw header bytes: a request may
 //! carry anything, and none of it may cause a panic.
 
-use sluice_shared::fair::{self, FairClaimant, FairTerms};
+use sluice_shared::fair::{self, FairClaimant, FairSlotTerms, FairTerms};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
 use sluice_shared::policy::{
-    CostSpec, FairSpec, JsonMatch, KeyLabel, KeyOverflow, KeySpec, Mode, NamedLimit, Policy,
-    PolicySet, Priority, RateSpec, UsageSpec,
+    ConcurrencySpec, CostSpec, FairSpec, JsonMatch, KeyLabel, KeyOverflow, KeySpec, Mode,
+    NamedLimit, Policy, PolicySet, Priority, RateSpec, UsageSpec,
 };
 use sluice_shared::price::{self, CompiledPrices, ModelPrice, Money, PriceCost, UsageFormat};
 use sluice_shared::prompt::PromptTokens;
@@ -139,30 +139,39 @@ pub struct CompiledPolicy {
     prices: Option<std::sync::Arc<CompiledPrices>>,
     /// The policy's key or a further limit's is read from the body.
     keys_from_body: bool,
-    /// `fair`: who shares the rate, with what weights.
+    /// `fair`: who shares the rate and the slots, with what weights.
     pub fair: Option<CompiledFair>,
 }
 
-/// A policy's `fair`, ready to tell who asks: the key's hash, weight and
-/// reservation, and the terms its table shares the rate on.
+/// A `fair`, ready to tell who asks: the key's hash, weight and
+/// reservation, and the terms its tables share the rate and the slots on.
 #[derive(Debug, Clone)]
 pub struct CompiledFair {
     key: KeySource,
     weights: HashMap<Vec<u8>, u64>,
     default_weight: u64,
-    /// Reservations in the table's units a second.
+    /// Reservations in the rate table's units a second, or in slots when
+    /// only slots are shared (validation allows them in one unit only).
     reserved: HashMap<Vec<u8>, u64>,
-    pub terms: FairTerms,
+    /// The rate's table (None: no rate is shared).
+    pub terms: Option<FairTerms>,
+    /// The slots' table (None: no concurrency is shared).
+    pub slots: Option<FairSlotTerms>,
 }
 
 impl CompiledFair {
-    fn new(spec: &FairSpec, rate: &RateSpec) -> Option<Self> {
+    fn new(
+        spec: &FairSpec,
+        rate: Option<&RateSpec>,
+        slots: Option<&ConcurrencySpec>,
+    ) -> Option<Self> {
         let thousandths = |w: f64| (w * fair::WEIGHT_SCALE as f64).round().max(1.0) as u64;
-        let period_ms = u128::from(rate.period.as_millis().max(1));
+        let period_ms = u128::from(rate.map_or(1000, |r| r.period.as_millis()).max(1));
         let per_second = |n: u64| {
             let units = u128::from(n) * u128::from(fair::UNIT) * 1000 / period_ms;
             u64::try_from(units).unwrap_or(u64::MAX)
         };
+        let max_keys = usize::try_from(spec.key.max_keys).unwrap_or(usize::MAX);
         Some(Self {
             key: KeySource::new(&spec.key)?,
             weights: spec
@@ -174,29 +183,41 @@ impl CompiledFair {
             reserved: spec
                 .min
                 .iter()
-                .map(|(k, n)| (k.as_bytes().to_vec(), per_second(*n)))
+                .map(|(k, n)| {
+                    let units = if rate.is_some() { per_second(*n) } else { *n };
+                    (k.as_bytes().to_vec(), units)
+                })
                 .collect(),
-            terms: FairTerms {
+            terms: rate.map(|rate| FairTerms {
                 capacity: per_second(rate.requests),
                 burst: rate.effective_burst().saturating_mul(fair::UNIT),
-                max_keys: usize::try_from(spec.key.max_keys).unwrap_or(usize::MAX),
-            },
+                max_keys,
+            }),
+            slots: slots.map(|slots| FairSlotTerms {
+                capacity: slots.max_in_flight.saturating_sub(slots.reserved_for_high),
+                lease_ttl: slots.lease_ttl.as_span(),
+                max_keys,
+            }),
         })
     }
 
     /// With reservations, the rate its keys share: a fair queue then places
     /// calls by their keys' shares (`bucket::FairCall`).
     pub fn reserving(&self) -> Option<u64> {
-        (!self.reserved.is_empty()).then_some(self.terms.capacity)
+        let terms = self.terms.as_ref()?;
+        (!self.reserved.is_empty()).then_some(terms.capacity)
     }
 
     /// Shares this Envoy's share of a global limit instead: `rate` a second
     /// and `burst` tokens.
     fn share(&mut self, rate: f64, burst: u64) {
+        let Some(terms) = &mut self.terms else {
+            return;
+        };
         let units = (rate.max(0.0) * fair::UNIT as f64).floor();
         // An f64 past u64 saturates in `as`.
-        self.terms.capacity = units as u64;
-        self.terms.burst = burst.saturating_mul(fair::UNIT);
+        terms.capacity = units as u64;
+        terms.burst = burst.saturating_mul(fair::UNIT);
     }
 
     /// Who a request is: its key's hash (as a policy key is hashed), weight
@@ -277,6 +298,8 @@ impl CompiledLimit {
 pub struct CompiledSlotLimit {
     pub name: String,
     pub limit: ConcurrencyLimit,
+    /// `fair`: who shares its slots, with what weights.
+    pub fair: Option<CompiledFair>,
 }
 
 /// Which bucket of a policy a request uses.
@@ -382,7 +405,10 @@ impl CompiledPolicy {
                         .provider
                         .as_ref()
                         .map(|p| sluice_shared::provider::CompiledProvider::new(p, &l.name, rate)),
-                    fair: l.fair.as_ref().and_then(|f| CompiledFair::new(f, rate)),
+                    fair: l
+                        .fair
+                        .as_ref()
+                        .and_then(|f| CompiledFair::new(f, Some(rate), None)),
                 })
                 .collect(),
             slot_limits: policy
@@ -392,6 +418,10 @@ impl CompiledPolicy {
                     l.concurrency.as_ref().map(|c| CompiledSlotLimit {
                         name: l.name.clone(),
                         limit: ConcurrencyLimit::from_spec(c),
+                        fair: l
+                            .fair
+                            .as_ref()
+                            .and_then(|f| CompiledFair::new(f, None, Some(c))),
                     })
                 })
                 .collect(),
@@ -416,11 +446,9 @@ impl CompiledPolicy {
                         .filter_map(|l| l.fair.as_ref().map(|f| &f.key)),
                 )
                 .any(KeySpec::reads_request_body),
-            fair: policy
-                .fair
-                .as_ref()
-                .zip(policy.rate.as_ref())
-                .and_then(|(f, rate)| CompiledFair::new(f, rate)),
+            fair: policy.fair.as_ref().and_then(|f| {
+                CompiledFair::new(f, policy.rate.as_ref(), policy.concurrency.as_ref())
+            }),
             shared_name: policy.name.as_str().into(),
             policy,
         }
@@ -636,7 +664,8 @@ impl CompiledPolicy {
             .collect()
     }
 
-    /// Who the request is in each further rate limit shared fairly (None
+    /// Who the request is in each further limit shared fairly, the rate
+    /// limits then the concurrency limits (`slot_limits`), in order (None
     /// for a limit without `fair`; empty when none is): its key hashed
     /// under the limit's name with `secret`, as [`Self::classify`] hashes
     /// a policy's.
@@ -646,16 +675,14 @@ impl CompiledPolicy {
         secret: &KeySecret,
         body: &BodyJson,
     ) -> Vec<Option<FairClaimant>> {
-        if self.limits.iter().all(|l| l.fair.is_none()) {
+        let rates = self.limits.iter().map(|l| (&l.name, &l.fair));
+        let slots = self.slot_limits.iter().map(|l| (&l.name, &l.fair));
+        if rates.clone().chain(slots.clone()).all(|(_, f)| f.is_none()) {
             return Vec::new();
         }
-        self.limits
-            .iter()
-            .map(|l| {
-                l.fair
-                    .as_ref()
-                    .map(|f| f.claimant(&l.name, req, secret, body))
-            })
+        rates
+            .chain(slots)
+            .map(|(name, fair)| fair.as_ref().map(|f| f.claimant(name, req, secret, body)))
             .collect()
     }
 
@@ -708,6 +735,11 @@ impl CompiledPolicy {
                 l.fair.as_ref().and_then(|f| f.key.header()),
             ]
         }))
+        .chain(
+            self.slot_limits
+                .iter()
+                .map(|l| l.fair.as_ref().and_then(|f| f.key.header())),
+        )
         .flatten()
     }
 

@@ -18,6 +18,7 @@ use crate::worker::{StreamAction, Verdict, Worker};
 // helpers they share are below.
 mod budgets;
 mod fair;
+mod fair_slots;
 mod fleet_limits;
 mod keyed_limits;
 mod provider;

@@ -22,12 +22,12 @@ use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
-use super::fair::{self, Fair};
+use super::fair::{self, Fair, FairSlot};
 use super::limits::{self, Held, Taken};
 use super::placement::{self, Placed};
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
-use super::slots;
+use super::slots::{self, HeldSlot};
 use crate::entries;
 use crate::host::{Host, Level};
 use crate::metrics::{LimitCounter, PolicyCounter};
@@ -61,6 +61,8 @@ pub(super) enum Decision {
         lease: Option<Instant>,
         /// The bucket handed this worker spare slots along with it.
         prefetched_slots: bool,
+        /// Its slot in the policy's fair slots table, held with the call.
+        fair_slot: Option<HeldSlot>,
     },
     Queue {
         bucket: String,
@@ -222,6 +224,7 @@ impl Deciding<'_> {
                 key,
                 lease: spent.lease,
                 prefetched_slots: false,
+                fair_slot: None,
             };
         }
         ctx.read_clock();
@@ -234,6 +237,29 @@ impl Deciding<'_> {
                         .add(policy.name(), PolicyCounter::FairRefused, 1);
                 }
                 return refuse(ctx, policy, &Refusal::FairShare, retry_after);
+            }
+        };
+        // Slots shared fairly: the key's gate after its rate's share, so
+        // a refusal here gives the rate's tokens back to the key.
+        let fair_slot = match fair::take_own_slot(ctx, policy, class) {
+            FairSlot::NotShared => None,
+            FairSlot::Taken(slot) => Some(slot),
+            FairSlot::Refused { retry_after, full } => {
+                if let Some(who) = fair_taken {
+                    fair::refused_after(ctx, policy, (who, class.cost), LimitKind::Concurrency);
+                }
+                let refusal = if full {
+                    Refusal::Policy {
+                        kind: LimitKind::Concurrency,
+                    }
+                } else {
+                    if !policy.is_shadow() {
+                        ctx.metrics
+                            .add(policy.name(), PolicyCounter::FairRefused, 1);
+                    }
+                    Refusal::FairShare
+                };
+                return refuse(ctx, policy, &refusal, retry_after);
             }
         };
         let mut limits = BucketLimits::of(policy);
@@ -275,6 +301,7 @@ impl Deciding<'_> {
         else {
             // The store counted and logged why; a request it cannot decide
             // is refused rather than let through unchecked.
+            slots::release(ctx, fair_slot.as_slice());
             return refuse(ctx, policy, &by_default, DEFAULT_RETRY);
         };
         self.overflowed = overflowed;
@@ -286,9 +313,11 @@ impl Deciding<'_> {
                     key,
                     lease,
                     prefetched_slots: prefetched.slots > 0,
+                    fair_slot,
                 }
             }
             Admission::Rejected { kind, retry_after } => {
+                slots::release(ctx, fair_slot.as_slice());
                 if let Some(who) = fair_taken {
                     fair::refused_after(ctx, policy, (who, class.cost), kind);
                 }
@@ -296,6 +325,8 @@ impl Deciding<'_> {
                 refuse(ctx, policy, &Refusal::Policy { kind }, retry_after)
             }
             Admission::Queued { ticket, deadline } => {
+                // A queue-mode policy takes no gate (`fair::queued_fairly`).
+                slots::release(ctx, fair_slot.as_slice());
                 self.record_prefetch(ctx, key, &bucket, Prefetched::default());
                 Decision::Queue {
                     bucket,

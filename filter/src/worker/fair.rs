@@ -6,14 +6,25 @@
 //! fairly has a table of its own (`entries::fair_limit_key`), taken before
 //! the limits' buckets in either mode ([`take_limits`]). The table decides
 //! (`sluice_shared::fair::FairTable`); this only reads and writes it.
+//!
+//! Slots shared fairly (a policy's own `concurrency` in reject mode, a
+//! further concurrency limit in either mode) pass a gate first: one slot
+//! in the fair slots table (`entries::fair_slots_key`,
+//! `entries::fair_slot_limit_key`; `sluice_shared::fair::FairSlots`
+//! decides), held as a [`HeldSlot`] beside the limit's own, released and
+//! renewed with it.
 
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledFair, CompiledPolicy};
-use sluice_shared::fair::{FairClaimant, FairTable, FairTake};
+use sluice_shared::fair::{
+    FairClaimant, FairSlotTake, FairSlotTerms, FairSlots, FairTable, FairTake,
+};
 use sluice_shared::policy::LimitAction;
+use sluice_shared::policy::Priority;
 use sluice_shared::time::Span;
 
 use super::ctx::Ctx;
+use super::slots::HeldSlot;
 use crate::entries;
 use crate::host::Host;
 
@@ -38,9 +49,7 @@ pub(super) fn take<H: Host + ?Sized>(
     let (Some(compiled), Some(who)) = (&policy.fair, class.fair) else {
         return Fair::NotShared;
     };
-    if policy.policy.on_limit.action == LimitAction::Queue && !policy.is_shadow() {
-        // Queued calls leave the policy's queue in the fair order instead
-        // (`BucketState`'s fair tags): the queue is the share.
+    if queued_fairly(policy) {
         return Fair::NotShared;
     }
     let key = entries::fair_key(policy.name());
@@ -63,10 +72,9 @@ pub(super) fn refused_after<H: Host + ?Sized>(
     (who, cost): (FairClaimant, u64),
     kind: LimitKind,
 ) {
-    let Some(compiled) = &policy.fair else {
+    let Some(terms) = policy.fair.as_ref().and_then(|f| f.terms) else {
         return;
     };
-    let terms = compiled.terms;
     let refund = kind == LimitKind::Concurrency;
     let key = entries::fair_key(policy.name());
     // A failure is counted by the store; the key then lost one call of
@@ -131,10 +139,9 @@ pub(super) fn give_back_limits<H: Host + ?Sized>(
         let Some(limit) = policy.limits.get(index) else {
             continue;
         };
-        let Some(compiled) = &limit.fair else {
+        let Some(terms) = limit.fair.as_ref().and_then(|f| f.terms) else {
             continue;
         };
-        let terms = compiled.terms;
         let cost = costs.get(index).copied().unwrap_or(1);
         let refund = refused_by != Some(limit.name.as_str());
         // A failure is counted by the store; the key then lost one call
@@ -157,10 +164,91 @@ fn take_from<H: Host + ?Sized>(
     who: FairClaimant,
     cost: u64,
 ) -> Option<FairTake> {
-    let (terms, now) = (compiled.terms, ctx.now);
+    let (terms, now) = (compiled.terms?, ctx.now);
     ctx.store
         .update_as::<FairTable, _, _>(ctx.host, key, |table| {
             (table.take(&terms, now, who, cost), true)
         })
         .ok()
+}
+
+/// Queued calls leave a queue-mode policy's queue in the fair order
+/// (`BucketState`'s fair tags): the queue is the share of its rate and
+/// its slots, and no table is taken.
+fn queued_fairly(policy: &CompiledPolicy) -> bool {
+    policy.policy.on_limit.action == LimitAction::Queue && !policy.is_shadow()
+}
+
+/// What the gate of slots shared fairly said of a call.
+pub(super) enum FairSlot {
+    /// No slots shared fairly, or the table could not be changed (its
+    /// fault counted by the store): the limit's lease table alone decides.
+    NotShared,
+    /// A slot for the call's key: held and released with the call.
+    Taken(HeldSlot),
+    /// The key is at its share while others want theirs, or (`full`) no
+    /// slot is free at all: then refused as the limit refuses.
+    Refused { retry_after: Span, full: bool },
+}
+
+/// The gate of a policy's own slots shared fairly (reject mode).
+pub(super) fn take_own_slot<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    class: &Classification,
+) -> FairSlot {
+    let (Some(terms), Some(who)) = (policy.fair.as_ref().and_then(|f| f.slots), class.fair) else {
+        return FairSlot::NotShared;
+    };
+    if queued_fairly(policy) {
+        return FairSlot::NotShared;
+    }
+    let terms = match (class.priority, policy.concurrency) {
+        // A high-priority call may take the lane's slots too.
+        (Priority::High, Some(limit)) => FairSlotTerms {
+            capacity: limit.max_in_flight,
+            ..terms
+        },
+        _ => terms,
+    };
+    take_slot(ctx, entries::fair_slots_key(policy.name()), &terms, who)
+}
+
+/// The gate of a further concurrency limit shared fairly.
+pub(super) fn take_limit_slot<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    limit: &str,
+    compiled: Option<&CompiledFair>,
+    who: Option<FairClaimant>,
+) -> FairSlot {
+    let (Some(terms), Some(who)) = (compiled.and_then(|f| f.slots), who) else {
+        return FairSlot::NotShared;
+    };
+    take_slot(ctx, entries::fair_slot_limit_key(limit), &terms, who)
+}
+
+fn take_slot<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    key: String,
+    terms: &FairSlotTerms,
+    who: FairClaimant,
+) -> FairSlot {
+    let (holder, now) = (ctx.holder, ctx.now);
+    let taken = ctx
+        .store
+        .update_as::<FairSlots, _, _>(ctx.host, &key, |table| {
+            let take = table.take(terms, holder, now, who);
+            // A refusal is written too: the key now wants a slot.
+            (take, true)
+        });
+    match taken {
+        Ok(FairSlotTake::Taken { lease }) => FairSlot::Taken(HeldSlot {
+            key,
+            lease,
+            ttl: terms.lease_ttl,
+            fair_key: Some(who.key),
+        }),
+        Ok(FairSlotTake::Refused { retry_after, full }) => FairSlot::Refused { retry_after, full },
+        Err(_) => FairSlot::NotShared,
+    }
 }

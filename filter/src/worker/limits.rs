@@ -166,15 +166,20 @@ pub(super) fn take<H: Host + ?Sized>(
         }
     };
     let now = ctx.now;
-    let slots = match slots::take(ctx, policy) {
+    let slot_claimants = claimants.get(policy.limits.len()..).unwrap_or_default();
+    let slots = match slots::take(ctx, policy, slot_claimants) {
         SlotsTaken::All(slots) => slots,
-        SlotsTaken::Refused { limit } => {
+        SlotsTaken::Refused { limit, fair_retry } => {
             give_back(ctx, policy, (costs, &places), now);
             fair::give_back_limits(ctx, policy, (&fair, costs), None);
+            let (retry_after, why) = match fair_retry {
+                Some(retry_after) => (retry_after, Why::FairShare),
+                None => (SLOT_RETRY, Why::Limit),
+            };
             return Taken::Refused {
                 limit,
-                retry_after: SLOT_RETRY,
-                why: Why::Limit,
+                retry_after,
+                why,
                 standing: None,
             };
         }

@@ -599,7 +599,10 @@ impl Parts {
                 key,
                 lease,
                 prefetched_slots,
+                fair_slot,
             } => {
+                let mut slots = slots;
+                slots.extend(fair_slot);
                 let slot = streams::Slot { bucket, lease };
                 self.streams
                     .admitted(ctx.metrics, context_id, policy, slot, key, now);

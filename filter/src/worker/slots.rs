@@ -6,25 +6,31 @@
 //! lease per worker, renewed while it holds slots, reclaimed when it dies.
 //!
 //! A call takes a slot in each once every rate limit took it, all or
-//! nothing, and gives them back exactly once when its stream ends.
+//! nothing, and gives them back exactly once when its stream ends. A limit
+//! whose slots are shared fairly passes its gate first
+//! (`fair::take_limit_slot`): one more slot held in its fair slots table.
 
 use sluice_filter_core::matcher::CompiledPolicy;
+use sluice_shared::fair::{FairClaimant, FairSlots};
 use sluice_shared::limiter::{ConcurrencyLimit, Decision, LeaseTable};
 use sluice_shared::policy::Priority;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
+use super::fair::{self, FairSlot};
 use crate::entries::{self, limit_key};
 use crate::host::Host;
 use crate::store::StoreError;
 
 /// One slot a call holds: where, which of this worker's leases there, and
-/// how long that lease lives unrenewed.
+/// how long that lease lives unrenewed; in a fair slots table, the key it
+/// counts for (`fair_key`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldSlot {
     pub key: String,
     pub lease: Instant,
     pub ttl: Span,
+    pub fair_key: Option<u64>,
 }
 
 /// What the concurrency limits said.
@@ -33,23 +39,43 @@ pub(super) enum SlotsTaken {
     /// A slot in each (none if the policy has none).
     All(Vec<HeldSlot>),
     /// `limit` had no room (or could not be read): nothing was kept.
-    Refused { limit: String },
+    /// `fair_retry`: refused by its fair share, to try again after that.
+    Refused {
+        limit: String,
+        fair_retry: Option<Span>,
+    },
 }
 
 /// Takes one slot in each of `policy`'s concurrency limits for `holder`,
-/// all or none.
-pub(super) fn take<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, policy: &CompiledPolicy) -> SlotsTaken {
+/// all or none; `claimants[i]` is who the call is in limit `i`'s fair
+/// share (if its slots are shared fairly).
+pub(super) fn take<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    claimants: &[Option<FairClaimant>],
+) -> SlotsTaken {
     let mut held = Vec::with_capacity(policy.slot_limits.len());
-    for slot_limit in &policy.slot_limits {
+    for (index, slot_limit) in policy.slot_limits.iter().enumerate() {
+        let who = claimants.get(index).copied().flatten();
+        let refused = |fair_retry| SlotsTaken::Refused {
+            limit: slot_limit.name.clone(),
+            fair_retry,
+        };
+        match fair::take_limit_slot(ctx, &slot_limit.name, slot_limit.fair.as_ref(), who) {
+            FairSlot::NotShared => {}
+            FairSlot::Taken(gate) => held.push(gate),
+            FairSlot::Refused { retry_after, full } => {
+                release(ctx, &held);
+                return refused((!full).then_some(retry_after));
+            }
+        }
         match take_one(ctx, &slot_limit.name, &slot_limit.limit) {
             Ok(Some(slot)) => held.push(slot),
             // No room, or the store counted and logged a failure: a limit
             // that cannot be checked refuses rather than let the call go.
             Ok(None) | Err(_) => {
                 release(ctx, &held);
-                return SlotsTaken::Refused {
-                    limit: slot_limit.name.clone(),
-                };
+                return refused(None);
             }
         }
     }
@@ -75,6 +101,7 @@ fn take_one<H: Host + ?Sized>(
         key,
         lease,
         ttl: limit.lease_ttl,
+        fair_key: None,
     }))
 }
 
@@ -83,21 +110,37 @@ fn take_one<H: Host + ?Sized>(
 pub(super) fn release<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, slots: &[HeldSlot]) {
     let holder = ctx.holder;
     for slot in slots {
-        let _ = ctx
-            .store
-            .update_as::<LeaseTable, _, _>(ctx.host, &slot.key, |table| {
-                ((), table.release(holder, slot.lease))
-            });
+        let _ = match slot.fair_key {
+            Some(fair_key) => {
+                ctx.store
+                    .update_as::<FairSlots, _, _>(ctx.host, &slot.key, |table| {
+                        ((), table.release(holder, slot.lease, fair_key))
+                    })
+            }
+            None => ctx
+                .store
+                .update_as::<LeaseTable, _, _>(ctx.host, &slot.key, |table| {
+                    ((), table.release(holder, slot.lease))
+                }),
+        };
     }
 }
 
-/// Keeps `holder`'s lease at `key` alive for `ttl` more.
+/// Keeps `holder`'s lease at `key` alive for `ttl` more (`fair`: `key` is
+/// a fair slots table).
 pub(super) fn renew<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
-    key: &str,
+    (key, fair): (&str, bool),
     ttl: Span,
 ) -> Result<(), StoreError> {
     let (holder, now) = (ctx.holder, ctx.now);
+    if fair {
+        return ctx
+            .store
+            .update_as::<FairSlots, _, _>(ctx.host, key, |table| {
+                ((), table.renew(holder, now, ttl))
+            });
+    }
     ctx.store
         .update_as::<LeaseTable, _, _>(ctx.host, key, |table| ((), table.renew(holder, now, ttl)))
 }

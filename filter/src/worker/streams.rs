@@ -391,25 +391,30 @@ impl Streams {
     /// quarter of the TTL leaves three chances before a lease could lapse.
     pub fn renew_leases<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) {
         let (holder, now) = (ctx.holder, ctx.now);
-        // Bucket names and further limits' keys (`sluice/l/...`) differ.
-        let mut buckets: BTreeMap<&str, (Span, bool)> = BTreeMap::new();
+        // Bucket names, further limits' keys (`sluice/l/...`) and fair
+        // slots tables' (`sluice/fs/...`, `sluice/fsl/...`) differ.
+        let mut buckets: BTreeMap<&str, (Span, Held)> = BTreeMap::new();
         for s in self.streams.values() {
             if s.state != StreamState::Holding {
                 continue;
             }
-            let named = s
-                .named_slots()
-                .iter()
-                .map(|n| (n.key.as_str(), n.ttl, true));
-            let own = s.lease_ttl.map(|ttl| (&*s.bucket, ttl, false));
-            for (key, ttl, is_named) in own.into_iter().chain(named) {
-                let shortest = buckets.entry(key).or_insert((ttl, is_named));
+            let named = s.named_slots().iter().map(|n| {
+                let held = if n.fair_key.is_some() {
+                    Held::FairSlots
+                } else {
+                    Held::Limit
+                };
+                (n.key.as_str(), n.ttl, held)
+            });
+            let own = s.lease_ttl.map(|ttl| (&*s.bucket, ttl, Held::Bucket));
+            for (key, ttl, held) in own.into_iter().chain(named) {
+                let shortest = buckets.entry(key).or_insert((ttl, held));
                 shortest.0 = shortest.0.min(ttl);
             }
         }
         self.renewed_at
             .retain(|b, _| buckets.contains_key(b.as_str()));
-        for (bucket, (ttl, is_named)) in buckets {
+        for (bucket, (ttl, held)) in buckets {
             let last = self
                 .renewed_at
                 .get(bucket)
@@ -418,15 +423,16 @@ impl Streams {
             if now - last < ttl.div(4) {
                 continue;
             }
-            let renewed = if is_named {
-                super::slots::renew(ctx, bucket, ttl)
-            } else {
-                ctx.store
+            let renewed = match held {
+                Held::Limit => super::slots::renew(ctx, (bucket, false), ttl),
+                Held::FairSlots => super::slots::renew(ctx, (bucket, true), ttl),
+                Held::Bucket => ctx
+                    .store
                     .update_as::<BucketState, _, _>(ctx.host, bucket, |s| {
                         let r = s.renew(holder, now, ttl);
                         (r, r)
                     })
-                    .map(|_| ())
+                    .map(|_| ()),
             };
             // On failure (counted by the store) the next tick tries again.
             if renewed.is_ok() {
@@ -434,6 +440,15 @@ impl Streams {
             }
         }
     }
+}
+
+/// What holds a worker's lease: a policy's bucket, a further concurrency
+/// limit's lease table, or a fair slots table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Bucket,
+    Limit,
+    FairSlots,
 }
 
 /// Gives prefetched slots this worker did not use back to their bucket

@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 
 use sluice_filter_core::bucket::BucketState;
-use sluice_filter_core::matcher::{BodyJson, CompiledPolicy, CompiledPolicySet};
-use sluice_shared::fair::{FairKeyView, FairTable, REPORTED_KEYS};
+use sluice_filter_core::matcher::{BodyJson, CompiledFair, CompiledPolicy, CompiledPolicySet};
+use sluice_shared::fair::{
+    FairKeyView, FairSlotTerms, FairSlots, FairTable, FairTerms, REPORTED_KEYS,
+};
 use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
@@ -526,41 +528,71 @@ impl SyncClient {
 /// size, and what it holds now.
 /// Each fair table's busiest keys (reject mode: a fair queue keeps no
 /// table), for the live view and the admin's weighing of a global limit:
-/// a policy's under its name, a further limit's as `limits/<name>`.
+/// a policy's under its name (its rate's table, or its slots' when it
+/// shares only slots), a further limit's as `limits/<name>`.
 fn fair_views<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,
     policies: &CompiledPolicySet,
     now: Instant,
 ) -> BTreeMap<String, Vec<FairKeyView>> {
+    enum Shared {
+        Rate(FairTerms),
+        Slots(FairSlotTerms),
+    }
+    let shared = |fair: &CompiledFair| match (fair.terms, fair.slots) {
+        (Some(terms), _) => Some(Shared::Rate(terms)),
+        (None, Some(slots)) => Some(Shared::Slots(slots)),
+        (None, None) => None,
+    };
     let own = policies.policies.iter().filter_map(|p| {
-        let fair = p.fair.as_ref()?;
-        Some((
-            p.name().to_string(),
-            entries::fair_key(p.name()),
-            fair.terms,
-        ))
+        let shared = shared(p.fair.as_ref()?)?;
+        let key = match shared {
+            Shared::Rate(_) => entries::fair_key(p.name()),
+            Shared::Slots(_) => entries::fair_slots_key(p.name()),
+        };
+        Some((p.name().to_string(), key, shared))
     });
-    let of_limits = policies
+    let rate_limits = policies
         .policies
         .iter()
         .flat_map(|p| p.limits.iter())
         .filter_map(|l| {
-            let fair = l.fair.as_ref()?;
+            let terms = l.fair.as_ref()?.terms?;
             Some((
                 format!("limits/{}", l.name),
                 entries::fair_limit_key(&l.name),
-                fair.terms,
+                Shared::Rate(terms),
+            ))
+        });
+    let slot_limits = policies
+        .policies
+        .iter()
+        .flat_map(|p| p.slot_limits.iter())
+        .filter_map(|l| {
+            let slots = l.fair.as_ref()?.slots?;
+            Some((
+                format!("limits/{}", l.name),
+                entries::fair_slot_limit_key(&l.name),
+                Shared::Slots(slots),
             ))
         });
     let mut views = BTreeMap::new();
-    for (name, key, terms) in own.chain(of_limits) {
+    for (name, key, shared) in own.chain(rate_limits).chain(slot_limits) {
         if views.contains_key(&name) {
             // A limit named in several policies has one table.
             continue;
         }
-        if let Some(table) = store.read_as::<FairTable, _>(host, &key) {
-            views.insert(name, table.view(&terms, now, REPORTED_KEYS));
+        let view = match shared {
+            Shared::Rate(terms) => store
+                .read_as::<FairTable, _>(host, &key)
+                .map(|table| table.view(&terms, now, REPORTED_KEYS)),
+            Shared::Slots(terms) => store
+                .read_as::<FairSlots, _>(host, &key)
+                .map(|table| table.view(&terms, now, REPORTED_KEYS)),
+        };
+        if let Some(view) = view {
+            views.insert(name, view);
         }
     }
     views

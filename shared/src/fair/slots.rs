@@ -83,9 +83,9 @@ pub struct FairSlots {
 pub enum FairSlotTake {
     /// A slot for the key, on this lease of the worker's.
     Taken { lease: Instant },
-    /// The key is at its share while others want theirs, or no slot is
-    /// free: try again when a call may have ended.
-    Refused { retry_after: Span },
+    /// Try again when a call may have ended: the key is at its share
+    /// while others want theirs, or (`full`) no slot is free at all.
+    Refused { retry_after: Span, full: bool },
 }
 
 /// Why bytes are no table.
@@ -120,12 +120,14 @@ impl FairSlots {
         let held = self.held_per_key();
         let total = self.in_flight();
         let capacity = u64::from(terms.capacity);
-        let admitted = total < capacity && self.fits(capacity, (&held, total), at, now);
+        let full = total >= capacity;
+        let admitted = !full && self.fits(capacity, (&held, total), at, now);
         let lease_place = self.lease_place(holder, key);
         let Some(lease_at) = lease_place.filter(|_| admitted) else {
             self.keys[at].wants_until = now + WANT_MEMORY;
             return FairSlotTake::Refused {
                 retry_after: RETRY_AFTER,
+                full: full || lease_place.is_none(),
             };
         };
         let expires_at = now + terms.lease_ttl;
@@ -269,6 +271,7 @@ impl FairSlots {
                 share: share as f64,
                 used: holds as f64,
                 demand: claim.demand as f64,
+                slots: true,
             })
             .collect();
         keys.sort_by(|a, b| b.demand.total_cmp(&a.demand).then(a.key.cmp(&b.key)));
@@ -496,13 +499,13 @@ mod tests {
         // Five of the noisy key's calls end; it asks again at once and is
         // refused each time while the quiet key lacks its five.
         let mut quiet = 0;
-        for n in 0..5 {
-            assert!(table.release(7, leases[n], 1));
+        for (n, lease) in (0u64..).zip(&leases[..5]) {
+            assert!(table.release(7, *lease, 1));
             assert!(
-                taken(table.take(&TERMS, 7, at(30 + n as u64), key(1, 1))).is_none(),
+                taken(table.take(&TERMS, 7, at(30 + n), key(1, 1))).is_none(),
                 "the noisy key is at its share"
             );
-            if taken(table.take(&TERMS, 8, at(31 + n as u64), key(2, 1))).is_some() {
+            if taken(table.take(&TERMS, 8, at(31 + n), key(2, 1))).is_some() {
                 quiet += 1;
             }
         }
@@ -667,7 +670,7 @@ mod tests {
             let mut holding: Vec<(u64, u64, Instant)> = Vec::new();
             let mut now = at(0);
             for (op, k, holder, ms) in ops {
-                now = now + Span::from_millis(ms);
+                now += Span::from_millis(ms);
                 match op {
                     0 | 1 => {
                         let who = FairClaimant { key: k, weight: (k + 1) * 500, reserved: k % 2 };

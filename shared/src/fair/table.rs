@@ -96,7 +96,8 @@ pub struct FairKey {
 
 /// One key of a fair table as an Envoy reports it: its weight in
 /// thousandths, and per second its share, what it used and what it asked
-/// (its demand) over the last whole windows. The key is a hash: under the
+/// (its demand) over the last whole windows (for slots shared fairly, the
+/// slots it may hold, holds and wants). The key is a hash: under the
 /// fleet's label secret when an admin is there (alike on every Envoy, and
 /// shown as its label), [`OVERFLOW_KEY`] for the keys past `max_keys`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -106,6 +107,10 @@ pub struct FairKeyView {
     pub share: f64,
     pub used: f64,
     pub demand: f64,
+    /// Slots shared fairly: share, use and demand are slots held at
+    /// once, not a rate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slots: bool,
 }
 
 /// The whole shared state of one fair limit.
@@ -359,6 +364,7 @@ impl FairTable {
                 share: k.share as f64 / UNIT as f64,
                 used: rate(k.used_before),
                 demand: rate(k.asked_before.max(k.asked_earlier)),
+                slots: false,
             })
             .collect();
         keys.sort_by(|a, b| b.demand.total_cmp(&a.demand).then(a.key.cmp(&b.key)));
