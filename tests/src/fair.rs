@@ -497,3 +497,95 @@ pub async fn further_limit() -> anyhow::Result<FurtherLimit> {
         refused_by_provider: mock.rejected_by_mock(),
     })
 }
+
+/// Slots shared fairly, measured.
+pub struct SharedSlots {
+    /// Each tenant's calls the provider answered while measured.
+    pub served: BTreeMap<String, u64>,
+    /// Refusals by the fair share, and by the limit being full.
+    pub fair_refusals: usize,
+    pub full_refusals: usize,
+    pub calls: usize,
+    /// The most calls in flight at the provider at once, and how many it
+    /// refused for being over its 10.
+    pub most_in_flight: u64,
+    pub refused_by_provider: u64,
+}
+
+/// Slots the provider allows in flight, and Sluice shares.
+pub const SLOTS: u64 = 10;
+
+/// Tenants `a` and `gold` (weight 4) each keep 20 callers busy with calls
+/// the provider holds 100 ms, against 10 slots shared fairly (2 and 8: a
+/// whole number of slots each): the
+/// policy's own `concurrency`, or (`further`) a further concurrency limit
+/// under a rate that never refuses. A refused caller tries again 20 ms
+/// later. 7 s; measured from 2 s to 7 s by the provider's count.
+pub async fn shared_slots(further: bool) -> anyhow::Result<SharedSlots> {
+    let fair = r#""fair": {"key": {"header": "x-api-key"}, "weights": {"gold": 4}}"#;
+    let policy = if further {
+        format!(
+            r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
+                "rate": {{"requests": 100000, "period": "1s"}},
+                "limits": [{{"name": "in-flight", "concurrency": {{"max_in_flight": {SLOTS}}}, {fair}}}]}}"#
+        )
+    } else {
+        format!(
+            r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
+                "concurrency": {{"max_in_flight": {SLOTS}}}, {fair}}}"#
+        )
+    };
+    let limits = MockLimits {
+        max_per_second: 0,
+        max_in_flight: SLOTS,
+    };
+    let mock = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-fair-slots", "fallback": {{"version": 1, "policies": [{policy}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, mock.addr.port(), WORKERS)?;
+    mock.reset();
+    let origin = Instant::now();
+    let run = Duration::from_secs(7);
+    let mut callers = Vec::new();
+    for tenant in ["a", "gold"] {
+        for _ in 0..20 {
+            let (url, http) = (envoy.url("/v1/complete"), load::client());
+            callers.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                while origin.elapsed() < run {
+                    let request = http
+                        .get(&url)
+                        .header("host", "api.llm.example")
+                        .header("x-api-key", tenant)
+                        .header("x-mock-delay-ms", "100");
+                    let outcome = load::send(request, origin).await;
+                    if outcome.status != 200 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    out.push(outcome);
+                }
+                out
+            }));
+        }
+    }
+    let mut calls = Vec::new();
+    for caller in callers {
+        calls.extend(caller.await.unwrap_or_default());
+    }
+    let mut served = BTreeMap::new();
+    for arrival in mock.arrivals() {
+        if arrival.at >= Duration::from_secs(2) && arrival.at < Duration::from_millis(6_900) {
+            *served.entry(arrival.key.unwrap_or_default()).or_insert(0) += 1;
+        }
+    }
+    let fair_refusals = fair_refusals(&calls, further.then_some("in-flight"));
+    Ok(SharedSlots {
+        served,
+        fair_refusals,
+        full_refusals: load::count(&calls, 429) - fair_refusals,
+        calls: calls.len(),
+        most_in_flight: mock.max_in_flight(),
+        refused_by_provider: mock.rejected_by_mock(),
+    })
+}

@@ -315,3 +315,39 @@ async fn a_further_limit_is_shared_by_weight() -> anyhow::Result<()> {
     assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
     Ok(())
 }
+
+/// Slots shared fairly, a policy's own and a further limit's: `a` and
+/// `gold` (weight 4) each keep 20 callers busy with 100 ms calls against
+/// 10 slots. As calls end, the slots go by weight: the provider serves
+/// them a fifth and four fifths (within 10 %), never sees more than 10
+/// calls at once and refuses none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_are_shared_by_weight() -> anyhow::Result<()> {
+    for further in [false, true] {
+        let run = fair::shared_slots(further).await?;
+        let a = run.served.get("a").copied().unwrap_or(0) as f64;
+        let gold = run.served.get("gold").copied().unwrap_or(0) as f64;
+        let part = a / (a + gold).max(1.0);
+        println!(
+            "fair slots ({}): {} slots; the provider served a {a} and gold {gold} calls in 4.9 s (a's part {part:.3}); \
+             {} calls, {} refused by the fair share, {} with no slot free; most in flight at the provider {}; \
+             provider refused {}",
+            if further { "a further limit" } else { "the policy's own" },
+            fair::SLOTS,
+            run.calls,
+            run.fair_refusals,
+            run.full_refusals,
+            run.most_in_flight,
+            run.refused_by_provider,
+        );
+        assert!(
+            (part - 0.2).abs() <= 0.02,
+            "a's part {part:.3}, not a fifth within 10 %"
+        );
+        assert!(a + gold >= 0.8 * 4.9 * 100.0, "the slots were kept busy");
+        assert!(run.fair_refusals > 0, "the fair share refused");
+        assert!(run.most_in_flight <= fair::SLOTS);
+        assert_eq!(run.refused_by_provider, 0);
+    }
+    Ok(())
+}

@@ -23,7 +23,8 @@
 mod slots;
 mod table;
 pub use slots::{
-    FairSlotTake, FairSlotTerms, FairSlots, FairSlotsDecodeError, SlotKey, SlotLease, WANT_MEMORY,
+    FairSlotTake, FairSlotTerms, FairSlots, FairSlotsDecodeError, SlotKey, SlotLease,
+    HUNGER_MEMORY, WANT_MEMORY,
 };
 pub use table::{
     FairClaimant, FairDecodeError, FairKey, FairKeyView, FairTable, FairTake, FairTerms, MAX_KEYS,

@@ -10,13 +10,17 @@
 //! their shares. Work-conserving: a slot nobody else wants goes to whoever
 //! asks.
 //!
-//! A key *wants* one slot more than it holds for [`WANT_MEMORY`] after a
-//! call of it was refused: long enough for a caller that honours the
-//! one-second `Retry-After` to come back and find the slot kept for it.
-//! One slot, not one per refusal: a caller retrying often must not look
-//! like many, or slots would be kept idle for it while others wait. Its
-//! share grows a slot at a time as it takes them, up to its weighted
-//! part.
+//! What a key wants is read from its refusals, as callers cannot be told
+//! apart (a caller retrying often looks like many):
+//! - for [`HUNGER_MEMORY`] after a refusal it is *hungry*: it wants all it
+//!   can get, and its whole share is kept for it, however many slots free
+//!   at once (slots end in bursts, and a key at its share would take the
+//!   second of two before the hungry key came back for it);
+//! - for [`WANT_MEMORY`] after one it wants one slot more than it holds:
+//!   long enough for a caller that honours the one-second `Retry-After`
+//!   to come back and find the slot kept for it.
+//! A slot is kept idle for a key that no longer wants it for at most
+//! [`HUNGER_MEMORY`] (its share) and then [`WANT_MEMORY`] (one slot).
 //!
 //! Slots are held on leases, one per worker, as the limit's own lease
 //! table holds them, and each lease counts its slots per key: a worker that
@@ -29,8 +33,11 @@ use crate::time::{Instant, Span};
 
 use super::{shares, Claim, FairClaimant, FairKeyView, MAX_KEYS, OVERFLOW_KEY, WEIGHT_SCALE};
 
-/// How long a refused key is remembered as wanting more.
+/// How long a refused key is remembered as wanting one more slot.
 pub const WANT_MEMORY: Span = Span::from_secs(2);
+
+/// How long a refused key is remembered as wanting its whole share.
+pub const HUNGER_MEMORY: Span = Span::from_millis(100);
 
 /// The most workers holding slots at once.
 pub const MAX_HOLDERS: usize = 256;
@@ -69,6 +76,8 @@ pub struct SlotKey {
     pub reserved: u64,
     /// It wants one slot more than it holds until then.
     pub wants_until: Instant,
+    /// It wants its whole share until then.
+    pub hungry_until: Instant,
 }
 
 /// The whole shared state of one fair concurrency limit.
@@ -86,6 +95,19 @@ pub enum FairSlotTake {
     /// Try again when a call may have ended: the key is at its share
     /// while others want theirs, or (`full`) no slot is free at all.
     Refused { retry_after: Span, full: bool },
+}
+
+impl SlotKey {
+    /// What it wants at `now`, holding `holds` of `capacity` slots.
+    fn demand(&self, holds: u64, capacity: u64, now: Instant) -> u64 {
+        if self.hungry_until >= now {
+            capacity.max(holds)
+        } else if self.wants_until >= now {
+            holds.saturating_add(1)
+        } else {
+            holds
+        }
+    }
 }
 
 /// Why bytes are no table.
@@ -125,6 +147,7 @@ impl FairSlots {
         let lease_place = self.lease_place(holder, key);
         let Some(lease_at) = lease_place.filter(|_| admitted) else {
             self.keys[at].wants_until = now + WANT_MEMORY;
+            self.keys[at].hungry_until = now + HUNGER_MEMORY;
             return FairSlotTake::Refused {
                 retry_after: RETRY_AFTER,
                 full: full || lease_place.is_none(),
@@ -161,10 +184,14 @@ impl FairSlots {
             .zip(held)
             .enumerate()
             .map(|(i, (k, &holds))| {
-                let wants = i == at || k.wants_until >= now;
+                let demand = if i == at {
+                    holds.saturating_add(1)
+                } else {
+                    k.demand(holds, capacity, now)
+                };
                 Claim {
                     weight: k.weight,
-                    demand: holds.saturating_add(u64::from(wants)),
+                    demand,
                     reserved: k.reserved,
                 }
             })
@@ -243,8 +270,8 @@ impl FairSlots {
     }
 
     /// Each key as of `now`: its share of the slots, what it holds and
-    /// what it wants (one more while it is refused), the most wanting
-    /// first, at most `most`.
+    /// what it wants (all it can get just after a refusal, then one more),
+    /// the most wanting first, at most `most`.
     pub fn view(&self, terms: &FairSlotTerms, now: Instant, most: usize) -> Vec<FairKeyView> {
         let mut table = self.clone();
         table.forget_past(now);
@@ -255,7 +282,7 @@ impl FairSlots {
             .zip(&held)
             .map(|(k, &holds)| Claim {
                 weight: k.weight,
-                demand: holds + u64::from(k.wants_until >= now),
+                demand: k.demand(holds, u64::from(terms.capacity), now),
                 reserved: k.reserved,
             })
             .collect();
@@ -355,6 +382,7 @@ impl FairSlots {
                 out.extend_from_slice(&v.to_le_bytes());
             }
             out.extend_from_slice(&k.wants_until.as_nanos().to_le_bytes());
+            out.extend_from_slice(&k.hungry_until.as_nanos().to_le_bytes());
         }
         out
     }
@@ -393,6 +421,7 @@ impl FairSlots {
                 weight: r.u64()?,
                 reserved: r.u64()?,
                 wants_until: Instant::from_nanos(r.u64()?),
+                hungry_until: Instant::from_nanos(r.u64()?),
             });
         }
         if r.at != bytes.len() {
@@ -527,12 +556,17 @@ mod tests {
         for lease in &leases[..3] {
             assert!(table.release(7, *lease, 1));
         }
-        // Three free: the noisy key takes two, the third is kept.
+        // Just after its refusals the quiet key is hungry: all three are
+        // kept for it (its share is five).
+        assert!(taken(table.take(&TERMS, 7, at(100), key(1, 1))).is_none());
+        // Later it wants one more: the noisy key takes two, the third is
+        // kept.
+        let later = at(100) + HUNGER_MEMORY;
         let noisy: Vec<_> = (0..3)
-            .filter_map(|n| taken(table.take(&TERMS, 7, at(80 + n), key(1, 1))))
+            .filter_map(|n| taken(table.take(&TERMS, 7, later + Span::from_millis(n), key(1, 1))))
             .collect();
         assert_eq!(noisy.len(), 2);
-        assert!(taken(table.take(&TERMS, 8, at(90), key(2, 1))).is_some());
+        assert!(taken(table.take(&TERMS, 8, later + Span::from_millis(9), key(2, 1))).is_some());
     }
 
     #[test]
