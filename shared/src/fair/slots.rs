@@ -19,6 +19,7 @@
 //! - for [`WANT_MEMORY`] after one it wants one slot more than it holds:
 //!   long enough for a caller that honours the one-second `Retry-After`
 //!   to come back and find the slot kept for it.
+//!
 //! A slot is kept idle for a key that no longer wants it for at most
 //! [`HUNGER_MEMORY`] (its share) and then [`WANT_MEMORY`] (one slot).
 //!
