@@ -1293,6 +1293,13 @@ async fn the_live_view_shows_each_tenants_fair_share() -> anyhow::Result<()> {
         "fair": {"key": {"header": "x-api-key"}, "weights": {"sk-gold": 2}}}),
     )
     .await?;
+    // Slots shared fairly: shown in slots held at once, not a second.
+    op.create(
+        json!({"name": "slots", "match": {"host": "api.slots.example"},
+        "concurrency": {"max_in_flight": 4},
+        "fair": {"key": {"header": "x-api-key"}, "weights": {"sk-gold": 3}}}),
+    )
+    .await?;
     let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
     let config =
         json!({"instance": "ui-fair-envoy", "admin_cluster": "sluice_admin", "sync_interval": "250ms",
@@ -1304,6 +1311,10 @@ async fn the_live_view_shows_each_tenants_fair_share() -> anyhow::Result<()> {
     // Both greedy: 60 a second each for the 30.
     let loads = ["sk-plain", "sk-gold"]
         .map(|key| load::paced(url.clone(), "api.fair.example", key, 60, stop.clone()));
+    // Each wants 6 slots (20 calls a second held 300 ms) of the 4.
+    let slow = envoy.url("/v1/things?delay_ms=300");
+    let slot_loads = ["sk-plain", "sk-gold"]
+        .map(|key| load::paced(slow.clone(), "api.slots.example", key, 20, stop.clone()));
 
     let browser = Browser::start().await?;
     browser.log_in(&admin.base(), "/live").await?;
@@ -1353,8 +1364,32 @@ async fn the_live_view_shows_each_tenants_fair_share() -> anyhow::Result<()> {
         "{rows:?}"
     );
 
+    let slots = ".live-policy[data-policy='slots']";
+    let mut slot_rows: Vec<Vec<String>> = Vec::new();
+    while slot_rows.len() < 2 && started.elapsed() < Duration::from_secs(20) {
+        slot_rows = browser.table_rows(&format!("{slots} tr.fair-key")).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let heading = browser
+        .text(&format!("{slots} .fair-keys th:nth-child(3)"))
+        .await?;
+    let figures = browser.text(&format!("{slots} .fair-figures")).await?;
+    println!("ui: fair slots (label, weight, share, holding, wanting): {slot_rows:?}; {heading:?}: {figures:?}");
+    assert_eq!(heading, "Share (slots)");
+    assert!(figures.contains("in flight"), "{figures:?}");
+    let gold = slot_rows
+        .iter()
+        .find(|r| r[1] == "3")
+        .unwrap_or_else(|| panic!("the weight-3 tenant: {slot_rows:?}"));
+    // 3 and 1 of the 4 slots while both want more.
+    assert!((2.0..=3.0).contains(&number(gold, 2)), "{slot_rows:?}");
+    assert!(
+        slot_rows.iter().map(|r| number(r, 2)).sum::<f64>() <= 4.0,
+        "{slot_rows:?}"
+    );
+
     stop.store(true, Ordering::SeqCst);
-    for l in loads {
+    for l in loads.into_iter().chain(slot_loads) {
         let _ = l.await;
     }
     browser.close().await;

@@ -19,7 +19,7 @@ pub fn FairKeysNow(name: String, title: String) -> impl IntoView {
     let figures = move || {
         if in_slots() {
             "Each key's share of the slots now (by weight, among the keys that want them), \
-             the calls it holds in flight and those it wants (one more while it is refused)."
+             the calls it holds in flight and the slots it wants (all it can get just after a refusal)."
         } else {
             "Each key's share of the limit now (by weight, among the keys that want it), \
              what it used and what it asked, a second."
