@@ -75,11 +75,11 @@ pub struct Policy {
     /// can pace themselves before they are refused.
     #[serde(default, skip_serializing_if = "RateLimitHeaders::is_refusals")]
     pub ratelimit_headers: RateLimitHeaders,
-    /// Share the policy's `rate` fairly between the values of a key (teams,
-    /// customers): while several want more than the rate gives, each gets
-    /// it in proportion to its weight; a key wanting less gets all it
-    /// wants and the rest goes to the others. The rate's own bound holds
-    /// as it is: fairness divides it.
+    /// Share the policy's `rate` and `concurrency` fairly between the
+    /// values of a key (teams, customers): while several want more than
+    /// the limit gives, each gets it in proportion to its weight; a key
+    /// wanting less gets all it wants and the rest goes to the others. The
+    /// limit's own bound holds as it is: fairness divides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair: Option<FairSpec>,
 }
@@ -99,8 +99,9 @@ pub struct FairSpec {
     #[serde(default = "FairSpec::default_weight")]
     pub default_weight: f64,
     /// Reserved per key value, in the rate's requests (or tokens) per its
-    /// period: kept for the key while it wants it, lent out while it does
-    /// not. They add up to the rate at most.
+    /// period, or in slots when only a concurrency limit is shared: kept
+    /// for the key while it wants it, lent out while it does not. They add
+    /// up to the limit at most.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub min: BTreeMap<String, u64>,
 }
@@ -184,9 +185,9 @@ pub struct NamedLimit {
     /// admin's audit log once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warn_at: Vec<f64>,
-    /// Share this limit's `rate` fairly between the values of a key, by
-    /// weight (as a policy's `fair` shares its own rate): tokens per
-    /// minute divided between tenants.
+    /// Share this limit's `rate` or `concurrency` fairly between the
+    /// values of a key, by weight (as a policy's `fair` shares its own):
+    /// tokens per minute or calls in flight divided between tenants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair: Option<FairSpec>,
 }

@@ -19,6 +19,10 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
     let fifo = fair::queue_waits(false).await?;
     let fleet = fair::across_fleet(Duration::from_secs(20)).await?;
     let further = fair::further_limit().await?;
+    let slots = [
+        fair::shared_slots(false).await?,
+        fair::shared_slots(true).await?,
+    ];
     let mut s = format!(
         "## 9. Fair shares of one quota\n\n\
          One Envoy (`--concurrency {WORKERS}`) with a policy of 95 calls a second (burst 5) shared by the \
@@ -156,6 +160,25 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
         fleet.refused_by_provider,
         verdict(fleet_off <= 0.1 && fleet.refused_by_provider == 0)
     );
+    for (run, whose) in slots
+        .iter()
+        .zip(["the policy's own `concurrency`", "a further concurrency limit"])
+    {
+        let served = |who: &str| run.served.get(who).copied().unwrap_or(0);
+        let (a, gold) = (served("a"), served("gold"));
+        let part = a as f64 / (a + gold).max(1) as f64;
+        let _ = writeln!(
+            s,
+            "| {} slots shared fairly ({whose}), a and gold (weight 4) with 20 callers each, calls held 100 ms, a refused caller back after 20 ms; a provider allowing {} in flight; from 2 s to 6.9 s | a's part of the calls served **{part:.3}** ({a} and {gold}); refused {} by the fair share, {} with no slot free; at most {} in flight at the provider, which refused **{}** | a fifth within 10 %, 0 refused: {} |",
+            fair::SLOTS,
+            fair::SLOTS,
+            run.fair_refusals,
+            run.full_refusals,
+            run.most_in_flight,
+            run.refused_by_provider,
+            verdict((part - 0.2).abs() <= 0.02 && run.refused_by_provider == 0)
+        );
+    }
     report.add(s);
     Ok(())
 }
