@@ -180,9 +180,11 @@ impl Ledgers {
                 at: Instant::from_millis(report.at_ms),
             };
             let held = held_share(report, &name, &terms);
+            // A limit shared fairly weighs its Envoys' keys, as a policy.
+            let keys = report.fair.get(&name).map_or(&[][..], Vec::as_slice);
             let (share, freed_here) = self
                 .update(&name, &terms, now, |ledger| {
-                    sync_freeing(ledger, &terms, (usage, &[]), held)
+                    sync_freeing(ledger, &terms, (usage, keys), held)
                 })
                 .await?;
             freed |= freed_here;
@@ -223,7 +225,8 @@ impl Ledgers {
         Ok(())
     }
 
-    /// Each global policy's ledger as the UI shows it.
+    /// Each global policy's ledger as the UI shows it, then each global
+    /// further limit's (as `limits/<name>`).
     pub async fn views(&self, set: &PolicySet) -> Result<Vec<FleetPolicy>, FleetError> {
         let now = self.now();
         let mut out = Vec::new();
@@ -237,6 +240,28 @@ impl Ledgers {
                 reserved: ledger.reserved(&terms, now),
                 recovering: ledger.recovering(now),
                 members: ledger.members(&terms, now),
+            });
+        }
+        // Global further limits, once each, as `limits/<name>`.
+        let global_limits = set
+            .policies
+            .iter()
+            .flat_map(|p| p.limits.iter())
+            .filter(|l| l.scope == Scope::Global);
+        for limit in global_limits {
+            let name = limit.fleet_name();
+            if out.iter().any(|v| v.policy == name) {
+                continue;
+            }
+            let terms = FleetTerms::of_limit(limit);
+            let ledger = self.read(&name).await?.unwrap_or_default();
+            out.push(FleetPolicy {
+                limit: terms.limit,
+                lease: terms.lease,
+                reserved: ledger.reserved(&terms, now),
+                recovering: ledger.recovering(now),
+                members: ledger.members(&terms, now),
+                policy: name,
             });
         }
         Ok(out)

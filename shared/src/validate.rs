@@ -739,8 +739,8 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
 }
 
 /// A further limit's `fair`: its own `rate` or `concurrency` shared by
-/// weight, in this Envoy (not across the fleet, not beside a per-key
-/// split).
+/// weight (a global rate across the fleet, by weights only; not beside a
+/// per-key split).
 fn check_limit_fair(lr: &mut Report, limit: &NamedLimit, fair: &FairSpec) {
     let mut fr = Report::new(lr.errors, &join_path(&lr.prefix, "fair"));
     check_key(&mut fr, &fair.key);
@@ -760,10 +760,10 @@ fn check_limit_fair(lr: &mut Report, limit: &NamedLimit, fair: &FairSpec) {
             "a limit with `key` has a bucket per key already: share its rate fairly with `fair`, or split it with `key`, not both",
         );
     }
-    if limit.scope == Scope::Global {
+    if limit.scope == Scope::Global && !fair.min.is_empty() {
         fr.at(
-            "",
-            "a further limit is shared fairly per Envoy: not with `scope: global` (a global policy's own `rate` can be)",
+            "min",
+            "reservations are kept by each Envoy's table: not with `scope: global` (weights are weighed across the fleet)",
         );
     }
     if limit.cost.is_price() {

@@ -935,8 +935,9 @@ fn fair_shares_need_a_key_sane_weights_and_reservations_within_the_limit() {
         )),
         vec!["policies[0].fair.min: reservations hold in reject mode; a fair queue orders waiting calls by weight only"]
     );
-    // A further limit shares its own rate or slots; not one split by key,
-    // not one across the fleet; and the policies naming it agree on it.
+    // A further limit shares its own rate or slots; not one split by key;
+    // across the fleet by weights only; and the policies naming it agree
+    // on it.
     let limit = |fair_limit: &str| {
         format!(
             r#"{{"name": "llm", "match": {{"host": "x"}}, "rate": {{"requests": 1000, "period": "1s"}},
@@ -955,13 +956,13 @@ fn fair_shares_need_a_key_sane_weights_and_reservations_within_the_limit() {
                {"name": "keyed", "key": {"header": "x-user"}, "rate": {"requests": 10, "period": "1s"},
                 "fair": {"key": {"header": "x-tenant"}, "min": {"a": 11}}},
                {"name": "fleet", "scope": "global", "rate": {"requests": 10, "period": "1s"},
-                "fair": {"key": {"header": "x-tenant"}}}"#
+                "fair": {"key": {"header": "x-tenant"}, "min": {"a": 5}}}"#
         ))),
         vec![
             "policies[0].limits[0].fair.min: reservations add up to 6, more than the slots' (without those reserved for high priority) 5: they would push the total past the limit",
             "policies[0].limits[1].fair: a limit with `key` has a bucket per key already: share its rate fairly with `fair`, or split it with `key`, not both",
             "policies[0].limits[1].fair.min: reservations add up to 11, more than the rate's 10: they would push the total past the limit",
-            "policies[0].limits[2].fair: a further limit is shared fairly per Envoy: not with `scope: global` (a global policy's own `rate` can be)",
+            "policies[0].limits[2].fair.min: reservations are kept by each Envoy's table: not with `scope: global` (weights are weighed across the fleet)",
         ]
     );
     let two = format!(

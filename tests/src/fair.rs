@@ -342,17 +342,33 @@ pub struct AcrossFleet {
 /// calendar second of the provider's 100.
 pub const FLEET_RATE: u64 = 90;
 
-/// Every tenant greedy (300 calls a second) for `run`.
-pub async fn across_fleet(run: Duration) -> anyhow::Result<AcrossFleet> {
+/// Every tenant greedy (300 calls a second) for `run`; the global limit
+/// is the policy's own, or (`further`) its further limit `tps` under a
+/// rate that never refuses.
+pub async fn across_fleet(run: Duration, further: bool) -> anyhow::Result<AcrossFleet> {
     use crate::admin::{AdminServer, SYNC_TOKEN};
     let dir = tempfile::tempdir()?;
     let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
     let op = admin.login().await?;
-    op.create(serde_json::json!({
-        "name": "llm", "match": {"host": "api.llm.example"}, "scope": "global", "share_lease": "2s",
-        "rate": {"requests": FLEET_RATE, "period": "1s", "burst": 4},
-        "fair": {"key": {"header": "x-api-key"}, "weights": {"gold": 2}}}))
-        .await?;
+    let fair = serde_json::json!({"key": {"header": "x-api-key"}, "weights": {"gold": 2}});
+    let rate = serde_json::json!({"requests": FLEET_RATE, "period": "1s", "burst": 4});
+    op.create(if further {
+        serde_json::json!({
+            "name": "llm", "match": {"host": "api.llm.example"},
+            "rate": {"requests": 100_000, "period": "1s"},
+            "limits": [{"name": "tps", "scope": "global", "rate": rate, "fair": fair}]})
+    } else {
+        serde_json::json!({
+            "name": "llm", "match": {"host": "api.llm.example"}, "scope": "global", "share_lease": "2s",
+            "rate": rate, "fair": fair})
+    })
+    .await?;
+    // Where the live view and the fair keys' hashes name it.
+    let (shown_as, hashed_under) = if further {
+        ("limits/tps", "tps")
+    } else {
+        ("llm", "llm")
+    };
     let limits = MockLimits {
         max_per_second: PROVIDER_PER_SECOND,
         max_in_flight: 0,
@@ -419,12 +435,13 @@ pub async fn across_fleet(run: Duration) -> anyhow::Result<AcrossFleet> {
         ["a", "b", "gold"]
             .into_iter()
             .find(|t| {
-                sluice_shared::key_view::hash_label(secret.hash("llm", t.as_bytes())) == label
+                sluice_shared::key_view::hash_label(secret.hash(hashed_under, t.as_bytes()))
+                    == label
             })
             .unwrap_or(label)
             .to_string()
     };
-    let live = frame["fair"]["llm"]
+    let live = frame["fair"][shown_as]
         .as_array()
         .cloned()
         .unwrap_or_default()

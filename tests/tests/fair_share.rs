@@ -209,13 +209,28 @@ async fn hostile_tenant_values_are_tenants_and_the_rate_holds() -> anyhow::Resul
 /// the tenants 25/25/50 (within 10 %) and refuses nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Result<()> {
-    let run = fair::across_fleet(Duration::from_secs(20)).await?;
+    let run = fair::across_fleet(Duration::from_secs(20), false).await?;
+    across_fleet_by_weight(&run, "the policy's own", 12);
+    Ok(())
+}
+
+/// The same with a global further limit (`tps`, under a policy rate that
+/// never refuses): its keys are weighed across the fleet as a policy's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_further_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Result<()> {
+    let run = fair::across_fleet(Duration::from_secs(15), true).await?;
+    across_fleet_by_weight(&run, "a further limit", 8);
+    Ok(())
+}
+
+/// `whole_seconds`: at least as many measured.
+fn across_fleet_by_weight(run: &fair::AcrossFleet, whose: &str, whole_seconds: usize) {
     let (a_worst, a_mean) = parts(&run.steady, "a", 0.25);
     let (b_worst, b_mean) = parts(&run.steady, "b", 0.25);
     let (gold_worst, gold_mean) = parts(&run.steady, "gold", 0.5);
     let totals: Vec<u64> = run.steady.values().map(|by| by.values().sum()).collect();
     println!(
-        "fair across two Envoys (global {}/s): {} seconds; mean parts a {a_mean:.3} b {b_mean:.3} gold \
+        "fair across two Envoys ({whose} global {}/s): {} seconds; mean parts a {a_mean:.3} b {b_mean:.3} gold \
          {gold_mean:.3}; worst second off by a {:.1} % b {:.1} % gold {:.1} %; calls per second {totals:?}; \
          shares {:?}; live view (tenant, weight, share, used, asked /s) {:?}; {} calls; most in a calendar second {}; \
          provider refused {}",
@@ -234,7 +249,11 @@ async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Resul
         "fair across two Envoys: per second {:?}; the admin's shares every 0.5 s {:?}",
         run.steady, run.trace
     );
-    assert!(run.steady.len() >= 12, "{} whole seconds", run.steady.len());
+    assert!(
+        run.steady.len() >= whole_seconds,
+        "{} whole seconds",
+        run.steady.len()
+    );
     // The live view names each tenant's key (as the Envoys hash it) with
     // its weight, a share by weight, and its demand past its share.
     let live = |tenant: &str| {
@@ -273,7 +292,6 @@ async fn a_global_limit_is_shared_by_weight_across_two_envoys() -> anyhow::Resul
     }
     assert_eq!(run.refused_by_provider, 0, "the provider refused calls");
     assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
-    Ok(())
 }
 
 /// A further limit (95 a second beside the policy's 1 000) shared fairly:

@@ -493,6 +493,12 @@ impl CompiledPolicy {
         };
         limit.rate = rate;
         limit.closed = closed;
+        // Shared fairly: its table divides this Envoy's share.
+        if let (Some(fair), sluice_shared::limiter::RateLimiter::TokenBucket(tb)) =
+            (&mut limit.fair, &limit.rate)
+        {
+            fair.share(share.rate, tb.burst());
+        }
     }
 
     /// The further rate limits as written, with their rates: in the order
@@ -1592,5 +1598,52 @@ mod tests {
         assert!(llm.reads_request_body());
         let body = BodyJson::parse(br#"{"model": "gpt-4o", "max_tokens": 10}"#);
         assert!(llm.call_price(&body).is_some());
+    }
+
+    #[test]
+    fn a_global_limit_shared_fairly_divides_this_envoys_share() {
+        let mut set = set(
+            r#"{"version": 1, "policies": [{"name": "llm", "match": {"host": "x"},
+              "rate": {"requests": 1000, "period": "1s"},
+              "limits": [{"name": "tps", "scope": "global", "rate": {"requests": 90, "period": "1s", "burst": 4},
+                          "fair": {"key": {"header": "x-tenant"}}},
+                         {"name": "slots", "concurrency": {"max_in_flight": 6, "lease_ttl": "5s"},
+                          "fair": {"key": {"header": "x-tenant"}, "min": {"a": 2}}}]}]}"#,
+        );
+        let llm = &mut set.policies[0];
+        let capacity = |p: &CompiledPolicy| {
+            p.limits[0]
+                .fair
+                .as_ref()
+                .and_then(|f| f.terms)
+                .map(|t| t.capacity)
+        };
+        assert_eq!(capacity(llm), Some(90 * fair::UNIT));
+        llm.apply_limit_share(
+            0,
+            sluice_shared::fleet::Amount {
+                rate: 22.5,
+                in_flight: 0,
+            },
+        );
+        assert_eq!(capacity(llm), Some(22 * fair::UNIT + fair::UNIT / 2));
+        // The slots' `fair`: its terms, reservations in slots, and who
+        // asks (after the rate limits' claimants).
+        let slots = llm.slot_limits[0].fair.as_ref().and_then(|f| f.slots);
+        assert_eq!(
+            slots,
+            Some(FairSlotTerms {
+                capacity: 6,
+                lease_ttl: sluice_shared::time::Span::from_secs(5),
+                max_keys: usize::try_from(KeySpec::DEFAULT_MAX_KEYS).unwrap_or(0),
+            })
+        );
+        let claimants = llm.limit_claimants(
+            &[("x-tenant", b"a".as_slice())][..],
+            &SECRET,
+            &BodyJson::Absent,
+        );
+        assert_eq!(claimants.len(), 2);
+        assert_eq!(claimants[1].map(|c| c.reserved), Some(2));
     }
 }

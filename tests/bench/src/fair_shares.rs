@@ -17,7 +17,7 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
     let reserved = fair::reserved().await?;
     let queued = fair::queue_waits(true).await?;
     let fifo = fair::queue_waits(false).await?;
-    let fleet = fair::across_fleet(Duration::from_secs(20)).await?;
+    let fleet = fair::across_fleet(Duration::from_secs(20), false).await?;
     let further = fair::further_limit().await?;
     let slots = [
         fair::shared_slots(false).await?,
@@ -160,10 +160,10 @@ pub async fn fair_shares(report: &mut Report) -> anyhow::Result<()> {
         fleet.refused_by_provider,
         verdict(fleet_off <= 0.1 && fleet.refused_by_provider == 0)
     );
-    for (run, whose) in slots
-        .iter()
-        .zip(["the policy's own `concurrency`", "a further concurrency limit"])
-    {
+    for (run, whose) in slots.iter().zip([
+        "the policy's own `concurrency`",
+        "a further concurrency limit",
+    ]) {
         let served = |who: &str| run.served.get(who).copied().unwrap_or(0);
         let (a, gold) = (served("a"), served("gold"));
         let part = a as f64 / (a + gold).max(1) as f64;
