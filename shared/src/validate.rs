@@ -712,12 +712,6 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
         );
     }
     check_fair_spec(&mut fr, fair, reservable);
-    if policy.on_limit.action == LimitAction::Queue && !fair.min.is_empty() {
-        fr.at(
-            "min",
-            "reservations hold in reject mode; a fair queue orders waiting calls by weight only",
-        );
-    }
     if policy.scope == Scope::Global && policy.on_limit.action == LimitAction::Queue {
         fr.at(
             "",

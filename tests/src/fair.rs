@@ -238,11 +238,17 @@ pub struct Reserved {
     pub refused_by_provider: u64,
 }
 
-/// Reservations of 60 and 35 (all of the 95) with three greedy tenants.
-pub async fn reserved() -> anyhow::Result<Reserved> {
+/// Reservations of 60 and 35 (all of the 95) with three greedy tenants,
+/// in reject mode or (`queued`) in queue mode (`max_wait` 2 s).
+pub async fn reserved(queued: bool) -> anyhow::Result<Reserved> {
+    let on_limit = if queued {
+        r#", "on_limit": {"action": "queue", "max_wait": "2s", "max_queue": 5000}"#
+    } else {
+        ""
+    };
     let (mock, envoy) = setup(&policy(
         r#", "fair": {"key": {"header": "x-api-key"}, "min": {"a": 60, "b": 35}}"#,
-        "",
+        on_limit,
     ))
     .await?;
     let tenants = [

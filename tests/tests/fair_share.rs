@@ -95,23 +95,29 @@ async fn a_quiet_tenant_gets_all_it_asks_beside_a_noisy_one() -> anyhow::Result<
 
 /// Reservations that add up to the whole rate, every tenant greedy: each
 /// reserved tenant gets its reservation and the total stays within the
-/// provider's limit (a peer's minimums once pushed it past).
+/// provider's limit (a peer's minimums once pushed it past), in reject
+/// mode and in queue mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_adding_up_to_the_limit_never_push_past_it() -> anyhow::Result<()> {
-    let run = fair::reserved().await?;
-    let (a, b, c) = (
-        mean(&run.seconds, "a"),
-        mean(&run.seconds, "b"),
-        mean(&run.seconds, "c"),
-    );
-    println!(
-        "fair reservations 60 + 35 of 95: the provider saw a {a:.1}/s, b {b:.1}/s, c {c:.1}/s; most in a calendar \
-         second {}; {} calls; provider refused {}",
-        run.most_in_a_second, run.calls, run.refused_by_provider,
-    );
-    assert!(a >= 57.0 && b >= 33.0, "reservations kept");
-    assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
-    assert_eq!(run.refused_by_provider, 0);
+    for queued in [false, true] {
+        let run = fair::reserved(queued).await?;
+        let (a, b, c) = (
+            mean(&run.seconds, "a"),
+            mean(&run.seconds, "b"),
+            mean(&run.seconds, "c"),
+        );
+        println!(
+            "fair reservations 60 + 35 of 95 ({}): the provider saw a {a:.1}/s, b {b:.1}/s, c {c:.1}/s; most in a \
+             calendar second {}; {} calls; provider refused {}",
+            if queued { "queue mode" } else { "reject mode" },
+            run.most_in_a_second,
+            run.calls,
+            run.refused_by_provider,
+        );
+        assert!(a >= 57.0 && b >= 33.0, "reservations kept");
+        assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
+        assert_eq!(run.refused_by_provider, 0);
+    }
     Ok(())
 }
 

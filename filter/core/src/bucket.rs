@@ -120,11 +120,11 @@ pub struct FairCall {
     pub who: FairClaimant,
     /// For a policy with reservations: the rate its keys share
     /// ([`fair::UNIT`]s a second). None: weights alone place its calls.
-    /// Validation does not let a queued policy have reservations yet: under
-    /// load a reserved key's calls at the edge of `max_wait` ran out of
-    /// time as later calls started ahead of them (b got 29 of its 35 a
-    /// second in a clean run), so this is exercised by unit tests only.
     pub reserving: Option<u64>,
+    /// The rate its keys share ([`fair::UNIT`]s a second; 0 unknown): how
+    /// fast the virtual time moves, so how long a call placed ahead of it
+    /// waits.
+    pub rate: u64,
 }
 
 /// Virtual time one token spans at weight 1 (1 000 thousandths).
@@ -438,6 +438,33 @@ impl BucketState {
         }
     }
 
+    /// How long a call tagged `tag` waits while every key waiting keeps
+    /// its queue: the virtual time moves at the rate times
+    /// [`VIRTUAL_PER_TOKEN`] over the weights waiting (by shares, which add
+    /// up to one whole).
+    fn fair_wait(&self, call: FairCall, tag: FairTag) -> Span {
+        let ahead = tag.start.saturating_sub(self.virtual_now);
+        if ahead == 0 || call.rate == 0 {
+            return Span::ZERO;
+        }
+        let weights: u128 = match call.reserving {
+            Some(_) => SHARE_AS_WEIGHT,
+            None => {
+                let mut keys: Vec<(u64, u64)> = vec![(tag.key, call.who.weight)];
+                for w in self.waiters.iter().filter_map(|w| w.fair) {
+                    if keys.iter().all(|(k, _)| *k != w.key) {
+                        keys.push((w.key, w.weight));
+                    }
+                }
+                keys.iter().map(|(_, w)| u128::from((*w).max(1))).sum()
+            }
+        };
+        // An estimate: f64 keeps the product of large factors in range.
+        let seconds = ahead as f64 * weights as f64 * fair::UNIT as f64
+            / (call.rate as f64 * VIRTUAL_PER_TOKEN as f64);
+        Span::from_nanos((seconds * 1e9).min(u64::MAX as f64) as u64)
+    }
+
     /// Where `key`'s last call that left ended (0: it ends nowhere ahead).
     fn finish_of(&self, key: u64) -> u64 {
         self.finishes
@@ -515,7 +542,22 @@ impl BucketState {
                 retry_after: queue.max_wait.max(Span::from_nanos(1)),
             };
         }
+        let fair_call = fair;
         let fair = fair.map(|call| self.fair_tag(call, cost));
+        if let (Some(call), Some(tag)) = (fair_call, fair) {
+            // Calls of other keys that come later may start ahead of it
+            // (their share), so the rate's projection below, of the calls
+            // ahead now, is too hopeful: a call that would run out of time
+            // is refused now, and its key's later calls do not start
+            // behind a span it never used.
+            let wait = self.fair_wait(call, tag);
+            if wait > queue.max_wait {
+                return Admission::Rejected {
+                    kind: LimitKind::Rate,
+                    retry_after: (wait - queue.max_wait).max(Span::from_millis(1)),
+                };
+            }
+        }
         if let Some(limiter) = &limits.rate {
             // The turns of everyone ahead, then ours, as reservations on a
             // copy of the rate state: exact as long as nobody leaves.
@@ -608,7 +650,7 @@ impl BucketState {
                 return None;
             }
             self.waiters.retain(|w| w.ticket != head.ticket);
-            self.leave(&head);
+            self.leave(&head, admissible);
             if admissible {
                 return Some(head.ticket);
             }
@@ -642,11 +684,15 @@ impl BucketState {
         }
     }
 
-    /// A waiter left the head of the queue: a fair queue's virtual time
-    /// moves to its start, and starts afresh once nobody waits.
-    fn leave(&mut self, head: &Waiter) {
+    /// A waiter left the head of the queue (`served`, or out of time): a
+    /// fair queue's virtual time moves to its start, and starts afresh once
+    /// nobody waits. Only a served call's end holds its key's next call
+    /// back: one that ran out of time used none of its span.
+    fn leave(&mut self, head: &Waiter, served: bool) {
         if let Some(tag) = head.fair {
             self.virtual_now = self.virtual_now.max(tag.start);
+        }
+        if let Some(tag) = head.fair.filter(|_| served) {
             match self.finishes.iter_mut().find(|(k, _)| *k == tag.key) {
                 Some((_, end)) => *end = (*end).max(tag.end),
                 None => self.finishes.push((tag.key, tag.end)),
@@ -956,6 +1002,7 @@ mod tests {
                 reserved: 0,
             },
             reserving: None,
+            rate: 0,
         }
     }
 
@@ -980,6 +1027,54 @@ mod tests {
             keys.insert(ticket, key);
         }
         a
+    }
+
+    #[test]
+    fn greedy_keys_of_a_fair_queue_keep_their_weights_and_none_runs_out_of_time() {
+        let limits = rate_queue(50, SEC);
+        let mut b = BucketState::new(0);
+        let mut keys = BTreeMap::new();
+        let mut served = BTreeMap::new();
+        let mut left = 0u64;
+        let call = |key: u64, weight: u64| FairCall {
+            rate: 50 * fair::UNIT,
+            ..weighted(key, weight)
+        };
+        // Keys 7 (weight 1) and 8 (weight 3) each offer 500 a second, ten
+        // times the rate, for 4 s.
+        for t in 0..4_000u64 {
+            let now = T0 + ms(t);
+            if t % 2 == 0 {
+                for (key, weight) in [(7, 1_000), (8, 3_000)] {
+                    let a = b.admit_call(
+                        &limits,
+                        1,
+                        now,
+                        (1, Priority::Normal),
+                        Some(call(key, weight)),
+                        false,
+                    );
+                    if let Admission::Queued { ticket, .. } = a {
+                        keys.insert(ticket, key);
+                    }
+                }
+            }
+            for ticket in b.poll(&limits, 1, now, now + ms(1)) {
+                left += 1;
+                if t >= 1_000 {
+                    *served.entry(keys[&ticket]).or_insert(0u64) += 1;
+                }
+            }
+        }
+        // A call that would wait past `max_wait` was refused when it came,
+        // not queued to run out of time: every call queued was served or
+        // still waits.
+        let expired = keys.len() as u64 - left - b.waiters.len() as u64;
+        assert!(expired <= 2, "{expired} ran out of time");
+        let (seven, eight) = (served[&7], served[&8]);
+        assert!(seven + eight >= 145, "the rate over 3 s: {served:?}");
+        let part = seven as f64 / (seven + eight) as f64;
+        assert!((part - 0.25).abs() <= 0.03, "weight 1 of 4: {served:?}");
     }
 
     #[test]
@@ -1074,6 +1169,7 @@ mod tests {
                 reserved: reserved * fair::UNIT,
             },
             reserving: Some(capacity),
+            rate: capacity,
         };
         let run = |a_reserved: u64| {
             let mut b = BucketState::new(0);

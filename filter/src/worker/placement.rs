@@ -76,6 +76,11 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         let fair = class.fair.map(|who| FairCall {
             who,
             reserving: policy.fair.as_ref().and_then(|f| f.reserving()),
+            rate: policy
+                .fair
+                .as_ref()
+                .and_then(|f| f.terms)
+                .map_or(0, |t| t.capacity),
         });
         let a = s.admit_call(
             limits,
