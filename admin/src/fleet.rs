@@ -156,16 +156,8 @@ impl Ledgers {
         // Global further limits, once each however many policies name
         // them, leased as global policies are; their demand is what the
         // Envoy counted for the limit.
-        let global_limits = set
-            .policies
-            .iter()
-            .flat_map(|p| p.limits.iter())
-            .filter(|l| l.scope == Scope::Global);
-        for limit in global_limits {
+        for limit in global_limits(set) {
             let name = limit.fleet_name();
-            if out.contains_key(&name) {
-                continue;
-            }
             let terms = FleetTerms::of_limit(limit);
             let counters = report.limits.get(&limit.name).cloned().unwrap_or_default();
             let (admitted, refused) = (
@@ -242,17 +234,9 @@ impl Ledgers {
                 members: ledger.members(&terms, now),
             });
         }
-        // Global further limits, once each, as `limits/<name>`.
-        let global_limits = set
-            .policies
-            .iter()
-            .flat_map(|p| p.limits.iter())
-            .filter(|l| l.scope == Scope::Global);
-        for limit in global_limits {
+        // Global further limits, as `limits/<name>`.
+        for limit in global_limits(set) {
             let name = limit.fleet_name();
-            if out.iter().any(|v| v.policy == name) {
-                continue;
-            }
             let terms = FleetTerms::of_limit(limit);
             let ledger = self.read(&name).await?.unwrap_or_default();
             out.push(FleetPolicy {
@@ -372,4 +356,15 @@ fn message(share: &Share, terms: &FleetTerms, now: Instant) -> ShareMessage {
         instances: share.instances,
         id: share.id(),
     }
+}
+
+/// The set's global further limits, once each however many policies name
+/// them (policies naming one limit agree on it: validation).
+fn global_limits(set: &PolicySet) -> impl Iterator<Item = &sluice_shared::NamedLimit> {
+    let mut seen = std::collections::BTreeSet::new();
+    set.policies
+        .iter()
+        .flat_map(|p| p.limits.iter())
+        .filter(|l| l.scope == Scope::Global)
+        .filter(move |l| seen.insert(l.name.as_str()))
 }

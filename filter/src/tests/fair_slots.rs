@@ -147,40 +147,28 @@ fn a_policys_slots_go_to_the_tenant_below_its_share_as_calls_end() {
 }
 
 #[test]
-fn busy_tenants_hold_the_slots_by_weight() {
-    let host = FakeHost::at(T0);
-    let set = own("");
-    let mut workers = [worker(&host, &set), worker(&host, &set)];
-    // Each keeps 20 callers busy with 50 ms calls: twice the limit each.
-    let (mean, reasons) = closed_loop(
-        &host,
-        &mut workers,
-        &[("a", 20), ("gold", 20)],
-        (3_000, 2_000, 50),
-    );
-    assert!((2.0..=3.0).contains(&mean[0]), "weight 1 of 4: {mean:?}");
-    assert!((7.0..=8.0).contains(&mean[1]), "weight 3 of 4: {mean:?}");
-    assert!(mean.iter().sum::<f64>() <= 10.0);
-    assert!(reasons.iter().any(|r| r == "fair-share"));
-}
-
-#[test]
-fn a_further_limits_slots_are_shared_by_weight() {
-    let host = FakeHost::at(T0);
-    let mut workers = [worker(&host, FURTHER), worker(&host, FURTHER)];
-    let (mean, reasons) = closed_loop(
-        &host,
-        &mut workers,
-        &[("a", 20), ("gold", 20)],
-        (3_000, 2_000, 50),
-    );
-    assert!((2.0..=3.0).contains(&mean[0]), "weight 1 of 4: {mean:?}");
-    assert!((7.0..=8.0).contains(&mean[1]), "weight 3 of 4: {mean:?}");
-    assert!(reasons.iter().any(|r| r == "fair-share"), "{reasons:?}");
-    // Gold left: a slot is kept for it while it is remembered as wanting
-    // one (`WANT_MEMORY`), then the other tenant takes every slot.
-    let (lone, _) = closed_loop(&host, &mut workers, &[("a", 20)], (3_000, 500, 50));
-    assert!(lone[0] >= 9.5, "alone, a tenant takes every slot: {lone:?}");
+fn busy_tenants_hold_the_slots_by_weight_of_a_policy_and_of_a_further_limit() {
+    for set in [own(""), FURTHER.to_string()] {
+        let host = FakeHost::at(T0);
+        let mut workers = [worker(&host, &set), worker(&host, &set)];
+        // Each keeps 20 callers busy with 50 ms calls: twice the limit
+        // each.
+        let (mean, reasons) = closed_loop(
+            &host,
+            &mut workers,
+            &[("a", 20), ("gold", 20)],
+            (3_000, 2_000, 50),
+        );
+        assert!((2.0..=3.0).contains(&mean[0]), "weight 1 of 4: {mean:?}");
+        assert!((7.0..=8.0).contains(&mean[1]), "weight 3 of 4: {mean:?}");
+        assert!(mean.iter().sum::<f64>() <= 10.0);
+        assert!(reasons.iter().any(|r| r == "fair-share"), "{reasons:?}");
+        // Gold left: a slot is kept for it while it is remembered as
+        // wanting one (`WANT_MEMORY`), then the other tenant takes every
+        // slot.
+        let (lone, _) = closed_loop(&host, &mut workers, &[("a", 20)], (3_000, 500, 50));
+        assert!(lone[0] >= 9.5, "alone, a tenant takes every slot: {lone:?}");
+    }
 }
 
 #[test]

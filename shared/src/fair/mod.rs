@@ -20,6 +20,25 @@
 //! largest remainder (ties to the earlier key), so the shares add up
 //! exactly.
 
+/// Implements [`KeyEntry`] for an entry with `key`, `weight` and
+/// `reserved` fields.
+macro_rules! key_entry {
+    ($entry:ty) => {
+        impl super::KeyEntry for $entry {
+            fn key(&self) -> u64 {
+                self.key
+            }
+            fn set_key(&mut self, key: u64) {
+                self.key = key;
+            }
+            fn set_terms(&mut self, weight: u64, reserved: u64) {
+                (self.weight, self.reserved) = (weight, reserved);
+            }
+        }
+    };
+}
+use key_entry;
+
 mod slots;
 mod table;
 pub use slots::{
@@ -30,6 +49,45 @@ pub use table::{
     FairClaimant, FairDecodeError, FairKey, FairKeyView, FairTable, FairTake, FairTerms, MAX_KEYS,
     OVERFLOW_KEY, UNIT, WINDOW,
 };
+
+/// A key's entry in a fair table (of a rate or of slots).
+pub(crate) trait KeyEntry: Default {
+    fn key(&self) -> u64;
+    fn set_key(&mut self, key: u64);
+    /// Takes the weight and reservation `who` asks with now.
+    fn set_terms(&mut self, weight: u64, reserved: u64);
+}
+
+/// The entry of `who` among `keys`: its own (made if it has none, while
+/// fewer than `max_keys` (at most [`MAX_KEYS`]) have one), else the one
+/// overflow entry all the others share (weight 1, nothing reserved).
+/// Returns where it is, and whether it was made now. The key hash
+/// [`OVERFLOW_KEY`] stands for the overflow: a key hashed to it is taken
+/// as 1.
+pub(crate) fn entry_of<E: KeyEntry>(
+    keys: &mut Vec<E>,
+    max_keys: usize,
+    who: FairClaimant,
+) -> (usize, bool) {
+    let key = if who.key == OVERFLOW_KEY { 1 } else { who.key };
+    if let Some(at) = keys.iter().position(|k| k.key() == key) {
+        keys[at].set_terms(who.weight, who.reserved);
+        return (at, false);
+    }
+    let own_places = keys.iter().filter(|k| k.key() != OVERFLOW_KEY).count();
+    let (key, weight, reserved) = if own_places < max_keys.min(MAX_KEYS) {
+        (key, who.weight, who.reserved)
+    } else if let Some(at) = keys.iter().position(|k| k.key() == OVERFLOW_KEY) {
+        return (at, false);
+    } else {
+        (OVERFLOW_KEY, WEIGHT_SCALE, 0)
+    };
+    let mut entry = E::default();
+    entry.set_key(key);
+    entry.set_terms(weight, reserved);
+    keys.push(entry);
+    (keys.len() - 1, true)
+}
 
 /// Keys an Envoy reports per fair policy, the busiest first.
 pub const REPORTED_KEYS: usize = 64;

@@ -32,7 +32,7 @@
 
 use crate::time::{Instant, Span};
 
-use super::{shares, Claim, FairClaimant, FairKeyView, MAX_KEYS, OVERFLOW_KEY, WEIGHT_SCALE};
+use super::{shares, Claim, FairClaimant, FairKeyView, MAX_KEYS};
 
 /// How long a refused key is remembered as wanting one more slot.
 pub const WANT_MEMORY: Span = Span::from_secs(2);
@@ -80,6 +80,8 @@ pub struct SlotKey {
     /// It wants its whole share until then.
     pub hungry_until: Instant,
 }
+
+super::key_entry!(SlotKey);
 
 /// The whole shared state of one fair concurrency limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -333,34 +335,9 @@ impl FairSlots {
         });
     }
 
-    /// The entry of `who` (made if it has none; the overflow entry when
-    /// every place is taken).
+    /// The entry of `who` ([`entry_of`](super::entry_of)).
     fn entry(&mut self, terms: &FairSlotTerms, who: FairClaimant) -> usize {
-        let key = if who.key == OVERFLOW_KEY { 1 } else { who.key };
-        if let Some(at) = self.keys.iter().position(|k| k.key == key) {
-            let entry = &mut self.keys[at];
-            entry.weight = who.weight;
-            entry.reserved = who.reserved;
-            return at;
-        }
-        let own_places = self.keys.iter().filter(|k| k.key != OVERFLOW_KEY).count();
-        if own_places < terms.max_keys.min(MAX_KEYS) {
-            self.keys.push(SlotKey {
-                key,
-                weight: who.weight,
-                reserved: who.reserved,
-                ..SlotKey::default()
-            });
-        } else if let Some(at) = self.keys.iter().position(|k| k.key == OVERFLOW_KEY) {
-            return at;
-        } else {
-            self.keys.push(SlotKey {
-                key: OVERFLOW_KEY,
-                weight: WEIGHT_SCALE,
-                ..SlotKey::default()
-            });
-        }
-        self.keys.len() - 1
+        super::entry_of(&mut self.keys, terms.max_keys, who).0
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -469,6 +446,7 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{OVERFLOW_KEY, WEIGHT_SCALE};
     use super::*;
     use proptest::prelude::*;
 

@@ -113,6 +113,8 @@ pub struct FairKeyView {
     pub slots: bool,
 }
 
+super::key_entry!(FairKey);
+
 /// The whole shared state of one fair limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FairTable {
@@ -212,38 +214,17 @@ impl FairTable {
         }
     }
 
-    /// The entry of `who` (made if it has none; the overflow entry when
-    /// every place is taken).
+    /// The entry of `who` ([`entry_of`](super::entry_of)).
     fn entry(&mut self, terms: &FairTerms, who: FairClaimant) -> usize {
-        let key = if who.key == OVERFLOW_KEY { 1 } else { who.key };
-        if let Some(at) = self.keys.iter().position(|k| k.key == key) {
-            let entry = &mut self.keys[at];
-            entry.weight = who.weight;
-            entry.reserved = who.reserved;
-            return at;
+        let (at, made) = super::entry_of(&mut self.keys, terms.max_keys, who);
+        if made {
+            // A newcomer gets its share now, not at the window's end: its
+            // part starts filling at once (a quiet caller's second call 50
+            // ms after its first was refused while a noisy one drained the
+            // pool).
+            self.share_out(terms);
         }
-        let own_places = self.keys.iter().filter(|k| k.key != OVERFLOW_KEY).count();
-        if own_places < terms.max_keys.min(MAX_KEYS) {
-            self.keys.push(FairKey {
-                key,
-                weight: who.weight,
-                reserved: who.reserved,
-                ..FairKey::default()
-            });
-        } else if let Some(at) = self.keys.iter().position(|k| k.key == OVERFLOW_KEY) {
-            return at;
-        } else {
-            self.keys.push(FairKey {
-                key: OVERFLOW_KEY,
-                weight: super::WEIGHT_SCALE,
-                ..FairKey::default()
-            });
-        }
-        // A newcomer gets its share now, not at the window's end: its part
-        // starts filling at once (a quiet caller's second call 50 ms after
-        // its first was refused while a noisy one drained the pool).
-        self.share_out(terms);
-        self.keys.len() - 1
+        at
     }
 
     /// Fills every part to `now` (what overflows to the pool), and at each
