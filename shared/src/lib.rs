@@ -16,6 +16,7 @@ pub mod key_hash;
 pub mod key_view;
 pub mod limiter;
 pub mod policy;
+pub mod pool;
 pub mod price;
 pub mod prompt;
 pub mod provider;
