@@ -1897,3 +1897,42 @@ async fn prices_are_versioned_with_the_set_and_checked_with_its_policies() {
     assert!(newest(2).contains("2 time(s)"), "{lines:?}");
     assert!(newest(3).contains("1 time(s)"), "{lines:?}");
 }
+
+/// A global further limit's ledger is in the fleet view as
+/// `limits/<name>`, with the Envoys that sync it (before, the view listed
+/// global policies only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_view_lists_a_global_further_limits_shares() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let llm = json!({"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s"},
+        "limits": [{"name": "tps", "scope": "global", "rate": {"requests": 90, "period": "1s"},
+                    "fair": {"key": {"header": "x-tenant"}, "weights": {"gold": 2}}}]});
+    let (status, _, _) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(llm))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    for instance in ["a", "b"] {
+        fleet_sync(&admin, instance, None).await;
+    }
+    let (status, _, view) = admin
+        .edit(&s, Method::GET, "/api/v1/fleet", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let tps = view["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == "limits/tps")
+        .unwrap_or_else(|| panic!("no limits/tps in {view}"))
+        .clone();
+    assert_eq!(tps["limit"]["rate"], 90.0);
+    let members: Vec<&str> = tps["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["instance"].as_str())
+        .collect();
+    assert_eq!(members, ["a", "b"], "{tps}");
+}

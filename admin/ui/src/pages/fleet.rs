@@ -94,8 +94,14 @@ fn FleetPolicy(policy: FleetPolicy, now_ms: u64) -> impl IntoView {
             }
         })
         .collect_view();
-    let href = format!("/policies/{name}");
+    // A global further limit (`limits/<name>`) has no page of its own.
     let title = name.clone();
+    let heading = if title.starts_with("limits/") {
+        view! { <h2>{title}</h2> }.into_any()
+    } else {
+        let href = format!("/policies/{title}");
+        view! { <h2><A href=href>{title}</A></h2> }.into_any()
+    };
     let lease = policy.lease;
     let recovering = policy.recovering.then(|| view! {
         <p class="recovering">"Recovering: the record of this policy's shares was lost (Redis restarted?). "
@@ -103,7 +109,7 @@ fn FleetPolicy(policy: FleetPolicy, now_ms: u64) -> impl IntoView {
     });
     view! {
         <section class="fleet-policy live-policy" data-policy=name>
-            <h2><A href=href>{title}</A></h2>
+            {heading}
             <p class="figures">
                 "Limit "<span class="limit">{format!("{limit_rate:.1}/s")}{(limit_flight > 0).then(|| format!(", {limit_flight} in flight"))}</span>
                 " · shared out "<span class="reserved">{format!("{:.1}/s", reserved.rate)}{(limit_flight > 0).then(|| format!(", {}", reserved.in_flight))}</span>
