@@ -112,38 +112,45 @@ fn closed_loop(
 
 #[test]
 fn a_policys_slots_go_to_the_tenant_below_its_share_as_calls_end() {
-    let host = FakeHost::at(T0);
-    let set = own("");
-    let mut a = worker(&host, &set);
-    let mut b = worker(&host, &set);
-    for id in 1..=10 {
-        assert_eq!(open(&host, &mut a, id, "noisy"), Ok(()));
-    }
-    // Full: refused as the limit refuses.
-    assert_eq!(open(&host, &mut b, 100, "quiet"), Err("limit".into()));
-    let mut quiet = 0;
-    for id in 1..=5 {
-        a.on_stream_end(&host, id);
-        assert_eq!(
-            open(&host, &mut a, 200 + id, "noisy"),
-            Err("fair-share".into()),
-            "the noisy tenant is at its share while the quiet one wants a slot"
-        );
-        if open(&host, &mut b, 300 + id, "quiet").is_ok() {
-            quiet += 1;
+    // Its slots alone, and beside a rate shared too (a refusal by the
+    // slots gives the rate's tokens back to the key).
+    let with_rate = own("").replace(
+        r#""concurrency""#,
+        r#""rate": {"requests": 1000, "period": "1s", "burst": 100}, "concurrency""#,
+    );
+    for set in [own(""), with_rate] {
+        let host = FakeHost::at(T0);
+        let mut a = worker(&host, &set);
+        let mut b = worker(&host, &set);
+        for id in 1..=10 {
+            assert_eq!(open(&host, &mut a, id, "noisy"), Ok(()));
         }
-        // The quiet tenant asks again: no slot is free now.
-        assert!(open(&host, &mut b, 400 + id, "quiet").is_err());
+        // Full: refused as the limit refuses.
+        assert_eq!(open(&host, &mut b, 100, "quiet"), Err("limit".into()));
+        let mut quiet = 0;
+        for id in 1..=5 {
+            a.on_stream_end(&host, id);
+            assert_eq!(
+                open(&host, &mut a, 200 + id, "noisy"),
+                Err("fair-share".into()),
+                "the noisy tenant is at its share while the quiet one wants a slot"
+            );
+            if open(&host, &mut b, 300 + id, "quiet").is_ok() {
+                quiet += 1;
+            }
+            // The quiet tenant asks again: no slot is free now.
+            assert!(open(&host, &mut b, 400 + id, "quiet").is_err());
+        }
+        assert_eq!(quiet, 5);
+        pass(&host, &mut a, 200);
+        assert_eq!(host.metric("sluice.policy.llm.fair_refused"), 5);
+        for id in (6..=10).chain(301..=305) {
+            let w = if id > 300 { &mut b } else { &mut a };
+            w.on_stream_end(&host, id);
+        }
+        assert_eq!(held(&host, "sluice/fs/llm"), 0, "every slot came back");
+        assert_eq!(a.in_flight() + b.in_flight(), 0);
     }
-    assert_eq!(quiet, 5);
-    pass(&host, &mut a, 200);
-    assert_eq!(host.metric("sluice.policy.llm.fair_refused"), 5);
-    for id in (6..=10).chain(301..=305) {
-        let w = if id > 300 { &mut b } else { &mut a };
-        w.on_stream_end(&host, id);
-    }
-    assert_eq!(held(&host, "sluice/fs/llm"), 0, "every slot came back");
-    assert_eq!(a.in_flight() + b.in_flight(), 0);
 }
 
 #[test]
