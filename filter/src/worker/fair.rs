@@ -24,7 +24,7 @@ use sluice_shared::policy::Priority;
 use sluice_shared::time::Span;
 
 use super::ctx::Ctx;
-use super::slots::HeldSlot;
+use super::held_slot::HeldSlot;
 use crate::entries;
 use crate::host::Host;
 

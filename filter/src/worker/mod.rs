@@ -26,6 +26,7 @@ mod asked_usage;
 mod budgets;
 mod ctx;
 mod fair;
+mod held_slot;
 mod key_counts;
 mod key_places;
 mod limits;

@@ -18,20 +18,10 @@ use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
 use super::fair::{self, FairSlot};
+use super::held_slot::HeldSlot;
 use crate::entries::{self, limit_key};
 use crate::host::Host;
 use crate::store::StoreError;
-
-/// One slot a call holds: where, which of this worker's leases there, and
-/// how long that lease lives unrenewed; in a fair slots table, the key it
-/// counts for (`fair_key`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldSlot {
-    pub key: String,
-    pub lease: Instant,
-    pub ttl: Span,
-    pub fair_key: Option<u64>,
-}
 
 /// What the concurrency limits said.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use sluice_shared::price::ModelPrice;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
-use super::slots::HeldSlot;
+use super::held_slot::HeldSlot;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyCounter, PolicySeries};
 use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
