@@ -523,6 +523,13 @@ impl CompiledPolicy {
         self.policy.mode == Mode::Shadow
     }
 
+    /// Whether its refused calls wait in its queue: queue mode, and not in
+    /// shadow mode (which judges as `reject` would).
+    pub fn queues(&self) -> bool {
+        self.policy.on_limit.action == sluice_shared::policy::LimitAction::Queue
+            && !self.is_shadow()
+    }
+
     pub fn key_overflow(&self) -> Option<KeyOverflow> {
         self.policy.key.as_ref().map(|k| k.overflow)
     }

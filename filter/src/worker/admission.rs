@@ -17,7 +17,6 @@ use sluice_filter_core::bucket::{Admission, BucketLimits, Prefetched};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
 use sluice_shared::fair::FairClaimant;
-use sluice_shared::policy::LimitAction;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
@@ -326,7 +325,7 @@ impl Deciding<'_> {
                 refuse(ctx, policy, &Refusal::Policy { kind }, retry_after)
             }
             Admission::Queued { ticket, deadline } => {
-                // A queue-mode policy takes no gate (`fair::queued_fairly`).
+                // A queue-mode policy takes no gate (`CompiledPolicy::queues`).
                 slots::release(ctx, fair_slot.as_slice());
                 self.record_prefetch(ctx, key, &bucket, Prefetched::default());
                 Decision::Queue {
@@ -384,7 +383,8 @@ fn refuse<H: Host + ?Sized>(
 
 /// A queue-mode policy's `max_wait` (shadow mode judges as `reject`).
 fn queue_wait(policy: &CompiledPolicy) -> Option<Span> {
-    let on_limit = &policy.policy.on_limit;
-    (on_limit.action == LimitAction::Queue && !policy.is_shadow())
-        .then(|| on_limit.max_wait.map_or(Span::ZERO, |w| w.as_span()))
+    let max_wait = policy.policy.on_limit.max_wait;
+    policy
+        .queues()
+        .then(|| max_wait.map_or(Span::ZERO, |w| w.as_span()))
 }

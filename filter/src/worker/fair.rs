@@ -19,7 +19,6 @@ use sluice_filter_core::matcher::{Classification, CompiledFair, CompiledPolicy};
 use sluice_shared::fair::{
     FairClaimant, FairSlotTake, FairSlotTerms, FairSlots, FairTable, FairTake,
 };
-use sluice_shared::policy::LimitAction;
 use sluice_shared::policy::Priority;
 use sluice_shared::time::Span;
 
@@ -49,7 +48,9 @@ pub(super) fn take<H: Host + ?Sized>(
     let (Some(compiled), Some(who)) = (&policy.fair, class.fair) else {
         return Fair::NotShared;
     };
-    if queued_fairly(policy) {
+    if policy.queues() {
+        // Queued calls leave the queue in the fair order instead
+        // (`BucketState`'s fair tags): the queue is the share.
         return Fair::NotShared;
     }
     let key = entries::fair_key(policy.name());
@@ -172,13 +173,6 @@ fn take_from<H: Host + ?Sized>(
         .ok()
 }
 
-/// Queued calls leave a queue-mode policy's queue in the fair order
-/// (`BucketState`'s fair tags): the queue is the share of its rate and
-/// its slots, and no table is taken.
-fn queued_fairly(policy: &CompiledPolicy) -> bool {
-    policy.policy.on_limit.action == LimitAction::Queue && !policy.is_shadow()
-}
-
 /// What the gate of slots shared fairly said of a call.
 pub(super) enum FairSlot {
     /// No slots shared fairly, or the table could not be changed (its
@@ -200,7 +194,8 @@ pub(super) fn take_own_slot<H: Host + ?Sized>(
     let (Some(terms), Some(who)) = (policy.fair.as_ref().and_then(|f| f.slots), class.fair) else {
         return FairSlot::NotShared;
     };
-    if queued_fairly(policy) {
+    if policy.queues() {
+        // The fair queue's order shares its slots too.
         return FairSlot::NotShared;
     }
     let terms = match (class.priority, policy.concurrency) {
