@@ -142,7 +142,8 @@ async fn a_login_storm_checks_a_handful_of_passwords_and_starves_no_sync() -> an
 /// own, up to 8 per core, and the store's blocking threads come and go with
 /// the load: on a busy CI machine new arenas kept appearing until round 4
 /// (84 -> 86 -> 90 -> 97 -> 97 MiB) while an idle one was flat from round
-/// 1. Two arenas keep that warm-up out of what is measured, a leak in.
+/// 1. Two arenas keep most of that warm-up out of what is measured (a
+/// busy CI still saw one step of 7.7 MiB, then flat), a leak in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_instance_ids_keep_the_admins_memory_flat() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -206,12 +207,21 @@ async fn ten_thousand_instance_ids_keep_the_admins_memory_flat() -> anyhow::Resu
          instances listed at the end {listed}"
     );
     assert_eq!(listed, 0, "silent instances are forgotten");
-    // The first round only warms the allocator up: a clean run saw the
-    // admin go 83 -> 96 MiB from round 1 to 2 and then stay within 1.5 MiB,
-    // another start at 100.7 and stay within 1.5. A leak grows every round.
+    // The first rounds only warm the allocator up, and how many they take
+    // depends on the machine's load: clean runs saw 83 -> 96 MiB from round
+    // 1 to 2 and then flat, and a busy CI 87.9, 87.9, 89.1, 96.8, 96.8 (one
+    // step of 7.7 MiB in round 4, then flat again). A leak grows with every
+    // round of 2 000 new ids, so it shows as no round after the first being
+    // flat; a warm-up step shows as one round's jump between flat ones.
+    let steps: Vec<f64> = rss.windows(2).skip(1).map(|w| w[1] - w[0]).collect();
+    let flattest = steps.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(
+        flattest < 1.5,
+        "the admin grew in every round after the first ({steps:.1?} MiB): a leak"
+    );
     let grown = rss[4] - rss[1];
     assert!(
-        grown < 8.0,
+        grown < 16.0,
         "the admin grew {grown:.1} MiB over 6 000 more ids after a warm-up round"
     );
     Ok(())
