@@ -105,6 +105,10 @@ impl Host for QuietHost {
 
     fn remove_request_header(&self, _name: &str) {}
 
+    fn set_request_header(&self, _context_id: u32, _name: &str, _value: &str) -> bool {
+        true
+    }
+
     fn replace_request_body(&self, _old_len: usize, _body: &[u8]) -> bool {
         true
     }

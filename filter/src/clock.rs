@@ -223,6 +223,10 @@ impl<H: Host + ?Sized> Host for Clocked<'_, H> {
         self.host.remove_request_header(name);
     }
 
+    fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
+        self.host.set_request_header(context_id, name, value)
+    }
+
     fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {
         self.host.replace_request_body(old_len, body)
     }

@@ -33,6 +33,10 @@ pub trait Host {
     fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
     /// Removes a header of the request now passing (its headers only).
     fn remove_request_header(&self, name: &str);
+    /// Sets a header of stream `context_id`'s request (passing now, or
+    /// paused and about to resume); Envoy picks its route again. False
+    /// when the stream is gone.
+    fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool;
     /// Replaces the body of the request now passing, `old_len` bytes
     /// buffered to its end, with `body`. False when the host refused.
     fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool;

@@ -43,6 +43,8 @@ pub struct FakeHost {
     pub host_calls: RefCell<HashMap<&'static str, u64>>,
     /// Request headers removed, in order.
     pub removed_headers: RefCell<Vec<String>>,
+    /// Request headers set: (stream, name, value).
+    pub set_headers: RefCell<Vec<(u32, String, String)>>,
     /// Request bodies replaced: (the length replaced, the new body).
     pub replaced_bodies: RefCell<Vec<(usize, Vec<u8>)>>,
 }
@@ -144,6 +146,17 @@ impl Host for FakeHost {
     fn remove_request_header(&self, name: &str) {
         self.count("remove_request_header");
         self.removed_headers.borrow_mut().push(name.to_string());
+    }
+
+    fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
+        self.count("set_request_header");
+        if self.gone.borrow().contains(&context_id) {
+            return false;
+        }
+        self.set_headers
+            .borrow_mut()
+            .push((context_id, name.to_string(), value.to_string()));
+        true
     }
 
     fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {

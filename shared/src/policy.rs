@@ -82,6 +82,100 @@ pub struct Policy {
     /// limit's own bound holds as it is: fairness divides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair: Option<FairSpec>,
+    /// Send each call to one of several upstreams (a pool's members), each
+    /// with limits of its own: to a member that can take it now, by
+    /// `rule`; a member its provider paused (429, 503) is passed over
+    /// until its pause ends. The policy's own limits hold for the pool as
+    /// a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolSpec>,
+}
+
+/// A pool of upstreams for the same calls (`pool`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    #[serde(default)]
+    pub rule: PoolRule,
+    /// Keep the calls of one key (a conversation's id: a header or a JSON
+    /// body field) on one member while it has room, so that a provider's
+    /// prompt cache keeps working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticky: Option<StickySpec>,
+    /// The request header Sluice writes the chosen member's `cluster`
+    /// into; Envoy's route reads it (`cluster_header`).
+    #[serde(default = "PoolSpec::default_route_header")]
+    pub route_header: String,
+    /// Two to 16 members, names unique in the set.
+    pub members: Vec<PoolMember>,
+}
+
+impl PoolSpec {
+    pub const MAX_MEMBERS: usize = 16;
+    /// The answer's header naming the member that answered (set by the
+    /// route from its endpoint's metadata), when Envoy retried the call on
+    /// another member.
+    pub const ANSWERED_BY_HEADER: &'static str = "x-sluice-member-answered";
+
+    fn default_route_header() -> String {
+        "x-sluice-member".to_string()
+    }
+}
+
+/// How a pool chooses a member for a call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PoolRule {
+    /// The member with the most of its tightest limit left, as a part of
+    /// that limit: members fill alike.
+    #[default]
+    MostRoom,
+    /// At random by `weight`, among the members that can take the call.
+    Weighted,
+    /// In the order written: the first until it is full or paused, then
+    /// the next.
+    Priority,
+}
+
+/// Where a pool's sticky key is read: exactly one of `header` and `json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StickySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// A dotted path into the request's JSON body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+}
+
+/// One upstream of a pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PoolMember {
+    /// Letters, digits, `-`, `_`, `.`; unique in the pool. Stats are
+    /// `sluice.member.<policy>.<name>.*`.
+    pub name: String,
+    /// The Envoy cluster the call is routed to (written into
+    /// `route_header`). Its credential is Envoy's configuration's, never
+    /// the admin's.
+    pub cluster: String,
+    /// For `rule: weighted` (0.001 to 1000).
+    #[serde(default = "PoolMember::default_weight")]
+    pub weight: f64,
+    /// The member's own limits, as a policy's `limits` (rate, tokens,
+    /// concurrency, its provider's signals): at least one. Their names are
+    /// the member's own: no other policy or member names them.
+    pub limits: Vec<NamedLimit>,
+}
+
+impl PoolMember {
+    fn default_weight() -> f64 {
+        1.0
+    }
 }
 
 /// How a policy's rate is shared between keys (`fair`).

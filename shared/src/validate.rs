@@ -250,9 +250,7 @@ pub fn policy_set_from_value(value: Value) -> Result<PolicySet, ValidationErrors
             policies.push((index, policy));
         }
     }
-    check_unique_names(&policies, &mut errors);
-    check_shared_limits(&policies, &mut errors);
-    check_priced_limits(&policies, prices.is_some(), &mut errors);
+    check_across_policies(&policies, prices.is_some(), &mut errors);
     ValidationErrors::from_vec(errors)?;
     Ok(PolicySet {
         // Reaching here means no error was recorded, so version parsed.
@@ -296,10 +294,17 @@ pub fn validate_policy_set(set: &PolicySet) -> Result<(), ValidationErrors> {
     for (index, policy) in &indexed {
         validate_policy(policy, &format!("policies[{index}]"), &mut errors);
     }
-    check_unique_names(&indexed, &mut errors);
-    check_shared_limits(&indexed, &mut errors);
-    check_priced_limits(&indexed, set.prices.is_some(), &mut errors);
+    check_across_policies(&indexed, set.prices.is_some(), &mut errors);
     ValidationErrors::from_vec(errors)
+}
+
+/// What no one policy can tell: names unique, shared limits agreed on, a
+/// pool member's limits its own, money limits priced.
+fn check_across_policies(policies: &[(usize, Policy)], priced: bool, errors: &mut Vec<FieldError>) {
+    check_unique_names(policies, errors);
+    check_shared_limits(policies, errors);
+    check_member_limits_own(policies, errors);
+    check_priced_limits(policies, priced, errors);
 }
 
 /// `value` as a `T`, or its errors pushed with their paths under `path`.
@@ -438,6 +443,9 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
     if let Some(fair) = &policy.fair {
         check_fair(&mut r, policy, fair);
     }
+    if let Some(pool) = &policy.pool {
+        check_pool(&mut r, policy, pool);
+    }
     if let Some(priority) = &policy.priority {
         if let Some(header) = &priority.header {
             check_header_name(&mut r, "priority.header", header);
@@ -487,19 +495,195 @@ fn check_scope(r: &mut Report, policy: &Policy) {
     }
 }
 
+/// `pool`: two or more members with names and clusters of their own,
+/// weights in range, each with limits of its own; a pool routes every call,
+/// so it cannot be in shadow mode.
+fn check_pool(r: &mut Report, policy: &Policy, pool: &PoolSpec) {
+    if policy.mode == Mode::Shadow {
+        r.at(
+            "mode",
+            "a pool routes every call to a member: its policy limits in `reject` or `queue` mode, not in shadow mode",
+        );
+    }
+    let mut pr = Report::new(r.errors, &join_path(&r.prefix, "pool"));
+    check_header_name(&mut pr, "route_header", &pool.route_header);
+    if let Some(sticky) = &pool.sticky {
+        match (&sticky.header, &sticky.json) {
+            (Some(header), None) => check_header_name(&mut pr, "sticky.header", header),
+            (None, Some(path)) => check_json_path(&mut pr, "sticky.json", path),
+            (Some(_), Some(_)) => pr.at("sticky", "give either `header` or `json`, not both"),
+            (None, None) => pr.at(
+                "sticky",
+                "give `header` (a request header) or `json` (a path in the request's JSON body)",
+            ),
+        }
+    }
+    if pool.members.len() < 2 {
+        pr.at("members", "a pool needs at least two members");
+    } else if pool.members.len() > PoolSpec::MAX_MEMBERS {
+        pr.at(
+            "members",
+            format!("at most {} members", PoolSpec::MAX_MEMBERS),
+        );
+    }
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut clusters: HashMap<&str, usize> = HashMap::new();
+    for (index, member) in pool.members.iter().enumerate() {
+        let mut mr = Report::new(
+            pr.errors,
+            &join_path(&pr.prefix, &format!("members[{index}]")),
+        );
+        check_name(&mut mr, &member.name);
+        if let Some(first) = names.insert(&member.name, index) {
+            mr.at(
+                "name",
+                format!(
+                    "duplicate name {:?}, already used by members[{first}]",
+                    member.name
+                ),
+            );
+        }
+        check_cluster(&mut mr, &member.cluster);
+        if let Some(first) = clusters.insert(&member.cluster, index) {
+            mr.at(
+                "cluster",
+                format!(
+                    "members[{first}] is routed to {:?} already: each member is an upstream of its own",
+                    member.cluster
+                ),
+            );
+        }
+        if !(member.weight.is_finite()
+            && (FairSpec::MIN_WEIGHT..=FairSpec::MAX_WEIGHT).contains(&member.weight))
+        {
+            mr.at(
+                "weight",
+                format!(
+                    "must be a number from {} to {}",
+                    FairSpec::MIN_WEIGHT,
+                    FairSpec::MAX_WEIGHT
+                ),
+            );
+        }
+        if member.limits.is_empty() {
+            mr.at(
+                "limits",
+                "a member needs at least one limit of its own (its rate, tokens or calls in flight), so that the pool knows its room",
+            );
+        } else if !member
+            .limits
+            .iter()
+            .any(|l| l.rate.is_some() && l.provider.is_some())
+        {
+            mr.at(
+                "limits",
+                "give one of a member's rate limits `provider` (e.g. {\"pause_on\": [429, 503]}), so that its refusals pause it and calls go to the other members",
+            );
+        }
+        if policy.limits.len() + member.limits.len() > bounds::MAX_LIMITS {
+            mr.at(
+                "limits",
+                format!(
+                    "the policy's limits and a member's take at most {} together",
+                    bounds::MAX_LIMITS
+                ),
+            );
+        }
+        check_named_limits(&mut mr, "limits", &member.limits);
+        for (at, limit) in member.limits.iter().enumerate() {
+            if limit.scope == Scope::Global {
+                mr.at(
+                    &format!("limits[{at}].scope"),
+                    "a member's limits are each Envoy's own (`scope: instance`); its provider's pauses still reach every Envoy",
+                );
+            }
+        }
+    }
+}
+
+/// An Envoy cluster's name as a header value: printable ASCII, no spaces.
+fn check_cluster(r: &mut Report, cluster: &str) {
+    if cluster.is_empty() {
+        r.at("cluster", "must not be empty");
+    } else if cluster.len() > bounds::MAX_NAME_LEN * 2 {
+        r.at(
+            "cluster",
+            format!("at most {} characters", bounds::MAX_NAME_LEN * 2),
+        );
+    } else if !cluster.bytes().all(|b| b.is_ascii_graphic()) {
+        r.at(
+            "cluster",
+            "an Envoy cluster's name: printable ASCII without spaces",
+        );
+    }
+}
+
+/// A pool member's limits are its own: no other policy or member names
+/// them (a limit named twice is one limit, and a member's room is its own).
+fn check_member_limits_own(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
+    let mut uses: HashMap<&str, Vec<String>> = HashMap::new();
+    for (index, policy) in policies {
+        for (at, limit) in policy.limits.iter().enumerate() {
+            uses.entry(limit.name.as_str())
+                .or_default()
+                .push(format!("policies[{index}].limits[{at}]"));
+        }
+        for (m, member) in policy
+            .pool
+            .iter()
+            .flat_map(|p| p.members.iter().enumerate())
+        {
+            for (at, limit) in member.limits.iter().enumerate() {
+                uses.entry(limit.name.as_str())
+                    .or_default()
+                    .push(format!("policies[{index}].pool.members[{m}].limits[{at}]"));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for (name, paths) in &uses {
+        if paths.len() < 2 || !paths.iter().any(|p| p.contains(".pool.")) {
+            continue;
+        }
+        for path in paths.iter().filter(|p| p.contains(".pool.")) {
+            let other = paths
+                .iter()
+                .find(|p| *p != path)
+                .cloned()
+                .unwrap_or_default();
+            found.push(FieldError {
+                path: format!("{path}.name"),
+                message: format!(
+                    "limit {name:?} is also named at {other}: a pool member's limits are its own"
+                ),
+            });
+        }
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    errors.extend(found);
+}
+
 /// A policy's further limits: each a valid rate with a valid cost and a
 /// name of its own. What the filter cannot yet enforce across several
 /// limits is refused here, never enforced wrongly.
 fn check_limits(r: &mut Report, policy: &Policy) {
-    if policy.limits.is_empty() {
+    check_named_limits(r, "limits", &policy.limits);
+}
+
+/// Limits under `field` (a policy's `limits`, a pool member's).
+fn check_named_limits(r: &mut Report, field: &str, limits: &[NamedLimit]) {
+    if limits.is_empty() {
         return;
     }
-    if policy.limits.len() > bounds::MAX_LIMITS {
-        r.at("limits", format!("at most {} limits", bounds::MAX_LIMITS));
+    if limits.len() > bounds::MAX_LIMITS {
+        r.at(field, format!("at most {} limits", bounds::MAX_LIMITS));
     }
     let mut seen: HashMap<&str, usize> = HashMap::new();
-    for (index, limit) in policy.limits.iter().enumerate() {
-        let mut lr = Report::new(r.errors, &join_path(&r.prefix, &format!("limits[{index}]")));
+    for (index, limit) in limits.iter().enumerate() {
+        let mut lr = Report::new(
+            r.errors,
+            &join_path(&r.prefix, &format!("{field}[{index}]")),
+        );
         check_name(&mut lr, &limit.name);
         if let Some(key) = &limit.key {
             check_key(&mut lr, key);

@@ -1003,3 +1003,97 @@ fn fair_shares_need_a_key_sane_weights_and_reservations_within_the_limit() {
         vec!["policies[0].fair: a fair queue orders one Envoy's waiting calls: with `scope: global`, share fairly in reject mode"]
     );
 }
+
+/// A pool member with a rate its provider pauses.
+fn member(name: &str, cluster: &str, limit: &str) -> String {
+    format!(
+        r#"{{"name": "{name}", "cluster": "{cluster}", "limits": [{{"name": "{limit}",
+            "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}}}]}}"#
+    )
+}
+
+#[test]
+fn a_pool_is_read_with_its_defaults() {
+    let json = set_with(&format!(
+        r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},
+            "pool": {{"members": [{}, {}]}}}}"#,
+        member("east", "llm-east", "east-rpm"),
+        member("west", "llm-west", "west-rpm")
+    ));
+    let set = parse_policy_set(&json).unwrap_or_else(|e| panic!("{e}"));
+    let pool = set.policies[0].pool.as_ref().expect("pool");
+    assert_eq!(pool.rule, sluice_shared::policy::PoolRule::MostRoom);
+    assert_eq!(pool.route_header, "x-sluice-member");
+    assert_eq!(pool.members[1].weight, 1.0);
+}
+
+#[test]
+fn a_pool_needs_two_members_with_names_clusters_weights_and_limits_of_their_own() {
+    let policy = |pool: &str, extra: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},
+                "limits": [{{"name": "org", "rate": {{"requests": 50, "period": "1s"}}}}]{extra},
+                "pool": {pool}}}"#
+        ))
+    };
+    assert_eq!(
+        errors_of(&policy(
+            &format!(r#"{{"members": [{}]}}"#, member("east", "a", "a-rpm")),
+            ""
+        )),
+        vec!["policies[0].pool.members: a pool needs at least two members"]
+    );
+    let clash = format!(
+        r#"{{"members": [{}, {}]}}"#,
+        member("east", "same", "a-rpm"),
+        member("east", "same", "org")
+    );
+    assert_eq!(
+        errors_of(&policy(&clash, "")),
+        vec![
+            "policies[0].pool.members[1].name: duplicate name \"east\", already used by members[0]",
+            "policies[0].pool.members[1].cluster: members[0] is routed to \"same\" already: each member is an upstream of its own",
+            "policies[0].pool.members[1].limits[0].name: limit \"org\" is also named at policies[0].limits[0]: a pool member's limits are its own",
+        ]
+    );
+    let bad = r#"{"rule": "fastest", "members": []}"#;
+    let errors = errors_of(&policy(bad, ""));
+    assert!(
+        errors[0].starts_with("policies[0].pool.rule: unknown variant `fastest`"),
+        "{errors:?}"
+    );
+    let no_provider = r#"{"members": [
+        {"name": "a", "cluster": "a", "weight": 0, "limits": [{"name": "a-rpm", "rate": {"requests": 1, "period": "1s"}}]},
+        {"name": "b", "cluster": "b c", "limits": []}]}"#;
+    assert_eq!(
+        errors_of(&policy(no_provider, "")),
+        vec![
+            "policies[0].pool.members[0].weight: must be a number from 0.001 to 1000",
+            "policies[0].pool.members[0].limits: give one of a member's rate limits `provider` (e.g. {\"pause_on\": [429, 503]}), so that its refusals pause it and calls go to the other members",
+            "policies[0].pool.members[1].cluster: an Envoy cluster's name: printable ASCII without spaces",
+            "policies[0].pool.members[1].limits: a member needs at least one limit of its own (its rate, tokens or calls in flight), so that the pool knows its room",
+        ]
+    );
+    let ok = format!(
+        r#"{{"members": [{}, {}]}}"#,
+        member("east", "a", "a-rpm"),
+        member("west", "b", "b-rpm")
+    );
+    assert_eq!(
+        errors_of(&policy(&ok, r#", "mode": "shadow""#)),
+        vec!["policies[0].mode: a pool routes every call to a member: its policy limits in `reject` or `queue` mode, not in shadow mode"]
+    );
+    assert!(parse_policy_set(&policy(&ok, "")).is_ok());
+    // A member's limit named by another policy is refused there too.
+    let other = format!(
+        r#"{{"version": 1, "policies": [
+            {{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},
+              "pool": {ok}}},
+            {{"name": "other", "match": {{"host": "o.example"}}, "rate": {{"requests": 1, "period": "1s"}},
+              "limits": [{{"name": "b-rpm", "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}}}]}}]}}"#
+    );
+    assert_eq!(
+        errors_of(&other),
+        vec!["policies[0].pool.members[1].limits[0].name: limit \"b-rpm\" is also named at policies[1].limits[0]: a pool member's limits are its own"]
+    );
+}

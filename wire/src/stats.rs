@@ -110,6 +110,9 @@ counters! {
         CountRead = "count_read", Local;
         /// Cuts of an adaptive limit's rate on the provider's refusals.
         RateCut = "rate_cut", Local;
+        /// Calls a pool sent to another member that Envoy retried on this
+        /// limit's member (that member refused them): counted here too.
+        PoolRetried = "pool_retried", Rate;
     }
 }
 

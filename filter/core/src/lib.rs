@@ -10,5 +10,6 @@ pub mod bucket;
 pub mod headers;
 pub mod matcher;
 pub mod plugin;
+pub mod pool;
 
 pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet};

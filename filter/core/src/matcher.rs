@@ -141,6 +141,11 @@ pub struct CompiledPolicy {
     keys_from_body: bool,
     /// `fair`: who shares the rate and the slots, with what weights.
     pub fair: Option<CompiledFair>,
+    /// `pool`: the members a call may go to, each with its limits.
+    pub pool: Option<Box<crate::pool::CompiledPool>>,
+    /// For a pool member's policy: the pool's policy's index in the set,
+    /// and the member's in its pool.
+    pub member_of: Option<(usize, usize)>,
 }
 
 /// A `fair`, ready to tell who asks: the key's hash, weight and
@@ -449,6 +454,11 @@ impl CompiledPolicy {
             fair: policy.fair.as_ref().and_then(|f| {
                 CompiledFair::new(f, policy.rate.as_ref(), policy.concurrency.as_ref())
             }),
+            pool: policy
+                .pool
+                .as_ref()
+                .map(|spec| Box::new(crate::pool::CompiledPool::new(&policy, spec))),
+            member_of: None,
             shared_name: policy.name.as_str().into(),
             policy,
         }
@@ -768,6 +778,10 @@ impl CompiledPolicy {
                 .iter()
                 .any(|l| l.cost_json.is_some() || l.price.is_some())
             || self.asks_stream_usage()
+            || self.pool.as_ref().is_some_and(|pool| {
+                pool.sticky_from_body()
+                    || pool.members.iter().any(|m| m.policy.reads_request_body())
+            })
     }
 
     /// Whether a streamed request that does not ask for its usage is
@@ -776,6 +790,10 @@ impl CompiledPolicy {
         self.limits
             .iter()
             .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
+            || self
+                .pool
+                .as_ref()
+                .is_some_and(|pool| pool.members.iter().any(|m| m.policy.asks_stream_usage()))
     }
 
     /// The currency of its money limits, when it has any.
@@ -1003,7 +1021,7 @@ impl BodyJson {
 /// Where a key's value comes from: a request header or a field of the
 /// request's JSON body.
 #[derive(Debug, Clone)]
-enum KeySource {
+pub(crate) enum KeySource {
     /// Lower case, as Envoy gives header names.
     Header(String),
     Json(UsagePath),
@@ -1011,7 +1029,7 @@ enum KeySource {
 
 impl KeySource {
     /// From a validated spec (None for one that names no source).
-    fn new(spec: &KeySpec) -> Option<Self> {
+    pub(crate) fn new(spec: &KeySpec) -> Option<Self> {
         match (&spec.header, &spec.json) {
             (Some(header), _) => Some(Self::Header(header.to_ascii_lowercase())),
             (None, Some(path)) => UsagePath::parse(path).map(Self::Json),
@@ -1019,7 +1037,7 @@ impl KeySource {
         }
     }
 
-    fn header(&self) -> Option<&str> {
+    pub(crate) fn header(&self) -> Option<&str> {
         match self {
             Self::Header(h) => Some(h),
             Self::Json(_) => None,
@@ -1027,7 +1045,7 @@ impl KeySource {
     }
 
     /// The key's value (None: absent; such calls share one bucket).
-    fn value<'r, R: RequestHeaders + ?Sized>(
+    pub(crate) fn value<'r, R: RequestHeaders + ?Sized>(
         &self,
         req: &'r R,
         body: &'r BodyJson,
@@ -1122,6 +1140,9 @@ impl Classified {
 pub struct CompiledPolicySet {
     pub version: u64,
     pub policies: Vec<CompiledPolicy>,
+    /// Each pool member's policy, after `policies` in [`Self::policy`]'s
+    /// numbering: (its pool's policy, the member).
+    members: Vec<(usize, usize)>,
 }
 
 impl CompiledPolicySet {
@@ -1136,19 +1157,36 @@ impl CompiledPolicySet {
             .prices
             .as_ref()
             .map(|t| std::sync::Arc::new(CompiledPrices::new(t)));
+        let priced = |mut compiled: CompiledPolicy| {
+            if compiled.limits.iter().any(|l| l.price.is_some()) {
+                compiled.prices = prices.clone();
+            }
+            compiled
+        };
+        let mut policies: Vec<CompiledPolicy> = set
+            .policies
+            .into_iter()
+            .map(|p| priced(CompiledPolicy::new(p)))
+            .collect();
+        let mut members = Vec::new();
+        let count = policies.len();
+        for (index, policy) in policies.iter_mut().enumerate() {
+            let Some(pool) = policy.pool.as_mut() else {
+                continue;
+            };
+            for (at, member) in pool.members.iter_mut().enumerate() {
+                if member.policy.limits.iter().any(|l| l.price.is_some()) {
+                    member.policy.prices = prices.clone();
+                }
+                member.policy.member_of = Some((index, at));
+                member.index = count + members.len();
+                members.push((index, at));
+            }
+        }
         Self {
             version: set.version,
-            policies: set
-                .policies
-                .into_iter()
-                .map(|p| {
-                    let mut compiled = CompiledPolicy::new(p);
-                    if compiled.limits.iter().any(|l| l.price.is_some()) {
-                        compiled.prices = prices.clone();
-                    }
-                    compiled
-                })
-                .collect(),
+            policies,
+            members,
         }
     }
 
@@ -1156,7 +1194,30 @@ impl CompiledPolicySet {
         Self {
             version: 0,
             policies: Vec::new(),
+            members: Vec::new(),
         }
+    }
+
+    /// The policy numbered `index`: one of `policies`, or after them a pool
+    /// member's (the pool's policy with the member's limits).
+    pub fn policy(&self, index: usize) -> Option<&CompiledPolicy> {
+        if let Some(policy) = self.policies.get(index) {
+            return Some(policy);
+        }
+        let (pool_index, at) = *self.members.get(index.checked_sub(self.policies.len())?)?;
+        let pool = self.policies.get(pool_index)?.pool.as_ref()?;
+        pool.members.get(at).map(|m| &m.policy)
+    }
+
+    /// Every policy a call may be decided as: `policies`, then each pool
+    /// member's.
+    pub fn all(&self) -> impl Iterator<Item = &CompiledPolicy> {
+        self.policies.iter().chain(
+            self.policies
+                .iter()
+                .filter_map(|p| p.pool.as_ref())
+                .flat_map(|pool| pool.members.iter().map(|m| &m.policy)),
+        )
     }
 
     /// The first policy that matches, in list order, and how the request
@@ -1221,6 +1282,17 @@ impl CompiledPolicySet {
                 let _ = req.header(":authority");
                 for header in policy.decision_headers() {
                     let _ = req.header(header);
+                }
+                let Some(pool) = &policy.pool else {
+                    continue;
+                };
+                if let Some(header) = pool.sticky_header() {
+                    let _ = req.header(header);
+                }
+                for member in &pool.members {
+                    for header in member.policy.decision_headers() {
+                        let _ = req.header(header);
+                    }
                 }
             }
         }

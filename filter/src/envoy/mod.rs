@@ -79,6 +79,13 @@ impl Host for EnvoyHost {
         let _ = abi::remove_header(MapType::HttpRequestHeaders, name);
     }
 
+    fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
+        if hostcalls::set_effective_context(context_id).is_err() {
+            return false;
+        }
+        abi::replace_header(MapType::HttpRequestHeaders, name, value.as_bytes())
+    }
+
     fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {
         abi::replace_buffer(BufferType::HttpRequestBody, old_len, body)
     }
@@ -295,6 +302,9 @@ impl RootContext for SluiceRoot {
         // Run after the borrow ends: a reply or resume may call back into us.
         for action in actions {
             match action {
+                StreamAction::SetHeader(ctx, name, value) => {
+                    host.set_request_header(ctx, &name, &value);
+                }
                 StreamAction::Resume(ctx) => {
                     if !host.resume(ctx) {
                         if let Ok(mut w) = worker.try_borrow_mut() {

@@ -21,6 +21,7 @@ mod fair;
 mod fair_slots;
 mod fleet_limits;
 mod keyed_limits;
+mod pool;
 mod provider;
 mod provider_relay;
 mod push;
@@ -233,6 +234,7 @@ fn queued_requests_resume_in_order_and_leavers_free_their_place() {
                         order.push((host.now() - T0).as_millis() * 10 + u64::from(ctx))
                     }
                     StreamAction::Reply(ctx, _) => panic!("{name}: ctx {ctx} timed out"),
+                    StreamAction::SetHeader(..) => {}
                 }
             }
         }

@@ -30,6 +30,7 @@ fn run(host: &FakeHost, w: &mut Worker, ms: u64) -> (Events, Events) {
             match action {
                 StreamAction::Resume(ctx) => resumed.push((at, ctx)),
                 StreamAction::Reply(ctx, _) => refused.push((at, ctx)),
+                StreamAction::SetHeader(..) => {}
             }
         }
     }

@@ -25,6 +25,7 @@ use super::fair::{self, Fair, FairSlot};
 use super::held_slot::HeldSlot;
 use super::limits::{self, Held, Taken};
 use super::placement::{self, Placed};
+use super::pool::{self, PoolCall};
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::slots;
@@ -103,20 +104,37 @@ impl Deciding<'_> {
             &[Option<u64>],
             &[Option<FairClaimant>],
         ),
+        pool_call: Option<&PoolCall>,
     ) -> (Decision, Option<Held>) {
-        let holds_any = !policy.limits.is_empty() || !policy.slot_limits.is_empty();
+        let holds_any =
+            !policy.limits.is_empty() || !policy.slot_limits.is_empty() || policy.pool.is_some();
         if !holds_any {
             // Most policies have one limit of their own: nothing further.
             return (self.decide_in_bucket(ctx, policy, class, false), None);
         }
         ctx.read_clock();
         let queue_wait = queue_wait(policy);
-        let taken = limits::take(
-            ctx,
-            self.budgets,
-            policy,
-            (limit_costs, limit_keys, limit_claimants),
-        );
+        let (taken, member) = match (&policy.pool, pool_call) {
+            (Some(pool), Some(call)) => match pool::take(ctx, self.budgets, pool, call) {
+                Ok(chosen) => (chosen.taken, Some(chosen.member)),
+                Err(refused) => (refused, None),
+            },
+            _ => (
+                limits::take(
+                    ctx,
+                    self.budgets,
+                    policy,
+                    (limit_costs, limit_keys, limit_claimants),
+                ),
+                None,
+            ),
+        };
+        // A pool call holds its member's limits, taken at its costs there.
+        let limits_policy = pool::limits_of(policy, member);
+        let limit_costs = match (member, pool_call) {
+            (Some(at), Some(call)) => call.members.get(at).map_or(limit_costs, |m| &m.costs[..]),
+            _ => limit_costs,
+        };
         let (must_wait, held) = match taken {
             Taken::All {
                 places,
@@ -130,6 +148,7 @@ impl Deciding<'_> {
                     slots,
                     warnings,
                     fair,
+                    member,
                 },
             ),
             Taken::Refused {
@@ -163,13 +182,13 @@ impl Deciding<'_> {
             Decision::Refuse(_) | Decision::Queue { .. } => false,
         };
         if holds_limits {
-            limits::count_admitted(ctx.metrics, policy, limit_costs);
+            limits::count_admitted(ctx.metrics, limits_policy, limit_costs);
         } else if !must_wait {
             // Refused, or queued: a queued call takes its further limits
             // again when its turn comes.
             let now = ctx.now;
-            limits::give_back(ctx, policy, (limit_costs, &held.places), now);
-            fair::give_back_limits(ctx, policy, (&held.fair, limit_costs), None);
+            limits::give_back(ctx, limits_policy, (limit_costs, &held.places), now);
+            fair::give_back_limits(ctx, limits_policy, (&held.fair, limit_costs), None);
             slots::release(ctx, &held.slots);
         }
         (decision, holds_limits.then_some(held))

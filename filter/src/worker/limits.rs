@@ -38,7 +38,7 @@ pub struct LimitPlace {
 }
 
 impl LimitPlace {
-    fn unkeyed(limit: &str) -> Self {
+    pub(super) fn unkeyed(limit: &str) -> Self {
         Self {
             key: limit_key(limit),
             owner: None,
@@ -57,6 +57,9 @@ pub(super) struct Held {
     pub warnings: Vec<(String, u64)>,
     /// What it took of its limits' fair tables.
     pub fair: FairTaken,
+    /// A pool call: the member (its place in the pool) whose limits these
+    /// are.
+    pub member: Option<usize>,
 }
 
 /// What the further limits said.

@@ -31,6 +31,7 @@ mod key_counts;
 mod key_places;
 mod limits;
 mod placement;
+mod pool;
 mod provider;
 mod queue;
 mod refusal;
@@ -70,6 +71,7 @@ pub use usage::MAX_HELD_BYTES;
 use admission::Decision;
 use budgets::Budgets;
 use ctx::Ctx;
+use pool::{MemberInputs, PoolCall};
 use shares::FleetShares;
 use streams::Streams;
 use sync_client::SyncClient;
@@ -129,6 +131,8 @@ struct Parts {
     warnings: warnings::Warnings,
     /// Admitted calls whose answer may pause their limits.
     listening: provider::Listening,
+    /// Pool calls sent to a member: whose answer may come from another.
+    routed: pool::RoutedCalls,
     /// Calls whose answer tells the caller where the limits stand.
     telling: telling::Telling,
     sync: SyncClient,
@@ -178,6 +182,7 @@ impl Worker {
                 asked: asked_usage::AskedStreams::default(),
                 warnings: warnings::Warnings::default(),
                 listening: provider::Listening::default(),
+                routed: pool::RoutedCalls::default(),
                 telling: telling::Telling::default(),
                 sync: SyncClient::default(),
                 shares: FleetShares::default(),
@@ -392,6 +397,15 @@ impl Worker {
         R: RequestHeaders + ?Sized,
     {
         self.event(host, When::Fresh, |parts, ctx| {
+            // A pool call Envoy retried on another member: that member's
+            // limits read the answer.
+            if let Some((index, keys)) = parts.routed.answered(ctx, context_id, headers) {
+                let set = Rc::clone(&parts.policies);
+                parts.listening.forget(context_id);
+                parts
+                    .listening
+                    .expect(context_id, (&set, index), &keys, &[]);
+            }
             let news = parts.listening.on_headers(ctx, context_id, headers);
             if news {
                 parts.sync.hurry(ctx);
@@ -528,13 +542,56 @@ impl Parts {
             policy.limit_keys(req, (&self.key_secret, self.spend_labels.secret()), &body);
         let fair_secret = self.spend_labels.secret().unwrap_or(&self.key_secret);
         let limit_claimants = policy.limit_claimants(req, fair_secret, &body);
+        let pool_call = policy.pool.as_ref().map(|pool| PoolCall {
+            members: pool
+                .members
+                .iter()
+                .map(|m| MemberInputs {
+                    costs: m.policy.limit_costs(req, &body, call_price.as_ref()),
+                    keys: m.policy.limit_keys(
+                        req,
+                        (&self.key_secret, self.spend_labels.secret()),
+                        &body,
+                    ),
+                    claimants: m.policy.limit_claimants(req, fair_secret, &body),
+                })
+                .collect(),
+            sticky: pool.sticky_key(req, &body),
+            draw: ctx.now.as_nanos() ^ u64::from(context_id).rotate_left(32),
+        });
         let (decision, held) = deciding.decide(
             ctx,
             policy,
             &class,
             (&limit_costs, &limit_keys, &limit_claimants),
+            pool_call.as_ref(),
         );
         let now = ctx.now;
+        // A pool call is decided, usage and answer, as its member's policy.
+        let member = held.as_ref().and_then(|h| h.member);
+        let (limit_costs, limit_keys, policy_index) =
+            match (member, &pool_call, policy.pool.as_deref()) {
+                (Some(at), Some(call), Some(pool)) => {
+                    let inputs = call.members.get(at).cloned().unwrap_or_default();
+                    let index = pool.members.get(at).map_or(class.policy_index, |m| m.index);
+                    self.routed.insert(
+                        context_id,
+                        pool::Routed {
+                            set: Rc::clone(&policies),
+                            pool_index: class.policy_index,
+                            chosen: at,
+                            costs: call.members.iter().map(|m| m.costs.clone()).collect(),
+                            keys: call.members.iter().map(|m| m.keys.clone()).collect(),
+                        },
+                    );
+                    if let Some(m) = pool.members.get(at) {
+                        pool::route(ctx, context_id, pool, m);
+                    }
+                    (inputs.costs, inputs.keys, index)
+                }
+                _ => (limit_costs, limit_keys, class.policy_index),
+            };
+        let limits_policy = policies.policy(policy_index).unwrap_or(policy);
         if class.key != BucketKey::Policy {
             let outcome = match decision {
                 Decision::Pass | Decision::Admit { .. } => KeyOutcome::Admitted,
@@ -549,14 +606,14 @@ impl Parts {
             Some(held) => {
                 self.spend_labels.record(
                     ctx,
-                    policy,
+                    limits_policy,
                     (req, &body),
                     (&limit_keys, &self.key_secret),
                 );
-                if policy.reads_usage() {
+                if limits_policy.reads_usage() {
                     self.usages.expect(
                         context_id,
-                        policy,
+                        limits_policy,
                         (&limit_costs, &held.places),
                         call_price.as_ref(),
                         now,
@@ -564,12 +621,8 @@ impl Parts {
                 }
                 self.warnings.expect(context_id, &held.warnings);
                 let counted: Vec<_> = held.places.iter().map(|p| p.counted).collect();
-                self.listening.expect(
-                    context_id,
-                    (&policies, class.policy_index),
-                    &limit_keys,
-                    &counted,
-                );
+                self.listening
+                    .expect(context_id, (&policies, policy_index), &limit_keys, &counted);
                 held.slots
             }
             None => Vec::new(),
@@ -628,6 +681,7 @@ impl Parts {
                     limit_keys,
                     limit_claimants,
                     price: call_price,
+                    pool: pool_call.map(Box::new),
                 };
                 self.streams
                     .queued(ctx.metrics, context_id, policy, waiting, now);
@@ -687,6 +741,7 @@ impl Parts {
 
     fn stream_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
         self.listening.forget(context_id);
+        self.routed.forget(context_id);
         self.telling.forget(context_id);
         self.warnings.forget(context_id);
         self.asked.end(context_id);
@@ -713,7 +768,25 @@ impl Parts {
             &mut served,
         );
         for left in served.with_limits {
-            if let Some(policy) = policies.policies.get(left.policy_index) {
+            if let Some((chosen, call)) = &left.pool {
+                if let Some(pool_index) = policies
+                    .policy(left.policy_index)
+                    .and_then(|p| p.member_of)
+                    .map(|(pool_index, _)| pool_index)
+                {
+                    self.routed.insert(
+                        left.context_id,
+                        pool::Routed {
+                            set: Rc::clone(&policies),
+                            pool_index,
+                            chosen: *chosen,
+                            costs: call.members.iter().map(|m| m.costs.clone()).collect(),
+                            keys: call.members.iter().map(|m| m.keys.clone()).collect(),
+                        },
+                    );
+                }
+            }
+            if let Some(policy) = policies.policy(left.policy_index) {
                 if policy.reads_usage() {
                     self.usages.expect(
                         left.context_id,

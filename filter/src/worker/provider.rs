@@ -18,6 +18,7 @@ use sluice_wire::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_
 use sluice_wire::sync_answer::read_news;
 
 use super::ctx::Ctx;
+use super::retry::DEFAULT_RETRY;
 use crate::counters::LimitCounters;
 use crate::entries::{self, provider_key};
 use crate::host::{Host, Level};
@@ -145,7 +146,7 @@ impl Listening {
         keys: &[Option<u64>],
         counted: &[Option<Counted>],
     ) {
-        let Some(policy) = set.policies.get(policy_index) else {
+        let Some(policy) = set.policy(policy_index) else {
             return;
         };
         let listeners: Vec<Listener> = policy
@@ -196,9 +197,15 @@ impl Listening {
         let Some(call) = self.calls.remove(&context_id) else {
             return news;
         };
-        let Some(policy) = call.set.policies.get(call.policy_index) else {
+        let Some(policy) = call.set.policy(call.policy_index) else {
             return news;
         };
+        // A pool member's own limits (not its pool's): a refusal without a
+        // wait passes the member over for a while.
+        let own_from = policy
+            .member_of
+            .and_then(|(pool, at)| call.set.policies.get(pool)?.pool.as_ref()?.members.get(at))
+            .map_or(usize::MAX, |m| m.own_limits);
         let status = headers
             .header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
@@ -225,11 +232,17 @@ impl Listening {
                 PauseSignal::Refused => {
                     ctx.metrics
                         .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+                    if listener.limit >= own_from {
+                        pause_member(ctx, limit, status.unwrap_or(0));
+                    }
                 }
                 PauseSignal::Malformed(e) => {
                     ctx.metrics
                         .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
                     ignored(host, ctx.metrics, &limit.name, &e);
+                    if listener.limit >= own_from {
+                        pause_member(ctx, limit, status.unwrap_or(0));
+                    }
                 }
                 PauseSignal::Pause { wait, capped } => {
                     ctx.metrics
@@ -379,6 +392,25 @@ fn pause<H: Host + ?Sized>(
         ),
     );
     true
+}
+
+/// A pool member's limit whose provider refused a call without saying how
+/// long to wait (or whose refusal only Envoy's retry saw: `status` 0): the
+/// pool passes the member over for [`DEFAULT_RETRY`], as the wait a
+/// provider that names none is given, so that calls go to the others.
+pub(super) fn pause_member<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    limit: &CompiledLimit,
+    status: u16,
+) -> bool {
+    if limit.provider.is_none() {
+        return false;
+    }
+    let why = PauseWhy {
+        status,
+        relayed: false,
+    };
+    pause(ctx, limit, None, why, DEFAULT_RETRY, false)
 }
 
 /// Whether what `limit`'s provider says is relayed to and from the other

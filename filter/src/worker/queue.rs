@@ -12,6 +12,7 @@ use sluice_shared::time::Instant;
 use super::budgets::Budgets;
 use super::ctx::Ctx;
 use super::limits::{self, LimitPlace, Taken};
+use super::pool::{self, PoolCall};
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::streams::{Further, Streams};
@@ -22,6 +23,9 @@ use crate::prefetch::Prefetches;
 /// What the tick asks the glue to do to a paused stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamAction {
+    /// Set a header of the paused request before it resumes (a pool call's
+    /// member: Envoy routes by it).
+    SetHeader(u32, String, String),
     Resume(u32),
     Reply(u32, LocalReply),
 }
@@ -46,6 +50,8 @@ pub(super) struct LeftWithLimits {
     pub price: Option<sluice_shared::price::ModelPrice>,
     /// Limits it left past a warning line: (name, thousandths used).
     pub warnings: Vec<(String, u64)>,
+    /// A pool call: the member it left for, and what it would cost at each.
+    pub pool: Option<(usize, Box<PoolCall>)>,
 }
 
 /// Calls that left the queue holding their policy's further limits.
@@ -88,7 +94,7 @@ pub(super) fn serve<H: Host + ?Sized>(
             limits: &limits,
             previous_poll,
         };
-        if policy.limits.is_empty() && policy.slot_limits.is_empty() {
+        if policy.limits.is_empty() && policy.slot_limits.is_empty() && policy.pool.is_none() {
             poll.all_turns(ctx, parts, &mut actions);
         } else {
             poll.head_turns_with_limits(ctx, parts, (index, policy), &mut actions, served);
@@ -174,7 +180,7 @@ impl Poll<'_> {
             let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) else {
                 return;
             };
-            let (costs, keys, claimants, price) = parts
+            let (costs, keys, claimants, price, pool_call) = parts
                 .streams
                 .get(context_id)
                 .and_then(|s| s.further.as_deref())
@@ -184,10 +190,30 @@ impl Poll<'_> {
                         f.keys.clone(),
                         f.claimants.clone(),
                         f.price,
+                        f.pool.clone(),
                     )
                 })
                 .unwrap_or_default();
-            let taken = limits::take(ctx, parts.budgets, policy, (&costs, &keys, &claimants));
+            // A pool call goes to a member that can take it now.
+            let (taken, member) = match (&policy.pool, &pool_call) {
+                (Some(pool), Some(call)) => match pool::take(ctx, parts.budgets, pool, call) {
+                    Ok(chosen) => (chosen.taken, Some(chosen.member)),
+                    Err(refused) => (refused, None),
+                },
+                _ => (
+                    limits::take(ctx, parts.budgets, policy, (&costs, &keys, &claimants)),
+                    None,
+                ),
+            };
+            let limits_policy = pool::limits_of(policy, member);
+            let (costs, keys, index) = match (member, &pool_call, &policy.pool) {
+                (Some(at), Some(call), Some(pool)) => {
+                    let inputs = call.members.get(at).cloned().unwrap_or_default();
+                    let index = pool.members.get(at).map_or(index, |m| m.index);
+                    (inputs.costs, inputs.keys, index)
+                }
+                _ => (costs, keys, index),
+            };
             let Taken::All {
                 places,
                 slots,
@@ -207,12 +233,21 @@ impl Poll<'_> {
                 .unwrap_or_default();
             match left {
                 (Some(left), lease) if left == ticket => {
-                    limits::count_admitted(ctx.metrics, policy, &costs);
+                    limits::count_admitted(ctx.metrics, limits_policy, &costs);
                     parts.streams.turn_came(ctx.metrics, context_id, lease, now);
                     let series = ctx.metrics.series_of(policy.name());
                     parts
                         .streams
                         .hold_slots(context_id, (policy, series), slots, now);
+                    if let (Some(at), Some(pool)) = (member, &policy.pool) {
+                        if let Some(m) = pool.members.get(at) {
+                            actions.push(StreamAction::SetHeader(
+                                context_id,
+                                pool.route_header.clone(),
+                                m.cluster.clone(),
+                            ));
+                        }
+                    }
                     served.with_limits.push(LeftWithLimits {
                         context_id,
                         policy_index: index,
@@ -221,14 +256,15 @@ impl Poll<'_> {
                         places,
                         price,
                         warnings,
+                        pool: member.zip(pool_call),
                     });
                     actions.push(StreamAction::Resume(context_id));
                 }
                 _ => {
                     // Another worker changed the queue in between: the
                     // limits get their tokens back; the next tick polls again.
-                    limits::give_back(ctx, policy, (&costs, &places), now);
-                    super::fair::give_back_limits(ctx, policy, (&fair, &costs), None);
+                    limits::give_back(ctx, limits_policy, (&costs, &places), now);
+                    super::fair::give_back_limits(ctx, limits_policy, (&fair, &costs), None);
                     super::slots::release(ctx, &slots);
                     return;
                 }

@@ -16,6 +16,7 @@ use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
 use super::held_slot::HeldSlot;
+use super::pool::PoolCall;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyCounter, PolicySeries};
 use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
@@ -41,6 +42,9 @@ pub(super) struct Waiting {
     pub limit_claimants: Vec<Option<FairClaimant>>,
     /// The call's model's prices, for its money limits.
     pub price: Option<ModelPrice>,
+    /// A pool call: what it would take at each member (chosen when its
+    /// turn comes).
+    pub pool: Option<Box<PoolCall>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +74,8 @@ pub(super) struct Further {
     pub claimants: Vec<Option<FairClaimant>>,
     /// Its model's prices, for its money limits.
     pub price: Option<ModelPrice>,
+    /// A queued pool call: what it would take at each member.
+    pub pool: Option<Box<PoolCall>>,
     /// Slots it holds in the further concurrency limits.
     pub slots: Vec<HeldSlot>,
 }
@@ -207,6 +213,7 @@ impl Streams {
             limit_keys,
             limit_claimants,
             price,
+            pool,
         } = waiting;
         metrics.add_to(series, PolicyCounter::Queued, 1);
         let state = StreamState::Waiting(turn);
@@ -217,6 +224,7 @@ impl Streams {
             further.keys = limit_keys;
             further.claimants = limit_claimants;
             further.price = price;
+            further.pool = pool;
         }
     }
 

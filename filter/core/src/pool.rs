@@ -1,0 +1,142 @@
+//! A policy's pool, ready to route: its members, each called as the pool's
+//! policy with the member's own limits after the policy's (so that taking
+//! a member is taking that policy's further limits, all or nothing, as
+//! any policy's), its cluster, weight and the hash sticky keys land by.
+//! Which member a call tries first is `sluice_shared::pool::order`'s.
+
+use std::hash::{Hash, Hasher};
+
+use sluice_shared::policy::{KeySpec, Policy, PoolRule, PoolSpec};
+use sluice_shared::pool::Rule;
+
+use sluice_shared::request_headers::RequestHeaders;
+
+use crate::matcher::{BodyJson, CompiledPolicy, KeySource};
+
+/// A validated `pool`.
+#[derive(Debug, Clone)]
+pub struct CompiledPool {
+    pub rule: Rule,
+    sticky: Option<KeySource>,
+    /// Lower case: the request header the chosen member's cluster goes in.
+    pub route_header: String,
+    pub members: Vec<CompiledMember>,
+}
+
+/// One member of a pool.
+#[derive(Debug, Clone)]
+pub struct CompiledMember {
+    pub name: String,
+    pub cluster: String,
+    pub weight: f64,
+    /// Its name's hash: where sticky keys land (rendezvous hashing).
+    pub id: u64,
+    /// The pool's policy as this member takes calls: the policy's limits,
+    /// then the member's (`own_limits` on, in `limits`; `own_slots` on,
+    /// in `slot_limits`).
+    pub policy: CompiledPolicy,
+    pub own_limits: usize,
+    pub own_slots: usize,
+    /// Its policy's number in the set (`CompiledPolicySet::policy`).
+    pub index: usize,
+}
+
+impl CompiledMember {
+    /// The member's own rate limits (not the policy's).
+    pub fn rate_limits(&self) -> &[crate::matcher::CompiledLimit] {
+        self.policy
+            .limits
+            .get(self.own_limits..)
+            .unwrap_or_default()
+    }
+
+    /// The member's own concurrency limits.
+    pub fn slot_limits(&self) -> &[crate::matcher::CompiledSlotLimit] {
+        self.policy
+            .slot_limits
+            .get(self.own_slots..)
+            .unwrap_or_default()
+    }
+}
+
+impl CompiledPool {
+    /// From a validated policy's `pool`.
+    pub fn new(policy: &Policy, spec: &PoolSpec) -> Self {
+        let rule = match spec.rule {
+            PoolRule::MostRoom => Rule::MostRoom,
+            PoolRule::Weighted => Rule::Weighted,
+            PoolRule::Priority => Rule::Priority,
+        };
+        let sticky = spec.sticky.as_ref().and_then(|s| {
+            KeySource::new(&KeySpec {
+                header: s.header.clone(),
+                json: s.json.clone(),
+                max_keys: 1,
+                overflow: Default::default(),
+                label: Default::default(),
+            })
+        });
+        let own_rates = policy.limits.iter().filter(|l| l.rate.is_some()).count();
+        let own_slots = policy
+            .limits
+            .iter()
+            .filter(|l| l.concurrency.is_some())
+            .count();
+        let members = spec
+            .members
+            .iter()
+            .map(|member| {
+                let mut as_member = policy.clone();
+                as_member.pool = None;
+                as_member.limits.extend(member.limits.iter().cloned());
+                CompiledMember {
+                    name: member.name.clone(),
+                    cluster: member.cluster.clone(),
+                    weight: member.weight,
+                    id: stable_hash(member.name.as_bytes()),
+                    policy: CompiledPolicy::new(as_member),
+                    own_limits: own_rates,
+                    own_slots,
+                    index: usize::MAX,
+                }
+            })
+            .collect();
+        Self {
+            rule,
+            sticky,
+            route_header: spec.route_header.to_ascii_lowercase(),
+            members,
+        }
+    }
+
+    /// The call's sticky key, hashed (None: the pool has none, or the call
+    /// lacks it).
+    pub fn sticky_key<R: RequestHeaders + ?Sized>(&self, req: &R, body: &BodyJson) -> Option<u64> {
+        let value = self.sticky.as_ref()?.value(req, body)?;
+        Some(stable_hash(&value))
+    }
+
+    /// The header the sticky key is read from, if it is one.
+    pub fn sticky_header(&self) -> Option<&str> {
+        self.sticky.as_ref().and_then(KeySource::header)
+    }
+
+    /// Whether the sticky key is read from the body.
+    pub fn sticky_from_body(&self) -> bool {
+        self.sticky.as_ref().is_some_and(|s| s.header().is_none())
+    }
+
+    /// The member named `name`.
+    pub fn member(&self, name: &[u8]) -> Option<usize> {
+        self.members.iter().position(|m| m.name.as_bytes() == name)
+    }
+}
+
+/// A hash that is the same on every Envoy and every run (SipHash with
+/// fixed keys): a sticky key lands on the same member everywhere.
+fn stable_hash(bytes: &[u8]) -> u64 {
+    #[allow(deprecated)]
+    let mut hasher = std::hash::SipHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
+}

@@ -1,0 +1,248 @@
+//! A pool policy sends each call to a member that can take it: the member
+//! with the most room by default, the sticky key's own while it has room;
+//! a member its provider paused is passed over; when none can take it the
+//! call is refused with the soonest any can; an answer from another member
+//! (Envoy retried there) counts at that member and pauses the first.
+
+use crate::testing::FakeHost;
+use crate::tests::{pass, req, status, worker, T0};
+use crate::worker::{StreamAction, Verdict, Worker};
+
+/// Two deployments: east 10 a second, west 5 a second; each pauses on
+/// its provider's 429.
+const POOL: &str = r#"{"version": 1, "policies": [
+    {"name": "llm", "match": {"host": "llm.example"},
+     "rate": {"requests": 1000, "period": "1s"},
+     "pool": {"sticky": {"header": "x-conversation"}, "members": [
+       {"name": "east", "cluster": "llm-east",
+        "limits": [{"name": "east-rpm", "rate": {"requests": 10, "period": "1s"},
+                    "provider": {"max_pause": "60s"}}]},
+       {"name": "west", "cluster": "llm-west",
+        "limits": [{"name": "west-rpm", "rate": {"requests": 5, "period": "1s"},
+                    "provider": {"max_pause": "60s"}}]}]}}]}"#;
+
+const HOST: &[u8] = b"llm.example";
+
+fn call(host: &FakeHost, w: &mut Worker, id: u32, extra: &[(&str, &[u8])]) -> Verdict {
+    w.on_request(host, id, req(HOST, extra).as_slice())
+}
+
+/// Where call `id` was routed (the cluster its route header names).
+fn routed(host: &FakeHost, id: u32) -> Option<String> {
+    host.set_headers
+        .borrow()
+        .iter()
+        .rev()
+        .find(|(c, name, _)| *c == id && name == "x-sluice-member")
+        .map(|(_, _, v)| v.clone())
+}
+
+fn answer(host: &FakeHost, w: &mut Worker, id: u32, headers: &[(&str, &[u8])]) {
+    w.on_response_headers(host, id, headers, true);
+    w.on_stream_end(host, id);
+}
+
+fn header<'a>(v: &'a Verdict, name: &str) -> Option<&'a str> {
+    match v {
+        Verdict::Reply(r) => r
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str()),
+        _ => None,
+    }
+}
+
+#[test]
+fn calls_spread_by_room_and_fill_both_members_before_any_refusal() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, POOL);
+    let mut to = std::collections::BTreeMap::<String, u32>::new();
+    for id in 1..=15 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue, "call {id}");
+        *to.entry(routed(&host, id).expect("routed")).or_default() += 1;
+    }
+    assert_eq!(to.get("llm-east"), Some(&10), "{to:?}");
+    assert_eq!(to.get("llm-west"), Some(&5), "{to:?}");
+    // Most room first: the members fill alike, west is not left for last.
+    let first_six: Vec<_> = (1..=6).filter_map(|id| routed(&host, id)).collect();
+    assert!(first_six.iter().any(|c| c == "llm-west"), "{first_six:?}");
+    let refused = call(&host, &mut w, 16, &[]);
+    assert_eq!(status(&refused), 429, "both full");
+    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    pass(&host, &mut w, 1_000);
+    assert_eq!(call(&host, &mut w, 17, &[]), Verdict::Continue);
+    w.on_tick(&host);
+    let admitted = host.metric("sluice.limit.east-rpm.admitted")
+        + host.metric("sluice.limit.west-rpm.admitted");
+    assert_eq!(admitted, 16, "each call counted at its one member");
+}
+
+#[test]
+fn a_paused_member_is_passed_over_and_the_refusal_names_the_soonest_room() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, POOL);
+    // East answers 429 for 30 s.
+    let mut east_call = None;
+    for id in 1..=4 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+        if routed(&host, id).as_deref() == Some("llm-east") && east_call.is_none() {
+            east_call = Some(id);
+        } else {
+            answer(&host, &mut w, id, &[(":status", b"200")]);
+        }
+    }
+    let east_call = east_call.expect("one call went east");
+    answer(
+        &host,
+        &mut w,
+        east_call,
+        &[(":status", b"429"), ("retry-after", b"30")],
+    );
+    pass(&host, &mut w, 1_000);
+    for id in 10..15 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+        assert_eq!(routed(&host, id).as_deref(), Some("llm-west"), "call {id}");
+    }
+    let refused = call(&host, &mut w, 15, &[]);
+    assert_eq!(status(&refused), 429);
+    assert_eq!(
+        header(&refused, "retry-after"),
+        Some("1"),
+        "west has room within a second, east only in 29 s"
+    );
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.east-rpm.paused"), 1);
+}
+
+#[test]
+fn a_refusal_without_a_wait_passes_the_member_over_for_a_second() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, POOL);
+    assert_eq!(call(&host, &mut w, 1, &[]), Verdict::Continue);
+    let first = routed(&host, 1).expect("routed");
+    answer(&host, &mut w, 1, &[(":status", b"429")]);
+    for id in 2..=4 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+        assert_ne!(routed(&host, id), Some(first.clone()), "call {id}");
+    }
+    pass(&host, &mut w, 1_100);
+    let back: Vec<_> = (5..=12)
+        .map(|id| {
+            assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+            routed(&host, id)
+        })
+        .collect();
+    assert!(
+        back.contains(&Some(first.clone())),
+        "{first} is back: {back:?}"
+    );
+}
+
+#[test]
+fn a_sticky_key_stays_on_its_member_while_it_has_room() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, POOL);
+    let mut homes = std::collections::BTreeSet::new();
+    for (n, conversation) in ["c1", "c2", "c3", "c4", "c5", "c6"].iter().enumerate() {
+        let id = 100 + n as u32;
+        let extra: &[(&str, &[u8])] = &[("x-conversation", conversation.as_bytes())];
+        assert_eq!(call(&host, &mut w, id, extra), Verdict::Continue);
+        let home = routed(&host, id).expect("routed");
+        answer(&host, &mut w, id, &[(":status", b"200")]);
+        pass(&host, &mut w, 1_000);
+        for again in 0..3 {
+            let id = 200 + 10 * n as u32 + again;
+            assert_eq!(call(&host, &mut w, id, extra), Verdict::Continue);
+            assert_eq!(routed(&host, id), Some(home.clone()), "{conversation}");
+            answer(&host, &mut w, id, &[(":status", b"200")]);
+        }
+        homes.insert(home);
+        pass(&host, &mut w, 1_000);
+    }
+    assert_eq!(homes.len(), 2, "six conversations land on both members");
+    // Its member full: the conversation goes to the other.
+    let extra: &[(&str, &[u8])] = &[("x-conversation", b"c1")];
+    let mut clusters = std::collections::BTreeSet::new();
+    for id in 300..312 {
+        assert_eq!(call(&host, &mut w, id, extra), Verdict::Continue);
+        clusters.insert(routed(&host, id).expect("routed"));
+    }
+    assert_eq!(clusters.len(), 2, "spilled over once full: {clusters:?}");
+}
+
+#[test]
+fn an_answer_from_another_member_counts_there_and_pauses_the_first() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, POOL);
+    assert_eq!(call(&host, &mut w, 1, &[]), Verdict::Continue);
+    let first = routed(&host, 1).expect("routed");
+    let (other, other_limit, first_limit) = if first == "llm-east" {
+        ("west", "west-rpm", "east-rpm")
+    } else {
+        ("east", "east-rpm", "west-rpm")
+    };
+    answer(
+        &host,
+        &mut w,
+        1,
+        &[
+            (":status", b"429"),
+            ("retry-after", b"20"),
+            ("x-sluice-member-answered", other.as_bytes()),
+        ],
+    );
+    w.on_tick(&host);
+    assert_eq!(
+        host.metric(&format!("sluice.limit.{other_limit}.pool_retried")),
+        1
+    );
+    // The answer was the other member's: its limit paused for 20 s, and
+    // the first one for a second.
+    assert_eq!(
+        host.metric(&format!("sluice.limit.{other_limit}.paused")),
+        1
+    );
+    assert_eq!(
+        host.metric(&format!("sluice.limit.{first_limit}.paused")),
+        1
+    );
+    let refused = call(&host, &mut w, 2, &[]);
+    assert_eq!(status(&refused), 429, "both paused");
+    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    pass(&host, &mut w, 1_100);
+    assert_eq!(call(&host, &mut w, 3, &[]), Verdict::Continue);
+    assert_eq!(routed(&host, 3), Some(first));
+}
+
+#[test]
+fn a_queued_pool_call_goes_to_the_member_that_frees_first() {
+    let host = FakeHost::at(T0);
+    let queued = POOL.replace(
+        r#""rate": {"requests": 1000, "period": "1s"},"#,
+        r#""rate": {"requests": 1000, "period": "1s"}, "on_limit": {"action": "queue", "max_wait": "3s"},"#,
+    );
+    let mut w = worker(&host, &queued);
+    for id in 1..=15 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+    }
+    let v = call(&host, &mut w, 16, &[]);
+    assert!(matches!(v, Verdict::Pause { .. }), "{v:?}");
+    let (mut resumed, mut routes) = (Vec::new(), Vec::new());
+    for _ in 0..15 {
+        host.advance_ms(100);
+        for action in w.on_tick(&host) {
+            match action {
+                StreamAction::Resume(id) => resumed.push(id),
+                StreamAction::SetHeader(id, name, value) => {
+                    assert_eq!(name, "x-sluice-member");
+                    routes.push((id, value));
+                }
+                StreamAction::Reply(id, _) => panic!("{id} refused"),
+            }
+        }
+    }
+    assert_eq!(resumed, vec![16]);
+    assert_eq!(routes.len(), 1, "routed as it resumed: {routes:?}");
+    assert_eq!(routes[0].0, 16);
+}

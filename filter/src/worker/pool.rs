@@ -1,0 +1,278 @@
+//! A pool policy's call (`pool`): which member takes it, and what an
+//! answer from another member (Envoy retried it there) means. The order
+//! members are tried in is `sluice_shared::pool::order`'s; a member takes a
+//! call as any policy's further limits do ([`limits::take`], all or
+//! nothing), with the pool's policy's own further limits in front.
+
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
+use sluice_filter_core::pool::{CompiledMember, CompiledPool};
+use sluice_shared::fair::FairClaimant;
+use sluice_shared::policy::PoolSpec;
+use sluice_shared::pool::{self, MemberNow};
+use sluice_shared::request_headers::RequestHeaders;
+use sluice_shared::time::Instant;
+
+use super::budgets::Budgets;
+use super::ctx::Ctx;
+use super::limits::{self, LimitPlace, Taken};
+use super::provider;
+use super::retry::DEFAULT_RETRY;
+use super::slots;
+use crate::entries::{self, LimitState};
+use crate::host::{Host, Level};
+use crate::metrics::LimitCounter;
+
+/// What a call would take from one member's limits (its policy's and its
+/// own, in its policy's order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct MemberInputs {
+    pub costs: Vec<u64>,
+    pub keys: Vec<Option<u64>>,
+    pub claimants: Vec<Option<FairClaimant>>,
+}
+
+/// A pool call's inputs: per member, and its sticky key's hash.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct PoolCall {
+    pub members: Vec<MemberInputs>,
+    pub sticky: Option<u64>,
+    /// Where a weighted draw starts (the call's own: calls spread).
+    pub draw: u64,
+}
+
+/// A member took the call: which (its place in the pool) and what it
+/// took.
+pub(super) struct Chosen {
+    pub member: usize,
+    pub taken: Taken,
+}
+
+/// Tries the pool's members for the call, best first by the pool's rule
+/// (the sticky key's own member first while it can take it), then those
+/// full or paused (a member whose room was misread still gets its say).
+/// The first whose limits take the call all keeps it. When none does, the
+/// refusal is the one with the soonest room: its `Retry-After` is the
+/// earliest any member can take a call again.
+pub(super) fn take<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    budgets: &mut Budgets,
+    pool: &CompiledPool,
+    call: &PoolCall,
+) -> Result<Chosen, Taken> {
+    let now = ctx.now;
+    let members: Vec<MemberNow> = pool
+        .members
+        .iter()
+        .map(|m| member_now(ctx, m, now))
+        .collect();
+    let mut order = pool::order(pool.rule, &members, call.sticky, call.draw);
+    for rest in 0..members.len() {
+        if !order.contains(&rest) {
+            order.push(rest);
+        }
+    }
+    let mut soonest: Option<Taken> = None;
+    for at in order {
+        let (Some(member), Some(inputs)) = (pool.members.get(at), call.members.get(at)) else {
+            continue;
+        };
+        let taken = limits::take(
+            ctx,
+            budgets,
+            &member.policy,
+            (&inputs.costs, &inputs.keys, &inputs.claimants),
+        );
+        let refused_for = match &taken {
+            Taken::All { .. } => return Ok(Chosen { member: at, taken }),
+            Taken::Refused { retry_after, .. } => *retry_after,
+            Taken::Unknown { .. } => DEFAULT_RETRY,
+        };
+        let sooner = match &soonest {
+            Some(Taken::Refused { retry_after, .. }) => refused_for < *retry_after,
+            Some(_) => true,
+            None => true,
+        };
+        if sooner {
+            soonest = Some(taken);
+        }
+    }
+    Err(soonest.unwrap_or(Taken::Refused {
+        limit: String::new(),
+        retry_after: DEFAULT_RETRY,
+        why: limits::Why::Limit,
+        standing: None,
+    }))
+}
+
+/// A member as the choice sees it: what is left of its tightest limit of
+/// its own, as a part of that limit, and whether its provider paused it.
+/// A keyed limit's room is its key's, which the take finds: it is not
+/// read here.
+fn member_now<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    member: &CompiledMember,
+    now: Instant,
+) -> MemberNow {
+    let mut room: f64 = 1.0;
+    let mut paused = false;
+    for limit in member.rate_limits() {
+        if provider::paused(ctx.host, limit, None, now).is_some() {
+            paused = true;
+        }
+        if limit.keys.is_some() {
+            continue;
+        }
+        let state = entries::read(
+            ctx.host,
+            &entries::limit_key(&limit.name),
+            &LimitState(&limit.rate),
+        );
+        let whole = limit
+            .rate
+            .available(&limit.rate.initial_state(), now)
+            .max(1);
+        let left = limit.rate.available(&state, now);
+        room = room.min(left as f64 / whole as f64);
+    }
+    for limit in member.slot_limits() {
+        let max = limit.limit.max_in_flight.max(1);
+        let held = slots::in_flight(ctx.host, &limit.name, now);
+        room = room.min(f64::from(max.saturating_sub(held)) / f64::from(max));
+    }
+    MemberNow {
+        id: member.id,
+        room,
+        paused,
+        weight: member.weight,
+    }
+}
+
+/// A pool call sent to a member, until its answer's headers come: under
+/// which set, pool and member, and what it would cost at each member.
+#[derive(Debug)]
+pub(super) struct Routed {
+    pub set: Rc<CompiledPolicySet>,
+    pub pool_index: usize,
+    pub chosen: usize,
+    pub costs: Vec<Vec<u64>>,
+    pub keys: Vec<Vec<Option<u64>>>,
+}
+
+/// Pool calls sent, by stream.
+#[derive(Debug, Default)]
+pub(super) struct RoutedCalls {
+    calls: FxHashMap<u32, Routed>,
+}
+
+impl RoutedCalls {
+    pub fn insert(&mut self, context_id: u32, routed: Routed) {
+        self.calls.insert(context_id, routed);
+    }
+
+    pub fn forget(&mut self, context_id: u32) {
+        if !self.calls.is_empty() {
+            self.calls.remove(&context_id);
+        }
+    }
+
+    /// The answer's headers came: when they name another member of the
+    /// pool than the one chosen ([`PoolSpec::ANSWERED_BY_HEADER`], set by
+    /// Envoy's route), Envoy retried the call there. Returns that member's
+    /// policy number and the call's keys there, whose limits read the
+    /// answer.
+    pub fn answered<H, R>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        context_id: u32,
+        headers: &R,
+    ) -> Option<(usize, Vec<Option<u64>>)>
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        if self.calls.is_empty() {
+            return None;
+        }
+        let routed = self.calls.remove(&context_id)?;
+        let name = headers.header(PoolSpec::ANSWERED_BY_HEADER)?;
+        let (pool_index, chosen) = (routed.pool_index, routed.chosen);
+        let pool = routed.set.policies.get(pool_index)?.pool.as_ref()?;
+        let at = pool.member(&name)?;
+        let costs = routed.costs.get(at)?;
+        let index = answered_by(ctx, &routed.set, (pool_index, chosen), &name, costs)?;
+        Some((index, routed.keys.get(at).cloned().unwrap_or_default()))
+    }
+}
+
+/// Writes the chosen member's cluster into the request's route header, so
+/// that Envoy's route (`cluster_header`) sends the call there.
+pub(super) fn route<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    context_id: u32,
+    pool: &CompiledPool,
+    member: &CompiledMember,
+) {
+    if !ctx
+        .host
+        .set_request_header(context_id, &pool.route_header, &member.cluster)
+    {
+        ctx.host.log(
+            Level::Warn,
+            &format!(
+                "sluice: could not route a call to pool member {} (cluster {}): the request is gone",
+                member.name, member.cluster
+            ),
+        );
+    }
+}
+
+/// A pool call sent to one member and answered by another (Envoy retried
+/// it there): the answering member's own rate limits are charged the
+/// call's cost too, whatever they hold (it reached that member), and the
+/// member first chosen, which refused it, is paused as its provider's
+/// refusal without a `Retry-After` pauses it. Returns the answering
+/// member's policy number, whose limits read the answer from now on.
+pub(super) fn answered_by<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    set: &CompiledPolicySet,
+    (pool_index, chosen): (usize, usize),
+    answered: &[u8],
+    costs: &[u64],
+) -> Option<usize> {
+    let pool = set.policies.get(pool_index)?.pool.as_ref()?;
+    let at = pool.member(answered)?;
+    if at == chosen {
+        return None;
+    }
+    let member = pool.members.get(at)?;
+    let now = ctx.now;
+    for (index, limit) in member.policy.limits.iter().enumerate() {
+        if index < member.own_limits || limit.keys.is_some() {
+            // The pool's own limits took the call once; a keyed limit's
+            // place is its key's, which this answer does not tell.
+            continue;
+        }
+        let cost = limit.rate.taken(costs.get(index).copied().unwrap_or(1));
+        let place = LimitPlace::unkeyed(&limit.name);
+        limits::adjust(ctx, &place, &limit.rate, (0, cost), now);
+        ctx.metrics
+            .add_limit(&limit.name, LimitCounter::PoolRetried, 1);
+    }
+    if let Some(first) = pool.members.get(chosen) {
+        for limit in first.rate_limits() {
+            provider::pause_member(ctx, limit, 0);
+        }
+    }
+    Some(member.index)
+}
+
+/// The limits a call of `policy` takes, and what it takes from each: the
+/// chosen member's for a pool call, else the policy's own.
+pub(super) fn limits_of(policy: &CompiledPolicy, member: Option<usize>) -> &CompiledPolicy {
+    member
+        .and_then(|at| policy.pool.as_ref()?.members.get(at))
+        .map_or(policy, |m| &m.policy)
+}
