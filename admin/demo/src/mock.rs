@@ -9,7 +9,9 @@
 //! on demand (as the provider's own, counted): header `x-mock-status` (an
 //! error status) with `x-mock-retry-after` sent back as `Retry-After`.
 //! `POST /v1/chat/completions` is an LLM-like provider ([`crate::llm`]).
-//! Counters: `GET /__mock/stats` (JSON), `POST /__mock/reset`.
+//! Counters: `GET /__mock/stats` (JSON), `POST /__mock/reset`. An outage
+//! (a pool member whose quota dropped to 0): `POST /__mock/down?secs=N`
+//! answers every call 429 with `Retry-After: N` for N seconds.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -70,6 +72,8 @@ struct Inner {
     rejected: AtomicU64,
     samples: Mutex<VecDeque<u64>>,
     window: Mutex<(u64, u64)>,
+    /// Until when every call is refused, and the `Retry-After` it is told.
+    down: Mutex<Option<(Instant, u64)>>,
 }
 
 #[derive(Clone)]
@@ -116,11 +120,13 @@ impl MockApi {
             rejected: AtomicU64::new(0),
             samples: Mutex::new(VecDeque::new()),
             window: Mutex::new((0, 0)),
+            down: Mutex::new(None),
         });
         let (llm, llm_routes) = MockLlm::routes(addr, llm);
         let app = Router::new()
             .route("/__mock/stats", get(stats))
             .route("/__mock/reset", post(reset))
+            .route("/__mock/down", post(down))
             .fallback(any(handle))
             .with_state(inner.clone())
             .merge(llm_routes);
@@ -176,6 +182,47 @@ impl MockApi {
     pub fn reset(&self) {
         reset_inner(&self.inner);
     }
+
+    /// Its quota drops to 0 for `secs` seconds: every call meanwhile is
+    /// answered 429 with `Retry-After: secs` (counted as refused).
+    pub fn go_down(&self, secs: u64) {
+        go_down(&self.inner, secs);
+    }
+}
+
+fn go_down(inner: &Inner, secs: u64) {
+    let until = Instant::now() + Duration::from_secs(secs.min(3600));
+    if let Ok(mut d) = inner.down.lock() {
+        *d = Some((until, secs.min(3600)));
+    }
+}
+
+#[derive(Deserialize)]
+struct DownQuery {
+    secs: u64,
+}
+
+async fn down(State(inner): State<Arc<Inner>>, Query(query): Query<DownQuery>) -> StatusCode {
+    go_down(&inner, query.secs);
+    StatusCode::NO_CONTENT
+}
+
+/// While down: the refusal, with how long it has left.
+fn refusal_while_down(inner: &Inner) -> Option<Response> {
+    let (until, _) = (*inner.down.lock().ok()?)?;
+    let left = until.checked_duration_since(Instant::now())?;
+    let mut response = (
+        StatusCode::TOO_MANY_REQUESTS,
+        "mock: this deployment's quota is 0 for now\n",
+    )
+        .into_response();
+    let secs = left.as_secs_f64().ceil().max(1.0) as u64;
+    if let Ok(value) = secs.to_string().parse() {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, value);
+    }
+    Some(response)
 }
 
 fn reset_inner(inner: &Inner) {
@@ -196,6 +243,9 @@ fn reset_inner(inner: &Inner) {
     // run just before must not use up the next run's second.
     if let Ok(mut w) = inner.window.lock() {
         *w = (0, 0);
+    }
+    if let Ok(mut d) = inner.down.lock() {
+        *d = None;
     }
 }
 
@@ -245,7 +295,7 @@ async fn handle(
         }
         Err(_) => 0,
     };
-    if let Some(refusal) = refusal_on_demand(&headers) {
+    if let Some(refusal) = refusal_on_demand(&headers).or_else(|| refusal_while_down(&inner)) {
         inner.rejected.fetch_add(1, Ordering::SeqCst);
         return refusal;
     }

@@ -1,0 +1,248 @@
+//! Pools through real Envoy (`--concurrency 4`, `envoy/pool.yaml`): two
+//! mock deployments of one API, each allowing 50 calls per calendar second
+//! and counting which credential each call brought (Envoy sets it per
+//! deployment). Sluice sends each call to the member with room, routes
+//! around one whose quota drops to 0, and Envoy retries a refused call on
+//! the other member once, counted there too.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_demo::mock::{MockApi, MockLimits};
+use sluice_e2e::envoy::{workspace_root, Envoy};
+use sluice_e2e::load::{self, Outcome};
+
+const WORKERS: u32 = 4;
+const PROVIDER_PER_SECOND: u64 = 50;
+/// Each member's limit in Sluice: within its provider's calendar seconds.
+const MEMBER_PER_SECOND: u64 = 48;
+
+fn member(name: &str) -> String {
+    format!(
+        r#"{{"name": "{name}", "cluster": "llm-{name}",
+            "limits": [{{"name": "{name}-rps", "rate": {{"requests": {MEMBER_PER_SECOND}, "period": "1s", "burst": 2}},
+                         "provider": {{"max_pause": "60s"}}}}]}}"#
+    )
+}
+
+fn pool_policy(sticky: &str) -> String {
+    format!(
+        r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
+            "rate": {{"requests": 1000, "period": "1s"}},
+            "pool": {{{sticky}"members": [{}, {}]}}}}"#,
+        member("east"),
+        member("west")
+    )
+}
+
+async fn setup(policy: &str) -> anyhow::Result<(MockApi, MockApi, Envoy)> {
+    let limits = MockLimits {
+        max_per_second: PROVIDER_PER_SECOND,
+        max_in_flight: 0,
+    };
+    let east = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let west = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
+        .replace("{{EAST_PORT}}", &east.addr.port().to_string())
+        .replace("{{WEST_PORT}}", &west.addr.port().to_string());
+    let config = format!(
+        r#"{{"instance": "e2e-pool", "fallback": {{"version": 1, "policies": [{policy}]}}}}"#
+    );
+    let envoy = Envoy::start_from(&template, &config, 9, 9, WORKERS)?;
+    east.reset();
+    west.reset();
+    Ok((east, west, envoy))
+}
+
+/// A provider's refusal that reached the caller (Sluice's own carry
+/// `x-sluice-reason` or name their limit).
+fn provider_refused(o: &Outcome) -> bool {
+    o.status == 429
+        && !o.headers.contains_key("x-sluice-limit")
+        && !o.headers.contains_key("x-sluice-reason")
+}
+
+/// Calls a mock served (200) per credential.
+fn served_by_key(mock: &MockApi, total: u64) -> BTreeMap<String, u64> {
+    let mut by = BTreeMap::new();
+    for a in mock
+        .arrivals()
+        .iter()
+        .take(usize::try_from(total).unwrap_or(usize::MAX))
+    {
+        *by.entry(a.key.clone().unwrap_or_default()).or_default() += 1;
+    }
+    by
+}
+
+/// 80 calls a second for 12 s; east's quota drops to 0 (429, `Retry-After:
+/// 30`) after 4 s. Before: both serve. After the first 429: under 0.5 % of
+/// the callers' calls get a provider's 429, and west delivers at least 95
+/// % of its limit every whole second. Each retry Envoy made from east to
+/// west is counted at west once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_drops_to_zero_is_routed_around() -> anyhow::Result<()> {
+    let (east, west, envoy) = setup(&pool_policy("")).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let load = load::paced(
+        envoy.url("/v1/complete"),
+        "api.llm.example",
+        "caller",
+        80,
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let dropped_at = started.elapsed();
+    east.go_down(30);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.store(true, Ordering::SeqCst);
+    let calls = load.await?;
+
+    let before: Vec<&Outcome> = calls.iter().filter(|o| o.started < dropped_at).collect();
+    let after: Vec<&Outcome> = calls.iter().filter(|o| o.started >= dropped_at).collect();
+    let provider_429_after = after.iter().filter(|o| provider_refused(o)).count();
+    let share_after = provider_429_after as f64 / after.len().max(1) as f64;
+    // West's whole seconds after the drop, from the next second on.
+    let west_arrivals = west.arrivals();
+    let first_second = west_arrivals
+        .iter()
+        .find(|a| a.at >= dropped_at)
+        .map_or(0, |a| a.second)
+        + 1;
+    let mut west_seconds: BTreeMap<u64, u64> = BTreeMap::new();
+    for a in west_arrivals.iter().filter(|a| a.second >= first_second) {
+        *west_seconds.entry(a.second).or_default() += 1;
+    }
+    let last = west_seconds.keys().next_back().copied().unwrap_or(0);
+    west_seconds.remove(&last);
+    let served: Vec<u64> = west_seconds.values().copied().collect();
+    let worst = served.iter().copied().min().unwrap_or(0);
+    let east_keys = served_by_key(&east, u64::MAX);
+    let west_keys = served_by_key(&west, u64::MAX);
+    let retries = envoy_stat(&envoy, "cluster.llm-east.upstream_rq_retry")?;
+    let counted_at_west = envoy.limit_stat("west-rps", "pool_retried").unwrap_or(0.0);
+    let east_paused = envoy.limit_stat("east-rps", "paused").unwrap_or(0.0);
+    let before_ok = before.iter().filter(|o| o.status == 200).count();
+    println!(
+        "pool, a member drops to 0: {} calls before the drop ({before_ok} answered 200), {} after; provider 429s \
+         the callers saw after the drop {provider_429_after} ({:.2} %); west served per whole second after it \
+         {served:?} (limit {MEMBER_PER_SECOND}, worst {:.1} %); credentials east saw {east_keys:?}, west saw \
+         {west_keys:?}; Envoy retried {retries} calls from east to west, counted at west {counted_at_west}; \
+         east paused {east_paused} time(s); east refused {}, west refused {}",
+        before.len(),
+        after.len(),
+        100.0 * share_after,
+        100.0 * worst as f64 / MEMBER_PER_SECOND as f64,
+        east.rejected_by_mock(),
+        west.rejected_by_mock(),
+    );
+    anyhow::ensure!(
+        east_keys.keys().all(|k| k == "east-key") && west_keys.keys().all(|k| k == "west-key"),
+        "each deployment got its own credential"
+    );
+    anyhow::ensure!(
+        before_ok as f64 >= 0.95 * before.len() as f64,
+        "before the drop both members served the 80 a second"
+    );
+    anyhow::ensure!(share_after < 0.005, "provider 429s after the drop");
+    anyhow::ensure!(
+        served.len() >= 5,
+        "whole seconds after the drop: {served:?}"
+    );
+    anyhow::ensure!(
+        worst as f64 >= 0.95 * MEMBER_PER_SECOND as f64,
+        "west delivered {served:?}"
+    );
+    anyhow::ensure!(retries >= 1.0, "a call in flight to east was retried");
+    anyhow::ensure!(
+        (counted_at_west - retries).abs() < 0.5,
+        "each retried call is counted at west once"
+    );
+    anyhow::ensure!(east_paused >= 1.0, "east paused");
+    Ok(())
+}
+
+/// 40 conversations, five calls each, at 40 calls a second (both members
+/// have room): each conversation's calls stay on one member, and the
+/// conversations spread over both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sticky_conversations_stay_on_their_member() -> anyhow::Result<()> {
+    let (east, west, envoy) =
+        setup(&pool_policy(r#""sticky": {"header": "x-conversation"}, "#)).await?;
+    let http = load::client();
+    let url = envoy.url("/v1/complete");
+    let mut sent = Vec::new();
+    let mut next = tokio::time::Instant::now();
+    for round in 0..5u64 {
+        for conversation in 0..40u64 {
+            next += Duration::from_millis(25);
+            tokio::time::sleep_until(next).await;
+            let request = http
+                .get(&url)
+                .header("host", "api.llm.example")
+                .header("x-conversation", format!("c{conversation}"))
+                .header("x-seq", (round * 1000 + conversation).to_string());
+            sent.push(tokio::spawn(async move {
+                request
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            }));
+        }
+    }
+    let mut statuses = Vec::new();
+    for s in sent {
+        statuses.push(s.await?);
+    }
+    let mut members: BTreeMap<u64, BTreeMap<&str, u64>> = BTreeMap::new();
+    for (mock, name) in [(&east, "east"), (&west, "west")] {
+        for a in mock.arrivals() {
+            if let Some(seq) = a.seq {
+                *members
+                    .entry(seq % 1000)
+                    .or_default()
+                    .entry(name)
+                    .or_default() += 1;
+            }
+        }
+    }
+    let calls: u64 = members.values().flat_map(|m| m.values()).sum();
+    let on_home: u64 = members
+        .values()
+        .map(|m| m.values().copied().max().unwrap_or(0))
+        .sum();
+    let homes_east = members
+        .values()
+        .filter(|m| m.get("east").copied().unwrap_or(0) > m.get("west").copied().unwrap_or(0))
+        .count();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    println!(
+        "pool, sticky: {} calls of 40 conversations, {ok} answered 200; {on_home} of {calls} ({:.1} %) on their \
+         conversation's member; conversations at home on east {homes_east}, on west {}",
+        statuses.len(),
+        100.0 * on_home as f64 / calls.max(1) as f64,
+        members.len() - homes_east
+    );
+    anyhow::ensure!(ok == statuses.len(), "every call answered 200");
+    anyhow::ensure!(calls == 200, "the mocks saw every call: {calls}");
+    anyhow::ensure!(on_home as f64 >= 0.99 * calls as f64, "sticky");
+    anyhow::ensure!(
+        (8..=32).contains(&homes_east),
+        "conversations spread over both members: {homes_east} of 40 on east"
+    );
+    Ok(())
+}
+
+fn envoy_stat(envoy: &Envoy, name: &str) -> anyhow::Result<f64> {
+    let text = sluice_e2e::envoy::http_get(envoy.admin_port, "/stats")?;
+    let want = format!("{name}: ");
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
