@@ -1593,10 +1593,27 @@ fn check_priced_limits(
         return;
     }
     for (index, policy) in policies {
-        for (i, limit) in policy.limits.iter().enumerate() {
+        let own = policy
+            .limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("policies[{index}].limits[{i}]"), l));
+        let members = policy
+            .pool
+            .iter()
+            .flat_map(|p| p.members.iter().enumerate())
+            .flat_map(|(m, member)| {
+                member.limits.iter().enumerate().map(move |(i, l)| {
+                    (
+                        format!("policies[{index}].pool.members[{m}].limits[{i}]"),
+                        l,
+                    )
+                })
+            });
+        for (path, limit) in own.chain(members) {
             if limit.cost.is_price() {
                 errors.push(FieldError {
-                    path: format!("policies[{index}].limits[{i}].cost"),
+                    path: format!("{path}.cost"),
                     message: "a price needs the set's `prices`: what each model costs, and in which currency".into(),
                 });
             }

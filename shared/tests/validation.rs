@@ -1097,3 +1097,19 @@ fn a_pool_needs_two_members_with_names_clusters_weights_and_limits_of_their_own(
         vec!["policies[0].pool.members[1].limits[0].name: limit \"b-rpm\" is also named at policies[1].limits[0]: a pool member's limits are its own"]
     );
 }
+
+#[test]
+fn a_pool_members_money_limit_needs_the_sets_prices() {
+    let json = set_with(&format!(
+        r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},
+            "pool": {{"members": [{}, {{"name": "west", "cluster": "w", "limits": [
+              {{"name": "w-rps", "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}}},
+              {{"name": "w-usd", "rate": {{"algorithm": "fixed_window", "requests": 1000000, "period": "1d"}}, "cost": "price"}}]}}]}}}}"#,
+        member("east", "e", "e-rps")
+    ));
+    let errors = errors_of(&json);
+    assert_eq!(
+        errors,
+        vec!["policies[0].pool.members[1].limits[1].cost: a price needs the set's `prices`: what each model costs, and in which currency"]
+    );
+}

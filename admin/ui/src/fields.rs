@@ -301,6 +301,13 @@ mod tests {
         "/limits/key/overflow",
         "/limits/rate/warmup/cold_factor",
         "/limits/rate/warmup/period",
+        // A pool (members, each a cluster with limits of its own): in the
+        // policy's JSON.
+        "/pool/members",
+        "/pool/route_header",
+        "/pool/rule",
+        "/pool/sticky/header",
+        "/pool/sticky/json",
         // Fair shares (a key, weights and reservations by key value): in
         // the policy's JSON.
         "/fair/default_weight",
