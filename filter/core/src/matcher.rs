@@ -1209,8 +1209,18 @@ impl CompiledPolicySet {
         pool.members.get(at).map(|m| &m.policy)
     }
 
+    /// [`Self::policy`], to change (a fleet share applied).
+    pub fn policy_mut(&mut self, index: usize) -> Option<&mut CompiledPolicy> {
+        if index < self.policies.len() {
+            return self.policies.get_mut(index);
+        }
+        let (pool_index, at) = *self.members.get(index - self.policies.len())?;
+        let pool = self.policies.get_mut(pool_index)?.pool.as_mut()?;
+        pool.members.get_mut(at).map(|m| &mut m.policy)
+    }
+
     /// Every policy a call may be decided as: `policies`, then each pool
-    /// member's.
+    /// member's, numbered as [`Self::policy`] numbers them.
     pub fn all(&self) -> impl Iterator<Item = &CompiledPolicy> {
         self.policies.iter().chain(
             self.policies

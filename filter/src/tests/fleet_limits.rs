@@ -151,3 +151,38 @@ fn a_first_refusal_of_a_global_policy_after_a_quiet_second_syncs_at_once() {
     }
     assert_eq!(syncs(&host), before + 1, "refusals that go on are no news");
 }
+
+/// A pool policy with a global further limit: each member takes the call
+/// through a copy of the pool's limits, and every copy holds this Envoy's
+/// share, not the whole limit.
+#[test]
+fn a_pools_global_limit_holds_its_share_whichever_member_takes_the_call() {
+    const POOL_AND_FLEET: &str = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 1000, "period": "1s", "burst": 1000},
+         "limits": [{"name": "fleet-wide", "scope": "global",
+                     "rate": {"requests": 300, "period": "1s", "burst": 30}}],
+         "pool": {"members": [
+           {"name": "east", "cluster": "east", "limits": [{"name": "east-rps",
+             "rate": {"requests": 100, "period": "1s", "burst": 100}, "provider": {}}]},
+           {"name": "west", "cluster": "west", "limits": [{"name": "west-rps",
+             "rate": {"requests": 100, "period": "1s", "burst": 100}, "provider": {}}]}]}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, POOL_AND_FLEET);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    let header = br#"{"limits/fleet-wide": {"rate": 100, "in_flight": 0, "lease_ms": 3000, "instances": 3, "id": 5}}"#;
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(header), None));
+    assert_eq!(
+        admitted(&host, &mut w, 200, 50),
+        10,
+        "a burst of 10 of the 30"
+    );
+    let routed: std::collections::BTreeSet<String> = host
+        .set_headers
+        .borrow()
+        .iter()
+        .map(|(_, _, v)| v.clone())
+        .collect();
+    assert_eq!(routed.len(), 2, "both members took calls: {routed:?}");
+}

@@ -483,8 +483,7 @@ pub(super) fn take_news<H: Host + ?Sized>(
     };
     for (name, item) in news.iter().take(MAX_PROVIDER_NEWS) {
         let Some(limit) = policies
-            .policies
-            .iter()
+            .all()
             .flat_map(|p| p.limits.iter())
             .find(|l| &l.name == name && relayed(l))
         else {

@@ -93,8 +93,10 @@ impl FleetShares {
         now: Instant,
     ) {
         let mut changes = Vec::new();
-        for (i, p) in policies.policies.iter().enumerate() {
-            if p.is_global() {
+        // Numbered as the set numbers them: a pool member's policy holds
+        // copies of its pool's further limits, which take their shares too.
+        for (i, p) in policies.all().enumerate() {
+            if p.is_global() && p.member_of.is_none() {
                 let newest = self.held.get(p.name()).map(HeldShare::as_share);
                 let share = share_in_force(newest, Amount::of_policy(&p.policy), now);
                 if self.applied.get(p.name()) != Some(&share) {
@@ -108,8 +110,12 @@ impl FleetShares {
                 let name = spec.fleet_name();
                 let newest = self.held.get(&name).map(HeldShare::as_share);
                 let share = share_in_force(newest, Amount::of_limit(spec), now);
-                // Per policy: a limit two policies name is applied in both.
-                let applied_as = format!("{}/{name}", p.name());
+                // Per policy: a limit two policies name is applied in both
+                // (and in each member of a pool).
+                let applied_as = match p.member_of {
+                    Some((_, member)) => format!("{}@{member}/{name}", p.name()),
+                    None => format!("{}/{name}", p.name()),
+                };
                 if self.applied.get(&applied_as) != Some(&share) {
                     changes.push((i, Some(at), applied_as, share));
                 }
@@ -120,7 +126,7 @@ impl FleetShares {
         }
         let policies = Rc::make_mut(policies);
         for (i, limit, applied_as, share) in changes {
-            let Some(p) = policies.policies.get_mut(i) else {
+            let Some(p) = policies.policy_mut(i) else {
                 continue;
             };
             match limit {

@@ -554,8 +554,7 @@ fn fair_views<H: Host + ?Sized>(
         Some((p.name().to_string(), key, shared))
     });
     let rate_limits = policies
-        .policies
-        .iter()
+        .all()
         .flat_map(|p| p.limits.iter())
         .filter_map(|l| {
             let terms = l.fair.as_ref()?.terms?;
@@ -566,8 +565,7 @@ fn fair_views<H: Host + ?Sized>(
             ))
         });
     let slot_limits = policies
-        .policies
-        .iter()
+        .all()
         .flat_map(|p| p.slot_limits.iter())
         .filter_map(|l| {
             let slots = l.fair.as_ref()?.slots?;
@@ -606,8 +604,9 @@ fn limit_reports<H: Host + ?Sized>(
 ) -> BTreeMap<String, LimitReport> {
     let counters = report::read_limit_report(host);
     let mut out = BTreeMap::new();
-    spend.begin(policies.policies.iter().flat_map(|p| p.limits.iter()));
-    for p in &policies.policies {
+    // Every limit a call may take: the policies', and their pool members'.
+    spend.begin(policies.all().flat_map(|p| p.limits.iter()));
+    for p in policies.all() {
         for ((_, rate), limit) in p.rate_limit_specs().zip(&p.limits) {
             if out.contains_key(&limit.name) {
                 continue;
