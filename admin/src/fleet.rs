@@ -200,9 +200,7 @@ impl Ledgers {
             .filter(|p| p.scope == Scope::Global)
             .map(|p| (p.name.clone(), FleetTerms::of_policy(p)));
         let limits = set
-            .policies
-            .iter()
-            .flat_map(|p| p.limits.iter())
+            .limits()
             .filter(|l| l.scope == Scope::Global)
             .map(|l| (l.fleet_name(), FleetTerms::of_limit(l)));
         let mut done = std::collections::BTreeSet::new();
@@ -362,9 +360,7 @@ fn message(share: &Share, terms: &FleetTerms, now: Instant) -> ShareMessage {
 /// them (policies naming one limit agree on it: validation).
 fn global_limits(set: &PolicySet) -> impl Iterator<Item = &sluice_shared::NamedLimit> {
     let mut seen = std::collections::BTreeSet::new();
-    set.policies
-        .iter()
-        .flat_map(|p| p.limits.iter())
+    set.limits()
         .filter(|l| l.scope == Scope::Global)
         .filter(move |l| seen.insert(l.name.as_str()))
 }

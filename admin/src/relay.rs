@@ -206,7 +206,7 @@ impl Heard {
 /// the shortest `max_pause` any gives it.
 fn relayed_limits(set: &PolicySet) -> HashMap<&str, Span> {
     let mut limits: HashMap<&str, Span> = HashMap::new();
-    for limit in set.policies.iter().flat_map(|p| p.limits.iter()) {
+    for limit in set.limits() {
         let Some(provider) = &limit.provider else {
             continue;
         };

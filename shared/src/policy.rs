@@ -26,6 +26,25 @@ pub struct PolicySet {
     pub policies: Vec<Policy>,
 }
 
+impl PolicySet {
+    /// Every further limit of the set: each policy's, and its pool members'
+    /// (a limit two policies name comes once per policy).
+    pub fn limits(&self) -> impl Iterator<Item = &NamedLimit> + Clone {
+        self.policies.iter().flat_map(Policy::every_limit)
+    }
+}
+
+impl Policy {
+    /// The policy's further limits, then its pool members'.
+    pub fn every_limit(&self) -> impl Iterator<Item = &NamedLimit> + Clone {
+        self.limits.iter().chain(
+            self.pool
+                .iter()
+                .flat_map(|pool| pool.members.iter().flat_map(|m| m.limits.iter())),
+        )
+    }
+}
+
 /// One named limit on one destination.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(JsonSchema))]

@@ -431,7 +431,7 @@ impl SyncReport {
     pub fn keep_known(&mut self, set: &sluice_shared::PolicySet) {
         use std::collections::BTreeSet;
         let policies: BTreeSet<&str> = set.policies.iter().map(|p| p.name.as_str()).collect();
-        let limits = || set.policies.iter().flat_map(|p| p.limits.iter());
+        let limits = || set.limits();
         let limit_names: BTreeSet<&str> = limits().map(|l| l.name.as_str()).collect();
         let budgets: BTreeSet<&str> = limits()
             .filter(|l| l.is_budget() || l.is_keyed_budget())

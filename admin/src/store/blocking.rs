@@ -398,9 +398,7 @@ impl BlockingStore {
             .filter(|(_, b)| !b.known)
             .map(|(name, _)| name.as_str())
             .chain(
-                set.policies
-                    .iter()
-                    .flat_map(|p| p.limits.iter())
+                set.limits()
                     .filter(|l| {
                         (l.is_budget() || l.is_keyed_budget())
                             && !report.budgets.contains_key(&l.name)
@@ -410,9 +408,7 @@ impl BlockingStore {
             .collect();
         // Keyed budgets: their periods and how many keys they hold.
         let keyed: BTreeMap<&str, (u64, u32)> = set
-            .policies
-            .iter()
-            .flat_map(|p| p.limits.iter())
+            .limits()
             .filter(|l| l.is_keyed_budget())
             .filter_map(|l| {
                 let period = l.rate.as_ref()?.period.as_millis();

@@ -27,7 +27,7 @@ pub fn budget_specs(
     let currency = prices.map(|p| p.currency.clone());
     policies
         .iter()
-        .flat_map(|p| p.limits.iter())
+        .flat_map(sluice_shared::Policy::every_limit)
         .filter(|l| l.spends_over_hours())
         .map(|l| {
             let money = matches!(l.cost, CostSpec::Price(_));
