@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use sluice_e2e::browser::Browser;
 use sluice_e2e::envoy::workspace_root;
 
-const PORTS: [u16; 5] = [8080, 8443, 9901, 10000, 9090];
+const PORTS: [u16; 7] = [8080, 8443, 9901, 10000, 9090, 9091, 9092];
 
 /// `make`, as a user's shell starts it: without what `cargo test` sets for
 /// its test binaries (the package's `CARGO_PKG_*` and `CARGO_MANIFEST_*`,
@@ -198,6 +198,32 @@ async fn make_run_brings_up_the_demo_and_ctrl_c_stops_it() -> anyhow::Result<()>
         .await?;
     println!("make run: live view shows bank at {admitted} admitted/s; instances: {instances}");
     assert!(instances.contains("demo-envoy"), "{instances}");
+
+    // The demo pool (in the admin's set, synced by now): calls reach a
+    // deployment.
+    let mut members = std::collections::BTreeMap::<String, u32>::new();
+    for _ in 0..20 {
+        let resp = http
+            .get("http://127.0.0.1:10000/v1/complete")
+            .header("host", "api.pool.example")
+            .send()
+            .await?;
+        let answered = resp
+            .headers()
+            .get("x-sluice-member-answered")
+            .and_then(|v| v.to_str().ok())
+            .map_or_else(|| format!("status {}", resp.status()), str::to_string);
+        *members.entry(answered).or_default() += 1;
+    }
+    println!("make run: 20 calls to api.pool.example answered by {members:?}");
+    assert!(
+        members
+            .keys()
+            .all(|m| m == "east" || m == "west" || m == "status 429 Too Many Requests"),
+        "pool members answered: {members:?}"
+    );
+    assert!(members.contains_key("east") || members.contains_key("west"));
+
     // The demo LLM: answers settle their tokens, and the provider refuses
     // nothing.
     let llm: serde_json::Value = serde_json::from_str(

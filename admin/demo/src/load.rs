@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// Outcomes per API since the last report.
 #[derive(Default)]
 pub struct LoadStats {
-    apis: [ApiCounts; 4],
+    apis: [ApiCounts; 5],
     since: Mutex<Option<Instant>>,
 }
 
@@ -20,7 +20,7 @@ struct ApiCounts {
     failed: AtomicU64,
 }
 
-const APIS: [&str; 4] = ["bank", "llm", "fx", "maps"];
+const APIS: [&str; 5] = ["bank", "llm", "fx", "maps", "pool"];
 
 impl LoadStats {
     fn record(&self, api: usize, status: Option<u16>) {
@@ -111,6 +111,14 @@ pub async fn run(port: u16, stats: Arc<LoadStats>) {
     let h = http.clone();
     tasks.spawn(open_loop(Arc::clone(&stats), 2, 25, move |_| {
         request(&h, port, "api.fx.example", "/v1/rates")
+    }));
+    // A pool of two deployments at 30/s each: 40/s fits while both serve;
+    // while one is down (the demo takes it down now and then) the other
+    // serves 30 and Sluice refuses the rest, the provider none.
+    let h = http.clone();
+    tasks.spawn(open_loop(Arc::clone(&stats), 4, 40, move |n| {
+        request(&h, port, "api.pool.example", "/v1/complete")
+            .header("x-conversation", format!("c{}", n % 16))
     }));
     // One key above its 10/s, two below: the live view's busiest keys.
     for (key, per_second) in [("key-a", 15), ("key-b", 8), ("key-c", 3)] {

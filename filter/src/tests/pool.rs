@@ -4,6 +4,7 @@
 //! call is refused with the soonest any can; an answer from another member
 //! (Envoy retried there) counts at that member and pauses the first.
 
+use crate::host::Host;
 use crate::testing::FakeHost;
 use crate::tests::{pass, req, status, worker, T0};
 use crate::worker::{StreamAction, Verdict, Worker};
@@ -245,4 +246,88 @@ fn a_queued_pool_call_goes_to_the_member_that_frees_first() {
     assert_eq!(resumed, vec![16]);
     assert_eq!(routes.len(), 1, "routed as it resumed: {routes:?}");
     assert_eq!(routes[0].0, 16);
+}
+
+#[test]
+fn a_member_refusing_every_call_envoy_retries_is_probed_ever_less_often() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, POOL);
+    // Calls go where they go; each one sent east is answered by west.
+    let mut pauses_of_east = Vec::new();
+    let mut id = 0;
+    while pauses_of_east.len() < 4 && id < 2_000 {
+        id += 1;
+        if call(&host, &mut w, id, &[]) != Verdict::Continue {
+            pass(&host, &mut w, 100);
+            continue;
+        }
+        if routed(&host, id).as_deref() == Some("llm-east") {
+            pauses_of_east.push(host.now());
+            answer(
+                &host,
+                &mut w,
+                id,
+                &[(":status", b"200"), ("x-sluice-member-answered", b"west")],
+            );
+        } else {
+            answer(&host, &mut w, id, &[(":status", b"200")]);
+        }
+        pass(&host, &mut w, 100);
+    }
+    let gaps: Vec<u64> = pauses_of_east
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect();
+    assert_eq!(gaps.len(), 3, "east was tried 4 times: {gaps:?}");
+    // Passed over 1 s, then 2 s, then 4 s (a tick of 100 ms late at most).
+    for (gap, want) in gaps.iter().zip([1_000u64, 2_000, 4_000]) {
+        assert!((want..=want + 200).contains(gap), "gaps {gaps:?}");
+    }
+    // East answering a call itself ends the backoff.
+    pass(&host, &mut w, 8_000);
+    let mut east_ok = None;
+    for n in 0..12 {
+        let id = 5_000 + n;
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+        if routed(&host, id).as_deref() == Some("llm-east") && east_ok.is_none() {
+            east_ok = Some(id);
+            answer(
+                &host,
+                &mut w,
+                id,
+                &[(":status", b"200"), ("x-sluice-member-answered", b"east")],
+            );
+        } else {
+            answer(&host, &mut w, id, &[(":status", b"200")]);
+        }
+    }
+    assert!(east_ok.is_some());
+    pass(&host, &mut w, 1_000);
+    let mut again = None;
+    for n in 0..12 {
+        let id = 6_000 + n;
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+        if routed(&host, id).as_deref() == Some("llm-east") {
+            again = Some(host.now());
+            answer(
+                &host,
+                &mut w,
+                id,
+                &[(":status", b"200"), ("x-sluice-member-answered", b"west")],
+            );
+            break;
+        }
+        answer(&host, &mut w, id, &[(":status", b"200")]);
+    }
+    let again = again.expect("east tried again");
+    pass(&host, &mut w, 1_100);
+    let back = (0..12).any(|n| {
+        let id = 7_000 + n;
+        call(&host, &mut w, id, &[]) == Verdict::Continue
+            && routed(&host, id).as_deref() == Some("llm-east")
+    });
+    assert!(
+        back,
+        "a first refusal after a served call pauses east 1 s again ({again:?})"
+    );
 }

@@ -13,7 +13,7 @@ use sluice_shared::fair::FairClaimant;
 use sluice_shared::policy::PoolSpec;
 use sluice_shared::pool::{self, MemberNow};
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::time::Instant;
+use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
@@ -161,10 +161,26 @@ pub(super) struct Routed {
     pub keys: Vec<Vec<Option<u64>>>,
 }
 
-/// Pool calls sent, by stream.
+/// Pool calls sent, by stream; and per member (`<policy>/<member>`) how
+/// many calls in a row Envoy retried away from it, since it last answered
+/// one itself.
 #[derive(Debug, Default)]
 pub(super) struct RoutedCalls {
     calls: FxHashMap<u32, Routed>,
+    retried_away: FxHashMap<String, u32>,
+}
+
+/// The longest a member is passed over for refusals only Envoy's retry
+/// saw (their `Retry-After` never reaches Sluice).
+const MAX_RETRIED_AWAY_PAUSE: Span = Span::from_secs(30);
+
+/// How long a member is passed over after its `refusals`-th refusal in a
+/// row that only Envoy's retry saw: a second, doubling with each one
+/// (a deployment down for long is probed ever less often), at most 30 s.
+fn retried_away_pause(refusals: u32) -> Span {
+    let doublings = refusals.saturating_sub(1).min(16);
+    let wait = DEFAULT_RETRY.as_millis().saturating_mul(1 << doublings);
+    Span::from_millis(wait).min(MAX_RETRIED_AWAY_PAUSE)
 }
 
 impl RoutedCalls {
@@ -197,12 +213,29 @@ impl RoutedCalls {
             return None;
         }
         let routed = self.calls.remove(&context_id)?;
-        let name = headers.header(PoolSpec::ANSWERED_BY_HEADER)?;
         let (pool_index, chosen) = (routed.pool_index, routed.chosen);
-        let pool = routed.set.policies.get(pool_index)?.pool.as_ref()?;
-        let at = pool.member(&name)?;
+        let policy = routed.set.policies.get(pool_index)?;
+        let pool = policy.pool.as_ref()?;
+        let chosen_name = format!("{}/{}", policy.name(), pool.members.get(chosen)?.name);
+        let at = headers
+            .header(PoolSpec::ANSWERED_BY_HEADER)
+            .and_then(|name| pool.member(&name))
+            .unwrap_or(chosen);
+        if at == chosen {
+            let refused = headers.header(":status").is_some_and(|s| {
+                s.first()
+                    .is_some_and(|c| *c != b'1' && *c != b'2' && *c != b'3')
+            });
+            if !refused && !self.retried_away.is_empty() {
+                self.retried_away.remove(&chosen_name);
+            }
+            return None;
+        }
+        let refusals = self.retried_away.entry(chosen_name).or_default();
+        *refusals = refusals.saturating_add(1);
+        let wait = retried_away_pause(*refusals);
         let costs = routed.costs.get(at)?;
-        let index = answered_by(ctx, &routed.set, (pool_index, chosen), &name, costs)?;
+        let index = answered_by(ctx, &routed.set, (pool_index, chosen, at), costs, wait)?;
         Some((index, routed.keys.get(at).cloned().unwrap_or_default()))
     }
 }
@@ -232,21 +265,17 @@ pub(super) fn route<H: Host + ?Sized>(
 /// A pool call sent to one member and answered by another (Envoy retried
 /// it there): the answering member's own rate limits are charged the
 /// call's cost too, whatever they hold (it reached that member), and the
-/// member first chosen, which refused it, is paused as its provider's
-/// refusal without a `Retry-After` pauses it. Returns the answering
+/// member first chosen, which refused it, is paused for `wait` (its
+/// `Retry-After` went to Envoy's retry, not here). Returns the answering
 /// member's policy number, whose limits read the answer from now on.
-pub(super) fn answered_by<H: Host + ?Sized>(
+fn answered_by<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     set: &CompiledPolicySet,
-    (pool_index, chosen): (usize, usize),
-    answered: &[u8],
+    (pool_index, chosen, at): (usize, usize, usize),
     costs: &[u64],
+    wait: Span,
 ) -> Option<usize> {
     let pool = set.policies.get(pool_index)?.pool.as_ref()?;
-    let at = pool.member(answered)?;
-    if at == chosen {
-        return None;
-    }
     let member = pool.members.get(at)?;
     let now = ctx.now;
     for (index, limit) in member.policy.limits.iter().enumerate() {
@@ -263,7 +292,7 @@ pub(super) fn answered_by<H: Host + ?Sized>(
     }
     if let Some(first) = pool.members.get(chosen) {
         for limit in first.rate_limits() {
-            provider::pause_member(ctx, limit, 0);
+            provider::pause_member(ctx, limit, 0, wait);
         }
     }
     Some(member.index)

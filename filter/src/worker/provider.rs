@@ -233,7 +233,7 @@ impl Listening {
                     ctx.metrics
                         .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
                     if listener.limit >= own_from {
-                        pause_member(ctx, limit, status.unwrap_or(0));
+                        pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
                     }
                 }
                 PauseSignal::Malformed(e) => {
@@ -241,7 +241,7 @@ impl Listening {
                         .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
                     ignored(host, ctx.metrics, &limit.name, &e);
                     if listener.limit >= own_from {
-                        pause_member(ctx, limit, status.unwrap_or(0));
+                        pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
                     }
                 }
                 PauseSignal::Pause { wait, capped } => {
@@ -378,6 +378,8 @@ fn pause<H: Host + ?Sized>(
     };
     let heard = if why.relayed {
         format!("another Envoy's provider answered {status} with a wait (relayed by the admin)")
+    } else if why.status == 0 {
+        "Envoy retried a call it refused on another pool member".to_string()
     } else {
         format!("the provider answered {status} with a wait")
     };
@@ -395,13 +397,14 @@ fn pause<H: Host + ?Sized>(
 }
 
 /// A pool member's limit whose provider refused a call without saying how
-/// long to wait (or whose refusal only Envoy's retry saw: `status` 0): the
-/// pool passes the member over for [`DEFAULT_RETRY`], as the wait a
-/// provider that names none is given, so that calls go to the others.
+/// long to wait (`wait`: [`DEFAULT_RETRY`], as a provider that names none
+/// is given), or whose refusal only Envoy's retry saw (`status` 0): the
+/// pool passes the member over meanwhile, so that calls go to the others.
 pub(super) fn pause_member<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     status: u16,
+    wait: Span,
 ) -> bool {
     if limit.provider.is_none() {
         return false;
@@ -410,7 +413,7 @@ pub(super) fn pause_member<H: Host + ?Sized>(
         status,
         relayed: false,
     };
-    pause(ctx, limit, None, why, DEFAULT_RETRY, false)
+    pause(ctx, limit, None, why, wait, false)
 }
 
 /// Whether what `limit`'s provider says is relayed to and from the other

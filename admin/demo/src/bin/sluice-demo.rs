@@ -27,6 +27,14 @@ const SHIPPED_CA: &str = "var/tls/ca.pem";
 const ENVOY_ADMIN_PORT: u16 = 9901;
 const EGRESS_PORT: u16 = 10000;
 const DEMO_API_PORT: u16 = 9090;
+/// The demo pool's two deployments.
+const POOL_EAST_PORT: u16 = 9091;
+const POOL_WEST_PORT: u16 = 9092;
+/// When the east deployment's quota first drops to 0, for how long, and
+/// how often again.
+const POOL_DROP_AFTER: Duration = Duration::from_secs(40);
+const POOL_DROP_SECS: u64 = 20;
+const POOL_DROP_EVERY: Duration = Duration::from_secs(180);
 
 #[derive(Parser)]
 #[command(about = "Run the Sluice demo: admin + Envoy with the filter + a demo API + load")]
@@ -106,6 +114,8 @@ fn taken_ports() -> Vec<String> {
         (ENVOY_ADMIN_PORT, "the Envoy admin"),
         (EGRESS_PORT, "the egress listener"),
         (DEMO_API_PORT, "the demo API"),
+        (POOL_EAST_PORT, "the demo pool's east deployment"),
+        (POOL_WEST_PORT, "the demo pool's west deployment"),
     ]
     .into_iter()
     .filter(|(port, _)| std::net::TcpListener::bind(("127.0.0.1", *port)).is_err())
@@ -232,6 +242,24 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
         },
     ]);
 
+    // The pool's two deployments of one API, 32 calls a second each.
+    let deployment = MockLimits {
+        max_per_second: 32,
+        max_in_flight: 0,
+    };
+    let east = MockApi::start(
+        SocketAddr::from(([127, 0, 0, 1], POOL_EAST_PORT)),
+        deployment,
+    )
+    .await
+    .context("starting the pool's east deployment")?;
+    let west = MockApi::start(
+        SocketAddr::from(([127, 0, 0, 1], POOL_WEST_PORT)),
+        deployment,
+    )
+    .await
+    .context("starting the pool's west deployment")?;
+
     eprintln!("WARNING: the admin runs with --insecure-dev: no login, anyone who can reach 127.0.0.1:{ADMIN_PORT} can change limits. For a trial on this machine only.");
     let mut admin = spawn(
         "admin",
@@ -318,7 +346,9 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
             "A load generator calls api.bank.example (150/s against a 100/s limit), api.llm.example\n\
              (12 callers against 8 in flight, 300 calls and 20 000 tokens a minute, half of them\n\
              streamed), api.fx.example (25/s, queued at 20/s) and api.maps.example (API keys at\n\
-             15/s, 8/s and 3/s, each limited to 10/s) through the egress listener."
+             15/s, 8/s and 3/s, each limited to 10/s) through the egress listener; api.pool.example\n\
+             (40/s over two deployments of 30/s; east's quota drops to 0 for 20 s after 40 s, and\n\
+             every 3 minutes after: calls go west meanwhile)."
                 .to_string()
         }
     );
@@ -326,6 +356,10 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
     let llm_tokens = llm.limits().tokens_per_window;
     let mut report = tokio::time::interval(Duration::from_secs(10));
     report.tick().await;
+    let mut pool_drop = tokio::time::interval_at(
+        tokio::time::Instant::now() + POOL_DROP_AFTER,
+        POOL_DROP_EVERY,
+    );
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result = loop {
         tokio::select! {
@@ -335,13 +369,20 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
                 if let Some(line) = load.take_report() {
                     let llm = llm.stats();
                     println!(
-                        "{line}; the demo API refused {} so far, its LLM {} ({} tokens in the last minute of {})",
+                        "{line}; the demo API refused {} so far, its LLM {} ({} tokens in the last minute of {}); \
+                         the pool's deployments refused east {}, west {}",
                         api.rejected_by_mock(),
                         llm.refused,
                         llm.latest_window_tokens(),
                         llm_tokens,
+                        east.rejected_by_mock(),
+                        west.rejected_by_mock(),
                     );
                 }
+            }
+            _ = pool_drop.tick() => {
+                east.go_down(POOL_DROP_SECS);
+                println!("pool: the east deployment's quota is 0 for {POOL_DROP_SECS} s (429, Retry-After: {POOL_DROP_SECS}); calls go west");
             }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
                 let gone = started.iter_mut().find_map(|p| {
