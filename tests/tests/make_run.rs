@@ -223,6 +223,26 @@ async fn make_run_brings_up_the_demo_and_ctrl_c_stops_it() -> anyhow::Result<()>
         "pool members answered: {members:?}"
     );
     assert!(members.contains_key("east") || members.contains_key("west"));
+    // The live view shows each member's calls and share.
+    let mut shares = Vec::new();
+    for member in ["east", "west"] {
+        let calls = browser
+            .wait_text(
+                &format!(".live-pool[data-policy='pool'] .pool-member[data-member='{member}'] .member-calls"),
+                Duration::from_secs(20),
+                |t| t.parse::<f64>().is_ok_and(|v| v > 5.0),
+            )
+            .await?;
+        let share = browser
+            .wait_text(
+                &format!(".live-pool[data-policy='pool'] .pool-member[data-member='{member}'] .member-share"),
+                Duration::from_secs(5),
+                |t| t.ends_with('%'),
+            )
+            .await?;
+        shares.push(format!("{member} {calls}/s ({share})"));
+    }
+    println!("make run: the live view's pool: {}", shares.join(", "));
 
     // The demo LLM: answers settle their tokens, and the provider refuses
     // nothing.

@@ -5,6 +5,7 @@
 
 pub mod fields;
 pub mod form;
+pub mod pool_view;
 pub mod spend_text;
 
 #[cfg(target_arch = "wasm32")]
@@ -21,6 +22,8 @@ mod live;
 mod pages;
 #[cfg(target_arch = "wasm32")]
 mod people;
+#[cfg(target_arch = "wasm32")]
+mod pools;
 #[cfg(target_arch = "wasm32")]
 mod session;
 

@@ -14,6 +14,7 @@ use crate::fair_keys::FairKeysNow;
 use crate::form;
 use crate::keys::KeysNow;
 use crate::live::{LiveFrames, Utilization};
+use crate::pools::PoolsNow;
 
 /// Admitted, rejected and queued per second over the last two minutes,
 /// with a time axis, the limit drawn as a line, and the values of the
@@ -209,6 +210,7 @@ pub(super) fn LivePage() -> impl IntoView {
                 </section>
             }
         }/>
+        <PoolsNow/>
         <LimitsNow/>
         <BudgetsNow/>
         <ProvidersNow/>
