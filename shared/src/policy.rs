@@ -123,7 +123,8 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sticky: Option<StickySpec>,
     /// The request header Sluice writes the chosen member's `cluster`
-    /// into; Envoy's route reads it (`cluster_header`).
+    /// into; Envoy's routes match it, one route per member (a caller's
+    /// own value is overwritten).
     #[serde(default = "PoolSpec::default_route_header")]
     pub route_header: String,
     /// Two to 16 members, names unique in the set.

@@ -20,6 +20,9 @@
 
 use crate::time::Span;
 
+/// Rooms this close (1/64 of a limit) are taken as alike by `most_room`.
+const ROOM_STEPS: f64 = 64.0;
+
 /// How a pool orders its members for a call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Rule {
@@ -68,10 +71,14 @@ pub fn order(rule: Rule, members: &[MemberNow], sticky: Option<u64>, draw: u64) 
     match rule {
         Rule::Priority => {}
         Rule::MostRoom => {
+            // Rooms within 1/64 of each other are alike (at low load every
+            // member is full): among them the call's draw decides, so that
+            // calls spread instead of all going to the first.
+            let used = |i: usize| ((1.0 - members[i].room()) * ROOM_STEPS).floor() as i64;
             open.sort_by(|&a, &b| {
-                members[b]
-                    .room()
-                    .total_cmp(&members[a].room())
+                used(a)
+                    .cmp(&used(b))
+                    .then(mix(draw ^ members[b].id).cmp(&mix(draw ^ members[a].id)))
                     .then(a.cmp(&b))
             });
         }
@@ -152,6 +159,19 @@ mod tests {
         assert_eq!(order(Rule::Priority, &members, None, 0), [0, 2]);
         let none = [member(1, 0.0, false, 1.0), member(2, 1.0, true, 1.0)];
         assert!(order(Rule::MostRoom, &none, None, 0).is_empty());
+    }
+
+    #[test]
+    fn members_with_alike_room_are_drawn_alike() {
+        let members = [member(11, 1.0, false, 1.0), member(22, 0.995, false, 1.0)];
+        let firsts = (0..10_000u64)
+            .filter(|&d| order(Rule::MostRoom, &members, None, mix(d))[0] == 1)
+            .count();
+        let part = firsts as f64 / 10_000.0;
+        assert!((part - 0.5).abs() < 0.03, "the second first {part}");
+        // Room apart by more than a step: the roomier first, always.
+        let apart = [member(11, 0.5, false, 1.0), member(22, 0.9, false, 1.0)];
+        assert!((0..1_000u64).all(|d| order(Rule::MostRoom, &apart, None, mix(d))[0] == 1));
     }
 
     #[test]

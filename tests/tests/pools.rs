@@ -246,3 +246,58 @@ fn envoy_stat(envoy: &Envoy, name: &str) -> anyhow::Result<f64> {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0))
 }
+
+/// A caller's own `x-sluice-member` chooses nothing: on the pool's host
+/// Sluice overwrites it with the member it chose, and the routes match
+/// only the members' values, so no other cluster of the Envoy (its admin
+/// cluster) can be named. A provider's own `x-sluice-member-answered` is
+/// replaced by the route's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_route_header_names_no_cluster() -> anyhow::Result<()> {
+    let (east, west, envoy) = setup(&pool_policy("")).await?;
+    let http = load::client();
+    let url = envoy.url("/v1/complete");
+    let mut answered = BTreeMap::<String, u32>::new();
+    for target in ["sluice_admin", "east", "llm-east", "llm-west"] {
+        for _ in 0..4 {
+            // Paced within the members' limits (48/s each, burst 2).
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let resp = http
+                .get(&url)
+                .header("host", "api.llm.example")
+                .header("x-sluice-member", target)
+                .send()
+                .await?;
+            let by = resp
+                .headers()
+                .get("x-sluice-member-answered")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none")
+                .to_string();
+            *answered
+                .entry(format!("{} {by}", resp.status().as_u16()))
+                .or_default() += 1;
+        }
+    }
+    // No policy on this host: the routes know no such member.
+    let stray = http
+        .get(&url)
+        .header("host", "other.example")
+        .header("x-sluice-member", "sluice_admin")
+        .send()
+        .await?
+        .status()
+        .as_u16();
+    let served = east.arrivals().len() + west.arrivals().len();
+    println!(
+        "pool, a caller's own route header: 16 calls naming sluice_admin, east, llm-east and llm-west answered {answered:?} \
+         (the deployments saw {served}); on a host without a pool, naming sluice_admin -> {stray}"
+    );
+    anyhow::ensure!(
+        answered.keys().all(|k| k == "200 east" || k == "200 west"),
+        "every call went to a member Sluice chose: {answered:?}"
+    );
+    anyhow::ensure!(served == 16, "{served}");
+    anyhow::ensure!(stray == 404, "no route for a stray member name: {stray}");
+    Ok(())
+}
