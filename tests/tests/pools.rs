@@ -301,3 +301,96 @@ async fn a_callers_route_header_names_no_cluster() -> anyhow::Result<()> {
     anyhow::ensure!(stray == 404, "no route for a stray member name: {stray}");
     Ok(())
 }
+
+/// Two deployments that say what is left (OpenAI's request headers), each
+/// allowing 40 calls per second of its own; the members follow those
+/// headers. 60 calls a second for 8 s; after 3 s east's limit halves to
+/// 20. From the second after the halving on, neither deployment refuses
+/// a call: east gets what its headers allow and west the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_limit_halves_is_followed_without_refusals() -> anyhow::Result<()> {
+    use sluice_demo::provider::{MockProvider, Signals};
+    let east = MockProvider::start(40, Signals::OpenAi, Duration::from_millis(5)).await?;
+    let west = MockProvider::start(40, Signals::OpenAi, Duration::from_millis(5)).await?;
+    let following = |name: &str| {
+        format!(
+            r#"{{"name": "{name}", "cluster": "llm-{name}",
+                "limits": [{{"name": "{name}-rps", "rate": {{"requests": 45, "period": "1s", "burst": 5}},
+                             "provider": {{"headers": "openai-requests", "max_pause": "10s"}}}}]}}"#
+        )
+    };
+    let policy = format!(
+        r#"{{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 1000, "period": "1s"}},
+            "pool": {{"members": [{}, {}]}}}}"#,
+        following("east"),
+        following("west")
+    );
+    let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
+        .replace("{{EAST_PORT}}", &east.addr.port().to_string())
+        .replace("{{WEST_PORT}}", &west.addr.port().to_string());
+    let config = format!(
+        r#"{{"instance": "e2e-pool-halves", "fallback": {{"version": 1, "policies": [{policy}]}}}}"#
+    );
+    let envoy = Envoy::start_from(&template, &config, 9, 9, WORKERS)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = load::paced(
+        envoy.url("/v1/complete"),
+        "api.llm.example",
+        "caller",
+        60,
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    east.set_limit(20);
+    let halved_in = east.elapsed().as_secs() as usize;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::SeqCst);
+    let calls = load.await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let east_windows = east.windows();
+    let west_windows = west.windows();
+    // East's whole seconds after the one it halved in; west's over the
+    // same span of time (its seconds count from its own start).
+    let after: Vec<_> = east_windows
+        .iter()
+        .skip(halved_in + 1)
+        .take(3)
+        .map(|w| (w.accepted, w.refused))
+        .collect();
+    let west_after: Vec<_> = west_windows
+        .iter()
+        .skip(halved_in + 1)
+        .take(3)
+        .map(|w| (w.accepted, w.refused))
+        .collect();
+    let east_refused_before: u64 = east_windows
+        .iter()
+        .take(halved_in + 1)
+        .map(|w| w.refused)
+        .sum();
+    let ok = calls.iter().filter(|o| o.status == 200).count();
+    let provider_429s = calls.iter().filter(|o| provider_refused(o)).count();
+    println!(
+        "pool, a member's limit halves (40 -> 20 a second) while its headers are followed: east per second after \
+         (accepted, refused) {after:?}, west {west_after:?}; east refused {east_refused_before} up to the second it \
+         halved in; callers: {ok} of {} answered 200, {provider_429s} provider 429s",
+        calls.len()
+    );
+    anyhow::ensure!(
+        after.len() == 3 && west_after.len() == 3,
+        "whole seconds measured"
+    );
+    anyhow::ensure!(
+        after
+            .iter()
+            .chain(&west_after)
+            .all(|(_, refused)| *refused == 0),
+        "no refusals after the first answer"
+    );
+    anyhow::ensure!(
+        after.iter().all(|(accepted, _)| *accepted >= 15),
+        "east still used: {after:?}"
+    );
+    anyhow::ensure!(provider_429s == 0, "callers saw no provider 429");
+    Ok(())
+}
