@@ -361,7 +361,7 @@ async fn dockerfile_build_steps_run_natively_and_the_admin_starts() -> anyhow::R
             data.path().display()
         );
         ensure!(index.contains("<html") || index.contains("<!DOCTYPE"), "no UI: {index}");
-        ensure!(names == ["bank", "llm", "fx", "maps"], "{names:?}");
+        ensure!(names == ["bank", "llm", "fx", "maps", "pool"], "{names:?}");
         ensure!(Path::new(&data.path().join("sluice.db")).exists());
         ensure!(
             tls.path().join("ca.pem").exists(),
