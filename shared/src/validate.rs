@@ -505,6 +505,7 @@ fn check_pool(r: &mut Report, policy: &Policy, pool: &PoolSpec) {
             "a pool routes every call to a member: its policy limits in `reject` or `queue` mode, not in shadow mode",
         );
     }
+    check_pool_reads_headers_only(r, policy, pool);
     let mut pr = Report::new(r.errors, &join_path(&r.prefix, "pool"));
     check_header_name(&mut pr, "route_header", &pool.route_header);
     if let Some(sticky) = &pool.sticky {
@@ -597,6 +598,62 @@ fn check_pool(r: &mut Report, policy: &Policy, pool: &PoolSpec) {
                     "a member's limits are each Envoy's own (`scope: instance`); its provider's pauses still reach every Envoy",
                 );
             }
+        }
+    }
+}
+
+/// Envoy picks a call's route while its headers pass; a pool writes the
+/// member into them then, so nothing that chooses or costs the member may
+/// wait for the request's body.
+fn check_pool_reads_headers_only(r: &mut Report, policy: &Policy, pool: &PoolSpec) {
+    const HEADERS_ONLY: &str = "a pool routes the call while its headers pass: read this from a header, not the request's JSON body";
+    if pool.sticky.as_ref().is_some_and(|s| s.json.is_some()) {
+        r.at("pool.sticky.json", HEADERS_ONLY);
+    }
+    if policy.matcher.reads_request_body() {
+        r.at("match.json", HEADERS_ONLY);
+    }
+    if policy.key.as_ref().is_some_and(KeySpec::reads_request_body) {
+        r.at("key.json", HEADERS_ONLY);
+    }
+    if policy
+        .fair
+        .as_ref()
+        .is_some_and(|f| f.key.reads_request_body())
+    {
+        r.at("fair.key.json", HEADERS_ONLY);
+    }
+    let body_limits = policy
+        .limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (format!("limits[{i}]"), l))
+        .chain(pool.members.iter().enumerate().flat_map(|(m, member)| {
+            member
+                .limits
+                .iter()
+                .enumerate()
+                .map(move |(i, l)| (format!("pool.members[{m}].limits[{i}]"), l))
+        }));
+    for (at, limit) in body_limits {
+        if limit.cost.reads_request_body() {
+            r.at(&format!("{at}.cost"), HEADERS_ONLY);
+        }
+        if limit.key.as_ref().is_some_and(KeySpec::reads_request_body) {
+            r.at(&format!("{at}.key.json"), HEADERS_ONLY);
+        }
+        if limit
+            .fair
+            .as_ref()
+            .is_some_and(|f| f.key.reads_request_body())
+        {
+            r.at(&format!("{at}.fair.key.json"), HEADERS_ONLY);
+        }
+        if limit.usage.as_ref().is_some_and(|u| u.ask_stream_usage) {
+            r.at(
+                &format!("{at}.usage.ask_stream_usage"),
+                "a pool routes the call while its headers pass: its body cannot be changed to ask for its usage",
+            );
         }
     }
 }

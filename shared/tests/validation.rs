@@ -1108,8 +1108,35 @@ fn a_pool_members_money_limit_needs_the_sets_prices() {
         member("east", "e", "e-rps")
     ));
     let errors = errors_of(&json);
+    // A price reads the request's model from its body, which a pool cannot
+    // wait for: refused for that too.
     assert_eq!(
         errors,
-        vec!["policies[0].pool.members[1].limits[1].cost: a price needs the set's `prices`: what each model costs, and in which currency"]
+        vec![
+            "policies[0].pool.members[1].limits[1].cost: a pool routes the call while its headers pass: read this from a header, not the request's JSON body",
+            "policies[0].pool.members[1].limits[1].cost: a price needs the set's `prices`: what each model costs, and in which currency",
+        ]
+    );
+}
+
+#[test]
+fn a_pool_reads_nothing_from_the_request_body() {
+    let json = set_with(&format!(
+        r#"{{"name": "llm", "match": {{"host": "llm.example", "json": [{{"path": "model", "equals": "gpt-4o"}}]}},
+            "rate": {{"requests": 100, "period": "1s"}},
+            "pool": {{"sticky": {{"json": "user"}}, "members": [{}, {{"name": "west", "cluster": "w", "limits": [
+              {{"name": "w-rps", "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}}},
+              {{"name": "w-tpm", "rate": {{"requests": 100000, "period": "1m"}},
+                "cost": {{"json": "max_tokens", "default": 100, "max": 1000}}}}]}}]}}}}"#,
+        member("east", "e", "e-rps")
+    ));
+    let why = "a pool routes the call while its headers pass: read this from a header, not the request's JSON body";
+    assert_eq!(
+        errors_of(&json),
+        vec![
+            format!("policies[0].pool.sticky.json: {why}"),
+            format!("policies[0].match.json: {why}"),
+            format!("policies[0].pool.members[1].limits[1].cost: {why}"),
+        ]
     );
 }
