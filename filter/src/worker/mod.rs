@@ -574,16 +574,8 @@ impl Parts {
                 (Some(at), Some(call), Some(pool)) => {
                     let inputs = call.members.get(at).cloned().unwrap_or_default();
                     let index = pool.members.get(at).map_or(class.policy_index, |m| m.index);
-                    self.routed.insert(
-                        context_id,
-                        pool::Routed {
-                            set: Rc::clone(&policies),
-                            pool_index: class.policy_index,
-                            chosen: at,
-                            costs: call.members.iter().map(|m| m.costs.clone()).collect(),
-                            keys: call.members.iter().map(|m| m.keys.clone()).collect(),
-                        },
-                    );
+                    let routed = pool::Routed::new(&policies, class.policy_index, at, call);
+                    self.routed.insert(context_id, routed);
                     if let Some(m) = pool.members.get(at) {
                         pool::route(ctx, context_id, pool, m);
                     }
@@ -774,16 +766,8 @@ impl Parts {
                     .and_then(|p| p.member_of)
                     .map(|(pool_index, _)| pool_index)
                 {
-                    self.routed.insert(
-                        left.context_id,
-                        pool::Routed {
-                            set: Rc::clone(&policies),
-                            pool_index,
-                            chosen: *chosen,
-                            costs: call.members.iter().map(|m| m.costs.clone()).collect(),
-                            keys: call.members.iter().map(|m| m.keys.clone()).collect(),
-                        },
-                    );
+                    let routed = pool::Routed::new(&policies, pool_index, *chosen, call);
+                    self.routed.insert(left.context_id, routed);
                 }
             }
             if let Some(policy) = policies.policy(left.policy_index) {

@@ -161,6 +161,25 @@ pub(super) struct Routed {
     pub keys: Vec<Vec<Option<u64>>>,
 }
 
+impl Routed {
+    /// Pool call `call` of the pool at `pool_index` of `set`, sent to its
+    /// member `chosen`.
+    pub fn new(
+        set: &Rc<CompiledPolicySet>,
+        pool_index: usize,
+        chosen: usize,
+        call: &PoolCall,
+    ) -> Self {
+        Self {
+            set: Rc::clone(set),
+            pool_index,
+            chosen,
+            costs: call.members.iter().map(|m| m.costs.clone()).collect(),
+            keys: call.members.iter().map(|m| m.keys.clone()).collect(),
+        }
+    }
+}
+
 /// Pool calls sent, by stream; and per member (`<policy>/<member>`) how
 /// many calls in a row Envoy retried away from it, since it last answered
 /// one itself.
