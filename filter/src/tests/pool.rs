@@ -6,7 +6,7 @@
 
 use crate::host::Host;
 use crate::testing::FakeHost;
-use crate::tests::{pass, req, status, worker, T0};
+use crate::tests::{header_of, pass, req, status, worker, T0};
 use crate::worker::{StreamAction, Verdict, Worker};
 
 /// Two deployments: east 10 a second, west 5 a second; each pauses on
@@ -43,17 +43,6 @@ fn answer(host: &FakeHost, w: &mut Worker, id: u32, headers: &[(&str, &[u8])]) {
     w.on_stream_end(host, id);
 }
 
-fn header<'a>(v: &'a Verdict, name: &str) -> Option<&'a str> {
-    match v {
-        Verdict::Reply(r) => r
-            .headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str()),
-        _ => None,
-    }
-}
-
 #[test]
 fn calls_spread_by_room_and_fill_both_members_before_any_refusal() {
     let host = FakeHost::at(T0);
@@ -70,7 +59,7 @@ fn calls_spread_by_room_and_fill_both_members_before_any_refusal() {
     assert!(first_six.iter().any(|c| c == "llm-west"), "{first_six:?}");
     let refused = call(&host, &mut w, 16, &[]);
     assert_eq!(status(&refused), 429, "both full");
-    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    assert_eq!(header_of(&refused, "retry-after"), Some("1"));
     pass(&host, &mut w, 1_000);
     assert_eq!(call(&host, &mut w, 17, &[]), Verdict::Continue);
     w.on_tick(&host);
@@ -108,7 +97,7 @@ fn a_paused_member_is_passed_over_and_the_refusal_names_the_soonest_room() {
     let refused = call(&host, &mut w, 15, &[]);
     assert_eq!(status(&refused), 429);
     assert_eq!(
-        header(&refused, "retry-after"),
+        header_of(&refused, "retry-after"),
         Some("1"),
         "west has room within a second, east only in 29 s"
     );
@@ -210,7 +199,7 @@ fn an_answer_from_another_member_counts_there_and_pauses_the_first() {
     );
     let refused = call(&host, &mut w, 2, &[]);
     assert_eq!(status(&refused), 429, "both paused");
-    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    assert_eq!(header_of(&refused, "retry-after"), Some("1"));
     pass(&host, &mut w, 1_100);
     assert_eq!(call(&host, &mut w, 3, &[]), Verdict::Continue);
     assert_eq!(routed(&host, 3), Some(first));
