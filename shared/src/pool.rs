@@ -18,8 +18,6 @@
 //! members' names, so adding or removing a member moves only the keys of
 //! that member.
 
-use crate::time::Span;
-
 /// Rooms this close (1/64 of a limit) are taken as alike by `most_room`.
 const ROOM_STEPS: f64 = 64.0;
 
@@ -114,12 +112,6 @@ pub fn sticky_member(members: &[MemberNow], key: u64) -> Option<usize> {
     (0..members.len()).max_by_key(|&i| (mix(key ^ members[i].id), std::cmp::Reverse(i)))
 }
 
-/// When every member is paused or full: the soonest any has room again,
-/// from when each does (None: no member, nothing to wait for).
-pub fn earliest_room(resumes: &[Span]) -> Option<Span> {
-    resumes.iter().copied().min()
-}
-
 /// SplitMix64's finaliser: a well-spread 64-bit mix.
 fn mix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -202,17 +194,6 @@ mod tests {
         assert!(!away.contains(&own), "a paused member is passed over");
         members[own].paused = false;
         assert_eq!(order(Rule::Priority, &members, Some(key), 0)[0], own);
-    }
-
-    #[test]
-    fn the_earliest_room_is_the_soonest_resume() {
-        let resumes = [
-            Span::from_secs(30),
-            Span::from_millis(400),
-            Span::from_secs(1),
-        ];
-        assert_eq!(earliest_room(&resumes), Some(Span::from_millis(400)));
-        assert_eq!(earliest_room(&[]), None);
     }
 
     proptest! {
