@@ -114,21 +114,13 @@ impl Deciding<'_> {
         }
         ctx.read_clock();
         let queue_wait = queue_wait(policy);
-        let (taken, member) = match (&policy.pool, pool_call) {
-            (Some(pool), Some(call)) => match pool::take(ctx, self.budgets, pool, call) {
-                Ok(chosen) => (chosen.taken, Some(chosen.member)),
-                Err(refused) => (refused, None),
-            },
-            _ => (
-                limits::take(
-                    ctx,
-                    self.budgets,
-                    policy,
-                    (limit_costs, limit_keys, limit_claimants),
-                ),
-                None,
-            ),
-        };
+        let (taken, member) = pool::take_limits(
+            ctx,
+            self.budgets,
+            policy,
+            (limit_costs, limit_keys, limit_claimants),
+            pool_call,
+        );
         // A pool call holds its member's limits, taken at its costs there.
         let limits_policy = pool::limits_of(policy, member);
         let limit_costs = match (member, pool_call) {

@@ -56,7 +56,7 @@ pub(super) struct Chosen {
 /// The first whose limits take the call all keeps it. When none does, the
 /// refusal is the one with the soonest room: its `Retry-After` is the
 /// earliest any member can take a call again.
-pub(super) fn take<H: Host + ?Sized>(
+fn take<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     pool: &CompiledPool,
@@ -105,6 +105,25 @@ pub(super) fn take<H: Host + ?Sized>(
         why: limits::Why::Limit,
         standing: None,
     }))
+}
+
+/// Takes a call's further limits: for a pool call, a member's ([`take`]),
+/// else the policy's own. Returns what they said and the member that took
+/// it (its place in the pool).
+pub(super) fn take_limits<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    budgets: &mut Budgets,
+    policy: &CompiledPolicy,
+    inputs: (&[u64], &[Option<u64>], &[Option<FairClaimant>]),
+    call: Option<&PoolCall>,
+) -> (Taken, Option<usize>) {
+    match (&policy.pool, call) {
+        (Some(pool), Some(call)) => match take(ctx, budgets, pool, call) {
+            Ok(chosen) => (chosen.taken, Some(chosen.member)),
+            Err(refused) => (refused, None),
+        },
+        _ => (limits::take(ctx, budgets, policy, inputs), None),
+    }
 }
 
 /// A member as the choice sees it: what is left of its tightest limit of

@@ -195,16 +195,13 @@ impl Poll<'_> {
                 })
                 .unwrap_or_default();
             // A pool call goes to a member that can take it now.
-            let (taken, member) = match (&policy.pool, &pool_call) {
-                (Some(pool), Some(call)) => match pool::take(ctx, parts.budgets, pool, call) {
-                    Ok(chosen) => (chosen.taken, Some(chosen.member)),
-                    Err(refused) => (refused, None),
-                },
-                _ => (
-                    limits::take(ctx, parts.budgets, policy, (&costs, &keys, &claimants)),
-                    None,
-                ),
-            };
+            let (taken, member) = pool::take_limits(
+                ctx,
+                parts.budgets,
+                policy,
+                (&costs, &keys, &claimants),
+                pool_call.as_deref(),
+            );
             let limits_policy = pool::limits_of(policy, member);
             let (costs, keys, index) = match (member, &pool_call, &policy.pool) {
                 (Some(at), Some(call), Some(pool)) => {
