@@ -778,10 +778,6 @@ impl CompiledPolicy {
                 .iter()
                 .any(|l| l.cost_json.is_some() || l.price.is_some())
             || self.asks_stream_usage()
-            || self.pool.as_ref().is_some_and(|pool| {
-                pool.sticky_from_body()
-                    || pool.members.iter().any(|m| m.policy.reads_request_body())
-            })
     }
 
     /// Whether a streamed request that does not ask for its usage is
@@ -790,10 +786,6 @@ impl CompiledPolicy {
         self.limits
             .iter()
             .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
-            || self
-                .pool
-                .as_ref()
-                .is_some_and(|pool| pool.members.iter().any(|m| m.policy.asks_stream_usage()))
     }
 
     /// The currency of its money limits, when it has any.
@@ -1157,16 +1149,20 @@ impl CompiledPolicySet {
             .prices
             .as_ref()
             .map(|t| std::sync::Arc::new(CompiledPrices::new(t)));
-        let priced = |mut compiled: CompiledPolicy| {
+        // A policy (or pool member) with a money limit prices its calls.
+        let priced = |compiled: &mut CompiledPolicy| {
             if compiled.limits.iter().any(|l| l.price.is_some()) {
                 compiled.prices = prices.clone();
             }
-            compiled
         };
         let mut policies: Vec<CompiledPolicy> = set
             .policies
             .into_iter()
-            .map(|p| priced(CompiledPolicy::new(p)))
+            .map(|p| {
+                let mut compiled = CompiledPolicy::new(p);
+                priced(&mut compiled);
+                compiled
+            })
             .collect();
         let mut members = Vec::new();
         let count = policies.len();
@@ -1175,9 +1171,7 @@ impl CompiledPolicySet {
                 continue;
             };
             for (at, member) in pool.members.iter_mut().enumerate() {
-                if member.policy.limits.iter().any(|l| l.price.is_some()) {
-                    member.policy.prices = prices.clone();
-                }
+                priced(&mut member.policy);
                 member.policy.member_of = Some((index, at));
                 member.index = count + members.len();
                 members.push((index, at));

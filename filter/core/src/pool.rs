@@ -121,11 +121,6 @@ impl CompiledPool {
         self.sticky.as_ref().and_then(KeySource::header)
     }
 
-    /// Whether the sticky key is read from the body.
-    pub fn sticky_from_body(&self) -> bool {
-        self.sticky.as_ref().is_some_and(|s| s.header().is_none())
-    }
-
     /// The member named `name`.
     pub fn member(&self, name: &[u8]) -> Option<usize> {
         self.members.iter().position(|m| m.name.as_bytes() == name)
