@@ -6,6 +6,9 @@
 //! - [`llm`]: an LLM-like provider (requests and tokens per key, usage in
 //!   the answer or its last streamed event), which counts what it would
 //!   bill and refuse;
+//! - [`provider`], [`sliding`]: providers with hidden limits (calls per
+//!   calendar second; tokens per key in a sliding window) speaking their
+//!   count in headers;
 //! - [`tokens`]: how it counts a prompt's tokens (OpenAI's tokenizer);
 //! - [`load`]: the demo's load generator, a little over each limit.
 //!
@@ -15,4 +18,5 @@ pub mod llm;
 pub mod load;
 pub mod mock;
 pub mod provider;
+pub mod sliding;
 pub mod tokens;

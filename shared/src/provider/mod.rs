@@ -9,6 +9,7 @@
 mod adaptive;
 mod counts;
 mod relayed;
+mod sliding;
 mod table;
 
 pub use adaptive::{Adaptive, Heard};

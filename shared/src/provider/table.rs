@@ -13,6 +13,7 @@
 
 use super::adaptive::{Adaptive, Heard, PACE_SKEW, RELAYED_CUT_FRESH};
 use super::relayed::RelayedStretch;
+use super::sliding::{EndWatch, SentWindow, SLOTS};
 use crate::time::{Instant, Span};
 
 /// One owner's row: its key's hash (0 for an unkeyed limit).
@@ -44,6 +45,13 @@ pub struct Row {
     pub adaptive: Adaptive,
     /// The stretch of pause news other Envoys' providers gave it.
     pub relayed: RelayedStretch,
+    /// What went over the last window, and whether the provider's window
+    /// slides (see `sliding`): then what may go is the provider's limit
+    /// less what went within a window and `other`, what the provider
+    /// counted that Sluice did not send (until the reset).
+    pub sent: SentWindow,
+    pub watch: EndWatch,
+    pub other: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -125,10 +133,66 @@ pub struct Count {
 /// arrive together are not refused for it.
 pub const PACE_AHEAD: u64 = 4;
 impl Row {
+    /// Whether the provider's window slides, and its limit is known.
+    fn slides(&self) -> bool {
+        self.provider_limit > 0 && self.watch.slides()
+    }
+
+    /// What a sliding window holds at `now`: Sluice's own tokens within
+    /// it and the others' the last answer counted (gone at the reset).
+    fn window_used(&self, now: Instant) -> u64 {
+        let other = if self.allowance_until > now {
+            self.other
+        } else {
+            0
+        };
+        self.sent.in_window(now, self.window).saturating_add(other)
+    }
+
+    /// When a sliding window has room for `cost` (None: never, as
+    /// things stand).
+    fn window_room_at(&self, now: Instant, cost: u64) -> Option<Instant> {
+        let keep = |other: u64| self.provider_limit.checked_sub(cost)?.checked_sub(other);
+        let with_other = keep(self.other).and_then(|k| self.sent.down_to(now, self.window, k));
+        let after_reset = keep(0)
+            .and_then(|k| self.sent.down_to(now, self.window, k))
+            .map(|at| at.max(self.allowance_until));
+        match (with_other, after_reset) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// An answer to a call that went at `admitted`, `since` tokens ago,
+    /// says `remaining` until `until`, of a sliding window: what it
+    /// counted beyond Sluice's own tokens is others'. Returns whether
+    /// that is worth writing (others' share changed, or the reset moved
+    /// on past the watch's step).
+    fn follow_window(
+        &mut self,
+        (admitted, since): (u64, u64),
+        remaining: u64,
+        until: Instant,
+        now: Instant,
+    ) -> bool {
+        let ours = self.sent.in_window(now, self.window).saturating_sub(since);
+        let other = self
+            .provider_limit
+            .saturating_sub(remaining)
+            .saturating_sub(ours);
+        let worth = other != self.other || until > self.allowance_until + super::sliding::MOVE_MIN;
+        self.other = other;
+        self.allowance = remaining.saturating_sub(since);
+        self.allowance_until = self.allowance_until.max(until);
+        self.allowance_from = admitted;
+        worth
+    }
+
     /// Past the reset of a provider that said its limit: its next window
     /// holds that limit again, paced over the window.
     fn roll_over(&mut self, now: Instant) {
-        if self.allowance_until > now
+        if self.slides()
+            || self.allowance_until > now
             || self.allowance_until == Instant::EPOCH
             || self.provider_limit == 0
             || self.window.is_zero()
@@ -147,8 +211,8 @@ impl Row {
 
 impl ProviderTable {
     pub const MAX_ROWS: usize = 8;
-    const VERSION: u8 = 6;
-    const ROW_LEN: usize = 22 * 8;
+    const VERSION: u8 = 7;
+    const ROW_LEN: usize = (22 + 3 + SLOTS + 1) * 8;
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
@@ -284,8 +348,13 @@ impl ProviderTable {
             return RowState::default();
         };
         let counted = row.allowance_until > now;
+        let remaining = if row.slides() {
+            Some(row.provider_limit.saturating_sub(row.window_used(now)))
+        } else {
+            counted.then_some(row.allowance)
+        };
         RowState {
-            remaining: counted.then_some(row.allowance),
+            remaining,
             count_until: counted.then_some(row.allowance_until),
             provider_limit: (row.provider_limit > 0).then_some(row.provider_limit),
             paused: self
@@ -306,8 +375,16 @@ impl ProviderTable {
     pub fn admit(&mut self, owner: u64, now: Instant, cost: u64, adaptive: Option<f64>) -> Allowed {
         let row = self.row_mut(owner, now);
         row.roll_over(now);
-        let counted = row.allowance_until > now;
+        let slides = row.slides();
+        // A sliding window needs no pace: what it frees is what went a
+        // window ago.
+        let counted = !slides && row.allowance_until > now;
         let ahead = row.pace_every.saturating_mul(PACE_AHEAD).max(PACE_SKEW);
+        if slides && row.window_used(now).saturating_add(cost) > row.provider_limit {
+            return Allowed::No {
+                until: row.window_room_at(now, cost).unwrap_or(now + row.window),
+            };
+        }
         if counted {
             if row.allowance < cost {
                 return Allowed::No {
@@ -330,6 +407,8 @@ impl ProviderTable {
             row.allowance -= cost;
             row.pace_next = row.pace_next.max(now) + row.pace_every.saturating_mul(cost);
         }
+        let window = row.window;
+        row.sent.add(now, window, cost);
         row.admitted = row.admitted.saturating_add(cost);
         Allowed::Yes {
             admitted: row.admitted,
@@ -341,6 +420,7 @@ impl ProviderTable {
     /// them from, if that allowance still holds.
     pub fn give_back(&mut self, owner: u64, admitted: u64, cost: u64, now: Instant) {
         if let Some(row) = self.rows.iter_mut().find(|r| r.owner == owner) {
+            row.sent.remove(cost);
             if row.allowance_until > now && row.allowance_from < admitted {
                 row.allowance = row.allowance.saturating_add(cost);
                 let back = row.pace_every.saturating_mul(cost).as_nanos();
@@ -368,6 +448,11 @@ impl ProviderTable {
         }
         let since = row.admitted.saturating_sub(admitted);
         let allowance = count.remaining.saturating_sub(since);
+        let window = count.window;
+        let watched = count.limit.is_some() && row.watch.saw(until, window);
+        if row.slides() && count.limit.is_none_or(|l| l == row.provider_limit) {
+            return row.follow_window((admitted, since), count.remaining, until, now) || watched;
+        }
         let turn = if stale_by.is_zero() {
             count.reset_in.div(4)
         } else {
@@ -379,7 +464,16 @@ impl ProviderTable {
             // Nothing stricter, nor a new window: what the row holds
             // stands (far from the provider's limit, most answers say
             // this, and not writing them keeps workers from contending).
-            return false;
+            // A reset said later than the row's is kept, though: a
+            // window that slides (or a bucket) is whole only then, and
+            // rolling over at the earlier one would send into a window
+            // still holding calls. (A fixed window's resets differ by
+            // the answers' jitter: a new latest is rare.)
+            if until > row.allowance_until {
+                row.allowance_until = until;
+                return true;
+            }
+            return watched;
         }
         let before = *row;
         row.allowance = allowance;
@@ -387,7 +481,11 @@ impl ProviderTable {
         row.allowance_from = admitted;
         if let Some(limit) = count.limit.filter(|&l| l > 0) {
             row.provider_limit = limit;
-            row.window = count.window;
+            if row.window != window {
+                // Slots of another length say nothing of this window.
+                row.sent = SentWindow::default();
+            }
+            row.window = window;
         }
         row.pace_every = count.reset_in.div(row.allowance.max(1));
         // Calls already sent ahead of the pace stay ahead: every answer
@@ -445,9 +543,13 @@ impl ProviderTable {
                 r.pace_every.as_nanos(),
                 r.relayed.began.as_nanos(),
                 r.relayed.heard.as_nanos(),
+                r.other,
+                r.watch.end_seen.as_nanos(),
+                r.watch.word(),
             ]
             .into_iter()
             .chain(r.adaptive.words())
+            .chain(r.sent.words())
             {
                 out.extend_from_slice(&word.to_le_bytes());
             }
@@ -489,6 +591,14 @@ impl ProviderTable {
                         began: Instant::from_nanos(next()?),
                         heard: Instant::from_nanos(next()?),
                     },
+                    other: next()?,
+                    watch: {
+                        let end_seen = Instant::from_nanos(next()?);
+                        EndWatch {
+                            end_seen,
+                            ..EndWatch::from_word(next()?)
+                        }
+                    },
                     adaptive: Adaptive::from_words([
                         next()?,
                         next()?,
@@ -499,6 +609,13 @@ impl ProviderTable {
                         next()?,
                         next()?,
                     ]),
+                    sent: {
+                        let mut sent = [0u64; SLOTS + 1];
+                        for word in &mut sent {
+                            *word = next()?;
+                        }
+                        SentWindow::from_words(sent)
+                    },
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -750,9 +867,11 @@ mod tests {
     #[test]
     fn answers_far_from_the_limit_change_nothing() {
         let mut table = ProviderTable::default();
+        // A fixed window: each answer's reset is the same instant (a
+        // millisecond's jitter either way).
         let said = |remaining| Count {
             remaining,
-            reset_in: Span::from_secs(60),
+            reset_in: Span::from_secs(60) - Span::from_millis(remaining % 3),
             limit: Some(1_000_000),
             window: Span::from_secs(60),
         };
@@ -768,16 +887,188 @@ mod tests {
         }
         // Each later call's answer is as loose as what the row holds.
         for (i, admitted) in later.iter().enumerate() {
-            let at = NOW + Span::from_millis(i as u64);
-            assert!(!table.follow(0, *admitted, said(999_000 - 1 - i as u64), at));
+            assert!(!table.follow(0, *admitted, said(999_000 - 1 - i as u64), NOW));
         }
+        // A reset that moves on (a sliding window's, a bucket's) is kept:
+        // the count is whole only then.
+        let moved = Count {
+            reset_in: Span::from_secs(61),
+            ..said(999_000)
+        };
+        let last = later.last().copied().unwrap_or(first);
+        assert!(table.follow(0, last, moved, NOW));
+        assert_eq!(
+            table.row(0).map(|r| r.allowance_until),
+            Some(NOW + Span::from_secs(61))
+        );
         // A stricter one is written.
         let last = later.last().copied().unwrap_or(first);
         assert!(table.follow(0, last, said(500), NOW + Span::from_millis(20)));
         assert_eq!(table.row(0).map(|r| r.allowance), Some(500));
     }
 
+    /// A provider allowing `quota` tokens in any window of `window`
+    /// (sliding) or in each calendar window (fixed), answering as OpenAI
+    /// does: its limit, what is left, and when the count is whole again.
+    struct WindowProvider {
+        quota: u64,
+        window: Span,
+        sliding: bool,
+        log: Vec<(Instant, u64)>,
+    }
+
+    impl WindowProvider {
+        fn counts(&self, at: Instant, now: Instant) -> bool {
+            if self.sliding {
+                at + self.window > now
+            } else {
+                at.as_nanos() / self.window.as_nanos() == now.as_nanos() / self.window.as_nanos()
+            }
+        }
+
+        /// A call of `cost` arrives at `now`: whether it is served, and
+        /// the answer's count.
+        fn call(&mut self, now: Instant, cost: u64) -> (bool, Count) {
+            let used: u64 = self
+                .log
+                .iter()
+                .filter(|(at, _)| self.counts(*at, now))
+                .map(|c| c.1)
+                .sum();
+            let served = used + cost <= self.quota;
+            if served {
+                self.log.push((now, cost));
+            }
+            let used = used + if served { cost } else { 0 };
+            let whole_at = if self.sliding {
+                self.log.last().map_or(now, |(at, _)| *at + self.window)
+            } else {
+                let w = self.window.as_nanos();
+                Instant::from_nanos((now.as_nanos() / w + 1) * w)
+            };
+            let count = Count {
+                remaining: self.quota.saturating_sub(used),
+                reset_in: whole_at.since(now),
+                limit: Some(self.quota),
+                window: self.window,
+            };
+            (served, count)
+        }
+    }
+
+    fn sliding(quota: u64) -> WindowProvider {
+        WindowProvider {
+            quota,
+            window: Span::from_secs(60),
+            sliding: true,
+            log: Vec::new(),
+        }
+    }
+
+    /// Sends `cost` every `every` for `seconds`, reading each answer at
+    /// once: the tokens the provider served in the last minute, and how
+    /// many calls it refused.
+    fn steady(
+        provider: &mut WindowProvider,
+        table: &mut ProviderTable,
+        (every, cost): (Span, u64),
+        seconds: u64,
+    ) -> (u64, u64) {
+        let mut refused = 0;
+        let mut now = NOW;
+        while now < NOW + Span::from_secs(seconds) {
+            if let Allowed::Yes { admitted } = table.admit(0, now, cost, None) {
+                let (served, count) = provider.call(now, cost);
+                refused += u64::from(!served);
+                table.follow(0, admitted, count, now);
+            }
+            now += every;
+        }
+        let last_minute = provider
+            .log
+            .iter()
+            .filter(|(at, _)| *at + Span::from_secs(60) > now)
+            .map(|c| c.1)
+            .sum();
+        (last_minute, refused)
+    }
+
+    #[test]
+    fn a_sliding_window_is_used_as_it_frees() {
+        // 20 000 tokens in any minute; callers ask for twice that.
+        let mut provider = sliding(20_000);
+        let mut table = ProviderTable::default();
+        let (used, refused) = steady(
+            &mut provider,
+            &mut table,
+            (Span::from_millis(150), 100),
+            300,
+        );
+        assert_eq!(refused, 0);
+        assert!(used >= 19_000, "{used} of the last minute's 20 000");
+        assert!(table.row(0).is_some_and(|r| r.watch.slides()));
+        // A fixed window's resets do not move: its count is followed as
+        // before, and what it serves is at most its quota.
+        let mut fixed = WindowProvider {
+            sliding: false,
+            ..sliding(20_000)
+        };
+        let mut table = ProviderTable::default();
+        let (_, refused) = steady(&mut fixed, &mut table, (Span::from_millis(150), 100), 300);
+        assert_eq!(refused, 0);
+        assert!(table.row(0).is_some_and(|r| !r.watch.slides()));
+    }
+
+    #[test]
+    fn others_counted_in_a_sliding_window_hold_until_its_reset() {
+        let mut provider = sliding(1_000);
+        // Someone else took 600 just now.
+        provider.log.push((NOW, 600));
+        let mut table = ProviderTable::default();
+        let (_, refused) = steady(&mut provider, &mut table, (Span::from_millis(500), 10), 50);
+        assert_eq!(refused, 0);
+        let row = table.row(0).copied().unwrap_or_default();
+        assert!(row.watch.slides());
+        // Others' 600, and the first call, sent before any answer said
+        // the window: what the ring does not hold is counted as others'.
+        assert!((600..=610).contains(&row.other), "{row:?}");
+        let state = table.state(0, NOW + Span::from_secs(50), CAP, None);
+        assert!(state.remaining.is_some_and(|r| r < 400), "{state:?}");
+    }
+
     proptest! {
+        /// Calls of any size at any times against a provider whose window
+        /// slides or is fixed (its quota partly taken by someone else at
+        /// the start), each answer read at once: once Sluice has read an
+        /// answer, the provider refuses none of the calls it lets through.
+        #[test]
+        fn following_a_window_never_sends_past_it(
+            quota in 20u64..500,
+            before in 0u64..400,
+            window_s in prop::sample::select(vec![10u64, 20, 60]),
+            slides in any::<bool>(),
+            steps in proptest::collection::vec((0u64..6_000, 1u64..20), 1..300),
+        ) {
+            let mut provider = WindowProvider {
+                quota,
+                window: Span::from_secs(window_s),
+                sliding: slides,
+                log: vec![(NOW, before.min(quota))],
+            };
+            let mut table = ProviderTable::default();
+            let mut now = NOW;
+            let mut known = false;
+            for (advance_ms, cost) in steps {
+                now += Span::from_millis(advance_ms);
+                if let Allowed::Yes { admitted } = table.admit(0, now, cost, None) {
+                    let (served, count) = provider.call(now, cost);
+                    prop_assert!(served || !known, "refused at {:?} (quota {}, {:?})", now.since(NOW), quota, table.row(0));
+                    table.follow(0, admitted, count, now);
+                    known = true;
+                }
+            }
+        }
+
         #[test]
         fn any_bytes_decode_to_a_bounded_table_or_none(
             bytes in proptest::collection::vec(any::<u8>(), 0..600),
