@@ -1,14 +1,16 @@
 //! Listening that uses what the provider gives, through a real Envoy
 //! (`--concurrency 4`): a sliding token quota is used as it frees, not
-//! only at its reset.
+//! only at its reset; an adaptive limit whose provider's limit drops
+//! settles under it, neither refused again and again nor idle.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_demo::provider::{MockProvider, Signals, Strict};
 use sluice_demo::sliding::SlidingTokens;
 use sluice_e2e::envoy::Envoy;
-use sluice_e2e::load::{self, Outcome};
+use sluice_e2e::load::{self, closed_loop, Outcome};
 
 const WORKERS: u32 = 4;
 const HOST: &str = "api.llm.example";
@@ -119,20 +121,83 @@ async fn a_sliding_token_quota_is_used_as_it_frees() -> anyhow::Result<()> {
         100.0 * refused_share,
         report.join(", ")
     );
-    if std::env::var_os("SLUICE_DEBUG_SLIDING").is_some() {
-        for c in calls.iter().filter(|c| c.key == "alpha") {
-            println!(
-                "{:.3} {} {}",
-                (c.at - started).as_secs_f64(),
-                c.tokens,
-                c.refused
-            );
-        }
-    }
     assert!(refused_share <= 0.005, "{}", report.join(", "));
     for share in used {
         assert!(share >= 0.9, "{}", report.join(", "));
         assert!(share <= 1.0 + 1e-9, "{}", report.join(", "));
     }
+    Ok(())
+}
+
+/// A provider allows 30 calls per calendar second, then 12 from its
+/// second 2 on; it counts refused calls too and answers them 429 with
+/// `Retry-After: 1`, saying nothing else of its limit. Sluice's limit is
+/// told 30 a second, adapts, and queues; 24 callers wait their turn for
+/// 90 s. After the drop the provider refuses at most 1 % of the calls,
+/// and from 10 s after it (settled: holding under the limit it learned,
+/// and its rarer probes above) it serves at least 90 % of its 12 a
+/// second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limit_settles_under_a_dropped_limit_and_uses_it() -> anyhow::Result<()> {
+    const RUN: u64 = 90;
+    const DROPPED: u64 = 12;
+    let strict = Strict {
+        refused_count: true,
+        retry_after: Some(1),
+    };
+    let provider =
+        MockProvider::start_strict(30, Signals::None, Duration::from_millis(10), strict).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-adaptive", "fallback": {{"version": 1, "policies": [
+            {{"name": "api", "match": {{"host": "{HOST}"}},
+              "rate": {{"requests": 100000, "period": "1s"}},
+              "on_limit": {{"action": "queue", "max_wait": "30s", "max_queue": 1000}},
+              "limits": [{{"name": "requests", "rate": {{"requests": 30, "period": "1s"}},
+                          "provider": {{"adaptive": true}}}}]}}]}}}}"#
+    );
+    let envoy = Envoy::start(&config, provider.addr.port(), WORKERS)?;
+    let until_next = Duration::from_secs(provider.elapsed().as_secs() + 1) - provider.elapsed();
+    tokio::time::sleep(until_next).await;
+    let first = provider.elapsed().as_secs();
+    let url = envoy.url("/v1/orders");
+    let load = tokio::spawn(closed_loop(24, Duration::from_secs(RUN), move |c, _| {
+        c.get(&url).header("host", HOST)
+    }));
+    let drop_at = Duration::from_secs(first + 2);
+    tokio::time::sleep(drop_at.saturating_sub(provider.elapsed())).await;
+    provider.set_limit(DROPPED);
+    let outcomes = load.await?;
+    let windows = provider.windows();
+    let from = usize::try_from(first + 2)?;
+    let to = usize::try_from(first + RUN)?.min(windows.len());
+    let after = windows.get(from..to).unwrap_or_default();
+    let served: u64 = after.iter().map(|w| w.accepted).sum();
+    let refused: u64 = after.iter().map(|w| w.refused).sum();
+    let share = refused as f64 / (served + refused).max(1) as f64;
+    let last = after.get(10..).unwrap_or_default();
+    let settled = last.iter().map(|w| w.accepted).sum::<u64>() as f64 / last.len().max(1) as f64;
+    let seconds: Vec<String> = after
+        .iter()
+        .map(|w| format!("{}/{}", w.accepted, w.refused))
+        .collect();
+    let waited_out = outcomes
+        .iter()
+        .filter(|o| o.status == 429 && o.headers.contains_key("x-sluice-policy"))
+        .count();
+    println!(
+        "adaptive, queued, provider 30 -> {DROPPED}/s counting refusals, Retry-After: 1: after the drop \
+         {refused} of {} refused ({:.2} %); served {settled:.1}/s from 10 s after it; {waited_out} calls \
+         refused by Sluice; per second (served/refused): {}",
+        served + refused,
+        100.0 * share,
+        seconds.join(" ")
+    );
+    assert_eq!(after.len() as u64, RUN - 2, "{seconds:?}");
+    assert!(share <= 0.01, "{seconds:?}");
+    assert!(settled >= 0.9 * DROPPED as f64, "{seconds:?}");
+    assert!(
+        last.iter().all(|w| w.accepted + w.refused <= DROPPED + 1),
+        "{seconds:?}"
+    );
     Ok(())
 }

@@ -6,7 +6,9 @@
 //! fields do; a call over the limit gets 429. Answers take `delay` (calls
 //! stay in flight). Per window it counts what it accepted and refused, for
 //! Sluice's calls and the hidden consumer's apart. As the plain mock does,
-//! it refuses on demand (`x-mock-status`, `x-mock-retry-after`).
+//! it refuses on demand (`x-mock-status`, `x-mock-retry-after`). Started
+//! [`Strict`], it also counts the calls it refuses against the window
+//! (as many providers do) and answers them with `Retry-After`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,10 +42,20 @@ pub struct Window {
     pub hidden_refused: u64,
 }
 
+/// How a provider treats calls over its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Strict {
+    /// Refused calls count against the window too.
+    pub refused_count: bool,
+    /// `Retry-After` on its 429s, in seconds (None: not sent).
+    pub retry_after: Option<u64>,
+}
+
 struct Inner {
     start: Instant,
     limit: AtomicU64,
     signals: Signals,
+    strict: Strict,
     delay: Duration,
     windows: Mutex<Vec<Window>>,
 }
@@ -57,12 +69,24 @@ pub struct MockProvider {
 impl MockProvider {
     /// Starts on a free loopback port, on the current runtime.
     pub async fn start(limit: u64, signals: Signals, delay: Duration) -> anyhow::Result<Self> {
+        Self::start_strict(limit, signals, delay, Strict::default()).await
+    }
+
+    /// Starts as [`Self::start`], treating calls over the limit as
+    /// `strict` says.
+    pub async fn start_strict(
+        limit: u64,
+        signals: Signals,
+        delay: Duration,
+        strict: Strict,
+    ) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
             start: Instant::now(),
             limit: AtomicU64::new(limit),
             signals,
+            strict,
             delay,
             windows: Mutex::new(Vec::new()),
         });
@@ -113,7 +137,13 @@ async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
             match windows.get_mut(second) {
                 Some(w) => {
                     w.limit = limit;
-                    let used = w.accepted + w.hidden_accepted;
+                    let used = w.accepted
+                        + w.hidden_accepted
+                        + if inner.strict.refused_count {
+                            w.refused + w.hidden_refused
+                        } else {
+                            0
+                        };
                     let accepted = used < limit;
                     match (accepted, hidden) {
                         (true, false) => w.accepted += 1,
@@ -121,7 +151,7 @@ async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
                         (false, false) => w.refused += 1,
                         (false, true) => w.hidden_refused += 1,
                     }
-                    (accepted, used + u64::from(accepted))
+                    (accepted, used + 1)
                 }
                 None => (false, limit),
             }
@@ -138,6 +168,11 @@ async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
     } else {
         (StatusCode::TOO_MANY_REQUESTS, "provider: over the limit\n").into_response()
     };
+    if let (false, Some(secs)) = (accepted, inner.strict.retry_after) {
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            response.headers_mut().insert("retry-after", v);
+        }
+    }
     let out = response.headers_mut();
     let mut put = |name: &'static str, value: String| {
         if let Ok(v) = HeaderValue::from_str(&value) {

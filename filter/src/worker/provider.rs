@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
-use sluice_shared::provider::{Allowed, Heard, PauseSignal, PauseWhy, ProviderTable};
+use sluice_shared::provider::{Allowed, Heard, PauseSignal, PauseWhy, ProviderTable, Throttle};
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
@@ -225,7 +225,16 @@ impl Listening {
                 let heard = Heard::Here {
                     admitted: counted.admitted,
                 };
-                news |= cut_rate(ctx, limit, counted.owner, (heard, now), full) && relayed(limit);
+                let throttle = Throttle {
+                    full,
+                    wait: match signal {
+                        PauseSignal::Pause { wait, .. } => wait,
+                        _ => Span::ZERO,
+                    },
+                    period: provider.default_reset,
+                };
+                news |=
+                    cut_rate(ctx, limit, counted.owner, (heard, now), throttle) && relayed(limit);
             }
             match signal {
                 PauseSignal::None => {}
@@ -293,14 +302,15 @@ fn cut_rate<H: Host + ?Sized>(
     limit: &CompiledLimit,
     owner: u64,
     (heard, at): (Heard, Instant),
-    full: f64,
+    throttle: Throttle,
 ) -> bool {
     let (host, now) = (ctx.host, ctx.now);
+    let full = throttle.full;
     let (entry, _) = place_of_owner(limit, owner);
     let cut = ctx
         .store
         .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
-            let cut = table.throttled(owner, (heard, at), now, full);
+            let cut = table.throttled(owner, (heard, at), now, throttle);
             let rate = table.row(owner).and_then(|r| r.adaptive.rate(now, full));
             ((cut, rate), cut)
         });
@@ -507,7 +517,7 @@ pub(super) fn take_news<H: Host + ?Sized>(
         }
         if let (Some(ago), Some(full)) = (item.cut_ago_ms, provider.adaptive) {
             let at = now - (Span::from_millis(ago) + delay);
-            cut_rate(ctx, limit, 0, (Heard::Relayed, at), full);
+            cut_rate(ctx, limit, 0, (Heard::Relayed, at), Throttle::plain(full));
         }
     }
 }

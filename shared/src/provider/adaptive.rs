@@ -6,6 +6,26 @@
 //! once per overload (a burst of 429s from calls that went before the
 //! cut, or within a quarter second of it, cuts once);
 //! and a `Retry-After` on the refusal pauses on top (see the table).
+//!
+//! With a provider that pauses (`Retry-After`) and counts in windows,
+//! the refusals say more than "too fast", and the cut listens:
+//! - refused while still climbing back, the limit is well below what the
+//!   last cut thought: the cut is deeper (× 0.5);
+//! - refused probing a little above the rate that drew the last refusal,
+//!   that rate is known: each such cut is gentler (× 0.85, then closer to
+//!   it), the curve climbs back only to a little under it (× 0.97),
+//!   holds there (10 s, four times longer at each repeat) and probes
+//!   above it more slowly (the curve stretched twice as long each time);
+//!   refused while holding, it holds a little lower;
+//! - a refusal after a pause at least as long as the limit's period
+//!   bounds the provider's limit outright: everything it counted in its
+//!   window went after the pause, so it allows at most what went since;
+//! - the curve starts when the pause ends, not while nothing may go, and
+//!   the first call then goes alone.
+//!
+//! Measured against a provider whose 30 a second drops to 12, counting
+//! refused calls and answering `Retry-After: 1`: docs/BENCHMARKS.md,
+//! section 11.
 
 use crate::time::{Instant, Span};
 
@@ -24,6 +44,40 @@ pub const FLOOR_PER_SECOND: f64 = 0.5;
 pub const RELAYED_CUT_FRESH: Span = Span::from_secs(5);
 /// How many calls may go at once ahead of the adapted pace.
 pub const AHEAD: f64 = 2.0;
+/// Refusals probing above the rate that drew the last (up to this many
+/// times it) make it known; at most `MAX_HITS` in a row count.
+pub const SAME_CEILING: f64 = 1.25;
+pub const MAX_HITS: u64 = 5;
+/// How far under a known rate the curve climbs back to before it holds.
+pub const UNDER_KNOWN: f64 = 0.97;
+/// The cut of a refusal drawn while climbing back after the last.
+pub const DEEPER: f64 = 0.5;
+/// The gentlest cut of a known rate.
+pub const GENTLEST: f64 = UNDER_KNOWN;
+/// How long the curve holds under a known rate, at the first repeat.
+pub const HOLD: Span = Span::from_secs(10);
+
+/// What a refusal said beside itself, for the cut: the limit's own rate
+/// per second (`full`), the wait the provider asked for, and the limit's
+/// period (a wait at least this long empties a window of that length).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throttle {
+    pub full: f64,
+    pub wait: Span,
+    pub period: Span,
+}
+
+impl Throttle {
+    /// A refusal that asked for no wait.
+    pub fn plain(full: f64) -> Self {
+        Self {
+            full,
+            wait: Span::ZERO,
+            period: Span::ZERO,
+        }
+    }
+}
+
 /// A pace (this one's and the provider table's) is checked at least this
 /// far ahead: each Envoy worker reads time once per turn of its event loop,
 /// so workers' "now" differ by up to a few milliseconds under load; a pace
@@ -59,7 +113,29 @@ pub struct Adaptive {
     pub measure_count: u64,
     /// When the next token may go at the adapted pace.
     pub next: Instant,
+    /// Cuts in a row near one rate (0: the rate is not known).
+    pub hits: u64,
+    /// When the curve starts: the cut, or the end of the pause it came
+    /// with.
+    pub curve_from: Instant,
+    /// The row's count of admitted tokens when calls resumed after a
+    /// pause as long as the limit's period (0: none; `AWAITING`: the
+    /// pause still runs).
+    pub resumed: u64,
 }
+
+/// The curve after a cut (see `Adaptive::curve`).
+struct Curve {
+    target: f64,
+    scale: f64,
+    /// Seconds from its start to `target`.
+    k: f64,
+    /// Seconds it holds at `target` after `k`.
+    hold: f64,
+}
+
+/// `Adaptive::resumed` while the pause runs.
+const AWAITING: u64 = u64::MAX;
 
 impl Adaptive {
     /// The rate in force at `now`, at most `full` (the limit's own rate
@@ -68,12 +144,45 @@ impl Adaptive {
         if self.cut_to <= 0.0 || !self.cut_to.is_finite() || !self.w_max.is_finite() {
             return None;
         }
-        let k = (self.w_max * (1.0 - BETA) / SCALE).cbrt();
-        let t = now.since(self.cut_at).as_secs_f64();
-        let rate = SCALE * (t - k).powi(3) + self.w_max;
+        let curve = self.curve();
+        let mut t = self.on_curve(now);
+        if t > curve.k {
+            t = (t - curve.hold).max(curve.k);
+        }
+        let rate = curve.scale * (t - curve.k).powi(3) + curve.target;
         let floor = FLOOR_PER_SECOND.min(full);
         let rate = rate.max(floor);
         (rate < full).then_some(rate)
+    }
+
+    /// The curve since the last cut: where it climbs back to, how fast,
+    /// when it is there (`k`, seconds from its start) and how long it
+    /// holds there before probing above.
+    fn curve(&self) -> Curve {
+        let hits = self.hits.min(MAX_HITS);
+        let (target, scale, hold) = if hits == 0 {
+            (self.w_max, SCALE, 0.0)
+        } else {
+            // Each repeat stretches the curve twice as long, and holds
+            // four times as long.
+            (
+                self.w_max * UNDER_KNOWN,
+                SCALE / 8f64.powi(hits as i32),
+                HOLD.as_secs_f64() * 4f64.powi(hits as i32 - 1),
+            )
+        };
+        let k = ((target - self.cut_to).max(0.0) / scale).cbrt();
+        Curve {
+            target,
+            scale,
+            k,
+            hold,
+        }
+    }
+
+    /// Seconds along the curve at `now`.
+    fn on_curve(&self, now: Instant) -> f64 {
+        now.since(self.curve_from.max(self.cut_at)).as_secs_f64()
     }
 
     /// Counts `cost` tokens sent at `now` into the measured send rate.
@@ -100,6 +209,7 @@ impl Adaptive {
             if self.cut_to > 0.0 {
                 // Recovered: the limit's own rate holds again.
                 self.cut_to = 0.0;
+                self.hits = 0;
             }
             return Ok(());
         };
@@ -117,7 +227,14 @@ impl Adaptive {
     /// another's; `now_admitted`: the row's count now; `full`: the limit's
     /// own rate per second): the rate is cut, once per overload. Returns
     /// whether it was.
-    pub fn throttled(&mut self, at: Instant, heard: Heard, now_admitted: u64, full: f64) -> bool {
+    pub fn throttled(
+        &mut self,
+        at: Instant,
+        heard: Heard,
+        now_admitted: u64,
+        throttle: Throttle,
+    ) -> bool {
+        let full = throttle.full;
         let same_overload = match heard {
             // Not for calls that went before the last cut, nor within a
             // measuring round of it (a provider's window stays full until
@@ -133,22 +250,92 @@ impl Adaptive {
         if same_overload {
             return false;
         }
-        let current = self.rate(at, full).unwrap_or(full);
+        let floor = FLOOR_PER_SECOND.min(full);
+        let adapting = self.rate(at, full);
+        let current = adapting.unwrap_or(full);
         let measured = if self.measured > 0.0 {
             self.measured
         } else {
             current
         };
-        self.w_max = current.min(measured).max(FLOOR_PER_SECOND.min(full));
-        self.cut_to = (self.w_max * BETA).max(FLOOR_PER_SECOND.min(full));
-        // The curve starts at the cut: `rate(cut_at)` is `cut_to`.
+        let mut w_max = current.min(measured).max(floor);
+        if let (Heard::Here { admitted }, Some(since)) = (heard, self.resumed_from()) {
+            // All the provider counted in its window went after the
+            // pause: it allows at most what went before this call.
+            let went = admitted.saturating_sub(since).saturating_sub(1);
+            let period = throttle.period.as_secs_f64();
+            if period > 0.0 {
+                w_max = w_max.min((went as f64 / period).max(floor));
+            }
+        }
+        let curve = self.curve();
+        let t = self.on_curve(at);
+        let known = self.w_max;
+        // What the rate is cut to, as a part of the new `w_max`.
+        let cut = match adapting {
+            // Refused while climbing back: the provider's limit is well
+            // below where the last cut thought; a deeper cut.
+            Some(_) if t < curve.k => {
+                self.hits = 0;
+                DEEPER
+            }
+            // Refused while holding under a known rate: it is a little
+            // lower than thought. No dip: the hold goes on lower.
+            Some(_) if self.hits > 0 && t < curve.k + curve.hold => {
+                w_max = w_max.min(known * UNDER_KNOWN);
+                UNDER_KNOWN
+            }
+            // Refused probing a little above the rate that drew the last
+            // refusal: that rate still holds, each time more surely.
+            Some(_) if current <= known * SAME_CEILING => {
+                self.hits = (self.hits + 1).min(MAX_HITS);
+                w_max = w_max.min(known);
+                (1.0 - (1.0 - BETA) / 2f64.powi(self.hits as i32)).min(GENTLEST)
+            }
+            _ => {
+                self.hits = 0;
+                BETA
+            }
+        };
+        self.w_max = w_max;
+        self.cut_to = (w_max * cut).max(floor);
         self.cut_at = at;
         self.cut_after = now_admitted;
-        self.next = self.next.max(at);
+        // The curve starts when calls may go again: `rate(curve_from)`
+        // is `cut_to`, and the first call then goes alone, not with the
+        // calls allowed ahead.
+        self.curve_from = at + throttle.wait;
+        let ahead = Span::from_nanos((AHEAD / self.cut_to * 1e9) as u64).max(PACE_SKEW);
+        self.next = self.next.max(self.curve_from + ahead);
+        self.resumed = if throttle.wait >= throttle.period && !throttle.period.is_zero() {
+            AWAITING
+        } else {
+            0
+        };
         true
     }
 
-    pub fn words(&self) -> [u64; 8] {
+    /// The row's count when calls resumed after a pause as long as the
+    /// limit's period, once they did.
+    fn resumed_from(&self) -> Option<u64> {
+        if self.resumed == AWAITING {
+            return None;
+        }
+        self.resumed.checked_sub(1)
+    }
+
+    /// A call is about to go at `now` with the row's count at
+    /// `admitted` (before it): the first after a pause marks the count.
+    pub fn resuming(&mut self, now: Instant, admitted: u64) {
+        // Calls go only once the pause is over.
+        if self.resumed == AWAITING && now >= self.cut_at {
+            self.resumed = admitted.saturating_add(1).min(AWAITING - 1);
+        }
+    }
+
+    pub const WORDS: usize = 11;
+
+    pub fn words(&self) -> [u64; Self::WORDS] {
         [
             self.cut_to.to_bits(),
             self.w_max.to_bits(),
@@ -158,12 +345,15 @@ impl Adaptive {
             self.measure_start.as_nanos(),
             self.measure_count,
             self.next.as_nanos(),
+            self.hits,
+            self.curve_from.as_nanos(),
+            self.resumed,
         ]
     }
 
     /// From [`Self::words`]; non-finite or negative rates read as "not
     /// adapted" (a broken entry never stops calls).
-    pub fn from_words(w: [u64; 8]) -> Self {
+    pub fn from_words(w: [u64; Self::WORDS]) -> Self {
         let rate = |bits: u64| {
             let r = f64::from_bits(bits);
             if r.is_finite() && r >= 0.0 {
@@ -181,6 +371,9 @@ impl Adaptive {
             measure_start: Instant::from_nanos(w[5]),
             measure_count: w[6],
             next: Instant::from_nanos(w[7]),
+            hits: w[8].min(MAX_HITS),
+            curve_from: Instant::from_nanos(w[9]),
+            resumed: w[10],
         }
     }
 }
@@ -203,7 +396,7 @@ mod tests {
             NOW + Span::from_secs(1),
             Heard::Here { admitted: 10 },
             1000,
-            100.0
+            Throttle::plain(100.0)
         ));
         let at = |s: f64| {
             a.rate(
@@ -222,11 +415,11 @@ mod tests {
     #[test]
     fn refusals_of_one_overload_cut_once() {
         let mut a = Adaptive::default();
-        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, 100.0));
+        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, Throttle::plain(100.0)));
         let once = a.rate(NOW, 100.0);
         // Calls that went before the cut (admitted ≤ 10) refused too:
         for admitted in 1..=10 {
-            assert!(!a.throttled(NOW, Heard::Here { admitted }, 12, 100.0));
+            assert!(!a.throttled(NOW, Heard::Here { admitted }, 12, Throttle::plain(100.0)));
         }
         assert_eq!(a.rate(NOW, 100.0), once);
         // One that went after the cut, refused within a quarter second
@@ -235,33 +428,116 @@ mod tests {
             NOW + Span::from_millis(200),
             Heard::Here { admitted: 11 },
             12,
-            100.0
+            Throttle::plain(100.0)
         ));
         let later = NOW + CUT_GUARD;
-        assert!(a.throttled(later, Heard::Here { admitted: 11 }, 12, 100.0));
+        assert!(a.throttled(
+            later,
+            Heard::Here { admitted: 11 },
+            12,
+            Throttle::plain(100.0)
+        ));
         assert!(a.rate(later, 100.0) < once);
     }
 
     #[test]
     fn a_relayed_cut_of_an_overload_this_row_already_cut_for_is_skipped() {
         let mut a = Adaptive::default();
-        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, 100.0));
+        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, Throttle::plain(100.0)));
         let once = a.rate(NOW, 100.0);
         // Another Envoy saw the same overload 100 ms later.
-        assert!(!a.throttled(NOW + Span::from_millis(100), Heard::Relayed, 12, 100.0));
+        assert!(!a.throttled(
+            NOW + Span::from_millis(100),
+            Heard::Relayed,
+            12,
+            Throttle::plain(100.0)
+        ));
         assert_eq!(a.rate(NOW, 100.0), once);
         // A later one, past the guard, is a new overload.
-        assert!(a.throttled(NOW + CUT_GUARD, Heard::Relayed, 12, 100.0));
+        assert!(a.throttled(NOW + CUT_GUARD, Heard::Relayed, 12, Throttle::plain(100.0)));
         assert!(a.rate(NOW + CUT_GUARD, 100.0) < once);
         // Even once recovered, the same news does not cut again.
         a.cut_to = 0.0;
-        assert!(!a.throttled(NOW + CUT_GUARD, Heard::Relayed, 12, 100.0));
+        assert!(!a.throttled(NOW + CUT_GUARD, Heard::Relayed, 12, Throttle::plain(100.0)));
+    }
+
+    const PAUSING: Throttle = Throttle {
+        full: 30.0,
+        wait: Span::from_secs(1),
+        period: Span::from_secs(1),
+    };
+
+    #[test]
+    fn after_a_pause_a_refusal_bounds_the_limit_by_what_went_since() {
+        let mut a = Adaptive::default();
+        for ms in 0..1000 {
+            a.sent(NOW + Span::from_millis(ms), 1);
+        }
+        // Refused at 30 a second; paused 1 s.
+        assert!(a.throttled(
+            NOW + Span::from_secs(1),
+            Heard::Here { admitted: 30 },
+            30,
+            PAUSING
+        ));
+        let resumed = NOW + Span::from_secs(2);
+        assert!(
+            a.admit(resumed - Span::from_millis(1), 1, 30.0).is_err(),
+            "paused"
+        );
+        // The first call after the pause marks the count (30); the 13th
+        // after it is refused: the provider allows at most 12 a second.
+        a.resuming(resumed, 30);
+        let at = resumed + Span::from_millis(600);
+        assert!(a.throttled(at, Heard::Here { admitted: 43 }, 43, PAUSING));
+        assert!((a.w_max - 12.0).abs() < 1e-9, "{}", a.w_max);
+        assert!(a.rate(at, 30.0).is_some_and(|r| r < 12.0));
+    }
+
+    #[test]
+    fn refused_while_climbing_back_cuts_deeper_and_probing_above_makes_it_known() {
+        let mut a = Adaptive::default();
+        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, Throttle::plain(20.0));
+        assert_eq!(a.hits, 0);
+        // 0.5 s on, still climbing from 14 to 20: cut to half.
+        let climbing = NOW + Span::from_millis(500);
+        let current = a.rate(climbing, 20.0).unwrap_or(0.0);
+        assert!(a.throttled(
+            climbing,
+            Heard::Here { admitted: 5 },
+            5,
+            Throttle::plain(20.0)
+        ));
+        assert!((a.cut_to - 0.5 * a.w_max).abs() < 1e-9 && a.w_max <= current);
+        assert_eq!(a.hits, 0);
+        // Back past the rate that drew it: the next refusal makes it
+        // known; the curve then holds under it.
+        let w = a.w_max;
+        let k = ((a.w_max - a.cut_to) / SCALE).cbrt();
+        let past = climbing + Span::from_nanos(((k + 0.8) * 1e9) as u64);
+        assert!(a
+            .rate(past, 20.0)
+            .is_some_and(|r| r > w && r < w * SAME_CEILING));
+        assert!(a.throttled(
+            past,
+            Heard::Here { admitted: 99 },
+            99,
+            Throttle::plain(20.0)
+        ));
+        assert_eq!(a.hits, 1);
+        let held = past + Span::from_secs(8);
+        let rate = a.rate(held, 20.0).unwrap_or(0.0);
+        assert!(
+            (rate - a.w_max * UNDER_KNOWN).abs() < 0.05,
+            "{rate} of {}",
+            a.w_max
+        );
     }
 
     #[test]
     fn the_adapted_pace_lets_that_many_a_second_through() {
         let mut a = Adaptive::default();
-        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, 57.0);
+        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, Throttle::plain(57.0));
         // Cut to 0.7 × 57 ≈ 40; over the next second the curve climbs
         // to 0.4·(1 − ∛42.75)³ + 57 ≈ 50.8: about 46 on average, plus the
         // 2 allowed ahead.
@@ -289,7 +565,13 @@ mod tests {
                     admitted += cost;
                     a.sent(now, cost);
                 } else if event == 1 {
-                    a.throttled(now, Heard::Here { admitted }, admitted, full);
+                    // Some refusals ask for a pause of up to 2 s.
+                    let throttle = Throttle {
+                        full,
+                        wait: Span::from_millis(advance % 2_000),
+                        period: Span::from_secs(1),
+                    };
+                    a.throttled(now, Heard::Here { admitted }, admitted, throttle);
                 }
                 if let Some(rate) = a.rate(now, full) {
                     prop_assert!(rate < full);
@@ -300,11 +582,11 @@ mod tests {
         }
 
         #[test]
-        fn any_words_read_without_panic(words in proptest::array::uniform8(any::<u64>()), cost in 0u64..1000) {
+        fn any_words_read_without_panic(words in proptest::array::uniform11(any::<u64>()), cost in 0u64..1000) {
             let mut a = Adaptive::from_words(words);
             let _ = a.rate(NOW, 100.0);
             let _ = a.admit(NOW, cost, 100.0);
-            let _ = a.throttled(NOW, Heard::Here { admitted: 1 }, 2, 100.0);
+            let _ = a.throttled(NOW, Heard::Here { admitted: 1 }, 2, Throttle::plain(100.0));
         }
     }
 }

@@ -12,7 +12,7 @@ mod relayed;
 mod sliding;
 mod table;
 
-pub use adaptive::{Adaptive, Heard};
+pub use adaptive::{Adaptive, Heard, Throttle};
 
 pub use counts::{CountSource, Reading};
 pub use relayed::RelayedStretch;

@@ -11,7 +11,7 @@
 //! later one said, so any number of workers reading answers in any order
 //! converge on the newest without subtracting the same calls twice.
 
-use super::adaptive::{Adaptive, Heard, PACE_SKEW, RELAYED_CUT_FRESH};
+use super::adaptive::{Adaptive, Heard, Throttle, PACE_SKEW, RELAYED_CUT_FRESH};
 use super::relayed::RelayedStretch;
 use super::sliding::{EndWatch, SentWindow, SLOTS};
 use crate::time::{Instant, Span};
@@ -211,8 +211,8 @@ impl Row {
 
 impl ProviderTable {
     pub const MAX_ROWS: usize = 8;
-    const VERSION: u8 = 7;
-    const ROW_LEN: usize = (22 + 3 + SLOTS + 1) * 8;
+    const VERSION: u8 = 8;
+    const ROW_LEN: usize = (14 + Adaptive::WORDS + 3 + SLOTS + 1) * 8;
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
@@ -322,15 +322,16 @@ impl ProviderTable {
     }
 
     /// A provider refused a call at `at` (by this Envoy's clock;
-    /// `heard`: this Envoy's call or another's; `full`: the limit's own
-    /// rate per second): the adapted rate is cut, once per overload, and
-    /// for relayed news only while it is fresh. Returns whether it was.
+    /// `heard`: this Envoy's call or another's; `throttle`: the limit's
+    /// own rate and period, and the wait the refusal asked for): the
+    /// adapted rate is cut, once per overload, and for relayed news only
+    /// while it is fresh. Returns whether it was.
     pub fn throttled(
         &mut self,
         owner: u64,
         (heard, at): (Heard, Instant),
         now: Instant,
-        full: f64,
+        throttle: Throttle,
     ) -> bool {
         if heard == Heard::Relayed && at + RELAYED_CUT_FRESH < now {
             return false;
@@ -338,7 +339,7 @@ impl ProviderTable {
         let row = self.row_mut(owner, now);
         let now_admitted = row.admitted;
         row.adaptive
-            .throttled(at.min(now), heard, now_admitted, full)
+            .throttled(at.min(now), heard, now_admitted, throttle)
     }
 
     /// What `owner`'s row says at `now` (`max_pause`: the limit's cap;
@@ -398,6 +399,7 @@ impl ProviderTable {
             }
         }
         if let Some(full) = adaptive {
+            row.adaptive.resuming(now, row.admitted);
             if let Err(until) = row.adaptive.admit(now, cost, full) {
                 return Allowed::No { until };
             }
@@ -599,16 +601,13 @@ impl ProviderTable {
                             ..EndWatch::from_word(next()?)
                         }
                     },
-                    adaptive: Adaptive::from_words([
-                        next()?,
-                        next()?,
-                        next()?,
-                        next()?,
-                        next()?,
-                        next()?,
-                        next()?,
-                        next()?,
-                    ]),
+                    adaptive: {
+                        let mut words = [0u64; Adaptive::WORDS];
+                        for word in &mut words {
+                            *word = next()?;
+                        }
+                        Adaptive::from_words(words)
+                    },
                     sent: {
                         let mut sent = [0u64; SLOTS + 1];
                         for word in &mut sent {
@@ -701,16 +700,31 @@ mod tests {
         let mut table = ProviderTable::default();
         let full = 100.0;
         let at = NOW - Span::from_millis(400);
-        assert!(table.throttled(0, (Heard::Relayed, at), NOW, full));
+        assert!(table.throttled(0, (Heard::Relayed, at), NOW, Throttle::plain(full)));
         let rate = table.state(0, NOW, CAP, Some(full)).rate;
         assert!(rate.is_some_and(|r| r < full), "{rate:?}");
         // The admin relays it again at the next sync: no second cut.
-        assert!(!table.throttled(0, (Heard::Relayed, at), NOW + Span::from_secs(1), full));
+        assert!(!table.throttled(
+            0,
+            (Heard::Relayed, at),
+            NOW + Span::from_secs(1),
+            Throttle::plain(full)
+        ));
         // Old news is not followed.
         let mut fresh = ProviderTable::default();
-        assert!(!fresh.throttled(0, (Heard::Relayed, NOW - Span::from_secs(6)), NOW, full));
+        assert!(!fresh.throttled(
+            0,
+            (Heard::Relayed, NOW - Span::from_secs(6)),
+            NOW,
+            Throttle::plain(full)
+        ));
         // A time from the future is taken as now.
-        assert!(fresh.throttled(0, (Heard::Relayed, NOW + Span::from_secs(3600)), NOW, full));
+        assert!(fresh.throttled(
+            0,
+            (Heard::Relayed, NOW + Span::from_secs(3600)),
+            NOW,
+            Throttle::plain(full)
+        ));
         assert_eq!(fresh.state(0, NOW, CAP, Some(full)).cut_at, Some(NOW));
     }
 
@@ -1034,6 +1048,90 @@ mod tests {
         assert!((600..=610).contains(&row.other), "{row:?}");
         let state = table.state(0, NOW + Span::from_secs(50), CAP, None);
         assert!(state.remaining.is_some_and(|r| r < 400), "{state:?}");
+    }
+
+    /// A provider allowing 30 calls per calendar second, then 12 from 2 s
+    /// on, counting refused calls too and answering them 429 with
+    /// `Retry-After: 1`; Sluice's adaptive limit is told 30 a second and
+    /// has calls waiting always. Answers take 10 ms. Returns per second
+    /// (served, refused).
+    /// `phase`: how far into its calendar second the provider is when
+    /// the calls begin.
+    fn against_a_dropping_provider(seconds: u64, phase: Span, latency: Span) -> Vec<(u64, u64)> {
+        let full = 30.0;
+        let throttle = Throttle {
+            full,
+            wait: Span::from_secs(1),
+            period: Span::from_secs(1),
+        };
+        let mut table = ProviderTable::default();
+        let mut windows = vec![(0u64, 0u64); seconds as usize + 1];
+        let mut in_flight: Vec<(Instant, u64, bool)> = Vec::new();
+        let mut own_next = NOW;
+        let mut now = NOW;
+        while now < NOW + Span::from_secs(seconds) {
+            let answered: Vec<_> = in_flight
+                .iter()
+                .filter(|c| c.0 + latency <= now)
+                .copied()
+                .collect();
+            in_flight.retain(|c| c.0 + latency > now);
+            for (_, admitted, refused) in answered {
+                if refused {
+                    table.throttled(0, (Heard::Here { admitted }, now), now, throttle);
+                    table.pause(0, now, throttle.wait);
+                }
+            }
+            if table.paused_until(0, now, CAP).is_none() && own_next <= now {
+                if let Allowed::Yes { admitted } = table.admit(0, now, 1, Some(full)) {
+                    own_next = own_next.max(now) + Span::from_nanos(1_000_000_000 / 30);
+                    let second = (now.since(NOW) + phase).as_secs() as usize;
+                    let limit = if second < 2 { 30 } else { 12 };
+                    let w = &mut windows[second];
+                    let refused = w.0 + w.1 >= limit;
+                    if refused {
+                        w.1 += 1;
+                    } else {
+                        w.0 += 1;
+                    }
+                    in_flight.push((now, admitted, refused));
+                }
+            }
+            now += Span::from_nanos(500_000);
+        }
+        windows
+    }
+
+    #[test]
+    fn after_a_drop_refusals_near_one_rate_make_it_known_and_it_is_used() {
+        // Wherever in the provider's second the calls begin.
+        for phase_ms in (0..1000).step_by(100) {
+            let latency_ms = 10;
+            let windows = against_a_dropping_provider(
+                90,
+                Span::from_millis(phase_ms),
+                Span::from_millis(latency_ms),
+            );
+            let after = &windows[2..90];
+            let served: u64 = after.iter().map(|w| w.0).sum();
+            let refused: u64 = after.iter().map(|w| w.1).sum();
+            // From 10 s after the drop: what it holds, and its probes.
+            let settled: u64 = windows[12..90].iter().map(|w| w.0).sum();
+            let probes = windows[12..90].iter().filter(|w| w.1 > 0).count();
+            let shown = format!("phase {phase_ms} ms, latency {latency_ms} ms: {windows:?}");
+            assert!(
+                refused * 100 <= served + refused,
+                "{refused} of {} refused: {shown}",
+                served + refused
+            );
+            assert!(
+                settled * 10 >= 78 * 12 * 9,
+                "settled {settled} in 78 s: {shown}"
+            );
+            // Probes above the known rate grow rarer: at most two after
+            // the first 10 s.
+            assert!(probes <= 2, "{shown}");
+        }
     }
 
     proptest! {
