@@ -9,8 +9,8 @@
 //!
 //! With a provider that pauses (`Retry-After`) and counts in windows,
 //! the refusals say more than "too fast", and the cut listens:
-//! - refused while still climbing back, the limit is well below what the
-//!   last cut thought: the cut is deeper (× 0.5);
+//! - refused while still climbing back from such a pause, the limit is
+//!   well below what the last cut thought: the cut is deeper (× 0.5);
 //! - refused probing a little above the rate that drew the last refusal,
 //!   that rate is known: each such cut is gentler (× 0.85, then closer to
 //!   it), the curve climbs back only to a little under it (× 0.97),
@@ -270,14 +270,20 @@ impl Adaptive {
         }
         let curve = self.curve();
         let t = self.on_curve(at);
+        let paused = !throttle.period.is_zero() && throttle.wait >= throttle.period;
         let known = self.w_max;
         // What the rate is cut to, as a part of the new `w_max`.
         let cut = match adapting {
-            // Refused while climbing back: the provider's limit is well
-            // below where the last cut thought; a deeper cut.
+            // Refused while climbing back from a pause: the provider's
+            // limit is well below where the last cut thought; a deeper
+            // cut. (Without a pause the climb is only a little early.)
             Some(_) if t < curve.k => {
                 self.hits = 0;
-                DEEPER
+                if paused {
+                    DEEPER
+                } else {
+                    BETA
+                }
             }
             // Refused while holding under a known rate: it is a little
             // lower than thought. No dip: the hold goes on lower.
@@ -307,11 +313,7 @@ impl Adaptive {
         self.curve_from = at + throttle.wait;
         let ahead = Span::from_nanos((AHEAD / self.cut_to * 1e9) as u64).max(PACE_SKEW);
         self.next = self.next.max(self.curve_from + ahead);
-        self.resumed = if throttle.wait >= throttle.period && !throttle.period.is_zero() {
-            AWAITING
-        } else {
-            0
-        };
+        self.resumed = if paused { AWAITING } else { 0 };
         true
     }
 
@@ -497,36 +499,35 @@ mod tests {
     #[test]
     fn refused_while_climbing_back_cuts_deeper_and_probing_above_makes_it_known() {
         let mut a = Adaptive::default();
-        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, Throttle::plain(20.0));
+        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, PAUSING);
         assert_eq!(a.hits, 0);
-        // 0.5 s on, still climbing from 14 to 20: cut to half.
-        let climbing = NOW + Span::from_millis(500);
-        let current = a.rate(climbing, 20.0).unwrap_or(0.0);
-        assert!(a.throttled(
+        // 0.5 s after the pause, still climbing from 21 to 30: cut to
+        // half. Without a pause, the same refusal cuts as ever.
+        let mut unpaused = a;
+        let climbing = NOW + Span::from_millis(1_500);
+        let current = a.rate(climbing, 30.0).unwrap_or(0.0);
+        assert!(a.throttled(climbing, Heard::Here { admitted: 5 }, 5, PAUSING));
+        assert!((a.cut_to - 0.5 * a.w_max).abs() < 1e-9 && a.w_max <= current);
+        assert_eq!(a.hits, 0);
+        unpaused.throttled(
             climbing,
             Heard::Here { admitted: 5 },
             5,
-            Throttle::plain(20.0)
-        ));
-        assert!((a.cut_to - 0.5 * a.w_max).abs() < 1e-9 && a.w_max <= current);
-        assert_eq!(a.hits, 0);
+            Throttle::plain(30.0),
+        );
+        assert!((unpaused.cut_to - BETA * unpaused.w_max).abs() < 1e-9);
         // Back past the rate that drew it: the next refusal makes it
         // known; the curve then holds under it.
         let w = a.w_max;
         let k = ((a.w_max - a.cut_to) / SCALE).cbrt();
-        let past = climbing + Span::from_nanos(((k + 0.8) * 1e9) as u64);
+        let past = climbing + Span::from_nanos(((1.0 + k + 0.8) * 1e9) as u64);
         assert!(a
-            .rate(past, 20.0)
+            .rate(past, 30.0)
             .is_some_and(|r| r > w && r < w * SAME_CEILING));
-        assert!(a.throttled(
-            past,
-            Heard::Here { admitted: 99 },
-            99,
-            Throttle::plain(20.0)
-        ));
+        assert!(a.throttled(past, Heard::Here { admitted: 99 }, 99, PAUSING));
         assert_eq!(a.hits, 1);
-        let held = past + Span::from_secs(8);
-        let rate = a.rate(held, 20.0).unwrap_or(0.0);
+        let held = past + Span::from_secs(9);
+        let rate = a.rate(held, 30.0).unwrap_or(0.0);
         assert!(
             (rate - a.w_max * UNDER_KNOWN).abs() < 0.05,
             "{rate} of {}",
