@@ -590,15 +590,10 @@ fn check_pool(r: &mut Report, policy: &Policy, pool: &PoolSpec) {
                 ),
             );
         }
+        // A member's limit may be `scope: global`, as any further limit:
+        // its quota is then leased in shares over the fleet, and its
+        // provider's pauses and cuts reach every Envoy.
         check_named_limits(&mut mr, "limits", &member.limits);
-        for (at, limit) in member.limits.iter().enumerate() {
-            if limit.scope == Scope::Global {
-                mr.at(
-                    &format!("limits[{at}].scope"),
-                    "a member's limits are each Envoy's own (`scope: instance`); its provider's pauses still reach every Envoy",
-                );
-            }
-        }
     }
 }
 

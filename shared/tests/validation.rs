@@ -1013,6 +1013,31 @@ fn member(name: &str, cluster: &str, limit: &str) -> String {
 }
 
 #[test]
+fn a_members_limit_may_be_one_for_the_fleet_as_any_further_limit() {
+    let global = |key: &str| {
+        format!(
+            r#"{{"name": "east", "cluster": "llm-east", "limits": [{{"name": "east-rpm", "scope": "global",{key}
+                "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}}}]}}"#
+        )
+    };
+    let pool = |east: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},
+                "pool": {{"members": [{east}, {}]}}}}"#,
+            member("west", "llm-west", "west-rpm")
+        ))
+    };
+    let set = parse_policy_set(&pool(&global(""))).unwrap_or_else(|e| panic!("{e}"));
+    assert!(set
+        .limits()
+        .any(|l| l.name == "east-rpm" && l.scope == sluice_shared::policy::Scope::Global));
+    assert_eq!(
+        errors_of(&pool(&global(r#" "key": {"header": "x-key"},"#))),
+        vec!["policies[0].pool.members[0].limits[0].key: a `scope: global` limit cannot be per key: its shares are per Envoy"]
+    );
+}
+
+#[test]
 fn a_pool_is_read_with_its_defaults() {
     let json = set_with(&format!(
         r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},

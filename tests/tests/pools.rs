@@ -398,3 +398,148 @@ async fn a_member_whose_limit_halves_is_followed_without_refusals() -> anyhow::R
     anyhow::ensure!(provider_429s == 0, "callers saw no provider 429");
     Ok(())
 }
+
+/// Fleet mode: two Envoys (a through `--concurrency 4`, b 2) share a
+/// pool through one admin (syncing every 200 ms), in priority order (east
+/// first), each member's limit one for the fleet (`scope: global`); the
+/// route does not retry, so a refusal reaches Sluice. Each Envoy sends 16
+/// calls a second, all to east. One call through a gets east's 429 with
+/// `Retry-After: 3`: b, whose own calls east still serves, passes east
+/// over within a second (it heard it from the admin) and returns to it
+/// when the pause ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_paused_at_one_envoy_is_passed_over_by_the_others() -> anyhow::Result<()> {
+    use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
+
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    let global = |name: &str| {
+        serde_json::json!({"name": name, "cluster": format!("llm-{name}"),
+            "limits": [{"name": format!("{name}-rps"), "scope": "global",
+                        "rate": {"requests": MEMBER_PER_SECOND, "period": "1s"},
+                        "provider": {"max_pause": "60s"}}]})
+    };
+    op.create(serde_json::json!({
+        "name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s"},
+        "pool": {"rule": "priority", "members": [global("east"), global("west")]}}))
+        .await?;
+    let limits = MockLimits {
+        max_per_second: PROVIDER_PER_SECOND,
+        max_in_flight: 0,
+    };
+    let east = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let west = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
+    let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
+        .replace("{{EAST_PORT}}", &east.addr.port().to_string())
+        .replace("{{WEST_PORT}}", &west.addr.port().to_string());
+    anyhow::ensure!(
+        template.contains("num_retries: 1"),
+        "pool.yaml retries elsewhere"
+    );
+    let template = template.replace("num_retries: 1", "num_retries: 0");
+    let config = |instance: &str| {
+        serde_json::json!({"instance": instance, "admin_cluster": "sluice_admin",
+            "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+            "fallback": {"version": 1, "policies": []}})
+        .to_string()
+    };
+    let a = Envoy::start_from(&template, &config("pool-a"), 9, admin.port, WORKERS)?;
+    let b = Envoy::start_from(&template, &config("pool-b"), 9, admin.port, 2)?;
+    // The set and the shares reach both within a few syncs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let origin = Instant::now();
+    let load_a = load::paced(
+        a.url("/v1/complete"),
+        "api.llm.example",
+        "a",
+        16,
+        stop.clone(),
+    );
+    let load_b = load::paced(
+        b.url("/v1/complete"),
+        "api.llm.example",
+        "b",
+        16,
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let provoked_at = origin.elapsed();
+    let provoked = load::client()
+        .get(a.url("/v1/complete"))
+        .header("host", "api.llm.example")
+        .header("x-mock-status", "429")
+        .header("x-mock-retry-after", "3")
+        .send()
+        .await?;
+    let (status, answered) = (
+        provoked.status().as_u16(),
+        provoked
+            .headers()
+            .get("x-sluice-member-answered")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string(),
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (calls_a, calls_b) = (load_a.await?, load_b.await?);
+    let member = |o: &Outcome| {
+        o.headers
+            .get("x-sluice-member-answered")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string()
+    };
+    // Per Envoy, (east, west) answers of calls begun in a stretch after
+    // the provoked 429 (ms).
+    let tally = |calls: &[Outcome], from_ms: u64, to_ms: u64| {
+        let (from, to) = (
+            provoked_at + Duration::from_millis(from_ms),
+            provoked_at + Duration::from_millis(to_ms),
+        );
+        calls
+            .iter()
+            .filter(|o| o.started >= from && o.started < to && o.status == 200)
+            .fold((0, 0), |(e, w), o| match member(o).as_str() {
+                "east" => (e + 1, w),
+                "west" => (e, w + 1),
+                _ => (e, w),
+            })
+    };
+    let last_east_b = calls_b
+        .iter()
+        .filter(|o| o.started > provoked_at && o.started < provoked_at + Duration::from_secs(2))
+        .filter(|o| member(o) == "east")
+        .map(|o| o.started - provoked_at)
+        .max()
+        .unwrap_or(Duration::ZERO);
+    let before_b = calls_b
+        .iter()
+        .filter(|o| o.started < provoked_at && member(o) == "east")
+        .count();
+    let (paused_a, paused_b) = (tally(&calls_a, 100, 2_800), tally(&calls_b, 1_000, 2_800));
+    let (after_a, after_b) = (tally(&calls_a, 3_500, 5_000), tally(&calls_b, 3_500, 5_000));
+    println!(
+        "pool across the fleet: a's call answered {status} by {answered}; b's calls on east before it {before_b}, \
+         b's last on east {last_east_b:?} after it; (east, west) while paused: a {paused_a:?}, b {paused_b:?}; \
+         after: a {after_a:?}, b {after_b:?}"
+    );
+    assert_eq!((status, answered.as_str()), (429, "east"));
+    assert!(before_b >= 10, "b called east before: {before_b}");
+    assert!(
+        last_east_b <= Duration::from_millis(1_000),
+        "b stopped after {last_east_b:?}"
+    );
+    for (name, (on_east, on_west)) in [("a", paused_a), ("b", paused_b)] {
+        assert_eq!(on_east, 0, "{name} passed east over");
+        assert!(on_west >= 20, "{name} sent to west meanwhile: {on_west}");
+    }
+    for (name, (on_east, _)) in [("a", after_a), ("b", after_b)] {
+        assert!(on_east >= 15, "{name} went back to east: {on_east}");
+    }
+    assert!(b.log().contains("relayed by the admin"));
+    Ok(())
+}
