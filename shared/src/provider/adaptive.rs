@@ -224,9 +224,10 @@ impl Adaptive {
     }
 
     /// A provider refused a call at `at` (`heard`: this Envoy's call, or
-    /// another's; `now_admitted`: the row's count now; `full`: the limit's
-    /// own rate per second): the rate is cut, once per overload. Returns
-    /// whether it was.
+    /// another's; `now_admitted`: the row's count now; `throttle`: the
+    /// limit's own rate per second and period, and the wait the refusal
+    /// asked for): the rate is cut, once per overload. Returns whether it
+    /// was.
     pub fn throttled(
         &mut self,
         at: Instant,
