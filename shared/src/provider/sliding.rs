@@ -180,12 +180,12 @@ impl EndWatch {
             let moved = end.since(self.end_seen);
             if moved > MOVE_MIN {
                 // A move of half a window or more is a fixed window
-                // turning (or a sliding one that emptied): no evidence.
-                self.moves = if moved < window.div(2) {
-                    self.moves.saturating_add(1).min(EVIDENCE)
-                } else {
-                    0
-                };
+                // turning, or a sliding one heard from again after a
+                // while (calls held back): evidence of neither. (Taking
+                // a fixed window for a sliding one stays within it.)
+                if moved < window.div(2) {
+                    self.moves = self.moves.saturating_add(1).min(EVIDENCE);
+                }
                 self.end_seen = end;
             }
         }
