@@ -37,7 +37,8 @@ fn pool_policy(sticky: &str) -> String {
     )
 }
 
-async fn setup(policy: &str) -> anyhow::Result<(MockApi, MockApi, Envoy)> {
+/// The two mock deployments, and `envoy/pool.yaml` sending to them.
+async fn deployments() -> anyhow::Result<(MockApi, MockApi, String)> {
     let limits = MockLimits {
         max_per_second: PROVIDER_PER_SECOND,
         max_in_flight: 0,
@@ -47,6 +48,11 @@ async fn setup(policy: &str) -> anyhow::Result<(MockApi, MockApi, Envoy)> {
     let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
         .replace("{{EAST_PORT}}", &east.addr.port().to_string())
         .replace("{{WEST_PORT}}", &west.addr.port().to_string());
+    Ok((east, west, template))
+}
+
+async fn setup(policy: &str) -> anyhow::Result<(MockApi, MockApi, Envoy)> {
+    let (east, west, template) = deployments().await?;
     let config = format!(
         r#"{{"instance": "e2e-pool", "fallback": {{"version": 1, "policies": [{policy}]}}}}"#
     );
@@ -425,15 +431,7 @@ async fn a_member_paused_at_one_envoy_is_passed_over_by_the_others() -> anyhow::
         "rate": {"requests": 1000, "period": "1s"},
         "pool": {"rule": "priority", "members": [global("east"), global("west")]}}))
         .await?;
-    let limits = MockLimits {
-        max_per_second: PROVIDER_PER_SECOND,
-        max_in_flight: 0,
-    };
-    let east = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
-    let west = MockApi::start("127.0.0.1:0".parse()?, limits).await?;
-    let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
-        .replace("{{EAST_PORT}}", &east.addr.port().to_string())
-        .replace("{{WEST_PORT}}", &west.addr.port().to_string());
+    let (_east, _west, template) = deployments().await?;
     anyhow::ensure!(
         template.contains("num_retries: 1"),
         "pool.yaml retries elsewhere"
