@@ -3,7 +3,10 @@
 //!
 //! - [`host`]: every call into Envoy, behind a trait; [`clock`]: its wall
 //!   clock made monotonic.
+//! - [`kept_headers`]: a request's headers, each read from Envoy once.
 //! - [`entries`]: every shared-data entry's key and layout.
+//! - [`shared_memory`]: shared data in process memory (the native
+//!   module's, and the rule the tests' host keeps).
 //! - [`store`]: values in shared data, updated by compare-and-swap; every
 //!   failure counted and logged there.
 //! - [`sync`]: policy sets from the admin, the held watch
@@ -19,9 +22,11 @@ pub mod clock;
 pub mod counters;
 pub mod entries;
 pub mod host;
+pub mod kept_headers;
 pub mod metrics;
 pub mod prefetch;
 pub mod report;
+pub mod shared_memory;
 pub mod store;
 pub mod sync;
 pub mod worker;

@@ -83,9 +83,78 @@ pub struct Metrics {
     unreported_limits: BTreeMap<String, LimitCounters>,
 }
 
+/// Where the filter's own stats are named: `sluice.<stat>`.
+const FILTER_PREFIX: &str = "sluice.";
+const POLICY_FAMILY: &str = "policy";
+const LIMIT_FAMILY: &str = "limit";
+
 /// Where a policy's stats are named: `sluice.policy.<policy>.<stat>`.
 fn policy_prefix(policy: &str) -> String {
-    format!("sluice.policy.{policy}.")
+    format!("{FILTER_PREFIX}{POLICY_FAMILY}.{policy}.")
+}
+
+/// Where a further limit's stats are named: `sluice.limit.<limit>.<stat>`.
+fn limit_prefix(limit: &str) -> String {
+    format!("{FILTER_PREFIX}{LIMIT_FAMILY}.{limit}.")
+}
+
+/// Which family a stat's full name is of, for a host that must declare
+/// its stats before the names of policies are known (Envoy's dynamic
+/// modules freeze their stats once the filter is configured): a family's
+/// stat is then one stat per [`family_stats`] entry, labelled by the
+/// policy or limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatFamily<'a> {
+    /// `sluice.<family>.<owner>.<stat>`.
+    Labelled {
+        family: &'static str,
+        owner: &'a str,
+        stat: &'a str,
+    },
+    /// One of the filter's own stats ([`filter_stats`]).
+    Filter,
+}
+
+impl<'a> StatFamily<'a> {
+    pub fn of(name: &'a str) -> Option<Self> {
+        let rest = name.strip_prefix(FILTER_PREFIX)?;
+        for family in [POLICY_FAMILY, LIMIT_FAMILY] {
+            if let Some((owner, stat)) = rest
+                .strip_prefix(family)
+                .and_then(|r| r.strip_prefix('.'))
+                .and_then(|r| r.rsplit_once('.'))
+            {
+                return Some(Self::Labelled {
+                    family,
+                    owner,
+                    stat,
+                });
+            }
+        }
+        Some(Self::Filter)
+    }
+}
+
+/// Every stat of the policy and limit families: (family, stat, whether a
+/// gauge).
+pub fn family_stats() -> impl Iterator<Item = (&'static str, &'static str, bool)> {
+    let policies = PolicyCounter::ALL
+        .iter()
+        .map(|c| (POLICY_FAMILY, c.name(), c.kind() == Kind::Gauge));
+    let limits = LimitCounter::ALL
+        .iter()
+        .map(|c| (LIMIT_FAMILY, c.name(), c.kind() == Kind::Gauge));
+    policies.chain(limits)
+}
+
+/// The filter's own stats: each full name, and whether it is a gauge.
+pub fn filter_stats() -> impl Iterator<Item = (String, bool)> {
+    FilterCounter::ALL.iter().map(|c| {
+        (
+            format!("{FILTER_PREFIX}{}", c.name()),
+            c.kind() == Kind::Gauge,
+        )
+    })
 }
 
 /// A policy's series, found once per policy set: a request then counts
@@ -162,10 +231,10 @@ impl Metrics {
             series.send(host);
         }
         for (limit, series) in &mut self.limits {
-            series.define(host, || format!("sluice.limit.{limit}."));
+            series.define(host, || limit_prefix(limit));
             series.send(host);
         }
-        self.filter.define(host, || "sluice.".to_string());
+        self.filter.define(host, || FILTER_PREFIX.to_string());
         self.filter.send(host);
     }
 
@@ -195,5 +264,45 @@ impl Metrics {
             .get(policy)
             .and_then(|id| self.policies.get(id.0))
             .map_or(0, |(_, s)| s.pending[stat])
+    }
+}
+
+#[cfg(test)]
+mod family_tests {
+    use super::*;
+
+    #[test]
+    fn every_stat_name_falls_in_one_family() {
+        assert_eq!(
+            StatFamily::of("sluice.policy.bank.v2.admitted"),
+            Some(StatFamily::Labelled {
+                family: "policy",
+                owner: "bank.v2",
+                stat: "admitted"
+            })
+        );
+        assert_eq!(
+            StatFamily::of("sluice.limit.tpm.refused"),
+            Some(StatFamily::Labelled {
+                family: "limit",
+                owner: "tpm",
+                stat: "refused"
+            })
+        );
+        assert_eq!(
+            StatFamily::of("sluice.store_conflicts"),
+            Some(StatFamily::Filter)
+        );
+        // A policy named like a family is still a policy.
+        assert_eq!(
+            StatFamily::of("sluice.policy.limit.x"),
+            Some(StatFamily::Labelled {
+                family: "policy",
+                owner: "limit",
+                stat: "x"
+            })
+        );
+        assert_eq!(StatFamily::of("other.x"), None);
+        assert!(filter_stats().all(|(name, _)| StatFamily::of(&name) == Some(StatFamily::Filter)));
     }
 }

@@ -99,13 +99,7 @@ impl Host for FakeHost {
         if self.always_mismatch.get() {
             return Err(SetError::CasMismatch);
         }
-        let token = cas.unwrap_or(0);
-        if let Some((_, current)) = map.get(key) {
-            if token != 0 && token != *current {
-                return Err(SetError::CasMismatch);
-            }
-        }
-        map.insert(key.to_string(), (value.to_vec(), counter));
+        crate::shared_memory::apply_set(&mut map, key, value, cas, counter)?;
         self.next_cas.set(counter + 1);
         Ok(())
     }

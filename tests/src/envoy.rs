@@ -35,6 +35,67 @@ pub fn filter_wasm() -> anyhow::Result<PathBuf> {
     path.canonicalize().context("resolving the filter path")
 }
 
+/// Which build of the filter the harness attaches: the wasm filter, or
+/// with `SLUICE_FILTER=native` the native dynamic module (`make
+/// e2e-native`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterBuild {
+    Wasm,
+    Native,
+}
+
+pub fn filter_build() -> FilterBuild {
+    match std::env::var("SLUICE_FILTER").as_deref() {
+        Ok("native") => FilterBuild::Native,
+        _ => FilterBuild::Wasm,
+    }
+}
+
+/// The native module: `$SLUICE_NATIVE`, or the release build `make
+/// native` makes.
+pub fn filter_native() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("SLUICE_NATIVE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/release/libsluice_native.so"));
+    if !path.exists() {
+        bail!("no native module at {}: run `make native`", path.display());
+    }
+    path.canonicalize()
+        .context("resolving the native module path")
+}
+
+/// `template` with its wasm filter replaced by the native module at
+/// `module`, the plugin configuration (`{{PLUGIN_CONFIG}}`) kept: the
+/// same listener, routes and clusters run either build.
+pub fn with_native_filter(template: &str, module: &Path) -> anyhow::Result<String> {
+    const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+    const PLUGIN_VALUE: &str = "value: '{{PLUGIN_CONFIG}}'";
+    let lines: Vec<&str> = template.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.contains(WASM_TYPE))
+        .context("the template has no wasm filter")?;
+    let end = start
+        + lines[start..]
+            .iter()
+            .position(|l| l.contains(PLUGIN_VALUE))
+            .context("the wasm filter has no plugin configuration")?;
+    let indent = &lines[start][..lines[start].len() - lines[start].trim_start().len()];
+    let native = [
+        "\"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter".to_string(),
+        "dynamic_module_config:".to_string(),
+        format!("  module: {{ local: {{ filename: \"{}\" }} }}", module.display()),
+        "filter_name: sluice".to_string(),
+        "filter_config:".to_string(),
+        "  \"@type\": type.googleapis.com/google.protobuf.StringValue".to_string(),
+        format!("  {PLUGIN_VALUE}"),
+    ];
+    let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    out.extend(native.iter().map(|l| format!("{indent}{l}")));
+    out.extend(lines[end + 1..].iter().map(|l| l.to_string()));
+    Ok(out.join("\n") + "\n")
+}
+
 /// Starts the Envoy binary on `config` with `workers` worker threads, its
 /// log in `log_path`; with `cpus` (a `taskset` list), pinned to those CPUs.
 pub fn spawn_envoy(
@@ -246,7 +307,15 @@ impl Envoy {
     ) -> anyhow::Result<Self> {
         let admin_port = free_port()?;
         let listener_port = free_port()?;
-        let wasm = filter_wasm()?;
+        let native;
+        let (template, wasm) = match filter_build() {
+            FilterBuild::Wasm => (template, filter_wasm()?),
+            FilterBuild::Native => {
+                let module = filter_native()?;
+                native = with_native_filter(template, &module)?;
+                (native.as_str(), module)
+            }
+        };
         // The configuration is a single-quoted YAML scalar.
         let plugin_config = plugin_config.replace('\n', " ").replace('\'', "''");
         let yaml = template
@@ -369,7 +438,10 @@ impl Envoy {
 
     /// A per-policy stat from `/stats/prometheus`, e.g. `("admitted", "bank")`.
     pub fn policy_stat(&self, stat: &str, policy: &str) -> anyhow::Result<f64> {
-        let want = format!("sluice_policy_{stat}{{sluice_policy=\"{policy}\"}}");
+        let want = format!(
+            "{}sluice_policy_{stat}{{sluice_policy=\"{policy}\"}}",
+            prometheus_prefix()
+        );
         self.prometheus()?
             .into_iter()
             .find(|(n, _)| *n == want)
@@ -383,7 +455,7 @@ impl Envoy {
         if let Ok(v) = self.policy_stat(stat, policy) {
             return Ok(v);
         }
-        let want = format!("wasmcustom.sluice.policy.{policy}.{stat}: ");
+        let want = stats_line("policy", policy, stat);
         let text = http_get(self.admin_port, "/stats")?;
         text.lines()
             .find_map(|l| l.strip_prefix(&want))
@@ -393,7 +465,7 @@ impl Envoy {
 
     /// A stat of a further limit, e.g. `("company", "tokens")`, from `/stats`.
     pub fn limit_stat(&self, limit: &str, stat: &str) -> anyhow::Result<f64> {
-        let want = format!("wasmcustom.sluice.limit.{limit}.{stat}: ");
+        let want = stats_line("limit", limit, stat);
         let text = http_get(self.admin_port, "/stats")?;
         text.lines()
             .find_map(|l| l.strip_prefix(&want))
@@ -403,12 +475,34 @@ impl Envoy {
 
     /// A filter-wide stat, e.g. `cas_retries`.
     pub fn filter_stat(&self, stat: &str) -> anyhow::Result<f64> {
-        let want = format!("sluice_{stat}{{}}");
+        let want = format!("{}sluice_{stat}{{}}", prometheus_prefix());
         self.prometheus()?
             .into_iter()
             .find(|(n, _)| *n == want)
             .map(|(_, v)| v)
             .with_context(|| format!("no {want} in /stats/prometheus"))
+    }
+}
+
+/// What Envoy's Prometheus output puts before the filter's series: the
+/// wasm filter's custom stats namespace is left out, a dynamic module's is
+/// not.
+pub fn prometheus_prefix() -> &'static str {
+    match filter_build() {
+        FilterBuild::Wasm => "",
+        FilterBuild::Native => "envoy_dynamicmodulescustom_",
+    }
+}
+
+/// How `/stats` names a stat of a policy or limit (`family`): the wasm
+/// filter's name, or the native module's (one stat per kind, labelled by
+/// the policy or limit; Prometheus shows both alike).
+fn stats_line(family: &str, owner: &str, stat: &str) -> String {
+    match filter_build() {
+        FilterBuild::Wasm => format!("wasmcustom.sluice.{family}.{owner}.{stat}: "),
+        FilterBuild::Native => {
+            format!("dynamicmodulescustom.sluice_{family}_{stat}.sluice_{family}.{owner}: ")
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 mod abi;
 
 use std::borrow::Cow;
-use std::cell::{OnceCell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
@@ -19,6 +19,7 @@ use sluice_wire::sync::{
 };
 
 use crate::host::{Host, Level, SetError};
+use crate::kept_headers::KeptHeaders;
 use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
 use crate::worker::{RequestBody, StreamAction, Verdict, Worker, MAX_REQUEST_BODY_BYTES};
 
@@ -123,78 +124,27 @@ impl Host for EnvoyHost {
     }
 }
 
-/// Headers read lazily from Envoy as bytes: the matcher asks only for what
-/// it needs, each header crosses into the VM at most once however many
-/// policies look at it (a host call costs far more than a copy), and no
-/// header value can make UTF-8 decoding panic. A value read is kept in a
-/// cell that is set once and lent out from there, never copied.
+/// A request's or response's headers, read from Envoy as bytes (no
+/// header value can make UTF-8 decoding panic), each at most once.
 struct EnvoyHeaders {
     map: MapType,
-    /// Every policy's match reads it first: kept without a copy of its name.
-    authority: OnceCell<Option<Vec<u8>>>,
-    /// Most policies read no other header: the cells for others are made
-    /// on first use, not for every stream.
-    read: OnceCell<Box<KeptHeaders>>,
+    kept: KeptHeaders,
 }
-
-/// A header's name and its value (None: absent), each set once.
-type KeptHeader = (OnceCell<String>, OnceCell<Option<Vec<u8>>>);
-
-/// Every header read of a request, kept: the host answers header reads
-/// only while the headers pass, so a decision made on the body finds
-/// them here. A few at a time, more made on first use.
-#[derive(Default)]
-struct KeptHeaders {
-    slots: [KeptHeader; HEADERS_KEPT],
-    more: OnceCell<Box<KeptHeaders>>,
-}
-
-/// Distinct headers kept per allocation besides `:authority` (a policy
-/// often reads a key, a cost and a priority).
-const HEADERS_KEPT: usize = 3;
-
-impl KeptHeaders {
-    fn value(&self, map: MapType, name: &str) -> Option<Cow<'_, [u8]>> {
-        for (kept_name, value) in &self.slots {
-            match kept_name.get() {
-                Some(n) if n == name => {
-                    return value.get().and_then(Option::as_deref).map(Cow::Borrowed);
-                }
-                Some(_) => continue,
-                None => {
-                    let _ = kept_name.set(name.to_string());
-                    let value = value.get_or_init(|| abi::header(map, name));
-                    return value.as_deref().map(Cow::Borrowed);
-                }
-            }
-        }
-        self.more.get_or_init(Default::default).value(map, name)
-    }
-}
-
-const AUTHORITY: &str = ":authority";
 
 impl EnvoyHeaders {
     fn of(map: MapType) -> Self {
         Self {
             map,
-            authority: OnceCell::new(),
-            read: OnceCell::new(),
+            kept: KeptHeaders::default(),
         }
     }
 }
 
 impl RequestHeaders for EnvoyHeaders {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        if name == AUTHORITY {
-            let value = self
-                .authority
-                .get_or_init(|| abi::header(self.map, AUTHORITY));
-            return value.as_deref().map(Cow::Borrowed);
-        }
-        self.read
-            .get_or_init(Default::default)
-            .value(self.map, name)
+        self.kept
+            .value(name, |n| abi::header(self.map, n))
+            .map(Cow::Borrowed)
     }
 }
 

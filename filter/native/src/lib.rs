@@ -1,0 +1,20 @@
+//! Sluice as a native Envoy dynamic module: the same [`Worker`] and core
+//! crates as the wasm filter, behind a second [`Host`].
+//!
+//! - `abi`: the parts of Envoy's C ABI Sluice calls, declared by hand.
+//! - `hooks`: the event hooks Envoy calls.
+//! - `module`: a filter configuration: workers, their ticks, mailboxes of
+//!   waiting streams, callouts.
+//! - `host`: the [`Host`] seam (shared data in process memory).
+//! - `stream`: one stream's hooks turned into calls on its worker.
+//! - `stats`: stats through Envoy's labelled dynamic-module metrics.
+//!
+//! [`Worker`]: sluice_filter::worker::Worker
+//! [`Host`]: sluice_filter::host::Host
+
+mod abi;
+mod hooks;
+mod host;
+mod module;
+mod stats;
+mod stream;
