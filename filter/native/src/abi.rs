@@ -152,6 +152,11 @@ extern "C" {
         filter: EnvoyPtr,
     ) -> bool;
     pub fn envoy_dynamic_module_callback_http_filter_get_worker_index(filter: EnvoyPtr) -> u32;
+    /// Envoy's worker threads; on the main thread only.
+    pub fn envoy_dynamic_module_callback_get_concurrency() -> u32;
+    /// Envoy picks the request's route again (after a header it routes by
+    /// was set).
+    pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: EnvoyPtr);
 
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: EnvoyPtr) -> EnvoyPtr;
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(

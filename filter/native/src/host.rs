@@ -82,6 +82,20 @@ pub unsafe fn send_reply(filter: EnvoyPtr, status: u32, headers: &[(&str, &str)]
     }
 }
 
+/// Sets a header of `filter`'s request that Envoy may route by, and has
+/// Envoy pick the route again (a pool's member).
+///
+/// # Safety
+/// As [`send_reply`].
+pub unsafe fn set_route_header(filter: EnvoyPtr, name: &str, value: &[u8]) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let set = set_header(filter, abi::REQUEST_HEADER, name, Some(value));
+        abi::envoy_dynamic_module_callback_http_clear_route_cache(filter);
+        set
+    }
+}
+
 /// Sets (or, with None, removes) a header of `filter`'s request or answer.
 ///
 /// # Safety
@@ -131,11 +145,17 @@ impl Host for NativeHost<'_> {
     }
 
     fn define_counter(&self, name: &str) -> Option<u32> {
-        self.module.stats.define(name, false)
+        let id = self.module.stats.define(name, false)?;
+        // SAFETY: the configuration lives as long as its module.
+        unsafe { self.module.stats.show(self.module.config(), id) };
+        Some(id)
     }
 
     fn define_gauge(&self, name: &str) -> Option<u32> {
-        self.module.stats.define(name, true)
+        let id = self.module.stats.define(name, true)?;
+        // SAFETY: as above.
+        unsafe { self.module.stats.show(self.module.config(), id) };
+        Some(id)
     }
 
     fn increment_metric(&self, id: u32, delta: i64) {
@@ -172,9 +192,7 @@ impl Host for NativeHost<'_> {
     fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
         if let Some(filter) = self.own(context_id) {
             // SAFETY: the stream's own hook is running.
-            return unsafe {
-                set_header(filter, abi::REQUEST_HEADER, name, Some(value.as_bytes()))
-            };
+            return unsafe { set_route_header(filter, name, value.as_bytes()) };
         }
         self.module.post_to(
             context_id,

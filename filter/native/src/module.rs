@@ -63,6 +63,10 @@ impl std::ops::DerefMut for WorkerCell {
     }
 }
 
+/// More worker threads than any Envoy runs: a bound on what its answer
+/// makes the module keep.
+const MAX_WORKERS: u32 = 1024;
+
 /// One worker and when it wants its next tick.
 pub struct Slot {
     pub index: usize,
@@ -133,7 +137,14 @@ impl Module {
             next_token: AtomicU32::new(1),
             ticker: Arc::new(Ticker::new(scheduler as usize)),
         });
-        module.slot(0);
+        // Every worker from the start, as every wasm VM is: each ticks
+        // (and installs what the admin sends) before its first request.
+        // SAFETY: `config_new` runs on the main thread.
+        let workers =
+            unsafe { abi::envoy_dynamic_module_callback_get_concurrency() }.min(MAX_WORKERS);
+        for index in 0..=workers as usize {
+            module.slot(index);
+        }
         module.ticker.start(Arc::downgrade(&module));
         module
     }

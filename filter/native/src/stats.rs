@@ -131,6 +131,17 @@ impl Stats {
         u32::try_from(all.len() - 1).ok()
     }
 
+    /// Makes stat `id` show (at 0) before it first counts, as a wasm
+    /// filter's defined stats do: Envoy makes a labelled stat when it is
+    /// first added to.
+    ///
+    /// # Safety
+    /// As [`Stats::add`].
+    pub unsafe fn show(&self, config: EnvoyPtr, id: u32) {
+        // SAFETY: the caller's promise.
+        unsafe { self.add(config, id, 0) };
+    }
+
     /// Adds `delta` to stat `id`.
     ///
     /// # Safety

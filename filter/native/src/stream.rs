@@ -10,7 +10,7 @@ use sluice_filter::worker::{RequestBody, Verdict, MAX_REQUEST_BODY_BYTES};
 use sluice_shared::request_headers::RequestHeaders;
 
 use crate::abi::{self, EnvoyBuffer, EnvoyPtr, ModuleBuffer};
-use crate::host::{send_reply, set_header, NativeHost};
+use crate::host::{send_reply, set_header, set_route_header, NativeHost};
 use crate::module::{next_context_id, Module, Posted, Slot};
 
 /// A stream's headers (request or answer) as bytes, each read once.
@@ -89,6 +89,8 @@ pub struct Stream {
     reading_response: bool,
     /// Its end was told to the worker.
     ended: bool,
+    /// It waited, with a mailbox for the tick's word.
+    waited: bool,
 }
 
 impl Stream {
@@ -106,6 +108,7 @@ impl Stream {
             awaiting_body: false,
             reading_response: false,
             ended: false,
+            waited: false,
         }
     }
 
@@ -142,6 +145,7 @@ impl Stream {
                 }
                 // SAFETY: this stream's hook, on its own thread.
                 unsafe { self.module.open_mailbox(self.context_id, self.filter) };
+                self.waited = true;
                 Next::Hold
             }
             Verdict::Reply(reply) => {
@@ -298,12 +302,7 @@ impl Stream {
             unsafe {
                 match posted {
                     Posted::SetHeader(name, value) => {
-                        set_header(
-                            self.filter,
-                            abi::REQUEST_HEADER,
-                            &name,
-                            Some(value.as_bytes()),
-                        );
+                        set_route_header(self.filter, &name, value.as_bytes());
                     }
                     Posted::Resume => {
                         abi::envoy_dynamic_module_callback_http_filter_continue_decoding(
@@ -338,6 +337,8 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         self.end();
-        self.module.close_mailbox(self.context_id);
+        if self.waited {
+            self.module.close_mailbox(self.context_id);
+        }
     }
 }

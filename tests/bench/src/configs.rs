@@ -120,6 +120,23 @@ pub fn wasm(file: &Path, configuration: &str) -> String {
     )
 }
 
+/// Sluice's native build (a dynamic module) with its JSON configuration.
+pub fn native(module: &Path, configuration: &str) -> String {
+    let value = configuration.replace('\n', " ").replace('\'', "''");
+    format!(
+        r#"          - name: sluice
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              dynamic_module_config: {{ module: {{ local: {{ filename: "{}" }} }} }}
+              filter_name: sluice
+              filter_config:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: '{value}'
+"#,
+        module.display()
+    )
+}
+
 /// Sluice's plugin configuration with one policy set.
 pub fn sluice(policies: &str, extra: &str) -> String {
     format!(

@@ -93,6 +93,19 @@ const _: () = assert!(CLOCK_SCALE >= MIN_TIME_SCALE && CLOCK_SCALE <= 1.0);
 /// docs/PERFORMANCE.md).
 const PACE_TOLERANCE: f64 = 0.05;
 
+/// Issue 36: the native build adds at most this many times what Envoy's
+/// local_ratelimit adds over no filter...
+const NATIVE_TO_LOCAL: f64 = 3.0;
+/// ...and under this share of what Envoy spends with no filter.
+const NATIVE_SHARE: f64 = 0.02;
+
+/// Which build of Sluice a variant runs.
+#[derive(Debug, Clone, Copy)]
+enum Build {
+    Wasm,
+    Native,
+}
+
 pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     let sluice = args
         .sluice_wasm
@@ -101,14 +114,19 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
     let noop = args.noop_wasm.canonicalize().context("the no-op filter")?;
     let dir = tempfile::tempdir()?;
     let key_script = configs::keys_script(dir.path())?;
-    let policy = |rate: &str, extra: &str, scale: f64| {
-        configs::wasm(
-            &sluice,
-            &configs::sluice(
-                &format!(r#"{{"name": "bench", "match": {{"host": "{HOST}"}}, {rate}{extra}}}"#),
-                &format!(r#", "time_scale": {scale}"#),
-            ),
-        )
+    let native = args
+        .sluice_native
+        .canonicalize()
+        .context("Sluice's native build (make native)")?;
+    let policy = |build: Build, rate: &str, extra: &str, scale: f64| {
+        let configuration = configs::sluice(
+            &format!(r#"{{"name": "bench", "match": {{"host": "{HOST}"}}, {rate}{extra}}}"#),
+            &format!(r#", "time_scale": {scale}"#),
+        );
+        match build {
+            Build::Wasm => configs::wasm(&sluice, &configuration),
+            Build::Native => configs::native(&native, &configuration),
+        }
     };
     let concurrency = r#", "concurrency": {"max_in_flight": 100000}"#;
     let per_key = r#", "key": {"header": "x-api-key", "max_keys": 10000}"#;
@@ -158,6 +176,13 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
         Ok(())
     };
     plain("b", "Envoy, no filter", String::new())?;
+    // As far from its limit as Sluice far from its own: a bucket it never
+    // empties at this pace.
+    plain(
+        "c",
+        "Envoy's native local_ratelimit",
+        configs::local_ratelimit(1_000_000, 1_000_000, 1000),
+    )?;
     plain("f", "no-op proxy-wasm filter", configs::wasm(&noop, "{}"))?;
     plain(
         "h",
@@ -171,33 +196,37 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
     // a full-speed worker's pace: its prefetches, ticks and clock readings
     // fall per call as they do there. The variant's own full-speed pace on
     // this machine is measured beside it, for the reader to weigh that.
-    let sluice_count = |rate: &str, extra: &str, keys: Option<u32>| -> anyhow::Result<Measured> {
-        let full = BenchEnvoy::start(&configs::proxy(&policy(rate, extra, 1.0), upstream.port), 1)?;
-        let run = Wrk {
-            url: format!("http://127.0.0.1:{}/", full.port),
-            host: HOST,
-            connections: 4,
-            threads: 1,
-            duration: FULL_SPEED_RUN,
-            script: keys.map(|_| key_script.as_path()),
-            cpus: None,
+    let sluice_count =
+        |build: Build, rate: &str, extra: &str, keys: Option<u32>| -> anyhow::Result<Measured> {
+            let full = BenchEnvoy::start(
+                &configs::proxy(&policy(build, rate, extra, 1.0), upstream.port),
+                1,
+            )?;
+            let run = Wrk {
+                url: format!("http://127.0.0.1:{}/", full.port),
+                host: HOST,
+                connections: 4,
+                threads: 1,
+                duration: FULL_SPEED_RUN,
+                script: keys.map(|_| key_script.as_path()),
+                cpus: None,
+            };
+            run.run()?;
+            let full_speed = run.run()?.per_second;
+            drop(full);
+            let mut measured = count(&policy(build, rate, extra, CLOCK_SCALE), keys)?;
+            measured.full_speed = Some(full_speed);
+            Ok(measured)
         };
-        run.run()?;
-        let full_speed = run.run()?.per_second;
-        drop(full);
-        let mut measured = count(&policy(rate, extra, CLOCK_SCALE), keys)?;
-        measured.full_speed = Some(full_speed);
-        Ok(measured)
-    };
-    let mut sluice_row = |key, label, extra: &str, keys| -> anyhow::Result<()> {
+    let mut sluice_row = |key, build: Build, label, extra: &str, keys| -> anyhow::Result<()> {
         if !args.counts_variant(key) {
             return Ok(());
         }
-        let far = sluice_count(FAR, extra, keys)?;
+        let far = sluice_count(build, FAR, extra, keys)?;
         let near = if args.far_only {
             None
         } else {
-            Some(sluice_count(NEAR, extra, keys)?)
+            Some(sluice_count(build, NEAR, extra, keys)?)
         };
         println!(
             "instructions ({key}) {label}: far {:.0}, near {} per request",
@@ -213,13 +242,27 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
         });
         Ok(())
     };
-    sluice_row("g", "Sluice, rate only", "", None)?;
-    sluice_row("d", "Sluice, rate + concurrency", concurrency, None)?;
+    sluice_row("g", Build::Wasm, "Sluice, rate only", "", None)?;
+    sluice_row(
+        "d",
+        Build::Wasm,
+        "Sluice, rate + concurrency",
+        concurrency,
+        None,
+    )?;
     sluice_row(
         "e",
+        Build::Wasm,
         "Sluice, per key over 10 000 keys",
         per_key,
         Some(configs::BENCH_KEYS),
+    )?;
+    sluice_row(
+        "n",
+        Build::Native,
+        "Sluice native module, rate + concurrency",
+        concurrency,
+        None,
     )?;
     report.add(section(&rows, measure.as_secs()));
     Ok(())
@@ -284,6 +327,25 @@ fn section(rows: &[Counted], seconds: u64) -> String {
         "\nAdded-instruction ratio (d)/(h), far from the limit: **{far_ratio:.3}** (target ≤ {TARGET}: {far_verdict}). \
          Near the limit: {near_ratio:.3} (stated, no target: every call pays a shared-data read and \
          compare-and-swap). Rate only (g)/(h), far: {rate_ratio:.3}."
+    );
+    // The native build against Envoy's own limiter, and against Envoy.
+    let (native_ratio, mut native_verdict) =
+        instruction_ratio(added("n", false), added("c", false), NATIVE_TO_LOCAL);
+    let (native_share, mut share_verdict) =
+        instruction_ratio(added("n", false), base, NATIVE_SHARE);
+    if let Some(why) = off_pace(rows, &["b", "c", "n"]) {
+        native_verdict = Verdict::Invalid(why.clone());
+        share_verdict = Verdict::Invalid(why);
+    }
+    let _ = writeln!(
+        s,
+        "\nThe native build (n) against Envoy's native local_ratelimit (c), added instructions far from \
+         the limit: **{native_ratio:.2}×** (target ≤ {NATIVE_TO_LOCAL}×: {native_verdict}); (n) adds \
+         **{:.2} %** of (b) (target under {:.0} %: {share_verdict}). Near its limit (n) adds {:+.0} \
+         (every call decided in the process's shared memory).",
+        native_share * 100.0,
+        NATIVE_SHARE * 100.0,
+        added("n", true),
     );
     let _ = write!(
         s,

@@ -14,7 +14,7 @@ use sluice_e2e::envoy::{filter_vms, free_port};
 use sluice_wire::sync::{PolicyReport, SyncReport};
 
 use crate::configs;
-use crate::judge::{cpu_ratio, verdict, Added};
+use crate::judge::{cpu_ratio, throughput_share, verdict, Added};
 use crate::plot;
 use crate::procs::{self, cpu_time, rss_mib, BenchEnvoy};
 use crate::wrk::{Wrk, WrkResult};
@@ -420,7 +420,13 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     };
     let (ratio, ratio_verdict) = cpu_ratio(&added_per_rep("d"), &added_per_rep("f"), 1.30);
     let (ratio_over_header, _) = cpu_ratio(&added_per_rep("d"), &added_per_rep("h"), 1.30);
-    let throughput = med("d", |r| r.wrk.per_second) / med("b", |r| r.wrk.per_second);
+    let per_second = |key: &str| -> Vec<f64> {
+        runs.get(key)
+            .map(|v| v.iter().map(|r| r.wrk.per_second).collect())
+            .unwrap_or_default()
+    };
+    let (throughput, throughput_verdict) =
+        throughput_share(&per_second("d"), &per_second("b"), 0.85);
     let _ = writeln!(s, "\nadded-cost ratio vs no-op wasm (CPU time): {ratio:.2}");
     let _ = writeln!(
         s,
@@ -432,9 +438,11 @@ pub async fn overhead(args: &Args, report: &mut Report) -> anyhow::Result<()> {
         "\n(d) runs at {:.1} % of (b)'s throughput (target ≥ 85 %: {}); the added-cost ratio is added(d) / added(f) \
          (target ≤ 1.30: the limiter itself costs at most 30 % of what entering wasm costs: {ratio_verdict}). \
          A run where an added cost comes out negative, or where the repetitions of one are further apart than \
-         the cost itself, is marked INVALID RUN: its CPU figures are noise and judge nothing.",
+         the cost itself, is marked INVALID RUN: its CPU figures are noise and judge nothing. The throughput \
+         is judged only when (d)'s share of (b) in every pairing of their repetitions falls on one side of \
+         85 %; otherwise it is an INVALID RUN too.",
         throughput * 100.0,
-        verdict(throughput >= 0.85),
+        throughput_verdict,
     );
     let _ = writeln!(
         s,
