@@ -247,7 +247,7 @@ soak: setup wasm
 bench: setup wasm
 	@$(MAKE) --no-print-directory setup-apt APT_PACKAGES="$(BENCH_APT_PACKAGES)"
 	$(CARGO) build -p sluice-noop-filter --target $(WASM_TARGET) --profile release-wasm
-	$(CARGO) build --release -p sluice-admin -p sluice-bench
+	$(CARGO) build --release -p sluice-admin -p sluice-bench -p sluice-native -p sluice-noop-module
 	ENVOY_BIN=$(CURDIR)/$(ENVOY) target/release/sluice-bench --out $(BENCH_OUT) $(BENCH_ARGS)
 
 schema:

@@ -189,6 +189,13 @@ pub async fn instructions(args: &Args, report: &mut Report) -> anyhow::Result<()
         "no-op proxy-wasm filter that reads `:authority`",
         configs::wasm(&noop, ":authority"),
     )?;
+    if args.counts_variant("m") {
+        let module = args
+            .noop_module
+            .canonicalize()
+            .context("the no-op dynamic module (make bench builds it)")?;
+        plain("m", "no-op dynamic module", configs::native(&module, "{}"))?;
+    }
     // Under callgrind Envoy answers some 50 times fewer calls a second, and
     // a prefetch that lives 5 ms would cover a call or none: every call
     // would pay for shared data, far from the limit or not. Each Sluice
@@ -285,7 +292,7 @@ fn section(rows: &[Counted], seconds: u64) -> String {
     };
     let mut s = format!(
         "## 6. Instructions per request (callgrind)\n\n\
-         CPU time per request moves by ±2 µs between runs on small machines; instruction counts do not. \
+         Command: `make bench BENCH_ARGS=\"--only 6\"`. CPU time per request moves by ±2 µs between runs on small machines; instruction counts do not. \
          Envoy with one worker under `valgrind --tool=callgrind --smc-check=all-non-file`, counters zeroed \
          (`callgrind_control -z`) after a 3 s warm-up, then calls sent at a fixed {PACED} a second for \
          {seconds} s (as a user's traffic comes, not as fast as Envoy answers), counters dumped \
@@ -341,10 +348,15 @@ fn section(rows: &[Counted], seconds: u64) -> String {
         s,
         "\nThe native build (n) against Envoy's native local_ratelimit (c), added instructions far from \
          the limit: **{native_ratio:.2}×** (target ≤ {NATIVE_TO_LOCAL}×: {native_verdict}); (n) adds \
-         **{:.2} %** of (b) (target under {:.0} %: {share_verdict}). Near its limit (n) adds {:+.0} \
+         **{:.2} %** of (b) (target under {:.0} %: {share_verdict}). A dynamic module that does nothing \
+         (m) adds {:+.0} ({:.2} % of (b)) by itself: what Envoy spends on any module's hooks, the floor \
+         under (n); Sluice's own work in (n) is {:+.0} over it. Near its limit (n) adds {:+.0} \
          (every call decided in the process's shared memory).",
         native_share * 100.0,
         NATIVE_SHARE * 100.0,
+        added("m", false),
+        added("m", false) / base * 100.0,
+        added("n", false) - added("m", false),
         added("n", true),
     );
     let _ = write!(

@@ -44,12 +44,14 @@ pub struct Args {
     noop_wasm: PathBuf,
     #[arg(long, default_value = "target/release/libsluice_native.so")]
     sluice_native: PathBuf,
+    #[arg(long, default_value = "target/release/libsluice_noop_module.so")]
+    noop_module: PathBuf,
     #[arg(long, default_value = "target/release/sluice-admin")]
     admin_bin: PathBuf,
     /// Only these scenarios (1 to 9); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
-    /// Scenario 6: count only these variants (b, c, f, h, g, d, e, n); all by
+    /// Scenario 6: count only these variants (b, c, f, h, m, g, d, e, n); all by
     /// default. For weighing one change: `--only 6 --variants b,h,d`.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
