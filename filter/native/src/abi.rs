@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 /// What `envoy_dynamic_module_on_program_init` answers; Envoy logs
 /// "Dynamic module ABI version v0.2.0 matched." when it is its own.
-pub const ABI_VERSION: &[u8] = b"v0.2.0\0";
+pub const ABI_VERSION: &std::ffi::CStr = c"v0.2.0";
 
 /// Envoy's side of a filter, a filter configuration or a scheduler.
 pub type EnvoyPtr = *mut c_void;

@@ -40,7 +40,7 @@ unsafe fn stream_of<'a>(ptr: *const c_void) -> Option<&'a mut Stream> {
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
-    abi::ABI_VERSION.as_ptr().cast()
+    abi::ABI_VERSION.as_ptr()
 }
 
 #[no_mangle]

@@ -18,7 +18,7 @@ pub struct Buffer {
 /// The ABI version of Envoy 1.40.
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
-    b"v0.2.0\0".as_ptr().cast()
+    c"v0.2.0".as_ptr()
 }
 
 #[no_mangle]
