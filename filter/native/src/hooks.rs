@@ -15,7 +15,7 @@ use sluice_wire::sync::{
 };
 
 use crate::abi::{self, EnvoyBuffer, EnvoyHeader, EnvoyPtr};
-use crate::host::NativeHost;
+use crate::host::{log, NativeHost};
 use crate::module::{Module, Slot};
 use crate::stream::Stream;
 
@@ -82,19 +82,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         );
         Box::into_raw(Box::new(module)).cast_const().cast()
     })
-}
-
-fn log(level: Level, message: &str) {
-    let level = match level {
-        Level::Debug => abi::LOG_DEBUG,
-        Level::Info => abi::LOG_INFO,
-        Level::Warn => abi::LOG_WARN,
-        Level::Error => abi::LOG_ERROR,
-    };
-    // SAFETY: the message lives through the call.
-    unsafe {
-        abi::envoy_dynamic_module_callback_log(level, abi::ModuleBuffer::of(message.as_bytes()))
-    };
 }
 
 #[no_mangle]

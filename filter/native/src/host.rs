@@ -57,6 +57,18 @@ impl<'a> NativeHost<'a> {
     }
 }
 
+/// Logs through Envoy's dynamic-module logger.
+pub fn log(level: Level, message: &str) {
+    let level = match level {
+        Level::Debug => abi::LOG_DEBUG,
+        Level::Info => abi::LOG_INFO,
+        Level::Warn => abi::LOG_WARN,
+        Level::Error => abi::LOG_ERROR,
+    };
+    // SAFETY: the message lives through the call.
+    unsafe { abi::envoy_dynamic_module_callback_log(level, ModuleBuffer::of(message.as_bytes())) };
+}
+
 /// Sends a local reply on `filter`'s stream.
 ///
 /// # Safety
@@ -132,16 +144,7 @@ impl Host for NativeHost<'_> {
     }
 
     fn log(&self, level: Level, message: &str) {
-        let level = match level {
-            Level::Debug => abi::LOG_DEBUG,
-            Level::Info => abi::LOG_INFO,
-            Level::Warn => abi::LOG_WARN,
-            Level::Error => abi::LOG_ERROR,
-        };
-        // SAFETY: the message lives through the call.
-        unsafe {
-            abi::envoy_dynamic_module_callback_log(level, ModuleBuffer::of(message.as_bytes()))
-        };
+        log(level, message);
     }
 
     fn define_counter(&self, name: &str) -> Option<u32> {
