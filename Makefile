@@ -190,14 +190,10 @@ endif
 # build (SLUICE_FILTER=native); the README's "Two builds" lists those
 # that run against the wasm build only, and why.
 E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet
-# Two tests that do not pass against the native build yet (README "Two
-# builds" says what they measured).
-E2E_NATIVE_SKIP := a_member_paused_at_one_envoy_is_passed_over_by_the_others \
-  a_per_key_limit_and_a_fleet_wide_limit_hold_on_the_same_calls
 e2e-native: wasm native ui
 	$(CARGO) build $(DEMO_BINS)
 	$(E2E_ENV) SLUICE_FILTER=native $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_NATIVE)) \
-	  --no-fail-fast -- --nocapture --test-threads=1 $(addprefix --skip ,$(E2E_NATIVE_SKIP))
+	  --no-fail-fast -- --nocapture --test-threads=1
 
 # Fleet mode alone (also part of `make test`): three Envoys sharing one
 # limit, admin replicas on PostgreSQL + Redis, both stores, the Fleet page.

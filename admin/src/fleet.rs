@@ -160,9 +160,12 @@ impl Ledgers {
             let name = limit.fleet_name();
             let terms = FleetTerms::of_limit(limit);
             let counters = report.limits.get(&limit.name).cloned().unwrap_or_default();
+            // A pool's calls that passed its member over for want of
+            // room were asked of it too (`sluice_shared::pool::passed_over`).
             let (admitted, refused) = (
                 counters.counts[LimitCounter::Admitted],
-                counters.counts[LimitCounter::Refused],
+                counters.counts[LimitCounter::Refused]
+                    .saturating_add(counters.counts[LimitCounter::PassedOver]),
             );
             let usage = Usage {
                 asked: admitted.saturating_add(refused),

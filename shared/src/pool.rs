@@ -105,6 +105,32 @@ pub fn order(rule: Rule, members: &[MemberNow], sticky: Option<u64>, draw: u64) 
     open
 }
 
+/// The members a call passed over for want of room, when `taken_by` took
+/// it (None: every member refused it): those not paused that had none
+/// (`full`: read full, or refused the call when tried), under `priority`
+/// only those written before the one that took it, and the sticky key's
+/// own member whatever the rule. The call was demand they could not take:
+/// fleet mode sizes each Envoy's share of a member's global limit by its
+/// demand, and an Envoy whose calls all went elsewhere would otherwise look
+/// idle there and be left only the floor.
+pub fn passed_over(
+    rule: Rule,
+    members: &[MemberNow],
+    full: &[bool],
+    taken_by: Option<usize>,
+    sticky: Option<u64>,
+) -> Vec<usize> {
+    let own = sticky.and_then(|key| sticky_member(members, key));
+    (0..members.len())
+        .filter(|&i| Some(i) != taken_by && !members[i].paused)
+        .filter(|&i| full.get(i).copied().unwrap_or(false) || members[i].room() <= 0.0)
+        .filter(|&i| match (rule, taken_by) {
+            (Rule::Priority, Some(taken)) => i < taken || Some(i) == own,
+            _ => true,
+        })
+        .collect()
+}
+
 /// The member a sticky key belongs to, whether or not it can take a call
 /// now (rendezvous hashing: the member whose name mixes highest with the
 /// key). None for a pool without members.
@@ -194,6 +220,53 @@ mod tests {
         assert!(!away.contains(&own), "a paused member is passed over");
         members[own].paused = false;
         assert_eq!(order(Rule::Priority, &members, Some(key), 0)[0], own);
+    }
+
+    #[test]
+    fn a_call_passes_over_the_full_members_it_would_have_gone_to() {
+        let members = [
+            member(1, 0.0, false, 1.0),
+            member(2, 0.0, true, 1.0),
+            member(3, 0.8, false, 1.0),
+            member(4, 0.0, false, 1.0),
+        ];
+        let none = [false; 4];
+        // Priority: the full primary, not the paused one (its provider
+        // wants no calls), and not the full spill-over behind the taker.
+        assert_eq!(
+            passed_over(Rule::Priority, &members, &none, Some(2), None),
+            [0]
+        );
+        // Any member would have done under the other rules.
+        assert_eq!(
+            passed_over(Rule::MostRoom, &members, &none, Some(2), None),
+            [0, 3]
+        );
+        // Read with room, but refused when tried (another worker took it).
+        let refused = [false, false, false, true];
+        assert_eq!(
+            passed_over(Rule::Weighted, &members, &refused, Some(2), None),
+            [0, 3]
+        );
+        // Refused everywhere: every member not paused.
+        assert_eq!(
+            passed_over(
+                Rule::Priority,
+                &members,
+                &[false, false, true, false],
+                None,
+                None
+            ),
+            [0, 2, 3]
+        );
+        // The sticky key's own member, wherever it is written.
+        let key = (0..u64::MAX)
+            .find(|&k| sticky_member(&members, k) == Some(3))
+            .unwrap_or(0);
+        assert_eq!(
+            passed_over(Rule::Priority, &members, &none, Some(2), Some(key)),
+            [0, 3]
+        );
     }
 
     proptest! {

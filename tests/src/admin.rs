@@ -397,4 +397,38 @@ impl Operator {
         }
         Ok(body)
     }
+
+    /// Waits until the admin leases a share of every global policy and
+    /// limit to each of `instances`, then a sync more (200 ms in the
+    /// suites) for the shares to reach them. A new admin hands out no share
+    /// for its first lease (it recovers: instances may hold shares from
+    /// before it started), about 4.5 s from its start; a test that measures
+    /// from a fixed wait after starting its Envoys measures part of that
+    /// too, and more of it the faster the Envoys start (the native build's).
+    pub async fn wait_for_shares(&self, instances: &[&str]) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let fleet = self.get("/api/v1/fleet").await?;
+            let limits = fleet["policies"].as_array().cloned().unwrap_or_default();
+            let holds = |limit: &Value, instance: &str| {
+                limit["members"].as_array().is_some_and(|members| {
+                    members.iter().any(|m| {
+                        m["instance"] == instance && m["share"]["rate"].as_f64() > Some(0.0)
+                    })
+                })
+            };
+            if !limits.is_empty()
+                && limits
+                    .iter()
+                    .all(|limit| instances.iter().all(|i| holds(limit, i)))
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the admin leased no shares to {instances:?} within 20 s: {fleet}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -641,6 +641,7 @@ async fn a_per_key_limit_and_a_fleet_wide_limit_hold_on_the_same_calls() -> anyh
             )
         })
         .collect::<anyhow::Result<_>>()?;
+    op.wait_for_shares(&["fleet-a", "fleet-b"]).await?;
     let stop = Arc::new(AtomicBool::new(false));
     mock.reset();
     let load = load::paced_through(&envoys, &[("a", 150), ("b", 150)], &stop);
@@ -686,10 +687,11 @@ async fn a_per_key_limit_and_a_fleet_wide_limit_hold_on_the_same_calls() -> anyh
         used <= FLEET_RPS * 1.05,
         "over the fleet-wide limit: {used:.1}/s"
     );
-    // 84 % here, as much as a global policy of the same size gets with this
-    // load (101.6/s measured with the limit as a `scope: global` policy).
+    // Measured from when both Envoys hold their shares: 120.0/s of 120 in
+    // both builds (from a fixed wait after their start, part of the new
+    // admin's first lease, which leases nothing, was measured too: 84 %).
     assert!(
-        used >= FLEET_RPS * 0.78,
+        used >= FLEET_RPS * 0.95,
         "the fleet-wide limit mostly used: {used:.1}/s"
     );
     assert!(

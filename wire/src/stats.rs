@@ -113,6 +113,11 @@ counters! {
         /// Calls a pool sent to another member that Envoy retried on this
         /// limit's member (that member refused them): counted here too.
         PoolRetried = "pool_retried", Rate;
+        /// Pool calls that went to another member (or were refused)
+        /// because this limit left its member no room: demand the member
+        /// could not take, which fleet mode counts as asked when it sizes
+        /// this Envoy's share of a global limit.
+        PassedOver = "passed_over", Rate;
     }
 }
 

@@ -6,7 +6,7 @@
 
 use crate::host::Host;
 use crate::testing::FakeHost;
-use crate::tests::{header_of, pass, req, status, worker, T0};
+use crate::tests::{header_of, pass, req, status, sync_settings, worker, T0};
 use crate::worker::{StreamAction, Verdict, Worker};
 
 /// Two deployments: east 10 a second, west 5 a second; each pauses on
@@ -319,4 +319,56 @@ fn a_member_refusing_every_call_envoy_retries_is_probed_ever_less_often() {
         back,
         "a first refusal after a served call pauses east 1 s again ({again:?})"
     );
+}
+
+#[test]
+fn a_call_spilled_over_is_counted_at_the_full_member_it_passed_over() {
+    let host = FakeHost::at(T0);
+    let priority = POOL.replace(r#""pool": {"#, r#""pool": {"rule": "priority", "#);
+    let mut w = worker(&host, &priority);
+    w.set_sync(Some(sync_settings()));
+    let mut to = std::collections::BTreeMap::<String, u32>::new();
+    for id in 1..=15 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue, "call {id}");
+        *to.entry(routed(&host, id).expect("routed")).or_default() += 1;
+    }
+    assert_eq!(to.get("llm-east"), Some(&10), "primary first: {to:?}");
+    // Both full: the refusal is counted where it was made, the other
+    // member passed over.
+    assert_eq!(status(&call(&host, &mut w, 16, &[])), 429);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.east-rpm.passed_over"), 5);
+    assert_eq!(
+        host.metric("sluice.limit.east-rpm.refused") + host.metric("sluice.limit.west-rpm.refused"),
+        1
+    );
+    assert_eq!(
+        host.metric("sluice.limit.east-rpm.passed_over")
+            + host.metric("sluice.limit.west-rpm.passed_over"),
+        6
+    );
+    // The sync report carries it: fleet mode counts it as asked of east.
+    pass(&host, &mut w, 1_000);
+    let calls = host.calls.borrow().clone();
+    let report: sluice_wire::sync::SyncReport =
+        serde_json::from_slice(&calls.last().expect("a sync").2).expect("a report");
+    assert_eq!(
+        report.limits["east-rpm"].counts[crate::metrics::LimitCounter::PassedOver],
+        5
+    );
+    // A paused member is not passed over: its provider wants no calls.
+    assert_eq!(call(&host, &mut w, 20, &[]), Verdict::Continue);
+    assert_eq!(routed(&host, 20).as_deref(), Some("llm-east"));
+    answer(
+        &host,
+        &mut w,
+        20,
+        &[(":status", b"429"), ("retry-after", b"30")],
+    );
+    for id in 21..=24 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+        assert_eq!(routed(&host, id).as_deref(), Some("llm-west"));
+    }
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.east-rpm.passed_over"), 5);
 }

@@ -63,11 +63,8 @@ fn take<H: Host + ?Sized>(
     call: &PoolCall,
 ) -> Result<Chosen, Taken> {
     let now = ctx.now;
-    let members: Vec<MemberNow> = pool
-        .members
-        .iter()
-        .map(|m| member_now(ctx, m, now))
-        .collect();
+    let (members, mut full_limits): (Vec<MemberNow>, Vec<Vec<&str>>) =
+        pool.members.iter().map(|m| member_now(ctx, m, now)).unzip();
     let mut order = pool::order(pool.rule, &members, call.sticky, call.draw);
     for rest in 0..members.len() {
         if !order.contains(&rest) {
@@ -75,6 +72,7 @@ fn take<H: Host + ?Sized>(
         }
     }
     let mut soonest: Option<Taken> = None;
+    let mut refused = vec![false; members.len()];
     for at in order {
         let (Some(member), Some(inputs)) = (pool.members.get(at), call.members.get(at)) else {
             continue;
@@ -86,8 +84,29 @@ fn take<H: Host + ?Sized>(
             (&inputs.costs, &inputs.keys, &inputs.claimants),
         );
         let refused_for = match &taken {
-            Taken::All { .. } => return Ok(Chosen { member: at, taken }),
-            Taken::Refused { retry_after, .. } => *retry_after,
+            Taken::All { .. } => {
+                count_passed_over(
+                    ctx,
+                    pool,
+                    (&members, &refused, &full_limits),
+                    Some(at),
+                    call,
+                );
+                return Ok(Chosen { member: at, taken });
+            }
+            Taken::Refused {
+                retry_after, limit, ..
+            } => {
+                if let (Some(flag), Some(names)) = (refused.get_mut(at), full_limits.get_mut(at)) {
+                    *flag = true;
+                    if let Some(name) = member.rate_limits().iter().find(|l| &l.name == limit) {
+                        if !names.contains(&name.name.as_str()) {
+                            names.push(name.name.as_str());
+                        }
+                    }
+                }
+                *retry_after
+            }
             Taken::Unknown { .. } => DEFAULT_RETRY,
         };
         let sooner = match &soonest {
@@ -99,12 +118,37 @@ fn take<H: Host + ?Sized>(
             soonest = Some(taken);
         }
     }
-    Err(soonest.unwrap_or(Taken::Refused {
+    let refusal = soonest.unwrap_or(Taken::Refused {
         limit: String::new(),
         retry_after: DEFAULT_RETRY,
         why: limits::Why::Limit,
         standing: None,
-    }))
+    });
+    // The refusal itself is counted as one (`refused`) where it was made.
+    if let Taken::Refused { limit, .. } = &refusal {
+        for names in &mut full_limits {
+            names.retain(|name| name != limit);
+        }
+    }
+    count_passed_over(ctx, pool, (&members, &refused, &full_limits), None, call);
+    Err(refusal)
+}
+
+/// Counts the call at the members it passed over for want of room
+/// (`sluice_shared::pool::passed_over`), on each limit of theirs that had
+/// none: the demand their fleet shares are sized by.
+fn count_passed_over<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    pool: &CompiledPool,
+    (members, refused, full_limits): (&[MemberNow], &[bool], &[Vec<&str>]),
+    taken_by: Option<usize>,
+    call: &PoolCall,
+) {
+    for at in pool::passed_over(pool.rule, members, refused, taken_by, call.sticky) {
+        for name in full_limits.get(at).map_or(&[][..], Vec::as_slice) {
+            ctx.metrics.add_limit(name, LimitCounter::PassedOver, 1);
+        }
+    }
 }
 
 /// Takes a call's further limits: for a pool call, a member's ([`take`]),
@@ -127,16 +171,17 @@ pub(super) fn take_limits<H: Host + ?Sized>(
 }
 
 /// A member as the choice sees it: what is left of its tightest limit of
-/// its own, as a part of that limit, and whether its provider paused it.
-/// A keyed limit's room is its key's, which the take finds: it is not
-/// read here.
-fn member_now<H: Host + ?Sized>(
+/// its own, as a part of that limit, and whether its provider paused it;
+/// and the names of its limits with no room left. A keyed limit's room is
+/// its key's, which the take finds: it is not read here.
+fn member_now<'m, H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
-    member: &CompiledMember,
+    member: &'m CompiledMember,
     now: Instant,
-) -> MemberNow {
+) -> (MemberNow, Vec<&'m str>) {
     let mut room: f64 = 1.0;
     let mut paused = false;
+    let mut full = Vec::new();
     for limit in member.rate_limits() {
         if provider::paused(ctx.host, limit, None, now).is_some() {
             paused = true;
@@ -154,19 +199,26 @@ fn member_now<H: Host + ?Sized>(
             .available(&limit.rate.initial_state(), now)
             .max(1);
         let left = limit.rate.available(&state, now);
+        if left == 0 {
+            full.push(limit.name.as_str());
+        }
         room = room.min(left as f64 / whole as f64);
     }
     for limit in member.slot_limits() {
         let max = limit.limit.max_in_flight.max(1);
         let held = slots::in_flight(ctx.host, &limit.name, now);
+        if held >= max {
+            full.push(limit.name.as_str());
+        }
         room = room.min(f64::from(max.saturating_sub(held)) / f64::from(max));
     }
-    MemberNow {
+    let now = MemberNow {
         id: member.id,
         room,
         paused,
         weight: member.weight,
-    }
+    };
+    (now, full)
 }
 
 /// A pool call sent to a member, until its answer's headers come: under
