@@ -16,6 +16,8 @@
 //! - [`prefetch`]: tokens and slots a worker takes ahead, far from a limit.
 //! - [`metrics`]: stats, batched per worker.
 //! - [`worker`]: the per-VM logic (match, admit, queue, release, tick).
+//! - [`stream_shell`]: a stream's hooks turned into worker calls, for
+//!   both builds' streams.
 //! - `envoy` (wasm only): the proxy-wasm contexts that drive the worker.
 
 pub mod clock;
@@ -28,6 +30,7 @@ pub mod prefetch;
 pub mod report;
 pub mod shared_memory;
 pub mod store;
+pub mod stream_shell;
 pub mod sync;
 pub mod worker;
 

@@ -20,8 +20,9 @@ use sluice_wire::sync::{
 
 use crate::host::{Host, Level, SetError};
 use crate::kept_headers::KeptHeaders;
+use crate::stream_shell::{Flow, StreamIo, StreamShell};
 use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
-use crate::worker::{RequestBody, StreamAction, Verdict, Worker, MAX_REQUEST_BODY_BYTES};
+use crate::worker::{StreamAction, Worker};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -263,12 +264,7 @@ impl RootContext for SluiceRoot {
                     }
                 }
                 StreamAction::Reply(ctx, reply) => {
-                    let headers: Vec<(&str, &str)> = reply
-                        .headers
-                        .iter()
-                        .map(|(n, v)| (*n, v.as_str()))
-                        .collect();
-                    host.reply(ctx, reply.status, &headers, &reply.body);
+                    host.reply(ctx, reply.status, &reply.header_pairs(), &reply.body);
                 }
             }
         }
@@ -276,13 +272,11 @@ impl RootContext for SluiceRoot {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(SluiceStream {
-            context_id,
-            worker: self.worker.clone(),
-            queue_ticket_header: self.queue_ticket_header,
+            shell: StreamShell::new(context_id, self.queue_ticket_header),
+            io: WasmIo {
+                worker: self.worker.clone(),
+            },
             request: EnvoyHeaders::of(MapType::HttpRequestHeaders),
-            awaiting_body: false,
-            reading_response: false,
-            ended: false,
         }))
     }
 
@@ -292,72 +286,57 @@ impl RootContext for SluiceRoot {
 }
 
 struct SluiceStream {
-    context_id: u32,
-    worker: Option<Rc<RefCell<Worker>>>,
-    queue_ticket_header: bool,
+    shell: StreamShell,
+    io: WasmIo,
     /// Read once, whether the call is decided on its headers or its body.
     request: EnvoyHeaders,
-    /// Held until its body is in: a cost is read from it.
-    awaiting_body: bool,
-    /// Its response is read for what the call cost.
-    reading_response: bool,
-    /// Its end was told to the worker (by `on_log`, or on drop).
-    ended: bool,
 }
 
-impl SluiceStream {
-    fn end(&mut self) {
-        if std::mem::replace(&mut self.ended, true) {
-            return;
-        }
-        if let Some(worker) = &self.worker {
-            if let Ok(mut w) = worker.try_borrow_mut() {
-                w.on_stream_end(&EnvoyHost, self.context_id);
-            }
-        }
+/// A stream's worker (its VM's) and the buffers its hooks reach.
+struct WasmIo {
+    worker: Option<Rc<RefCell<Worker>>>,
+}
+
+impl StreamIo for WasmIo {
+    type AnswerHeaders = EnvoyHeaders;
+
+    fn with_worker<R>(&mut self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+        // Busy: a reply sent while the worker decides runs the answer's
+        // hooks at once.
+        let mut w = self.worker.as_ref()?.try_borrow_mut().ok()?;
+        Some(f(&mut w))
     }
 
-    fn decide(&mut self, body: RequestBody<'_>) -> Action {
-        let Some(worker) = &self.worker else {
-            return Action::Continue;
+    fn waits(&mut self) {}
+
+    fn request_body(&mut self, size: usize) -> Option<Vec<u8>> {
+        abi::buffer(BufferType::HttpRequestBody, 0, size)
+    }
+
+    fn answer_headers(&self) -> EnvoyHeaders {
+        EnvoyHeaders::of(MapType::HttpResponseHeaders)
+    }
+
+    fn set_answer_header(&mut self, name: &str, value: Option<&[u8]>) {
+        match value {
+            Some(value) => abi::replace_header(MapType::HttpResponseHeaders, name, value),
+            None => abi::remove_header(MapType::HttpResponseHeaders, name),
         };
-        let host = EnvoyHost;
-        let verdict = match worker.try_borrow_mut() {
-            Ok(mut w) => w.on_request_with(&host, self.context_id, &self.request, body),
-            Err(_) => return Action::Continue,
-        };
-        match verdict {
-            Verdict::Continue => Action::Continue,
-            Verdict::ReadBody => {
-                // Envoy turns a pause of the headers into a pause of the
-                // whole stream (no body callbacks until resumed), so the
-                // headers go on and the body is held instead: a call
-                // refused on its body is reset upstream before any of its
-                // body is sent.
-                self.awaiting_body = true;
-                Action::Continue
-            }
-            Verdict::Pause { ticket } => {
-                if self.queue_ticket_header {
-                    // Headers changed before the pause go upstream on resume.
-                    abi::replace_header(
-                        MapType::HttpRequestHeaders,
-                        "x-sluice-queue-ticket",
-                        ticket.to_string().as_bytes(),
-                    );
-                }
-                Action::Pause
-            }
-            Verdict::Reply(reply) => {
-                let headers: Vec<(&str, &str)> = reply
-                    .headers
-                    .iter()
-                    .map(|(n, v)| (*n, v.as_str()))
-                    .collect();
-                host.reply(self.context_id, reply.status, &headers, &reply.body);
-                Action::Pause
-            }
-        }
+    }
+
+    fn answer_piece(&mut self, size: usize) -> Vec<u8> {
+        abi::buffer(BufferType::HttpResponseBody, 0, size).unwrap_or_default()
+    }
+
+    fn replace_answer_piece(&mut self, size: usize, passed: &[u8]) {
+        abi::replace_buffer(BufferType::HttpResponseBody, size, passed);
+    }
+}
+
+fn action(flow: Flow) -> Action {
+    match flow {
+        Flow::Continue => Action::Continue,
+        Flow::Hold => Action::Pause,
     }
 }
 
@@ -365,101 +344,49 @@ impl Context for SluiceStream {}
 
 impl HttpContext for SluiceStream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let body = if end_of_stream {
-            RequestBody::Absent
-        } else {
-            RequestBody::Coming
-        };
-        self.decide(body)
+        let flow =
+            self.shell
+                .on_request_headers(&EnvoyHost, &mut self.io, &self.request, end_of_stream);
+        action(flow)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.awaiting_body {
-            return Action::Continue;
-        }
-        if body_size > MAX_REQUEST_BODY_BYTES {
-            // Too large to read for an estimate: decided on the cost's
-            // max, without buffering the rest.
-            self.awaiting_body = false;
-            return self.decide(RequestBody::Read(None));
-        }
-        if !end_of_stream {
-            // Envoy buffers the body until its end.
-            return Action::Pause;
-        }
-        self.awaiting_body = false;
-        let body = abi::buffer(BufferType::HttpRequestBody, 0, body_size);
-        self.decide(RequestBody::Read(Some(body.as_deref().unwrap_or_default())))
+        let flow = self.shell.on_request_body(
+            &EnvoyHost,
+            &mut self.io,
+            &self.request,
+            (body_size, end_of_stream),
+        );
+        action(flow)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if !self.awaiting_body {
-            return Action::Continue;
-        }
-        // A body ended by trailers was not read: decided on the cost's max.
-        self.awaiting_body = false;
-        self.decide(RequestBody::Read(None))
+        action(
+            self.shell
+                .on_request_trailers(&EnvoyHost, &mut self.io, &self.request),
+        )
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(worker) = &self.worker else {
-            return Action::Continue;
-        };
-        let mut told = Vec::new();
-        if let Ok(mut w) = worker.try_borrow_mut() {
-            if w.reads_response(self.context_id) {
-                let headers = EnvoyHeaders::of(MapType::HttpResponseHeaders);
-                self.reading_response =
-                    w.on_response_headers(&EnvoyHost, self.context_id, &headers, end_of_stream);
-                if w.strips_answer(self.context_id) {
-                    // Its pieces change length as they pass.
-                    abi::remove_header(MapType::HttpResponseHeaders, "content-length");
-                }
-            }
-            if w.tells(self.context_id) {
-                told = w.answer_headers(&EnvoyHost, self.context_id);
-            }
-        }
-        // Sluice's view replaces fields of the same name from upstream: it
-        // already takes in what the provider said.
-        for (name, value) in told {
-            self.set_http_response_header(name, Some(&value));
-        }
+        self.shell
+            .on_answer_headers(&EnvoyHost, &mut self.io, end_of_stream);
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.reading_response {
-            return Action::Continue;
-        }
-        let Some(worker) = &self.worker else {
-            return Action::Continue;
-        };
-        // Passed on as it comes: only this piece is read, never buffered
-        // (a stripped answer holds back at most an event's start).
-        let chunk = abi::buffer(BufferType::HttpResponseBody, 0, body_size).unwrap_or_default();
-        if let Ok(mut w) = worker.try_borrow_mut() {
-            let usage_wanted =
-                w.on_response_body(&EnvoyHost, self.context_id, &chunk, end_of_stream);
-            if let Some(passed) = w.strip_answer(&EnvoyHost, self.context_id, &chunk, end_of_stream)
-            {
-                if passed != chunk {
-                    abi::replace_buffer(BufferType::HttpResponseBody, body_size, &passed);
-                }
-            }
-            self.reading_response = usage_wanted || w.strips_answer(self.context_id);
-        }
+        self.shell
+            .on_answer_body(&EnvoyHost, &mut self.io, body_size, end_of_stream);
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        self.end();
+        self.shell.end(&EnvoyHost, &mut self.io);
     }
 }
 
 impl Drop for SluiceStream {
     fn drop(&mut self) {
         // on_log runs for every stream Envoy logs; this covers any other end.
-        self.end();
+        self.shell.end(&EnvoyHost, &mut self.io);
     }
 }

@@ -29,6 +29,13 @@ pub struct LocalReply {
     pub body: Vec<u8>,
 }
 
+impl LocalReply {
+    /// Its headers as [`crate::host::Host::reply`] takes them.
+    pub fn header_pairs(&self) -> Vec<(&str, &str)> {
+        self.headers.iter().map(|(n, v)| (*n, v.as_str())).collect()
+    }
+}
+
 /// Why a call is refused: all its reply says besides the policy and the
 /// time to wait.
 #[derive(Debug, Clone, PartialEq, Eq)]

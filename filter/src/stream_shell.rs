@@ -1,0 +1,271 @@
+//! One stream's hooks, turned into calls on its worker and its verdicts
+//! into what Envoy does next: the part of a stream both builds share. Each
+//! build's stream (the proxy-wasm context, the dynamic module's stream)
+//! holds a [`StreamShell`], gives it a [`Host`] and a [`StreamIo`] for its
+//! Envoy, and maps [`Flow`] to its own statuses. Nothing here decides: the
+//! worker does.
+
+use sluice_shared::request_headers::RequestHeaders;
+
+use crate::host::Host;
+use crate::worker::{RequestBody, Verdict, Worker, MAX_REQUEST_BODY_BYTES};
+
+/// What the stream does after a hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// It goes on.
+    Continue,
+    /// It stops here, what came of it buffered (a call waiting in the
+    /// queue, a body read to its end, an answer sent by Sluice).
+    Hold,
+}
+
+/// What a stream's shell asks of its Envoy beyond [`Host`]: its worker,
+/// and its bodies and answer's headers, which only its own hooks reach.
+pub trait StreamIo {
+    /// The answer's headers, read as the worker asks for them.
+    type AnswerHeaders: RequestHeaders;
+
+    /// Runs `f` on the stream's worker; None when there is none to be had
+    /// (a worker that failed to start, or is busy with a call that led
+    /// here): the stream then passes untouched.
+    fn with_worker<R>(&mut self, f: impl FnOnce(&mut Worker) -> R) -> Option<R>;
+    /// The call waits in the queue: a tick will resume or answer it.
+    fn waits(&mut self);
+    /// The request's body, `size` bytes, read to its end.
+    fn request_body(&mut self, size: usize) -> Option<Vec<u8>>;
+    fn answer_headers(&self) -> Self::AnswerHeaders;
+    /// Sets (None: removes) a header of the answer.
+    fn set_answer_header(&mut self, name: &str, value: Option<&[u8]>);
+    /// The answer's piece now passing (`size` bytes).
+    fn answer_piece(&mut self, size: usize) -> Vec<u8>;
+    /// Puts `passed` in place of the piece now passing (`size` bytes).
+    fn replace_answer_piece(&mut self, size: usize, passed: &[u8]);
+}
+
+/// A stream's state between its hooks.
+#[derive(Debug)]
+pub struct StreamShell {
+    context_id: u32,
+    queue_ticket_header: bool,
+    /// Held until its body is in: a cost is read from it.
+    awaiting_body: bool,
+    /// Its answer is read for what the call cost, or rewritten.
+    reading_answer: bool,
+    /// Its end was told to the worker.
+    ended: bool,
+    /// It waited in the queue.
+    waited: bool,
+}
+
+impl StreamShell {
+    /// Stream `context_id`; `queue_ticket_header`: a waiting call's
+    /// request carries its place in the queue (`x-sluice-queue-ticket`).
+    pub fn new(context_id: u32, queue_ticket_header: bool) -> Self {
+        Self {
+            context_id,
+            queue_ticket_header,
+            awaiting_body: false,
+            reading_answer: false,
+            ended: false,
+            waited: false,
+        }
+    }
+
+    pub fn context_id(&self) -> u32 {
+        self.context_id
+    }
+
+    /// Whether it waited in the queue at some point.
+    pub fn waited(&self) -> bool {
+        self.waited
+    }
+
+    fn decide<H, Io, R>(
+        &mut self,
+        host: &H,
+        io: &mut Io,
+        request: &R,
+        body: RequestBody<'_>,
+    ) -> Flow
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let id = self.context_id;
+        let Some(verdict) = io.with_worker(|w| w.on_request_with(host, id, request, body)) else {
+            return Flow::Continue;
+        };
+        // The worker is free again: a reply runs the answer's hooks at once.
+        match verdict {
+            Verdict::Continue => Flow::Continue,
+            Verdict::ReadBody => {
+                // Envoy turns a pause of the headers into a pause of the
+                // whole stream (no body hooks until resumed), so the
+                // headers go on and the body is held instead: a call
+                // refused on its body is reset upstream before any of its
+                // body is sent.
+                self.awaiting_body = true;
+                Flow::Continue
+            }
+            Verdict::Pause { ticket } => {
+                if self.queue_ticket_header {
+                    // Headers changed before the pause go upstream on resume.
+                    host.set_request_header(id, "x-sluice-queue-ticket", &ticket.to_string());
+                }
+                io.waits();
+                self.waited = true;
+                Flow::Hold
+            }
+            Verdict::Reply(reply) => {
+                host.reply(id, reply.status, &reply.header_pairs(), &reply.body);
+                Flow::Hold
+            }
+        }
+    }
+
+    pub fn on_request_headers<H, Io, R>(
+        &mut self,
+        host: &H,
+        io: &mut Io,
+        request: &R,
+        end_of_stream: bool,
+    ) -> Flow
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let body = if end_of_stream {
+            RequestBody::Absent
+        } else {
+            RequestBody::Coming
+        };
+        self.decide(host, io, request, body)
+    }
+
+    /// A piece of the request's body came; `size`: all of it so far.
+    pub fn on_request_body<H, Io, R>(
+        &mut self,
+        host: &H,
+        io: &mut Io,
+        request: &R,
+        (size, end_of_stream): (usize, bool),
+    ) -> Flow
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        if !self.awaiting_body {
+            return Flow::Continue;
+        }
+        if size > MAX_REQUEST_BODY_BYTES {
+            // Too large to read for an estimate: decided on the cost's
+            // max, without buffering the rest.
+            self.awaiting_body = false;
+            return self.decide(host, io, request, RequestBody::Read(None));
+        }
+        if !end_of_stream {
+            // Envoy buffers the body until its end.
+            return Flow::Hold;
+        }
+        self.awaiting_body = false;
+        let body = io.request_body(size);
+        self.decide(host, io, request, RequestBody::Read(body.as_deref()))
+    }
+
+    pub fn on_request_trailers<H, Io, R>(&mut self, host: &H, io: &mut Io, request: &R) -> Flow
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        if !self.awaiting_body {
+            return Flow::Continue;
+        }
+        // A body ended by trailers was not read: decided on the cost's max.
+        self.awaiting_body = false;
+        self.decide(host, io, request, RequestBody::Read(None))
+    }
+
+    pub fn on_answer_headers<H, Io>(&mut self, host: &H, io: &mut Io, end_of_stream: bool)
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+    {
+        let id = self.context_id;
+        let headers = io.answer_headers();
+        let read = io.with_worker(|w| {
+            let mut reading = None;
+            if w.reads_response(id) {
+                reading = Some((
+                    w.on_response_headers(host, id, &headers, end_of_stream),
+                    w.strips_answer(id),
+                ));
+            }
+            let told = if w.tells(id) {
+                w.answer_headers(host, id)
+            } else {
+                Vec::new()
+            };
+            (reading, told)
+        });
+        let Some((reading, told)) = read else {
+            return;
+        };
+        if let Some((reading, strips)) = reading {
+            self.reading_answer = reading;
+            if strips {
+                // Its pieces change length as they pass.
+                io.set_answer_header("content-length", None);
+            }
+        }
+        // Sluice's view replaces fields of the same name from upstream: it
+        // already takes in what the provider said.
+        for (name, value) in told {
+            io.set_answer_header(name, Some(value.as_bytes()));
+        }
+    }
+
+    /// A piece of the answer (`size` bytes) passes: read for its usage, or
+    /// rewritten, never buffered (a stripped answer holds back at most an
+    /// event's start).
+    pub fn on_answer_body<H, Io>(&mut self, host: &H, io: &mut Io, size: usize, end_of_stream: bool)
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+    {
+        if !self.reading_answer {
+            return;
+        }
+        let id = self.context_id;
+        let piece = io.answer_piece(size);
+        let read = io.with_worker(|w| {
+            let usage_wanted = w.on_response_body(host, id, &piece, end_of_stream);
+            let passed = w.strip_answer(host, id, &piece, end_of_stream);
+            (usage_wanted || w.strips_answer(id), passed)
+        });
+        let Some((reading, passed)) = read else {
+            return;
+        };
+        if let Some(passed) = passed.filter(|p| *p != piece) {
+            io.replace_answer_piece(piece.len(), &passed);
+        }
+        self.reading_answer = reading;
+    }
+
+    /// The stream ended (logged, or dropped): told to the worker once.
+    pub fn end<H, Io>(&mut self, host: &H, io: &mut Io)
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+    {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let id = self.context_id;
+        io.with_worker(|w| w.on_stream_end(host, id));
+    }
+}
