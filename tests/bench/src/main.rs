@@ -108,7 +108,10 @@ async fn main() -> anyhow::Result<()> {
     if args.runs(9) {
         fair_shares::fair_shares(&mut report).await?;
     }
-    std::fs::write(&args.out, report.markdown())?;
+    // Sections this run did not make (other scenarios, the e2e suites'
+    // measurements) stay as they were.
+    let existing = std::fs::read_to_string(&args.out).unwrap_or_default();
+    std::fs::write(&args.out, report.merged_into(&existing))?;
     println!("wrote {}", args.out.display());
     Ok(())
 }

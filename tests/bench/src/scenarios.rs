@@ -116,6 +116,67 @@ impl Report {
         }
         out
     }
+
+    /// The report written over `existing` (the file as it was): the
+    /// sections this run made replace those of the same heading, in their
+    /// place; the others stay as they were (a run of some scenarios, or
+    /// sections the e2e suites measured); new ones go at the end.
+    pub fn merged_into(&self, existing: &str) -> String {
+        let fresh = split_sections(&self.markdown());
+        let mut used = vec![false; fresh.len()];
+        let kept = split_sections(existing);
+        let mut out = String::new();
+        for (heading, text) in &kept {
+            let replacement = fresh
+                .iter()
+                .position(|(h, _)| h == heading)
+                .filter(|&i| !used[i]);
+            match replacement {
+                Some(i) => {
+                    used[i] = true;
+                    out.push_str(&fresh[i].1);
+                }
+                None => out.push_str(text),
+            }
+        }
+        for (i, (_, text)) in fresh.iter().enumerate() {
+            if !used[i] {
+                if !out.is_empty() && !out.ends_with("\n\n") {
+                    out.push('\n');
+                }
+                out.push_str(text);
+            }
+        }
+        out
+    }
+}
+
+/// A report's parts, each from its heading (`# ` or `## `, the heading's
+/// number and name as its key) to the next; text before the first heading
+/// is a part of its own, keyed "".
+fn split_sections(text: &str) -> Vec<(String, String)> {
+    let mut parts: Vec<(String, String)> = Vec::new();
+    for line in text.split_inclusive('\n') {
+        let heading = line
+            .strip_prefix("## ")
+            .or_else(|| line.strip_prefix("# "))
+            .map(|h| section_key(h.trim()));
+        match (heading, parts.last_mut()) {
+            (Some(key), _) => parts.push((key, line.to_string())),
+            (None, Some((_, body))) => body.push_str(line),
+            (None, None) => parts.push((String::new(), line.to_string())),
+        }
+    }
+    parts
+}
+
+/// A heading's key: its number when it has one ("6" for "6.
+/// Instructions per request ..."), else the heading itself.
+fn section_key(heading: &str) -> String {
+    match heading.split_once(". ") {
+        Some((number, _)) if number.chars().all(|c| c.is_ascii_digit()) => number.to_string(),
+        _ => heading.to_string(),
+    }
 }
 
 struct Variant {
@@ -1011,4 +1072,51 @@ pub fn footprint(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     );
     report.add(s);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(sections: &[&str]) -> Report {
+        Report {
+            sections: sections.iter().map(|s| s.to_string()).collect(),
+            machine: "- CPU: new\n".into(),
+            footprint: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_run_of_some_scenarios_replaces_only_their_sections() {
+        let existing = "# Benchmarks\n\nold intro\n\n## Machine\n\n- CPU: old\n\n\
+            ## 1. Overhead\n\nold one\n\n## 6. Instructions (old name)\n\nold six\n\n\
+            ## 10. Pools\n\nmeasured by the e2e suites\n";
+        let merged = report(&["## 6. Instructions per request\n\nnew six\n"]).merged_into(existing);
+        assert!(merged.contains("old one"), "{merged}");
+        assert!(
+            merged.contains("new six") && !merged.contains("old six"),
+            "{merged}"
+        );
+        assert!(merged.contains("measured by the e2e suites"), "{merged}");
+        assert!(
+            merged.contains("- CPU: new") && !merged.contains("- CPU: old"),
+            "{merged}"
+        );
+        // In their places: 1, then 6, then 10.
+        let at = |s: &str| merged.find(s).unwrap_or(usize::MAX);
+        assert!(
+            at("old one") < at("new six") && at("new six") < at("Pools"),
+            "{merged}"
+        );
+    }
+
+    #[test]
+    fn new_sections_go_at_the_end_and_an_empty_file_gets_the_whole_report() {
+        let existing = "# Benchmarks\n\n## Machine\n\nold\n\n## 1. Overhead\n\none\n";
+        let merged = report(&["## 12. New\n\ntwelve\n"]).merged_into(existing);
+        assert!(merged.trim_end().ends_with("twelve"), "{merged}");
+        assert!(merged.contains("one"));
+        let whole = report(&["## 1. Overhead\n\none\n"]);
+        assert_eq!(whole.merged_into(""), whole.markdown());
+    }
 }
