@@ -135,6 +135,11 @@ impl Report {
                 Some(i) => {
                     used[i] = true;
                     out.push_str(&fresh[i].1);
+                    // The last of a run ends without the blank line the
+                    // next heading wants.
+                    if text.ends_with("\n\n") && !fresh[i].1.ends_with("\n\n") {
+                        out.push('\n');
+                    }
                 }
                 None => out.push_str(text),
             }
