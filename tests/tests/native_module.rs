@@ -70,17 +70,18 @@ fn a_bad_plugin_configuration_is_refused_with_its_field() -> anyhow::Result<()> 
 }
 
 #[test]
-fn the_readmes_native_snippet_is_what_envoy_takes() -> anyhow::Result<()> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md"))?;
+fn the_books_native_snippet_is_what_envoy_takes() -> anyhow::Result<()> {
+    // The book's chapter on attaching the filter shows it.
+    let readme = std::fs::read_to_string(workspace_root().join("docs/book/src/attaching.md"))?;
     let snippet = readme
         .split("```yaml")
         .skip(1)
         .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
         .find(|yaml| yaml.contains("DynamicModuleFilter"))
-        .ok_or_else(|| anyhow::anyhow!("the README shows no native filter"))?;
+        .ok_or_else(|| anyhow::anyhow!("the book shows no native filter"))?;
     let module = filter_native()?.display().to_string();
     let (ok, log) = validate_native(|shipped| {
-        // The shipped listener's filters replaced by the README's.
+        // The shipped listener's filters replaced by the book's.
         let start = shipped
             .find("          http_filters:")
             .unwrap_or(shipped.len());
@@ -93,7 +94,7 @@ fn the_readmes_native_snippet_is_what_envoy_takes() -> anyhow::Result<()> {
             .collect();
         format!("{}{filters}{}", &shipped[..start], &shipped[end..])
     })?;
-    anyhow::ensure!(ok, "the README's native filter does not validate:\n{log}");
+    anyhow::ensure!(ok, "the book's native filter does not validate:\n{log}");
     anyhow::ensure!(
         log.contains("sluice: instance egress-1 (native module)"),
         "{log}"

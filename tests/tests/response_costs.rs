@@ -916,12 +916,20 @@ fn last_usage(body: &str) -> Option<serde_json::Value> {
     value.get("usage").cloned()
 }
 
-/// English prose: the README's and docs' paragraphs (no code, tables or
+/// English prose: the README's, the book's and docs' paragraphs (no code, tables or
 /// headings), repeated to `chars` characters and cut at a word.
 fn english_text(chars: usize) -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut prose = String::new();
-    for doc in ["README.md", "docs/RELIABILITY.md", "docs/PERFORMANCE.md"] {
+    for doc in [
+        "README.md",
+        "docs/book/src/getting-started.md",
+        "docs/book/src/policies.md",
+        "docs/book/src/llm-providers.md",
+        "docs/book/src/operating.md",
+        "docs/RELIABILITY.md",
+        "docs/PERFORMANCE.md",
+    ] {
         let text = std::fs::read_to_string(root.join(doc)).unwrap_or_default();
         let mut in_code = false;
         for line in text.lines() {
