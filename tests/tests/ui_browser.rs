@@ -1603,3 +1603,98 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
     assert_eq!(past, 3, "each team is past its 1 % line");
     Ok(())
 }
+
+/// A browser's first load of the live view, its cache empty and its
+/// session cookie already set: what it transfers (the page, the app's
+/// script and wasm as the admin serves them, precompressed, and the API
+/// calls) until the first chart is drawn, and how long that takes from
+/// the navigation's start. Target: under 1.2 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_views_first_load_transfers_under_1_2_mb() -> anyhow::Result<()> {
+    const MOST_BYTES: f64 = 1_200_000.0;
+    let dir = tempfile::tempdir()?;
+    let admin =
+        AdminServer::start_with_ui(dir.path().join("sluice.db"), 0, Some(ui_dir()?)).await?;
+    let op = admin.login().await?;
+    op.create(
+        json!({"name": "bank", "match": {"host": "api.bank.example"},
+        "rate": {"requests": 100, "period": "1s"}}),
+    )
+    .await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config =
+        json!({"instance": "ui-first-load", "admin_cluster": "sluice_admin", "sync_interval": "250ms",
+        "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
+        .to_string();
+    let _envoy = Envoy::start_with_admin(&config, mock.addr.port(), admin.port, 1)?;
+    // The Envoy's first reports reach the live view.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let browser = Browser::start().await?;
+    let c = &browser.client;
+    let base = admin.base();
+    // Signed in from a page that loads nothing of the app.
+    c.goto(&format!("{base}/healthz")).await?;
+    let signed_in = c
+        .execute_async(
+            "const done = arguments[arguments.length - 1]; \
+             fetch('/api/v1/login', {method: 'POST', headers: {'content-type': 'application/json'}, \
+               body: JSON.stringify({password: arguments[0]})}).then(r => done(r.status), e => done(String(e)));",
+            vec![json!(PASSWORD)],
+        )
+        .await?;
+    anyhow::ensure!(signed_in == json!(200), "login from the page: {signed_in}");
+    c.goto(&format!("{base}/live")).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Polled every 20 ms: the time read is at most that late.
+    let first_chart_ms = loop {
+        let at = c
+            .execute(
+                "return document.querySelector('svg.chart') ? performance.now() : null;",
+                vec![],
+            )
+            .await?;
+        if let Some(ms) = at.as_f64() {
+            break ms;
+        }
+        if Instant::now() > deadline {
+            let page = c.execute("return document.body.innerText;", vec![]).await?;
+            anyhow::bail!("no chart within 20 s; the page says: {page}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let loads = c
+        .execute(
+            "return [performance.getEntriesByType('navigation'), performance.getEntriesByType('resource')] \
+               .flat().map(e => [e.name, e.transferSize, e.encodedBodySize, e.decodedBodySize]);",
+            vec![],
+        )
+        .await?;
+    let loads: Vec<(String, f64, f64, f64)> = serde_json::from_value(loads)?;
+    let transferred: f64 = loads.iter().map(|(_, t, _, _)| t).sum();
+    let wasm = loads
+        .iter()
+        .find(|(name, ..)| name.ends_with(".wasm"))
+        .cloned()
+        .unwrap_or_default();
+    println!(
+        "ui: the live view's first load transferred {:.0} KB in {} requests until the first chart, \
+         drawn {first_chart_ms:.0} ms after the navigation began; the wasm {:.0} KB on the wire, \
+         {:.0} KB unpacked",
+        transferred / 1000.0,
+        loads.len(),
+        wasm.1 / 1000.0,
+        wasm.3 / 1000.0
+    );
+    browser.close().await;
+    anyhow::ensure!(wasm.3 > 0.0, "no wasm loaded: {loads:?}");
+    anyhow::ensure!(
+        wasm.2 < wasm.3 / 2.0,
+        "the wasm was not sent compressed: {wasm:?}"
+    );
+    anyhow::ensure!(
+        transferred < MOST_BYTES,
+        "first load of the live view: {transferred} bytes"
+    );
+    Ok(())
+}
