@@ -414,6 +414,19 @@ fn member_answered(o: &Outcome) -> String {
         .to_string()
 }
 
+/// Of `calls` begun in `from..to` (from their load's start) and answered
+/// 200: how many east answered, and how many west.
+fn east_and_west(calls: &[Outcome], from: Duration, to: Duration) -> (u32, u32) {
+    calls
+        .iter()
+        .filter(|o| o.started >= from && o.started < to && o.status == 200)
+        .fold((0, 0), |(e, w), o| match member_answered(o).as_str() {
+            "east" => (e + 1, w),
+            "west" => (e, w + 1),
+            _ => (e, w),
+        })
+}
+
 /// A pool in priority order (east first), each member's limit one for the
 /// fleet (`scope: global`), seen by two Envoys syncing with one admin: a
 /// (4 workers) and b (2). The route does not retry, so a refusal reaches
@@ -508,18 +521,11 @@ async fn a_member_paused_at_one_envoy_is_passed_over_by_the_others() -> anyhow::
     // Per Envoy, (east, west) answers of calls begun in a stretch after
     // the provoked 429 (ms).
     let tally = |calls: &[Outcome], from_ms: u64, to_ms: u64| {
-        let (from, to) = (
+        east_and_west(
+            calls,
             provoked_at + Duration::from_millis(from_ms),
             provoked_at + Duration::from_millis(to_ms),
-        );
-        calls
-            .iter()
-            .filter(|o| o.started >= from && o.started < to && o.status == 200)
-            .fold((0, 0), |(e, w), o| match member(o).as_str() {
-                "east" => (e + 1, w),
-                "west" => (e, w + 1),
-                _ => (e, w),
-            })
+        )
     };
     let last_east_b = calls_b
         .iter()
@@ -537,15 +543,7 @@ async fn a_member_paused_at_one_envoy_is_passed_over_by_the_others() -> anyhow::
         (0..6u32)
             .map(|half| {
                 let from = Duration::from_millis(500 * u64::from(half));
-                calls
-                    .iter()
-                    .filter(|o| o.started >= from && o.started < from + Duration::from_millis(500))
-                    .filter(|o| o.status == 200)
-                    .fold((0, 0), |(e, w), o| match member(o).as_str() {
-                        "east" => (e + 1, w),
-                        "west" => (e, w + 1),
-                        _ => (e, w),
-                    })
+                east_and_west(calls, from, from + Duration::from_millis(500))
             })
             .collect()
     };
@@ -615,18 +613,11 @@ async fn an_envoy_whose_calls_spill_over_is_given_its_share_of_the_member_back(
     // a's answers per half second from its start: (east, west).
     let halves: Vec<(u32, u32)> = (0..8)
         .map(|half| {
-            let (from, to) = (
+            east_and_west(
+                &calls_a,
                 Duration::from_millis(500 * half),
                 Duration::from_millis(500 * (half + 1)),
-            );
-            calls_a
-                .iter()
-                .filter(|o| o.started >= from && o.started < to && o.status == 200)
-                .fold((0, 0), |(e, w), o| match member_answered(o).as_str() {
-                    "east" => (e + 1, w),
-                    "west" => (e, w + 1),
-                    _ => (e, w),
-                })
+            )
         })
         .collect();
     let settled = &halves[2..];
