@@ -20,6 +20,8 @@
 //! - a refusal after a pause at least as long as the limit's period
 //!   bounds the provider's limit outright: everything it counted in its
 //!   window went after the pause, so it allows at most what went since;
+//!   within a period of resuming that is one window's count, and the
+//!   limit is known from it as from repeats (climb to just under, hold);
 //! - the curve starts when the pause ends, not while nothing may go, and
 //!   the first call then goes alone.
 //!
@@ -260,13 +262,20 @@ impl Adaptive {
             current
         };
         let mut w_max = current.min(measured).max(floor);
+        // Whether the calls since a pause bound the provider's limit
+        // below what the rates say: then that limit is known.
+        let mut bounded = false;
         if let (Heard::Here { admitted }, Some(since)) = (heard, self.resumed_from()) {
             // All the provider counted in its window went after the
             // pause: it allows at most what went before this call.
             let went = admitted.saturating_sub(since).saturating_sub(1);
             let period = throttle.period.as_secs_f64();
             if period > 0.0 {
-                w_max = w_max.min((went as f64 / period).max(floor));
+                let bound = (went as f64 / period).max(floor);
+                // Within a period of resuming, what went is what one
+                // window holds; later, it may span two windows.
+                bounded = bound < w_max && at.since(self.curve_from) <= throttle.period;
+                w_max = w_max.min(bound);
             }
         }
         let curve = self.curve();
@@ -275,6 +284,21 @@ impl Adaptive {
         let known = self.w_max;
         // What the rate is cut to, as a part of the new `w_max`.
         let cut = match adapting {
+            // The provider's count bounds its limit: climb back to just
+            // under the bound and hold there, as under a rate known by
+            // repeats (the curve would otherwise climb past it and draw
+            // the next refusal).
+            _ if bounded => {
+                self.hits = self.hits.max(1);
+                (1.0 - (1.0 - BETA) / 2f64.powi(self.hits as i32)).min(GENTLEST)
+            }
+            // Refused while climbing back to or holding under a known
+            // rate: it is a little lower than thought. No dip: the hold
+            // goes on lower.
+            Some(_) if self.hits > 0 && t < curve.k + curve.hold => {
+                w_max = w_max.min(known * UNDER_KNOWN);
+                UNDER_KNOWN
+            }
             // Refused while climbing back from a pause: the provider's
             // limit is well below where the last cut thought; a deeper
             // cut. (Without a pause the climb is only a little early.)
@@ -285,12 +309,6 @@ impl Adaptive {
                 } else {
                     BETA
                 }
-            }
-            // Refused while holding under a known rate: it is a little
-            // lower than thought. No dip: the hold goes on lower.
-            Some(_) if self.hits > 0 && t < curve.k + curve.hold => {
-                w_max = w_max.min(known * UNDER_KNOWN);
-                UNDER_KNOWN
             }
             // Refused probing a little above the rate that drew the last
             // refusal: that rate still holds, each time more surely.
@@ -495,6 +513,34 @@ mod tests {
         assert!(a.throttled(at, Heard::Here { admitted: 43 }, 43, PAUSING));
         assert!((a.w_max - 12.0).abs() < 1e-9, "{}", a.w_max);
         assert!(a.rate(at, 30.0).is_some_and(|r| r < 12.0));
+        // That bound is known: the curve climbs back to just under it and
+        // holds there (the hold a repeat would earn), not past it.
+        assert_eq!(a.hits, 1);
+        let held = (1..=14).map(|s| a.rate(at + Span::from_secs(s), 30.0));
+        for (s, rate) in (1..).zip(held) {
+            assert!(rate.is_some_and(|r| r < 12.0), "{s} s after: {rate:?}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_more_than_a_period_after_resuming_bounds_the_limit_but_does_not_make_it_known() {
+        let mut a = Adaptive::default();
+        for ms in 0..1000 {
+            a.sent(NOW + Span::from_millis(ms), 1);
+        }
+        assert!(a.throttled(
+            NOW + Span::from_secs(1),
+            Heard::Here { admitted: 30 },
+            30,
+            PAUSING
+        ));
+        let resumed = NOW + Span::from_secs(2);
+        a.resuming(resumed, 30);
+        // 24 went in 1.3 s: they may span two of the provider's windows.
+        let at = resumed + Span::from_millis(1_300);
+        assert!(a.throttled(at, Heard::Here { admitted: 55 }, 55, PAUSING));
+        assert!(a.w_max <= 24.0, "{}", a.w_max);
+        assert_eq!(a.hits, 0);
     }
 
     #[test]

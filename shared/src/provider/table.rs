@@ -1053,11 +1053,19 @@ mod tests {
     /// A provider allowing 30 calls per calendar second, then 12 from 2 s
     /// on, counting refused calls too and answering them 429 with
     /// `Retry-After: 1`; Sluice's adaptive limit is told 30 a second and
-    /// has calls waiting always. Answers take 10 ms. Returns per second
-    /// (served, refused).
+    /// has calls waiting always. Answers take `latency` and up to
+    /// `jitter` more. Returns per second (served, refused).
     /// `phase`: how far into its calendar second the provider is when
     /// the calls begin.
-    fn against_a_dropping_provider(seconds: u64, phase: Span, latency: Span) -> Vec<(u64, u64)> {
+    fn against_a_dropping_provider(
+        seconds: u64,
+        phase: Span,
+        latency: Span,
+        jitter: Span,
+    ) -> Vec<(u64, u64)> {
+        // Each answer takes `latency` and up to `jitter` more, drawn
+        // from a fixed sequence so that a run repeats.
+        let mut draw = phase.as_nanos() | 1;
         let full = 30.0;
         let throttle = Throttle {
             full,
@@ -1070,12 +1078,8 @@ mod tests {
         let mut own_next = NOW;
         let mut now = NOW;
         while now < NOW + Span::from_secs(seconds) {
-            let answered: Vec<_> = in_flight
-                .iter()
-                .filter(|c| c.0 + latency <= now)
-                .copied()
-                .collect();
-            in_flight.retain(|c| c.0 + latency > now);
+            let answered: Vec<_> = in_flight.iter().filter(|c| c.0 <= now).copied().collect();
+            in_flight.retain(|c| c.0 > now);
             for (_, admitted, refused) in answered {
                 if refused {
                     table.throttled(0, (Heard::Here { admitted }, now), now, throttle);
@@ -1094,7 +1098,9 @@ mod tests {
                     } else {
                         w.0 += 1;
                     }
-                    in_flight.push((now, admitted, refused));
+                    draw = draw.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    let extra = (draw >> 33) % (jitter.as_nanos() + 1);
+                    in_flight.push((now + latency + Span::from_nanos(extra), admitted, refused));
                 }
             }
             now += Span::from_nanos(500_000);
@@ -1104,13 +1110,17 @@ mod tests {
 
     #[test]
     fn after_a_drop_refusals_near_one_rate_make_it_known_and_it_is_used() {
-        // Wherever in the provider's second the calls begin.
-        for phase_ms in (0..1000).step_by(100) {
-            let latency_ms = 10;
+        // Wherever in the provider's second the calls begin, and
+        // whether its answers take 5 to 40 ms, alike or not.
+        let runs = [(5u64, 0u64), (10, 0), (20, 0), (40, 0), (5, 30)]
+            .into_iter()
+            .flat_map(|latency| (0..1000).step_by(100).map(move |phase| (phase, latency)));
+        for (phase_ms, (latency_ms, jitter_ms)) in runs {
             let windows = against_a_dropping_provider(
                 90,
                 Span::from_millis(phase_ms),
                 Span::from_millis(latency_ms),
+                Span::from_millis(jitter_ms),
             );
             let after = &windows[2..90];
             let served: u64 = after.iter().map(|w| w.0).sum();
@@ -1118,7 +1128,9 @@ mod tests {
             // From 10 s after the drop: what it holds, and its probes.
             let settled: u64 = windows[12..90].iter().map(|w| w.0).sum();
             let probes = windows[12..90].iter().filter(|w| w.1 > 0).count();
-            let shown = format!("phase {phase_ms} ms, latency {latency_ms} ms: {windows:?}");
+            let shown = format!(
+                "phase {phase_ms} ms, latency {latency_ms} ms + up to {jitter_ms}: {windows:?}"
+            );
             assert!(
                 refused * 100 <= served + refused,
                 "{refused} of {} refused: {shown}",
