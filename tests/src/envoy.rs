@@ -104,6 +104,17 @@ pub fn spawn_envoy(
     log_path: &Path,
     cpus: Option<&str>,
 ) -> anyhow::Result<Child> {
+    spawn_envoy_with_env(config, workers, log_path, cpus, &[])
+}
+
+/// As [`spawn_envoy`], with `env` added to Envoy's environment.
+pub fn spawn_envoy_with_env(
+    config: &Path,
+    workers: u32,
+    log_path: &Path,
+    cpus: Option<&str>,
+    env: &[(&str, &str)],
+) -> anyhow::Result<Child> {
     let mut command = match cpus {
         Some(list) => {
             let mut c = Command::new("taskset");
@@ -127,6 +138,7 @@ pub fn spawn_envoy(
         .arg("--base-id-path")
         .arg(base_id_path(log_path))
         .args(["--drain-time-s", "2", "--parent-shutdown-time-s", "4"])
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log_path)?)
         .spawn()
@@ -305,6 +317,26 @@ impl Envoy {
         admin_api_port: u16,
         workers: u32,
     ) -> anyhow::Result<Self> {
+        Self::start_from_env(
+            template,
+            plugin_config,
+            mock_port,
+            admin_api_port,
+            workers,
+            &[],
+        )
+    }
+
+    /// As [`Self::start_from`], with `env` added to Envoy's environment
+    /// (the wasm VM sees only what the template's `vm_config` lists).
+    pub fn start_from_env(
+        template: &str,
+        plugin_config: &str,
+        mock_port: u16,
+        admin_api_port: u16,
+        workers: u32,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let admin_port = free_port()?;
         let listener_port = free_port()?;
         let native;
@@ -329,7 +361,7 @@ impl Envoy {
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, yaml)?;
         let log_path = dir.path().join("envoy.log");
-        let child = spawn_envoy(&config, workers, &log_path, None)?;
+        let child = spawn_envoy_with_env(&config, workers, &log_path, None, env)?;
         let mut envoy = Self {
             child,
             admin_port,

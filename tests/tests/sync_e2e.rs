@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
-use sluice_e2e::envoy::{filter_vms, Envoy};
+use sluice_e2e::envoy::{filter_vms, workspace_root, Envoy};
 use sluice_e2e::load::{self, count, wait_for};
 
 const WORKERS: u32 = 4;
@@ -296,6 +296,104 @@ async fn edits_are_pushed_to_every_worker_within_a_tick() -> anyhow::Result<()> 
     // The limit in force is the last edit's (1000/s): the new set holds.
     let burst = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
     assert_eq!(count(&burst, 200), 40);
+    admin.stop().await;
+    Ok(())
+}
+
+/// The envoy/egress-test.yaml template with `names` passed from Envoy's
+/// environment into the wasm VM (`vm_config.environment_variables`).
+fn with_host_env(names: &[&str]) -> anyhow::Result<String> {
+    let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+    let vm = "                  vm_id: sluice\n";
+    anyhow::ensure!(
+        template.contains(vm),
+        "egress-test.yaml: no vm_id where this expects it"
+    );
+    Ok(template.replace(
+        vm,
+        &format!(
+            "{vm}                  environment_variables: {{ host_env_keys: [{}] }}\n",
+            names.join(", ")
+        ),
+    ))
+}
+
+/// As on Kubernetes: each Envoy's name comes from its pod (the downward
+/// API) and the sync token from a Secret, through the environment, so one
+/// configuration serves every replica and holds no secret. Without the
+/// token's variable the configuration is refused, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_named_and_given_its_token_by_its_environment_syncs() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    op.create(bank(5)).await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = json!({"instance_env": "SLUICE_E2E_POD", "sync_token_env": "SLUICE_E2E_TOKEN",
+        "admin_cluster": "sluice_admin", "sync_interval": "200ms",
+        "fallback": {"version": 1, "policies": []}})
+    .to_string();
+    let template = with_host_env(&["SLUICE_E2E_POD", "SLUICE_E2E_TOKEN"])?;
+    let envoy = Envoy::start_from_env(
+        &template,
+        &config,
+        mock.addr.port(),
+        admin.port,
+        WORKERS,
+        &[
+            ("SLUICE_E2E_POD", "egress-7c9f4-x2lq"),
+            ("SLUICE_E2E_TOKEN", SYNC_TOKEN),
+        ],
+    )?;
+    let installs = |envoy: &Envoy| envoy.filter_stat("policy_sets_installed").unwrap_or(0.0);
+    let took = wait_for(
+        "the admin's set in every worker",
+        Duration::from_secs(5),
+        || installs(&envoy) >= filter_vms(WORKERS),
+    )
+    .await?;
+    let burst = load::burst(&envoy.url("/"), "api.bank.example", 20).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let instances = op.get("/api/v1/instances").await?;
+    let ids: Vec<String> = instances["instances"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i["id"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    println!(
+        "from the environment: the admin's set in all {WORKERS} workers after {took:?}; a burst of 20 \
+         against 5/s: {} passed; the admin knows {ids:?}",
+        count(&burst, 200)
+    );
+    assert!((5..=6).contains(&count(&burst, 200)));
+    assert_eq!(ids, ["egress-7c9f4-x2lq"]);
+    drop(envoy);
+
+    // The Secret not mounted: the token's variable is missing.
+    let error = match Envoy::start_from_env(
+        &template,
+        &config,
+        mock.addr.port(),
+        admin.port,
+        1,
+        &[("SLUICE_E2E_POD", "egress-7c9f4-x2lq")],
+    ) {
+        Ok(_) => anyhow::bail!("Envoy started without its sync token"),
+        Err(e) => e.to_string(),
+    };
+    let line = error
+        .lines()
+        .find(|l| l.contains("invalid plugin configuration"))
+        .unwrap_or_default();
+    println!("without the token's variable: {}", line.trim());
+    assert!(
+        line.contains("sync_token_env: SLUICE_E2E_TOKEN is not set in the filter's environment"),
+        "{error}"
+    );
+    assert!(!error.contains("panicked"), "{error}");
     admin.stop().await;
     Ok(())
 }

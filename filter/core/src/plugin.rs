@@ -11,8 +11,10 @@ use sluice_shared::validate::{policy_set_from_value, FieldError, ValidationError
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPluginConfig {
-    #[serde(default = "default_instance")]
-    instance: String,
+    #[serde(default)]
+    instance: Option<String>,
+    #[serde(default)]
+    instance_env: Option<String>,
     #[serde(default)]
     admin_cluster: Option<String>,
     #[serde(default = "default_admin_authority")]
@@ -21,6 +23,8 @@ struct RawPluginConfig {
     sync_interval: DurationMs,
     #[serde(default)]
     sync_token: Option<String>,
+    #[serde(default)]
+    sync_token_env: Option<String>,
     #[serde(default)]
     fallback: Option<Value>,
     #[serde(default)]
@@ -39,9 +43,7 @@ fn default_sync_push() -> bool {
     true
 }
 
-fn default_instance() -> String {
-    "envoy".into()
-}
+const DEFAULT_INSTANCE: &str = "envoy";
 
 fn default_admin_authority() -> String {
     "sluice-admin".into()
@@ -86,7 +88,22 @@ pub struct PluginConfig {
 /// The slowest clock `time_scale` allows.
 pub const MIN_TIME_SCALE: f64 = 0.0001;
 
+/// The longest environment variable name `instance_env` or
+/// `sync_token_env` may give.
+pub const MAX_ENV_NAME_LEN: usize = 128;
+
+/// Parses the configuration, reading the variables `instance_env` and
+/// `sync_token_env` name from the process's environment (a wasm VM's is
+/// what Envoy gives it: `vm_config.environment_variables`).
 pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors> {
+    parse_plugin_config_with_env(json, &|name| std::env::var(name).ok())
+}
+
+/// As [`parse_plugin_config`], with `env` answering for the environment.
+pub fn parse_plugin_config_with_env(
+    json: &[u8],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<PluginConfig, ValidationErrors> {
     let one = |path: &str, message: String| ValidationErrors {
         errors: vec![FieldError {
             path: path.into(),
@@ -106,12 +123,46 @@ pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors
         )
     })?;
     let mut errors = Vec::new();
-    if let Err(message) = sluice_shared::instance::check_instance(&raw.instance) {
+    let mut refuse = |path: &str, message: String| {
         errors.push(FieldError {
-            path: "instance".into(),
+            path: path.into(),
             message,
-        });
+        })
+    };
+    let instance = match (raw.instance, raw.instance_env) {
+        (Some(_), Some(_)) => {
+            refuse(
+                "instance_env",
+                "give `instance` or `instance_env`, not both".into(),
+            );
+            None
+        }
+        (Some(instance), None) => Some(instance),
+        (None, Some(name)) => from_env(&name, env)
+            .map_err(|message| refuse("instance_env", message))
+            .ok(),
+        (None, None) => Some(DEFAULT_INSTANCE.into()),
+    };
+    if let Some(instance) = &instance {
+        if let Err(message) = sluice_shared::instance::check_instance(instance) {
+            refuse("instance", message);
+        }
     }
+    let sync_token = match (raw.sync_token, raw.sync_token_env) {
+        (Some(_), Some(_)) => {
+            refuse(
+                "sync_token_env",
+                "give `sync_token` or `sync_token_env`, not both".into(),
+            );
+            None
+        }
+        (token, None) => token.filter(|token| header_safe(token, "sync_token", &mut refuse)),
+        // The token's value is never put in a message.
+        (None, Some(name)) => from_env(&name, env)
+            .map_err(|message| refuse("sync_token_env", message))
+            .ok()
+            .filter(|token| header_safe(token, "sync_token_env", &mut refuse)),
+    };
     let interval = raw.sync_interval.as_millis();
     if !(100..=60_000).contains(&interval) {
         errors.push(FieldError {
@@ -152,19 +203,56 @@ pub fn parse_plugin_config(json: &[u8]) -> Result<PluginConfig, ValidationErrors
             }
         },
     };
-    match fallback {
-        Some(fallback) if errors.is_empty() => Ok(PluginConfig {
-            instance: raw.instance,
+    match (fallback, instance) {
+        (Some(fallback), Some(instance)) if errors.is_empty() => Ok(PluginConfig {
+            instance,
             admin_cluster: raw.admin_cluster,
             admin_authority: raw.admin_authority,
             sync_interval: raw.sync_interval,
-            sync_token: raw.sync_token,
+            sync_token,
             fallback,
             queue_ticket_header: raw.queue_ticket_header,
             sync_push: raw.sync_push,
             time_scale: raw.time_scale,
         }),
         _ => Err(ValidationErrors { errors }),
+    }
+}
+
+/// Whether `token` can go in an `Authorization` header as it is; if not,
+/// says so at `path` (without the token).
+fn header_safe(token: &str, path: &str, refuse: &mut impl FnMut(&str, String)) -> bool {
+    let safe = !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic());
+    if !safe {
+        refuse(
+            path,
+            "the token must be printable ASCII without spaces (it is sent in the Authorization header)"
+                .into(),
+        );
+    }
+    safe
+}
+
+/// The value of the environment variable `name` names, which must be set
+/// and not empty.
+fn from_env(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let well_formed = !name.is_empty()
+        && name.len() <= MAX_ENV_NAME_LEN
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !well_formed {
+        return Err(format!(
+            "must be an environment variable's name: 1 to {MAX_ENV_NAME_LEN} letters, digits \
+             and '_', not starting with a digit"
+        ));
+    }
+    match env(name) {
+        Some(value) if !value.is_empty() => Ok(value),
+        _ => Err(format!(
+            "{name} is not set in the filter's environment (wasm: list it in \
+             vm_config.environment_variables.host_env_keys; Istio: vmConfig.env with \
+             valueFrom: HOST)"
+        )),
     }
 }
 
@@ -204,6 +292,77 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("not valid JSON"));
+    }
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn instance_and_sync_token_may_come_from_the_environment() {
+        let env = env_of(&[("POD_NAME", "egress-7c9f-x2"), ("SYNC", "s3cret-token")]);
+        let c = parse_plugin_config_with_env(
+            br#"{"instance_env": "POD_NAME", "sync_token_env": "SYNC"}"#,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(c.instance, "egress-7c9f-x2");
+        assert_eq!(c.sync_token.as_deref(), Some("s3cret-token"));
+        // Not named: the defaults, and nothing read.
+        let c = parse_plugin_config_with_env(b"{}", &env_of(&[])).unwrap();
+        assert_eq!((c.instance.as_str(), c.sync_token), ("envoy", None));
+    }
+
+    #[test]
+    fn a_variable_missing_empty_badly_named_or_given_twice_is_refused_by_field() {
+        let env = env_of(&[("EMPTY", ""), ("BAD_NAME", "has space"), ("T", "tok en")]);
+        let refused = |json: &str| {
+            parse_plugin_config_with_env(json.as_bytes(), &env)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = refused(r#"{"instance_env": "POD_NAME"}"#);
+        assert!(
+            e.starts_with("instance_env: POD_NAME is not set in the filter's environment"),
+            "{e}"
+        );
+        let e = refused(r#"{"sync_token_env": "EMPTY"}"#);
+        assert!(e.starts_with("sync_token_env: EMPTY is not set"), "{e}");
+        for bad in ["", "1ST", "A-B", "A B", &"X".repeat(129)] {
+            let e = refused(&format!(r#"{{"instance_env": "{bad}"}}"#));
+            assert!(
+                e.starts_with("instance_env: must be an environment variable's name"),
+                "{bad:?}: {e}"
+            );
+        }
+        // The value is checked as an instance name is.
+        let e = refused(r#"{"instance_env": "BAD_NAME"}"#);
+        assert!(e.starts_with("instance: ' ' is not allowed"), "{e}");
+        // A token that cannot go in a header, and never its value.
+        let e = refused(r#"{"sync_token_env": "T"}"#);
+        assert!(
+            e.starts_with("sync_token_env: the token must be printable ASCII"),
+            "{e}"
+        );
+        assert!(!e.contains("tok en"), "{e}");
+        let e = refused("{\"sync_token\": \"a\\nb\"}");
+        assert!(
+            e.starts_with("sync_token: the token must be printable ASCII"),
+            "{e}"
+        );
+        assert_eq!(
+            refused(r#"{"instance": "a", "instance_env": "POD_NAME"}"#),
+            "instance_env: give `instance` or `instance_env`, not both"
+        );
+        assert_eq!(
+            refused(r#"{"sync_token": "a", "sync_token_env": "T"}"#),
+            "sync_token_env: give `sync_token` or `sync_token_env`, not both"
+        );
     }
 
     #[test]
