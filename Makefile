@@ -27,6 +27,13 @@ CARGO_DENY_VERSION := 0.20.2
 MDBOOK_VERSION := 0.5.4
 MDBOOK        := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/mdbook
 CARGO_DENY    := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/cargo-deny
+# deploy/kubernetes is rendered and validated offline (tests/tests/kubernetes.rs):
+# `kubectl kustomize` from Debian's kubernetes-client, unpacked here rather
+# than installed (a machine's own kubectl stays as it is), and the core
+# objects' schemas from PyPI's kubernetes-validate, in the virtualenv.
+KUBECTL       := target/tools/kubernetes-client/usr/bin/kubectl
+KUBERNETES_VALIDATE_VERSION := 1.35.0
+KUBERNETES_VALIDATE := $(VENV)/bin/kubernetes-validate
 
 export CARGO_TERM_COLOR ?= never
 
@@ -44,7 +51,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -101,6 +108,22 @@ setup-mdbook:
 	@if [ "$$($(MDBOOK) --version 2>/dev/null)" != "mdbook v$(MDBOOK_VERSION)" ]; then \
 	  echo "setup: installing mdbook $(MDBOOK_VERSION)"; \
 	  $(CARGO) install --quiet --locked mdbook --version "=$(MDBOOK_VERSION)"; \
+	fi
+
+setup-kubernetes: $(ENVOY)
+	@if ! $(KUBECTL) version --client >/dev/null 2>&1; then \
+	  echo "setup: unpacking Debian's kubernetes-client (kubectl) into target/tools"; \
+	  tmp="$$(mktemp -d)"; chmod 755 "$$tmp"; \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  ( cd "$$tmp" && apt-get download -qq kubernetes-client 2>/dev/null ) || \
+	    { $$sudo apt-get update -qq; ( cd "$$tmp" && apt-get download -qq kubernetes-client ); }; \
+	  rm -rf target/tools/kubernetes-client; mkdir -p target/tools; \
+	  dpkg -x "$$tmp"/kubernetes-client_*.deb target/tools/kubernetes-client; rm -rf "$$tmp"; \
+	  $(KUBECTL) version --client; \
+	fi
+	@if [ "$$($(KUBERNETES_VALIDATE) --version 2>/dev/null)" != "$(KUBERNETES_VALIDATE_VERSION)" ]; then \
+	  echo "setup: installing kubernetes-validate $(KUBERNETES_VALIDATE_VERSION)"; \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION); \
 	fi
 
 # The book (docs/book/), built into target/book/. Its policy examples and
@@ -176,7 +199,7 @@ unit:
 # Their output is printed when they end. One suite alone, serially:
 # `make e2e E2E_TESTS="--test faults"`.
 E2E_TESTS ?=
-E2E_UNTIMED := docker_setup store_backends
+E2E_UNTIMED := docker_setup store_backends kubernetes
 # These run last, in this order, each when the Dockerfile's release
 # build beside has long ended: fleet and provider_signals have the
 # tightest deadlines (with that build beside them, fleet once saw a share
@@ -186,9 +209,10 @@ E2E_UNTIMED := docker_setup store_backends
 E2E_LAST := fleet provider_signals make_run
 E2E_TIMED := $(filter-out $(E2E_UNTIMED) $(E2E_LAST),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
-  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_MODULE)
+  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_MODULE) \
+  SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE)
 E2E_UNTIMED_LOG := target/e2e-untimed.log
-e2e: wasm native ui
+e2e: wasm native ui setup-kubernetes
 	$(CARGO) build $(DEMO_BINS)
 ifneq ($(strip $(E2E_TESTS)),)
 	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
