@@ -51,7 +51,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes setup-images images docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -60,6 +60,7 @@ help:
 	@echo "make bench   benchmarks, results in docs/BENCHMARKS.md"
 	@echo "make soak    fuzz with a large budget, then 30 min of mixed load (SOAK_DURATION)"
 	@echo "make docs    build the book (docs/book) into target/book"
+	@echo "make images  OCI images of the filter and the admin into target/images (buildah, no Docker)"
 	@echo "make schema  regenerate docs/policy.schema.json"
 
 setup: setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook $(ENVOY)
@@ -126,6 +127,49 @@ setup-kubernetes: $(ENVOY)
 	  $(VENV)/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION); \
 	fi
 
+# OCI images without a Docker engine (buildah and skopeo from Debian), as
+# OCI archives in target/images/ (`skopeo copy oci-archive:... docker://...`
+# pushes them): the filter's .wasm alone, `FROM scratch`, one layer holding
+# plugin.wasm (what Istio's WasmPlugin, Envoy Gateway and an image volume
+# take), and the admin, static (musl), with its UI and the system's CA
+# certificates (it checks PostgreSQL's and Redis's with them), `FROM
+# scratch`. Checked by tests/tests/images.rs.
+IMAGES_DIR    := target/images
+IMAGE_VERSION := $(shell awk -F'"' '/^version/{print $$2; exit}' admin/Cargo.toml)
+MUSL_TARGET   := x86_64-unknown-linux-musl
+ADMIN_STATIC  := target/$(MUSL_TARGET)/release/sluice-admin
+BUILDAH       := buildah --storage-driver vfs
+IMAGES_APT_PACKAGES := buildah skopeo musl-tools ca-certificates
+
+setup-images:
+	@$(MAKE) --no-print-directory setup-apt APT_PACKAGES="$(IMAGES_APT_PACKAGES)"
+	@rustup target list --installed | grep -qx $(MUSL_TARGET) || rustup target add $(MUSL_TARGET)
+
+images: setup-images wasm ui
+	CC_$(subst -,_,$(MUSL_TARGET))=musl-gcc $(CARGO) build --release --locked --target $(MUSL_TARGET) -p sluice-admin --bin sluice-admin
+	@mkdir -p $(IMAGES_DIR)
+	@filter=$$($(BUILDAH) from scratch); \
+	$(BUILDAH) copy $$filter $(FILTER_WASM) /plugin.wasm >/dev/null; \
+	$(BUILDAH) config --label org.opencontainers.image.title=sluice-filter \
+	  --label org.opencontainers.image.version=$(IMAGE_VERSION) $$filter; \
+	rm -f $(IMAGES_DIR)/sluice-filter.tar; \
+	$(BUILDAH) commit --quiet --rm $$filter oci-archive:$(IMAGES_DIR)/sluice-filter.tar:sluice-filter:$(IMAGE_VERSION) >/dev/null; \
+	echo "images: $(IMAGES_DIR)/sluice-filter.tar (sluice-filter:$(IMAGE_VERSION))"
+	@strip -o $(IMAGES_DIR)/sluice-admin $(ADMIN_STATIC)
+	@data="$$(mktemp -d)"; admin=$$($(BUILDAH) from scratch); \
+	$(BUILDAH) copy $$admin $(IMAGES_DIR)/sluice-admin /sluice-admin >/dev/null; \
+	$(BUILDAH) copy $$admin $(UI_DIR) /srv/sluice-ui >/dev/null; \
+	$(BUILDAH) copy $$admin /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt >/dev/null; \
+	$(BUILDAH) copy --chown 10001:10001 $$admin "$$data" /data >/dev/null; rmdir "$$data"; \
+	$(BUILDAH) config --user 10001:10001 --entrypoint '["/sluice-admin"]' --cmd '' \
+	  --env SLUICE_LISTEN=0.0.0.0:8080 --env SLUICE_UI_DIR=/srv/sluice-ui --env SLUICE_DB=/data/sluice.db \
+	  --port 8080 --port 8443 --volume /data \
+	  --label org.opencontainers.image.title=sluice-admin \
+	  --label org.opencontainers.image.version=$(IMAGE_VERSION) $$admin; \
+	rm -f $(IMAGES_DIR)/sluice-admin.tar; \
+	$(BUILDAH) commit --quiet --rm $$admin oci-archive:$(IMAGES_DIR)/sluice-admin.tar:sluice-admin:$(IMAGE_VERSION) >/dev/null; \
+	echo "images: $(IMAGES_DIR)/sluice-admin.tar (sluice-admin:$(IMAGE_VERSION))"
+
 # The book (docs/book/), built into target/book/. Its policy examples and
 # links are checked by the tests (admin/tests/book.rs, shared/tests/docs.rs).
 docs: setup-mdbook
@@ -157,6 +201,9 @@ ui:
 	$(WASM_BINDGEN) --target web --no-typescript --remove-name-section --remove-producers-section \
 	  --out-dir $(UI_DIR)/pkg target/$(UI_TARGET)/release-ui/sluice_ui.wasm
 	cp admin/ui/static/* $(UI_DIR)/
+	@# Only the files themselves: a run after another must not compress
+	@# the last run's .br and .gz again (it did: boot.js.br.br.br...).
+	@find $(UI_DIR) -type f \( -name '*.br' -o -name '*.gz' \) -delete
 	@for f in $(UI_DIR)/*.* $(UI_DIR)/pkg/*; do \
 	  brotli -q 11 -f -k "$$f" && gzip -9 -f -k "$$f"; \
 	done
@@ -199,7 +246,7 @@ unit:
 # Their output is printed when they end. One suite alone, serially:
 # `make e2e E2E_TESTS="--test faults"`.
 E2E_TESTS ?=
-E2E_UNTIMED := docker_setup store_backends kubernetes
+E2E_UNTIMED := docker_setup store_backends kubernetes images
 # These run last, in this order, each when the Dockerfile's release
 # build beside has long ended: fleet and provider_signals have the
 # tightest deadlines (with that build beside them, fleet once saw a share
@@ -212,7 +259,7 @@ E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUI
   SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_MODULE) \
   SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE)
 E2E_UNTIMED_LOG := target/e2e-untimed.log
-e2e: wasm native ui setup-kubernetes
+e2e: wasm native ui setup-kubernetes images
 	$(CARGO) build $(DEMO_BINS)
 ifneq ($(strip $(E2E_TESTS)),)
 	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
