@@ -129,40 +129,34 @@ pub fn parse_plugin_config_with_env(
             message,
         })
     };
-    let instance = match (raw.instance, raw.instance_env) {
-        (Some(_), Some(_)) => {
-            refuse(
-                "instance_env",
-                "give `instance` or `instance_env`, not both".into(),
-            );
-            None
-        }
-        (Some(instance), None) => Some(instance),
-        (None, Some(name)) => from_env(&name, env)
-            .map_err(|message| refuse("instance_env", message))
-            .ok(),
-        (None, None) => Some(DEFAULT_INSTANCE.into()),
-    };
+    let instance = given_or_from_env(
+        (raw.instance, raw.instance_env),
+        ("instance", "instance_env"),
+        env,
+        &mut refuse,
+    )
+    .map(|instance| instance.unwrap_or_else(|| DEFAULT_INSTANCE.into()));
     if let Some(instance) = &instance {
         if let Err(message) = sluice_shared::instance::check_instance(instance) {
             refuse("instance", message);
         }
     }
-    let sync_token = match (raw.sync_token, raw.sync_token_env) {
-        (Some(_), Some(_)) => {
-            refuse(
-                "sync_token_env",
-                "give `sync_token` or `sync_token_env`, not both".into(),
-            );
-            None
-        }
-        (token, None) => token.filter(|token| header_safe(token, "sync_token", &mut refuse)),
-        // The token's value is never put in a message.
-        (None, Some(name)) => from_env(&name, env)
-            .map_err(|message| refuse("sync_token_env", message))
-            .ok()
-            .filter(|token| header_safe(token, "sync_token_env", &mut refuse)),
-    };
+    // The token's value is never put in a message.
+    let sync_token = given_or_from_env(
+        (raw.sync_token, raw.sync_token_env.clone()),
+        ("sync_token", "sync_token_env"),
+        env,
+        &mut refuse,
+    )
+    .flatten()
+    .filter(|token| {
+        let field = if raw.sync_token_env.is_some() {
+            "sync_token_env"
+        } else {
+            "sync_token"
+        };
+        header_safe(token, field, &mut refuse)
+    });
     let interval = raw.sync_interval.as_millis();
     if !(100..=60_000).contains(&interval) {
         errors.push(FieldError {
@@ -216,6 +210,32 @@ pub fn parse_plugin_config_with_env(
             time_scale: raw.time_scale,
         }),
         _ => Err(ValidationErrors { errors }),
+    }
+}
+
+/// A value given in the configuration (`given.0`, at `fields.0`) or read
+/// from the variable `given.1` names (at `fields.1`), not both: `None` when
+/// refused, `Some(None)` when neither is given.
+fn given_or_from_env(
+    given: (Option<String>, Option<String>),
+    fields: (&str, &str),
+    env: &dyn Fn(&str) -> Option<String>,
+    refuse: &mut impl FnMut(&str, String),
+) -> Option<Option<String>> {
+    match given {
+        (Some(_), Some(_)) => {
+            let message = format!("give `{}` or `{}`, not both", fields.0, fields.1);
+            refuse(fields.1, message);
+            None
+        }
+        (value, None) => Some(value),
+        (None, Some(name)) => match from_env(&name, env) {
+            Ok(value) => Some(Some(value)),
+            Err(message) => {
+                refuse(fields.1, message);
+                None
+            }
+        },
     }
 }
 

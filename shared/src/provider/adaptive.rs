@@ -488,20 +488,25 @@ mod tests {
         period: Span::from_secs(1),
     };
 
-    #[test]
-    fn after_a_pause_a_refusal_bounds_the_limit_by_what_went_since() {
+    /// Sent 30 in a second, then refused and paused 1 s: the row and when
+    /// the pause ends.
+    fn refused_and_paused_at_thirty_a_second() -> (Adaptive, Instant) {
         let mut a = Adaptive::default();
         for ms in 0..1000 {
             a.sent(NOW + Span::from_millis(ms), 1);
         }
-        // Refused at 30 a second; paused 1 s.
         assert!(a.throttled(
             NOW + Span::from_secs(1),
             Heard::Here { admitted: 30 },
             30,
             PAUSING
         ));
-        let resumed = NOW + Span::from_secs(2);
+        (a, NOW + Span::from_secs(2))
+    }
+
+    #[test]
+    fn after_a_pause_a_refusal_bounds_the_limit_by_what_went_since() {
+        let (mut a, resumed) = refused_and_paused_at_thirty_a_second();
         assert!(
             a.admit(resumed - Span::from_millis(1), 1, 30.0).is_err(),
             "paused"
@@ -524,17 +529,7 @@ mod tests {
 
     #[test]
     fn a_refusal_more_than_a_period_after_resuming_bounds_the_limit_but_does_not_make_it_known() {
-        let mut a = Adaptive::default();
-        for ms in 0..1000 {
-            a.sent(NOW + Span::from_millis(ms), 1);
-        }
-        assert!(a.throttled(
-            NOW + Span::from_secs(1),
-            Heard::Here { admitted: 30 },
-            30,
-            PAUSING
-        ));
-        let resumed = NOW + Span::from_secs(2);
+        let (mut a, resumed) = refused_and_paused_at_thirty_a_second();
         a.resuming(resumed, 30);
         // 24 went in 1.3 s: they may span two of the provider's windows.
         let at = resumed + Span::from_millis(1_300);
