@@ -193,6 +193,22 @@ pub fn with_test_ca(config: &str) -> anyhow::Result<String> {
         .replace("\"/etc/sluice-tls/ca.pem\"", &format!("\"{ca}\"")))
 }
 
+/// `envoy --mode validate` of the configuration `config`, with `env` in
+/// Envoy's environment: whether Envoy took it, and what it printed.
+pub fn validate_config(config: &str, env: &[(&str, &str)]) -> anyhow::Result<(bool, String)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, config)?;
+    let out = Command::new(envoy_binary()?)
+        .args(["--mode", "validate", "--log-level", "warn", "-c"])
+        .arg(&path)
+        .envs(env.iter().copied())
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    Ok((out.status.success(), text))
+}
+
 /// A port for a process the test starts (see `sluice_test_ports`: never
 /// one the kernel or another test may take meanwhile).
 pub fn free_port() -> anyhow::Result<u16> {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use serde_json::Value;
-use sluice_e2e::envoy::{envoy_binary, filter_wasm, free_port, workspace_root};
+use sluice_e2e::envoy::{filter_wasm, free_port, workspace_root};
 
 fn compose() -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(workspace_root().join("envoy/docker-compose.yml"))?;
@@ -212,17 +212,9 @@ fn compose_envoy_config_validates_with_paths_mapped() -> anyhow::Result<()> {
         &filter_wasm()?.display().to_string(),
     ))?;
     ensure!(mapped != config, "the wasm path was not mapped");
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("compose-envoy.yaml");
-    std::fs::write(&path, mapped)?;
-    let out = Command::new(envoy_binary()?)
-        .args(["--mode", "validate", "--log-level", "warn", "-c"])
-        .arg(&path)
-        .output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let (ok, text) = sluice_e2e::envoy::validate_config(&mapped, &[])?;
     println!("compose Envoy config: {}", text.trim());
-    ensure!(out.status.success(), "does not validate:\n{text}");
+    ensure!(ok, "does not validate:\n{text}");
     Ok(())
 }
 

@@ -26,7 +26,9 @@ use std::process::Command;
 use anyhow::{bail, ensure, Context};
 use serde_json::{json, Value};
 use sluice_e2e::admin::AdminProcess;
-use sluice_e2e::envoy::{envoy_binary, filter_wasm, test_admin_tls_dir, workspace_root};
+use sluice_e2e::envoy::{
+    envoy_binary, filter_wasm, test_admin_tls_dir, validate_config, workspace_root,
+};
 
 fn tool(var: &str, default: &str) -> PathBuf {
     std::env::var_os(var)
@@ -165,6 +167,18 @@ fn rendered() -> anyhow::Result<Vec<(&'static str, Vec<Value>)>> {
     Ok(out)
 }
 
+/// The object of `kind` named `name` (a generated one whatever its hash).
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> anyhow::Result<&'a Value> {
+    docs.iter()
+        .find(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| unhashed(n) == name)
+        })
+        .with_context(|| format!("no {kind} {name}"))
+}
+
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()
 }
@@ -237,17 +251,8 @@ fn plugin_config_parses(what: &str, config: &str, env: &[&str]) -> anyhow::Resul
 
 /// `envoy --mode validate` of `config`, with `env` in Envoy's environment.
 fn envoy_validates(what: &str, config: &str, env: &[(&str, &str)]) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("envoy.yaml");
-    std::fs::write(&path, config)?;
-    let out = Command::new(envoy_binary()?)
-        .args(["--mode", "validate", "--log-level", "warn", "-c"])
-        .arg(&path)
-        .envs(env.iter().copied())
-        .output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    ensure!(out.status.success(), "{what} does not validate:\n{text}");
+    let (ok, text) = validate_config(config, env)?;
+    ensure!(ok, "{what} does not validate:\n{text}");
     Ok(())
 }
 
@@ -273,10 +278,7 @@ fn every_kustomization_renders_and_every_core_object_passes_its_schema() -> anyh
     for kind in ["Namespace", "Secret", "ConfigMap", "Service", "Deployment"] {
         ensure!(!of_kind(base, kind).is_empty(), "base has no {kind}");
     }
-    let admin = base
-        .iter()
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "sluice-admin")
-        .context("no admin Deployment")?;
+    let admin = named(base, "Deployment", "sluice-admin")?;
     let container = &admin["spec"]["template"]["spec"]["containers"][0];
     for probe in ["startupProbe", "readinessProbe"] {
         ensure!(
@@ -344,10 +346,7 @@ fn the_files_as_shipped_render_the_same_with_a_current_kubectl() -> anyhow::Resu
 fn the_plain_gateway_runs_the_filter_as_its_pod_configures_it() -> anyhow::Result<()> {
     let all = rendered()?;
     let base = &all[0].1;
-    let gateway = base
-        .iter()
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "sluice-egress")
-        .context("no sluice-egress Deployment")?;
+    let gateway = named(base, "Deployment", "sluice-egress")?;
     let pod = &gateway["spec"]["template"]["spec"];
     let env: Vec<&str> = pod["containers"][0]["env"]
         .as_array()
@@ -355,15 +354,7 @@ fn the_plain_gateway_runs_the_filter_as_its_pod_configures_it() -> anyhow::Resul
         .iter()
         .filter_map(|e| e["name"].as_str())
         .collect();
-    let config_map = base
-        .iter()
-        .find(|d| {
-            d["kind"] == "ConfigMap"
-                && d["metadata"]["name"]
-                    .as_str()
-                    .is_some_and(|n| unhashed(n) == "sluice-egress-envoy")
-        })
-        .context("no sluice-egress-envoy ConfigMap")?;
+    let config_map = named(base, "ConfigMap", "sluice-egress-envoy")?;
     let mounted = pod["volumes"]
         .as_array()
         .and_then(|v| v.iter().find(|v| v["name"] == "config"))
@@ -434,10 +425,7 @@ fn the_admin_takes_its_flags_secret_and_policies() -> anyhow::Result<()> {
     let all = rendered()?;
     let help = run(Command::new(AdminProcess::binary()).arg("--help"))?;
     for (name, docs) in &all {
-        let admin = docs
-            .iter()
-            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "sluice-admin")
-            .with_context(|| format!("{name}: no admin"))?;
+        let admin = named(docs, "Deployment", "sluice-admin").context(*name)?;
         let container = &admin["spec"]["template"]["spec"]["containers"][0];
         for arg in container["args"].as_array().context("no args")? {
             let flag = arg.as_str().unwrap_or_default();
@@ -450,10 +438,7 @@ fn the_admin_takes_its_flags_secret_and_policies() -> anyhow::Result<()> {
                 "{name}: the admin has no flag {flag}"
             );
         }
-        let secret = docs
-            .iter()
-            .find(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "sluice-admin")
-            .with_context(|| format!("{name}: no sluice-admin Secret"))?;
+        let secret = named(docs, "Secret", "sluice-admin").context(*name)?;
         for key in secret["stringData"]
             .as_object()
             .context("no stringData")?
@@ -464,15 +449,7 @@ fn the_admin_takes_its_flags_secret_and_policies() -> anyhow::Result<()> {
                 "{name}: the Secret sets {key}, which the admin does not read"
             );
         }
-        let policies = docs
-            .iter()
-            .find(|d| {
-                d["kind"] == "ConfigMap"
-                    && d["metadata"]["name"]
-                        .as_str()
-                        .is_some_and(|n| unhashed(n) == "sluice-policies")
-            })
-            .with_context(|| format!("{name}: no policies"))?;
+        let policies = named(docs, "ConfigMap", "sluice-policies").context(*name)?;
         let text = policies["data"]["policies.yaml"]
             .as_str()
             .context("no policies.yaml")?;
