@@ -193,7 +193,7 @@ impl Ledgers {
 
     /// A connection `instance` synced or watched over closed (see
     /// `push::departs_on_close`): its process may be gone. Noted in each global ledger it is in, which
-    /// gives its share away if it does not sync again within two sync
+    /// gives its share away if it does not sync again within three sync
     /// intervals ([`Ledger::departed`]).
     pub async fn departed(&self, set: &PolicySet, instance: &str) -> Result<(), FleetError> {
         let now = self.now();

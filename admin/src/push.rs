@@ -190,7 +190,7 @@ pub async fn watch(
 /// From now on, `instance` closing this connection is taken as its
 /// departure: its process may be gone (a SIGKILLed Envoy's kernel closes
 /// its connections, a held watch's or one idle between syncs), and its
-/// fleet shares go to the others if it does not sync again within two
+/// fleet shares go to the others if it does not sync again within three
 /// sync intervals (see `Ledgers::departed`). A live Envoy that closes a
 /// connection syncs on over another and keeps its shares.
 pub fn departs_on_close(state: &Arc<AppState>, peer: &SyncPeer, instance: &str) {

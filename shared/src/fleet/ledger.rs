@@ -123,13 +123,23 @@ struct Member {
     /// (see `fair_demand`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     fair: Vec<KeyDemand>,
+    /// The share it named that this ledger had no record of (see
+    /// [`Ledger::sync`]), while the ledger recovers: that room was its
+    /// own, so it may be given it again even after it applied a smaller
+    /// share meanwhile (the first one after it came back, made before its
+    /// demand was known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    claimed: Option<Share>,
 }
 
 /// An instance whose connection closed is taken for dead once it has
 /// not synced for this many of its sync intervals since...
-const DEPARTURE_SYNCS: u64 = 2;
-/// ...and at least this long.
-const DEPARTURE_GRACE: Span = Span::from_millis(300);
+const DEPARTURE_SYNCS: u64 = 3;
+/// ...and at least this long. A live Envoy under load syncs late, and one
+/// taken for dead keeps enforcing its share while the others are given
+/// its room; three intervals and 600 ms still move a killed one's share
+/// well within a lease.
+const DEPARTURE_GRACE: Span = Span::from_millis(600);
 
 /// Use is counted over at least this long: syncs are not evenly spaced,
 /// and a count over two syncs 20 ms apart says little about a rate.
@@ -274,6 +284,7 @@ impl Ledger {
             };
             member.shares.push(claimed);
             if claimed.expires_at > now {
+                member.claimed = Some(claimed);
                 self.recover_until(terms, now);
             }
         }
@@ -315,12 +326,16 @@ impl Ledger {
             });
         let mut amount = target.min(terms.limit.minus(others));
         if self.recovering(now) {
-            // No more than it enforces already (nothing, if nothing): the
-            // others' lost shares may fill the rest.
+            // No more than it enforces already, or claimed when it came
+            // back (nothing, if nothing): the others' lost shares may fill
+            // the rest.
             let holds = self
                 .members
                 .get(instance)
-                .map(|m| m.reserved(terms.limit, terms.lease, now))
+                .map(|m| {
+                    let claimed = share_in_force(m.claimed, terms.limit, now);
+                    m.reserved(terms.limit, terms.lease, now).max(claimed)
+                })
                 .unwrap_or_default();
             amount = amount.min(holds);
         }
@@ -331,6 +346,9 @@ impl Ledger {
         };
         let recovering = self.recovering(now);
         if let Some(member) = self.members.get_mut(instance) {
+            if !recovering {
+                member.claimed = None;
+            }
             member.shares.push(share);
             // While recovering nobody grows: syncs of the others would not
             // make room.
@@ -413,7 +431,7 @@ impl Ledger {
 
     /// A connection `instance` synced or watched over closed at `at`: its
     /// process may have died (a SIGKILLed Envoy's kernel closes them). If it
-    /// does not sync again within two of its sync intervals (300 ms at
+    /// does not sync again within three of its sync intervals (600 ms at
     /// least), nothing of it is reserved any more and its share goes to the
     /// others at their next syncs, well within a lease; a live instance
     /// whose connection merely closed syncs on and keeps its share.
@@ -623,13 +641,14 @@ mod tests {
         let (mut ledger, _, b) = two_syncing_every_200_ms_for_a_second();
         assert_eq!(b.amount.in_flight, 50);
         // a is killed at 1 100 ms: its watch connection closes. It synced
-        // every 200 ms, so after 400 ms without a sync it is dead.
+        // every 200 ms, so after three of those and 600 ms at least without
+        // a sync it is dead.
         ledger.departed("a", t(1_100));
-        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(1_210));
-        assert_eq!(b.amount.in_flight, 50, "still within two syncs");
-        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(1_510));
-        assert_eq!(b.amount.in_flight, 100, "a's share moved 410 ms after");
-        assert_eq!(ledger.members(&TERMS, t(1_510)).len(), 1);
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(1_610));
+        assert_eq!(b.amount.in_flight, 50, "still within 600 ms");
+        let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(1_710));
+        assert_eq!(b.amount.in_flight, 100, "a's share moved 610 ms after");
+        assert_eq!(ledger.members(&TERMS, t(1_710)).len(), 1);
 
         // A live instance whose watch failed syncs on: nothing moves.
         let (mut ledger, mut a, mut b) = two_syncing_every_200_ms_for_a_second();
@@ -647,6 +666,73 @@ mod tests {
         ledger.departed("nobody", t(4_100));
         let b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(4_400));
         assert_eq!(b.amount.in_flight, 50);
+    }
+
+    /// A live instance taken for dead (a connection of its closed and its
+    /// syncs came late under load) is forgotten. When it syncs again it
+    /// names a share the ledger no longer holds, so the ledger recovers;
+    /// its first share back is made before its demand is measured again.
+    /// From its next sync on it gets its part back, up to the share it
+    /// named, instead of keeping that first share (the floor) for the
+    /// whole recovery while the limit goes unused.
+    #[test]
+    fn a_live_instance_taken_for_dead_gets_its_part_back_at_its_next_sync() {
+        let key = |key: u64, weight: u64| FairKeyView {
+            key,
+            weight: weight * crate::fair::WEIGHT_SCALE,
+            demand: 2_000.0,
+            ..FairKeyView::default()
+        };
+        let (a_keys, b_keys) = ([key(1, 1)], [key(2, 1), key(3, 2)]);
+        let asked = |at: u64| 2_000 * at / 1_000;
+        let mut ledger = Ledger::default();
+        let (mut a, mut b) = (None, None);
+        let mut sync_a = |ledger: &mut Ledger, a: &mut Option<Share>, at: u64| {
+            let a_usage = (usage(asked(at), asked(at) / 4, 0, at), &a_keys[..]);
+            *a = Some(ledger.sync_usage(&TERMS, "a", a_usage, *a, t(at)));
+        };
+        let sync_b = |ledger: &mut Ledger, b: Option<Share>, at: u64| {
+            let b_usage = (usage(2 * asked(at), asked(at), 0, at), &b_keys[..]);
+            ledger.sync_usage(&TERMS, "b", b_usage, b, t(at + 1))
+        };
+        for at in (0..=1_800).step_by(200) {
+            sync_a(&mut ledger, &mut a, at);
+            b = Some(sync_b(&mut ledger, b, at));
+        }
+        let part = b.map(|b| b.amount.rate).unwrap_or_default();
+        assert!(part >= 720.0, "b's part {part}");
+        // b's connection closes at 1 850 ms and its syncs stall until
+        // 2 900 ms: a's syncs forget it.
+        ledger.departed("b", t(1_850));
+        for at in (2_000..=2_800).step_by(200) {
+            sync_a(&mut ledger, &mut a, at);
+        }
+        assert_eq!(ledger.members(&TERMS, t(2_800)).len(), 1);
+        // a took b's room meanwhile (b's keys no longer counted).
+        assert!(a.is_some_and(|a| a.amount.rate > 900.0), "{a:?}");
+        let mut b = sync_b(&mut ledger, b, 2_900);
+        assert!(ledger.recovering(t(2_900)));
+        assert!(b.amount.rate < 100.0, "first back: {b:?}");
+        // a, asked by the admin to sync at once (`held_back`), gives the
+        // room back in two syncs; b has its part again at its next sync,
+        // and keeps it through the recovery.
+        let mut back = Vec::new();
+        for at in (3_000..=5_000).step_by(100) {
+            if at % 200 == 0 {
+                sync_a(&mut ledger, &mut a, at);
+            } else {
+                b = sync_b(&mut ledger, Some(b), at);
+                back.push((at, b.amount.rate));
+            }
+            let a = a.map(|a| a.amount.rate).unwrap_or_default();
+            assert!(at < 3_300 || a <= 270.0, "a {a} at {at}");
+        }
+        assert!(ledger.recovering(t(4_900)));
+        assert!(
+            back.iter()
+                .all(|&(at, rate)| at < 3_500 || rate >= 0.95 * part),
+            "b back: {back:?}; its part was {part}"
+        );
     }
 
     #[test]
