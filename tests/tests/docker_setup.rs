@@ -174,7 +174,7 @@ fn compose_file_is_consistent() -> anyhow::Result<()> {
         "a volume inside the read-only filter volume"
     );
     // Published on the host's loopback only (the admin runs --insecure-dev).
-    for service in ["admin", "envoy"] {
+    for service in ["admin", "envoy", "demo-api"] {
         for port in compose["services"][service]["ports"]
             .as_array()
             .context("ports")?
