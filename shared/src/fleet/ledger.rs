@@ -687,7 +687,7 @@ mod tests {
         let asked = |at: u64| 2_000 * at / 1_000;
         let mut ledger = Ledger::default();
         let (mut a, mut b) = (None, None);
-        let mut sync_a = |ledger: &mut Ledger, a: &mut Option<Share>, at: u64| {
+        let sync_a = |ledger: &mut Ledger, a: &mut Option<Share>, at: u64| {
             let a_usage = (usage(asked(at), asked(at) / 4, 0, at), &a_keys[..]);
             *a = Some(ledger.sync_usage(&TERMS, "a", a_usage, *a, t(at)));
         };
