@@ -42,15 +42,20 @@ fn run(program: &std::path::Path, args: &[&str]) -> anyhow::Result<Output> {
     Ok(output)
 }
 
+/// What a command printed, stdout then stderr.
+fn printed(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
 fn compose(args: &[&str]) -> anyhow::Result<String> {
     let mut all = vec!["-f", "envoy/docker-compose.yml"];
     all.extend_from_slice(args);
     let output = run(&podman_compose()?, &all)?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = printed(&output);
     ensure!(
         output.status.success(),
         "podman-compose {args:?} failed:\n{text}"
@@ -94,13 +99,7 @@ fn logs(service: &str) -> String {
         std::path::Path::new("podman"),
         &["logs", "--tail", "40", &format!("{PROJECT}_{service}_1")],
     )
-    .map(|o| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
+    .map(|o| printed(&o))
     .unwrap_or_default()
 }
 
@@ -109,12 +108,7 @@ struct Stack;
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        if let Ok(compose) = podman_compose() {
-            let _ = run(
-                &compose,
-                &["-f", "envoy/docker-compose.yml", "down", "--volumes"],
-            );
-        }
+        let _ = compose(&["down", "--volumes"]);
     }
 }
 

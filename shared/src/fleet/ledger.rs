@@ -668,6 +668,18 @@ mod tests {
         assert_eq!(b.amount.in_flight, 50);
     }
 
+    /// Greedy keys (2 000 a second each): a's one key weighs 1, b's two
+    /// keys 1 and 2.
+    fn greedy_keys() -> ([FairKeyView; 1], [FairKeyView; 2]) {
+        let key = |key: u64, weight: u64| FairKeyView {
+            key,
+            weight: weight * crate::fair::WEIGHT_SCALE,
+            demand: 2_000.0,
+            ..FairKeyView::default()
+        };
+        ([key(1, 1)], [key(2, 1), key(3, 2)])
+    }
+
     /// A live instance taken for dead (a connection of its closed and its
     /// syncs came late under load) is forgotten. When it syncs again it
     /// names a share the ledger no longer holds, so the ledger recovers;
@@ -677,13 +689,7 @@ mod tests {
     /// whole recovery while the limit goes unused.
     #[test]
     fn a_live_instance_taken_for_dead_gets_its_part_back_at_its_next_sync() {
-        let key = |key: u64, weight: u64| FairKeyView {
-            key,
-            weight: weight * crate::fair::WEIGHT_SCALE,
-            demand: 2_000.0,
-            ..FairKeyView::default()
-        };
-        let (a_keys, b_keys) = ([key(1, 1)], [key(2, 1), key(3, 2)]);
+        let (a_keys, b_keys) = greedy_keys();
         let asked = |at: u64| 2_000 * at / 1_000;
         let mut ledger = Ledger::default();
         let (mut a, mut b) = (None, None);
@@ -737,14 +743,7 @@ mod tests {
 
     #[test]
     fn a_limit_shared_fairly_splits_by_the_weights_of_each_instances_keys() {
-        let key = |key: u64, weight: u64| FairKeyView {
-            key,
-            weight: weight * crate::fair::WEIGHT_SCALE,
-            demand: 2_000.0,
-            ..FairKeyView::default()
-        };
-        // Both greedy; a's one key weighs 1, b's two keys 1 and 2.
-        let (a_keys, b_keys) = ([key(1, 1)], [key(2, 1), key(3, 2)]);
+        let (a_keys, b_keys) = greedy_keys();
         let mut ledger = Ledger::default();
         let (mut a, mut b) = (None, None);
         for n in 0..10u64 {
