@@ -102,17 +102,35 @@ impl Browser {
     }
 
     /// The text of each cell of each row `css` finds, as the page has it
-    /// now (no rows: none yet).
+    /// now (no rows: none yet). Read in one script, so the rows are one
+    /// render's: read cell by cell over WebDriver, a live view's render
+    /// between finding a row and asking its cells' text made the cells
+    /// stale and the read fail (CI, stop 47).
     pub async fn table_rows(&self, css: &str) -> anyhow::Result<Vec<Vec<String>>> {
-        let mut rows = Vec::new();
-        for row in self.client.find_all(Locator::Css(css)).await? {
-            let mut cells = Vec::new();
-            for td in row.find_all(Locator::Css("td")).await? {
-                cells.push(td.text().await?);
-            }
-            rows.push(cells);
-        }
-        Ok(rows)
+        let rows = self
+            .client
+            .execute(
+                "return Array.from(document.querySelectorAll(arguments[0])).map(\
+                   row => Array.from(row.querySelectorAll('td')).map(td => td.innerText.trim()));",
+                vec![serde_json::Value::from(css)],
+            )
+            .await
+            .with_context(|| format!("reading the rows of {css}"))?;
+        serde_json::from_value(rows).with_context(|| format!("the rows of {css}"))
+    }
+
+    /// The text of each element `css` finds, read in one script (one
+    /// render's, as `table_rows`).
+    pub async fn texts(&self, css: &str) -> anyhow::Result<Vec<String>> {
+        let texts = self
+            .client
+            .execute(
+                "return Array.from(document.querySelectorAll(arguments[0])).map(el => el.textContent.trim());",
+                vec![serde_json::Value::from(css)],
+            )
+            .await
+            .with_context(|| format!("reading the text of {css}"))?;
+        serde_json::from_value(texts).with_context(|| format!("the text of {css}"))
     }
 
     /// Waits until `css`'s text satisfies `pred`; returns the text.

@@ -219,16 +219,7 @@ async fn operator_logs_in_edits_limits_and_watches_them_live() -> anyhow::Result
         .await?
         .len();
     assert_eq!(limit_lines, 1);
-    let axis: Vec<String> = {
-        let mut labels = Vec::new();
-        for el in c
-            .find_all(Locator::Css(&format!("{chart} text.axis")))
-            .await?
-        {
-            labels.push(el.text().await?);
-        }
-        labels
-    };
+    let axis = browser.texts(&format!("{chart} text.axis")).await?;
     assert_eq!(axis, ["−120 s", "−60 s", "now"]);
     c.execute(
         "const svg = document.querySelector(arguments[0]); const r = svg.getBoundingClientRect(); \
