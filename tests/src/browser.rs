@@ -107,30 +107,37 @@ impl Browser {
     /// between finding a row and asking its cells' text made the cells
     /// stale and the read fail (CI, stop 47).
     pub async fn table_rows(&self, css: &str) -> anyhow::Result<Vec<Vec<String>>> {
-        let rows = self
-            .client
-            .execute(
-                "return Array.from(document.querySelectorAll(arguments[0])).map(\
-                   row => Array.from(row.querySelectorAll('td')).map(td => td.innerText.trim()));",
-                vec![serde_json::Value::from(css)],
-            )
-            .await
-            .with_context(|| format!("reading the rows of {css}"))?;
-        serde_json::from_value(rows).with_context(|| format!("the rows of {css}"))
+        self.read_all(
+            css,
+            "els.map(row => Array.from(row.querySelectorAll('td')).map(td => td.innerText.trim()))",
+        )
+        .await
     }
 
     /// The text of each element `css` finds, read in one script (one
-    /// render's, as `table_rows`).
+    /// render's, as `table_rows`). `textContent`: SVG text has no
+    /// `innerText`.
     pub async fn texts(&self, css: &str) -> anyhow::Result<Vec<String>> {
-        let texts = self
-            .client
-            .execute(
-                "return Array.from(document.querySelectorAll(arguments[0])).map(el => el.textContent.trim());",
-                vec![serde_json::Value::from(css)],
-            )
+        self.read_all(css, "els.map(el => el.textContent.trim())")
             .await
-            .with_context(|| format!("reading the text of {css}"))?;
-        serde_json::from_value(texts).with_context(|| format!("the text of {css}"))
+    }
+
+    /// `map` (a JavaScript expression of `els`, the elements `css` finds)
+    /// evaluated in the page in one script.
+    async fn read_all<T: serde::de::DeserializeOwned>(
+        &self,
+        css: &str,
+        map: &str,
+    ) -> anyhow::Result<T> {
+        let script = format!(
+            "const els = Array.from(document.querySelectorAll(arguments[0])); return {map};"
+        );
+        let read = self
+            .client
+            .execute(&script, vec![serde_json::Value::from(css)])
+            .await
+            .with_context(|| format!("reading {css}"))?;
+        serde_json::from_value(read).with_context(|| format!("what was read of {css}"))
     }
 
     /// Waits until `css`'s text satisfies `pred`; returns the text.
