@@ -31,7 +31,8 @@ pub trait Host {
     fn increment_metric(&self, id: u32, delta: i64);
     /// Sends a local reply on stream `context_id` (which may be paused).
     fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
-    /// Removes a header of the request now passing (its headers only).
+    /// Removes a header of the request now passing (its headers only);
+    /// Envoy picks its route again (a route may match the header).
     fn remove_request_header(&self, name: &str);
     /// Sets a header of stream `context_id`'s request (passing now, or
     /// paused and about to resume); Envoy picks its route again. False

@@ -18,6 +18,12 @@ pub enum Flow {
     /// It stops here, what came of it buffered (a call waiting in the
     /// queue, a body read to its end, an answer sent by Sluice).
     Hold,
+    /// Its headers stop here while its body comes on to this filter, to
+    /// be read before anything of the call goes upstream: a call refused
+    /// on its body never reaches the upstream. Only after the request's
+    /// headers (proxy-wasm needs `allow_on_headers_stop_iteration` for
+    /// it; the dynamic module's `StopIteration`).
+    AwaitBody,
 }
 
 /// What a stream's shell asks of its Envoy beyond [`Host`]: its worker,
@@ -43,13 +49,44 @@ pub trait StreamIo {
     fn replace_answer_piece(&mut self, size: usize, passed: &[u8]);
 }
 
+/// What a stream's shell takes from the plugin's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShellSettings {
+    /// A waiting call's request carries its place in the queue
+    /// (`x-sluice-queue-ticket`).
+    pub queue_ticket_header: bool,
+    /// A call decided on its body holds its headers until then
+    /// (`hold_headers_for_body`).
+    pub hold_headers_for_body: bool,
+}
+
+impl ShellSettings {
+    pub fn of(config: &sluice_filter_core::plugin::PluginConfig) -> Self {
+        Self {
+            queue_ticket_header: config.queue_ticket_header,
+            hold_headers_for_body: config.hold_headers_for_body,
+        }
+    }
+}
+
+impl Default for ShellSettings {
+    fn default() -> Self {
+        Self {
+            queue_ticket_header: false,
+            hold_headers_for_body: true,
+        }
+    }
+}
+
 /// A stream's state between its hooks.
 #[derive(Debug)]
 pub struct StreamShell {
     context_id: u32,
-    queue_ticket_header: bool,
+    settings: ShellSettings,
     /// Held until its body is in: a cost is read from it.
     awaiting_body: bool,
+    /// Bytes of its body come so far, while `awaiting_body`.
+    body_seen: usize,
     /// Its answer is read for what the call cost, or rewritten.
     reading_answer: bool,
     /// Its end was told to the worker.
@@ -59,13 +96,13 @@ pub struct StreamShell {
 }
 
 impl StreamShell {
-    /// Stream `context_id`; `queue_ticket_header`: a waiting call's
-    /// request carries its place in the queue (`x-sluice-queue-ticket`).
-    pub fn new(context_id: u32, queue_ticket_header: bool) -> Self {
+    /// Stream `context_id`.
+    pub fn new(context_id: u32, settings: ShellSettings) -> Self {
         Self {
             context_id,
-            queue_ticket_header,
+            settings,
             awaiting_body: false,
+            body_seen: 0,
             reading_answer: false,
             ended: false,
             waited: false,
@@ -101,16 +138,22 @@ impl StreamShell {
         match verdict {
             Verdict::Continue => Flow::Continue,
             Verdict::ReadBody => {
-                // Envoy turns a pause of the headers into a pause of the
-                // whole stream (no body hooks until resumed), so the
-                // headers go on and the body is held instead: a call
-                // refused on its body is reset upstream before any of its
-                // body is sent.
+                // Nothing goes upstream before the decision: the router
+                // would open the upstream request on the headers alone,
+                // and a refused call would reach the provider (cut off,
+                // but counted there).
                 self.awaiting_body = true;
-                Flow::Continue
+                if self.settings.hold_headers_for_body {
+                    Flow::AwaitBody
+                } else {
+                    // The host cannot hold the headers and still bring the
+                    // body: they go on, and a call refused on its body is
+                    // reset upstream (the upstream saw it begin).
+                    Flow::Continue
+                }
             }
             Verdict::Pause { ticket } => {
-                if self.queue_ticket_header {
+                if self.settings.queue_ticket_header {
                     // Headers changed before the pause go upstream on resume.
                     host.set_request_header(id, "x-sluice-queue-ticket", &ticket.to_string());
                 }
@@ -159,11 +202,17 @@ impl StreamShell {
         R: RequestHeaders + ?Sized,
     {
         if !self.awaiting_body {
+            // A call waiting in the queue since its headers: its body
+            // waits with it (a body let on would take its headers along).
+            if self.waited && io.with_worker(|w| w.is_waiting(self.context_id)) == Some(true) {
+                return Flow::Hold;
+            }
             return Flow::Continue;
         }
+        self.body_seen = size;
         if size > MAX_REQUEST_BODY_BYTES {
-            // Too large to read for an estimate: decided on the cost's
-            // max, without buffering the rest.
+            // Too large to read: decided as unreadable, without buffering
+            // the rest.
             self.awaiting_body = false;
             return self.decide(host, io, request, RequestBody::Read(None));
         }
@@ -183,11 +232,16 @@ impl StreamShell {
         R: RequestHeaders + ?Sized,
     {
         if !self.awaiting_body {
+            if self.waited && io.with_worker(|w| w.is_waiting(self.context_id)) == Some(true) {
+                return Flow::Hold;
+            }
             return Flow::Continue;
         }
-        // A body ended by trailers was not read: decided on the cost's max.
+        // A body ended by trailers (HTTP/2, gRPC): all of it is buffered
+        // by now, and read as one ended without them.
         self.awaiting_body = false;
-        self.decide(host, io, request, RequestBody::Read(None))
+        let body = io.request_body(self.body_seen);
+        self.decide(host, io, request, RequestBody::Read(body.as_deref()))
     }
 
     pub fn on_answer_headers<H, Io>(&mut self, host: &H, io: &mut Io, end_of_stream: bool)

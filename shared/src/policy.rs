@@ -35,6 +35,22 @@ impl PolicySet {
 }
 
 impl Policy {
+    /// Whether deciding a call of this policy takes its request's body:
+    /// a match, a key or a fair key on it, a further limit costed, keyed
+    /// or shared by it, money, or a stream made to ask for its usage.
+    pub fn reads_request_body(&self) -> bool {
+        let fair = |f: &Option<FairSpec>| f.as_ref().is_some_and(|f| f.key.reads_request_body());
+        self.matcher.reads_request_body()
+            || self.key.as_ref().is_some_and(KeySpec::reads_request_body)
+            || fair(&self.fair)
+            || self.every_limit().any(|l| {
+                l.cost.reads_request_body()
+                    || l.key.as_ref().is_some_and(KeySpec::reads_request_body)
+                    || fair(&l.fair)
+                    || l.usage.as_ref().is_some_and(|u| u.ask_stream_usage)
+            })
+    }
+
     /// The policy's further limits, then its pool members'.
     pub fn every_limit(&self) -> impl Iterator<Item = &NamedLimit> + Clone {
         self.limits.iter().chain(
@@ -123,8 +139,9 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sticky: Option<StickySpec>,
     /// The request header Sluice writes the chosen member's `cluster`
-    /// into; Envoy's routes match it, one route per member (a caller's
-    /// own value is overwritten).
+    /// into; Envoy's routes match it, one route per member. A caller's own
+    /// value is removed from every request, pool or not (and the default
+    /// header's even before the first policy set with a pool).
     #[serde(default = "PoolSpec::default_route_header")]
     pub route_header: String,
     /// Two to 16 members, names unique in the set.
@@ -137,9 +154,11 @@ impl PoolSpec {
     /// route from its endpoint's metadata), when Envoy retried the call on
     /// another member.
     pub const ANSWERED_BY_HEADER: &'static str = "x-sluice-member-answered";
+    /// `route_header` when a pool names none.
+    pub const DEFAULT_ROUTE_HEADER: &'static str = "x-sluice-member";
 
     fn default_route_header() -> String {
-        "x-sluice-member".to_string()
+        Self::DEFAULT_ROUTE_HEADER.to_string()
     }
 }
 
@@ -512,11 +531,38 @@ pub struct MatchSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<HeaderEquals>,
     /// Fields of the request's JSON body (`model` is `gpt-4o`). Only a
-    /// policy with such conditions reads the body (up to 1 MiB); a body that
-    /// is not JSON, or lacks the field, does not match, and the request
-    /// goes on to the next policy.
+    /// policy with such conditions reads the body (up to 1 MiB). A body
+    /// that lacks the field, or holds another value, does not match, and
+    /// the request goes on to the next policy; one that cannot be read
+    /// (not JSON, over 1 MiB) falls under this policy, unless
+    /// `unreadable` says `next`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub json: Vec<JsonMatch>,
+    /// Where a call whose headers match goes when its body cannot be read
+    /// (not JSON, over 1 MiB, cut by trailers Sluice could not read):
+    /// `match` (the default) decides it under this policy, its costs at
+    /// their most; `next` passes it on to the next policy, which must then
+    /// be as strict, since the provider may read the body all the same.
+    #[serde(default, skip_serializing_if = "Unreadable::is_match")]
+    pub unreadable: Unreadable,
+}
+
+/// See [`MatchSpec::unreadable`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Unreadable {
+    /// The call falls under this policy (fail closed).
+    #[default]
+    Match,
+    /// The call goes on to the next policy.
+    Next,
+}
+
+impl Unreadable {
+    fn is_match(&self) -> bool {
+        *self == Self::Match
+    }
 }
 
 impl MatchSpec {
@@ -831,7 +877,8 @@ pub struct CostFromRequestJson {
 
 /// A prompt's tokens estimated from its text: the characters of every
 /// string under `paths` (`messages`, `input`, `prompt`; a path the body
-/// lacks adds nothing), divided by `chars_per_token` and rounded up.
+/// lacks adds nothing; `"*"` is the whole body), divided by
+/// `chars_per_token` and rounded up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -846,6 +893,8 @@ pub struct PromptEstimate {
 
 impl PromptEstimate {
     pub const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
+    /// A path that counts every string of the body.
+    pub const EVERY_STRING: &'static str = "*";
 
     fn default_chars_per_token() -> f64 {
         Self::DEFAULT_CHARS_PER_TOKEN

@@ -183,18 +183,68 @@ pub enum UsageFormat {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PriceCost {
-    /// The request's field of the most output tokens it asks for.
+    /// The request's field of the most output tokens it asks for, per
+    /// choice (OpenAI's `n` and `best_of` ask for several: the estimate
+    /// counts each).
     #[serde(default = "PriceCost::default_output")]
     pub output: String,
     /// Output tokens estimated when the request does not say.
     #[serde(default = "PriceCost::default_output_tokens")]
     pub default_output: u64,
-    /// How the prompt's input tokens are estimated.
+    /// Output tokens per choice a call is charged when its usage cannot
+    /// be read (an answer cut short, left by its caller, too large) and
+    /// it did not say how many it wanted: with its prompt, the unread
+    /// charge's ceiling. Default 32 768.
+    #[serde(default = "PriceCost::default_max_output_tokens")]
+    pub max_output: u64,
+    /// How the prompt's input tokens are estimated; default: every
+    /// string of the body (`"*"`), so that text under any field
+    /// (`tools`, `instructions`, a schema) is counted.
     #[serde(default = "PriceCost::default_prompt")]
     pub prompt: PromptEstimate,
     /// How the answer reports its usage.
     #[serde(default)]
     pub usage: UsageFormat,
+    /// Where the call's model is named: the body's `model` (the
+    /// default), a header, or a segment of the path (Azure's
+    /// `/openai/deployments/<name>/...`, which a caller cannot change
+    /// without calling another deployment). The answer's own `model`
+    /// prices it too, whichever is dearer.
+    #[serde(default, skip_serializing_if = "ModelSource::is_default")]
+    pub model: ModelSource,
+}
+
+/// Where a call names its model (see [`PriceCost::model`]): exactly one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ModelSource {
+    /// A field of the request's JSON body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+    /// A request header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// The path's segment right after this prefix
+    /// (`/openai/deployments/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_after: Option<String>,
+}
+
+impl Default for ModelSource {
+    fn default() -> Self {
+        Self {
+            json: Some("model".into()),
+            header: None,
+            path_after: None,
+        }
+    }
+}
+
+impl ModelSource {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Default for PriceCost {
@@ -202,8 +252,10 @@ impl Default for PriceCost {
         Self {
             output: Self::default_output(),
             default_output: Self::default_output_tokens(),
+            max_output: Self::default_max_output_tokens(),
             prompt: Self::default_prompt(),
             usage: UsageFormat::default(),
+            model: ModelSource::default(),
         }
     }
 }
@@ -217,11 +269,13 @@ impl PriceCost {
         4096
     }
 
+    fn default_max_output_tokens() -> u64 {
+        32_768
+    }
+
     fn default_prompt() -> PromptEstimate {
         PromptEstimate {
-            paths: ["messages", "input", "prompt", "system"]
-                .map(String::from)
-                .to_vec(),
+            paths: vec![PromptEstimate::EVERY_STRING.to_string()],
             chars_per_token: PromptEstimate::DEFAULT_CHARS_PER_TOKEN,
         }
     }
@@ -236,13 +290,11 @@ impl PriceCost {
             weight(price.output),
             weight(price.cached_input()),
         );
+        // Every path, of any weight: the answer's model may price the
+        // same counts again with other weights (`UsageReader`), and a path
+        // that counts nothing need not be in the answer.
         let paths = |list: &[(&str, i64)]| {
-            UsagePaths(
-                list.iter()
-                    .filter(|(_, w)| *w != 0)
-                    .map(|(p, w)| (p.to_string(), *w))
-                    .collect(),
-            )
+            UsagePaths(list.iter().map(|(p, w)| (p.to_string(), *w)).collect())
         };
         match format {
             // Cached tokens are within prompt_tokens: they are charged

@@ -13,6 +13,8 @@ use crate::usage::UsagePath;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptTokens {
     paths: Vec<UsagePath>,
+    /// `"*"` is among the paths: every string of the body counts (once).
+    whole: bool,
     /// Thousandths of a character per token, at least 1: integer
     /// arithmetic from here on.
     milli_chars_per_token: u64,
@@ -25,18 +27,23 @@ impl PromptTokens {
         let milli = (spec.chars_per_token * 1000.0).round();
         // `as` saturates: NaN gives 0, which `max(1)` lifts.
         let milli_chars_per_token = (milli as u64).max(1);
+        let whole = spec.paths.iter().any(|p| p == PromptEstimate::EVERY_STRING);
         Self {
             paths: spec
                 .paths
                 .iter()
                 .filter_map(|p| UsagePath::parse(p))
                 .collect(),
+            whole,
             milli_chars_per_token,
         }
     }
 
     /// The prompt's estimated tokens in `body`: 0 when no path holds text.
     pub fn tokens(&self, body: &Value) -> u64 {
+        if self.whole {
+            return self.tokens_of_chars(chars_of_strings(body));
+        }
         let chars: u64 = self
             .paths
             .iter()

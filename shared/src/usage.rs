@@ -7,12 +7,22 @@
 //!
 //! Nothing here trusts the provider: the reader keeps at most `max_bytes`
 //! (the whole JSON body, or one SSE line), and anything it cannot read —
-//! too large, not JSON, a path missing or not a whole number — is an
-//! error the caller answers by charging the estimate.
+//! not JSON, a path missing or not a whole number — is an error the
+//! caller answers with the unread charge. A JSON body larger than
+//! `max_bytes` is read from its first 4 KiB and its last 64 KiB, where
+//! OpenAI and Anthropic put its `model` and its `usage` (a body grown
+//! large with many choices must not escape its bill).
+//!
+//! A money limit's usage is priced at the call's model, and again at the
+//! model its answer names (a deployment URL, or a provider that ran
+//! another model than asked): the dearer of the two is charged.
+
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::policy::UsageSpec;
+use crate::price::{CompiledPrices, PriceCost, UsageFormat};
 
 /// Why a response's usage could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +59,24 @@ impl UsagePath {
     /// The whole number at this path in `value`.
     pub fn find(&self, value: &Value) -> Option<u64> {
         self.value_in(value)?.as_u64()
+    }
+
+    /// The whole number at this path, its first step's value found by
+    /// `field` (the body's top-level field of that name).
+    fn find_in_field(&self, field: impl Fn(&str) -> Option<Value>) -> Option<u64> {
+        let (first, rest) = self.steps.split_first()?;
+        let mut at = field(first)?;
+        for step in rest {
+            at = match at {
+                Value::Object(mut map) => map.remove(step)?,
+                Value::Array(mut items) => {
+                    let index = step.parse::<usize>().ok()?;
+                    (index < items.len()).then(|| items.swap_remove(index))?
+                }
+                _ => return None,
+            };
+        }
+        at.as_u64()
     }
 
     /// Whatever is at this path in `value`.
@@ -96,6 +124,27 @@ pub struct CompiledUsage {
     /// The paths' weighed sum counts this many to one (a million for a
     /// price per million tokens), rounded up.
     per: u64,
+    /// A money limit's: its usage priced again at the answer's model.
+    reprice: Option<Reprice>,
+}
+
+/// Prices to charge a money limit's usage at the model its answer names,
+/// when that is dearer than the call's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reprice {
+    pub format: UsageFormat,
+    pub prices: Arc<CompiledPrices>,
+}
+
+/// What a money limit's call is priced at: its model's prices, the set's
+/// prices for the model its answer names, and what it is charged when its
+/// usage cannot be read (micro-units).
+#[derive(Debug, Clone, Copy)]
+pub struct Priced<'a> {
+    pub format: UsageFormat,
+    pub price: &'a crate::price::ModelPrice,
+    pub prices: Option<&'a Arc<CompiledPrices>>,
+    pub unread_ceiling: Option<u64>,
 }
 
 impl CompiledUsage {
@@ -116,6 +165,7 @@ impl CompiledUsage {
             unread: spec.unread.tokens(cost),
             ask_stream_usage: spec.ask_stream_usage,
             per: 1,
+            reprice: None,
         }
     }
 
@@ -125,21 +175,31 @@ impl CompiledUsage {
     pub fn priced(
         spec: Option<&UsageSpec>,
         cost: &crate::policy::CostSpec,
-        format: crate::price::UsageFormat,
-        price: &crate::price::ModelPrice,
+        call: Priced<'_>,
     ) -> Self {
         let default = UsageSpec::default();
         let spec = spec.unwrap_or(&default);
-        let (json, events) = crate::price::PriceCost::weighed_usage(format, price);
+        let (json, events) = PriceCost::weighed_usage(call.format, call.price);
         let priced = UsageSpec {
             header: None,
             json,
             events,
             ..spec.clone()
         };
+        let plain = Self::new(&priced, cost);
+        // Unread: the ceiling, unless the limit names a larger charge.
+        let unread = match (plain.unread, call.unread_ceiling) {
+            (Some(named), Some(ceiling)) => Some(named.max(ceiling)),
+            (named, ceiling) => named.or(ceiling),
+        };
         Self {
             per: 1_000_000,
-            ..Self::new(&priced, cost)
+            unread,
+            reprice: call.prices.map(|prices| Reprice {
+                format: call.format,
+                prices: Arc::clone(prices),
+            }),
+            ..plain
         }
     }
 
@@ -157,6 +217,7 @@ impl CompiledUsage {
         }
         let mut reader = UsageReader::new(Vec::new(), content_type, self.max_body_bytes);
         reader.per = self.per.max(1);
+        reader.reprice = self.reprice.clone();
         let paths = match reader.mode {
             Mode::Json => self.json.clone(),
             Mode::EventStream => self.events.clone(),
@@ -189,19 +250,30 @@ enum Mode {
 /// A path and what each of its units counts (negative: a discount).
 pub type WeightedPath = (UsagePath, i64);
 
+/// What of a JSON body larger than the reader's bound it keeps: its
+/// start (where the answer names its model) and its end (its usage).
+const JSON_HEAD: usize = 4 * 1024;
+const JSON_TAIL: usize = 64 * 1024;
+
 /// Reads usage from a response fed chunk by chunk; see the module docs.
 #[derive(Debug, Clone)]
 pub struct UsageReader {
     paths: Vec<WeightedPath>,
     mode: Mode,
     max_bytes: usize,
-    /// The JSON body so far, or the SSE line not yet ended.
+    /// The JSON body so far, or the SSE line not yet ended; past the
+    /// bound, the JSON body's last bytes.
     pending: Vec<u8>,
+    /// A JSON body past the bound: its first bytes (None: within it).
+    head: Option<Vec<u8>>,
     /// The latest value seen of each path (event streams).
     latest: Vec<Option<u64>>,
+    /// The model the answer names (event streams: the latest).
+    model: Option<String>,
     failed: Option<UsageError>,
     /// The weighed sum counts this many to one, rounded up.
     per: u64,
+    reprice: Option<Reprice>,
 }
 
 impl UsageReader {
@@ -221,8 +293,11 @@ impl UsageReader {
             },
             max_bytes,
             pending: Vec::new(),
+            head: None,
+            model: None,
             failed: None,
             per: 1,
+            reprice: None,
         }
     }
 
@@ -244,10 +319,27 @@ impl UsageReader {
         }
         match self.mode {
             Mode::Json => {
-                if self.pending.len().saturating_add(chunk.len()) > self.max_bytes {
-                    self.fail(UsageError::TooLarge(self.max_bytes));
-                } else {
-                    self.pending.extend_from_slice(chunk);
+                if self.head.is_none()
+                    && self.pending.len().saturating_add(chunk.len()) > self.max_bytes
+                {
+                    // Past the bound: keep the start, then only the end.
+                    let head = self.pending[..self.pending.len().min(JSON_HEAD)].to_vec();
+                    self.head = Some(head);
+                }
+                self.pending.extend_from_slice(chunk);
+                if self.head.is_some() {
+                    let keep = JSON_TAIL.min(self.max_bytes);
+                    if let Some(excess) = self.pending.len().checked_sub(keep) {
+                        self.pending.drain(..excess);
+                    }
+                    if let Some(head) = self.head.as_mut() {
+                        let room = JSON_HEAD.saturating_sub(head.len());
+                        if room > 0 {
+                            // A head cut short by a small first piece: from
+                            // what follows, while it is still the start.
+                            head.extend(chunk.iter().take(room));
+                        }
+                    }
                 }
             }
             Mode::EventStream => {
@@ -295,10 +387,20 @@ impl UsageReader {
                 *latest = Some(n);
             }
         }
+        if self.reprice.is_some() {
+            // OpenAI's chunks name it; Anthropic's `message_start` does.
+            let named = value
+                .get("model")
+                .or_else(|| value.get("message").and_then(|m| m.get("model")));
+            if let Some(model) = named.and_then(Value::as_str) {
+                self.model = Some(model.chars().take(256).collect());
+            }
+        }
     }
 
     fn fail(&mut self, error: UsageError) {
         self.pending = Vec::new();
+        self.head = None;
         self.failed = Some(error);
     }
 
@@ -307,25 +409,54 @@ impl UsageReader {
         if let Some(error) = self.failed.take() {
             return Err(error);
         }
-        let values: Vec<Option<u64>> = match self.mode {
-            Mode::Json => {
+        let values: Vec<Option<u64>> = match (&self.mode, self.head.take()) {
+            (Mode::Json, None) => {
                 let value: Value = serde_json::from_slice(&self.pending)
                     .map_err(|e| UsageError::Malformed(e.to_string()))?;
+                if let Some(model) = value.get("model").and_then(Value::as_str) {
+                    self.model = Some(model.chars().take(256).collect());
+                }
                 self.paths.iter().map(|(p, _)| p.find(&value)).collect()
             }
-            Mode::EventStream => {
+            (Mode::Json, Some(head)) => {
+                // Too large to hold: each path's top-level field read from
+                // the body's end, the model from its start.
+                self.model = last_field(&head, "model", true)
+                    .and_then(|v| v.as_str().map(|m| m.chars().take(256).collect()));
+                let values: Vec<Option<u64>> = self
+                    .paths
+                    .iter()
+                    .map(|(p, _)| p.find_in_field(|key| last_field(&self.pending, key, false)))
+                    .collect();
+                if values.iter().all(Option::is_none) {
+                    return Err(UsageError::TooLarge(self.max_bytes));
+                }
+                values
+            }
+            (Mode::EventStream, _) => {
                 let last = std::mem::take(&mut self.pending);
                 self.event_line(&last);
                 self.latest.clone()
             }
         };
+        let weights: Vec<i64> = self.paths.iter().map(|(_, w)| *w).collect();
+        let mut total = self.weighed(&weights, &values)?;
+        if let Some(dearer) = self.answer_weights() {
+            total = total.max(self.weighed(&dearer, &values)?);
+        }
+        Ok(total)
+    }
+
+    /// The values weighed, summed and counted `per` to one, rounded up.
+    fn weighed(&self, weights: &[i64], values: &[Option<u64>]) -> Result<u64, UsageError> {
         // Weights times u64 values fit an i128 whatever the answer says.
         let mut total: i128 = 0;
-        for ((path, weight), value) in self.paths.iter().zip(values) {
+        for (((path, _), weight), value) in self.paths.iter().zip(weights).zip(values) {
             match value {
-                Some(n) => total = total.saturating_add(i128::from(*weight) * i128::from(n)),
-                // A discount that is not there takes nothing off.
-                None if *weight < 0 => {}
+                Some(n) => total = total.saturating_add(i128::from(*weight) * i128::from(*n)),
+                // A discount that is not there takes nothing off, nor a
+                // path that counts nothing.
+                None if *weight <= 0 => {}
                 None => return Err(UsageError::Missing(path.text.clone())),
             }
         }
@@ -334,9 +465,27 @@ impl UsageReader {
         Ok(u64::try_from(total).unwrap_or(u64::MAX))
     }
 
+    /// A money limit's weights at the model its answer names, the same
+    /// paths in the same order (None: it names none, or no price).
+    fn answer_weights(&self) -> Option<Vec<i64>> {
+        let reprice = self.reprice.as_ref()?;
+        let price = reprice.prices.of(Some(self.model.as_deref()?))?;
+        let (json, events) = PriceCost::weighed_usage(reprice.format, price);
+        let paths = match self.mode {
+            Mode::Json => json,
+            Mode::EventStream => events,
+        };
+        (paths.len() == self.paths.len()).then(|| paths.iter().map(|(_, w)| w).collect())
+    }
+
+    /// The model the answer named, once its body was read.
+    pub fn answer_model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
     /// Bytes this reader holds now (the body so far, or a line).
     pub fn buffered(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + self.head.as_ref().map_or(0, Vec::len)
     }
 
     /// Stops reading (the worker holds too much already): the usage is
@@ -344,6 +493,38 @@ impl UsageReader {
     pub fn give_up(&mut self) {
         self.fail(UsageError::TooLarge(self.max_bytes));
     }
+}
+
+/// The value of the field `key` in a piece of a JSON document: at its
+/// last (or, `first`, its first) `"key":`. Inside a JSON string every
+/// quote is escaped, so the text a provider's model wrote cannot hold
+/// such a field; what follows the colon must parse as one value.
+fn last_field(bytes: &[u8], key: &str, first: bool) -> Option<Value> {
+    let needle = format!("\"{key}\"");
+    let needle = needle.as_bytes();
+    let starts: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(i, _)| i)
+        .collect();
+    let ordered: Box<dyn Iterator<Item = &usize>> = if first {
+        Box::new(starts.iter())
+    } else {
+        Box::new(starts.iter().rev())
+    };
+    for &at in ordered {
+        let after = bytes.get(at + needle.len()..)?;
+        let rest = after.trim_ascii_start();
+        let Some(value) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        let mut values = serde_json::Deserializer::from_slice(value).into_iter::<Value>();
+        if let Some(Ok(v)) = values.next() {
+            return Some(v);
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -305,6 +305,76 @@ fn check_across_policies(policies: &[(usize, Policy)], priced: bool, errors: &mu
     check_shared_limits(policies, errors);
     check_member_limits_own(policies, errors);
     check_priced_limits(policies, priced, errors);
+    check_pools_after_body_readers(policies, errors);
+    check_money_models_agree(policies, errors);
+}
+
+/// A call is priced once, at the model its policy's money limits say
+/// where to read: they (and its pool members') must say the same.
+fn check_money_models_agree(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
+    for (index, policy) in policies {
+        let own = policy
+            .limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("policies[{index}].limits[{i}]"), l));
+        let members = policy
+            .pool
+            .iter()
+            .flat_map(|p| p.members.iter().enumerate())
+            .flat_map(|(m, member)| {
+                member.limits.iter().enumerate().map(move |(i, l)| {
+                    (
+                        format!("policies[{index}].pool.members[{m}].limits[{i}]"),
+                        l,
+                    )
+                })
+            });
+        let mut first: Option<(String, crate::price::ModelSource)> = None;
+        for (path, limit) in own.chain(members) {
+            let CostSpec::Price(spec) = &limit.cost else {
+                continue;
+            };
+            let source = spec.cost().model;
+            match &first {
+                None => first = Some((path, source)),
+                Some((at, want)) if *want != source => errors.push(FieldError {
+                    path: format!("{path}.cost.price.model"),
+                    message: format!(
+                        "the policy's money limits price a call at one model: {at} reads it elsewhere"
+                    ),
+                }),
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// A pool routes a call while its headers pass. A policy before it that
+/// reads the body and matches the same headers holds the call until its
+/// body is in: a call that policy then passes on (its body did not match)
+/// would reach the pool after its headers were routed. Refused on the
+/// pool's `match`, naming the policy before it.
+fn check_pools_after_body_readers(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
+    for (at, (index, pool_policy)) in policies.iter().enumerate() {
+        if pool_policy.pool.is_none() {
+            continue;
+        }
+        let earlier = policies[..at].iter().find(|(_, p)| {
+            p.reads_request_body()
+                && crate::overlap::headers_overlap(&p.matcher, &pool_policy.matcher)
+        });
+        if let Some((before, reader)) = earlier {
+            errors.push(FieldError {
+                path: format!("policies[{index}].match"),
+                message: format!(
+                    "policy {:?} (policies[{before}]) comes before this pool, reads the request's body and can match the same requests: \
+                     a pool routes calls as their headers pass, so put the pool first or make their matches exclusive",
+                    reader.name
+                ),
+            });
+        }
+    }
 }
 
 /// `value` as a `T`, or its errors pushed with their paths under `path`.
@@ -508,6 +578,15 @@ fn check_pool(r: &mut Report, policy: &Policy, pool: &PoolSpec) {
     check_pool_reads_headers_only(r, policy, pool);
     let mut pr = Report::new(r.errors, &join_path(&r.prefix, "pool"));
     check_header_name(&mut pr, "route_header", &pool.route_header);
+    if let Some(why) = crate::header_names::not_writable(&pool.route_header) {
+        pr.at(
+            "route_header",
+            format!(
+                "Sluice writes the chosen member here, and {:?} cannot be written: {why}",
+                pool.route_header
+            ),
+        );
+    }
     if let Some(sticky) = &pool.sticky {
         match (&sticky.header, &sticky.json) {
             (Some(header), None) => check_header_name(&mut pr, "sticky.header", header),
@@ -1081,7 +1160,17 @@ fn check_fair_spec(fr: &mut Report, fair: &FairSpec, reservable: Option<Reservab
 
 fn check_key(r: &mut Report, key: &KeySpec) {
     match (&key.header, &key.json) {
-        (Some(header), None) => check_header_name(r, "key.header", header),
+        (Some(header), None) => {
+            check_header_name(r, "key.header", header);
+            if key.label == KeyLabel::Value && crate::header_names::is_credential(header) {
+                r.at(
+                    "key.label",
+                    format!(
+                        "{header:?} carries a credential: its values are never shown, so its keys are labelled by hash (leave `label` out)"
+                    ),
+                );
+            }
+        }
         (None, Some(path)) => check_json_path(r, "key.json", path),
         (Some(_), Some(_)) => r.at("key", "give either `header` or `json`, not both"),
         (None, None) => r.at(
@@ -1116,6 +1205,12 @@ fn check_name(r: &mut Report, name: &str) {
 fn check_match(r: &mut Report, m: &MatchSpec) {
     check_host(r, &m.host);
     check_json_matches(r, &m.json);
+    if m.unreadable == Unreadable::Next && m.json.is_empty() {
+        r.at(
+            "match.unreadable",
+            "applies only with `match.json`: without conditions on the body a policy matches by its headers alone",
+        );
+    }
     if let Some(prefix) = &m.path_prefix {
         if !prefix.starts_with('/') {
             r.at("match.path_prefix", "must start with '/'");
@@ -1324,7 +1419,14 @@ fn check_cost(r: &mut Report, cost: &CostSpec, rate: Option<&RateSpec>) {
                 1,
                 bounds::MAX_BURST,
             );
+            r.range_u64(
+                "cost.price.max_output",
+                price.max_output,
+                price.default_output.max(1),
+                bounds::MAX_BURST,
+            );
             check_prompt_estimate(r, "cost.price.prompt", &price.prompt);
+            check_model_source(r, &price.model);
         }
         CostSpec::FromRequestJson(j) => {
             check_json_path(r, "cost.json", &j.json);
@@ -1342,6 +1444,38 @@ fn check_cost(r: &mut Report, cost: &CostSpec, rate: Option<&RateSpec>) {
                 over_capacity,
             );
         }
+    }
+}
+
+/// Where a call names its model: exactly one of a body field, a header
+/// and a path prefix (a segment after it).
+fn check_model_source(r: &mut Report, source: &crate::price::ModelSource) {
+    const FIELD: &str = "cost.price.model";
+    match (&source.json, &source.header, &source.path_after) {
+        (Some(path), None, None) => check_json_path(r, &format!("{FIELD}.json"), path),
+        (None, Some(header), None) => check_header_name(r, &format!("{FIELD}.header"), header),
+        (None, None, Some(prefix)) => {
+            if !prefix.starts_with('/') || !prefix.ends_with('/') {
+                r.at(
+                    &format!("{FIELD}.path_after"),
+                    "must start and end with '/': the model is the path's segment right after it",
+                );
+            } else if prefix.len() > bounds::MAX_PATH_PREFIX_LEN
+                || prefix.bytes().any(|b| b <= b' ' || b == 0x7f)
+            {
+                r.at(
+                    &format!("{FIELD}.path_after"),
+                    format!(
+                        "at most {} characters, no spaces or control characters",
+                        bounds::MAX_PATH_PREFIX_LEN
+                    ),
+                );
+            }
+        }
+        _ => r.at(
+            FIELD,
+            "give exactly one of `json` (a body field), `header` or `path_after` (the path's segment after it)",
+        ),
     }
 }
 
@@ -1403,7 +1537,9 @@ fn check_prompt_estimate(r: &mut Report, field: &str, prompt: &PromptEstimate) {
         );
     }
     for (i, path) in prompt.paths.iter().enumerate() {
-        check_json_path(r, &format!("{field}.paths[{i}]"), path);
+        if path != PromptEstimate::EVERY_STRING {
+            check_json_path(r, &format!("{field}.paths[{i}]"), path);
+        }
     }
     let ratio = prompt.chars_per_token;
     if !(bounds::MIN_CHARS_PER_TOKEN..=bounds::MAX_CHARS_PER_TOKEN).contains(&ratio) {

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
 use sluice_filter_core::bucket::BucketState;
-use sluice_filter_core::matcher::BodyJson;
+use sluice_filter_core::matcher::{BodyJson, Classified};
 use sluice_filter_core::plugin::parse_plugin_config;
 use sluice_filter_core::CompiledPolicySet;
 use sluice_shared::limiter::{
@@ -376,8 +376,9 @@ fn matcher_on_arbitrary_headers() {
 /// Request bodies: JSON of any shape (deep, huge numbers, fields of every
 /// type where the match, the keys and the prompt estimate look), and bytes
 /// that are not JSON. Classifying on them never panics, costs stay in
-/// 1..=max however long the prompt, a body the match cannot read falls to
-/// the next policy, and the catch-all always takes the call.
+/// 1..=max however long the prompt, a body that cannot be read falls under
+/// the policy whose headers it matched (one naming a key twice is refused
+/// there), and the catch-all takes every other call.
 #[test]
 fn matcher_on_arbitrary_bodies() {
     let set = CompiledPolicySet::from_json(
@@ -439,11 +440,18 @@ fn matcher_on_arbitrary_bodies() {
         let secret = sluice_shared::KeySecret::from_bytes([3; sluice_shared::KeySecret::LEN]);
         let headers = Request(vec![(":authority".into(), b"api.llm.example".to_vec())]);
         let parsed = BodyJson::parse(&body);
-        let Some(c) = set.classify(&headers, (&secret, None), &parsed).class() else {
+        let classified = set.classify(&headers, (&secret, None), &parsed);
+        if let Classified::DuplicateKey { policy_index, .. } = classified {
+            return match (&parsed, policy_index) {
+                (BodyJson::Duplicate(_), 0) => Ok(()),
+                _ => Err(format!("refused a body as naming a key twice: {parsed:?}")),
+            };
+        }
+        let Some(c) = classified.class() else {
             return Err("the catch-all policy matches every body".into());
         };
         let policy = &set.policies[c.policy_index];
-        let price = policy.call_price(&parsed);
+        let price = policy.call_price(&headers, &parsed);
         let costs = policy.limit_costs(&headers, &parsed, price.as_ref());
         if costs.first().is_some_and(|&c| c == 0 || c > 500) {
             return Err(format!("costs {costs:?} outside 1..=500"));
@@ -458,8 +466,10 @@ fn matcher_on_arbitrary_bodies() {
         let _ = policy.priced_usage(1, price.as_ref());
         let _ = policy.limit_keys(&headers, (&secret, Some(&secret)), &parsed);
         let _ = policy.key_name(&headers, &secret, &parsed);
-        if !matches!(parsed, BodyJson::Json(_)) && policy.name() == "gpt" {
-            return Err("a body that is not JSON matched a policy on its body".into());
+        if parsed.unreadable() && policy.name() != "gpt" {
+            return Err(
+                "a body that cannot be read passed on from the policy its headers matched".into(),
+            );
         }
         Ok(())
     });

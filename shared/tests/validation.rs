@@ -1140,3 +1140,118 @@ fn a_pool_reads_nothing_from_the_request_body() {
         ]
     );
 }
+
+/// Third security review, item 1: a pool after a policy that reads the
+/// body and can match the same requests is refused on the pool's match,
+/// naming the policy before it; exclusive matches, or the pool first,
+/// pass. Also: a pool's route header cannot be a credential, framing,
+/// pseudo or hop-by-hop header.
+#[test]
+fn a_pool_cannot_follow_a_body_reader_of_its_requests_nor_route_by_a_protected_header() {
+    let pool = |host: &str, route: &str| {
+        format!(
+            r#"{{"name": "llm", "match": {{"host": "{host}"}}, "rate": {{"requests": 100, "period": "1s"}},
+                "pool": {{{route}"members": [{}, {}]}}}}"#,
+            member("east", "llm-east", "east-rps"),
+            member("west", "llm-west", "west-rps")
+        )
+    };
+    let per_model = r#"{"name": "gpt-4o", "match": {"host": "*.llm.example", "json": [{"path": "model", "equals": "gpt-4o"}]},
+                        "rate": {"requests": 10, "period": "1m"}}"#;
+    let two = |a: &str, b: &str| format!(r#"{{"version": 1, "policies": [{a}, {b}]}}"#);
+    assert_eq!(
+        errors_of(&two(per_model, &pool("api.llm.example", ""))),
+        vec!["policies[1].match: policy \"gpt-4o\" (policies[0]) comes before this pool, reads the request's body and can match the same requests: a pool routes calls as their headers pass, so put the pool first or make their matches exclusive"]
+    );
+    for ok in [
+        two(&pool("api.llm.example", ""), per_model),
+        two(per_model, &pool("api.other.example", "")),
+    ] {
+        parse_policy_set(&ok).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for header in [
+        "authorization",
+        "Host",
+        "content-length",
+        "x-api-key",
+        "connection",
+        "transfer-encoding",
+    ] {
+        let errors = errors_of(&set_with(&pool(
+            "llm.example",
+            &format!(r#""route_header": "{header}", "#),
+        )));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0]
+                .starts_with("policies[0].pool.route_header: Sluice writes the chosen member here"),
+            "{errors:?}"
+        );
+    }
+    assert!(errors_of(&set_with(&pool(
+        "llm.example",
+        r#""route_header": ":authority", "#
+    )))[0]
+        .starts_with("policies[0].pool.route_header:"));
+}
+
+/// Item 12: a key on a credential header is never labelled by its value;
+/// item 4's `unreadable` goes with `match.json`; the money limits of one
+/// policy read the call's model in one place, and `max_output` is at
+/// least `default_output`.
+#[test]
+fn credential_keys_unreadable_bodies_and_money_models_are_checked_with_their_field() {
+    let keyed = |header: &str| {
+        set_with(&format!(
+            r#"{{"name": "a", "match": {{"host": "x"}}, "rate": {{"requests": 1, "period": "1s"}},
+                "key": {{"header": "{header}", "label": "value"}}}}"#
+        ))
+    };
+    for header in [
+        "authorization",
+        "Cookie",
+        "x-api-key",
+        "api-key",
+        "proxy-authorization",
+    ] {
+        let errors = errors_of(&keyed(header));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("policies[0].key.label: "),
+            "{errors:?}"
+        );
+    }
+    parse_policy_set(&keyed("x-tenant")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "a", "match": {"host": "x", "unreadable": "next"}, "rate": {"requests": 1, "period": "1s"}}"#
+        )),
+        vec!["policies[0].match.unreadable: applies only with `match.json`: without conditions on the body a policy matches by its headers alone"]
+    );
+    let money = |second: &str| {
+        format!(
+            r#"{{"version": 1, "prices": {{"currency": "USD", "models": {{"gpt-4o": {{"input": "2.5", "output": "10"}}}}}},
+                "policies": [{{"name": "llm", "match": {{"host": "x"}}, "rate": {{"requests": 10, "period": "1s"}},
+                  "limits": [{{"name": "team", "rate": {{"requests": 1000000, "period": "1d", "algorithm": "fixed_window"}}, "cost": "price"}},
+                             {{"name": "company", "rate": {{"requests": 9000000, "period": "1d", "algorithm": "fixed_window"}},
+                               "cost": {{"price": {second}}}}}]}}]}}"#
+        )
+    };
+    parse_policy_set(&money(r#"{"model": {"json": "model"}}"#)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        errors_of(&money(r#"{"model": {"header": "x-model"}}"#)),
+        vec!["policies[0].limits[1].cost.price.model: the policy's money limits price a call at one model: policies[0].limits[0] reads it elsewhere"]
+    );
+    assert_eq!(
+        errors_of(&money(r#"{"model": {"header": "x-model", "json": "model"}}"#))[0],
+        "policies[0].limits[1].cost.price.model: give exactly one of `json` (a body field), `header` or `path_after` (the path's segment after it)"
+    );
+    assert_eq!(
+        errors_of(&money(r#"{"model": {"path_after": "openai/deployments"}}"#))[0],
+        "policies[0].limits[1].cost.price.model.path_after: must start and end with '/': the model is the path's segment right after it"
+    );
+    assert_eq!(
+        errors_of(&money(r#"{"default_output": 5000, "max_output": 100}"#)),
+        vec!["policies[0].limits[1].cost.price.max_output: must be >= 5000"]
+    );
+}

@@ -46,6 +46,13 @@ counters! {
         /// Calls whose key (`key.json`) was not in their body: they share
         /// the bucket of calls without a key.
         KeyUnread = "key_unread", Total;
+        /// Calls decided under this policy though their body, which it
+        /// reads, could not be (not JSON, too large): their costs at
+        /// their most (`match.unreadable`).
+        BodyUnreadable = "body_unreadable", Total;
+        /// Calls refused because their body, which this policy reads,
+        /// named one key twice in an object.
+        BodyRefused = "body_refused", Total;
         /// Streamed calls that did not ask for their usage, sent asking
         /// (`usage.ask_stream_usage`).
         StreamUsageAsked = "stream_usage_asked", Total;
@@ -182,6 +189,13 @@ counters! {
         /// Answers not read for their usage because the worker held its
         /// most of response bodies already (charged the unread charge).
         UsageBufferFull = "usage_buffer_full", Local;
+        /// Requests that came with a value of their own in a header
+        /// pools route by (`route_header`): removed before Envoy routed
+        /// them.
+        RouteHeaderStripped = "route_header_stripped", Local;
+        /// Calls whose body did not come within 10 s of their headers,
+        /// held for it (a policy decides on the body): answered 408.
+        BodyWaitTimeouts = "body_wait_timeouts", Local;
     }
 }
 

@@ -6,10 +6,12 @@
 //! filter (and its tests and benchmarks) uses them; what the admin uses as
 //! well is `sluice_shared`'s.
 
+pub mod body;
 pub mod bucket;
 pub mod headers;
 pub mod matcher;
 pub mod plugin;
 pub mod pool;
+pub mod pricing;
 
 pub use matcher::{BucketKey, Classification, CompiledPolicy, CompiledPolicySet};

@@ -8,10 +8,13 @@ use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
 use sluice_shared::policy::{
     ConcurrencySpec, CostSpec, FairSpec, JsonMatch, KeyLabel, KeyOverflow, KeySpec, Mode,
-    NamedLimit, Policy, PolicySet, Priority, RateSpec, UsageSpec,
+    NamedLimit, Policy, PolicySet, Priority, RateSpec, Unreadable, UsageSpec,
 };
-use sluice_shared::price::{self, CompiledPrices, ModelPrice, Money, PriceCost, UsageFormat};
+use sluice_shared::price::CompiledPrices;
 use sluice_shared::prompt::PromptTokens;
+
+pub use crate::body::BodyJson;
+use crate::pricing::{CallPrice, CompiledPriceCost, Pricing};
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::usage::{CompiledUsage, UsagePath};
 use sluice_shared::validate::{parse_policy_set, ValidationErrors};
@@ -135,8 +138,9 @@ pub struct CompiledPolicy {
     /// A global policy whose share allows nothing now: every request is
     /// refused without touching a bucket.
     pub fleet_closed: bool,
-    /// The set's prices, when a further limit's cost is money.
-    prices: Option<std::sync::Arc<CompiledPrices>>,
+    /// The set's prices and where its calls name their model, when a
+    /// further limit's cost is money.
+    pricing: Option<Pricing>,
     /// The policy's key or a further limit's is read from the body.
     keys_from_body: bool,
     /// `fair`: who shares the rate and the slots, with what weights.
@@ -386,15 +390,9 @@ impl CompiledPolicy {
                     // ([`CompiledPolicy::priced_usage`]); this one says it
                     // reads one.
                     usage: match &l.cost {
-                        CostSpec::Price(_) => Some(CompiledUsage::priced(
-                            l.usage.as_ref(),
+                        CostSpec::Price(_) => Some(CompiledUsage::new(
+                            l.usage.as_ref().unwrap_or(&UsageSpec::default()),
                             &l.cost,
-                            UsageFormat::Openai,
-                            &ModelPrice {
-                                input: Money::default(),
-                                output: Money::default(),
-                                cached_input: None,
-                            },
                         )),
                         _ => l.usage.as_ref().map(|u| CompiledUsage::new(u, &l.cost)),
                     },
@@ -438,7 +436,7 @@ impl CompiledPolicy {
             rate: policy.rate.as_ref().map(RateLimiter::from_spec),
             concurrency: policy.concurrency.as_ref().map(ConcurrencyLimit::from_spec),
             fleet_closed: false,
-            prices: None,
+            pricing: None,
             keys_from_body: policy
                 .key
                 .iter()
@@ -790,36 +788,49 @@ impl CompiledPolicy {
 
     /// The currency of its money limits, when it has any.
     pub fn currency(&self) -> Option<&str> {
-        self.prices.as_ref().map(|p| p.currency.as_str())
+        self.pricing.as_ref().map(|p| p.prices.currency.as_str())
     }
 
-    /// The prices of the call's model (its body's `model`, or none when
-    /// the body was not read), for its money limits; None when the policy
-    /// has none, or the model has no price and the table no default.
-    pub fn call_price(&self, body: &BodyJson) -> Option<ModelPrice> {
-        let prices = self.prices.as_ref()?;
-        let model = body
-            .json()
-            .and_then(|v| v.get("model"))
-            .and_then(serde_json::Value::as_str);
-        prices.of(model).copied()
+    /// Its money limits, its pool members' with them (a pool call is
+    /// priced before its member is chosen).
+    fn money_limits(&self) -> impl Iterator<Item = &CompiledPriceCost> {
+        let members = self
+            .pool
+            .iter()
+            .flat_map(|pool| pool.members.iter())
+            .flat_map(|m| m.policy.limits.iter());
+        self.limits
+            .iter()
+            .chain(members)
+            .filter_map(|l| l.price.as_ref())
+    }
+
+    /// The call's prices (its model's, by where the policy's money limits
+    /// say it is named, and its unread ceiling), for its money limits;
+    /// None when the policy has none, or the model has no price and the
+    /// table no default.
+    pub fn call_price<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        body: &BodyJson,
+    ) -> Option<CallPrice> {
+        self.pricing
+            .as_ref()?
+            .call_price(req, body, self.money_limits())
     }
 
     /// What a call of `price` is charged by the limit at `index` once its
     /// answer is in: a money limit's usage at the call's model's prices
-    /// (None for an unpriced call, which was refused), any other limit's
-    /// own.
-    pub fn priced_usage(&self, index: usize, price: Option<&ModelPrice>) -> Option<CompiledUsage> {
+    /// (or its answer's, when dearer; None for an unpriced call, which was
+    /// refused), any other limit's own.
+    pub fn priced_usage(&self, index: usize, price: Option<&CallPrice>) -> Option<CompiledUsage> {
         let limit = self.limits.get(index)?;
-        match (&limit.price, price) {
-            (Some(cost), Some(price)) => Some(CompiledUsage::priced(
-                limit.usage_spec.as_ref(),
-                &limit.cost,
-                cost.spec.usage,
-                price,
-            )),
-            (Some(_), None) => None,
-            (None, _) => limit.usage.clone(),
+        match (&limit.price, price, &self.pricing) {
+            (Some(cost), Some(price), Some(pricing)) => {
+                Some(pricing.usage(limit.usage_spec.as_ref(), &limit.cost, cost, price))
+            }
+            (Some(_), _, _) => None,
+            (None, _, _) => limit.usage.clone(),
         }
     }
 
@@ -830,12 +841,12 @@ impl CompiledPolicy {
 
     /// What this request takes from each of the policy's further limits;
     /// `body` is the request's body as far as it was read.
-    /// `price`: the call's model's, as [`Self::call_price`] found it.
+    /// `price`: the call's, as [`Self::call_price`] found it.
     pub fn limit_costs<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
         body: &BodyJson,
-        price: Option<&ModelPrice>,
+        price: Option<&CallPrice>,
     ) -> Vec<u64> {
         if self.limits.is_empty() {
             return Vec::new();
@@ -843,15 +854,13 @@ impl CompiledPolicy {
         self.limits
             .iter()
             .map(|l| match (&l.cost, &l.cost_json) {
-                // A body too large to read could ask for anything: it is
+                // A body that cannot be read could ask for anything: it is
                 // estimated at the most the cost may be, never its default.
-                (CostSpec::FromRequestJson(spec), Some(_)) if *body == BodyJson::TooLarge => {
-                    spec.max.max(1)
-                }
+                (CostSpec::FromRequestJson(spec), Some(_)) if body.unreadable() => spec.max.max(1),
                 (CostSpec::Price(_), _) => l
                     .price
                     .as_ref()
-                    .map_or(UNPRICED, |p| p.estimate(body, price)),
+                    .map_or(UNPRICED, |p| p.estimate(body, price.map(|c| &c.model))),
                 (CostSpec::FromRequestJson(spec), Some(path)) => {
                     let json = body.json();
                     let asked = json.and_then(|v| path.find(v));
@@ -909,60 +918,7 @@ fn cost_header_of(cost: &CostSpec) -> Option<String> {
     }
 }
 
-/// The estimate of a money limit's call whose model has no price (and
-/// the table no default): refused, never free.
-pub const UNPRICED: u64 = u64::MAX;
-
-/// The most of a request body read (the filter's bound): a body too large
-/// to read is estimated as a prompt of at least this many characters.
-const READ_BODY_BOUND: u64 = 1024 * 1024;
-
-/// A money limit, ready to estimate and price calls.
-#[derive(Debug, Clone)]
-struct CompiledPriceCost {
-    spec: PriceCost,
-    output: Option<UsagePath>,
-    prompt: PromptTokens,
-}
-
-impl CompiledPriceCost {
-    fn new(spec: PriceCost) -> Self {
-        Self {
-            output: UsagePath::parse(&spec.output),
-            prompt: PromptTokens::new(&spec.prompt),
-            spec,
-        }
-    }
-
-    /// The call's estimate in micro-units at `price`: its prompt at the
-    /// input price and the output it asks for (or the default) at the
-    /// output price; [`UNPRICED`] without a price.
-    fn estimate(&self, body: &BodyJson, price: Option<&ModelPrice>) -> u64 {
-        let Some(price) = price else {
-            return UNPRICED;
-        };
-        let (prompt, output) = match body {
-            BodyJson::Json(v) => (
-                self.prompt.tokens(v),
-                self.output
-                    .as_ref()
-                    .and_then(|p| p.find(v))
-                    .unwrap_or(self.spec.default_output),
-            ),
-            // Unread: a prompt of at least all that could be read.
-            BodyJson::TooLarge => (
-                self.prompt.tokens_of_chars(READ_BODY_BOUND),
-                self.spec.default_output,
-            ),
-            BodyJson::Coming | BodyJson::Absent | BodyJson::Invalid => {
-                (0, self.spec.default_output)
-            }
-        };
-        price::cost_of(prompt, price.input)
-            .saturating_add(price::cost_of(output, price.output))
-            .max(1)
-    }
-}
+pub use crate::pricing::UNPRICED;
 
 fn trim_ascii(v: &[u8]) -> &[u8] {
     v.trim_ascii()
@@ -978,36 +934,6 @@ fn parse_whole_number(v: &[u8]) -> Option<u64> {
     v.iter().try_fold(0u64, |acc, d| {
         acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
     })
-}
-
-/// A request's body as a decision reads it: parsed once, for the match,
-/// the keys and the costs together.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BodyJson {
-    /// A body follows, not read yet: a policy that reads it asks for it
-    /// ([`Classified::NeedsBody`]).
-    Coming,
-    /// None came (or it was not read): costs from it are their default, a
-    /// key from it is missing, a match on it does not hold.
-    Absent,
-    /// Too large to read: costs from it are their `max`.
-    TooLarge,
-    /// Read, and not JSON.
-    Invalid,
-    Json(serde_json::Value),
-}
-
-impl BodyJson {
-    pub fn parse(body: &[u8]) -> Self {
-        serde_json::from_slice(body).map_or(Self::Invalid, Self::Json)
-    }
-
-    fn json(&self) -> Option<&serde_json::Value> {
-        match self {
-            Self::Json(v) => Some(v),
-            Self::Coming | Self::Absent | Self::TooLarge | Self::Invalid => None,
-        }
-    }
 }
 
 /// Where a key's value comes from: a request header or a field of the
@@ -1108,6 +1034,10 @@ pub enum Classified {
     /// `from` on read ([`CompiledPolicySet::keep_headers_for_body`]), read
     /// the body, and classify again.
     NeedsBody { from: usize },
+    /// The first policy matching the headers reads the body, which names
+    /// `key` twice in one object: the call is refused (the provider could
+    /// read it another way than Sluice did).
+    DuplicateKey { policy_index: usize, key: String },
     Decided {
         /// The policy the request falls under (None: no policy).
         class: Option<Classification>,
@@ -1122,7 +1052,7 @@ impl Classified {
     pub fn class(self) -> Option<Classification> {
         match self {
             Self::Decided { class, .. } => class,
-            Self::NeedsBody { .. } => None,
+            Self::NeedsBody { .. } | Self::DuplicateKey { .. } => None,
         }
     }
 }
@@ -1149,10 +1079,15 @@ impl CompiledPolicySet {
             .prices
             .as_ref()
             .map(|t| std::sync::Arc::new(CompiledPrices::new(t)));
-        // A policy (or pool member) with a money limit prices its calls.
+        // A policy (or pool member) with a money limit prices its calls,
+        // its model named where its money limits say (they agree).
         let priced = |compiled: &mut CompiledPolicy| {
-            if compiled.limits.iter().any(|l| l.price.is_some()) {
-                compiled.prices = prices.clone();
+            let source = compiled
+                .money_limits()
+                .next()
+                .map(|l| l.spec().model.clone());
+            if let (Some(prices), Some(source)) = (&prices, source) {
+                compiled.pricing = Some(Pricing::new(std::sync::Arc::clone(prices), &source));
             }
         };
         let mut policies: Vec<CompiledPolicy> = set
@@ -1241,12 +1176,25 @@ impl CompiledPolicySet {
             if !policy.matches(req) {
                 continue;
             }
-            if *body == BodyJson::Coming && policy.reads_request_body() {
-                return Classified::NeedsBody { from: policy_index };
+            if policy.reads_request_body() {
+                match body {
+                    BodyJson::Coming => return Classified::NeedsBody { from: policy_index },
+                    BodyJson::Duplicate(key) => {
+                        return Classified::DuplicateKey {
+                            policy_index,
+                            key: key.clone(),
+                        }
+                    }
+                    _ => {}
+                }
             }
             match policy.matches_body(body) {
                 Some(true) => {}
                 Some(false) => continue,
+                // A body it cannot read falls under it (fail closed): the
+                // provider may read what Sluice could not.
+                None if body.unreadable()
+                    && policy.policy.matcher.unreadable == Unreadable::Match => {}
                 None => {
                     passed_over.push(policy_index);
                     continue;
@@ -1310,6 +1258,15 @@ impl CompiledPolicySet {
             .iter()
             .skip(from)
             .any(|p| p.asks_stream_usage() && p.matches(req))
+    }
+
+    /// The request headers this set's pools route by (lower case): a
+    /// caller's own value of any of them must never reach Envoy's routes.
+    pub fn route_headers(&self) -> impl Iterator<Item = &str> {
+        self.policies
+            .iter()
+            .filter_map(|p| p.pool.as_ref())
+            .map(|pool| pool.route_header.as_str())
     }
 
     pub fn find(&self, name: &str) -> Option<(usize, &CompiledPolicy)> {
@@ -1534,11 +1491,12 @@ mod tests {
     }
 
     /// A policy matching on the body asks for it while it is coming; once
-    /// read, the first policy whose body conditions hold takes the call,
-    /// and one whose conditions cannot be told (not JSON, a field missing)
-    /// passes it on, named.
+    /// read, the first policy whose body conditions hold takes the call;
+    /// one whose conditions a readable body cannot tell (a field missing,
+    /// not text) passes it on, named; a body that cannot be read at all
+    /// falls under the first whose headers match.
     #[test]
-    fn a_match_on_the_body_waits_for_it_and_passes_on_what_it_cannot_read() {
+    fn a_match_on_the_body_waits_for_it_and_decides_what_it_cannot_read() {
         let s = set(PER_MODEL);
         assert_eq!(
             classify_body(&s, &BodyJson::Coming),
@@ -1549,7 +1507,9 @@ mod tests {
                 class.map(|c| s.policies[c.policy_index].name().to_string()),
                 passed_over,
             ),
-            Classified::NeedsBody { .. } => panic!("the body was read"),
+            Classified::NeedsBody { .. } | Classified::DuplicateKey { .. } => {
+                panic!("the body was read, without a key twice")
+            }
         };
         let named = |n: &str| Some(n.to_string());
         assert_eq!(
@@ -1577,12 +1537,24 @@ mod tests {
             pick(&json(r#"{"prompt": "hi"}"#)),
             (named("rest"), vec![0, 1, 2])
         );
+        // A body that cannot be read falls under the first policy whose
+        // headers match (fail closed: the provider may read it).
         assert_eq!(
             pick(&BodyJson::parse(b"model=gpt-4o")),
-            (named("rest"), vec![0, 1, 2])
+            (named("gpt-4o"), vec![])
         );
-        assert_eq!(pick(&BodyJson::TooLarge), (named("rest"), vec![0, 1, 2]));
+        assert_eq!(pick(&BodyJson::TooLarge), (named("gpt-4o"), vec![]));
         assert_eq!(pick(&BodyJson::Absent), (named("rest"), vec![0, 1, 2]));
+        assert_eq!(
+            classify_body(
+                &s,
+                &BodyJson::parse(br#"{"model": "a", "model": "gpt-4o"}"#)
+            ),
+            Classified::DuplicateKey {
+                policy_index: 0,
+                key: "model".into()
+            }
+        );
         // Numbers and booleans compare as their JSON text.
         let s = set(
             r#"{"version": 1, "policies": [{"name": "n", "match": {"host": "*", "json": [{"path": "n", "equals": "3"}, {"path": "b", "equals": "true"}]}, "rate": {"requests": 1, "period": "1s"}}]}"#,
@@ -1652,14 +1624,14 @@ mod tests {
         assert_eq!(cost(&asked), 50 + 7 + 10_001);
         // No max_tokens: the default, and still the prompt.
         assert_eq!(cost(&json(r#"{"prompt": "abcdefgh"}"#)), 100 + 2);
-        // At most max; a body that is not JSON costs the default, one too
-        // large to read the max.
+        // At most max; a body that cannot be read (not JSON, too large)
+        // costs the max.
         let huge = json(&format!(
             r#"{{"max_tokens": 1, "prompt": "{}"}}"#,
             "y".repeat(900_000)
         ));
         assert_eq!(cost(&huge), 200_000);
-        assert_eq!(cost(&BodyJson::Invalid), 100);
+        assert_eq!(cost(&BodyJson::Invalid), 200_000);
         assert_eq!(cost(&BodyJson::TooLarge), 200_000);
         assert_eq!(cost(&BodyJson::Absent), 100);
     }
@@ -1680,7 +1652,7 @@ mod tests {
         let llm = &set.policies[0];
         assert!(llm.reads_request_body());
         let body = BodyJson::parse(br#"{"model": "gpt-4o", "max_tokens": 10}"#);
-        assert!(llm.call_price(&body).is_some());
+        assert!(llm.call_price(req(&[]), &body).is_some());
     }
 
     #[test]

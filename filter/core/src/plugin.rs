@@ -33,6 +33,8 @@ struct RawPluginConfig {
     sync_push: bool,
     #[serde(default = "default_time_scale")]
     time_scale: f64,
+    #[serde(default = "default_true")]
+    hold_headers_for_body: bool,
 }
 
 fn default_time_scale() -> f64 {
@@ -40,6 +42,10 @@ fn default_time_scale() -> f64 {
 }
 
 fn default_sync_push() -> bool {
+    true
+}
+
+fn default_true() -> bool {
     true
 }
 
@@ -83,6 +89,14 @@ pub struct PluginConfig {
     /// ticks) falls as often per request as at full speed. Limits are then
     /// per slowed second: never for production.
     pub time_scale: f64,
+    /// A call a policy decides on its body holds its headers until it is
+    /// decided, so nothing of a refused call reaches the upstream (on by
+    /// default). The wasm filter needs Envoy's
+    /// `allow_on_headers_stop_iteration: true` for it, which Istio's
+    /// WasmPlugin and Envoy Gateway do not set: without it such calls are
+    /// answered 408 after 10 s. Off, their headers go upstream first and a
+    /// call refused on its body is reset there (the upstream saw it begin).
+    pub hold_headers_for_body: bool,
 }
 
 /// The slowest clock `time_scale` allows.
@@ -208,6 +222,7 @@ pub fn parse_plugin_config_with_env(
             queue_ticket_header: raw.queue_ticket_header,
             sync_push: raw.sync_push,
             time_scale: raw.time_scale,
+            hold_headers_for_body: raw.hold_headers_for_body,
         }),
         _ => Err(ValidationErrors { errors }),
     }

@@ -83,6 +83,8 @@ pub const BUFFERED_REQUEST_BODY: u32 = 1;
 pub const RECEIVED_RESPONSE_BODY: u32 = 2;
 
 pub const HEADERS_CONTINUE: u32 = 0;
+/// The headers wait; the body's hooks still run.
+pub const HEADERS_STOP_ITERATION: u32 = 1;
 /// Nothing of the request goes on, its body buffered, until continued.
 pub const HEADERS_STOP_ALL_AND_BUFFER: u32 = 3;
 pub const BODY_CONTINUE: u32 = 0;

@@ -94,15 +94,17 @@ pub unsafe fn send_reply(filter: EnvoyPtr, status: u32, headers: &[(&str, &str)]
     }
 }
 
-/// Sets a header of `filter`'s request that Envoy may route by, and has
-/// Envoy pick the route again (a pool's member).
+/// Sets (None: removes) a header of `filter`'s request that Envoy may
+/// route by, and has Envoy pick the route again (a pool's member; a
+/// caller's own value removed), as proxy-wasm does on every change of
+/// the request's headers.
 ///
 /// # Safety
 /// As [`send_reply`].
-pub unsafe fn set_route_header(filter: EnvoyPtr, name: &str, value: &[u8]) -> bool {
+pub unsafe fn set_route_header(filter: EnvoyPtr, name: &str, value: Option<&[u8]>) -> bool {
     // SAFETY: the caller's promise.
     unsafe {
-        let set = set_header(filter, abi::REQUEST_HEADER, name, Some(value));
+        let set = set_header(filter, abi::REQUEST_HEADER, name, value);
         abi::envoy_dynamic_module_callback_http_clear_route_cache(filter);
         set
     }
@@ -188,14 +190,14 @@ impl Host for NativeHost<'_> {
     fn remove_request_header(&self, name: &str) {
         if let Some((_, filter)) = self.current {
             // SAFETY: the stream's own hook is running.
-            unsafe { set_header(filter, abi::REQUEST_HEADER, name, None) };
+            unsafe { set_route_header(filter, name, None) };
         }
     }
 
     fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
         if let Some(filter) = self.own(context_id) {
             // SAFETY: the stream's own hook is running.
-            return unsafe { set_route_header(filter, name, value.as_bytes()) };
+            return unsafe { set_route_header(filter, name, Some(value.as_bytes())) };
         }
         self.module.post_to(
             context_id,

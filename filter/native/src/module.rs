@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustc_hash::FxHashMap;
 use sluice_filter::shared_memory::SharedMemory;
+use sluice_filter::stream_shell::ShellSettings;
 use sluice_filter::sync::SyncSettings;
 use sluice_filter::worker::{StreamAction, Worker};
 use sluice_filter_core::matcher::CompiledPolicySet;
@@ -113,7 +114,7 @@ pub struct Module {
     callouts: Mutex<FxHashMap<u64, (usize, u32)>>,
     next_token: AtomicU32,
     ticker: Arc<Ticker>,
-    pub queue_ticket_header: bool,
+    pub shell: ShellSettings,
 }
 
 impl Module {
@@ -128,7 +129,7 @@ impl Module {
             unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(config) };
         let module = Arc::new(Self {
             config: config as usize,
-            queue_ticket_header: settings.queue_ticket_header,
+            shell: ShellSettings::of(&settings),
             settings,
             stats,
             slots: Mutex::new(Vec::new()),

@@ -155,7 +155,7 @@ pub struct Stream {
 
 impl Stream {
     pub fn new(module: Arc<Module>, slot: Arc<Slot>, filter: EnvoyPtr) -> Self {
-        let shell = StreamShell::new(next_context_id(), module.queue_ticket_header);
+        let shell = StreamShell::new(next_context_id(), module.shell);
         Self {
             module,
             slot,
@@ -196,6 +196,8 @@ impl Stream {
             // Nothing of the request goes on, its body buffered, until
             // resumed.
             Flow::Hold => abi::HEADERS_STOP_ALL_AND_BUFFER,
+            // The headers wait; the body comes on to this filter.
+            Flow::AwaitBody => abi::HEADERS_STOP_ITERATION,
         }
     }
 
@@ -210,7 +212,7 @@ impl Stream {
         let (host, mut io, shell, request) = self.parts();
         match shell.on_request_body(&host, &mut io, request, (size, end_of_stream)) {
             Flow::Continue => abi::BODY_CONTINUE,
-            Flow::Hold => abi::BODY_STOP_AND_BUFFER,
+            Flow::Hold | Flow::AwaitBody => abi::BODY_STOP_AND_BUFFER,
         }
     }
 
@@ -218,7 +220,7 @@ impl Stream {
         let (host, mut io, shell, request) = self.parts();
         match shell.on_request_trailers(&host, &mut io, request) {
             Flow::Continue => abi::TRAILERS_CONTINUE,
-            Flow::Hold => abi::TRAILERS_STOP,
+            Flow::Hold | Flow::AwaitBody => abi::TRAILERS_STOP,
         }
     }
 
@@ -242,7 +244,7 @@ impl Stream {
             unsafe {
                 match posted {
                     Posted::SetHeader(name, value) => {
-                        set_route_header(self.filter, &name, value.as_bytes());
+                        set_route_header(self.filter, &name, Some(value.as_bytes()));
                     }
                     Posted::Resume => {
                         abi::envoy_dynamic_module_callback_http_filter_continue_decoding(

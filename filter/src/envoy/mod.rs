@@ -20,7 +20,7 @@ use sluice_wire::sync::{
 
 use crate::host::{Host, Level, SetError};
 use crate::kept_headers::KeptHeaders;
-use crate::stream_shell::{Flow, StreamIo, StreamShell};
+use crate::stream_shell::{Flow, ShellSettings, StreamIo, StreamShell};
 use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
 use crate::worker::{StreamAction, Worker};
 
@@ -152,7 +152,7 @@ impl RequestHeaders for EnvoyHeaders {
 #[derive(Default)]
 struct SluiceRoot {
     worker: Option<Rc<RefCell<Worker>>>,
-    queue_ticket_header: bool,
+    shell: ShellSettings,
 }
 
 impl Context for SluiceRoot {
@@ -237,7 +237,7 @@ impl RootContext for SluiceRoot {
         w.install(&host, set);
         w.set_sync(sync);
         w.start_ticking(&host);
-        self.queue_ticket_header = config.queue_ticket_header;
+        self.shell = ShellSettings::of(&config);
         true
     }
 
@@ -272,7 +272,7 @@ impl RootContext for SluiceRoot {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(SluiceStream {
-            shell: StreamShell::new(context_id, self.queue_ticket_header),
+            shell: StreamShell::new(context_id, self.shell),
             io: WasmIo {
                 worker: self.worker.clone(),
             },
@@ -336,7 +336,11 @@ impl StreamIo for WasmIo {
 fn action(flow: Flow) -> Action {
     match flow {
         Flow::Continue => Action::Continue,
-        Flow::Hold => Action::Pause,
+        // After the headers, a pause is Envoy's StopIteration: with the
+        // plugin's `allow_on_headers_stop_iteration` the body still comes
+        // to this filter (without it, Envoy stops the whole stream and
+        // the body wait ends it, see `Worker::on_tick`).
+        Flow::Hold | Flow::AwaitBody => Action::Pause,
     }
 }
 

@@ -26,6 +26,7 @@ mod provider;
 mod provider_relay;
 mod push;
 mod queue_limits;
+mod security;
 mod slot_limits;
 mod spend;
 mod telling;

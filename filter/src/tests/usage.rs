@@ -211,7 +211,8 @@ fn unread_in_every_way(host: &FakeHost, w: &mut Worker) {
         3,
         &[br#"{"usage": {"prompt_tokens": -5, "completion_tokens": 1.5}}"#],
     );
-    // Past max_body_bytes (2 KiB): read no further, settled at once.
+    // Past max_body_bytes (2 KiB), and no usage where a large answer
+    // keeps it (its end): too large.
     assert_eq!(
         call(host, w, 4, br#"{"max_tokens": 900}"#),
         Verdict::Continue
@@ -219,10 +220,7 @@ fn unread_in_every_way(host: &FakeHost, w: &mut Worker) {
     let json: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
     assert!(w.on_response_headers(host, 4, json.as_slice(), false));
     let big = vec![b' '; 3000];
-    assert!(
-        !w.on_response_body(host, 4, &big, false),
-        "stops reading past the bound"
-    );
+    assert!(!w.on_response_body(host, 4, &big, true), "read to its end");
     w.on_stream_end(host, 4);
     // Never answered (the upstream reset before headers).
     assert_eq!(
@@ -234,30 +232,30 @@ fn unread_in_every_way(host: &FakeHost, w: &mut Worker) {
 }
 
 #[test]
-fn a_request_body_that_is_not_json_costs_the_default_and_one_too_large_its_max() {
+fn a_request_body_that_cannot_be_read_costs_its_max() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, TOKENS_PER_MINUTE);
     let headers = req(LLM, &[]);
-    // Not JSON, a negative and a huge max_tokens (capped at max 5 000).
+    // Not JSON: it could ask for anything, as a body too large to read:
+    // estimated at the cost's max (5 000), not its default. A negative
+    // max_tokens is not a whole number: the default (2 000).
     for (id, body) in [
         (1u32, b"not json".as_slice()),
         (2, br#"{"max_tokens": -1}"#),
     ] {
         assert_eq!(call(&host, &mut w, id, body), Verdict::Continue);
     }
-    // Too large to read: it could ask for anything, so it is estimated at
-    // the cost's max (5 000), not its default.
+    // Too large to read: 5 000, which the 3 000 left cannot take; a
+    // max_tokens past `max` costs 5 000 too.
     assert_eq!(
-        w.on_request_with(&host, 3, headers.as_slice(), RequestBody::Read(None)),
-        Verdict::Continue,
+        status(&w.on_request_with(&host, 3, headers.as_slice(), RequestBody::Read(None))),
+        429,
     );
-    // 2 × 2 000 + 5 000 taken: 1 000 left, and a max_tokens past `max`
-    // costs 5 000.
     assert_eq!(
         status(&call(&host, &mut w, 4, br#"{"max_tokens": 99999999999}"#)),
         429
     );
-    assert_eq!(tokens_left(&host, &mut w), 1000);
+    assert_eq!(tokens_left(&host, &mut w), 3000);
     w.on_tick(&host);
     assert_eq!(host.metric("sluice.request_body_too_large"), 1);
     // A request without a body is decided at once on the default.

@@ -23,6 +23,7 @@
 
 mod admission;
 mod asked_usage;
+mod body_wait;
 mod budgets;
 mod ctx;
 mod fair;
@@ -133,6 +134,10 @@ struct Parts {
     listening: provider::Listening,
     /// Pool calls sent to a member: whose answer may come from another.
     routed: pool::RoutedCalls,
+    /// The headers pools route by: a caller's own are removed.
+    route_headers: pool::RouteHeaders,
+    /// Calls whose headers wait for their body.
+    body_waits: body_wait::BodyWaits,
     /// Calls whose answer tells the caller where the limits stand.
     telling: telling::Telling,
     sync: SyncClient,
@@ -183,6 +188,8 @@ impl Worker {
                 warnings: warnings::Warnings::default(),
                 listening: provider::Listening::default(),
                 routed: pool::RoutedCalls::default(),
+                route_headers: pool::RouteHeaders::default(),
+                body_waits: body_wait::BodyWaits::default(),
                 telling: telling::Telling::default(),
                 sync: SyncClient::default(),
                 shares: FleetShares::default(),
@@ -276,6 +283,11 @@ impl Worker {
 
     pub fn waiting(&self) -> usize {
         self.parts.streams.waiting()
+    }
+
+    /// Whether stream `context_id` waits in a queue now.
+    pub fn is_waiting(&self, context_id: u32) -> bool {
+        self.parts.streams.is_waiting(context_id)
     }
 
     /// Bytes of response bodies held now to read their usage (at most
@@ -460,6 +472,7 @@ impl Parts {
             .iter()
             .map(|p| ctx.metrics.define_policy(ctx.host, p.name()))
             .collect();
+        self.route_headers.learn(&set);
         self.policies = Rc::new(set);
         for spare in self.prefetches.clear() {
             streams::give_back(ctx, spare);
@@ -479,6 +492,12 @@ impl Parts {
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
+        match body {
+            // As the headers arrive, before any policy is found: a
+            // caller's route header must not route a call no pool chose.
+            RequestBody::Absent | RequestBody::Coming => self.route_headers.strip(ctx, req),
+            RequestBody::Read(_) => self.body_waits.end(context_id),
+        }
         let policies = Rc::clone(&self.policies);
         let raw = match body {
             RequestBody::Read(Some(raw)) => Some(raw),
@@ -506,7 +525,19 @@ impl Parts {
                         // go upstream with it (the headers go on now).
                         ctx.host.remove_request_header("content-length");
                     }
+                    ctx.reuse_clock();
+                    // Every tick, even the idle one, notices a wait past
+                    // its end.
+                    self.body_waits.start(context_id, ctx.now);
                     return Verdict::ReadBody;
+                }
+                Classified::DuplicateKey { policy_index, key } => {
+                    let Some(policy) = policies.policies.get(policy_index) else {
+                        return Verdict::Continue;
+                    };
+                    ctx.metrics
+                        .add(policy.name(), PolicyCounter::BodyRefused, 1);
+                    return Verdict::Reply(refusal::duplicate_key(policy, &key));
                 }
                 Classified::Decided { class, passed_over } => (class, passed_over),
             };
@@ -528,6 +559,10 @@ impl Parts {
         if policy.keys_from_body() {
             self.count_unread_keys(ctx, policy, &body);
         }
+        if body.unreadable() && policy.reads_request_body() {
+            ctx.metrics
+                .add(policy.name(), PolicyCounter::BodyUnreadable, 1);
+        }
         // Far from its limits a call spends a prefetch, for which the
         // clock's last reading will do while calls come densely.
         ctx.reuse_clock();
@@ -536,7 +571,7 @@ impl Parts {
             budgets: &mut self.budgets,
             overflowed: false,
         };
-        let call_price = policy.call_price(&body);
+        let call_price = policy.call_price(req, &body);
         let limit_costs = policy.limit_costs(req, &body, call_price.as_ref());
         let limit_keys =
             policy.limit_keys(req, (&self.key_secret, self.spend_labels.secret()), &body);
@@ -732,6 +767,7 @@ impl Parts {
     }
 
     fn stream_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
+        self.body_waits.end(context_id);
         self.listening.forget(context_id);
         self.routed.forget(context_id);
         self.telling.forget(context_id);
@@ -748,7 +784,7 @@ impl Parts {
         let previous_poll = std::mem::replace(&mut self.last_queue_poll, now);
         let policies = Rc::clone(&self.policies);
         let mut served = queue::Served::default();
-        let actions = queue::serve(
+        let mut actions = queue::serve(
             ctx,
             &mut queue::Parts {
                 streams: &mut self.streams,
@@ -790,6 +826,7 @@ impl Parts {
                 );
             }
         }
+        actions.extend(self.body_waits.expire(ctx));
         for spare in self.prefetches.prune(now) {
             streams::give_back(ctx, spare);
         }

@@ -23,7 +23,7 @@ use super::retry::DEFAULT_RETRY;
 use super::slots;
 use crate::entries::{self, LimitState};
 use crate::host::{Host, Level};
-use crate::metrics::LimitCounter;
+use crate::metrics::{FilterCounter, LimitCounter};
 
 /// What a call would take from one member's limits (its policy's and its
 /// own, in its policy's order).
@@ -327,6 +327,55 @@ impl RoutedCalls {
         let costs = routed.costs.get(at)?;
         let index = answered_by(ctx, &routed.set, (pool_index, chosen, at), costs, wait)?;
         Some((index, routed.keys.get(at).cloned().unwrap_or_default()))
+    }
+}
+
+/// The request headers pools route by, of every set this worker has
+/// enforced (its fallback set's, the admin's) and the default one: a
+/// caller's own value of each is removed from every request as its
+/// headers arrive, so that only the member Sluice chose routes a call
+/// (Envoy's member routes match these headers, and a caller naming a
+/// member would reach it with its credential and past its limits).
+#[derive(Debug)]
+pub(super) struct RouteHeaders(Vec<String>);
+
+/// The most route headers remembered; a set names one per pool, and a
+/// pool policy's is usually the default.
+const MAX_ROUTE_HEADERS: usize = 32;
+
+impl Default for RouteHeaders {
+    fn default() -> Self {
+        Self(vec![PoolSpec::DEFAULT_ROUTE_HEADER.to_string()])
+    }
+}
+
+impl RouteHeaders {
+    /// Remembers the route headers of `set`, as well as those before it:
+    /// a header a set no longer routes by may still be matched by
+    /// Envoy's routes.
+    pub fn learn(&mut self, set: &CompiledPolicySet) {
+        for name in set.route_headers() {
+            if self.0.len() < MAX_ROUTE_HEADERS && !self.0.iter().any(|h| h == name) {
+                self.0.push(name.to_string());
+            }
+        }
+    }
+
+    /// Removes each route header the request came with (read first: a
+    /// removal makes Envoy pick the route again, which a request without
+    /// the header need not pay for).
+    pub fn strip<H, R>(&self, ctx: &mut Ctx<'_, H>, req: &R)
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        for name in &self.0 {
+            if req.header(name).is_some() {
+                ctx.host.remove_request_header(name);
+                ctx.metrics
+                    .add_filter(FilterCounter::RouteHeaderStripped, 1);
+            }
+        }
     }
 }
 

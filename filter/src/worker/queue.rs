@@ -47,7 +47,7 @@ pub(super) struct LeftWithLimits {
     pub costs: Vec<u64>,
     pub keys: Vec<Option<u64>>,
     pub places: Vec<LimitPlace>,
-    pub price: Option<sluice_shared::price::ModelPrice>,
+    pub price: Option<sluice_filter_core::pricing::CallPrice>,
     /// Limits it left past a warning line: (name, thousandths used).
     pub warnings: Vec<(String, u64)>,
     /// A pool call: the member it left for, and what it would cost at each.

@@ -147,6 +147,26 @@ impl Refusal {
 
 /// The local reply refusing a call of `policy`, which may try again after
 /// `retry_after`.
+/// The answer to a call whose JSON body names `key` twice in one object,
+/// under a policy that reads the body: 400, since Sluice and the provider
+/// may read such a body differently. Nothing of it was counted.
+pub(super) fn duplicate_key(policy: &CompiledPolicy, key: &str) -> LocalReply {
+    let key: String = key.chars().take(64).filter(|c| !c.is_control()).collect();
+    LocalReply {
+        status: 400,
+        headers: vec![
+            ("x-sluice-policy", policy.name().to_string()),
+            ("x-sluice-reason", "body-duplicate-key".to_string()),
+            ("content-type", "text/plain".to_string()),
+        ],
+        body: format!(
+            "refused by sluice policy {}: the request's JSON body names {key:?} twice in one object\n",
+            policy.name()
+        )
+        .into_bytes(),
+    }
+}
+
 pub(super) fn render(policy: &CompiledPolicy, refusal: &Refusal, retry_after: Span) -> LocalReply {
     let spec = &policy.policy;
     // The RateLimit field speaks of what refused: a further limit, or the

@@ -10,8 +10,8 @@ use rustc_hash::FxHashMap;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledPolicy;
+use sluice_filter_core::pricing::CallPrice;
 use sluice_shared::fair::FairClaimant;
-use sluice_shared::price::ModelPrice;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
@@ -41,7 +41,7 @@ pub(super) struct Waiting {
     /// Who it is in each further limit shared fairly.
     pub limit_claimants: Vec<Option<FairClaimant>>,
     /// The call's model's prices, for its money limits.
-    pub price: Option<ModelPrice>,
+    pub price: Option<CallPrice>,
     /// A pool call: what it would take at each member (chosen when its
     /// turn comes).
     pub pool: Option<Box<PoolCall>>,
@@ -73,7 +73,7 @@ pub(super) struct Further {
     pub keys: Vec<Option<u64>>,
     pub claimants: Vec<Option<FairClaimant>>,
     /// Its model's prices, for its money limits.
-    pub price: Option<ModelPrice>,
+    pub price: Option<CallPrice>,
     /// A queued pool call: what it would take at each member.
     pub pool: Option<Box<PoolCall>>,
     /// Slots it holds in the further concurrency limits.
@@ -128,6 +128,15 @@ impl Streams {
 
     pub fn waiting(&self) -> usize {
         self.count(|s| matches!(s.state, StreamState::Waiting(_)))
+    }
+
+    /// Whether stream `context_id` waits for its turn.
+    pub fn is_waiting(&self, context_id: u32) -> bool {
+        !self.streams.is_empty()
+            && self
+                .streams
+                .get(&context_id)
+                .is_some_and(|s| matches!(s.state, StreamState::Waiting(_)))
     }
 
     fn count(&self, f: impl Fn(&Stream) -> bool) -> usize {

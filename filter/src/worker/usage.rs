@@ -11,8 +11,8 @@
 use rustc_hash::FxHashMap;
 
 use sluice_filter_core::matcher::CompiledPolicy;
+use sluice_filter_core::pricing::CallPrice;
 use sluice_shared::limiter::RateLimiter;
-use sluice_shared::price::ModelPrice;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageReader};
@@ -80,7 +80,7 @@ impl Usages {
         context_id: u32,
         policy: &CompiledPolicy,
         (costs, places): (&[u64], &[LimitPlace]),
-        price: Option<&ModelPrice>,
+        price: Option<&CallPrice>,
         now: Instant,
     ) {
         let owed: Vec<Owed> = policy

@@ -108,6 +108,7 @@ pub fn wasm(file: &Path, configuration: &str) -> String {
               config:
                 name: bench
                 root_id: sluice
+                allow_on_headers_stop_iteration: true
                 vm_config:
                   vm_id: bench
                   runtime: envoy.wasm.runtime.v8
