@@ -38,7 +38,7 @@ pub trait StreamIo {
     fn with_worker<R>(&mut self, f: impl FnOnce(&mut Worker) -> R) -> Option<R>;
     /// The call waits in the queue: a tick will resume or answer it.
     fn waits(&mut self);
-    /// The request's body, `size` bytes, read to its end.
+    /// The request's body read to its end: at most `size` bytes of it.
     fn request_body(&mut self, size: usize) -> Option<Vec<u8>>;
     fn answer_headers(&self) -> Self::AnswerHeaders;
     /// Sets (None: removes) a header of the answer.
@@ -85,8 +85,6 @@ pub struct StreamShell {
     settings: ShellSettings,
     /// Held until its body is in: a cost is read from it.
     awaiting_body: bool,
-    /// Bytes of its body come so far, while `awaiting_body`.
-    body_seen: usize,
     /// Its answer is read for what the call cost, or rewritten.
     reading_answer: bool,
     /// Its end was told to the worker.
@@ -102,7 +100,6 @@ impl StreamShell {
             context_id,
             settings,
             awaiting_body: false,
-            body_seen: 0,
             reading_answer: false,
             ended: false,
             waited: false,
@@ -209,7 +206,6 @@ impl StreamShell {
             }
             return Flow::Continue;
         }
-        self.body_seen = size;
         if size > MAX_REQUEST_BODY_BYTES {
             // Too large to read: decided as unreadable, without buffering
             // the rest.
@@ -240,7 +236,9 @@ impl StreamShell {
         // A body ended by trailers (HTTP/2, gRPC): all of it is buffered
         // by now, and read as one ended without them.
         self.awaiting_body = false;
-        let body = io.request_body(self.body_seen);
+        let body = io
+            .request_body(MAX_REQUEST_BODY_BYTES + 1)
+            .filter(|b| b.len() <= MAX_REQUEST_BODY_BYTES);
         self.decide(host, io, request, RequestBody::Read(body.as_deref()))
     }
 

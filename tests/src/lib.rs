@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod browser;
+pub mod counting;
 pub mod envoy;
 pub mod fair;
 pub mod fleet;

@@ -295,3 +295,111 @@ async fn teams_spend_their_budgets_and_no_model_goes_over_its_tokens_per_minute(
 /// Each team's budget for the brief run: spent in about a third of it here
 /// (a team spends 0.07 to 0.15 USD a second), so a slower machine reaches it too.
 const BRIEF_BUDGET: u64 = 1_000_000;
+
+/// Third security review, item 2: two teams with equal budgets of 2 USD
+/// at gpt-4o's prices. The honest one asks for 16 answers of up to 1 000
+/// tokens and reads each answer whole; the other asks for 128 (`n`) and
+/// either leaves its stream after the first event or takes an answer of
+/// some 300 KiB, past what is read for usage. A provider bills both as
+/// it generated (a stream left early in full). What the dodging team was
+/// billed before its refusals is no more than the honest team's plus one
+/// call's most (before: its calls were estimated at a 128th of their
+/// bill and charged that, and it was billed about 100 times its budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_choices_and_streams_left_early_do_not_dodge_a_budget() -> anyhow::Result<()> {
+    const BUDGET: u64 = 2_000_000;
+    let limits = LlmLimits {
+        bill_abandoned: true,
+        ..LlmLimits::default()
+    };
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let policies = format!(
+        r#"[{{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 1000, "period": "1s"}},
+        "limits": [{{"name": "team-daily", "key": {{"header": "x-team"}},
+            "rate": {{"requests": {BUDGET}, "period": "1d", "algorithm": "fixed_window"}}, "cost": "price"}}]}}]"#
+    );
+    let config = format!(
+        r#"{{"instance": "e2e-dodge", "fallback": {{"version": 1, "prices": {PRICES}, "policies": {policies}}}}}"#
+    );
+    let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
+    llm.reset();
+    llm.set_prices(provider_prices());
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    let call = |team: &'static str, n: u64, stream: bool| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 1000, "n": n, "stream": stream,
+                "messages": [{"role": "user", "content": "Write a long essay."}]});
+            let mut response = http
+                .post(&url)
+                .header("host", "api.llm.example")
+                .header("authorization", format!("Bearer {team}"))
+                .header("x-team", team)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await?;
+            let status = response.status().as_u16();
+            if stream && status == 200 {
+                // The first event, then away.
+                let _ = response.chunk().await?;
+                drop(response);
+            } else {
+                let _ = response.bytes().await?;
+            }
+            anyhow::Ok(status)
+        }
+    };
+    let mut admitted = std::collections::BTreeMap::<&str, u32>::new();
+    let mut done = std::collections::BTreeSet::<&str>::new();
+    for i in 0..400u32 {
+        if done.len() == 2 {
+            break;
+        }
+        for team in ["honest", "dodging"] {
+            if done.contains(team) {
+                continue;
+            }
+            let status = match team {
+                "honest" => call(team, 16, false).await?,
+                _ => call(team, 128, i % 2 == 0).await?,
+            };
+            match status {
+                200 => *admitted.entry(team).or_default() += 1,
+                429 => {
+                    done.insert(team);
+                }
+                other => anyhow::bail!("{team}: {other}"),
+            }
+            // Its charge settles as its answer ends.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let billed = llm.stats().spent;
+    let (honest, dodging) = (
+        billed.get("honest").copied().unwrap_or(0),
+        billed.get("dodging").copied().unwrap_or(0),
+    );
+    // A call's most: 128 answers of 1 000 tokens at 10 USD a million,
+    // and its prompt.
+    let one_call = 128 * 1000 * 10 + 1_000;
+    println!(
+        "money, dodging by choices and streams left early: admitted {admitted:?}; the provider billed the honest team {honest} \
+         and the dodging one {dodging} micro-USD (budgets {BUDGET} each, one call at most {one_call}); \
+         charged unread {}, too large {}",
+        envoy.limit_stat("team-daily", "usage_aborted").unwrap_or(-1.0),
+        envoy.limit_stat("team-daily", "usage_too_large").unwrap_or(-1.0),
+    );
+    anyhow::ensure!(
+        done.len() == 2,
+        "both teams reached their budget: {admitted:?}"
+    );
+    anyhow::ensure!(
+        dodging <= honest + one_call,
+        "the dodging team was billed {dodging}, the honest one {honest}"
+    );
+    anyhow::ensure!(honest <= BUDGET + 16 * 1000 * 10 + 1_000, "{honest}");
+    Ok(())
+}

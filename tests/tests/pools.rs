@@ -308,6 +308,140 @@ async fn a_callers_route_header_names_no_cluster() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the shipped `envoy/pool.yaml` adds so that Envoy itself keeps a
+/// caller's route header from routing: the test takes them out to show
+/// the filter does it alone.
+const EARLY_REMOVAL: &str = "          early_header_mutation_extensions:
+          - name: envoy.http.early_header_mutation.header_mutation
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation
+              mutations:
+              - remove: x-sluice-member
+";
+const SCOPED_DOMAINS: &str = r#"domains: ["api.llm.example", "api.llm.example:*"]"#;
+
+/// 100 calls at once to `host`, each naming member `llm-east` in its own
+/// `x-sluice-member`: their statuses, and how many reached a deployment.
+async fn stray_calls(
+    envoy: &Envoy,
+    host: &str,
+    east: &MockApi,
+    west: &MockApi,
+) -> anyhow::Result<(BTreeMap<u16, u32>, usize)> {
+    east.reset();
+    west.reset();
+    let http = load::client();
+    let mut calls = Vec::new();
+    for _ in 0..100 {
+        let request = http
+            .get(envoy.url("/v1/complete"))
+            .header("host", host)
+            .header("x-sluice-member", "llm-east");
+        calls.push(tokio::spawn(async move {
+            request
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }));
+    }
+    let mut statuses = BTreeMap::new();
+    for call in calls {
+        *statuses.entry(call.await?).or_default() += 1;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok((statuses, east.arrivals().len() + west.arrivals().len()))
+}
+
+/// Third security review, item 1: a caller's own `x-sluice-member` never
+/// routes a call. With Envoy's own defences taken out of the shipped
+/// config (the early removal, the member routes scoped to the pool's
+/// host), 100 calls at once to another host naming `llm-east` reach no
+/// deployment, with the pool's set and before any set with a pool (an
+/// empty fallback); with the shipped config, the same. On the pool's own
+/// host, a caller naming the other member pauses neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_route_header_reaches_no_member() -> anyhow::Result<()> {
+    let (east, west, shipped) = deployments().await?;
+    anyhow::ensure!(
+        shipped.contains(EARLY_REMOVAL) && shipped.contains(SCOPED_DOMAINS),
+        "pool.yaml removes x-sluice-member early and scopes its member routes"
+    );
+    let bare = shipped
+        .replace(EARLY_REMOVAL, "")
+        .replace(SCOPED_DOMAINS, r#"domains: ["*"]"#);
+    let with_pool = format!(
+        r#"{{"instance": "e2e-pool", "fallback": {{"version": 1, "policies": [{}]}}}}"#,
+        pool_policy("")
+    );
+    let no_pool = r#"{"instance": "e2e-pool", "fallback": {"version": 1, "policies": []}}"#;
+    let mut results = Vec::new();
+    for (name, template, config) in [
+        (
+            "the filter alone, the pool's set",
+            &bare,
+            with_pool.as_str(),
+        ),
+        ("the filter alone, no pool yet", &bare, no_pool),
+        ("the shipped config", &shipped, with_pool.as_str()),
+    ] {
+        let envoy = Envoy::start_from(template, config, 9, 9, WORKERS)?;
+        let (statuses, arrived) = stray_calls(&envoy, "other.example", &east, &west).await?;
+        let stripped = envoy.filter_stat("route_header_stripped").unwrap_or(-1.0);
+        println!(
+            "pool, a caller's x-sluice-member: llm-east to other.example, {name}: answers {statuses:?}, \
+             reached a deployment {arrived}, removed by the filter {stripped}"
+        );
+        results.push((name, statuses, arrived));
+    }
+    // On the pool's host, naming the other member: Sluice's choice stands,
+    // and no member is taken for one Envoy retried away from.
+    let envoy = Envoy::start_from(&bare, &with_pool, 9, 9, WORKERS)?;
+    east.reset();
+    west.reset();
+    let http = load::client();
+    let mut answered = BTreeMap::<String, u32>::new();
+    for i in 0..20 {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let named = if i % 2 == 0 { "llm-east" } else { "llm-west" };
+        let resp = http
+            .get(envoy.url("/v1/complete"))
+            .header("host", "api.llm.example")
+            .header("x-sluice-member", named)
+            .send()
+            .await?;
+        let by = resp
+            .headers()
+            .get("x-sluice-member-answered")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none")
+            .to_string();
+        *answered
+            .entry(format!("{} {by}", resp.status().as_u16()))
+            .or_default() += 1;
+    }
+    let paused = envoy.limit_stat("east-rps", "paused").unwrap_or(0.0)
+        + envoy.limit_stat("west-rps", "paused").unwrap_or(0.0);
+    let retried = envoy.limit_stat("east-rps", "pool_retried").unwrap_or(0.0)
+        + envoy.limit_stat("west-rps", "pool_retried").unwrap_or(0.0);
+    println!(
+        "pool, callers naming a member on the pool's host: answers {answered:?}; members paused {paused}, retried-away counts {retried}"
+    );
+    for (name, statuses, arrived) in &results {
+        anyhow::ensure!(*arrived == 0, "{name}: {arrived} reached a deployment");
+        anyhow::ensure!(statuses.keys().all(|s| *s == 404), "{name}: {statuses:?}");
+    }
+    anyhow::ensure!(
+        answered.keys().all(|k| k == "200 east" || k == "200 west"),
+        "{answered:?}"
+    );
+    anyhow::ensure!(
+        paused == 0.0 && retried == 0.0,
+        "paused {paused}, retried {retried}"
+    );
+    Ok(())
+}
+
 /// Two deployments that say what is left (OpenAI's request headers), each
 /// allowing 40 calls per second of its own; the members follow those
 /// headers. 60 calls a second for 8 s; after 3 s east's limit halves to

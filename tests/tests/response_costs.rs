@@ -731,9 +731,11 @@ async fn post_raw(
 
 /// Policies per model, from the request's JSON body, through Envoy: the
 /// first policy whose `match.json` holds takes the call, a limit keyed by
-/// `model` gives each model its own requests per minute, and a body that
-/// is not JSON, lacks the field or is too large to read goes to the next
-/// policy, counted, as do calls lacking the key's field.
+/// `model` gives each model its own requests per minute; a body lacking
+/// the field goes to the next policy, counted, as do calls lacking the
+/// key's field; one that cannot be read (not JSON, padded past 1 MiB) is
+/// decided under the first policy whose headers match (third review, item
+/// 4), and one naming a key twice is refused (400).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::Result<()> {
     let policies = r#"[
@@ -777,12 +779,24 @@ async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::
     for _ in 0..3 {
         seen.push(send("claude", chat("claude-haiku", Some("ann"))).await?);
     }
+    // Bodies gpt-4o's policy cannot read fall under it (fail closed):
+    // gpt-4o's calls are spent, so they are refused naming it.
     seen.push(send("not json", b"model=gpt-4o".to_vec()).await?);
     seen.push(send("no model", br#"{"prompt": "hi"}"#.to_vec()).await?);
+    // Valid JSON a provider reads, padded with 1.1 MB of spaces.
     let mut huge = chat("gpt-4o", None);
-    huge.truncate(huge.len() - 1);
-    huge.extend_from_slice(format!(r#","pad":"{}"}}"#, "x".repeat(1_100_000)).as_bytes());
+    huge.extend(std::iter::repeat_n(b' ', 1_100_000));
     seen.push(send("too large", huge).await?);
+    // A byte order mark: read through, as providers do.
+    let bom = [b"\xEF\xBB\xBF".as_slice(), &chat("gpt-4o", None)].concat();
+    seen.push(send("bom", bom).await?);
+    // One key twice: readers differ on which wins.
+    for body in [
+        br#"{"model": "gpt-3.5", "model": "gpt-4o", "max_tokens": 5}"#.as_slice(),
+        br#"{"model": "gpt-4o", "model": "gpt-3.5", "max_tokens": 5}"#,
+    ] {
+        seen.push(send("twice", body.to_vec()).await?);
+    }
     let outcome = |label: &str| -> Vec<String> {
         seen.iter()
             .filter(|(l, _)| *l == label)
@@ -797,14 +811,18 @@ async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::
     };
     let stat = |policy: &str, name: &str| envoy.policy_stat(name, policy).unwrap_or(-1.0);
     sluice_e2e::load::wait_for("the stats", Duration::from_secs(10), || {
-        stat("rest", "admitted") >= 6.0 && stat("gpt-4o", "body_unmatched") >= 3.0
+        stat("rest", "admitted") >= 4.0
+            && stat("gpt-4o", "body_unmatched") >= 1.0
+            && stat("gpt-4o", "body_unreadable") >= 2.0
+            && stat("gpt-4o", "body_refused") >= 2.0
     })
     .await?;
     let unread = envoy.policy_stat("key_unread", "models").unwrap_or(-1.0);
     println!(
-        "per model: gpt-4o {:?}; gpt-4o-mini {:?}; gpt-3.5 {:?}; claude {:?}; not JSON {:?}, no model {:?}, too large {:?}; \
-         admitted gpt-4o {}, models {}, rest {}; passed over by gpt-4o {} and by models {}; models' calls without a user {unread}; \
-         bodies too large {}",
+        "per model: gpt-4o {:?}; gpt-4o-mini {:?}; gpt-3.5 {:?}; claude {:?}; not JSON {:?}, no model {:?}, \
+         1.1 MB of spaces {:?}, a byte order mark {:?}, model twice {:?}; \
+         admitted gpt-4o {}, models {}, rest {}; passed over by gpt-4o {} and by models {}; decided unread under gpt-4o {}; \
+         refused for a key twice {}; models' calls without a user {unread}; bodies too large {}",
         outcome("gpt-4o"),
         outcome("gpt-4o-mini"),
         outcome("gpt-3.5"),
@@ -812,11 +830,15 @@ async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::
         outcome("not json"),
         outcome("no model"),
         outcome("too large"),
+        outcome("bom"),
+        outcome("twice"),
         stat("gpt-4o", "admitted"),
         stat("models", "admitted"),
         stat("rest", "admitted"),
         stat("gpt-4o", "body_unmatched"),
         stat("models", "body_unmatched"),
+        stat("gpt-4o", "body_unreadable"),
+        stat("gpt-4o", "body_refused"),
         envoy.filter_stat("request_body_too_large").unwrap_or(-1.0),
     );
     assert_eq!(
@@ -827,15 +849,28 @@ async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::
     assert_eq!(outcome("gpt-4o-mini"), per_model, "its own 2 a minute");
     assert_eq!(outcome("gpt-3.5"), per_model, "its own 2 a minute too");
     assert_eq!(outcome("claude"), ["200"; 3]);
-    for label in ["not json", "no model", "too large"] {
-        assert_ne!(outcome(label)[0].get(..3), Some("429"), "{label}");
+    for label in ["not json", "too large", "bom"] {
+        assert_eq!(
+            outcome(label),
+            ["429 gpt-4o"],
+            "{label}: never the catch-all"
+        );
     }
+    assert_eq!(
+        outcome("no model"),
+        ["200"],
+        "a readable body without the field"
+    );
+    assert_eq!(outcome("twice"), ["400", "400"]);
     assert_eq!(stat("gpt-4o", "admitted"), 3.0);
     assert_eq!(stat("models", "admitted"), 4.0);
-    assert_eq!(stat("rest", "admitted"), 6.0);
-    // Passed over: the body not JSON, without `model`, too large to read.
-    assert_eq!(stat("gpt-4o", "body_unmatched"), 3.0);
-    assert_eq!(stat("models", "body_unmatched"), 3.0);
+    assert_eq!(stat("rest", "admitted"), 4.0);
+    // Passed over: the body without `model`; decided unread: not JSON,
+    // too large to read.
+    assert_eq!(stat("gpt-4o", "body_unmatched"), 1.0);
+    assert_eq!(stat("models", "body_unmatched"), 1.0);
+    assert_eq!(stat("gpt-4o", "body_unreadable"), 2.0);
+    assert_eq!(stat("gpt-4o", "body_refused"), 2.0);
     assert_eq!(unread, 3.0, "the three gpt-3.5 calls without a user");
     assert_eq!(envoy.filter_stat("request_body_too_large")?, 1.0);
     Ok(())
@@ -1147,5 +1182,133 @@ async fn streams_are_asked_for_their_usage_and_callers_see_the_answer_they_asked
     assert_eq!(status, 200);
     stat_reaches(&envoy, "asked", "usage_aborted", 1.0).await?;
     assert_eq!(envoy.policy_stat("stream_usage_asked", "llm")?, 2.0);
+    Ok(())
+}
+
+/// Third security review, item 3: a call a policy decides on its body
+/// holds its headers until it is decided, so nothing of a refused call
+/// reaches the provider. 60 calls at once for gpt-4o, which allows 5 a
+/// minute, and 10 for another model: the provider saw exactly the 15
+/// admitted, each with its whole body (before, every refused call reached
+/// it with its headers and was cut off there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_refused_on_its_body_never_reaches_the_provider() -> anyhow::Result<()> {
+    use sluice_e2e::counting::CountingUpstream;
+    let upstream = CountingUpstream::start().await?;
+    let config = r#"{"instance": "e2e-hold", "fallback": {"version": 1, "policies": [
+        {"name": "gpt-4o", "match": {"host": "api.llm.example", "json": [{"path": "model", "equals": "gpt-4o"}]},
+         "rate": {"requests": 5, "period": "1m", "burst": 5}},
+        {"name": "rest", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"}}]}}"#;
+    let envoy = Envoy::start(config, upstream.addr.port(), WORKERS)?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    // Bodies of 20 KB: several pieces on the way.
+    let body = |model: &str| {
+        serde_json::json!({"model": model, "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x".repeat(20_000)}]})
+        .to_string()
+        .into_bytes()
+    };
+    let sizes = [body("gpt-4o").len(), body("gpt-4o-mini").len()];
+    let mut calls = Vec::new();
+    for i in 0..70 {
+        let model = if i % 7 == 6 { "gpt-4o-mini" } else { "gpt-4o" };
+        let (http, url, body) = (http.clone(), url.clone(), body(model));
+        calls.push(tokio::spawn(async move {
+            post_raw(&http, &url, body).await.map(|a| (model, a))
+        }));
+    }
+    let mut answered = std::collections::BTreeMap::<String, u32>::new();
+    for call in calls {
+        let (model, (status, policy, _)) = call.await??;
+        *answered
+            .entry(format!("{model} {status} {}", policy.unwrap_or_default()))
+            .or_default() += 1;
+    }
+    sluice_e2e::load::wait_for("the provider's reads", Duration::from_secs(10), || {
+        upstream.seen().complete.len() >= 15
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen = upstream.seen();
+    println!(
+        "held headers: answers {answered:?}; the provider saw {} requests begin, {} read whole (each {sizes:?} bytes: {}), {} cut off",
+        seen.begun,
+        seen.complete.len(),
+        seen.complete.iter().all(|n| sizes.contains(n)),
+        seen.cut
+    );
+    anyhow::ensure!(
+        answered.get("gpt-4o 200 ").copied() == Some(5),
+        "{answered:?}"
+    );
+    anyhow::ensure!(
+        answered.get("gpt-4o 429 gpt-4o").copied() == Some(55),
+        "{answered:?}"
+    );
+    anyhow::ensure!(
+        answered.get("gpt-4o-mini 200 ").copied() == Some(10),
+        "{answered:?}"
+    );
+    anyhow::ensure!(seen.begun == 15, "the provider saw {} begin", seen.begun);
+    anyhow::ensure!(seen.cut == 0, "{} cut off", seen.cut);
+    anyhow::ensure!(
+        seen.complete.len() == 15 && seen.complete.iter().all(|n| sizes.contains(n)),
+        "{:?}",
+        seen.complete
+    );
+    Ok(())
+}
+
+/// Item 4: an HTTP/2 request whose body ends with trailers is read at the
+/// trailers and decided on what it says: gpt-4o's 2 a minute hold over
+/// h2c (before, such a body was taken as unread and went on to the
+/// catch-all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_ended_by_trailers_is_read_over_h2c() -> anyhow::Result<()> {
+    use sluice_e2e::counting::CountingUpstream;
+    let upstream = CountingUpstream::start().await?;
+    let config = r#"{"instance": "e2e-trailers", "fallback": {"version": 1, "policies": [
+        {"name": "gpt-4o", "match": {"host": "api.llm.example", "json": [{"path": "model", "equals": "gpt-4o"}]},
+         "rate": {"requests": 2, "period": "1m", "burst": 2}},
+        {"name": "rest", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"}}]}}"#;
+    let envoy = Envoy::start(config, upstream.addr.port(), WORKERS)?;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", envoy.listener_port)).await?;
+    let (mut h2, connection) = h2::client::handshake(tcp).await?;
+    tokio::spawn(connection);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://api.llm.example/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(())?;
+        h2 = h2.ready().await?;
+        let (answer, mut stream) = h2.send_request(request, false)?;
+        stream.send_data(bytes::Bytes::from_static(br#"{"model": "gpt-4o", "#), false)?;
+        stream.send_data(bytes::Bytes::from_static(br#""max_tokens": 5}"#), false)?;
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
+        stream.send_trailers(trailers)?;
+        let answer = answer.await?;
+        let policy = answer
+            .headers()
+            .get("x-sluice-policy")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        statuses.push(format!("{} {policy}", answer.status().as_u16()));
+    }
+    let seen = upstream.seen();
+    println!(
+        "trailers over h2c: {statuses:?}; the provider saw {} begin, {} whole",
+        seen.begun,
+        seen.complete.len()
+    );
+    anyhow::ensure!(
+        statuses == ["200 ", "200 ", "429 gpt-4o"],
+        "decided as gpt-4o: {statuses:?}"
+    );
+    anyhow::ensure!(seen.begun == 2, "{seen:?}");
     Ok(())
 }

@@ -52,6 +52,11 @@ pub struct LlmLimits {
     /// once), as a slow provider's large answer arrives.
     #[serde(default)]
     pub json_chunk_every: Duration,
+    /// A stream its client leaves is billed in full, as a provider that
+    /// generates what was asked whether or not the caller stays (off:
+    /// billed nothing, counted abandoned).
+    #[serde(default)]
+    pub bill_abandoned: bool,
 }
 
 impl Default for LlmLimits {
@@ -63,6 +68,7 @@ impl Default for LlmLimits {
             step: Duration::from_millis(5),
             content_events: 4,
             json_chunk_every: Duration::ZERO,
+            bill_abandoned: false,
         }
     }
 }
@@ -454,6 +460,7 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Byt
             .collect();
         let answer = serde_json::json!({
             "object": "chat.completion",
+            "model": ask.model,
             "choices": choices,
             "usage": usage,
         });
@@ -506,6 +513,11 @@ impl Drop for Progress {
     fn drop(&mut self) {
         if !self.done {
             self.inner.abandoned();
+            if self.inner.limits.bill_abandoned {
+                let total = self.usage.total_tokens;
+                self.inner
+                    .completed((&self.key, &self.payer), self.window, total, self.spent);
+            }
         }
     }
 }

@@ -222,6 +222,7 @@ impl RootContext for SluiceRoot {
             return false;
         };
         let sync = SyncSettings::from_config(&config);
+        self.shell = ShellSettings::of(&config);
         let set = CompiledPolicySet::from_validated(config.fallback);
         host.log(
             Level::Info,
@@ -237,7 +238,6 @@ impl RootContext for SluiceRoot {
         w.install(&host, set);
         w.set_sync(sync);
         w.start_ticking(&host);
-        self.shell = ShellSettings::of(&config);
         true
     }
 

@@ -398,3 +398,36 @@ fn a_body_that_never_comes_ends_in_a_408_not_a_hang() {
         .count();
     assert_eq!(told, 1);
 }
+
+/// A body that says it is larger than what Sluice reads is decided on its
+/// headers as one it cannot read (fail closed), nothing held: Envoy would
+/// answer 413 to a body held past its own buffer limit.
+#[test]
+fn a_body_declared_too_large_is_decided_on_its_headers() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, PER_MODEL);
+    let model = br#"{"model": "gpt-4o"}"#;
+    for id in 1..=2 {
+        assert_eq!(
+            per_model_call(&host, &mut w, id, Some(model)),
+            Verdict::Continue
+        );
+    }
+    let large = req(b"llm.example", &[("content-length", b"1100000")]);
+    let v = w.on_request_with(
+        &host,
+        3,
+        large.as_slice(),
+        crate::worker::RequestBody::Coming,
+    );
+    assert_eq!(status(&v), 429);
+    assert_eq!(header_of(&v, "x-sluice-policy"), Some("gpt-4o"));
+    let small = req(b"llm.example", &[("content-length", b"20")]);
+    let v = w.on_request_with(
+        &host,
+        4,
+        small.as_slice(),
+        crate::worker::RequestBody::Coming,
+    );
+    assert_eq!(v, Verdict::ReadBody);
+}

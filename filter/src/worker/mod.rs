@@ -93,6 +93,16 @@ pub enum RequestBody<'a> {
 /// estimated at the cost's `max`.
 pub const MAX_REQUEST_BODY_BYTES: usize = 1024 * 1024;
 
+/// The body's length as its `content-length` says (None: it does not,
+/// or not as a number).
+fn declared_length<R: RequestHeaders + ?Sized>(req: &R) -> Option<usize> {
+    let value = req.header("content-length")?;
+    let text = std::str::from_utf8(value.trim_ascii()).ok()?;
+    text.parse::<u64>()
+        .ok()
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
 /// Tick period with nobody waiting: lease renewal and stats only.
 pub const IDLE_TICK: Span = Span::from_millis(100);
 /// Tick period while requests wait: how promptly a turn is noticed.
@@ -517,6 +527,13 @@ impl Parts {
         let (class, passed_over) =
             match policies.classify(req, (&self.key_secret, self.spend_labels.secret()), &body) {
                 Classified::NeedsBody { from } => {
+                    if declared_length(req).is_some_and(|n| n > MAX_REQUEST_BODY_BYTES) {
+                        // Too large to read, as it says itself: decided now
+                        // as a body that cannot be read, nothing buffered
+                        // (Envoy answers 413 to a body held past its own
+                        // buffer limit, 1 MiB by default).
+                        return self.request(ctx, context_id, req, RequestBody::Read(None));
+                    }
                     // Read while the headers pass: the host answers header
                     // reads no more once the body comes.
                     policies.keep_headers_for_body(req, from);
