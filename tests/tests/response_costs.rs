@@ -1280,7 +1280,7 @@ async fn a_body_ended_by_trailers_is_read_over_h2c() -> anyhow::Result<()> {
     for _ in 0..3 {
         let request = http::Request::builder()
             .method("POST")
-            .uri(format!("http://api.llm.example/v1/chat/completions"))
+            .uri("http://api.llm.example/v1/chat/completions")
             .header("content-type", "application/json")
             .body(())?;
         h2 = h2.ready().await?;
