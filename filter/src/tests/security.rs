@@ -431,3 +431,115 @@ fn a_body_declared_too_large_is_decided_on_its_headers() {
     );
     assert_eq!(v, Verdict::ReadBody);
 }
+
+/// A money budget at gpt-4o's prices (2.5 and 10 USD a million tokens in
+/// and out), `budget` micro-USD a day; the model read where `model` says
+/// (default: the body's `model`).
+fn money(budget: u64, model: &str) -> String {
+    format!(
+        r#"{{"version": 1, "prices": {{"currency": "USD", "models": {{
+              "gpt-4o": {{"input": "2.5", "output": "10"}}, "gpt-4o-*": {{"input": "2.5", "output": "10"}},
+              "gpt-4o-mini": {{"input": "0.15", "output": "0.6"}}}}}},
+            "policies": [{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 1000, "period": "1s"}},
+              "limits": [{{"name": "budget", "rate": {{"requests": {budget}, "period": "1d", "algorithm": "fixed_window"}},
+                           "cost": {{"price": {{{model}}}}}}}]}}]}}"#
+    )
+}
+
+fn priced_call(host: &FakeHost, w: &mut Worker, id: u32, path: &[u8], body: &[u8]) -> Verdict {
+    let r: Vec<(&str, &[u8])> = vec![
+        (":authority", b"llm.example"),
+        (":path", path),
+        (":method", b"POST"),
+    ];
+    let v = w.on_request_with(host, id, r.as_slice(), crate::worker::RequestBody::Coming);
+    assert_eq!(v, Verdict::ReadBody);
+    w.on_request_with(
+        host,
+        id,
+        r.as_slice(),
+        crate::worker::RequestBody::Read(Some(body)),
+    )
+}
+
+fn answer_json(host: &FakeHost, w: &mut Worker, id: u32, body: &[u8]) {
+    let headers: Vec<(&str, &[u8])> =
+        vec![(":status", b"200"), ("content-type", b"application/json")];
+    let mut wanted = w.on_response_headers(host, id, headers.as_slice(), false);
+    let pieces: Vec<&[u8]> = body.chunks(64 * 1024).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        assert!(wanted, "read to its end");
+        wanted = w.on_response_body(host, id, piece, i + 1 == pieces.len());
+    }
+    w.on_stream_end(host, id);
+}
+
+/// Item 2: `n: 128` asks for 128 answers: at 0.10 USD the call is refused
+/// up front (its estimate is 128 answers of 1 000 tokens); under a budget
+/// that admits it, its 300 KiB answer (past the 256 KiB read for usage)
+/// is charged at least its bill, read from the answer's end.
+#[test]
+fn many_choices_are_estimated_and_a_huge_answer_is_charged_its_bill() {
+    let body = br#"{"model": "gpt-4o", "n": 128, "max_tokens": 1000, "messages": [{"role": "user", "content": "Write."}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &money(100_000, ""));
+    let v = priced_call(&host, &mut w, 1, b"/v1/chat/completions", body);
+    assert_eq!(status(&v), 429, "128 answers of 1 000 tokens are 1.28 USD");
+
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &money(10_000_000, ""));
+    assert_eq!(
+        priced_call(&host, &mut w, 1, b"/v1/chat/completions", body),
+        Verdict::Continue
+    );
+    let text = "tok ".repeat(300 * 1024 / 4);
+    let answer = format!(
+        r#"{{"id": "x", "object": "chat.completion", "model": "gpt-4o", "choices": [{{"index": 0, "message": {{"content": "{text}"}}}}],
+            "usage": {{"prompt_tokens": 20, "completion_tokens": 64000, "total_tokens": 64020}}}}"#
+    );
+    assert!(answer.len() > 300 * 1024);
+    answer_json(&host, &mut w, 1, answer.as_bytes());
+    w.on_tick(&host);
+    let bill = 64_000 * 10 + 20 * 25 / 10;
+    let charged = host.metric("sluice.limit.budget.tokens");
+    assert!(charged >= bill, "charged {charged}, billed {bill}");
+    assert_eq!(host.metric("sluice.limit.budget.usage_read"), 1);
+}
+
+/// Item 7: a deployment URL names gpt-4o while the body says
+/// gpt-4o-mini: priced as gpt-4o. Priced by the body, a call whose
+/// answer names a dearer model than the body did is charged at the
+/// answer's model.
+#[test]
+fn money_is_priced_at_the_deployment_and_at_the_model_that_answered() {
+    let body = br#"{"model": "gpt-4o-mini", "max_tokens": 1000}"#;
+    let answer = br#"{"model": "gpt-4o-2024-08-06", "usage": {"prompt_tokens": 1000, "completion_tokens": 1000}}"#;
+    let gpt4o = 1000 * 25 / 10 + 1000 * 10;
+    let mini = 1000 * 15 / 100 + 1000 * 6 / 10;
+    for (model, path) in [
+        (
+            r#""model": {"path_after": "/openai/deployments/"}"#,
+            &b"/openai/deployments/gpt-4o/chat/completions"[..],
+        ),
+        ("", b"/v1/chat/completions"),
+    ] {
+        let host = FakeHost::at(T0);
+        let mut w = worker(&host, &money(10_000_000, model));
+        assert_eq!(priced_call(&host, &mut w, 1, path, body), Verdict::Continue);
+        answer_json(&host, &mut w, 1, answer);
+        w.on_tick(&host);
+        assert_eq!(host.metric("sluice.limit.budget.tokens"), gpt4o, "{model}");
+    }
+    // The answer naming the model asked for: its own price.
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &money(10_000_000, ""));
+    priced_call(&host, &mut w, 1, b"/v1/chat/completions", body);
+    answer_json(
+        &host,
+        &mut w,
+        1,
+        br#"{"model": "gpt-4o-mini", "usage": {"prompt_tokens": 1000, "completion_tokens": 1000}}"#,
+    );
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.budget.tokens"), mini);
+}
