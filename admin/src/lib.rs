@@ -19,6 +19,7 @@ pub mod people_api;
 pub mod people_cli;
 pub mod push;
 pub mod relay;
+pub mod secrets;
 pub mod server;
 pub mod store;
 

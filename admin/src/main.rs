@@ -257,6 +257,46 @@ fn parse_span(text: &str) -> Result<sluice_shared::Span, String> {
     Ok(d.as_span())
 }
 
+/// Refuses to serve with a secret that is none: a placeholder of the
+/// shipped manifests, or a sync token short enough to guess.
+fn refuse_placeholder_secrets(args: &Args) -> anyhow::Result<()> {
+    use sluice_admin::secrets::{refusal, Given, MIN_SYNC_TOKEN_BYTES};
+    let given = [
+        (
+            "SLUICE_ADMIN_PASSWORD",
+            "--admin-password",
+            &args.admin_password,
+            0,
+        ),
+        (
+            "SLUICE_SYNC_TOKEN",
+            "--sync-token",
+            &args.sync_token,
+            MIN_SYNC_TOKEN_BYTES,
+        ),
+        (
+            "SLUICE_METRICS_TOKEN",
+            "--metrics-token",
+            &args.metrics_token,
+            0,
+        ),
+    ];
+    for (variable, flag, value, min_len) in given {
+        let Some(value) = value else {
+            continue;
+        };
+        let given = Given {
+            variable,
+            flag,
+            value,
+        };
+        if let Some(why) = refusal(&given, min_len) {
+            bail!("{why}");
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -306,6 +346,7 @@ async fn main() -> anyhow::Result<()> {
         // Decided once the store is open: its users may be the way in.
         (None, None, false) => Credentials::UsersOnly,
     };
+    refuse_placeholder_secrets(&args)?;
     let seed = match &args.seed {
         Some(path) => {
             let text = std::fs::read_to_string(path)

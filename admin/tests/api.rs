@@ -10,7 +10,7 @@ use sluice_admin::store::Store;
 use sluice_admin::AppState;
 
 const PASSWORD: &str = "test-password-1";
-const SYNC_TOKEN: &str = "sync-secret";
+const SYNC_TOKEN: &str = "sync-secret-0123456789abcdef-0123456789";
 
 struct Admin {
     base: String,
@@ -1124,6 +1124,54 @@ fn insecure_dev_refuses_to_run_where_it_would_be_exposed() {
         half_tls.contains("--tls-listen goes with a certificate"),
         "{half_tls}"
     );
+}
+
+/// Third security review, item 8: the admin refuses to start with a
+/// placeholder of the shipped manifests as its password, sync token or
+/// metrics token, or with a sync token under 32 bytes, naming the
+/// variable and never echoing the value.
+#[test]
+fn placeholder_secrets_and_short_sync_tokens_are_refused_at_startup() {
+    let long = "0123456789abcdef0123456789abcdef";
+    for (variable, value, says) in [
+        (
+            "SLUICE_ADMIN_PASSWORD",
+            "replace-with-a-password",
+            "SLUICE_ADMIN_PASSWORD (--admin-password) is still a placeholder",
+        ),
+        (
+            "SLUICE_SYNC_TOKEN",
+            "replace-with-openssl-rand-hex-32",
+            "SLUICE_SYNC_TOKEN (--sync-token) is still a placeholder",
+        ),
+        (
+            "SLUICE_METRICS_TOKEN",
+            "replace-with-openssl-rand-hex-32",
+            "SLUICE_METRICS_TOKEN (--metrics-token) is still a placeholder",
+        ),
+        (
+            "SLUICE_SYNC_TOKEN",
+            "short-token",
+            "SLUICE_SYNC_TOKEN (--sync-token) is 11 bytes long: at least 32",
+        ),
+    ] {
+        let mut env = vec![
+            ("SLUICE_ADMIN_PASSWORD", "a-real-password"),
+            ("SLUICE_SYNC_TOKEN", long),
+        ];
+        env.retain(|(v, _)| *v != variable);
+        env.push((variable, value));
+        let refused = refused_start(&["--listen", "127.0.0.1:0"], &env);
+        println!(
+            "refused at startup: {}",
+            refused.lines().last().unwrap_or_default()
+        );
+        assert!(refused.contains(says), "{refused}");
+        assert!(
+            !refused.contains(value),
+            "the value is not echoed: {refused}"
+        );
+    }
 }
 
 /// A limit named in several policies is one limit: a policy that gives it

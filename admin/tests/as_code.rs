@@ -492,7 +492,10 @@ async fn admin_binary(db: &Path, extra: &[&str]) -> (AdminBinary, Duration) {
         .arg(db)
         .args(extra)
         .env("SLUICE_ADMIN_PASSWORD", PASSWORD)
-        .env("SLUICE_SYNC_TOKEN", "sync")
+        .env(
+            "SLUICE_SYNC_TOKEN",
+            "sync-token-of-the-admin-tests-0123456789",
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -14,7 +14,10 @@ fn start(db: &std::path::Path, port: u16) -> Child {
         .args(["--listen", &format!("127.0.0.1:{port}"), "--db"])
         .arg(db)
         .env("SLUICE_ADMIN_PASSWORD", PASSWORD)
-        .env("SLUICE_SYNC_TOKEN", "crash-token")
+        .env(
+            "SLUICE_SYNC_TOKEN",
+            "crash-token-0123456789abcdef-0123456789",
+        )
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -807,7 +807,10 @@ async fn the_first_admin_is_made_from_the_shell() {
         .arg(&db)
         .env_remove("SLUICE_ADMIN_PASSWORD")
         .env_remove("SLUICE_ADMIN_PASSWORD_HASH")
-        .env("SLUICE_SYNC_TOKEN", "sync")
+        .env(
+            "SLUICE_SYNC_TOKEN",
+            "sync-token-of-the-admin-tests-0123456789",
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

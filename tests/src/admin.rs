@@ -14,7 +14,7 @@ use sluice_admin::AppState;
 use tokio::sync::oneshot;
 
 pub const PASSWORD: &str = "e2e-password";
-pub const SYNC_TOKEN: &str = "e2e-sync-token";
+pub const SYNC_TOKEN: &str = "e2e-sync-token-0123456789abcdef-0123456789";
 
 pub struct AdminServer {
     pub port: u16,
