@@ -191,7 +191,10 @@ fn one_of_kind<'a>(docs: &'a [Value], kind: &str) -> anyhow::Result<&'a Value> {
 }
 
 fn is_core(doc: &Value) -> bool {
-    matches!(doc["apiVersion"].as_str(), Some("v1" | "apps/v1"))
+    matches!(
+        doc["apiVersion"].as_str(),
+        Some("v1" | "apps/v1" | "networking.k8s.io/v1")
+    )
 }
 
 /// `kubernetes-validate --strict` on `docs`; its report.
@@ -560,9 +563,48 @@ fn istio_gets_a_wasm_plugin_it_documents_with_a_configuration_the_filter_takes(
         .find(|d| d["kind"] == "Deployment")
         .context("no admin")?;
     ensure!(!admin.to_string().contains("--tls-listen"));
+    // Third review, item 9: injected by revision, mutual TLS required.
     let namespace = one_of_kind(docs, "Namespace")?;
-    ensure!(namespace["metadata"]["labels"]["istio-injection"] == "enabled");
-    println!("istio: WasmPlugin fields all documented; its pluginConfig parses with {from_host:?} from the proxy");
+    let labels = &namespace["metadata"]["labels"];
+    ensure!(
+        labels["istio.io/rev"].is_string() && labels["istio-injection"].is_null(),
+        "the namespace is injected by revision, not by istio-injection: {labels}"
+    );
+    let peer = one_of_kind(docs, "PeerAuthentication")?;
+    ensure!(peer["apiVersion"] == "security.istio.io/v1");
+    ensure_documented(
+        "PeerAuthentication.spec",
+        &peer["spec"],
+        &["selector", "mtls", "portLevelMtls"],
+    )?;
+    ensure!(peer["spec"]["mtls"]["mode"] == "STRICT", "{peer}");
+    ensure!(
+        peer["spec"]["selector"]["matchLabels"] == admin["spec"]["selector"]["matchLabels"],
+        "the PeerAuthentication selects the admin's pods: {peer}"
+    );
+    let rule = one_of_kind(docs, "DestinationRule")?;
+    ensure!(rule["apiVersion"] == "networking.istio.io/v1");
+    ensure_documented(
+        "DestinationRule.spec",
+        &rule["spec"],
+        &[
+            "host",
+            "trafficPolicy",
+            "subsets",
+            "exportTo",
+            "workloadSelector",
+        ],
+    )?;
+    ensure!(rule["spec"]["host"] == "sluice-admin.sluice.svc.cluster.local");
+    ensure!(
+        rule["spec"]["trafficPolicy"]["tls"]["mode"] == "ISTIO_MUTUAL",
+        "{rule}"
+    );
+    println!(
+        "istio: WasmPlugin fields all documented; its pluginConfig parses with {from_host:?} from the proxy; \
+         namespace injected by revision {}, admin under STRICT mutual TLS, called with ISTIO_MUTUAL",
+        labels["istio.io/rev"]
+    );
     Ok(())
 }
 
@@ -712,6 +754,40 @@ fn envoy_gateway_gets_resources_it_documents_and_a_bootstrap_envoy_takes() -> an
         &["type", "kubernetes"],
     )?;
     ensure!(spec["provider"]["type"] == "Kubernetes");
+    ensure_documented(
+        "EnvoyProxy.spec.provider.kubernetes",
+        &spec["provider"]["kubernetes"],
+        &[
+            "envoyDeployment",
+            "envoyDaemonSet",
+            "envoyService",
+            "envoyHpa",
+            "envoyPDB",
+            "useListenerPortAsContainerPort",
+        ],
+    )?;
+    let service = &spec["provider"]["kubernetes"]["envoyService"];
+    ensure_documented(
+        "envoyService",
+        service,
+        &[
+            "annotations",
+            "labels",
+            "type",
+            "loadBalancerClass",
+            "allocateLoadBalancerNodePorts",
+            "loadBalancerSourceRanges",
+            "loadBalancerIP",
+            "externalTrafficPolicy",
+            "patch",
+            "name",
+        ],
+    )?;
+    // Third review, item 6: inside the cluster only.
+    ensure!(
+        service["type"] == "ClusterIP",
+        "the Envoys' Service is exposed: {service}"
+    );
     let deployment = &spec["provider"]["kubernetes"]["envoyDeployment"];
     ensure_documented("envoyDeployment", deployment, DEPLOYMENT_SPEC)?;
     ensure_documented("envoyDeployment.pod", &deployment["pod"], POD_SPEC)?;
@@ -761,5 +837,169 @@ fn envoy_gateway_gets_resources_it_documents_and_a_bootstrap_envoy_takes() -> an
         "envoy gateway: EnvoyExtensionPolicy, EnvoyProxy and Gateway fields all documented; \
          the filter's config parses with {host_keys:?}; the bootstrap's {cluster} validates"
     );
+    Ok(())
+}
+
+/// The ports `policy` lets in, each with where from: `None` for a rule
+/// without `from` (anyone).
+fn admitted(policy: &Value) -> Vec<(String, Option<Vec<Value>>)> {
+    let mut out = Vec::new();
+    for rule in policy["spec"]["ingress"].as_array().into_iter().flatten() {
+        let from = rule["from"].as_array().cloned();
+        for port in rule["ports"].as_array().into_iter().flatten() {
+            let port = match &port["port"] {
+                Value::String(name) => name.clone(),
+                other => other.to_string(),
+            };
+            out.push((port, from.clone()));
+        }
+    }
+    out
+}
+
+/// Third security review, item 6: NetworkPolicies let only labelled
+/// application namespaces reach the egress port, and only the gateway's
+/// pods reach the admin's sync port, in every kustomization; none lets
+/// anyone in on any port.
+#[test]
+fn network_policies_let_only_applications_reach_the_egress_and_only_gateways_the_sync(
+) -> anyhow::Result<()> {
+    let all = rendered()?;
+    for (name, docs) in &all {
+        let policies = of_kind(docs, "NetworkPolicy");
+        ensure!(!policies.is_empty(), "{name}: no NetworkPolicy");
+        for policy in &policies {
+            ensure!(
+                policy["spec"]["policyTypes"]
+                    .to_string()
+                    .contains("Ingress")
+                    || policy["spec"]["ingress"].is_array(),
+                "{name}: {policy}"
+            );
+            for (port, from) in admitted(policy) {
+                ensure!(
+                    from.as_ref().is_some_and(|f| !f.is_empty()),
+                    "{name}: {} lets anyone in on {port}",
+                    policy["metadata"]["name"]
+                );
+            }
+        }
+        let admin = named(docs, "NetworkPolicy", "sluice-admin")?;
+        let sync: Vec<_> = admitted(admin)
+            .into_iter()
+            .filter(|(p, _)| p == "sync")
+            .collect();
+        for (_, from) in &sync {
+            for peer in from.iter().flatten() {
+                let pods = peer["podSelector"]["matchLabels"].to_string();
+                ensure!(
+                    pods.contains("sluice-egress"),
+                    "{name}: the sync port lets in more than the gateway's pods: {peer}"
+                );
+            }
+        }
+        if *name == "overlays/istio" {
+            ensure!(sync.is_empty(), "{name}: no sync port in the mesh");
+        } else {
+            ensure!(!sync.is_empty(), "{name}: the gateway cannot sync");
+        }
+        let egress = of_kind(docs, "NetworkPolicy")
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == "sluice-egress");
+        if let Some(egress) = egress {
+            for (port, from) in admitted(egress) {
+                if port == "egress" || port == "10000" {
+                    for peer in from.iter().flatten() {
+                        ensure!(
+                            peer["namespaceSelector"]["matchLabels"]["sluice-egress"] == "allowed",
+                            "{name}: the egress port lets in {peer}"
+                        );
+                    }
+                }
+            }
+        } else {
+            ensure!(
+                *name == "overlays/istio",
+                "{name}: no NetworkPolicy for the egress gateway"
+            );
+        }
+        println!(
+            "{name}: NetworkPolicies {:?}",
+            policies
+                .iter()
+                .map(|p| (
+                    p["metadata"]["name"].clone(),
+                    admitted(p)
+                        .into_iter()
+                        .map(|(port, _)| port)
+                        .collect::<Vec<_>>()
+                ))
+                .collect::<Vec<_>>()
+        );
+    }
+    Ok(())
+}
+
+/// Third security review, item 14: behind the ingress every login comes
+/// from the proxy. With the flags the shipped admin Deployment has
+/// (`--trusted-proxy`, `--client-ip-header`), one client's 10 wrong
+/// passwords leave another client's right one at 200; without them
+/// (before), the other client is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_wrong_logins_do_not_lock_out_another_behind_the_proxy() -> anyhow::Result<()> {
+    let all = rendered()?;
+    let mut flags_of = Vec::new();
+    for (name, docs) in &all {
+        let admin = named(docs, "Deployment", "sluice-admin")?;
+        let flags: Vec<String> = admin["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .context("no args")?
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|a| a.starts_with("--trusted-proxy=") || a.starts_with("--client-ip-header="))
+            .map(str::to_string)
+            .collect();
+        flags_of.push((*name, flags));
+    }
+    let mut outcomes = Vec::new();
+    let cases: Vec<(String, Vec<String>)> = flags_of
+        .iter()
+        .map(|(n, f)| (n.to_string(), f.clone()))
+        .chain([("without the flags".to_string(), Vec::new())])
+        .collect();
+    for (name, flags) in &cases {
+        let dir = tempfile::tempdir()?;
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let admin = AdminProcess::start_in(dir.path(), &flags).await?;
+        let http = reqwest::Client::new();
+        let login = |from: &'static str, password: &'static str| {
+            let (http, url) = (http.clone(), format!("{}/api/v1/login", admin.base()));
+            async move {
+                http.post(url)
+                    .header("x-forwarded-for", from)
+                    .json(&json!({"password": password}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            }
+        };
+        let mut wrong = Vec::new();
+        for _ in 0..10 {
+            wrong.push(login("203.0.113.9", "not-the-password").await?);
+        }
+        let right = login("198.51.100.20", sluice_e2e::admin::PASSWORD).await?;
+        println!("admin behind the proxy, {name} {flags:?}: client A's 10 wrong logins {wrong:?}; client B's right one {right}");
+        outcomes.push((name.clone(), flags.is_empty(), right));
+    }
+    for (name, without, right) in outcomes {
+        if without {
+            ensure!(
+                right == 429,
+                "{name}: the control should lock B out ({right})"
+            );
+        } else {
+            ensure!(right == 200, "{name}: client B was locked out ({right})");
+        }
+    }
     Ok(())
 }
