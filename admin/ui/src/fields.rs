@@ -295,6 +295,19 @@ mod tests {
         "/cost/price/prompt/chars_per_token",
         "/cost/price/prompt/paths",
         "/cost/price/usage",
+        "/cost/price/max_output",
+        "/cost/price/model/header",
+        "/cost/price/model/json",
+        "/cost/price/model/path_after",
+        // Where a money limit reads the call's model (the body's `model`
+        // by default), and its unread ceiling: in the policy's JSON.
+        "/limits/cost/price/max_output",
+        "/limits/cost/price/model/header",
+        "/limits/cost/price/model/json",
+        "/limits/cost/price/model/path_after",
+        // A body that cannot be read falls under the policy by default;
+        // `next` is in the policy's JSON, beside its `match.json`.
+        "/match/unreadable",
         // Rarely set on a further limit; in the policy's JSON.
         "/limits/concurrency/reserved_for_high",
         "/limits/key/label",
