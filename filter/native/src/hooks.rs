@@ -97,12 +97,15 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(module: *co
 }
 
 thread_local! {
-    /// This thread's worker slot, and the module it is of.
-    static SLOT: RefCell<Option<(usize, Arc<Slot>)>> = const { RefCell::new(None) };
+    /// This thread's worker slot, and the generation of the module it is
+    /// of (not its address: after a reload a new configuration may be
+    /// made where a destroyed one was, and must not get the dead one's
+    /// worker, whose policies are frozen and whose ticks have stopped).
+    static SLOT: RefCell<Option<(u64, Arc<Slot>)>> = const { RefCell::new(None) };
 }
 
 fn slot_for(module: &Arc<Module>, filter: EnvoyPtr) -> Arc<Slot> {
-    let key = Arc::as_ptr(module) as usize;
+    let key = module.generation;
     SLOT.with(|cached| {
         let mut cached = cached.borrow_mut();
         if let Some((k, slot)) = cached.as_ref() {

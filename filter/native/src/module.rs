@@ -37,6 +37,11 @@ pub static MEMORY: LazyLock<SharedMemory> = LazyLock::new(SharedMemory::default)
 /// Stream context ids, unique in the process.
 static NEXT_CONTEXT: AtomicU32 = AtomicU32::new(1);
 
+/// Each configuration's number, never given twice in a process (an
+/// address is: a configuration made after a reload may sit where a
+/// destroyed one was).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
 pub fn next_context_id() -> u32 {
     NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed)
 }
@@ -115,6 +120,9 @@ pub struct Module {
     next_token: AtomicU32,
     ticker: Arc<Ticker>,
     pub shell: ShellSettings,
+    /// This configuration's number ([`NEXT_GENERATION`]): what a worker
+    /// thread's cached slot is keyed by.
+    pub generation: u64,
 }
 
 impl Module {
@@ -130,6 +138,7 @@ impl Module {
         let module = Arc::new(Self {
             config: config as usize,
             shell: ShellSettings::of(&settings),
+            generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
             settings,
             stats,
             slots: Mutex::new(Vec::new()),
