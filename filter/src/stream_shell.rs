@@ -50,7 +50,7 @@ pub trait StreamIo {
 }
 
 /// What a stream's shell takes from the plugin's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShellSettings {
     /// A waiting call's request carries its place in the queue
     /// (`x-sluice-queue-ticket`).
@@ -58,6 +58,8 @@ pub struct ShellSettings {
     /// A call decided on its body holds its headers until then
     /// (`hold_headers_for_body`).
     pub hold_headers_for_body: bool,
+    /// Tests of the failure mode only (`panic_on_header`).
+    pub panic_on_header: Option<std::sync::Arc<str>>,
 }
 
 impl ShellSettings {
@@ -65,6 +67,7 @@ impl ShellSettings {
         Self {
             queue_ticket_header: config.queue_ticket_header,
             hold_headers_for_body: config.hold_headers_for_body,
+            panic_on_header: config.panic_on_header.as_deref().map(std::sync::Arc::from),
         }
     }
 }
@@ -74,6 +77,7 @@ impl Default for ShellSettings {
         Self {
             queue_ticket_header: false,
             hold_headers_for_body: true,
+            panic_on_header: None,
         }
     }
 }
@@ -177,6 +181,11 @@ impl StreamShell {
         Io: StreamIo + ?Sized,
         R: RequestHeaders + ?Sized,
     {
+        if let Some(name) = &self.settings.panic_on_header {
+            if request.header(name).is_some() {
+                panic!("sluice: {name} asked for a panic (panic_on_header, for tests)");
+            }
+        }
         let body = if end_of_stream {
             RequestBody::Absent
         } else {

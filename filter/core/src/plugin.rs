@@ -35,6 +35,25 @@ struct RawPluginConfig {
     time_scale: f64,
     #[serde(default = "default_true")]
     hold_headers_for_body: bool,
+    #[serde(default)]
+    failure_mode: FailureMode,
+    #[serde(default)]
+    panic_on_header: Option<String>,
+}
+
+/// What happens to a call when the filter fails on it (a panic in the
+/// native build; in the wasm build a trapped VM, which Envoy's
+/// `failure_policy` answers: FAIL_RELOAD or FAIL_CLOSED fail closed,
+/// FAIL_OPEN fails open).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// The call is answered 503 by Sluice (`x-sluice-reason:
+    /// filter-failure`): nothing unlimited reaches the provider.
+    #[default]
+    Closed,
+    /// The call goes on as if the filter were not there.
+    Open,
 }
 
 fn default_time_scale() -> f64 {
@@ -97,6 +116,14 @@ pub struct PluginConfig {
     /// answered 408 after 10 s. Off, their headers go upstream first and a
     /// call refused on its body is reset there (the upstream saw it begin).
     pub hold_headers_for_body: bool,
+    /// A call the filter fails on is refused (`closed`, the default) or
+    /// let through (`open`). The native build's; the wasm build's is
+    /// Envoy's `failure_policy` (it logs a warning when this says open).
+    pub failure_mode: FailureMode,
+    /// For tests of `failure_mode` only: a call carrying this request
+    /// header makes the filter panic. Never set in production: whoever
+    /// sends the header fails the call.
+    pub panic_on_header: Option<String>,
 }
 
 /// The slowest clock `time_scale` allows.
@@ -223,6 +250,8 @@ pub fn parse_plugin_config_with_env(
             sync_push: raw.sync_push,
             time_scale: raw.time_scale,
             hold_headers_for_body: raw.hold_headers_for_body,
+            failure_mode: raw.failure_mode,
+            panic_on_header: raw.panic_on_header.map(|h| h.to_ascii_lowercase()),
         }),
         _ => Err(ValidationErrors { errors }),
     }

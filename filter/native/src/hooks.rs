@@ -1,6 +1,8 @@
 //! The event hooks Envoy calls, by the names its ABI gives them. Each
-//! catches any panic (a panic must not cross into Envoy) and answers as
-//! if the filter were not there.
+//! catches any panic (a panic must not cross into Envoy): a request's
+//! hooks then fail the call as `failure_mode` says (closed by default, as
+//! the wasm build's trapped VM), the others answer as if the filter were
+//! not there.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void};
@@ -149,35 +151,82 @@ fn on_stream<T: Copy>(stream: *const c_void, fallback: T, f: impl FnOnce(&mut St
     })
 }
 
-// A panic in a hook lets the call through, as a filter that is not there.
+/// Runs a request hook of the stream. A panic in it fails the call as
+/// the configuration's `failure_mode` says: closed (the default, as the
+/// wasm build's trapped VM under FAIL_RELOAD) answers 503 and holds the
+/// call (`stop`); open lets it go on (`go_on`), as a filter that is not
+/// there.
+fn on_request_hook(
+    filter: EnvoyPtr,
+    stream: *const c_void,
+    (go_on, stop): (u32, u32),
+    f: impl FnOnce(&mut Stream) -> u32,
+) -> u32 {
+    // SAFETY: Envoy passes the stream `filter_new` made.
+    let ran = catch_unwind(AssertUnwindSafe(|| unsafe { stream_of(stream) }.map(f)));
+    match ran {
+        Ok(status) => status.unwrap_or(go_on),
+        Err(_) => {
+            // SAFETY: as above; the stream outlives its hooks.
+            let open = unsafe { stream_of(stream) }.is_some_and(|s| s.fails_open());
+            if open {
+                return go_on;
+            }
+            guarded((), || {
+                // SAFETY: this stream's hook is running.
+                unsafe {
+                    crate::host::send_reply(
+                        filter,
+                        503,
+                        &[("x-sluice-reason", "filter-failure")],
+                        b"sluice: the rate limiter failed on this call (failure_mode: closed)\n",
+                    )
+                };
+            });
+            stop
+        }
+    }
+}
+
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
-    _filter: EnvoyPtr,
+    filter: EnvoyPtr,
     stream: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    on_stream(stream, abi::HEADERS_CONTINUE, |s| {
-        s.on_request_headers(end_of_stream)
-    })
+    on_request_hook(
+        filter,
+        stream,
+        (abi::HEADERS_CONTINUE, abi::HEADERS_STOP_ALL_AND_BUFFER),
+        |s| s.on_request_headers(end_of_stream),
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
-    _filter: EnvoyPtr,
+    filter: EnvoyPtr,
     stream: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    on_stream(stream, abi::BODY_CONTINUE, |s| {
-        s.on_request_body(end_of_stream)
-    })
+    on_request_hook(
+        filter,
+        stream,
+        (abi::BODY_CONTINUE, abi::BODY_STOP_AND_BUFFER),
+        |s| s.on_request_body(end_of_stream),
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
-    _filter: EnvoyPtr,
+    filter: EnvoyPtr,
     stream: *const c_void,
 ) -> u32 {
-    on_stream(stream, abi::TRAILERS_CONTINUE, Stream::on_request_trailers)
+    on_request_hook(
+        filter,
+        stream,
+        (abi::TRAILERS_CONTINUE, abi::TRAILERS_STOP),
+        Stream::on_request_trailers,
+    )
 }
 
 #[no_mangle]

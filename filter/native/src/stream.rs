@@ -155,7 +155,7 @@ pub struct Stream {
 
 impl Stream {
     pub fn new(module: Arc<Module>, slot: Arc<Slot>, filter: EnvoyPtr) -> Self {
-        let shell = StreamShell::new(next_context_id(), module.shell);
+        let shell = StreamShell::new(next_context_id(), module.shell.clone());
         Self {
             module,
             slot,
@@ -265,6 +265,12 @@ impl Stream {
                 }
             }
         }
+    }
+
+    /// Whether a failure on this stream lets its call through
+    /// (`failure_mode: open`).
+    pub fn fails_open(&self) -> bool {
+        self.module.settings.failure_mode == sluice_filter_core::plugin::FailureMode::Open
     }
 
     pub fn end(&mut self) {

@@ -223,6 +223,13 @@ impl RootContext for SluiceRoot {
         };
         let sync = SyncSettings::from_config(&config);
         self.shell = ShellSettings::of(&config);
+        if config.failure_mode == sluice_filter_core::plugin::FailureMode::Open {
+            host.log(
+                Level::Warn,
+                "sluice: failure_mode open is the native build's: in this wasm filter a failure \
+                 follows Envoy's failure_policy (FAIL_OPEN to let calls through)",
+            );
+        }
         let set = CompiledPolicySet::from_validated(config.fallback);
         host.log(
             Level::Info,
@@ -272,7 +279,7 @@ impl RootContext for SluiceRoot {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(SluiceStream {
-            shell: StreamShell::new(context_id, self.shell),
+            shell: StreamShell::new(context_id, self.shell.clone()),
             io: WasmIo {
                 worker: self.worker.clone(),
             },
