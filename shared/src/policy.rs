@@ -34,6 +34,14 @@ impl PolicySet {
     }
 }
 
+fn tells_by_default() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 impl Policy {
     /// Whether deciding a call of this policy takes its request's body:
     /// a match, a key or a fair key on it, a further limit costed, keyed
@@ -318,6 +326,15 @@ pub struct NamedLimit {
     /// admin's audit log once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warn_at: Vec<f64>,
+    /// Whether callers are told its figures: what is spent of it and its
+    /// size (a refusal's `x-sluice-spent` and `x-sluice-budget`, its
+    /// quota in `RateLimit-Policy`, its remaining in `RateLimit`, the
+    /// share used in `x-sluice-warn`). `false` for a limit every caller
+    /// shares whose spend is the company's business, not theirs (an
+    /// unkeyed money budget): a refusal then says only that it is spent
+    /// and when it renews. Default `true`.
+    #[serde(default = "tells_by_default", skip_serializing_if = "is_true")]
+    pub tell_spend: bool,
     /// Share this limit's `rate` or `concurrency` fairly between the
     /// values of a key, by weight (as a policy's `fair` shares its own):
     /// tokens per minute or calls in flight divided between tenants.

@@ -74,8 +74,12 @@ pub fn period_mark(now_nanos: u64, period_nanos: u64, owner: u64) -> u64 {
 }
 
 /// `"team-a-monthly";used=0.81`: the limit past its line, and the share
-/// of it used, to the hundredth, rounded down (an RFC 8941 list member).
-pub fn warn_item(limit: &str, used_permille: u64) -> String {
+/// of it used, to the hundredth, rounded down (an RFC 8941 list member);
+/// without the share for a limit that keeps it to itself (None).
+pub fn warn_item(limit: &str, used_permille: Option<u64>) -> String {
+    let Some(used_permille) = used_permille else {
+        return format!("\"{limit}\"");
+    };
     let hundredths = used_permille.min(9999) / 10;
     format!(
         "\"{limit}\";used={}.{:02}",
@@ -132,10 +136,11 @@ mod tests {
             Warning::default()
         );
         assert_eq!(
-            warn_item("team-a-monthly", 812),
+            warn_item("team-a-monthly", Some(812)),
             "\"team-a-monthly\";used=0.81"
         );
-        assert_eq!(warn_item("t", 1500), "\"t\";used=1.50");
+        assert_eq!(warn_item("t", Some(1500)), "\"t\";used=1.50");
+        assert_eq!(warn_item("t", None), "\"t\"");
     }
 
     proptest! {

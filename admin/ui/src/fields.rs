@@ -308,6 +308,8 @@ mod tests {
         // A body that cannot be read falls under the policy by default;
         // `next` is in the policy's JSON, beside its `match.json`.
         "/match/unreadable",
+        // A limit's figures kept from callers: in the policy's JSON.
+        "/limits/tell_spend",
         // Rarely set on a further limit; in the policy's JSON.
         "/limits/concurrency/reserved_for_high",
         "/limits/key/label",

@@ -76,7 +76,9 @@ pub fn ratelimit_policy_value(policy: &Policy) -> String {
             conc.max_in_flight
         ));
     }
-    for limit in &policy.limits {
+    // A limit that keeps its figures to itself (`tell_spend: false`) is
+    // not listed: its quota is its size.
+    for limit in policy.limits.iter().filter(|l| l.tell_spend) {
         if let Some(rate) = &limit.rate {
             items.push(rate_item(&limit.name, rate));
         }

@@ -267,6 +267,8 @@ pub struct CompiledLimit {
     price: Option<CompiledPriceCost>,
     /// Its warning lines (`warn_at`).
     pub warn: WarnLines,
+    /// Callers are told its figures (`tell_spend`).
+    pub tells_spend: bool,
     /// The limit's own `usage` (a money limit's is priced per call).
     usage_spec: Option<UsageSpec>,
     /// Where the real cost is read from the response.
@@ -386,6 +388,7 @@ impl CompiledPolicy {
                     },
                     usage_spec: l.usage.clone(),
                     warn: WarnLines::new(&l.warn_at),
+                    tells_spend: l.tell_spend,
                     // A money limit reads its usage at each call's prices
                     // ([`CompiledPolicy::priced_usage`]); this one says it
                     // reads one.

@@ -54,7 +54,7 @@ pub(super) struct Held {
     pub places: Vec<LimitPlace>,
     pub slots: Vec<HeldSlot>,
     /// Limits the call left past a warning line: (name, thousandths used).
-    pub warnings: Vec<(String, u64)>,
+    pub warnings: Vec<PastWarning>,
     /// What it took of its limits' fair tables.
     pub fair: FairTaken,
     /// A pool call: the member (its place in the pool) whose limits these
@@ -71,7 +71,7 @@ pub(super) enum Taken {
         places: Vec<LimitPlace>,
         slots: Vec<HeldSlot>,
         /// Limits the call left past a warning line: (name, thousandths used).
-        warnings: Vec<(String, u64)>,
+        warnings: Vec<PastWarning>,
         fair: FairTaken,
     },
     /// `limit` refused first, for `why`; nothing was kept from the
@@ -342,7 +342,9 @@ fn take_rates<H: Host + ?Sized>(
 }
 
 /// A limit the call left past a warning line: its name, thousandths used.
-pub(super) type PastWarning = (String, u64);
+/// A limit the call left past a warning line, and the thousandths of it
+/// used (None: the limit does not tell, `tell_spend: false`).
+pub(super) type PastWarning = (String, Option<u64>);
 
 /// The warning lines the call's take crossed (counted) and those it left
 /// its limits past (the answer says so).
@@ -351,7 +353,7 @@ fn warnings<H: Host + ?Sized>(
     policy: &CompiledPolicy,
     (costs, places): (&[u64], &[LimitPlace]),
     take: &StackedTake,
-) -> Vec<(String, u64)> {
+) -> Vec<PastWarning> {
     let mut past = Vec::new();
     for (index, limit) in policy.limits.iter().enumerate() {
         if limit.warn.is_empty() {
@@ -401,7 +403,7 @@ fn warnings<H: Host + ?Sized>(
         }
         if let Some(used) = warning.past {
             ctx.metrics.add_limit(&limit.name, LimitCounter::Warned, 1);
-            past.push((limit.name.clone(), used));
+            past.push((limit.name.clone(), limit.tells_spend.then_some(used)));
         }
     }
     past

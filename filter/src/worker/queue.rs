@@ -49,7 +49,7 @@ pub(super) struct LeftWithLimits {
     pub places: Vec<LimitPlace>,
     pub price: Option<sluice_filter_core::pricing::CallPrice>,
     /// Limits it left past a warning line: (name, thousandths used).
-    pub warnings: Vec<(String, u64)>,
+    pub warnings: Vec<super::limits::PastWarning>,
     /// A pool call: the member it left for, and what it would cost at each.
     pub pool: Option<(usize, Box<PoolCall>)>,
 }

@@ -219,6 +219,9 @@ struct BudgetTold<'a> {
     limit: &'a str,
     standing: Standing,
     currency: Option<&'a str>,
+    /// What is spent and the budget's size are told (`tell_spend`); else
+    /// only that it is spent and when it renews.
+    figures: bool,
 }
 
 /// The refusal's budget, when a budget refused by its own count.
@@ -242,6 +245,7 @@ fn budget_told<'a>(policy: &'a CompiledPolicy, refusal: &'a Refusal) -> Option<B
         limit,
         standing: *standing,
         currency,
+        figures: compiled.tells_spend,
     })
 }
 
@@ -258,11 +262,11 @@ impl BudgetTold<'_> {
     }
 
     fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut headers = vec![
-            (SPENT_HEADER, self.amount(self.standing.spent)),
-            (BUDGET_HEADER, self.amount(self.standing.size)),
-            (RENEWS_HEADER, self.renews_in_secs().to_string()),
-        ];
+        let mut headers = vec![(RENEWS_HEADER, self.renews_in_secs().to_string())];
+        if self.figures {
+            headers.push((SPENT_HEADER, self.amount(self.standing.spent)));
+            headers.push((BUDGET_HEADER, self.amount(self.standing.size)));
+        }
         if let Some(currency) = self.currency {
             headers.push((CURRENCY_HEADER, currency.to_string()));
         }
@@ -275,6 +279,15 @@ impl BudgetTold<'_> {
             None => " tokens".to_string(),
         };
         let secs = self.renews_in_secs();
+        if !self.figures {
+            return format!(
+                "limited by sluice policy {policy} (limit {limit}): its budget is spent; it renews in {h}h {m:02}m {s:02}s\n",
+                limit = self.limit,
+                h = secs / 3600,
+                m = secs % 3600 / 60,
+                s = secs % 60,
+            );
+        }
         format!(
             "limited by sluice policy {policy} (limit {limit}): spent {spent}{unit} of a budget of {size}{unit}; it renews in {h}h {m:02}m {s:02}s\n",
             limit = self.limit,
@@ -375,6 +388,42 @@ mod tests {
         );
         assert_eq!(header(&reply, "ratelimit"), Some("\"fx\";r=0;t=1"));
     }
+    #[test]
+    fn a_budget_that_keeps_its_figures_says_only_when_it_renews() {
+        // Third review (also): a company-wide budget every caller shares.
+        let set = sluice_filter_core::matcher::CompiledPolicySet::from_json(
+            r#"{"version": 1, "prices": {"currency": "USD", "models": {"m": {"input": 1, "output": 2}}},
+                "policies": [{"name": "llm", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s"},
+                  "limits": [{"name": "company-monthly", "rate": {"requests": 50000000000, "period": "31d", "algorithm": "fixed_window"},
+                              "cost": "price", "tell_spend": false},
+                             {"name": "team-daily", "key": {"header": "x-team"},
+                              "rate": {"requests": 10000, "period": "1d", "algorithm": "fixed_window"}, "cost": "price"}]}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let p = &set.policies[0];
+        let refused = Refusal::Limit {
+            limit: "company-monthly".into(),
+            why: Why::Limit,
+            standing: Some(Standing {
+                spent: 49_999_000_000,
+                size: 50_000_000_000,
+                until_reset: Span::from_secs(7_200),
+            }),
+        };
+        let reply = render(p, &refused, Span::from_secs(10));
+        assert_eq!(header(&reply, SPENT_HEADER), None);
+        assert_eq!(header(&reply, BUDGET_HEADER), None);
+        assert_eq!(header(&reply, RENEWS_HEADER), Some("7200"));
+        let body = String::from_utf8_lossy(&reply.body);
+        assert_eq!(
+            body,
+            "limited by sluice policy llm (limit company-monthly): its budget is spent; it renews in 2h 00m 00s\n"
+        );
+        let quota = header(&reply, "ratelimit-policy").unwrap_or_default();
+        assert!(!quota.contains("company-monthly"), "{quota}");
+        assert!(quota.contains("\"team-daily\";q=10000"), "{quota}");
+    }
+
     #[test]
     fn a_budgets_refusal_says_what_is_spent_of_it_and_when_it_renews() {
         let set = sluice_filter_core::matcher::CompiledPolicySet::from_json(

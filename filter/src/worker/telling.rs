@@ -92,7 +92,11 @@ fn items<H: Host + ?Sized>(
             Some(limiter.until_reset(&rate, now)),
         ));
     }
-    for limit in policy.limits.iter().filter(|l| l.keys.is_none()) {
+    for limit in policy
+        .limits
+        .iter()
+        .filter(|l| l.keys.is_none() && l.tells_spend)
+    {
         // Garbage reads as a limit afresh, as the limit itself does.
         let state = entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate));
         let (mut remaining, mut reset) = if limit.closed {

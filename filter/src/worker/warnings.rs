@@ -17,8 +17,8 @@ pub(super) struct Warnings {
 
 impl Warnings {
     /// Call `context_id` left these limits past a line: (name, thousandths
-    /// of it used).
-    pub fn expect(&mut self, context_id: u32, past: &[(String, u64)]) {
+    /// of it used, unless the limit keeps them to itself).
+    pub fn expect(&mut self, context_id: u32, past: &[super::limits::PastWarning]) {
         if past.is_empty() {
             return;
         }
