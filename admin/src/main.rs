@@ -143,6 +143,11 @@ struct Args {
     /// live view and the instances list), e.g. 10m, 1h.
     #[arg(long, env = "SLUICE_INSTANCE_TTL", default_value = "1h", value_parser = parse_span)]
     instance_ttl: sluice_shared::Span,
+    /// The audit log's rows of warning lines crossed (one per limit per
+    /// minute) are deleted after this long, e.g. 30d; the people's
+    /// changes are kept.
+    #[arg(long, env = "SLUICE_WARN_RETENTION", default_value = "30d", value_parser = parse_span)]
+    warn_retention: sluice_shared::Span,
 }
 
 #[derive(Subcommand)]
@@ -378,7 +383,8 @@ async fn main() -> anyhow::Result<()> {
         Ok(store)
     })
     .await
-    .context("opening the store")??;
+    .context("opening the store")??
+    .with_warn_retention(args.warn_retention);
     if matches!(credentials, Credentials::UsersOnly) {
         let users = store.users().await.context("reading the users")?;
         if users.is_empty() {

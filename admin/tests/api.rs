@@ -1906,8 +1906,9 @@ async fn prices_are_versioned_with_the_set_and_checked_with_its_policies() {
         "{audit}"
     );
     // Warning lines crossed, as an Envoy reports them (a count since it
-    // started): one audit line per report that crossed any, saying how
-    // many; a restarted Envoy's count starts again.
+    // started): one audit row per limit per minute, summing what each
+    // report crossed (third review, item 11); a restarted Envoy's count
+    // starts again.
     let crossed = |n: u64| {
         json!({"instance": "envoy-a", "policy_version": 2, "at_ms": 2000,
                "limits": {"team-monthly": {"warn_crossed": n, "requests": 500000000, "period_ms": 2592000000u64}}})
@@ -1939,11 +1940,71 @@ async fn prices_are_versioned_with_the_set_and_checked_with_its_policies() {
         lines.push(warns);
     }
     let counts: Vec<usize> = lines.iter().map(Vec::len).collect();
-    assert_eq!(counts, [1, 1, 2, 3], "{lines:?}");
+    assert_eq!(counts, [1, 1, 1, 1], "{lines:?}");
     let newest = |i: usize| lines[i].first().cloned().unwrap_or_default();
-    assert!(newest(0).contains("1 time(s)"), "{lines:?}");
-    assert!(newest(2).contains("2 time(s)"), "{lines:?}");
-    assert!(newest(3).contains("1 time(s)"), "{lines:?}");
+    // 1, then none new, then 2 more, then a restart's 1: 4 in the minute.
+    assert!(newest(0).contains(r#""crossed":1,"#), "{lines:?}");
+    assert!(newest(1).contains(r#""crossed":1,"#), "{lines:?}");
+    assert!(newest(2).contains(r#""crossed":3,"#), "{lines:?}");
+    assert!(newest(3).contains(r#""crossed":4,"#), "{lines:?}");
+    assert!(newest(3).contains("envoy-a"), "{lines:?}");
+}
+
+/// Third security review, item 11: a sync token's holder cannot grow the
+/// audit log without bound through warning rows. 1 000 syncs from 40
+/// instances, their warning counters going up and down: one row for the
+/// minute, summing them; rows past `--warn-retention` are deleted.
+#[tokio::test]
+async fn warning_rows_of_the_audit_log_are_bounded() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let budget = json!({"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
+        "limits": [{"name": "team-monthly", "rate": {"requests": 500000000, "period": "30d", "algorithm": "fixed_window"},
+                    "warn_at": [0.8]}]});
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(budget))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    for i in 0..1000u64 {
+        let report = json!({"instance": format!("rogue-{}", i % 40), "policy_version": 1, "at_ms": 1000 + i,
+            "limits": {"team-monthly": {"warn_crossed": (i / 40) % 2 * 5 + 1,
+                                        "requests": 500000000, "period_ms": 2592000000u64}}});
+        let (status, _, body) = admin
+            .call(
+                Method::POST,
+                "/api/v1/sync",
+                &[("authorization", &auth)],
+                Some(report),
+            )
+            .await;
+        assert!(
+            status.is_success() || status == StatusCode::NOT_MODIFIED,
+            "{status} {body}"
+        );
+    }
+    let (_, _, audit) = admin
+        .edit(&s, Method::GET, "/api/v1/audit", &[], None)
+        .await;
+    let warns: Vec<&Value> = audit["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["action"] == "warn")
+        .collect();
+    println!(
+        "1 000 syncs of 40 instances with warning counters going up and down: {} audit row(s): {}",
+        warns.len(),
+        warns
+            .first()
+            .map(|e| e["new"].to_string())
+            .unwrap_or_default()
+    );
+    assert_eq!(warns.len(), 1, "{warns:?}");
+    let row = &warns[0]["new"];
+    assert_eq!(row["envoys"].as_array().map(Vec::len), Some(8));
+    // 40 instances, 25 reports each: 8 named, 800 reports from the others.
+    assert_eq!(row["more_reports"], 800);
 }
 
 /// A global further limit's ledger is in the fleet view as

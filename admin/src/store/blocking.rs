@@ -22,7 +22,20 @@ use super::{now_ms, InstanceRow, StoreError};
 #[derive(Clone)]
 pub struct BlockingStore {
     pub(super) db: Arc<Db>,
+    /// How long warning-line rows of the audit log are kept, in ms.
+    pub(super) warn_retention_ms: u64,
 }
+
+/// Warning-line rows of the audit log are kept this long by default
+/// (`--warn-retention`).
+pub const DEFAULT_WARN_RETENTION_MS: u64 = 30 * 86_400_000;
+
+/// A limit's crossings of its warning lines are written to one audit row
+/// per this long, however many syncs report them.
+const WARN_ROW_SPAN_MS: u64 = 60_000;
+
+/// Envoys named in one warning row, at most (the rest are counted).
+const WARN_ROW_ENVOYS: usize = 8;
 
 fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".into())
@@ -73,7 +86,10 @@ impl BlockingStore {
     /// Gives a store its epoch the first time it is opened (replicas
     /// opening it together agree on the first one written).
     fn with_epoch(db: Db) -> Result<Self, StoreError> {
-        let store = Self { db: Arc::new(db) };
+        let store = Self {
+            db: Arc::new(db),
+            warn_retention_ms: DEFAULT_WARN_RETENTION_MS,
+        };
         let epoch = new_epoch()?;
         store.db.touch(|sql| {
             sql.execute(
@@ -355,7 +371,7 @@ impl BlockingStore {
             let previous: Option<SyncReport> = previous
                 .and_then(|r| r.text(0).ok())
                 .and_then(|text| serde_json::from_str(&text).ok());
-            audit_warnings(sql, previous.as_ref(), report)?;
+            audit_warnings(sql, previous.as_ref(), report, self.warn_retention_ms)?;
             if !known {
                 let count = sql
                     .query_one("SELECT COUNT(*) FROM instances", &[])?
@@ -640,33 +656,89 @@ pub(super) fn write_prices(
     )
 }
 
-/// An audit line for each limit whose warning lines `report` says were
-/// crossed since `previous` (the instance's report before; counts start
-/// again when its Envoy restarts): once per crossing, as the Envoy counts
-/// each crossing once.
+/// A limit's warning-line crossings over one minute, as its audit row
+/// holds them.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct WarnRow {
+    crossed: u64,
+    /// The Envoys that reported them, at most [`WARN_ROW_ENVOYS`]...
+    envoys: Vec<String>,
+    /// ...and how many reports came from others.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    more_reports: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The audit log's record of the warning lines `report` says were crossed
+/// since `previous` (the instance's report before; counts start again
+/// when its Envoy restarts): one row per limit per minute, summing what
+/// every Envoy reported in it, so that no sync (nor a sync token's holder
+/// making its counter go up and down) grows the log faster than that.
+/// Rows older than `retention_ms` are deleted as new ones are written.
 fn audit_warnings(
     sql: &mut dyn Sql,
     previous: Option<&SyncReport>,
     report: &SyncReport,
+    retention_ms: u64,
 ) -> Result<(), StoreError> {
     use sluice_wire::stats::LimitCounter;
+    let now = now_ms();
     for (name, limit) in &report.limits {
-        let now = limit.counts.get(LimitCounter::WarnCrossed);
+        let count = limit.counts.get(LimitCounter::WarnCrossed);
         let before = previous
             .and_then(|p| p.limits.get(name))
             .map_or(0, |l| l.counts.get(LimitCounter::WarnCrossed));
-        let crossed = if now >= before { now - before } else { now };
-        if crossed > 0 {
-            let what = format!(
-                "crossed a warning line {crossed} time(s) (Envoy {})",
-                report.instance
-            );
-            audit_entry(
-                sql,
-                (now_ms(), "sluice", "warn", name),
-                None,
-                Some(serde_json::to_string(&what).unwrap_or_default()),
-            )?;
+        let crossed = if count >= before {
+            count - before
+        } else {
+            count
+        };
+        if crossed == 0 {
+            continue;
+        }
+        let recent = sql.query_one(
+            "SELECT id, new FROM audit WHERE action = 'warn' AND target = $1 AND at_ms >= $2 \
+             ORDER BY id DESC LIMIT 1",
+            &[
+                name.as_str().into(),
+                now.saturating_sub(WARN_ROW_SPAN_MS).into(),
+            ],
+        )?;
+        let found = match recent {
+            Some(row) => Some((row.int(0)?, row.optional_text(1)?)),
+            None => None,
+        };
+        let mut row: WarnRow = found
+            .as_ref()
+            .and_then(|(_, new)| new.as_deref())
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_default();
+        row.crossed = row.crossed.saturating_add(crossed);
+        if !row.envoys.contains(&report.instance) {
+            if row.envoys.len() < WARN_ROW_ENVOYS {
+                row.envoys.push(report.instance.clone());
+            } else {
+                row.more_reports = row.more_reports.saturating_add(1);
+            }
+        }
+        let text = serde_json::to_string(&row).unwrap_or_default();
+        match found {
+            Some((id, _)) => {
+                sql.execute(
+                    "UPDATE audit SET new = $1 WHERE id = $2",
+                    &[text.into(), id.into()],
+                )?;
+            }
+            None => {
+                sql.execute(
+                    "DELETE FROM audit WHERE action = 'warn' AND at_ms < $1",
+                    &[now.saturating_sub(retention_ms).into()],
+                )?;
+                audit_entry(sql, (now, "sluice", "warn", name), None, Some(text))?;
+            }
         }
     }
     Ok(())
@@ -936,4 +1008,50 @@ pub(super) fn audit_order<B: AsRef<str>, A: AsRef<str>>(
         Some(json(before.iter().map(AsRef::as_ref).collect())),
         Some(json(after.iter().map(AsRef::as_ref).collect())),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Warning rows past the retention go as a new one is written; other
+    /// audit rows stay.
+    #[test]
+    fn warning_rows_past_their_retention_are_deleted() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut store =
+            BlockingStore::open(&dir.path().join("s.db")).unwrap_or_else(|e| panic!("{e}"));
+        store.warn_retention_ms = 86_400_000;
+        let old = now_ms() - 2 * 86_400_000;
+        store
+            .db
+            .touch(|sql| {
+                audit_entry(
+                    sql,
+                    (old, "sluice", "warn", "team"),
+                    None,
+                    Some("{}".into()),
+                )?;
+                audit_entry(sql, (old, "alice", "update", "team"), None, None)
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        let report: SyncReport = serde_json::from_value(serde_json::json!({
+            "instance": "envoy-a", "policy_version": 0, "at_ms": 1,
+            "limits": {"team": {"warn_crossed": 2, "requests": 10, "period_ms": 1000}}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        store.record_sync(&report).unwrap_or_else(|e| panic!("{e}"));
+        let rows = store
+            .db
+            .read(|sql| sql.query("SELECT action, at_ms FROM audit ORDER BY id", &[]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let kept: Vec<(String, bool)> = rows
+            .iter()
+            .map(|r| (r.text(0).unwrap_or_default(), r.uint(1).unwrap_or(0) == old))
+            .collect();
+        assert_eq!(
+            kept,
+            [("update".to_string(), true), ("warn".to_string(), false)],
+            "the old warning row went, the person's change stayed"
+        );
+    }
 }

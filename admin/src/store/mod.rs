@@ -140,6 +140,13 @@ impl Store {
     }
 
     /// The blocking core, for tools and tests that run off the runtime.
+    /// Keeps warning-line rows of the audit log this long (default 30
+    /// days); the people's changes stay.
+    pub fn with_warn_retention(mut self, retention: sluice_shared::Span) -> Self {
+        self.blocking.warn_retention_ms = retention.as_millis();
+        self
+    }
+
     pub fn blocking(&self) -> &BlockingStore {
         &self.blocking
     }
