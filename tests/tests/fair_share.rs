@@ -375,3 +375,119 @@ async fn slots_are_shared_by_weight() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// What `envoy/egress.yaml` puts before the filter: x-tenant set from who
+/// the caller is.
+fn tenant_from_peer() -> anyhow::Result<String> {
+    let shipped =
+        std::fs::read_to_string(sluice_e2e::envoy::workspace_root().join("envoy/egress.yaml"))?;
+    let start = shipped
+        .find("          - name: tenant-from-peer")
+        .ok_or_else(|| anyhow::anyhow!("envoy/egress.yaml sets no tenant from the peer"))?;
+    let end = start
+        + shipped[start..]
+            .find("          - name: sluice")
+            .ok_or_else(|| anyhow::anyhow!("no filter after tenant-from-peer"))?;
+    Ok(shipped[start..end].to_string())
+}
+
+/// Calls admitted over 3 s to each of two greedy callers, one from
+/// 127.0.0.2 as tenant `honest`, one from 127.0.0.3 naming 50 tenants in
+/// turn, 8 calls at a time each.
+async fn honest_and_rotating(envoy: &sluice_e2e::envoy::Envoy) -> anyhow::Result<(u64, u64)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let url = envoy.url("/v1/complete");
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    let admitted = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    for (who, from) in [(0usize, [127, 0, 0, 2]), (1, [127, 0, 0, 3])] {
+        let http = reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(from))
+            .build()?;
+        for lane in 0..8u64 {
+            let (http, url, count) = (http.clone(), url.clone(), Arc::clone(&admitted[who]));
+            tasks.push(tokio::spawn(async move {
+                let mut n = lane;
+                while std::time::Instant::now() < until {
+                    n += 8;
+                    let tenant = if who == 0 {
+                        "honest".to_string()
+                    } else {
+                        format!("made-up-{}", n % 50)
+                    };
+                    let status = http
+                        .get(&url)
+                        .header("host", "api.llm.example")
+                        .header("x-tenant", tenant)
+                        .send()
+                        .await
+                        .map_or(0, |r| r.status().as_u16());
+                    if status == 200 {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await?;
+    }
+    Ok((
+        admitted[0].load(Ordering::Relaxed),
+        admitted[1].load(Ordering::Relaxed),
+    ))
+}
+
+/// Third security review, item 10: a fair key a caller chooses is one it
+/// can multiply. Behind the shipped config's `tenant-from-peer` (x-tenant
+/// is the caller's address, whatever it sends), a caller naming 50
+/// tenants in turn gets one tenant's share beside an honest caller: at
+/// most 60 % of the calls admitted (a half, and the race of 8 callers
+/// each). Without it (the control), the same caller takes some 85 %.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_naming_many_tenants_gets_one_share_behind_the_shipped_config(
+) -> anyhow::Result<()> {
+    use sluice_demo::mock::{MockApi, MockLimits};
+    use sluice_e2e::envoy::{workspace_root, Envoy};
+    let mock = MockApi::start(
+        "127.0.0.1:0".parse()?,
+        MockLimits {
+            max_per_second: 0,
+            max_in_flight: 0,
+        },
+    )
+    .await?;
+    let config = r#"{"instance": "e2e-fair-peer", "fallback": {"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 100, "period": "1s", "burst": 100},
+         "fair": {"key": {"header": "x-tenant"}}}]}}"#;
+    let test = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
+    let sluice = "          - name: sluice\n";
+    anyhow::ensure!(test.contains(sluice), "egress-test.yaml has the filter");
+    let behind = test.replacen(sluice, &format!("{}{sluice}", tenant_from_peer()?), 1);
+    let mut shares = Vec::new();
+    for (name, template) in [
+        ("behind tenant-from-peer", &behind),
+        ("the control, without it", &test),
+    ] {
+        let envoy = Envoy::start_with(template, config, mock.addr.port(), 4)?;
+        let (honest, rotating) = honest_and_rotating(&envoy).await?;
+        let share = rotating as f64 / (honest + rotating).max(1) as f64;
+        println!(
+            "fair key from the peer, {name}: over 3 s the honest caller got {honest} calls, the one naming 50 tenants {rotating} ({:.1} %)",
+            100.0 * share
+        );
+        shares.push(share);
+    }
+    anyhow::ensure!(
+        shares[0] <= 0.6,
+        "behind the config the rotating caller took {:.3}",
+        shares[0]
+    );
+    anyhow::ensure!(
+        shares[1] >= 0.7,
+        "the control should show the hole: {:.3}",
+        shares[1]
+    );
+    Ok(())
+}
