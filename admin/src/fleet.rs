@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use sluice_api::FleetPolicy;
-use sluice_shared::fleet::{Amount, FleetTerms, Ledger, Share, Usage};
+use sluice_shared::fleet::{Amount, FleetTerms, Held, Ledger, Share, ShareTags, Usage};
 
 use crate::clock::MonotonicWall;
 use crate::kv::{Kv, KvError, RedisConnection, Write};
@@ -74,7 +74,16 @@ pub struct Ledgers {
     /// Policies whose ledger this process has written: one found missing
     /// afterwards was lost (Redis restarted empty, or failed over).
     seen: Mutex<HashSet<String>>,
+    /// What shares are tagged with: only a share this admin (or a replica
+    /// on its store) issued is believed back when a ledger lost it.
+    tags: ShareTags,
+    /// When each instance's claim of a share nobody issued was last
+    /// logged: at most once a minute each.
+    refused_logged: Mutex<BTreeMap<String, std::time::Instant>>,
 }
+
+/// Instances whose refused claims are remembered for the log's sake.
+const MAX_REFUSED_LOGGED: usize = 10_000;
 
 impl Default for Ledgers {
     fn default() -> Self {
@@ -87,10 +96,58 @@ const LEDGER_PREFIX: &str = "sluice:ledger:";
 
 impl Ledgers {
     fn in_kv(ledgers: Kv) -> Self {
+        // Until `with_secret`: a secret of this process's own.
+        let secret = crate::auth::random_bytes::<{ sluice_shared::fleet::share_tag::SECRET_LEN }>()
+            .unwrap_or_default();
         Self {
             ledgers,
             clock: MonotonicWall::now_anchored(),
             seen: Mutex::new(HashSet::new()),
+            tags: ShareTags::new(secret),
+            refused_logged: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Tags shares with the store's secret, so that every replica on the
+    /// store (and this one after a restart) believes them back.
+    pub fn with_secret(
+        mut self,
+        secret: [u8; sluice_shared::fleet::share_tag::SECRET_LEN],
+    ) -> Self {
+        self.tags = ShareTags::new(secret);
+        self
+    }
+
+    /// What `report`'s Envoy holds of `policy`, and whether this admin
+    /// issued it; a share nobody issued is logged (once a minute per
+    /// instance).
+    fn held(&self, report: &SyncReport, policy: &str, terms: &FleetTerms) -> Held {
+        let Some((share, tag)) = held_share(report, policy, terms) else {
+            return Held {
+                share: None,
+                vouched: true,
+            };
+        };
+        let vouched = self.tags.vouches(&report.instance, policy, &share, tag);
+        if !vouched {
+            let mut logged = lock(&self.refused_logged);
+            let now = std::time::Instant::now();
+            let due = logged
+                .get(&report.instance)
+                .is_none_or(|at| now.duration_since(*at) >= std::time::Duration::from_secs(60));
+            if due && (logged.len() < MAX_REFUSED_LOGGED || logged.contains_key(&report.instance)) {
+                logged.insert(report.instance.clone(), now);
+                tracing::warn!(
+                    instance = %report.instance,
+                    limit = policy,
+                    "an Envoy named a share of this limit the admin did not issue (its tag does not check out): \
+                     not taken as one it holds; an older filter sends none, a holder of the sync token may be probing"
+                );
+            }
+        }
+        Held {
+            share: Some(share),
+            vouched,
         }
     }
 
@@ -142,7 +199,7 @@ impl Ledgers {
                 waiting: u32::try_from(counters.waiting).unwrap_or(u32::MAX),
                 at: Instant::from_millis(report.at_ms),
             };
-            let held = held_share(report, &policy.name, &terms);
+            let held = self.held(report, &policy.name, &terms);
             // A policy shared fairly weighs its Envoys' keys.
             let keys = report.fair.get(&policy.name).map_or(&[][..], Vec::as_slice);
             let (share, freed_here) = self
@@ -151,7 +208,8 @@ impl Ledgers {
                 })
                 .await?;
             freed |= freed_here;
-            out.insert(policy.name.clone(), message(&share, &terms, now));
+            let tag = self.tags.tag(&report.instance, &policy.name, &share);
+            out.insert(policy.name.clone(), message(&share, &terms, now, tag));
         }
         // Global further limits, once each however many policies name
         // them, leased as global policies are; their demand is what the
@@ -174,7 +232,7 @@ impl Ledgers {
                 waiting: 0,
                 at: Instant::from_millis(report.at_ms),
             };
-            let held = held_share(report, &name, &terms);
+            let held = self.held(report, &name, &terms);
             // A limit shared fairly weighs its Envoys' keys, as a policy.
             let keys = report.fair.get(&name).map_or(&[][..], Vec::as_slice);
             let (share, freed_here) = self
@@ -183,7 +241,8 @@ impl Ledgers {
                 })
                 .await?;
             freed |= freed_here;
-            out.insert(name, message(&share, &terms, now));
+            let tag = self.tags.tag(&report.instance, &name, &share);
+            out.insert(name, message(&share, &terms, now, tag));
         }
         Ok(Shares {
             message: out,
@@ -316,7 +375,7 @@ impl Ledgers {
 /// names a share without describing it (an older filter) is taken to hold
 /// the whole limit, which is never too little; values that make no sense
 /// are bounded the same way.
-fn held_share(report: &SyncReport, policy: &str, terms: &FleetTerms) -> Option<Share> {
+fn held_share(report: &SyncReport, policy: &str, terms: &FleetTerms) -> Option<(Share, u64)> {
     let id = *report.shares.get(policy)?;
     let amount = match report.held.get(policy) {
         Some(held) if held.rate.is_finite() && held.rate >= 0.0 => Amount {
@@ -326,11 +385,13 @@ fn held_share(report: &SyncReport, policy: &str, terms: &FleetTerms) -> Option<S
         _ => terms.limit,
     };
     let instances = report.held.get(policy).map_or(1, |h| h.instances.max(1));
-    Some(Share {
+    let tag = report.held.get(policy).map_or(0, |h| h.tag);
+    let share = Share {
         amount: amount.min(terms.limit),
         expires_at: Instant::from_millis(id),
         instances,
-    })
+    };
+    Some((share, tag))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -349,13 +410,14 @@ fn decode(policy: &str, raw: &str) -> Result<Ledger, FleetError> {
     })
 }
 
-fn message(share: &Share, terms: &FleetTerms, now: Instant) -> ShareMessage {
+fn message(share: &Share, terms: &FleetTerms, now: Instant, tag: u64) -> ShareMessage {
     ShareMessage {
         rate: share.amount.rate,
         in_flight: share.amount.in_flight,
         lease_ms: (share.expires_at - now).min(terms.lease).as_millis(),
         instances: share.instances,
         id: share.id(),
+        tag,
     }
 }
 

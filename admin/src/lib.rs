@@ -130,6 +130,7 @@ impl AppState {
         sync_token: Option<String>,
         secure_cookies: bool,
     ) -> Self {
+        let fleet_secret = store.fleet_secret();
         Self {
             config: AdminConfig {
                 sync_token,
@@ -143,7 +144,7 @@ impl AppState {
             login: LoginGuard::default(),
             live: Live::new(DEFAULT_INSTANCE_TTL),
             metrics: Metrics::default(),
-            fleet: Ledgers::default(),
+            fleet: Ledgers::default().with_secret(fleet_secret),
             relay: relay::ProviderRelay::default(),
             health: HealthProbe::default(),
             managed: None,
@@ -199,7 +200,7 @@ impl AppState {
     /// Keeps fleet ledgers and the provider news relayed between Envoys
     /// in Redis, through `connection`, for several replicas.
     pub fn with_redis(mut self, connection: &kv::RedisConnection) -> Self {
-        self.fleet = Ledgers::redis(connection);
+        self.fleet = Ledgers::redis(connection).with_secret(self.store.fleet_secret());
         self.relay = relay::ProviderRelay::redis(connection);
         self
     }

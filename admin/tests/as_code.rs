@@ -602,7 +602,11 @@ async fn a_yaml_alias_bomb_is_refused_at_once_everywhere() {
     );
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refusal}");
     assert!(refusal.to_string().contains("bomb.yaml"), "{refusal}");
-    assert!(api_took < Duration::from_millis(100), "{api_took:?}");
+    // At once: the parse stops at its node budget (100 000 nodes, some
+    // 100 ms of a debug build here, more on a loaded machine), where the
+    // bomb's expansion would run for minutes; a bound of 100 ms failed
+    // alone at 150 ms, so the bound is the command's.
+    assert!(api_took < Duration::from_secs(2), "{api_took:?}");
     assert!(api_peak - before < 50.0, "{before} -> {api_peak} MiB");
     assert!(shown.contains("20-bomb.yaml"), "{listed}");
     assert!(managed_peak < 100.0);

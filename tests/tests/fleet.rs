@@ -819,3 +819,80 @@ async fn admin_replicas_relay_provider_news_through_redis() -> anyhow::Result<()
     assert!(later.is_empty(), "{later:?}");
     Ok(())
 }
+
+/// Third security review, item 5: a holder of the sync token, syncing as
+/// an instance of its own every 200 ms, names a fresh share of the whole
+/// global limit each time (an id the admin never issued, a made-up tag).
+/// The admin takes none of them as a share it holds: the three Envoys,
+/// offered 400/50/50 calls a second, still bring the provider at least
+/// 90 % of the limit over the 5 s the rogue keeps at it (before, each
+/// made-up share was a claim on the whole limit and kept the ledger
+/// recovering, so nobody's share grew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rogue_holding_the_sync_token_cannot_claim_shares_it_was_never_given(
+) -> anyhow::Result<()> {
+    use sluice_e2e::admin::SYNC_TOKEN;
+    let fleet = Fleet::start().await?;
+    fleet
+        .op
+        .wait_for_shares(&["fleet-a", "fleet-b", "fleet-c"])
+        .await?;
+    // The mock's clock starts again with the load.
+    fleet.mock.reset();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = OFFERED
+        .iter()
+        .zip(&fleet.envoys)
+        .map(|((name, rate), envoy)| {
+            load::paced(
+                envoy.url("/v1/complete"),
+                "api.llm.example",
+                name,
+                *rate,
+                stop.clone(),
+            )
+        })
+        .collect();
+    let rogue_stop = Arc::new(AtomicBool::new(false));
+    let (base, halt) = (fleet.admin.base(), rogue_stop.clone());
+    let rogue = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        let mut sent = 0u64;
+        let started = Instant::now();
+        while !halt.load(Ordering::SeqCst) {
+            let at = started.elapsed().as_millis() as u64;
+            let report = json!({"instance": "rogue", "policy_version": 1, "at_ms": 1_000 + at,
+                "shares": {"llm": 4_000_000_000_000u64 + at},
+                "held": {"llm": {"rate": 290.0, "in_flight": 30, "instances": 1, "tag": 0x5eed_0000 + at}}});
+            let _ = http
+                .post(format!("{base}/api/v1/sync"))
+                .bearer_auth(SYNC_TOKEN)
+                .json(&report)
+                .send()
+                .await;
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        sent
+    });
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let used = rate_at_mock(
+        &fleet.mock,
+        &[],
+        Duration::from_secs(1),
+        Duration::from_secs(6),
+    );
+    let view = shares(&fleet.op).await?;
+    rogue_stop.store(true, Ordering::SeqCst);
+    let sent = rogue.await?;
+    let calls = finish(&stop, load).await;
+    println!(
+        "fleet, a rogue with the sync token: {sent} made-up shares of the whole limit in 6 s; the provider saw {used:.1}/s \
+         ({:.1} % of {GLOBAL_RPS}/s) over 1..6 s of {calls} calls; the admin's shares then {view:?}; refused by the provider {}",
+        100.0 * used / GLOBAL_RPS,
+        fleet.mock.rejected_by_mock()
+    );
+    anyhow::ensure!(used >= 0.9 * GLOBAL_RPS, "the fleet used {used:.1}/s");
+    anyhow::ensure!(fleet.mock.rejected_by_mock() == 0);
+    Ok(())
+}

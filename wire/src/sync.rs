@@ -303,6 +303,9 @@ pub struct HeldShareReport {
     pub rate: f64,
     pub in_flight: u32,
     pub instances: u32,
+    /// The tag the admin gave the share (0: none came with it).
+    #[serde(default)]
+    pub tag: u64,
 }
 
 /// One global policy's share for the instance that synced.
@@ -318,6 +321,10 @@ pub struct ShareMessage {
     pub instances: u32,
     /// Echoed in the next report's `shares`.
     pub id: u64,
+    /// The admin's tag of this share, echoed in the next report's `held`:
+    /// a share it lost track of is believed back only with it.
+    #[serde(default)]
+    pub tag: u64,
 }
 
 pub type SharesMessage = BTreeMap<String, ShareMessage>;

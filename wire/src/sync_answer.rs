@@ -164,6 +164,7 @@ mod tests {
                 lease_ms: 2_000,
                 instances: 3,
                 id: 9,
+                tag: 11,
             },
         );
         answer.budgets.insert("daily".into(), HeldBudget::default());

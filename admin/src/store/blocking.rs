@@ -24,6 +24,9 @@ pub struct BlockingStore {
     pub(super) db: Arc<Db>,
     /// How long warning-line rows of the audit log are kept, in ms.
     pub(super) warn_retention_ms: u64,
+    /// What fleet shares are tagged with (`sluice_shared::fleet::share_tag`):
+    /// drawn once per store, the same for every replica on it.
+    fleet_secret: [u8; sluice_shared::fleet::share_tag::SECRET_LEN],
 }
 
 /// Warning-line rows of the audit log are kept this long by default
@@ -86,19 +89,40 @@ impl BlockingStore {
     /// Gives a store its epoch the first time it is opened (replicas
     /// opening it together agree on the first one written).
     fn with_epoch(db: Db) -> Result<Self, StoreError> {
-        let store = Self {
+        let mut store = Self {
             db: Arc::new(db),
             warn_retention_ms: DEFAULT_WARN_RETENTION_MS,
+            fleet_secret: [0; sluice_shared::fleet::share_tag::SECRET_LEN],
         };
         let epoch = new_epoch()?;
-        store.db.touch(|sql| {
+        let secret = [new_epoch()?, new_epoch()?];
+        let halves = store.db.touch(|sql| {
             sql.execute(
                 "INSERT INTO settings (key, value) VALUES ('store_epoch', $1) ON CONFLICT (key) DO NOTHING",
                 &[epoch.into()],
-            )
-            .map(drop)
+            )?;
+            let mut halves = [0u64; 2];
+            for (i, (half, drawn)) in halves.iter_mut().zip(secret).enumerate() {
+                let key = format!("fleet_secret_{i}");
+                sql.execute(
+                    "INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
+                    &[key.as_str().into(), drawn.into()],
+                )?;
+                *half = sql
+                    .query_one("SELECT value FROM settings WHERE key = $1", &[key.as_str().into()])?
+                    .ok_or_else(|| StoreError::Corrupt(format!("no {key} setting")))?
+                    .uint(0)?;
+            }
+            Ok(halves)
         })?;
+        store.fleet_secret[..8].copy_from_slice(&halves[0].to_le_bytes());
+        store.fleet_secret[8..].copy_from_slice(&halves[1].to_le_bytes());
         Ok(store)
+    }
+
+    /// What this store's admins tag fleet shares with.
+    pub fn fleet_secret(&self) -> [u8; sluice_shared::fleet::share_tag::SECRET_LEN] {
+        self.fleet_secret
     }
 
     /// The store's epoch: which store a policy set version belongs to.

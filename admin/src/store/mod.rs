@@ -147,6 +147,12 @@ impl Store {
         self
     }
 
+    /// What this store's admins tag fleet shares with (the same for every
+    /// replica on it, and across restarts).
+    pub fn fleet_secret(&self) -> [u8; sluice_shared::fleet::share_tag::SECRET_LEN] {
+        self.blocking.fleet_secret()
+    }
+
     pub fn blocking(&self) -> &BlockingStore {
         &self.blocking
     }

@@ -28,6 +28,9 @@ pub struct HeldShare {
     pub expires_at: Instant,
     pub instances: u32,
     pub id: u64,
+    /// The admin's tag of the share, echoed with it.
+    #[serde(default)]
+    pub tag: u64,
 }
 
 impl HeldShare {
@@ -62,6 +65,7 @@ pub fn parse_header(value: &[u8], sent_at: Instant) -> Option<HeldShares> {
                 expires_at: sent_at + Span::from_millis(m.lease_ms),
                 instances: m.instances,
                 id: m.id,
+                tag: m.tag,
             },
         );
     }

@@ -295,6 +295,7 @@ impl SyncClient {
                         rate: s.amount.rate,
                         in_flight: s.amount.in_flight,
                         instances: s.instances,
+                        tag: s.tag,
                     };
                     (p, report)
                 })

@@ -35,6 +35,25 @@ impl Share {
     }
 }
 
+/// The share an instance says it holds, and whether the admin issued it
+/// (`vouched`: its tag checks out, see `share_tag`). A share the ledger
+/// no longer knows is believed back only when vouched for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Held {
+    pub share: Option<Share>,
+    pub vouched: bool,
+}
+
+impl From<Option<Share>> for Held {
+    /// A share taken as the admin's own (tests; the admin checks tags).
+    fn from(share: Option<Share>) -> Self {
+        Self {
+            share,
+            vouched: true,
+        }
+    }
+}
+
 /// A global policy's limit and lease terms.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FleetTerms {
@@ -130,6 +149,10 @@ struct Member {
     /// demand was known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     claimed: Option<Share>,
+    /// When it last claimed a share this ledger had no record of: one
+    /// claim a lease, at most.
+    #[serde(default, rename = "claimed_at_ms", with = "millis")]
+    claimed_at: Instant,
 }
 
 /// An instance whose connection closed is taken for dead once it has
@@ -239,14 +262,37 @@ impl Ledger {
     /// `instance` syncs, wanting `demand`, holding `held`: the newest share
     /// it received (None: none yet), as it describes it. Returns its new
     /// share.
+    ///
+    /// A held share this ledger has no record of is a claim: believed
+    /// (recorded, and the ledger recovers) only when the admin vouches for
+    /// it, once a lease per instance, and for no more than the instance's
+    /// fair target. A sync token's holder naming shares it was never given
+    /// can then neither take the limit nor keep the ledger recovering.
     pub fn sync(
         &mut self,
         terms: &FleetTerms,
         instance: &str,
         demand: Demand,
-        held: Option<Share>,
+        held: impl Into<Held>,
         now: Instant,
     ) -> Share {
+        self.sync_with_keys(terms, instance, (demand, None), held.into(), now)
+    }
+
+    /// [`Self::sync`], with the instance's fair keys when a limit is
+    /// shared fairly (known before a claim is weighed).
+    fn sync_with_keys(
+        &mut self,
+        terms: &FleetTerms,
+        instance: &str,
+        (demand, fair): (Demand, Option<&[FairKeyView]>),
+        held: Held,
+        now: Instant,
+    ) -> Share {
+        let Held {
+            share: held,
+            vouched,
+        } = held;
         let silent = self.last_sync > Instant::EPOCH && now - self.last_sync > terms.lease;
         if self.lost || silent {
             // Lost, or nobody synced for a lease: the admin was out of
@@ -268,24 +314,41 @@ impl Ledger {
         });
         let member = self.members.entry(instance.to_string()).or_default();
         member.demand = demand;
+        if let Some(fair) = fair {
+            member.fair = fair.iter().map(KeyDemand::from).collect();
+        }
         if member.last_heard > Instant::EPOCH && now > member.last_heard {
             member.sync_gap = now - member.last_heard;
         }
         member.last_heard = now;
         member.departed = Instant::EPOCH;
-        if let (false, Some(held)) = (known, held) {
-            // A share this ledger has no record of: it is what the instance
-            // enforces, bounded by the limit and one lease from now, since
-            // an instance's word is all there is to go on.
+        let claim_again =
+            member.claimed_at == Instant::EPOCH || now - member.claimed_at >= terms.lease;
+        if let (false, Some(held), true, true) = (known, held, vouched, claim_again) {
+            // A share this ledger has no record of, which the admin issued:
+            // it is what the instance enforces, bounded by the limit, its
+            // fair target and one lease from now.
+            member.claimed_at = now;
+            // Its fair target were it to want all it holds (its demand is
+            // not measured yet after a loss): with others wanting theirs,
+            // its part by weight, never the whole limit.
+            let wanted = Demand {
+                rate: member.demand.rate.max(held.amount.rate),
+                in_flight: member.demand.in_flight.max(held.amount.in_flight),
+                queued: member.demand.queued,
+            };
+            let target = self.target_wanting(terms, instance, wanted, now);
             let claimed = Share {
-                amount: held.amount.min(terms.limit),
+                amount: held.amount.min(terms.limit).min(target),
                 expires_at: held.expires_at.min(now + terms.lease),
                 instances: held.instances.max(1),
             };
-            member.shares.push(claimed);
-            if claimed.expires_at > now {
-                member.claimed = Some(claimed);
-                self.recover_until(terms, now);
+            if let Some(member) = self.members.get_mut(instance) {
+                member.shares.push(claimed);
+                if claimed.expires_at > now {
+                    member.claimed = Some(claimed);
+                    self.recover_until(terms, now);
+                }
             }
         }
         let Some(member) = self.members.get_mut(instance) else {
@@ -301,22 +364,7 @@ impl Ledger {
             let newest = held.id().min((now + terms.lease).as_millis());
             member.shares.retain(|s| s.id() >= newest);
         }
-        // Shares go to the instances that are syncing; the silent ones
-        // keep only their reservations until those end.
-        let active: Vec<(&String, &Member)> = self
-            .members
-            .iter()
-            .filter(|(n, m)| n.as_str() == instance || now - m.last_heard < terms.lease)
-            .collect();
-        let demands: Vec<Demand> = active.iter().map(|(_, m)| m.demand).collect();
-        let keys: Vec<&[KeyDemand]> = active.iter().map(|(_, m)| m.fair.as_slice()).collect();
-        let demands = fair_demand::weigh(terms.limit.rate, &demands, &keys);
-        let targets = allocate(terms.limit, terms.floor_fraction, &demands);
-        let target = active
-            .iter()
-            .position(|(n, _)| n.as_str() == instance)
-            .and_then(|i| targets.get(i).copied())
-            .unwrap_or_default();
+        let target = self.target(terms, instance, now);
         let others = self
             .members
             .iter()
@@ -381,7 +429,7 @@ impl Ledger {
         terms: &FleetTerms,
         instance: &str,
         (usage, fair): (Usage, &[FairKeyView]),
-        held: Option<Share>,
+        held: impl Into<Held>,
         now: Instant,
     ) -> Share {
         if let Some(member) = self.members.get_mut(instance) {
@@ -405,7 +453,7 @@ impl Ledger {
             }
             _ => (measured, false),
         };
-        let share = self.sync(terms, instance, demand, held, now);
+        let share = self.sync_with_keys(terms, instance, (demand, Some(fair)), held.into(), now);
         if let Some(member) = self.members.get_mut(instance) {
             member.fair = fair.iter().map(KeyDemand::from).collect();
             member.settling = settling;
@@ -427,6 +475,51 @@ impl Ledger {
             }
         }
         share
+    }
+
+    /// What `instance` is due of the limit now: its part of the fair
+    /// allocation between the instances that are syncing (the silent
+    /// ones keep only their reservations until those end).
+    fn target(&self, terms: &FleetTerms, instance: &str, now: Instant) -> Amount {
+        let demand = self
+            .members
+            .get(instance)
+            .map(|m| m.demand)
+            .unwrap_or_default();
+        self.target_wanting(terms, instance, demand, now)
+    }
+
+    /// [`Self::target`], `instance` wanting `wanted`.
+    fn target_wanting(
+        &self,
+        terms: &FleetTerms,
+        instance: &str,
+        wanted: Demand,
+        now: Instant,
+    ) -> Amount {
+        let active: Vec<(&String, &Member)> = self
+            .members
+            .iter()
+            .filter(|(n, m)| n.as_str() == instance || now - m.last_heard < terms.lease)
+            .collect();
+        let demands: Vec<Demand> = active
+            .iter()
+            .map(|(n, m)| {
+                if n.as_str() == instance {
+                    wanted
+                } else {
+                    m.demand
+                }
+            })
+            .collect();
+        let keys: Vec<&[KeyDemand]> = active.iter().map(|(_, m)| m.fair.as_slice()).collect();
+        let demands = fair_demand::weigh(terms.limit.rate, &demands, &keys);
+        let targets = allocate(terms.limit, terms.floor_fraction, &demands);
+        active
+            .iter()
+            .position(|(n, _)| n.as_str() == instance)
+            .and_then(|i| targets.get(i).copied())
+            .unwrap_or_default()
     }
 
     /// A connection `instance` synced or watched over closed at `at`: its
@@ -528,6 +621,90 @@ mod tests {
             waiting: 0,
             at: t(at_ms),
         }
+    }
+
+    /// Two honest instances and a rogue holding the sync token, syncing
+    /// every 200 ms for 10 s; the rogue names a fresh share of the whole
+    /// limit each time, which the admin never issued (its tag does not
+    /// check out). Returns the honest ones' shares over the last 5 s.
+    fn beside_a_rogue() -> Vec<f64> {
+        let mut ledger = Ledger::default();
+        let (mut a, mut b) = (None, None);
+        let mut late = Vec::new();
+        for at in (0..10_000u64).step_by(200) {
+            a = Some(ledger.sync(&TERMS, "a", wants(1000.0, 100), a, t(at)));
+            b = Some(ledger.sync(&TERMS, "b", wants(1000.0, 100), b, t(at + 1)));
+            let fake = Share {
+                amount: LIMIT,
+                expires_at: t(at + 5_000 + at % 997),
+                instances: 1,
+            };
+            let held = Held {
+                share: Some(fake),
+                vouched: false,
+            };
+            ledger.sync(&TERMS, "rogue", wants(1000.0, 100), held, t(at + 2));
+            assert!(!ledger.recovering(t(at + 2)), "at {at}");
+            if at >= 5_000 {
+                late.extend([a, b].iter().flatten().map(|s| s.amount.rate));
+            }
+        }
+        late
+    }
+
+    /// Third security review, item 5: shares the admin never issued (their
+    /// tag does not check out) are not claims: the ledger never recovers
+    /// for them, and the honest instances keep their fair target (a third
+    /// of the limit each, the rogue wanting all of it), above their floor.
+    /// (Before: every fresh id was a claim on the whole limit, the ledger
+    /// recovered for good, and b was held at 0.)
+    #[test]
+    fn a_rogue_naming_shares_it_was_never_given_takes_nothing() {
+        let floor = TERMS.limit.rate * TERMS.floor_fraction / 3.0;
+        let target = TERMS.limit.rate / 3.0;
+        let shares = beside_a_rogue();
+        let least = shares.iter().copied().fold(f64::MAX, f64::min);
+        assert!(least >= floor, "{shares:?}");
+        assert!(least >= target * 0.95, "{shares:?}");
+    }
+
+    /// A claim the admin vouches for (its own share, after the ledger was
+    /// lost) is believed for no more than the claimant's fair target, and
+    /// once a lease.
+    #[test]
+    fn a_vouched_claim_is_believed_up_to_a_fair_target_once_a_lease() {
+        let mut ledger = Ledger::default();
+        let (mut a, mut b) = (None, None);
+        for at in (0..2_000u64).step_by(200) {
+            a = Some(ledger.sync(&TERMS, "a", wants(1000.0, 100), a, t(at)));
+            b = Some(ledger.sync(&TERMS, "b", wants(1000.0, 100), b, t(at + 1)));
+        }
+        let mut lost = Ledger::default();
+        lost.lost();
+        // b claims the whole limit (as if its share had been all of it).
+        let whole = Share {
+            amount: LIMIT,
+            expires_at: t(3_500),
+            instances: 2,
+        };
+        lost.sync(&TERMS, "a", wants(1000.0, 100), a, t(2_000));
+        lost.sync(&TERMS, "b", wants(1000.0, 100), Some(whole), t(2_001));
+        let reserved = |ledger: &Ledger, who: &str, at: u64| {
+            ledger
+                .members(&TERMS, t(at))
+                .into_iter()
+                .find(|m| m.instance == who)
+                .map_or(0.0, |m| m.reserved.rate)
+        };
+        let claimed = reserved(&lost, "b", 2_001);
+        assert!(claimed <= 500.0 + 1e-6, "b's claim counted {claimed}");
+        // A second claim within the lease is not one.
+        let again = Share {
+            expires_at: t(3_600),
+            ..whole
+        };
+        lost.sync(&TERMS, "b", wants(1000.0, 100), Some(again), t(2_201));
+        assert!(reserved(&lost, "b", 2_201) <= 500.0 + 1e-6);
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod demand;
 pub mod fair_demand;
 pub mod ledger;
 pub mod share_limits;
+pub mod share_tag;
 
 use serde::{Deserialize, Serialize};
 
@@ -38,8 +39,9 @@ use crate::policy::Policy;
 
 pub use allocation::{allocate, FLOOR_FRACTION, RATE_HEADROOM};
 pub use demand::{demand_between, used_between, Demand, Usage};
-pub use ledger::{share_in_force, FleetTerms, Ledger, MemberState, Share, USED_WINDOW};
+pub use ledger::{share_in_force, FleetTerms, Held, Ledger, MemberState, Share, USED_WINDOW};
 pub use share_limits::{limits_for_share, rate_for_share, ShareLimits, MIN_SHARE_BURST};
+pub use share_tag::ShareTags;
 
 /// A quantity of a limit: requests per second and calls in flight.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
