@@ -3,7 +3,9 @@
 //!
 //! - [`host`]: every call into Envoy, behind a trait; [`clock`]: its wall
 //!   clock made monotonic.
-//! - [`kept_headers`]: a request's headers, each read from Envoy once.
+//! - [`kept_headers`]: a request's headers, each read from Envoy once
+//!   (the native build); [`header_pairs`]: all of them in one host call
+//!   (the wasm build).
 //! - [`entries`]: every shared-data entry's key and layout.
 //! - [`shared_memory`]: shared data in process memory (the native
 //!   module's, and the rule the tests' host keeps).
@@ -23,6 +25,7 @@
 pub mod clock;
 pub mod counters;
 pub mod entries;
+pub mod header_pairs;
 pub mod host;
 pub mod kept_headers;
 pub mod metrics;

@@ -7,6 +7,12 @@ use std::borrow::Cow;
 /// headers `:authority`, `:path` and `:method` are headers too (as in Envoy).
 pub trait RequestHeaders {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+
+    /// Whether the request carries `name`, for a header asked about once
+    /// and never read again (a host may answer it without keeping it).
+    fn carries(&self, name: &str) -> bool {
+        self.header(name).is_some()
+    }
 }
 
 /// A plain list of headers, for tests and tools.

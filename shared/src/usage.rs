@@ -646,6 +646,89 @@ mod tests {
         assert_eq!(UsagePath::parse("usage..x"), None);
     }
 
+    /// Third review, item 2: an answer past the bound is read from its
+    /// end (its usage) and its start (its model); a body without them
+    /// there is too large. A field's name inside a string (escaped
+    /// quotes) is never taken for the field.
+    #[test]
+    fn an_answer_past_the_bound_is_read_from_its_end() {
+        let p = ["usage.prompt_tokens", "usage.completion_tokens"];
+        let filler = format!(
+            r#"\"usage\": {{\"completion_tokens\": 1}} {}"#,
+            "x".repeat(9000)
+        );
+        let body = format!(
+            r#"{{"model": "gpt-4o", "choices": [{{"message": {{"content": "{filler}"}}}}], "usage": {{"prompt_tokens": 20, "completion_tokens": 64000}}}}"#
+        );
+        let mut r = UsageReader::new(paths(&p), Some(b"application/json"), 4096);
+        for piece in body.as_bytes().chunks(1000) {
+            r.feed(piece);
+        }
+        assert!(r.buffered() <= 4096 + JSON_HEAD, "{}", r.buffered());
+        assert_eq!(r.finish(), Ok(64_020));
+        let mut r = UsageReader::new(paths(&p), Some(b"application/json"), 4096);
+        r.feed(&vec![b' '; 10_000]);
+        assert_eq!(r.finish(), Err(UsageError::TooLarge(4096)));
+    }
+
+    /// Item 7: a money limit's usage is priced again at the model its
+    /// answer names, JSON or stream, when dearer.
+    #[test]
+    fn the_model_that_answered_prices_the_usage_when_dearer() {
+        use crate::price::{ModelPrice, Money, PriceTable};
+        let price = |input: &str, output: &str| ModelPrice {
+            input: Money::parse(input).unwrap_or_default(),
+            output: Money::parse(output).unwrap_or_default(),
+            cached_input: None,
+        };
+        let table = PriceTable {
+            currency: "USD".into(),
+            models: [
+                ("gpt-4o-mini".to_string(), price("0.15", "0.6")),
+                ("gpt-4o*".to_string(), price("2.5", "10")),
+            ]
+            .into_iter()
+            .collect(),
+            default: None,
+        };
+        let prices = Arc::new(CompiledPrices::new(&table));
+        let mini = price("0.15", "0.6");
+        let usage = CompiledUsage::priced(
+            None,
+            &crate::policy::CostSpec::Price(crate::policy::PriceCostSpec::Word(
+                crate::policy::PriceWord::Price,
+            )),
+            Priced {
+                format: UsageFormat::Openai,
+                price: &mini,
+                prices: Some(&prices),
+                unread_ceiling: None,
+            },
+        );
+        let read = |content_type: &str, body: &str| {
+            let mut r = usage
+                .body_reader(Some(content_type.as_bytes()))
+                .unwrap_or_else(|| UsageReader::new(Vec::new(), None, 1));
+            r.feed(body.as_bytes());
+            r.finish()
+        };
+        let json = |model: &str| {
+            format!(
+                r#"{{"model": "{model}", "usage": {{"prompt_tokens": 1000, "completion_tokens": 1000}}}}"#
+            )
+        };
+        // gpt-4o's 2 500 + 10 000, mini's 150 + 600.
+        assert_eq!(
+            read("application/json", &json("gpt-4o-2024-08-06")),
+            Ok(12_500)
+        );
+        assert_eq!(read("application/json", &json("gpt-4o-mini")), Ok(750));
+        assert_eq!(read("application/json", &json("unknown")), Ok(750));
+        let stream = "data: {\"model\": \"gpt-4o-2024-08-06\", \"choices\": []}\n\n\
+                      data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 1000, \"completion_tokens\": 1000}}\n\n";
+        assert_eq!(read("text/event-stream", stream), Ok(12_500));
+    }
+
     fn weighed(p: &[(&str, i64)]) -> Vec<WeightedPath> {
         p.iter()
             .filter_map(|(p, w)| Some((UsagePath::parse(p)?, *w)))

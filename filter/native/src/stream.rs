@@ -27,6 +27,10 @@ impl RequestHeaders for NativeHeaders {
             .value(name, |n| read_header(self.filter, self.header_type, n))
             .map(Cow::Borrowed)
     }
+
+    fn carries(&self, name: &str) -> bool {
+        read_header(self.filter, self.header_type, name).is_some()
+    }
 }
 
 fn read_header(filter: EnvoyPtr, header_type: u32, name: &str) -> Option<Vec<u8>> {

@@ -24,6 +24,13 @@ extern "C" {
         return_value_size: *mut usize,
     ) -> u32;
 
+    #[link_name = "proxy_get_header_map_pairs"]
+    fn get_header_map_pairs(
+        map_type: u32,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
+
     #[link_name = "proxy_replace_header_map_value"]
     fn replace_header_map_value(
         map_type: u32,
@@ -80,6 +87,19 @@ pub fn header(map: MapType, key: &str) -> Option<Vec<u8>> {
     unsafe {
         let status =
             get_header_map_value(map as u32, key.as_ptr(), key.len(), &mut data, &mut size);
+        (status == STATUS_OK).then(|| take(data, size))
+    }
+}
+
+/// Every header of `map`, serialized (see `header_pairs`); None when the
+/// map is gone.
+pub fn header_pairs(map: MapType) -> Option<Vec<u8>> {
+    let mut data: *mut u8 = null_mut();
+    let mut size: usize = 0;
+    // SAFETY: on Ok the host wrote an allocation of `size` bytes (or null)
+    // to `data`.
+    unsafe {
+        let status = get_header_map_pairs(map as u32, &mut data, &mut size);
         (status == STATUS_OK).then(|| take(data, size))
     }
 }

@@ -4,7 +4,7 @@
 mod abi;
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
@@ -18,8 +18,8 @@ use sluice_wire::sync::{
     BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
 };
 
+use crate::header_pairs::HeaderPairs;
 use crate::host::{Host, Level, SetError};
-use crate::kept_headers::KeptHeaders;
 use crate::stream_shell::{Flow, ShellSettings, StreamIo, StreamShell};
 use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
 use crate::worker::{StreamAction, Worker};
@@ -126,25 +126,33 @@ impl Host for EnvoyHost {
 }
 
 /// A request's or response's headers, read from Envoy as bytes (no
-/// header value can make UTF-8 decoding panic), each at most once.
+/// header value can make UTF-8 decoding panic), all of them in one host
+/// call the first time any is asked for, and kept for a decision made
+/// once the body is in.
 struct EnvoyHeaders {
     map: MapType,
-    kept: KeptHeaders,
+    pairs: OnceCell<HeaderPairs>,
 }
 
 impl EnvoyHeaders {
     fn of(map: MapType) -> Self {
         Self {
             map,
-            kept: KeptHeaders::default(),
+            pairs: OnceCell::new(),
         }
     }
 }
 
 impl RequestHeaders for EnvoyHeaders {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        self.kept
-            .value(name, |n| abi::header(self.map, n))
+        self.pairs
+            .get_or_init(|| {
+                // A map that is gone, or does not read, holds nothing.
+                abi::header_pairs(self.map)
+                    .and_then(HeaderPairs::parse)
+                    .unwrap_or_default()
+            })
+            .get(name)
             .map(Cow::Borrowed)
     }
 }

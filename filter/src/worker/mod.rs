@@ -527,26 +527,7 @@ impl Parts {
         let (class, passed_over) =
             match policies.classify(req, (&self.key_secret, self.spend_labels.secret()), &body) {
                 Classified::NeedsBody { from } => {
-                    if declared_length(req).is_some_and(|n| n > MAX_REQUEST_BODY_BYTES) {
-                        // Too large to read, as it says itself: decided now
-                        // as a body that cannot be read, nothing buffered
-                        // (Envoy answers 413 to a body held past its own
-                        // buffer limit, 1 MiB by default).
-                        return self.request(ctx, context_id, req, RequestBody::Read(None));
-                    }
-                    // Read while the headers pass: the host answers header
-                    // reads no more once the body comes.
-                    policies.keep_headers_for_body(req, from);
-                    if policies.may_ask_stream_usage(req, from) {
-                        // Its body may grow: the length it came with must not
-                        // go upstream with it (the headers go on now).
-                        ctx.host.remove_request_header("content-length");
-                    }
-                    ctx.reuse_clock();
-                    // Every tick, even the idle one, notices a wait past
-                    // its end.
-                    self.body_waits.start(context_id, ctx.now);
-                    return Verdict::ReadBody;
+                    return self.await_body(ctx, context_id, req, from);
                 }
                 Classified::DuplicateKey { policy_index, key } => {
                     let Some(policy) = policies.policies.get(policy_index) else {
@@ -733,6 +714,40 @@ impl Parts {
                 Verdict::Pause { ticket }
             }
         }
+    }
+
+    /// A call policies from `from` on decide on its body: it is asked for
+    /// (its headers wait for it, see `stream_shell`), unless it says it is
+    /// too large to read, when it is decided now as a body that cannot be
+    /// read, nothing buffered (Envoy answers 413 to a body held past its
+    /// own buffer limit, 1 MiB by default).
+    fn await_body<H, R>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        context_id: u32,
+        req: &R,
+        from: usize,
+    ) -> Verdict
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        if declared_length(req).is_some_and(|n| n > MAX_REQUEST_BODY_BYTES) {
+            return self.request(ctx, context_id, req, RequestBody::Read(None));
+        }
+        // Read while the headers pass: the host answers header reads no
+        // more once the body comes.
+        let policies = Rc::clone(&self.policies);
+        policies.keep_headers_for_body(req, from);
+        if policies.may_ask_stream_usage(req, from) {
+            // Its body may grow: the length it came with must not go
+            // upstream with it.
+            ctx.host.remove_request_header("content-length");
+        }
+        ctx.reuse_clock();
+        // Every tick, even the idle one, notices a wait past its end.
+        self.body_waits.start(context_id, ctx.now);
+        Verdict::ReadBody
     }
 
     /// Keys read from a body that lacks them: those calls share the

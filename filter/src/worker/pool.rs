@@ -370,7 +370,7 @@ impl RouteHeaders {
         R: RequestHeaders + ?Sized,
     {
         for name in &self.0 {
-            if req.header(name).is_some() {
+            if req.carries(name) {
                 ctx.host.remove_request_header(name);
                 ctx.metrics
                     .add_filter(FilterCounter::RouteHeaderStripped, 1);
