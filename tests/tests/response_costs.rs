@@ -450,10 +450,12 @@ async fn stat_reaches(envoy: &Envoy, limit: &str, stat: &str, at_least: f64) -> 
 }
 
 /// Usage Sluice could not read, in each way a caller can arrange it (a
-/// stream it leaves, a stream that does not ask for usage, an answer
-/// too large to read): each is charged the unread charge (the cost's
-/// max, 20 000), not the estimate from the caller's own max_tokens, and
-/// counted; an answer read is charged its usage.
+/// stream it leaves, a stream that does not ask for usage): each is
+/// charged the unread charge (the cost's max, 20 000), not the estimate
+/// from the caller's own max_tokens, and counted. An answer too large to
+/// hold (128 choices, past the 256 KiB read) has its usage read from its
+/// end, where OpenAI and Anthropic put it, and is charged that usage
+/// (third review, item 2); an answer read is charged its usage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_that_cannot_be_read_is_charged_the_unread_charge() -> anyhow::Result<()> {
     const MAX: f64 = 20_000.0;
@@ -499,7 +501,8 @@ async fn usage_that_cannot_be_read_is_charged_the_unread_charge() -> anyhow::Res
         "{} bytes",
         body.len()
     );
-    stat_reaches(&envoy, "tokens", "usage_too_large", 1.0).await?;
+    let large_used = usage_of(&body).unwrap_or(0) as f64;
+    stat_reaches(&envoy, "tokens", "usage_read", 1.0).await?;
     seen.push(("answer of 128 choices", charged() - before));
     let large_bytes = body.len();
     // An answer read: its usage.
@@ -508,15 +511,18 @@ async fn usage_that_cannot_be_read_is_charged_the_unread_charge() -> anyhow::Res
         serde_json::json!({"max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]});
     let (_, body) = ask(&http, call, read, false).await?;
     let used = usage_of(&body).unwrap_or(0) as f64;
-    stat_reaches(&envoy, "tokens", "usage_read", 1.0).await?;
+    stat_reaches(&envoy, "tokens", "usage_read", 2.0).await?;
     seen.push(("answer read", charged() - before));
     println!(
         "unread usage: charged {seen:?} (the cost's max {MAX}; estimates 100 and 1 060; the answer read used {used}; \
-         the large answer {large_bytes} bytes)"
+         the large answer {large_bytes} bytes used {large_used}; too large {})",
+        envoy.limit_stat("tokens", "usage_too_large").unwrap_or(-1.0)
     );
     assert_eq!(seen[0].1, MAX);
     assert_eq!(seen[1].1, MAX);
-    assert_eq!(seen[2].1, MAX);
+    assert!(large_used > 128.0, "{large_used}");
+    assert_eq!(seen[2].1, large_used);
+    assert_eq!(envoy.limit_stat("tokens", "usage_too_large")?, 0.0);
     assert_eq!(seen[3].1, used);
     Ok(())
 }
