@@ -1,0 +1,270 @@
+//! One simulated Envoy: its workers (the real [`Worker`], each behind its
+//! own [`SimHost`] over the Envoy's shared data), and each stream driven
+//! through the real [`StreamShell`], the hooks both builds share.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use sluice_filter::stream_shell::{Flow, ShellSettings, StreamIo, StreamShell};
+use sluice_filter::worker::{StreamAction, Worker};
+use sluice_filter_core::matcher::CompiledPolicySet;
+use sluice_shared::time::{Instant, Span};
+
+use crate::headers::Headers;
+use crate::host::{EnvoyShared, HostEffect, SimHost};
+use crate::rng::SimRng;
+
+/// One worker and its host.
+pub struct SimWorker {
+    pub worker: Worker,
+    pub host: SimHost,
+    /// The tick period the next tick was scheduled with.
+    pub scheduled: Span,
+    /// Bumped when the tick is scheduled again: older ticks are stale.
+    pub tick_generation: u64,
+}
+
+/// What became of a call as its request's headers passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Passage {
+    /// On to the upstream, with these headers.
+    Upstream(Headers),
+    /// Waiting in the queue.
+    Queued,
+    /// Answered by Sluice.
+    Refused(u32, Headers),
+}
+
+struct Stream {
+    shell: StreamShell,
+    worker: usize,
+    request: Headers,
+}
+
+pub struct SimEnvoy {
+    pub shared: Rc<EnvoyShared>,
+    pub workers: Vec<SimWorker>,
+    streams: BTreeMap<u32, Stream>,
+    next_stream: u32,
+}
+
+/// A stream's Envoy side, as the shell sees it.
+struct Io<'a> {
+    worker: &'a mut Worker,
+    waits: bool,
+    answer: Headers,
+}
+
+impl StreamIo for Io<'_> {
+    type AnswerHeaders = Headers;
+
+    fn with_worker<R>(&mut self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+        Some(f(self.worker))
+    }
+
+    fn waits(&mut self) {
+        self.waits = true;
+    }
+
+    fn request_body(&mut self, _size: usize) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn answer_headers(&self) -> Headers {
+        self.answer.clone()
+    }
+
+    fn set_answer_header(&mut self, name: &str, value: Option<&[u8]>) {
+        match value {
+            Some(v) => self.answer.set(name, &String::from_utf8_lossy(v)),
+            None => self.answer.remove(name),
+        }
+    }
+
+    fn answer_piece(&mut self, _size: usize) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn replace_answer_piece(&mut self, _size: usize, _passed: &[u8]) {}
+}
+
+impl SimEnvoy {
+    /// An Envoy of `workers` workers enforcing `policies` (a set's JSON).
+    pub fn new(
+        index: usize,
+        workers: usize,
+        policies: &str,
+        clock: &Rc<Cell<Instant>>,
+        rng: &Rc<RefCell<SimRng>>,
+    ) -> Result<Self, String> {
+        let shared = Rc::new(EnvoyShared::default());
+        let mut built = Vec::with_capacity(workers);
+        for w in 0..workers {
+            let host = SimHost::new(
+                Rc::clone(clock),
+                Rc::clone(&shared),
+                Rc::clone(rng),
+                crate::rng::splitmix64((index as u64) << 32 | w as u64),
+            );
+            let set = CompiledPolicySet::from_json(policies).map_err(|e| e.to_string())?;
+            let mut worker = Worker::new(&host);
+            worker.install(&host, set);
+            worker.start_ticking(&host);
+            let scheduled = host.tick.get();
+            built.push(SimWorker {
+                worker,
+                host,
+                scheduled,
+                tick_generation: 0,
+            });
+        }
+        Ok(Self {
+            shared,
+            workers: built,
+            streams: BTreeMap::new(),
+            next_stream: 1,
+        })
+    }
+
+    /// A call's request headers reach worker `worker`: its stream id and
+    /// what became of it.
+    pub fn request(&mut self, worker: usize, request: Headers) -> (u32, Passage) {
+        let id = self.next_stream;
+        self.next_stream = self.next_stream.wrapping_add(1).max(1);
+        let mut shell = StreamShell::new(id, ShellSettings::default());
+        let w = &mut self.workers[worker];
+        let mut io = Io {
+            worker: &mut w.worker,
+            waits: false,
+            answer: Headers::default(),
+        };
+        let flow = shell.on_request_headers(&w.host, &mut io, &request, true);
+        let waits = io.waits;
+        let mut stream = Stream {
+            shell,
+            worker,
+            request,
+        };
+        let passage = match flow {
+            Flow::Continue => {
+                apply_header_effects(&mut stream.request, id, w.host.take_effects());
+                Passage::Upstream(stream.request.clone())
+            }
+            Flow::Hold if waits => Passage::Queued,
+            Flow::Hold | Flow::AwaitBody => match reply_of(id, w.host.take_effects()) {
+                Some((status, headers)) => {
+                    // Envoy ends the stream after the local reply.
+                    self.end(worker, &mut stream);
+                    return (id, Passage::Refused(status, headers));
+                }
+                None => Passage::Queued,
+            },
+        };
+        self.streams.insert(id, stream);
+        (id, passage)
+    }
+
+    /// The upstream's answer to stream `id` reached Envoy: its hooks run
+    /// and the stream ends.
+    pub fn answer(&mut self, id: u32, answer: &Headers) {
+        let Some(mut stream) = self.streams.remove(&id) else {
+            return;
+        };
+        let w = &mut self.workers[stream.worker];
+        let mut io = Io {
+            worker: &mut w.worker,
+            waits: false,
+            answer: answer.clone(),
+        };
+        stream.shell.on_answer_headers(&w.host, &mut io, true);
+        w.host.take_effects();
+        self.end(stream.worker, &mut stream);
+    }
+
+    /// The caller left stream `id` before its answer.
+    pub fn abandon(&mut self, id: u32) {
+        if let Some(mut stream) = self.streams.remove(&id) {
+            self.end(stream.worker, &mut stream);
+        }
+    }
+
+    fn end(&mut self, worker: usize, stream: &mut Stream) {
+        let w = &mut self.workers[worker];
+        let mut io = Io {
+            worker: &mut w.worker,
+            waits: false,
+            answer: Headers::default(),
+        };
+        stream.shell.end(&w.host, &mut io);
+        w.host.take_effects();
+    }
+
+    /// Worker `worker`'s tick: the streams it resumed or answered.
+    pub fn tick(&mut self, worker: usize) -> Vec<(u32, Passage)> {
+        let w = &mut self.workers[worker];
+        let actions = w.worker.on_tick(&w.host);
+        w.host.take_effects();
+        let mut out = Vec::new();
+        for action in actions {
+            match action {
+                StreamAction::SetHeader(id, name, value) => {
+                    if let Some(stream) = self.streams.get_mut(&id) {
+                        stream.request.set(&name, &value);
+                    }
+                }
+                StreamAction::Resume(id) => {
+                    if let Some(stream) = self.streams.get(&id) {
+                        out.push((id, Passage::Upstream(stream.request.clone())));
+                    }
+                }
+                StreamAction::Reply(id, reply) => {
+                    if let Some(mut stream) = self.streams.remove(&id) {
+                        let headers = Headers::of(&reply.header_pairs());
+                        self.end(stream.worker, &mut stream);
+                        out.push((id, Passage::Refused(reply.status, headers)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Streams still open (waiting, or with the upstream).
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+}
+
+fn apply_header_effects(request: &mut Headers, id: u32, effects: Vec<HostEffect>) {
+    for effect in effects {
+        match effect {
+            HostEffect::SetHeader {
+                context_id,
+                name,
+                value,
+            } if context_id == id => request.set(&name, &value),
+            HostEffect::RemoveHeader { name } => request.remove(&name),
+            _ => {}
+        }
+    }
+}
+
+fn reply_of(id: u32, effects: Vec<HostEffect>) -> Option<(u32, Headers)> {
+    effects.into_iter().find_map(|effect| match effect {
+        HostEffect::Reply {
+            context_id,
+            status,
+            headers,
+        } if context_id == id => Some((
+            status,
+            Headers(
+                headers
+                    .into_iter()
+                    .map(|(n, v)| (n, v.into_bytes()))
+                    .collect(),
+            ),
+        )),
+        _ => None,
+    })
+}

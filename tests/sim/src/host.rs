@@ -1,0 +1,200 @@
+//! The filter's [`Host`] in virtual time: one per worker, over its
+//! Envoy's shared data (the native module's [`SharedMemory`], the same
+//! compare-and-swap rule Envoy keeps) and the simulation's one clock.
+//! Faults come from the run's seed: a shared-data write that fails.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use sluice_filter::host::{Host, Level, SetError};
+use sluice_filter::shared_memory::SharedMemory;
+use sluice_shared::time::{Instant, Span};
+
+use crate::rng::SimRng;
+
+/// What every worker of one Envoy shares: its shared data and its stats.
+#[derive(Default)]
+pub struct EnvoyShared {
+    pub data: SharedMemory,
+    pub metrics: RefCell<BTreeMap<String, i64>>,
+    metric_names: RefCell<Vec<String>>,
+    /// Each write fails with this chance (a fault the seed injects).
+    pub write_failure: Cell<f64>,
+    /// Writes that failed by fault.
+    pub failed_writes: Cell<u64>,
+}
+
+impl EnvoyShared {
+    pub fn metric(&self, name: &str) -> i64 {
+        self.metrics.borrow().get(name).copied().unwrap_or(0)
+    }
+}
+
+/// What a stream's hook asked of its Envoy, for the simulation to carry
+/// out once the hook returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEffect {
+    Reply {
+        context_id: u32,
+        status: u32,
+        headers: Vec<(String, String)>,
+    },
+    SetHeader {
+        context_id: u32,
+        name: String,
+        value: String,
+    },
+    RemoveHeader {
+        name: String,
+    },
+}
+
+/// One worker's host.
+pub struct SimHost {
+    clock: Rc<Cell<Instant>>,
+    pub envoy: Rc<EnvoyShared>,
+    rng: Rc<RefCell<SimRng>>,
+    /// The tick period the worker asked for last.
+    pub tick: Cell<Span>,
+    pub effects: RefCell<Vec<HostEffect>>,
+    pub logs: RefCell<Vec<String>>,
+    /// This worker's random source (a VM's own, different per Envoy).
+    random_state: Cell<u64>,
+}
+
+impl SimHost {
+    pub fn new(
+        clock: Rc<Cell<Instant>>,
+        envoy: Rc<EnvoyShared>,
+        rng: Rc<RefCell<SimRng>>,
+        random_state: u64,
+    ) -> Self {
+        Self {
+            clock,
+            envoy,
+            rng,
+            tick: Cell::new(Span::from_millis(100)),
+            effects: RefCell::new(Vec::new()),
+            logs: RefCell::new(Vec::new()),
+            random_state: Cell::new(random_state),
+        }
+    }
+
+    pub fn take_effects(&self) -> Vec<HostEffect> {
+        std::mem::take(&mut self.effects.borrow_mut())
+    }
+}
+
+impl Host for SimHost {
+    fn now(&self) -> Instant {
+        self.clock.get()
+    }
+
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.envoy.data.get(key)
+    }
+
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        let chance = self.envoy.write_failure.get();
+        if chance > 0.0 && self.rng.borrow_mut().chance(chance) {
+            self.envoy
+                .failed_writes
+                .set(self.envoy.failed_writes.get() + 1);
+            return Err(SetError::Failed);
+        }
+        self.envoy.data.set(key, value, cas)
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        if level >= Level::Warn {
+            self.logs.borrow_mut().push(format!("{level:?} {message}"));
+        }
+    }
+
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        let mut names = self.envoy.metric_names.borrow_mut();
+        let id = names.iter().position(|n| n == name).unwrap_or_else(|| {
+            names.push(name.to_string());
+            names.len() - 1
+        });
+        u32::try_from(id).ok()
+    }
+
+    fn define_gauge(&self, name: &str) -> Option<u32> {
+        self.define_counter(name)
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        let names = self.envoy.metric_names.borrow();
+        if let Some(name) = names.get(id as usize) {
+            *self
+                .envoy
+                .metrics
+                .borrow_mut()
+                .entry(name.clone())
+                .or_default() += delta;
+        }
+    }
+
+    fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], _body: &[u8]) -> bool {
+        self.effects.borrow_mut().push(HostEffect::Reply {
+            context_id,
+            status,
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        });
+        true
+    }
+
+    fn remove_request_header(&self, name: &str) {
+        self.effects.borrow_mut().push(HostEffect::RemoveHeader {
+            name: name.to_string(),
+        });
+    }
+
+    fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
+        self.effects.borrow_mut().push(HostEffect::SetHeader {
+            context_id,
+            name: name.to_string(),
+            value: value.to_string(),
+        });
+        true
+    }
+
+    fn replace_request_body(&self, _old_len: usize, _body: &[u8]) -> bool {
+        true
+    }
+
+    fn resume(&self, _context_id: u32) -> bool {
+        // The simulation resumes the streams the tick names itself.
+        true
+    }
+
+    fn set_tick_period(&self, period: Span) {
+        self.tick.set(period);
+    }
+
+    fn random_bytes(&self, buf: &mut [u8]) -> bool {
+        for chunk in buf.chunks_mut(8) {
+            let next = crate::rng::splitmix64(self.random_state.get());
+            self.random_state.set(next);
+            chunk.copy_from_slice(&next.to_le_bytes()[..chunk.len()]);
+        }
+        true
+    }
+
+    fn dispatch_http_call(
+        &self,
+        _cluster: &str,
+        _headers: &[(&str, &str)],
+        _body: &[u8],
+        _timeout: Span,
+    ) -> Option<u32> {
+        // No admin in this simulation yet: the call is never answered,
+        // as when the admin is unreachable.
+        None
+    }
+}

@@ -1,0 +1,24 @@
+//! `sluice-sim`: a deterministic simulator of Sluice. The real worker
+//! (the [`sluice_filter::worker::Worker`] both builds run), driven through
+//! the real stream hooks ([`sluice_filter::stream_shell::StreamShell`]),
+//! in virtual time, against simulated providers and callers; every choice
+//! drawn from one seed, so that a seed gives the same run, byte for byte,
+//! and a failing property names the seed that replays it.
+//!
+//! - [`host`]: the filter's `Host` over an Envoy's shared data and the
+//!   virtual clock; faults (a shared-data write failing) by seed.
+//! - [`envoy`]: one Envoy's workers and streams.
+//! - [`provider`]: upstreams shaped as real providers limit.
+//! - [`callers`]: greedy and paced callers.
+//! - [`world`]: the event loop; [`trace`]: what a run did, per second.
+//! - [`property`]: many seeds, the failing one replayed.
+
+pub mod callers;
+pub mod envoy;
+pub mod headers;
+pub mod host;
+pub mod property;
+pub mod provider;
+pub mod rng;
+pub mod trace;
+pub mod world;

@@ -1,0 +1,77 @@
+//! A property over many seeds. A failure names its seed and the command
+//! that replays it with its trace; `SLUICE_SIM_SEED` runs that seed alone
+//! and prints the trace, `SLUICE_SIM_SEEDS` sets how many seeds run.
+
+use crate::world::Outcome;
+
+/// A seed on which a property does not hold: its run, and why.
+pub struct Failure {
+    pub outcome: Box<Outcome>,
+    pub why: String,
+}
+
+impl Failure {
+    pub fn new(outcome: Outcome, why: impl Into<String>) -> Self {
+        Self {
+            outcome: Box::new(outcome),
+            why: why.into(),
+        }
+    }
+}
+
+/// Seeds run when `SLUICE_SIM_SEEDS` does not say.
+pub const DEFAULT_SEEDS: u64 = 1_000;
+
+/// Runs `check` on each seed; panics on the first that fails, naming it.
+/// `test` is the test's path (`suite::name`) for the replay command.
+pub fn for_seeds(test: &str, check: impl Fn(u64) -> Result<Outcome, Failure> + Sync) {
+    if let Some(seed) = std::env::var("SLUICE_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        match check(seed) {
+            Ok(outcome) => println!("seed {seed}: holds\n{}", outcome.trace.render()),
+            Err(Failure { outcome, why }) => {
+                panic!("seed {seed}: {why}\n{}", outcome.trace.render())
+            }
+        }
+        return;
+    }
+    let seeds = std::env::var("SLUICE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(DEFAULT_SEEDS);
+    // Seeds are independent runs: spread over the machine's cores, each
+    // thread taking every n-th seed; the smallest failing seed is named.
+    let threads = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+    let failed = std::sync::Mutex::new(None::<(u64, String)>);
+    std::thread::scope(|scope| {
+        for first in 0..threads {
+            let (check, failed) = (&check, &failed);
+            scope.spawn(move || {
+                for seed in (first..seeds).step_by(threads as usize) {
+                    let known = failed.lock().map_or(None, |f| f.as_ref().map(|(s, _)| *s));
+                    if known.is_some_and(|s| s < seed) {
+                        return;
+                    }
+                    if let Err(Failure { why, .. }) = check(seed) {
+                        if let Ok(mut f) = failed.lock() {
+                            if f.as_ref().is_none_or(|(s, _)| seed < *s) {
+                                *f = Some((seed, why));
+                            }
+                        }
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some((seed, why)) = failed.into_inner().ok().flatten() {
+        let (suite, name) = test.split_once("::").unwrap_or((test, test));
+        panic!(
+            "seed {seed}: {why}\nreplay with its trace: SLUICE_SIM_SEED={seed} cargo test -p sluice-sim \
+             --test {suite} -- --exact {name} --nocapture"
+        );
+    }
+    println!("{test}: {seeds} seeds hold");
+}

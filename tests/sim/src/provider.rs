@@ -1,0 +1,88 @@
+//! Simulated upstreams, shaped as `PROVIDERS.md` describes real ones: a
+//! number of calls per calendar second (counted as they arrive, refused
+//! past it with 429 and, if the provider says so, `Retry-After`), and an
+//! answer time drawn between two bounds.
+
+use std::collections::BTreeMap;
+
+use sluice_shared::time::{Instant, Span};
+
+use crate::headers::Headers;
+use crate::rng::SimRng;
+
+#[derive(Debug, Clone)]
+pub struct ProviderShape {
+    /// Calls allowed in each calendar second.
+    pub per_second: u64,
+    /// Answer times, drawn evenly between the two.
+    pub latency: (Span, Span),
+    /// A 429 says `Retry-After: 1`.
+    pub retry_after: bool,
+}
+
+/// What the provider saw in one calendar second.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderSecond {
+    pub served: u64,
+    pub refused: u64,
+    /// Served by tenant (the `x-tenant` header, or "").
+    pub by_tenant: BTreeMap<String, u64>,
+}
+
+pub struct Provider {
+    pub shape: ProviderShape,
+    pub seconds: BTreeMap<u64, ProviderSecond>,
+}
+
+/// The provider's answer to one call.
+pub struct Answer {
+    pub status: u32,
+    pub headers: Headers,
+    /// When it reaches Envoy, after the call arrived.
+    pub after: Span,
+}
+
+impl Provider {
+    pub fn new(shape: ProviderShape) -> Self {
+        Self {
+            shape,
+            seconds: BTreeMap::new(),
+        }
+    }
+
+    /// A call arriving at `now`.
+    pub fn call(&mut self, now: Instant, request: &Headers, rng: &mut SimRng) -> Answer {
+        let second = now.as_nanos() / 1_000_000_000;
+        let tenant = request.text("x-tenant").unwrap_or_default();
+        let seen = self.seconds.entry(second).or_default();
+        let (low, high) = self.shape.latency;
+        let after = Span::from_nanos(rng.between(low.as_nanos(), high.as_nanos()));
+        if seen.served >= self.shape.per_second {
+            seen.refused += 1;
+            let mut headers = Headers::of(&[(":status", "429")]);
+            if self.shape.retry_after {
+                headers.set("retry-after", "1");
+            }
+            return Answer {
+                status: 429,
+                headers,
+                after: Span::from_millis(1),
+            };
+        }
+        seen.served += 1;
+        *seen.by_tenant.entry(tenant).or_default() += 1;
+        Answer {
+            status: 200,
+            headers: Headers::of(&[(":status", "200")]),
+            after,
+        }
+    }
+
+    pub fn refused(&self) -> u64 {
+        self.seconds.values().map(|s| s.refused).sum()
+    }
+
+    pub fn served(&self) -> u64 {
+        self.seconds.values().map(|s| s.served).sum()
+    }
+}

@@ -1,0 +1,120 @@
+//! What a run did, per virtual second and tenant: readable, and the same
+//! text for the same seed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use sluice_shared::time::Instant;
+
+/// One tenant in one second.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantSecond {
+    pub sent: u64,
+    /// On to the provider (at once or from the queue).
+    pub admitted: u64,
+    pub queued: u64,
+    /// Refused by Sluice, by the limit (or policy) named.
+    pub refused: BTreeMap<String, u64>,
+    pub provider_ok: u64,
+    pub provider_429: u64,
+}
+
+pub struct Trace {
+    start: Instant,
+    pub seconds: BTreeMap<u64, BTreeMap<String, TenantSecond>>,
+}
+
+impl Trace {
+    pub fn new(start: Instant) -> Self {
+        Self {
+            start,
+            seconds: BTreeMap::new(),
+        }
+    }
+
+    /// The second of the run `now` falls in.
+    pub fn second_of(&self, now: Instant) -> u64 {
+        now.since(self.start).as_secs()
+    }
+
+    fn at(&mut self, now: Instant, tenant: &str) -> &mut TenantSecond {
+        let second = self.second_of(now);
+        self.seconds
+            .entry(second)
+            .or_default()
+            .entry(tenant.to_string())
+            .or_default()
+    }
+
+    pub fn sent(&mut self, now: Instant, tenant: &str) {
+        self.at(now, tenant).sent += 1;
+    }
+
+    pub fn admitted(&mut self, now: Instant, tenant: &str) {
+        self.at(now, tenant).admitted += 1;
+    }
+
+    pub fn queued(&mut self, now: Instant, tenant: &str) {
+        self.at(now, tenant).queued += 1;
+    }
+
+    pub fn refused(&mut self, now: Instant, tenant: &str, by: &str) {
+        *self
+            .at(now, tenant)
+            .refused
+            .entry(by.to_string())
+            .or_default() += 1;
+    }
+
+    pub fn provider(&mut self, now: Instant, tenant: &str, status: u32) {
+        let second = self.at(now, tenant);
+        if status == 200 {
+            second.provider_ok += 1;
+        } else {
+            second.provider_429 += 1;
+        }
+    }
+
+    /// A tenant's totals over seconds `from..to` of the run.
+    pub fn tenant(&self, tenant: &str, from: u64, to: u64) -> TenantSecond {
+        let mut sum = TenantSecond::default();
+        for (_, tenants) in self.seconds.range(from..to) {
+            if let Some(s) = tenants.get(tenant) {
+                sum.sent += s.sent;
+                sum.admitted += s.admitted;
+                sum.queued += s.queued;
+                sum.provider_ok += s.provider_ok;
+                sum.provider_429 += s.provider_429;
+                for (by, n) in &s.refused {
+                    *sum.refused.entry(by.clone()).or_default() += n;
+                }
+            }
+        }
+        sum
+    }
+
+    /// One line per second and tenant.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (second, tenants) in &self.seconds {
+            for (tenant, s) in tenants {
+                let refused: Vec<String> = s
+                    .refused
+                    .iter()
+                    .map(|(by, n)| format!("{by}:{n}"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "s{second:>3} {tenant:<8} sent {:>4} admitted {:>4} queued {:>4} refused [{}] provider ok {:>4} 429 {:>3}",
+                    s.sent,
+                    s.admitted,
+                    s.queued,
+                    refused.join(" "),
+                    s.provider_ok,
+                    s.provider_429
+                );
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,122 @@
+//! Limits against a provider over many seeds: a rate held per calendar
+//! second, and nothing a call holds outliving it whatever faults the
+//! seed injects.
+
+use sluice_shared::time::Span;
+use sluice_sim::callers::{Caller, Shape};
+use sluice_sim::property::{for_seeds, Failure};
+use sluice_sim::provider::ProviderShape;
+use sluice_sim::world::{run, Faults, Scenario};
+
+fn callers(seed: u64) -> Vec<Caller> {
+    let greedy = [1, 4, 16, 32][(seed / 4 % 4) as usize];
+    vec![
+        Caller {
+            tenant: "greedy".into(),
+            host: "api.bank.example".into(),
+            connections: greedy,
+            shape: Shape::Greedy {
+                backoff: Span::from_millis(10 + seed / 16 % 3 * 20),
+            },
+        },
+        Caller {
+            tenant: "paced".into(),
+            host: "api.bank.example".into(),
+            connections: 1 + (seed / 48 % 4) as usize,
+            shape: Shape::Paced {
+                every: Span::from_millis(50),
+            },
+        },
+    ]
+}
+
+/// A provider allowing 100 calls per calendar second behind a policy of
+/// 95 a second (burst 5): however many workers and callers, the provider
+/// never refuses, and the limit is used.
+#[test]
+fn a_rate_below_the_providers_keeps_every_calendar_second_inside_it() {
+    for_seeds(
+        "limits::a_rate_below_the_providers_keeps_every_calendar_second_inside_it",
+        |seed| {
+            let scenario = Scenario {
+                workers: 1 + (seed % 4) as usize,
+                policies: r#"{"version": 1, "policies": [
+                    {"name": "bank", "match": {"host": "api.bank.example"},
+                     "rate": {"requests": 95, "period": "1s", "burst": 5}}]}"#
+                    .to_string(),
+                provider: ProviderShape {
+                    per_second: 100,
+                    latency: (Span::from_millis(5), Span::from_millis(200)),
+                    retry_after: true,
+                },
+                callers: callers(seed),
+                duration: Span::from_secs(4),
+                faults: Faults::default(),
+            };
+            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+            if outcome.provider.refused() > 0 {
+                let why = format!("the provider refused {}", outcome.provider.refused());
+                return Err(Failure::new(outcome, why));
+            }
+            let most = outcome
+                .provider
+                .seconds
+                .values()
+                .map(|s| s.served)
+                .max()
+                .unwrap_or(0);
+            if most > 100 {
+                return Err(Failure::new(
+                    outcome,
+                    format!("{most} in a calendar second"),
+                ));
+            }
+            Ok(outcome)
+        },
+    );
+}
+
+/// Calls in flight (4 at most) and a queue, with shared-data writes
+/// failing by seed: after the callers stop and their calls end, no
+/// stream, slot or queued call is left.
+#[test]
+fn nothing_a_call_holds_outlives_it_whatever_writes_fail() {
+    for_seeds(
+        "limits::nothing_a_call_holds_outlives_it_whatever_writes_fail",
+        |seed| {
+            let scenario = Scenario {
+                workers: 1 + (seed % 4) as usize,
+                policies: r#"{"version": 1, "policies": [
+                    {"name": "bank", "match": {"host": "api.bank.example"},
+                     "rate": {"requests": 50, "period": "1s", "burst": 5},
+                     "concurrency": {"max_in_flight": 4, "lease_ttl": "5s"},
+                     "on_limit": {"action": "queue", "max_wait": "300ms", "max_queue": 20}}]}"#
+                    .to_string(),
+                provider: ProviderShape {
+                    per_second: 1000,
+                    latency: (Span::from_millis(5), Span::from_millis(200)),
+                    retry_after: true,
+                },
+                callers: callers(seed),
+                duration: Span::from_secs(3),
+                faults: Faults {
+                    write_failure: [0.0, 0.01, 0.1][(seed % 3) as usize],
+                },
+            };
+            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+            let left = (
+                outcome.left_open,
+                outcome.left_in_flight,
+                outcome.left_waiting,
+            );
+            if left != (0, 0, 0) {
+                let why = format!(
+                    "left (streams, in flight, waiting) {left:?}; {} writes failed",
+                    outcome.failed_writes
+                );
+                return Err(Failure::new(outcome, why));
+            }
+            Ok(outcome)
+        },
+    );
+}
