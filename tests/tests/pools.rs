@@ -358,7 +358,7 @@ async fn stray_calls(
 /// config (the early removal, the member routes scoped to the pool's
 /// host), 100 calls at once to another host naming `llm-east` reach no
 /// deployment, with the pool's set and before any set with a pool (an
-/// empty fallback); with the shipped config, the same. On the pool's own
+/// empty fallback, `route_headers` naming it); with the shipped config, the same. On the pool's own
 /// host, a caller naming the other member pauses neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_route_header_reaches_no_member() -> anyhow::Result<()> {
@@ -374,7 +374,10 @@ async fn a_callers_route_header_reaches_no_member() -> anyhow::Result<()> {
         r#"{{"instance": "e2e-pool", "fallback": {{"version": 1, "policies": [{}]}}}}"#,
         pool_policy("")
     );
-    let no_pool = r#"{"instance": "e2e-pool", "fallback": {"version": 1, "policies": []}}"#;
+    // Before any set names a pool, the headers the configuration names
+    // (`route_headers`, as the book asks of a config with member routes).
+    let no_pool = r#"{"instance": "e2e-pool", "route_headers": ["x-sluice-member"],
+                      "fallback": {"version": 1, "policies": []}}"#;
     let mut results = Vec::new();
     for (name, template, config) in [
         (

@@ -39,6 +39,8 @@ struct RawPluginConfig {
     failure_mode: FailureMode,
     #[serde(default)]
     panic_on_header: Option<String>,
+    #[serde(default)]
+    route_headers: Vec<String>,
 }
 
 /// What happens to a call when the filter fails on it (a panic in the
@@ -124,7 +126,18 @@ pub struct PluginConfig {
     /// header makes the filter panic. Never set in production: whoever
     /// sends the header fails the call.
     pub panic_on_header: Option<String>,
+    /// Headers this Envoy's routes match that only Sluice may set (a
+    /// pool's `route_header`, `x-sluice-member` by default): a caller's
+    /// own value is removed from every request from the first call, before
+    /// any policy set names them (the route headers of every set the
+    /// filter installs are removed too). Lowercase; at most
+    /// [`MAX_ROUTE_HEADERS`]. Without pools in Envoy's routes, leave it
+    /// empty: no call pays for a header nothing routes by.
+    pub route_headers: Vec<String>,
 }
+
+/// The most headers `route_headers` may name.
+pub const MAX_ROUTE_HEADERS: usize = 16;
 
 /// The slowest clock `time_scale` allows.
 pub const MIN_TIME_SCALE: f64 = 0.0001;
@@ -217,6 +230,31 @@ pub fn parse_plugin_config_with_env(
             message: format!("must be between {MIN_TIME_SCALE} and 1 (1: real time)"),
         });
     }
+    if raw.route_headers.len() > MAX_ROUTE_HEADERS {
+        errors.push(FieldError {
+            path: "route_headers".into(),
+            message: format!("at most {MAX_ROUTE_HEADERS} headers"),
+        });
+    }
+    for (i, name) in raw.route_headers.iter().enumerate() {
+        let valid = !name.is_empty()
+            && name.len() <= 256
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        let message = if !valid {
+            Some(format!("{name:?} is not a valid header name"))
+        } else {
+            sluice_shared::header_names::not_writable(name)
+                .map(|why| format!("{name:?}: {why}; no route may be chosen by it"))
+        };
+        if let Some(message) = message {
+            errors.push(FieldError {
+                path: format!("route_headers[{i}]"),
+                message,
+            });
+        }
+    }
     let fallback = match raw.fallback {
         None => Some(PolicySet {
             version: 0,
@@ -252,6 +290,11 @@ pub fn parse_plugin_config_with_env(
             hold_headers_for_body: raw.hold_headers_for_body,
             failure_mode: raw.failure_mode,
             panic_on_header: raw.panic_on_header.map(|h| h.to_ascii_lowercase()),
+            route_headers: raw
+                .route_headers
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
         }),
         _ => Err(ValidationErrors { errors }),
     }
@@ -444,5 +487,37 @@ mod tests {
         }
         let e = parse_plugin_config(br#"{"time_scale": "fast"}"#).unwrap_err();
         assert!(e.to_string().starts_with("time_scale: invalid type"), "{e}");
+    }
+
+    #[test]
+    fn route_headers_are_none_unless_named_and_never_a_protected_header() {
+        assert!(parse_plugin_config(b"{}").unwrap().route_headers.is_empty());
+        let c =
+            parse_plugin_config(br#"{"route_headers": ["X-Sluice-Member", "x-route"]}"#).unwrap();
+        assert_eq!(c.route_headers, ["x-sluice-member", "x-route"]);
+        let e = parse_plugin_config(
+            br#"{"route_headers": ["x-ok", "Authorization", "content-length", "bad header", ""]}"#,
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        for expected in [
+            "route_headers[1]: \"Authorization\": it carries a credential",
+            "route_headers[2]: \"content-length\": it frames the message",
+            "route_headers[3]: \"bad header\" is not a valid header name",
+            "route_headers[4]: \"\" is not a valid header name",
+        ] {
+            assert!(text.contains(expected), "{expected} in {text}");
+        }
+        assert!(!text.contains("route_headers[0]"), "{text}");
+        let many: Vec<String> = (0..=MAX_ROUTE_HEADERS)
+            .map(|i| format!("\"x-r{i}\""))
+            .collect();
+        let e =
+            parse_plugin_config(format!(r#"{{"route_headers": [{}]}}"#, many.join(",")).as_bytes())
+                .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("route_headers: at most {MAX_ROUTE_HEADERS} headers")
+        );
     }
 }

@@ -192,6 +192,7 @@ impl Module {
         let mut w = slot.worker();
         let set = CompiledPolicySet::from_validated(self.settings.fallback.clone());
         w.set_time_scale(self.settings.time_scale);
+        w.declare_route_headers(&self.settings.route_headers);
         w.install(&host, set);
         w.set_sync(SyncSettings::from_config(&self.settings));
         w.start_ticking(&host);

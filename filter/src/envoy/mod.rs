@@ -250,6 +250,7 @@ impl RootContext for SluiceRoot {
             ),
         );
         w.set_time_scale(config.time_scale);
+        w.declare_route_headers(&config.route_headers);
         w.install(&host, set);
         w.set_sync(sync);
         w.start_ticking(&host);

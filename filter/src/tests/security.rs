@@ -34,8 +34,9 @@ fn removed(host: &FakeHost) -> Vec<String> {
 /// Item 1: whatever host a call names, and whether or not a pool matches
 /// it, the caller's `x-sluice-member` is removed as its headers arrive;
 /// a pool call then carries only the member Sluice chose. Before the
-/// first set with a pool (an empty fallback set) the default header is
-/// removed too. A call without the header costs no removal.
+/// first set with a pool (an empty fallback set) the headers the plugin's
+/// configuration names (`route_headers`) are removed too; with neither,
+/// no header is read for it. A call without the header costs no removal.
 #[test]
 fn a_callers_route_header_is_removed_from_every_request() {
     let host = FakeHost::at(T0);
@@ -67,14 +68,15 @@ fn a_callers_route_header_is_removed_from_every_request() {
     w.on_tick(&host);
     assert_eq!(host.metric("sluice.route_header_stripped"), 3);
 
-    // Before the first set with a pool: the default header all the same.
+    // Before the first set with a pool: the headers the configuration
+    // names.
     let host = FakeHost::at(T0);
     let mut w = worker(&host, r#"{"version": 1, "policies": []}"#);
-    w.on_request(
-        &host,
-        1,
-        req(b"other.example", &[("x-sluice-member", b"llm-east")]).as_slice(),
-    );
+    let stray = req(b"other.example", &[("x-sluice-member", b"llm-east")]);
+    w.on_request(&host, 1, stray.as_slice());
+    assert!(removed(&host).is_empty(), "no pool, none declared");
+    w.declare_route_headers(&["x-sluice-member".to_string()]);
+    w.on_request(&host, 2, stray.as_slice());
     assert_eq!(removed(&host), ["x-sluice-member"]);
 }
 

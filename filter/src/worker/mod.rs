@@ -257,6 +257,12 @@ impl Worker {
     }
 
     /// Where to sync from (None: enforce the fallback set only).
+    /// The headers Envoy's routes match that only Sluice may set (the
+    /// plugin's `route_headers`): removed from every request from now on.
+    pub fn declare_route_headers(&mut self, names: &[String]) {
+        self.parts.route_headers.declare(names);
+    }
+
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
         self.parts
             .spend_labels

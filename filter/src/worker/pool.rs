@@ -331,25 +331,33 @@ impl RoutedCalls {
 }
 
 /// The request headers pools route by, of every set this worker has
-/// enforced (its fallback set's, the admin's) and the default one: a
-/// caller's own value of each is removed from every request as its
-/// headers arrive, so that only the member Sluice chose routes a call
-/// (Envoy's member routes match these headers, and a caller naming a
-/// member would reach it with its credential and past its limits).
-#[derive(Debug)]
+/// enforced (its fallback set's, the admin's) and those the plugin's
+/// configuration names (`route_headers`, for Envoy's routes before any
+/// set names them): a caller's own value of each is removed from every
+/// request as its headers arrive, so that only the member Sluice chose
+/// routes a call (Envoy's member routes match these headers, and a caller
+/// naming a member would reach it with its credential and past its
+/// limits). An Envoy without pools names none, and its calls read no
+/// header for it (scenario 6 counts what each read costs).
+#[derive(Debug, Default)]
 pub(super) struct RouteHeaders(Vec<String>);
 
 /// The most route headers remembered; a set names one per pool, and a
 /// pool policy's is usually the default.
 const MAX_ROUTE_HEADERS: usize = 32;
 
-impl Default for RouteHeaders {
-    fn default() -> Self {
-        Self(vec![PoolSpec::DEFAULT_ROUTE_HEADER.to_string()])
-    }
-}
-
 impl RouteHeaders {
+    /// The headers the plugin's configuration names (its
+    /// `route_headers`: Envoy's routes match them before any set names
+    /// them), as well as those already known.
+    pub fn declare(&mut self, names: &[String]) {
+        for name in names {
+            if self.0.len() < MAX_ROUTE_HEADERS && !self.0.iter().any(|h| h == name) {
+                self.0.push(name.clone());
+            }
+        }
+    }
+
     /// Remembers the route headers of `set`, as well as those before it:
     /// a header a set no longer routes by may still be matched by
     /// Envoy's routes.
