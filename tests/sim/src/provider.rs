@@ -3,7 +3,8 @@
 //! past it with 429 and, if the provider says so, `Retry-After`), and an
 //! answer time drawn between two bounds.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use sluice_shared::time::{Instant, Span};
 
@@ -18,6 +19,8 @@ pub struct ProviderShape {
     pub latency: (Span, Span),
     /// A 429 says `Retry-After: 1`.
     pub retry_after: bool,
+    /// Calls in flight at once (None: no such limit); past it, 429.
+    pub max_in_flight: Option<u64>,
 }
 
 /// What the provider saw in one calendar second.
@@ -32,6 +35,10 @@ pub struct ProviderSecond {
 pub struct Provider {
     pub shape: ProviderShape,
     pub seconds: BTreeMap<u64, ProviderSecond>,
+    /// When each call in flight is answered.
+    answering: BinaryHeap<Reverse<u64>>,
+    /// The most calls it had in flight at once.
+    pub most_in_flight: u64,
 }
 
 /// The provider's answer to one call.
@@ -47,6 +54,8 @@ impl Provider {
         Self {
             shape,
             seconds: BTreeMap::new(),
+            answering: BinaryHeap::new(),
+            most_in_flight: 0,
         }
     }
 
@@ -57,7 +66,19 @@ impl Provider {
         let seen = self.seconds.entry(second).or_default();
         let (low, high) = self.shape.latency;
         let after = Span::from_nanos(rng.between(low.as_nanos(), high.as_nanos()));
-        if seen.served >= self.shape.per_second {
+        while self
+            .answering
+            .peek()
+            .is_some_and(|Reverse(at)| *at <= now.as_nanos())
+        {
+            self.answering.pop();
+        }
+        let in_flight = self.answering.len() as u64;
+        let full = self
+            .shape
+            .max_in_flight
+            .is_some_and(|most| in_flight >= most);
+        if full || seen.served >= self.shape.per_second {
             seen.refused += 1;
             let mut headers = Headers::of(&[(":status", "429")]);
             if self.shape.retry_after {
@@ -71,6 +92,8 @@ impl Provider {
         }
         seen.served += 1;
         *seen.by_tenant.entry(tenant).or_default() += 1;
+        self.answering.push(Reverse((now + after).as_nanos()));
+        self.most_in_flight = self.most_in_flight.max(in_flight + 1);
         Answer {
             status: 200,
             headers: Headers::of(&[(":status", "200")]),

@@ -29,6 +29,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
             per_second: 100,
             latency: (Span::from_millis(5), Span::from_millis(40)),
             retry_after: true,
+            max_in_flight: None,
         },
         callers: vec![
             Caller {

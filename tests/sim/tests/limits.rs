@@ -48,6 +48,7 @@ fn a_rate_below_the_providers_keeps_every_calendar_second_inside_it() {
                     per_second: 100,
                     latency: (Span::from_millis(5), Span::from_millis(200)),
                     retry_after: true,
+                    max_in_flight: None,
                 },
                 callers: callers(seed),
                 duration: Span::from_secs(4),
@@ -76,13 +77,14 @@ fn a_rate_below_the_providers_keeps_every_calendar_second_inside_it() {
     );
 }
 
-/// Calls in flight (4 at most) and a queue, with shared-data writes
-/// failing by seed: after the callers stop and their calls end, no
-/// stream, slot or queued call is left.
+/// Calls in flight (4 at most, as the provider allows) and a queue, with
+/// shared-data writes failing by seed: the provider never has more than
+/// 4 at once, and after the callers stop and their calls end, no stream,
+/// slot or queued call is left.
 #[test]
-fn nothing_a_call_holds_outlives_it_whatever_writes_fail() {
+fn slots_hold_the_providers_concurrency_and_nothing_outlives_its_call() {
     for_seeds(
-        "limits::nothing_a_call_holds_outlives_it_whatever_writes_fail",
+        "limits::slots_hold_the_providers_concurrency_and_nothing_outlives_its_call",
         |seed| {
             let scenario = Scenario {
                 workers: 1 + (seed % 4) as usize,
@@ -96,6 +98,7 @@ fn nothing_a_call_holds_outlives_it_whatever_writes_fail() {
                     per_second: 1000,
                     latency: (Span::from_millis(5), Span::from_millis(200)),
                     retry_after: true,
+                    max_in_flight: Some(4),
                 },
                 callers: callers(seed),
                 duration: Span::from_secs(3),
@@ -104,6 +107,15 @@ fn nothing_a_call_holds_outlives_it_whatever_writes_fail() {
                 },
             };
             let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+            if outcome.provider.refused() > 0 {
+                let why = format!(
+                    "the provider, allowing 4 in flight, refused {} (at most {} at once); {} writes failed",
+                    outcome.provider.refused(),
+                    outcome.provider.most_in_flight,
+                    outcome.failed_writes
+                );
+                return Err(Failure::new(outcome, why));
+            }
             let left = (
                 outcome.left_open,
                 outcome.left_in_flight,
