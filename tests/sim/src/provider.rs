@@ -21,6 +21,12 @@ pub struct ProviderShape {
     pub retry_after: bool,
     /// Calls in flight at once (None: no such limit); past it, 429.
     pub max_in_flight: Option<u64>,
+    /// From this long after the first call on, `per_second` is the second
+    /// figure: a limit that drops (or recovers) without saying so.
+    pub change: Option<(Span, u64)>,
+    /// Refused calls count against the second's limit too (as some
+    /// providers count every call they see).
+    pub counts_refused: bool,
 }
 
 /// What the provider saw in one calendar second.
@@ -39,6 +45,7 @@ pub struct Provider {
     answering: BinaryHeap<Reverse<u64>>,
     /// The most calls it had in flight at once.
     pub most_in_flight: u64,
+    first_call: Option<Instant>,
 }
 
 /// The provider's answer to one call.
@@ -56,11 +63,17 @@ impl Provider {
             seconds: BTreeMap::new(),
             answering: BinaryHeap::new(),
             most_in_flight: 0,
+            first_call: None,
         }
     }
 
     /// A call arriving at `now`.
     pub fn call(&mut self, now: Instant, request: &Headers, rng: &mut SimRng) -> Answer {
+        let first = *self.first_call.get_or_insert(now);
+        let limit = match self.shape.change {
+            Some((after, changed)) if now.since(first) >= after => changed,
+            _ => self.shape.per_second,
+        };
         let second = now.as_nanos() / 1_000_000_000;
         let tenant = request.text("x-tenant").unwrap_or_default();
         let seen = self.seconds.entry(second).or_default();
@@ -78,7 +91,12 @@ impl Provider {
             .shape
             .max_in_flight
             .is_some_and(|most| in_flight >= most);
-        if full || seen.served >= self.shape.per_second {
+        let counted = if self.shape.counts_refused {
+            seen.served + seen.refused
+        } else {
+            seen.served
+        };
+        if full || counted >= limit {
             seen.refused += 1;
             let mut headers = Headers::of(&[(":status", "429")]);
             if self.shape.retry_after {

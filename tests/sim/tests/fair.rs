@@ -30,6 +30,8 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
             latency: (Span::from_millis(5), Span::from_millis(40)),
             retry_after: true,
             max_in_flight: None,
+            change: None,
+            counts_refused: false,
         },
         callers: vec![
             Caller {
