@@ -34,6 +34,16 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// Whether `name` is a valid header name: 1 to 256 token characters
+/// (RFC 9110).
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 /// Whether `name` (any case) carries a credential.
 pub fn is_credential(name: &str) -> bool {
     CREDENTIALS.iter().any(|c| c.eq_ignore_ascii_case(name))

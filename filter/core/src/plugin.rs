@@ -237,12 +237,7 @@ pub fn parse_plugin_config_with_env(
         });
     }
     for (i, name) in raw.route_headers.iter().enumerate() {
-        let valid = !name.is_empty()
-            && name.len() <= 256
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-        let message = if !valid {
+        let message = if !sluice_shared::header_names::is_valid_name(name) {
             Some(format!("{name:?} is not a valid header name"))
         } else {
             sluice_shared::header_names::not_writable(name)

@@ -352,9 +352,13 @@ impl RouteHeaders {
     /// them), as well as those already known.
     pub fn declare(&mut self, names: &[String]) {
         for name in names {
-            if self.0.len() < MAX_ROUTE_HEADERS && !self.0.iter().any(|h| h == name) {
-                self.0.push(name.clone());
-            }
+            self.remember(name);
+        }
+    }
+
+    fn remember(&mut self, name: &str) {
+        if self.0.len() < MAX_ROUTE_HEADERS && !self.0.iter().any(|h| h == name) {
+            self.0.push(name.to_string());
         }
     }
 
@@ -363,9 +367,7 @@ impl RouteHeaders {
     /// Envoy's routes.
     pub fn learn(&mut self, set: &CompiledPolicySet) {
         for name in set.route_headers() {
-            if self.0.len() < MAX_ROUTE_HEADERS && !self.0.iter().any(|h| h == name) {
-                self.0.push(name.to_string());
-            }
+            self.remember(name);
         }
     }
 
