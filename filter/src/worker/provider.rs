@@ -41,12 +41,13 @@ pub(super) fn paused<H: Host + ?Sized>(
         .map(|until| until.since(now))
 }
 
-/// A call's place in its limit's provider count: the row, and the row's
-/// count with the call in it.
+/// A call's place in its limit's provider count: the row, the row's
+/// count with the call in it, and when it went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counted {
     pub owner: u64,
     pub admitted: u64,
+    pub sent: Instant,
 }
 
 /// What the provider's count says of a call costing `cost` on `limit`.
@@ -73,10 +74,15 @@ pub(super) fn count<H: Host + ?Sized>(
     let (entry, owner) = provider_key(limit, key);
     ctx.store
         .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
-            match table.admit(owner, now, cost, provider.adaptive) {
-                Allowed::Yes { admitted } => {
-                    (CountSays::Counted(Counted { owner, admitted }), true)
-                }
+            match table.admit(owner, now, cost, provider.adaptive_limit()) {
+                Allowed::Yes { admitted } => (
+                    CountSays::Counted(Counted {
+                        owner,
+                        admitted,
+                        sent: now,
+                    }),
+                    true,
+                ),
                 Allowed::No { until } => (
                     CountSays::Exhausted {
                         wait: until.since(now),
@@ -224,6 +230,7 @@ impl Listening {
             ) {
                 let heard = Heard::Here {
                     admitted: counted.admitted,
+                    sent: counted.sent,
                 };
                 let throttle = Throttle {
                     full,

@@ -23,7 +23,15 @@
 //!   within a period of resuming that is one window's count, and the
 //!   limit is known from it as from repeats (climb to just under, hold);
 //! - the curve starts when the pause ends, not while nothing may go, and
-//!   the first call then goes alone.
+//!   the first call then goes alone;
+//! - the row keeps its count at the start of each window the clock aligns
+//!   (as a provider's counter keyed by `floor(now / period)` has them) and
+//!   each call keeps when it went: two refusals in a row after as many
+//!   calls in their windows make the limit known as that many, however
+//!   late the refusals come back.
+//!
+//! Measured in the simulator (`tests/sim/tests/listening.rs`, 1 000
+//! seeds, answers of 5 to 200 ms): see docs/RELIABILITY.md.
 //!
 //! Measured against a provider whose 30 a second drops to 12, counting
 //! refused calls and answering `Retry-After: 1`: docs/BENCHMARKS.md,
@@ -87,12 +95,21 @@ impl Throttle {
 /// read later.
 pub const PACE_SKEW: Span = Span::from_millis(10);
 
+/// An adaptive limit as its rows see it: its own rate per second (which
+/// the adapted rate climbs back to) and the period its provider counts
+/// in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveLimit {
+    pub full: f64,
+    pub period: Span,
+}
+
 /// Where news of a refusal came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Heard {
-    /// This Envoy's own call, which went when the row had admitted
-    /// `admitted` tokens.
-    Here { admitted: u64 },
+    /// This Envoy's own call, which went at `sent` with the row's count
+    /// then at `admitted` tokens (the call's among them).
+    Here { admitted: u64, sent: Instant },
     /// Another Envoy's, relayed by the admin.
     Relayed,
 }
@@ -124,6 +141,16 @@ pub struct Adaptive {
     /// pause as long as the limit's period (0: none; `AWAITING`: the
     /// pause still runs).
     pub resumed: u64,
+    /// The provider's window as the clock aligns it (a fixed window's
+    /// counter is keyed by `floor(now / period)`): when the current one
+    /// began, and the row's count then and at the start of the one
+    /// before it.
+    pub window_start: Instant,
+    pub window_from: u64,
+    pub previous_from: u64,
+    /// What went before the last refused call in its clock-aligned
+    /// window, plus one (0: not known).
+    pub last_in_window: u64,
 }
 
 /// The curve after a cut (see `Adaptive::curve`).
@@ -187,6 +214,81 @@ impl Adaptive {
         now.since(self.curve_from.max(self.cut_at)).as_secs_f64()
     }
 
+    /// A call is about to go at `now` with the row's count at `admitted`
+    /// (before it): the count at the start of the clock-aligned window of
+    /// `period` it falls in is kept, and that of the window before.
+    pub fn mark_window(&mut self, now: Instant, period: Span, admitted: u64) {
+        if period.is_zero() {
+            return;
+        }
+        let start = Instant::from_nanos(now.as_nanos() / period.as_nanos() * period.as_nanos());
+        if start <= self.window_start {
+            return;
+        }
+        // Nothing went in a window between: the one before began (and
+        // ended) at this count.
+        self.previous_from = if start == self.window_start + period {
+            self.window_from
+        } else {
+            admitted
+        };
+        self.window_start = start;
+        self.window_from = admitted;
+    }
+
+    /// A call counted with the row's count at `admitted` did not go after
+    /// all: its window holds `cost` fewer tokens (the count itself stays,
+    /// as calls' places in it do).
+    pub fn given_back(&mut self, admitted: u64, cost: u64) {
+        if admitted > self.window_from {
+            self.window_from = self.window_from.saturating_add(cost);
+        } else if admitted > self.previous_from {
+            self.previous_from = self.previous_from.saturating_add(cost);
+        }
+    }
+
+    /// How many tokens went before the call that went at `sent` with the
+    /// row's count at `admitted`, within its clock-aligned window of
+    /// `period`; None when that window is no longer kept.
+    fn went_in_window(&self, sent: Instant, admitted: u64, period: Span) -> Option<u64> {
+        if period.is_zero() || self.window_start == Instant::EPOCH {
+            return None;
+        }
+        let into = sent.as_nanos() % period.as_nanos();
+        let start = Instant::from_nanos(sent.as_nanos() - into);
+        let from = if start == self.window_start {
+            self.window_from
+        } else if start + period == self.window_start {
+            self.previous_from
+        } else {
+            return None;
+        };
+        (admitted > from).then(|| admitted - from - 1)
+    }
+
+    /// What went before this Envoy's refused call in its clock-aligned
+    /// window of `period`, when it may be the provider's window: a window
+    /// the clock does not align would hold some of the calls counted in
+    /// the one before, and one that held more than this one did without
+    /// a refusal says so.
+    fn aligned_in_window(&self, heard: Heard, period: Span) -> Option<u64> {
+        let Heard::Here { admitted, sent } = heard else {
+            return None;
+        };
+        let went = self.went_in_window(sent, admitted, period)?;
+        self.went_in_window_before(sent, period)
+            .is_none_or(|before| went >= before)
+            .then_some(went)
+    }
+
+    /// How many tokens went in the whole clock-aligned window of `period`
+    /// before the one `sent` falls in, when that is the current one.
+    fn went_in_window_before(&self, sent: Instant, period: Span) -> Option<u64> {
+        let start = sent.as_nanos().checked_div(period.as_nanos())? * period.as_nanos();
+        (Instant::from_nanos(start) == self.window_start)
+            .then(|| self.window_from.saturating_sub(self.previous_from))
+    }
+
     /// Counts `cost` tokens sent at `now` into the measured send rate.
     pub fn sent(&mut self, now: Instant, cost: u64) {
         let elapsed = now.since(self.measure_start);
@@ -242,7 +344,7 @@ impl Adaptive {
             // Not for calls that went before the last cut, nor within a
             // measuring round of it (a provider's window stays full until
             // it turns, whatever the rate meanwhile).
-            Heard::Here { admitted } => {
+            Heard::Here { admitted, .. } => {
                 self.cut_to > 0.0
                     && (admitted <= self.cut_after || at.since(self.cut_at) < CUT_GUARD)
             }
@@ -251,6 +353,7 @@ impl Adaptive {
             Heard::Relayed => self.cut_at > Instant::EPOCH && at < self.cut_at + CUT_GUARD,
         };
         if same_overload {
+            self.narrow(heard, throttle.period);
             return false;
         }
         let floor = FLOOR_PER_SECOND.min(full);
@@ -265,18 +368,36 @@ impl Adaptive {
         // Whether the calls since a pause bound the provider's limit
         // below what the rates say: then that limit is known.
         let mut bounded = false;
-        if let (Heard::Here { admitted }, Some(since)) = (heard, self.resumed_from()) {
+        let period = throttle.period.as_secs_f64();
+        if let (Heard::Here { admitted, sent }, Some(since), true) =
+            (heard, self.resumed_from(), period > 0.0)
+        {
             // All the provider counted in its window went after the
             // pause: it allows at most what went before this call.
             let went = admitted.saturating_sub(since).saturating_sub(1);
-            let period = throttle.period.as_secs_f64();
-            if period > 0.0 {
-                let bound = (went as f64 / period).max(floor);
-                // Within a period of resuming, what went is what one
-                // window holds; later, it may span two windows.
-                bounded = bound < w_max && at.since(self.curve_from) <= throttle.period;
-                w_max = w_max.min(bound);
+            let bound = (went as f64 / period).max(floor);
+            // For a call that went within a period of resuming, the bound
+            // is what one window holds; later, it only caps the rate. (When
+            // the call went, not when its refusal came back: answers that
+            // take long would otherwise fall past the period.)
+            bounded = bound < w_max && sent.since(self.curve_from) <= throttle.period;
+            w_max = w_max.min(bound);
+        }
+        if let Heard::Here { admitted, sent } = heard {
+            // Two refusals in a row with as much before them in their
+            // clock-aligned windows: the provider's window is the clock's
+            // and holds that much; the limit is known from it.
+            let in_window = self.went_in_window(sent, admitted, throttle.period);
+            let last = self.last_in_window.checked_sub(1);
+            let aligned = self.aligned_in_window(heard, throttle.period);
+            if let (Some(now_went), Some(last)) = (aligned, last) {
+                if now_went.abs_diff(last) <= (now_went / 10).max(1) && period > 0.0 {
+                    let bound = (now_went.max(last) as f64 / period).max(floor).min(full);
+                    bounded = true;
+                    w_max = w_max.min(bound);
+                }
             }
+            self.last_in_window = in_window.map_or(0, |w| w.saturating_add(1));
         }
         let curve = self.curve();
         let t = self.on_curve(at);
@@ -289,7 +410,14 @@ impl Adaptive {
             // repeats (the curve would otherwise climb past it and draw
             // the next refusal).
             _ if bounded => {
-                self.hits = self.hits.max(1);
+                // The same bound again (probing above it after a hold):
+                // known more surely, held longer.
+                let again = self.hits > 0 && w_max <= known * SAME_CEILING;
+                self.hits = if again {
+                    (self.hits + 1).min(MAX_HITS)
+                } else {
+                    self.hits.max(1)
+                };
                 (1.0 - (1.0 - BETA) / 2f64.powi(self.hits as i32)).min(GENTLEST)
             }
             // Refused while climbing back to or holding under a known
@@ -336,6 +464,30 @@ impl Adaptive {
         true
     }
 
+    /// Another refusal of the overload the last cut was for: answers come
+    /// back out of order, and a call that went earlier in the same
+    /// clock-aligned window says the provider allowed less before it.
+    /// A limit known from a window's count (`hits`) follows the lowest
+    /// such count (never below half of it: a provider's window need not
+    /// be the clock's), without a second cut.
+    fn narrow(&mut self, heard: Heard, period: Span) {
+        let Heard::Here { admitted, sent } = heard else {
+            return;
+        };
+        if self.hits == 0 || self.w_max <= 0.0 || period.is_zero() {
+            return;
+        }
+        let Some(went) = self.went_in_window(sent, admitted, period) else {
+            return;
+        };
+        let bound = went as f64 / period.as_secs_f64();
+        if bound < self.w_max && bound >= self.w_max / 2.0 {
+            let ratio = bound / self.w_max;
+            self.w_max = bound;
+            self.cut_to *= ratio;
+        }
+    }
+
     /// The row's count when calls resumed after a pause as long as the
     /// limit's period, once they did.
     fn resumed_from(&self) -> Option<u64> {
@@ -354,7 +506,7 @@ impl Adaptive {
         }
     }
 
-    pub const WORDS: usize = 11;
+    pub const WORDS: usize = 15;
 
     pub fn words(&self) -> [u64; Self::WORDS] {
         [
@@ -369,6 +521,10 @@ impl Adaptive {
             self.hits,
             self.curve_from.as_nanos(),
             self.resumed,
+            self.window_start.as_nanos(),
+            self.window_from,
+            self.previous_from,
+            self.last_in_window,
         ]
     }
 
@@ -395,6 +551,10 @@ impl Adaptive {
             hits: w[8].min(MAX_HITS),
             curve_from: Instant::from_nanos(w[9]),
             resumed: w[10],
+            window_start: Instant::from_nanos(w[11]),
+            window_from: w[12],
+            previous_from: w[13],
+            last_in_window: w[14],
         }
     }
 }
@@ -415,7 +575,10 @@ mod tests {
         }
         assert!(a.throttled(
             NOW + Span::from_secs(1),
-            Heard::Here { admitted: 10 },
+            Heard::Here {
+                admitted: 10,
+                sent: NOW
+            },
             1000,
             Throttle::plain(100.0)
         ));
@@ -436,25 +599,47 @@ mod tests {
     #[test]
     fn refusals_of_one_overload_cut_once() {
         let mut a = Adaptive::default();
-        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, Throttle::plain(100.0)));
+        assert!(a.throttled(
+            NOW,
+            Heard::Here {
+                admitted: 5,
+                sent: NOW
+            },
+            10,
+            Throttle::plain(100.0)
+        ));
         let once = a.rate(NOW, 100.0);
         // Calls that went before the cut (admitted ≤ 10) refused too:
         for admitted in 1..=10 {
-            assert!(!a.throttled(NOW, Heard::Here { admitted }, 12, Throttle::plain(100.0)));
+            assert!(!a.throttled(
+                NOW,
+                Heard::Here {
+                    admitted,
+                    sent: NOW
+                },
+                12,
+                Throttle::plain(100.0)
+            ));
         }
         assert_eq!(a.rate(NOW, 100.0), once);
         // One that went after the cut, refused within a quarter second
         // of it, is the same overload; later, it cuts again.
         assert!(!a.throttled(
             NOW + Span::from_millis(200),
-            Heard::Here { admitted: 11 },
+            Heard::Here {
+                admitted: 11,
+                sent: NOW
+            },
             12,
             Throttle::plain(100.0)
         ));
         let later = NOW + CUT_GUARD;
         assert!(a.throttled(
             later,
-            Heard::Here { admitted: 11 },
+            Heard::Here {
+                admitted: 11,
+                sent: NOW
+            },
             12,
             Throttle::plain(100.0)
         ));
@@ -464,7 +649,15 @@ mod tests {
     #[test]
     fn a_relayed_cut_of_an_overload_this_row_already_cut_for_is_skipped() {
         let mut a = Adaptive::default();
-        assert!(a.throttled(NOW, Heard::Here { admitted: 5 }, 10, Throttle::plain(100.0)));
+        assert!(a.throttled(
+            NOW,
+            Heard::Here {
+                admitted: 5,
+                sent: NOW
+            },
+            10,
+            Throttle::plain(100.0)
+        ));
         let once = a.rate(NOW, 100.0);
         // Another Envoy saw the same overload 100 ms later.
         assert!(!a.throttled(
@@ -497,7 +690,10 @@ mod tests {
         }
         assert!(a.throttled(
             NOW + Span::from_secs(1),
-            Heard::Here { admitted: 30 },
+            Heard::Here {
+                admitted: 30,
+                sent: NOW
+            },
             30,
             PAUSING
         ));
@@ -515,7 +711,15 @@ mod tests {
         // after it is refused: the provider allows at most 12 a second.
         a.resuming(resumed, 30);
         let at = resumed + Span::from_millis(600);
-        assert!(a.throttled(at, Heard::Here { admitted: 43 }, 43, PAUSING));
+        assert!(a.throttled(
+            at,
+            Heard::Here {
+                admitted: 43,
+                sent: NOW
+            },
+            43,
+            PAUSING
+        ));
         assert!((a.w_max - 12.0).abs() < 1e-9, "{}", a.w_max);
         assert!(a.rate(at, 30.0).is_some_and(|r| r < 12.0));
         // That bound is known: the curve climbs back to just under it and
@@ -533,27 +737,133 @@ mod tests {
         a.resuming(resumed, 30);
         // 24 went in 1.3 s: they may span two of the provider's windows.
         let at = resumed + Span::from_millis(1_300);
-        assert!(a.throttled(at, Heard::Here { admitted: 55 }, 55, PAUSING));
+        let heard = Heard::Here {
+            admitted: 55,
+            sent: at,
+        };
+        assert!(a.throttled(at, heard, 55, PAUSING));
         assert!(a.w_max <= 24.0, "{}", a.w_max);
         assert_eq!(a.hits, 0);
     }
 
     #[test]
+    fn a_refusal_heard_late_counts_from_when_its_call_went() {
+        // The same call, sent 0.9 s after resuming, its 429 back 0.4 s
+        // later: what went since is one window's, as if heard at once.
+        let (mut a, resumed) = refused_and_paused_at_thirty_a_second();
+        a.resuming(resumed, 30);
+        let sent = resumed + Span::from_millis(900);
+        let heard = Heard::Here { admitted: 43, sent };
+        assert!(a.throttled(sent + Span::from_millis(400), heard, 50, PAUSING));
+        assert!((a.w_max - 12.0).abs() < 1e-9, "{}", a.w_max);
+        assert_eq!(a.hits, 1);
+    }
+
+    /// Calls at `per_second` through `seconds` whole seconds of the clock
+    /// from `from`, each marking its window: the row, its count, and when
+    /// the last went.
+    fn sent_evenly(
+        a: &mut Adaptive,
+        from: Instant,
+        per_second: u64,
+        seconds: u64,
+    ) -> (u64, Instant) {
+        let mut admitted = 0;
+        let mut last = from;
+        for i in 0..per_second * seconds {
+            last = from + Span::from_nanos(i * 1_000_000_000 / per_second);
+            a.mark_window(last, PAUSING.period, admitted);
+            admitted += 1;
+        }
+        (admitted, last)
+    }
+
+    #[test]
+    fn two_refusals_after_as_many_in_their_clock_windows_make_the_limit_known() {
+        let mut a = Adaptive::default();
+        let start = NOW + Span::from_millis(1);
+        let (admitted, _) = sent_evenly(&mut a, start, 20, 3);
+        // Refused as the 13th call of a second, twice: 12 a second.
+        let refused_13th = |a: &mut Adaptive, second: u64, admitted: u64| {
+            let sent = NOW + Span::from_secs(second) + Span::from_millis(620);
+            for i in 0..13 {
+                a.mark_window(
+                    NOW + Span::from_secs(second) + Span::from_millis(i * 50),
+                    PAUSING.period,
+                    admitted + i,
+                );
+            }
+            let heard = Heard::Here {
+                admitted: admitted + 13,
+                sent,
+            };
+            let throttle = Throttle {
+                wait: Span::ZERO,
+                ..PAUSING
+            };
+            a.throttled(sent, heard, admitted + 13, throttle)
+                .then_some(admitted + 13)
+        };
+        let first = refused_13th(&mut a, 3, admitted);
+        assert!(first.is_some());
+        assert_eq!(a.hits, 0, "one refusal alone does not tell the window");
+        let second = refused_13th(&mut a, 9, first.unwrap_or_default());
+        assert!(second.is_some());
+        assert_eq!(a.hits, 1);
+        assert!((a.w_max - 12.0).abs() < 1e-9, "{}", a.w_max);
+    }
+
+    #[test]
+    fn calls_given_back_leave_their_window() {
+        let mut a = Adaptive::default();
+        let at = NOW + Span::from_millis(700);
+        a.mark_window(NOW, PAUSING.period, 0);
+        // Ten went, two of them did not go after all.
+        a.given_back(4, 1);
+        a.given_back(9, 1);
+        assert_eq!(a.went_in_window(at, 11, PAUSING.period), Some(8));
+        // The window before is kept once the next begins; older ones not.
+        a.mark_window(NOW + Span::from_secs(1), PAUSING.period, 12);
+        assert_eq!(a.went_in_window(at, 11, PAUSING.period), Some(8));
+        a.mark_window(NOW + Span::from_secs(2), PAUSING.period, 12);
+        assert_eq!(a.went_in_window(at, 11, PAUSING.period), None);
+    }
+
+    #[test]
     fn refused_while_climbing_back_cuts_deeper_and_probing_above_makes_it_known() {
         let mut a = Adaptive::default();
-        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, PAUSING);
+        a.throttled(
+            NOW,
+            Heard::Here {
+                admitted: 1,
+                sent: NOW,
+            },
+            1,
+            PAUSING,
+        );
         assert_eq!(a.hits, 0);
         // 0.5 s after the pause, still climbing from 21 to 30: cut to
         // half. Without a pause, the same refusal cuts as ever.
         let mut unpaused = a;
         let climbing = NOW + Span::from_millis(1_500);
         let current = a.rate(climbing, 30.0).unwrap_or(0.0);
-        assert!(a.throttled(climbing, Heard::Here { admitted: 5 }, 5, PAUSING));
+        assert!(a.throttled(
+            climbing,
+            Heard::Here {
+                admitted: 5,
+                sent: NOW
+            },
+            5,
+            PAUSING
+        ));
         assert!((a.cut_to - 0.5 * a.w_max).abs() < 1e-9 && a.w_max <= current);
         assert_eq!(a.hits, 0);
         unpaused.throttled(
             climbing,
-            Heard::Here { admitted: 5 },
+            Heard::Here {
+                admitted: 5,
+                sent: NOW,
+            },
             5,
             Throttle::plain(30.0),
         );
@@ -566,7 +876,15 @@ mod tests {
         assert!(a
             .rate(past, 30.0)
             .is_some_and(|r| r > w && r < w * SAME_CEILING));
-        assert!(a.throttled(past, Heard::Here { admitted: 99 }, 99, PAUSING));
+        assert!(a.throttled(
+            past,
+            Heard::Here {
+                admitted: 99,
+                sent: NOW
+            },
+            99,
+            PAUSING
+        ));
         assert_eq!(a.hits, 1);
         let held = past + Span::from_secs(9);
         let rate = a.rate(held, 30.0).unwrap_or(0.0);
@@ -580,7 +898,15 @@ mod tests {
     #[test]
     fn the_adapted_pace_lets_that_many_a_second_through() {
         let mut a = Adaptive::default();
-        a.throttled(NOW, Heard::Here { admitted: 1 }, 1, Throttle::plain(57.0));
+        a.throttled(
+            NOW,
+            Heard::Here {
+                admitted: 1,
+                sent: NOW,
+            },
+            1,
+            Throttle::plain(57.0),
+        );
         // Cut to 0.7 × 57 ≈ 40; over the next second the curve climbs
         // to 0.4·(1 − ∛42.75)³ + 57 ≈ 50.8: about 46 on average, plus the
         // 2 allowed ahead.
@@ -614,7 +940,7 @@ mod tests {
                         wait: Span::from_millis(advance % 2_000),
                         period: Span::from_secs(1),
                     };
-                    a.throttled(now, Heard::Here { admitted }, admitted, throttle);
+                    a.throttled(now, Heard::Here { admitted, sent: now }, admitted, throttle);
                 }
                 if let Some(rate) = a.rate(now, full) {
                     prop_assert!(rate < full);
@@ -625,11 +951,11 @@ mod tests {
         }
 
         #[test]
-        fn any_words_read_without_panic(words in proptest::array::uniform11(any::<u64>()), cost in 0u64..1000) {
+        fn any_words_read_without_panic(words in proptest::array::uniform15(any::<u64>()), cost in 0u64..1000) {
             let mut a = Adaptive::from_words(words);
             let _ = a.rate(NOW, 100.0);
             let _ = a.admit(NOW, cost, 100.0);
-            let _ = a.throttled(NOW, Heard::Here { admitted: 1 }, 2, Throttle::plain(100.0));
+            let _ = a.throttled(NOW, Heard::Here { admitted: 1, sent: NOW }, 2, Throttle::plain(100.0));
         }
     }
 }

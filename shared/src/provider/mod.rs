@@ -12,7 +12,7 @@ mod relayed;
 mod sliding;
 mod table;
 
-pub use adaptive::{Adaptive, Heard, Throttle};
+pub use adaptive::{Adaptive, AdaptiveLimit, Heard, Throttle};
 
 pub use counts::{CountSource, Reading};
 pub use relayed::RelayedStretch;
@@ -192,6 +192,14 @@ impl CompiledProvider {
                 .unwrap_or(self.default_reset)
                 .min(self.max_pause),
         }))
+    }
+
+    /// The limit as its adaptive rows see it (None: it does not adapt).
+    pub fn adaptive_limit(&self) -> Option<AdaptiveLimit> {
+        self.adaptive.map(|full| AdaptiveLimit {
+            full,
+            period: self.default_reset,
+        })
     }
 
     /// Whether the provider's answers are read on every call (to follow

@@ -11,7 +11,7 @@
 //! later one said, so any number of workers reading answers in any order
 //! converge on the newest without subtracting the same calls twice.
 
-use super::adaptive::{Adaptive, Heard, Throttle, PACE_SKEW, RELAYED_CUT_FRESH};
+use super::adaptive::{Adaptive, AdaptiveLimit, Heard, Throttle, PACE_SKEW, RELAYED_CUT_FRESH};
 use super::relayed::RelayedStretch;
 use super::sliding::{EndWatch, SentWindow, SLOTS};
 use crate::time::{Instant, Span};
@@ -211,7 +211,7 @@ impl Row {
 
 impl ProviderTable {
     pub const MAX_ROWS: usize = 8;
-    const VERSION: u8 = 8;
+    const VERSION: u8 = 9;
     const ROW_LEN: usize = (14 + Adaptive::WORDS + 3 + SLOTS + 1) * 8;
 
     pub fn rows(&self) -> &[Row] {
@@ -371,9 +371,15 @@ impl ProviderTable {
     /// that much again for its next window; one that did not allows
     /// anything (the limit's own rate decides) until its next answer.
     ///
-    /// `adaptive`: the limit's own rate per second, when it adapts to
+    /// `adaptive`: the limit's own rate and period, when it adapts to
     /// refusals: the call must also fit the adapted pace.
-    pub fn admit(&mut self, owner: u64, now: Instant, cost: u64, adaptive: Option<f64>) -> Allowed {
+    pub fn admit(
+        &mut self,
+        owner: u64,
+        now: Instant,
+        cost: u64,
+        adaptive: Option<AdaptiveLimit>,
+    ) -> Allowed {
         let row = self.row_mut(owner, now);
         row.roll_over(now);
         let slides = row.slides();
@@ -398,11 +404,12 @@ impl ProviderTable {
                 };
             }
         }
-        if let Some(full) = adaptive {
+        if let Some(limit) = adaptive {
             row.adaptive.resuming(now, row.admitted);
-            if let Err(until) = row.adaptive.admit(now, cost, full) {
+            if let Err(until) = row.adaptive.admit(now, cost, limit.full) {
                 return Allowed::No { until };
             }
+            row.adaptive.mark_window(now, limit.period, row.admitted);
             row.adaptive.sent(now, cost);
         }
         if counted {
@@ -423,6 +430,7 @@ impl ProviderTable {
     pub fn give_back(&mut self, owner: u64, admitted: u64, cost: u64, now: Instant) {
         if let Some(row) = self.rows.iter_mut().find(|r| r.owner == owner) {
             row.sent.remove(cost);
+            row.adaptive.given_back(admitted, cost);
             if row.allowance_until > now && row.allowance_from < admitted {
                 row.allowance = row.allowance.saturating_add(cost);
                 let back = row.pace_every.saturating_mul(cost).as_nanos();
@@ -1055,11 +1063,13 @@ mod tests {
     /// `Retry-After: 1`; Sluice's adaptive limit is told 30 a second and
     /// has calls waiting always. Answers take `latency` and up to
     /// `jitter` more. Returns per second (served, refused).
-    /// `phase`: how far into its calendar second the provider is when
-    /// the calls begin.
+    /// `phase`: how far into a second of the clock the calls begin;
+    /// `offset`: how far the provider's seconds run ahead of the clock's
+    /// (0: its windows are the clock's, as a counter keyed by
+    /// `floor(now / period)` has them).
     fn against_a_dropping_provider(
         seconds: u64,
-        phase: Span,
+        (phase, offset): (Span, Span),
         latency: Span,
         jitter: Span,
     ) -> Vec<(u64, u64)> {
@@ -1072,24 +1082,28 @@ mod tests {
             wait: Span::from_secs(1),
             period: Span::from_secs(1),
         };
+        let adaptive = AdaptiveLimit {
+            full,
+            period: throttle.period,
+        };
         let mut table = ProviderTable::default();
-        let mut windows = vec![(0u64, 0u64); seconds as usize + 1];
-        let mut in_flight: Vec<(Instant, u64, bool)> = Vec::new();
-        let mut own_next = NOW;
-        let mut now = NOW;
-        while now < NOW + Span::from_secs(seconds) {
+        let mut windows = vec![(0u64, 0u64); seconds as usize + 2];
+        let mut in_flight: Vec<(Instant, u64, bool, Instant)> = Vec::new();
+        let mut own_next = NOW + phase;
+        let mut now = NOW + phase;
+        while now < NOW + phase + Span::from_secs(seconds) {
             let answered: Vec<_> = in_flight.iter().filter(|c| c.0 <= now).copied().collect();
             in_flight.retain(|c| c.0 > now);
-            for (_, admitted, refused) in answered {
+            for (_, admitted, refused, sent) in answered {
                 if refused {
-                    table.throttled(0, (Heard::Here { admitted }, now), now, throttle);
+                    table.throttled(0, (Heard::Here { admitted, sent }, now), now, throttle);
                     table.pause(0, now, throttle.wait);
                 }
             }
             if table.paused_until(0, now, CAP).is_none() && own_next <= now {
-                if let Allowed::Yes { admitted } = table.admit(0, now, 1, Some(full)) {
+                if let Allowed::Yes { admitted } = table.admit(0, now, 1, Some(adaptive)) {
                     own_next = own_next.max(now) + Span::from_nanos(1_000_000_000 / 30);
-                    let second = (now.since(NOW) + phase).as_secs() as usize;
+                    let second = (now.since(NOW) + offset).as_secs() as usize;
                     let limit = if second < 2 { 30 } else { 12 };
                     let w = &mut windows[second];
                     let refused = w.0 + w.1 >= limit;
@@ -1100,7 +1114,12 @@ mod tests {
                     }
                     draw = draw.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
                     let extra = (draw >> 33) % (jitter.as_nanos() + 1);
-                    in_flight.push((now + latency + Span::from_nanos(extra), admitted, refused));
+                    in_flight.push((
+                        now + latency + Span::from_nanos(extra),
+                        admitted,
+                        refused,
+                        now,
+                    ));
                 }
             }
             now += Span::from_nanos(500_000);
@@ -1108,29 +1127,48 @@ mod tests {
         windows
     }
 
+    /// Runs against providers whose windows are offset from the clock by
+    /// `offsets` (ms), the calls beginning anywhere in a second and the
+    /// answers taking 5 to 40 ms, alike or not; checks each run.
+    fn after_a_drop(offsets: &[u64], check: impl Fn(&[(u64, u64)], &str)) {
+        let latencies = [(5u64, 0u64), (10, 0), (20, 0), (40, 0), (5, 30)];
+        for &offset_ms in offsets {
+            for (latency_ms, jitter_ms) in latencies {
+                for phase_ms in (0..1000).step_by(100) {
+                    let windows = against_a_dropping_provider(
+                        90,
+                        (Span::from_millis(phase_ms), Span::from_millis(offset_ms)),
+                        Span::from_millis(latency_ms),
+                        Span::from_millis(jitter_ms),
+                    );
+                    let shown = format!(
+                        "phase {phase_ms} ms, offset {offset_ms} ms, latency {latency_ms} ms + up to {jitter_ms}: {windows:?}"
+                    );
+                    check(&windows, &shown);
+                }
+            }
+        }
+    }
+
+    /// (served, refused) from the drop on, what was served from 10 s
+    /// after it in 78 s, and how many of those seconds saw a refusal.
+    fn after_the_drop(windows: &[(u64, u64)]) -> (u64, u64, u64, usize) {
+        let after = &windows[2..90];
+        let served = after.iter().map(|w| w.0).sum();
+        let refused = after.iter().map(|w| w.1).sum();
+        let settled = windows[12..90].iter().map(|w| w.0).sum();
+        let probes = windows[12..90].iter().filter(|w| w.1 > 0).count();
+        (served, refused, settled, probes)
+    }
+
     #[test]
     fn after_a_drop_refusals_near_one_rate_make_it_known_and_it_is_used() {
-        // Wherever in the provider's second the calls begin, and
-        // whether its answers take 5 to 40 ms, alike or not.
-        let runs = [(5u64, 0u64), (10, 0), (20, 0), (40, 0), (5, 30)]
-            .into_iter()
-            .flat_map(|latency| (0..1000).step_by(100).map(move |phase| (phase, latency)));
-        for (phase_ms, (latency_ms, jitter_ms)) in runs {
-            let windows = against_a_dropping_provider(
-                90,
-                Span::from_millis(phase_ms),
-                Span::from_millis(latency_ms),
-                Span::from_millis(jitter_ms),
-            );
-            let after = &windows[2..90];
-            let served: u64 = after.iter().map(|w| w.0).sum();
-            let refused: u64 = after.iter().map(|w| w.1).sum();
-            // From 10 s after the drop: what it holds, and its probes.
-            let settled: u64 = windows[12..90].iter().map(|w| w.0).sum();
-            let probes = windows[12..90].iter().filter(|w| w.1 > 0).count();
-            let shown = format!(
-                "phase {phase_ms} ms, latency {latency_ms} ms + up to {jitter_ms}: {windows:?}"
-            );
+        // Windows the clock aligns, and windows offset from it (a
+        // provider counting from when its key's window began): at most
+        // 1 % refused, at least 90 % of the new limit used, probes above
+        // it grow rarer (at most two after the first 10 s).
+        after_a_drop(&[0, 100, 300, 500, 700, 900], |windows, shown| {
+            let (served, refused, settled, probes) = after_the_drop(windows);
             assert!(
                 refused * 100 <= served + refused,
                 "{refused} of {} refused: {shown}",
@@ -1140,10 +1178,8 @@ mod tests {
                 settled * 10 >= 78 * 12 * 9,
                 "settled {settled} in 78 s: {shown}"
             );
-            // Probes above the known rate grow rarer: at most two after
-            // the first 10 s.
             assert!(probes <= 2, "{shown}");
-        }
+        });
     }
 
     proptest! {

@@ -23,6 +23,9 @@ pub struct EnvoyShared {
     pub write_failure: Cell<f64>,
     /// Writes that failed by fault.
     pub failed_writes: Cell<u64>,
+    /// What the workers logged at info and above, with when: the trace
+    /// shows it under its second (a rate cut, a pause, a refused write).
+    pub logs: RefCell<Vec<(Instant, String)>>,
 }
 
 impl EnvoyShared {
@@ -58,7 +61,6 @@ pub struct SimHost {
     /// The tick period the worker asked for last.
     pub tick: Cell<Span>,
     pub effects: RefCell<Vec<HostEffect>>,
-    pub logs: RefCell<Vec<String>>,
     /// This worker's random source (a VM's own, different per Envoy).
     random_state: Cell<u64>,
 }
@@ -76,7 +78,6 @@ impl SimHost {
             rng,
             tick: Cell::new(Span::from_millis(100)),
             effects: RefCell::new(Vec::new()),
-            logs: RefCell::new(Vec::new()),
             random_state: Cell::new(random_state),
         }
     }
@@ -107,8 +108,11 @@ impl Host for SimHost {
     }
 
     fn log(&self, level: Level, message: &str) {
-        if level >= Level::Warn {
-            self.logs.borrow_mut().push(format!("{level:?} {message}"));
+        if level >= Level::Info {
+            self.envoy
+                .logs
+                .borrow_mut()
+                .push((self.clock.get(), format!("{level:?} {message}")));
         }
     }
 

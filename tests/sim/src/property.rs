@@ -25,6 +25,16 @@ pub const DEFAULT_SEEDS: u64 = 1_000;
 /// Runs `check` on each seed; panics on the first that fails, naming it.
 /// `test` is the test's path (`suite::name`) for the replay command.
 pub fn for_seeds(test: &str, check: impl Fn(u64) -> Result<Outcome, Failure> + Sync) {
+    for_seeds_by_default(test, DEFAULT_SEEDS, check)
+}
+
+/// [`for_seeds`] for a property whose runs are long: `seeds` of them
+/// unless `SLUICE_SIM_SEEDS` says (`make soak` runs 100 times more).
+pub fn for_seeds_by_default(
+    test: &str,
+    seeds: u64,
+    check: impl Fn(u64) -> Result<Outcome, Failure> + Sync,
+) {
     if let Some(seed) = std::env::var("SLUICE_SIM_SEED")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -40,7 +50,7 @@ pub fn for_seeds(test: &str, check: impl Fn(u64) -> Result<Outcome, Failure> + S
     let seeds = std::env::var("SLUICE_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(DEFAULT_SEEDS);
+        .unwrap_or(seeds);
     // Seeds are independent runs: spread over the machine's cores, each
     // thread taking every n-th seed; the smallest failing seed is named.
     let threads = std::thread::available_parallelism().map_or(1, usize::from) as u64;

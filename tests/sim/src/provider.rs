@@ -102,10 +102,12 @@ impl Provider {
             if self.shape.retry_after {
                 headers.set("retry-after", "1");
             }
+            // A refusal comes back as late as an answer may: the
+            // provider's front end and the way back take their time.
             return Answer {
                 status: 429,
                 headers,
-                after: Span::from_millis(1),
+                after,
             };
         }
         seen.served += 1;

@@ -22,14 +22,29 @@ pub struct TenantSecond {
 pub struct Trace {
     start: Instant,
     pub seconds: BTreeMap<u64, BTreeMap<String, TenantSecond>>,
+    /// What Envoy logged, by second: (milliseconds into it, the line).
+    pub notes: BTreeMap<u64, Vec<(u64, String)>>,
 }
 
 impl Trace {
+    /// Seconds are counted from the calendar second `start` falls in: a
+    /// row is then one of the provider's calendar windows.
     pub fn new(start: Instant) -> Self {
+        const SECOND: u64 = 1_000_000_000;
         Self {
-            start,
+            start: Instant::from_nanos(start.as_nanos() / SECOND * SECOND),
             seconds: BTreeMap::new(),
+            notes: BTreeMap::new(),
         }
+    }
+
+    /// A line Envoy logged at `at`.
+    pub fn note(&mut self, at: Instant, line: String) {
+        let into = at.since(self.start);
+        self.notes
+            .entry(into.as_secs())
+            .or_default()
+            .push((into.as_millis() % 1000, line));
     }
 
     /// The second of the run `now` falls in.
@@ -93,10 +108,18 @@ impl Trace {
         sum
     }
 
-    /// One line per second and tenant.
+    /// One line per second and tenant, then what Envoy logged in it.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        for (second, tenants) in &self.seconds {
+        let seconds: std::collections::BTreeSet<u64> = self
+            .seconds
+            .keys()
+            .chain(self.notes.keys())
+            .copied()
+            .collect();
+        let none = BTreeMap::new();
+        for second in seconds {
+            let tenants = self.seconds.get(&second).unwrap_or(&none);
             for (tenant, s) in tenants {
                 let refused: Vec<String> = s
                     .refused
@@ -113,6 +136,9 @@ impl Trace {
                     s.provider_ok,
                     s.provider_429
                 );
+            }
+            for (ms, line) in self.notes.get(&second).into_iter().flatten() {
+                let _ = writeln!(out, "      +{ms:>3} ms {line}");
             }
         }
         out

@@ -122,6 +122,9 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         world.clock.set(now);
         world.handle(&mut envoy, now, event);
     }
+    for (at, line) in envoy.shared.logs.take() {
+        world.trace.note(at, line);
+    }
     Ok(Outcome {
         seed,
         left_open: envoy.open_streams(),

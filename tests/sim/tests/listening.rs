@@ -3,9 +3,9 @@
 
 use sluice_shared::time::Span;
 use sluice_sim::callers::{Caller, Shape};
-use sluice_sim::property::{for_seeds, Failure};
+use sluice_sim::property::{for_seeds_by_default, Failure};
 use sluice_sim::provider::ProviderShape;
-use sluice_sim::world::{run, Faults, Scenario};
+use sluice_sim::world::{run, Faults, Outcome, Scenario};
 
 const ADAPTIVE: &str = r#"{"version": 1, "policies": [
     {"name": "api", "match": {"host": "api.bank.example"},
@@ -14,58 +14,94 @@ const ADAPTIVE: &str = r#"{"version": 1, "policies": [
      "limits": [{"name": "requests", "rate": {"requests": 30, "period": "1s"},
                  "provider": {"adaptive": true}}]}]}"#;
 
+/// Seeds in `make test`: a run of 45 virtual seconds takes about 0.75 s
+/// of CPU (1 000 seeds, 1.89 % the most refused, were run by hand:
+/// `SLUICE_SIM_SEEDS=1000`).
+const SEEDS: u64 = 100;
+
 /// Answer times the seed picks from: 5 to 40 ms up to 100 to 200 ms.
 const LATENCIES: [(u64, u64); 4] = [(5, 40), (20, 120), (60, 100), (100, 200)];
 
 /// The provider allows 30 a second, then from 2 s on 12, counting the
-/// calls it refuses and answering them 429 with `Retry-After: 1`; 24
-/// callers wait their turn in Sluice's queue. After the drop the provider
-/// refuses at most 1 % of the calls, and from 20 s after it Sluice serves
-/// at least 90 % of the 12 a second.
-#[test]
-#[ignore = "issue 50: fails today (refuses up to a few % at 60-200 ms answers); run with --ignored"]
-fn an_adaptive_limit_finds_a_hidden_drop_at_any_answer_time() {
-    for_seeds(
-        "listening::an_adaptive_limit_finds_a_hidden_drop_at_any_answer_time",
-        |seed| {
-            let (low, high) = LATENCIES[(seed % 4) as usize];
-            let scenario = Scenario {
-                workers: 1 + (seed / 4 % 4) as usize,
-                policies: ADAPTIVE.to_string(),
-                provider: ProviderShape {
-                    per_second: 30,
-                    latency: (Span::from_millis(low), Span::from_millis(high)),
-                    retry_after: true,
-                    max_in_flight: None,
-                    change: Some((Span::from_secs(2), 12)),
-                    counts_refused: true,
-                },
-                callers: vec![Caller {
-                    tenant: "all".into(),
-                    host: "api.bank.example".into(),
-                    connections: 24,
-                    shape: Shape::Greedy {
-                        backoff: Span::from_millis(10),
-                    },
-                }],
-                duration: Span::from_secs(45),
-                faults: Faults::default(),
-            };
-            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-            let after: Vec<_> = outcome.provider.seconds.values().skip(3).collect();
-            let served: u64 = after.iter().map(|s| s.served).sum();
-            let refused: u64 = after.iter().map(|s| s.refused).sum();
-            let settled: Vec<u64> = after.iter().skip(20).take(20).map(|s| s.served).collect();
-            let mean = settled.iter().sum::<u64>() as f64 / settled.len().max(1) as f64;
-            if refused * 100 > served + refused || mean < 0.9 * 12.0 {
-                let why = format!(
-                    "answers {low}-{high} ms: refused {refused} of {} ({:.2} %), settled at {mean:.1}/s of 12",
-                    served + refused,
-                    100.0 * refused as f64 / (served + refused).max(1) as f64
-                );
-                return Err(Failure::new(outcome, why));
-            }
-            Ok(outcome)
+/// calls it refuses and answering them (as late as any answer) 429 with
+/// `Retry-After: 1`; 24 callers wait their turn in Sluice's queue.
+/// Returns the run, and from the drop on: calls refused, calls served,
+/// and the mean served a second from 20 s after it.
+fn after_a_hidden_drop(seed: u64) -> Result<(Outcome, u64, u64, f64), Failure> {
+    let (low, high) = LATENCIES[(seed % 4) as usize];
+    let scenario = Scenario {
+        workers: 1 + (seed / 4 % 4) as usize,
+        policies: ADAPTIVE.to_string(),
+        provider: ProviderShape {
+            per_second: 30,
+            latency: (Span::from_millis(low), Span::from_millis(high)),
+            retry_after: true,
+            max_in_flight: None,
+            change: Some((Span::from_secs(2), 12)),
+            counts_refused: true,
         },
+        callers: vec![Caller {
+            tenant: "all".into(),
+            host: "api.bank.example".into(),
+            connections: 24,
+            shape: Shape::Greedy {
+                backoff: Span::from_millis(10),
+            },
+        }],
+        duration: Span::from_secs(45),
+        faults: Faults::default(),
+    };
+    let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+    let after: Vec<_> = outcome.provider.seconds.values().skip(3).collect();
+    let served: u64 = after.iter().map(|s| s.served).sum();
+    let refused: u64 = after.iter().map(|s| s.refused).sum();
+    let settled: Vec<u64> = after.iter().skip(20).take(20).map(|s| s.served).collect();
+    let mean = settled.iter().sum::<u64>() as f64 / settled.len().max(1) as f64;
+    Ok((outcome, refused, served, mean))
+}
+
+/// Checks a run against the most refused (per thousand) and the least
+/// part of the 12 a second served once settled.
+fn holds(seed: u64, most_refused: u64, least_used: f64) -> Result<Outcome, Failure> {
+    let (low, high) = LATENCIES[(seed % 4) as usize];
+    let (outcome, refused, served, mean) = after_a_hidden_drop(seed)?;
+    if refused * 1000 > most_refused * (served + refused) || mean < least_used * 12.0 {
+        let why = format!(
+            "answers {low}-{high} ms: refused {refused} of {} ({:.2} %), settled at {mean:.1}/s of 12",
+            served + refused,
+            100.0 * refused as f64 / (served + refused).max(1) as f64
+        );
+        return Err(Failure::new(outcome, why));
+    }
+    Ok(outcome)
+}
+
+/// What holds today, kept from getting worse: after the drop the
+/// provider refuses at most 2 % of the calls, and from 20 s after it
+/// Sluice serves at least 80 % of the 12 a second (over 1 000 seeds:
+/// at most 1.89 %, at least 10.1 a second). Before the clock-aligned
+/// window count and the send time of refused calls (issue 50), 182 of
+/// 200 seeds refused more than 1 %, up to 4.5 %, serving 9.8 a second.
+#[test]
+fn an_adaptive_limit_finds_a_hidden_drop_at_any_answer_time() {
+    for_seeds_by_default(
+        "listening::an_adaptive_limit_finds_a_hidden_drop_at_any_answer_time",
+        SEEDS,
+        |seed| holds(seed, 20, 0.8),
+    );
+}
+
+/// The bound issue 50 asks for: at most 1 % refused and 90 % served.
+/// Holds at 5-40 ms answers; at 20-200 ms about 30 seeds in 200 refuse
+/// 1.02-1.35 % (calls already in flight when the first refusal of an
+/// overshoot comes back are refused too: 5 or 6 of ~490), and 11 in
+/// 1 000 settle at 10.1-10.7 a second.
+#[test]
+#[ignore = "issue 50: at 20-200 ms answers ~15 % of seeds refuse 1.02-1.89 %; run with --ignored"]
+fn an_adaptive_limit_refuses_at_most_one_percent_at_any_answer_time() {
+    for_seeds_by_default(
+        "listening::an_adaptive_limit_refuses_at_most_one_percent_at_any_answer_time",
+        SEEDS,
+        |seed| holds(seed, 10, 0.9),
     );
 }
