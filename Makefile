@@ -279,20 +279,21 @@ unit:
 
 # The real Envoy (from .venv) with the real filter. Suites that measure
 # rates or timing run one test at a time; the suites in E2E_UNTIMED assert
-# no time and run beside them, under `nice -n 19` so their build (the
-# Dockerfile's release build) takes only CPU the timed suites leave idle.
-# Their output is printed when they end. One suite alone, serially:
+# no time and run beside them, under `nice -n 19` so that they take only
+# CPU the timed suites leave idle. Their output is printed when they end.
+# (The Dockerfile's build is tested by `make compose-test`, which .ci/run
+# runs after this, not replayed natively here: it was a third release
+# build of the admin, 13 minutes beside the timed suites.) One suite alone, serially:
 # `make e2e E2E_TESTS="--test faults"`.
 E2E_TESTS ?=
 E2E_UNTIMED := docker_setup store_backends kubernetes images
 # Run by `make compose-test`, after it built the images.
 E2E_SEPARATE := compose
-# These run last, in this order, each when the Dockerfile's release
-# build beside has long ended: fleet and provider_signals have the
-# tightest deadlines (with that build beside them, fleet once saw a share
-# follow its load a period late, and provider_signals heard a pause late
-# in two runs of two), and make_run's `make run` would wait for the cargo
-# lock that build holds (a clean run waited 35 s).
+# These run last, in this order, when the untimed suites beside have
+# long ended: fleet and provider_signals have the tightest deadlines (with
+# a release build beside them, fleet once saw a share follow its load a
+# period late, and provider_signals heard a pause late in two runs of
+# two), and make_run's `make run` would wait for any cargo lock held.
 E2E_LAST := fleet provider_signals make_run
 E2E_TIMED := $(filter-out $(E2E_UNTIMED) $(E2E_LAST) $(E2E_SEPARATE),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \

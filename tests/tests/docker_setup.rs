@@ -1,18 +1,15 @@
 //! `envoy/docker-compose.yml` and `admin/Dockerfile`, tested without a Docker
 //! engine: the compose file parsed and cross-checked against the Dockerfile
 //! and the Envoy config it mounts, that config validated by the real Envoy
-//! with its container paths mapped, and the Dockerfile's build steps run
-//! natively, the admin image's entrypoint then started as the container
-//! would start it.
+//! with its container paths mapped. The Dockerfile itself is built, and its
+//! images run as the compose file says, by `make compose-test`
+//! (`tests/tests/compose.rs`), which `.ci/run` runs after `make test`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use serde_json::Value;
-use sluice_e2e::envoy::{filter_wasm, free_port, workspace_root};
+use sluice_e2e::envoy::{filter_wasm, workspace_root};
 
 fn compose() -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(workspace_root().join("envoy/docker-compose.yml"))?;
@@ -216,153 +213,4 @@ fn compose_envoy_config_validates_with_paths_mapped() -> anyhow::Result<()> {
     println!("compose Envoy config: {}", text.trim());
     ensure!(ok, "does not validate:\n{text}");
     Ok(())
-}
-
-/// The build stage's RUN steps, natively from the repository root (what
-/// `COPY . .` gives the stage), then every file the later stages copy out of
-/// it must exist, and the admin must start as its image's ENTRYPOINT, ENV
-/// and the compose command start it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dockerfile_build_steps_run_natively_and_the_admin_starts() -> anyhow::Result<()> {
-    let dockerfile = dockerfile()?;
-    let stages = stages(&dockerfile);
-    let build = stages.get("build").context("no build stage")?;
-    let runs: Vec<&str> = build
-        .iter()
-        .filter_map(|l| l.strip_prefix("RUN "))
-        .collect();
-    ensure!(!runs.is_empty(), "the build stage runs nothing");
-    for run in &runs {
-        let started = Instant::now();
-        let status = Command::new("sh")
-            .args(["-c", run])
-            .current_dir(workspace_root())
-            .stdout(Stdio::null())
-            .status()
-            .with_context(|| format!("running {run}"))?;
-        println!(
-            "docker build step natively: RUN {run} -> {status} in {:?}",
-            started.elapsed()
-        );
-        ensure!(status.success(), "RUN {run} failed");
-    }
-    for stage in ["admin", "demo-api", "filter"] {
-        for line in &stages[stage] {
-            if let Some(copy) = line.strip_prefix("COPY --from=build ") {
-                let source = copy.split_whitespace().next().unwrap_or_default();
-                let local = source.strip_prefix("/src/").context("copies from /src")?;
-                ensure!(
-                    workspace_root().join(local).exists(),
-                    "{stage} copies {source}, which the build steps did not make"
-                );
-            }
-        }
-    }
-
-    // The admin image: ENTRYPOINT sluice-admin, its ENV, the compose command.
-    let admin = &stages["admin"];
-    let env_line = admin
-        .iter()
-        .find(|l| l.starts_with("ENV "))
-        .context("admin ENV")?;
-    let env: Vec<(String, String)> = env_line["ENV ".len()..]
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let compose = compose()?;
-    let command: Vec<String> = compose["services"]["admin"]["command"]
-        .as_array()
-        .context("admin command")?
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
-    // Container paths and addresses, mapped onto this machine.
-    let data = tempfile::tempdir()?;
-    let tls = tempfile::tempdir()?;
-    let tls_port = free_port()?;
-    let root = workspace_root();
-    let map = |v: &str| -> String {
-        if v == "/tls" {
-            return tls.path().display().to_string();
-        }
-        if v == "0.0.0.0:8443" {
-            return format!("127.0.0.1:{tls_port}");
-        }
-        v.replace("/data/", &format!("{}/", data.path().display()))
-            .replace(
-                "/srv/sluice-ui",
-                &root.join("target/ui").display().to_string(),
-            )
-            .replace(
-                "/etc/sluice/demo-policies.json",
-                &root.join("envoy/demo-policies.json").display().to_string(),
-            )
-    };
-    let port = free_port()?;
-    let mut cmd = Command::new(root.join("target/release/sluice-admin"));
-    for (k, v) in &env {
-        let v = if k == "SLUICE_LISTEN" {
-            format!("127.0.0.1:{port}")
-        } else {
-            map(v)
-        };
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .args(command.iter().map(|a| map(a)))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the release admin")?;
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let outcome = async {
-        loop {
-            if Instant::now() > deadline {
-                bail!("the admin did not come up");
-            }
-            if let Ok(r) = http.get(format!("{base}/healthz")).send().await {
-                if r.status().is_success() {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let index = http.get(format!("{base}/")).send().await?.text().await?;
-        let policies: serde_json::Value = serde_json::from_str(
-            &http
-                .get(format!("{base}/api/v1/policies"))
-                .send()
-                .await?
-                .text()
-                .await?,
-        )?;
-        let names: Vec<String> = policies["policies"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|p| p["policy"]["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        println!(
-            "admin as the image starts it: UI served ({} bytes of index.html), seeded policies {names:?}, db in {}",
-            index.len(),
-            data.path().display()
-        );
-        ensure!(index.contains("<html") || index.contains("<!DOCTYPE"), "no UI: {index}");
-        ensure!(names == ["bank", "llm", "fx", "maps", "pool"], "{names:?}");
-        ensure!(Path::new(&data.path().join("sluice.db")).exists());
-        ensure!(
-            tls.path().join("ca.pem").exists(),
-            "the admin wrote the certificate Envoy pins"
-        );
-        Ok(())
-    }
-    .await;
-    let _ = child.kill();
-    let _ = child.wait();
-    outcome
 }
