@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
@@ -58,7 +59,7 @@ impl Browser {
         );
         let deadline = Instant::now() + Duration::from_secs(15);
         let client = loop {
-            match ClientBuilder::rustls()?
+            match ClientBuilder::new(HttpConnector::new())
                 .capabilities(caps.clone())
                 .connect(&url)
                 .await
