@@ -118,6 +118,45 @@ fn place_of_owner(limit: &CompiledLimit, owner: u64) -> (String, u64) {
     provider_key(limit, limit.keys.is_some().then_some(owner))
 }
 
+/// Where a call counts in the provider's count its limit follows, and
+/// what it was counted there: settled when its usage is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Followed {
+    entry: String,
+    counted: Counted,
+    cost: u64,
+}
+
+impl Followed {
+    pub(super) fn new(limit: &CompiledLimit, counted: Counted, cost: u64) -> Self {
+        Self {
+            entry: place_of_owner(limit, counted.owner).0,
+            counted,
+            cost,
+        }
+    }
+
+    /// The call used `used` tokens: the provider's count Sluice keeps
+    /// holds that, not the estimate it was counted.
+    pub(super) fn settle<H: Host + ?Sized>(&self, ctx: &mut Ctx<'_, H>, used: u64) {
+        let now = ctx.now;
+        let counted = self.counted;
+        // On failure (counted and logged by the store) the estimate
+        // stays counted.
+        let _ = ctx
+            .store
+            .update_as::<ProviderTable, _, _>(ctx.host, &self.entry, |table| {
+                let changed = table.settle(
+                    counted.owner,
+                    (counted.admitted, counted.sent),
+                    (self.cost, used),
+                    now,
+                );
+                ((), changed)
+            });
+    }
+}
+
 /// One limit of an admitted call whose answer is read.
 #[derive(Debug)]
 struct Listener {

@@ -19,6 +19,7 @@ use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageRe
 
 use super::ctx::Ctx;
 use super::limits::{self, LimitPlace};
+use super::provider::Followed;
 use crate::host::Host;
 use crate::metrics::{FilterCounter, LimitCounter};
 
@@ -34,6 +35,8 @@ struct Owed {
     source: CompiledUsage,
     /// The body's reader, once the response's headers said what it is.
     reader: Option<UsageReader>,
+    /// Where it counts in the provider's count the limit follows.
+    followed: Option<Followed>,
 }
 
 #[derive(Debug)]
@@ -98,6 +101,7 @@ impl Usages {
                     estimate: limit.rate.taken(*cost),
                     source,
                     reader: None,
+                    followed: place.counted.map(|c| Followed::new(limit, c, *cost)),
                 })
             })
             .collect();
@@ -274,6 +278,9 @@ fn settle<H: Host + ?Sized>(
         (owed.estimate, charged),
         taken_at,
     );
+    if let Some(followed) = &owed.followed {
+        followed.settle(ctx, charged);
+    }
     let tokens = i64::try_from(charged).unwrap_or(i64::MAX);
     ctx.metrics
         .add_limit(&owed.limit, LimitCounter::Tokens, tokens);

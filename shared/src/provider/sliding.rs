@@ -74,6 +74,20 @@ impl SentWindow {
         self.slots[i] = self.slots[i].saturating_add(cost);
     }
 
+    /// A call that went at `at` counted `from` tokens and used `to`: its
+    /// slot holds the difference, while the ring still holds the slot.
+    pub fn settle(&mut self, at: Instant, window: Span, (from, to): (u64, u64)) {
+        let Some(len) = slot_len(window) else {
+            return;
+        };
+        let slot = at.as_nanos() / len;
+        if slot > self.head || self.head - slot >= SLOTS_U64 {
+            return;
+        }
+        let i = (slot % SLOTS_U64) as usize;
+        self.slots[i] = self.slots[i].saturating_sub(from).saturating_add(to);
+    }
+
     /// Takes back `cost` tokens of a call that did not go after all,
     /// from the newest slots.
     pub fn remove(&mut self, cost: u64) {
@@ -228,6 +242,23 @@ mod tests {
         sent.add(NOW + Span::from_secs(5), W, 3);
         sent.remove(5);
         assert_eq!(sent.in_window(NOW + Span::from_secs(5), W), 8);
+    }
+
+    #[test]
+    fn a_settled_call_holds_what_it_used_in_its_slot_while_the_ring_has_it() {
+        let mut sent = SentWindow::default();
+        sent.add(NOW, W, 800);
+        sent.add(NOW + Span::from_secs(20), W, 800);
+        // The first used 300 of its 800, the second 1 000.
+        sent.settle(NOW, W, (800, 300));
+        sent.settle(NOW + Span::from_secs(20), W, (800, 1_000));
+        assert_eq!(sent.in_window(NOW + Span::from_secs(30), W), 1_300);
+        assert_eq!(sent.in_window(NOW + Span::from_secs(65), W), 1_000);
+        // A call whose slot has left the ring, or from no worker's
+        // clock, changes nothing.
+        sent.settle(NOW, W, (300, 0));
+        sent.settle(NOW + Span::from_secs(3_600), W, (0, 5));
+        assert_eq!(sent.in_window(NOW + Span::from_secs(65), W), 1_000);
     }
 
     #[test]

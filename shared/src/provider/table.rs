@@ -440,6 +440,32 @@ impl ProviderTable {
         }
     }
 
+    /// A call that went at `sent` with the row's count at `admitted` was
+    /// counted `estimate` tokens and, its answer read, used `used`: what
+    /// Sluice keeps of the provider's count holds what it used (a window
+    /// Sluice keeps, or a count in force that took the estimate off).
+    /// Returns whether the row changed.
+    pub fn settle(
+        &mut self,
+        owner: u64,
+        (admitted, sent): (u64, Instant),
+        (estimate, used): (u64, u64),
+        now: Instant,
+    ) -> bool {
+        let Some(row) = self.rows.iter_mut().find(|r| r.owner == owner) else {
+            return false;
+        };
+        if estimate == used {
+            return false;
+        }
+        let before = *row;
+        row.sent.settle(sent, row.window, (estimate, used));
+        if row.allowance_until > now && row.allowance_from < admitted {
+            row.allowance = row.allowance.saturating_add(estimate).saturating_sub(used);
+        }
+        *row != before
+    }
+
     /// The answer to a call that went with the row's count at `admitted`
     /// said `count`. Returns whether the row changed.
     pub fn follow(&mut self, owner: u64, admitted: u64, count: Count, now: Instant) -> bool {
@@ -1013,6 +1039,71 @@ mod tests {
             .map(|c| c.1)
             .sum();
         (last_minute, refused)
+    }
+
+    /// As [`steady`], each call counted at `estimate` and using `cost`,
+    /// settled when its answer is read.
+    fn steady_estimated(
+        provider: &mut WindowProvider,
+        table: &mut ProviderTable,
+        (every, estimate, cost): (Span, u64, u64),
+        seconds: u64,
+    ) -> (u64, u64) {
+        let mut refused = 0;
+        let mut now = NOW;
+        while now < NOW + Span::from_secs(seconds) {
+            if let Allowed::Yes { admitted } = table.admit(0, now, estimate, None) {
+                let (served, count) = provider.call(now, cost);
+                refused += u64::from(!served);
+                table.follow(0, admitted, count, now);
+                table.settle(0, (admitted, now), (estimate, cost), now);
+            }
+            now += every;
+        }
+        let last_minute = provider
+            .log
+            .iter()
+            .filter(|(at, _)| *at + Span::from_secs(60) > now)
+            .map(|c| c.1)
+            .sum();
+        (last_minute, refused)
+    }
+
+    #[test]
+    fn calls_estimated_above_their_use_still_use_a_sliding_window() {
+        // Each call estimated at 160 tokens and using 100 (an LLM's
+        // max_tokens against its answer): settled, what Sluice keeps of
+        // the window holds what was used. Without settling it held the
+        // estimates and the provider served 12 500 of its 20 000.
+        let mut provider = sliding(20_000);
+        let mut table = ProviderTable::default();
+        let (used, refused) = steady_estimated(
+            &mut provider,
+            &mut table,
+            (Span::from_millis(150), 160, 100),
+            300,
+        );
+        assert_eq!(refused, 0);
+        assert!(used >= 19_000, "{used} of the last minute's 20 000");
+    }
+
+    #[test]
+    fn a_settled_call_gives_a_count_in_force_what_it_did_not_use() {
+        let mut table = ProviderTable::default();
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 1, None) else {
+            panic!("the first call goes");
+        };
+        assert!(table.follow(0, admitted, count(1_000, 60_000), NOW));
+        let Allowed::Yes { admitted } = table.admit(0, NOW, 800, None) else {
+            panic!("800 of 1 000 go");
+        };
+        assert_eq!(table.state(0, NOW, CAP, None).remaining, Some(200));
+        assert!(table.settle(0, (admitted, NOW), (800, 300), NOW));
+        assert_eq!(table.state(0, NOW, CAP, None).remaining, Some(700));
+        // A call that went before the answer setting the count was in it
+        // already, as the provider counted it.
+        assert!(!table.settle(0, (1, NOW), (1, 0), NOW));
+        assert_eq!(table.state(0, NOW, CAP, None).remaining, Some(700));
     }
 
     #[test]

@@ -15,10 +15,49 @@ pub enum Shape {
     Paced { every: Span },
 }
 
+/// Calls to an LLM's chat completions: a JSON body asking for
+/// `max_tokens` of output with a prompt of `prompt` tokens (four
+/// characters each), streamed (asking for the usage at the end) with
+/// chance `streamed`; the answer is `output` tokens long, which only the
+/// answer tells.
+#[derive(Debug, Clone)]
+pub struct LlmCalls {
+    pub prompt: (u64, u64),
+    pub output: (u64, u64),
+    pub max_tokens: u64,
+    pub streamed: f64,
+}
+
+/// One call's draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlmCall {
+    pub prompt: u64,
+    pub output: u64,
+    pub stream: bool,
+}
+
+impl LlmCalls {
+    /// The request body of `call`.
+    pub fn body(&self, call: LlmCall) -> Vec<u8> {
+        let mut body = serde_json::json!({
+            "model": "gpt-sim",
+            "max_tokens": self.max_tokens,
+            "messages": [{"role": "user", "content": "word".repeat(call.prompt as usize)}],
+        });
+        if call.stream {
+            body["stream"] = true.into();
+            body["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        body.to_string().into_bytes()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub tenant: String,
     pub host: String,
     pub connections: usize,
     pub shape: Shape,
+    /// Calls with a body, to an LLM (None: bodiless calls).
+    pub llm: Option<LlmCalls>,
 }

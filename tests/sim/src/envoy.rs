@@ -54,6 +54,22 @@ struct Io<'a> {
     worker: &'a mut Worker,
     waits: bool,
     answer: Headers,
+    /// The request's body, buffered whole.
+    body: Option<&'a [u8]>,
+    /// The answer's piece now passing.
+    piece: Vec<u8>,
+}
+
+impl<'a> Io<'a> {
+    fn new(worker: &'a mut Worker) -> Self {
+        Self {
+            worker,
+            waits: false,
+            answer: Headers::default(),
+            body: None,
+            piece: Vec::new(),
+        }
+    }
 }
 
 impl StreamIo for Io<'_> {
@@ -67,8 +83,8 @@ impl StreamIo for Io<'_> {
         self.waits = true;
     }
 
-    fn request_body(&mut self, _size: usize) -> Option<Vec<u8>> {
-        None
+    fn request_body(&mut self, size: usize) -> Option<Vec<u8>> {
+        self.body.map(|b| b[..size.min(b.len())].to_vec())
     }
 
     fn answer_headers(&self) -> Headers {
@@ -82,11 +98,13 @@ impl StreamIo for Io<'_> {
         }
     }
 
-    fn answer_piece(&mut self, _size: usize) -> Vec<u8> {
-        Vec::new()
+    fn answer_piece(&mut self, size: usize) -> Vec<u8> {
+        self.piece[..size.min(self.piece.len())].to_vec()
     }
 
-    fn replace_answer_piece(&mut self, _size: usize, _passed: &[u8]) {}
+    fn replace_answer_piece(&mut self, _size: usize, passed: &[u8]) {
+        self.piece = passed.to_vec();
+    }
 }
 
 impl SimEnvoy {
@@ -127,19 +145,24 @@ impl SimEnvoy {
         })
     }
 
-    /// A call's request headers reach worker `worker`: its stream id and
-    /// what became of it.
-    pub fn request(&mut self, worker: usize, request: Headers) -> (u32, Passage) {
+    /// A call's request (its headers, then its body if it has one, all
+    /// at once) reaches worker `worker`: its stream id and what became of
+    /// it.
+    pub fn request(
+        &mut self,
+        worker: usize,
+        (request, body): (Headers, Option<&[u8]>),
+    ) -> (u32, Passage) {
         let id = self.next_stream;
         self.next_stream = self.next_stream.wrapping_add(1).max(1);
         let mut shell = StreamShell::new(id, ShellSettings::default());
         let w = &mut self.workers[worker];
-        let mut io = Io {
-            worker: &mut w.worker,
-            waits: false,
-            answer: Headers::default(),
-        };
-        let flow = shell.on_request_headers(&w.host, &mut io, &request, true);
+        let mut io = Io::new(&mut w.worker);
+        io.body = body;
+        let mut flow = shell.on_request_headers(&w.host, &mut io, &request, body.is_none());
+        if let (Some(body), Flow::Continue | Flow::AwaitBody) = (body, &flow) {
+            flow = shell.on_request_body(&w.host, &mut io, &request, (body.len(), true));
+        }
         let waits = io.waits;
         let mut stream = Stream {
             shell,
@@ -165,19 +188,25 @@ impl SimEnvoy {
         (id, passage)
     }
 
-    /// The upstream's answer to stream `id` reached Envoy: its hooks run
-    /// and the stream ends.
-    pub fn answer(&mut self, id: u32, answer: &Headers) {
+    /// The upstream's answer to stream `id` reached Envoy, its headers
+    /// then each piece of its body: its hooks run and the stream ends.
+    pub fn answer(&mut self, id: u32, (answer, body): (&Headers, &[Vec<u8>])) {
         let Some(mut stream) = self.streams.remove(&id) else {
             return;
         };
         let w = &mut self.workers[stream.worker];
-        let mut io = Io {
-            worker: &mut w.worker,
-            waits: false,
-            answer: answer.clone(),
-        };
-        stream.shell.on_answer_headers(&w.host, &mut io, true);
+        let mut io = Io::new(&mut w.worker);
+        io.answer = answer.clone();
+        stream
+            .shell
+            .on_answer_headers(&w.host, &mut io, body.is_empty());
+        for (at, piece) in body.iter().enumerate() {
+            io.piece.clone_from(piece);
+            let last = at + 1 == body.len();
+            stream
+                .shell
+                .on_answer_body(&w.host, &mut io, piece.len(), last);
+        }
         w.host.take_effects();
         self.end(stream.worker, &mut stream);
     }
@@ -191,11 +220,7 @@ impl SimEnvoy {
 
     fn end(&mut self, worker: usize, stream: &mut Stream) {
         let w = &mut self.workers[worker];
-        let mut io = Io {
-            worker: &mut w.worker,
-            waits: false,
-            answer: Headers::default(),
-        };
+        let mut io = Io::new(&mut w.worker);
         stream.shell.end(&w.host, &mut io);
         w.host.take_effects();
     }

@@ -4,12 +4,34 @@
 //! answer time drawn between two bounds.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use sluice_shared::time::{Instant, Span};
 
+use crate::callers::LlmCall;
 use crate::headers::Headers;
 use crate::rng::SimRng;
+
+/// A quota of tokens per key (the `x-tenant` header) in any window of
+/// `window` (a sliding window: a call's tokens come back one window after
+/// it), its answers saying what is left as OpenAI's do
+/// (`x-ratelimit-{limit,remaining,reset}-tokens`).
+#[derive(Debug, Clone)]
+pub struct TokenQuota {
+    pub per_window: u64,
+    pub window: Span,
+    pub reset: ResetSays,
+}
+
+/// What `x-ratelimit-reset-tokens` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetSays {
+    /// When the key's window is empty, its quota whole again (the newest
+    /// tokens age out): OpenAI's "resets to its initial state".
+    WholeAgain,
+    /// When the oldest tokens in the window age out.
+    OldestFree,
+}
 
 #[derive(Debug, Clone)]
 pub struct ProviderShape {
@@ -27,6 +49,8 @@ pub struct ProviderShape {
     /// Refused calls count against the second's limit too (as some
     /// providers count every call they see).
     pub counts_refused: bool,
+    /// A quota of tokens per key besides (None: calls only).
+    pub tokens: Option<TokenQuota>,
 }
 
 /// What the provider saw in one calendar second.
@@ -36,10 +60,14 @@ pub struct ProviderSecond {
     pub refused: u64,
     /// Served by tenant (the `x-tenant` header, or "").
     pub by_tenant: BTreeMap<String, u64>,
+    /// Tokens served by tenant.
+    pub tokens_by_tenant: BTreeMap<String, u64>,
 }
 
 pub struct Provider {
     pub shape: ProviderShape,
+    /// Per key, the tokens in its window, oldest first.
+    windows: BTreeMap<String, VecDeque<(Instant, u64)>>,
     pub seconds: BTreeMap<u64, ProviderSecond>,
     /// When each call in flight is answered.
     answering: BinaryHeap<Reverse<u64>>,
@@ -52,6 +80,8 @@ pub struct Provider {
 pub struct Answer {
     pub status: u32,
     pub headers: Headers,
+    /// Its body in the pieces it comes in (none: no body).
+    pub body: Vec<Vec<u8>>,
     /// When it reaches Envoy, after the call arrived.
     pub after: Span,
 }
@@ -60,6 +90,7 @@ impl Provider {
     pub fn new(shape: ProviderShape) -> Self {
         Self {
             shape,
+            windows: BTreeMap::new(),
             seconds: BTreeMap::new(),
             answering: BinaryHeap::new(),
             most_in_flight: 0,
@@ -67,8 +98,13 @@ impl Provider {
         }
     }
 
-    /// A call arriving at `now`.
-    pub fn call(&mut self, now: Instant, request: &Headers, rng: &mut SimRng) -> Answer {
+    /// A call arriving at `now` (`llm`: what it asks of an LLM).
+    pub fn call(
+        &mut self,
+        now: Instant,
+        (request, llm): (&Headers, Option<LlmCall>),
+        rng: &mut SimRng,
+    ) -> Answer {
         let first = *self.first_call.get_or_insert(now);
         let limit = match self.shape.change {
             Some((after, changed)) if now.since(first) >= after => changed,
@@ -96,27 +132,54 @@ impl Provider {
         } else {
             seen.served
         };
-        if full || counted >= limit {
+        let by_calls = full || counted >= limit;
+        let tokens = llm.map_or(0, |c| c.prompt + c.output);
+        let quota = self.shape.tokens.clone();
+        let told = quota
+            .as_ref()
+            .filter(|_| !by_calls)
+            .map(|q| token_window(&mut self.windows, (q, &tenant), now, tokens));
+        let over_quota = told.as_ref().is_some_and(|t| !t.served);
+        let seen = self.seconds.entry(second).or_default();
+        if by_calls || over_quota {
             seen.refused += 1;
             let mut headers = Headers::of(&[(":status", "429")]);
             if self.shape.retry_after {
                 headers.set("retry-after", "1");
+            }
+            if let (Some(told), Some(quota)) = (&told, &quota) {
+                told.say(&mut headers, quota);
             }
             // A refusal comes back as late as an answer may: the
             // provider's front end and the way back take their time.
             return Answer {
                 status: 429,
                 headers,
+                body: Vec::new(),
                 after,
             };
         }
         seen.served += 1;
-        *seen.by_tenant.entry(tenant).or_default() += 1;
+        *seen.by_tenant.entry(tenant.clone()).or_default() += 1;
+        *seen.tokens_by_tenant.entry(tenant).or_default() += tokens;
         self.answering.push(Reverse((now + after).as_nanos()));
         self.most_in_flight = self.most_in_flight.max(in_flight + 1);
+        let mut headers = Headers::of(&[(":status", "200")]);
+        if let (Some(told), Some(quota)) = (&told, &quota) {
+            told.say(&mut headers, quota);
+        }
+        if let Some(call) = llm {
+            let kind = if call.stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            headers.set("content-type", kind);
+        }
         Answer {
             status: 200,
-            headers: Headers::of(&[(":status", "200")]),
+            body: llm.map(answer_body).unwrap_or_default(),
+            headers,
             after,
         }
     }
@@ -128,4 +191,89 @@ impl Provider {
     pub fn served(&self) -> u64 {
         self.seconds.values().map(|s| s.served).sum()
     }
+}
+
+/// What a token quota decided of one call, and what its answer says.
+struct TokensTold {
+    served: bool,
+    remaining: u64,
+    reset_in: Span,
+}
+
+impl TokensTold {
+    fn say(&self, headers: &mut Headers, quota: &TokenQuota) {
+        headers.set("x-ratelimit-limit-tokens", &quota.per_window.to_string());
+        headers.set("x-ratelimit-remaining-tokens", &self.remaining.to_string());
+        // OpenAI's duration form: "6m0s", "1.5s", "12ms".
+        let ms = self.reset_in.as_millis();
+        let reset = if ms < 1000 {
+            format!("{ms}ms")
+        } else if ms < 60_000 {
+            format!("{}.{:03}s", ms / 1000, ms % 1000)
+        } else {
+            format!("{}m{}.{:03}s", ms / 60_000, ms % 60_000 / 1000, ms % 1000)
+        };
+        headers.set("x-ratelimit-reset-tokens", &reset);
+    }
+}
+
+/// A call of `tokens` reaching `key`'s sliding window at `now`: served if
+/// they fit.
+fn token_window(
+    windows: &mut BTreeMap<String, VecDeque<(Instant, u64)>>,
+    (quota, key): (&TokenQuota, &str),
+    now: Instant,
+    tokens: u64,
+) -> TokensTold {
+    let window = windows.entry(key.to_string()).or_default();
+    while window
+        .front()
+        .is_some_and(|(at, _)| now.since(*at) >= quota.window)
+    {
+        window.pop_front();
+    }
+    let used: u64 = window.iter().map(|c| c.1).sum();
+    let served = used + tokens <= quota.per_window;
+    if served {
+        window.push_back((now, tokens));
+    }
+    let used = used + if served { tokens } else { 0 };
+    let reset_from = match quota.reset {
+        ResetSays::WholeAgain => window.back(),
+        ResetSays::OldestFree => window.front(),
+    };
+    TokensTold {
+        served,
+        remaining: quota.per_window.saturating_sub(used),
+        reset_in: reset_from.map_or(Span::ZERO, |(at, _)| (*at + quota.window).since(now)),
+    }
+}
+
+/// The answer's body: a chat completion with its usage, or its event
+/// stream in pieces (the usage in the last event before `[DONE]`).
+fn answer_body(call: LlmCall) -> Vec<Vec<u8>> {
+    let usage = serde_json::json!({
+        "prompt_tokens": call.prompt,
+        "completion_tokens": call.output,
+        "total_tokens": call.prompt + call.output,
+    });
+    if !call.stream {
+        let body = serde_json::json!({"object": "chat.completion", "usage": usage});
+        return vec![body.to_string().into_bytes()];
+    }
+    let chunk = |content: serde_json::Value| {
+        format!(
+            "data: {}\n\n",
+            serde_json::json!({"choices": [{"delta": {"content": content}}], "usage": null})
+        )
+    };
+    vec![
+        chunk("Hello".into()).into_bytes(),
+        chunk(" world".into()).into_bytes(),
+        format!(
+            "data: {}\n\ndata: [DONE]\n\n",
+            serde_json::json!({"choices": [], "usage": usage})
+        )
+        .into_bytes(),
+    ]
 }

@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use sluice_shared::time::{Instant, Span};
 
-use crate::callers::{Caller, Shape};
+use crate::callers::{Caller, LlmCall, Shape};
 use crate::envoy::{Passage, SimEnvoy};
 use crate::headers::Headers;
 use crate::provider::{Provider, ProviderShape};
@@ -45,6 +45,7 @@ enum Event {
         conn: usize,
         status: u32,
         headers: Headers,
+        body: Vec<Vec<u8>>,
     },
     Tick {
         worker: usize,
@@ -59,6 +60,8 @@ struct Connection {
     busy: Option<u32>,
     /// Paced: its grid's next point.
     next_at: Instant,
+    /// What its call in flight asks of an LLM.
+    call: Option<LlmCall>,
 }
 
 /// How a run ended.
@@ -71,6 +74,8 @@ pub struct Outcome {
     pub left_in_flight: usize,
     pub left_waiting: usize,
     pub failed_writes: u64,
+    /// Envoy's stats at the end, by name (`sluice.limit.<name>.<stat>`...).
+    pub metrics: BTreeMap<String, i64>,
     /// When the callers began: a calendar second's phase chosen by seed.
     pub start: Instant,
 }
@@ -125,12 +130,14 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
     for (at, line) in envoy.shared.logs.take() {
         world.trace.note(at, line);
     }
+    let metrics = envoy.shared.metrics.borrow().clone();
     Ok(Outcome {
         seed,
         left_open: envoy.open_streams(),
         left_in_flight: envoy.workers.iter().map(|w| w.worker.in_flight()).sum(),
         left_waiting: envoy.workers.iter().map(|w| w.worker.waiting()).sum(),
         failed_writes: envoy.shared.failed_writes.get(),
+        metrics,
         trace: world.trace,
         provider: world.provider,
         start,
@@ -169,6 +176,7 @@ impl World {
                     worker,
                     busy: None,
                     next_at: first,
+                    call: None,
                 });
                 self.schedule(first, Event::Send { conn });
             }
@@ -183,8 +191,9 @@ impl World {
                 conn,
                 status,
                 headers,
+                body,
             } => {
-                envoy.answer(stream, &headers);
+                envoy.answer(stream, (&headers, &body));
                 self.done(now, conn, status);
             }
             Event::Tick { worker, generation } => {
@@ -222,7 +231,18 @@ impl World {
             ("x-tenant", &c.tenant),
         ]);
         self.trace.sent(now, &c.tenant);
-        let (stream, passage) = envoy.request(worker, request);
+        let llm = c.llm.clone();
+        let call = llm.as_ref().map(|l| {
+            let mut rng = self.rng.borrow_mut();
+            LlmCall {
+                prompt: rng.between(l.prompt.0, l.prompt.1),
+                output: rng.between(l.output.0, l.output.1),
+                stream: rng.chance(l.streamed),
+            }
+        });
+        let body = llm.zip(call).map(|(l, call)| l.body(call));
+        self.connections[conn].call = call;
+        let (stream, passage) = envoy.request(worker, (request, body.as_deref()));
         self.connections[conn].busy = Some(stream);
         self.passed(now, conn, stream, passage);
         // A call may have changed how often the worker ticks (a queue
@@ -242,9 +262,10 @@ impl World {
         match passage {
             Passage::Upstream(request) => {
                 self.trace.admitted(now, &tenant);
+                let call = self.connections[conn].call;
                 let answer = self
                     .provider
-                    .call(now, &request, &mut self.rng.borrow_mut());
+                    .call(now, (&request, call), &mut self.rng.borrow_mut());
                 self.trace.provider(now, &tenant, answer.status);
                 self.schedule(
                     now + answer.after,
@@ -253,6 +274,7 @@ impl World {
                         conn,
                         status: answer.status,
                         headers: answer.headers,
+                        body: answer.body,
                     },
                 );
             }

@@ -32,6 +32,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
             max_in_flight: None,
             change: None,
             counts_refused: false,
+            tokens: None,
         },
         callers: vec![
             Caller {
@@ -39,6 +40,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
                 host: "api.llm.example".into(),
                 connections: greedy,
                 shape: Shape::Greedy { backoff },
+                llm: None,
             },
             Caller {
                 tenant: "b".into(),
@@ -48,6 +50,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
                 shape: Shape::Paced {
                     every: Span::from_millis(1000 * burst as u64 / 20),
                 },
+                llm: None,
             },
         ],
         duration: Span::from_secs(6),

@@ -18,6 +18,7 @@ fn callers(seed: u64) -> Vec<Caller> {
             shape: Shape::Greedy {
                 backoff: Span::from_millis(10 + seed / 16 % 3 * 20),
             },
+            llm: None,
         },
         Caller {
             tenant: "paced".into(),
@@ -26,6 +27,7 @@ fn callers(seed: u64) -> Vec<Caller> {
             shape: Shape::Paced {
                 every: Span::from_millis(50),
             },
+            llm: None,
         },
     ]
 }
@@ -51,6 +53,7 @@ fn a_rate_below_the_providers_keeps_every_calendar_second_inside_it() {
                     max_in_flight: None,
                     change: None,
                     counts_refused: false,
+                    tokens: None,
                 },
                 callers: callers(seed),
                 duration: Span::from_secs(4),
@@ -103,6 +106,7 @@ fn slots_hold_the_providers_concurrency_and_nothing_outlives_its_call() {
                     max_in_flight: Some(4),
                     change: None,
                     counts_refused: false,
+                    tokens: None,
                 },
                 callers: callers(seed),
                 duration: Span::from_secs(3),

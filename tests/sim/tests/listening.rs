@@ -39,6 +39,7 @@ fn after_a_hidden_drop(seed: u64) -> Result<(Outcome, u64, u64, f64), Failure> {
             max_in_flight: None,
             change: Some((Span::from_secs(2), 12)),
             counts_refused: true,
+            tokens: None,
         },
         callers: vec![Caller {
             tenant: "all".into(),
@@ -47,6 +48,7 @@ fn after_a_hidden_drop(seed: u64) -> Result<(Outcome, u64, u64, f64), Failure> {
             shape: Shape::Greedy {
                 backoff: Span::from_millis(10),
             },
+            llm: None,
         }],
         duration: Span::from_secs(45),
         faults: Faults::default(),
