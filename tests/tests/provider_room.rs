@@ -21,7 +21,9 @@ fn tokens_of(i: u64) -> u64 {
 }
 
 /// Sends `per_second` calls a second for key `key` until `stop`, each
-/// saying its tokens; the outcomes.
+/// saying its tokens (which the provider counts and answers as its
+/// usage) and an estimate 60 % above them (as an LLM call's
+/// `max_tokens` is above what its answer uses); the outcomes.
 fn paced_tokens(
     url: String,
     key: &'static str,
@@ -41,7 +43,8 @@ fn paced_tokens(
                 .post(&url)
                 .header("host", HOST)
                 .header("x-key", key)
-                .header("x-tokens", tokens_of(i).to_string());
+                .header("x-tokens", tokens_of(i).to_string())
+                .header("x-estimate", (tokens_of(i) * 8 / 5).to_string());
             calls.push(tokio::spawn(load::send(request, origin)));
         }
         let mut outcomes = Vec::new();
@@ -57,9 +60,10 @@ fn paced_tokens(
 /// The provider allows 5 000 tokens per key in any 12 s and resets to
 /// whole when a key's window empties; Sluice is told 10 000 per 12 s per
 /// key and follows OpenAI's token headers. Two keys each ask for three
-/// times the quota for 48 s. After the first window, each key uses at
-/// least 90 % of its quota, and the provider refuses at most 0.5 % of the
-/// calls: the shape of OpenAI's 40 000 a minute told against 20 000 in a
+/// times the quota for 48 s, each call estimated 60 % above what its
+/// answer's usage then says it used. After the first window, each key
+/// uses at least 90 % of its quota, and the provider refuses at most
+/// 0.5 % of the calls: the shape of OpenAI's 40 000 a minute told against 20 000 in a
 /// sliding minute, at a fifth of the time. With `SLUICE_SLIDING_MINUTE`
 /// set it runs the minute itself: 20 000 in any 60 s, told 40 000 a
 /// minute, for 4 minutes (docs/BENCHMARKS.md, section 11).
@@ -79,7 +83,8 @@ async fn a_sliding_token_quota_is_used_as_it_frees() -> anyhow::Result<()> {
               "rate": {{"requests": 100000, "period": "1s"}},
               "limits": [{{"name": "tokens", "rate": {{"requests": {told}, "period": "{period}s"}},
                           "key": {{"header": "x-key"}},
-                          "cost": {{"header": "x-tokens", "default": 1, "max": 5000}},
+                          "cost": {{"header": "x-estimate", "default": 1, "max": 8000}},
+                          "usage": {{"json": ["usage.total_tokens"]}},
                           "provider": {{"headers": "openai-tokens"}}}}]}}]}}}}"#,
         told = 2 * quota,
         period = window.as_secs()

@@ -1,6 +1,7 @@
 //! A provider whose token quota slides: at most `quota` tokens per key in
 //! any window of `window`, a call's tokens (`x-tokens`) coming back one
-//! window after it was served. Its answers speak as OpenAI's do
+//! window after it was served, and said in its answer's usage
+//! (`{"usage": {"total_tokens": ...}}`). Its answers speak as OpenAI's do
 //! (`x-ratelimit-{limit,remaining,reset}-tokens`), the reset saying when
 //! the key's window is empty, so its quota whole again; a call over the
 //! quota gets 429 with `Retry-After` (whole seconds until enough frees).
@@ -154,7 +155,14 @@ async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
         tokio::time::sleep(inner.delay).await;
     }
     let mut response = if answer.served {
-        (StatusCode::OK, "ok\n").into_response()
+        // The tokens it served as an LLM's answer says them.
+        let usage = serde_json::json!({"usage": {"total_tokens": tokens}});
+        (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            usage.to_string(),
+        )
+            .into_response()
     } else {
         (
             StatusCode::TOO_MANY_REQUESTS,
