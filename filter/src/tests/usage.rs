@@ -96,6 +96,31 @@ fn a_json_usage_refunds_what_the_estimate_took_beyond_it() {
 }
 
 #[test]
+fn a_call_the_provider_refused_used_nothing() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, TOKENS_PER_MINUTE);
+    for id in 1..=2u32 {
+        assert_eq!(
+            call(&host, &mut w, id, br#"{"max_tokens": 4900}"#),
+            Verdict::Continue
+        );
+    }
+    assert_eq!(status(&call(&host, &mut w, 3, br#"{"max_tokens": 4900}"#)), 429);
+    // The provider refused call 1, its body an error without usage: its
+    // 5 000 come back, not charged the unread charge.
+    let headers: Vec<(&str, &[u8])> =
+        vec![(":status", b"429"), ("content-type", b"application/json")];
+    let wanted = w.on_response_headers(&host, 1, headers.as_slice(), false);
+    assert!(!wanted, "nothing of its body is read");
+    w.on_stream_end(&host, 1);
+    assert_eq!(
+        call(&host, &mut w, 4, br#"{"max_tokens": 4900}"#),
+        Verdict::Continue
+    );
+    assert_eq!(host.metric("sluice.limit.tpm.usage_malformed"), 0);
+}
+
+#[test]
 fn usage_above_the_estimate_is_a_debt_the_next_calls_pay_not_the_call_in_flight() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, TOKENS_PER_MINUTE);

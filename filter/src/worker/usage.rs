@@ -1,5 +1,6 @@
 //! Calls whose real cost comes with their response (a limit's `usage`):
-//! admitted against an estimate, settled when the response ends. The
+//! admitted against an estimate, settled when the response ends (a 429,
+//! which the provider did not serve, as having used nothing). The
 //! difference is refunded, or charged as debt the calls that follow pay
 //! ("pay later": never the call already in flight). A response that ends
 //! early, carries no usage, is too large, or whose usage cannot be read is
@@ -148,6 +149,15 @@ impl Usages {
         };
         let content_type = headers.header("content-type");
         let taken_at = pending.taken_at;
+        if headers.header(":status").as_deref() == Some(b"429") {
+            // Refused, not served: the provider used (and bills) nothing,
+            // whatever the answer's body says.
+            for owed in &mut pending.owed {
+                settle(ctx, owed, taken_at, Outcome::Read(0));
+            }
+            pending.owed.clear();
+            return self.after_progress(ctx, context_id, end_of_stream);
+        }
         pending.owed.retain_mut(|owed| {
             if let Some(name) = &owed.source.header {
                 let value = headers.header(name);
