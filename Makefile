@@ -300,7 +300,15 @@ E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUI
   SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_MODULE) \
   SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE)
 E2E_UNTIMED_LOG := target/e2e-untimed.log
-e2e: wasm native ui setup-kubernetes images
+# What the suites need besides the filter, the UI and the admin: all of it
+# for the whole run; for suites chosen with E2E_TESTS, only what they use
+# (the native module for native_module or SLUICE_FILTER=native, kubectl
+# for kubernetes, the OCI images for images).
+e2e_uses = $(or $(if $(strip $(E2E_TESTS)),,all),$(findstring $(1),$(E2E_TESTS)),$(findstring $(2),$(SLUICE_FILTER)))
+E2E_NEEDS := $(if $(call e2e_uses,native,native),native) \
+  $(if $(call e2e_uses,kubernetes,),setup-kubernetes) \
+  $(if $(call e2e_uses,images,),images)
+e2e: wasm ui $(E2E_NEEDS)
 	$(CARGO) build $(DEMO_BINS)
 ifneq ($(strip $(E2E_TESTS)),)
 	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
