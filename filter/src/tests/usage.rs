@@ -105,7 +105,10 @@ fn a_call_the_provider_refused_used_nothing() {
             Verdict::Continue
         );
     }
-    assert_eq!(status(&call(&host, &mut w, 3, br#"{"max_tokens": 4900}"#)), 429);
+    assert_eq!(
+        status(&call(&host, &mut w, 3, br#"{"max_tokens": 4900}"#)),
+        429
+    );
     // The provider refused call 1, its body an error without usage: its
     // 5 000 come back, not charged the unread charge.
     let headers: Vec<(&str, &[u8])> =
