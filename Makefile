@@ -282,8 +282,9 @@ unit:
 # no time and run beside them, under `nice -n 19` so that they take only
 # CPU the timed suites leave idle. Their output is printed when they end.
 # (The Dockerfile's build is tested by `make compose-test`, which .ci/run
-# runs after this, not replayed natively here: it was a third release
-# build of the admin, 13 minutes beside the timed suites.) One suite alone, serially:
+# runs after `make test` when both fit in CI's time, not replayed natively
+# here: it was a third release build of the admin, 13 minutes beside the
+# timed suites.) One suite alone, serially:
 # `make e2e E2E_TESTS="--test faults"`.
 E2E_TESTS ?=
 E2E_UNTIMED := docker_setup store_backends kubernetes images

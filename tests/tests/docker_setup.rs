@@ -3,7 +3,8 @@
 //! and the Envoy config it mounts, that config validated by the real Envoy
 //! with its container paths mapped. The Dockerfile itself is built, and its
 //! images run as the compose file says, by `make compose-test`
-//! (`tests/tests/compose.rs`), which `.ci/run` runs after `make test`.
+//! (`tests/tests/compose.rs`), which `.ci/run` runs after `make test` when
+//! both fit in CI's time.
 
 use std::collections::BTreeMap;
 
