@@ -1022,23 +1022,7 @@ mod tests {
         (every, cost): (Span, u64),
         seconds: u64,
     ) -> (u64, u64) {
-        let mut refused = 0;
-        let mut now = NOW;
-        while now < NOW + Span::from_secs(seconds) {
-            if let Allowed::Yes { admitted } = table.admit(0, now, cost, None) {
-                let (served, count) = provider.call(now, cost);
-                refused += u64::from(!served);
-                table.follow(0, admitted, count, now);
-            }
-            now += every;
-        }
-        let last_minute = provider
-            .log
-            .iter()
-            .filter(|(at, _)| *at + Span::from_secs(60) > now)
-            .map(|c| c.1)
-            .sum();
-        (last_minute, refused)
+        steady_estimated(provider, table, (every, cost, cost), seconds)
     }
 
     /// As [`steady`], each call counted at `estimate` and using `cost`,
