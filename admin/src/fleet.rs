@@ -166,7 +166,17 @@ impl Ledgers {
     /// The shares for every global policy of `set`, for the Envoy that sent
     /// `report`.
     pub async fn shares(&self, set: &PolicySet, report: &SyncReport) -> Result<Shares, FleetError> {
-        let now = self.now();
+        self.shares_at(set, report, self.now()).await
+    }
+
+    /// [`Self::shares`] at `now` on the lease clock (the simulator's
+    /// virtual time).
+    pub async fn shares_at(
+        &self,
+        set: &PolicySet,
+        report: &SyncReport,
+        now: Instant,
+    ) -> Result<Shares, FleetError> {
         let mut out = BTreeMap::new();
         let mut freed = false;
         // What the others cannot be given, before and after this sync (a
@@ -255,7 +265,16 @@ impl Ledgers {
     /// gives its share away if it does not sync again within three sync
     /// intervals ([`Ledger::departed`]).
     pub async fn departed(&self, set: &PolicySet, instance: &str) -> Result<(), FleetError> {
-        let now = self.now();
+        self.departed_at(set, instance, self.now()).await
+    }
+
+    /// [`Self::departed`] at `now` on the lease clock.
+    pub async fn departed_at(
+        &self,
+        set: &PolicySet,
+        instance: &str,
+        now: Instant,
+    ) -> Result<(), FleetError> {
         let policies = set
             .policies
             .iter()
@@ -280,7 +299,15 @@ impl Ledgers {
     /// Each global policy's ledger as the UI shows it, then each global
     /// further limit's (as `limits/<name>`).
     pub async fn views(&self, set: &PolicySet) -> Result<Vec<FleetPolicy>, FleetError> {
-        let now = self.now();
+        self.views_at(set, self.now()).await
+    }
+
+    /// [`Self::views`] at `now` on the lease clock.
+    pub async fn views_at(
+        &self,
+        set: &PolicySet,
+        now: Instant,
+    ) -> Result<Vec<FleetPolicy>, FleetError> {
         let mut out = Vec::new();
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);

@@ -432,6 +432,17 @@ impl Ledger {
         held: impl Into<Held>,
         now: Instant,
     ) -> Share {
+        if let Some(demand) = self.late_report(terms, instance, usage) {
+            // Its counters measure nothing new, and the share it names is
+            // one a newer report already replaced: not a claim of a share
+            // this ledger lost (taken as one, it froze every share of the
+            // limit for a lease and a half).
+            let unheld = Held {
+                share: None,
+                vouched: true,
+            };
+            return self.sync_with_keys(terms, instance, (demand, None), unheld, now);
+        }
         if let Some(member) = self.members.get_mut(instance) {
             member.fair = fair.iter().map(KeyDemand::from).collect();
         }
@@ -475,6 +486,18 @@ impl Ledger {
             }
         }
         share
+    }
+
+    /// `instance`'s demand as known, when `usage` comes from a report sent
+    /// before the last one this ledger took (by less than a lease: further
+    /// back, its clock was stepped, and its counters start a new window).
+    /// An Envoy's VMs sync over connections of their own, and one's report
+    /// can arrive after another's newer one (found by the simulator,
+    /// `tests/sim/tests/fleet.rs`).
+    fn late_report(&self, terms: &FleetTerms, instance: &str, usage: Usage) -> Option<Demand> {
+        let member = self.members.get(instance)?;
+        let last = member.usage?;
+        (usage.at < last.at && last.at - usage.at < terms.lease).then_some(member.demand)
     }
 
     /// What `instance` is due of the limit now: its part of the fair
@@ -666,6 +689,59 @@ mod tests {
         let least = shares.iter().copied().fold(f64::MAX, f64::min);
         assert!(least >= floor, "{shares:?}");
         assert!(least >= target * 0.95, "{shares:?}");
+    }
+
+    /// An Envoy's two VMs sync over connections of their own: the report
+    /// one sent first arrives after the other's newer one, naming a share
+    /// the newer report replaced. It is no claim: the ledger does not
+    /// recover (which held every share where it was, the busy instance's
+    /// at nothing, for a lease and a half), and its old counters do not
+    /// read as a drop in demand. Found by the simulator (seed 171 of
+    /// `tests/sim/tests/fleet.rs`).
+    #[test]
+    fn a_report_arriving_after_a_newer_one_is_no_claim() {
+        let mut ledger = Ledger::default();
+        let terms = TERMS;
+        // Every 100 ms: the quiet instance asked 10 calls, the busy one 1 000.
+        let asked = |per_tick: u64, n: u64| usage(per_tick * n, per_tick * n, 0, 100 * n);
+        let (mut quiet, mut busy) = (None, None);
+        let mut answered = Vec::new();
+        for n in 0..20 {
+            quiet =
+                Some(ledger.sync_usage(&terms, "quiet", (asked(10, n), &[]), quiet, t(100 * n)));
+            busy = Some(ledger.sync_usage(
+                &terms,
+                "busy",
+                (asked(1_000, n), &[]),
+                busy,
+                t(100 * n + 1),
+            ));
+            answered.push(quiet);
+        }
+        let demand = |ledger: &Ledger| {
+            let members = ledger.members(&terms, t(2_000));
+            members
+                .iter()
+                .find(|m| m.instance == "quiet")
+                .map(|m| m.demand.rate)
+        };
+        let before = demand(&ledger);
+        // The report of 1 750 ms, naming the share answered at 1 600 ms,
+        // arrives now, after those of 1 800 and 1 900.
+        let late = ledger.sync_usage(
+            &terms,
+            "quiet",
+            (usage(175, 175, 0, 1_750), &[]),
+            answered[16],
+            t(1_950),
+        );
+        assert!(!ledger.recovering(t(1_950)));
+        assert_eq!(demand(&ledger), before);
+        let newest = quiet.map_or(0.0, |s| s.amount.rate);
+        assert!((late.amount.rate - newest).abs() < 1.0, "{late:?} {newest}");
+        // The busy instance keeps all the quiet one leaves.
+        let next = ledger.sync_usage(&terms, "busy", (asked(1_000, 20), &[]), busy, t(2_001));
+        assert!(next.amount.rate > 850.0, "{next:?}");
     }
 
     /// A claim the admin vouches for (its own share, after the ledger was

@@ -60,4 +60,9 @@ pub struct Caller {
     pub shape: Shape,
     /// Calls with a body, to an LLM (None: bodiless calls).
     pub llm: Option<LlmCalls>,
+    /// The Envoy its connections go to (fleet runs; while it is down, the
+    /// balancer in front sends its calls to another).
+    pub envoy: usize,
+    /// When it calls: (from, for how long) into the run; empty: always.
+    pub active: Vec<(Span, Span)>,
 }

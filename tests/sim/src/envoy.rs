@@ -7,13 +7,18 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use sluice_filter::stream_shell::{Flow, ShellSettings, StreamIo, StreamShell};
+use sluice_filter::sync::{ReplyBody, SyncReply, SyncSettings};
 use sluice_filter::worker::{StreamAction, Worker};
 use sluice_filter_core::matcher::CompiledPolicySet;
 use sluice_shared::time::{Instant, Span};
 
 use crate::headers::Headers;
-use crate::host::{EnvoyShared, HostEffect, SimHost};
+use crate::host::{EnvoyShared, HostEffect, HttpCall, SimHost};
 use crate::rng::SimRng;
+use sluice_wire::sync::{
+    BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
+};
+use sluice_wire::sync_answer::HttpAnswer;
 
 /// One worker and its host.
 pub struct SimWorker {
@@ -108,11 +113,12 @@ impl StreamIo for Io<'_> {
 }
 
 impl SimEnvoy {
-    /// An Envoy of `workers` workers enforcing `policies` (a set's JSON).
+    /// An Envoy of `workers` workers enforcing `policies` (a set's JSON)
+    /// until the admin, if it syncs with one (`sync`), sends its own.
     pub fn new(
-        index: usize,
-        workers: usize,
+        (index, workers): (usize, usize),
         policies: &str,
+        sync: Option<&SyncSettings>,
         clock: &Rc<Cell<Instant>>,
         rng: &Rc<RefCell<SimRng>>,
     ) -> Result<Self, String> {
@@ -123,10 +129,11 @@ impl SimEnvoy {
                 Rc::clone(clock),
                 Rc::clone(&shared),
                 Rc::clone(rng),
-                crate::rng::splitmix64((index as u64) << 32 | w as u64),
+                (w, crate::rng::splitmix64((index as u64) << 32 | w as u64)),
             );
             let set = CompiledPolicySet::from_json(policies).map_err(|e| e.to_string())?;
             let mut worker = Worker::new(&host);
+            worker.set_sync(sync.cloned());
             worker.install(&host, set);
             worker.start_ticking(&host);
             let scheduled = host.tick.get();
@@ -253,6 +260,36 @@ impl SimEnvoy {
             }
         }
         out
+    }
+
+    /// The calls its workers dispatched since last asked.
+    pub fn take_calls(&self) -> Vec<HttpCall> {
+        std::mem::take(&mut self.shared.calls.borrow_mut())
+    }
+
+    /// The admin's answer to worker `worker`'s call `token` reached it,
+    /// or (None) Envoy gave up on the call (refused, timed out).
+    pub fn sync_reply(&mut self, worker: usize, token: u32, answer: Option<&HttpAnswer>) {
+        let header = |name: &str| {
+            answer.and_then(|a| {
+                a.headers
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.as_bytes())
+            })
+        };
+        let reply = SyncReply {
+            status: answer.map(|a| a.status),
+            shares_header: header(SHARES_HEADER),
+            epoch_header: header(EPOCH_HEADER),
+            budgets_header: header(BUDGETS_HEADER),
+            provider_header: header(PROVIDER_HEADER),
+            sync_now: header(SYNC_NOW_HEADER).is_some(),
+            body: ReplyBody::Read(answer.map(|a| a.body.as_slice())),
+        };
+        let w = &mut self.workers[worker];
+        w.worker.on_sync_reply(&w.host, token, reply);
+        w.host.take_effects();
     }
 
     /// Streams still open (waiting, or with the upstream).

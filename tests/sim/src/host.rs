@@ -26,6 +26,21 @@ pub struct EnvoyShared {
     /// What the workers logged at info and above, with when: the trace
     /// shows it under its second (a rate cut, a pause, a refused write).
     pub logs: RefCell<Vec<(Instant, String)>>,
+    /// Calls the workers dispatched (to the admin) that the simulation
+    /// has yet to carry.
+    pub calls: RefCell<Vec<HttpCall>>,
+    next_token: Cell<u32>,
+}
+
+/// A call a worker dispatched through an Envoy cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCall {
+    pub token: u32,
+    pub worker: usize,
+    pub path: String,
+    pub body: Vec<u8>,
+    /// Envoy answers it no later than this after it went.
+    pub timeout: Span,
 }
 
 impl EnvoyShared {
@@ -63,6 +78,8 @@ pub struct SimHost {
     pub effects: RefCell<Vec<HostEffect>>,
     /// This worker's random source (a VM's own, different per Envoy).
     random_state: Cell<u64>,
+    /// Which of its Envoy's workers this is.
+    worker: usize,
 }
 
 impl SimHost {
@@ -70,7 +87,7 @@ impl SimHost {
         clock: Rc<Cell<Instant>>,
         envoy: Rc<EnvoyShared>,
         rng: Rc<RefCell<SimRng>>,
-        random_state: u64,
+        (worker, random_state): (usize, u64),
     ) -> Self {
         Self {
             clock,
@@ -79,6 +96,7 @@ impl SimHost {
             tick: Cell::new(Span::from_millis(100)),
             effects: RefCell::new(Vec::new()),
             random_state: Cell::new(random_state),
+            worker,
         }
     }
 
@@ -193,12 +211,24 @@ impl Host for SimHost {
     fn dispatch_http_call(
         &self,
         _cluster: &str,
-        _headers: &[(&str, &str)],
-        _body: &[u8],
-        _timeout: Span,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Span,
     ) -> Option<u32> {
-        // No admin in this simulation yet: the call is never answered,
-        // as when the admin is unreachable.
-        None
+        let token = self.envoy.next_token.get().wrapping_add(1).max(1);
+        self.envoy.next_token.set(token);
+        let path = headers
+            .iter()
+            .find(|(name, _)| *name == ":path")
+            .map(|(_, value)| value.to_string())
+            .unwrap_or_default();
+        self.envoy.calls.borrow_mut().push(HttpCall {
+            token,
+            worker: self.worker,
+            path,
+            body: body.to_vec(),
+            timeout,
+        });
+        Some(token)
     }
 }

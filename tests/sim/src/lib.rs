@@ -5,16 +5,22 @@
 //! drawn from one seed, so that a seed gives the same run, byte for byte,
 //! and a failing property names the seed that replays it.
 //!
+//! - [`admin`]: the admin's real fleet ledgers and provider relay,
+//!   answering syncs in virtual time.
 //! - [`host`]: the filter's `Host` over an Envoy's shared data and the
 //!   virtual clock; faults (a shared-data write failing) by seed.
 //! - [`envoy`]: one Envoy's workers and streams.
+//! - [`fleet`]: the network between the Envoys and the admin (latency,
+//!   loss, the admin down), and what the Envoys held of global limits.
 //! - [`provider`]: upstreams shaped as real providers limit.
 //! - [`callers`]: greedy and paced callers.
 //! - [`world`]: the event loop; [`trace`]: what a run did, per second.
 //! - [`property`]: many seeds, the failing one replayed.
 
+pub mod admin;
 pub mod callers;
 pub mod envoy;
+pub mod fleet;
 pub mod headers;
 pub mod host;
 pub mod property;

@@ -137,7 +137,11 @@ impl Trace {
                     s.provider_429
                 );
             }
-            for (ms, line) in self.notes.get(&second).into_iter().flatten() {
+            let mut notes: Vec<&(u64, String)> =
+                self.notes.get(&second).into_iter().flatten().collect();
+            // Envoys' logs are taken when each ends, after the run's own.
+            notes.sort_by_key(|(ms, _)| *ms);
+            for (ms, line) in notes {
                 let _ = writeln!(out, "      +{ms:>3} ms {line}");
             }
         }

@@ -8,8 +8,12 @@ use std::rc::Rc;
 
 use sluice_shared::time::{Instant, Span};
 
+use sluice_filter::sync::SyncSettings;
+
+use crate::admin::SimAdmin;
 use crate::callers::{Caller, LlmCall, Shape};
 use crate::envoy::{Passage, SimEnvoy};
+use crate::fleet::{Carried, Fleet, FleetOutcome, Message, Network, Worker};
 use crate::headers::Headers;
 use crate::provider::{Provider, ProviderShape};
 use crate::rng::SimRng;
@@ -20,6 +24,21 @@ use crate::trace::Trace;
 pub struct Faults {
     /// The chance each shared-data write fails.
     pub write_failure: f64,
+    /// Envoys killed (SIGKILL: their streams reset, their shared data
+    /// gone) and started again.
+    pub kills: Vec<Kill>,
+    /// While the admin is unreachable: from this long into the run, for
+    /// so long.
+    pub admin_down: Vec<(Span, Span)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Kill {
+    pub envoy: usize,
+    /// This long into the run.
+    pub at: Span,
+    /// Down for so long, then started again.
+    pub down_for: Span,
 }
 
 /// What to simulate.
@@ -33,6 +52,8 @@ pub struct Scenario {
     /// How long callers call; the run then lets calls in flight end.
     pub duration: Span,
     pub faults: Faults,
+    /// Envoys syncing with one admin (None: one Envoy on its own).
+    pub fleet: Option<Fleet>,
 }
 
 #[derive(Debug)]
@@ -41,6 +62,7 @@ enum Event {
         conn: usize,
     },
     Answer {
+        at: (usize, u64),
         stream: u32,
         conn: usize,
         status: u32,
@@ -48,16 +70,26 @@ enum Event {
         body: Vec<Vec<u8>>,
     },
     Tick {
+        at: (usize, u64),
         worker: usize,
         generation: u64,
+    },
+    Network(Message),
+    Holds,
+    Kill(Kill),
+    Restart {
+        envoy: usize,
+    },
+    Admin {
+        up: bool,
     },
 }
 
 struct Connection {
     caller: usize,
     worker: usize,
-    /// The stream it waits on.
-    busy: Option<u32>,
+    /// The Envoy and stream it waits on.
+    busy: Option<(usize, u32)>,
     /// Paced: its grid's next point.
     next_at: Instant,
     /// What its call in flight asks of an LLM.
@@ -78,6 +110,8 @@ pub struct Outcome {
     pub metrics: BTreeMap<String, i64>,
     /// When the callers began: a calendar second's phase chosen by seed.
     pub start: Instant,
+    /// What the fleet did (fleet runs).
+    pub fleet: Option<FleetOutcome>,
 }
 
 /// The first instant: far from zero, as Envoy's wall clock is.
@@ -90,11 +124,14 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
     let phase = rng.borrow_mut().between(0, 999_999_999);
     let start = Instant::from_nanos(EPOCH_SECS * 1_000_000_000 + phase);
     let clock = Rc::new(Cell::new(start));
-    let mut envoy = SimEnvoy::new(0, scenario.workers, &scenario.policies, &clock, &rng)?;
-    envoy
-        .shared
-        .write_failure
-        .set(scenario.faults.write_failure);
+    let network = match &scenario.fleet {
+        Some(fleet) => Some(Network::new(
+            fleet.clone(),
+            SimAdmin::new(&scenario.policies, seed)?,
+        )),
+        None => None,
+    };
+    let envoys = network.as_ref().map_or(1, |n| n.fleet.envoys.max(1));
     let mut world = World {
         events: BTreeMap::new(),
         seq: 0,
@@ -104,19 +141,25 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         trace: Trace::new(start),
         connections: Vec::new(),
         callers: scenario.callers.clone(),
+        start,
         stop_sending: start + scenario.duration,
+        envoys: (0..envoys).map(|_| None).collect(),
+        lives: vec![0; envoys],
+        network,
+        scenario: scenario.clone(),
+        failed_writes: 0,
+        metrics: BTreeMap::new(),
     };
+    for envoy in 0..envoys {
+        world.start_envoy(envoy, start)?;
+    }
     world.connect(start, scenario.workers);
-    for worker in 0..scenario.workers {
-        let period = envoy.workers[worker].scheduled;
-        let offset = Span::from_nanos(world.rng.borrow_mut().between(0, period.as_nanos()));
-        world.schedule(
-            start + offset,
-            Event::Tick {
-                worker,
-                generation: 0,
-            },
-        );
+    for kill in &scenario.faults.kills {
+        world.schedule(start + kill.at, Event::Kill(*kill));
+    }
+    for (from, span) in &scenario.faults.admin_down {
+        world.schedule(start + *from, Event::Admin { up: false });
+        world.schedule(start + *from + *span, Event::Admin { up: true });
     }
     let end = start + scenario.duration + DRAIN;
     while let Some(((at, _), event)) = world.events.pop_first() {
@@ -125,22 +168,36 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
             break;
         }
         world.clock.set(now);
-        world.handle(&mut envoy, now, event);
+        world.handle(now, event);
     }
-    for (at, line) in envoy.shared.logs.take() {
-        world.trace.note(at, line);
+    let (mut left_open, mut left_in_flight, mut left_waiting) = (0, 0, 0);
+    for envoy in world.envoys.iter().flatten() {
+        left_open += envoy.open_streams();
+        left_in_flight += envoy
+            .workers
+            .iter()
+            .map(|w| w.worker.in_flight())
+            .sum::<usize>();
+        left_waiting += envoy
+            .workers
+            .iter()
+            .map(|w| w.worker.waiting())
+            .sum::<usize>();
     }
-    let metrics = envoy.shared.metrics.borrow().clone();
+    for index in 0..world.envoys.len() {
+        world.retire(index);
+    }
     Ok(Outcome {
         seed,
-        left_open: envoy.open_streams(),
-        left_in_flight: envoy.workers.iter().map(|w| w.worker.in_flight()).sum(),
-        left_waiting: envoy.workers.iter().map(|w| w.worker.waiting()).sum(),
-        failed_writes: envoy.shared.failed_writes.get(),
-        metrics,
+        left_open,
+        left_in_flight,
+        left_waiting,
+        failed_writes: world.failed_writes,
+        metrics: world.metrics,
         trace: world.trace,
         provider: world.provider,
         start,
+        fleet: world.network.map(|n| n.outcome),
     })
 }
 
@@ -153,7 +210,18 @@ struct World {
     trace: Trace,
     connections: Vec<Connection>,
     callers: Vec<Caller>,
+    start: Instant,
     stop_sending: Instant,
+    /// Each Envoy, None while it is down.
+    envoys: Vec<Option<SimEnvoy>>,
+    /// Each Envoy's life: bumped when it dies, so that what was meant for
+    /// the dead process is dropped.
+    lives: Vec<u64>,
+    network: Option<Network>,
+    scenario: Scenario,
+    /// Summed over the Envoys' lives.
+    failed_writes: u64,
+    metrics: BTreeMap<String, i64>,
 }
 
 impl World {
@@ -162,9 +230,72 @@ impl World {
         self.events.insert((at.as_nanos(), self.seq), event);
     }
 
-    /// Every caller's connections, each on a worker the seed picks (as
-    /// the kernel hands connections to Envoy's workers), each starting
-    /// at a point of its caller's grid.
+    fn instance(envoy: usize) -> String {
+        format!("sim-envoy-{envoy}")
+    }
+
+    /// Envoy `index` starts (again): fresh workers over fresh shared data,
+    /// each ticking from a point the seed picks.
+    fn start_envoy(&mut self, index: usize, now: Instant) -> Result<(), String> {
+        let sync = self.network.as_ref().map(|n| SyncSettings {
+            instance: Self::instance(index),
+            cluster: "sluice_admin".to_string(),
+            authority: "admin.sim".to_string(),
+            interval: n.fleet.interval,
+            token: None,
+            push: n.fleet.push,
+        });
+        let scenario = &self.scenario;
+        let envoy = SimEnvoy::new(
+            (index, scenario.workers),
+            &scenario.policies,
+            sync.as_ref(),
+            &self.clock,
+            &self.rng,
+        )?;
+        envoy
+            .shared
+            .write_failure
+            .set(scenario.faults.write_failure);
+        let life = self.lives[index];
+        for worker in 0..scenario.workers {
+            let period = envoy.workers[worker].scheduled;
+            let offset = Span::from_nanos(self.rng.borrow_mut().between(0, period.as_nanos()));
+            self.schedule(
+                now + offset,
+                Event::Tick {
+                    at: (index, life),
+                    worker,
+                    generation: 0,
+                },
+            );
+        }
+        self.envoys[index] = Some(envoy);
+        Ok(())
+    }
+
+    /// Envoy `index`'s process ends: what it logged and counted is kept.
+    fn retire(&mut self, index: usize) {
+        let Some(envoy) = self.envoys[index].take() else {
+            return;
+        };
+        for (at, line) in envoy.shared.logs.take() {
+            let line = if self.envoys.len() > 1 {
+                format!("e{index} {line}")
+            } else {
+                line
+            };
+            self.trace.note(at, line);
+        }
+        self.failed_writes += envoy.shared.failed_writes.get();
+        for (name, value) in envoy.shared.metrics.borrow().iter() {
+            *self.metrics.entry(name.clone()).or_default() += value;
+        }
+    }
+
+    /// Every caller's connections, each on its Envoy's worker the seed
+    /// picks (as the kernel hands connections to Envoy's workers), each
+    /// starting at a point of its caller's grid.
     fn connect(&mut self, start: Instant, workers: usize) {
         for (index, caller) in self.callers.clone().iter().enumerate() {
             let first = start + Span::from_millis(self.rng.borrow_mut().between(0, 50));
@@ -183,46 +314,261 @@ impl World {
         }
     }
 
-    fn handle(&mut self, envoy: &mut SimEnvoy, now: Instant, event: Event) {
+    fn handle(&mut self, now: Instant, event: Event) {
         match event {
-            Event::Send { conn } => self.send(envoy, now, conn),
+            Event::Send { conn } => self.send(now, conn),
             Event::Answer {
+                at,
                 stream,
                 conn,
                 status,
                 headers,
                 body,
             } => {
-                envoy.answer(stream, (&headers, &body));
-                self.done(now, conn, status);
-            }
-            Event::Tick { worker, generation } => {
-                if envoy.workers[worker].tick_generation != generation {
+                if self.lives[at.0] != at.1 {
                     return;
                 }
-                for (stream, passage) in envoy.tick(worker) {
-                    if let Some(conn) = self.conn_of(stream) {
-                        self.passed(now, conn, stream, passage);
-                    }
+                if let Some(envoy) = self.envoys[at.0].as_mut() {
+                    envoy.answer(stream, (&headers, &body));
                 }
-                let w = &mut envoy.workers[worker];
-                w.scheduled = w.host.tick.get();
-                w.tick_generation += 1;
-                let (at, generation) = (now + w.scheduled, w.tick_generation);
-                self.schedule(at, Event::Tick { worker, generation });
+                self.carry_calls(at.0, now);
+                self.done(now, conn, status);
+            }
+            Event::Tick {
+                at,
+                worker,
+                generation,
+            } => self.tick(now, at, (worker, generation)),
+            Event::Network(message) => self.deliver(now, message),
+            Event::Holds => {
+                if let Some(network) = self.network.as_mut() {
+                    let carried = network.end_holds(now, &mut self.rng.borrow_mut());
+                    self.carried(now, carried);
+                }
+            }
+            Event::Kill(kill) => self.kill(now, kill),
+            Event::Restart { envoy } => {
+                if let Err(e) = self.start_envoy(envoy, now) {
+                    self.trace.note(now, format!("e{envoy} did not start: {e}"));
+                }
+                self.trace.note(now, format!("e{envoy} started again"));
+            }
+            Event::Admin { up } => {
+                if let Some(network) = self.network.as_mut() {
+                    let carried = network.set_admin_up(up, now);
+                    self.carried(now, carried);
+                }
             }
         }
     }
 
-    fn conn_of(&self, stream: u32) -> Option<usize> {
-        self.connections.iter().position(|c| c.busy == Some(stream))
+    fn tick(
+        &mut self,
+        now: Instant,
+        (envoy, life): (usize, u64),
+        (worker, generation): (usize, u64),
+    ) {
+        if self.lives[envoy] != life {
+            return;
+        }
+        let Some(e) = self.envoys[envoy].as_mut() else {
+            return;
+        };
+        if e.workers[worker].tick_generation != generation {
+            return;
+        }
+        let passed = e.tick(worker);
+        let w = &mut e.workers[worker];
+        w.scheduled = w.host.tick.get();
+        w.tick_generation += 1;
+        let (at, generation) = (now + w.scheduled, w.tick_generation);
+        for (stream, passage) in passed {
+            if let Some(conn) = self.conn_of(envoy, stream) {
+                self.passed(now, (envoy, conn), stream, passage);
+            }
+        }
+        self.schedule(
+            at,
+            Event::Tick {
+                at: (envoy, life),
+                worker,
+                generation,
+            },
+        );
+        self.carry_calls(envoy, now);
     }
 
-    fn send(&mut self, envoy: &mut SimEnvoy, now: Instant, conn: usize) {
+    /// A call of Envoy `envoy`'s workers' to the admin goes out.
+    fn carry_calls(&mut self, envoy: usize, now: Instant) {
+        let Some(e) = self.envoys[envoy].as_ref() else {
+            return;
+        };
+        let calls = e.take_calls();
+        let life = self.lives[envoy];
+        for call in calls {
+            let Some(network) = self.network.as_mut() else {
+                return;
+            };
+            let from = Worker {
+                envoy,
+                life,
+                worker: call.worker,
+            };
+            let carried = network.dispatch(from, call, now, &mut self.rng.borrow_mut());
+            self.carried_later(carried);
+        }
+    }
+
+    fn carried(&mut self, now: Instant, carried: Carried) {
+        for line in &carried.notes {
+            self.trace.note(now, line.clone());
+        }
+        self.carried_later(carried);
+    }
+
+    fn carried_later(&mut self, carried: Carried) {
+        for (at, message) in carried.later {
+            self.schedule(at, Event::Network(message));
+        }
+        if let Some(at) = carried.hold_ends {
+            self.schedule(at, Event::Holds);
+        }
+    }
+
+    fn deliver(&mut self, now: Instant, message: Message) {
+        let Some(network) = self.network.as_mut() else {
+            return;
+        };
+        match message {
+            Message::ToAdmin { from, call, sent } => {
+                let carried = network.at_admin((from, call, sent), now, &mut self.rng.borrow_mut());
+                self.carried(now, carried);
+            }
+            Message::ToEnvoy {
+                to,
+                token,
+                answer,
+                shares,
+            } => {
+                if self.lives[to.envoy] != to.life {
+                    return;
+                }
+                let Some(envoy) = self.envoys[to.envoy].as_mut() else {
+                    return;
+                };
+                envoy.sync_reply(to.worker, token, answer.as_ref());
+                if let Some(shares) = shares.filter(|_| answer.is_some()) {
+                    for line in network.took(to, shares, now) {
+                        self.trace.note(now, line);
+                    }
+                }
+                self.retick(to.envoy, to.worker, now);
+                self.carry_calls(to.envoy, now);
+            }
+        }
+    }
+
+    /// Envoy `kill.envoy` is killed: its callers' calls on it fail, its
+    /// state is gone, the admin sees its connections close; it starts
+    /// again `kill.down_for` later.
+    fn kill(&mut self, now: Instant, kill: Kill) {
+        let index = kill.envoy;
+        if self.envoys.get(index).is_none_or(Option::is_none) {
+            return;
+        }
+        self.retire(index);
+        self.lives[index] += 1;
+        self.trace.note(now, format!("e{index} killed"));
+        if let Some(network) = self.network.as_mut() {
+            network.envoy_died(index, &Self::instance(index), now);
+        }
+        for conn in 0..self.connections.len() {
+            if matches!(self.connections[conn].busy, Some((e, _)) if e == index) {
+                self.done(now, conn, 503);
+            }
+        }
+        self.schedule(now + kill.down_for, Event::Restart { envoy: index });
+    }
+
+    /// A hook may have changed how often the worker ticks (a queue
+    /// began): Envoy's timer is set again at once.
+    fn retick(&mut self, envoy: usize, worker: usize, now: Instant) {
+        let Some(e) = self.envoys[envoy].as_mut() else {
+            return;
+        };
+        let w = &mut e.workers[worker];
+        if w.host.tick.get() != w.scheduled {
+            w.scheduled = w.host.tick.get();
+            w.tick_generation += 1;
+            let (at, generation) = (now + w.scheduled, w.tick_generation);
+            let life = self.lives[envoy];
+            self.schedule(
+                at,
+                Event::Tick {
+                    at: (envoy, life),
+                    worker,
+                    generation,
+                },
+            );
+        }
+    }
+
+    fn conn_of(&self, envoy: usize, stream: u32) -> Option<usize> {
+        self.connections
+            .iter()
+            .position(|c| c.busy == Some((envoy, stream)))
+    }
+
+    /// Whether caller `caller` calls at `now`, else when it next does.
+    fn calling(&self, caller: usize, now: Instant) -> Result<(), Option<Instant>> {
+        let active = &self.callers[caller].active;
+        if active.is_empty() {
+            return Ok(());
+        }
+        let mut next = None::<Instant>;
+        for (from, span) in active {
+            let (from, until) = (self.start + *from, self.start + *from + *span);
+            if from <= now && now < until {
+                return Ok(());
+            }
+            if from > now {
+                next = Some(next.map_or(from, |n| n.min(from)));
+            }
+        }
+        Err(next)
+    }
+
+    fn send(&mut self, now: Instant, conn: usize) {
         if now >= self.stop_sending || self.connections[conn].busy.is_some() {
             return;
         }
-        let (caller, worker) = (self.connections[conn].caller, self.connections[conn].worker);
+        let caller = self.connections[conn].caller;
+        if let Err(next) = self.calling(caller, now) {
+            if let Some(next) = next {
+                self.connections[conn].next_at = next;
+                self.schedule(next, Event::Send { conn });
+            }
+            return;
+        }
+        // Its Envoy, or while that one is down another the balancer in
+        // front picks; with none up, the call fails.
+        let home = self.callers[caller].envoy.min(self.envoys.len() - 1);
+        let (envoy, worker) = if self.envoys[home].is_some() {
+            (home, self.connections[conn].worker)
+        } else {
+            let up: Vec<usize> = (0..self.envoys.len())
+                .filter(|e| self.envoys[*e].is_some())
+                .collect();
+            if up.is_empty() {
+                self.trace.sent(now, &self.callers[caller].tenant.clone());
+                self.trace
+                    .refused(now, &self.callers[caller].tenant.clone(), "no envoy");
+                self.done(now, conn, 503);
+                return;
+            }
+            let mut rng = self.rng.borrow_mut();
+            (up[rng.index(up.len())], rng.index(self.scenario.workers))
+        };
         let c = &self.callers[caller];
         let request = Headers::of(&[
             (":authority", &c.host),
@@ -242,22 +588,24 @@ impl World {
         });
         let body = llm.zip(call).map(|(l, call)| l.body(call));
         self.connections[conn].call = call;
-        let (stream, passage) = envoy.request(worker, (request, body.as_deref()));
-        self.connections[conn].busy = Some(stream);
-        self.passed(now, conn, stream, passage);
-        // A call may have changed how often the worker ticks (a queue
-        // began): Envoy's timer is set again at once.
-        let w = &mut envoy.workers[worker];
-        if w.host.tick.get() != w.scheduled {
-            w.scheduled = w.host.tick.get();
-            w.tick_generation += 1;
-            let (at, generation) = (now + w.scheduled, w.tick_generation);
-            self.schedule(at, Event::Tick { worker, generation });
-        }
+        let Some(e) = self.envoys[envoy].as_mut() else {
+            return;
+        };
+        let (stream, passage) = e.request(worker, (request, body.as_deref()));
+        self.connections[conn].busy = Some((envoy, stream));
+        self.passed(now, (envoy, conn), stream, passage);
+        self.retick(envoy, worker, now);
+        self.carry_calls(envoy, now);
     }
 
-    /// What became of a call of `conn`'s as it passed Sluice.
-    fn passed(&mut self, now: Instant, conn: usize, stream: u32, passage: Passage) {
+    /// What became of a call of `conn`'s as it passed Sluice in `envoy`.
+    fn passed(
+        &mut self,
+        now: Instant,
+        (envoy, conn): (usize, usize),
+        stream: u32,
+        passage: Passage,
+    ) {
         let tenant = self.callers[self.connections[conn].caller].tenant.clone();
         match passage {
             Passage::Upstream(request) => {
@@ -267,9 +615,11 @@ impl World {
                     .provider
                     .call(now, (&request, call), &mut self.rng.borrow_mut());
                 self.trace.provider(now, &tenant, answer.status);
+                let life = self.lives[envoy];
                 self.schedule(
                     now + answer.after,
                     Event::Answer {
+                        at: (envoy, life),
                         stream,
                         conn,
                         status: answer.status,

@@ -41,6 +41,8 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
                 connections: greedy,
                 shape: Shape::Greedy { backoff },
                 llm: None,
+                envoy: 0,
+                active: Vec::new(),
             },
             Caller {
                 tenant: "b".into(),
@@ -51,10 +53,13 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
                     every: Span::from_millis(1000 * burst as u64 / 20),
                 },
                 llm: None,
+                envoy: 0,
+                active: Vec::new(),
             },
         ],
         duration: Span::from_secs(6),
         faults: Faults::default(),
+        fleet: None,
     }
 }
 

@@ -19,6 +19,8 @@ fn callers(seed: u64) -> Vec<Caller> {
                 backoff: Span::from_millis(10 + seed / 16 % 3 * 20),
             },
             llm: None,
+            envoy: 0,
+            active: Vec::new(),
         },
         Caller {
             tenant: "paced".into(),
@@ -28,6 +30,8 @@ fn callers(seed: u64) -> Vec<Caller> {
                 every: Span::from_millis(50),
             },
             llm: None,
+            envoy: 0,
+            active: Vec::new(),
         },
     ]
 }
@@ -58,6 +62,7 @@ fn a_rate_below_the_providers_keeps_every_calendar_second_inside_it() {
                 callers: callers(seed),
                 duration: Span::from_secs(4),
                 faults: Faults::default(),
+                fleet: None,
             };
             let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
             if outcome.provider.refused() > 0 {
@@ -112,7 +117,9 @@ fn slots_hold_the_providers_concurrency_and_nothing_outlives_its_call() {
                 duration: Span::from_secs(3),
                 faults: Faults {
                     write_failure: [0.0, 0.01, 0.1][(seed % 3) as usize],
+                    ..Faults::default()
                 },
+                fleet: None,
             };
             let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
             if outcome.provider.refused() > 0 {

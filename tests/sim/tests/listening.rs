@@ -49,9 +49,12 @@ fn after_a_hidden_drop(seed: u64) -> Result<(Outcome, u64, u64, f64), Failure> {
                 backoff: Span::from_millis(10),
             },
             llm: None,
+            envoy: 0,
+            active: Vec::new(),
         }],
         duration: Span::from_secs(45),
         faults: Faults::default(),
+        fleet: None,
     };
     let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
     let after: Vec<_> = outcome.provider.seconds.values().skip(3).collect();

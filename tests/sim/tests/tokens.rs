@@ -70,10 +70,13 @@ fn following_a_sliding_quota(seed: u64) -> Result<(Outcome, u64, u64, f64), Fail
                     max_tokens: 600,
                     streamed: 0.5,
                 }),
+                envoy: 0,
+                active: Vec::new(),
             })
             .collect(),
         duration: Span::from_secs(60 * MINUTES),
         faults: Faults::default(),
+        fleet: None,
     };
     let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
     let seconds = &outcome.provider.seconds;
