@@ -229,7 +229,7 @@ proptest! {
 
     #[test]
     fn states_round_trip(tat in any::<u64>(), frac in any::<u32>(), ramp in any::<u64>(), a in any::<u64>(), c in any::<u64>(), d in any::<u64>()) {
-        let tb = RateState::TokenBucket(TokenBucketState { tat_ns: tat, tat_frac: frac, ramp_start_ns: ramp });
+        let tb = RateState::TokenBucket(TokenBucketState { tat_ns: tat, tat_frac: frac, ramp_start_ns: ramp, token_ps: d, burst: frac });
         prop_assert_eq!(RateState::decode(&tb.encode()), Ok(tb));
         let fw = RateState::FixedWindow(FixedWindowState { window_start: at(a), count: c });
         prop_assert_eq!(RateState::decode(&fw.encode()), Ok(fw));

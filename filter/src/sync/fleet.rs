@@ -125,7 +125,19 @@ pub fn publish<H: Host + ?Sized>(
 ) -> Result<(), StoreError> {
     store.update_as::<PublishedShares, _, _>(host, SHARES_KEY, |published| {
         published.seq = published.seq.wrapping_add(1).max(1);
-        published.shares = shares.clone();
+        // Each VM's sync has a connection of its own, and an answer can
+        // come after the answer to a later sync: a share older than the
+        // one published (ids grow with issue) is not taken back. Taken, the
+        // Envoy reported a share the admin had since retired, which read
+        // as a claim of a share it lost and froze every share for a lease
+        // and a half (the simulator's fleet, seed 201).
+        let mut next = shares.clone();
+        for (policy, share) in &mut next {
+            if let Some(newer) = published.shares.get(policy).filter(|p| p.id > share.id) {
+                *share = *newer;
+            }
+        }
+        published.shares = next;
         ((), true)
     })
 }
@@ -167,5 +179,31 @@ mod tests {
         publish(&host, &mut store, &shares).unwrap();
         assert_eq!(published_seq(&host), 2);
         assert_eq!(published(&host), (2, shares));
+    }
+
+    /// Two VMs' syncs crossed: the answer to the earlier one came second.
+    /// Its share (an older id) does not replace the newer one published.
+    #[test]
+    fn an_answer_older_than_the_share_published_does_not_replace_it() {
+        let host = FakeHost::at(Instant::EPOCH);
+        let mut store = Store::default();
+        let share = |id: u64, rate: u32| {
+            let header = format!(
+                r#"{{"llm": {{"rate": {rate}, "in_flight": 0, "lease_ms": 3000, "instances": 2, "id": {id}}},
+                    "other": {{"rate": 1, "in_flight": 0, "lease_ms": 3000, "instances": 2, "id": {id}}}}}"#
+            );
+            parse_header(header.as_bytes(), Instant::EPOCH).unwrap()
+        };
+        publish(&host, &mut store, &share(4_154, 70)).unwrap();
+        let mut late = share(4_148, 71);
+        late.remove("other");
+        publish(&host, &mut store, &late).unwrap();
+        let (_, held) = published(&host);
+        assert_eq!(held["llm"].id, 4_154);
+        assert_eq!(held["llm"].amount.rate, 70.0);
+        // A policy the late answer no longer names is gone, as before.
+        assert!(!held.contains_key("other"));
+        publish(&host, &mut store, &share(4_220, 72)).unwrap();
+        assert_eq!(published(&host).1["llm"].id, 4_220);
     }
 }

@@ -31,7 +31,7 @@ pub struct Warmup {
     pub cold_factor: u32,
 }
 
-/// The shared state: 20 bytes in shared data.
+/// The shared state: 32 bytes in shared data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenBucketState {
     /// Whole nanoseconds of the TAT.
@@ -40,31 +40,54 @@ pub struct TokenBucketState {
     pub tat_frac: u32,
     /// When the current warm-up ramp started (0: never).
     pub ramp_start_ns: u64,
+    /// What one token was worth (picoseconds) and the burst, when the TAT
+    /// was last written (0: not recorded, a state of an older filter):
+    /// a bucket whose rate changed since (a fleet share, an edit) is read
+    /// in its new terms ([`TokenBucket::in_its_terms`]).
+    pub token_ps: u64,
+    pub burst: u32,
 }
 
 impl TokenBucketState {
-    pub const ENCODED_LEN: usize = 20;
+    pub const ENCODED_LEN: usize = 32;
+    /// The length a filter before `token_ps` wrote.
+    const LEGACY_LEN: usize = 20;
 
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut out = [0u8; Self::ENCODED_LEN];
         out[..8].copy_from_slice(&self.tat_ns.to_le_bytes());
         out[8..12].copy_from_slice(&self.tat_frac.to_le_bytes());
-        out[12..].copy_from_slice(&self.ramp_start_ns.to_le_bytes());
+        out[12..20].copy_from_slice(&self.ramp_start_ns.to_le_bytes());
+        out[20..28].copy_from_slice(&self.token_ps.to_le_bytes());
+        out[28..].copy_from_slice(&self.burst.to_le_bytes());
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let bytes: &[u8; Self::ENCODED_LEN] =
-            bytes.try_into().map_err(|_| DecodeError::Length {
+        if bytes.len() != Self::ENCODED_LEN && bytes.len() != Self::LEGACY_LEN {
+            return Err(DecodeError::Length {
                 expected: Self::ENCODED_LEN,
                 found: bytes.len(),
-            })?;
-        let (tat, rest) = bytes.split_at(8);
-        let (frac, ramp) = rest.split_at(4);
+            });
+        }
+        let u64_at = |at: usize| {
+            bytes
+                .get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        let u32_at = |at: usize| {
+            bytes
+                .get(at..at + 4)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u32::from_le_bytes)
+        };
         Ok(Self {
-            tat_ns: u64::from_le_bytes(tat.try_into().unwrap_or_default()),
-            tat_frac: u32::from_le_bytes(frac.try_into().unwrap_or_default()),
-            ramp_start_ns: u64::from_le_bytes(ramp.try_into().unwrap_or_default()),
+            tat_ns: u64_at(0),
+            tat_frac: u32_at(8),
+            ramp_start_ns: u64_at(12),
+            token_ps: u64_at(20),
+            burst: u32_at(28),
         })
     }
 }
@@ -111,9 +134,11 @@ impl TokenBucket {
         u128::from(self.requests)
     }
 
+    /// The TAT in this bucket's terms ([`Self::in_its_terms`]), scaled.
     fn tat_scaled(&self, state: &TokenBucketState) -> u128 {
-        // A remainder from a policy with a larger `requests` is clamped: the
-        // TAT keeps its whole nanoseconds, so an edit loses under 1 ns.
+        let state = self.in_its_terms(state);
+        // A remainder from a state of no recorded terms and a larger
+        // `requests` is clamped: the TAT keeps its whole nanoseconds.
         let frac = u128::from(state.tat_frac).min(self.scale() - 1);
         u128::from(state.tat_ns) * self.scale() + frac
     }
@@ -125,6 +150,50 @@ impl TokenBucket {
             tat_ns: u64::try_from(whole).unwrap_or(u64::MAX),
             tat_frac: u32::try_from(tat_scaled % scale).unwrap_or(0),
             ramp_start_ns,
+            token_ps: self.token_ps(),
+            burst: u32::try_from(self.burst).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// What one token is worth, in picoseconds (at least 1).
+    fn token_ps(&self) -> u64 {
+        let ps = u128::from(self.period.as_nanos()) * 1_000 / self.scale();
+        u64::try_from(ps).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// `state` read in this bucket's terms. A state written under another
+    /// rate or burst (a fleet share that changed, an edited policy) is
+    /// empty at the same instant in both: it refills at this rate from
+    /// then on, up to this burst. Kept in plain time instead, the debt of
+    /// a tiny rate outlived it: two calls at a share of 0.4 a second owed
+    /// five seconds, and the Envoy refused every call for four seconds
+    /// after its share grew to 7 a second (the simulator's fleet, seed 201
+    /// of `tests/sim/tests/fleet.rs`). A backlog (calls queued, costs
+    /// charged after they went) stays where it was: what waits keeps its
+    /// turn, and nothing queued after it goes sooner.
+    pub fn in_its_terms(&self, state: &TokenBucketState) -> TokenBucketState {
+        let burst = u32::try_from(self.burst).unwrap_or(u32::MAX);
+        if state.token_ps == 0 || (state.token_ps == self.token_ps() && state.burst == burst) {
+            return *state;
+        }
+        let tat_ps = u128::from(state.tat_ns) * 1_000;
+        let was_full = u128::from(state.burst) * u128::from(state.token_ps);
+        let Some(empty_at_ps) = tat_ps.checked_sub(was_full) else {
+            // Full since before the clock's start.
+            return TokenBucketState {
+                token_ps: self.token_ps(),
+                burst,
+                ..*state
+            };
+        };
+        let full = u128::from(self.burst) * u128::from(self.token_ps());
+        let tat_ns = (empty_at_ps + full).div_ceil(1_000);
+        TokenBucketState {
+            tat_ns: u64::try_from(tat_ns).unwrap_or(u64::MAX),
+            tat_frac: 0,
+            ramp_start_ns: state.ramp_start_ns,
+            token_ps: self.token_ps(),
+            burst,
         }
     }
 
@@ -133,6 +202,7 @@ impl TokenBucket {
         let Some(w) = self.warmup else {
             return ((1, 1), state.ramp_start_ns);
         };
+        let state = self.in_its_terms(state);
         let warmup_ns = w.period.as_nanos();
         // Idle for a whole warm-up period after the bucket filled: cold again.
         let cold = now >= state.tat_ns.saturating_add(warmup_ns);
@@ -269,12 +339,14 @@ impl TokenBucket {
 
     /// How long until the bucket is full again (0: it is).
     pub fn until_full(&self, state: &TokenBucketState, now: Instant) -> Span {
+        let state = self.in_its_terms(state);
         Span::from_nanos(state.tat_ns.saturating_sub(now.as_nanos()))
     }
 
     /// True when the bucket is full and no warm-up is under way, so the
     /// state carries no information and its place can be given to another key.
     pub fn is_idle(&self, state: &TokenBucketState, now: Instant) -> bool {
+        let state = self.in_its_terms(state);
         let now = now.as_nanos();
         let full = state.tat_ns < now;
         match self.warmup {
@@ -458,9 +530,67 @@ mod tests {
             tat_ns: u64::MAX - 3,
             tat_frac: 7,
             ramp_start_ns: 42,
+            token_ps: 9,
+            burst: 3,
         };
         assert_eq!(TokenBucketState::decode(&s.encode()).unwrap(), s);
         assert!(TokenBucketState::decode(&[1, 2, 3]).is_err());
+        // An older filter's 20 bytes: no terms recorded.
+        let legacy = TokenBucketState::decode(&s.encode()[..20]).unwrap();
+        assert_eq!(
+            (legacy.tat_ns, legacy.token_ps, legacy.burst),
+            (s.tat_ns, 0, 0)
+        );
+    }
+
+    /// The simulator's fleet, seed 201: a share of 0.4 a second took two
+    /// calls (five seconds of debt at that rate), then grew to 7 a second.
+    /// Read in the new terms the bucket is empty when it was and refills at
+    /// 7 a second; the debt kept in plain time refused everything for 4 s.
+    #[test]
+    fn a_bucket_whose_rate_grew_refills_at_the_new_rate() {
+        let tiny = TokenBucket::new(1_440, Span::from_secs(3_600), 2, None);
+        let mut s = TokenBucketState::default();
+        assert!(admitted(tiny.try_acquire(&mut s, T0, 1)));
+        assert!(admitted(tiny.try_acquire(&mut s, T0, 1)));
+        assert!(!admitted(tiny.try_acquire(&mut s, T0 + ms(500), 1)));
+        let grown = TokenBucket::new(25_200, Span::from_secs(3_600), 2, None);
+        // 200 ms after the bucket emptied: 1.4 tokens at 7 a second.
+        assert!(admitted(grown.try_acquire(&mut s, T0 + ms(200), 1)));
+        assert!(!admitted(grown.try_acquire(&mut s, T0 + ms(200), 1)));
+        // Then one every 1/7 s.
+        assert!(admitted(grown.try_acquire(&mut s, T0 + ms(343), 1)));
+        assert!(!admitted(grown.try_acquire(&mut s, T0 + ms(343), 1)));
+        // A shrunk rate reads the same instant as empty: nothing for free.
+        let shrunk = TokenBucket::new(3_600, Span::from_secs(3_600), 2, None);
+        assert!(!admitted(shrunk.try_acquire(&mut s, T0 + ms(400), 1)));
+        assert!(admitted(shrunk.try_acquire(&mut s, T0 + ms(1_343), 1)));
+    }
+
+    /// Calls queued under the old rate keep their turns: the first call
+    /// reserved after the rate grew goes after them, not before.
+    #[test]
+    fn a_backlog_keeps_its_place_when_the_rate_changes() {
+        let slow = TokenBucket::new(1, SEC, 1, None);
+        let mut s = TokenBucketState::default();
+        let mut last = T0;
+        for _ in 0..5 {
+            match slow.reserve(&mut s, T0, 1, Span::MAX) {
+                Reservation::At { instant } => last = instant,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(last, T0 + SEC.saturating_mul(4));
+        let fast = TokenBucket::new(100, SEC, 1, None);
+        match fast.reserve(&mut s, T0, 1, Span::MAX) {
+            Reservation::At { instant } => {
+                assert!(
+                    instant >= last && instant <= last + ms(10),
+                    "{instant:?} after {last:?}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -470,6 +600,8 @@ mod tests {
             tat_ns: u64::MAX,
             tat_frac: u32::MAX,
             ramp_start_ns: u64::MAX,
+            token_ps: u64::MAX,
+            burst: u32::MAX,
         };
         let _ = tb.try_acquire(&mut s, Instant::MAX, u64::MAX);
         let _ = tb.reserve(&mut s, Instant::EPOCH, u64::MAX, Span::MAX);
