@@ -13,6 +13,9 @@ pub enum Shape {
     /// A call every `every` on each connection (at most one in flight),
     /// every connection on the same grid.
     Paced { every: Span },
+    /// A call every `every` on each connection, the connections' grids
+    /// spread evenly over it: a steady rate of calls, one at a time.
+    Steady { every: Span },
 }
 
 /// Calls to an LLM's chat completions: a JSON body asking for

@@ -56,6 +56,10 @@ pub enum Message {
         /// The shares the answer carries, and when their call went.
         shares: Option<(SharesMessage, Instant)>,
     },
+    /// The kernel closed a dead Envoy's connections: the close reaching
+    /// the admin (after a latency of its own, so a report in flight on
+    /// another connection can arrive after it).
+    Closed { instance: String },
 }
 
 /// A watch the admin holds.
@@ -306,11 +310,28 @@ impl Network {
         carried
     }
 
-    /// Envoy `envoy` died: its connections close (the admin, if up,
-    /// notes its departure), and it holds nothing any more.
-    pub fn envoy_died(&mut self, envoy: usize, instance: &str, now: Instant) {
+    /// Envoy `envoy` died: it holds nothing any more, and the close of its
+    /// connections travels to the admin.
+    pub fn envoy_died(
+        &mut self,
+        envoy: usize,
+        instance: &str,
+        now: Instant,
+        rng: &mut SimRng,
+    ) -> Carried {
         self.held.retain(|h| h.from.envoy != envoy);
         self.shares[envoy].clear();
+        let mut carried = Carried::default();
+        let closed = Message::Closed {
+            instance: instance.to_string(),
+        };
+        carried.later.push((now + self.latency(rng), closed));
+        carried
+    }
+
+    /// A dead Envoy's close reached the admin: if up, it notes the
+    /// departure.
+    pub fn closed(&mut self, instance: &str, now: Instant) {
         if self.admin_up {
             self.admin.departed(instance, now);
         }

@@ -299,7 +299,16 @@ impl World {
     fn connect(&mut self, start: Instant, workers: usize) {
         for (index, caller) in self.callers.clone().iter().enumerate() {
             let first = start + Span::from_millis(self.rng.borrow_mut().between(0, 50));
-            for _ in 0..caller.connections {
+            for at in 0..caller.connections {
+                let first = match caller.shape {
+                    Shape::Steady { every } => {
+                        first
+                            + Span::from_nanos(
+                                every.as_nanos() / caller.connections as u64 * at as u64,
+                            )
+                    }
+                    _ => first,
+                };
                 let worker = self.rng.borrow_mut().index(workers);
                 let conn = self.connections.len();
                 self.connections.push(Connection {
@@ -440,6 +449,7 @@ impl World {
             return;
         };
         match message {
+            Message::Closed { instance } => network.closed(&instance, now),
             Message::ToAdmin { from, call, sent } => {
                 let carried = network.at_admin((from, call, sent), now, &mut self.rng.borrow_mut());
                 self.carried(now, carried);
@@ -480,7 +490,13 @@ impl World {
         self.lives[index] += 1;
         self.trace.note(now, format!("e{index} killed"));
         if let Some(network) = self.network.as_mut() {
-            network.envoy_died(index, &Self::instance(index), now);
+            let carried = network.envoy_died(
+                index,
+                &Self::instance(index),
+                now,
+                &mut self.rng.borrow_mut(),
+            );
+            self.carried_later(carried);
         }
         for conn in 0..self.connections.len() {
             if matches!(self.connections[conn].busy, Some((e, _)) if e == index) {
@@ -659,7 +675,7 @@ impl World {
                     now + Span::from_nanos(self.rng.borrow_mut().between(nanos / 2, nanos * 3 / 2))
                 }
             }
-            Shape::Paced { every } => {
+            Shape::Paced { every } | Shape::Steady { every } => {
                 while c.next_at <= now {
                     c.next_at += *every;
                 }
