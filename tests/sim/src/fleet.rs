@@ -82,6 +82,8 @@ pub struct FleetOutcome {
     pub syncs: u64,
     pub lost: u64,
     pub refused_while_down: u64,
+    /// Every share an Envoy took: when, which Envoy, of what, how much.
+    pub taken: Vec<(Instant, usize, String, Amount)>,
 }
 
 pub struct Network {
@@ -89,8 +91,8 @@ pub struct Network {
     pub admin: SimAdmin,
     pub admin_up: bool,
     held: Vec<Held>,
-    /// Per Envoy, its latest share of each limit: (amount, valid until,
-    /// the life that took it).
+    /// Per Envoy, the share of each limit it holds: (amount, valid until,
+    /// id).
     shares: Vec<BTreeMap<String, (Amount, Instant, u64)>>,
     pub outcome: FleetOutcome,
     /// The limits whose ledger was recovering after the last sync.
@@ -353,7 +355,16 @@ impl Network {
                 in_flight: share.in_flight,
             };
             let until = sent + Span::from_millis(share.lease_ms);
-            let before = self.shares[to.envoy].insert(name.clone(), (amount, until, to.life));
+            // As the Envoy keeps it: an answer older than the share it
+            // holds (by id) does not replace it.
+            let held = self.shares[to.envoy].get(&name).copied();
+            if held.is_some_and(|(_, _, id)| id > share.id) {
+                continue;
+            }
+            self.outcome
+                .taken
+                .push((now, to.envoy, name.clone(), amount));
+            let before = self.shares[to.envoy].insert(name.clone(), (amount, until, share.id));
             let moved = before.is_none_or(|(b, _, _)| {
                 (b.rate - amount.rate).abs() >= 0.5 || b.in_flight != amount.in_flight
             });

@@ -54,11 +54,12 @@ impl Trace {
 
     fn at(&mut self, now: Instant, tenant: &str) -> &mut TenantSecond {
         let second = self.second_of(now);
-        self.seconds
-            .entry(second)
-            .or_default()
-            .entry(tenant.to_string())
-            .or_default()
+        let tenants = self.seconds.entry(second).or_default();
+        // Looked up first: a new String per call was a tenth of a run.
+        if !tenants.contains_key(tenant) {
+            tenants.insert(tenant.to_string(), TenantSecond::default());
+        }
+        tenants.get_mut(tenant).expect("inserted above")
     }
 
     pub fn sent(&mut self, now: Instant, tenant: &str) {

@@ -561,8 +561,19 @@ impl World {
         let caller = self.connections[conn].caller;
         if let Err(next) = self.calling(caller, now) {
             if let Some(next) = next {
-                self.connections[conn].next_at = next;
-                self.schedule(next, Event::Send { conn });
+                // On its own grid (paced and steady connections keep their
+                // place in it), from when the caller calls again.
+                let c = &mut self.connections[conn];
+                match self.callers[caller].shape {
+                    Shape::Paced { every } | Shape::Steady { every } if !every.is_zero() => {
+                        while c.next_at < next {
+                            c.next_at += every;
+                        }
+                    }
+                    _ => c.next_at = next,
+                }
+                let at = c.next_at;
+                self.schedule(at, Event::Send { conn });
             }
             return;
         }
