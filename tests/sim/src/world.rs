@@ -151,9 +151,13 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         metrics: BTreeMap::new(),
     };
     for envoy in 0..envoys {
-        world.start_envoy(envoy, start)?;
+        world.envoys[envoy] = Some(world.new_envoy(envoy)?);
     }
+    // Connections first, then the ticks: the seeds' draws in this order.
     world.connect(start, scenario.workers);
+    for envoy in 0..envoys {
+        world.schedule_ticks(envoy, start);
+    }
     for kill in &scenario.faults.kills {
         world.schedule(start + kill.at, Event::Kill(*kill));
     }
@@ -237,6 +241,12 @@ impl World {
     /// Envoy `index` starts (again): fresh workers over fresh shared data,
     /// each ticking from a point the seed picks.
     fn start_envoy(&mut self, index: usize, now: Instant) -> Result<(), String> {
+        self.envoys[index] = Some(self.new_envoy(index)?);
+        self.schedule_ticks(index, now);
+        Ok(())
+    }
+
+    fn new_envoy(&self, index: usize) -> Result<SimEnvoy, String> {
         let sync = self.network.as_ref().map(|n| SyncSettings {
             instance: Self::instance(index),
             cluster: "sluice_admin".to_string(),
@@ -257,9 +267,19 @@ impl World {
             .shared
             .write_failure
             .set(scenario.faults.write_failure);
+        Ok(envoy)
+    }
+
+    /// Each of Envoy `index`'s workers ticks from a point the seed picks.
+    fn schedule_ticks(&mut self, index: usize, now: Instant) {
         let life = self.lives[index];
-        for worker in 0..scenario.workers {
-            let period = envoy.workers[worker].scheduled;
+        for worker in 0..self.scenario.workers {
+            let Some(period) = self.envoys[index]
+                .as_ref()
+                .map(|e| e.workers[worker].scheduled)
+            else {
+                return;
+            };
             let offset = Span::from_nanos(self.rng.borrow_mut().between(0, period.as_nanos()));
             self.schedule(
                 now + offset,
@@ -270,8 +290,6 @@ impl World {
                 },
             );
         }
-        self.envoys[index] = Some(envoy);
-        Ok(())
     }
 
     /// Envoy `index`'s process ends: what it logged and counted is kept.
