@@ -574,11 +574,11 @@ fn one_worker_syncs_all_install_and_unchanged_policies_keep_their_state() {
     a.on_sync_reply(&host, 1, reply(Some(200), None, Some(b"<html>oops</html>")));
     assert_eq!(a.admin_version(), 0);
     assert_eq!(a.policies().policies.len(), 1);
-    // A real answer, on the next turn: the failure backed off to 2 s.
-    host.advance_ms(1000);
+    // A real answer, on the next turn: one failure waits the interval.
+    host.advance_ms(999);
     a.on_tick(&host);
-    assert_eq!(host.calls.borrow().len(), 1, "backing off");
-    host.advance_ms(1000);
+    assert_eq!(host.calls.borrow().len(), 1, "not before the interval");
+    host.advance_ms(1);
     a.on_tick(&host);
     b.on_tick(&host);
     assert_eq!(host.calls.borrow().len(), 2);

@@ -64,7 +64,7 @@ fn fleet(seed: u64, envoys: usize) -> Fleet {
             (Span::from_millis(1), Span::from_millis(5)),
             (Span::from_millis(5), Span::from_millis(50)),
         ][(seed / 3 % 2) as usize],
-        loss: 0.0,
+        loss: [0.0, 0.002][(seed / 12 % 2) as usize],
         push: true,
     }
 }
@@ -207,7 +207,16 @@ fn moving_load_uses_the_global_limit() {
         // Each move costs about a sync and its round trips of the limit
         // (0.2 s at 200 ms): over 1 000 seeds the median used 96.2 %, the
         // worst 94.83 %, three seeds under the 95 % aimed at.
-        let checked = within_the_limit(&outcome).and_then(|()| used(&outcome, (3, 20), 94.5));
+        // A lost message costs its timeout (an interval) and a sync: the
+        // timing is checked on runs that lost none, the limit on all.
+        let lost = outcome.fleet.as_ref().map_or(0, |f| f.lost);
+        let checked = within_the_limit(&outcome).and_then(|()| {
+            if lost > 0 {
+                Ok(())
+            } else {
+                used(&outcome, (3, 20), 94.5)
+            }
+        });
         match checked {
             Ok(()) => Ok(outcome),
             Err(why) => Err(Failure::new(outcome, why)),
@@ -274,6 +283,14 @@ fn a_dead_envoys_share_moves_and_comes_back() {
             // trips between: the others told to sync, giving room back, saying
             // they hold less, it told to sync.
             let may_regrow = interval.saturating_mul(2) + LATENCY.saturating_mul(10);
+            // A lost message costs its timeout (an interval) and a sync: the
+            // timing is checked on runs that lost none, the limit on all.
+            if outcome.fleet.as_ref().is_some_and(|f| f.lost > 0) {
+                return match within_the_limit(&outcome) {
+                    Ok(()) => Ok(outcome),
+                    Err(why) => Err(Failure::new(outcome, why)),
+                };
+            }
             let checked = within_the_limit(&outcome)
             .and_then(|()| match moved {
                 Some(took) if took <= may_take => Ok(()),
