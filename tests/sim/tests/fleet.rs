@@ -307,3 +307,43 @@ fn a_dead_envoys_share_moves_and_comes_back() {
         },
     );
 }
+
+/// The admin is unreachable for 1 to 4 s under uneven load: each Envoy
+/// keeps its share until its lease ends, then the smaller of it and an
+/// even split, so the provider refuses nothing. Once the admin answers
+/// again the shares follow demand after the Envoys' backoff (up to 5 s),
+/// the ledger's recovery (a lease and a half: nobody is given more than
+/// it holds, as a share may have lapsed to its fallback unseen) and a
+/// sync or two.
+#[test]
+fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
+    for_seeds_by_default(
+        "fleet::an_admin_outage_never_costs_the_limit_and_shares_come_back",
+        SEEDS,
+        |seed| {
+            let envoys = 2 + (seed / 24 % 3) as usize;
+            let mut callers = vec![busy("e0", 0)];
+            callers.extend((1..envoys).map(|e| steady(&format!("e{e}"), e, 50)));
+            let mut scenario = scenario(seed, envoys, callers, Span::from_secs(24));
+            let down = Span::from_secs(1 + seed / 72 % 4);
+            scenario.faults.admin_down = vec![(Span::from_secs(4), down)];
+            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+            let interval = fleet(seed, envoys).interval;
+            let back = 4 + down.as_secs();
+            // Backoff 5 s, recovery 4.5 s, two syncs.
+            let from = back + 10 + (interval.saturating_mul(2).as_millis()).div_ceil(1000);
+            let lost = outcome.fleet.as_ref().map_or(0, |f| f.lost);
+            let checked = within_the_limit(&outcome).and_then(|()| {
+                if lost == 0 {
+                    used(&outcome, (from, 24), 98.0)
+                } else {
+                    Ok(())
+                }
+            });
+            match checked {
+                Ok(()) => Ok(outcome),
+                Err(why) => Err(Failure::new(outcome, why)),
+            }
+        },
+    );
+}
