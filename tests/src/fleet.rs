@@ -23,8 +23,31 @@ pub const LEASE: Duration = Duration::from_secs(2);
 pub const WORKERS: u32 = 2;
 /// Offered load per instance: 80 % through the first.
 pub const OFFERED: [(&str, u64); 3] = [("a", 400), ("b", 50), ("c", 50)];
-/// How often the heavy load moves in [`moving`].
+/// How often the heavy load moves in [`moving`] (`make bench`; the
+/// end-to-end test moves it every [`MOVE_EVERY_E2E`]).
 pub const MOVE_EVERY: Duration = Duration::from_secs(5);
+pub const MOVE_EVERY_E2E: Duration = Duration::from_secs(3);
+
+/// How long [`uneven_then_kill`] runs: the window the steady use is
+/// measured over, then how long after the kill.
+#[derive(Debug, Clone, Copy)]
+pub struct UnevenSpans {
+    pub steady: (Duration, Duration),
+    pub after_kill: Duration,
+}
+
+/// `make bench`'s figures: 8 s of steady state, 4 s after the kill.
+pub const UNEVEN_BENCH: UnevenSpans = UnevenSpans {
+    steady: (Duration::from_secs(4), Duration::from_secs(12)),
+    after_kill: Duration::from_secs(4),
+};
+
+/// The end-to-end test's: behaviour, not figures (those are the
+/// simulator's, `tests/sim/tests/fleet.rs`, and the bench's).
+pub const UNEVEN_E2E: UnevenSpans = UnevenSpans {
+    steady: (Duration::from_secs(3), Duration::from_secs(6)),
+    after_kill: Duration::from_secs(2),
+};
 
 /// Targets (issue 19): of the global limit, what reaches the provider.
 pub const UNEVEN_TARGET: f64 = 0.98;
@@ -170,16 +193,16 @@ pub struct Uneven {
     pub syncs_ok: Vec<f64>,
 }
 
-/// Uneven load (a 400/s, b 50/s, c 50/s) for 12 s, then Envoy c SIGKILLed
-/// and 4 s more.
-pub async fn uneven_then_kill(fleet: &mut Fleet) -> anyhow::Result<Uneven> {
+/// Uneven load (a 400/s, b 50/s, c 50/s) over `spans.steady`, then Envoy
+/// c SIGKILLed and `spans.after_kill` more.
+pub async fn uneven_then_kill(fleet: &mut Fleet, spans: UnevenSpans) -> anyhow::Result<Uneven> {
     let stop = Arc::new(AtomicBool::new(false));
     fleet.mock.reset();
     let origin = Instant::now();
     let load = load::paced_through(&fleet.envoys, &OFFERED, &stop);
-    // Shares settle within a few syncs; then 8 s of steady state.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let (from, to) = (Duration::from_secs(4), Duration::from_secs(12));
+    // Shares settle within a few syncs; then the steady state.
+    let (from, to) = spans.steady;
+    tokio::time::sleep(to).await;
     let used = rate_at_mock(&fleet.mock, &[], from, to);
     let per: Vec<f64> = ["a", "b", "c"]
         .iter()
@@ -203,8 +226,8 @@ pub async fn uneven_then_kill(fleet: &mut Fleet) -> anyhow::Result<Uneven> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let after_from = killed_on_mock + moved + Duration::from_secs(1);
+    tokio::time::sleep(spans.after_kill).await;
+    let after_from = killed_on_mock + moved + spans.after_kill / 4;
     let used_after = rate_at_mock(&fleet.mock, &[], after_from, origin.elapsed());
     let calls = finish(&stop, load).await;
     Ok(Uneven {
@@ -224,7 +247,7 @@ pub async fn uneven_then_kill(fleet: &mut Fleet) -> anyhow::Result<Uneven> {
 #[derive(Debug)]
 pub struct Moving {
     /// Calls a second at the provider from just before the first move to
-    /// the end (three moves), and in each 5 s after a move.
+    /// the end (three moves), and in each period after a move.
     pub used: f64,
     pub per_period: Vec<f64>,
     pub calls: usize,
@@ -233,9 +256,10 @@ pub struct Moving {
     pub syncs_ok: Vec<f64>,
 }
 
-/// The heavy load (400/s) moves a -> b -> c every 5 s, the other two at
-/// 50/s, for 20 s. With `trace`, prints the admin's view every 50 ms.
-pub async fn moving(fleet: &Fleet, trace: bool) -> anyhow::Result<Moving> {
+/// The heavy load (400/s) moves a -> b -> c every `every`, the other two
+/// at 50/s, for four periods. With `trace`, prints the admin's view every
+/// 50 ms.
+pub async fn moving(fleet: &Fleet, trace: bool, every: Duration) -> anyhow::Result<Moving> {
     // Every Envoy has synced and holds a share before the load starts.
     until(Duration::from_secs(10), || async {
         shares(&fleet.op).await.is_ok_and(|s| s.len() == 3)
@@ -244,25 +268,20 @@ pub async fn moving(fleet: &Fleet, trace: bool) -> anyhow::Result<Moving> {
     .context("three Envoys in the fleet within 10 s")?;
     let stop = Arc::new(AtomicBool::new(false));
     fleet.mock.reset();
-    let load = load::moving_through(
-        &fleet.envoys,
-        &["a", "b", "c"],
-        (400, 50),
-        MOVE_EVERY,
-        &stop,
-    );
+    let load = load::moving_through(&fleet.envoys, &["a", "b", "c"], (400, 50), every, &stop);
     let started = Instant::now();
-    while started.elapsed() < MOVE_EVERY * 4 {
+    while started.elapsed() < every * 4 {
         if trace {
             print_view(&fleet.op, started.elapsed()).await?;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let calls = finish(&stop, load).await;
-    let (from, to) = (MOVE_EVERY - Duration::from_millis(500), MOVE_EVERY * 4);
+    let (from, to) = (every - Duration::from_millis(500), every * 4);
     if trace {
         // What the provider saw per 100 ms, by instance.
-        for tenth in 40..200u32 {
+        let tenths = u32::try_from((every * 4).as_millis() / 100).unwrap_or(200);
+        for tenth in 0..tenths {
             let at = Duration::from_millis(100) * tenth;
             let per: Vec<String> = ["a", "b", "c"]
                 .iter()
@@ -277,7 +296,7 @@ pub async fn moving(fleet: &Fleet, trace: bool) -> anyhow::Result<Moving> {
     Ok(Moving {
         used: rate_at_mock(&fleet.mock, &[], from, to),
         per_period: (1..4)
-            .map(|k| rate_at_mock(&fleet.mock, &[], MOVE_EVERY * k, MOVE_EVERY * (k + 1)))
+            .map(|k| rate_at_mock(&fleet.mock, &[], every * k, every * (k + 1)))
             .collect(),
         calls,
         most_in_a_second: most_in_any_second(&fleet.mock),

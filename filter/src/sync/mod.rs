@@ -126,7 +126,7 @@ pub fn hurry<H: Host + ?Sized>(host: &H, store: &mut Store, now: Instant) {
 /// a success clears the backoff. (Doubling from the first, one lost
 /// answer left an Envoy three intervals without a sync, a lease at the
 /// default 1 s and 3 s: its share lapsed to its fallback; the simulated
-/// fleet, `tests/sim/tests/fleet.rs` with 1 % of messages lost.)
+/// fleet, `tests/sim/tests/fleet_shares.rs` with 1 % of messages lost.)
 pub fn finish_turn<H: Host + ?Sized>(
     host: &H,
     store: &mut Store,

@@ -500,7 +500,7 @@ impl Ledger {
     /// back, its clock was stepped, and its counters start a new window).
     /// An Envoy's VMs sync over connections of their own, and one's report
     /// can arrive after another's newer one (found by the simulator,
-    /// `tests/sim/tests/fleet.rs`).
+    /// `tests/sim/tests/fleet_shares.rs`).
     fn late_report(&self, terms: &FleetTerms, instance: &str, usage: Usage) -> Option<Demand> {
         let member = self.members.get(instance)?;
         let last = member.usage?;
@@ -704,7 +704,7 @@ mod tests {
     /// recover (which held every share where it was, the busy instance's
     /// at nothing, for a lease and a half), and its old counters do not
     /// read as a drop in demand. Found by the simulator (seed 171 of
-    /// `tests/sim/tests/fleet.rs`).
+    /// `tests/sim/tests/fleet_shares.rs`).
     #[test]
     fn a_report_arriving_after_a_newer_one_is_no_claim() {
         let mut ledger = Ledger::default();

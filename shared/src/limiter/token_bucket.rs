@@ -168,7 +168,7 @@ impl TokenBucket {
     /// a tiny rate outlived it: two calls at a share of 0.4 a second owed
     /// five seconds, and the Envoy refused every call for four seconds
     /// after its share grew to 7 a second (the simulator's fleet, seed 201
-    /// of `tests/sim/tests/fleet.rs`). A backlog (calls queued, costs
+    /// of `tests/sim/tests/fleet_shares.rs`). A backlog (calls queued, costs
     /// charged after they went) stays where it was: what waits keeps its
     /// turn, and nothing queued after it goes sooner.
     pub fn in_its_terms(&self, state: &TokenBucketState) -> TokenBucketState {

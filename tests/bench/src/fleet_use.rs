@@ -14,10 +14,10 @@ use crate::scenarios::Report;
 
 pub async fn fleet_use(report: &mut Report) -> anyhow::Result<()> {
     let mut uneven_fleet = Fleet::start().await?;
-    let uneven = fleet::uneven_then_kill(&mut uneven_fleet).await?;
+    let uneven = fleet::uneven_then_kill(&mut uneven_fleet, fleet::UNEVEN_BENCH).await?;
     drop(uneven_fleet);
     let moving_fleet = Fleet::start().await?;
-    let moving = fleet::moving(&moving_fleet, false).await?;
+    let moving = fleet::moving(&moving_fleet, false, MOVE_EVERY).await?;
     drop(moving_fleet);
     let share = |used: f64| used / GLOBAL_RPS;
     let refused = uneven.refused_by_provider + moving.refused_by_provider;

@@ -158,7 +158,7 @@ fn settled_from(seed: u64) -> u64 {
 #[test]
 fn uneven_load_uses_the_global_limit_and_the_shares_never_exceed_it() {
     for_seeds_by_default(
-        "fleet::uneven_load_uses_the_global_limit_and_the_shares_never_exceed_it",
+        "fleet_shares::uneven_load_uses_the_global_limit_and_the_shares_never_exceed_it",
         SEEDS,
         |seed| {
             let envoys = 2 + (seed / 24 % 3) as usize;
@@ -180,48 +180,52 @@ fn uneven_load_uses_the_global_limit_and_the_shares_never_exceed_it() {
 /// measurement), the other two steady at 50.
 #[test]
 fn moving_load_uses_the_global_limit() {
-    for_seeds_by_default("fleet::moving_load_uses_the_global_limit", SEEDS, |seed| {
-        let mut callers = Vec::new();
-        for e in 0..3 {
-            let mut moving = busy(&format!("busy{e}"), e);
-            // Busy in seconds 5e..5e+5, and e0 again from 15.
-            moving.active = vec![(Span::from_secs(5 * e as u64), Span::from_secs(5))];
-            if e == 0 {
-                moving
-                    .active
-                    .push((Span::from_secs(15), Span::from_secs(5)));
+    for_seeds_by_default(
+        "fleet_shares::moving_load_uses_the_global_limit",
+        SEEDS,
+        |seed| {
+            let mut callers = Vec::new();
+            for e in 0..3 {
+                let mut moving = busy(&format!("busy{e}"), e);
+                // Busy in seconds 5e..5e+5, and e0 again from 15.
+                moving.active = vec![(Span::from_secs(5 * e as u64), Span::from_secs(5))];
+                if e == 0 {
+                    moving
+                        .active
+                        .push((Span::from_secs(15), Span::from_secs(5)));
+                }
+                callers.push(moving);
+                callers.push(steady(&format!("e{e}"), e, 50));
             }
-            callers.push(moving);
-            callers.push(steady(&format!("e{e}"), e, 50));
-        }
-        // Load that moves is followed within syncs, room freed told at
-        // once through the watches: docs/FLEET.md's 200 ms and push.
-        // (Without push, 94.3-96.0 % over 240 seeds: freed room waits for
-        // the others' next sync; at 500 ms each move costs over a second.)
-        let mut scenario = scenario(seed, 3, callers, Span::from_secs(20));
-        if let Some(fleet) = scenario.fleet.as_mut() {
-            fleet.interval = Span::from_millis(200);
-            fleet.push = true;
-        }
-        let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-        // Each move costs about a sync and its round trips of the limit
-        // (0.2 s at 200 ms): over 1 000 seeds the median used 96.2 %, the
-        // worst 94.83 %, three seeds under the 95 % aimed at.
-        // A lost message costs its timeout (an interval) and a sync: the
-        // timing is checked on runs that lost none, the limit on all.
-        let lost = outcome.fleet.as_ref().map_or(0, |f| f.lost);
-        let checked = within_the_limit(&outcome).and_then(|()| {
-            if lost > 0 {
-                Ok(())
-            } else {
-                used(&outcome, (3, 20), 94.5)
+            // Load that moves is followed within syncs, room freed told at
+            // once through the watches: docs/FLEET.md's 200 ms and push.
+            // (Without push, 94.3-96.0 % over 240 seeds: freed room waits for
+            // the others' next sync; at 500 ms each move costs over a second.)
+            let mut scenario = scenario(seed, 3, callers, Span::from_secs(20));
+            if let Some(fleet) = scenario.fleet.as_mut() {
+                fleet.interval = Span::from_millis(200);
+                fleet.push = true;
             }
-        });
-        match checked {
-            Ok(()) => Ok(outcome),
-            Err(why) => Err(Failure::new(outcome, why)),
-        }
-    });
+            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+            // Each move costs about a sync and its round trips of the limit
+            // (0.2 s at 200 ms): over 1 000 seeds the median used 96.2 %, the
+            // worst 94.83 %, three seeds under the 95 % aimed at.
+            // A lost message costs its timeout (an interval) and a sync: the
+            // timing is checked on runs that lost none, the limit on all.
+            let lost = outcome.fleet.as_ref().map_or(0, |f| f.lost);
+            let checked = within_the_limit(&outcome).and_then(|()| {
+                if lost > 0 {
+                    Ok(())
+                } else {
+                    used(&outcome, (3, 20), 94.5)
+                }
+            });
+            match checked {
+                Ok(()) => Ok(outcome),
+                Err(why) => Err(Failure::new(outcome, why)),
+            }
+        },
+    );
 }
 
 /// The most the network takes one way.
@@ -254,7 +258,7 @@ fn held_by(outcome: &Outcome, envoys: &[usize], from: Instant, part: f64) -> Opt
 #[test]
 fn a_dead_envoys_share_moves_and_comes_back() {
     for_seeds_by_default(
-        "fleet::a_dead_envoys_share_moves_and_comes_back",
+        "fleet_shares::a_dead_envoys_share_moves_and_comes_back",
         SEEDS,
         |seed| {
             let envoys = 2 + (seed / 12 % 2) as usize;
@@ -318,7 +322,7 @@ fn a_dead_envoys_share_moves_and_comes_back() {
 #[test]
 fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
     for_seeds_by_default(
-        "fleet::an_admin_outage_never_costs_the_limit_and_shares_come_back",
+        "fleet_shares::an_admin_outage_never_costs_the_limit_and_shares_come_back",
         SEEDS,
         |seed| {
             let envoys = 2 + (seed / 24 % 3) as usize;
