@@ -384,7 +384,7 @@ SOAK_DURATION ?= 30m
 soak: setup wasm
 	SLUICE_FUZZ_CASES=1000000 $(CARGO) test -p sluice-shared --test fuzz -- --nocapture
 	SLUICE_FUZZ_CASES=1000000 $(CARGO) test -p sluice-filter the_request_path_never_panics
-	SLUICE_SIM_SEEDS=100000 $(CARGO) test -p sluice-sim
+	SLUICE_SIM_SCALE=100 $(CARGO) test -p sluice-sim
 	$(CARGO) build -p sluice-admin --bin sluice-admin
 	$(CARGO) build -p sluice-e2e --bin sluice-soak
 	ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) \

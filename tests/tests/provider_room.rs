@@ -155,10 +155,10 @@ async fn a_sliding_token_quota_is_used_as_it_frees() -> anyhow::Result<()> {
 /// second 2 on; it counts refused calls too and answers them 429 with
 /// `Retry-After: 1`, saying nothing else of its limit. Sluice's limit is
 /// told 30 a second, adapts, and queues; 24 callers wait their turn for
-/// 90 s. After the drop the provider refuses at most 1 % of the calls,
+/// 90 s. After the drop the provider refuses at most 2 % of the calls,
 /// and from 20 s after it (settled: holding under the limit it learned,
-/// with its ever rarer probes above) it serves at least 90 % of its 12 a
-/// second.
+/// with its ever rarer probes above) it serves at least 80 % of its 12 a
+/// second, in no second more than 13 (the figures: the simulator's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_settles_under_a_dropped_limit_and_uses_it() -> anyhow::Result<()> {
     const RUN: u64 = 90;
@@ -215,8 +215,13 @@ async fn an_adaptive_limit_settles_under_a_dropped_limit_and_uses_it() -> anyhow
         seconds.join(" ")
     );
     assert_eq!(after.len() as u64, RUN - 2, "{seconds:?}");
-    assert!(share <= 0.01, "{seconds:?}");
-    assert!(settled >= 0.9 * DROPPED as f64, "{seconds:?}");
+    // Behaviour with margins: the drop is found and the new limit used.
+    // The figures (at most 1 %, 90 % used, at 5-200 ms answers) are the
+    // simulator's (`tests/sim/tests/listening.rs`: 1 000 seeds at most
+    // 1.89 % refused and at least 10.1/s; this run's 0.65 % and 10.7/s
+    // were once under the 90 % this test held, on an idle machine).
+    assert!(share <= 0.02, "{seconds:?}");
+    assert!(settled >= 0.8 * DROPPED as f64, "{seconds:?}");
     assert!(
         last.iter().all(|w| w.accepted + w.refused <= DROPPED + 1),
         "{seconds:?}"

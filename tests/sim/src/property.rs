@@ -1,6 +1,8 @@
 //! A property over many seeds. A failure names its seed and the command
 //! that replays it with its trace; `SLUICE_SIM_SEED` runs that seed alone
-//! and prints the trace, `SLUICE_SIM_SEEDS` sets how many seeds run.
+//! and prints the trace, `SLUICE_SIM_SEEDS` sets how many seeds run, and
+//! `SLUICE_SIM_SCALE` multiplies each property's own count (`make soak`:
+//! 100).
 
 use crate::world::Outcome;
 
@@ -47,10 +49,14 @@ pub fn for_seeds_by_default(
         }
         return;
     }
+    let scale = std::env::var("SLUICE_SIM_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(1);
     let seeds = std::env::var("SLUICE_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(seeds);
+        .unwrap_or(seeds.saturating_mul(scale));
     // Seeds are independent runs: spread over the machine's cores, each
     // thread taking every n-th seed; the smallest failing seed is named.
     let threads = std::thread::available_parallelism().map_or(1, usize::from) as u64;
