@@ -8,32 +8,12 @@ use serde::{Deserialize, Serialize};
 use super::allocation::allocate;
 use super::demand::{demand_between, settle, smooth, used_between, Demand, Usage};
 use super::fair_demand::KeyDemand;
+use super::member::{Member, DEPARTURE_IN_FLIGHT};
+pub use super::share::{share_in_force, Share};
 use super::{fair_demand, Amount, FLOOR_FRACTION};
 use crate::fair::FairKeyView;
 use crate::policy::Policy;
 use crate::time::{millis, Instant, Span};
-
-/// A share of the global limit leased to one instance until `expires_at`;
-/// `instances` is how many the admin counted when it made it (what a
-/// lapsed share falls back to splits the limit that many ways). Field names
-/// on the wire and in Redis are the ones the first release wrote.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Share {
-    #[serde(rename = "share")]
-    pub amount: Amount,
-    #[serde(rename = "expires_at_ms", with = "millis")]
-    pub expires_at: Instant,
-    pub instances: u32,
-}
-
-impl Share {
-    /// The id an instance echoes to say it applies this share: its expiry,
-    /// in milliseconds of the admin's clock (unique per instance, since
-    /// each sync leases until later).
-    pub fn id(&self) -> u64 {
-        self.expires_at.as_millis()
-    }
-}
 
 /// The share an instance says it holds, and whether the admin issued it
 /// (`vouched`: its tag checks out, see `share_tag`). A share the ledger
@@ -84,141 +64,9 @@ impl FleetTerms {
     }
 }
 
-/// The share an instance enforces of a global limit, given the newest
-/// share it received: that share while its lease runs, then the smaller of
-/// it and an even split (never more than either). Nothing before its first
-/// share: the admin has reserved nothing for it yet (the first sync is at
-/// start).
-pub fn share_in_force(newest: Option<Share>, limit: Amount, now: Instant) -> Amount {
-    match newest {
-        None => Amount::default(),
-        Some(s) if s.expires_at > now => s.amount,
-        Some(s) => s.amount.min(even_split(limit, s.instances)),
-    }
-}
-
-fn even_split(limit: Amount, instances: u32) -> Amount {
-    let n = instances.max(1);
-    Amount {
-        rate: limit.rate / f64::from(n),
-        in_flight: limit.in_flight / n,
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Member {
-    demand: Demand,
-    #[serde(rename = "last_heard_ms", with = "millis")]
-    last_heard: Instant,
-    /// The shares it may still apply, oldest first.
-    #[serde(rename = "grants")]
-    shares: Vec<Share>,
-    /// Its counters at its last sync, to turn the next ones into rates.
-    #[serde(default)]
-    usage: Option<Usage>,
-    /// What it admitted per second over the last whole window of at least
-    /// [`USED_WINDOW`], and held in flight at its last sync.
-    #[serde(default)]
-    used: Amount,
-    /// Its counters where the current window began.
-    #[serde(default)]
-    used_since: Option<Usage>,
-    /// Time between its last two syncs.
-    #[serde(default, rename = "sync_gap_ms", with = "millis")]
-    sync_gap: Span,
-    /// When a connection of its to the admin closed (see
-    /// [`Ledger::departed`]), if it has not synced since.
-    #[serde(default, rename = "departed_ms", with = "millis")]
-    departed: Instant,
-    /// At its last sync, what its target gave it beyond the share it got:
-    /// room the others still held (see [`Ledger::held_back`]).
-    #[serde(default)]
-    held_back: Amount,
-    /// Its demand jumped at its last sync: the next whole count is taken
-    /// as it is (`demand::settle`).
-    #[serde(default)]
-    settling: bool,
-    /// For a limit shared fairly, its keys as its last sync reported them
-    /// (see `fair_demand`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    fair: Vec<KeyDemand>,
-    /// The share it named that this ledger had no record of (see
-    /// [`Ledger::sync`]), while the ledger recovers: that room was its
-    /// own, so it may be given it again even after it applied a smaller
-    /// share meanwhile (the first one after it came back, made before its
-    /// demand was known).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    claimed: Option<Share>,
-    /// When it last claimed a share this ledger had no record of: one
-    /// claim a lease, at most.
-    #[serde(default, rename = "claimed_at_ms", with = "millis")]
-    claimed_at: Instant,
-}
-
-/// An instance whose connection closed is taken for dead once it has
-/// not synced for this many of its sync intervals since...
-const DEPARTURE_SYNCS: u64 = 3;
-/// ...and at least this long. A live Envoy under load syncs late, and one
-/// taken for dead keeps enforcing its share while the others are given
-/// its room; three intervals and 600 ms still move a killed one's share
-/// well within a lease.
-const DEPARTURE_GRACE: Span = Span::from_millis(600);
-/// A sync heard this soon after the instance's connection closed may have
-/// been sent before it died (its VMs call over connections of their own,
-/// and a report in flight on one arrives after another's close): it does
-/// not prove the instance alive. Its next sync does. Taken as proof, a
-/// SIGKILLed Envoy's share stayed reserved for a lease and a half (the
-/// simulator's fleet, seed 33).
-const DEPARTURE_IN_FLIGHT: Span = Span::from_millis(200);
-
 /// Use is counted over at least this long: syncs are not evenly spaced,
 /// and a count over two syncs 20 ms apart says little about a rate.
 pub const USED_WINDOW: Span = Span::from_secs(1);
-
-impl Member {
-    /// The most it may be enforcing now (0 once its reservation ended).
-    fn reserved(&self, limit: Amount, lease: Span, now: Instant) -> Amount {
-        if now >= self.reserved_until(lease) {
-            return Amount::default();
-        }
-        self.shares
-            .iter()
-            .map(|&s| share_in_force(Some(s), limit, now))
-            .fold(Amount::default(), Amount::max)
-    }
-
-    fn reserved_until(&self, lease: Span) -> Instant {
-        // The fallback after a lapsed share stays reserved this long: an
-        // instance that merely missed a few syncs is not given away.
-        let grace = lease.div(2);
-        let last_share_ends = self
-            .shares
-            .iter()
-            .map(|s| s.expires_at + grace)
-            .max()
-            .unwrap_or(Instant::EPOCH);
-        let until = last_share_ends.max(self.last_heard + lease + grace);
-        match self.dead_from() {
-            Some(dead) => until.min(dead),
-            None => until,
-        }
-    }
-
-    /// When a departed instance counts as dead: its connection closed and
-    /// it missed its next syncs (a live one whose connection merely closed syncs
-    /// on).
-    fn dead_from(&self) -> Option<Instant> {
-        if self.departed == Instant::EPOCH || self.departed + DEPARTURE_IN_FLIGHT < self.last_heard
-        {
-            return None;
-        }
-        let wait = self
-            .sync_gap
-            .saturating_mul(DEPARTURE_SYNCS)
-            .max(DEPARTURE_GRACE);
-        Some(self.departed + wait)
-    }
-}
 
 /// The admin's record of one global policy's shares. Serializable: with
 /// several admin replicas it lives in Redis.

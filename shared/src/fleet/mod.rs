@@ -30,6 +30,8 @@ pub mod allocation;
 pub mod demand;
 pub mod fair_demand;
 pub mod ledger;
+mod member;
+mod share;
 pub mod share_limits;
 pub mod share_tag;
 
