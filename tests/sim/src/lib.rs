@@ -14,7 +14,8 @@
 //!   loss, the admin down), and what the Envoys held of global limits.
 //! - [`provider`]: upstreams shaped as real providers limit.
 //! - [`callers`]: greedy and paced callers.
-//! - [`world`]: the event loop; [`trace`]: what a run did, per second.
+//! - [`world`]: the event loop (its callers' side in `world/calls.rs`);
+//!   [`trace`]: what a run did, per second.
 //! - [`property`]: many seeds, the failing one replayed.
 
 pub mod admin;
