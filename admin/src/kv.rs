@@ -22,6 +22,19 @@ const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Sets ARGV[2] (expiring after ARGV[3] ms) if the value is still ARGV[1]
 /// ("" for none).
+/// How long a change that lost its compare-and-set to another replica's
+/// waits before reading again: a random part of 200 µs times the races
+/// lost so far, at most 5 ms. Trying again at once, the loser met the
+/// winner's next change every time: two replicas bumping one counter
+/// (`store_backends`), one lost 50 races in a row.
+fn after_a_race(lost: u32) -> Duration {
+    let most = Duration::from_micros(200)
+        .saturating_mul(lost)
+        .min(Duration::from_millis(5));
+    let random = crate::auth::random_bytes::<2>().map_or(0, u16::from_le_bytes);
+    most.mul_f64(f64::from(random) / f64::from(u16::MAX))
+}
+
 const COMPARE_AND_SET: &str = r#"
 local current = redis.call('GET', KEYS[1])
 if current == false then current = '' end
@@ -187,7 +200,10 @@ impl Kv {
             Backend::Redis(connection) => {
                 let script = redis::Script::new(COMPARE_AND_SET);
                 let mut connection = connection.clone();
-                for _ in 0..tries {
+                for attempt in 0..tries {
+                    if attempt > 0 {
+                        tokio::time::sleep(after_a_race(attempt)).await;
+                    }
                     let raw: Option<String> = redis::cmd("GET")
                         .arg(&key)
                         .query_async(&mut connection)
