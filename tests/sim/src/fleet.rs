@@ -186,14 +186,7 @@ impl Network {
                     // A newer watch of the same Envoy replaces the one held.
                     if let Some(old) = self.held.iter().position(|h| h.from.envoy == from.envoy) {
                         let old = self.held.remove(old);
-                        let end = self.admin.watch_end(false);
-                        self.answer(
-                            &mut carried,
-                            (old.from, old.token, old.gives_up),
-                            (end, None),
-                            now,
-                            rng,
-                        );
+                        self.end_watch(&mut carried, old, false, (now, rng));
                     }
                     let ends = now + sluice_filter::sync::watch::HOLD;
                     self.held.push(Held {
@@ -229,14 +222,7 @@ impl Network {
         if answered.freed {
             // Every held watch is told to sync now.
             for held in std::mem::take(&mut self.held) {
-                let end = self.admin.watch_end(true);
-                self.answer(
-                    &mut carried,
-                    (held.from, held.token, held.gives_up),
-                    (end, None),
-                    now,
-                    rng,
-                );
+                self.end_watch(&mut carried, held, true, (now, rng));
             }
         }
         let shares = Some((answered.shares, sent));
@@ -285,16 +271,27 @@ impl Network {
             .partition(|h| h.ends <= now);
         self.held = kept;
         for held in due {
-            let end = self.admin.watch_end(false);
-            self.answer(
-                &mut carried,
-                (held.from, held.token, held.gives_up),
-                (end, None),
-                now,
-                rng,
-            );
+            self.end_watch(&mut carried, held, false, (now, rng));
         }
         carried
+    }
+
+    /// The admin answers a watch it held: sync now, or nothing new.
+    fn end_watch(
+        &mut self,
+        carried: &mut Carried,
+        held: Held,
+        sync_now: bool,
+        (now, rng): (Instant, &mut SimRng),
+    ) {
+        let end = self.admin.watch_end(sync_now);
+        self.answer(
+            carried,
+            (held.from, held.token, held.gives_up),
+            (end, None),
+            now,
+            rng,
+        );
     }
 
     /// The admin goes down (its held watches' connections reset) or up.

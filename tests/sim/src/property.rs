@@ -21,6 +21,14 @@ impl Failure {
     }
 }
 
+/// A run's outcome, or the failure `checked` names.
+pub fn verdict(outcome: Outcome, checked: Result<(), String>) -> Result<Outcome, Failure> {
+    match checked {
+        Ok(()) => Ok(outcome),
+        Err(why) => Err(Failure::new(outcome, why)),
+    }
+}
+
 /// Seeds run when `SLUICE_SIM_SEEDS` does not say.
 pub const DEFAULT_SEEDS: u64 = 1_000;
 

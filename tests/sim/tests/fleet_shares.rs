@@ -8,7 +8,7 @@
 use sluice_shared::time::{Instant, Span};
 use sluice_sim::callers::{Caller, Shape};
 use sluice_sim::fleet::Fleet;
-use sluice_sim::property::{for_seeds_by_default, Failure};
+use sluice_sim::property::{for_seeds_by_default, verdict};
 use sluice_sim::provider::ProviderShape;
 use sluice_sim::world::{run, Faults, Kill, Outcome, Scenario};
 
@@ -93,6 +93,13 @@ fn scenario(seed: u64, envoys: usize, callers: Vec<Caller>, duration: Span) -> S
     }
 }
 
+/// Envoy 0 busy, the other `envoys - 1` steady at 50 a second.
+fn busy_beside_steady(envoys: usize) -> Vec<Caller> {
+    let mut callers = vec![busy("e0", 0)];
+    callers.extend((1..envoys).map(|e| steady(&format!("e{e}"), e, 50)));
+    callers
+}
+
 /// Calls the provider served in seconds `from..to` of the run.
 fn served(outcome: &Outcome, from: u64, to: u64) -> u64 {
     let first = outcome.start.as_nanos() / 1_000_000_000;
@@ -162,16 +169,12 @@ fn uneven_load_uses_the_global_limit_and_the_shares_never_exceed_it() {
         SEEDS,
         |seed| {
             let envoys = 2 + (seed / 24 % 3) as usize;
-            let mut callers = vec![busy("e0", 0)];
-            callers.extend((1..envoys).map(|e| steady(&format!("e{e}"), e, 50)));
+            let callers = busy_beside_steady(envoys);
             let outcome = run(&scenario(seed, envoys, callers, Span::from_secs(12)), seed)
                 .map_err(|e| panic!("{e}"))?;
             let checked = within_the_limit(&outcome)
                 .and_then(|()| used(&outcome, (settled_from(seed), 12), 98.0));
-            match checked {
-                Ok(()) => Ok(outcome),
-                Err(why) => Err(Failure::new(outcome, why)),
-            }
+            verdict(outcome, checked)
         },
     );
 }
@@ -220,10 +223,7 @@ fn moving_load_uses_the_global_limit() {
                     used(&outcome, (3, 20), 94.5)
                 }
             });
-            match checked {
-                Ok(()) => Ok(outcome),
-                Err(why) => Err(Failure::new(outcome, why)),
-            }
+            verdict(outcome, checked)
         },
     );
 }
@@ -262,8 +262,7 @@ fn a_dead_envoys_share_moves_and_comes_back() {
         SEEDS,
         |seed| {
             let envoys = 2 + (seed / 12 % 2) as usize;
-            let mut callers = vec![busy("e0", 0)];
-            callers.extend((1..envoys).map(|e| steady(&format!("e{e}"), e, 50)));
+            let callers = busy_beside_steady(envoys);
             let mut scenario = scenario(seed, envoys, callers, Span::from_secs(13));
             let (killed, back) = (
                 Span::from_millis(6_000 + seed % 7 * 100),
@@ -290,10 +289,8 @@ fn a_dead_envoys_share_moves_and_comes_back() {
             // A lost message costs its timeout (an interval) and a sync: the
             // timing is checked on runs that lost none, the limit on all.
             if outcome.fleet.as_ref().is_some_and(|f| f.lost > 0) {
-                return match within_the_limit(&outcome) {
-                    Ok(()) => Ok(outcome),
-                    Err(why) => Err(Failure::new(outcome, why)),
-                };
+                let checked = within_the_limit(&outcome);
+                return verdict(outcome, checked);
             }
             let checked = within_the_limit(&outcome)
             .and_then(|()| match moved {
@@ -304,10 +301,7 @@ fn a_dead_envoys_share_moves_and_comes_back() {
                 Some(took) if took <= may_regrow => Ok(()),
                 _ => Err(format!("back, e0 held 90 % of its part {regrown:?} after (at most {may_regrow:?})")),
             });
-            match checked {
-                Ok(()) => Ok(outcome),
-                Err(why) => Err(Failure::new(outcome, why)),
-            }
+            verdict(outcome, checked)
         },
     );
 }
@@ -326,8 +320,7 @@ fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
         SEEDS,
         |seed| {
             let envoys = 2 + (seed / 24 % 3) as usize;
-            let mut callers = vec![busy("e0", 0)];
-            callers.extend((1..envoys).map(|e| steady(&format!("e{e}"), e, 50)));
+            let callers = busy_beside_steady(envoys);
             let mut scenario = scenario(seed, envoys, callers, Span::from_secs(24));
             let down = Span::from_secs(1 + seed / 72 % 4);
             scenario.faults.admin_down = vec![(Span::from_secs(4), down)];
@@ -344,10 +337,7 @@ fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
                     Ok(())
                 }
             });
-            match checked {
-                Ok(()) => Ok(outcome),
-                Err(why) => Err(Failure::new(outcome, why)),
-            }
+            verdict(outcome, checked)
         },
     );
 }

@@ -377,23 +377,12 @@ impl World {
             return;
         }
         let passed = e.tick(worker);
-        let w = &mut e.workers[worker];
-        w.scheduled = w.host.tick.get();
-        w.tick_generation += 1;
-        let (at, generation) = (now + w.scheduled, w.tick_generation);
         for (stream, passage) in passed {
             if let Some(conn) = self.conn_of(envoy, stream) {
                 self.passed(now, (envoy, conn), stream, passage);
             }
         }
-        self.schedule(
-            at,
-            Event::Tick {
-                at: (envoy, life),
-                worker,
-                generation,
-            },
-        );
+        self.tick_again(envoy, worker, now);
         self.carry_calls(envoy, now);
     }
 
@@ -502,20 +491,30 @@ impl World {
         let Some(e) = self.envoys[envoy].as_mut() else {
             return;
         };
-        let w = &mut e.workers[worker];
+        let w = &e.workers[worker];
         if w.host.tick.get() != w.scheduled {
-            w.scheduled = w.host.tick.get();
-            w.tick_generation += 1;
-            let (at, generation) = (now + w.scheduled, w.tick_generation);
-            let life = self.lives[envoy];
-            self.schedule(
-                at,
-                Event::Tick {
-                    at: (envoy, life),
-                    worker,
-                    generation,
-                },
-            );
+            self.tick_again(envoy, worker, now);
         }
+    }
+
+    /// Worker `worker`'s next tick, at the period it asked for last; any
+    /// tick scheduled before is stale.
+    fn tick_again(&mut self, envoy: usize, worker: usize, now: Instant) {
+        let Some(e) = self.envoys[envoy].as_mut() else {
+            return;
+        };
+        let w = &mut e.workers[worker];
+        w.scheduled = w.host.tick.get();
+        w.tick_generation += 1;
+        let (at, generation) = (now + w.scheduled, w.tick_generation);
+        let life = self.lives[envoy];
+        self.schedule(
+            at,
+            Event::Tick {
+                at: (envoy, life),
+                worker,
+                generation,
+            },
+        );
     }
 }
