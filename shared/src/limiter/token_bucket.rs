@@ -23,6 +23,10 @@ pub struct TokenBucket {
     period: Span,
     burst: u64,
     warmup: Option<Warmup>,
+    /// What one token is worth, in picoseconds (at least 1): the terms a
+    /// state is written in, compared on every read ([`Self::in_its_terms`]),
+    /// so computed once here rather than divided out per call.
+    token_ps: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,14 +108,18 @@ impl TokenBucket {
     /// `requests` and `period` of 0 are lifted to 1 so that an unvalidated
     /// value cannot divide by zero; validation refuses them anyway.
     pub fn new(requests: u64, period: Span, burst: u64, warmup: Option<Warmup>) -> Self {
+        let requests = requests.clamp(1, u64::from(u32::MAX));
+        let period = period.max(Span::from_nanos(1));
+        let token_ps = u128::from(period.as_nanos()) * 1_000 / u128::from(requests);
         Self {
-            requests: requests.clamp(1, u64::from(u32::MAX)),
-            period: period.max(Span::from_nanos(1)),
+            requests,
+            period,
             burst: burst.max(1),
             warmup: warmup.map(|w| Warmup {
                 period: w.period.max(Span::from_nanos(1)),
                 cold_factor: w.cold_factor.max(1),
             }),
+            token_ps: u64::try_from(token_ps).unwrap_or(u64::MAX).max(1),
         }
     }
 
@@ -150,15 +158,9 @@ impl TokenBucket {
             tat_ns: u64::try_from(whole).unwrap_or(u64::MAX),
             tat_frac: u32::try_from(tat_scaled % scale).unwrap_or(0),
             ramp_start_ns,
-            token_ps: self.token_ps(),
+            token_ps: self.token_ps,
             burst: u32::try_from(self.burst).unwrap_or(u32::MAX),
         }
-    }
-
-    /// What one token is worth, in picoseconds (at least 1).
-    fn token_ps(&self) -> u64 {
-        let ps = u128::from(self.period.as_nanos()) * 1_000 / self.scale();
-        u64::try_from(ps).unwrap_or(u64::MAX).max(1)
     }
 
     /// `state` read in this bucket's terms. A state written under another
@@ -173,7 +175,7 @@ impl TokenBucket {
     /// turn, and nothing queued after it goes sooner.
     pub fn in_its_terms(&self, state: &TokenBucketState) -> TokenBucketState {
         let burst = u32::try_from(self.burst).unwrap_or(u32::MAX);
-        if state.token_ps == 0 || (state.token_ps == self.token_ps() && state.burst == burst) {
+        if state.token_ps == 0 || (state.token_ps == self.token_ps && state.burst == burst) {
             return *state;
         }
         let tat_ps = u128::from(state.tat_ns) * 1_000;
@@ -181,18 +183,18 @@ impl TokenBucket {
         let Some(empty_at_ps) = tat_ps.checked_sub(was_full) else {
             // Full since before the clock's start.
             return TokenBucketState {
-                token_ps: self.token_ps(),
+                token_ps: self.token_ps,
                 burst,
                 ..*state
             };
         };
-        let full = u128::from(self.burst) * u128::from(self.token_ps());
+        let full = u128::from(self.burst) * u128::from(self.token_ps);
         let tat_ns = (empty_at_ps + full).div_ceil(1_000);
         TokenBucketState {
             tat_ns: u64::try_from(tat_ns).unwrap_or(u64::MAX),
             tat_frac: 0,
             ramp_start_ns: state.ramp_start_ns,
-            token_ps: self.token_ps(),
+            token_ps: self.token_ps,
             burst,
         }
     }
