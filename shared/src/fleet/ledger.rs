@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::allocation::allocate;
 use super::demand::{demand_between, settle, smooth, used_between, Demand, Usage};
 use super::fair_demand::KeyDemand;
-use super::member::{Member, DEPARTURE_IN_FLIGHT};
+use super::member::Member;
 pub use super::share::{share_in_force, Share};
 use super::{fair_demand, Amount, FLOOR_FRACTION};
 use crate::fair::FairKeyView;
@@ -174,13 +174,7 @@ impl Ledger {
         if let Some(fair) = fair {
             member.fair = fair.iter().map(KeyDemand::from).collect();
         }
-        if member.last_heard > Instant::EPOCH && now > member.last_heard {
-            member.sync_gap = now - member.last_heard;
-        }
-        member.last_heard = now;
-        if now > member.departed + DEPARTURE_IN_FLIGHT {
-            member.departed = Instant::EPOCH;
-        }
+        member.heard(now);
         let claim_again =
             member.claimed_at == Instant::EPOCH || now - member.claimed_at >= terms.lease;
         if let (false, Some(held), true, true) = (known, held, vouched, claim_again) {

@@ -74,9 +74,22 @@ const DEPARTURE_GRACE: Span = Span::from_millis(600);
 /// not prove the instance alive. Its next sync does. Taken as proof, a
 /// SIGKILLed Envoy's share stayed reserved for a lease and a half (the
 /// simulator's fleet, seed 33).
-pub(super) const DEPARTURE_IN_FLIGHT: Span = Span::from_millis(200);
+const DEPARTURE_IN_FLIGHT: Span = Span::from_millis(200);
 
 impl Member {
+    /// It synced at `now`: the gap since its last sync is measured, and
+    /// a departure noted before is void, unless this sync may have been
+    /// sent before it died ([`DEPARTURE_IN_FLIGHT`]).
+    pub(super) fn heard(&mut self, now: Instant) {
+        if self.last_heard > Instant::EPOCH && now > self.last_heard {
+            self.sync_gap = now - self.last_heard;
+        }
+        self.last_heard = now;
+        if now > self.departed + DEPARTURE_IN_FLIGHT {
+            self.departed = Instant::EPOCH;
+        }
+    }
+
     /// The most it may be enforcing now (0 once its reservation ended).
     pub(super) fn reserved(&self, limit: Amount, lease: Span, now: Instant) -> Amount {
         if now >= self.reserved_until(lease) {
