@@ -1565,16 +1565,32 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
     let month = browser
         .text(&format!("{company} .month-projection"))
         .await?;
+    // The reporting VM tells the keys it has read; each VM reads its own
+    // slice of the 10 000 places per report (filter/src/worker/spend.rs),
+    // so a key new to one VM is told by the other up to 2 x 10 reports
+    // (5 s at 250 ms) later: the count may read 2 until then (CI, stop 58).
     let keys = browser
-        .text(".live-budget[data-limit='team-daily'] .spending-keys")
+        .wait_text(
+            ".live-budget[data-limit='team-daily'] .spending-keys",
+            Duration::from_secs(15),
+            |t| t == "3",
+        )
         .await?;
-    let past = browser
+    let past_line = ".live-budget[data-limit='team-daily'] .warn-line.past-warning";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut past = browser
         .client
-        .find_all(Locator::Css(
-            ".live-budget[data-limit='team-daily'] .warn-line.past-warning",
-        ))
+        .find_all(Locator::Css(past_line))
         .await?
         .len();
+    while past != 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        past = browser
+            .client
+            .find_all(Locator::Css(past_line))
+            .await?
+            .len();
+    }
     println!(
         "ui: budgets, team-daily by {keys} keys: {}; company-daily {spent} of {size}, warn at {lines}, renews in {renews}, a month at this pace {month}; provider billed {billed:?}",
         shown.join(", ")
