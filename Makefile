@@ -51,7 +51,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes setup-images images setup-compose compose-test docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -198,7 +198,11 @@ setup-compose: $(ENVOY)
 	@printf '[storage]\ndriver = "overlay"\ngraphroot = "%s"\nrunroot = "%s"\n' \
 	  "$(CURDIR)/$(COMPOSE_DIR)/storage" "$(CURDIR)/$(COMPOSE_DIR)/run" > $(COMPOSE_DIR)/storage.conf
 
-compose-test: setup setup-compose
+# With the OCI images `make images` builds (their suite, `images`, reads
+# them back): their static admin is a release build for musl, 11 minutes
+# of a clean clone's `make test` for a suite that ran in one second.
+compose-test: setup setup-compose images
+	$(E2E_ENV) $(CARGO) test $(WORKSPACE) --test images -- --nocapture --test-threads=1
 	$(PODMAN_ENV) tests/compose/standins.sh $(COMPOSE_DIR) "$(ENVOY_BINARY)"
 	@for service in filter admin demo-api; do \
 	  echo "compose: building $$service"; \
@@ -254,6 +258,14 @@ native:
 	$(CARGO) build -p sluice-native --release
 	@echo "native: $(NATIVE_MODULE) ($$(stat -c %s $(NATIVE_MODULE)) bytes)"
 
+# The module the end-to-end suites load: the dev profile's build (the
+# worker at opt-level 3, see Cargo.toml), 16 s beside the unit tests'
+# build instead of the release build's 2 minutes. `make bench` and
+# `make images` take the release build.
+NATIVE_TEST_MODULE := target/debug/libsluice_native.so
+native-test:
+	$(CARGO) build -p sluice-native
+
 # The filter, size-conscious (profile release-wasm: fat LTO, one codegen
 # unit, panic=abort, stripped).
 wasm:
@@ -281,15 +293,15 @@ unit:
 # rates or timing run one test at a time; the suites in E2E_UNTIMED assert
 # no time and run beside them, under `nice -n 19` so that they take only
 # CPU the timed suites leave idle. Their output is printed when they end.
-# (The Dockerfile's build is tested by `make compose-test`, which .ci/run
-# runs after `make test` when both fit in CI's time, not replayed natively
-# here: it was a third release build of the admin, 13 minutes beside the
-# timed suites.) One suite alone, serially:
+# (The Dockerfile's build and `make images` are tested by `make
+# compose-test`, which .ci/run runs after `make test` when both fit in
+# CI's time, not replayed here: each is a release build of the admin,
+# 11 to 13 minutes of a clean clone.) One suite alone, serially:
 # `make e2e E2E_TESTS="--test faults"`.
 E2E_TESTS ?=
-E2E_UNTIMED := docker_setup store_backends kubernetes images
-# Run by `make compose-test`, after it built the images.
-E2E_SEPARATE := compose
+E2E_UNTIMED := docker_setup store_backends kubernetes
+# Run by `make compose-test`, which builds the images.
+E2E_SEPARATE := compose images
 # These run last, in this order, when the untimed suites beside have
 # long ended: fleet and provider_signals have the tightest deadlines (with
 # a release build beside them, fleet once saw a share follow its load a
@@ -298,17 +310,17 @@ E2E_SEPARATE := compose
 E2E_LAST := fleet provider_signals make_run
 E2E_TIMED := $(filter-out $(E2E_UNTIMED) $(E2E_LAST) $(E2E_SEPARATE),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
-  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_MODULE) \
+  SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_TEST_MODULE) \
   SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE)
 E2E_UNTIMED_LOG := target/e2e-untimed.log
 # What the suites need besides the filter, the UI and the admin: all of it
 # for the whole run; for suites chosen with E2E_TESTS, only what they use
 # (the native module for native_module or SLUICE_FILTER=native, kubectl
-# for kubernetes, the OCI images for images).
+# for kubernetes, the OCI images for images, asked for by name only).
 e2e_uses = $(or $(if $(strip $(E2E_TESTS)),,all),$(findstring $(1),$(E2E_TESTS)),$(findstring $(2),$(SLUICE_FILTER)))
-E2E_NEEDS := $(if $(call e2e_uses,native,native),native) \
+E2E_NEEDS := $(if $(call e2e_uses,native,native),native-test) \
   $(if $(call e2e_uses,kubernetes,),setup-kubernetes) \
-  $(if $(call e2e_uses,images,),images)
+  $(if $(findstring images,$(E2E_TESTS)),images)
 e2e: wasm ui $(E2E_NEEDS)
 	$(CARGO) build $(DEMO_BINS)
 ifneq ($(strip $(E2E_TESTS)),)
@@ -339,7 +351,7 @@ endif
 # build (SLUICE_FILTER=native); the README's "Two builds" lists those
 # that run against the wasm build only, and why.
 E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet
-e2e-native: wasm native ui
+e2e-native: wasm native-test ui
 	$(CARGO) build $(DEMO_BINS)
 	$(E2E_ENV) SLUICE_FILTER=native $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_NATIVE)) \
 	  --no-fail-fast -- --nocapture --test-threads=1
