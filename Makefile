@@ -259,8 +259,8 @@ native:
 	@echo "native: $(NATIVE_MODULE) ($$(stat -c %s $(NATIVE_MODULE)) bytes)"
 
 # The module the end-to-end suites load: the dev profile's build (the
-# worker at opt-level 3, see Cargo.toml), 16 s beside the unit tests'
-# build instead of the release build's 2 minutes. `make bench` and
+# worker at opt-level 3, see Cargo.toml), 49 s after the unit tests'
+# build in a clean run instead of the release build's 2 minutes. `make bench` and
 # `make images` take the release build.
 NATIVE_TEST_MODULE := target/debug/libsluice_native.so
 native-test:
