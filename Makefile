@@ -55,7 +55,8 @@ DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
-	@echo "make test    fmt, clippy, every test (installs what it needs)"
+	@echo "make test    fmt, clippy, every test but compose-test's (installs what it needs)"
+	@echo "make compose-test  the OCI images and envoy/docker-compose.yml with podman (two release builds)"
 	@echo "make fleet-test  only fleet mode's tests (also in make test)"
 	@echo "make bench   benchmarks, results in docs/BENCHMARKS.md"
 	@echo "make soak    fuzz with a large budget, then 30 min of mixed load (SOAK_DURATION)"
