@@ -22,6 +22,14 @@ const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Sets ARGV[2] (expiring after ARGV[3] ms) if the value is still ARGV[1]
 /// ("" for none).
+const COMPARE_AND_SET: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current == false then current = '' end
+if current ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"#;
+
 /// How long a change that lost its compare-and-set to another replica's
 /// waits before reading again: a random part of 200 µs times the races
 /// lost so far, at most 5 ms. Trying again at once, the loser met the
@@ -34,14 +42,6 @@ fn after_a_race(lost: u32) -> Duration {
     let random = crate::auth::random_bytes::<2>().map_or(0, u16::from_le_bytes);
     most.mul_f64(f64::from(random) / f64::from(u16::MAX))
 }
-
-const COMPARE_AND_SET: &str = r#"
-local current = redis.call('GET', KEYS[1])
-if current == false then current = '' end
-if current ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-"#;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
