@@ -137,6 +137,19 @@ fn within_the_limit(outcome: &Outcome) -> Result<(), String> {
     Ok(())
 }
 
+/// [`within_the_limit`] on every run, and `timing` on runs that lost no
+/// message: a lost message costs its timeout (an interval) and a sync.
+fn within_the_limit_and_in_time(
+    outcome: &Outcome,
+    timing: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    within_the_limit(outcome)?;
+    if outcome.fleet.as_ref().is_some_and(|f| f.lost > 0) {
+        return Ok(());
+    }
+    timing()
+}
+
 /// Seconds `from..to` used at least `percent` of the limit.
 fn used(outcome: &Outcome, (from, to): (u64, u64), percent: f64) -> Result<(), String> {
     let used = served(outcome, from, to);
@@ -213,16 +226,7 @@ fn moving_load_uses_the_global_limit() {
             // Each move costs about a sync and its round trips of the limit
             // (0.2 s at 200 ms): over 1 000 seeds the median used 96.2 %, the
             // worst 94.83 %, three seeds under the 95 % aimed at.
-            // A lost message costs its timeout (an interval) and a sync: the
-            // timing is checked on runs that lost none, the limit on all.
-            let lost = outcome.fleet.as_ref().map_or(0, |f| f.lost);
-            let checked = within_the_limit(&outcome).and_then(|()| {
-                if lost > 0 {
-                    Ok(())
-                } else {
-                    used(&outcome, (3, 20), 94.5)
-                }
-            });
+            let checked = within_the_limit_and_in_time(&outcome, || used(&outcome, (3, 20), 94.5));
             verdict(outcome, checked)
         },
     );
@@ -286,20 +290,17 @@ fn a_dead_envoys_share_moves_and_comes_back() {
             // trips between: the others told to sync, giving room back, saying
             // they hold less, it told to sync.
             let may_regrow = interval.saturating_mul(2) + LATENCY.saturating_mul(10);
-            // A lost message costs its timeout (an interval) and a sync: the
-            // timing is checked on runs that lost none, the limit on all.
-            if outcome.fleet.as_ref().is_some_and(|f| f.lost > 0) {
-                let checked = within_the_limit(&outcome);
-                return verdict(outcome, checked);
-            }
-            let checked = within_the_limit(&outcome)
-            .and_then(|()| match moved {
-                Some(took) if took <= may_take => Ok(()),
-                _ => Err(format!("the others held 95 % of the limit {moved:?} after the kill (at most {may_take:?})")),
-            })
-            .and_then(|()| match regrown {
-                Some(took) if took <= may_regrow => Ok(()),
-                _ => Err(format!("back, e0 held 90 % of its part {regrown:?} after (at most {may_regrow:?})")),
+            let checked = within_the_limit_and_in_time(&outcome, || {
+                match moved {
+                    Some(took) if took <= may_take => Ok(()),
+                    _ => Err(format!("the others held 95 % of the limit {moved:?} after the kill (at most {may_take:?})")),
+                }?;
+                match regrown {
+                    Some(took) if took <= may_regrow => Ok(()),
+                    _ => Err(format!(
+                        "back, e0 held 90 % of its part {regrown:?} after (at most {may_regrow:?})"
+                    )),
+                }
             });
             verdict(outcome, checked)
         },
@@ -329,14 +330,8 @@ fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
             let back = 4 + down.as_secs();
             // Backoff 5 s, recovery 4.5 s, two syncs.
             let from = back + 10 + (interval.saturating_mul(2).as_millis()).div_ceil(1000);
-            let lost = outcome.fleet.as_ref().map_or(0, |f| f.lost);
-            let checked = within_the_limit(&outcome).and_then(|()| {
-                if lost == 0 {
-                    used(&outcome, (from, 24), 98.0)
-                } else {
-                    Ok(())
-                }
-            });
+            let checked =
+                within_the_limit_and_in_time(&outcome, || used(&outcome, (from, 24), 98.0));
             verdict(outcome, checked)
         },
     );
