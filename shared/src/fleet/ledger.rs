@@ -353,37 +353,12 @@ impl Ledger {
     /// allocation between the instances that are syncing (the silent
     /// ones keep only their reservations until those end).
     fn target(&self, terms: &FleetTerms, instance: &str, now: Instant) -> Amount {
-        let demand = self
-            .members
-            .get(instance)
-            .map(|m| m.demand)
-            .unwrap_or_default();
-        self.target_wanting(terms, instance, demand, now)
-    }
-
-    /// [`Self::target`], `instance` wanting `wanted`.
-    fn target_wanting(
-        &self,
-        terms: &FleetTerms,
-        instance: &str,
-        wanted: Demand,
-        now: Instant,
-    ) -> Amount {
         let active: Vec<(&String, &Member)> = self
             .members
             .iter()
             .filter(|(n, m)| n.as_str() == instance || now - m.last_heard < terms.lease)
             .collect();
-        let demands: Vec<Demand> = active
-            .iter()
-            .map(|(n, m)| {
-                if n.as_str() == instance {
-                    wanted
-                } else {
-                    m.demand
-                }
-            })
-            .collect();
+        let demands: Vec<Demand> = active.iter().map(|(_, m)| m.demand).collect();
         let keys: Vec<&[KeyDemand]> = active.iter().map(|(_, m)| m.fair.as_slice()).collect();
         let demands = fair_demand::weigh(terms.limit.rate, &demands, &keys);
         let targets = allocate(terms.limit, terms.floor_fraction, &demands);
