@@ -29,6 +29,11 @@ pub fn verdict(outcome: Outcome, checked: Result<(), String>) -> Result<Outcome,
     }
 }
 
+/// `name`'s value, if it is set to a number.
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 /// Seeds run when `SLUICE_SIM_SEEDS` does not say.
 pub const DEFAULT_SEEDS: u64 = 1_000;
 
@@ -45,10 +50,7 @@ pub fn for_seeds_by_default(
     seeds: u64,
     check: impl Fn(u64) -> Result<Outcome, Failure> + Sync,
 ) {
-    if let Some(seed) = std::env::var("SLUICE_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-    {
+    if let Some(seed) = env_number("SLUICE_SIM_SEED") {
         match check(seed) {
             Ok(outcome) => println!("seed {seed}: holds\n{}", outcome.trace.render()),
             Err(Failure { outcome, why }) => {
@@ -57,14 +59,8 @@ pub fn for_seeds_by_default(
         }
         return;
     }
-    let scale = std::env::var("SLUICE_SIM_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(1);
-    let seeds = std::env::var("SLUICE_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(seeds.saturating_mul(scale));
+    let scale = env_number("SLUICE_SIM_SCALE").unwrap_or(1);
+    let seeds = env_number("SLUICE_SIM_SEEDS").unwrap_or(seeds.saturating_mul(scale));
     // Seeds are independent runs: spread over the machine's cores, each
     // thread taking every n-th seed; the smallest failing seed is named.
     let threads = std::thread::available_parallelism().map_or(1, usize::from) as u64;
