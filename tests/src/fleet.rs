@@ -43,7 +43,7 @@ pub const UNEVEN_BENCH: UnevenSpans = UnevenSpans {
 };
 
 /// The end-to-end test's: behaviour, not figures (those are the
-/// simulator's, `tests/sim/tests/fleet.rs`, and the bench's).
+/// simulator's, `tests/sim/tests/fleet_shares.rs`, and the bench's).
 pub const UNEVEN_E2E: UnevenSpans = UnevenSpans {
     steady: (Duration::from_secs(3), Duration::from_secs(6)),
     after_kill: Duration::from_secs(2),

@@ -49,7 +49,7 @@ fn never_over_the_provider(refused: u64, most_in_a_second: usize) {
 /// kernel closes its connections, and it misses its syncs) its share goes
 /// to a and b; the provider's limit is never passed. Behaviour with
 /// margins a loaded machine keeps: the figures (98 % used, the share moved
-/// within four syncs) are the simulator's (`tests/sim/tests/fleet.rs`,
+/// within four syncs) are the simulator's (`tests/sim/tests/fleet_shares.rs`,
 /// 1 000 seeds) and `make bench`'s (scenario 7, the same run for 12 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uneven_load_uses_the_global_limit_and_a_dead_envoys_share_moves() -> anyhow::Result<()> {
@@ -109,8 +109,7 @@ async fn uneven_load_uses_the_global_limit_and_a_dead_envoys_share_moves() -> an
 /// least 94.5 % used, moves every 5 s) is the simulator's and `make
 /// bench`'s. `FLEET_TRACE=1` prints the admin's view every 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn load_that_moves_between_envoys_every_5_s_still_uses_the_global_limit() -> anyhow::Result<()>
-{
+async fn load_that_moves_between_envoys_still_uses_the_global_limit() -> anyhow::Result<()> {
     let fleet = Fleet::start().await?;
     let every = fleet::MOVE_EVERY_E2E;
     let run = fleet::moving(&fleet, std::env::var("FLEET_TRACE").is_ok(), every).await?;
