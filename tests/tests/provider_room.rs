@@ -151,9 +151,10 @@ async fn a_sliding_token_quota_is_used_as_it_frees() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A provider allows 30 calls per calendar second, then 12 from its
-/// second 2 on; it counts refused calls too and answers them 429 with
-/// `Retry-After: 1`, saying nothing else of its limit. Sluice's limit is
+/// A provider allows 30 calls per calendar second (the wall clock's, as
+/// Envoy's), then 12 from its second 2 on; it counts refused calls too
+/// and answers them 429 with `Retry-After: 1`, saying nothing else of
+/// its limit. Sluice's limit is
 /// told 30 a second, adapts, and queues; 24 callers wait their turn for
 /// 90 s. After the drop the provider refuses at most 2 % of the calls,
 /// and from 20 s after it (settled: holding under the limit it learned,
@@ -218,8 +219,12 @@ async fn an_adaptive_limit_settles_under_a_dropped_limit_and_uses_it() -> anyhow
     // Behaviour with margins: the drop is found and the new limit used.
     // The figures (at most 1 %, 90 % used, at 5-200 ms answers) are the
     // simulator's (`tests/sim/tests/listening.rs`: 1 000 seeds at most
-    // 1.89 % refused and at least 10.1/s; this run's 0.65 % and 10.7/s
-    // were once under the 90 % this test held, on an idle machine).
+    // 1.97 % refused and at least 9.9/s, the provider's seconds 0-10 ms
+    // into Envoy's; this run's 0.65 % and 10.7/s were once under the 90 %
+    // this test held, on an idle machine). The provider counts the wall
+    // clock's seconds: counted from its own start, a run whose seconds
+    // began far into Envoy's held 7/s for 48 s (a known gap, see
+    // docs/RELIABILITY.md).
     assert!(share <= 0.02, "{seconds:?}");
     assert!(settled >= 0.8 * DROPPED as f64, "{seconds:?}");
     assert!(

@@ -1,5 +1,6 @@
 //! A provider whose true limit Sluice is not told: so many calls per
-//! calendar second (windows from its start), a limit the test may change
+//! calendar second (the wall clock's, as a provider keying its counter by
+//! `floor(unix time)` has them), a limit the test may change
 //! while it runs, shared with anyone else calling it (a hidden consumer
 //! sends `x-hidden: 1`). Every answer may say what is left, as OpenAI
 //! does (`x-ratelimit-*-requests`, reset as `250ms`) or as the IETF
@@ -13,7 +14,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -83,7 +84,7 @@ impl MockProvider {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
-            start: Instant::now(),
+            start: calendar_second_start(),
             limit: AtomicU64::new(limit),
             signals,
             strict,
@@ -104,12 +105,12 @@ impl MockProvider {
         self.inner.limit.store(limit, Ordering::SeqCst);
     }
 
-    /// Since the provider started.
+    /// Since the start of the calendar second the provider started in.
     pub fn elapsed(&self) -> Duration {
         self.inner.start.elapsed()
     }
 
-    /// Every calendar second so far, from the provider's start.
+    /// Every calendar second so far, from the one it started in.
     pub fn windows(&self) -> Vec<Window> {
         self.inner
             .windows
@@ -201,4 +202,16 @@ async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
         }
     }
     response
+}
+
+/// The start of the wall clock's current second: Envoy's clock and the
+/// provider's then count the same seconds (apart by the trip), as they
+/// do when a real provider's clock is set by NTP.
+fn calendar_second_start() -> Instant {
+    let now = Instant::now();
+    let into = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| Duration::from_nanos(u64::from(d.subsec_nanos())))
+        .unwrap_or_default();
+    now.checked_sub(into).unwrap_or(now)
 }

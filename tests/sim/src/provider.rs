@@ -51,6 +51,10 @@ pub struct ProviderShape {
     pub counts_refused: bool,
     /// A quota of tokens per key besides (None: calls only).
     pub tokens: Option<TokenQuota>,
+    /// How far the provider's clock runs ahead of Envoy's: its calendar
+    /// seconds begin this far into Envoy's (the two machines' clocks
+    /// differ, and a call reaches the provider a trip after it went).
+    pub clock_ahead: Span,
 }
 
 /// What the provider saw in one calendar second.
@@ -110,7 +114,7 @@ impl Provider {
             Some((after, changed)) if now.since(first) >= after => changed,
             _ => self.shape.per_second,
         };
-        let second = now.as_nanos() / 1_000_000_000;
+        let second = (now + self.shape.clock_ahead).as_nanos() / 1_000_000_000;
         let tenant = request.text("x-tenant").unwrap_or_default();
         let seen = self.seconds.entry(second).or_default();
         let (low, high) = self.shape.latency;

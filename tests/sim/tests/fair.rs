@@ -32,6 +32,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
             max_in_flight: None,
             change: None,
             counts_refused: false,
+            clock_ahead: Span::ZERO,
             tokens: None,
         },
         callers: vec![

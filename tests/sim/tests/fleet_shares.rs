@@ -77,6 +77,7 @@ fn provider() -> ProviderShape {
         max_in_flight: None,
         change: None,
         counts_refused: false,
+        clock_ahead: Span::ZERO,
         tokens: None,
     }
 }

@@ -14,20 +14,32 @@ const ADAPTIVE: &str = r#"{"version": 1, "policies": [
      "limits": [{"name": "requests", "rate": {"requests": 30, "period": "1s"},
                  "provider": {"adaptive": true}}]}]}"#;
 
-/// Seeds in `make test`: a run of 45 virtual seconds takes about 0.75 s
-/// of CPU (1 000 seeds, 1.89 % the most refused, were run by hand:
-/// `SLUICE_SIM_SEEDS=1000`).
+/// Seeds in `make test`: a run of 45 virtual seconds takes about 0.36 s
+/// of CPU (1 000 seeds, 1.97 % the most refused, were run by hand:
+/// `SLUICE_SIM_SEEDS=1000`, 170 s on 2 cores).
 const SEEDS: u64 = 100;
 
 /// Answer times the seed picks from: 5 to 40 ms up to 100 to 200 ms.
 const LATENCIES: [(u64, u64); 4] = [(5, 40), (20, 120), (60, 100), (100, 200)];
 
+/// How far ahead of Envoy's the provider's calendar seconds may run: its
+/// clock set by NTP, and the trip to it, within a region.
+const TRIP_AHEAD: Span = Span::from_millis(10);
+
+/// How far ahead the seed sets the provider's clock, up to `most_ahead`
+/// (in whole milliseconds, spread over the seeds independently of the
+/// answer times they pick).
+fn clock_ahead(seed: u64, most_ahead: Span) -> Span {
+    Span::from_millis(seed.wrapping_mul(7919) % (most_ahead.as_millis() + 1))
+}
+
 /// The provider allows 30 a second, then from 2 s on 12, counting the
 /// calls it refuses and answering them (as late as any answer) 429 with
-/// `Retry-After: 1`; 24 callers wait their turn in Sluice's queue.
-/// Returns the run, and from the drop on: calls refused, calls served,
-/// and the mean served a second from 20 s after it.
-fn after_a_hidden_drop(seed: u64) -> Result<(Outcome, u64, u64, f64), Failure> {
+/// `Retry-After: 1`; 24 callers wait their turn in Sluice's queue. Its
+/// calendar seconds run ahead of Envoy's by up to `most_ahead` (drawn
+/// by the seed). Returns the run, and from the drop on: calls refused,
+/// calls served, and the mean served a second from 20 s after it.
+fn after_a_hidden_drop(seed: u64, most_ahead: Span) -> Result<(Outcome, u64, u64, f64), Failure> {
     let (low, high) = LATENCIES[(seed % 4) as usize];
     let scenario = Scenario {
         workers: 1 + (seed / 4 % 4) as usize,
@@ -39,6 +51,7 @@ fn after_a_hidden_drop(seed: u64) -> Result<(Outcome, u64, u64, f64), Failure> {
             max_in_flight: None,
             change: Some((Span::from_secs(2), 12)),
             counts_refused: true,
+            clock_ahead: clock_ahead(seed, most_ahead),
             tokens: None,
         },
         callers: vec![Caller {
@@ -67,12 +80,18 @@ fn after_a_hidden_drop(seed: u64) -> Result<(Outcome, u64, u64, f64), Failure> {
 
 /// Checks a run against the most refused (per thousand) and the least
 /// part of the 12 a second served once settled.
-fn holds(seed: u64, most_refused: u64, least_used: f64) -> Result<Outcome, Failure> {
+fn holds(
+    seed: u64,
+    most_ahead: Span,
+    (most_refused, least_used): (u64, f64),
+) -> Result<Outcome, Failure> {
     let (low, high) = LATENCIES[(seed % 4) as usize];
-    let (outcome, refused, served, mean) = after_a_hidden_drop(seed)?;
+    let (outcome, refused, served, mean) = after_a_hidden_drop(seed, most_ahead)?;
     if refused * 1000 > most_refused * (served + refused) || mean < least_used * 12.0 {
         let why = format!(
-            "answers {low}-{high} ms: refused {refused} of {} ({:.2} %), settled at {mean:.1}/s of 12",
+            "answers {low}-{high} ms, the provider's clock {} ms ahead: refused {refused} of {} \
+             ({:.2} %), settled at {mean:.1}/s of 12",
+            clock_ahead(seed, most_ahead).as_millis(),
             served + refused,
             100.0 * refused as f64 / (served + refused).max(1) as f64
         );
@@ -83,8 +102,10 @@ fn holds(seed: u64, most_refused: u64, least_used: f64) -> Result<Outcome, Failu
 
 /// What holds today, kept from getting worse: after the drop the
 /// provider refuses at most 2 % of the calls, and from 20 s after it
-/// Sluice serves at least 80 % of the 12 a second (over 1 000 seeds:
-/// at most 1.89 %, at least 10.1 a second). Before the clock-aligned
+/// Sluice serves at least 80 % of the 12 a second (over 1 000 seeds,
+/// the provider's clock 0-10 ms ahead: at most 1.97 % refused, 140
+/// seeds over 1 %; at least 9.9 a second, 34 seeds under 90 %; with the
+/// clocks alike: 1.89 %, 10.1). Before the clock-aligned
 /// window count and the send time of refused calls (issue 50), 182 of
 /// 200 seeds refused more than 1 %, up to 4.5 %, serving 9.8 a second.
 #[test]
@@ -92,21 +113,39 @@ fn an_adaptive_limit_finds_a_hidden_drop_at_any_answer_time() {
     for_seeds_by_default(
         "listening::an_adaptive_limit_finds_a_hidden_drop_at_any_answer_time",
         SEEDS,
-        |seed| holds(seed, 20, 0.8),
+        |seed| holds(seed, TRIP_AHEAD, (20, 0.8)),
     );
 }
 
 /// The bound issue 50 asks for: at most 1 % refused and 90 % served.
-/// Holds at 5-40 ms answers; at 20-200 ms about 30 seeds in 200 refuse
-/// 1.02-1.35 % (calls already in flight when the first refusal of an
+/// Holds at 5-40 ms answers with the clocks alike; at 20-200 ms about
+/// 30 seeds in 200 refuse 1.02-1.35 % (calls already in flight when the first refusal of an
 /// overshoot comes back are refused too: 5 or 6 of ~490), and 11 in
 /// 1 000 settle at 10.1-10.7 a second.
 #[test]
-#[ignore = "issue 50: at 20-200 ms answers ~15 % of seeds refuse 1.02-1.89 %; run with --ignored"]
+#[ignore = "issue 50: at 20-200 ms answers ~15 % of seeds refuse 1.02-1.97 %; run with --ignored"]
 fn an_adaptive_limit_refuses_at_most_one_percent_at_any_answer_time() {
     for_seeds_by_default(
         "listening::an_adaptive_limit_refuses_at_most_one_percent_at_any_answer_time",
         SEEDS,
-        |seed| holds(seed, 10, 0.9),
+        |seed| holds(seed, TRIP_AHEAD, (10, 0.9)),
+    );
+}
+
+/// A provider whose seconds begin anywhere in Envoy's (its window keyed
+/// by when it started, or by a clock far off): the limit learned from
+/// the count in each of Envoy's clock-aligned seconds is then that of a
+/// window straddling two of the provider's. Of 200 seeds, 28 refuse
+/// more than 2 % (up to 4.03 %) and 35 settle under 80 % of the 12 a
+/// second (down to 5.8): a known gap (see docs/RELIABILITY.md). The
+/// end-to-end test once met it: its provider counted seconds from its
+/// own start, and a run held 7 a second for 48 s.
+#[test]
+#[ignore = "a known gap: with the provider's seconds at any phase of Envoy's, about a quarter of seeds refuse over 2 % or settle under 80 %; run with --ignored"]
+fn an_adaptive_limit_finds_a_hidden_drop_whatever_the_phase_of_the_providers_seconds() {
+    for_seeds_by_default(
+        "listening::an_adaptive_limit_finds_a_hidden_drop_whatever_the_phase_of_the_providers_seconds",
+        SEEDS,
+        |seed| holds(seed, Span::from_millis(999), (20, 0.8)),
     );
 }

@@ -49,6 +49,7 @@ fn following_a_sliding_quota(seed: u64) -> Result<(Outcome, u64, u64, f64), Fail
             max_in_flight: None,
             change: None,
             counts_refused: false,
+            clock_ahead: Span::ZERO,
             tokens: Some(TokenQuota {
                 per_window: QUOTA,
                 window: Span::from_secs(60),
