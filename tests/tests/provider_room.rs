@@ -220,7 +220,7 @@ async fn an_adaptive_limit_settles_under_a_dropped_limit_and_uses_it() -> anyhow
     // The figures (at most 1 %, 90 % used, at 5-200 ms answers) are the
     // simulator's (`tests/sim/tests/listening.rs`: 1 000 seeds at most
     // 1.97 % refused and at least 9.9/s, the provider's seconds 0-10 ms
-    // into Envoy's; this run's 0.65 % and 10.7/s were once under the 90 %
+    // ahead of Envoy's; this run's 0.65 % and 10.7/s were once under the 90 %
     // this test held, on an idle machine). The provider counts the wall
     // clock's seconds: counted from its own start, a run whose seconds
     // began far into Envoy's held 7/s for 48 s (a known gap, see

@@ -52,7 +52,7 @@ pub struct ProviderShape {
     /// A quota of tokens per key besides (None: calls only).
     pub tokens: Option<TokenQuota>,
     /// How far the provider's clock runs ahead of Envoy's: its calendar
-    /// seconds begin this far into Envoy's (the two machines' clocks
+    /// seconds begin this long before Envoy's (the two machines' clocks
     /// differ, and a call reaches the provider a trip after it went).
     pub clock_ahead: Span,
 }
