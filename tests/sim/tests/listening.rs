@@ -119,9 +119,9 @@ fn an_adaptive_limit_finds_a_hidden_drop_at_any_answer_time() {
 
 /// The bound issue 50 asks for: at most 1 % refused and 90 % served.
 /// Holds at 5-40 ms answers with the clocks alike; at 20-200 ms about
-/// 30 seeds in 200 refuse 1.02-1.35 % (calls already in flight when the first refusal of an
-/// overshoot comes back are refused too: 5 or 6 of ~490), and 11 in
-/// 1 000 settle at 10.1-10.7 a second.
+/// 30 seeds in 200 refuse 1.02-1.35 % (calls already in flight when the
+/// first refusal of an overshoot comes back are refused too: 5 or 6 of
+/// ~490), and 11 in 1 000 settle at 10.1-10.7 a second.
 #[test]
 #[ignore = "issue 50: at 20-200 ms answers ~15 % of seeds refuse 1.02-1.97 %; run with --ignored"]
 fn an_adaptive_limit_refuses_at_most_one_percent_at_any_answer_time() {
