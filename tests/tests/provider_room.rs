@@ -153,12 +153,13 @@ async fn a_sliding_token_quota_is_used_as_it_frees() -> anyhow::Result<()> {
 
 /// A provider allows 30 calls per calendar second (the wall clock's, as
 /// Envoy's), then 12 from its second 2 on; it counts refused calls too
-/// and answers them 429 with `Retry-After: 1`, saying nothing else of
-/// its limit. Sluice's limit is told 30 a second, adapts, and queues; 24
-/// callers wait their turn for 90 s. After the drop the provider refuses at most 2 % of the calls,
-/// and from 20 s after it (settled: holding under the limit it learned,
-/// with its ever rarer probes above) it serves at least 80 % of its 12 a
-/// second, in no second more than 13 (the figures: the simulator's).
+/// and answers them 429 with `Retry-After: 1`, saying nothing else of its
+/// limit. Sluice's limit is told 30 a second, adapts, and queues; 24
+/// callers wait their turn for 90 s. After the drop the provider refuses
+/// at most 2 % of the calls, and from 20 s after it (settled: holding
+/// under the limit it learned, with its ever rarer probes above) it
+/// serves at least 80 % of its 12 a second, in no second more than 13
+/// (the figures: the simulator's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_settles_under_a_dropped_limit_and_uses_it() -> anyhow::Result<()> {
     const RUN: u64 = 90;
