@@ -63,6 +63,11 @@ impl Host for QuietHost {
         self.now.get()
     }
 
+    fn monotonic(&self) -> Option<Instant> {
+        self.count(0);
+        Some(self.now.get())
+    }
+
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         self.count(1);
         match self.shared.borrow().get(key) {

@@ -8,10 +8,19 @@
 //! So each worker keeps a clock of its own on top of the wall clock: it
 //! never goes back (a step back is absorbed: time goes on from where it
 //! was), and one reading moves it at most [`MAX_STEP`] ahead of the
-//! previous one (a bigger step forward is absorbed the same way). A worker
-//! reads the clock at least every tick (100 ms), so real time never moves
-//! it as far; only a step of the wall clock, or a VM stalled for longer,
-//! does. The workers' clocks then differ by at most about one tick, the
+//! previous one unless the monotonic clock saw that much time pass (a
+//! bigger step forward is absorbed the same way). A worker reads the clock
+//! at least every tick (100 ms), but a VM or an Envoy stalled for longer
+//! (a loaded machine, a stopped process) reads it late: real time passed,
+//! and the clock must move as far, or its windows would lag the
+//! provider's (which count in wall-clock time) until it slewed back, some
+//! ten seconds, letting through a window's worth more than the limit
+//! (seen through Envoy: a stall of 1.9 s put a provider's 2 s windows
+//! 1 341 tokens over). So a reading also reads the monotonic clock, when
+//! it would move the clock more than [`MAX_STEP`] and once per
+//! [`ANCHOR_EVERY`] otherwise (a host call a tenth of a second, not one a
+//! call), and only a wall clock that moved further than it did is a step.
+//! The workers' clocks then differ by at most about one tick, the
 //! precision shared state already lives with. After a step the clock slews
 //! back toward the wall clock, by a tenth of the time that passes (as
 //! `adjtime` does), so workers that absorbed a step differently, or a VM
@@ -25,6 +34,10 @@ use crate::host::{Host, Level, SetError};
 
 /// The most one reading moves the clock ahead of the previous one.
 pub const MAX_STEP: Span = Span::from_secs(1);
+
+/// How often a reading also reads the monotonic clock, to know how much
+/// real time passed since when a later reading jumps.
+pub const ANCHOR_EVERY: Span = Span::from_millis(100);
 
 /// Calls that may decide on the clock's last reading instead of reading it
 /// (a host call, a quarter of what Sluice adds per call far from its
@@ -53,6 +66,26 @@ pub struct Clock {
     reuses_left: Cell<u32>,
     /// Calls that reused it.
     reused: Cell<u32>,
+    /// The last reading that also read the monotonic clock.
+    anchor: Cell<Option<Anchor>>,
+}
+
+/// A reading of the wall clock, the monotonic clock and this clock at once.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    wall: Instant,
+    monotonic: Instant,
+    now: Instant,
+}
+
+impl Anchor {
+    /// The real time since the anchor, when the wall clock moved further
+    /// than it by more than [`MAX_STEP`]; None when it did not (the
+    /// readings paused, time did not jump) or went back.
+    fn jumped(&self, wall: Instant, monotonic: Instant) -> Option<Span> {
+        let real = monotonic.since(self.monotonic);
+        (wall >= self.wall && wall.since(self.wall) > real + MAX_STEP).then_some(real)
+    }
 }
 
 /// The wall clock slowed to `scale` of real time from `origin` (its first
@@ -126,9 +159,14 @@ impl Clock {
         origin + Span::from_nanos(((wall - origin).as_nanos() as f64 * d.scale) as u64)
     }
 
-    /// The time now, given the wall clock's reading; the step it absorbed,
-    /// if any.
-    pub fn read(&self, wall: Instant) -> (Instant, Option<Step>) {
+    /// The time now, given the wall clock's reading and a way to read the
+    /// monotonic clock (None where the host has none); the step it
+    /// absorbed, if any.
+    pub fn read(
+        &self,
+        wall: Instant,
+        monotonic: impl FnOnce() -> Option<Instant>,
+    ) -> (Instant, Option<Step>) {
         let wall = self.dilated(wall);
         let mut offset = self.offset.get();
         if let Some((last_wall, _)) = self.last.get() {
@@ -143,17 +181,37 @@ impl Clock {
         }
         let shifted = i128::from(wall.as_nanos()) + offset;
         let candidate = Instant::from_nanos(shifted.clamp(0, i128::from(u64::MAX)) as u64);
-        let Some((_, last)) = self.last.get() else {
+        let anchor = self.anchor.get();
+        let last = self.last.get().map(|(_, now)| now);
+        let suspect = last.is_some_and(|last| candidate > last && candidate - last > MAX_STEP);
+        let stale = anchor.is_none_or(|a| wall < a.wall || wall.since(a.wall) >= ANCHOR_EVERY);
+        // A slowed clock (for callgrind) runs apart from real time.
+        let monotonic = if (suspect || stale) && self.dilation.get().is_none() {
+            monotonic()
+        } else {
+            None
+        };
+        let Some(last) = last else {
             self.last.set(Some((wall, candidate)));
+            self.anchor_at(wall, monotonic, candidate);
             return (candidate, None);
         };
         let (now, step) = if candidate < last {
             (last, Some(Step::Back(last - candidate)))
-        } else if candidate - last > MAX_STEP {
-            (
-                last + MAX_STEP,
-                Some(Step::Forward(candidate - last - MAX_STEP)),
-            )
+        } else if suspect {
+            match (anchor, monotonic) {
+                (Some(a), Some(m)) => match a.jumped(wall, m) {
+                    None => (candidate, None),
+                    Some(real) => {
+                        let now = (a.now + real).max(last);
+                        (now, Some(Step::Forward(candidate - now)))
+                    }
+                },
+                _ => (
+                    last + MAX_STEP,
+                    Some(Step::Forward(candidate - last - MAX_STEP)),
+                ),
+            }
         } else {
             (candidate, None)
         };
@@ -163,12 +221,23 @@ impl Clock {
                 .set(i128::from(now.as_nanos()) - i128::from(wall.as_nanos()));
         }
         self.last.set(Some((wall, now)));
+        self.anchor_at(wall, monotonic, now);
         // The calls the previous reading served: the one that took it, and
         // those that reused it.
         let served = 1 + self.reused.replace(0);
         let dense = step.is_none() && now - last <= DENSE.saturating_mul(u64::from(served));
         self.reuses_left.set(if dense { MAX_REUSES } else { 0 });
         (now, step)
+    }
+
+    fn anchor_at(&self, wall: Instant, monotonic: Option<Instant>, now: Instant) {
+        if let Some(monotonic) = monotonic {
+            self.anchor.set(Some(Anchor {
+                wall,
+                monotonic,
+                now,
+            }));
+        }
     }
 }
 
@@ -181,7 +250,7 @@ pub struct Clocked<'a, H: ?Sized> {
 
 impl<H: Host + ?Sized> Host for Clocked<'_, H> {
     fn now(&self) -> Instant {
-        let (now, step) = self.clock.read(self.host.now());
+        let (now, step) = self.clock.read(self.host.now(), || self.host.monotonic());
         if let Some(step) = step {
             self.host.log(
                 Level::Warn,
@@ -189,6 +258,10 @@ impl<H: Host + ?Sized> Host for Clocked<'_, H> {
             );
         }
         now
+    }
+
+    fn monotonic(&self) -> Option<Instant> {
+        self.host.monotonic()
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
@@ -265,63 +338,157 @@ mod tests {
         Span::from_millis(n)
     }
 
+    /// A host without a monotonic clock.
+    fn no_monotonic() -> Option<Instant> {
+        None
+    }
+
+    /// The monotonic clock's origin: anything, its own.
+    const M0: Instant = Instant::from_nanos(5_000_000);
+
+    #[test]
+    fn a_pause_in_readings_is_time_that_passed_not_a_step() {
+        // An Envoy stopped for 1.9 s: both clocks moved as far.
+        let c = Clock::default();
+        c.read(T0, || Some(M0));
+        let later = T0 + ms(1900);
+        assert_eq!(c.read(later, || Some(M0 + ms(1900))), (later, None));
+        assert_eq!(
+            c.read(later + ms(100), || Some(M0 + ms(2000))).0,
+            later + ms(100)
+        );
+    }
+
+    #[test]
+    fn a_step_forward_during_a_pause_moves_the_clock_by_the_real_time() {
+        let c = Clock::default();
+        c.read(T0, || Some(M0));
+        let ahead = T0 + Span::from_secs(3600);
+        let (now, step) = c.read(ahead, || Some(M0 + ms(1900)));
+        assert_eq!(now, T0 + ms(1900));
+        assert_eq!(step, Some(Step::Forward(Span::from_secs(3600) - ms(1900))));
+        // Then it slews toward the wall clock, a tenth faster.
+        assert_eq!(
+            c.read(ahead + ms(100), || Some(M0 + ms(2000))).0,
+            T0 + ms(2010)
+        );
+    }
+
+    #[test]
+    fn a_step_forward_within_a_pause_counts_from_the_last_anchor() {
+        // Readings 10 ms apart read the monotonic clock once per
+        // ANCHOR_EVERY; a later jump measures real time from the last
+        // anchor, not from the last reading.
+        let c = Clock::default();
+        c.read(T0, || Some(M0));
+        for i in 1..=15u64 {
+            c.read(T0 + ms(10 * i), || Some(M0 + ms(10 * i)));
+        }
+        let (now, step) = c.read(T0 + Span::from_secs(60), || Some(M0 + ms(650)));
+        assert_eq!(now, T0 + ms(650));
+        assert!(matches!(step, Some(Step::Forward(_))));
+    }
+
+    #[test]
+    fn the_monotonic_clock_is_read_once_per_anchor_period() {
+        let c = Clock::default();
+        let reads = Cell::new(0u32);
+        let monotonic = |at: Instant| {
+            reads.set(reads.get() + 1);
+            Some(at)
+        };
+        // One second of readings 1 ms apart.
+        for i in 0..1000u64 {
+            let wall = T0 + ms(i);
+            c.read(wall, || monotonic(M0 + ms(i)));
+        }
+        assert_eq!(reads.get(), 10, "the first reading, then one per 100 ms");
+    }
+
+    proptest::proptest! {
+        /// Whatever the pauses between readings, while the wall clock
+        /// does not step the clock is the wall clock.
+        #[test]
+        fn without_steps_the_clock_is_the_wall_clock(
+            gaps in proptest::collection::vec(0u64..10_000_000_000, 1..60)
+        ) {
+            let c = Clock::default();
+            let (mut wall, mut mono) = (T0, M0);
+            c.read(wall, || Some(mono));
+            for gap in gaps {
+                wall += Span::from_nanos(gap);
+                mono += Span::from_nanos(gap);
+                proptest::prop_assert_eq!(c.read(wall, || Some(mono)), (wall, None));
+            }
+        }
+    }
+
     #[test]
     fn follows_the_wall_clock_while_it_behaves() {
         let c = Clock::default();
-        assert_eq!(c.read(T0), (T0, None));
-        assert_eq!(c.read(T0 + ms(100)), (T0 + ms(100), None));
-        assert_eq!(c.read(T0 + ms(900)), (T0 + ms(900), None));
+        assert_eq!(c.read(T0, no_monotonic), (T0, None));
+        assert_eq!(c.read(T0 + ms(100), no_monotonic), (T0 + ms(100), None));
+        assert_eq!(c.read(T0 + ms(900), no_monotonic), (T0 + ms(900), None));
     }
 
     #[test]
     fn a_step_back_is_absorbed_and_time_goes_on() {
         let c = Clock::default();
-        c.read(T0);
+        c.read(T0, no_monotonic);
         let back = T0 - Span::from_secs(3600);
-        assert_eq!(c.read(back), (T0, Some(Step::Back(Span::from_secs(3600)))));
+        assert_eq!(
+            c.read(back, no_monotonic),
+            (T0, Some(Step::Back(Span::from_secs(3600))))
+        );
         // Real time passes on the stepped wall clock; the clock follows it,
         // a tenth slower while it slews back toward the wall clock.
-        assert_eq!(c.read(back + ms(100)), (T0 + ms(90), None));
+        assert_eq!(c.read(back + ms(100), no_monotonic), (T0 + ms(90), None));
     }
 
     #[test]
     fn a_step_forward_moves_at_most_one_step() {
         let c = Clock::default();
-        c.read(T0);
+        c.read(T0, no_monotonic);
         let ahead = T0 + Span::from_secs(3600);
-        let (now, step) = c.read(ahead);
+        let (now, step) = c.read(ahead, no_monotonic);
         assert_eq!(now, T0 + MAX_STEP);
         assert_eq!(step, Some(Step::Forward(Span::from_secs(3599))));
         // A tenth faster while it catches up.
-        assert_eq!(c.read(ahead + ms(100)), (T0 + MAX_STEP + ms(110), None));
+        assert_eq!(
+            c.read(ahead + ms(100), no_monotonic),
+            (T0 + MAX_STEP + ms(110), None)
+        );
     }
 
     #[test]
     fn after_a_step_the_clock_slews_back_to_the_wall_clock() {
         let c = Clock::default();
-        c.read(T0);
+        c.read(T0, no_monotonic);
         let ahead = T0 + Span::from_secs(5);
-        c.read(ahead);
+        c.read(ahead, no_monotonic);
         // Ticks every 100 ms: the 4 s lag shrinks by 10 ms each.
         let mut wall = ahead;
         for _ in 0..400 {
             wall += ms(100);
-            c.read(wall);
+            c.read(wall, no_monotonic);
         }
-        assert_eq!(c.read(wall).0, wall, "caught up after 40 s");
+        assert_eq!(c.read(wall, no_monotonic).0, wall, "caught up after 40 s");
     }
 
     #[test]
     fn a_scaled_clock_runs_slower_and_its_spans_take_longer() {
         let c = Clock::default();
         c.set_scale(0.02);
-        assert_eq!(c.read(T0).0, T0);
-        assert_eq!(c.read(T0 + Span::from_secs(1)).0, T0 + ms(20));
-        assert_eq!(c.read(T0 + Span::from_secs(50)).0, T0 + Span::from_secs(1));
+        assert_eq!(c.read(T0, no_monotonic).0, T0);
+        assert_eq!(c.read(T0 + Span::from_secs(1), no_monotonic).0, T0 + ms(20));
+        assert_eq!(
+            c.read(T0 + Span::from_secs(50), no_monotonic).0,
+            T0 + Span::from_secs(1)
+        );
         assert_eq!(c.real_span(ms(10)), ms(500));
         // Still never back, and garbage does not panic.
-        assert_eq!(c.read(T0).0, T0 + Span::from_secs(1));
-        c.read(Instant::MAX);
+        assert_eq!(c.read(T0, no_monotonic).0, T0 + Span::from_secs(1));
+        c.read(Instant::MAX, no_monotonic);
         // Stretching a huge span saturates rather than wraps.
         assert_eq!(c.real_span(Span::from_nanos(u64::MAX)).as_nanos(), u64::MAX);
         // Out-of-range scales mean real time.
@@ -329,8 +496,8 @@ mod tests {
             let c = Clock::default();
             c.set_scale(bad);
             assert_eq!(c.real_span(ms(10)), ms(10));
-            c.read(T0);
-            assert_eq!(c.read(T0 + ms(100)).0, T0 + ms(100));
+            c.read(T0, no_monotonic);
+            assert_eq!(c.read(T0 + ms(100), no_monotonic).0, T0 + ms(100));
         }
     }
 
@@ -338,14 +505,14 @@ mod tests {
     fn a_reading_is_reused_by_a_few_calls_only_while_readings_come_densely() {
         let c = Clock::default();
         assert_eq!(c.reuse(), None, "nothing read yet");
-        c.read(T0);
+        c.read(T0, no_monotonic);
         assert_eq!(c.reuse(), None, "one reading says nothing of density");
         // Sparse: 10 ms apart.
-        c.read(T0 + ms(10));
+        c.read(T0 + ms(10), no_monotonic);
         assert_eq!(c.reuse(), None);
         // Dense: 200 µs apart; then MAX_REUSES calls reuse it, however late.
         let dense = T0 + ms(10) + Span::from_nanos(200_000);
-        c.read(dense);
+        c.read(dense, no_monotonic);
         for _ in 0..MAX_REUSES {
             assert_eq!(c.reuse(), Some(dense));
         }
@@ -353,28 +520,28 @@ mod tests {
         // Density is per call: 1.2 ms after a reading four calls used is
         // 300 µs a call (dense); after a reading one call used, it is not.
         let later = dense + Span::from_nanos(1_200_000);
-        c.read(later);
+        c.read(later, no_monotonic);
         assert_eq!(c.reuse(), Some(later));
-        c.read(later + Span::from_nanos(100_000));
-        c.read(later + Span::from_nanos(1_300_000));
+        c.read(later + Span::from_nanos(100_000), no_monotonic);
+        c.read(later + Span::from_nanos(1_300_000), no_monotonic);
         assert_eq!(c.reuse(), None);
         // A fresh reading after a pause ends reuse at once.
         let resumed = later + ms(2);
-        c.read(resumed);
-        c.read(resumed + Span::from_nanos(100_000));
+        c.read(resumed, no_monotonic);
+        c.read(resumed + Span::from_nanos(100_000), no_monotonic);
         assert_eq!(c.reuse(), Some(resumed + Span::from_nanos(100_000)));
-        c.read(resumed + ms(50));
+        c.read(resumed + ms(50), no_monotonic);
         assert_eq!(c.reuse(), None);
         // So does a step of the wall clock, even a dense one.
-        c.read(resumed + ms(50) + Span::from_nanos(1));
-        c.read(T0);
+        c.read(resumed + ms(50) + Span::from_nanos(1), no_monotonic);
+        c.read(T0, no_monotonic);
         assert_eq!(c.reuse(), None, "a step back is not a dense reading");
     }
 
     #[test]
     fn never_goes_back_whatever_the_wall_clock_does() {
         let c = Clock::default();
-        let mut last = c.read(T0).0;
+        let mut last = c.read(T0, no_monotonic).0;
         let mut wall = T0;
         for i in 0..1000u64 {
             wall = match i % 7 {
@@ -382,13 +549,13 @@ mod tests {
                 3 => wall + Span::from_secs(i * 10),
                 _ => wall + ms(7),
             };
-            let (now, _) = c.read(wall);
+            let (now, _) = c.read(wall, no_monotonic);
             assert!(now >= last);
             assert!(now - last <= MAX_STEP);
             last = now;
         }
         // Garbage readings do not panic.
-        c.read(Instant::EPOCH);
-        c.read(Instant::MAX);
+        c.read(Instant::EPOCH, no_monotonic);
+        c.read(Instant::MAX, no_monotonic);
     }
 }

@@ -22,6 +22,10 @@ pub enum Level {
 pub trait Host {
     /// The host's clock (the wall clock in Envoy).
     fn now(&self) -> Instant;
+    /// A clock that only ever moves as real time passes, from an origin of
+    /// its own (None where the host has none): tells a paused reader from
+    /// a wall clock that stepped.
+    fn monotonic(&self) -> Option<Instant>;
     /// The value and its CAS token; (None, None) when the key is missing.
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;

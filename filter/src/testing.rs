@@ -16,7 +16,12 @@ type Hook = Box<dyn FnOnce(&mut HashMap<String, (Vec<u8>, u32)>, &mut u32)>;
 
 #[derive(Default)]
 pub struct FakeHost {
+    /// The wall clock: setting it alone is a step of the wall clock.
     pub now: Cell<Instant>,
+    /// The monotonic clock ([`FakeHost::advance_ms`] moves both).
+    pub monotonic: Cell<Instant>,
+    /// The host has no monotonic clock.
+    pub no_monotonic: Cell<bool>,
     pub shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
     next_cas: Cell<u32>,
     pub metrics: RefCell<HashMap<String, i64>>,
@@ -53,12 +58,16 @@ impl FakeHost {
     pub fn at(now: Instant) -> Self {
         let h = Self::default();
         h.now.set(now);
+        h.monotonic.set(now);
         h.next_cas.set(1);
         h
     }
 
+    /// Real time passes: the wall clock and the monotonic one move.
     pub fn advance_ms(&self, ms: u64) {
         self.now.set(self.now.get() + Span::from_millis(ms));
+        self.monotonic
+            .set(self.monotonic.get() + Span::from_millis(ms));
     }
 
     fn count(&self, call: &'static str) {
@@ -79,6 +88,11 @@ impl Host for FakeHost {
     fn now(&self) -> Instant {
         self.count("now");
         self.now.get()
+    }
+
+    fn monotonic(&self) -> Option<Instant> {
+        self.count("monotonic");
+        (!self.no_monotonic.get()).then(|| self.monotonic.get())
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {

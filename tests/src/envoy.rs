@@ -6,6 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -461,6 +463,16 @@ impl Envoy {
         self.child = spawn_envoy(&self.config, self.workers, &self.log_path, None)?;
         self.wait_ready()
             .with_context(|| format!("restarting; the killed one logged:\n{previous}"))
+    }
+
+    /// Stops the process (SIGSTOP) for `span`, then lets it go on
+    /// (SIGCONT): an Envoy its machine did not run for a while.
+    pub fn pause(&self, span: Duration) -> anyhow::Result<()> {
+        let pid = Pid::from_raw(i32::try_from(self.pid())?);
+        kill(pid, Signal::SIGSTOP).context("SIGSTOP")?;
+        std::thread::sleep(span);
+        kill(pid, Signal::SIGCONT).context("SIGCONT")?;
+        Ok(())
     }
 
     pub fn url(&self, path: &str) -> String {

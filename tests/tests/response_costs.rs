@@ -257,6 +257,47 @@ async fn tokens_from_streamed_answers_keep_the_provider_inside_its_limit_and_use
     provider_held_and_used(true).await
 }
 
+/// Envoy stopped for 1.9 s (a machine that did not run it, a stopped
+/// process): its workers' clocks read the wall clock late, and must take
+/// that for time that passed, not for a step of the wall clock to absorb,
+/// or their windows would lag the provider's for some ten seconds (before
+/// the monotonic clock told them apart, a run like this one saw the
+/// provider's windows 1 341 tokens over its limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_envoy_keeps_its_windows_on_the_providers() -> anyhow::Result<()> {
+    const PAUSE: Duration = Duration::from_millis(1900);
+    let started = std::time::Instant::now();
+    let (llm, envoy) = setup(Duration::from_millis(5)).await?;
+    envoy.pause(PAUSE)?;
+    let calls = run(&envoy, 12, Duration::from_secs(7), true, |_| false).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let stepped: Vec<String> = envoy
+        .log()
+        .lines()
+        .filter(|l| l.contains("wall clock stepped"))
+        .map(str::to_string)
+        .collect();
+    let stats = llm.stats();
+    let violations = stats.violations(&llm.limits());
+    println!(
+        "paused {PAUSE:?}: {} calls, provider's full windows {:?} of {TOKENS}, refused {}, \
+         over the limit {}; clock steps logged {} (run {:?})",
+        calls.len(),
+        full_windows(&llm),
+        stats.refused,
+        violations.len(),
+        stepped.len(),
+        started.elapsed(),
+    );
+    assert!(stepped.is_empty(), "a pause taken for a step: {stepped:?}");
+    assert!(
+        violations.is_empty(),
+        "over the provider's limit: {violations:?}"
+    );
+    assert_eq!(stats.refused, 0, "the provider refused calls");
+    Ok(())
+}
+
 /// What the policy's limit charges a stream left before its usage
 /// (`unread`), above every estimate of these calls (at most 559).
 const UNREAD: u64 = 600;

@@ -10,6 +10,9 @@ use sluice_shared::time::{Instant, Span};
 use crate::abi::{self, EnvoyPtr, ModuleBuffer, ModuleHeader};
 use crate::module::{now_ns, Module, Posted, Slot, MEMORY, MIN_TICK_NS};
 
+/// The monotonic clock's origin: its first reading in this process.
+static MONOTONIC_ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
 pub struct NativeHost<'a> {
     module: &'a Module,
     /// The worker being served (None: one being made).
@@ -135,6 +138,12 @@ pub unsafe fn set_header(
 impl Host for NativeHost<'_> {
     fn now(&self) -> Instant {
         Instant::from_system(SystemTime::now())
+    }
+
+    fn monotonic(&self) -> Option<Instant> {
+        let origin = MONOTONIC_ORIGIN.get_or_init(std::time::Instant::now);
+        let elapsed = u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Some(Instant::from_nanos(elapsed))
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {

@@ -36,6 +36,14 @@ impl Host for EnvoyHost {
         hostcalls::get_current_time().map_or(Instant::EPOCH, Instant::from_system)
     }
 
+    fn monotonic(&self) -> Option<Instant> {
+        // SAFETY: a WASI call Envoy's proxy-wasm host answers (clock 1,
+        // its dispatcher's monotonic time); it writes only its result.
+        unsafe { wasi::clock_time_get(wasi::CLOCKID_MONOTONIC, 1) }
+            .ok()
+            .map(Instant::from_nanos)
+    }
+
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         hostcalls::get_shared_data(key).unwrap_or((None, None))
     }

@@ -110,6 +110,11 @@ impl Host for SimHost {
         self.clock.get()
     }
 
+    /// Virtual time has no steps: the monotonic clock is the clock.
+    fn monotonic(&self) -> Option<Instant> {
+        Some(self.clock.get())
+    }
+
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         self.envoy.data.get(key)
     }
