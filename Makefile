@@ -27,6 +27,9 @@ CARGO_DENY_VERSION := 0.20.2
 MDBOOK_VERSION := 0.5.4
 MDBOOK        := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/mdbook
 CARGO_DENY    := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin/cargo-deny
+# Runs the end-to-end suites (.config/nextest.toml says how). The machines
+# come with 0.9.143; an older one or none is replaced from crates.io.
+NEXTEST_VERSION := 0.9.143
 # deploy/kubernetes is rendered and validated offline (tests/tests/kubernetes.rs):
 # `kubectl kustomize` from Debian's kubernetes-client, unpacked here rather
 # than installed (a machine's own kubectl stays as it is), and the core
@@ -51,7 +54,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-nextest setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -104,6 +107,14 @@ setup-cargo-deny:
 	@if [ "$$($(CARGO_DENY) --version 2>/dev/null)" != "cargo-deny $(CARGO_DENY_VERSION)" ]; then \
 	  echo "setup: installing cargo-deny $(CARGO_DENY_VERSION)"; \
 	  $(CARGO) install --quiet --locked cargo-deny --version "=$(CARGO_DENY_VERSION)"; \
+	fi
+
+# Not part of setup: only the end-to-end runs need it, not `make run`.
+setup-nextest:
+	@have="$$($(CARGO) nextest --version 2>/dev/null | awk 'NR==1{print $$2}')"; \
+	if [ -z "$$have" ] || [ "$$(printf '%s\n' "$$have" $(NEXTEST_VERSION) | sort -V | head -1)" != $(NEXTEST_VERSION) ]; then \
+	  echo "setup: installing cargo-nextest $(NEXTEST_VERSION) (found: $${have:-none})"; \
+	  $(CARGO) install --quiet --locked cargo-nextest --version "=$(NEXTEST_VERSION)"; \
 	fi
 
 setup-mdbook:
@@ -260,12 +271,15 @@ native:
 	@echo "native: $(NATIVE_MODULE) ($$(stat -c %s $(NATIVE_MODULE)) bytes)"
 
 # The module the end-to-end suites load: the dev profile's build (the
-# worker at opt-level 3, see Cargo.toml), 49 s after the unit tests'
-# build in a clean run instead of the release build's 2 minutes. `make bench` and
-# `make images` take the release build.
+# worker at opt-level 3, see Cargo.toml), instead of the release build's
+# 2 minutes. Built as every workspace library with the unit tests'
+# features (WORKSPACE), so that it links what their build compiled: `-p
+# sluice-native` alone unifies other features and compiled the limiter
+# crates again (55 s of a clean run). `make bench` and `make images`
+# take the release build.
 NATIVE_TEST_MODULE := target/debug/libsluice_native.so
 native-test:
-	$(CARGO) build -p sluice-native
+	$(CARGO) build $(WORKSPACE) --lib
 
 # The filter, size-conscious (profile release-wasm: fat LTO, one codegen
 # unit, panic=abort, stripped).
@@ -290,30 +304,22 @@ UNIT_SUITES := $(basename $(notdir $(foreach f,$(wildcard */tests/*.rs */*/tests
 unit:
 	$(CARGO) test $(WORKSPACE) --lib --bins $(addprefix --test ,$(UNIT_SUITES)) --no-fail-fast
 
-# The real Envoy (from .venv) with the real filter. Suites that measure
-# rates or timing run one test at a time; the suites in E2E_UNTIMED assert
-# no time and run beside them, under `nice -n 19` so that they take only
-# CPU the timed suites leave idle. Their output is printed when they end.
+# The real Envoy (from .venv) with the real filter, every suite but those
+# `make compose-test` runs, by cargo-nextest (.config/nextest.toml, profile
+# e2e): each test its own process, two at a time, each test's output
+# printed as it ends. One suite or a few: `make e2e E2E_TESTS="--test
+# faults"` (any cargo-nextest arguments: `--test faults -j 1 a_name`).
 # (The Dockerfile's build and `make images` are tested by `make
 # compose-test`, which .ci/run runs after `make test` when both fit in
-# CI's time, not replayed here: each is a release build of the admin,
-# 11 to 13 minutes of a clean clone.) One suite alone, serially:
-# `make e2e E2E_TESTS="--test faults"`.
+# CI's time: each is a release build of the admin.)
 E2E_TESTS ?=
-E2E_UNTIMED := docker_setup store_backends kubernetes
 # Run by `make compose-test`, which builds the images.
 E2E_SEPARATE := compose images
-# These run last, in this order, when the untimed suites beside have
-# long ended: fleet and provider_signals have the tightest deadlines (with
-# a release build beside them, fleet once saw a share follow its load a
-# period late, and provider_signals heard a pause late in two runs of
-# two), and make_run's `make run` would wait for any cargo lock held.
-E2E_LAST := fleet provider_signals make_run
-E2E_TIMED := $(filter-out $(E2E_UNTIMED) $(E2E_LAST) $(E2E_SEPARATE),$(basename $(notdir $(wildcard tests/tests/*.rs))))
+E2E_SUITES := $(filter-out $(E2E_SEPARATE),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
   SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_TEST_MODULE) \
   SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE)
-E2E_UNTIMED_LOG := target/e2e-untimed.log
+NEXTEST = $(CARGO) nextest run $(WORKSPACE) --profile e2e
 # What the suites need besides the filter, the UI and the admin: all of it
 # for the whole run; for suites chosen with E2E_TESTS, only what they use
 # (the native module for native_module or SLUICE_FILTER=native, kubectl
@@ -322,47 +328,23 @@ e2e_uses = $(or $(if $(strip $(E2E_TESTS)),,all),$(findstring $(1),$(E2E_TESTS))
 E2E_NEEDS := $(if $(call e2e_uses,native,native),native-test) \
   $(if $(call e2e_uses,kubernetes,),setup-kubernetes) \
   $(if $(findstring images,$(E2E_TESTS)),images)
-e2e: wasm ui $(E2E_NEEDS)
+e2e: setup-nextest wasm ui $(E2E_NEEDS)
 	$(CARGO) build $(DEMO_BINS)
-ifneq ($(strip $(E2E_TESTS)),)
-	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(E2E_TESTS) --no-fail-fast -- --nocapture --test-threads=1
-else
-	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_UNTIMED) $(E2E_TIMED) $(E2E_LAST)) --no-run
-	@rm -f $(E2E_UNTIMED_LOG).rc; \
-	( set +e; $(E2E_ENV) nice -n 19 $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_UNTIMED)) \
-	    --no-fail-fast -- --nocapture --test-threads=1 >$(E2E_UNTIMED_LOG) 2>&1; \
-	  echo $$? >$(E2E_UNTIMED_LOG).rc ) & \
-	untimed=$$!; \
-	timed=0; \
-	$(E2E_ENV) $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_TIMED)) \
-	  --no-fail-fast -- --nocapture --test-threads=1 || timed=$$?; \
-	for suite in $(E2E_LAST); do \
-	  $(E2E_ENV) $(CARGO) test $(WORKSPACE) --test $$suite \
-	    --no-fail-fast -- --nocapture --test-threads=1 || timed=$$?; \
-	done; \
-	wait $$untimed; \
-	echo "=== e2e suites beside the timed ones ($(E2E_UNTIMED)):"; \
-	cat $(E2E_UNTIMED_LOG); \
-	untimed_rc=$$(cat $(E2E_UNTIMED_LOG).rc); \
-	echo "e2e: timed suites exit $$timed, untimed suites exit $$untimed_rc"; \
-	[ "$$timed" -eq 0 ] && [ "$$untimed_rc" -eq 0 ]
-endif
+	$(E2E_ENV) $(NEXTEST) $(or $(strip $(E2E_TESTS)),$(addprefix --test ,$(E2E_SUITES)))
 
 # The suites that exercise decisions, run again against the native
 # build (SLUICE_FILTER=native); the README's "Two builds" lists those
 # that run against the wasm build only, and why.
 E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet
-e2e-native: wasm native-test ui
+e2e-native: setup-nextest wasm native-test ui
 	$(CARGO) build $(DEMO_BINS)
-	$(E2E_ENV) SLUICE_FILTER=native $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(E2E_NATIVE)) \
-	  --no-fail-fast -- --nocapture --test-threads=1
+	$(E2E_ENV) SLUICE_FILTER=native $(NEXTEST) $(addprefix --test ,$(E2E_NATIVE))
 
 # Fleet mode alone (also part of `make test`): three Envoys sharing one
 # limit, admin replicas on PostgreSQL + Redis, both stores, the Fleet page.
-fleet-test: setup wasm ui
+fleet-test: setup setup-nextest wasm ui
 	$(CARGO) build $(DEMO_BINS)
-	$(E2E_ENV) $(CARGO) test $(WORKSPACE) --test fleet --test store_backends --test ui_browser --no-fail-fast \
-	  -- --nocapture --test-threads=1
+	$(E2E_ENV) $(NEXTEST) --test fleet --test store_backends --test ui_browser
 
 # The shared crate is built for wasm32-wasip1 by the filter's build (in
 # e2e) and checked for it by lint: no build of its own. (Building the wasm and the UI beside the unit tests was tried: on two

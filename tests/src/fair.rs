@@ -123,6 +123,55 @@ pub fn fair_refusals(calls: &[Outcome], limit: Option<&str>) -> usize {
         .count()
 }
 
+/// The refusals that do not name the fair share (and, given, the further
+/// limit), each as what it says: its `x-sluice-reason` and
+/// `x-sluice-limit`, "-" for none. A call the fair share let through can
+/// still find the rate it divides spent, by a call another worker let
+/// through in between (the share is then given back,
+/// `fair::refused_after`): rare, rarer still on an idle machine.
+pub fn other_refusals(calls: &[Outcome], limit: Option<&str>) -> Vec<String> {
+    let said = |o: &Outcome, header: &str| {
+        o.headers
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string()
+    };
+    let fair = fair_refusals(calls, limit);
+    let others: Vec<String> = calls
+        .iter()
+        .filter(|o| o.status == 429)
+        .map(|o| {
+            format!(
+                "reason {} limit {}",
+                said(o, "x-sluice-reason"),
+                said(o, "x-sluice-limit")
+            )
+        })
+        .filter(|s| {
+            !(s.starts_with("reason fair-share ")
+                && limit.is_none_or(|l| s.ends_with(&format!(" limit {l}"))))
+        })
+        .collect();
+    debug_assert_eq!(others.len() + fair, load::count(calls, 429));
+    others
+}
+
+/// Every refusal names the fair share, but at most one call in a thousand
+/// refused by the rate the share divides (`rate`: what that refusal says,
+/// as [`other_refusals`] writes it).
+pub fn assert_refusals_name_the_share(others: &[String], calls: usize, rate: &str) {
+    assert!(
+        others.iter().all(|o| o == rate),
+        "refusals naming neither the fair share nor its rate ({rate}): {others:?}"
+    );
+    assert!(
+        others.len() * 1_000 <= calls,
+        "{} of {calls} calls refused by the rate after the fair share let them through",
+        others.len()
+    );
+}
+
 /// A tenant's mean calls a second.
 pub fn mean(seconds: &Seconds, tenant: &str) -> f64 {
     seconds
@@ -150,6 +199,8 @@ pub struct Weighted {
     pub calls: usize,
     pub refused: usize,
     pub fair_refusals: usize,
+    /// The other refusals, as [`other_refusals`] says them.
+    pub others: Vec<String>,
     pub fair_refused_stat: f64,
     pub most_in_a_second: u64,
     pub refused_by_provider: u64,
@@ -190,6 +241,7 @@ pub async fn weighted(greedy: Duration) -> anyhow::Result<Weighted> {
         calls: calls.len(),
         refused: load::count(&calls, 429),
         fair_refusals: fair_refusals(&calls, None),
+        others: other_refusals(&calls, None),
         fair_refused_stat: envoy.policy_stat("fair_refused", "llm")?,
         refused_by_provider: mock.rejected_by_mock(),
     })
@@ -490,6 +542,8 @@ pub struct FurtherLimit {
     pub refused: usize,
     /// Refusals naming the limit `tps` and the fair share.
     pub fair_refusals: usize,
+    /// The other refusals, as [`other_refusals`] says them.
+    pub others: Vec<String>,
     pub most_in_a_second: u64,
     pub refused_by_provider: u64,
 }
@@ -521,6 +575,7 @@ pub async fn further_limit() -> anyhow::Result<FurtherLimit> {
         calls: calls.len(),
         refused: load::count(&calls, 429),
         fair_refusals,
+        others: other_refusals(&calls, Some("tps")),
         refused_by_provider: mock.rejected_by_mock(),
     })
 }

@@ -1,5 +1,6 @@
 //! The filter in a real Envoy (`--concurrency 4`) in front of the mock API.
-//! Run one at a time (`--test-threads=1`): they measure rates and timing.
+//! Their assertions hold with margins on a busy machine: `make e2e` runs two
+//! tests at once (cargo-nextest, `.config/nextest.toml`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
