@@ -72,6 +72,56 @@ async fn setup_with(step: Duration, usage: &str) -> anyhow::Result<(MockLlm, Env
     llm_behind_envoy(limits, ("e2e-usage", &policies), WORKERS).await
 }
 
+/// Opens Envoy's connections to the provider, as a running Envoy has them
+/// open, with calls to a host no policy limits (Sluice counts nothing of
+/// them), and lets the provider forget them. A cold Envoy's first calls
+/// reach the provider 20 ms and more after Sluice admitted them: begun
+/// within 20 ms of a window's edge, ten of them were admitted in one of
+/// Sluice's windows and counted in the provider's next (4 runs of 4:
+/// 6 022-6 919 tokens in a window of 6 000). The policy's room covers a
+/// call or two doing that, not a dozen.
+async fn warm_up(envoy: &Envoy, llm: &MockLlm) {
+    let url = envoy.url("/v1/chat/completions");
+    let body = serde_json::json!({"model": "m", "max_tokens": 1,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let calls: Vec<_> = (0..12)
+        .map(|_| {
+            let (url, body, http) = (url.clone(), body.clone(), client());
+            tokio::spawn(async move {
+                let sent = http
+                    .post(url)
+                    .header("host", "warm-up.example")
+                    .header("authorization", "Bearer warm-up")
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                if let Ok(response) = sent {
+                    let _ = response.bytes().await;
+                }
+            })
+        })
+        .collect();
+    for call in calls {
+        let _ = call.await;
+    }
+    llm.reset();
+}
+
+/// Waits until 10 ms before the provider's next window begins: callers
+/// that begin then fill the last of one window and the first of the next,
+/// the moment calls admitted in one count in the other.
+async fn at_a_window_edge(window: Duration) {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let window_ms = window.as_millis().max(1);
+    let into = since_epoch.as_millis() % window_ms;
+    let wait = (window_ms + window_ms - 10 - into) % window_ms;
+    tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
+}
+
 /// What one client call came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Call {
@@ -200,6 +250,8 @@ fn full_windows(llm: &MockLlm) -> Vec<u64> {
 
 async fn provider_held_and_used(stream: bool) -> anyhow::Result<()> {
     let (llm, envoy) = setup(Duration::from_millis(5)).await?;
+    warm_up(&envoy, &llm).await;
+    at_a_window_edge(Duration::from_secs(2)).await;
     let calls = run(&envoy, 12, Duration::from_secs(9), stream, |_| false).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let stats = llm.stats();
@@ -268,6 +320,7 @@ async fn a_paused_envoy_keeps_its_windows_on_the_providers() -> anyhow::Result<(
     const PAUSE: Duration = Duration::from_millis(1900);
     let started = std::time::Instant::now();
     let (llm, envoy) = setup(Duration::from_millis(5)).await?;
+    warm_up(&envoy, &llm).await;
     envoy.pause(PAUSE)?;
     let calls = run(&envoy, 12, Duration::from_secs(7), true, |_| false).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -313,6 +366,8 @@ async fn aborted_streams_are_charged_the_unread_charge_and_completed_ones_their_
         &format!(r#", "unread": {UNREAD}"#),
     )
     .await?;
+    warm_up(&envoy, &llm).await;
+    at_a_window_edge(Duration::from_secs(2)).await;
     let calls = run(&envoy, 12, Duration::from_secs(5), true, |n| n % 10 < 3).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let aborted: Vec<u64> = calls
@@ -379,7 +434,8 @@ async fn tokens_per_key_and_for_the_company_hold_together() -> anyhow::Result<()
               "rate": {{"requests": {company_policy}, "period": "2s", "algorithm": "fixed_window"}}, {cost}}}]}}]}}}}"#
     );
     let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
-    llm.reset();
+    warm_up(&envoy, &llm).await;
+    at_a_window_edge(Duration::from_secs(2)).await;
     let url = envoy.url("/v1/chat/completions");
     let counter = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(9);

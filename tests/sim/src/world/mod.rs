@@ -32,6 +32,19 @@ pub struct Faults {
     /// While the admin is unreachable: from this long into the run, for
     /// so long.
     pub admin_down: Vec<(Span, Span)>,
+    /// Envoys paused (SIGSTOP, a machine too loaded to run them): what
+    /// reaches them waits until they go on, and their workers then read
+    /// a wall clock that moved on without them.
+    pub pauses: Vec<Pause>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Pause {
+    pub envoy: usize,
+    /// This long into the run.
+    pub at: Span,
+    /// Paused for so long.
+    pub lasting: Span,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +92,7 @@ enum Event {
     Network(Message),
     Holds,
     Kill(Kill),
+    Pause(Pause),
     Restart {
         envoy: usize,
     },
@@ -147,6 +161,7 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         stop_sending: start + scenario.duration,
         envoys: (0..envoys).map(|_| None).collect(),
         lives: vec![0; envoys],
+        paused_until: vec![start; envoys],
         network,
         scenario: scenario.clone(),
         failed_writes: 0,
@@ -163,6 +178,9 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
     for kill in &scenario.faults.kills {
         world.schedule(start + kill.at, Event::Kill(*kill));
     }
+    for pause in &scenario.faults.pauses {
+        world.schedule(start + pause.at, Event::Pause(*pause));
+    }
     for (from, span) in &scenario.faults.admin_down {
         world.schedule(start + *from, Event::Admin { up: false });
         world.schedule(start + *from + *span, Event::Admin { up: true });
@@ -172,6 +190,10 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         let now = Instant::from_nanos(at);
         if now > end {
             break;
+        }
+        if let Some(until) = world.paused(&event).filter(|until| *until > now) {
+            world.schedule(until, event);
+            continue;
         }
         world.clock.set(now);
         world.handle(now, event);
@@ -223,6 +245,8 @@ struct World {
     /// Each Envoy's life: bumped when it dies, so that what was meant for
     /// the dead process is dropped.
     lives: Vec<u64>,
+    /// Each Envoy runs again from this instant on (a pause).
+    paused_until: Vec<Instant>,
     network: Option<Network>,
     scenario: Scenario,
     /// Summed over the Envoys' lives.
@@ -234,6 +258,24 @@ impl World {
     fn schedule(&mut self, at: Instant, event: Event) {
         self.seq += 1;
         self.events.insert((at.as_nanos(), self.seq), event);
+    }
+
+    /// Until when the Envoy `event` reaches is paused (None: it reaches
+    /// none): a caller's call waits for its Envoy, as the kernel holds
+    /// the connection, and so do answers, ticks and the admin's replies.
+    fn paused(&self, event: &Event) -> Option<Instant> {
+        let envoy = match event {
+            Event::Send { conn } => {
+                let caller = self.connections.get(*conn)?.caller;
+                self.callers.get(caller)?.envoy
+            }
+            Event::Answer { at, .. } | Event::Tick { at, .. } => at.0,
+            Event::Network(Message::ToEnvoy { to, .. }) => to.envoy,
+            _ => return None,
+        };
+        self.paused_until
+            .get(envoy.min(self.envoys.len().saturating_sub(1)))
+            .copied()
     }
 
     fn instance(envoy: usize) -> String {
@@ -346,6 +388,15 @@ impl World {
                 }
             }
             Event::Kill(kill) => self.kill(now, kill),
+            Event::Pause(pause) => {
+                if let Some(until) = self.paused_until.get_mut(pause.envoy) {
+                    *until = (*until).max(now + pause.lasting);
+                    self.trace.note(
+                        now,
+                        format!("e{} paused for {:?}", pause.envoy, pause.lasting),
+                    );
+                }
+            }
             Event::Restart { envoy } => {
                 if let Err(e) = self.start_envoy(envoy, now) {
                     self.trace.note(now, format!("e{envoy} did not start: {e}"));
