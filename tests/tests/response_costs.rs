@@ -80,7 +80,7 @@ async fn setup_with(step: Duration, usage: &str) -> anyhow::Result<(MockLlm, Env
 /// Sluice's windows and counted in the provider's next (4 runs of 4:
 /// 6 022-6 919 tokens in a window of 6 000). The policy's room covers a
 /// call or two doing that, not a dozen.
-async fn warm_up(envoy: &Envoy, llm: &MockLlm) {
+async fn warm_up(envoy: &Envoy, llm: &MockLlm) -> anyhow::Result<()> {
     let url = envoy.url("/v1/chat/completions");
     let body = serde_json::json!({"model": "m", "max_tokens": 1,
         "messages": [{"role": "user", "content": "hi"}]})
@@ -97,16 +97,19 @@ async fn warm_up(envoy: &Envoy, llm: &MockLlm) {
                     .body(body)
                     .send()
                     .await;
-                if let Ok(response) = sent {
-                    let _ = response.bytes().await;
-                }
+                let response = sent?;
+                let status = response.status();
+                response.bytes().await?;
+                anyhow::ensure!(status.is_success(), "a warm-up call got {status}");
+                Ok(())
             })
         })
         .collect();
     for call in calls {
-        let _ = call.await;
+        call.await??;
     }
     llm.reset();
+    Ok(())
 }
 
 /// Waits until 10 ms before the provider's next window begins: callers
@@ -250,7 +253,7 @@ fn full_windows(llm: &MockLlm) -> Vec<u64> {
 
 async fn provider_held_and_used(stream: bool) -> anyhow::Result<()> {
     let (llm, envoy) = setup(Duration::from_millis(5)).await?;
-    warm_up(&envoy, &llm).await;
+    warm_up(&envoy, &llm).await?;
     at_a_window_edge(Duration::from_secs(2)).await;
     let calls = run(&envoy, 12, Duration::from_secs(9), stream, |_| false).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -320,7 +323,7 @@ async fn a_paused_envoy_keeps_its_windows_on_the_providers() -> anyhow::Result<(
     const PAUSE: Duration = Duration::from_millis(1900);
     let started = std::time::Instant::now();
     let (llm, envoy) = setup(Duration::from_millis(5)).await?;
-    warm_up(&envoy, &llm).await;
+    warm_up(&envoy, &llm).await?;
     envoy.pause(PAUSE)?;
     let calls = run(&envoy, 12, Duration::from_secs(7), true, |_| false).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -366,7 +369,7 @@ async fn aborted_streams_are_charged_the_unread_charge_and_completed_ones_their_
         &format!(r#", "unread": {UNREAD}"#),
     )
     .await?;
-    warm_up(&envoy, &llm).await;
+    warm_up(&envoy, &llm).await?;
     at_a_window_edge(Duration::from_secs(2)).await;
     let calls = run(&envoy, 12, Duration::from_secs(5), true, |n| n % 10 < 3).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -434,7 +437,7 @@ async fn tokens_per_key_and_for_the_company_hold_together() -> anyhow::Result<()
               "rate": {{"requests": {company_policy}, "period": "2s", "algorithm": "fixed_window"}}, {cost}}}]}}]}}}}"#
     );
     let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
-    warm_up(&envoy, &llm).await;
+    warm_up(&envoy, &llm).await?;
     at_a_window_edge(Duration::from_secs(2)).await;
     let url = envoy.url("/v1/chat/completions");
     let counter = Arc::new(AtomicU64::new(0));
