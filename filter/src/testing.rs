@@ -20,8 +20,6 @@ pub struct FakeHost {
     pub now: Cell<Instant>,
     /// The monotonic clock ([`FakeHost::advance_ms`] moves both).
     pub monotonic: Cell<Instant>,
-    /// The host has no monotonic clock.
-    pub no_monotonic: Cell<bool>,
     pub shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
     next_cas: Cell<u32>,
     pub metrics: RefCell<HashMap<String, i64>>,
@@ -92,7 +90,7 @@ impl Host for FakeHost {
 
     fn monotonic(&self) -> Option<Instant> {
         self.count("monotonic");
-        (!self.no_monotonic.get()).then(|| self.monotonic.get())
+        Some(self.monotonic.get())
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
