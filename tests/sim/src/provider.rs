@@ -57,6 +57,24 @@ pub struct ProviderShape {
     pub clock_ahead: Span,
 }
 
+impl ProviderShape {
+    /// A provider of calls only: `per_second` in each calendar second,
+    /// answers in `latency`, a 429 saying `Retry-After: 1`, no other limit,
+    /// its clock Envoy's.
+    pub fn calls(per_second: u64, latency: (Span, Span)) -> Self {
+        Self {
+            per_second,
+            latency,
+            retry_after: true,
+            max_in_flight: None,
+            change: None,
+            counts_refused: false,
+            tokens: None,
+            clock_ahead: Span::ZERO,
+        }
+    }
+}
+
 /// What the provider saw in one calendar second.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProviderSecond {

@@ -25,16 +25,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
     Scenario {
         workers,
         policies: FAIR.to_string(),
-        provider: ProviderShape {
-            per_second: 100,
-            latency: (Span::from_millis(5), Span::from_millis(40)),
-            retry_after: true,
-            max_in_flight: None,
-            change: None,
-            counts_refused: false,
-            clock_ahead: Span::ZERO,
-            tokens: None,
-        },
+        provider: ProviderShape::calls(100, (Span::from_millis(5), Span::from_millis(40))),
         callers: vec![
             Caller {
                 tenant: "a".into(),

@@ -70,16 +70,7 @@ fn fleet(seed: u64, envoys: usize) -> Fleet {
 }
 
 fn provider() -> ProviderShape {
-    ProviderShape {
-        per_second: 300,
-        latency: (Span::from_millis(5), Span::from_millis(60)),
-        retry_after: true,
-        max_in_flight: None,
-        change: None,
-        counts_refused: false,
-        clock_ahead: Span::ZERO,
-        tokens: None,
-    }
+    ProviderShape::calls(300, (Span::from_millis(5), Span::from_millis(60)))
 }
 
 fn scenario(seed: u64, envoys: usize, callers: Vec<Caller>, duration: Span) -> Scenario {

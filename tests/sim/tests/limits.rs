@@ -6,7 +6,7 @@ use sluice_shared::time::Span;
 use sluice_sim::callers::{Caller, Shape};
 use sluice_sim::property::{for_seeds, Failure};
 use sluice_sim::provider::ProviderShape;
-use sluice_sim::world::{run, Faults, Pause, Scenario};
+use sluice_sim::world::{run, Faults, Outcome, Pause, Scenario};
 
 fn callers(seed: u64) -> Vec<Caller> {
     let greedy = [1, 4, 16, 32][(seed / 4 % 4) as usize];
@@ -37,117 +37,86 @@ fn callers(seed: u64) -> Vec<Caller> {
 }
 
 /// A provider allowing 100 calls per calendar second behind a policy of
-/// 95 a second (burst 5): however many workers and callers, the provider
-/// never refuses, and the limit is used.
+/// 95 a second with `rate` (the rest of its `rate` object), greedy and
+/// paced callers for `duration` and the seed's `faults`: the provider
+/// never refuses, and never serves more than 100 in a calendar second.
+fn calendar_seconds_held(
+    seed: u64,
+    rate: &str,
+    duration: Span,
+    faults: Faults,
+) -> Result<Outcome, Failure> {
+    let scenario = Scenario {
+        workers: 1 + (seed % 4) as usize,
+        policies: format!(
+            r#"{{"version": 1, "policies": [
+                {{"name": "bank", "match": {{"host": "api.bank.example"}},
+                 "rate": {{"requests": 95, "period": "1s", {rate}}}}}]}}"#
+        ),
+        provider: ProviderShape::calls(100, (Span::from_millis(5), Span::from_millis(200))),
+        callers: callers(seed),
+        duration,
+        faults,
+        fleet: None,
+    };
+    let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+    if outcome.provider.refused() > 0 {
+        let why = format!("the provider refused {}", outcome.provider.refused());
+        return Err(Failure::new(outcome, why));
+    }
+    let most = outcome
+        .provider
+        .seconds
+        .values()
+        .map(|s| s.served)
+        .max()
+        .unwrap_or(0);
+    if most > 100 {
+        return Err(Failure::new(
+            outcome,
+            format!("{most} in a calendar second"),
+        ));
+    }
+    Ok(outcome)
+}
+
+/// A token bucket of 95 a second (burst 5): however many workers and
+/// callers, each calendar second stays inside the provider's 100.
 #[test]
 fn a_rate_below_the_providers_keeps_every_calendar_second_inside_it() {
     for_seeds(
         "limits::a_rate_below_the_providers_keeps_every_calendar_second_inside_it",
-        |seed| {
-            let scenario = Scenario {
-                workers: 1 + (seed % 4) as usize,
-                policies: r#"{"version": 1, "policies": [
-                    {"name": "bank", "match": {"host": "api.bank.example"},
-                     "rate": {"requests": 95, "period": "1s", "burst": 5}}]}"#
-                    .to_string(),
-                provider: ProviderShape {
-                    per_second: 100,
-                    latency: (Span::from_millis(5), Span::from_millis(200)),
-                    retry_after: true,
-                    max_in_flight: None,
-                    change: None,
-                    counts_refused: false,
-                    clock_ahead: Span::ZERO,
-                    tokens: None,
-                },
-                callers: callers(seed),
-                duration: Span::from_secs(4),
-                faults: Faults::default(),
-                fleet: None,
-            };
-            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-            if outcome.provider.refused() > 0 {
-                let why = format!("the provider refused {}", outcome.provider.refused());
-                return Err(Failure::new(outcome, why));
-            }
-            let most = outcome
-                .provider
-                .seconds
-                .values()
-                .map(|s| s.served)
-                .max()
-                .unwrap_or(0);
-            if most > 100 {
-                return Err(Failure::new(
-                    outcome,
-                    format!("{most} in a calendar second"),
-                ));
-            }
-            Ok(outcome)
-        },
+        |seed| calendar_seconds_held(seed, r#""burst": 5"#, Span::from_secs(4), Faults::default()),
     );
 }
 
-/// A provider allowing 100 calls per calendar second behind a fixed
-/// window of 95 a second, and Envoy paused for 1.1 to 3 s (stopped, or a
-/// machine too loaded to run it) while callers wait: its workers read the
-/// wall clock late, take that for time that passed, and their windows stay
-/// on the provider's seconds, which never get more than 100. (Before the
-/// workers' clocks read the monotonic clock they took such a pause for a
-/// step of the wall clock, absorbed all but a second of it and lagged the
+/// A fixed window of 95 a second, and Envoy paused for 1.1 to 3 s
+/// (stopped, or a machine too loaded to run it) while callers wait: its
+/// workers read the wall clock late, take that for time that passed, and
+/// their windows stay on the provider's seconds. (Before the workers'
+/// clocks read the monotonic clock they took such a pause for a step of
+/// the wall clock, absorbed all but a second of it and lagged the
 /// provider's seconds for ten times as long.)
 #[test]
 fn a_paused_envoy_keeps_every_calendar_second_inside_the_providers() {
     for_seeds(
         "limits::a_paused_envoy_keeps_every_calendar_second_inside_the_providers",
         |seed| {
-            let scenario = Scenario {
-                workers: 1 + (seed % 4) as usize,
-                policies: r#"{"version": 1, "policies": [
-                    {"name": "bank", "match": {"host": "api.bank.example"},
-                     "rate": {"requests": 95, "period": "1s", "algorithm": "fixed_window"}}]}"#
-                    .to_string(),
-                provider: ProviderShape {
-                    per_second: 100,
-                    latency: (Span::from_millis(5), Span::from_millis(200)),
-                    retry_after: true,
-                    max_in_flight: None,
-                    change: None,
-                    counts_refused: false,
-                    clock_ahead: Span::ZERO,
-                    tokens: None,
-                },
-                callers: callers(seed),
-                duration: Span::from_secs(6),
-                faults: Faults {
-                    pauses: vec![Pause {
-                        envoy: 0,
-                        at: Span::from_millis(1_000 + seed * 7_919 % 2_000),
-                        lasting: Span::from_millis(1_100 + seed * 104_729 % 1_900),
-                    }],
-                    ..Faults::default()
-                },
-                fleet: None,
+            let pause = Pause {
+                envoy: 0,
+                at: Span::from_millis(1_000 + seed * 7_919 % 2_000),
+                lasting: Span::from_millis(1_100 + seed * 104_729 % 1_900),
             };
-            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-            if outcome.provider.refused() > 0 {
-                let why = format!("the provider refused {}", outcome.provider.refused());
-                return Err(Failure::new(outcome, why));
-            }
-            let most = outcome
-                .provider
-                .seconds
-                .values()
-                .map(|s| s.served)
-                .max()
-                .unwrap_or(0);
-            if most > 100 {
-                return Err(Failure::new(
-                    outcome,
-                    format!("{most} in a calendar second"),
-                ));
-            }
-            Ok(outcome)
+            let faults = Faults {
+                pauses: vec![pause],
+                ..Faults::default()
+            };
+            calendar_seconds_held(
+                seed,
+                r#""algorithm": "fixed_window""#,
+                Span::from_secs(6),
+                faults,
+            )
         },
     );
 }
@@ -170,14 +139,8 @@ fn slots_hold_the_providers_concurrency_and_nothing_outlives_its_call() {
                      "on_limit": {"action": "queue", "max_wait": "300ms", "max_queue": 20}}]}"#
                     .to_string(),
                 provider: ProviderShape {
-                    per_second: 1000,
-                    latency: (Span::from_millis(5), Span::from_millis(200)),
-                    retry_after: true,
                     max_in_flight: Some(4),
-                    change: None,
-                    counts_refused: false,
-                    clock_ahead: Span::ZERO,
-                    tokens: None,
+                    ..ProviderShape::calls(1000, (Span::from_millis(5), Span::from_millis(200)))
                 },
                 callers: callers(seed),
                 duration: Span::from_secs(3),

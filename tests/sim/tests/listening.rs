@@ -45,14 +45,10 @@ fn after_a_hidden_drop(seed: u64, most_ahead: Span) -> Result<(Outcome, u64, u64
         workers: 1 + (seed / 4 % 4) as usize,
         policies: ADAPTIVE.to_string(),
         provider: ProviderShape {
-            per_second: 30,
-            latency: (Span::from_millis(low), Span::from_millis(high)),
-            retry_after: true,
-            max_in_flight: None,
             change: Some((Span::from_secs(2), 12)),
             counts_refused: true,
             clock_ahead: clock_ahead(seed, most_ahead),
-            tokens: None,
+            ..ProviderShape::calls(30, (Span::from_millis(low), Span::from_millis(high)))
         },
         callers: vec![Caller {
             tenant: "all".into(),

@@ -43,18 +43,13 @@ fn following_a_sliding_quota(seed: u64) -> Result<(Outcome, u64, u64, f64), Fail
         workers: 1 + (seed / 2 % 4) as usize,
         policies: FOLLOWING.to_string(),
         provider: ProviderShape {
-            per_second: u64::MAX,
-            latency: (Span::from_millis(50), Span::from_millis(200)),
             retry_after: false,
-            max_in_flight: None,
-            change: None,
-            counts_refused: false,
-            clock_ahead: Span::ZERO,
             tokens: Some(TokenQuota {
                 per_window: QUOTA,
                 window: Span::from_secs(60),
                 reset,
             }),
+            ..ProviderShape::calls(u64::MAX, (Span::from_millis(50), Span::from_millis(200)))
         },
         callers: KEYS
             .iter()
