@@ -436,8 +436,9 @@ proptest! {
 
     /// Any header bytes, any sizes, any sequence of requests, answers
     /// (any status, `Retry-After`, `RateLimit`), ends, ticks, wall-clock
-    /// jumps and a monotonic clock reading anything: no panic, every request gets a defined verdict, and
-    /// in the end nothing is left in flight or waiting.
+    /// jumps and a monotonic clock reading anything: no panic, every
+    /// request gets a defined verdict, and in the end nothing is left in
+    /// flight or waiting.
     #[test]
     fn the_request_path_never_panics(
         steps in prop::collection::vec(
