@@ -75,8 +75,9 @@ setup-rust:
 	for t in $(WASM_TARGET) wasm32-unknown-unknown; do \
 	  grep -qx "$$t" <<<"$$installed" || rustup target add "$$t"; \
 	done
-	@for c in rustfmt clippy; do \
-	  rustup component list --installed | grep -q "^$$c" || rustup component add "$$c"; \
+	@components="$$(rustup component list --installed)"; \
+	for c in rustfmt clippy; do \
+	  grep -q "^$$c" <<<"$$components" || rustup component add "$$c"; \
 	done
 
 # Installs the missing Debian packages among APT_PACKAGES (apt-get update
@@ -155,7 +156,8 @@ IMAGES_APT_PACKAGES := buildah skopeo musl-tools ca-certificates
 
 setup-images:
 	@$(MAKE) --no-print-directory setup-apt APT_PACKAGES="$(IMAGES_APT_PACKAGES)"
-	@rustup target list --installed | grep -qx $(MUSL_TARGET) || rustup target add $(MUSL_TARGET)
+	@installed="$$(rustup target list --installed)"; \
+	grep -qx $(MUSL_TARGET) <<<"$$installed" || rustup target add $(MUSL_TARGET)
 
 images: setup-images wasm ui
 	CC_$(subst -,_,$(MUSL_TARGET))=musl-gcc $(CARGO) build --release --locked --target $(MUSL_TARGET) -p sluice-admin --bin sluice-admin

@@ -74,8 +74,11 @@ if ! have "$envoy"; then
     mkdir -p "$context"
     cp "$envoy_binary" "$context/envoy"
     cp "$here/envoy-entrypoint.sh" "$here/envoy.Containerfile" "$context/"
-    "$context/envoy" --version | grep -q 'envoy.*/1\.40\.0/' \
-        || { echo "stand-in $envoy: $envoy_binary is not Envoy 1.40.0" >&2; exit 1; }
+    # Read whole before matching: `envoy --version | grep -q` under pipefail
+    # fails whenever grep exits before Envoy's last write (SIGPIPE).
+    version=$("$context/envoy" --version)
+    [[ $version =~ envoy.*/1\.40\.0/ ]] \
+        || { echo "stand-in $envoy: $envoy_binary is not Envoy 1.40.0 ($version)" >&2; exit 1; }
     echo "stand-in $envoy: Envoy from $envoy_binary"
     podman build --quiet --pull=never -f "$context/envoy.Containerfile" -t "$envoy" "$context"
     rm -rf "$context"
