@@ -333,6 +333,9 @@ async fn a_paused_envoy_keeps_its_windows_on_the_providers() -> anyhow::Result<(
     let (llm, envoy) = setup(Duration::from_millis(5)).await?;
     warm_up(&envoy, &llm).await?;
     envoy.pause(PAUSE)?;
+    // The old clock's lag lasted about ten times the pause: still there
+    // when the load begins, up to a window later.
+    early_in_a_window(Duration::from_secs(2)).await;
     let calls = run(&envoy, 12, Duration::from_secs(7), true, |_| false).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let stepped: Vec<String> = envoy
