@@ -295,11 +295,12 @@ wasm:
 # lint runs beside the end-to-end suites (`make test`), whose make_run
 # test builds there.
 LINT_TARGET := target/lint
+CLIPPY := CARGO_TARGET_DIR=$(LINT_TARGET) $(CARGO) clippy
 lint:
 	$(CARGO) fmt --all -- --check
-	CARGO_TARGET_DIR=$(LINT_TARGET) $(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
-	CARGO_TARGET_DIR=$(LINT_TARGET) $(CARGO) clippy -p sluice-filter -p sluice-filter-core -p sluice-shared -p sluice-wire -p sluice-noop-filter --target $(WASM_TARGET) -- -D warnings
-	CARGO_TARGET_DIR=$(LINT_TARGET) $(CARGO) clippy -p sluice-ui --target $(UI_TARGET) -- -D warnings
+	$(CLIPPY) --workspace --all-targets --all-features -- -D warnings
+	$(CLIPPY) -p sluice-filter -p sluice-filter-core -p sluice-shared -p sluice-wire -p sluice-noop-filter --target $(WASM_TARGET) -- -D warnings
+	$(CLIPPY) -p sluice-ui --target $(UI_TARGET) -- -D warnings
 	# Advisories need the RustSec database from GitHub, out of reach here (deny.toml).
 	$(CARGO_DENY) check licenses bans sources
 
