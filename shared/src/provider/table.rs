@@ -52,6 +52,11 @@ pub struct Row {
     pub sent: SentWindow,
     pub watch: EndWatch,
     pub other: u64,
+    /// What the ring held beyond the provider's count at the last answer
+    /// followed (estimates of calls not yet settled, a slot's rounding):
+    /// a settled call's estimate above its use repays this before it
+    /// goes to `other`.
+    pub overcount: u64,
     /// The count in force is a guess made when a reset passed (the
     /// provider's limit again), not an answer's: until an answer about
     /// the new window says otherwise, what Sluice sent within the last
@@ -182,16 +187,37 @@ impl Row {
         now: Instant,
     ) -> bool {
         let ours = self.sent.in_window(now, self.window).saturating_sub(since);
-        let other = self
-            .provider_limit
-            .saturating_sub(remaining)
-            .saturating_sub(ours);
+        let counted = self.provider_limit.saturating_sub(remaining);
+        let other = counted.saturating_sub(ours);
+        self.overcount = ours.saturating_sub(counted);
         let worth = other != self.other || until > self.allowance_until + super::sliding::MOVE_MIN;
         self.other = other;
         self.allowance = remaining.saturating_sub(since);
         self.allowance_until = self.allowance_until.max(until);
         self.allowance_from = admitted;
         worth
+    }
+
+    /// A call the answer last followed counted as the provider did (what
+    /// it used, or nothing: a 429) settled from `estimate` to `used`
+    /// while the ring held its estimate: what the ring now drops (or
+    /// gains) was in the others' part the answer left, unless it was in
+    /// what the ring held beyond the provider's count. Else a settled
+    /// call made room the provider does not have: each refused call's
+    /// estimate back let the next one go into the full window (the
+    /// simulator: 787 of 1 242 calls refused, 7 a second per key).
+    fn settle_counted(&mut self, estimate: u64, used: u64) {
+        if estimate >= used {
+            let dropped = estimate - used;
+            let repaid = dropped.min(self.overcount);
+            self.overcount -= repaid;
+            self.other = self.other.saturating_add(dropped - repaid);
+        } else {
+            let gained = used - estimate;
+            let taken = gained.min(self.other);
+            self.other -= taken;
+            self.overcount = self.overcount.saturating_add(gained - taken);
+        }
     }
 
     /// Past the reset of a provider that said its limit: its next window
@@ -238,8 +264,8 @@ const ROLLED_OVER_BIT: u32 = 32;
 
 impl ProviderTable {
     pub const MAX_ROWS: usize = 8;
-    const VERSION: u8 = 9;
-    const ROW_LEN: usize = (14 + Adaptive::WORDS + 3 + SLOTS + 1) * 8;
+    const VERSION: u8 = 10;
+    const ROW_LEN: usize = (15 + Adaptive::WORDS + 3 + SLOTS + 1) * 8;
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
@@ -491,14 +517,7 @@ impl ProviderTable {
         let before = *row;
         row.sent.settle(sent, row.window, (estimate, used));
         if row.slides() && row.allowance_until > now && admitted <= row.allowance_from {
-            // The answer last followed counted this call as the provider
-            // did (what it used, or nothing: a 429) while the ring held
-            // its estimate, so the others' part took the difference; it
-            // goes back with the estimate. Else a settled call made room
-            // the provider does not have: each refused call's estimate
-            // back let the next one go into the full window (the
-            // simulator: 787 of 1 242 calls refused, 7 a second per key).
-            row.other = row.other.saturating_add(estimate).saturating_sub(used);
+            row.settle_counted(estimate, used);
         }
         if row.allowance_until > now && row.allowance_from < admitted {
             row.allowance = row.allowance.saturating_add(estimate).saturating_sub(used);
@@ -638,6 +657,7 @@ impl ProviderTable {
                 r.relayed.began.as_nanos(),
                 r.relayed.heard.as_nanos(),
                 r.other,
+                r.overcount,
                 r.watch.end_seen.as_nanos(),
                 r.watch.word() | u64::from(r.rolled_over) << ROLLED_OVER_BIT,
             ]
@@ -687,6 +707,7 @@ impl ProviderTable {
                         heard: Instant::from_nanos(next()?),
                     },
                     other: next()?,
+                    overcount: next()?,
                     watch: {
                         let end_seen = Instant::from_nanos(next()?);
                         watch_word = next()?;
@@ -1057,7 +1078,7 @@ mod tests {
                 let reset_from = if self.oldest_free {
                     counted().next()
                 } else {
-                    counted().last()
+                    counted().next_back()
                 };
                 reset_from.map_or(now, |(at, _)| *at + self.window)
             } else {
