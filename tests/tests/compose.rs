@@ -312,11 +312,15 @@ async fn the_compose_setup_runs_as_the_readme_says() -> anyhow::Result<()> {
     );
 
     // A call through the egress listener is limited: bank allows 100 a
-    // second with a burst of 10, and refuses past it.
+    // second with a burst of 10, and refuses past it. Not all of the
+    // burst need pass: a worker's prefetch (a quarter of what the bucket
+    // holds, spent within 5 ms or lapsed) can leave tokens unspent, at
+    // most 2 of a full bucket of 10 for each of Envoy's two workers (a
+    // clean CI run passed 9 of 100, another 11).
     let bank = burst(&http, "api.bank.example", 100).await?;
     let most = 10.0 + 100.0 * bank.took.as_secs_f64() + 1.0;
     ensure!(
-        bank.ok >= 10 && bank.refused > 0 && bank.ok as f64 <= most && bank.named == ["bank"],
+        bank.ok >= 6 && bank.refused > 0 && bank.ok as f64 <= most && bank.named == ["bank"],
         "bank: {bank:?} (at most {most:.0} could pass)"
     );
     // The demo API's counts are published too.
