@@ -1211,18 +1211,31 @@ mod tests {
 
     #[test]
     fn a_sliding_window_is_used_as_it_frees() {
-        // 20 000 tokens in any minute; callers ask for twice that.
-        let mut provider = sliding(20_000);
-        let mut table = ProviderTable::default();
-        let (used, refused) = steady(
-            &mut provider,
-            &mut table,
-            (Span::from_millis(150), 100),
-            300,
-        );
-        assert_eq!(refused, 0);
-        assert!(used >= 19_000, "{used} of the last minute's 20 000");
-        assert!(table.row(0).is_some_and(|r| r.watch.slides()));
+        // 20 000 tokens in any minute; callers ask for twice that. Its
+        // reset says when it is whole again, or when its oldest tokens
+        // free: that one stays put for the first minute (the oldest are
+        // the first call's), then creeps on by a call's spacing at each
+        // answer, by then a whole window before the end of the window
+        // Sluice rolled over into.
+        for oldest_free in [false, true] {
+            let mut provider = WindowProvider {
+                oldest_free,
+                ..sliding(20_000)
+            };
+            let mut table = ProviderTable::default();
+            let (used, refused) = steady(
+                &mut provider,
+                &mut table,
+                (Span::from_millis(150), 100),
+                300,
+            );
+            assert_eq!(refused, 0, "oldest free: {oldest_free}");
+            assert!(
+                used >= 19_000,
+                "{used} of the last minute's 20 000 (oldest free: {oldest_free})"
+            );
+            assert!(table.row(0).is_some_and(|r| r.watch.slides()));
+        }
         // A fixed window's resets do not move: its count is followed as
         // before, and what it serves is at most its quota.
         let mut fixed = WindowProvider {
@@ -1233,28 +1246,6 @@ mod tests {
         let (_, refused) = steady(&mut fixed, &mut table, (Span::from_millis(150), 100), 300);
         assert_eq!(refused, 0);
         assert!(table.row(0).is_some_and(|r| !r.watch.slides()));
-    }
-
-    #[test]
-    fn a_sliding_window_whose_reset_says_when_its_oldest_tokens_free_is_used_as_it_frees() {
-        // Its reset stays put for the first minute (the oldest tokens are
-        // the first call's), then creeps on by a call's spacing at each
-        // answer, by then a whole window before the end of the window
-        // Sluice rolled over into.
-        let mut provider = WindowProvider {
-            oldest_free: true,
-            ..sliding(20_000)
-        };
-        let mut table = ProviderTable::default();
-        let (used, refused) = steady(
-            &mut provider,
-            &mut table,
-            (Span::from_millis(150), 100),
-            300,
-        );
-        assert_eq!(refused, 0);
-        assert!(table.row(0).is_some_and(|r| r.watch.slides()));
-        assert!(used >= 19_000, "{used} of the last minute's 20 000");
     }
 
     #[test]
