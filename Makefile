@@ -54,7 +54,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-nextest setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-nextest setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-build e2e-native fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -355,9 +355,20 @@ fleet-test: setup setup-nextest wasm ui
 	$(CARGO) build $(DEMO_BINS)
 	$(E2E_ENV) $(NEXTEST) --test fleet --test store_backends --test ui_browser
 
-# The shared crate is built for wasm32-wasip1 by the filter's build (in
-# e2e) and checked for it by lint: no build of its own. (Building the wasm and the UI beside the unit tests was tried: on two
-# cores the three builds together took 26 s longer than one after another.)
+# Everything the end-to-end suites run, built before them: the filter
+# (release-wasm), the UI (release-ui) and, in the debug profile, the
+# admin, the demo, the native module and the suites themselves. The three
+# have target directories of their own and build at once (`make -j3`):
+# the filter's and the UI's last step (fat LTO, one codegen unit) keeps
+# one core busy, the debug build the other. The shared crate is built for
+# wasm32-wasip1 by the filter's build and checked for it by lint: no
+# build of its own. (Building the wasm and the UI beside the unit tests
+# was tried: on two cores the three builds together took 26 s longer
+# than one after another: the unit build keeps both cores busy alone.)
+e2e-build: setup-nextest native-test
+	$(CARGO) build $(DEMO_BINS)
+	$(NEXTEST) --no-run $(addprefix --test ,$(E2E_SUITES))
+
 #
 # Lint runs beside the end-to-end suites, in their idle time: they wait
 # far more than they compute (over `make e2e` two cores were 59 % busy),
@@ -370,6 +381,7 @@ LINT_LOG := target/lint.log
 test: setup
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory -j3 --output-sync=target wasm ui e2e-build
 	@mkdir -p $(dir $(LINT_LOG)); \
 	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
 	e2e=0; { $(MAKE) --no-print-directory e2e && $(MAKE) --no-print-directory e2e-native; } || e2e=$$?; \
