@@ -54,7 +54,7 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-nextest setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-build e2e-native fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-nextest setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-native e2e-build sim fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
@@ -310,8 +310,17 @@ lint:
 # features cargo unifies (after a whole-workspace build, the excluding
 # command compiled 97 crates again).
 UNIT_SUITES := $(basename $(notdir $(foreach f,$(wildcard */tests/*.rs */*/tests/*.rs),$(if $(or $(findstring /src/tests/,$(f)),$(filter tests/tests/%,$(f))),,$(f)))))
+UNIT_TEST = $(CARGO) test $(WORKSPACE) --lib --bins --no-fail-fast
 unit:
-	$(CARGO) test $(WORKSPACE) --lib --bins $(addprefix --test ,$(UNIT_SUITES)) --no-fail-fast
+	$(UNIT_TEST) $(addprefix --test ,$(UNIT_SUITES))
+
+# The simulator's properties (tests/sim/tests): virtual time, so they hold
+# as well at the lowest CPU priority as on an idle machine. `make test`
+# builds them with the unit tests and runs them beside the end-to-end
+# suites, in the cores those leave idle (60 s of a run on two cores).
+SIM_SUITES := $(basename $(notdir $(wildcard tests/sim/tests/*.rs)))
+sim:
+	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) --no-fail-fast
 
 # The real Envoy (from .venv) with the real filter, every suite but those
 # `make compose-test` runs, by cargo-nextest (.config/nextest.toml, profile
@@ -355,20 +364,14 @@ fleet-test: setup setup-nextest wasm ui
 	$(CARGO) build $(DEMO_BINS)
 	$(E2E_ENV) $(NEXTEST) --test fleet --test store_backends --test ui_browser
 
-# Everything the end-to-end suites run, built before them: the filter
-# (release-wasm), the UI (release-ui) and, in the debug profile, the
-# admin, the demo, the native module and the suites themselves. The three
-# have target directories of their own and build at once (`make -j3`):
-# the filter's and the UI's last step (fat LTO, one codegen unit) keeps
-# one core busy, the debug build the other. The shared crate is built for
-# wasm32-wasip1 by the filter's build and checked for it by lint: no
-# build of its own. (Building the wasm and the UI beside the unit tests
-# was tried: on two cores the three builds together took 26 s longer
-# than one after another: the unit build keeps both cores busy alone.)
-e2e-build: setup-nextest native-test
-	$(CARGO) build $(DEMO_BINS)
-	$(NEXTEST) --no-run $(addprefix --test ,$(E2E_SUITES))
-
+# The shared crate is built for wasm32-wasip1 by the filter's build (in
+# e2e) and checked for it by lint: no build of its own. (Building the
+# wasm and the UI beside the unit tests was tried: on two cores the three
+# builds together took 26 s longer than one after another. The filter,
+# the UI and the debug build of the suites at once (`make -j3`, each
+# profile has its own lock) took 365 s in a clean CI run against 304 s
+# one after another in the one before, with the unit build there 29 %
+# slower too: no gain that the machine's own swings do not hide.)
 #
 # Lint runs beside the end-to-end suites, in their idle time: they wait
 # far more than they compute (over `make e2e` two cores were 59 % busy),
@@ -377,19 +380,36 @@ e2e-build: setup-nextest native-test
 # fails the run. Beside a SCHED_IDLE clippy and a whole test build (more
 # than lint's work) `make e2e` took 798 s instead of 711 and passed
 # 129/129; in a clean CI run `make test` took 30 minutes instead of 32.
+#
+# The simulator's properties run beside them the same way (`make sim`,
+# built with the unit tests). Cargo holds its lock on target/debug while
+# it checks what to build, not while tests run: everything the suites
+# run is built first (`e2e-build`), so that a SCHED_IDLE cargo starved
+# by a build never holds that lock while the suites' cargo waits on it.
+e2e-build: setup-nextest wasm ui native-test
+	$(CARGO) build $(DEMO_BINS)
+	$(NEXTEST) --no-run $(addprefix --test ,$(E2E_SUITES))
+
 LINT_LOG := target/lint.log
+SIM_LOG := target/sim.log
 test: setup
 	$(MAKE) --no-print-directory docs
-	$(MAKE) --no-print-directory unit
-	$(MAKE) --no-print-directory -j3 --output-sync=target wasm ui e2e-build
+	$(UNIT_TEST) --no-run $(addprefix --test ,$(UNIT_SUITES))
+	$(UNIT_TEST) $(addprefix --test ,$(filter-out $(SIM_SUITES),$(UNIT_SUITES)))
+	$(MAKE) --no-print-directory e2e-build
 	@mkdir -p $(dir $(LINT_LOG)); \
 	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
-	e2e=0; { $(MAKE) --no-print-directory e2e && $(MAKE) --no-print-directory e2e-native; } || e2e=$$?; \
+	chrt --idle 0 $(MAKE) --no-print-directory sim > $(SIM_LOG) 2>&1 & sim=$$!; \
+	e2e=0; $(MAKE) --no-print-directory e2e || e2e=$$?; \
+	$(MAKE) --no-print-directory e2e-native || e2e=$$?; \
+	simulated=0; wait $$sim || simulated=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
+	echo "--- make sim, run beside the end-to-end suites ($(SIM_LOG)):"; cat $(SIM_LOG); \
 	echo "--- make lint, run beside the end-to-end suites ($(LINT_LOG)):"; cat $(LINT_LOG); \
+	[ $$simulated -eq 0 ] || echo "make test: make sim failed (exit $$simulated, above)"; \
 	[ $$linted -eq 0 ] || echo "make test: make lint failed (exit $$linted, above)"; \
 	[ $$e2e -eq 0 ] || echo "make test: the end-to-end suites failed (exit $$e2e)"; \
-	[ $$linted -eq 0 ] && [ $$e2e -eq 0 ]
+	[ $$simulated -eq 0 ] && [ $$linted -eq 0 ] && [ $$e2e -eq 0 ]
 
 # The demo: admin (SQLite in var/, --insecure-dev), a demo API, Envoy with
 # the filter, and load through it. Ctrl-C stops all it started.

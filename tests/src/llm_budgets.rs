@@ -110,7 +110,11 @@ pub struct Team {
     pub answered: u64,
     pub refused: u64,
     pub hung_up: u64,
-    /// The share used the first warning said.
+    /// The share used the first warning Sluice gave said: the least any
+    /// warning said (the share used only grows). Not the first answer
+    /// with a warning to come back: a longer answer admitted earlier can
+    /// come back after a shorter one admitted at 84 % (a clean CI run
+    /// failed on that).
     pub first_warning: Option<f64>,
     /// The largest estimate of any of its calls, in micro-USD.
     pub largest_estimate: u64,
@@ -167,11 +171,12 @@ fn record(
             *seen.refused_by.entry(by).or_default() += 1;
         }
     }
-    if let (Some(warn), None) = (&warn, seen.first_warning) {
-        seen.first_warning = warn
-            .split("used=")
-            .nth(1)
-            .and_then(|u| u.trim().parse::<f64>().ok());
+    let warned_at = warn
+        .as_deref()
+        .and_then(|w| w.split("used=").nth(1))
+        .and_then(|u| u.trim().parse::<f64>().ok());
+    if let Some(at) = warned_at {
+        seen.first_warning = Some(seen.first_warning.map_or(at, |first| first.min(at)));
     }
     if limit.as_deref() == Some("team-budget") {
         if let Some(spent) = spent.and_then(|s| sluice_shared::price::Money::parse(&s).ok()) {

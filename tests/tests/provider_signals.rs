@@ -300,6 +300,11 @@ async fn run_against_provider(
     })
 }
 
+/// How long a control run (Sluice not listening) lasts: its whole seconds
+/// after the first are one before the provider's limit drops (at 2 s) and
+/// two after it, which are all it needs to show the provider refusing.
+const CONTROL_SECONDS: u64 = 4;
+
 fn describe(run: &Run) -> String {
     run.windows
         .iter()
@@ -339,7 +344,9 @@ async fn the_providers_limit_drops_and_following_its_count_keeps_refusals_under_
     .await?;
     let ietf =
         run_against_provider(Signals::Ietf, Some(r#"{"headers": "ietf"}"#), (40, 0), 6).await?;
-    let blind = run_against_provider(Signals::OpenAi, None, (40, 0), 6).await?;
+    // The control: not following, the provider refuses from the drop on
+    // (two seconds after it show it).
+    let blind = run_against_provider(Signals::OpenAi, None, (40, 0), CONTROL_SECONDS).await?;
     for (name, run) in [
         ("following openai", &openai),
         ("following ietf", &ietf),
@@ -390,7 +397,7 @@ async fn a_hidden_consumer_shares_the_quota_and_following_leaves_them_room() -> 
         6,
     )
     .await?;
-    let blind = run_against_provider(Signals::OpenAi, None, (0, 30), 6).await?;
+    let blind = run_against_provider(Signals::OpenAi, None, (0, 30), CONTROL_SECONDS).await?;
     for (name, run) in [("following", &following), ("not following", &blind)] {
         let hidden_refused: u64 = run.windows.iter().map(|w| w.hidden_refused).sum();
         println!(
@@ -433,7 +440,7 @@ async fn adapting_to_refusals_alone_settles_near_the_providers_new_limit() -> an
     use sluice_demo::provider::Signals;
     let adaptive =
         run_against_provider(Signals::None, Some(r#"{"adaptive": true}"#), (40, 0), 12).await?;
-    let blind = run_against_provider(Signals::None, None, (40, 0), 12).await?;
+    let blind = run_against_provider(Signals::None, None, (40, 0), CONTROL_SECONDS).await?;
     let settled = |run: &Run| {
         let last: Vec<_> = run.windows.iter().rev().take(5).collect();
         last.iter().map(|w| w.accepted as f64).sum::<f64>() / last.len().max(1) as f64
