@@ -317,7 +317,9 @@ unit:
 # The simulator's properties (tests/sim/tests): virtual time, so they hold
 # as well at the lowest CPU priority as on an idle machine. `make test`
 # builds them with the unit tests and runs them beside the end-to-end
-# suites, in the cores those leave idle (60 s of a run on two cores).
+# suites, in the cores those leave idle (alone, `time make sim`: 80 s on
+# two cores). A machine with no idle core (two busy loops at nice 0)
+# starves them and lint: `make test` then ends only once it is idle.
 SIM_SUITES := $(basename $(notdir $(wildcard tests/sim/tests/*.rs)))
 sim:
 	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) --no-fail-fast
