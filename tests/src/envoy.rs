@@ -570,6 +570,16 @@ impl Drop for Envoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing assertion: what Envoy said last (with the test config,
+        // every answer of 500 or more and why) beside the test's output.
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- the end of Envoy's log ({}):", self.log_path.display());
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
         if let Some(mut parent) = self.draining.take() {
             let _ = parent.kill();
             let _ = parent.wait();
