@@ -347,9 +347,13 @@ e2e_uses = $(or $(if $(strip $(E2E_TESTS)),,all),$(findstring $(1),$(E2E_TESTS))
 E2E_NEEDS := $(if $(call e2e_uses,native,native),native-test) \
   $(if $(call e2e_uses,kubernetes,),setup-kubernetes) \
   $(if $(findstring images,$(E2E_TESTS)),images)
+# E2E_FILTER: a nextest filterset over the tests chosen (make test runs
+# those of E2E_ALONE apart from the rest).
+E2E_FILTER ?=
+E2E_FILTERED = $(if $(strip $(E2E_FILTER)),-E '$(E2E_FILTER)')
 e2e: setup-nextest wasm ui $(E2E_NEEDS)
 	$(CARGO) build $(DEMO_BINS)
-	$(E2E_ENV) $(NEXTEST) $(or $(strip $(E2E_TESTS)),$(addprefix --test ,$(E2E_SUITES)))
+	$(E2E_ENV) $(NEXTEST) $(or $(strip $(E2E_TESTS)),$(addprefix --test ,$(E2E_SUITES))) $(E2E_FILTERED)
 
 # The suites that exercise decisions, run again against the native
 # build (SLUICE_FILTER=native); the README's "Two builds" lists those
@@ -357,7 +361,20 @@ e2e: setup-nextest wasm ui $(E2E_NEEDS)
 E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet
 e2e-native: setup-nextest wasm native-test ui
 	$(CARGO) build $(DEMO_BINS)
-	$(E2E_ENV) SLUICE_FILTER=native $(NEXTEST) $(addprefix --test ,$(E2E_NATIVE))
+	$(E2E_ENV) SLUICE_FILTER=native $(NEXTEST) $(addprefix --test ,$(E2E_NATIVE)) $(E2E_FILTERED)
+
+# The tests whose figures are about seconds across several Envoys and
+# the admin's syncs (fleet mode's, the fair shares across two Envoys, a
+# pool's share moving back across two Envoys) and the admin's login
+# storm: each with the machine to itself (.config/nextest.toml), and in
+# `make test` after lint and the simulator's properties are done. Run
+# beside them, at the start of a clean run, three failed in one run: the
+# admin's shares did not follow demand within their bounds (a pool's
+# member moved back 4 s after the start, bound 2 s; a fleet with a rogue
+# used 66 % of its limit, bound 90 %).
+E2E_ALONE := binary(fleet) | (binary(fair_share) & test(~across_two_envoys)) \
+  | (binary(pools) & test(an_envoy_whose_calls_spill_over_is_given_its_share_of_the_member_back)) \
+  | (binary(admin_limits) & test(a_login_storm_checks_a_handful_of_passwords_and_starves_no_sync))
 
 # Fleet mode alone (also part of `make test`): three Envoys sharing one
 # limit, admin replicas on PostgreSQL + Redis, both stores, the Fleet page.
@@ -388,7 +405,10 @@ fleet-test: setup setup-nextest wasm ui
 # run is built first (`e2e-build`), so that a SCHED_IDLE cargo starved
 # by a build never holds that lock while the suites' cargo waits on it.
 #
-# Once the suites end, what is left of lint and sim runs at the normal
+# The tests of E2E_ALONE run last, once lint and sim are done, each with
+# the machine to itself.
+#
+# Once the other suites end, what is left of lint and sim runs at the normal
 # priority (`chrt --other`, every process of theirs, twice for those
 # started as the first round went by): on a machine with
 # no idle core (two busy loops at nice 0) SCHED_IDLE never runs at all,
@@ -407,12 +427,14 @@ test: setup
 	@mkdir -p $(dir $(LINT_LOG)); \
 	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
 	chrt --idle 0 $(MAKE) --no-print-directory sim > $(SIM_LOG) 2>&1 & sim=$$!; \
-	e2e=0; $(MAKE) --no-print-directory e2e || e2e=$$?; \
-	$(MAKE) --no-print-directory e2e-native || e2e=$$?; \
+	e2e=0; $(MAKE) --no-print-directory e2e E2E_FILTER='not ($(E2E_ALONE))' || e2e=$$?; \
+	$(MAKE) --no-print-directory e2e-native E2E_FILTER='not ($(E2E_ALONE))' || e2e=$$?; \
 	family() { echo $$1; for c in $$(ps -o pid= --ppid $$1); do family $$c; done; }; \
-	for round in 1 2; do for p in $$(family $$lint; family $$sim); do chrt --other -a -p 0 $$p > /dev/null 2>&1; done; done; \
+	for round in 1 2; do for p in $$(family $$lint; family $$sim); do chrt --other -a -p 0 $$p > /dev/null 2>&1 || true; done; done; \
 	simulated=0; wait $$sim || simulated=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
+	$(MAKE) --no-print-directory e2e E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
+	$(MAKE) --no-print-directory e2e-native E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
 	echo "--- make sim, run beside the end-to-end suites ($(SIM_LOG)):"; cat $(SIM_LOG); \
 	echo "--- make lint, run beside the end-to-end suites ($(LINT_LOG)):"; cat $(LINT_LOG); \
 	[ $$simulated -eq 0 ] || echo "make test: make sim failed (exit $$simulated, above)"; \
