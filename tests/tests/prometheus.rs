@@ -130,14 +130,37 @@ impl Prometheus {
         })
     }
 
+    /// Waits until Prometheus says it is ready: until then its API answers
+    /// 503 in plain text (on a busy machine, for seconds after it starts).
+    async fn ready(&self) -> anyhow::Result<()> {
+        let url = format!("http://127.0.0.1:{}/-/ready", self.port);
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(answer) = http.get(&url).send().await {
+                if answer.status().is_success() {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("{url} did not answer 200 within 30 s")
+    }
+
     async fn get(&self, path: &str, query: &[(&str, &str)]) -> anyhow::Result<Value> {
         let resp = reqwest::Client::new()
             .get(format!("http://127.0.0.1:{}{path}", self.port))
             .query(query)
             .send()
             .await?;
+        let status = resp.status();
         let text = resp.text().await?;
-        Ok(serde_json::from_str::<Value>(&text)?)
+        serde_json::from_str::<Value>(&text).with_context(|| {
+            format!(
+                "{path}: {status}: {}",
+                text.chars().take(200).collect::<String>()
+            )
+        })
     }
 
     /// An instant query's result vector.
@@ -219,6 +242,7 @@ async fn under_load_every_dashboard_query_returns_data_and_the_saturation_alert_
         ],
         "5s",
     )?;
+    prometheus.ready().await?;
 
     let run = Duration::from_secs(25);
     let bank = envoy.url("/v1/orders");
