@@ -365,18 +365,18 @@ e2e-native: setup-nextest wasm native-test ui
 	$(CARGO) build $(DEMO_BINS)
 	$(E2E_ENV) SLUICE_FILTER=native $(NEXTEST) $(addprefix --test ,$(E2E_NATIVE)) $(E2E_FILTERED)
 
-# The tests whose figures are about seconds across several Envoys and
-# the admin's syncs (fleet mode's, the fair shares across two Envoys, a
-# pool's share moving back across two Envoys) and the admin's login
-# storm: each with the machine to itself (.config/nextest.toml), and in
-# `make test` after lint and the simulator's properties are done. Run
-# beside them, at the start of a clean run, three failed in one run: the
-# admin's shares did not follow demand within their bounds (a pool's
-# member moved back 4 s after the start, bound 2 s; a fleet with a rogue
-# used 66 % of its limit, bound 90 %).
-E2E_ALONE := binary(fleet) | (binary(fair_share) & test(~across_two_envoys)) \
-  | (binary(pools) & test(an_envoy_whose_calls_spill_over_is_given_its_share_of_the_member_back)) \
-  | (binary(admin_limits) & test(a_login_storm_checks_a_handful_of_passwords_and_starves_no_sync))
+# The tests that run with the machine to themselves: the filter of
+# .config/nextest.toml's override that gives a test all the slots (it says
+# which and why), read from there. `make test` runs them after lint and
+# the simulator's properties are done: run beside them, at the start of a
+# clean run, three failed in one run (the admin's shares did not follow
+# demand within their bounds: a pool's member moved back 4 s after the
+# start, bound 2 s; a fleet with a rogue used 66 % of its limit, bound
+# 90 %).
+E2E_ALONE := $(shell sed -n '/^filter = /{h};/^threads-required = "num-test-threads"/{x;s/^filter = "\(.*\)"$$/\1/p}' .config/nextest.toml)
+ifeq ($(strip $(E2E_ALONE)),)
+$(error .config/nextest.toml has no override with threads-required = "num-test-threads" on a one-line filter)
+endif
 
 # Fleet mode alone (also part of `make test`): three Envoys sharing one
 # limit, admin replicas on PostgreSQL + Redis, both stores, the Fleet page.

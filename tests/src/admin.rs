@@ -167,24 +167,11 @@ impl AdminProcess {
             db: db.to_path_buf(),
             log_path: log_path.to_path_buf(),
         };
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = admin.child.try_wait()? {
-                bail!("the admin exited ({status}): {}", admin.log());
-            }
-            if http
-                .get(format!("{}/healthz", admin.base()))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok(admin);
-            }
-            if Instant::now() > deadline {
-                bail!("the admin did not come up: {}", admin.log());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let healthz = format!("{}/healthz", admin.base());
+        match crate::load::until_healthy(&mut admin.child, &healthz, Duration::from_secs(20)).await
+        {
+            Ok(()) => Ok(admin),
+            Err(why) => bail!("the admin did not come up ({why}): {}", admin.log()),
         }
     }
 

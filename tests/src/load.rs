@@ -172,6 +172,35 @@ pub async fn wait_for(
     anyhow::bail!("{what}: not within {limit:?}")
 }
 
+/// A process just started answers `url` with a success within `limit`:
+/// polled every 50 ms; an error says whether it exited first or never
+/// answered.
+pub async fn until_healthy(
+    child: &mut std::process::Child,
+    url: &str,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("exited ({status})");
+        }
+        if http
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            anyhow::bail!("{url} did not answer with a success within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Paced LLM calls through several Envoys at once, until `stop`: the i-th
 /// Envoy gets the i-th of `offered`, (tag, calls per second).
 pub fn paced_through(

@@ -132,19 +132,11 @@ impl Prometheus {
 
     /// Waits until Prometheus says it is ready: until then its API answers
     /// 503 in plain text (on a busy machine, for seconds after it starts).
-    async fn ready(&self) -> anyhow::Result<()> {
+    async fn ready(&mut self) -> anyhow::Result<()> {
         let url = format!("http://127.0.0.1:{}/-/ready", self.port);
-        let http = reqwest::Client::new();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(30) {
-            if let Ok(answer) = http.get(&url).send().await {
-                if answer.status().is_success() {
-                    return Ok(());
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        bail!("{url} did not answer 200 within 30 s")
+        load::until_healthy(&mut self.child, &url, Duration::from_secs(30))
+            .await
+            .context("prometheus not ready")
     }
 
     async fn get(&self, path: &str, query: &[(&str, &str)]) -> anyhow::Result<Value> {
@@ -227,7 +219,7 @@ async fn under_load_every_dashboard_query_returns_data_and_the_saturation_alert_
         "sync_interval": "250ms", "sync_token": SYNC_TOKEN, "fallback": {"version": 1, "policies": []}})
     .to_string();
     let envoy = Envoy::start_with_admin(&config, provider.addr.port(), admin.port, 2)?;
-    let prometheus = Prometheus::start(
+    let mut prometheus = Prometheus::start(
         &[
             (
                 "envoy",
