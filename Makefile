@@ -40,6 +40,14 @@ KUBERNETES_VALIDATE := $(VENV)/bin/kubernetes-validate
 
 export CARGO_TERM_COLOR ?= never
 
+# A cold build (no target/debug yet, as on CI's clean clone) gains nothing
+# from incremental compilation and pays for writing its caches: our crates'
+# test build took 225 s with them and 205 s without (2 cores). A tree
+# already built keeps cargo's default, for quick rebuilds after an edit.
+ifeq ($(wildcard target/debug),)
+export CARGO_INCREMENTAL ?= 0
+endif
+
 # Where `make run` keeps the admin's SQLite file and the logs.
 DEMO_VAR      ?= var
 
