@@ -5,6 +5,7 @@
 //! 290/s. `tests/tests/fleet.rs` asserts on these runs and `make bench`
 //! (scenario 7) prints them against their targets.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use sluice_demo::mock::{MockApi, MockLimits};
 
 use crate::admin::{AdminServer, Operator, SYNC_TOKEN};
 use crate::envoy::Envoy;
-use crate::load::{self, max_in_window, Outcome};
+use crate::load::{self, busiest_window, Outcome};
 
 pub const GLOBAL_RPS: f64 = 290.0;
 pub const PROVIDER_RPS: u64 = 300;
@@ -88,9 +89,26 @@ pub fn rate_at_mock(mock: &MockApi, instances: &[&str], from: Duration, to: Dura
 }
 
 pub fn most_in_any_second(mock: &MockApi) -> usize {
-    let mut at: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    busiest_second(mock).0
+}
+
+/// The most calls the provider saw in any second, when that second began
+/// (from the mock's reset), and how many of them each instance sent.
+pub fn busiest_second(mock: &MockApi) -> (usize, Duration, BTreeMap<String, usize>) {
+    let arrivals = mock.arrivals();
+    let mut at: Vec<Duration> = arrivals.iter().map(|a| a.at).collect();
     at.sort();
-    max_in_window(&at, Duration::from_secs(1))
+    let (most, from) = busiest_window(&at, Duration::from_secs(1));
+    let mut by_instance = BTreeMap::new();
+    for a in arrivals
+        .iter()
+        .filter(|a| a.at >= from && a.at < from + Duration::from_secs(1))
+    {
+        *by_instance
+            .entry(a.key.clone().unwrap_or_default())
+            .or_insert(0) += 1;
+    }
+    (most, from, by_instance)
 }
 
 /// The admin's view of the global policy: instance -> (rate share, slots).

@@ -131,13 +131,21 @@ pub fn count(outcomes: &[Outcome], status: u16) -> usize {
 
 /// The most events in any window of `window` over sorted instants.
 pub fn max_in_window(sorted: &[Duration], window: Duration) -> usize {
-    let mut best = 0;
+    busiest_window(sorted, window).0
+}
+
+/// The most of `sorted` in any `window`, and when the first such window
+/// began.
+pub fn busiest_window(sorted: &[Duration], window: Duration) -> (usize, Duration) {
+    let mut best = (0, Duration::ZERO);
     let mut lo = 0;
     for hi in 0..sorted.len() {
         while sorted[hi] - sorted[lo] >= window {
             lo += 1;
         }
-        best = best.max(hi - lo + 1);
+        if hi - lo + 1 > best.0 {
+            best = (hi - lo + 1, sorted[lo]);
+        }
     }
     best
 }
