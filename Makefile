@@ -156,7 +156,7 @@ setup-kubernetes: $(ENVOY)
 # certificates (it checks PostgreSQL's and Redis's with them), `FROM
 # scratch`. Checked by tests/tests/images.rs.
 IMAGES_DIR    := target/images
-IMAGE_VERSION := $(shell awk -F'"' '/^version/{print $$2; exit}' admin/Cargo.toml)
+IMAGE_VERSION = $(shell awk -F'"' '/^version/{print $$2; exit}' admin/Cargo.toml)
 MUSL_TARGET   := x86_64-unknown-linux-musl
 ADMIN_STATIC  := target/$(MUSL_TARGET)/release/sluice-admin
 BUILDAH       := buildah --storage-driver vfs
@@ -201,7 +201,7 @@ images: setup-images wasm ui
 # stand-ins built here under the same names (tests/compose/standins.sh);
 # the project's images are built from admin/Dockerfile as the compose file
 # says, one service after another (the later ones then take the build
-# stage from the cache instead of building it again beside it).
+# stages from the cache instead of building them again beside it).
 COMPOSE_DIR   := target/compose
 PODMAN_COMPOSE_VERSION := 1.6.0
 PODMAN_COMPOSE := $(VENV)/bin/podman-compose
@@ -221,16 +221,24 @@ setup-compose: $(ENVOY)
 	  "$(CURDIR)/$(COMPOSE_DIR)/storage" "$(CURDIR)/$(COMPOSE_DIR)/run" > $(COMPOSE_DIR)/storage.conf
 
 # With the OCI images `make images` builds (their suite, `images`, reads
-# them back): their static admin is a release build for musl, 11 minutes
-# of a clean clone's `make test` for a suite that ran in one second.
-compose-test: setup setup-compose images
-	$(E2E_ENV) $(CARGO) test $(WORKSPACE) --test images -- --nocapture --test-threads=1
-	$(PODMAN_ENV) tests/compose/standins.sh $(COMPOSE_DIR) "$(ENVOY_BINARY)"
-	@for service in filter admin demo-api; do \
+# them back): their static admin is a release build for musl. It runs
+# beside the stand-ins' debootstrap (which mostly waits on the mirror)
+# and the Dockerfile's build: admin first, whose stages are all the
+# others need, then the demo API and the filter from the cache.
+compose-test: setup setup-compose
+	@echo "compose: make images beside the stand-ins and the Dockerfile's build ($(COMPOSE_DIR)/images.log)"; \
+	$(MAKE) --no-print-directory images > $(COMPOSE_DIR)/images.log 2>&1 & images=$$!; \
+	built=0; $(PODMAN_ENV) tests/compose/standins.sh $(COMPOSE_DIR) "$(ENVOY_BINARY)" || built=$$?; \
+	for service in admin demo-api filter; do \
+	  [ $$built -eq 0 ] || break; \
 	  echo "compose: building $$service"; \
-	  $(PODMAN_ENV) $(PODMAN_COMPOSE) -f envoy/docker-compose.yml build $$service >$(COMPOSE_DIR)/build-$$service.log 2>&1 \
-	    || { tail -40 $(COMPOSE_DIR)/build-$$service.log; exit 1; }; \
-	done
+	  $(PODMAN_ENV) $(PODMAN_COMPOSE) -f envoy/docker-compose.yml build $$service \
+	    >$(COMPOSE_DIR)/build-$$service.log 2>&1 || { built=$$?; tail -40 $(COMPOSE_DIR)/build-$$service.log; }; \
+	done; \
+	imaged=0; wait $$images || imaged=$$?; cat $(COMPOSE_DIR)/images.log; \
+	[ $$imaged -eq 0 ] || echo "compose: make images failed (exit $$imaged, above)"; \
+	[ $$imaged -eq 0 ] && [ $$built -eq 0 ]
+	$(E2E_ENV) $(CARGO) test $(WORKSPACE) --test images -- --nocapture --test-threads=1
 	$(PODMAN_ENV) SLUICE_PODMAN_COMPOSE=$(CURDIR)/$(PODMAN_COMPOSE) $(CARGO) test $(WORKSPACE) --test compose \
 	  -- --nocapture --test-threads=1
 
@@ -324,9 +332,10 @@ unit:
 
 # The simulator's properties (tests/sim/tests): virtual time, so they hold
 # as well at the lowest CPU priority as on an idle machine. `make test`
-# builds them with the unit tests and runs them beside the end-to-end
-# suites, in the cores those leave idle (alone, `time make sim`: 80 s on
-# two cores), then at the normal priority once the suites end.
+# builds them with the unit tests and runs them beside the builds and
+# the end-to-end suites after it, in the cores those leave idle (alone,
+# `time make sim`: 80 s on two cores), then at the normal priority once
+# the suites end.
 SIM_SUITES := $(basename $(notdir $(wildcard tests/sim/tests/*.rs)))
 sim:
 	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) --no-fail-fast
@@ -401,19 +410,22 @@ fleet-test: setup setup-nextest wasm ui
 # one after another in the one before, with the unit build there 29 %
 # slower too: no gain that the machine's own swings do not hide.)
 #
-# Lint runs beside the end-to-end suites, in their idle time: they wait
-# far more than they compute (over `make e2e` two cores were 59 % busy),
-# so lint runs at SCHED_IDLE (`chrt --idle`: any test that wakes takes
-# the core from it) and prints its output once they end; either failing
-# fails the run. Beside a SCHED_IDLE clippy and a whole test build (more
-# than lint's work) `make e2e` took 798 s instead of 711 and passed
-# 129/129; in a clean CI run `make test` took 30 minutes instead of 32.
+# Lint runs beside the builds and the end-to-end suites, in their idle
+# time: the suites wait far more than they compute (over `make e2e` two
+# cores were 59 % busy), and the builds leave a core idle in their serial
+# tails (a clean run's unit tests kept two cores 64-77 % busy, the UI's
+# link-time optimisation 50-78 %). So lint runs at SCHED_IDLE (`chrt
+# --idle`: any test or build that wakes takes the core from it) from the
+# start of `make test`, in a target directory of its own, and prints its
+# output at the end; either failing fails the run. Beside a SCHED_IDLE
+# clippy and a whole test build (more than lint's work) `make e2e` took
+# 798 s instead of 711 and passed 129/129.
 #
-# The simulator's properties run beside them the same way (`make sim`,
-# built with the unit tests). Cargo holds its lock on target/debug while
-# it checks what to build, not while tests run: everything the suites
-# run is built first (`e2e-build`), so that a SCHED_IDLE cargo starved
-# by a build never holds that lock while the suites' cargo waits on it.
+# The simulator's properties run beside them the same way from the end
+# of the unit build, which builds them. Their executables run without
+# cargo: cargo holds its lock on target/debug while it checks what to
+# build, and a SCHED_IDLE cargo starved by the UI's build would hold it
+# while the native module's build waits on it.
 #
 # The tests of E2E_ALONE run last, once lint and sim are done, each with
 # the machine to itself.
@@ -429,25 +441,36 @@ e2e-build: setup-nextest wasm ui native-test
 
 LINT_LOG := target/lint.log
 SIM_LOG := target/sim.log
+# The simulator's test executables, as the unit build made them: run
+# without cargo, so that a starved SCHED_IDLE cargo never holds the lock
+# on target/debug that the builds after it wait on.
+SIM_EXECUTABLES = $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) --no-run --message-format=json \
+  | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]'
 test: setup
-	$(MAKE) --no-print-directory docs
-	$(UNIT_TEST) --no-run $(addprefix --test ,$(UNIT_SUITES))
-	$(UNIT_TEST) $(addprefix --test ,$(filter-out $(SIM_SUITES),$(UNIT_SUITES)))
-	$(MAKE) --no-print-directory e2e-build
 	@mkdir -p $(dir $(LINT_LOG)); \
-	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
-	chrt --idle 0 $(MAKE) --no-print-directory sim > $(SIM_LOG) 2>&1 & sim=$$!; \
+	family() { echo $$1; for c in $$(ps -o pid= --ppid $$1); do family $$c; done; }; \
+	stop_beside() { for p in $$(family $$lint) $$([ -z "$$sim" ] || family $$sim); do kill $$p 2>/dev/null || true; done; exit 1; }; \
+	step() { echo "$$*"; "$$@" || stop_beside; }; \
+	echo "make test: make lint at SCHED_IDLE from now on ($(LINT_LOG))"; \
+	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; sim=; \
+	step $(MAKE) --no-print-directory docs; \
+	step $(UNIT_TEST) --no-run $(addprefix --test ,$(UNIT_SUITES)); \
+	sims=$$($(SIM_EXECUTABLES)) && [ -n "$$sims" ] || stop_beside; \
+	echo "make test: the simulator's properties at SCHED_IDLE from now on ($(SIM_LOG))"; \
+	(cd tests/sim && exec chrt --idle 0 sh -c 'failed=0; for t in "$$@"; do echo "     Running $$t"; "$$t" || failed=1; done; exit $$failed' sim $$sims) \
+	  > $(SIM_LOG) 2>&1 & sim=$$!; \
+	step $(UNIT_TEST) $(addprefix --test ,$(filter-out $(SIM_SUITES),$(UNIT_SUITES))); \
+	step $(MAKE) --no-print-directory e2e-build; \
 	e2e=0; $(MAKE) --no-print-directory e2e E2E_FILTER='not ($(E2E_ALONE))' || e2e=$$?; \
 	$(MAKE) --no-print-directory e2e-native E2E_FILTER='not ($(E2E_ALONE))' || e2e=$$?; \
-	family() { echo $$1; for c in $$(ps -o pid= --ppid $$1); do family $$c; done; }; \
 	for round in 1 2; do for p in $$(family $$lint; family $$sim); do chrt --other -a -p 0 $$p > /dev/null 2>&1 || true; done; done; \
 	simulated=0; wait $$sim || simulated=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
 	$(MAKE) --no-print-directory e2e E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
 	$(MAKE) --no-print-directory e2e-native E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
-	echo "--- make sim, run beside the end-to-end suites ($(SIM_LOG)):"; cat $(SIM_LOG); \
-	echo "--- make lint, run beside the end-to-end suites ($(LINT_LOG)):"; cat $(LINT_LOG); \
-	[ $$simulated -eq 0 ] || echo "make test: make sim failed (exit $$simulated, above)"; \
+	echo "--- the simulator's properties, run beside the builds and the end-to-end suites ($(SIM_LOG)):"; cat $(SIM_LOG); \
+	echo "--- make lint, run beside the builds and the end-to-end suites ($(LINT_LOG)):"; cat $(LINT_LOG); \
+	[ $$simulated -eq 0 ] || echo "make test: the simulator's properties failed (exit $$simulated, above)"; \
 	[ $$linted -eq 0 ] || echo "make test: make lint failed (exit $$linted, above)"; \
 	[ $$e2e -eq 0 ] || echo "make test: the end-to-end suites failed (exit $$e2e)"; \
 	[ $$simulated -eq 0 ] && [ $$linted -eq 0 ] && [ $$e2e -eq 0 ]

