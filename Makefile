@@ -267,11 +267,23 @@ build: setup wasm native ui
 # breaks the app (the browser refuses wasm-bindgen's table at start:
 # "WebAssembly.Table.set(): Argument 1 is invalid"), and what it saved
 # came back larger compressed (414 KB).
+#
+# The files are made again only when the build or a static file changed
+# (`$(UI_BUILT)`): every `make e2e` asks for the UI, and two at once (the
+# wasm and the native builds' suites) both rewrote target/ui, each
+# deleting what the other had just compressed.
+UI_WASM  := target/$(UI_TARGET)/release-ui/sluice_ui.wasm
+UI_BUILT := $(UI_DIR)/.built
 ui:
 	$(CARGO) build -p sluice-ui --target $(UI_TARGET) --profile release-ui
+	@$(MAKE) --no-print-directory $(UI_BUILT)
+	@echo "ui: $(UI_DIR) ($$(stat -c %s $(UI_DIR)/pkg/sluice_ui_bg.wasm) bytes of wasm, $$(stat -c %s $(UI_DIR)/pkg/sluice_ui_bg.wasm.br) brotli-compressed)"
+
+$(UI_BUILT): $(UI_WASM) $(wildcard admin/ui/static/*)
+	@rm -f $@
 	@mkdir -p $(UI_DIR)/pkg
 	$(WASM_BINDGEN) --target web --no-typescript --remove-name-section --remove-producers-section \
-	  --out-dir $(UI_DIR)/pkg target/$(UI_TARGET)/release-ui/sluice_ui.wasm
+	  --out-dir $(UI_DIR)/pkg $(UI_WASM)
 	cp admin/ui/static/* $(UI_DIR)/
 	@# Only the files themselves: a run after another must not compress
 	@# the last run's .br and .gz again (it did: boot.js.br.br.br...).
@@ -279,7 +291,7 @@ ui:
 	@for f in $(UI_DIR)/*.* $(UI_DIR)/pkg/*; do \
 	  brotli -q 11 -f -k "$$f" && gzip -9 -f -k "$$f"; \
 	done
-	@echo "ui: $(UI_DIR) ($$(stat -c %s $(UI_DIR)/pkg/sluice_ui_bg.wasm) bytes of wasm, $$(stat -c %s $(UI_DIR)/pkg/sluice_ui_bg.wasm.br) brotli-compressed)"
+	@touch $@
 
 # The native build (a dynamic module for Envoy 1.40): the same worker
 # as the wasm filter behind a second host (README "Two builds").
@@ -428,7 +440,11 @@ fleet-test: setup setup-nextest wasm ui
 # while the native module's build waits on it.
 #
 # The tests of E2E_ALONE run last, once lint and sim are done, each with
-# the machine to itself.
+# the machine to itself. (They kept two cores 27 % and 17 % busy in a
+# clean run, 281 s. One of the wasm build's beside one of the native
+# build's, 189 s, was tried: a_global_limit_is_shared_by_weight_across_two_envoys
+# found tenant a missing from the live view's fair table, its parts
+# right: not done until that is understood.)
 #
 # Once the other suites end, what is left of lint and sim runs at the normal
 # priority (`chrt --other`, every process of theirs, twice for those
