@@ -336,6 +336,9 @@ pub struct QueueWaits {
     pub p99: Duration,
     pub worst: Duration,
     pub refused: usize,
+    /// The first refused quiet calls: when each went (from the quiet
+    /// caller's start), how soon it was answered, and what Sluice said.
+    pub first_refusals: Vec<String>,
     /// Quiet calls a second the provider saw.
     pub quiet_rate: f64,
     pub refused_by_provider: u64,
@@ -376,6 +379,28 @@ pub async fn queue_waits(fair: bool) -> anyhow::Result<QueueWaits> {
         p99: at(0.99),
         worst: at(1.0),
         refused: load::count(&quiet_calls, 429),
+        first_refusals: quiet_calls
+            .iter()
+            .filter(|o| o.status == 429)
+            .take(5)
+            .map(|o| {
+                let header = |name: &str| {
+                    o.headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-")
+                        .to_string()
+                };
+                format!(
+                    "at {:?} answered after {:?}: retry-after {}, ratelimit {}, x-sluice-policy {}",
+                    o.started,
+                    o.latency,
+                    header("retry-after"),
+                    header("ratelimit"),
+                    header("x-sluice-policy")
+                )
+            })
+            .collect(),
         quiet_rate: mean(&seconds, "quiet"),
         refused_by_provider: mock.rejected_by_mock(),
     })

@@ -153,7 +153,14 @@ async fn a_fair_queue_keeps_a_quiet_tenants_wait_short_beside_a_noisy_backlog() 
         "fair p99 {:?}",
         fair.p99
     );
-    assert_eq!(fair.refused, 0);
+    // Once in a clean run beside three suites, lint and the simulator,
+    // 25 quiet calls were refused (p99 467 ms) and never on an idle
+    // machine or beside two busy loops: the first refusals are printed.
+    assert_eq!(
+        fair.refused, 0,
+        "quiet calls refused with fair: {:?}",
+        fair.first_refusals
+    );
     assert!(fair.quiet_rate >= 19.0, "quiet {:.1}/s", fair.quiet_rate);
     assert!(
         fifo.p50 > Duration::from_millis(1_000) || fifo.refused > 60,
