@@ -130,13 +130,7 @@ pub fn fair_refusals(calls: &[Outcome], limit: Option<&str>) -> usize {
 /// through in between (the share is then given back,
 /// `fair::refused_after`): rare, rarer still on an idle machine.
 pub fn other_refusals(calls: &[Outcome], limit: Option<&str>) -> Vec<String> {
-    let said = |o: &Outcome, header: &str| {
-        o.headers
-            .get(header)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-")
-            .to_string()
-    };
+    let said = |o: &Outcome, header: &str| o.header(header).unwrap_or("-").to_string();
     let fair = fair_refusals(calls, limit);
     let others: Vec<String> = calls
         .iter()
@@ -384,13 +378,7 @@ pub async fn queue_waits(fair: bool) -> anyhow::Result<QueueWaits> {
             .filter(|o| o.status == 429)
             .take(5)
             .map(|o| {
-                let header = |name: &str| {
-                    o.headers
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("-")
-                        .to_string()
-                };
+                let header = |name: &str| o.header(name).unwrap_or("-");
                 format!(
                     "at {:?} answered after {:?}: retry-after {}, ratelimit {}, x-sluice-policy {}",
                     o.started,

@@ -16,6 +16,13 @@ pub struct Outcome {
     pub headers: HeaderMap,
 }
 
+impl Outcome {
+    /// The answer's header `name`, if it is there and readable as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(1024)

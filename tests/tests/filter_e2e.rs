@@ -26,10 +26,6 @@ async fn setup(policies: &str) -> anyhow::Result<(MockApi, Envoy)> {
     Ok((mock, envoy))
 }
 
-fn header<'a>(o: &'a Outcome, name: &str) -> Option<&'a str> {
-    o.headers.get(name).and_then(|v| v.to_str().ok())
-}
-
 /// Stats reach Envoy on the filter's tick (100 ms when idle).
 async fn settle() {
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -81,10 +77,12 @@ async fn e2e_1_rate_200_per_second_burst_20_with_64_clients() -> anyhow::Result<
     assert!(max_1s <= 224, "{max_1s} in one second");
     assert!(max_100ms <= 44, "{max_100ms} in 100 ms");
     for o in outcomes.iter().filter(|o| o.status == 429) {
-        assert_eq!(header(o, "x-sluice-policy"), Some("bank"));
-        assert_eq!(header(o, "ratelimit-policy"), Some("\"bank\";q=200;w=1"));
-        assert_eq!(header(o, "retry-after"), Some("1"));
-        assert!(header(o, "ratelimit").is_some_and(|v| v.starts_with("\"bank\";r=0;t=")));
+        assert_eq!(o.header("x-sluice-policy"), Some("bank"));
+        assert_eq!(o.header("ratelimit-policy"), Some("\"bank\";q=200;w=1"));
+        assert_eq!(o.header("retry-after"), Some("1"));
+        assert!(o
+            .header("ratelimit")
+            .is_some_and(|v| v.starts_with("\"bank\";r=0;t=")));
     }
     Ok(())
 }
@@ -310,7 +308,7 @@ async fn e2e_3_queue_50_per_second_max_wait_2s() -> anyhow::Result<()> {
         "a release came {worst:.1} ms after its slot: the queue stalled"
     );
     for &s in &limited {
-        assert!(header(&outcomes[s as usize], "retry-after").is_some());
+        assert!(outcomes[s as usize].header("retry-after").is_some());
     }
     assert_eq!(envoy.policy_stat("queue_abandoned", "queued")?, 1.0);
     assert_eq!(

@@ -545,13 +545,7 @@ async fn a_429_one_envoy_sees_pauses_the_other_envoy_through_the_admin() -> anyh
             .iter()
             .filter(|o| o.status == 429)
             .fold(Default::default(), |mut m, o| {
-                let h = |n: &str| {
-                    o.headers
-                        .get(n)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("-")
-                        .to_string()
-                };
+                let h = |n: &str| o.header(n).unwrap_or("-");
                 *m.entry(format!(
                     "{}/{}/{}",
                     h("x-sluice-limit"),
