@@ -77,6 +77,11 @@ impl FakeHost {
         self.host_calls.borrow().values().sum()
     }
 
+    /// Host calls of one kind made so far.
+    pub fn host_calls_of(&self, call: &str) -> u64 {
+        self.host_calls.borrow().get(call).copied().unwrap_or(0)
+    }
+
     pub fn metric(&self, name: &str) -> i64 {
         self.metrics.borrow().get(name).copied().unwrap_or(0)
     }

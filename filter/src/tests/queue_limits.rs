@@ -189,3 +189,64 @@ fn a_queued_call_settles_its_usage_once_it_left() {
     assert_eq!(host.metric("sluice.limit.units.tokens"), 110);
     assert_eq!(host.metric("sluice.limit.units.usage_read"), 1);
 }
+
+/// A head its further limits refused asks them again when they said it
+/// could go, at most 20 ms later, instead of at every tick. Each tick
+/// reads shared data once (the policy set's version), each asking twice
+/// more: asking at every tick read it 2 997 times in these 999 ticks,
+/// holding the head 1 099.
+#[test]
+fn a_refused_head_asks_its_limits_again_when_they_said_not_at_every_tick() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "per-second", "rate": {"requests": 1, "period": "1s", "algorithm": "fixed_window"}}]"#,
+            "5s",
+        ),
+    );
+    assert_eq!(arrive(&host, &mut w, 1..3), [200, 0]);
+    let before = host.host_calls_of("shared_get");
+    let (resumed, refused) = run(&host, &mut w, 999);
+    let reads = host.host_calls_of("shared_get") - before;
+    assert!(resumed.is_empty() && refused.is_empty());
+    assert!(reads < 1500, "{reads} reads of shared data in 999 ticks");
+    // It leaves on the tick its window starts, not up to 20 ms after.
+    let (resumed, _) = run(&host, &mut w, 5);
+    assert_eq!(resumed, [(1, 2)]);
+}
+
+/// Room the limit did not foresee (a call's answer saying it used less
+/// than it took) reaches the waiting head within 20 ms.
+#[test]
+fn a_refused_head_takes_room_given_back_within_twenty_milliseconds() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "units", "rate": {"requests": 100, "period": "1s", "algorithm": "fixed_window"},
+                 "cost": {"header": "x-units", "default": 60, "max": 100},
+                 "usage": {"header": "x-usage-units"}}]"#,
+            "2s",
+        ),
+    );
+    let r = req(MAPS, &[]);
+    assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
+    assert!(matches!(
+        w.on_request(&host, 2, r.as_slice()),
+        Verdict::Pause { .. }
+    ));
+    let (resumed, _) = run(&host, &mut w, 300);
+    assert!(resumed.is_empty(), "{resumed:?}");
+    // Call 1 used 10 of its 60: 90 free, the head's 60 fit now.
+    let headers: Vec<(&str, &[u8])> = vec![(":status", b"200"), ("x-usage-units", b"10")];
+    w.on_response_headers(&host, 1, headers.as_slice(), true);
+    w.on_stream_end(&host, 1);
+    let (resumed, _) = run(&host, &mut w, 100);
+    let [(at, 2)] = resumed.as_slice() else {
+        panic!("call 2 did not leave once room was given back: {resumed:?}");
+    };
+    assert!(*at <= 20, "left {at} ms after the room came");
+}

@@ -160,6 +160,8 @@ struct Parts {
     spend_labels: spend::SpendLabels,
     /// When this worker last polled its queues (the previous tick).
     last_queue_poll: Instant,
+    /// Queue heads their further limits refused, until they ask again.
+    head_holds: queue::HeadHolds,
     /// Policies naming a port whose requests came without one, noticed
     /// here (logged once per Envoy).
     port_hidden: rustc_hash::FxHashSet<String>,
@@ -207,6 +209,7 @@ impl Worker {
                 key_secret,
                 spend_labels: spend::SpendLabels::default(),
                 last_queue_poll: Instant::EPOCH,
+                head_holds: queue::HeadHolds::default(),
                 port_hidden: Default::default(),
             },
         }
@@ -828,6 +831,7 @@ impl Parts {
                 streams: &mut self.streams,
                 prefetches: &mut self.prefetches,
                 budgets: &mut self.budgets,
+                holds: &mut self.head_holds,
             },
             &policies,
             previous_poll,

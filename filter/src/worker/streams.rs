@@ -164,12 +164,12 @@ impl Streams {
     }
 
     /// Waiting streams, grouped by bucket.
-    pub fn waiting_by_bucket(&self) -> BTreeMap<String, Vec<u32>> {
-        let mut by_bucket: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    pub fn waiting_by_bucket(&self) -> BTreeMap<Arc<str>, Vec<u32>> {
+        let mut by_bucket: BTreeMap<Arc<str>, Vec<u32>> = BTreeMap::new();
         for (ctx, s) in &self.streams {
             if matches!(s.state, StreamState::Waiting(_)) {
                 by_bucket
-                    .entry(s.bucket.to_string())
+                    .entry(Arc::clone(&s.bucket))
                     .or_default()
                     .push(*ctx);
             }

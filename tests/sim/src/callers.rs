@@ -40,18 +40,22 @@ pub struct LlmCall {
 }
 
 impl LlmCalls {
-    /// The request body of `call`.
+    /// The request body of `call`, as serde_json writes it (keys in
+    /// order, no spaces), written out directly: building it through a
+    /// `serde_json::Value` took a quarter of a token run's time.
     pub fn body(&self, call: LlmCall) -> Vec<u8> {
-        let mut body = serde_json::json!({
-            "model": "gpt-sim",
-            "max_tokens": self.max_tokens,
-            "messages": [{"role": "user", "content": "word".repeat(call.prompt as usize)}],
-        });
-        if call.stream {
-            body["stream"] = true.into();
-            body["stream_options"] = serde_json::json!({"include_usage": true});
-        }
-        body.to_string().into_bytes()
+        // Four characters a prompt token, none needing an escape.
+        let content = "word".repeat(call.prompt as usize);
+        let stream = if call.stream {
+            r#","stream":true,"stream_options":{"include_usage":true}"#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"max_tokens":{},"messages":[{{"content":"{content}","role":"user"}}],"model":"gpt-sim"{stream}}}"#,
+            self.max_tokens
+        )
+        .into_bytes()
     }
 }
 
@@ -68,4 +72,42 @@ pub struct Caller {
     pub envoy: usize,
     /// When it calls: (from, for how long) into the run; empty: always.
     pub active: Vec<(Span, Span)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body written out is the one serde_json would write.
+    #[test]
+    fn a_body_is_what_serde_json_writes() {
+        let calls = LlmCalls {
+            prompt: (1, 3),
+            output: (1, 2),
+            max_tokens: 600,
+            streamed: 0.5,
+        };
+        for stream in [false, true] {
+            for prompt in [0, 1, 3] {
+                let call = LlmCall {
+                    prompt,
+                    output: 1,
+                    stream,
+                };
+                let mut expected = serde_json::json!({
+                    "model": "gpt-sim",
+                    "max_tokens": 600,
+                    "messages": [{"role": "user", "content": "word".repeat(prompt as usize)}],
+                });
+                if stream {
+                    expected["stream"] = true.into();
+                    expected["stream_options"] = serde_json::json!({"include_usage": true});
+                }
+                assert_eq!(
+                    String::from_utf8(calls.body(call)).unwrap(),
+                    expected.to_string()
+                );
+            }
+        }
+    }
 }
