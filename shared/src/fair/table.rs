@@ -37,6 +37,11 @@ pub const UNIT: u64 = 1_000_000;
 /// How often shares follow demand.
 pub const WINDOW: Span = Span::from_millis(100);
 
+/// How long after its last window a table's view still shows what that
+/// window counted (see [`FairTable::view`]); a table idle for longer
+/// shows no key.
+pub const VIEW_HORIZON: Span = Span::from_secs(1);
+
 /// Keys tracked at most; the others share one overflow entry.
 pub const MAX_KEYS: usize = 256;
 
@@ -371,9 +376,23 @@ impl FairTable {
     /// Each key as of `now`: its share, what it used and what it asked
     /// per second (the overflow entry among them), busiest first, at most
     /// `most`.
+    ///
+    /// Within [`VIEW_HORIZON`] of the table's last window, as of the end of
+    /// the two windows after it: what they counted, rather than nothing
+    /// because no call came since. A view is read on the Envoy's sync, and
+    /// one read after its worker stood still for 200 ms (a loaded machine,
+    /// a pause between a client's bursts) showed no key at all: the live
+    /// view lost its tenants for that sync, and the admin weighed that
+    /// Envoy's demand as if no key wanted its share.
     pub fn view(&self, terms: &FairTerms, now: Instant, most: usize) -> Vec<FairKeyView> {
         let mut table = self.clone();
-        table.advance(terms, now);
+        let counted_until = self.window_start + Span::from_nanos(WINDOW.as_nanos() * 2 - 1);
+        let as_of = if now.since(self.window_start) < VIEW_HORIZON {
+            now.min(counted_until)
+        } else {
+            now
+        };
+        table.advance(terms, as_of);
         let per_second = (Span::from_secs(1).as_nanos() / WINDOW.as_nanos()) as f64;
         let rate = |units: u64| units as f64 * per_second / UNIT as f64;
         let mut keys: Vec<FairKeyView> = table
@@ -515,6 +534,35 @@ mod tests {
             }
         }
         admitted
+    }
+
+    /// A view read while no call came for longer than two windows (but
+    /// less than a second) still shows the keys and what they asked; one
+    /// read after a second of quiet shows none.
+    #[test]
+    fn a_view_after_a_short_quiet_shows_what_the_last_windows_counted() {
+        let mut table = FairTable::default();
+        run(
+            &mut table,
+            &[(key(1, 1), 1_000), (key(2, 3), 1_000)],
+            (0, 2, 1),
+        );
+        let end = Instant::from_nanos(2_000_000_000);
+        let at = |ms: u64| table.view(&TERMS, end + Span::from_millis(ms), 10);
+        let busy = at(0);
+        for quiet in [150, 250, 900] {
+            let view = at(quiet);
+            assert_eq!(view.len(), 2, "after {quiet} ms: {view:?}");
+            for (now, then) in view.iter().zip(&busy) {
+                assert_eq!(now.key, then.key);
+                assert!(
+                    now.demand >= 0.5 * then.demand,
+                    "after {quiet} ms: {view:?} against {busy:?}"
+                );
+                assert!(now.share > 0.0, "after {quiet} ms: {view:?}");
+            }
+        }
+        assert!(at(1_100).is_empty(), "{:?}", at(1_100));
     }
 
     #[test]
