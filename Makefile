@@ -62,12 +62,12 @@ FILTER_WASM   := target/$(WASM_TARGET)/release-wasm/sluice_filter.wasm
 WORKSPACE     := --workspace --all-features
 DEMO_BINS     := $(WORKSPACE) --bin sluice-admin --bin sluice-demo --bin sluice-mock-api
 
-.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-nextest setup-mdbook setup-kubernetes setup-images images setup-compose native-test compose-test docs build wasm native ui test e2e-native e2e-build sim fleet-test lint unit e2e run bench soak schema clean
+.PHONY: help setup setup-rust setup-apt setup-wasm-bindgen setup-cargo-deny setup-nextest setup-mdbook setup-kubernetes setup-images static-bins images setup-compose native-test compose-test docs build wasm native ui test e2e-native e2e-build sim fleet-test lint unit e2e run bench soak schema clean
 
 help:
 	@echo "make run     build and start admin + Envoy + demo API (installs what it needs)"
 	@echo "make test    fmt, clippy, every test but compose-test's (installs what it needs)"
-	@echo "make compose-test  the OCI images and envoy/docker-compose.yml with podman (two release builds)"
+	@echo "make compose-test  envoy/docker-compose.yml with podman and the OCI images (one release build)"
 	@echo "make fleet-test  only fleet mode's tests (also in make test)"
 	@echo "make bench   benchmarks, results in docs/BENCHMARKS.md"
 	@echo "make soak    fuzz with a large budget, then 30 min of mixed load (SOAK_DURATION)"
@@ -158,17 +158,28 @@ setup-kubernetes: $(ENVOY)
 IMAGES_DIR    := target/images
 IMAGE_VERSION = $(shell awk -F'"' '/^version/{print $$2; exit}' admin/Cargo.toml)
 MUSL_TARGET   := x86_64-unknown-linux-musl
-ADMIN_STATIC  := target/$(MUSL_TARGET)/release/sluice-admin
 BUILDAH       := buildah --storage-driver vfs
 IMAGES_APT_PACKAGES := buildah skopeo musl-tools ca-certificates
+# The admin binary the image takes: the static build below, or one built
+# already (`make images IMAGES_ADMIN=...`: compose-test takes the one
+# admin/Dockerfile's build stage made with the same `make static-bins`).
+IMAGES_ADMIN ?=
+ADMIN_STATIC = $(or $(IMAGES_ADMIN),target/$(MUSL_TARGET)/release/sluice-admin)
 
 setup-images:
 	@$(MAKE) --no-print-directory setup-apt APT_PACKAGES="$(IMAGES_APT_PACKAGES)"
 	@installed="$$(rustup target list --installed)"; \
 	grep -qx $(MUSL_TARGET) <<<"$$installed" || rustup target add $(MUSL_TARGET)
 
-images: setup-images wasm ui
-	CC_$(subst -,_,$(MUSL_TARGET))=musl-gcc $(CARGO) build --release --locked --target $(MUSL_TARGET) -p sluice-admin --bin sluice-admin
+# Static (musl) release builds of STATIC_BINS: what `make images` packs,
+# and what admin/Dockerfile's build stage runs for the admin and the demo
+# API (musl-gcc from Debian's musl-tools compiles their C: SQLite).
+STATIC_BINS ?= sluice-admin
+static-bins:
+	CC_$(subst -,_,$(MUSL_TARGET))=musl-gcc $(CARGO) build --release --locked --target $(MUSL_TARGET) \
+	  -p sluice-admin -p sluice-demo $(addprefix --bin ,$(STATIC_BINS))
+
+images: setup-images wasm ui $(if $(IMAGES_ADMIN),,static-bins)
 	@mkdir -p $(IMAGES_DIR)
 	@filter=$$($(BUILDAH) from scratch); \
 	$(BUILDAH) copy $$filter $(FILTER_WASM) /plugin.wasm >/dev/null; \
@@ -220,24 +231,23 @@ setup-compose: $(ENVOY)
 	@printf '[storage]\ndriver = "overlay"\ngraphroot = "%s"\nrunroot = "%s"\n' \
 	  "$(CURDIR)/$(COMPOSE_DIR)/storage" "$(CURDIR)/$(COMPOSE_DIR)/run" > $(COMPOSE_DIR)/storage.conf
 
-# With the OCI images `make images` builds (their suite, `images`, reads
-# them back): their static admin is a release build for musl. It runs
-# beside the stand-ins' debootstrap (which mostly waits on the mirror)
-# and the Dockerfile's build: admin first, whose stages are all the
-# others need, then the demo API and the filter from the cache.
-compose-test: setup setup-compose
-	@echo "compose: make images beside the stand-ins and the Dockerfile's build ($(COMPOSE_DIR)/images.log)"; \
-	$(MAKE) --no-print-directory images > $(COMPOSE_DIR)/images.log 2>&1 & images=$$!; \
-	built=0; $(PODMAN_ENV) tests/compose/standins.sh $(COMPOSE_DIR) "$(ENVOY_BINARY)" || built=$$?; \
-	for service in admin demo-api filter; do \
-	  [ $$built -eq 0 ] || break; \
-	  echo "compose: building $$service"; \
+# The Dockerfile's build: admin first, whose stages are all the others
+# need, then the demo API and the filter from the cache. With the OCI
+# images `make images` packs (their suite, `images`, reads them back)
+# around the static admin that build made: the same `make static-bins`,
+# a release build for musl, not made a second time here.
+COMPOSE_ADMIN := $(COMPOSE_DIR)/sluice-admin
+compose-test: setup setup-images setup-compose
+	$(PODMAN_ENV) tests/compose/standins.sh $(COMPOSE_DIR) "$(ENVOY_BINARY)"
+	@for service in admin demo-api filter; do \
+	  echo "compose: building $$service ($(COMPOSE_DIR)/build-$$service.log)"; \
 	  $(PODMAN_ENV) $(PODMAN_COMPOSE) -f envoy/docker-compose.yml build $$service \
-	    >$(COMPOSE_DIR)/build-$$service.log 2>&1 || { built=$$?; tail -40 $(COMPOSE_DIR)/build-$$service.log; }; \
-	done; \
-	imaged=0; wait $$images || imaged=$$?; cat $(COMPOSE_DIR)/images.log; \
-	[ $$imaged -eq 0 ] || echo "compose: make images failed (exit $$imaged, above)"; \
-	[ $$imaged -eq 0 ] && [ $$built -eq 0 ]
+	    >$(COMPOSE_DIR)/build-$$service.log 2>&1 || { status=$$?; tail -40 $(COMPOSE_DIR)/build-$$service.log; exit $$status; }; \
+	done
+	@ctr=$$($(PODMAN_ENV) podman create localhost/sluice_admin:latest) && \
+	$(PODMAN_ENV) podman cp $$ctr:/usr/local/bin/sluice-admin $(COMPOSE_ADMIN); status=$$?; \
+	$(PODMAN_ENV) podman rm $$ctr > /dev/null; exit $$status
+	$(MAKE) --no-print-directory images IMAGES_ADMIN=$(COMPOSE_ADMIN)
 	$(E2E_ENV) $(CARGO) test $(WORKSPACE) --test images -- --nocapture --test-threads=1
 	$(PODMAN_ENV) SLUICE_PODMAN_COMPOSE=$(CURDIR)/$(PODMAN_COMPOSE) $(CARGO) test $(WORKSPACE) --test compose \
 	  -- --nocapture --test-threads=1

@@ -52,7 +52,7 @@ if ! have "$rust"; then
         "rustc 1.95.0 "*) ;;
         *) echo "stand-in $rust needs Rust 1.95.0 on this machine, not $version" >&2; exit 1 ;;
     esac
-    for target in wasm32-wasip1 wasm32-unknown-unknown; do
+    for target in wasm32-wasip1 wasm32-unknown-unknown x86_64-unknown-linux-musl; do
         [ -d "$sysroot/lib/rustlib/$target" ] || { echo "stand-in $rust: rustup target add $target first" >&2; exit 1; }
     done
     rustup_dir=$(dirname "$(command -v rustup)")

@@ -15,7 +15,8 @@ use sluice_sim::world::{run, Faults, Kill, Outcome, Scenario};
 const LIMIT: u64 = 290;
 
 /// Seeds per property in `make test` (a run is 12-20 virtual seconds of
-/// three or four Envoys; 1 000 seeds of the three took 68 s on 2 cores).
+/// three or four Envoys; a seed of the four is 0.2 s of CPU, a third of
+/// it the admin's side of the syncs).
 const SEEDS: u64 = 300;
 
 const GLOBAL: &str = r#"{"version": 1, "policies": [
