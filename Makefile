@@ -405,16 +405,16 @@ e2e-native: setup-nextest wasm native-test ui
 	$(E2E_ENV) SLUICE_FILTER=native $(NEXTEST) $(addprefix --test ,$(E2E_NATIVE)) $(E2E_FILTERED)
 
 # The tests that run with the machine to themselves: the filter of
-# .config/nextest.toml's override that gives a test all the slots (it says
-# which and why), read from there. `make test` runs them after lint and
+# .config/nextest.toml's override marked "make test's E2E_ALONE" (it
+# says which and why), read from there. `make test` runs them after lint and
 # the simulator's properties are done: run beside them, at the start of a
 # clean run, three failed in one run (the admin's shares did not follow
 # demand within their bounds: a pool's member moved back 4 s after the
 # start, bound 2 s; a fleet with a rogue used 66 % of its limit, bound
 # 90 %).
-E2E_ALONE := $(shell sed -n '/^filter = /{h};/^\# make test.s E2E_ALONE/{x;s/^filter = "\(.*\)"$$/\1/p}' .config/nextest.toml)
+E2E_ALONE := $(shell awk '/^filter = "/ { f = substr($$0, 11, length($$0) - 11) } /^\# make test.s E2E_ALONE/ { out = out (out == "" ? "" : " | ") "(" f ")" } END { print out }' .config/nextest.toml)
 ifeq ($(strip $(E2E_ALONE)),)
-$(error .config/nextest.toml has no override with threads-required = "num-test-threads" on a one-line filter)
+$(error .config/nextest.toml has no one-line filter followed by the comment "make test's E2E_ALONE")
 endif
 
 # Fleet mode alone (also part of `make test`): three Envoys sharing one
@@ -449,13 +449,10 @@ fleet-test: setup setup-nextest wasm ui
 # build, and a SCHED_IDLE cargo starved by the UI's build would hold it
 # while the native module's build waits on it.
 #
-# The tests of E2E_ALONE run last, once lint and sim are done, two at a
-# time with the machine to themselves. (One at a time they kept two cores
-# 27 % and 17 % busy in a clean run, 281 s; two at a time 93 s and 58 s
-# instead of 161 s and 100 s, on an idle machine. Paired once before,
-# a_global_limit_is_shared_by_weight_across_two_envoys found tenant a
-# missing from the live view's fair table: a table read after its worker
-# stood still 200 ms showed no key, fixed in `FairTable::view`.)
+# The tests of E2E_ALONE run last, once lint and sim are done, each with
+# the machine to itself. (They kept two cores 27 % and 17 % busy in a
+# clean run, 281 s. Two at a time, 93 s and 58 s on an idle machine, but
+# beside two busy loops four failed: .config/nextest.toml says which.)
 #
 # Once the other suites end, what is left of lint and sim runs at the normal
 # priority (`chrt --other`, every process of theirs, twice for those

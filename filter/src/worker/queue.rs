@@ -4,11 +4,11 @@
 //! previous tick's instant goes with each poll: a waiter is never charged
 //! to the rate as of earlier than that (see `BucketState::poll`).
 
-use sluice_filter_core::bucket::{BucketLimits, BucketState};
-use sluice_filter_core::headers::LimitKind;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use sluice_filter_core::bucket::{BucketLimits, BucketState};
+use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::time::{Instant, Span};
 
@@ -54,20 +54,39 @@ const HEAD_HOLD_MOST: Span = Span::from_millis(20);
 /// Without it every tick (each millisecond while a call waits) asked
 /// every further limit of the head again, in each worker: a queue before
 /// a limit of 12 a second asked about 80 times for each call it let go.
+/// Once this worker's waiters in the bucket change (one arrived: it may
+/// rank ahead, of a higher priority or a fair key ahead; or one left),
+/// its head is asked for again at once.
 #[derive(Debug, Default)]
-pub(super) struct HeadHolds(BTreeMap<String, (u32, Instant)>);
+pub(super) struct HeadHolds(BTreeMap<String, HeadHold>);
+
+#[derive(Debug, Clone, Copy)]
+struct HeadHold {
+    head: u32,
+    until: Instant,
+    /// How many of this worker's calls waited in the bucket then.
+    waiting: usize,
+}
 
 impl HeadHolds {
-    /// Whether the head of `bucket` waits on its refusal: it is still the
-    /// one refused, still waiting, and its hold has not run out.
-    fn holds(&self, bucket: &str, streams: &Streams, now: Instant) -> bool {
-        self.0
-            .get(bucket)
-            .is_some_and(|(context_id, until)| now < *until && streams.is_waiting(*context_id))
+    /// Whether the head of `bucket` waits on its refusal: this worker's
+    /// calls waiting there (`contexts`) are the ones it was refused among,
+    /// and its hold has not run out.
+    fn holds(&self, bucket: &str, contexts: &[u32], now: Instant) -> bool {
+        self.0.get(bucket).is_some_and(|h| {
+            now < h.until && contexts.len() == h.waiting && contexts.contains(&h.head)
+        })
     }
 
-    fn hold(&mut self, bucket: &str, context_id: u32, until: Instant) {
-        self.0.insert(bucket.to_string(), (context_id, until));
+    fn hold(&mut self, bucket: &str, head: u32, until: Instant, waiting: usize) {
+        self.0.insert(
+            bucket.to_string(),
+            HeadHold {
+                head,
+                until,
+                waiting,
+            },
+        );
     }
 
     /// Drops the holds of buckets nobody of this worker waits in.
@@ -209,7 +228,7 @@ impl Poll<'_> {
         served: &mut Served,
     ) {
         let (previous_poll, now, holder) = (self.previous_poll, ctx.now, ctx.holder);
-        if parts.holds.holds(self.bucket, parts.streams, now) {
+        if parts.holds.holds(self.bucket, self.contexts, now) {
             return;
         }
         for _ in 0..self.contexts.len() {
@@ -266,7 +285,10 @@ impl Poll<'_> {
                     // The head waits for its further limits (or its
                     // deadline), asking them again when they said.
                     let wait = retry_after.min(HEAD_HOLD_MOST);
-                    parts.holds.hold(self.bucket, context_id, now + wait);
+                    let waiting = self.contexts.len();
+                    parts
+                        .holds
+                        .hold(self.bucket, context_id, now + wait, waiting);
                     return;
                 }
                 Taken::Unknown { .. } => return,
