@@ -153,11 +153,12 @@ fn queued_calls_the_limit_cannot_take_in_time_run_out_of_wait() {
     assert_eq!(w.waiting(), 0);
 }
 
-#[test]
-fn a_queued_call_settles_its_usage_once_it_left() {
-    let host = FakeHost::at(T0);
-    let mut w = worker(
-        &host,
+/// A worker whose policy's further limit `units` holds 100 a second, a
+/// call estimated at 60 and settled by its answer's `x-usage-units`: a
+/// second call waits for the first's units to come back.
+fn units_worker(host: &FakeHost) -> Worker {
+    worker(
+        host,
         &policy(
             r#"{"requests": 1000, "period": "1s"}"#,
             r#"[{"name": "units", "rate": {"requests": 100, "period": "1s", "algorithm": "fixed_window"},
@@ -165,7 +166,13 @@ fn a_queued_call_settles_its_usage_once_it_left() {
                  "usage": {"header": "x-usage-units"}}]"#,
             "2s",
         ),
-    );
+    )
+}
+
+#[test]
+fn a_queued_call_settles_its_usage_once_it_left() {
+    let host = FakeHost::at(T0);
+    let mut w = units_worker(&host);
     let r = req(MAPS, &[]);
     assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
     assert!(w.reads_response(1));
@@ -222,16 +229,7 @@ fn a_refused_head_asks_its_limits_again_when_they_said_not_at_every_tick() {
 #[test]
 fn a_refused_head_takes_room_given_back_within_twenty_milliseconds() {
     let host = FakeHost::at(T0);
-    let mut w = worker(
-        &host,
-        &policy(
-            r#"{"requests": 1000, "period": "1s"}"#,
-            r#"[{"name": "units", "rate": {"requests": 100, "period": "1s", "algorithm": "fixed_window"},
-                 "cost": {"header": "x-units", "default": 60, "max": 100},
-                 "usage": {"header": "x-usage-units"}}]"#,
-            "2s",
-        ),
-    );
+    let mut w = units_worker(&host);
     let r = req(MAPS, &[]);
     assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
     assert!(matches!(
