@@ -354,10 +354,9 @@ unit:
 
 # The simulator's properties (tests/sim/tests): virtual time, so they hold
 # as well at the lowest CPU priority as on an idle machine. `make test`
-# builds them with the unit tests and runs them beside the builds and
-# the end-to-end suites after it, in the cores those leave idle (alone,
-# `time make sim`: 80 s on two cores), then at the normal priority once
-# the suites end.
+# builds them with the unit tests and runs them beside the end-to-end
+# suites, in the cores those leave idle (alone, `time make sim`: 80 s on
+# two cores), then at the normal priority once the suites end.
 SIM_SUITES := $(basename $(notdir $(wildcard tests/sim/tests/*.rs)))
 sim:
 	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) --no-fail-fast
@@ -406,12 +405,12 @@ e2e-native: setup-nextest wasm native-test ui
 
 # The tests that run with the machine to themselves: the filter of
 # .config/nextest.toml's override marked "make test's E2E_ALONE" (it
-# says which and why), read from there. `make test` runs them after lint and
-# the simulator's properties are done: run beside them, at the start of a
-# clean run, three failed in one run (the admin's shares did not follow
-# demand within their bounds: a pool's member moved back 4 s after the
-# start, bound 2 s; a fleet with a rogue used 66 % of its limit, bound
-# 90 %).
+# says which and why), read from there. `make test` runs them last, one
+# at a time, with only lint and the simulator's properties beside them at
+# SCHED_IDLE: run beside the other suites, at the start of a clean run,
+# three failed in one run (the admin's shares did not follow demand
+# within their bounds: a pool's member moved back 4 s after the start,
+# bound 2 s; a fleet with a rogue used 66 % of its limit, bound 90 %).
 E2E_ALONE := $(shell awk '/^filter = "/ { f = substr($$0, 11, length($$0) - 11) } /^\# make test.s E2E_ALONE/ { out = out (out == "" ? "" : " | ") "(" f ")" } END { print out }' .config/nextest.toml)
 ifeq ($(strip $(E2E_ALONE)),)
 $(error .config/nextest.toml has no one-line filter followed by the comment "make test's E2E_ALONE")
@@ -432,33 +431,34 @@ fleet-test: setup setup-nextest wasm ui
 # one after another in the one before, with the unit build there 29 %
 # slower too: no gain that the machine's own swings do not hide.)
 #
-# Lint runs beside the builds and the end-to-end suites, in their idle
-# time: the suites wait far more than they compute (over `make e2e` two
-# cores were 59 % busy), and the builds leave a core idle in their serial
-# tails (a clean run's unit tests kept two cores 64-77 % busy, the UI's
-# link-time optimisation 50-78 %). So lint runs at SCHED_IDLE (`chrt
-# --idle`: any test or build that wakes takes the core from it) from the
-# start of `make test`, in a target directory of its own, and prints its
-# output at the end; either failing fails the run. Beside a SCHED_IDLE
-# clippy and a whole test build (more than lint's work) `make e2e` took
-# 798 s instead of 711 and passed 129/129.
+# Lint and the simulator's properties run beside the end-to-end suites,
+# in their idle time, from the end of the suites' build: the suites wait
+# far more than they compute (the native build's kept two cores 40 %
+# busy, the tests run apart 17-27 % for 300 s). They run at SCHED_IDLE
+# (`chrt --idle`: any test that wakes takes the core from them), lint in
+# a target directory of its own, each printing its output at the end;
+# either failing fails the run. Beside the builds they cost more than
+# they filled: run from the start of `make test` (the builds' serial
+# tails leave a core idle), the docs, the unit build and run and the
+# suites' build took 711 s in a clean run of 36fa0d3, against 579 s on
+# the same machine without them (a SCHED_IDLE neighbour still shares the
+# caches and the memory bus). Lint alone: 237 CPU-seconds (127 s).
 #
-# The simulator's properties run beside them the same way from the end
-# of the unit build, which builds them. Their executables run without
-# cargo: cargo holds its lock on target/debug while it checks what to
-# build, and a SCHED_IDLE cargo starved by the UI's build would hold it
-# while the native module's build waits on it.
+# The simulator's executables run without cargo: cargo holds its lock on
+# target/debug while it checks what to build, and a starved SCHED_IDLE
+# cargo would hold it while the suites' cargo waits on it.
 #
-# The tests of E2E_ALONE run last, once lint and sim are done, each with
-# the machine to itself. (They kept two cores 27 % and 17 % busy in a
-# clean run, 281 s. Two at a time, 93 s and 58 s on an idle machine, but
-# beside two busy loops four failed: .config/nextest.toml says which.)
+# The tests of E2E_ALONE run last, each with the machine to itself but
+# for lint and sim at SCHED_IDLE. (Two at a time, 93 s and 58 s on an
+# idle machine, but beside two busy loops at nice 0 four failed:
+# .config/nextest.toml says which. One at a time they passed beside two
+# busy loops, which take the cores as a SCHED_IDLE neighbour never does.)
 #
-# Once the other suites end, what is left of lint and sim runs at the normal
+# Once the suites end, what is left of lint and sim runs at the normal
 # priority (`chrt --other`, every process of theirs, twice for those
-# started as the first round went by): on a machine with
-# no idle core (two busy loops at nice 0) SCHED_IDLE never runs at all,
-# and `make test` would not end.
+# started as the first round went by): on a machine with no idle core
+# (two busy loops at nice 0) SCHED_IDLE never runs at all, and `make
+# test` would not end.
 e2e-build: setup-nextest wasm ui native-test
 	$(CARGO) build $(DEMO_BINS)
 	$(NEXTEST) --no-run $(addprefix --test ,$(E2E_SUITES))
@@ -473,27 +473,27 @@ SIM_EXECUTABLES = $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) 
 test: setup
 	@mkdir -p $(dir $(LINT_LOG)); \
 	family() { echo $$1; for c in $$(ps -o pid= --ppid $$1); do family $$c; done; }; \
-	stop_beside() { for p in $$(family $$lint) $$([ -z "$$sim" ] || family $$sim); do kill $$p 2>/dev/null || true; done; exit 1; }; \
+	lint=; sim=; \
+	stop_beside() { for p in $$([ -z "$$lint" ] || family $$lint) $$([ -z "$$sim" ] || family $$sim); do kill $$p 2>/dev/null || true; done; exit 1; }; \
 	step() { echo "$$*"; "$$@" || stop_beside; }; \
-	echo "make test: make lint at SCHED_IDLE from now on ($(LINT_LOG))"; \
-	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; sim=; \
 	step $(MAKE) --no-print-directory docs; \
 	step $(UNIT_TEST) --no-run $(addprefix --test ,$(UNIT_SUITES)); \
 	sims=$$($(SIM_EXECUTABLES)) && [ -n "$$sims" ] || stop_beside; \
-	echo "make test: the simulator's properties at SCHED_IDLE from now on ($(SIM_LOG))"; \
-	(cd tests/sim && exec chrt --idle 0 sh -c 'failed=0; for t in "$$@"; do echo "     Running $$t"; "$$t" || failed=1; done; exit $$failed' sim $$sims) \
-	  > $(SIM_LOG) 2>&1 & sim=$$!; \
 	step $(UNIT_TEST) $(addprefix --test ,$(filter-out $(SIM_SUITES),$(UNIT_SUITES))); \
 	step $(MAKE) --no-print-directory e2e-build; \
+	echo "make test: make lint ($(LINT_LOG)) and the simulator's properties ($(SIM_LOG)) at SCHED_IDLE from now on"; \
+	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
+	(cd tests/sim && exec chrt --idle 0 sh -c 'failed=0; for t in "$$@"; do echo "     Running $$t"; "$$t" || failed=1; done; exit $$failed' sim $$sims) \
+	  > $(SIM_LOG) 2>&1 & sim=$$!; \
 	e2e=0; $(MAKE) --no-print-directory e2e E2E_FILTER='not ($(E2E_ALONE))' || e2e=$$?; \
 	$(MAKE) --no-print-directory e2e-native E2E_FILTER='not ($(E2E_ALONE))' || e2e=$$?; \
+	$(MAKE) --no-print-directory e2e E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
+	$(MAKE) --no-print-directory e2e-native E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
 	for round in 1 2; do for p in $$(family $$lint; family $$sim); do chrt --other -a -p 0 $$p > /dev/null 2>&1 || true; done; done; \
 	simulated=0; wait $$sim || simulated=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
-	$(MAKE) --no-print-directory e2e E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
-	$(MAKE) --no-print-directory e2e-native E2E_FILTER='$(E2E_ALONE)' || e2e=$$?; \
-	echo "--- the simulator's properties, run beside the builds and the end-to-end suites ($(SIM_LOG)):"; cat $(SIM_LOG); \
-	echo "--- make lint, run beside the builds and the end-to-end suites ($(LINT_LOG)):"; cat $(LINT_LOG); \
+	echo "--- the simulator's properties, run beside the end-to-end suites ($(SIM_LOG)):"; cat $(SIM_LOG); \
+	echo "--- make lint, run beside the end-to-end suites ($(LINT_LOG)):"; cat $(LINT_LOG); \
 	[ $$simulated -eq 0 ] || echo "make test: the simulator's properties failed (exit $$simulated, above)"; \
 	[ $$linted -eq 0 ] || echo "make test: make lint failed (exit $$linted, above)"; \
 	[ $$e2e -eq 0 ] || echo "make test: the end-to-end suites failed (exit $$e2e)"; \
