@@ -1015,6 +1015,50 @@ fn a_global_policy_applies_its_share_then_falls_back_when_the_lease_lapses() {
     );
 }
 
+/// Found by the simulator (fleet_shares::a_paused_envoy_never_costs_the_limit,
+/// seed 773): an Envoy stopped for 5.6 s came back to its fallback, 145/s,
+/// while the admin, taking it for dead, had given the other Envoy the whole
+/// 290/s; the provider refused 3 calls before its next sync answered.
+#[test]
+fn a_share_that_lapses_while_the_worker_is_stalled_gives_nothing_until_the_next_share() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, GLOBAL);
+    let r = req(b"api.llm.example", &[]);
+    w.set_sync(Some(sync_settings()));
+    w.on_tick(&host);
+    let share = |id: u32| {
+        format!(
+            r#"{{"llm": {{"rate": 100, "in_flight": 3, "lease_ms": 2000, "instances": 10, "id": {id}}}}}"#
+        )
+    };
+    w.on_sync_reply(&host, 1, reply(Some(304), Some(share(77).as_bytes()), None));
+    assert_eq!(w.on_request(&host, 10, r.as_slice()), Verdict::Continue);
+    w.on_stream_end(&host, 10);
+    // Stopped for 5 s (no tick): the lease lapsed unseen.
+    host.advance_ms(5_000);
+    w.on_tick(&host);
+    assert!(
+        w.policies().policies[0].fleet_closed,
+        "nothing of a share that lapsed asleep"
+    );
+    assert_eq!(status(&w.on_request(&host, 11, r.as_slice())), 429);
+    // Still nothing a tick later: not a fallback once the stall is over.
+    host.advance_ms(100);
+    w.on_tick(&host);
+    assert_eq!(status(&w.on_request(&host, 12, r.as_slice())), 429);
+    // The sync the waking tick sent brings a share: it applies.
+    let token = host.calls.borrow().len() as u32;
+    w.on_sync_reply(
+        &host,
+        token,
+        reply(Some(304), Some(share(78).as_bytes()), None),
+    );
+    let p = &w.policies().policies[0];
+    assert!(!p.fleet_closed);
+    assert_eq!(p.concurrency.map(|c| c.max_in_flight), Some(3));
+    assert_eq!(w.on_request(&host, 13, r.as_slice()), Verdict::Continue);
+}
+
 #[test]
 fn a_share_that_moves_a_little_each_sync_admits_what_it_allows() {
     let host = FakeHost::at(T0);

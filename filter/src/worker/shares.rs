@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use sluice_filter_core::matcher::CompiledPolicySet;
-use sluice_shared::fleet::{share_in_force, Amount};
+use sluice_shared::fleet::{lapsed_asleep, share_in_force, Amount, Share};
 use sluice_shared::policy::Scope;
 use sluice_shared::time::Instant;
 
@@ -32,6 +32,12 @@ pub(super) struct FleetShares {
     held: HeldShares,
     /// The share each global policy applies now.
     applied: BTreeMap<String, Amount>,
+    /// When this worker last applied its shares (each tick while it runs).
+    last_applied: Option<Instant>,
+    /// Shares (by name, the end of their lease) that lapsed while this
+    /// worker was stalled: they give nothing until a later sync brings
+    /// another ([`lapsed_asleep`]).
+    lapsed_asleep: BTreeMap<String, Instant>,
 }
 
 impl FleetShares {
@@ -83,6 +89,32 @@ impl FleetShares {
             .then_some(Shrank(shrank))
     }
 
+    /// The share `name` enforces at `now` of `limit`, given the newest held
+    /// and when this worker last ran: the share while its lease runs, then
+    /// its fallback, or nothing if it lapsed while the worker was stalled.
+    fn in_force(
+        &mut self,
+        name: &str,
+        newest: Option<Share>,
+        limit: Amount,
+        (last_ran, now): (Option<Instant>, Instant),
+    ) -> Amount {
+        if let Some(share) = newest {
+            if last_ran.is_some_and(|last| lapsed_asleep(&share, last, now)) {
+                self.lapsed_asleep
+                    .insert(name.to_string(), share.expires_at);
+            }
+            match self.lapsed_asleep.get(name) {
+                Some(end) if *end == share.expires_at => return Amount::default(),
+                Some(_) => {
+                    self.lapsed_asleep.remove(name);
+                }
+                None => {}
+            }
+        }
+        share_in_force(newest, limit, now)
+    }
+
     /// Gives each global policy of `policies`, and each global further
     /// limit, the limits of its share in force at `now`; the set is copied
     /// only when a share changed.
@@ -92,13 +124,19 @@ impl FleetShares {
         policies: &mut Rc<CompiledPolicySet>,
         now: Instant,
     ) {
+        let last_ran = self.last_applied.replace(now);
         let mut changes = Vec::new();
         // Numbered as the set numbers them: a pool member's policy holds
         // copies of its pool's further limits, which take their shares too.
         for (i, p) in policies.all().enumerate() {
             if p.is_global() && p.member_of.is_none() {
                 let newest = self.held.get(p.name()).map(HeldShare::as_share);
-                let share = share_in_force(newest, Amount::of_policy(&p.policy), now);
+                let share = self.in_force(
+                    p.name(),
+                    newest,
+                    Amount::of_policy(&p.policy),
+                    (last_ran, now),
+                );
                 if self.applied.get(p.name()) != Some(&share) {
                     changes.push((i, None, p.name().to_string(), share));
                 }
@@ -109,7 +147,7 @@ impl FleetShares {
                 }
                 let name = spec.fleet_name();
                 let newest = self.held.get(&name).map(HeldShare::as_share);
-                let share = share_in_force(newest, Amount::of_limit(spec), now);
+                let share = self.in_force(&name, newest, Amount::of_limit(spec), (last_ran, now));
                 // Per policy: a limit two policies name is applied in both
                 // (and in each member of a pool).
                 let applied_as = match p.member_of {

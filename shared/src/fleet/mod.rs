@@ -18,7 +18,10 @@
 //! that misses syncs for that long is taken for dead.
 //! An instance cut off from an admin that is still serving others (a
 //! partition, not a crash) may then overshoot by its fallback; a stopped
-//! admin reallocates nothing, so there the sum holds for good.
+//! admin reallocates nothing, so there the sum holds for good. An instance
+//! that was itself stopped while its share lapsed enforces nothing of it
+//! until a later sync ([`lapsed_asleep`]): it was not trying to sync, and
+//! the admin may have taken it for dead.
 //!
 //! - [`allocation`]: splitting a limit among instances by demand.
 //! - [`demand`]: what an instance wants and uses, read off its counters.
@@ -42,6 +45,7 @@ use crate::policy::Policy;
 pub use allocation::{allocate, FLOOR_FRACTION, RATE_HEADROOM};
 pub use demand::{demand_between, used_between, Demand, Usage};
 pub use ledger::{share_in_force, FleetTerms, Held, Ledger, MemberState, Share, USED_WINDOW};
+pub use share::{lapsed_asleep, STALL};
 pub use share_limits::{limits_for_share, rate_for_share, ShareLimits, MIN_SHARE_BURST};
 pub use share_tag::ShareTags;
 

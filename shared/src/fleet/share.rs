@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::Amount;
-use crate::time::{millis, Instant};
+use crate::time::{millis, Instant, Span};
 
 /// A share of the global limit leased to one instance until `expires_at`;
 /// `instances` is how many the admin counted when it made it (what a
@@ -41,10 +41,65 @@ pub fn share_in_force(newest: Option<Share>, limit: Amount, now: Instant) -> Amo
     }
 }
 
+/// A gap between two runs of an instance's worker longer than this is a
+/// stall (a stopped process, a machine too loaded to run it): a running
+/// worker applies its shares at every tick, 100 ms apart.
+pub const STALL: Span = Span::from_secs(1);
+
+/// Whether an instance's worker, which last applied its shares at
+/// `last_ran` and does again at `now`, slept through the end of `share`'s
+/// lease: it lapsed during a [`STALL`]. Such a share gives nothing, not
+/// its fallback, until a later sync brings another: the admin, which
+/// heard nothing from the instance meanwhile, may have taken it for dead
+/// and given the room to the others (the reservation of a silent
+/// instance's fallback ends a lease and a half after its last sync). A
+/// worker that ran as its share lapsed (the admin out of reach) keeps the
+/// fallback: it was trying to sync all along.
+pub fn lapsed_asleep(share: &Share, last_ran: Instant, now: Instant) -> bool {
+    now - last_ran > STALL && share.expires_at > last_ran && share.expires_at <= now
+}
+
 fn even_split(limit: Amount, instances: u32) -> Amount {
     let n = instances.max(1);
     Amount {
         rate: limit.rate / f64::from(n),
         in_flight: limit.in_flight / n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_millis(ms)
+    }
+
+    fn ending(ms: u64) -> Share {
+        Share {
+            amount: Amount {
+                rate: 10.0,
+                in_flight: 2,
+            },
+            expires_at: at(ms),
+            instances: 2,
+        }
+    }
+
+    #[test]
+    fn only_a_lease_that_ends_during_a_stall_lapsed_asleep() {
+        // Ticking through its end (100 ms apart): seen, the fallback holds.
+        assert!(!lapsed_asleep(&ending(5_000), at(4_950), at(5_050)));
+        // Stalled from 4 s to 9 s across it: asleep.
+        assert!(lapsed_asleep(&ending(5_000), at(4_000), at(9_000)));
+        // Ending at the very instant the worker woke: asleep too.
+        assert!(lapsed_asleep(&ending(9_000), at(4_000), at(9_000)));
+        // Ended before the stall (the admin out of reach, the worker
+        // running): its fallback was seen and stays.
+        assert!(!lapsed_asleep(&ending(3_000), at(4_000), at(9_000)));
+        // Still running after the stall: the admin still reserves it.
+        assert!(!lapsed_asleep(&ending(9_001), at(4_000), at(9_000)));
+        // A gap of exactly STALL is not one.
+        assert!(!lapsed_asleep(&ending(5_000), at(4_500), at(5_500)));
     }
 }
