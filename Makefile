@@ -355,8 +355,9 @@ unit:
 # The simulator's properties (tests/sim/tests): virtual time, so they hold
 # as well at the lowest CPU priority as on an idle machine. `make test`
 # builds them with the unit tests and runs them beside the end-to-end
-# suites, in the cores those leave idle (alone, `time make sim`: 80 s on
-# two cores), then at the normal priority once the suites end.
+# suites, in the cores those leave idle (about 250 CPU-seconds: the
+# suites' figures in tests/README.md), then at the normal priority once
+# the suites end.
 SIM_SUITES := $(basename $(notdir $(wildcard tests/sim/tests/*.rs)))
 sim:
 	$(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) --no-fail-fast

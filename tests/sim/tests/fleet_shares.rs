@@ -14,10 +14,11 @@ use sluice_sim::world::{run, Faults, Kill, Outcome, Pause, Scenario};
 
 const LIMIT: u64 = 290;
 
-/// Seeds per property in `make test` (a run is 12-20 virtual seconds of
-/// three or four Envoys; a seed of the four is 0.2 s of CPU, a third of
-/// it the admin's side of the syncs).
-const SEEDS: u64 = 300;
+/// Seeds per property in `make test`: a run is 12-20 virtual seconds of
+/// two to four Envoys; a seed of the four properties below is 0.18 s of
+/// CPU, a third of it the admin's side of the syncs (1 000 seeds each:
+/// 178 CPU-seconds, `SLUICE_SIM_SEEDS=1000` by `/usr/bin/time`).
+const SEEDS: u64 = DEFAULT_SEEDS;
 
 const GLOBAL: &str = r#"{"version": 1, "policies": [
     {"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global", "share_lease": "3s",
