@@ -248,6 +248,8 @@ pub struct NoisyQuiet {
     pub quiet_refused: usize,
     /// Refusals of the quiet tenant after its very first call.
     pub quiet_refused_later: usize,
+    /// When each of those came, after its first call.
+    pub quiet_refused_after: Vec<Duration>,
     pub noisy_calls: usize,
     pub noisy_refused: usize,
     pub refused_by_provider: u64,
@@ -274,6 +276,11 @@ pub async fn noisy_quiet() -> anyhow::Result<NoisyQuiet> {
             .iter()
             .filter(|o| o.status == 429 && o.started > first)
             .count(),
+        quiet_refused_after: quiet_calls
+            .iter()
+            .filter(|o| o.status == 429 && o.started > first)
+            .map(|o| o.started - first)
+            .collect(),
         noisy_calls: noisy_calls.len(),
         noisy_refused: load::count(&noisy_calls, 429),
         refused_by_provider: mock.rejected_by_mock(),
