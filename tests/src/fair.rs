@@ -268,19 +268,17 @@ pub async fn noisy_quiet() -> anyhow::Result<NoisyQuiet> {
         .map(|o| o.started)
         .min()
         .unwrap_or_default();
+    let quiet_refused_after: Vec<Duration> = quiet_calls
+        .iter()
+        .filter(|o| o.status == 429 && o.started > first)
+        .map(|o| o.started - first)
+        .collect();
     Ok(NoisyQuiet {
         seconds,
         quiet_calls: quiet_calls.len(),
         quiet_refused: load::count(&quiet_calls, 429),
-        quiet_refused_later: quiet_calls
-            .iter()
-            .filter(|o| o.status == 429 && o.started > first)
-            .count(),
-        quiet_refused_after: quiet_calls
-            .iter()
-            .filter(|o| o.status == 429 && o.started > first)
-            .map(|o| o.started - first)
-            .collect(),
+        quiet_refused_later: quiet_refused_after.len(),
+        quiet_refused_after,
         noisy_calls: noisy_calls.len(),
         noisy_refused: load::count(&noisy_calls, 429),
         refused_by_provider: mock.rejected_by_mock(),
