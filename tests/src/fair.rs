@@ -466,20 +466,9 @@ pub async fn across_fleet(run: Duration, further: bool) -> anyhow::Result<Across
         )
     };
     let (a, b) = (envoy("a")?, envoy("b")?);
-    // Both hold a share before the load starts.
-    let held = |fleet: serde_json::Value| {
-        fleet["policies"][0]["members"]
-            .as_array()
-            .is_some_and(|m| m.len() == 2)
-    };
-    let started = Instant::now();
-    while !held(op.get("/api/v1/fleet").await?) {
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(10),
-            "no shares after 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Both hold a share before the load starts (a member listed with a
+    // share of 0 does not: a new admin leases none for its first lease).
+    op.wait_for_shares(&["fair-a", "fair-b"]).await?;
     mock.reset();
     let clock = Instant::now();
     let tenants = [

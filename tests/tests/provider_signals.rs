@@ -506,8 +506,11 @@ async fn a_429_one_envoy_sees_pauses_the_other_envoy_through_the_admin() -> anyh
     };
     let a = Envoy::start_with_admins(&config("fleet-a"), mock.addr.port(), &[admin.port], WORKERS)?;
     let b = Envoy::start_with_admins(&config("fleet-b"), mock.addr.port(), &[admin.port], 2)?;
-    // Shares reach both within a few syncs.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Both hold a share before the load starts: a new admin leases none
+    // for its first lease, and a fixed wait measured that too (the native
+    // build's Envoys, quicker to start, beside the other suites refused
+    // every call for 4 s, the 429 to provoke among them).
+    op.wait_for_shares(&["fleet-a", "fleet-b"]).await?;
     mock.reset();
     let through = |envoy: &Envoy, tag: &'static str| {
         let url = envoy.url("/v1/orders");
