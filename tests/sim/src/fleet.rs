@@ -390,6 +390,22 @@ impl Network {
     }
 }
 
+impl Message {
+    /// For a call on its way to an admin that stalls until `until`: its
+    /// Envoy giving up on it, when the call's timeout comes first. The
+    /// call itself still waits in the admin's socket and is answered
+    /// when the admin goes on (too late: that answer is lost).
+    pub fn given_up_before(&self, until: Instant) -> Option<(Instant, Message)> {
+        match self {
+            Message::ToAdmin { from, call, sent } => {
+                let gives_up = *sent + call.timeout;
+                (gives_up < until).then(|| (gives_up, give_up(*from, call.token)))
+            }
+            _ => None,
+        }
+    }
+}
+
 fn give_up(to: Worker, token: u32) -> Message {
     Message::ToEnvoy {
         to,

@@ -36,6 +36,12 @@ pub struct Faults {
     /// reaches them waits until they go on, and their workers then read
     /// a wall clock that moved on without them.
     pub pauses: Vec<Pause>,
+    /// The admin stalled (a process the machine starves, or one waiting
+    /// on its disk): from this long into the run, for so long. What
+    /// reaches it (syncs, watches, closes) waits in its sockets, and its
+    /// held watches are answered late; Envoys give up on their calls at
+    /// their timeouts; when it goes on, its clock has moved on.
+    pub admin_stalls: Vec<(Span, Span)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +104,9 @@ enum Event {
     },
     Admin {
         up: bool,
+    },
+    AdminStall {
+        lasting: Span,
     },
 }
 
@@ -162,6 +171,7 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         envoys: (0..envoys).map(|_| None).collect(),
         lives: vec![0; envoys],
         paused_until: vec![start; envoys],
+        admin_stalled_until: start,
         network,
         scenario: scenario.clone(),
         failed_writes: 0,
@@ -185,6 +195,9 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         world.schedule(start + *from, Event::Admin { up: false });
         world.schedule(start + *from + *span, Event::Admin { up: true });
     }
+    for (from, lasting) in &scenario.faults.admin_stalls {
+        world.schedule(start + *from, Event::AdminStall { lasting: *lasting });
+    }
     let end = start + scenario.duration + DRAIN;
     while let Some(((at, _), event)) = world.events.pop_first() {
         let now = Instant::from_nanos(at);
@@ -192,6 +205,11 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
             break;
         }
         if let Some(until) = world.paused(&event).filter(|until| *until > now) {
+            if let Event::Network(message) = &event {
+                if let Some((at, given_up)) = message.given_up_before(until) {
+                    world.schedule(at.max(now), Event::Network(given_up));
+                }
+            }
             world.schedule(until, event);
             continue;
         }
@@ -247,6 +265,8 @@ struct World {
     lives: Vec<u64>,
     /// Each Envoy runs again from this instant on (a pause).
     paused_until: Vec<Instant>,
+    /// The admin runs again from this instant on (a stall).
+    admin_stalled_until: Instant,
     network: Option<Network>,
     scenario: Scenario,
     /// Summed over the Envoys' lives.
@@ -263,8 +283,12 @@ impl World {
     /// Until when the Envoy `event` reaches is paused (None: it reaches
     /// none): a caller's call waits for its Envoy, as the kernel holds
     /// the connection, and so do answers, ticks and the admin's replies.
+    /// What reaches the admin waits likewise while it stalls.
     fn paused(&self, event: &Event) -> Option<Instant> {
         let envoy = match event {
+            Event::Network(Message::ToAdmin { .. } | Message::Closed { .. }) | Event::Holds => {
+                return Some(self.admin_stalled_until);
+            }
             Event::Send { conn } => {
                 let caller = self.connections.get(*conn)?.caller;
                 self.callers.get(caller)?.envoy
@@ -396,6 +420,11 @@ impl World {
                         format!("e{} paused for {:?}", pause.envoy, pause.lasting),
                     );
                 }
+            }
+            Event::AdminStall { lasting } => {
+                self.admin_stalled_until = self.admin_stalled_until.max(now + lasting);
+                self.trace
+                    .note(now, format!("admin stalled for {lasting:?}"));
             }
             Event::Restart { envoy } => {
                 if let Err(e) = self.start_envoy(envoy, now) {
