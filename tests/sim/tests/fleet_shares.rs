@@ -8,7 +8,7 @@
 use sluice_shared::time::{Instant, Span};
 use sluice_sim::callers::{Caller, Shape};
 use sluice_sim::fleet::Fleet;
-use sluice_sim::property::{for_seeds_by_default, verdict, DEFAULT_SEEDS};
+use sluice_sim::property::{for_seeds_by_default, verdict, Failure, DEFAULT_SEEDS};
 use sluice_sim::provider::ProviderShape;
 use sluice_sim::world::{run, Faults, Kill, Outcome, Pause, Scenario};
 
@@ -19,7 +19,6 @@ const LIMIT: u64 = 290;
 /// CPU, a third of it the admin's side of the syncs (1 000 seeds each:
 /// 178 CPU-seconds, `SLUICE_SIM_SEEDS=1000` by `/usr/bin/time`).
 const SEEDS: u64 = DEFAULT_SEEDS;
-const STALL_SEEDS: u64 = DEFAULT_SEEDS;
 
 const GLOBAL: &str = r#"{"version": 1, "policies": [
     {"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global", "share_lease": "3s",
@@ -302,6 +301,28 @@ fn a_dead_envoys_share_moves_and_comes_back() {
     );
 }
 
+/// Uneven load over 2-4 Envoys with the admin out of their reach for
+/// `lasting` from 4 s on (`fault` says how): the shares never add up past
+/// the limit, the provider refuses nothing, and 98 % of the limit is used
+/// from the Envoys' backoff (5 s), the ledger's recovery (4.5 s) and two
+/// syncs after.
+fn shares_come_back_after_the_admin(
+    seed: u64,
+    lasting: Span,
+    fault: impl FnOnce(&mut Faults, Span),
+) -> Result<Outcome, Failure> {
+    let envoys = 2 + (seed / 24 % 3) as usize;
+    let callers = busy_beside_steady(envoys);
+    let mut scenario = scenario(seed, envoys, callers, Span::from_secs(24));
+    fault(&mut scenario.faults, Span::from_secs(4));
+    let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+    let interval = fleet(seed, envoys).interval;
+    let back = 4 + lasting.as_millis().div_ceil(1000);
+    let from = back + 10 + (interval.saturating_mul(2).as_millis()).div_ceil(1000);
+    let checked = within_the_limit_and_in_time(&outcome, || used(&outcome, (from, 24), 98.0));
+    verdict(outcome, checked)
+}
+
 /// The admin is unreachable for 1 to 4 s under uneven load: each Envoy
 /// keeps its share until its lease ends, then the smaller of it and an
 /// even split, so the provider refuses nothing. Once the admin answers
@@ -315,19 +336,10 @@ fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
         "fleet_shares::an_admin_outage_never_costs_the_limit_and_shares_come_back",
         SEEDS,
         |seed| {
-            let envoys = 2 + (seed / 24 % 3) as usize;
-            let callers = busy_beside_steady(envoys);
-            let mut scenario = scenario(seed, envoys, callers, Span::from_secs(24));
             let down = Span::from_secs(1 + seed / 72 % 4);
-            scenario.faults.admin_down = vec![(Span::from_secs(4), down)];
-            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-            let interval = fleet(seed, envoys).interval;
-            let back = 4 + down.as_secs();
-            // Backoff 5 s, recovery 4.5 s, two syncs.
-            let from = back + 10 + (interval.saturating_mul(2).as_millis()).div_ceil(1000);
-            let checked =
-                within_the_limit_and_in_time(&outcome, || used(&outcome, (from, 24), 98.0));
-            verdict(outcome, checked)
+            shares_come_back_after_the_admin(seed, down, |faults, at| {
+                faults.admin_down = vec![(at, down)];
+            })
         },
     );
 }
@@ -346,21 +358,12 @@ fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
 fn an_admin_stall_never_costs_the_limit_and_shares_come_back() {
     for_seeds_by_default(
         "fleet_shares::an_admin_stall_never_costs_the_limit_and_shares_come_back",
-        STALL_SEEDS,
+        SEEDS,
         |seed| {
-            let envoys = 2 + (seed / 24 % 3) as usize;
-            let callers = busy_beside_steady(envoys);
-            let mut scenario = scenario(seed, envoys, callers, Span::from_secs(24));
             let stall = Span::from_millis(500 + seed * 7_919 % 3_500);
-            scenario.faults.admin_stalls = vec![(Span::from_secs(4), stall)];
-            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-            let interval = fleet(seed, envoys).interval;
-            let back = 4 + stall.as_millis().div_ceil(1000);
-            // Backoff 5 s, recovery 4.5 s, two syncs.
-            let from = back + 10 + (interval.saturating_mul(2).as_millis()).div_ceil(1000);
-            let checked =
-                within_the_limit_and_in_time(&outcome, || used(&outcome, (from, 24), 98.0));
-            verdict(outcome, checked)
+            shares_come_back_after_the_admin(seed, stall, |faults, at| {
+                faults.admin_stalls = vec![(at, stall)];
+            })
         },
     );
 }
