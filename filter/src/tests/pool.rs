@@ -321,6 +321,95 @@ fn a_member_refusing_every_call_envoy_retries_is_probed_ever_less_often() {
     );
 }
 
+/// Where each of calls `ids` went, alternating between two workers; each
+/// one routed west is answered there at once.
+fn spread(
+    host: &FakeHost,
+    workers: &mut [&mut Worker; 2],
+    ids: std::ops::Range<u32>,
+) -> Vec<String> {
+    let mut to = Vec::new();
+    for id in ids {
+        let w = &mut *workers[id as usize % 2];
+        if call(host, w, id, &[]) != Verdict::Continue {
+            to.push("refused".to_string());
+            continue;
+        }
+        let member = routed(host, id).unwrap_or_default();
+        if member == "llm-west" {
+            answer(host, w, id, &[(":status", b"200")]);
+        }
+        to.push(member);
+    }
+    to
+}
+
+/// A member Envoy retried calls away from is probed when its pause ends:
+/// one call goes to it, from whichever worker, and every other call of
+/// every worker goes elsewhere until that call's answer: its own opens
+/// the member to all, another's (Envoy retried it too) doubles the pause.
+#[test]
+fn a_paused_member_is_probed_with_one_call_and_opened_by_its_own_answer() {
+    let host = FakeHost::at(T0);
+    let mut w1 = worker(&host, POOL);
+    let mut w2 = worker(&host, POOL);
+    // East has the most room: the first call goes there, and Envoy
+    // retries it on west.
+    assert_eq!(call(&host, &mut w1, 1, &[]), Verdict::Continue);
+    assert_eq!(routed(&host, 1).as_deref(), Some("llm-east"));
+    let retried = [
+        (":status", &b"200"[..]),
+        ("x-sluice-member-answered", b"west"),
+    ];
+    answer(&host, &mut w1, 1, &retried);
+    pass(&host, &mut w1, 1_100);
+    // The pause over, one call probes east; the others, from both
+    // workers, go west while it is out.
+    let mut both = [&mut w1, &mut w2];
+    let to = spread(&host, &mut both, 10..16);
+    let probes: Vec<u32> = (10..16)
+        .zip(&to)
+        .filter(|(_, m)| *m == "llm-east")
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(probes.len(), 1, "one probe: {to:?}");
+    assert_eq!(
+        host.metric("sluice.limit.east-rpm.paused"),
+        1,
+        "a probe is no new pause"
+    );
+    // Envoy retried the probe too: east passed over for 2 s now.
+    let probe = probes[0];
+    let w = &mut *both[probe as usize % 2];
+    answer(&host, w, probe, &retried);
+    pass(&host, w, 1_500);
+    let to = spread(&host, &mut both, 20..24);
+    assert!(
+        !to.iter().any(|m| m == "llm-east"),
+        "still passed over: {to:?}"
+    );
+    pass(&host, both[0], 600);
+    let to = spread(&host, &mut both, 30..34);
+    let probe = (30..34)
+        .zip(&to)
+        .find(|(_, m)| *m == "llm-east")
+        .map(|(id, _)| id);
+    let probe = probe.unwrap_or_else(|| panic!("probed again after 2 s: {to:?}"));
+    // East answers it itself: open to all again, calls go by room.
+    let w = &mut *both[probe as usize % 2];
+    answer(
+        &host,
+        w,
+        probe,
+        &[(":status", b"200"), ("x-sluice-member-answered", b"east")],
+    );
+    let to = spread(&host, &mut both, 40..44);
+    assert!(
+        to.iter().filter(|m| *m == "llm-east").count() >= 2,
+        "east takes calls again: {to:?}"
+    );
+}
+
 #[test]
 fn a_call_spilled_over_is_counted_at_the_full_member_it_passed_over() {
     let host = FakeHost::at(T0);

@@ -33,6 +33,7 @@ mod key_places;
 mod limits;
 mod placement;
 mod pool;
+mod probe;
 mod provider;
 mod queue;
 mod refusal;
@@ -616,7 +617,7 @@ impl Parts {
                 (Some(at), Some(call), Some(pool)) => {
                     let inputs = call.members.get(at).cloned().unwrap_or_default();
                     let index = pool.members.get(at).map_or(class.policy_index, |m| m.index);
-                    let routed = pool::Routed::new(&policies, class.policy_index, at, call);
+                    let routed = pool::Routed::new(&policies, (class.policy_index, at), call, now);
                     self.routed.insert(context_id, routed);
                     if let Some(m) = pool.members.get(at) {
                         pool::route(ctx, context_id, pool, m);
@@ -844,7 +845,7 @@ impl Parts {
                     .and_then(|p| p.member_of)
                     .map(|(pool_index, _)| pool_index)
                 {
-                    let routed = pool::Routed::new(&policies, pool_index, *chosen, call);
+                    let routed = pool::Routed::new(&policies, (pool_index, *chosen), call, now);
                     self.routed.insert(left.context_id, routed);
                 }
             }

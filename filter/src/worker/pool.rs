@@ -13,11 +13,12 @@ use sluice_shared::fair::FairClaimant;
 use sluice_shared::policy::PoolSpec;
 use sluice_shared::pool::{self, MemberNow};
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::time::{Instant, Span};
+use sluice_shared::time::Instant;
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
 use super::limits::{self, LimitPlace, Taken};
+use super::probe;
 use super::provider;
 use super::retry::DEFAULT_RETRY;
 use super::slots;
@@ -63,8 +64,7 @@ fn take<H: Host + ?Sized>(
     call: &PoolCall,
 ) -> Result<Chosen, Taken> {
     let now = ctx.now;
-    let (members, mut full_limits): (Vec<MemberNow>, Vec<Vec<&str>>) =
-        pool.members.iter().map(|m| member_now(ctx, m, now)).unzip();
+    let (members, mut full_limits, probe_due) = members_now(ctx, pool, now);
     let mut order = pool::order(pool.rule, &members, call.sticky, call.draw);
     for rest in 0..members.len() {
         if !order.contains(&rest) {
@@ -85,6 +85,9 @@ fn take<H: Host + ?Sized>(
         );
         let refused_for = match &taken {
             Taken::All { .. } => {
+                if probe_due.get(at).copied().unwrap_or(false) {
+                    probe::begin(ctx, member);
+                }
                 count_passed_over(
                     ctx,
                     pool,
@@ -170,22 +173,43 @@ pub(super) fn take_limits<H: Host + ?Sized>(
     }
 }
 
+/// Each member as the choice sees it ([`member_now`]), in the pool's
+/// order: its state, its full limits, whether a call to it is a probe.
+fn members_now<'p, H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    pool: &'p CompiledPool,
+    now: Instant,
+) -> (Vec<MemberNow>, Vec<Vec<&'p str>>, Vec<bool>) {
+    let mut members = Vec::with_capacity(pool.members.len());
+    let mut full_limits = Vec::with_capacity(pool.members.len());
+    let mut probe_due = Vec::with_capacity(pool.members.len());
+    for member in &pool.members {
+        let (state, full, due) = member_now(ctx, member, now);
+        members.push(state);
+        full_limits.push(full);
+        probe_due.push(due);
+    }
+    (members, full_limits, probe_due)
+}
+
 /// A member as the choice sees it: what is left of its tightest limit of
 /// its own, as a part of that limit, and whether its provider paused it;
-/// and the names of its limits with no room left. A keyed limit's room is
-/// its key's, which the take finds: it is not read here.
+/// the names of its limits with no room left; and whether a call to it
+/// now would be a probe ([`probe`]). A keyed limit's room is its key's,
+/// which the take finds: it is not read here.
 fn member_now<'m, H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     member: &'m CompiledMember,
     now: Instant,
-) -> (MemberNow, Vec<&'m str>) {
+) -> (MemberNow, Vec<&'m str>, bool) {
     let mut room: f64 = 1.0;
     let mut paused = false;
+    let mut probe_due = false;
     let mut full = Vec::new();
     for limit in member.rate_limits() {
-        if provider::paused(ctx.host, limit, None, now).is_some() {
-            paused = true;
-        }
+        let (limit_paused, due) = probe::paused_or_due(ctx.host, limit, now);
+        paused |= limit_paused;
+        probe_due |= due;
         if limit.keys.is_some() {
             continue;
         }
@@ -218,7 +242,7 @@ fn member_now<'m, H: Host + ?Sized>(
         paused,
         weight: member.weight,
     };
-    (now, full)
+    (now, full, probe_due)
 }
 
 /// A pool call sent to a member, until its answer's headers come: under
@@ -230,16 +254,19 @@ pub(super) struct Routed {
     pub chosen: usize,
     pub costs: Vec<Vec<u64>>,
     pub keys: Vec<Vec<Option<u64>>>,
+    /// When it was sent: whether its answer tells of the member as it was
+    /// before a pause began or since ([`probe`]).
+    pub sent: Instant,
 }
 
 impl Routed {
     /// Pool call `call` of the pool at `pool_index` of `set`, sent to its
-    /// member `chosen`.
+    /// member `chosen` at `sent`.
     pub fn new(
         set: &Rc<CompiledPolicySet>,
-        pool_index: usize,
-        chosen: usize,
+        (pool_index, chosen): (usize, usize),
         call: &PoolCall,
+        sent: Instant,
     ) -> Self {
         Self {
             set: Rc::clone(set),
@@ -247,30 +274,15 @@ impl Routed {
             chosen,
             costs: call.members.iter().map(|m| m.costs.clone()).collect(),
             keys: call.members.iter().map(|m| m.keys.clone()).collect(),
+            sent,
         }
     }
 }
 
-/// Pool calls sent, by stream; and per member (`<policy>/<member>`) how
-/// many calls in a row Envoy retried away from it, since it last answered
-/// one itself.
+/// Pool calls sent, by stream.
 #[derive(Debug, Default)]
 pub(super) struct RoutedCalls {
     calls: FxHashMap<u32, Routed>,
-    retried_away: FxHashMap<String, u32>,
-}
-
-/// The longest a member is passed over for refusals only Envoy's retry
-/// saw (their `Retry-After` never reaches Sluice).
-const MAX_RETRIED_AWAY_PAUSE: Span = Span::from_secs(30);
-
-/// How long a member is passed over after its `refusals`-th refusal in a
-/// row that only Envoy's retry saw: a second, doubling with each one
-/// (a deployment down for long is probed ever less often), at most 30 s.
-fn retried_away_pause(refusals: u32) -> Span {
-    let doublings = refusals.saturating_sub(1).min(16);
-    let wait = DEFAULT_RETRY.as_millis().saturating_mul(1 << doublings);
-    Span::from_millis(wait).min(MAX_RETRIED_AWAY_PAUSE)
 }
 
 impl RoutedCalls {
@@ -306,26 +318,30 @@ impl RoutedCalls {
         let (pool_index, chosen) = (routed.pool_index, routed.chosen);
         let policy = routed.set.policies.get(pool_index)?;
         let pool = policy.pool.as_ref()?;
-        let chosen_name = format!("{}/{}", policy.name(), pool.members.get(chosen)?.name);
         let at = headers
             .header(PoolSpec::ANSWERED_BY_HEADER)
             .and_then(|name| pool.member(&name))
             .unwrap_or(chosen);
         if at == chosen {
-            let refused = headers.header(":status").is_some_and(|s| {
+            let served = headers.header(":status").is_some_and(|s| {
                 s.first()
-                    .is_some_and(|c| *c != b'1' && *c != b'2' && *c != b'3')
+                    .is_some_and(|c| *c == b'1' || *c == b'2' || *c == b'3')
             });
-            if !refused && !self.retried_away.is_empty() {
-                self.retried_away.remove(&chosen_name);
+            if served {
+                if let Some(member) = pool.members.get(chosen) {
+                    probe::end(ctx, member, routed.sent);
+                }
             }
             return None;
         }
-        let refusals = self.retried_away.entry(chosen_name).or_default();
-        *refusals = refusals.saturating_add(1);
-        let wait = retried_away_pause(*refusals);
         let costs = routed.costs.get(at)?;
-        let index = answered_by(ctx, &routed.set, (pool_index, chosen, at), costs, wait)?;
+        let index = answered_by(
+            ctx,
+            &routed.set,
+            (pool_index, chosen, at),
+            costs,
+            routed.sent,
+        )?;
         Some((index, routed.keys.get(at).cloned().unwrap_or_default()))
     }
 }
@@ -411,18 +427,19 @@ pub(super) fn route<H: Host + ?Sized>(
     }
 }
 
-/// A pool call sent to one member and answered by another (Envoy retried
-/// it there): the answering member's own rate limits are charged the
-/// call's cost too, whatever they hold (it reached that member), and the
-/// member first chosen, which refused it, is paused for `wait` (its
-/// `Retry-After` went to Envoy's retry, not here). Returns the answering
-/// member's policy number, whose limits read the answer from now on.
+/// A pool call sent to one member at `sent` and answered by another
+/// (Envoy retried it there): the answering member's own rate limits are
+/// charged the call's cost too, whatever they hold (it reached that
+/// member), and the member first chosen, which refused it, is passed over
+/// for a while ([`probe::retried_away_wait`]: its `Retry-After` went to
+/// Envoy's retry, not here). Returns the answering member's policy
+/// number, whose limits read the answer from now on.
 fn answered_by<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     set: &CompiledPolicySet,
     (pool_index, chosen, at): (usize, usize, usize),
     costs: &[u64],
-    wait: Span,
+    sent: Instant,
 ) -> Option<usize> {
     let pool = set.policies.get(pool_index)?.pool.as_ref()?;
     let member = pool.members.get(at)?;
@@ -441,6 +458,7 @@ fn answered_by<H: Host + ?Sized>(
     }
     if let Some(first) = pool.members.get(chosen) {
         for limit in first.rate_limits() {
+            let wait = probe::retried_away_wait(ctx.host, limit, sent);
             provider::pause_member(ctx, limit, 0, wait);
         }
     }

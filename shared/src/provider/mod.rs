@@ -8,6 +8,7 @@
 
 mod adaptive;
 mod counts;
+mod probe;
 mod relayed;
 mod sliding;
 mod table;

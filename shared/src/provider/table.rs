@@ -610,7 +610,7 @@ impl ProviderTable {
     /// The row of `owner`, made if missing: a full table first drops rows
     /// with nothing running, then the one whose pause and count end
     /// first.
-    fn row_mut(&mut self, owner: u64, now: Instant) -> &mut Row {
+    pub(super) fn row_mut(&mut self, owner: u64, now: Instant) -> &mut Row {
         if let Some(i) = self.rows.iter().position(|r| r.owner == owner) {
             return &mut self.rows[i];
         }

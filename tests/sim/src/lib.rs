@@ -12,7 +12,8 @@
 //! - [`envoy`]: one Envoy's workers and streams.
 //! - [`fleet`]: the network between the Envoys and the admin (latency,
 //!   loss, the admin down), and what the Envoys held of global limits.
-//! - [`provider`]: upstreams shaped as real providers limit.
+//! - [`provider`]: upstreams shaped as real providers limit;
+//!   [`pool`]: a pool's members as Envoy routes to them and retries.
 //! - [`callers`]: greedy and paced callers.
 //! - [`world`]: the event loop (its callers' side in `world/calls.rs`);
 //!   [`trace`]: what a run did, per second.
@@ -24,6 +25,7 @@ pub mod envoy;
 pub mod fleet;
 pub mod headers;
 pub mod host;
+pub mod pool;
 pub mod property;
 pub mod provider;
 pub mod rng;

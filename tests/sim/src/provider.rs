@@ -39,8 +39,8 @@ pub struct ProviderShape {
     pub per_second: u64,
     /// Answer times, drawn evenly between the two.
     pub latency: (Span, Span),
-    /// A 429 says `Retry-After: 1`.
-    pub retry_after: bool,
+    /// What a 429 says in `Retry-After`, in seconds (None: nothing).
+    pub retry_after: Option<u64>,
     /// Calls in flight at once (None: no such limit); past it, 429.
     pub max_in_flight: Option<u64>,
     /// From this long after the first call on, `per_second` is the second
@@ -65,7 +65,7 @@ impl ProviderShape {
         Self {
             per_second,
             latency,
-            retry_after: true,
+            retry_after: Some(1),
             max_in_flight: None,
             change: None,
             counts_refused: false,
@@ -166,8 +166,8 @@ impl Provider {
         if by_calls || over_quota {
             seen.refused += 1;
             let mut headers = Headers::of(&[(":status", "429")]);
-            if self.shape.retry_after {
-                headers.set("retry-after", "1");
+            if let Some(wait) = self.shape.retry_after {
+                headers.set("retry-after", &wait.to_string());
             }
             if let (Some(told), Some(quota)) = (&told, &quota) {
                 told.say(&mut headers, quota);
@@ -204,6 +204,11 @@ impl Provider {
             headers,
             after,
         }
+    }
+
+    /// When its limit changes (`change`), once it has had a call.
+    pub fn changes_at(&self) -> Option<Instant> {
+        Some(self.first_call? + self.shape.change?.0)
     }
 
     pub fn refused(&self) -> u64 {

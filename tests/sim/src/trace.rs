@@ -17,6 +17,9 @@ pub struct TenantSecond {
     pub refused: BTreeMap<String, u64>,
     pub provider_ok: u64,
     pub provider_429: u64,
+    /// Refused by a pool member and tried on another by Envoy (each such
+    /// try's answer is counted again, as the provider's).
+    pub retried: u64,
 }
 
 pub struct Trace {
@@ -91,6 +94,10 @@ impl Trace {
         }
     }
 
+    pub fn retried(&mut self, now: Instant, tenant: &str) {
+        self.at(now, tenant).retried += 1;
+    }
+
     /// A tenant's totals over seconds `from..to` of the run.
     pub fn tenant(&self, tenant: &str, from: u64, to: u64) -> TenantSecond {
         let mut sum = TenantSecond::default();
@@ -101,6 +108,7 @@ impl Trace {
                 sum.queued += s.queued;
                 sum.provider_ok += s.provider_ok;
                 sum.provider_429 += s.provider_429;
+                sum.retried += s.retried;
                 for (by, n) in &s.refused {
                     *sum.refused.entry(by.clone()).or_default() += n;
                 }
@@ -129,13 +137,18 @@ impl Trace {
                     .collect();
                 let _ = writeln!(
                     out,
-                    "s{second:>3} {tenant:<8} sent {:>4} admitted {:>4} queued {:>4} refused [{}] provider ok {:>4} 429 {:>3}",
+                    "s{second:>3} {tenant:<8} sent {:>4} admitted {:>4} queued {:>4} refused [{}] provider ok {:>4} 429 {:>3}{}",
                     s.sent,
                     s.admitted,
                     s.queued,
                     refused.join(" "),
                     s.provider_ok,
-                    s.provider_429
+                    s.provider_429,
+                    if s.retried > 0 {
+                        format!(" retried {}", s.retried)
+                    } else {
+                        String::new()
+                    }
                 );
             }
             let mut notes: Vec<&(u64, String)> =

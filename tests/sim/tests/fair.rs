@@ -52,6 +52,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
         duration: Span::from_secs(6),
         faults: Faults::default(),
         fleet: None,
+        pool: None,
     }
 }
 

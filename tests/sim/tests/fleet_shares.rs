@@ -84,6 +84,7 @@ fn scenario(seed: u64, envoys: usize, callers: Vec<Caller>, duration: Span) -> S
         duration,
         faults: Faults::default(),
         fleet: Some(fleet(seed, envoys)),
+        pool: None,
     }
 }
 

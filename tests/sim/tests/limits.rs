@@ -58,6 +58,7 @@ fn calendar_seconds_held(
         duration,
         faults,
         fleet: None,
+        pool: None,
     };
     let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
     if outcome.provider.refused() > 0 {
@@ -149,6 +150,7 @@ fn slots_hold_the_providers_concurrency_and_nothing_outlives_its_call() {
                     ..Faults::default()
                 },
                 fleet: None,
+                pool: None,
             };
             let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
             if outcome.provider.refused() > 0 {

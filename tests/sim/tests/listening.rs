@@ -65,6 +65,7 @@ fn after_a_hidden_drop(seed: u64, most_ahead: Span) -> Result<(Outcome, u64, u64
         duration: Span::from_secs(45),
         faults: Faults::default(),
         fleet: None,
+        pool: None,
     };
     let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
     let after: Vec<_> = outcome.provider.seconds.values().skip(3).collect();

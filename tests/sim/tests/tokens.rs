@@ -45,7 +45,7 @@ fn following_a_sliding_quota(seed: u64) -> Result<(Outcome, u64, u64, f64), Fail
         workers: 1 + (seed / 2 % 4) as usize,
         policies: FOLLOWING.to_string(),
         provider: ProviderShape {
-            retry_after: false,
+            retry_after: None,
             tokens: Some(TokenQuota {
                 per_window: QUOTA,
                 window: Span::from_secs(60),
@@ -75,6 +75,7 @@ fn following_a_sliding_quota(seed: u64) -> Result<(Outcome, u64, u64, f64), Fail
         duration: Span::from_secs(60 * MINUTES),
         faults: Faults::default(),
         fleet: None,
+        pool: None,
     };
     let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
     let seconds = &outcome.provider.seconds;

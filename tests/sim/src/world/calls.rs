@@ -5,7 +5,7 @@
 
 use sluice_shared::time::{Instant, Span};
 
-use super::{Connection, Event, World};
+use super::{Attempt, Connection, Event, World};
 use crate::callers::{LlmCall, Shape};
 use crate::envoy::Passage;
 use crate::headers::Headers;
@@ -149,23 +149,13 @@ impl World {
         match passage {
             Passage::Upstream(request) => {
                 self.trace.admitted(now, &tenant);
-                let call = self.connections[conn].call;
-                let answer = self
-                    .provider
-                    .call(now, (&request, call), &mut self.rng.borrow_mut());
-                self.trace.provider(now, &tenant, answer.status);
-                let life = self.lives[envoy];
-                self.schedule(
-                    now + answer.after,
-                    Event::Answer {
-                        at: (envoy, life),
-                        stream,
-                        conn,
-                        status: answer.status,
-                        headers: answer.headers,
-                        body: answer.body,
-                    },
-                );
+                let attempt = Attempt {
+                    envoy,
+                    conn,
+                    stream,
+                    refused_by: None,
+                };
+                self.upstream(now, attempt, request);
             }
             Passage::Queued => self.trace.queued(now, &tenant),
             Passage::Refused(status, headers) => {

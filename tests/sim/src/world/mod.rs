@@ -15,52 +15,17 @@ use crate::callers::{Caller, LlmCall};
 use crate::envoy::SimEnvoy;
 use crate::fleet::{Carried, Fleet, FleetOutcome, Message, Network, Worker};
 use crate::headers::Headers;
+use crate::pool::PoolRoutes;
 use crate::provider::{Provider, ProviderShape};
 use crate::rng::SimRng;
 use crate::trace::Trace;
 
 mod calls;
+mod faults;
+mod upstream;
 
-/// Faults a run injects.
-#[derive(Debug, Clone, Default)]
-pub struct Faults {
-    /// The chance each shared-data write fails.
-    pub write_failure: f64,
-    /// Envoys killed (SIGKILL: their streams reset, their shared data
-    /// gone) and started again.
-    pub kills: Vec<Kill>,
-    /// While the admin is unreachable: from this long into the run, for
-    /// so long.
-    pub admin_down: Vec<(Span, Span)>,
-    /// Envoys paused (SIGSTOP, a machine too loaded to run them): what
-    /// reaches them waits until they go on, and their workers then read
-    /// a wall clock that moved on without them.
-    pub pauses: Vec<Pause>,
-    /// The admin stalled (a process the machine starves, or one waiting
-    /// on its disk): from this long into the run, for so long. What
-    /// reaches it (syncs, watches, closes) waits in its sockets, and its
-    /// held watches are answered late; Envoys give up on their calls at
-    /// their timeouts; when it goes on, its clock has moved on.
-    pub admin_stalls: Vec<(Span, Span)>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Pause {
-    pub envoy: usize,
-    /// This long into the run.
-    pub at: Span,
-    /// Paused for so long.
-    pub lasting: Span,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Kill {
-    pub envoy: usize,
-    /// This long into the run.
-    pub at: Span,
-    /// Down for so long, then started again.
-    pub down_for: Span,
-}
+pub use faults::{Faults, Kill, Pause};
+use upstream::Attempt;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -75,6 +40,9 @@ pub struct Scenario {
     pub faults: Faults,
     /// Envoys syncing with one admin (None: one Envoy on its own).
     pub fleet: Option<Fleet>,
+    /// A pool's members, each its own provider, as Envoy routes to them
+    /// (None: every call goes to `provider`).
+    pub pool: Option<PoolRoutes>,
 }
 
 #[derive(Debug)]
@@ -89,6 +57,12 @@ enum Event {
         status: u32,
         headers: Headers,
         body: Vec<Vec<u8>>,
+    },
+    /// Envoy tries a call a pool member refused on another member.
+    Retry {
+        at: (usize, u64),
+        attempt: Attempt,
+        request: Headers,
     },
     Tick {
         at: (usize, u64),
@@ -126,6 +100,8 @@ pub struct Outcome {
     pub seed: u64,
     pub trace: Trace,
     pub provider: Provider,
+    /// Each pool member's provider, in the pool's order (pool runs).
+    pub members: Vec<Provider>,
     /// Streams, calls in flight and queued calls left after the drain.
     pub left_open: usize,
     pub left_in_flight: usize,
@@ -163,6 +139,12 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         clock,
         rng,
         provider: Provider::new(scenario.provider.clone()),
+        members: scenario
+            .pool
+            .iter()
+            .flat_map(|p| &p.members)
+            .map(|m| Provider::new(m.provider.clone()))
+            .collect(),
         trace: Trace::new(start),
         connections: Vec::new(),
         callers: scenario.callers.clone(),
@@ -242,6 +224,7 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
         metrics: world.metrics,
         trace: world.trace,
         provider: world.provider,
+        members: world.members,
         start,
         fleet: world.network.map(|n| n.outcome),
     })
@@ -253,6 +236,7 @@ struct World {
     clock: Rc<Cell<Instant>>,
     rng: Rc<RefCell<SimRng>>,
     provider: Provider,
+    members: Vec<Provider>,
     trace: Trace,
     connections: Vec<Connection>,
     callers: Vec<Caller>,
@@ -293,7 +277,7 @@ impl World {
                 let caller = self.connections.get(*conn)?.caller;
                 self.callers.get(caller)?.envoy
             }
-            Event::Answer { at, .. } | Event::Tick { at, .. } => at.0,
+            Event::Answer { at, .. } | Event::Retry { at, .. } | Event::Tick { at, .. } => at.0,
             Event::Network(Message::ToEnvoy { to, .. }) => to.envoy,
             _ => return None,
         };
@@ -398,6 +382,15 @@ impl World {
                 }
                 self.carry_calls(at.0, now);
                 self.done(now, conn, status);
+            }
+            Event::Retry {
+                at,
+                attempt,
+                request,
+            } => {
+                if self.lives[at.0] == at.1 {
+                    self.upstream(now, attempt, request);
+                }
             }
             Event::Tick {
                 at,
@@ -535,34 +528,6 @@ impl World {
                 self.carry_calls(to.envoy, now);
             }
         }
-    }
-
-    /// Envoy `kill.envoy` is killed: its callers' calls on it fail, its
-    /// state is gone, the admin sees its connections close; it starts
-    /// again `kill.down_for` later.
-    fn kill(&mut self, now: Instant, kill: Kill) {
-        let index = kill.envoy;
-        if self.envoys.get(index).is_none_or(Option::is_none) {
-            return;
-        }
-        self.retire(index);
-        self.lives[index] += 1;
-        self.trace.note(now, format!("e{index} killed"));
-        if let Some(network) = self.network.as_mut() {
-            let carried = network.envoy_died(
-                index,
-                &Self::instance(index),
-                now,
-                &mut self.rng.borrow_mut(),
-            );
-            self.carried_later(carried);
-        }
-        for conn in 0..self.connections.len() {
-            if matches!(self.connections[conn].busy, Some((e, _)) if e == index) {
-                self.done(now, conn, 503);
-            }
-        }
-        self.schedule(now + kill.down_for, Event::Restart { envoy: index });
     }
 
     /// A hook may have changed how often the worker ticks (a queue
