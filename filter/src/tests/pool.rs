@@ -410,6 +410,44 @@ fn a_paused_member_is_probed_with_one_call_and_opened_by_its_own_answer() {
     );
 }
 
+/// A member's provider row that does not decode (shared data is
+/// anyone's to break) probes nothing and pauses nothing: calls go as they
+/// would to a member never paused, nothing panics, and once a retried
+/// call pauses the member again its probe is held as before.
+#[test]
+fn a_broken_provider_row_probes_nothing_and_breaks_nothing() {
+    let host = FakeHost::at(T0);
+    let mut w1 = worker(&host, POOL);
+    let mut w2 = worker(&host, POOL);
+    assert_eq!(call(&host, &mut w1, 1, &[]), Verdict::Continue);
+    let retried = [
+        (":status", &b"200"[..]),
+        ("x-sluice-member-answered", b"west"),
+    ];
+    answer(&host, &mut w1, 1, &retried);
+    pass(&host, &mut w1, 1_100);
+    if let Some(entry) = host.shared.borrow_mut().get_mut("sluice/p/east-rpm") {
+        entry.0 = b"\xff\x00 not a provider table".to_vec();
+    }
+    let mut both = [&mut w1, &mut w2];
+    let to = spread(&host, &mut both, 10..14);
+    assert!(to.iter().all(|m| m != "refused"), "every call went: {to:?}");
+    assert!(
+        to.iter().filter(|m| *m == "llm-east").count() >= 2,
+        "no probe held: {to:?}"
+    );
+    for id in (10..14).filter(|id| to[(*id - 10) as usize] == "llm-east") {
+        answer(&host, both[id as usize % 2], id, &retried);
+    }
+    pass(&host, both[0], 1_100);
+    let to = spread(&host, &mut both, 20..26);
+    assert_eq!(
+        to.iter().filter(|m| *m == "llm-east").count(),
+        1,
+        "one probe once the row is written again: {to:?}"
+    );
+}
+
 #[test]
 fn a_call_spilled_over_is_counted_at_the_full_member_it_passed_over() {
     let host = FakeHost::at(T0);

@@ -36,14 +36,17 @@ impl ProviderTable {
         }
         let row = self.row_mut(owner, now);
         let last = row.pause_until.since(row.pause_since);
-        row.pause_since = now;
-        row.pause_until = now + last;
+        // The hold begins just before the probe goes: the probe went
+        // after it, as a call sent in the very instant a refusal's pause
+        // began did not.
+        row.pause_since = Instant::from_nanos(now.as_nanos().saturating_sub(1));
+        row.pause_until = row.pause_since + last;
         Some(last)
     }
 
     /// The member answered a call sent at `sent` itself: when the call
-    /// went after the pause running (or last run) began (the probe, or a
-    /// call after it), that pause ends now and its calls go as any
+    /// went after the pause running (or last run) began (the probe), that
+    /// pause ends now and its calls go as any
     /// other's again; a call that went before (in flight when the member
     /// began refusing) ends nothing. Returns whether the table changed.
     pub fn end_probe(&mut self, owner: u64, sent: Instant, now: Instant) -> bool {
@@ -52,7 +55,7 @@ impl ProviderTable {
         };
         if row.pause_why != PauseWhy::default()
             || row.pause_until <= row.pause_since
-            || sent < row.pause_since
+            || sent <= row.pause_since
         {
             return false;
         }
@@ -63,9 +66,9 @@ impl ProviderTable {
     }
 
     /// How long to pass `owner` over when Envoy retried a call sent to it
-    /// at `sent` on another member: `first` after a call that went before
-    /// the pause running (or last run) began (it was in flight when the
-    /// member began refusing: the pause stands as it is) or after one
+    /// at `sent` on another member: `first` after a call that went no
+    /// later than the pause running (or last run) began (it was in flight
+    /// when the member began refusing: the pause stands as it is) or after one
     /// answered by the member itself; twice the last pause, at most
     /// `most`, when the call was the probe (a deployment down for long is
     /// probed ever less often).
@@ -79,7 +82,7 @@ impl ProviderTable {
             return first;
         };
         let last = row.pause_until.since(row.pause_since);
-        if row.pause_why != PauseWhy::default() || last.is_zero() || sent < row.pause_since {
+        if row.pause_why != PauseWhy::default() || last.is_zero() || sent <= row.pause_since {
             return first;
         }
         last.saturating_mul(2).max(first).min(most)
@@ -105,10 +108,12 @@ mod tests {
         assert_eq!(table.begin_probe(0, NOW + secs(1)), None, "still paused");
         let ended = NOW + secs(3);
         assert_eq!(table.begin_probe(0, ended), Some(secs(2)));
-        assert_eq!(
-            table.paused_until(0, ended, CAP),
-            Some(ended + secs(2)),
-            "held for as long as it was paused"
+        let held = table
+            .paused_until(0, ended, CAP)
+            .map(|until| until.since(ended));
+        assert!(
+            held.is_some_and(|h| secs(2) - h <= Span::from_nanos(1)),
+            "held for as long as it was paused: {held:?}"
         );
         assert_eq!(
             table.begin_probe(0, ended + Span::from_millis(10)),
@@ -149,11 +154,13 @@ mod tests {
         );
         let in_flight = NOW - Span::from_millis(100);
         table.pause(0, NOW, FIRST);
-        assert_eq!(
-            table.retried_away_wait(0, in_flight, (FIRST, MOST)),
-            FIRST,
-            "a call in flight when the pause began"
-        );
+        for sent in [in_flight, NOW] {
+            assert_eq!(
+                table.retried_away_wait(0, sent, (FIRST, MOST)),
+                FIRST,
+                "a call in flight when the pause began, or sent in its instant"
+            );
+        }
         let mut at = NOW;
         for want in [2, 4, 8, 16, 30, 30] {
             at += secs(40);
