@@ -344,6 +344,23 @@ fn spread(
     to
 }
 
+/// An answer from west to a call sent east: Envoy retried it there.
+const RETRIED_ON_WEST: [(&str, &[u8]); 2] =
+    [(":status", b"200"), ("x-sluice-member-answered", b"west")];
+
+/// Two workers over `host`, east paused for a second by a call Envoy
+/// retried on west (east, with the most room, took the first call), and
+/// that second over.
+fn east_retried_away_once(host: &FakeHost) -> (Worker, Worker) {
+    let mut w1 = worker(host, POOL);
+    let w2 = worker(host, POOL);
+    assert_eq!(call(host, &mut w1, 1, &[]), Verdict::Continue);
+    assert_eq!(routed(host, 1).as_deref(), Some("llm-east"));
+    answer(host, &mut w1, 1, &RETRIED_ON_WEST);
+    pass(host, &mut w1, 1_100);
+    (w1, w2)
+}
+
 /// A member Envoy retried calls away from is probed when its pause ends:
 /// one call goes to it, from whichever worker, and every other call of
 /// every worker goes elsewhere until that call's answer: its own opens
@@ -351,18 +368,7 @@ fn spread(
 #[test]
 fn a_paused_member_is_probed_with_one_call_and_opened_by_its_own_answer() {
     let host = FakeHost::at(T0);
-    let mut w1 = worker(&host, POOL);
-    let mut w2 = worker(&host, POOL);
-    // East has the most room: the first call goes there, and Envoy
-    // retries it on west.
-    assert_eq!(call(&host, &mut w1, 1, &[]), Verdict::Continue);
-    assert_eq!(routed(&host, 1).as_deref(), Some("llm-east"));
-    let retried = [
-        (":status", &b"200"[..]),
-        ("x-sluice-member-answered", b"west"),
-    ];
-    answer(&host, &mut w1, 1, &retried);
-    pass(&host, &mut w1, 1_100);
+    let (mut w1, mut w2) = east_retried_away_once(&host);
     // The pause over, one call probes east; the others, from both
     // workers, go west while it is out.
     let mut both = [&mut w1, &mut w2];
@@ -381,7 +387,7 @@ fn a_paused_member_is_probed_with_one_call_and_opened_by_its_own_answer() {
     // Envoy retried the probe too: east passed over for 2 s now.
     let probe = probes[0];
     let w = &mut *both[probe as usize % 2];
-    answer(&host, w, probe, &retried);
+    answer(&host, w, probe, &RETRIED_ON_WEST);
     pass(&host, w, 1_500);
     let to = spread(&host, &mut both, 20..24);
     assert!(
@@ -417,15 +423,7 @@ fn a_paused_member_is_probed_with_one_call_and_opened_by_its_own_answer() {
 #[test]
 fn a_broken_provider_row_probes_nothing_and_breaks_nothing() {
     let host = FakeHost::at(T0);
-    let mut w1 = worker(&host, POOL);
-    let mut w2 = worker(&host, POOL);
-    assert_eq!(call(&host, &mut w1, 1, &[]), Verdict::Continue);
-    let retried = [
-        (":status", &b"200"[..]),
-        ("x-sluice-member-answered", b"west"),
-    ];
-    answer(&host, &mut w1, 1, &retried);
-    pass(&host, &mut w1, 1_100);
+    let (mut w1, mut w2) = east_retried_away_once(&host);
     if let Some(entry) = host.shared.borrow_mut().get_mut("sluice/p/east-rpm") {
         entry.0 = b"\xff\x00 not a provider table".to_vec();
     }
@@ -437,7 +435,7 @@ fn a_broken_provider_row_probes_nothing_and_breaks_nothing() {
         "no probe held: {to:?}"
     );
     for id in (10..14).filter(|id| to[(*id - 10) as usize] == "llm-east") {
-        answer(&host, both[id as usize % 2], id, &retried);
+        answer(&host, both[id as usize % 2], id, &RETRIED_ON_WEST);
     }
     pass(&host, both[0], 1_100);
     let to = spread(&host, &mut both, 20..26);

@@ -11,18 +11,24 @@
 //! is one Envoy's retry began (the refusals a provider itself answered
 //! to Sluice, with or without a wait, carry their status).
 
-use super::table::{PauseWhy, ProviderTable};
+use super::table::{PauseWhy, ProviderTable, Row};
 use crate::time::{Instant, Span};
+
+/// How long the row's pause running (or last run) lasts, when Envoy's
+/// retry began it (no status, not relayed) and no answer of the member's
+/// own has ended it since (None otherwise): the one test every probe
+/// decision starts from.
+fn retried_away_pause(row: &Row) -> Option<Span> {
+    let last = row.pause_until.since(row.pause_since);
+    (row.pause_why == PauseWhy::default() && !last.is_zero()).then_some(last)
+}
 
 impl ProviderTable {
     /// Whether a call to `owner` now would be a probe: its last pause was
     /// Envoy's retry's, and has ended.
     pub fn probe_due(&self, owner: u64, now: Instant) -> bool {
-        self.row(owner).is_some_and(|row| {
-            row.pause_why == PauseWhy::default()
-                && row.pause_until > row.pause_since
-                && row.pause_until <= now
-        })
+        self.row(owner)
+            .is_some_and(|row| retried_away_pause(row).is_some() && row.pause_until <= now)
     }
 
     /// A call is about to go to `owner`: when a probe is due
@@ -31,11 +37,11 @@ impl ProviderTable {
     /// ([`Self::end_probe`]). Returns the hold begun (None: no probe due,
     /// the call goes as any other).
     pub fn begin_probe(&mut self, owner: u64, now: Instant) -> Option<Span> {
-        if !self.probe_due(owner, now) {
-            return None;
-        }
+        let last = self
+            .row(owner)
+            .filter(|row| row.pause_until <= now)
+            .and_then(retried_away_pause)?;
         let row = self.row_mut(owner, now);
-        let last = row.pause_until.since(row.pause_since);
         // The hold begins just before the probe goes: the probe went
         // after it, as a call sent in the very instant a refusal's pause
         // began did not.
@@ -46,17 +52,14 @@ impl ProviderTable {
 
     /// The member answered a call sent at `sent` itself: when the call
     /// went after the pause running (or last run) began (the probe), that
-    /// pause ends now and its calls go as any
-    /// other's again; a call that went before (in flight when the member
-    /// began refusing) ends nothing. Returns whether the table changed.
+    /// pause ends now and its calls go as any other's again; a call that
+    /// went before (in flight when the member began refusing) ends
+    /// nothing. Returns whether the table changed.
     pub fn end_probe(&mut self, owner: u64, sent: Instant, now: Instant) -> bool {
-        let Some(row) = self.row(owner) else {
-            return false;
-        };
-        if row.pause_why != PauseWhy::default()
-            || row.pause_until <= row.pause_since
-            || sent <= row.pause_since
-        {
+        let began_before = self
+            .row(owner)
+            .is_some_and(|row| retried_away_pause(row).is_some() && sent > row.pause_since);
+        if !began_before {
             return false;
         }
         let row = self.row_mut(owner, now);
@@ -68,24 +71,20 @@ impl ProviderTable {
     /// How long to pass `owner` over when Envoy retried a call sent to it
     /// at `sent` on another member: `first` after a call that went no
     /// later than the pause running (or last run) began (it was in flight
-    /// when the member began refusing: the pause stands as it is) or after one
-    /// answered by the member itself; twice the last pause, at most
-    /// `most`, when the call was the probe (a deployment down for long is
-    /// probed ever less often).
+    /// when the member began refusing: the pause stands as it is) or
+    /// after one answered by the member itself; twice the last pause, at
+    /// most `most`, when the call was the probe (a deployment down for
+    /// long is probed ever less often).
     pub fn retried_away_wait(
         &self,
         owner: u64,
         sent: Instant,
         (first, most): (Span, Span),
     ) -> Span {
-        let Some(row) = self.row(owner) else {
-            return first;
-        };
-        let last = row.pause_until.since(row.pause_since);
-        if row.pause_why != PauseWhy::default() || last.is_zero() || sent <= row.pause_since {
-            return first;
-        }
-        last.saturating_mul(2).max(first).min(most)
+        self.row(owner)
+            .filter(|row| sent > row.pause_since)
+            .and_then(retried_away_pause)
+            .map_or(first, |last| last.saturating_mul(2).max(first).min(most))
     }
 }
 
