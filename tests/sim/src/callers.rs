@@ -8,14 +8,23 @@ use sluice_shared::time::Span;
 #[derive(Debug, Clone)]
 pub enum Shape {
     /// The next call when the last ends; about `backoff` after a 429
-    /// (half to one and a half times it, drawn by seed).
-    Greedy { backoff: Span },
+    /// (half to one and a half times it, drawn by seed), or, if it
+    /// `heeds` the answer's `Retry-After` (as OpenAI's and Anthropic's
+    /// SDKs do, up to a minute), that long and up to half `backoff` more.
+    Greedy { backoff: Span, heeds: RetryAfter },
     /// A call every `every` on each connection (at most one in flight),
     /// every connection on the same grid.
     Paced { every: Span },
     /// A call every `every` on each connection, the connections' grids
     /// spread evenly over it: a steady rate of calls, one at a time.
     Steady { every: Span },
+}
+
+/// Whether a greedy caller waits what a refusal's `Retry-After` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfter {
+    Heeded,
+    Ignored,
 }
 
 /// Calls to an LLM's chat completions: a JSON body asking for

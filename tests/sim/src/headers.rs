@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use sluice_shared::request_headers::RequestHeaders;
+use sluice_shared::time::Span;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers(pub Vec<(String, Vec<u8>)>);
@@ -25,6 +26,13 @@ impl Headers {
 
     pub fn remove(&mut self, name: &str) {
         self.0.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+    }
+
+    /// The wait a `Retry-After` of whole seconds asks for.
+    pub fn retry_after(&self) -> Option<Span> {
+        let value = self.header("retry-after")?;
+        let seconds: u64 = std::str::from_utf8(&value).ok()?.trim().parse().ok()?;
+        Some(Span::from_secs(seconds))
     }
 
     pub fn text(&self, name: &str) -> Option<String> {

@@ -3,7 +3,7 @@
 //! workers the greedy tenant beside it spreads over.
 
 use sluice_shared::time::Span;
-use sluice_sim::callers::{Caller, Shape};
+use sluice_sim::callers::{Caller, RetryAfter, Shape};
 use sluice_sim::property::{for_seeds, Failure};
 use sluice_sim::provider::ProviderShape;
 use sluice_sim::world::{run, Faults, Scenario};
@@ -31,7 +31,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
                 tenant: "a".into(),
                 host: "api.llm.example".into(),
                 connections: greedy,
-                shape: Shape::Greedy { backoff },
+                shape: Shape::Greedy { backoff, heeds: RetryAfter::Ignored },
                 llm: None,
                 envoy: 0,
                 active: Vec::new(),
@@ -84,7 +84,7 @@ fn a_quiet_tenant_under_its_part_gets_all_it_asks() {
             // it leaves the room of one token full for longer.)
             let scenario = quiet_beside_greedy(seed);
             let saturating = scenario.callers[0].connections >= 8
-                && matches!(scenario.callers[0].shape, Shape::Greedy { backoff } if backoff <= Span::from_millis(20));
+                && matches!(scenario.callers[0].shape, Shape::Greedy { backoff, .. } if backoff <= Span::from_millis(20));
             if saturating && (a.admitted + b.admitted) * 100 < 4 * 95 * 85 {
                 let why = format!("a got {} and b {} of 4 s at 95/s", a.admitted, b.admitted);
                 return Err(Failure::new(outcome, why));

@@ -3,7 +3,7 @@
 //! seed injects.
 
 use sluice_shared::time::Span;
-use sluice_sim::callers::{Caller, Shape};
+use sluice_sim::callers::{Caller, RetryAfter, Shape};
 use sluice_sim::property::{for_seeds, Failure};
 use sluice_sim::provider::ProviderShape;
 use sluice_sim::world::{run, Faults, Outcome, Pause, Scenario};
@@ -17,6 +17,7 @@ fn callers(seed: u64) -> Vec<Caller> {
             connections: greedy,
             shape: Shape::Greedy {
                 backoff: Span::from_millis(10 + seed / 16 % 3 * 20),
+                heeds: RetryAfter::Ignored,
             },
             llm: None,
             envoy: 0,

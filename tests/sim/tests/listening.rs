@@ -2,7 +2,7 @@
 //! provider's limit drops without a word.
 
 use sluice_shared::time::Span;
-use sluice_sim::callers::{Caller, Shape};
+use sluice_sim::callers::{Caller, RetryAfter, Shape};
 use sluice_sim::property::{for_seeds, Failure};
 use sluice_sim::provider::ProviderShape;
 use sluice_sim::world::{run, Faults, Outcome, Scenario};
@@ -51,6 +51,7 @@ fn after_a_hidden_drop(seed: u64, most_ahead: Span) -> Result<(Outcome, u64, u64
             connections: 24,
             shape: Shape::Greedy {
                 backoff: Span::from_millis(10),
+                heeds: RetryAfter::Ignored,
             },
             llm: None,
             envoy: 0,

@@ -6,7 +6,7 @@
 use sluice_shared::time::{Instant, Span};
 
 use super::{Attempt, Connection, Event, World};
-use crate::callers::{LlmCall, Shape};
+use crate::callers::{LlmCall, RetryAfter, Shape};
 use crate::envoy::Passage;
 use crate::headers::Headers;
 
@@ -102,7 +102,7 @@ impl World {
                 self.trace.sent(now, &self.callers[caller].tenant.clone());
                 self.trace
                     .refused(now, &self.callers[caller].tenant.clone(), "no envoy");
-                self.done(now, conn, 503);
+                self.done(now, conn, (503, None));
                 return;
             }
             let mut rng = self.rng.borrow_mut();
@@ -167,25 +167,37 @@ impl World {
                     by = format!("{by}/{reason}");
                 }
                 self.trace.refused(now, &tenant, &by);
-                self.done(now, conn, status);
+                self.done(now, conn, (status, headers.retry_after()));
             }
         }
     }
 
-    /// `conn`'s call ended with `status`: its next call is scheduled.
-    pub(super) fn done(&mut self, now: Instant, conn: usize, status: u32) {
+    /// `conn`'s call ended with `status` (and the `Retry-After` its
+    /// answer had): its next call is scheduled.
+    pub(super) fn done(
+        &mut self,
+        now: Instant,
+        conn: usize,
+        (status, retry_after): (u32, Option<Span>),
+    ) {
         let c = &mut self.connections[conn];
         c.busy = None;
         let next = match &self.callers[c.caller].shape {
-            Shape::Greedy { backoff } => {
-                if status == 200 {
-                    now
-                } else {
+            Shape::Greedy { backoff, heeds } => {
+                let nanos = backoff.as_nanos();
+                let mut rng = self.rng.borrow_mut();
+                match (status, heeds, retry_after) {
+                    (200, ..) => now,
+                    // The SDKs wait what it says, if under a minute; the
+                    // half backoff more is their network's and timers'
+                    // spread.
+                    (_, RetryAfter::Heeded, Some(wait)) if wait <= Span::from_secs(60) => {
+                        now + wait + Span::from_nanos(rng.between(0, nanos / 2))
+                    }
                     // Half to one and a half times its backoff: real
                     // clients' timers and networks keep connections from
                     // retrying in lockstep.
-                    let nanos = backoff.as_nanos();
-                    now + Span::from_nanos(self.rng.borrow_mut().between(nanos / 2, nanos * 3 / 2))
+                    _ => now + Span::from_nanos(rng.between(nanos / 2, nanos * 3 / 2)),
                 }
             }
             Shape::Paced { every } | Shape::Steady { every } => {

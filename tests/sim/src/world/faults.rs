@@ -69,7 +69,7 @@ impl World {
         }
         for conn in 0..self.connections.len() {
             if matches!(self.connections[conn].busy, Some((e, _)) if e == index) {
-                self.done(now, conn, 503);
+                self.done(now, conn, (503, None));
             }
         }
         self.schedule(now + kill.down_for, Event::Restart { envoy: index });

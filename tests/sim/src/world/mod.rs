@@ -381,7 +381,7 @@ impl World {
                     envoy.answer(stream, (&headers, &body));
                 }
                 self.carry_calls(at.0, now);
-                self.done(now, conn, status);
+                self.done(now, conn, (status, headers.retry_after()));
             }
             Event::Retry {
                 at,
