@@ -31,7 +31,10 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
                 tenant: "a".into(),
                 host: "api.llm.example".into(),
                 connections: greedy,
-                shape: Shape::Greedy { backoff, heeds: RetryAfter::Ignored },
+                shape: Shape::Greedy {
+                    backoff,
+                    heeds: RetryAfter::Ignored,
+                },
                 llm: None,
                 envoy: 0,
                 active: Vec::new(),
