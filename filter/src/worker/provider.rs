@@ -356,9 +356,13 @@ fn cut_rate<H: Host + ?Sized>(
     let cut = ctx
         .store
         .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+            let before = table.row(owner).map(|r| r.adaptive);
             let cut = table.throttled(owner, (heard, at), now, throttle);
-            let rate = table.row(owner).and_then(|r| r.adaptive.rate(now, full));
-            ((cut, rate), cut)
+            let after = table.row(owner).map(|r| r.adaptive);
+            let rate = after.and_then(|a| a.rate(now, full));
+            // A refusal of the overload already cut for cuts nothing, but
+            // may narrow what is known of the limit: that is kept too.
+            ((cut, rate), cut || after != before)
         });
     let Ok((true, rate)) = cut else {
         return false;
