@@ -475,11 +475,13 @@ e2e-build: setup-nextest wasm ui native-test
 LINT_LOG := target/lint.log
 SIM_LOG := target/sim.log
 # The unit tests' build compiles the end-to-end suites too (one cargo,
-# one job server). The wasm filter's and the UI's release builds are not
-# run beside it, though most of their 160 s is fat LTO on one core: in
-# a clean run of 391e2ce the builds then took 723 s and 1 400 busy
-# CPU-seconds (two cores shared by up to six compilers), against 622 s
-# and 1 113 one after another (9e0b005).
+# one job server), and the wasm filter's and the UI's release builds
+# (profiles release-wasm and release-ui, each its own directory under
+# target/, so cargo's lock on target/debug does not hold them) run
+# beside it: most of their time is fat LTO on one core. Same commit
+# otherwise, the builds took 723 s that way (391e2ce) and 853 s one after
+# another (4072fb2).
+FILTERS_LOG := target/filters.log
 # The simulator's test executables, as the unit build made them: run
 # without cargo, so that a starved SCHED_IDLE cargo never holds the lock
 # on target/debug that the builds after it wait on.
@@ -488,14 +490,18 @@ SIM_EXECUTABLES = $(CARGO) test $(WORKSPACE) $(addprefix --test ,$(SIM_SUITES)) 
 test: setup
 	@mkdir -p $(dir $(LINT_LOG)); \
 	family() { echo $$1; for c in $$(ps -o pid= --ppid $$1); do family $$c; done; }; \
-	lint=; sim=; \
-	jobs_beside() { for j in $$lint $$sim; do family $$j; done; }; \
+	lint=; sim=; filters=; \
+	jobs_beside() { for j in $$lint $$sim $$filters; do family $$j; done; }; \
 	stop_beside() { for p in $$(jobs_beside); do kill $$p 2>/dev/null || true; done; exit 1; }; \
 	step() { echo "$$*"; "$$@" || stop_beside; }; \
 	step $(MAKE) --no-print-directory docs; \
+	echo "make test: the wasm filter and the UI build ($(FILTERS_LOG)) beside the unit tests"; \
+	$(MAKE) --no-print-directory wasm ui > $(FILTERS_LOG) 2>&1 & filters=$$!; \
 	step $(UNIT_TEST) --no-run $(addprefix --test ,$(UNIT_SUITES) $(E2E_SUITES)); \
 	sims=$$($(SIM_EXECUTABLES)) && [ -n "$$sims" ] || stop_beside; \
 	step $(UNIT_TEST) $(addprefix --test ,$(filter-out $(SIM_SUITES),$(UNIT_SUITES))); \
+	built=0; wait $$filters || built=$$?; filters=; cat $(FILTERS_LOG); \
+	[ $$built -eq 0 ] || { echo "make test: the wasm filter or the UI did not build (exit $$built, above)"; stop_beside; }; \
 	step $(MAKE) --no-print-directory e2e-build; \
 	echo "make test: make lint ($(LINT_LOG)) and the simulator's properties ($(SIM_LOG)) at SCHED_IDLE from now on"; \
 	chrt --idle 0 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
