@@ -478,9 +478,10 @@ SIM_LOG := target/sim.log
 # one job server), and the wasm filter's and the UI's release builds
 # (profiles release-wasm and release-ui, each its own directory under
 # target/, so cargo's lock on target/debug does not hold them) run
-# beside it: most of their time is fat LTO on one core. Same commit
-# otherwise, the builds took 723 s that way (391e2ce) and 853 s one after
-# another (4072fb2).
+# beside it: most of their time is fat LTO on one core, the other idle
+# (c94: about 45 s of it). Same code otherwise, the builds took 723 s
+# that way (391e2ce) and 853 s one after another (4072fb2), though the
+# machine's speed varies that much between runs too.
 FILTERS_LOG := target/filters.log
 # The simulator's test executables, as the unit build made them: run
 # without cargo, so that a starved SCHED_IDLE cargo never holds the lock
