@@ -46,15 +46,33 @@ pub async fn closed_loop<F>(clients: usize, duration: Duration, build: F) -> Vec
 where
     F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
 {
-    let build = Arc::new(build);
+    let start = Instant::now();
+    closed_loop_while(clients, move || start.elapsed() < duration, build).await
+}
+
+/// [`closed_loop`] until `stop` is set: for a test that reads what the
+/// load does while it runs, however long its own steps take.
+pub async fn closed_loop_until<F>(clients: usize, stop: Arc<AtomicBool>, build: F) -> Vec<Outcome>
+where
+    F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+{
+    closed_loop_while(clients, move || !stop.load(Ordering::SeqCst), build).await
+}
+
+async fn closed_loop_while<G, F>(clients: usize, going: G, build: F) -> Vec<Outcome>
+where
+    G: Fn() -> bool + Send + Sync + 'static,
+    F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+{
+    let (going, build) = (Arc::new(going), Arc::new(build));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..clients {
-        let build = build.clone();
+        let (going, build) = (going.clone(), build.clone());
         let http = client();
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
-            while start.elapsed() < duration {
+            while going() {
                 let outcome = send(build(&http, i), start).await;
                 if outcome.status == 429 {
                     tokio::time::sleep(PAUSE_AFTER_REFUSAL).await;
