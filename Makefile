@@ -232,7 +232,10 @@ setup-compose: $(ENVOY)
 	  "$(CURDIR)/$(COMPOSE_DIR)/storage" "$(CURDIR)/$(COMPOSE_DIR)/run" > $(COMPOSE_DIR)/storage.conf
 
 # The Dockerfile's build: admin first, whose stages are all the others
-# need, then the demo API and the filter from the cache. With the OCI
+# need, then the demo API and the filter from the cache. Two stages at a
+# time (`podman build --jobs 2`), as BuildKit builds them for `docker
+# compose`: the web stage's wasm-bindgen install and fat-LTO tails on one
+# core beside the static build. With the OCI
 # images `make images` packs (their suite, `images`, reads them back)
 # around the static admin that build made: the same `make static-bins`,
 # a release build for musl, not made a second time here.
@@ -241,7 +244,7 @@ compose-images: setup-images setup-compose
 	$(PODMAN_ENV) tests/compose/standins.sh $(COMPOSE_DIR) "$(ENVOY_BINARY)"
 	@for service in admin demo-api filter; do \
 	  echo "compose: building $$service ($(COMPOSE_DIR)/build-$$service.log)"; \
-	  $(PODMAN_ENV) $(PODMAN_COMPOSE) -f envoy/docker-compose.yml build $$service \
+	  $(PODMAN_ENV) $(PODMAN_COMPOSE) --podman-build-args '--jobs 2' -f envoy/docker-compose.yml build $$service \
 	    >$(COMPOSE_DIR)/build-$$service.log 2>&1 || { status=$$?; tail -40 $(COMPOSE_DIR)/build-$$service.log; exit $$status; }; \
 	done
 	@ctr=$$($(PODMAN_ENV) podman create localhost/sluice_admin:latest) && \

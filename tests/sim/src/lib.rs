@@ -31,3 +31,8 @@ pub mod provider;
 pub mod rng;
 pub mod trace;
 pub mod world;
+
+/// Every executable linking the simulator (its properties) allocates
+/// through mimalloc: see Cargo.toml.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
