@@ -45,9 +45,15 @@ pub const UNEVEN_BENCH: UnevenSpans = UnevenSpans {
 
 /// The end-to-end test's: behaviour, not figures (those are the
 /// simulator's, `tests/sim/tests/fleet_shares.rs`, and the bench's).
+/// After the kill as long as the bench: the use after it is measured
+/// from a quarter of that past the admin's moving the share, over a
+/// window that holds the dead Envoy's lease running out. (With 2 s, the
+/// window was the 1.5 s from half a second after the move: a clean run
+/// of 21304d7, run alone, saw 81 % there, what the survivors used
+/// before the kill: their larger shares had not yet taken effect.)
 pub const UNEVEN_E2E: UnevenSpans = UnevenSpans {
     steady: (Duration::from_secs(3), Duration::from_secs(6)),
-    after_kill: Duration::from_secs(2),
+    after_kill: Duration::from_secs(4),
 };
 
 /// Targets (issue 19): of the global limit, what reaches the provider.
