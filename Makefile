@@ -235,7 +235,10 @@ setup-compose: $(ENVOY)
 # need, then the demo API and the filter from the cache. Two stages at a
 # time (`podman build --jobs 2`), as BuildKit builds them for `docker
 # compose`: the web stage's wasm-bindgen install and fat-LTO tails on one
-# core beside the static build. With the OCI
+# core beside the static build (the admin service's build, every stage
+# made again: 458 s, against 699 s a stage at a time with about 45 s of
+# another build beside it; `make compose-test` 553 s in all, on this
+# machine otherwise idle, 2026-12-02). With the OCI
 # images `make images` packs (their suite, `images`, reads them back)
 # around the static admin that build made: the same `make static-bins`,
 # a release build for musl, not made a second time here.
