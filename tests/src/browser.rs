@@ -18,6 +18,11 @@ pub struct Browser {
     driver: Child,
     /// Set once stopped: the group's id may then belong to someone else.
     stopped: bool,
+    /// Chromium's and chromedriver's TMPDIR, removed once they are
+    /// stopped: killed, Chromium leaves its profile and singleton
+    /// directories behind (hundreds of `org.chromium.Chromium.*` in /tmp
+    /// after a few runs of the suites).
+    _scratch: tempfile::TempDir,
 }
 
 impl Browser {
@@ -36,10 +41,12 @@ impl Browser {
 
     pub async fn start() -> anyhow::Result<Self> {
         let port = free_port()?;
-        let driver = Command::new(
+        let scratch = tempfile::tempdir().context("a scratch directory for Chromium")?;
+        let mut driver = Command::new(
             std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into()),
         )
         .arg(format!("--port={port}"))
+        .env("TMPDIR", scratch.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         // A group of its own, with the Chromium it starts: a test that
@@ -65,7 +72,10 @@ impl Browser {
                 .await
             {
                 Ok(c) => break c,
-                Err(e) if Instant::now() > deadline => bail!("no WebDriver session: {e}"),
+                Err(e) if Instant::now() > deadline => {
+                    stop_group(&mut driver);
+                    bail!("no WebDriver session: {e}")
+                }
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         };
@@ -73,6 +83,7 @@ impl Browser {
             client,
             driver,
             stopped: false,
+            _scratch: scratch,
         })
     }
 
@@ -235,12 +246,18 @@ impl Browser {
         if std::mem::replace(&mut self.stopped, true) {
             return;
         }
-        if let Ok(pid) = i32::try_from(self.driver.id()) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+        stop_group(&mut self.driver);
     }
+}
+
+/// Stops chromedriver and every browser process it started (its process
+/// group).
+fn stop_group(driver: &mut Child) {
+    if let Ok(pid) = i32::try_from(driver.id()) {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let _ = driver.kill();
+    let _ = driver.wait();
 }
 
 impl Drop for Browser {
