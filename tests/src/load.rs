@@ -46,8 +46,7 @@ pub async fn closed_loop<F>(clients: usize, duration: Duration, build: F) -> Vec
 where
     F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
 {
-    let start = Instant::now();
-    closed_loop_while(clients, move || start.elapsed() < duration, build).await
+    closed_loop_while(clients, move |ran| ran < duration, build).await
 }
 
 /// [`closed_loop`] until `stop` is set: for a test that reads what the
@@ -56,12 +55,13 @@ pub async fn closed_loop_until<F>(clients: usize, stop: Arc<AtomicBool>, build: 
 where
     F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
 {
-    closed_loop_while(clients, move || !stop.load(Ordering::SeqCst), build).await
+    closed_loop_while(clients, move |_| !stop.load(Ordering::SeqCst), build).await
 }
 
+/// Each client sends while `going(time since the load began)` says so.
 async fn closed_loop_while<G, F>(clients: usize, going: G, build: F) -> Vec<Outcome>
 where
-    G: Fn() -> bool + Send + Sync + 'static,
+    G: Fn(Duration) -> bool + Send + Sync + 'static,
     F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
 {
     let (going, build) = (Arc::new(going), Arc::new(build));
@@ -72,7 +72,7 @@ where
         let http = client();
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
-            while going() {
+            while going(start.elapsed()) {
                 let outcome = send(build(&http, i), start).await;
                 if outcome.status == 429 {
                     tokio::time::sleep(PAUSE_AFTER_REFUSAL).await;

@@ -309,15 +309,12 @@ async fn fleet_view_shows_each_envoys_share_and_use() -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Uneven: the busy Envoy is offered twice the limit, the quiet one 10/s.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let load = load::paced_through(&envoys, &[("busy", 200), ("quiet", 10)], &stop);
 
     let browser = Browser::start().await?;
+    browser.log_in(&admin.base(), "").await?;
     let c = &browser.client;
-    c.goto(&admin.base()).await?;
-    browser.fill("#password", PASSWORD).await?;
-    browser.click("#login-button").await?;
-    browser.text("#policies").await?;
     // The policies page marks the policy global and links to its view.
     browser
         .wait_text(
