@@ -166,6 +166,42 @@ fn news_from_the_admin_pauses_a_shared_limit_here_for_what_is_left() {
     assert_eq!(host.metric("sluice.limit.provider-rate.paused"), 1);
 }
 
+/// The admin relays a running pause at every sync, and an answer that
+/// took longer on its way says it ends later: one pause, counted once,
+/// held to the later end.
+#[test]
+fn a_relayed_pause_that_grows_is_counted_once() {
+    let host = FakeHost::at(T0);
+    let mut w = syncing(&host, SHARED);
+    let mut first = None;
+    relay_then(&host, &mut w, |ms| {
+        first = Some(ms);
+        br#"{"provider-rate": {"pause_ms": 3000, "status": 429}}"#.to_vec()
+    });
+    let first = first.expect("relayed");
+    // The next answer left the admin as early, but arrives 800 ms later
+    // than its trip should take: the same pause, ending 800 ms later.
+    relay_then(&host, &mut w, |ms| {
+        let left = 3_000 - (ms - first) + 800;
+        format!(r#"{{"provider-rate": {{"pause_ms": {left}, "status": 429}}}}"#).into_bytes()
+    });
+    let at = host.now().since(T0).as_millis() - first;
+    pass(&host, &mut w, 3_000 - at + 700);
+    assert_eq!(
+        status(&call(&host, &mut w, 1)),
+        429,
+        "held to the later end"
+    );
+    pass(&host, &mut w, 200);
+    assert_eq!(call(&host, &mut w, 2), Verdict::Continue, "over 3.8 s on");
+    assert_eq!(host.metric("sluice.limit.provider-rate.paused"), 1);
+    assert!(host
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("limit provider-rate pause extended for")));
+}
+
 #[test]
 fn a_cut_relayed_from_another_envoy_slows_this_one_once() {
     let host = FakeHost::at(T0);

@@ -399,9 +399,10 @@ fn ignored<H: Host + ?Sized>(
 }
 
 /// Writes a pause of `wait` from `now` into the limit's entry, for every
-/// worker to read, with a log line and a stat when it begins one (`why`:
-/// the provider's answer, and whether another Envoy heard it; `capped`:
-/// the provider asked for more than `max_pause`). Returns whether it did.
+/// worker to read, with a log line when it begins or grows one and the
+/// stat `paused` when it begins one (`why`: the provider's answer, and
+/// whether another Envoy heard it; `capped`: the provider asked for more
+/// than `max_pause`). Returns whether it began or grew one.
 fn pause<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
@@ -426,10 +427,21 @@ fn pause<H: Host + ?Sized>(
             (began, changed)
         });
     // A failed write is counted and logged by the store: no pause then.
-    let Ok(Some(until)) = began else {
+    let Ok(Some(set)) = began else {
         return false;
     };
-    ctx.metrics.add_limit(&limit.name, LimitCounter::Paused, 1);
+    // Counted once a pause: relayed news arrives again at every sync, a
+    // trip that took longer moving its end later (a loaded machine's
+    // sync answer half a second late grew one by more than RELAY_SLACK,
+    // and `paused` said 2 for one pause).
+    if set.began {
+        ctx.metrics.add_limit(&limit.name, LimitCounter::Paused, 1);
+    }
+    let grew = if set.began {
+        "paused"
+    } else {
+        "pause extended"
+    };
     let whose = if key.is_some() { " for this key" } else { "" };
     let cap = if capped { " (cut to max_pause)" } else { "" };
     let status = match why.status {
@@ -448,9 +460,9 @@ fn pause<H: Host + ?Sized>(
     host.log(
         Level::Warn,
         &format!(
-            "sluice: limit {} paused{whose} for {} ms{cap}: {heard}",
+            "sluice: limit {} {grew}{whose} for {} ms{cap}: {heard}",
             limit.name,
-            until.since(now).as_millis(),
+            set.until.since(now).as_millis(),
         ),
     );
     true

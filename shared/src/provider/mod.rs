@@ -17,7 +17,7 @@ pub use adaptive::{Adaptive, AdaptiveLimit, Heard, Throttle};
 
 pub use counts::{CountSource, Reading};
 pub use relayed::RelayedStretch;
-pub use table::{Allowed, Count, PauseWhy, ProviderTable, Row, RowState, CLOCK_SKEW};
+pub use table::{Allowed, Count, PauseSet, PauseWhy, ProviderTable, Row, RowState, CLOCK_SKEW};
 
 use thiserror::Error;
 

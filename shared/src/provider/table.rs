@@ -75,6 +75,16 @@ pub struct ProviderTable {
 /// was written by no worker and is ignored.
 pub const CLOCK_SKEW: Span = Span::from_secs(1);
 
+/// A pause that began or grew: when it ends now, and whether it began
+/// (none was running) rather than grew. A pause that grows is the same
+/// pause: the provider refused again while it ran, or the admin relayed
+/// it again with a later end (the sync's trip took longer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PauseSet {
+    pub until: Instant,
+    pub began: bool,
+}
+
 /// Why a limit was paused: the provider's status on the answer that
 /// asked for it, and whether another Envoy saw that answer (relayed by
 /// the admin in fleet mode).
@@ -302,26 +312,32 @@ impl ProviderTable {
     /// A provider answered `why.status` with a wait of `wait` at `now`:
     /// this Envoy's own, or another's relayed by the admin
     /// (`why.relayed`; `max_pause` and `slack` are for relayed news, see
-    /// `pause_relayed`). Returns whether the table changed, and
-    /// the pause's end when one began or grew.
+    /// `pause_relayed`). Returns whether the table changed, and what
+    /// became of the pause when one began or grew.
     pub fn hear_pause(
         &mut self,
         owner: u64,
         (now, wait): (Instant, Span),
         why: PauseWhy,
         (max_pause, slack): (Span, Span),
-    ) -> (bool, Option<Instant>) {
+    ) -> (bool, Option<PauseSet>) {
         if why.relayed {
             self.pause_relayed(owner, (now, wait), why.status, (max_pause, slack))
         } else {
-            let began = self.pause_here(owner, now, wait, why);
-            (began, began.then(|| now + wait))
+            let set = self.pause_here(owner, now, wait, why);
+            (set.is_some(), set)
         }
     }
 
     /// This Envoy's provider paused `owner`: a pause already running
-    /// longer is kept. Returns whether the table changed.
-    fn pause_here(&mut self, owner: u64, now: Instant, wait: Span, why: PauseWhy) -> bool {
+    /// longer is kept. Returns what became of the pause, if it changed.
+    fn pause_here(
+        &mut self,
+        owner: u64,
+        now: Instant,
+        wait: Span,
+        why: PauseWhy,
+    ) -> Option<PauseSet> {
         let until = now + wait;
         let row = self.row_mut(owner, now);
         let running = row.pause_until > now && row.pause_since <= now + CLOCK_SKEW;
@@ -330,12 +346,15 @@ impl ProviderTable {
             row.relayed.reset();
         }
         if running && row.pause_until >= until {
-            return false;
+            return None;
         }
         row.pause_since = now;
         row.pause_until = until;
         row.pause_why = why;
-        true
+        Some(PauseSet {
+            until,
+            began: !running,
+        })
     }
 
     /// The admin relayed that another Envoy's provider paused `owner` for
@@ -343,15 +362,15 @@ impl ProviderTable {
     /// of such news allows ([`RelayedStretch`]); a pause already running
     /// keeps its start, so `max_pause` counts from it. A pause running
     /// to within `slack` of the news' end is the same pause. Returns
-    /// whether the table changed, and the pause's end when one began or
-    /// grew.
+    /// whether the table changed, and what became of the pause when one
+    /// began or grew.
     fn pause_relayed(
         &mut self,
         owner: u64,
         (now, wait): (Instant, Span),
         status: u16,
         (max_pause, slack): (Span, Span),
-    ) -> (bool, Option<Instant>) {
+    ) -> (bool, Option<PauseSet>) {
         let running = self.paused_until(owner, now, max_pause);
         let row = self.row_mut(owner, now);
         let before = row.relayed;
@@ -371,7 +390,13 @@ impl ProviderTable {
             status,
             relayed: true,
         };
-        (true, Some(until))
+        (
+            true,
+            Some(PauseSet {
+                until,
+                began: running.is_none(),
+            }),
+        )
     }
 
     /// A provider refused a call at `at` (by this Envoy's clock;
@@ -781,7 +806,11 @@ mod tests {
             relayed: true,
         };
         let heard = table.hear_pause(0, (NOW, Span::from_secs(3)), why, (CAP, Span::ZERO));
-        assert_eq!(heard, (true, Some(NOW + Span::from_secs(3))));
+        let began = PauseSet {
+            until: NOW + Span::from_secs(3),
+            began: true,
+        };
+        assert_eq!(heard, (true, Some(began)));
         let Allowed::Yes { admitted } = table.admit(0, NOW, 1, None) else {
             panic!()
         };
