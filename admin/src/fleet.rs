@@ -158,6 +158,14 @@ impl Ledgers {
         Self::in_kv(Kv::redis(connection, LEDGER_PREFIX))
     }
 
+    /// Every ledger kept in memory gone, as a Redis restarted without
+    /// persistence (or failed over to a replica that had not got them)
+    /// leaves those in it: the simulator's fault. This process still
+    /// knows which it wrote, so it learns shares back from the syncs.
+    pub fn forget_all(&self) {
+        self.ledgers.forget_memory();
+    }
+
     /// Now, on the clock leases are measured on.
     pub fn now(&self) -> Instant {
         self.clock.now()

@@ -231,6 +231,15 @@ impl Kv {
         }
     }
 
+    /// Forgets every value held in this process's memory, as a Redis
+    /// restarted without persistence forgets its own (the simulator's
+    /// fault; nothing in Redis is touched).
+    pub fn forget_memory(&self) {
+        if let Backend::Memory(memory) = &self.backend {
+            lock(memory).values.clear();
+        }
+    }
+
     /// Values held in this process's memory now (0 in Redis).
     pub fn len(&self) -> usize {
         match &self.backend {

@@ -21,6 +21,9 @@ const EPOCH: u64 = 1;
 
 pub struct SimAdmin {
     ledgers: Ledgers,
+    /// The ledgers' store (Redis) answers: while it does not, syncs get
+    /// no shares, as the endpoint answers a sync whose ledgers fail.
+    ledgers_up: bool,
     relay: ProviderRelay,
     set: PolicySet,
     /// The ledgers' and relay's calls are async (Redis in production);
@@ -58,6 +61,7 @@ impl SimAdmin {
             .map_err(|e| e.to_string())?;
         Ok(Self {
             ledgers: Ledgers::default().with_secret(secret),
+            ledgers_up: true,
             relay: ProviderRelay::default(),
             set,
             runtime,
@@ -93,7 +97,15 @@ impl SimAdmin {
                 .news_for(&report, set, now_ms)
                 .await
                 .unwrap_or_default();
-            let (shares, freed, error) = match self.ledgers.shares_at(set, &report, now).await {
+            let shares = if self.ledgers_up {
+                self.ledgers
+                    .shares_at(set, &report, now)
+                    .await
+                    .map_err(|e| e.to_string())
+            } else {
+                Err("the ledgers' store is down".to_string())
+            };
+            let (shares, freed, error) = match shares {
                 Ok(shares) => (shares.message, shares.freed, None),
                 Err(e) => (
                     SharesMessage::new(),
@@ -121,10 +133,22 @@ impl SimAdmin {
         })
     }
 
+    /// The ledgers' store stops answering (down), or answers again
+    /// (back, empty: a Redis restarted without persistence).
+    pub fn set_ledgers_up(&mut self, up: bool) {
+        if up && !self.ledgers_up {
+            self.ledgers.forget_all();
+        }
+        self.ledgers_up = up;
+    }
+
     /// The global limits whose ledger is recovering now (a share it did
     /// not know was claimed, or nobody synced for a lease): nobody's share
     /// grows until it ends.
     pub fn recovering(&self, now: Instant) -> Vec<String> {
+        if !self.ledgers_up {
+            return Vec::new();
+        }
         self.runtime
             .block_on(self.ledgers.views_at(&self.set, now))
             .unwrap_or_default()
@@ -137,6 +161,9 @@ impl SimAdmin {
     /// `instance`'s connections to the admin closed (its process died):
     /// the ledgers give its share away if it does not sync again soon.
     pub fn departed(&self, instance: &str, now: Instant) {
+        if !self.ledgers_up {
+            return;
+        }
         let _ = self
             .runtime
             .block_on(self.ledgers.departed_at(&self.set, instance, now));

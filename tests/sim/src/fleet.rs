@@ -309,6 +309,17 @@ impl Network {
         carried
     }
 
+    /// The admin's ledger store (Redis) goes down, or comes back empty.
+    pub fn set_ledgers_up(&mut self, up: bool) -> Carried {
+        self.admin.set_ledgers_up(up);
+        let mut carried = Carried::default();
+        carried.notes.push(format!(
+            "the admin's ledgers {}",
+            if up { "back, empty" } else { "down" }
+        ));
+        carried
+    }
+
     /// Envoy `envoy` died: it holds nothing any more, and the close of its
     /// connections travels to the admin.
     pub fn envoy_died(

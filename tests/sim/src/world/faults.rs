@@ -1,5 +1,6 @@
 //! Faults a run injects by seed: Envoys killed or paused, the admin
-//! down or stalled (shared-data write failures are the host's).
+//! down or stalled, its ledgers lost (shared-data write failures are the
+//! host's).
 
 use sluice_shared::time::{Instant, Span};
 
@@ -26,6 +27,10 @@ pub struct Faults {
     /// held watches are answered late; Envoys give up on their calls at
     /// their timeouts; when it goes on, its clock has moved on.
     pub admin_stalls: Vec<(Span, Span)>,
+    /// The admin's ledger store (Redis) down from this long into the run
+    /// for so long, then back empty (no persistence): syncs meanwhile get
+    /// no shares, and every lease it knew is gone.
+    pub ledger_losses: Vec<(Span, Span)>,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -82,6 +82,9 @@ enum Event {
     AdminStall {
         lasting: Span,
     },
+    Ledgers {
+        up: bool,
+    },
 }
 
 struct Connection {
@@ -179,6 +182,10 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
     }
     for (from, lasting) in &scenario.faults.admin_stalls {
         world.schedule(start + *from, Event::AdminStall { lasting: *lasting });
+    }
+    for (from, span) in &scenario.faults.ledger_losses {
+        world.schedule(start + *from, Event::Ledgers { up: false });
+        world.schedule(start + *from + *span, Event::Ledgers { up: true });
     }
     let end = start + scenario.duration + DRAIN;
     while let Some(((at, _), event)) = world.events.pop_first() {
@@ -428,6 +435,12 @@ impl World {
             Event::Admin { up } => {
                 if let Some(network) = self.network.as_mut() {
                     let carried = network.set_admin_up(up, now);
+                    self.carried(now, carried);
+                }
+            }
+            Event::Ledgers { up } => {
+                if let Some(network) = self.network.as_mut() {
+                    let carried = network.set_ledgers_up(up);
                     self.carried(now, carried);
                 }
             }
