@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sluice_demo::mock::{MockApi, MockLimits};
-use sluice_e2e::admin::{AdminProcess, AdminServer};
+use sluice_e2e::admin::AdminProcess;
 use sluice_e2e::envoy::{free_port, Envoy};
 use sluice_e2e::fleet::{
     self, busiest_second, finish, global_policy, most_in_any_second, most_the_provider_counted,
@@ -582,7 +582,7 @@ async fn replicas_reach_postgres_and_redis_over_tls_with_the_ca_checked() -> any
 async fn a_call_costing_more_than_an_envoys_share_holds_is_refused_with_the_reason(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let admin = AdminProcess::start_in(dir.path(), &[]).await?;
     let op = admin.login().await?;
     op.create(
         json!({"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
@@ -655,7 +655,7 @@ async fn a_call_costing_more_than_an_envoys_share_holds_is_refused_with_the_reas
 async fn a_per_key_limit_and_a_fleet_wide_limit_hold_on_the_same_calls() -> anyhow::Result<()> {
     const FLEET_RPS: f64 = 120.0;
     let dir = tempfile::tempdir()?;
-    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let admin = AdminProcess::start_in(dir.path(), &[]).await?;
     let op = admin.login().await?;
     op.create(json!({"name": "llm", "match": {"host": "api.llm.example"},
         "key": {"header": "x-api-key"}, "rate": {"requests": 100, "period": "1s", "burst": 5},

@@ -576,15 +576,18 @@ fn east_and_west(calls: &[Outcome], from: Duration, to: Duration) -> (u32, u32) 
 /// (4 workers) and b (2). The route does not retry, so a refusal reaches
 /// Sluice.
 async fn fleet_pool() -> anyhow::Result<(
-    sluice_e2e::admin::AdminServer,
+    sluice_e2e::admin::AdminProcess,
     (tempfile::TempDir, MockApi, MockApi),
     Envoy,
     Envoy,
 )> {
-    use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
+    use sluice_e2e::admin::{AdminProcess, SYNC_TOKEN};
 
     let dir = tempfile::tempdir()?;
-    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    // The admin as its own process, as an operator runs it, not in the
+    // test's runtime beside the load (where a loaded machine delayed its
+    // answers by seconds: provider_signals' fleet pause).
+    let admin = AdminProcess::start_in(dir.path(), &[]).await?;
     let op = admin.login().await?;
     let global = |name: &str| {
         serde_json::json!({"name": name, "cluster": format!("llm-{name}"),
