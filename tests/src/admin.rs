@@ -16,6 +16,11 @@ use tokio::sync::oneshot;
 pub const PASSWORD: &str = "e2e-password";
 pub const SYNC_TOKEN: &str = "e2e-sync-token-0123456789abcdef-0123456789";
 
+/// The admin served from the test's own tokio runtime: quick to start,
+/// for tests that put no load beside it. A test whose load shares that
+/// runtime, and whose figures depend on the admin answering in time,
+/// runs [`AdminProcess`] instead (on a loaded machine the load's busy
+/// connections delayed this one's sync answers by over a second).
 pub struct AdminServer {
     pub port: u16,
     pub db: PathBuf,
