@@ -98,20 +98,6 @@ pub fn most_in_any_second(mock: &MockApi) -> usize {
     busiest_second(mock).0
 }
 
-/// The most calls the provider saw in one of its calendar seconds (what
-/// it limits: a sliding second may hold the end of one and the start of
-/// the next), and the most it had in flight at once.
-pub fn most_the_provider_counted(mock: &MockApi) -> (usize, u64) {
-    let mut by_second = BTreeMap::<u64, usize>::new();
-    for a in mock.arrivals() {
-        *by_second.entry(a.second).or_default() += 1;
-    }
-    (
-        by_second.values().copied().max().unwrap_or(0),
-        mock.max_in_flight(),
-    )
-}
-
 /// The most calls the provider saw in any second, when that second began
 /// (from the mock's reset), and how many of them each instance sent.
 pub fn busiest_second(mock: &MockApi) -> (usize, Duration, BTreeMap<String, usize>) {

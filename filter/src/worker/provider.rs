@@ -437,7 +437,7 @@ fn pause<H: Host + ?Sized>(
     if set.began {
         ctx.metrics.add_limit(&limit.name, LimitCounter::Paused, 1);
     }
-    let grew = if set.began {
+    let what = if set.began {
         "paused"
     } else {
         "pause extended"
@@ -460,7 +460,7 @@ fn pause<H: Host + ?Sized>(
     host.log(
         Level::Warn,
         &format!(
-            "sluice: limit {} {grew}{whose} for {} ms{cap}: {heard}",
+            "sluice: limit {} {what}{whose} for {} ms{cap}: {heard}",
             limit.name,
             set.until.since(now).as_millis(),
         ),

@@ -309,10 +309,11 @@ fn a_dead_envoys_share_moves_and_comes_back() {
 }
 
 /// Uneven load over 2-4 Envoys with the admin out of their reach for
-/// `lasting` from 4 s on (`fault` says how), until `end`: the shares never
-/// add up past the limit, the provider refuses nothing, and 98 % of the
-/// limit is used from `settling` after (the Envoys' backoff of up to 5 s
-/// when their syncs failed, the ledger's recovery of 4.5 s) and two syncs.
+/// `lasting` from 4 s on (`fault` sets it, and may change the policy and
+/// the provider with it), until `end`: the shares never add up past the
+/// limit, the provider refuses nothing, and 98 % of the limit is used
+/// from `settling` after (the Envoys' backoff of up to 5 s when their
+/// syncs failed, the ledger's recovery of 4.5 s) and two syncs.
 fn shares_come_back_after_the_admin(
     seed: u64,
     (lasting, settling, end): (Span, u64, u64),
