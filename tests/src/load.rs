@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderMap;
+use sluice_demo::mock::Arrival;
 
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -152,6 +153,25 @@ pub async fn send(request: reqwest::RequestBuilder, origin: Instant) -> Outcome 
 
 pub fn count(outcomes: &[Outcome], status: u16) -> usize {
     outcomes.iter().filter(|o| o.status == status).count()
+}
+
+/// What a provider that counts calendar seconds of its own clock saw: its
+/// calls in each wall-clock second from the first call's to the last's.
+/// (The seconds since the mock's reset are not the provider's: a limit of
+/// 20 per calendar second can be broken in a wall-clock second that no
+/// relative second holds whole.)
+pub fn per_calendar_second(arrivals: &[Arrival]) -> Vec<usize> {
+    let (Some(first), Some(last)) = (
+        arrivals.iter().map(|a| a.second).min(),
+        arrivals.iter().map(|a| a.second).max(),
+    ) else {
+        return Vec::new();
+    };
+    let mut counts = vec![0; (last - first + 1) as usize];
+    for a in arrivals {
+        counts[(a.second - first) as usize] += 1;
+    }
+    counts
 }
 
 /// The most events in any window of `window` over sorted instants.
