@@ -81,6 +81,11 @@ pub struct Metrics {
     /// A further limit's deltas, kept until they go into the shared sync
     /// report.
     unreported_limits: BTreeMap<String, LimitCounters>,
+    /// Nothing counted since the last flush, which defined every series:
+    /// a worker with a queue ticks each millisecond, mostly with nothing
+    /// to send, and walking every series' stats then was 6 % of a queued
+    /// run in the simulator.
+    flushed: bool,
 }
 
 /// Where the filter's own stats are named: `sluice.<stat>`.
@@ -175,6 +180,8 @@ impl Metrics {
         }
         let series = PolicySeries(self.policies.len());
         self.policies.push((policy.to_string(), Series::default()));
+        // Defined at the next flush.
+        self.flushed = false;
         self.policy_series.insert(policy.to_string(), series);
         series
     }
@@ -187,6 +194,7 @@ impl Metrics {
             series.unreported.add(stat, delta);
         }
         series.pending.add(stat, delta);
+        self.flushed &= delta == 0;
     }
 
     pub fn add_limit(&mut self, limit: &str, stat: LimitCounter, delta: i64) {
@@ -205,13 +213,19 @@ impl Metrics {
         }
         let series = match self.limits.get_mut(limit) {
             Some(s) => s,
-            None => self.limits.entry(limit.to_string()).or_default(),
+            None => {
+                // Defined at the next flush.
+                self.flushed = false;
+                self.limits.entry(limit.to_string()).or_default()
+            }
         };
         series.pending.add(stat, delta);
+        self.flushed &= delta == 0;
     }
 
     pub fn add_filter(&mut self, stat: FilterCounter, delta: i64) {
         self.filter.pending.add(stat, delta);
+        self.flushed &= delta == 0;
     }
 
     /// Defines a policy's stats up front, so they show (at 0) before the
@@ -226,6 +240,10 @@ impl Metrics {
 
     /// Sends every pending delta to Envoy.
     pub fn flush<H: Host + ?Sized>(&mut self, host: &H) {
+        if self.flushed {
+            return;
+        }
+        self.flushed = true;
         for (policy, series) in &mut self.policies {
             series.define(host, || policy_prefix(policy));
             series.send(host);
@@ -304,5 +322,52 @@ mod family_tests {
         );
         assert_eq!(StatFamily::of("other.x"), None);
         assert!(filter_stats().all(|(name, _)| StatFamily::of(&name) == Some(StatFamily::Filter)));
+    }
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use super::*;
+    use crate::testing::FakeHost;
+    use sluice_shared::time::Instant;
+
+    /// A flush with nothing counted since the last skips the series (and
+    /// makes no host call); a count, a new policy's series or a new
+    /// limit's after it still reaches Envoy at the next flush.
+    #[test]
+    fn what_is_counted_after_a_quiet_flush_is_still_sent() {
+        let host = FakeHost::at(Instant::from_millis(1_000));
+        let mut metrics = Metrics::default();
+        metrics.flush(&host);
+        let defined = host.host_calls_made();
+        assert!(defined > 0, "the first flush defines the filter's stats");
+        metrics.add_filter(FilterCounter::CasRetries, 0);
+        metrics.flush(&host);
+        assert_eq!(host.host_calls_made(), defined, "nothing new: no host call");
+
+        metrics.add("bank", PolicyCounter::Admitted, 2);
+        metrics.flush(&host);
+        assert_eq!(host.metric("sluice.policy.bank.admitted"), 2);
+        let defines = || host.host_calls_of("define_counter");
+        let before = defines();
+        let series = metrics.series_of("fx");
+        metrics.flush(&host);
+        assert!(
+            defines() > before,
+            "a new policy's series, defined at the next flush"
+        );
+        let before = host.host_calls_made();
+        metrics.flush(&host);
+        assert_eq!(host.host_calls_made(), before);
+        metrics.add_to(series, PolicyCounter::Admitted, 1);
+        metrics.flush(&host);
+        assert_eq!(host.metric("sluice.policy.fx.admitted"), 1);
+        let before = defines();
+        metrics.add_limit("rpm", LimitCounter::Admitted, 0);
+        metrics.flush(&host);
+        assert!(
+            defines() > before,
+            "a new limit's series, defined at the next flush"
+        );
     }
 }

@@ -89,10 +89,14 @@ impl HeadHolds {
         );
     }
 
-    /// Drops the holds of buckets nobody of this worker waits in.
-    fn keep_only(&mut self, waiting: &BTreeMap<Arc<str>, Vec<u32>>) {
-        self.0
-            .retain(|bucket, _| waiting.contains_key(bucket.as_str()));
+    /// Drops the holds of buckets nobody of this worker waits in
+    /// (`waiting` in the buckets' order, as `Streams::waiting_by_bucket`).
+    fn keep_only(&mut self, waiting: &[(Arc<str>, Vec<u32>)]) {
+        self.0.retain(|bucket, _| {
+            waiting
+                .binary_search_by(|(b, _)| (**b).cmp(bucket.as_str()))
+                .is_ok()
+        });
     }
 }
 
