@@ -378,7 +378,7 @@ sim:
 
 # The real Envoy (from .venv) with the real filter, every suite but those
 # `make compose-test` runs, by cargo-nextest (.config/nextest.toml, profile
-# e2e): each test its own process, in six slots weighed by how busy
+# e2e): each test its own process, in four slots weighed by how busy
 # each test keeps the cores, each test's output printed as it ends. One
 # suite or a few: `make e2e E2E_TESTS="--test faults"` (any
 # cargo-nextest arguments: `--test faults -j 1 a_name`), or a filterset:
