@@ -166,8 +166,7 @@ impl Streams {
     /// Waiting streams, grouped by bucket, in the buckets' order. Every
     /// tick of a worker with a queue asks (each millisecond): one bucket
     /// name shared per group, where a map of groups cost a node and a
-    /// reference count per waiter (a third of a queued run's ticks in the
-    /// simulator).
+    /// reference count per waiter.
     pub fn waiting_by_bucket(&self) -> Vec<(Arc<str>, Vec<u32>)> {
         let mut group_of: FxHashMap<&str, usize> = FxHashMap::default();
         let mut groups: Vec<(Arc<str>, Vec<u32>)> = Vec::new();
