@@ -266,9 +266,10 @@ async fn queued_calls_wait_for_every_limit_and_leave_holding_all_of_them() -> an
     }
     let took = origin.elapsed();
     settle().await;
-    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let arrived = mock.arrivals();
+    let arrivals: Vec<Duration> = arrived.iter().map(|a| a.at).collect();
     let most_1s = max_in_window(&arrivals, Duration::from_secs(1));
-    let busiest = load::per_calendar_second(&mock.arrivals())
+    let busiest = load::per_calendar_second(&arrived)
         .into_iter()
         .max()
         .unwrap_or(0);
