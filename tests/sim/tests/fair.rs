@@ -14,11 +14,48 @@ const FAIR: &str = r#"{"version": 1, "policies": [
      "fair": {"key": {"header": "x-tenant"}, "weights": {"a": 1, "b": 1}}}]}"#;
 
 fn quiet_beside_greedy(seed: u64) -> Scenario {
-    // The seed picks the workers and the quiet tenant's burst: 2 to 4
-    // calls at once, of the limit's burst of 5 (a tenant that sends the
-    // whole burst at once would keep it from the other however quiet).
-    let workers = 1 + (seed % 4) as usize;
+    beside_greedy(seed, quiet(seed))
+}
+
+/// The quiet tenant of [`a_quiet_tenant_under_its_part_gets_all_it_asks`]:
+/// 20 a second, 2 to 4 calls at once.
+fn quiet(seed: u64) -> Caller {
+    // The seed picks the quiet tenant's burst: 2 to 4 calls at once, of
+    // the limit's burst of 5 (a tenant that sends the whole burst at once
+    // would keep it from the other however quiet).
     let burst = 2 + (seed / 4 % 3) as usize;
+    Caller {
+        tenant: "b".into(),
+        host: "api.llm.example".into(),
+        connections: burst,
+        // 20 a second in all, `burst` at a time.
+        shape: Shape::Paced {
+            every: Span::from_millis(1000 * burst as u64 / 20),
+        },
+        llm: None,
+        envoy: 0,
+        active: Vec::new(),
+    }
+}
+
+/// A tenant calling now and then: one call every 250 ms to 2.5 s (by
+/// seed), more than two of the fair table's windows apart, so that each
+/// finds its entry gone and comes as a newcomer.
+fn now_and_then(seed: u64) -> Caller {
+    let every = [250, 400, 777, 1_000, 2_500][(seed / 4 % 5) as usize];
+    Caller {
+        connections: 1,
+        shape: Shape::Paced {
+            every: Span::from_millis(every),
+        },
+        ..quiet(seed)
+    }
+}
+
+/// Tenant a greedy (the seed picks its connections and how soon each
+/// tries again, and Envoy's workers) beside tenant `b`.
+fn beside_greedy(seed: u64, b: Caller) -> Scenario {
+    let workers = 1 + (seed % 4) as usize;
     // The greedy tenant's connections and how soon each tries again.
     let greedy = [2, 4, 8, 24][(seed / 12 % 4) as usize];
     let backoff = Span::from_millis(10 + seed / 48 % 4 * 10);
@@ -39,18 +76,7 @@ fn quiet_beside_greedy(seed: u64) -> Scenario {
                 envoy: 0,
                 active: Vec::new(),
             },
-            Caller {
-                tenant: "b".into(),
-                host: "api.llm.example".into(),
-                connections: burst,
-                // 20 a second in all, `burst` at a time.
-                shape: Shape::Paced {
-                    every: Span::from_millis(1000 * burst as u64 / 20),
-                },
-                llm: None,
-                envoy: 0,
-                active: Vec::new(),
-            },
+            b,
         ],
         duration: Span::from_secs(6),
         faults: Faults::default(),
@@ -98,5 +124,48 @@ fn a_quiet_tenant_under_its_part_gets_all_it_asks() {
             }
             Ok(outcome)
         },
+    );
+}
+
+/// Runs a tenant calling now and then beside a greedy one; fails when
+/// the tenant was refused more than `most_refused` calls after the run's
+/// first second, or the provider refused any.
+fn now_and_then_holds(seed: u64, most_refused: u64) -> Result<sluice_sim::world::Outcome, Failure> {
+    let outcome = run(&beside_greedy(seed, now_and_then(seed)), seed).map_err(|e| panic!("{e}"))?;
+    // After the first second: at the start the greedy tenant, under the
+    // limit alone, may hold the whole burst in its part and be draining
+    // it (seed 725: b's second call, at 0.63 s).
+    let b = outcome.trace.tenant("b", 1, 6);
+    let refused: u64 = b.refused.values().sum();
+    if refused > most_refused || b.sent == 0 {
+        let why = format!(
+            "b sent {} and was refused {refused} ({:?})",
+            b.sent, b.refused
+        );
+        return Err(Failure::new(outcome, why));
+    }
+    if outcome.provider.refused() > 0 {
+        let why = format!("the provider refused {}", outcome.provider.refused());
+        return Err(Failure::new(outcome, why));
+    }
+    Ok(outcome)
+}
+
+/// The bound the fair property asks for: a tenant calling once every 250
+/// ms to 2.5 s beside a greedy one gets every call. It does not: each of
+/// its calls comes as a newcomer to the fair table (its entry gone after
+/// two empty windows), the greedy tenant drains its part and the pool as
+/// they fill, and nothing is left for the newcomer. At 40 seeds of each
+/// pace (2026-12-02): one call a second refused 160 of 160, every 400 ms
+/// 307 of 400, every 250 ms 171 of 640, every 150 ms none. Branch
+/// `wip/fair-newcomer-reserve` keeps a token for newcomers and lets them
+/// take from busy keys' parts: none refused at 1 000 seeds, but a few
+/// seeds of 10 000 still lose one or two calls (340, 3032, 8403).
+#[test]
+#[ignore = "issue 50: a tenant calling now and then beside a greedy one is refused (every call at one a second); run with --ignored"]
+fn a_tenant_calling_now_and_then_gets_every_call() {
+    for_seeds(
+        "fair::a_tenant_calling_now_and_then_gets_every_call",
+        |seed| now_and_then_holds(seed, 0),
     );
 }
