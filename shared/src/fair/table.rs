@@ -15,6 +15,14 @@
 //!   own tokens takes from the pool: work-conserving whatever the
 //!   headroom, and a key new to the table is served at once. All parts
 //!   together hold the burst at most.
+//! - One token of the burst (when the burst holds two and the quiet
+//!   keys' parts leave it) is kept for keys asking within their share: a
+//!   key new to the table or back from rest, or a quiet one. It fills
+//!   first, before the busy keys' parts, and a key asking more than its
+//!   share never takes it: a tenant calling once a second beside a greedy
+//!   one found no token anywhere (its entry gone after two empty windows,
+//!   the greedy key draining its part and the pool as they filled) and
+//!   was refused every call (`sluice-sim`'s `fair` property found it).
 //! - A key with too few tokens of its own and too few spare is refused,
 //!   with the time its share takes to bring the call's worth.
 //!
@@ -150,7 +158,10 @@ impl FairKey {
         if !self.is_quiet() {
             return own;
         }
-        let peak = i64::try_from(self.peak().min(terms.burst)).unwrap_or(i64::MAX);
+        // Within the burst less one token (the reserve's, or the busy
+        // keys' room), when the burst holds two.
+        let most = terms.burst.saturating_sub(UNIT).max(UNIT.min(terms.burst));
+        let peak = i64::try_from(self.peak().min(most)).unwrap_or(i64::MAX);
         own.max(peak)
     }
 }
@@ -162,6 +173,9 @@ pub struct FairTable {
     pub refilled_at: Instant,
     /// Spare tokens any key may take.
     pub pool: i64,
+    /// Spare tokens only a key asking within its share may take (see
+    /// [`FairTable::reserve_cap`]).
+    pub reserve: i64,
     pub keys: Vec<FairKey>,
 }
 
@@ -194,9 +208,11 @@ pub enum FairDecodeError {
     TooManyKeys(usize),
 }
 
-/// 2: each key keeps what it asked two windows back.
-const VERSION: u8 = 2;
-const HEADER_LEN: usize = 1 + 8 + 8 + 8 + 4;
+/// 3: the reserve for keys within their share. 2 (each key keeps what
+/// it asked two windows back) is read with an empty reserve.
+const VERSION: u8 = 3;
+const HEADER_LEN: usize = 1 + 8 + 8 + 8 + 8 + 4;
+const HEADER_LEN_2: usize = HEADER_LEN - 8;
 const KEY_LEN: usize = 8 * 10;
 
 impl FairTable {
@@ -210,7 +226,7 @@ impl FairTable {
     ) -> FairTake {
         self.advance(terms, now);
         let cost = cost.saturating_mul(UNIT);
-        let at = self.entry(terms, who);
+        let (at, made) = self.entry(terms, who);
         let key = &mut self.keys[at];
         key.asked = key.asked.saturating_add(cost);
         let signed = i64::try_from(cost).unwrap_or(i64::MAX);
@@ -221,12 +237,14 @@ impl FairTable {
         }
         let own = key.tokens.max(0);
         let need = signed - own;
-        if self.pool >= need {
+        if self.pool >= need || (made && self.make_room_for_newcomer(at, need)) {
+            let key = &mut self.keys[at];
             key.tokens -= own;
             key.used = key.used.saturating_add(cost);
             self.pool -= need;
             return FairTake::Spare;
         }
+        let key = &mut self.keys[at];
         // Until its part holds the call's worth, if it can hold it; else
         // until the shares are worked out again.
         let short = signed.saturating_sub(key.tokens).max(1).unsigned_abs();
@@ -244,7 +262,7 @@ impl FairTable {
     /// (as far as its part holds them).
     pub fn give_back(&mut self, terms: &FairTerms, who: FairClaimant, cost: u64, refund: bool) {
         let cost = cost.saturating_mul(UNIT);
-        let at = self.entry(terms, who);
+        let (at, _) = self.entry(terms, who);
         let key = &mut self.keys[at];
         key.used = key.used.saturating_sub(cost);
         if refund {
@@ -254,8 +272,9 @@ impl FairTable {
         }
     }
 
-    /// The entry of `who` ([`entry_of`](super::entry_of)).
-    fn entry(&mut self, terms: &FairTerms, who: FairClaimant) -> usize {
+    /// The entry of `who` ([`entry_of`](super::entry_of)), and whether it
+    /// was made now.
+    fn entry(&mut self, terms: &FairTerms, who: FairClaimant) -> (usize, bool) {
         let (at, made) = super::entry_of(&mut self.keys, terms.max_keys, who);
         if made {
             // A newcomer gets its share now, not at the window's end: its
@@ -264,7 +283,66 @@ impl FairTable {
             // pool).
             self.share_out(terms);
         }
-        at
+        (at, made)
+    }
+
+    /// A key new to the table (or back from rest) needs `need` more than
+    /// its part and the pool hold: the reserve kept for it, then the parts
+    /// of the keys asking more than their shares (worked out again as it
+    /// came), the fullest first, make it up in the pool, if they can. (A
+    /// busy key alone counts as quiet while it asks under the limit, and
+    /// its part holds the whole burst; a greedy one drains its part and
+    /// the pool as they fill: either way a newcomer found nothing.) Not
+    /// for a quiet key: a busy key whose asks dip under its share for a
+    /// window would drain the reserve, and a quiet key's part holds its
+    /// bursts.
+    fn make_room_for_newcomer(&mut self, at: usize, need: i64) -> bool {
+        let busy = |k: &FairKey| !k.is_quiet();
+        let spare: i64 = self
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|&(i, k)| i != at && busy(k))
+            .map(|(_, k)| k.tokens.max(0))
+            .fold(
+                self.pool.max(0).saturating_add(self.reserve.max(0)),
+                i64::saturating_add,
+            );
+        if spare < need {
+            return false;
+        }
+        let mut short = need - self.pool.max(0);
+        let from_reserve = short.min(self.reserve.max(0)).max(0);
+        (self.reserve, short) = (self.reserve - from_reserve, short - from_reserve);
+        let mut fullest: Vec<usize> = (0..self.keys.len())
+            .filter(|&i| i != at && busy(&self.keys[i]))
+            .collect();
+        fullest.sort_by_key(|&i| std::cmp::Reverse(self.keys[i].tokens));
+        for i in fullest {
+            if short <= 0 {
+                break;
+            }
+            let given = short.min(self.keys[i].tokens.max(0));
+            self.keys[i].tokens -= given;
+            short -= given;
+        }
+        // The pool now holds the call's worth.
+        self.pool = need;
+        true
+    }
+
+    /// What the reserve holds at most, with `held` already held by the
+    /// quiet keys' parts: one token, leaving one of the burst for the
+    /// `busy` keys if any (with a burst of one, keeping it would starve
+    /// them).
+    fn reserve_cap(terms: &FairTerms, held: i64, busy: bool) -> i64 {
+        let burst = i64::try_from(terms.burst).unwrap_or(i64::MAX);
+        let unit = UNIT as i64;
+        let room = if busy { unit } else { 0 };
+        burst
+            .saturating_sub(held)
+            .saturating_sub(room)
+            .clamp(0, unit)
     }
 
     /// Fills every part to `now` (what overflows to the pool), and at each
@@ -289,30 +367,93 @@ impl FairTable {
         // What no share claims fills the pool too: a key new to the table
         // (no share until the window ends) takes from it at once.
         let shared: u64 = self.keys.iter().map(|k| k.share).sum();
-        self.pool = self
-            .pool
-            .saturating_add(over(terms.capacity.saturating_sub(shared)));
+        let mut unclaimed = over(terms.capacity.saturating_sub(shared));
         let burst = i64::try_from(terms.burst).unwrap_or(i64::MAX);
-        let mut held: i64 = 0;
         // Quiet keys first: the burst each asks at once is kept for it
         // before the busy keys' parts fill (see [`FairKey::hold`]).
+        // Among quiet keys, the smallest share first: a busy key alone
+        // asking under the limit counts as quiet too, and took the room a
+        // key calling now and then kept for its next call.
         let mut order: Vec<usize> = (0..self.keys.len()).collect();
-        order.sort_by_key(|&at| !self.keys[at].is_quiet());
-        for at in order {
+        order.sort_by_key(|&at| (!self.keys[at].is_quiet(), self.keys[at].share));
+        let quiet = order
+            .iter()
+            .take_while(|&&at| self.keys[at].is_quiet())
+            .count();
+        let mut fills: Vec<i64> = self.keys.iter().map(|k| over(k.share)).collect();
+        // The reserve fills first: from what no share claims, then from
+        // the busy keys' fills, or the quiet keys' when no key is busy (a
+        // key alone claims the whole rate, and counts as quiet while it
+        // asks under it). It takes its room after the quiet keys' parts.
+        let quiet_held = order[..quiet]
+            .iter()
+            .map(|&at| {
+                let key = &self.keys[at];
+                let filled = key.tokens.saturating_add(fills[at]);
+                filled.min(key.hold(terms).max(key.tokens)).max(0)
+            })
+            .fold(0, i64::saturating_add);
+        let busy = quiet < order.len();
+        let mut wanted = self.fill_reserve(terms, quiet_held, busy, &mut unclaimed);
+        let givers = if busy { &order[quiet..] } else { &order[..] };
+        for &at in givers {
+            let given = fills[at].min(wanted).max(0);
+            (fills[at], wanted) = (fills[at] - given, wanted - given);
+            self.reserve = self.reserve.saturating_add(given);
+        }
+        let mut held: i64 = 0;
+        for (n, &at) in order.iter().enumerate() {
+            if n == quiet {
+                held = held.saturating_add(self.reserve);
+            }
             let key = &mut self.keys[at];
-            // Its own cap, within what the parts before it left of the
-            // burst (one token each may add up to more than the burst).
-            let cap = key.hold(terms).min(burst.saturating_sub(held));
-            let filled = key.tokens.saturating_add(over(key.share));
+            // Its own cap, within what the reserve and the parts before it
+            // left of the burst (one token each may add up to more than
+            // the burst). A part past it (its share worked out lower, the
+            // reserve filled) gives what it holds past it to the pool: kept,
+            // it made the parts hold more than the burst, and the limit's
+            // bucket refused what the table admitted (`sluice-sim`).
+            // A quiet key keeps what it held past its hold, within the
+            // burst: its share follows its asks window by window, and its
+            // next burst is what the part is for.
+            let room = burst.saturating_sub(held).max(0);
+            let cap = if n < quiet {
+                key.hold(terms).max(key.tokens).min(room)
+            } else {
+                key.hold(terms).min(room)
+            };
+            let filled = key.tokens.saturating_add(fills[at]);
             if filled > cap {
-                self.pool = self.pool.saturating_add(filled - cap.max(key.tokens));
-                key.tokens = cap.max(key.tokens);
+                let kept = cap.max(key.tokens.min(0));
+                self.pool = self.pool.saturating_add(filled - kept);
+                key.tokens = kept;
             } else {
                 key.tokens = filled;
             }
             held = held.saturating_add(key.tokens.max(0));
         }
-        // All parts together hold the burst at most.
+        if !busy {
+            held = held.saturating_add(self.reserve);
+        }
+        // A part keeps what it held past a cap that shrank (its share
+        // worked out again, the reserve filled): the reserve, then the
+        // busy keys' parts, then the quiet keys', give up what the burst
+        // does not hold, so that the table never holds more than the
+        // limit's bucket does.
+        let mut past = held.saturating_sub(burst).max(0);
+        let trimmed = past.min(self.reserve.max(0));
+        (self.reserve, past) = (self.reserve - trimmed, past - trimmed);
+        for at in order.into_iter().rev() {
+            if past <= 0 {
+                break;
+            }
+            let key = &mut self.keys[at];
+            let trimmed = past.min(key.tokens.max(0));
+            (key.tokens, past) = (key.tokens - trimmed, past - trimmed);
+        }
+        held = held.min(burst);
+        self.pool = self.pool.saturating_add(unclaimed);
+        // All parts and the reserve together hold the burst at most.
         self.pool = self.pool.min(burst.saturating_sub(held)).max(0);
         let ended = now.since(self.window_start);
         if ended < WINDOW {
@@ -342,6 +483,29 @@ impl FairTable {
         self.keys
             .retain(|k| k.asked_before > 0 || k.asked_earlier > 0);
         self.share_out(terms);
+    }
+
+    /// Fills the reserve from `unclaimed` (what no share claims) up to its
+    /// cap, `held` being what the quiet keys' parts hold (and `busy`
+    /// whether other keys follow); what it holds past the cap goes to the
+    /// pool. Returns what it still wants, for the busy keys' fills to give.
+    fn fill_reserve(
+        &mut self,
+        terms: &FairTerms,
+        held: i64,
+        busy: bool,
+        unclaimed: &mut i64,
+    ) -> i64 {
+        let cap = Self::reserve_cap(terms, held, busy);
+        self.reserve = self.reserve.max(0);
+        if self.reserve > cap {
+            self.pool = self.pool.saturating_add(self.reserve - cap);
+            self.reserve = cap;
+        }
+        let given = (*unclaimed).min(cap - self.reserve).max(0);
+        self.reserve += given;
+        *unclaimed -= given;
+        cap - self.reserve
     }
 
     /// Each key's share for the next window, from what it asked (a key
@@ -418,6 +582,7 @@ impl FairTable {
         out.extend_from_slice(&self.window_start.as_nanos().to_le_bytes());
         out.extend_from_slice(&self.refilled_at.as_nanos().to_le_bytes());
         out.extend_from_slice(&self.pool.to_le_bytes());
+        out.extend_from_slice(&self.reserve.to_le_bytes());
         out.extend_from_slice(&u32::try_from(self.keys.len()).unwrap_or(0).to_le_bytes());
         for k in &self.keys {
             for v in [k.key, k.weight, k.reserved, k.share] {
@@ -444,25 +609,26 @@ impl FairTable {
                 .and_then(|b| b.try_into().ok())
                 .ok_or(FairDecodeError::Short(bytes.len()))
         };
-        match bytes.first() {
-            Some(&VERSION) => {}
+        let header = match bytes.first() {
+            Some(&VERSION) => HEADER_LEN,
+            Some(2) => HEADER_LEN_2,
             Some(&other) => return Err(FairDecodeError::Version(other)),
             None => return Err(FairDecodeError::Short(0)),
-        }
+        };
         let count = bytes
-            .get(25..29)
+            .get(header - 4..header)
             .and_then(|b| <[u8; 4]>::try_from(b).ok())
             .map(u32::from_le_bytes)
             .ok_or(FairDecodeError::Short(bytes.len()))? as usize;
         if count > MAX_KEYS + 1 {
             return Err(FairDecodeError::TooManyKeys(count));
         }
-        if bytes.len() != HEADER_LEN + count * KEY_LEN {
+        if bytes.len() != header + count * KEY_LEN {
             return Err(FairDecodeError::Short(bytes.len()));
         }
         let mut keys = Vec::with_capacity(count);
         for n in 0..count {
-            let at = HEADER_LEN + n * KEY_LEN;
+            let at = header + n * KEY_LEN;
             let u = |i: usize| word(at + 8 * i).map(u64::from_le_bytes);
             keys.push(FairKey {
                 key: u(0)?,
@@ -481,6 +647,11 @@ impl FairTable {
             window_start: Instant::from_nanos(u64::from_le_bytes(word(1)?)),
             refilled_at: Instant::from_nanos(u64::from_le_bytes(word(9)?)),
             pool: i64::from_le_bytes(word(17)?),
+            reserve: if header == HEADER_LEN {
+                i64::from_le_bytes(word(25)?)
+            } else {
+                0
+            },
             keys,
         })
     }
@@ -665,6 +836,91 @@ mod tests {
         }
     }
 
+    /// The book's first fair policy (95/s, burst 5): a key calling now and
+    /// then (its entry gone after two empty windows each time) beside a
+    /// greedy key taking whatever it finds every millisecond gets every
+    /// call, and the greedy key the rest (before the reserve, every call
+    /// of a key calling once a second was refused: `sluice-sim`'s `fair`
+    /// property).
+    #[test]
+    fn a_key_calling_now_and_then_beside_a_greedy_one_gets_every_call() {
+        let terms = FairTerms {
+            capacity: 95 * UNIT,
+            burst: 5 * UNIT,
+            max_keys: 100,
+        };
+        for every in [250u64, 400, 777, 1_000, 3_000] {
+            let mut table = FairTable::default();
+            let (greedy, sparse) = (key(1, 1), key(2, 1));
+            let (mut refused, mut calls, mut greedy_got) = (0, 0, 0);
+            for ms in 0..20_000u64 {
+                let now = Instant::from_millis(1_000 + ms);
+                if ms % every == 3 {
+                    calls += 1;
+                    if !table.take(&terms, now, sparse, 1).admitted() {
+                        refused += 1;
+                    }
+                }
+                while table.take(&terms, now, greedy, 1).admitted() {
+                    greedy_got += 1;
+                }
+            }
+            assert_eq!(refused, 0, "every {every} ms: {refused} of {calls}");
+            // 20 s at 95/s and the first burst, less the sparse calls.
+            assert!(
+                greedy_got + calls >= 20 * 95,
+                "every {every} ms: greedy {greedy_got}"
+            );
+        }
+    }
+
+    /// A key asking under the limit alone counts as quiet, and its part
+    /// holds the whole burst; a newcomer's first call is served from it
+    /// (the shares are worked out again as the newcomer comes).
+    #[test]
+    fn a_newcomer_beside_a_busy_key_under_the_limit_is_served() {
+        let terms = FairTerms {
+            capacity: 95 * UNIT,
+            burst: 5 * UNIT,
+            max_keys: 100,
+        };
+        let mut table = FairTable::default();
+        let (busy, newcomer) = (key(1, 1), key(2, 1));
+        // 90 a second, 9 a window, for 2 s: its part fills to the burst
+        // between windows, and nothing is spare.
+        for ms in 0..2_000u64 {
+            if ms % 100 < 9 {
+                table.take(&terms, Instant::from_millis(1_000 + ms), busy, 1);
+            }
+        }
+        let now = Instant::from_millis(3_000);
+        assert!(table.keys[0].is_quiet(), "{table:?}");
+        assert!(table.take(&terms, now, newcomer, 1).admitted(), "{table:?}");
+    }
+
+    /// The reserve is one token, kept only when the burst holds two: with
+    /// a burst of one it would starve the busy keys.
+    #[test]
+    fn the_reserve_leaves_a_burst_of_one_to_the_busy_keys() {
+        for (burst, kept) in [(1, 0), (2, 1), (5, 1)] {
+            let terms = FairTerms {
+                capacity: 10 * UNIT,
+                burst: burst * UNIT,
+                max_keys: 10,
+            };
+            let mut table = FairTable::default();
+            let now = Instant::from_millis(1_000);
+            while table.take(&terms, now, key(1, 1), 1).admitted() {}
+            let later = Instant::from_millis(5_000);
+            table.take(&terms, later, key(1, 1), 1);
+            assert_eq!(table.reserve, kept * UNIT as i64, "burst {burst}");
+            assert!(
+                table.pool + table.reserve + table.keys[0].tokens <= burst as i64 * UNIT as i64,
+                "burst {burst}: {table:?}"
+            );
+        }
+    }
+
     #[test]
     fn an_idle_key_lends_its_share_and_takes_it_back_when_it_returns() {
         let mut table = FairTable::default();
@@ -789,12 +1045,19 @@ mod tests {
         let mut table = FairTable::default();
         table.take(&TERMS, Instant::from_millis(5), key(9, 1), 1);
         let bytes = table.encode();
-        assert_eq!(FairTable::decode(&bytes), Ok(table));
+        assert_eq!(FairTable::decode(&bytes), Ok(table.clone()));
         assert!(FairTable::decode(&bytes[..bytes.len() - 1]).is_err());
         assert!(FairTable::decode(&[]).is_err());
         assert!(FairTable::decode(&[9; 40]).is_err());
         let mut many = bytes.clone();
-        many[25..29].copy_from_slice(&u32::MAX.to_le_bytes());
+        many[33..37].copy_from_slice(&u32::MAX.to_le_bytes());
+        // Version 2, written before the reserve: read with none.
+        let mut two = bytes.clone();
+        two.drain(25..33);
+        two[0] = 2;
+        let read = FairTable::decode(&two).expect("version 2 is read");
+        assert_eq!(read.reserve, 0);
+        assert_eq!(read.keys, table.keys);
         assert_eq!(
             FairTable::decode(&many),
             Err(FairDecodeError::TooManyKeys(u32::MAX as usize))
