@@ -257,8 +257,18 @@ pub struct NoisyQuiet {
 
 /// Noisy offers 1 000 calls a second (ten times the quota), quiet 20.
 pub async fn noisy_quiet() -> anyhow::Result<NoisyQuiet> {
+    noisy_beside(20).await
+}
+
+/// Noisy offers 1 000 calls a second, the quiet tenant `quiet_per_second`
+/// (at 2, each call more than two of the fair table's windows after the
+/// last: a newcomer to the table every time).
+pub async fn noisy_beside(quiet_per_second: u64) -> anyhow::Result<NoisyQuiet> {
     let (mock, envoy) = setup(&policy(r#", "fair": {"key": {"header": "x-api-key"}}"#, "")).await?;
-    let (noisy, quiet) = (start(&envoy, "noisy", 1_000), start(&envoy, "quiet", 20));
+    let (noisy, quiet) = (
+        start(&envoy, "noisy", 1_000),
+        start(&envoy, "quiet", quiet_per_second),
+    );
     tokio::time::sleep(Duration::from_secs(7)).await;
     let seconds = per_second(&mock, Duration::from_secs(1), Duration::from_secs(7));
     let quiet_calls = quiet.finish().await;

@@ -103,6 +103,39 @@ async fn a_quiet_tenant_gets_all_it_asks_beside_a_noisy_one() -> anyhow::Result<
     Ok(())
 }
 
+/// A tenant calling twice a second beside a noisy one offering 10 times
+/// the quota: each of its calls comes as a newcomer to the fair table (its
+/// entry gone after two empty windows), and each goes. Before the table
+/// kept a token for newcomers, the noisy tenant drained every token as it
+/// came and such a tenant was refused nearly every call (the simulator's
+/// `fair::a_tenant_calling_now_and_then_gets_every_call`, 10 000 seeds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_calling_now_and_then_gets_its_calls_beside_a_noisy_one() -> anyhow::Result<()> {
+    let run = fair::noisy_beside(2).await?;
+    println!(
+        "fair now and then: noisy offered 1000/s, the other 2/s; the latter refused {} of {} ({} after its first \
+         call, at {:?} after it); noisy refused {} of {}; provider refused {}",
+        run.quiet_refused,
+        run.quiet_calls,
+        run.quiet_refused_later,
+        run.quiet_refused_after,
+        run.noisy_refused,
+        run.noisy_calls,
+        run.refused_by_provider,
+    );
+    assert!(run.quiet_calls >= 10, "{} calls", run.quiet_calls);
+    assert_eq!(
+        run.quiet_refused_later, 0,
+        "a tenant calling now and then was refused"
+    );
+    assert!(
+        run.noisy_refused > 0,
+        "the noisy tenant was never held back"
+    );
+    assert_eq!(run.refused_by_provider, 0);
+    Ok(())
+}
+
 /// Reservations that add up to the whole rate, every tenant greedy: each
 /// reserved tenant gets its reservation and the total stays within the
 /// provider's limit (a peer's minimums once pushed it past), in reject

@@ -332,13 +332,14 @@ impl FairTable {
     }
 
     /// What the reserve holds at most, with `held` already held by the
-    /// quiet keys' parts: one token, leaving one of the burst for the
-    /// `busy` keys if any (with a burst of one, keeping it would starve
-    /// them).
-    fn reserve_cap(terms: &FairTerms, held: i64, busy: bool) -> i64 {
+    /// quiet keys' parts: one token, leaving one of the burst for each of
+    /// the `busy` keys (with a small burst, keeping it would starve them:
+    /// a fleet share's burst of 2 between two greedy keys left the
+    /// heavier one no room at all).
+    fn reserve_cap(terms: &FairTerms, held: i64, busy: usize) -> i64 {
         let burst = i64::try_from(terms.burst).unwrap_or(i64::MAX);
         let unit = UNIT as i64;
-        let room = if busy { unit } else { 0 };
+        let room = unit.saturating_mul(i64::try_from(busy).unwrap_or(i64::MAX));
         burst
             .saturating_sub(held)
             .saturating_sub(room)
@@ -393,9 +394,13 @@ impl FairTable {
                 filled.min(key.hold(terms).max(key.tokens)).max(0)
             })
             .fold(0, i64::saturating_add);
-        let busy = quiet < order.len();
+        let busy = order.len() - quiet;
         let mut wanted = self.fill_reserve(terms, quiet_held, busy, &mut unclaimed);
-        let givers = if busy { &order[quiet..] } else { &order[..] };
+        let givers = if busy > 0 {
+            &order[quiet..]
+        } else {
+            &order[..]
+        };
         for &at in givers {
             let given = fills[at].min(wanted).max(0);
             (fills[at], wanted) = (fills[at] - given, wanted - given);
@@ -432,7 +437,7 @@ impl FairTable {
             }
             held = held.saturating_add(key.tokens.max(0));
         }
-        if !busy {
+        if busy == 0 {
             held = held.saturating_add(self.reserve);
         }
         // A part keeps what it held past a cap that shrank (its share
@@ -486,14 +491,14 @@ impl FairTable {
     }
 
     /// Fills the reserve from `unclaimed` (what no share claims) up to its
-    /// cap, `held` being what the quiet keys' parts hold (and `busy`
-    /// whether other keys follow); what it holds past the cap goes to the
+    /// cap, `held` being what the quiet keys' parts hold (and `busy` how
+    /// many other keys follow); what it holds past the cap goes to the
     /// pool. Returns what it still wants, for the busy keys' fills to give.
     fn fill_reserve(
         &mut self,
         terms: &FairTerms,
         held: i64,
-        busy: bool,
+        busy: usize,
         unclaimed: &mut i64,
     ) -> i64 {
         let cap = Self::reserve_cap(terms, held, busy);
@@ -919,6 +924,35 @@ mod tests {
                 "burst {burst}: {table:?}"
             );
         }
+    }
+
+    /// A fleet share's small burst (2) between two greedy keys of weights
+    /// 1 and 2: each keeps room for a call and they get the rate by
+    /// weight (a reserve kept there left the heavier key no room, and it
+    /// got nothing through two real Envoys).
+    #[test]
+    fn a_small_burst_between_greedy_keys_keeps_no_reserve() {
+        let terms = FairTerms {
+            capacity: 67 * UNIT,
+            burst: 2 * UNIT,
+            max_keys: 10,
+        };
+        let mut table = FairTable::default();
+        let (light, heavy) = (key(1, 1), key(2, 2));
+        let mut got = [0u64; 2];
+        for ms in 0..10_000u64 {
+            let now = Instant::from_millis(1_000 + ms);
+            for (n, who) in [light, heavy].into_iter().enumerate() {
+                if table.take(&terms, now, who, 1).admitted() && ms >= 2_000 {
+                    got[n] += 1;
+                }
+            }
+        }
+        // 8 s at 67 a second: a third and two thirds.
+        assert!(
+            got[0].abs_diff(179) <= 9 && got[1].abs_diff(357) <= 18,
+            "{got:?}"
+        );
     }
 
     #[test]
