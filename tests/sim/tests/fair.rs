@@ -170,3 +170,111 @@ fn a_tenant_calling_now_and_then_gets_every_call() {
         |seed| now_and_then_holds(seed, 0),
     );
 }
+
+/// Three greedy tenants of weights 1, 1 and 2 under a limit of 95 a
+/// second with a burst from `bursts` (by seed); the seed picks Envoy's
+/// workers, the tenants' connections and how soon each tries again.
+/// `gold` rests from 4 s to 7 s. The provider allows the most the limit
+/// lets through in a calendar second (95 and the burst).
+fn greedy_by_weight(seed: u64, bursts: &[u64]) -> Scenario {
+    let burst = bursts[(seed / 4 % bursts.len() as u64) as usize];
+    let policies = format!(
+        r#"{{"version": 1, "policies": [
+        {{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 95, "period": "1s", "burst": {burst}}},
+         "fair": {{"key": {{"header": "x-tenant"}}, "weights": {{"a": 1, "b": 1, "gold": 2}}}}}}]}}"#
+    );
+    let connections = [4, 12][(seed / 12 % 2) as usize];
+    let backoff = Span::from_millis([10, 20][(seed / 24 % 2) as usize]);
+    let greedy = |tenant: &str, active: Vec<(Span, Span)>| Caller {
+        tenant: tenant.into(),
+        host: "api.llm.example".into(),
+        connections,
+        shape: Shape::Greedy {
+            backoff,
+            heeds: RetryAfter::Ignored,
+        },
+        llm: None,
+        envoy: 0,
+        active,
+    };
+    Scenario {
+        workers: 1 + (seed % 4) as usize,
+        policies,
+        provider: ProviderShape::calls(95 + burst, (Span::from_millis(5), Span::from_millis(40))),
+        callers: vec![
+            greedy("a", Vec::new()),
+            greedy("b", Vec::new()),
+            greedy(
+                "gold",
+                vec![
+                    (Span::ZERO, Span::from_secs(4)),
+                    (Span::from_secs(7), Span::from_secs(60)),
+                ],
+            ),
+        ],
+        duration: Span::from_secs(10),
+        faults: Faults::default(),
+        fleet: None,
+        pool: None,
+    }
+}
+
+/// Checks that greedy tenants shared the limit by weight in the seconds
+/// that say so, within 5 % of their weights, and that the provider
+/// refused nothing.
+fn shared_by_weight(seed: u64, bursts: &[u64]) -> Result<sluice_sim::world::Outcome, Failure> {
+    let outcome = run(&greedy_by_weight(seed, bursts), seed).map_err(|e| panic!("{e}"))?;
+    let all: &[(&str, f64)] = &[("a", 0.25), ("b", 0.25), ("gold", 0.5)];
+    let checks: [(u64, &[(&str, f64)]); 4] =
+        [(2, all), (3, all), (6, &[("a", 0.5), ("b", 0.5)]), (9, all)];
+    for (second, wants) in checks {
+        let served = |tenant: &str| outcome.trace.tenant(tenant, second, second + 1).provider_ok;
+        let total: u64 = ["a", "b", "gold"].iter().map(|t| served(t)).sum();
+        for &(tenant, want) in wants {
+            let part = served(tenant) as f64 / total.max(1) as f64;
+            if (part - want).abs() > 0.05 * want {
+                let why = format!(
+                    "second {second}: {tenant} got {} of {total} ({:.1} %, want {:.0} % within 5 %)",
+                    served(tenant),
+                    100.0 * part,
+                    100.0 * want
+                );
+                return Err(Failure::new(outcome, why));
+            }
+        }
+    }
+    if outcome.provider.refused() > 0 {
+        let why = format!("the provider refused {}", outcome.provider.refused());
+        return Err(Failure::new(outcome, why));
+    }
+    Ok(outcome)
+}
+
+/// Greedy tenants share the limit by weight, second by second, within 5
+/// % of their weights (a 25 % part of 95 calls: 23 or 24, not 22 or 25):
+/// all three once their shares have formed (seconds 2 and 3); a and b half
+/// each 2 s after gold rests (second 6); gold its half again within 2 s of
+/// coming back (second 9). Bursts of 5 and 10.
+#[test]
+fn greedy_tenants_share_by_weight_each_second_and_an_idle_part_is_lent_and_returned() {
+    for_seeds(
+        "fair::greedy_tenants_share_by_weight_each_second_and_an_idle_part_is_lent_and_returned",
+        |seed| shared_by_weight(seed, &[5, 10]),
+    );
+}
+
+/// The same with bursts smaller than the tenants are many, or about as
+/// many: with a burst of 2, each part holds a token at least and the parts
+/// together hold more than the burst, so the last part in turn holds
+/// nothing and its share overflows; the three tenants got about 23 a
+/// second each, 69 of the 95, gold no more than a or b (on the table
+/// before 7f241d0, 54 a second, gold 12: seed 0). With a burst of 3, 1 to
+/// 3 seeds in 100 are 5-7 % off in a second.
+#[test]
+#[ignore = "issue 50: with a burst of 2 or 3 between three greedy tenants the parts do not follow the weights, and with 2 a quarter of the limit is lost; run with --ignored"]
+fn greedy_tenants_share_by_weight_each_second_under_a_small_burst() {
+    for_seeds(
+        "fair::greedy_tenants_share_by_weight_each_second_under_a_small_burst",
+        |seed| shared_by_weight(seed, &[2, 3]),
+    );
+}
