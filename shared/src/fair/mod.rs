@@ -41,14 +41,16 @@ use key_entry;
 
 mod slots;
 mod table;
+mod table_bytes;
 pub use slots::{
     FairSlotTake, FairSlotTerms, FairSlots, FairSlotsDecodeError, SlotKey, SlotLease,
     HUNGER_MEMORY, WANT_MEMORY,
 };
 pub use table::{
-    FairClaimant, FairDecodeError, FairKey, FairKeyView, FairTable, FairTake, FairTerms, MAX_KEYS,
-    OVERFLOW_KEY, UNIT, WINDOW,
+    FairClaimant, FairKey, FairKeyView, FairTable, FairTake, FairTerms, MAX_KEYS, OVERFLOW_KEY,
+    UNIT, WINDOW,
 };
+pub use table_bytes::FairDecodeError;
 
 /// A key's entry in a fair table (of a rate or of slots).
 pub(crate) trait KeyEntry: Default {
