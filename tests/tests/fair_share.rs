@@ -74,7 +74,9 @@ async fn greedy_tenants_share_the_quota_by_weight_and_idle_shares_are_lent() -> 
 /// simulator's bound, `fair::a_quiet_tenant_under_its_part_gets_all_it_asks`
 /// over 1 000 seeds; a clean run of 6956ce2, the suites at full load
 /// beside it, saw 1 of 141 refused after the first, and one of c5f302b,
-/// the suites in six nextest slots instead of four, 2 of 139), the noisy
+/// the suites in six nextest slots instead of four, 2 of 139: a stall of
+/// its client past 0.2 s made its next calls newcomers to the fair table,
+/// which the noisy tenant left nothing for, fixed in 7f241d0), the noisy
 /// tenant gets the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_tenant_gets_all_it_asks_beside_a_noisy_one() -> anyhow::Result<()> {
