@@ -1004,9 +1004,9 @@ mod tests {
 
     proptest! {
         /// Whatever the calls, costs, weights and clock (even going back):
-        /// no panic, and over any run no more is admitted than a token
-        /// bucket of the limit's rate and burst admits: the rate over the
-        /// run and the burst.
+        /// no panic, the table never holds more than the burst, and over
+        /// any run no more is admitted than a token bucket of the limit's
+        /// rate and burst admits: the rate over the run and the burst.
         #[test]
         fn never_more_than_the_limit_and_what_it_holds(
             calls in prop::collection::vec((0u64..6, 1u64..4, 0u64..3_000_000, 1u64..3_000), 1..400),
@@ -1023,6 +1023,12 @@ mod tests {
                 if table.take(&TERMS, Instant::from_nanos(now), who, cost).admitted() {
                     admitted += cost;
                 }
+                // What the table holds never passes the burst: the policy's
+                // bucket holds no more, and would refuse what it admitted.
+                let held = table.keys.iter().map(|k| k.tokens.max(0)).sum::<i64>()
+                    + table.pool.max(0)
+                    + table.reserve.max(0);
+                prop_assert!(held <= TERMS.burst as i64, "holds {} of {}: {:?}", held, TERMS.burst, table);
                 let bytes = table.encode();
                 prop_assert_eq!(FairTable::decode(&bytes), Ok(table.clone()));
             }
