@@ -21,6 +21,18 @@ impl Failure {
     }
 }
 
+/// A run's outcome, or a failure when its provider refused any call.
+pub fn provider_refused_none(outcome: Outcome) -> Result<Outcome, Failure> {
+    let refused = outcome.provider.refused();
+    if refused > 0 {
+        return Err(Failure::new(
+            outcome,
+            format!("the provider refused {refused}"),
+        ));
+    }
+    Ok(outcome)
+}
+
 /// A run's outcome, or the failure `checked` names.
 pub fn verdict(outcome: Outcome, checked: Result<(), String>) -> Result<Outcome, Failure> {
     match checked {

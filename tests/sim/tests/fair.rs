@@ -4,7 +4,7 @@
 
 use sluice_shared::time::Span;
 use sluice_sim::callers::{Caller, RetryAfter, Shape};
-use sluice_sim::property::{for_seeds, Failure};
+use sluice_sim::property::{for_seeds, provider_refused_none, Failure};
 use sluice_sim::provider::ProviderShape;
 use sluice_sim::world::{run, Faults, Scenario};
 
@@ -118,11 +118,7 @@ fn a_quiet_tenant_under_its_part_gets_all_it_asks() {
                 let why = format!("a got {} and b {} of 4 s at 95/s", a.admitted, b.admitted);
                 return Err(Failure::new(outcome, why));
             }
-            if outcome.provider.refused() > 0 {
-                let why = format!("the provider refused {}", outcome.provider.refused());
-                return Err(Failure::new(outcome, why));
-            }
-            Ok(outcome)
+            provider_refused_none(outcome)
         },
     );
 }
@@ -140,11 +136,7 @@ fn now_and_then_holds(seed: u64) -> Result<sluice_sim::world::Outcome, Failure> 
         );
         return Err(Failure::new(outcome, why));
     }
-    if outcome.provider.refused() > 0 {
-        let why = format!("the provider refused {}", outcome.provider.refused());
-        return Err(Failure::new(outcome, why));
-    }
-    Ok(outcome)
+    provider_refused_none(outcome)
 }
 
 /// A tenant calling once every 250 ms to 2.5 s beside a greedy one gets
@@ -239,11 +231,7 @@ fn shared_by_weight(seed: u64, bursts: &[u64]) -> Result<sluice_sim::world::Outc
             }
         }
     }
-    if outcome.provider.refused() > 0 {
-        let why = format!("the provider refused {}", outcome.provider.refused());
-        return Err(Failure::new(outcome, why));
-    }
-    Ok(outcome)
+    provider_refused_none(outcome)
 }
 
 /// Greedy tenants share the limit by weight, second by second, within 5

@@ -4,7 +4,7 @@
 
 use sluice_shared::time::Span;
 use sluice_sim::callers::{Caller, RetryAfter, Shape};
-use sluice_sim::property::{for_seeds, Failure};
+use sluice_sim::property::{for_seeds, provider_refused_none, Failure};
 use sluice_sim::provider::ProviderShape;
 use sluice_sim::world::{run, Faults, Outcome, Pause, Scenario};
 
@@ -61,11 +61,7 @@ fn calendar_seconds_held(
         fleet: None,
         pool: None,
     };
-    let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-    if outcome.provider.refused() > 0 {
-        let why = format!("the provider refused {}", outcome.provider.refused());
-        return Err(Failure::new(outcome, why));
-    }
+    let outcome = provider_refused_none(run(&scenario, seed).map_err(|e| panic!("{e}"))?)?;
     let most = outcome
         .provider
         .seconds
