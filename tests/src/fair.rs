@@ -255,6 +255,23 @@ pub struct NoisyQuiet {
     pub refused_by_provider: u64,
 }
 
+impl NoisyQuiet {
+    /// How many of the quiet tenant's calls were refused (and when), then
+    /// the noisy tenant's and the provider's refusals, for a test's line.
+    pub fn refusals(&self) -> String {
+        format!(
+            "{} of {} ({} after its first call, at {:?} after it); noisy refused {} of {}; provider refused {}",
+            self.quiet_refused,
+            self.quiet_calls,
+            self.quiet_refused_later,
+            self.quiet_refused_after,
+            self.noisy_refused,
+            self.noisy_calls,
+            self.refused_by_provider,
+        )
+    }
+}
+
 /// Noisy offers 1 000 calls a second (ten times the quota), quiet 20.
 pub async fn noisy_quiet() -> anyhow::Result<NoisyQuiet> {
     noisy_beside(20).await

@@ -84,16 +84,9 @@ async fn a_quiet_tenant_gets_all_it_asks_beside_a_noisy_one() -> anyhow::Result<
     let (noisy, quiet) = (mean(&run.seconds, "noisy"), mean(&run.seconds, "quiet"));
     println!(
         "fair noisy/quiet: noisy offered 1000/s, quiet 20/s; the provider saw noisy {noisy:.1}/s, quiet {quiet:.1}/s \
-         over {} seconds; quiet refused {} of {} ({} after its first call, at {:?} after it); noisy refused {} of {}; \
-         provider refused {}",
+         over {} seconds; quiet refused {}",
         run.seconds.len(),
-        run.quiet_refused,
-        run.quiet_calls,
-        run.quiet_refused_later,
-        run.quiet_refused_after,
-        run.noisy_refused,
-        run.noisy_calls,
-        run.refused_by_provider,
+        run.refusals(),
     );
     assert!(
         run.quiet_refused_later * 100 <= run.quiet_calls,
@@ -115,15 +108,8 @@ async fn a_quiet_tenant_gets_all_it_asks_beside_a_noisy_one() -> anyhow::Result<
 async fn a_tenant_calling_now_and_then_gets_its_calls_beside_a_noisy_one() -> anyhow::Result<()> {
     let run = fair::noisy_beside(2).await?;
     println!(
-        "fair now and then: noisy offered 1000/s, the other 2/s; the latter refused {} of {} ({} after its first \
-         call, at {:?} after it); noisy refused {} of {}; provider refused {}",
-        run.quiet_refused,
-        run.quiet_calls,
-        run.quiet_refused_later,
-        run.quiet_refused_after,
-        run.noisy_refused,
-        run.noisy_calls,
-        run.refused_by_provider,
+        "fair now and then: noisy offered 1000/s, the other 2/s; the latter refused {}",
+        run.refusals()
     );
     assert!(run.quiet_calls >= 10, "{} calls", run.quiet_calls);
     assert_eq!(
