@@ -280,27 +280,21 @@ impl FairTable {
     /// window would drain the reserve, and a quiet key's part holds its
     /// bursts.
     fn make_room_for_newcomer(&mut self, at: usize, need: i64) -> bool {
-        let busy = |k: &FairKey| !k.is_quiet();
-        let spare: i64 = self
-            .keys
-            .iter()
-            .enumerate()
-            .filter(|&(i, k)| i != at && busy(k))
-            .map(|(_, k)| k.tokens.max(0))
-            .fold(
-                self.pool.max(0).saturating_add(self.reserve.max(0)),
-                i64::saturating_add,
-            );
+        // The other busy keys, the fullest first.
+        let mut fullest: Vec<usize> = (0..self.keys.len())
+            .filter(|&i| i != at && !self.keys[i].is_quiet())
+            .collect();
+        fullest.sort_by_key(|&i| std::cmp::Reverse(self.keys[i].tokens));
+        let spare: i64 = fullest.iter().map(|&i| self.keys[i].tokens.max(0)).fold(
+            self.pool.max(0).saturating_add(self.reserve.max(0)),
+            i64::saturating_add,
+        );
         if spare < need {
             return false;
         }
         let mut short = need - self.pool.max(0);
         let from_reserve = short.min(self.reserve.max(0)).max(0);
         (self.reserve, short) = (self.reserve - from_reserve, short - from_reserve);
-        let mut fullest: Vec<usize> = (0..self.keys.len())
-            .filter(|&i| i != at && busy(&self.keys[i]))
-            .collect();
-        fullest.sort_by_key(|&i| std::cmp::Reverse(self.keys[i].tokens));
         for i in fullest {
             if short <= 0 {
                 break;
