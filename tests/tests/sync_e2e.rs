@@ -268,6 +268,9 @@ async fn edits_are_pushed_to_every_worker_within_a_tick() -> anyhow::Result<()> 
     .await?;
     // Let the first watch open.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let stat = |name: &str| envoy.filter_stat(name).unwrap_or(0.0);
+    // The first set came by a sync.
+    let (pushed_before, synced_before) = (stat("push_sets"), stat("sync_sets"));
     let mut took = Vec::new();
     for edit in 0..20u64 {
         let before = installs(&envoy);
@@ -282,17 +285,25 @@ async fn edits_are_pushed_to_every_worker_within_a_tick() -> anyhow::Result<()> 
         tokio::time::sleep(Duration::from_millis(37 * (edit % 5))).await;
     }
     took.sort();
-    let pushed = envoy.filter_stat("push_sets").unwrap_or(0.0);
-    let failures = envoy.filter_stat("push_failures").unwrap_or(0.0);
+    let pushed = stat("push_sets") - pushed_before;
+    let synced = stat("sync_sets") - synced_before;
+    let failures = stat("push_failures");
     println!(
         "push: 20 edits with syncs every 5 s reached all {WORKERS} workers in p50 {:?}, max {:?} \
-         (from the edit's 2xx; Envoy stats read over HTTP); {pushed} sets pushed, {failures} failed watches",
+         (from the edit's 2xx; Envoy stats read over HTTP); {pushed} sets pushed, {synced} brought \
+         by a sync first, {failures} failed watches",
         took[10], took[19]
     );
     assert!(took[10] < Duration::from_millis(100), "{took:?}");
     // A loaded CI machine may stretch one; polling would take seconds.
     assert!(took[19] < Duration::from_millis(500), "{took:?}");
-    assert!(pushed >= 20.0);
+    // Every edit came by push, but for one or two a periodic sync (every
+    // 5 s) brought first: a busy-machine run took one that way, and the
+    // watch's answer then found the set held.
+    assert!(
+        pushed + synced >= 20.0 && pushed >= 18.0,
+        "{pushed} pushed, {synced} by a sync"
+    );
     // The limit in force is the last edit's (1000/s): the new set holds.
     let burst = load::burst(&envoy.url("/"), "api.bank.example", 40).await;
     assert_eq!(count(&burst, 200), 40);

@@ -183,6 +183,8 @@ counters! {
         ProviderNewsMalformed = "provider_news_malformed", Local;
         /// Policy sets the admin pushed (answers to the watch call).
         PushSets = "push_sets", Local;
+        /// Policy sets a periodic sync brought before a push did.
+        SyncSets = "sync_sets", Local;
         /// Watch calls that failed (the admin away, a timeout, a bad
         /// answer).
         PushFailures = "push_failures", Local;

@@ -598,6 +598,11 @@ fn one_worker_syncs_all_install_and_unchanged_policies_keep_their_state() {
     assert_eq!(host.metric("sluice.sync_failures"), 1);
     assert_eq!(host.metric("sluice.sync_ok"), 1);
     assert_eq!(
+        host.metric("sluice.sync_sets"),
+        1,
+        "one set, brought by a sync"
+    );
+    assert_eq!(
         host.metric("sluice.policy_sets_installed"),
         2,
         "each worker installed it once"

@@ -74,6 +74,11 @@ fn a_pushed_set_is_enforced_by_every_worker_within_a_tick() {
     host.advance_ms(PUSH_TICK.as_millis().max(60));
     b.on_tick(&host);
     assert!(admitted(&host, &mut b, 4));
+    // Counted once for the Envoy, as a push.
+    b.on_tick(&host);
+    a.on_tick(&host);
+    assert_eq!(host.metric("sluice.push_sets"), 1);
+    assert_eq!(host.metric("sluice.sync_sets"), 0);
 }
 
 #[test]
@@ -157,6 +162,10 @@ fn a_push_that_loses_the_race_to_a_sync_still_reopens_the_watch_at_once() {
     w.on_sync_reply(&host, sync, reply(Some(200), None, Some(TWO)));
     w.on_sync_reply(&host, watch, reply(Some(200), None, Some(TWO)));
     assert_eq!(watches(&host).len(), 2, "reopened at once");
+    // The set came once: by the sync, which the stats tell.
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.sync_sets"), 1);
+    assert_eq!(host.metric("sluice.push_sets"), 0);
 }
 
 /// An admin that answers news after news at once gets at most 20

@@ -458,6 +458,9 @@ impl SyncClient {
             Answer::Unchanged => (true, FilterCounter::SyncOk),
             Answer::PolicySet(set) => {
                 let (ok, stat, set) = self.take_set(host, store, set, epoch);
+                if set.is_some() {
+                    metrics.add_filter(FilterCounter::SyncSets, 1);
+                }
                 installed = set;
                 (ok, stat)
             }
