@@ -249,15 +249,59 @@ fn greedy_tenants_share_by_weight_each_second_and_an_idle_part_is_lent_and_retur
     );
 }
 
-/// The same with bursts smaller than the tenants are many, or about as
-/// many: with a burst of 2, each part holds a token at least and the parts
-/// together hold more than the burst, so the last part in turn holds
-/// nothing and its share overflows; the three tenants got about 23 a
-/// second each, 69 of the 95, gold no more than a or b (on the table
-/// before 7f241d0, 54 a second, gold 12: seed 0). With a burst of 3, 1 to
-/// 3 seeds in 100 are 5-7 % off in a second.
+/// Under a burst smaller than the tenants are many, or about as many (2
+/// or 3 between three greedy tenants): the limit is used whole (at least
+/// 93 calls in each second checked) and each tenant gets at least 85 % of
+/// its weighted part of seconds 2, 3 and 9 together. Before parts could go
+/// into debt, each part held a token at least, the parts together more
+/// than a burst of 2, and the last in turn nothing: 54 to 69 calls a
+/// second of the 95 went, gold 12 to 23 of its 47 (seed 0).
 #[test]
-#[ignore = "issue 50: with a burst of 2 or 3 between three greedy tenants the parts do not follow the weights, and with 2 a quarter of the limit is lost; run with --ignored"]
+fn greedy_tenants_use_a_small_burst_whole_and_by_weight() {
+    for_seeds(
+        "fair::greedy_tenants_use_a_small_burst_whole_and_by_weight",
+        |seed| {
+            let outcome = run(&greedy_by_weight(seed, &[2, 3]), seed).map_err(|e| panic!("{e}"))?;
+            let served = |tenant: &str, second: u64| {
+                outcome.trace.tenant(tenant, second, second + 1).provider_ok
+            };
+            let tenants = [("a", 0.25), ("b", 0.25), ("gold", 0.5)];
+            let mut total = 0;
+            for second in [2, 3, 9] {
+                let in_second: u64 = tenants.iter().map(|(t, _)| served(t, second)).sum();
+                if in_second < 93 {
+                    let why = format!("second {second}: {in_second} calls of the 95");
+                    return Err(Failure::new(outcome, why));
+                }
+                total += in_second;
+            }
+            for (tenant, weight) in tenants {
+                let got: u64 = [2, 3, 9].iter().map(|&s| served(tenant, s)).sum();
+                let part = got as f64 / (weight * total as f64);
+                if part < 0.85 {
+                    let why = format!(
+                        "{tenant} got {got} of {total} in seconds 2, 3 and 9: {:.0} % of its part",
+                        100.0 * part
+                    );
+                    return Err(Failure::new(outcome, why));
+                }
+            }
+            provider_refused_none(outcome)
+        },
+    );
+}
+
+/// Each second within 5 % of the weights under the same small bursts: a
+/// known gap. Parts in debt use the limit whole and keep the weights over
+/// seconds (40 seeds of a burst of 2: parts 0.252, 0.253 and 0.495 of
+/// seconds 2, 3 and 9); but a second's part swings by what a part holds
+/// and owes, up to 6.5 calls of a 23.75 part, and with 4 connections a
+/// tenant some seeds serve 7-12 % under its part over 3 s: its callers
+/// wait 10-20 ms after a refusal, its part fills to its share of the
+/// burst (a token, for gold) meanwhile, and what overflows goes to the
+/// pool, which the others take. With a burst of 3, 2.5 calls in a second.
+#[test]
+#[ignore = "issue 50: with a burst of 2 or 3 between three greedy tenants a second's parts are up to 6.5 calls off the weights; run with --ignored"]
 fn greedy_tenants_share_by_weight_each_second_under_a_small_burst() {
     for_seeds(
         "fair::greedy_tenants_share_by_weight_each_second_under_a_small_burst",
