@@ -421,6 +421,11 @@ impl FairTable {
             let units = u128::from(rate) * u128::from(since.as_nanos()) / 1_000_000_000;
             i64::try_from(units).unwrap_or(i64::MAX)
         };
+        // A debt is less than a token (see `take`): a part further under
+        // is broken shared data, and would hold back every key's calls.
+        for key in &mut self.keys {
+            key.tokens = key.tokens.max(-(UNIT as i64));
+        }
         // What no share claims fills the pool too: a key new to the table
         // (no share until the window ends) takes from it at once.
         let shared: u64 = self.keys.iter().map(|k| k.share).sum();
@@ -978,6 +983,39 @@ mod tests {
         for (got, want) in got.iter().zip(want) {
             assert!(got.abs_diff(want) <= want / 50, "{got:?} of {want}");
         }
+    }
+
+    /// Shared data with a part far in debt (or the pool): the other keys
+    /// are served, and the part's debt is a token at most.
+    #[test]
+    fn a_part_broken_far_into_debt_holds_back_no_other_key() {
+        let mut table = FairTable::default();
+        let (a, b) = (key(1, 1), key(2, 1));
+        assert!(table
+            .take(&TERMS, Instant::from_millis(1_000), a, 1)
+            .admitted());
+        assert!(table
+            .take(&TERMS, Instant::from_millis(1_000), b, 1)
+            .admitted());
+        table.keys[0].tokens = i64::MIN;
+        table.pool = i64::MIN;
+        let mut read = FairTable::decode(&table.encode()).expect("decodes");
+        let served = (1..=50u64)
+            .filter(|ms| {
+                read.take(
+                    &TERMS,
+                    Instant::from_millis(1_000) + Span::from_millis(*ms * 20),
+                    b,
+                    1,
+                )
+                .admitted()
+            })
+            .count();
+        assert!(served >= 40, "b served {served} of 50 at 50 a second");
+        assert!(
+            read.keys.iter().all(|k| k.tokens > -(UNIT as i64)),
+            "{read:?}"
+        );
     }
 
     #[test]
