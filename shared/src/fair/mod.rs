@@ -42,6 +42,7 @@ use key_entry;
 mod slots;
 mod table;
 mod table_bytes;
+mod table_fill;
 pub use slots::{
     FairSlotTake, FairSlotTerms, FairSlots, FairSlotsDecodeError, SlotKey, SlotLease,
     HUNGER_MEMORY, WANT_MEMORY,
