@@ -439,8 +439,14 @@ impl Adaptive {
                 }
             }
             // Refused probing a little above the rate that drew the last
-            // refusal: that rate still holds, each time more surely.
-            Some(_) if current <= known * SAME_CEILING => {
+            // refusal: that rate still holds, each time more surely. The
+            // rate calls went at, not the pace allowed when the refusal
+            // came back: the probe's curve climbs faster each second, and
+            // its pace had passed the ceiling (15.2 a second of a known 12)
+            // when a call sent at 13 was refused; the known rate was then
+            // forgotten, the climb back went to 13 a second and drew
+            // another refusal (`sluice-sim`'s `listening`, seed 6).
+            Some(_) if current.min(measured) <= known * SAME_CEILING => {
                 self.hits = (self.hits + 1).min(MAX_HITS);
                 w_max = w_max.min(known);
                 (1.0 - (1.0 - BETA) / 2f64.powi(self.hits as i32)).min(GENTLEST)
@@ -893,6 +899,33 @@ mod tests {
             "{rate} of {}",
             a.w_max
         );
+    }
+
+    /// A probe above a known rate refused when its pace had climbed past
+    /// the ceiling, though calls went at a rate within it: the rate stays
+    /// known, held longer (it was forgotten, the climb back went to 13 a
+    /// second of 12 and drew another refusal: `sluice-sim`'s `listening`).
+    #[test]
+    fn a_probe_refused_after_its_pace_passed_the_ceiling_keeps_the_rate_known() {
+        let mut a = Adaptive {
+            cut_to: 10.2,
+            w_max: 12.0,
+            cut_at: NOW,
+            curve_from: NOW,
+            hits: 1,
+            measured: 13.1,
+            measure_start: NOW,
+            ..Adaptive::default()
+        };
+        let at = NOW + Span::from_millis(17_500);
+        assert!(a.rate(at, 30.0).is_some_and(|r| r > 12.0 * SAME_CEILING));
+        let heard = Heard::Here {
+            admitted: 500,
+            sent: at - Span::from_millis(80),
+        };
+        assert!(a.throttled(at, heard, 500, PAUSING));
+        assert_eq!(a.hits, 2);
+        assert!((a.w_max - 12.0).abs() < 1e-9, "{}", a.w_max);
     }
 
     #[test]
