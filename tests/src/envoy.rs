@@ -151,6 +151,14 @@ fn base_id_path(log_path: &Path) -> PathBuf {
     log_path.with_extension("base-id")
 }
 
+/// How long an Envoy may take to come up before a test fails. Each one
+/// compiles the wasm filter with V8's optimizing compiler (about 2
+/// CPU-seconds): six tests starting their Envoys at once beside two busy
+/// loops, on a slow day, left none live within 20 s (make test with two
+/// busy loops, 2026-12-03). Waiting longer hides nothing: a test's
+/// assertions start once its Envoy is live.
+pub const READY_LIMIT: Duration = Duration::from_secs(90);
+
 /// Waits until Envoy's admin on `admin_port` says LIVE: its listeners and
 /// the filter's VMs are up. Fails with the log if Envoy exits first.
 pub fn wait_live(
@@ -399,7 +407,7 @@ impl Envoy {
             &mut self.child,
             self.admin_port,
             &self.log_path,
-            Duration::from_secs(20),
+            READY_LIMIT,
         )
     }
 
