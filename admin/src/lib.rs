@@ -2,6 +2,8 @@
 //! and a Leptos web UI, carried to every Envoy by the filter's sync, and
 //! live utilization from what the Envoys report.
 
+#![forbid(unsafe_code)]
+
 pub mod access;
 mod answer;
 pub mod api;

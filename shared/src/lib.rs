@@ -8,6 +8,8 @@
 //! decisions (matching, buckets, refusal headers, its configuration) are
 //! `sluice_filter_core`'s; the admin's JSON API is `sluice_api`'s.
 
+#![forbid(unsafe_code)]
+
 pub mod duration;
 pub mod fair;
 pub mod fleet;

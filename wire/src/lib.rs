@@ -5,6 +5,8 @@
 //! this crate and never on each other; the policy set itself and the
 //! algorithms are `sluice_shared`'s.
 
+#![forbid(unsafe_code)]
+
 pub mod counts;
 pub mod stats;
 pub mod sync;

@@ -3,6 +3,8 @@
 //! field by construction. Times are milliseconds since the epoch on the
 //! wire (`*_ms`), as the API has always written them.
 
+#![forbid(unsafe_code)]
+
 pub mod people;
 pub mod policy_diff;
 

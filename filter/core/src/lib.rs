@@ -6,6 +6,8 @@
 //! filter (and its tests and benchmarks) uses them; what the admin uses as
 //! well is `sluice_shared`'s.
 
+#![forbid(unsafe_code)]
+
 pub mod body;
 pub mod bucket;
 pub mod headers;

@@ -4,7 +4,7 @@
 //! any policy's), its cluster, weight and the hash sticky keys land by.
 //! Which member a call tries first is `sluice_shared::pool::order`'s.
 
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 
 use sluice_shared::policy::{KeySpec, Policy, PoolRule, PoolSpec};
 use sluice_shared::pool::Rule;
@@ -127,11 +127,54 @@ impl CompiledPool {
     }
 }
 
-/// A hash that is the same on every Envoy and every run (SipHash with
-/// fixed keys): a sticky key lands on the same member everywhere.
+/// A hash that is the same on every Envoy, build and run (SipHash-2-4
+/// with fixed keys): a sticky key lands on the same member everywhere.
+/// The length goes in first as 4 bytes, little-endian: what std's
+/// `Hash` for a slice wrote in the wasm filter, where `usize` is 4 bytes,
+/// so that its placements stay; the native build wrote 8 and placed some
+/// keys elsewhere than a wasm Envoy beside it.
 fn stable_hash(bytes: &[u8]) -> u64 {
-    #[allow(deprecated)]
-    let mut hasher = std::hash::SipHasher::new();
-    bytes.hash(&mut hasher);
+    let mut hasher = siphasher::sip::SipHasher24::new();
+    let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+    hasher.write(&len.to_le_bytes());
+    hasher.write(bytes);
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What the wasm filter hashed a sticky key as before: std's (since
+    /// deprecated) SipHasher over the slice, its length a 4-byte `usize`.
+    #[allow(deprecated)]
+    fn as_the_wasm_filter_hashed(bytes: &[u8]) -> u64 {
+        let mut hasher = std::hash::SipHasher::new();
+        hasher.write(&(bytes.len() as u32).to_le_bytes());
+        hasher.write(bytes);
+        hasher.finish()
+    }
+
+    proptest! {
+        #[test]
+        fn a_sticky_key_hashes_as_the_wasm_filter_hashed_it(
+            bytes in proptest::collection::vec(any::<u8>(), 0..300)
+        ) {
+            prop_assert_eq!(stable_hash(&bytes), as_the_wasm_filter_hashed(&bytes));
+        }
+    }
+
+    /// The native build hashed the length as 8 bytes, and placed keys
+    /// elsewhere than a wasm Envoy beside it; now both hash alike.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn the_native_build_no_longer_hashes_its_own_way() {
+        use std::hash::Hash;
+        #[allow(deprecated)]
+        let mut native_before = std::hash::SipHasher::new();
+        b"alice"[..].hash(&mut native_before);
+        assert_ne!(stable_hash(b"alice"), native_before.finish());
+        assert_eq!(stable_hash(b"alice"), as_the_wasm_filter_hashed(b"alice"));
+    }
 }
