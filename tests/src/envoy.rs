@@ -157,7 +157,7 @@ fn base_id_path(log_path: &Path) -> PathBuf {
 /// loops, on a slow day, left none live within 20 s (make test with two
 /// busy loops, 2026-12-03). Waiting longer hides nothing: a test's
 /// assertions start once its Envoy is live.
-pub const READY_LIMIT: Duration = Duration::from_secs(90);
+const READY_LIMIT: Duration = Duration::from_secs(90);
 
 /// Waits until Envoy's admin on `admin_port` says LIVE: its listeners and
 /// the filter's VMs are up. Fails with the log if Envoy exits first.
