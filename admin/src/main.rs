@@ -1,5 +1,7 @@
 //! `sluice-admin`: the admin service binary.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -2,6 +2,8 @@
 //! PostgreSQL and Redis, a headless browser, and load generation. The mock
 //! third-party API is the demo's (`sluice_demo::mock`).
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod browser;
 pub mod counting;

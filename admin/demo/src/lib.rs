@@ -14,6 +14,8 @@
 //!
 //! The launcher itself is `src/bin/sluice-demo.rs`.
 
+#![forbid(unsafe_code)]
+
 pub mod llm;
 pub mod load;
 pub mod mock;

@@ -3,6 +3,8 @@
 //! and the Envoys seen. Client-side rendered with Leptos; every value shown
 //! goes through Leptos text nodes, so policy content is never HTML.
 
+#![forbid(unsafe_code)]
+
 pub mod fields;
 pub mod form;
 pub mod pool_view;

@@ -46,29 +46,6 @@ pub fn next_context_id() -> u32 {
     NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A worker as the module keeps it.
-pub struct WorkerCell(Worker);
-
-// SAFETY: a `Worker` is `!Send` only for the `Rc`s it holds (its policy
-// set, shared between its own parts). Every clone of them is owned by the
-// worker itself and none is handed out (its methods lend references), and
-// the worker is only ever reached through its slot's mutex: moving the
-// whole worker between threads, one at a time, is then sound.
-unsafe impl Send for WorkerCell {}
-
-impl std::ops::Deref for WorkerCell {
-    type Target = Worker;
-    fn deref(&self) -> &Worker {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for WorkerCell {
-    fn deref_mut(&mut self) -> &mut Worker {
-        &mut self.0
-    }
-}
-
 /// More worker threads than any Envoy runs: a bound on what its answer
 /// makes the module keep.
 const MAX_WORKERS: u32 = 1024;
@@ -76,14 +53,14 @@ const MAX_WORKERS: u32 = 1024;
 /// One worker and when it wants its next tick.
 pub struct Slot {
     pub index: usize,
-    worker: Mutex<WorkerCell>,
+    worker: Mutex<Worker>,
     /// Its tick period and its next tick, in nanoseconds since the epoch.
     pub period_ns: AtomicU64,
     pub due_ns: AtomicU64,
 }
 
 impl Slot {
-    pub fn worker(&self) -> MutexGuard<'_, WorkerCell> {
+    pub fn worker(&self) -> MutexGuard<'_, Worker> {
         // A panic while a worker was held is caught at the hook; its state
         // is as the panic left it, as a wasm VM's is until it reloads.
         self.worker.lock().unwrap_or_else(|e| e.into_inner())
@@ -172,7 +149,7 @@ impl Module {
         }
         let slot = Arc::new(Slot {
             index,
-            worker: Mutex::new(WorkerCell(Worker::new(&self.quiet_host()))),
+            worker: Mutex::new(Worker::new(&self.quiet_host())),
             period_ns: AtomicU64::new(0),
             due_ns: AtomicU64::new(0),
         });

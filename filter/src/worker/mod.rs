@@ -47,7 +47,7 @@ mod telling;
 mod usage;
 mod warnings;
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use sluice_filter_core::matcher::{
     BodyJson, BucketKey, Classified, CompiledPolicy, CompiledPolicySet,
@@ -129,7 +129,7 @@ pub struct Worker {
 
 /// What [`Worker`] coordinates, each part owning its state.
 struct Parts {
-    policies: Rc<CompiledPolicySet>,
+    policies: Arc<CompiledPolicySet>,
     /// Each policy's stats, in the order of `policies`.
     series: Vec<PolicySeries>,
     tick: Span,
@@ -191,7 +191,7 @@ impl Worker {
             metrics: Metrics::default(),
             holder,
             parts: Parts {
-                policies: Rc::new(CompiledPolicySet::empty()),
+                policies: Arc::new(CompiledPolicySet::empty()),
                 series: Vec::new(),
                 tick: IDLE_TICK,
                 prefetches: Prefetches::default(),
@@ -432,7 +432,7 @@ impl Worker {
             // A pool call Envoy retried on another member: that member's
             // limits read the answer.
             if let Some((index, keys)) = parts.routed.answered(ctx, context_id, headers) {
-                let set = Rc::clone(&parts.policies);
+                let set = Arc::clone(&parts.policies);
                 parts.listening.forget(context_id);
                 parts
                     .listening
@@ -493,7 +493,7 @@ impl Parts {
             .map(|p| ctx.metrics.define_policy(ctx.host, p.name()))
             .collect();
         self.route_headers.learn(&set);
-        self.policies = Rc::new(set);
+        self.policies = Arc::new(set);
         for spare in self.prefetches.clear() {
             streams::give_back(ctx, spare);
         }
@@ -518,7 +518,7 @@ impl Parts {
             RequestBody::Absent | RequestBody::Coming => self.route_headers.strip(ctx, req),
             RequestBody::Read(_) => self.body_waits.end(context_id),
         }
-        let policies = Rc::clone(&self.policies);
+        let policies = Arc::clone(&self.policies);
         let raw = match body {
             RequestBody::Read(Some(raw)) => Some(raw),
             RequestBody::Absent | RequestBody::Coming | RequestBody::Read(None) => None,
@@ -747,7 +747,7 @@ impl Parts {
         }
         // Read while the headers pass: the host answers header reads no
         // more once the body comes.
-        let policies = Rc::clone(&self.policies);
+        let policies = Arc::clone(&self.policies);
         policies.keep_headers_for_body(req, from);
         if policies.may_ask_stream_usage(req, from) {
             // Its body may grow: the length it came with must not go
@@ -824,7 +824,7 @@ impl Parts {
     fn tick<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>) -> Vec<StreamAction> {
         let now = ctx.now;
         let previous_poll = std::mem::replace(&mut self.last_queue_poll, now);
-        let policies = Rc::clone(&self.policies);
+        let policies = Arc::clone(&self.policies);
         let mut served = queue::Served::default();
         let mut actions = queue::serve(
             ctx,
@@ -937,7 +937,7 @@ impl Parts {
             self.install_from_admin(ctx, set);
         }
         if answered {
-            let policies = Rc::clone(&self.policies);
+            let policies = Arc::clone(&self.policies);
             if let Some(header) = reply.provider_header {
                 ctx.now = ctx.host.now();
                 let delay = ctx.now.since(sent_at).div(2);

@@ -4,7 +4,7 @@
 //! call as any policy's further limits do ([`limits::take`], all or
 //! nothing), with the pool's policy's own further limits in front.
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
@@ -249,7 +249,7 @@ fn member_now<'m, H: Host + ?Sized>(
 /// which set, pool and member, and what it would cost at each member.
 #[derive(Debug)]
 pub(super) struct Routed {
-    pub set: Rc<CompiledPolicySet>,
+    pub set: Arc<CompiledPolicySet>,
     pub pool_index: usize,
     pub chosen: usize,
     pub costs: Vec<Vec<u64>>,
@@ -263,13 +263,13 @@ impl Routed {
     /// Pool call `call` of the pool at `pool_index` of `set`, sent to its
     /// member `chosen` at `sent`.
     pub fn new(
-        set: &Rc<CompiledPolicySet>,
+        set: &Arc<CompiledPolicySet>,
         (pool_index, chosen): (usize, usize),
         call: &PoolCall,
         sent: Instant,
     ) -> Self {
         Self {
-            set: Rc::clone(set),
+            set: Arc::clone(set),
             pool_index,
             chosen,
             costs: call.members.iter().map(|m| m.costs.clone()).collect(),

@@ -7,7 +7,7 @@
 //! every limit took it.
 
 use rustc_hash::FxHashMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::provider::{Allowed, Heard, PauseSignal, PauseWhy, ProviderTable, Throttle};
@@ -169,7 +169,7 @@ struct Listener {
 /// installed since does not change what its limits were).
 #[derive(Debug)]
 struct Call {
-    set: Rc<CompiledPolicySet>,
+    set: Arc<CompiledPolicySet>,
     policy_index: usize,
     listeners: Vec<Listener>,
 }
@@ -187,7 +187,7 @@ impl Listening {
     pub fn expect(
         &mut self,
         context_id: u32,
-        (set, policy_index): (&Rc<CompiledPolicySet>, usize),
+        (set, policy_index): (&Arc<CompiledPolicySet>, usize),
         keys: &[Option<u64>],
         counted: &[Option<Counted>],
     ) {
@@ -209,7 +209,7 @@ impl Listening {
             self.calls.insert(
                 context_id,
                 Call {
-                    set: Rc::clone(set),
+                    set: Arc::clone(set),
                     policy_index,
                     listeners,
                 },

@@ -4,7 +4,7 @@
 //! while its lease runs, then its fallback.
 
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use sluice_filter_core::matcher::CompiledPolicySet;
 use sluice_shared::fleet::{lapsed_asleep, share_in_force, Amount, Share};
@@ -121,7 +121,7 @@ impl FleetShares {
     pub fn apply<H: Host + ?Sized>(
         &mut self,
         host: &H,
-        policies: &mut Rc<CompiledPolicySet>,
+        policies: &mut Arc<CompiledPolicySet>,
         now: Instant,
     ) {
         let last_ran = self.last_applied.replace(now);
@@ -162,7 +162,7 @@ impl FleetShares {
         if changes.is_empty() {
             return;
         }
-        let policies = Rc::make_mut(policies);
+        let policies = Arc::make_mut(policies);
         for (i, limit, applied_as, share) in changes {
             let Some(p) = policies.policy_mut(i) else {
                 continue;

@@ -10,7 +10,7 @@
 //! the filter's business, not a value to compute per answer.
 
 use rustc_hash::FxHashMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::headers::{admitted_headers, quota_id, ratelimit_item, LimitKind};
@@ -28,19 +28,19 @@ use crate::store::Store;
 /// Calls whose answer gets the fields: under which set and policy they went.
 #[derive(Debug, Default)]
 pub(super) struct Telling {
-    calls: FxHashMap<u32, (Rc<CompiledPolicySet>, usize)>,
+    calls: FxHashMap<u32, (Arc<CompiledPolicySet>, usize)>,
 }
 
 impl Telling {
     /// A call of policy `policy_index` of `set` goes (or waits to).
-    pub fn expect(&mut self, context_id: u32, set: &Rc<CompiledPolicySet>, policy_index: usize) {
+    pub fn expect(&mut self, context_id: u32, set: &Arc<CompiledPolicySet>, policy_index: usize) {
         let tells = set
             .policies
             .get(policy_index)
             .is_some_and(|p| p.policy.ratelimit_headers == RateLimitHeaders::Always);
         if tells {
             self.calls
-                .insert(context_id, (Rc::clone(set), policy_index));
+                .insert(context_id, (Arc::clone(set), policy_index));
         }
     }
 

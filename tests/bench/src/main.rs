@@ -3,6 +3,8 @@
 //! local_ratelimit), in one run on this machine. Writes docs/BENCHMARKS.md
 //! and the charts next to it.
 
+#![forbid(unsafe_code)]
+
 mod callgrind;
 mod configs;
 mod fair_shares;

@@ -5,6 +5,8 @@
 //! also reads that header on every request: the floor of any filter that
 //! decides by a request header.
 
+#![forbid(unsafe_code)]
+
 #[cfg(target_arch = "wasm32")]
 mod noop {
     use std::rc::Rc;

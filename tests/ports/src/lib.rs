@@ -13,6 +13,8 @@
 //! processes never take the same one. A port some other program listens on
 //! fails the bind check and is skipped.
 
+#![forbid(unsafe_code)]
+
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::TcpListener;

@@ -19,6 +19,8 @@
 //!   [`trace`]: what a run did, per second.
 //! - [`property`]: many seeds, the failing one replayed.
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod callers;
 pub mod envoy;

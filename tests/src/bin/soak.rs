@@ -5,6 +5,8 @@
 //! nothing may be left in flight and the memory of Envoy and the admin must
 //! be flat. Exit status 1 when a check fails.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

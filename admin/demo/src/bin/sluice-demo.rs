@@ -3,6 +3,8 @@
 //! filter on the egress listener, and a load generator calling the API
 //! through Envoy. Ctrl-C stops everything it started, by PID.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,5 +1,7 @@
 //! The mock third-party API as a program (the demo's "third-party API").
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 
 use clap::Parser;
