@@ -20,6 +20,7 @@ use crate::abi::{self, EnvoyBuffer, EnvoyHeader, EnvoyPtr};
 use crate::host::{log, NativeHost};
 use crate::module::{Module, Slot};
 use crate::stream::Stream;
+use crate::workers;
 
 fn guarded<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
@@ -69,7 +70,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         };
         // SAFETY: `config` is the configuration Envoy is creating.
         let module = unsafe { Module::new(config, settings) };
-        let slot = module.slot(0);
+        workers::start_all(&module);
+        let slot = workers::slot(&module, 0);
         let host = NativeHost::ticking(&module, &slot);
         let (holder, enforcing) = {
             let w = slot.worker();
@@ -118,7 +120,7 @@ fn slot_for(module: &Arc<Module>, filter: EnvoyPtr) -> Arc<Slot> {
         // SAFETY: Envoy's filter, in its `filter_new` hook.
         let index =
             unsafe { abi::envoy_dynamic_module_callback_http_filter_get_worker_index(filter) };
-        let slot = module.slot(index as usize + 1);
+        let slot = workers::slot(module, index as usize + 1);
         *cached = Some((key, Arc::clone(&slot)));
         slot
     })
@@ -295,7 +297,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     guarded((), || {
         // SAFETY: Envoy passes the module `config_new` made.
         if let Some(module) = unsafe { module_of(module) } {
-            module.tick_due();
+            workers::tick_due(module);
         }
     });
 }
@@ -327,7 +329,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
         let Some(module) = (unsafe { module_of(module) }) else {
             return;
         };
-        let Some((slot, token)) = module.take_callout(callout_id) else {
+        let Some((slot, token)) = workers::callout(module, callout_id) else {
             return;
         };
         // SAFETY: Envoy's arrays of the lengths it gives, alive through

@@ -3,8 +3,9 @@
 //!
 //! - `abi`: the parts of Envoy's C ABI Sluice calls, declared by hand.
 //! - `hooks`: the event hooks Envoy calls.
-//! - `module`: a filter configuration: workers, their ticks, mailboxes of
-//!   waiting streams, callouts.
+//! - `module`: a filter configuration: its workers' slots, the ticker
+//!   thread, mailboxes of waiting streams, callouts.
+//! - `workers`: its workers made, started and ticked, each with its host.
 //! - `host`: the [`Host`] seam (shared data in process memory).
 //! - `stream`: one stream's hooks turned into calls on its worker.
 //! - `stats`: stats through Envoy's labelled dynamic-module metrics.
@@ -18,3 +19,4 @@ mod host;
 mod module;
 mod stats;
 mod stream;
+mod workers;

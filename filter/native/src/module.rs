@@ -1,6 +1,6 @@
-//! One filter configuration of the module: its workers, the clock that
-//! ticks them, the streams waiting for a word from a tick, and the calls
-//! out to the admin.
+//! One filter configuration of the module: its workers' slots, the clock
+//! that ticks them, the streams waiting for a word from a tick, and the
+//! calls out to the admin ([`crate::workers`] drives the workers).
 //!
 //! Threads. Envoy runs each stream's hooks on one worker thread; each
 //! worker thread has its own [`Worker`] (as each has its own wasm VM),
@@ -21,13 +21,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustc_hash::FxHashMap;
 use sluice_filter::shared_memory::SharedMemory;
 use sluice_filter::stream_shell::ShellSettings;
-use sluice_filter::sync::SyncSettings;
-use sluice_filter::worker::{StreamAction, Worker};
-use sluice_filter_core::matcher::CompiledPolicySet;
+use sluice_filter::worker::Worker;
 use sluice_filter_core::plugin::PluginConfig;
 
 use crate::abi::{self, EnvoyPtr};
-use crate::host::NativeHost;
 use crate::stats::Stats;
 
 /// Shared data of the whole process, as proxy-wasm's is for one VM id:
@@ -46,10 +43,6 @@ pub fn next_context_id() -> u32 {
     NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// More worker threads than any Envoy runs: a bound on what its answer
-/// makes the module keep.
-const MAX_WORKERS: u32 = 1024;
-
 /// One worker and when it wants its next tick.
 pub struct Slot {
     pub index: usize,
@@ -60,6 +53,15 @@ pub struct Slot {
 }
 
 impl Slot {
+    pub fn new(index: usize, worker: Worker) -> Self {
+        Self {
+            index,
+            worker: Mutex::new(worker),
+            period_ns: AtomicU64::new(0),
+            due_ns: AtomicU64::new(0),
+        }
+    }
+
     pub fn worker(&self) -> MutexGuard<'_, Worker> {
         // A panic while a worker was held is caught at the hook; its state
         // is as the panic left it, as a wasm VM's is until it reloads.
@@ -112,7 +114,7 @@ impl Module {
         // SAFETY: as above.
         let scheduler =
             unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(config) };
-        let module = Arc::new(Self {
+        Arc::new(Self {
             config: config as usize,
             shell: ShellSettings::of(&settings),
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
@@ -123,56 +125,38 @@ impl Module {
             callouts: Mutex::new(FxHashMap::default()),
             next_token: AtomicU32::new(1),
             ticker: Arc::new(Ticker::new(scheduler as usize)),
-        });
-        // Every worker from the start, as every wasm VM is: each ticks
-        // (and installs what the admin sends) before its first request.
-        // SAFETY: `config_new` runs on the main thread.
-        let workers =
-            unsafe { abi::envoy_dynamic_module_callback_get_concurrency() }.min(MAX_WORKERS);
-        for index in 0..=workers as usize {
-            module.slot(index);
-        }
-        module.ticker.start(Arc::downgrade(&module));
-        module
+        })
     }
 
     pub fn config(&self) -> EnvoyPtr {
         self.config as EnvoyPtr
     }
 
-    /// Worker `index`'s slot (0: the configuration's own; a worker
-    /// thread's is its Envoy worker index plus one), made on first use.
-    pub fn slot(self: &Arc<Self>, index: usize) -> Arc<Slot> {
+    /// Worker `index`'s slot, made with `make`'s worker if it has none
+    /// yet (under the slots' lock: one worker per index); true if made.
+    pub fn slot_or_make(&self, index: usize, make: impl FnOnce() -> Worker) -> (Arc<Slot>, bool) {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(slot) = slots.iter().find(|s| s.index == index) {
-            return Arc::clone(slot);
+            return (Arc::clone(slot), false);
         }
-        let slot = Arc::new(Slot {
-            index,
-            worker: Mutex::new(Worker::new(&self.quiet_host())),
-            period_ns: AtomicU64::new(0),
-            due_ns: AtomicU64::new(0),
-        });
+        let slot = Arc::new(Slot::new(index, make()));
         slots.push(Arc::clone(&slot));
-        drop(slots);
-        self.start_worker(&slot);
-        slot
+        (slot, true)
     }
 
-    /// A host for making a worker: no stream, no slot of its own yet.
-    fn quiet_host(&self) -> NativeHost<'_> {
-        NativeHost::detached(self)
+    /// Every slot made so far.
+    pub fn slots(&self) -> Vec<Arc<Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn start_worker(&self, slot: &Slot) {
-        let host = NativeHost::ticking(self, slot);
-        let mut w = slot.worker();
-        let set = CompiledPolicySet::from_validated(self.settings.fallback.clone());
-        w.set_time_scale(self.settings.time_scale);
-        w.declare_route_headers(&self.settings.route_headers);
-        w.install(&host, set);
-        w.set_sync(SyncSettings::from_config(&self.settings));
-        w.start_ticking(&host);
+    /// The ticker starts waking the main thread for this configuration.
+    pub fn start_ticker(self: &Arc<Self>) {
+        self.ticker.start(Arc::downgrade(self));
+    }
+
+    /// The main thread took the ticker's wake-up.
+    pub fn woken(&self) {
+        self.ticker.pending.store(false, Ordering::Release);
     }
 
     fn earliest_due(&self) -> u64 {
@@ -186,48 +170,6 @@ impl Module {
     }
 
     pub fn wake_ticker(&self) {
-        self.ticker.wake();
-    }
-
-    /// Runs every worker whose tick is due; on the main thread.
-    pub fn tick_due(self: &Arc<Self>) {
-        self.ticker.pending.store(false, Ordering::Release);
-        let now = now_ns();
-        let slots: Vec<Arc<Slot>> = self.slots.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        for slot in slots {
-            if slot.due_ns.load(Ordering::Acquire) > now {
-                continue;
-            }
-            // The tick may set another period, and with it its next tick.
-            let period = slot.period_ns.load(Ordering::Acquire).max(MIN_TICK_NS);
-            slot.due_ns.store(now + period, Ordering::Release);
-            let host = NativeHost::ticking(self, &slot);
-            let actions = slot.worker().on_tick(&host);
-            for action in actions {
-                let (context_id, posted) = match action {
-                    StreamAction::SetHeader(ctx, name, value) => {
-                        (ctx, Posted::SetHeader(name, value))
-                    }
-                    StreamAction::Resume(ctx) => (ctx, Posted::Resume),
-                    StreamAction::Reply(ctx, reply) => (
-                        ctx,
-                        Posted::Reply {
-                            status: reply.status,
-                            headers: reply
-                                .headers
-                                .into_iter()
-                                .map(|(n, v)| (n.to_string(), v))
-                                .collect(),
-                            body: reply.body,
-                        },
-                    ),
-                };
-                let resuming = matches!(posted, Posted::Resume);
-                if !self.post_to(context_id, posted) && resuming {
-                    slot.worker().on_resume_failed(&host, context_id);
-                }
-            }
-        }
         self.ticker.wake();
     }
 
@@ -334,14 +276,12 @@ impl Module {
         Some(token)
     }
 
-    /// The slot and token of callout `id`, once.
-    pub fn take_callout(self: &Arc<Self>, id: u64) -> Option<(Arc<Slot>, u32)> {
-        let (slot, token) = self
-            .callouts
+    /// The slot index and token of callout `id`, once.
+    pub fn take_callout(&self, id: u64) -> Option<(usize, u32)> {
+        self.callouts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&id)?;
-        Some((self.slot(slot), token))
+            .remove(&id)
     }
 
     /// Stops the ticker; the configuration is going.
