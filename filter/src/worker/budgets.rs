@@ -27,7 +27,7 @@ use sluice_wire::sync::{BudgetReport, HeldBudget};
 use sluice_wire::sync_answer::read_budgets;
 
 use super::ctx::Ctx;
-use super::limits;
+use super::key_places;
 use crate::entries::{
     self, budget_cursor_key, budget_known_key, limit_key, Json, LimitState, Marker,
 };
@@ -230,7 +230,7 @@ fn restore_keys<H: Host + ?Sized>(
     let mut placeless = 0u64;
     for key in &record.keys {
         let at = Instant::from_millis(key.at_ms);
-        let placed = limits::on_key_place(ctx, limit, key.owner, |state| {
+        let placed = key_places::on_limit_place(ctx, limit, key.owner, |state| {
             let holds = Standing::of(rate, state, now).spent;
             if key.spent <= holds {
                 return ((), false);

@@ -2,6 +2,15 @@
 //! places, the one rule both use: a key hashes to a first place and probes
 //! a few after it; a place another key holds is taken over only when that
 //! key's state is idle; with every probed place busy the key overflows.
+//! [`on_limit_place`] applies it to a keyed further limit in shared data.
+
+use sluice_filter_core::matcher::CompiledLimit;
+use sluice_shared::limiter::RateState;
+
+use super::ctx::Ctx;
+use crate::entries::{keyed_limit_key, OwnedLimitState};
+use crate::host::Host;
+use crate::store::StoreError;
 
 /// Places tried for a new key before it overflows.
 const KEY_PROBES: u32 = 4;
@@ -43,6 +52,39 @@ pub(super) fn claim(held_by: u64, owner: u64, is_idle: impl FnOnce() -> bool) ->
     } else {
         Claim::Busy
     }
+}
+
+/// Runs `f` on the state of `owner`'s place in keyed `limit`, the one
+/// rule a call's take and a budget's restore both use: its own place, or a
+/// free or idle one it claims afresh. None (with `f` not run): every place
+/// it may use holds another key in use.
+pub(super) fn on_limit_place<H: Host + ?Sized, R>(
+    ctx: &mut Ctx<'_, H>,
+    limit: &CompiledLimit,
+    owner: u64,
+    mut f: impl FnMut(&mut RateState) -> (R, bool),
+) -> Result<Option<(String, R)>, StoreError> {
+    let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
+    let rate = &limit.rate;
+    let max_keys = limit.keys.map_or(1, |(max, _)| max);
+    for slot in probes(owner, max_keys) {
+        let key = keyed_limit_key(&limit.name, Some(slot));
+        let done = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
+            match claim(entry.0, owner, || rate.is_idle(&entry.1, now)) {
+                Claim::Busy => return (None, false),
+                Claim::Mine => {}
+                // Written only if `f` changes the state: a claim that
+                // holds nothing is no claim.
+                Claim::Free | Claim::Evict => *entry = (owner, rate.initial_state()),
+            }
+            let (out, changed) = f(&mut entry.1);
+            (Some(out), changed)
+        })?;
+        if let Some(out) = done {
+            return Ok(Some((key, out)));
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use super::budgets::Budgets;
 use super::ctx::Ctx;
 use super::fair::{self, FairTaken};
 use super::held_slot::HeldSlot;
-use super::key_places::{self, Claim};
+use super::key_places;
 use super::provider::{self, CountSays, Counted};
 use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
 use super::slots::{self, SlotsTaken};
@@ -451,7 +451,7 @@ fn step<H: Host + ?Sized>(
     }
     let owner = key_places::owner_of(hash);
     let overflow = limit.keys.map_or(KeyOverflow::Shared, |(_, o)| o);
-    if let Some((key, step)) = on_key_place(ctx, limit, owner, |state| {
+    if let Some((key, step)) = key_places::on_limit_place(ctx, limit, owner, |state| {
         let step = take.apply(rate, state);
         (step, step.changed)
     })? {
@@ -479,39 +479,6 @@ fn step<H: Host + ?Sized>(
         counted: None,
     });
     Ok(Some(step))
-}
-
-/// Runs `f` on the state of `owner`'s place in keyed `limit`, the one
-/// rule a call's take and a budget's restore both use: its own place, or a
-/// free or idle one it claims afresh. None (with `f` not run): every place
-/// it may use holds another key in use.
-pub(super) fn on_key_place<H: Host + ?Sized, R>(
-    ctx: &mut Ctx<'_, H>,
-    limit: &CompiledLimit,
-    owner: u64,
-    mut f: impl FnMut(&mut RateState) -> (R, bool),
-) -> Result<Option<(String, R)>, crate::store::StoreError> {
-    let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
-    let rate = &limit.rate;
-    let max_keys = limit.keys.map_or(1, |(max, _)| max);
-    for slot in key_places::probes(owner, max_keys) {
-        let key = keyed_limit_key(&limit.name, Some(slot));
-        let done = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
-            match key_places::claim(entry.0, owner, || rate.is_idle(&entry.1, now)) {
-                Claim::Busy => return (None, false),
-                Claim::Mine => {}
-                // Written only if `f` changes the state: a claim that
-                // holds nothing is no claim.
-                Claim::Free | Claim::Evict => *entry = (owner, rate.initial_state()),
-            }
-            let (out, changed) = f(&mut entry.1);
-            (Some(out), changed)
-        })?;
-        if let Some(out) = done {
-            return Ok(Some((key, out)));
-        }
-    }
-    Ok(None)
 }
 
 /// Counts a call every further limit let through and that went.
