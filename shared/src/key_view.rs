@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use crate::key_hash::KeySecret;
-use crate::policy::KeyLabel;
+use crate::policy::key::KeyLabel;
 
 /// Counters a worker keeps per keyed policy between two flushes.
 pub const WORKER_TOP_KEYS: usize = 32;

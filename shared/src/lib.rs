@@ -15,6 +15,7 @@ pub mod fair;
 pub mod fleet;
 pub mod header_names;
 pub mod instance;
+pub mod json_path;
 pub mod key_hash;
 pub mod key_view;
 pub mod limiter;

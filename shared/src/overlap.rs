@@ -4,7 +4,7 @@
 //! cannot be told, they overlap: validation refuses on an overlap, and a
 //! refusal it need not make is safer than a hole it misses.
 
-use crate::policy::MatchSpec;
+use crate::policy::matching::MatchSpec;
 
 /// A host pattern as `match.host` reads: any, one name, or the names
 /// under a domain; the port when it names one. A pattern naming a port
@@ -97,7 +97,7 @@ pub fn headers_overlap(a: &MatchSpec, b: &MatchSpec) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::HeaderEquals;
+    use crate::policy::matching::HeaderEquals;
 
     fn spec(
         host: &str,

@@ -9,7 +9,10 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::policy::{PromptEstimate, UsagePaths};
+use crate::policy::bounds;
+use crate::policy::check::Report;
+use crate::policy::prompt::PromptEstimate;
+use crate::policy::usage::UsagePaths;
 
 /// An amount of money in millionths of its currency. Written as a decimal
 /// with at most 6 places, as text (`"2.50"`) or a number (`2.5`).
@@ -372,6 +375,68 @@ impl CompiledPrices {
             })
         });
         found.or(self.default.as_ref())
+    }
+}
+
+/// A price table: a known currency, named models, prices a provider
+/// could charge.
+pub(crate) fn check_prices(r: &mut Report, prices: &PriceTable) {
+    if iso_currency::Currency::from_code(&prices.currency).is_none() {
+        r.at(
+            "currency",
+            format!(
+                "{:?} is not an ISO 4217 currency code (USD, EUR, GBP, JPY, ...)",
+                prices.currency
+            ),
+        );
+    }
+    if prices.models.len() > bounds::MAX_PRICED_MODELS {
+        r.at(
+            "models",
+            format!("at most {} models", bounds::MAX_PRICED_MODELS),
+        );
+    }
+    for (name, price) in &prices.models {
+        let at = format!("models.{name}");
+        let bare = name.strip_suffix('*').unwrap_or(name);
+        if bare.is_empty() || name.len() > bounds::MAX_MODEL_NAME || bare.contains('*') {
+            r.at(
+                &at,
+                format!(
+                    "a model's name, at most {} characters, `*` only at its end",
+                    bounds::MAX_MODEL_NAME
+                ),
+            );
+        }
+        check_model_price(r, &at, price);
+    }
+    if let Some(default) = &prices.default {
+        check_model_price(r, "default", default);
+    }
+}
+
+pub(crate) fn check_model_price(r: &mut Report, at: &str, price: &ModelPrice) {
+    let most = Money(bounds::MAX_PRICE_PER_MILLION * Money::ONE);
+    for (kind, amount) in [
+        ("input", Some(price.input)),
+        ("output", Some(price.output)),
+        ("cached_input", price.cached_input),
+    ] {
+        if amount.is_some_and(|a| a > most) {
+            r.at(
+                &format!("{at}.{kind}"),
+                format!(
+                    "at most {} a million tokens: a price is per million tokens",
+                    bounds::MAX_PRICE_PER_MILLION
+                ),
+            );
+        }
+    }
+    if price.input.micros() == 0 && price.output.micros() == 0 {
+        r.at(
+            at,
+            "input and output both free: give the model's price, or leave it out (then `default`, or refused)",
+        );
     }
 }
 

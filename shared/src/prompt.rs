@@ -1,18 +1,18 @@
 //! A prompt's tokens estimated before the call, from the characters of
-//! its text ([`crate::policy::PromptEstimate`]), so that a long prompt is
+//! its text ([`crate::policy::prompt::PromptEstimate`]), so that a long prompt is
 //! admitted against about what it will cost instead of being "one call
 //! late". Characters, not bytes: a token of another script holds fewer
 //! bytes' worth of characters, and counting bytes would overcharge it.
 
 use serde_json::Value;
 
-use crate::policy::PromptEstimate;
-use crate::usage::UsagePath;
+use crate::json_path::JsonPath;
+use crate::policy::prompt::PromptEstimate;
 
 /// [`PromptEstimate`], parsed once for every request it estimates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptTokens {
-    paths: Vec<UsagePath>,
+    paths: Vec<JsonPath>,
     /// `"*"` is among the paths: every string of the body counts (once).
     whole: bool,
     /// Thousandths of a character per token, at least 1: integer
@@ -32,7 +32,7 @@ impl PromptTokens {
             paths: spec
                 .paths
                 .iter()
-                .filter_map(|p| UsagePath::parse(p))
+                .filter_map(|p| JsonPath::parse(p))
                 .collect(),
             whole,
             milli_chars_per_token,

@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::policy::UsageSpec;
+use crate::json_path::JsonPath;
+use crate::policy::cost::CostSpec;
+use crate::policy::usage::{UnreadCharge, UnreadName, UsagePaths, UsageSpec};
 use crate::price::{CompiledPrices, PriceCost, UsageFormat};
 
 /// Why a response's usage could not be read.
@@ -33,80 +35,6 @@ pub enum UsageError {
     Malformed(String),
     #[error("no whole number at {0}")]
     Missing(String),
-}
-
-/// A dotted path into a JSON value: `usage.total_tokens`; array items by
-/// index (`choices.0.usage`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsagePath {
-    text: String,
-    steps: Vec<String>,
-}
-
-impl UsagePath {
-    /// None for an empty path or an empty step (`usage..tokens`).
-    pub fn parse(text: &str) -> Option<Self> {
-        let steps: Vec<String> = text.split('.').map(str::to_string).collect();
-        if text.is_empty() || steps.iter().any(String::is_empty) {
-            return None;
-        }
-        Some(Self {
-            text: text.to_string(),
-            steps,
-        })
-    }
-
-    /// The whole number at this path in `value`.
-    pub fn find(&self, value: &Value) -> Option<u64> {
-        self.value_in(value)?.as_u64()
-    }
-
-    /// The whole number at this path, its first step's value found by
-    /// `field` (the body's top-level field of that name).
-    fn find_in_field(&self, field: impl Fn(&str) -> Option<Value>) -> Option<u64> {
-        let (first, rest) = self.steps.split_first()?;
-        let mut at = field(first)?;
-        for step in rest {
-            at = match at {
-                Value::Object(mut map) => map.remove(step)?,
-                Value::Array(mut items) => {
-                    let index = step.parse::<usize>().ok()?;
-                    (index < items.len()).then(|| items.swap_remove(index))?
-                }
-                _ => return None,
-            };
-        }
-        at.as_u64()
-    }
-
-    /// Whatever is at this path in `value`.
-    pub fn value_in<'v>(&self, value: &'v Value) -> Option<&'v Value> {
-        let mut at = value;
-        for step in &self.steps {
-            at = match at {
-                Value::Object(map) => map.get(step)?,
-                Value::Array(items) => items.get(step.parse::<usize>().ok()?)?,
-                _ => return None,
-            };
-        }
-        Some(at)
-    }
-
-    /// The text at this path in `value`, for a match or a key: a string as
-    /// it is, a number or `true`/`false` as its JSON text; None for
-    /// anything else (an object, a list, `null`) or nothing there.
-    pub fn text_in<'v>(&self, value: &'v Value) -> Option<std::borrow::Cow<'v, str>> {
-        match self.value_in(value)? {
-            Value::String(s) => Some(std::borrow::Cow::Borrowed(s)),
-            Value::Number(n) => Some(std::borrow::Cow::Owned(n.to_string())),
-            Value::Bool(b) => Some(std::borrow::Cow::Borrowed(if *b {
-                "true"
-            } else {
-                "false"
-            })),
-            Value::Null | Value::Array(_) | Value::Object(_) => None,
-        }
-    }
 }
 
 /// A limit's [`UsageSpec`], parsed once for every response it reads.
@@ -150,11 +78,11 @@ pub struct Priced<'a> {
 impl CompiledUsage {
     /// From a validated spec (a path that does not parse is left out) of
     /// a limit whose cost is `cost`.
-    pub fn new(spec: &UsageSpec, cost: &crate::policy::CostSpec) -> Self {
-        let parse = |paths: &crate::policy::UsagePaths| {
+    pub fn new(spec: &UsageSpec, cost: &CostSpec) -> Self {
+        let parse = |paths: &UsagePaths| {
             paths
                 .iter()
-                .filter_map(|(p, weight)| Some((UsagePath::parse(p)?, weight)))
+                .filter_map(|(p, weight)| Some((JsonPath::parse(p)?, weight)))
                 .collect()
         };
         Self {
@@ -162,7 +90,7 @@ impl CompiledUsage {
             json: parse(&spec.json),
             events: parse(spec.event_paths()),
             max_body_bytes: usize::try_from(spec.max_body_bytes()).unwrap_or(usize::MAX),
-            unread: spec.unread.tokens(cost),
+            unread: unread_tokens(&spec.unread, cost),
             ask_stream_usage: spec.ask_stream_usage,
             per: 1,
             reprice: None,
@@ -172,11 +100,7 @@ impl CompiledUsage {
     /// The usage of one call of a limit whose cost is money: its answer's
     /// token kinds at `price`, in micro-units (`spec`: the limit's own
     /// `usage`, for its read bound, unread charge and streams).
-    pub fn priced(
-        spec: Option<&UsageSpec>,
-        cost: &crate::policy::CostSpec,
-        call: Priced<'_>,
-    ) -> Self {
+    pub fn priced(spec: Option<&UsageSpec>, cost: &CostSpec, call: Priced<'_>) -> Self {
         let default = UsageSpec::default();
         let spec = spec.unwrap_or(&default);
         let (json, events) = PriceCost::weighed_usage(call.format, call.price);
@@ -248,7 +172,7 @@ enum Mode {
 }
 
 /// A path and what each of its units counts (negative: a discount).
-pub type WeightedPath = (UsagePath, i64);
+pub type WeightedPath = (JsonPath, i64);
 
 /// What of a JSON body larger than the reader's bound it keeps: its
 /// start (where the answer names its model) and its end (its usage).
@@ -457,7 +381,7 @@ impl UsageReader {
                 // A discount that is not there takes nothing off, nor a
                 // path that counts nothing.
                 None if *weight <= 0 => {}
-                None => return Err(UsageError::Missing(path.text.clone())),
+                None => return Err(UsageError::Missing(path.as_str().to_string())),
             }
         }
         let per = i128::from(self.per.max(1));
@@ -527,13 +451,31 @@ fn last_field(bytes: &[u8], key: &str, first: bool) -> Option<Value> {
     None
 }
 
+/// The tokens charged for `unread` usage of a limit whose cost is `cost`
+/// (None: the estimate).
+fn unread_tokens(unread: &UnreadCharge, cost: &CostSpec) -> Option<u64> {
+    // Money's estimate already counts the most output the call asked
+    // for at its model's price: "max" is that estimate.
+    if cost.is_price() {
+        return match unread {
+            UnreadCharge::Tokens(n) => Some(*n),
+            UnreadCharge::Named(_) => None,
+        };
+    }
+    match unread {
+        UnreadCharge::Named(UnreadName::Max) => Some(cost.max_cost()),
+        UnreadCharge::Named(UnreadName::Estimate) => None,
+        UnreadCharge::Tokens(n) => Some(*n),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn paths(p: &[&str]) -> Vec<WeightedPath> {
         p.iter()
-            .filter_map(|p| Some((UsagePath::parse(p)?, 1)))
+            .filter_map(|p| Some((JsonPath::parse(p)?, 1)))
             .collect()
     }
 
@@ -642,8 +584,8 @@ mod tests {
             ),
             Ok(u64::MAX)
         );
-        assert_eq!(UsagePath::parse(""), None);
-        assert_eq!(UsagePath::parse("usage..x"), None);
+        assert_eq!(JsonPath::parse(""), None);
+        assert_eq!(JsonPath::parse("usage..x"), None);
     }
 
     /// Third review, item 2: an answer past the bound is read from its
@@ -695,7 +637,7 @@ mod tests {
         let mini = price("0.15", "0.6");
         let usage = CompiledUsage::priced(
             None,
-            &crate::policy::CostSpec::Price(crate::policy::PriceCostSpec::Word(
+            &CostSpec::Price(crate::policy::PriceCostSpec::Word(
                 crate::policy::PriceWord::Price,
             )),
             Priced {
@@ -731,7 +673,7 @@ mod tests {
 
     fn weighed(p: &[(&str, i64)]) -> Vec<WeightedPath> {
         p.iter()
-            .filter_map(|(p, w)| Some((UsagePath::parse(p)?, *w)))
+            .filter_map(|(p, w)| Some((JsonPath::parse(p)?, *w)))
             .collect()
     }
 

@@ -7,6 +7,8 @@
 //! ([`period_mark`]).
 
 use crate::limiter::Standing;
+use crate::policy::bounds;
+use crate::policy::check::Report;
 
 /// A limit's lines, in thousandths of its size, ascending.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -86,6 +88,30 @@ pub fn warn_item(limit: &str, used_permille: Option<u64>) -> String {
         hundredths / 100,
         hundredths % 100
     )
+}
+
+/// Warning lines: a few shares of the limit, each between 0 and 1,
+/// ascending.
+pub(crate) fn check_warn_at(r: &mut Report, lines: &[f64]) {
+    if lines.len() > bounds::MAX_WARN_LINES {
+        r.at(
+            "warn_at",
+            format!("at most {} lines", bounds::MAX_WARN_LINES),
+        );
+    }
+    for (i, line) in lines.iter().enumerate() {
+        if !(*line > 0.0 && *line < 1.0) {
+            r.at(
+                &format!("warn_at[{i}]"),
+                "a share of the limit, between 0 and 1 (0.8 warns at 80 %)",
+            );
+        } else if i > 0 && lines[i - 1] >= *line {
+            r.at(
+                &format!("warn_at[{i}]"),
+                "lines go up: each above the one before",
+            );
+        }
+    }
 }
 
 #[cfg(test)]

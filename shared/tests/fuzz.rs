@@ -516,7 +516,8 @@ fn chunked(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
 
 #[test]
 fn response_usage_from_arbitrary_bodies() {
-    use sluice_shared::usage::{UsagePath, UsageReader};
+    use sluice_shared::json_path::JsonPath;
+    use sluice_shared::usage::UsageReader;
     // Weighed as a limit may weigh them: a discount among them.
     let paths = || {
         [
@@ -525,7 +526,7 @@ fn response_usage_from_arbitrary_bodies() {
             ("usage.output_tokens", -1),
         ]
         .iter()
-        .filter_map(|(p, weight)| Some((UsagePath::parse(p)?, *weight)))
+        .filter_map(|(p, weight)| Some((JsonPath::parse(p)?, *weight)))
         .collect::<Vec<_>>()
     };
     let input = (

@@ -15,8 +15,9 @@ use sluice_shared::prompt::PromptTokens;
 
 pub use crate::body::BodyJson;
 use crate::pricing::{CallPrice, CompiledPriceCost, Pricing};
+use sluice_shared::json_path::JsonPath;
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::usage::{CompiledUsage, UsagePath};
+use sluice_shared::usage::CompiledUsage;
 use sluice_shared::validate::{parse_policy_set, ValidationErrors};
 use sluice_shared::warn::WarnLines;
 use std::borrow::Cow;
@@ -260,7 +261,7 @@ pub struct CompiledLimit {
     cost: CostSpec,
     cost_header: Option<String>,
     /// Where in the request's JSON body the estimate is read.
-    cost_json: Option<UsagePath>,
+    cost_json: Option<JsonPath>,
     /// What the request's prompt adds to that estimate.
     cost_prompt: Option<PromptTokens>,
     /// A cost in money at the set's prices.
@@ -373,7 +374,7 @@ impl CompiledPolicy {
                     cost: l.cost.clone(),
                     cost_header: cost_header_of(&l.cost),
                     cost_json: match &l.cost {
-                        CostSpec::FromRequestJson(j) => UsagePath::parse(&j.json),
+                        CostSpec::FromRequestJson(j) => JsonPath::parse(&j.json),
                         _ => None,
                     },
                     cost_prompt: match &l.cost {
@@ -945,7 +946,7 @@ fn parse_whole_number(v: &[u8]) -> Option<u64> {
 pub(crate) enum KeySource {
     /// Lower case, as Envoy gives header names.
     Header(String),
-    Json(UsagePath),
+    Json(JsonPath),
 }
 
 impl KeySource {
@@ -953,7 +954,7 @@ impl KeySource {
     pub(crate) fn new(spec: &KeySpec) -> Option<Self> {
         match (&spec.header, &spec.json) {
             (Some(header), _) => Some(Self::Header(header.to_ascii_lowercase())),
-            (None, Some(path)) => UsagePath::parse(path).map(Self::Json),
+            (None, Some(path)) => JsonPath::parse(path).map(Self::Json),
             (None, None) => None,
         }
     }
@@ -993,7 +994,7 @@ impl KeySource {
 /// One condition of `match.json`, ready to test.
 #[derive(Debug, Clone)]
 struct BodyMatch {
-    path: UsagePath,
+    path: JsonPath,
     test: BodyTest,
 }
 
@@ -1013,7 +1014,7 @@ impl BodyMatch {
             (None, None) => BodyTest::OneOf(spec.one_of.clone()),
         };
         Some(Self {
-            path: UsagePath::parse(&spec.path)?,
+            path: JsonPath::parse(&spec.path)?,
             test,
         })
     }

@@ -9,10 +9,11 @@
 use std::sync::Arc;
 
 use serde_json::Value;
+use sluice_shared::json_path::JsonPath;
 use sluice_shared::price::{self, CompiledPrices, ModelPrice, ModelSource, PriceCost};
 use sluice_shared::prompt::PromptTokens;
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::usage::{CompiledUsage, Priced, UsagePath};
+use sluice_shared::usage::{CompiledUsage, Priced};
 
 use crate::body::BodyJson;
 
@@ -33,14 +34,14 @@ pub const MAX_CHOICES: u64 = 128;
 #[derive(Debug, Clone)]
 pub struct CompiledPriceCost {
     spec: PriceCost,
-    output: Option<UsagePath>,
+    output: Option<JsonPath>,
     prompt: PromptTokens,
 }
 
 impl CompiledPriceCost {
     pub fn new(spec: PriceCost) -> Self {
         Self {
-            output: UsagePath::parse(&spec.output),
+            output: JsonPath::parse(&spec.output),
             prompt: PromptTokens::new(&spec.prompt),
             spec,
         }
@@ -119,7 +120,7 @@ fn choices(v: &Value) -> u64 {
 /// Where a call's model is read.
 #[derive(Debug, Clone)]
 enum ModelFrom {
-    Json(UsagePath),
+    Json(JsonPath),
     /// Lower case.
     Header(String),
     PathAfter(String),
@@ -128,7 +129,7 @@ enum ModelFrom {
 impl ModelFrom {
     fn new(source: &ModelSource) -> Option<Self> {
         match (&source.json, &source.header, &source.path_after) {
-            (Some(path), _, _) => UsagePath::parse(path).map(Self::Json),
+            (Some(path), _, _) => JsonPath::parse(path).map(Self::Json),
             (None, Some(header), _) => Some(Self::Header(header.to_ascii_lowercase())),
             (None, None, Some(prefix)) => Some(Self::PathAfter(prefix.clone())),
             (None, None, None) => None,

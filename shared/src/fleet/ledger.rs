@@ -55,7 +55,7 @@ impl FleetTerms {
 
     /// A global further limit's terms: leased as a global policy's are,
     /// for the default lease.
-    pub fn of_limit(limit: &crate::policy::NamedLimit) -> FleetTerms {
+    pub fn of_limit(limit: &crate::policy::limit::NamedLimit) -> FleetTerms {
         FleetTerms {
             limit: Amount::of_limit(limit),
             lease: crate::policy::Scope::DEFAULT_SHARE_LEASE.as_span(),

@@ -67,7 +67,7 @@ impl Amount {
     }
 
     /// A global further limit's: its rate, no calls in flight.
-    pub fn of_limit(limit: &crate::policy::NamedLimit) -> Amount {
+    pub fn of_limit(limit: &crate::policy::limit::NamedLimit) -> Amount {
         Amount {
             rate: limit.rate.as_ref().map_or(0.0, Self::per_second),
             in_flight: 0,
@@ -75,7 +75,7 @@ impl Amount {
     }
 
     /// A rate as so many per second.
-    pub fn per_second(rate: &crate::policy::RateSpec) -> f64 {
+    pub fn per_second(rate: &crate::policy::rate::RateSpec) -> f64 {
         rate.requests as f64 / rate.period.as_span().as_secs_f64().max(1e-9)
     }
 

@@ -12,7 +12,7 @@
 //! a slot of the old one as nothing, never a slot of the new one.
 
 use super::{Decision, DecodeError};
-use crate::policy::Priority;
+use crate::policy::on_limit::Priority;
 use crate::time::{Instant, Span};
 
 /// The fixed parameters of a concurrency limit.

@@ -16,7 +16,7 @@ pub use stack::{StackedOutcome, StackedTake, Standing, StepResult};
 pub use token_bucket::{TokenBucket, TokenBucketState, Warmup};
 pub use window::{FixedWindow, FixedWindowState, SlidingWindow, SlidingWindowState};
 
-use crate::policy::{Algorithm, ConcurrencySpec, RateSpec};
+use crate::policy::rate::{Algorithm, ConcurrencySpec, RateSpec};
 use crate::time::{Instant, Span};
 
 /// The outcome of asking to go now.

@@ -3,7 +3,7 @@
 //! "name";r=50;t=30`, and the older drafts' `RateLimit-Remaining` /
 //! `RateLimit-Reset`), or a vendor's own headers with their reset format.
 
-use crate::policy::{HeaderPreset, ProviderHeaders, ResetFormat};
+use crate::policy::provider::{HeaderPreset, ProviderHeaders, ResetFormat};
 use crate::request_headers::RequestHeaders;
 use crate::time::{Instant, Span, NANOS_PER_SEC};
 
@@ -388,7 +388,7 @@ fn parse_utc(text: &str) -> Option<Instant> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{CustomHeaders, IetfItem};
+    use crate::policy::provider::{CustomHeaders, IetfItem};
     use proptest::prelude::*;
 
     /// 2023-11-14T22:13:20Z.

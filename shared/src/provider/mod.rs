@@ -21,7 +21,8 @@ pub use table::{Allowed, Count, PauseSet, PauseWhy, ProviderTable, Row, RowState
 
 use thiserror::Error;
 
-use crate::policy::{ProviderSpec, RateSpec};
+use crate::policy::provider::ProviderSpec;
+use crate::policy::rate::RateSpec;
 use crate::request_headers::RequestHeaders;
 use crate::time::{Instant, Span, NANOS_PER_MILLI, NANOS_PER_SEC};
 

@@ -1,0 +1,122 @@
+//! Keys (`key`): a request header or JSON body value that splits a limit
+//! into one bucket per value, and its checks.
+
+use serde::{Deserialize, Serialize};
+
+use super::bounds;
+use super::check::{check_header_name, check_json_path, Report};
+
+#[cfg(feature = "schema")]
+use schemars::JsonSchema;
+/// One bucket per distinct value of `header` (per API key, per tenant), or
+/// of a field of the request's JSON body (`json`: per model, per `user`).
+///
+/// Requests without the header (or whose body is not JSON, or lacks the
+/// field) share one bucket. At most `max_keys` keys are
+/// tracked at once; a key whose bucket is idle (full again, nothing in flight)
+/// gives its place to a new key. When every place holds a busy key, a new key
+/// is handled by `overflow`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct KeySpec {
+    /// A request header: exactly one of `header` and `json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// A dotted path into the request's JSON body (`model`, `user`,
+    /// `metadata.team`): a string is the key as it is, a number or
+    /// `true`/`false` its JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+    #[serde(default = "KeySpec::default_max_keys")]
+    pub max_keys: u32,
+    #[serde(default)]
+    pub overflow: KeyOverflow,
+    /// How the live view names keys: a keyed hash (default: raw keys never
+    /// leave Envoy) or, for values that are no secret (a tenant id, a
+    /// region), the value itself.
+    #[serde(default, skip_serializing_if = "KeyLabel::is_hash")]
+    pub label: KeyLabel,
+}
+
+/// How the live view names a policy's keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum KeyLabel {
+    /// A keyed hash such as `#3fa2c41b09de`; the admin finds a key you type.
+    #[default]
+    Hash,
+    /// The header's value, when printable and no secret (cut at 64
+    /// characters).
+    Value,
+}
+
+impl KeyLabel {
+    fn is_hash(&self) -> bool {
+        *self == KeyLabel::Hash
+    }
+}
+
+impl KeySpec {
+    pub const DEFAULT_MAX_KEYS: u32 = 10_000;
+
+    /// Whether the key is read from the request's body.
+    pub fn reads_request_body(&self) -> bool {
+        self.json.is_some()
+    }
+
+    /// Where the key comes from, for people: `x-api-key`, `json model`.
+    pub fn source(&self) -> String {
+        match (&self.header, &self.json) {
+            (Some(header), _) => header.clone(),
+            (None, Some(path)) => format!("json {path}"),
+            (None, None) => String::new(),
+        }
+    }
+
+    fn default_max_keys() -> u32 {
+        Self::DEFAULT_MAX_KEYS
+    }
+}
+
+/// What happens to a request whose key finds no place among `max_keys`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum KeyOverflow {
+    /// All overflowing keys share one extra bucket with the policy's limits:
+    /// they are limited together, never let through unlimited.
+    #[default]
+    Shared,
+    /// Overflowing keys are refused with the policy's `on_limit` reply.
+    Reject,
+}
+
+pub(crate) fn check_key(r: &mut Report, key: &KeySpec) {
+    match (&key.header, &key.json) {
+        (Some(header), None) => {
+            check_header_name(r, "key.header", header);
+            if key.label == KeyLabel::Value && crate::header_names::is_credential(header) {
+                r.at(
+                    "key.label",
+                    format!(
+                        "{header:?} carries a credential: its values are never shown, so its keys are labelled by hash (leave `label` out)"
+                    ),
+                );
+            }
+        }
+        (None, Some(path)) => check_json_path(r, "key.json", path),
+        (Some(_), Some(_)) => r.at("key", "give either `header` or `json`, not both"),
+        (None, None) => r.at(
+            "key",
+            "give `header` (a request header) or `json` (a path in the request's JSON body)",
+        ),
+    }
+    r.range_u64(
+        "key.max_keys",
+        key.max_keys.into(),
+        1,
+        bounds::MAX_KEYS.into(),
+    );
+}
