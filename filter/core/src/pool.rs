@@ -11,21 +11,30 @@ use sluice_shared::pool::Rule;
 
 use sluice_shared::request_headers::RequestHeaders;
 
-use crate::matcher::{BodyJson, CompiledPolicy, KeySource};
+use crate::body::BodyJson;
+use crate::matcher::{CompiledLimit, CompiledSlotLimit, KeySource};
 
-/// A validated `pool`.
+/// What a pool needs of the policy a member is called as: its limits, the
+/// pool's policy's first, then the member's own.
+pub trait MemberPolicy {
+    fn limits(&self) -> &[CompiledLimit];
+    fn slot_limits(&self) -> &[CompiledSlotLimit];
+}
+
+/// A validated `pool`, its members each called as a policy `P`
+/// (`matcher::CompiledPool`: as a compiled policy).
 #[derive(Debug, Clone)]
-pub struct CompiledPool {
+pub struct Pool<P> {
     pub rule: Rule,
     sticky: Option<KeySource>,
     /// Lower case: the request header the chosen member's cluster goes in.
     pub route_header: String,
-    pub members: Vec<CompiledMember>,
+    pub members: Vec<Member<P>>,
 }
 
 /// One member of a pool.
 #[derive(Debug, Clone)]
-pub struct CompiledMember {
+pub struct Member<P> {
     pub name: String,
     pub cluster: String,
     pub weight: f64,
@@ -34,34 +43,35 @@ pub struct CompiledMember {
     /// The pool's policy as this member takes calls: the policy's limits,
     /// then the member's (`own_limits` on, in `limits`; `own_slots` on,
     /// in `slot_limits`).
-    pub policy: CompiledPolicy,
+    pub policy: P,
     pub own_limits: usize,
     pub own_slots: usize,
     /// Its policy's number in the set (`CompiledPolicySet::policy`).
     pub index: usize,
 }
 
-impl CompiledMember {
+impl<P: MemberPolicy> Member<P> {
     /// The member's own rate limits (not the policy's).
-    pub fn rate_limits(&self) -> &[crate::matcher::CompiledLimit] {
+    pub fn rate_limits(&self) -> &[CompiledLimit] {
         self.policy
-            .limits
+            .limits()
             .get(self.own_limits..)
             .unwrap_or_default()
     }
 
     /// The member's own concurrency limits.
-    pub fn slot_limits(&self) -> &[crate::matcher::CompiledSlotLimit] {
+    pub fn slot_limits(&self) -> &[CompiledSlotLimit] {
         self.policy
-            .slot_limits
+            .slot_limits()
             .get(self.own_slots..)
             .unwrap_or_default()
     }
 }
 
-impl CompiledPool {
-    /// From a validated policy's `pool`.
-    pub fn new(policy: &Policy, spec: &PoolSpec) -> Self {
+impl<P> Pool<P> {
+    /// From a validated policy's `pool`, each member's policy (the
+    /// policy with the member's limits after its own) made by `compile`.
+    pub fn new(policy: &Policy, spec: &PoolSpec, compile: impl Fn(Policy) -> P) -> Self {
         let rule = match spec.rule {
             PoolRule::MostRoom => Rule::MostRoom,
             PoolRule::Weighted => Rule::Weighted,
@@ -89,12 +99,12 @@ impl CompiledPool {
                 let mut as_member = policy.clone();
                 as_member.pool = None;
                 as_member.limits.extend(member.limits.iter().cloned());
-                CompiledMember {
+                Member {
                     name: member.name.clone(),
                     cluster: member.cluster.clone(),
                     weight: member.weight,
                     id: stable_hash(member.name.as_bytes()),
-                    policy: CompiledPolicy::new(as_member),
+                    policy: compile(as_member),
                     own_limits: own_rates,
                     own_slots,
                     index: usize::MAX,

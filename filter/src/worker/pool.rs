@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use sluice_filter_core::matcher::{CompiledMember, CompiledPool};
 use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
-use sluice_filter_core::pool::{CompiledMember, CompiledPool};
 use sluice_shared::fair::FairClaimant;
 use sluice_shared::policy::PoolSpec;
 use sluice_shared::pool::{self, MemberNow};

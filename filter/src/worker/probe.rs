@@ -6,7 +6,7 @@
 //! one probe goes per Envoy, not one per worker.
 
 use sluice_filter_core::matcher::CompiledLimit;
-use sluice_filter_core::pool::CompiledMember;
+use sluice_filter_core::matcher::CompiledMember;
 use sluice_shared::provider::ProviderTable;
 use sluice_shared::time::{Instant, Span};
 
