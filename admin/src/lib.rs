@@ -17,13 +17,13 @@ pub mod live;
 pub mod login;
 pub mod managed;
 pub mod metrics;
-pub mod people_api;
 pub mod people_cli;
 pub mod push;
 pub mod relay;
 pub mod secrets;
 pub mod server;
 pub mod store;
+pub mod writes;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -375,7 +375,7 @@ pub async fn serve_with_tls(
     spawn_live_ticker(state.clone());
     spawn_instance_pruner(state.clone());
     push::spawn_version_poller(state.clone());
-    api::refresh_set_version(&state).await;
+    writes::publish_set(&state).await;
     let limits = state.config.server_limits;
     let state_for_stop = Arc::clone(&state);
     let app = app(state, ui_dir);

@@ -87,7 +87,7 @@ impl Managed {
                 });
                 state.metrics.managed_error.set(0);
                 if applied.applied {
-                    crate::api::refresh_set_version(state).await;
+                    crate::writes::publish_set(state).await;
                     tracing::info!(dir = %self.dir.display(), version = applied.version, changes = %applied.diff.to_string().trim_end().replace('\n', "; "), "managed policies applied");
                 }
                 applied.applied

@@ -10,6 +10,7 @@ const BASES: &[&str] = &[
     "filter/src",
     "filter/src/worker",
     "admin/src",
+    "admin/src/api",
     "admin/ui/src",
     "shared/src",
 ];

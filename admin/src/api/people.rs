@@ -9,13 +9,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, patch};
 use axum::{Json, Router};
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sluice_api::people::{
     format_token, CreatedToken, NewToken, NewUser, TokenList, UserChange, UserInfo, UserList,
 };
-use sluice_shared::{FieldError, ValidationErrors};
 
+use super::json_body::parse;
 use crate::access::{Administrator, Operator};
 use crate::auth::{hash_password, new_token_parts, token_hash};
 use crate::error::ApiError;
@@ -33,19 +32,6 @@ pub fn routes() -> Router<Shared> {
         )
         .route("/api/v1/tokens", get(list_tokens).post(create_token))
         .route("/api/v1/tokens/{id}", delete(revoke_token))
-}
-
-/// A JSON body as `T`, or 422 naming the field serde stopped at.
-pub(crate) fn parse<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(body).map_err(|e| {
-        let path = e.path().to_string();
-        ApiError::InvalidRequest(ValidationErrors {
-            errors: vec![FieldError {
-                path: if path == "." { String::new() } else { path },
-                message: e.inner().to_string(),
-            }],
-        })
-    })
 }
 
 /// Hashes `password` with argon2 on the blocking pool.
