@@ -1,6 +1,6 @@
 //! What the admin answers to a sync or a watch: written by
-//! [`AdminAnswer::http`] in the admin and read by the `read_*` functions
-//! in the filter, nowhere else.
+//! [`AdminAnswer::http`] in the admin and read by [`ReceivedHeaders::read`]
+//! in both of the filter's shells, nowhere else.
 //!
 //! The policy set travels in the body, everything else in headers. A
 //! `304` (the Envoy's set is current: by far the most common answer)
@@ -91,9 +91,58 @@ fn json<T: serde::Serialize>(value: &T) -> Option<String> {
     serde_json::to_string(value).ok()
 }
 
+/// The headers of an admin's answer as an Envoy received them, read once:
+/// its status, its epoch, and what each further header said (or why it
+/// could not be read). Each shell hands [`Self::read`] its way of looking
+/// a header up (bytes, any of them possibly missing or hostile); the
+/// worker takes the parts from here and reads no header itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReceivedHeaders {
+    /// None when Envoy gave up (connection refused, timeout, reset), or
+    /// `:status` is not three digits.
+    pub status: Option<u16>,
+    /// The store's epoch ([`EPOCH_HEADER`]); 0 when it names none.
+    pub epoch: u64,
+    /// The Envoy's fleet shares ([`SHARES_HEADER`]), if sent.
+    pub shares: Option<Result<SharesMessage, String>>,
+    /// Budgets the admin holds for it ([`BUDGETS_HEADER`]), if sent.
+    pub budgets: Option<Result<BudgetsMessage, String>>,
+    /// Other Envoys' provider news ([`PROVIDER_HEADER`]), if sent.
+    pub news: Option<Result<ProviderNews, String>>,
+    /// A watch's answer says to sync now ([`SYNC_NOW_HEADER`]).
+    pub sync_now: bool,
+}
+
+impl ReceivedHeaders {
+    /// The answer whose header `name` (lower case; `:status` for the
+    /// status) is `header(name)`.
+    pub fn read<V: AsRef<[u8]>>(mut header: impl FnMut(&str) -> Option<V>) -> Self {
+        Self {
+            status: parse_status(header(":status").as_ref().map(AsRef::as_ref)),
+            epoch: read_epoch(header(EPOCH_HEADER).as_ref().map(AsRef::as_ref)),
+            shares: header(SHARES_HEADER).map(|v| read_shares(v.as_ref())),
+            budgets: header(BUDGETS_HEADER).map(|v| read_budgets(v.as_ref())),
+            news: header(PROVIDER_HEADER).map(|v| read_news(v.as_ref())),
+            sync_now: header(SYNC_NOW_HEADER).is_some(),
+        }
+    }
+}
+
+/// An HTTP status from the bytes of `:status`; None for anything that is
+/// not three digits.
+pub fn parse_status(value: Option<&[u8]>) -> Option<u16> {
+    let value = value?;
+    if value.len() != 3 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value.iter().try_fold(0u16, |n, d| {
+        n.checked_mul(10)?.checked_add(u16::from(d - b'0'))
+    })
+}
+
 /// The epoch an answer names; 0 when it names none (or something that is
 /// not a number).
-pub fn read_epoch(value: Option<&[u8]>) -> u64 {
+fn read_epoch(value: Option<&[u8]>) -> u64 {
     value
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.trim().parse().ok())
@@ -101,12 +150,12 @@ pub fn read_epoch(value: Option<&[u8]>) -> u64 {
 }
 
 /// The fleet shares header.
-pub fn read_shares(value: &[u8]) -> Result<SharesMessage, String> {
+fn read_shares(value: &[u8]) -> Result<SharesMessage, String> {
     read_json(value)
 }
 
 /// The budgets header: at most [`MAX_KEYS_ANSWERED`] keys in all.
-pub fn read_budgets(value: &[u8]) -> Result<BudgetsMessage, String> {
+fn read_budgets(value: &[u8]) -> Result<BudgetsMessage, String> {
     let budgets: BudgetsMessage = read_json(value)?;
     let keys: usize = budgets.values().map(|b| b.keys.len()).sum();
     if keys > MAX_KEYS_ANSWERED {
@@ -116,7 +165,7 @@ pub fn read_budgets(value: &[u8]) -> Result<BudgetsMessage, String> {
 }
 
 /// The provider news header.
-pub fn read_news(value: &[u8]) -> Result<ProviderNews, String> {
+fn read_news(value: &[u8]) -> Result<ProviderNews, String> {
     read_json(value)
 }
 
@@ -205,6 +254,48 @@ mod tests {
         assert_eq!(header(&http, SHARES_HEADER), None);
         assert_eq!(header(&http, BUDGETS_HEADER), None);
         assert_eq!(header(&http, PROVIDER_HEADER), None);
+    }
+
+    #[test]
+    fn status_comes_from_three_digits_only() {
+        assert_eq!(parse_status(Some(b"200")), Some(200));
+        assert_eq!(parse_status(Some(b"304")), Some(304));
+        for bad in [&b""[..], b"20", b"2000", b"2a0", b"\xff\xfe\x00", b" 200"] {
+            assert_eq!(parse_status(Some(bad)), None, "{bad:?}");
+        }
+        assert_eq!(parse_status(None), None);
+    }
+
+    #[test]
+    fn the_shells_reader_takes_what_the_admin_wrote_and_says_why_a_header_is_not_read() {
+        let mut answer = AdminAnswer {
+            epoch: 9,
+            sync_now: true,
+            ..AdminAnswer::default()
+        };
+        answer.budgets.insert("daily".into(), HeldBudget::default());
+        let http = answer.http();
+        let status = http.status.to_string();
+        let read = ReceivedHeaders::read(|name| match name {
+            ":status" => Some(status.as_bytes()),
+            name => header(&http, name),
+        });
+        assert_eq!(read.status, Some(304));
+        assert_eq!(read.epoch, 9);
+        assert_eq!(read.budgets, Some(Ok(answer.budgets.clone())));
+        assert_eq!((read.shares, read.news, read.sync_now), (None, None, true));
+        let broken = ReceivedHeaders::read(|name| match name {
+            ":status" => Some(&b"2x0"[..]),
+            SHARES_HEADER => Some(&b"{not json"[..]),
+            EPOCH_HEADER => Some(&b"\xff"[..]),
+            _ => None,
+        });
+        assert_eq!((broken.status, broken.epoch), (None, 0));
+        assert!(matches!(broken.shares, Some(Err(_))), "{:?}", broken.shares);
+        assert_eq!(
+            ReceivedHeaders::read(|_| None::<&[u8]>),
+            ReceivedHeaders::default()
+        );
     }
 
     #[test]

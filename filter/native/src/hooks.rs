@@ -10,11 +10,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use sluice_filter::host::{Host, Level};
-use sluice_filter::sync::{parse_status, ReplyBody, SyncReply, MAX_RESPONSE_BYTES};
+use sluice_filter::sync::{ReplyBody, SyncReply, MAX_RESPONSE_BYTES};
 use sluice_filter_core::plugin::parse_plugin_config;
-use sluice_wire::sync::{
-    BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
-};
+use sluice_wire::sync_answer::ReceivedHeaders;
 
 use crate::abi::{self, EnvoyBuffer, EnvoyHeader, EnvoyPtr};
 use crate::host::{log, NativeHost};
@@ -361,12 +359,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
             body
         });
         let reply = SyncReply {
-            status: parse_status(header(":status")),
-            shares_header: header(SHARES_HEADER),
-            epoch_header: header(EPOCH_HEADER),
-            budgets_header: header(BUDGETS_HEADER),
-            provider_header: header(PROVIDER_HEADER),
-            sync_now: header(SYNC_NOW_HEADER).is_some(),
+            headers: ReceivedHeaders::read(header),
             body: match &body {
                 Some(b) if answered => ReplyBody::Read(Some(b)),
                 Some(_) => ReplyBody::Read(None),

@@ -14,14 +14,12 @@ use sluice_filter_core::matcher::CompiledPolicySet;
 use sluice_filter_core::plugin::parse_plugin_config;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
-use sluice_wire::sync::{
-    BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
-};
+use sluice_wire::sync_answer::ReceivedHeaders;
 
 use crate::header_pairs::HeaderPairs;
 use crate::host::{Host, Level, SetError};
 use crate::stream_shell::{Flow, ShellSettings, StreamIo, StreamShell};
-use crate::sync::{parse_status, ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
+use crate::sync::{ReplyBody, SyncReply, SyncSettings, MAX_RESPONSE_BYTES};
 use crate::worker::{StreamAction, Worker};
 
 proxy_wasm::main! {{
@@ -199,25 +197,15 @@ impl Context for SluiceRoot {
         };
         // Everything read as bytes, any of it possibly missing: no :status
         // means Envoy gave up (connection refused, timeout, reset).
-        let status =
-            parse_status(abi::header(MapType::HttpCallResponseHeaders, ":status").as_deref());
-        let shares = abi::header(MapType::HttpCallResponseHeaders, SHARES_HEADER);
-        let epoch = abi::header(MapType::HttpCallResponseHeaders, EPOCH_HEADER);
-        let budgets = abi::header(MapType::HttpCallResponseHeaders, BUDGETS_HEADER);
-        let provider = abi::header(MapType::HttpCallResponseHeaders, PROVIDER_HEADER);
-        let sync_now = abi::header(MapType::HttpCallResponseHeaders, SYNC_NOW_HEADER).is_some();
+        let headers =
+            ReceivedHeaders::read(|name| abi::header(MapType::HttpCallResponseHeaders, name));
         let body = if body_size > MAX_RESPONSE_BYTES {
             None
         } else {
             abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
         };
         let reply = SyncReply {
-            status,
-            shares_header: shares.as_deref(),
-            epoch_header: epoch.as_deref(),
-            budgets_header: budgets.as_deref(),
-            provider_header: provider.as_deref(),
-            sync_now,
+            headers,
             body: if body_size > MAX_RESPONSE_BYTES {
                 ReplyBody::TooLarge(body_size)
             } else {

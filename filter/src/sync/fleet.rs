@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sluice_shared::fleet::{Amount, Share};
 use sluice_shared::time::{Instant, Span};
-use sluice_wire::sync_answer::read_shares;
+use sluice_wire::sync::SharesMessage;
 
 use crate::entries::{self, Entry, SHARES_KEY};
 use crate::host::Host;
@@ -46,10 +46,9 @@ impl HeldShare {
 
 pub type HeldShares = BTreeMap<String, HeldShare>;
 
-/// The shares in the admin's answer header; None if it is not one. Shares
-/// that are not finite or negative are refused with the whole header.
-pub fn parse_header(value: &[u8], sent_at: Instant) -> Option<HeldShares> {
-    let message = read_shares(value).ok()?;
+/// The shares the admin's answer gave, held from `sent_at`; None if one
+/// is not finite or negative: the whole message is refused then.
+pub fn held_shares(message: SharesMessage, sent_at: Instant) -> Option<HeldShares> {
     let mut out = BTreeMap::new();
     for (policy, m) in message {
         if !m.rate.is_finite() || m.rate < 0.0 {
@@ -146,6 +145,15 @@ pub fn publish<H: Host + ?Sized>(
 mod tests {
     use super::*;
     use crate::testing::FakeHost;
+    use sluice_wire::sync::SHARES_HEADER;
+    use sluice_wire::sync_answer::ReceivedHeaders;
+
+    /// The shares of an answer whose shares header is `value`, read as a
+    /// shell reads it.
+    fn parse_header(value: &[u8], sent_at: Instant) -> Option<HeldShares> {
+        let read = ReceivedHeaders::read(|name| (name == SHARES_HEADER).then_some(value));
+        held_shares(read.shares?.ok()?, sent_at)
+    }
 
     #[test]
     fn header_shares_expire_a_lease_after_the_report_was_sent() {

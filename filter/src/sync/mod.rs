@@ -24,6 +24,7 @@ use sluice_shared::time::{Instant, Span};
 use sluice_shared::validate::parse_policy_set;
 use sluice_shared::PolicySet;
 use sluice_wire::sync::SYNC_PATH;
+use sluice_wire::sync_answer::ReceivedHeaders;
 
 use crate::entries::{self, Entry, POLICY_SET_KEY, POLICY_VERSION_KEY, SYNC_KEY};
 use crate::host::Host;
@@ -284,22 +285,12 @@ pub fn publish<H: Host + ?Sized>(
     Ok(outcome)
 }
 
-/// The admin's answer to a sync call as Envoy hands it over: bytes, never
-/// assumed to be UTF-8, any of them possibly missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The admin's answer to a sync call as Envoy hands it over: its headers
+/// read once by `sluice_wire`'s one reader, its body as bytes, never
+/// assumed to be UTF-8, possibly missing.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SyncReply<'a> {
-    /// None when Envoy gave up (connection refused, timeout, reset).
-    pub status: Option<u16>,
-    /// The fleet shares header.
-    pub shares_header: Option<&'a [u8]>,
-    /// The store epoch header.
-    pub epoch_header: Option<&'a [u8]>,
-    /// The budgets header.
-    pub budgets_header: Option<&'a [u8]>,
-    /// What other Envoys' providers said.
-    pub provider_header: Option<&'a [u8]>,
-    /// A watch's answer says to sync now (fleet room was freed).
-    pub sync_now: bool,
+    pub headers: ReceivedHeaders,
     pub body: ReplyBody<'a>,
 }
 
@@ -313,29 +304,17 @@ pub enum ReplyBody<'a> {
 impl SyncReply<'_> {
     /// The admin answered as it does when all is well (200 or 304).
     pub fn answered(&self) -> bool {
-        matches!(self.status, Some(200 | 304))
+        matches!(self.headers.status, Some(200 | 304))
     }
 
     pub fn answer(&self) -> Answer {
         match self.body {
-            ReplyBody::Read(body) => interpret(self.status, body),
+            ReplyBody::Read(body) => interpret(self.headers.status, body),
             ReplyBody::TooLarge(size) => Answer::Failed(format!(
                 "refused a {size}-byte answer (at most {MAX_RESPONSE_BYTES} bytes are read)"
             )),
         }
     }
-}
-
-/// An HTTP status from the bytes of `:status`; None for anything that is
-/// not three digits.
-pub fn parse_status(value: Option<&[u8]>) -> Option<u16> {
-    let value = value?;
-    if value.len() != 3 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    value.iter().try_fold(0u16, |n, d| {
-        n.checked_mul(10)?.checked_add(u16::from(d - b'0'))
-    })
 }
 
 /// What came back from the admin.
@@ -467,20 +446,12 @@ mod tests {
     }
 
     #[test]
-    fn status_comes_from_three_digits_only() {
-        assert_eq!(parse_status(Some(b"200")), Some(200));
-        assert_eq!(parse_status(Some(b"304")), Some(304));
-        for bad in [&b""[..], b"20", b"2000", b"2a0", b"\xff\xfe\x00", b" 200"] {
-            assert_eq!(parse_status(Some(bad)), None, "{bad:?}");
-        }
-        assert_eq!(parse_status(None), None);
+    fn an_answer_too_large_to_read_is_a_failure() {
         let reply = SyncReply {
-            sync_now: false,
-            status: Some(200),
-            shares_header: None,
-            epoch_header: None,
-            budgets_header: None,
-            provider_header: None,
+            headers: ReceivedHeaders {
+                status: Some(200),
+                ..ReceivedHeaders::default()
+            },
             body: ReplyBody::TooLarge(3 << 20),
         };
         assert!(matches!(reply.answer(), Answer::Failed(why) if why.contains("3145728-byte")));

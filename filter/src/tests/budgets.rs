@@ -3,10 +3,12 @@
 //! the admin answers, then resumed from its record; every broken answer
 //! keeps them unknown or takes at most the limit's size.
 
-use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;
-use crate::tests::{answer, header_of, next_report, pass, req, status, sync_settings, worker, T0};
+use crate::tests::{
+    answer, header_of, next_report, pass, reply_with, req, status, sync_settings, worker, T0,
+};
 use crate::worker::{Verdict, Worker};
+use sluice_wire::sync::BUDGETS_HEADER;
 
 /// 10 calls a day (T0 is 08:00 UTC), beside a per-second rate.
 const DAILY: &str = r#"{"version": 1, "policies": [
@@ -116,15 +118,14 @@ fn a_failed_or_broken_answer_leaves_the_budget_unknown() {
     w.on_sync_reply(
         &host,
         token,
-        SyncReply {
-            sync_now: false,
-            status: None,
-            shares_header: None,
-            epoch_header: None,
-            budgets_header: Some(br#"{"daily": {"available": 10, "size": 10, "at_ms": 1}}"#),
-            provider_header: None,
-            body: ReplyBody::Read(None),
-        },
+        reply_with(
+            None,
+            &[(
+                BUDGETS_HEADER,
+                Some(br#"{"daily": {"available": 10, "size": 10, "at_ms": 1}}"#),
+            )],
+            None,
+        ),
     );
     assert_eq!(admitted(&host, &mut w, 10, 5), 0);
     // Answers whose budgets header is not one: counted, still unknown.

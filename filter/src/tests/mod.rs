@@ -13,6 +13,8 @@ use crate::store::{Store, MAX_CAS_ATTEMPTS};
 use crate::sync::{ReplyBody, SyncReply};
 use crate::testing::FakeHost;
 use crate::worker::{StreamAction, Verdict, Worker};
+use sluice_wire::sync::{BUDGETS_HEADER, SHARES_HEADER};
+use sluice_wire::sync_answer::ReceivedHeaders;
 
 // One file per feature, through the worker as Envoy drives it; the
 // helpers they share are below.
@@ -490,13 +492,24 @@ pub(crate) fn reply<'a>(
     shares_header: Option<&'a [u8]>,
     body: Option<&'a [u8]>,
 ) -> SyncReply<'a> {
+    reply_with(status, &[(SHARES_HEADER, shares_header)], body)
+}
+
+/// An answer of `status` with `headers` (name, value) as a shell reads it.
+pub(crate) fn reply_with<'a>(
+    status: Option<u16>,
+    headers: &[(&str, Option<&[u8]>)],
+    body: Option<&'a [u8]>,
+) -> SyncReply<'a> {
+    let status = status.map(|s| s.to_string());
     SyncReply {
-        sync_now: false,
-        status,
-        shares_header,
-        epoch_header: None,
-        budgets_header: None,
-        provider_header: None,
+        headers: ReceivedHeaders::read(|name| match name {
+            ":status" => status.as_deref().map(str::as_bytes),
+            name => headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, v)| *v),
+        }),
         body: ReplyBody::Read(body),
     }
 }
@@ -525,8 +538,7 @@ pub(crate) fn answer(
     status: u16,
     budgets: Option<&[u8]>,
 ) {
-    let mut r = reply(Some(status), None, None);
-    r.budgets_header = budgets;
+    let r = reply_with(Some(status), &[(BUDGETS_HEADER, budgets)], None);
     w.on_sync_reply(host, token, r);
 }
 

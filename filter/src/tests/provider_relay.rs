@@ -8,7 +8,7 @@ use sluice_wire::sync::SyncReport;
 
 use crate::host::Host;
 use crate::testing::FakeHost;
-use crate::tests::{pass, reply, req, status, sync_settings, worker, T0};
+use crate::tests::{pass, reply, reply_with, req, status, sync_settings, worker, T0};
 use crate::worker::{Verdict, Worker};
 
 /// A limit every Envoy shares, that follows its provider's pauses and
@@ -79,8 +79,14 @@ fn relay(host: &FakeHost, w: &mut Worker, news: &[u8]) {
 fn relay_then(host: &FakeHost, w: &mut Worker, mut news: impl FnMut(u64) -> Vec<u8>) {
     let token = until_sync(host, w, 3_000).expect("a sync");
     let news = news(host.now().since(T0).as_millis());
-    let mut r = reply(Some(304), Some(SHARE), None);
-    r.provider_header = Some(&news);
+    let r = reply_with(
+        Some(304),
+        &[
+            (sluice_wire::sync::SHARES_HEADER, Some(SHARE)),
+            (sluice_wire::sync::PROVIDER_HEADER, Some(&news)),
+        ],
+        None,
+    );
     w.on_sync_reply(host, token, r);
 }
 

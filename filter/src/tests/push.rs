@@ -6,7 +6,7 @@
 use sluice_shared::time::Span;
 
 use crate::testing::FakeHost;
-use crate::tests::{reply, req, sync_settings, worker, T0};
+use crate::tests::{reply, reply_with, req, sync_settings, worker, T0};
 use crate::worker::{Verdict, Worker, PUSH_TICK};
 
 const ONE: &str = r#"{"version": 1, "policies": [
@@ -239,10 +239,7 @@ fn a_watch_answered_with_sync_now_brings_a_sync_at_once_and_reopens() {
     let watch = watches(&host)[0];
     host.advance_ms(300);
     // Fleet room was freed: sync now, not at the 1 s interval.
-    let news = crate::sync::SyncReply {
-        sync_now: true,
-        ..reply(Some(304), None, None)
-    };
+    let news = sync_now();
     w.on_sync_reply(&host, watch, news);
     let before = syncs(&host).len();
     let after = next_sync_after(&host, &mut w, before, 1_000).expect("a sync");
@@ -310,10 +307,11 @@ fn a_share_cut_by_a_tenth_or_more_is_told_to_the_admin_at_once() {
 }
 
 fn sync_now() -> crate::sync::SyncReply<'static> {
-    crate::sync::SyncReply {
-        sync_now: true,
-        ..reply(Some(304), None, None)
-    }
+    reply_with(
+        Some(304),
+        &[(sluice_wire::sync::SYNC_NOW_HEADER, Some(b"1"))],
+        None,
+    )
 }
 
 /// Two words to sync now 40 ms apart (two Envoys freeing fleet room one

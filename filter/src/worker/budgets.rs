@@ -23,8 +23,7 @@ use std::collections::{BTreeMap, HashSet};
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
 use sluice_shared::limiter::Standing;
 use sluice_shared::time::Instant;
-use sluice_wire::sync::{BudgetReport, HeldBudget};
-use sluice_wire::sync_answer::read_budgets;
+use sluice_wire::sync::{BudgetReport, BudgetsMessage, HeldBudget};
 
 use super::ctx::Ctx;
 use super::key_places;
@@ -118,12 +117,12 @@ impl Budgets {
         &mut self,
         ctx: &mut Ctx<'_, H>,
         policies: &CompiledPolicySet,
-        header: Option<&[u8]>,
+        held: Option<Result<BudgetsMessage, String>>,
     ) -> bool {
         if !self.held_by_admin {
             return false;
         }
-        let held = match header.map(read_budgets).transpose() {
+        let held = match held.transpose() {
             Ok(held) => held.unwrap_or_default(),
             Err(why) => {
                 ctx.metrics.add_filter(FilterCounter::BudgetsMalformed, 1);

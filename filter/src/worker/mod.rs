@@ -56,7 +56,6 @@ use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
-use sluice_wire::sync_answer::read_epoch;
 
 use crate::clock::{Clock, Clocked};
 use crate::host::{Host, Level};
@@ -904,10 +903,10 @@ impl Parts {
         reply: SyncReply<'_>,
     ) {
         if let Some(call) = self.sync.take_watch(token) {
-            let epoch = read_epoch(reply.epoch_header);
-            if let Some(set) =
-                self.sync
-                    .on_watch_answer(ctx, reply.answer(), epoch, reply.sync_now, call)
+            let (epoch, sync_now) = (reply.headers.epoch, reply.headers.sync_now);
+            if let Some(set) = self
+                .sync
+                .on_watch_answer(ctx, reply.answer(), epoch, sync_now, call)
             {
                 self.install_from_admin(ctx, set);
             }
@@ -916,8 +915,11 @@ impl Parts {
         let Some(sent_at) = self.sync.take_pending(token) else {
             return;
         };
-        if let Some(header) = reply.shares_header.filter(|_| reply.answered()) {
-            let taken = self.shares.take_header(ctx, header, sent_at);
+        let answer = reply.answer();
+        let answered_at_all = reply.answered();
+        let headers = reply.headers;
+        if let Some(shares) = headers.shares.filter(|_| answered_at_all) {
+            let taken = self.shares.take(ctx, shares, sent_at);
             if let Some(shares::Shrank(shrank)) = taken {
                 self.apply_shares(ctx);
                 if shrank {
@@ -930,21 +932,19 @@ impl Parts {
                 }
             }
         }
-        let answer = reply.answer();
         let answered = matches!(answer, Answer::Unchanged | Answer::PolicySet(_));
-        let epoch = read_epoch(reply.epoch_header);
-        if let Some(set) = self.sync.on_answer(ctx, answer, epoch) {
+        if let Some(set) = self.sync.on_answer(ctx, answer, headers.epoch) {
             self.install_from_admin(ctx, set);
         }
         if answered {
             let policies = Arc::clone(&self.policies);
-            if let Some(header) = reply.provider_header {
+            if let Some(news) = headers.news {
                 ctx.now = ctx.host.now();
                 let delay = ctx.now.since(sent_at).div(2);
-                provider::take_news(ctx, &policies, header, delay);
+                provider::take_news(ctx, &policies, news, delay);
             }
             ctx.now = ctx.host.now();
-            if self.budgets.on_answer(ctx, &policies, reply.budgets_header) {
+            if self.budgets.on_answer(ctx, &policies, headers.budgets) {
                 // A keyed budget comes back in parts: the next at once.
                 self.sync.hurry(ctx);
             }

@@ -15,7 +15,6 @@ use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
 use sluice_wire::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
-use sluice_wire::sync_answer::read_news;
 
 use super::ctx::Ctx;
 use super::retry::DEFAULT_RETRY;
@@ -540,11 +539,11 @@ const RELAY_SLACK: Span = Span::from_millis(500);
 pub(super) fn take_news<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policies: &CompiledPolicySet,
-    header: &[u8],
+    news: Result<ProviderNews, String>,
     delay: Span,
 ) {
     let (host, now) = (ctx.host, ctx.now);
-    let news: ProviderNews = match read_news(header) {
+    let news: ProviderNews = match news {
         Ok(news) => news,
         Err(why) => {
             ctx.metrics

@@ -10,6 +10,7 @@ use sluice_filter_core::matcher::CompiledPolicySet;
 use sluice_shared::fleet::{lapsed_asleep, share_in_force, Amount, Share};
 use sluice_shared::policy::Scope;
 use sluice_shared::time::Instant;
+use sluice_wire::sync::SharesMessage;
 
 use super::ctx::Ctx;
 use crate::host::{Host, Level};
@@ -61,14 +62,14 @@ impl FleetShares {
     /// could not be stored: the shares held stay); otherwise whether a share
     /// shrank, which the admin keeps reserved at its old size until this
     /// Envoy says, at its next sync, that it holds the new one.
-    pub fn take_header<H: Host + ?Sized>(
+    pub fn take<H: Host + ?Sized>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
-        header: &[u8],
+        message: Result<SharesMessage, String>,
         sent_at: Instant,
     ) -> Option<Shrank> {
         let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
-        let Some(shares) = fleet::parse_header(header, sent_at) else {
+        let Some(shares) = message.ok().and_then(|m| fleet::held_shares(m, sent_at)) else {
             metrics.add_filter(FilterCounter::SyncFailures, 1);
             host.log(
                 Level::Warn,

@@ -15,10 +15,7 @@ use sluice_shared::time::{Instant, Span};
 use crate::headers::Headers;
 use crate::host::{EnvoyShared, HostEffect, HttpCall, SimHost};
 use crate::rng::SimRng;
-use sluice_wire::sync::{
-    BUDGETS_HEADER, EPOCH_HEADER, PROVIDER_HEADER, SHARES_HEADER, SYNC_NOW_HEADER,
-};
-use sluice_wire::sync_answer::HttpAnswer;
+use sluice_wire::sync_answer::{HttpAnswer, ReceivedHeaders};
 
 /// One worker and its host.
 pub struct SimWorker {
@@ -278,13 +275,13 @@ impl SimEnvoy {
                     .map(|(_, v)| v.as_bytes())
             })
         };
+        let status = answer.map(|a| a.status.to_string());
+        let headers = ReceivedHeaders::read(|name| match name {
+            ":status" => status.as_deref().map(str::as_bytes),
+            name => header(name),
+        });
         let reply = SyncReply {
-            status: answer.map(|a| a.status),
-            shares_header: header(SHARES_HEADER),
-            epoch_header: header(EPOCH_HEADER),
-            budgets_header: header(BUDGETS_HEADER),
-            provider_header: header(PROVIDER_HEADER),
-            sync_now: header(SYNC_NOW_HEADER).is_some(),
+            headers,
             body: ReplyBody::Read(answer.map(|a| a.body.as_slice())),
         };
         let w = &mut self.workers[worker];
