@@ -178,3 +178,151 @@ fn a_link_to_a_missing_heading_or_file_is_found() {
     assert_eq!(local_links(text), ["#fleet-mode-one-limit", "other.md#x"]);
     assert_eq!(anchors(text), ["fleet-mode-one-limit"]);
 }
+
+/// A workspace crate as its Cargo.toml says.
+struct Crate {
+    name: String,
+    folder: String,
+    /// The Sluice crates it depends on.
+    uses: Vec<String>,
+    /// Those only its tests use besides (dev-dependencies).
+    tests_use: Vec<String>,
+}
+
+/// The workspace's crates as `cargo metadata` reads their Cargo.toml
+/// files, in the workspace's order.
+fn crate_graph(root: &Path) -> Vec<Crate> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(root)
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let root_dir = meta["workspace_root"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let members: Vec<&str> = meta["workspace_members"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|id| id.as_str()).collect())
+        .unwrap_or_default();
+    let mut crates = Vec::new();
+    for id in members {
+        let Some(package) = meta["packages"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["id"].as_str() == Some(id)))
+        else {
+            continue;
+        };
+        let name = package["name"].as_str().unwrap_or_default().to_string();
+        let manifest = package["manifest_path"].as_str().unwrap_or_default();
+        let folder = Path::new(manifest)
+            .parent()
+            .and_then(|dir| dir.strip_prefix(&root_dir).ok())
+            .map(|dir| format!("{}/", dir.display()))
+            .unwrap_or_default();
+        let sluice_deps = |kind: Option<&str>| -> Vec<String> {
+            let mut deps: Vec<String> = package["dependencies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| d["kind"].as_str() == kind)
+                .filter_map(|d| d["name"].as_str())
+                .filter(|n| n.starts_with("sluice-"))
+                .map(str::to_string)
+                .collect();
+            deps.sort();
+            deps.dedup();
+            deps
+        };
+        let uses = sluice_deps(None);
+        let tests_use: Vec<String> = sluice_deps(Some("dev"))
+            .into_iter()
+            .filter(|d| !uses.contains(d))
+            .collect();
+        crates.push(Crate {
+            name,
+            folder,
+            uses,
+            tests_use,
+        });
+    }
+    crates
+}
+
+/// The crates table of docs/ARCHITECTURE.md, as it must read.
+fn crates_table(crates: &[Crate]) -> String {
+    let list = |names: &[String]| {
+        if names.is_empty() {
+            "—".to_string()
+        } else {
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let mut table =
+        String::from("| crate | folder | depends on | its tests also use |\n|---|---|---|---|\n");
+    for c in crates {
+        table.push_str(&format!(
+            "| `{}` | `{}` | {} | {} |\n",
+            c.name,
+            c.folder,
+            list(&c.uses),
+            list(&c.tests_use)
+        ));
+    }
+    table
+}
+
+#[test]
+fn the_architecture_pages_crate_table_is_what_the_cargo_files_say() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let crates = crate_graph(&root);
+    assert!(crates.len() >= 10, "only {} crates read", crates.len());
+    let page =
+        std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).expect("docs/ARCHITECTURE.md");
+    let (begin, end) = ("<!-- crates: begin -->\n", "<!-- crates: end -->");
+    let written = page
+        .split_once(begin)
+        .and_then(|(_, rest)| rest.split_once(end))
+        .map(|(table, _)| table)
+        .expect("docs/ARCHITECTURE.md has the crates table between its markers");
+    let expected = crates_table(&crates);
+    assert!(
+        written == expected,
+        "docs/ARCHITECTURE.md's crates table is not what the Cargo.toml files say; it should read:\n{expected}"
+    );
+    // The two sides never depend on each other: the filter's crates on
+    // the admin's, nor the admin's on the filter's (their tests may).
+    let filter_side = ["sluice-filter", "sluice-filter-core", "sluice-native"];
+    let admin_side = ["sluice-admin", "sluice-api", "sluice-ui"];
+    for Crate { name, uses, .. } in &crates {
+        let other: &[&str] = if filter_side.contains(&name.as_str()) {
+            &admin_side
+        } else if admin_side.contains(&name.as_str()) {
+            &filter_side
+        } else {
+            &[]
+        };
+        let crossing: Vec<&String> = uses
+            .iter()
+            .filter(|u| other.contains(&u.as_str()))
+            .collect();
+        assert!(crossing.is_empty(), "{name} depends on {crossing:?}");
+    }
+}
