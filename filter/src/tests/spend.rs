@@ -160,3 +160,47 @@ fn without_a_token_keys_keep_the_envoys_own_secret() {
     );
     assert_eq!(teams.keys[0].label, "team-a", "a value label all the same");
 }
+
+/// A team whose calls always wait their turn still gets its label: found
+/// while its request is at hand, written when its turn comes and it
+/// leaves holding its limits (it was written only for calls admitted at
+/// once, so a key whose calls always queued showed as a hash).
+#[test]
+fn a_key_whose_calls_always_queue_gets_its_label_when_its_turn_comes() {
+    const QUEUED: &str = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 1, "period": "1s", "burst": 1},
+         "on_limit": {"action": "queue", "max_wait": "5s"},
+         "limits": [
+            {"name": "per-team", "rate": {"requests": 50, "period": "1d", "algorithm": "fixed_window"},
+             "key": {"header": "x-team", "label": "value", "max_keys": 100}}]}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, QUEUED);
+    w.set_sync(Some(sync_settings()));
+    let (_, token) = next_report(&host, &mut w);
+    answer(&host, &mut w, token, 304, None);
+    let labels = |host: &FakeHost| -> String {
+        let (bytes, _) = host.shared_get("sluice/sl/per-team");
+        String::from_utf8(bytes.unwrap_or_default()).unwrap_or_default()
+    };
+    // The burst goes to team-a; team-q's call waits its turn.
+    let first = req(LLM, &[("x-team", b"team-a")]);
+    assert_eq!(w.on_request(&host, 1, first.as_slice()), Verdict::Continue);
+    let queued = req(LLM, &[("x-team", b"team-q")]);
+    assert!(matches!(
+        w.on_request(&host, 2, queued.as_slice()),
+        Verdict::Pause { .. }
+    ));
+    assert!(labels(&host).contains("team-a"), "{}", labels(&host));
+    assert!(!labels(&host).contains("team-q"), "not before it holds its limits");
+    let mut resumed = false;
+    for _ in 0..2_000 {
+        host.advance_ms(1);
+        if w.on_tick(&host).contains(&crate::worker::StreamAction::Resume(2)) {
+            resumed = true;
+            break;
+        }
+    }
+    assert!(resumed, "team-q's turn came");
+    assert!(labels(&host).contains("team-q"), "{}", labels(&host));
+}

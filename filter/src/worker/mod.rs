@@ -25,6 +25,7 @@ mod admission;
 mod asked_usage;
 mod body_wait;
 mod budgets;
+mod call;
 mod ctx;
 mod fair;
 mod held_slot;
@@ -71,6 +72,7 @@ pub use usage::MAX_HELD_BYTES;
 
 use admission::Decision;
 use budgets::Budgets;
+use call::{Holding, PoolRoute};
 use ctx::Ctx;
 use pool::{MemberInputs, PoolCall};
 use shares::FleetShares;
@@ -578,13 +580,13 @@ impl Parts {
             budgets: &mut self.budgets,
             overflowed: false,
         };
-        let call_price = policy.call_price(req, &body);
+        let mut call_price = policy.call_price(req, &body);
         let limit_costs = policy.limit_costs(req, &body, call_price.as_ref());
         let limit_keys =
             policy.limit_keys(req, (&self.key_secret, self.spend_labels.secret()), &body);
         let fair_secret = self.spend_labels.secret().unwrap_or(&self.key_secret);
         let limit_claimants = policy.limit_claimants(req, fair_secret, &body);
-        let pool_call = policy.pool.as_ref().map(|pool| PoolCall {
+        let mut pool_call = policy.pool.as_ref().map(|pool| PoolCall {
             members: pool
                 .members
                 .iter()
@@ -611,13 +613,11 @@ impl Parts {
         let now = ctx.now;
         // A pool call is decided, usage and answer, as its member's policy.
         let member = held.as_ref().and_then(|h| h.member);
-        let (limit_costs, limit_keys, policy_index) =
+        let (mut limit_costs, mut limit_keys, policy_index) =
             match (member, &pool_call, policy.pool.as_deref()) {
                 (Some(at), Some(call), Some(pool)) => {
                     let inputs = call.members.get(at).cloned().unwrap_or_default();
                     let index = pool.members.get(at).map_or(class.policy_index, |m| m.index);
-                    let routed = pool::Routed::new(&policies, (class.policy_index, at), call, now);
-                    self.routed.insert(context_id, routed);
                     if let Some(m) = pool.members.get(at) {
                         pool::route(ctx, context_id, pool, m);
                     }
@@ -636,27 +636,33 @@ impl Parts {
             self.sync
                 .count_key(policy, (req, &body), (outcome, overflowed), now);
         }
+        // Only a call admitted now holds its limits (a queued one takes
+        // them when its turn comes): what it took moves to its holding.
         let slots = match held {
             Some(held) => {
-                self.spend_labels.record(
-                    ctx,
+                let labels = self.spend_labels.labels_of(
                     limits_policy,
                     (req, &body),
                     (&limit_keys, &self.key_secret),
                 );
-                if limits_policy.reads_usage() {
-                    self.usages.expect(
-                        context_id,
-                        limits_policy,
-                        (&limit_costs, &held.places),
-                        call_price.as_ref(),
-                        now,
-                    );
-                }
-                self.warnings.expect(context_id, &held.warnings);
-                let counted: Vec<_> = held.places.iter().map(|p| p.counted).collect();
-                self.listening
-                    .expect(context_id, (&policies, policy_index), &limit_keys, &counted);
+                let holding = Holding {
+                    context_id,
+                    policy_index,
+                    costs: std::mem::take(&mut limit_costs),
+                    keys: std::mem::take(&mut limit_keys),
+                    places: held.places,
+                    price: call_price.take(),
+                    warnings: held.warnings,
+                    labels,
+                    pool: member
+                        .zip(pool_call.take())
+                        .map(|(chosen, call)| PoolRoute {
+                            pool_index: class.policy_index,
+                            chosen,
+                            call: Box::new(call),
+                        }),
+                };
+                self.hold(ctx, &policies, holding);
                 held.slots
             }
             None => Vec::new(),
@@ -711,6 +717,7 @@ impl Parts {
                     bucket: bucket.into(),
                     prefetch: key,
                     turn: streams::Turn { ticket, deadline },
+                    labels: self.labels_of_queued(policy.0, (req, &body), &limit_keys, &pool_call),
                     limit_costs,
                     limit_keys,
                     limit_claimants,
@@ -723,6 +730,66 @@ impl Parts {
                 Verdict::Pause { ticket }
             }
         }
+    }
+
+    /// A call holds its limits and goes upstream (decided at once, or
+    /// its turn in the queue came): each part that acts on its answer
+    /// takes what it needs of it, here for both ways.
+    fn hold<H: Host + ?Sized>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        policies: &Arc<CompiledPolicySet>,
+        call: Holding,
+    ) {
+        if let Some(route) = &call.pool {
+            let at = (route.pool_index, route.chosen);
+            let routed = pool::Routed::new(policies, at, &route.call, ctx.now);
+            self.routed.insert(call.context_id, routed);
+        }
+        self.spend_labels.record(ctx, &call.labels);
+        let Some(policy) = policies.policy(call.policy_index) else {
+            return;
+        };
+        if policy.reads_usage() {
+            self.usages.expect(
+                call.context_id,
+                policy,
+                (&call.costs, &call.places),
+                call.price.as_ref(),
+                ctx.now,
+            );
+        }
+        self.warnings.expect(call.context_id, &call.warnings);
+        let counted: Vec<_> = call.places.iter().map(|p| p.counted).collect();
+        self.listening.expect(
+            call.context_id,
+            (policies, call.policy_index),
+            &call.keys,
+            &counted,
+        );
+    }
+
+    /// The live-view labels of a queued call's keys, found while its
+    /// request is at hand: in its policy's limits, and for a pool call in
+    /// each member's it may leave for.
+    fn labels_of_queued<R: RequestHeaders + ?Sized>(
+        &self,
+        policy: &CompiledPolicy,
+        request: (&R, &BodyJson),
+        keys: &[Option<u64>],
+        pool_call: &Option<PoolCall>,
+    ) -> spend::KeyLabels {
+        let own = &self.key_secret;
+        let mut labels = self.spend_labels.labels_of(policy, request, (keys, own));
+        let members = policy.pool.iter().flat_map(|pool| pool.members.iter());
+        let inputs = pool_call.iter().flat_map(|call| call.members.iter());
+        for (member, inputs) in members.zip(inputs) {
+            let of_member =
+                self.spend_labels
+                    .labels_of(&member.policy, request, (&inputs.keys, own));
+            labels.extend(of_member);
+        }
+        labels
     }
 
     /// A call policies from `from` on decide on its body: it is asked for
@@ -837,36 +904,8 @@ impl Parts {
             previous_poll,
             &mut served,
         );
-        for left in served.with_limits {
-            if let Some((chosen, call)) = &left.pool {
-                if let Some(pool_index) = policies
-                    .policy(left.policy_index)
-                    .and_then(|p| p.member_of)
-                    .map(|(pool_index, _)| pool_index)
-                {
-                    let routed = pool::Routed::new(&policies, (pool_index, *chosen), call, now);
-                    self.routed.insert(left.context_id, routed);
-                }
-            }
-            if let Some(policy) = policies.policy(left.policy_index) {
-                if policy.reads_usage() {
-                    self.usages.expect(
-                        left.context_id,
-                        policy,
-                        (&left.costs, &left.places),
-                        left.price.as_ref(),
-                        now,
-                    );
-                }
-                self.warnings.expect(left.context_id, &left.warnings);
-                let counted: Vec<_> = left.places.iter().map(|p| p.counted).collect();
-                self.listening.expect(
-                    left.context_id,
-                    (&policies, left.policy_index),
-                    &left.keys,
-                    &counted,
-                );
-            }
+        for holding in served.with_limits {
+            self.hold(ctx, &policies, holding);
         }
         actions.extend(self.body_waits.expire(ctx));
         for spare in self.prefetches.prune(now) {

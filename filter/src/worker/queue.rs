@@ -13,9 +13,10 @@ use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
+use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
-use super::limits::{self, LimitPlace, Taken};
-use super::pool::{self, PoolCall};
+use super::limits::{self, Taken};
+use super::pool;
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::streams::{Further, Streams};
@@ -100,26 +101,10 @@ impl HeadHolds {
     }
 }
 
-/// A call that left the queue holding its policy's further limits: what
-/// it took where, for the worker to settle its usage and read its answer.
-#[derive(Debug)]
-pub(super) struct LeftWithLimits {
-    pub context_id: u32,
-    pub policy_index: usize,
-    pub costs: Vec<u64>,
-    pub keys: Vec<Option<u64>>,
-    pub places: Vec<LimitPlace>,
-    pub price: Option<sluice_filter_core::pricing::CallPrice>,
-    /// Limits it left past a warning line: (name, thousandths used).
-    pub warnings: Vec<super::limits::PastWarning>,
-    /// A pool call: the member it left for, and what it would cost at each.
-    pub pool: Option<(usize, Box<PoolCall>)>,
-}
-
 /// Calls that left the queue holding their policy's further limits.
 #[derive(Debug, Default)]
 pub(super) struct Served {
-    pub with_limits: Vec<LeftWithLimits>,
+    pub with_limits: Vec<Holding>,
 }
 
 /// Hands turns to the waiters whose turn came since `previous_poll` and
@@ -247,7 +232,7 @@ impl Poll<'_> {
             let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) else {
                 return;
             };
-            let (costs, keys, claimants, price, pool_call) = parts
+            let (costs, keys, claimants, price, pool_call, labels) = parts
                 .streams
                 .get(context_id)
                 .and_then(|s| s.further.as_deref())
@@ -258,6 +243,7 @@ impl Poll<'_> {
                         f.claimants.clone(),
                         f.price,
                         f.pool.clone(),
+                        f.labels.clone(),
                     )
                 })
                 .unwrap_or_default();
@@ -270,6 +256,7 @@ impl Poll<'_> {
                 pool_call.as_deref(),
             );
             let limits_policy = pool::limits_of(policy, member);
+            let pool_index = index;
             let (costs, keys, index) = match (member, &pool_call, &policy.pool) {
                 (Some(at), Some(call), Some(pool)) => {
                     let inputs = call.members.get(at).cloned().unwrap_or_default();
@@ -321,7 +308,7 @@ impl Poll<'_> {
                             ));
                         }
                     }
-                    served.with_limits.push(LeftWithLimits {
+                    served.with_limits.push(Holding {
                         context_id,
                         policy_index: index,
                         costs,
@@ -329,7 +316,12 @@ impl Poll<'_> {
                         places,
                         price,
                         warnings,
-                        pool: member.zip(pool_call),
+                        labels,
+                        pool: member.zip(pool_call).map(|(chosen, call)| PoolRoute {
+                            pool_index,
+                            chosen,
+                            call,
+                        }),
                     });
                     actions.push(StreamAction::Resume(context_id));
                 }

@@ -76,18 +76,20 @@ impl SpendLabels {
         self.secret.as_ref()
     }
 
-    /// Writes the labels of an admitted call's keys (`keys`, from
-    /// `limit_keys`, hashed with [`Self::secret`] or else `own`, the
-    /// Envoy's) for its long limits shown by value, once per key.
-    pub fn record<H: Host + ?Sized, R: RequestHeaders + ?Sized>(
-        &mut self,
-        ctx: &mut Ctx<'_, H>,
+    /// The live-view labels of a call's keys (`keys`, from `limit_keys`,
+    /// hashed with [`Self::secret`] or else `own`, the Envoy's) in
+    /// `policy`'s long limits shown by value, but for those this worker
+    /// wrote already: found while the request is at hand, for a call that
+    /// may hold its limits only when it leaves the queue.
+    pub fn labels_of<R: RequestHeaders + ?Sized>(
+        &self,
         policy: &CompiledPolicy,
         (req, body): (&R, &BodyJson),
         (keys, own): (&[Option<u64>], &KeySecret),
-    ) {
+    ) -> KeyLabels {
+        let mut labels = KeyLabels::default();
         if !self.reporting {
-            return;
+            return labels;
         }
         let secret = self.secret.as_ref().unwrap_or(own);
         for (index, limit) in policy.limits.iter().enumerate() {
@@ -101,18 +103,28 @@ impl SpendLabels {
             if self.written.contains(&owner) {
                 continue;
             }
-            let Some(name) = policy.limit_key_name(index, req, secret, body) else {
+            if let Some(name) = policy.limit_key_name(index, req, secret, body) {
+                labels.0.push((limit.name.clone(), owner, name.label));
+            }
+        }
+        labels
+    }
+
+    /// Writes the labels of a call that holds its limits, once per key.
+    pub fn record<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, labels: &KeyLabels) {
+        for (limit, owner, label) in &labels.0 {
+            if self.written.contains(owner) {
                 continue;
-            };
+            }
             let written = ctx.store.update_with(
                 ctx.host,
-                &spend_labels_key(&limit.name),
+                &spend_labels_key(limit),
                 &Json::<BTreeMap<u64, String>>::default(),
                 |labels| {
-                    if labels.get(&owner) == Some(&name.label) {
+                    if labels.get(owner) == Some(label) {
                         return ((), false);
                     }
-                    labels.insert(owner, name.label.clone());
+                    labels.insert(*owner, label.clone());
                     while labels.len() > MAX_LABELS {
                         labels.pop_first();
                     }
@@ -125,7 +137,24 @@ impl SpendLabels {
                 if self.written.len() >= MAX_WRITTEN {
                     self.written.clear();
                 }
-                self.written.insert(owner);
+                self.written.insert(*owner);
+            }
+        }
+    }
+}
+
+/// A call's keys' labels for the live view: (limit, the key's owner in
+/// its places, its label).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct KeyLabels(Vec<(String, u64, String)>);
+
+impl KeyLabels {
+    /// Both calls' labels (a queued pool call's, for each member it may
+    /// leave for).
+    pub fn extend(&mut self, other: KeyLabels) {
+        for label in other.0 {
+            if !self.0.contains(&label) {
+                self.0.push(label);
             }
         }
     }

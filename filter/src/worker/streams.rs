@@ -17,6 +17,7 @@ use sluice_shared::time::{Instant, Span};
 use super::ctx::Ctx;
 use super::held_slot::HeldSlot;
 use super::pool::PoolCall;
+use super::spend::KeyLabels;
 use crate::host::Host;
 use crate::metrics::{Metrics, PolicyCounter, PolicySeries};
 use crate::prefetch::{PrefetchKey, Prefetches, SpareSlots};
@@ -45,6 +46,9 @@ pub(super) struct Waiting {
     /// A pool call: what it would take at each member (chosen when its
     /// turn comes).
     pub pool: Option<Box<PoolCall>>,
+    /// Its keys' labels for the live view, found while its request was
+    /// at hand: written when it leaves holding its limits.
+    pub labels: KeyLabels,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +80,8 @@ pub(super) struct Further {
     pub price: Option<CallPrice>,
     /// A queued pool call: what it would take at each member.
     pub pool: Option<Box<PoolCall>>,
+    /// A queued call's keys' labels for the live view.
+    pub labels: KeyLabels,
     /// Slots it holds in the further concurrency limits.
     pub slots: Vec<HeldSlot>,
 }
@@ -232,6 +238,7 @@ impl Streams {
             limit_claimants,
             price,
             pool,
+            labels,
         } = waiting;
         metrics.add_to(series, PolicyCounter::Queued, 1);
         let state = StreamState::Waiting(turn);
@@ -243,6 +250,7 @@ impl Streams {
             further.claimants = limit_claimants;
             further.price = price;
             further.pool = pool;
+            further.labels = labels;
         }
     }
 
