@@ -192,11 +192,16 @@ fn a_key_whose_calls_always_queue_gets_its_label_when_its_turn_comes() {
         Verdict::Pause { .. }
     ));
     assert!(labels(&host).contains("team-a"), "{}", labels(&host));
-    assert!(!labels(&host).contains("team-q"), "not before it holds its limits");
+    assert!(
+        !labels(&host).contains("team-q"),
+        "not before it holds its limits"
+    );
     let mut resumed = false;
     for _ in 0..2_000 {
         host.advance_ms(1);
-        if w.on_tick(&host).contains(&crate::worker::StreamAction::Resume(2)) {
+        if w.on_tick(&host)
+            .contains(&crate::worker::StreamAction::Resume(2))
+        {
             resumed = true;
             break;
         }

@@ -16,14 +16,13 @@ use std::sync::Arc;
 use sluice_filter_core::bucket::{Admission, BucketLimits, Prefetched};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
-use sluice_shared::fair::FairClaimant;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
 use super::fair::{self, Fair, FairSlot};
 use super::held_slot::HeldSlot;
-use super::limits::{self, Held, Taken};
+use super::limits::{self, Held, LimitInputs, Taken};
 use super::placement::{self, Placed};
 use super::pool::{self, PoolCall};
 use super::refusal::{self, LocalReply, Refusal};
@@ -99,11 +98,7 @@ impl Deciding<'_> {
         ctx: &mut Ctx<'_, H>,
         policy: &CompiledPolicy,
         class: &Classification,
-        (limit_costs, limit_keys, limit_claimants): (
-            &[u64],
-            &[Option<u64>],
-            &[Option<FairClaimant>],
-        ),
+        inputs: &LimitInputs,
         pool_call: Option<&PoolCall>,
     ) -> (Decision, Option<Held>) {
         let holds_any =
@@ -114,18 +109,15 @@ impl Deciding<'_> {
         }
         ctx.read_clock();
         let queue_wait = queue_wait(policy);
-        let (taken, member) = pool::take_limits(
-            ctx,
-            self.budgets,
-            policy,
-            (limit_costs, limit_keys, limit_claimants),
-            pool_call,
-        );
+        let (taken, member) = pool::take_limits(ctx, self.budgets, policy, inputs, pool_call);
         // A pool call holds its member's limits, taken at its costs there.
         let limits_policy = pool::limits_of(policy, member);
         let limit_costs = match (member, pool_call) {
-            (Some(at), Some(call)) => call.members.get(at).map_or(limit_costs, |m| &m.costs[..]),
-            _ => limit_costs,
+            (Some(at), Some(call)) => call
+                .members
+                .get(at)
+                .map_or(&inputs.costs[..], |m| &m.costs[..]),
+            _ => &inputs.costs[..],
         };
         let (must_wait, held) = match taken {
             Taken::All {

@@ -135,6 +135,17 @@ fn update_at<H: Host + ?Sized>(
     }
 }
 
+/// What a call takes from a policy's further limits, found from its
+/// request: per rate limit its cost and its key's hash (None: unkeyed),
+/// and per limit shared fairly (the rate limits, then the concurrency
+/// limits) who it is there (empty when none is).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct LimitInputs {
+    pub costs: Vec<u64>,
+    pub keys: Vec<Option<u64>>,
+    pub claimants: Vec<Option<FairClaimant>>,
+}
+
 /// Takes `costs[i]` from each of `policy`'s further rate limits (for a
 /// keyed one, from the place of the call's key `keys[i]`), then a slot of
 /// `holder`'s in each concurrency limit: all or none.
@@ -142,8 +153,9 @@ pub(super) fn take<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
-    (costs, keys, claimants): (&[u64], &[Option<u64>], &[Option<FairClaimant>]),
+    inputs: &LimitInputs,
 ) -> Taken {
+    let (costs, keys, claimants) = (&inputs.costs[..], &inputs.keys[..], &inputs.claimants[..]);
     // Each limit shared fairly first: a key past its share takes nothing.
     let fair = match fair::take_limits(ctx, policy, costs, claimants) {
         Ok(fair) => fair,

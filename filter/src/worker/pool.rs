@@ -9,7 +9,6 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use sluice_filter_core::matcher::{CompiledMember, CompiledPool};
 use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
-use sluice_shared::fair::FairClaimant;
 use sluice_shared::policy::PoolSpec;
 use sluice_shared::pool::{self, MemberNow};
 use sluice_shared::request_headers::RequestHeaders;
@@ -17,7 +16,7 @@ use sluice_shared::time::Instant;
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
-use super::limits::{self, LimitPlace, Taken};
+use super::limits::{self, LimitInputs, LimitPlace, Taken};
 use super::probe;
 use super::provider;
 use super::retry::DEFAULT_RETRY;
@@ -26,19 +25,12 @@ use crate::entries::{self, LimitState};
 use crate::host::{Host, Level};
 use crate::metrics::{FilterCounter, LimitCounter};
 
-/// What a call would take from one member's limits (its policy's and its
-/// own, in its policy's order).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct MemberInputs {
-    pub costs: Vec<u64>,
-    pub keys: Vec<Option<u64>>,
-    pub claimants: Vec<Option<FairClaimant>>,
-}
-
 /// A pool call's inputs: per member, and its sticky key's hash.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct PoolCall {
-    pub members: Vec<MemberInputs>,
+    /// What it would take from each member's limits (its policy's and
+    /// its own, in its policy's order).
+    pub members: Vec<LimitInputs>,
     pub sticky: Option<u64>,
     /// Where a weighted draw starts (the call's own: calls spread).
     pub draw: u64,
@@ -77,12 +69,7 @@ fn take<H: Host + ?Sized>(
         let (Some(member), Some(inputs)) = (pool.members.get(at), call.members.get(at)) else {
             continue;
         };
-        let taken = limits::take(
-            ctx,
-            budgets,
-            &member.policy,
-            (&inputs.costs, &inputs.keys, &inputs.claimants),
-        );
+        let taken = limits::take(ctx, budgets, &member.policy, inputs);
         let refused_for = match &taken {
             Taken::All { .. } => {
                 if probe_due.get(at).copied().unwrap_or(false) {
@@ -161,7 +148,7 @@ pub(super) fn take_limits<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
-    inputs: (&[u64], &[Option<u64>], &[Option<FairClaimant>]),
+    inputs: &LimitInputs,
     call: Option<&PoolCall>,
 ) -> (Taken, Option<usize>) {
     match (&policy.pool, call) {

@@ -232,29 +232,15 @@ impl Poll<'_> {
             let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) else {
                 return;
             };
-            let (costs, keys, claimants, price, pool_call, labels) = parts
+            let (inputs, price, pool_call, labels) = parts
                 .streams
                 .get(context_id)
                 .and_then(|s| s.further.as_deref())
-                .map(|f: &Further| {
-                    (
-                        f.costs.clone(),
-                        f.keys.clone(),
-                        f.claimants.clone(),
-                        f.price,
-                        f.pool.clone(),
-                        f.labels.clone(),
-                    )
-                })
+                .map(|f: &Further| (f.limits.clone(), f.price, f.pool.clone(), f.labels.clone()))
                 .unwrap_or_default();
             // A pool call goes to a member that can take it now.
-            let (taken, member) = pool::take_limits(
-                ctx,
-                parts.budgets,
-                policy,
-                (&costs, &keys, &claimants),
-                pool_call.as_deref(),
-            );
+            let (taken, member) =
+                pool::take_limits(ctx, parts.budgets, policy, &inputs, pool_call.as_deref());
             let limits_policy = pool::limits_of(policy, member);
             let pool_index = index;
             let (costs, keys, index) = match (member, &pool_call, &policy.pool) {
@@ -263,7 +249,7 @@ impl Poll<'_> {
                     let index = pool.members.get(at).map_or(index, |m| m.index);
                     (inputs.costs, inputs.keys, index)
                 }
-                _ => (costs, keys, index),
+                _ => (inputs.costs, inputs.keys, index),
             };
             let (places, slots, warnings, fair) = match taken {
                 Taken::All {

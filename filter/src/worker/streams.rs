@@ -11,11 +11,11 @@ use rustc_hash::FxHashMap;
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_filter_core::pricing::CallPrice;
-use sluice_shared::fair::FairClaimant;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
 use super::held_slot::HeldSlot;
+use super::limits::LimitInputs;
 use super::pool::PoolCall;
 use super::spend::KeyLabels;
 use crate::host::Host;
@@ -37,10 +37,8 @@ pub(super) struct Waiting {
     pub bucket: Arc<str>,
     pub prefetch: PrefetchKey,
     pub turn: Turn,
-    pub limit_costs: Vec<u64>,
-    pub limit_keys: Vec<Option<u64>>,
-    /// Who it is in each further limit shared fairly.
-    pub limit_claimants: Vec<Option<FairClaimant>>,
+    /// What it takes from its policy's further limits, when its turn comes.
+    pub limits: LimitInputs,
     /// The call's model's prices, for its money limits.
     pub price: Option<CallPrice>,
     /// A pool call: what it would take at each member (chosen when its
@@ -71,11 +69,9 @@ pub(super) struct Slot {
 /// have none, and a stream is moved into and out of its map whole.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Further {
-    /// A queued call's cost on each further limit, and its key for each,
-    /// taken when its turn comes (empty otherwise).
-    pub costs: Vec<u64>,
-    pub keys: Vec<Option<u64>>,
-    pub claimants: Vec<Option<FairClaimant>>,
+    /// What a queued call takes from each further limit when its turn
+    /// comes (empty otherwise).
+    pub limits: LimitInputs,
     /// Its model's prices, for its money limits.
     pub price: Option<CallPrice>,
     /// A queued pool call: what it would take at each member.
@@ -233,9 +229,7 @@ impl Streams {
             bucket,
             prefetch,
             turn,
-            limit_costs,
-            limit_keys,
-            limit_claimants,
+            limits,
             price,
             pool,
             labels,
@@ -245,9 +239,7 @@ impl Streams {
         self.track(context_id, (policy, series), bucket, prefetch, state, now);
         if let Some(stream) = self.streams.get_mut(&context_id) {
             let further = stream.further.get_or_insert_with(Box::default);
-            further.costs = limit_costs;
-            further.keys = limit_keys;
-            further.claimants = limit_claimants;
+            further.limits = limits;
             further.price = price;
             further.pool = pool;
             further.labels = labels;
