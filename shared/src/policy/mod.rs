@@ -81,6 +81,31 @@ impl Policy {
             })
     }
 
+    /// Every further limit with its path after `prefix`: its own
+    /// (`limits[i]`), then its pool members' (`pool.members[m].limits[i]`).
+    pub fn every_limit_at<'p>(
+        &'p self,
+        prefix: &'p str,
+    ) -> impl Iterator<Item = (String, &'p NamedLimit)> + 'p {
+        let own = self
+            .limits
+            .iter()
+            .enumerate()
+            .map(move |(i, l)| (format!("{prefix}limits[{i}]"), l));
+        let members = self
+            .pool
+            .iter()
+            .flat_map(|p| p.members.iter().enumerate())
+            .flat_map(move |(m, member)| {
+                member
+                    .limits
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, l)| (format!("{prefix}pool.members[{m}].limits[{i}]"), l))
+            });
+        own.chain(members)
+    }
+
     /// The policy's further limits, then its pool members'.
     pub fn every_limit(&self) -> impl Iterator<Item = &NamedLimit> + Clone {
         self.limits.iter().chain(

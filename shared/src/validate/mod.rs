@@ -3,8 +3,6 @@
 //! checks (`crate::policy`'s modules), then what spans policies: unique
 //! names, limits shared between policies, prices, pools.
 
-use std::collections::HashMap;
-
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -21,6 +19,10 @@ use crate::policy::pool::check_pool;
 use crate::policy::rate::{check_concurrency, check_rate};
 use crate::policy::*;
 use crate::price::{check_prices, PriceTable};
+
+mod across;
+
+use across::check_across_policies;
 
 /// Parses and validates a whole policy set.
 pub fn parse_policy_set(json: &str) -> Result<PolicySet, ValidationErrors> {
@@ -136,85 +138,6 @@ pub fn validate_policy_set(set: &PolicySet) -> Result<(), ValidationErrors> {
     ValidationErrors::from_vec(errors)
 }
 
-/// What no one policy can tell: names unique, shared limits agreed on, a
-/// pool member's limits its own, money limits priced.
-fn check_across_policies(policies: &[(usize, Policy)], priced: bool, errors: &mut Vec<FieldError>) {
-    check_unique_names(policies, errors);
-    check_shared_limits(policies, errors);
-    check_member_limits_own(policies, errors);
-    check_priced_limits(policies, priced, errors);
-    check_pools_after_body_readers(policies, errors);
-    check_money_models_agree(policies, errors);
-}
-
-/// A call is priced once, at the model its policy's money limits say
-/// where to read: they (and its pool members') must say the same.
-fn check_money_models_agree(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
-    for (index, policy) in policies {
-        let own = policy
-            .limits
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (format!("policies[{index}].limits[{i}]"), l));
-        let members = policy
-            .pool
-            .iter()
-            .flat_map(|p| p.members.iter().enumerate())
-            .flat_map(|(m, member)| {
-                member.limits.iter().enumerate().map(move |(i, l)| {
-                    (
-                        format!("policies[{index}].pool.members[{m}].limits[{i}]"),
-                        l,
-                    )
-                })
-            });
-        let mut first: Option<(String, crate::price::ModelSource)> = None;
-        for (path, limit) in own.chain(members) {
-            let CostSpec::Price(spec) = &limit.cost else {
-                continue;
-            };
-            let source = spec.cost().model;
-            match &first {
-                None => first = Some((path, source)),
-                Some((at, want)) if *want != source => errors.push(FieldError {
-                    path: format!("{path}.cost.price.model"),
-                    message: format!(
-                        "the policy's money limits price a call at one model: {at} reads it elsewhere"
-                    ),
-                }),
-                Some(_) => {}
-            }
-        }
-    }
-}
-
-/// A pool routes a call while its headers pass. A policy before it that
-/// reads the body and matches the same headers holds the call until its
-/// body is in: a call that policy then passes on (its body did not match)
-/// would reach the pool after its headers were routed. Refused on the
-/// pool's `match`, naming the policy before it.
-fn check_pools_after_body_readers(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
-    for (at, (index, pool_policy)) in policies.iter().enumerate() {
-        if pool_policy.pool.is_none() {
-            continue;
-        }
-        let earlier = policies[..at].iter().find(|(_, p)| {
-            p.reads_request_body()
-                && crate::overlap::headers_overlap(&p.matcher, &pool_policy.matcher)
-        });
-        if let Some((before, reader)) = earlier {
-            errors.push(FieldError {
-                path: format!("policies[{index}].match"),
-                message: format!(
-                    "policy {:?} (policies[{before}]) comes before this pool, reads the request's body and can match the same requests: \
-                     a pool routes calls as their headers pass, so put the pool first or make their matches exclusive",
-                    reader.name
-                ),
-            });
-        }
-    }
-}
-
 /// `value` as a `T`, or its errors pushed with their paths under `path`.
 pub fn typed_at<T: DeserializeOwned>(
     value: Value,
@@ -222,46 +145,6 @@ pub fn typed_at<T: DeserializeOwned>(
     errors: &mut Vec<FieldError>,
 ) -> Option<T> {
     typed(value, path, errors)
-}
-
-/// A limit named in several policies is one limit: they must agree on it.
-/// Every policy that disagrees is told, so an edit to either side is
-/// refused with an error on its own field.
-fn check_shared_limits(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
-    let mut by_name: HashMap<&str, Vec<(usize, usize, &NamedLimit)>> = HashMap::new();
-    for (index, policy) in policies {
-        for (at, limit) in policy.limits.iter().enumerate() {
-            by_name
-                .entry(limit.name.as_str())
-                .or_default()
-                .push((*index, at, limit));
-        }
-    }
-    let mut found = Vec::new();
-    for (name, uses) in &by_name {
-        for (index, at, limit) in uses {
-            let differs = |field: &str, same: &dyn Fn(&NamedLimit) -> bool| {
-                uses.iter()
-                    .find(|(i, _, l)| i != index && !same(l))
-                    .map(|(other, _, _)| FieldError {
-                        path: format!("policies[{index}].limits[{at}].{field}"),
-                        message: format!(
-                            "limit {name:?} is also in policies[{other}] with another {field}; a limit named in several policies is one limit"
-                        ),
-                    })
-            };
-            found.extend(
-                differs("rate", &|l| l.rate == limit.rate)
-                    .or_else(|| differs("concurrency", &|l| l.concurrency == limit.concurrency))
-                    .or_else(|| differs("key", &|l| l.key == limit.key))
-                    .or_else(|| differs("scope", &|l| l.scope == limit.scope))
-                    .or_else(|| differs("provider", &|l| l.provider == limit.provider))
-                    .or_else(|| differs("fair", &|l| l.fair == limit.fair)),
-            );
-        }
-    }
-    found.sort_by(|a, b| a.path.cmp(&b.path));
-    errors.extend(found);
 }
 
 fn field_missing(field: &str) -> FieldError {
@@ -296,24 +179,6 @@ fn split_missing_field(path: String, message: String) -> (String, String) {
         }
     }
     (path, message)
-}
-
-fn check_unique_names(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
-    let mut first_seen: HashMap<&str, usize> = HashMap::new();
-    for (index, policy) in policies {
-        match first_seen.get(policy.name.as_str()) {
-            Some(first) => errors.push(FieldError {
-                path: format!("policies[{index}].name"),
-                message: format!(
-                    "duplicate name {:?}, already used by policies[{first}]",
-                    policy.name
-                ),
-            }),
-            None => {
-                first_seen.insert(&policy.name, *index);
-            }
-        }
-    }
 }
 
 /// Checks one policy for meaning, adding errors under `prefix`.
@@ -432,19 +297,7 @@ fn check_pool_reads_headers_only(r: &mut Report, policy: &Policy, pool: &PoolSpe
     {
         r.at("fair.key.json", HEADERS_ONLY);
     }
-    let body_limits = policy
-        .limits
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (format!("limits[{i}]"), l))
-        .chain(pool.members.iter().enumerate().flat_map(|(m, member)| {
-            member
-                .limits
-                .iter()
-                .enumerate()
-                .map(move |(i, l)| (format!("pool.members[{m}].limits[{i}]"), l))
-        }));
-    for (at, limit) in body_limits {
+    for (at, limit) in policy.every_limit_at("") {
         if limit.cost.reads_request_body() {
             r.at(&format!("{at}.cost"), HEADERS_ONLY);
         }
@@ -465,51 +318,6 @@ fn check_pool_reads_headers_only(r: &mut Report, policy: &Policy, pool: &PoolSpe
             );
         }
     }
-}
-
-/// A pool member's limits are its own: no other policy or member names
-/// them (a limit named twice is one limit, and a member's room is its own).
-fn check_member_limits_own(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
-    let mut uses: HashMap<&str, Vec<String>> = HashMap::new();
-    for (index, policy) in policies {
-        for (at, limit) in policy.limits.iter().enumerate() {
-            uses.entry(limit.name.as_str())
-                .or_default()
-                .push(format!("policies[{index}].limits[{at}]"));
-        }
-        for (m, member) in policy
-            .pool
-            .iter()
-            .flat_map(|p| p.members.iter().enumerate())
-        {
-            for (at, limit) in member.limits.iter().enumerate() {
-                uses.entry(limit.name.as_str())
-                    .or_default()
-                    .push(format!("policies[{index}].pool.members[{m}].limits[{at}]"));
-            }
-        }
-    }
-    let mut found = Vec::new();
-    for (name, paths) in &uses {
-        if paths.len() < 2 || !paths.iter().any(|p| p.contains(".pool.")) {
-            continue;
-        }
-        for path in paths.iter().filter(|p| p.contains(".pool.")) {
-            let other = paths
-                .iter()
-                .find(|p| *p != path)
-                .cloned()
-                .unwrap_or_default();
-            found.push(FieldError {
-                path: format!("{path}.name"),
-                message: format!(
-                    "limit {name:?} is also named at {other}: a pool member's limits are its own"
-                ),
-            });
-        }
-    }
-    found.sort_by(|a, b| a.path.cmp(&b.path));
-    errors.extend(found);
 }
 
 /// A policy's further limits: each a valid rate with a valid cost and a
@@ -565,43 +373,5 @@ fn check_fair(r: &mut Report, policy: &Policy, fair: &FairSpec) {
             "min",
             "reservations are kept by each Envoy's table: not with `scope: global` (weights are weighed across the fleet)",
         );
-    }
-}
-
-/// A limit whose cost is `price` needs the set's `prices`.
-fn check_priced_limits(
-    policies: &[(usize, Policy)],
-    has_prices: bool,
-    errors: &mut Vec<FieldError>,
-) {
-    if has_prices {
-        return;
-    }
-    for (index, policy) in policies {
-        let own = policy
-            .limits
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (format!("policies[{index}].limits[{i}]"), l));
-        let members = policy
-            .pool
-            .iter()
-            .flat_map(|p| p.members.iter().enumerate())
-            .flat_map(|(m, member)| {
-                member.limits.iter().enumerate().map(move |(i, l)| {
-                    (
-                        format!("policies[{index}].pool.members[{m}].limits[{i}]"),
-                        l,
-                    )
-                })
-            });
-        for (path, limit) in own.chain(members) {
-            if limit.cost.is_price() {
-                errors.push(FieldError {
-                    path: format!("{path}.cost"),
-                    message: "a price needs the set's `prices`: what each model costs, and in which currency".into(),
-                });
-            }
-        }
     }
 }
