@@ -26,6 +26,9 @@ use crate::host::{Host, Level};
 use crate::metrics::{FilterCounter, LimitCounter, PolicyCounter, PolicySeries};
 
 impl Parts {
+    /// Decides a request (with its body, once a policy asked for it):
+    /// its policy, what it takes from each limit, the decision, and what
+    /// the shell is to do with it.
     pub(super) fn request<H, R>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
