@@ -12,7 +12,8 @@ use super::fair::{check_fair_spec, FairSpec, Reservable};
 use super::key::{check_key, KeySpec};
 use super::provider::{check_provider, ProviderSpec};
 use super::rate::{
-    check_concurrency, check_rate, check_rate_up_to, Algorithm, ConcurrencySpec, RateSpec,
+    check_concurrency, check_rate, check_rate_splits_into_shares, check_rate_up_to, Algorithm,
+    ConcurrencySpec, RateSpec,
 };
 use super::usage::{check_price_usage, check_usage, UsageSpec};
 use crate::duration::DurationMs;
@@ -202,15 +203,7 @@ pub(crate) fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateS
                 "a `scope: global` limit cannot be per key: its shares are per Envoy",
             );
         }
-        if rate.algorithm != Algorithm::TokenBucket {
-            lr.at(
-                "rate.algorithm",
-                "a `scope: global` limit needs `token_bucket`: windows cannot be split into shares",
-            );
-        }
-        if rate.warmup.is_some() {
-            lr.at("rate.warmup", "not supported with `scope: global`");
-        }
+        check_rate_splits_into_shares(lr, rate, "limit");
     }
     check_cost(lr, &limit.cost, Some(rate));
     check_warn_at(lr, &limit.warn_at);

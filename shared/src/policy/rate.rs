@@ -187,3 +187,19 @@ pub(crate) fn check_concurrency(r: &mut Report, conc: &ConcurrencySpec, has_prio
         }
     }
 }
+
+/// A `scope: global` `whose` (a policy or a limit) is leased in shares of
+/// its rate: only a token bucket, without warm-up, splits that way.
+pub(crate) fn check_rate_splits_into_shares(r: &mut Report, rate: &RateSpec, whose: &str) {
+    if rate.algorithm != Algorithm::TokenBucket {
+        r.at(
+            "rate.algorithm",
+            format!(
+                "a `scope: global` {whose} needs `token_bucket`: windows cannot be split into shares"
+            ),
+        );
+    }
+    if rate.warmup.is_some() {
+        r.at("rate.warmup", "not supported with `scope: global`");
+    }
+}

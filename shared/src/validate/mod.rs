@@ -16,7 +16,7 @@ use crate::policy::limit::check_named_limits;
 use crate::policy::matching::check_match;
 use crate::policy::on_limit::check_on_limit;
 use crate::policy::pool::check_pool;
-use crate::policy::rate::{check_concurrency, check_rate};
+use crate::policy::rate::{check_concurrency, check_rate, check_rate_splits_into_shares};
 use crate::policy::*;
 use crate::price::{check_prices, PriceTable};
 
@@ -262,15 +262,7 @@ fn check_scope(r: &mut Report, policy: &Policy) {
                 );
             }
             if let Some(rate) = &policy.rate {
-                if rate.algorithm != Algorithm::TokenBucket {
-                    r.at(
-                        "rate.algorithm",
-                        "a `scope: global` policy needs `token_bucket`: windows cannot be split into shares",
-                    );
-                }
-                if rate.warmup.is_some() {
-                    r.at("rate.warmup", "not supported with `scope: global`");
-                }
+                check_rate_splits_into_shares(r, rate, "policy");
             }
         }
     }
