@@ -167,12 +167,7 @@ fn decide_calls(worker: &mut Worker, host: &QuietHost, calls: u32, gap: Span) ->
         ) {
             passed += 1;
         }
-        if worker.reads_response(context_id) {
-            worker.on_response_headers(host, context_id, &call, true);
-        }
-        if worker.tells(context_id) {
-            worker.answer_headers(host, context_id);
-        }
+        worker.on_answer_headers(host, context_id, &call, true);
         worker.on_stream_end(host, context_id);
         if n % 1000 == 999 {
             worker.on_tick(host);

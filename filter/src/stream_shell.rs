@@ -258,34 +258,19 @@ impl StreamShell {
     {
         let id = self.context_id;
         let headers = io.answer_headers();
-        let read = io.with_worker(|w| {
-            let mut reading = None;
-            if w.reads_response(id) {
-                reading = Some((
-                    w.on_response_headers(host, id, &headers, end_of_stream),
-                    w.strips_answer(id),
-                ));
-            }
-            let told = if w.tells(id) {
-                w.answer_headers(host, id)
-            } else {
-                Vec::new()
-            };
-            (reading, told)
-        });
-        let Some((reading, told)) = read else {
+        let Some(answer) =
+            io.with_worker(|w| w.on_answer_headers(host, id, &headers, end_of_stream))
+        else {
             return;
         };
-        if let Some((reading, strips)) = reading {
-            self.reading_answer = reading;
-            if strips {
-                // Its pieces change length as they pass.
-                io.set_answer_header("content-length", None);
-            }
+        self.reading_answer = answer.read_body;
+        if answer.strips {
+            // Its pieces change length as they pass.
+            io.set_answer_header("content-length", None);
         }
         // Sluice's view replaces fields of the same name from upstream: it
         // already takes in what the provider said.
-        for (name, value) in told {
+        for (name, value) in answer.set {
             io.set_answer_header(name, Some(value.as_bytes()));
         }
     }
@@ -303,18 +288,14 @@ impl StreamShell {
         }
         let id = self.context_id;
         let piece = io.answer_piece(size);
-        let read = io.with_worker(|w| {
-            let usage_wanted = w.on_response_body(host, id, &piece, end_of_stream);
-            let passed = w.strip_answer(host, id, &piece, end_of_stream);
-            (usage_wanted || w.strips_answer(id), passed)
-        });
-        let Some((reading, passed)) = read else {
+        let Some(answer) = io.with_worker(|w| w.on_answer_body(host, id, &piece, end_of_stream))
+        else {
             return;
         };
-        if let Some(passed) = passed.filter(|p| *p != piece) {
+        if let Some(passed) = answer.passed.filter(|p| *p != piece) {
             io.replace_answer_piece(piece.len(), &passed);
         }
-        self.reading_answer = reading;
+        self.reading_answer = answer.more;
     }
 
     /// The stream ended (logged, or dropped): told to the worker once.

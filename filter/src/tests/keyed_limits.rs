@@ -116,7 +116,7 @@ fn usage_settles_on_the_keys_own_place() {
     assert_eq!(call(&host, &mut w, 2, "key-a"), Err("per-key".into()));
     // It used 1: 2 go back to key-a.
     let answer: Vec<(&str, &[u8])> = vec![(":status", b"200"), ("x-usage-units", b"1")];
-    w.on_response_headers(&host, 1, answer.as_slice(), true);
+    w.on_answer_headers(&host, 1, answer.as_slice(), true);
     w.on_stream_end(&host, 1);
     assert_eq!(call(&host, &mut w, 3, "key-a"), Ok(()));
     assert_eq!(call(&host, &mut w, 4, "key-a"), Ok(()));

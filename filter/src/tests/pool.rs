@@ -39,7 +39,7 @@ fn routed(host: &FakeHost, id: u32) -> Option<String> {
 }
 
 fn answer(host: &FakeHost, w: &mut Worker, id: u32, headers: &[(&str, &[u8])]) {
-    w.on_response_headers(host, id, headers, true);
+    w.on_answer_headers(host, id, headers, true);
     w.on_stream_end(host, id);
 }
 

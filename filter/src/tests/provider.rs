@@ -24,10 +24,10 @@ fn call(host: &FakeHost, w: &mut Worker, id: u32) -> Verdict {
 
 /// The provider answers call `id` with `status` and `extra` headers.
 fn answer(host: &FakeHost, w: &mut Worker, id: u32, status: &[u8], extra: &[(&str, &[u8])]) {
-    assert!(w.reads_response(id), "the answer of call {id} is read");
+    assert!(w.awaits_answer(id), "the answer of call {id} is read");
     let mut headers: Vec<(&str, &[u8])> = vec![(":status", status)];
     headers.extend_from_slice(extra);
-    w.on_response_headers(host, id, headers.as_slice(), true);
+    w.on_answer_headers(host, id, headers.as_slice(), true);
     w.on_stream_end(host, id);
 }
 
@@ -237,11 +237,11 @@ fn a_call_that_ends_before_its_answer_is_forgotten() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, LISTENING);
     assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
-    assert!(w.reads_response(1));
+    assert!(w.awaits_answer(1));
     w.on_stream_end(&host, 1);
-    assert!(!w.reads_response(1));
+    assert!(!w.awaits_answer(1));
     // A late answer for it changes nothing.
-    w.on_response_headers(
+    w.on_answer_headers(
         &host,
         1,
         [(":status", &b"429"[..]), ("retry-after", b"9")].as_slice(),
@@ -260,7 +260,7 @@ fn limits_without_provider_read_no_answers() {
     );
     let mut w = worker(&host, &plain);
     assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
-    assert!(!w.reads_response(1));
+    assert!(!w.awaits_answer(1));
 }
 
 /// The same 100 a second, following the provider's IETF `RateLimit`.

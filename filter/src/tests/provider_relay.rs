@@ -96,7 +96,7 @@ fn a_pause_is_sent_to_the_admin_within_a_tick_with_why_and_for_how_long() {
     let mut w = syncing(&host, SHARED);
     // Just after a sync: the next is an interval (1 s) away.
     assert_eq!(call(&host, &mut w, 1), Verdict::Continue);
-    w.on_response_headers(
+    w.on_answer_headers(
         &host,
         1,
         [(":status", &b"429"[..]), ("retry-after", b"3")].as_slice(),
@@ -226,7 +226,7 @@ fn a_cut_relayed_from_another_envoy_slows_this_one_once() {
         }
         if call(&host, &mut w, 10 + id) == Verdict::Continue {
             admitted += 1;
-            w.on_response_headers(&host, 10 + id, [(":status", &b"200"[..])].as_slice(), true);
+            w.on_answer_headers(&host, 10 + id, [(":status", &b"200"[..])].as_slice(), true);
             w.on_stream_end(&host, 10 + id);
         }
     }
@@ -296,7 +296,7 @@ fn news_renewed_at_every_sync_holds_the_limit_for_max_pause_in_total() {
         if status(&verdict) == 429 {
             refused_ms = host.now().since(T0).as_millis();
         } else {
-            w.on_response_headers(&host, id, [(":status", &b"200"[..])].as_slice(), true);
+            w.on_answer_headers(&host, id, [(":status", &b"200"[..])].as_slice(), true);
             w.on_stream_end(&host, id);
         }
     }
@@ -308,7 +308,7 @@ fn news_renewed_at_every_sync_holds_the_limit_for_max_pause_in_total() {
     // This Envoy's own provider refuses: relayed news is believed again.
     id += 1;
     assert_eq!(call(&host, &mut w, id), Verdict::Continue);
-    w.on_response_headers(
+    w.on_answer_headers(
         &host,
         id,
         [(":status", &b"429"[..]), ("retry-after", b"1")].as_slice(),

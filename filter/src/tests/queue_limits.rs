@@ -175,18 +175,18 @@ fn a_queued_call_settles_its_usage_once_it_left() {
     let mut w = units_worker(&host);
     let r = req(MAPS, &[]);
     assert_eq!(w.on_request(&host, 1, r.as_slice()), Verdict::Continue);
-    assert!(w.reads_response(1));
+    assert!(w.awaits_answer(1));
     // 60 of 100 taken: the second call's 60 waits for the next second.
     assert!(matches!(
         w.on_request(&host, 2, r.as_slice()),
         Verdict::Pause { .. }
     ));
-    assert!(!w.reads_response(2), "nothing taken while it waits");
+    assert!(!w.awaits_answer(2), "nothing taken while it waits");
     let (resumed, _) = run(&host, &mut w, 1000);
     assert_eq!(resumed, [(1000, 2)]);
-    assert!(w.reads_response(2), "its response settles what it cost");
+    assert!(w.awaits_answer(2), "its response settles what it cost");
     let headers: Vec<(&str, &[u8])> = vec![(":status", b"200"), ("x-usage-units", b"10")];
-    w.on_response_headers(&host, 2, headers.as_slice(), true);
+    w.on_answer_headers(&host, 2, headers.as_slice(), true);
     w.on_stream_end(&host, 2);
     w.on_stream_end(&host, 1);
     host.advance_ms(100);
@@ -240,7 +240,7 @@ fn a_refused_head_takes_room_given_back_within_twenty_milliseconds() {
     assert!(resumed.is_empty(), "{resumed:?}");
     // Call 1 used 10 of its 60: 90 free, the head's 60 fit now.
     let headers: Vec<(&str, &[u8])> = vec![(":status", b"200"), ("x-usage-units", b"10")];
-    w.on_response_headers(&host, 1, headers.as_slice(), true);
+    w.on_answer_headers(&host, 1, headers.as_slice(), true);
     w.on_stream_end(&host, 1);
     let (resumed, _) = run(&host, &mut w, 100);
     let [(at, 2)] = resumed.as_slice() else {

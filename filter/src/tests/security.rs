@@ -467,11 +467,15 @@ fn priced_call(host: &FakeHost, w: &mut Worker, id: u32, path: &[u8], body: &[u8
 fn answer_json(host: &FakeHost, w: &mut Worker, id: u32, body: &[u8]) {
     let headers: Vec<(&str, &[u8])> =
         vec![(":status", b"200"), ("content-type", b"application/json")];
-    let mut wanted = w.on_response_headers(host, id, headers.as_slice(), false);
+    let mut wanted = w
+        .on_answer_headers(host, id, headers.as_slice(), false)
+        .read_body;
     let pieces: Vec<&[u8]> = body.chunks(64 * 1024).collect();
     for (i, piece) in pieces.iter().enumerate() {
         assert!(wanted, "read to its end");
-        wanted = w.on_response_body(host, id, piece, i + 1 == pieces.len());
+        wanted = w
+            .on_answer_body(host, id, piece, i + 1 == pieces.len())
+            .more;
     }
     w.on_stream_end(host, id);
 }

@@ -31,10 +31,14 @@ fn call(host: &FakeHost, w: &mut Worker, id: u32, body: &[u8]) -> Verdict {
 fn json_response(host: &FakeHost, w: &mut Worker, id: u32, chunks: &[&[u8]]) {
     let headers: Vec<(&str, &[u8])> =
         vec![(":status", b"200"), ("content-type", b"application/json")];
-    let mut wanted = w.on_response_headers(host, id, headers.as_slice(), false);
+    let mut wanted = w
+        .on_answer_headers(host, id, headers.as_slice(), false)
+        .read_body;
     for (i, chunk) in chunks.iter().enumerate() {
         assert!(wanted, "the body is read until it ends");
-        wanted = w.on_response_body(host, id, chunk, i + 1 == chunks.len());
+        wanted = w
+            .on_answer_body(host, id, chunk, i + 1 == chunks.len())
+            .more;
     }
     assert!(!wanted, "nothing more wanted once the body ended");
     w.on_stream_end(host, id);
@@ -113,7 +117,9 @@ fn a_call_the_provider_refused_used_nothing() {
     // 5 000 come back, not charged the unread charge.
     let headers: Vec<(&str, &[u8])> =
         vec![(":status", b"429"), ("content-type", b"application/json")];
-    let wanted = w.on_response_headers(&host, 1, headers.as_slice(), false);
+    let wanted = w
+        .on_answer_headers(&host, 1, headers.as_slice(), false)
+        .read_body;
     assert!(!wanted, "nothing of its body is read");
     w.on_stream_end(&host, 1);
     assert_eq!(
@@ -156,13 +162,16 @@ fn a_streamed_answer_settles_on_its_last_event_in_any_chunking() {
         (":status", b"200"),
         ("content-type", b"text/event-stream; charset=utf-8"),
     ];
-    assert!(w.on_response_headers(&host, 1, headers.as_slice(), false));
+    assert!(
+        w.on_answer_headers(&host, 1, headers.as_slice(), false)
+            .read_body
+    );
     let stream = b"data: {\"choices\": [{\"delta\": {\"content\": \"hi\"}}]}\n\n\
         data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 40, \"completion_tokens\": 60}}\n\ndata: [DONE]\n\n";
     for piece in stream.chunks(7) {
-        assert!(w.on_response_body(&host, 1, piece, false));
+        assert!(w.on_answer_body(&host, 1, piece, false).more);
     }
-    assert!(!w.on_response_body(&host, 1, b"", true));
+    assert!(!w.on_answer_body(&host, 1, b"", true).more);
     w.on_stream_end(&host, 1);
     assert_eq!(tokens_left(&host, &mut w), 9000, "100 used of 10 000");
 }
@@ -219,8 +228,14 @@ fn unread_in_every_way(host: &FakeHost, w: &mut Worker) {
         Verdict::Continue
     );
     let sse: Vec<(&str, &[u8])> = vec![("content-type", b"text/event-stream")];
-    assert!(w.on_response_headers(host, 1, sse.as_slice(), false));
-    assert!(w.on_response_body(host, 1, b"data: {\"usage\": {\"prompt_tokens\": 1", false));
+    assert!(
+        w.on_answer_headers(host, 1, sse.as_slice(), false)
+            .read_body
+    );
+    assert!(
+        w.on_answer_body(host, 1, b"data: {\"usage\": {\"prompt_tokens\": 1", false)
+            .more
+    );
     w.on_stream_end(host, 1);
     // Not JSON.
     assert_eq!(
@@ -246,9 +261,15 @@ fn unread_in_every_way(host: &FakeHost, w: &mut Worker) {
         Verdict::Continue
     );
     let json: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
-    assert!(w.on_response_headers(host, 4, json.as_slice(), false));
+    assert!(
+        w.on_answer_headers(host, 4, json.as_slice(), false)
+            .read_body
+    );
     let big = vec![b' '; 3000];
-    assert!(!w.on_response_body(host, 4, &big, true), "read to its end");
+    assert!(
+        !w.on_answer_body(host, 4, &big, true).more,
+        "read to its end"
+    );
     w.on_stream_end(host, 4);
     // Never answered (the upstream reset before headers).
     assert_eq!(
@@ -308,7 +329,7 @@ fn usage_from_a_response_header_and_garbage_in_it() {
         let v = w.on_request(&host, id, req(LLM, &[]).as_slice());
         assert_eq!(v, Verdict::Continue);
         assert!(
-            !w.on_response_headers(&host, id, response, false),
+            !w.on_answer_headers(&host, id, response, false).read_body,
             "no body read for a header"
         );
         w.on_stream_end(&host, id);
@@ -368,12 +389,12 @@ proptest::proptest! {
             // stop_at 0: no response at all; past the chunks: the body ends.
             if *stop_at > 0 {
                 let headers: Vec<(&str, &[u8])> = vec![("content-type", content_type.as_slice())];
-                let mut wanted = w.on_response_headers(&host, id, headers.as_slice(), chunks.is_empty());
+                let mut wanted = w.on_answer_headers(&host, id, headers.as_slice(), chunks.is_empty()).read_body;
                 for (i, chunk) in chunks.iter().enumerate().take(*stop_at - 1) {
                     if !wanted {
                         break;
                     }
-                    wanted = w.on_response_body(&host, id, chunk, i + 1 == chunks.len());
+                    wanted = w.on_answer_body(&host, id, chunk, i + 1 == chunks.len()).more;
                 }
             }
             w.on_stream_end(&host, id);
@@ -424,12 +445,15 @@ fn many_large_answers_at_once_stay_under_the_workers_cap() {
             call(&host, &mut w, id, br#"{"max_tokens": 900}"#),
             Verdict::Continue
         );
-        assert!(w.on_response_headers(&host, id, json.as_slice(), false));
+        assert!(
+            w.on_answer_headers(&host, id, json.as_slice(), false)
+                .read_body
+        );
     }
     // Ten small answers, read whole.
     for id in CALLS + 1..=CALLS + 10 {
         let body = br#"{"usage": {"prompt_tokens": 10, "completion_tokens": 20}}"#;
-        assert!(!w.on_response_body(&host, id, body, true));
+        assert!(!w.on_answer_body(&host, id, body, true).more);
         w.on_stream_end(&host, id);
     }
     // The large ones, a chunk each in turn, for as long as each is read.
@@ -440,7 +464,7 @@ fn many_large_answers_at_once_stay_under_the_workers_cap() {
         reading.retain_mut(|(id, sent)| {
             *sent += CHUNK;
             let last = *sent >= BODY;
-            let wanted = w.on_response_body(&host, *id, &chunk, last);
+            let wanted = w.on_answer_body(&host, *id, &chunk, last).more;
             most = most.max(w.response_bytes_held());
             if !wanted {
                 w.on_stream_end(&host, *id);
@@ -575,14 +599,17 @@ fn a_stream_is_asked_for_its_usage_and_the_answer_loses_what_that_added() {
     );
     let headers: Vec<(&str, &[u8])> =
         vec![(":status", b"200"), ("content-type", b"text/event-stream")];
-    assert!(w.on_response_headers(&host, 1, headers.as_slice(), false));
-    assert!(w.strips_answer(1));
+    let answer = w.on_answer_headers(&host, 1, headers.as_slice(), false);
+    assert!(answer.read_body && answer.strips);
     let content = b"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n";
     let usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":400,\"completion_tokens\":500}}\n\ndata: [DONE]\n\n";
     let mut got = Vec::new();
     for (chunk, end) in [(&content[..], false), (&usage[..], true)] {
-        w.on_response_body(&host, 1, chunk, end);
-        got.extend(w.strip_answer(&host, 1, chunk, end).unwrap_or_default());
+        got.extend(
+            w.on_answer_body(&host, 1, chunk, end)
+                .passed
+                .unwrap_or_default(),
+        );
     }
     assert_eq!(
         String::from_utf8_lossy(&got),
@@ -598,15 +625,14 @@ fn a_stream_is_asked_for_its_usage_and_the_answer_loses_what_that_added() {
         br#"{"max_tokens": 900, "stream": true, "stream_options": {"include_usage": true}}"#;
     assert_eq!(call(&host, &mut w, 2, asking), Verdict::Continue);
     assert_eq!(host.replaced_bodies.borrow().len(), 1);
-    assert!(w.on_response_headers(&host, 2, headers.as_slice(), false));
-    assert!(!w.strips_answer(2));
-    assert_eq!(w.strip_answer(&host, 2, usage, true), None);
+    let answer = w.on_answer_headers(&host, 2, headers.as_slice(), false);
+    assert!(answer.read_body && !answer.strips);
+    assert_eq!(w.on_answer_body(&host, 2, usage, true).passed, None);
     w.on_stream_end(&host, 2);
     // Asked, but the provider answered JSON (a refusal): left as it is.
     assert_eq!(call(&host, &mut w, 3, body), Verdict::Continue);
     let json: Vec<(&str, &[u8])> = vec![(":status", b"429"), ("content-type", b"application/json")];
-    w.on_response_headers(&host, 3, json.as_slice(), false);
-    assert!(!w.strips_answer(3));
+    assert!(!w.on_answer_headers(&host, 3, json.as_slice(), false).strips);
     w.on_stream_end(&host, 3);
 }
 

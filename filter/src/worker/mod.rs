@@ -64,6 +64,7 @@ use crate::store::Store;
 use crate::sync::{Answer, SyncReply, SyncSettings};
 
 pub use admission::Verdict;
+pub use call::{AnswerHeaders, AnswerPiece};
 pub use queue::StreamAction;
 pub use refusal::LocalReply;
 pub use usage::MAX_HELD_BYTES;
@@ -73,7 +74,6 @@ use ctx::Ctx;
 use shares::FleetShares;
 use streams::Streams;
 use sync_client::SyncClient;
-use usage::Usages;
 
 /// A request's body, as far as deciding it is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,22 +131,12 @@ struct Parts {
     tick: Span,
     prefetches: Prefetches,
     streams: Streams,
-    /// Admitted calls whose cost their response settles.
-    usages: Usages,
-    /// Streamed calls sent asking for their usage; their answers' stripping.
-    asked: asked_usage::AskedStreams,
-    /// Calls whose answers say a limit is past a warning line.
-    warnings: warnings::Warnings,
-    /// Admitted calls whose answer may pause their limits.
-    listening: provider::Listening,
-    /// Pool calls sent to a member: whose answer may come from another.
-    routed: pool::RoutedCalls,
+    /// What each feature keeps of a call to act on its answer.
+    calls: call::Calls,
     /// The headers pools route by: a caller's own are removed.
     route_headers: pool::RouteHeaders,
     /// Calls whose headers wait for their body.
     body_waits: body_wait::BodyWaits,
-    /// Calls whose answer tells the caller where the limits stand.
-    telling: telling::Telling,
     sync: SyncClient,
     shares: FleetShares,
     budgets: Budgets,
@@ -192,14 +182,9 @@ impl Worker {
                 tick: IDLE_TICK,
                 prefetches: Prefetches::default(),
                 streams: Streams::default(),
-                usages: Usages::default(),
-                asked: asked_usage::AskedStreams::default(),
-                warnings: warnings::Warnings::default(),
-                listening: provider::Listening::default(),
-                routed: pool::RoutedCalls::default(),
+                calls: call::Calls::default(),
                 route_headers: pool::RouteHeaders::default(),
                 body_waits: body_wait::BodyWaits::default(),
-                telling: telling::Telling::default(),
                 sync: SyncClient::default(),
                 shares: FleetShares::default(),
                 budgets: Budgets::default(),
@@ -309,7 +294,7 @@ impl Worker {
     /// Bytes of response bodies held now to read their usage (at most
     /// [`usage::MAX_HELD_BYTES`]).
     pub fn response_bytes_held(&self) -> usize {
-        self.parts.usages.held()
+        self.parts.calls.held()
     }
 
     /// Replaces the policy set. Bucket states live in shared data under the
@@ -358,105 +343,63 @@ impl Worker {
         })
     }
 
-    /// Whether the stream's response is read: for what the call cost, or
-    /// for what the provider says of its limit.
-    pub fn reads_response(&self, context_id: u32) -> bool {
-        self.parts.usages.awaits(context_id)
-            || self.parts.listening.awaits(context_id)
-            || self.parts.asked.awaits(context_id)
-    }
-
-    /// Whether the answer to stream `context_id` is rewritten as it
-    /// passes (what asking for a stream's usage added taken out): it
-    /// loses its `content-length`, and each piece is replaced by
-    /// [`Worker::strip_answer`]'s.
-    pub fn strips_answer(&self, context_id: u32) -> bool {
-        self.parts.asked.strips(context_id)
-    }
-
-    /// What the caller gets of the answer's next piece, when it is
-    /// stripped (None: the piece goes as it is).
-    pub fn strip_answer<H: Host + ?Sized>(
-        &mut self,
-        host: &H,
-        context_id: u32,
-        chunk: &[u8],
-        end_of_stream: bool,
-    ) -> Option<Vec<u8>> {
-        self.event(host, When::Recent, |parts, ctx| {
-            parts.asked.strip(ctx, context_id, chunk, end_of_stream)
-        })
-    }
-
-    /// Whether the stream's answer tells its caller where the limits
-    /// stand (`ratelimit_headers: always`).
-    pub fn tells(&self, context_id: u32) -> bool {
-        self.parts.telling.awaits(context_id) || self.parts.warnings.awaits(context_id)
-    }
-
-    /// The fields the answer to stream `context_id` gets (once).
-    pub fn answer_headers<H: Host + ?Sized>(
-        &mut self,
-        host: &H,
-        context_id: u32,
-    ) -> Vec<(&'static str, String)> {
-        self.event(host, When::Fresh, |parts, ctx| {
-            let mut headers = parts.telling.headers(ctx, context_id);
-            headers.extend(parts.warnings.header(context_id));
-            headers
-        })
+    /// Whether some feature acts on the answer to stream `context_id`
+    /// (reads it for what the call cost or what the provider says,
+    /// rewrites it, or tells the caller where the limits stand).
+    pub fn awaits_answer(&self, context_id: u32) -> bool {
+        self.parts.calls.awaits(context_id)
     }
 
     /// Calls whose response has not yet settled what they cost.
     pub fn awaiting_usage(&self) -> usize {
-        self.parts.usages.len()
+        self.parts.calls.awaiting_usage()
     }
 
-    /// The response's headers arrived. True while its body is wanted.
-    pub fn on_response_headers<H, R>(
+    /// The answer's headers arrived: what the shell does with them (its
+    /// body wanted, its length changing, the fields it gets).
+    pub fn on_answer_headers<H, R>(
         &mut self,
         host: &H,
         context_id: u32,
         headers: &R,
         end_of_stream: bool,
-    ) -> bool
+    ) -> AnswerHeaders
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
+        // Most answers concern no feature: no clock read, no event.
+        if !self.parts.calls.awaits(context_id) {
+            return AnswerHeaders::default();
+        }
         self.event(host, When::Fresh, |parts, ctx| {
-            // A pool call Envoy retried on another member: that member's
-            // limits read the answer.
-            if let Some((index, keys)) = parts.routed.answered(ctx, context_id, headers) {
-                let set = Arc::clone(&parts.policies);
-                parts.listening.forget(context_id);
+            let (answer, news) =
                 parts
-                    .listening
-                    .expect(context_id, (&set, index), &keys, &[]);
-            }
-            let news = parts.listening.on_headers(ctx, context_id, headers);
+                    .calls
+                    .on_answer_headers(ctx, context_id, headers, end_of_stream);
             if news {
                 parts.sync.hurry(ctx);
             }
-            // Before the usage reader, which may settle and forget the call.
-            let strips = !end_of_stream && parts.asked.on_headers(context_id, headers);
-            let reads = parts
-                .usages
-                .on_headers(ctx, context_id, headers, end_of_stream);
-            reads || strips
+            answer
         })
     }
 
-    /// The next piece of the response's body. True while more is wanted.
-    pub fn on_response_body<H: Host + ?Sized>(
+    /// The next piece of the answer's body: whether more is wanted, and
+    /// what the caller gets of it.
+    pub fn on_answer_body<H: Host + ?Sized>(
         &mut self,
         host: &H,
         context_id: u32,
         chunk: &[u8],
         end_of_stream: bool,
-    ) -> bool {
+    ) -> AnswerPiece {
+        if !self.parts.calls.awaits(context_id) {
+            return AnswerPiece::default();
+        }
         self.event(host, When::Fresh, |parts, ctx| {
-            parts.usages.on_body(ctx, context_id, chunk, end_of_stream)
+            parts
+                .calls
+                .on_answer_body(ctx, context_id, chunk, end_of_stream)
         })
     }
 
@@ -499,14 +442,7 @@ impl Parts {
 
     fn stream_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
         self.body_waits.end(context_id);
-        self.listening.forget(context_id);
-        self.routed.forget(context_id);
-        self.telling.forget(context_id);
-        self.warnings.forget(context_id);
-        self.asked.end(context_id);
-        if self.usages.awaits(context_id) {
-            self.usages.on_end(ctx, context_id);
-        }
+        self.calls.end(ctx, context_id);
         self.streams.end(ctx, &mut self.prefetches, context_id);
     }
 

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use sluice_filter_core::matcher::{CompiledMember, CompiledPool};
 use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::policy::PoolSpec;
@@ -251,7 +250,8 @@ impl Routed {
     /// member `chosen` at `sent`.
     pub fn new(
         set: &Arc<CompiledPolicySet>,
-        (pool_index, chosen): (usize, usize),
+        pool_index: usize,
+        chosen: usize,
         call: &PoolCall,
         sent: Instant,
     ) -> Self {
@@ -264,44 +264,37 @@ impl Routed {
             sent,
         }
     }
-}
-
-/// Pool calls sent, by stream.
-#[derive(Debug, Default)]
-pub(super) struct RoutedCalls {
-    calls: FxHashMap<u32, Routed>,
-}
-
-impl RoutedCalls {
-    pub fn insert(&mut self, context_id: u32, routed: Routed) {
-        self.calls.insert(context_id, routed);
-    }
-
-    pub fn forget(&mut self, context_id: u32) {
-        if !self.calls.is_empty() {
-            self.calls.remove(&context_id);
-        }
-    }
 
     /// The answer's headers came: when they name another member of the
     /// pool than the one chosen ([`PoolSpec::ANSWERED_BY_HEADER`], set by
-    /// Envoy's route), Envoy retried the call there. Returns that member's
-    /// policy number and the call's keys there, whose limits read the
-    /// answer.
+    /// Envoy's route), Envoy retried the call there: that member's limits
+    /// read the answer in place of the chosen one's (`listened`).
     pub fn answered<H, R>(
-        &mut self,
+        self,
         ctx: &mut Ctx<'_, H>,
-        context_id: u32,
         headers: &R,
-    ) -> Option<(usize, Vec<Option<u64>>)>
+        listened: &mut Option<provider::Listened>,
+    ) where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        if let Some(theirs) = self.answered_elsewhere(ctx, headers) {
+            *listened = theirs;
+        }
+    }
+
+    /// The limits of the member that answered that read the answer, when
+    /// it was not the one chosen (None: it was).
+    fn answered_elsewhere<H, R>(
+        self,
+        ctx: &mut Ctx<'_, H>,
+        headers: &R,
+    ) -> Option<Option<provider::Listened>>
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        if self.calls.is_empty() {
-            return None;
-        }
-        let routed = self.calls.remove(&context_id)?;
+        let routed = self;
         let (pool_index, chosen) = (routed.pool_index, routed.chosen);
         let policy = routed.set.policies.get(pool_index)?;
         let pool = policy.pool.as_ref()?;
@@ -329,7 +322,8 @@ impl RoutedCalls {
             costs,
             routed.sent,
         )?;
-        Some((index, routed.keys.get(at).cloned().unwrap_or_default()))
+        let keys = routed.keys.get(at).map_or(&[][..], Vec::as_slice);
+        Some(provider::Listened::of(&routed.set, index, keys, &[]))
     }
 }
 

@@ -6,7 +6,6 @@
 //! is taken and, when the count is followed, counts itself in it once
 //! every limit took it.
 
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
@@ -164,35 +163,36 @@ struct Listener {
     counted: Option<Counted>,
 }
 
-/// A call whose answer is read: under which set and policy it went (a set
-/// installed since does not change what its limits were).
+/// A call whose answer is read for the provider's word: under which set
+/// and policy it went (a set installed since does not change what its
+/// limits were).
 #[derive(Debug)]
-struct Call {
+pub(super) struct Listened {
     set: Arc<CompiledPolicySet>,
     policy_index: usize,
     listeners: Vec<Listener>,
 }
 
-/// Admitted calls whose answers are read for the provider's word.
-#[derive(Debug, Default)]
-pub(super) struct Listening {
-    calls: FxHashMap<u32, Call>,
+/// What one answer said, as the limits hear it.
+struct Answer<'a, R: ?Sized> {
+    headers: &'a R,
+    status: Option<u16>,
+    /// Limits from this one on are a pool member's own (not its pool's).
+    own_from: usize,
 }
 
-impl Listening {
+impl Listened {
     /// A call of policy `policy_index` of `set` went: its limits with
     /// `provider` read its answer (`keys`: the call's key per further
-    /// limit; `counted`: where it counts in each followed count).
-    pub fn expect(
-        &mut self,
-        context_id: u32,
-        (set, policy_index): (&Arc<CompiledPolicySet>, usize),
+    /// limit; `counted`: where it counts in each followed count). None:
+    /// none of them listens.
+    pub fn of(
+        set: &Arc<CompiledPolicySet>,
+        policy_index: usize,
         keys: &[Option<u64>],
         counted: &[Option<Counted>],
-    ) {
-        let Some(policy) = set.policy(policy_index) else {
-            return;
-        };
+    ) -> Option<Self> {
+        let policy = set.policy(policy_index)?;
         let listeners: Vec<Listener> = policy
             .limits
             .iter()
@@ -204,139 +204,141 @@ impl Listening {
                 counted: counted.get(i).copied().flatten(),
             })
             .collect();
-        if !listeners.is_empty() {
-            self.calls.insert(
-                context_id,
-                Call {
-                    set: Arc::clone(set),
-                    policy_index,
-                    listeners,
-                },
-            );
-        }
-    }
-
-    pub fn awaits(&self, context_id: u32) -> bool {
-        // Most calls are of policies that never wait: no hash at all.
-        !self.calls.is_empty() && self.calls.contains_key(&context_id)
-    }
-
-    pub fn forget(&mut self, context_id: u32) {
-        if !self.calls.is_empty() {
-            self.calls.remove(&context_id);
-        }
+        (!listeners.is_empty()).then(|| Self {
+            set: Arc::clone(set),
+            policy_index,
+            listeners,
+        })
     }
 
     /// The answer's headers came: a refusal the limits listen to is
     /// counted, and one with a wait pauses them; a count they follow
     /// caps what goes until its reset. Returns whether it began a pause
     /// or cut a rate: news for the other Envoys.
-    pub fn on_headers<H, R>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32, headers: &R) -> bool
+    pub fn on_answer_headers<H, R>(self, ctx: &mut Ctx<'_, H>, headers: &R) -> bool
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        let (host, now) = (ctx.host, ctx.now);
-        let mut news = false;
-        let Some(call) = self.calls.remove(&context_id) else {
-            return news;
-        };
-        let Some(policy) = call.set.policy(call.policy_index) else {
-            return news;
+        let Some(policy) = self.set.policy(self.policy_index) else {
+            return false;
         };
         // A pool member's own limits (not its pool's): a refusal without a
         // wait passes the member over for a while.
         let own_from = policy
             .member_of
-            .and_then(|(pool, at)| call.set.policies.get(pool)?.pool.as_ref()?.members.get(at))
+            .and_then(|(pool, at)| self.set.policies.get(pool)?.pool.as_ref()?.members.get(at))
             .map_or(usize::MAX, |m| m.own_limits);
         let status = headers
             .header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
-        for listener in call.listeners {
-            let Some(limit) = policy.limits.get(listener.limit) else {
-                continue;
-            };
-            let Some(provider) = &limit.provider else {
-                continue;
-            };
-            let signal = provider.pause_for(status, headers, now);
-            if let (Some(full), Some(counted), false) = (
-                provider.adaptive,
-                listener.counted,
-                matches!(signal, PauseSignal::None),
-            ) {
-                let heard = Heard::Here {
-                    admitted: counted.admitted,
-                    sent: counted.sent,
-                };
-                let throttle = Throttle {
-                    full,
-                    wait: match signal {
-                        PauseSignal::Pause { wait, .. } => wait,
-                        _ => Span::ZERO,
-                    },
-                    period: provider.default_reset,
-                };
-                news |=
-                    cut_rate(ctx, limit, counted.owner, (heard, now), throttle) && relayed(limit);
-            }
-            match signal {
-                PauseSignal::None => {}
-                PauseSignal::Refused => {
-                    ctx.metrics
-                        .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-                    if listener.limit >= own_from {
-                        pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
-                    }
-                }
-                PauseSignal::Malformed(e) => {
-                    ctx.metrics
-                        .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-                    ignored(host, ctx.metrics, &limit.name, &e);
-                    if listener.limit >= own_from {
-                        pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
-                    }
-                }
-                PauseSignal::Pause { wait, capped } => {
-                    ctx.metrics
-                        .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-                    if capped {
-                        ctx.metrics
-                            .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
-                    }
-                    let why = PauseWhy {
-                        status: status.unwrap_or(0),
-                        relayed: false,
-                    };
-                    news |= pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit);
-                }
-            }
-            let Some(counted) = listener.counted else {
-                continue;
-            };
-            match provider.count_in(headers, now) {
-                Ok(None) => {}
-                Ok(Some(count)) => {
-                    ctx.metrics
-                        .add_limit(&limit.name, LimitCounter::CountRead, 1);
-                    let (entry, _) = place_of_owner(limit, counted.owner);
-                    // On failure (counted and logged by the store) the
-                    // next answer brings the count again.
-                    let _ = ctx
-                        .store
-                        .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
-                            (
-                                (),
-                                table.follow(counted.owner, counted.admitted, count, now),
-                            )
-                        });
-                }
-                Err(e) => ignored(host, ctx.metrics, &limit.name, &e),
+        let answer = Answer {
+            headers,
+            status,
+            own_from,
+        };
+        let mut news = false;
+        for listener in &self.listeners {
+            if let Some(limit) = policy.limits.get(listener.limit) {
+                news |= hear(ctx, limit, listener, &answer);
             }
         }
         news
     }
+}
+
+/// What `limit` hears of `answer` for the call (`listener`: its place in
+/// the call). Returns whether it is news for the other Envoys.
+fn hear<H, R>(
+    ctx: &mut Ctx<'_, H>,
+    limit: &CompiledLimit,
+    listener: &Listener,
+    answer: &Answer<'_, R>,
+) -> bool
+where
+    H: Host + ?Sized,
+    R: RequestHeaders + ?Sized,
+{
+    let (host, now) = (ctx.host, ctx.now);
+    let (headers, status, own_from) = (answer.headers, answer.status, answer.own_from);
+    let mut news = false;
+    let Some(provider) = &limit.provider else {
+        return news;
+    };
+    let signal = provider.pause_for(status, headers, now);
+    if let (Some(full), Some(counted), false) = (
+        provider.adaptive,
+        listener.counted,
+        matches!(signal, PauseSignal::None),
+    ) {
+        let heard = Heard::Here {
+            admitted: counted.admitted,
+            sent: counted.sent,
+        };
+        let throttle = Throttle {
+            full,
+            wait: match signal {
+                PauseSignal::Pause { wait, .. } => wait,
+                _ => Span::ZERO,
+            },
+            period: provider.default_reset,
+        };
+        news |= cut_rate(ctx, limit, counted.owner, (heard, now), throttle) && relayed(limit);
+    }
+    match signal {
+        PauseSignal::None => {}
+        PauseSignal::Refused => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+            if listener.limit >= own_from {
+                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
+            }
+        }
+        PauseSignal::Malformed(e) => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+            ignored(host, ctx.metrics, &limit.name, &e);
+            if listener.limit >= own_from {
+                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
+            }
+        }
+        PauseSignal::Pause { wait, capped } => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+            if capped {
+                ctx.metrics
+                    .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
+            }
+            let why = PauseWhy {
+                status: status.unwrap_or(0),
+                relayed: false,
+            };
+            news |= pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit);
+        }
+    }
+    let Some(counted) = listener.counted else {
+        return news;
+    };
+    match provider.count_in(headers, now) {
+        Ok(None) => {}
+        Ok(Some(count)) => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::CountRead, 1);
+            let (entry, _) = place_of_owner(limit, counted.owner);
+            // On failure (counted and logged by the store) the
+            // next answer brings the count again.
+            let _ = ctx
+                .store
+                .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+                    (
+                        (),
+                        table.follow(counted.owner, counted.admitted, count, now),
+                    )
+                });
+        }
+        Err(e) => ignored(host, ctx.metrics, &limit.name, &e),
+    }
+    news
 }
 
 /// A provider refused a call of adaptive `limit` (`owner`: the row;

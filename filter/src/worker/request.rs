@@ -13,11 +13,13 @@ use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::request_headers::RequestHeaders;
 
 use super::admission::{self, Decision};
+use super::asked_usage::Asked;
 use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
 use super::held_slot::HeldSlot;
 use super::limits::{Held, LimitInputs};
 use super::pool::{self, PoolCall};
+use super::telling::Told;
 use super::{
     declared_length, refusal, spend, streams, Parts, RequestBody, Verdict, MAX_REQUEST_BODY_BYTES,
     PREFETCH_TICK, QUEUE_TICK,
@@ -93,11 +95,9 @@ impl Parts {
             self.sync.fleet_refused(ctx);
         }
         if !matches!(decision, Decision::Refuse(_)) {
-            self.telling
-                .expect(context_id, &policies, class.policy_index);
-            if let Some(raw) = raw {
-                self.asked.ask(ctx, context_id, policy, raw);
-            }
+            let told = Told::of(&policies, class.policy_index);
+            let asked = raw.and_then(|raw| Asked::ask(ctx, policy, raw));
+            self.calls.goes(context_id, told, asked);
         }
         let series = self.series.get(class.policy_index).copied();
         let series = series.unwrap_or_else(|| ctx.metrics.series_of(policy.name()));
@@ -347,32 +347,8 @@ impl Parts {
         policies: &Arc<CompiledPolicySet>,
         call: Holding,
     ) {
-        if let Some(route) = &call.pool {
-            let at = (route.pool_index, route.chosen);
-            let routed = pool::Routed::new(policies, at, &route.call, ctx.now);
-            self.routed.insert(call.context_id, routed);
-        }
         self.spend_labels.record(ctx, &call.labels);
-        let Some(policy) = policies.policy(call.policy_index) else {
-            return;
-        };
-        if policy.reads_usage() {
-            self.usages.expect(
-                call.context_id,
-                policy,
-                (&call.costs, &call.places),
-                call.price.as_ref(),
-                ctx.now,
-            );
-        }
-        self.warnings.expect(call.context_id, &call.warnings);
-        let counted: Vec<_> = call.places.iter().map(|p| p.counted).collect();
-        self.listening.expect(
-            call.context_id,
-            (policies, call.policy_index),
-            &call.keys,
-            &counted,
-        );
+        self.calls.holds(policies, &call, ctx.now);
     }
 
     /// The live-view labels of a queued call's keys, found while its

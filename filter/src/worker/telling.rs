@@ -9,7 +9,6 @@
 //! limit) are listed in `RateLimit-Policy` only: which key a call used is
 //! the filter's business, not a value to compute per answer.
 
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use sluice_filter_core::bucket::BucketState;
@@ -25,48 +24,32 @@ use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
 use crate::host::Host;
 use crate::store::Store;
 
-/// Calls whose answer gets the fields: under which set and policy they went.
-#[derive(Debug, Default)]
-pub(super) struct Telling {
-    calls: FxHashMap<u32, (Arc<CompiledPolicySet>, usize)>,
+/// A call whose answer gets the fields: under which set and policy it
+/// went.
+#[derive(Debug)]
+pub(super) struct Told {
+    set: Arc<CompiledPolicySet>,
+    policy_index: usize,
 }
 
-impl Telling {
-    /// A call of policy `policy_index` of `set` goes (or waits to).
-    pub fn expect(&mut self, context_id: u32, set: &Arc<CompiledPolicySet>, policy_index: usize) {
+impl Told {
+    /// A call of policy `policy_index` of `set` goes (or waits to); None:
+    /// its policy tells nothing.
+    pub fn of(set: &Arc<CompiledPolicySet>, policy_index: usize) -> Option<Self> {
         let tells = set
             .policies
             .get(policy_index)
             .is_some_and(|p| p.policy.ratelimit_headers == RateLimitHeaders::Always);
-        if tells {
-            self.calls
-                .insert(context_id, (Arc::clone(set), policy_index));
-        }
+        tells.then(|| Self {
+            set: Arc::clone(set),
+            policy_index,
+        })
     }
 
-    pub fn awaits(&self, context_id: u32) -> bool {
-        // Most calls are of policies that never wait: no hash at all.
-        !self.calls.is_empty() && self.calls.contains_key(&context_id)
-    }
-
-    pub fn forget(&mut self, context_id: u32) {
-        if !self.calls.is_empty() {
-            self.calls.remove(&context_id);
-        }
-    }
-
-    /// The fields for the answer to call `context_id` (none for a call
-    /// that is not told).
-    pub fn headers<H: Host + ?Sized>(
-        &mut self,
-        ctx: &mut Ctx<'_, H>,
-        context_id: u32,
-    ) -> Vec<(&'static str, String)> {
+    /// The fields for the call's answer.
+    pub fn headers<H: Host + ?Sized>(&self, ctx: &mut Ctx<'_, H>) -> Vec<(&'static str, String)> {
         let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
-        let Some((set, index)) = self.calls.remove(&context_id) else {
-            return Vec::new();
-        };
-        let Some(policy) = set.policies.get(index) else {
+        let Some(policy) = self.set.policies.get(self.policy_index) else {
             return Vec::new();
         };
         admitted_headers(&policy.policy, &items(host, store, policy, now))

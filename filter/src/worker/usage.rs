@@ -9,8 +9,6 @@
 //! holds of response bodies at once is bounded ([`MAX_HELD_BYTES`]); a
 //! body that would pass it is not read.
 
-use rustc_hash::FxHashMap;
-
 use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_filter_core::pricing::CallPrice;
 use sluice_shared::limiter::RateLimiter;
@@ -40,8 +38,10 @@ struct Owed {
     followed: Option<Followed>,
 }
 
+/// A call's limits waiting for its usage: each feature's part of a call
+/// lives in its [`super::call::Call`].
 #[derive(Debug)]
-struct Pending {
+pub(super) struct UsageOwed {
     taken_at: Instant,
     owed: Vec<Owed>,
 }
@@ -69,24 +69,29 @@ impl Outcome {
 /// large answers at once cannot exhaust the VM's memory.
 pub const MAX_HELD_BYTES: usize = 64 * 1024 * 1024;
 
+/// What the readers of every call hold now, all together (bounded by
+/// [`MAX_HELD_BYTES`]).
 #[derive(Debug, Default)]
-pub(super) struct Usages {
-    pending: FxHashMap<u32, Pending>,
-    /// What the readers hold now, all calls together.
-    held: usize,
+pub(super) struct HeldBytes(usize);
+
+impl HeldBytes {
+    pub fn get(&self) -> usize {
+        self.0
+    }
 }
 
-impl Usages {
+impl UsageOwed {
     /// A call of `policy` went with `costs` taken from its further limits:
-    /// those with `usage` wait for its response.
-    pub fn expect(
-        &mut self,
-        context_id: u32,
+    /// those with `usage` wait for its response (None: none has it).
+    pub fn of(
         policy: &CompiledPolicy,
         (costs, places): (&[u64], &[LimitPlace]),
         price: Option<&CallPrice>,
         now: Instant,
-    ) {
+    ) -> Option<Self> {
+        if !policy.reads_usage() {
+            return None;
+        }
         let owed: Vec<Owed> = policy
             .limits
             .iter()
@@ -106,59 +111,42 @@ impl Usages {
                 })
             })
             .collect();
-        if !owed.is_empty() {
-            self.pending.insert(
-                context_id,
-                Pending {
-                    taken_at: now,
-                    owed,
-                },
-            );
-        }
+        (!owed.is_empty()).then_some(Self {
+            taken_at: now,
+            owed,
+        })
     }
 
-    pub fn awaits(&self, context_id: u32) -> bool {
-        // Most calls are of policies that never wait: no hash at all.
-        !self.pending.is_empty() && self.pending.contains_key(&context_id)
-    }
-
-    pub fn len(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// Bytes of response bodies held now.
-    pub fn held(&self) -> usize {
-        self.held
+    /// Whether every limit is settled: nothing is left to read.
+    pub fn is_settled(&self) -> bool {
+        self.owed.is_empty()
     }
 
     /// The response's headers: usage from a header settles now; a body's
     /// reader starts. True while the body is still wanted.
-    pub fn on_headers<H, R>(
+    pub fn on_answer_headers<H, R>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
-        context_id: u32,
         headers: &R,
         end_of_stream: bool,
+        held: &mut HeldBytes,
     ) -> bool
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        let Some(pending) = self.pending.get_mut(&context_id) else {
-            return false;
-        };
         let content_type = headers.header("content-type");
-        let taken_at = pending.taken_at;
+        let taken_at = self.taken_at;
         if headers.header(":status").as_deref() == Some(b"429") {
             // Refused, not served: the provider used (and bills) nothing,
             // whatever the answer's body says.
-            for owed in &mut pending.owed {
+            for owed in &mut self.owed {
                 settle(ctx, owed, taken_at, Outcome::Read(0));
             }
-            pending.owed.clear();
-            return self.after_progress(ctx, context_id, end_of_stream);
+            self.owed.clear();
+            return false;
         }
-        pending.owed.retain_mut(|owed| {
+        self.owed.retain_mut(|owed| {
             if let Some(name) = &owed.source.header {
                 let value = headers.header(name);
                 let outcome = Outcome::of(usage_from_header(value.as_deref(), name));
@@ -168,35 +156,32 @@ impl Usages {
             owed.reader = owed.source.body_reader(content_type.as_deref());
             true
         });
-        self.after_progress(ctx, context_id, end_of_stream)
+        self.after_progress(ctx, end_of_stream, held)
     }
 
     /// The next piece of the response's body. True while more is wanted.
-    pub fn on_body<H: Host + ?Sized>(
+    pub fn on_answer_body<H: Host + ?Sized>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
-        context_id: u32,
         chunk: &[u8],
         end_of_stream: bool,
+        held: &mut HeldBytes,
     ) -> bool {
-        let Some(pending) = self.pending.get_mut(&context_id) else {
-            return false;
-        };
-        let taken_at = pending.taken_at;
-        let held = &mut self.held;
-        pending.owed.retain_mut(|owed| {
+        let taken_at = self.taken_at;
+        let total = &mut held.0;
+        self.owed.retain_mut(|owed| {
             let Some(reader) = owed.reader.as_mut() else {
                 // Headers never came: the end settles it as aborted.
                 return true;
             };
             let before = reader.buffered();
-            if held.saturating_add(chunk.len()) > MAX_HELD_BYTES {
+            if total.saturating_add(chunk.len()) > MAX_HELD_BYTES {
                 reader.give_up();
                 ctx.metrics.add_filter(FilterCounter::UsageBufferFull, 1);
             } else {
                 reader.feed(chunk);
             }
-            *held = (*held - before.min(*held)).saturating_add(reader.buffered());
+            *total = (*total - before.min(*total)).saturating_add(reader.buffered());
             if !reader.has_failed() {
                 return true;
             }
@@ -206,56 +191,48 @@ impl Usages {
             }
             false
         });
-        self.after_progress(ctx, context_id, end_of_stream)
+        self.after_progress(ctx, end_of_stream, held)
     }
 
-    /// Settles every reader at the end of the body; forgets a call with
-    /// nothing left to settle. True while the body is still wanted.
+    /// Settles every reader at the end of the body. True while the body
+    /// is still wanted.
     fn after_progress<H: Host + ?Sized>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
-        context_id: u32,
         end_of_stream: bool,
+        held: &mut HeldBytes,
     ) -> bool {
-        let Some(pending) = self.pending.get_mut(&context_id) else {
-            return false;
-        };
         if end_of_stream {
-            let taken_at = pending.taken_at;
-            let held = &mut self.held;
-            pending.owed.retain_mut(|owed| {
+            let taken_at = self.taken_at;
+            self.owed.retain_mut(|owed| {
                 let Some(reader) = owed.reader.take() else {
                     return true;
                 };
-                *held = held.saturating_sub(reader.buffered());
+                held.0 = held.0.saturating_sub(reader.buffered());
                 settle(ctx, owed, taken_at, Outcome::of(reader.finish()));
                 false
             });
         }
-        if pending.owed.is_empty() {
-            self.pending.remove(&context_id);
-            return false;
-        }
-        pending.owed.iter().any(|o| o.reader.is_some())
+        self.owed.iter().any(|o| o.reader.is_some())
     }
 
     /// The call ended: whatever was not settled (aborted mid-response, or
     /// never answered) keeps its estimate.
-    pub fn on_end<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, context_id: u32) {
-        let Some(pending) = self.pending.remove(&context_id) else {
+    pub fn on_end<H: Host + ?Sized>(self, ctx: &mut Ctx<'_, H>, held: &mut HeldBytes) {
+        if self.owed.is_empty() {
             return;
-        };
+        }
         // A stream's end is handled at the clock's last reading; settling
         // charges at the time it happens.
         ctx.read_clock();
-        for mut owed in pending.owed {
+        for mut owed in self.owed {
             if let Some(reader) = owed.reader.take() {
-                self.held = self.held.saturating_sub(reader.buffered());
+                held.0 = held.0.saturating_sub(reader.buffered());
             }
             settle(
                 ctx,
                 &mut owed,
-                pending.taken_at,
+                self.taken_at,
                 Outcome::Unread(LimitCounter::UsageAborted),
             );
         }
