@@ -32,6 +32,7 @@ mod held_slot;
 mod key_counts;
 mod key_places;
 mod limits;
+mod listened;
 mod placement;
 mod pool;
 mod probe;

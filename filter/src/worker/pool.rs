@@ -16,6 +16,7 @@ use sluice_shared::time::Instant;
 use super::budgets::Budgets;
 use super::ctx::Ctx;
 use super::limits::{self, LimitInputs, LimitPlace, Taken};
+use super::listened;
 use super::probe;
 use super::provider;
 use super::retry::DEFAULT_RETRY;
@@ -273,7 +274,7 @@ impl Routed {
         self,
         ctx: &mut Ctx<'_, H>,
         headers: &R,
-        listened: &mut Option<provider::Listened>,
+        listened: &mut Option<listened::Listened>,
     ) where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
@@ -289,7 +290,7 @@ impl Routed {
         self,
         ctx: &mut Ctx<'_, H>,
         headers: &R,
-    ) -> Option<Option<provider::Listened>>
+    ) -> Option<Option<listened::Listened>>
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
@@ -323,7 +324,7 @@ impl Routed {
             routed.sent,
         )?;
         let keys = routed.keys.get(at).map_or(&[][..], Vec::as_slice);
-        Some(provider::Listened::of(&routed.set, index, keys, &[]))
+        Some(listened::Listened::of(&routed.set, index, keys, &[]))
     }
 }
 

@@ -6,17 +6,13 @@
 //! is taken and, when the count is followed, counts itself in it once
 //! every limit took it.
 
-use std::sync::Arc;
-
 use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
-use sluice_shared::provider::{Allowed, Heard, PauseSignal, PauseWhy, ProviderTable, Throttle};
-use sluice_shared::request_headers::RequestHeaders;
+use sluice_shared::provider::{Allowed, Heard, PauseWhy, ProviderTable, Throttle};
 use sluice_shared::time::{Instant, Span};
 
 use sluice_wire::sync::{PauseReport, ProviderNews, ProviderReport, MAX_PROVIDER_NEWS};
 
 use super::ctx::Ctx;
-use super::retry::DEFAULT_RETRY;
 use crate::counters::LimitCounters;
 use crate::entries::{self, provider_key};
 use crate::host::{Host, Level};
@@ -112,7 +108,7 @@ pub(super) fn uncount<H: Host + ?Sized>(
 }
 
 /// The entry of a row known by its owner (the key's hash, or 0).
-fn place_of_owner(limit: &CompiledLimit, owner: u64) -> (String, u64) {
+pub(super) fn place_of_owner(limit: &CompiledLimit, owner: u64) -> (String, u64) {
     provider_key(limit, limit.keys.is_some().then_some(owner))
 }
 
@@ -155,196 +151,10 @@ impl Followed {
     }
 }
 
-/// One limit of an admitted call whose answer is read.
-#[derive(Debug)]
-struct Listener {
-    limit: usize,
-    key: Option<u64>,
-    counted: Option<Counted>,
-}
-
-/// A call whose answer is read for the provider's word: under which set
-/// and policy it went (a set installed since does not change what its
-/// limits were).
-#[derive(Debug)]
-pub(super) struct Listened {
-    set: Arc<CompiledPolicySet>,
-    policy_index: usize,
-    listeners: Vec<Listener>,
-}
-
-/// What one answer said, as the limits hear it.
-struct Answer<'a, R: ?Sized> {
-    headers: &'a R,
-    status: Option<u16>,
-    /// Limits from this one on are a pool member's own (not its pool's).
-    own_from: usize,
-}
-
-impl Listened {
-    /// A call of policy `policy_index` of `set` went: its limits with
-    /// `provider` read its answer (`keys`: the call's key per further
-    /// limit; `counted`: where it counts in each followed count). None:
-    /// none of them listens.
-    pub fn of(
-        set: &Arc<CompiledPolicySet>,
-        policy_index: usize,
-        keys: &[Option<u64>],
-        counted: &[Option<Counted>],
-    ) -> Option<Self> {
-        let policy = set.policy(policy_index)?;
-        let listeners: Vec<Listener> = policy
-            .limits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.provider.is_some())
-            .map(|(i, _)| Listener {
-                limit: i,
-                key: keys.get(i).copied().flatten(),
-                counted: counted.get(i).copied().flatten(),
-            })
-            .collect();
-        (!listeners.is_empty()).then(|| Self {
-            set: Arc::clone(set),
-            policy_index,
-            listeners,
-        })
-    }
-
-    /// The answer's headers came: a refusal the limits listen to is
-    /// counted, and one with a wait pauses them; a count they follow
-    /// caps what goes until its reset. Returns whether it began a pause
-    /// or cut a rate: news for the other Envoys.
-    pub fn on_answer_headers<H, R>(self, ctx: &mut Ctx<'_, H>, headers: &R) -> bool
-    where
-        H: Host + ?Sized,
-        R: RequestHeaders + ?Sized,
-    {
-        let Some(policy) = self.set.policy(self.policy_index) else {
-            return false;
-        };
-        // A pool member's own limits (not its pool's): a refusal without a
-        // wait passes the member over for a while.
-        let own_from = policy
-            .member_of
-            .and_then(|(pool, at)| self.set.policies.get(pool)?.pool.as_ref()?.members.get(at))
-            .map_or(usize::MAX, |m| m.own_limits);
-        let status = headers
-            .header(":status")
-            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
-        let answer = Answer {
-            headers,
-            status,
-            own_from,
-        };
-        let mut news = false;
-        for listener in &self.listeners {
-            if let Some(limit) = policy.limits.get(listener.limit) {
-                news |= hear(ctx, limit, listener, &answer);
-            }
-        }
-        news
-    }
-}
-
-/// What `limit` hears of `answer` for the call (`listener`: its place in
-/// the call). Returns whether it is news for the other Envoys.
-fn hear<H, R>(
-    ctx: &mut Ctx<'_, H>,
-    limit: &CompiledLimit,
-    listener: &Listener,
-    answer: &Answer<'_, R>,
-) -> bool
-where
-    H: Host + ?Sized,
-    R: RequestHeaders + ?Sized,
-{
-    let (host, now) = (ctx.host, ctx.now);
-    let (headers, status, own_from) = (answer.headers, answer.status, answer.own_from);
-    let mut news = false;
-    let Some(provider) = &limit.provider else {
-        return news;
-    };
-    let signal = provider.pause_for(status, headers, now);
-    if let (Some(full), Some(counted), false) = (
-        provider.adaptive,
-        listener.counted,
-        matches!(signal, PauseSignal::None),
-    ) {
-        let heard = Heard::Here {
-            admitted: counted.admitted,
-            sent: counted.sent,
-        };
-        let throttle = Throttle {
-            full,
-            wait: match signal {
-                PauseSignal::Pause { wait, .. } => wait,
-                _ => Span::ZERO,
-            },
-            period: provider.default_reset,
-        };
-        news |= cut_rate(ctx, limit, counted.owner, (heard, now), throttle) && relayed(limit);
-    }
-    match signal {
-        PauseSignal::None => {}
-        PauseSignal::Refused => {
-            ctx.metrics
-                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-            if listener.limit >= own_from {
-                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
-            }
-        }
-        PauseSignal::Malformed(e) => {
-            ctx.metrics
-                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-            ignored(host, ctx.metrics, &limit.name, &e);
-            if listener.limit >= own_from {
-                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
-            }
-        }
-        PauseSignal::Pause { wait, capped } => {
-            ctx.metrics
-                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-            if capped {
-                ctx.metrics
-                    .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
-            }
-            let why = PauseWhy {
-                status: status.unwrap_or(0),
-                relayed: false,
-            };
-            news |= pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit);
-        }
-    }
-    let Some(counted) = listener.counted else {
-        return news;
-    };
-    match provider.count_in(headers, now) {
-        Ok(None) => {}
-        Ok(Some(count)) => {
-            ctx.metrics
-                .add_limit(&limit.name, LimitCounter::CountRead, 1);
-            let (entry, _) = place_of_owner(limit, counted.owner);
-            // On failure (counted and logged by the store) the
-            // next answer brings the count again.
-            let _ = ctx
-                .store
-                .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
-                    (
-                        (),
-                        table.follow(counted.owner, counted.admitted, count, now),
-                    )
-                });
-        }
-        Err(e) => ignored(host, ctx.metrics, &limit.name, &e),
-    }
-    news
-}
-
 /// A provider refused a call of adaptive `limit` (`owner`: the row;
 /// `heard`: this Envoy's call or another's, at `at`): its rate is cut
 /// (once per overload), for every worker. Returns whether it was.
-fn cut_rate<H: Host + ?Sized>(
+pub(super) fn cut_rate<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     owner: u64,
@@ -386,7 +196,7 @@ fn cut_rate<H: Host + ?Sized>(
 
 /// A provider signal that did not parse: counted, logged at debug level
 /// (a provider sending garbage on every answer must not flood the log).
-fn ignored<H: Host + ?Sized>(
+pub(super) fn ignored<H: Host + ?Sized>(
     host: &H,
     metrics: &mut Metrics,
     limit: &str,
@@ -404,7 +214,7 @@ fn ignored<H: Host + ?Sized>(
 /// stat `paused` when it begins one (`why`: the provider's answer, and
 /// whether another Envoy heard it; `capped`: the provider asked for more
 /// than `max_pause`). Returns whether it began or grew one.
-fn pause<H: Host + ?Sized>(
+pub(super) fn pause<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     key: Option<u64>,
@@ -470,7 +280,7 @@ fn pause<H: Host + ?Sized>(
 }
 
 /// A pool member's limit whose provider refused a call without saying how
-/// long to wait (`wait`: [`DEFAULT_RETRY`], as a provider that names none
+/// long to wait (`wait`: `DEFAULT_RETRY`, as a provider that names none
 /// is given), or whose refusal only Envoy's retry saw (`status` 0): the
 /// pool passes the member over meanwhile, so that calls go to the others.
 pub(super) fn pause_member<H: Host + ?Sized>(
@@ -492,7 +302,7 @@ pub(super) fn pause_member<H: Host + ?Sized>(
 /// Whether what `limit`'s provider says is relayed to and from the other
 /// Envoys: a limit they share (`scope: global`), unkeyed (keys are hashed
 /// with a secret of each Envoy and never leave it).
-fn relayed(limit: &CompiledLimit) -> bool {
+pub(super) fn relayed(limit: &CompiledLimit) -> bool {
     limit.global && limit.keys.is_none() && limit.provider.is_some()
 }
 

@@ -1,0 +1,216 @@
+//! A call's limits that listen to its provider (`provider` on a limit),
+//! hearing its answer: a refusal counted, a wait that pauses them, an
+//! adaptive rate cut, a count of what is left followed. What each of
+//! those writes to shared data is `provider.rs`'s.
+
+use std::sync::Arc;
+
+use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicySet};
+use sluice_shared::provider::{Heard, PauseSignal, PauseWhy, ProviderTable, Throttle};
+use sluice_shared::request_headers::RequestHeaders;
+use sluice_shared::time::Span;
+
+use super::ctx::Ctx;
+use super::provider::{cut_rate, ignored, pause, pause_member, place_of_owner, relayed, Counted};
+use super::retry::DEFAULT_RETRY;
+use crate::host::Host;
+use crate::metrics::LimitCounter;
+
+/// One limit of an admitted call whose answer is read.
+#[derive(Debug)]
+struct Listener {
+    limit: usize,
+    key: Option<u64>,
+    counted: Option<Counted>,
+}
+
+/// A call whose answer is read for the provider's word: under which set
+/// and policy it went (a set installed since does not change what its
+/// limits were).
+#[derive(Debug)]
+pub(super) struct Listened {
+    set: Arc<CompiledPolicySet>,
+    policy_index: usize,
+    listeners: Vec<Listener>,
+}
+
+/// What one answer said, as the limits hear it.
+struct Answer<'a, R: ?Sized> {
+    headers: &'a R,
+    status: Option<u16>,
+    /// Limits from this one on are a pool member's own (not its pool's).
+    own_from: usize,
+}
+
+impl Listened {
+    /// A call of policy `policy_index` of `set` went: its limits with
+    /// `provider` read its answer (`keys`: the call's key per further
+    /// limit; `counted`: where it counts in each followed count). None:
+    /// none of them listens.
+    pub fn of(
+        set: &Arc<CompiledPolicySet>,
+        policy_index: usize,
+        keys: &[Option<u64>],
+        counted: &[Option<Counted>],
+    ) -> Option<Self> {
+        let policy = set.policy(policy_index)?;
+        let listeners: Vec<Listener> = policy
+            .limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.provider.is_some())
+            .map(|(i, _)| Listener {
+                limit: i,
+                key: keys.get(i).copied().flatten(),
+                counted: counted.get(i).copied().flatten(),
+            })
+            .collect();
+        (!listeners.is_empty()).then(|| Self {
+            set: Arc::clone(set),
+            policy_index,
+            listeners,
+        })
+    }
+
+    /// The answer's headers came: a refusal the limits listen to is
+    /// counted, and one with a wait pauses them; a count they follow
+    /// caps what goes until its reset. Returns whether it began a pause
+    /// or cut a rate: news for the other Envoys.
+    pub fn on_answer_headers<H, R>(self, ctx: &mut Ctx<'_, H>, headers: &R) -> bool
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let Some(policy) = self.set.policy(self.policy_index) else {
+            return false;
+        };
+        // A pool member's own limits (not its pool's): a refusal without a
+        // wait passes the member over for a while.
+        let own_from = policy
+            .member_of
+            .and_then(|(pool, at)| self.set.policies.get(pool)?.pool.as_ref()?.members.get(at))
+            .map_or(usize::MAX, |m| m.own_limits);
+        let status = headers
+            .header(":status")
+            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
+        let answer = Answer {
+            headers,
+            status,
+            own_from,
+        };
+        let mut news = false;
+        for listener in &self.listeners {
+            if let Some(limit) = policy.limits.get(listener.limit) {
+                news |= hear(ctx, limit, listener, &answer);
+            }
+        }
+        news
+    }
+}
+
+/// What `limit` hears of `answer` for the call (`listener`: its place in
+/// the call). Returns whether it is news for the other Envoys.
+fn hear<H, R>(
+    ctx: &mut Ctx<'_, H>,
+    limit: &CompiledLimit,
+    listener: &Listener,
+    answer: &Answer<'_, R>,
+) -> bool
+where
+    H: Host + ?Sized,
+    R: RequestHeaders + ?Sized,
+{
+    let (host, now) = (ctx.host, ctx.now);
+    let (headers, status, own_from) = (answer.headers, answer.status, answer.own_from);
+    let mut news = false;
+    let Some(provider) = &limit.provider else {
+        return news;
+    };
+    let signal = provider.pause_for(status, headers, now);
+    if let (Some(full), Some(counted), false) = (
+        provider.adaptive,
+        listener.counted,
+        matches!(signal, PauseSignal::None),
+    ) {
+        let heard = Heard::Here {
+            admitted: counted.admitted,
+            sent: counted.sent,
+        };
+        let throttle = Throttle {
+            full,
+            wait: match signal {
+                PauseSignal::Pause { wait, .. } => wait,
+                _ => Span::ZERO,
+            },
+            period: provider.default_reset,
+        };
+        news |= cut_rate(ctx, limit, counted.owner, (heard, now), throttle) && relayed(limit);
+    }
+    match signal {
+        PauseSignal::None => {}
+        PauseSignal::Refused => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+            if listener.limit >= own_from {
+                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
+            }
+        }
+        PauseSignal::Malformed(e) => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+            ignored(host, ctx.metrics, &limit.name, &e);
+            if listener.limit >= own_from {
+                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
+            }
+        }
+        PauseSignal::Pause { wait, capped } => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+            if capped {
+                ctx.metrics
+                    .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
+            }
+            let why = PauseWhy {
+                status: status.unwrap_or(0),
+                relayed: false,
+            };
+            news |= pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit);
+        }
+    }
+    if let Some(counted) = listener.counted {
+        follow_count(ctx, limit, counted, headers);
+    }
+    news
+}
+
+/// The provider's count of what is left, in the answer's headers: the
+/// limit follows it until its reset, for every worker.
+fn follow_count<H, R>(ctx: &mut Ctx<'_, H>, limit: &CompiledLimit, counted: Counted, headers: &R)
+where
+    H: Host + ?Sized,
+    R: RequestHeaders + ?Sized,
+{
+    let (host, now) = (ctx.host, ctx.now);
+    let Some(provider) = &limit.provider else {
+        return;
+    };
+    match provider.count_in(headers, now) {
+        Ok(None) => {}
+        Ok(Some(count)) => {
+            ctx.metrics
+                .add_limit(&limit.name, LimitCounter::CountRead, 1);
+            let (entry, _) = place_of_owner(limit, counted.owner);
+            // On failure (counted and logged by the store) the
+            // next answer brings the count again.
+            let _ = ctx
+                .store
+                .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
+                    (
+                        (),
+                        table.follow(counted.owner, counted.admitted, count, now),
+                    )
+                });
+        }
+        Err(e) => ignored(host, ctx.metrics, &limit.name, &e),
+    }
+}
