@@ -465,7 +465,11 @@ impl Parts {
             &mut served,
         );
         for holding in served.with_limits {
+            let context_id = holding.context_id;
+            let route = holding.pool.as_ref();
+            actions.extend(route.and_then(|r| queue::route_to(&policies, r, context_id)));
             self.hold(ctx, &policies, holding);
+            actions.push(StreamAction::Resume(context_id));
         }
         actions.extend(self.body_waits.expire(ctx));
         for spare in self.prefetches.prune(now) {

@@ -454,3 +454,26 @@ pub(super) fn limits_of(policy: &CompiledPolicy, member: Option<usize>) -> &Comp
         .and_then(|at| policy.pool.as_ref()?.members.get(at))
         .map_or(policy, |m| &m.policy)
 }
+
+/// What a call of `policy` (number `policy_index`) takes from the limits
+/// it holds, and the number of the policy it is decided as, usage and
+/// answer: the chosen member's for a pool call sent to one (`call`: what
+/// it takes at each member), else the policy's own (`own`).
+pub(super) fn inputs_at_member(
+    policy: &CompiledPolicy,
+    policy_index: usize,
+    member: Option<usize>,
+    call: Option<&PoolCall>,
+    own: LimitInputs,
+) -> (LimitInputs, usize) {
+    match (member, call, &policy.pool) {
+        (Some(at), Some(call), Some(pool)) => {
+            let inputs = call.members.get(at).cloned().unwrap_or_default();
+            (
+                inputs,
+                pool.members.get(at).map_or(policy_index, |m| m.index),
+            )
+        }
+        _ => (own, policy_index),
+    }
+}

@@ -15,7 +15,7 @@ use sluice_shared::time::{Instant, Span};
 use super::budgets::Budgets;
 use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
-use super::limits::{self, Taken};
+use super::limits::{self, LimitInputs, Taken};
 use super::pool;
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
@@ -101,7 +101,8 @@ impl HeadHolds {
     }
 }
 
-/// Calls that left the queue holding their policy's further limits.
+/// Calls that left the queue holding their policy's further limits: the
+/// tick hands each over (`Parts::hold`), routes it, and resumes it.
 #[derive(Debug, Default)]
 pub(super) struct Served {
     pub with_limits: Vec<Holding>,
@@ -146,7 +147,7 @@ pub(super) fn serve<H: Host + ?Sized>(
         if policy.limits.is_empty() && policy.slot_limits.is_empty() && policy.pool.is_none() {
             poll.all_turns(ctx, parts, &mut actions);
         } else {
-            poll.head_turns_with_limits(ctx, parts, (index, policy), &mut actions, served);
+            poll.head_turns_with_limits(ctx, parts, index, policy, served);
         }
         for context_id in contexts {
             if !parts.streams.is_overdue(context_id, now) {
@@ -205,6 +206,34 @@ impl Poll<'_> {
         }
     }
 
+    /// Whose turn it is (its ticket and stream), if one of this worker's
+    /// waiters is at the head and fits the bucket now; read on a copy:
+    /// nothing is taken yet.
+    fn head<H: Host + ?Sized>(
+        &self,
+        ctx: &mut Ctx<'_, H>,
+        parts: &Parts<'_>,
+    ) -> Option<(u64, u32)> {
+        let state = ctx.store.read_as::<BucketState, _>(ctx.host, self.bucket)?;
+        let mut peek = state.clone();
+        let ticket = peek.poll_head(self.limits, ctx.holder, self.previous_poll, ctx.now)?;
+        let context_id = parts.streams.with_ticket(self.contexts, ticket)?;
+        Some((ticket, context_id))
+    }
+
+    /// The head leaves the bucket's queue: its ticket, if it still was
+    /// this worker's and fit the bucket, and this worker's lease there.
+    /// On failure (counted by the store) the next tick polls again.
+    fn leave_head<H: Host + ?Sized>(&self, ctx: &mut Ctx<'_, H>) -> (Option<u64>, Option<Instant>) {
+        let (previous_poll, now, holder) = (self.previous_poll, ctx.now, ctx.holder);
+        ctx.store
+            .update_as::<BucketState, _, _>(ctx.host, self.bucket, |s| {
+                let left = s.poll_head(self.limits, holder, previous_poll, now);
+                ((left, s.lease_of(holder)), left.is_some())
+            })
+            .unwrap_or_default()
+    }
+
     /// The head of the queue leaves only once its policy's further limits
     /// took it too, all of them at the moment it leaves; until they do it
     /// stays at the head and nobody passes it (FIFO across every limit).
@@ -212,72 +241,48 @@ impl Poll<'_> {
         &self,
         ctx: &mut Ctx<'_, H>,
         parts: &mut Parts<'_>,
-        (index, policy): (usize, &CompiledPolicy),
-        actions: &mut Vec<StreamAction>,
+        index: usize,
+        policy: &CompiledPolicy,
         served: &mut Served,
     ) {
-        let (previous_poll, now, holder) = (self.previous_poll, ctx.now, ctx.holder);
+        let now = ctx.now;
         if parts.holds.holds(self.bucket, self.contexts, now) {
             return;
         }
         for _ in 0..self.contexts.len() {
-            // Whose turn it is, on a copy: nothing is taken yet.
-            let Some(state) = ctx.store.read_as::<BucketState, _>(ctx.host, self.bucket) else {
+            let Some((ticket, context_id)) = self.head(ctx, parts) else {
                 return;
             };
-            let mut peek = state.clone();
-            let Some(ticket) = peek.poll_head(self.limits, holder, previous_poll, now) else {
-                return;
-            };
-            let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) else {
-                return;
-            };
-            let (inputs, price, pool_call, labels) = parts
-                .streams
-                .get(context_id)
-                .and_then(|s| s.further.as_deref())
-                .map(|f: &Further| (f.limits.clone(), f.price, f.pool.clone(), f.labels.clone()))
-                .unwrap_or_default();
+            let Further {
+                limits: inputs,
+                price,
+                pool: pool_call,
+                labels,
+                ..
+            } = parts.streams.further_of(context_id);
             // A pool call goes to a member that can take it now.
             let (taken, member) =
                 pool::take_limits(ctx, parts.budgets, policy, &inputs, pool_call.as_deref());
             let limits_policy = pool::limits_of(policy, member);
-            let pool_index = index;
-            let (costs, keys, index) = match (member, &pool_call, &policy.pool) {
-                (Some(at), Some(call), Some(pool)) => {
-                    let inputs = call.members.get(at).cloned().unwrap_or_default();
-                    let index = pool.members.get(at).map_or(index, |m| m.index);
-                    (inputs.costs, inputs.keys, index)
-                }
-                _ => (inputs.costs, inputs.keys, index),
-            };
-            let (places, slots, warnings, fair) = match taken {
-                Taken::All {
-                    places,
-                    slots,
-                    warnings,
-                    fair,
-                } => (places, slots, warnings, fair),
-                Taken::Refused { retry_after, .. } => {
+            let (LimitInputs { costs, keys, .. }, member_index) =
+                pool::inputs_at_member(policy, index, member, pool_call.as_deref(), inputs);
+            let Taken::All {
+                places,
+                slots,
+                warnings,
+                fair,
+            } = taken
+            else {
+                if let Taken::Refused { retry_after, .. } = taken {
                     // The head waits for its further limits (or its
                     // deadline), asking them again when they said.
-                    let wait = retry_after.min(HEAD_HOLD_MOST);
+                    let until = now + retry_after.min(HEAD_HOLD_MOST);
                     let waiting = self.contexts.len();
-                    parts
-                        .holds
-                        .hold(self.bucket, context_id, now + wait, waiting);
-                    return;
+                    parts.holds.hold(self.bucket, context_id, until, waiting);
                 }
-                Taken::Unknown { .. } => return,
+                return;
             };
-            let left = ctx
-                .store
-                .update_as::<BucketState, _, _>(ctx.host, self.bucket, |s| {
-                    let left = s.poll_head(self.limits, holder, previous_poll, now);
-                    ((left, s.lease_of(holder)), left.is_some())
-                })
-                .unwrap_or_default();
-            match left {
+            match self.leave_head(ctx) {
                 (Some(left), lease) if left == ticket => {
                     limits::count_admitted(ctx.metrics, limits_policy, &costs);
                     parts.streams.turn_came(ctx.metrics, context_id, lease, now);
@@ -285,18 +290,9 @@ impl Poll<'_> {
                     parts
                         .streams
                         .hold_slots(context_id, (policy, series), slots, now);
-                    if let (Some(at), Some(pool)) = (member, &policy.pool) {
-                        if let Some(m) = pool.members.get(at) {
-                            actions.push(StreamAction::SetHeader(
-                                context_id,
-                                pool.route_header.clone(),
-                                m.cluster.clone(),
-                            ));
-                        }
-                    }
                     served.with_limits.push(Holding {
                         context_id,
-                        policy_index: index,
+                        policy_index: member_index,
                         costs,
                         keys,
                         places,
@@ -304,12 +300,11 @@ impl Poll<'_> {
                         warnings,
                         labels,
                         pool: member.zip(pool_call).map(|(chosen, call)| PoolRoute {
-                            pool_index,
+                            pool_index: index,
                             chosen,
                             call,
                         }),
                     });
-                    actions.push(StreamAction::Resume(context_id));
                 }
                 _ => {
                     // Another worker changed the queue in between: the
@@ -322,4 +317,20 @@ impl Poll<'_> {
             }
         }
     }
+}
+
+/// Where a pool call leaving the queue goes: Envoy routes it by the
+/// pool's route header, set to its member's cluster.
+pub(super) fn route_to(
+    policies: &CompiledPolicySet,
+    route: &PoolRoute,
+    context_id: u32,
+) -> Option<StreamAction> {
+    let pool = policies.policy(route.pool_index)?.pool.as_ref()?;
+    let member = pool.members.get(route.chosen)?;
+    Some(StreamAction::SetHeader(
+        context_id,
+        pool.route_header.clone(),
+        member.cluster.clone(),
+    ))
 }

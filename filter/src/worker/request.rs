@@ -223,22 +223,21 @@ impl Parts {
             pool_index,
             held,
         } = call;
-        let pool = policies
-            .policies
-            .get(pool_index)
-            .and_then(|p| p.pool.as_deref());
         // A pool call is decided, usage and answer, as its member's policy.
-        let (limits, policy_index) = match (held.member, &inputs.pool, pool) {
-            (Some(at), Some(call), Some(pool)) => {
-                let limits = call.members.get(at).cloned().unwrap_or_default();
-                if let Some(m) = pool.members.get(at) {
-                    pool::route(ctx, context_id, pool, m);
-                }
-                let index = pool.members.get(at).map_or(pool_index, |m| m.index);
-                (limits, index)
+        let own = std::mem::take(&mut inputs.limits);
+        let (limits, policy_index) = match policies.policies.get(pool_index) {
+            Some(p) => {
+                pool::inputs_at_member(p, pool_index, held.member, inputs.pool.as_ref(), own)
             }
-            _ => (std::mem::take(&mut inputs.limits), pool_index),
+            None => (own, pool_index),
         };
+        let pool = policies.policy(pool_index).and_then(|p| p.pool.as_deref());
+        let chosen = held
+            .member
+            .and_then(|at| Some((pool?, pool?.members.get(at)?)));
+        if let Some((pool, member)) = chosen {
+            pool::route(ctx, context_id, pool, member);
+        }
         let labels = match policies.policy(policy_index) {
             Some(limits_policy) => self.spend_labels.labels_of(
                 limits_policy,

@@ -26,7 +26,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use sluice_filter_core::matcher::{BodyJson, CompiledLimit, CompiledPolicy};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{hash_label, label_secret, SHOWN_TOP_KEYS};
-use sluice_shared::limiter::{RateState, Standing};
+use sluice_shared::limiter::{RateLimiter, RateState, Standing};
 use sluice_shared::policy::KeyLabel;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::spend::{top_spenders, KeySpend, SpendReport};
@@ -256,18 +256,53 @@ impl SpendScan {
                 ..KeyedScan::default()
             };
         }
-        let spent_at = |key: &str| {
-            let (owner, state) = entries::read(host, key, &OwnedLimitState(rate));
-            let standing = Standing::of(rate, &state, now);
-            let renews_at = now.as_millis() + standing.until_reset.as_millis();
-            (owner, standing.spent, renews_at)
-        };
+        let changed = scan.read_next(host, limit, self.per_limit.max(1).min(places), now);
+        if limit.keyed_budget && !changed.is_empty() {
+            // Taken at every report: at most twice the places read.
+            let list = self.changed.entry(limit.name.clone()).or_default();
+            list.extend(changed);
+            let over = list.len().saturating_sub(MAX_KEYS_REPORTED);
+            list.drain(..over);
+        }
+        let (_, overflow_spent, _) = spent_at(host, rate, &keyed_limit_key(&limit.name, None), now);
+        // Labels for the top only: a limit may have thousands of keys.
+        let mut top: Vec<(u64, u64)> = scan.spending().collect();
+        if overflow_spent > 0 {
+            top.push((0, overflow_spent));
+        }
+        top.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(SHOWN_TOP_KEYS);
+        Some(SpendReport {
+            spent: scan
+                .spending()
+                .map(|(_, spent)| spent)
+                .fold(overflow_spent, u64::saturating_add),
+            size,
+            renews_in_ms: scan.renews_in_ms(now),
+            spending_keys: scan.spending().count() as u64,
+            keys: top_spenders(labelled(host, limit, top, size)),
+        })
+    }
+}
+
+impl KeyedScan {
+    /// Reads the next `count` places of keyed `limit`, round the places:
+    /// which key holds each and what it spent. Returns the keys whose
+    /// spending changed (a key that gave its place up: to 0).
+    fn read_next<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        limit: &CompiledLimit,
+        count: u32,
+        now: Instant,
+    ) -> Vec<KeySpent> {
         let mut changed = Vec::new();
-        for _ in 0..self.per_limit.max(1).min(places) {
-            let place = scan.next;
-            let (owner, spent, renews_at) = spent_at(&keyed_limit_key(&limit.name, Some(place)));
+        for _ in 0..count {
+            let place = self.next;
+            let key = keyed_limit_key(&limit.name, Some(place));
+            let (owner, spent, renews_at) = spent_at(host, &limit.rate, &key, now);
             let (was_owner, was_spent) =
-                scan.held.get(&place).map_or((0, 0), |h| (h.owner, h.spent));
+                self.held.get(&place).map_or((0, 0), |h| (h.owner, h.spent));
             if was_owner != 0 && was_owner != owner && was_spent > 0 {
                 // Its key gave the place up (idle: nothing spent now).
                 changed.push(KeySpent {
@@ -279,80 +314,82 @@ impl SpendScan {
                 changed.push(KeySpent { owner, spent });
             }
             if owner == 0 {
-                scan.held.remove(&place);
+                self.held.remove(&place);
             } else {
-                scan.held.insert(
-                    place,
-                    HeldPlace {
-                        owner,
-                        spent,
-                        renews_at,
-                    },
-                );
+                let held = HeldPlace {
+                    owner,
+                    spent,
+                    renews_at,
+                };
+                self.held.insert(place, held);
             }
-            scan.next = (place + 1) % places;
+            self.next = (place + 1) % self.places;
         }
-        if limit.keyed_budget && !changed.is_empty() {
-            // Taken at every report: at most twice the places read.
-            let list = self.changed.entry(limit.name.clone()).or_default();
-            list.extend(changed);
-            let over = list.len().saturating_sub(MAX_KEYS_REPORTED);
-            list.drain(..over);
-        }
-        // The soonest of its spending keys (a fixed window renews them all
-        // at once).
-        let renews_in_ms = scan
-            .held
+        changed
+    }
+
+    /// The keys spending now: (owner, spent).
+    fn spending(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.held
+            .values()
+            .filter(|h| h.spent > 0)
+            .map(|h| (h.owner, h.spent))
+    }
+
+    /// When the soonest of its spending keys renews (a fixed window
+    /// renews them all at once).
+    fn renews_in_ms(&self, now: Instant) -> u64 {
+        self.held
             .values()
             .filter(|h| h.spent > 0)
             .map(|h| h.renews_at.saturating_sub(now.as_millis()))
             .filter(|left| *left > 0)
             .min()
-            .unwrap_or(0);
-        let labels = entries::read(
-            host,
-            &spend_labels_key(&limit.name),
-            &Json::<BTreeMap<u64, String>>::default(),
-        );
-        let spending = || {
-            scan.held
-                .values()
-                .filter(|h| h.spent > 0)
-                .map(|h| (h.owner, h.spent))
-        };
-        let (_, overflow_spent, _) = spent_at(&keyed_limit_key(&limit.name, None));
-        // Labels for the top only: a limit may have thousands of keys.
-        let mut top: Vec<(u64, u64)> = spending().collect();
-        if overflow_spent > 0 {
-            top.push((0, overflow_spent));
-        }
-        top.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        top.truncate(SHOWN_TOP_KEYS);
-        let keys = top
-            .into_iter()
-            .map(|(owner, spent)| KeySpend {
-                label: match owner {
-                    0 => OVERFLOW_LABEL.to_string(),
-                    _ => labels
-                        .get(&owner)
-                        .cloned()
-                        .unwrap_or_else(|| hash_label(owner)),
-                },
-                hash: owner,
-                spent,
-                size,
-            })
-            .collect();
-        Some(SpendReport {
-            spent: spending()
-                .map(|(_, spent)| spent)
-                .fold(overflow_spent, u64::saturating_add),
-            size,
-            renews_in_ms,
-            spending_keys: spending().count() as u64,
-            keys: top_spenders(keys),
-        })
+            .unwrap_or(0)
     }
+}
+
+/// What the key at `key` (an entry of a limit of `rate`) spent: its
+/// owner, what it spent, and when its period renews (ms).
+fn spent_at<H: Host + ?Sized>(
+    host: &H,
+    rate: &RateLimiter,
+    key: &str,
+    now: Instant,
+) -> (u64, u64, u64) {
+    let (owner, state) = entries::read(host, key, &OwnedLimitState(rate));
+    let standing = Standing::of(rate, &state, now);
+    let renews_at = now.as_millis() + standing.until_reset.as_millis();
+    (owner, standing.spent, renews_at)
+}
+
+/// The top spenders (owner, spent) with their labels (the overflow's, or
+/// a hash's where the live view has no label).
+fn labelled<H: Host + ?Sized>(
+    host: &H,
+    limit: &CompiledLimit,
+    top: Vec<(u64, u64)>,
+    size: u64,
+) -> Vec<KeySpend> {
+    let labels = entries::read(
+        host,
+        &spend_labels_key(&limit.name),
+        &Json::<BTreeMap<u64, String>>::default(),
+    );
+    top.into_iter()
+        .map(|(owner, spent)| KeySpend {
+            label: match owner {
+                0 => OVERFLOW_LABEL.to_string(),
+                _ => labels
+                    .get(&owner)
+                    .cloned()
+                    .unwrap_or_else(|| hash_label(owner)),
+            },
+            hash: owner,
+            spent,
+            size,
+        })
+        .collect()
 }
 
 #[cfg(test)]

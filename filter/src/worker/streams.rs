@@ -150,6 +150,15 @@ impl Streams {
     }
 
     /// Which of `contexts` waits with `ticket`.
+    /// What a queued call takes when its turn comes (a copy: it is taken
+    /// only if the call leaves).
+    pub fn further_of(&self, context_id: u32) -> Further {
+        self.get(context_id)
+            .and_then(|s| s.further.as_deref())
+            .cloned()
+            .unwrap_or_default()
+    }
+
     pub fn with_ticket(&self, contexts: &[u32], ticket: u64) -> Option<u32> {
         contexts.iter().copied().find(|c| {
             self.streams
