@@ -16,6 +16,7 @@ use std::sync::Arc;
 use sluice_filter_core::bucket::{Admission, BucketLimits, Prefetched};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
+use sluice_shared::fair::FairClaimant;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
@@ -108,7 +109,6 @@ impl Deciding<'_> {
             return (self.decide_in_bucket(ctx, policy, class, false), None);
         }
         ctx.read_clock();
-        let queue_wait = queue_wait(policy);
         let (taken, member) = pool::take_limits(ctx, self.budgets, policy, inputs, pool_call);
         // A pool call holds its member's limits, taken at its costs there.
         let limits_policy = pool::limits_of(policy, member);
@@ -119,46 +119,9 @@ impl Deciding<'_> {
                 .map_or(&inputs.costs[..], |m| &m.costs[..]),
             _ => &inputs.costs[..],
         };
-        let (must_wait, held) = match taken {
-            Taken::All {
-                places,
-                slots,
-                warnings,
-                fair,
-            } => (
-                false,
-                Held {
-                    places,
-                    slots,
-                    warnings,
-                    fair,
-                    member,
-                },
-            ),
-            Taken::Refused {
-                limit, retry_after, ..
-            } if queue_wait.is_some_and(|max_wait| retry_after <= max_wait) => {
-                ctx.metrics.add_limit(&limit, LimitCounter::Queued, 1);
-                (true, Held::default())
-            }
-            Taken::Refused {
-                limit,
-                retry_after,
-                why,
-                standing,
-            } => {
-                ctx.metrics.add_limit(&limit, LimitCounter::Refused, 1);
-                let refusal = Refusal::Limit {
-                    limit,
-                    why,
-                    standing,
-                };
-                return (refuse(ctx, policy, &refusal, retry_after), None);
-            }
-            Taken::Unknown { limit } => {
-                let refusal = Refusal::BudgetUnknown { limit };
-                return (refuse(ctx, policy, &refusal, DEFAULT_RETRY), None);
-            }
+        let (must_wait, held) = match after_limits(ctx, policy, taken, member) {
+            Ok(taken) => taken,
+            Err(refused) => return (refused, None),
         };
         let decision = self.decide_in_bucket(ctx, policy, class, must_wait);
         let holds_limits = match decision {
@@ -178,6 +141,8 @@ impl Deciding<'_> {
         (decision, holds_limits.then_some(held))
     }
 
+    /// The policy's own bucket decides the call: from a prefetch, or in
+    /// shared data (after its fair share and fair slot, if shared fairly).
     fn decide_in_bucket<H: Host + ?Sized>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
@@ -185,85 +150,22 @@ impl Deciding<'_> {
         class: &Classification,
         must_wait: bool,
     ) -> Decision {
-        let by_default = Refusal::Policy {
-            kind: LimitKind::for_limits(policy.rate.is_some()),
-        };
-        if policy.fleet_closed {
-            // This Envoy's share of a global limit is nothing right now.
-            return refuse(ctx, policy, &by_default, DEFAULT_RETRY);
-        }
-        if let Some(burst) = policy.share_burst().filter(|&b| class.cost > b) {
-            // This Envoy's share of a global limit holds fewer tokens than
-            // the call costs: no wait makes it fit.
-            ctx.host.log(
-                Level::Debug,
-                &format!(
-                    "sluice: global policy {}: a call costing {} is above this Envoy's share (burst {burst}); refused",
-                    policy.name(),
-                    class.cost
-                ),
-            );
-            let refusal = Refusal::AboveShareBurst {
-                cost: class.cost,
-                burst,
-            };
-            return refuse(ctx, policy, &refusal, DEFAULT_RETRY);
+        if let Some(refused) = refused_by_share(ctx, policy, class) {
+            return refused;
         }
         let key: PrefetchKey = (class.policy_index, class.key);
-        let cost = policy.rate.is_some().then_some(class.cost);
-        let slot = policy.concurrency.is_some();
         // A fair policy's every call goes through its table: nothing is
         // prefetched past it.
         let shared_fairly = policy.fair.is_some();
-        if let Some(spent) = (!must_wait && !shared_fairly)
-            .then(|| self.prefetches.spend(key, cost, slot, ctx.now))
-            .flatten()
-        {
-            // A keyed policy's buckets end in a place number or this.
-            self.overflowed =
-                policy.max_keys().is_some() && spent.bucket.ends_with(entries::OVERFLOW_SUFFIX);
-            return Decision::Admit {
-                bucket: Arc::clone(spent.bucket),
-                key,
-                lease: spent.lease,
-                prefetched_slots: false,
-                fair_slot: None,
-            };
+        if !must_wait && !shared_fairly {
+            if let Some(admitted) = self.admit_from_prefetch(ctx, policy, class) {
+                return admitted;
+            }
         }
         ctx.read_clock();
-        let fair_taken = match fair::take(ctx, policy, class) {
-            Fair::NotShared => None,
-            Fair::Taken(who) => Some(who),
-            Fair::Refused { retry_after } => {
-                if !policy.is_shadow() {
-                    ctx.metrics
-                        .add(policy.name(), PolicyCounter::FairRefused, 1);
-                }
-                return refuse(ctx, policy, &Refusal::FairShare, retry_after);
-            }
-        };
-        // Slots shared fairly: the key's gate after its rate's share, so
-        // a refusal here gives the rate's tokens back to the key.
-        let fair_slot = match fair::take_own_slot(ctx, policy, class) {
-            FairSlot::NotShared => None,
-            FairSlot::Taken(slot) => Some(slot),
-            FairSlot::Refused { retry_after, full } => {
-                if let Some(who) = fair_taken {
-                    fair::refused_after(ctx, policy, (who, class.cost), LimitKind::Concurrency);
-                }
-                let refusal = if full {
-                    Refusal::Policy {
-                        kind: LimitKind::Concurrency,
-                    }
-                } else {
-                    if !policy.is_shadow() {
-                        ctx.metrics
-                            .add(policy.name(), PolicyCounter::FairRefused, 1);
-                    }
-                    Refusal::FairShare
-                };
-                return refuse(ctx, policy, &refusal, retry_after);
-            }
+        let fair = match take_fair(ctx, policy, class) {
+            Ok(fair) => fair,
+            Err(refused) => return refused,
         };
         let mut limits = BucketLimits::of(policy);
         if policy.is_shadow() {
@@ -279,35 +181,71 @@ impl Deciding<'_> {
         // the same write (a write of its own would be a second round trip
         // to shared data for every prefetch).
         let spare = self.prefetches.take_spare(key);
-        let placed = placement::place_and_admit(
-            ctx,
-            policy,
-            &limits,
-            class,
-            placement::Request {
-                prefetch: wanted,
-                must_wait,
-                spare: spare.as_ref(),
-            },
-        );
+        let request = placement::Request {
+            prefetch: wanted,
+            must_wait,
+            spare: spare.as_ref(),
+        };
+        let placed = placement::place_and_admit(ctx, policy, &limits, class, request);
         let returned = placed.as_ref().is_ok_and(|p| p.spare_returned);
         if let Some(spare) = spare.filter(|_| !returned) {
             super::streams::give_back(ctx, spare);
         }
-        let Ok(Placed {
+        let Ok(placed) = placed else {
+            // The store counted and logged why; a request it cannot decide
+            // is refused rather than let through unchecked.
+            slots::release(ctx, fair.slot.as_slice());
+            let by_default = Refusal::Policy {
+                kind: LimitKind::for_limits(policy.rate.is_some()),
+            };
+            return refuse(ctx, policy, &by_default, DEFAULT_RETRY);
+        };
+        self.overflowed = placed.overflowed;
+        self.after_placement(ctx, policy, class, placed, fair)
+    }
+
+    /// A prefetch this worker holds for the call's bucket admits it
+    /// without touching shared data (None: none holds what it costs).
+    fn admit_from_prefetch<H: Host + ?Sized>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        policy: &CompiledPolicy,
+        class: &Classification,
+    ) -> Option<Decision> {
+        let key: PrefetchKey = (class.policy_index, class.key);
+        let cost = policy.rate.is_some().then_some(class.cost);
+        let slot = policy.concurrency.is_some();
+        let spent = self.prefetches.spend(key, cost, slot, ctx.now)?;
+        // A keyed policy's buckets end in a place number or this.
+        self.overflowed =
+            policy.max_keys().is_some() && spent.bucket.ends_with(entries::OVERFLOW_SUFFIX);
+        Some(Decision::Admit {
+            bucket: Arc::clone(spent.bucket),
+            key,
+            lease: spent.lease,
+            prefetched_slots: false,
+            fair_slot: None,
+        })
+    }
+
+    /// What the bucket made of the call: admitted (with what it handed
+    /// this worker ahead), refused (its fair share's tokens back), or
+    /// queued.
+    fn after_placement<H: Host + ?Sized>(
+        &mut self,
+        ctx: &mut Ctx<'_, H>,
+        policy: &CompiledPolicy,
+        class: &Classification,
+        placed: Placed,
+        fair: FairTaken,
+    ) -> Decision {
+        let key: PrefetchKey = (class.policy_index, class.key);
+        let Placed {
             bucket,
             admission,
             prefetched,
-            overflowed,
             ..
-        }) = placed
-        else {
-            // The store counted and logged why; a request it cannot decide
-            // is refused rather than let through unchecked.
-            slots::release(ctx, fair_slot.as_slice());
-            return refuse(ctx, policy, &by_default, DEFAULT_RETRY);
-        };
-        self.overflowed = overflowed;
+        } = placed;
         match admission {
             Admission::Admitted { lease, .. } => {
                 let bucket = self.record_prefetch(ctx, key, &bucket, prefetched);
@@ -316,12 +254,12 @@ impl Deciding<'_> {
                     key,
                     lease,
                     prefetched_slots: prefetched.slots > 0,
-                    fair_slot,
+                    fair_slot: fair.slot,
                 }
             }
             Admission::Rejected { kind, retry_after } => {
-                slots::release(ctx, fair_slot.as_slice());
-                if let Some(who) = fair_taken {
+                slots::release(ctx, fair.slot.as_slice());
+                if let Some(who) = fair.who {
                     fair::refused_after(ctx, policy, (who, class.cost), kind);
                 }
                 self.record_prefetch(ctx, key, &bucket, Prefetched::default());
@@ -329,7 +267,7 @@ impl Deciding<'_> {
             }
             Admission::Queued { ticket, deadline } => {
                 // A queue-mode policy takes no gate (`CompiledPolicy::queues`).
-                slots::release(ctx, fair_slot.as_slice());
+                slots::release(ctx, fair.slot.as_slice());
                 self.record_prefetch(ctx, key, &bucket, Prefetched::default());
                 Decision::Queue {
                     bucket,
@@ -361,6 +299,138 @@ impl Deciding<'_> {
         }
         name
     }
+}
+
+/// What the further limits made of a call: it holds them (false, what
+/// it holds), or it waits in the queue for them (true; a queue-mode
+/// policy whose limits ask no longer than `max_wait`). Err: refused.
+fn after_limits<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    taken: Taken,
+    member: Option<usize>,
+) -> Result<(bool, Held), Decision> {
+    match taken {
+        Taken::All {
+            places,
+            slots,
+            warnings,
+            fair,
+        } => {
+            let held = Held {
+                places,
+                slots,
+                warnings,
+                fair,
+                member,
+            };
+            Ok((false, held))
+        }
+        Taken::Refused {
+            limit, retry_after, ..
+        } if queue_wait(policy).is_some_and(|max_wait| retry_after <= max_wait) => {
+            ctx.metrics.add_limit(&limit, LimitCounter::Queued, 1);
+            Ok((true, Held::default()))
+        }
+        Taken::Refused {
+            limit,
+            retry_after,
+            why,
+            standing,
+        } => {
+            ctx.metrics.add_limit(&limit, LimitCounter::Refused, 1);
+            let refusal = Refusal::Limit {
+                limit,
+                why,
+                standing,
+            };
+            Err(refuse(ctx, policy, &refusal, retry_after))
+        }
+        Taken::Unknown { limit } => {
+            let refusal = Refusal::BudgetUnknown { limit };
+            Err(refuse(ctx, policy, &refusal, DEFAULT_RETRY))
+        }
+    }
+}
+
+/// A global policy whose share allows the call nothing refuses it at
+/// once: its share is nothing now, or holds fewer tokens than the call
+/// costs (no wait makes it fit).
+fn refused_by_share<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    class: &Classification,
+) -> Option<Decision> {
+    if policy.fleet_closed {
+        let by_default = Refusal::Policy {
+            kind: LimitKind::for_limits(policy.rate.is_some()),
+        };
+        return Some(refuse(ctx, policy, &by_default, DEFAULT_RETRY));
+    }
+    let burst = policy.share_burst().filter(|&b| class.cost > b)?;
+    ctx.host.log(
+        Level::Debug,
+        &format!(
+            "sluice: global policy {}: a call costing {} is above this Envoy's share (burst {burst}); refused",
+            policy.name(),
+            class.cost
+        ),
+    );
+    let refusal = Refusal::AboveShareBurst {
+        cost: class.cost,
+        burst,
+    };
+    Some(refuse(ctx, policy, &refusal, DEFAULT_RETRY))
+}
+
+/// What a call took of its policy's fair shares: its share of the rate
+/// (as whom), and its slot in the fair slots table.
+struct FairTaken {
+    who: Option<FairClaimant>,
+    slot: Option<HeldSlot>,
+}
+
+/// The call takes its fair share of the rate, then its key's slot gate
+/// (after the rate's share, so a refusal there gives the rate's tokens
+/// back to the key). Err: how it was refused.
+fn take_fair<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    class: &Classification,
+) -> Result<FairTaken, Decision> {
+    let who = match fair::take(ctx, policy, class) {
+        Fair::NotShared => None,
+        Fair::Taken(who) => Some(who),
+        Fair::Refused { retry_after } => {
+            if !policy.is_shadow() {
+                ctx.metrics
+                    .add(policy.name(), PolicyCounter::FairRefused, 1);
+            }
+            return Err(refuse(ctx, policy, &Refusal::FairShare, retry_after));
+        }
+    };
+    let slot = match fair::take_own_slot(ctx, policy, class) {
+        FairSlot::NotShared => None,
+        FairSlot::Taken(slot) => Some(slot),
+        FairSlot::Refused { retry_after, full } => {
+            if let Some(who) = who {
+                fair::refused_after(ctx, policy, (who, class.cost), LimitKind::Concurrency);
+            }
+            let refusal = if full {
+                Refusal::Policy {
+                    kind: LimitKind::Concurrency,
+                }
+            } else {
+                if !policy.is_shadow() {
+                    ctx.metrics
+                        .add(policy.name(), PolicyCounter::FairRefused, 1);
+                }
+                Refusal::FairShare
+            };
+            return Err(refuse(ctx, policy, &refusal, retry_after));
+        }
+    };
+    Ok(FairTaken { who, slot })
 }
 
 /// The one place a limit says no: shadow mode counts it and lets the

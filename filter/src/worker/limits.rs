@@ -155,7 +155,7 @@ pub(super) fn take<H: Host + ?Sized>(
     policy: &CompiledPolicy,
     inputs: &LimitInputs,
 ) -> Taken {
-    let (costs, keys, claimants) = (&inputs.costs[..], &inputs.keys[..], &inputs.claimants[..]);
+    let (costs, claimants) = (&inputs.costs[..], &inputs.claimants[..]);
     // Each limit shared fairly first: a key past its share takes nothing.
     let fair = match fair::take_limits(ctx, policy, costs, claimants) {
         Ok(fair) => fair,
@@ -168,7 +168,7 @@ pub(super) fn take<H: Host + ?Sized>(
             }
         }
     };
-    let (places, warnings) = match take_rates(ctx, budgets, policy, (costs, keys)) {
+    let (places, warnings) = match take_rates(ctx, budgets, policy, inputs) {
         Ok(taken) => taken,
         Err(refused) => {
             // The limit that refused held fewer tokens than its table: its
@@ -201,7 +201,7 @@ pub(super) fn take<H: Host + ?Sized>(
         }
     };
     let mut places = places;
-    match count_in_provider(ctx, policy, (costs, keys), &mut places) {
+    match count_in_provider(ctx, policy, inputs, &mut places) {
         Ok(()) => Taken::All {
             places,
             slots,
@@ -223,9 +223,10 @@ pub(super) fn take<H: Host + ?Sized>(
 fn count_in_provider<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
-    (costs, keys): (&[u64], &[Option<u64>]),
+    inputs: &LimitInputs,
     places: &mut [LimitPlace],
 ) -> Result<(), Taken> {
+    let (costs, keys) = (&inputs.costs, &inputs.keys);
     for (index, (limit, place)) in policy.limits.iter().zip(places.iter_mut()).enumerate() {
         let key = keys.get(index).copied().flatten();
         let cost = limit.rate.taken(costs.get(index).copied().unwrap_or(0));
@@ -255,17 +256,14 @@ fn count_in_provider<H: Host + ?Sized>(
     Ok(())
 }
 
-/// The rate limits' part of [`take`]: where each holds the call's tokens.
-fn take_rates<H: Host + ?Sized>(
+/// What refuses a call before any rate limit is taken: a budget not
+/// known yet, a model without a price, a limit its provider paused.
+fn refused_before_taking<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
-    (costs, keys): (&[u64], &[Option<u64>]),
-) -> Result<(Vec<LimitPlace>, Vec<PastWarning>), Taken> {
-    if policy.limits.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    let now = ctx.now;
+    inputs: &LimitInputs,
+) -> Result<(), Taken> {
     if let Some(limit) = policy
         .limits
         .iter()
@@ -280,7 +278,7 @@ fn take_rates<H: Host + ?Sized>(
     if let Some(limit) = policy
         .limits
         .iter()
-        .zip(costs)
+        .zip(&inputs.costs)
         .find(|(l, cost)| l.is_priced() && **cost == UNPRICED)
         .map(|(l, _)| l)
     {
@@ -292,8 +290,8 @@ fn take_rates<H: Host + ?Sized>(
         });
     }
     for (index, limit) in policy.limits.iter().enumerate() {
-        let key = keys.get(index).copied().flatten();
-        if let Some(wait) = provider::paused(ctx.host, limit, key, now) {
+        let key = inputs.keys.get(index).copied().flatten();
+        if let Some(wait) = provider::paused(ctx.host, limit, key, ctx.now) {
             // Counted by the caller, as any refusal by this limit.
             return Err(Taken::Refused {
                 limit: limit.name.clone(),
@@ -303,6 +301,21 @@ fn take_rates<H: Host + ?Sized>(
             });
         }
     }
+    Ok(())
+}
+
+/// The rate limits' part of [`take`]: where each holds the call's tokens.
+fn take_rates<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    budgets: &mut Budgets,
+    policy: &CompiledPolicy,
+    inputs: &LimitInputs,
+) -> Result<(Vec<LimitPlace>, Vec<PastWarning>), Taken> {
+    if policy.limits.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    refused_before_taking(ctx, budgets, policy, inputs)?;
+    let (costs, keys, now) = (&inputs.costs[..], &inputs.keys, ctx.now);
     let mut places: Vec<Option<LimitPlace>> = vec![None; policy.limits.len()];
     let mut take = StackedTake::new(costs.to_vec(), now);
     if policy.limits.iter().any(|l| !l.warn.is_empty()) {

@@ -6,10 +6,13 @@
 //! (counted as an eviction); with every probed place busy the key overflows:
 //! into one bucket shared by all overflowing keys, or refused.
 
+use std::cell::Cell;
+
 use sluice_filter_core::bucket::{Admission, BucketLimits, BucketState, FairCall, Prefetched};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{BucketKey, Classification, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
+use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
 use super::key_places::{self, Claim};
@@ -51,19 +54,63 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
     class: &Classification,
     request: Request<'_>,
 ) -> Result<Placed, StoreError> {
-    let (host, store, metrics) = (ctx.host, &mut *ctx.store, &mut *ctx.metrics);
-    let (holder, now) = (ctx.holder, ctx.now);
-    let Request {
-        prefetch,
-        must_wait,
-        spare,
-    } = request;
+    let admitting = Admitting {
+        policy,
+        limits,
+        class,
+        request,
+        holder: ctx.holder,
+        now: ctx.now,
+        spare_returned: Cell::new(false),
+    };
     let name = policy.name();
-    // Set by the run of `admit` that was written: a retried
-    // compare-and-swap runs it again on the state it reads anew.
-    let spare_returned = std::cell::Cell::new(false);
-    let admit = |bucket: &str, s: &mut BucketState| {
-        let returned = match spare {
+    let BucketKey::Keyed(hash) = class.key else {
+        let key = bucket_key(name, Place::Single);
+        let outcome = ctx
+            .store
+            .update_as::<BucketState, _, _>(ctx.host, &key, |s| admitting.admit(&key, s))?;
+        return Ok(admitting.placed(key, outcome, false));
+    };
+    if let Some(placed) = admitting.in_key_place(ctx, hash)? {
+        return Ok(placed);
+    }
+    ctx.metrics.add(name, PolicyCounter::KeyOverflow, 1);
+    if policy.key_overflow() == Some(KeyOverflow::Reject) {
+        let refused = Admission::Rejected {
+            kind: LimitKind::for_limits(policy.rate.is_some()),
+            retry_after: DEFAULT_RETRY,
+        };
+        admitting.spare_returned.set(false);
+        let outcome = (refused, Prefetched::default());
+        return Ok(admitting.placed(String::new(), outcome, true));
+    }
+    let key = bucket_key(name, Place::Overflow);
+    let outcome = ctx
+        .store
+        .update_as::<BucketState, _, _>(ctx.host, &key, |s| admitting.admit(&key, s))?;
+    Ok(admitting.placed(key, outcome, true))
+}
+
+/// One request being admitted in a bucket of its policy.
+struct Admitting<'a> {
+    policy: &'a CompiledPolicy,
+    limits: &'a BucketLimits,
+    class: &'a Classification,
+    request: Request<'a>,
+    holder: u64,
+    now: Instant,
+    /// Set by the run of `admit` that was written: a retried
+    /// compare-and-swap runs it again on the state it reads anew.
+    spare_returned: Cell<bool>,
+}
+
+impl Admitting<'_> {
+    /// Admits the call in `bucket`'s state `s` (its spare slots given
+    /// back first when they are of this bucket), with a prefetch when
+    /// admitted; and whether `s` changed.
+    fn admit(&self, bucket: &str, s: &mut BucketState) -> ((Admission, Prefetched), bool) {
+        let (holder, now, limits, class) = (self.holder, self.now, self.limits, self.class);
+        let returned = match self.request.spare {
             Some(SpareSlots {
                 bucket: of,
                 slots,
@@ -71,83 +118,67 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             }) if &**of == bucket => s.release_many(holder, *lease, *slots) > 0,
             _ => false,
         };
-        spare_returned.set(returned);
+        self.spare_returned.set(returned);
         // A fair policy's call waits in the fair order.
+        let fair = self.policy.fair.as_ref();
         let fair = class.fair.map(|who| FairCall {
             who,
-            reserving: policy.fair.as_ref().and_then(|f| f.reserving()),
-            rate: policy
-                .fair
-                .as_ref()
-                .and_then(|f| f.terms)
-                .map_or(0, |t| t.capacity),
+            reserving: fair.and_then(|f| f.reserving()),
+            rate: fair.and_then(|f| f.terms).map_or(0, |t| t.capacity),
         });
-        let a = s.admit_call(
-            limits,
-            holder,
-            now,
-            (class.cost, class.priority),
-            fair,
-            must_wait,
-        );
+        let call = (class.cost, class.priority);
+        let a = s.admit_call(limits, holder, now, call, fair, self.request.must_wait);
         let prefetched = match a {
-            Admission::Admitted { .. } => s.prefetch(limits, holder, now, prefetch),
+            Admission::Admitted { .. } => s.prefetch(limits, holder, now, self.request.prefetch),
             _ => Prefetched::default(),
         };
         let changed = returned || !matches!(a, Admission::Rejected { .. });
         ((a, prefetched), changed)
-    };
-    let placed = |bucket: String, (admission, prefetched): (Admission, Prefetched)| Placed {
-        bucket,
-        admission,
-        prefetched,
-        overflowed: false,
-        spare_returned: spare_returned.get(),
-    };
-    let overflowed = |p: Placed| Placed {
-        overflowed: true,
-        ..p
-    };
-    let BucketKey::Keyed(hash) = class.key else {
-        let key = bucket_key(name, Place::Single);
-        let outcome = store.update_as::<BucketState, _, _>(host, &key, |s| admit(&key, s))?;
-        return Ok(placed(key, outcome));
-    };
-    let owner = key_places::owner_of(hash);
-    for slot in key_places::probes(owner, policy.max_keys().unwrap_or(1)) {
-        let key = bucket_key(name, Place::Slot(slot));
-        let mut evicted = false;
-        let outcome = store.update_as::<BucketState, _, _>(host, &key, |s| {
-            let claim = key_places::claim(s.owner, owner, || s.is_idle(limits, now));
-            evicted = claim == Claim::Evict;
-            match claim {
-                Claim::Busy => return (None, false),
-                Claim::Free | Claim::Evict => *s = BucketState::new(owner),
-                Claim::Mine => {}
-            }
-            let (a, changed) = admit(&key, s);
-            (Some(a), changed || claim != Claim::Mine)
-        })?;
-        if let Some(outcome) = outcome {
-            if evicted {
-                metrics.add(name, PolicyCounter::KeyEvictions, 1);
-            }
-            return Ok(placed(key, outcome));
+    }
+
+    fn placed(&self, bucket: String, outcome: (Admission, Prefetched), overflowed: bool) -> Placed {
+        let (admission, prefetched) = outcome;
+        Placed {
+            bucket,
+            admission,
+            prefetched,
+            overflowed,
+            spare_returned: self.spare_returned.get(),
         }
     }
-    metrics.add(name, PolicyCounter::KeyOverflow, 1);
-    if policy.key_overflow() == Some(KeyOverflow::Reject) {
-        let refused = Admission::Rejected {
-            kind: LimitKind::for_limits(policy.rate.is_some()),
-            retry_after: DEFAULT_RETRY,
-        };
-        spare_returned.set(false);
-        return Ok(overflowed(placed(
-            String::new(),
-            (refused, Prefetched::default()),
-        )));
+
+    /// A keyed call in one of the places its key probes: its own, a free
+    /// one, or an idle one it evicts (None: every probed place is busy).
+    fn in_key_place<H: Host + ?Sized>(
+        &self,
+        ctx: &mut Ctx<'_, H>,
+        hash: u64,
+    ) -> Result<Option<Placed>, StoreError> {
+        let (name, limits, now) = (self.policy.name(), self.limits, self.now);
+        let owner = key_places::owner_of(hash);
+        for slot in key_places::probes(owner, self.policy.max_keys().unwrap_or(1)) {
+            let key = bucket_key(name, Place::Slot(slot));
+            let mut evicted = false;
+            let outcome = ctx
+                .store
+                .update_as::<BucketState, _, _>(ctx.host, &key, |s| {
+                    let claim = key_places::claim(s.owner, owner, || s.is_idle(limits, now));
+                    evicted = claim == Claim::Evict;
+                    match claim {
+                        Claim::Busy => return (None, false),
+                        Claim::Free | Claim::Evict => *s = BucketState::new(owner),
+                        Claim::Mine => {}
+                    }
+                    let (a, changed) = self.admit(&key, s);
+                    (Some(a), changed || claim != Claim::Mine)
+                })?;
+            if let Some(outcome) = outcome {
+                if evicted {
+                    ctx.metrics.add(name, PolicyCounter::KeyEvictions, 1);
+                }
+                return Ok(Some(self.placed(key, outcome, false)));
+            }
+        }
+        Ok(None)
     }
-    let key = bucket_key(name, Place::Overflow);
-    let outcome = store.update_as::<BucketState, _, _>(host, &key, |s| admit(&key, s))?;
-    Ok(overflowed(placed(key, outcome)))
 }
