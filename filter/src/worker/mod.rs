@@ -46,6 +46,7 @@ mod slots;
 mod spend;
 mod streams;
 mod sync_client;
+mod sync_report;
 mod telling;
 mod usage;
 mod warnings;
