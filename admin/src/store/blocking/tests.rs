@@ -1,0 +1,41 @@
+use super::*;
+
+/// Warning rows past the retention go as a new one is written; other
+/// audit rows stay.
+#[test]
+fn warning_rows_past_their_retention_are_deleted() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut store = BlockingStore::open(&dir.path().join("s.db")).unwrap_or_else(|e| panic!("{e}"));
+    store.warn_retention_ms = 86_400_000;
+    let old = now_ms() - 2 * 86_400_000;
+    store
+        .db
+        .touch(|sql| {
+            audit_entry(
+                sql,
+                (old, "sluice", "warn", "team"),
+                None,
+                Some("{}".into()),
+            )?;
+            audit_entry(sql, (old, "alice", "update", "team"), None, None)
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report: SyncReport = serde_json::from_value(serde_json::json!({
+        "instance": "envoy-a", "policy_version": 0, "at_ms": 1,
+        "limits": {"team": {"warn_crossed": 2, "requests": 10, "period_ms": 1000}}}))
+    .unwrap_or_else(|e| panic!("{e}"));
+    store.record_sync(&report).unwrap_or_else(|e| panic!("{e}"));
+    let rows = store
+        .db
+        .read(|sql| sql.query("SELECT action, at_ms FROM audit ORDER BY id", &[]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kept: Vec<(String, bool)> = rows
+        .iter()
+        .map(|r| (r.text(0).unwrap_or_default(), r.uint(1).unwrap_or(0) == old))
+        .collect();
+    assert_eq!(
+        kept,
+        [("update".to_string(), true), ("warn".to_string(), false)],
+        "the old warning row went, the person's change stayed"
+    );
+}
