@@ -49,3 +49,19 @@ impl BodyJson {
         matches!(self, Self::TooLarge | Self::Invalid | Self::Duplicate(_))
     }
 }
+
+/// A request as far as it was read: its headers and its JSON body (if
+/// any policy read it), handed on together.
+#[derive(Debug)]
+pub struct RequestAtHand<'a, R: ?Sized> {
+    pub headers: &'a R,
+    pub body: &'a BodyJson,
+}
+
+impl<R: ?Sized> Clone for RequestAtHand<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R: ?Sized> Copy for RequestAtHand<'_, R> {}

@@ -134,7 +134,7 @@ impl Deciding<'_> {
             // Refused, or queued: a queued call takes its further limits
             // again when its turn comes.
             let now = ctx.now;
-            limits::give_back(ctx, limits_policy, (limit_costs, &held.places), now);
+            limits::give_back(ctx, limits_policy, limit_costs, &held.places, now);
             fair::give_back_limits(ctx, limits_policy, (&held.fair, limit_costs), None);
             slots::release(ctx, &held.slots);
         }

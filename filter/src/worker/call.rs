@@ -167,8 +167,8 @@ impl Calls {
             ..Call::default()
         };
         if let Some(policy) = policies.policy(holding.policy_index) {
-            let taken = (&holding.costs[..], &holding.places[..]);
-            call.usage = UsageOwed::of(policy, taken, holding.price.as_ref(), now);
+            let price = holding.price.as_ref();
+            call.usage = UsageOwed::of(policy, &holding.costs, &holding.places, price, now);
             call.warn = warn_value(&holding.warnings);
             let counted: Vec<_> = holding.places.iter().map(|p| p.counted).collect();
             call.listened = Listened::of(policies, holding.policy_index, &holding.keys, &counted);

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use sluice_filter_core::matcher::{BodyJson, CompiledPolicy};
+use sluice_filter_core::matcher::{CompiledPolicy, RequestAtHand};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{label_secret, KeyOutcome, KeysReport, WORKER_TOP_KEYS};
 use sluice_shared::request_headers::RequestHeaders;
@@ -37,10 +37,12 @@ impl KeyCounts {
     pub fn record<R: RequestHeaders + ?Sized>(
         &mut self,
         policy: &CompiledPolicy,
-        (req, body): (&R, &BodyJson),
-        (outcome, overflowed): (KeyOutcome, bool),
+        request: RequestAtHand<'_, R>,
+        outcome: KeyOutcome,
+        overflowed: bool,
         now: Instant,
     ) {
+        let RequestAtHand { headers: req, body } = request;
         let Some(secret) = &self.secret else {
             return;
         };
@@ -73,7 +75,7 @@ impl KeyCounts {
 mod tests {
     use super::*;
     use crate::testing::FakeHost;
-    use sluice_filter_core::matcher::CompiledPolicySet;
+    use sluice_filter_core::matcher::{BodyJson, CompiledPolicySet};
     use sluice_shared::Span;
 
     const KEYED: &str = r#"{"version": 1, "policies": [
@@ -91,35 +93,19 @@ mod tests {
         let llm = &set.policies[0];
         let bank = &set.policies[1];
         let req: &[(&str, &[u8])] = &[("x-api-key", b"sk-secret-1")];
+        let request = RequestAtHand {
+            headers: req,
+            body: &BodyJson::Absent,
+        };
         // No admin: nothing is kept.
-        counts.record(
-            llm,
-            (req, &BodyJson::Absent),
-            (KeyOutcome::Admitted, false),
-            host.now(),
-        );
+        counts.record(llm, request, KeyOutcome::Admitted, false, host.now());
         assert!(counts.since.is_none());
         counts.configure(Some(Some("token")));
         for _ in 0..3 {
-            counts.record(
-                llm,
-                (req, &BodyJson::Absent),
-                (KeyOutcome::Admitted, false),
-                host.now(),
-            );
+            counts.record(llm, request, KeyOutcome::Admitted, false, host.now());
         }
-        counts.record(
-            llm,
-            (req, &BodyJson::Absent),
-            (KeyOutcome::Refused, true),
-            host.now(),
-        );
-        counts.record(
-            bank,
-            (req, &BodyJson::Absent),
-            (KeyOutcome::Admitted, false),
-            host.now(),
-        );
+        counts.record(llm, request, KeyOutcome::Refused, true, host.now());
+        counts.record(bank, request, KeyOutcome::Admitted, false, host.now());
         counts.flush(&host, &mut store);
         let stored = host.shared_get(crate::entries::KEYS_REPORT_KEY).0.unwrap();
         assert!(!String::from_utf8_lossy(&stored).contains("sk-secret"));

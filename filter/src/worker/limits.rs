@@ -186,7 +186,7 @@ pub(super) fn take<H: Host + ?Sized>(
     let slots = match slots::take(ctx, policy, slot_claimants) {
         SlotsTaken::All(slots) => slots,
         SlotsTaken::Refused { limit, fair_retry } => {
-            give_back(ctx, policy, (costs, &places), now);
+            give_back(ctx, policy, costs, &places, now);
             fair::give_back_limits(ctx, policy, (&fair, costs), None);
             let (retry_after, why) = match fair_retry {
                 Some(retry_after) => (retry_after, Why::FairShare),
@@ -209,7 +209,7 @@ pub(super) fn take<H: Host + ?Sized>(
             fair,
         },
         Err(refused) => {
-            give_back(ctx, policy, (costs, &places), now);
+            give_back(ctx, policy, costs, &places, now);
             fair::give_back_limits(ctx, policy, (&fair, costs), None);
             slots::release(ctx, &slots);
             refused
@@ -360,7 +360,7 @@ fn take_rates<H: Host + ?Sized>(
                 .zip(&policy.limits)
                 .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
                 .collect();
-            let warnings = warnings(ctx, policy, (costs, &places), &take);
+            let warnings = warnings(ctx, policy, costs, &places, &take);
             Ok((places, warnings))
         }
     }
@@ -376,7 +376,8 @@ pub(super) type PastWarning = (String, Option<u64>);
 fn warnings<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
-    (costs, places): (&[u64], &[LimitPlace]),
+    costs: &[u64],
+    places: &[LimitPlace],
     take: &StackedTake,
 ) -> Vec<PastWarning> {
     let mut past = Vec::new();
@@ -527,7 +528,8 @@ pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, cos
 pub(super) fn give_back<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
-    (costs, places): (&[u64], &[LimitPlace]),
+    costs: &[u64],
+    places: &[LimitPlace],
     taken_at: Instant,
 ) {
     let now = ctx.now;
@@ -554,7 +556,8 @@ pub(super) fn adjust<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     place: &LimitPlace,
     rate: &RateLimiter,
-    (estimate, used): (u64, u64),
+    estimate: u64,
+    used: u64,
     taken_at: Instant,
 ) {
     if estimate == used {

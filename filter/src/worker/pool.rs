@@ -434,7 +434,7 @@ fn answered_by<H: Host + ?Sized>(
         }
         let cost = limit.rate.taken(costs.get(index).copied().unwrap_or(1));
         let place = LimitPlace::unkeyed(&limit.name);
-        limits::adjust(ctx, &place, &limit.rate, (0, cost), now);
+        limits::adjust(ctx, &place, &limit.rate, 0, cost, now);
         ctx.metrics
             .add_limit(&limit.name, LimitCounter::PoolRetried, 1);
     }

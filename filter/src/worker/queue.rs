@@ -19,7 +19,7 @@ use super::limits::{self, LimitInputs, Taken};
 use super::pool;
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
-use super::streams::{Further, Streams};
+use super::streams::{Further, PolicyStats, Streams};
 use crate::host::Host;
 use crate::metrics::PolicyCounter;
 use crate::prefetch::Prefetches;
@@ -287,9 +287,12 @@ impl Poll<'_> {
                     limits::count_admitted(ctx.metrics, limits_policy, &costs);
                     parts.streams.turn_came(ctx.metrics, context_id, lease, now);
                     let series = ctx.metrics.series_of(policy.name());
-                    parts
-                        .streams
-                        .hold_slots(context_id, (policy, series), slots, now);
+                    parts.streams.hold_slots(
+                        context_id,
+                        PolicyStats { policy, series },
+                        slots,
+                        now,
+                    );
                     served.with_limits.push(Holding {
                         context_id,
                         policy_index: member_index,
@@ -309,7 +312,7 @@ impl Poll<'_> {
                 _ => {
                     // Another worker changed the queue in between: the
                     // limits get their tokens back; the next tick polls again.
-                    limits::give_back(ctx, limits_policy, (&costs, &places), now);
+                    limits::give_back(ctx, limits_policy, &costs, &places, now);
                     super::fair::give_back_limits(ctx, limits_policy, (&fair, &costs), None);
                     super::slots::release(ctx, &slots);
                     return;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use sluice_filter_core::matcher::{
     BodyJson, BucketKey, Classification, Classified, CompiledPolicy, CompiledPolicySet,
+    RequestAtHand,
 };
 use sluice_filter_core::pricing::CallPrice;
 use sluice_shared::key_view::KeyOutcome;
@@ -19,13 +20,14 @@ use super::ctx::Ctx;
 use super::held_slot::HeldSlot;
 use super::limits::{Held, LimitInputs};
 use super::pool::{self, PoolCall};
+use super::streams::PolicyStats;
 use super::telling::Told;
 use super::{
     declared_length, refusal, spend, streams, Parts, RequestBody, Verdict, MAX_REQUEST_BODY_BYTES,
     PREFETCH_TICK, QUEUE_TICK,
 };
 use crate::host::{Host, Level};
-use crate::metrics::{FilterCounter, LimitCounter, PolicyCounter, PolicySeries};
+use crate::metrics::{FilterCounter, LimitCounter, PolicyCounter};
 
 impl Parts {
     /// Decides a request (with its body, once a policy asked for it):
@@ -74,9 +76,14 @@ impl Parts {
         };
         let (decision, held) =
             deciding.decide(ctx, policy, &class, &inputs.limits, inputs.pool.as_ref());
+        let request = RequestAtHand {
+            headers: req,
+            body: &body,
+        };
         if class.key != BucketKey::Policy {
-            let outcome = (key_outcome(&decision), deciding.overflowed);
-            self.sync.count_key(policy, (req, &body), outcome, ctx.now);
+            let (outcome, overflowed) = (key_outcome(&decision), deciding.overflowed);
+            self.sync
+                .count_key(policy, request, outcome, overflowed, ctx.now);
         }
         // Only a call admitted now holds its limits (a queued one takes
         // them when its turn comes): what it took moves to its holding.
@@ -87,7 +94,7 @@ impl Parts {
                     pool_index: class.policy_index,
                     held,
                 };
-                self.hold_admitted(ctx, &policies, call, &mut inputs, (req, &body))
+                self.hold_admitted(ctx, &policies, call, &mut inputs, request)
             }
             None => Vec::new(),
         };
@@ -103,11 +110,11 @@ impl Parts {
         let series = series.unwrap_or_else(|| ctx.metrics.series_of(policy.name()));
         let decided = Decided {
             context_id,
-            policy: (policy, series),
+            policy: PolicyStats { policy, series },
             decision,
             slots,
         };
-        self.verdict(ctx, decided, inputs, (req, &body))
+        self.verdict(ctx, decided, inputs, request)
     }
 
     /// The policy a request falls under and how (None: none limits it);
@@ -212,7 +219,7 @@ impl Parts {
         policies: &Arc<CompiledPolicySet>,
         call: Admitted,
         inputs: &mut CallInputs,
-        (req, body): (&R, &BodyJson),
+        request: RequestAtHand<'_, R>,
     ) -> Vec<HeldSlot>
     where
         H: Host + ?Sized,
@@ -239,11 +246,11 @@ impl Parts {
             pool::route(ctx, context_id, pool, member);
         }
         let labels = match policies.policy(policy_index) {
-            Some(limits_policy) => self.spend_labels.labels_of(
-                limits_policy,
-                (req, body),
-                (&limits.keys, &self.key_secret),
-            ),
+            Some(limits_policy) => {
+                let own = &self.key_secret;
+                self.spend_labels
+                    .labels_of(limits_policy, request, &limits.keys, own)
+            }
             None => Default::default(),
         };
         let holding = Holding {
@@ -275,7 +282,7 @@ impl Parts {
         ctx: &mut Ctx<'_, H>,
         decided: Decided<'_>,
         inputs: CallInputs,
-        request: (&R, &BodyJson),
+        request: RequestAtHand<'_, R>,
     ) -> Verdict
     where
         H: Host + ?Sized,
@@ -318,8 +325,12 @@ impl Parts {
                 ticket,
                 deadline,
             } => {
-                let labels =
-                    self.labels_of_queued(policy.0, request, &inputs.limits.keys, &inputs.pool);
+                let labels = self.labels_of_queued(
+                    policy.policy,
+                    request,
+                    &inputs.limits.keys,
+                    &inputs.pool,
+                );
                 let waiting = streams::Waiting {
                     bucket: bucket.into(),
                     prefetch: key,
@@ -356,18 +367,18 @@ impl Parts {
     fn labels_of_queued<R: RequestHeaders + ?Sized>(
         &self,
         policy: &CompiledPolicy,
-        request: (&R, &BodyJson),
+        request: RequestAtHand<'_, R>,
         keys: &[Option<u64>],
         pool_call: &Option<PoolCall>,
     ) -> spend::KeyLabels {
         let own = &self.key_secret;
-        let mut labels = self.spend_labels.labels_of(policy, request, (keys, own));
+        let mut labels = self.spend_labels.labels_of(policy, request, keys, own);
         let members = policy.pool.iter().flat_map(|pool| pool.members.iter());
         let inputs = pool_call.iter().flat_map(|call| call.members.iter());
         for (member, inputs) in members.zip(inputs) {
-            let of_member =
-                self.spend_labels
-                    .labels_of(&member.policy, request, (&inputs.keys, own));
+            let of_member = self
+                .spend_labels
+                .labels_of(&member.policy, request, &inputs.keys, own);
             labels.extend(of_member);
         }
         labels
@@ -501,7 +512,7 @@ struct Admitted {
 /// A call as decided, with the slots it holds.
 struct Decided<'p> {
     context_id: u32,
-    policy: (&'p CompiledPolicy, PolicySeries),
+    policy: PolicyStats<'p>,
     decision: Decision,
     slots: Vec<HeldSlot>,
 }

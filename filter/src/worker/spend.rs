@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use sluice_filter_core::matcher::{BodyJson, CompiledLimit, CompiledPolicy};
+use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy, RequestAtHand};
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{hash_label, label_secret, SHOWN_TOP_KEYS};
 use sluice_shared::limiter::{RateLimiter, RateState, Standing};
@@ -84,9 +84,11 @@ impl SpendLabels {
     pub fn labels_of<R: RequestHeaders + ?Sized>(
         &self,
         policy: &CompiledPolicy,
-        (req, body): (&R, &BodyJson),
-        (keys, own): (&[Option<u64>], &KeySecret),
+        request: RequestAtHand<'_, R>,
+        keys: &[Option<u64>],
+        own: &KeySecret,
     ) -> KeyLabels {
+        let RequestAtHand { headers: req, body } = request;
         let mut labels = KeyLabels::default();
         if !self.reporting {
             return labels;

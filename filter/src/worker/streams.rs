@@ -82,6 +82,13 @@ pub(super) struct Further {
     pub slots: Vec<HeldSlot>,
 }
 
+/// A stream's policy and the stats series it is counted in.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PolicyStats<'a> {
+    pub policy: &'a CompiledPolicy,
+    pub series: PolicySeries,
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Stream {
     pub policy: Arc<str>,
@@ -203,24 +210,19 @@ impl Streams {
         &mut self,
         metrics: &mut Metrics,
         context_id: u32,
-        (policy, series): (&CompiledPolicy, PolicySeries),
+        counted: PolicyStats<'_>,
         slot: Slot,
         prefetch: PrefetchKey,
         now: Instant,
     ) {
+        let PolicyStats { policy, series } = counted;
         metrics.add_to(series, PolicyCounter::Admitted, 1);
         if policy.concurrency.is_none() {
             return;
         }
         metrics.add_to(series, PolicyCounter::InFlight, 1);
         let Slot { bucket, lease } = slot;
-        let mut stream = Self::stream(
-            (policy, series),
-            bucket,
-            prefetch,
-            StreamState::Holding,
-            now,
-        );
+        let mut stream = Self::stream(counted, bucket, prefetch, StreamState::Holding, now);
         stream.lease = lease;
         self.streams.insert(context_id, stream);
     }
@@ -230,7 +232,7 @@ impl Streams {
         &mut self,
         metrics: &mut Metrics,
         context_id: u32,
-        (policy, series): (&CompiledPolicy, PolicySeries),
+        counted: PolicyStats<'_>,
         waiting: Waiting,
         now: Instant,
     ) {
@@ -243,9 +245,9 @@ impl Streams {
             pool,
             labels,
         } = waiting;
-        metrics.add_to(series, PolicyCounter::Queued, 1);
+        metrics.add_to(counted.series, PolicyCounter::Queued, 1);
         let state = StreamState::Waiting(turn);
-        self.track(context_id, (policy, series), bucket, prefetch, state, now);
+        self.track(context_id, counted, bucket, prefetch, state, now);
         if let Some(stream) = self.streams.get_mut(&context_id) {
             let further = stream.further.get_or_insert_with(Box::default);
             further.limits = limits;
@@ -258,23 +260,24 @@ impl Streams {
     fn track(
         &mut self,
         context_id: u32,
-        policy: (&CompiledPolicy, PolicySeries),
+        counted: PolicyStats<'_>,
         bucket: Arc<str>,
         prefetch: PrefetchKey,
         state: StreamState,
         now: Instant,
     ) {
-        let stream = Self::stream(policy, bucket, prefetch, state, now);
+        let stream = Self::stream(counted, bucket, prefetch, state, now);
         self.streams.insert(context_id, stream);
     }
 
     fn stream(
-        (policy, series): (&CompiledPolicy, PolicySeries),
+        counted: PolicyStats<'_>,
         bucket: Arc<str>,
         prefetch: PrefetchKey,
         state: StreamState,
         now: Instant,
     ) -> Stream {
+        let PolicyStats { policy, series } = counted;
         Stream {
             policy: policy.shared_name(),
             series,
@@ -294,7 +297,7 @@ impl Streams {
     pub fn hold_slots(
         &mut self,
         context_id: u32,
-        policy: (&CompiledPolicy, PolicySeries),
+        counted: PolicyStats<'_>,
         slots: Vec<HeldSlot>,
         now: Instant,
     ) {
@@ -305,7 +308,7 @@ impl Streams {
             let unused = (usize::MAX, sluice_filter_core::matcher::BucketKey::Policy);
             self.track(
                 context_id,
-                policy,
+                counted,
                 Arc::from(""),
                 unused,
                 StreamState::Holding,

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use sluice_filter_core::bucket::BucketState;
-use sluice_filter_core::matcher::{BodyJson, CompiledPolicy, CompiledPolicySet};
+use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet, RequestAtHand};
 use sluice_shared::key_view::KeyOutcome;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
@@ -99,11 +99,12 @@ impl SyncClient {
     pub fn count_key<R: RequestHeaders + ?Sized>(
         &mut self,
         policy: &CompiledPolicy,
-        request: (&R, &BodyJson),
-        outcome: (KeyOutcome, bool),
+        request: RequestAtHand<'_, R>,
+        outcome: KeyOutcome,
+        overflowed: bool,
         now: Instant,
     ) {
-        self.keys.record(policy, request, outcome, now);
+        self.keys.record(policy, request, outcome, overflowed, now);
     }
 
     pub fn is_configured(&self) -> bool {

@@ -85,7 +85,8 @@ impl UsageOwed {
     /// those with `usage` wait for its response (None: none has it).
     pub fn of(
         policy: &CompiledPolicy,
-        (costs, places): (&[u64], &[LimitPlace]),
+        costs: &[u64],
+        places: &[LimitPlace],
         price: Option<&CallPrice>,
         now: Instant,
     ) -> Option<Self> {
@@ -262,7 +263,8 @@ fn settle<H: Host + ?Sized>(
         ctx,
         &owed.place,
         &owed.rate,
-        (owed.estimate, charged),
+        owed.estimate,
+        charged,
         taken_at,
     );
     if let Some(followed) = &owed.followed {

@@ -10,7 +10,7 @@ mod limit;
 mod policy;
 mod request;
 
-pub use crate::body::BodyJson;
+pub use crate::body::{BodyJson, RequestAtHand};
 pub use crate::pricing::UNPRICED;
 pub use fair::CompiledFair;
 pub use limit::{CompiledLimit, CompiledSlotLimit};
