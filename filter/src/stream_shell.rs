@@ -200,7 +200,8 @@ impl StreamShell {
         host: &H,
         io: &mut Io,
         request: &R,
-        (size, end_of_stream): (usize, bool),
+        size: usize,
+        end_of_stream: bool,
     ) -> Flow
     where
         H: Host + ?Sized,

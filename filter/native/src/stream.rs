@@ -214,7 +214,7 @@ impl Stream {
                 body_size(filter, abi::BUFFERED_REQUEST_BODY)
             };
         let (host, mut io, shell, request) = self.parts();
-        match shell.on_request_body(&host, &mut io, request, (size, end_of_stream)) {
+        match shell.on_request_body(&host, &mut io, request, size, end_of_stream) {
             Flow::Continue => abi::BODY_CONTINUE,
             Flow::Hold | Flow::AwaitBody => abi::BODY_STOP_AND_BUFFER,
         }

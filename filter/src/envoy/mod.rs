@@ -386,7 +386,8 @@ impl HttpContext for SluiceStream {
             &EnvoyHost,
             &mut self.io,
             &self.request,
-            (body_size, end_of_stream),
+            body_size,
+            end_of_stream,
         );
         action(flow)
     }

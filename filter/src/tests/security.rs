@@ -182,8 +182,8 @@ fn through_shell(
     };
     let half = body.len() / 2;
     let mut flows = vec![shell.on_request_headers(host, &mut io, &request, false)];
-    flows.push(shell.on_request_body(host, &mut io, &request, (half, false)));
-    flows.push(shell.on_request_body(host, &mut io, &request, (body.len(), !trailers)));
+    flows.push(shell.on_request_body(host, &mut io, &request, half, false));
+    flows.push(shell.on_request_body(host, &mut io, &request, body.len(), !trailers));
     if trailers {
         flows.push(shell.on_request_trailers(host, &mut io, &request));
     }
@@ -255,7 +255,7 @@ fn a_queued_calls_body_waits_with_it() {
             waits: 0,
         };
         flows.push(shell.on_request_headers(&host, &mut io, &request, false));
-        flows.push(shell.on_request_body(&host, &mut io, &request, (2, true)));
+        flows.push(shell.on_request_body(&host, &mut io, &request, 2, true));
     }
     assert_eq!(
         flows,

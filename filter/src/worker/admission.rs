@@ -135,7 +135,7 @@ impl Deciding<'_> {
             // again when its turn comes.
             let now = ctx.now;
             limits::give_back(ctx, limits_policy, limit_costs, &held.places, now);
-            fair::give_back_limits(ctx, limits_policy, (&held.fair, limit_costs), None);
+            fair::give_back_limits(ctx, limits_policy, &held.fair, limit_costs, None);
             slots::release(ctx, &held.slots);
         }
         (decision, holds_limits.then_some(held))
@@ -260,7 +260,7 @@ impl Deciding<'_> {
             Admission::Rejected { kind, retry_after } => {
                 slots::release(ctx, fair.slot.as_slice());
                 if let Some(who) = fair.who {
-                    fair::refused_after(ctx, policy, (who, class.cost), kind);
+                    fair::refused_after(ctx, policy, who, class.cost, kind);
                 }
                 self.record_prefetch(ctx, key, &bucket, Prefetched::default());
                 refuse(ctx, policy, &Refusal::Policy { kind }, retry_after)
@@ -414,7 +414,7 @@ fn take_fair<H: Host + ?Sized>(
         FairSlot::Taken(slot) => Some(slot),
         FairSlot::Refused { retry_after, full } => {
             if let Some(who) = who {
-                fair::refused_after(ctx, policy, (who, class.cost), LimitKind::Concurrency);
+                fair::refused_after(ctx, policy, who, class.cost, LimitKind::Concurrency);
             }
             let refusal = if full {
                 Refusal::Policy {

@@ -70,7 +70,8 @@ pub(super) fn take<H: Host + ?Sized>(
 pub(super) fn refused_after<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
-    (who, cost): (FairClaimant, u64),
+    who: FairClaimant,
+    cost: u64,
     kind: LimitKind,
 ) {
     let Some(terms) = policy.fair.as_ref().and_then(|f| f.terms) else {
@@ -116,7 +117,7 @@ pub(super) fn take_limits<H: Host + ?Sized>(
             cost,
         ) {
             Some(FairTake::Refused { retry_after }) => {
-                give_back_limits(ctx, policy, (&taken, costs), None);
+                give_back_limits(ctx, policy, &taken, costs, None);
                 return Err((limit.name.clone(), retry_after));
             }
             Some(FairTake::Own | FairTake::Spare) => taken.push((index, who)),
@@ -133,7 +134,8 @@ pub(super) fn take_limits<H: Host + ?Sized>(
 pub(super) fn give_back_limits<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
-    (taken, costs): (&[(usize, FairClaimant)], &[u64]),
+    taken: &[(usize, FairClaimant)],
+    costs: &[u64],
     refused_by: Option<&str>,
 ) {
     for &(index, who) in taken {

@@ -177,7 +177,7 @@ pub(super) fn take<H: Host + ?Sized>(
                 Taken::Refused { limit, .. } => Some(limit.as_str()),
                 _ => None,
             };
-            fair::give_back_limits(ctx, policy, (&fair, costs), by);
+            fair::give_back_limits(ctx, policy, &fair, costs, by);
             return refused;
         }
     };
@@ -187,7 +187,7 @@ pub(super) fn take<H: Host + ?Sized>(
         SlotsTaken::All(slots) => slots,
         SlotsTaken::Refused { limit, fair_retry } => {
             give_back(ctx, policy, costs, &places, now);
-            fair::give_back_limits(ctx, policy, (&fair, costs), None);
+            fair::give_back_limits(ctx, policy, &fair, costs, None);
             let (retry_after, why) = match fair_retry {
                 Some(retry_after) => (retry_after, Why::FairShare),
                 None => (SLOT_RETRY, Why::Limit),
@@ -210,7 +210,7 @@ pub(super) fn take<H: Host + ?Sized>(
         },
         Err(refused) => {
             give_back(ctx, policy, costs, &places, now);
-            fair::give_back_limits(ctx, policy, (&fair, costs), None);
+            fair::give_back_limits(ctx, policy, &fair, costs, None);
             slots::release(ctx, &slots);
             refused
         }
@@ -230,7 +230,7 @@ fn count_in_provider<H: Host + ?Sized>(
     for (index, (limit, place)) in policy.limits.iter().zip(places.iter_mut()).enumerate() {
         let key = keys.get(index).copied().flatten();
         let cost = limit.rate.taken(costs.get(index).copied().unwrap_or(0));
-        match provider::count(ctx, limit, (key, cost)) {
+        match provider::count(ctx, limit, key, cost) {
             Ok(CountSays::NotFollowed) => {}
             Ok(CountSays::Counted(counted)) => place.counted = Some(counted),
             Ok(CountSays::Exhausted { wait }) => {

@@ -144,7 +144,7 @@ where
             },
             period: provider.default_reset,
         };
-        news |= cut_rate(ctx, limit, counted.owner, (heard, now), throttle) && relayed(limit);
+        news |= cut_rate(ctx, limit, counted.owner, heard, now, throttle) && relayed(limit);
     }
     match signal {
         PauseSignal::None => {}

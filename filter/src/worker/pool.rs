@@ -75,13 +75,12 @@ fn take<H: Host + ?Sized>(
                 if probe_due.get(at).copied().unwrap_or(false) {
                     probe::begin(ctx, member);
                 }
-                count_passed_over(
-                    ctx,
-                    pool,
-                    (&members, &refused, &full_limits),
-                    Some(at),
-                    call,
-                );
+                let passed = PassedOver {
+                    members: &members,
+                    refused: &refused,
+                    full_limits: &full_limits,
+                };
+                count_passed_over(ctx, pool, passed, Some(at), call);
                 return Ok(Chosen { member: at, taken });
             }
             Taken::Refused {
@@ -120,8 +119,21 @@ fn take<H: Host + ?Sized>(
             names.retain(|name| name != limit);
         }
     }
-    count_passed_over(ctx, pool, (&members, &refused, &full_limits), None, call);
+    let passed = PassedOver {
+        members: &members,
+        refused: &refused,
+        full_limits: &full_limits,
+    };
+    count_passed_over(ctx, pool, passed, None, call);
     Err(refusal)
+}
+
+/// The members a pool call was offered to: how each stood, which refused
+/// it, and which of their limits were full.
+struct PassedOver<'a> {
+    members: &'a [MemberNow],
+    refused: &'a [bool],
+    full_limits: &'a [Vec<&'a str>],
 }
 
 /// Counts the call at the members it passed over for want of room
@@ -130,10 +142,15 @@ fn take<H: Host + ?Sized>(
 fn count_passed_over<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     pool: &CompiledPool,
-    (members, refused, full_limits): (&[MemberNow], &[bool], &[Vec<&str>]),
+    passed: PassedOver<'_>,
     taken_by: Option<usize>,
     call: &PoolCall,
 ) {
+    let PassedOver {
+        members,
+        refused,
+        full_limits,
+    } = passed;
     for at in pool::passed_over(pool.rule, members, refused, taken_by, call.sticky) {
         for name in full_limits.get(at).map_or(&[][..], Vec::as_slice) {
             ctx.metrics.add_limit(name, LimitCounter::PassedOver, 1);
@@ -315,14 +332,7 @@ impl Routed {
             }
             return None;
         }
-        let costs = routed.costs.get(at)?;
-        let index = answered_by(
-            ctx,
-            &routed.set,
-            (pool_index, chosen, at),
-            costs,
-            routed.sent,
-        )?;
+        let index = answered_by(ctx, &routed, at)?;
         let keys = routed.keys.get(at).map_or(&[][..], Vec::as_slice);
         Some(listened::Listened::of(&routed.set, index, keys, &[]))
     }
@@ -418,11 +428,12 @@ pub(super) fn route<H: Host + ?Sized>(
 /// number, whose limits read the answer from now on.
 fn answered_by<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
-    set: &CompiledPolicySet,
-    (pool_index, chosen, at): (usize, usize, usize),
-    costs: &[u64],
-    sent: Instant,
+    routed: &Routed,
+    at: usize,
 ) -> Option<usize> {
+    let (set, pool_index, chosen, sent) =
+        (&*routed.set, routed.pool_index, routed.chosen, routed.sent);
+    let costs = routed.costs.get(at)?;
     let pool = set.policies.get(pool_index)?.pool.as_ref()?;
     let member = pool.members.get(at)?;
     let now = ctx.now;

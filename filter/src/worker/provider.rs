@@ -59,7 +59,8 @@ pub(super) enum CountSays {
 pub(super) fn count<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
-    (key, cost): (Option<u64>, u64),
+    key: Option<u64>,
+    cost: u64,
 ) -> Result<CountSays, StoreError> {
     let now = ctx.now;
     let Some(provider) = limit.provider.as_ref().filter(|p| p.counts_calls()) else {
@@ -158,7 +159,8 @@ pub(super) fn cut_rate<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     owner: u64,
-    (heard, at): (Heard, Instant),
+    heard: Heard,
+    at: Instant,
     throttle: Throttle,
 ) -> bool {
     let (host, now) = (ctx.host, ctx.now);
@@ -390,7 +392,7 @@ pub(super) fn take_news<H: Host + ?Sized>(
         }
         if let (Some(ago), Some(full)) = (item.cut_ago_ms, provider.adaptive) {
             let at = now - (Span::from_millis(ago) + delay);
-            cut_rate(ctx, limit, 0, (Heard::Relayed, at), Throttle::plain(full));
+            cut_rate(ctx, limit, 0, Heard::Relayed, at, Throttle::plain(full));
         }
     }
 }

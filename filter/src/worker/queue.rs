@@ -313,7 +313,7 @@ impl Poll<'_> {
                     // Another worker changed the queue in between: the
                     // limits get their tokens back; the next tick polls again.
                     limits::give_back(ctx, limits_policy, &costs, &places, now);
-                    super::fair::give_back_limits(ctx, limits_policy, (&fair, &costs), None);
+                    super::fair::give_back_limits(ctx, limits_policy, &fair, &costs, None);
                     super::slots::release(ctx, &slots);
                     return;
                 }

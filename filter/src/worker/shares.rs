@@ -98,7 +98,8 @@ impl FleetShares {
         name: &str,
         newest: Option<Share>,
         limit: Amount,
-        (last_ran, now): (Option<Instant>, Instant),
+        last_ran: Option<Instant>,
+        now: Instant,
     ) -> Amount {
         if let Some(share) = newest {
             if last_ran.is_some_and(|last| lapsed_asleep(&share, last, now)) {
@@ -136,7 +137,8 @@ impl FleetShares {
                     p.name(),
                     newest,
                     Amount::of_policy(&p.policy),
-                    (last_ran, now),
+                    last_ran,
+                    now,
                 );
                 if self.applied.get(p.name()) != Some(&share) {
                     changes.push((i, None, p.name().to_string(), share));
@@ -148,7 +150,7 @@ impl FleetShares {
                 }
                 let name = spec.fleet_name();
                 let newest = self.held.get(&name).map(HeldShare::as_share);
-                let share = self.in_force(&name, newest, Amount::of_limit(spec), (last_ran, now));
+                let share = self.in_force(&name, newest, Amount::of_limit(spec), last_ran, now);
                 // Per policy: a limit two policies name is applied in both
                 // (and in each member of a pool).
                 let applied_as = match p.member_of {

@@ -120,7 +120,8 @@ pub(super) fn release<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, slots: &[HeldSlot]
 /// a fair slots table).
 pub(super) fn renew<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
-    (key, fair): (&str, bool),
+    key: &str,
+    fair: bool,
     ttl: Span,
 ) -> Result<(), StoreError> {
     let (holder, now) = (ctx.holder, ctx.now);

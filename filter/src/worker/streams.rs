@@ -462,8 +462,8 @@ impl Streams {
                 continue;
             }
             let renewed = match held {
-                Held::Limit => super::slots::renew(ctx, (bucket, false), ttl),
-                Held::FairSlots => super::slots::renew(ctx, (bucket, true), ttl),
+                Held::Limit => super::slots::renew(ctx, bucket, false, ttl),
+                Held::FairSlots => super::slots::renew(ctx, bucket, true, ttl),
                 Held::Bucket => ctx
                     .store
                     .update_as::<BucketState, _, _>(ctx.host, bucket, |s| {

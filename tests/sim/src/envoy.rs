@@ -165,7 +165,7 @@ impl SimEnvoy {
         io.body = body;
         let mut flow = shell.on_request_headers(&w.host, &mut io, &request, body.is_none());
         if let (Some(body), Flow::Continue | Flow::AwaitBody) = (body, &flow) {
-            flow = shell.on_request_body(&w.host, &mut io, &request, (body.len(), true));
+            flow = shell.on_request_body(&w.host, &mut io, &request, body.len(), true);
         }
         let waits = io.waits;
         let mut stream = Stream {
