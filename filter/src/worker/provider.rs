@@ -143,8 +143,10 @@ impl Followed {
             .update_as::<ProviderTable, _, _>(ctx.host, &self.entry, |table| {
                 let changed = table.settle(
                     counted.owner,
-                    (counted.admitted, counted.sent),
-                    (self.cost, used),
+                    counted.admitted,
+                    counted.sent,
+                    self.cost,
+                    used,
                     now,
                 );
                 ((), changed)
@@ -170,7 +172,7 @@ pub(super) fn cut_rate<H: Host + ?Sized>(
         .store
         .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
             let before = table.row(owner).map(|r| r.adaptive);
-            let cut = table.throttled(owner, (heard, at), now, throttle);
+            let cut = table.throttled(owner, heard, at, now, throttle);
             let after = table.row(owner).map(|r| r.adaptive);
             let rate = after.and_then(|a| a.rate(now, full));
             // A refusal of the overload already cut for cuts nothing, but
@@ -235,8 +237,7 @@ pub(super) fn pause<H: Host + ?Sized>(
     let began = ctx
         .store
         .update_as::<ProviderTable, _, _>(ctx.host, &entry, |table| {
-            let (changed, began) =
-                table.hear_pause(owner, (now, wait), why, (max_pause, RELAY_SLACK));
+            let (changed, began) = table.hear_pause(owner, now, wait, why, max_pause, RELAY_SLACK);
             (began, changed)
         });
     // A failed write is counted and logged by the store: no pause then.

@@ -185,7 +185,7 @@ mod tests {
             status: 429,
             relayed: false,
         };
-        table.hear_pause(0, (NOW, secs(5)), why, (CAP, Span::ZERO));
+        table.hear_pause(0, NOW, secs(5), why, CAP, Span::ZERO);
         assert!(
             !table.end_probe(0, NOW, NOW + secs(1)),
             "the provider said 5 s"
@@ -200,7 +200,7 @@ mod tests {
             relayed: true,
         };
         let mut table = ProviderTable::default();
-        table.hear_pause(0, (NOW, secs(5)), relayed, (CAP, Span::ZERO));
+        table.hear_pause(0, NOW, secs(5), relayed, CAP, Span::ZERO);
         assert_eq!(table.begin_probe(0, NOW + secs(6)), None);
     }
 }

@@ -76,7 +76,7 @@ impl SentWindow {
 
     /// A call that went at `at` counted `from` tokens and used `to`: its
     /// slot holds the difference, while the ring still holds the slot.
-    pub fn settle(&mut self, at: Instant, window: Span, (from, to): (u64, u64)) {
+    pub fn settle(&mut self, at: Instant, window: Span, from: u64, to: u64) {
         let Some(len) = slot_len(window) else {
             return;
         };
@@ -250,14 +250,14 @@ mod tests {
         sent.add(NOW, W, 800);
         sent.add(NOW + Span::from_secs(20), W, 800);
         // The first used 300 of its 800, the second 1 000.
-        sent.settle(NOW, W, (800, 300));
-        sent.settle(NOW + Span::from_secs(20), W, (800, 1_000));
+        sent.settle(NOW, W, 800, 300);
+        sent.settle(NOW + Span::from_secs(20), W, 800, 1_000);
         assert_eq!(sent.in_window(NOW + Span::from_secs(30), W), 1_300);
         assert_eq!(sent.in_window(NOW + Span::from_secs(65), W), 1_000);
         // A call whose slot has left the ring, or from no worker's
         // clock, changes nothing.
-        sent.settle(NOW, W, (300, 0));
-        sent.settle(NOW + Span::from_secs(3_600), W, (0, 5));
+        sent.settle(NOW, W, 300, 0);
+        sent.settle(NOW + Span::from_secs(3_600), W, 0, 5);
         assert_eq!(sent.in_window(NOW + Span::from_secs(65), W), 1_000);
     }
 

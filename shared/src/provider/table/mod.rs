@@ -163,7 +163,8 @@ impl Row {
     /// on past the watch's step).
     fn follow_window(
         &mut self,
-        (admitted, since): (u64, u64),
+        admitted: u64,
+        since: u64,
         remaining: u64,
         until: Instant,
         now: Instant,
@@ -261,7 +262,8 @@ impl ProviderTable {
     pub fn throttled(
         &mut self,
         owner: u64,
-        (heard, at): (Heard, Instant),
+        heard: Heard,
+        at: Instant,
         now: Instant,
         throttle: Throttle,
     ) -> bool {
@@ -383,8 +385,10 @@ impl ProviderTable {
     pub fn settle(
         &mut self,
         owner: u64,
-        (admitted, sent): (u64, Instant),
-        (estimate, used): (u64, u64),
+        admitted: u64,
+        sent: Instant,
+        estimate: u64,
+        used: u64,
         now: Instant,
     ) -> bool {
         let Some(row) = self.rows.iter_mut().find(|r| r.owner == owner) else {
@@ -394,7 +398,7 @@ impl ProviderTable {
             return false;
         }
         let before = *row;
-        row.sent.settle(sent, row.window, (estimate, used));
+        row.sent.settle(sent, row.window, estimate, used);
         if row.slides() && row.allowance_until > now && admitted <= row.allowance_from {
             row.settle_counted(estimate, used);
         }
@@ -437,7 +441,7 @@ impl ProviderTable {
         let allowance = count.remaining.saturating_sub(since);
         let window = count.window;
         if row.slides() && count.limit.is_none_or(|l| l == row.provider_limit) {
-            return row.follow_window((admitted, since), count.remaining, until, now) || watched;
+            return row.follow_window(admitted, since, count.remaining, until, now) || watched;
         }
         let turn = if stale_by.is_zero() {
             count.reset_in.div(4)

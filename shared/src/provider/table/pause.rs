@@ -40,12 +40,8 @@ impl ProviderTable {
     /// Pauses `owner` from `now` for `wait`, as this Envoy's provider
     /// asked. Returns whether the table changed.
     pub fn pause(&mut self, owner: u64, now: Instant, wait: Span) -> bool {
-        let (changed, _) = self.hear_pause(
-            owner,
-            (now, wait),
-            PauseWhy::default(),
-            (Span::MAX, Span::ZERO),
-        );
+        let (changed, _) =
+            self.hear_pause(owner, now, wait, PauseWhy::default(), Span::MAX, Span::ZERO);
         changed
     }
 
@@ -57,12 +53,14 @@ impl ProviderTable {
     pub fn hear_pause(
         &mut self,
         owner: u64,
-        (now, wait): (Instant, Span),
+        now: Instant,
+        wait: Span,
         why: PauseWhy,
-        (max_pause, slack): (Span, Span),
+        max_pause: Span,
+        slack: Span,
     ) -> (bool, Option<PauseSet>) {
         if why.relayed {
-            self.pause_relayed(owner, (now, wait), why.status, (max_pause, slack))
+            self.pause_relayed(owner, now, wait, why.status, max_pause, slack)
         } else {
             let set = self.pause_here(owner, now, wait, why);
             (set.is_some(), set)
@@ -107,9 +105,11 @@ impl ProviderTable {
     pub(super) fn pause_relayed(
         &mut self,
         owner: u64,
-        (now, wait): (Instant, Span),
+        now: Instant,
+        wait: Span,
         status: u16,
-        (max_pause, slack): (Span, Span),
+        max_pause: Span,
+        slack: Span,
     ) -> (bool, Option<PauseSet>) {
         let running = self.paused_until(owner, now, max_pause);
         let row = self.row_mut(owner, now);

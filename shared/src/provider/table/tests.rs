@@ -38,7 +38,7 @@ fn the_state_says_why_a_pause_runs_and_what_the_count_leaves() {
         status: 429,
         relayed: true,
     };
-    let heard = table.hear_pause(0, (NOW, Span::from_secs(3)), why, (CAP, Span::ZERO));
+    let heard = table.hear_pause(0, NOW, Span::from_secs(3), why, CAP, Span::ZERO);
     let began = PauseSet {
         until: NOW + Span::from_secs(3),
         began: true,
@@ -78,13 +78,14 @@ fn a_cut_another_envoy_made_is_followed_once_while_fresh() {
     let mut table = ProviderTable::default();
     let full = 100.0;
     let at = NOW - Span::from_millis(400);
-    assert!(table.throttled(0, (Heard::Relayed, at), NOW, Throttle::plain(full)));
+    assert!(table.throttled(0, Heard::Relayed, at, NOW, Throttle::plain(full)));
     let rate = table.state(0, NOW, CAP, Some(full)).rate;
     assert!(rate.is_some_and(|r| r < full), "{rate:?}");
     // The admin relays it again at the next sync: no second cut.
     assert!(!table.throttled(
         0,
-        (Heard::Relayed, at),
+        Heard::Relayed,
+        at,
         NOW + Span::from_secs(1),
         Throttle::plain(full)
     ));
@@ -92,14 +93,16 @@ fn a_cut_another_envoy_made_is_followed_once_while_fresh() {
     let mut fresh = ProviderTable::default();
     assert!(!fresh.throttled(
         0,
-        (Heard::Relayed, NOW - Span::from_secs(6)),
+        Heard::Relayed,
+        NOW - Span::from_secs(6),
         NOW,
         Throttle::plain(full)
     ));
     // A time from the future is taken as now.
     assert!(fresh.throttled(
         0,
-        (Heard::Relayed, NOW + Span::from_secs(3600)),
+        Heard::Relayed,
+        NOW + Span::from_secs(3600),
         NOW,
         Throttle::plain(full)
     ));
@@ -394,7 +397,7 @@ fn steady_estimated(
             let (served, count) = provider.call(now, cost);
             refused += u64::from(!served);
             table.follow(0, admitted, count, now);
-            table.settle(0, (admitted, now), (estimate, cost), now);
+            table.settle(0, admitted, now, estimate, cost, now);
         }
         now += every;
     }
@@ -444,7 +447,7 @@ fn a_refused_calls_estimate_back_makes_no_room_in_a_full_sliding_window() {
     table.follow(0, admitted, count, now);
     // Refused, it used nothing: settled so, its estimate leaves the
     // window Sluice keeps, and the others' part takes it.
-    table.settle(0, (admitted, now), (10, 0), now);
+    table.settle(0, admitted, now, 10, 0, now);
     assert!(
         matches!(table.admit(0, now, 10, None), Allowed::No { .. }),
         "{:?}",
@@ -463,11 +466,11 @@ fn a_settled_call_gives_a_count_in_force_what_it_did_not_use() {
         panic!("800 of 1 000 go");
     };
     assert_eq!(table.state(0, NOW, CAP, None).remaining, Some(200));
-    assert!(table.settle(0, (admitted, NOW), (800, 300), NOW));
+    assert!(table.settle(0, admitted, NOW, 800, 300, NOW));
     assert_eq!(table.state(0, NOW, CAP, None).remaining, Some(700));
     // A call that went before the answer setting the count was in it
     // already, as the provider counted it.
-    assert!(!table.settle(0, (1, NOW), (1, 0), NOW));
+    assert!(!table.settle(0, 1, NOW, 1, 0, NOW));
     assert_eq!(table.state(0, NOW, CAP, None).remaining, Some(700));
 }
 
@@ -565,7 +568,7 @@ fn against_a_dropping_provider(
         in_flight.retain(|c| c.0 > now);
         for (_, admitted, refused, sent) in answered {
             if refused {
-                table.throttled(0, (Heard::Here { admitted, sent }, now), now, throttle);
+                table.throttled(0, Heard::Here { admitted, sent }, now, now, throttle);
                 table.pause(0, now, throttle.wait);
             }
         }
