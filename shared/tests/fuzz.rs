@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
 use sluice_filter_core::bucket::BucketState;
-use sluice_filter_core::matcher::{BodyJson, Classified};
+use sluice_filter_core::matcher::{BodyJson, Classified, KeySecrets};
 use sluice_filter_core::plugin::parse_plugin_config;
 use sluice_filter_core::CompiledPolicySet;
 use sluice_shared::limiter::{
@@ -362,7 +362,7 @@ fn matcher_on_arbitrary_headers() {
     .unwrap_or_else(|e| panic!("the fuzzed policy set is valid: {e}"));
     fuzz("matcher and classification", request(), |req| {
         let secret = sluice_shared::KeySecret::from_bytes([3; sluice_shared::KeySecret::LEN]);
-        let classified = set.classify(&req, (&secret, None), &BodyJson::Absent);
+        let classified = set.classify(&req, KeySecrets::new(&secret, None), &BodyJson::Absent);
         let Some(c) = classified.class() else {
             return Err("the catch-all policy matches everything".into());
         };
@@ -440,7 +440,7 @@ fn matcher_on_arbitrary_bodies() {
         let secret = sluice_shared::KeySecret::from_bytes([3; sluice_shared::KeySecret::LEN]);
         let headers = Request(vec![(":authority".into(), b"api.llm.example".to_vec())]);
         let parsed = BodyJson::parse(&body);
-        let classified = set.classify(&headers, (&secret, None), &parsed);
+        let classified = set.classify(&headers, KeySecrets::new(&secret, None), &parsed);
         if let Classified::DuplicateKey { policy_index, .. } = classified {
             return match (&parsed, policy_index) {
                 (BodyJson::Duplicate(_), 0) => Ok(()),
@@ -464,7 +464,7 @@ fn matcher_on_arbitrary_bodies() {
             (c, p) => return Err(format!("money cost {c:?} with price {p:?}")),
         }
         let _ = policy.priced_usage(1, price.as_ref());
-        let _ = policy.limit_keys(&headers, (&secret, Some(&secret)), &parsed);
+        let _ = policy.limit_keys(&headers, KeySecrets::new(&secret, Some(&secret)), &parsed);
         let _ = policy.key_name(&headers, &secret, &parsed);
         if parsed.unreadable() && policy.name() != "gpt" {
             return Err(

@@ -8,7 +8,9 @@
 
 use std::cell::Cell;
 
-use sluice_filter_core::bucket::{Admission, BucketLimits, BucketState, FairCall, Prefetched};
+use sluice_filter_core::bucket::{
+    Admission, BucketCall, BucketLimits, BucketState, FairCall, Prefetched,
+};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{BucketKey, Classification, CompiledPolicy};
 use sluice_shared::policy::KeyOverflow;
@@ -126,8 +128,12 @@ impl Admitting<'_> {
             reserving: fair.and_then(|f| f.reserving()),
             rate: fair.and_then(|f| f.terms).map_or(0, |t| t.capacity),
         });
-        let call = (class.cost, class.priority);
-        let a = s.admit_call(limits, holder, now, call, fair, self.request.must_wait);
+        let call = BucketCall {
+            cost: class.cost,
+            priority: class.priority,
+            fair,
+        };
+        let a = s.admit_call(limits, holder, now, call, self.request.must_wait);
         let prefetched = match a {
             Admission::Admitted { .. } => s.prefetch(limits, holder, now, self.request.prefetch),
             _ => Prefetched::default(),

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use sluice_filter_core::matcher::{
-    BodyJson, BucketKey, Classification, Classified, CompiledPolicy, CompiledPolicySet,
+    BodyJson, BucketKey, Classification, Classified, CompiledPolicy, CompiledPolicySet, KeySecrets,
     RequestAtHand,
 };
 use sluice_filter_core::pricing::CallPrice;
@@ -132,7 +132,7 @@ impl Parts {
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        let secrets = (&self.key_secret, self.spend_labels.secret());
+        let secrets = KeySecrets::new(&self.key_secret, self.spend_labels.secret());
         let (class, passed_over) = match policies.classify(req, secrets, body) {
             Classified::NeedsBody { from } => {
                 return Err(self.await_body(ctx, context_id, req, from));
@@ -192,7 +192,7 @@ impl Parts {
         R: RequestHeaders + ?Sized,
     {
         let price = policy.call_price(req, body);
-        let secrets = (&self.key_secret, self.spend_labels.secret());
+        let secrets = KeySecrets::new(&self.key_secret, self.spend_labels.secret());
         let fair_secret = self.spend_labels.secret().unwrap_or(&self.key_secret);
         let limits_of = |policy: &CompiledPolicy| LimitInputs {
             costs: policy.limit_costs(req, body, price.as_ref()),

@@ -89,6 +89,15 @@ pub struct Prefetched {
     pub lease: Option<Instant>,
 }
 
+/// A call as the bucket weighs it: what it costs, its priority, and, for a
+/// `fair` policy's call, where its key places it in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketCall {
+    pub cost: u64,
+    pub priority: Priority,
+    pub fair: Option<FairCall>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BucketState {
     /// Hash of the key owning this place (0 for a policy without `key`).
@@ -266,7 +275,8 @@ impl BucketState {
         &mut self,
         limits: &BucketLimits,
         holder: u64,
-        (rate_at, now): (Instant, Instant),
+        rate_at: Instant,
+        now: Instant,
         cost: u64,
         priority: Priority,
     ) -> Result<Admission, Refusal> {
@@ -327,7 +337,12 @@ impl BucketState {
         cost: u64,
         priority: Priority,
     ) -> Admission {
-        self.arrive(limits, holder, now, (cost, priority, None), false)
+        let call = BucketCall {
+            cost,
+            priority,
+            fair: None,
+        };
+        self.arrive(limits, holder, now, call, false)
     }
 
     /// [`Self::admit`] for any call: with `must_wait`, it waits whatever
@@ -339,11 +354,10 @@ impl BucketState {
         limits: &BucketLimits,
         holder: u64,
         now: Instant,
-        (cost, priority): (u64, Priority),
-        fair: Option<FairCall>,
+        call: BucketCall,
         must_wait: bool,
     ) -> Admission {
-        self.arrive(limits, holder, now, (cost, priority, fair), must_wait)
+        self.arrive(limits, holder, now, call, must_wait)
     }
 
     pub fn release(&mut self, holder: u64, lease: Instant) -> bool {

@@ -33,15 +33,20 @@ impl BucketState {
         limits: &BucketLimits,
         holder: u64,
         now: Instant,
-        (cost, priority, fair): (u64, Priority, Option<FairCall>),
+        call: BucketCall,
         must_wait: bool,
     ) -> Admission {
+        let BucketCall {
+            cost,
+            priority,
+            fair,
+        } = call;
         self.cleanup(now);
         let someone_ahead = self.waiters.iter().any(|w| w.priority >= priority);
         let refusal = if someone_ahead || must_wait {
             None
         } else {
-            match self.try_take(limits, holder, (now, now), cost, priority) {
+            match self.try_take(limits, holder, now, now, cost, priority) {
                 Ok(admitted) => return admitted,
                 Err(refusal) => Some(refusal),
             }
@@ -167,7 +172,7 @@ impl BucketState {
             let admissible = head.holder == holder
                 && !(expired && rate_at > head.deadline)
                 && self
-                    .try_take(limits, holder, (rate_at, now), head.cost, head.priority)
+                    .try_take(limits, holder, rate_at, now, head.cost, head.priority)
                     .is_ok();
             if !admissible && !expired {
                 return None;

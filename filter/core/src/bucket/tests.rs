@@ -77,8 +77,11 @@ fn arrive_fairly(
         limits,
         1,
         at,
-        (1, Priority::Normal),
-        Some(weighted(key, weight)),
+        BucketCall {
+            cost: 1,
+            priority: Priority::Normal,
+            fair: Some(weighted(key, weight)),
+        },
         false,
     );
     if let Admission::Queued { ticket, .. } = a {
@@ -108,8 +111,11 @@ fn greedy_keys_of_a_fair_queue_keep_their_weights_and_none_runs_out_of_time() {
                     &limits,
                     1,
                     now,
-                    (1, Priority::Normal),
-                    Some(call(key, weight)),
+                    BucketCall {
+                        cost: 1,
+                        priority: Priority::Normal,
+                        fair: Some(call(key, weight)),
+                    },
                     false,
                 );
                 if let Admission::Queued { ticket, .. } = a {
@@ -240,8 +246,11 @@ fn a_fair_queue_keeps_a_reservation_for_a_backlogged_key() {
                     &limits,
                     1,
                     T0,
-                    (1, Priority::Normal),
-                    Some(call(key, reserved)),
+                    BucketCall {
+                        cost: 1,
+                        priority: Priority::Normal,
+                        fair: Some(call(key, reserved)),
+                    },
                     false,
                 );
                 if let Admission::Queued { ticket, .. } = a {
@@ -324,7 +333,8 @@ proptest::proptest! {
             for ticket in b.poll(&limits, 1, previous, now) {
                 left.push(ticket);
             }
-            let a = b.admit_call(&limits, 1, now, (cost, Priority::Normal), Some(weighted(key + 1, weight)), false);
+            let call = BucketCall { cost, priority: Priority::Normal, fair: Some(weighted(key + 1, weight)) };
+            let a = b.admit_call(&limits, 1, now, call, false);
             match a {
                 Admission::Queued { ticket, .. } => { keys.insert(ticket, (key, cost)); }
                 Admission::Admitted { .. } => admitted_cost += cost,
@@ -355,8 +365,11 @@ fn broken_fair_bytes_are_refused() {
             &limits,
             1,
             T0,
-            (1, Priority::Normal),
-            Some(weighted(k, 500)),
+            BucketCall {
+                cost: 1,
+                priority: Priority::Normal,
+                fair: Some(weighted(k, 500)),
+            },
             false,
         );
     }

@@ -15,7 +15,7 @@ use sluice_shared::usage::CompiledUsage;
 use sluice_shared::warn::WarnLines;
 
 use super::fair::CompiledFair;
-use super::request::{cost_header_of, cost_of, KeySource};
+use super::request::{cost_header_of, cost_of, KeySecrets, KeySource};
 use crate::body::BodyJson;
 use crate::pricing::{CallPrice, CompiledPriceCost, Pricing, UNPRICED};
 
@@ -148,18 +148,18 @@ impl CompiledLimit {
     }
 
     /// The hash of the request's key for it (None without `key`), under its
-    /// name; with `spending` when it spends over hours (the live view's
-    /// label secret, the same on every Envoy), else with `secret`.
+    /// name; with the label secret when it spends over hours (the live
+    /// view's, the same on every Envoy), else with this Envoy's own.
     pub(crate) fn key_hash<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
-        (secret, spending): (&KeySecret, Option<&KeySecret>),
+        secrets: KeySecrets<'_>,
         body: &BodyJson,
     ) -> Option<u64> {
         let value = self.key.as_ref()?.value(req, body);
-        let secret = match spending {
-            Some(spending) if self.spends_over_hours => spending,
-            _ => secret,
+        let secret = match secrets.label {
+            Some(label) if self.spends_over_hours => label,
+            _ => secrets.own,
         };
         Some(secret.hash(&self.name, value.as_deref().unwrap_or_default()))
     }

@@ -15,10 +15,10 @@ pub use crate::pricing::UNPRICED;
 pub use fair::CompiledFair;
 pub use limit::{CompiledLimit, CompiledSlotLimit};
 pub use policy::{BucketKey, CompiledMember, CompiledPolicy, CompiledPool};
+pub use request::KeySecrets;
 pub(crate) use request::KeySource;
 
 use sluice_shared::fair::FairClaimant;
-use sluice_shared::key_hash::KeySecret;
 use sluice_shared::policy::{PolicySet, Priority, Unreadable};
 use sluice_shared::price::CompiledPrices;
 use sluice_shared::request_headers::RequestHeaders;
@@ -182,9 +182,13 @@ impl CompiledPolicySet {
     pub fn classify<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
-        (secret, fair_secret): (&KeySecret, Option<&KeySecret>),
+        secrets: KeySecrets<'_>,
         body: &BodyJson,
     ) -> Classified {
+        let KeySecrets {
+            own: secret,
+            label: fair_secret,
+        } = secrets;
         let mut passed_over = Vec::new();
         for (policy_index, policy) in self.policies.iter().enumerate() {
             if !policy.matches(req) {
@@ -296,6 +300,7 @@ mod tests {
     use super::host::HostMatcher;
     use super::*;
     use sluice_shared::fair::{self, FairSlotTerms};
+    use sluice_shared::key_hash::KeySecret;
     use sluice_shared::policy::KeySpec;
 
     fn set(json: &str) -> CompiledPolicySet {
@@ -325,7 +330,7 @@ mod tests {
     fn first_match_wins_in_list_order() {
         let s = set(POLICIES);
         let pick = |h: &[(&str, &[u8])]| {
-            s.classify(h, (&SECRET, None), &BodyJson::Absent)
+            s.classify(h, KeySecrets::new(&SECRET, None), &BodyJson::Absent)
                 .class()
                 .map(|c| s.policies[c.policy_index].name().to_string())
         };
@@ -383,7 +388,7 @@ mod tests {
         let classify = |authority: &'static [u8]| {
             s.classify(
                 req(&[(":authority", authority), ("x-tier", b"prod")]),
-                (&SECRET, None),
+                KeySecrets::new(&SECRET, None),
                 &BodyJson::Absent,
             )
             .class()
@@ -399,7 +404,7 @@ mod tests {
         let bank = s
             .classify(
                 req(&[(":authority", b"api.bank.example")]),
-                (&SECRET, None),
+                KeySecrets::new(&SECRET, None),
                 &BodyJson::Absent,
             )
             .class();
@@ -417,21 +422,21 @@ mod tests {
         assert_eq!(
             s.classify(
                 req(&[(":authority", b"b.example")]),
-                (&SECRET, None),
+                KeySecrets::new(&SECRET, None),
                 &BodyJson::Absent
             )
             .class(),
             None
         );
         assert_eq!(
-            s.classify(req(&[]), (&SECRET, None), &BodyJson::Absent)
+            s.classify(req(&[]), KeySecrets::new(&SECRET, None), &BodyJson::Absent)
                 .class(),
             None
         );
         assert_eq!(
             s.classify(
                 req(&[(":authority", &[0xff, 0xfe, b':'])]),
-                (&SECRET, None),
+                KeySecrets::new(&SECRET, None),
                 &BodyJson::Absent
             )
             .class(),
@@ -446,9 +451,13 @@ mod tests {
         let with = |extra: &[(&'static str, &'static [u8])]| {
             let mut h = base.to_vec();
             h.extend_from_slice(extra);
-            s.classify(h.as_slice(), (&SECRET, None), &BodyJson::Absent)
-                .class()
-                .unwrap()
+            s.classify(
+                h.as_slice(),
+                KeySecrets::new(&SECRET, None),
+                &BodyJson::Absent,
+            )
+            .class()
+            .unwrap()
         };
         let a = with(&[("x-api-key", b"key-a")]);
         let b = with(&[("x-api-key", b"key-b")]);
@@ -498,7 +507,7 @@ mod tests {
     fn classify_body(s: &CompiledPolicySet, body: &BodyJson) -> Classified {
         s.classify(
             req(&[(":authority", b"api.llm.example")]),
-            (&SECRET, None),
+            KeySecrets::new(&SECRET, None),
             body,
         )
     }
@@ -592,9 +601,12 @@ mod tests {
         let s = set(PER_MODEL);
         let claude = &s.policies[2];
         let key = |b: &BodyJson| {
-            classify_body(&s, b)
-                .class()
-                .map(|c| (c.key, claude.limit_keys(req(&[]), (&SECRET, None), b)))
+            classify_body(&s, b).class().map(|c| {
+                (
+                    c.key,
+                    claude.limit_keys(req(&[]), KeySecrets::new(&SECRET, None), b),
+                )
+            })
         };
         let alice = json(r#"{"model": "claude-opus-4", "metadata": {"user_id": "alice"}}"#);
         let bob = json(r#"{"model": "claude-haiku-4", "metadata": {"user_id": "bob"}}"#);
@@ -618,7 +630,7 @@ mod tests {
         // once, its body never asked for.
         let other = s.classify(
             req(&[(":authority", b"api.bank.example")]),
-            (&SECRET, None),
+            KeySecrets::new(&SECRET, None),
             &BodyJson::Coming,
         );
         assert!(matches!(other, Classified::Decided { class: Some(_), .. }));

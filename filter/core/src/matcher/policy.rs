@@ -12,7 +12,7 @@ use sluice_shared::usage::CompiledUsage;
 use super::fair::CompiledFair;
 use super::host::{HostMatcher, HostPattern};
 use super::limit::{CompiledLimit, CompiledSlotLimit};
-use super::request::{cost_header_of, cost_of, trim_ascii, BodyMatch, KeySource};
+use super::request::{cost_header_of, cost_of, trim_ascii, BodyMatch, KeySecrets, KeySource};
 use crate::body::BodyJson;
 use crate::pool::{Member, MemberPolicy, Pool};
 use crate::pricing::{CallPrice, CompiledPriceCost, Pricing};
@@ -353,7 +353,7 @@ impl CompiledPolicy {
     pub fn limit_keys<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
-        (secret, spending): (&KeySecret, Option<&KeySecret>),
+        secrets: KeySecrets<'_>,
         body: &BodyJson,
     ) -> Vec<Option<u64>> {
         if self.limits.is_empty() {
@@ -361,7 +361,7 @@ impl CompiledPolicy {
         }
         self.limits
             .iter()
-            .map(|l| l.key_hash(req, (secret, spending), body))
+            .map(|l| l.key_hash(req, secrets, body))
             .collect()
     }
 

@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use sluice_shared::json_path::JsonPath;
+use sluice_shared::key_hash::KeySecret;
 use sluice_shared::policy::{CostSpec, JsonMatch, KeySpec};
 use sluice_shared::request_headers::RequestHeaders;
 
@@ -143,5 +144,21 @@ impl BodyMatch {
             BodyTest::Prefix(prefix) => text.starts_with(prefix.as_str()),
             BodyTest::OneOf(values) => values.iter().any(|v| *v == *text),
         })
+    }
+}
+
+/// What a request's keys are hashed with: this Envoy's own secret, and
+/// the label secret (the same on every Envoy and after a restart, when an
+/// admin is there) for what must hash alike across the fleet: the keys of
+/// limits that spend over hours, and fair keys.
+#[derive(Debug, Clone, Copy)]
+pub struct KeySecrets<'a> {
+    pub own: &'a KeySecret,
+    pub label: Option<&'a KeySecret>,
+}
+
+impl<'a> KeySecrets<'a> {
+    pub fn new(own: &'a KeySecret, label: Option<&'a KeySecret>) -> Self {
+        Self { own, label }
     }
 }
