@@ -235,7 +235,9 @@ fn run_command(args: &Args, command: &Command) -> anyhow::Result<()> {
             let actor = sluice_admin::people_cli::cli_actor();
             let prices = loaded.prices();
             let applied = store.blocking().apply_set(
-                (&loaded.policies, &loaded.sources, prices.as_ref()),
+                &loaded.policies,
+                &loaded.sources,
+                prices.as_ref(),
                 &actor,
                 *dry_run,
             )?;

@@ -74,7 +74,9 @@ impl Managed {
         match state
             .store
             .apply_set(
-                (loaded.policies, loaded.sources, prices),
+                loaded.policies,
+                loaded.sources,
+                prices,
                 &self.actor(),
                 false,
             )

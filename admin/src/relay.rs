@@ -138,8 +138,10 @@ impl PauseMark {
     /// and whether that report began a stretch.
     fn heard(
         current: Option<&PauseMark>,
-        (now_ms, left_ms): (u64, u64),
-        (status, by): (u16, &str),
+        now_ms: u64,
+        left_ms: u64,
+        status: u16,
+        by: &str,
         max_pause: Span,
     ) -> (PauseMark, bool) {
         let now = Instant::from_millis(now_ms);
@@ -292,8 +294,10 @@ impl ProviderRelay {
                     .update(&pause_key(name), REDIS_TRIES, |raw| {
                         let (mark, began) = PauseMark::heard(
                             PauseMark::decode(raw).as_ref(),
-                            (now_ms, left_ms),
-                            (status, by),
+                            now_ms,
+                            left_ms,
+                            status,
+                            by,
                             max_pause,
                         );
                         let keep_ms = mark.keep_for_ms(now_ms, max_pause).saturating_add(1_000);

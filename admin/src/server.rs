@@ -140,12 +140,12 @@ pub async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             match acceptor {
-                None => connection(stream, (peer, false), app, limits, stop).await,
+                None => connection(stream, peer, false, app, limits, stop).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream))
                         .await
                     {
-                        Ok(Ok(tls)) => connection(tls, (peer, true), app, limits, stop).await,
+                        Ok(Ok(tls)) => connection(tls, peer, true, app, limits, stop).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -163,7 +163,8 @@ pub async fn serve(
 
 async fn connection<I>(
     io: I,
-    (peer, over_tls): (SocketAddr, bool),
+    peer: SocketAddr,
+    over_tls: bool,
     app: Router,
     limits: ServerLimits,
     mut stop: watch::Receiver<()>,

@@ -62,7 +62,9 @@ async fn apply(
     let applied = state
         .store
         .apply_set(
-            (loaded.policies, loaded.sources, prices),
+            loaded.policies,
+            loaded.sources,
+            prices,
             &editor.actor,
             query.dry_run,
         )

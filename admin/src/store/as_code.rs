@@ -45,7 +45,9 @@ impl BlockingStore {
     /// The files' `prices` are the set's (none given: none).
     pub fn apply_set(
         &self,
-        (desired, sources, desired_prices): (&[Policy], &[String], Option<&PriceTable>),
+        desired: &[Policy],
+        sources: &[String],
+        desired_prices: Option<&PriceTable>,
         actor: &str,
         dry_run: bool,
     ) -> Result<Applied, StoreError> {
@@ -88,7 +90,7 @@ impl BlockingStore {
             let version = bump(sql)?;
             record(sql, &diff, &stored, desired, version, at, actor)?;
             if prices_changed {
-                write_prices(sql, (old_prices.as_ref(), desired_prices), at, actor)?;
+                write_prices(sql, old_prices.as_ref(), desired_prices, at, actor)?;
             }
             positions(sql, &names, Some(sources))?;
             Ok(Applied {
@@ -131,7 +133,7 @@ impl BlockingStore {
             let names_ref: Vec<&str> = names.iter().map(String::as_str).collect();
             positions(sql, &names_ref, None)?;
             let version = bump(sql)?;
-            audit_order(sql, now_ms(), actor, (&before, names))?;
+            audit_order(sql, now_ms(), actor, &before, names)?;
             Ok(version)
         })
     }
@@ -150,7 +152,7 @@ fn record(
     let find = |name: &str| desired.iter().find(|p| p.name == name);
     let current = |name: &str| stored.iter().find(|s| s.policy.name == name);
     for old in diff.removed.iter().filter_map(|name| current(name)) {
-        remove_policy(sql, old, (version, at, actor))?;
+        remove_policy(sql, old, version, at, actor)?;
     }
     for name in &diff.added {
         if let Some(policy) = find(name) {
@@ -160,12 +162,12 @@ fn record(
     }
     for change in &diff.changed {
         if let (Some(policy), Some(old)) = (find(&change.name), current(&change.name)) {
-            write_next_version(sql, old, policy, (version, at, actor))?;
+            write_next_version(sql, old, policy, version, at, actor)?;
         }
     }
     if let Some(order) = &diff.order {
         let before: Vec<&str> = stored.iter().map(|s| s.policy.name.as_str()).collect();
-        audit_order(sql, at, actor, (&before, order))?;
+        audit_order(sql, at, actor, &before, order)?;
     }
     Ok(())
 }
@@ -199,24 +201,24 @@ mod tests {
         )
         .unwrap();
         let first = store
-            .apply_set((&desired, &sources, None), "ci", false)
+            .apply_set(&desired, &sources, None, "ci", false)
             .unwrap();
         let dry = store
-            .apply_set((&desired, &sources, Some(&table)), "ci", true)
+            .apply_set(&desired, &sources, Some(&table), "ci", true)
             .unwrap();
         assert!(dry.prices_changed && !dry.applied);
         let priced = store
-            .apply_set((&desired, &sources, Some(&table)), "ci", false)
+            .apply_set(&desired, &sources, Some(&table), "ci", false)
             .unwrap();
         assert!(priced.applied && priced.prices_changed && priced.diff.is_empty());
         assert_eq!(priced.version, first.version + 1);
         assert_eq!(store.policy_set().unwrap().prices, Some(table.clone()));
         let again = store
-            .apply_set((&desired, &sources, Some(&table)), "ci", false)
+            .apply_set(&desired, &sources, Some(&table), "ci", false)
             .unwrap();
         assert!(!again.applied && !again.prices_changed);
         let removed = store
-            .apply_set((&desired, &sources, None), "ci", false)
+            .apply_set(&desired, &sources, None, "ci", false)
             .unwrap();
         assert!(removed.applied && removed.prices_changed);
         assert_eq!(store.prices().unwrap(), None);
@@ -234,7 +236,7 @@ mod tests {
         let desired = [policy("bank", "bank.example", 20), policy("any", "*", 100)];
         let sources = ["a.yaml".to_string(), "b.yaml".to_string()];
         let dry = store
-            .apply_set((&desired, &sources, None), "ci", true)
+            .apply_set(&desired, &sources, None, "ci", true)
             .unwrap();
         assert!(!dry.applied);
         assert_eq!(
@@ -243,7 +245,7 @@ mod tests {
             "a dry run writes nothing"
         );
         let applied = store
-            .apply_set((&desired, &sources, None), "ci", false)
+            .apply_set(&desired, &sources, None, "ci", false)
             .unwrap();
         assert_eq!((applied.applied, applied.version), (true, 3));
         assert_eq!(applied.diff.added, ["any"]);
@@ -259,7 +261,7 @@ mod tests {
             [("bank", 2, Some("a.yaml")), ("any", 1, Some("b.yaml"))]
         );
         let again = store
-            .apply_set((&desired, &sources, None), "ci", false)
+            .apply_set(&desired, &sources, None, "ci", false)
             .unwrap();
         assert!(again.diff.is_empty() && !again.applied);
         assert_eq!(store.policy_set_version().unwrap(), 3);
@@ -283,7 +285,7 @@ mod tests {
             .unwrap();
         let twice = [policy("x", "x.example", 1), policy("x", "y.example", 1)];
         let err = store
-            .apply_set((&twice, &["a".into(), "b".into()], None), "ci", false)
+            .apply_set(&twice, &["a".into(), "b".into()], None, "ci", false)
             .unwrap_err();
         assert!(matches!(err, StoreError::Invalid(_)), "{err}");
         assert_eq!(store.policy_set_version().unwrap(), 1);

@@ -358,12 +358,14 @@ impl Store {
 
     pub async fn apply_set(
         &self,
-        (desired, sources, prices): (Vec<Policy>, Vec<String>, Option<PriceTable>),
+        desired: Vec<Policy>,
+        sources: Vec<String>,
+        prices: Option<PriceTable>,
         actor: &str,
         dry_run: bool,
     ) -> Result<sluice_api::Applied, StoreError> {
         let actor = actor.to_string();
-        self.run(move |s| s.apply_set((&desired, &sources, prices.as_ref()), &actor, dry_run))
+        self.run(move |s| s.apply_set(&desired, &sources, prices.as_ref(), &actor, dry_run))
             .await
     }
 

@@ -87,7 +87,10 @@ fn audit(
 ) -> Result<(), StoreError> {
     audit_entry(
         sql,
-        (now_ms(), actor, action, target),
+        now_ms(),
+        actor,
+        action,
+        target,
         old.map(|v| v.to_string()),
         new.map(|v| v.to_string()),
     )

@@ -84,7 +84,7 @@ pub(in crate::store) fn audit_warnings(
                     "DELETE FROM audit WHERE action = 'warn' AND at_ms < $1",
                     &[now.saturating_sub(retention_ms).into()],
                 )?;
-                audit_entry(sql, (now, "sluice", "warn", name), None, Some(text))?;
+                audit_entry(sql, now, "sluice", "warn", name, None, Some(text))?;
             }
         }
     }

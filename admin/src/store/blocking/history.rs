@@ -37,7 +37,10 @@ pub(in crate::store) fn audit(
 ) -> Result<(), StoreError> {
     audit_entry(
         sql,
-        (at, actor, action, target),
+        at,
+        actor,
+        action,
+        target,
         old.map(to_json),
         new.map(to_json),
     )
@@ -47,7 +50,10 @@ pub(in crate::store) fn audit(
 /// after as JSON text.
 pub(in crate::store) fn audit_entry(
     sql: &mut dyn Sql,
-    (at, actor, action, target): (u64, &str, &str, &str),
+    at: u64,
+    actor: &str,
+    action: &str,
+    target: &str,
     old: Option<String>,
     new: Option<String>,
 ) -> Result<(), StoreError> {
@@ -70,12 +76,16 @@ pub(in crate::store) fn audit_order<B: AsRef<str>, A: AsRef<str>>(
     sql: &mut dyn Sql,
     at: u64,
     actor: &str,
-    (before, after): (&[B], &[A]),
+    before: &[B],
+    after: &[A],
 ) -> Result<(), StoreError> {
     let json = |names: Vec<&str>| serde_json::Value::from(names).to_string();
     audit_entry(
         sql,
-        (at, actor, "reorder", "policies"),
+        at,
+        actor,
+        "reorder",
+        "policies",
         Some(json(before.iter().map(AsRef::as_ref).collect())),
         Some(json(after.iter().map(AsRef::as_ref).collect())),
     )

@@ -205,7 +205,7 @@ impl BlockingStore {
             .map_err(StoreError::Invalid)?;
             let at = now_ms();
             let version = bump(sql)?;
-            write_prices(sql, (old.as_ref(), table.as_ref()), at, actor)?;
+            write_prices(sql, old.as_ref(), table.as_ref(), at, actor)?;
             Ok(version)
         })
     }
@@ -283,7 +283,7 @@ impl BlockingStore {
                 insert_new(sql, policy, position, set_version, at, actor, "seed")?;
             }
             if let Some(prices) = &set.prices {
-                write_prices(sql, (None, Some(prices)), at, actor)?;
+                write_prices(sql, None, Some(prices), at, actor)?;
             }
             Ok(set.policies.len())
         })
@@ -318,7 +318,7 @@ impl BlockingStore {
             check_set(sql, &all, index)?;
             let at = now_ms();
             let set_version = bump(sql)?;
-            let version = write_next_version(sql, &current, &policy, (set_version, at, actor))?;
+            let version = write_next_version(sql, &current, &policy, set_version, at, actor)?;
             Ok(StoredPolicy {
                 policy,
                 version,
@@ -340,7 +340,7 @@ impl BlockingStore {
                 });
             }
             let set_version = bump(sql)?;
-            remove_policy(sql, &current, (set_version, now_ms(), actor))
+            remove_policy(sql, &current, set_version, now_ms(), actor)
         })
     }
 

@@ -96,7 +96,8 @@ pub(in crate::store) fn get(
 /// set), with its audit entry.
 pub(in crate::store) fn write_prices(
     sql: &mut dyn Sql,
-    (old, new): (Option<&PriceTable>, Option<&PriceTable>),
+    old: Option<&PriceTable>,
+    new: Option<&PriceTable>,
     at: u64,
     actor: &str,
 ) -> Result<(), StoreError> {
@@ -109,7 +110,10 @@ pub(in crate::store) fn write_prices(
     }
     audit_entry(
         sql,
-        (at, actor, "prices", "prices"),
+        at,
+        actor,
+        "prices",
+        "prices",
         old.map(to_json),
         new.map(to_json),
     )
@@ -141,7 +145,9 @@ pub(in crate::store) fn write_next_version(
     sql: &mut dyn Sql,
     current: &StoredPolicy,
     policy: &Policy,
-    (set_version, at, actor): (u64, u64, &str),
+    set_version: u64,
+    at: u64,
+    actor: &str,
 ) -> Result<u64, StoreError> {
     let name = current.policy.name.as_str();
     let version = current.version + 1;
@@ -181,7 +187,9 @@ pub(in crate::store) fn write_next_version(
 pub(in crate::store) fn remove_policy(
     sql: &mut dyn Sql,
     current: &StoredPolicy,
-    (set_version, at, actor): (u64, u64, &str),
+    set_version: u64,
+    at: u64,
+    actor: &str,
 ) -> Result<(), StoreError> {
     let name = current.policy.name.as_str();
     sql.execute("DELETE FROM policies WHERE name = $1", &[name.into()])?;

@@ -11,13 +11,8 @@ fn warning_rows_past_their_retention_are_deleted() {
     store
         .db
         .touch(|sql| {
-            audit_entry(
-                sql,
-                (old, "sluice", "warn", "team"),
-                None,
-                Some("{}".into()),
-            )?;
-            audit_entry(sql, (old, "alice", "update", "team"), None, None)
+            audit_entry(sql, old, "sluice", "warn", "team", None, Some("{}".into()))?;
+            audit_entry(sql, old, "alice", "update", "team", None, None)
         })
         .unwrap_or_else(|e| panic!("{e}"));
     let report: SyncReport = serde_json::from_value(serde_json::json!({
