@@ -91,17 +91,7 @@ pub fn add_to_report<H: Host + ?Sized>(
     store: &mut Store,
     deltas: &BTreeMap<String, DeltaCounters>,
 ) -> Result<(), StoreError> {
-    store.update_with(
-        host,
-        REPORT_KEY,
-        &Json::default(),
-        |report: &mut BTreeMap<String, Counters>| {
-            for (policy, d) in deltas {
-                report.entry(policy.clone()).or_default().add_deltas(d);
-            }
-            ((), true)
-        },
-    )
+    add_into(host, store, REPORT_KEY, deltas, Counters::add_deltas)
 }
 
 pub fn read_limit_report<H: Host + ?Sized>(host: &H) -> BTreeMap<String, LimitCounters> {
@@ -114,13 +104,28 @@ pub fn add_to_limit_report<H: Host + ?Sized>(
     store: &mut Store,
     deltas: &BTreeMap<String, LimitCounters>,
 ) -> Result<(), StoreError> {
+    add_into(host, store, LIMIT_REPORT_KEY, deltas, LimitCounters::add)
+}
+
+/// Adds one worker's deltas, by name, into the shared report at `key`.
+fn add_into<H, C, D>(
+    host: &H,
+    store: &mut Store,
+    key: &str,
+    deltas: &BTreeMap<String, D>,
+    add: impl Fn(&mut C, &D),
+) -> Result<(), StoreError>
+where
+    H: Host + ?Sized,
+    C: Serialize + serde::de::DeserializeOwned + Default,
+{
     store.update_with(
         host,
-        LIMIT_REPORT_KEY,
+        key,
         &Json::default(),
-        |report: &mut BTreeMap<String, LimitCounters>| {
-            for (limit, d) in deltas {
-                report.entry(limit.clone()).or_default().add(d);
+        |report: &mut BTreeMap<String, C>| {
+            for (name, d) in deltas {
+                add(report.entry(name.clone()).or_default(), d);
             }
             ((), true)
         },
