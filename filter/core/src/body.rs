@@ -58,6 +58,12 @@ pub struct RequestAtHand<'a, R: ?Sized> {
     pub body: &'a BodyJson,
 }
 
+impl<'a, R: ?Sized> RequestAtHand<'a, R> {
+    pub fn new(headers: &'a R, body: &'a BodyJson) -> Self {
+        Self { headers, body }
+    }
+}
+
 impl<R: ?Sized> Clone for RequestAtHand<'_, R> {
     fn clone(&self) -> Self {
         *self

@@ -287,12 +287,8 @@ impl Poll<'_> {
                     limits::count_admitted(ctx.metrics, limits_policy, &costs);
                     parts.streams.turn_came(ctx.metrics, context_id, lease, now);
                     let series = ctx.metrics.series_of(policy.name());
-                    parts.streams.hold_slots(
-                        context_id,
-                        PolicyStats { policy, series },
-                        slots,
-                        now,
-                    );
+                    let counted = PolicyStats { policy, series };
+                    parts.streams.hold_slots(context_id, counted, slots, now);
                     served.with_limits.push(Holding {
                         context_id,
                         policy_index: member_index,

@@ -76,10 +76,7 @@ impl Parts {
         };
         let (decision, held) =
             deciding.decide(ctx, policy, &class, &inputs.limits, inputs.pool.as_ref());
-        let request = RequestAtHand {
-            headers: req,
-            body: &body,
-        };
+        let request = RequestAtHand::new(req, &body);
         if class.key != BucketKey::Policy {
             let (outcome, overflowed) = (key_outcome(&decision), deciding.overflowed);
             self.sync
