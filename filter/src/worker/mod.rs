@@ -1,13 +1,16 @@
 //! The filter's logic inside one Envoy worker VM, free of proxy-wasm: it
 //! decides through `sluice-shared` and talks to Envoy through [`Host`].
 //!
-//! [`Worker`] only coordinates the four things Envoy asks of it: a request
-//! arrives ([`Worker::on_request`]), time passes ([`Worker::on_tick`]), a
-//! stream ends ([`Worker::on_stream_end`]), the admin answers a sync
-//! ([`Worker::on_sync_reply`]). For each event it builds one `Ctx` (`ctx.rs`)
-//! (Envoy behind the worker's clock, shared data, stats, its holder id and
-//! the time), which every part takes as `&mut`. Each part owns its state:
+//! [`Worker`] only coordinates what Envoy asks of it: a request arrives
+//! ([`Worker::on_request`]), its answer's headers and body pass
+//! ([`Worker::on_answer_headers`], [`Worker::on_answer_body`]), time
+//! passes ([`Worker::on_tick`]), a stream ends ([`Worker::on_stream_end`]),
+//! the admin answers a sync ([`Worker::on_sync_reply`]). For each event it
+//! builds one `Ctx` (`ctx.rs`) (Envoy behind the worker's clock, shared
+//! data, stats, its holder id and the time), which every part takes as
+//! `&mut`. Each part owns its state:
 //!
+//! - [`request`]: a request's path from its body to its verdict;
 //! - [`admission`]: how a request is decided (start reading there);
 //! - [`refusal`]: the reply a refused request gets;
 //! - [`placement`]: which bucket of a keyed policy a request uses;
@@ -15,7 +18,9 @@
 //! - [`queue`]: turns for queued streams, and their timeouts;
 //! - [`sync_client`]: policy sets and reports to and from the admin;
 //! - [`shares`]: fleet mode's shares of global policies;
-//! - [`budgets`]: long limits the admin holds across restarts.
+//! - [`budgets`]: long limits the admin holds across restarts;
+//! - [`call`]: what each feature keeps of a call to act on its answer,
+//!   and the order they act in.
 //!
 //! Host actions that can call back into the VM (a local reply, resuming a
 //! paused stream) are returned to the caller instead of performed here, so
