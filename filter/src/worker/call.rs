@@ -143,9 +143,9 @@ impl Calls {
         }
     }
 
-    /// The call goes (or waits to) under policy `policy_index` of `set`:
-    /// its answer may tell the caller where the limits stand, and it may
-    /// have been sent asking for its usage.
+    /// The call was let go (or queued to go): its answer may tell the
+    /// caller where the limits stand (`told`), and it may have been sent
+    /// asking for its usage (`asked`).
     pub fn goes(&mut self, context_id: u32, told: Option<Told>, asked: Option<Asked>) {
         let call = Call {
             told,
