@@ -342,22 +342,7 @@ impl BucketState {
             priority,
             fair: None,
         };
-        self.arrive(limits, holder, now, call, false)
-    }
-
-    /// [`Self::admit`] for any call: with `must_wait`, it waits whatever
-    /// the bucket holds (one of its policy's further limits has no room
-    /// yet), refused as `admit` refuses; `fair` is a `fair` policy's call,
-    /// which its key places in the queue (None for any other policy's).
-    pub fn admit_call(
-        &mut self,
-        limits: &BucketLimits,
-        holder: u64,
-        now: Instant,
-        call: BucketCall,
-        must_wait: bool,
-    ) -> Admission {
-        self.arrive(limits, holder, now, call, must_wait)
+        self.admit_call(limits, holder, now, call, false)
     }
 
     pub fn release(&mut self, holder: u64, lease: Instant) -> bool {

@@ -28,7 +28,11 @@ impl Waiter {
 }
 
 impl BucketState {
-    pub(super) fn arrive(
+    /// [`Self::admit`] for any call: with `must_wait`, it waits whatever
+    /// the bucket holds (one of its policy's further limits has no room
+    /// yet), refused as `admit` refuses; `fair` is a `fair` policy's call,
+    /// which its key places in the queue (None for any other policy's).
+    pub fn admit_call(
         &mut self,
         limits: &BucketLimits,
         holder: u64,
