@@ -11,8 +11,8 @@ mod tests;
 pub(super) use budget_keys::{audit_warnings, give_back_budget_keys, record_budget_keys};
 pub(super) use history::{audit, audit_entry, audit_order, history};
 pub(super) use rows::{
-    bump, check_set, epoch, get, insert_new, list, new_epoch, prices, remove_policy, set_version,
-    write_next_version, write_prices,
+    bump, check_set, current_at, epoch, get, insert_new, list, new_epoch, prices, remove_policy,
+    set_version, write_next_version, write_prices,
 };
 
 use std::path::Path;
@@ -298,14 +298,7 @@ impl BlockingStore {
         actor: &str,
     ) -> Result<StoredPolicy, StoreError> {
         self.db.write(|sql| {
-            let current = get(sql, name)?.ok_or_else(|| StoreError::NotFound(name.into()))?;
-            if current.version != expected {
-                return Err(StoreError::Stale {
-                    name: name.into(),
-                    current: current.version,
-                    expected,
-                });
-            }
+            let current = current_at(sql, name, expected)?;
             let stored = list(sql)?;
             let index = stored
                 .iter()
@@ -331,14 +324,7 @@ impl BlockingStore {
 
     pub fn delete(&self, name: &str, expected: u64, actor: &str) -> Result<(), StoreError> {
         self.db.write(|sql| {
-            let current = get(sql, name)?.ok_or_else(|| StoreError::NotFound(name.into()))?;
-            if current.version != expected {
-                return Err(StoreError::Stale {
-                    name: name.into(),
-                    current: current.version,
-                    expected,
-                });
-            }
+            let current = current_at(sql, name, expected)?;
             let set_version = bump(sql)?;
             remove_policy(sql, &current, set_version, now_ms(), actor)
         })

@@ -196,3 +196,21 @@ pub(in crate::store) fn remove_policy(
     history(sql, name, current.version + 1, set_version, None, at, actor)?;
     audit(sql, at, actor, "delete", name, Some(&current.policy), None)
 }
+
+/// The stored policy `name`, if the caller saw its current version
+/// (`expected`): an edit or removal of anything else is refused.
+pub(in crate::store) fn current_at(
+    sql: &mut dyn Sql,
+    name: &str,
+    expected: u64,
+) -> Result<StoredPolicy, StoreError> {
+    let current = get(sql, name)?.ok_or_else(|| StoreError::NotFound(name.into()))?;
+    if current.version != expected {
+        return Err(StoreError::Stale {
+            name: name.into(),
+            current: current.version,
+            expected,
+        });
+    }
+    Ok(current)
+}
