@@ -1,14 +1,12 @@
 //! The filter's logic inside one Envoy worker VM, free of proxy-wasm: it
 //! decides through `sluice-shared` and talks to Envoy through [`Host`].
 //!
-//! [`Worker`] only coordinates what Envoy asks of it: a request arrives
-//! ([`Worker::on_request`]), its answer's headers and body pass
-//! ([`Worker::on_answer_headers`], [`Worker::on_answer_body`]), time
-//! passes ([`Worker::on_tick`]), a stream ends ([`Worker::on_stream_end`]),
-//! the admin answers a sync ([`Worker::on_sync_reply`]). For each event it
-//! builds one `Ctx` (`ctx.rs`) (Envoy behind the worker's clock, shared
-//! data, stats, its holder id and the time), which every part takes as
-//! `&mut`. Each part owns its state:
+//! [`Worker`] only coordinates what Envoy asks of it: a request, its
+//! answer's headers and body, a tick, a stream's end, the admin's answer
+//! to a sync (`Worker::on_*`). For each event it builds one `Ctx`
+//! (`ctx.rs`: Envoy behind the worker's clock, shared data, stats, its
+//! holder id and the time), which every part takes as `&mut`. Each part
+//! owns its state:
 //!
 //! - [`request`]: a request's path from its body to its verdict;
 //! - [`admission`]: how a request is decided (start reading there);
@@ -248,13 +246,13 @@ impl Worker {
         });
     }
 
-    /// Where to sync from (None: enforce the fallback set only).
     /// The headers Envoy's routes match that only Sluice may set (the
     /// plugin's `route_headers`): removed from every request from now on.
     pub fn declare_route_headers(&mut self, names: &[String]) {
         self.parts.route_headers.declare(names);
     }
 
+    /// Where to sync from (None: enforce the fallback set only).
     pub fn set_sync(&mut self, settings: Option<SyncSettings>) {
         self.parts
             .spend_labels
