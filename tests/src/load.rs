@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderMap;
-use sluice_demo::mock::Arrival;
+use sluice_demo::mock::{sent_stamp, Arrival, SENT_HEADER};
 
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -127,10 +127,13 @@ pub async fn until_stopped(
     join_all(tasks).await.into_iter().flatten().collect()
 }
 
+/// Sends `request` stamped with when it left ([`SENT_HEADER`]), so the
+/// mock knows the span in which the limiter let it through
+/// ([`most_surely_within`]).
 pub async fn send(request: reqwest::RequestBuilder, origin: Instant) -> Outcome {
     let started = origin.elapsed();
     let t = Instant::now();
-    match request.send().await {
+    match request.header(SENT_HEADER, sent_stamp()).send().await {
         Ok(resp) => {
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
@@ -193,6 +196,50 @@ pub fn busiest_window(sorted: &[Duration], window: Duration) -> (usize, Duration
         }
     }
     best
+}
+
+/// The most calls the limiter surely let through within any `window`, and
+/// when the first such window began: the calls both sent and arrived
+/// inside it. Each call passed the limiter somewhere between its caller's
+/// stamp and its arrival at the mock, so a limit of N per `window` holds
+/// this to N however long a loaded machine makes the trip. A count of
+/// arrivals alone ([`max_in_window`]) also counts what a stall bunched up
+/// on the way. A call with no stamp counts from its arrival.
+pub fn most_surely_within(arrivals: &[Arrival], window: Duration) -> (usize, Duration) {
+    let mut spans: Vec<(Duration, Duration)> = arrivals.iter().map(|a| (sent(a), a.at)).collect();
+    spans.sort_unstable();
+    let mut best = (0, Duration::ZERO);
+    // A window holding some calls whole can slide forward to the earliest
+    // of their stamps and still hold them: only those starts need trying.
+    for (i, &(from, _)) in spans.iter().enumerate() {
+        if i > 0 && spans[i - 1].0 == from {
+            continue;
+        }
+        let to = from + window;
+        let inside = spans[i..]
+            .iter()
+            .take_while(|(sent, _)| *sent < to)
+            .filter(|(_, at)| *at < to)
+            .count();
+        if inside > best.0 {
+            best = (inside, from);
+        }
+    }
+    best
+}
+
+/// When `call` was sent, or its arrival if it was not stamped.
+pub fn sent(call: &Arrival) -> Duration {
+    call.sent.map_or(call.at, |s| s.min(call.at))
+}
+
+/// The calls sent and arrived within `window` from `from`: those the
+/// limiter surely let through in it.
+pub fn surely_within(arrivals: &[Arrival], from: Duration, window: Duration) -> usize {
+    arrivals
+        .iter()
+        .filter(|a| sent(a) >= from && a.at < from + window)
+        .count()
 }
 
 /// A burst of `n` requests to `url` for `host`, each on its own connection,
@@ -350,4 +397,51 @@ pub fn paced(
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<Vec<Outcome>> {
     scheduled(url, host, tag, (Instant::now(), move |_| per_second), stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(sent_ms: u64, at_ms: u64) -> Arrival {
+        Arrival {
+            at: Duration::from_millis(at_ms),
+            key: None,
+            seq: None,
+            host: None,
+            queue_ticket: None,
+            second: 0,
+            sent: Some(Duration::from_millis(sent_ms)),
+        }
+    }
+
+    #[test]
+    fn calls_bunched_on_the_way_count_where_they_were_sent() {
+        // One a millisecond for 10 ms, then a stall: the next 15, sent
+        // 10-24 ms, all arrive at 30 ms.
+        let mut calls: Vec<Arrival> = (0..10).map(|i| call(i, i)).collect();
+        calls.extend((10..25).map(|i| call(i, 30)));
+        let arrived: Vec<Duration> = calls.iter().map(|a| a.at).collect();
+        let window = Duration::from_millis(10);
+        assert_eq!(max_in_window(&arrived, window), 15);
+        assert_eq!(most_surely_within(&calls, window), (10, Duration::ZERO));
+        // Twenty-one sent and arrived within 10 ms are seen whole.
+        calls.extend((0..21).map(|i| call(100 + i / 3, 101 + i / 3)));
+        assert_eq!(
+            most_surely_within(&calls, window),
+            (21, Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn a_call_without_a_stamp_counts_from_its_arrival() {
+        let mut unstamped = call(0, 9);
+        unstamped.sent = None;
+        let window = Duration::from_millis(5);
+        assert_eq!(
+            most_surely_within(&[unstamped], window),
+            (1, Duration::from_millis(9))
+        );
+        assert_eq!(most_surely_within(&[], window), (0, Duration::ZERO));
+    }
 }

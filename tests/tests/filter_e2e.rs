@@ -49,19 +49,25 @@ async fn e2e_1_rate_200_per_second_burst_20_with_64_clients() -> anyhow::Result<
         c.get(&url).header("host", "api.bank.example")
     })
     .await;
-    let arrivals: Vec<Duration> = mock.arrivals().iter().map(|a| a.at).collect();
+    let arrived = mock.arrivals();
+    let arrivals: Vec<Duration> = arrived.iter().map(|a| a.at).collect();
     let steady =
         arrivals_between(&mock, Duration::from_secs(1), Duration::from_secs(9), None) as f64 / 8.0;
-    let max_1s = max_in_window(&arrivals, Duration::from_secs(1));
-    let max_100ms = max_in_window(&arrivals, Duration::from_millis(100));
+    let (most_1s, most_100ms) = (
+        load::most_surely_within(&arrived, Duration::from_secs(1)).0,
+        load::most_surely_within(&arrived, Duration::from_millis(100)).0,
+    );
     let (ok, limited) = (count(&outcomes, 200), count(&outcomes, 429));
     println!(
         "e2e 1 rate: {} requests, {ok} passed, {limited} got 429; mock saw {} ({:.1}/s over 10 s), steady rate {steady:.1}/s \
-         (error {:+.2} %), most in any 1 s: {max_1s} (bound 220 + 4 transit jitter), in any 100 ms: {max_100ms} (bound 40 + 4)",
+         (error {:+.2} %); sent and arrived within any 1 s: {most_1s} (bound 220), any 100 ms: {most_100ms} (bound 40); \
+         arrived within any 1 s: {}, any 100 ms: {} (the trip's jitter included)",
         outcomes.len(),
         arrivals.len(),
         arrivals.len() as f64 / 10.0,
         (steady - 200.0) / 2.0,
+        max_in_window(&arrivals, Duration::from_secs(1)),
+        max_in_window(&arrivals, Duration::from_millis(100)),
     );
     assert_eq!(ok + limited, outcomes.len(), "only 200 and 429 answers");
     assert_eq!(ok, arrivals.len(), "every 200 reached the mock");
@@ -69,13 +75,13 @@ async fn e2e_1_rate_200_per_second_burst_20_with_64_clients() -> anyhow::Result<
         (steady - 200.0).abs() <= 4.0,
         "steady rate {steady} not within 2 % of 200/s"
     );
-    // Arrival times are taken at the mock, after the trip through Envoy: on
-    // a loaded 2-core machine that trip varies by some milliseconds, which
-    // can bring admissions closer. So the bound for a window W is the
-    // limit's for W plus 20 ms of that jitter (4 tokens at 200/s); a burst
-    // twice the policy's would still show 20 more.
-    assert!(max_1s <= 224, "{max_1s} in one second");
-    assert!(max_100ms <= 44, "{max_100ms} in 100 ms");
+    // The limiter let each call through between its send and its arrival,
+    // so the calls whose whole trip fits in a window W passed within W:
+    // at most the burst and W's refill (a burst twice the policy's would
+    // show 20 more). Counting arrivals alone also counted what a stall on
+    // a loaded machine bunched on the way (228 in 1 s on CI, 5f41aa2).
+    assert!(most_1s <= 220, "{most_1s} in one second");
+    assert!(most_100ms <= 40, "{most_100ms} in 100 ms");
     for o in outcomes.iter().filter(|o| o.status == 429) {
         assert_eq!(o.header("x-sluice-policy"), Some("bank"));
         assert_eq!(o.header("ratelimit-policy"), Some("\"bank\";q=200;w=1"));

@@ -12,6 +12,8 @@
 //! Counters: `GET /__mock/stats` (JSON), `POST /__mock/reset`. An outage
 //! (a pool member whose quota dropped to 0): `POST /__mock/down?secs=N`
 //! answers every call 429 with `Retry-After: N` for N seconds.
+//! When a caller sent a call: header [`SENT_HEADER`] ([`sent_stamp`]),
+//! read only by callers in the mock's own process (the end-to-end tests).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -48,6 +50,35 @@ pub struct Arrival {
     pub queue_ticket: Option<u64>,
     /// The calendar second it came in (seconds since the Unix epoch).
     pub second: u64,
+    /// When its caller sent it, on the same clock as `at` (0 when sent
+    /// before the mock's start), from [`SENT_HEADER`]. Whatever passed it
+    /// on (Envoy, the limiter) did so between `sent` and `at`.
+    #[serde(default)]
+    pub sent: Option<Duration>,
+}
+
+/// The header a caller in this process stamps a call with ([`sent_stamp`]).
+pub const SENT_HEADER: &str = "x-mock-sent-us";
+
+/// The instant [`sent_stamp`] counts from: one per process, so a stamp
+/// means nothing to a mock in another process.
+fn process_origin() -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+/// Now, as the value of [`SENT_HEADER`]: microseconds since this process's
+/// origin.
+pub fn sent_stamp() -> u64 {
+    u64::try_from(process_origin().elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A stamp's instant on the clock of a mock started at `start`; `None` for
+/// a missing or unreadable stamp, or one from the future (not this
+/// process's).
+fn sent_since(start: Instant, stamp: Option<u64>, now: Instant) -> Option<Duration> {
+    let sent = process_origin().checked_add(Duration::from_micros(stamp?))?;
+    (sent <= now).then(|| sent.saturating_duration_since(start))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -262,7 +293,14 @@ async fn handle(
     headers: HeaderMap,
     _uri: Uri,
 ) -> Response {
-    let at = inner.start.lock().map(|s| s.elapsed()).unwrap_or_default();
+    let now = Instant::now();
+    let start = inner.start.lock().map(|s| *s).unwrap_or(now);
+    let at = now.saturating_duration_since(start);
+    let sent = sent_since(
+        start,
+        header(&headers, SENT_HEADER).and_then(|s| s.parse().ok()),
+        now,
+    );
     let second = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -283,6 +321,7 @@ async fn handle(
             host: header(&headers, "host"),
             queue_ticket: header(&headers, "x-sluice-queue-ticket").and_then(|s| s.parse().ok()),
             second,
+            sent,
         });
     }
     let this_second = match inner.window.lock() {
@@ -360,4 +399,24 @@ async fn stats(State(inner): State<Arc<Inner>>) -> Json<MockStats> {
 async fn reset(State(inner): State<Arc<Inner>>) -> StatusCode {
     reset_inner(&inner);
     StatusCode::NO_CONTENT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_reads_on_the_mocks_clock_and_a_foreign_one_is_dropped() {
+        let stamp = sent_stamp();
+        let start = process_origin() + Duration::from_micros(stamp);
+        let now = Instant::now() + Duration::from_millis(5);
+        assert_eq!(
+            sent_since(start, Some(stamp + 1_000), now),
+            Some(Duration::from_millis(1))
+        );
+        // Sent before the mock's start: at its start.
+        assert_eq!(sent_since(start, Some(0), now), Some(Duration::ZERO));
+        assert_eq!(sent_since(start, Some(u64::MAX), now), None);
+        assert_eq!(sent_since(start, None, now), None);
+    }
 }
