@@ -215,11 +215,10 @@ pub fn most_surely_within(arrivals: &[Arrival], window: Duration) -> (usize, Dur
         if i > 0 && spans[i - 1].0 == from {
             continue;
         }
-        let to = from + window;
         let inside = spans[i..]
             .iter()
-            .take_while(|(sent, _)| *sent < to)
-            .filter(|(_, at)| *at < to)
+            .take_while(|&&(sent, _)| sent < from + window)
+            .filter(|&&span| whole_within(span, from, window))
             .count();
         if inside > best.0 {
             best = (inside, from);
@@ -238,8 +237,14 @@ pub fn sent(call: &Arrival) -> Duration {
 pub fn surely_within(arrivals: &[Arrival], from: Duration, window: Duration) -> usize {
     arrivals
         .iter()
-        .filter(|a| sent(a) >= from && a.at < from + window)
+        .filter(|a| whole_within((sent(a), a.at), from, window))
         .count()
+}
+
+/// Whether a call's trip, `(sent, arrived)`, lies inside `window` from
+/// `from`.
+fn whole_within((sent, arrived): (Duration, Duration), from: Duration, window: Duration) -> bool {
+    sent >= from && arrived < from + window
 }
 
 /// A burst of `n` requests to `url` for `host`, each on its own connection,
