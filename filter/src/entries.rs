@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::marker::PhantomData;
 
-use sluice_filter_core::bucket::BucketState;
+use sluice_filter_core::bucket::{BucketLimits, BucketState};
 use sluice_filter_core::matcher::CompiledLimit;
 use sluice_shared::fair::{FairSlots, FairTable};
 use sluice_shared::limiter::concurrency::LeaseTable;
@@ -38,45 +38,56 @@ pub const LIMIT_REPORT_KEY: &str = "sluice/report/limits";
 /// Per-key counts gathered for the next report.
 pub const KEYS_REPORT_KEY: &str = "sluice/report/keys";
 
-const BUCKET_PREFIX: &str = "sluice/b/";
-/// The last part of a keyed policy's overflow bucket.
+/// The last part of a keyed limit's overflow entry.
 pub const OVERFLOW_SUFFIX: &str = "/overflow";
 
-/// Which of a policy's buckets.
+/// Whose limit an entry holds: a policy's own `rate` and `concurrency`,
+/// or a further limit (`limits`) by its name alone, so every policy naming
+/// it counts against the one limit. Names have no `/` and the two kinds
+/// have prefixes of their own, so a policy and a limit of one name never
+/// meet. Each concept below builds its key from this once, for both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
-    /// An unkeyed policy's one bucket.
-    Single,
-    /// One of a keyed policy's `max_keys` places.
-    Slot(u32),
-    /// The bucket a keyed policy's overflowing keys share.
-    Overflow,
+pub enum LimitOf<'a> {
+    /// A policy's own rate and concurrency (its [`BucketState`]).
+    Policy(&'a str),
+    /// A further limit: its [`LimitState`] (a rate) or lease table (a
+    /// concurrency limit).
+    Named(&'a str),
 }
 
-/// Where a policy's bucket lives (`bucket::BucketState`).
-pub fn bucket_key(policy: &str, place: Place) -> String {
-    match place {
-        // Not `format!`: this runs on every round to shared data, and the
-        // formatting machinery costs several times the copy.
-        Place::Single => [BUCKET_PREFIX, policy].concat(),
-        Place::Slot(i) => format!("{BUCKET_PREFIX}{policy}/{i}"),
-        Place::Overflow => [BUCKET_PREFIX, policy, OVERFLOW_SUFFIX].concat(),
+impl<'a> LimitOf<'a> {
+    fn name(self) -> &'a str {
+        match self {
+            Self::Policy(name) | Self::Named(name) => name,
+        }
     }
 }
 
-/// Where a further limit lives: by its name alone, so every policy naming
-/// it counts against the one limit. Its state ([`LimitState`]), or for a
-/// concurrency limit its slot table.
-pub fn limit_key(limit: &str) -> String {
-    format!("sluice/l/{limit}")
+/// Which of a limit's entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// An unkeyed limit's one entry.
+    Single,
+    /// One of a keyed limit's `max_keys` places.
+    Slot(u32),
+    /// The entry a keyed limit's overflowing keys share.
+    Overflow,
 }
 
-/// A keyed limit's places: `max_keys` of them (Some), plus one the
-/// overflowing keys share (None). Each holds an [`OwnedLimitState`].
-pub fn keyed_limit_key(limit: &str, place: Option<u32>) -> String {
+/// Where a limit's state lives: a policy's bucket (`sluice/b/`), a further
+/// limit's state (`sluice/l/`); a keyed one's places below it.
+pub fn state_key(of: LimitOf<'_>, place: Place) -> String {
+    let prefix = match of {
+        LimitOf::Policy(_) => "sluice/b/",
+        LimitOf::Named(_) => "sluice/l/",
+    };
+    let name = of.name();
     match place {
-        Some(i) => format!("sluice/l/{limit}/{i}"),
-        None => format!("sluice/l/{limit}/overflow"),
+        // Not `format!`: this runs on every round to shared data, and the
+        // formatting machinery costs several times the copy.
+        Place::Single => [prefix, name].concat(),
+        Place::Slot(i) => format!("{prefix}{name}/{i}"),
+        Place::Overflow => [prefix, name, OVERFLOW_SUFFIX].concat(),
     }
 }
 
@@ -98,27 +109,21 @@ pub fn budget_cursor_key(limit: &str) -> String {
     format!("sluice/bkc/{limit}")
 }
 
-/// A policy's fair table (`fair`): each key's share and bucket, the
-/// spare pool.
-pub fn fair_key(policy: &str) -> String {
-    format!("sluice/f/{policy}")
+/// A limit's fair table (`fair`): each key's share and bucket, the spare
+/// pool; a further limit's is shared by every policy naming it.
+pub fn fair_key(of: LimitOf<'_>) -> String {
+    match of {
+        LimitOf::Policy(policy) => format!("sluice/f/{policy}"),
+        LimitOf::Named(limit) => format!("sluice/fl/{limit}"),
+    }
 }
 
-/// A further limit's fair table, shared by every policy naming the limit
-/// (names have no `/`, so these never meet a policy's).
-pub fn fair_limit_key(limit: &str) -> String {
-    format!("sluice/fl/{limit}")
-}
-
-/// A policy's own slots shared fairly: who may take one more.
-pub fn fair_slots_key(policy: &str) -> String {
-    format!("sluice/fs/{policy}")
-}
-
-/// A further concurrency limit's slots shared fairly, shared by every
-/// policy naming the limit.
-pub fn fair_slot_limit_key(limit: &str) -> String {
-    format!("sluice/fsl/{limit}")
+/// A limit's slots shared fairly: who may take one more.
+pub fn fair_slots_key(of: LimitOf<'_>) -> String {
+    match of {
+        LimitOf::Policy(policy) => format!("sluice/fs/{policy}"),
+        LimitOf::Named(limit) => format!("sluice/fsl/{limit}"),
+    }
 }
 
 /// Marks that a policy's port-hidden warning was logged in this Envoy.
@@ -328,7 +333,25 @@ impl Codec for LimitState<'_> {
     }
 }
 
-/// A keyed limit's place ([`keyed_limit_key`]): its owner's hash, then its
+/// A keyed policy's bucket in one of its places (its [`BucketState`]
+/// records the owning key), read with the limits that say when it is
+/// idle.
+pub struct OwnedBucket<'a>(pub &'a BucketLimits);
+
+impl Codec for OwnedBucket<'_> {
+    type Value = BucketState;
+    fn fresh(&self) -> BucketState {
+        BucketState::default()
+    }
+    fn decode(&self, bytes: &[u8]) -> Option<BucketState> {
+        <BucketState as Entry>::decode(bytes)
+    }
+    fn encode(&self, state: &BucketState) -> Vec<u8> {
+        Entry::encode(state)
+    }
+}
+
+/// A keyed further limit's place ([`state_key`]): its owner's hash, then its
 /// state; a missing or unreadable one is nobody's (0) and fresh.
 pub struct OwnedLimitState<'a>(pub &'a RateLimiter);
 
@@ -367,6 +390,41 @@ mod tests {
 
     fn round_trip<C: Codec>(codec: &C, value: &C::Value) -> Option<C::Value> {
         codec.decode(&codec.encode(value))
+    }
+
+    /// The keys outlive a filter version (shared data survives a hot
+    /// restart and a new .wasm), so a policy's own limit and a further
+    /// limit of the same name keep apart, each where it always was.
+    #[test]
+    fn each_concept_keeps_a_policys_own_limit_and_a_further_one_apart() {
+        let (own, named) = (LimitOf::Policy("llm"), LimitOf::Named("llm"));
+        let keys = [
+            state_key(own, Place::Single),
+            state_key(own, Place::Slot(3)),
+            state_key(own, Place::Overflow),
+            state_key(named, Place::Single),
+            state_key(named, Place::Slot(3)),
+            state_key(named, Place::Overflow),
+            fair_key(own),
+            fair_key(named),
+            fair_slots_key(own),
+            fair_slots_key(named),
+        ];
+        assert_eq!(
+            keys,
+            [
+                "sluice/b/llm",
+                "sluice/b/llm/3",
+                "sluice/b/llm/overflow",
+                "sluice/l/llm",
+                "sluice/l/llm/3",
+                "sluice/l/llm/overflow",
+                "sluice/f/llm",
+                "sluice/fl/llm",
+                "sluice/fs/llm",
+                "sluice/fsl/llm",
+            ]
+        );
     }
 
     /// A value of every layout that is not what its reader expects is

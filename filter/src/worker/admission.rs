@@ -29,7 +29,7 @@ use super::pool::{self, PoolCall};
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::slots;
-use crate::entries;
+use crate::entries::{self, LimitOf};
 use crate::host::{Host, Level};
 use crate::metrics::{LimitCounter, PolicyCounter};
 use crate::prefetch::{PrefetchKey, Prefetches};
@@ -409,7 +409,8 @@ fn take_fair<H: Host + ?Sized>(
             return Err(refuse(ctx, policy, &Refusal::FairShare, retry_after));
         }
     };
-    let slot = match fair::take_own_slot(ctx, policy, class) {
+    let own_slots = fair::own_slot_terms(policy, class);
+    let slot = match fair::take_slot(ctx, LimitOf::Policy(policy.name()), own_slots, class.fair) {
         FairSlot::NotShared => None,
         FairSlot::Taken(slot) => Some(slot),
         FairSlot::Refused { retry_after, full } => {

@@ -28,7 +28,7 @@ use sluice_wire::sync::{BudgetReport, BudgetsMessage, HeldBudget};
 use super::ctx::Ctx;
 use super::key_places;
 use crate::entries::{
-    self, budget_cursor_key, budget_known_key, limit_key, Json, LimitState, Marker,
+    self, budget_cursor_key, budget_known_key, state_key, Json, LimitOf, LimitState, Marker, Place,
 };
 use crate::host::{Host, Level};
 use crate::metrics::FilterCounter;
@@ -93,7 +93,11 @@ impl Budgets {
                     resume_after: if known { None } else { cursor(host, limit) },
                 }
             } else {
-                let state = entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate));
+                let state = entries::read(
+                    host,
+                    &state_key(LimitOf::Named(&limit.name), Place::Single),
+                    &LimitState(&limit.rate),
+                );
                 BudgetReport {
                     known,
                     available: limit.rate.available(&state, now),
@@ -189,7 +193,7 @@ fn restore_spent<H: Host + ?Sized>(
     let at = Instant::from_millis(record.at_ms);
     ctx.store.update_with(
         host,
-        &limit_key(&limit.name),
+        &state_key(LimitOf::Named(&limit.name), Place::Single),
         &LimitState(&limit.rate),
         |state| {
             limit.rate.restore_spent(state, spent, at, now);

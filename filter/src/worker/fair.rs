@@ -3,28 +3,29 @@
 //! (one shared-data value, `entries::fair_key`) before the policy's own
 //! bucket; in queue mode the policy's queue orders waiting calls fairly
 //! instead (`sluice_filter_core::bucket::FairTag`). A further limit shared
-//! fairly has a table of its own (`entries::fair_limit_key`), taken before
+//! fairly has a table of its own (the same `entries::fair_key`, of the
+//! limit's name), taken before
 //! the limits' buckets in either mode ([`take_limits`]). The table decides
 //! (`sluice_shared::fair::FairTable`); this only reads and writes it.
 //!
 //! Slots shared fairly (a policy's own `concurrency` in reject mode, a
 //! further concurrency limit in either mode) pass a gate first: one slot
-//! in the fair slots table (`entries::fair_slots_key`,
-//! `entries::fair_slot_limit_key`; `sluice_shared::fair::FairSlots`
-//! decides), held as a [`HeldSlot`] beside the limit's own, released and
+//! in the limit's fair slots table (`entries::fair_slots_key`;
+//! `sluice_shared::fair::FairSlots` decides), one gate for both kinds
+//! ([`take_slot`]), held as a [`HeldSlot`] beside the limit's own, released and
 //! renewed with it.
 
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledFair, CompiledPolicy};
 use sluice_shared::fair::{
-    FairClaimant, FairSlotTake, FairSlotTerms, FairSlots, FairTable, FairTake,
+    FairClaimant, FairSlotTake, FairSlotTerms, FairSlots, FairTable, FairTake, FairTerms,
 };
 use sluice_shared::policy::Priority;
 use sluice_shared::time::Span;
 
 use super::ctx::Ctx;
 use super::held_slot::HeldSlot;
-use crate::entries;
+use crate::entries::{self, LimitOf};
 use crate::host::Host;
 
 /// What the fair table said of a call.
@@ -53,8 +54,13 @@ pub(super) fn take<H: Host + ?Sized>(
         // (`BucketState`'s fair tags): the queue is the share.
         return Fair::NotShared;
     }
-    let key = entries::fair_key(policy.name());
-    match take_from(ctx, compiled, &key, who, class.cost) {
+    match take_from(
+        ctx,
+        compiled,
+        LimitOf::Policy(policy.name()),
+        who,
+        class.cost,
+    ) {
         Some(FairTake::Refused { retry_after }) => Fair::Refused { retry_after },
         Some(FairTake::Own | FairTake::Spare) => Fair::Taken(who),
         None => Fair::NotShared,
@@ -78,15 +84,14 @@ pub(super) fn refused_after<H: Host + ?Sized>(
         return;
     };
     let refund = kind == LimitKind::Concurrency;
-    let key = entries::fair_key(policy.name());
-    // A failure is counted by the store; the key then lost one call of
-    // its share, never the limit's bound.
-    let _ = ctx
-        .store
-        .update_as::<FairTable, _, _>(ctx.host, &key, |table| {
-            table.give_back(&terms, who, cost, refund);
-            ((), true)
-        });
+    give_back(
+        ctx,
+        LimitOf::Policy(policy.name()),
+        &terms,
+        who,
+        cost,
+        refund,
+    );
 }
 
 /// What a call took of its further limits' fair tables: (the limit's
@@ -109,13 +114,7 @@ pub(super) fn take_limits<H: Host + ?Sized>(
             continue;
         };
         let cost = costs.get(index).copied().unwrap_or(1);
-        match take_from(
-            ctx,
-            compiled,
-            &entries::fair_limit_key(&limit.name),
-            who,
-            cost,
-        ) {
+        match take_from(ctx, compiled, LimitOf::Named(&limit.name), who, cost) {
             Some(FairTake::Refused { retry_after }) => {
                 give_back_limits(ctx, policy, &taken, costs, None);
                 return Err((limit.name.clone(), retry_after));
@@ -147,32 +146,45 @@ pub(super) fn give_back_limits<H: Host + ?Sized>(
         };
         let cost = costs.get(index).copied().unwrap_or(1);
         let refund = refused_by != Some(limit.name.as_str());
-        // A failure is counted by the store; the key then lost one call
-        // of its share, never the limit's bound.
-        let _ = ctx.store.update_as::<FairTable, _, _>(
-            ctx.host,
-            &entries::fair_limit_key(&limit.name),
-            |table| {
-                table.give_back(&terms, who, cost, refund);
-                ((), true)
-            },
-        );
+        give_back(ctx, LimitOf::Named(&limit.name), &terms, who, cost, refund);
     }
 }
 
+/// Takes `cost` for `who` from `of`'s fair table (None: no rate shared,
+/// or the table could not be changed).
 fn take_from<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     compiled: &CompiledFair,
-    key: &str,
+    of: LimitOf<'_>,
     who: FairClaimant,
     cost: u64,
 ) -> Option<FairTake> {
     let (terms, now) = (compiled.terms?, ctx.now);
     ctx.store
-        .update_as::<FairTable, _, _>(ctx.host, key, |table| {
+        .update_as::<FairTable, _, _>(ctx.host, &entries::fair_key(of), |table| {
             (table.take(&terms, now, who, cost), true)
         })
         .ok()
+}
+
+/// Gives `cost` back to `who` in `of`'s fair table (`refund`: as tokens
+/// it may spend again).
+fn give_back<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    of: LimitOf<'_>,
+    terms: &FairTerms,
+    who: FairClaimant,
+    cost: u64,
+    refund: bool,
+) {
+    // A failure is counted by the store; the key then lost one call of
+    // its share, never the limit's bound.
+    let _ = ctx
+        .store
+        .update_as::<FairTable, _, _>(ctx.host, &entries::fair_key(of), |table| {
+            table.give_back(terms, who, cost, refund);
+            ((), true)
+        });
 }
 
 /// What the gate of slots shared fairly said of a call.
@@ -187,54 +199,44 @@ pub(super) enum FairSlot {
     Refused { retry_after: Span, full: bool },
 }
 
-/// The gate of a policy's own slots shared fairly (reject mode).
-pub(super) fn take_own_slot<H: Host + ?Sized>(
-    ctx: &mut Ctx<'_, H>,
+/// The terms of a policy's own slots shared fairly for `class`'s call
+/// (None: not shared, or the policy queues, and its queue's fair order
+/// shares its slots too).
+pub(super) fn own_slot_terms(
     policy: &CompiledPolicy,
     class: &Classification,
-) -> FairSlot {
-    let (Some(terms), Some(who)) = (policy.fair.as_ref().and_then(|f| f.slots), class.fair) else {
-        return FairSlot::NotShared;
-    };
+) -> Option<FairSlotTerms> {
+    let terms = policy.fair.as_ref().and_then(|f| f.slots)?;
     if policy.queues() {
-        // The fair queue's order shares its slots too.
-        return FairSlot::NotShared;
+        return None;
     }
-    let terms = match (class.priority, policy.concurrency) {
+    Some(match (class.priority, policy.concurrency) {
         // A high-priority call may take the lane's slots too.
         (Priority::High, Some(limit)) => FairSlotTerms {
             capacity: limit.max_in_flight,
             ..terms
         },
         _ => terms,
-    };
-    take_slot(ctx, entries::fair_slots_key(policy.name()), &terms, who)
+    })
 }
 
-/// The gate of a further concurrency limit shared fairly.
-pub(super) fn take_limit_slot<H: Host + ?Sized>(
+/// The gate of `of`'s slots shared fairly: one slot of its fair slots
+/// table for `who` under `terms` (either None: not shared).
+pub(super) fn take_slot<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
-    limit: &str,
-    compiled: Option<&CompiledFair>,
+    of: LimitOf<'_>,
+    terms: Option<FairSlotTerms>,
     who: Option<FairClaimant>,
 ) -> FairSlot {
-    let (Some(terms), Some(who)) = (compiled.and_then(|f| f.slots), who) else {
+    let (Some(terms), Some(who)) = (terms, who) else {
         return FairSlot::NotShared;
     };
-    take_slot(ctx, entries::fair_slot_limit_key(limit), &terms, who)
-}
-
-fn take_slot<H: Host + ?Sized>(
-    ctx: &mut Ctx<'_, H>,
-    key: String,
-    terms: &FairSlotTerms,
-    who: FairClaimant,
-) -> FairSlot {
+    let key = entries::fair_slots_key(of);
     let (holder, now) = (ctx.holder, ctx.now);
     let taken = ctx
         .store
         .update_as::<FairSlots, _, _>(ctx.host, &key, |table| {
-            let take = table.take(terms, holder, now, who);
+            let take = table.take(&terms, holder, now, who);
             // A refusal is written too: the key now wants a slot.
             (take, true)
         });

@@ -2,13 +2,16 @@
 //! places, the one rule both use: a key hashes to a first place and probes
 //! a few after it; a place another key holds is taken over only when that
 //! key's state is idle; with every probed place busy the key overflows.
-//! [`on_limit_place`] applies it to a keyed further limit in shared data.
+//! [`on_place`] applies it in shared data to either kind of limit
+//! ([`KeyPlace`]).
 
+use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledLimit;
 use sluice_shared::limiter::RateState;
+use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
-use crate::entries::{keyed_limit_key, OwnedLimitState};
+use crate::entries::{state_key, Codec, LimitOf, OwnedBucket, OwnedLimitState, Place};
 use crate::host::Host;
 use crate::store::StoreError;
 
@@ -54,37 +57,103 @@ pub(super) fn claim(held_by: u64, owner: u64, is_idle: impl FnOnce() -> bool) ->
     }
 }
 
-/// Runs `f` on the state of `owner`'s place in keyed `limit`, the one
-/// rule a call's take and a budget's restore both use: its own place, or a
-/// free or idle one it claims afresh. None (with `f` not run): every place
-/// it may use holds another key in use.
+/// The state a key holds in one place of a keyed limit, whichever kind
+/// of limit: who holds it, whether it is idle, and a fresh one for a new
+/// holder. The probe below is the one rule both kinds follow.
+pub(super) trait KeyPlace: Codec {
+    fn held_by(value: &Self::Value) -> u64;
+    fn is_idle(&self, value: &Self::Value, now: Instant) -> bool;
+    fn fresh_for(&self, owner: u64) -> Self::Value;
+}
+
+/// A policy's own bucket in one of its places.
+impl KeyPlace for OwnedBucket<'_> {
+    fn held_by(state: &BucketState) -> u64 {
+        state.owner
+    }
+    fn is_idle(&self, state: &BucketState, now: Instant) -> bool {
+        state.is_idle(self.0, now)
+    }
+    fn fresh_for(&self, owner: u64) -> BucketState {
+        BucketState::new(owner)
+    }
+}
+
+/// A further limit's state in one of its places.
+impl KeyPlace for OwnedLimitState<'_> {
+    fn held_by((owner, _): &(u64, RateState)) -> u64 {
+        *owner
+    }
+    fn is_idle(&self, (_, state): &(u64, RateState), now: Instant) -> bool {
+        self.0.is_idle(state, now)
+    }
+    fn fresh_for(&self, owner: u64) -> (u64, RateState) {
+        (owner, self.0.initial_state())
+    }
+}
+
+/// Where a key's call ran in a keyed limit: the place's entry, what `f`
+/// said there, and whether the key took the place from an idle one (and
+/// wrote it).
+pub(super) struct InPlace<R> {
+    pub key: String,
+    pub out: R,
+    pub evicted: bool,
+}
+
+/// Runs `f` on the state of `owner`'s place among `of`'s `max_keys`: its
+/// own, or a free or idle one it claims afresh. A claim is written only if
+/// `f` changes the state: a claim that holds nothing is no claim. None
+/// (with `f` not run): every place it may use holds another key in use.
+pub(super) fn on_place<H: Host + ?Sized, C: KeyPlace, R>(
+    ctx: &mut Ctx<'_, H>,
+    of: LimitOf<'_>,
+    max_keys: u32,
+    owner: u64,
+    codec: &C,
+    mut f: impl FnMut(&str, &mut C::Value) -> (R, bool),
+) -> Result<Option<InPlace<R>>, StoreError> {
+    let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
+    for slot in probes(owner, max_keys) {
+        let key = state_key(of, Place::Slot(slot));
+        let mut evicted = false;
+        let done = store.update_with(host, &key, codec, |value| {
+            let claimed = claim(C::held_by(value), owner, || codec.is_idle(value, now));
+            match claimed {
+                Claim::Busy => return (None, false),
+                Claim::Mine => {}
+                Claim::Free | Claim::Evict => *value = codec.fresh_for(owner),
+            }
+            let (out, changed) = f(&key, value);
+            evicted = changed && claimed == Claim::Evict;
+            (Some(out), changed)
+        })?;
+        if let Some(out) = done {
+            return Ok(Some(InPlace { key, out, evicted }));
+        }
+    }
+    Ok(None)
+}
+
+/// Runs `f` on `owner`'s place in keyed further `limit` ([`on_place`]),
+/// the one rule a call's take and a budget's restore both use.
 pub(super) fn on_limit_place<H: Host + ?Sized, R>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
     owner: u64,
     mut f: impl FnMut(&mut RateState) -> (R, bool),
 ) -> Result<Option<(String, R)>, StoreError> {
-    let (host, store, now) = (ctx.host, &mut *ctx.store, ctx.now);
-    let rate = &limit.rate;
     let max_keys = limit.keys.map_or(1, |(max, _)| max);
-    for slot in probes(owner, max_keys) {
-        let key = keyed_limit_key(&limit.name, Some(slot));
-        let done = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
-            match claim(entry.0, owner, || rate.is_idle(&entry.1, now)) {
-                Claim::Busy => return (None, false),
-                Claim::Mine => {}
-                // Written only if `f` changes the state: a claim that
-                // holds nothing is no claim.
-                Claim::Free | Claim::Evict => *entry = (owner, rate.initial_state()),
-            }
-            let (out, changed) = f(&mut entry.1);
-            (Some(out), changed)
-        })?;
-        if let Some(out) = done {
-            return Ok(Some((key, out)));
-        }
-    }
-    Ok(None)
+    let codec = OwnedLimitState(&limit.rate);
+    let placed = on_place(
+        ctx,
+        LimitOf::Named(&limit.name),
+        max_keys,
+        owner,
+        &codec,
+        |_, (_, state)| f(state),
+    )?;
+    Ok(placed.map(|p| (p.key, p.out)))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use super::key_places;
 use super::provider::{self, CountSays, Counted};
 use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
 use super::slots::{self, SlotsTaken};
-use crate::entries::{keyed_limit_key, limit_key, LimitState, OwnedLimitState};
+use crate::entries::{state_key, LimitOf, LimitState, OwnedLimitState, Place};
 use crate::host::Host;
 use crate::metrics::{LimitCounter, Metrics};
 
@@ -40,7 +40,7 @@ pub struct LimitPlace {
 impl LimitPlace {
     pub(super) fn unkeyed(limit: &str) -> Self {
         Self {
-            key: limit_key(limit),
+            key: state_key(LimitOf::Named(limit), Place::Single),
             owner: None,
             counted: None,
         }
@@ -450,10 +450,15 @@ fn step<H: Host + ?Sized>(
     let rate = &limit.rate;
     let Some(hash) = key else {
         return store
-            .update_with(host, &limit_key(&limit.name), &LimitState(rate), |state| {
-                let step = take.apply(rate, state);
-                (step, step.changed)
-            })
+            .update_with(
+                host,
+                &state_key(LimitOf::Named(&limit.name), Place::Single),
+                &LimitState(rate),
+                |state| {
+                    let step = take.apply(rate, state);
+                    (step, step.changed)
+                },
+            )
             .map(Some);
     };
     if let Some(place) = place {
@@ -492,7 +497,7 @@ fn step<H: Host + ?Sized>(
     if overflow == KeyOverflow::Reject {
         return Ok(None);
     }
-    let key = keyed_limit_key(&limit.name, None);
+    let key = state_key(LimitOf::Named(&limit.name), Place::Overflow);
     let step = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
         // The overflow place is nobody's: every overflowing key shares it.
         entry.0 = 0;

@@ -17,9 +17,9 @@ use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
-use super::key_places::{self, Claim};
+use super::key_places;
 use super::retry::DEFAULT_RETRY;
-use crate::entries::{bucket_key, Place};
+use crate::entries::{state_key, LimitOf, OwnedBucket, Place};
 use crate::host::Host;
 use crate::metrics::PolicyCounter;
 use crate::prefetch::SpareSlots;
@@ -67,7 +67,7 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
     };
     let name = policy.name();
     let BucketKey::Keyed(hash) = class.key else {
-        let key = bucket_key(name, Place::Single);
+        let key = state_key(LimitOf::Policy(name), Place::Single);
         let outcome = ctx
             .store
             .update_as::<BucketState, _, _>(ctx.host, &key, |s| admitting.admit(&key, s))?;
@@ -86,7 +86,7 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
         let outcome = (refused, Prefetched::default());
         return Ok(admitting.placed(String::new(), outcome, true));
     }
-    let key = bucket_key(name, Place::Overflow);
+    let key = state_key(LimitOf::Policy(name), Place::Overflow);
     let outcome = ctx
         .store
         .update_as::<BucketState, _, _>(ctx.host, &key, |s| admitting.admit(&key, s))?;
@@ -153,38 +153,29 @@ impl Admitting<'_> {
         }
     }
 
-    /// A keyed call in one of the places its key probes: its own, a free
-    /// one, or an idle one it evicts (None: every probed place is busy).
+    /// A keyed call in one of the places its key probes
+    /// ([`key_places::on_place`]): its own, a free one, or an idle one it
+    /// evicts (None: every probed place is busy).
     fn in_key_place<H: Host + ?Sized>(
         &self,
         ctx: &mut Ctx<'_, H>,
         hash: u64,
     ) -> Result<Option<Placed>, StoreError> {
-        let (name, limits, now) = (self.policy.name(), self.limits, self.now);
-        let owner = key_places::owner_of(hash);
-        for slot in key_places::probes(owner, self.policy.max_keys().unwrap_or(1)) {
-            let key = bucket_key(name, Place::Slot(slot));
-            let mut evicted = false;
-            let outcome = ctx
-                .store
-                .update_as::<BucketState, _, _>(ctx.host, &key, |s| {
-                    let claim = key_places::claim(s.owner, owner, || s.is_idle(limits, now));
-                    evicted = claim == Claim::Evict;
-                    match claim {
-                        Claim::Busy => return (None, false),
-                        Claim::Free | Claim::Evict => *s = BucketState::new(owner),
-                        Claim::Mine => {}
-                    }
-                    let (a, changed) = self.admit(&key, s);
-                    (Some(a), changed || claim != Claim::Mine)
-                })?;
-            if let Some(outcome) = outcome {
-                if evicted {
-                    ctx.metrics.add(name, PolicyCounter::KeyEvictions, 1);
-                }
-                return Ok(Some(self.placed(key, outcome, false)));
-            }
+        let name = self.policy.name();
+        let Some(placed) = key_places::on_place(
+            ctx,
+            LimitOf::Policy(name),
+            self.policy.max_keys().unwrap_or(1),
+            key_places::owner_of(hash),
+            &OwnedBucket(self.limits),
+            |key, state| self.admit(key, state),
+        )?
+        else {
+            return Ok(None);
+        };
+        if placed.evicted {
+            ctx.metrics.add(name, PolicyCounter::KeyEvictions, 1);
         }
-        Ok(None)
+        Ok(Some(self.placed(placed.key, placed.out, false)))
     }
 }

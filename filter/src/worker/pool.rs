@@ -219,7 +219,7 @@ fn member_now<'m, H: Host + ?Sized>(
         }
         let state = entries::read(
             ctx.host,
-            &entries::limit_key(&limit.name),
+            &entries::state_key(entries::LimitOf::Named(&limit.name), entries::Place::Single),
             &LimitState(&limit.rate),
         );
         let whole = limit

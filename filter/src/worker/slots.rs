@@ -8,7 +8,7 @@
 //! A call takes a slot in each once every rate limit took it, all or
 //! nothing, and gives them back exactly once when its stream ends. A limit
 //! whose slots are shared fairly passes its gate first
-//! (`fair::take_limit_slot`): one more slot held in its fair slots table.
+//! (`fair::take_slot`): one more slot held in its fair slots table.
 
 use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::fair::{FairClaimant, FairSlots};
@@ -19,7 +19,7 @@ use sluice_shared::time::{Instant, Span};
 use super::ctx::Ctx;
 use super::fair::{self, FairSlot};
 use super::held_slot::HeldSlot;
-use crate::entries::{self, limit_key};
+use crate::entries::{self, state_key, LimitOf, Place};
 use crate::host::Host;
 use crate::store::StoreError;
 
@@ -51,7 +51,8 @@ pub(super) fn take<H: Host + ?Sized>(
             limit: slot_limit.name.clone(),
             fair_retry,
         };
-        match fair::take_limit_slot(ctx, &slot_limit.name, slot_limit.fair.as_ref(), who) {
+        let terms = slot_limit.fair.as_ref().and_then(|f| f.slots);
+        match fair::take_slot(ctx, LimitOf::Named(&slot_limit.name), terms, who) {
             FairSlot::NotShared => {}
             FairSlot::Taken(gate) => held.push(gate),
             FairSlot::Refused { retry_after, full } => {
@@ -77,7 +78,7 @@ fn take_one<H: Host + ?Sized>(
     name: &str,
     limit: &ConcurrencyLimit,
 ) -> Result<Option<HeldSlot>, StoreError> {
-    let key = limit_key(name);
+    let key = state_key(LimitOf::Named(name), Place::Single);
     let (holder, now) = (ctx.holder, ctx.now);
     let lease = ctx
         .store
@@ -138,7 +139,8 @@ pub(super) fn renew<H: Host + ?Sized>(
 
 /// Calls holding a slot of limit `name` now, on every worker.
 pub fn in_flight<H: Host + ?Sized>(host: &H, name: &str, now: Instant) -> u32 {
-    let mut table: LeaseTable = entries::read_as(host, &limit_key(name));
+    let mut table: LeaseTable =
+        entries::read_as(host, &state_key(LimitOf::Named(name), Place::Single));
     table.reclaim_expired(now);
     table.in_flight()
 }

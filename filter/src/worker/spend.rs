@@ -35,7 +35,7 @@ use sluice_wire::sync::{KeySpent, MAX_KEYS_REPORTED};
 
 use super::ctx::Ctx;
 use super::key_places::owner_of;
-use crate::entries::{self, keyed_limit_key, spend_labels_key, Json, OwnedLimitState};
+use crate::entries::{self, spend_labels_key, state_key, Json, LimitOf, OwnedLimitState, Place};
 use crate::host::Host;
 
 /// Places of keyed limits the reporting VM reads per report, in all (each
@@ -266,7 +266,12 @@ impl SpendScan {
             let over = list.len().saturating_sub(MAX_KEYS_REPORTED);
             list.drain(..over);
         }
-        let (_, overflow_spent, _) = spent_at(host, rate, &keyed_limit_key(&limit.name, None), now);
+        let (_, overflow_spent, _) = spent_at(
+            host,
+            rate,
+            &state_key(LimitOf::Named(&limit.name), Place::Overflow),
+            now,
+        );
         // Labels for the top only: a limit may have thousands of keys.
         let mut top: Vec<(u64, u64)> = scan.spending().collect();
         if overflow_spent > 0 {
@@ -301,7 +306,7 @@ impl KeyedScan {
         let mut changed = Vec::new();
         for _ in 0..count {
             let place = self.next;
-            let key = keyed_limit_key(&limit.name, Some(place));
+            let key = state_key(LimitOf::Named(&limit.name), Place::Slot(place));
             let (owner, spent, renews_at) = spent_at(host, &limit.rate, &key, now);
             let (was_owner, was_spent) =
                 self.held.get(&place).map_or((0, 0), |h| (h.owner, h.spent));

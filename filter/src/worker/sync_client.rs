@@ -19,7 +19,7 @@ use super::ctx::Ctx;
 use super::key_counts::KeyCounts;
 use super::spend::SpendScan;
 use super::sync_report::{fair_views, limit_reports};
-use crate::entries::{bucket_key, Place};
+use crate::entries::{state_key, LimitOf, Place};
 use crate::host::{Host, Level};
 use crate::metrics::FilterCounter;
 use crate::report;
@@ -266,7 +266,10 @@ impl SyncClient {
             if p.max_keys().is_none() {
                 // One bucket: its tokens and queue are the policy's.
                 let state = store
-                    .read_as::<BucketState, _>(host, &bucket_key(p.name(), Place::Single))
+                    .read_as::<BucketState, _>(
+                        host,
+                        &state_key(LimitOf::Policy(p.name()), Place::Single),
+                    )
                     .unwrap_or_default();
                 report.waiting = state.waiters.len() as u64;
                 if let Some(limiter) = &p.rate {

@@ -14,7 +14,7 @@ use sluice_wire::sync::LimitReport;
 use super::provider;
 use super::slots;
 use super::spend::SpendScan;
-use crate::entries::{self, limit_key, LimitState};
+use crate::entries::{self, state_key, LimitOf, LimitState, Place};
 use crate::host::Host;
 use crate::metrics::LimitCounter;
 use crate::report;
@@ -42,8 +42,8 @@ pub(super) fn fair_views<H: Host + ?Sized>(
     let own = policies.policies.iter().filter_map(|p| {
         let shared = shared(p.fair.as_ref()?)?;
         let key = match shared {
-            Shared::Rate(_) => entries::fair_key(p.name()),
-            Shared::Slots(_) => entries::fair_slots_key(p.name()),
+            Shared::Rate(_) => entries::fair_key(entries::LimitOf::Policy(p.name())),
+            Shared::Slots(_) => entries::fair_slots_key(entries::LimitOf::Policy(p.name())),
         };
         Some((p.name().to_string(), key, shared))
     });
@@ -54,7 +54,7 @@ pub(super) fn fair_views<H: Host + ?Sized>(
             let terms = l.fair.as_ref()?.terms?;
             Some((
                 format!("limits/{}", l.name),
-                entries::fair_limit_key(&l.name),
+                entries::fair_key(entries::LimitOf::Named(&l.name)),
                 Shared::Rate(terms),
             ))
         });
@@ -65,7 +65,7 @@ pub(super) fn fair_views<H: Host + ?Sized>(
             let slots = l.fair.as_ref()?.slots?;
             Some((
                 format!("limits/{}", l.name),
-                entries::fair_slot_limit_key(&l.name),
+                entries::fair_slots_key(entries::LimitOf::Named(&l.name)),
                 Shared::Slots(slots),
             ))
         });
@@ -110,10 +110,13 @@ pub(super) fn limit_reports<H: Host + ?Sized>(
             let counted = counters.get(&limit.name).copied().unwrap_or_default();
             // Garbage reads as a limit afresh, as the limit itself does. A
             // keyed limit holds a count per key: none is the limit's.
-            let state = limit
-                .keys
-                .is_none()
-                .then(|| entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate)));
+            let state = limit.keys.is_none().then(|| {
+                entries::read(
+                    host,
+                    &state_key(LimitOf::Named(&limit.name), Place::Single),
+                    &LimitState(&limit.rate),
+                )
+            });
             let available = state.as_ref().map(|s| limit.rate.available(s, now));
             out.insert(
                 limit.name.clone(),

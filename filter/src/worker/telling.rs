@@ -20,7 +20,7 @@ use sluice_shared::time::{Instant, Span};
 use super::ctx::Ctx;
 use super::provider;
 use super::slots;
-use crate::entries::{self, bucket_key, limit_key, LimitState, Place};
+use crate::entries::{self, state_key, LimitOf, LimitState, Place};
 use crate::host::Host;
 use crate::store::Store;
 
@@ -66,7 +66,10 @@ fn items<H: Host + ?Sized>(
     let mut items = Vec::new();
     if let (Some(limiter), None) = (&policy.rate, policy.max_keys()) {
         let state = store
-            .read_as::<BucketState, _>(host, &bucket_key(policy.name(), Place::Single))
+            .read_as::<BucketState, _>(
+                host,
+                &state_key(LimitOf::Policy(policy.name()), Place::Single),
+            )
             .unwrap_or_default();
         let rate = state.rate.unwrap_or_else(|| limiter.initial_state());
         items.push(ratelimit_item(
@@ -81,7 +84,11 @@ fn items<H: Host + ?Sized>(
         .filter(|l| l.keys.is_none() && l.tells_spend)
     {
         // Garbage reads as a limit afresh, as the limit itself does.
-        let state = entries::read(host, &limit_key(&limit.name), &LimitState(&limit.rate));
+        let state = entries::read(
+            host,
+            &state_key(LimitOf::Named(&limit.name), Place::Single),
+            &LimitState(&limit.rate),
+        );
         let (mut remaining, mut reset) = if limit.closed {
             (0, Span::ZERO)
         } else {
