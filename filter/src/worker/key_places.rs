@@ -8,6 +8,7 @@
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledLimit;
 use sluice_shared::limiter::RateState;
+use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
@@ -62,8 +63,13 @@ pub(super) fn claim(held_by: u64, owner: u64, is_idle: impl FnOnce() -> bool) ->
 /// holder. The probe below is the one rule both kinds follow.
 pub(super) trait KeyPlace: Codec {
     fn held_by(value: &Self::Value) -> u64;
+    fn hold_for(value: &mut Self::Value, owner: u64);
     fn is_idle(&self, value: &Self::Value, now: Instant) -> bool;
-    fn fresh_for(&self, owner: u64) -> Self::Value;
+    fn fresh_for(&self, owner: u64) -> Self::Value {
+        let mut value = self.fresh();
+        Self::hold_for(&mut value, owner);
+        value
+    }
 }
 
 /// A policy's own bucket in one of its places.
@@ -71,24 +77,24 @@ impl KeyPlace for OwnedBucket<'_> {
     fn held_by(state: &BucketState) -> u64 {
         state.owner
     }
+    fn hold_for(state: &mut BucketState, owner: u64) {
+        state.owner = owner;
+    }
     fn is_idle(&self, state: &BucketState, now: Instant) -> bool {
         state.is_idle(self.0, now)
-    }
-    fn fresh_for(&self, owner: u64) -> BucketState {
-        BucketState::new(owner)
     }
 }
 
 /// A further limit's state in one of its places.
 impl KeyPlace for OwnedLimitState<'_> {
-    fn held_by((owner, _): &(u64, RateState)) -> u64 {
-        *owner
+    fn held_by(entry: &(u64, RateState)) -> u64 {
+        entry.0
     }
-    fn is_idle(&self, (_, state): &(u64, RateState), now: Instant) -> bool {
-        self.0.is_idle(state, now)
+    fn hold_for(entry: &mut (u64, RateState), owner: u64) {
+        entry.0 = owner;
     }
-    fn fresh_for(&self, owner: u64) -> (u64, RateState) {
-        (owner, self.0.initial_state())
+    fn is_idle(&self, entry: &(u64, RateState), now: Instant) -> bool {
+        self.0.is_idle(&entry.1, now)
     }
 }
 
@@ -133,6 +139,47 @@ pub(super) fn on_place<H: Host + ?Sized, C: KeyPlace, R>(
         }
     }
     Ok(None)
+}
+
+/// Where a keyed call ran ([`on_key`]).
+pub(super) enum Keyed<R> {
+    /// In a place of its key's own.
+    Placed(InPlace<R>),
+    /// Every place it may use held another key in use: in the entry the
+    /// overflowing keys share (nobody's, so owned by 0).
+    Overflowed(InPlace<R>),
+    /// No place, and the limit refuses overflowing keys (`f` not run).
+    Refused,
+}
+
+/// Runs `f` on `owner`'s state in keyed `of` of `keys` (`max_keys` and
+/// what an overflowing key does) ([`on_place`]), or with every place busy,
+/// as the overflow says: in the shared overflow entry, or nowhere.
+pub(super) fn on_key<H: Host + ?Sized, C: KeyPlace, R>(
+    ctx: &mut Ctx<'_, H>,
+    of: LimitOf<'_>,
+    keys: (u32, KeyOverflow),
+    owner: u64,
+    codec: &C,
+    mut f: impl FnMut(&str, &mut C::Value) -> (R, bool),
+) -> Result<Keyed<R>, StoreError> {
+    let (max_keys, overflow) = keys;
+    if let Some(placed) = on_place(ctx, of, max_keys, owner, codec, &mut f)? {
+        return Ok(Keyed::Placed(placed));
+    }
+    if overflow == KeyOverflow::Reject {
+        return Ok(Keyed::Refused);
+    }
+    let key = state_key(of, Place::Overflow);
+    let out = ctx.store.update_with(ctx.host, &key, codec, |value| {
+        C::hold_for(value, 0);
+        f(&key, value)
+    })?;
+    Ok(Keyed::Overflowed(InPlace {
+        key,
+        out,
+        evicted: false,
+    }))
 }
 
 /// Runs `f` on `owner`'s place in keyed further `limit` ([`on_place`]),

@@ -17,7 +17,7 @@ use super::budgets::Budgets;
 use super::ctx::Ctx;
 use super::fair::{self, FairTaken};
 use super::held_slot::HeldSlot;
-use super::key_places;
+use super::key_places::{self, Keyed};
 use super::provider::{self, CountSays, Counted};
 use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
 use super::slots::{self, SlotsTaken};
@@ -481,35 +481,30 @@ fn step<H: Host + ?Sized>(
             .map(Some);
     }
     let owner = key_places::owner_of(hash);
-    let overflow = limit.keys.map_or(KeyOverflow::Shared, |(_, o)| o);
-    if let Some((key, step)) = key_places::on_limit_place(ctx, limit, owner, |state| {
-        let step = take.apply(rate, state);
-        (step, step.changed)
-    })? {
-        *place = Some(LimitPlace {
-            key,
-            owner: Some(owner),
-            counted: None,
-        });
-        return Ok(Some(step));
-    }
-    let (host, store) = (ctx.host, &mut *ctx.store);
-    if overflow == KeyOverflow::Reject {
-        return Ok(None);
-    }
-    let key = state_key(LimitOf::Named(&limit.name), Place::Overflow);
-    let step = store.update_with(host, &key, &OwnedLimitState(rate), |entry| {
+    let keys = limit.keys.unwrap_or((1, KeyOverflow::Shared));
+    let keyed = key_places::on_key(
+        ctx,
+        LimitOf::Named(&limit.name),
+        keys,
+        owner,
+        &OwnedLimitState(rate),
+        |_, entry| {
+            let step = take.apply(rate, &mut entry.1);
+            (step, step.changed)
+        },
+    )?;
+    let (placed, owner) = match keyed {
+        Keyed::Placed(placed) => (placed, owner),
         // The overflow place is nobody's: every overflowing key shares it.
-        entry.0 = 0;
-        let step = take.apply(rate, &mut entry.1);
-        (step, step.changed)
-    })?;
+        Keyed::Overflowed(placed) => (placed, 0),
+        Keyed::Refused => return Ok(None),
+    };
     *place = Some(LimitPlace {
-        key,
-        owner: Some(0),
+        key: placed.key,
+        owner: Some(owner),
         counted: None,
     });
-    Ok(Some(step))
+    Ok(Some(placed.out))
 }
 
 /// Counts a call every further limit let through and that went.

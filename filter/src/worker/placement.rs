@@ -17,7 +17,7 @@ use sluice_shared::policy::KeyOverflow;
 use sluice_shared::time::Instant;
 
 use super::ctx::Ctx;
-use super::key_places;
+use super::key_places::{self, Keyed};
 use super::retry::DEFAULT_RETRY;
 use crate::entries::{state_key, LimitOf, OwnedBucket, Place};
 use crate::host::Host;
@@ -73,24 +73,37 @@ pub(super) fn place_and_admit<H: Host + ?Sized>(
             .update_as::<BucketState, _, _>(ctx.host, &key, |s| admitting.admit(&key, s))?;
         return Ok(admitting.placed(key, outcome, false));
     };
-    if let Some(placed) = admitting.in_key_place(ctx, hash)? {
-        return Ok(placed);
-    }
+    let keys = (
+        policy.max_keys().unwrap_or(1),
+        policy.key_overflow().unwrap_or(KeyOverflow::Shared),
+    );
+    let keyed = key_places::on_key(
+        ctx,
+        LimitOf::Policy(name),
+        keys,
+        key_places::owner_of(hash),
+        &OwnedBucket(limits),
+        |key, state| admitting.admit(key, state),
+    )?;
+    let (placed, overflowed) = match keyed {
+        Keyed::Placed(placed) => {
+            if placed.evicted {
+                ctx.metrics.add(name, PolicyCounter::KeyEvictions, 1);
+            }
+            return Ok(admitting.placed(placed.key, placed.out, false));
+        }
+        Keyed::Overflowed(placed) => (placed.key, placed.out),
+        Keyed::Refused => {
+            let refused = Admission::Rejected {
+                kind: LimitKind::for_limits(policy.rate.is_some()),
+                retry_after: DEFAULT_RETRY,
+            };
+            admitting.spare_returned.set(false);
+            (String::new(), (refused, Prefetched::default()))
+        }
+    };
     ctx.metrics.add(name, PolicyCounter::KeyOverflow, 1);
-    if policy.key_overflow() == Some(KeyOverflow::Reject) {
-        let refused = Admission::Rejected {
-            kind: LimitKind::for_limits(policy.rate.is_some()),
-            retry_after: DEFAULT_RETRY,
-        };
-        admitting.spare_returned.set(false);
-        let outcome = (refused, Prefetched::default());
-        return Ok(admitting.placed(String::new(), outcome, true));
-    }
-    let key = state_key(LimitOf::Policy(name), Place::Overflow);
-    let outcome = ctx
-        .store
-        .update_as::<BucketState, _, _>(ctx.host, &key, |s| admitting.admit(&key, s))?;
-    Ok(admitting.placed(key, outcome, true))
+    Ok(admitting.placed(placed, overflowed, true))
 }
 
 /// One request being admitted in a bucket of its policy.
@@ -151,31 +164,5 @@ impl Admitting<'_> {
             overflowed,
             spare_returned: self.spare_returned.get(),
         }
-    }
-
-    /// A keyed call in one of the places its key probes
-    /// ([`key_places::on_place`]): its own, a free one, or an idle one it
-    /// evicts (None: every probed place is busy).
-    fn in_key_place<H: Host + ?Sized>(
-        &self,
-        ctx: &mut Ctx<'_, H>,
-        hash: u64,
-    ) -> Result<Option<Placed>, StoreError> {
-        let name = self.policy.name();
-        let Some(placed) = key_places::on_place(
-            ctx,
-            LimitOf::Policy(name),
-            self.policy.max_keys().unwrap_or(1),
-            key_places::owner_of(hash),
-            &OwnedBucket(self.limits),
-            |key, state| self.admit(key, state),
-        )?
-        else {
-            return Ok(None);
-        };
-        if placed.evicted {
-            ctx.metrics.add(name, PolicyCounter::KeyEvictions, 1);
-        }
-        Ok(Some(self.placed(placed.key, placed.out, false)))
     }
 }
