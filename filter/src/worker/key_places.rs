@@ -206,6 +206,99 @@ pub(super) fn on_limit_place<H: Host + ?Sized, R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Clock;
+    use crate::metrics::Metrics;
+    use crate::store::Store;
+    use crate::testing::FakeHost;
+    use sluice_shared::limiter::{Decision, RateLimiter};
+    use sluice_shared::policy::RateSpec;
+
+    const T0: Instant = Instant::from_nanos(1_000_000_000_000);
+
+    /// Takes one token for `owner` in a keyed limit of one place (`take`
+    /// false: runs on the state and changes nothing), as a further limit
+    /// or a policy's bucket would: where it ran, or None when refused.
+    fn take_one(
+        host: &FakeHost,
+        rate: &RateLimiter,
+        overflow: KeyOverflow,
+        owner: u64,
+        take: bool,
+    ) -> Option<(String, bool, bool)> {
+        let (clock, mut store, mut metrics) =
+            (Clock::default(), Store::default(), Metrics::default());
+        let mut ctx = Ctx {
+            host,
+            clock: &clock,
+            store: &mut store,
+            metrics: &mut metrics,
+            holder: 1,
+            now: host.now(),
+            fresh: true,
+        };
+        let keyed = on_key(
+            &mut ctx,
+            LimitOf::Named("per-key"),
+            (1, overflow),
+            owner,
+            &OwnedLimitState(rate),
+            |_, entry| {
+                let taken = take
+                    && matches!(
+                        rate.try_acquire(&mut entry.1, host.now(), 1),
+                        Decision::Admit { .. }
+                    );
+                (taken, taken)
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        match keyed {
+            Keyed::Placed(p) => Some((p.key, p.out, p.evicted)),
+            Keyed::Overflowed(p) => Some((p.key, p.out, false)),
+            Keyed::Refused => None,
+        }
+    }
+
+    #[test]
+    fn a_key_finds_its_place_overflows_past_a_busy_one_and_evicts_an_idle_one() {
+        let host = FakeHost::at(T0);
+        let spec: RateSpec = serde_json::from_str(r#"{"requests": 1, "period": "1s", "burst": 2}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let rate = RateLimiter::from_spec(&spec);
+        let owner_of_place = |key: &str| {
+            let bytes = host.shared_get(key).0?;
+            OwnedLimitState(&rate)
+                .decode(&bytes)
+                .map(|(owner, _)| owner)
+        };
+        // A claim that holds nothing is no claim: nothing is written.
+        assert_eq!(
+            take_one(&host, &rate, KeyOverflow::Shared, 7, false),
+            Some(("sluice/l/per-key/0".into(), false, false))
+        );
+        assert_eq!(owner_of_place("sluice/l/per-key/0"), None);
+        // Key 7 takes the one place; key 9 finds it busy and overflows.
+        let placed = take_one(&host, &rate, KeyOverflow::Shared, 7, true);
+        assert_eq!(placed, Some(("sluice/l/per-key/0".into(), true, false)));
+        assert_eq!(owner_of_place("sluice/l/per-key/0"), Some(7));
+        let overflowed = take_one(&host, &rate, KeyOverflow::Shared, 9, true);
+        assert_eq!(
+            overflowed,
+            Some(("sluice/l/per-key/overflow".into(), true, false))
+        );
+        assert_eq!(
+            owner_of_place("sluice/l/per-key/overflow"),
+            Some(0),
+            "nobody's"
+        );
+        // With overflow refused, the call runs nowhere.
+        assert_eq!(take_one(&host, &rate, KeyOverflow::Reject, 9, true), None);
+        // Once key 7's bucket is full again, key 9 takes its place over.
+        host.advance_ms(3_000);
+        let evicted = take_one(&host, &rate, KeyOverflow::Reject, 9, true);
+        assert_eq!(evicted, Some(("sluice/l/per-key/0".into(), true, true)));
+        assert_eq!(owner_of_place("sluice/l/per-key/0"), Some(9));
+    }
 
     #[test]
     fn a_key_probes_a_few_places_from_its_own_wrapping_round() {
