@@ -147,6 +147,10 @@ impl Calls {
     /// caller where the limits stand (`told`), and it may have been sent
     /// asking for its usage (`asked`).
     pub fn goes(&mut self, context_id: u32, told: Option<Told>, asked: Option<Asked>) {
+        if told.is_none() && asked.is_none() {
+            // Most calls: no `Call` built, checked and dropped for nothing.
+            return;
+        }
         let call = Call {
             told,
             asked,
