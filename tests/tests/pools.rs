@@ -18,22 +18,29 @@ const WORKERS: u32 = 4;
 const PROVIDER_PER_SECOND: u64 = 50;
 /// Each member's limit in Sluice: within its provider's calendar seconds.
 const MEMBER_PER_SECOND: u64 = 48;
+/// With a burst of 2, 48 a second never passes the provider's 50 in a
+/// calendar second.
+const MEMBER_BURST: u64 = 2;
 
-fn member(name: &str) -> String {
+fn member(name: &str, burst: u64) -> String {
     format!(
         r#"{{"name": "{name}", "cluster": "llm-{name}",
-            "limits": [{{"name": "{name}-rps", "rate": {{"requests": {MEMBER_PER_SECOND}, "period": "1s", "burst": 2}},
+            "limits": [{{"name": "{name}-rps", "rate": {{"requests": {MEMBER_PER_SECOND}, "period": "1s", "burst": {burst}}},
                          "provider": {{"max_pause": "60s"}}}}]}}"#
     )
 }
 
 fn pool_policy(sticky: &str) -> String {
+    pool_policy_with_burst(sticky, MEMBER_BURST)
+}
+
+fn pool_policy_with_burst(sticky: &str, burst: u64) -> String {
     format!(
         r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
             "rate": {{"requests": 1000, "period": "1s"}},
             "pool": {{{sticky}"members": [{}, {}]}}}}"#,
-        member("east"),
-        member("west")
+        member("east", burst),
+        member("west", burst)
     )
 }
 
@@ -178,11 +185,15 @@ async fn a_member_that_drops_to_zero_is_routed_around() -> anyhow::Result<()> {
 
 /// 40 conversations, five calls each, at 40 calls a second (both members
 /// have room): each conversation's calls stay on one member, and the
-/// conversations spread over both.
+/// conversations spread over both. A stalled test process sends the calls
+/// it owes at once (CI on 91d9aec: 3 of 200 refused, 197 seen by the
+/// mocks): a member's burst of 10 keeps such a bunch on its member, so
+/// the test measures stickiness and not the machine's stalls (a member
+/// without room passed over: `a_member_that_drops_to_zero_is_routed_around`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sticky_conversations_stay_on_their_member() -> anyhow::Result<()> {
-    let (east, west, envoy) =
-        setup(&pool_policy(r#""sticky": {"header": "x-conversation"}, "#)).await?;
+    let sticky = r#""sticky": {"header": "x-conversation"}, "#;
+    let (east, west, envoy) = setup(&pool_policy_with_burst(sticky, 10)).await?;
     let http = load::client();
     let url = envoy.url("/v1/complete");
     let mut sent = Vec::new();
@@ -238,7 +249,14 @@ async fn sticky_conversations_stay_on_their_member() -> anyhow::Result<()> {
         100.0 * on_home as f64 / calls.max(1) as f64,
         members.len() - homes_east
     );
-    anyhow::ensure!(ok == statuses.len(), "every call answered 200");
+    let mut by_status = BTreeMap::<u16, u32>::new();
+    for status in &statuses {
+        *by_status.entry(*status).or_default() += 1;
+    }
+    anyhow::ensure!(
+        ok == statuses.len(),
+        "every call answered 200 (by status, 0 for no answer: {by_status:?})"
+    );
     anyhow::ensure!(calls == 200, "the mocks saw every call: {calls}");
     anyhow::ensure!(on_home as f64 >= 0.99 * calls as f64, "sticky");
     anyhow::ensure!(
