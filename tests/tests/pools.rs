@@ -30,11 +30,17 @@ fn member(name: &str, burst: u64) -> String {
     )
 }
 
-fn pool_policy(sticky: &str) -> String {
-    pool_policy_with_burst(sticky, MEMBER_BURST)
+/// A stalled test process sends the calls it owes at once: a burst of 10
+/// keeps such a bunch on a sticky conversation's member.
+const STICKY_MEMBER_BURST: u64 = 10;
+
+fn pool_policy() -> String {
+    pool_policy_of("", MEMBER_BURST)
 }
 
-fn pool_policy_with_burst(sticky: &str, burst: u64) -> String {
+/// The pool's policy: `sticky` (empty, or its field and a comma) and each
+/// member's burst.
+fn pool_policy_of(sticky: &str, burst: u64) -> String {
     format!(
         r#"{{"name": "llm", "match": {{"host": "api.llm.example"}},
             "rate": {{"requests": 1000, "period": "1s"}},
@@ -100,7 +106,7 @@ fn served_by_key(mock: &MockApi, total: u64) -> BTreeMap<String, u64> {
 /// retry Envoy made from east to west is counted at west once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_drops_to_zero_is_routed_around() -> anyhow::Result<()> {
-    let (east, west, envoy) = setup(&pool_policy("")).await?;
+    let (east, west, envoy) = setup(&pool_policy()).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let load = load::paced(
@@ -185,15 +191,15 @@ async fn a_member_that_drops_to_zero_is_routed_around() -> anyhow::Result<()> {
 
 /// 40 conversations, five calls each, at 40 calls a second (both members
 /// have room): each conversation's calls stay on one member, and the
-/// conversations spread over both. A stalled test process sends the calls
-/// it owes at once (CI on 91d9aec: 3 of 200 refused, 197 seen by the
-/// mocks): a member's burst of 10 keeps such a bunch on its member, so
-/// the test measures stickiness and not the machine's stalls (a member
-/// without room passed over: `a_member_that_drops_to_zero_is_routed_around`).
+/// conversations spread over both. With bursts of 2, a stalled test
+/// process's bunch found neither member with room (CI on 91d9aec: 3 of 200
+/// refused, 197 seen by the mocks): [`STICKY_MEMBER_BURST`] keeps the test
+/// on stickiness, not the machine's stalls (a member without room passed
+/// over: `a_member_that_drops_to_zero_is_routed_around`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sticky_conversations_stay_on_their_member() -> anyhow::Result<()> {
     let sticky = r#""sticky": {"header": "x-conversation"}, "#;
-    let (east, west, envoy) = setup(&pool_policy_with_burst(sticky, 10)).await?;
+    let (east, west, envoy) = setup(&pool_policy_of(sticky, STICKY_MEMBER_BURST)).await?;
     let http = load::client();
     let url = envoy.url("/v1/complete");
     let mut sent = Vec::new();
@@ -283,7 +289,7 @@ fn envoy_stat(envoy: &Envoy, name: &str) -> anyhow::Result<f64> {
 /// replaced by the route's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_route_header_names_no_cluster() -> anyhow::Result<()> {
-    let (east, west, envoy) = setup(&pool_policy("")).await?;
+    let (east, west, envoy) = setup(&pool_policy()).await?;
     let http = load::client();
     let url = envoy.url("/v1/complete");
     let mut answered = BTreeMap::<String, u32>::new();
@@ -395,7 +401,7 @@ async fn a_callers_route_header_reaches_no_member() -> anyhow::Result<()> {
         .replace(SCOPED_DOMAINS, r#"domains: ["*"]"#);
     let with_pool = format!(
         r#"{{"instance": "e2e-pool", "fallback": {{"version": 1, "policies": [{}]}}}}"#,
-        pool_policy("")
+        pool_policy()
     );
     // Before any set names a pool, the headers the configuration names
     // (`route_headers`, as the book asks of a config with member routes).
