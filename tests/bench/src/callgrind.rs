@@ -132,6 +132,7 @@ pub fn count(config: &str, load: &Load) -> anyhow::Result<Counted> {
     );
     control(&["-d", &pid])?;
     let dump = newest_dump(dir.path())?;
+    keep_dump(&dump)?;
     let instructions = parse_instructions(&dump).context("no summary in callgrind's dump")?;
     drop(proc);
     Ok(Counted {
@@ -178,6 +179,22 @@ fn control(args: &[&str]) -> anyhow::Result<()> {
         "callgrind_control {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    Ok(())
+}
+
+/// Where a profiling session asked for each count's dump to be kept
+/// (`SLUICE_BENCH_KEEP_DUMPS`, a directory): read with `callgrind_annotate`
+/// to see where a variant spends what it adds.
+fn keep_dump(dump: &str) -> anyhow::Result<()> {
+    let Some(dir) = std::env::var_os("SLUICE_BENCH_KEEP_DUMPS") else {
+        return Ok(());
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir)?;
+    let taken = std::fs::read_dir(&dir)?.count();
+    let path = dir.join(format!("callgrind.out.{taken}"));
+    std::fs::write(&path, dump).with_context(|| format!("keeping {}", path.display()))?;
+    eprintln!("callgrind dump kept: {}", path.display());
     Ok(())
 }
 
