@@ -18,6 +18,7 @@ pub mod login;
 pub mod managed;
 pub mod metrics;
 pub mod people_cli;
+pub mod price_catalog;
 pub mod push;
 pub mod relay;
 pub mod secrets;

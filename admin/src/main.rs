@@ -171,6 +171,11 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// The set's price table.
+    Prices {
+        #[command(subcommand)]
+        action: PricesAction,
+    },
     /// Make the policies those of FILE or of the policy files in DIR: shows
     /// what changes (added, changed field by field, removed, order) and
     /// applies it in one transaction, or nothing if any file is refused.
@@ -181,6 +186,76 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum PricesAction {
+    /// Merge a model-price catalog in LiteLLM's format
+    /// (`model_prices_and_context_window.json`, prices in USD per token)
+    /// into the set's prices: shows each model added, changed and refused,
+    /// then applies the rest (unless --dry-run).
+    Import {
+        file: PathBuf,
+        /// Only these models (repeat; a name ending in `*` takes every
+        /// model it begins).
+        #[arg(long)]
+        only: Vec<String>,
+        /// Only the models of these providers (`litellm_provider`: openai,
+        /// anthropic, ...; repeat).
+        #[arg(long)]
+        provider: Vec<String>,
+        /// Show what would change; apply nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// `sluice-admin prices import`: reads the catalog, merges, prints.
+fn import_prices(store: &Store, action: &PricesAction, out: &mut impl Write) -> anyhow::Result<()> {
+    use sluice_admin::price_catalog::{self, Selection, MAX_CATALOG_BYTES};
+    let PricesAction::Import {
+        file,
+        only,
+        provider,
+        dry_run,
+    } = action;
+    let size = std::fs::metadata(file)
+        .with_context(|| format!("reading {}", file.display()))?
+        .len();
+    if size > MAX_CATALOG_BYTES as u64 {
+        anyhow::bail!(
+            "{}: {size} bytes, more than a catalog's {MAX_CATALOG_BYTES}",
+            file.display()
+        );
+    }
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let selection = Selection {
+        only: only.clone(),
+        providers: provider.clone(),
+    };
+    let catalog = price_catalog::read(&text, &selection)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let actor = sluice_admin::people_cli::cli_actor();
+    let imported = match store.blocking().import_prices(&catalog, &actor, *dry_run) {
+        Ok(imported) => imported,
+        Err(sluice_admin::store::StoreError::Invalid(errors)) => {
+            let lines: Vec<String> = errors.errors.iter().map(|e| format!("  {e}")).collect();
+            anyhow::bail!(
+                "nothing imported; the prices would be refused (choose fewer models with --only or --provider):\n{}",
+                lines.join("\n")
+            );
+        }
+        Err(e) => return Err(e.into()),
+    };
+    write!(out, "{}", price_catalog::describe(&imported))?;
+    let verdict = match (dry_run, imported.applied) {
+        (true, _) => "dry run: nothing applied".to_string(),
+        (false, true) => format!("applied: policy set version {}", imported.version),
+        (false, false) => format!("nothing to apply: policy set version {}", imported.version),
+    };
+    writeln!(out, "{verdict}")?;
+    Ok(())
 }
 
 /// Opens the store the flags name, blocking.
@@ -222,6 +297,7 @@ fn run_command(args: &Args, command: &Command) -> anyhow::Result<()> {
                 None => stdout.write_all(text.as_bytes())?,
             }
         }
+        Command::Prices { action } => import_prices(&store, action, &mut stdout)?,
         Command::Apply { path, dry_run } => {
             let files = sluice_admin::as_code::read_path(path)?;
             let loaded = sluice_admin::as_code::load(&files).map_err(|errors| {

@@ -2045,3 +2045,142 @@ async fn the_fleet_view_lists_a_global_further_limits_shares() {
         .collect();
     assert_eq!(members, ["a", "b"], "{tps}");
 }
+
+/// A model-price catalog in LiteLLM's format, merged into the set's
+/// prices: what it adds, changes and refuses, dry or applied, and the
+/// catalogs and tables it cannot be merged with (issue 52, item 5).
+#[tokio::test]
+async fn a_price_catalog_is_imported_with_what_it_changes_and_refuses() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let catalog = json!({
+        "sample_spec": {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "litellm_provider": "see the docs"},
+        "gpt-4o": {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05, "cache_read_input_token_cost": 1.25e-06, "litellm_provider": "openai"},
+        "gpt-4o-mini": {"input_cost_per_token": 1.5e-07, "output_cost_per_token": 6e-07, "litellm_provider": "openai"},
+        "dall-e-3": {"output_cost_per_image": 0.04, "litellm_provider": "openai"},
+        "claude-x": {"input_cost_per_token": 3e-06, "output_cost_per_token": 1.5e-05, "litellm_provider": "anthropic"}
+    });
+    let import = |query: &str| format!("/api/v1/prices/import{query}");
+    let (status, _, body) = admin
+        .edit(
+            &s,
+            Method::POST,
+            &import("?dry_run=true&provider=openai"),
+            &[],
+            Some(catalog.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let models = |list: &Value| -> Vec<String> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["model"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(models(&body["added"]), ["gpt-4o", "gpt-4o-mini"]);
+    assert_eq!(models(&body["refused"]), ["dall-e-3"]);
+    assert_eq!(body["not_selected"], 1);
+    assert_eq!(body["applied"], false);
+    let (_, _, prices) = admin
+        .edit(&s, Method::GET, "/api/v1/prices", &[], None)
+        .await;
+    assert_eq!(prices, Value::Null, "a dry run changes nothing");
+
+    let (status, _, body) = admin
+        .edit(
+            &s,
+            Method::POST,
+            &import("?only=gpt-4o*"),
+            &[],
+            Some(catalog.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["applied"].clone(), body["version"].clone()),
+        (json!(true), json!(1))
+    );
+    let (_, _, prices) = admin
+        .edit(&s, Method::GET, "/api/v1/prices", &[], None)
+        .await;
+    assert_eq!(prices["currency"], "USD");
+    assert_eq!(
+        prices["models"]["gpt-4o"],
+        json!({"input": "2.5", "output": "10", "cached_input": "1.25"})
+    );
+    assert_eq!(prices["models"]["gpt-4o-mini"]["input"], "0.15");
+    let (_, _, body) = admin
+        .edit(
+            &s,
+            Method::POST,
+            &import("?only=gpt-4o*"),
+            &[],
+            Some(catalog.clone()),
+        )
+        .await;
+    assert_eq!(
+        (body["unchanged"].clone(), body["applied"].clone()),
+        (json!(2), json!(false))
+    );
+
+    // What is no catalog is refused whole, and says why.
+    for bad in [json!([1, 2]), json!("gpt-4o")] {
+        let (status, _, body) = admin
+            .edit(&s, Method::POST, &import(""), &[], Some(bad))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(body.to_string().contains("not a price catalog"), "{body}");
+    }
+    let (status, _, _) = admin
+        .call(Method::POST, &import(""), &[], Some(catalog.clone()))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "an import is an edit");
+    // More models than a table holds: refused, nothing changed.
+    let many: serde_json::Map<String, Value> = (0..1100)
+        .map(|i| {
+            (
+                format!("model-{i}"),
+                json!({"input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06}),
+            )
+        })
+        .collect();
+    let (status, _, body) = admin
+        .edit(
+            &s,
+            Method::POST,
+            &import(""),
+            &[],
+            Some(Value::Object(many)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("prices.models"), "{body}");
+    // Larger than any catalog: refused before it is read.
+    let huge = format!("{{\"m\": \"{}\"}}", "x".repeat(17 * 1024 * 1024));
+    let resp = admin
+        .http
+        .post(format!("{}{}", admin.base, import("")))
+        .header("cookie", &s.cookie)
+        .header("x-csrf-token", &s.csrf)
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // A table in euros does not take dollar prices.
+    let euros = json!({"currency": "EUR", "models": {"in-house": {"input": "1", "output": "2"}}});
+    let (status, _, _) = admin
+        .edit(&s, Method::PUT, "/api/v1/prices", &[], Some(euros))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, &import(""), &[], Some(catalog))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body.to_string().contains("prices.currency") && body.to_string().contains("EUR"),
+        "{body}"
+    );
+}

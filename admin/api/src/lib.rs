@@ -7,6 +7,7 @@
 
 pub mod people;
 pub mod policy_diff;
+pub mod prices;
 
 use std::collections::BTreeMap;
 

@@ -1,10 +1,12 @@
 //! The policy set as a whole: policies as code applied in one transaction
 //! (`/api/v1/apply`), the evaluation order (`/api/v1/order`), the price
-//! table (`/api/v1/prices`).
+//! table (`/api/v1/prices`) and a price catalog merged into it
+//! (`/api/v1/prices/import`).
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -19,6 +21,7 @@ use super::versions::{etag, if_match};
 use crate::access::{Editor, Operator};
 use crate::as_code::{load, SourceFile};
 use crate::error::ApiError;
+use crate::price_catalog::{self, Selection, MAX_CATALOG_BYTES};
 use crate::writes::SetWrite;
 use crate::AppState;
 
@@ -29,6 +32,11 @@ pub fn routes() -> Router<Shared> {
         .route("/api/v1/apply", post(apply))
         .route("/api/v1/order", put(reorder))
         .route("/api/v1/prices", get(get_prices).put(put_prices))
+        .route(
+            "/api/v1/prices/import",
+            // A whole public catalog is larger than any other body.
+            post(import_prices).layer(DefaultBodyLimit::max(MAX_CATALOG_BYTES)),
+        )
 }
 
 #[derive(Deserialize)]
@@ -127,4 +135,60 @@ async fn put_prices(
     write.done("prices").await;
     tracing::info!(by = %editor.0.actor, version, "prices saved");
     Ok(Json(sluice_api::PricesSaved { version }))
+}
+
+#[derive(Deserialize)]
+struct ImportQuery {
+    #[serde(default)]
+    dry_run: bool,
+    /// Models, comma-separated (`gpt-4o,claude-*`).
+    #[serde(default)]
+    only: Option<String>,
+    /// `litellm_provider`s, comma-separated.
+    #[serde(default)]
+    provider: Option<String>,
+}
+
+fn listed(text: Option<&str>) -> Vec<String> {
+    text.map(|t| {
+        t.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Merges a price catalog in LiteLLM's format (the body) into the set's
+/// prices: each model added, changed or refused (and why); with
+/// `?dry_run=true` only what would change. 400: not a catalog; 422: the
+/// table it makes would be refused (another currency, too many models).
+async fn import_prices(
+    State(state): State<Shared>,
+    editor: Editor,
+    Query(query): Query<ImportQuery>,
+    body: Bytes,
+) -> Result<Json<sluice_api::prices::PricesImported>, ApiError> {
+    let write = SetWrite::begin(&state)?;
+    let selection = Selection {
+        only: listed(query.only.as_deref()),
+        providers: listed(query.provider.as_deref()),
+    };
+    // Up to 16 MiB of JSON: read off the async workers.
+    let catalog = tokio::task::spawn_blocking(move || {
+        let text = std::str::from_utf8(&body)
+            .map_err(|_| ApiError::BadRequest("not a price catalog: not UTF-8 text".into()))?;
+        price_catalog::read(text, &selection).map_err(|e| ApiError::BadRequest(e.to_string()))
+    })
+    .await??;
+    let imported = state
+        .store
+        .import_prices(catalog, &editor.0.actor, query.dry_run)
+        .await?;
+    if imported.applied {
+        write.done("prices import").await;
+        tracing::info!(by = %editor.0.actor, version = imported.version, "prices imported");
+    }
+    Ok(Json(imported))
 }

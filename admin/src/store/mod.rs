@@ -382,6 +382,17 @@ impl Store {
         self.run(move |s| s.set_prices(table, &actor)).await
     }
 
+    pub async fn import_prices(
+        &self,
+        catalog: crate::price_catalog::Catalog,
+        actor: &str,
+        dry_run: bool,
+    ) -> Result<sluice_api::prices::PricesImported, StoreError> {
+        let actor = actor.to_string();
+        self.run(move |s| s.import_prices(&catalog, &actor, dry_run))
+            .await
+    }
+
     pub async fn reorder(
         &self,
         names: Vec<String>,

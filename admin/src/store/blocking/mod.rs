@@ -4,6 +4,7 @@
 
 mod budget_keys;
 mod history;
+mod price_table;
 mod rows;
 #[cfg(test)]
 mod tests;
@@ -179,34 +180,6 @@ impl BlockingStore {
                 prices: prices(sql)?,
                 policies: list(sql)?.into_iter().map(|s| s.policy).collect(),
             })
-        })
-    }
-
-    /// The set's price table, if it has one.
-    pub fn prices(&self) -> Result<Option<PriceTable>, StoreError> {
-        self.db.read(prices)
-    }
-
-    /// Makes `table` the set's prices (None: none), checked with every
-    /// policy (a money limit needs prices); the set's new version, or its
-    /// version as it was when nothing changes.
-    pub fn set_prices(&self, table: Option<PriceTable>, actor: &str) -> Result<u64, StoreError> {
-        self.db.write(|sql| {
-            let old = prices(sql)?;
-            if old == table {
-                return set_version(sql);
-            }
-            let all: Vec<Policy> = list(sql)?.into_iter().map(|s| s.policy).collect();
-            validate_policy_set(&PolicySet {
-                version: 1,
-                prices: table.clone(),
-                policies: all,
-            })
-            .map_err(StoreError::Invalid)?;
-            let at = now_ms();
-            let version = bump(sql)?;
-            write_prices(sql, old.as_ref(), table.as_ref(), at, actor)?;
-            Ok(version)
         })
     }
 
