@@ -611,3 +611,54 @@ async fn a_yaml_alias_bomb_is_refused_at_once_everywhere() {
     assert!(shown.contains("20-bomb.yaml"), "{listed}");
     assert!(managed_peak < 100.0);
 }
+
+/// `sluice-admin prices import` through the real binary: what it would
+/// change, then what it changed, and a file that is no catalog.
+#[test]
+fn prices_import_shows_each_model_then_applies_and_a_bad_file_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let catalog = dir.path().join("model_prices.json");
+    std::fs::write(
+        &catalog,
+        r#"{"gpt-4o": {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05, "litellm_provider": "openai"},
+            "whisper-1": {"input_cost_per_second": 0.0001, "litellm_provider": "openai"},
+            "claude-x": {"input_cost_per_token": 3e-06, "output_cost_per_token": 1.5e-05, "litellm_provider": "anthropic"}}"#,
+    )
+    .unwrap();
+    let path = catalog.to_str().unwrap();
+    let (ok, said, err) = cli(
+        &db,
+        &[
+            "prices",
+            "import",
+            path,
+            "--provider",
+            "openai",
+            "--dry-run",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        said,
+        "+ gpt-4o: input 2.5, output 10 a million tokens\n\
+         ! whisper-1: not priced per token (no input_cost_per_token or output_cost_per_token)\n\
+         1 added, 0 changed, 0 unchanged, 1 refused, 1 not selected\n\
+         dry run: nothing applied\n"
+    );
+    let store = Store::open(&db).unwrap();
+    assert_eq!(store.blocking().prices().unwrap(), None);
+    drop(store);
+    let (ok, said, err) = cli(&db, &["prices", "import", path, "--only", "gpt-4o"]);
+    assert!(ok, "{err}");
+    assert!(said.ends_with("applied: policy set version 1\n"), "{said}");
+    let store = Store::open(&db).unwrap();
+    let prices = store.blocking().prices().unwrap().unwrap();
+    assert_eq!(prices.models["gpt-4o"].output.to_string(), "10");
+    drop(store);
+
+    std::fs::write(&catalog, "not json").unwrap();
+    let (ok, _, err) = cli(&db, &["prices", "import", path]);
+    assert!(!ok);
+    assert!(err.contains("not a price catalog"), "{err}");
+}

@@ -403,3 +403,102 @@ async fn many_choices_and_streams_left_early_do_not_dodge_a_budget() -> anyhow::
     anyhow::ensure!(honest <= BUDGET + 16 * 1000 * 10 + 1_000, "{honest}");
     Ok(())
 }
+
+/// Prices imported from a catalog in LiteLLM's format (per token, in US
+/// dollars) through the admin's API price a team's budget that Envoys
+/// synced with the admin enforce: each call is charged its usage at the
+/// imported prices, exactly what the provider bills, and the team is
+/// refused at its budget (issue 52, item 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prices_imported_from_a_catalog_charge_calls_through_envoy() -> anyhow::Result<()> {
+    use sluice_e2e::admin::{AdminServer, SYNC_TOKEN};
+    use sluice_e2e::envoy::filter_vms;
+    let dir = tempfile::tempdir()?;
+    let admin = AdminServer::start(dir.path().join("sluice.db"), 0).await?;
+    let op = admin.login().await?;
+    let catalog = serde_json::json!({
+        "sample_spec": {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0},
+        "gpt-4o": {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05,
+                   "cache_read_input_token_cost": 1.25e-06, "litellm_provider": "openai"},
+        "tts-1": {"input_cost_per_character": 1.5e-05, "litellm_provider": "openai"}
+    });
+    let (status, imported) = op
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/prices/import?provider=openai",
+            None,
+            Some(catalog),
+        )
+        .await?;
+    anyhow::ensure!(status == 200, "import: {status} {imported}");
+    anyhow::ensure!(
+        imported["added"][0]["model"] == "gpt-4o" && imported["refused"][0]["model"] == "tts-1",
+        "{imported}"
+    );
+    op.create(
+        serde_json::json!({"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 1000, "period": "1s"},
+        "limits": [{"name": "team-daily", "key": {"header": "x-team"},
+            "rate": {"requests": TEAM_BUDGET, "period": "1d", "algorithm": "fixed_window"},
+            "cost": "price"}]}),
+    )
+    .await?;
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let config =
+        serde_json::json!({"instance": "e2e-imported-prices", "admin_cluster": "sluice_admin",
+        "sync_interval": "200ms", "sync_token": SYNC_TOKEN,
+        "fallback": {"version": 0, "policies": []}})
+        .to_string();
+    let envoy = Envoy::start_with_admin(&config, llm.addr.port(), admin.port, WORKERS)?;
+    sluice_e2e::load::wait_for(
+        "the admin's set in every worker",
+        std::time::Duration::from_secs(10),
+        || envoy.filter_stat("policy_sets_installed").unwrap_or(0.0) >= filter_vms(WORKERS),
+    )
+    .await?;
+    llm.reset();
+    llm.set_prices(provider_prices());
+    let (url, http) = (envoy.url("/v1/chat/completions"), client());
+    let mut admitted = 0;
+    let mut refusal = None;
+    for i in 0..100 {
+        let answer = chat(
+            &http,
+            &url,
+            ("team-a", "gpt-4o", 40),
+            false,
+            "how do rivers form?",
+        )
+        .await?;
+        match answer.status {
+            200 => admitted += 1,
+            429 => {
+                refusal = Some(answer);
+                break;
+            }
+            other => anyhow::bail!("call {i}: {other} {}", answer.body),
+        }
+    }
+    let refusal = refusal.context("the budget never refused")?;
+    let billed = llm.stats().spent.get("team-a").copied().unwrap_or(0);
+    sluice_e2e::load::wait_for(
+        "team-daily charged",
+        std::time::Duration::from_secs(10),
+        || envoy.limit_stat("team-daily", "tokens").unwrap_or(0.0) >= billed as f64,
+    )
+    .await?;
+    let charged = envoy.limit_stat("team-daily", "tokens")?;
+    println!(
+        "imported prices: {admitted} calls admitted, the provider billed {billed} micro-USD, sluice charged {charged}; refused by {:?} with {:?}",
+        refusal.limit, refusal.told
+    );
+    assert!(admitted >= 5, "{admitted}");
+    assert_eq!(
+        charged, billed as f64,
+        "each call its usage at the imported prices"
+    );
+    assert!(billed <= TEAM_BUDGET, "{billed}");
+    assert_eq!(refusal.limit.as_deref(), Some("team-daily"));
+    assert_eq!(refusal.told[3].as_deref(), Some("USD"));
+    Ok(())
+}
