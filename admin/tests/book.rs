@@ -175,3 +175,31 @@ fn a_bad_policy_block_is_named_by_its_file_and_line() {
     assert!(unmarked_policy(&unmarked).is_some());
     assert!(unmarked_policy(&block("json", r#"{"admitted": 3}"#)).is_none());
 }
+
+/// Each price catalog the book shows (```` ```json,price-catalog ````)
+/// imports, dry, into no table exactly as the next block marked
+/// `price-import` says `sluice-admin prices import --dry-run` prints.
+#[test]
+fn every_price_catalog_in_the_book_imports_as_the_book_says() {
+    use sluice_admin::price_catalog::{describe, merge, read, Selection};
+    let mut checked = 0;
+    for page in pages() {
+        let blocks = blocks(&page);
+        for (i, block) in blocks.iter().enumerate() {
+            if !block.info.split(',').any(|a| a.trim() == "price-catalog") {
+                continue;
+            }
+            let said = blocks[i + 1..]
+                .iter()
+                .find(|b| b.info.split(',').any(|a| a.trim() == "price-import"))
+                .unwrap_or_else(|| panic!("{}: no `price-import` block after it", block.place));
+            let catalog = read(&block.text, &Selection::default())
+                .unwrap_or_else(|e| panic!("{}: {e}", block.place));
+            let (_, imported) = merge(None, &catalog).unwrap();
+            let printed = format!("{}dry run: nothing applied\n", describe(&imported));
+            assert_eq!(printed, said.text, "{}", said.place);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no price catalog in the book");
+}
