@@ -117,6 +117,7 @@ mod tests {
                 })
                 .collect(),
             json: Vec::new(),
+            mcp: None,
             unreadable: Default::default(),
         }
     }

@@ -1226,7 +1226,7 @@ fn credential_keys_unreadable_bodies_and_money_models_are_checked_with_their_fie
         errors_of(&set_with(
             r#"{"name": "a", "match": {"host": "x", "unreadable": "next"}, "rate": {"requests": 1, "period": "1s"}}"#
         )),
-        vec!["policies[0].match.unreadable: applies only with `match.json`: without conditions on the body a policy matches by its headers alone"]
+        vec!["policies[0].match.unreadable: applies only with `match.json` or `match.mcp`: without conditions on the body a policy matches by its headers alone"]
     );
     let money = |second: &str| {
         format!(
@@ -1254,4 +1254,41 @@ fn credential_keys_unreadable_bodies_and_money_models_are_checked_with_their_fie
         errors_of(&money(r#"{"default_output": 5000, "max_output": 100}"#)),
         vec!["policies[0].limits[1].cost.price.max_output: must be >= 5000"]
     );
+}
+
+/// `match.mcp` (issue 52): methods and tools named as MCP names them,
+/// bounded, tools only with `tools/call`.
+#[test]
+fn mcp_matches_are_checked_with_their_field() {
+    let with = |mcp: &str| {
+        set_with(&format!(
+            r#"{{"name": "a", "match": {{"host": "mcp.example", "mcp": {mcp}}}, "rate": {{"requests": 1, "period": "1s"}}}}"#
+        ))
+    };
+    let policy = parse_policy_set(&with(r#"{"tools": ["search", "github_*"]}"#))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mcp = policy.policies[0].matcher.mcp.as_ref().unwrap();
+    assert_eq!(mcp.methods, ["tools/call"], "the default");
+    parse_policy_set(&with(r#"{"methods": ["tools/call", "resources/read"]}"#))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let many: Vec<String> = (0..300).map(|i| format!("\"t{i}\"")).collect();
+    for (mcp, error) in [
+        (r#"{"methods": []}"#.to_string(), "policies[0].match.mcp.methods: name at least one"),
+        (r#"{"methods": ["tools list"]}"#.to_string(), "policies[0].match.mcp.methods[0]: no spaces"),
+        (r#"{"tools": ["*"]}"#.to_string(), "policies[0].match.mcp.tools[0]: 1 to 128"),
+        (r#"{"tools": ["a*b"]}"#.to_string(), "policies[0].match.mcp.tools[0]: `*` only at its end"),
+        (format!(r#"{{"tools": [{}]}}"#, many.join(",")), "policies[0].match.mcp.tools: at most 256"),
+        (r#"{"methods": ["ping"], "tools": ["search"]}"#.to_string(), "policies[0].match.mcp.tools: tools are named by `tools/call`"),
+        (r#"{"tool": ["search"]}"#.to_string(), "unknown field `tool`"),
+    ] {
+        let errors = errors_of(&with(&mcp));
+        assert!(
+            errors.iter().any(|e| e.contains(error)),
+            "{mcp}: {errors:?}"
+        );
+    }
+    parse_policy_set(&set_with(
+        r#"{"name": "a", "match": {"host": "x", "mcp": {}, "unreadable": "next"}, "rate": {"requests": 1, "period": "1s"}}"#,
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -12,6 +12,7 @@ pub mod body;
 pub mod bucket;
 pub mod headers;
 pub mod matcher;
+pub mod mcp;
 pub mod plugin;
 pub mod pool;
 pub mod pricing;

@@ -23,6 +23,7 @@ mod fair;
 mod fair_slots;
 mod fleet_limits;
 mod keyed_limits;
+mod mcp;
 mod pool;
 mod provider;
 mod provider_relay;

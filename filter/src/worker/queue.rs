@@ -153,6 +153,7 @@ pub(super) fn serve<H: Host + ?Sized>(
             if !parts.streams.is_overdue(context_id, now) {
                 continue;
             }
+            let rpc = parts.streams.further_of(context_id).rpc;
             parts.streams.end(ctx, parts.prefetches, context_id);
             // It did not leave: its wait ran out.
             ctx.metrics
@@ -163,10 +164,12 @@ pub(super) fn serve<H: Host + ?Sized>(
             let refusal = Refusal::Policy {
                 kind: LimitKind::for_limits(policy.rate.is_some()),
             };
-            actions.push(StreamAction::Reply(
-                context_id,
-                refusal::render(policy, &refusal, DEFAULT_RETRY),
-            ));
+            let reply = refusal::render(policy, &refusal, DEFAULT_RETRY);
+            let reply = match &rpc {
+                Some(call) => refusal::for_rpc(reply, call),
+                None => reply,
+            };
+            actions.push(StreamAction::Reply(context_id, reply));
         }
     }
     actions

@@ -297,7 +297,10 @@ impl Parts {
                 self.streams.hold_slots(context_id, policy, slots, now);
                 Verdict::Continue
             }
-            Decision::Refuse(reply) => Verdict::Reply(reply),
+            Decision::Refuse(reply) => Verdict::Reply(match policy.policy.rpc_call(request.body) {
+                Some(call) => refusal::for_rpc(reply, &call),
+                None => reply,
+            }),
             Decision::Admit {
                 bucket,
                 key,
@@ -336,6 +339,7 @@ impl Parts {
                     limits: inputs.limits,
                     price: inputs.price,
                     pool: inputs.pool.map(Box::new),
+                    rpc: policy.policy.rpc_call(request.body),
                 };
                 self.streams
                     .queued(ctx.metrics, context_id, policy, waiting, now);

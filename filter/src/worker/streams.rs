@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap;
 
 use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::CompiledPolicy;
+use sluice_filter_core::mcp::RpcCall;
 use sluice_filter_core::pricing::CallPrice;
 use sluice_shared::time::{Instant, Span};
 
@@ -47,6 +48,8 @@ pub(super) struct Waiting {
     /// Its keys' labels for the live view, found while its request was
     /// at hand: written when it leaves holding its limits.
     pub labels: KeyLabels,
+    /// Whom its refusal answers, for an MCP call (its wait may run out).
+    pub rpc: Option<RpcCall>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +83,8 @@ pub(super) struct Further {
     pub labels: KeyLabels,
     /// Slots it holds in the further concurrency limits.
     pub slots: Vec<HeldSlot>,
+    /// Whom a queued MCP call's refusal answers.
+    pub rpc: Option<RpcCall>,
 }
 
 /// A stream's policy and the stats series it is counted in.
@@ -244,6 +249,7 @@ impl Streams {
             price,
             pool,
             labels,
+            rpc,
         } = waiting;
         metrics.add_to(counted.series, PolicyCounter::Queued, 1);
         let state = StreamState::Waiting(turn);
@@ -254,6 +260,7 @@ impl Streams {
             further.price = price;
             further.pool = pool;
             further.labels = labels;
+            further.rpc = rpc;
         }
     }
 

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bounds;
 use super::check::{check_header_name, check_json_path, Report};
+use super::mcp::{check_mcp, McpMatch};
 
 #[cfg(feature = "schema")]
 use schemars::JsonSchema;
@@ -31,6 +32,10 @@ pub struct MatchSpec {
     /// `unreadable` says `next`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub json: Vec<JsonMatch>,
+    /// MCP tool calls: the JSON-RPC messages (by method and tool) this
+    /// policy counts. The policy reads the body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpMatch>,
     /// Where a call whose headers match goes when its body cannot be read
     /// (not JSON, over 1 MiB, cut by trailers Sluice could not read):
     /// `match` (the default) decides it under this policy, its costs at
@@ -61,7 +66,7 @@ impl Unreadable {
 impl MatchSpec {
     /// Whether matching a request takes its body.
     pub fn reads_request_body(&self) -> bool {
-        !self.json.is_empty()
+        !self.json.is_empty() || self.mcp.is_some()
     }
 }
 
@@ -98,10 +103,13 @@ const KNOWN_METHODS: &[&str] = &[
 pub(crate) fn check_match(r: &mut Report, m: &MatchSpec) {
     check_host(r, &m.host);
     check_json_matches(r, &m.json);
-    if m.unreadable == Unreadable::Next && m.json.is_empty() {
+    if let Some(mcp) = &m.mcp {
+        check_mcp(r, mcp);
+    }
+    if m.unreadable == Unreadable::Next && !m.reads_request_body() {
         r.at(
             "match.unreadable",
-            "applies only with `match.json`: without conditions on the body a policy matches by its headers alone",
+            "applies only with `match.json` or `match.mcp`: without conditions on the body a policy matches by its headers alone",
         );
     }
     if let Some(prefix) = &m.path_prefix {

@@ -221,7 +221,7 @@ impl CompiledPolicySet {
             let class = Classification {
                 policy_index,
                 key: policy.bucket_key(req, secret, body),
-                cost: policy.cost(req),
+                cost: policy.cost(req, body),
                 priority: policy.priority(req),
                 port_hidden: policy.host.port.is_some()
                     && policy.host.port_hidden(req.header(":authority").as_deref()),

@@ -14,6 +14,7 @@ use super::host::{HostMatcher, HostPattern};
 use super::limit::{CompiledLimit, CompiledSlotLimit};
 use super::request::{cost_header_of, cost_of, trim_ascii, BodyMatch, KeySecrets, KeySource};
 use crate::body::BodyJson;
+use crate::mcp::{McpMatcher, RpcCall};
 use crate::pool::{Member, MemberPolicy, Pool};
 use crate::pricing::{CallPrice, CompiledPriceCost, Pricing};
 
@@ -54,6 +55,8 @@ pub struct CompiledPolicy {
     headers: Vec<(String, Vec<u8>)>,
     /// Conditions on the request's JSON body (`match.json`).
     body_matches: Vec<BodyMatch>,
+    /// The JSON-RPC messages counted (`match.mcp`).
+    mcp: Option<McpMatcher>,
     key: Option<KeySource>,
     cost_header: Option<String>,
     priority_header: Option<String>,
@@ -104,6 +107,7 @@ impl CompiledPolicy {
                 .iter()
                 .filter_map(BodyMatch::new)
                 .collect(),
+            mcp: policy.matcher.mcp.as_ref().map(McpMatcher::new),
             key: policy.key.as_ref().and_then(KeySource::new),
             cost_header: cost_header_of(&policy.cost),
             limits: policy
@@ -295,10 +299,13 @@ impl CompiledPolicy {
     /// without any); None when they cannot be told: the body is not JSON,
     /// too large, absent, or lacks a field they name.
     pub fn matches_body(&self, body: &BodyJson) -> Option<bool> {
-        if self.body_matches.is_empty() {
+        if self.body_matches.is_empty() && self.mcp.is_none() {
             return Some(true);
         }
         let json = body.json()?;
+        if self.mcp.as_ref().is_some_and(|m| m.counted(json) == 0) {
+            return Some(false);
+        }
         for condition in &self.body_matches {
             if !condition.holds(json)? {
                 return Some(false);
@@ -401,9 +408,26 @@ impl CompiledPolicy {
     }
 
     /// Tokens this request takes: a header value that is not a whole number
-    /// gives the default, one above `max` counts as `max`, 0 counts as 1.
-    pub fn cost<R: RequestHeaders + ?Sized>(&self, req: &R) -> u64 {
+    /// gives the default, one above `max` counts as `max`, 0 counts as 1;
+    /// each MCP message counted takes as much (a batch: all of them).
+    pub fn cost<R: RequestHeaders + ?Sized>(&self, req: &R, body: &BodyJson) -> u64 {
         cost_of(&self.policy.cost, self.cost_header.as_deref(), req)
+            .saturating_mul(self.messages(body))
+    }
+
+    /// The calls one request makes: the MCP messages counted in its body,
+    /// at least one.
+    pub fn messages(&self, body: &BodyJson) -> u64 {
+        match (&self.mcp, body.json()) {
+            (Some(mcp), Some(json)) => mcp.counted(json).max(1),
+            _ => 1,
+        }
+    }
+
+    /// Whom a refusal of this call answers, when the policy counts MCP
+    /// messages and the body is JSON-RPC.
+    pub fn rpc_call(&self, body: &BodyJson) -> Option<RpcCall> {
+        self.mcp.as_ref()?.call(body.json()?)
     }
 
     /// Every request header deciding a call of this policy may read
@@ -437,6 +461,7 @@ impl CompiledPolicy {
     /// usage.
     pub fn reads_request_body(&self) -> bool {
         !self.body_matches.is_empty()
+            || self.mcp.is_some()
             || self.keys_from_body
             || self.limits.iter().any(CompiledLimit::cost_reads_body)
             || self.asks_stream_usage()
@@ -510,9 +535,10 @@ impl CompiledPolicy {
         if self.limits.is_empty() {
             return Vec::new();
         }
+        let messages = self.messages(body);
         self.limits
             .iter()
-            .map(|l| l.call_cost(req, body, price))
+            .map(|l| l.call_cost(req, body, price).saturating_mul(messages))
             .collect()
     }
 

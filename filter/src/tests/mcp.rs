@@ -1,0 +1,196 @@
+//! MCP tool calls through the worker (`match.mcp`): only the methods and
+//! tools a policy names are counted, per agent; a batch takes all its
+//! counted messages or none; a refused request gets a JSON-RPC error with
+//! its own id, a refused notification a bare 429.
+
+use serde_json::{json, Value};
+
+use crate::testing::FakeHost;
+use crate::tests::{header_of, pass, req, status, worker, T0};
+use crate::worker::{RequestBody, Verdict, Worker};
+
+/// 3 searches a minute per agent; the rest of the MCP server is free.
+const SEARCHES: &str = r#"{"version": 1, "policies": [
+    {"name": "search", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["search"]}},
+     "key": {"header": "x-agent"},
+     "rate": {"requests": 3, "period": "1m", "burst": 3}}]}"#;
+
+const MCP: &[u8] = b"mcp.tools.example";
+
+fn send(host: &FakeHost, w: &mut Worker, id: u32, agent: &str, body: &Value) -> Verdict {
+    let agent_header = [("x-agent", agent.as_bytes())];
+    let headers = req(MCP, &agent_header);
+    let first = w.on_request_with(host, id, headers.as_slice(), RequestBody::Coming);
+    assert_eq!(first, Verdict::ReadBody, "an MCP policy reads the body");
+    let text = body.to_string();
+    let verdict = w.on_request_with(
+        host,
+        id,
+        headers.as_slice(),
+        RequestBody::Read(Some(text.as_bytes())),
+    );
+    if verdict == Verdict::Continue {
+        w.on_stream_end(host, id);
+    }
+    verdict
+}
+
+fn tool_call(id: Value, tool: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": tool, "arguments": {"q": "rivers"}}})
+}
+
+fn body_of(v: &Verdict) -> Value {
+    match v {
+        Verdict::Reply(r) => serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+        _ => Value::Null,
+    }
+}
+
+#[test]
+fn searches_are_counted_per_agent_and_other_messages_pass() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, SEARCHES);
+    let mut id = 0;
+    let mut next = || {
+        id += 1;
+        id
+    };
+    for message in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        tool_call(json!(3), "fetch"),
+    ] {
+        for _ in 0..5 {
+            assert_eq!(
+                send(&host, &mut w, next(), "a", &message),
+                Verdict::Continue
+            );
+        }
+    }
+    for n in 0..3 {
+        let v = send(&host, &mut w, next(), "a", &tool_call(json!(n), "search"));
+        assert_eq!(v, Verdict::Continue, "search {n}");
+    }
+    let refused = send(
+        &host,
+        &mut w,
+        next(),
+        "a",
+        &tool_call(json!("q-4"), "search"),
+    );
+    assert_eq!(
+        status(&refused),
+        200,
+        "an MCP client reads a JSON-RPC error only on 200"
+    );
+    assert_eq!(
+        header_of(&refused, "content-type"),
+        Some("application/json")
+    );
+    assert_eq!(header_of(&refused, "x-sluice-policy"), Some("search"));
+    let retry: u64 = header_of(&refused, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=20).contains(&retry), "{retry}");
+    let error = body_of(&refused);
+    assert_eq!(error["jsonrpc"], "2.0");
+    assert_eq!(error["id"], "q-4");
+    assert_eq!(error["error"]["code"], -32029);
+    assert_eq!(error["error"]["data"]["policy"], "search");
+    assert_eq!(error["error"]["data"]["retry_after_s"], retry);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limited by sluice policy search")),
+        "{error}"
+    );
+    // Another agent has its own three.
+    for n in 0..3 {
+        let v = send(&host, &mut w, next(), "b", &tool_call(json!(n), "search"));
+        assert_eq!(v, Verdict::Continue);
+    }
+    // A refused notification has nobody to answer: 429, no body.
+    let notification =
+        json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "search"}});
+    let refused = send(&host, &mut w, next(), "b", &notification);
+    assert_eq!(status(&refused), 429);
+    match &refused {
+        Verdict::Reply(r) => assert!(r.body.is_empty()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_batch_takes_all_its_counted_messages_or_none_and_answers_each_request() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, SEARCHES);
+    let two = json!([tool_call(json!(1), "search"), tool_call(json!(2), "search"),
+                     {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}]);
+    assert_eq!(send(&host, &mut w, 1, "a", &two), Verdict::Continue);
+    // One search left: a batch of two is refused whole, each request named.
+    let refused = send(&host, &mut w, 2, "a", &two);
+    assert_eq!(status(&refused), 200);
+    let answers = body_of(&refused);
+    let ids: Vec<&Value> = answers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["id"])
+        .collect();
+    assert_eq!(ids, [&json!(1), &json!(2), &json!(3)]);
+    assert!(answers[2]["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("refused with its batch")));
+    // The one left is still there.
+    assert_eq!(
+        send(&host, &mut w, 3, "a", &tool_call(json!(9), "search")),
+        Verdict::Continue
+    );
+    // A batch of notifications only: a bare 429.
+    let quiet = json!([{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "search"}}]);
+    assert_eq!(status(&send(&host, &mut w, 4, "a", &quiet)), 429);
+    // A minute on, the agent has its three again.
+    pass(&host, &mut w, 60_000);
+    assert_eq!(
+        send(
+            &host,
+            &mut w,
+            5,
+            "a",
+            &json!([
+                tool_call(json!(1), "search"),
+                tool_call(json!(2), "search"),
+                tool_call(json!(3), "search")
+            ])
+        ),
+        Verdict::Continue
+    );
+}
+
+#[test]
+fn a_body_that_is_no_json_falls_under_the_policy_and_one_that_is_no_call_does_not() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, SEARCHES);
+    let headers = req(MCP, &[("x-agent", b"a")]);
+    let mut unreadable = 0;
+    for id in 1..=5 {
+        let _ = w.on_request_with(&host, id, headers.as_slice(), RequestBody::Coming);
+        let v = w.on_request_with(
+            &host,
+            id,
+            headers.as_slice(),
+            RequestBody::Read(Some(b"{not json")),
+        );
+        if v == Verdict::Continue {
+            unreadable += 1;
+            w.on_stream_end(&host, id);
+        } else {
+            // Not JSON-RPC that Sluice could read: the policy's own reply.
+            assert_eq!(status(&v), 429);
+        }
+    }
+    assert_eq!(unreadable, 3, "fail closed: counted as the policy's calls");
+    // Valid JSON that is no JSON-RPC call is not the policy's.
+    let other = json!({"model": "gpt-4o"});
+    assert_eq!(send(&host, &mut w, 9, "a", &other), Verdict::Continue);
+}
