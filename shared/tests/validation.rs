@@ -1273,13 +1273,34 @@ fn mcp_matches_are_checked_with_their_field() {
         .unwrap_or_else(|e| panic!("{e}"));
     let many: Vec<String> = (0..300).map(|i| format!("\"t{i}\"")).collect();
     for (mcp, error) in [
-        (r#"{"methods": []}"#.to_string(), "policies[0].match.mcp.methods: name at least one"),
-        (r#"{"methods": ["tools list"]}"#.to_string(), "policies[0].match.mcp.methods[0]: no spaces"),
-        (r#"{"tools": ["*"]}"#.to_string(), "policies[0].match.mcp.tools[0]: 1 to 128"),
-        (r#"{"tools": ["a*b"]}"#.to_string(), "policies[0].match.mcp.tools[0]: `*` only at its end"),
-        (format!(r#"{{"tools": [{}]}}"#, many.join(",")), "policies[0].match.mcp.tools: at most 256"),
-        (r#"{"methods": ["ping"], "tools": ["search"]}"#.to_string(), "policies[0].match.mcp.tools: tools are named by `tools/call`"),
-        (r#"{"tool": ["search"]}"#.to_string(), "unknown field `tool`"),
+        (
+            r#"{"methods": []}"#.to_string(),
+            "policies[0].match.mcp.methods: name at least one",
+        ),
+        (
+            r#"{"methods": ["tools list"]}"#.to_string(),
+            "policies[0].match.mcp.methods[0]: no spaces",
+        ),
+        (
+            r#"{"tools": ["*"]}"#.to_string(),
+            "policies[0].match.mcp.tools[0]: 1 to 128",
+        ),
+        (
+            r#"{"tools": ["a*b"]}"#.to_string(),
+            "policies[0].match.mcp.tools[0]: `*` only at its end",
+        ),
+        (
+            format!(r#"{{"tools": [{}]}}"#, many.join(",")),
+            "policies[0].match.mcp.tools: at most 256",
+        ),
+        (
+            r#"{"methods": ["ping"], "tools": ["search"]}"#.to_string(),
+            "policies[0].match.mcp.tools: tools are named by `tools/call`",
+        ),
+        (
+            r#"{"tool": ["search"]}"#.to_string(),
+            "unknown field `tool`",
+        ),
     ] {
         let errors = errors_of(&with(&mcp));
         assert!(

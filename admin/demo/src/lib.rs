@@ -9,6 +9,8 @@
 //! - [`provider`], [`sliding`]: providers with hidden limits (calls per
 //!   calendar second; tokens per key in a sliding window) speaking their
 //!   count in headers;
+//! - [`mcp`]: an MCP server (Streamable HTTP) whose tools count the calls
+//!   they answer, per tool and per agent;
 //! - [`tokens`]: how it counts a prompt's tokens (OpenAI's tokenizer);
 //! - [`load`]: the demo's load generator, a little over each limit.
 //!
@@ -18,6 +20,7 @@
 
 pub mod llm;
 pub mod load;
+pub mod mcp;
 pub mod mock;
 pub mod provider;
 pub mod sliding;

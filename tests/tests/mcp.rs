@@ -1,0 +1,222 @@
+//! Agents' MCP tool calls through a real Envoy (`--concurrency 2`) in
+//! front of the mock MCP server: three agents call four tools, one at a
+//! time and in batches, for a few seconds. The server never answers more
+//! searches than each agent's limit allows, nor more slow calls at once
+//! than their limit; every refused request gets a JSON-RPC error with its
+//! own id; a batch is answered whole or refused whole; what the policies
+//! do not name (`fetch`, `tools/list`) is never refused (issue 52, item 1).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_demo::mcp::MockMcp;
+use sluice_e2e::envoy::Envoy;
+use sluice_e2e::load::client;
+
+const WORKERS: u32 = 2;
+const HOST: &str = "mcp.tools.example";
+/// Each agent's searches: a bunch of 6, then 30 a minute.
+const SEARCH_BURST: u64 = 6;
+const SEARCH_PER_MINUTE: u64 = 30;
+const SLOW_IN_FLIGHT: u64 = 2;
+
+fn policies() -> String {
+    json!({"instance": "e2e-mcp", "fallback": {"version": 1, "policies": [
+        {"name": "searches", "match": {"host": HOST, "mcp": {"tools": ["search"]}},
+         "key": {"header": "x-agent-id", "label": "value"},
+         "rate": {"requests": SEARCH_PER_MINUTE, "period": "1m", "burst": SEARCH_BURST}},
+        {"name": "slow-tools", "match": {"host": HOST, "mcp": {"tools": ["slow"]}},
+         "concurrency": {"max_in_flight": SLOW_IN_FLIGHT}}
+    ]}})
+    .to_string()
+}
+
+/// One POST to the MCP endpoint: (status, body as JSON, `Retry-After`).
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    agent: &str,
+    body: &Value,
+) -> anyhow::Result<(u16, Value, Option<String>)> {
+    let response = http
+        .post(url)
+        .header("host", HOST)
+        .header("x-agent-id", agent)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_string())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let text = response.text().await?;
+    let value = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    Ok((status, value, retry))
+}
+
+fn tool_call(id: u64, tool: &str) -> Value {
+    let arguments = if tool == "slow" {
+        json!({"delay_ms": 400})
+    } else {
+        json!({"q": "rivers"})
+    };
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": tool, "arguments": arguments}})
+}
+
+#[derive(Default, Debug)]
+struct Seen {
+    answered: u64,
+    refused: u64,
+    batches_whole: u64,
+    batches_refused: u64,
+}
+
+/// Checks one answer to `sent` (a message or a batch); Err names what is
+/// wrong.
+fn check(sent: &Value, status: u16, got: &Value, seen: &mut Seen) -> anyhow::Result<()> {
+    anyhow::ensure!(status == 200, "status {status} for {sent}: {got}");
+    let pairs: Vec<(&Value, &Value)> = match (sent, got) {
+        (Value::Array(sent), Value::Array(got)) => {
+            anyhow::ensure!(sent.len() == got.len(), "{sent:?} answered {got:?}");
+            sent.iter().zip(got).collect()
+        }
+        (Value::Object(_), Value::Object(_)) => vec![(sent, got)],
+        _ => anyhow::bail!("{sent} answered {got}"),
+    };
+    let errors = pairs
+        .iter()
+        .filter(|(_, a)| a.get("error").is_some())
+        .count();
+    for (message, answer) in &pairs {
+        anyhow::ensure!(answer["id"] == message["id"], "{message} answered {answer}");
+        if let Some(error) = answer.get("error") {
+            anyhow::ensure!(error["code"] == -32029, "{error}");
+            anyhow::ensure!(error["data"]["retry_after_s"].as_u64().is_some(), "{error}");
+            let tool = message["params"]["name"].as_str().unwrap_or("");
+            anyhow::ensure!(
+                sent.is_array() || matches!(tool, "search" | "slow"),
+                "{tool} refused: {error}"
+            );
+        }
+    }
+    if sent.is_array() {
+        anyhow::ensure!(
+            errors == 0 || errors == pairs.len(),
+            "a batch half refused: {got}"
+        );
+        if errors == 0 {
+            seen.batches_whole += 1;
+        } else {
+            seen.batches_refused += 1;
+        }
+    }
+    seen.refused += errors as u64;
+    seen.answered += (pairs.len() - errors) as u64;
+    Ok(())
+}
+
+async fn agent(url: String, agent: &'static str, run: Duration) -> anyhow::Result<Seen> {
+    let http = client();
+    let mut seen = Seen::default();
+    let until = Instant::now() + run;
+    let mut id = 0u64;
+    let mut n = 0u64;
+    while Instant::now() < until {
+        n += 1;
+        id += 10;
+        let sent = match n % 6 {
+            0 => json!([tool_call(id, "search"), tool_call(id + 1, "search")]),
+            1 => json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}),
+            2 => tool_call(id, "fetch"),
+            3 => tool_call(id, "slow"),
+            4 => json!([tool_call(id, "fetch"), tool_call(id + 1, "search")]),
+            _ => tool_call(id, "search"),
+        };
+        let (status, got, _) = post(&http, &url, agent, &sent).await?;
+        check(&sent, status, &got, &mut seen)?;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    Ok(seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_tool_calls_stay_within_each_limit_and_refusals_answer_their_ids(
+) -> anyhow::Result<()> {
+    let mcp = MockMcp::start("127.0.0.1:0".parse()?).await?;
+    let envoy = Envoy::start(&policies(), mcp.addr.port(), WORKERS)?;
+    let url = envoy.url("/mcp");
+    let run = Duration::from_secs(6);
+    let started = Instant::now();
+    let agents = ["agent-a", "agent-b", "agent-c"];
+    let mut tasks = Vec::new();
+    for name in agents {
+        tasks.push(tokio::spawn(agent(url.clone(), name, run)));
+    }
+    let mut seen = Vec::new();
+    for task in tasks {
+        seen.push(task.await??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let stats = mcp.stats();
+    println!("mcp: {elapsed:.1} s, per agent {seen:?}; the server answered {stats:?}");
+    // The bound no schedule can break: the burst and what a minute's
+    // rate adds over the run.
+    let allowed = SEARCH_BURST + (SEARCH_PER_MINUTE as f64 * elapsed / 60.0).floor() as u64;
+    for name in agents {
+        let searches = stats.calls_of("search", name);
+        assert!(
+            (SEARCH_BURST..=allowed).contains(&searches),
+            "{name}: {searches} searches, at most {allowed}"
+        );
+        assert!(stats.calls_of("fetch", name) > 0, "{name} fetched");
+    }
+    assert!(
+        stats.most_in_flight.get("slow").copied().unwrap_or(0) <= SLOW_IN_FLIGHT,
+        "{stats:?}"
+    );
+    for s in &seen {
+        assert!(s.refused > 0, "each agent went past its searches: {s:?}");
+        assert!(s.batches_whole > 0 && s.batches_refused > 0, "{s:?}");
+    }
+    assert_eq!(stats.malformed, 0);
+
+    // Past its searches, a notification is refused with a bare 429, a
+    // request with an error carrying its id. A search the agent's rate
+    // gave back meanwhile (one every 2 s) is admitted and spends it: the
+    // next try is refused.
+    let http = client();
+    let notification = json!({"jsonrpc": "2.0", "method": "tools/call",
+        "params": {"name": "search", "arguments": {}}});
+    let mut tries = 0;
+    let (status, body, retry) = loop {
+        tries += 1;
+        let answer = post(&http, &url, "agent-a", &notification).await?;
+        if answer.0 != 202 || tries == 10 {
+            break answer;
+        }
+    };
+    assert_eq!((status, body), (429, Value::Null), "after {tries} tries");
+    assert!(retry.is_some());
+    let mut tries = 0;
+    let (status, body, retry) = loop {
+        tries += 1;
+        let answer = post(&http, &url, "agent-a", &tool_call(77, "search")).await?;
+        if answer.1.get("error").is_some() || tries == 10 {
+            break answer;
+        }
+    };
+    assert_eq!(status, 200);
+    assert_eq!(body["id"], 77, "{body}");
+    assert_eq!(body["error"]["data"]["policy"], "searches");
+    assert!(retry.is_some());
+    Ok(())
+}
