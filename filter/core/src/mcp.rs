@@ -23,6 +23,43 @@ pub enum RpcCall {
     Batch(Vec<(Option<Value>, bool)>),
 }
 
+/// The most messages one batch may hold: a batch is decided as one call,
+/// and each of its messages is classified alone first.
+pub const MAX_BATCH: usize = 128;
+
+/// Why a batch of MCP messages is refused whole, nothing of it counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchProblem {
+    /// One of its messages, sent alone, falls under another policy.
+    Mixed,
+    /// Its policy reads keys or costs from each message.
+    ReadsEachMessage,
+    /// More than [`MAX_BATCH`] messages.
+    TooLarge,
+}
+
+impl BatchProblem {
+    /// The `x-sluice-reason` of its refusal.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Mixed => "batch-mixed",
+            Self::ReadsEachMessage => "batch-keyed",
+            Self::TooLarge => "batch-too-large",
+        }
+    }
+
+    /// What to do instead, for the caller.
+    pub fn explain(self) -> String {
+        match self {
+            Self::Mixed => "its messages fall under different limits: send them one by one".into(),
+            Self::ReadsEachMessage => {
+                "the policy keys or prices each message: send them one by one".into()
+            }
+            Self::TooLarge => format!("a batch holds at most {MAX_BATCH} messages"),
+        }
+    }
+}
+
 impl McpMatcher {
     pub fn new(spec: &McpMatch) -> Self {
         Self {

@@ -8,7 +8,7 @@ use sluice_filter_core::headers::{
     RATELIMIT, RATELIMIT_POLICY, RETRY_AFTER, SLUICE_POLICY,
 };
 use sluice_filter_core::matcher::CompiledPolicy;
-use sluice_filter_core::mcp::RpcCall;
+use sluice_filter_core::mcp::{BatchProblem, RpcCall};
 use sluice_shared::time::Span;
 
 use sluice_shared::limiter::Standing;
@@ -168,6 +168,26 @@ pub(super) fn duplicate_key(policy: &CompiledPolicy, key: &str) -> LocalReply {
     }
 }
 
+/// The answer to a batch of MCP messages its policy cannot decide as one
+/// call: 400 (JSON-RPC's invalid request once said as JSON-RPC), nothing
+/// of it counted; sent one by one, its messages are decided.
+pub(super) fn batch_refused(policy: &CompiledPolicy, problem: BatchProblem) -> LocalReply {
+    LocalReply {
+        status: 400,
+        headers: vec![
+            (SLUICE_POLICY, policy.name().to_string()),
+            (REASON_HEADER, problem.reason().to_string()),
+            ("content-type", "text/plain".to_string()),
+        ],
+        body: format!(
+            "refused by sluice policy {}: a batch of MCP messages: {}\n",
+            policy.name(),
+            problem.explain()
+        )
+        .into_bytes(),
+    }
+}
+
 pub(super) fn render(policy: &CompiledPolicy, refusal: &Refusal, retry_after: Span) -> LocalReply {
     let spec = &policy.policy;
     // The RateLimit field speaks of what refused: a further limit, or the
@@ -305,6 +325,8 @@ impl BudgetTold<'_> {
 /// specification leaves to servers (-32000 to -32099), the one several MCP
 /// servers use for rate limits.
 pub const RPC_LIMITED: i64 = -32029;
+/// JSON-RPC's code for a request the server will not take as it is.
+pub const RPC_INVALID_REQUEST: i64 = -32600;
 
 /// A refusal of an MCP call said as JSON-RPC, which an agent's MCP client
 /// hands to the tool call that made it: each request answered by an
@@ -343,6 +365,13 @@ pub(super) fn for_rpc(reply: LocalReply, call: &RpcCall) -> LocalReply {
         }
     }
     let message = String::from_utf8_lossy(&reply.body).trim().to_string();
+    // A call refused for what it is, not for a limit: retrying it as it
+    // is does not help.
+    let code = if reply.status == 400 {
+        RPC_INVALID_REQUEST
+    } else {
+        RPC_LIMITED
+    };
     let error = |id: &serde_json::Value, counted: bool| {
         let message = if counted {
             message.clone()
@@ -350,7 +379,7 @@ pub(super) fn for_rpc(reply: LocalReply, call: &RpcCall) -> LocalReply {
             format!("refused with its batch: {message}")
         };
         serde_json::json!({"jsonrpc": "2.0", "id": id,
-            "error": {"code": RPC_LIMITED, "message": message, "data": data}})
+            "error": {"code": code, "message": message, "data": data}})
     };
     let answer = match call {
         RpcCall::Single(Some(id)) => Some(error(id, true)),

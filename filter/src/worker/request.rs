@@ -142,6 +142,22 @@ impl Parts {
                     .add(policy.name(), PolicyCounter::BodyRefused, 1);
                 return Err(Verdict::Reply(refusal::duplicate_key(policy, &key)));
             }
+            Classified::BatchRefused {
+                policy_index,
+                problem,
+            } => {
+                let Some(policy) = policies.policies.get(policy_index) else {
+                    return Ok(None);
+                };
+                ctx.metrics
+                    .add(policy.name(), PolicyCounter::BodyRefused, 1);
+                let reply = refusal::batch_refused(policy, problem);
+                let reply = match policy.rpc_call(body) {
+                    Some(call) => refusal::for_rpc(reply, &call),
+                    None => reply,
+                };
+                return Err(Verdict::Reply(reply));
+            }
             Classified::Decided { class, passed_over } => (class, passed_over),
         };
         for index in passed_over {

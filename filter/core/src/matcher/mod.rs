@@ -11,12 +11,15 @@ mod policy;
 mod request;
 
 pub use crate::body::{BodyJson, RequestAtHand};
+pub use crate::mcp::BatchProblem;
+use crate::mcp::MAX_BATCH;
 pub use crate::pricing::UNPRICED;
 pub use fair::CompiledFair;
 pub use limit::{CompiledLimit, CompiledSlotLimit};
 pub use policy::{BucketKey, CompiledMember, CompiledPolicy, CompiledPool};
 pub use request::KeySecrets;
 pub(crate) use request::KeySource;
+use serde_json::Value;
 
 use sluice_shared::fair::FairClaimant;
 use sluice_shared::policy::{PolicySet, Priority, Unreadable};
@@ -52,6 +55,13 @@ pub enum Classified {
     /// `key` twice in one object: the call is refused (the provider could
     /// read it another way than Sluice did).
     DuplicateKey { policy_index: usize, key: String },
+    /// The first policy taking the body counts MCP messages, and the body
+    /// is a batch it cannot decide as one call: refused whole, nothing
+    /// counted (see [`BatchProblem`]).
+    BatchRefused {
+        policy_index: usize,
+        problem: BatchProblem,
+    },
     Decided {
         /// The policy the request falls under (None: no policy).
         class: Option<Classification>,
@@ -66,7 +76,7 @@ impl Classified {
     pub fn class(self) -> Option<Classification> {
         match self {
             Self::Decided { class, .. } => class,
-            Self::NeedsBody { .. } | Self::DuplicateKey { .. } => None,
+            Self::NeedsBody { .. } | Self::DuplicateKey { .. } | Self::BatchRefused { .. } => None,
         }
     }
 }
@@ -218,6 +228,12 @@ impl CompiledPolicySet {
                     continue;
                 }
             }
+            if let Some(problem) = self.batch_problem(req, secrets, body, policy_index) {
+                return Classified::BatchRefused {
+                    policy_index,
+                    problem,
+                };
+            }
             let class = Classification {
                 policy_index,
                 key: policy.bucket_key(req, secret, body),
@@ -239,6 +255,42 @@ impl CompiledPolicySet {
             class: None,
             passed_over,
         }
+    }
+
+    /// Why a batch of MCP messages (a JSON array) cannot be decided as
+    /// one call of policy `chosen`, costing the messages it counts: one of
+    /// its messages, sent alone, would fall under another policy (it would
+    /// ride free with the batch), or the policy reads keys or costs from
+    /// each message (the batch as a whole has none). None for any other
+    /// body.
+    fn batch_problem<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        secrets: KeySecrets<'_>,
+        body: &BodyJson,
+        chosen: usize,
+    ) -> Option<BatchProblem> {
+        let policy = self.policies.get(chosen)?;
+        let Some(Value::Array(batch)) = body.json() else {
+            return None;
+        };
+        if !policy.counts_mcp() {
+            return None;
+        }
+        if batch.len() > MAX_BATCH {
+            return Some(BatchProblem::TooLarge);
+        }
+        if policy.keys_from_body() || policy.limits.iter().any(|l| l.cost_reads_body()) {
+            return Some(BatchProblem::ReadsEachMessage);
+        }
+        let elsewhere = batch.iter().any(|message| {
+            let alone = BodyJson::Json(message.clone());
+            matches!(
+                self.classify(req, secrets, &alone),
+                Classified::Decided { class: Some(c), .. } if c.policy_index != chosen
+            )
+        });
+        elsewhere.then_some(BatchProblem::Mixed)
     }
 
     /// Reads, while the headers pass, every header classifying the request

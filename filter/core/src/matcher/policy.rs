@@ -424,6 +424,11 @@ impl CompiledPolicy {
         }
     }
 
+    /// Whether the policy counts MCP messages (`match.mcp`).
+    pub fn counts_mcp(&self) -> bool {
+        self.mcp.is_some()
+    }
+
     /// Whom a refusal of this call answers, when the policy counts MCP
     /// messages and the body is JSON-RPC.
     pub fn rpc_call(&self, body: &BodyJson) -> Option<RpcCall> {
