@@ -228,11 +228,13 @@ impl CompiledPolicySet {
                     continue;
                 }
             }
-            if let Some(problem) = self.batch_problem(req, secrets, body, policy_index) {
-                return Classified::BatchRefused {
-                    policy_index,
-                    problem,
-                };
+            if policy.counts_mcp() {
+                if let Some(problem) = self.batch_problem(req, secrets, body, policy_index) {
+                    return Classified::BatchRefused {
+                        policy_index,
+                        problem,
+                    };
+                }
             }
             let class = Classification {
                 policy_index,
@@ -263,6 +265,8 @@ impl CompiledPolicySet {
     /// ride free with the batch), or the policy reads keys or costs from
     /// each message (the batch as a whole has none). None for any other
     /// body.
+    #[cold]
+    #[inline(never)]
     fn batch_problem<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
@@ -585,8 +589,10 @@ mod tests {
                 class.map(|c| s.policies[c.policy_index].name().to_string()),
                 passed_over,
             ),
-            Classified::NeedsBody { .. } | Classified::DuplicateKey { .. } => {
-                panic!("the body was read, without a key twice")
+            Classified::NeedsBody { .. }
+            | Classified::DuplicateKey { .. }
+            | Classified::BatchRefused { .. } => {
+                panic!("the body was read, without a key twice, and is no batch")
             }
         };
         let named = |n: &str| Some(n.to_string());

@@ -57,6 +57,8 @@ pub struct CompiledPolicy {
     body_matches: Vec<BodyMatch>,
     /// The JSON-RPC messages counted (`match.mcp`).
     mcp: Option<McpMatcher>,
+    /// `match.json` or `match.mcp` is given: the match reads the body.
+    match_reads_body: bool,
     key: Option<KeySource>,
     cost_header: Option<String>,
     priority_header: Option<String>,
@@ -108,6 +110,7 @@ impl CompiledPolicy {
                 .filter_map(BodyMatch::new)
                 .collect(),
             mcp: policy.matcher.mcp.as_ref().map(McpMatcher::new),
+            match_reads_body: policy.matcher.reads_request_body(),
             key: policy.key.as_ref().and_then(KeySource::new),
             cost_header: cost_header_of(&policy.cost),
             limits: policy
@@ -298,10 +301,15 @@ impl CompiledPolicy {
     /// Whether the match's conditions on the body hold (true for a policy
     /// without any); None when they cannot be told: the body is not JSON,
     /// too large, absent, or lacks a field they name.
+    #[inline]
     pub fn matches_body(&self, body: &BodyJson) -> Option<bool> {
-        if self.body_matches.is_empty() && self.mcp.is_none() {
+        if !self.match_reads_body {
             return Some(true);
         }
+        self.matches_read_body(body)
+    }
+
+    fn matches_read_body(&self, body: &BodyJson) -> Option<bool> {
         let json = body.json()?;
         if self.mcp.as_ref().is_some_and(|m| m.counted(json) == 0) {
             return Some(false);
@@ -417,10 +425,11 @@ impl CompiledPolicy {
 
     /// The calls one request makes: the MCP messages counted in its body,
     /// at least one.
+    #[inline]
     pub fn messages(&self, body: &BodyJson) -> u64 {
-        match (&self.mcp, body.json()) {
-            (Some(mcp), Some(json)) => mcp.counted(json).max(1),
-            _ => 1,
+        match &self.mcp {
+            None => 1,
+            Some(mcp) => body.json().map_or(1, |json| mcp.counted(json).max(1)),
         }
     }
 
@@ -531,6 +540,7 @@ impl CompiledPolicy {
     /// What this request takes from each of the policy's further limits;
     /// `body` is the request's body as far as it was read.
     /// `price`: the call's, as [`Self::call_price`] found it.
+    #[inline]
     pub fn limit_costs<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
@@ -540,6 +550,15 @@ impl CompiledPolicy {
         if self.limits.is_empty() {
             return Vec::new();
         }
+        self.further_costs(req, body, price)
+    }
+
+    fn further_costs<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        body: &BodyJson,
+        price: Option<&CallPrice>,
+    ) -> Vec<u64> {
         let messages = self.messages(body);
         self.limits
             .iter()
