@@ -344,6 +344,10 @@ mod tests {
         // Conditions on the request's JSON body (path and equals, prefix
         // or one_of): in the policy's JSON.
         "/match/json",
+        // MCP tool calls (JSON-RPC methods and tools counted): in the
+        // policy's JSON.
+        "/match/mcp/methods",
+        "/match/mcp/tools",
         // Listening to the provider: vendor header names and formats.
         "/limits/provider/adaptive",
         "/limits/provider/headers/ietf",
