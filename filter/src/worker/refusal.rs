@@ -331,8 +331,9 @@ pub const RPC_INVALID_REQUEST: i64 = -32600;
 /// A refusal of an MCP call said as JSON-RPC, which an agent's MCP client
 /// hands to the tool call that made it: each request answered by an
 /// error carrying its `id`, with the limit, the reason and when to retry
-/// in its `data`, on HTTP 200 (the MCP SDKs turn any other status into a
-/// transport error and never read the body); the headers stay. A call
+/// in its `data`, on HTTP 200 (the MCP TypeScript SDK's client turns any
+/// other status into a transport error, the body unread); the headers
+/// stay. A call
 /// with nobody to answer (notifications only) keeps the policy's status,
 /// with no body.
 pub(super) fn for_rpc(reply: LocalReply, call: &RpcCall) -> LocalReply {
