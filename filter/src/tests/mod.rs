@@ -112,13 +112,7 @@ fn rate_limit_is_shared_by_all_workers_and_replies_with_headers() {
         panic!("expected a reply");
     };
     assert_eq!(reply.status, 429);
-    let header = |n: &str| {
-        reply
-            .headers
-            .iter()
-            .find(|(k, _)| *k == n)
-            .map(|(_, v)| v.clone())
-    };
+    let header = |name: &str| reply.header(name).map(str::to_string);
     assert_eq!(header("retry-after").as_deref(), Some("1"));
     assert_eq!(
         header("ratelimit-policy").as_deref(),

@@ -58,13 +58,7 @@ fn calls_in_flight_are_limited_across_the_policies_naming_the_limit() {
         unreachable!()
     };
     assert_eq!(reply.status, 429);
-    let header = |name: &str| {
-        reply
-            .headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.clone())
-    };
+    let header = |name: &str| reply.header(name).map(str::to_string);
     assert_eq!(header("retry-after").as_deref(), Some("1"));
     assert!(
         header("ratelimit-policy")

@@ -35,6 +35,14 @@ impl LocalReply {
     pub fn header_pairs(&self) -> Vec<(&str, &str)> {
         self.headers.iter().map(|(n, v)| (*n, v.as_str())).collect()
     }
+
+    /// The value of its header `name`, if it has one.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// Why a call is refused: all its reply says besides the policy and the
@@ -337,13 +345,7 @@ pub const RPC_INVALID_REQUEST: i64 = -32600;
 /// with nobody to answer (notifications only) keeps the policy's status,
 /// with no body.
 pub(super) fn for_rpc(reply: LocalReply, call: &RpcCall) -> LocalReply {
-    let header = |name: &str| {
-        reply
-            .headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.clone())
-    };
+    let header = |name: &str| reply.header(name).map(str::to_string);
     let mut data = serde_json::Map::new();
     for (field, name) in [
         ("policy", SLUICE_POLICY),
