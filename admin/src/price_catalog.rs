@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 use sluice_api::prices::{PriceChange, PricedModel, PricesImported, RefusedModel};
 use sluice_shared::policy::bounds;
-use sluice_shared::price::{ModelPrice, Money, PriceTable};
+use sluice_shared::price::{self, ModelPrice, Money, PriceTable};
 
 /// The catalog's currency: LiteLLM prices in US dollars.
 pub const CATALOG_CURRENCY: &str = "USD";
@@ -116,6 +116,8 @@ pub fn merge(
             currency: CATALOG_CURRENCY.to_string(),
             models: Default::default(),
             default: None,
+            tools: Default::default(),
+            tool_default: None,
         },
     };
     let mut imported = PricesImported {
@@ -191,14 +193,13 @@ fn price_text(price: &ModelPrice) -> String {
     text
 }
 
+/// A catalog's name is one model's: the table's name rule, and no `*`
+/// (which would make it a prefix of every model it begins).
 fn check_name(model: &str) -> Result<(), String> {
-    if model.is_empty() || model.len() > bounds::MAX_MODEL_NAME || model.contains('*') {
-        return Err(format!(
-            "a model's name has 1 to {} characters and no `*`",
-            bounds::MAX_MODEL_NAME
-        ));
+    if model.contains('*') {
+        return Err("a model's name has no `*` in a catalog".into());
     }
-    Ok(())
+    price::name_problem(model).map_or(Ok(()), Err)
 }
 
 fn price_of(fields: &Map<String, Value>) -> Result<ModelPrice, String> {
@@ -211,28 +212,27 @@ fn price_of(fields: &Map<String, Value>) -> Result<ModelPrice, String> {
         (None, Some(_)) => return Err(format!("no {INPUT}")),
         (Some(_), None) => return Err(format!("no {OUTPUT}")),
     };
-    if input.micros() == 0 && output.micros() == 0 {
-        return Err("free in the catalog: Sluice prices no model at 0 (a call of a model the table does not price takes `default`, or is refused)".into());
-    }
-    let most = Money(bounds::MAX_PRICE_PER_MILLION * Money::ONE);
-    for (field, amount) in [
-        (INPUT, Some(input)),
-        (OUTPUT, Some(output)),
-        (CACHED_INPUT, cached_input),
-    ] {
-        if amount.is_some_and(|a| a > most) {
-            return Err(format!(
-                "{field} is more than {} a million tokens",
-                bounds::MAX_PRICE_PER_MILLION
-            ));
-        }
-    }
-    Ok(ModelPrice {
+    let price = ModelPrice {
         input,
         output,
         // The table's default for cached input is the input's price.
         cached_input: cached_input.filter(|c| *c != input),
-    })
+    };
+    // The table's own rules, named by the catalog's fields.
+    match price::model_price_problems(&price).into_iter().next() {
+        None => Ok(price),
+        Some((Some(kind), problem)) => Err(format!("{}: {problem}", catalog_field(kind))),
+        Some((None, _)) => Err("free in the catalog: Sluice prices no model at 0 (a call of a model the table does not price takes `default`, or is refused)".into()),
+    }
+}
+
+/// The catalog's name of a table's price field.
+fn catalog_field(kind: &str) -> &'static str {
+    match kind {
+        "input" => INPUT,
+        "output" => OUTPUT,
+        _ => CACHED_INPUT,
+    }
 }
 
 /// `field`'s cost of one token as the cost of a million, or None when the
@@ -413,7 +413,7 @@ mod tests {
             let expected = match model {
                 "bad*name" => "no `*`",
                 "dall-e-3" => "not priced per token",
-                "dear" => "more than 100000 a million tokens",
+                "dear" => "at most 100000 a million tokens",
                 "free-model" => "free in the catalog",
                 "half" => "no output_cost_per_token",
                 "list" => "an entry is an object, not a list",
@@ -470,6 +470,8 @@ mod tests {
                 output: money("2"),
                 cached_input: None,
             }),
+            tools: Default::default(),
+            tool_default: None,
         };
         let mine = ModelPrice {
             input: money("9"),
@@ -514,6 +516,8 @@ mod tests {
             currency: "EUR".into(),
             models: Default::default(),
             default: None,
+            tools: Default::default(),
+            tool_default: None,
         };
         let catalog = read(CATALOG, &Selection::default()).unwrap();
         assert_eq!(

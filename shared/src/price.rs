@@ -1,5 +1,6 @@
 //! Money: a price table (per model, per million tokens of input, output
-//! and cached input, in one currency) and what a call costs in it, in
+//! and cached input; per MCP tool, per call; in one currency) and what a
+//! call costs in it, in
 //! whole millionths of the currency ("micro-units"). No floating point
 //! in the books: prices are read from their decimal text and every sum
 //! is integer arithmetic, rounded up once per call.
@@ -142,6 +143,30 @@ pub struct PriceTable {
     /// refused by every limit whose cost is `price` (never free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default: Option<ModelPrice>,
+    /// What one MCP tool call costs (`tools/call`, in a policy with
+    /// `match.mcp`), by the tool's name (`params.name`); a name ending in
+    /// `*` prices every tool it begins, the longest first, an exact name
+    /// before any prefix.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools: BTreeMap<String, Money>,
+    /// The price of a call of a tool not in `tools` (and of any other
+    /// message such a policy counts); without it such a call is refused
+    /// by every limit whose cost is `price` (never free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_default: Option<Money>,
+}
+
+impl PriceTable {
+    /// An empty table in `currency`.
+    pub fn new(currency: &str) -> Self {
+        Self {
+            currency: currency.to_string(),
+            models: BTreeMap::new(),
+            default: None,
+            tools: BTreeMap::new(),
+            tool_default: None,
+        }
+    }
 }
 
 /// One model's prices per million tokens.
@@ -332,50 +357,154 @@ pub fn cost_of(tokens: u64, per_million: Money) -> u64 {
     u64::try_from(product.div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-/// A [`PriceTable`] ready to look models up.
+/// Rows of a price table by name, ready to look up: exact names, then
+/// the longest prefix (a name ending in `*`), then the default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ByName<T> {
+    exact: BTreeMap<String, T>,
+    /// `gpt-4o-*` as `gpt-4o-`, longest first.
+    prefixes: Vec<(String, T)>,
+    default: Option<T>,
+}
+
+impl<T> Default for ByName<T> {
+    fn default() -> Self {
+        Self {
+            exact: BTreeMap::new(),
+            prefixes: Vec::new(),
+            default: None,
+        }
+    }
+}
+
+impl<T: Copy> ByName<T> {
+    fn new(rows: &BTreeMap<String, T>, default: Option<T>) -> Self {
+        let mut prefixes: Vec<(String, T)> = rows
+            .iter()
+            .filter_map(|(name, row)| Some((name.strip_suffix('*')?.to_string(), *row)))
+            .collect();
+        prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        Self {
+            exact: rows
+                .iter()
+                .filter(|(name, _)| !name.ends_with('*'))
+                .map(|(name, row)| (name.clone(), *row))
+                .collect(),
+            prefixes,
+            default,
+        }
+    }
+
+    fn of(&self, name: Option<&str>) -> Option<&T> {
+        let found = name.and_then(|n| {
+            self.exact.get(n).or_else(|| {
+                self.prefixes
+                    .iter()
+                    .find(|(prefix, _)| n.starts_with(prefix.as_str()))
+                    .map(|(_, row)| row)
+            })
+        });
+        found.or(self.default.as_ref())
+    }
+}
+
+/// A [`PriceTable`] ready to look models and tools up.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CompiledPrices {
     pub currency: String,
-    exact: BTreeMap<String, ModelPrice>,
-    /// `gpt-4o-*` as `gpt-4o-`, longest first.
-    prefixes: Vec<(String, ModelPrice)>,
-    default: Option<ModelPrice>,
+    models: ByName<ModelPrice>,
+    tools: ByName<Money>,
 }
 
 impl CompiledPrices {
     pub fn new(table: &PriceTable) -> Self {
-        let mut prefixes: Vec<(String, ModelPrice)> = table
-            .models
-            .iter()
-            .filter_map(|(name, price)| Some((name.strip_suffix('*')?.to_string(), *price)))
-            .collect();
-        prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
         Self {
             currency: table.currency.clone(),
-            exact: table
-                .models
-                .iter()
-                .filter(|(name, _)| !name.ends_with('*'))
-                .map(|(name, price)| (name.clone(), *price))
-                .collect(),
-            prefixes,
-            default: table.default,
+            models: ByName::new(&table.models, table.default),
+            tools: ByName::new(&table.tools, table.tool_default),
         }
     }
 
     /// The prices of `model` (None: the request names none): the exact
     /// entry, else the longest prefix, else the default, else none.
     pub fn of(&self, model: Option<&str>) -> Option<&ModelPrice> {
-        let found = model.and_then(|m| {
-            self.exact.get(m).or_else(|| {
-                self.prefixes
-                    .iter()
-                    .find(|(prefix, _)| m.starts_with(prefix.as_str()))
-                    .map(|(_, price)| price)
-            })
-        });
-        found.or(self.default.as_ref())
+        self.models.of(model)
     }
+
+    /// What one call of `tool` costs (None: the message calls no tool),
+    /// found as a model's price is; None when it has no price.
+    pub fn of_tool(&self, tool: Option<&str>) -> Option<Money> {
+        self.tools.of(tool).copied()
+    }
+
+    /// The dearest price a tool call can have (of a call whose tool
+    /// cannot be read); None when no tool is priced.
+    pub fn dearest_tool(&self) -> Option<Money> {
+        self.tools
+            .exact
+            .values()
+            .chain(self.tools.prefixes.iter().map(|(_, price)| price))
+            .chain(&self.tools.default)
+            .max()
+            .copied()
+    }
+}
+
+/// Why `name` cannot name a row of a price table (a model or a tool):
+/// none when it can.
+pub fn name_problem(name: &str) -> Option<String> {
+    let bare = name.strip_suffix('*').unwrap_or(name);
+    (bare.is_empty() || name.len() > bounds::MAX_MODEL_NAME || bare.contains('*')).then(|| {
+        format!(
+            "a name has 1 to {} characters, `*` only at its end",
+            bounds::MAX_MODEL_NAME
+        )
+    })
+}
+
+/// Why `price` cannot be a model's row of a price table: each problem
+/// with the field it is on (`None`: the row as a whole).
+pub fn model_price_problems(price: &ModelPrice) -> Vec<(Option<&'static str>, String)> {
+    let most = Money(bounds::MAX_PRICE_PER_MILLION * Money::ONE);
+    let mut problems: Vec<(Option<&'static str>, String)> = [
+        ("input", Some(price.input)),
+        ("output", Some(price.output)),
+        ("cached_input", price.cached_input),
+    ]
+    .into_iter()
+    .filter(|(_, amount)| amount.is_some_and(|a| a > most))
+    .map(|(kind, _)| {
+        (
+            Some(kind),
+            format!(
+                "at most {} a million tokens: a price is per million tokens",
+                bounds::MAX_PRICE_PER_MILLION
+            ),
+        )
+    })
+    .collect();
+    if price.input.micros() == 0 && price.output.micros() == 0 {
+        problems.push((
+            None,
+            "input and output both free: give the model's price, or leave it out (then `default`, or refused)".into(),
+        ));
+    }
+    problems
+}
+
+/// Why `price` cannot be what one tool call costs, if it cannot.
+pub fn tool_price_problem(price: Money) -> Option<String> {
+    if price.micros() == 0 {
+        return Some(
+            "at least 0.000001: a call a money limit counts is never free (leave a free tool out of the policy's `match.mcp.tools`)".into(),
+        );
+    }
+    (price > Money(bounds::MAX_PRICE_PER_CALL * Money::ONE)).then(|| {
+        format!(
+            "at most {} a call: a tool's price is per call",
+            bounds::MAX_PRICE_PER_CALL
+        )
+    })
 }
 
 /// A price table: a known currency, named models, prices a provider
@@ -398,45 +527,40 @@ pub(crate) fn check_prices(r: &mut Report, prices: &PriceTable) {
     }
     for (name, price) in &prices.models {
         let at = format!("models.{name}");
-        let bare = name.strip_suffix('*').unwrap_or(name);
-        if bare.is_empty() || name.len() > bounds::MAX_MODEL_NAME || bare.contains('*') {
-            r.at(
-                &at,
-                format!(
-                    "a model's name, at most {} characters, `*` only at its end",
-                    bounds::MAX_MODEL_NAME
-                ),
-            );
+        if let Some(problem) = name_problem(name) {
+            r.at(&at, problem);
         }
         check_model_price(r, &at, price);
     }
     if let Some(default) = &prices.default {
         check_model_price(r, "default", default);
     }
-}
-
-pub(crate) fn check_model_price(r: &mut Report, at: &str, price: &ModelPrice) {
-    let most = Money(bounds::MAX_PRICE_PER_MILLION * Money::ONE);
-    for (kind, amount) in [
-        ("input", Some(price.input)),
-        ("output", Some(price.output)),
-        ("cached_input", price.cached_input),
-    ] {
-        if amount.is_some_and(|a| a > most) {
-            r.at(
-                &format!("{at}.{kind}"),
-                format!(
-                    "at most {} a million tokens: a price is per million tokens",
-                    bounds::MAX_PRICE_PER_MILLION
-                ),
-            );
+    if prices.tools.len() > bounds::MAX_PRICED_MODELS {
+        r.at(
+            "tools",
+            format!("at most {} tools", bounds::MAX_PRICED_MODELS),
+        );
+    }
+    for (name, price) in &prices.tools {
+        let at = format!("tools.{name}");
+        for problem in name_problem(name)
+            .into_iter()
+            .chain(tool_price_problem(*price))
+        {
+            r.at(&at, problem);
         }
     }
-    if price.input.micros() == 0 && price.output.micros() == 0 {
-        r.at(
-            at,
-            "input and output both free: give the model's price, or leave it out (then `default`, or refused)",
-        );
+    if let Some(problem) = prices.tool_default.and_then(tool_price_problem) {
+        r.at("tool_default", problem);
+    }
+}
+
+fn check_model_price(r: &mut Report, at: &str, price: &ModelPrice) {
+    for (kind, problem) in model_price_problems(price) {
+        match kind {
+            Some(kind) => r.at(&format!("{at}.{kind}"), problem),
+            None => r.at(at, problem),
+        }
     }
 }
 
@@ -516,6 +640,8 @@ mod tests {
             .into_iter()
             .collect(),
             default: None,
+            tools: Default::default(),
+            tool_default: None,
         };
         let prices = CompiledPrices::new(&table);
         let input = |m: Option<&str>| prices.of(m).map(|p| p.input.to_string());
@@ -534,6 +660,35 @@ mod tests {
                 .map(|p| p.input.to_string())
                 .as_deref(),
             Some("10")
+        );
+    }
+
+    #[test]
+    fn tools_are_priced_by_name_prefix_and_default_and_the_dearest_is_known() {
+        let money = |text: &str| Money::parse(text).unwrap_or_default();
+        let mut table = PriceTable::new("USD");
+        table.tools = [
+            ("search".to_string(), money("0.01")),
+            ("render_*".to_string(), money("0.05")),
+            ("render_pdf*".to_string(), money("0.2")),
+        ]
+        .into_iter()
+        .collect();
+        let prices = CompiledPrices::new(&table);
+        let of = |tool: Option<&str>| prices.of_tool(tool).map(|m| m.to_string());
+        assert_eq!(of(Some("search")).as_deref(), Some("0.01"));
+        assert_eq!(of(Some("render_png")).as_deref(), Some("0.05"));
+        assert_eq!(of(Some("render_pdf_a4")).as_deref(), Some("0.2"));
+        assert_eq!(of(Some("fetch")), None);
+        assert_eq!(of(None), None, "a message that calls no tool");
+        assert_eq!(prices.dearest_tool(), Some(money("0.2")));
+        table.tool_default = Some(money("1.5"));
+        let prices = CompiledPrices::new(&table);
+        assert_eq!(prices.of_tool(Some("fetch")), Some(money("1.5")));
+        assert_eq!(prices.dearest_tool(), Some(money("1.5")));
+        assert_eq!(
+            CompiledPrices::new(&PriceTable::new("USD")).dearest_tool(),
+            None
         );
     }
 

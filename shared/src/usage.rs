@@ -632,6 +632,8 @@ mod tests {
             .into_iter()
             .collect(),
             default: None,
+            tools: Default::default(),
+            tool_default: None,
         };
         let prices = Arc::new(CompiledPrices::new(&table));
         let mini = price("0.15", "0.6");

@@ -762,9 +762,9 @@ fn prices_and_money_limits_are_checked_field_by_field() {
         errors_of(&set(bad, r#"{"price": {"output": "a..b", "default_output": 0, "prompt": {"paths": []}}}"#)),
         vec![
             "prices.currency: \"DOLLARS\" is not an ISO 4217 currency code (USD, EUR, GBP, JPY, ...)",
-            "prices.models.: a model's name, at most 128 characters, `*` only at its end",
+            "prices.models.: a name has 1 to 128 characters, `*` only at its end",
             "prices.models.free: input and output both free: give the model's price, or leave it out (then `default`, or refused)",
-            "prices.models.gpt-*-mini: a model's name, at most 128 characters, `*` only at its end",
+            "prices.models.gpt-*-mini: a name has 1 to 128 characters, `*` only at its end",
             "prices.models.gpt-*-mini.output: at most 100000 a million tokens: a price is per million tokens",
             "prices.default.input: at most 100000 a million tokens: a price is per million tokens",
             "policies[0].limits[0].cost.price.output: \"a..b\" is not a path: names or indexes joined by '.', none empty (usage.total_tokens)",
@@ -1312,4 +1312,42 @@ fn mcp_matches_are_checked_with_their_field() {
         r#"{"name": "a", "match": {"host": "x", "mcp": {}, "unreadable": "next"}, "rate": {"requests": 1, "period": "1s"}}"#,
     ))
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Step 4 item 1: tool prices are per call, never free, under a bound,
+/// named as models are; an MCP policy's money limit needs them.
+#[test]
+fn tool_prices_are_checked_and_an_mcp_money_limit_needs_them() {
+    let set = |tools: &str| {
+        format!(
+            r#"{{"version": 1, "prices": {{"currency": "USD", "models": {{"gpt-4o": {{"input": 2.5, "output": 10}}}}{tools}}},
+              "policies": [{{"name": "agents", "match": {{"host": "mcp.example", "mcp": {{"tools": ["search"]}}}},
+                "rate": {{"requests": 10, "period": "1s"}},
+                "limits": [{{"name": "run", "key": {{"header": "x-run"}},
+                            "rate": {{"requests": 1000000, "period": "1d", "algorithm": "fixed_window"}},
+                            "cost": "price"}}]}}]}}"#
+        )
+    };
+    assert!(parse_policy_set(&set(r#", "tools": {"search": "0.01"}"#)).is_ok());
+    assert!(parse_policy_set(&set(r#", "tool_default": 0.002"#)).is_ok());
+    assert_eq!(
+        errors_of(&set("")),
+        vec!["policies[0].limits[0].cost: the policy counts MCP tool calls, priced by tool, and the set's `prices` price no tool: give `prices.tools` or `prices.tool_default`"]
+    );
+    assert_eq!(
+        errors_of(&set(
+            r#", "tools": {"free": 0, "dear": "10001", "a*b": "1", "": "1"}, "tool_default": "0""#
+        )),
+        vec![
+            "prices.tools.: a name has 1 to 128 characters, `*` only at its end",
+            "prices.tools.a*b: a name has 1 to 128 characters, `*` only at its end",
+            "prices.tools.dear: at most 10000 a call: a tool's price is per call",
+            "prices.tools.free: at least 0.000001: a call a money limit counts is never free (leave a free tool out of the policy's `match.mcp.tools`)",
+            "prices.tool_default: at least 0.000001: a call a money limit counts is never free (leave a free tool out of the policy's `match.mcp.tools`)",
+        ]
+    );
+    let e = parse_policy_set(&set(r#", "tools": {"search": "-1"}"#))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("prices.tools"), "{e}");
 }

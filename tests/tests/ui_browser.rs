@@ -1405,7 +1405,7 @@ async fn the_live_view_shows_each_tenants_fair_share() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The price table in the editor: models added row by row, a bad amount
+/// The price table in the editor: models and MCP tools added row by row, a bad amount
 /// refused with its field, the table saved (a new set version) and read
 /// back when the page opens again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1433,6 +1433,11 @@ async fn the_prices_page_edits_the_price_table() -> anyhow::Result<()> {
     browser.fill("#price-1-output", "0.6").await?;
     browser.fill("#price-default-input", "5").await?;
     browser.fill("#price-default-output", "15").await?;
+    // An MCP tool's price per call, and any other tool's.
+    browser.click("#add-tool-price").await?;
+    browser.fill("#tool-2-name", "search").await?;
+    browser.fill("#tool-2-price", "0.01").await?;
+    browser.fill("#tool-default-price", "0.002").await?;
     browser.click("#save-prices").await?;
     let saved = browser
         .wait_text("#prices-message", Duration::from_secs(5), |t| {
@@ -1447,6 +1452,8 @@ async fn the_prices_page_edits_the_price_table() -> anyhow::Result<()> {
     assert_eq!(table["models"]["gpt-4o"]["cached_input"], "1.25");
     assert_eq!(table["models"]["gpt-4o-mini*"]["output"], "0.6");
     assert_eq!(table["default"]["output"], "15");
+    assert_eq!(table["tools"]["search"], "0.01");
+    assert_eq!(table["tool_default"], "0.002");
     // Opened again, the page shows what is stored.
     browser
         .client
@@ -1456,6 +1463,10 @@ async fn the_prices_page_edits_the_price_table() -> anyhow::Result<()> {
         .wait_value("#price-0-model", "gpt-4o", Duration::from_secs(5))
         .await?;
     assert_eq!(model.as_deref(), Some("gpt-4o"));
+    let tool = browser
+        .wait_value("#tool-2-name", "search", Duration::from_secs(5))
+        .await?;
+    assert_eq!(tool.as_deref(), Some("search"));
     browser.close().await;
     admin.stop().await;
     Ok(())

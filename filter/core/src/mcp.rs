@@ -53,7 +53,8 @@ impl BatchProblem {
         match self {
             Self::Mixed => "its messages fall under different limits: send them one by one".into(),
             Self::ReadsEachMessage => {
-                "the policy keys or prices each message: send them one by one".into()
+                "the policy keys each message, or reads a cost from each: send them one by one"
+                    .into()
             }
             Self::TooLarge => format!("a batch holds at most {MAX_BATCH} messages"),
         }
@@ -82,6 +83,21 @@ impl McpMatcher {
             Value::Array(batch) => batch.iter().filter(|m| self.counts(m)).count() as u64,
             message => u64::from(self.counts(message)),
         }
+    }
+
+    /// The tool each message the policy counts calls (None: a message of
+    /// another method it counts), in order.
+    pub fn counted_tools<'a>(&'a self, body: &'a Value) -> impl Iterator<Item = Option<&'a str>> {
+        let messages = match body {
+            Value::Array(batch) => batch.as_slice(),
+            message => std::slice::from_ref(message),
+        };
+        messages.iter().filter(|m| self.counts(m)).map(|m| {
+            match m.get("method").and_then(Value::as_str) {
+                Some(McpMatch::TOOL_CALL) => tool_of(m),
+                _ => None,
+            }
+        })
     }
 
     /// Whom a refusal of `body` answers, when it is JSON-RPC.
@@ -113,11 +129,7 @@ impl McpMatcher {
             // policy names counts whatever its parameters.
             return true;
         }
-        let Some(tool) = message
-            .get("params")
-            .and_then(|p| p.get("name"))
-            .and_then(Value::as_str)
-        else {
+        let Some(tool) = tool_of(message) else {
             return false;
         };
         self.tools.iter().any(|(name, prefix)| {
@@ -128,6 +140,14 @@ impl McpMatcher {
             }
         })
     }
+}
+
+/// The tool a `tools/call` message calls (`params.name`).
+fn tool_of(message: &Value) -> Option<&str> {
+    message
+        .get("params")
+        .and_then(|p| p.get("name"))
+        .and_then(Value::as_str)
 }
 
 /// A message's `id`, when it is a request (JSON-RPC: a string, a number,

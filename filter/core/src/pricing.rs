@@ -16,6 +16,7 @@ use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::usage::{CompiledUsage, Priced};
 
 use crate::body::BodyJson;
+use crate::mcp::McpMatcher;
 
 /// The estimate of a money limit's call whose model has no price (and
 /// the table no default): refused, never free.
@@ -168,12 +169,28 @@ pub struct Pricing {
     model: Option<ModelFrom>,
 }
 
-/// A call's prices, read once as it is decided: its model's, and the most
-/// any of its money limits charges it when its answer cannot be read.
+/// A call's prices, read once as it is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallPrice {
-    pub model: ModelPrice,
-    pub unread_ceiling: u64,
+pub enum CallPrice {
+    /// A model's call: its model's prices, and the most any of its money
+    /// limits charges it when its answer cannot be read.
+    Tokens {
+        model: ModelPrice,
+        unread_ceiling: u64,
+    },
+    /// MCP tool calls (one, or a batch's): what they cost together, in
+    /// micro-units, known before the call and charged as it is.
+    Tools(u64),
+}
+
+impl CallPrice {
+    /// The model's prices of a model's call.
+    pub fn model(&self) -> Option<&ModelPrice> {
+        match self {
+            Self::Tokens { model, .. } => Some(model),
+            Self::Tools(_) => None,
+        }
+    }
 }
 
 impl Pricing {
@@ -195,31 +212,55 @@ impl Pricing {
         let named = self.model.as_ref().and_then(|m| m.read(req, body));
         let model = *self.prices.of(named.as_deref())?;
         let unread_ceiling = limits.map(|l| l.ceiling(body, &model)).max().unwrap_or(0);
-        Some(CallPrice {
+        Some(CallPrice::Tokens {
             model,
             unread_ceiling,
         })
     }
 
+    /// The price of the MCP messages `mcp` counts in `body`, each at its
+    /// tool's price (a message that calls no tool: `tool_default`); a
+    /// body that cannot be read, at the dearest price a message could
+    /// have (fail closed). None when one has no price.
+    pub fn tools_price(&self, mcp: &McpMatcher, body: &BodyJson) -> Option<CallPrice> {
+        let total = match body.json() {
+            Some(json) => mcp.counted_tools(json).try_fold(0u64, |sum, tool| {
+                Some(sum.saturating_add(self.prices.of_tool(tool)?.micros()))
+            })?,
+            None => self.prices.dearest_tool()?.micros(),
+        };
+        Some(CallPrice::Tools(total.max(1)))
+    }
+
     /// How a money limit (`usage`: its own settings) reads a call's answer
-    /// at `call`'s prices, and at the answer's model's when dearer.
+    /// at `call`'s prices, and at the answer's model's when dearer; None
+    /// for tool calls, charged their price.
     pub fn usage(
         &self,
         usage: Option<&sluice_shared::policy::UsageSpec>,
         cost: &sluice_shared::policy::CostSpec,
         limit: &CompiledPriceCost,
         call: &CallPrice,
-    ) -> CompiledUsage {
-        CompiledUsage::priced(
+    ) -> Option<CompiledUsage> {
+        let CallPrice::Tokens {
+            model,
+            unread_ceiling,
+        } = call
+        else {
+            // A tool call's price is known before it is made: nothing
+            // of its answer is read.
+            return None;
+        };
+        Some(CompiledUsage::priced(
             usage,
             cost,
             Priced {
                 format: limit.spec.usage,
-                price: &call.model,
+                price: model,
                 prices: Some(&self.prices),
-                unread_ceiling: Some(call.unread_ceiling),
+                unread_ceiling: Some(*unread_ceiling),
             },
-        )
+        ))
     }
 }
 
@@ -281,6 +322,8 @@ mod tests {
             currency: "USD".into(),
             models: [("gpt-4o".to_string(), gpt4o())].into_iter().collect(),
             default: None,
+            tools: Default::default(),
+            tool_default: None,
         };
         Pricing::new(Arc::new(CompiledPrices::new(&table)), &source)
     }
@@ -306,7 +349,7 @@ mod tests {
             path_after: Some("/openai/deployments/".into()),
         });
         let found = by_path.call_price(req, &body, [&cost].into_iter());
-        assert_eq!(found.map(|c| c.model), Some(gpt4o()));
+        assert_eq!(found.as_ref().and_then(CallPrice::model), Some(&gpt4o()));
         let by_header = pricing(ModelSource {
             json: None,
             header: Some("X-Model".into()),
@@ -317,5 +360,40 @@ mod tests {
             .is_some());
         let other: &[(&str, &[u8])] = &[(":path", b"/openai/deployments/")];
         assert_eq!(by_path.call_price(other, &body, [&cost].into_iter()), None);
+    }
+
+    /// Step 4 item 1: MCP messages are priced by tool, a batch at the sum
+    /// of its counted messages'; a body that cannot be read at the
+    /// dearest tool (fail closed); an unpriced tool prices nothing.
+    #[test]
+    fn tool_calls_are_priced_per_message_and_unread_at_the_dearest() {
+        let money = |text: &str| Money::parse(text).unwrap_or_default();
+        let mut table = sluice_shared::price::PriceTable::new("USD");
+        table.tools = [
+            ("search".to_string(), money("0.01")),
+            ("expensive".to_string(), money("0.25")),
+        ]
+        .into_iter()
+        .collect();
+        let pricing = Pricing::new(
+            Arc::new(CompiledPrices::new(&table)),
+            &ModelSource::default(),
+        );
+        let every_tool = McpMatcher::new(&sluice_shared::McpMatch::default());
+        let call = |tool: &str| json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool}});
+        let price = |body: BodyJson| pricing.tools_price(&every_tool, &body);
+        assert_eq!(
+            price(BodyJson::Json(call("search"))),
+            Some(CallPrice::Tools(10_000))
+        );
+        let batch = json!([call("search"), call("expensive"), {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}]);
+        assert_eq!(
+            price(BodyJson::Json(batch)),
+            Some(CallPrice::Tools(260_000)),
+            "tools/list is not counted, so not priced"
+        );
+        assert_eq!(price(BodyJson::Json(call("fetch"))), None);
+        assert_eq!(price(BodyJson::TooLarge), Some(CallPrice::Tools(250_000)));
+        assert_eq!(price(BodyJson::Invalid), Some(CallPrice::Tools(250_000)));
     }
 }

@@ -251,3 +251,110 @@ fn a_batch_no_one_policy_can_decide_whole_is_refused_whole_and_counts_nothing() 
     }
     assert_eq!(admitted, 29);
 }
+
+/// One dollar per agent run (`x-agent-run`) across its tool calls, priced
+/// per call by tool, and its LLM calls, priced by tokens: one limit named
+/// by both policies.
+const RUN_BUDGET: &str = r#"{"version": 1,
+    "prices": {"currency": "USD",
+               "models": {"gpt-4o": {"input": "2.5", "output": "10"}},
+               "tools": {"search": "0.01", "expensive": "0.25", "render_*": "0.05"}},
+    "policies": [
+      {"name": "tools", "match": {"host": "mcp.tools.example", "mcp": {}},
+       "rate": {"requests": 1000, "period": "1s"},
+       "limits": [{"name": "run", "key": {"header": "x-agent-run"},
+                   "rate": {"requests": 1000000, "period": "1d", "algorithm": "fixed_window"},
+                   "cost": "price"}]},
+      {"name": "llm", "match": {"host": "llm.example"},
+       "rate": {"requests": 1000, "period": "1s"},
+       "limits": [{"name": "run", "key": {"header": "x-agent-run"},
+                   "rate": {"requests": 1000000, "period": "1d", "algorithm": "fixed_window"},
+                   "cost": "price"}]}]}"#;
+
+fn run_call(host: &FakeHost, w: &mut Worker, id: u32, to: &[u8], run: &str, body: &str) -> Verdict {
+    let run_header = [("x-agent-run", run.as_bytes())];
+    let headers = req(to, &run_header);
+    let first = w.on_request_with(host, id, headers.as_slice(), RequestBody::Coming);
+    assert_eq!(first, Verdict::ReadBody);
+    w.on_request_with(
+        host,
+        id,
+        headers.as_slice(),
+        RequestBody::Read(Some(body.as_bytes())),
+    )
+}
+
+fn tool_run_call(host: &FakeHost, w: &mut Worker, id: u32, run: &str, body: &Value) -> Verdict {
+    let v = run_call(host, w, id, MCP, run, &body.to_string());
+    if v == Verdict::Continue {
+        w.on_stream_end(host, id);
+    }
+    v
+}
+
+/// Item 1 of step 4: a money limit prices each tool call at its tool's
+/// price (a batch, the sum of its messages'), charged as priced (an MCP
+/// answer reports no usage), and an LLM call of the same run at its
+/// tokens, from one budget; a tool without a price is refused, never free.
+#[test]
+fn one_budget_per_run_covers_its_tool_calls_and_its_llm_tokens() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, RUN_BUDGET);
+    // Three expensive calls: 0.75.
+    for id in 1..=3 {
+        let v = tool_run_call(&host, &mut w, id, "r1", &tool_call(json!(id), "expensive"));
+        assert_eq!(v, Verdict::Continue, "expensive call {id}");
+    }
+    // The run's LLM call: estimated at 1 000 output tokens (0.01 and its
+    // prompt), charged what its answer reports: 0.01 and 40 prompt tokens.
+    let llm = r#"{"model": "gpt-4o", "max_tokens": 1000, "messages": []}"#;
+    assert_eq!(
+        run_call(&host, &mut w, 10, b"llm.example", "r1", llm),
+        Verdict::Continue
+    );
+    let answer =
+        br#"{"model": "gpt-4o", "usage": {"prompt_tokens": 40, "completion_tokens": 1000}}"#;
+    let headers: Vec<(&str, &[u8])> =
+        vec![(":status", b"200"), ("content-type", b"application/json")];
+    assert!(
+        w.on_answer_headers(&host, 10, headers.as_slice(), false)
+            .read_body
+    );
+    w.on_answer_body(&host, 10, answer, true);
+    w.on_stream_end(&host, 10);
+    // Spent 0.760100; a batch of an expensive call and a search (0.26)
+    // would pass the dollar: refused whole, each request its error.
+    let batch = json!([
+        tool_call(json!("b1"), "expensive"),
+        tool_call(json!("b2"), "search")
+    ]);
+    let refused = tool_run_call(&host, &mut w, 11, "r1", &batch);
+    assert_eq!(status(&refused), 200);
+    let errors = body_of(&refused);
+    assert_eq!(errors[0]["id"], "b1");
+    assert_eq!(errors[1]["id"], "b2");
+    let data = &errors[0]["error"]["data"];
+    assert_eq!(data["limit"], "run");
+    assert_eq!(data["spent"], "0.7601");
+    assert_eq!(data["budget"], "1");
+    assert_eq!(data["currency"], "USD");
+    // Its messages alone fit: 0.25 and 0.01 (of 0.2399 left: the search,
+    // then a render_ tool at its prefix's price, not the expensive call).
+    let search = tool_run_call(&host, &mut w, 12, "r1", &tool_call(json!(12), "search"));
+    assert_eq!(search, Verdict::Continue);
+    let render = tool_run_call(&host, &mut w, 13, "r1", &tool_call(json!(13), "render_pdf"));
+    assert_eq!(render, Verdict::Continue);
+    let dear = tool_run_call(&host, &mut w, 14, "r1", &tool_call(json!(14), "expensive"));
+    assert_eq!(body_of(&dear)["error"]["data"]["spent"], "0.8201");
+    // A tool without a price is refused, whatever is left.
+    let unpriced = tool_run_call(&host, &mut w, 15, "r2", &tool_call(json!(15), "fetch"));
+    let error = body_of(&unpriced);
+    assert_eq!(error["id"], 15);
+    assert_eq!(error["error"]["data"]["reason"], "tool-unpriced");
+    assert!(error["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("a tool it calls has no price")));
+    // Another run has its own dollar.
+    let other = tool_run_call(&host, &mut w, 16, "r2", &tool_call(json!(16), "expensive"));
+    assert_eq!(other, Verdict::Continue);
+}

@@ -100,6 +100,9 @@ pub(super) enum Why {
     /// A money limit's call whose model has no price (and the table no
     /// default): never free.
     Unpriced,
+    /// A money limit's MCP call of a tool that has no price (and the
+    /// table no `tool_default`): never free.
+    ToolUnpriced,
     /// The limit's rate is shared fairly (`fair`) and the call's key is
     /// past its share while others want theirs.
     FairShare,
@@ -285,7 +288,11 @@ fn refused_before_taking<H: Host + ?Sized>(
         return Err(Taken::Refused {
             limit: limit.name.clone(),
             retry_after: UNPRICED_RETRY,
-            why: Why::Unpriced,
+            why: if policy.counts_mcp() {
+                Why::ToolUnpriced
+            } else {
+                Why::Unpriced
+            },
             standing: None,
         });
     }

@@ -98,6 +98,10 @@ impl Refusal {
                 why: Why::Unpriced, ..
             } => Some("model-unpriced"),
             Refusal::Limit {
+                why: Why::ToolUnpriced,
+                ..
+            } => Some("tool-unpriced"),
+            Refusal::Limit {
                 why: Why::FairShare,
                 ..
             } => Some("fair-share"),
@@ -122,6 +126,13 @@ impl Refusal {
                 ..
             } => format!(
                 "refused by sluice policy {policy}: the call's model has no price, and the price table no default (limit {limit} counts money)\n"
+            ),
+            Refusal::Limit {
+                limit,
+                why: Why::ToolUnpriced,
+                ..
+            } => format!(
+                "refused by sluice policy {policy}: a tool it calls has no price, and the price table no tool_default (limit {limit} counts money)\n"
             ),
             Refusal::Limit {
                 limit,

@@ -46,6 +46,8 @@ pub const MAX_WARN_LINES: usize = 4;
 pub const MAX_MODEL_NAME: usize = 128;
 /// Per million tokens, in units of the currency.
 pub const MAX_PRICE_PER_MILLION: u64 = 100_000;
+/// What one MCP tool call may cost, in units of the currency.
+pub const MAX_PRICE_PER_CALL: u64 = 10_000;
 pub const MIN_CHARS_PER_TOKEN: f64 = 0.25;
 pub const MAX_CHARS_PER_TOKEN: f64 = 64.0;
 pub const MAX_USAGE_BODY_BYTES: u32 = 16 * 1024 * 1024;

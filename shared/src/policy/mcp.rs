@@ -40,6 +40,16 @@ impl McpMatch {
     }
 }
 
+impl Default for McpMatch {
+    /// Every tool call (`"mcp": {}`).
+    fn default() -> Self {
+        Self {
+            methods: Self::default_methods(),
+            tools: Vec::new(),
+        }
+    }
+}
+
 pub(crate) fn check_mcp(r: &mut Report, m: &McpMatch) {
     if m.methods.is_empty() {
         r.at(

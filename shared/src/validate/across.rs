@@ -7,18 +7,19 @@ use std::collections::HashMap;
 
 use crate::policy::check::FieldError;
 use crate::policy::{CostSpec, NamedLimit, Policy};
+use crate::price::PriceTable;
 
 /// What no one policy can tell: names unique, shared limits agreed on, a
 /// pool member's limits its own, money limits priced.
 pub(super) fn check_across_policies(
     policies: &[(usize, Policy)],
-    priced: bool,
+    prices: Option<&PriceTable>,
     errors: &mut Vec<FieldError>,
 ) {
     check_unique_names(policies, errors);
     check_shared_limits(policies, errors);
     check_member_limits_own(policies, errors);
-    check_priced_limits(policies, priced, errors);
+    check_priced_limits(policies, prices, errors);
     check_pools_after_body_readers(policies, errors);
     check_money_models_agree(policies, errors);
 }
@@ -178,24 +179,33 @@ fn check_member_limits_own(policies: &[(usize, Policy)], errors: &mut Vec<FieldE
     errors.extend(found);
 }
 
-/// A limit whose cost is `price` needs the set's `prices`.
+/// A limit whose cost is `price` needs the set's `prices` (an MCP
+/// policy's, prices of tools).
 fn check_priced_limits(
     policies: &[(usize, Policy)],
-    has_prices: bool,
+    prices: Option<&PriceTable>,
     errors: &mut Vec<FieldError>,
 ) {
-    if has_prices {
-        return;
-    }
+    let prices_no_tool = prices.is_some_and(|t| t.tools.is_empty() && t.tool_default.is_none());
     for (index, policy) in policies {
         let prefix = format!("policies[{index}].");
+        // An MCP policy's money limits price its calls by tool.
+        let by_tool = policy.matcher.mcp.is_some();
         for (path, limit) in policy.every_limit_at(&prefix) {
-            if limit.cost.is_price() {
-                errors.push(FieldError {
-                    path: format!("{path}.cost"),
-                    message: "a price needs the set's `prices`: what each model costs, and in which currency".into(),
-                });
+            if !limit.cost.is_price() {
+                continue;
             }
+            let message = match prices {
+                None => "a price needs the set's `prices`: what each model costs, and in which currency",
+                Some(_) if by_tool && prices_no_tool => {
+                    "the policy counts MCP tool calls, priced by tool, and the set's `prices` price no tool: give `prices.tools` or `prices.tool_default`"
+                }
+                Some(_) => continue,
+            };
+            errors.push(FieldError {
+                path: format!("{path}.cost"),
+                message: message.into(),
+            });
         }
     }
 }

@@ -90,7 +90,7 @@ pub fn policy_set_from_value(value: Value) -> Result<PolicySet, ValidationErrors
             policies.push((index, policy));
         }
     }
-    check_across_policies(&policies, prices.is_some(), &mut errors);
+    check_across_policies(&policies, prices.as_ref(), &mut errors);
     ValidationErrors::from_vec(errors)?;
     Ok(PolicySet {
         // Reaching here means no error was recorded, so version parsed.
@@ -134,7 +134,7 @@ pub fn validate_policy_set(set: &PolicySet) -> Result<(), ValidationErrors> {
     for (index, policy) in &indexed {
         validate_policy(policy, &format!("policies[{index}]"), &mut errors);
     }
-    check_across_policies(&indexed, set.prices.is_some(), &mut errors);
+    check_across_policies(&indexed, set.prices.as_ref(), &mut errors);
     ValidationErrors::from_vec(errors)
 }
 

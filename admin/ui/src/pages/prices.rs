@@ -1,7 +1,8 @@
 //! The policy set's price table: per model, per million tokens of input,
 //! output and cached input, in one currency; and the price of a model not
-//! listed (or none: such calls are refused by money limits). Amounts go to
-//! the server as the text typed, read there exactly.
+//! listed (or none: such calls are refused by money limits); per MCP tool,
+//! per call, and of a tool not listed. Amounts go to the server as the
+//! text typed, read there exactly.
 
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -50,9 +51,25 @@ impl Row {
     }
 }
 
+/// One tool's row as typed: its name (or `*`-ended prefix) and its price
+/// per call.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ToolRow {
+    id: u32,
+    tool: String,
+    price: String,
+}
+
+/// The tools' rows and the price of a tool not listed, as typed.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ToolPrices {
+    rows: Vec<ToolRow>,
+    default: String,
+}
+
 /// The table as the rows say it (`default`: the row of a model not
 /// listed, when its prices are given).
-fn table(currency: &str, rows: &[Row], default: &Row) -> Value {
+fn table(currency: &str, rows: &[Row], default: &Row, tools: &ToolPrices) -> Value {
     let models: Map<String, Value> = rows
         .iter()
         .filter(|r| !r.model.trim().is_empty())
@@ -61,6 +78,23 @@ fn table(currency: &str, rows: &[Row], default: &Row) -> Value {
     let mut table = json!({"currency": currency.trim(), "models": models});
     if !default.input.trim().is_empty() || !default.output.trim().is_empty() {
         table["default"] = default.price();
+    }
+    let priced_tools: Map<String, Value> = tools
+        .rows
+        .iter()
+        .filter(|r| !r.tool.trim().is_empty())
+        .map(|r| {
+            (
+                r.tool.trim().to_string(),
+                Value::String(r.price.trim().into()),
+            )
+        })
+        .collect();
+    if !priced_tools.is_empty() {
+        table["tools"] = Value::Object(priced_tools);
+    }
+    if !tools.default.trim().is_empty() {
+        table["tool_default"] = Value::String(tools.default.trim().into());
     }
     table
 }
@@ -71,6 +105,7 @@ pub(super) fn PricesPage() -> impl IntoView {
     let currency = RwSignal::new("USD".to_string());
     let rows = RwSignal::new(Vec::<Row>::new());
     let default = RwSignal::new(Row::default());
+    let tools = RwSignal::new(ToolPrices::default());
     let next_id = RwSignal::new(0u32);
     let message = RwSignal::new(String::new());
     let errors = RwSignal::new(Vec::<String>::new());
@@ -84,7 +119,21 @@ pub(super) fn PricesPage() -> impl IntoView {
                     .enumerate()
                     .map(|(i, (m, p))| Row::from(i as u32, m, p))
                     .collect();
-                next_id.set(loaded.len() as u32);
+                let tool_rows: Vec<ToolRow> = t
+                    .tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (tool, price))| ToolRow {
+                        id: (loaded.len() + i) as u32,
+                        tool: tool.clone(),
+                        price: price.to_string(),
+                    })
+                    .collect();
+                next_id.set((loaded.len() + tool_rows.len()) as u32);
+                tools.set(ToolPrices {
+                    rows: tool_rows,
+                    default: t.tool_default.map(|m| m.to_string()).unwrap_or_default(),
+                });
                 rows.set(loaded);
                 if let Some(d) = &t.default {
                     default.set(Row::from(u32::MAX, "", d));
@@ -114,7 +163,7 @@ pub(super) fn PricesPage() -> impl IntoView {
         }
     };
     let save = move |_| {
-        let body = rows.with(|r| table(&currency.get(), r, &default.get()));
+        let body = rows.with(|r| table(&currency.get(), r, &default.get(), &tools.get()));
         let csrf = session.csrf();
         spawn_local(async move {
             saved(api::replace("/api/v1/prices", &csrf, &body).await, "Saved");
@@ -144,6 +193,26 @@ pub(super) fn PricesPage() -> impl IntoView {
             let text = event_target_value(&ev);
             rows.update(|r| {
                 if let Some(row) = r.iter_mut().find(|row| row.id == id) {
+                    f(row, text);
+                }
+            });
+        }
+    };
+    let add_tool = move |_| {
+        let id = next_id.get();
+        next_id.set(id + 1);
+        tools.update(|t| {
+            t.rows.push(ToolRow {
+                id,
+                ..ToolRow::default()
+            })
+        });
+    };
+    let edit_tool = move |id: u32, f: fn(&mut ToolRow, String)| {
+        move |ev| {
+            let text = event_target_value(&ev);
+            tools.update(|t| {
+                if let Some(row) = t.rows.iter_mut().find(|row| row.id == id) {
                     f(row, text);
                 }
             });
@@ -198,6 +267,29 @@ pub(super) fn PricesPage() -> impl IntoView {
             </tbody>
         </table>
         <button id="add-price" on:click=add>"Add a model"</button>
+        <h2>"MCP tools, per call"</h2>
+        <p class="help">"What one call of each tool costs, for money limits of policies that count MCP tool calls (match.mcp). A tool not listed is charged the last row's price, or refused without one."</p>
+        <table id="tool-prices">
+            <thead><tr><th>"Tool"</th><th>"Price per call"</th><th></th></tr></thead>
+            <tbody>
+                <For each=move || tools.get().rows key=|r| r.id children=move |r| {
+                    let id = r.id;
+                    view! {
+                        <tr class="tool-price-row">
+                            <td><input id=format!("tool-{id}-name") prop:value=r.tool.clone() on:change=edit_tool(id, |row, t| row.tool = t)/></td>
+                            <td><input id=format!("tool-{id}-price") prop:value=r.price.clone() on:change=edit_tool(id, |row, t| row.price = t)/></td>
+                            <td><button class="remove-tool-price" on:click=move |_| tools.update(|all| all.rows.retain(|row| row.id != id))>"Remove"</button></td>
+                        </tr>
+                    }
+                }/>
+                <tr id="tool-price-default">
+                    <td>"(any other tool)"</td>
+                    <td><input id="tool-default-price" prop:value=move || tools.get().default on:change=move |ev| { let text = event_target_value(&ev); tools.update(|t| t.default = text) }/></td>
+                    <td></td>
+                </tr>
+            </tbody>
+        </table>
+        <button id="add-tool-price" on:click=add_tool>"Add a tool"</button>
         <button id="save-prices" on:click=save>"Save"</button>
         <button id="remove-prices" on:click=remove>"Remove the table"</button>
         <p id="prices-message">{move || message.get()}</p>

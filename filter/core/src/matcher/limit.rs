@@ -132,6 +132,13 @@ impl CompiledLimit {
         self.cost_json.is_some() || self.price.is_some()
     }
 
+    /// Whether its cost is read from each message of a batch on its own
+    /// (a JSON field); money for tool calls is priced for the whole
+    /// batch, message by message.
+    pub(crate) fn cost_reads_each_message(&self) -> bool {
+        self.cost_json.is_some()
+    }
+
     /// Whether its key is a body field this body lacks.
     pub(crate) fn key_unread(&self, body: &BodyJson) -> bool {
         self.key.as_ref().is_some_and(|k| k.unread(body))
@@ -180,9 +187,23 @@ impl CompiledLimit {
         ))
     }
 
-    /// What a call takes from it; `body` as far as it was read, `price`
-    /// the call's.
+    /// What a call of `messages` MCP messages (1 for any other) takes
+    /// from it; `body` as far as it was read, `price` the call's (tool
+    /// calls': already the sum of their messages').
     pub(crate) fn call_cost<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        body: &BodyJson,
+        price: Option<&CallPrice>,
+        messages: u64,
+    ) -> u64 {
+        match (price, &self.price) {
+            (Some(CallPrice::Tools(total)), Some(_)) => *total,
+            _ => self.message_cost(req, body, price).saturating_mul(messages),
+        }
+    }
+
+    fn message_cost<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
         body: &BodyJson,
@@ -192,10 +213,9 @@ impl CompiledLimit {
             // A body that cannot be read could ask for anything: it is
             // estimated at the most the cost may be, never its default.
             (CostSpec::FromRequestJson(spec), Some(_)) if body.unreadable() => spec.max.max(1),
-            (CostSpec::Price(_), _) => self
-                .price
-                .as_ref()
-                .map_or(UNPRICED, |p| p.estimate(body, price.map(|c| &c.model))),
+            (CostSpec::Price(_), _) => self.price.as_ref().map_or(UNPRICED, |p| {
+                p.estimate(body, price.and_then(CallPrice::model))
+            }),
             (CostSpec::FromRequestJson(spec), Some(path)) => {
                 let json = body.json();
                 let asked = json.and_then(|v| path.find(v));
@@ -214,8 +234,8 @@ impl CompiledLimit {
 
     /// What a call of `price` is charged once its answer is in: a money
     /// limit's usage at the call's model's prices (or its answer's, when
-    /// dearer; None for an unpriced call, which was refused), any other
-    /// limit's own.
+    /// dearer; None for an unpriced call, which was refused, and for tool
+    /// calls, charged their price), any other limit's own.
     pub(crate) fn priced_usage(
         &self,
         price: Option<&CallPrice>,
@@ -223,7 +243,7 @@ impl CompiledLimit {
     ) -> Option<CompiledUsage> {
         match (&self.price, price, pricing) {
             (Some(cost), Some(price), Some(pricing)) => {
-                Some(pricing.usage(self.usage_spec.as_ref(), &self.cost, cost, price))
+                pricing.usage(self.usage_spec.as_ref(), &self.cost, cost, price)
             }
             (Some(_), _, _) => None,
             (None, _, _) => self.usage.clone(),

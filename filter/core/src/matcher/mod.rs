@@ -284,7 +284,12 @@ impl CompiledPolicySet {
         if batch.len() > MAX_BATCH {
             return Some(BatchProblem::TooLarge);
         }
-        if policy.keys_from_body() || policy.limits.iter().any(|l| l.cost_reads_body()) {
+        if policy.keys_from_body()
+            || policy
+                .limits
+                .iter()
+                .any(CompiledLimit::cost_reads_each_message)
+        {
             return Some(BatchProblem::ReadsEachMessage);
         }
         let elsewhere = batch.iter().any(|message| {

@@ -509,17 +509,19 @@ impl CompiledPolicy {
     }
 
     /// The call's prices (its model's, by where the policy's money limits
-    /// say it is named, and its unread ceiling), for its money limits;
-    /// None when the policy has none, or the model has no price and the
-    /// table no default.
+    /// say it is named, and its unread ceiling; an MCP policy's, its
+    /// tools'), for its money limits; None when the policy has none, or
+    /// the model (a tool) has no price and the table no default.
     pub fn call_price<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
         body: &BodyJson,
     ) -> Option<CallPrice> {
-        self.pricing
-            .as_ref()?
-            .call_price(req, body, self.money_limits())
+        let pricing = self.pricing.as_ref()?;
+        match &self.mcp {
+            Some(mcp) => pricing.tools_price(mcp, body),
+            None => pricing.call_price(req, body, self.money_limits()),
+        }
     }
 
     /// What a call of `price` is charged by the limit at `index` once its
@@ -562,7 +564,7 @@ impl CompiledPolicy {
         let messages = self.messages(body);
         self.limits
             .iter()
-            .map(|l| l.call_cost(req, body, price).saturating_mul(messages))
+            .map(|l| l.call_cost(req, body, price, messages))
             .collect()
     }
 
