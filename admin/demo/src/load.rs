@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// Outcomes per API since the last report.
 #[derive(Default)]
 pub struct LoadStats {
-    apis: [ApiCounts; 5],
+    apis: [ApiCounts; 6],
     since: Mutex<Option<Instant>>,
 }
 
@@ -20,7 +20,9 @@ struct ApiCounts {
     failed: AtomicU64,
 }
 
-const APIS: [&str; 5] = ["bank", "llm", "fx", "maps", "pool"];
+const APIS: [&str; 6] = ["bank", "llm", "fx", "maps", "pool", "agents"];
+/// Where agents' calls (tools and LLM) are counted.
+const AGENTS: usize = 5;
 
 impl LoadStats {
     fn record(&self, api: usize, status: Option<u16>) {
@@ -156,5 +158,91 @@ pub async fn run(port: u16, stats: Arc<LoadStats>) {
             }
         });
     }
+    for name in ["agent-a", "agent-b", "agent-c"] {
+        agent(&mut tasks, &http, port, &stats, name);
+    }
     while tasks.join_next().await.is_some() {}
+}
+
+/// What an agent's call came to: (answered, refused by Sluice, refused
+/// by its run's budget). A refused tool call is a JSON-RPC error on 200;
+/// the limit that refused is in `x-sluice-limit` either way.
+async fn agent_outcome(response: reqwest::Result<reqwest::Response>) -> (bool, bool, bool) {
+    let Ok(response) = response else {
+        return (false, false, false);
+    };
+    let status = response.status().as_u16();
+    let spent = response
+        .headers()
+        .get("x-sluice-limit")
+        .is_some_and(|v| v.as_bytes() == b"agent-run");
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    let refused = status == 429 || body["error"]["code"] == -32029;
+    (status == 200 && !refused, refused, spent)
+}
+
+/// One agent: a search every 3 s (20 a minute, against 10), an expensive
+/// call every 4 s that takes 1.5 s (three agents, against 2 in flight),
+/// an LLM call every 5 s; each run has 1 USD across them, and the agent
+/// starts a new run when its budget refuses it.
+fn agent(
+    tasks: &mut tokio::task::JoinSet<()>,
+    http: &reqwest::Client,
+    port: u16,
+    stats: &Arc<LoadStats>,
+    name: &'static str,
+) {
+    let run = Arc::new(AtomicU64::new(1));
+    let jobs: [(u64, &'static str); 3] = [(3_000, "search"), (4_000, "expensive"), (5_000, "llm")];
+    for (every_ms, job) in jobs {
+        let (h, stats, run) = (http.clone(), Arc::clone(stats), Arc::clone(&run));
+        tasks.spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(every_ms));
+            for n in 0u64.. {
+                every.tick().await;
+                let number = run.load(Ordering::Relaxed);
+                let run_id = format!("{name}-run-{number}");
+                let call = if job == "llm" {
+                    let ask = serde_json::json!({"model": "gpt-4o", "max_tokens": 300,
+                        "messages": [{"role": "user", "content": "Plan the next step."}]});
+                    h.post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                        .header("host", "api.llm.example")
+                        .header("authorization", "Bearer demo-agents")
+                        .header("x-caller", "agent")
+                        .body(ask.to_string())
+                } else {
+                    let arguments = if job == "expensive" {
+                        serde_json::json!({"delay_ms": 1500})
+                    } else {
+                        serde_json::json!({"q": "rivers"})
+                    };
+                    let message = serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                        "params": {"name": job, "arguments": arguments}});
+                    h.post(format!("http://127.0.0.1:{port}/mcp"))
+                        .header("host", "mcp.tools.example")
+                        .header("x-agent-id", name)
+                        .header("accept", "application/json, text/event-stream")
+                        .body(message.to_string())
+                }
+                .header("content-type", "application/json")
+                .header("x-agent-run", &run_id);
+                let stats = Arc::clone(&stats);
+                let run = Arc::clone(&run);
+                tokio::spawn(async move {
+                    let (answered, refused, spent) = agent_outcome(call.send().await).await;
+                    let status = match (answered, refused) {
+                        (true, _) => Some(200),
+                        (false, true) => Some(429),
+                        _ => None,
+                    };
+                    stats.record(AGENTS, status);
+                    if spent {
+                        // This run's dollar is spent: the next calls start
+                        // another (once, however many calls were refused).
+                        let _ = run.compare_exchange(number, number + 1, Ordering::Relaxed, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+    }
 }

@@ -1,7 +1,8 @@
 //! A mock MCP server (Streamable HTTP, `POST /mcp`): JSON-RPC 2.0
 //! messages, one or a batch, answered as JSON. Its tools: `search` and
 //! `fetch` (quick), `slow` (takes `delay_ms` of its arguments, default
-//! 1 s), `expensive` (quick, but a real one would bill it). It counts
+//! 1 s), `expensive` (quick unless given `delay_ms`, but a real one would
+//! bill it). It counts
 //! every tool call it answers, per tool and per agent (header
 //! `x-agent-id`), and the most calls of each tool it held at once:
 //! what a limit in front of it must keep under. `initialize` hands out
@@ -70,13 +71,19 @@ impl MockMcp {
     /// Starts on `addr` (port 0: any free port) on the current runtime.
     pub async fn start(addr: SocketAddr) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let inner = Arc::new(Inner::default());
-        let app = routes(Arc::clone(&inner));
+        let (mcp, app) = Self::routes(listener.local_addr()?);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(Self { inner, addr })
+        Ok(mcp)
+    }
+
+    /// The server's routes, to serve beside others on `addr` (an agent's
+    /// MCP server and its LLM behind one upstream).
+    pub fn routes(addr: SocketAddr) -> (Self, Router) {
+        let inner = Arc::new(Inner::default());
+        let app = routes(Arc::clone(&inner));
+        (Self { inner, addr }, app)
     }
 
     pub fn stats(&self) -> McpStats {
@@ -206,13 +213,14 @@ async fn call_tool(inner: &Inner, agent: &str, call: &Call) -> Value {
             .entry(agent.to_string())
             .or_default() += 1;
     }
-    if call.name == "slow" {
-        let delay = call
-            .arguments
-            .get("delay_ms")
-            .and_then(Value::as_u64)
-            .unwrap_or(1_000)
-            .min(MAX_DELAY_MS);
+    let default_delay = if call.name == "slow" { 1_000 } else { 0 };
+    let delay = call
+        .arguments
+        .get("delay_ms")
+        .and_then(Value::as_u64)
+        .unwrap_or(default_delay)
+        .min(MAX_DELAY_MS);
+    if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     if let Some(now) = lock(&inner.in_flight).get_mut(&call.name) {

@@ -17,6 +17,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sluice_demo::llm::{LlmLimits, MockPrice};
 use sluice_demo::load::{self as demo_load, LoadStats};
+use sluice_demo::mcp::MockMcp;
 use sluice_demo::mock::{MockApi, MockLimits};
 
 /// The ports `envoy/egress.yaml` names; the demo uses them as they are, so
@@ -32,6 +33,8 @@ const DEMO_API_PORT: u16 = 9090;
 /// The demo pool's two deployments.
 const POOL_EAST_PORT: u16 = 9091;
 const POOL_WEST_PORT: u16 = 9092;
+/// The demo's MCP server (agents' tools).
+const MCP_PORT: u16 = 9093;
 /// When the east deployment's quota first drops to 0, for how long, and
 /// how often again.
 const POOL_DROP_AFTER: Duration = Duration::from_secs(40);
@@ -118,6 +121,7 @@ fn taken_ports() -> Vec<String> {
         (DEMO_API_PORT, "the demo API"),
         (POOL_EAST_PORT, "the demo pool's east deployment"),
         (POOL_WEST_PORT, "the demo pool's west deployment"),
+        (MCP_PORT, "the demo MCP server"),
     ]
     .into_iter()
     .filter(|(port, _)| std::net::TcpListener::bind(("127.0.0.1", *port)).is_err())
@@ -160,6 +164,32 @@ async fn wait_for(url: &str, ok: impl Fn(&str) -> bool, proc: &mut Started) -> a
         proc.log.display(),
         proc.log_tail()
     )
+}
+
+/// Whether the admin's set reached every worker of Envoy (and its main
+/// thread's VM) within 10 s: the load starts on the demo's policies, not
+/// the config's fallback, which has no agents' policies.
+async fn pushed_to_every_worker(workers: u32) -> bool {
+    let http = reqwest::Client::new();
+    let url =
+        format!("http://127.0.0.1:{ENVOY_ADMIN_PORT}/stats?filter=sluice.policy_sets_installed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let installed = match http.get(&url).send().await {
+            Ok(resp) => resp.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let count = installed
+            .rsplit(':')
+            .next()
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        if count > workers {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
 }
 
 fn spawn(name: &'static str, command: &mut Command, log: PathBuf) -> anyhow::Result<Started> {
@@ -262,6 +292,12 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
     .await
     .context("starting the pool's west deployment")?;
 
+    // Agents' MCP server: search, fetch, slow and expensive tools, priced
+    // per call by the demo policies.
+    let mcp = MockMcp::start(SocketAddr::from(([127, 0, 0, 1], MCP_PORT)))
+        .await
+        .context("starting the demo MCP server")?;
+
     eprintln!("WARNING: the admin runs with --insecure-dev: no login, anyone who can reach 127.0.0.1:{ADMIN_PORT} can change limits. For a trial on this machine only.");
     let mut admin = spawn(
         "admin",
@@ -322,6 +358,9 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
         &mut envoy,
     )
     .await;
+    if envoy_ready.is_ok() && !pushed_to_every_worker(args.concurrency).await {
+        println!("(Envoy still enforces its config's fallback policies: the admin's set has not reached every worker)");
+    }
     started.push(envoy);
     envoy_ready?;
 
@@ -336,6 +375,7 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
          \n  Egress listener  http://127.0.0.1:{EGRESS_PORT}/         try: curl -i -H 'host: api.bank.example' http://127.0.0.1:{EGRESS_PORT}/v1/pay\
          \n  Envoy admin      http://127.0.0.1:{ENVOY_ADMIN_PORT}/          stats: http://127.0.0.1:{ENVOY_ADMIN_PORT}/stats?filter=sluice\
          \n  Demo API         http://127.0.0.1:{DEMO_API_PORT}/           (refuses over 300 calls/s or 20 in flight)\
+         \n  Demo MCP server  http://127.0.0.1:{MCP_PORT}/mcp        (agents' tools: search, fetch, slow, expensive)\
          \n  Logs             {}/admin.log, {}/envoy.log\
          \n\n{}\
          \nPress Ctrl-C to stop everything.\n",
@@ -350,7 +390,8 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
              streamed), api.fx.example (25/s, queued at 20/s) and api.maps.example (API keys at\n\
              15/s, 8/s and 3/s, each limited to 10/s) through the egress listener; api.pool.example\n\
              (40/s over two deployments of 30/s; east's quota drops to 0 for 20 s after 40 s, and\n\
-             every 3 minutes after: calls go west meanwhile)."
+             every 3 minutes after: calls go west meanwhile); three agents call mcp.tools.example's\n\
+             tools (searches past 10 a minute, expensive calls past 2 in flight) and the LLM, 1 USD a run."
                 .to_string()
         }
     );
@@ -370,15 +411,20 @@ async fn run(args: &Args, started: &mut Vec<Started>) -> anyhow::Result<()> {
             _ = report.tick() => {
                 if let Some(line) = load.take_report() {
                     let llm = llm.stats();
+                    let tools = mcp.stats();
                     println!(
                         "{line}; the demo API refused {} so far, its LLM {} ({} tokens in the last minute of {}); \
-                         the pool's deployments refused east {}, west {}",
+                         the pool's deployments refused east {}, west {}; the MCP server answered {} searches, \
+                         {} expensive calls (at most {} at once)",
                         api.rejected_by_mock(),
                         llm.refused,
                         llm.latest_window_tokens(),
                         llm_tokens,
                         east.rejected_by_mock(),
                         west.rejected_by_mock(),
+                        tools.tool_calls("search"),
+                        tools.tool_calls("expensive"),
+                        tools.most_in_flight.get("expensive").copied().unwrap_or(0),
                     );
                 }
             }
