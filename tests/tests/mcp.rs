@@ -220,3 +220,204 @@ async fn agents_tool_calls_stay_within_each_limit_and_refusals_answer_their_ids(
     assert!(retry.is_some());
     Ok(())
 }
+
+/// The agents' policies and prices of `make run`'s set
+/// (`envoy/demo-policies.json`), as the test's fallback: what the demo
+/// promises is what Envoy does.
+fn demo_agents_policies() -> anyhow::Result<String> {
+    let path = sluice_e2e::envoy::workspace_root().join("envoy/demo-policies.json");
+    let set: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let agents: Vec<Value> = set["policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("agent-")))
+        .cloned()
+        .collect();
+    anyhow::ensure!(agents.len() == 4, "the demo's agents' policies: {agents:?}");
+    Ok(
+        json!({"instance": "e2e-mcp-demo", "fallback": {"version": 1,
+        "prices": set["prices"], "policies": agents}})
+        .to_string(),
+    )
+}
+
+/// A call to the demo's LLM as an agent of `run`: (status, the limit
+/// that refused it).
+async fn agent_llm_call(
+    http: &reqwest::Client,
+    url: &str,
+    run: &str,
+) -> anyhow::Result<(u16, Option<String>)> {
+    let ask = json!({"model": "gpt-4o", "max_tokens": 2000,
+        "messages": [{"role": "user", "content": "Plan the next step."}]});
+    let response = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("authorization", format!("Bearer {run}"))
+        .header("x-caller", "agent")
+        .header("x-agent-run", run)
+        .header("content-type", "application/json")
+        .body(ask.to_string())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let limit = response
+        .headers()
+        .get("x-sluice-limit")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let _ = response.bytes().await?;
+    Ok((status, limit))
+}
+
+async fn run_tool_call(
+    http: &reqwest::Client,
+    url: &str,
+    agent: &str,
+    run: &str,
+    body: &Value,
+) -> anyhow::Result<Value> {
+    let response = http
+        .post(url)
+        .header("host", HOST)
+        .header("x-agent-id", agent)
+        .header("x-agent-run", run)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?;
+    anyhow::ensure!(response.status() == 200, "{}", response.status());
+    Ok(response.json().await?)
+}
+
+/// `make run`'s agents' policies through Envoy (issue 52, item 1): 10
+/// searches a minute per agent, 2 expensive calls in flight, and 1 USD
+/// per run across its tool calls (priced per call by tool) and its LLM
+/// calls (priced by tokens): the MCP server and the LLM together never
+/// bill a run more than its dollar, and the refusal says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_agents_get_ten_searches_two_expensive_calls_and_a_dollar_a_run(
+) -> anyhow::Result<()> {
+    use sluice_demo::llm::{LlmLimits, MockLlm, MockPrice};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (mcp, mcp_routes) = MockMcp::routes(addr);
+    let (llm, llm_routes) = MockLlm::routes(addr, LlmLimits::default());
+    llm.set_prices(vec![MockPrice {
+        model: "gpt-4o".into(),
+        input: 2_500_000,
+        cached_input: 1_250_000,
+        output: 10_000_000,
+    }]);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, mcp_routes.merge(llm_routes)).await;
+    });
+    let envoy = Envoy::start(&demo_agents_policies()?, addr.port(), WORKERS)?;
+    let (mcp_url, llm_url) = (envoy.url("/mcp"), envoy.url("/v1/chat/completions"));
+    let http = client();
+
+    // Searches: a burst of 10, then one every 6 s.
+    let started = Instant::now();
+    let mut refused = 0;
+    for n in 0..14 {
+        let answer =
+            run_tool_call(&http, &mcp_url, "searcher", "s-1", &tool_call(n, "search")).await?;
+        anyhow::ensure!(answer["id"] == n, "{answer}");
+        if answer.get("error").is_some() {
+            assert_eq!(
+                answer["error"]["data"]["policy"], "agent-search",
+                "{answer}"
+            );
+            refused += 1;
+        }
+    }
+    let allowed = 10 + started.elapsed().as_secs() / 6;
+    let searches = mcp.stats().calls_of("search", "searcher");
+    assert!(
+        (10..=allowed).contains(&searches),
+        "{searches} searches, at most {allowed}"
+    );
+    assert_eq!(searches + refused, 14);
+
+    // Expensive calls that take 3 s, five at once from five runs: two in flight.
+    let mut calls = Vec::new();
+    for n in 0..5u64 {
+        let (http, url) = (http.clone(), mcp_url.clone());
+        let call = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+            "params": {"name": "expensive", "arguments": {"delay_ms": 3000}}});
+        calls.push(tokio::spawn(async move {
+            run_tool_call(&http, &url, "parallel", &format!("p-{n}"), &call).await
+        }));
+    }
+    let mut parallel_refused = 0;
+    for call in calls {
+        let answer = call.await??;
+        if answer.get("error").is_some() {
+            assert_eq!(
+                answer["error"]["data"]["policy"], "agent-expensive",
+                "{answer}"
+            );
+            parallel_refused += 1;
+        }
+    }
+    let most = mcp
+        .stats()
+        .most_in_flight
+        .get("expensive")
+        .copied()
+        .unwrap_or(0);
+    assert!(most <= 2, "{most} expensive calls at once");
+    assert!(parallel_refused >= 1, "five at once, two slots");
+
+    // One run's dollar: its LLM calls and its expensive calls (0.25 each)
+    // until the run is refused; the providers billed it at most the dollar.
+    let mut llm_refused = None;
+    let mut tool_refusal = Value::Null;
+    for n in 0..12u64 {
+        let (status, limit) = agent_llm_call(&http, &llm_url, "run-1").await?;
+        if status != 200 {
+            llm_refused = Some((status, limit));
+        }
+        let answer = run_tool_call(
+            &http,
+            &mcp_url,
+            "spender",
+            "run-1",
+            &tool_call(n, "expensive"),
+        )
+        .await?;
+        if answer.get("error").is_some() {
+            tool_refusal = answer;
+            break;
+        }
+    }
+    let data = &tool_refusal["error"]["data"];
+    assert_eq!(data["limit"], "agent-run", "{tool_refusal}");
+    assert_eq!(
+        (data["budget"].as_str(), data["currency"].as_str()),
+        (Some("1"), Some("USD"))
+    );
+    let tools_billed = mcp.stats().calls_of("expensive", "spender") * 250_000;
+    let llm_billed = llm.stats().spent.get("run-1").copied().unwrap_or(0);
+    println!(
+        "mcp demo: {searches} searches of 14, {parallel_refused} of 5 expensive calls refused at once (most {most}); \
+         run-1 billed {tools_billed} micro-USD by tools and {llm_billed} by the LLM; the LLM refused {llm_refused:?}"
+    );
+    assert!(tools_billed > 0 && llm_billed > 0);
+    assert!(
+        tools_billed + llm_billed <= 1_000_000,
+        "billed past the dollar"
+    );
+    // Another run has its own dollar.
+    let other = run_tool_call(
+        &http,
+        &mcp_url,
+        "spender",
+        "run-2",
+        &tool_call(99, "expensive"),
+    )
+    .await?;
+    assert!(other.get("error").is_none(), "{other}");
+    Ok(())
+}
