@@ -3,6 +3,7 @@
 //! counted messages or none; a refused request gets a JSON-RPC error with
 //! its own id, a refused notification a bare 429.
 
+use proptest::strategy::Strategy;
 use serde_json::{json, Value};
 
 use crate::testing::FakeHost;
@@ -357,4 +358,89 @@ fn one_budget_per_run_covers_its_tool_calls_and_its_llm_tokens() {
     // Another run has its own dollar.
     let other = tool_run_call(&host, &mut w, 16, "r2", &tool_call(json!(16), "expensive"));
     assert_eq!(other, Verdict::Continue);
+}
+
+fn message() -> impl Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let method = prop_oneof![
+        Just("tools/call"),
+        Just("tools/list"),
+        Just("initialize"),
+        Just("resources/read")
+    ];
+    let tool = prop_oneof![
+        Just(json!("search")),
+        Just(json!("expensive")),
+        Just(json!("render_a")),
+        Just(json!("fetch")),
+        Just(json!("")),
+        Just(json!(7)),
+        Just(Value::Null)
+    ];
+    let id = prop_oneof![
+        Just(None),
+        Just(Some(json!(1))),
+        Just(Some(json!("a"))),
+        Just(Some(Value::Null)),
+        Just(Some(json!({"nested": [1]})))
+    ];
+    (method, tool, id).prop_map(|(method, tool, id)| {
+        let mut m = json!({"jsonrpc": "2.0", "method": method, "params": {"name": tool}});
+        if let Some(id) = id {
+            m["id"] = id;
+        }
+        m
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+
+    /// Any JSON-RPC message or batch (any method, tool, id; too many
+    /// messages; bytes that are no JSON) through a set with tool prices,
+    /// keyed budgets and a rate: no panic, and every refusal an MCP client
+    /// can read answers each request of its body with that request's id.
+    #[test]
+    fn any_mcp_body_is_decided_and_its_refusal_answers_its_ids(
+        bodies in proptest::collection::vec(
+            proptest::prop_oneof![
+                message().prop_map(|m| m.to_string().into_bytes()),
+                proptest::collection::vec(message(), 0..6).prop_map(|b| Value::Array(b).to_string().into_bytes()),
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            ],
+            1..40,
+        ),
+    ) {
+        let host = FakeHost::at(T0);
+        let mut w = worker(&host, RUN_BUDGET);
+        for (n, body) in bodies.iter().enumerate() {
+            let id = u32::try_from(n).unwrap_or(u32::MAX);
+            let run_header = [("x-agent-run", b"r".as_slice())];
+            let headers = req(MCP, &run_header);
+            let _ = w.on_request_with(&host, id, headers.as_slice(), RequestBody::Coming);
+            let verdict = w.on_request_with(&host, id, headers.as_slice(), RequestBody::Read(Some(body)));
+            match &verdict {
+                Verdict::Continue => w.on_stream_end(&host, id),
+                Verdict::Reply(r) if r.status == 200 => {
+                    let sent: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                    let answer: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                    let requests: Vec<&Value> = match &sent {
+                        Value::Array(batch) => batch.iter().filter(|m| m.get("id").is_some()).collect(),
+                        one => vec![one],
+                    };
+                    let answers: Vec<&Value> = match &answer {
+                        Value::Array(all) => all.iter().collect(),
+                        one => vec![one],
+                    };
+                    proptest::prop_assert_eq!(requests.len(), answers.len(), "{} answered {}", sent, answer);
+                    for (request, answer) in requests.iter().zip(&answers) {
+                        proptest::prop_assert_eq!(&request["id"], &answer["id"]);
+                        proptest::prop_assert!(answer["error"]["code"].is_i64(), "{}", answer);
+                    }
+                }
+                Verdict::Reply(r) => proptest::prop_assert!(r.status >= 400, "{:?}", r),
+                other => proptest::prop_assert!(false, "{:?}", other),
+            }
+        }
+    }
 }
