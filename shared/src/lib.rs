@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod calendar;
 pub mod duration;
 pub mod fair;
 pub mod fleet;
