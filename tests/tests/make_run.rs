@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use sluice_e2e::browser::Browser;
 use sluice_e2e::envoy::workspace_root;
 
-const PORTS: [u16; 7] = [8080, 8443, 9901, 10000, 9090, 9091, 9092];
+const PORTS: [u16; 8] = [8080, 8443, 9901, 10000, 9090, 9091, 9092, 9093];
 
 /// `make`, as a user's shell starts it: without what `cargo test` sets for
 /// its test binaries (the package's `CARGO_PKG_*` and `CARGO_MANIFEST_*`,
@@ -269,6 +269,31 @@ async fn make_run_brings_up_the_demo_and_ctrl_c_stops_it() -> anyhow::Result<()>
     assert_eq!(llm["refused"], 0, "the demo LLM refused calls");
     assert!(llm["completed"].as_u64().is_some_and(|n| n > 0));
     assert!(stats.contains("llm-tokens.usage_read"), "{stats}");
+    // The demo's agents: their tool calls reach the MCP server through
+    // Envoy, a tool list too.
+    let tools: serde_json::Value = http
+        .post("http://127.0.0.1:10000/mcp")
+        .header("host", "mcp.tools.example")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}"#)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(tools["result"]["tools"][0]["name"], "search", "{tools}");
+    let mcp: serde_json::Value = http
+        .get("http://127.0.0.1:9093/__mcp/stats")
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!("make run: the demo MCP server answered {mcp}");
+    assert!(
+        mcp["calls"]["search"]
+            .as_object()
+            .is_some_and(|a| !a.is_empty()),
+        "{mcp}"
+    );
     let shot = browser.client.screenshot().await?;
     let shots = workspace_root().join("target/screenshots");
     std::fs::create_dir_all(&shots)?;

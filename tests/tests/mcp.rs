@@ -249,7 +249,7 @@ async fn agent_llm_call(
     url: &str,
     run: &str,
 ) -> anyhow::Result<(u16, Option<String>)> {
-    let ask = json!({"model": "gpt-4o", "max_tokens": 2000,
+    let ask = json!({"model": "gpt-4o", "max_tokens": 300,
         "messages": [{"role": "user", "content": "Plan the next step."}]});
     let response = http
         .post(url)
