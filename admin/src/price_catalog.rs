@@ -112,13 +112,7 @@ pub fn merge(
             return Err(CatalogError::Currency(table.currency.clone()))
         }
         Some(table) => table.clone(),
-        None => PriceTable {
-            currency: CATALOG_CURRENCY.to_string(),
-            models: Default::default(),
-            default: None,
-            tools: Default::default(),
-            tool_default: None,
-        },
+        None => PriceTable::new(CATALOG_CURRENCY),
     };
     let mut imported = PricesImported {
         not_selected: catalog.not_selected,

@@ -1,9 +1,8 @@
 //! Money: a price table (per model, per million tokens of input, output
 //! and cached input; per MCP tool, per call; in one currency) and what a
-//! call costs in it, in
-//! whole millionths of the currency ("micro-units"). No floating point
-//! in the books: prices are read from their decimal text and every sum
-//! is integer arithmetic, rounded up once per call.
+//! call costs in it, in whole millionths of the currency ("micro-units").
+//! No floating point in the books: prices are read from their decimal
+//! text and every sum is integer arithmetic, rounded up once per call.
 
 use std::collections::BTreeMap;
 use std::fmt;
