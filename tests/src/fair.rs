@@ -94,21 +94,30 @@ pub fn per_second(mock: &MockApi, from: Duration, to: Duration) -> Seconds {
     seconds
 }
 
+/// Calls of a tenant that a second's two edges can move into or out of it
+/// whatever the limiter did: a call admitted just before an edge reaches
+/// the provider, which counts by its own calendar second, just after it.
+pub const EDGE_CALLS: f64 = 2.0;
+
 /// A tenant's part of what the provider saw, per second: the worst
-/// second's distance from `want` (a fraction of `want`) and the mean part.
+/// second's distance from `want` beyond [`EDGE_CALLS`] (a fraction of
+/// `want`) and the mean part. The allowance is in calls, not a share: at
+/// 90 calls a second a tenant's quarter is 22 calls and one call crossing
+/// an edge is 4.4 % of it; a loaded machine that slows the calls makes one
+/// call a larger share (a clean run saw 5.4 % at 80 to 95 calls a second,
+/// the mean parts 0.249/0.251/0.500).
 pub fn parts(seconds: &Seconds, tenant: &str, want: f64) -> (f64, f64) {
-    let parts: Vec<f64> = seconds
-        .values()
-        .map(|by| {
-            let total: u64 = by.values().sum();
-            by.get(tenant).copied().unwrap_or(0) as f64 / total.max(1) as f64
-        })
-        .collect();
-    let worst = parts
-        .iter()
-        .map(|p| (p - want).abs() / want)
-        .fold(0.0, f64::max);
-    (worst, parts.iter().sum::<f64>() / parts.len().max(1) as f64)
+    let mut worst: f64 = 0.0;
+    let mut sum = 0.0;
+    for by in seconds.values() {
+        let total = by.values().sum::<u64>().max(1) as f64;
+        let got = by.get(tenant).copied().unwrap_or(0) as f64;
+        let expected = want * total;
+        let beyond_edges = ((got - expected).abs() - EDGE_CALLS).max(0.0);
+        worst = worst.max(beyond_edges / expected.max(1.0));
+        sum += got / total;
+    }
+    (worst, sum / seconds.len().max(1) as f64)
 }
 
 /// Refusals that say the fair share refused them (and, given, name the
