@@ -221,6 +221,10 @@ async fn agents_tool_calls_stay_within_each_limit_and_refusals_answer_their_ids(
     Ok(())
 }
 
+/// The least of a burst of 10 that calls spread over workers get (the
+/// book's "Prefetch": the worst case for a burst of 10 is 6).
+const BURST_AT_WORST: u64 = 6;
+
 /// The agents' policies and prices of `make run`'s set
 /// (`envoy/demo-policies.json`), as the test's fallback: what the demo
 /// promises is what Envoy does.
@@ -317,7 +321,10 @@ async fn the_demo_agents_get_ten_searches_two_expensive_calls_and_a_dollar_a_run
     let (mcp_url, llm_url) = (envoy.url("/mcp"), envoy.url("/v1/chat/completions"));
     let http = client();
 
-    // Searches: a burst of 10, then one every 6 s.
+    // Searches: a burst of 10, then one every 6 s. Calls spread over the
+    // workers can lose part of a burst to tokens a worker prefetched and
+    // did not spend (at worst 4 of 10: "Prefetch" in the book), never
+    // pass more.
     let started = Instant::now();
     let mut refused = 0;
     for n in 0..14 {
@@ -335,7 +342,7 @@ async fn the_demo_agents_get_ten_searches_two_expensive_calls_and_a_dollar_a_run
     let allowed = 10 + started.elapsed().as_secs() / 6;
     let searches = mcp.stats().calls_of("search", "searcher");
     assert!(
-        (10..=allowed).contains(&searches),
+        (BURST_AT_WORST..=allowed).contains(&searches),
         "{searches} searches, at most {allowed}"
     );
     assert_eq!(searches + refused, 14);
