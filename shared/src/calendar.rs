@@ -1,22 +1,21 @@
-//! Calendar periods in a time zone (step 4, item 3, in progress): the
-//! window of a day, a week (from Monday), a month, a quarter or a year, as
-//! the clock on the wall of `time_zone` counts it, so a budget renews at
-//! local midnight or on the 1st, across daylight-saving changes (23- and
-//! 25-hour days) and months of 28 to 31 days.
+//! Calendar periods in a time zone: the window of a day, a week (from
+//! Monday), a month, a quarter or a year, as the clock on the wall of
+//! `time_zone` counts it, so a budget renews at local midnight or on the
+//! 1st, across daylight-saving changes (23- and 25-hour days) and months
+//! of 28 to 31 days. A rate's `period` names the unit
+//! ([`crate::policy::period::Period`]); the fixed window counts in these
+//! windows ([`crate::limiter::window`]).
 //!
 //! Windows are computed from civil dates with jiff (pure Rust, well kept):
 //! a window starts at the first instant of its first local day (midnight,
-//! or the end of a gap where midnight does not exist). The zone's rules
-//! come from the caller as a [`TimeZone`]: the admin has the IANA database
-//! bundled, the filter is to be given each zone's rules (TZif) with the set
-//! it enforces, so every Envoy renews a global budget at the same instant
-//! whatever database its host has. Measured for the filter's wasm
-//! (`opt-level = "s"`, LTO, a probe computing a month's start): jiff's
-//! logic 30 KB; with its bundled database 336 KB; chrono-tz (every zone
-//! compiled in) 943 KB.
-//!
-//! Not wired to limits yet: a `period` of a calendar unit is still refused
-//! by validation.
+//! or the end of a gap where midnight does not exist). The zones' rules
+//! are jiff's bundled IANA database, in the filter too: measured for the
+//! filter's wasm (`opt-level = "s"`, LTO, a probe computing a month's
+//! start), jiff's logic is 30 KB, with its bundled database 336 KB, and
+//! chrono-tz (every zone compiled in) 943 KB. Bundled rather than read
+//! from the host (which a wasm VM cannot) or sent by the admin (which an
+//! Envoy without one would lack): every build from one `Cargo.lock` holds
+//! the same release, so every Envoy renews at the same instant.
 
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
@@ -25,7 +24,7 @@ use jiff::Timestamp;
 use crate::time::Instant;
 
 /// A calendar unit a window lasts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CalendarUnit {
     Day,
     /// Monday to Sunday (ISO 8601).
@@ -36,15 +35,71 @@ pub enum CalendarUnit {
     Year,
 }
 
+impl CalendarUnit {
+    pub const ALL: [Self; 5] = [
+        Self::Day,
+        Self::Week,
+        Self::Month,
+        Self::Quarter,
+        Self::Year,
+    ];
+
+    /// Its name as a policy's `period`.
+    pub const fn period_name(self) -> &'static str {
+        match self {
+            Self::Day => "calendar_day",
+            Self::Week => "calendar_week",
+            Self::Month => "calendar_month",
+            Self::Quarter => "calendar_quarter",
+            Self::Year => "calendar_year",
+        }
+    }
+
+    pub fn from_period_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|u| u.period_name() == name)
+    }
+
+    /// Its longest window, in seconds: the most days it has, and the hour
+    /// a clock turned back adds (no zone's change is longer).
+    pub const fn longest_secs(self) -> u64 {
+        let days = match self {
+            Self::Day => 1,
+            Self::Week => 7,
+            Self::Month => 31,
+            Self::Quarter => 92,
+            Self::Year => 366,
+        };
+        days * 86_400 + 3_600
+    }
+}
+
+/// The longest zone name taken (the IANA database's longest is 32).
+const MAX_ZONE_NAME: usize = 64;
+
+/// The zone a rate's `time_zone` names (`None`: UTC).
+pub fn zone(name: &str) -> Result<TimeZone, CalendarError> {
+    if name.len() > MAX_ZONE_NAME {
+        return Err(CalendarError::UnknownZone(format!(
+            "{}...",
+            name.chars().take(MAX_ZONE_NAME).collect::<String>()
+        )));
+    }
+    TimeZone::get(name).map_err(|_| CalendarError::UnknownZone(name.to_owned()))
+}
+
 /// Why a calendar window cannot be told.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CalendarError {
+    #[error(
+        "{0:?} is no IANA time zone; write e.g. \"Europe/Berlin\", \"America/New_York\" or \"UTC\""
+    )]
+    UnknownZone(String),
     #[error("{0} is outside the years a calendar window can be told for")]
     OutOfRange(String),
 }
 
 /// Windows of `unit` in `zone`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Calendar {
     unit: CalendarUnit,
     zone: TimeZone,
@@ -154,6 +209,15 @@ impl Calendar {
             .map(Instant::from_nanos)
             .map_err(|_| CalendarError::OutOfRange(zoned.to_string()))
     }
+}
+
+/// `at` on `calendar`'s wall clock, or in UTC without one.
+pub fn clock_text(calendar: Option<&Calendar>, at: Instant) -> String {
+    match calendar {
+        Some(c) => c.local_text(at),
+        None => timestamp(at).map(|t| t.to_string()),
+    }
+    .unwrap_or_else(|e| e.to_string())
 }
 
 fn timestamp(at: Instant) -> Result<Timestamp, CalendarError> {

@@ -126,6 +126,7 @@ mod tests {
             spent,
             size: 1000,
             until_reset: Span::ZERO,
+            renews_at: crate::time::Instant::EPOCH,
         }
     }
 

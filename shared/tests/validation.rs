@@ -45,7 +45,7 @@ fn reports_every_error_of_every_policy() {
             "policies[1].concurrency.reserved_for_high: needs `priority` on the policy, or no request is ever high priority",
             "policies[1].on_limit.status: must be an HTTP error status, 400 to 599",
             "policies[1].on_limit.max_wait: required when action is queue",
-            "policies[2].rate.brust: unknown field `brust`, expected one of `algorithm`, `requests`, `period`, `burst`, `warmup`",
+            "policies[2].rate.brust: unknown field `brust`, expected one of `algorithm`, `requests`, `period`, `time_zone`, `burst`, `warmup`",
         ]
     );
 }
@@ -726,6 +726,71 @@ fn warning_lines_are_shares_of_a_rate_limit() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("policies[0].limits[0].warn_at[0]"), "{e}");
+}
+
+#[test]
+fn calendar_periods_are_fixed_windows_in_a_known_zone() {
+    let with = |rate: &str, scope: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "a.example"}}, "rate": {{"requests": 10, "period": "1s"}},
+                "limits": [{{"name": "l", "rate": {rate}{scope}}}]}}"#
+        ))
+    };
+    let monthly = r#"{"requests": 1000, "period": "calendar_month", "algorithm": "fixed_window", "time_zone": "Europe/Berlin"}"#;
+    let set = parse_policy_set(&with(monthly, "")).unwrap_or_else(|e| panic!("{e}"));
+    let rate = set.policies[0].limits[0]
+        .rate
+        .as_ref()
+        .map(|r| r.period.to_string());
+    assert_eq!(rate.as_deref(), Some("calendar_month"));
+    assert!(set.policies[0].limits[0].is_budget());
+    // No zone: UTC.
+    assert!(parse_policy_set(&with(
+        r#"{"requests": 5, "period": "calendar_year", "algorithm": "fixed_window"}"#,
+        ""
+    ))
+    .is_ok());
+    assert_eq!(
+        errors_of(&with(
+            r#"{"requests": 1000, "period": "calendar_day", "time_zone": "Mars/Olympus_Mons"}"#,
+            ""
+        )),
+        vec![
+            "policies[0].limits[0].rate.algorithm: a calendar period is counted in calendar windows: set `fixed_window`",
+            "policies[0].limits[0].rate.time_zone: \"Mars/Olympus_Mons\" is no IANA time zone; write e.g. \"Europe/Berlin\", \"America/New_York\" or \"UTC\"",
+        ]
+    );
+    assert_eq!(
+        errors_of(&with(
+            r#"{"requests": 1000, "period": "1d", "algorithm": "fixed_window", "time_zone": "Europe/Berlin"}"#,
+            ""
+        )),
+        vec!["policies[0].limits[0].rate.time_zone: applies only to a calendar period (\"calendar_day\", \"calendar_month\", ...)"]
+    );
+    let long_zone = format!(
+        r#"{{"requests": 1, "period": "calendar_day", "algorithm": "fixed_window", "time_zone": "{}"}}"#,
+        "A/".repeat(5_000)
+    );
+    let e = errors_of(&with(&long_zone, ""));
+    assert!(e[0].len() < 200, "a hostile zone name is cut short: {e:?}");
+    // A fleet-wide limit is leased as a rate: windows, calendar or not,
+    // cannot be split into shares.
+    let e = errors_of(&with(monthly, r#", "scope": "global""#));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("windows cannot be split into shares")),
+        "{e:?}"
+    );
+    let e = parse_policy_set(&with(
+        r#"{"requests": 1, "period": "calendar_fortnight", "algorithm": "fixed_window"}"#,
+        "",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("is no calendar unit; write one of \"calendar_day\""),
+        "{e}"
+    );
 }
 
 /// Prices and money limits: a known currency, amounts a provider could

@@ -155,9 +155,14 @@ pub const LIMIT_FIELDS: &[(&str, &str, Kind)] = &[
     ),
     ("Requests (or tokens)", "/rate/requests", Kind::Number),
     (
-        "Per period (1s, 1m, 1h, 1d or ms; at most 31d)",
+        "Per period (1s, 1m, 1h, 1d or ms, at most 31d; or calendar_day, calendar_month ...)",
         "/rate/period",
         Kind::Duration,
+    ),
+    (
+        "Calendar period: time zone (e.g. Europe/Berlin; default UTC)",
+        "/rate/time_zone",
+        Kind::Text,
     ),
     ("Burst", "/rate/burst", Kind::Number),
     (
@@ -314,6 +319,9 @@ mod tests {
         "/limits/concurrency/reserved_for_high",
         "/limits/key/label",
         "/limits/key/overflow",
+        // A calendar period for a policy's own rate (a budget is a
+        // further limit's): in the policy's JSON.
+        "/rate/time_zone",
         "/limits/rate/warmup/cold_factor",
         "/limits/rate/warmup/period",
         // A pool (members, each a cluster with limits of its own): in the

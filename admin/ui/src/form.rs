@@ -479,7 +479,8 @@ pub fn help(pointer: &str) -> &'static str {
         "/key/label" => "How the live view names keys: a hash (raw keys stay in Envoy), or the value for non-secret ones.",
         "/rate/algorithm" => "token_bucket smooths with a burst; windows count per period.",
         "/rate/requests" => "Calls (or cost units) allowed per period.",
-        "/rate/period" => "The period: 1s, 1m, 1h, up to 31d.",
+        "/rate/period" => "The period: 1s, 1m, 1h, up to 31d; or a calendar unit (calendar_day, calendar_week, calendar_month, calendar_quarter, calendar_year; fixed_window), renewed at local midnight or on the 1st.",
+        "/rate/time_zone" => "The IANA zone a calendar period renews in (Europe/Berlin, America/New_York); default UTC.",
         "/rate/burst" => {
             "Calls allowed at once after an idle spell (token bucket; default: requests)."
         }

@@ -1222,7 +1222,7 @@ fn a_share_does_not_outlive_its_lease_when_the_clock_steps_back() {
     // (min(3, 30 / 10) slots, 30/s), whatever the wall clock says.
     let p = &w.policies().policies[0];
     assert_eq!(p.concurrency.map(|c| c.max_in_flight), Some(3));
-    let rate = p.rate.map(|r| match r {
+    let rate = p.rate.as_ref().map(|r| match r {
         sluice_shared::limiter::RateLimiter::TokenBucket(tb) => tb.burst(),
         _ => 0,
     });

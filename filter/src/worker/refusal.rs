@@ -251,6 +251,9 @@ pub(super) fn render(policy: &CompiledPolicy, refusal: &Refusal, retry_after: Sp
 pub const SPENT_HEADER: &str = "x-sluice-spent";
 pub const BUDGET_HEADER: &str = "x-sluice-budget";
 pub const RENEWS_HEADER: &str = "x-sluice-renews-in";
+/// The instant it renews, on the clock of its windows: a calendar
+/// budget's zone (`2026-03-30T00:00:00+02:00[Europe/Berlin]`), else UTC.
+pub const RENEWS_AT_HEADER: &str = "x-sluice-renews-at";
 pub const CURRENCY_HEADER: &str = "x-sluice-currency";
 
 /// What a refusal by a budget (a limit counting money, or of a period of
@@ -258,6 +261,8 @@ pub const CURRENCY_HEADER: &str = "x-sluice-currency";
 struct BudgetTold<'a> {
     limit: &'a str,
     standing: Standing,
+    /// When it renews, as [`RENEWS_AT_HEADER`] says it.
+    renews_at: String,
     currency: Option<&'a str>,
     /// What is spent and the budget's size are told (`tell_spend`); else
     /// only that it is spent and when it renews.
@@ -279,10 +284,11 @@ fn budget_told<'a>(policy: &'a CompiledPolicy, refusal: &'a Refusal) -> Option<B
     let long = spec
         .rate
         .as_ref()
-        .is_some_and(|r| r.period >= NamedLimit::BUDGET_MIN_PERIOD);
+        .is_some_and(|r| r.period.length() >= NamedLimit::BUDGET_MIN_PERIOD);
     let currency = compiled.is_priced().then(|| policy.currency()).flatten();
-    (long || currency.is_some()).then_some(BudgetTold {
+    (long || currency.is_some()).then(|| BudgetTold {
         limit,
+        renews_at: compiled.rate.clock_text(standing.renews_at),
         standing: *standing,
         currency,
         figures: compiled.tells_spend,
@@ -302,7 +308,10 @@ impl BudgetTold<'_> {
     }
 
     fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut headers = vec![(RENEWS_HEADER, self.renews_in_secs().to_string())];
+        let mut headers = vec![
+            (RENEWS_HEADER, self.renews_in_secs().to_string()),
+            (RENEWS_AT_HEADER, self.renews_at.clone()),
+        ];
         if self.figures {
             headers.push((SPENT_HEADER, self.amount(self.standing.spent)));
             headers.push((BUDGET_HEADER, self.amount(self.standing.size)));
@@ -321,16 +330,18 @@ impl BudgetTold<'_> {
         let secs = self.renews_in_secs();
         if !self.figures {
             return format!(
-                "limited by sluice policy {policy} (limit {limit}): its budget is spent; it renews in {h}h {m:02}m {s:02}s\n",
+                "limited by sluice policy {policy} (limit {limit}): its budget is spent; it renews in {h}h {m:02}m {s:02}s, at {at}\n",
                 limit = self.limit,
+                at = self.renews_at,
                 h = secs / 3600,
                 m = secs % 3600 / 60,
                 s = secs % 60,
             );
         }
         format!(
-            "limited by sluice policy {policy} (limit {limit}): spent {spent}{unit} of a budget of {size}{unit}; it renews in {h}h {m:02}m {s:02}s\n",
+            "limited by sluice policy {policy} (limit {limit}): spent {spent}{unit} of a budget of {size}{unit}; it renews in {h}h {m:02}m {s:02}s, at {at}\n",
             limit = self.limit,
+            at = self.renews_at,
             spent = self.amount(self.standing.spent),
             size = self.amount(self.standing.size),
             h = secs / 3600,
@@ -365,6 +376,7 @@ pub(super) fn for_rpc(reply: LocalReply, call: &RpcCall) -> LocalReply {
         ("spent", SPENT_HEADER),
         ("budget", BUDGET_HEADER),
         ("currency", CURRENCY_HEADER),
+        ("renews_at", RENEWS_AT_HEADER),
     ] {
         if let Some(value) = header(name) {
             data.insert(field.into(), value.into());
@@ -431,6 +443,7 @@ pub(super) fn for_rpc(reply: LocalReply, call: &RpcCall) -> LocalReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_shared::time::Instant;
     use sluice_shared::validate::parse_policy;
 
     fn policy(json: &str) -> CompiledPolicy {
@@ -536,16 +549,21 @@ mod tests {
                 spent: 49_999_000_000,
                 size: 50_000_000_000,
                 until_reset: Span::from_secs(7_200),
+                renews_at: Instant::from_millis(1_800_007_200_000),
             }),
         };
         let reply = render(p, &refused, Span::from_secs(10));
         assert_eq!(header(&reply, SPENT_HEADER), None);
         assert_eq!(header(&reply, BUDGET_HEADER), None);
         assert_eq!(header(&reply, RENEWS_HEADER), Some("7200"));
+        assert_eq!(
+            header(&reply, RENEWS_AT_HEADER),
+            Some("2027-01-15T10:00:00Z")
+        );
         let body = String::from_utf8_lossy(&reply.body);
         assert_eq!(
             body,
-            "limited by sluice policy llm (limit company-monthly): its budget is spent; it renews in 2h 00m 00s\n"
+            "limited by sluice policy llm (limit company-monthly): its budget is spent; it renews in 2h 00m 00s, at 2027-01-15T10:00:00Z\n"
         );
         let quota = header(&reply, "ratelimit-policy").unwrap_or_default();
         assert!(!quota.contains("company-monthly"), "{quota}");
@@ -569,6 +587,8 @@ mod tests {
             spent: 9_576,
             size: 10_000,
             until_reset: Span::from_millis(3_600_500),
+            // A second and a half past: told as the next whole second.
+            renews_at: Instant::from_millis(1_800_003_600_500),
         };
         let refused = |limit: &str| Refusal::Limit {
             limit: limit.into(),
@@ -582,7 +602,7 @@ mod tests {
         assert_eq!(header(&money, CURRENCY_HEADER), Some("EUR"));
         assert_eq!(
             String::from_utf8_lossy(&money.body),
-            "limited by sluice policy llm (limit team-daily): spent 0.009576 EUR of a budget of 0.01 EUR; it renews in 1h 00m 01s\n"
+            "limited by sluice policy llm (limit team-daily): spent 0.009576 EUR of a budget of 0.01 EUR; it renews in 1h 00m 01s, at 2027-01-15T09:00:01Z\n"
         );
         let tokens = render(p, &refused("tokens-daily"), Span::from_secs(10));
         assert_eq!(header(&tokens, SPENT_HEADER), Some("9576"));
@@ -601,5 +621,36 @@ mod tests {
             header(&render(p, &paused, Span::from_secs(10)), SPENT_HEADER),
             None
         );
+    }
+
+    #[test]
+    fn a_calendar_budget_says_when_it_renews_on_its_zones_clock() {
+        let set = sluice_filter_core::matcher::CompiledPolicySet::from_json(
+            r#"{"version": 1, "policies": [{"name": "llm", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s"},
+                  "limits": [{"name": "berlin-monthly",
+                    "rate": {"requests": 1000, "period": "calendar_month", "algorithm": "fixed_window",
+                             "time_zone": "Europe/Berlin"}}]}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let p = &set.policies[0];
+        let limit = &p.limits[0].rate;
+        let mut state = limit.initial_state();
+        // 2026-10-31T20:00:00Z is 21:00 in Berlin, after clocks went back:
+        // November begins three hours later, at 23:00 UTC.
+        let now = Instant::from_millis(1_793_476_800_000);
+        assert!(limit.try_acquire(&mut state, now, 1000).is_admit());
+        let refused = Refusal::Limit {
+            limit: "berlin-monthly".into(),
+            why: Why::Limit,
+            standing: Some(Standing::of(limit, &state, now)),
+        };
+        let reply = render(p, &refused, Span::from_secs(10_800));
+        assert_eq!(header(&reply, RENEWS_HEADER), Some("10800"));
+        assert_eq!(
+            header(&reply, RENEWS_AT_HEADER),
+            Some("2026-11-01T00:00:00+01:00[Europe/Berlin]")
+        );
+        assert!(String::from_utf8_lossy(&reply.body)
+            .ends_with("it renews in 3h 00m 00s, at 2026-11-01T00:00:00+01:00[Europe/Berlin]\n"));
     }
 }

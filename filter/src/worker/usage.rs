@@ -104,7 +104,7 @@ impl UsageOwed {
                 Some(Owed {
                     limit: limit.name.clone(),
                     place: place.clone(),
-                    rate: limit.rate,
+                    rate: limit.rate.clone(),
                     estimate: limit.rate.taken(*cost),
                     source,
                     reader: None,

@@ -7,7 +7,7 @@ use crate::policy::{Policy, RateSpec};
 use crate::time::Span;
 
 /// The limits an instance applies for its share of a global policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShareLimits {
     pub rate: Option<RateLimiter>,
     pub concurrency: Option<ConcurrencyLimit>,

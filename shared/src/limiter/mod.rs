@@ -7,6 +7,7 @@
 //! saturating, so nothing overflows or panics.
 
 pub mod concurrency;
+mod edges;
 pub mod stack;
 pub mod token_bucket;
 pub mod window;
@@ -69,7 +70,7 @@ pub(crate) fn ceil_div(numerator: u128, denominator: u128) -> u128 {
 }
 
 /// A rate limiter built from a validated [`RateSpec`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RateLimiter {
     TokenBucket(TokenBucket),
     FixedWindow(FixedWindow),
@@ -129,13 +130,31 @@ impl RateLimiter {
                     cold_factor: w.cold_factor,
                 }),
             )),
-            Algorithm::FixedWindow => {
-                RateLimiter::FixedWindow(FixedWindow::new(spec.requests, period))
-            }
+            Algorithm::FixedWindow => RateLimiter::FixedWindow(match spec.calendar() {
+                Some(calendar) => FixedWindow::calendar(spec.requests, calendar),
+                None => FixedWindow::new(spec.requests, period),
+            }),
             Algorithm::SlidingWindow => {
                 RateLimiter::SlidingWindow(SlidingWindow::new(spec.requests, period))
             }
         }
+    }
+
+    /// `at` (rounded up to the second) as the clock its windows follow
+    /// shows it: a calendar's zone
+    /// (`2026-03-30T00:00:00+02:00[Europe/Berlin]`), else UTC
+    /// (`2026-03-29T22:00:00Z`).
+    pub fn clock_text(&self, at: Instant) -> String {
+        let whole = Instant::from_nanos(
+            at.as_nanos()
+                .div_ceil(crate::time::NANOS_PER_SEC)
+                .saturating_mul(crate::time::NANOS_PER_SEC),
+        );
+        let calendar = match self {
+            RateLimiter::FixedWindow(w) => w.calendar_edges(),
+            _ => None,
+        };
+        crate::calendar::clock_text(calendar, whole)
     }
 
     /// The state of a limiter nobody used yet: full.
@@ -325,7 +344,8 @@ mod tests {
         RateSpec {
             algorithm,
             requests: 5,
-            period: DurationMs::from_secs(1),
+            period: DurationMs::from_secs(1).into(),
+            time_zone: None,
             burst: None,
             warmup: None,
         }
@@ -369,7 +389,8 @@ mod tests {
             let spec = RateSpec {
                 algorithm,
                 requests: limit,
-                period: DurationMs::from_secs(1),
+                period: DurationMs::from_secs(1).into(),
+                time_zone: None,
                 burst: None,
                 warmup: None,
             };

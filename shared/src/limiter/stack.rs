@@ -61,16 +61,20 @@ pub struct Standing {
     pub spent: u64,
     pub size: u64,
     pub until_reset: Span,
+    /// When that is (`now + until_reset`).
+    pub renews_at: Instant,
 }
 
 impl Standing {
     pub fn of(limiter: &RateLimiter, state: &RateState, now: Instant) -> Self {
         let size = limiter.available(&limiter.initial_state(), now);
         let available = limiter.available(state, now);
+        let until_reset = limiter.until_reset(state, now);
         Self {
             spent: size.saturating_sub(available),
             size,
-            until_reset: limiter.until_reset(state, now),
+            until_reset,
+            renews_at: now + until_reset,
         }
     }
 }

@@ -12,18 +12,12 @@
 //! nobody jumps the queue. A clock that goes back lands in the same case and
 //! is refused too: going back never hands out fresh counts.
 
+use std::sync::Arc;
+
+use super::edges::{align, windows_between, Edges};
 use super::{ceil_div, Decision, DecodeError, Reservation};
+use crate::calendar::Calendar;
 use crate::time::{Instant, Span};
-
-/// The start of the window of length `period` (at least 1 ns) `now` is in.
-fn align(now: Instant, period: Span) -> Instant {
-    now - Span::from_nanos(now.as_nanos() % period.as_nanos().max(1))
-}
-
-/// Windows of `period` from the aligned `earlier` to the aligned `later`.
-fn windows_between(earlier: Instant, later: Instant, period: Span) -> u64 {
-    later.since(earlier).as_nanos() / period.as_nanos().max(1)
-}
 
 fn read_u64(bytes: &[u8], at: usize) -> u64 {
     bytes
@@ -44,10 +38,10 @@ fn check_len(bytes: &[u8], expected: usize) -> Result<(), DecodeError> {
 }
 
 /// At most `limit` per aligned window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
-    period: Span,
+    edges: Edges,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,7 +73,23 @@ impl FixedWindow {
     pub fn new(limit: u64, period: Span) -> Self {
         Self {
             limit: limit.max(1),
-            period: period.max(Span::from_nanos(1)),
+            edges: Edges::Every(period.max(Span::from_nanos(1))),
+        }
+    }
+
+    /// At most `limit` per window of `calendar`.
+    pub fn calendar(limit: u64, calendar: Calendar) -> Self {
+        Self {
+            limit: limit.max(1),
+            edges: Edges::Calendar(Arc::new(calendar)),
+        }
+    }
+
+    /// The calendar its windows follow, if any.
+    pub fn calendar_edges(&self) -> Option<&Calendar> {
+        match &self.edges {
+            Edges::Every(_) => None,
+            Edges::Calendar(c) => Some(c),
         }
     }
 
@@ -87,11 +97,11 @@ impl FixedWindow {
     /// window is over, what it counted beyond the limit less a limit's
     /// worth for each window since.
     fn current(&self, state: &FixedWindowState, now: Instant) -> FixedWindowState {
-        let start = align(now, self.period);
+        let start = self.edges.align(now);
         if state.window_start >= start {
             return *state;
         }
-        let windows = windows_between(state.window_start, start, self.period);
+        let windows = self.edges.between(state.window_start, start);
         FixedWindowState {
             window_start: start,
             count: state
@@ -113,12 +123,12 @@ impl FixedWindow {
 
     /// The start of the window `windows` after `cur`'s.
     fn window_after(&self, cur: &FixedWindowState, windows: u64) -> Instant {
-        cur.window_start + self.period.saturating_mul(windows)
+        self.edges.after(cur.window_start, windows)
     }
 
     pub fn try_acquire(&self, state: &mut FixedWindowState, now: Instant, cost: u64) -> Decision {
         let cur = self.current(state, now);
-        let window_end = cur.window_start + self.period;
+        let window_end = self.edges.after(cur.window_start, 1);
         let ahead = cur.window_start > now;
         let fits = cur.count.saturating_add(cost) <= self.limit;
         if ahead || !fits {
@@ -146,7 +156,7 @@ impl FixedWindow {
     /// counted them is still the state's; a window that ended took its
     /// count with it.
     pub fn refund(&self, state: &mut FixedWindowState, taken_at: Instant, tokens: u64) {
-        if align(taken_at, self.period) == state.window_start {
+        if self.edges.align(taken_at) == state.window_start {
             state.count = state.count.saturating_sub(tokens);
         }
     }

@@ -109,7 +109,7 @@ impl NamedLimit {
     pub fn spends_over_hours(&self) -> bool {
         self.rate
             .as_ref()
-            .is_some_and(|r| r.period >= Self::BUDGET_MIN_PERIOD)
+            .is_some_and(|r| r.period.length() >= Self::BUDGET_MIN_PERIOD)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod limit;
 pub mod matching;
 pub mod mcp;
 pub mod on_limit;
+pub mod period;
 pub mod pool;
 pub mod prompt;
 pub mod provider;

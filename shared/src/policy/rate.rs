@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bounds;
 use super::check::Report;
+use super::period::Period;
 use crate::duration::DurationMs;
 
 #[cfg(feature = "schema")]
@@ -17,8 +18,15 @@ pub struct RateSpec {
     pub algorithm: Algorithm,
     /// Requests (tokens) allowed per `period`.
     pub requests: u64,
-    /// `"1s"`, `"1m"`, `"1h"`, `"250ms"` or milliseconds.
-    pub period: DurationMs,
+    /// `"1s"`, `"1m"`, `"1h"`, `"250ms"`, milliseconds, or a calendar
+    /// unit (`"calendar_day"`, `"calendar_week"`, `"calendar_month"`,
+    /// `"calendar_quarter"`, `"calendar_year"`: `fixed_window` only),
+    /// renewed at local midnight or on the 1st in `time_zone`.
+    pub period: Period,
+    /// The IANA time zone (`"Europe/Berlin"`) whose wall clock a calendar
+    /// `period` is counted on. Default `"UTC"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
     /// Token bucket only: how many requests may go at once after an idle
     /// spell. Defaults to `requests`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,6 +41,19 @@ impl RateSpec {
     /// The bucket capacity in effect.
     pub fn effective_burst(&self) -> u64 {
         self.burst.unwrap_or(self.requests)
+    }
+
+    /// The calendar a calendar `period` counts on, in `time_zone` (UTC
+    /// when none is named; a zone validation would refuse is taken as
+    /// UTC too rather than panic).
+    pub fn calendar(&self) -> Option<crate::calendar::Calendar> {
+        let unit = self.period.calendar()?;
+        let zone = self
+            .time_zone
+            .as_deref()
+            .and_then(|name| crate::calendar::zone(name).ok())
+            .unwrap_or(jiff::tz::TimeZone::UTC);
+        Some(crate::calendar::Calendar::new(unit, zone))
     }
 
     /// The most tokens one request can ever take: beyond it a request could
@@ -113,12 +134,23 @@ pub(crate) fn check_rate(r: &mut Report, rate: &RateSpec) {
 /// A rate of at most `max_requests` a period (money counts millionths).
 pub(crate) fn check_rate_up_to(r: &mut Report, rate: &RateSpec, max_requests: u64) {
     r.range_u64("rate.requests", rate.requests, 1, max_requests);
-    r.range_ms(
-        "rate.period",
-        rate.period,
-        bounds::MIN_PERIOD_MS,
-        bounds::MAX_PERIOD_MS,
-    );
+    match rate.period {
+        Period::Every(length) => {
+            r.range_ms(
+                "rate.period",
+                length,
+                bounds::MIN_PERIOD_MS,
+                bounds::MAX_PERIOD_MS,
+            );
+            if rate.time_zone.is_some() {
+                r.at(
+                    "rate.time_zone",
+                    "applies only to a calendar period (\"calendar_day\", \"calendar_month\", ...)",
+                );
+            }
+        }
+        Period::Calendar(_) => check_calendar(r, rate),
+    }
     let is_bucket = rate.algorithm == Algorithm::TokenBucket;
     if let Some(burst) = rate.burst {
         if !is_bucket {
@@ -128,8 +160,8 @@ pub(crate) fn check_rate_up_to(r: &mut Report, rate: &RateSpec, max_requests: u6
         }
     }
     // A period out of range is reported as such, not again as a refill.
-    let period_ok =
-        (bounds::MIN_PERIOD_MS..=bounds::MAX_PERIOD_MS).contains(&rate.period.as_millis());
+    let period_ok = rate.period.calendar().is_none()
+        && (bounds::MIN_PERIOD_MS..=bounds::MAX_PERIOD_MS).contains(&rate.period.as_millis());
     if is_bucket && rate.requests >= 1 && period_ok {
         let span_ms = u128::from(rate.effective_burst()) * u128::from(rate.period.as_millis())
             / u128::from(rate.requests);
@@ -156,6 +188,21 @@ pub(crate) fn check_rate_up_to(r: &mut Report, rate: &RateSpec, max_requests: u6
             bounds::MIN_COLD_FACTOR.into(),
             bounds::MAX_COLD_FACTOR.into(),
         );
+    }
+}
+
+/// A calendar period: counted in windows, on a clock the zone exists for.
+fn check_calendar(r: &mut Report, rate: &RateSpec) {
+    if rate.algorithm != Algorithm::FixedWindow {
+        r.at(
+            "rate.algorithm",
+            "a calendar period is counted in calendar windows: set `fixed_window`",
+        );
+    }
+    if let Some(name) = &rate.time_zone {
+        if let Err(e) = crate::calendar::zone(name) {
+            r.at("rate.time_zone", e.to_string());
+        }
     }
 }
 

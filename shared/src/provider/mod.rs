@@ -243,7 +243,8 @@ mod tests {
         RateSpec {
             algorithm: Default::default(),
             requests,
-            period: crate::DurationMs::from_secs(1),
+            period: crate::DurationMs::from_secs(1).into(),
+            time_zone: None,
             burst: None,
             warmup: None,
         }

@@ -31,7 +31,7 @@ use sluice_shared::policy::{LimitAction, Priority};
 use sluice_shared::time::{Instant, Span};
 
 /// The limits of one policy, as the bucket applies them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketLimits {
     pub rate: Option<RateLimiter>,
     pub concurrency: Option<ConcurrencyLimit>,
@@ -48,7 +48,7 @@ impl BucketLimits {
     pub fn of(policy: &CompiledPolicy) -> Self {
         let on_limit = &policy.policy.on_limit;
         Self {
-            rate: policy.rate,
+            rate: policy.rate.clone(),
             concurrency: policy.concurrency,
             queue: match on_limit.action {
                 LimitAction::Reject => None,
