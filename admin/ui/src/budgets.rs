@@ -81,6 +81,7 @@ pub fn BudgetsNow() -> impl IntoView {
                                 .map(|u| u.counts.per_s(LimitCounter::Tokens)),
                         )
                     });
+                    let at_ms = frames.latest().map_or(0, |f| f.at_ms);
                     let keyed = !spend.keys.is_empty() || spend.spending_keys > 0;
                     let whole = used(spend.spent, spend.size);
                     let warn_text = if spec.warn_at.is_empty() {
@@ -115,6 +116,7 @@ pub fn BudgetsNow() -> impl IntoView {
                                 }}
                                 " · warn at "<span class="warn-lines">{warn_text}</span>
                                 " · renews in "<span class="renews-in">{if spend.renews_in_ms > 0 { renews_in(spend.renews_in_ms) } else { "—".to_string() }}</span>
+                                {spec.renews_at(at_ms, spend.renews_in_ms).map(|at| view! { " (at "<span class="renews-at">{at}</span>")" })}
                                 " · a month at this pace "<span class="month-projection">{spec.amount_f(month)}</span>
                             </p>
                             {keyed.then(|| view! {

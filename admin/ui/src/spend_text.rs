@@ -5,9 +5,11 @@
 
 use std::collections::BTreeMap;
 
+use sluice_shared::calendar::{clock_text, Calendar};
 use sluice_shared::policy::CostSpec;
 use sluice_shared::price::{Money, PriceTable};
 use sluice_shared::spend::month_at;
+use sluice_shared::time::{Instant, Span};
 use sluice_shared::Policy;
 
 /// What the live view needs of a budget's definition.
@@ -17,6 +19,8 @@ pub struct BudgetSpec {
     pub currency: Option<String>,
     /// Its warning lines, as ratios of its size.
     pub warn_at: Vec<f64>,
+    /// A calendar period's windows (`calendar_month` in `Europe/Berlin`).
+    pub calendar: Option<Calendar>,
 }
 
 /// Every limit of the policies, by name, as the live view words it.
@@ -42,6 +46,7 @@ pub fn budget_specs(
                     None
                 },
                 warn_at: l.warn_at.clone(),
+                calendar: l.rate.as_ref().and_then(|r| r.calendar()),
             };
             (l.name.clone(), spec)
         })
@@ -68,6 +73,21 @@ impl BudgetSpec {
             return self.amount(0);
         }
         self.amount(n.min(u64::MAX as f64) as u64)
+    }
+
+    /// When a calendar budget renews, on its zone's clock
+    /// (`2027-01-01T00:00:00+01:00[Europe/Berlin]`), from a frame's time
+    /// and the renewal an Envoy reported (a sync or two old): the window
+    /// edge nearest it. None for a budget of another period.
+    pub fn renews_at(&self, at_ms: u64, renews_in_ms: u64) -> Option<String> {
+        let calendar = self.calendar.as_ref()?;
+        if renews_in_ms == 0 {
+            return None;
+        }
+        // A report is seconds old: half a minute either way is the edge.
+        let reported = Instant::from_millis(at_ms.saturating_add(renews_in_ms));
+        let edge = calendar.window(reported + Span::from_secs(30)).ok()?.start;
+        Some(clock_text(Some(calendar), edge))
     }
 
     /// The warning lines `used` (a ratio) is past.
@@ -129,6 +149,7 @@ mod tests {
         BudgetSpec {
             currency: Some("USD".into()),
             warn_at: vec![0.8, 0.95],
+            calendar: None,
         }
     }
 
@@ -179,5 +200,29 @@ mod tests {
         assert_eq!(specs.keys().collect::<Vec<_>>(), ["daily"]);
         assert_eq!(specs["daily"].warn_at, [0.8]);
         assert_eq!(specs["daily"].currency.as_deref(), Some("(no price table)"));
+    }
+
+    #[test]
+    fn a_calendar_budget_renews_at_its_window_edge_on_its_zones_clock() {
+        let set: sluice_shared::PolicySet = serde_json::from_str(
+            r#"{"version": 1, "policies": [{"name": "llm", "match": {"host": "a.example"},
+               "limits": [{"name": "monthly", "rate": {"requests": 5000000, "period": "calendar_month",
+                           "algorithm": "fixed_window", "time_zone": "Europe/Berlin"}, "cost": "price"},
+                          {"name": "daily", "rate": {"requests": 5000000, "period": "1d", "algorithm": "fixed_window"}}]}]}"#,
+        )
+        .expect("a set");
+        let specs = budget_specs(&set.policies, None);
+        // 2026-12-04T16:00:00Z; December ends at 2026-12-31T23:00:00Z.
+        let at_ms = 1_796_400_000_000;
+        let exact = 1_798_758_000_000 - at_ms;
+        for reported in [exact - 4_000, exact, exact + 2_000] {
+            assert_eq!(
+                specs["monthly"].renews_at(at_ms, reported).as_deref(),
+                Some("2027-01-01T00:00:00+01:00[Europe/Berlin]"),
+                "{reported}"
+            );
+        }
+        assert_eq!(specs["monthly"].renews_at(at_ms, 0), None, "nothing spent");
+        assert_eq!(specs["daily"].renews_at(at_ms, exact), None);
     }
 }

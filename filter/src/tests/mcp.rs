@@ -339,6 +339,9 @@ fn one_budget_per_run_covers_its_tool_calls_and_its_llm_tokens() {
     assert_eq!(data["spent"], "0.7601");
     assert_eq!(data["budget"], "1");
     assert_eq!(data["currency"], "USD");
+    // T0 is 2027-01-15T08:00:00Z: the run's day renews at UTC midnight.
+    assert_eq!(data["renews_at"], "2027-01-16T00:00:00Z");
+    assert_eq!(data["renews_in_s"], 16 * 3600);
     // Its messages alone fit: 0.25 and 0.01 (of 0.2399 left: the search,
     // then a render_ tool at its prefix's price, not the expensive call).
     let search = tool_run_call(&host, &mut w, 12, "r1", &tool_call(json!(12), "search"));
