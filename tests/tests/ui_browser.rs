@@ -1497,10 +1497,12 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
     op.create(json!({"name": "llm", "match": {"host": "api.llm.example"},
         "rate": {"requests": 1000, "period": "1s"},
         "limits": [
-            {"name": "team-daily", "rate": {"requests": 1_000_000, "period": "1d", "algorithm": "fixed_window"},
+            {"name": "team-daily", "rate": {"requests": 1_000_000, "period": "calendar_day", "algorithm": "fixed_window",
+                                            "time_zone": "Asia/Kathmandu"},
              "cost": "price", "warn_at": [0.01],
              "key": {"header": "x-team", "label": "value"}},
-            {"name": "company-daily", "rate": {"requests": 5_000_000, "period": "1d", "algorithm": "fixed_window"},
+            {"name": "company-daily", "rate": {"requests": 5_000_000, "period": "calendar_day", "algorithm": "fixed_window",
+                                               "time_zone": "Asia/Kathmandu"},
              "cost": "price", "warn_at": [0.5, 0.9]}]}))
         .await?;
     let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
@@ -1636,6 +1638,25 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
     );
     assert!(month.ends_with(" USD") && month != "0.00 USD", "{month}");
     assert_eq!(past, 3, "each team is past its 1 % line");
+    // Both are calendar days in Kathmandu (UTC+05:45): each shows its
+    // renewal at the next local midnight, as jiff tells it here.
+    let next_midnight = |now: jiff::Timestamp| -> anyhow::Result<String> {
+        let today = now.in_tz("Asia/Kathmandu")?.date();
+        Ok(today.tomorrow()?.in_tz("Asia/Kathmandu")?.to_string())
+    };
+    let before = next_midnight(jiff::Timestamp::now())?;
+    for limit in ["company-daily", "team-daily"] {
+        let at = browser
+            .text(&format!(".live-budget[data-limit='{limit}'] .renews-at"))
+            .await?;
+        let after = next_midnight(jiff::Timestamp::now())?;
+        println!("ui: {limit} renews at {at}");
+        anyhow::ensure!(
+            at == before || at == after,
+            "{limit} renews at {at}, expected {before}"
+        );
+        anyhow::ensure!(at.ends_with("T00:00:00+05:45[Asia/Kathmandu]"), "{at}");
+    }
     Ok(())
 }
 
