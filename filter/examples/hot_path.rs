@@ -31,6 +31,14 @@ fn policy(variant: &str) -> Option<String> {
         "rate" => "",
         "concurrency" => r#", "concurrency": {"max_in_flight": 100000}"#,
         "per-key" => r#", "key": {"header": "x-api-key", "max_keys": 10000}"#,
+        // A day's budget beside the rate: in windows of 24 h since the
+        // epoch, or on Berlin's calendar (what a calendar window costs).
+        "daily" => {
+            r#", "limits": [{"name": "day", "rate": {"requests": 1000000000, "period": "1d", "algorithm": "fixed_window"}}]"#
+        }
+        "calendar-day" => {
+            r#", "limits": [{"name": "day", "rate": {"requests": 1000000000, "period": "calendar_day", "algorithm": "fixed_window", "time_zone": "Europe/Berlin"}}]"#
+        }
         _ => return None,
     };
     Some(format!(
@@ -215,14 +223,16 @@ fn main() -> ExitCode {
             },
             _ => {
                 eprintln!(
-                    "usage: hot_path [--policy rate|concurrency|per-key] [--calls N] [--gap-us MICROSECONDS]"
+                    "usage: hot_path [--policy rate|concurrency|per-key|daily|calendar-day] [--calls N] [--gap-us MICROSECONDS]"
                 );
                 return ExitCode::FAILURE;
             }
         }
     }
     let Some(json) = policy(&variant) else {
-        eprintln!("unknown policy variant {variant}: rate, concurrency or per-key");
+        eprintln!(
+            "unknown policy variant {variant}: rate, concurrency, per-key, daily or calendar-day"
+        );
         return ExitCode::FAILURE;
     };
     let config = match parse_plugin_config(json.as_bytes()) {

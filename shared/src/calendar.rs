@@ -17,6 +17,8 @@
 //! Envoy without one would lack): every build from one `Cargo.lock` holds
 //! the same release, so every Envoy renews at the same instant.
 
+use std::sync::Mutex;
+
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
@@ -99,11 +101,30 @@ pub enum CalendarError {
 }
 
 /// Windows of `unit` in `zone`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Calendar {
     unit: CalendarUnit,
     zone: TimeZone,
+    /// The window last told: nearly every call of a day or a month falls
+    /// in it, and telling one from the zone's rules costs some 2 500
+    /// instructions a call (filter/examples/hot_path.rs, `calendar-day`).
+    /// Taken only when free: a worker that finds it held computes.
+    last: Mutex<Option<Window>>,
 }
+
+impl Clone for Calendar {
+    fn clone(&self) -> Self {
+        Self::new(self.unit, self.zone.clone())
+    }
+}
+
+impl PartialEq for Calendar {
+    fn eq(&self, other: &Self) -> bool {
+        self.unit == other.unit && self.zone == other.zone
+    }
+}
+
+impl Eq for Calendar {}
 
 /// One window: from `start` (included) to `end` (excluded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,30 +133,64 @@ pub struct Window {
     pub end: Instant,
 }
 
+impl Window {
+    fn holds(&self, at: Instant) -> bool {
+        self.start <= at && at < self.end
+    }
+}
+
 impl Calendar {
     pub fn new(unit: CalendarUnit, zone: TimeZone) -> Self {
-        Self { unit, zone }
+        Self {
+            unit,
+            zone,
+            last: Mutex::new(None),
+        }
     }
 
     /// The window `now` is in.
     pub fn window(&self, now: Instant) -> Result<Window, CalendarError> {
+        if let Some(last) = self.last_window().filter(|w| w.holds(now)) {
+            return Ok(last);
+        }
         let first = self.first_day(self.local_date(now)?);
-        Ok(Window {
+        let window = Window {
             start: self.start_of(first)?,
             end: self.start_of(self.days_after(first, 1)?)?,
-        })
+        };
+        if let Ok(mut last) = self.last.try_lock() {
+            *last = Some(window);
+        }
+        Ok(window)
     }
 
     /// The start of the window `n` windows after the one starting at
     /// `start` (a window's start, as [`Self::window`] gave it).
     pub fn nth_after(&self, start: Instant, n: u32) -> Result<Instant, CalendarError> {
+        if let Some(last) = self.last_window().filter(|w| w.start == start) {
+            match n {
+                0 => return Ok(last.start),
+                1 => return Ok(last.end),
+                _ => {}
+            }
+        }
         let first = self.first_day(self.local_date(start)?);
         self.start_of(self.days_after(first, n)?)
+    }
+
+    fn last_window(&self) -> Option<Window> {
+        self.last.try_lock().ok().and_then(|last| *last)
     }
 
     /// Whole windows from the one `earlier` is in to the one `later` is
     /// in (0 when they are the same, or `later` is not later).
     pub fn windows_between(&self, earlier: Instant, later: Instant) -> Result<u64, CalendarError> {
+        if self
+            .last_window()
+            .is_some_and(|w| w.holds(earlier) && w.holds(later))
+        {
+            return Ok(0);
+        }
         let (a, b) = (
             self.first_day(self.local_date(earlier)?),
             self.first_day(self.local_date(later)?),
@@ -455,5 +510,44 @@ mod tests {
                 .as_deref(),
             Ok("2026-04-01T00:00:00+02:00[Europe/Berlin]")
         );
+    }
+
+    /// A calendar with no window remembered.
+    fn fresh(c: &Calendar) -> Calendar {
+        Calendar::new(c.unit, c.zone.clone())
+    }
+
+    proptest::proptest! {
+        /// The remembered window changes no answer: any instants in any
+        /// order (near each other, so that they share windows, and far)
+        /// get what a calendar that remembers nothing tells.
+        #[test]
+        fn the_remembered_window_answers_as_a_fresh_calendar_would(
+            base in 0u64..16_000_000_000,
+            steps in proptest::collection::vec(-200_000i64..200_000, 1..40),
+            unit in proptest::sample::select(CalendarUnit::ALL.to_vec()),
+            name in proptest::sample::select(vec!["UTC", "Europe/Berlin", "Australia/Lord_Howe", "America/Havana"]),
+        ) {
+            let calendar = Calendar::new(unit, zone(name));
+            let mut secs = base;
+            for step in steps {
+                secs = secs.saturating_add_signed(step * 60);
+                let now = Instant::from_nanos(secs * 1_000_000_000);
+                let window = calendar.window(now);
+                proptest::prop_assert_eq!(window.clone(), fresh(&calendar).window(now));
+                let Ok(w) = window else { continue };
+                for n in 0..3 {
+                    proptest::prop_assert_eq!(
+                        calendar.nth_after(w.start, n),
+                        fresh(&calendar).nth_after(w.start, n)
+                    );
+                }
+                let later = now + crate::time::Span::from_secs(3_600);
+                proptest::prop_assert_eq!(
+                    calendar.windows_between(now, later),
+                    fresh(&calendar).windows_between(now, later)
+                );
+            }
+        }
     }
 }
