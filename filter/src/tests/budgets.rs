@@ -327,3 +327,37 @@ fn without_a_token_a_keyed_budget_is_a_plain_limit() {
     let (report, _) = next_report(&host, &mut w);
     assert!(!report.budgets.contains_key("team-daily"));
 }
+
+/// A day's budget in Kathmandu (UTC+05:45; T0 is 13:45 there): it renews
+/// at local midnight, 10 h 15 min after T0, and a warning line crossed
+/// again that new day counts again (once a local day, not once in 25
+/// hours since 1970: T0 starts such a span, which would have hidden it).
+#[test]
+fn a_calendar_day_renews_at_local_midnight_and_its_warning_counts_once_a_local_day() {
+    let set = r#"{"version": 1, "policies": [
+        {"name": "maps", "match": {"host": "api.maps.example"},
+         "rate": {"requests": 1000, "period": "1s"},
+         "limits": [{"name": "kathmandu-daily", "warn_at": [0.5],
+                     "rate": {"requests": 10, "period": "calendar_day", "algorithm": "fixed_window",
+                              "time_zone": "Asia/Kathmandu"}}]}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, set);
+    assert_eq!(admitted(&host, &mut w, 1, 6), 6);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.kathmandu-daily.warn_crossed"), 1);
+    assert_eq!(admitted(&host, &mut w, 10, 10), 4);
+    let refused = w.on_request(&host, 30, req(MAPS, &[]).as_slice());
+    assert_eq!(status(&refused), 429);
+    assert_eq!(
+        header_of(&refused, "x-sluice-renews-at"),
+        Some("2027-01-16T00:00:00+05:45[Asia/Kathmandu]")
+    );
+    assert_eq!(header_of(&refused, "x-sluice-renews-in"), Some("36900"));
+    // A second before local midnight: still spent.
+    host.advance_ms(36_899_000);
+    assert_eq!(admitted(&host, &mut w, 40, 1), 0);
+    host.advance_ms(1_000);
+    assert_eq!(admitted(&host, &mut w, 50, 6), 6);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.kathmandu-daily.warn_crossed"), 2);
+}

@@ -406,11 +406,12 @@ fn warnings<H: Host + ?Sized>(
                 .find(|l| l.name == limit.name)
                 .and_then(|l| l.rate.as_ref())
                 .map_or(1, |r| r.period.as_span().as_nanos());
-            let mark = period_mark(
-                ctx.now.as_nanos(),
-                period,
-                place.and_then(|p| p.owner).unwrap_or(0),
-            );
+            let owner = place.and_then(|p| p.owner).unwrap_or(0);
+            // A calendar period's is its window: a local day or month.
+            let mark = match limit.rate.calendar_window_start(ctx.now) {
+                Some(start) => period_mark(start.as_nanos(), 1, owner),
+                None => period_mark(ctx.now.as_nanos(), period, owner),
+            };
             let first = (0..8u8)
                 .filter(|line| warning.crossed & (1 << line) != 0)
                 .filter(|line| {

@@ -157,6 +157,16 @@ impl RateLimiter {
         crate::calendar::clock_text(calendar, whole)
     }
 
+    /// The start of the calendar window `now` is in, for a limit of a
+    /// calendar period (None for any other).
+    pub fn calendar_window_start(&self, now: Instant) -> Option<Instant> {
+        match self {
+            RateLimiter::FixedWindow(w) => w.calendar_edges().and_then(|c| c.window(now).ok()),
+            _ => None,
+        }
+        .map(|w| w.start)
+    }
+
     /// The state of a limiter nobody used yet: full.
     pub fn initial_state(&self) -> RateState {
         match self {
