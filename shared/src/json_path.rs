@@ -65,6 +65,20 @@ impl JsonPath {
         Some(at)
     }
 
+    /// Whatever is at this path in `value`, to be changed (a downgrade's
+    /// model).
+    pub fn value_in_mut<'v>(&self, value: &'v mut Value) -> Option<&'v mut Value> {
+        let mut at = value;
+        for step in &self.steps {
+            at = match at {
+                Value::Object(map) => map.get_mut(step)?,
+                Value::Array(items) => items.get_mut(step.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        Some(at)
+    }
+
     /// The text at this path in `value`, for a match or a key: a string as
     /// it is, a number or `true`/`false` as its JSON text; None for
     /// anything else (an object, a list, `null`) or nothing there.

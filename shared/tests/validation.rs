@@ -793,6 +793,56 @@ fn calendar_periods_are_fixed_windows_in_a_known_zone() {
     );
 }
 
+#[test]
+fn a_downgrade_is_a_money_limits_rung_to_priced_cheaper_models() {
+    let with = |limit: &str| {
+        format!(
+            r#"{{"version": 1, "prices": {{"currency": "USD", "models": {{
+                  "gpt-4o*": {{"input": "2.5", "output": "10"}}, "gpt-4o-mini": {{"input": "0.15", "output": "0.6"}}}}}},
+                "policies": [{{"name": "llm", "match": {{"host": "a.example"}}, "rate": {{"requests": 10, "period": "1s"}},
+                "limits": [{{"name": "l", "rate": {{"requests": 1000000, "period": "1d", "algorithm": "fixed_window"}}, {limit}}}]}}]}}"#
+        )
+    };
+    let good = r#""cost": "price", "downgrade": {"at": 0.8, "models": {"gpt-4o*": "gpt-4o-mini"}}"#;
+    let set = parse_policy_set(&with(good)).unwrap_or_else(|e| panic!("{e}"));
+    let rung = set.policies[0].limits[0]
+        .downgrade
+        .as_ref()
+        .map(|d| d.target("gpt-4o-2024"));
+    assert_eq!(rung, Some(Some("gpt-4o-mini")));
+    assert_eq!(
+        errors_of(&with(r#""downgrade": {"at": 0, "models": {}}"#)),
+        vec![
+            "policies[0].limits[0].downgrade: a downgrade steps a budget in money down to cheaper models: give the limit `\"cost\": \"price\"`",
+            "policies[0].limits[0].downgrade.at: a share of the limit, above 0 and at most 1 (0.8 downgrades past 80 %)",
+            "policies[0].limits[0].downgrade.models: name at least one model and the cheaper one it goes to",
+        ]
+    );
+    assert_eq!(
+        errors_of(&with(
+            r#""cost": "price", "downgrade": {"at": 1.5, "models": {"gpt-4o": "gpt-4o", "o1": "o1-*", "gpt-4-turbo": "claude-3-haiku"}}"#
+        )),
+        vec![
+            "policies[0].limits[0].downgrade.at: a share of the limit, above 0 and at most 1 (0.8 downgrades past 80 %)",
+            "policies[0].limits[0].downgrade.models.gpt-4o: goes to itself: name a cheaper model",
+            "policies[0].limits[0].downgrade.models.o1: the model it goes to: a model's name, without `*`",
+            "policies[0].limits[0].downgrade.models.gpt-4-turbo: goes to \"claude-3-haiku\", which the set's `prices` do not name: a downgrade is priced at its model's own price",
+        ]
+    );
+    // The body is what is rewritten: a model named by a header cannot be.
+    let e = errors_of(&with(
+        r#""cost": {"price": {"model": {"header": "x-model"}}}, "downgrade": {"at": 0.8, "models": {"gpt-4o": "gpt-4o-mini"}}"#,
+    ));
+    assert!(
+        e.iter().any(|e| e.ends_with("the price must read the model from it (`cost.price.model.json`)")),
+        "{e:?}"
+    );
+    let e = errors_of(&with(
+        r#""cost": "price", "downgrade": {"at": 0.8, "models": {"gpt-4o": "gpt-4o-mini"}, "to": "x"}"#,
+    ));
+    assert!(e[0].contains("unknown field `to`"), "{e:?}");
+}
+
 /// Prices and money limits: a known currency, amounts a provider could
 /// charge, a price only where the set has prices, every bad part named.
 #[test]

@@ -101,6 +101,9 @@ counters! {
         Warned = "warned", Rate;
         /// Warning lines crossed: once per line per period (per key).
         WarnCrossed = "warn_crossed", Total;
+        /// Calls sent for a cheaper model past its `downgrade` line: their
+        /// answers carry `x-sluice-downgraded`.
+        Downgraded = "downgraded", Rate;
         /// Calls refused because this budget's spending before a restart
         /// is not known yet (the admin has not answered since).
         BudgetUnknown = "budget_unknown", Local;

@@ -319,6 +319,10 @@ mod tests {
         "/limits/concurrency/reserved_for_high",
         "/limits/key/label",
         "/limits/key/overflow",
+        // A money limit's downgrade rung (a share and a map of models):
+        // in the policy's JSON.
+        "/limits/downgrade/at",
+        "/limits/downgrade/models",
         // A calendar period for a policy's own rate (a budget is a
         // further limit's): in the policy's JSON.
         "/rate/time_zone",

@@ -201,6 +201,24 @@ impl Pricing {
         }
     }
 
+    /// The model the call names, as its prices are found (None: none).
+    pub fn model_named<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        body: &BodyJson,
+    ) -> Option<String> {
+        self.model.as_ref()?.read(req, body)
+    }
+
+    /// Where in the JSON body the call names its model (None: it is read
+    /// from a header or the path).
+    pub fn model_json(&self) -> Option<&JsonPath> {
+        match self.model.as_ref()? {
+            ModelFrom::Json(path) => Some(path),
+            ModelFrom::Header(_) | ModelFrom::PathAfter(_) => None,
+        }
+    }
+
     /// The call's prices under the money limits `limits` (None: its model
     /// has no price, and the table no default).
     pub fn call_price<'a, R: RequestHeaders + ?Sized>(

@@ -19,6 +19,7 @@ use sluice_wire::sync_answer::ReceivedHeaders;
 // One file per feature, through the worker as Envoy drives it; the
 // helpers they share are below.
 mod budgets;
+mod downgrade;
 mod fair;
 mod fair_slots;
 mod fleet_limits;

@@ -316,6 +316,7 @@ fn after_limits<H: Host + ?Sized>(
             slots,
             warnings,
             fair,
+            downgrade,
         } => {
             let held = Held {
                 places,
@@ -323,6 +324,7 @@ fn after_limits<H: Host + ?Sized>(
                 warnings,
                 fair,
                 member,
+                downgrade,
             };
             Ok((false, held))
         }

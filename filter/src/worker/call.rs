@@ -21,6 +21,7 @@ use sluice_shared::time::Instant;
 
 use super::asked_usage::Asked;
 use super::ctx::Ctx;
+use super::downgrade::{Downgraded, DOWNGRADED_HEADER};
 use super::limits::{LimitPlace, PastWarning};
 use super::listened::Listened;
 use super::pool::{PoolCall, Routed};
@@ -44,6 +45,8 @@ pub(super) struct Holding {
     pub price: Option<CallPrice>,
     /// Limits it left past a warning line.
     pub warnings: Vec<PastWarning>,
+    /// Sent for a cheaper model than it named (a limit's `downgrade`).
+    pub downgraded: Option<Downgraded>,
     /// Its keys' labels for the live view, found while its request was
     /// at hand.
     pub labels: KeyLabels,
@@ -95,8 +98,10 @@ pub(super) struct Call {
     asked: Option<Asked>,
     /// Its answer tells the caller where the limits stand.
     told: Option<Told>,
-    /// Its answer says which limits it left past a warning line.
-    warn: Option<String>,
+    /// What its answer is told: the limits it left past a warning line
+    /// (`x-sluice-warn`), the model it was downgraded from and to
+    /// (`x-sluice-downgraded`).
+    said: Vec<(&'static str, String)>,
 }
 
 impl Call {
@@ -106,7 +111,7 @@ impl Call {
             && self.usage.is_none()
             && self.asked.is_none()
             && self.told.is_none()
-            && self.warn.is_none()
+            && self.said.is_empty()
     }
 
     /// Takes up the parts `other` has.
@@ -117,14 +122,14 @@ impl Call {
             usage,
             asked,
             told,
-            warn,
+            said,
         } = other;
         self.routed = routed.or(self.routed.take());
         self.listened = listened.or(self.listened.take());
         self.usage = usage.or(self.usage.take());
         self.asked = asked.or(self.asked.take());
         self.told = told.or(self.told.take());
-        self.warn = warn.or(self.warn.take());
+        self.said.extend(said);
     }
 }
 
@@ -173,7 +178,14 @@ impl Calls {
         if let Some(policy) = policies.policy(holding.policy_index) {
             let price = holding.price.as_ref();
             call.usage = UsageOwed::of(policy, &holding.costs, &holding.places, price, now);
-            call.warn = warn_value(&holding.warnings);
+            call.said
+                .extend(warn_value(&holding.warnings).map(|value| (WARN_HEADER, value)));
+            call.said.extend(
+                holding
+                    .downgraded
+                    .as_ref()
+                    .map(|d| (DOWNGRADED_HEADER, d.header_value())),
+            );
             let counted: Vec<_> = holding.places.iter().map(|p| p.counted).collect();
             call.listened = Listened::of(policies, holding.policy_index, &holding.keys, &counted);
         }
@@ -235,7 +247,7 @@ impl Calls {
             call.usage = None;
         }
         let mut set = call.told.take().map(|t| t.headers(ctx)).unwrap_or_default();
-        set.extend(call.warn.take().map(|value| (WARN_HEADER, value)));
+        set.append(&mut call.said);
         if call.is_done() {
             self.calls.remove(&context_id);
         }

@@ -60,6 +60,9 @@ pub(super) struct Held {
     /// A pool call: the member (its place in the pool) whose limits these
     /// are.
     pub member: Option<usize>,
+    /// The first limit the call left past its downgrade line: its index,
+    /// and thousandths of it used.
+    pub downgrade: Option<(usize, u64)>,
 }
 
 /// What the further limits said.
@@ -73,6 +76,8 @@ pub(super) enum Taken {
         /// Limits the call left past a warning line: (name, thousandths used).
         warnings: Vec<PastWarning>,
         fair: FairTaken,
+        /// See [`Held::downgrade`].
+        downgrade: Option<(usize, u64)>,
     },
     /// `limit` refused first, for `why`; nothing was kept from the
     /// others.
@@ -171,7 +176,7 @@ pub(super) fn take<H: Host + ?Sized>(
             }
         }
     };
-    let (places, warnings) = match take_rates(ctx, budgets, policy, inputs) {
+    let (places, warnings, downgrade) = match take_rates(ctx, budgets, policy, inputs) {
         Ok(taken) => taken,
         Err(refused) => {
             // The limit that refused held fewer tokens than its table: its
@@ -210,6 +215,7 @@ pub(super) fn take<H: Host + ?Sized>(
             slots,
             warnings,
             fair,
+            downgrade,
         },
         Err(refused) => {
             give_back(ctx, policy, costs, &places, now);
@@ -311,22 +317,27 @@ fn refused_before_taking<H: Host + ?Sized>(
     Ok(())
 }
 
-/// The rate limits' part of [`take`]: where each holds the call's tokens.
+/// Where each rate limit holds the call's tokens, the warning lines it
+/// left them past, and the first downgrade line it reached.
+type RatesTaken = (Vec<LimitPlace>, Vec<PastWarning>, Option<(usize, u64)>);
+
+/// The rate limits' part of [`take`].
 fn take_rates<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
     policy: &CompiledPolicy,
     inputs: &LimitInputs,
-) -> Result<(Vec<LimitPlace>, Vec<PastWarning>), Taken> {
+) -> Result<RatesTaken, Taken> {
     if policy.limits.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok((Vec::new(), Vec::new(), None));
     }
     refused_before_taking(ctx, budgets, policy, inputs)?;
     let (costs, keys, now) = (&inputs.costs[..], &inputs.keys, ctx.now);
     let mut places: Vec<Option<LimitPlace>> = vec![None; policy.limits.len()];
     let mut take = StackedTake::new(costs.to_vec(), now);
-    if policy.limits.iter().any(|l| !l.warn.is_empty()) {
-        take = take.watching(policy.limits.iter().map(|l| !l.warn.is_empty()).collect());
+    let watched = |l: &CompiledLimit| !l.warn.is_empty() || l.downgrade.is_some();
+    if policy.limits.iter().any(watched) {
+        take = take.watching(policy.limits.iter().map(watched).collect());
     }
     while let Some(index) = take.next_limit() {
         let (Some(limit), Some(place)) = (policy.limits.get(index), places.get_mut(index)) else {
@@ -368,7 +379,12 @@ fn take_rates<H: Host + ?Sized>(
                 .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
                 .collect();
             let warnings = warnings(ctx, policy, costs, &places, &take);
-            Ok((places, warnings))
+            let downgrade = policy.limits.iter().enumerate().find_map(|(index, limit)| {
+                let (line, _) = limit.downgrade.as_ref()?;
+                let used = take.taken_standing(index)?.used_permille();
+                (used >= *line).then_some((index, used))
+            });
+            Ok((places, warnings, downgrade))
         }
     }
 }
@@ -533,6 +549,30 @@ pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, cos
 
 /// Gives back what [`take`] took at `taken_at` (at `places`): the policy's
 /// own bucket refused the call, or it queued.
+/// Gives back `tokens[i]` of what the call at `places` took from limit
+/// `i` (a cheaper estimate than it took); a 0 touches nothing.
+pub(super) fn give_back_tokens<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    tokens: &[u64],
+    places: &[LimitPlace],
+) {
+    let now = ctx.now;
+    for ((limit, tokens), place) in policy.limits.iter().zip(tokens).zip(places) {
+        if *tokens == 0 {
+            continue;
+        }
+        if let Some(counted) = place.counted {
+            provider::uncount(ctx, limit, counted, *tokens);
+        }
+        let _ = update_at(ctx, &limit.rate, place, |state| {
+            let before = *state;
+            limit.rate.refund(state, now, now, *tokens);
+            *state != before
+        });
+    }
+}
+
 pub(super) fn give_back<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,

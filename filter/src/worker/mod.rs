@@ -30,6 +30,7 @@ mod body_wait;
 mod budgets;
 mod call;
 mod ctx;
+mod downgrade;
 mod fair;
 mod held_slot;
 mod key_counts;

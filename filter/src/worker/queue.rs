@@ -269,11 +269,13 @@ impl Poll<'_> {
             let limits_policy = pool::limits_of(policy, member);
             let (LimitInputs { costs, keys, .. }, member_index) =
                 pool::inputs_at_member(policy, index, member, pool_call.as_deref(), inputs);
+            // A queued call is not downgraded: its body went on as it came.
             let Taken::All {
                 places,
                 slots,
                 warnings,
                 fair,
+                ..
             } = taken
             else {
                 if let Taken::Refused { retry_after, .. } = taken {
@@ -300,6 +302,7 @@ impl Poll<'_> {
                         places,
                         price,
                         warnings,
+                        downgraded: None,
                         labels,
                         pool: member.zip(pool_call).map(|(chosen, call)| PoolRoute {
                             pool_index: index,

@@ -17,8 +17,9 @@ use super::admission::{self, Decision};
 use super::asked_usage::Asked;
 use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
+use super::downgrade::{self, AsItCame, Downgraded};
 use super::held_slot::HeldSlot;
-use super::limits::{Held, LimitInputs};
+use super::limits::{self, Held, LimitInputs};
 use super::pool::{self, PoolCall};
 use super::streams::PolicyStats;
 use super::telling::Told;
@@ -82,6 +83,19 @@ impl Parts {
             self.sync
                 .count_key(policy, request, outcome, overflowed, ctx.now);
         }
+        // A call admitted past a downgrade line goes for the cheaper model.
+        let downgraded = match (&held, raw) {
+            (Some(held), Some(raw)) => {
+                let came = AsItCame {
+                    req,
+                    body: &body,
+                    raw,
+                };
+                self.downgrade(ctx, policy, context_id, held, &came, &mut inputs)
+            }
+            _ => None,
+        };
+        let sent_body = downgraded.as_ref().map(|d| d.body.clone());
         // Only a call admitted now holds its limits (a queued one takes
         // them when its turn comes): what it took moves to its holding.
         let slots = match held {
@@ -90,6 +104,7 @@ impl Parts {
                     context_id,
                     pool_index: class.policy_index,
                     held,
+                    downgraded,
                 };
                 self.hold_admitted(ctx, &policies, call, &mut inputs, request)
             }
@@ -100,7 +115,8 @@ impl Parts {
         }
         if !matches!(decision, Decision::Refuse(_)) {
             let told = Told::of(&policies, class.policy_index);
-            let asked = raw.and_then(|raw| Asked::ask(ctx, policy, raw));
+            let sent = sent_body.as_deref().or(raw);
+            let asked = sent.and_then(|raw| Asked::ask(ctx, policy, raw));
             self.calls.goes(context_id, told, asked);
         }
         let series = self.series.get(class.policy_index).copied();
@@ -224,6 +240,42 @@ impl Parts {
         }
     }
 
+    /// Sends a call its take left past a downgrade line for the cheaper
+    /// model (see [`downgrade`]): its costs and prices become the cheaper
+    /// model's, and what the dear estimate took beyond them is given back.
+    fn downgrade<H, R>(
+        &self,
+        ctx: &mut Ctx<'_, H>,
+        policy: &CompiledPolicy,
+        context_id: u32,
+        held: &Held,
+        came: &AsItCame<'_, R>,
+        inputs: &mut CallInputs,
+    ) -> Option<Downgraded>
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        let downgraded = downgrade::rewrite(ctx, policy, held, came)?;
+        let sent = BodyJson::parse(&downgraded.body);
+        let cheaper = self.inputs_of(ctx, policy, context_id, came.req, &sent);
+        let beyond: Vec<u64> = policy
+            .limits
+            .iter()
+            .zip(inputs.limits.costs.iter().zip(&cheaper.limits.costs))
+            .map(|(limit, (dear, cheap))| {
+                limit
+                    .rate
+                    .taken(*dear)
+                    .saturating_sub(limit.rate.taken(*cheap))
+            })
+            .collect();
+        limits::give_back_tokens(ctx, policy, &beyond, &held.places);
+        inputs.limits.costs = cheaper.limits.costs;
+        inputs.price = cheaper.price;
+        Some(downgraded)
+    }
+
     /// A call admitted now holding its further limits (a pool call, its
     /// member's: it is routed there) hands them over; its slots.
     fn hold_admitted<H, R>(
@@ -242,6 +294,7 @@ impl Parts {
             context_id,
             pool_index,
             held,
+            downgraded,
         } = call;
         // A pool call is decided, usage and answer, as its member's policy.
         let own = std::mem::take(&mut inputs.limits);
@@ -274,6 +327,7 @@ impl Parts {
             places: held.places,
             price: inputs.price.take(),
             warnings: held.warnings,
+            downgraded,
             labels,
             pool: held
                 .member
@@ -524,6 +578,7 @@ struct Admitted {
     /// Its policy's index (a pool call's pool's).
     pool_index: usize,
     held: Held,
+    downgraded: Option<Downgraded>,
 }
 
 /// A call as decided, with the slots it holds.

@@ -66,6 +66,14 @@ pub struct Standing {
 }
 
 impl Standing {
+    /// Thousandths of the limit spent (0 for a limit of no size).
+    pub fn used_permille(&self) -> u64 {
+        if self.size == 0 {
+            return 0;
+        }
+        u64::try_from(u128::from(self.spent) * 1000 / u128::from(self.size)).unwrap_or(u64::MAX)
+    }
+
     pub fn of(limiter: &RateLimiter, state: &RateState, now: Instant) -> Self {
         let size = limiter.available(&limiter.initial_state(), now);
         let available = limiter.available(state, now);

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::bounds;
 use super::check::{check_name, join_path, Report};
 use super::cost::{check_cost, CostSpec};
+use super::downgrade::{check_downgrade, DowngradeSpec};
 use super::fair::{check_fair_spec, FairSpec, Reservable};
 use super::key::{check_key, KeySpec};
 use super::provider::{check_provider, ProviderSpec};
@@ -64,6 +65,12 @@ pub struct NamedLimit {
     /// admin's audit log once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warn_at: Vec<f64>,
+    /// A money limit's rung before its wall: past `at` (a share of it),
+    /// a call naming a dear model is sent for the cheaper one `models`
+    /// gives (its body's model rewritten, priced at the new model; the
+    /// answer says `x-sluice-downgraded: gpt-4o -> gpt-4o-mini`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downgrade: Option<DowngradeSpec>,
     /// Whether callers are told its figures: what is spent of it and its
     /// size (a refusal's `x-sluice-spent` and `x-sluice-budget`, its
     /// quota in `RateLimit-Policy`, its remaining in `RateLimit`, the
@@ -207,6 +214,13 @@ pub(crate) fn check_rate_limit(lr: &mut Report, limit: &NamedLimit, rate: &RateS
     }
     check_cost(lr, &limit.cost, Some(rate));
     check_warn_at(lr, &limit.warn_at);
+    if let Some(downgrade) = &limit.downgrade {
+        let model = match &limit.cost {
+            CostSpec::Price(spec) => Some(&spec.cost().model),
+            _ => None,
+        };
+        check_downgrade(lr, downgrade, limit.cost.is_price(), model);
+    }
     match &limit.usage {
         Some(usage) if limit.cost.is_price() => check_price_usage(lr, usage),
         Some(usage) => check_usage(lr, usage),
@@ -235,6 +249,12 @@ pub(crate) fn check_slot_limit(lr: &mut Report, limit: &NamedLimit, conc: &Concu
         ..conc.clone()
     };
     check_concurrency(lr, &without_lane, false);
+    if limit.downgrade.is_some() {
+        lr.at(
+            "downgrade",
+            "a downgrade steps a budget in money down to cheaper models: a concurrency limit has none",
+        );
+    }
     if !limit.warn_at.is_empty() {
         lr.at(
             "warn_at",

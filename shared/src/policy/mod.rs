@@ -7,6 +7,7 @@
 pub mod bounds;
 pub mod check;
 pub mod cost;
+pub mod downgrade;
 pub mod fair;
 pub mod key;
 pub mod limit;

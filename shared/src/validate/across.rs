@@ -195,6 +195,16 @@ fn check_priced_limits(
             if !limit.cost.is_price() {
                 continue;
             }
+            if let (Some(downgrade), Some(table)) = (&limit.downgrade, prices) {
+                for (from, to) in crate::policy::downgrade::unpriced_targets(downgrade, table) {
+                    errors.push(FieldError {
+                        path: format!("{path}.downgrade.models.{from}"),
+                        message: format!(
+                            "goes to {to:?}, which the set's `prices` do not name: a downgrade is priced at its model's own price"
+                        ),
+                    });
+                }
+            }
             let message = match prices {
                 None => "a price needs the set's `prices`: what each model costs, and in which currency",
                 Some(_) if by_tool && prices_no_tool => {

@@ -5,6 +5,7 @@ use sluice_shared::json_path::JsonPath;
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
+use sluice_shared::policy::downgrade::DowngradeSpec;
 use sluice_shared::policy::{
     ConcurrencySpec, CostSpec, KeyLabel, KeyOverflow, NamedLimit, RateSpec, Scope, UsageSpec,
 };
@@ -62,6 +63,8 @@ pub struct CompiledLimit {
     pub provider: Option<CompiledProvider>,
     /// `fair`: who shares its rate, with what weights.
     pub fair: Option<CompiledFair>,
+    /// Its downgrade rung (`downgrade`), with its line in thousandths.
+    pub downgrade: Option<(u64, DowngradeSpec)>,
 }
 
 impl CompiledLimit {
@@ -113,7 +116,21 @@ impl CompiledLimit {
                 .fair
                 .as_ref()
                 .and_then(|f| CompiledFair::new(f, Some(rate), None)),
+            downgrade: l
+                .downgrade
+                .as_ref()
+                .map(|d| (((d.at * 1000.0).round() as u64).clamp(1, 1000), d.clone())),
         }
+    }
+
+    /// The cheaper model a call of `model` goes to, when it left this
+    /// limit at `used` (thousandths of it) at or past its downgrade line.
+    pub fn downgrade_to(&self, model: &str, used_permille: u64) -> Option<&str> {
+        let (line, spec) = self.downgrade.as_ref()?;
+        if used_permille < *line {
+            return None;
+        }
+        spec.target(model).filter(|to| *to != model)
     }
 
     /// Whether its cost is money at the set's prices.

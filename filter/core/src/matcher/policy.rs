@@ -524,6 +524,18 @@ impl CompiledPolicy {
         }
     }
 
+    /// The model a call names and where in its JSON body, for a
+    /// downgrade to rewrite (None: no prices, or a model read elsewhere).
+    pub fn body_model<R: RequestHeaders + ?Sized>(
+        &self,
+        req: &R,
+        body: &BodyJson,
+    ) -> Option<(String, &sluice_shared::json_path::JsonPath)> {
+        let pricing = self.pricing.as_ref()?;
+        let path = pricing.model_json()?;
+        Some((pricing.model_named(req, body)?, path))
+    }
+
     /// What a call of `price` is charged by the limit at `index` once its
     /// answer is in: a money limit's usage at the call's model's prices
     /// (or its answer's, when dearer; None for an unpriced call, which was
