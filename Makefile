@@ -413,7 +413,7 @@ e2e: setup-nextest wasm ui $(E2E_NEEDS)
 # The suites that exercise decisions, run again against the native
 # build (SLUICE_FILTER=native); the book's "Two builds" (attaching.md) lists those
 # that run against the wasm build only, and why.
-E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet mcp calendar_budgets
+E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet mcp calendar_budgets budget_ladder
 # Of those, fleet's tests of the admin's side (its replicas over Redis
 # and PostgreSQL, their restarts and TLS, a rogue's claims refused): the
 # filter does there what fleet's other tests show it doing in both builds.

@@ -478,8 +478,9 @@ impl Parts {
         // more once the body comes.
         let policies = Arc::clone(&self.policies);
         policies.keep_headers_for_body(req, from);
-        if policies.may_ask_stream_usage(req, from) {
-            // Its body may grow: the length it came with must not go
+        if policies.may_rewrite_body(req, from) {
+            // Its body may change length (asked for its usage, or a
+            // cheaper model): the length it came with must not go
             // upstream with it.
             ctx.host.remove_request_header("content-length");
         }

@@ -330,13 +330,14 @@ impl CompiledPolicySet {
     }
 
     /// Whether a request whose body is awaited for policies from `from` on
-    /// may be made to ask for its stream's usage: its body may grow, so it
-    /// must go upstream without the length it came with.
-    pub fn may_ask_stream_usage<R: RequestHeaders + ?Sized>(&self, req: &R, from: usize) -> bool {
+    /// may go upstream changed (made to ask for its stream's usage, or
+    /// sent for a cheaper model): it must go without the length it came
+    /// with.
+    pub fn may_rewrite_body<R: RequestHeaders + ?Sized>(&self, req: &R, from: usize) -> bool {
         self.policies
             .iter()
             .skip(from)
-            .any(|p| p.asks_stream_usage() && p.matches(req))
+            .any(|p| p.may_rewrite_body() && p.matches(req))
     }
 
     /// The request headers this set's pools route by (lower case): a

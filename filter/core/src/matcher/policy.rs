@@ -489,6 +489,12 @@ impl CompiledPolicy {
             .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
     }
 
+    /// Whether the body it reads may go upstream changed: asked for its
+    /// usage, or sent for a cheaper model (`downgrade`).
+    pub fn may_rewrite_body(&self) -> bool {
+        self.asks_stream_usage() || self.limits.iter().any(|l| l.downgrade.is_some())
+    }
+
     /// The currency of its money limits, when it has any.
     pub fn currency(&self) -> Option<&str> {
         self.pricing.as_ref().map(|p| p.prices.currency.as_str())

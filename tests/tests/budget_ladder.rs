@@ -1,0 +1,160 @@
+//! The budget ladder's downgrade rung through a real Envoy
+//! (`--concurrency 4`) in front of the mock LLM, which answers with the
+//! model it was asked for and bills each call at its prices: one team's
+//! calls of `gpt-4o` go as they are until their take reaches 80 % of the
+//! team's day, then the provider sees only `gpt-4o-mini`, each answer
+//! saying so, until the budget refuses; what the provider billed never
+//! passes the budget.
+
+use sluice_demo::llm::{LlmLimits, MockLlm, MockPrice};
+use sluice_e2e::envoy::Envoy;
+use sluice_e2e::load::client;
+
+const WORKERS: u32 = 4;
+
+/// 0.05 USD a day per team.
+const TEAM_BUDGET: u64 = 50_000;
+
+const PRICES: &str = r#"{"currency": "USD", "models": {
+    "gpt-4o": {"input": "2.50", "output": "10.00"},
+    "gpt-4o-mini": {"input": "0.15", "output": "0.60"}}}"#;
+
+fn policies() -> String {
+    format!(
+        r#"[{{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 1000, "period": "1s"}},
+        "limits": [
+          {{"name": "team-daily", "key": {{"header": "x-team"}},
+            "rate": {{"requests": {TEAM_BUDGET}, "period": "1d", "algorithm": "fixed_window"}},
+            "cost": "price", "warn_at": [0.8],
+            "downgrade": {{"at": 0.8, "models": {{"gpt-4o": "gpt-4o-mini"}}}}}}]}}]"#
+    )
+}
+
+struct Answer {
+    status: u16,
+    /// The model the provider answered for (the one it was asked for).
+    model: Option<String>,
+    downgraded: Option<String>,
+    limit: Option<String>,
+    body: String,
+}
+
+async fn chat(http: &reqwest::Client, url: &str, team: &str) -> anyhow::Result<Answer> {
+    let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 100,
+        "messages": [{"role": "user", "content": "How do rivers form?"}]});
+    let response = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("x-team", team)
+        .header("authorization", format!("Bearer {team}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (downgraded, limit) = (header("x-sluice-downgraded"), header("x-sluice-limit"));
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    let model = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["model"].as_str().map(str::to_string));
+    Ok(Answer {
+        status,
+        model,
+        downgraded,
+        limit,
+        body: text,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_80_percent_the_provider_sees_only_the_cheaper_model_until_the_budget_refuses(
+) -> anyhow::Result<()> {
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-ladder", "fallback": {{"version": 1, "prices": {PRICES}, "policies": {}}}}}"#,
+        policies()
+    );
+    let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
+    llm.reset();
+    llm.set_prices(vec![
+        MockPrice {
+            model: "gpt-4o".into(),
+            input: 2_500_000,
+            cached_input: 2_500_000,
+            output: 10_000_000,
+        },
+        MockPrice {
+            model: "gpt-4o-mini".into(),
+            input: 150_000,
+            cached_input: 150_000,
+            output: 600_000,
+        },
+    ]);
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    // Per admitted call: what the provider had billed before it, the model
+    // it answered for, the header.
+    let mut admitted: Vec<(u64, Option<String>, Option<String>)> = Vec::new();
+    let refused = loop {
+        anyhow::ensure!(admitted.len() < 1_000, "never refused");
+        let billed_before = llm.stats().spent.get("team-a").copied().unwrap_or(0);
+        let answer = chat(&http, &url, "team-a").await?;
+        match answer.status {
+            200 => admitted.push((billed_before, answer.model, answer.downgraded)),
+            429 => break answer,
+            other => anyhow::bail!(
+                "call {}: {other} {:?} {}",
+                admitted.len(),
+                answer.downgraded,
+                answer.body
+            ),
+        }
+    };
+    let billed = llm.stats().spent.get("team-a").copied().unwrap_or(0);
+    let first = admitted
+        .iter()
+        .position(|(_, _, d)| d.is_some())
+        .ok_or_else(|| anyhow::anyhow!("never downgraded"))?;
+    let cheap = admitted.len() - first;
+    println!(
+        "ladder: {first} calls of gpt-4o, then {cheap} of gpt-4o-mini (the first at {} micro-USD billed), refused by {:?}; billed {billed} of {TEAM_BUDGET}",
+        admitted[first].0, refused.limit
+    );
+    for (i, (_, model, downgraded)) in admitted.iter().enumerate() {
+        if i < first {
+            anyhow::ensure!(model.as_deref() == Some("gpt-4o"), "call {i}: {model:?}");
+        } else {
+            anyhow::ensure!(
+                model.as_deref() == Some("gpt-4o-mini"),
+                "call {i}: the provider was asked for {model:?}"
+            );
+            anyhow::ensure!(
+                downgraded.as_deref() == Some("gpt-4o -> gpt-4o-mini"),
+                "call {i}: {downgraded:?}"
+            );
+        }
+    }
+    // The first downgraded call's take reached 80 %: before it, under 80 %
+    // was billed; with its estimate (1 000 and its prompt), at least 80 %.
+    let line = TEAM_BUDGET * 8 / 10;
+    anyhow::ensure!(admitted[first].0 < line, "{}", admitted[first].0);
+    anyhow::ensure!(admitted[first].0 + 1_100 >= line, "{}", admitted[first].0);
+    anyhow::ensure!(cheap >= 20, "{cheap} cheap calls");
+    anyhow::ensure!(refused.limit.as_deref() == Some("team-daily"));
+    anyhow::ensure!(billed <= TEAM_BUDGET, "billed {billed}");
+    // Stats reach Envoy's admin at the next flush.
+    sluice_e2e::load::wait_for(
+        "every downgraded call counted",
+        std::time::Duration::from_secs(10),
+        || envoy.limit_stat("team-daily", "downgraded").unwrap_or(0.0) == cheap as f64,
+    )
+    .await?;
+    Ok(())
+}
