@@ -12,6 +12,10 @@
 //! never let through on a guess. A queued call and a pool call go as
 //! they came.
 
+// What the call takes once sent for the cheaper model.
+#[path = "downgrade_call.rs"]
+mod taking;
+
 use serde_json::Value;
 use sluice_filter_core::body::BodyJson;
 use sluice_filter_core::matcher::CompiledPolicy;
@@ -44,7 +48,8 @@ impl Downgraded {
 pub(super) struct AsItCame<'a, R: ?Sized> {
     pub req: &'a R,
     pub body: &'a BodyJson,
-    pub raw: &'a [u8],
+    /// None: its body was not read.
+    pub raw: Option<&'a [u8]>,
 }
 
 /// Sends the call `held` for the cheaper model its take reached, if any:
@@ -61,6 +66,7 @@ where
     R: RequestHeaders + ?Sized,
 {
     let AsItCame { req, body, raw } = *came;
+    let raw = raw?;
     let (index, used) = held.downgrade?;
     if held.member.is_some() {
         return None;

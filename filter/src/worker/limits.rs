@@ -120,7 +120,7 @@ const UNPRICED_RETRY: Span = Span::from_secs(60);
 /// Changes the state at `place` with `f` (which says whether it changed).
 /// A keyed entry another key took over since holds nothing of the call's:
 /// it is left alone.
-fn update_at<H: Host + ?Sized>(
+pub(super) fn update_at<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     rate: &RateLimiter,
     place: &LimitPlace,
@@ -317,8 +317,7 @@ fn refused_before_taking<H: Host + ?Sized>(
     Ok(())
 }
 
-/// Where each rate limit holds the call's tokens, the warning lines it
-/// left them past, and the first downgrade line it reached.
+/// Where each rate limit holds the call's tokens, lines past, the first downgrade line reached.
 type RatesTaken = (Vec<LimitPlace>, Vec<PastWarning>, Option<(usize, u64)>);
 
 /// The rate limits' part of [`take`].
@@ -549,30 +548,6 @@ pub(super) fn count_admitted(metrics: &mut Metrics, policy: &CompiledPolicy, cos
 
 /// Gives back what [`take`] took at `taken_at` (at `places`): the policy's
 /// own bucket refused the call, or it queued.
-/// Gives back `tokens[i]` of what the call at `places` took from limit
-/// `i` (a cheaper estimate than it took); a 0 touches nothing.
-pub(super) fn give_back_tokens<H: Host + ?Sized>(
-    ctx: &mut Ctx<'_, H>,
-    policy: &CompiledPolicy,
-    tokens: &[u64],
-    places: &[LimitPlace],
-) {
-    let now = ctx.now;
-    for ((limit, tokens), place) in policy.limits.iter().zip(tokens).zip(places) {
-        if *tokens == 0 {
-            continue;
-        }
-        if let Some(counted) = place.counted {
-            provider::uncount(ctx, limit, counted, *tokens);
-        }
-        let _ = update_at(ctx, &limit.rate, place, |state| {
-            let before = *state;
-            limit.rate.refund(state, now, now, *tokens);
-            *state != before
-        });
-    }
-}
-
 pub(super) fn give_back<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,

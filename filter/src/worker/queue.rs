@@ -269,7 +269,6 @@ impl Poll<'_> {
             let limits_policy = pool::limits_of(policy, member);
             let (LimitInputs { costs, keys, .. }, member_index) =
                 pool::inputs_at_member(policy, index, member, pool_call.as_deref(), inputs);
-            // A queued call is not downgraded: its body went on as it came.
             let Taken::All {
                 places,
                 slots,
@@ -279,8 +278,7 @@ impl Poll<'_> {
             } = taken
             else {
                 if let Taken::Refused { retry_after, .. } = taken {
-                    // The head waits for its further limits (or its
-                    // deadline), asking them again when they said.
+                    // The head waits for its limits (or deadline), asking again when they said.
                     let until = now + retry_after.min(HEAD_HOLD_MOST);
                     let waiting = self.contexts.len();
                     parts.holds.hold(self.bucket, context_id, until, waiting);

@@ -17,9 +17,9 @@ use super::admission::{self, Decision};
 use super::asked_usage::Asked;
 use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
-use super::downgrade::{self, AsItCame, Downgraded};
+use super::downgrade::{AsItCame, Downgraded};
 use super::held_slot::HeldSlot;
-use super::limits::{self, Held, LimitInputs};
+use super::limits::{Held, LimitInputs};
 use super::pool::{self, PoolCall};
 use super::streams::PolicyStats;
 use super::telling::Told;
@@ -52,10 +52,7 @@ impl Parts {
             RequestBody::Read(_) => self.body_waits.end(context_id),
         }
         let policies = Arc::clone(&self.policies);
-        let raw = match body {
-            RequestBody::Read(raw) => raw,
-            RequestBody::Absent | RequestBody::Coming => None,
-        };
+        let raw = body.bytes();
         let body = body_json(ctx, body);
         let class = match self.classify(ctx, &policies, context_id, req, &body) {
             Ok(Some(class)) => class,
@@ -83,33 +80,21 @@ impl Parts {
             self.sync
                 .count_key(policy, request, outcome, overflowed, ctx.now);
         }
-        // A call admitted past a downgrade line goes for the cheaper model.
-        let downgraded = match (&held, raw) {
-            (Some(held), Some(raw)) => {
-                let came = AsItCame {
-                    req,
-                    body: &body,
-                    raw,
-                };
-                self.downgrade(ctx, policy, context_id, held, &came, &mut inputs)
-            }
-            _ => None,
-        };
-        let sent_body = downgraded.as_ref().map(|d| d.body.clone());
         // Only a call admitted now holds its limits (a queued one takes
         // them when its turn comes): what it took moves to its holding.
-        let slots = match held {
-            Some(held) => {
-                let call = Admitted {
-                    context_id,
-                    pool_index: class.policy_index,
-                    held,
-                    downgraded,
-                };
-                self.hold_admitted(ctx, &policies, call, &mut inputs, request)
-            }
-            None => Vec::new(),
+        let admitted = held.map(|held| Admitted {
+            context_id,
+            pool_index: class.policy_index,
+            held,
+            downgraded: None,
+        });
+        let came = AsItCame {
+            req,
+            body: &body,
+            raw,
         };
+        let (slots, sent_body) =
+            self.hold_if_admitted(ctx, &policies, admitted, &came, &mut inputs, request);
         if matches!(decision, Decision::Refuse(_)) && policy.is_global() {
             self.sync.fleet_refused(ctx);
         }
@@ -208,7 +193,7 @@ impl Parts {
 
     /// What the call takes from its policy's further limits and, for a
     /// pool call, from each member's; its model's prices.
-    fn inputs_of<H, R>(
+    pub(super) fn inputs_of<H, R>(
         &self,
         ctx: &Ctx<'_, H>,
         policy: &CompiledPolicy,
@@ -240,40 +225,34 @@ impl Parts {
         }
     }
 
-    /// Sends a call its take left past a downgrade line for the cheaper
-    /// model (see [`downgrade`]): its costs and prices become the cheaper
-    /// model's, and what the dear estimate took beyond them is given back.
-    fn downgrade<H, R>(
-        &self,
+    /// A call admitted now goes (past a downgrade line, for the cheaper
+    /// model) holding its further limits: its slots, and the body it goes
+    /// with when that changed.
+    fn hold_if_admitted<H, R>(
+        &mut self,
         ctx: &mut Ctx<'_, H>,
-        policy: &CompiledPolicy,
-        context_id: u32,
-        held: &Held,
+        policies: &Arc<CompiledPolicySet>,
+        admitted: Option<Admitted>,
         came: &AsItCame<'_, R>,
         inputs: &mut CallInputs,
-    ) -> Option<Downgraded>
+        request: RequestAtHand<'_, R>,
+    ) -> (Vec<HeldSlot>, Option<Vec<u8>>)
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        let downgraded = downgrade::rewrite(ctx, policy, held, came)?;
-        let sent = BodyJson::parse(&downgraded.body);
-        let cheaper = self.inputs_of(ctx, policy, context_id, came.req, &sent);
-        let beyond: Vec<u64> = policy
-            .limits
-            .iter()
-            .zip(inputs.limits.costs.iter().zip(&cheaper.limits.costs))
-            .map(|(limit, (dear, cheap))| {
-                limit
-                    .rate
-                    .taken(*dear)
-                    .saturating_sub(limit.rate.taken(*cheap))
-            })
-            .collect();
-        limits::give_back_tokens(ctx, policy, &beyond, &held.places);
-        inputs.limits.costs = cheaper.limits.costs;
-        inputs.price = cheaper.price;
-        Some(downgraded)
+        let Some(mut call) = admitted else {
+            return (Vec::new(), None);
+        };
+        if let Some(policy) = policies.policies.get(call.pool_index) {
+            call.downgraded =
+                self.downgrade(ctx, policy, call.context_id, &call.held, came, inputs);
+        }
+        let sent = call.downgraded.as_ref().map(|d| d.body.clone());
+        (
+            self.hold_admitted(ctx, policies, call, inputs, request),
+            sent,
+        )
     }
 
     /// A call admitted now holding its further limits (a pool call, its
@@ -564,13 +543,13 @@ fn body_json<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, body: RequestBody<'_>) -> B
 }
 
 /// What a call takes, found from its request before it is decided.
-struct CallInputs {
+pub(super) struct CallInputs {
     /// From its policy's further limits.
-    limits: LimitInputs,
+    pub limits: LimitInputs,
     /// A pool call: from each member's.
-    pool: Option<PoolCall>,
+    pub pool: Option<PoolCall>,
     /// Its model's prices, for its money limits.
-    price: Option<CallPrice>,
+    pub price: Option<CallPrice>,
 }
 
 /// A call admitted now holding its further limits.
@@ -588,4 +567,14 @@ struct Decided<'p> {
     policy: PolicyStats<'p>,
     decision: Decision,
     slots: Vec<HeldSlot>,
+}
+
+impl<'a> RequestBody<'a> {
+    /// Its bytes, when read.
+    pub(super) fn bytes(&self) -> Option<&'a [u8]> {
+        match self {
+            Self::Read(raw) => *raw,
+            Self::Absent | Self::Coming => None,
+        }
+    }
 }

@@ -489,8 +489,7 @@ impl CompiledPolicy {
             .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
     }
 
-    /// Whether the body it reads may go upstream changed: asked for its
-    /// usage, or sent for a cheaper model (`downgrade`).
+    /// Whether the body it reads may go upstream changed (asked for its usage, or `downgrade`).
     pub fn may_rewrite_body(&self) -> bool {
         self.asks_stream_usage() || self.limits.iter().any(|l| l.downgrade.is_some())
     }
@@ -530,8 +529,7 @@ impl CompiledPolicy {
         }
     }
 
-    /// The model a call names and where in its JSON body, for a
-    /// downgrade to rewrite (None: no prices, or a model read elsewhere).
+    /// The model a call names and where in its JSON body, for a downgrade to rewrite.
     pub fn body_model<R: RequestHeaders + ?Sized>(
         &self,
         req: &R,
