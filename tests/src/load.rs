@@ -450,3 +450,12 @@ mod tests {
         assert_eq!(most_surely_within(&[], window), (0, Duration::ZERO));
     }
 }
+
+/// A header of `response` as text (None: absent or not visible ASCII).
+pub fn header_text(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}

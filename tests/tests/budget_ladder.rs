@@ -51,13 +51,7 @@ async fn chat(http: &reqwest::Client, url: &str, team: &str) -> anyhow::Result<A
         .body(body.to_string())
         .send()
         .await?;
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
+    let header = |name: &str| sluice_e2e::load::header_text(&response, name);
     let (downgraded, limit) = (header("x-sluice-downgraded"), header("x-sluice-limit"));
     let status = response.status().as_u16();
     let text = response.text().await?;

@@ -64,13 +64,7 @@ async fn chat(
         .body(body.to_string())
         .send()
         .await?;
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
+    let header = |name: &str| sluice_e2e::load::header_text(&response, name);
     match response.status().as_u16() {
         200 => {
             response.bytes().await?;
