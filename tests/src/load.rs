@@ -404,6 +404,15 @@ pub fn paced(
     scheduled(url, host, tag, (Instant::now(), move |_| per_second), stop)
 }
 
+/// A header of `response` as text (None: absent or not visible ASCII).
+pub fn header_text(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,13 +458,4 @@ mod tests {
         );
         assert_eq!(most_surely_within(&[], window), (0, Duration::ZERO));
     }
-}
-
-/// A header of `response` as text (None: absent or not visible ASCII).
-pub fn header_text(response: &reqwest::Response, name: &str) -> Option<String> {
-    response
-        .headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
 }
