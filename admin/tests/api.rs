@@ -2184,3 +2184,72 @@ async fn a_price_catalog_is_imported_with_what_it_changes_and_refuses() {
         "{body}"
     );
 }
+
+/// `GET /budgets` gives the stacked budgets as a tree: the company's over
+/// each team's over each API key's, added up over the Envoys, each key
+/// under the team its calls carried, the tightest rung marked; without a
+/// login, nothing.
+#[tokio::test]
+async fn budgets_are_given_as_the_tree_their_stacking_forms() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let llm = json!({"name": "llm", "match": {"host": "api.llm.example"},
+        "rate": {"requests": 10, "period": "1s"},
+        "limits": [
+          {"name": "company", "rate": {"requests": 1000, "period": "30d", "algorithm": "fixed_window"}, "warn_at": [0.8]},
+          {"name": "team", "rate": {"requests": 300, "period": "30d", "algorithm": "fixed_window"},
+           "key": {"header": "x-team", "label": "value"}},
+          {"name": "api-key", "rate": {"requests": 50, "period": "1d", "algorithm": "fixed_window"},
+           "key": {"header": "x-api-key"}}]});
+    store_with(&db, &llm);
+    let admin = start_on(dir, db).await;
+    let (status, _, _) = admin.call(Method::GET, "/api/v1/budgets", &[], None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let limit =
+        |spend: Value| json!({"requests": 1000, "period_ms": 2_592_000_000u64, "spend": spend});
+    let key = |label: &str, hash: u64, spent: u64, size: u64, parent: u64| json!({"label": label, "hash": hash, "spent": spent, "size": size, "parent": parent});
+    for (instance, search_spent, k1_spent) in [("envoy-a", 200, 10), ("envoy-b", 90, 9)] {
+        let report = json!({"instance": instance, "policy_version": 1, "at_ms": 1_000,
+            "limits": {
+              "company": limit(json!({"spent": 400, "size": 1000, "renews_in_ms": 60_000})),
+              "team": limit(json!({"spent": search_spent + 10, "size": 300, "spending_keys": 2,
+                  "keys": [key("search", 11, search_spent, 300, 0), key("ads", 12, 10, 300, 0)]})),
+              "api-key": limit(json!({"spent": k1_spent + 3, "size": 50, "spending_keys": 2,
+                  "keys": [key("#k1", 21, k1_spent, 50, 11), key("#k2", 22, 3, 50, 12)]}))}});
+        sync_with(&admin, report).await;
+    }
+    let s = admin.login().await;
+    let (status, _, tree) = admin
+        .edit(&s, Method::GET, "/api/v1/budgets", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{tree}");
+    let roots = tree["roots"].as_array().unwrap();
+    assert_eq!(roots.len(), 1, "{tree}");
+    let company = &roots[0];
+    assert_eq!(company["limit"], "company");
+    assert_eq!(
+        (company["spent"].as_u64(), company["size"].as_u64()),
+        (Some(800), Some(2000))
+    );
+    assert_eq!(company["warn_at"], json!([0.8]));
+    let teams = company["children"].as_array().unwrap();
+    let search = teams.iter().find(|t| t["key"] == "search").unwrap();
+    // 290 of 600 (two Envoys' 300 each) over the company's 800 of 2000.
+    assert_eq!(
+        (search["spent"].as_u64(), search["size"].as_u64()),
+        (Some(290), Some(600))
+    );
+    assert_eq!(search["tightest"], true);
+    // Under ads (20 of 600, its key 6 of 100) the company's 40 % is.
+    assert_eq!(company["tightest"], true);
+    let k1 = &search["children"][0];
+    assert_eq!(
+        (k1["key"].as_str(), k1["spent"].as_u64()),
+        (Some("#k1"), Some(19))
+    );
+    assert_eq!(k1["tightest"], false);
+    let ads = teams.iter().find(|t| t["key"] == "ads").unwrap();
+    assert_eq!(ads["children"][0]["key"], "#k2");
+    assert_eq!(ads["tightest"], false);
+}

@@ -98,6 +98,13 @@ pub fn spend_labels_key(limit: &str) -> String {
     format!("sluice/sl/{limit}")
 }
 
+/// Parents of a keyed limit's keys in the budget tree: owner hash to the
+/// owner of the key the same calls carried in its parent budget (see
+/// `worker/spend.rs`).
+pub fn spend_parents_key(limit: &str) -> String {
+    format!("sluice/sp/{limit}")
+}
+
 /// Marks a budget's state as one the admin's budgets header set.
 pub fn budget_known_key(limit: &str) -> String {
     format!("sluice/bk/{limit}")

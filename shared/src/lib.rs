@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod budget_tree;
 pub mod calendar;
 pub mod duration;
 pub mod fair;

@@ -18,6 +18,10 @@ pub struct KeySpend {
     pub hash: u64,
     pub spent: u64,
     pub size: u64,
+    /// The hash of the key its calls carried in the limit's parent budget
+    /// ([`crate::budget_tree`]); 0 when it has none or none is known.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub parent: u64,
 }
 
 /// A limit's spend as one Envoy (or, added up, the fleet) holds it.
@@ -89,6 +93,9 @@ impl SpendReport {
                 Some(mine) => {
                     mine.spent = mine.spent.saturating_add(key.spent);
                     mine.size = mine.size.saturating_add(key.size);
+                    if mine.parent == 0 {
+                        mine.parent = key.parent;
+                    }
                 }
                 None => keys.push(key.clone()),
             }

@@ -199,6 +199,20 @@ pub struct FleetPolicy {
     pub members: Vec<MemberState>,
 }
 
+/// `GET /budgets`: the budgets (limits of an hour or longer) as the tree
+/// their stacking forms, company over team over key
+/// ([`sluice_shared::budget_tree`]), with what the live Envoys spent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetTree {
+    /// The admin's clock when the tree was read (ms since the epoch).
+    pub at_ms: u64,
+    /// The price table's currency: money budgets' amounts are micro-units
+    /// of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    pub roots: Vec<sluice_shared::budget_tree::BudgetNode>,
+}
+
 /// `GET /fleet`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FleetView {

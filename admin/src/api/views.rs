@@ -11,7 +11,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
-use sluice_api::{AuditLog, FleetView, Instance, InstanceList};
+use sluice_api::{AuditLog, BudgetTree, FleetView, Instance, InstanceList};
+use sluice_shared::budget_tree::budget_tree;
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::access::{Operator, Presented};
@@ -26,6 +27,7 @@ pub fn routes() -> Router<Shared> {
         .route("/api/v1/audit", get(audit_log))
         .route("/api/v1/instances", get(instances))
         .route("/api/v1/fleet", get(fleet))
+        .route("/api/v1/budgets", get(budgets))
 }
 
 /// The live view's stream: held open as long as the browser watches, so
@@ -107,6 +109,25 @@ async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<FleetV
     Ok(Json(FleetView {
         now_ms: now.as_millis(),
         policies,
+    }))
+}
+
+/// The budgets as a tree, from the live Envoys' latest spend.
+async fn budgets(State(state): State<Shared>, _op: Operator) -> Result<Json<BudgetTree>, ApiError> {
+    let set = state.store.policy_set().await?;
+    let prices = state.store.prices().await?;
+    let at_ms = now_ms();
+    let spends = state
+        .live
+        .frame(at_ms)
+        .limits
+        .into_iter()
+        .filter_map(|(name, used)| Some((name, used.spend?)))
+        .collect();
+    Ok(Json(BudgetTree {
+        at_ms,
+        currency: prices.map(|p| p.currency),
+        roots: budget_tree(&set.policies, &spends),
     }))
 }
 

@@ -209,3 +209,52 @@ fn a_key_whose_calls_always_queue_gets_its_label_when_its_turn_comes() {
     assert!(resumed, "team-q's turn came");
     assert!(labels(&host).contains("team-q"), "{}", labels(&host));
 }
+
+/// Each API key's spend names the team its calls carried, so the admin
+/// can hang it under that team in the budget tree; a key seen under a
+/// team and broken parent data read as no parent, never a panic.
+#[test]
+fn a_keyed_budgets_keys_name_the_key_their_calls_carried_in_the_budget_above() {
+    let host = FakeHost::at(T0);
+    let mut w = known(&host);
+    let calls: [(&[u8], &[u8]); 4] = [
+        (b"team-a", b"sk-one"),
+        (b"team-a", b"sk-two"),
+        (b"team-b", b"sk-three"),
+        (b"team-b", b"sk-three"),
+    ];
+    for (id, (team, key)) in (1..).zip(calls) {
+        assert!(call(&host, &mut w, id, team, key));
+    }
+    let mut api_keys = SpendReport::default();
+    for _ in 0..2 {
+        api_keys = spend(&mut w, &host, "per-api-key");
+    }
+    let secret = label_secret(Some("t0ken"));
+    let parent_of = |key: &[u8]| {
+        let hash = secret.hash("per-api-key", key);
+        api_keys
+            .keys
+            .iter()
+            .find(|k| k.hash == hash)
+            .map(|k| k.parent)
+    };
+    let team = |name: &[u8]| Some(secret.hash("per-team", name));
+    assert_eq!(parent_of(b"sk-one"), team(b"team-a"));
+    assert_eq!(parent_of(b"sk-two"), team(b"team-a"));
+    assert_eq!(parent_of(b"sk-three"), team(b"team-b"));
+
+    // The teams are under the unkeyed daily budget: no parent key.
+    let mut teams = SpendReport::default();
+    for _ in 0..6 {
+        teams = spend(&mut w, &host, "per-team");
+    }
+    assert!(teams.keys.iter().all(|k| k.parent == 0), "{teams:?}");
+
+    // Garbage over the parents: the keys stand on their own.
+    host.shared_set("sluice/sp/per-api-key", b"[1,", None)
+        .expect("set");
+    let api_keys = spend(&mut w, &host, "per-api-key");
+    assert!(!api_keys.keys.is_empty());
+    assert!(api_keys.keys.iter().all(|k| k.parent == 0), "{api_keys:?}");
+}

@@ -35,8 +35,11 @@ use sluice_wire::sync::{KeySpent, MAX_KEYS_REPORTED};
 
 use super::ctx::Ctx;
 use super::key_places::owner_of;
-use crate::entries::{self, spend_labels_key, state_key, Json, LimitOf, OwnedLimitState, Place};
+use crate::entries::{
+    self, spend_labels_key, spend_parents_key, state_key, Json, LimitOf, OwnedLimitState, Place,
+};
 use crate::host::Host;
+use crate::store::StoreError;
 
 /// Places of keyed limits the reporting VM reads per report, in all (each
 /// keyed limit of an hour or longer its part, at least one): a report then
@@ -76,11 +79,12 @@ impl SpendLabels {
         self.secret.as_ref()
     }
 
-    /// The live-view labels of a call's keys (`keys`, from `limit_keys`,
+    /// The live-view tags of a call's keys (`keys`, from `limit_keys`,
     /// hashed with [`Self::secret`] or else `own`, the Envoy's) in
-    /// `policy`'s long limits shown by value, but for those this worker
-    /// wrote already: found while the request is at hand, for a call that
-    /// may hold its limits only when it leaves the queue.
+    /// `policy`'s long limits: the label of a key shown by value, the key
+    /// its call carried in the limit's keyed parent budget; but for keys
+    /// this worker tagged already. Found while the request is at hand, for
+    /// a call that may hold its limits only when it leaves the queue.
     pub fn labels_of<R: RequestHeaders + ?Sized>(
         &self,
         policy: &CompiledPolicy,
@@ -95,68 +99,114 @@ impl SpendLabels {
         }
         let secret = self.secret.as_ref().unwrap_or(own);
         for (index, limit) in policy.limits.iter().enumerate() {
-            if !limit.spends_over_hours || limit.key_label != KeyLabel::Value {
-                continue;
-            }
-            let Some(Some(hash)) = keys.get(index) else {
+            let Some(Some(hash)) = keys.get(index).filter(|_| limit.spends_over_hours) else {
                 continue;
             };
+            let parent = limit
+                .parent
+                .and_then(|p| keys.get(p).copied().flatten())
+                .map_or(0, owner_of);
+            let by_value = limit.key_label == KeyLabel::Value;
             let owner = owner_of(*hash);
-            if self.written.contains(&owner) {
+            if (!by_value && parent == 0) || self.written.contains(&owner) {
                 continue;
             }
-            if let Some(name) = policy.limit_key_name(index, req, secret, body) {
-                labels.0.push((limit.name.clone(), owner, name.label));
-            }
+            let label = by_value
+                .then(|| policy.limit_key_name(index, req, secret, body))
+                .flatten()
+                .map(|name| name.label);
+            labels.0.push(KeyTag {
+                limit: limit.name.clone(),
+                owner,
+                label,
+                parent,
+            });
         }
         labels
     }
 
-    /// Writes the labels of a call that holds its limits, once per key.
+    /// Writes the tags of a call that holds its limits, once per key.
     pub fn record<H: Host + ?Sized>(&mut self, ctx: &mut Ctx<'_, H>, labels: &KeyLabels) {
-        for (limit, owner, label) in &labels.0 {
-            if self.written.contains(owner) {
+        for tag in &labels.0 {
+            if self.written.contains(&tag.owner) {
                 continue;
             }
-            let written = ctx.store.update_with(
-                ctx.host,
-                &spend_labels_key(limit),
-                &Json::<BTreeMap<u64, String>>::default(),
-                |labels| {
-                    if labels.get(owner) == Some(label) {
-                        return ((), false);
-                    }
-                    labels.insert(*owner, label.clone());
-                    while labels.len() > MAX_LABELS {
-                        labels.pop_first();
-                    }
-                    ((), true)
-                },
-            );
+            let mut written = Ok(());
+            if let Some(label) = &tag.label {
+                written = written.and(write_tag(
+                    ctx,
+                    &spend_labels_key(&tag.limit),
+                    tag.owner,
+                    label,
+                ));
+            }
+            if tag.parent != 0 {
+                written = written.and(write_tag(
+                    ctx,
+                    &spend_parents_key(&tag.limit),
+                    tag.owner,
+                    &tag.parent,
+                ));
+            }
             // A failure is counted by the store; the key shows its hash
-            // until a later call writes it.
+            // (and stands on its own in the tree) until a later call
+            // writes it.
             if written.is_ok() {
                 if self.written.len() >= MAX_WRITTEN {
                     self.written.clear();
                 }
-                self.written.insert(*owner);
+                self.written.insert(tag.owner);
             }
         }
     }
 }
 
-/// A call's keys' labels for the live view: (limit, the key's owner in
-/// its places, its label).
+/// Sets `owner`'s entry in the shared-data map at `key` to `value`,
+/// keeping at most [`MAX_LABELS`] (the lowest owners give way).
+fn write_tag<H: Host + ?Sized, V>(
+    ctx: &mut Ctx<'_, H>,
+    key: &str,
+    owner: u64,
+    value: &V,
+) -> Result<(), StoreError>
+where
+    V: Clone + PartialEq + serde::Serialize + serde::de::DeserializeOwned,
+{
+    ctx.store
+        .update_with(ctx.host, key, &Json::<BTreeMap<u64, V>>::default(), |map| {
+            if map.get(&owner) == Some(value) {
+                return ((), false);
+            }
+            map.insert(owner, value.clone());
+            while map.len() > MAX_LABELS {
+                map.pop_first();
+            }
+            ((), true)
+        })
+}
+
+/// What the live view learns of one key of a call: its label (a key
+/// shown by value) and the key its call carried in the limit's parent
+/// budget (0: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct KeyTag {
+    limit: String,
+    owner: u64,
+    label: Option<String>,
+    parent: u64,
+}
+
+/// A call's keys' tags for the live view.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct KeyLabels(Vec<(String, u64, String)>);
+pub(super) struct KeyLabels(Vec<KeyTag>);
 
 impl KeyLabels {
-    /// Both calls' labels (a queued pool call's, for each member it may
+    /// Both calls' tags (a queued pool call's, for each member it may
     /// leave for).
     pub fn extend(&mut self, other: KeyLabels) {
-        for label in other.0 {
-            if !self.0.contains(&label) {
-                self.0.push(label);
+        for tag in other.0 {
+            if !self.0.contains(&tag) {
+                self.0.push(tag);
             }
         }
     }
@@ -383,6 +433,11 @@ fn labelled<H: Host + ?Sized>(
         &spend_labels_key(&limit.name),
         &Json::<BTreeMap<u64, String>>::default(),
     );
+    let parents = entries::read(
+        host,
+        &spend_parents_key(&limit.name),
+        &Json::<BTreeMap<u64, u64>>::default(),
+    );
     top.into_iter()
         .map(|(owner, spent)| KeySpend {
             label: match owner {
@@ -395,6 +450,7 @@ fn labelled<H: Host + ?Sized>(
             hash: owner,
             spent,
             size,
+            parent: parents.get(&owner).copied().unwrap_or(0),
         })
         .collect()
 }

@@ -20,6 +20,22 @@ use super::request::{cost_header_of, cost_of, KeySecrets, KeySource};
 use crate::body::BodyJson;
 use crate::pricing::{CallPrice, CompiledPriceCost, Pricing, UNPRICED};
 
+/// A policy's further rate limits, compiled in order, each knowing its
+/// parent budget's place among them.
+pub(crate) fn compile_limits(limits: &[NamedLimit]) -> Vec<CompiledLimit> {
+    let parents = sluice_shared::budget_tree::budget_parents(limits);
+    let mut compiled: Vec<CompiledLimit> = Vec::new();
+    for (l, parent) in limits.iter().zip(parents) {
+        let Some(rate) = &l.rate else { continue };
+        let mut limit = CompiledLimit::new(l, rate);
+        // A parent is a rate limit listed before: compiled already.
+        let parent_name = parent.and_then(|i| limits.get(i)).map(|p| &p.name);
+        limit.parent = parent_name.and_then(|name| compiled.iter().position(|c| &c.name == name));
+        compiled.push(limit);
+    }
+    compiled
+}
+
 /// One of a policy's further limits, ready to count.
 #[derive(Debug, Clone)]
 pub struct CompiledLimit {
@@ -48,6 +64,10 @@ pub struct CompiledLimit {
     /// Its spend is shown in the live view
     /// ([`sluice_shared::NamedLimit::spends_over_hours`]).
     pub spends_over_hours: bool,
+    /// Its parent budget among the policy's compiled limits
+    /// ([`sluice_shared::budget_tree::budget_parents`]): a keyed budget
+    /// under a keyed one records which parent key its keys' calls carry.
+    pub parent: Option<usize>,
     /// One limit per value of a request header or body field.
     key: Option<KeySource>,
     /// How the live view names its keys.
@@ -103,6 +123,7 @@ impl CompiledLimit {
             budget: l.is_budget(),
             keyed_budget: l.is_keyed_budget(),
             spends_over_hours: l.spends_over_hours(),
+            parent: None,
             key: l.key.as_ref().and_then(KeySource::new),
             key_label: l.key.as_ref().map(|k| k.label).unwrap_or_default(),
             keys: l.key.as_ref().map(|k| (k.max_keys.max(1), k.overflow)),

@@ -11,7 +11,7 @@ use sluice_shared::usage::CompiledUsage;
 
 use super::fair::CompiledFair;
 use super::host::{HostMatcher, HostPattern};
-use super::limit::{CompiledLimit, CompiledSlotLimit};
+use super::limit::{compile_limits, CompiledLimit, CompiledSlotLimit};
 use super::request::{cost_header_of, cost_of, trim_ascii, BodyMatch, KeySecrets, KeySource};
 use crate::body::BodyJson;
 use crate::mcp::{McpMatcher, RpcCall};
@@ -113,12 +113,7 @@ impl CompiledPolicy {
             match_reads_body: policy.matcher.reads_request_body(),
             key: policy.key.as_ref().and_then(KeySource::new),
             cost_header: cost_header_of(&policy.cost),
-            limits: policy
-                .limits
-                .iter()
-                .filter_map(|l| l.rate.as_ref().map(|rate| (l, rate)))
-                .map(|(l, rate)| CompiledLimit::new(l, rate))
-                .collect(),
+            limits: compile_limits(&policy.limits),
             slot_limits: policy
                 .limits
                 .iter()
