@@ -140,6 +140,7 @@ mod tests {
             hash,
             spent,
             size: 100,
+            parent: 0,
         }
     }
 
@@ -156,7 +157,11 @@ mod tests {
             spent: 25,
             size: 100,
             renews_in_ms: 3_000,
-            keys: vec![key("team-b", 2, 25)],
+            // Only this Envoy saw which company the team's calls carried.
+            keys: vec![KeySpend {
+                parent: 9,
+                ..key("team-b", 2, 25)
+            }],
             spending_keys: 1,
         };
         a.merge(&b);
@@ -170,6 +175,7 @@ mod tests {
             vec![
                 KeySpend {
                     size: 200,
+                    parent: 9,
                     ..key("team-b", 2, 35)
                 },
                 key("team-a", 1, 20),

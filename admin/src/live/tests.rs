@@ -93,6 +93,7 @@ fn a_budgets_spend_is_summed_over_envoys_and_its_keys_by_hash() {
         hash,
         spent,
         size: 1_000,
+        parent: 0,
     };
     let with_spend = |instance: &str, keys: Vec<KeySpend>| {
         let mut r = report(10_000, 0, 0);
