@@ -1496,14 +1496,17 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
     anyhow::ensure!(status == 200, "prices: {status} {body}");
     op.create(json!({"name": "llm", "match": {"host": "api.llm.example"},
         "rate": {"requests": 1000, "period": "1s"},
+        // Listed widest first: the company's, each team's, each API key's.
         "limits": [
+            {"name": "company-daily", "rate": {"requests": 5_000_000, "period": "calendar_day", "algorithm": "fixed_window",
+                                               "time_zone": "Asia/Kathmandu"},
+             "cost": "price", "warn_at": [0.5, 0.9]},
             {"name": "team-daily", "rate": {"requests": 1_000_000, "period": "calendar_day", "algorithm": "fixed_window",
                                             "time_zone": "Asia/Kathmandu"},
              "cost": "price", "warn_at": [0.01],
              "key": {"header": "x-team", "label": "value"}},
-            {"name": "company-daily", "rate": {"requests": 5_000_000, "period": "calendar_day", "algorithm": "fixed_window",
-                                               "time_zone": "Asia/Kathmandu"},
-             "cost": "price", "warn_at": [0.5, 0.9]}]}))
+            {"name": "key-daily", "rate": {"requests": 500_000, "period": "1d", "algorithm": "fixed_window"},
+             "cost": "price", "key": {"header": "authorization"}}]}))
         .await?;
     let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
     llm.set_prices(vec![MockPrice {
@@ -1656,6 +1659,108 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
             "{limit} renews at {at}, expected {before}"
         );
         anyhow::ensure!(at.ends_with("T00:00:00+05:45[Asia/Kathmandu]"), "{at}");
+    }
+    budgets_as_a_tree(&browser, &op, &calls.map(|(team, _)| team), &billed).await
+}
+
+/// The stacked budgets of the test above as a tree, in the browser and
+/// from `GET /api/v1/budgets`: the company's over each team's over the
+/// team's one API key, each key's spend the provider's bill of its team;
+/// a key's budget (half a team's) is its path's tightest rung.
+async fn budgets_as_a_tree(
+    browser: &Browser,
+    op: &sluice_e2e::admin::Operator,
+    teams: &[&str],
+    billed: &std::collections::BTreeMap<String, u64>,
+) -> anyhow::Result<()> {
+    let cents = |micros: u64| {
+        format!(
+            "{}.{:02} USD",
+            micros / 1_000_000,
+            micros % 1_000_000 / 10_000
+        )
+    };
+    let company = "#budget-tree li[data-limit='company-daily']";
+    for team in teams {
+        let node = format!("{company} > ul > li[data-limit='team-daily'][data-key='{team}']");
+        let want = cents(billed.get(*team).copied().unwrap_or(0));
+        let team_spent = browser
+            .wait_text(
+                &format!("{node} > .node-spent"),
+                Duration::from_secs(15),
+                |t| t == want,
+            )
+            .await?;
+        // The key's tag is written when its call holds its limits and read
+        // by the reporting VM's next scan: it may come a few reports later.
+        let key = format!("{node} > ul > li[data-limit='key-daily']");
+        let key_spent = browser
+            .wait_text(
+                &format!("{key} > .node-spent"),
+                Duration::from_secs(15),
+                |t| t == want,
+            )
+            .await?;
+        let classes = |css: String| async move {
+            browser
+                .client
+                .find(Locator::Css(&css))
+                .await?
+                .attr("class")
+                .await
+                .map(Option::unwrap_or_default)
+                .map_err(anyhow::Error::from)
+        };
+        let (team_class, key_class) = (classes(node.clone()).await?, classes(key.clone()).await?);
+        println!("ui: tree company-daily > {team} {team_spent} [{team_class}] > key {key_spent} [{key_class}]");
+        // Shares: the key's spend of 0.5 USD, the team's of 1 USD (half
+        // the key's), the company's total of 5 USD. The company's on a tie.
+        let spent = billed.get(*team).copied().unwrap_or(0);
+        let key_tightest = spent * 10 > billed.values().sum::<u64>();
+        anyhow::ensure!(
+            key_class.contains("tightest") == key_tightest,
+            "{key}: {key_class}, want tightest: {key_tightest}"
+        );
+        anyhow::ensure!(!team_class.contains("tightest"), "{node}: {team_class}");
+    }
+    // Each VM reports the keys it has read itself (a key new to one VM is
+    // told by the other some reports later, see above): asked until the
+    // tree has settled.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, tree) = op
+            .raw(reqwest::Method::GET, "/api/v1/budgets", None, None)
+            .await?;
+        anyhow::ensure!(status == 200, "budgets: {status} {tree}");
+        let roots = tree["roots"].as_array().cloned().unwrap_or_default();
+        anyhow::ensure!(
+            roots.len() == 1 && roots[0]["limit"] == "company-daily",
+            "{tree}"
+        );
+        let shown: Vec<(String, u64, usize)> = roots[0]["children"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                let keys = t["children"].as_array().map_or(0, Vec::len);
+                (
+                    t["key"].as_str().unwrap_or_default().to_string(),
+                    t["spent"].as_u64().unwrap_or(0),
+                    keys,
+                )
+            })
+            .collect();
+        let missing: Vec<_> = teams
+            .iter()
+            .map(|team| (team.to_string(), billed.get(*team).copied().unwrap_or(0), 1))
+            .filter(|want| !shown.contains(want))
+            .collect();
+        if missing.is_empty() {
+            println!("ui: GET /api/v1/budgets: company-daily > {shown:?}");
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{missing:?} not in {shown:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Ok(())
 }

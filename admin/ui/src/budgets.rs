@@ -8,11 +8,14 @@ use std::collections::BTreeMap;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use sluice_api::PolicyList;
+use sluice_shared::budget_tree::budget_tree;
 use sluice_shared::price::PriceTable;
 use sluice_shared::spend::SpendReport;
+use sluice_shared::Policy;
 use sluice_wire::stats::LimitCounter;
 
 use crate::api;
+use crate::budget_tree::tree_view;
 use crate::live::LiveFrames;
 use crate::spend_text::{budget_specs, month_projection, percent, renews_in, used, BudgetSpec};
 
@@ -20,7 +23,7 @@ use crate::spend_text::{budget_specs, month_projection, percent, renews_in, used
 const PACE_FRAMES: usize = 60;
 
 /// A bar of `ratio` with a mark at each warning line.
-fn bar(ratio: f64, spec: &BudgetSpec) -> impl IntoView {
+pub(crate) fn bar(ratio: f64, spec: &BudgetSpec) -> impl IntoView {
     let width = format!("width: {:.1}%", (ratio * 100.0).clamp(0.0, 100.0));
     let lines = spec
         .warn_at
@@ -38,14 +41,16 @@ fn bar(ratio: f64, spec: &BudgetSpec) -> impl IntoView {
 pub fn BudgetsNow() -> impl IntoView {
     let frames = expect_context::<LiveFrames>();
     let specs = RwSignal::new(BTreeMap::<String, BudgetSpec>::new());
+    let policies = RwSignal::new(Vec::<Policy>::new());
     spawn_local(async move {
         let prices = api::get::<Option<PriceTable>>("/api/v1/prices")
             .await
             .ok()
             .flatten();
         if let Ok(list) = api::get::<PolicyList>("/api/v1/policies").await {
-            let policies: Vec<_> = list.policies.into_iter().map(|s| s.policy).collect();
-            specs.set(budget_specs(&policies, prices.as_ref()));
+            let list: Vec<_> = list.policies.into_iter().map(|s| s.policy).collect();
+            specs.set(budget_specs(&list, prices.as_ref()));
+            policies.set(list);
         }
     });
     // Each budget with its definition, so that a row is drawn again once
@@ -65,11 +70,22 @@ pub fn BudgetsNow() -> impl IntoView {
             })
             .unwrap_or_default()
     };
+    let tree = move || {
+        let frame = frames.latest()?;
+        let spends = frame
+            .limits
+            .iter()
+            .filter_map(|(name, u)| Some((name.clone(), u.spend.clone()?)))
+            .collect();
+        let roots = policies.with(|p| budget_tree(p, &spends));
+        Some(specs.with(|s| tree_view(roots, s, frame.at_ms)))
+    };
     view! {
         <Show when=move || !budgets().is_empty()>
             <section id="live-budgets">
                 <h2>"Budgets"</h2>
                 <p class="legend">"Limits of an hour or longer: spent this period against the budget (the Envoys' added up; a keyed one's per key), its warning lines, and a 30-day month at the last minute's pace."</p>
+                {tree}
                 <For each=budgets key=|(n, s, spec)| (n.clone(), format!("{s:?} {spec:?}")) children=move |(name, spend, spec)| {
                     let pace_name = name.clone();
                     let month = frames.0.with(|all| {

@@ -13,6 +13,8 @@ pub mod spend_text;
 #[cfg(target_arch = "wasm32")]
 mod api;
 #[cfg(target_arch = "wasm32")]
+mod budget_tree;
+#[cfg(target_arch = "wasm32")]
 mod budgets;
 #[cfg(target_arch = "wasm32")]
 mod fair_keys;
