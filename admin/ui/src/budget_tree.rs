@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use leptos::prelude::*;
 use sluice_shared::budget_tree::BudgetNode;
 
-use crate::budgets::bar;
+use crate::spend_bar::bar;
 use crate::spend_text::{percent, renews_in, BudgetSpec};
 
 /// One node and, nested, the nodes under it.

@@ -17,25 +17,11 @@ use sluice_wire::stats::LimitCounter;
 use crate::api;
 use crate::budget_tree::tree_view;
 use crate::live::LiveFrames;
+use crate::spend_bar::bar;
 use crate::spend_text::{budget_specs, month_projection, percent, renews_in, used, BudgetSpec};
 
 /// Frames the month's projection averages: the last minute.
 const PACE_FRAMES: usize = 60;
-
-/// A bar of `ratio` with a mark at each warning line.
-pub(crate) fn bar(ratio: f64, spec: &BudgetSpec) -> impl IntoView {
-    let width = format!("width: {:.1}%", (ratio * 100.0).clamp(0.0, 100.0));
-    let lines = spec
-        .warn_at
-        .iter()
-        .map(|line| {
-            let left = format!("left: {:.1}%", line * 100.0);
-            let past = ratio >= *line;
-            view! { <span class="warn-line" class:past-warning=past style=left title=percent(*line)></span> }
-        })
-        .collect_view();
-    view! { <span class="spend-bar"><span class="spend-fill" style=width></span>{lines}</span> }
-}
 
 #[component]
 pub fn BudgetsNow() -> impl IntoView {

@@ -30,6 +30,8 @@ mod people;
 mod pools;
 #[cfg(target_arch = "wasm32")]
 mod session;
+#[cfg(target_arch = "wasm32")]
+mod spend_bar;
 
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen::prelude::wasm_bindgen(start)]
