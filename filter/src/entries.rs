@@ -35,6 +35,9 @@ pub const KEY_SECRET_KEY: &str = "sluice/key-secret";
 pub const REPORT_KEY: &str = "sluice/report";
 /// Further limits' counters gathered for the next report.
 pub const LIMIT_REPORT_KEY: &str = "sluice/report/limits";
+/// The last calls each limit refused (per key, the newest), kept across
+/// reports: the budget tree says why each node last refused.
+pub const REFUSED_KEY: &str = "sluice/report/refused";
 /// Per-key counts gathered for the next report.
 pub const KEYS_REPORT_KEY: &str = "sluice/report/keys";
 

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
+use sluice_shared::spend::{keep_last_refusals, RefusedCall};
 use sluice_wire::counts::{Counter, Counts, Kind};
 pub use sluice_wire::stats::{FilterCounter, LimitCounter, PolicyCounter};
 
@@ -81,6 +82,8 @@ pub struct Metrics {
     /// A further limit's deltas, kept until they go into the shared sync
     /// report.
     unreported_limits: BTreeMap<String, LimitCounters>,
+    /// The last calls each further limit refused since the last report.
+    refused: BTreeMap<String, Vec<RefusedCall>>,
     /// Nothing counted since the last flush, which defined every series:
     /// a worker with a queue ticks each millisecond, mostly with nothing
     /// to send, and walking every series' stats then was 6 % of a queued
@@ -254,6 +257,20 @@ impl Metrics {
         }
         self.filter.define(host, || FILTER_PREFIX.to_string());
         self.filter.send(host);
+    }
+
+    /// Notes the call `limit` refused (per key the newest is kept).
+    pub fn note_refused(&mut self, limit: &str, call: RefusedCall) {
+        let calls = match self.refused.get_mut(limit) {
+            Some(calls) => calls,
+            None => self.refused.entry(limit.to_string()).or_default(),
+        };
+        keep_last_refusals(calls, std::slice::from_ref(&call));
+    }
+
+    /// The refusals noted since the last call.
+    pub fn take_refused(&mut self) -> BTreeMap<String, Vec<RefusedCall>> {
+        std::mem::take(&mut self.refused)
     }
 
     /// The further limits' deltas since the last call.

@@ -10,9 +10,10 @@ use sluice_shared::time::Instant;
 use sluice_wire::sync::MAX_REPORT_KEYED;
 
 use crate::counters::{Counters, DeltaCounters, LimitCounters};
-use crate::entries::{self, Json, KEYS_REPORT_KEY, LIMIT_REPORT_KEY, REPORT_KEY};
+use crate::entries::{self, Json, KEYS_REPORT_KEY, LIMIT_REPORT_KEY, REFUSED_KEY, REPORT_KEY};
 use crate::host::Host;
 use crate::store::{Store, StoreError};
+use sluice_shared::spend::{keep_last_refusals, RefusedCall};
 
 /// The Envoy's per-key counts since the syncing VM last took them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -105,6 +106,38 @@ pub fn add_to_limit_report<H: Host + ?Sized>(
     deltas: &BTreeMap<String, LimitCounters>,
 ) -> Result<(), StoreError> {
     add_into(host, store, LIMIT_REPORT_KEY, deltas, LimitCounters::add)
+}
+
+/// The last calls each limit refused, as the workers noted them.
+pub fn read_refused<H: Host + ?Sized>(host: &H) -> BTreeMap<String, Vec<RefusedCall>> {
+    entries::read(host, REFUSED_KEY, &Json::default())
+}
+
+/// Limits whose refusals are kept: a set names at most this many.
+const MAX_REFUSING_LIMITS: usize = 1024;
+
+/// Adds one worker's last refusals into the shared ones (per key the
+/// newest); a limit gone from the set is forgotten past
+/// [`MAX_REFUSING_LIMITS`].
+pub fn add_refused<H: Host + ?Sized>(
+    host: &H,
+    store: &mut Store,
+    refused: &BTreeMap<String, Vec<RefusedCall>>,
+) -> Result<(), StoreError> {
+    store.update_with(
+        host,
+        REFUSED_KEY,
+        &Json::default(),
+        |kept: &mut BTreeMap<String, Vec<RefusedCall>>| {
+            for (limit, calls) in refused {
+                keep_last_refusals(kept.entry(limit.clone()).or_default(), calls);
+            }
+            while kept.len() > MAX_REFUSING_LIMITS {
+                kept.pop_last();
+            }
+            ((), true)
+        },
+    )
 }
 
 /// Adds one worker's deltas, by name, into the shared report at `key`.

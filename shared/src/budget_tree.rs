@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{NamedLimit, Policy};
-use crate::spend::SpendReport;
+use crate::spend::{RefusedCall, SpendReport};
 
 /// For each of `limits`, the index of its parent budget: the nearest
 /// budget (a limit of an hour or longer) listed before it, for an unkeyed
@@ -57,6 +57,9 @@ pub struct BudgetNode {
     /// tie), which refuses first.
     #[serde(default)]
     pub tightest: bool,
+    /// The last call it refused, and why (kept until a later one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refused: Option<RefusedCall>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<BudgetNode>,
 }
@@ -180,6 +183,7 @@ impl<'p> Levels<'p> {
                 renews_in_ms: spend.renews_in_ms,
                 warn_at: self.warn_at(name),
                 tightest: false,
+                last_refused: last_refused(spend, 0),
                 children: self.children_of(name, None, spends),
             }];
         }
@@ -206,6 +210,7 @@ impl<'p> Levels<'p> {
             renews_in_ms: spend.renews_in_ms,
             warn_at: self.warn_at(name),
             tightest: false,
+            last_refused: last_refused(spend, key.hash),
             children: self.children_of(name, Some(key.hash), spends),
         }
     }
@@ -223,6 +228,11 @@ impl<'p> Levels<'p> {
             .flat_map(|child| self.nodes_of(child, spends, key))
             .collect()
     }
+}
+
+/// The last call `spend`'s limit refused for `key` (0: unkeyed).
+fn last_refused(spend: &SpendReport, key: u64) -> Option<RefusedCall> {
+    spend.refused.iter().find(|r| r.key == key).cloned()
 }
 
 /// Marks, on every path from `node` (at `depth`) down, the node that has

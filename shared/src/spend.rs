@@ -43,6 +43,46 @@ pub struct SpendReport {
     /// added up).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub spending_keys: u64,
+    /// The calls it refused last: per key (0: an unkeyed limit's), the
+    /// newest, at most [`SHOWN_TOP_KEYS`], newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedCall>,
+}
+
+/// The last call a limit (a key of it) refused, and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedCall {
+    /// When, by the Envoy's clock (ms since the epoch).
+    pub at_ms: u64,
+    /// The key's hash, as [`KeySpend::hash`]; 0 for an unkeyed limit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub key: u64,
+    /// Why, as `x-sluice-reason` says it (`spent`: what is left did not
+    /// hold the call's cost).
+    pub reason: String,
+    /// Where the limit (its key) stood: spent of size, when its own count
+    /// refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spent: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub size: u64,
+}
+
+/// The longest reason a refusal names.
+pub const MAX_REASON: usize = 32;
+
+/// Adds `new` refusals to `kept`: per key the newest, at most
+/// [`SHOWN_TOP_KEYS`], newest first.
+pub fn keep_last_refusals(kept: &mut Vec<RefusedCall>, new: &[RefusedCall]) {
+    for call in new {
+        match kept.iter_mut().find(|k| k.key == call.key) {
+            Some(mine) if mine.at_ms >= call.at_ms => {}
+            Some(mine) => *mine = call.clone(),
+            None => kept.push(call.clone()),
+        }
+    }
+    kept.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then(a.key.cmp(&b.key)));
+    kept.truncate(SHOWN_TOP_KEYS);
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -56,6 +96,8 @@ pub enum SpendError {
     TooManyKeys,
     #[error("a label is too long")]
     LabelTooLong,
+    #[error("at most {SHOWN_TOP_KEYS} refused calls, each reason at most {MAX_REASON} bytes")]
+    RefusalsTooMany,
 }
 
 impl SpendReport {
@@ -71,6 +113,11 @@ impl SpendReport {
             .any(|k| k.label.len() > MAX_VALUE_LABEL + 3)
         {
             return Err(SpendError::LabelTooLong);
+        }
+        if self.refused.len() > SHOWN_TOP_KEYS
+            || self.refused.iter().any(|r| r.reason.len() > MAX_REASON)
+        {
+            return Err(SpendError::RefusalsTooMany);
         }
         Ok(())
     }
@@ -101,6 +148,7 @@ impl SpendReport {
             }
         }
         self.keys = keys;
+        keep_last_refusals(&mut self.refused, &other.refused);
     }
 
     /// Keeps the top spenders only, most first.
@@ -144,6 +192,16 @@ mod tests {
         }
     }
 
+    fn refused(key: u64, at_ms: u64) -> RefusedCall {
+        RefusedCall {
+            at_ms,
+            key,
+            reason: "spent".into(),
+            spent: 100,
+            size: 100,
+        }
+    }
+
     #[test]
     fn envoys_spend_adds_up_per_key() {
         let mut a = SpendReport {
@@ -152,6 +210,7 @@ mod tests {
             renews_in_ms: 5_000,
             keys: vec![key("team-a", 1, 20), key("team-b", 2, 10)],
             spending_keys: 2,
+            refused: vec![refused(1, 100), refused(2, 300)],
         };
         let b = SpendReport {
             spent: 25,
@@ -163,6 +222,8 @@ mod tests {
                 ..key("team-b", 2, 25)
             }],
             spending_keys: 1,
+            // Team b's later refusal, team a's earlier one, and a new key's.
+            refused: vec![refused(2, 400), refused(1, 50), refused(3, 10)],
         };
         a.merge(&b);
         a.keep_top();
@@ -180,6 +241,11 @@ mod tests {
                 },
                 key("team-a", 1, 20),
             ]
+        );
+        // Per key the newest refusal, newest first.
+        assert_eq!(
+            a.refused,
+            vec![refused(2, 400), refused(1, 100), refused(3, 10)]
         );
     }
 
@@ -202,6 +268,24 @@ mod tests {
             ..SpendReport::default()
         };
         assert_eq!(long.check(), Err(SpendError::LabelTooLong));
+        let refusals = SpendReport {
+            refused: (0..21).map(|i| refused(i, i)).collect(),
+            ..SpendReport::default()
+        };
+        assert_eq!(refusals.check(), Err(SpendError::RefusalsTooMany));
+        let wordy = SpendReport {
+            refused: vec![RefusedCall {
+                reason: "x".repeat(MAX_REASON + 1),
+                ..refused(1, 1)
+            }],
+            ..SpendReport::default()
+        };
+        assert_eq!(wordy.check(), Err(SpendError::RefusalsTooMany));
+        let fine = SpendReport {
+            refused: (0..20).map(|i| refused(i, i)).collect(),
+            ..SpendReport::default()
+        };
+        assert_eq!(fine.check(), Ok(()));
     }
 
     proptest! {

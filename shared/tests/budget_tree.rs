@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use sluice_shared::budget_tree::{budget_parents, budget_tree, BudgetNode};
 use sluice_shared::parse_policy_set;
-use sluice_shared::spend::{KeySpend, SpendReport};
+use sluice_shared::spend::{KeySpend, RefusedCall, SpendReport};
 use sluice_shared::Policy;
 
 const SET: &str = r#"{"version": 1, "policies": [{"name": "llm", "match": {"host": "api.openai.com"}, "rate": {"requests": 100, "period": "1s"},
@@ -48,9 +48,31 @@ fn spends() -> BTreeMap<String, SpendReport> {
         renews_in_ms: 7_000,
         spending_keys: keys.len() as u64,
         keys,
+        refused: Vec::new(),
     };
+    let mut company = unkeyed(700, 1000);
+    company.refused = vec![RefusedCall {
+        at_ms: 1_000,
+        key: 0,
+        reason: "spent".into(),
+        spent: 990,
+        size: 1000,
+    }];
+    let mut api_keys = keyed(vec![
+        key("#k1", 21, 60, 100, 11),
+        key("#k2", 22, 99, 100, 12),
+        key("#k3", 23, 5, 100, 11),
+        // Its team is not among the shown ones.
+        key("#k4", 24, 40, 100, 99),
+    ]);
+    api_keys.refused = vec![RefusedCall {
+        at_ms: 2_000,
+        key: 22,
+        reason: "model-unpriced".into(),
+        ..RefusedCall::default()
+    }];
     BTreeMap::from([
-        ("company".into(), unkeyed(700, 1000)),
+        ("company".into(), company),
         ("region".into(), unkeyed(100, 900)),
         (
             "team".into(),
@@ -59,16 +81,7 @@ fn spends() -> BTreeMap<String, SpendReport> {
                 key("ads", 12, 120, 400, 0),
             ]),
         ),
-        (
-            "api-key".into(),
-            keyed(vec![
-                key("#k1", 21, 60, 100, 11),
-                key("#k2", 22, 99, 100, 12),
-                key("#k3", 23, 5, 100, 11),
-                // Its team is not among the shown ones.
-                key("#k4", 24, 40, 100, 99),
-            ]),
-        ),
+        ("api-key".into(), api_keys),
     ])
 }
 
@@ -181,4 +194,18 @@ fn the_tree_is_json_for_the_api() {
     assert_eq!(json[0]["children"][0]["tightest"], true);
     let back: Vec<BudgetNode> = serde_json::from_value(json).unwrap_or_default();
     assert_eq!(back, tree);
+}
+
+#[test]
+fn each_node_says_why_it_last_refused_a_call() {
+    let tree = budget_tree(&policies(), &spends());
+    let company = find(&tree, "company", None);
+    let why = |n: &BudgetNode| n.last_refused.as_ref().map(|r| (r.reason.clone(), r.spent));
+    assert_eq!(why(company), Some(("spent".into(), 990)));
+    let ads = find(&company.children, "team", Some("ads"));
+    assert_eq!(why(ads), None, "refused nothing");
+    let k2 = find(&ads.children, "api-key", Some("#k2"));
+    assert_eq!(why(k2), Some(("model-unpriced".into(), 0)));
+    let search = find(&company.children, "team", Some("search"));
+    assert!(search.children.iter().all(|k| k.last_refused.is_none()));
 }

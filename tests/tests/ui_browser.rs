@@ -1660,7 +1660,70 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
         );
         anyhow::ensure!(at.ends_with("T00:00:00+05:45[Asia/Kathmandu]"), "{at}");
     }
-    budgets_as_a_tree(&browser, &op, &calls.map(|(team, _)| team), &billed).await
+    budgets_as_a_tree(&browser, &op, &calls.map(|(team, _)| team), &billed).await?;
+    last_refusal_in_the_tree(&browser, &op, &url, &billed).await
+}
+
+/// A call too dear for team a's API key (half a dollar a day; the call
+/// asks for 5 000 output tokens, 0.50 USD) is refused by the key's budget,
+/// and the tree says so at that node, with where it stood.
+async fn last_refusal_in_the_tree(
+    browser: &Browser,
+    op: &sluice_e2e::admin::Operator,
+    url: &str,
+    billed: &std::collections::BTreeMap<String, u64>,
+) -> anyhow::Result<()> {
+    let answer = reqwest::Client::new()
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("authorization", "Bearer team-a")
+        .header("x-team", "team-a")
+        .header("content-type", "application/json")
+        .body(
+            json!({"model": "gpt-4o", "max_tokens": 5000,
+            "messages": [{"role": "user", "content": "Say something very long."}]})
+            .to_string(),
+        )
+        .send()
+        .await?;
+    let limit = load::header_text(&answer, "x-sluice-limit");
+    anyhow::ensure!(
+        answer.status() == 429 && limit.as_deref() == Some("key-daily"),
+        "{} by {limit:?}",
+        answer.status()
+    );
+    let spent = billed.get("team-a").copied().unwrap_or(0);
+    let want = format!(
+        " ago: {}.{:02} USD of 0.50 USD spent",
+        spent / 1_000_000,
+        spent % 1_000_000 / 10_000
+    );
+    let node =
+        "#budget-tree li[data-key='team-a'] > ul > li[data-limit='key-daily'] > .node-refused";
+    let text = browser
+        .wait_text(node, Duration::from_secs(15), |t| t.ends_with(&want))
+        .await?;
+    println!("ui: tree: team-a's key last refused {text}");
+    let (_, tree) = op
+        .raw(reqwest::Method::GET, "/api/v1/budgets", None, None)
+        .await?;
+    let team_a = tree["roots"][0]["children"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["key"] == "team-a")
+        .cloned()
+        .unwrap_or_default();
+    let refused = &team_a["children"][0]["last_refused"];
+    anyhow::ensure!(
+        refused["reason"] == "spent" && refused["spent"].as_u64() == Some(spent),
+        "{team_a}"
+    );
+    anyhow::ensure!(
+        team_a.get("last_refused").is_none(),
+        "the team refused nothing: {team_a}"
+    );
+    Ok(())
 }
 
 /// The stacked budgets of the test above as a tree, in the browser and

@@ -1,8 +1,9 @@
 //! The live view's budget tree: stacked budgets as the tree they form
 //! (company → team → key), built by [`sluice_shared::budget_tree`] from
 //! the newest frame, as `GET /api/v1/budgets` gives it. Each node shows
-//! what it spent of its size, its warning lines, when it renews; the
-//! tightest rung of each path (the one that refuses first) stands out.
+//! what it spent of its size, its warning lines, when it renews, why it
+//! last refused a call; the tightest rung of each path (the one that
+//! refuses first) stands out.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,7 @@ use leptos::prelude::*;
 use sluice_shared::budget_tree::BudgetNode;
 
 use crate::spend_bar::bar;
-use crate::spend_text::{percent, renews_in, BudgetSpec};
+use crate::spend_text::{percent, refused_text, renews_in, BudgetSpec};
 
 /// One node and, nested, the nodes under it.
 fn node_view(node: BudgetNode, specs: &BTreeMap<String, BudgetSpec>, at_ms: u64) -> AnyView {
@@ -23,6 +24,10 @@ fn node_view(node: BudgetNode, specs: &BTreeMap<String, BudgetSpec>, at_ms: u64)
         "—".to_string()
     };
     let renews_at = spec.renews_at(at_ms, node.renews_in_ms);
+    let refused = node
+        .last_refused
+        .as_ref()
+        .map(|r| refused_text(r, &spec, at_ms));
     let children = node
         .children
         .into_iter()
@@ -38,6 +43,7 @@ fn node_view(node: BudgetNode, specs: &BTreeMap<String, BudgetSpec>, at_ms: u64)
             " · renews in "<span class="node-renews-in">{renewal}</span>
             {renews_at.map(|at| view! { " (at "<span class="node-renews-at">{at}</span>")" })}
             {node.tightest.then(|| view! { " "<span class="tightest-mark" title="Of this path, the budget that refuses first">"tightest"</span> })}
+            {refused.map(|text| view! { " · last refused "<span class="node-refused">{text}</span> })}
             <ul>{children}</ul>
         </li>
     }

@@ -9,6 +9,7 @@ use sluice_shared::calendar::{clock_text, Calendar};
 use sluice_shared::policy::CostSpec;
 use sluice_shared::price::{Money, PriceTable};
 use sluice_shared::spend::month_at;
+use sluice_shared::spend::RefusedCall;
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::Policy;
 
@@ -128,6 +129,22 @@ pub fn renews_in(ms: u64) -> String {
     }
 }
 
+/// Why a budget last refused a call, `at_ms` (the frame's time) from its
+/// refusal: `2 min ago: 0.50 USD of 0.50 USD spent`, or the refusal's
+/// reason (`5 s ago: model-unpriced`).
+pub fn refused_text(refused: &RefusedCall, spec: &BudgetSpec, at_ms: u64) -> String {
+    let ago = renews_in(at_ms.saturating_sub(refused.at_ms));
+    if refused.reason == "spent" && refused.size > 0 {
+        format!(
+            "{ago} ago: {} of {} spent",
+            spec.amount(refused.spent),
+            spec.amount(refused.size)
+        )
+    } else {
+        format!("{ago} ago: {}", refused.reason)
+    }
+}
+
 /// A month's spend at the mean of `per_second` (the recent frames' pace;
 /// frames without the limit left out).
 pub fn month_projection(per_second: impl Iterator<Item = f64>) -> f64 {
@@ -143,6 +160,38 @@ pub fn month_projection(per_second: impl Iterator<Item = f64>) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refusal_says_how_long_ago_and_where_the_budget_stood() {
+        let usd = BudgetSpec {
+            currency: Some("USD".into()),
+            ..BudgetSpec::default()
+        };
+        let spent = RefusedCall {
+            at_ms: 1_000,
+            key: 7,
+            reason: "spent".into(),
+            spent: 500_000,
+            size: 500_000,
+        };
+        assert_eq!(
+            refused_text(&spent, &usd, 121_000),
+            "2 min ago: 0.50 USD of 0.50 USD spent"
+        );
+        let unpriced = RefusedCall {
+            reason: "model-unpriced".into(),
+            ..RefusedCall::default()
+        };
+        assert_eq!(
+            refused_text(&unpriced, &usd, 5_000),
+            "5 s ago: model-unpriced"
+        );
+        // An Envoy's clock ahead of the admin's: "0 s", not an underflow.
+        assert_eq!(
+            refused_text(&spent, &BudgetSpec::default(), 0),
+            "0 s ago: 500000 of 500000 spent"
+        );
+    }
+
     use super::*;
 
     fn money() -> BudgetSpec {

@@ -258,3 +258,65 @@ fn a_keyed_budgets_keys_name_the_key_their_calls_carried_in_the_budget_above() {
     assert!(!api_keys.keys.is_empty());
     assert!(api_keys.keys.iter().all(|k| k.parent == 0), "{api_keys:?}");
 }
+
+/// Each budget tells the last call it refused per key (the team's) or
+/// for all (the company's), why and where it stood, kept across reports
+/// for the budget tree; broken shared data reads as no refusal.
+#[test]
+fn a_budget_tells_the_last_call_it_refused_per_key_and_why() {
+    let host = FakeHost::at(T0);
+    let mut w = known(&host);
+    let mut id = 1;
+    // Team a spends its 50 over two API keys; its 51st call is refused.
+    for key in [&b"sk-one"[..], b"sk-two"] {
+        for _ in 0..25 {
+            assert!(call(&host, &mut w, id, b"team-a", key));
+            id += 1;
+        }
+    }
+    assert!(!call(&host, &mut w, id, b"team-a", b"sk-three"));
+    // Team b takes the company's other 50, then the company refuses.
+    for _ in 0..50 {
+        assert!(call(&host, &mut w, id + 1, b"team-b", b"sk-four"));
+        id += 1;
+    }
+    assert!(!call(&host, &mut w, id + 2, b"team-c", b"sk-five"));
+    let secret = label_secret(Some("t0ken"));
+    let mut teams = SpendReport::default();
+    for _ in 0..3 {
+        teams = spend(&mut w, &host, "per-team");
+    }
+    let refused: Vec<(u64, &str, u64, u64)> = teams
+        .refused
+        .iter()
+        .map(|r| (r.key, r.reason.as_str(), r.spent, r.size))
+        .collect();
+    assert_eq!(
+        refused,
+        [(secret.hash("per-team", b"team-a"), "spent", 50, 50)],
+        "the team's key, why, where it stood"
+    );
+    assert!(
+        teams.refused[0].at_ms >= T0.as_millis(),
+        "{:?}",
+        teams.refused
+    );
+    let (report, token) = next_report(&host, &mut w);
+    answer(&host, &mut w, token, 304, None);
+    let daily = report.limits["daily"].spend.clone().expect("a spend");
+    let refused: Vec<(u64, &str, u64, u64)> = daily
+        .refused
+        .iter()
+        .map(|r| (r.key, r.reason.as_str(), r.spent, r.size))
+        .collect();
+    assert_eq!(refused, [(0, "spent", 100, 100)], "unkeyed: no key");
+    assert!(report.limits["per-api-key"]
+        .spend
+        .as_ref()
+        .is_some_and(|s| s.refused.is_empty()));
+
+    host.shared_set("sluice/report/refused", b"{\"daily\": 7", None)
+        .expect("set");
+    let daily = spend(&mut w, &host, "daily");
+    assert!(daily.refused.is_empty(), "{daily:?}");
+}

@@ -17,12 +17,14 @@ use sluice_filter_core::bucket::{Admission, BucketLimits, Prefetched};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{Classification, CompiledPolicy};
 use sluice_shared::fair::FairClaimant;
+use sluice_shared::spend::RefusedCall;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
 use super::fair::{self, Fair, FairSlot};
 use super::held_slot::HeldSlot;
+use super::key_places::owner_of;
 use super::limits::{self, Held, LimitInputs, Taken};
 use super::placement::{self, Placed};
 use super::pool::{self, PoolCall};
@@ -119,7 +121,13 @@ impl Deciding<'_> {
                 .map_or(&inputs.costs[..], |m| &m.costs[..]),
             _ => &inputs.costs[..],
         };
-        let (must_wait, held) = match after_limits(ctx, policy, taken, member) {
+        // A pool member's keys are its own: its refusals are noted unkeyed.
+        let keys = if member.is_none() {
+            &inputs.keys[..]
+        } else {
+            &[]
+        };
+        let (must_wait, held) = match after_limits(ctx, limits_policy, keys, taken, member) {
             Ok(taken) => taken,
             Err(refused) => return (refused, None),
         };
@@ -307,6 +315,7 @@ impl Deciding<'_> {
 fn after_limits<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
+    keys: &[Option<u64>],
     taken: Taken,
     member: Option<usize>,
 ) -> Result<(bool, Held), Decision> {
@@ -346,6 +355,7 @@ fn after_limits<H: Host + ?Sized>(
                 why,
                 standing,
             };
+            note_refused(ctx, policy, keys, &refusal);
             Err(refuse(ctx, policy, &refusal, retry_after))
         }
         Taken::Unknown { limit } => {
@@ -353,6 +363,39 @@ fn after_limits<H: Host + ?Sized>(
             Err(refuse(ctx, policy, &refusal, DEFAULT_RETRY))
         }
     }
+}
+
+/// Notes a call a budget (a limit of an hour or longer) refused, for the
+/// budget tree: its key there, why, and where the budget stood.
+fn note_refused<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    keys: &[Option<u64>],
+    refusal: &Refusal,
+) {
+    let Refusal::Limit {
+        limit, standing, ..
+    } = refusal
+    else {
+        return;
+    };
+    let Some(index) = policy
+        .limits
+        .iter()
+        .position(|l| &l.name == limit && l.spends_over_hours)
+    else {
+        return;
+    };
+    let key = keys.get(index).copied().flatten().map_or(0, owner_of);
+    let (spent, size) = standing.map_or((0, 0), |s| (s.spent, s.size));
+    let call = RefusedCall {
+        at_ms: ctx.now.as_millis(),
+        key,
+        reason: refusal.reason().unwrap_or("spent").to_string(),
+        spent,
+        size,
+    };
+    ctx.metrics.note_refused(limit, call);
 }
 
 /// A global policy whose share allows the call nothing refuses it at

@@ -80,7 +80,7 @@ impl Refusal {
     }
 
     /// The `x-sluice-reason` value, when the limit alone does not say why.
-    fn reason(&self) -> Option<&'static str> {
+    pub(super) fn reason(&self) -> Option<&'static str> {
         match self {
             Refusal::Policy { .. }
             | Refusal::Limit {

@@ -338,6 +338,7 @@ impl SpendScan {
             renews_in_ms: scan.renews_in_ms(now),
             spending_keys: scan.spending().count() as u64,
             keys: top_spenders(labelled(host, limit, top, size)),
+            refused: Vec::new(),
         })
     }
 }

@@ -189,6 +189,10 @@ impl SyncClient {
         if !limit_deltas.is_empty() {
             let _ = report::add_to_limit_report(host, store, &limit_deltas);
         }
+        let refused = metrics.take_refused();
+        if !refused.is_empty() {
+            let _ = report::add_refused(host, store, &refused);
+        }
         self.keys.flush(host, store);
     }
 

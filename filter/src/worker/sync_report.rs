@@ -99,6 +99,7 @@ pub(super) fn limit_reports<H: Host + ?Sized>(
     spend: &mut SpendScan,
 ) -> BTreeMap<String, LimitReport> {
     let counters = report::read_limit_report(host);
+    let refused = report::read_refused(host);
     let mut out = BTreeMap::new();
     // Every limit a call may take: the policies', and their pool members'.
     spend.begin(policies.all().flat_map(|p| p.limits.iter()));
@@ -127,7 +128,10 @@ pub(super) fn limit_reports<H: Host + ?Sized>(
                     available,
                     in_flight: None,
                     provider: provider::report(host, limit, &counted, now),
-                    spend: spend.report(host, limit, state.as_ref(), now),
+                    spend: spend.report(host, limit, state.as_ref(), now).map(|mut s| {
+                        s.refused = refused.get(&limit.name).cloned().unwrap_or_default();
+                        s
+                    }),
                 },
             );
         }
