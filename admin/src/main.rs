@@ -145,7 +145,8 @@ struct Args {
     /// live view and the instances list), e.g. 10m, 1h.
     #[arg(long, env = "SLUICE_INSTANCE_TTL", default_value = "1h", value_parser = parse_span)]
     instance_ttl: sluice_shared::Span,
-    /// The audit log's rows of warning lines crossed (one per limit per
+    /// The audit log's rows of what budgets' rungs did (warning lines
+    /// crossed, calls downgraded or refused: one per limit per rung per
     /// minute) are deleted after this long, e.g. 30d; the people's
     /// changes are kept.
     #[arg(long, env = "SLUICE_WARN_RETENTION", default_value = "30d", value_parser = parse_span)]

@@ -2253,3 +2253,65 @@ async fn budgets_are_given_as_the_tree_their_stacking_forms() {
     assert_eq!(ads["children"][0]["key"], "#k2");
     assert_eq!(ads["tightest"], false);
 }
+
+/// The ladder's rungs are in the audit log: calls sent for a cheaper model
+/// and calls a budget refused, one row per limit per rung per minute
+/// summing what the Envoys reported; a short limit's refusals are not
+/// (stats count them; a row a minute per rate limit would drown the log).
+#[tokio::test]
+async fn downgrades_and_budget_refusals_are_audited_per_minute() {
+    let admin = start().await;
+    let s = admin.login().await;
+    let llm = json!({"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
+        "limits": [{"name": "team-monthly", "rate": {"requests": 500000000, "period": "30d", "algorithm": "fixed_window"}},
+                   {"name": "per-second", "rate": {"requests": 10, "period": "1s"}}]});
+    let (status, _, body) = admin
+        .edit(&s, Method::POST, "/api/v1/policies", &[], Some(llm))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    let report = |instance: &str, downgraded: u64, refused: u64| {
+        json!({"instance": instance, "policy_version": 1, "at_ms": 2000,
+               "limits": {
+                 "team-monthly": {"downgraded": downgraded, "refused": refused, "requests": 500000000,
+                                  "period_ms": 2592000000u64, "spend": {"spent": 1, "size": 500000000}},
+                 "per-second": {"refused": refused * 10, "requests": 10, "period_ms": 1000}}})
+    };
+    for (instance, downgraded, refused) in [("envoy-a", 3, 2), ("envoy-a", 5, 2), ("envoy-b", 1, 4)]
+    {
+        let (status, _, body) = admin
+            .call(
+                Method::POST,
+                "/api/v1/sync",
+                &[("authorization", &auth)],
+                Some(report(instance, downgraded, refused)),
+            )
+            .await;
+        assert!(
+            status.is_success() || status == StatusCode::NOT_MODIFIED,
+            "{status} {body}"
+        );
+    }
+    let (_, _, audit) = admin
+        .edit(&s, Method::GET, "/api/v1/audit", &[], None)
+        .await;
+    let rows = |action: &str, target: &str| -> Vec<Value> {
+        audit["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["action"] == action && e["target"] == target)
+            .map(|e| e["new"].clone())
+            .collect()
+    };
+    // a: 3 then 2 more; b: 1. Refused: a 2 (then none new), b 4.
+    assert_eq!(
+        rows("downgrade", "team-monthly"),
+        [json!({"calls": 6, "envoys": ["envoy-a", "envoy-b"]})]
+    );
+    assert_eq!(
+        rows("refuse", "team-monthly"),
+        [json!({"calls": 6, "envoys": ["envoy-a", "envoy-b"]})]
+    );
+    assert!(rows("refuse", "per-second").is_empty(), "{audit}");
+}

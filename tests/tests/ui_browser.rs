@@ -1723,7 +1723,26 @@ async fn last_refusal_in_the_tree(
         team_a.get("last_refused").is_none(),
         "the team refused nothing: {team_a}"
     );
-    Ok(())
+    // The rung that acted is in the audit log: a row for the minute.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, audit) = op
+            .raw(reqwest::Method::GET, "/api/v1/audit", None, None)
+            .await?;
+        let row = audit["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["action"] == "refuse" && e["target"] == "key-daily")
+            .cloned();
+        if let Some(row) = row {
+            println!("ui: audit: {}", row["new"]);
+            anyhow::ensure!(row["new"]["calls"] == 1, "{row}");
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no refuse row: {audit}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The stacked budgets of the test above as a tree, in the browser and

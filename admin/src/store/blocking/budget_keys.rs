@@ -1,13 +1,20 @@
 //! What the admin holds of long limits across Envoys' restarts: the
-//! budgets' keys and the warning lines each Envoy reported past.
+//! budgets' keys, and what each Envoy reported its rungs did (warning
+//! lines crossed, calls downgraded or refused by a budget).
+
+use sluice_wire::stats::LimitCounter;
 
 use super::*;
 
-/// A limit's warning-line crossings over one minute, as its audit row
-/// holds them.
+/// What a limit's rungs did over one minute, as its audit row holds it:
+/// warning lines crossed (`warn`), or calls sent for a cheaper model
+/// (`downgrade`) or refused by a budget (`refuse`).
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-pub(in crate::store) struct WarnRow {
+pub(in crate::store) struct RungRow {
+    #[serde(default, skip_serializing_if = "is_zero")]
     crossed: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    calls: u64,
     /// The Envoys that reported them, at most [`WARN_ROW_ENVOYS`]...
     envoys: Vec<String>,
     /// ...and how many reports came from others.
@@ -19,73 +26,105 @@ pub(in crate::store) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// The audit log's record of the warning lines `report` says were crossed
+/// The rungs the audit log records: the counter an Envoy reports, the
+/// row's action, and whether only budgets' (limits of an hour or longer,
+/// whose reports carry their spend) count.
+const RUNGS: [(LimitCounter, &str, bool); 3] = [
+    (LimitCounter::WarnCrossed, "warn", false),
+    (LimitCounter::Downgraded, "downgrade", false),
+    (LimitCounter::Refused, "refuse", true),
+];
+
+/// The audit log's record of what `report` says each limit's rungs did
 /// since `previous` (the instance's report before; counts start again
-/// when its Envoy restarts): one row per limit per minute, summing what
-/// every Envoy reported in it, so that no sync (nor a sync token's holder
-/// making its counter go up and down) grows the log faster than that.
-/// Rows older than `retention_ms` are deleted as new ones are written.
-pub(in crate::store) fn audit_warnings(
+/// when its Envoy restarts): one row per limit per rung per minute,
+/// summing what every Envoy reported in it, so that no sync (nor a sync
+/// token's holder making its counter go up and down) grows the log faster
+/// than that. Rows older than `retention_ms` are deleted as new ones are
+/// written.
+pub(in crate::store) fn audit_rungs(
     sql: &mut dyn Sql,
     previous: Option<&SyncReport>,
     report: &SyncReport,
     retention_ms: u64,
 ) -> Result<(), StoreError> {
-    use sluice_wire::stats::LimitCounter;
     let now = now_ms();
     for (name, limit) in &report.limits {
-        let count = limit.counts.get(LimitCounter::WarnCrossed);
-        let before = previous
-            .and_then(|p| p.limits.get(name))
-            .map_or(0, |l| l.counts.get(LimitCounter::WarnCrossed));
-        let crossed = if count >= before {
-            count - before
-        } else {
-            count
-        };
-        if crossed == 0 {
-            continue;
-        }
-        let recent = sql.query_one(
-            "SELECT id, new FROM audit WHERE action = 'warn' AND target = $1 AND at_ms >= $2 \
-             ORDER BY id DESC LIMIT 1",
-            &[
-                name.as_str().into(),
-                now.saturating_sub(WARN_ROW_SPAN_MS).into(),
-            ],
-        )?;
-        let found = match recent {
-            Some(row) => Some((row.int(0)?, row.optional_text(1)?)),
-            None => None,
-        };
-        let mut row: WarnRow = found
-            .as_ref()
-            .and_then(|(_, new)| new.as_deref())
-            .and_then(|text| serde_json::from_str(text).ok())
-            .unwrap_or_default();
-        row.crossed = row.crossed.saturating_add(crossed);
-        if !row.envoys.contains(&report.instance) {
-            if row.envoys.len() < WARN_ROW_ENVOYS {
-                row.envoys.push(report.instance.clone());
+        for (counter, action, budgets_only) in RUNGS {
+            if budgets_only && limit.spend.is_none() {
+                continue;
+            }
+            let count = limit.counts.get(counter);
+            let before = previous
+                .and_then(|p| p.limits.get(name))
+                .map_or(0, |l| l.counts.get(counter));
+            let acted = if count >= before {
+                count - before
             } else {
-                row.more_reports = row.more_reports.saturating_add(1);
+                count
+            };
+            if acted > 0 {
+                audit_rung(sql, report, name, action, acted, now, retention_ms)?;
             }
         }
-        let text = serde_json::to_string(&row).unwrap_or_default();
-        match found {
-            Some((id, _)) => {
-                sql.execute(
-                    "UPDATE audit SET new = $1 WHERE id = $2",
-                    &[text.into(), id.into()],
-                )?;
-            }
-            None => {
-                sql.execute(
-                    "DELETE FROM audit WHERE action = 'warn' AND at_ms < $1",
-                    &[now.saturating_sub(retention_ms).into()],
-                )?;
-                audit_entry(sql, now, "sluice", "warn", name, None, Some(text))?;
-            }
+    }
+    Ok(())
+}
+
+/// Adds `acted` to limit `name`'s row of `action` for this minute.
+fn audit_rung(
+    sql: &mut dyn Sql,
+    report: &SyncReport,
+    name: &str,
+    action: &str,
+    acted: u64,
+    now: u64,
+    retention_ms: u64,
+) -> Result<(), StoreError> {
+    let recent = sql.query_one(
+        "SELECT id, new FROM audit WHERE action = $1 AND target = $2 AND at_ms >= $3 \
+         ORDER BY id DESC LIMIT 1",
+        &[
+            action.into(),
+            name.into(),
+            now.saturating_sub(WARN_ROW_SPAN_MS).into(),
+        ],
+    )?;
+    let found = match recent {
+        Some(row) => Some((row.int(0)?, row.optional_text(1)?)),
+        None => None,
+    };
+    let mut row: RungRow = found
+        .as_ref()
+        .and_then(|(_, new)| new.as_deref())
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    if action == "warn" {
+        row.crossed = row.crossed.saturating_add(acted);
+    } else {
+        row.calls = row.calls.saturating_add(acted);
+    }
+    if !row.envoys.contains(&report.instance) {
+        if row.envoys.len() < WARN_ROW_ENVOYS {
+            row.envoys.push(report.instance.clone());
+        } else {
+            row.more_reports = row.more_reports.saturating_add(1);
+        }
+    }
+    let text = serde_json::to_string(&row).unwrap_or_default();
+    match found {
+        Some((id, _)) => {
+            sql.execute(
+                "UPDATE audit SET new = $1 WHERE id = $2",
+                &[text.into(), id.into()],
+            )?;
+        }
+        None => {
+            sql.execute(
+                "DELETE FROM audit WHERE action = $1 AND at_ms < $2",
+                &[action.into(), now.saturating_sub(retention_ms).into()],
+            )?;
+            audit_entry(sql, now, "sluice", action, name, None, Some(text))?;
         }
     }
     Ok(())

@@ -9,7 +9,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-pub(super) use budget_keys::{audit_warnings, give_back_budget_keys, record_budget_keys};
+pub(super) use budget_keys::{audit_rungs, give_back_budget_keys, record_budget_keys};
 pub(super) use history::{audit, audit_entry, audit_order, history};
 pub(super) use rows::{
     bump, check_set, current_at, epoch, get, insert_new, list, new_epoch, prices, remove_policy,
@@ -367,7 +367,7 @@ impl BlockingStore {
             let previous: Option<SyncReport> = previous
                 .and_then(|r| r.text(0).ok())
                 .and_then(|text| serde_json::from_str(&text).ok());
-            audit_warnings(sql, previous.as_ref(), report, self.warn_retention_ms)?;
+            audit_rungs(sql, previous.as_ref(), report, self.warn_retention_ms)?;
             if !known {
                 let count = sql
                     .query_one("SELECT COUNT(*) FROM instances", &[])?
