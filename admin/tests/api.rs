@@ -2269,7 +2269,6 @@ async fn downgrades_and_budget_refusals_are_audited_per_minute() {
         .edit(&s, Method::POST, "/api/v1/policies", &[], Some(llm))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let auth = format!("Bearer {SYNC_TOKEN}");
     let report = |instance: &str, downgraded: u64, refused: u64| {
         json!({"instance": instance, "policy_version": 1, "at_ms": 2000,
                "limits": {
@@ -2279,18 +2278,7 @@ async fn downgrades_and_budget_refusals_are_audited_per_minute() {
     };
     for (instance, downgraded, refused) in [("envoy-a", 3, 2), ("envoy-a", 5, 2), ("envoy-b", 1, 4)]
     {
-        let (status, _, body) = admin
-            .call(
-                Method::POST,
-                "/api/v1/sync",
-                &[("authorization", &auth)],
-                Some(report(instance, downgraded, refused)),
-            )
-            .await;
-        assert!(
-            status.is_success() || status == StatusCode::NOT_MODIFIED,
-            "{status} {body}"
-        );
+        sync_with(&admin, report(instance, downgraded, refused)).await;
     }
     let (_, _, audit) = admin
         .edit(&s, Method::GET, "/api/v1/audit", &[], None)
