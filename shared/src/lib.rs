@@ -21,7 +21,6 @@ pub mod json_path;
 pub mod key_hash;
 pub mod key_view;
 pub mod limiter;
-pub mod overlap;
 pub mod policy;
 pub mod pool;
 pub mod price;

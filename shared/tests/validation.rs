@@ -1222,20 +1222,18 @@ fn a_pool_members_money_limit_needs_the_sets_prices() {
               {{"name": "w-usd", "rate": {{"algorithm": "fixed_window", "requests": 1000000, "period": "1d"}}, "cost": "price"}}]}}]}}}}"#,
         member("east", "e", "e-rps")
     ));
-    let errors = errors_of(&json);
-    // A price reads the request's model from its body, which a pool cannot
-    // wait for: refused for that too.
     assert_eq!(
-        errors,
-        vec![
-            "policies[0].pool.members[1].limits[1].cost: a pool routes the call while its headers pass: read this from a header, not the request's JSON body",
-            "policies[0].pool.members[1].limits[1].cost: a price needs the set's `prices`: what each model costs, and in which currency",
-        ]
+        errors_of(&json),
+        vec!["policies[0].pool.members[1].limits[1].cost: a price needs the set's `prices`: what each model costs, and in which currency"]
     );
 }
 
+/// A pool decides once the body is in when it reads it (its route header
+/// is written before the held headers go on): a match, a sticky key and a
+/// member's costs may read the JSON body. A downgrade rung in a pool is
+/// refused (a pool's call is not sent for a cheaper model).
 #[test]
-fn a_pool_reads_nothing_from_the_request_body() {
+fn a_pool_may_read_the_request_body_but_not_downgrade() {
     let json = set_with(&format!(
         r#"{{"name": "llm", "match": {{"host": "llm.example", "json": [{{"path": "model", "equals": "gpt-4o"}}]}},
             "rate": {{"requests": 100, "period": "1s"}},
@@ -1245,24 +1243,75 @@ fn a_pool_reads_nothing_from_the_request_body() {
                 "cost": {{"json": "max_tokens", "default": 100, "max": 1000}}}}]}}]}}}}"#,
         member("east", "e", "e-rps")
     ));
-    let why = "a pool routes the call while its headers pass: read this from a header, not the request's JSON body";
+    parse_policy_set(&json).unwrap_or_else(|e| panic!("{e}"));
+    let priced = format!(
+        r#"{{"version": 1, "prices": {{"currency": "USD", "models": {{"gpt-4o": {{"input": "2.50", "output": "10.00"}},
+              "gpt-4o-mini": {{"input": "0.15", "output": "0.60"}}}}}},
+            "policies": [{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},
+            "pool": {{"members": [{}, {{"name": "west", "cluster": "w", "limits": [
+              {{"name": "w-rps", "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}}},
+              {{"name": "w-usd", "rate": {{"algorithm": "fixed_window", "requests": 1000000, "period": "1d"}}, "cost": "price"DOWNGRADE}}]}}]}}}}]}}"#,
+        member("east", "e", "e-rps")
+    );
+    parse_policy_set(&priced.replace("DOWNGRADE", "")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        errors_of(&json),
+        errors_of(&priced.replace(
+            "DOWNGRADE",
+            r#", "downgrade": {"at": 0.8, "models": {"gpt-4o": "gpt-4o-mini"}}"#
+        )),
+        vec!["policies[0].pool.members[1].limits[1].downgrade: a pool's calls are not sent for a cheaper model: put the downgrade on a policy without a pool"]
+    );
+}
+
+/// A route rung: on a pool policy's own rate limit, naming one of its
+/// members, its share in (0, 1]; refused on a policy without a pool, on a
+/// member's limit and on a concurrency limit, each with its field.
+#[test]
+fn a_route_rung_names_a_member_of_its_own_pool() {
+    let pool = |route: &str, member_route: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}},
+                "limits": [{{"name": "team-daily", "key": {{"header": "x-team"}},
+                             "rate": {{"requests": 1000, "period": "1d", "algorithm": "fixed_window"}}{route}}}],
+                "pool": {{"members": [{}, {{"name": "local", "cluster": "l", "limits": [
+                  {{"name": "l-rps", "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}{member_route}}}]}}]}}}}"#,
+            member("cloud", "c", "c-rps")
+        ))
+    };
+    parse_policy_set(&pool(r#", "route": {"at": 0.9, "member": "local"}"#, ""))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        errors_of(&pool(r#", "route": {"at": 0, "member": "nowhere"}"#, "")),
         vec![
-            format!("policies[0].pool.sticky.json: {why}"),
-            format!("policies[0].match.json: {why}"),
-            format!("policies[0].pool.members[1].limits[1].cost: {why}"),
+            "policies[0].limits[0].route.at: a share of the limit, above 0 and at most 1 (0.9 routes past 90 %)",
+            "policies[0].limits[0].route.member: \"nowhere\" is no member of this pool (its members: cloud, local)",
+        ]
+    );
+    assert_eq!(
+        errors_of(&pool("", r#", "route": {"at": 0.5, "member": "cloud"}"#)),
+        vec!["policies[0].pool.members[1].limits[0].route: a member's full limit passes the member over already: put the route rung on the pool policy's own `limits`"]
+    );
+    assert_eq!(
+        errors_of(&set_with(
+            r#"{"name": "api", "match": {"host": "a.example"}, "rate": {"requests": 10, "period": "1s"},
+                "limits": [{"name": "daily", "rate": {"requests": 100, "period": "1d"}, "route": {"at": 0.5, "member": "x"}},
+                           {"name": "slots", "concurrency": {"max_in_flight": 2}, "route": {"at": 0.5, "member": "x"}}]}"#
+        )),
+        vec![
+            "policies[0].limits[0].route: a route rung sends calls to a member of the policy's pool: this policy has no `pool`",
+            "policies[0].limits[1].route: a route rung sends calls to a member of the policy's pool: this policy has no `pool`",
         ]
     );
 }
 
-/// Third security review, item 1: a pool after a policy that reads the
-/// body and can match the same requests is refused on the pool's match,
-/// naming the policy before it; exclusive matches, or the pool first,
-/// pass. Also: a pool's route header cannot be a credential, framing,
-/// pseudo or hop-by-hop header.
+/// Third security review, item 1, was: a pool after a policy that reads
+/// the body would route its calls before that policy passed them on. A
+/// pool now routes a call once it is decided, body and all, so it may
+/// follow a body reader (the e2e `pools` test sends such calls through
+/// Envoy). A pool's route header cannot be a credential, framing, pseudo
+/// or hop-by-hop header.
 #[test]
-fn a_pool_cannot_follow_a_body_reader_of_its_requests_nor_route_by_a_protected_header() {
+fn a_pool_may_follow_a_body_reader_but_not_route_by_a_protected_header() {
     let pool = |host: &str, route: &str| {
         format!(
             r#"{{"name": "llm", "match": {{"host": "{host}"}}, "rate": {{"requests": 100, "period": "1s"}},
@@ -1274,11 +1323,10 @@ fn a_pool_cannot_follow_a_body_reader_of_its_requests_nor_route_by_a_protected_h
     let per_model = r#"{"name": "gpt-4o", "match": {"host": "*.llm.example", "json": [{"path": "model", "equals": "gpt-4o"}]},
                         "rate": {"requests": 10, "period": "1m"}}"#;
     let two = |a: &str, b: &str| format!(r#"{{"version": 1, "policies": [{a}, {b}]}}"#);
-    assert_eq!(
-        errors_of(&two(per_model, &pool("api.llm.example", ""))),
-        vec!["policies[1].match: policy \"gpt-4o\" (policies[0]) comes before this pool, reads the request's body and can match the same requests: a pool routes calls as their headers pass, so put the pool first or make their matches exclusive"]
-    );
+    // A pool after a body reader of its calls decides once the body is
+    // in, as the reader does: accepted.
     for ok in [
+        two(per_model, &pool("api.llm.example", "")),
         two(&pool("api.llm.example", ""), per_model),
         two(per_model, &pool("api.other.example", "")),
     ] {

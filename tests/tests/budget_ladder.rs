@@ -4,10 +4,11 @@
 //! calls of `gpt-4o` go as they are until their take reaches 80 % of the
 //! team's day, then the provider sees only `gpt-4o-mini`, each answer
 //! saying so, until the budget refuses; what the provider billed never
-//! passes the budget.
+//! passes the budget. And a pool whose members have budgets passes over a
+//! member whose budget is spent (`envoy/pool.yaml`).
 
 use sluice_demo::llm::{LlmLimits, MockLlm, MockPrice};
-use sluice_e2e::envoy::Envoy;
+use sluice_e2e::envoy::{workspace_root, Envoy};
 use sluice_e2e::load::client;
 
 const WORKERS: u32 = 4;
@@ -150,5 +151,124 @@ async fn past_80_percent_the_provider_sees_only_the_cheaper_model_until_the_budg
         || envoy.limit_stat("team-daily", "downgraded").unwrap_or(0.0) == cheap as f64,
     )
     .await?;
+    Ok(())
+}
+
+/// Each deployment's budget for the day: east 6 000 micro-USD, west 4 000.
+const EAST_BUDGET: u64 = 6_000;
+const WEST_BUDGET: u64 = 4_000;
+
+/// A policy that reads the body for `gpt-4o-mini` comes first (so every
+/// other call reaches the pool passed on, once its body is in); then a pool
+/// of two deployments (east first), each with its day's budget priced at
+/// the model the body names.
+fn pool_policies() -> String {
+    let member = |name: &str, budget: u64| {
+        format!(
+            r#"{{"name": "{name}", "cluster": "llm-{name}", "limits": [
+                {{"name": "{name}-rps", "rate": {{"requests": 50, "period": "1s"}}, "provider": {{"max_pause": "60s"}}}},
+                {{"name": "{name}-daily", "rate": {{"requests": {budget}, "period": "1d", "algorithm": "fixed_window"}},
+                  "cost": "price"}}]}}"#
+        )
+    };
+    format!(
+        r#"[{{"name": "mini", "match": {{"host": "api.llm.example", "json": [{{"path": "model", "equals": "gpt-4o-mini"}}]}},
+            "rate": {{"requests": 1000, "period": "1s"}}}},
+           {{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 1000, "period": "1s"}},
+            "pool": {{"rule": "priority", "members": [{}, {}]}}}}]"#,
+        member("east", EAST_BUDGET),
+        member("west", WEST_BUDGET)
+    )
+}
+
+fn gpt_4o_prices() -> Vec<MockPrice> {
+    vec![MockPrice {
+        model: "gpt-4o".into(),
+        input: 2_500_000,
+        cached_input: 2_500_000,
+        output: 10_000_000,
+    }]
+}
+
+/// A pool whose members price calls by the model in the body decides once
+/// the body is in, and Envoy routes by the member chosen then (both
+/// builds): calls go to east until its budget cannot take another, then
+/// to west only, then the budgets refuse; neither deployment is billed
+/// past its budget. A `gpt-4o-mini` call falls under the body-reading
+/// policy before the pool and is routed to no member (Envoy's own 404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_member_whose_budget_is_spent_is_passed_over_until_both_refuse() -> anyhow::Result<()>
+{
+    let east = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let west = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
+        .replace("{{EAST_PORT}}", &east.addr.port().to_string())
+        .replace("{{WEST_PORT}}", &west.addr.port().to_string());
+    let config = format!(
+        r#"{{"instance": "e2e-pool-budgets", "fallback": {{"version": 1, "prices": {PRICES}, "policies": {}}}}}"#,
+        pool_policies()
+    );
+    let envoy = Envoy::start_from(&template, &config, 9, 9, WORKERS)?;
+    for mock in [&east, &west] {
+        mock.reset();
+        mock.set_prices(gpt_4o_prices());
+    }
+    let http = client();
+    let url = envoy.url("/v1/chat/completions");
+    let send = |model: &'static str| {
+        let body = serde_json::json!({"model": model, "max_tokens": 100,
+            "messages": [{"role": "user", "content": "How do rivers form?"}]});
+        http.post(&url)
+            .header("host", "api.llm.example")
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let mut answered_by: Vec<String> = Vec::new();
+    let refused = loop {
+        anyhow::ensure!(answered_by.len() < 100, "never refused");
+        let response = send("gpt-4o").await?;
+        let header = |name: &str| sluice_e2e::load::header_text(&response, name);
+        match response.status().as_u16() {
+            200 => answered_by.push(header("x-sluice-member-answered").unwrap_or_default()),
+            429 => break (header("x-sluice-limit"), header("x-sluice-renews-at")),
+            other => anyhow::bail!(
+                "call {}: {other} {}",
+                answered_by.len(),
+                response.text().await?
+            ),
+        }
+    };
+    let billed = |mock: &MockLlm| mock.stats().spent.values().sum::<u64>();
+    let (east_billed, west_billed) = (billed(&east), billed(&west));
+    let to_east = answered_by.iter().take_while(|m| *m == "east").count();
+    println!(
+        "pool budgets: {to_east} calls to east (billed {east_billed} of {EAST_BUDGET}), then {} to west \
+         (billed {west_billed} of {WEST_BUDGET}); refused by {:?}, renewing {:?}",
+        answered_by.len() - to_east,
+        refused.0,
+        refused.1
+    );
+    anyhow::ensure!(to_east >= 3, "east first: {answered_by:?}");
+    anyhow::ensure!(
+        answered_by[to_east..].iter().all(|m| m == "west") && answered_by.len() > to_east + 1,
+        "then west only: {answered_by:?}"
+    );
+    anyhow::ensure!(east_billed <= EAST_BUDGET && west_billed <= WEST_BUDGET);
+    // Within one call's estimate (1 000 and its prompt) of each budget.
+    anyhow::ensure!(east_billed + 1_100 >= EAST_BUDGET - 1_100, "{east_billed}");
+    anyhow::ensure!(
+        matches!(refused.0.as_deref(), Some("east-daily" | "west-daily")),
+        "a budget refused: {:?}",
+        refused.0
+    );
+    anyhow::ensure!(refused.1.is_some(), "the refusal says when it renews");
+    let mini = send("gpt-4o-mini").await?;
+    anyhow::ensure!(
+        mini.status().as_u16() == 404,
+        "a call the policy before the pool takes is routed to no member: {}",
+        mini.status()
+    );
+    anyhow::ensure!(east.stats().completed + west.stats().completed == answered_by.len() as u64);
     Ok(())
 }

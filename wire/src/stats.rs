@@ -104,6 +104,9 @@ counters! {
         /// Calls sent for a cheaper model past its `downgrade` line: their
         /// answers carry `x-sluice-downgraded`.
         Downgraded = "downgraded", Rate;
+        /// Pool calls sent to a member past this limit's `route` line:
+        /// their answers carry `x-sluice-routed`.
+        Routed = "routed", Rate;
         /// Calls refused because this budget's spending before a restart
         /// is not known yet (the admin has not answered since).
         BudgetUnknown = "budget_unknown", Local;

@@ -126,6 +126,11 @@ impl<P> Pool<P> {
         Some(stable_hash(&value))
     }
 
+    /// Whether the sticky key is read from the request's JSON body.
+    pub fn sticky_reads_body(&self) -> bool {
+        self.sticky.as_ref().is_some_and(|s| s.header().is_none())
+    }
+
     /// The header the sticky key is read from, if it is one.
     pub fn sticky_header(&self) -> Option<&str> {
         self.sticky.as_ref().and_then(KeySource::header)

@@ -26,6 +26,7 @@ mod fleet_limits;
 mod keyed_limits;
 mod mcp;
 mod pool;
+mod pool_budgets;
 mod provider;
 mod provider_relay;
 mod push;

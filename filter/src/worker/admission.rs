@@ -325,7 +325,7 @@ fn after_limits<H: Host + ?Sized>(
             slots,
             warnings,
             fair,
-            downgrade,
+            rungs,
         } => {
             let held = Held {
                 places,
@@ -333,7 +333,7 @@ fn after_limits<H: Host + ?Sized>(
                 warnings,
                 fair,
                 member,
-                downgrade,
+                rungs,
             };
             Ok((false, held))
         }
@@ -379,14 +379,23 @@ fn note_refused<H: Host + ?Sized>(
     else {
         return;
     };
-    let Some(index) = policy
+    let Some(holder) = policy.holder_of(limit) else {
+        return;
+    };
+    let Some(index) = holder
         .limits
         .iter()
         .position(|l| &l.name == limit && l.spends_over_hours)
     else {
         return;
     };
-    let key = keys.get(index).copied().flatten().map_or(0, owner_of);
+    // A pool member's refusal is the pool's, whose keys are not the
+    // member's: noted unkeyed.
+    let own = std::ptr::eq(holder, policy);
+    let key = own
+        .then(|| keys.get(index).copied().flatten())
+        .flatten()
+        .map_or(0, owner_of);
     let (spent, size) = standing.map_or((0, 0), |s| (s.spent, s.size));
     let call = RefusedCall {
         at_ms: ctx.now.as_millis(),

@@ -24,7 +24,7 @@ use super::ctx::Ctx;
 use super::downgrade::{Downgraded, DOWNGRADED_HEADER};
 use super::limits::{LimitPlace, PastWarning};
 use super::listened::Listened;
-use super::pool::{PoolCall, Routed};
+use super::pool::{PoolCall, Routed, ROUTED_HEADER};
 use super::spend::KeyLabels;
 use super::telling::Told;
 use super::usage::{HeldBytes, UsageOwed};
@@ -47,6 +47,9 @@ pub(super) struct Holding {
     pub warnings: Vec<PastWarning>,
     /// Sent for a cheaper model than it named (a limit's `downgrade`).
     pub downgraded: Option<Downgraded>,
+    /// A pool call a `route` rung sent to its member: what the answer's
+    /// `x-sluice-routed` says.
+    pub rerouted: Option<String>,
     /// Its keys' labels for the live view, found while its request was
     /// at hand.
     pub labels: KeyLabels,
@@ -100,7 +103,8 @@ pub(super) struct Call {
     told: Option<Told>,
     /// What its answer is told: the limits it left past a warning line
     /// (`x-sluice-warn`), the model it was downgraded from and to
-    /// (`x-sluice-downgraded`).
+    /// (`x-sluice-downgraded`), the member a route rung sent it to
+    /// (`x-sluice-routed`).
     said: Vec<(&'static str, String)>,
 }
 
@@ -186,6 +190,8 @@ impl Calls {
                     .as_ref()
                     .map(|d| (DOWNGRADED_HEADER, d.header_value())),
             );
+            call.said
+                .extend(holding.rerouted.clone().map(|r| (ROUTED_HEADER, r)));
             let counted: Vec<_> = holding.places.iter().map(|p| p.counted).collect();
             call.listened = Listened::of(policies, holding.policy_index, &holding.keys, &counted);
         }

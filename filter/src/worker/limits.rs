@@ -20,6 +20,7 @@ use super::held_slot::HeldSlot;
 use super::key_places::{self, Keyed};
 use super::provider::{self, CountSays, Counted};
 use super::retry::{DEFAULT_RETRY, SLOT_RETRY};
+use super::rungs::Rungs;
 use super::slots::{self, SlotsTaken};
 use crate::entries::{state_key, LimitOf, LimitState, OwnedLimitState, Place};
 use crate::host::Host;
@@ -60,9 +61,8 @@ pub(super) struct Held {
     /// A pool call: the member (its place in the pool) whose limits these
     /// are.
     pub member: Option<usize>,
-    /// The first limit the call left past its downgrade line: its index,
-    /// and thousandths of it used.
-    pub downgrade: Option<(usize, u64)>,
+    /// The ladder's rungs its take reached.
+    pub rungs: Rungs,
 }
 
 /// What the further limits said.
@@ -76,8 +76,8 @@ pub(super) enum Taken {
         /// Limits the call left past a warning line: (name, thousandths used).
         warnings: Vec<PastWarning>,
         fair: FairTaken,
-        /// See [`Held::downgrade`].
-        downgrade: Option<(usize, u64)>,
+        /// See [`Held::rungs`].
+        rungs: Rungs,
     },
     /// `limit` refused first, for `why`; nothing was kept from the
     /// others.
@@ -176,7 +176,7 @@ pub(super) fn take<H: Host + ?Sized>(
             }
         }
     };
-    let (places, warnings, downgrade) = match take_rates(ctx, budgets, policy, inputs) {
+    let (places, warnings, rungs) = match take_rates(ctx, budgets, policy, inputs) {
         Ok(taken) => taken,
         Err(refused) => {
             // The limit that refused held fewer tokens than its table: its
@@ -215,7 +215,7 @@ pub(super) fn take<H: Host + ?Sized>(
             slots,
             warnings,
             fair,
-            downgrade,
+            rungs,
         },
         Err(refused) => {
             give_back(ctx, policy, costs, &places, now);
@@ -317,8 +317,8 @@ fn refused_before_taking<H: Host + ?Sized>(
     Ok(())
 }
 
-/// Where each rate limit holds the call's tokens, lines past, the first downgrade line reached.
-type RatesTaken = (Vec<LimitPlace>, Vec<PastWarning>, Option<(usize, u64)>);
+/// Where each rate limit holds the call's tokens, lines past, the rungs reached.
+type RatesTaken = (Vec<LimitPlace>, Vec<PastWarning>, Rungs);
 
 /// The rate limits' part of [`take`].
 fn take_rates<H: Host + ?Sized>(
@@ -328,13 +328,13 @@ fn take_rates<H: Host + ?Sized>(
     inputs: &LimitInputs,
 ) -> Result<RatesTaken, Taken> {
     if policy.limits.is_empty() {
-        return Ok((Vec::new(), Vec::new(), None));
+        return Ok((Vec::new(), Vec::new(), Rungs::default()));
     }
     refused_before_taking(ctx, budgets, policy, inputs)?;
     let (costs, keys, now) = (&inputs.costs[..], &inputs.keys, ctx.now);
     let mut places: Vec<Option<LimitPlace>> = vec![None; policy.limits.len()];
     let mut take = StackedTake::new(costs.to_vec(), now);
-    let watched = |l: &CompiledLimit| !l.warn.is_empty() || l.downgrade.is_some();
+    let watched = |l: &CompiledLimit| !l.warn.is_empty() || l.has_rungs();
     if policy.limits.iter().any(watched) {
         take = take.watching(policy.limits.iter().map(watched).collect());
     }
@@ -378,12 +378,7 @@ fn take_rates<H: Host + ?Sized>(
                 .map(|(place, limit)| place.unwrap_or_else(|| LimitPlace::unkeyed(&limit.name)))
                 .collect();
             let warnings = warnings(ctx, policy, costs, &places, &take);
-            let downgrade = policy.limits.iter().enumerate().find_map(|(index, limit)| {
-                let (line, _) = limit.downgrade.as_ref()?;
-                let used = take.taken_standing(index)?.used_permille();
-                (used >= *line).then_some((index, used))
-            });
-            Ok((places, warnings, downgrade))
+            Ok((places, warnings, Rungs::reached(policy, &take)))
         }
     }
 }

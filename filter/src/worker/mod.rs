@@ -45,6 +45,7 @@ mod queue;
 mod refusal;
 mod request;
 mod retry;
+mod rungs;
 mod shares;
 mod slots;
 mod spend;

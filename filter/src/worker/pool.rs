@@ -20,6 +20,7 @@ use super::listened;
 use super::probe;
 use super::provider;
 use super::retry::DEFAULT_RETRY;
+use super::rungs::Rungs;
 use super::slots;
 use crate::entries::{self, LimitState};
 use crate::host::{Host, Level};
@@ -72,6 +73,13 @@ fn take<H: Host + ?Sized>(
         let taken = limits::take(ctx, budgets, &member.policy, inputs);
         let refused_for = match &taken {
             Taken::All { .. } => {
+                if let Some(route) = rung_member(pool, member, &taken).filter(|r| *r != at) {
+                    // Past its route line the call goes to the rung's
+                    // member or nowhere: what this member took goes back.
+                    untake(ctx, &member.policy, inputs, taken);
+                    return take_routed(ctx, budgets, pool, call, route, &probe_due);
+                }
+                count_routed(ctx, member, &taken);
                 if probe_due.get(at).copied().unwrap_or(false) {
                     probe::begin(ctx, member);
                 }
@@ -127,6 +135,101 @@ fn take<H: Host + ?Sized>(
     count_passed_over(ctx, pool, passed, None, call);
     Err(refusal)
 }
+
+/// The member a call the pool's own limits left past a `route` line
+/// goes to (its place in the pool), from what `member`'s take said.
+fn rung_member(pool: &CompiledPool, member: &CompiledMember, taken: &Taken) -> Option<usize> {
+    let Taken::All { rungs, .. } = taken else {
+        return None;
+    };
+    let (index, _) = rungs.route?;
+    let (_, to) = member.policy.limits.get(index)?.route.as_ref()?;
+    pool.member(to.as_bytes())
+}
+
+/// Counts a call its take left past a `route` line (it goes to the
+/// rung's member) at that limit: `routed`.
+fn count_routed<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, member: &CompiledMember, taken: &Taken) {
+    let Taken::All { rungs, .. } = taken else {
+        return;
+    };
+    if let Some(limit) = rungs
+        .route
+        .and_then(|(index, _)| member.policy.limits.get(index))
+    {
+        ctx.metrics.add_limit(&limit.name, LimitCounter::Routed, 1);
+    }
+}
+
+/// Gives back what a member's limits took of a call that goes elsewhere.
+fn untake<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    policy: &CompiledPolicy,
+    inputs: &LimitInputs,
+    taken: Taken,
+) {
+    if let Taken::All {
+        places,
+        slots,
+        fair,
+        ..
+    } = taken
+    {
+        let now = ctx.now;
+        limits::give_back(ctx, policy, &inputs.costs, &places, now);
+        super::fair::give_back_limits(ctx, policy, &fair, &inputs.costs, None);
+        slots::release(ctx, &slots);
+    }
+}
+
+/// Takes a call past a `route` line at the rung's member `route`: it
+/// goes there, or it is refused as that member's limits say (never sent
+/// to a dearer member).
+fn take_routed<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    budgets: &mut Budgets,
+    pool: &CompiledPool,
+    call: &PoolCall,
+    route: usize,
+    probe_due: &[bool],
+) -> Result<Chosen, Taken> {
+    let (Some(member), Some(inputs)) = (pool.members.get(route), call.members.get(route)) else {
+        return Err(Taken::Refused {
+            limit: String::new(),
+            retry_after: DEFAULT_RETRY,
+            why: limits::Why::Limit,
+            standing: None,
+        });
+    };
+    let taken = limits::take(ctx, budgets, &member.policy, inputs);
+    if !matches!(taken, Taken::All { .. }) {
+        return Err(taken);
+    }
+    count_routed(ctx, member, &taken);
+    if probe_due.get(route).copied().unwrap_or(false) {
+        probe::begin(ctx, member);
+    }
+    Ok(Chosen {
+        member: route,
+        taken,
+    })
+}
+
+/// What a routed call's answer says (`x-sluice-routed`): the member the
+/// rung sent it to and the limit whose line it passed, when its take
+/// passed one.
+pub(super) fn rerouted(
+    policy: &CompiledPolicy,
+    member: Option<usize>,
+    rungs: &Rungs,
+) -> Option<String> {
+    let member = policy.pool.as_ref()?.members.get(member?)?;
+    let limit = member.policy.limits.get(rungs.route?.0)?;
+    Some(format!("{}; limit={}", member.name, limit.name))
+}
+
+/// The answer's header naming the member a route rung sent the call to.
+pub const ROUTED_HEADER: &str = "x-sluice-routed";
 
 /// The members a pool call was offered to: how each stood, which refused
 /// it, and which of their limits were full.

@@ -274,7 +274,7 @@ impl Poll<'_> {
                 slots,
                 warnings,
                 fair,
-                ..
+                rungs,
             } = taken
             else {
                 if let Taken::Refused { retry_after, .. } = taken {
@@ -301,6 +301,7 @@ impl Poll<'_> {
                         price,
                         warnings,
                         downgraded: None,
+                        rerouted: pool::rerouted(policy, member, &rungs),
                         labels,
                         pool: member.zip(pool_call).map(|(chosen, call)| PoolRoute {
                             pool_index: index,

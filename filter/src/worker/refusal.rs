@@ -279,6 +279,7 @@ fn budget_told<'a>(policy: &'a CompiledPolicy, refusal: &'a Refusal) -> Option<B
     else {
         return None;
     };
+    let policy = policy.holder_of(limit)?;
     let compiled = policy.limits.iter().find(|l| l.name == *limit)?;
     let spec = policy.policy.limits.iter().find(|l| l.name == *limit)?;
     let long = spec

@@ -290,6 +290,9 @@ impl Parts {
         if let Some((pool, member)) = chosen {
             pool::route(ctx, context_id, pool, member);
         }
+        let rerouted = policies
+            .policy(pool_index)
+            .and_then(|p| pool::rerouted(p, held.member, &held.rungs));
         let labels = match policies.policy(policy_index) {
             Some(limits_policy) => {
                 let own = &self.key_secret;
@@ -307,6 +310,7 @@ impl Parts {
             price: inputs.price.take(),
             warnings: held.warnings,
             downgraded,
+            rerouted,
             labels,
             pool: held
                 .member

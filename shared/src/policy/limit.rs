@@ -16,6 +16,7 @@ use super::rate::{
     check_concurrency, check_rate, check_rate_splits_into_shares, check_rate_up_to, Algorithm,
     ConcurrencySpec, RateSpec,
 };
+use super::route::RouteSpec;
 use super::usage::{check_price_usage, check_usage, UsageSpec};
 use crate::duration::DurationMs;
 use crate::warn::check_warn_at;
@@ -71,6 +72,11 @@ pub struct NamedLimit {
     /// answer says `x-sluice-downgraded: gpt-4o -> gpt-4o-mini`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downgrade: Option<DowngradeSpec>,
+    /// A pool policy's rung before its wall: past `at` (a share of the
+    /// limit), a call goes to the pool member `member` names instead of
+    /// the pool's choice (the answer says `x-sluice-routed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteSpec>,
     /// Whether callers are told its figures: what is spent of it and its
     /// size (a refusal's `x-sluice-spent` and `x-sluice-budget`, its
     /// quota in `RateLimit-Policy`, its remaining in `RateLimit`, the

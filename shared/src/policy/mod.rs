@@ -19,6 +19,7 @@ pub mod pool;
 pub mod prompt;
 pub mod provider;
 pub mod rate;
+pub mod route;
 pub mod usage;
 
 pub use cost::{

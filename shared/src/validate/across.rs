@@ -1,7 +1,6 @@
 //! What a set's policies must agree on between them: unique names, a
 //! limit named by several policies the same limit, a pool member's limits
-//! its own, money limits priced (and read at one model), a pool never
-//! after a policy that reads the body for the same calls.
+//! its own, money limits priced (and read at one model).
 
 use std::collections::HashMap;
 
@@ -20,7 +19,6 @@ pub(super) fn check_across_policies(
     check_shared_limits(policies, errors);
     check_member_limits_own(policies, errors);
     check_priced_limits(policies, prices, errors);
-    check_pools_after_body_readers(policies, errors);
     check_money_models_agree(policies, errors);
 }
 
@@ -45,33 +43,6 @@ fn check_money_models_agree(policies: &[(usize, Policy)], errors: &mut Vec<Field
                 }),
                 Some(_) => {}
             }
-        }
-    }
-}
-
-/// A pool routes a call while its headers pass. A policy before it that
-/// reads the body and matches the same headers holds the call until its
-/// body is in: a call that policy then passes on (its body did not match)
-/// would reach the pool after its headers were routed. Refused on the
-/// pool's `match`, naming the policy before it.
-fn check_pools_after_body_readers(policies: &[(usize, Policy)], errors: &mut Vec<FieldError>) {
-    for (at, (index, pool_policy)) in policies.iter().enumerate() {
-        if pool_policy.pool.is_none() {
-            continue;
-        }
-        let earlier = policies[..at].iter().find(|(_, p)| {
-            p.reads_request_body()
-                && crate::overlap::headers_overlap(&p.matcher, &pool_policy.matcher)
-        });
-        if let Some((before, reader)) = earlier {
-            errors.push(FieldError {
-                path: format!("policies[{index}].match"),
-                message: format!(
-                    "policy {:?} (policies[{before}]) comes before this pool, reads the request's body and can match the same requests: \
-                     a pool routes calls as their headers pass, so put the pool first or make their matches exclusive",
-                    reader.name
-                ),
-            });
         }
     }
 }

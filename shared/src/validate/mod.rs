@@ -213,6 +213,7 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
     check_on_limit(&mut r, &policy.on_limit);
     check_scope(&mut r, policy);
     check_limits(&mut r, policy);
+    crate::policy::route::check_routes(&mut r, policy);
     if let Some(fair) = &policy.fair {
         check_fair(&mut r, policy, fair);
     }
@@ -224,7 +225,7 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
                 "a pool routes every call to a member: its policy limits in `reject` or `queue` mode, not in shadow mode",
             );
         }
-        check_pool_reads_headers_only(&mut r, policy, pool);
+        check_pool_not_downgraded(&mut r, policy);
         check_pool(&mut r, pool, policy.limits.len());
     }
     if let Some(priority) = &policy.priority {
@@ -268,45 +269,15 @@ fn check_scope(r: &mut Report, policy: &Policy) {
     }
 }
 
-/// Envoy picks a call's route while its headers pass; a pool writes the
-/// member into them then, so nothing that chooses or costs the member may
-/// wait for the request's body.
-fn check_pool_reads_headers_only(r: &mut Report, policy: &Policy, pool: &PoolSpec) {
-    const HEADERS_ONLY: &str = "a pool routes the call while its headers pass: read this from a header, not the request's JSON body";
-    if pool.sticky.as_ref().is_some_and(|s| s.json.is_some()) {
-        r.at("pool.sticky.json", HEADERS_ONLY);
-    }
-    if policy.matcher.reads_request_body() {
-        r.at("match.json", HEADERS_ONLY);
-    }
-    if policy.key.as_ref().is_some_and(KeySpec::reads_request_body) {
-        r.at("key.json", HEADERS_ONLY);
-    }
-    if policy
-        .fair
-        .as_ref()
-        .is_some_and(|f| f.key.reads_request_body())
-    {
-        r.at("fair.key.json", HEADERS_ONLY);
-    }
+/// A pool's call is not yet sent for a cheaper model: a `downgrade` rung
+/// in a pool (on its policy's limits or a member's) is refused here, never
+/// applied to one member's limits and charged at another's.
+fn check_pool_not_downgraded(r: &mut Report, policy: &Policy) {
     for (at, limit) in policy.every_limit_at("") {
-        if limit.cost.reads_request_body() {
-            r.at(&format!("{at}.cost"), HEADERS_ONLY);
-        }
-        if limit.key.as_ref().is_some_and(KeySpec::reads_request_body) {
-            r.at(&format!("{at}.key.json"), HEADERS_ONLY);
-        }
-        if limit
-            .fair
-            .as_ref()
-            .is_some_and(|f| f.key.reads_request_body())
-        {
-            r.at(&format!("{at}.fair.key.json"), HEADERS_ONLY);
-        }
-        if limit.usage.as_ref().is_some_and(|u| u.ask_stream_usage) {
+        if limit.downgrade.is_some() {
             r.at(
-                &format!("{at}.usage.ask_stream_usage"),
-                "a pool routes the call while its headers pass: its body cannot be changed to ask for its usage",
+                &format!("{at}.downgrade"),
+                "a pool's calls are not sent for a cheaper model: put the downgrade on a policy without a pool",
             );
         }
     }

@@ -37,6 +37,11 @@ pub(crate) fn compile_limits(limits: &[NamedLimit]) -> Vec<CompiledLimit> {
 }
 
 /// One of a policy's further limits, ready to count.
+/// A rung's share of its limit, in thousandths (at least 1).
+fn permille(share: f64) -> u64 {
+    ((share * 1000.0).round() as u64).clamp(1, 1000)
+}
+
 #[derive(Debug, Clone)]
 pub struct CompiledLimit {
     pub name: String,
@@ -85,6 +90,9 @@ pub struct CompiledLimit {
     pub fair: Option<CompiledFair>,
     /// Its downgrade rung (`downgrade`), with its line in thousandths.
     pub downgrade: Option<(u64, DowngradeSpec)>,
+    /// Its route rung (`route`): its line in thousandths, and the pool
+    /// member past it calls go to.
+    pub route: Option<(u64, String)>,
 }
 
 impl CompiledLimit {
@@ -137,11 +145,15 @@ impl CompiledLimit {
                 .fair
                 .as_ref()
                 .and_then(|f| CompiledFair::new(f, Some(rate), None)),
-            downgrade: l
-                .downgrade
-                .as_ref()
-                .map(|d| (((d.at * 1000.0).round() as u64).clamp(1, 1000), d.clone())),
+            downgrade: l.downgrade.as_ref().map(|d| (permille(d.at), d.clone())),
+            route: l.route.as_ref().map(|r| (permille(r.at), r.member.clone())),
         }
+    }
+
+    /// Whether its take leaves a rung's line (`downgrade`, `route`)
+    /// to watch: its standing after the take is wanted.
+    pub fn has_rungs(&self) -> bool {
+        self.downgrade.is_some() || self.route.is_some()
     }
 
     /// The cheaper model a call of `model` goes to, when it left this

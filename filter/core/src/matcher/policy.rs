@@ -468,25 +468,57 @@ impl CompiledPolicy {
     /// a key or a further limit's cost reads it (a money limit: the model
     /// and the estimate), or a streamed request is to be asked for its
     /// usage.
+    /// A pool decides once the body is in when its sticky key or any
+    /// member's limits read it: its route header is written before the
+    /// held headers go on, so Envoy routes by the member chosen then.
     pub fn reads_request_body(&self) -> bool {
         !self.body_matches.is_empty()
             || self.mcp.is_some()
             || self.keys_from_body
             || self.limits.iter().any(CompiledLimit::cost_reads_body)
             || self.asks_stream_usage()
+            || self.pool.as_ref().is_some_and(|pool| {
+                pool.sticky_reads_body()
+                    || pool.members.iter().any(|m| m.policy.reads_request_body())
+            })
     }
 
     /// Whether a streamed request that does not ask for its usage is
-    /// made to ask (`usage.ask_stream_usage` on a further limit).
+    /// made to ask (`usage.ask_stream_usage` on a further limit, its pool
+    /// members' too).
     pub fn asks_stream_usage(&self) -> bool {
-        self.limits
-            .iter()
+        self.limits_and_members()
             .any(|l| l.usage.as_ref().is_some_and(|u| u.ask_stream_usage))
     }
 
     /// Whether the body it reads may go upstream changed (asked for its usage, or `downgrade`).
     pub fn may_rewrite_body(&self) -> bool {
-        self.asks_stream_usage() || self.limits.iter().any(|l| l.downgrade.is_some())
+        self.asks_stream_usage() || self.limits_and_members().any(|l| l.downgrade.is_some())
+    }
+
+    /// The policy whose further limit is named `name`: this one, or for
+    /// a pool the member's (the pool's policy with the member's limits),
+    /// which refuses and prices its calls.
+    pub fn holder_of(&self, name: &str) -> Option<&CompiledPolicy> {
+        if self.limits.iter().any(|l| l.name == name) {
+            return Some(self);
+        }
+        self.pool
+            .as_ref()?
+            .members
+            .iter()
+            .map(|m| &m.policy)
+            .find(|p| p.limits.iter().any(|l| l.name == name))
+    }
+
+    /// Its further limits, then its pool members' (which repeat its own).
+    fn limits_and_members(&self) -> impl Iterator<Item = &CompiledLimit> {
+        let members = self
+            .pool
+            .iter()
+            .flat_map(|pool| pool.members.iter())
+            .flat_map(|m| m.policy.limits.iter());
+        self.limits.iter().chain(members)
     }
 
     /// The currency of its money limits, when it has any.
