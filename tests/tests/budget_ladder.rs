@@ -190,6 +190,48 @@ fn gpt_4o_prices() -> Vec<MockPrice> {
     }]
 }
 
+/// Two mock deployments priced as OpenAI's gpt-4o, and `envoy/pool.yaml`
+/// in front of them with `policies`.
+async fn two_deployments(policies: &str) -> anyhow::Result<(MockLlm, MockLlm, Envoy)> {
+    let east = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let west = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
+        .replace("{{EAST_PORT}}", &east.addr.port().to_string())
+        .replace("{{WEST_PORT}}", &west.addr.port().to_string());
+    let config = format!(
+        r#"{{"instance": "e2e-pool-budgets", "fallback": {{"version": 1, "prices": {PRICES}, "policies": {policies}}}}}"#
+    );
+    let envoy = Envoy::start_from(&template, &config, 9, 9, WORKERS)?;
+    for mock in [&east, &west] {
+        mock.reset();
+        mock.set_prices(gpt_4o_prices());
+    }
+    Ok((east, west, envoy))
+}
+
+/// A chat call for `model` to the pool's host, of `team` when given.
+fn chat_as(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+    team: Option<&str>,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> {
+    let body = serde_json::json!({"model": model, "max_tokens": 100,
+        "messages": [{"role": "user", "content": "How do rivers form?"}]});
+    let mut request = http
+        .post(url)
+        .header("host", "api.llm.example")
+        .header("content-type", "application/json");
+    if let Some(team) = team {
+        // The mock bills by the caller's bearer key before the
+        // deployment's own.
+        request = request
+            .header("x-team", team)
+            .header("authorization", format!("Bearer {team}"));
+    }
+    request.body(body.to_string()).send()
+}
+
 /// A pool whose members price calls by the model in the body decides once
 /// the body is in, and Envoy routes by the member chosen then (both
 /// builds): calls go to east until its budget cannot take another, then
@@ -199,31 +241,10 @@ fn gpt_4o_prices() -> Vec<MockPrice> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_member_whose_budget_is_spent_is_passed_over_until_both_refuse() -> anyhow::Result<()>
 {
-    let east = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
-    let west = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
-    let template = std::fs::read_to_string(workspace_root().join("envoy/pool.yaml"))?
-        .replace("{{EAST_PORT}}", &east.addr.port().to_string())
-        .replace("{{WEST_PORT}}", &west.addr.port().to_string());
-    let config = format!(
-        r#"{{"instance": "e2e-pool-budgets", "fallback": {{"version": 1, "prices": {PRICES}, "policies": {}}}}}"#,
-        pool_policies()
-    );
-    let envoy = Envoy::start_from(&template, &config, 9, 9, WORKERS)?;
-    for mock in [&east, &west] {
-        mock.reset();
-        mock.set_prices(gpt_4o_prices());
-    }
+    let (east, west, envoy) = two_deployments(&pool_policies()).await?;
     let http = client();
     let url = envoy.url("/v1/chat/completions");
-    let send = |model: &'static str| {
-        let body = serde_json::json!({"model": model, "max_tokens": 100,
-            "messages": [{"role": "user", "content": "How do rivers form?"}]});
-        http.post(&url)
-            .header("host", "api.llm.example")
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-    };
+    let send = |model: &'static str| chat_as(&http, &url, model, None);
     let mut answered_by: Vec<String> = Vec::new();
     let refused = loop {
         anyhow::ensure!(answered_by.len() < 100, "never refused");
@@ -270,5 +291,108 @@ async fn a_pool_member_whose_budget_is_spent_is_passed_over_until_both_refuse() 
         mini.status()
     );
     anyhow::ensure!(east.stats().completed + west.stats().completed == answered_by.len() as u64);
+    Ok(())
+}
+
+/// 0.02 USD a day per team, on the pool's own limit; past half of it, the
+/// team's calls go to west (the cheaper deployment) instead of east.
+const ROUTED_TEAM_BUDGET: u64 = 20_000;
+
+fn routed_policies() -> String {
+    let member = |name: &str| {
+        format!(
+            r#"{{"name": "{name}", "cluster": "llm-{name}", "limits": [
+                {{"name": "{name}-rps", "rate": {{"requests": 50, "period": "1s"}}, "provider": {{"max_pause": "60s"}}}}]}}"#
+        )
+    };
+    format!(
+        r#"[{{"name": "llm", "match": {{"host": "api.llm.example"}}, "rate": {{"requests": 1000, "period": "1s"}},
+            "limits": [{{"name": "team-daily", "key": {{"header": "x-team"}},
+                         "rate": {{"requests": {ROUTED_TEAM_BUDGET}, "period": "1d", "algorithm": "fixed_window"}},
+                         "cost": "price", "route": {{"at": 0.5, "member": "west"}}}}],
+            "pool": {{"rule": "priority", "members": [{}, {}]}}}}]"#,
+        member("east"),
+        member("west")
+    )
+}
+
+/// The route rung through Envoy (both builds): a team's calls go to east
+/// (the pool's first choice) until their take reaches half the team's
+/// day, then to west only, each answer saying so, until the budget
+/// refuses; another team still goes to east; the deployments together
+/// billed no more than the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_route_line_a_teams_calls_go_to_the_cheaper_deployment_until_the_budget_refuses(
+) -> anyhow::Result<()> {
+    let (east, west, envoy) = two_deployments(&routed_policies()).await?;
+    let http = client();
+    let url = envoy.url("/v1/chat/completions");
+    // Per admitted call: the member that answered, x-sluice-routed.
+    let mut admitted: Vec<(String, Option<String>)> = Vec::new();
+    let refused_by = loop {
+        anyhow::ensure!(admitted.len() < 200, "never refused");
+        let response = chat_as(&http, &url, "gpt-4o", Some("team-a")).await?;
+        let header = |name: &str| sluice_e2e::load::header_text(&response, name);
+        match response.status().as_u16() {
+            200 => admitted.push((
+                header("x-sluice-member-answered").unwrap_or_default(),
+                header("x-sluice-routed"),
+            )),
+            429 => break header("x-sluice-limit"),
+            other => anyhow::bail!(
+                "call {}: {other} {}",
+                admitted.len(),
+                response.text().await?
+            ),
+        }
+    };
+    let other_team = chat_as(&http, &url, "gpt-4o", Some("team-b")).await?;
+    let other_by = sluice_e2e::load::header_text(&other_team, "x-sluice-member-answered");
+    let billed = |mock: &MockLlm| mock.stats().spent.get("team-a").copied().unwrap_or(0);
+    let (east_billed, west_billed) = (billed(&east), billed(&west));
+    let to_east = admitted.iter().take_while(|(m, _)| m == "east").count();
+    println!(
+        "route rung: {to_east} calls to east (billed {east_billed}), then {} to west (billed {west_billed}), \
+         refused by {refused_by:?}; team a billed {} of {ROUTED_TEAM_BUDGET}; team b answered by {other_by:?}",
+        admitted.len() - to_east,
+        east_billed + west_billed,
+    );
+    anyhow::ensure!(to_east >= 3, "east first: {admitted:?}");
+    for (i, (member, routed)) in admitted.iter().enumerate().skip(to_east) {
+        anyhow::ensure!(member == "west", "call {i} went to {member}");
+        anyhow::ensure!(
+            routed.as_deref() == Some("west; limit=team-daily"),
+            "call {i}: {routed:?}"
+        );
+    }
+    anyhow::ensure!(admitted.len() - to_east >= 3, "{admitted:?}");
+    anyhow::ensure!(
+        admitted[..to_east]
+            .iter()
+            .all(|(_, routed)| routed.is_none()),
+        "before the line nothing is routed"
+    );
+    // The first routed call's take reached half the day: east billed
+    // under half before it (each call's estimate is some 1 000 above what
+    // it is billed, and is what the line judges).
+    anyhow::ensure!(east_billed < ROUTED_TEAM_BUDGET / 2, "{east_billed}");
+    anyhow::ensure!(
+        refused_by.as_deref() == Some("team-daily"),
+        "{refused_by:?}"
+    );
+    anyhow::ensure!(other_by.as_deref() == Some("east"), "team b: {other_by:?}");
+    anyhow::ensure!(
+        east_billed + west_billed <= ROUTED_TEAM_BUDGET,
+        "billed past the budget"
+    );
+    sluice_e2e::load::wait_for(
+        "every routed call counted",
+        std::time::Duration::from_secs(10),
+        || {
+            envoy.limit_stat("team-daily", "routed").unwrap_or(0.0)
+                == (admitted.len() - to_east) as f64
+        },
+    )
+    .await?;
     Ok(())
 }
