@@ -248,3 +248,51 @@ fn a_refused_head_takes_room_given_back_within_twenty_milliseconds() {
     };
     assert!(*at <= 20, "left {at} ms after the room came");
 }
+
+/// A budget's wall in queue mode: a call its day's budget refuses waits
+/// for the renewal when the day ends within `max_wait` (and goes then),
+/// and is refused at once, saying when it renews, when it ends later.
+#[test]
+fn a_budget_refusal_queues_only_when_the_budget_renews_within_max_wait() {
+    const DAY_MS: u64 = 86_400_000;
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "daily", "rate": {"requests": 2, "period": "1d", "algorithm": "fixed_window"}}]"#,
+            "5m",
+        ),
+    );
+    // Six minutes before the day ends.
+    let into_day = T0.as_millis() % DAY_MS;
+    host.advance_ms(DAY_MS - into_day - 360_000);
+    assert_eq!(arrive(&host, &mut w, 1..3), [200, 200]);
+    let r = req(MAPS, &[]);
+    let Verdict::Reply(refused) = w.on_request(&host, 3, r.as_slice()) else {
+        panic!("six minutes to the renewal is beyond a max_wait of 5 m");
+    };
+    assert_eq!(refused.header("x-sluice-limit"), Some("daily"));
+    assert!(refused.header("x-sluice-renews-at").is_some());
+    // Four minutes before: queued, and goes as the day renews.
+    host.advance_ms(120_000);
+    assert_eq!(arrive(&host, &mut w, 4..5), [0]);
+    let mut resumed_at = None;
+    for step in 1..=2_500u64 {
+        host.advance_ms(100);
+        for action in w.on_tick(&host) {
+            match action {
+                StreamAction::Resume(4) => resumed_at = Some(step * 100),
+                other => panic!("{other:?}"),
+            }
+        }
+        if resumed_at.is_some() {
+            break;
+        }
+    }
+    let at = resumed_at.expect("the queued call went");
+    assert!(
+        (240_000..=240_100).contains(&at),
+        "went {at} ms after queuing"
+    );
+}
