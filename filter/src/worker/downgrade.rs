@@ -67,7 +67,7 @@ where
 {
     let AsItCame { req, body, raw } = *came;
     let raw = raw?;
-    let (index, used) = held.rungs.downgrade?;
+    let (index, used) = held.rungs.downgrade()?;
     if held.member.is_some() {
         return None;
     }

@@ -142,8 +142,7 @@ fn rung_member(pool: &CompiledPool, member: &CompiledMember, taken: &Taken) -> O
     let Taken::All { rungs, .. } = taken else {
         return None;
     };
-    let (index, _) = rungs.route?;
-    let (_, to) = member.policy.limits.get(index)?.route.as_ref()?;
+    let (_, to) = member.policy.limits.get(rungs.route()?)?.route.as_ref()?;
     pool.member(to.as_bytes())
 }
 
@@ -154,8 +153,8 @@ fn count_routed<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, member: &CompiledMember,
         return;
     };
     if let Some(limit) = rungs
-        .route
-        .and_then(|(index, _)| member.policy.limits.get(index))
+        .route()
+        .and_then(|index| member.policy.limits.get(index))
     {
         ctx.metrics.add_limit(&limit.name, LimitCounter::Routed, 1);
     }
@@ -224,7 +223,7 @@ pub(super) fn rerouted(
     rungs: &Rungs,
 ) -> Option<String> {
     let member = policy.pool.as_ref()?.members.get(member?)?;
-    let limit = member.policy.limits.get(rungs.route?.0)?;
+    let limit = member.policy.limits.get(rungs.route()?)?;
     Some(format!("{}; limit={}", member.name, limit.name))
 }
 

@@ -8,13 +8,14 @@ use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy};
 use sluice_shared::limiter::StackedTake;
 
 /// A limit's rung the call reached: the limit's index among the policy's
-/// further limits, and the thousandths of it used.
-pub(super) type Reached = Option<(usize, u64)>;
+/// further limits, and the thousandths of it used. Kept small: it rides
+/// in every take's answer.
+type Reached = Option<(u32, u32)>;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Rungs {
-    pub downgrade: Reached,
-    pub route: Reached,
+    downgrade: Reached,
+    route: Reached,
 }
 
 impl Rungs {
@@ -25,12 +26,24 @@ impl Rungs {
             policy.limits.iter().enumerate().find_map(|(index, limit)| {
                 let line = line_of(limit)?;
                 let used = take.taken_standing(index)?.used_permille();
-                (used >= line).then_some((index, used))
+                let index = u32::try_from(index).ok()?;
+                (used >= line).then_some((index, u32::try_from(used).unwrap_or(u32::MAX)))
             })
         };
         Self {
             downgrade: first_past(|l| l.downgrade.as_ref().map(|(line, _)| *line)),
             route: first_past(|l| l.route.as_ref().map(|(line, _)| *line)),
         }
+    }
+
+    /// The first limit past its downgrade line, and thousandths of it used.
+    pub(super) fn downgrade(&self) -> Option<(usize, u64)> {
+        self.downgrade
+            .map(|(index, used)| (index as usize, u64::from(used)))
+    }
+
+    /// The first limit past its route line.
+    pub(super) fn route(&self) -> Option<usize> {
+        self.route.map(|(index, _)| index as usize)
     }
 }
