@@ -20,9 +20,8 @@
 //! - [`call`]: what each feature keeps of a call to act on its answer,
 //!   and the order they act in.
 //!
-//! Host actions that can call back into the VM (a local reply, resuming a
-//! paused stream) are returned to the caller instead of performed here, so
-//! the glue can run them after it stops borrowing the worker.
+//! Host actions that can call back into the VM (a local reply, resuming a paused stream) are
+//! returned to the caller instead of performed here, so the glue runs them once the worker is free.
 
 mod admission;
 mod asked_usage;

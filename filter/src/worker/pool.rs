@@ -73,23 +73,13 @@ fn take<H: Host + ?Sized>(
         let taken = limits::take(ctx, budgets, &member.policy, inputs);
         let refused_for = match &taken {
             Taken::All { .. } => {
-                if let Some(route) = rung_member(pool, member, &taken).filter(|r| *r != at) {
-                    // Past its route line the call goes to the rung's
-                    // member or nowhere: what this member took goes back.
-                    untake(ctx, &member.policy, inputs, taken);
-                    return take_routed(ctx, budgets, pool, call, route, &probe_due);
-                }
-                count_routed(ctx, member, &taken);
-                if probe_due.get(at).copied().unwrap_or(false) {
-                    probe::begin(ctx, member);
-                }
                 let passed = PassedOver {
                     members: &members,
                     refused: &refused,
                     full_limits: &full_limits,
                 };
                 count_passed_over(ctx, pool, passed, Some(at), call);
-                return Ok(Chosen { member: at, taken });
+                return settle(ctx, budgets, (pool, call), at, taken, &probe_due);
             }
             Taken::Refused {
                 retry_after, limit, ..
@@ -181,37 +171,42 @@ fn untake<H: Host + ?Sized>(
     }
 }
 
-/// Takes a call past a `route` line at the rung's member `route`: it
-/// goes there, or it is refused as that member's limits say (never sent
-/// to a dearer member).
-fn take_routed<H: Host + ?Sized>(
+/// Member `at`'s limits took the call (`taken`): it goes there, or, past
+/// a `route` line, to the rung's member or nowhere (never to a dearer
+/// member): what `at` took goes back, and the rung's member is asked.
+fn settle<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     budgets: &mut Budgets,
-    pool: &CompiledPool,
-    call: &PoolCall,
-    route: usize,
+    (pool, call): (&CompiledPool, &PoolCall),
+    at: usize,
+    taken: Taken,
     probe_due: &[bool],
 ) -> Result<Chosen, Taken> {
-    let (Some(member), Some(inputs)) = (pool.members.get(route), call.members.get(route)) else {
-        return Err(Taken::Refused {
-            limit: String::new(),
-            retry_after: DEFAULT_RETRY,
-            why: limits::Why::Limit,
-            standing: None,
-        });
-    };
-    let taken = limits::take(ctx, budgets, &member.policy, inputs);
-    if !matches!(taken, Taken::All { .. }) {
+    let (Some(member), Some(inputs)) = (pool.members.get(at), call.members.get(at)) else {
         return Err(taken);
+    };
+    if let Some(route) = rung_member(pool, member, &taken).filter(|r| *r != at) {
+        untake(ctx, &member.policy, inputs, taken);
+        let (Some(rung), Some(inputs)) = (pool.members.get(route), call.members.get(route)) else {
+            // Validation names a member of the pool: never here.
+            return Err(Taken::Refused {
+                limit: String::new(),
+                retry_after: DEFAULT_RETRY,
+                why: limits::Why::Limit,
+                standing: None,
+            });
+        };
+        let taken = limits::take(ctx, budgets, &rung.policy, inputs);
+        if !matches!(taken, Taken::All { .. }) {
+            return Err(taken);
+        }
+        return settle(ctx, budgets, (pool, call), route, taken, probe_due);
     }
     count_routed(ctx, member, &taken);
-    if probe_due.get(route).copied().unwrap_or(false) {
+    if probe_due.get(at).copied().unwrap_or(false) {
         probe::begin(ctx, member);
     }
-    Ok(Chosen {
-        member: route,
-        taken,
-    })
+    Ok(Chosen { member: at, taken })
 }
 
 /// What a routed call's answer says (`x-sluice-routed`): the member the

@@ -237,6 +237,16 @@ impl Poll<'_> {
             .unwrap_or_default()
     }
 
+    /// The head its further limits refused waits for them (or its
+    /// deadline), asked again when they said (at most
+    /// [`HEAD_HOLD_MOST`] on).
+    fn hold_refused_head(&self, holds: &mut HeadHolds, head: u32, taken: &Taken, now: Instant) {
+        if let Taken::Refused { retry_after, .. } = taken {
+            let until = now + (*retry_after).min(HEAD_HOLD_MOST);
+            holds.hold(self.bucket, head, until, self.contexts.len());
+        }
+    }
+
     /// The head of the queue leaves only once its policy's further limits
     /// took it too, all of them at the moment it leaves; until they do it
     /// stays at the head and nobody passes it (FIFO across every limit).
@@ -277,12 +287,7 @@ impl Poll<'_> {
                 rungs,
             } = taken
             else {
-                if let Taken::Refused { retry_after, .. } = taken {
-                    // The head waits for its limits (or deadline), asking again when they said.
-                    let until = now + retry_after.min(HEAD_HOLD_MOST);
-                    let waiting = self.contexts.len();
-                    parts.holds.hold(self.bucket, context_id, until, waiting);
-                }
+                self.hold_refused_head(parts.holds, context_id, &taken, now);
                 return;
             };
             match self.leave_head(ctx) {

@@ -7,7 +7,6 @@ use sluice_shared::key_view::{name_key, KeyName};
 use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
 use sluice_shared::policy::{KeyOverflow, KeySpec, Mode, NamedLimit, Policy, Priority, RateSpec};
 use sluice_shared::request_headers::RequestHeaders;
-use sluice_shared::usage::CompiledUsage;
 
 use super::fair::CompiledFair;
 use super::host::{HostMatcher, HostPattern};
@@ -16,7 +15,9 @@ use super::request::{cost_header_of, cost_of, trim_ascii, BodyMatch, KeySecrets,
 use crate::body::BodyJson;
 use crate::mcp::{McpMatcher, RpcCall};
 use crate::pool::{Member, MemberPolicy, Pool};
-use crate::pricing::{CallPrice, CompiledPriceCost, Pricing};
+use crate::pricing::{CallPrice, Pricing};
+
+mod money;
 
 /// A pool whose members are each called as a compiled policy.
 pub type CompiledPool = Pool<CompiledPolicy>;
@@ -519,62 +520,6 @@ impl CompiledPolicy {
             .flat_map(|pool| pool.members.iter())
             .flat_map(|m| m.policy.limits.iter());
         self.limits.iter().chain(members)
-    }
-
-    /// The currency of its money limits, when it has any.
-    pub fn currency(&self) -> Option<&str> {
-        self.pricing.as_ref().map(|p| p.prices.currency.as_str())
-    }
-
-    /// Its money limits, its pool members' with them (a pool call is
-    /// priced before its member is chosen).
-    pub(crate) fn money_limits(&self) -> impl Iterator<Item = &CompiledPriceCost> {
-        let members = self
-            .pool
-            .iter()
-            .flat_map(|pool| pool.members.iter())
-            .flat_map(|m| m.policy.limits.iter());
-        self.limits
-            .iter()
-            .chain(members)
-            .filter_map(CompiledLimit::price)
-    }
-
-    /// The call's prices (its model's, by where the policy's money limits
-    /// say it is named, and its unread ceiling; an MCP policy's, its
-    /// tools'), for its money limits; None when the policy has none, or
-    /// the model (a tool) has no price and the table no default.
-    pub fn call_price<R: RequestHeaders + ?Sized>(
-        &self,
-        req: &R,
-        body: &BodyJson,
-    ) -> Option<CallPrice> {
-        let pricing = self.pricing.as_ref()?;
-        match &self.mcp {
-            Some(mcp) => pricing.tools_price(mcp, body),
-            None => pricing.call_price(req, body, self.money_limits()),
-        }
-    }
-
-    /// The model a call names and where in its JSON body, for a downgrade to rewrite.
-    pub fn body_model<R: RequestHeaders + ?Sized>(
-        &self,
-        req: &R,
-        body: &BodyJson,
-    ) -> Option<(String, &sluice_shared::json_path::JsonPath)> {
-        let pricing = self.pricing.as_ref()?;
-        let path = pricing.model_json()?;
-        Some((pricing.model_named(req, body)?, path))
-    }
-
-    /// What a call of `price` is charged by the limit at `index` once its
-    /// answer is in: a money limit's usage at the call's model's prices
-    /// (or its answer's, when dearer; None for an unpriced call, which was
-    /// refused), any other limit's own.
-    pub fn priced_usage(&self, index: usize, price: Option<&CallPrice>) -> Option<CompiledUsage> {
-        self.limits
-            .get(index)?
-            .priced_usage(price, self.pricing.as_ref())
     }
 
     /// Whether a further limit's real cost is read from the response.
