@@ -29,7 +29,7 @@ fn call(host: &FakeHost, w: &mut Worker, id: u32, extra: &[(&str, &[u8])]) -> Ve
 }
 
 /// Where call `id` was routed (the cluster its route header names).
-fn routed(host: &FakeHost, id: u32) -> Option<String> {
+pub(super) fn routed(host: &FakeHost, id: u32) -> Option<String> {
     host.set_headers
         .borrow()
         .iter()

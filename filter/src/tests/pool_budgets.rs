@@ -7,6 +7,7 @@
 use serde_json::json;
 
 use crate::testing::FakeHost;
+use crate::tests::pool::routed;
 use crate::tests::{header_of, pass, req, status, worker, T0};
 use crate::worker::{RequestBody, Verdict, Worker};
 
@@ -53,15 +54,6 @@ fn call(host: &FakeHost, w: &mut Worker, id: u32) -> (Verdict, Option<String>) {
         w.on_stream_end(host, id);
     }
     (verdict, routed(host, id))
-}
-
-fn routed(host: &FakeHost, id: u32) -> Option<String> {
-    host.set_headers
-        .borrow()
-        .iter()
-        .rev()
-        .find(|(c, name, _)| *c == id && name == "x-sluice-member")
-        .map(|(_, _, v)| v.clone())
 }
 
 #[test]
