@@ -70,7 +70,7 @@ help:
 	@echo "make compose-test  envoy/docker-compose.yml with podman and the OCI images (one release build)"
 	@echo "make fleet-test  only fleet mode's tests (also in make test)"
 	@echo "make bench   benchmarks, results in docs/BENCHMARKS.md"
-	@echo "make soak    fuzz with a large budget, then 30 min of mixed load (SOAK_DURATION)"
+	@echo "make soak    fuzz with a large budget, agents' MCP calls for 60 s, then 30 min of mixed load (SOAK_DURATION)"
 	@echo "make docs    build the book (docs/book) into target/book"
 	@echo "make images  OCI images of the filter and the admin into target/images (buildah, no Docker)"
 	@echo "make schema  regenerate docs/policy.schema.json"
@@ -557,6 +557,11 @@ soak: setup wasm
 	SLUICE_FUZZ_CASES=1000000 $(CARGO) test -p sluice-shared --test fuzz -- --nocapture
 	SLUICE_FUZZ_CASES=1000000 $(CARGO) test -p sluice-filter the_request_path_never_panics
 	SLUICE_SIM_SCALE=100 $(CARGO) test -p sluice-sim
+	$(MAKE) --no-print-directory native-test setup-nextest
+	for filter in wasm native; do \
+	  SLUICE_MCP_RUN_SECONDS=60 SLUICE_FILTER=$$filter $(E2E_ENV) \
+	    $(NEXTEST) --test mcp -E 'test(agents_tool_calls)' --no-capture || exit 1; \
+	done
 	$(CARGO) build -p sluice-admin --bin sluice-admin
 	$(CARGO) build -p sluice-e2e --bin sluice-soak
 	ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) \

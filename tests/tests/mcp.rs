@@ -1,6 +1,6 @@
 //! Agents' MCP tool calls through a real Envoy (`--concurrency 2`) in
 //! front of the mock MCP server: three agents call four tools, one at a
-//! time and in batches, for a few seconds. The server never answers more
+//! time and in batches, for 6 s (60 s in `make soak`). The server never answers more
 //! searches than each agent's limit allows, nor more slow calls at once
 //! than their limit; every refused request gets a JSON-RPC error with its
 //! own id; a batch is answered whole or refused whole; what the policies
@@ -148,13 +148,22 @@ async fn agent(url: String, agent: &'static str, run: Duration) -> anyhow::Resul
     Ok(seen)
 }
 
+/// How long the agents call: 6 s in `make test`; `make soak` runs it for
+/// 60 s in both builds (`SLUICE_MCP_RUN_SECONDS`, 1 to 3 600).
+fn run_seconds() -> u64 {
+    std::env::var("SLUICE_MCP_RUN_SECONDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(6, |s| s.clamp(1, 3_600))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_tool_calls_stay_within_each_limit_and_refusals_answer_their_ids(
 ) -> anyhow::Result<()> {
     let mcp = MockMcp::start("127.0.0.1:0".parse()?).await?;
     let envoy = Envoy::start(&policies(), mcp.addr.port(), WORKERS)?;
     let url = envoy.url("/mcp");
-    let run = Duration::from_secs(6);
+    let run = Duration::from_secs(run_seconds());
     let started = Instant::now();
     let agents = ["agent-a", "agent-b", "agent-c"];
     let mut tasks = Vec::new();

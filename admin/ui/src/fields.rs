@@ -323,6 +323,10 @@ mod tests {
         // in the policy's JSON.
         "/limits/downgrade/at",
         "/limits/downgrade/models",
+        // A pool's route rung (a share and a member's name): in the
+        // policy's JSON, beside the pool it names.
+        "/limits/route/at",
+        "/limits/route/member",
         // A calendar period for a policy's own rate (a budget is a
         // further limit's): in the policy's JSON.
         "/rate/time_zone",
