@@ -237,6 +237,57 @@ fn a_queued_pool_call_goes_to_the_member_that_frees_first() {
     assert_eq!(routes[0].0, 16);
 }
 
+/// One deadline for queue and failover: a pool call that waits in the
+/// queue and then finds every member paused is refused when its own wait
+/// (`max_wait` from its arrival) runs out, in the name of the member's
+/// limit that has room first, telling what is left of that wait.
+#[test]
+fn a_queued_pool_call_that_finds_every_member_paused_is_refused_at_its_own_deadline() {
+    let host = FakeHost::at(T0);
+    let queued = POOL.replace(
+        r#""rate": {"requests": 1000, "period": "1s"},"#,
+        r#""rate": {"requests": 1000, "period": "1s"}, "on_limit": {"action": "queue", "max_wait": "2s"},"#,
+    );
+    let mut w = worker(&host, &queued);
+    for id in 1..=15 {
+        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
+    }
+    let v = call(&host, &mut w, 16, &[]);
+    assert!(matches!(v, Verdict::Pause { .. }), "{v:?}");
+    // While it waits for the next second's room, both providers ask for
+    // 30 s (then 20 s) of quiet.
+    let east = (1..=15).find(|id| routed(&host, *id).as_deref() == Some("llm-east"));
+    let west = (1..=15).find(|id| routed(&host, *id).as_deref() == Some("llm-west"));
+    let (Some(east), Some(west)) = (east, west) else {
+        panic!("both members took calls");
+    };
+    host.advance_ms(300);
+    answer(&host, &mut w, east, &[(":status", b"429"), ("retry-after", b"30")]);
+    answer(&host, &mut w, west, &[(":status", b"429"), ("retry-after", b"20")]);
+    let mut refused = Vec::new();
+    for ms in 301..=6_000u64 {
+        host.advance_ms(1);
+        for action in w.on_tick(&host) {
+            match action {
+                StreamAction::Reply(id, reply) => refused.push((ms, id, reply)),
+                other => panic!("nothing but its refusal: {other:?}"),
+            }
+        }
+    }
+    let [(at, 16, reply)] = refused.as_slice() else {
+        panic!("{refused:?}");
+    };
+    assert!((2_000..=2_002).contains(at), "refused {at} ms after it came");
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.header("x-sluice-limit"), Some("west-rpm"));
+    assert_eq!(reply.header("x-sluice-reason"), Some("provider-pause"));
+    let retry: u64 = reply
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After");
+    assert!((18..=19).contains(&retry), "west's pause less the wait: {retry}");
+}
+
 #[test]
 fn a_member_refusing_every_call_envoy_retries_is_probed_ever_less_often() {
     let host = FakeHost::at(T0);

@@ -4,7 +4,7 @@
 
 use crate::testing::FakeHost;
 use crate::tests::{req, status, worker, T0};
-use crate::worker::{StreamAction, Verdict, Worker};
+use crate::worker::{LocalReply, StreamAction, Verdict, Worker};
 
 const MAPS: &[u8] = b"api.maps.example";
 
@@ -295,4 +295,110 @@ fn a_budget_refusal_queues_only_when_the_budget_renews_within_max_wait() {
         (240_000..=240_100).contains(&at),
         "went {at} ms after queuing"
     );
+}
+
+/// Ticks every millisecond for `ms`; returns the replies of the streams
+/// refused, by stream.
+fn refusals(host: &FakeHost, w: &mut Worker, ms: u64) -> Vec<(u32, LocalReply)> {
+    let mut refused = Vec::new();
+    for _ in 0..ms {
+        host.advance_ms(1);
+        for action in w.on_tick(host) {
+            match action {
+                StreamAction::Reply(ctx, reply) => refused.push((ctx, reply)),
+                other => panic!("only refusals expected: {other:?}"),
+            }
+        }
+    }
+    refused
+}
+
+#[test]
+fn a_wait_that_runs_out_behind_a_further_limit_is_refused_in_its_name() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "in-flight", "concurrency": {"max_in_flight": 1}}]"#,
+            "1500ms",
+        ),
+    );
+    // The first holds the only slot all along; the next two wait for it.
+    assert_eq!(arrive(&host, &mut w, 1..4), [200, 0, 0]);
+    let refused = refusals(&host, &mut w, 2000);
+    let ids: Vec<u32> = refused.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [2, 3], "both waits ran out");
+    for (id, reply) in &refused {
+        assert_eq!(reply.status, 429);
+        assert_eq!(reply.header("x-sluice-limit"), Some("in-flight"), "{id}");
+        assert_eq!(reply.header("x-sluice-policy"), Some("maps"));
+        assert!(reply.header("retry-after").is_some());
+        let body = String::from_utf8_lossy(&reply.body);
+        assert!(body.contains("(limit in-flight)"), "{body}");
+    }
+    assert_eq!(host.metric("sluice.policy.maps.queue_timeouts"), 2);
+}
+
+#[test]
+fn a_wait_that_runs_out_on_the_policys_own_limit_names_no_further_limit() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        r#"{"version": 1, "policies": [
+        {"name": "maps", "match": {"host": "api.maps.example"},
+         "concurrency": {"max_in_flight": 1, "lease_ttl": "10s"},
+         "on_limit": {"action": "queue", "max_wait": "1s", "max_queue": 100}}]}"#,
+    );
+    assert_eq!(arrive(&host, &mut w, 1..3), [200, 0]);
+    let refused = refusals(&host, &mut w, 1500);
+    let [(2, reply)] = refused.as_slice() else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(reply.header("x-sluice-limit"), None);
+    assert_eq!(reply.header("x-sluice-policy"), Some("maps"));
+}
+
+#[test]
+fn a_budget_that_holds_a_queue_past_its_deadline_says_where_it_stands() {
+    let host = FakeHost::at(T0);
+    // A budget of 2 an hour beside a slot: the call queued for the slot
+    // finds the budget spent when the slot frees, and waits out its turn.
+    let mut w = worker(
+        &host,
+        &policy(
+            r#"{"requests": 1000, "period": "1s"}"#,
+            r#"[{"name": "hourly", "rate": {"requests": 2, "period": "1h", "algorithm": "fixed_window"}},
+                {"name": "in-flight", "concurrency": {"max_in_flight": 1}}]"#,
+            "2s",
+        ),
+    );
+    assert_eq!(arrive(&host, &mut w, 1..2), [200]);
+    // Queued behind the slot: the hour's second call fits the budget.
+    assert_eq!(arrive(&host, &mut w, 2..4), [0, 0]);
+    host.advance_ms(500);
+    w.on_stream_end(&host, 1);
+    let mut resumed = Vec::new();
+    let mut refused = Vec::new();
+    for _ in 0..2500 {
+        host.advance_ms(1);
+        for action in w.on_tick(&host) {
+            match action {
+                StreamAction::Resume(id) => {
+                    resumed.push(id);
+                    w.on_stream_end(&host, id);
+                }
+                StreamAction::Reply(id, reply) => refused.push((id, reply)),
+                StreamAction::SetHeader(..) => {}
+            }
+        }
+    }
+    assert_eq!(resumed, [2], "the budget's second call");
+    let [(3, reply)] = refused.as_slice() else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(reply.header("x-sluice-limit"), Some("hourly"));
+    assert_eq!(reply.header("x-sluice-spent"), Some("2"));
+    assert_eq!(reply.header("x-sluice-budget"), Some("2"));
+    assert!(reply.header("x-sluice-renews-in").is_some());
 }

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use sluice_filter_core::bucket::{BucketLimits, BucketState};
 use sluice_filter_core::headers::LimitKind;
 use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
+use sluice_shared::limiter::Standing;
 use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
-use super::limits::{self, LimitInputs, Taken};
+use super::limits::{self, LimitInputs, Taken, Why};
 use super::pool;
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
@@ -61,12 +62,44 @@ const HEAD_HOLD_MOST: Span = Span::from_millis(20);
 #[derive(Debug, Default)]
 pub(super) struct HeadHolds(BTreeMap<String, HeadHold>);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct HeadHold {
     head: u32,
     until: Instant,
     /// How many of this worker's calls waited in the bucket then.
     waiting: usize,
+    refused_by: HeldBy,
+}
+
+/// The further limit that last refused a queue's head: while that head
+/// still waits, a waiter of the bucket whose wait runs out is refused in
+/// its name (the limit, where it stood, when it has room), not only the
+/// policy's.
+#[derive(Debug, Clone)]
+struct HeldBy {
+    limit: String,
+    why: Why,
+    standing: Option<Standing>,
+    /// When the limit said it would have room.
+    room_at: Instant,
+}
+
+impl HeldBy {
+    /// The refusal of a call whose wait ran out at `now`, and its
+    /// `Retry-After`: what is left of the limit's own wait.
+    fn refusal(&self, now: Instant) -> (Refusal, Span) {
+        let standing = self.standing.map(|s| Standing {
+            until_reset: s.renews_at.since(now),
+            ..s
+        });
+        let left = self.room_at.since(now);
+        let refusal = Refusal::Limit {
+            limit: self.limit.clone(),
+            why: self.why,
+            standing,
+        };
+        (refusal, if left.is_zero() { DEFAULT_RETRY } else { left })
+    }
 }
 
 impl HeadHolds {
@@ -79,15 +112,17 @@ impl HeadHolds {
         })
     }
 
-    fn hold(&mut self, bucket: &str, head: u32, until: Instant, waiting: usize) {
-        self.0.insert(
-            bucket.to_string(),
-            HeadHold {
-                head,
-                until,
-                waiting,
-            },
-        );
+    fn hold(&mut self, bucket: &str, head: HeadHold) {
+        self.0.insert(bucket.to_string(), head);
+    }
+
+    /// What last refused the head of `bucket`, while it still waits among
+    /// `contexts`.
+    fn held_by(&self, bucket: &str, contexts: &[u32]) -> Option<&HeldBy> {
+        self.0
+            .get(bucket)
+            .filter(|h| contexts.contains(&h.head))
+            .map(|h| &h.refused_by)
     }
 
     /// Drops the holds of buckets nobody of this worker waits in
@@ -117,7 +152,6 @@ pub(super) fn serve<H: Host + ?Sized>(
     previous_poll: Instant,
     served: &mut Served,
 ) -> Vec<StreamAction> {
-    let now = ctx.now;
     let mut actions = Vec::new();
     let waiting = parts.streams.waiting_by_bucket();
     parts.holds.keep_only(&waiting);
@@ -149,30 +183,49 @@ pub(super) fn serve<H: Host + ?Sized>(
         } else {
             poll.head_turns_with_limits(ctx, parts, index, policy, served);
         }
-        for context_id in contexts {
-            if !parts.streams.is_overdue(context_id, now) {
-                continue;
-            }
-            let rpc = parts.streams.further_of(context_id).rpc;
-            parts.streams.end(ctx, parts.prefetches, context_id);
-            // It did not leave: its wait ran out.
-            ctx.metrics
-                .add(&policy_name, PolicyCounter::QueueAbandoned, -1);
-            ctx.metrics
-                .add(&policy_name, PolicyCounter::QueueTimeouts, 1);
-            ctx.metrics.add(&policy_name, PolicyCounter::Rejected, 1);
-            let refusal = Refusal::Policy {
-                kind: LimitKind::for_limits(policy.rate.is_some()),
-            };
-            let reply = refusal::render(policy, &refusal, DEFAULT_RETRY);
-            let reply = match &rpc {
-                Some(call) => refusal::for_rpc(reply, call),
-                None => reply,
-            };
-            actions.push(StreamAction::Reply(context_id, reply));
-        }
+        refuse_overdue(ctx, parts, policy, &bucket, &contexts, &mut actions);
     }
     actions
+}
+
+/// Refuses the waiters of `bucket` whose wait ran out: in the name of the
+/// further limit that holds the queue's head, if one does, else of the
+/// policy's own limit.
+fn refuse_overdue<H: Host + ?Sized>(
+    ctx: &mut Ctx<'_, H>,
+    parts: &mut Parts<'_>,
+    policy: &CompiledPolicy,
+    bucket: &str,
+    contexts: &[u32],
+    actions: &mut Vec<StreamAction>,
+) {
+    let now = ctx.now;
+    let held_by = parts.holds.held_by(bucket, contexts).cloned();
+    for &context_id in contexts {
+        if !parts.streams.is_overdue(context_id, now) {
+            continue;
+        }
+        let rpc = parts.streams.further_of(context_id).rpc;
+        parts.streams.end(ctx, parts.prefetches, context_id);
+        // It did not leave: its wait ran out.
+        let name = policy.name();
+        ctx.metrics.add(name, PolicyCounter::QueueAbandoned, -1);
+        ctx.metrics.add(name, PolicyCounter::QueueTimeouts, 1);
+        ctx.metrics.add(name, PolicyCounter::Rejected, 1);
+        let (refusal, retry_after) = match &held_by {
+            Some(held_by) => held_by.refusal(now),
+            None => {
+                let kind = LimitKind::for_limits(policy.rate.is_some());
+                (Refusal::Policy { kind }, DEFAULT_RETRY)
+            }
+        };
+        let reply = refusal::render(policy, &refusal, retry_after);
+        let reply = match &rpc {
+            Some(call) => refusal::for_rpc(reply, call),
+            None => reply,
+        };
+        actions.push(StreamAction::Reply(context_id, reply));
+    }
 }
 
 /// One bucket's queue, polled by this worker.
@@ -240,10 +293,26 @@ impl Poll<'_> {
     /// The head its further limits refused waits for them (or its
     /// deadline), asked again when they said (at most
     /// [`HEAD_HOLD_MOST`] on).
-    fn hold_refused_head(&self, holds: &mut HeadHolds, head: u32, taken: &Taken, now: Instant) {
-        if let Taken::Refused { retry_after, .. } = taken {
-            let until = now + (*retry_after).min(HEAD_HOLD_MOST);
-            holds.hold(self.bucket, head, until, self.contexts.len());
+    fn hold_refused_head(&self, holds: &mut HeadHolds, head: u32, taken: Taken, now: Instant) {
+        if let Taken::Refused {
+            limit,
+            retry_after,
+            why,
+            standing,
+        } = taken
+        {
+            let hold = HeadHold {
+                head,
+                until: now + retry_after.min(HEAD_HOLD_MOST),
+                waiting: self.contexts.len(),
+                refused_by: HeldBy {
+                    limit,
+                    why,
+                    standing,
+                    room_at: now + retry_after,
+                },
+            };
+            holds.hold(self.bucket, hold);
         }
     }
 
@@ -287,7 +356,7 @@ impl Poll<'_> {
                 rungs,
             } = taken
             else {
-                self.hold_refused_head(parts.holds, context_id, &taken, now);
+                self.hold_refused_head(parts.holds, context_id, taken, now);
                 return;
             };
             match self.leave_head(ctx) {
