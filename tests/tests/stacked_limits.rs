@@ -306,6 +306,55 @@ async fn queued_calls_wait_for_every_limit_and_leave_holding_all_of_them() -> an
     Ok(())
 }
 
+/// A queued call whose wait runs out behind a further limit is refused in
+/// that limit's name: one slot held by a 6 s call, three calls queued
+/// for it with a `max_wait` of 1 s, each refused naming the slot's limit
+/// once its second is up (5 s before the slot frees: no load breaks it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_call_whose_wait_runs_out_names_the_limit_that_held_it() -> anyhow::Result<()> {
+    let (mock, envoy) = setup(
+        r#"{"name": "pay", "match": {"host": "api.pay.example"},
+         "rate": {"requests": 1000, "period": "1s"},
+         "on_limit": {"action": "queue", "max_wait": "1s", "max_queue": 100},
+         "limits": [{"name": "one-at-a-time", "concurrency": {"max_in_flight": 1, "lease_ttl": "30s"}}]}"#,
+    )
+    .await?;
+    let url = envoy.url("/v1/charges");
+    let long = tokio::spawn({
+        let url = url.clone();
+        async move { pay_call(&load::client(), &url, 6_000).await }
+    });
+    // The long call holds the slot before the others come.
+    let held = std::time::Instant::now() + Duration::from_secs(5);
+    while mock.arrivals().is_empty() && std::time::Instant::now() < held {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(mock.arrivals().len(), 1, "the long call reached the API");
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { pay_call(&load::client(), &url, 0).await })
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for waiter in waiters {
+        refused.push(waiter.await?);
+    }
+    let (long_status, _) = long.await?;
+    settle().await;
+    println!(
+        "queue timeouts: {refused:?}; the long call {long_status}; queue_timeouts stat {}",
+        envoy.policy_stat("queue_timeouts", "pay")?
+    );
+    for (status, limit) in &refused {
+        assert_eq!((*status, limit.as_str()), (429, "one-at-a-time"));
+    }
+    assert_eq!(long_status, 200);
+    assert_eq!(mock.arrivals().len(), 1, "no waiter reached the API");
+    assert_eq!(envoy.policy_stat("queue_timeouts", "pay")?, 3.0);
+    Ok(())
+}
+
 /// What one call of the account test came to: its status and the limit
 /// that refused it ("-" if none said).
 async fn pay_call(http: &reqwest::Client, url: &str, delay_ms: u64) -> (u16, String) {

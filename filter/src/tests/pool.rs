@@ -262,8 +262,18 @@ fn a_queued_pool_call_that_finds_every_member_paused_is_refused_at_its_own_deadl
         panic!("both members took calls");
     };
     host.advance_ms(300);
-    answer(&host, &mut w, east, &[(":status", b"429"), ("retry-after", b"30")]);
-    answer(&host, &mut w, west, &[(":status", b"429"), ("retry-after", b"20")]);
+    answer(
+        &host,
+        &mut w,
+        east,
+        &[(":status", b"429"), ("retry-after", b"30")],
+    );
+    answer(
+        &host,
+        &mut w,
+        west,
+        &[(":status", b"429"), ("retry-after", b"20")],
+    );
     let mut refused = Vec::new();
     for ms in 301..=6_000u64 {
         host.advance_ms(1);
@@ -277,7 +287,10 @@ fn a_queued_pool_call_that_finds_every_member_paused_is_refused_at_its_own_deadl
     let [(at, 16, reply)] = refused.as_slice() else {
         panic!("{refused:?}");
     };
-    assert!((2_000..=2_002).contains(at), "refused {at} ms after it came");
+    assert!(
+        (2_000..=2_002).contains(at),
+        "refused {at} ms after it came"
+    );
     assert_eq!(reply.status, 429);
     assert_eq!(reply.header("x-sluice-limit"), Some("west-rpm"));
     assert_eq!(reply.header("x-sluice-reason"), Some("provider-pause"));
@@ -285,7 +298,10 @@ fn a_queued_pool_call_that_finds_every_member_paused_is_refused_at_its_own_deadl
         .header("retry-after")
         .and_then(|v| v.parse().ok())
         .expect("a Retry-After");
-    assert!((18..=19).contains(&retry), "west's pause less the wait: {retry}");
+    assert!(
+        (18..=19).contains(&retry),
+        "west's pause less the wait: {retry}"
+    );
 }
 
 #[test]
