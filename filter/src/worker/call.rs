@@ -46,7 +46,7 @@ pub(super) struct Holding {
     /// Limits it left past a warning line.
     pub warnings: Vec<PastWarning>,
     /// Sent for a cheaper model than it named (a limit's `downgrade`).
-    pub downgraded: Option<Downgraded>,
+    pub downgraded: Option<Box<Downgraded>>,
     /// A pool call a `route` rung sent to its member: what the answer's
     /// `x-sluice-routed` says.
     pub rerouted: Option<String>,

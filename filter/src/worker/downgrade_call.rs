@@ -25,7 +25,7 @@ impl Parts {
         held: &Held,
         came: &AsItCame<'_, R>,
         inputs: &mut CallInputs,
-    ) -> Option<Downgraded>
+    ) -> Option<Box<Downgraded>>
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
@@ -47,7 +47,8 @@ impl Parts {
         give_back_tokens(ctx, policy, &beyond, &held.places);
         inputs.limits.costs = cheaper.limits.costs;
         inputs.price = cheaper.price;
-        Some(downgraded)
+        // Boxed: a rare rung's body and names ride in every call held.
+        Some(Box::new(downgraded))
     }
 }
 

@@ -562,7 +562,7 @@ struct Admitted {
     /// Its policy's index (a pool call's pool's).
     pool_index: usize,
     held: Held,
-    downgraded: Option<Downgraded>,
+    downgraded: Option<Box<Downgraded>>,
 }
 
 /// A call as decided, with the slots it holds.

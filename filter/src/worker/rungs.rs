@@ -4,7 +4,7 @@
 //! pool call goes to the rung's member, `pool.rs`). Read from where each
 //! limit stood once the call's take was counted in it.
 
-use sluice_filter_core::matcher::{CompiledLimit, CompiledPolicy};
+use sluice_filter_core::matcher::CompiledPolicy;
 use sluice_shared::limiter::StackedTake;
 
 /// A limit's rung the call reached: the limit's index among the policy's
@@ -20,20 +20,31 @@ pub(super) struct Rungs {
 
 impl Rungs {
     /// The rungs `take` (all of the policy's further limits took the call)
-    /// reached.
+    /// reached. One pass, a limit without a rung skipped at once: every
+    /// call of a policy with further limits comes here.
     pub(super) fn reached(policy: &CompiledPolicy, take: &StackedTake) -> Self {
-        let first_past = |line_of: fn(&CompiledLimit) -> Option<u64>| {
-            policy.limits.iter().enumerate().find_map(|(index, limit)| {
-                let line = line_of(limit)?;
-                let used = take.taken_standing(index)?.used_permille();
-                let index = u32::try_from(index).ok()?;
-                (used >= line).then_some((index, u32::try_from(used).unwrap_or(u32::MAX)))
-            })
-        };
-        Self {
-            downgrade: first_past(|l| l.downgrade.as_ref().map(|(line, _)| *line)),
-            route: first_past(|l| l.route.as_ref().map(|(line, _)| *line)),
+        let mut rungs = Self::default();
+        for (index, limit) in policy.limits.iter().enumerate() {
+            if !limit.has_rungs() {
+                continue;
+            }
+            let (Some(standing), Ok(at)) = (take.taken_standing(index), u32::try_from(index))
+            else {
+                continue;
+            };
+            let used = standing.used_permille();
+            let past = |line: Option<u64>| {
+                line.is_some_and(|line| used >= line)
+                    .then_some((at, u32::try_from(used).unwrap_or(u32::MAX)))
+            };
+            rungs.downgrade = rungs
+                .downgrade
+                .or_else(|| past(limit.downgrade.as_ref().map(|(line, _)| *line)));
+            rungs.route = rungs
+                .route
+                .or_else(|| past(limit.route.as_ref().map(|(line, _)| *line)));
         }
+        rungs
     }
 
     /// The first limit past its downgrade line, and thousandths of it used.

@@ -85,12 +85,15 @@ pub struct CompiledPolicy {
     /// For a pool member's policy: the pool's policy's index in the set,
     /// and the member's in its pool.
     pub member_of: Option<(usize, usize)>,
+    /// See [`CompiledPolicy::reads_request_body`]: found once, as every
+    /// call that matches asks.
+    reads_body: bool,
 }
 
 impl CompiledPolicy {
     pub fn new(policy: Policy) -> Self {
         let lower = |s: &str| s.to_ascii_lowercase();
-        Self {
+        let mut compiled = Self {
             host: HostMatcher::new(&policy.matcher.host),
             methods: policy
                 .matcher
@@ -149,9 +152,12 @@ impl CompiledPolicy {
                 .as_ref()
                 .map(|spec| Box::new(CompiledPool::new(&policy, spec, CompiledPolicy::new))),
             member_of: None,
+            reads_body: false,
             shared_name: policy.name.as_str().into(),
             policy,
-        }
+        };
+        compiled.reads_body = compiled.finds_body_read();
+        compiled
     }
 
     pub fn name(&self) -> &str {
@@ -473,6 +479,10 @@ impl CompiledPolicy {
     /// member's limits read it: its route header is written before the
     /// held headers go on, so Envoy routes by the member chosen then.
     pub fn reads_request_body(&self) -> bool {
+        self.reads_body
+    }
+
+    fn finds_body_read(&self) -> bool {
         !self.body_matches.is_empty()
             || self.mcp.is_some()
             || self.keys_from_body
