@@ -55,6 +55,12 @@ pub struct KeyName {
     pub label: String,
 }
 
+/// What joins the two parts of a key read from a header and a body field
+/// (`key` with `header` and `json`): a line feed, which no header value
+/// holds (Envoy refuses CR, LF and NUL in them), so no two pairs join
+/// into the same key.
+pub const KEY_PARTS_JOIN: u8 = b'\n';
+
 /// Names `value`, the key of a request under `policy`. Requests without
 /// the key header share one bucket and one name.
 pub fn name_key(secret: &KeySecret, policy: &str, value: &[u8], mode: KeyLabel) -> KeyName {
@@ -83,6 +89,14 @@ pub fn hash_label(hash: u64) -> String {
 /// can smuggle markup or control characters into the admin; longer ones
 /// are cut with a marker.
 fn value_label(value: &[u8]) -> Option<String> {
+    if let Some(at) = value.iter().position(|b| *b == KEY_PARTS_JOIN) {
+        // A pair: each part shown as itself, or the whole by its hash.
+        let part = |part: &[u8]| match part {
+            [] => Some("(none)".to_string()),
+            part => value_label(part),
+        };
+        return Some(format!("{} · {}", part(&value[..at])?, part(&value[at + 1..])?));
+    }
     if !value.iter().all(|b| (0x20..0x7f).contains(b)) {
         return None;
     }
@@ -377,6 +391,15 @@ mod tests {
         assert!(hostile.label.starts_with('#'), "{}", hostile.label);
         let long = name_key(&secret, "p", &[b'a'; 500], KeyLabel::Value);
         assert_eq!(long.label.chars().count(), MAX_VALUE_LABEL + 1);
+    }
+
+    #[test]
+    fn a_pairs_label_shows_both_values_or_its_hash() {
+        let secret = label_secret(None);
+        let label = |value: &[u8]| name_key(&secret, "p", value, KeyLabel::Value).label;
+        assert_eq!(label(b"team-a\ngpt-4o"), "team-a · gpt-4o");
+        assert_eq!(label(b"\ngpt-4o"), "(none) · gpt-4o");
+        assert!(label(b"team-a\n<b>\x07").starts_with('#'));
     }
 
     #[test]

@@ -618,7 +618,7 @@ fn body_matches_and_body_keys_are_checked_with_their_field() {
                 {{"path": "model", "equals": "a", "prefix": "b"}},
                 {{"path": "{deep}", "one_of": ["x"]}},
                 {{"path": "model..name", "equals": "x"}}]}},
-            "key": {{"json": "user", "header": "x-user"}},
+            "key": {{"json": "user..id", "header": "x user"}},
             "rate": {{"requests": 10, "period": "1s"}},
             "limits": [{{"name": "tpm", "key": {{"json": ""}}, "rate": {{"requests": 1000, "period": "1m"}}}},
                        {{"name": "rpm", "key": {{}}, "rate": {{"requests": 1000, "period": "1m"}}}}]}}"#
@@ -629,7 +629,8 @@ fn body_matches_and_body_keys_are_checked_with_their_field() {
         "policies[0].match.json[2]: give exactly one of `equals`, `prefix` and `one_of`",
         "policies[0].match.json[3].path: at most 16 names or indexes deep",
         "policies[0].match.json[4].path: \"model..name\" is not a path",
-        "policies[0].key: give either `header` or `json`, not both",
+        "policies[0].key.header:",
+        "policies[0].key.json: \"user..id\" is not a path",
         "policies[0].limits[0].key.json: \"\" is not a path",
         "policies[0].limits[1].key: give `header` (a request header) or `json`",
     ];
@@ -643,7 +644,9 @@ fn body_matches_and_body_keys_are_checked_with_their_field() {
     let good = parse_policy_set(&set_with(
         r#"{"name": "llm", "match": {"host": "api.llm.example", "json": [{"path": "model", "one_of": ["gpt-4o", "gpt-4o-mini"]}]},
             "key": {"json": "user"}, "rate": {"requests": 10, "period": "1s"},
-            "limits": [{"name": "tpm", "key": {"json": "model"}, "rate": {"requests": 1000, "period": "1m"}}]}"#,
+            "limits": [{"name": "tpm", "key": {"json": "model"}, "rate": {"requests": 1000, "period": "1m"}},
+                       {"name": "tpm-per-api-key", "key": {"header": "authorization", "json": "model"},
+                        "rate": {"requests": 1000, "period": "1m"}}]}"#,
     ));
     assert!(good.is_ok(), "{good:?}");
 }

@@ -9,10 +9,12 @@ use super::check::{check_header_name, check_json_path, Report};
 #[cfg(feature = "schema")]
 use schemars::JsonSchema;
 /// One bucket per distinct value of `header` (per API key, per tenant), or
-/// of a field of the request's JSON body (`json`: per model, per `user`).
+/// of a field of the request's JSON body (`json`: per model, per `user`),
+/// or, with both, per pair of them (per API key and model).
 ///
 /// Requests without the header (or whose body is not JSON, or lacks the
-/// field) share one bucket. At most `max_keys` keys are
+/// field) share one bucket; with both, a request lacking the field shares
+/// it, one without the header has its own per field value. At most `max_keys` keys are
 /// tracked at once; a key whose bucket is idle (full again, nothing in flight)
 /// gives its place to a new key. When every place holds a busy key, a new key
 /// is handled by `overflow`.
@@ -20,7 +22,7 @@ use schemars::JsonSchema;
 #[cfg_attr(feature = "schema", derive(JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KeySpec {
-    /// A request header: exactly one of `header` and `json`.
+    /// A request header (`json` too: one key per pair of their values).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
     /// A dotted path into the request's JSON body (`model`, `user`,
@@ -66,10 +68,12 @@ impl KeySpec {
         self.json.is_some()
     }
 
-    /// Where the key comes from, for people: `x-api-key`, `json model`.
+    /// Where the key comes from, for people: `x-api-key`, `json model`,
+    /// `x-api-key and json model`.
     pub fn source(&self) -> String {
         match (&self.header, &self.json) {
-            (Some(header), _) => header.clone(),
+            (Some(header), Some(path)) => format!("{header} and json {path}"),
+            (Some(header), None) => header.clone(),
             (None, Some(path)) => format!("json {path}"),
             (None, None) => String::new(),
         }
@@ -94,20 +98,22 @@ pub enum KeyOverflow {
 }
 
 pub(crate) fn check_key(r: &mut Report, key: &KeySpec) {
-    match (&key.header, &key.json) {
-        (Some(header), None) => {
-            check_header_name(r, "key.header", header);
-            if key.label == KeyLabel::Value && crate::header_names::is_credential(header) {
-                r.at(
-                    "key.label",
-                    format!(
-                        "{header:?} carries a credential: its values are never shown, so its keys are labelled by hash (leave `label` out)"
-                    ),
-                );
-            }
+    if let Some(header) = &key.header {
+        check_header_name(r, "key.header", header);
+        if key.label == KeyLabel::Value && crate::header_names::is_credential(header) {
+            r.at(
+                "key.label",
+                format!(
+                    "{header:?} carries a credential: its values are never shown, so its keys are labelled by hash (leave `label` out)"
+                ),
+            );
         }
-        (None, Some(path)) => check_json_path(r, "key.json", path),
-        (Some(_), Some(_)) => r.at("key", "give either `header` or `json`, not both"),
+    }
+    if let Some(path) = &key.json {
+        check_json_path(r, "key.json", path);
+    }
+    match (&key.header, &key.json) {
+        (Some(_), _) | (_, Some(_)) => {}
         (None, None) => r.at(
             "key",
             "give `header` (a request header) or `json` (a path in the request's JSON body)",

@@ -699,6 +699,46 @@ mod tests {
         );
         assert!(matches!(other, Classified::Decided { class: Some(_), .. }));
     }
+    /// A key from a header and a body field: one per pair of values, no
+    /// two pairs alike however their texts split, a call without the
+    /// header keyed per field value, one lacking the field in the shared
+    /// bucket; the header is read with the decision's headers.
+    #[test]
+    fn a_key_from_a_header_and_a_body_field_is_one_per_pair() {
+        let s = set(r#"{"version": 1, "policies": [
+            {"name": "llm", "match": {"host": "*"}, "rate": {"requests": 100, "period": "1s"},
+             "limits": [{"name": "tpm-per-key", "rate": {"requests": 1000, "period": "1m"},
+                         "key": {"header": "Authorization", "json": "model"}}]}]}"#);
+        let llm = &s.policies[0];
+        let key = |auth: Option<&[u8]>, body: &str| {
+            let headers: Vec<(&str, &[u8])> = auth.map(|a| ("authorization", a)).into_iter().collect();
+            llm.limit_keys(headers.as_slice(), KeySecrets::new(&SECRET, None), &json(body))[0]
+        };
+        let a_4o = key(Some(b"sk-a"), r#"{"model": "gpt-4o"}"#);
+        let a_mini = key(Some(b"sk-a"), r#"{"model": "gpt-4o-mini"}"#);
+        let b_4o = key(Some(b"sk-b"), r#"{"model": "gpt-4o"}"#);
+        assert!(a_4o.is_some());
+        assert_ne!(a_4o, a_mini, "per model");
+        assert_ne!(a_4o, b_4o, "per API key");
+        assert_eq!(a_4o, key(Some(b"sk-a"), r#"{"model": "gpt-4o", "n": 2}"#));
+        // Texts that join alike split apart: ("sk-ab", "c") and ("sk-a", "bc").
+        assert_ne!(
+            key(Some(b"sk-ab"), r#"{"model": "c"}"#),
+            key(Some(b"sk-a"), r#"{"model": "bc"}"#)
+        );
+        assert_ne!(
+            key(Some(b"sk-a"), r#"{"model": "x\ny"}"#),
+            key(Some(b"sk-a\nx"), r#"{"model": "y"}"#),
+            "a header holding the join (never from Envoy) has no key of its own"
+        );
+        assert_eq!(key(Some(b"sk-a\nx"), r#"{"model": "y"}"#), key(None, "{}"));
+        // Without the header: a key per model still.
+        assert_ne!(key(None, r#"{"model": "gpt-4o"}"#), key(None, r#"{"model": "gpt-4o-mini"}"#));
+        assert!(llm.limits_key_unread(&json("{}")).count() == 1);
+        assert!(llm.reads_request_body());
+        assert!(llm.decision_headers().any(|h| h == "authorization"));
+    }
+
     #[test]
     fn a_limits_estimate_adds_the_prompt_to_what_the_call_asks_for() {
         let s = set(r#"{"version": 1, "policies": [

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use sluice_shared::json_path::JsonPath;
 use sluice_shared::key_hash::KeySecret;
+use sluice_shared::key_view::KEY_PARTS_JOIN;
 use sluice_shared::policy::{CostSpec, JsonMatch, KeySpec};
 use sluice_shared::request_headers::RequestHeaders;
 
@@ -57,20 +58,26 @@ pub(crate) fn parse_whole_number(v: &[u8]) -> Option<u64> {
     })
 }
 
-/// Where a key's value comes from: a request header or a field of the
-/// request's JSON body.
+/// Where a key's value comes from: a request header, a field of the
+/// request's JSON body, or both (one key per pair of values).
 #[derive(Debug, Clone)]
 pub(crate) enum KeySource {
     /// Lower case, as Envoy gives header names.
     Header(String),
     Json(JsonPath),
+    /// The header's value and the field's, joined by
+    /// [`KEY_PARTS_JOIN`].
+    Pair(String, JsonPath),
 }
 
 impl KeySource {
     /// From a validated spec (None for one that names no source).
     pub(crate) fn new(spec: &KeySpec) -> Option<Self> {
         match (&spec.header, &spec.json) {
-            (Some(header), _) => Some(Self::Header(header.to_ascii_lowercase())),
+            (Some(header), Some(path)) => {
+                JsonPath::parse(path).map(|path| Self::Pair(header.to_ascii_lowercase(), path))
+            }
+            (Some(header), None) => Some(Self::Header(header.to_ascii_lowercase())),
             (None, Some(path)) => JsonPath::parse(path).map(Self::Json),
             (None, None) => None,
         }
@@ -78,7 +85,7 @@ impl KeySource {
 
     pub(crate) fn header(&self) -> Option<&str> {
         match self {
-            Self::Header(h) => Some(h),
+            Self::Header(h) | Self::Pair(h, _) => Some(h),
             Self::Json(_) => None,
         }
     }
@@ -95,6 +102,19 @@ impl KeySource {
                 Cow::Borrowed(s) => Some(Cow::Borrowed(s.as_bytes())),
                 Cow::Owned(s) => Some(Cow::Owned(s.into_bytes())),
             },
+            Self::Pair(h, path) => {
+                let field = path.text_in(body.json()?)?;
+                let header = req.header(h).unwrap_or_default();
+                if header.contains(&KEY_PARTS_JOIN) {
+                    // Never from Envoy; it could pass for another pair.
+                    return None;
+                }
+                let mut pair = Vec::with_capacity(header.len() + 1 + field.len());
+                pair.extend_from_slice(&header);
+                pair.push(KEY_PARTS_JOIN);
+                pair.extend_from_slice(field.as_bytes());
+                Some(Cow::Owned(pair))
+            }
         }
     }
 
@@ -103,7 +123,9 @@ impl KeySource {
     pub(crate) fn unread(&self, body: &BodyJson) -> bool {
         match self {
             Self::Header(_) => false,
-            Self::Json(path) => body.json().and_then(|v| path.text_in(v)).is_none(),
+            Self::Json(path) | Self::Pair(_, path) => {
+                body.json().and_then(|v| path.text_in(v)).is_none()
+            }
         }
     }
 }
