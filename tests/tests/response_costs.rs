@@ -870,7 +870,7 @@ async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::
          "key": {"json": "user"},
          "rate": {"requests": 1000, "period": "1s"},
          "limits": [{"name": "rpm-per-model", "key": {"json": "model"},
-                     "rate": {"requests": 2, "period": "1m", "algorithm": "fixed_window"}}]},
+                     "rate": {"requests": 2, "period": "1m", "burst": 2}}]},
         {"name": "rest", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"}}]"#;
     let (_llm, envoy) =
         llm_behind_envoy(LlmLimits::default(), ("e2e-per-model", policies), WORKERS).await?;
@@ -998,6 +998,66 @@ async fn policies_and_limits_per_model_read_the_requests_json_body() -> anyhow::
     assert_eq!(stat("gpt-4o", "body_refused"), 2.0);
     assert_eq!(unread, 3.0, "the three gpt-3.5 calls without a user");
     assert_eq!(envoy.filter_stat("request_body_too_large")?, 1.0);
+    Ok(())
+}
+
+/// A limit keyed by the API key and the body's model at once (OpenAI's
+/// requests per minute per model, per key of the company's): each pair
+/// has its own 2 a minute, and calls without the header have one per
+/// model too. A token bucket (a burst of 2, one back each 30 s), not a
+/// window of a minute: a run crossing a minute's edge cannot refill it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_per_api_key_and_model_gives_each_pair_its_own_rate() -> anyhow::Result<()> {
+    let policies = r#"[
+        {"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
+         "limits": [{"name": "rpm-per-key-model", "key": {"header": "authorization", "json": "model"},
+                     "rate": {"requests": 2, "period": "1m", "burst": 2}}]}]"#;
+    let (_llm, envoy) =
+        llm_behind_envoy(LlmLimits::default(), ("e2e-key-pairs", policies), WORKERS).await?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    let mut seen = Vec::new();
+    for (auth, model) in [
+        (Some("Bearer sk-a"), "gpt-4o"),
+        (Some("Bearer sk-a"), "gpt-4o-mini"),
+        (Some("Bearer sk-b"), "gpt-4o"),
+        (None, "gpt-4o"),
+    ] {
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let body = serde_json::json!({"model": model, "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}]});
+            let mut request = http
+                .post(&url)
+                .header("host", "api.llm.example")
+                .header("content-type", "application/json")
+                .body(body.to_string());
+            if let Some(auth) = auth {
+                request = request.header("authorization", auth);
+            }
+            let response = request.send().await?;
+            let limit = response
+                .headers()
+                .get("x-sluice-limit")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let status = response.status().as_u16();
+            let _ = response.bytes().await;
+            answers.push(match limit {
+                Some(limit) => format!("{status} {limit}"),
+                None => status.to_string(),
+            });
+        }
+        seen.push((auth.unwrap_or("no key"), model, answers));
+    }
+    println!("per API key and model: {seen:?}");
+    for (auth, model, answers) in &seen {
+        assert_eq!(
+            answers,
+            &["200", "200", "429 rpm-per-key-model"],
+            "{auth} {model}: its own 2 a minute"
+        );
+    }
     Ok(())
 }
 
