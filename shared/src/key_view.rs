@@ -70,6 +70,7 @@ pub fn name_key(secret: &KeySecret, policy: &str, value: &[u8], mode: KeyLabel) 
     } else {
         match mode {
             KeyLabel::Value => value_label(value).unwrap_or_else(|| hash_label(hash)),
+            KeyLabel::Field => field_label(value).unwrap_or_else(|| hash_label(hash)),
             KeyLabel::Hash => hash_label(hash),
         }
     };
@@ -85,6 +86,12 @@ pub fn hash_label(hash: u64) -> String {
     format!("#{:012x}", hash >> 16)
 }
 
+/// A pair's body field, shown as itself (see [`value_label`]).
+fn field_label(value: &[u8]) -> Option<String> {
+    let at = value.iter().position(|b| *b == KEY_PARTS_JOIN)?;
+    value_label(value.get(at + 1..)?)
+}
+
 /// A value shown as itself: printable ASCII only, so that no header value
 /// can smuggle markup or control characters into the admin; longer ones
 /// are cut with a marker.
@@ -95,7 +102,11 @@ fn value_label(value: &[u8]) -> Option<String> {
             [] => Some("(none)".to_string()),
             part => value_label(part),
         };
-        return Some(format!("{} · {}", part(&value[..at])?, part(&value[at + 1..])?));
+        return Some(format!(
+            "{} · {}",
+            part(&value[..at])?,
+            part(&value[at + 1..])?
+        ));
     }
     if !value.iter().all(|b| (0x20..0x7f).contains(b)) {
         return None;
@@ -400,6 +411,10 @@ mod tests {
         assert_eq!(label(b"team-a\ngpt-4o"), "team-a · gpt-4o");
         assert_eq!(label(b"\ngpt-4o"), "(none) · gpt-4o");
         assert!(label(b"team-a\n<b>\x07").starts_with('#'));
+        let field = |value: &[u8]| name_key(&secret, "p", value, KeyLabel::Field).label;
+        assert_eq!(field(b"sk-live-secret\ngpt-4o"), "gpt-4o");
+        assert!(field(b"sk-live-secret\n\x07").starts_with('#'));
+        assert!(field(b"no pair").starts_with('#'));
     }
 
     #[test]

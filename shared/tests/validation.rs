@@ -621,7 +621,9 @@ fn body_matches_and_body_keys_are_checked_with_their_field() {
             "key": {{"json": "user..id", "header": "x user"}},
             "rate": {{"requests": 10, "period": "1s"}},
             "limits": [{{"name": "tpm", "key": {{"json": ""}}, "rate": {{"requests": 1000, "period": "1m"}}}},
-                       {{"name": "rpm", "key": {{}}, "rate": {{"requests": 1000, "period": "1m"}}}}]}}"#
+                       {{"name": "rpm", "key": {{}}, "rate": {{"requests": 1000, "period": "1m"}}}},
+                       {{"name": "per-team", "key": {{"header": "x-team", "label": "field"}},
+                         "rate": {{"requests": 1000, "period": "1m"}}}}]}}"#
     )));
     let expected = [
         "policies[0].match.json[0].path: \"\" is not a path",
@@ -633,6 +635,7 @@ fn body_matches_and_body_keys_are_checked_with_their_field() {
         "policies[0].key.json: \"user..id\" is not a path",
         "policies[0].limits[0].key.json: \"\" is not a path",
         "policies[0].limits[1].key: give `header` (a request header) or `json`",
+        "policies[0].limits[2].key.label: `field` names a key of `header` and `json` by its body field",
     ];
     assert_eq!(errors.len(), expected.len(), "{errors:#?}");
     for want in expected {
@@ -645,7 +648,7 @@ fn body_matches_and_body_keys_are_checked_with_their_field() {
         r#"{"name": "llm", "match": {"host": "api.llm.example", "json": [{"path": "model", "one_of": ["gpt-4o", "gpt-4o-mini"]}]},
             "key": {"json": "user"}, "rate": {"requests": 10, "period": "1s"},
             "limits": [{"name": "tpm", "key": {"json": "model"}, "rate": {"requests": 1000, "period": "1m"}},
-                       {"name": "tpm-per-api-key", "key": {"header": "authorization", "json": "model"},
+                       {"name": "tpm-per-api-key", "key": {"header": "authorization", "json": "model", "label": "field"},
                         "rate": {"requests": 1000, "period": "1m"}}]}"#,
     ));
     assert!(good.is_ok(), "{good:?}");

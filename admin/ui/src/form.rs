@@ -88,7 +88,7 @@ pub enum Kind {
 
 pub const ALGORITHMS: &[&str] = &["token_bucket", "fixed_window", "sliding_window"];
 pub const OVERFLOWS: &[&str] = &["shared", "reject"];
-pub const KEY_LABELS: &[&str] = &["hash", "value"];
+pub const KEY_LABELS: &[&str] = &["hash", "value", "field"];
 pub const ACTIONS: &[&str] = &["reject", "queue"];
 pub const MODES: &[&str] = &["enforce", "shadow"];
 pub const SCOPES: &[&str] = &["instance", "global"];
@@ -476,7 +476,7 @@ pub fn help(pointer: &str) -> &'static str {
         "/key/json" => "Or one bucket per value of this field of the request's JSON body (model, user, metadata.team); the body is then read before the call is decided.",
         "/key/max_keys" => "Keys tracked at once; an idle key gives its place to a new one.",
         "/key/overflow" => "Past max keys: share one extra bucket, or refuse the newcomers.",
-        "/key/label" => "How the live view names keys: a hash (raw keys stay in Envoy), or the value for non-secret ones.",
+        "/key/label" => "How the live view names keys: a hash (raw keys stay in Envoy), the value for non-secret ones, or for a key of a header and a body field the field alone (an API key's model).",
         "/rate/algorithm" => "token_bucket smooths with a burst; windows count per period.",
         "/rate/requests" => "Calls (or cost units) allowed per period.",
         "/rate/period" => "The period: 1s, 1m, 1h, up to 31d; or a calendar unit (calendar_day, calendar_week, calendar_month, calendar_quarter, calendar_year; fixed_window), renewed at local midnight or on the 1st.",

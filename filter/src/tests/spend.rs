@@ -9,7 +9,7 @@ use sluice_shared::spend::SpendReport;
 use crate::host::Host;
 use crate::testing::FakeHost;
 use crate::tests::{answer, next_report, req, sync_settings, worker, T0};
-use crate::worker::{Verdict, Worker};
+use crate::worker::{RequestBody, Verdict, Worker};
 
 /// A daily budget for everyone, one per team shown by name, one per API
 /// key shown as a hash; a per-second limit has no spend to show.
@@ -319,4 +319,60 @@ fn a_budget_tells_the_last_call_it_refused_per_key_and_why() {
         .expect("set");
     let daily = spend(&mut w, &host, "daily");
     assert!(daily.refused.is_empty(), "{daily:?}");
+}
+
+/// The budget tree's fourth level: a budget keyed by the API key and the
+/// body's model at once (`label: field`) reports each pair under the model's
+/// name, hung under the API key its calls carried in the budget above.
+#[test]
+fn a_budget_per_api_key_and_model_names_the_model_under_its_api_key() {
+    const MODELS: &str = r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 1000, "period": "1s"},
+         "limits": [
+            {"name": "daily", "rate": {"requests": 100, "period": "1d", "algorithm": "fixed_window"}},
+            {"name": "per-api-key", "rate": {"requests": 50, "period": "1d", "algorithm": "fixed_window"},
+             "key": {"header": "x-api-key"}},
+            {"name": "per-key-model", "rate": {"requests": 20, "period": "1d", "algorithm": "fixed_window"},
+             "key": {"header": "x-api-key", "json": "model", "label": "field", "max_keys": 100}}]}]}"#;
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, MODELS);
+    w.set_sync(Some(sync_settings()));
+    let (_, token) = next_report(&host, &mut w);
+    answer(&host, &mut w, token, 304, None);
+    let calls: [(&[u8], &str); 4] = [
+        (b"sk-one", "gpt-4o"),
+        (b"sk-one", "gpt-4o-mini"),
+        (b"sk-one", "gpt-4o-mini"),
+        (b"sk-two", "gpt-4o"),
+    ];
+    for (id, (key, model)) in (1..).zip(calls) {
+        let key_header = [("x-api-key", key)];
+        let headers = req(LLM, &key_header);
+        let body = format!(r#"{{"model": "{model}"}}"#);
+        let first = w.on_request_with(&host, id, headers.as_slice(), RequestBody::Coming);
+        assert_eq!(first, Verdict::ReadBody);
+        let body = RequestBody::Read(Some(body.as_bytes()));
+        let verdict = w.on_request_with(&host, id, headers.as_slice(), body);
+        assert_eq!(verdict, Verdict::Continue, "call {id}");
+        w.on_stream_end(&host, id);
+    }
+    // Each report reads a slice of the places: two give every one of 100.
+    let mut pairs = std::collections::BTreeMap::new();
+    for _ in 0..2 {
+        for k in spend(&mut w, &host, "per-key-model").keys {
+            pairs.insert(k.hash, (k.label, k.spent, k.parent));
+        }
+    }
+    let secret = label_secret(Some("t0ken"));
+    let api_key = |key: &[u8]| secret.hash("per-api-key", key);
+    let mut seen: Vec<(String, u64, u64)> = pairs.into_values().collect();
+    seen.sort();
+    let mut expected = vec![
+        ("gpt-4o".to_string(), 1, api_key(b"sk-one")),
+        ("gpt-4o".to_string(), 1, api_key(b"sk-two")),
+        ("gpt-4o-mini".to_string(), 2, api_key(b"sk-one")),
+    ];
+    expected.sort();
+    assert_eq!(seen, expected);
 }

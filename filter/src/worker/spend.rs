@@ -106,7 +106,7 @@ impl SpendLabels {
                 .parent
                 .and_then(|p| keys.get(p).copied().flatten())
                 .map_or(0, owner_of);
-            let by_value = limit.key_label == KeyLabel::Value;
+            let by_value = limit.key_label != KeyLabel::Hash;
             let owner = owner_of(*hash);
             if (!by_value && parent == 0) || self.written.contains(&owner) {
                 continue;

@@ -50,8 +50,13 @@ pub enum KeyLabel {
     #[default]
     Hash,
     /// The header's value, when printable and no secret (cut at 64
-    /// characters).
+    /// characters); a pair's both values.
     Value,
+    /// A pair's body field only (`key` with `header` and `json`): an API
+    /// key's model shown as the model, the key's part left out. Under its
+    /// parent in the budgets tree (the API key's budget) it names the
+    /// node; elsewhere two keys' same model read alike.
+    Field,
 }
 
 impl KeyLabel {
@@ -111,6 +116,12 @@ pub(crate) fn check_key(r: &mut Report, key: &KeySpec) {
     }
     if let Some(path) = &key.json {
         check_json_path(r, "key.json", path);
+    }
+    if key.label == KeyLabel::Field && (key.header.is_none() || key.json.is_none()) {
+        r.at(
+            "key.label",
+            "`field` names a key of `header` and `json` by its body field: give both, or label by `value` or `hash`",
+        );
     }
     match (&key.header, &key.json) {
         (Some(_), _) | (_, Some(_)) => {}

@@ -711,8 +711,13 @@ mod tests {
                          "key": {"header": "Authorization", "json": "model"}}]}]}"#);
         let llm = &s.policies[0];
         let key = |auth: Option<&[u8]>, body: &str| {
-            let headers: Vec<(&str, &[u8])> = auth.map(|a| ("authorization", a)).into_iter().collect();
-            llm.limit_keys(headers.as_slice(), KeySecrets::new(&SECRET, None), &json(body))[0]
+            let headers: Vec<(&str, &[u8])> =
+                auth.map(|a| ("authorization", a)).into_iter().collect();
+            llm.limit_keys(
+                headers.as_slice(),
+                KeySecrets::new(&SECRET, None),
+                &json(body),
+            )[0]
         };
         let a_4o = key(Some(b"sk-a"), r#"{"model": "gpt-4o"}"#);
         let a_mini = key(Some(b"sk-a"), r#"{"model": "gpt-4o-mini"}"#);
@@ -733,7 +738,10 @@ mod tests {
         );
         assert_eq!(key(Some(b"sk-a\nx"), r#"{"model": "y"}"#), key(None, "{}"));
         // Without the header: a key per model still.
-        assert_ne!(key(None, r#"{"model": "gpt-4o"}"#), key(None, r#"{"model": "gpt-4o-mini"}"#));
+        assert_ne!(
+            key(None, r#"{"model": "gpt-4o"}"#),
+            key(None, r#"{"model": "gpt-4o-mini"}"#)
+        );
         assert!(llm.limits_key_unread(&json("{}")).count() == 1);
         assert!(llm.reads_request_body());
         assert!(llm.decision_headers().any(|h| h == "authorization"));
