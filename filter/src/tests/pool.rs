@@ -205,19 +205,28 @@ fn an_answer_from_another_member_counts_there_and_pauses_the_first() {
     assert_eq!(routed(&host, 3), Some(first));
 }
 
+/// The pool in queue mode (`max_wait`), both members filled by calls
+/// 1 to 15 and call 16 queued.
+fn full_pool_with_a_call_queued(host: &FakeHost, max_wait: &str) -> Worker {
+    let queued = POOL.replace(
+        r#""rate": {"requests": 1000, "period": "1s"},"#,
+        &format!(
+            r#""rate": {{"requests": 1000, "period": "1s"}}, "on_limit": {{"action": "queue", "max_wait": "{max_wait}"}},"#
+        ),
+    );
+    let mut w = worker(host, &queued);
+    for id in 1..=15 {
+        assert_eq!(call(host, &mut w, id, &[]), Verdict::Continue);
+    }
+    let v = call(host, &mut w, 16, &[]);
+    assert!(matches!(v, Verdict::Pause { .. }), "{v:?}");
+    w
+}
+
 #[test]
 fn a_queued_pool_call_goes_to_the_member_that_frees_first() {
     let host = FakeHost::at(T0);
-    let queued = POOL.replace(
-        r#""rate": {"requests": 1000, "period": "1s"},"#,
-        r#""rate": {"requests": 1000, "period": "1s"}, "on_limit": {"action": "queue", "max_wait": "3s"},"#,
-    );
-    let mut w = worker(&host, &queued);
-    for id in 1..=15 {
-        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
-    }
-    let v = call(&host, &mut w, 16, &[]);
-    assert!(matches!(v, Verdict::Pause { .. }), "{v:?}");
+    let mut w = full_pool_with_a_call_queued(&host, "3s");
     let (mut resumed, mut routes) = (Vec::new(), Vec::new());
     for _ in 0..15 {
         host.advance_ms(100);
@@ -244,16 +253,7 @@ fn a_queued_pool_call_goes_to_the_member_that_frees_first() {
 #[test]
 fn a_queued_pool_call_that_finds_every_member_paused_is_refused_at_its_own_deadline() {
     let host = FakeHost::at(T0);
-    let queued = POOL.replace(
-        r#""rate": {"requests": 1000, "period": "1s"},"#,
-        r#""rate": {"requests": 1000, "period": "1s"}, "on_limit": {"action": "queue", "max_wait": "2s"},"#,
-    );
-    let mut w = worker(&host, &queued);
-    for id in 1..=15 {
-        assert_eq!(call(&host, &mut w, id, &[]), Verdict::Continue);
-    }
-    let v = call(&host, &mut w, 16, &[]);
-    assert!(matches!(v, Verdict::Pause { .. }), "{v:?}");
+    let mut w = full_pool_with_a_call_queued(&host, "2s");
     // While it waits for the next second's room, both providers ask for
     // 30 s (then 20 s) of quiet.
     let east = (1..=15).find(|id| routed(&host, *id).as_deref() == Some("llm-east"));

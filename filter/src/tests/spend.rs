@@ -38,7 +38,12 @@ fn call(host: &FakeHost, w: &mut Worker, id: u32, team: &[u8], api_key: &[u8]) -
 
 /// A worker syncing with an admin (token `t0ken`), its budgets known.
 fn known(host: &FakeHost) -> Worker {
-    let mut w = worker(host, TEAMS);
+    known_with(host, TEAMS)
+}
+
+/// A worker of `policies` syncing with an admin, its budgets known.
+fn known_with(host: &FakeHost, policies: &str) -> Worker {
+    let mut w = worker(host, policies);
     w.set_sync(Some(sync_settings()));
     let (_, token) = next_report(host, &mut w);
     answer(host, &mut w, token, 304, None);
@@ -336,10 +341,7 @@ fn a_budget_per_api_key_and_model_names_the_model_under_its_api_key() {
             {"name": "per-key-model", "rate": {"requests": 20, "period": "1d", "algorithm": "fixed_window"},
              "key": {"header": "x-api-key", "json": "model", "label": "field", "max_keys": 100}}]}]}"#;
     let host = FakeHost::at(T0);
-    let mut w = worker(&host, MODELS);
-    w.set_sync(Some(sync_settings()));
-    let (_, token) = next_report(&host, &mut w);
-    answer(&host, &mut w, token, 304, None);
+    let mut w = known_with(&host, MODELS);
     let calls: [(&[u8], &str); 4] = [
         (b"sk-one", "gpt-4o"),
         (b"sk-one", "gpt-4o-mini"),
