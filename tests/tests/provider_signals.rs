@@ -334,7 +334,8 @@ fn provider_refused_share(run: &Run) -> f64 {
 /// 100/s. Following the provider's count (OpenAI's headers, and the IETF
 /// fields), the provider refuses at most 1 % of the calls after the first
 /// second; with OpenAI's millisecond resets it still gets at least 90 % of
-/// its limit. The same run not following it is reported beside.
+/// its limit over the run. The same run not following it is reported
+/// beside.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_providers_limit_drops_and_following_its_count_keeps_refusals_under_1_percent(
 ) -> anyhow::Result<()> {
@@ -368,16 +369,23 @@ async fn the_providers_limit_drops_and_following_its_count_keeps_refusals_under_
     for run in [&openai, &ietf] {
         assert!(provider_refused_share(run) <= 0.01, "{}", describe(run));
     }
-    // OpenAI's resets are in milliseconds: the limit is used to the full.
+    // OpenAI's resets are in milliseconds: the limit is used, 90 % of it
+    // over the run and at least half of each second. Not 90 % of every
+    // second: on a loaded machine the answers carrying the provider's
+    // count come back late, and a follower of a stale count holds back
+    // (a clean CI run with lint and the simulator beside it: 35 of 40 in
+    // the second of the drop). What a follower serves whatever the
+    // answers' delays is the simulator's claim, in virtual time:
+    // `tests/sim/tests/listening.rs` (at least 90 % served a second).
     // The IETF `t` is whole seconds, which cannot place a one-second
     // window's reset: Sluice waits for it on the safe side (reported).
-    for w in &openai.windows {
-        assert!(
-            w.accepted * 100 >= w.limit * 90,
-            "the provider's limit is still used: {}",
-            describe(&openai)
-        );
-    }
+    let accepted: u64 = openai.windows.iter().map(|w| w.accepted).sum();
+    let limits: u64 = openai.windows.iter().map(|w| w.limit).sum();
+    assert!(
+        accepted * 100 >= limits * 90 && openai.windows.iter().all(|w| w.accepted * 2 >= w.limit),
+        "the provider's limit is still used: {}",
+        describe(&openai)
+    );
     assert!(
         provider_refused_share(&blind) > 0.2,
         "without following, the provider refuses: {}",
