@@ -108,6 +108,13 @@ pub fn spend_parents_key(limit: &str) -> String {
     format!("sluice/sp/{limit}")
 }
 
+/// The places of a keyed limit's top spenders as the last VM to report
+/// read them (`Json<Vec<u32>>`): the next VM to report reads them first,
+/// so every VM reports the same top keys (see `worker/spend.rs`).
+pub fn spend_top_key(limit: &str) -> String {
+    format!("sluice/st/{limit}")
+}
+
 /// Marks a budget's state as one the admin's budgets header set.
 pub fn budget_known_key(limit: &str) -> String {
     format!("sluice/bk/{limit}")

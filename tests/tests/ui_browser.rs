@@ -1598,10 +1598,11 @@ async fn the_live_view_shows_each_teams_spend_against_its_budget() -> anyhow::Re
     let month = browser
         .text(&format!("{company} .month-projection"))
         .await?;
-    // The reporting VM tells the keys it has read; each VM reads its own
-    // slice of the 10 000 places per report (filter/src/worker/spend.rs),
-    // so a key new to one VM is told by the other up to 2 x 10 reports
-    // (5 s at 250 ms) later: the count may read 2 until then (CI, stop 58).
+    // The reporting VM tells the keys it has read: its own slice of the
+    // 10 000 places per report, and first the places of the top keys the
+    // last VM to report left in shared data (filter/src/worker/spend.rs).
+    // A key is told once a VM's slice reaches its place, up to 10 reports
+    // (5 s at 250 ms, two VMs taking turns) after its first call.
     let keys = browser
         .wait_text(
             ".live-budget[data-limit='team-daily'] .spending-keys",
@@ -1704,8 +1705,7 @@ async fn last_refusal_in_the_tree(
         .wait_text(node, Duration::from_secs(15), |t| t.ends_with(&want))
         .await?;
     println!("ui: tree: team-a's key last refused {text}");
-    // The VM reporting may not have read team a's places yet (see
-    // `budgets_as_a_tree`): asked until a report holds the refusal.
+    // The refusal is read with the next report: asked until one has it.
     let deadline = Instant::now() + Duration::from_secs(15);
     let team_a = loop {
         let (_, tree) = op
@@ -1815,9 +1815,8 @@ async fn budgets_as_a_tree(
         );
         anyhow::ensure!(!team_class.contains("tightest"), "{node}: {team_class}");
     }
-    // Each VM reports the keys it has read itself (a key new to one VM is
-    // told by the other some reports later, see above): asked until the
-    // tree has settled.
+    // The tree is whole once the reporting VM has read every key's
+    // place (see above): asked until it has settled.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (status, tree) = op

@@ -143,6 +143,64 @@ fn broken_labels_and_places_read_as_hashes_and_fresh_states() {
     assert_eq!(teams.spent, 1);
 }
 
+/// Two VMs take turns to report: a key the one has read is in the other's
+/// next report too, though that VM has read only a sixth of the places
+/// itself (the live view showed such a key come and go, and its key one
+/// level down stand as a root, until every VM had read it).
+#[test]
+fn every_vm_reports_the_top_keys_the_last_one_read() {
+    let host = FakeHost::at(T0);
+    let mut first = known(&host);
+    let mut second = known(&host);
+    let mut id = 1;
+    for (team, calls) in [(&b"team-a"[..], 5), (b"team-b", 3), (b"team-c", 1)] {
+        for _ in 0..calls {
+            assert!(call(&host, &mut first, id, team, b"sk-one"));
+            id += 1;
+        }
+    }
+    for _ in 0..6 {
+        spend(&mut first, &host, "per-team");
+    }
+    let teams = spend(&mut second, &host, "per-team");
+    let shown: Vec<(&str, u64)> = teams
+        .keys
+        .iter()
+        .map(|k| (k.label.as_str(), k.spent))
+        .collect();
+    assert_eq!(shown, [("team-a", 5), ("team-b", 3), ("team-c", 1)]);
+    assert_eq!((teams.spent, teams.spending_keys), (9, 3));
+}
+
+/// The places left for the next VM are only a hint: garbage, places past
+/// the limit's and a list longer than a report shows are read as far as
+/// they make sense, and the report is what the places hold.
+#[test]
+fn a_broken_hint_of_top_places_reads_no_further_than_the_limits_places() {
+    let host = FakeHost::at(T0);
+    let mut w = known(&host);
+    assert!(call(&host, &mut w, 1, b"team-a", b"sk-one"));
+    for hint in [
+        &b"{not json"[..],
+        b"[4294967295, 3000, 7]",
+        &serde_json::to_vec(&(0..100_000u32).collect::<Vec<_>>()).expect("json"),
+    ] {
+        host.shared_set("sluice/st/per-team", hint, None)
+            .expect("set");
+        let teams = spend(&mut w, &host, "per-team");
+        assert!(teams.spent <= 1, "{teams:?}");
+        let (left, _) = host.shared_get("sluice/st/per-team");
+        // Garbage stays while this VM has read no spending place.
+        let left: Vec<u32> = serde_json::from_slice(&left.expect("a hint")).unwrap_or_default();
+        assert!(left.len() <= 1, "the top it read, not the hint: {left:?}");
+    }
+    let mut teams = SpendReport::default();
+    for _ in 0..6 {
+        teams = spend(&mut w, &host, "per-team");
+    }
+    assert_eq!((teams.spent, teams.keys.len()), (1, 1));
+}
+
 #[test]
 fn without_a_token_keys_keep_the_envoys_own_secret() {
     let host = FakeHost::at(T0);

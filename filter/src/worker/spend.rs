@@ -8,7 +8,11 @@
 //! top spenders of all it remembers, so a report costs the same however
 //! many keys there are. Each VM remembers what it read itself: with `n`
 //! VMs taking turns a place is at most `n * max_keys / SCAN_PER_REPORT`
-//! reports old. For a keyed budget it also reports the keys whose spend
+//! reports old. So that a key one VM has read is not missing from the
+//! next VM's report (the live view would show it come and go until every
+//! VM had read it), the reporting VM leaves the places of its top
+//! spenders in shared data ([`entries::spend_top_key`]) and each VM
+//! reads those first. For a keyed budget it also reports the keys whose spend
 //! differs from what it last read (`budget_keys`, held by the admin across
 //! restarts, see `budgets.rs`); a key that gave its place up is reported
 //! as having spent nothing.
@@ -36,7 +40,8 @@ use sluice_wire::sync::{KeySpent, MAX_KEYS_REPORTED};
 use super::ctx::Ctx;
 use super::key_places::owner_of;
 use crate::entries::{
-    self, spend_labels_key, spend_parents_key, state_key, Json, LimitOf, OwnedLimitState, Place,
+    self, spend_labels_key, spend_parents_key, spend_top_key, state_key, Codec, Json, LimitOf,
+    OwnedLimitState, Place,
 };
 use crate::host::Host;
 use crate::store::StoreError;
@@ -308,7 +313,26 @@ impl SpendScan {
                 ..KeyedScan::default()
             };
         }
-        let changed = scan.read_next(host, limit, self.per_limit.max(1).min(places), now);
+        let top_key = spend_top_key(&limit.name);
+        let hinted = entries::read(host, &top_key, &Json::<Vec<u32>>::default());
+        let mut changed = Vec::new();
+        // A hostile or stale hint reads no more places than a report shows.
+        for place in hinted.iter().take(SHOWN_TOP_KEYS) {
+            if *place < places {
+                scan.read_place(host, limit, *place, now, &mut changed);
+            }
+        }
+        changed.extend(scan.read_next(host, limit, self.per_limit.max(1).min(places), now));
+        let top_places = scan.top_places();
+        if top_places != hinted {
+            // Only a hint: a failed write leaves the next VM to find
+            // these places in its own turn.
+            let _ = host.shared_set(
+                &top_key,
+                &Json::<Vec<u32>>::default().encode(&top_places),
+                None,
+            );
+        }
         if limit.keyed_budget && !changed.is_empty() {
             // Taken at every report: at most twice the places read.
             let list = self.changed.entry(limit.name.clone()).or_default();
@@ -357,33 +381,61 @@ impl KeyedScan {
         let mut changed = Vec::new();
         for _ in 0..count {
             let place = self.next;
-            let key = state_key(LimitOf::Named(&limit.name), Place::Slot(place));
-            let (owner, spent, renews_at) = spent_at(host, &limit.rate, &key, now);
-            let (was_owner, was_spent) =
-                self.held.get(&place).map_or((0, 0), |h| (h.owner, h.spent));
-            if was_owner != 0 && was_owner != owner && was_spent > 0 {
-                // Its key gave the place up (idle: nothing spent now).
-                changed.push(KeySpent {
-                    owner: was_owner,
-                    spent: 0,
-                });
-            }
-            if owner != 0 && (owner, spent) != (was_owner, was_spent) {
-                changed.push(KeySpent { owner, spent });
-            }
-            if owner == 0 {
-                self.held.remove(&place);
-            } else {
-                let held = HeldPlace {
-                    owner,
-                    spent,
-                    renews_at,
-                };
-                self.held.insert(place, held);
-            }
+            self.read_place(host, limit, place, now, &mut changed);
             self.next = (place + 1) % self.places;
         }
         changed
+    }
+
+    /// Reads which key holds `place` and what it spent, adding to
+    /// `changed` what differs from the last reading.
+    fn read_place<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        limit: &CompiledLimit,
+        place: u32,
+        now: Instant,
+        changed: &mut Vec<KeySpent>,
+    ) {
+        let key = state_key(LimitOf::Named(&limit.name), Place::Slot(place));
+        let (owner, spent, renews_at) = spent_at(host, &limit.rate, &key, now);
+        let (was_owner, was_spent) = self.held.get(&place).map_or((0, 0), |h| (h.owner, h.spent));
+        if was_owner != 0 && was_owner != owner && was_spent > 0 {
+            // Its key gave the place up (idle: nothing spent now).
+            changed.push(KeySpent {
+                owner: was_owner,
+                spent: 0,
+            });
+        }
+        if owner != 0 && (owner, spent) != (was_owner, was_spent) {
+            changed.push(KeySpent { owner, spent });
+        }
+        if owner == 0 {
+            self.held.remove(&place);
+        } else {
+            let held = HeldPlace {
+                owner,
+                spent,
+                renews_at,
+            };
+            self.held.insert(place, held);
+        }
+    }
+
+    /// The places of the [`SHOWN_TOP_KEYS`] keys that spent most, in
+    /// order of place (the same set reads the same).
+    fn top_places(&self) -> Vec<u32> {
+        let mut top: Vec<(u32, u64)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.spent > 0)
+            .map(|(place, h)| (*place, h.spent))
+            .collect();
+        top.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(SHOWN_TOP_KEYS);
+        let mut places: Vec<u32> = top.into_iter().map(|(place, _)| place).collect();
+        places.sort_unstable();
+        places
     }
 
     /// The keys spending now: (owner, spent).
