@@ -1310,6 +1310,67 @@ fn a_route_rung_names_a_member_of_its_own_pool() {
     );
 }
 
+/// A queue rung: on a policy's own fixed-window limit, in a policy that
+/// queues, its share in (0, 1), a keyed limit only under the policy's own
+/// key; refused on a token bucket (so on a global limit), a concurrency
+/// limit and a pool member's limit, each with its field.
+#[test]
+fn a_queue_rung_paces_a_window_of_a_queueing_policy() {
+    let paced = |on_limit: &str, key: &str, limits: &str| {
+        set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}}{on_limit}{key},
+                "limits": [{limits}]}}"#
+        ))
+    };
+    let queue = r#", "on_limit": {"action": "queue", "max_wait": "30s"}"#;
+    let team = r#", "key": {"header": "x-team"}"#;
+    let daily = |rest: &str| {
+        format!(
+            r#"{{"name": "daily", "rate": {{"requests": 1000, "period": "1d", "algorithm": "fixed_window"}}, "queue": {{"at": 0.8}}{rest}}}"#
+        )
+    };
+    for ok in [
+        paced(queue, "", &daily("")),
+        paced(
+            queue,
+            team,
+            &daily(r#", "key": {"header": "X-Team", "max_keys": 50}"#),
+        ),
+    ] {
+        parse_policy_set(&ok).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(
+        errors_of(&paced("", "", &daily(r#", "key": {"header": "x-team"}"#))),
+        vec![
+            "policies[0].limits[0].queue: a queue rung holds calls in the policy's queue: set `on_limit.action: queue` (and its `max_wait`, the longest a call is held)",
+            "policies[0].limits[0].queue.key: a paced key's calls wait in their policy key's queue: give the policy the same `key` (x-team), or one key's paced call would hold every other key's behind it",
+        ]
+    );
+    assert_eq!(
+        errors_of(&paced(
+            queue,
+            "",
+            r#"{"name": "bucket", "rate": {"requests": 1000, "period": "1h"}, "queue": {"at": 1}},
+               {"name": "slots", "concurrency": {"max_in_flight": 2}, "queue": {"at": 0.5}}"#
+        )),
+        vec![
+            "policies[0].limits[0].queue: a queue rung paces the rest of a window: give the limit `algorithm: fixed_window`",
+            "policies[0].limits[0].queue.at: a share of the limit, above 0 and below 1 (0.8 paces the last 20 %)",
+            "policies[0].limits[1].queue: a queue rung paces a limit's window: a concurrency limit has none",
+        ]
+    );
+    assert_eq!(
+        errors_of(&set_with(&format!(
+            r#"{{"name": "llm", "match": {{"host": "llm.example"}}, "rate": {{"requests": 100, "period": "1s"}}{queue},
+                "pool": {{"members": [{}, {{"name": "local", "cluster": "l", "limits": [
+                  {{"name": "l-daily", "rate": {{"requests": 10, "period": "1d", "algorithm": "fixed_window"}}, "queue": {{"at": 0.5}}}},
+                  {{"name": "l-rps", "rate": {{"requests": 10, "period": "1s"}}, "provider": {{}}}}]}}]}}}}"#,
+            member("cloud", "c", "c-rps")
+        ))),
+        vec!["policies[0].pool.members[1].limits[0].queue: a member's paced limit would pass the member over, not hold the call: put the queue rung on the pool policy's own `limits`"]
+    );
+}
+
 /// Third security review, item 1, was: a pool after a policy that reads
 /// the body would route its calls before that policy passed them on. A
 /// pool now routes a call once it is decided, body and all, so it may

@@ -327,6 +327,9 @@ mod tests {
         // policy's JSON, beside the pool it names.
         "/limits/route/at",
         "/limits/route/member",
+        // A queue rung (a share of a fixed window, paced past it): in the
+        // policy's JSON, beside its queue's `on_limit`.
+        "/limits/queue/at",
         // A calendar period for a policy's own rate (a budget is a
         // further limit's): in the policy's JSON.
         "/rate/time_zone",

@@ -31,6 +31,7 @@ mod provider;
 mod provider_relay;
 mod push;
 mod queue_limits;
+mod queue_rung;
 mod security;
 mod slot_limits;
 mod spend;

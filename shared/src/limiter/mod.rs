@@ -8,6 +8,7 @@
 
 pub mod concurrency;
 mod edges;
+pub mod pace;
 pub mod stack;
 pub mod token_bucket;
 pub mod window;
@@ -137,6 +138,15 @@ impl RateLimiter {
             Algorithm::SlidingWindow => {
                 RateLimiter::SlidingWindow(SlidingWindow::new(spec.requests, period))
             }
+        }
+    }
+
+    /// Paces the rest of each window past the share `at` of it (the queue
+    /// rung, see [`pace`]): only a fixed window has windows to pace.
+    pub fn paced_past(self, at: f64) -> Self {
+        match self {
+            RateLimiter::FixedWindow(w) => RateLimiter::FixedWindow(w.paced_past(at)),
+            other => other,
         }
     }
 

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use super::edges::{align, windows_between, Edges};
+use super::pace::Pace;
 use super::{ceil_div, Decision, DecodeError, Reservation};
 use crate::calendar::Calendar;
 use crate::time::{Instant, Span};
@@ -42,6 +43,8 @@ fn check_len(bytes: &[u8], expected: usize) -> Result<(), DecodeError> {
 pub struct FixedWindow {
     limit: u64,
     edges: Edges,
+    /// The queue rung: past its line the rest of a window is paced.
+    pace: Option<Pace>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,6 +77,7 @@ impl FixedWindow {
         Self {
             limit: limit.max(1),
             edges: Edges::Every(period.max(Span::from_nanos(1))),
+            pace: None,
         }
     }
 
@@ -82,6 +86,23 @@ impl FixedWindow {
         Self {
             limit: limit.max(1),
             edges: Edges::Calendar(Arc::new(calendar)),
+            pace: None,
+        }
+    }
+
+    /// Paces the rest of each window past the share `at` of it (see
+    /// [`Pace`]); a share outside (0, 1) paces nothing.
+    pub fn paced_past(mut self, at: f64) -> Self {
+        self.pace = Pace::past(self.limit, at);
+        self
+    }
+
+    /// When the window starting at `start` lets its count reach `need`:
+    /// its start, or later past the queue rung's line.
+    fn paced_at(&self, start: Instant, need: u64) -> Instant {
+        match &self.pace {
+            Some(pace) => pace.reaches(start, self.edges.after(start, 1), self.limit, need),
+            None => start,
         }
     }
 
@@ -130,13 +151,21 @@ impl FixedWindow {
         let cur = self.current(state, now);
         let window_end = self.edges.after(cur.window_start, 1);
         let ahead = cur.window_start > now;
-        let fits = cur.count.saturating_add(cost) <= self.limit;
-        if ahead || !fits {
-            let retry_at = if ahead && fits {
-                cur.window_start
-            } else {
-                self.window_after(&cur, self.windows_to_room(&cur, cost).max(1))
-            };
+        let need = cur.count.saturating_add(cost);
+        let fits = need <= self.limit;
+        let paced_at = if fits {
+            self.paced_at(cur.window_start, need)
+        } else {
+            // The first window with room, where its count may be paced.
+            let windows = self.windows_to_room(&cur, cost).max(1);
+            let carried = cur
+                .count
+                .saturating_sub(self.limit.saturating_mul(windows))
+                .saturating_add(cost);
+            self.paced_at(self.window_after(&cur, windows), carried)
+        };
+        if ahead || !fits || paced_at > now {
+            let retry_at = paced_at;
             return Decision::Deny {
                 retry_after: (retry_at - now).max(Span::from_nanos(1)),
                 reset_after: window_end - now,
@@ -191,7 +220,7 @@ impl FixedWindow {
                 .saturating_add(cost)
                 .min(self.limit.max(cost)),
         };
-        let instant = next.window_start.max(now);
+        let instant = self.paced_at(next.window_start, next.count).max(now);
         let wait = instant - now;
         if wait > max_wait {
             return Reservation::Deny {

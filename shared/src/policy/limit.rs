@@ -12,6 +12,7 @@ use super::downgrade::{check_downgrade, DowngradeSpec};
 use super::fair::{check_fair_spec, FairSpec, Reservable};
 use super::key::{check_key, KeySpec};
 use super::provider::{check_provider, ProviderSpec};
+use super::queue_rung::QueueRungSpec;
 use super::rate::{
     check_concurrency, check_rate, check_rate_splits_into_shares, check_rate_up_to, Algorithm,
     ConcurrencySpec, RateSpec,
@@ -77,6 +78,12 @@ pub struct NamedLimit {
     /// the pool's choice (the answer says `x-sluice-routed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<RouteSpec>,
+    /// A rung before its wall on a fixed window: past `at` (a share of
+    /// the limit), the rest of the window is released evenly until it
+    /// renews, and a call ahead of that pace waits in the policy's queue
+    /// until the pace reaches it or its `max_wait` runs out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueRungSpec>,
     /// Whether callers are told its figures: what is spent of it and its
     /// size (a refusal's `x-sluice-spent` and `x-sluice-budget`, its
     /// quota in `RateLimit-Policy`, its remaining in `RateLimit`, the

@@ -18,6 +18,7 @@ pub mod period;
 pub mod pool;
 pub mod prompt;
 pub mod provider;
+pub mod queue_rung;
 pub mod rate;
 pub mod route;
 pub mod usage;

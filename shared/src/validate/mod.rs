@@ -214,6 +214,7 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
     check_scope(&mut r, policy);
     check_limits(&mut r, policy);
     crate::policy::route::check_routes(&mut r, policy);
+    crate::policy::queue_rung::check_queue_rungs(&mut r, policy);
     if let Some(fair) = &policy.fair {
         check_fair(&mut r, policy, fair);
     }

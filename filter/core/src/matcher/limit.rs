@@ -100,7 +100,10 @@ impl CompiledLimit {
     pub(crate) fn new(l: &NamedLimit, rate: &RateSpec) -> Self {
         Self {
             name: l.name.clone(),
-            rate: RateLimiter::from_spec(rate),
+            rate: match &l.queue {
+                Some(rung) => RateLimiter::from_spec(rate).paced_past(rung.at),
+                None => RateLimiter::from_spec(rate),
+            },
             cost: l.cost.clone(),
             cost_header: cost_header_of(&l.cost),
             cost_json: match &l.cost {
