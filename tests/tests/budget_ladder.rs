@@ -5,7 +5,8 @@
 //! team's day, then the provider sees only `gpt-4o-mini`, each answer
 //! saying so, until the budget refuses; what the provider billed never
 //! passes the budget. And a pool whose members have budgets passes over a
-//! member whose budget is spent (`envoy/pool.yaml`).
+//! member whose budget is spent (`envoy/pool.yaml`). A queue rung paces
+//! the rest of a window past its line.
 
 use sluice_demo::llm::{LlmLimits, MockLlm, MockPrice};
 use sluice_e2e::envoy::{workspace_root, Envoy};
@@ -394,5 +395,157 @@ async fn past_its_route_line_a_teams_calls_go_to_the_cheaper_deployment_until_th
         },
     )
     .await?;
+    Ok(())
+}
+
+/// Two paced limits (a queue rung at half of each), on two hosts: 20 calls
+/// per 1 000 s window (past 10 one per 100 s), calls that would wait more
+/// than 5 s refused; 100 per 100 s (past 50 one per 2 s), calls held up to
+/// 30 s. Windows are aligned to the epoch: each call's turn is known from
+/// the wall clock.
+fn paced_policies() -> String {
+    let paced = |host: &str, name: &str, requests: u32, period: &str, max_wait: &str| {
+        format!(
+            r#"{{"name": "{name}", "match": {{"host": "{host}"}}, "rate": {{"requests": 1000, "period": "1s"}},
+            "on_limit": {{"action": "queue", "max_wait": "{max_wait}"}},
+            "limits": [{{"name": "{name}-window", "queue": {{"at": 0.5}},
+              "rate": {{"requests": {requests}, "period": "{period}", "algorithm": "fixed_window"}}}}]}}"#
+        )
+    };
+    format!(
+        "[{}, {}]",
+        paced("api.slow.example", "slow", 20, "1000s", "5s"),
+        paced("api.paced.example", "paced", 100, "100s", "30s")
+    )
+}
+
+/// Seconds since the epoch, with the fraction.
+fn epoch_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+async fn call_host(
+    http: &reqwest::Client,
+    url: &str,
+    host: &str,
+) -> anyhow::Result<reqwest::Response> {
+    let body = serde_json::json!({"model": "gpt-4o", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Hello?"}]});
+    Ok(http
+        .post(url)
+        .header("host", host)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?)
+}
+
+/// The queue rung through Envoy: past its line a window's rest goes at an
+/// even pace. A call whose turn is further than its wait is refused at
+/// once, `x-sluice-reason: paced` and `Retry-After` its turn; calls within
+/// their wait are held and go at their turns, never ahead of the pace.
+/// Bounds only: what a loaded machine can make late, never early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_queue_line_a_window_goes_at_the_pace_of_its_rest() -> anyhow::Result<()> {
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, LlmLimits::default()).await?;
+    let config = format!(
+        r#"{{"instance": "e2e-paced", "fallback": {{"version": 1, "policies": {}}}}}"#,
+        paced_policies()
+    );
+    let envoy = Envoy::start(&config, llm.addr.port(), WORKERS)?;
+    let url = envoy.url("/v1/chat/completions");
+    let http = client();
+    // Start 1 to 70 s into a 100 s window, not in a 1 000 s window's last
+    // 100 s: no window renews while the test runs, and no turn of the
+    // slow window (every 100 s) falls within the first part.
+    loop {
+        let phase = epoch_secs() % 1000.0;
+        if phase % 100.0 >= 1.0 && phase % 100.0 <= 70.0 && phase < 900.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    // The slow window: 10, and one more per 100 s gone, at once.
+    let start = epoch_secs() % 1000.0;
+    let mut admitted = 0u64;
+    let mut sent;
+    let refused = loop {
+        anyhow::ensure!(admitted <= 20, "never refused");
+        sent = epoch_secs() % 1000.0;
+        let answer = call_host(&http, &url, "api.slow.example").await?;
+        match answer.status().as_u16() {
+            200 => admitted += 1,
+            429 => break answer,
+            other => anyhow::bail!("slow call {admitted}: {other}"),
+        }
+    };
+    let end = epoch_secs() % 1000.0;
+    let at_once = |phase: f64| 10 + (phase / 100.0).floor() as u64;
+    anyhow::ensure!(
+        admitted == at_once(start) || admitted == at_once(end),
+        "{admitted} at once, {start:.1}..{end:.1} s into the window"
+    );
+    let header = |name: &str| sluice_e2e::load::header_text(&refused, name);
+    let retry: f64 = header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no Retry-After"))?;
+    // Its turn, as seen from when it was sent and from its answer: the
+    // refusal was made between the two.
+    let turn_at = (admitted - 9) as f64 * 100.0;
+    let turn = turn_at - end;
+    println!(
+        "paced: slow window {admitted} at once {start:.1} s in, the next refused: {:?} {:?}, Retry-After {retry} (its turn in {turn:.1} s)",
+        header("x-sluice-reason"),
+        header("x-sluice-limit")
+    );
+    anyhow::ensure!(header("x-sluice-reason").as_deref() == Some("paced"));
+    anyhow::ensure!(header("x-sluice-limit").as_deref() == Some("slow-window"));
+    anyhow::ensure!(
+        retry >= turn - 0.01 && retry <= turn_at - sent + 1.01,
+        "Retry-After {retry}, turn in {turn:.1} s"
+    );
+
+    // The paced window: 50 and one per 2 s gone at once, then three held
+    // in turn. By any answer, no more than the pace had released.
+    let window_start = epoch_secs() - epoch_secs() % 100.0;
+    let released = |at: f64| 50 + ((at - window_start) / 2.0).floor() as u64;
+    let mut answers: Vec<(f64, u16)> = Vec::new();
+    let mut held = 0;
+    while held < 3 {
+        anyhow::ensure!(answers.len() < 100, "never held");
+        let sent = epoch_secs();
+        let answer = call_host(&http, &url, "api.paced.example").await?;
+        let back = epoch_secs();
+        answers.push((back, answer.status().as_u16()));
+        anyhow::ensure!(
+            answer.status() == 200,
+            "paced call {}: {}",
+            answers.len(),
+            answer.status()
+        );
+        let count = answers.len() as u64;
+        anyhow::ensure!(
+            count <= released(back),
+            "{count} admitted by {:.2} s into the window, the pace released {}",
+            back - window_start,
+            released(back)
+        );
+        // Past the line, a call whose turn had not come waited for it.
+        if count > released(sent) {
+            held += 1;
+        }
+    }
+    let first_held = answers.len() - 3;
+    let span = answers[answers.len() - 1].0 - answers[first_held - 1].0;
+    println!(
+        "paced: {} calls in the 100 s window by {:.1} s, the last three held {span:.1} s in all",
+        answers.len(),
+        answers[answers.len() - 1].0 - window_start
+    );
+    // Three turns, 2 s apart from the one before them.
+    anyhow::ensure!(span >= 4.0, "three held calls within {span:.1} s");
     Ok(())
 }

@@ -70,12 +70,12 @@ fn past_its_line_a_budget_lets_calls_go_at_the_pace_of_its_rest() {
     assert_eq!(resumed, [(15_000, 7)]);
     let refused: Vec<(u64, u32, Option<&str>)> = refused
         .iter()
-        .map(|(at, id, reply)| (*at, *id, reply.header("x-sluice-limit")))
+        .map(|(at, id, reply)| (*at, *id, reply.header("x-sluice-reason")))
         .collect();
     assert_eq!(
         refused,
-        [(30_010, 8, Some("budget"))],
-        "at the first tick past its deadline, in the budget's name"
+        [(30_010, 8, Some("paced"))],
+        "at the first tick past its deadline, held by the pace"
     );
     assert_eq!(host.metric("sluice.policy.llm.queue_timeouts"), 1);
     // The next window's first half goes at once again.
@@ -107,7 +107,10 @@ fn a_turn_beyond_max_wait_is_refused_at_once_with_when_the_pace_reaches_it() {
     let retry: u64 = header("retry-after")
         .and_then(|v| v.parse().ok())
         .expect("a Retry-After");
-    assert!((10..=20).contains(&retry), "{retry}");
+    assert_eq!(retry, 20, "the pace reaches it at 20 s");
+    assert_eq!(header("x-sluice-reason").as_deref(), Some("paced"));
+    let body = String::from_utf8_lossy(&refused.body);
+    assert!(body.contains("past its queue line"), "{body}");
 }
 
 #[test]

@@ -111,6 +111,9 @@ pub(super) enum Why {
     /// The limit's rate is shared fairly (`fair`) and the call's key is
     /// past its share while others want theirs.
     FairShare,
+    /// The limit has room for the call, but it is past its queue rung's
+    /// line and the call is ahead of the pace its rest is released at.
+    Paced,
 }
 
 /// How long a caller refused for an unpriced model is told to wait: the
@@ -360,15 +363,21 @@ fn take_rates<H: Host + ?Sized>(
     match take.outcome() {
         Some(StackedOutcome::Refused { limit, retry_after }) => {
             // Counted by the caller: a refusal, or a wait in the queue.
-            let name = policy
-                .limits
-                .get(limit)
-                .map_or_else(String::new, |l| l.name.clone());
+            let refused_by = policy.limits.get(limit);
+            let standing = take.standing();
+            // Room in the window (the cost fits what is left) means the
+            // pace held the call, not the wall.
+            let paced = refused_by.is_some_and(|l| l.rate.is_paced())
+                && standing.is_some_and(|s| {
+                    s.spent
+                        .saturating_add(costs.get(limit).copied().unwrap_or(0))
+                        <= s.size
+                });
             Err(Taken::Refused {
-                limit: name,
+                limit: refused_by.map_or_else(String::new, |l| l.name.clone()),
                 retry_after,
-                why: Why::Limit,
-                standing: take.standing(),
+                why: if paced { Why::Paced } else { Why::Limit },
+                standing,
             })
         }
         _ => {

@@ -105,6 +105,9 @@ impl Refusal {
                 why: Why::FairShare,
                 ..
             } => Some("fair-share"),
+            Refusal::Limit {
+                why: Why::Paced, ..
+            } => Some("paced"),
             Refusal::BudgetUnknown { .. } => Some("budget-unknown"),
             Refusal::AboveShareBurst { .. } => Some("cost-above-share-burst"),
             Refusal::FairShare => Some("fair-share"),
@@ -140,6 +143,14 @@ impl Refusal {
                 ..
             } => format!(
                 "limited by sluice policy {policy} (limit {limit}): this caller has used its fair share of the limit while others want theirs\n"
+            ),
+            Refusal::Limit {
+                limit,
+                why: Why::Paced,
+                ..
+            } => format!(
+                "limited by sluice policy {policy} (limit {limit}): past its queue line, the rest of its window goes at an even pace, and this call's turn is {} ms away\n",
+                retry_after.as_millis()
             ),
             Refusal::Limit { limit, why, .. } => {
                 let what = if *why == Why::ProviderCount {

@@ -150,6 +150,11 @@ impl RateLimiter {
         }
     }
 
+    /// Whether it paces the rest of its windows (a queue rung).
+    pub fn is_paced(&self) -> bool {
+        matches!(self, RateLimiter::FixedWindow(w) if w.is_paced())
+    }
+
     /// `at` (rounded up to the second) as the clock its windows follow
     /// shows it: a calendar's zone
     /// (`2026-03-30T00:00:00+02:00[Europe/Berlin]`), else UTC

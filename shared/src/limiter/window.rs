@@ -97,6 +97,11 @@ impl FixedWindow {
         self
     }
 
+    /// Whether it paces the rest of its windows.
+    pub fn is_paced(&self) -> bool {
+        self.pace.is_some()
+    }
+
     /// When the window starting at `start` lets its count reach `need`:
     /// its start, or later past the queue rung's line.
     fn paced_at(&self, start: Instant, need: u64) -> Instant {
