@@ -363,16 +363,11 @@ fn take_rates<H: Host + ?Sized>(
     match take.outcome() {
         Some(StackedOutcome::Refused { limit, retry_after }) => {
             // Counted by the caller: a refusal, or a wait in the queue.
-            let refused_by = policy.limits.get(limit);
-            let standing = take.standing();
-            // Room in the window (the cost fits what is left) means the
-            // pace held the call, not the wall.
-            let paced = refused_by.is_some_and(|l| l.rate.is_paced())
-                && standing.is_some_and(|s| {
-                    s.spent
-                        .saturating_add(costs.get(limit).copied().unwrap_or(0))
-                        <= s.size
-                });
+            let (refused_by, standing) = (policy.limits.get(limit), take.standing());
+            let cost = costs.get(limit).copied().unwrap_or(0);
+            let paced = refused_by
+                .zip(standing)
+                .is_some_and(|(l, s)| l.held_by_pace(&s, cost));
             Err(Taken::Refused {
                 limit: refused_by.map_or_else(String::new, |l| l.name.clone()),
                 retry_after,
@@ -392,7 +387,6 @@ fn take_rates<H: Host + ?Sized>(
     }
 }
 
-/// A limit the call left past a warning line: its name, thousandths used.
 /// A limit the call left past a warning line, and the thousandths of it
 /// used (None: the limit does not tell, `tell_spend: false`).
 pub(super) type PastWarning = (String, Option<u64>);

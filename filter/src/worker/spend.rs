@@ -313,26 +313,8 @@ impl SpendScan {
                 ..KeyedScan::default()
             };
         }
-        let top_key = spend_top_key(&limit.name);
-        let hinted = entries::read(host, &top_key, &Json::<Vec<u32>>::default());
-        let mut changed = Vec::new();
-        // A hostile or stale hint reads no more places than a report shows.
-        for place in hinted.iter().take(SHOWN_TOP_KEYS) {
-            if *place < places {
-                scan.read_place(host, limit, *place, now, &mut changed);
-            }
-        }
-        changed.extend(scan.read_next(host, limit, self.per_limit.max(1).min(places), now));
-        let top_places = scan.top_places();
-        if top_places != hinted {
-            // Only a hint: a failed write leaves the next VM to find
-            // these places in its own turn.
-            let _ = host.shared_set(
-                &top_key,
-                &Json::<Vec<u32>>::default().encode(&top_places),
-                None,
-            );
-        }
+        let changed =
+            scan.read_hinted_and_next(host, limit, self.per_limit.max(1).min(places), now);
         if limit.keyed_budget && !changed.is_empty() {
             // Taken at every report: at most twice the places read.
             let list = self.changed.entry(limit.name.clone()).or_default();
@@ -383,6 +365,39 @@ impl KeyedScan {
             let place = self.next;
             self.read_place(host, limit, place, now, &mut changed);
             self.next = (place + 1) % self.places;
+        }
+        changed
+    }
+
+    /// Reads the places of the top keys the last VM to report left, then
+    /// the next `count`, and leaves this VM's top for the next. Returns the
+    /// keys whose spending changed.
+    fn read_hinted_and_next<H: Host + ?Sized>(
+        &mut self,
+        host: &H,
+        limit: &CompiledLimit,
+        count: u32,
+        now: Instant,
+    ) -> Vec<KeySpent> {
+        let top_key = spend_top_key(&limit.name);
+        let hinted = entries::read(host, &top_key, &Json::<Vec<u32>>::default());
+        let mut changed = Vec::new();
+        // A hostile or stale hint reads no more places than a report shows.
+        for place in hinted.iter().take(SHOWN_TOP_KEYS) {
+            if *place < self.places {
+                self.read_place(host, limit, *place, now, &mut changed);
+            }
+        }
+        changed.extend(self.read_next(host, limit, count, now));
+        let top_places = self.top_places();
+        if top_places != hinted {
+            // Only a hint: a failed write leaves the next VM to find
+            // these places in its own turn.
+            let _ = host.shared_set(
+                &top_key,
+                &Json::<Vec<u32>>::default().encode(&top_places),
+                None,
+            );
         }
         changed
     }

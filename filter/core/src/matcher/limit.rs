@@ -4,7 +4,7 @@
 use sluice_shared::json_path::JsonPath;
 use sluice_shared::key_hash::KeySecret;
 use sluice_shared::key_view::{name_key, KeyName};
-use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter};
+use sluice_shared::limiter::{ConcurrencyLimit, RateLimiter, Standing};
 use sluice_shared::policy::downgrade::DowngradeSpec;
 use sluice_shared::policy::{
     ConcurrencySpec, CostSpec, KeyLabel, KeyOverflow, NamedLimit, RateSpec, Scope, UsageSpec,
@@ -155,6 +155,12 @@ impl CompiledLimit {
 
     /// Whether its take leaves a rung's line (`downgrade`, `route`)
     /// to watch: its standing after the take is wanted.
+    /// Whether a refusal standing at `standing` was its queue rung's pace
+    /// holding a call of `cost`, not its wall: the window has room for it.
+    pub fn held_by_pace(&self, standing: &Standing, cost: u64) -> bool {
+        self.rate.is_paced() && standing.spent.saturating_add(cost) <= standing.size
+    }
+
     pub fn has_rungs(&self) -> bool {
         self.downgrade.is_some() || self.route.is_some()
     }
