@@ -88,25 +88,28 @@ pub fn hash_label(hash: u64) -> String {
 
 /// A pair's body field, shown as itself (see [`value_label`]).
 fn field_label(value: &[u8]) -> Option<String> {
+    value_label(split_pair(value)?.1)
+}
+
+/// A pair key's header value and body field (split at the first
+/// [`KEY_PARTS_JOIN`]: a header holding it gives no key); None for a key
+/// of one part.
+pub fn split_pair(value: &[u8]) -> Option<(&[u8], &[u8])> {
     let at = value.iter().position(|b| *b == KEY_PARTS_JOIN)?;
-    value_label(value.get(at + 1..)?)
+    Some((&value[..at], &value[at + 1..]))
 }
 
 /// A value shown as itself: printable ASCII only, so that no header value
 /// can smuggle markup or control characters into the admin; longer ones
 /// are cut with a marker.
 fn value_label(value: &[u8]) -> Option<String> {
-    if let Some(at) = value.iter().position(|b| *b == KEY_PARTS_JOIN) {
+    if let Some((header, field)) = split_pair(value) {
         // A pair: each part shown as itself, or the whole by its hash.
         let part = |part: &[u8]| match part {
             [] => Some("(none)".to_string()),
             part => value_label(part),
         };
-        return Some(format!(
-            "{} · {}",
-            part(&value[..at])?,
-            part(&value[at + 1..])?
-        ));
+        return Some(format!("{} · {}", part(header)?, part(field)?));
     }
     if !value.iter().all(|b| (0x20..0x7f).contains(b)) {
         return None;

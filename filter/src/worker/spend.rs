@@ -111,12 +111,12 @@ impl SpendLabels {
                 .parent
                 .and_then(|p| keys.get(p).copied().flatten())
                 .map_or(0, owner_of);
-            let by_value = limit.key_label != KeyLabel::Hash;
+            let shown_by_label = limit.key_label != KeyLabel::Hash;
             let owner = owner_of(*hash);
-            if (!by_value && parent == 0) || self.written.contains(&owner) {
+            if (!shown_by_label && parent == 0) || self.written.contains(&owner) {
                 continue;
             }
-            let label = by_value
+            let label = shown_by_label
                 .then(|| policy.limit_key_name(index, req, secret, body))
                 .flatten()
                 .map(|name| name.label);
