@@ -146,7 +146,7 @@ struct Args {
     #[arg(long, env = "SLUICE_INSTANCE_TTL", default_value = "1h", value_parser = parse_span)]
     instance_ttl: sluice_shared::Span,
     /// The audit log's rows of what budgets' rungs did (warning lines
-    /// crossed, calls downgraded, routed or refused: one per limit per rung per
+    /// crossed, calls downgraded, routed, paced or refused: one per limit per rung per
     /// minute) are deleted after this long, e.g. 30d; the people's
     /// changes are kept.
     #[arg(long, env = "SLUICE_WARN_RETENTION", default_value = "30d", value_parser = parse_span)]

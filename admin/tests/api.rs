@@ -2259,7 +2259,7 @@ async fn budgets_are_given_as_the_tree_their_stacking_forms() {
 /// summing what the Envoys reported; a short limit's refusals are not
 /// (stats count them; a row a minute per rate limit would drown the log).
 #[tokio::test]
-async fn downgrades_routes_and_budget_refusals_are_audited_per_minute() {
+async fn downgrades_routes_paces_and_budget_refusals_are_audited_per_minute() {
     let admin = start().await;
     let s = admin.login().await;
     let llm = json!({"name": "llm", "match": {"host": "api.llm.example"}, "rate": {"requests": 1000, "period": "1s"},
@@ -2272,7 +2272,7 @@ async fn downgrades_routes_and_budget_refusals_are_audited_per_minute() {
     let report = |instance: &str, downgraded: u64, refused: u64| {
         json!({"instance": instance, "policy_version": 1, "at_ms": 2000,
                "limits": {
-                 "team-monthly": {"downgraded": downgraded, "routed": downgraded + 1, "refused": refused, "requests": 500000000,
+                 "team-monthly": {"downgraded": downgraded, "routed": downgraded + 1, "paced": downgraded + 2, "refused": refused, "requests": 500000000,
                                   "period_ms": 2592000000u64, "spend": {"spent": 1, "size": 500000000}},
                  "per-second": {"refused": refused * 10, "requests": 10, "period_ms": 1000}}})
     };
@@ -2301,6 +2301,11 @@ async fn downgrades_routes_and_budget_refusals_are_audited_per_minute() {
     assert_eq!(
         rows("route", "team-monthly"),
         [json!({"calls": 8, "envoys": ["envoy-a", "envoy-b"]})]
+    );
+    // Paced by its queue rung: a 5 then 7, b 3.
+    assert_eq!(
+        rows("queue", "team-monthly"),
+        [json!({"calls": 10, "envoys": ["envoy-a", "envoy-b"]})]
     );
     assert_eq!(
         rows("refuse", "team-monthly"),

@@ -547,5 +547,15 @@ async fn past_its_queue_line_a_window_goes_at_the_pace_of_its_rest() -> anyhow::
     );
     // Three turns, 2 s apart from the one before them.
     anyhow::ensure!(span >= 4.0, "three held calls within {span:.1} s");
+    // Stats reach Envoy's admin at the next flush.
+    sluice_e2e::load::wait_for(
+        "the calls the pace held counted",
+        std::time::Duration::from_secs(10),
+        || {
+            envoy.limit_stat("slow-window", "paced").unwrap_or(0.0) == 1.0
+                && envoy.limit_stat("paced-window", "paced").unwrap_or(0.0) >= 3.0
+        },
+    )
+    .await?;
     Ok(())
 }

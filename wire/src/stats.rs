@@ -107,6 +107,10 @@ counters! {
         /// Pool calls sent to a member past this limit's `route` line:
         /// their answers carry `x-sluice-routed`.
         Routed = "routed", Rate;
+        /// Calls its `queue` rung's pace held on arrival, past its line:
+        /// queued for their turn, or refused (`x-sluice-reason: paced`)
+        /// when it was further than their wait.
+        Paced = "paced", Rate;
         /// Calls refused because this budget's spending before a restart
         /// is not known yet (the admin has not answered since).
         BudgetUnknown = "budget_unknown", Local;

@@ -78,6 +78,8 @@ fn past_its_line_a_budget_lets_calls_go_at_the_pace_of_its_rest() {
         "at the first tick past its deadline, held by the pace"
     );
     assert_eq!(host.metric("sluice.policy.llm.queue_timeouts"), 1);
+    // Held by the pace on arrival: the sixth, seventh and eighth.
+    assert_eq!(host.metric("sluice.limit.budget.paced"), 3);
     // The next window's first half goes at once again.
     host.advance_ms(100_000 - 60_000);
     assert_eq!(
@@ -111,6 +113,10 @@ fn a_turn_beyond_max_wait_is_refused_at_once_with_when_the_pace_reaches_it() {
     assert_eq!(header("x-sluice-reason").as_deref(), Some("paced"));
     let body = String::from_utf8_lossy(&refused.body);
     assert!(body.contains("past its queue line"), "{body}");
+    host.advance_ms(10);
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.budget.paced"), 1);
+    assert_eq!(host.metric("sluice.limit.budget.refused"), 1);
 }
 
 #[test]

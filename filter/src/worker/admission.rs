@@ -25,7 +25,7 @@ use super::ctx::Ctx;
 use super::fair::{self, Fair, FairSlot};
 use super::held_slot::HeldSlot;
 use super::key_places::owner_of;
-use super::limits::{self, Held, LimitInputs, Taken};
+use super::limits::{self, Held, LimitInputs, Taken, Why};
 use super::placement::{self, Placed};
 use super::pool::{self, PoolCall};
 use super::refusal::{self, LocalReply, Refusal};
@@ -338,9 +338,15 @@ fn after_limits<H: Host + ?Sized>(
             Ok((false, held))
         }
         Taken::Refused {
-            limit, retry_after, ..
+            limit,
+            retry_after,
+            why,
+            ..
         } if queue_wait(policy).is_some_and(|max_wait| retry_after <= max_wait) => {
             ctx.metrics.add_limit(&limit, LimitCounter::Queued, 1);
+            if why == Why::Paced {
+                ctx.metrics.add_limit(&limit, LimitCounter::Paced, 1);
+            }
             Ok((true, Held::default()))
         }
         Taken::Refused {
@@ -350,6 +356,9 @@ fn after_limits<H: Host + ?Sized>(
             standing,
         } => {
             ctx.metrics.add_limit(&limit, LimitCounter::Refused, 1);
+            if why == Why::Paced {
+                ctx.metrics.add_limit(&limit, LimitCounter::Paced, 1);
+            }
             let refusal = Refusal::Limit {
                 limit,
                 why,

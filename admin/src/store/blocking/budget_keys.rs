@@ -1,6 +1,6 @@
 //! What the admin holds of long limits across Envoys' restarts: the
 //! budgets' keys, and what each Envoy reported its rungs did (warning
-//! lines crossed, calls downgraded, routed or refused by a budget).
+//! lines crossed, calls downgraded, routed, paced or refused by a budget).
 
 use sluice_wire::stats::LimitCounter;
 
@@ -29,10 +29,11 @@ pub(in crate::store) fn is_zero(n: &u64) -> bool {
 /// The rungs the audit log records: the counter an Envoy reports, the
 /// row's action, and whether only budgets' (limits of an hour or longer,
 /// whose reports carry their spend) count.
-const RUNGS: [(LimitCounter, &str, bool); 4] = [
+const RUNGS: [(LimitCounter, &str, bool); 5] = [
     (LimitCounter::WarnCrossed, "warn", false),
     (LimitCounter::Downgraded, "downgrade", false),
     (LimitCounter::Routed, "route", false),
+    (LimitCounter::Paced, "queue", false),
     (LimitCounter::Refused, "refuse", true),
 ];
 
