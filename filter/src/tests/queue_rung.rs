@@ -138,3 +138,57 @@ fn each_key_is_paced_past_its_own_line() {
     assert!(refused.is_empty(), "{refused:?}");
     assert_eq!(resumed, [(20_000, 6)]);
 }
+
+/// A pool's own limit paced: a call ahead of the pace waits in the
+/// pool's queue (no member is passed over for it: the limit is every
+/// member's) and goes at its turn to a member that has room.
+#[test]
+fn a_pools_own_paced_limit_holds_its_calls_and_routes_them_at_their_turn() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(
+        &host,
+        r#"{"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "rate": {"requests": 1000, "period": "1s"},
+         "on_limit": {"action": "queue", "max_wait": "30s"},
+         "limits": [{"name": "budget", "queue": {"at": 0.5},
+                     "rate": {"requests": 10, "period": "100s", "algorithm": "fixed_window"}}],
+         "pool": {"members": [
+           {"name": "east", "cluster": "llm-east",
+            "limits": [{"name": "east-rps", "rate": {"requests": 100, "period": "1s"}, "provider": {}}]},
+           {"name": "west", "cluster": "llm-west",
+            "limits": [{"name": "west-rps", "rate": {"requests": 100, "period": "1s"}, "provider": {}}]}]}}]}"#,
+    );
+    assert_eq!(
+        arrive(&host, &mut w, 1..7, b"a"),
+        [200, 200, 200, 200, 200, 0]
+    );
+    let mut actions = Vec::new();
+    for at in (10..=25_000).step_by(10) {
+        host.advance_ms(10);
+        actions.extend(w.on_tick(&host).into_iter().map(|a| (at, a)));
+    }
+    // Its member's cluster is set as it resumes, at its turn.
+    let routes: Vec<(u64, String)> = actions
+        .iter()
+        .filter_map(|(at, a)| match a {
+            StreamAction::SetHeader(6, name, cluster) if name == "x-sluice-member" => {
+                Some((*at, cluster.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(routes.as_slice(), [(20_000, c)] if c == "llm-east" || c == "llm-west"),
+        "{routes:?}"
+    );
+    let others: Vec<&(u64, StreamAction)> = actions
+        .iter()
+        .filter(|(_, a)| !matches!(a, StreamAction::SetHeader(..)))
+        .collect();
+    assert!(
+        matches!(others.as_slice(), [(20_000, StreamAction::Resume(6))]),
+        "{others:?}"
+    );
+    assert_eq!(host.metric("sluice.limit.budget.paced"), 1);
+}
