@@ -1236,10 +1236,11 @@ fn a_pool_members_money_limit_needs_the_sets_prices() {
 
 /// A pool decides once the body is in when it reads it (its route header
 /// is written before the held headers go on): a match, a sticky key and a
-/// member's costs may read the JSON body. A downgrade rung in a pool is
-/// refused (a pool's call is not sent for a cheaper model).
+/// member's costs may read the JSON body. A pool's calls are sent for a
+/// cheaper model by a downgrade on the pool policy's own limits, never on
+/// a member's (a member whose budget cannot take a call is passed over).
 #[test]
-fn a_pool_may_read_the_request_body_but_not_downgrade() {
+fn a_pool_may_read_the_request_body_and_downgrade_on_its_own_limits() {
     let json = set_with(&format!(
         r#"{{"name": "llm", "match": {{"host": "llm.example", "json": [{{"path": "model", "equals": "gpt-4o"}}]}},
             "rate": {{"requests": 100, "period": "1s"}},
@@ -1265,8 +1266,19 @@ fn a_pool_may_read_the_request_body_but_not_downgrade() {
             "DOWNGRADE",
             r#", "downgrade": {"at": 0.8, "models": {"gpt-4o": "gpt-4o-mini"}}"#
         )),
-        vec!["policies[0].pool.members[1].limits[1].downgrade: a pool's calls are not sent for a cheaper model: put the downgrade on a policy without a pool"]
+        vec!["policies[0].pool.members[1].limits[1].downgrade: a member whose budget cannot take a call is passed over already: put the downgrade on the pool policy's own `limits`"]
     );
+    let own = priced.replace("DOWNGRADE", "").replace(
+        r#""rate": {"requests": 100, "period": "1s"},
+            "pool""#,
+        r#""rate": {"requests": 100, "period": "1s"},
+            "limits": [{"name": "team-usd", "key": {"header": "x-team"}, "cost": "price",
+                        "rate": {"algorithm": "fixed_window", "requests": 5000000, "period": "1d"},
+                        "downgrade": {"at": 0.8, "models": {"gpt-4o": "gpt-4o-mini"}}}],
+            "pool""#,
+    );
+    assert!(own.contains("team-usd"));
+    parse_policy_set(&own).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A route rung: on a pool policy's own rate limit, naming one of its

@@ -398,6 +398,99 @@ async fn past_its_route_line_a_teams_calls_go_to_the_cheaper_deployment_until_th
     Ok(())
 }
 
+/// The downgrade rung on a pool's own budget (both builds): a team's
+/// calls of gpt-4o reach a deployment as they are until their take
+/// reaches half the team's day, then as gpt-4o-mini only, each answer
+/// saying so, until the budget refuses; the deployments together billed
+/// no more than the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_budget_sends_its_calls_for_the_cheaper_model_past_its_line() -> anyhow::Result<()>
+{
+    let policies = routed_policies().replace(
+        r#""route": {"at": 0.5, "member": "west"}"#,
+        r#""downgrade": {"at": 0.5, "models": {"gpt-4o": "gpt-4o-mini"}}"#,
+    );
+    anyhow::ensure!(policies.contains("downgrade"), "{policies}");
+    let (east, west, envoy) = two_deployments(&policies).await?;
+    for mock in [&east, &west] {
+        let mut prices = gpt_4o_prices();
+        prices.push(MockPrice {
+            model: "gpt-4o-mini".into(),
+            input: 150_000,
+            cached_input: 150_000,
+            output: 600_000,
+        });
+        mock.set_prices(prices);
+    }
+    let http = client();
+    let url = envoy.url("/v1/chat/completions");
+    // Per admitted call: the member that answered, the model it answered
+    // for, x-sluice-downgraded.
+    let mut admitted: Vec<(String, Option<String>, Option<String>)> = Vec::new();
+    let refused_by = loop {
+        anyhow::ensure!(admitted.len() < 2_000, "never refused");
+        let response = chat_as(&http, &url, "gpt-4o", Some("team-a")).await?;
+        let header = |name: &str| sluice_e2e::load::header_text(&response, name);
+        let (member, downgraded, limit) = (
+            header("x-sluice-member-answered").unwrap_or_default(),
+            header("x-sluice-downgraded"),
+            header("x-sluice-limit"),
+        );
+        let status = response.status().as_u16();
+        let text = response.text().await?;
+        match status {
+            200 => {
+                let model = serde_json::from_str::<serde_json::Value>(&text)
+                    .ok()
+                    .and_then(|v| v["model"].as_str().map(str::to_string));
+                admitted.push((member, model, downgraded));
+            }
+            // Cheap calls come fast: past both deployments' 50 a second,
+            // their rates refuse for a moment.
+            429 if limit.as_deref().is_some_and(|l| l.ends_with("-rps")) => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            429 => break limit,
+            other => anyhow::bail!("call {}: {other} {text}", admitted.len()),
+        }
+    };
+    let billed = |mock: &MockLlm| mock.stats().spent.get("team-a").copied().unwrap_or(0);
+    let total = billed(&east) + billed(&west);
+    let dear = admitted
+        .iter()
+        .take_while(|(_, _, downgraded)| downgraded.is_none())
+        .count();
+    let cheap = admitted.len() - dear;
+    println!(
+        "pool downgrade: {dear} calls as gpt-4o, then {cheap} as gpt-4o-mini, refused by {refused_by:?}; team a billed {total} of {ROUTED_TEAM_BUDGET} (east {}, west {})",
+        billed(&east),
+        billed(&west)
+    );
+    for (i, (member, model, downgraded)) in admitted.iter().enumerate() {
+        anyhow::ensure!(member == "east" || member == "west", "call {i}: {member:?}");
+        let (want, header) = if i < dear {
+            ("gpt-4o", None)
+        } else {
+            ("gpt-4o-mini", Some("gpt-4o -> gpt-4o-mini"))
+        };
+        anyhow::ensure!(model.as_deref() == Some(want), "call {i}: {model:?}");
+        anyhow::ensure!(downgraded.as_deref() == header, "call {i}: {downgraded:?}");
+    }
+    anyhow::ensure!(dear >= 3 && cheap >= 20, "{dear} dear, {cheap} cheap");
+    anyhow::ensure!(
+        refused_by.as_deref() == Some("team-daily"),
+        "{refused_by:?}"
+    );
+    anyhow::ensure!(total <= ROUTED_TEAM_BUDGET, "billed {total}");
+    sluice_e2e::load::wait_for(
+        "every downgraded call counted",
+        std::time::Duration::from_secs(10),
+        || envoy.limit_stat("team-daily", "downgraded").unwrap_or(0.0) == cheap as f64,
+    )
+    .await?;
+    Ok(())
+}
+
 /// Two paced limits (a queue rung at half of each), on two hosts: 20 calls
 /// per 1 000 s window (past 10 one per 100 s), calls that would wait more
 /// than 5 s refused; 100 per 100 s (past 50 one per 2 s), calls held up to

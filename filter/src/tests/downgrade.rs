@@ -149,3 +149,66 @@ fn past_its_line_a_teams_dear_calls_go_for_the_cheaper_model_until_the_budget_st
         i64::from(cheap)
     );
 }
+
+/// The same budget on a pool policy's own limits, its two deployments
+/// each with a rate of its own and a day's budget priced at the call's
+/// model: past the line every gpt-4o call is sent as gpt-4o-mini to a
+/// member, each member's budget holding the cheaper estimate (so a
+/// member is not passed over for what the dear estimate would have
+/// taken), until the pool's budget stops them.
+#[test]
+fn a_pools_budget_sends_its_calls_for_the_cheaper_model_past_its_line() {
+    let pooled = TEAMS.replace(
+        r#""downgrade": {"at": 0.5, "models": {"gpt-4o*": "gpt-4o-mini"}}}]}]}"#,
+        r#""downgrade": {"at": 0.5, "models": {"gpt-4o*": "gpt-4o-mini"}}}],
+      "pool": {"members": [
+        {"name": "east", "cluster": "llm-east",
+         "limits": [{"name": "east-rps", "rate": {"requests": 100, "period": "1s"}, "provider": {}},
+                    {"name": "east-daily", "rate": {"requests": 6000, "period": "1d", "algorithm": "fixed_window"},
+                     "cost": "price"}]},
+        {"name": "west", "cluster": "llm-west",
+         "limits": [{"name": "west-rps", "rate": {"requests": 100, "period": "1s"}, "provider": {}},
+                    {"name": "west-daily", "rate": {"requests": 6000, "period": "1d", "algorithm": "fixed_window"},
+                     "cost": "price"}]}]}}]}"#,
+    );
+    assert_ne!(pooled, TEAMS);
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, &pooled);
+    let mut id = 0;
+    let (mut dear, mut cheap) = (0, 0);
+    let refused = loop {
+        id += 1;
+        let a = call(&host, &mut w, id, "team-a", "gpt-4o");
+        if a.verdict != Verdict::Continue {
+            break a.verdict;
+        }
+        let member = super::pool::routed(&host, id);
+        assert!(member.is_some(), "call {id} routed");
+        match a.sent {
+            None => {
+                assert_eq!(cheap, 0, "call {id}: dear after a cheap one");
+                dear += 1;
+            }
+            Some(sent) => {
+                assert_eq!(sent["model"], json!("gpt-4o-mini"), "call {id}");
+                assert_eq!(a.downgraded.as_deref(), Some("gpt-4o -> gpt-4o-mini"));
+                cheap += 1;
+            }
+        }
+        assert!(id < 1000, "never refused");
+    };
+    assert_eq!(dear, 4, "the fifth call's take reached half the budget");
+    // As without a pool: ~60 cheap calls until less than one dear estimate
+    // is left of the team's budget; the members' budgets, charged at the
+    // cheaper prices too, never refused one.
+    assert!((50..80).contains(&cheap), "{cheap} cheap calls");
+    assert_eq!(
+        crate::tests::header_of(&refused, "x-sluice-limit").as_deref(),
+        Some("team-daily")
+    );
+    w.on_tick(&host);
+    assert_eq!(
+        host.metric("sluice.limit.team-daily.downgraded"),
+        i64::from(cheap)
+    );
+}

@@ -9,8 +9,10 @@
 //!
 //! The call is judged at its own model's estimate, then downgraded: near
 //! the wall a call that would fit only at the cheaper price is refused,
-//! never let through on a guess. A queued call and a pool call go as
-//! they came.
+//! never let through on a guess. A queued call goes as it came. A pool
+//! call is judged as its member's policy (the pool's own limits and the
+//! member's); sent for the cheaper model, it takes the cheaper model's
+//! costs at every member.
 
 // What the call takes once sent for the cheaper model.
 #[path = "downgrade_call.rs"]
@@ -52,8 +54,8 @@ pub(super) struct AsItCame<'a, R: ?Sized> {
     pub raw: Option<&'a [u8]>,
 }
 
-/// Sends the call `held` for the cheaper model its take reached, if any:
-/// rewrites its body. None: no line reached, no model the rung names, or
+/// Sends the call `held` (of `policy`: for a pool call, its member's) for
+/// the cheaper model its take reached, if any: rewrites its body. None: no line reached, no model the rung names, or
 /// a body that cannot be rewritten (it goes as it came).
 pub(super) fn rewrite<H, R>(
     ctx: &mut Ctx<'_, H>,
@@ -68,9 +70,6 @@ where
     let AsItCame { req, body, raw } = *came;
     let raw = raw?;
     let (index, used) = held.rungs.downgrade()?;
-    if held.member.is_some() {
-        return None;
-    }
     let limit = policy.limits.get(index)?;
     let (from, path) = policy.body_model(req, body)?;
     let to = limit.downgrade_to(&from, used)?.to_string();

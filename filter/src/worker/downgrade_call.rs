@@ -9,9 +9,9 @@ use super::{rewrite, AsItCame, Downgraded};
 use crate::host::Host;
 use crate::worker::ctx::Ctx;
 use crate::worker::limits::{self, Held, LimitPlace};
-use crate::worker::provider;
 use crate::worker::request::CallInputs;
 use crate::worker::Parts;
+use crate::worker::{pool, provider};
 
 impl Parts {
     /// Sends a call its take left past a downgrade line for the cheaper
@@ -30,13 +30,23 @@ impl Parts {
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        let downgraded = rewrite(ctx, policy, held, came)?;
+        // A pool call holds its member's limits (the pool's own among them).
+        let holds = pool::limits_of(policy, held.member);
+        let costs_held = |inputs: &CallInputs| match (held.member, &inputs.pool) {
+            (Some(at), Some(call)) => call.members.get(at).map(|m| m.costs.clone()),
+            _ => Some(inputs.limits.costs.clone()),
+        };
+        // Read before the body is rewritten: past it, the call is sent
+        // for the cheaper model whatever follows.
+        let dear = costs_held(inputs)?;
+        let downgraded = rewrite(ctx, holds, held, came)?;
         let sent = BodyJson::parse(&downgraded.body);
-        let cheaper = self.inputs_of(ctx, policy, context_id, came.req, &sent);
-        let beyond: Vec<u64> = policy
+        let mut cheaper = self.inputs_of(ctx, policy, context_id, came.req, &sent);
+        let cheap = costs_held(&cheaper).unwrap_or_else(|| dear.clone());
+        let beyond: Vec<u64> = holds
             .limits
             .iter()
-            .zip(inputs.limits.costs.iter().zip(&cheaper.limits.costs))
+            .zip(dear.iter().zip(&cheap))
             .map(|(limit, (dear, cheap))| {
                 limit
                     .rate
@@ -44,8 +54,11 @@ impl Parts {
                     .saturating_sub(limit.rate.taken(*cheap))
             })
             .collect();
-        give_back_tokens(ctx, policy, &beyond, &held.places);
+        give_back_tokens(ctx, holds, &beyond, &held.places);
         inputs.limits.costs = cheaper.limits.costs;
+        if let (Some(call), Some(cheap)) = (inputs.pool.as_mut(), cheaper.pool.take()) {
+            call.members = cheap.members;
+        }
         inputs.price = cheaper.price;
         // Boxed: a rare rung's body and names ride in every call held.
         Some(Box::new(downgraded))

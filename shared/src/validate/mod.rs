@@ -270,15 +270,15 @@ fn check_scope(r: &mut Report, policy: &Policy) {
     }
 }
 
-/// A pool's call is not yet sent for a cheaper model: a `downgrade` rung
-/// in a pool (on its policy's limits or a member's) is refused here, never
-/// applied to one member's limits and charged at another's.
+/// A pool's call is sent for a cheaper model by a `downgrade` on the
+/// pool policy's own limits (every member's); a member's own limits have
+/// none: a member whose budget cannot take a call is passed over already.
 fn check_pool_not_downgraded(r: &mut Report, policy: &Policy) {
     for (at, limit) in policy.every_limit_at("") {
-        if limit.downgrade.is_some() {
+        if limit.downgrade.is_some() && at.starts_with("pool.") {
             r.at(
                 &format!("{at}.downgrade"),
-                "a pool's calls are not sent for a cheaper model: put the downgrade on a policy without a pool",
+                "a member whose budget cannot take a call is passed over already: put the downgrade on the pool policy's own `limits`",
             );
         }
     }
