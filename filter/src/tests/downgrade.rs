@@ -203,7 +203,7 @@ fn a_pools_budget_sends_its_calls_for_the_cheaper_model_past_its_line() {
     // cheaper prices too, never refused one.
     assert!((50..80).contains(&cheap), "{cheap} cheap calls");
     assert_eq!(
-        crate::tests::header_of(&refused, "x-sluice-limit").as_deref(),
+        crate::tests::header_of(&refused, "x-sluice-limit"),
         Some("team-daily")
     );
     w.on_tick(&host);
