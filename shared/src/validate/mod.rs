@@ -226,7 +226,7 @@ pub fn validate_policy(policy: &Policy, prefix: &str, errors: &mut Vec<FieldErro
                 "a pool routes every call to a member: its policy limits in `reject` or `queue` mode, not in shadow mode",
             );
         }
-        check_pool_not_downgraded(&mut r, policy);
+        check_members_not_downgraded(&mut r, policy);
         check_pool(&mut r, pool, policy.limits.len());
     }
     if let Some(priority) = &policy.priority {
@@ -273,7 +273,7 @@ fn check_scope(r: &mut Report, policy: &Policy) {
 /// A pool's call is sent for a cheaper model by a `downgrade` on the
 /// pool policy's own limits (every member's); a member's own limits have
 /// none: a member whose budget cannot take a call is passed over already.
-fn check_pool_not_downgraded(r: &mut Report, policy: &Policy) {
+fn check_members_not_downgraded(r: &mut Report, policy: &Policy) {
     for (at, limit) in policy.every_limit_at("") {
         if limit.downgrade.is_some() && at.starts_with("pool.") {
             r.at(
