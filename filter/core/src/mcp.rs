@@ -27,7 +27,9 @@ pub enum RpcCall {
 /// and each of its messages is classified alone first.
 pub const MAX_BATCH: usize = 128;
 
-/// Why a batch of MCP messages is refused whole, nothing of it counted.
+/// Why a batch of MCP messages cannot be decided as one call; unless it
+/// can be split into parts decided together, it is refused whole for it,
+/// nothing of it counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchProblem {
     /// One of its messages, sent alone, falls under another policy.
@@ -51,11 +53,17 @@ impl BatchProblem {
     /// What to do instead, for the caller.
     pub fn explain(self) -> String {
         match self {
-            Self::Mixed => "its messages fall under different limits: send them one by one".into(),
-            Self::ReadsEachMessage => {
-                "the policy keys each message, or reads a cost from each: send them one by one"
+            Self::Mixed => {
+                "its messages fall under different policies, and one of them waits in a \
+                            queue, routes through a pool, shares fairly, reads the answer's usage \
+                            or changes the body, or two hold calls in flight: send them one by one"
                     .into()
             }
+            Self::ReadsEachMessage => "the policy keys or prices each message, and waits in a \
+                                       queue, routes through a pool, shares fairly, reads the \
+                                       answer's usage, changes the body or holds calls in \
+                                       flight: send them one by one"
+                .into(),
             Self::TooLarge => format!("a batch holds at most {MAX_BATCH} messages"),
         }
     }
@@ -139,6 +147,15 @@ impl McpMatcher {
                 tool == name
             }
         })
+    }
+}
+
+/// Each element's `id` of a batch (None: a notification), in order; None
+/// for a body that is no batch.
+pub fn batch_ids(body: &Value) -> Option<Vec<Option<Value>>> {
+    match body {
+        Value::Array(batch) => Some(batch.iter().map(request_id).collect()),
+        _ => None,
     }
 }
 

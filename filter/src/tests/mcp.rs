@@ -16,9 +16,9 @@ const SEARCHES: &str = r#"{"version": 1, "policies": [
      "key": {"header": "x-agent"},
      "rate": {"requests": 3, "period": "1m", "burst": 3}}]}"#;
 
-const MCP: &[u8] = b"mcp.tools.example";
+pub(super) const MCP: &[u8] = b"mcp.tools.example";
 
-fn send(host: &FakeHost, w: &mut Worker, id: u32, agent: &str, body: &Value) -> Verdict {
+pub(super) fn send(host: &FakeHost, w: &mut Worker, id: u32, agent: &str, body: &Value) -> Verdict {
     let agent_header = [("x-agent", agent.as_bytes())];
     let headers = req(MCP, &agent_header);
     let first = w.on_request_with(host, id, headers.as_slice(), RequestBody::Coming);
@@ -36,12 +36,12 @@ fn send(host: &FakeHost, w: &mut Worker, id: u32, agent: &str, body: &Value) -> 
     verdict
 }
 
-fn tool_call(id: Value, tool: &str) -> Value {
+pub(super) fn tool_call(id: Value, tool: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
            "params": {"name": tool, "arguments": {"q": "rivers"}}})
 }
 
-fn body_of(v: &Verdict) -> Value {
+pub(super) fn body_of(v: &Verdict) -> Value {
     match v {
         Verdict::Reply(r) => serde_json::from_slice(&r.body).unwrap_or(Value::Null),
         _ => Value::Null,
@@ -194,63 +194,6 @@ fn a_body_that_is_no_json_falls_under_the_policy_and_one_that_is_no_call_does_no
     // Valid JSON that is no JSON-RPC call is not the policy's.
     let other = json!({"model": "gpt-4o"});
     assert_eq!(send(&host, &mut w, 9, "a", &other), Verdict::Continue);
-}
-
-/// Searches per agent, slow calls apart, and every tool per tool name.
-const TWO_POLICIES: &str = r#"{"version": 1, "policies": [
-    {"name": "search", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["search"]}},
-     "key": {"header": "x-agent"},
-     "rate": {"requests": 30, "period": "1m", "burst": 30}},
-    {"name": "slow", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["slow"]}},
-     "concurrency": {"max_in_flight": 2}},
-    {"name": "per-tool", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["lookup", "translate"]}},
-     "key": {"json": "params.name"},
-     "rate": {"requests": 30, "period": "1m", "burst": 30}}]}"#;
-
-fn reason_of(v: &Verdict) -> Option<&str> {
-    header_of(v, "x-sluice-reason")
-}
-
-#[test]
-fn a_batch_no_one_policy_can_decide_whole_is_refused_whole_and_counts_nothing() {
-    let host = FakeHost::at(T0);
-    let mut w = worker(&host, TWO_POLICIES);
-    // A slow call would ride free with a search: refused, each id answered.
-    let mixed = json!([tool_call(json!(1), "search"), tool_call(json!(2), "slow")]);
-    let refused = send(&host, &mut w, 1, "a", &mixed);
-    assert_eq!(status(&refused), 200);
-    assert_eq!(reason_of(&refused), Some("batch-mixed"));
-    let answers = body_of(&refused);
-    for (i, answer) in answers.as_array().unwrap().iter().enumerate() {
-        assert_eq!(answer["id"], json!(i + 1));
-        assert_eq!(answer["error"]["code"], -32600);
-    }
-    // A tool no policy limits rides along, as it would alone.
-    let free = json!([tool_call(json!(1), "search"), tool_call(json!(2), "fetch")]);
-    assert_eq!(send(&host, &mut w, 2, "a", &free), Verdict::Continue);
-    // Keyed per message: one by one only.
-    let keyed = json!([tool_call(json!(1), "lookup"), tool_call(json!(2), "lookup")]);
-    assert_eq!(
-        reason_of(&send(&host, &mut w, 3, "a", &keyed)),
-        Some("batch-keyed")
-    );
-    assert_eq!(
-        send(&host, &mut w, 4, "a", &tool_call(json!(1), "lookup")),
-        Verdict::Continue
-    );
-    // Past the bound: refused before anything is classified alone.
-    let huge = Value::Array((0..200).map(|i| tool_call(json!(i), "search")).collect());
-    let refused = send(&host, &mut w, 5, "a", &huge);
-    assert_eq!(reason_of(&refused), Some("batch-too-large"));
-    assert_eq!(body_of(&refused).as_array().map(Vec::len), Some(200));
-    // Nothing refused was counted: 29 of the agent's 30 searches are left.
-    let mut admitted = 0;
-    for id in 10..60 {
-        if send(&host, &mut w, id, "a", &tool_call(json!(id), "search")) == Verdict::Continue {
-            admitted += 1;
-        }
-    }
-    assert_eq!(admitted, 29);
 }
 
 /// One dollar per agent run (`x-agent-run`) across its tool calls, priced

@@ -25,6 +25,7 @@ mod fair_slots;
 mod fleet_limits;
 mod keyed_limits;
 mod mcp;
+mod mcp_batches;
 mod pool;
 mod pool_budgets;
 mod provider;

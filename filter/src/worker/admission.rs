@@ -83,9 +83,23 @@ pub(super) struct Deciding<'w> {
     /// Set when the request's key found no place of its own (for the
     /// live view's count of overflowing keys).
     pub overflowed: bool,
+    /// A part of a split MCP batch ([`super::split_batch`]): decided
+    /// without a prefetch, whose tokens could not be given back if
+    /// another part is refused, and counted once the batch is decided.
+    pub batch_part: bool,
 }
 
-impl Deciding<'_> {
+impl<'w> Deciding<'w> {
+    /// Deciding a call of its own (not a part of a batch).
+    pub fn new(prefetches: &'w mut Prefetches, budgets: &'w mut Budgets) -> Self {
+        Self {
+            prefetches,
+            budgets,
+            overflowed: false,
+            batch_part: false,
+        }
+    }
+
     /// Decides a request of `policy`; `limits` are what it takes from each
     /// of the policy's further limits and its key for each, which go first,
     /// all or nothing, and get their tokens back if the policy's own bucket
@@ -137,7 +151,9 @@ impl Deciding<'_> {
             Decision::Refuse(_) | Decision::Queue { .. } => false,
         };
         if holds_limits {
-            limits::count_admitted(ctx.metrics, limits_policy, limit_costs);
+            if !self.batch_part {
+                limits::count_admitted(ctx.metrics, limits_policy, limit_costs);
+            }
         } else if !must_wait {
             // Refused, or queued: a queued call takes its further limits
             // again when its turn comes.
@@ -165,7 +181,7 @@ impl Deciding<'_> {
         // A fair policy's every call goes through its table: nothing is
         // prefetched past it.
         let shared_fairly = policy.fair.is_some();
-        if !must_wait && !shared_fairly {
+        if !must_wait && !shared_fairly && !self.batch_part {
             if let Some(admitted) = self.admit_from_prefetch(ctx, policy, class) {
                 return admitted;
             }
@@ -180,7 +196,7 @@ impl Deciding<'_> {
             // Shadow mode judges as `reject` would.
             limits.queue = None;
         }
-        let wanted = if shared_fairly {
+        let wanted = if shared_fairly || self.batch_part {
             0
         } else {
             self.prefetches.wanted(key, ctx.now)
@@ -188,7 +204,13 @@ impl Deciding<'_> {
         // The prefetch this decision replaces gives its spare slots back in
         // the same write (a write of its own would be a second round trip
         // to shared data for every prefetch).
-        let spare = self.prefetches.take_spare(key);
+        // A batch's part leaves this worker's prefetch as it is: what it
+        // holds stays for the calls that follow.
+        let spare = if self.batch_part {
+            None
+        } else {
+            self.prefetches.take_spare(key)
+        };
         let request = placement::Request {
             prefetch: wanted,
             must_wait,
@@ -298,7 +320,7 @@ impl Deciding<'_> {
         bucket: &str,
         prefetched: Prefetched,
     ) -> Arc<str> {
-        if bucket.is_empty() {
+        if bucket.is_empty() || self.batch_part {
             return Arc::from(bucket);
         }
         let (name, spare) = self.prefetches.record(key, bucket, prefetched, ctx.now);

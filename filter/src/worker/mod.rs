@@ -8,9 +8,10 @@
 //! holder id and the time), which every part takes as `&mut`. Each part
 //! owns its state:
 //!
-//! - [`request`]: a request's path from its body to its verdict;
+//! - [`request`]: a request's path from its body to its verdict (an MCP
+//!   batch split across policies: [`split_batch`]);
 //! - [`admission`]: how a request is decided (start reading there);
-//! - [`refusal`]: the reply a refused request gets;
+//! - [`refusal`]: the reply a refused request gets ([`rpc_reply`]: as JSON-RPC);
 //! - [`placement`]: which bucket of a keyed policy a request uses;
 //! - [`streams`]: admitted and queued streams, their slots and leases;
 //! - [`queue`]: turns for queued streams, and their timeouts;
@@ -44,10 +45,12 @@ mod queue;
 mod refusal;
 mod request;
 mod retry;
+mod rpc_reply;
 mod rungs;
 mod shares;
 mod slots;
 mod spend;
+mod split_batch;
 mod streams;
 mod sync_client;
 mod sync_report;
@@ -95,16 +98,6 @@ pub enum RequestBody<'a> {
 /// The most of a request's body read for an estimate; a larger one is
 /// estimated at the cost's `max`.
 pub const MAX_REQUEST_BODY_BYTES: usize = 1024 * 1024;
-
-/// The body's length as its `content-length` says (None: it does not,
-/// or not as a number).
-fn declared_length<R: RequestHeaders + ?Sized>(req: &R) -> Option<usize> {
-    let value = req.header("content-length")?;
-    let text = std::str::from_utf8(value.trim_ascii()).ok()?;
-    text.parse::<u64>()
-        .ok()
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-}
 
 /// Tick period with nobody waiting: lease renewal and stats only.
 pub const IDLE_TICK: Span = Span::from_millis(100);

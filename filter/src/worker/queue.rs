@@ -20,6 +20,7 @@ use super::limits::{self, LimitInputs, Taken, Why};
 use super::pool;
 use super::refusal::{self, LocalReply, Refusal};
 use super::retry::DEFAULT_RETRY;
+use super::rpc_reply;
 use super::streams::{Further, PolicyStats, Streams};
 use crate::host::Host;
 use crate::metrics::PolicyCounter;
@@ -221,7 +222,7 @@ fn refuse_overdue<H: Host + ?Sized>(
         };
         let reply = refusal::render(policy, &refusal, retry_after);
         let reply = match &rpc {
-            Some(call) => refusal::for_rpc(reply, call),
+            Some(call) => rpc_reply::for_rpc(reply, call),
             None => reply,
         };
         actions.push(StreamAction::Reply(context_id, reply));

@@ -8,7 +8,7 @@ use sluice_filter_core::headers::{
     RATELIMIT, RATELIMIT_POLICY, RETRY_AFTER, SLUICE_POLICY,
 };
 use sluice_filter_core::matcher::CompiledPolicy;
-use sluice_filter_core::mcp::{BatchProblem, RpcCall};
+use sluice_filter_core::mcp::BatchProblem;
 use sluice_shared::time::Span;
 
 use sluice_shared::limiter::Standing;
@@ -360,95 +360,6 @@ impl BudgetTold<'_> {
             m = secs % 3600 / 60,
             s = secs % 60,
         )
-    }
-}
-
-/// JSON-RPC's error code for a call refused by a limit: in the range the
-/// specification leaves to servers (-32000 to -32099), the one several MCP
-/// servers use for rate limits.
-pub const RPC_LIMITED: i64 = -32029;
-/// JSON-RPC's code for a request the server will not take as it is.
-pub const RPC_INVALID_REQUEST: i64 = -32600;
-
-/// A refusal of an MCP call said as JSON-RPC, which an agent's MCP client
-/// hands to the tool call that made it: each request answered by an
-/// error carrying its `id`, with the limit, the reason and when to retry
-/// in its `data`, on HTTP 200 (the MCP TypeScript SDK's client turns any
-/// other status into a transport error, the body unread); the headers
-/// stay. A call
-/// with nobody to answer (notifications only) keeps the policy's status,
-/// with no body.
-pub(super) fn for_rpc(reply: LocalReply, call: &RpcCall) -> LocalReply {
-    let header = |name: &str| reply.header(name).map(str::to_string);
-    let mut data = serde_json::Map::new();
-    for (field, name) in [
-        ("policy", SLUICE_POLICY),
-        ("limit", LIMIT_HEADER),
-        ("reason", REASON_HEADER),
-        ("spent", SPENT_HEADER),
-        ("budget", BUDGET_HEADER),
-        ("currency", CURRENCY_HEADER),
-        ("renews_at", RENEWS_AT_HEADER),
-    ] {
-        if let Some(value) = header(name) {
-            data.insert(field.into(), value.into());
-        }
-    }
-    for (field, name) in [
-        ("retry_after_s", RETRY_AFTER),
-        ("renews_in_s", RENEWS_HEADER),
-    ] {
-        if let Some(seconds) = header(name).and_then(|v| v.parse::<u64>().ok()) {
-            data.insert(field.into(), seconds.into());
-        }
-    }
-    let message = String::from_utf8_lossy(&reply.body).trim().to_string();
-    // A call refused for what it is, not for a limit: retrying it as it
-    // is does not help.
-    let code = if reply.status == 400 {
-        RPC_INVALID_REQUEST
-    } else {
-        RPC_LIMITED
-    };
-    let error = |id: &serde_json::Value, counted: bool| {
-        let message = if counted {
-            message.clone()
-        } else {
-            format!("refused with its batch: {message}")
-        };
-        serde_json::json!({"jsonrpc": "2.0", "id": id,
-            "error": {"code": code, "message": message, "data": data}})
-    };
-    let answer = match call {
-        RpcCall::Single(Some(id)) => Some(error(id, true)),
-        RpcCall::Single(None) => None,
-        RpcCall::Batch(elements) => {
-            let answers: Vec<serde_json::Value> = elements
-                .iter()
-                .filter_map(|(id, counted)| id.as_ref().map(|id| error(id, *counted)))
-                .collect();
-            (!answers.is_empty()).then_some(serde_json::Value::Array(answers))
-        }
-    };
-    let mut headers: Vec<(&'static str, String)> = reply
-        .headers
-        .into_iter()
-        .filter(|(name, _)| *name != "content-type")
-        .collect();
-    match answer {
-        Some(answer) => {
-            headers.push(("content-type", "application/json".to_string()));
-            LocalReply {
-                status: 200,
-                headers,
-                body: answer.to_string().into_bytes(),
-            }
-        }
-        None => LocalReply {
-            status: reply.status,
-            headers,
-            body: Vec::new(),
-        },
     }
 }
 

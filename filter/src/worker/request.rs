@@ -24,7 +24,7 @@ use super::pool::{self, PoolCall};
 use super::streams::PolicyStats;
 use super::telling::Told;
 use super::{
-    declared_length, refusal, spend, streams, Parts, RequestBody, Verdict, MAX_REQUEST_BODY_BYTES,
+    refusal, rpc_reply, spend, streams, Parts, RequestBody, Verdict, MAX_REQUEST_BODY_BYTES,
     PREFETCH_TICK, QUEUE_TICK,
 };
 use crate::host::{Host, Level};
@@ -67,11 +67,7 @@ impl Parts {
         // clock's last reading will do while calls come densely.
         ctx.reuse_clock();
         let mut inputs = self.inputs_of(ctx, policy, context_id, req, &body);
-        let mut deciding = admission::Deciding {
-            prefetches: &mut self.prefetches,
-            budgets: &mut self.budgets,
-            overflowed: false,
-        };
+        let mut deciding = admission::Deciding::new(&mut self.prefetches, &mut self.budgets);
         let (decision, held) =
             deciding.decide(ctx, policy, &class, &inputs.limits, inputs.pool.as_ref());
         let request = RequestAtHand::new(req, &body);
@@ -121,7 +117,7 @@ impl Parts {
     fn classify<H, R>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
-        policies: &CompiledPolicySet,
+        policies: &Arc<CompiledPolicySet>,
         context_id: u32,
         req: &R,
         body: &BodyJson,
@@ -154,10 +150,13 @@ impl Parts {
                     .add(policy.name(), PolicyCounter::BodyRefused, 1);
                 let reply = refusal::batch_refused(policy, problem);
                 let reply = match policy.rpc_call(body) {
-                    Some(call) => refusal::for_rpc(reply, &call),
+                    Some(call) => rpc_reply::for_rpc(reply, &call),
                     None => reply,
                 };
                 return Err(Verdict::Reply(reply));
+            }
+            Classified::Split { parts } => {
+                return Err(self.split_batch(ctx, policies, context_id, req, body, parts));
             }
             Classified::Decided { class, passed_over } => (class, passed_over),
         };
@@ -172,7 +171,7 @@ impl Parts {
 
     /// Counts how the call's policy could read it: a port Envoy hid, a
     /// key its body lacks, a body that cannot be read.
-    fn notice_how_it_read<H: Host + ?Sized>(
+    pub(super) fn notice_how_it_read<H: Host + ?Sized>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
         policy: &CompiledPolicy,
@@ -257,7 +256,7 @@ impl Parts {
 
     /// A call admitted now holding its further limits (a pool call, its
     /// member's: it is routed there) hands them over; its slots.
-    fn hold_admitted<H, R>(
+    pub(super) fn hold_admitted<H, R>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
         policies: &Arc<CompiledPolicySet>,
@@ -351,7 +350,7 @@ impl Parts {
                 Verdict::Continue
             }
             Decision::Refuse(reply) => Verdict::Reply(match policy.policy.rpc_call(request.body) {
-                Some(call) => refusal::for_rpc(reply, &call),
+                Some(call) => rpc_reply::for_rpc(reply, &call),
                 None => reply,
             }),
             Decision::Admit {
@@ -523,12 +522,22 @@ impl Parts {
 }
 
 /// How a keyed call's decision counts for its key.
-fn key_outcome(decision: &Decision) -> KeyOutcome {
+pub(super) fn key_outcome(decision: &Decision) -> KeyOutcome {
     match decision {
         Decision::Pass | Decision::Admit { .. } => KeyOutcome::Admitted,
         Decision::Queue { .. } => KeyOutcome::Queued,
         Decision::Refuse(_) => KeyOutcome::Refused,
     }
+}
+
+/// The body's length as its `content-length` says (None: it does not,
+/// or not as a number).
+fn declared_length<R: RequestHeaders + ?Sized>(req: &R) -> Option<usize> {
+    let value = req.header("content-length")?;
+    let text = std::str::from_utf8(value.trim_ascii()).ok()?;
+    text.parse::<u64>()
+        .ok()
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// A request's body as its decision reads it: read only when a policy
@@ -557,12 +566,12 @@ pub(super) struct CallInputs {
 }
 
 /// A call admitted now holding its further limits.
-struct Admitted {
-    context_id: u32,
+pub(super) struct Admitted {
+    pub context_id: u32,
     /// Its policy's index (a pool call's pool's).
-    pool_index: usize,
-    held: Held,
-    downgraded: Option<Box<Downgraded>>,
+    pub pool_index: usize,
+    pub held: Held,
+    pub downgraded: Option<Box<Downgraded>>,
 }
 
 /// A call as decided, with the slots it holds.

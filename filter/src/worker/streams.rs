@@ -327,7 +327,11 @@ impl Streams {
             }
         }
         if let Some(stream) = self.streams.get_mut(&context_id) {
-            stream.further.get_or_insert_with(Box::default).slots = slots;
+            stream
+                .further
+                .get_or_insert_with(Box::default)
+                .slots
+                .extend(slots);
         }
     }
 

@@ -4,6 +4,7 @@
 //! limits, a policy). Works on raw header bytes: a request may carry
 //! anything, and none of it may cause a panic.
 
+mod batch;
 mod fair;
 mod host;
 mod limit;
@@ -12,14 +13,13 @@ mod request;
 
 pub use crate::body::{BodyJson, RequestAtHand};
 pub use crate::mcp::BatchProblem;
-use crate::mcp::MAX_BATCH;
 pub use crate::pricing::UNPRICED;
+pub use batch::BatchPart;
 pub use fair::CompiledFair;
 pub use limit::{CompiledLimit, CompiledSlotLimit};
 pub use policy::{BucketKey, CompiledMember, CompiledPolicy, CompiledPool};
 pub use request::KeySecrets;
 pub(crate) use request::KeySource;
-use serde_json::Value;
 
 use sluice_shared::fair::FairClaimant;
 use sluice_shared::policy::{PolicySet, Priority, Unreadable};
@@ -56,12 +56,17 @@ pub enum Classified {
     /// read it another way than Sluice did).
     DuplicateKey { policy_index: usize, key: String },
     /// The first policy taking the body counts MCP messages, and the body
-    /// is a batch it cannot decide as one call: refused whole, nothing
-    /// counted (see [`BatchProblem`]).
+    /// is a batch it cannot decide as one call, nor split into parts each
+    /// decided as if sent alone: refused whole, nothing counted (see
+    /// [`BatchProblem`]).
     BatchRefused {
         policy_index: usize,
         problem: BatchProblem,
     },
+    /// The body is a batch of MCP messages no one policy decides whole:
+    /// each part is decided as a call of its own policy, and the batch
+    /// goes only if every part is admitted (see [`BatchPart`]).
+    Split { parts: Vec<BatchPart> },
     Decided {
         /// The policy the request falls under (None: no policy).
         class: Option<Classification>,
@@ -76,7 +81,10 @@ impl Classified {
     pub fn class(self) -> Option<Classification> {
         match self {
             Self::Decided { class, .. } => class,
-            Self::NeedsBody { .. } | Self::DuplicateKey { .. } | Self::BatchRefused { .. } => None,
+            Self::NeedsBody { .. }
+            | Self::DuplicateKey { .. }
+            | Self::BatchRefused { .. }
+            | Self::Split { .. } => None,
         }
     }
 }
@@ -230,9 +238,12 @@ impl CompiledPolicySet {
             }
             if policy.counts_mcp() {
                 if let Some(problem) = self.batch_problem(req, secrets, body, policy_index) {
-                    return Classified::BatchRefused {
-                        policy_index,
-                        problem,
+                    return match self.split_batch(req, secrets, body, problem) {
+                        Ok(parts) => Classified::Split { parts },
+                        Err(problem) => Classified::BatchRefused {
+                            policy_index,
+                            problem,
+                        },
                     };
                 }
             }
@@ -257,49 +268,6 @@ impl CompiledPolicySet {
             class: None,
             passed_over,
         }
-    }
-
-    /// Why a batch of MCP messages (a JSON array) cannot be decided as
-    /// one call of policy `chosen`, costing the messages it counts: one of
-    /// its messages, sent alone, would fall under another policy (it would
-    /// ride free with the batch), or the policy reads keys or costs from
-    /// each message (the batch as a whole has none). None for any other
-    /// body.
-    #[cold]
-    #[inline(never)]
-    fn batch_problem<R: RequestHeaders + ?Sized>(
-        &self,
-        req: &R,
-        secrets: KeySecrets<'_>,
-        body: &BodyJson,
-        chosen: usize,
-    ) -> Option<BatchProblem> {
-        let policy = self.policies.get(chosen)?;
-        let Some(Value::Array(batch)) = body.json() else {
-            return None;
-        };
-        if !policy.counts_mcp() {
-            return None;
-        }
-        if batch.len() > MAX_BATCH {
-            return Some(BatchProblem::TooLarge);
-        }
-        if policy.keys_from_body()
-            || policy
-                .limits
-                .iter()
-                .any(CompiledLimit::cost_reads_each_message)
-        {
-            return Some(BatchProblem::ReadsEachMessage);
-        }
-        let elsewhere = batch.iter().any(|message| {
-            let alone = BodyJson::Json(message.clone());
-            matches!(
-                self.classify(req, secrets, &alone),
-                Classified::Decided { class: Some(c), .. } if c.policy_index != chosen
-            )
-        });
-        elsewhere.then_some(BatchProblem::Mixed)
     }
 
     /// Reads, while the headers pass, every header classifying the request
@@ -597,7 +565,8 @@ mod tests {
             ),
             Classified::NeedsBody { .. }
             | Classified::DuplicateKey { .. }
-            | Classified::BatchRefused { .. } => {
+            | Classified::BatchRefused { .. }
+            | Classified::Split { .. } => {
                 panic!("the body was read, without a key twice, and is no batch")
             }
         };
