@@ -3,8 +3,9 @@
 //! time and in batches, for 6 s (60 s in `make soak`). The server never answers more
 //! searches than each agent's limit allows, nor more slow calls at once
 //! than their limit; every refused request gets a JSON-RPC error with its
-//! own id; a batch is answered whole or refused whole; what the policies
-//! do not name (`fetch`, `tools/list`) is never refused (issue 52, item 1).
+//! own id; a batch is answered whole or refused whole, one across both
+//! policies too; what the policies do not name (`fetch`, `tools/list`) is
+//! never refused (issue 52, item 1).
 
 use std::time::{Duration, Instant};
 
@@ -133,12 +134,14 @@ async fn agent(url: String, agent: &'static str, run: Duration) -> anyhow::Resul
     while Instant::now() < until {
         n += 1;
         id += 10;
-        let sent = match n % 6 {
+        let sent = match n % 7 {
             0 => json!([tool_call(id, "search"), tool_call(id + 1, "search")]),
             1 => json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}),
             2 => tool_call(id, "fetch"),
             3 => tool_call(id, "slow"),
             4 => json!([tool_call(id, "fetch"), tool_call(id + 1, "search")]),
+            // Across both policies: split, each part its own policy's.
+            5 => json!([tool_call(id, "search"), tool_call(id + 1, "slow")]),
             _ => tool_call(id, "search"),
         };
         let (status, got, _) = post(&http, &url, agent, &sent).await?;
@@ -227,6 +230,73 @@ async fn agents_tool_calls_stay_within_each_limit_and_refusals_answer_their_ids(
     assert_eq!(body["id"], 77, "{body}");
     assert_eq!(body["error"]["data"]["policy"], "searches");
     assert!(retry.is_some());
+    Ok(())
+}
+
+/// A batch across two policies through Envoy: refused whole while one
+/// policy has no room, its other part's token given back (3 searches an
+/// hour, none renewed during the test: a token kept would show); admitted
+/// once both have room, each message taking from its own policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_across_policies_goes_only_when_each_has_room() -> anyhow::Result<()> {
+    let set = json!({"instance": "e2e-mcp-split", "fallback": {"version": 1, "policies": [
+        {"name": "searches", "match": {"host": HOST, "mcp": {"tools": ["search"]}},
+         "key": {"header": "x-agent-id"},
+         "rate": {"requests": 3, "period": "1h", "burst": 3}},
+        {"name": "slow-tools", "match": {"host": HOST, "mcp": {"tools": ["slow"]}},
+         "concurrency": {"max_in_flight": SLOW_IN_FLIGHT}}
+    ]}});
+    let mcp = MockMcp::start("127.0.0.1:0".parse()?).await?;
+    let envoy = Envoy::start(&set.to_string(), mcp.addr.port(), WORKERS)?;
+    let url = envoy.url("/mcp");
+    let http = client();
+    // Two slow calls of 5 s hold both slots.
+    let slow = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"delay_ms": 5000}}});
+    let holding: Vec<_> = (0..SLOW_IN_FLIGHT)
+        .map(|_| {
+            let (http, url, slow) = (http.clone(), url.clone(), slow.clone());
+            tokio::spawn(async move { post(&http, &url, "holder", &slow).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while mcp.stats().most_in_flight.get("slow").copied().unwrap_or(0) < SLOW_IN_FLIGHT {
+        anyhow::ensure!(Instant::now() < deadline, "the slow calls never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let batch = json!([tool_call(7, "search"), tool_call(8, "slow")]);
+    let (status, refused, retry) = post(&http, &url, "agent-z", &batch).await?;
+    assert_eq!(status, 200, "{refused}");
+    assert!(retry.is_some());
+    assert_eq!(refused[0]["id"], 7, "{refused}");
+    let message = refused[0]["error"]["message"].as_str().unwrap_or("");
+    assert!(message.starts_with("refused with its batch"), "{refused}");
+    assert_eq!(refused[1]["id"], 8, "{refused}");
+    assert_eq!(refused[1]["error"]["data"]["policy"], "slow-tools");
+    for call in holding {
+        let (status, answer, _) = call.await??;
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+    // Both have room now: the batch goes, each message to the server.
+    let (_, answered, _) = post(&http, &url, "agent-z", &batch).await?;
+    let answers = answered.as_array().map_or(0, Vec::len);
+    assert!(
+        answered[0].get("result").is_some() && answers == 2,
+        "{answered}"
+    );
+    // Its search took one of three; the refused batch's went back.
+    let mut admitted = 0;
+    for id in 20..25 {
+        let (_, answer, _) = post(&http, &url, "agent-z", &tool_call(id, "search")).await?;
+        if answer.get("result").is_some() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2);
+    let stats = mcp.stats();
+    assert_eq!(stats.calls_of("search", "agent-z"), 3, "{stats:?}");
+    assert_eq!(stats.calls_of("slow", "agent-z"), 1, "{stats:?}");
     Ok(())
 }
 
