@@ -342,3 +342,35 @@ proptest::proptest! {
         proptest::prop_assert_eq!(docs, 3, "doc-slots leaked");
     }
 }
+
+/// Searches and slow calls, each with a daily limit warning at half.
+const WARNED: &str = r#"{"version": 1, "policies": [
+    {"name": "search", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["search"]}},
+     "rate": {"requests": 100, "period": "1s"},
+     "limits": [{"name": "searches-a-day", "warn_at": [0.5],
+                 "rate": {"requests": 2, "period": "1d", "algorithm": "fixed_window"}}]},
+    {"name": "slow", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["slow"]}},
+     "concurrency": {"max_in_flight": 2},
+     "limits": [{"name": "slow-a-day", "warn_at": [0.5],
+                 "rate": {"requests": 2, "period": "1d", "algorithm": "fixed_window"}}]}]}"#;
+
+#[test]
+fn a_split_batchs_answer_warns_of_every_part_past_its_line() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, WARNED);
+    let batch = json!([tool_call(json!(1), "search"), tool_call(json!(2), "slow")]);
+    assert_eq!(open(&host, &mut w, 1, &batch), Verdict::Continue);
+    let headers: Vec<(&str, &[u8])> = vec![(":status", b"200")];
+    let answer = w.on_answer_headers(&host, 1, headers.as_slice(), true);
+    let warned: Vec<&str> = answer
+        .set
+        .iter()
+        .filter(|(name, _)| *name == "x-sluice-warn")
+        .map(|(_, value)| value.as_str())
+        .collect();
+    assert_eq!(warned.len(), 1, "one field: {warned:?}");
+    for limit in ["searches-a-day", "slow-a-day"] {
+        assert!(warned[0].contains(limit), "{limit} in {warned:?}");
+    }
+    w.on_stream_end(&host, 1);
+}

@@ -133,7 +133,16 @@ impl Call {
         self.usage = usage.or(self.usage.take());
         self.asked = asked.or(self.asked.take());
         self.told = told.or(self.told.take());
-        self.said.extend(said);
+        // The parts of a split batch each say theirs: one field says all.
+        for (name, value) in said {
+            match self.said.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, said)) => {
+                    said.push_str(", ");
+                    said.push_str(&value);
+                }
+                None => self.said.push((name, value)),
+            }
+        }
     }
 }
 
