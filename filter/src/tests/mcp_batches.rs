@@ -374,3 +374,27 @@ fn a_split_batchs_answer_warns_of_every_part_past_its_line() {
     }
     w.on_stream_end(&host, 1);
 }
+
+#[test]
+fn a_batch_shared_data_cannot_record_is_refused_and_takes_nothing() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, SPLIT);
+    let batch = json!([
+        tool_call(json!(1), "search"),
+        tool_call(json!(2), "slow"),
+        tool_call(json!(3), "lookup")
+    ]);
+    // Every write to shared data fails (endless contention): fail closed.
+    host.always_mismatch.set(true);
+    let refused = open(&host, &mut w, 1, &batch);
+    assert_eq!(status(&refused), 200);
+    let answers = body_of(&refused);
+    assert_eq!(answers.as_array().map(Vec::len), Some(3), "{answers}");
+    w.on_stream_end(&host, 1);
+    host.always_mismatch.set(false);
+    pass(&host, &mut w, 10);
+    assert_eq!(open(&host, &mut w, 2, &batch), Verdict::Continue);
+    w.on_stream_end(&host, 2);
+    assert_eq!(admitted_of(&host, &mut w, 10, "search", 35), 29);
+    assert_eq!(admitted_of(&host, &mut w, 50, "lookup", 5), 2);
+}
