@@ -110,6 +110,9 @@ impl<'w> Deciding<'w> {
     /// policy's queue (unless the wait they ask is beyond `max_wait`), and
     /// a queued call takes them only when its turn comes, with the bucket,
     /// so that it holds every limit at the moment it leaves.
+    // Inlined into the hot caller as when it had only that one (a split
+    // MCP batch calls it too): scenario 6 counts a call's every instruction.
+    #[inline(always)]
     pub fn decide<H: Host + ?Sized>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
@@ -334,6 +337,7 @@ impl<'w> Deciding<'w> {
 /// What the further limits made of a call: it holds them (false, what
 /// it holds), or it waits in the queue for them (true; a queue-mode
 /// policy whose limits ask no longer than `max_wait`). Err: refused.
+#[inline(always)]
 fn after_limits<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     policy: &CompiledPolicy,
