@@ -53,16 +53,14 @@ impl BatchProblem {
     /// What to do instead, for the caller.
     pub fn explain(self) -> String {
         match self {
-            Self::Mixed => {
-                "its messages fall under different policies, and one of them waits in a \
-                            queue, routes through a pool, shares fairly, reads the answer's usage \
-                            or changes the body, or two hold calls in flight: send them one by one"
-                    .into()
-            }
-            Self::ReadsEachMessage => "the policy keys or prices each message, and waits in a \
-                                       queue, routes through a pool, shares fairly, reads the \
-                                       answer's usage, changes the body or holds calls in \
-                                       flight: send them one by one"
+            Self::Mixed => "its messages fall under different policies, and one of them routes \
+                            through a pool, shares fairly, reads the answer's usage or changes \
+                            the body, or two hold calls in flight: send them one by one"
+                .into(),
+            Self::ReadsEachMessage => "the policy keys or prices each message, and routes \
+                                       through a pool, shares fairly, reads the answer's usage, \
+                                       changes the body or holds calls in flight: send them one \
+                                       by one"
                 .into(),
             Self::TooLarge => format!("a batch holds at most {MAX_BATCH} messages"),
         }

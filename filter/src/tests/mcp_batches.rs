@@ -11,8 +11,9 @@ use crate::tests::{header_of, pass, req, status, worker, T0};
 use crate::worker::{RequestBody, Verdict, Worker};
 
 /// Searches per agent, slow calls apart, a few tools per tool name, a
-/// tool whose calls wait in a queue, a tool one call at a time, and
-/// documents keyed per tool holding slots of a further limit.
+/// tool whose calls wait in a queue, a tool shared fairly between agents,
+/// a tool one call at a time, and documents keyed per tool holding slots
+/// of a further limit.
 pub(super) const SPLIT: &str = r#"{"version": 1, "policies": [
     {"name": "search", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["search"]}},
      "key": {"header": "x-agent"},
@@ -24,7 +25,9 @@ pub(super) const SPLIT: &str = r#"{"version": 1, "policies": [
      "rate": {"requests": 3, "period": "1m", "burst": 3}},
     {"name": "queued", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["report"]}},
      "rate": {"requests": 1, "period": "1m", "burst": 1},
-     "on_limit": {"action": "queue", "max_wait": "10s"}},
+     "on_limit": {"action": "queue", "max_wait": "5m"}},
+    {"name": "shared", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["share"]}},
+     "rate": {"requests": 10, "period": "1s"}, "fair": {"key": {"header": "x-agent"}}},
     {"name": "render", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["render"]}},
      "concurrency": {"max_in_flight": 1}},
     {"name": "docs", "match": {"host": "mcp.tools.example", "mcp": {"tools": ["read_doc", "write_doc"]}},
@@ -161,9 +164,9 @@ fn a_batch_keyed_per_message_takes_each_keys_tokens_and_gives_them_back_if_refus
 fn a_batch_whose_parts_cannot_be_decided_together_is_refused_whole_and_counts_nothing() {
     let host = FakeHost::at(T0);
     let mut w = worker(&host, SPLIT);
-    // A queueing policy's call cannot wait while the rest of its batch holds.
-    let queued = json!([tool_call(json!(1), "search"), tool_call(json!(2), "report")]);
-    let refused = send(&host, &mut w, 1, "a", &queued);
+    // A fair share is taken through its table: not given back with a batch.
+    let shared = json!([tool_call(json!(1), "search"), tool_call(json!(2), "share")]);
+    let refused = send(&host, &mut w, 1, "a", &shared);
     assert_eq!(reason_of(&refused), Some("batch-mixed"));
     for (i, answer) in body_of(&refused).as_array().unwrap().iter().enumerate() {
         assert_eq!(answer["id"], json!(i + 1));
@@ -183,7 +186,29 @@ fn a_batch_whose_parts_cannot_be_decided_together_is_refused_whole_and_counts_no
     // Nothing refused was counted.
     assert_eq!(admitted_of(&host, &mut w, 10, "search", 35), 30);
     assert_eq!(admitted_of(&host, &mut w, 50, "lookup", 5), 3);
-    assert_eq!(admitted_of(&host, &mut w, 60, "report", 1), 1);
+    assert_eq!(admitted_of(&host, &mut w, 60, "share", 1), 1);
+}
+
+#[test]
+fn a_queueing_policys_part_of_a_batch_is_decided_at_once() {
+    let host = FakeHost::at(T0);
+    let mut w = worker(&host, SPLIT);
+    let batch = json!([tool_call(json!(1), "search"), tool_call(json!(2), "report")]);
+    assert_eq!(send(&host, &mut w, 1, "a", &batch), Verdict::Continue);
+    // Alone, the next report would wait its turn (a minute on)...
+    let alone = open(&host, &mut w, 2, &tool_call(json!(3), "report"));
+    assert!(matches!(alone, Verdict::Pause { .. }), "{alone:?}");
+    w.on_stream_end(&host, 2);
+    // ...in a batch it cannot: refused at once, told when to retry, and
+    // the batch's search given back.
+    let refused = send(&host, &mut w, 3, "a", &batch);
+    assert_eq!(header_of(&refused, "x-sluice-policy"), Some("queued"));
+    let retry: u64 = header_of(&refused, "retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!((1..=60).contains(&retry), "retry after {retry}");
+    assert_eq!(body_of(&refused)[1]["error"]["data"]["policy"], "queued");
+    assert_eq!(admitted_of(&host, &mut w, 10, "search", 35), 29);
 }
 
 #[test]

@@ -144,7 +144,9 @@ impl<'w> Deciding<'w> {
         } else {
             &[]
         };
-        let (must_wait, held) = match after_limits(ctx, limits_policy, keys, taken, member) {
+        // A batch's part does not wait: the rest of its batch holds.
+        let waits = !self.batch_part;
+        let (must_wait, held) = match after_limits(ctx, limits_policy, keys, taken, member, waits) {
             Ok(taken) => taken,
             Err(refused) => return (refused, None),
         };
@@ -195,8 +197,9 @@ impl<'w> Deciding<'w> {
             Err(refused) => return refused,
         };
         let mut limits = BucketLimits::of(policy);
-        if policy.is_shadow() {
-            // Shadow mode judges as `reject` would.
+        if policy.is_shadow() || self.batch_part {
+            // Shadow mode judges as `reject` would; a batch's part does
+            // not wait while the rest of its batch holds its limits.
             limits.queue = None;
         }
         let wanted = if shared_fairly || self.batch_part {
@@ -336,7 +339,8 @@ impl<'w> Deciding<'w> {
 
 /// What the further limits made of a call: it holds them (false, what
 /// it holds), or it waits in the queue for them (true; a queue-mode
-/// policy whose limits ask no longer than `max_wait`). Err: refused.
+/// policy whose limits ask no longer than `max_wait`, unless it may not
+/// wait: `waits` false). Err: refused.
 #[inline(always)]
 fn after_limits<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
@@ -344,6 +348,7 @@ fn after_limits<H: Host + ?Sized>(
     keys: &[Option<u64>],
     taken: Taken,
     member: Option<usize>,
+    waits: bool,
 ) -> Result<(bool, Held), Decision> {
     match taken {
         Taken::All {
@@ -368,7 +373,7 @@ fn after_limits<H: Host + ?Sized>(
             retry_after,
             why,
             ..
-        } if queue_wait(policy).is_some_and(|max_wait| retry_after <= max_wait) => {
+        } if waits && queue_wait(policy).is_some_and(|max_wait| retry_after <= max_wait) => {
             ctx.metrics.add_limit(&limit, LimitCounter::Queued, 1);
             if why == Why::Paced {
                 ctx.metrics.add_limit(&limit, LimitCounter::Paced, 1);

@@ -85,7 +85,7 @@ impl CompiledPolicySet {
     /// one call, each message in the part of the policy it falls under
     /// sent alone (messages under none ride free, as they would alone).
     /// Err(`problem`) when the parts cannot be decided together: a part's
-    /// policy waits in a queue, routes through a pool, shares fairly,
+    /// policy routes through a pool, shares fairly,
     /// reads its cost from the answer or rewrites the body, or two parts
     /// would each hold a call in flight of their own policy (a stream
     /// holds one such slot).
@@ -163,11 +163,11 @@ fn reads_each_message(policy: &CompiledPolicy) -> bool {
             .any(CompiledLimit::cost_reads_each_message)
 }
 
-/// Whether a call of `policy` is decided at once, taking only what can
-/// be given back if another part of its batch is refused.
+/// Whether a call of `policy` can be decided at once (a queueing
+/// policy's part does not wait: admitted now or refused), taking only
+/// what can be given back if another part of its batch is refused.
 fn decides_in_parts(policy: &CompiledPolicy) -> bool {
-    !policy.queues()
-        && policy.pool.is_none()
+    policy.pool.is_none()
         && policy.fair.is_none()
         && !policy.reads_usage()
         && !policy.may_rewrite_body()
@@ -190,7 +190,9 @@ mod tests {
         {"name": "queued", "match": {"host": "mcp.example", "mcp": {"tools": ["report"]}},
          "rate": {"requests": 1, "period": "1m"}, "on_limit": {"action": "queue", "max_wait": "10s"}},
         {"name": "render", "match": {"host": "mcp.example", "mcp": {"tools": ["render"]}},
-         "concurrency": {"max_in_flight": 1}}]}"#;
+         "concurrency": {"max_in_flight": 1}},
+        {"name": "shared", "match": {"host": "mcp.example", "mcp": {"tools": ["share"]}},
+         "rate": {"requests": 10, "period": "1s"}, "fair": {"key": {"header": "x-tenant"}}}]}"#;
 
     const SECRET: KeySecret = KeySecret::from_bytes([7; KeySecret::LEN]);
 
@@ -248,12 +250,14 @@ mod tests {
             Classified::BatchRefused { problem, .. } => problem,
             other => panic!("{tools:?} was {other:?}"),
         };
-        assert_eq!(refused(&["search", "report"]), BatchProblem::Mixed);
+        assert_eq!(refused(&["search", "share"]), BatchProblem::Mixed);
         assert_eq!(refused(&["slow", "render"]), BatchProblem::Mixed);
         assert_eq!(
-            refused(&["lookup", "report"]),
+            refused(&["lookup", "share"]),
             BatchProblem::ReadsEachMessage
         );
+        // A queueing policy's part is split off: decided at once.
+        assert_eq!(parts_of(classify(&["search", "report"])).len(), 2);
         // A batch one policy decides whole is no split.
         assert!(matches!(
             classify(&["search", "search", "fetch"]),
