@@ -140,6 +140,10 @@ pub fn refused_text(refused: &RefusedCall, spec: &BudgetSpec, at_ms: u64) -> Str
             spec.amount(refused.spent),
             spec.amount(refused.size)
         )
+    } else if refused.reason == "paced" {
+        // A queue rung's refusal: the budget is not spent, only past its
+        // line and ahead of the pace that releases the rest.
+        format!("{ago} ago: paced, past its queue line")
     } else {
         format!("{ago} ago: {}", refused.reason)
     }
@@ -184,6 +188,14 @@ mod tests {
         assert_eq!(
             refused_text(&unpriced, &usd, 5_000),
             "5 s ago: model-unpriced"
+        );
+        let paced = RefusedCall {
+            reason: "paced".into(),
+            ..RefusedCall::default()
+        };
+        assert_eq!(
+            refused_text(&paced, &usd, 5_000),
+            "5 s ago: paced, past its queue line"
         );
         // An Envoy's clock ahead of the admin's: "0 s", not an underflow.
         assert_eq!(
