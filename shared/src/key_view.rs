@@ -91,6 +91,20 @@ fn field_label(value: &[u8]) -> Option<String> {
     value_label(split_pair(value)?.1)
 }
 
+/// The key of a header value and a body field (`key` with both), as the
+/// Envoys read it and a lookup must name it; None when the header holds
+/// [`KEY_PARTS_JOIN`] (never from Envoy: it could pass for another pair).
+pub fn join_pair(header: &[u8], field: &[u8]) -> Option<Vec<u8>> {
+    if header.contains(&KEY_PARTS_JOIN) {
+        return None;
+    }
+    let mut pair = Vec::with_capacity(header.len() + 1 + field.len());
+    pair.extend_from_slice(header);
+    pair.push(KEY_PARTS_JOIN);
+    pair.extend_from_slice(field);
+    Some(pair)
+}
+
 /// A pair key's header value and body field (split at the first
 /// [`KEY_PARTS_JOIN`]: a header holding it gives no key); None for a key
 /// of one part.
@@ -354,6 +368,21 @@ mod tests {
     fn named(n: u64) -> KeyName {
         let secret = label_secret(Some("token"));
         name_key(&secret, "p", format!("key-{n}").as_bytes(), KeyLabel::Hash)
+    }
+
+    proptest! {
+        /// A pair joined splits back into its parts, whatever the field
+        /// holds; a header holding the join byte makes no pair.
+        #[test]
+        fn a_pair_joined_splits_into_its_parts(
+            header in proptest::collection::vec(any::<u8>(), 0..16),
+            field in proptest::collection::vec(any::<u8>(), 0..16),
+        ) {
+            match join_pair(&header, &field) {
+                Some(pair) => prop_assert_eq!(split_pair(&pair), Some((&header[..], &field[..]))),
+                None => prop_assert!(header.contains(&KEY_PARTS_JOIN)),
+            }
+        }
     }
 
     #[test]

@@ -1273,6 +1273,29 @@ async fn the_live_view_lists_the_busiest_keys_and_finds_one() -> anyhow::Result<
         (status, answer["label"].as_str()),
         (200, Some(marked.as_str()))
     );
+    // A key of a header and a body field: the second box joins its field
+    // to the key as the Envoys join them, and the name is the pair's.
+    browser
+        .fill(&format!("{section} .find-key-field"), "gpt-4o")
+        .await?;
+    browser
+        .click(&format!("{section} .find-key button"))
+        .await?;
+    let (status, pair) = label_of("per-key", json!({"key": "sk-live-cccc\ngpt-4o"})).await?;
+    let pair_label = pair["label"].as_str().unwrap_or("?").to_string();
+    assert_eq!(status, 200, "{pair}");
+    assert_ne!(pair_label, marked);
+    let found_pair = browser
+        .wait_text(
+            &format!("{section} .find-key-result"),
+            Duration::from_secs(5),
+            |t| t.contains(&pair_label),
+        )
+        .await?;
+    assert!(
+        found_pair.contains("not among the busiest keys"),
+        "{found_pair}"
+    );
 
     stop.store(true, Ordering::SeqCst);
     for l in loads {

@@ -6,7 +6,7 @@
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use sluice_api::{KeyLabelAnswer, KeyLabelRequest, KeysUse};
-use sluice_shared::key_view::KeyEstimate;
+use sluice_shared::key_view::{join_pair, KeyEstimate};
 
 use crate::api;
 use crate::live::LiveFrames;
@@ -20,6 +20,18 @@ fn estimate(e: Option<KeyEstimate>) -> String {
     }
 }
 
+/// The key a lookup asks about: the pasted key, and for a key of a
+/// header and a body field (`key` with both), the pair as the Envoys
+/// join it.
+fn lookup_key(header: &str, field: &str) -> String {
+    if field.is_empty() {
+        return header.to_string();
+    }
+    join_pair(header.as_bytes(), field.as_bytes())
+        .and_then(|pair| String::from_utf8(pair).ok())
+        .unwrap_or_else(|| header.to_string())
+}
+
 #[component]
 pub fn KeysNow(policy: String) -> impl IntoView {
     let frames = expect_context::<LiveFrames>();
@@ -27,13 +39,14 @@ pub fn KeysNow(policy: String) -> impl IntoView {
     let name = policy.clone();
     let keys = Memo::new(move |_| frames.latest().and_then(|f| f.keys.get(&name).cloned()));
     let typed = RwSignal::new(String::new());
+    let typed_field = RwSignal::new(String::new());
     let found = RwSignal::new(None::<String>);
     let message = RwSignal::new(None::<String>);
     // Copy, so the handler can be handed to the view each time it shows.
     let policy_name = StoredValue::new(policy);
     let find = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
-        let key = typed.get_untracked();
+        let key = lookup_key(&typed.get_untracked(), &typed_field.get_untracked());
         if key.is_empty() {
             return;
         }
@@ -84,6 +97,11 @@ pub fn KeysNow(policy: String) -> impl IntoView {
                         <input type="password" class="find-key-input" autocomplete="off" placeholder="paste a key"
                             prop:value=move || typed.get()
                             on:input=move |ev| typed.set(event_target_value(&ev))/>
+                    </label>
+                    <label>" and its body field "
+                        <input type="text" class="find-key-field" autocomplete="off" placeholder="for a key of a header and a body field"
+                            prop:value=move || typed_field.get()
+                            on:input=move |ev| typed_field.set(event_target_value(&ev))/>
                     </label>
                     <button type="submit">"Find"</button>
                     <span class="find-key-result">{move || found_line().or_else(|| message.get())}</span>

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use sluice_shared::json_path::JsonPath;
 use sluice_shared::key_hash::KeySecret;
-use sluice_shared::key_view::KEY_PARTS_JOIN;
+use sluice_shared::key_view::join_pair;
 use sluice_shared::policy::{CostSpec, JsonMatch, KeySpec};
 use sluice_shared::request_headers::RequestHeaders;
 
@@ -65,8 +65,8 @@ pub(crate) enum KeySource {
     /// Lower case, as Envoy gives header names.
     Header(String),
     Json(JsonPath),
-    /// The header's value and the field's, joined by
-    /// [`KEY_PARTS_JOIN`].
+    /// The header's value and the field's, joined
+    /// ([`join_pair`]).
     Pair(String, JsonPath),
 }
 
@@ -105,15 +105,7 @@ impl KeySource {
             Self::Pair(h, path) => {
                 let field = path.text_in(body.json()?)?;
                 let header = req.header(h).unwrap_or_default();
-                if header.contains(&KEY_PARTS_JOIN) {
-                    // Never from Envoy; it could pass for another pair.
-                    return None;
-                }
-                let mut pair = Vec::with_capacity(header.len() + 1 + field.len());
-                pair.extend_from_slice(&header);
-                pair.push(KEY_PARTS_JOIN);
-                pair.extend_from_slice(field.as_bytes());
-                Some(Cow::Owned(pair))
+                join_pair(&header, field.as_bytes()).map(Cow::Owned)
             }
         }
     }
