@@ -53,6 +53,8 @@ impl Parts {
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
+        // Rare, and decided in shared data part by part: a fresh reading.
+        ctx.read_clock();
         let mut decided = Vec::with_capacity(parts.len());
         for part in parts {
             let Some(policy) = policies.policies.get(part.class.policy_index) else {
@@ -194,7 +196,8 @@ impl Parts {
                 Decision::Pass => {
                     give_back_held(ctx, policy, &part.inputs, part.held, part.taken_at);
                 }
-                // No part's policy queues (the matcher splits no other).
+                // Never: a part's bucket decides without a queue, and its
+                // further limits do not wait (`Deciding::batch_part`).
                 Decision::Queue { .. } => {}
             }
         }
