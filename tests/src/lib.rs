@@ -15,3 +15,4 @@ pub mod load;
 pub mod postgres;
 pub mod procinfo;
 pub mod redis;
+pub mod rlqs;
