@@ -528,7 +528,7 @@ impl Parts {
 }
 
 /// How a keyed call's decision counts for its key.
-pub(super) fn key_outcome(decision: &Decision) -> KeyOutcome {
+fn key_outcome(decision: &Decision) -> KeyOutcome {
     match decision {
         Decision::Pass | Decision::Admit { .. } => KeyOutcome::Admitted,
         Decision::Queue { .. } => KeyOutcome::Queued,

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use sluice_filter_core::bucket::{BucketLimits, BucketState};
+use sluice_filter_core::bucket::BucketState;
 use sluice_filter_core::matcher::{
     BatchPart, BodyJson, BucketKey, CompiledPolicy, CompiledPolicySet, RequestAtHand,
 };
@@ -227,7 +227,6 @@ fn give_back_own<H: Host + ?Sized>(
     if bucket.is_empty() {
         return;
     }
-    let limits = BucketLimits::of(policy);
     let (holder, now) = (ctx.holder, ctx.now);
     // On failure (counted and logged by the store) the tokens stay taken
     // and the lease gives the slot back: the limit errs on the safe side.
@@ -235,7 +234,7 @@ fn give_back_own<H: Host + ?Sized>(
         .store
         .update_as::<BucketState, _, _>(ctx.host, bucket, |state| {
             let before = state.clone();
-            if let (Some(rate), Some(taken)) = (&limits.rate, state.rate.as_mut()) {
+            if let (Some(rate), Some(taken)) = (&policy.rate, state.rate.as_mut()) {
                 rate.refund(taken, taken_at, now, rate.taken(cost));
             }
             if let Some(lease) = lease {
