@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use sluice_api::FleetPolicy;
+use sluice_shared::fair::FairKeyView;
 use sluice_shared::fleet::{Amount, FleetTerms, Held, Ledger, Share, ShareTags, Usage};
 
 use crate::clock::MonotonicWall;
@@ -187,17 +188,6 @@ impl Ledgers {
     ) -> Result<Shares, FleetError> {
         let mut out = BTreeMap::new();
         let mut freed = false;
-        // What the others cannot be given, before and after this sync (a
-        // drop is room someone may want), and what this Envoy wanted of the
-        // room the others hold.
-        let sync_freeing = |ledger: &mut Ledger, terms: &FleetTerms, usage: (Usage, &[_]), held| {
-            let before = ledger.reserved(terms, now);
-            let share = ledger.sync_usage(terms, &report.instance, usage, held, now);
-            let after = ledger.reserved(terms, now);
-            let tell = worth_telling(before.minus(after), terms.limit)
-                || worth_telling(ledger.held_back(&report.instance), terms.limit);
-            (share, tell)
-        };
         for policy in set.policies.iter().filter(|p| p.scope == Scope::Global) {
             let terms = FleetTerms::of_policy(policy);
             let counters = report
@@ -221,9 +211,14 @@ impl Ledgers {
             // A policy shared fairly weighs its Envoys' keys.
             let keys = report.fair.get(&policy.name).map_or(&[][..], Vec::as_slice);
             let (share, freed_here) = self
-                .update(&policy.name, &terms, now, |ledger| {
-                    sync_freeing(ledger, &terms, (usage, keys), held)
-                })
+                .sync_one(
+                    &policy.name,
+                    &terms,
+                    &report.instance,
+                    (usage, keys),
+                    held,
+                    now,
+                )
                 .await?;
             freed |= freed_here;
             let tag = self.tags.tag(&report.instance, &policy.name, &share);
@@ -254,9 +249,7 @@ impl Ledgers {
             // A limit shared fairly weighs its Envoys' keys, as a policy.
             let keys = report.fair.get(&name).map_or(&[][..], Vec::as_slice);
             let (share, freed_here) = self
-                .update(&name, &terms, now, |ledger| {
-                    sync_freeing(ledger, &terms, (usage, keys), held)
-                })
+                .sync_one(&name, &terms, &report.instance, (usage, keys), held, now)
                 .await?;
             freed |= freed_here;
             let tag = self.tags.tag(&report.instance, &name, &share);
@@ -266,6 +259,52 @@ impl Ledgers {
             message: out,
             freed,
         })
+    }
+
+    /// One instance's sync of one ledger: its share, and whether the
+    /// others should sync now ([`MOVED_TO_TELL`]): the sync freed room
+    /// they may take (what the others cannot be given, before and after
+    /// it), or this instance wants room they hold.
+    async fn sync_one(
+        &self,
+        name: &str,
+        terms: &FleetTerms,
+        instance: &str,
+        usage: (Usage, &[FairKeyView]),
+        held: Held,
+        now: Instant,
+    ) -> Result<(Share, bool), FleetError> {
+        self.update(name, terms, now, |ledger| {
+            let before = ledger.reserved(terms, now);
+            let share = ledger.sync_usage(terms, instance, usage, held, now);
+            let after = ledger.reserved(terms, now);
+            let tell = worth_telling(before.minus(after), terms.limit)
+                || worth_telling(ledger.held_back(instance), terms.limit);
+            (share, tell)
+        })
+        .await
+    }
+
+    /// The share of the ledger `name` (see [`global_limit`]) for a client
+    /// that is no Sluice filter (an RLQS stream, `crate::rlqs`): its
+    /// counters taken as a sync's, and the share this admin last gave it
+    /// as the one it holds. Whether the others should sync now, as
+    /// [`Self::shares`] tells.
+    pub async fn share_for(
+        &self,
+        name: &str,
+        terms: &FleetTerms,
+        instance: &str,
+        usage: Usage,
+        held: Option<Share>,
+        now: Instant,
+    ) -> Result<(Share, bool), FleetError> {
+        let held = Held {
+            share: held,
+            vouched: true,
+        };
+        self.sync_one(name, terms, instance, (usage, &[]), held, now)
+            .await
     }
 
     /// A connection `instance` synced or watched over closed (see
@@ -454,6 +493,34 @@ fn message(share: &Share, terms: &FleetTerms, now: Instant, tag: u64) -> ShareMe
         id: share.id(),
         tag,
     }
+}
+
+/// A global limit a fleet ledger is kept for: its terms, and its rate as
+/// its policy states it (none: it limits calls in flight only).
+pub struct GlobalLimit<'a> {
+    pub terms: FleetTerms,
+    pub rate: Option<&'a sluice_shared::policy::RateSpec>,
+}
+
+/// The global policy named `name`, or the global further limit whose
+/// ledger is `name` (`limits/<limit>`); none when `set` has neither.
+pub fn global_limit<'a>(set: &'a PolicySet, name: &str) -> Option<GlobalLimit<'a>> {
+    if let Some(policy) = set
+        .policies
+        .iter()
+        .find(|p| p.scope == Scope::Global && p.name == name)
+    {
+        return Some(GlobalLimit {
+            terms: FleetTerms::of_policy(policy),
+            rate: policy.rate.as_ref(),
+        });
+    }
+    global_limits(set)
+        .find(|l| l.fleet_name() == name)
+        .map(|limit| GlobalLimit {
+            terms: FleetTerms::of_limit(limit),
+            rate: limit.rate.as_ref(),
+        })
 }
 
 /// The set's global further limits, once each however many policies name

@@ -21,6 +21,7 @@ pub mod people_cli;
 pub mod price_catalog;
 pub mod push;
 pub mod relay;
+pub mod rlqs;
 pub mod secrets;
 pub mod server;
 pub mod store;
@@ -95,6 +96,8 @@ pub struct AppState {
     pub access_changes: access::AccessChanges,
     /// Key lookups (`key-label`), per caller.
     pub key_lookups: login::KeyedThrottle<String>,
+    /// Stock Envoys' RLQS streams open now.
+    pub rlqs: Arc<rlqs::Clients>,
 }
 
 /// The store's health, checked at most once a second however often
@@ -154,6 +157,7 @@ impl AppState {
             changes: push::Changes::default(),
             access_changes: access::AccessChanges::default(),
             key_lookups: api::key_lookup_throttle(),
+            rlqs: Arc::default(),
         }
     }
 
@@ -222,7 +226,11 @@ pub fn app(state: Arc<AppState>, ui_dir: Option<PathBuf>) -> Router {
         })
     });
     let body_deadline = state.config.server_limits.header_read_timeout;
-    let mut router = api::routes().with_state(state);
+    // RLQS beside the API, outside its request timeout (and the body
+    // deadline below): a stream lasts as long as its Envoy.
+    let mut router = api::routes()
+        .with_state(Arc::clone(&state))
+        .merge(rlqs::routes(state));
     if let Some(dir) = ui_dir {
         let index = dir.join("index.html");
         // Client-side routes (/policies/bank, /live) all load the app. The
@@ -243,9 +251,13 @@ pub fn app(state: Arc<AppState>, ui_dir: Option<PathBuf>) -> Router {
         router = router.layer(guard);
     }
     router
-        .layer(axum::middleware::map_request(move |req| {
-            server::body_deadline(body_deadline, req)
-        }))
+        .layer(axum::middleware::map_request(
+            move |req: axum::extract::Request| {
+                let streams = req.uri().path() == rlqs::STREAM_PATH;
+                let deadline = (!streams).then_some(body_deadline);
+                server::body_deadline(deadline, req)
+            },
+        ))
         .layer(SetResponseHeaderLayer::if_not_present(
             header::CONTENT_SECURITY_POLICY,
             HeaderValue::from_static(CONTENT_SECURITY_POLICY),
@@ -271,10 +283,13 @@ async fn insecure_dev_host_guard(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    // HTTP/2 names the host in `:authority` (a gRPC stream, an RLQS
+    // client's), HTTP/1.1 in `Host`.
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
         .map(|h| host_name(h).to_ascii_lowercase());
     let ok = host.as_deref().is_some_and(|h| {
         matches!(h, "localhost" | "127.0.0.1" | "[::1]" | "::1")

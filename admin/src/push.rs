@@ -48,6 +48,13 @@ pub struct Changes {
     next_ticket: AtomicU64,
 }
 
+/// See [`Changes::listen`].
+pub struct Listening {
+    pub versions: watch::Receiver<u64>,
+    pub fleet: watch::Receiver<u64>,
+    pub stopping: watch::Receiver<bool>,
+}
+
 /// The newest watch of one instance: its ticket, and how the one it
 /// replaces is told.
 struct Holder {
@@ -120,6 +127,16 @@ impl Changes {
 
     pub fn stop(&self) {
         self.stopping.send_replace(true);
+    }
+
+    /// What a long-lived stream listens to (an RLQS client's, `rlqs`):
+    /// the policy set's version, fleet news, and the admin stopping.
+    pub fn listen(&self) -> Listening {
+        Listening {
+            versions: self.seen.subscribe(),
+            fleet: self.fleet.subscribe(),
+            stopping: self.stopping.subscribe(),
+        }
     }
 
     /// Makes a watch `instance`'s only held one: the one it held before

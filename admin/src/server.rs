@@ -312,11 +312,17 @@ impl http_body::Body for Tracked {
 
 /// Bounds the time a request's body may take to arrive: a client that
 /// trickles it gives up its connection as one that trickles its headers.
+/// None: a stream's body, as long as its client (RLQS).
 pub async fn body_deadline(
-    deadline: Duration,
+    deadline: Option<Duration>,
     req: axum::extract::Request,
 ) -> axum::extract::Request {
-    req.map(|body| Body::new(tower_http::timeout::DeadlineBody::new(deadline, body)))
+    match deadline {
+        Some(deadline) => {
+            req.map(|body| Body::new(tower_http::timeout::DeadlineBody::new(deadline, body)))
+        }
+        None => req,
+    }
 }
 
 /// TLS for the admin from PEM files: the certificate chain and its key.

@@ -367,6 +367,8 @@ impl Envoy {
         let listener_port = free_port()?;
         let native;
         let (template, wasm) = match filter_build() {
+            // A stock Envoy's (no Sluice filter): either build's pass.
+            _ if !template.contains("{{WASM}}") => (template, PathBuf::new()),
             FilterBuild::Wasm => (template, filter_wasm()?),
             FilterBuild::Native => {
                 let module = filter_native()?;

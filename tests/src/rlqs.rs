@@ -189,3 +189,42 @@ impl Drop for RlqsServer {
         self.task.abort();
     }
 }
+
+/// `envoy/stock-rlqs.yaml` as the harness runs it: a stock Envoy named
+/// `name` (`x-sluice-instance`) whose `rate_limit_quota` filter streams to
+/// the Sluice admin's TLS listener on `admin_tls_port` (its certificate
+/// `ca`) with the sync token, in front of the upstream on `mock_port`.
+pub fn stock_envoy(
+    name: &str,
+    mock_port: u16,
+    admin_tls_port: u16,
+    ca: &std::path::Path,
+) -> anyhow::Result<crate::envoy::Envoy> {
+    let shipped =
+        std::fs::read_to_string(crate::envoy::workspace_root().join("envoy/stock-rlqs.yaml"))?;
+    let named = "- { key: x-sluice-instance, value: stock-envoy }";
+    anyhow::ensure!(
+        shipped.contains(named) && shipped.contains("\"var/tls/ca.pem\""),
+        "stock-rlqs.yaml changed shape"
+    );
+    let mut template = shipped
+        .replace(
+            named,
+            &format!(
+                "- {{ key: x-sluice-instance, value: {name} }}\n                - {{ key: authorization, value: \"Bearer {}\" }}",
+                crate::admin::SYNC_TOKEN
+            ),
+        )
+        .replace("\"var/tls/ca.pem\"", &format!("\"{}\"", ca.display()));
+    for (port, placeholder) in [
+        (9902, "ADMIN_PORT"),
+        (10001, "LISTENER_PORT"),
+        (9090, "MOCK_PORT"),
+        (8443, "ADMIN_API_PORT"),
+    ] {
+        let fixed = format!("port_value: {port} ");
+        anyhow::ensure!(template.contains(&fixed), "stock-rlqs.yaml: no port {port}");
+        template = template.replace(&fixed, &format!("port_value: {{{{{placeholder}}}}} "));
+    }
+    crate::envoy::Envoy::start_from(&template, "", mock_port, admin_tls_port, 1)
+}

@@ -1,15 +1,24 @@
-//! Issue 53's gate: does the PyPI Envoy's own `rate_limit_quota` filter
-//! (RLQS) work end to end? A stock Envoy (no Sluice filter) in front of
-//! an upstream, its filter pointed at a minimal RLQS server
-//! (`sluice_e2e::rlqs`): Envoy reports a bucket's usage, the server
-//! assigns it a token bucket, Envoy refuses past it on its own, and a new
-//! assignment pushed on the stream changes the rate.
+//! Envoy's own `rate_limit_quota` filter (RLQS) through real Envoys.
+//!
+//! The gate: a stock Envoy (no Sluice filter) in front of an upstream, its
+//! filter pointed at a minimal RLQS server (`sluice_e2e::rlqs`): Envoy
+//! reports a bucket's usage, the server assigns it a token bucket, Envoy
+//! refuses past it on its own, and a new assignment pushed on the stream
+//! changes the rate.
+//!
+//! Then the Sluice admin as the RLQS server: stock Envoys and an Envoy
+//! with the Sluice filter share one global limit from one ledger.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_demo::mock::MockApi;
+use sluice_e2e::admin::AdminProcess;
 use sluice_e2e::envoy::Envoy;
-use sluice_e2e::load::client;
-use sluice_e2e::rlqs::RlqsServer;
+use sluice_e2e::fleet::{self, GLOBAL_RPS, LEASE, PROVIDER_RPS, WORKERS};
+use sluice_e2e::load::{self, client};
+use sluice_e2e::rlqs::{stock_envoy, RlqsServer};
 
 /// The listener's filters: every call with an `:authority` falls in the
 /// bucket `{"policy": "stripe"}`; the RLQS server is `{{ADMIN_API_PORT}}`
@@ -162,5 +171,151 @@ async fn envoys_rate_limit_quota_filter_enforces_what_an_rlqs_server_assigns() -
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
+}
+
+/// Offered calls a second: `a` runs the Sluice filter, `b` and `c` are
+/// stock Envoys through RLQS. Together more than the global limit, and
+/// still more than it once `c` is killed.
+const OFFERED: [(&str, u64); 3] = [("a", 200), ("b", 200), ("c", 60)];
+
+/// Two stock Envoys (Envoy's `rate_limit_quota` filter, the shipped
+/// `envoy/stock-rlqs.yaml`) and one Envoy with the Sluice filter share the
+/// global limit of 290 calls a second (`fleet::global_policy`) in front of
+/// a provider that refuses past 300: one ledger in the admin (over its TLS
+/// listener, the sync token as the stream's bearer) leases all three.
+/// The limit is used, the provider never refuses, and when the stock
+/// Envoy `c` is SIGKILLed its share goes to the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_envoys_through_rlqs_and_a_sluice_envoy_share_one_global_limit() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let tls_dir = dir.path().join("tls");
+    let tls_port = sluice_e2e::envoy::free_port()?;
+    let admin = AdminProcess::start_in(
+        dir.path(),
+        &[
+            "--tls-listen",
+            &format!("127.0.0.1:{tls_port}"),
+            "--tls-self-signed",
+            &tls_dir.display().to_string(),
+        ],
+    )
+    .await?;
+    let op = admin.login().await?;
+    op.create(fleet::global_policy()).await?;
+    let mock = MockApi::start("127.0.0.1:0".parse()?, fleet::provider()).await?;
+    let ca = tls_dir.join("ca.pem");
+    let a = Envoy::start_with_admin_tls(
+        &fleet::plugin_config("a"),
+        mock.addr.port(),
+        tls_port,
+        WORKERS,
+        &ca,
+    )?;
+    let b = stock_envoy("b", mock.addr.port(), tls_port, &ca)?;
+    let mut c = stock_envoy("c", mock.addr.port(), tls_port, &ca)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    mock.reset();
+    let origin = Instant::now();
+    let load: Vec<_> = [&a, &b, &c]
+        .iter()
+        .zip(OFFERED)
+        .map(|(envoy, (tag, rate))| {
+            load::paced(
+                envoy.url("/v1/complete"),
+                "api.llm.example",
+                tag,
+                rate,
+                stop.clone(),
+            )
+        })
+        .collect();
+    // RLQS clients report every 5 s (Envoy 1.40): their demand is known
+    // from their second report on; the steady state after two.
+    let (from, to) = (Duration::from_secs(12), Duration::from_secs(20));
+    tokio::time::sleep(to).await;
+    let used = fleet::rate_at_mock(&mock, &[], from, to);
+    let per: Vec<f64> = ["a", "b", "c"]
+        .iter()
+        .map(|i| fleet::rate_at_mock(&mock, &[i], from, to))
+        .collect();
+    let view = op.get("/api/v1/fleet").await?;
+    let members = fleet::shares(&op).await?;
+    let clients: Vec<String> = view["rlqs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c["instance"].as_str().unwrap_or_default().to_string())
+        .collect();
+    println!(
+        "rlqs fleet: offered a (Sluice) 200/s, b and c (stock, RLQS) 200/s and 60/s; global limit {GLOBAL_RPS}/s, \
+         provider {PROVIDER_RPS}/s; steady ({from:?}..{to:?}) the provider saw {used:.1}/s ({:.1} %): \
+         a {:.1}/s, b {:.1}/s, c {:.1}/s; shares {members:?}; RLQS clients {clients:?}",
+        100.0 * used / GLOBAL_RPS,
+        per[0],
+        per[1],
+        per[2],
+    );
+    if std::env::var_os("RLQS_TRACE").is_some() {
+        let log = std::fs::read_to_string(&admin.log_path)?;
+        for line in log
+            .lines()
+            .filter(|l| l.contains("RLQS") || l.contains("rlqs"))
+        {
+            println!("{line}");
+        }
+    }
+    anyhow::ensure!(
+        clients == ["rlqs:b", "rlqs:c"],
+        "the Fleet view lists the RLQS clients: {view}"
+    );
+    assert!(
+        per[1] > 50.0 && per[2] > 30.0,
+        "the stock Envoys' calls went through on their shares: {per:?}"
+    );
+
+    // c dies: its kernel closes the stream, and its share moves to a and b.
+    let killed_at = Instant::now();
+    let killed_on_mock = origin.elapsed();
+    c.kill();
+    let moved = loop {
+        let now = fleet::shares(&op).await?;
+        let sum: f64 = now.iter().map(|(_, r, _)| r).sum();
+        if now.len() == 2 && sum >= 0.95 * GLOBAL_RPS {
+            break killed_at.elapsed();
+        }
+        anyhow::ensure!(
+            killed_at.elapsed() < LEASE * 4,
+            "c's share did not move within {:?}: {now:?}",
+            LEASE * 4
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after_from = killed_on_mock + moved + Duration::from_secs(1);
+    let used_after = fleet::rate_at_mock(&mock, &[], after_from, origin.elapsed());
+    let calls = fleet::finish(&stop, load).await;
+    let refused = mock.rejected_by_mock();
+    println!(
+        "rlqs fleet kill: c SIGKILLed; its share moved to a and b after {moved:?} (lease {LEASE:?}); then the \
+         provider saw {used_after:.1}/s ({:.1} %); {calls} calls in all; most in any 1 s at the provider {}; \
+         refused by the provider {refused}",
+        100.0 * used_after / GLOBAL_RPS,
+        fleet::most_in_any_second(&mock),
+    );
+    assert!(
+        used >= 0.95 * GLOBAL_RPS,
+        "steady use {used:.1}/s of {GLOBAL_RPS}/s"
+    );
+    assert!(moved <= LEASE * 2, "moved after {moved:?}");
+    assert!(
+        used_after >= 0.9 * GLOBAL_RPS,
+        "after the kill {used_after:.1}/s"
+    );
+    assert_eq!(refused, 0, "the provider's limit was exceeded");
+    drop((a, b));
     Ok(())
 }

@@ -218,6 +218,47 @@ pub struct BudgetTree {
 pub struct FleetView {
     pub now_ms: u64,
     pub policies: Vec<FleetPolicy>,
+    /// Stock Envoys whose `rate_limit_quota` filter holds an RLQS stream
+    /// to this admin. They are members of the policies' ledgers too, as
+    /// `rlqs:<name>`.
+    #[serde(default)]
+    pub rlqs: Vec<RlqsClient>,
+}
+
+/// One RLQS stream (a stock Envoy's `rate_limit_quota` filter).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RlqsClient {
+    /// Its member name in the ledgers: `rlqs:` and the stream's
+    /// `x-sluice-instance` metadata, or its address.
+    pub instance: String,
+    /// The address its stream comes from.
+    pub peer: String,
+    /// The filter's `domain`.
+    pub domain: String,
+    /// When its stream opened and when it last reported (ms since the
+    /// epoch; 0: no report yet).
+    pub connected_ms: u64,
+    pub last_report_ms: u64,
+    /// Buckets it reported that are assigned: per limit, how many and the
+    /// rate a second they share.
+    pub assigned: Vec<RlqsAssigned>,
+    /// The first few buckets given no assignment, with why, and how many
+    /// in all.
+    pub unassigned: Vec<RlqsUnassigned>,
+    pub unassigned_count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RlqsAssigned {
+    pub limit: String,
+    pub buckets: u64,
+    pub rate: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RlqsUnassigned {
+    pub bucket: std::collections::BTreeMap<String, String>,
+    pub reason: String,
 }
 
 /// Per policy (and per instance), what happens each second.

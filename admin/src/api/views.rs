@@ -109,6 +109,7 @@ async fn fleet(State(state): State<Shared>, _op: Operator) -> Result<Json<FleetV
     Ok(Json(FleetView {
         now_ms: now.as_millis(),
         policies,
+        rlqs: state.rlqs.views(),
     }))
 }
 

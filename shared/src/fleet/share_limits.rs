@@ -63,6 +63,20 @@ pub fn limits_for_share(policy: &Policy, share: Amount) -> ShareLimits {
 /// share of `share_rate`; true when the share allows nothing.
 pub fn rate_for_share(spec: &RateSpec, limit_rate: f64, share_rate: f64) -> (RateLimiter, bool) {
     let per_hour = (share_rate.max(0.0) * 3600.0).floor() as u64;
+    let rate = RateLimiter::TokenBucket(TokenBucket::new(
+        per_hour.max(1),
+        SHARE_PERIOD,
+        burst_for_share(spec, limit_rate, share_rate),
+        None,
+    ));
+    (rate, per_hour == 0)
+}
+
+/// The burst of a share of `share_rate` a second of a limit of
+/// `limit_rate` (as `spec` says it): the policy's in proportion, at least
+/// [`MIN_SHARE_BURST`] (or the policy's, if smaller). A stock Envoy's
+/// share through RLQS (the admin's `rlqs`) gets the same.
+pub fn burst_for_share(spec: &RateSpec, limit_rate: f64, share_rate: f64) -> u64 {
     let fraction = if limit_rate > 0.0 {
         (share_rate / limit_rate).clamp(0.0, 1.0)
     } else {
@@ -70,13 +84,7 @@ pub fn rate_for_share(spec: &RateSpec, limit_rate: f64, share_rate: f64) -> (Rat
     };
     let full_burst = spec.effective_burst();
     let burst = ((full_burst as f64) * fraction).floor() as u64;
-    let rate = RateLimiter::TokenBucket(TokenBucket::new(
-        per_hour.max(1),
-        SHARE_PERIOD,
-        burst.max(MIN_SHARE_BURST.min(full_burst)).max(1),
-        None,
-    ));
-    (rate, per_hour == 0)
+    burst.max(MIN_SHARE_BURST.min(full_burst)).max(1)
 }
 
 #[cfg(test)]
