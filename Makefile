@@ -413,11 +413,13 @@ e2e: setup-nextest wasm ui $(E2E_NEEDS)
 # The suites that exercise decisions, run again against the native
 # build (SLUICE_FILTER=native); the book's "Two builds" (attaching.md) lists those
 # that run against the wasm build only, and why.
-E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet mcp calendar_budgets budget_ladder
+E2E_NATIVE := filter_e2e stacked_limits response_costs sync_e2e pools provider_signals fleet mcp calendar_budgets budget_ladder rlqs
 # Of those, fleet's tests of the admin's side (its replicas over Redis
 # and PostgreSQL, their restarts and TLS, a rogue's claims refused): the
-# filter does there what fleet's other tests show it doing in both builds.
-E2E_WASM_ONLY := binary(fleet) & (test(~replicas) | test(~redis_and_postgres) | test(~rogue))
+# filter does there what fleet's other tests show it doing in both builds;
+# and rlqs's gate, which runs no Sluice filter at all.
+E2E_WASM_ONLY := (binary(fleet) & (test(~replicas) | test(~redis_and_postgres) | test(~rogue))) \
+  | (binary(rlqs) & test(~rate_limit_quota_filter_enforces))
 e2e-native: setup-nextest wasm native-test ui
 	$(CARGO) build $(DEMO_BINS)
 	$(E2E_ENV) SLUICE_FILTER=native $(NEXTEST) $(addprefix --test ,$(E2E_NATIVE)) \

@@ -103,16 +103,34 @@ impl LimitUsage {
 #[derive(Debug, Default)]
 pub struct Buckets {
     buckets: HashMap<BucketKey, Bucket>,
-    /// Buckets refused when reported, with why (at most
-    /// [`MAX_UNASSIGNED_SHOWN`]), and how many were in all.
-    refused: BTreeMap<BucketKey, Unassigned>,
-    refused_count: u64,
+    /// Buckets of the latest report refused as it came, and buckets the
+    /// latest assignment could not assign.
+    in_report: Refused,
+    in_assignment: Refused,
+}
+
+/// Buckets given no assignment: the first [`MAX_UNASSIGNED_SHOWN`] with
+/// why, and how many in all.
+#[derive(Debug, Default)]
+struct Refused {
+    shown: BTreeMap<BucketKey, Unassigned>,
+    count: u64,
+}
+
+impl Refused {
+    fn add(&mut self, key: BucketKey, why: Unassigned) {
+        self.count = self.count.saturating_add(1);
+        if self.shown.len() < MAX_UNASSIGNED_SHOWN {
+            self.shown.insert(key, why);
+        }
+    }
 }
 
 impl Buckets {
     /// Takes one report: each bucket's counts added to what it had (Envoy
     /// reports what it allowed and denied since its previous report).
     pub fn report(&mut self, usages: &[BucketQuotaUsage]) {
+        self.in_report = Refused::default();
         for usage in usages {
             let Some(id) = usage.bucket_id.as_ref() else {
                 continue;
@@ -126,7 +144,7 @@ impl Buckets {
                     bucket.admitted = bucket.admitted.saturating_add(usage.num_requests_allowed);
                     bucket.latest = asked;
                 }
-                Err(why) => self.refuse(key_of(id), why),
+                Err(why) => self.in_report.add(key_of(id), why),
             }
         }
     }
@@ -155,17 +173,6 @@ impl Buckets {
             admitted: 0,
             latest: 0,
         }))
-    }
-
-    /// Notes a bucket that is not assigned (the first few, for the UI).
-    pub fn refuse(&mut self, key: BucketKey, why: Unassigned) {
-        let new = !self.refused.contains_key(&key);
-        if new {
-            self.refused_count = self.refused_count.saturating_add(1);
-        }
-        if !new || self.refused.len() < MAX_UNASSIGNED_SHOWN {
-            self.refused.insert(key, why);
-        }
     }
 
     /// The limits the buckets draw on, each with its buckets' counters
@@ -209,25 +216,19 @@ impl Buckets {
             .collect()
     }
 
+    /// A new assignment: which buckets it cannot assign is judged again.
+    pub fn start_assignment(&mut self) {
+        self.in_assignment = Refused::default();
+    }
+
     /// Buckets of `limit` are refused `why` (the set names no such global
     /// limit now, or it cannot be assigned).
     pub fn refuse_limit(&mut self, limit: &str, why: &Unassigned) {
-        let keys: Vec<BucketKey> = self
-            .buckets
-            .iter()
-            .filter(|(_, b)| b.limit == limit)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in keys {
-            self.refuse(key, why.clone());
+        for (key, bucket) in &self.buckets {
+            if bucket.limit == limit {
+                self.in_assignment.add(key.clone(), why.clone());
+            }
         }
-    }
-
-    /// Forgets why buckets were refused before: they are judged again
-    /// against the set of now.
-    pub fn clear_refusals_of_known(&mut self) {
-        let buckets = &self.buckets;
-        self.refused.retain(|key, _| !buckets.contains_key(key));
     }
 
     pub fn len(&self) -> usize {
@@ -238,14 +239,23 @@ impl Buckets {
         self.buckets.is_empty()
     }
 
-    /// Refused buckets as the Fleet page shows them, and how many in all.
+    /// Buckets given no assignment, as the Fleet page shows them (the
+    /// first few, with why), and how many in all: those of the latest
+    /// report, and those the latest assignment could not assign.
     pub fn refused(&self) -> (Vec<(BucketKey, String)>, u64) {
         let shown = self
-            .refused
+            .in_report
+            .shown
             .iter()
+            .chain(&self.in_assignment.shown)
+            .take(MAX_UNASSIGNED_SHOWN)
             .map(|(k, why)| (k.clone(), why.to_string()))
             .collect();
-        (shown, self.refused_count.max(self.refused.len() as u64))
+        let count = self
+            .in_report
+            .count
+            .saturating_add(self.in_assignment.count);
+        (shown, count)
     }
 }
 
@@ -272,8 +282,9 @@ pub struct Terms<'a> {
 /// place a share's burst is decided), refilled over [`FILL_SECONDS`]; a share
 /// too small to refill at all refuses every call.
 pub fn strategy(terms: &Terms<'_>, rate: f64) -> RateLimitStrategy {
-    let per_fill = (rate.max(0.0) * FILL_SECONDS as f64).floor();
-    if !(per_fill >= 1.0) {
+    // NaN counts as nothing.
+    let per_fill = (rate * FILL_SECONDS as f64).floor();
+    if per_fill.is_nan() || per_fill < 1.0 {
         return RateLimitStrategy {
             strategy: Some(Strategy::BlanketRule(BlanketRule::DenyAll as i32)),
         };
@@ -304,4 +315,193 @@ pub fn time_to_live(lease_left_ms: u64) -> Option<Duration> {
         seconds: i64::try_from(seconds).unwrap_or(i64::MAX),
         nanos: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(pairs: &[(&str, &str)]) -> BucketId {
+        BucketId {
+            bucket: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64) -> BucketQuotaUsage {
+        BucketQuotaUsage {
+            bucket_id: Some(id(pairs)),
+            time_elapsed: None,
+            num_requests_allowed: allowed,
+            num_requests_denied: denied,
+        }
+    }
+
+    fn spec(requests: u64, burst: u64) -> RateSpec {
+        serde_json::from_value(serde_json::json!(
+            {"requests": requests, "period": "1s", "burst": burst}
+        ))
+        .unwrap()
+    }
+
+    fn token_bucket(strategy: &RateLimitStrategy) -> Option<&TokenBucket> {
+        match &strategy.strategy {
+            Some(Strategy::TokenBucket(bucket)) => Some(bucket),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn buckets_of_one_limit_sum_their_counts_and_split_its_share_by_what_each_was_asked() {
+        let mut buckets = Buckets::default();
+        buckets.report(&[
+            usage(&[("policy", "llm"), ("key", "a")], 10, 5),
+            usage(&[("policy", "llm"), ("key", "b")], 4, 0),
+            usage(&[("policy", "bank")], 1, 0),
+        ]);
+        buckets.report(&[usage(&[("policy", "llm"), ("key", "a")], 29, 0)]);
+        let by_limit = buckets.usage_by_limit();
+        assert_eq!(
+            by_limit["llm"],
+            LimitUsage {
+                asked: 48,
+                admitted: 43
+            }
+        );
+        assert_eq!(by_limit["bank"].asked, 1);
+
+        // a was asked 29 in its latest report, b 4: 30 to 5 of 70/s.
+        let terms = Terms {
+            spec: &spec(300, 30),
+            limit_rate: 300.0,
+        };
+        let ttl = Duration {
+            seconds: 2,
+            nanos: 0,
+        };
+        let actions = buckets.assign("llm", &terms, 70.0, ttl);
+        assert_eq!(actions.len(), 2);
+        let mut rates: Vec<(String, u32, u32)> = actions
+            .iter()
+            .map(|a| {
+                let key = a.bucket_id.as_ref().unwrap().bucket["key"].clone();
+                let Some(Action::QuotaAssignmentAction(q)) = &a.bucket_action else {
+                    panic!("{a:?}")
+                };
+                assert_eq!(q.assignment_time_to_live, Some(ttl));
+                let bucket = token_bucket(q.rate_limit_strategy.as_ref().unwrap()).unwrap();
+                (
+                    key,
+                    bucket.tokens_per_fill.unwrap().value,
+                    bucket.max_tokens,
+                )
+            })
+            .collect();
+        rates.sort();
+        // 60 and 10 a second: 3 600 and 600 a minute; bursts of a fifth of
+        // the policy's 30, and its floor of 2.
+        assert_eq!(rates, vec![("a".into(), 3_600, 6), ("b".into(), 600, 2)]);
+    }
+
+    #[test]
+    fn a_bucket_that_names_no_limit_or_is_too_long_or_one_too_many_is_refused_and_remembered() {
+        let mut buckets = Buckets::default();
+        let long = "x".repeat(MAX_ID_BYTES);
+        buckets.report(&[
+            usage(&[("service", "llm")], 1, 0),
+            usage(&[("policy", "")], 1, 0),
+            usage(&[("policy", "llm"), ("key", &long)], 1, 0),
+        ]);
+        assert!(buckets.is_empty());
+        let (shown, count) = buckets.refused();
+        assert_eq!(count, 3);
+        let reasons: Vec<&str> = shown.iter().map(|(_, why)| why.as_str()).collect();
+        assert!(
+            reasons.iter().any(|r| r.contains("longer than")),
+            "{reasons:?}"
+        );
+        assert_eq!(
+            reasons.iter().filter(|r| r.contains("no `policy`")).count(),
+            2
+        );
+
+        // 10 000 buckets in one report: the first MAX_BUCKETS are kept, the
+        // rest refused, and only a few of those remembered.
+        let many: Vec<BucketQuotaUsage> = (0..10_000)
+            .map(|i| usage(&[("policy", "llm"), ("key", &i.to_string())], 1, 0))
+            .collect();
+        for _ in 0..2 {
+            buckets.report(&many);
+        }
+        assert_eq!(buckets.len(), MAX_BUCKETS);
+        let (shown, count) = buckets.refused();
+        assert_eq!(count, 9_000, "counted once for the latest report");
+        assert!(shown.len() <= MAX_UNASSIGNED_SHOWN);
+        // A known bucket still counts when the table is full.
+        buckets.report(&[usage(&[("policy", "llm"), ("key", "0")], 5, 0)]);
+        assert_eq!(buckets.usage_by_limit()["llm"].asked, 2 * 1_000 + 5);
+    }
+
+    #[test]
+    fn counts_that_would_overflow_saturate() {
+        let mut buckets = Buckets::default();
+        for _ in 0..3 {
+            buckets.report(&[usage(&[("policy", "llm")], u64::MAX, u64::MAX)]);
+        }
+        let used = buckets.usage_by_limit()["llm"];
+        assert_eq!((used.asked, used.admitted), (u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn a_limit_refused_as_a_whole_names_each_of_its_buckets_until_the_next_assignment() {
+        let mut buckets = Buckets::default();
+        buckets.report(&[usage(&[("policy", "gone")], 1, 0)]);
+        buckets.start_assignment();
+        buckets.refuse_limit("gone", &Unassigned::NotGlobal("gone".into()));
+        let (shown, count) = buckets.refused();
+        assert_eq!(count, 1);
+        assert!(
+            shown[0].1.contains("no `scope: global` policy"),
+            "{shown:?}"
+        );
+        buckets.start_assignment();
+        assert_eq!(buckets.refused().1, 0);
+    }
+
+    #[test]
+    fn a_share_becomes_a_token_bucket_refilled_over_a_minute_or_a_refusal_when_too_small() {
+        let terms = Terms {
+            spec: &spec(290, 6),
+            limit_rate: 290.0,
+        };
+        let bucket = strategy(&terms, 145.5);
+        let bucket = token_bucket(&bucket).unwrap();
+        assert_eq!(bucket.tokens_per_fill.unwrap().value, 8_730);
+        assert_eq!(bucket.fill_interval.unwrap().seconds, 60);
+        assert_eq!(bucket.max_tokens, 3, "half the limit: half its burst");
+        // A sixtieth of a call a second still refills; less refuses all.
+        assert!(token_bucket(&strategy(&terms, 1.0 / 60.0)).is_some());
+        for nothing in [0.0, 0.01, -5.0, f64::NAN] {
+            assert_eq!(
+                strategy(&terms, nothing).strategy,
+                Some(Strategy::BlanketRule(BlanketRule::DenyAll as i32)),
+                "{nothing}"
+            );
+        }
+        // A share past u32's tokens a minute is capped, not wrapped.
+        let huge = strategy(&terms, 1e12);
+        assert_eq!(
+            token_bucket(&huge).unwrap().tokens_per_fill.unwrap().value,
+            u32::MAX
+        );
+    }
+
+    #[test]
+    fn an_assignment_lasts_the_whole_seconds_left_of_its_lease() {
+        assert_eq!(time_to_live(999), None);
+        assert_eq!(time_to_live(2_000).map(|d| d.seconds), Some(2));
+        assert_eq!(time_to_live(2_999).map(|d| d.seconds), Some(2));
+    }
 }

@@ -171,7 +171,7 @@ impl Stream {
         let mut shown = Vec::new();
         let mut told = false;
         let mut shortest = Span::from_secs(3_600);
-        self.buckets.clear_refusals_of_known();
+        self.buckets.start_assignment();
         for (limit, usage) in self.buckets.usage_by_limit() {
             let Some(global) = global_limit(set, &limit) else {
                 self.buckets
