@@ -228,3 +228,51 @@ pub fn stock_envoy(
     }
     crate::envoy::Envoy::start_from(&template, "", mock_port, admin_tls_port, 1)
 }
+
+/// A client of the admin's RLQS service on `port` (plain HTTP/2), named
+/// `name`, that reports one call in each of `buckets` once; the stream
+/// stays open while the returned halves live.
+pub async fn report_once(
+    port: u16,
+    name: &str,
+    buckets: &[&[(&str, &str)]],
+) -> anyhow::Result<(
+    mpsc::Sender<RateLimitQuotaUsageReports>,
+    Streaming<RateLimitQuotaResponse>,
+)> {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    let mut client =
+        RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{port}")).await?;
+    let (reports, rx) = mpsc::channel(4);
+    let mut request = Request::new(ReceiverStream::new(rx));
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", crate::admin::SYNC_TOKEN).parse()?,
+    );
+    request
+        .metadata_mut()
+        .insert("x-sluice-instance", name.parse()?);
+    let answers = client.stream_rate_limit_quotas(request).await?.into_inner();
+    let usages = buckets
+        .iter()
+        .map(|pairs| BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }),
+            time_elapsed: None,
+            num_requests_allowed: 1,
+            num_requests_denied: 0,
+        })
+        .collect();
+    reports
+        .send(RateLimitQuotaUsageReports {
+            domain: "ui-test".into(),
+            bucket_quota_usages: usages,
+        })
+        .await?;
+    Ok((reports, answers))
+}

@@ -437,6 +437,31 @@ async fn fleet_view_shows_each_envoys_share_and_use() -> anyhow::Result<()> {
         assert!(share <= LIMIT_RPS, "{m}");
     }
 
+    // A stock Envoy's RLQS stream (a client of the protocol here; real
+    // Envoys through it are tests/tests/rlqs.rs) is listed beside the
+    // Envoys: what it is assigned, and a bucket naming no policy, with why.
+    let _probe = sluice_e2e::rlqs::report_once(
+        admin.port,
+        "ui-probe",
+        &[&[("policy", "llm")], &[("service", "llm")]],
+    )
+    .await?;
+    let client = ".rlqs-client[data-instance='rlqs:ui-probe']";
+    browser
+        .wait_text(
+            &format!("{client} .rlqs-assigned"),
+            Duration::from_secs(10),
+            |t| t.starts_with("llm: 1 bucket at"),
+        )
+        .await?;
+    let unassigned = browser.text(&format!("{client} .rlqs-unassigned")).await?;
+    assert!(
+        unassigned.contains("1 not assigned") && unassigned.contains("no `policy` key"),
+        "{unassigned}"
+    );
+    let shot = c.screenshot().await?;
+    std::fs::write(shots.join("fleet-rlqs.png"), shot)?;
+
     // One policy's view alone, and the empty state.
     c.goto(&format!("{}/fleet/nothing-here", admin.base()))
         .await?;

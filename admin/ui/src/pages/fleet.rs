@@ -4,7 +4,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use leptos_router::components::A;
 use leptos_router::hooks::use_params_map;
-use sluice_api::{FleetPolicy, FleetView};
+use sluice_api::{FleetPolicy, FleetView, RlqsClient};
 use sluice_shared::Span;
 
 use crate::api;
@@ -22,6 +22,7 @@ pub(super) fn FleetPage() -> impl IntoView {
     let session = expect_context::<Session>();
     let params = use_params_map();
     let policies = RwSignal::new(Vec::<FleetPolicy>::new());
+    let rlqs = RwSignal::new(Vec::<RlqsClient>::new());
     let now_ms = RwSignal::new(0u64);
     let error = RwSignal::new(None::<String>);
     let loaded = RwSignal::new(false);
@@ -34,6 +35,7 @@ pub(super) fn FleetPage() -> impl IntoView {
                 Ok(view) => {
                     now_ms.set(view.now_ms);
                     policies.set(view.policies);
+                    rlqs.set(view.rlqs);
                     error.set(None);
                 }
                 Err(e) => {
@@ -61,6 +63,80 @@ pub(super) fn FleetPage() -> impl IntoView {
             <p id="fleet-empty">"No global policy here. Set a policy's scope to global to share its limit across Envoys."</p>
         </Show>
         {move || shown().into_iter().map(|p| view! { <FleetPolicy policy=p now_ms=now_ms.get()/> }).collect_view()}
+        <Show when=move || !rlqs.get().is_empty()>
+            <RlqsClients clients=rlqs.get() now_ms=now_ms.get()/>
+        </Show>
+    }
+}
+
+/// Stock Envoys drawing on the global limits through RLQS (Envoy's
+/// `rate_limit_quota` filter): what each is assigned, and its buckets that
+/// are not, with why.
+#[component]
+fn RlqsClients(clients: Vec<RlqsClient>, now_ms: u64) -> impl IntoView {
+    let rows = clients
+        .into_iter()
+        .map(|c| {
+            let reported = if c.last_report_ms == 0 {
+                "no report yet".to_string()
+            } else {
+                let ago = now_ms.saturating_sub(c.last_report_ms);
+                format!("{:.1} s ago", Span::from_millis(ago).as_secs_f64())
+            };
+            let assigned = c
+                .assigned
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}: {} bucket{} at {:.1}/s",
+                        a.limit,
+                        a.buckets,
+                        if a.buckets == 1 { "" } else { "s" },
+                        a.rate
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let unassigned = c
+                .unassigned
+                .iter()
+                .map(|u| {
+                    let id = u
+                        .bucket
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    view! { <li>{format!("{{{id}}}: {}", u.reason)}</li> }
+                })
+                .collect_view();
+            let count = c.unassigned_count;
+            view! {
+                <tr class="rlqs-client" data-instance=c.instance.clone()>
+                    <td>{c.instance.clone()}</td>
+                    <td>{c.peer.clone()}</td>
+                    <td>{c.domain.clone()}</td>
+                    <td class="rlqs-assigned">{assigned}</td>
+                    <td class="rlqs-unassigned">
+                        {(count > 0).then(|| format!("{count} not assigned"))}
+                        <ul>{unassigned}</ul>
+                    </td>
+                    <td>{reported}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <section class="rlqs-clients">
+            <h2>"Stock Envoys (RLQS)"</h2>
+            <p class="legend">"Envoys without the Sluice filter, whose rate_limit_quota filter streams to this admin. "
+                "Each bucket naming a global policy draws a token bucket from its share above (rlqs:<name>); "
+                "a bucket that cannot is given no assignment, and its Envoy applies its no_assignment_behavior."</p>
+            <table class="fleet-members">
+                <thead><tr><th>"Envoy"</th><th>"From"</th><th>"Domain"</th><th>"Assigned"</th><th>"Not assigned"</th><th>"Last report"</th></tr></thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </section>
     }
 }
 
