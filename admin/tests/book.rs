@@ -203,3 +203,60 @@ fn every_price_catalog_in_the_book_imports_as_the_book_says() {
     }
     assert!(checked >= 1, "no price catalog in the book");
 }
+
+/// The file a block quotes (```` ```yaml,excerpt=envoy/stock-rlqs.yaml ````),
+/// if it says.
+fn excerpt_of(info: &str) -> Option<&str> {
+    info.split(',')
+        .skip(1)
+        .find_map(|attribute| attribute.trim().strip_prefix("excerpt="))
+}
+
+/// Where `excerpt` is not `file`'s text: its lines must be lines of the
+/// file one after another (each compared without its indent, which the
+/// book may shift), so that a shipped configuration and the book's quote
+/// of it never part.
+fn excerpt_problem(excerpt: &str, file: &str) -> Option<String> {
+    let wanted: Vec<&str> = excerpt.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&str> = file.lines().map(str::trim).collect();
+    let first = *wanted.first()?;
+    let found = (0..lines.len()).any(|start| {
+        lines[start] == first
+            && wanted
+                .iter()
+                .zip(&lines[start..])
+                .all(|(want, line)| want == line)
+            && lines.len() - start >= wanted.len()
+    });
+    (!found).then(|| format!("not a run of lines of the file (from {first:?})"))
+}
+
+#[test]
+fn every_excerpt_of_a_shipped_file_in_the_book_is_in_that_file() {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for page in pages() {
+        for block in blocks(&page) {
+            let Some(path) = excerpt_of(&block.info) else {
+                continue;
+            };
+            seen += 1;
+            match std::fs::read_to_string(root().join(path)) {
+                Ok(file) => problems.extend(
+                    excerpt_problem(&block.text, &file).map(|p| format!("{}: {path}: {p}", block.place)),
+                ),
+                Err(e) => problems.push(format!("{}: {path}: {e}", block.place)),
+            }
+        }
+    }
+    assert!(seen > 0, "no excerpt in the book");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn an_excerpt_that_parted_from_its_file_is_found() {
+    let file = "a:\n  b: 1\n  c: 2\nd: 3\n";
+    assert_eq!(excerpt_problem("  b: 1\n  c: 2\n", file), None);
+    assert!(excerpt_problem("b: 1\nd: 3\n", file).is_some());
+    assert!(excerpt_problem("c: 2\nd: 3\ne: 4\n", file).is_some());
+}

@@ -78,6 +78,16 @@ fn shipped_configs_validate() -> anyhow::Result<()> {
     )?;
     validate(&egress)?;
     validate(&workspace_root().join("envoy/forward-proxy.yaml"))?;
+    // The stock Envoy through RLQS (run by tests/tests/rlqs.rs), its CA
+    // where `make run`'s admin writes one.
+    let stock = dir.path().join("stock-rlqs.yaml");
+    std::fs::write(
+        &stock,
+        with_test_ca(&std::fs::read_to_string(
+            workspace_root().join("envoy/stock-rlqs.yaml"),
+        )?)?,
+    )?;
+    validate(&stock)?;
     // The tests' variant, with its placeholders filled.
     let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
     let filled = template
