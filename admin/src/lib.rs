@@ -332,6 +332,7 @@ pub fn spawn_live_ticker(state: Arc<AppState>) {
             let now = store::now_ms();
             let frame = state.live.tick(now);
             state.metrics.observe(&frame);
+            state.metrics.rlqs_streams.set(state.rlqs.open() as i64);
             state
                 .metrics
                 .observe_instances(&state.live.sync_health(now));

@@ -109,6 +109,8 @@ pub struct Metrics {
     /// 1 while the managed directory's last change was refused.
     pub managed_error: Gauge,
     pub live_instances: Gauge,
+    /// Stock Envoys' RLQS streams open now.
+    pub rlqs_streams: Gauge,
     /// Each reported policy counter, as the live view shows it.
     policy_counts: CounterGauges<PolicyCounter, PolicyLabel>,
     pub max_in_flight: Family<PolicyLabel, Gauge>,
@@ -145,6 +147,7 @@ impl Default for Metrics {
             policy_set_version: Gauge::default(),
             managed_error: Gauge::default(),
             live_instances: Gauge::default(),
+            rlqs_streams: Gauge::default(),
             policy_counts,
             max_in_flight: Family::default(),
             waiting: Family::default(),
@@ -193,6 +196,11 @@ impl Default for Metrics {
             "live_instances",
             "Envoys that synced in the last 5 s",
             m.live_instances.clone(),
+        );
+        registry.register(
+            "rlqs_streams",
+            "Stock Envoys' RLQS streams (rate_limit_quota) open now",
+            m.rlqs_streams.clone(),
         );
         let families: [(&str, &str, &FloatGauges<PolicyLabel>); 2] = [
             (

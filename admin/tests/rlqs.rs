@@ -228,6 +228,7 @@ async fn buckets_draw_on_the_global_ledger_and_those_that_cannot_are_named_with_
         reasons.iter().any(|r| r.contains("\"nowhere\"")),
         "{reasons:?}"
     );
+    assert_eq!(admin.state.rlqs.open(), 1);
     // The ledger holds it as a member, beside any Sluice Envoy.
     let set = admin.state.store.policy_set().await.unwrap();
     let views = admin.state.fleet.views(&set).await.unwrap();
