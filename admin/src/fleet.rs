@@ -206,6 +206,7 @@ impl Ledgers {
                 in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
                 waiting: u32::try_from(counters.waiting).unwrap_or(u32::MAX),
                 at: Instant::from_millis(report.at_ms),
+                holds_no_slots: false,
             };
             let held = self.held(report, &policy.name, &terms);
             // A policy shared fairly weighs its Envoys' keys.
@@ -244,6 +245,7 @@ impl Ledgers {
                 in_flight: 0,
                 waiting: 0,
                 at: Instant::from_millis(report.at_ms),
+                holds_no_slots: false,
             };
             let held = self.held(report, &name, &terms);
             // A limit shared fairly weighs its Envoys' keys, as a policy.

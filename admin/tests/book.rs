@@ -217,7 +217,11 @@ fn excerpt_of(info: &str) -> Option<&str> {
 /// book may shift), so that a shipped configuration and the book's quote
 /// of it never part.
 fn excerpt_problem(excerpt: &str, file: &str) -> Option<String> {
-    let wanted: Vec<&str> = excerpt.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let wanted: Vec<&str> = excerpt
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     let lines: Vec<&str> = file.lines().map(str::trim).collect();
     let first = *wanted.first()?;
     let found = (0..lines.len()).any(|start| {
@@ -243,7 +247,8 @@ fn every_excerpt_of_a_shipped_file_in_the_book_is_in_that_file() {
             seen += 1;
             match std::fs::read_to_string(root().join(path)) {
                 Ok(file) => problems.extend(
-                    excerpt_problem(&block.text, &file).map(|p| format!("{}: {path}: {p}", block.place)),
+                    excerpt_problem(&block.text, &file)
+                        .map(|p| format!("{}: {path}: {p}", block.place)),
                 ),
                 Err(e) => problems.push(format!("{}: {path}: {e}", block.place)),
             }

@@ -34,15 +34,16 @@ struct Admin {
     _dir: tempfile::TempDir,
 }
 
-/// An admin with the global policy `llm` (100/s, leased for 2 s) and the
-/// instance policy `local`.
+/// An admin with the global policy `llm` (100/s and 10 in flight, leased
+/// for 2 s) and the instance policy `local`.
 async fn start() -> Admin {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("sluice.db");
     let store = Store::open(&db).unwrap();
     for policy in [
         r#"{"name": "llm", "match": {"host": "api.llm.example"}, "scope": "global",
-            "share_lease": "2s", "rate": {"requests": 100, "period": "1s", "burst": 10}}"#,
+            "share_lease": "2s", "rate": {"requests": 100, "period": "1s", "burst": 10},
+            "concurrency": {"max_in_flight": 10}}"#,
         r#"{"name": "local", "match": {"host": "api.local.example"},
             "rate": {"requests": 5, "period": "1s"}}"#,
     ] {
@@ -232,7 +233,10 @@ async fn buckets_draw_on_the_global_ledger_and_those_that_cannot_are_named_with_
     // The ledger holds it as a member, beside any Sluice Envoy.
     let set = admin.state.store.policy_set().await.unwrap();
     let views = admin.state.fleet.views(&set).await.unwrap();
-    assert!(views[0].members.iter().any(|m| m.instance == "rlqs:b"));
+    let member = views[0].members.iter().find(|m| m.instance == "rlqs:b");
+    // A token bucket holds no calls in flight: the slots stay with the
+    // Sluice Envoys.
+    assert_eq!(member.map(|m| m.share.in_flight), Some(0), "{views:?}");
 
     // Closed, it leaves the list.
     drop((reports, answers));

@@ -24,12 +24,20 @@ const TERMS: FleetTerms = FleetTerms {
     floor_fraction: 0.05,
 };
 
+/// Some instances hold no slots (stock Envoys through RLQS).
 fn demand() -> impl Strategy<Value = Demand> {
-    (0.0f64..3_000.0, 0u32..300, 0u32..50).prop_map(|(rate, in_flight, queued)| Demand {
-        rate,
-        in_flight,
-        queued,
-    })
+    (
+        0.0f64..3_000.0,
+        0u32..300,
+        0u32..50,
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(rate, in_flight, queued, holds_no_slots)| Demand {
+            rate,
+            in_flight: if holds_no_slots { 0 } else { in_flight },
+            queued: if holds_no_slots { 0 } else { queued },
+            holds_no_slots,
+        })
 }
 
 /// What one instance does in a round.

@@ -95,6 +95,9 @@ impl LimitUsage {
             in_flight: 0,
             waiting: 0,
             at,
+            // A token bucket: Envoy's rate_limit_quota counts no calls in
+            // flight.
+            holds_no_slots: true,
         }
     }
 }

@@ -35,23 +35,30 @@ pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<A
             .map(|d| d.rate.max(0.0) * RATE_HEADROOM)
             .collect::<Vec<_>>(),
     );
-    // Queued calls want a slot as much as running ones.
-    let wanted: Vec<f64> = demands
+    // The slots go to the instances that hold calls in flight to a count
+    // only. Queued calls want a slot as much as running ones.
+    let holders: Vec<usize> = (0..n).filter(|&i| !demands[i].holds_no_slots).collect();
+    let wanted: Vec<f64> = holders
         .iter()
-        .map(|d| f64::from(d.in_flight) + f64::from(d.queued))
+        .map(|&i| f64::from(demands[i].in_flight) + f64::from(demands[i].queued))
         .collect();
     // A slot each at least, where there are enough: an instance with none
     // refuses every call, and its next report shows no calls in flight to
     // ask more for.
-    let slot_floor = if limit.in_flight > 0 && n <= limit.in_flight as usize {
-        floor_fraction.max(n as f64 / f64::from(limit.in_flight))
+    let m = holders.len();
+    let slot_floor = if limit.in_flight > 0 && m <= limit.in_flight as usize && m > 0 {
+        floor_fraction.max(m as f64 / f64::from(limit.in_flight))
     } else {
         floor_fraction
     };
-    let in_flight = whole_calls(
+    let held = whole_calls(
         &split(f64::from(limit.in_flight), slot_floor, &wanted),
         limit.in_flight,
     );
+    let mut in_flight = vec![0; n];
+    for (&i, slots) in holders.iter().zip(held) {
+        in_flight[i] = slots;
+    }
     rates
         .into_iter()
         .zip(in_flight)
@@ -151,7 +158,24 @@ mod tests {
             rate,
             in_flight,
             queued: 0,
+            holds_no_slots: false,
         }
+    }
+
+    #[test]
+    fn an_instance_that_holds_no_slots_gets_rate_and_leaves_every_slot_to_the_others() {
+        let rlqs = Demand {
+            holds_no_slots: true,
+            ..wants(300.0, 0)
+        };
+        let shares = allocate(LIMIT, 0.06, &[wants(300.0, 5), rlqs, wants(100.0, 1)]);
+        assert_eq!(shares[1].in_flight, 0, "{shares:?}");
+        assert_eq!(shares[0].in_flight + shares[2].in_flight, 100, "{shares:?}");
+        assert!(shares[1].rate > 290.0, "{shares:?}");
+        // Alone, it still gets the rate; the slots go to nobody.
+        let alone = allocate(LIMIT, 0.06, &[rlqs]);
+        assert_eq!(alone[0].in_flight, 0);
+        assert!((alone[0].rate - LIMIT.rate).abs() < 1e-6, "{alone:?}");
     }
 
     #[test]

@@ -14,6 +14,11 @@ pub struct Demand {
     pub rate: f64,
     pub in_flight: u32,
     pub queued: u32,
+    /// It cannot hold its calls in flight to a count (a stock Envoy
+    /// through RLQS: a token bucket only): it is given none of the
+    /// limit's slots, which stay with those that can.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds_no_slots: bool,
 }
 
 /// Time constant of a member's smoothed demand rate. A rate counted over
@@ -84,6 +89,9 @@ pub struct Usage {
     /// When it was counted, by the instance's clock.
     #[serde(rename = "at_ms", with = "millis")]
     pub at: Instant,
+    /// See [`Demand::holds_no_slots`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds_no_slots: bool,
 }
 
 /// What an instance wanted between two syncs. The rate is what it was asked
@@ -115,10 +123,18 @@ pub fn demand_between(previous: Option<Usage>, now: Usage, limit: Amount) -> Dem
     } else {
         holding
     };
+    if now.holds_no_slots {
+        return Demand {
+            rate,
+            holds_no_slots: true,
+            ..Demand::default()
+        };
+    }
     Demand {
         rate,
         in_flight: wanted.ceil().min(f64::from(limit.in_flight.max(1))) as u32,
         queued: now.waiting,
+        holds_no_slots: false,
     }
 }
 
@@ -148,6 +164,7 @@ mod tests {
 
     fn usage(asked: u64, admitted: u64, in_flight: u32, at_ms: u64) -> Usage {
         Usage {
+            holds_no_slots: false,
             asked,
             admitted,
             in_flight,

@@ -453,6 +453,7 @@ mod tests {
             rate,
             in_flight,
             queued: 0,
+            holds_no_slots: false,
         }
     }
 
@@ -462,6 +463,7 @@ mod tests {
 
     fn usage(asked: u64, admitted: u64, in_flight: u32, at_ms: u64) -> Usage {
         Usage {
+            holds_no_slots: false,
             asked,
             admitted,
             in_flight,
