@@ -249,11 +249,7 @@ async fn buckets_draw_on_the_global_ledger_and_those_that_cannot_are_named_with_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_buckets_and_counts_at_their_largest_leave_the_others_their_share() {
     let admin = start().await;
-    let (calm, mut calm_answers) = open(&admin, "calm", Some(SYNC_TOKEN)).await.unwrap();
-    calm.send(report(vec![bucket(&[("policy", "llm")])], 1, 0))
-        .await
-        .unwrap();
-    next(&mut calm_answers).await;
+    let (calm, mut calm_answers) = calm_client(&admin).await;
 
     let (hostile, mut hostile_answers) = open(&admin, "hostile", Some(SYNC_TOKEN)).await.unwrap();
     let many: Vec<BucketId> = (0..10_000)
@@ -290,11 +286,8 @@ async fn ten_thousand_buckets_and_counts_at_their_largest_leave_the_others_their
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_never_reads_is_given_up_and_its_share_freed() {
     let admin = start().await;
-    let (calm, mut calm_answers) = open(&admin, "calm", Some(SYNC_TOKEN)).await.unwrap();
-    calm.send(report(vec![bucket(&[("policy", "llm")])], 1, 0))
-        .await
-        .unwrap();
-    next(&mut calm_answers).await;
+    // Held open to the end: the calm client's stream lives as long.
+    let (_calm, mut calm_answers) = calm_client(&admin).await;
 
     // A thousand buckets: each answer is larger than HTTP/2's window, so
     // answers left unread stop the admin's sending at once.
@@ -329,6 +322,21 @@ async fn a_stream_that_never_reads_is_given_up_and_its_share_freed() {
     }
     assert!(freed, "the deaf client's share is still reserved");
     drop(deaf);
+}
+
+/// A client with one bucket of `llm` that reported once and was answered.
+async fn calm_client(
+    admin: &Admin,
+) -> (
+    mpsc::Sender<RateLimitQuotaUsageReports>,
+    Streaming<RateLimitQuotaResponse>,
+) {
+    let (calm, mut answers) = open(admin, "calm", Some(SYNC_TOKEN)).await.unwrap();
+    calm.send(report(vec![bucket(&[("policy", "llm")])], 1, 0))
+        .await
+        .unwrap();
+    next(&mut answers).await;
+    (calm, answers)
 }
 
 /// The first answer that grants some rate.

@@ -24,6 +24,16 @@ const TERMS: FleetTerms = FleetTerms {
     floor_fraction: 0.05,
 };
 
+/// The slots handed out among `demands`: all of the limit's, unless none
+/// of them holds slots.
+fn slots_handed_out(demands: &[Demand]) -> u32 {
+    if demands.iter().all(|d| d.holds_no_slots) {
+        0
+    } else {
+        TERMS.limit.in_flight
+    }
+}
+
 /// Some instances hold no slots (stock Envoys through RLQS).
 fn demand() -> impl Strategy<Value = Demand> {
     (
@@ -214,9 +224,9 @@ proptest! {
             prop_assert_eq!(share.in_flight, target.in_flight);
             prop_assert!((share.rate - target.rate).abs() < 1e-6);
         }
-        // The whole limit is in use.
+        // The whole limit is in use (its slots by those that hold slots).
         let used: u32 = newest.iter().flatten().map(|s| s.amount.in_flight).sum();
-        prop_assert_eq!(used, TERMS.limit.in_flight);
+        prop_assert_eq!(used, slots_handed_out(&demands));
     }
 
     #[test]
@@ -228,7 +238,7 @@ proptest! {
         let rate: f64 = shares.iter().map(|s| s.rate).sum();
         let in_flight: u32 = shares.iter().map(|s| s.in_flight).sum();
         prop_assert!(rate <= TERMS.limit.rate * (1.0 + 1e-9));
-        prop_assert_eq!(in_flight, TERMS.limit.in_flight);
+        prop_assert_eq!(in_flight, slots_handed_out(&demands));
         let rate_floor = TERMS.limit.rate * floor / demands.len() as f64;
         let even = TERMS.limit.rate / demands.len() as f64;
         for (s, d) in shares.iter().zip(&demands) {
@@ -237,8 +247,15 @@ proptest! {
             // instance gets all it asks.
             prop_assert!(s.rate >= d.rate.min(even) * (1.0 - 1e-9), "{s:?} for {d:?}");
         }
-        if demands.len() <= TERMS.limit.in_flight as usize {
-            prop_assert!(shares.iter().all(|s| s.in_flight >= 1), "a slot each: {shares:?}");
+        // Those that hold no slots get none; the others a slot each, where
+        // there are enough.
+        let holders = demands.iter().filter(|d| !d.holds_no_slots).count();
+        for (s, d) in shares.iter().zip(&demands) {
+            if d.holds_no_slots {
+                prop_assert_eq!(s.in_flight, 0, "{:?}", shares);
+            } else if holders <= TERMS.limit.in_flight as usize {
+                prop_assert!(s.in_flight >= 1, "a slot each: {:?}", shares);
+            }
         }
         if demands.iter().map(|d| d.rate).sum::<f64>() >= TERMS.limit.rate {
             prop_assert!(rate >= TERMS.limit.rate * (1.0 - 1e-9), "all of it in use: {rate}");

@@ -116,6 +116,25 @@ impl AdminProcess {
         Self::start_in_env(dir, extra, &[]).await
     }
 
+    /// As `start_in`, also serving TLS (`--tls-listen`) on a port of its
+    /// own with a self-signed certificate written to `dir/tls`: the admin,
+    /// that port, and that directory (its `ca.pem` for Envoys to pin).
+    pub async fn start_tls_in(dir: &Path) -> anyhow::Result<(Self, u16, PathBuf)> {
+        let tls_dir = dir.join("tls");
+        let tls_port = crate::envoy::free_port()?;
+        let admin = Self::start_in(
+            dir,
+            &[
+                "--tls-listen",
+                &format!("127.0.0.1:{tls_port}"),
+                "--tls-self-signed",
+                &tls_dir.display().to_string(),
+            ],
+        )
+        .await?;
+        Ok((admin, tls_port, tls_dir))
+    }
+
     /// As `start_in`, with more environment variables for the admin.
     pub async fn start_in_env(
         dir: &Path,

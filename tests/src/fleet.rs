@@ -173,6 +173,29 @@ where
     None
 }
 
+/// How long after `killed_at` the admin's view shows the global policy
+/// shared by `survivors` members holding 95 % of the limit between them:
+/// the killed one's share moved (an error after four leases).
+pub async fn share_moved(
+    op: &Operator,
+    survivors: usize,
+    killed_at: Instant,
+) -> anyhow::Result<Duration> {
+    loop {
+        let now = shares(op).await?;
+        let sum: f64 = now.iter().map(|(_, r, _)| r).sum();
+        if now.len() == survivors && sum >= 0.95 * GLOBAL_RPS {
+            return Ok(killed_at.elapsed());
+        }
+        anyhow::ensure!(
+            killed_at.elapsed() < LEASE * 4,
+            "the killed Envoy's share did not move within {:?}: {now:?}",
+            LEASE * 4
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One admin, the global policy, the mock provider and three Envoys.
 pub struct Fleet {
     _dir: tempfile::TempDir,
@@ -237,19 +260,7 @@ pub async fn uneven_then_kill(fleet: &mut Fleet, spans: UnevenSpans) -> anyhow::
     let killed_at = Instant::now();
     let killed_on_mock = origin.elapsed();
     drop(fleet.envoys.pop());
-    let moved = loop {
-        let now = shares(&fleet.op).await?;
-        let sum: f64 = now.iter().map(|(_, r, _)| r).sum();
-        if now.len() == 2 && sum >= 0.95 * GLOBAL_RPS {
-            break killed_at.elapsed();
-        }
-        anyhow::ensure!(
-            killed_at.elapsed() < LEASE * 4,
-            "c's share did not move within {:?}: {now:?}",
-            LEASE * 4
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let moved = share_moved(&fleet.op, 2, killed_at).await?;
     tokio::time::sleep(spans.after_kill).await;
     let after_from = killed_on_mock + moved + spans.after_kill / 4;
     let used_after = rate_at_mock(&fleet.mock, &[], after_from, origin.elapsed());

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::admin::{AdminProcess, SYNC_TOKEN};
-use sluice_e2e::envoy::{filter_vms, free_port, test_admin_tls_dir, Envoy};
+use sluice_e2e::envoy::{filter_vms, test_admin_tls_dir, Envoy};
 use sluice_e2e::load::{self, count, wait_for};
 
 fn plugin(instance: &str) -> String {
@@ -20,18 +20,7 @@ fn plugin(instance: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoys_sync_over_tls_and_a_wrong_certificate_fails_visibly() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let tls_dir = dir.path().join("tls");
-    let tls_port = free_port()?;
-    let admin = AdminProcess::start_in(
-        dir.path(),
-        &[
-            "--tls-listen",
-            &format!("127.0.0.1:{tls_port}"),
-            "--tls-self-signed",
-            &tls_dir.display().to_string(),
-        ],
-    )
-    .await?;
+    let (admin, tls_port, tls_dir) = AdminProcess::start_tls_in(dir.path()).await?;
     admin
         .login()
         .await?

@@ -190,18 +190,7 @@ const OFFERED: [(&str, u64); 3] = [("a", 200), ("b", 200), ("c", 60)];
 async fn stock_envoys_through_rlqs_and_a_sluice_envoy_share_one_global_limit() -> anyhow::Result<()>
 {
     let dir = tempfile::tempdir()?;
-    let tls_dir = dir.path().join("tls");
-    let tls_port = sluice_e2e::envoy::free_port()?;
-    let admin = AdminProcess::start_in(
-        dir.path(),
-        &[
-            "--tls-listen",
-            &format!("127.0.0.1:{tls_port}"),
-            "--tls-self-signed",
-            &tls_dir.display().to_string(),
-        ],
-    )
-    .await?;
+    let (admin, tls_port, tls_dir) = AdminProcess::start_tls_in(dir.path()).await?;
     let op = admin.login().await?;
     op.create(fleet::global_policy()).await?;
     let mock = MockApi::start("127.0.0.1:0".parse()?, fleet::provider()).await?;
@@ -281,19 +270,7 @@ async fn stock_envoys_through_rlqs_and_a_sluice_envoy_share_one_global_limit() -
     let killed_at = Instant::now();
     let killed_on_mock = origin.elapsed();
     c.kill();
-    let moved = loop {
-        let now = fleet::shares(&op).await?;
-        let sum: f64 = now.iter().map(|(_, r, _)| r).sum();
-        if now.len() == 2 && sum >= 0.95 * GLOBAL_RPS {
-            break killed_at.elapsed();
-        }
-        anyhow::ensure!(
-            killed_at.elapsed() < LEASE * 4,
-            "c's share did not move within {:?}: {now:?}",
-            LEASE * 4
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let moved = fleet::share_moved(&op, 2, killed_at).await?;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let after_from = killed_on_mock + moved + Duration::from_secs(1);
     let used_after = fleet::rate_at_mock(&mock, &[], after_from, origin.elapsed());
