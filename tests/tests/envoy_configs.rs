@@ -66,28 +66,21 @@ fn demo_as_template() -> anyhow::Result<String> {
 #[test]
 fn shipped_configs_validate() -> anyhow::Result<()> {
     filter_wasm()?;
-    // egress.yaml as `make run` runs it: its pinned admin certificate where
+    // egress.yaml as `make run` runs it, and the stock Envoy through RLQS
+    // (run by tests/tests/rlqs.rs): their pinned admin certificate where
     // `sluice-admin --tls-self-signed` writes one.
     let dir = tempfile::tempdir()?;
-    let egress = dir.path().join("egress.yaml");
-    std::fs::write(
-        &egress,
-        with_test_ca(&std::fs::read_to_string(
-            workspace_root().join("envoy/egress.yaml"),
-        )?)?,
-    )?;
-    validate(&egress)?;
+    for file in ["egress.yaml", "stock-rlqs.yaml"] {
+        let path = dir.path().join(file);
+        std::fs::write(
+            &path,
+            with_test_ca(&std::fs::read_to_string(
+                workspace_root().join("envoy").join(file),
+            )?)?,
+        )?;
+        validate(&path)?;
+    }
     validate(&workspace_root().join("envoy/forward-proxy.yaml"))?;
-    // The stock Envoy through RLQS (run by tests/tests/rlqs.rs), its CA
-    // where `make run`'s admin writes one.
-    let stock = dir.path().join("stock-rlqs.yaml");
-    std::fs::write(
-        &stock,
-        with_test_ca(&std::fs::read_to_string(
-            workspace_root().join("envoy/stock-rlqs.yaml"),
-        )?)?,
-    )?;
-    validate(&stock)?;
     // The tests' variant, with its placeholders filled.
     let template = std::fs::read_to_string(workspace_root().join("envoy/egress-test.yaml"))?;
     let filled = template
