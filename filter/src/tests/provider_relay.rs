@@ -208,6 +208,52 @@ fn a_relayed_pause_that_grows_is_counted_once() {
         .any(|l| l.contains("limit provider-rate pause extended for")));
 }
 
+/// The admin's answer left before this Envoy's clock ended the relayed
+/// pause and says 1 ms is left; it arrives just after the pause ended
+/// here: the same pause, over, never a second one (a clean CI run saw
+/// "paused for 1 ms" and the paused stat at 2).
+#[test]
+fn a_relayed_pause_heard_again_just_after_it_ended_is_not_a_second_pause() {
+    let host = FakeHost::at(T0);
+    let mut w = syncing(&host, SHARED);
+    let mut first = None;
+    relay_then(&host, &mut w, |ms| {
+        first = Some(ms);
+        br#"{"provider-rate": {"pause_ms": 2835, "status": 429}}"#.to_vec()
+    });
+    let first = first.expect("relayed");
+    // Syncs during the pause relay what is left, as the admin does.
+    loop {
+        let mut over = false;
+        relay_then(&host, &mut w, |ms| {
+            let left = (first + 2_835).saturating_sub(ms);
+            over = left == 0;
+            // The answer leaving 1 ms before the end, read just after it.
+            let left = left.max(1);
+            format!(r#"{{"provider-rate": {{"pause_ms": {left}, "status": 429}}}}"#).into_bytes()
+        });
+        if over {
+            break;
+        }
+    }
+    assert_eq!(call(&host, &mut w, 1), Verdict::Continue, "over");
+    assert_eq!(host.metric("sluice.limit.provider-rate.paused"), 1);
+    assert!(!host
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("paused for 1 ms")));
+    // A new pause the other Envoy's provider asks for later is news again.
+    relay(
+        &host,
+        &mut w,
+        br#"{"provider-rate": {"pause_ms": 3000, "status": 429}}"#,
+    );
+    assert_eq!(status(&call(&host, &mut w, 2)), 429, "paused anew");
+    w.on_tick(&host);
+    assert_eq!(host.metric("sluice.limit.provider-rate.paused"), 2);
+}
+
 #[test]
 fn a_cut_relayed_from_another_envoy_slows_this_one_once() {
     let host = FakeHost::at(T0);

@@ -98,8 +98,9 @@ impl ProviderTable {
     /// The admin relayed that another Envoy's provider paused `owner` for
     /// `wait` (`status`: its answer). Held at most as long as the stretch
     /// of such news allows ([`RelayedStretch`]); a pause already running
-    /// keeps its start, so `max_pause` counts from it. A pause running
-    /// to within `slack` of the news' end is the same pause. Returns
+    /// keeps its start, so `max_pause` counts from it. News ending within
+    /// `slack` of the last pause's end, running or just over, is that
+    /// pause. Returns
     /// whether the table changed, and what became of the pause when one
     /// began or grew.
     pub(super) fn pause_relayed(
@@ -113,13 +114,19 @@ impl ProviderTable {
     ) -> (bool, Option<PauseSet>) {
         let running = self.paused_until(owner, now, max_pause);
         let row = self.row_mut(owner, now);
+        // The pause that ran last, running still or just over: news of
+        // one ending within `slack` of it is that pause, re-relayed by a
+        // sync whose answer left the admin before this Envoy's clock
+        // ended it, never a pause of its own.
+        let last_end = (row.pause_since <= now + CLOCK_SKEW)
+            .then(|| row.pause_until.min(row.pause_since + max_pause));
         let before = row.relayed;
         let heard = row.relayed.hear(now, wait, max_pause);
         let changed = row.relayed != before;
         let Some(until) = heard else {
             return (changed, None);
         };
-        if running.is_some_and(|r| r + slack >= until) {
+        if last_end.is_some_and(|end| end + slack >= until) {
             return (changed, None);
         }
         if running.is_none() {
