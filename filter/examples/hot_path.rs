@@ -127,6 +127,10 @@ impl Host for QuietHost {
         true
     }
 
+    fn set_log_field(&self, _context_id: u32, _field: &str, _value: &str) -> bool {
+        true
+    }
+
     fn replace_request_body(&self, _old_len: usize, _body: &[u8]) -> bool {
         true
     }

@@ -296,6 +296,10 @@ impl<H: Host + ?Sized> Host for Clocked<'_, H> {
         self.host.remove_request_header(name);
     }
 
+    fn set_log_field(&self, context_id: u32, field: &str, value: &str) -> bool {
+        self.host.set_log_field(context_id, field, value)
+    }
+
     fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
         self.host.set_request_header(context_id, name, value)
     }

@@ -42,6 +42,12 @@ pub trait Host {
     /// paused and about to resume); Envoy picks its route again. False
     /// when the stream is gone.
     fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool;
+    /// Sets field `field` of stream `context_id`'s decision, for Envoy's
+    /// access log and traces (wasm: filter state `wasm.sluice.<field>`;
+    /// native: dynamic metadata `sluice`/`<field>`). Called from the
+    /// stream's own hook or by a tick's action for it. False when the
+    /// stream is gone or the host refused.
+    fn set_log_field(&self, context_id: u32, field: &str, value: &str) -> bool;
     /// Replaces the body of the request now passing, `old_len` bytes
     /// buffered to its end, with `body`. False when the host refused.
     fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool;

@@ -48,6 +48,8 @@ pub struct FakeHost {
     pub removed_headers: RefCell<Vec<String>>,
     /// Request headers set: (stream, name, value).
     pub set_headers: RefCell<Vec<(u32, String, String)>>,
+    /// Decision fields set for the access log: (stream, field) to value.
+    pub log_fields: RefCell<HashMap<(u32, String), String>>,
     /// Request bodies replaced: (the length replaced, the new body).
     pub replaced_bodies: RefCell<Vec<(usize, Vec<u8>)>>,
 }
@@ -80,6 +82,14 @@ impl FakeHost {
     /// Host calls of one kind made so far.
     pub fn host_calls_of(&self, call: &str) -> u64 {
         self.host_calls.borrow().get(call).copied().unwrap_or(0)
+    }
+
+    /// The decision field `field` set on stream `context_id`, if any.
+    pub fn log_field(&self, context_id: u32, field: &str) -> Option<String> {
+        self.log_fields
+            .borrow()
+            .get(&(context_id, field.to_string()))
+            .cloned()
     }
 
     pub fn metric(&self, name: &str) -> i64 {
@@ -167,6 +177,17 @@ impl Host for FakeHost {
         self.set_headers
             .borrow_mut()
             .push((context_id, name.to_string(), value.to_string()));
+        true
+    }
+
+    fn set_log_field(&self, context_id: u32, field: &str, value: &str) -> bool {
+        self.count("set_log_field");
+        if self.gone.borrow().contains(&context_id) {
+            return false;
+        }
+        self.log_fields
+            .borrow_mut()
+            .insert((context_id, field.to_string()), value.to_string());
         true
     }
 

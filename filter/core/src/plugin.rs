@@ -41,6 +41,8 @@ struct RawPluginConfig {
     panic_on_header: Option<String>,
     #[serde(default)]
     route_headers: Vec<String>,
+    #[serde(default = "default_true")]
+    log_decisions: bool,
 }
 
 /// What happens to a call when the filter fails on it (a panic in the
@@ -118,6 +120,11 @@ pub struct PluginConfig {
     /// answered 408 after 10 s. Off, their headers go upstream first and a
     /// call refused on its body is reset there (the upstream saw it begin).
     pub hold_headers_for_body: bool,
+    /// Each call's decision (policy, verdict, limit, reason, queue wait,
+    /// costs, pool member) is set on its stream for Envoy's access log and
+    /// traces (on by default): a host call per field set, two for a call
+    /// admitted at once.
+    pub log_decisions: bool,
     /// A call the filter fails on is refused (`closed`, the default) or
     /// let through (`open`). The native build's; the wasm build's is
     /// Envoy's `failure_policy` (it logs a warning when this says open).
@@ -283,6 +290,7 @@ pub fn parse_plugin_config_with_env(
             sync_push: raw.sync_push,
             time_scale: raw.time_scale,
             hold_headers_for_body: raw.hold_headers_for_body,
+            log_decisions: raw.log_decisions,
             failure_mode: raw.failure_mode,
             panic_on_header: raw.panic_on_header.map(|h| h.to_ascii_lowercase()),
             route_headers: raw

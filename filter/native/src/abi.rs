@@ -118,6 +118,14 @@ extern "C" {
         key: ModuleBuffer,
         value: ModuleBuffer,
     ) -> bool;
+    /// Returns void in Envoy 1.40 and bool in 1.39: declared void, the
+    /// result is never read.
+    pub fn envoy_dynamic_module_callback_http_set_dynamic_metadata_string(
+        filter: EnvoyPtr,
+        namespace: ModuleBuffer,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    );
     pub fn envoy_dynamic_module_callback_http_send_response(
         filter: EnvoyPtr,
         status: u32,

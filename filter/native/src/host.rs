@@ -117,6 +117,26 @@ pub unsafe fn set_route_header(filter: EnvoyPtr, name: &str, value: Option<&[u8]
 ///
 /// # Safety
 /// As [`send_reply`].
+/// The dynamic metadata namespace of a call's decision fields:
+/// `%DYNAMIC_METADATA(sluice:<field>)%`.
+pub const LOG_NAMESPACE: &str = "sluice";
+
+/// Sets decision field `field` of the stream.
+///
+/// # Safety
+/// `filter` is a stream whose own hook is running.
+pub unsafe fn set_log_field(filter: EnvoyPtr, field: &str, value: &str) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        abi::envoy_dynamic_module_callback_http_set_dynamic_metadata_string(
+            filter,
+            ModuleBuffer::of(LOG_NAMESPACE.as_bytes()),
+            ModuleBuffer::of(field.as_bytes()),
+            ModuleBuffer::of(value.as_bytes()),
+        );
+    }
+}
+
 pub unsafe fn set_header(
     filter: EnvoyPtr,
     header_type: u32,
@@ -201,6 +221,25 @@ impl Host for NativeHost<'_> {
             // SAFETY: the stream's own hook is running.
             unsafe { set_route_header(filter, name, None) };
         }
+    }
+
+    fn set_log_field(&self, context_id: u32, field: &str, value: &str) -> bool {
+        if let Some(filter) = self.own(context_id) {
+            // SAFETY: the stream's own hook is running.
+            unsafe { set_log_field(filter, field, value) };
+            return true;
+        }
+        // The worker hands other streams' fields over as tick actions; a
+        // field for a stream not running now is posted to it all the same.
+        let Some(field) = sluice_filter::worker::LogField::ALL
+            .into_iter()
+            .map(|f| f.name())
+            .find(|name| *name == field)
+        else {
+            return false;
+        };
+        self.module
+            .post_to(context_id, Posted::LogField(field, value.to_string()))
     }
 
     fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {

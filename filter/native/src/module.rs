@@ -73,6 +73,8 @@ impl Slot {
 #[derive(Debug)]
 pub enum Posted {
     SetHeader(String, String),
+    /// A decision field for the access log (`sluice` dynamic metadata).
+    LogField(&'static str, String),
     Resume,
     Reply {
         status: u32,

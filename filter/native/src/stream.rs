@@ -11,7 +11,7 @@ use sluice_filter::worker::Worker;
 use sluice_shared::request_headers::RequestHeaders;
 
 use crate::abi::{self, EnvoyBuffer, EnvoyPtr, ModuleBuffer};
-use crate::host::{send_reply, set_header, set_route_header, NativeHost};
+use crate::host::{send_reply, set_header, set_log_field, set_route_header, NativeHost};
 use crate::module::{next_context_id, Module, Posted, Slot};
 
 /// A stream's headers (request or answer) as bytes, each read once.
@@ -249,6 +249,9 @@ impl Stream {
                 match posted {
                     Posted::SetHeader(name, value) => {
                         set_route_header(self.filter, &name, Some(value.as_bytes()));
+                    }
+                    Posted::LogField(field, value) => {
+                        set_log_field(self.filter, field, &value);
                     }
                     Posted::Resume => {
                         abi::envoy_dynamic_module_callback_http_filter_continue_decoding(

@@ -45,6 +45,7 @@ fn start(module: &Module, slot: &Slot) {
     let mut w = slot.worker();
     let set = CompiledPolicySet::from_validated(module.settings.fallback.clone());
     w.set_time_scale(module.settings.time_scale);
+    w.log_decisions(module.settings.log_decisions);
     w.declare_route_headers(&module.settings.route_headers);
     w.install(&host, set);
     w.set_sync(SyncSettings::from_config(&module.settings));
@@ -84,6 +85,7 @@ pub fn tick_due(module: &Module) {
 fn posted_of(action: StreamAction) -> (u32, Posted) {
     match action {
         StreamAction::SetHeader(ctx, name, value) => (ctx, Posted::SetHeader(name, value)),
+        StreamAction::LogField(ctx, field, value) => (ctx, Posted::LogField(field, value)),
         StreamAction::Resume(ctx) => (ctx, Posted::Resume),
         StreamAction::Reply(ctx, reply) => (
             ctx,

@@ -94,6 +94,16 @@ impl Host for EnvoyHost {
         abi::replace_header(MapType::HttpRequestHeaders, name, value.as_bytes())
     }
 
+    fn set_log_field(&self, context_id: u32, field: &str, value: &str) -> bool {
+        if hostcalls::set_effective_context(context_id).is_err() {
+            return false;
+        }
+        // Envoy keeps it as filter state `wasm.<path>`, printed by
+        // `%FILTER_STATE(wasm.sluice.<field>:PLAIN)%`.
+        let path = format!("sluice.{field}");
+        hostcalls::set_property(vec![path.as_str()], Some(value.as_bytes())).is_ok()
+    }
+
     fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {
         abi::replace_buffer(BufferType::HttpRequestBody, old_len, body)
     }
@@ -261,6 +271,7 @@ impl RootContext for SluiceRoot {
             ),
         );
         w.set_time_scale(config.time_scale);
+        w.log_decisions(config.log_decisions);
         w.declare_route_headers(&config.route_headers);
         w.install(&host, set);
         w.set_sync(sync);
@@ -282,6 +293,9 @@ impl RootContext for SluiceRoot {
             match action {
                 StreamAction::SetHeader(ctx, name, value) => {
                     host.set_request_header(ctx, &name, &value);
+                }
+                StreamAction::LogField(ctx, field, value) => {
+                    host.set_log_field(ctx, field, &value);
                 }
                 StreamAction::Resume(ctx) => {
                     if !host.resume(ctx) {

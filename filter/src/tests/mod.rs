@@ -18,6 +18,7 @@ use sluice_wire::sync_answer::ReceivedHeaders;
 
 // One file per feature, through the worker as Envoy drives it; the
 // helpers they share are below.
+mod access_log;
 mod budgets;
 mod downgrade;
 mod fair;
@@ -236,7 +237,7 @@ fn queued_requests_resume_in_order_and_leavers_free_their_place() {
                         order.push((host.now() - T0).as_millis() * 10 + u64::from(ctx))
                     }
                     StreamAction::Reply(ctx, _) => panic!("{name}: ctx {ctx} timed out"),
-                    StreamAction::SetHeader(..) => {}
+                    StreamAction::SetHeader(..) | StreamAction::LogField(..) => {}
                 }
             }
         }

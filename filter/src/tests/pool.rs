@@ -238,6 +238,7 @@ fn a_queued_pool_call_goes_to_the_member_that_frees_first() {
                     routes.push((id, value));
                 }
                 StreamAction::Reply(id, _) => panic!("{id} refused"),
+                StreamAction::LogField(..) => {}
             }
         }
     }

@@ -30,7 +30,7 @@ fn run(host: &FakeHost, w: &mut Worker, ms: u64) -> (Events, Events) {
             match action {
                 StreamAction::Resume(ctx) => resumed.push((at, ctx)),
                 StreamAction::Reply(ctx, _) => refused.push((at, ctx)),
-                StreamAction::SetHeader(..) => {}
+                StreamAction::SetHeader(..) | StreamAction::LogField(..) => {}
             }
         }
     }
@@ -389,7 +389,7 @@ fn a_budget_that_holds_a_queue_past_its_deadline_says_where_it_stands() {
                     w.on_stream_end(&host, id);
                 }
                 StreamAction::Reply(id, reply) => refused.push((id, reply)),
-                StreamAction::SetHeader(..) => {}
+                StreamAction::SetHeader(..) | StreamAction::LogField(..) => {}
             }
         }
     }

@@ -43,7 +43,7 @@ fn run(host: &FakeHost, w: &mut Worker, ms: u64) -> (Vec<(u64, u32)>, Refused) {
             match action {
                 StreamAction::Resume(ctx) => resumed.push((at, ctx)),
                 StreamAction::Reply(ctx, reply) => refused.push((at, ctx, reply)),
-                StreamAction::SetHeader(..) => {}
+                StreamAction::SetHeader(..) | StreamAction::LogField(..) => {}
             }
         }
     }

@@ -184,7 +184,7 @@ fn queued_calls_wait_for_a_slot_in_order() {
             match action {
                 StreamAction::Resume(ctx) => resumed.push(ctx),
                 StreamAction::Reply(ctx, _) => panic!("{ctx} refused"),
-                StreamAction::SetHeader(..) => {}
+                StreamAction::SetHeader(..) | StreamAction::LogField(..) => {}
             }
         }
     };

@@ -21,6 +21,7 @@ use sluice_shared::time::Instant;
 
 use super::asked_usage::Asked;
 use super::ctx::Ctx;
+use super::decision_log::{self, DecisionLog, Field as LogField, Outcome};
 use super::downgrade::{Downgraded, DOWNGRADED_HEADER};
 use super::limits::{LimitPlace, PastWarning};
 use super::listened::Listened;
@@ -56,6 +57,36 @@ pub(super) struct Holding {
     /// A pool call: its pool's policy, the member chosen, and what it
     /// would cost at each member.
     pub pool: Option<PoolRoute>,
+}
+
+impl Holding {
+    /// What its access log line says of how it went: downgraded or routed
+    /// (else as decided: admitted, or queued), what it took from each
+    /// further limit, and its pool member.
+    pub fn note_decision(&self, log: &mut DecisionLog, policies: &CompiledPolicySet) {
+        let id = self.context_id;
+        if self.downgraded.is_some() {
+            log.verdict(id, Outcome::Downgraded);
+        } else if self.rerouted.is_some() {
+            log.verdict(id, Outcome::Routed);
+        }
+        if let Some(policy) = policies.policy(self.policy_index) {
+            let taken = policy.limits.iter().zip(&self.costs);
+            let cost = decision_log::per_limit(
+                taken.map(|(limit, cost)| (limit.name.as_str(), limit.rate.taken(*cost))),
+            );
+            if !cost.is_empty() {
+                log.note(id, LogField::Cost, cost);
+            }
+        }
+        let member = self.pool.as_ref().and_then(|route| {
+            let pool = policies.policy(route.pool_index)?.pool.as_deref()?;
+            pool.members.get(route.chosen)
+        });
+        if let Some(member) = member {
+            log.note(id, LogField::Member, member.name.as_str());
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -190,7 +221,8 @@ impl Calls {
         };
         if let Some(policy) = policies.policy(holding.policy_index) {
             let price = holding.price.as_ref();
-            call.usage = UsageOwed::of(policy, &holding.costs, &holding.places, price, now);
+            let (costs, places) = (&holding.costs, &holding.places);
+            call.usage = UsageOwed::of(holding.context_id, policy, costs, places, price, now);
             call.said
                 .extend(warn_value(&holding.warnings).map(|value| (WARN_HEADER, value)));
             call.said.extend(

@@ -6,6 +6,7 @@
 
 use sluice_shared::time::Instant;
 
+use super::decision_log::DecisionLog;
 use crate::clock::Clock;
 use crate::host::Host;
 use crate::metrics::Metrics;
@@ -18,6 +19,8 @@ pub(super) struct Ctx<'a, H: Host + ?Sized> {
     pub store: &'a mut Store,
     pub metrics: &'a mut Metrics,
     pub holder: u64,
+    /// Decisions noted for the access log, handed to Envoy after the event.
+    pub decisions: &'a mut DecisionLog,
     /// When the event is handled. Unless `fresh`, it is the clock's last
     /// reading (or, for a request not yet classified, not read at all):
     /// good for spending a prefetch or ending a stream only, so anything

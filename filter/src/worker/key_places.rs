@@ -227,11 +227,13 @@ mod tests {
     ) -> Option<(String, bool, bool)> {
         let (clock, mut store, mut metrics) =
             (Clock::default(), Store::default(), Metrics::default());
+        let mut decisions = super::super::decision_log::DecisionLog::default();
         let mut ctx = Ctx {
             host,
             clock: &clock,
             store: &mut store,
             metrics: &mut metrics,
+            decisions: &mut decisions,
             holder: 1,
             now: host.now(),
             fresh: true,

@@ -30,6 +30,7 @@ mod body_wait;
 mod budgets;
 mod call;
 mod ctx;
+mod decision_log;
 mod downgrade;
 mod fair;
 mod held_slot;
@@ -74,12 +75,14 @@ use crate::sync::{Answer, SyncReply, SyncSettings};
 
 pub use admission::Verdict;
 pub use call::{AnswerHeaders, AnswerPiece};
+pub use decision_log::Field as LogField;
 pub use queue::StreamAction;
 pub use refusal::LocalReply;
 pub use usage::MAX_HELD_BYTES;
 
 use budgets::Budgets;
 use ctx::Ctx;
+use decision_log::DecisionLog;
 use shares::FleetShares;
 use streams::Streams;
 use sync_client::SyncClient;
@@ -118,6 +121,8 @@ pub struct Worker {
     store: Store,
     metrics: Metrics,
     holder: u64,
+    /// Decisions noted during an event, for Envoy's access log.
+    decisions: DecisionLog,
     /// Each part's own state; every event reaches them with one [`Ctx`].
     parts: Parts,
 }
@@ -175,6 +180,7 @@ impl Worker {
             store,
             metrics: Metrics::default(),
             holder,
+            decisions: DecisionLog::default(),
             parts: Parts {
                 policies: Arc::new(CompiledPolicySet::empty()),
                 series: Vec::new(),
@@ -219,6 +225,7 @@ impl Worker {
             clock,
             store: &mut self.store,
             metrics: &mut self.metrics,
+            decisions: &mut self.decisions,
             holder: self.holder,
             now,
             fresh,
@@ -326,9 +333,20 @@ impl Worker {
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        self.event(host, When::Unread, |parts, ctx| {
+        let verdict = self.event(host, When::Unread, |parts, ctx| {
             parts.request(ctx, context_id, req, body)
-        })
+        });
+        if let Verdict::Reply(reply) = &verdict {
+            self.decisions.refused(context_id, reply);
+        }
+        self.decisions.write(host);
+        verdict
+    }
+
+    /// Whether each call's decision is set on its stream for Envoy's
+    /// access log (the plugin's `log_decisions`).
+    pub fn log_decisions(&mut self, on: bool) {
+        self.decisions.set_on(on);
     }
 
     /// The stream ended, for whatever reason: give back its slot, or its
@@ -339,7 +357,8 @@ impl Worker {
         // in a prefetch that just lapsed goes back at the next tick.
         self.event(host, When::Recent, |parts, ctx| {
             parts.stream_end(ctx, context_id)
-        })
+        });
+        self.decisions.write(host);
     }
 
     /// Whether some feature acts on the answer to stream `context_id`
@@ -371,7 +390,7 @@ impl Worker {
         if !self.parts.calls.awaits(context_id) {
             return AnswerHeaders::default();
         }
-        self.event(host, When::Fresh, |parts, ctx| {
+        let answer = self.event(host, When::Fresh, |parts, ctx| {
             let (answer, news) =
                 parts
                     .calls
@@ -380,7 +399,9 @@ impl Worker {
                 parts.sync.hurry(ctx);
             }
             answer
-        })
+        });
+        self.decisions.write(host);
+        answer
     }
 
     /// The next piece of the answer's body: whether more is wanted, and
@@ -395,11 +416,13 @@ impl Worker {
         if !self.parts.calls.awaits(context_id) {
             return AnswerPiece::default();
         }
-        self.event(host, When::Fresh, |parts, ctx| {
+        let piece = self.event(host, When::Fresh, |parts, ctx| {
             parts
                 .calls
                 .on_answer_body(ctx, context_id, chunk, end_of_stream)
-        })
+        });
+        self.decisions.write(host);
+        piece
     }
 
     /// A stream the tick asked to resume was already gone.
@@ -412,7 +435,23 @@ impl Worker {
     /// renew this worker's leases, take up what the admin sent, report to
     /// it, flush stats.
     pub fn on_tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
-        self.event(host, When::Fresh, |parts, ctx| parts.tick(ctx))
+        let actions = self.event(host, When::Fresh, |parts, ctx| parts.tick(ctx));
+        for action in &actions {
+            if let StreamAction::Reply(context_id, reply) = action {
+                self.decisions.refused(*context_id, reply);
+            }
+        }
+        // Each stream's fields are set before it goes or is answered.
+        let mut noted: Vec<StreamAction> = self
+            .decisions
+            .drain()
+            .map(|(id, field, value)| StreamAction::LogField(id, field, value))
+            .collect();
+        if noted.is_empty() {
+            return actions;
+        }
+        noted.extend(actions);
+        noted
     }
 
     /// The admin answered the sync call `token` (or Envoy gave up on it).

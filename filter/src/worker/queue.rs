@@ -32,6 +32,9 @@ pub enum StreamAction {
     /// Set a header of the paused request before it resumes (a pool call's
     /// member: Envoy routes by it).
     SetHeader(u32, String, String),
+    /// Set a field of the stream's decision for Envoy's access log
+    /// ([`super::decision_log`]), before it goes or is answered.
+    LogField(u32, &'static str, String),
     Resume(u32),
     Reply(u32, LocalReply),
 }
@@ -207,6 +210,9 @@ fn refuse_overdue<H: Host + ?Sized>(
             continue;
         }
         let rpc = parts.streams.further_of(context_id).rpc;
+        if let Some(stream) = parts.streams.get(context_id) {
+            ctx.decisions.waited(context_id, now - stream.since);
+        }
         parts.streams.end(ctx, parts.prefetches, context_id);
         // It did not leave: its wait ran out.
         let name = policy.name();
@@ -257,7 +263,9 @@ impl Poll<'_> {
             .unwrap_or_default();
         for ticket in turns {
             if let Some(context_id) = parts.streams.with_ticket(self.contexts, ticket) {
-                parts.streams.turn_came(ctx.metrics, context_id, lease, now);
+                parts
+                    .streams
+                    .turn_came(ctx.metrics, ctx.decisions, context_id, lease, now);
                 actions.push(StreamAction::Resume(context_id));
             }
         }
@@ -363,7 +371,9 @@ impl Poll<'_> {
             match self.leave_head(ctx) {
                 (Some(left), lease) if left == ticket => {
                     limits::count_admitted(ctx.metrics, limits_policy, &costs);
-                    parts.streams.turn_came(ctx.metrics, context_id, lease, now);
+                    parts
+                        .streams
+                        .turn_came(ctx.metrics, ctx.decisions, context_id, lease, now);
                     let series = ctx.metrics.series_of(policy.name());
                     let counted = PolicyStats { policy, series };
                     parts.streams.hold_slots(context_id, counted, slots, now);

@@ -17,6 +17,7 @@ use super::admission::{self, Decision};
 use super::asked_usage::Asked;
 use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
+use super::decision_log::{Field as LogField, Outcome};
 use super::downgrade::{AsItCame, Downgraded};
 use super::held_slot::HeldSlot;
 use super::limits::{Held, LimitInputs};
@@ -350,6 +351,16 @@ impl Parts {
             mut slots,
         } = decided;
         let now = ctx.now;
+        if !matches!(decision, Decision::Refuse(_)) && ctx.decisions.is_on() {
+            // A refusal's fields are what its answer says (the worker).
+            let outcome = match decision {
+                Decision::Queue { .. } => Outcome::Queued,
+                _ => Outcome::Admitted,
+            };
+            ctx.decisions
+                .note(context_id, LogField::Policy, policy.policy.name());
+            ctx.decisions.verdict(context_id, outcome);
+        }
         match decision {
             Decision::Pass => {
                 self.streams.hold_slots(context_id, policy, slots, now);
@@ -416,6 +427,9 @@ impl Parts {
         policies: &Arc<CompiledPolicySet>,
         call: Holding,
     ) {
+        if ctx.decisions.is_on() {
+            call.note_decision(ctx.decisions, policies);
+        }
         self.spend_labels.record(ctx, &call.labels);
         self.calls.holds(policies, &call, ctx.now);
     }

@@ -15,6 +15,7 @@ use sluice_filter_core::pricing::CallPrice;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
+use super::decision_log::DecisionLog;
 use super::held_slot::HeldSlot;
 use super::limits::LimitInputs;
 use super::pool::PoolCall;
@@ -340,6 +341,7 @@ impl Streams {
     pub fn turn_came(
         &mut self,
         metrics: &mut Metrics,
+        decisions: &mut DecisionLog,
         context_id: u32,
         lease: Option<Instant>,
         now: Instant,
@@ -347,6 +349,7 @@ impl Streams {
         let Some(stream) = self.streams.get_mut(&context_id) else {
             return;
         };
+        decisions.waited(context_id, now - stream.since);
         metrics.add_to(stream.series, PolicyCounter::Admitted, 1);
         if stream.lease_ttl.is_some() {
             metrics.add_to(stream.series, PolicyCounter::InFlight, 1);

@@ -17,6 +17,7 @@ use sluice_shared::time::Instant;
 use sluice_shared::usage::{usage_from_header, CompiledUsage, UsageError, UsageReader};
 
 use super::ctx::Ctx;
+use super::decision_log::{self, Field as LogField};
 use super::limits::{self, LimitPlace};
 use super::provider::Followed;
 use crate::host::Host;
@@ -42,8 +43,17 @@ struct Owed {
 /// lives in its [`super::call::Call`].
 #[derive(Debug)]
 pub(super) struct UsageOwed {
-    taken_at: Instant,
+    bill: Bill,
     owed: Vec<Owed>,
+}
+
+/// Whose call, taken when, and what its settled limits were charged so
+/// far (`limit=tokens`, for the access log).
+#[derive(Debug)]
+struct Bill {
+    context_id: u32,
+    taken_at: Instant,
+    charged: String,
 }
 
 /// How one limit's usage came out.
@@ -84,6 +94,7 @@ impl UsageOwed {
     /// A call of `policy` went with `costs` taken from its further limits:
     /// those with `usage` wait for its response (None: none has it).
     pub fn of(
+        context_id: u32,
         policy: &CompiledPolicy,
         costs: &[u64],
         places: &[LimitPlace],
@@ -113,7 +124,11 @@ impl UsageOwed {
             })
             .collect();
         (!owed.is_empty()).then_some(Self {
-            taken_at: now,
+            bill: Bill {
+                context_id,
+                taken_at: now,
+                charged: String::new(),
+            },
             owed,
         })
     }
@@ -137,12 +152,12 @@ impl UsageOwed {
         R: RequestHeaders + ?Sized,
     {
         let content_type = headers.header("content-type");
-        let taken_at = self.taken_at;
+        let bill = &mut self.bill;
         if headers.header(":status").as_deref() == Some(b"429") {
             // Refused, not served: the provider used (and bills) nothing,
             // whatever the answer's body says.
             for owed in &mut self.owed {
-                settle(ctx, owed, taken_at, Outcome::Read(0));
+                settle(ctx, owed, bill, Outcome::Read(0));
             }
             self.owed.clear();
             return false;
@@ -151,7 +166,7 @@ impl UsageOwed {
             if let Some(name) = &owed.source.header {
                 let value = headers.header(name);
                 let outcome = Outcome::of(usage_from_header(value.as_deref(), name));
-                settle(ctx, owed, taken_at, outcome);
+                settle(ctx, owed, bill, outcome);
                 return false;
             }
             owed.reader = owed.source.body_reader(content_type.as_deref());
@@ -168,7 +183,7 @@ impl UsageOwed {
         end_of_stream: bool,
         held: &mut HeldBytes,
     ) -> bool {
-        let taken_at = self.taken_at;
+        let bill = &mut self.bill;
         let total = &mut held.0;
         self.owed.retain_mut(|owed| {
             let Some(reader) = owed.reader.as_mut() else {
@@ -188,7 +203,7 @@ impl UsageOwed {
             }
             // Nothing more to read for it: settle now, free its buffer.
             if let Some(reader) = owed.reader.take() {
-                settle(ctx, owed, taken_at, Outcome::of(reader.finish()));
+                settle(ctx, owed, bill, Outcome::of(reader.finish()));
             }
             false
         });
@@ -204,13 +219,13 @@ impl UsageOwed {
         held: &mut HeldBytes,
     ) -> bool {
         if end_of_stream {
-            let taken_at = self.taken_at;
+            let bill = &mut self.bill;
             self.owed.retain_mut(|owed| {
                 let Some(reader) = owed.reader.take() else {
                     return true;
                 };
                 held.0 = held.0.saturating_sub(reader.buffered());
-                settle(ctx, owed, taken_at, Outcome::of(reader.finish()));
+                settle(ctx, owed, bill, Outcome::of(reader.finish()));
                 false
             });
         }
@@ -219,7 +234,7 @@ impl UsageOwed {
 
     /// The call ended: whatever was not settled (aborted mid-response, or
     /// never answered) keeps its estimate.
-    pub fn on_end<H: Host + ?Sized>(self, ctx: &mut Ctx<'_, H>, held: &mut HeldBytes) {
+    pub fn on_end<H: Host + ?Sized>(mut self, ctx: &mut Ctx<'_, H>, held: &mut HeldBytes) {
         if self.owed.is_empty() {
             return;
         }
@@ -233,7 +248,7 @@ impl UsageOwed {
             settle(
                 ctx,
                 &mut owed,
-                self.taken_at,
+                &mut self.bill,
                 Outcome::Unread(LimitCounter::UsageAborted),
             );
         }
@@ -245,9 +260,10 @@ impl UsageOwed {
 fn settle<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     owed: &mut Owed,
-    taken_at: Instant,
+    bill: &mut Bill,
     outcome: Outcome,
 ) {
+    let taken_at = bill.taken_at;
     let charged = match outcome {
         Outcome::Read(used) => {
             ctx.metrics
@@ -273,4 +289,14 @@ fn settle<H: Host + ?Sized>(
     let tokens = i64::try_from(charged).unwrap_or(i64::MAX);
     ctx.metrics
         .add_limit(&owed.limit, LimitCounter::Tokens, tokens);
+    if ctx.decisions.is_on() {
+        let so_far = decision_log::per_limit(std::iter::once((owed.limit.as_str(), charged)));
+        if !bill.charged.is_empty() {
+            bill.charged.push(',');
+        }
+        bill.charged.push_str(&so_far);
+        let id = bill.context_id;
+        ctx.decisions
+            .note(id, LogField::Charged, bill.charged.as_str());
+    }
 }

@@ -242,6 +242,7 @@ impl SimEnvoy {
                         stream.request.set(&name, &value);
                     }
                 }
+                StreamAction::LogField(..) => {}
                 StreamAction::Resume(id) => {
                     if let Some(stream) = self.streams.get(&id) {
                         out.push((id, Passage::Upstream(stream.request.clone())));

@@ -191,6 +191,11 @@ impl Host for SimHost {
         true
     }
 
+    /// The simulation judges rates and waits, not access log lines.
+    fn set_log_field(&self, _context_id: u32, _field: &str, _value: &str) -> bool {
+        true
+    }
+
     fn replace_request_body(&self, _old_len: usize, _body: &[u8]) -> bool {
         true
     }
