@@ -92,10 +92,33 @@ pub fn with_native_filter(template: &str, module: &Path) -> anyhow::Result<Strin
         "  \"@type\": type.googleapis.com/google.protobuf.StringValue".to_string(),
         format!("  {PLUGIN_VALUE}"),
     ];
-    let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    let mut out: Vec<String> = lines[..start]
+        .iter()
+        .map(|l| native_log_format(l))
+        .collect();
     out.extend(native.iter().map(|l| format!("{indent}{l}")));
-    out.extend(lines[end + 1..].iter().map(|l| l.to_string()));
+    out.extend(lines[end + 1..].iter().map(|l| native_log_format(l)));
     Ok(out.join("\n") + "\n")
+}
+
+/// An access log format line's decision fields as the native build sets
+/// them: each `%FILTER_STATE(wasm.sluice.<field>:PLAIN)%` (the wasm
+/// build's filter state) as `%DYNAMIC_METADATA(sluice:<field>)%`.
+pub fn native_log_format(line: &str) -> String {
+    const WASM: (&str, &str) = ("%FILTER_STATE(wasm.sluice.", ":PLAIN)%");
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = rest.find(WASM.0) {
+        let after = &rest[at + WASM.0.len()..];
+        let Some(end) = after.find(WASM.1) else {
+            break;
+        };
+        out.push_str(&rest[..at]);
+        out.push_str(&format!("%DYNAMIC_METADATA(sluice:{})%", &after[..end]));
+        rest = &after[end + WASM.1.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Starts the Envoy binary on `config` with `workers` worker threads, its
@@ -238,7 +261,7 @@ pub struct Envoy {
     child: Child,
     pub admin_port: u16,
     pub listener_port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     log_path: PathBuf,
     config: PathBuf,
     workers: u32,
@@ -378,14 +401,16 @@ impl Envoy {
         };
         // The configuration is a single-quoted YAML scalar.
         let plugin_config = plugin_config.replace('\n', " ").replace('\'', "''");
+        let dir = tempfile::tempdir()?;
+        let access_log = dir.path().join("access.log");
         let yaml = template
             .replace("{{ADMIN_PORT}}", &admin_port.to_string())
             .replace("{{LISTENER_PORT}}", &listener_port.to_string())
             .replace("{{MOCK_PORT}}", &mock_port.to_string())
             .replace("{{ADMIN_API_PORT}}", &admin_api_port.to_string())
+            .replace("{{ACCESS_LOG}}", &access_log.display().to_string())
             .replace("{{WASM}}", &wasm.display().to_string())
             .replace("{{PLUGIN_CONFIG}}", &plugin_config);
-        let dir = tempfile::tempdir()?;
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, yaml)?;
         let log_path = dir.path().join("envoy.log");
@@ -394,7 +419,7 @@ impl Envoy {
             child,
             admin_port,
             listener_port,
-            _dir: dir,
+            dir,
             log_path,
             config,
             workers,
@@ -415,6 +440,12 @@ impl Envoy {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The access log of a configuration from `envoy/egress-test.yaml`:
+    /// a line per call, with Sluice's decision.
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
     }
 
     /// Envoy's hot restart: a second process (epoch 1) takes the

@@ -88,6 +88,7 @@ fn shipped_configs_validate() -> anyhow::Result<()> {
         .replace("{{LISTENER_PORT}}", "20000")
         .replace("{{MOCK_PORT}}", "19090")
         .replace("{{ADMIN_API_PORT}}", "18080")
+        .replace("{{ACCESS_LOG}}", "/dev/null")
         .replace("{{WASM}}", &filter_wasm()?.display().to_string())
         .replace("{{PLUGIN_CONFIG}}", r#"{"instance": "validate"}"#);
     let path = dir.path().join("egress-test.yaml");

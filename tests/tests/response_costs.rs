@@ -4,6 +4,7 @@
 //! admitted against `max_tokens` + a floor, and their usage (in the JSON
 //! answer, or the last event of a streamed one) settles the difference.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1496,4 +1497,130 @@ async fn a_body_ended_by_trailers_is_read_over_h2c() -> anyhow::Result<()> {
     );
     anyhow::ensure!(seen.begun == 2, "{seen:?}");
     Ok(())
+}
+
+/// Envoy's access log (`envoy/egress-test.yaml`'s file logger) says of
+/// each call what Sluice decided: a call refused by a further limit, a
+/// call that waited in the queue for the one in flight, and what each
+/// call was estimated at and charged from its answer's usage. Both
+/// builds: filter state in wasm, dynamic metadata in the native module.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_what_sluice_decided_of_each_call() -> anyhow::Result<()> {
+    let limits = LlmLimits {
+        step: Duration::from_millis(400),
+        ..LlmLimits::default()
+    };
+    let llm = MockLlm::start("127.0.0.1:0".parse()?, limits).await?;
+    let config = r#"{"instance": "e2e-access-log", "fallback": {"version": 1, "policies": [
+        {"name": "llm", "match": {"host": "api.llm.example"},
+         "concurrency": {"max_in_flight": 1},
+         "on_limit": {"action": "queue", "max_wait": "20s"},
+         "limits": [{"name": "tokens", "rate": {"requests": 100000, "period": "1m", "algorithm": "fixed_window"},
+                     "cost": {"json": "max_tokens", "plus": 60, "default": 1000, "max": 2000},
+                     "usage": {"json": ["usage.total_tokens"]}}]},
+        {"name": "bank", "match": {"host": "api.bank.example"},
+         "rate": {"requests": 1000, "period": "1s"},
+         "limits": [{"name": "per-minute", "rate": {"requests": 1, "period": "1m"}}]}]}}"#;
+    let envoy = Envoy::start(config, llm.addr.port(), 2)?;
+    let http = client();
+    let url = envoy.url("/v1/chat/completions");
+    // Two at once: one goes, the other waits for it (400 ms).
+    let (first, second) = tokio::join!(
+        one_call(&http, (&url, "Bearer a"), 20, false, false),
+        one_call(&http, (&url, "Bearer b"), 30, false, false),
+    );
+    let used: Vec<u64> = [first, second]
+        .iter()
+        .map(|c| match c {
+            Call::Completed(used) => Ok(*used),
+            other => Err(anyhow::anyhow!("an LLM call did not complete: {other:?}")),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let bank = envoy.url("/v1/pay");
+    let mut bank_statuses = Vec::new();
+    for _ in 0..2 {
+        let answer = http
+            .get(&bank)
+            .header("host", "api.bank.example")
+            .send()
+            .await?;
+        bank_statuses.push(answer.status().as_u16());
+    }
+    anyhow::ensure!(
+        bank_statuses[1] == 429,
+        "the bank's second call: {bank_statuses:?}"
+    );
+    // Envoy writes its file access logs out every second or so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let lines = loop {
+        let lines: Vec<BTreeMap<String, String>> =
+            envoy.access_log().lines().filter_map(decision_of).collect();
+        if lines.len() >= 4 || Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("access log: {lines:#?}");
+    let field = |line: &BTreeMap<String, String>, name: &str| line.get(name).cloned();
+    let llm_lines: Vec<_> = lines
+        .iter()
+        .filter(|l| l.get("authority").map(String::as_str) == Some("api.llm.example"))
+        .collect();
+    anyhow::ensure!(llm_lines.len() == 2, "the LLM calls' lines: {llm_lines:?}");
+    let mut verdicts: Vec<String> = llm_lines
+        .iter()
+        .filter_map(|l| field(l, "verdict"))
+        .collect();
+    verdicts.sort();
+    assert_eq!(verdicts, ["admitted", "queued"]);
+    for line in &llm_lines {
+        assert_eq!(field(line, "status").as_deref(), Some("200"));
+        assert_eq!(field(line, "policy").as_deref(), Some("llm"));
+        let cost = field(line, "cost").unwrap_or_default();
+        assert!(
+            cost == "tokens=80" || cost == "tokens=90",
+            "estimated max_tokens + 60: {cost}"
+        );
+        let charged = field(line, "charged").unwrap_or_default();
+        assert!(
+            used.iter().any(|u| charged == format!("tokens={u}")),
+            "charged what the answer used ({used:?}): {charged}"
+        );
+        if field(line, "verdict").as_deref() == Some("queued") {
+            let waited: u64 = field(line, "wait_ms")
+                .and_then(|ms| ms.parse().ok())
+                .context("a queued call's wait")?;
+            assert!(waited >= 200, "waited for the call in flight: {waited} ms");
+        } else {
+            assert_eq!(field(line, "wait_ms"), None, "{line:?}");
+        }
+    }
+    let refused = lines
+        .iter()
+        .find(|l| field(l, "status").as_deref() == Some("429"))
+        .context("the bank's refused call")?;
+    assert_eq!(
+        field(refused, "authority").as_deref(),
+        Some("api.bank.example")
+    );
+    assert_eq!(field(refused, "policy").as_deref(), Some("bank"));
+    assert_eq!(field(refused, "verdict").as_deref(), Some("refused"));
+    assert_eq!(field(refused, "limit").as_deref(), Some("per-minute"));
+    Ok(())
+}
+
+/// A line of the test configuration's access log (`sluice: <authority>
+/// <status> field=value ...`), its fields Envoy left unset (`-`) left out.
+fn decision_of(line: &str) -> Option<BTreeMap<String, String>> {
+    let mut words = line.strip_prefix("sluice: ")?.split(' ');
+    let mut fields = BTreeMap::new();
+    fields.insert("authority".to_string(), words.next()?.to_string());
+    fields.insert("status".to_string(), words.next()?.to_string());
+    for word in words {
+        let (name, value) = word.split_once('=')?;
+        if value != "-" {
+            fields.insert(name.to_string(), value.to_string());
+        }
+    }
+    Some(fields)
 }
