@@ -207,6 +207,7 @@ fn main() -> ExitCode {
     let mut variant = "concurrency".to_string();
     let mut calls: u32 = 200_000;
     let mut gap = Span::from_nanos(20_000);
+    let mut log_decisions = true;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
@@ -225,9 +226,10 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             },
+            ("--log-decisions", Some(v)) if v == "on" || v == "off" => log_decisions = v == "on",
             _ => {
                 eprintln!(
-                    "usage: hot_path [--policy rate|concurrency|per-key|daily|calendar-day] [--calls N] [--gap-us MICROSECONDS]"
+                    "usage: hot_path [--policy rate|concurrency|per-key|daily|calendar-day] [--calls N] [--gap-us MICROSECONDS] [--log-decisions on|off]"
                 );
                 return ExitCode::FAILURE;
             }
@@ -249,6 +251,8 @@ fn main() -> ExitCode {
     let host = QuietHost::default();
     host.now.set(Instant::from_nanos(1_000_000_000_000_000));
     let mut worker = Worker::new(&host);
+    // As the plugin's default (on), unless asked otherwise.
+    worker.log_decisions(log_decisions && config.log_decisions);
     worker.install(&host, CompiledPolicySet::from_validated(config.fallback));
     worker.start_ticking(&host);
     let passed = decide_calls(&mut worker, &host, calls, gap);

@@ -84,7 +84,7 @@ impl Holding {
             pool.members.get(route.chosen)
         });
         if let Some(member) = member {
-            log.note(id, LogField::Member, member.name.as_str());
+            log.note(id, LogField::Member, member.name.clone());
         }
     }
 }

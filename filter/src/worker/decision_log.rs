@@ -14,6 +14,8 @@
 //! build dynamic metadata `sluice` / `<field>` (see the book's
 //! "Decisions in Envoy's access log").
 
+use std::borrow::Cow;
+
 use sluice_filter_core::headers::SLUICE_POLICY;
 
 use super::refusal::{LocalReply, LIMIT_HEADER, REASON_HEADER};
@@ -104,7 +106,8 @@ impl Outcome {
 pub struct DecisionLog {
     /// The plugin's `log_decisions`: off, nothing is noted.
     on: bool,
-    pending: Vec<(u32, Field, String)>,
+    /// Most values are words of this module's: borrowed, not allocated.
+    pending: Vec<(u32, Field, Cow<'static, str>)>,
 }
 
 impl DecisionLog {
@@ -120,7 +123,7 @@ impl DecisionLog {
         self.on
     }
 
-    pub fn note(&mut self, context_id: u32, field: Field, value: impl Into<String>) {
+    pub fn note(&mut self, context_id: u32, field: Field, value: impl Into<Cow<'static, str>>) {
         if self.on {
             self.pending.push((context_id, field, value.into()));
         }
@@ -139,7 +142,7 @@ impl DecisionLog {
             (Field::Reason, REASON_HEADER),
         ] {
             if let Some(value) = reply.header(header) {
-                self.note(context_id, field, value);
+                self.note(context_id, field, value.to_owned());
             }
         }
     }
@@ -155,7 +158,7 @@ impl DecisionLog {
     pub fn drain(&mut self) -> impl Iterator<Item = (u32, &'static str, String)> + '_ {
         self.pending
             .drain(..)
-            .map(|(context_id, field, value)| (context_id, field.name(), value))
+            .map(|(context_id, field, value)| (context_id, field.name(), value.into_owned()))
     }
 
     /// How long a queued call waited, noted as it leaves the queue.

@@ -357,8 +357,11 @@ impl Parts {
                 Decision::Queue { .. } => Outcome::Queued,
                 _ => Outcome::Admitted,
             };
-            ctx.decisions
-                .note(context_id, LogField::Policy, policy.policy.name());
+            ctx.decisions.note(
+                context_id,
+                LogField::Policy,
+                policy.policy.name().to_owned(),
+            );
             ctx.decisions.verdict(context_id, outcome);
         }
         match decision {

@@ -297,6 +297,6 @@ fn settle<H: Host + ?Sized>(
         bill.charged.push_str(&so_far);
         let id = bill.context_id;
         ctx.decisions
-            .note(id, LogField::Charged, bill.charged.as_str());
+            .note(id, LogField::Charged, bill.charged.clone());
     }
 }
