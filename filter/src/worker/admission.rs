@@ -22,15 +22,17 @@ use sluice_shared::time::{Instant, Span};
 
 use super::budgets::Budgets;
 use super::ctx::Ctx;
+use super::decision_log::Outcome;
 use super::fair::{self, Fair, FairSlot};
 use super::held_slot::HeldSlot;
 use super::key_places::owner_of;
 use super::limits::{self, Held, LimitInputs, Taken, Why};
 use super::placement::{self, Placed};
 use super::pool::{self, PoolCall};
-use super::refusal::{self, LocalReply, Refusal};
+use super::refusal::{self, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::slots;
+use super::to_shell::LocalReply;
 use crate::entries::{self, LimitOf};
 use crate::host::{Host, Level};
 use crate::metrics::{LimitCounter, PolicyCounter};
@@ -73,6 +75,18 @@ pub(super) enum Decision {
         ticket: u64,
         deadline: Instant,
     },
+}
+
+impl Decision {
+    /// What the access log says of it, unless it is a refusal (said from
+    /// its answer).
+    pub fn outcome(&self) -> Option<Outcome> {
+        match self {
+            Decision::Pass | Decision::Admit { .. } => Some(Outcome::Admitted),
+            Decision::Queue { .. } => Some(Outcome::Queued),
+            Decision::Refuse(_) => None,
+        }
+    }
 }
 
 /// Deciding one request: what of the worker's own parts it may touch,

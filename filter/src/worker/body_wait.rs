@@ -11,8 +11,8 @@ use rustc_hash::FxHashMap;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
-use super::queue::StreamAction;
-use super::refusal::LocalReply;
+use super::to_shell::LocalReply;
+use super::to_shell::StreamAction;
 use crate::host::{Host, Level};
 use crate::metrics::FilterCounter;
 

@@ -64,6 +64,9 @@ impl Holding {
     /// (else as decided: admitted, or queued), what it took from each
     /// further limit, and its pool member.
     pub fn note_decision(&self, log: &mut DecisionLog, policies: &CompiledPolicySet) {
+        if !log.is_on() {
+            return;
+        }
         let id = self.context_id;
         if self.downgraded.is_some() {
             log.verdict(id, Outcome::Downgraded);

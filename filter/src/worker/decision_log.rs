@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use sluice_filter_core::headers::SLUICE_POLICY;
 
-use super::refusal::{LocalReply, LIMIT_HEADER, REASON_HEADER};
+use super::to_shell::{LocalReply, StreamAction, LIMIT_HEADER, REASON_HEADER};
 use sluice_shared::time::Span;
 
 use crate::host::Host;
@@ -154,11 +154,34 @@ impl DecisionLog {
         }
     }
 
-    /// The notes, oldest first, for a tick to hand over as actions.
-    pub fn drain(&mut self) -> impl Iterator<Item = (u32, &'static str, String)> + '_ {
-        self.pending
+    /// A call of `policy` decided at once: admitted or queued (None: a
+    /// refusal, noted from its answer by the worker).
+    pub fn decided(&mut self, context_id: u32, policy: &str, outcome: Option<Outcome>) {
+        if let Some(outcome) = outcome.filter(|_| self.on) {
+            self.note(context_id, Field::Policy, policy.to_owned());
+            self.verdict(context_id, outcome);
+        }
+    }
+
+    /// A tick's `actions`, with its refusals noted and every note of the
+    /// tick set ahead of them: a stream's fields before it goes or is
+    /// answered.
+    pub fn ahead_of(&mut self, actions: Vec<StreamAction>) -> Vec<StreamAction> {
+        for action in &actions {
+            if let StreamAction::Reply(context_id, reply) = action {
+                self.refused(*context_id, reply);
+            }
+        }
+        if self.pending.is_empty() {
+            return actions;
+        }
+        let mut all: Vec<StreamAction> = self
+            .pending
             .drain(..)
-            .map(|(context_id, field, value)| (context_id, field.name(), value.into_owned()))
+            .map(|(id, field, value)| StreamAction::LogField(id, field.name(), value.into_owned()))
+            .collect();
+        all.extend(actions);
+        all
     }
 
     /// How long a queued call waited, noted as it leaves the queue.
@@ -203,14 +226,17 @@ mod tests {
         assert!(log.pending.is_empty(), "off: nothing noted");
         log.set_on(true);
         log.refused(7, &reply);
-        let noted: Vec<_> = log.drain().collect();
+        let actions = log.ahead_of(vec![StreamAction::Resume(8)]);
+        let field =
+            |field: &'static str, value: &str| StreamAction::LogField(7, field, value.into());
         assert_eq!(
-            noted,
+            actions,
             vec![
-                (7, "verdict", "refused".to_string()),
-                (7, "policy", "llm".to_string()),
-                (7, "limit", "tpm".to_string()),
-                (7, "reason", "provider-pause".to_string()),
+                field("verdict", "refused"),
+                field("policy", "llm"),
+                field("limit", "tpm"),
+                field("reason", "provider-pause"),
+                StreamAction::Resume(8),
             ]
         );
         assert!(log.pending.is_empty());

@@ -15,7 +15,9 @@
 //! - [`placement`]: which bucket of a keyed policy a request uses;
 //! - [`streams`]: admitted and queued streams, their slots and leases;
 //! - [`queue`]: turns for queued streams, and their timeouts;
-//! - [`sync_client`]: policy sets and reports to and from the admin;
+//! - [`sync_client`]: policy sets and reports to and from the admin
+//!   (its answers taken apart: [`sync_reply`]);
+//! - [`decision_log`]: what Envoy's access log says of each decision;
 //! - [`shares`]: fleet mode's shares of global policies;
 //! - [`budgets`]: long limits the admin holds across restarts;
 //! - [`call`]: what each feature keeps of a call to act on its answer,
@@ -54,8 +56,10 @@ mod spend;
 mod split_batch;
 mod streams;
 mod sync_client;
+mod sync_reply;
 mod sync_report;
 mod telling;
+mod to_shell;
 mod usage;
 mod warnings;
 
@@ -71,13 +75,12 @@ use crate::host::{Host, Level};
 use crate::metrics::{FilterCounter, Metrics, PolicySeries};
 use crate::prefetch::Prefetches;
 use crate::store::Store;
-use crate::sync::{Answer, SyncReply, SyncSettings};
+use crate::sync::{SyncReply, SyncSettings};
 
 pub use admission::Verdict;
 pub use call::{AnswerHeaders, AnswerPiece};
 pub use decision_log::Field as LogField;
-pub use queue::StreamAction;
-pub use refusal::LocalReply;
+pub use to_shell::{LocalReply, StreamAction};
 pub use usage::MAX_HELD_BYTES;
 
 use budgets::Budgets;
@@ -436,22 +439,7 @@ impl Worker {
     /// it, flush stats.
     pub fn on_tick<H: Host + ?Sized>(&mut self, host: &H) -> Vec<StreamAction> {
         let actions = self.event(host, When::Fresh, |parts, ctx| parts.tick(ctx));
-        for action in &actions {
-            if let StreamAction::Reply(context_id, reply) = action {
-                self.decisions.refused(*context_id, reply);
-            }
-        }
-        // Each stream's fields are set before it goes or is answered.
-        let mut noted: Vec<StreamAction> = self
-            .decisions
-            .drain()
-            .map(|(id, field, value)| StreamAction::LogField(id, field, value))
-            .collect();
-        if noted.is_empty() {
-            return actions;
-        }
-        noted.extend(actions);
-        noted
+        self.decisions.ahead_of(actions)
     }
 
     /// The admin answered the sync call `token` (or Envoy gave up on it).
@@ -534,61 +522,6 @@ impl Parts {
         };
         self.set_tick(ctx, period);
         actions
-    }
-
-    fn sync_reply<H: Host + ?Sized>(
-        &mut self,
-        ctx: &mut Ctx<'_, H>,
-        token: u32,
-        reply: SyncReply<'_>,
-    ) {
-        if let Some(call) = self.sync.take_watch(token) {
-            let (epoch, sync_now) = (reply.headers.epoch, reply.headers.sync_now);
-            if let Some(set) = self
-                .sync
-                .on_watch_answer(ctx, reply.answer(), epoch, sync_now, call)
-            {
-                self.install_from_admin(ctx, set);
-            }
-            return;
-        }
-        let Some(sent_at) = self.sync.take_pending(token) else {
-            return;
-        };
-        let answer = reply.answer();
-        let answered_at_all = reply.answered();
-        let headers = reply.headers;
-        if let Some(shares) = headers.shares.filter(|_| answered_at_all) {
-            let taken = self.shares.take(ctx, shares, sent_at);
-            if let Some(shares::Shrank(shrank)) = taken {
-                self.apply_shares(ctx);
-                if shrank {
-                    // The admin frees the old share's room for the others
-                    // only once this Envoy says it holds the new one: at
-                    // once, even right after another hurry (a share cut
-                    // in steps waited 100 ms a step).
-                    ctx.now = ctx.host.now();
-                    self.sync.hurry_now(ctx);
-                }
-            }
-        }
-        let answered = matches!(answer, Answer::Unchanged | Answer::PolicySet(_));
-        if let Some(set) = self.sync.on_answer(ctx, answer, headers.epoch) {
-            self.install_from_admin(ctx, set);
-        }
-        if answered {
-            let policies = Arc::clone(&self.policies);
-            if let Some(news) = headers.news {
-                ctx.now = ctx.host.now();
-                let delay = ctx.now.since(sent_at).div(2);
-                provider::take_news(ctx, &policies, news, delay);
-            }
-            ctx.now = ctx.host.now();
-            if self.budgets.on_answer(ctx, &policies, headers.budgets) {
-                // A keyed budget comes back in parts: the next at once.
-                self.sync.hurry(ctx);
-            }
-        }
     }
 
     /// Installs a set the admin sent, which this VM or another published.

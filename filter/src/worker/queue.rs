@@ -18,26 +18,14 @@ use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
 use super::limits::{self, LimitInputs, Taken, Why};
 use super::pool;
-use super::refusal::{self, LocalReply, Refusal};
+use super::refusal::{self, Refusal};
 use super::retry::DEFAULT_RETRY;
 use super::rpc_reply;
 use super::streams::{Further, PolicyStats, Streams};
+use super::to_shell::StreamAction;
 use crate::host::Host;
 use crate::metrics::PolicyCounter;
 use crate::prefetch::Prefetches;
-
-/// What the tick asks the glue to do to a paused stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StreamAction {
-    /// Set a header of the paused request before it resumes (a pool call's
-    /// member: Envoy routes by it).
-    SetHeader(u32, String, String),
-    /// Set a field of the stream's decision for Envoy's access log
-    /// ([`super::decision_log`]), before it goes or is answered.
-    LogField(u32, &'static str, String),
-    Resume(u32),
-    Reply(u32, LocalReply),
-}
 
 /// What serving the queues touches of the worker's own parts, besides the
 /// tick's [`Ctx`].

@@ -17,33 +17,7 @@ use sluice_shared::NamedLimit;
 
 use super::limits::Why;
 
-/// Header naming why a call was refused when the limit alone does not say.
-pub const REASON_HEADER: &str = "x-sluice-reason";
-
-/// Header naming which of a policy's further limits refused a call.
-pub const LIMIT_HEADER: &str = "x-sluice-limit";
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalReply {
-    pub status: u32,
-    pub headers: Vec<(&'static str, String)>,
-    pub body: Vec<u8>,
-}
-
-impl LocalReply {
-    /// Its headers as [`crate::host::Host::reply`] takes them.
-    pub fn header_pairs(&self) -> Vec<(&str, &str)> {
-        self.headers.iter().map(|(n, v)| (*n, v.as_str())).collect()
-    }
-
-    /// The value of its header `name`, if it has one.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
+use super::to_shell::{LocalReply, LIMIT_HEADER, REASON_HEADER};
 
 /// Why a call is refused: all its reply says besides the policy and the
 /// time to wait.

@@ -17,7 +17,6 @@ use super::admission::{self, Decision};
 use super::asked_usage::Asked;
 use super::call::{Holding, PoolRoute};
 use super::ctx::Ctx;
-use super::decision_log::{Field as LogField, Outcome};
 use super::downgrade::{AsItCame, Downgraded};
 use super::held_slot::HeldSlot;
 use super::limits::{Held, LimitInputs};
@@ -351,19 +350,8 @@ impl Parts {
             mut slots,
         } = decided;
         let now = ctx.now;
-        if !matches!(decision, Decision::Refuse(_)) && ctx.decisions.is_on() {
-            // A refusal's fields are what its answer says (the worker).
-            let outcome = match decision {
-                Decision::Queue { .. } => Outcome::Queued,
-                _ => Outcome::Admitted,
-            };
-            ctx.decisions.note(
-                context_id,
-                LogField::Policy,
-                policy.policy.name().to_owned(),
-            );
-            ctx.decisions.verdict(context_id, outcome);
-        }
+        ctx.decisions
+            .decided(context_id, policy.policy.name(), decision.outcome());
         match decision {
             Decision::Pass => {
                 self.streams.hold_slots(context_id, policy, slots, now);
@@ -430,9 +418,7 @@ impl Parts {
         policies: &Arc<CompiledPolicySet>,
         call: Holding,
     ) {
-        if ctx.decisions.is_on() {
-            call.note_decision(ctx.decisions, policies);
-        }
+        call.note_decision(ctx.decisions, policies);
         self.spend_labels.record(ctx, &call.labels);
         self.calls.holds(policies, &call, ctx.now);
     }
@@ -447,17 +433,14 @@ impl Parts {
         keys: &[Option<u64>],
         pool_call: &Option<PoolCall>,
     ) -> spend::KeyLabels {
-        let own = &self.key_secret;
-        let mut labels = self.spend_labels.labels_of(policy, request, keys, own);
         let members = policy.pool.iter().flat_map(|pool| pool.members.iter());
         let inputs = pool_call.iter().flat_map(|call| call.members.iter());
-        for (member, inputs) in members.zip(inputs) {
-            let of_member = self
-                .spend_labels
-                .labels_of(&member.policy, request, &inputs.keys, own);
-            labels.extend(of_member);
-        }
-        labels
+        let members = members
+            .zip(inputs)
+            .map(|(m, i)| (&m.policy, i.keys.as_slice()));
+        let own = &self.key_secret;
+        self.spend_labels
+            .labels_of_all(policy, request, keys, members, own)
     }
 
     /// A call policies from `from` on decide on its body: it is asked for

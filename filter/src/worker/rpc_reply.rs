@@ -12,9 +12,9 @@ use sluice_filter_core::mcp::RpcCall;
 use sluice_shared::time::Span;
 
 use super::refusal::{
-    LocalReply, BUDGET_HEADER, CURRENCY_HEADER, LIMIT_HEADER, REASON_HEADER, RENEWS_AT_HEADER,
-    RENEWS_HEADER, SPENT_HEADER,
+    BUDGET_HEADER, CURRENCY_HEADER, RENEWS_AT_HEADER, RENEWS_HEADER, SPENT_HEADER,
 };
+use super::to_shell::{LocalReply, LIMIT_HEADER, REASON_HEADER};
 
 /// JSON-RPC's error code for a call refused by a limit: in the range the
 /// specification leaves to servers (-32000 to -32099), the one several MCP

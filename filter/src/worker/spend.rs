@@ -90,6 +90,24 @@ impl SpendLabels {
     /// its call carried in the limit's keyed parent budget; but for keys
     /// this worker tagged already. Found while the request is at hand, for
     /// a call that may hold its limits only when it leaves the queue.
+    /// The labels of a call's keys in `policy`'s limits and, for a pool
+    /// call, in each member's it may leave for (`members`: a member's
+    /// policy and the call's keys in its limits).
+    pub fn labels_of_all<'p, R: RequestHeaders + ?Sized>(
+        &self,
+        policy: &CompiledPolicy,
+        request: RequestAtHand<'_, R>,
+        keys: &[Option<u64>],
+        members: impl Iterator<Item = (&'p CompiledPolicy, &'p [Option<u64>])>,
+        own: &KeySecret,
+    ) -> KeyLabels {
+        let mut labels = self.labels_of(policy, request, keys, own);
+        for (member, keys) in members {
+            labels.extend(self.labels_of(member, request, keys, own));
+        }
+        labels
+    }
+
     pub fn labels_of<R: RequestHeaders + ?Sized>(
         &self,
         policy: &CompiledPolicy,

@@ -22,7 +22,8 @@ use super::limits::{self, Held};
 use super::request::{Admitted, CallInputs};
 use super::streams::{self, PolicyStats};
 use super::telling::Told;
-use super::{fair, refusal, rpc_reply, slots, Parts, Verdict};
+use super::to_shell::LocalReply;
+use super::{fair, rpc_reply, slots, Parts, Verdict};
 use crate::host::Host;
 use crate::metrics::PolicyCounter;
 
@@ -205,7 +206,7 @@ impl Parts {
         match rpc_reply::for_split_batch(refused, &ids) {
             Some(reply) => Verdict::Reply(reply),
             // Refused, with no reply: none of its parts says why.
-            None => Verdict::Reply(refusal::LocalReply {
+            None => Verdict::Reply(LocalReply {
                 status: 429,
                 headers: Vec::new(),
                 body: Vec::new(),
