@@ -17,10 +17,9 @@
 use std::borrow::Cow;
 
 use sluice_filter_core::headers::SLUICE_POLICY;
-
-use super::to_shell::{LocalReply, StreamAction, LIMIT_HEADER, REASON_HEADER};
 use sluice_shared::time::Span;
 
+use super::to_shell::{LocalReply, StreamAction, LIMIT_HEADER, REASON_HEADER};
 use crate::host::Host;
 
 /// One field of a call's decision, as the access log names it.
@@ -30,7 +29,7 @@ pub enum Field {
     Policy,
     /// [`Outcome`]'s word.
     Verdict,
-    /// The limit that refused it or held it in the queue.
+    /// The limit that refused it (`x-sluice-limit`).
     Limit,
     /// Why it was refused, when the limit alone does not say
     /// (`x-sluice-reason`).
