@@ -813,6 +813,45 @@ fn envoy_gateway_gets_resources_it_documents_and_a_bootstrap_envoy_takes() -> an
         host_keys.iter().all(|k| env.contains(k)),
         "the VM is given {host_keys:?}, the Envoys set {env:?}"
     );
+    // Its access log: each call with Sluice's decision, in the format
+    // of envoy/egress.yaml's (the same line, never a second one).
+    let telemetry = &spec["telemetry"];
+    ensure_documented("telemetry", telemetry, &["accessLog", "tracing", "metrics"])?;
+    let access_log = &telemetry["accessLog"];
+    ensure_documented("telemetry.accessLog", access_log, &["disable", "settings"])?;
+    let [setting] = access_log["settings"]
+        .as_array()
+        .context("no access log settings")?
+        .as_slice()
+    else {
+        bail!("not one access log setting");
+    };
+    ensure_documented(
+        "accessLog.settings[]",
+        setting,
+        &["format", "matches", "sinks", "type"],
+    )?;
+    ensure_documented(
+        "accessLog.settings[].format",
+        &setting["format"],
+        &["type", "text", "json"],
+    )?;
+    ensure!(setting["format"]["type"] == "Text");
+    for sink in setting["sinks"].as_array().context("no sinks")? {
+        ensure_documented("sinks[]", sink, &["type", "als", "file", "openTelemetry"])?;
+        ensure_documented("sinks[].file", &sink["file"], &["path"])?;
+        ensure!(sink["type"] == "File" && sink["file"]["path"] == "/dev/stdout");
+    }
+    let format = setting["format"]["text"].as_str().context("no text")?;
+    let egress = std::fs::read_to_string(workspace_root().join("envoy/egress.yaml"))?;
+    let egress: Value = serde_saphyr::from_str(&egress)?;
+    let manager = &egress["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0];
+    let shipped = &manager["typed_config"]["access_log"][0]["typed_config"]["log_format"]
+        ["text_format_source"]["inline_string"];
+    ensure!(
+        shipped.as_str() == Some(format),
+        "the gateway's access log format is not envoy/egress.yaml's: {format:?}"
+    );
     // Its bootstrap addition: the cluster the filter syncs through, which
     // the real Envoy takes.
     ensure_documented(
