@@ -43,7 +43,7 @@ pub trait Host {
     /// when the stream is gone.
     fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool;
     /// Sets field `field` of stream `context_id`'s decision, for Envoy's
-    /// access log and traces (wasm: filter state `wasm.sluice.<field>`;
+    /// access log (wasm: filter state `wasm.sluice.<field>`;
     /// native: dynamic metadata `sluice`/`<field>`). Called from the
     /// stream's own hook or by a tick's action for it. False when the
     /// stream is gone or the host refused.

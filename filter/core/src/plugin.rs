@@ -121,8 +121,8 @@ pub struct PluginConfig {
     /// call refused on its body is reset there (the upstream saw it begin).
     pub hold_headers_for_body: bool,
     /// Each call's decision (policy, verdict, limit, reason, queue wait,
-    /// costs, pool member) is set on its stream for Envoy's access log and
-    /// traces (on by default): a host call per field set, two for a call
+    /// costs, pool member) is set on its stream for Envoy's access log
+    /// (on by default): a host call per field set, two for a call
     /// admitted at once.
     pub log_decisions: bool,
     /// A call the filter fails on is refused (`closed`, the default) or

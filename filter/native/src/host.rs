@@ -113,10 +113,6 @@ pub unsafe fn set_route_header(filter: EnvoyPtr, name: &str, value: Option<&[u8]
     }
 }
 
-/// Sets (or, with None, removes) a header of `filter`'s request or answer.
-///
-/// # Safety
-/// As [`send_reply`].
 /// The dynamic metadata namespace of a call's decision fields:
 /// `%DYNAMIC_METADATA(sluice:<field>)%`.
 pub const LOG_NAMESPACE: &str = "sluice";
@@ -137,6 +133,10 @@ pub unsafe fn set_log_field(filter: EnvoyPtr, field: &str, value: &str) {
     }
 }
 
+/// Sets (or, with None, removes) a header of `filter`'s request or answer.
+///
+/// # Safety
+/// As [`send_reply`].
 pub unsafe fn set_header(
     filter: EnvoyPtr,
     header_type: u32,
