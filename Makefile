@@ -155,9 +155,11 @@ setup-kubernetes: $(ENVOY)
 # OCI archives in target/images/ (`skopeo copy oci-archive:... docker://...`
 # pushes them): the filter's .wasm alone, `FROM scratch`, one layer holding
 # plugin.wasm (what Istio's WasmPlugin, Envoy Gateway and an image volume
-# take), and the admin, static (musl), with its UI and the system's CA
-# certificates (it checks PostgreSQL's and Redis's with them), `FROM
-# scratch`. Checked by tests/tests/images.rs.
+# take); the native module alone, `FROM scratch`, one layer holding
+# libsluice_native.so (what an image volume mounts into Envoy Gateway's
+# Envoys, overlays/envoy-gateway-native); and the admin, static (musl),
+# with its UI and the system's CA certificates (it checks PostgreSQL's and
+# Redis's with them), `FROM scratch`. Checked by tests/tests/images.rs.
 IMAGES_DIR    := target/images
 IMAGE_VERSION = $(shell awk -F'"' '/^version/{print $$2; exit}' admin/Cargo.toml)
 MUSL_TARGET   := x86_64-unknown-linux-musl
@@ -168,6 +170,11 @@ IMAGES_APT_PACKAGES := buildah skopeo musl-tools ca-certificates
 # admin/Dockerfile's build stage made with the same `make static-bins`).
 IMAGES_ADMIN ?=
 ADMIN_STATIC = $(or $(IMAGES_ADMIN),target/$(MUSL_TARGET)/release/sluice-admin)
+# The native module the image takes: the release build, or one built
+# already (compose-test packs `make test`'s debug build: the test checks
+# the packing, and a release build would add minutes to CI).
+IMAGES_NATIVE ?=
+NATIVE_PACKED = $(or $(IMAGES_NATIVE),$(NATIVE_MODULE))
 
 setup-images:
 	@$(MAKE) --no-print-directory setup-apt APT_PACKAGES="$(IMAGES_APT_PACKAGES)"
@@ -182,7 +189,7 @@ static-bins:
 	CC_$(subst -,_,$(MUSL_TARGET))=musl-gcc $(CARGO) build --release --locked --target $(MUSL_TARGET) \
 	  -p sluice-admin -p sluice-demo $(addprefix --bin ,$(STATIC_BINS))
 
-images: setup-images wasm ui $(if $(IMAGES_ADMIN),,static-bins)
+images: setup-images wasm ui $(if $(IMAGES_ADMIN),,static-bins) $(if $(IMAGES_NATIVE),,native)
 	@mkdir -p $(IMAGES_DIR)
 	@filter=$$($(BUILDAH) from scratch); \
 	$(BUILDAH) copy $$filter $(FILTER_WASM) /plugin.wasm >/dev/null; \
@@ -191,6 +198,13 @@ images: setup-images wasm ui $(if $(IMAGES_ADMIN),,static-bins)
 	rm -f $(IMAGES_DIR)/sluice-filter.tar; \
 	$(BUILDAH) commit --quiet --rm $$filter oci-archive:$(IMAGES_DIR)/sluice-filter.tar:sluice-filter:$(IMAGE_VERSION) >/dev/null; \
 	echo "images: $(IMAGES_DIR)/sluice-filter.tar (sluice-filter:$(IMAGE_VERSION))"
+	@native=$$($(BUILDAH) from scratch); \
+	$(BUILDAH) copy $$native $(NATIVE_PACKED) /libsluice_native.so >/dev/null; \
+	$(BUILDAH) config --label org.opencontainers.image.title=sluice-native \
+	  --label org.opencontainers.image.version=$(IMAGE_VERSION) $$native; \
+	rm -f $(IMAGES_DIR)/sluice-native.tar; \
+	$(BUILDAH) commit --quiet --rm $$native oci-archive:$(IMAGES_DIR)/sluice-native.tar:sluice-native:$(IMAGE_VERSION) >/dev/null; \
+	echo "images: $(IMAGES_DIR)/sluice-native.tar (sluice-native:$(IMAGE_VERSION), from $(NATIVE_PACKED))"
 	@strip -o $(IMAGES_DIR)/sluice-admin $(ADMIN_STATIC)
 	@data="$$(mktemp -d)"; admin=$$($(BUILDAH) from scratch); \
 	$(BUILDAH) copy $$admin $(IMAGES_DIR)/sluice-admin /sluice-admin >/dev/null; \
@@ -264,7 +278,8 @@ compose-images: setup-images setup-compose
 # disk writes, which no CPU priority holds back, the likely cause (the
 # machine's I/O pressure reached 14-21 %). compose-test runs after.
 compose-test: setup compose-images
-	$(MAKE) --no-print-directory images IMAGES_ADMIN=$(COMPOSE_ADMIN)
+	$(MAKE) --no-print-directory native-test
+	$(MAKE) --no-print-directory images IMAGES_ADMIN=$(COMPOSE_ADMIN) IMAGES_NATIVE=$(NATIVE_TEST_MODULE)
 	$(E2E_ENV) $(CARGO) test $(WORKSPACE) --test images -- --nocapture --test-threads=1
 	$(PODMAN_ENV) SLUICE_PODMAN_COMPOSE=$(CURDIR)/$(PODMAN_COMPOSE) $(CARGO) test $(WORKSPACE) --test compose \
 	  -- --nocapture --test-threads=1

@@ -3,6 +3,9 @@
 //! - the filter's: one layer holding `plugin.wasm` and nothing else, byte
 //!   for byte the filter `make wasm` built (the layout Istio's
 //!   WasmPlugin, Envoy Gateway and an image volume pull);
+//! - the native module's: one layer holding `libsluice_native.so` and
+//!   nothing else, byte for byte the module it was given (what an image
+//!   volume mounts into Envoy Gateway's Envoys);
 //! - the admin's: `FROM scratch`, a static binary (no dynamic loader) as
 //!   its entrypoint, run as user 10001, with its UI and CA certificates;
 //!   unpacked, its binary starts as the image's entrypoint and environment
@@ -14,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use serde_json::Value;
-use sluice_e2e::envoy::{filter_wasm, free_port, http_get, workspace_root};
+use sluice_e2e::envoy::{filter_native, filter_wasm, free_port, http_get, workspace_root};
 
 fn archive(name: &str) -> PathBuf {
     workspace_root().join(format!("target/images/{name}.tar"))
@@ -105,6 +108,81 @@ fn the_filter_image_is_one_layer_holding_plugin_wasm() -> anyhow::Result<()> {
         packed.len()
     );
     Ok(())
+}
+
+/// What compose-test packs is `make test`'s module (SLUICE_NATIVE);
+/// `make images` alone packs the release build.
+#[test]
+fn the_native_image_is_one_layer_holding_the_module() -> anyhow::Result<()> {
+    let image = archive("sluice-native");
+    let inspected = skopeo_json(&["inspect"], &image)?;
+    let manifest = skopeo_json(&["inspect", "--raw"], &image)?;
+    let layers = manifest["layers"].as_array().context("no layers")?;
+    ensure!(layers.len() == 1, "{} layers, not one", layers.len());
+    let root = tempfile::tempdir()?;
+    let names = unpack(&image, root.path())?;
+    ensure!(
+        names == [vec!["libsluice_native.so".to_string()]],
+        "the layer holds {names:?}, not libsluice_native.so alone"
+    );
+    let packed = std::fs::read(root.path().join("libsluice_native.so"))?;
+    ensure!(
+        packed == std::fs::read(filter_native()?)?,
+        "libsluice_native.so is not the module it was given"
+    );
+    ensure!(packed.starts_with(b"\x7fELF"), "not an ELF object");
+    let entry = b"envoy_dynamic_module_on_program_init";
+    ensure!(
+        packed.windows(entry.len()).any(|w| w == entry),
+        "the module exports no envoy_dynamic_module_on_program_init"
+    );
+    ensure!(
+        inspected["Labels"]["org.opencontainers.image.title"] == "sluice-native",
+        "labels: {}",
+        inspected["Labels"]
+    );
+    // The glibc it asks for: at most Debian 12's (Envoy's distroless
+    // images), as the book says.
+    let glibc = highest_glibc_version(&packed).context("the module names no GLIBC version")?;
+    ensure!(
+        glibc <= (2, 36),
+        "the module needs glibc {}.{}, newer than Envoy's distroless images' 2.36",
+        glibc.0,
+        glibc.1
+    );
+    println!(
+        "native image: sluice-native ({}), one layer ({} bytes) holding libsluice_native.so, {} bytes, the given module, \
+         needing glibc {}.{}",
+        inspected["Labels"]["org.opencontainers.image.version"],
+        layers[0]["size"],
+        packed.len(),
+        glibc.0,
+        glibc.1
+    );
+    Ok(())
+}
+
+/// The highest `GLIBC_<major>.<minor>` symbol version an ELF object
+/// names (its version needs are plain strings in it).
+fn highest_glibc_version(object: &[u8]) -> Option<(u32, u32)> {
+    const MARK: &[u8] = b"GLIBC_";
+    let mut highest = None;
+    for at in 0..object.len().saturating_sub(MARK.len()) {
+        if &object[at..at + MARK.len()] != MARK {
+            continue;
+        }
+        let rest = &object[at + MARK.len()..];
+        let end = rest
+            .iter()
+            .position(|b| !(b.is_ascii_digit() || *b == b'.'))
+            .unwrap_or(rest.len());
+        let text = std::str::from_utf8(&rest[..end]).ok()?;
+        let mut parts = text.split('.').map(str::parse::<u32>);
+        if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) {
+            highest = highest.max(Some((major, minor)));
+        }
+    }
+    highest
 }
 
 #[test]

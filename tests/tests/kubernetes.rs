@@ -27,7 +27,8 @@ use anyhow::{bail, ensure, Context};
 use serde_json::{json, Value};
 use sluice_e2e::admin::AdminProcess;
 use sluice_e2e::envoy::{
-    envoy_binary, filter_wasm, test_admin_tls_dir, validate_config, workspace_root,
+    envoy_binary, filter_wasm, native_log_format, test_admin_tls_dir, validate_config,
+    workspace_root,
 };
 
 fn tool(var: &str, default: &str) -> PathBuf {
@@ -70,7 +71,12 @@ fn yaml_documents(text: &str) -> anyhow::Result<Vec<Value>> {
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 
-const KUSTOMIZATIONS: [&str; 3] = ["base", "overlays/istio", "overlays/envoy-gateway"];
+const KUSTOMIZATIONS: [&str; 4] = [
+    "base",
+    "overlays/istio",
+    "overlays/envoy-gateway",
+    "overlays/envoy-gateway-native",
+];
 
 /// deploy/kubernetes copied into `to`, each kustomization written as
 /// kustomize 2.0 reads it: directories from `resources` under `bases`,
@@ -622,6 +628,7 @@ const EXTENSION_POLICY_SPEC: &[&str] = &[
     "wasm",
     "extProc",
     "lua",
+    "dynamicModule",
 ];
 const WASM: &[&str] = &["name", "rootID", "code", "config", "failOpen", "env"];
 const WASM_CODE: &[&str] = &["type", "http", "image", "configMap", "sha256", "pullPolicy"];
@@ -639,7 +646,14 @@ const ENVOY_PROXY_SPEC: &[&str] = &[
     "ipFamily",
     "filterOrder",
     "backendTLS",
+    "dynamicModules",
 ];
+/// EnvoyProxySpec.dynamicModules[] (DynamicModuleEntry, DynamicModuleSource,
+/// LocalDynamicModuleSource) and EnvoyExtensionPolicySpec.dynamicModule[]
+/// (DynamicModule), from Envoy Gateway's api/v1alpha1/dynamic_module_types.go.
+const DYNAMIC_MODULE_ENTRY: &[&str] = &["name", "source", "doNotClose", "loadGlobally"];
+const DYNAMIC_MODULE_SOURCE: &[&str] = &["type", "local", "remote"];
+const DYNAMIC_MODULE: &[&str] = &["name", "filterName", "config", "terminalFilter"];
 const DEPLOYMENT_SPEC: &[&str] = &[
     "patch",
     "replicas",
@@ -675,6 +689,78 @@ const GATEWAY_SPEC: &[&str] = &[
     "backendTLS",
     "allowedListeners",
 ];
+
+/// The pod parts of an EnvoyProxy's `envoyDeployment` (its fields as
+/// documented; its container's env and mounts and its volumes as a Pod
+/// that passes Kubernetes 1.35's schema); the names of its env.
+fn envoy_pod_validates(deployment: &Value) -> anyhow::Result<Vec<&str>> {
+    ensure_documented("envoyDeployment", deployment, DEPLOYMENT_SPEC)?;
+    ensure_documented("envoyDeployment.pod", &deployment["pod"], POD_SPEC)?;
+    ensure_documented(
+        "envoyDeployment.container",
+        &deployment["container"],
+        CONTAINER_SPEC,
+    )?;
+    let container = &deployment["container"];
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "envoy"},
+        "spec": {"containers": [{"name": "envoy", "image": "envoyproxy/envoy:v1.40.0",
+                                  "env": container["env"], "volumeMounts": container["volumeMounts"]}],
+                 "volumes": deployment["pod"]["volumes"]}});
+    let report = validate_core(&[&pod])?;
+    ensure!(report.contains("passed for resource"), "{report}");
+    Ok(container["env"]
+        .as_array()
+        .context("no env")?
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect())
+}
+
+/// The access log format of envoy/egress.yaml, the one every shipped
+/// Envoy prints.
+fn shipped_access_log_format() -> anyhow::Result<String> {
+    let egress = std::fs::read_to_string(workspace_root().join("envoy/egress.yaml"))?;
+    let egress: Value = serde_saphyr::from_str(&egress)?;
+    let manager = &egress["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0];
+    manager["typed_config"]["access_log"][0]["typed_config"]["log_format"]["text_format_source"]
+        ["inline_string"]
+        .as_str()
+        .map(str::to_string)
+        .context("envoy/egress.yaml has no access log format")
+}
+
+/// An EnvoyProxy's one access log setting, its fields as documented,
+/// to stdout; its text format.
+fn access_log_format(proxy_spec: &Value) -> anyhow::Result<&str> {
+    let telemetry = &proxy_spec["telemetry"];
+    ensure_documented("telemetry", telemetry, &["accessLog", "tracing", "metrics"])?;
+    let access_log = &telemetry["accessLog"];
+    ensure_documented("telemetry.accessLog", access_log, &["disable", "settings"])?;
+    let [setting] = access_log["settings"]
+        .as_array()
+        .context("no access log settings")?
+        .as_slice()
+    else {
+        bail!("not one access log setting");
+    };
+    ensure_documented(
+        "accessLog.settings[]",
+        setting,
+        &["format", "matches", "sinks", "type"],
+    )?;
+    ensure_documented(
+        "accessLog.settings[].format",
+        &setting["format"],
+        &["type", "text", "json"],
+    )?;
+    ensure!(setting["format"]["type"] == "Text");
+    for sink in setting["sinks"].as_array().context("no sinks")? {
+        ensure_documented("sinks[]", sink, &["type", "als", "file", "openTelemetry"])?;
+        ensure_documented("sinks[].file", &sink["file"], &["path"])?;
+        ensure!(sink["type"] == "File" && sink["file"]["path"] == "/dev/stdout");
+    }
+    setting["format"]["text"].as_str().context("no text")
+}
 
 #[test]
 fn envoy_gateway_gets_resources_it_documents_and_a_bootstrap_envoy_takes() -> anyhow::Result<()> {
@@ -789,67 +875,17 @@ fn envoy_gateway_gets_resources_it_documents_and_a_bootstrap_envoy_takes() -> an
         "the Envoys' Service is exposed: {service}"
     );
     let deployment = &spec["provider"]["kubernetes"]["envoyDeployment"];
-    ensure_documented("envoyDeployment", deployment, DEPLOYMENT_SPEC)?;
-    ensure_documented("envoyDeployment.pod", &deployment["pod"], POD_SPEC)?;
-    ensure_documented(
-        "envoyDeployment.container",
-        &deployment["container"],
-        CONTAINER_SPEC,
-    )?;
-    let container = &deployment["container"];
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "envoy"},
-        "spec": {"containers": [{"name": "envoy", "image": "envoyproxy/envoy:v1.40.0",
-                                  "env": container["env"], "volumeMounts": container["volumeMounts"]}],
-                 "volumes": deployment["pod"]["volumes"]}});
-    let report = validate_core(&[&pod])?;
-    ensure!(report.contains("passed for resource"), "{report}");
-    let env: Vec<&str> = container["env"]
-        .as_array()
-        .context("no env")?
-        .iter()
-        .filter_map(|e| e["name"].as_str())
-        .collect();
+    let env = envoy_pod_validates(deployment)?;
     ensure!(
         host_keys.iter().all(|k| env.contains(k)),
         "the VM is given {host_keys:?}, the Envoys set {env:?}"
     );
     // Its access log: each call with Sluice's decision, in the format
     // of envoy/egress.yaml's (the same line, never a second one).
-    let telemetry = &spec["telemetry"];
-    ensure_documented("telemetry", telemetry, &["accessLog", "tracing", "metrics"])?;
-    let access_log = &telemetry["accessLog"];
-    ensure_documented("telemetry.accessLog", access_log, &["disable", "settings"])?;
-    let [setting] = access_log["settings"]
-        .as_array()
-        .context("no access log settings")?
-        .as_slice()
-    else {
-        bail!("not one access log setting");
-    };
-    ensure_documented(
-        "accessLog.settings[]",
-        setting,
-        &["format", "matches", "sinks", "type"],
-    )?;
-    ensure_documented(
-        "accessLog.settings[].format",
-        &setting["format"],
-        &["type", "text", "json"],
-    )?;
-    ensure!(setting["format"]["type"] == "Text");
-    for sink in setting["sinks"].as_array().context("no sinks")? {
-        ensure_documented("sinks[]", sink, &["type", "als", "file", "openTelemetry"])?;
-        ensure_documented("sinks[].file", &sink["file"], &["path"])?;
-        ensure!(sink["type"] == "File" && sink["file"]["path"] == "/dev/stdout");
-    }
-    let format = setting["format"]["text"].as_str().context("no text")?;
-    let egress = std::fs::read_to_string(workspace_root().join("envoy/egress.yaml"))?;
-    let egress: Value = serde_saphyr::from_str(&egress)?;
-    let manager = &egress["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0];
-    let shipped = &manager["typed_config"]["access_log"][0]["typed_config"]["log_format"]
-        ["text_format_source"]["inline_string"];
+    let format = access_log_format(spec)?;
+    let shipped = shipped_access_log_format()?;
     ensure!(
-        shipped.as_str() == Some(format),
+        shipped == format,
         "the gateway's access log format is not envoy/egress.yaml's: {format:?}"
     );
     // Its bootstrap addition: the cluster the filter syncs through, which
@@ -875,6 +911,116 @@ fn envoy_gateway_gets_resources_it_documents_and_a_bootstrap_envoy_takes() -> an
     println!(
         "envoy gateway: EnvoyExtensionPolicy, EnvoyProxy and Gateway fields all documented; \
          the filter's config parses with {host_keys:?}; the bootstrap's {cluster} validates"
+    );
+    Ok(())
+}
+
+/// Issue 53, item 4: the native overlay registers the module in the
+/// EnvoyProxy's allow-list, mounts it from the sluice-native image, and its
+/// EnvoyExtensionPolicy names that module instead of the wasm filter,
+/// every field one Envoy Gateway documents. (That an Envoy configured as
+/// Envoy Gateway translates these loads the module and limits calls:
+/// native_module's `the_module_runs_as_envoy_gateway_configures_it`.)
+#[test]
+fn envoy_gateway_native_registers_the_module_its_policy_names() -> anyhow::Result<()> {
+    let all = rendered()?;
+    let (wasm_docs, docs) = (&all[2].1, &all[3].1);
+    let policy = one_of_kind(docs, "EnvoyExtensionPolicy")?;
+    let proxy = one_of_kind(docs, "EnvoyProxy")?;
+    // The policy: the module, no wasm filter, on the same Gateway.
+    let spec = &policy["spec"];
+    ensure_documented("EnvoyExtensionPolicy.spec", spec, EXTENSION_POLICY_SPEC)?;
+    ensure!(spec.get("wasm").is_none(), "the wasm filter is still there");
+    ensure!(
+        spec["targetRefs"] == one_of_kind(wasm_docs, "EnvoyExtensionPolicy")?["spec"]["targetRefs"],
+        "the native policy targets another Gateway than the wasm one"
+    );
+    let [module] = spec["dynamicModule"]
+        .as_array()
+        .context("no dynamicModule")?
+        .as_slice()
+    else {
+        bail!("not one dynamic module");
+    };
+    ensure_documented("dynamicModule[]", module, DYNAMIC_MODULE)?;
+    ensure!(
+        module["filterName"] == "sluice",
+        "the module's filter is `sluice`"
+    );
+    // The EnvoyProxy: the allow-list holds the module the policy names
+    // (Envoy Gateway rejects the policy otherwise), from a path an image
+    // volume mounts.
+    let spec = &proxy["spec"];
+    ensure_documented("EnvoyProxy.spec", spec, ENVOY_PROXY_SPEC)?;
+    let entries = spec["dynamicModules"]
+        .as_array()
+        .context("no dynamicModules")?;
+    let entry = entries
+        .iter()
+        .find(|e| e["name"] == module["name"])
+        .with_context(|| format!("the allow-list {entries:?} lacks {}", module["name"]))?;
+    ensure_documented("dynamicModules[]", entry, DYNAMIC_MODULE_ENTRY)?;
+    ensure_documented(
+        "dynamicModules[].source",
+        &entry["source"],
+        DYNAMIC_MODULE_SOURCE,
+    )?;
+    ensure_documented("source.local", &entry["source"]["local"], &["path"])?;
+    ensure!(entry["source"]["type"] == "Local");
+    let path = entry["source"]["local"]["path"]
+        .as_str()
+        .context("no path")?;
+    let deployment = &spec["provider"]["kubernetes"]["envoyDeployment"];
+    let env = envoy_pod_validates(deployment)?;
+    let mounts = deployment["container"]["volumeMounts"]
+        .as_array()
+        .context("no volumeMounts")?;
+    let mount = mounts
+        .iter()
+        .find(|m| {
+            m["mountPath"]
+                .as_str()
+                .is_some_and(|at| Path::new(path).parent() == Some(Path::new(at)))
+        })
+        .with_context(|| format!("nothing is mounted where {path} is"))?;
+    let volume = deployment["pod"]["volumes"]
+        .as_array()
+        .context("no volumes")?
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .context("the mount names no volume")?;
+    let image = volume["image"]["reference"]
+        .as_str()
+        .context("the module's volume is not an image volume")?;
+    ensure!(
+        image.contains("/sluice/native:"),
+        "the module comes from {image}, not the sluice-native image"
+    );
+    // What stayed from the wasm overlay: the CA mount, the environment
+    // the module reads its instance and token from.
+    let wasm_deployment =
+        &one_of_kind(wasm_docs, "EnvoyProxy")?["spec"]["provider"]["kubernetes"]["envoyDeployment"];
+    for kept in wasm_deployment["container"]["volumeMounts"]
+        .as_array()
+        .context("no wasm volumeMounts")?
+    {
+        ensure!(mounts.contains(kept), "the native overlay lost {kept}");
+    }
+    let config = module["config"].to_string();
+    plugin_config_parses("the native EnvoyExtensionPolicy", &config, &env)?;
+    // Its access log: egress.yaml's line with the native build's fields.
+    let format = access_log_format(spec)?;
+    ensure!(
+        format == native_log_format(&shipped_access_log_format()?),
+        "the native gateway's access log format is not envoy/egress.yaml's with dynamic metadata: {format:?}"
+    );
+    ensure!(
+        spec["bootstrap"] == one_of_kind(wasm_docs, "EnvoyProxy")?["spec"]["bootstrap"],
+        "the native overlay changed the bootstrap"
+    );
+    println!(
+        "envoy gateway native: module `{}` from {path} ({image}), its policy's config parses with {env:?}",
+        entry["name"]
     );
     Ok(())
 }

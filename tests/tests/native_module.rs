@@ -478,3 +478,201 @@ async fn envoy_fetches_the_module_over_http_and_checks_its_sha256() -> anyhow::R
     );
     Ok(())
 }
+
+/// What Envoy Gateway makes of `overlays/envoy-gateway-native` (its
+/// translator, internal/xds/translator/dynamicmodule.go): the module as
+/// an HTTP filter named after the policy, disabled on the listener and
+/// enabled by the route's `FilterConfig`; the module from the allow-list
+/// entry's `source.local.path` (here mapped to the built module); the
+/// policy's `filterName`; its `config` as a `StringValue` of its JSON.
+/// Placeholders for [`sluice_e2e::envoy::Envoy::start_from_env`].
+fn as_envoy_gateway_translates(module: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use serde_json::Value;
+    let overlay = workspace_root().join("deploy/kubernetes/overlays/envoy-gateway-native");
+    let read = |file: &str| -> anyhow::Result<Value> {
+        let text = std::fs::read_to_string(overlay.join(file))?;
+        serde_saphyr::from_str(&text).with_context(|| format!("{file} is not YAML"))
+    };
+    let (policy, proxy) = (read("extension-policy.yaml")?, read("envoyproxy.yaml")?);
+    let [dm] = policy["spec"]["dynamicModule"]
+        .as_array()
+        .context("the policy has no dynamicModule")?
+        .as_slice()
+    else {
+        anyhow::bail!("not one dynamic module");
+    };
+    let entry = proxy["spec"]["dynamicModules"]
+        .as_array()
+        .context("the EnvoyProxy has no dynamicModules")?
+        .iter()
+        .find(|e| e["name"] == dm["name"])
+        .context("the allow-list lacks the policy's module")?;
+    anyhow::ensure!(
+        entry["source"]["local"]["path"].is_string(),
+        "the module is not loaded from a local path"
+    );
+    let name = format!(
+        "envoy.filters.http.dynamic_modules/envoyextensionpolicy/{}/{}/dynamic-module/0",
+        policy["metadata"]["namespace"]
+            .as_str()
+            .context("no namespace")?,
+        policy["metadata"]["name"].as_str().context("no name")?,
+    );
+    let config = dm["config"].to_string().replace('\'', "''");
+    let admin_cluster = dm["config"]["admin_cluster"]
+        .as_str()
+        .context("no admin_cluster")?;
+    Ok(format!(
+        r#"admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {{{{ADMIN_PORT}}}} }} }}
+static_resources:
+  listeners:
+  - name: gateway
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {{{{LISTENER_PORT}}}} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          route_config:
+            name: gateway
+            virtual_hosts:
+            - name: apis
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/unlimited" }}
+                route: {{ cluster: backend }}
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: backend }}
+                typed_per_filter_config:
+                  "{name}":
+                    "@type": type.googleapis.com/envoy.config.route.v3.FilterConfig
+                    config: {{}}
+          http_filters:
+          - name: "{name}"
+            disabled: true
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              dynamic_module_config:
+                do_not_close: {do_not_close}
+                module: {{ local: {{ filename: "{module}" }} }}
+              filter_name: {filter_name}
+              filter_config:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: '{config}'
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: backend
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: backend
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {{{{MOCK_PORT}}}} }} }} }}
+  # The admin, where nothing listens: the fallback policies hold.
+  - name: {admin_cluster}
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: {admin_cluster}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {{{{ADMIN_API_PORT}}}} }} }} }}
+"#,
+        do_not_close = entry["doNotClose"].as_bool().unwrap_or(false),
+        module = module.display(),
+        filter_name = dm["filterName"].as_str().context("no filterName")?,
+    ))
+}
+
+/// Issue 53, item 4: the module runs in an Envoy configured as Envoy
+/// Gateway configures it from the native overlay: the route the policy
+/// enables limits `api.stripe.com` to the overlay's fallback burst of 10
+/// (its admin answering 503), and syncs as the pod's environment names
+/// it (instance, token); a route without the policy is not limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_runs_as_envoy_gateway_configures_it() -> anyhow::Result<()> {
+    use sluice_demo::mock::{MockApi, MockLimits};
+    use sluice_e2e::envoy::Envoy;
+    use sluice_e2e::load;
+    use std::sync::{Arc, Mutex};
+
+    // The admin's stand-in: it keeps each sync's token and body, and
+    // answers 503.
+    let syncs: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let kept = syncs.clone();
+    let app = axum::Router::new().route(
+        sluice_wire::sync::SYNC_PATH,
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
+            let token = headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            if let Ok(mut all) = kept.lock() {
+                all.push((token, body));
+            }
+            async { axum::http::StatusCode::SERVICE_UNAVAILABLE }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let admin_port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
+    let config = as_envoy_gateway_translates(&filter_native()?)?;
+    let envoy = Envoy::start_from_env(
+        &config,
+        "",
+        mock.addr.port(),
+        admin_port,
+        1,
+        &[
+            ("POD_NAME", "sluice-egress-7d9f-x2x"),
+            ("SLUICE_SYNC_TOKEN", "a-token-of-the-pod"),
+        ],
+    )?;
+    let limited = load::burst(&envoy.url("/v1/charges"), "api.stripe.com", 40).await;
+    let (passed, refused) = (load::count(&limited, 200), load::count(&limited, 429));
+    let unlimited = load::burst(&envoy.url("/unlimited"), "api.stripe.com", 40).await;
+    let free = load::count(&unlimited, 200);
+    println!(
+        "as Envoy Gateway configures it: 40 calls at once on the policy's route, {passed} passed, {refused} refused; \
+         on a route without it, {free} of 40 passed"
+    );
+    let log = envoy.log();
+    anyhow::ensure!(
+        passed >= 10 && refused > 0 && passed + refused == 40,
+        "the module did not hold the overlay's burst of 10: {passed} passed, {refused} refused\n{log}"
+    );
+    anyhow::ensure!(free == 40, "a route the policy does not enable was limited");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let first = loop {
+        let first = syncs.lock().ok().and_then(|all| all.first().cloned());
+        match first {
+            Some(sync) => break sync,
+            None if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            None => anyhow::bail!("the module never synced with the admin\n{log}"),
+        }
+    };
+    anyhow::ensure!(
+        first.0 == "Bearer a-token-of-the-pod",
+        "the module synced with {:?}, not SLUICE_SYNC_TOKEN",
+        first.0
+    );
+    let body: serde_json::Value = serde_json::from_str(&first.1)?;
+    anyhow::ensure!(
+        body["instance"] == "sluice-egress-7d9f-x2x",
+        "the module synced as {}, not as POD_NAME",
+        body["instance"]
+    );
+    Ok(())
+}
