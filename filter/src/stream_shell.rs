@@ -8,7 +8,9 @@
 use sluice_shared::request_headers::RequestHeaders;
 
 use crate::host::Host;
-use crate::worker::{RequestBody, Verdict, Worker, MAX_REQUEST_BODY_BYTES};
+use sluice_shared::policy::PoolSpec;
+
+use crate::worker::{Attempt, AttemptMark, RequestBody, Verdict, Worker, MAX_REQUEST_BODY_BYTES};
 
 /// What the stream does after a hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +62,9 @@ pub struct ShellSettings {
     pub hold_headers_for_body: bool,
     /// Tests of the failure mode only (`panic_on_header`).
     pub panic_on_header: Option<std::sync::Arc<str>>,
+    /// It hears attempts of pool calls instead of deciding calls (plugin
+    /// `role: attempts`, an upstream filter of the member clusters).
+    pub hears_attempts: bool,
 }
 
 impl ShellSettings {
@@ -68,6 +73,7 @@ impl ShellSettings {
             queue_ticket_header: config.queue_ticket_header,
             hold_headers_for_body: config.hold_headers_for_body,
             panic_on_header: config.panic_on_header.as_deref().map(std::sync::Arc::from),
+            hears_attempts: config.role == sluice_filter_core::plugin::Role::Attempts,
         }
     }
 }
@@ -78,6 +84,7 @@ impl Default for ShellSettings {
             queue_ticket_header: false,
             hold_headers_for_body: true,
             panic_on_header: None,
+            hears_attempts: false,
         }
     }
 }
@@ -95,6 +102,8 @@ pub struct StreamShell {
     ended: bool,
     /// It waited in the queue.
     waited: bool,
+    /// The pool call attempt it is (`hears_attempts`), its answer to come.
+    attempt: Option<Attempt>,
 }
 
 impl StreamShell {
@@ -107,6 +116,7 @@ impl StreamShell {
             reading_answer: false,
             ended: false,
             waited: false,
+            attempt: None,
         }
     }
 
@@ -186,6 +196,11 @@ impl StreamShell {
                 panic!("sluice: {name} asked for a panic (panic_on_header, for tests)");
             }
         }
+        if self.settings.hears_attempts {
+            // An attempt is decided already: it goes, heard on its answer.
+            self.attempt = io.with_worker(|w| w.on_attempt(host, request)).flatten();
+            return Flow::Continue;
+        }
         let body = if end_of_stream {
             RequestBody::Absent
         } else {
@@ -257,6 +272,10 @@ impl StreamShell {
         H: Host + ?Sized,
         Io: StreamIo + ?Sized,
     {
+        if self.settings.hears_attempts {
+            self.attempt_answered(host, io);
+            return;
+        }
         let id = self.context_id;
         let headers = io.answer_headers();
         let Some(answer) =
@@ -264,6 +283,9 @@ impl StreamShell {
         else {
             return;
         };
+        for name in answer.unset {
+            io.set_answer_header(name, None);
+        }
         self.reading_answer = answer.read_body;
         if answer.strips {
             // Its pieces change length as they pass.
@@ -273,6 +295,27 @@ impl StreamShell {
         // already takes in what the provider said.
         for (name, value) in answer.set {
             io.set_answer_header(name, Some(value.as_bytes()));
+        }
+    }
+
+    /// An attempt's answer came: its member hears it, and it is marked
+    /// for the deciding filter; the member's name was for this filter
+    /// alone.
+    fn attempt_answered<H, Io>(&mut self, host: &H, io: &mut Io)
+    where
+        H: Host + ?Sized,
+        Io: StreamIo + ?Sized,
+    {
+        let Some(attempt) = self.attempt.take() else {
+            return;
+        };
+        let headers = io.answer_headers();
+        let mark = io
+            .with_worker(|w| w.on_attempt_answer(host, &attempt, &headers))
+            .flatten();
+        if let Some(mark) = mark {
+            io.set_answer_header(PoolSpec::ATTEMPT_MEMBER_HEADER, None);
+            io.set_answer_header(AttemptMark::HEADER, Some(mark.value().as_bytes()));
         }
     }
 

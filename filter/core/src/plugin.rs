@@ -43,6 +43,23 @@ struct RawPluginConfig {
     route_headers: Vec<String>,
     #[serde(default = "default_true")]
     log_decisions: bool,
+    #[serde(default)]
+    role: Role,
+}
+
+/// Where in Envoy this filter runs, and so what it does there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// In the listener's HTTP filters: it decides each call.
+    #[default]
+    Decide,
+    /// In the upstream HTTP filters of a pool's member clusters: it
+    /// decides nothing, and hears each attempt's answer (Envoy runs those
+    /// filters once per attempt, retries included), so that a member's
+    /// refusal and its wait are heard even when Envoy retried the call on
+    /// another member and the deciding filter sees only that one's answer.
+    Attempts,
 }
 
 /// What happens to a call when the filter fails on it (a panic in the
@@ -141,6 +158,9 @@ pub struct PluginConfig {
     /// [`MAX_ROUTE_HEADERS`]. Without pools in Envoy's routes, leave it
     /// empty: no call pays for a header nothing routes by.
     pub route_headers: Vec<String>,
+    /// What this filter does where it runs (`decide`, the default, or
+    /// `attempts` as an upstream filter of pool members).
+    pub role: Role,
 }
 
 /// The most headers `route_headers` may name.
@@ -298,6 +318,7 @@ pub fn parse_plugin_config_with_env(
                 .iter()
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
+            role: raw.role,
         }),
         _ => Err(ValidationErrors { errors }),
     }

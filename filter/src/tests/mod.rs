@@ -19,6 +19,7 @@ use sluice_wire::sync_answer::ReceivedHeaders;
 // One file per feature, through the worker as Envoy drives it; the
 // helpers they share are below.
 mod access_log;
+mod attempts;
 mod budgets;
 mod downgrade;
 mod fair;

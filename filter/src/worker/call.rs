@@ -20,11 +20,12 @@ use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 
 use super::asked_usage::Asked;
+use super::attempts::AttemptMark;
 use super::ctx::Ctx;
 use super::decision_log::{self, DecisionLog, Field as LogField, Outcome};
 use super::downgrade::{Downgraded, DOWNGRADED_HEADER};
 use super::limits::{LimitPlace, PastWarning};
-use super::listened::Listened;
+use super::listened::{Hearing, Listened};
 use super::pool::{PoolCall, Routed, ROUTED_HEADER};
 use super::spend::KeyLabels;
 use super::telling::Told;
@@ -109,6 +110,8 @@ pub struct AnswerHeaders {
     pub strips: bool,
     /// Fields the answer gets, in place of upstream's of the same name.
     pub set: Vec<(&'static str, String)>,
+    /// Fields the answer loses (Sluice's own, for Sluice alone).
+    pub unset: Vec<&'static str>,
 }
 
 /// What the shell does with a piece of an answer's body.
@@ -261,12 +264,14 @@ impl Calls {
     /// The answer's headers came: each part acts on them, in the order
     /// this module's header gives. Returns what the shell does with them,
     /// and whether the provider's word is news for the other Envoys.
+    /// `mark`: what the attempts filter marks the attempts it heard with.
     pub fn on_answer_headers<H, R>(
         &mut self,
         ctx: &mut Ctx<'_, H>,
         context_id: u32,
         headers: &R,
         end_of_stream: bool,
+        mark: &AttemptMark,
     ) -> (AnswerHeaders, bool)
     where
         H: Host + ?Sized,
@@ -275,13 +280,22 @@ impl Calls {
         let Some(call) = self.calls.get_mut(&context_id) else {
             return Default::default();
         };
+        let mut hearing = Hearing::Call;
+        let mut unset = Vec::new();
         if let Some(routed) = call.routed.take() {
-            routed.answered(ctx, headers, &mut call.listened);
+            let (heard, marked) = mark.read(headers);
+            if marked {
+                unset.push(AttemptMark::HEADER);
+            }
+            if heard {
+                hearing = Hearing::CallOfHeardAttempts;
+            }
+            routed.answered(ctx, headers, &mut call.listened, heard);
         }
         let news = call
             .listened
             .take()
-            .is_some_and(|listened| listened.on_answer_headers(ctx, headers));
+            .is_some_and(|listened| listened.on_answer_headers(ctx, headers, hearing));
         let strips = !end_of_stream
             && call
                 .asked
@@ -305,6 +319,7 @@ impl Calls {
             read_body: reads || strips,
             strips,
             set,
+            unset,
         };
         (answer, news)
     }

@@ -34,12 +34,35 @@ pub(super) struct Listened {
     listeners: Vec<Listener>,
 }
 
+/// Which answer the limits hear, and so which of its words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hearing {
+    /// The call's answer, its attempts unheard: all it says.
+    Call,
+    /// The call's answer, each of whose attempts the attempts filter heard
+    /// ([`super::attempts`]): a member's own unkeyed limits take no
+    /// refusal or wait from it again; the rest hear all it says.
+    CallOfHeardAttempts,
+    /// One attempt's answer: a member's own unkeyed limits hear its
+    /// refusal and wait, and nothing else does.
+    Attempt,
+}
+
+/// Whether the limit at `index` of a pool member's policy (`own_from`:
+/// where the member's own begin) hears each attempt's refusal and wait:
+/// a member's own, unkeyed (a keyed one's place is its key's, which only
+/// the deciding filter knows).
+fn heard_per_attempt(limit: &CompiledLimit, index: usize, own_from: usize) -> bool {
+    index >= own_from && limit.keys.is_none()
+}
+
 /// What one answer said, as the limits hear it.
 struct Answer<'a, R: ?Sized> {
     headers: &'a R,
     status: Option<u16>,
     /// Limits from this one on are a pool member's own (not its pool's).
     own_from: usize,
+    hearing: Hearing,
 }
 
 impl Listened {
@@ -72,11 +95,16 @@ impl Listened {
         })
     }
 
-    /// The answer's headers came: a refusal the limits listen to is
-    /// counted, and one with a wait pauses them; a count they follow
-    /// caps what goes until its reset. Returns whether it began a pause
-    /// or cut a rate: news for the other Envoys.
-    pub fn on_answer_headers<H, R>(self, ctx: &mut Ctx<'_, H>, headers: &R) -> bool
+    /// The answer's headers came (`hearing`: which answer): a refusal the
+    /// limits listen to is counted, and one with a wait pauses them; a
+    /// count they follow caps what goes until its reset. Returns whether
+    /// it began a pause or cut a rate: news for the other Envoys.
+    pub fn on_answer_headers<H, R>(
+        self,
+        ctx: &mut Ctx<'_, H>,
+        headers: &R,
+        hearing: Hearing,
+    ) -> bool
     where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
@@ -97,6 +125,7 @@ impl Listened {
             headers,
             status,
             own_from,
+            hearing,
         };
         let mut news = false;
         for listener in &self.listeners {
@@ -126,6 +155,13 @@ where
     let Some(provider) = &limit.provider else {
         return news;
     };
+    let per_attempt = heard_per_attempt(limit, listener.limit, own_from);
+    let hears_signal = match answer.hearing {
+        Hearing::Call => true,
+        Hearing::CallOfHeardAttempts => !per_attempt,
+        Hearing::Attempt if per_attempt => true,
+        Hearing::Attempt => return news,
+    };
     let signal = provider.pause_for(status, headers, now);
     if let (Some(full), Some(counted), false) = (
         provider.adaptive,
@@ -147,6 +183,7 @@ where
         news |= cut_rate(ctx, limit, counted.owner, heard, now, throttle) && relayed(limit);
     }
     match signal {
+        _ if !hears_signal => {}
         PauseSignal::None => {}
         PauseSignal::Refused => {
             ctx.metrics

@@ -28,6 +28,7 @@
 
 mod admission;
 mod asked_usage;
+mod attempts;
 mod body_wait;
 mod budgets;
 mod call;
@@ -78,6 +79,7 @@ use crate::store::Store;
 use crate::sync::{SyncReply, SyncSettings};
 
 pub use admission::Verdict;
+pub use attempts::{Attempt, AttemptMark};
 pub use call::{AnswerHeaders, AnswerPiece};
 pub use decision_log::Field as LogField;
 pub use to_shell::{LocalReply, StreamAction};
@@ -159,6 +161,10 @@ struct Parts {
     /// Policies naming a port whose requests came without one, noticed
     /// here (logged once per Envoy).
     port_hidden: rustc_hash::FxHashSet<String>,
+    /// What the attempts filter marks the attempts it heard with.
+    attempt_mark: AttemptMark,
+    /// Whether attempts naming no member were logged.
+    attempts_unnamed: attempts::Unnamed,
 }
 
 /// When an event is handled: at a fresh reading of the clock; at its last
@@ -201,6 +207,8 @@ impl Worker {
                 last_queue_poll: Instant::EPOCH,
                 head_holds: queue::HeadHolds::default(),
                 port_hidden: Default::default(),
+                attempt_mark: AttemptMark::of(&key_secret),
+                attempts_unnamed: Default::default(),
             },
         }
     }
@@ -394,10 +402,13 @@ impl Worker {
             return AnswerHeaders::default();
         }
         let answer = self.event(host, When::Fresh, |parts, ctx| {
-            let (answer, news) =
-                parts
-                    .calls
-                    .on_answer_headers(ctx, context_id, headers, end_of_stream);
+            let (answer, news) = parts.calls.on_answer_headers(
+                ctx,
+                context_id,
+                headers,
+                end_of_stream,
+                &parts.attempt_mark,
+            );
             if news {
                 parts.sync.hurry(ctx);
             }
@@ -405,6 +416,41 @@ impl Worker {
         });
         self.decisions.write(host);
         answer
+    }
+
+    /// An attempt of a call goes upstream (plugin `role: attempts`): the
+    /// pool it was routed to, to hear its answer against (None: no pool of
+    /// the set enforced routes it).
+    pub fn on_attempt<H, R>(&mut self, host: &H, req: &R) -> Option<Attempt>
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        self.event(host, When::Fresh, |parts, ctx| {
+            attempts::goes(&parts.policies, req, ctx.now)
+        })
+    }
+
+    /// The attempt's answer came: the member that gave it hears its
+    /// refusal and wait. Returns what the answer is marked with for the
+    /// deciding filter (None: it named no member, and is not marked).
+    pub fn on_attempt_answer<H, R>(
+        &mut self,
+        host: &H,
+        attempt: &Attempt,
+        headers: &R,
+    ) -> Option<AttemptMark>
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        self.event(host, When::Fresh, |parts, ctx| {
+            let news = attempts::answered(ctx, attempt, headers, &mut parts.attempts_unnamed)?;
+            if news {
+                parts.sync.hurry(ctx);
+            }
+            Some(parts.attempt_mark.clone())
+        })
     }
 
     /// The next piece of the answer's body: whether more is wanted, and

@@ -384,16 +384,19 @@ impl Routed {
     /// pool than the one chosen ([`PoolSpec::ANSWERED_BY_HEADER`], set by
     /// Envoy's route), Envoy retried the call there: that member's limits
     /// read the answer in place of the chosen one's (`listened`).
+    /// `attempts_heard`: the attempts filter heard each attempt, the
+    /// chosen member's refusal with it ([`super::attempts`]).
     pub fn answered<H, R>(
         self,
         ctx: &mut Ctx<'_, H>,
         headers: &R,
         listened: &mut Option<listened::Listened>,
+        attempts_heard: bool,
     ) where
         H: Host + ?Sized,
         R: RequestHeaders + ?Sized,
     {
-        if let Some(theirs) = self.answered_elsewhere(ctx, headers) {
+        if let Some(theirs) = self.answered_elsewhere(ctx, headers, attempts_heard) {
             *listened = theirs;
         }
     }
@@ -404,6 +407,7 @@ impl Routed {
         self,
         ctx: &mut Ctx<'_, H>,
         headers: &R,
+        attempts_heard: bool,
     ) -> Option<Option<listened::Listened>>
     where
         H: Host + ?Sized,
@@ -429,7 +433,7 @@ impl Routed {
             }
             return None;
         }
-        let index = answered_by(ctx, &routed, at)?;
+        let index = answered_by(ctx, &routed, at, attempts_heard)?;
         let keys = routed.keys.get(at).map_or(&[][..], Vec::as_slice);
         Some(listened::Listened::of(&routed.set, index, keys, &[]))
     }
@@ -521,12 +525,14 @@ pub(super) fn route<H: Host + ?Sized>(
 /// charged the call's cost too, whatever they hold (it reached that
 /// member), and the member first chosen, which refused it, is passed over
 /// for a while ([`probe::retried_away_wait`]: its `Retry-After` went to
-/// Envoy's retry, not here). Returns the answering member's policy
-/// number, whose limits read the answer from now on.
+/// Envoy's retry, not here), unless the attempts filter heard that refusal
+/// itself (`attempts_heard`), with its wait. Returns the answering
+/// member's policy number, whose limits read the answer from now on.
 fn answered_by<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     routed: &Routed,
     at: usize,
+    attempts_heard: bool,
 ) -> Option<usize> {
     let (set, pool_index, chosen, sent) =
         (&*routed.set, routed.pool_index, routed.chosen, routed.sent);
@@ -547,7 +553,12 @@ fn answered_by<H: Host + ?Sized>(
             .add_limit(&limit.name, LimitCounter::PoolRetried, 1);
     }
     if let Some(first) = pool.members.get(chosen) {
-        for limit in first.rate_limits() {
+        // An unkeyed limit heard the refusal per attempt, with its wait.
+        let unheard = first
+            .rate_limits()
+            .iter()
+            .filter(|l| !(attempts_heard && l.keys.is_none()));
+        for limit in unheard {
             let wait = probe::retried_away_wait(ctx.host, limit, sent);
             provider::pause_member(ctx, limit, 0, wait);
         }

@@ -40,6 +40,11 @@ impl PoolSpec {
     /// route from its endpoint's metadata), when Envoy retried the call on
     /// another member.
     pub const ANSWERED_BY_HEADER: &'static str = "x-sluice-member-answered";
+    /// Each attempt's answer's header naming the member that gave it (set
+    /// per attempt by an upstream filter of the member's cluster, from its
+    /// endpoint's metadata), for the filter that hears attempts (plugin
+    /// `role: attempts`).
+    pub const ATTEMPT_MEMBER_HEADER: &'static str = "x-sluice-attempt-member";
     /// `route_header` when a pool names none.
     pub const DEFAULT_ROUTE_HEADER: &'static str = "x-sluice-member";
 
