@@ -66,39 +66,51 @@ pub fn filter_native() -> anyhow::Result<PathBuf> {
         .context("resolving the native module path")
 }
 
-/// `template` with its wasm filter replaced by the native module at
-/// `module`, the plugin configuration (`{{PLUGIN_CONFIG}}`) kept: the
-/// same listener, routes and clusters run either build.
+/// `template` with each wasm filter replaced by the native module at
+/// `module`, its plugin configuration (`{{PLUGIN_CONFIG}}`, or another
+/// placeholder such as `{{ATTEMPTS_PLUGIN_CONFIG}}`) kept: the same
+/// listener, routes and clusters run either build.
 pub fn with_native_filter(template: &str, module: &Path) -> anyhow::Result<String> {
     const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
-    const PLUGIN_VALUE: &str = "value: '{{PLUGIN_CONFIG}}'";
+    const PLUGIN_VALUE: &str = "value: '{{";
     let lines: Vec<&str> = template.lines().collect();
-    let start = lines
-        .iter()
-        .position(|l| l.contains(WASM_TYPE))
-        .context("the template has no wasm filter")?;
-    let end = start
-        + lines[start..]
-            .iter()
-            .position(|l| l.contains(PLUGIN_VALUE))
-            .context("the wasm filter has no plugin configuration")?;
-    let indent = &lines[start][..lines[start].len() - lines[start].trim_start().len()];
-    let native = [
-        "\"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter".to_string(),
-        "dynamic_module_config:".to_string(),
-        format!("  module: {{ local: {{ filename: \"{}\" }} }}", module.display()),
-        "filter_name: sluice".to_string(),
-        "filter_config:".to_string(),
-        "  \"@type\": type.googleapis.com/google.protobuf.StringValue".to_string(),
-        format!("  {PLUGIN_VALUE}"),
-    ];
-    let mut out: Vec<String> = lines[..start]
-        .iter()
-        .map(|l| native_log_format(l))
-        .collect();
-    out.extend(native.iter().map(|l| format!("{indent}{l}")));
-    out.extend(lines[end + 1..].iter().map(|l| native_log_format(l)));
+    let mut out: Vec<String> = Vec::new();
+    let mut at = 0;
+    while let Some(found) = lines[at..].iter().position(|l| l.contains(WASM_TYPE)) {
+        let start = at + found;
+        let end = start
+            + lines[start..]
+                .iter()
+                .position(|l| l.contains(PLUGIN_VALUE))
+                .context("a wasm filter has no plugin configuration")?;
+        let indent = &lines[start][..lines[start].len() - lines[start].trim_start().len()];
+        out.extend(lines[at..start].iter().map(|l| native_log_format(l)));
+        let native = [
+            "\"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter".to_string(),
+            "dynamic_module_config:".to_string(),
+            format!("  module: {{ local: {{ filename: \"{}\" }} }}", module.display()),
+            "filter_name: sluice".to_string(),
+            "filter_config:".to_string(),
+            "  \"@type\": type.googleapis.com/google.protobuf.StringValue".to_string(),
+            format!("  {}", lines[end].trim_start()),
+        ];
+        out.extend(native.iter().map(|l| format!("{indent}{l}")));
+        at = end + 1;
+    }
+    anyhow::ensure!(at > 0, "the template has no wasm filter");
+    out.extend(lines[at..].iter().map(|l| native_log_format(l)));
     Ok(out.join("\n") + "\n")
+}
+
+/// `plugin_config` with its role `attempts` (not an object: that role
+/// alone, never a second deciding filter).
+fn attempts_role(plugin_config: &str) -> anyhow::Result<String> {
+    let mut config = match serde_json::from_str::<serde_json::Value>(plugin_config) {
+        Ok(serde_json::Value::Object(config)) => config,
+        _ => serde_json::Map::new(),
+    };
+    config.insert("role".into(), "attempts".into());
+    Ok(serde_json::to_string(&config)?)
 }
 
 /// An access log format line's decision fields as the native build sets
@@ -399,8 +411,12 @@ impl Envoy {
                 (native.as_str(), module)
             }
         };
+        // The attempts filter's (an upstream filter of pool members):
+        // the same configuration, its role `attempts`.
+        let attempts_config = attempts_role(plugin_config)?;
         // The configuration is a single-quoted YAML scalar.
-        let plugin_config = plugin_config.replace('\n', " ").replace('\'', "''");
+        let quoted = |config: &str| config.replace('\n', " ").replace('\'', "''");
+        let (plugin_config, attempts_config) = (quoted(plugin_config), quoted(&attempts_config));
         let dir = tempfile::tempdir()?;
         let access_log = dir.path().join("access.log");
         let yaml = template
@@ -410,7 +426,8 @@ impl Envoy {
             .replace("{{ADMIN_API_PORT}}", &admin_api_port.to_string())
             .replace("{{ACCESS_LOG}}", &access_log.display().to_string())
             .replace("{{WASM}}", &wasm.display().to_string())
-            .replace("{{PLUGIN_CONFIG}}", &plugin_config);
+            .replace("{{PLUGIN_CONFIG}}", &plugin_config)
+            .replace("{{ATTEMPTS_PLUGIN_CONFIG}}", &attempts_config);
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, yaml)?;
         let log_path = dir.path().join("envoy.log");
@@ -572,6 +589,22 @@ impl Envoy {
             .find_map(|l| l.strip_prefix(&want))
             .and_then(|v| v.trim().parse().ok())
             .with_context(|| format!("no {want} in /stats"))
+    }
+
+    /// [`Self::limit_stat`] summed over every scope that has it: the
+    /// native build's upstream filters (`role: attempts`) count in their
+    /// cluster's scope (`cluster.<name>.dynamicmodulescustom...`), the wasm
+    /// build's in the one root scope.
+    pub fn limit_stat_total(&self, limit: &str, stat: &str) -> anyhow::Result<f64> {
+        let want = stats_line("limit", limit, stat);
+        let want = want.trim_end_matches(": ");
+        let text = http_get(self.admin_port, "/stats")?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter(|(name, _)| name.ends_with(want))
+            .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+            .sum())
     }
 
     /// A filter-wide stat, e.g. `cas_retries`.

@@ -96,6 +96,78 @@ fn shipped_configs_validate() -> anyhow::Result<()> {
     validate(&path)
 }
 
+/// egress.yaml's pool members hear each attempt with a Sluice filter of
+/// role `attempts` whose configuration is the listener's filter's but for
+/// its role (the same fallback, admin and instance: the same Envoy), and
+/// each attempt's answer names its member for it.
+#[test]
+fn the_demo_pools_attempts_filter_is_configured_as_the_listeners() -> anyhow::Result<()> {
+    use anyhow::Context;
+    use serde_json::Value;
+    let text = std::fs::read_to_string(workspace_root().join("envoy/egress.yaml"))?;
+    let config: Value = serde_saphyr::from_str(&text)?;
+    let plugin = |filter: &Value| -> anyhow::Result<Value> {
+        let value = filter["typed_config"]["config"]["configuration"]["value"]
+            .as_str()
+            .context("a wasm filter without a configuration")?;
+        Ok(serde_json::from_str(value)?)
+    };
+    let listener = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0];
+    let deciding = listener["typed_config"]["http_filters"]
+        .as_array()
+        .context("no http_filters")?
+        .iter()
+        .find(|f| f["name"] == "sluice")
+        .context("no sluice filter on the listener")?;
+    let mut deciding = plugin(deciding)?;
+    let clusters = config["static_resources"]["clusters"]
+        .as_array()
+        .context("no clusters")?;
+    let mut checked = 0;
+    for cluster in clusters
+        .iter()
+        .filter(|c| c["name"].as_str().is_some_and(|n| n.starts_with("pool-")))
+    {
+        let filters = cluster["typed_extension_protocol_options"]
+            ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]
+            .as_array()
+            .context("a pool member without upstream filters")?;
+        let names: Vec<&str> = filters.iter().filter_map(|f| f["name"].as_str()).collect();
+        anyhow::ensure!(
+            names.first() == Some(&"sluice-attempts"),
+            "{}: sluice-attempts is not first, before the header it reads is set: {names:?}",
+            cluster["name"]
+        );
+        let mut attempts = plugin(&filters[0])?;
+        anyhow::ensure!(attempts["role"] == "attempts", "{}: role", cluster["name"]);
+        if let (Some(a), Some(d)) = (attempts.as_object_mut(), deciding.as_object_mut()) {
+            a.remove("role");
+            d.remove("role");
+        }
+        anyhow::ensure!(
+            attempts == deciding,
+            "{}: the attempts filter's configuration is not the listener's",
+            cluster["name"]
+        );
+        anyhow::ensure!(
+            text.contains(
+                "key: x-sluice-attempt-member, value: \"%UPSTREAM_METADATA(sluice:member)%\""
+            ),
+            "no answer names its member per attempt"
+        );
+        sluice_filter_core::plugin::parse_plugin_config(
+            filters[0]["typed_config"]["config"]["configuration"]["value"]
+                .as_str()
+                .unwrap_or("")
+                .as_bytes(),
+        )
+        .map_err(|e| anyhow::anyhow!("the attempts filter's configuration is refused: {e}"))?;
+        checked += 1;
+    }
+    anyhow::ensure!(checked == 2, "{checked} pool members checked, not 2");
+    Ok(())
+}
+
 /// The most a token bucket of `burst` refilling at `per_second` can admit
 /// over the span these requests were in flight: its burst, what refilled
 /// from the first send to the last answer, and one token for rounding.

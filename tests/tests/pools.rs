@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 use sluice_demo::mock::{MockApi, MockLimits};
 use sluice_e2e::envoy::{workspace_root, Envoy};
 use sluice_e2e::load::{self, Outcome};
@@ -147,7 +149,7 @@ async fn a_member_that_drops_to_zero_is_routed_around() -> anyhow::Result<()> {
     let west_keys = served_by_key(&west, u64::MAX);
     let retries = envoy_stat(&envoy, "cluster.llm-east.upstream_rq_retry")?;
     let counted_at_west = envoy.limit_stat("west-rps", "pool_retried").unwrap_or(0.0);
-    let east_paused = envoy.limit_stat("east-rps", "paused").unwrap_or(0.0);
+    let east_paused = envoy.limit_stat_total("east-rps", "paused")?;
     let before_ok = before.iter().filter(|o| o.status == 200).count();
     println!(
         "pool, a member drops to 0: {} calls before the drop ({before_ok} answered 200), {} after; provider 429s \
@@ -186,6 +188,85 @@ async fn a_member_that_drops_to_zero_is_routed_around() -> anyhow::Result<()> {
         "each retried call is counted at west once"
     );
     anyhow::ensure!(east_paused >= 1.0, "east paused");
+    Ok(())
+}
+
+/// Issue 53, item 5: 40 calls a second; after 3 s east's quota drops to
+/// 0 with `Retry-After: 30`. Envoy retries east's refusals on west, so the
+/// deciding filter sees west's answers only; the attempts filter (an
+/// upstream filter of the member clusters, `envoy/pool.yaml`) hears east's
+/// own. East then gets no call from 1 s after its first refusal (the calls
+/// already on their way) until 29 s after it (its pause began when Envoy
+/// heard it, at most a second later: margins no stalled machine breaks),
+/// while west serves them; once its 30 s are over, east serves again.
+/// (Before the attempts were heard, east was probed 8 times in those 19 s:
+/// a pause of a second, restarted at each retried refusal.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_refusing_with_retry_after_30_gets_no_call_for_30_s() -> anyhow::Result<()> {
+    let (east, west, envoy) = setup(&pool_policy()).await?;
+    let reset = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = load::paced(
+        envoy.url("/v1/complete"),
+        "api.llm.example",
+        "caller",
+        40,
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let down_at = reset.elapsed();
+    east.go_down(30);
+    tokio::time::sleep(Duration::from_secs(36)).await;
+    stop.store(true, Ordering::SeqCst);
+    let calls = load.await?;
+
+    let arrivals: Vec<Duration> = east
+        .arrivals()
+        .iter()
+        .map(|a| a.at)
+        .filter(|at| *at >= down_at)
+        .collect();
+    let first = *arrivals
+        .first()
+        .context("east saw no call after its drop")?;
+    let since = |at: &Duration| at.saturating_sub(first).as_secs_f64();
+    let during: Vec<f64> = arrivals
+        .iter()
+        .map(since)
+        .filter(|s| (1.0..29.0).contains(s))
+        .collect();
+    let back = arrivals.iter().map(since).filter(|s| *s >= 29.0).count();
+    let after: Vec<&Outcome> = calls.iter().filter(|o| o.started >= down_at).collect();
+    let ok_after = after.iter().filter(|o| o.status == 200).count();
+    let refused_by_provider = after.iter().filter(|o| provider_refused(o)).count();
+    let east_refused = envoy.limit_stat_total("east-rps", "provider_refused")?;
+    let east_paused = envoy.limit_stat_total("east-rps", "paused")?;
+    println!(
+        "pool, east refuses with Retry-After: 30: east saw {} calls after its drop, the first {:.2} s \
+         after it; {} of them 1 to 29 s after that first one {during:?}; {back} from 29 s on; the callers' \
+         {} calls after the drop: {ok_after} answered 200, {refused_by_provider} with a provider's 429; \
+         east-rps heard {east_refused} refusals, paused {east_paused} time(s); west served {} calls",
+        arrivals.len(),
+        first.saturating_sub(down_at).as_secs_f64(),
+        during.len(),
+        after.len(),
+        west.arrivals().len(),
+    );
+    anyhow::ensure!(
+        during.is_empty(),
+        "east was called {} time(s) during its Retry-After: 30, at {during:?} s",
+        during.len()
+    );
+    anyhow::ensure!(back >= 1, "east got no call once its 30 s were over");
+    anyhow::ensure!(
+        ok_after as f64 >= 0.95 * after.len() as f64,
+        "west did not carry the calls: {ok_after} of {} answered 200",
+        after.len()
+    );
+    anyhow::ensure!(
+        east_paused >= 1.0 && east_refused >= 1.0,
+        "east's refusal unheard"
+    );
     Ok(())
 }
 
@@ -452,8 +533,8 @@ async fn a_callers_route_header_reaches_no_member() -> anyhow::Result<()> {
             .entry(format!("{} {by}", resp.status().as_u16()))
             .or_default() += 1;
     }
-    let paused = envoy.limit_stat("east-rps", "paused").unwrap_or(0.0)
-        + envoy.limit_stat("west-rps", "paused").unwrap_or(0.0);
+    let paused = envoy.limit_stat_total("east-rps", "paused")?
+        + envoy.limit_stat_total("west-rps", "paused")?;
     let retried = envoy.limit_stat("east-rps", "pool_retried").unwrap_or(0.0)
         + envoy.limit_stat("west-rps", "pool_retried").unwrap_or(0.0);
     println!(

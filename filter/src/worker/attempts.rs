@@ -20,6 +20,7 @@ use sluice_shared::time::Instant;
 use super::ctx::Ctx;
 use super::listened::{Hearing, Listened};
 use super::probe;
+use super::{When, Worker};
 use crate::host::{Host, Level};
 
 /// An attempt of a pool call going to a member: the pool its request was
@@ -56,6 +57,43 @@ impl AttemptMark {
             None => (false, false),
             Some(value) => (*value == *self.0.as_bytes(), true),
         }
+    }
+}
+
+impl Worker {
+    /// An attempt of a call goes upstream (plugin `role: attempts`): the
+    /// pool it was routed to, to hear its answer against (None: no pool of
+    /// the set enforced routes it).
+    pub fn on_attempt<H, R>(&mut self, host: &H, req: &R) -> Option<Attempt>
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        self.event(host, When::Fresh, |parts, ctx| {
+            goes(&parts.policies, req, ctx.now)
+        })
+    }
+
+    /// The attempt's answer came: the member that gave it hears its
+    /// refusal and wait. Returns what the answer is marked with for the
+    /// deciding filter (None: it named no member, and is not marked).
+    pub fn on_attempt_answer<H, R>(
+        &mut self,
+        host: &H,
+        attempt: &Attempt,
+        headers: &R,
+    ) -> Option<AttemptMark>
+    where
+        H: Host + ?Sized,
+        R: RequestHeaders + ?Sized,
+    {
+        self.event(host, When::Fresh, |parts, ctx| {
+            let news = answered(ctx, attempt, headers, &mut parts.attempts_unnamed)?;
+            if news {
+                parts.sync.hurry(ctx);
+            }
+            Some(parts.attempt_mark.clone())
+        })
     }
 }
 

@@ -149,7 +149,7 @@ where
     H: Host + ?Sized,
     R: RequestHeaders + ?Sized,
 {
-    let (host, now) = (ctx.host, ctx.now);
+    let now = ctx.now;
     let (headers, status, own_from) = (answer.headers, answer.status, answer.own_from);
     let mut news = false;
     let Some(provider) = &limit.provider else {
@@ -182,42 +182,66 @@ where
         };
         news |= cut_rate(ctx, limit, counted.owner, heard, now, throttle) && relayed(limit);
     }
-    match signal {
-        _ if !hears_signal => {}
-        PauseSignal::None => {}
-        PauseSignal::Refused => {
-            ctx.metrics
-                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-            if listener.limit >= own_from {
-                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
-            }
-        }
-        PauseSignal::Malformed(e) => {
-            ctx.metrics
-                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-            ignored(host, ctx.metrics, &limit.name, &e);
-            if listener.limit >= own_from {
-                pause_member(ctx, limit, status.unwrap_or(0), DEFAULT_RETRY);
-            }
-        }
-        PauseSignal::Pause { wait, capped } => {
-            ctx.metrics
-                .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
-            if capped {
-                ctx.metrics
-                    .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
-            }
-            let why = PauseWhy {
-                status: status.unwrap_or(0),
-                relayed: false,
-            };
-            news |= pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit);
-        }
+    if hears_signal {
+        let member_own = listener.limit >= own_from;
+        news |= hear_refusal(ctx, limit, (listener, member_own), signal, answer);
     }
     if let Some(counted) = listener.counted {
         follow_count(ctx, limit, counted, headers);
     }
     news
+}
+
+/// What `limit` hears of a refusal in `answer` (`signal`), for the call's
+/// `listener` (`member_own`: a pool member's own limit, which a refusal
+/// without a wait passes over for a while). Returns whether it is news
+/// for the other Envoys.
+fn hear_refusal<H, R>(
+    ctx: &mut Ctx<'_, H>,
+    limit: &CompiledLimit,
+    (listener, member_own): (&Listener, bool),
+    signal: PauseSignal,
+    answer: &Answer<'_, R>,
+) -> bool
+where
+    H: Host + ?Sized,
+    R: RequestHeaders + ?Sized,
+{
+    // A pause an attempt began ends with a probe
+    // (`sluice_shared::provider::probe`), as one Envoy's retry began does,
+    // so that the member's calls do not all go at once when it ends, each
+    // retried on the other members beyond their room if it still refuses.
+    let probe = answer.hearing == Hearing::Attempt;
+    let status = answer.status.unwrap_or(0);
+    let refused = !matches!(signal, PauseSignal::None);
+    if refused {
+        ctx.metrics
+            .add_limit(&limit.name, LimitCounter::ProviderRefused, 1);
+    }
+    match signal {
+        PauseSignal::None => false,
+        PauseSignal::Refused | PauseSignal::Malformed(_) => {
+            if let PauseSignal::Malformed(e) = &signal {
+                ignored(ctx.host, ctx.metrics, &limit.name, e);
+            }
+            if member_own {
+                pause_member(ctx, limit, (status, probe), DEFAULT_RETRY);
+            }
+            false
+        }
+        PauseSignal::Pause { wait, capped } => {
+            if capped {
+                ctx.metrics
+                    .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
+            }
+            let why = PauseWhy {
+                status,
+                probe,
+                ..PauseWhy::default()
+            };
+            pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit)
+        }
+    }
 }
 
 /// The provider's count of what is left, in the answer's headers: the

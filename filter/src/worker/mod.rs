@@ -418,41 +418,6 @@ impl Worker {
         answer
     }
 
-    /// An attempt of a call goes upstream (plugin `role: attempts`): the
-    /// pool it was routed to, to hear its answer against (None: no pool of
-    /// the set enforced routes it).
-    pub fn on_attempt<H, R>(&mut self, host: &H, req: &R) -> Option<Attempt>
-    where
-        H: Host + ?Sized,
-        R: RequestHeaders + ?Sized,
-    {
-        self.event(host, When::Fresh, |parts, ctx| {
-            attempts::goes(&parts.policies, req, ctx.now)
-        })
-    }
-
-    /// The attempt's answer came: the member that gave it hears its
-    /// refusal and wait. Returns what the answer is marked with for the
-    /// deciding filter (None: it named no member, and is not marked).
-    pub fn on_attempt_answer<H, R>(
-        &mut self,
-        host: &H,
-        attempt: &Attempt,
-        headers: &R,
-    ) -> Option<AttemptMark>
-    where
-        H: Host + ?Sized,
-        R: RequestHeaders + ?Sized,
-    {
-        self.event(host, When::Fresh, |parts, ctx| {
-            let news = attempts::answered(ctx, attempt, headers, &mut parts.attempts_unnamed)?;
-            if news {
-                parts.sync.hurry(ctx);
-            }
-            Some(parts.attempt_mark.clone())
-        })
-    }
-
     /// The next piece of the answer's body: whether more is wanted, and
     /// what the caller gets of it.
     pub fn on_answer_body<H: Host + ?Sized>(

@@ -560,7 +560,7 @@ fn answered_by<H: Host + ?Sized>(
             .filter(|l| !(attempts_heard && l.keys.is_none()));
         for limit in unheard {
             let wait = probe::retried_away_wait(ctx.host, limit, sent);
-            provider::pause_member(ctx, limit, 0, wait);
+            provider::pause_member(ctx, limit, (0, false), wait);
         }
     }
     Some(member.index)

@@ -285,11 +285,12 @@ pub(super) fn pause<H: Host + ?Sized>(
 /// A pool member's limit whose provider refused a call without saying how
 /// long to wait (`wait`: `DEFAULT_RETRY`, as a provider that names none
 /// is given), or whose refusal only Envoy's retry saw (`status` 0): the
-/// pool passes the member over meanwhile, so that calls go to the others.
+/// pool passes the member over meanwhile, so that calls go to the others
+/// (`probe`: an attempt's refusal, the pause ends with a probe).
 pub(super) fn pause_member<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
-    status: u16,
+    (status, probe): (u16, bool),
     wait: Span,
 ) -> bool {
     if limit.provider.is_none() {
@@ -297,7 +298,8 @@ pub(super) fn pause_member<H: Host + ?Sized>(
     }
     let why = PauseWhy {
         status,
-        relayed: false,
+        probe,
+        ..PauseWhy::default()
     };
     pause(ctx, limit, None, why, wait, false)
 }
@@ -329,12 +331,17 @@ pub(super) fn report<H: Host + ?Sized>(
         let state = table.state(owner, now, provider.max_pause, provider.adaptive);
         report.remaining = state.remaining;
         report.limit = state.provider_limit;
-        report.pause = state.paused.map(|(since, until, why)| PauseReport {
-            ran_ms: now.since(since).as_millis(),
-            left_ms: until.since(now).as_millis(),
-            status: why.status,
-            relayed: why.relayed,
-        });
+        // A probe's hold is no provider's word: the other Envoys would
+        // wait it out without probing.
+        report.pause = state
+            .paused
+            .filter(|(_, _, why)| !why.hold)
+            .map(|(since, until, why)| PauseReport {
+                ran_ms: now.since(since).as_millis(),
+                left_ms: until.since(now).as_millis(),
+                status: why.status,
+                relayed: why.relayed,
+            });
         report.rate = state.rate;
         report.cut_ago_ms = state.cut_at.map(|at| now.since(at).as_millis());
     }
@@ -387,6 +394,7 @@ pub(super) fn take_news<H: Host + ?Sized>(
                 let why = PauseWhy {
                     status: item.status,
                     relayed: true,
+                    ..PauseWhy::default()
                 };
                 pause(ctx, limit, None, why, wait, false);
             }

@@ -8,10 +8,17 @@
 //! provider's 429 there, and a second of that member paused in turn).
 //!
 //! Only the limit's row says which: a pause with no status, not relayed,
-//! is one Envoy's retry began (the refusals a provider itself answered
-//! to Sluice, with or without a wait, carry their status).
+//! is one Envoy's retry began; one marked `probe` a member's refusal of
+//! an attempt began, heard by the attempts filter with its status and
+//! wait (the filter's `listened::Hearing::Attempt`: it too ends with a
+//! probe, or every worker's calls would go to the member at once, each
+//! retried elsewhere if it still refuses). The refusals a provider
+//! answered to the deciding filter itself, with or without a wait, carry
+//! their status and end without a probe. A probe's hold is marked `hold`:
+//! it is no provider's word, and is never relayed to other Envoys (they
+//! would wait it out without probing).
 
-use super::table::{PauseWhy, ProviderTable, Row};
+use super::table::{ProviderTable, Row};
 use crate::time::{Instant, Span};
 
 /// How long the row's pause running (or last run) lasts, when Envoy's
@@ -20,7 +27,9 @@ use crate::time::{Instant, Span};
 /// decision starts from.
 fn retried_away_pause(row: &Row) -> Option<Span> {
     let last = row.pause_until.since(row.pause_since);
-    (row.pause_why == PauseWhy::default() && !last.is_zero()).then_some(last)
+    let why = row.pause_why;
+    let probed = !why.relayed && (why.status == 0 || why.probe);
+    (probed && !last.is_zero()).then_some(last)
 }
 
 impl ProviderTable {
@@ -47,6 +56,7 @@ impl ProviderTable {
         // began did not.
         row.pause_since = Instant::from_nanos(now.as_nanos().saturating_sub(1));
         row.pause_until = row.pause_since + last;
+        row.pause_why.hold = true;
         Some(last)
     }
 
@@ -91,6 +101,7 @@ impl ProviderTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::PauseWhy;
 
     const NOW: Instant = Instant::from_millis(1_700_000_000_000);
     const CAP: Span = Span::from_secs(300);
@@ -178,12 +189,35 @@ mod tests {
         );
     }
 
+    /// A pause an attempt's refusal began (`probe`) keeps its status and
+    /// ends with a probe; the probe's hold is marked as such.
+    #[test]
+    fn an_attempts_pause_ends_with_a_probe_whose_hold_is_marked() {
+        let mut table = ProviderTable::default();
+        let why = PauseWhy {
+            status: 429,
+            probe: true,
+            ..PauseWhy::default()
+        };
+        table.hear_pause(0, NOW, secs(30), why, CAP, Span::ZERO);
+        assert!(!table.probe_due(0, NOW + secs(29)));
+        assert!(table.probe_due(0, NOW + secs(30)));
+        assert_eq!(table.begin_probe(0, NOW + secs(30)), Some(secs(30)));
+        let state = table.state(0, NOW + secs(31), CAP, None);
+        let (_, _, held) = state.paused.expect("held for the probe");
+        assert_eq!((held.status, held.probe, held.hold), (429, true, true));
+        assert!(table.end_probe(0, NOW + secs(30), NOW + secs(31)));
+        assert_eq!(table.paused_until(0, NOW + secs(31), CAP), None);
+        assert_eq!(ProviderTable::decode(&table.encode()), Some(table));
+    }
+
     #[test]
     fn a_providers_own_pause_is_never_probed_nor_ended_by_an_answer() {
         let mut table = ProviderTable::default();
         let why = PauseWhy {
             status: 429,
             relayed: false,
+            ..PauseWhy::default()
         };
         table.hear_pause(0, NOW, secs(5), why, CAP, Span::ZERO);
         assert!(
@@ -198,6 +232,7 @@ mod tests {
         let relayed = PauseWhy {
             status: 0,
             relayed: true,
+            ..PauseWhy::default()
         };
         let mut table = ProviderTable::default();
         table.hear_pause(0, NOW, secs(5), relayed, CAP, Span::ZERO);

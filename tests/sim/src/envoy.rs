@@ -49,6 +49,12 @@ pub struct SimEnvoy {
     pub workers: Vec<SimWorker>,
     streams: BTreeMap<u32, Stream>,
     next_stream: u32,
+    /// The attempts filter's workers (`role: attempts`, an upstream filter
+    /// of the pool's member clusters), one beside each worker, whose
+    /// thread runs the call's attempts too (none: not configured).
+    attempts: Vec<SimWorker>,
+    /// Each call's attempt now with the upstream, as that filter holds it.
+    attempt_shells: BTreeMap<u32, StreamShell>,
 }
 
 /// A stream's Envoy side, as the shell sees it.
@@ -146,7 +152,87 @@ impl SimEnvoy {
             workers: built,
             streams: BTreeMap::new(),
             next_stream: 1,
+            attempts: Vec::new(),
+            attempt_shells: BTreeMap::new(),
         })
+    }
+
+    /// The member clusters run the attempts filter, with the listener's
+    /// configuration (`policies`, `sync`); Envoy `index`'s.
+    pub fn hear_attempts(
+        &mut self,
+        index: usize,
+        policies: &str,
+        sync: Option<&SyncSettings>,
+        (clock, rng): (&Rc<Cell<Instant>>, &Rc<RefCell<SimRng>>),
+    ) -> Result<(), String> {
+        let workers = self.workers.len();
+        for w in 0..workers {
+            let host = SimHost::new(
+                Rc::clone(clock),
+                Rc::clone(&self.shared),
+                Rc::clone(rng),
+                (
+                    workers + w,
+                    crate::rng::splitmix64((index as u64) << 32 | (workers + w) as u64),
+                ),
+            );
+            let set = CompiledPolicySet::from_json(policies).map_err(|e| e.to_string())?;
+            let mut worker = Worker::new(&host);
+            worker.set_sync(sync.cloned());
+            worker.install(&host, set);
+            let scheduled = host.tick.get();
+            self.attempts.push(SimWorker {
+                worker,
+                host,
+                scheduled,
+                tick_generation: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// An attempt of call `id` (its request as Sluice passed it on) goes
+    /// upstream: the attempts filter's request hook runs.
+    pub fn attempt_goes(&mut self, id: u32, request: &Headers) {
+        let Some(worker) = self.streams.get(&id).map(|s| s.worker) else {
+            return;
+        };
+        let Some(w) = self.attempts.get_mut(worker) else {
+            return;
+        };
+        let settings = ShellSettings {
+            hears_attempts: true,
+            ..ShellSettings::default()
+        };
+        let mut shell = StreamShell::new(id, settings);
+        let mut io = Io::new(&mut w.worker);
+        shell.on_request_headers(&w.host, &mut io, request, true);
+        w.host.take_effects();
+        self.attempt_shells.insert(id, shell);
+    }
+
+    /// The attempt's answer came back: the attempts filter's answer hook
+    /// runs, and the answer goes on as it left it. Its worker then ticks:
+    /// it holds no call, and its tick flushes its stats.
+    pub fn attempt_answered(&mut self, id: u32, answer: Headers) -> Headers {
+        let Some(mut shell) = self.attempt_shells.remove(&id) else {
+            return answer;
+        };
+        let Some(worker) = self.streams.get(&id).map(|s| s.worker) else {
+            return answer;
+        };
+        let Some(w) = self.attempts.get_mut(worker) else {
+            return answer;
+        };
+        let mut io = Io::new(&mut w.worker);
+        io.answer = answer;
+        shell.on_answer_headers(&w.host, &mut io, true);
+        shell.end(&w.host, &mut io);
+        let answer = std::mem::take(&mut io.answer);
+        w.worker.on_tick(&w.host);
+        w.host.take_effects();
+        answer
     }
 
     /// A call's request (its headers, then its body if it has one, all

@@ -4,12 +4,16 @@
 //! a 429 or 503 from it is tried once more on the other member (Envoy's
 //! retry, which Sluice does not see), and the answer names the member
 //! that gave it (`x-sluice-member-answered`, from the endpoint's
-//! metadata).
+//! metadata). With `attempts_heard`, the member clusters also run Sluice
+//! as an upstream filter of role `attempts`, which hears each attempt's
+//! answer, named by `x-sluice-attempt-member`.
 
 use crate::provider::ProviderShape;
 
 /// The answer's header naming the member that answered.
 pub const ANSWERED_HEADER: &str = "x-sluice-member-answered";
+/// Each attempt's answer's header naming the member that gave it.
+pub const ATTEMPT_MEMBER_HEADER: &str = "x-sluice-attempt-member";
 
 /// Statuses Envoy tries once more on another member
 /// (`retriable_status_codes`).
@@ -20,6 +24,8 @@ pub struct PoolRoutes {
     /// The header Sluice writes the chosen member's cluster into.
     pub route_header: String,
     pub members: Vec<PoolMember>,
+    /// The member clusters run the attempts filter (`envoy/pool.yaml`).
+    pub attempts_heard: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -2,7 +2,9 @@
 //! `envoy/pool.yaml` routes and retries (a 429 tried once more on the
 //! other member). When one member's quota drops to 0 and it says so with
 //! `Retry-After: 30`, Sluice routes around it: almost no call sees the
-//! provider's 429, and the other member's room is used.
+//! provider's 429, and the other member's room is used. Where the member
+//! clusters run the attempts filter (`role: attempts`), the member that
+//! refused is paused for all of its 30 s, Envoy's retries or not.
 
 use sluice_shared::time::{Instant, Span};
 use sluice_sim::callers::{Caller, Shape};
@@ -32,6 +34,11 @@ fn member(name: &str) -> String {
 /// The seed's pool: answers in 5 ms to 40, 100 or 200 ms; east's quota
 /// drops to 0 between 3 and 5 s in, its 429s saying `Retry-After: 30`.
 fn east_drops_to_zero(seed: u64) -> Scenario {
+    east_drops_to_zero_for(seed, RUN, false)
+}
+
+/// [`east_drops_to_zero`] for `run`, the attempts filter configured or not.
+fn east_drops_to_zero_for(seed: u64, run: Span, attempts_heard: bool) -> Scenario {
     let slowest = [40, 100, 200][(seed / 4 % 3) as usize];
     let latency = (Span::from_millis(5), Span::from_millis(slowest));
     let drop = Span::from_millis(3_000 + seed / 12 % 2_000);
@@ -62,7 +69,7 @@ fn east_drops_to_zero(seed: u64) -> Scenario {
             envoy: 0,
             active: Vec::new(),
         }],
-        duration: RUN,
+        duration: run,
         faults: Faults::default(),
         fleet: None,
         pool: Some(PoolRoutes {
@@ -79,6 +86,7 @@ fn east_drops_to_zero(seed: u64) -> Scenario {
                     provider: west,
                 },
             ],
+            attempts_heard,
         }),
     }
 }
@@ -93,12 +101,16 @@ fn second_of(outcome: &Outcome, at: Instant) -> u64 {
 }
 
 fn routed_around(outcome: &Outcome) -> Result<(), String> {
+    routed_around_in(outcome, RUN)
+}
+
+fn routed_around_in(outcome: &Outcome, run: Span) -> Result<(), String> {
     let (east, west) = (&outcome.members[0], &outcome.members[1]);
     let dropped = east
         .changes_at()
         .ok_or("east had no call before its drop")?;
     let first_after = second_of(outcome, dropped) + 1;
-    let end = second_of(outcome, outcome.start + RUN);
+    let end = second_of(outcome, outcome.start + run);
     // Before it, both members serve all that is sent.
     let before = outcome.trace.tenant("caller", 0, first_after - 1);
     let refused: u64 = before.refused.values().sum();
@@ -181,6 +193,55 @@ fn a_member_that_drops_to_zero_is_routed_around() {
         |seed| {
             let outcome = run(&east_drops_to_zero(seed), seed).map_err(|e| panic!("{e}"))?;
             let checked = routed_around(&outcome);
+            verdict(outcome, checked)
+        },
+    );
+}
+
+/// Long enough to see east's 30 s end.
+const LONG_RUN: Span = Span::from_secs(40);
+
+/// With the attempts filter, east's first refusal pauses it for its 30 s
+/// (heard within an answer's latency of it): no call reaches east from the
+/// second calendar second after the one it first refused in, to the 29th,
+/// and one does within 3 s of the 30 s (its probe; its quota is still 0,
+/// so that one is refused and heard too). And the pool is routed around
+/// as without it.
+fn paused_for_its_wait(outcome: &Outcome) -> Result<(), String> {
+    let east = &outcome.members[0];
+    let (first_refused, _) = east
+        .seconds
+        .iter()
+        .find(|(_, s)| s.refused > 0)
+        .ok_or("east refused no call")?;
+    let calls = |second: u64| {
+        east.seconds
+            .get(&second)
+            .map_or(0, |s| s.served + s.refused)
+    };
+    let during: Vec<(u64, u64)> = (first_refused + 2..=first_refused + 29)
+        .map(|s| (s - first_refused, calls(s)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    if !during.is_empty() {
+        return Err(format!(
+            "east got calls during its 30 s (seconds after its first refusal, calls): {during:?}"
+        ));
+    }
+    if (first_refused + 30..first_refused + 33).all(|s| calls(s) == 0) {
+        return Err("east got no call within 3 s of its 30 s".into());
+    }
+    routed_around_in(outcome, LONG_RUN)
+}
+
+#[test]
+fn a_refusal_heard_per_attempt_pauses_its_member_for_its_wait() {
+    for_seeds(
+        "pool_routing::a_refusal_heard_per_attempt_pauses_its_member_for_its_wait",
+        |seed| {
+            let scenario = east_drops_to_zero_for(seed, LONG_RUN, true);
+            let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
+            let checked = paused_for_its_wait(&outcome);
             verdict(outcome, checked)
         },
     );

@@ -110,15 +110,23 @@ impl ProviderTable {
 
 impl PauseWhy {
     const RELAYED: u64 = 1 << 16;
+    const PROBE: u64 = 1 << 17;
+    const HOLD: u64 = 1 << 18;
 
     fn word(self) -> u64 {
-        u64::from(self.status) | if self.relayed { Self::RELAYED } else { 0 }
+        let flag = |on: bool, bit: u64| if on { bit } else { 0 };
+        u64::from(self.status)
+            | flag(self.relayed, Self::RELAYED)
+            | flag(self.probe, Self::PROBE)
+            | flag(self.hold, Self::HOLD)
     }
 
     fn from_word(word: u64) -> Self {
         PauseWhy {
             status: (word & 0xffff) as u16,
             relayed: word & Self::RELAYED != 0,
+            probe: word & Self::PROBE != 0,
+            hold: word & Self::HOLD != 0,
         }
     }
 }

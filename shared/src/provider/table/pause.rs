@@ -22,6 +22,11 @@ pub struct PauseWhy {
     /// 0: not said.
     pub status: u16,
     pub relayed: bool,
+    /// It ends with a probe (`super::super::probe`): a pool member's
+    /// refusal of one attempt began it, heard by the attempts filter.
+    pub probe: bool,
+    /// It is a probe's hold, not a provider's word: never relayed.
+    pub hold: bool,
 }
 
 impl ProviderTable {
@@ -136,6 +141,7 @@ impl ProviderTable {
         row.pause_why = PauseWhy {
             status,
             relayed: true,
+            ..PauseWhy::default()
         };
         (
             true,

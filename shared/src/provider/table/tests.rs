@@ -37,6 +37,7 @@ fn the_state_says_why_a_pause_runs_and_what_the_count_leaves() {
     let why = PauseWhy {
         status: 429,
         relayed: true,
+        ..PauseWhy::default()
     };
     let heard = table.hear_pause(0, NOW, Span::from_secs(3), why, CAP, Span::ZERO);
     let began = PauseSet {

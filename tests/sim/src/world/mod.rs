@@ -58,11 +58,14 @@ enum Event {
         headers: Headers,
         body: Vec<Vec<u8>>,
     },
-    /// Envoy tries a call a pool member refused on another member.
+    /// Envoy tries a call a pool member refused on another member
+    /// (`refusal`: that member's answer, which only the attempts filter
+    /// hears).
     Retry {
         at: (usize, u64),
         attempt: Attempt,
         request: Headers,
+        refusal: Headers,
     },
     Tick {
         at: (usize, u64),
@@ -315,13 +318,21 @@ impl World {
             push: n.fleet.push,
         });
         let scenario = &self.scenario;
-        let envoy = SimEnvoy::new(
+        let mut envoy = SimEnvoy::new(
             (index, scenario.workers),
             &scenario.policies,
             sync.as_ref(),
             &self.clock,
             &self.rng,
         )?;
+        if scenario.pool.as_ref().is_some_and(|p| p.attempts_heard) {
+            envoy.hear_attempts(
+                index,
+                &scenario.policies,
+                sync.as_ref(),
+                (&self.clock, &self.rng),
+            )?;
+        }
         envoy
             .shared
             .write_failure
@@ -385,6 +396,7 @@ impl World {
                     return;
                 }
                 if let Some(envoy) = self.envoys[at.0].as_mut() {
+                    let headers = envoy.attempt_answered(stream, headers.clone());
                     envoy.answer(stream, (&headers, &body));
                 }
                 self.carry_calls(at.0, now);
@@ -394,8 +406,12 @@ impl World {
                 at,
                 attempt,
                 request,
+                refusal,
             } => {
                 if self.lives[at.0] == at.1 {
+                    if let Some(envoy) = self.envoys[at.0].as_mut() {
+                        envoy.attempt_answered(attempt.stream, refusal);
+                    }
                     self.upstream(now, attempt, request);
                 }
             }

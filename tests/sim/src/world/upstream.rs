@@ -6,7 +6,7 @@ use sluice_shared::time::Instant;
 
 use super::{Event, World};
 use crate::headers::Headers;
-use crate::pool::{ANSWERED_HEADER, RETRIED_STATUSES};
+use crate::pool::{ANSWERED_HEADER, ATTEMPT_MEMBER_HEADER, RETRIED_STATUSES};
 
 /// One try of a call at an upstream.
 #[derive(Debug)]
@@ -54,11 +54,21 @@ impl World {
                     );
                     return;
                 };
-                let answer = self.members[member].call(now, (&request, call), &mut rng);
-                (Some((member, pool.members[member].name.clone())), answer)
+                let mut answer = self.members[member].call(now, (&request, call), &mut rng);
+                let name = pool.members[member].name.clone();
+                if pool.attempts_heard {
+                    // The member cluster's header_mutation, per attempt.
+                    answer.headers.set(ATTEMPT_MEMBER_HEADER, &name);
+                }
+                (Some((member, name)), answer)
             }
         };
         drop(rng);
+        if member.is_some() {
+            if let Some(envoy) = self.envoys[attempt.envoy].as_mut() {
+                envoy.attempt_goes(attempt.stream, &request);
+            }
+        }
         self.trace.provider(now, &tenant, answer.status);
         let back = now + answer.after;
         if let Some((member, _)) = member
@@ -83,6 +93,7 @@ impl World {
                         at: (retry.envoy, life),
                         attempt: retry,
                         request,
+                        refusal: answer.headers,
                     },
                 );
                 return;
