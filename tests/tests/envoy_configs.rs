@@ -34,10 +34,12 @@ fn shipped_as_template(file: &str, ports: &[(u16, &str)]) -> anyhow::Result<Stri
     let shipped = with_test_ca(&std::fs::read_to_string(
         workspace_root().join("envoy").join(file),
     )?)?;
-    let mut template = shipped.replace(
-        r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#,
-        r#"filename: "{{WASM}}""#,
-    );
+    const WASM_PATH: &str = r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#;
+    // The listener's filter, and egress.yaml's attempts filter of its
+    // pool members.
+    let filters = shipped.matches(WASM_PATH).count();
+    anyhow::ensure!(filters >= 1, "{file} loads no filter");
+    let mut template = shipped.replace(WASM_PATH, r#"filename: "{{WASM}}""#);
     for (port, placeholder) in ports {
         template = template.replace(
             &format!("port_value: {port}"),
@@ -45,7 +47,7 @@ fn shipped_as_template(file: &str, ports: &[(u16, &str)]) -> anyhow::Result<Stri
         );
     }
     anyhow::ensure!(
-        template.matches("{{").count() == ports.len() + 1,
+        template.matches("{{").count() == ports.len() + filters,
         "{file} changed shape"
     );
     Ok(template)
@@ -474,6 +476,13 @@ fn with_host_port_policy(file: &str) -> anyhow::Result<String> {
     let shipped = with_test_ca(&std::fs::read_to_string(
         workspace_root().join("envoy").join(file),
     )?)?;
+    let filters = [
+        r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#,
+        r#"filename: "/etc/sluice/sluice_filter.wasm""#,
+    ]
+    .iter()
+    .map(|path| shipped.matches(path).count())
+    .sum::<usize>();
     let mut template = shipped
         .replace(
             r#"filename: "target/wasm32-wasip1/release-wasm/sluice_filter.wasm""#,
@@ -495,7 +504,9 @@ fn with_host_port_policy(file: &str) -> anyhow::Result<String> {
     let first_policy = r#""policies": [
                           {"name": "bank", "match": {"host": "api.bank.example"},"#;
     anyhow::ensure!(
-        template.contains(first_policy) && template.matches("{{").count() == ports.len() + 1,
+        template.contains(first_policy)
+            && filters >= 1
+            && template.matches("{{").count() == ports.len() + filters,
         "{file} changed shape"
     );
     Ok(template.replace(
