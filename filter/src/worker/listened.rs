@@ -183,8 +183,7 @@ where
         news |= cut_rate(ctx, limit, counted.owner, heard, now, throttle) && relayed(limit);
     }
     if hears_signal {
-        let member_own = listener.limit >= own_from;
-        news |= hear_refusal(ctx, limit, (listener, member_own), signal, answer);
+        news |= hear_refusal(ctx, limit, listener, signal, answer);
     }
     if let Some(counted) = listener.counted {
         follow_count(ctx, limit, counted, headers);
@@ -193,13 +192,13 @@ where
 }
 
 /// What `limit` hears of a refusal in `answer` (`signal`), for the call's
-/// `listener` (`member_own`: a pool member's own limit, which a refusal
-/// without a wait passes over for a while). Returns whether it is news
-/// for the other Envoys.
+/// `listener` (a pool member's own limit is passed over for a while by a
+/// refusal without a wait too). Returns whether it is news for the other
+/// Envoys.
 fn hear_refusal<H, R>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
-    (listener, member_own): (&Listener, bool),
+    listener: &Listener,
     signal: PauseSignal,
     answer: &Answer<'_, R>,
 ) -> bool
@@ -211,8 +210,12 @@ where
     // (`sluice_shared::provider::probe`), as one Envoy's retry began does,
     // so that the member's calls do not all go at once when it ends, each
     // retried on the other members beyond their room if it still refuses.
-    let probe = answer.hearing == Hearing::Attempt;
-    let status = answer.status.unwrap_or(0);
+    let why = PauseWhy {
+        status: answer.status.unwrap_or(0),
+        probe: answer.hearing == Hearing::Attempt,
+        ..PauseWhy::default()
+    };
+    let member_own = listener.limit >= answer.own_from;
     let refused = !matches!(signal, PauseSignal::None);
     if refused {
         ctx.metrics
@@ -225,7 +228,7 @@ where
                 ignored(ctx.host, ctx.metrics, &limit.name, e);
             }
             if member_own {
-                pause_member(ctx, limit, (status, probe), DEFAULT_RETRY);
+                pause_member(ctx, limit, why, DEFAULT_RETRY);
             }
             false
         }
@@ -234,11 +237,6 @@ where
                 ctx.metrics
                     .add_limit(&limit.name, LimitCounter::PauseCapped, 1);
             }
-            let why = PauseWhy {
-                status,
-                probe,
-                ..PauseWhy::default()
-            };
             pause(ctx, limit, listener.key, why, wait, capped) && relayed(limit)
         }
     }

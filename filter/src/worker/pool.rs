@@ -10,6 +10,7 @@ use sluice_filter_core::matcher::{CompiledMember, CompiledPool};
 use sluice_filter_core::matcher::{CompiledPolicy, CompiledPolicySet};
 use sluice_shared::policy::PoolSpec;
 use sluice_shared::pool::{self, MemberNow};
+use sluice_shared::provider::PauseWhy;
 use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::Instant;
 
@@ -560,7 +561,7 @@ fn answered_by<H: Host + ?Sized>(
             .filter(|l| !(attempts_heard && l.keys.is_none()));
         for limit in unheard {
             let wait = probe::retried_away_wait(ctx.host, limit, sent);
-            provider::pause_member(ctx, limit, (0, false), wait);
+            provider::pause_member(ctx, limit, PauseWhy::default(), wait);
         }
     }
     Some(member.index)

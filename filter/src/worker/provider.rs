@@ -286,21 +286,16 @@ pub(super) fn pause<H: Host + ?Sized>(
 /// long to wait (`wait`: `DEFAULT_RETRY`, as a provider that names none
 /// is given), or whose refusal only Envoy's retry saw (`status` 0): the
 /// pool passes the member over meanwhile, so that calls go to the others
-/// (`probe`: an attempt's refusal, the pause ends with a probe).
+/// (`why.probe`: an attempt's refusal, the pause ends with a probe).
 pub(super) fn pause_member<H: Host + ?Sized>(
     ctx: &mut Ctx<'_, H>,
     limit: &CompiledLimit,
-    (status, probe): (u16, bool),
+    why: PauseWhy,
     wait: Span,
 ) -> bool {
     if limit.provider.is_none() {
         return false;
     }
-    let why = PauseWhy {
-        status,
-        probe,
-        ..PauseWhy::default()
-    };
     pause(ctx, limit, None, why, wait, false)
 }
 
