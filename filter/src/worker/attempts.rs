@@ -162,11 +162,6 @@ where
     };
     let news = Listened::of(&attempt.set, member.index, &[], &[])
         .is_some_and(|listened| listened.on_answer_headers(ctx, headers, Hearing::Attempt));
-    let served = headers
-        .header(":status")
-        .is_some_and(|s| s.first().is_some_and(|c| matches!(c, b'1' | b'2' | b'3')));
-    if served {
-        probe::end(ctx, member, attempt.sent);
-    }
+    probe::end_if_served(ctx, member, attempt.sent, headers);
     Some(news)
 }

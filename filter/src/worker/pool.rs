@@ -423,14 +423,8 @@ impl Routed {
             .and_then(|name| pool.member(&name))
             .unwrap_or(chosen);
         if at == chosen {
-            let served = headers.header(":status").is_some_and(|s| {
-                s.first()
-                    .is_some_and(|c| *c == b'1' || *c == b'2' || *c == b'3')
-            });
-            if served {
-                if let Some(member) = pool.members.get(chosen) {
-                    probe::end(ctx, member, routed.sent);
-                }
+            if let Some(member) = pool.members.get(chosen) {
+                probe::end_if_served(ctx, member, routed.sent, headers);
             }
             return None;
         }

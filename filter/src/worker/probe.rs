@@ -8,6 +8,7 @@
 use sluice_filter_core::matcher::CompiledLimit;
 use sluice_filter_core::matcher::CompiledMember;
 use sluice_shared::provider::ProviderTable;
+use sluice_shared::request_headers::RequestHeaders;
 use sluice_shared::time::{Instant, Span};
 
 use super::ctx::Ctx;
@@ -69,6 +70,25 @@ pub(super) fn begin<H: Host + ?Sized>(ctx: &mut Ctx<'_, H>, member: &CompiledMem
                 ),
             );
         }
+    }
+}
+
+/// `member` answered a call sent at `sent` with `headers`: when it served
+/// the call (a 1xx, 2xx or 3xx), a probe of it ends ([`end`]).
+pub(super) fn end_if_served<H, R>(
+    ctx: &mut Ctx<'_, H>,
+    member: &CompiledMember,
+    sent: Instant,
+    headers: &R,
+) where
+    H: Host + ?Sized,
+    R: RequestHeaders + ?Sized,
+{
+    let served = headers
+        .header(":status")
+        .is_some_and(|s| s.first().is_some_and(|c| matches!(c, b'1' | b'2' | b'3')));
+    if served {
+        end(ctx, member, sent);
     }
 }
 
