@@ -61,6 +61,14 @@ extern "C" {
         buffer_size: usize,
     ) -> u32;
 
+    #[link_name = "proxy_set_property"]
+    fn set_property_at(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+
     #[link_name = "proxy_continue_stream"]
     fn continue_stream(stream_type: u32) -> u32;
 }
@@ -116,6 +124,24 @@ pub fn replace_header(map: MapType, key: &str, value: &[u8]) -> bool {
             value.len(),
         ) == STATUS_OK
     }
+}
+
+/// Sets the current stream's property named by `path_parts` joined (one
+/// segment: Envoy keeps it as filter state `wasm.<path>`); false when the
+/// host refused, as it does once the stream's info is gone.
+pub fn set_property(path_parts: &[&str], value: &[u8]) -> bool {
+    // Built on the stack: this runs for every call Sluice decides.
+    let mut path = [0u8; 64];
+    let mut len = 0;
+    for part in path_parts {
+        let Some(room) = path.get_mut(len..len + part.len()) else {
+            return false;
+        };
+        room.copy_from_slice(part.as_bytes());
+        len += part.len();
+    }
+    // SAFETY: both slices are valid for the call.
+    unsafe { set_property_at(path.as_ptr(), len, value.as_ptr(), value.len()) == STATUS_OK }
 }
 
 /// Removes a header of `map`; false when the host refused.

@@ -4,7 +4,7 @@
 mod abi;
 
 use std::borrow::Cow;
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
@@ -27,7 +27,45 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(SluiceRoot::default()) });
 }}
 
-struct EnvoyHost;
+/// Envoy's host calls made by one hook.
+///
+/// A stream's calls (reply, resume, set a header or a log field) act on
+/// the hook's own stream unless the effective context is moved first; each
+/// move is a host call of its own, and Envoy starts every hook on its own
+/// context (and restores it after a nested one), so a move is made only
+/// when the stream named is not the one the calls act on already.
+struct EnvoyHost {
+    acting_on: Cell<Option<u32>>,
+}
+
+impl EnvoyHost {
+    /// In a root context's hook: no stream's calls yet.
+    fn root() -> Self {
+        Self {
+            acting_on: Cell::new(None),
+        }
+    }
+
+    /// In stream `context_id`'s own hook.
+    fn stream(context_id: u32) -> Self {
+        Self {
+            acting_on: Cell::new(Some(context_id)),
+        }
+    }
+
+    /// Makes the next calls act on stream `context_id`; false when it is
+    /// gone.
+    fn act_on(&self, context_id: u32) -> bool {
+        if self.acting_on.get() == Some(context_id) {
+            return true;
+        }
+        if hostcalls::set_effective_context(context_id).is_err() {
+            return false;
+        }
+        self.acting_on.set(Some(context_id));
+        true
+    }
+}
 
 impl Host for EnvoyHost {
     fn now(&self) -> Instant {
@@ -77,7 +115,7 @@ impl Host for EnvoyHost {
     }
 
     fn reply(&self, context_id: u32, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
-        if hostcalls::set_effective_context(context_id).is_err() {
+        if !self.act_on(context_id) {
             return false;
         }
         hostcalls::send_http_response(status, headers.to_vec(), Some(body)).is_ok()
@@ -88,20 +126,19 @@ impl Host for EnvoyHost {
     }
 
     fn set_request_header(&self, context_id: u32, name: &str, value: &str) -> bool {
-        if hostcalls::set_effective_context(context_id).is_err() {
+        if !self.act_on(context_id) {
             return false;
         }
         abi::replace_header(MapType::HttpRequestHeaders, name, value.as_bytes())
     }
 
     fn set_log_field(&self, context_id: u32, field: &str, value: &str) -> bool {
-        if hostcalls::set_effective_context(context_id).is_err() {
+        if !self.act_on(context_id) {
             return false;
         }
         // Envoy keeps it as filter state `wasm.<path>`, printed by
         // `%FILTER_STATE(wasm.sluice.<field>:PLAIN)%`.
-        let path = format!("sluice.{field}");
-        hostcalls::set_property(vec![path.as_str()], Some(value.as_bytes())).is_ok()
+        abi::set_property(&["sluice.", field], value.as_bytes())
     }
 
     fn replace_request_body(&self, old_len: usize, body: &[u8]) -> bool {
@@ -109,7 +146,7 @@ impl Host for EnvoyHost {
     }
 
     fn resume(&self, context_id: u32) -> bool {
-        if hostcalls::set_effective_context(context_id).is_err() {
+        if !self.act_on(context_id) {
             return false;
         }
         abi::continue_request()
@@ -223,14 +260,14 @@ impl Context for SluiceRoot {
             },
         };
         if let Ok(mut w) = worker.try_borrow_mut() {
-            w.on_sync_reply(&EnvoyHost, token, reply);
+            w.on_sync_reply(&EnvoyHost::root(), token, reply);
         }
     }
 }
 
 impl RootContext for SluiceRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let host = EnvoyHost;
+        let host = EnvoyHost::root();
         let raw = self.get_plugin_configuration().unwrap_or_default();
         let config = match parse_plugin_config(&raw) {
             Ok(config) => config,
@@ -283,7 +320,7 @@ impl RootContext for SluiceRoot {
         let Some(worker) = &self.worker else {
             return;
         };
-        let host = EnvoyHost;
+        let host = EnvoyHost::root();
         let actions = match worker.try_borrow_mut() {
             Ok(mut w) => w.on_tick(&host),
             Err(_) => return,
@@ -313,6 +350,7 @@ impl RootContext for SluiceRoot {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(SluiceStream {
+            context_id,
             shell: StreamShell::new(context_id, self.shell.clone()),
             io: WasmIo {
                 worker: self.worker.clone(),
@@ -327,10 +365,18 @@ impl RootContext for SluiceRoot {
 }
 
 struct SluiceStream {
+    context_id: u32,
     shell: StreamShell,
     io: WasmIo,
     /// Read once, whether the call is decided on its headers or its body.
     request: EnvoyHeaders,
+}
+
+impl SluiceStream {
+    /// The host calls of this stream's own hook.
+    fn host(&self) -> EnvoyHost {
+        EnvoyHost::stream(self.context_id)
+    }
 }
 
 /// A stream's worker (its VM's) and the buffers its hooks reach.
@@ -391,13 +437,13 @@ impl HttpContext for SluiceStream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let flow =
             self.shell
-                .on_request_headers(&EnvoyHost, &mut self.io, &self.request, end_of_stream);
+                .on_request_headers(&self.host(), &mut self.io, &self.request, end_of_stream);
         action(flow)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let flow = self.shell.on_request_body(
-            &EnvoyHost,
+            &self.host(),
             &mut self.io,
             &self.request,
             body_size,
@@ -409,30 +455,30 @@ impl HttpContext for SluiceStream {
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         action(
             self.shell
-                .on_request_trailers(&EnvoyHost, &mut self.io, &self.request),
+                .on_request_trailers(&self.host(), &mut self.io, &self.request),
         )
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         self.shell
-            .on_answer_headers(&EnvoyHost, &mut self.io, end_of_stream);
+            .on_answer_headers(&self.host(), &mut self.io, end_of_stream);
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.shell
-            .on_answer_body(&EnvoyHost, &mut self.io, body_size, end_of_stream);
+            .on_answer_body(&self.host(), &mut self.io, body_size, end_of_stream);
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        self.shell.end(&EnvoyHost, &mut self.io);
+        self.shell.end(&self.host(), &mut self.io);
     }
 }
 
 impl Drop for SluiceStream {
     fn drop(&mut self) {
         // on_log runs for every stream Envoy logs; this covers any other end.
-        self.shell.end(&EnvoyHost, &mut self.io);
+        self.shell.end(&self.host(), &mut self.io);
     }
 }
