@@ -8,6 +8,7 @@
 mod callgrind;
 mod configs;
 mod fair_shares;
+mod fleet_scale;
 mod fleet_use;
 mod instructions;
 mod judge;
@@ -50,7 +51,7 @@ pub struct Args {
     noop_module: PathBuf,
     #[arg(long, default_value = "target/release/sluice-admin")]
     admin_bin: PathBuf,
-    /// Only these scenarios (1 to 9); all by default.
+    /// Only these scenarios (1 to 9, 12); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// Scenario 6: count only these variants (b, c, f, h, m, g, d, e, n); all by
@@ -60,6 +61,9 @@ pub struct Args {
     /// Scenario 6: count Sluice far from its limits only, not near them.
     #[arg(long)]
     far_only: bool,
+    /// Scenario 12: the fleet sizes, in simulated Envoys.
+    #[arg(long, value_delimiter = ',', default_values_t = [100, 1000, 5000])]
+    fleet_sizes: Vec<usize>,
 }
 
 impl Args {
@@ -109,6 +113,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.runs(9) {
         fair_shares::fair_shares(&mut report).await?;
+    }
+    if args.runs(12) {
+        fleet_scale::fleet_scale(&args, &mut report).await?;
     }
     // Sections this run did not make (other scenarios, the e2e suites'
     // measurements) stay as they were.

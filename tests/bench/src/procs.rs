@@ -165,29 +165,39 @@ impl BenchEnvoy {
     }
 }
 
-/// The release admin binary, with a password and a sync token.
-pub fn start_admin(binary: &Path, port: u16, password: &str, token: &str) -> anyhow::Result<Proc> {
+/// The sync token the benchmarks' admins take: the admin refuses one
+/// shorter than 32 bytes.
+pub const SYNC_TOKEN: &str = "bench-sync-token-5f2c9a7e41d08b36c1e9f0a2";
+
+/// The release admin binary, with a password and [`SYNC_TOKEN`]; an admin
+/// that does not come up is reported with what it said.
+pub fn start_admin(binary: &Path, port: u16, password: &str) -> anyhow::Result<Proc> {
     let dir = tempfile::tempdir()?;
+    let log_path = dir.path().join("admin.log");
+    let log = std::fs::File::create(&log_path)?;
     let child = Command::new(binary)
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--db")
         .arg(dir.path().join("bench.db"))
         .env("SLUICE_ADMIN_PASSWORD", password)
-        .env("SLUICE_SYNC_TOKEN", token)
+        .env("SLUICE_SYNC_TOKEN", SYNC_TOKEN)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .with_context(|| format!("starting {}", binary.display()))?;
-    let proc = Proc {
+    let mut proc = Proc {
         child,
         _dir: Some(dir),
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while http_get(port, "/healthz").is_err() {
-        if Instant::now() > deadline {
-            bail!("admin not ready");
+        let exited = proc.child.try_wait().ok().flatten().is_some();
+        if exited || Instant::now() > deadline {
+            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let said: String = said.lines().take(5).collect::<Vec<_>>().join("\n");
+            bail!("admin not ready: {said}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -32,7 +32,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -801,11 +801,11 @@ const EDIT_P99_TARGET_MS: f64 = 100.0;
 
 pub async fn control_plane(args: &Args, report: &mut Report) -> anyhow::Result<()> {
     const PASSWORD: &str = "bench-password";
-    const TOKEN: &str = "bench-token";
+    const TOKEN: &str = procs::SYNC_TOKEN;
     const WORKERS: u32 = 4;
     let sluice = args.sluice_wasm.canonicalize()?;
     let admin_port = free_port()?;
-    let admin = procs::start_admin(&args.admin_bin, admin_port, PASSWORD, TOKEN)?;
+    let admin = procs::start_admin(&args.admin_bin, admin_port, PASSWORD)?;
     let base = format!("http://127.0.0.1:{admin_port}");
     let op = sluice_e2e::admin::Operator::login(&base, PASSWORD).await?;
     let policy = |n: u64| json!({"name": "cp", "match": {"host": "*"}, "rate": {"requests": n, "period": "1s"}});

@@ -1,0 +1,491 @@
+//! Scenario 12: one admin under a fleet of simulated Envoys, N of them
+//! at once (`--fleet-sizes`), each speaking the filter's own sync protocol:
+//! a watch held open and reopened as the filter holds it, a report every
+//! second with counters that grow by its own demand, the fleet shares the
+//! last answer gave echoed back. What the admin spends per sync, how long
+//! a sync takes, what each Envoy costs it in memory, and how long an edit
+//! takes to reach every watch.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+use sluice_e2e::envoy::free_port;
+use sluice_wire::counts::Counts;
+use sluice_wire::stats::PolicyCounter;
+use sluice_wire::sync::{HeldShareReport, PolicyReport, SyncReport, SYNC_NOW_HEADER};
+use sluice_wire::sync_answer::ReceivedHeaders;
+use tokio::sync::Notify;
+
+use crate::procs::{self, cpu_time, rss_mib};
+use crate::Args;
+
+const PASSWORD: &str = "bench-password";
+const TOKEN: &str = procs::SYNC_TOKEN;
+const POLICY: &str = "fleet";
+/// The filter's default `sync_interval`.
+const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// Before counting: every Envoy has synced and holds its watch.
+const WARM_UP: Duration = Duration::from_secs(5);
+/// Edits made while the fleet syncs, spread over the run.
+const EDITS: usize = 5;
+/// The filter's least gap between two watches that brought news.
+const NEWS_GAP: Duration = Duration::from_millis(50);
+/// How long a simulated Envoy waits for one answer, as the filter's
+/// `sync_timeout` bounds its own calls.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn global_policy(rate: u64) -> Value {
+    json!({"name": POLICY, "match": {"host": "api.fleet.example"}, "scope": "global",
+           "rate": {"requests": rate, "period": "1s"},
+           "concurrency": {"max_in_flight": 200}})
+}
+
+/// What one fleet size measured.
+struct Measured {
+    envoys: usize,
+    failed: u64,
+    syncs_per_second: f64,
+    watch_answers_per_second: f64,
+    cpu_share: f64,
+    cpu_us_per_sync: f64,
+    sync_p50_ms: f64,
+    sync_p99_ms: f64,
+    rss_before_mib: f64,
+    rss_after_mib: f64,
+    push_p50_ms: f64,
+    push_p99_ms: f64,
+    push_missed: usize,
+    generator_cpu_share: f64,
+}
+
+pub async fn fleet_scale(args: &Args, report: &mut crate::scenarios::Report) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for &envoys in &args.fleet_sizes {
+        let measured = measure(args, envoys)
+            .await
+            .with_context(|| format!("a fleet of {envoys}"))?;
+        println!(
+            "fleet of {envoys}: {:.0} syncs/s, {:.0} µs admin CPU per sync, sync p99 {:.0} ms, push p99 {:.0} ms",
+            measured.syncs_per_second,
+            measured.cpu_us_per_sync,
+            measured.sync_p99_ms,
+            measured.push_p99_ms
+        );
+        rows.push(measured);
+    }
+    report.add(render(&rows, args.seconds));
+    Ok(())
+}
+
+async fn measure(args: &Args, envoys: usize) -> anyhow::Result<Measured> {
+    let admin_port = free_port()?;
+    let admin = procs::start_admin(&args.admin_bin, admin_port, PASSWORD)?;
+    let base = format!("http://127.0.0.1:{admin_port}");
+    let op = sluice_e2e::admin::Operator::login(&base, PASSWORD).await?;
+    op.create(global_policy(10 * envoys as u64)).await?;
+    let version = op.get("/api/v1/policies").await?["version"]
+        .as_u64()
+        .context("the policy set has no version")?;
+    let rss_before_mib = rss_mib(admin.pid())?;
+
+    let fleet = Arc::new(FleetState::new(envoys, version));
+    let mut tasks = Vec::new();
+    for i in 0..envoys {
+        let envoy = SimEnvoy::new(&base, i, envoys, Arc::clone(&fleet))?;
+        tasks.push(tokio::spawn(envoy.clone().watch_forever()));
+        tasks.push(tokio::spawn(envoy.sync_forever()));
+    }
+    tokio::time::sleep(WARM_UP).await;
+
+    let run = Duration::from_secs(args.seconds.max(10));
+    fleet.counting.store(1, Ordering::SeqCst);
+    let (cpu_before, gen_before, started) = (
+        cpu_time(admin.pid())?,
+        cpu_time(std::process::id())?,
+        Instant::now(),
+    );
+    let mut edits = Vec::new();
+    for edit in 0..EDITS {
+        // Each edit somewhere else in the Envoys' sync second.
+        let pause = run.mul_f64(1.0 / (EDITS as f64 + 1.0))
+            + Duration::from_millis(137 * edit as u64 % 1000);
+        tokio::time::sleep(pause.min(run.saturating_sub(started.elapsed()))).await;
+        op.update(global_policy(10 * envoys as u64 + edit as u64 + 1))
+            .await?;
+        edits.push(Instant::now());
+    }
+    tokio::time::sleep(run.saturating_sub(started.elapsed())).await;
+    fleet.counting.store(0, Ordering::SeqCst);
+    let elapsed = started.elapsed().as_secs_f64();
+    let admin_cpu = cpu_time(admin.pid())?.saturating_sub(cpu_before);
+    let gen_cpu = cpu_time(std::process::id())?.saturating_sub(gen_before);
+    // A last watch answer for the last edit gets a moment to come.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_after_mib = rss_mib(admin.pid())?;
+    for task in tasks {
+        task.abort();
+    }
+
+    let syncs = fleet.syncs.load(Ordering::SeqCst);
+    let mut latencies = std::mem::take(&mut *lock(&fleet.sync_ms));
+    latencies.sort_by(f64::total_cmp);
+    let answers = std::mem::take(&mut *lock(&fleet.watch_answers));
+    let (mut push, push_missed) = push_latencies(&edits, &answers);
+    push.sort_by(f64::total_cmp);
+    Ok(Measured {
+        envoys,
+        failed: fleet.failed.load(Ordering::SeqCst),
+        syncs_per_second: syncs as f64 / elapsed,
+        watch_answers_per_second: fleet.watch_answers_counted.load(Ordering::SeqCst) as f64
+            / elapsed,
+        cpu_share: admin_cpu.as_secs_f64() / elapsed,
+        cpu_us_per_sync: admin_cpu.as_secs_f64() * 1e6 / syncs.max(1) as f64,
+        sync_p50_ms: crate::scenarios::percentile(&latencies, 0.5),
+        sync_p99_ms: crate::scenarios::percentile(&latencies, 0.99),
+        rss_before_mib,
+        rss_after_mib,
+        push_p50_ms: crate::scenarios::percentile(&push, 0.5),
+        push_p99_ms: crate::scenarios::percentile(&push, 0.99),
+        push_missed,
+        generator_cpu_share: gen_cpu.as_secs_f64() / elapsed,
+    })
+}
+
+/// From each edit to the first watch answer of each Envoy after it, in
+/// milliseconds; and how many (edit, Envoy) pairs got none.
+fn push_latencies(edits: &[Instant], answers: &[Vec<Instant>]) -> (Vec<f64>, usize) {
+    let mut latencies = Vec::new();
+    let mut missed = 0;
+    for edit in edits {
+        for envoy in answers {
+            match envoy.iter().find(|at| *at >= edit) {
+                Some(at) => latencies.push(at.duration_since(*edit).as_secs_f64() * 1000.0),
+                None => missed += 1,
+            }
+        }
+    }
+    (latencies, missed)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What the simulated Envoys share with the measurement.
+struct FleetState {
+    /// 1 while the run counts.
+    counting: AtomicU64,
+    syncs: AtomicU64,
+    failed: AtomicU64,
+    sync_ms: Mutex<Vec<f64>>,
+    /// Watch answers of any kind while counting.
+    watch_answers_counted: AtomicU64,
+    /// Per Envoy, when each watch answer with a new set came.
+    watch_answers: Mutex<Vec<Vec<Instant>>>,
+    /// The set version each Envoy enforces (raised by its watch).
+    versions: Vec<AtomicU64>,
+}
+
+impl FleetState {
+    fn new(envoys: usize, version: u64) -> Self {
+        Self {
+            counting: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            sync_ms: Mutex::new(Vec::new()),
+            watch_answers_counted: AtomicU64::new(0),
+            watch_answers: Mutex::new(vec![Vec::new(); envoys]),
+            versions: (0..envoys).map(|_| AtomicU64::new(version)).collect(),
+        }
+    }
+
+    fn counting(&self) -> bool {
+        self.counting.load(Ordering::SeqCst) == 1
+    }
+}
+
+#[derive(Clone)]
+struct SimEnvoy {
+    index: usize,
+    name: String,
+    http: reqwest::Client,
+    sync_url: String,
+    watch_url: String,
+    /// Its calls a second: uneven, 1 to 10 times the least busy one's.
+    demand: u64,
+    /// Where in the sync second it syncs (real Envoys start at any time).
+    offset: Duration,
+    /// Its watch heard that fleet room was freed: sync now.
+    hurry: Arc<Notify>,
+    fleet: Arc<FleetState>,
+}
+
+impl SimEnvoy {
+    fn new(
+        base: &str,
+        index: usize,
+        envoys: usize,
+        fleet: Arc<FleetState>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            index,
+            name: format!("sim-{index}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()?,
+            sync_url: format!("{base}/api/v1/sync"),
+            watch_url: format!("{base}/api/v1/sync/watch"),
+            demand: 2 + 2 * (index as u64 % 10),
+            offset: SYNC_EVERY.mul_f64(index as f64 / envoys as f64),
+            hurry: Arc::new(Notify::new()),
+            fleet,
+        })
+    }
+
+    fn version(&self) -> u64 {
+        self.fleet.versions[self.index].load(Ordering::SeqCst)
+    }
+
+    /// Holds a watch open, as a filter with push on does (`sync/watch.rs`,
+    /// `SyncClient::on_watch_answer`): a new set, or a word to sync now
+    /// (fleet room was freed), reopens it 50 ms after the last one was
+    /// sent at the soonest, and the word makes it sync at once; an answer
+    /// with nothing new 1 s after, a failure 1 to 3 s after.
+    async fn watch_forever(self) {
+        loop {
+            let body = json!({"instance": self.name, "policy_version": self.version()}).to_string();
+            let sent = tokio::time::Instant::now();
+            let answered = self
+                .http
+                .post(&self.watch_url)
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .header("sluice-wait-ms", "20000")
+                .body(body)
+                .send()
+                .await;
+            let Ok(answer) = answered else {
+                tokio::time::sleep(SYNC_EVERY + SYNC_EVERY.mul_f64(2.0 * fastrand::f64())).await;
+                continue;
+            };
+            let at = Instant::now();
+            let status = answer.status().as_u16();
+            let sync_now = answer.headers().contains_key(SYNC_NOW_HEADER);
+            let news = match status {
+                200 => {
+                    if let Ok(set) = answer.json::<Value>().await {
+                        if let Some(version) = set["version"].as_u64() {
+                            self.fleet.versions[self.index].fetch_max(version, Ordering::SeqCst);
+                        }
+                    }
+                    lock(&self.fleet.watch_answers)[self.index].push(at);
+                    true
+                }
+                304 if sync_now => {
+                    let _ = answer.bytes().await;
+                    self.hurry.notify_one();
+                    true
+                }
+                _ => {
+                    let _ = answer.bytes().await;
+                    false
+                }
+            };
+            if self.fleet.counting() {
+                self.fleet
+                    .watch_answers_counted
+                    .fetch_add(1, Ordering::SeqCst);
+            }
+            let gap = if news { NEWS_GAP } else { SYNC_EVERY };
+            tokio::time::sleep_until(sent + gap).await;
+        }
+    }
+
+    /// Syncs once a second with a report of what it did since it started.
+    async fn sync_forever(self) {
+        tokio::time::sleep(self.offset).await;
+        let mut next = tokio::time::Instant::now();
+        let mut admitted = 0u64;
+        let mut share_ids = BTreeMap::new();
+        let mut held = BTreeMap::new();
+        loop {
+            next += SYNC_EVERY;
+            admitted += self.demand;
+            let body = self.report(admitted, &share_ids, &held);
+            let sent = Instant::now();
+            let answer = tokio::time::timeout(
+                CALL_TIMEOUT,
+                self.http
+                    .post(&self.sync_url)
+                    .bearer_auth(TOKEN)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send(),
+            )
+            .await;
+            let took = sent.elapsed().as_secs_f64() * 1000.0;
+            let answer = match answer {
+                Ok(Ok(answer)) if answer.status().is_success() || answer.status() == 304 => answer,
+                _ => {
+                    if self.fleet.counting() {
+                        self.fleet.failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    self.wait_for_turn(next).await;
+                    next = tokio::time::Instant::now();
+                    continue;
+                }
+            };
+            let heard = ReceivedHeaders::read(|name| {
+                answer.headers().get(name).map(|v| v.as_bytes().to_vec())
+            });
+            // A new set came with the sync (its watch was slower): enforced.
+            let etag = answer.headers().get("etag").and_then(|v| v.to_str().ok());
+            if let Some(version) = etag.and_then(|v| v.trim_matches('"').parse::<u64>().ok()) {
+                if answer.status() == 200 {
+                    self.fleet.versions[self.index].fetch_max(version, Ordering::SeqCst);
+                }
+            }
+            if let Some(Ok(shares)) = heard.shares {
+                for (policy, share) in shares {
+                    share_ids.insert(policy.clone(), share.id);
+                    held.insert(
+                        policy,
+                        HeldShareReport {
+                            rate: share.rate,
+                            in_flight: share.in_flight,
+                            instances: share.instances,
+                            tag: share.tag,
+                        },
+                    );
+                }
+            }
+            let _ = answer.bytes().await;
+            if self.fleet.counting() {
+                self.fleet.syncs.fetch_add(1, Ordering::SeqCst);
+                lock(&self.fleet.sync_ms).push(took);
+            }
+            self.wait_for_turn(next).await;
+            next = tokio::time::Instant::now();
+        }
+    }
+
+    /// Until its next sync is due, or its watch said to sync now.
+    async fn wait_for_turn(&self, next: tokio::time::Instant) {
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = self.hurry.notified() => {}
+        }
+    }
+
+    fn report(
+        &self,
+        admitted: u64,
+        share_ids: &BTreeMap<String, u64>,
+        held: &BTreeMap<String, HeldShareReport>,
+    ) -> String {
+        let mut counts = Counts::default();
+        counts.set(PolicyCounter::Admitted, admitted);
+        counts.set(PolicyCounter::Rejected, admitted / 50);
+        let mut policies = BTreeMap::new();
+        policies.insert(
+            POLICY.to_string(),
+            PolicyReport {
+                counts,
+                max_in_flight: self.demand,
+                tokens: Some(self.demand),
+                ..Default::default()
+            },
+        );
+        let report = SyncReport {
+            instance: self.name.clone(),
+            policy_version: self.version(),
+            at_ms: 0,
+            policies,
+            shares: share_ids.clone(),
+            held: held.clone(),
+            ..SyncReport::default()
+        };
+        serde_json::to_string(&report).unwrap_or_default()
+    }
+}
+
+fn render(rows: &[Measured], seconds: u64) -> String {
+    let mut s = String::from(
+        "## 12. A fleet of simulated Envoys\n\n\
+         Command: `make bench BENCH_ARGS=\"--only 12\"`. One admin (SQLite, plain HTTP) and N simulated Envoys in \
+         one load process on the same machine, each speaking the filter's sync protocol as a filter with \
+         `sync_interval: 1s` (the default) and push on does: a watch held open (`POST /api/v1/sync/watch`, \
+         reopened as the filter reopens it: 50 ms after the last was sent when it brought a new set or a word to \
+         sync now, which also makes it sync at once), a report every second at its own point of the second (counters of \
+         one `scope: global` policy growing by its own demand, uneven from one Envoy to the next by 1 to 10 times, \
+         its in-flight, the fleet share it was last given echoed back), its share read from each answer's \
+         headers. Counted for ",
+    );
+    let _ = write!(
+        s,
+        "{} s after a 5 s warm-up; {EDITS} edits of the policy land during it. Admin CPU is read from \
+         `/proc/<admin>/stat` and divided by the syncs answered (watches and edits included); memory per Envoy is the \
+         admin's RSS after the run less before the fleet came, divided by N. Push: from an edit's 2xx to each \
+         Envoy's watch answer with the new set. Not simulated yet: TLS, PostgreSQL and Redis, a second replica, \
+         provider news, keyed policies and budgets in the reports.\n\n",
+        seconds.max(10)
+    );
+    s.push_str(
+        "| Envoys | syncs/s | watch answers/s | failed | admin CPU | CPU per sync | sync p50 / p99 | admin RSS before → after | per Envoy | push p50 / p99 | push missed | load generator CPU |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let per_envoy_kib = (r.rss_after_mib - r.rss_before_mib) * 1024.0 / r.envoys as f64;
+        let _ = writeln!(
+            s,
+            "| {} | {:.0} | {:.0} | {} | {:.1} % of a core | {:.0} µs | {:.1} / {:.1} ms | {:.1} → {:.1} MiB | {:.1} KiB | {:.0} / {:.0} ms | {} of {} | {:.1} % of a core |",
+            r.envoys,
+            r.syncs_per_second,
+            r.watch_answers_per_second,
+            r.failed,
+            r.cpu_share * 100.0,
+            r.cpu_us_per_sync,
+            r.sync_p50_ms,
+            r.sync_p99_ms,
+            r.rss_before_mib,
+            r.rss_after_mib,
+            per_envoy_kib,
+            r.push_p50_ms,
+            r.push_p99_ms,
+            r.push_missed,
+            r.envoys * EDITS,
+            r.generator_cpu_share * 100.0,
+        );
+    }
+    s.push_str(
+        "\nThe load generator shares the machine's 2 cores with the admin: where the two together need more than \
+         both cores, the syncs fall behind their once a second and the latencies include the wait for a core.\n",
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_latency_is_to_each_envoys_first_answer_after_the_edit() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let edits = [at(100), at(500)];
+        let answers = vec![vec![at(50), at(130), at(520)], vec![at(180)]];
+        let (mut latencies, missed) = push_latencies(&edits, &answers);
+        latencies.sort_by(f64::total_cmp);
+        let rounded: Vec<u64> = latencies.iter().map(|ms| ms.round() as u64).collect();
+        assert_eq!(rounded, vec![20, 30, 80]);
+        assert_eq!(
+            missed, 1,
+            "the second Envoy heard nothing after the second edit"
+        );
+    }
+}
