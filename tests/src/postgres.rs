@@ -170,6 +170,19 @@ impl PostgresServer {
     }
 
     /// A PostgreSQL client tool aimed at this server as `sluice`.
+    /// One SQL query's answer through `psql` (unaligned, tuples only).
+    pub fn query(&self, database: &str, sql: &str) -> anyhow::Result<String> {
+        let out = self
+            .client("psql")
+            .args(["-d", database, "-tAc", sql])
+            .output()
+            .context("running psql")?;
+        if !out.status.success() {
+            bail!("psql: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
     fn client(&self, tool: &str) -> Command {
         let mut command = Command::new(self.bin.join(tool));
         command.args([

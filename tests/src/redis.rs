@@ -102,6 +102,27 @@ impl RedisServer {
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
+    /// A field of `INFO stats` (`total_commands_processed`,
+    /// `total_net_input_bytes`, ...), through redis-cli (a plain server).
+    pub fn stat(&self, field: &str) -> anyhow::Result<u64> {
+        let out = Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "INFO",
+                "stats",
+            ])
+            .output()
+            .context("running redis-cli")?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {field} in redis INFO stats"))
+    }
+
     fn ping(&self) -> bool {
         match &self.tls_ca {
             // Through redis-cli, which speaks TLS (redis-tools, a

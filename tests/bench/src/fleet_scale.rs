@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{json, Value};
 use sluice_e2e::envoy::free_port;
+use sluice_e2e::postgres::PostgresServer;
+use sluice_e2e::redis::RedisServer;
 use sluice_wire::counts::Counts;
 use sluice_wire::stats::PolicyCounter;
 use sluice_wire::sync::{HeldShareReport, PolicyReport, SyncReport, SYNC_NOW_HEADER};
@@ -47,6 +49,7 @@ fn global_policy(rate: u64) -> Value {
 
 /// What one fleet size measured.
 struct Measured {
+    stores: Stores,
     envoys: usize,
     failed: u64,
     syncs_per_second: f64,
@@ -61,42 +64,143 @@ struct Measured {
     push_p99_ms: f64,
     push_missed: usize,
     generator_cpu_share: f64,
+    /// Redis commands and bytes (in and out), PostgreSQL transactions,
+    /// per sync: the replicas' stores only.
+    store_traffic: Option<StoreTraffic>,
+}
+
+struct StoreTraffic {
+    redis_commands: f64,
+    redis_bytes: f64,
+    postgres_transactions: f64,
+}
+
+/// Where the admins keep their state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stores {
+    /// One admin, its SQLite file.
+    Sqlite,
+    /// Two admins sharing PostgreSQL and Redis, the Envoys split between
+    /// them as a load balancer would.
+    PostgresRedis,
+}
+
+impl Stores {
+    fn label(self) -> &'static str {
+        match self {
+            Stores::Sqlite => "SQLite, 1 admin",
+            Stores::PostgresRedis => "PostgreSQL + Redis, 2 admins",
+        }
+    }
+}
+
+/// The shared stores of the replicas, and what they had done when counting
+/// began.
+struct Backing {
+    redis: RedisServer,
+    redis_url: String,
+    postgres: PostgresServer,
+    database_url: String,
+}
+
+const DATABASE: &str = "sluice";
+
+impl Backing {
+    fn start() -> anyhow::Result<Self> {
+        let redis = RedisServer::start()?;
+        let postgres = PostgresServer::start()?;
+        let database_url = postgres.database(DATABASE)?;
+        Ok(Self {
+            redis_url: redis.url(),
+            redis,
+            postgres,
+            database_url,
+        })
+    }
+
+    /// Redis commands, Redis bytes in and out, PostgreSQL transactions.
+    fn counters(&self) -> anyhow::Result<[f64; 3]> {
+        let transactions: f64 = self
+            .postgres
+            .query(
+                DATABASE,
+                &format!(
+                    "select xact_commit + xact_rollback from pg_stat_database where datname = '{DATABASE}'"
+                ),
+            )?
+            .parse()
+            .context("pg_stat_database")?;
+        Ok([
+            self.redis.stat("total_commands_processed")? as f64,
+            (self.redis.stat("total_net_input_bytes")?
+                + self.redis.stat("total_net_output_bytes")?) as f64,
+            transactions,
+        ])
+    }
 }
 
 pub async fn fleet_scale(args: &Args, report: &mut crate::scenarios::Report) -> anyhow::Result<()> {
     let mut rows = Vec::new();
-    for &envoys in &args.fleet_sizes {
-        let measured = measure(args, envoys)
-            .await
-            .with_context(|| format!("a fleet of {envoys}"))?;
-        println!(
-            "fleet of {envoys}: {:.0} syncs/s, {:.0} µs admin CPU per sync, sync p99 {:.0} ms, push p99 {:.0} ms",
-            measured.syncs_per_second,
-            measured.cpu_us_per_sync,
-            measured.sync_p99_ms,
-            measured.push_p99_ms
-        );
-        rows.push(measured);
+    for stores in [Stores::Sqlite, Stores::PostgresRedis] {
+        for &envoys in &args.fleet_sizes {
+            let measured = measure(args, envoys, stores)
+                .await
+                .with_context(|| format!("a fleet of {envoys}, {}", stores.label()))?;
+            println!(
+                "fleet of {envoys}, {}: {:.0} syncs/s, {:.0} µs admin CPU per sync, sync p99 {:.0} ms, push p99 {:.0} ms",
+                stores.label(),
+                measured.syncs_per_second,
+                measured.cpu_us_per_sync,
+                measured.sync_p99_ms,
+                measured.push_p99_ms
+            );
+            rows.push(measured);
+        }
     }
     report.add(render(&rows, args.seconds));
     Ok(())
 }
 
-async fn measure(args: &Args, envoys: usize) -> anyhow::Result<Measured> {
-    let admin_port = free_port()?;
-    let admin = procs::start_admin(&args.admin_bin, admin_port, PASSWORD)?;
-    let base = format!("http://127.0.0.1:{admin_port}");
-    let op = sluice_e2e::admin::Operator::login(&base, PASSWORD).await?;
+async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<Measured> {
+    let backing = match stores {
+        Stores::Sqlite => None,
+        Stores::PostgresRedis => Some(Backing::start()?),
+    };
+    let replicas = if backing.is_some() { 2 } else { 1 };
+    let mut admins = Vec::new();
+    let mut bases = Vec::new();
+    for _ in 0..replicas {
+        let port = free_port()?;
+        let extra: Vec<&str> = match &backing {
+            Some(b) => vec![
+                "--redis-url",
+                b.redis_url.as_str(),
+                "--database-url",
+                b.database_url.as_str(),
+            ],
+            None => Vec::new(),
+        };
+        // One after the other: the first makes the database's tables.
+        admins.push(procs::start_admin_with(
+            &args.admin_bin,
+            port,
+            PASSWORD,
+            &extra,
+        )?);
+        bases.push(format!("http://127.0.0.1:{port}"));
+    }
+    let op = sluice_e2e::admin::Operator::login(&bases[0], PASSWORD).await?;
     op.create(global_policy(10 * envoys as u64)).await?;
     let version = op.get("/api/v1/policies").await?["version"]
         .as_u64()
         .context("the policy set has no version")?;
-    let rss_before_mib = rss_mib(admin.pid())?;
+    let pids: Vec<u32> = admins.iter().map(procs::Proc::pid).collect();
+    let rss_before_mib = sum_of(&pids, rss_mib)?;
 
     let fleet = Arc::new(FleetState::new(envoys, version));
     let mut tasks = Vec::new();
     for i in 0..envoys {
-        let envoy = SimEnvoy::new(&base, i, envoys, Arc::clone(&fleet))?;
+        let envoy = SimEnvoy::new(&bases[i % replicas], i, envoys, Arc::clone(&fleet))?;
         tasks.push(tokio::spawn(envoy.clone().watch_forever()));
         tasks.push(tokio::spawn(envoy.sync_forever()));
     }
@@ -104,8 +208,9 @@ async fn measure(args: &Args, envoys: usize) -> anyhow::Result<Measured> {
 
     let run = Duration::from_secs(args.seconds.max(10));
     fleet.counting.store(1, Ordering::SeqCst);
+    let stores_before = backing.as_ref().map(Backing::counters).transpose()?;
     let (cpu_before, gen_before, started) = (
-        cpu_time(admin.pid())?,
+        sum_of(&pids, cpu_time)?,
         cpu_time(std::process::id())?,
         Instant::now(),
     );
@@ -122,11 +227,12 @@ async fn measure(args: &Args, envoys: usize) -> anyhow::Result<Measured> {
     tokio::time::sleep(run.saturating_sub(started.elapsed())).await;
     fleet.counting.store(0, Ordering::SeqCst);
     let elapsed = started.elapsed().as_secs_f64();
-    let admin_cpu = cpu_time(admin.pid())?.saturating_sub(cpu_before);
+    let admin_cpu = sum_of(&pids, cpu_time)?.saturating_sub(cpu_before);
+    let stores_after = backing.as_ref().map(Backing::counters).transpose()?;
     let gen_cpu = cpu_time(std::process::id())?.saturating_sub(gen_before);
     // A last watch answer for the last edit gets a moment to come.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_after_mib = rss_mib(admin.pid())?;
+    let rss_after_mib = sum_of(&pids, rss_mib)?;
     for task in tasks {
         task.abort();
     }
@@ -137,7 +243,17 @@ async fn measure(args: &Args, envoys: usize) -> anyhow::Result<Measured> {
     let answers = std::mem::take(&mut *lock(&fleet.watch_answers));
     let (mut push, push_missed) = push_latencies(&edits, &answers);
     push.sort_by(f64::total_cmp);
+    let per_sync = |n: f64| n / syncs.max(1) as f64;
+    let store_traffic = stores_before
+        .zip(stores_after)
+        .map(|(before, after)| StoreTraffic {
+            redis_commands: per_sync(after[0] - before[0]),
+            redis_bytes: per_sync(after[1] - before[1]),
+            postgres_transactions: per_sync(after[2] - before[2]),
+        });
+    drop(admins);
     Ok(Measured {
+        stores,
         envoys,
         failed: fleet.failed.load(Ordering::SeqCst),
         syncs_per_second: syncs as f64 / elapsed,
@@ -153,7 +269,16 @@ async fn measure(args: &Args, envoys: usize) -> anyhow::Result<Measured> {
         push_p99_ms: crate::scenarios::percentile(&push, 0.99),
         push_missed,
         generator_cpu_share: gen_cpu.as_secs_f64() / elapsed,
+        store_traffic,
     })
+}
+
+/// A figure of each admin process, added up.
+fn sum_of<T: std::iter::Sum<T>>(
+    pids: &[u32],
+    figure: impl Fn(u32) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    pids.iter().map(|&pid| figure(pid)).sum()
 }
 
 /// From each edit to the first watch answer of each Envoy after it, in
@@ -417,8 +542,9 @@ impl SimEnvoy {
 fn render(rows: &[Measured], seconds: u64) -> String {
     let mut s = String::from(
         "## 12. A fleet of simulated Envoys\n\n\
-         Command: `make bench BENCH_ARGS=\"--only 12\"`. One admin (SQLite, plain HTTP) and N simulated Envoys in \
-         one load process on the same machine, each speaking the filter's sync protocol as a filter with \
+         Command: `make bench BENCH_ARGS=\"--only 12\"`. One admin on SQLite, then two admins sharing \
+         PostgreSQL and Redis (each simulated Envoy syncing with one of them, as behind a load balancer), over \
+         plain HTTP, and N simulated Envoys in one load process on the same machine, each speaking the filter's sync protocol as a filter with \
          `sync_interval: 1s` (the default) and push on does: a watch held open (`POST /api/v1/sync/watch`, \
          reopened as the filter reopens it: 50 ms after the last was sent when it brought a new set or a word to \
          sync now, which also makes it sync at once), a report every second at its own point of the second (counters of \
@@ -429,21 +555,22 @@ fn render(rows: &[Measured], seconds: u64) -> String {
     let _ = write!(
         s,
         "{} s after a 5 s warm-up; {EDITS} edits of the policy land during it. Admin CPU is read from \
-         `/proc/<admin>/stat` and divided by the syncs answered (watches and edits included); memory per Envoy is the \
-         admin's RSS after the run less before the fleet came, divided by N. Push: from an edit's 2xx to each \
-         Envoy's watch answer with the new set. Not simulated yet: TLS, PostgreSQL and Redis, a second replica, \
+         `/proc/<admin>/stat` (both admins' added up) and divided by the syncs answered (watches and edits included); memory per Envoy is the \
+         admins' RSS after the run less before the fleet came, divided by N. Push: from an edit's 2xx to each \
+         Envoy's watch answer with the new set (edits through the first admin). Not simulated yet: TLS, \
          provider news, keyed policies and budgets in the reports.\n\n",
         seconds.max(10)
     );
     s.push_str(
-        "| Envoys | syncs/s | watch answers/s | failed | admin CPU | CPU per sync | sync p50 / p99 | admin RSS before → after | per Envoy | push p50 / p99 | push missed | load generator CPU |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| stores | Envoys | syncs/s | watch answers/s | failed | admin CPU | CPU per sync | sync p50 / p99 | admin RSS before → after | per Envoy | push p50 / p99 | push missed | load generator CPU |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let per_envoy_kib = (r.rss_after_mib - r.rss_before_mib) * 1024.0 / r.envoys as f64;
         let _ = writeln!(
             s,
-            "| {} | {:.0} | {:.0} | {} | {:.1} % of a core | {:.0} µs | {:.1} / {:.1} ms | {:.1} → {:.1} MiB | {:.1} KiB | {:.0} / {:.0} ms | {} of {} | {:.1} % of a core |",
+            "| {} | {} | {:.0} | {:.0} | {} | {:.1} % of a core | {:.0} µs | {:.1} / {:.1} ms | {:.1} → {:.1} MiB | {:.1} KiB | {:.0} / {:.0} ms | {} of {} | {:.1} % of a core |",
+            r.stores.label(),
             r.envoys,
             r.syncs_per_second,
             r.watch_answers_per_second,
@@ -461,6 +588,21 @@ fn render(rows: &[Measured], seconds: u64) -> String {
             r.envoys * EDITS,
             r.generator_cpu_share * 100.0,
         );
+    }
+    s.push_str(
+        "\nWhat the replicas asked of their stores, per sync answered (`INFO stats` of Redis: \
+         `total_commands_processed`, `total_net_input_bytes` + `total_net_output_bytes`; PostgreSQL's \
+         `pg_stat_database`: `xact_commit` + `xact_rollback`):\n\n\
+         | Envoys | Redis commands | Redis bytes | PostgreSQL transactions |\n|---|---|---|---|\n",
+    );
+    for r in rows {
+        if let Some(t) = &r.store_traffic {
+            let _ = writeln!(
+                s,
+                "| {} | {:.1} | {:.0} | {:.2} |",
+                r.envoys, t.redis_commands, t.redis_bytes, t.postgres_transactions
+            );
+        }
     }
     s.push_str(
         "\nThe load generator shares the machine's 2 cores with the admin: where the two together need more than \

@@ -172,6 +172,16 @@ pub const SYNC_TOKEN: &str = "bench-sync-token-5f2c9a7e41d08b36c1e9f0a2";
 /// The release admin binary, with a password and [`SYNC_TOKEN`]; an admin
 /// that does not come up is reported with what it said.
 pub fn start_admin(binary: &Path, port: u16, password: &str) -> anyhow::Result<Proc> {
+    start_admin_with(binary, port, password, &[])
+}
+
+/// As [`start_admin`], with more arguments (`--database-url`, `--redis-url`).
+pub fn start_admin_with(
+    binary: &Path,
+    port: u16,
+    password: &str,
+    extra: &[&str],
+) -> anyhow::Result<Proc> {
     let dir = tempfile::tempdir()?;
     let log_path = dir.path().join("admin.log");
     let log = std::fs::File::create(&log_path)?;
@@ -182,6 +192,7 @@ pub fn start_admin(binary: &Path, port: u16, password: &str) -> anyhow::Result<P
         .arg(dir.path().join("bench.db"))
         .env("SLUICE_ADMIN_PASSWORD", password)
         .env("SLUICE_SYNC_TOKEN", SYNC_TOKEN)
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(log)
