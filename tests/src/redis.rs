@@ -2,6 +2,7 @@
 //! installs) on a free port, with nothing persisted; killed on drop. Plain,
 //! or TLS only (Debian builds Redis with TLS).
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -102,9 +103,10 @@ impl RedisServer {
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
-    /// A field of `INFO stats` (`total_commands_processed`,
-    /// `total_net_input_bytes`, ...), through redis-cli (a plain server).
-    pub fn stat(&self, field: &str) -> anyhow::Result<u64> {
+    /// The numbers of `INFO stats` (`total_commands_processed`,
+    /// `total_net_input_bytes`, ...), by name, through redis-cli (a plain
+    /// server), in one call.
+    pub fn info_stats(&self) -> anyhow::Result<BTreeMap<String, u64>> {
         let out = Command::new("redis-cli")
             .args([
                 "-h",
@@ -116,11 +118,19 @@ impl RedisServer {
             ])
             .output()
             .context("running redis-cli")?;
-        String::from_utf8_lossy(&out.stdout)
+        if !out.status.success() {
+            bail!(
+                "redis-cli INFO stats: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no {field} in redis INFO stats"))
+            .filter_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect())
     }
 
     fn ping(&self) -> bool {

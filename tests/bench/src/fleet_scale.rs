@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,10 +69,28 @@ struct Measured {
     store_traffic: Option<StoreTraffic>,
 }
 
+/// Redis commands, Redis bytes in and out, PostgreSQL transactions: as
+/// the stores count them since they started, or per sync over a run.
+#[derive(Debug, Clone, Copy)]
 struct StoreTraffic {
     redis_commands: f64,
     redis_bytes: f64,
     postgres_transactions: f64,
+}
+
+impl StoreTraffic {
+    /// What the stores did from `before` to `after`, per sync of `syncs`.
+    fn per_sync(before: Self, after: Self, syncs: u64) -> Self {
+        let per_sync = |from: f64, to: f64| (to - from) / syncs.max(1) as f64;
+        Self {
+            redis_commands: per_sync(before.redis_commands, after.redis_commands),
+            redis_bytes: per_sync(before.redis_bytes, after.redis_bytes),
+            postgres_transactions: per_sync(
+                before.postgres_transactions,
+                after.postgres_transactions,
+            ),
+        }
+    }
 }
 
 /// Where the admins keep their state.
@@ -94,8 +112,7 @@ impl Stores {
     }
 }
 
-/// The shared stores of the replicas, and what they had done when counting
-/// began.
+/// The stores the replicas share.
 struct Backing {
     redis: RedisServer,
     redis_url: String,
@@ -118,8 +135,8 @@ impl Backing {
         })
     }
 
-    /// Redis commands, Redis bytes in and out, PostgreSQL transactions.
-    fn counters(&self) -> anyhow::Result<[f64; 3]> {
+    /// What the stores have done since they started.
+    fn counters(&self) -> anyhow::Result<StoreTraffic> {
         let transactions: f64 = self
             .postgres
             .query(
@@ -130,12 +147,18 @@ impl Backing {
             )?
             .parse()
             .context("pg_stat_database")?;
-        Ok([
-            self.redis.stat("total_commands_processed")? as f64,
-            (self.redis.stat("total_net_input_bytes")?
-                + self.redis.stat("total_net_output_bytes")?) as f64,
-            transactions,
-        ])
+        let redis = self.redis.info_stats()?;
+        let stat = |field: &str| {
+            redis
+                .get(field)
+                .map(|n| *n as f64)
+                .with_context(|| format!("no {field} in Redis's INFO stats"))
+        };
+        Ok(StoreTraffic {
+            redis_commands: stat("total_commands_processed")?,
+            redis_bytes: stat("total_net_input_bytes")? + stat("total_net_output_bytes")?,
+            postgres_transactions: transactions,
+        })
     }
 }
 
@@ -207,7 +230,7 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
     tokio::time::sleep(WARM_UP).await;
 
     let run = Duration::from_secs(args.seconds.max(10));
-    fleet.counting.store(1, Ordering::SeqCst);
+    fleet.counting.store(true, Ordering::SeqCst);
     let stores_before = backing.as_ref().map(Backing::counters).transpose()?;
     let (cpu_before, gen_before, started) = (
         sum_of(&pids, cpu_time)?,
@@ -225,7 +248,7 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
         edits.push(Instant::now());
     }
     tokio::time::sleep(run.saturating_sub(started.elapsed())).await;
-    fleet.counting.store(0, Ordering::SeqCst);
+    fleet.counting.store(false, Ordering::SeqCst);
     let elapsed = started.elapsed().as_secs_f64();
     let admin_cpu = sum_of(&pids, cpu_time)?.saturating_sub(cpu_before);
     let stores_after = backing.as_ref().map(Backing::counters).transpose()?;
@@ -243,14 +266,9 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
     let answers = std::mem::take(&mut *lock(&fleet.watch_answers));
     let (mut push, push_missed) = push_latencies(&edits, &answers);
     push.sort_by(f64::total_cmp);
-    let per_sync = |n: f64| n / syncs.max(1) as f64;
     let store_traffic = stores_before
         .zip(stores_after)
-        .map(|(before, after)| StoreTraffic {
-            redis_commands: per_sync(after[0] - before[0]),
-            redis_bytes: per_sync(after[1] - before[1]),
-            postgres_transactions: per_sync(after[2] - before[2]),
-        });
+        .map(|(before, after)| StoreTraffic::per_sync(before, after, syncs));
     drop(admins);
     Ok(Measured {
         stores,
@@ -303,8 +321,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What the simulated Envoys share with the measurement.
 struct FleetState {
-    /// 1 while the run counts.
-    counting: AtomicU64,
+    /// While the run counts.
+    counting: AtomicBool,
     syncs: AtomicU64,
     failed: AtomicU64,
     sync_ms: Mutex<Vec<f64>>,
@@ -319,7 +337,7 @@ struct FleetState {
 impl FleetState {
     fn new(envoys: usize, version: u64) -> Self {
         Self {
-            counting: AtomicU64::new(0),
+            counting: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             sync_ms: Mutex::new(Vec::new()),
@@ -330,7 +348,7 @@ impl FleetState {
     }
 
     fn counting(&self) -> bool {
-        self.counting.load(Ordering::SeqCst) == 1
+        self.counting.load(Ordering::SeqCst)
     }
 }
 
