@@ -1,7 +1,8 @@
 //! Fleet mode on the admin side: one [`Ledger`] per global policy, turning
 //! each Envoy's sync into its share of the policy's limit.
 //!
-//! One admin keeps the ledgers in memory. Several replicas keep them in
+//! One admin keeps the ledgers in memory, decoded: a sync changes its
+//! Envoy's member in place, under the lock. Several replicas keep them in
 //! Redis, one key per policy, changed only by compare-and-set (`kv.rs`):
 //! a replica reads the ledger, runs the same pure allocation, and writes
 //! back only if nobody wrote in between (else it reads again). Two
@@ -16,6 +17,7 @@ use sluice_shared::fair::FairKeyView;
 use sluice_shared::fleet::{Amount, FleetTerms, Held, Ledger, Share, ShareTags, Usage};
 
 use crate::clock::MonotonicWall;
+use crate::expiring::ExpiringMap;
 use crate::kv::{Kv, KvError, RedisConnection, Write};
 use sluice_shared::{Instant, PolicySet, Scope};
 use sluice_wire::stats::{LimitCounter, PolicyCounter};
@@ -68,8 +70,8 @@ pub enum FleetError {
 }
 
 pub struct Ledgers {
-    /// One JSON ledger per policy (and global further limit).
-    ledgers: Kv,
+    /// One ledger per policy (and global further limit).
+    ledgers: Store,
     /// Leases are measured on it (see [`MonotonicWall`]).
     clock: MonotonicWall,
     /// Policies whose ledger this process has written: one found missing
@@ -86,9 +88,19 @@ pub struct Ledgers {
 /// Instances whose refused claims are remembered for the log's sake.
 const MAX_REFUSED_LOGGED: usize = 10_000;
 
+/// Where the ledgers are.
+enum Store {
+    /// One admin's, decoded: no replica reads them.
+    Memory(Mutex<ExpiringMap<Ledger>>),
+    /// Replicas', as JSON in Redis.
+    Shared(Kv),
+}
+
 impl Default for Ledgers {
     fn default() -> Self {
-        Self::in_kv(Kv::memory(LEDGER_PREFIX, MAX_LEDGERS_IN_MEMORY))
+        Self::in_store(Store::Memory(Mutex::new(ExpiringMap::new(
+            MAX_LEDGERS_IN_MEMORY,
+        ))))
     }
 }
 
@@ -96,7 +108,7 @@ impl Default for Ledgers {
 const LEDGER_PREFIX: &str = "sluice:ledger:";
 
 impl Ledgers {
-    fn in_kv(ledgers: Kv) -> Self {
+    fn in_store(ledgers: Store) -> Self {
         // Until `with_secret`: a secret of this process's own.
         let secret = crate::auth::random_bytes::<{ sluice_shared::fleet::share_tag::SECRET_LEN }>()
             .unwrap_or_default();
@@ -156,7 +168,7 @@ impl Ledgers {
     /// re-established by itself after Redis restarts; meanwhile syncs get
     /// no shares and Envoys keep theirs until their leases end.
     pub fn redis(connection: &RedisConnection) -> Self {
-        Self::in_kv(Kv::redis(connection, LEDGER_PREFIX))
+        Self::in_store(Store::Shared(Kv::redis(connection, LEDGER_PREFIX)))
     }
 
     /// Every ledger kept in memory gone, as a Redis restarted without
@@ -164,7 +176,9 @@ impl Ledgers {
     /// leaves those in it: the simulator's fault. This process still
     /// knows which it wrote, so it learns shares back from the syncs.
     pub fn forget_all(&self) {
-        self.ledgers.forget_memory();
+        if let Store::Memory(memory) = &self.ledgers {
+            lock(memory).clear();
+        }
     }
 
     /// Now, on the clock leases are measured on.
@@ -410,7 +424,13 @@ impl Ledgers {
     }
 
     async fn read(&self, policy: &str) -> Result<Option<Ledger>, FleetError> {
-        match self.ledgers.get(policy).await?.as_deref() {
+        let kv = match &self.ledgers {
+            Store::Memory(memory) => {
+                return Ok(lock(memory).get(policy, std::time::Instant::now()).cloned())
+            }
+            Store::Shared(kv) => kv,
+        };
+        match kv.get(policy).await?.as_deref() {
             None | Some("") => Ok(None),
             Some(raw) => decode(policy, raw).map(Some),
         }
@@ -423,27 +443,35 @@ impl Ledgers {
         now: Instant,
         change: impl Fn(&mut Ledger) -> R,
     ) -> Result<R, FleetError> {
-        let share = self
-            .ledgers
-            .update(policy, MAX_CAS_ATTEMPTS, |raw| {
-                let mut ledger = if raw.is_empty() {
-                    self.fresh(policy, terms, now)
-                } else {
-                    decode(policy, raw)?
-                };
-                let share = change(&mut ledger);
-                let value =
-                    serde_json::to_string(&ledger).map_err(|source| FleetError::Corrupt {
-                        policy: policy.to_string(),
-                        source,
-                    })?;
-                let keep_ms = LEDGER_TTL_MS;
-                Ok::<_, FleetError>((share, Write::Set { value, keep_ms }))
-            })
-            .await?
-            .ok_or_else(|| FleetError::Contended(policy.to_string()))?;
+        let answer = match &self.ledgers {
+            Store::Memory(memory) => {
+                let at = std::time::Instant::now();
+                let keep_until = at + std::time::Duration::from_millis(LEDGER_TTL_MS);
+                let mut memory = lock(memory);
+                let ledger = memory.keep(policy, keep_until, at, || self.fresh(policy, terms, now));
+                change(ledger)
+            }
+            Store::Shared(kv) => kv
+                .update(policy, MAX_CAS_ATTEMPTS, |raw| {
+                    let mut ledger = if raw.is_empty() {
+                        self.fresh(policy, terms, now)
+                    } else {
+                        decode(policy, raw)?
+                    };
+                    let answer = change(&mut ledger);
+                    let value =
+                        serde_json::to_string(&ledger).map_err(|source| FleetError::Corrupt {
+                            policy: policy.to_string(),
+                            source,
+                        })?;
+                    let keep_ms = LEDGER_TTL_MS;
+                    Ok::<_, FleetError>((answer, Write::Set { value, keep_ms }))
+                })
+                .await?
+                .ok_or_else(|| FleetError::Contended(policy.to_string()))?,
+        };
         lock(&self.seen).insert(policy.to_string());
-        Ok(share)
+        Ok(answer)
     }
 }
 

@@ -1,20 +1,20 @@
 //! The key-value store that what admin replicas change together lives in
-//! (fleet ledgers, relayed provider news): one admin keeps it in memory,
-//! replicas sharing Redis keep it there. Callers see one type with one
+//! (relayed provider news; fleet ledgers between replicas): one admin
+//! keeps it in memory, replicas sharing Redis keep it there. Callers see one type with one
 //! set of operations, never the backend: a read, and a read-compute-write
 //! that replaces a value only if nobody changed it in between (a
 //! compare-and-set script in Redis; the lock in memory).
 //!
 //! Both backends keep a value for the time its writer asked (Redis's
 //! `PX`), so what is in memory lives as long as it would in Redis. Memory
-//! is bounded whatever Envoys send: past [`Kv::memory`]'s bound, what has
-//! expired goes first, then what expires first.
+//! is bounded whatever Envoys send ([`ExpiringMap`]).
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
+
+use crate::expiring::ExpiringMap;
 
 /// How long a Redis call (or reconnection) may take before the sync that
 /// needed it goes on without it.
@@ -100,28 +100,15 @@ pub struct Kv {
 }
 
 enum Backend {
-    Memory(Mutex<Memory>),
+    Memory(Mutex<ExpiringMap<String>>),
     Redis(ConnectionManager),
-}
-
-struct Memory {
-    values: HashMap<String, Kept>,
-    max_entries: usize,
-}
-
-struct Kept {
-    value: String,
-    expires: Instant,
 }
 
 impl Kv {
     /// Values in this process's memory, at most `max_entries` at once.
     pub fn memory(prefix: &str, max_entries: usize) -> Self {
         Self {
-            backend: Backend::Memory(Mutex::new(Memory {
-                values: HashMap::new(),
-                max_entries: max_entries.max(1),
-            })),
+            backend: Backend::Memory(Mutex::new(ExpiringMap::new(max_entries))),
             prefix: prefix.to_string(),
         }
     }
@@ -156,7 +143,7 @@ impl Kv {
             Backend::Memory(memory) => {
                 let now = Instant::now();
                 let memory = lock(memory);
-                Ok(full.iter().map(|k| memory.get(k, now)).collect())
+                Ok(full.iter().map(|k| memory.get(k, now).cloned()).collect())
             }
             Backend::Redis(connection) => {
                 if full.is_empty() {
@@ -190,7 +177,7 @@ impl Kv {
             Backend::Memory(memory) => {
                 let now = Instant::now();
                 let mut memory = lock(memory);
-                let current = memory.get(&key, now).unwrap_or_default();
+                let current = memory.get(&key, now).cloned().unwrap_or_default();
                 let (answer, write) = change(&current)?;
                 if let Write::Set { value, keep_ms } = write {
                     memory.set(key, value, now + Duration::from_millis(keep_ms), now);
@@ -236,46 +223,20 @@ impl Kv {
     /// fault; nothing in Redis is touched).
     pub fn forget_memory(&self) {
         if let Backend::Memory(memory) = &self.backend {
-            lock(memory).values.clear();
+            lock(memory).clear();
         }
     }
 
     /// Values held in this process's memory now (0 in Redis).
     pub fn len(&self) -> usize {
         match &self.backend {
-            Backend::Memory(memory) => lock(memory).values.len(),
+            Backend::Memory(memory) => lock(memory).len(),
             Backend::Redis(_) => 0,
         }
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-impl Memory {
-    fn get(&self, key: &str, now: Instant) -> Option<String> {
-        self.values
-            .get(key)
-            .filter(|kept| kept.expires > now)
-            .map(|kept| kept.value.clone())
-    }
-
-    fn set(&mut self, key: String, value: String, expires: Instant, now: Instant) {
-        if !self.values.contains_key(&key) && self.values.len() >= self.max_entries {
-            self.values.retain(|_, kept| kept.expires > now);
-            if self.values.len() >= self.max_entries {
-                let first = self
-                    .values
-                    .iter()
-                    .min_by_key(|(_, kept)| kept.expires)
-                    .map(|(k, _)| k.clone());
-                if let Some(first) = first {
-                    self.values.remove(&first);
-                }
-            }
-        }
-        self.values.insert(key, Kept { value, expires });
     }
 }
 

@@ -11,6 +11,7 @@ pub mod as_code;
 pub mod auth;
 pub mod clock;
 pub mod error;
+mod expiring;
 pub mod fleet;
 pub mod kv;
 pub mod live;

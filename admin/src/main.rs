@@ -118,7 +118,9 @@ struct Args {
     #[arg(long, env = "SLUICE_TLS_SELF_SIGNED", conflicts_with = "tls_cert")]
     tls_self_signed: Option<PathBuf>,
     /// Connections open at once, at most (more wait to be accepted).
-    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 1024)]
+    /// Each Envoy holds two over HTTP/1.1 (its watch and its sync); the
+    /// open-files limit is raised to fit, as far as its hard limit allows.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = sluice_admin::server::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// How long a client has to send its request headers (slow clients
     /// cannot hold connections), e.g. 10s.
@@ -517,7 +519,7 @@ async fn main() -> anyhow::Result<()> {
         bail!("--tls-listen goes with a certificate (--tls-cert and --tls-key, or --tls-self-signed), and the other way round");
     }
     let limits = sluice_admin::server::ServerLimits {
-        max_connections: args.max_connections.max(1),
+        max_connections: sluice_admin::server::connections_within_open_files(args.max_connections),
         header_read_timeout: args.header_read_timeout.as_duration(),
         ..Default::default()
     };

@@ -88,14 +88,63 @@ pub struct ServerLimits {
     pub handshake_timeout: Duration,
 }
 
+/// Connections open at once by default: every Envoy holds two over
+/// HTTP/1.1 (its watch, held, and its sync), one over HTTP/2; at 1 024,
+/// a thousand Envoys' watches left their syncs waiting seconds to be
+/// accepted (BENCHMARKS.md section 12).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
+/// File descriptors kept for what is not a client's connection: the
+/// database, Redis, logs, the listeners.
+const OTHER_FILES: u64 = 256;
+
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
-            max_connections: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// The connections this process can hold at once, at most `wanted`: its
+/// open-files limit raised towards the hard limit as far as `wanted`
+/// needs; when that is not enough, what the limit leaves (past it,
+/// `accept` fails and a connection waits anyway, with a warning each
+/// time).
+pub fn connections_within_open_files(wanted: usize) -> usize {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let needed = (wanted as u64).saturating_add(OTHER_FILES);
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    let mut available = soft;
+    if soft < needed {
+        let raised = needed.min(hard);
+        let set = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(raised),
+                maximum: limit.maximum,
+            },
+        );
+        match set {
+            Ok(()) => available = raised,
+            Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+        }
+    }
+    let fits = usize::try_from(available.saturating_sub(OTHER_FILES)).unwrap_or(usize::MAX);
+    if fits < wanted {
+        tracing::warn!(
+            wanted,
+            fits,
+            open_files = available,
+            "the open-files limit (ulimit -n) holds fewer connections than --max-connections: \
+             serving at most {fits} at once; each Envoy holds two over HTTP/1.1"
+        );
+    }
+    wanted.min(fits).max(1)
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets the
@@ -412,6 +461,35 @@ mod tests {
     use tokio::net::TcpStream;
 
     use super::*;
+
+    /// The open-files limit is raised to hold the connections asked for,
+    /// within the hard limit; past the hard limit, what fits is served.
+    #[test]
+    fn the_open_files_limit_is_raised_to_hold_the_connections() {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let before = getrlimit(Resource::Nofile);
+        let (Some(soft), Some(hard)) = (before.current, before.maximum) else {
+            return; // unlimited: nothing to raise
+        };
+        assert!(
+            soft >= 600,
+            "a soft limit of {soft} is too low to lower for this test"
+        );
+        let lowered = soft - 300;
+        let lower = Rlimit {
+            current: Some(lowered),
+            maximum: before.maximum,
+        };
+        setrlimit(Resource::Nofile, lower).unwrap_or_else(|e| panic!("{e}"));
+        let wanted = usize::try_from(soft - OTHER_FILES).unwrap_or(usize::MAX);
+        assert_eq!(connections_within_open_files(wanted), wanted);
+        assert_eq!(getrlimit(Resource::Nofile).current, Some(soft));
+        let too_many = usize::try_from(hard).unwrap_or(usize::MAX);
+        let fits = usize::try_from(hard - OTHER_FILES).unwrap_or(usize::MAX);
+        assert_eq!(connections_within_open_files(too_many), fits);
+        assert_eq!(connections_within_open_files(10), 10);
+        setrlimit(Resource::Nofile, before).unwrap_or_else(|e| panic!("{e}"));
+    }
 
     /// A server whose one route asks to count its connection's close by
     /// the peer; idle connections closed after 300 ms.

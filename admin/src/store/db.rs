@@ -135,6 +135,16 @@ enum Access {
     Write,
     /// A change outside the write lock.
     Touch,
+    /// A change outside the write lock that the next one of its kind
+    /// replaces (an Envoy's last sync and report, once a second, and the
+    /// per-minute counts of warn lines crossed read off it): its
+    /// commit does not wait for the disk. A crash of the admin loses none
+    /// of it; a crash of the machine may lose the last moments of it,
+    /// never the database (SQLite's WAL with `synchronous = NORMAL`,
+    /// PostgreSQL's `synchronous_commit = off`). Waiting for the disk
+    /// on every sync, one admin on SQLite answered at most some 300
+    /// syncs a second, whatever its CPU (BENCHMARKS.md section 12).
+    Note,
 }
 
 /// PostgreSQL connections: a small pool, so that one connection being
@@ -288,6 +298,15 @@ impl Db {
         self.transaction(Access::Touch, f)
     }
 
+    /// [`Self::touch`] for a change whose last moments may be lost to a
+    /// crash of the machine (see [`Access::Note`]).
+    pub fn note<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.transaction(Access::Note, f)
+    }
+
     fn transaction<T>(
         &self,
         access: Access,
@@ -300,8 +319,16 @@ impl Db {
                     Access::Read => TransactionBehavior::Deferred,
                     // SQLite has one writer at a time: taking it at the
                     // start is the write lock.
-                    Access::Write | Access::Touch => TransactionBehavior::Immediate,
+                    Access::Write | Access::Touch | Access::Note => TransactionBehavior::Immediate,
                 };
+                // Set for every transaction: the connection's setting
+                // outlives the transaction that chose it.
+                let synchronous = if access == Access::Note {
+                    "NORMAL"
+                } else {
+                    "FULL"
+                };
+                conn.pragma_update(None, "synchronous", synchronous)?;
                 let mut tx = conn.transaction_with_behavior(behavior)?;
                 let out = f(&mut SqliteTx(&mut tx))?;
                 tx.commit()?;
@@ -318,8 +345,11 @@ impl Db {
                         .start()?,
                     // Read committed: after the lock, every statement sees
                     // the latest commit.
-                    Access::Write | Access::Touch => client.transaction()?,
+                    Access::Write | Access::Touch | Access::Note => client.transaction()?,
                 };
+                if access == Access::Note {
+                    tx.batch_execute("SET LOCAL synchronous_commit = off")?;
+                }
                 if access == Access::Write {
                     tx.execute(
                         "SELECT value FROM settings WHERE key = 'policy_set_version' FOR UPDATE",

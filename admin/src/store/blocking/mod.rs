@@ -358,7 +358,7 @@ impl BlockingStore {
             })
         }
         .unwrap_or_else(|_| "{}".into());
-        self.db.touch(|sql| {
+        self.db.note(|sql| {
             let previous = sql.query_one(
                 "SELECT report FROM instances WHERE id = $1",
                 &[report.instance.as_str().into()],

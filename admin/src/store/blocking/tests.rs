@@ -34,3 +34,28 @@ fn warning_rows_past_their_retention_are_deleted() {
         "the old warning row went, the person's change stayed"
     );
 }
+
+/// An Envoy's sync record commits without waiting for the disk; every
+/// other change still waits for it, also right after a sync's.
+#[test]
+fn only_a_sync_record_commits_without_waiting_for_the_disk() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = BlockingStore::open(&dir.path().join("s.db")).unwrap_or_else(|e| panic!("{e}"));
+    let synchronous = |sql: &mut dyn Sql| {
+        sql.query_one("PRAGMA synchronous", &[])?
+            .map_or(Ok(0), |r| r.uint(0))
+    };
+    let (normal, full) = (1, 2);
+    let noted = store.db.note(synchronous).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(noted, normal);
+    for access in ["touch", "write", "read"] {
+        let seen = match access {
+            "touch" => store.db.touch(synchronous),
+            "write" => store.db.write(synchronous),
+            _ => store.db.read(synchronous),
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(seen, full, "{access}");
+        store.db.note(synchronous).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
