@@ -291,9 +291,11 @@ impl Ledgers {
         now: Instant,
     ) -> Result<(Share, bool), FleetError> {
         self.update(name, terms, now, |ledger| {
-            let before = ledger.reserved(terms, now);
+            // The sync changes this instance's member only: what it
+            // frees of the whole is what it frees of its own.
+            let before = ledger.reserved_by(terms, instance, now);
             let share = ledger.sync_usage(terms, instance, usage, held, now);
-            let after = ledger.reserved(terms, now);
+            let after = ledger.reserved_by(terms, instance, now);
             let tell = worth_telling(before.minus(after), terms.limit)
                 || worth_telling(ledger.held_back(instance), terms.limit);
             (share, tell)

@@ -181,12 +181,25 @@ proptest! {
                     continue;
                 }
                 inst.last_reached_ms = now;
+                let whole_before = ledger.reserved(&TERMS, at(now));
+                let own_before = ledger.reserved_by(&TERMS, inst.name, at(now));
                 let share = ledger.sync(
                     &TERMS,
                     inst.name,
                     turn.demand,
                     inst.newest.map(as_reported),
                     at(now),
+                );
+                // What a sync moves of the whole is what it moves of its
+                // own member: the admin weighs that one only to tell the
+                // others to sync now (`admin/src/fleet.rs`, `sync_one`).
+                let whole_after = ledger.reserved(&TERMS, at(now));
+                let own_after = ledger.reserved_by(&TERMS, inst.name, at(now));
+                let moved = (whole_before.rate - whole_after.rate) - (own_before.rate - own_after.rate);
+                prop_assert!(moved.abs() <= 1e-9 * TERMS.limit.rate, "{moved} at {now}");
+                prop_assert_eq!(
+                    i64::from(whole_before.in_flight) - i64::from(whole_after.in_flight),
+                    i64::from(own_before.in_flight) - i64::from(own_after.in_flight)
                 );
                 if turn.answered {
                     inst.newest = Some(share);

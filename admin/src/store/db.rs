@@ -228,6 +228,9 @@ pub fn postgres_tls(
     Ok(MakeRustlsConnect::new(tls))
 }
 
+/// More than the store's distinct statements.
+const SQLITE_STATEMENTS_CACHED: usize = 256;
+
 impl Db {
     /// Opens (creating if needed) the SQLite file, in WAL mode, and runs
     /// the migrations.
@@ -237,6 +240,9 @@ impl Db {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Every statement the store runs stays prepared: parsing them
+        // again took a tenth of the CPU of a sync.
+        conn.set_prepared_statement_cache_capacity(SQLITE_STATEMENTS_CACHED);
         Migrations::from_slice(SQLITE_MIGRATIONS).to_latest(&mut conn)?;
         Ok(Db::Sqlite(Mutex::new(conn)))
     }
@@ -430,12 +436,13 @@ impl Sql for SqliteTx<'_, '_> {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError> {
         let changed = self
             .0
-            .execute(&sqlite_sql(sql), rusqlite::params_from_iter(params))?;
+            .prepare_cached(&sqlite_sql(sql))?
+            .execute(rusqlite::params_from_iter(params))?;
         Ok(changed as u64)
     }
 
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
-        let mut stmt = self.0.prepare(&sqlite_sql(sql))?;
+        let mut stmt = self.0.prepare_cached(&sqlite_sql(sql))?;
         let columns = stmt.column_count();
         let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
             (0..columns)

@@ -391,6 +391,17 @@ impl Ledger {
             .fold(Amount::default(), Amount::plus)
     }
 
+    /// What `instance` may be enforcing now. A sync changes its own
+    /// member only (the members it forgets reserve nothing), so what it
+    /// moves of [`Self::reserved`] is what it moves of this: one member
+    /// weighed instead of every one, before and after.
+    pub fn reserved_by(&self, terms: &FleetTerms, instance: &str, now: Instant) -> Amount {
+        self.members
+            .get(instance)
+            .map(|m| m.reserved(terms.limit, terms.lease, now))
+            .unwrap_or_default()
+    }
+
     /// Instances still holding a reservation: what each may enforce, uses
     /// and wants, for the UI.
     pub fn members(&self, terms: &FleetTerms, now: Instant) -> Vec<MemberState> {
