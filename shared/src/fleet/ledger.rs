@@ -95,6 +95,13 @@ pub struct Ledger {
     /// Found lost, and no sync since: the recovery starts at the next one.
     #[serde(default)]
     lost: bool,
+    /// No member's reservation (for `forget_lease`) ends before this:
+    /// until then a sync has nobody to forget, and does not go through
+    /// every member to find that out. EPOCH: not known.
+    #[serde(default, rename = "next_forget_ms", with = "millis")]
+    next_forget: Instant,
+    #[serde(default, rename = "forget_lease_ms", with = "millis")]
+    forget_lease: Span,
 }
 
 impl Ledger {
@@ -213,12 +220,15 @@ impl Ledger {
             let newest = held.id().min((now + terms.lease).as_millis());
             member.shares.retain(|s| s.id() >= newest);
         }
+        // Told apart by address: comparing every name cost more than the
+        // sum itself at a thousand members.
+        let own: *const Member = member;
         let target = self.target(terms, instance, now);
         let others = self
             .members
-            .iter()
-            .filter(|(n, _)| n.as_str() != instance)
-            .fold(Amount::default(), |acc, (_, m)| {
+            .values()
+            .filter(|m| !std::ptr::eq(*m, own))
+            .fold(Amount::default(), |acc, m| {
                 acc.plus(m.reserved(terms.limit, terms.lease, now))
             });
         let mut amount = target.min(terms.limit.minus(others));
@@ -254,6 +264,8 @@ impl Ledger {
             } else {
                 target.minus(amount)
             };
+            let until = member.reserved_until(terms.lease);
+            self.may_forget_at(until);
         }
         share
     }
@@ -356,7 +368,7 @@ impl Ledger {
         let active: Vec<(&String, &Member)> = self
             .members
             .iter()
-            .filter(|(n, m)| n.as_str() == instance || now - m.last_heard < terms.lease)
+            .filter(|(n, m)| now - m.last_heard < terms.lease || n.as_str() == instance)
             .collect();
         let demands: Vec<Demand> = active.iter().map(|(_, m)| m.demand).collect();
         let keys: Vec<&[KeyDemand]> = active.iter().map(|(_, m)| m.fair.as_slice()).collect();
@@ -379,6 +391,8 @@ impl Ledger {
         if let Some(member) = self.members.get_mut(instance) {
             if at >= member.last_heard {
                 member.departed = at;
+                // Its reservation may now end sooner.
+                self.next_forget = Instant::EPOCH;
             }
         }
     }
@@ -422,8 +436,23 @@ impl Ledger {
     /// An instance whose reservation ended no longer counts; its share
     /// goes to the rest.
     fn forget_gone(&mut self, terms: &FleetTerms, now: Instant) {
-        self.members
-            .retain(|_, m| now < m.reserved_until(terms.lease));
+        if now < self.next_forget && terms.lease == self.forget_lease {
+            return;
+        }
+        let mut next = Instant::MAX;
+        self.members.retain(|_, m| {
+            let until = m.reserved_until(terms.lease);
+            next = next.min(until);
+            now < until
+        });
+        self.next_forget = next;
+        self.forget_lease = terms.lease;
+    }
+
+    /// `member`'s reservation may end sooner than any before: when it
+    /// does is the next time a sync has someone to forget.
+    fn may_forget_at(&mut self, until: Instant) {
+        self.next_forget = self.next_forget.min(until);
     }
 }
 
@@ -480,6 +509,49 @@ mod tests {
             in_flight,
             waiting: 0,
             at: t(at_ms),
+        }
+    }
+
+    proptest::proptest! {
+        /// A sync goes through every member to forget the gone ones only
+        /// when one may be gone (`next_forget`): exactly what going
+        /// through them at every sync gives, through departures, silences
+        /// longer than a lease and leases changed by an edit.
+        #[test]
+        fn forgetting_only_when_someone_may_be_gone_changes_nothing(
+            steps in proptest::collection::vec(
+                (0usize..5, 0u64..2_500, 0.0f64..2_000.0, 0u8..12, proptest::bool::weighted(0.7)),
+                1..300,
+            ),
+        ) {
+            let names = ["a", "b", "c", "d", "e"];
+            let (mut lazy, mut eager) = (Ledger::default(), Ledger::default());
+            let mut held: [Option<Share>; 5] = [None; 5];
+            let mut now = 0;
+            for (who, wait, rate, what, answered) in steps {
+                now += wait;
+                let name = names[who];
+                if what == 0 {
+                    lazy.departed(name, t(now));
+                    eager.departed(name, t(now));
+                    continue;
+                }
+                // An edit now and then changes the lease.
+                let lease = Span::from_millis(if what == 1 { 700 } else { 2_000 });
+                let terms = FleetTerms { lease, ..TERMS };
+                eager.next_forget = Instant::EPOCH;
+                let a = lazy.sync(&terms, name, wants(rate, 10), held[who], t(now));
+                let b = eager.sync(&terms, name, wants(rate, 10), held[who], t(now));
+                proptest::prop_assert_eq!(a, b, "at {}", now);
+                proptest::prop_assert_eq!(
+                    lazy.members.keys().collect::<Vec<_>>(),
+                    eager.members.keys().collect::<Vec<_>>(),
+                    "at {}", now
+                );
+                if answered {
+                    held[who] = Some(a);
+                }
+            }
         }
     }
 
