@@ -116,7 +116,7 @@ async fn answer_sync(state: &AppState, report: SyncReport) -> Result<AdminAnswer
     }
     Ok(AdminAnswer {
         version: Some(set.version),
-        set: (!current).then_some(set),
+        set: (!current).then(|| sluice_shared::PolicySet::clone(&set)),
         epoch,
         shares,
         budgets: recorded.budgets,

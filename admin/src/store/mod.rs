@@ -11,6 +11,7 @@ mod db;
 mod people;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
 use sluice_api::people::{Role, TokenInfo, TokenScope, UserInfo};
@@ -103,7 +104,7 @@ pub fn now_ms() -> u64 {
 /// What a sync is answered from.
 pub struct SyncAnswer {
     pub report: SyncReport,
-    pub set: PolicySet,
+    pub set: Arc<PolicySet>,
     pub epoch: u64,
     /// The report named a version of this epoch the store has not reached,
     /// and the store drew a new epoch.
@@ -249,7 +250,7 @@ impl Store {
     /// [`BlockingStore::renew_epoch`]).
     pub async fn record_sync(&self, mut report: SyncReport) -> Result<SyncAnswer, StoreError> {
         self.run(move |s| {
-            let set = s.policy_set()?;
+            let set = s.current_set()?;
             report.keep_known(&set);
             s.record_sync(&report)?;
             let mut epoch = s.epoch()?;

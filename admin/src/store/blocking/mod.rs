@@ -41,7 +41,19 @@ pub struct BlockingStore {
     /// What fleet shares are tagged with (`sluice_shared::fleet::share_tag`):
     /// drawn once per store, the same for every replica on it.
     fleet_secret: [u8; sluice_shared::fleet::share_tag::SECRET_LEN],
+    /// The set as the last sync read it (see [`Self::current_set`]).
+    set_cache: Arc<std::sync::Mutex<Option<CachedSet>>>,
 }
+
+struct CachedSet {
+    set: Arc<PolicySet>,
+    read_at: std::time::Instant,
+}
+
+/// A set read for the syncs is read again after this, whatever its
+/// version says: a database restored under a running admin may reach the
+/// same version with other policies.
+const SET_REREAD: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Warning-line rows of the audit log are kept this long by default
 /// (`--warn-retention`).
@@ -107,6 +119,7 @@ impl BlockingStore {
             db: Arc::new(db),
             warn_retention_ms: DEFAULT_WARN_RETENTION_MS,
             fleet_secret: [0; sluice_shared::fleet::share_tag::SECRET_LEN],
+            set_cache: Arc::default(),
         };
         let epoch = new_epoch()?;
         let secret = [new_epoch()?, new_epoch()?];
@@ -181,6 +194,32 @@ impl BlockingStore {
                 policies: list(sql)?.into_iter().map(|s| s.policy).collect(),
             })
         })
+    }
+
+    /// The set for a sync: as [`Self::policy_set`] reads it, parsed again
+    /// only when its version moved or [`SET_REREAD`] passed. Each sync
+    /// parsing every policy and price anew was a tenth of its CPU.
+    pub fn current_set(&self) -> Result<Arc<PolicySet>, StoreError> {
+        let version = self.policy_set_version()?;
+        let cached = self
+            .set_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .filter(|c| c.set.version == version && c.read_at.elapsed() < SET_REREAD)
+            .map(|c| Arc::clone(&c.set));
+        if let Some(set) = cached {
+            return Ok(set);
+        }
+        let set = Arc::new(self.policy_set()?);
+        *self
+            .set_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(CachedSet {
+            set: Arc::clone(&set),
+            read_at: std::time::Instant::now(),
+        });
+        Ok(set)
     }
 
     pub fn get(&self, name: &str) -> Result<StoredPolicy, StoreError> {

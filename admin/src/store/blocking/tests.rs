@@ -59,3 +59,39 @@ fn only_a_sync_record_commits_without_waiting_for_the_disk() {
         store.db.note(synchronous).unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// The set a sync reads is parsed once per version: the same set while
+/// nothing changes, the new one as soon as any handle on the database
+/// (another replica) writes.
+#[test]
+fn a_sync_reads_the_set_again_only_when_it_changed() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("s.db");
+    let store = BlockingStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let other = BlockingStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let policy = |requests: u64| -> sluice_shared::Policy {
+        serde_json::from_value(
+            serde_json::json!({"name": "bank", "match": {"host": "bank.example"},
+            "rate": {"requests": requests, "period": "1s"}}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let first = store.current_set().unwrap_or_else(|e| panic!("{e}"));
+    let again = store.current_set().unwrap_or_else(|e| panic!("{e}"));
+    assert!(Arc::ptr_eq(&first, &again), "not parsed again");
+    other
+        .create(policy(5), "alice")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let changed = store.current_set().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(changed.version, first.version + 1);
+    assert_eq!(changed.policies.len(), 1);
+    store
+        .update("bank", policy(7), 1, "alice")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let updated = store.current_set().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(updated.version, changed.version + 1);
+    assert!(updated.policies[0]
+        .rate
+        .as_ref()
+        .is_some_and(|r| r.requests == 7));
+}
