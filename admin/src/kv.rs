@@ -35,7 +35,7 @@ return 1
 /// lost so far, at most 5 ms. Trying again at once, the loser met the
 /// winner's next change every time: two replicas bumping one counter
 /// (`store_backends`), one lost 50 races in a row.
-fn after_a_race(lost: u32) -> Duration {
+pub(crate) fn after_a_race(lost: u32) -> Duration {
     let most = Duration::from_micros(200)
         .saturating_mul(lost)
         .min(Duration::from_millis(5));
@@ -90,6 +90,13 @@ impl RedisConnection {
         Ok(Self(
             client.get_connection_manager_with_config(config).await?,
         ))
+    }
+}
+
+impl RedisConnection {
+    /// The connection itself, for a store with scripts of its own.
+    pub(crate) fn manager(&self) -> ConnectionManager {
+        self.0.clone()
     }
 }
 

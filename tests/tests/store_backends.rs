@@ -420,3 +420,208 @@ async fn key_value_store_keeps_one_contract_in_memory_and_in_redis() -> anyhow::
     println!("kv redis: 200 updates from two replicas, none lost ({raced} raced and read again); three raced tries give up");
     Ok(())
 }
+
+/// Fleet ledgers shared by two admin replicas in a real Redis, in parts:
+/// each sync through either replica gives the very share one ledger in
+/// memory gives for the same syncs (the same secret tags both), through
+/// an instance going silent and forgotten, a replica further behind than
+/// the log reaches (it reads the ledger whole), and Redis restarting
+/// empty (each takes the ledger as lost, as the one in memory does when
+/// it is forgotten). Then both replicas syncing at once: they end with
+/// the same ledger, and the shares they gave never add up to more than
+/// the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_one_ledger_in_redis_as_one_admin_does_in_memory() -> anyhow::Result<()> {
+    use sluice_admin::fleet::Ledgers;
+    use sluice_admin::kv::RedisConnection;
+    use sluice_e2e::redis::RedisServer;
+    use sluice_shared::time::Span;
+    use sluice_shared::PolicySet;
+    use sluice_wire::stats::PolicyCounter;
+    use sluice_wire::sync::{HeldShareReport, PolicyReport, ShareMessage};
+
+    let policy: Policy = serde_json::from_value(serde_json::json!({
+        "name": "fleet", "match": {"host": "fleet.example"}, "scope": "global",
+        "rate": {"requests": 1000, "period": "1s"}, "concurrency": {"max_in_flight": 100}}))?;
+    let set = PolicySet {
+        version: 1,
+        prices: Default::default(),
+        policies: vec![policy],
+    };
+    let mut redis = RedisServer::start()?;
+    let secret = [7u8; sluice_shared::fleet::share_tag::SECRET_LEN];
+    let replicas = [
+        Ledgers::redis(&RedisConnection::open(&redis.url(), None).await?).with_secret(secret),
+        Ledgers::redis(&RedisConnection::open(&redis.url(), None).await?).with_secret(secret),
+    ];
+    let memory = Ledgers::default().with_secret(secret);
+    // Past every ledger's start, so that none takes itself for young.
+    let start = replicas[0].now().max(replicas[1].now()).max(memory.now()) + Span::from_secs(3_600);
+
+    // What each instance has admitted so far, and the share it holds.
+    let mut counted = [0u64; 7];
+    let mut held: [Option<ShareMessage>; 7] = [None; 7];
+    let report = |i: usize, counted: u64, held: Option<ShareMessage>, at_ms: u64| {
+        let mut counts = PolicyReport::default();
+        counts.counts.set(PolicyCounter::Admitted, counted);
+        counts
+            .counts
+            .set(PolicyCounter::Rejected, counted / (i as u64 + 1));
+        counts
+            .counts
+            .set(PolicyCounter::InFlight, (i as u64 * 7) % 40);
+        let mut report = SyncReport {
+            instance: format!("envoy-{i}"),
+            at_ms,
+            ..Default::default()
+        };
+        report.policies.insert("fleet".into(), counts);
+        if let Some(share) = held {
+            report.shares.insert("fleet".into(), share.id);
+            report.held.insert(
+                "fleet".into(),
+                HeldShareReport {
+                    rate: share.rate,
+                    in_flight: share.in_flight,
+                    instances: share.instances,
+                    tag: share.tag,
+                },
+            );
+        }
+        report
+    };
+    let mut elapsed = Span::ZERO;
+    // Phase 1: runs of three syncs on each replica, 23 ms apart; envoy-6
+    // goes silent after a while and is forgotten. Phase 2: only the
+    // first replica, 0.1 ms apart, past what the log keeps; envoy-5 syncs
+    // at its start only, so that the log no longer names it when the
+    // second replica looks again. Phase 3: after Redis restarted empty.
+    let mut plan: Vec<(usize, usize, Span)> = (0..700)
+        .filter_map(|n| {
+            (n % 7 != 6 || n < 80).then_some((n % 7, (n / 3) % 2, Span::from_millis(23)))
+        })
+        .collect();
+    plan.extend(
+        (0..4_300)
+            .map(|n| if n < 20 { n % 6 } else { n % 5 })
+            .map(|i| (i, 0, Span::from_nanos(100_000))),
+    );
+    plan.push((0, 1, Span::from_millis(23)));
+    let caught_up = plan.len();
+    plan.extend((1..6).map(|i| (i, 1, Span::from_millis(23))));
+    let restart_at = plan.len();
+    plan.extend((0..300).map(|n| (n % 6, n % 2, Span::from_millis(23))));
+    fn view<T: serde::Serialize>(v: T) -> serde_json::Result<serde_json::Value> {
+        serde_json::to_value(v)
+    }
+    // Each member and when it last synced, as a ledger's view shows them.
+    let members = |views: serde_json::Value| -> Vec<(String, u64)> {
+        views[0]["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                Some((
+                    m["instance"].as_str()?.to_string(),
+                    m["last_sync_ms"].as_u64()?,
+                ))
+            })
+            .collect()
+    };
+    for (n, &(i, replica, wait)) in plan.iter().enumerate() {
+        if n == caught_up {
+            // The second replica, back after the log moved on, read the
+            // ledger whole: every member as one ledger has it (envoy-5's
+            // last sync too, which the log no longer names).
+            let now = start + elapsed;
+            let expected = members(view(memory.views_at(&set, now).await?)?);
+            for replica in &replicas {
+                assert_eq!(members(view(replica.views_at(&set, now).await?)?), expected);
+            }
+        }
+        if n == restart_at {
+            redis.restart()?;
+            memory.forget_all();
+        }
+        elapsed = elapsed + wait;
+        let now = start + elapsed;
+        counted[i] += 20 + 13 * i as u64;
+        let report = report(i, counted[i], held[i], now.as_millis());
+        let reference = memory.shares_at(&set, &report, now).await?;
+        let mut tries = 0;
+        let shared = loop {
+            match replicas[replica].shares_at(&set, &report, now).await {
+                Ok(shares) => break shares,
+                // Reconnecting after the restart.
+                Err(e) if n >= restart_at && tries < 100 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => anyhow::bail!("sync {n} through replica {replica}: {e}"),
+            }
+        };
+        // The same share; its rate to the last bits JSON keeps (Redis
+        // holds the ledger as JSON), its tag with it.
+        let (got, want) = (shared.message.get("fleet"), reference.message.get("fleet"));
+        let same = match (got, want) {
+            (Some(g), Some(w)) => {
+                (g.in_flight, g.lease_ms, g.instances, g.id)
+                    == (w.in_flight, w.lease_ms, w.instances, w.id)
+                    && (g.rate - w.rate).abs() <= 1e-9 * w.rate.max(1.0)
+            }
+            _ => false,
+        };
+        assert!(
+            same,
+            "sync {n} of envoy-{i} through replica {replica}: {got:?}, one ledger in memory: {want:?}"
+        );
+        assert_eq!(shared.freed, reference.freed, "sync {n}");
+        held[i] = shared.message.get("fleet").copied();
+    }
+    let last = start + elapsed + Span::from_millis(23);
+    let expected = members(view(memory.views_at(&set, last).await?)?);
+    for replica in &replicas {
+        let seen = members(view(replica.views_at(&set, last).await?)?);
+        assert_eq!(seen, expected, "the same members");
+    }
+    assert_eq!(expected.len(), 6, "envoy-6 forgotten: {expected:?}");
+
+    // Both replicas at once, three instances each, 300 syncs apiece.
+    let base = last + Span::from_secs(1);
+    let run = |replica: usize, first: usize| {
+        let (ledgers, set) = (&replicas[replica], &set);
+        async move {
+            let mut held: [Option<ShareMessage>; 3] = [None; 3];
+            for n in 0..300u64 {
+                let k = (n % 3) as usize;
+                let i = first + k;
+                let now = base + Span::from_millis(n * 7);
+                let report = report(i, 1_000 * n, held[k], now.as_millis());
+                let shares = ledgers.shares_at(set, &report, now).await?;
+                held[k] = shares.message.get("fleet").copied();
+            }
+            anyhow::Ok(held)
+        }
+    };
+    let (a, b) = tokio::join!(run(0, 0), run(1, 3));
+    let given: Vec<ShareMessage> = a?.into_iter().chain(b?).flatten().collect();
+    let rate: f64 = given.iter().map(|s| s.rate).sum();
+    let in_flight: u32 = given.iter().map(|s| s.in_flight).sum();
+    assert!(
+        rate <= 1000.0 * (1.0 + 1e-9) && in_flight <= 100,
+        "{given:?}"
+    );
+    let end = base + Span::from_secs(3);
+    assert_eq!(
+        view(replicas[0].views_at(&set, end).await?)?,
+        view(replicas[1].views_at(&set, end).await?)?,
+        "both replicas read one ledger"
+    );
+    println!(
+        "fleet ledgers in Redis: {} syncs through two replicas gave what one ledger in memory gives; \
+         at once, they gave {rate:.1}/s and {in_flight} in flight of 1000/s and 100",
+        plan.len()
+    );
+    Ok(())
+}

@@ -85,7 +85,17 @@ pub const USED_WINDOW: Span = Span::from_secs(1);
 /// not hear of has ended and sharing goes on as before.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ledger {
-    members: BTreeMap<String, Member>,
+    pub(super) members: BTreeMap<String, Member>,
+    #[serde(flatten)]
+    pub(super) head: Head,
+    /// The members the last sync forgot (see `ledger_parts`).
+    #[serde(skip)]
+    pub(super) forgotten: Vec<String>,
+}
+
+/// What a ledger keeps that is no one instance's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct Head {
     /// Until when it recovers from a loss (EPOCH: not recovering).
     #[serde(default, rename = "recovering_until_ms", with = "millis")]
     recovering_until: Instant,
@@ -109,17 +119,17 @@ impl Ledger {
     /// it held may still be in force. Recovery lasts from the next sync
     /// (the admin may be out of reach until then) for a lease and a half.
     pub fn lost(&mut self) {
-        self.lost = true;
+        self.head.lost = true;
     }
 
     /// Whether it is recovering from a loss at `now`.
     pub fn recovering(&self, now: Instant) -> bool {
-        self.lost || now < self.recovering_until
+        self.head.lost || now < self.head.recovering_until
     }
 
     fn recover_until(&mut self, terms: &FleetTerms, now: Instant) {
         let until = now + terms.lease + terms.lease.div(2);
-        self.recovering_until = self.recovering_until.max(until);
+        self.head.recovering_until = self.head.recovering_until.max(until);
     }
 
     /// `instance` syncs, wanting `demand`, holding `held`: the newest share
@@ -157,8 +167,9 @@ impl Ledger {
             share: held,
             vouched,
         } = held;
-        let silent = self.last_sync > Instant::EPOCH && now - self.last_sync > terms.lease;
-        if self.lost || silent {
+        let silent =
+            self.head.last_sync > Instant::EPOCH && now - self.head.last_sync > terms.lease;
+        if self.head.lost || silent {
             // Lost, or nobody synced for a lease: the admin was out of
             // reach (its database down, say), not one instance. Every share
             // may have lapsed to its fallback, which the instances still
@@ -166,9 +177,10 @@ impl Ledger {
             // live instance syncs within a lease and a half of the admin
             // answering again; until then nobody grows.
             self.recover_until(terms, now);
-            self.lost = false;
+            self.head.lost = false;
         }
-        self.last_sync = self.last_sync.max(now);
+        self.head.last_sync = self.head.last_sync.max(now);
+        self.forgotten.clear();
         self.forget_gone(terms, now);
         // By id: on the wire (and in Redis) expiries are whole milliseconds.
         let known = held.is_none_or(|h| {
@@ -392,7 +404,7 @@ impl Ledger {
             if at >= member.last_heard {
                 member.departed = at;
                 // Its reservation may now end sooner.
-                self.next_forget = Instant::EPOCH;
+                self.head.next_forget = Instant::EPOCH;
             }
         }
     }
@@ -436,23 +448,28 @@ impl Ledger {
     /// An instance whose reservation ended no longer counts; its share
     /// goes to the rest.
     fn forget_gone(&mut self, terms: &FleetTerms, now: Instant) {
-        if now < self.next_forget && terms.lease == self.forget_lease {
+        if now < self.head.next_forget && terms.lease == self.head.forget_lease {
             return;
         }
         let mut next = Instant::MAX;
-        self.members.retain(|_, m| {
+        let forgotten = &mut self.forgotten;
+        self.members.retain(|name, m| {
             let until = m.reserved_until(terms.lease);
             next = next.min(until);
-            now < until
+            let keep = now < until;
+            if !keep {
+                forgotten.push(name.clone());
+            }
+            keep
         });
-        self.next_forget = next;
-        self.forget_lease = terms.lease;
+        self.head.next_forget = next;
+        self.head.forget_lease = terms.lease;
     }
 
     /// `member`'s reservation may end sooner than any before: when it
     /// does is the next time a sync has someone to forget.
     fn may_forget_at(&mut self, until: Instant) {
-        self.next_forget = self.next_forget.min(until);
+        self.head.next_forget = self.head.next_forget.min(until);
     }
 }
 
@@ -539,7 +556,7 @@ mod tests {
                 // An edit now and then changes the lease.
                 let lease = Span::from_millis(if what == 1 { 700 } else { 2_000 });
                 let terms = FleetTerms { lease, ..TERMS };
-                eager.next_forget = Instant::EPOCH;
+                eager.head.next_forget = Instant::EPOCH;
                 let a = lazy.sync(&terms, name, wants(rate, 10), held[who], t(now));
                 let b = eager.sync(&terms, name, wants(rate, 10), held[who], t(now));
                 proptest::prop_assert_eq!(a, b, "at {}", now);

@@ -33,6 +33,7 @@ pub mod allocation;
 pub mod demand;
 pub mod fair_demand;
 pub mod ledger;
+mod ledger_parts;
 mod member;
 mod share;
 pub mod share_limits;

@@ -3,11 +3,14 @@
 //!
 //! One admin keeps the ledgers in memory, decoded: a sync changes its
 //! Envoy's member in place, under the lock. Several replicas keep them in
-//! Redis, one key per policy, changed only by compare-and-set (`kv.rs`):
-//! a replica reads the ledger, runs the same pure allocation, and writes
-//! back only if nobody wrote in between (else it reads again). Two
-//! replicas therefore never hand out the same room twice. Either way a
-//! ledger is kept for an hour after its last sync.
+//! Redis in parts, each replica a decoded copy, changed only by
+//! compare-and-set on the ledger's version (`replicated.rs`): a replica
+//! reads what the others changed, runs the same pure allocation, and
+//! writes its parts back only if nobody wrote in between (else it reads
+//! again). Two replicas therefore never hand out the same room twice.
+//! Either way a ledger is kept for an hour after its last sync.
+
+mod replicated;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
@@ -18,7 +21,8 @@ use sluice_shared::fleet::{Amount, FleetTerms, Held, Ledger, Share, ShareTags, U
 
 use crate::clock::MonotonicWall;
 use crate::expiring::ExpiringMap;
-use crate::kv::{Kv, KvError, RedisConnection, Write};
+use crate::kv::{KvError, RedisConnection};
+use replicated::ReplicatedLedgers;
 use sluice_shared::{Instant, PolicySet, Scope};
 use sluice_wire::stats::{LimitCounter, PolicyCounter};
 use sluice_wire::sync::{ShareMessage, SharesMessage, SyncReport};
@@ -67,6 +71,8 @@ pub enum FleetError {
     },
     #[error("ledger of {0} kept changing under us ({MAX_CAS_ATTEMPTS} attempts)")]
     Contended(String),
+    #[error("ledger of {policy}: Redis answered something unreadable ({what})")]
+    Unreadable { policy: String, what: String },
 }
 
 pub struct Ledgers {
@@ -92,8 +98,8 @@ const MAX_REFUSED_LOGGED: usize = 10_000;
 enum Store {
     /// One admin's, decoded: no replica reads them.
     Memory(Mutex<ExpiringMap<Ledger>>),
-    /// Replicas', as JSON in Redis.
-    Shared(Kv),
+    /// Replicas', in Redis.
+    Replicated(ReplicatedLedgers),
 }
 
 impl Default for Ledgers {
@@ -103,9 +109,6 @@ impl Default for Ledgers {
         ))))
     }
 }
-
-/// Where ledgers are kept, under a policy's name.
-const LEDGER_PREFIX: &str = "sluice:ledger:";
 
 impl Ledgers {
     fn in_store(ledgers: Store) -> Self {
@@ -168,7 +171,9 @@ impl Ledgers {
     /// re-established by itself after Redis restarts; meanwhile syncs get
     /// no shares and Envoys keep theirs until their leases end.
     pub fn redis(connection: &RedisConnection) -> Self {
-        Self::in_store(Store::Shared(Kv::redis(connection, LEDGER_PREFIX)))
+        Self::in_store(Store::Replicated(ReplicatedLedgers::new(
+            connection.manager(),
+        )))
     }
 
     /// Every ledger kept in memory gone, as a Redis restarted without
@@ -290,7 +295,7 @@ impl Ledgers {
         held: Held,
         now: Instant,
     ) -> Result<(Share, bool), FleetError> {
-        self.update(name, terms, now, |ledger| {
+        self.update(name, instance, (terms, now), |ledger| {
             // The sync changes this instance's member only: what it
             // frees of the whole is what it frees of its own.
             let before = ledger.reserved_by(terms, instance, now);
@@ -355,8 +360,10 @@ impl Ledgers {
             if !done.insert(name.clone()) || self.read(&name).await?.is_none() {
                 continue;
             }
-            self.update(&name, &terms, now, |ledger| ledger.departed(instance, now))
-                .await?;
+            self.update(&name, instance, (&terms, now), |ledger| {
+                ledger.departed(instance, now)
+            })
+            .await?;
         }
         Ok(())
     }
@@ -426,49 +433,33 @@ impl Ledgers {
     }
 
     async fn read(&self, policy: &str) -> Result<Option<Ledger>, FleetError> {
-        let kv = match &self.ledgers {
+        match &self.ledgers {
             Store::Memory(memory) => {
-                return Ok(lock(memory).get(policy, std::time::Instant::now()).cloned())
+                Ok(lock(memory).get(policy, std::time::Instant::now()).cloned())
             }
-            Store::Shared(kv) => kv,
-        };
-        match kv.get(policy).await?.as_deref() {
-            None | Some("") => Ok(None),
-            Some(raw) => decode(policy, raw).map(Some),
+            Store::Replicated(replicated) => replicated.read(policy).await,
         }
     }
 
+    /// Runs `change` on the ledger of `policy`, which changes `touched`'s
+    /// member (and forgets members whose reservations ended).
     async fn update<R>(
         &self,
         policy: &str,
-        terms: &FleetTerms,
-        now: Instant,
+        touched: &str,
+        (terms, now): (&FleetTerms, Instant),
         change: impl Fn(&mut Ledger) -> R,
     ) -> Result<R, FleetError> {
+        let fresh = || self.fresh(policy, terms, now);
         let answer = match &self.ledgers {
             Store::Memory(memory) => {
                 let at = std::time::Instant::now();
                 let keep_until = at + std::time::Duration::from_millis(LEDGER_TTL_MS);
                 let mut memory = lock(memory);
-                let ledger = memory.keep(policy, keep_until, at, || self.fresh(policy, terms, now));
-                change(ledger)
+                change(memory.keep(policy, keep_until, at, fresh))
             }
-            Store::Shared(kv) => kv
-                .update(policy, MAX_CAS_ATTEMPTS, |raw| {
-                    let mut ledger = if raw.is_empty() {
-                        self.fresh(policy, terms, now)
-                    } else {
-                        decode(policy, raw)?
-                    };
-                    let answer = change(&mut ledger);
-                    let value =
-                        serde_json::to_string(&ledger).map_err(|source| FleetError::Corrupt {
-                            policy: policy.to_string(),
-                            source,
-                        })?;
-                    let keep_ms = LEDGER_TTL_MS;
-                    Ok::<_, FleetError>((answer, Write::Set { value, keep_ms }))
-                })
+            Store::Replicated(replicated) => replicated
+                .update(policy, touched, MAX_CAS_ATTEMPTS, fresh, change)
                 .await?
                 .ok_or_else(|| FleetError::Contended(policy.to_string()))?,
         };
@@ -504,16 +495,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn decode(policy: &str, raw: &str) -> Result<Ledger, FleetError> {
-    if raw.is_empty() {
-        return Ok(Ledger::default());
-    }
-    serde_json::from_str(raw).map_err(|source| FleetError::Corrupt {
-        policy: policy.to_string(),
-        source,
-    })
 }
 
 fn message(share: &Share, terms: &FleetTerms, now: Instant, tag: u64) -> ShareMessage {
