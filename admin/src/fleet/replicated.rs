@@ -141,7 +141,11 @@ impl ReplicatedLedgers {
     pub(super) async fn read(&self, name: &str) -> Result<Option<Ledger>, FleetError> {
         let copy = self.copy_of(name);
         let mut copy = copy.lock().await;
-        self.refresh(name, &mut copy).await?;
+        if let Err(e) = self.refresh(name, &mut copy).await {
+            // Half read: read whole next time.
+            *copy = Copy::default();
+            return Err(e);
+        }
         Ok(copy.ledger.clone())
     }
 
@@ -159,12 +163,33 @@ impl ReplicatedLedgers {
     ) -> Result<Option<R>, FleetError> {
         let copy = self.copy_of(name);
         let mut copy = copy.lock().await;
+        let outcome = self
+            .update_copy(name, touched, tries, (&fresh, &change), &mut copy)
+            .await;
+        if outcome.is_err() {
+            // Redis failed between reading and writing (or answered
+            // something unreadable): what the copy holds may be neither
+            // what Redis has nor what it had, so it is read whole next
+            // time.
+            *copy = Copy::default();
+        }
+        outcome
+    }
+
+    async fn update_copy<R>(
+        &self,
+        name: &str,
+        touched: &str,
+        tries: u32,
+        (fresh, change): (&impl Fn() -> Ledger, &impl Fn(&mut Ledger) -> R),
+        copy: &mut Copy,
+    ) -> Result<Option<R>, FleetError> {
         for attempt in 0..tries {
             if attempt > 0 {
                 tokio::time::sleep(after_a_race(attempt)).await;
             }
-            self.refresh(name, &mut copy).await?;
-            let ledger = copy.ledger.get_or_insert_with(&fresh);
+            self.refresh(name, copy).await?;
+            let ledger = copy.ledger.get_or_insert_with(fresh);
             // Only the members this change forgets are to delete.
             ledger.take_forgotten();
             let answer = change(ledger);

@@ -252,7 +252,10 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
             .await
         {
             Ok(_) => edits.push(Instant::now()),
-            Err(e) => println!("fleet of {envoys}, {}: an edit was refused: {e:#}", stores.label()),
+            Err(e) => println!(
+                "fleet of {envoys}, {}: an edit was refused: {e:#}",
+                stores.label()
+            ),
         }
     }
     tokio::time::sleep(run.saturating_sub(started.elapsed())).await;
