@@ -296,7 +296,7 @@ impl Ledgers {
         held: Held,
         now: Instant,
     ) -> Result<(Share, bool), FleetError> {
-        self.update(name, instance, (terms, now), |ledger| {
+        self.update(name, instance, terms, now, |ledger| {
             // The sync changes this instance's member only: what it
             // frees of the whole is what it frees of its own.
             let before = ledger.reserved_by(terms, instance, now);
@@ -363,7 +363,7 @@ impl Ledgers {
             if !done.insert(name.clone()) || self.read(&name).await?.is_none() {
                 continue;
             }
-            self.update(&name, instance, (&terms, now), |ledger| {
+            self.update(&name, instance, &terms, now, |ledger| {
                 ledger.departed(instance, now)
             })
             .await?;
@@ -451,7 +451,8 @@ impl Ledgers {
         &self,
         policy: &str,
         touched: &str,
-        (terms, now): (&FleetTerms, Instant),
+        terms: &FleetTerms,
+        now: Instant,
         change: impl Fn(&mut Ledger) -> R,
     ) -> Result<R, FleetError> {
         let fresh = || self.fresh(policy, terms, now);

@@ -164,7 +164,7 @@ impl ReplicatedLedgers {
         let copy = self.copy_of(name);
         let mut copy = copy.lock().await;
         let outcome = self
-            .update_copy(name, touched, tries, (&fresh, &change), &mut copy)
+            .update_copy(name, touched, tries, &fresh, &change, &mut copy)
             .await;
         if outcome.is_err() {
             // Redis failed between reading and writing (or answered
@@ -181,7 +181,8 @@ impl ReplicatedLedgers {
         name: &str,
         touched: &str,
         tries: u32,
-        (fresh, change): (&impl Fn() -> Ledger, &impl Fn(&mut Ledger) -> R),
+        fresh: &impl Fn() -> Ledger,
+        change: &impl Fn(&mut Ledger) -> R,
         copy: &mut Copy,
     ) -> Result<Option<R>, FleetError> {
         for attempt in 0..tries {
