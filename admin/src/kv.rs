@@ -1,9 +1,10 @@
 //! The key-value store that what admin replicas change together lives in
-//! (relayed provider news; fleet ledgers between replicas): one admin
-//! keeps it in memory, replicas sharing Redis keep it there. Callers see one type with one
-//! set of operations, never the backend: a read, and a read-compute-write
-//! that replaces a value only if nobody changed it in between (a
-//! compare-and-set script in Redis; the lock in memory).
+//! (relayed provider news; fleet ledgers have a store of their own,
+//! `fleet/replicated.rs`): one admin keeps it in memory, replicas sharing
+//! Redis keep it there. Callers see one type with one set of operations,
+//! never the backend: a read, and a read-compute-write that replaces a
+//! value only if nobody changed it in between (a compare-and-set script
+//! in Redis; the lock in memory).
 //!
 //! Both backends keep a value for the time its writer asked (Redis's
 //! `PX`), so what is in memory lives as long as it would in Redis. Memory
