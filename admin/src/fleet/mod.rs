@@ -360,7 +360,7 @@ impl Ledgers {
         let mut done = std::collections::BTreeSet::new();
         for (name, terms) in policies.chain(limits) {
             // A ledger nobody wrote yet has nothing of it to free.
-            if !done.insert(name.clone()) || self.read(&name).await?.is_none() {
+            if !done.insert(name.clone()) || !self.exists(&name).await? {
                 continue;
             }
             self.update(&name, instance, &terms, now, |ledger| {
@@ -434,6 +434,17 @@ impl Ledgers {
             ledger.lost();
         }
         ledger
+    }
+
+    /// Whether `policy` has a ledger, without copying it (a connection
+    /// closing asks; in memory a copy is the whole ledger).
+    async fn exists(&self, policy: &str) -> Result<bool, FleetError> {
+        match &self.ledgers {
+            Store::Memory(memory) => Ok(lock(memory)
+                .get(policy, std::time::Instant::now())
+                .is_some()),
+            Store::Replicated(replicated) => replicated.exists(policy).await,
+        }
     }
 
     async fn read(&self, policy: &str) -> Result<Option<Ledger>, FleetError> {

@@ -96,10 +96,8 @@ return new
 /// ledger whole. A few seconds of a thousand Envoys' syncs.
 const LOG_KEPT: u64 = 4_096;
 
-/// Ledgers one replica keeps decoded at once.
-const MAX_CACHED: usize = 100_000;
-
-/// One replica's copy of one ledger.
+/// One replica's copy of one ledger (at most as many as one admin keeps
+/// in memory).
 #[derive(Default)]
 struct Copy {
     /// Which incarnation of the ledger in Redis it is of ("": none).
@@ -121,7 +119,7 @@ impl ReplicatedLedgers {
     pub(super) fn new(connection: ConnectionManager) -> Self {
         Self {
             connection,
-            copies: Mutex::new(ExpiringMap::new(MAX_CACHED)),
+            copies: Mutex::new(ExpiringMap::new(super::MAX_LEDGERS_IN_MEMORY)),
             read: redis::Script::new(READ),
             write: redis::Script::new(WRITE),
         }
@@ -139,6 +137,21 @@ impl ReplicatedLedgers {
 
     /// The ledger `name` as Redis has it now; None when it has none.
     pub(super) async fn read(&self, name: &str) -> Result<Option<Ledger>, FleetError> {
+        self.with_current(name, |ledger| ledger.cloned()).await
+    }
+
+    /// Whether Redis has a ledger `name` now (the copy is brought up to
+    /// date, not cloned).
+    pub(super) async fn exists(&self, name: &str) -> Result<bool, FleetError> {
+        self.with_current(name, |ledger| ledger.is_some()).await
+    }
+
+    /// `look` at the copy of `name` once it is what Redis has.
+    async fn with_current<T>(
+        &self,
+        name: &str,
+        look: impl FnOnce(Option<&Ledger>) -> T,
+    ) -> Result<T, FleetError> {
         let copy = self.copy_of(name);
         let mut copy = copy.lock().await;
         if let Err(e) = self.refresh(name, &mut copy).await {
@@ -146,7 +159,7 @@ impl ReplicatedLedgers {
             *copy = Copy::default();
             return Err(e);
         }
-        Ok(copy.ledger.clone())
+        Ok(look(copy.ledger.as_ref()))
     }
 
     /// Runs `change` on the ledger `name` (`fresh()` when Redis has none)
