@@ -47,6 +47,8 @@ struct Prefetch {
     /// that the worker used the bucket).
     handed_out: u64,
     spent: u64,
+    /// A finished call's slot may stay here (`Prefetched::keeps_slots`).
+    keeps_slots: bool,
 }
 
 #[derive(Debug, Default)]
@@ -90,10 +92,11 @@ impl Prefetches {
     }
 
     /// A request of `key`'s bucket finished: its slot stays with this
-    /// worker while a prefetch (one that handed out something: the bucket was far
-    /// from its limits) lives. False when it must go back to shared data at
-    /// once, as near a limit, where another worker or a queued request may
-    /// be waiting for it. `now` is asked only when such a prefetch exists: a
+    /// worker while a prefetch lives whose bucket had slots to spare (far
+    /// from its concurrency limit, nobody waiting; its rate may be near),
+    /// to go back with the worker's next write to the bucket. False when
+    /// it must go back to shared data at once, as near a concurrency limit,
+    /// where another worker or a queued request may be waiting for it. `now` is asked only when such a prefetch exists: a
     /// clock read is a host call, and most streams end with none.
     /// A slot of another lease than the prefetch's goes back to shared data.
     pub fn return_slot(
@@ -103,7 +106,7 @@ impl Prefetches {
         now: impl FnOnce() -> Instant,
     ) -> bool {
         match self.entries.get_mut(&key) {
-            Some(g) if g.handed_out > 0 && g.lease == lease && now() < g.until => {
+            Some(g) if g.keeps_slots && g.lease == lease && now() < g.until => {
                 g.slots += 1;
                 true
             }
@@ -147,6 +150,7 @@ impl Prefetches {
             until: now + PREFETCH_TTL,
             handed_out: prefetched.requests,
             spent: 0,
+            keeps_slots: prefetched.keeps_slots,
         };
         match self.entries.entry(key) {
             Entry::Occupied(mut entry) => {
@@ -246,6 +250,7 @@ mod tests {
             slots,
             requests: tokens.max(u64::from(slots)),
             lease: (slots > 0).then_some(LEASE),
+            keeps_slots: slots > 0,
         }
     }
 
@@ -303,12 +308,43 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_that_prefetched_nothing_keeps_no_slot() {
+    fn a_bucket_near_its_concurrency_limit_keeps_no_slot() {
         let mut g = Prefetches::default();
         g.record(K, "b", Prefetched::default(), T0);
         assert!(
             !g.return_slot(K, Some(LEASE), || T0 + Span::from_nanos(1)),
             "near the limit: straight back"
+        );
+        assert!(!g.holds_slots());
+    }
+
+    #[test]
+    fn near_its_rate_limit_a_bucket_with_slots_to_spare_keeps_a_finished_calls_slot_for_the_next_write(
+    ) {
+        let mut g = Prefetches::default();
+        let rate_near = Prefetched {
+            lease: Some(LEASE),
+            keeps_slots: true,
+            ..Prefetched::default()
+        };
+        g.record(K, "b", rate_near, T0);
+        assert!(
+            g.spend(K, Some(1), true, T0).is_none(),
+            "nothing to admit by"
+        );
+        assert!(g.return_slot(K, Some(LEASE), || T0 + Span::from_nanos(1)));
+        assert!(
+            !g.return_slot(K, Some(Instant::from_nanos(6)), || T0),
+            "a slot of another lease goes back at once"
+        );
+        assert_eq!(
+            g.take_spare(K),
+            Some(SpareSlots {
+                bucket: "b".into(),
+                slots: 1,
+                lease: Some(LEASE)
+            }),
+            "the next call's write gives it back"
         );
         assert!(!g.holds_slots());
     }

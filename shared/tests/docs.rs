@@ -326,3 +326,37 @@ fn the_architecture_pages_crate_table_is_what_the_cargo_files_say() {
         assert!(crossing.is_empty(), "{name} depends on {crossing:?}");
     }
 }
+
+/// Sections of docs/BENCHMARKS.md that lack the line saying when, at which
+/// commit and by which command they were measured (`sluice-bench` writes
+/// it; sections from the e2e suites carry it by hand).
+fn unstamped_sections(page: &str) -> Vec<String> {
+    let mut missing = Vec::new();
+    let mut lines = page.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(heading) = line.strip_prefix("## ") else {
+            continue;
+        };
+        if !heading.starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        let stamp = lines.by_ref().find(|l| !l.trim().is_empty());
+        let stamped = stamp.is_some_and(|s| {
+            s.starts_with("*Measured ") && s.contains(", commit ") && s.contains(", by `")
+        });
+        if !stamped {
+            missing.push(heading.to_string());
+        }
+    }
+    missing
+}
+
+#[test]
+fn every_benchmark_section_says_when_and_by_which_command_it_was_measured() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page = std::fs::read_to_string(root.join("docs/BENCHMARKS.md")).expect("BENCHMARKS.md");
+    assert!(page.matches("\n## ").count() >= 12, "sections not found");
+    assert_eq!(unstamped_sections(&page), Vec::<String>::new());
+    let bare = "## 1. Overhead\n\nCommand: x\n\n## 2. Accuracy\n\n*Measured 2026-12-06, commit abc, by `make bench`.*\n";
+    assert_eq!(unstamped_sections(bare), vec!["1. Overhead".to_string()]);
+}

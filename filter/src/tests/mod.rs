@@ -926,6 +926,116 @@ fn far_from_its_limits_a_worker_reuses_prefetched_slots_and_gives_spares_back() 
 }
 
 #[test]
+fn near_its_rate_limit_with_slots_to_spare_a_call_is_one_round_to_shared_data() {
+    // Every call is decided in shared data (burst 3); its slot, of 1 000,
+    // goes back with the next call's write, not in a write of its own.
+    let policies = r#"{"version": 1, "policies": [
+        {"name": "busy", "match": {"host": "*"}, "rate": {"requests": 100000000, "period": "1s", "burst": 3},
+         "concurrency": {"max_in_flight": 1000}}]}"#;
+    let host = FakeHost::at(T0);
+    let mut a = worker(&host, policies);
+    let mut b = worker(&host, policies);
+    let r = req(b"api.example", &[]);
+    let (before, reads_before) = (shared_writes(&host), host.host_calls_of("shared_get"));
+    for ctx in 0..1000u32 {
+        let w = if ctx % 2 == 0 { &mut a } else { &mut b };
+        assert_eq!(w.on_request(&host, ctx, r.as_slice()), Verdict::Continue);
+        w.on_stream_end(&host, ctx);
+        host.now.set(host.now.get() + Span::from_nanos(100_000));
+    }
+    let writes = shared_writes(&host) - before;
+    let reads = host.host_calls_of("shared_get") - reads_before;
+    assert!(
+        writes <= 1010 && reads <= 1010,
+        "1000 calls took {writes} writes and {reads} reads"
+    );
+    let in_flight = || {
+        host.shared
+            .borrow()
+            .iter()
+            .find(|(k, _)| k.contains("busy"))
+            .map(|(_, (v, _))| {
+                BucketState::decode(v)
+                    .unwrap_or_default()
+                    .leases
+                    .in_flight()
+            })
+    };
+    assert!(
+        in_flight().is_some_and(|n| n <= 2),
+        "at most each worker's last slot is kept: {:?}",
+        in_flight()
+    );
+    // Kept slots lapse with their prefetch and go back on the next tick.
+    host.advance_ms(20);
+    a.on_tick(&host);
+    b.on_tick(&host);
+    assert_eq!(in_flight(), Some(0));
+    assert_eq!(host.metric("sluice.policy.busy.in_flight"), 0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    /// Slots kept aside by workers (prefetched, or a finished call's kept
+    /// for the next write) never let more calls run at once than the
+    /// limit, near or far from the rate limit, and every slot is back in
+    /// the bucket after the calls end and a tick passes.
+    #[test]
+    fn workers_keeping_slots_never_run_more_calls_than_the_limit(
+        max_in_flight in 1u32..=12,
+        burst in prop_oneof![Just(3u64), Just(1_000_000)],
+        steps in prop::collection::vec((0usize..3, 0u8..10, 1u64..400_000), 1..400),
+    ) {
+        let policies = format!(r#"{{"version": 1, "policies": [
+            {{"name": "busy", "match": {{"host": "*"}}, "rate": {{"requests": 100000000, "period": "1s", "burst": {burst}}},
+             "concurrency": {{"max_in_flight": {max_in_flight}}}}}]}}"#);
+        let host = FakeHost::at(T0);
+        let mut workers: Vec<Worker> = (0..3).map(|_| worker(&host, &policies)).collect();
+        let mut running: Vec<Vec<u32>> = vec![Vec::new(); 3];
+        let r = req(b"api.example", &[]);
+        for (ctx, (at, op, gap)) in steps.into_iter().enumerate() {
+            host.now.set(host.now.get() + Span::from_nanos(gap));
+            let w = &mut workers[at];
+            match op {
+                0..=4 => {
+                    if w.on_request(&host, ctx as u32, r.as_slice()) == Verdict::Continue {
+                        running[at].push(ctx as u32);
+                    }
+                }
+                5..=8 => {
+                    if !running[at].is_empty() {
+                        let i = usize::from(op) % running[at].len();
+                        let ended = running[at].swap_remove(i);
+                        w.on_stream_end(&host, ended);
+                    }
+                }
+                _ => {
+                    w.on_tick(&host);
+                }
+            }
+            let now_running: usize = running.iter().map(Vec::len).sum();
+            prop_assert!(now_running <= max_in_flight as usize, "{now_running} running, limit {max_in_flight}");
+        }
+        for (at, w) in workers.iter_mut().enumerate() {
+            for ended in running[at].drain(..) {
+                w.on_stream_end(&host, ended);
+            }
+        }
+        host.advance_ms(25);
+        for w in &mut workers {
+            w.on_tick(&host);
+        }
+        let in_flight = host
+            .shared
+            .borrow()
+            .iter()
+            .find(|(k, _)| k.contains("busy"))
+            .map(|(_, (v, _))| BucketState::decode(v).unwrap_or_default().leases.in_flight());
+        prop_assert!(in_flight.unwrap_or(0) == 0, "{in_flight:?} still held");
+    }
+}
+
+#[test]
 fn near_its_concurrency_limit_no_slot_is_kept_aside() {
     let policies = r#"{"version": 1, "policies": [
         {"name": "c", "match": {"host": "*"}, "concurrency": {"max_in_flight": 4}}]}"#;

@@ -43,6 +43,10 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
 pub struct Report {
     sections: Vec<String>,
     machine: String,
+    /// When, at which commit and by which command this run measured: each
+    /// section it writes says so, and keeps saying so in later runs that
+    /// leave it as it was.
+    stamp: String,
     footprint: BTreeMap<&'static str, String>,
 }
 
@@ -91,11 +95,13 @@ impl Report {
         Ok(Self {
             sections: Vec::new(),
             machine,
+            stamp: run_stamp(),
             footprint: BTreeMap::new(),
         })
     }
 
     pub fn add(&mut self, section: String) {
+        let section = stamped(&section, &self.stamp);
         println!("{section}");
         self.sections.push(section);
     }
@@ -107,7 +113,13 @@ impl Report {
              machine at once — load generator, Envoy, upstream — so absolute\n\
              throughput is bounded by the cores they share; CPU time per request is\n\
              read from `/proc/<envoy>/stat` (utime + stime) over each run. How the hot path was\n\
-             profiled, and what changed it (before/after), is in [PERFORMANCE.md](PERFORMANCE.md).\n\n## Machine\n\n",
+             profiled, and what changed it (before/after), is in [PERFORMANCE.md](PERFORMANCE.md).\n\n\
+             Each section says under its heading when, at which commit and by which\n\
+             command its figures were measured: a run of some sections (`BENCH_ARGS=\"--only N\"`)\n\
+             leaves the others as they were, with their own line. For the sections\n\
+             measured before that line existed, the commit is the one that recorded\n\
+             their figures. A commit marked \"with changes not committed\" is the one\n\
+             the measured code was built on.\n\n## Machine\n\n",
         );
         out.push_str(&self.machine);
         for s in &self.sections {
@@ -153,6 +165,59 @@ impl Report {
             }
         }
         out
+    }
+}
+
+/// The line under each heading a run writes: the day (UTC), the commit
+/// (marked when the tree had changes not committed) and the command.
+fn run_stamp() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let changed =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let day = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
+    // `--out` says where, not what: left out of the command.
+    let mut args = std::env::args().skip(1).peekable();
+    let mut shown = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--out" {
+            args.next();
+        } else if !arg.starts_with("--out=") {
+            shown.push(arg);
+        }
+    }
+    let command = match shown.join(" ") {
+        all if all.is_empty() => "make bench".to_string(),
+        some => format!("make bench BENCH_ARGS=\"{some}\""),
+    };
+    format!(
+        "{STAMP_PREFIX}{day}, commit {commit}{}, by `{command}`.*",
+        if changed {
+            " with changes not committed"
+        } else {
+            ""
+        }
+    )
+}
+
+/// How a section's stamp line begins (docs tests look for it).
+pub const STAMP_PREFIX: &str = "*Measured ";
+
+/// `section` with `stamp` under its heading.
+fn stamped(section: &str, stamp: &str) -> String {
+    match section.split_once('\n') {
+        Some((heading, rest)) if heading.starts_with("## ") => {
+            let body = rest.trim_start_matches('\n');
+            format!("{heading}\n\n{stamp}\n\n{body}")
+        }
+        _ => section.to_string(),
     }
 }
 
@@ -1087,8 +1152,28 @@ mod tests {
         Report {
             sections: sections.iter().map(|s| s.to_string()).collect(),
             machine: "- CPU: new\n".into(),
+            stamp: format!("{STAMP_PREFIX}today*"),
             footprint: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn a_section_says_when_by_which_command_and_at_which_commit_it_was_measured() {
+        let mut r = report(&[]);
+        r.add("## 6. Instructions per request\n\nCommand: x\n".into());
+        assert_eq!(
+            r.sections,
+            vec![format!(
+                "## 6. Instructions per request\n\n{STAMP_PREFIX}today*\n\nCommand: x\n"
+            )]
+        );
+        let stamp = run_stamp();
+        assert!(
+            stamp.starts_with(STAMP_PREFIX)
+                && stamp.contains(", commit ")
+                && stamp.contains("`make bench"),
+            "{stamp}"
+        );
     }
 
     #[test]

@@ -87,6 +87,13 @@ pub struct Prefetched {
     pub requests: u64,
     /// The holder's lease the slots belong to.
     pub lease: Option<Instant>,
+    /// The concurrency limit has slots to spare (at least
+    /// [`PREFETCH_SLACK`] free, nobody waiting): a slot the holder's call
+    /// gives back may stay with the holder until its prefetch lapses, to go
+    /// back with its next write to the bucket, even when the rate handed
+    /// out nothing. Near a rate limit every call is then one round to
+    /// shared data, not two (its decision, and its slot's return).
+    pub keeps_slots: bool,
 }
 
 /// A call as the bucket weighs it: what it costs, its priority, and, for a
@@ -205,10 +212,22 @@ impl BucketState {
         now: Instant,
         wanted: u64,
     ) -> Prefetched {
-        let none = Prefetched::default();
         if wanted == 0 || limits.queue.is_some() || !self.waiters.is_empty() {
-            return none;
+            return Prefetched::default();
         }
+        let free_slots = limits
+            .concurrency
+            .as_ref()
+            .map(|limit| u64::from(self.leases.free_for_normal(limit)));
+        let lease = limits
+            .concurrency
+            .and_then(|_| self.leases.lease_of(holder));
+        // What the holder gets when the rate hands out nothing.
+        let none = Prefetched {
+            lease,
+            keeps_slots: free_slots.is_some_and(|free| free >= PREFETCH_SLACK),
+            ..Prefetched::default()
+        };
         let mut n = wanted;
         let mut rate_state = None;
         match &limits.rate {
@@ -220,8 +239,8 @@ impl BucketState {
             Some(_) => return none,
             None => {}
         }
-        if let Some(limit) = &limits.concurrency {
-            n = n.min(u64::from(self.leases.free_for_normal(limit)) / PREFETCH_SLACK);
+        if let Some(free) = free_slots {
+            n = n.min(free / PREFETCH_SLACK);
         }
         let Ok(slots) = u32::try_from(n) else {
             return none;
@@ -255,6 +274,7 @@ impl BucketState {
             lease: limits
                 .concurrency
                 .and_then(|_| self.leases.lease_of(holder)),
+            keeps_slots: limits.concurrency.is_some(),
         }
     }
 

@@ -636,6 +636,52 @@ fn reject_mode_takes_rate_and_slot_together() {
 }
 
 #[test]
+fn a_finished_calls_slot_may_stay_with_its_holder_only_while_slots_are_to_spare() {
+    // A rate near its limit (burst 2) hands out nothing ahead; the slots
+    // decide whether a finished call's slot may wait for the next write.
+    let limits = |max_in_flight| BucketLimits {
+        rate: Some(RateLimiter::TokenBucket(TokenBucket::new(
+            1_000_000, SEC, 2, None,
+        ))),
+        concurrency: Some(ConcurrencyLimit {
+            max_in_flight,
+            reserved_for_high: 0,
+            lease_ttl: SEC,
+        }),
+        queue: None,
+    };
+    let admitted_then_prefetch = |max_in_flight| {
+        let mut b = BucketState::new(0);
+        assert!(matches!(
+            b.admit(&limits(max_in_flight), 1, T0, 1, Priority::Normal),
+            Admission::Admitted { .. }
+        ));
+        let lease = b.lease_of(1);
+        (b.prefetch(&limits(max_in_flight), 1, T0, 2), lease)
+    };
+    let (spare, lease) = admitted_then_prefetch(1 + PREFETCH_SLACK as u32);
+    assert_eq!(spare.requests, 0, "the rate is near its limit");
+    assert!(spare.keeps_slots);
+    assert_eq!(spare.lease, lease);
+    let (scarce, _) = admitted_then_prefetch(PREFETCH_SLACK as u32);
+    assert!(!scarce.keeps_slots, "3 free of 4: straight back");
+    // Nobody asking ahead (a bucket this holder has not used lately), or
+    // a queue: nothing kept.
+    let mut b = BucketState::new(0);
+    assert!(!b.prefetch(&limits(1000), 1, T0, 0).keeps_slots);
+    let mut queued = limits(1000);
+    queued.queue = Some(QueueLimits {
+        max_wait: SEC,
+        max_queue: 10,
+    });
+    assert!(!b.prefetch(&queued, 1, T0, 2).keeps_slots);
+    // Without a concurrency limit there is no slot to keep.
+    let mut rate_only = limits(1000);
+    rate_only.concurrency = None;
+    assert!(!b.prefetch(&rate_only, 1, T0, 2).keeps_slots);
+}
+
+#[test]
 fn round_trips_and_refuses_garbage() {
     let limits = rate_queue(5, SEC);
     let mut b = BucketState::new(77);
