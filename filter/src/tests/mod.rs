@@ -659,6 +659,20 @@ fn shared_writes(host: &FakeHost) -> u64 {
         .sum()
 }
 
+/// Slots in use in the bucket of policy `policy` (None: no bucket yet).
+fn bucket_in_flight(host: &FakeHost, policy: &str) -> Option<u32> {
+    host.shared
+        .borrow()
+        .iter()
+        .find(|(k, _)| k.contains(policy))
+        .map(|(_, (v, _))| {
+            BucketState::decode(v)
+                .unwrap_or_default()
+                .leases
+                .in_flight()
+        })
+}
+
 #[test]
 fn far_from_its_limit_a_busy_worker_spends_prefetched_tokens_without_shared_data() {
     let policies = r#"{"version": 1, "policies": [
@@ -914,13 +928,7 @@ fn far_from_its_limits_a_worker_reuses_prefetched_slots_and_gives_spares_back() 
     host.advance_ms(20);
     a.on_tick(&host);
     b.on_tick(&host);
-    let state = host
-        .shared
-        .borrow()
-        .iter()
-        .find(|(k, _)| k.contains("busy"))
-        .map(|(_, (v, _))| BucketState::decode(v).unwrap_or_default());
-    assert_eq!(state.map(|s| s.leases.in_flight()), Some(0));
+    assert_eq!(bucket_in_flight(&host, "busy"), Some(0));
     assert_eq!(host.metric("sluice.policy.busy.admitted"), 2000);
     assert_eq!(host.metric("sluice.policy.busy.in_flight"), 0);
 }
@@ -949,18 +957,7 @@ fn near_its_rate_limit_with_slots_to_spare_a_call_is_one_round_to_shared_data() 
         writes <= 1010 && reads <= 1010,
         "1000 calls took {writes} writes and {reads} reads"
     );
-    let in_flight = || {
-        host.shared
-            .borrow()
-            .iter()
-            .find(|(k, _)| k.contains("busy"))
-            .map(|(_, (v, _))| {
-                BucketState::decode(v)
-                    .unwrap_or_default()
-                    .leases
-                    .in_flight()
-            })
-    };
+    let in_flight = || bucket_in_flight(&host, "busy");
     assert!(
         in_flight().is_some_and(|n| n <= 2),
         "at most each worker's last slot is kept: {:?}",
@@ -1025,12 +1022,7 @@ proptest! {
         for w in &mut workers {
             w.on_tick(&host);
         }
-        let in_flight = host
-            .shared
-            .borrow()
-            .iter()
-            .find(|(k, _)| k.contains("busy"))
-            .map(|(_, (v, _))| BucketState::decode(v).unwrap_or_default().leases.in_flight());
+        let in_flight = bucket_in_flight(&host, "busy");
         prop_assert!(in_flight.unwrap_or(0) == 0, "{in_flight:?} still held");
     }
 }
