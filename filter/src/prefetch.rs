@@ -95,10 +95,11 @@ impl Prefetches {
     /// worker while a prefetch lives whose bucket had slots to spare (far
     /// from its concurrency limit, nobody waiting; its rate may be near),
     /// to go back with the worker's next write to the bucket. False when
-    /// it must go back to shared data at once, as near a concurrency limit,
-    /// where another worker or a queued request may be waiting for it. `now` is asked only when such a prefetch exists: a
-    /// clock read is a host call, and most streams end with none.
-    /// A slot of another lease than the prefetch's goes back to shared data.
+    /// it must go back to shared data at once, as near a concurrency
+    /// limit, where another worker or a queued request may be waiting for
+    /// it. `now` is asked only when such a prefetch exists: a clock read
+    /// is a host call, and most streams end with none. A slot of another
+    /// lease than the prefetch's goes back to shared data.
     pub fn return_slot(
         &mut self,
         key: PrefetchKey,

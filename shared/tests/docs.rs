@@ -332,7 +332,7 @@ fn the_architecture_pages_crate_table_is_what_the_cargo_files_say() {
 /// it; sections from the e2e suites carry it by hand).
 fn unstamped_sections(page: &str) -> Vec<String> {
     let mut missing = Vec::new();
-    let mut lines = page.lines().peekable();
+    let mut lines = page.lines();
     while let Some(line) = lines.next() {
         let Some(heading) = line.strip_prefix("## ") else {
             continue;

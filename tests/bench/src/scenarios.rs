@@ -184,7 +184,7 @@ fn run_stamp() -> String {
         git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     let day = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
     // `--out` says where, not what: left out of the command.
-    let mut args = std::env::args().skip(1).peekable();
+    let mut args = std::env::args().skip(1);
     let mut shown = Vec::new();
     while let Some(arg) = args.next() {
         if arg == "--out" {
@@ -207,8 +207,8 @@ fn run_stamp() -> String {
     )
 }
 
-/// How a section's stamp line begins (docs tests look for it).
-pub const STAMP_PREFIX: &str = "*Measured ";
+/// How a section's stamp line begins (`shared/tests/docs.rs` looks for it).
+const STAMP_PREFIX: &str = "*Measured ";
 
 /// `section` with `stamp` under its heading.
 fn stamped(section: &str, stamp: &str) -> String {
