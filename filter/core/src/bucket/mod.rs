@@ -271,9 +271,8 @@ impl BucketState {
                 0
             },
             requests: n,
-            lease: limits
-                .concurrency
-                .and_then(|_| self.leases.lease_of(holder)),
+            // Taking slots renews the holder's lease; it stays the same lease.
+            lease,
             keeps_slots: limits.concurrency.is_some(),
         }
     }
