@@ -218,7 +218,7 @@ pub fn departs_on_close(state: &Arc<AppState>, peer: &SyncPeer, instance: &str) 
             return;
         };
         runtime.spawn(async move {
-            let noted = match state.store.policy_set().await {
+            let noted = match state.store.current().await.map(|(set, _)| set) {
                 Ok(set) => state.fleet.departed(&set, &instance).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
@@ -253,8 +253,7 @@ async fn answer_watch(
     let deadline = tokio::time::Instant::now() + hold;
     let mut sync_now = false;
     loop {
-        let set = state.store.policy_set().await?;
-        let epoch = state.store.epoch().await?;
+        let (set, epoch) = state.store.current().await?;
         let same_store = request.policy_epoch == epoch || request.policy_epoch == 0;
         // An Envoy ahead of this store (restored from a backup) is not
         // sent the older set: its next sync draws the store a new epoch,
@@ -262,7 +261,7 @@ async fn answer_watch(
         if set.version > request.policy_version || !same_store {
             tracing::info!(instance = %request.instance, from = request.policy_version, to = set.version, "pushing policy set");
             let answer = AdminAnswer {
-                set: Some(set),
+                set: Some(sluice_shared::PolicySet::clone(&set)),
                 epoch,
                 ..AdminAnswer::default()
             };

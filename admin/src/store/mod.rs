@@ -102,6 +102,14 @@ pub fn now_ms() -> u64 {
 }
 
 /// What a sync is answered from.
+/// What [`BlockingStore::record_sync`] kept of a report, and the set and
+/// epoch it read in the same transaction.
+pub struct RecordedSync {
+    pub report: SyncReport,
+    pub set: Arc<PolicySet>,
+    pub epoch: u64,
+}
+
 pub struct SyncAnswer {
     pub report: SyncReport,
     pub set: Arc<PolicySet>,
@@ -192,6 +200,12 @@ impl Store {
         self.run(|s| s.policy_set()).await
     }
 
+    /// The set and the epoch a watch answers with (see
+    /// [`BlockingStore::current`]).
+    pub async fn current(&self) -> Result<(Arc<PolicySet>, u64), StoreError> {
+        self.run(|s| s.current()).await
+    }
+
     pub async fn get(&self, name: &str) -> Result<StoredPolicy, StoreError> {
         let name = name.to_string();
         self.run(move |s| s.get(&name)).await
@@ -248,12 +262,13 @@ impl Store {
     /// kept, the policy set to answer it with, and the store's epoch. An Envoy reporting a version of this epoch the
     /// store has not reached renews the epoch first (see
     /// [`BlockingStore::renew_epoch`]).
-    pub async fn record_sync(&self, mut report: SyncReport) -> Result<SyncAnswer, StoreError> {
+    pub async fn record_sync(&self, report: SyncReport) -> Result<SyncAnswer, StoreError> {
         self.run(move |s| {
-            let set = s.current_set()?;
-            report.keep_known(&set);
-            s.record_sync(&report)?;
-            let mut epoch = s.epoch()?;
+            let RecordedSync {
+                report,
+                set,
+                mut epoch,
+            } = s.record_sync(report)?;
             let mut renewed = false;
             if report.policy_epoch == epoch && report.policy_version > set.version {
                 epoch = s.renew_epoch(epoch)?;

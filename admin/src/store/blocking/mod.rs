@@ -13,7 +13,7 @@ pub(super) use budget_keys::{audit_rungs, give_back_budget_keys, record_budget_k
 pub(super) use history::{audit, audit_entry, audit_order, history};
 pub(super) use rows::{
     bump, check_set, current_at, epoch, get, insert_new, list, new_epoch, prices, remove_policy,
-    set_version, write_next_version, write_prices,
+    set_version, version_and_epoch, write_next_version, write_prices,
 };
 
 use std::path::Path;
@@ -31,7 +31,7 @@ use sluice_wire::sync::{
 };
 
 use super::db::{Db, Row, Sql};
-use super::{now_ms, InstanceRow, StoreError};
+use super::{now_ms, InstanceRow, RecordedSync, StoreError};
 
 #[derive(Clone)]
 pub struct BlockingStore {
@@ -41,7 +41,7 @@ pub struct BlockingStore {
     /// What fleet shares are tagged with (`sluice_shared::fleet::share_tag`):
     /// drawn once per store, the same for every replica on it.
     fleet_secret: [u8; sluice_shared::fleet::share_tag::SECRET_LEN],
-    /// The set as the last sync read it (see [`Self::current_set`]).
+    /// The set as the last sync read it (see [`Self::record_sync`]).
     set_cache: Arc<std::sync::Mutex<Option<CachedSet>>>,
 }
 
@@ -196,21 +196,31 @@ impl BlockingStore {
         })
     }
 
-    /// The set for a sync: as [`Self::policy_set`] reads it, parsed again
-    /// only when its version moved or [`SET_REREAD`] passed. Each sync
-    /// parsing every policy and price anew was a tenth of its CPU.
-    pub fn current_set(&self) -> Result<Arc<PolicySet>, StoreError> {
-        let version = self.policy_set_version()?;
-        let cached = self
-            .set_cache
+    /// The policy set and the store's epoch as a watch answers with them:
+    /// one read of the version and the epoch, the set parsed again only
+    /// when its version moved (see [`Self::record_sync`]). A thousand
+    /// watches woken by an edit each parsed every policy anew.
+    pub fn current(&self) -> Result<(Arc<PolicySet>, u64), StoreError> {
+        let (version, epoch) = self.db.read(version_and_epoch)?;
+        let set = match self.cached_set().filter(|set| set.version == version) {
+            Some(set) => set,
+            None => self.reread_set()?,
+        };
+        Ok((set, epoch))
+    }
+
+    /// The set last read, unless [`SET_REREAD`] has passed since.
+    fn cached_set(&self) -> Option<Arc<PolicySet>> {
+        self.set_cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
-            .filter(|c| c.set.version == version && c.read_at.elapsed() < SET_REREAD)
-            .map(|c| Arc::clone(&c.set));
-        if let Some(set) = cached {
-            return Ok(set);
-        }
+            .filter(|c| c.read_at.elapsed() < SET_REREAD)
+            .map(|c| Arc::clone(&c.set))
+    }
+
+    /// The set read from the store, and kept for the next syncs.
+    fn reread_set(&self) -> Result<Arc<PolicySet>, StoreError> {
         let set = Arc::new(self.policy_set()?);
         *self
             .set_cache
@@ -385,7 +395,41 @@ impl BlockingStore {
             .collect()
     }
 
-    pub fn record_sync(&self, report: &SyncReport) -> Result<(), StoreError> {
+    /// Records `report`, what it says of the set's names only, and reads
+    /// the set's version and the store's epoch, in one transaction: the
+    /// set itself is parsed again only when its version moved or
+    /// [`SET_REREAD`] passed (each sync parsing every policy and price
+    /// anew was a tenth of its CPU). (Three transactions a sync, the
+    /// version, the record and the epoch each its own, were some fourteen
+    /// round trips to PostgreSQL.) An instance beyond
+    /// [`sluice_wire::sync::MAX_INSTANCES`] is refused.
+    pub fn record_sync(&self, mut report: SyncReport) -> Result<RecordedSync, StoreError> {
+        let mut set = self.cached_set();
+        // A set read again after the version moved is the one to answer
+        // with, even if an edit lands meanwhile: the next sync brings it.
+        let mut reread = false;
+        loop {
+            let recorded = self.db.note(|sql| {
+                let (version, epoch) = version_and_epoch(sql)?;
+                let Some(set) = set.as_ref().filter(|s| reread || s.version == version) else {
+                    return Ok(None);
+                };
+                report.keep_known(set);
+                self.write_instance(sql, &report)?;
+                Ok(Some((Arc::clone(set), epoch)))
+            })?;
+            match recorded {
+                Some((set, epoch)) => return Ok(RecordedSync { report, set, epoch }),
+                None => {
+                    set = Some(self.reread_set()?);
+                    reread = true;
+                }
+            }
+        }
+    }
+
+    /// The instance's row: when it synced, and its report.
+    fn write_instance(&self, sql: &mut dyn Sql, report: &SyncReport) -> Result<(), StoreError> {
         // The changed keys of keyed budgets (up to 2 048 each) are kept in
         // `budget_keys`, not again in every instance row.
         let body = if report.budget_keys.is_empty() {
@@ -397,41 +441,47 @@ impl BlockingStore {
             })
         }
         .unwrap_or_else(|_| "{}".into());
-        self.db.note(|sql| {
-            let previous = sql.query_one(
-                "SELECT report FROM instances WHERE id = $1",
-                &[report.instance.as_str().into()],
-            )?;
-            let known = previous.is_some();
-            let previous: Option<SyncReport> = previous
-                .and_then(|r| r.text(0).ok())
-                .and_then(|text| serde_json::from_str(&text).ok());
-            audit_rungs(sql, previous.as_ref(), report, self.warn_retention_ms)?;
-            if !known {
-                let count = sql
-                    .query_one("SELECT COUNT(*) FROM instances", &[])?
-                    .map_or(Ok(0), |r| r.uint(0))?;
-                if count >= sluice_wire::sync::MAX_INSTANCES as u64 {
-                    return Err(StoreError::TooManyInstances(
-                        sluice_wire::sync::MAX_INSTANCES,
-                        report.instance.clone(),
-                    ));
-                }
+        // The previous report only for what its limits did since: a
+        // report of policies alone reads none back.
+        let reads_previous = !report.limits.is_empty();
+        let row = sql.query_one(
+            if reads_previous {
+                "SELECT report FROM instances WHERE id = $1"
+            } else {
+                "SELECT 1 FROM instances WHERE id = $1"
+            },
+            &[report.instance.as_str().into()],
+        )?;
+        let known = row.is_some();
+        let previous: Option<SyncReport> = row
+            .filter(|_| reads_previous)
+            .and_then(|r| r.text(0).ok())
+            .and_then(|text| serde_json::from_str(&text).ok());
+        audit_rungs(sql, previous.as_ref(), report, self.warn_retention_ms)?;
+        if !known {
+            let count = sql
+                .query_one("SELECT COUNT(*) FROM instances", &[])?
+                .map_or(Ok(0), |r| r.uint(0))?;
+            if count >= sluice_wire::sync::MAX_INSTANCES as u64 {
+                return Err(StoreError::TooManyInstances(
+                    sluice_wire::sync::MAX_INSTANCES,
+                    report.instance.clone(),
+                ));
             }
-            sql.execute(
-                "INSERT INTO instances (id, first_seen_ms, last_sync_ms, policy_version, syncs, report)
+        }
+        sql.execute(
+            "INSERT INTO instances (id, first_seen_ms, last_sync_ms, policy_version, syncs, report)
                  VALUES ($1, $2, $2, $3, 1, $4)
                  ON CONFLICT (id) DO UPDATE SET last_sync_ms = $2, policy_version = $3,
                    syncs = instances.syncs + 1, report = $4",
-                &[
-                    report.instance.as_str().into(),
-                    now_ms().into(),
-                    report.policy_version.into(),
-                    body.into(),
-                ],
-            )
-            .map(drop)
-        })
+            &[
+                report.instance.as_str().into(),
+                now_ms().into(),
+                report.policy_version.into(),
+                body.into(),
+            ],
+        )
+        .map(drop)
     }
 
     /// Keeps what `report` says of its known budgets, and returns the

@@ -214,3 +214,23 @@ pub(in crate::store) fn current_at(
     }
     Ok(current)
 }
+
+/// The policy set's version and the store's epoch, in one statement: a
+/// sync reads both in its own transaction.
+pub(in crate::store) fn version_and_epoch(sql: &mut dyn Sql) -> Result<(u64, u64), StoreError> {
+    let rows = sql.query(
+        "SELECT key, value FROM settings WHERE key IN ('policy_set_version', 'store_epoch')",
+        &[],
+    )?;
+    let (mut version, mut epoch) = (None, None);
+    for row in &rows {
+        match row.text(0)?.as_str() {
+            "policy_set_version" => version = Some(row.uint(1)?),
+            _ => epoch = Some(row.uint(1)?),
+        }
+    }
+    Ok((
+        version.ok_or_else(|| StoreError::Corrupt("no policy_set_version setting".into()))?,
+        epoch.ok_or_else(|| StoreError::Corrupt("no store_epoch setting".into()))?,
+    ))
+}
