@@ -266,7 +266,16 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
             .update(global_policy(10 * envoys as u64 + edit as u64 + 1))
             .await
         {
-            Ok(_) => edits.push(Instant::now()),
+            Ok(_) => {
+                let answered = Instant::now();
+                // The set's version now: this edit's, or a later one's if
+                // an edit reported refused landed after all (then the
+                // push is counted to the later version, never too soon).
+                let made = op.get("/api/v1/policies").await?["version"]
+                    .as_u64()
+                    .context("the policy set has no version")?;
+                edits.push((answered, made));
+            }
             Err(e) => println!(
                 "fleet of {envoys}, {}: an edit was refused: {e:#}",
                 stores.label()
@@ -289,8 +298,8 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
     let syncs = fleet.syncs.load(Ordering::SeqCst);
     let mut latencies = std::mem::take(&mut *lock(&fleet.sync_ms));
     latencies.sort_by(f64::total_cmp);
-    let answers = std::mem::take(&mut *lock(&fleet.watch_answers));
-    let (mut push, push_missed) = push_latencies(&edits, &answers);
+    let learned = std::mem::take(&mut *lock(&fleet.learned));
+    let (mut push, push_missed) = push_latencies(&edits, &learned);
     push.sort_by(f64::total_cmp);
     let store_traffic = stores_before
         .zip(stores_after)
@@ -326,15 +335,20 @@ fn sum_of<T: std::iter::Sum<T>>(
     pids.iter().map(|&pid| figure(pid)).sum()
 }
 
-/// From each edit to the first watch answer of each Envoy after it, in
-/// milliseconds; and how many (edit, Envoy) pairs got none.
-fn push_latencies(edits: &[Instant], answers: &[Vec<Instant>]) -> (Vec<f64>, usize) {
+/// From each edit (when it was answered, and the set version it made) to
+/// when each Envoy first held that version or a later one (by its watch's
+/// answer or its sync's, whichever came first), in milliseconds; and how
+/// many (edit, Envoy) pairs never got there. An Envoy that had the
+/// version before the edit's answer reached the editor counts 0.
+fn push_latencies(edits: &[(Instant, u64)], learned: &[Vec<(Instant, u64)>]) -> (Vec<f64>, usize) {
     let mut latencies = Vec::new();
     let mut missed = 0;
-    for edit in edits {
-        for envoy in answers {
-            match envoy.iter().find(|at| *at >= edit) {
-                Some(at) => latencies.push(at.duration_since(*edit).as_secs_f64() * 1000.0),
+    for (edited, version) in edits {
+        for envoy in learned {
+            match envoy.iter().find(|(_, held)| held >= version) {
+                Some((at, _)) => {
+                    latencies.push(at.saturating_duration_since(*edited).as_secs_f64() * 1000.0);
+                }
                 None => missed += 1,
             }
         }
@@ -355,9 +369,9 @@ struct FleetState {
     sync_ms: Mutex<Vec<f64>>,
     /// Watch answers of any kind while counting.
     watch_answers_counted: AtomicU64,
-    /// Per Envoy, when each watch answer with a new set came.
-    watch_answers: Mutex<Vec<Vec<Instant>>>,
-    /// The set version each Envoy enforces (raised by its watch).
+    /// Per Envoy, when it got each newer set, and its version.
+    learned: Mutex<Vec<Vec<(Instant, u64)>>>,
+    /// The set version each Envoy enforces (raised by its watch or sync).
     versions: Vec<AtomicU64>,
 }
 
@@ -369,13 +383,20 @@ impl FleetState {
             failed: AtomicU64::new(0),
             sync_ms: Mutex::new(Vec::new()),
             watch_answers_counted: AtomicU64::new(0),
-            watch_answers: Mutex::new(vec![Vec::new(); envoys]),
+            learned: Mutex::new(vec![Vec::new(); envoys]),
             versions: (0..envoys).map(|_| AtomicU64::new(version)).collect(),
         }
     }
 
     fn counting(&self) -> bool {
         self.counting.load(Ordering::SeqCst)
+    }
+
+    /// Envoy `index` got the set of `version` at `at`, by a watch or a sync.
+    fn got_set(&self, index: usize, version: u64, at: Instant) {
+        if self.versions[index].fetch_max(version, Ordering::SeqCst) < version {
+            lock(&self.learned)[index].push((at, version));
+        }
     }
 }
 
@@ -450,10 +471,9 @@ impl SimEnvoy {
                 200 => {
                     if let Ok(set) = answer.json::<Value>().await {
                         if let Some(version) = set["version"].as_u64() {
-                            self.fleet.versions[self.index].fetch_max(version, Ordering::SeqCst);
+                            self.fleet.got_set(self.index, version, at);
                         }
                     }
-                    lock(&self.fleet.watch_answers)[self.index].push(at);
                     true
                 }
                 304 if sync_now => {
@@ -517,7 +537,7 @@ impl SimEnvoy {
             let etag = answer.headers().get("etag").and_then(|v| v.to_str().ok());
             if let Some(version) = etag.and_then(|v| v.trim_matches('"').parse::<u64>().ok()) {
                 if answer.status() == 200 {
-                    self.fleet.versions[self.index].fetch_max(version, Ordering::SeqCst);
+                    self.fleet.got_set(self.index, version, Instant::now());
                 }
             }
             if let Some(Ok(shares)) = heard.shares {
@@ -602,7 +622,8 @@ fn render(rows: &[Measured], seconds: u64) -> String {
         "{} s after a 5 s warm-up; {EDITS} edits of the policy are made during it (\"edits\": how many the admin took). Admin CPU is read from \
          `/proc/<admin>/stat` (both admins' added up) and divided by the syncs answered (watches and edits included); memory per Envoy is the \
          admins' RSS after the run less before the fleet came, divided by N. Push: from an edit's 2xx to each \
-         Envoy's watch answer with the new set (edits through the first admin). Not simulated yet: TLS, \
+         Envoy holding the set version it made, by its watch's answer or by its sync's when that came first \
+         (edits through the first admin). Not simulated yet: TLS, \
          provider news, keyed policies and budgets in the reports.\n\n",
         seconds.max(10)
     );
@@ -717,18 +738,23 @@ mod tests {
     }
 
     #[test]
-    fn push_latency_is_to_each_envoys_first_answer_after_the_edit() {
+    fn push_latency_is_to_each_envoy_holding_the_edits_version() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let edits = [at(100), at(500)];
-        let answers = vec![vec![at(50), at(130), at(520)], vec![at(180)]];
-        let (mut latencies, missed) = push_latencies(&edits, &answers);
+        // Edits answered at 100 ms (version 2) and 500 ms (version 3).
+        let edits = [(at(100), 2), (at(500), 3)];
+        let learned = vec![
+            // Version 2 at 130 ms, version 3 at 490 ms (before the edit's
+            // answer reached the editor).
+            vec![(at(50), 1), (at(130), 2), (at(490), 3)],
+            // Version 2 only at 800 ms (after the second edit): the first
+            // edit's push took 700 ms, not the second's 300.
+            vec![(at(800), 2)],
+        ];
+        let (mut latencies, missed) = push_latencies(&edits, &learned);
         latencies.sort_by(f64::total_cmp);
         let rounded: Vec<u64> = latencies.iter().map(|ms| ms.round() as u64).collect();
-        assert_eq!(rounded, vec![20, 30, 80]);
-        assert_eq!(
-            missed, 1,
-            "the second Envoy heard nothing after the second edit"
-        );
+        assert_eq!(rounded, vec![0, 30, 700]);
+        assert_eq!(missed, 1, "the second Envoy never held version 3");
     }
 }
