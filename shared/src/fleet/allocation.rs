@@ -35,6 +35,23 @@ pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<A
             .map(|d| d.rate.max(0.0) * RATE_HEADROOM)
             .collect::<Vec<_>>(),
     );
+    let in_flight = if limit.in_flight == 0 {
+        // No slots to split (a limit of rate alone): none for anybody, as
+        // the split below comes to, without its work.
+        vec![0; n]
+    } else {
+        split_slots(limit.in_flight, floor_fraction, demands)
+    };
+    rates
+        .into_iter()
+        .zip(in_flight)
+        .map(|(rate, in_flight)| Amount { rate, in_flight })
+        .collect()
+}
+
+/// The whole calls in flight of `limit` for each of `demands`.
+fn split_slots(limit: u32, floor_fraction: f64, demands: &[Demand]) -> Vec<u32> {
+    let n = demands.len();
     // The slots go to the instances that hold calls in flight to a count
     // only. Queued calls want a slot as much as running ones.
     let holders: Vec<usize> = (0..n).filter(|&i| !demands[i].holds_no_slots).collect();
@@ -46,24 +63,17 @@ pub fn allocate(limit: Amount, floor_fraction: f64, demands: &[Demand]) -> Vec<A
     // refuses every call, and its next report shows no calls in flight to
     // ask more for.
     let m = holders.len();
-    let slot_floor = if limit.in_flight > 0 && m <= limit.in_flight as usize && m > 0 {
-        floor_fraction.max(m as f64 / f64::from(limit.in_flight))
+    let slot_floor = if limit > 0 && m <= limit as usize && m > 0 {
+        floor_fraction.max(m as f64 / f64::from(limit))
     } else {
         floor_fraction
     };
-    let held = whole_calls(
-        &split(f64::from(limit.in_flight), slot_floor, &wanted),
-        limit.in_flight,
-    );
+    let held = whole_calls(&split(f64::from(limit), slot_floor, &wanted), limit);
     let mut in_flight = vec![0; n];
     for (&i, slots) in holders.iter().zip(held) {
         in_flight[i] = slots;
     }
-    rates
-        .into_iter()
-        .zip(in_flight)
-        .map(|(rate, in_flight)| Amount { rate, in_flight })
-        .collect()
+    in_flight
 }
 
 fn split(total: f64, floor_fraction: f64, demands: &[f64]) -> Vec<f64> {
@@ -127,19 +137,24 @@ fn whole_calls(shares: &[f64], total: u32) -> Vec<u32> {
         .map(|s| (s.max(0.0) + 1e-9).floor() as u32)
         .collect();
     let used: u64 = whole.iter().map(|&w| u64::from(w)).sum();
-    let mut left = u64::from(total).saturating_sub(used);
+    let left = usize::try_from(u64::from(total).saturating_sub(used)).unwrap_or(usize::MAX);
+    if left == 0 {
+        return whole;
+    }
+    // The `left` largest remainders, ties to the first: a total order, so
+    // selecting them is what sorting them all did, in linear time (a
+    // thousand Envoys' slots were sorted at each sync).
     let mut by_remainder: Vec<usize> = (0..shares.len()).collect();
-    by_remainder.sort_by(|&a, &b| {
+    let largest_first = |&a: &usize, &b: &usize| {
         let ra = shares[a] - shares[a].floor();
         let rb = shares[b] - shares[b].floor();
         rb.total_cmp(&ra).then(a.cmp(&b))
-    });
-    for i in by_remainder {
-        if left == 0 {
-            break;
-        }
+    };
+    if left < by_remainder.len() {
+        by_remainder.select_nth_unstable_by(left - 1, largest_first);
+    }
+    for &i in by_remainder.iter().take(left) {
         whole[i] += 1;
-        left -= 1;
     }
     whole
 }
@@ -147,6 +162,42 @@ fn whole_calls(shares: &[f64], total: u32) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Selecting the largest remainders hands the calls left over to
+        /// the same instances as sorting every remainder did.
+        #[test]
+        fn whole_calls_go_where_sorting_every_remainder_put_them(
+            shares in proptest::collection::vec(0.0f64..50.0, 0..300),
+            total in 0u32..5_000,
+        ) {
+            let mut sorted: Vec<u32> = shares.iter().map(|s| (s + 1e-9).floor() as u32).collect();
+            let used: u64 = sorted.iter().map(|&w| u64::from(w)).sum();
+            let mut order: Vec<usize> = (0..shares.len()).collect();
+            order.sort_by(|&a, &b| {
+                (shares[b] - shares[b].floor())
+                    .total_cmp(&(shares[a] - shares[a].floor()))
+                    .then(a.cmp(&b))
+            });
+            let left = u64::from(total).saturating_sub(used) as usize;
+            for &i in order.iter().take(left) {
+                sorted[i] += 1;
+            }
+            prop_assert_eq!(whole_calls(&shares, total), sorted);
+        }
+    }
+
+    #[test]
+    fn a_limit_of_rate_alone_gives_nobody_a_slot() {
+        let rate_only = Amount {
+            rate: 1000.0,
+            in_flight: 0,
+        };
+        let shares = allocate(rate_only, 0.05, &[wants(300.0, 5), wants(100.0, 0)]);
+        assert!(shares.iter().all(|s| s.in_flight == 0), "{shares:?}");
+        assert!((shares.iter().map(|s| s.rate).sum::<f64>() - 1000.0).abs() < 1e-6);
+    }
 
     const LIMIT: Amount = Amount {
         rate: 1000.0,
