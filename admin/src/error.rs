@@ -48,6 +48,9 @@ pub enum ApiError {
     Internal(String),
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// 503 with `Retry-After`: the admin answers as many as it can.
+    #[error("busy: {0}")]
+    Busy(String, Duration),
 }
 
 impl From<StoreError> for ApiError {
@@ -88,7 +91,7 @@ impl IntoResponse for ApiError {
                 StatusCode::TOO_MANY_REQUESTS
             }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy(..) => StatusCode::SERVICE_UNAVAILABLE,
         };
         let body = match &self {
             ApiError::Invalid(errors) | ApiError::InvalidRequest(errors) => ErrorBody {
@@ -106,7 +109,9 @@ impl IntoResponse for ApiError {
             other => ErrorBody::new(other.to_string()),
         };
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::Throttled(wait) | ApiError::Limited(_, wait) = &self {
+        if let ApiError::Throttled(wait) | ApiError::Limited(_, wait) | ApiError::Busy(_, wait) =
+            &self
+        {
             let secs = wait.as_secs().max(1).to_string();
             if let Ok(v) = HeaderValue::from_str(&secs) {
                 response.headers_mut().insert(header::RETRY_AFTER, v);

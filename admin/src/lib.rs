@@ -99,7 +99,17 @@ pub struct AppState {
     pub key_lookups: login::KeyedThrottle<String>,
     /// Stock Envoys' RLQS streams open now.
     pub rlqs: Arc<rlqs::Clients>,
+    /// Syncs being answered now: one past `--max-syncs-in-flight` is shed
+    /// (`api::envoys`).
+    pub sync_turns: tokio::sync::Semaphore,
 }
+
+/// Syncs answered at once by default. At 5 000 Envoys a second on two
+/// cores the admin fell behind and every sync waited its turn until the
+/// Envoys' timeouts (BENCHMARKS.md section 12); past this many, a sync is
+/// answered `503` at once and its Envoy keeps its set and shares and
+/// syncs again after its backoff.
+pub const DEFAULT_MAX_SYNCS_IN_FLIGHT: usize = 256;
 
 /// The store's health, checked at most once a second however often
 /// `/healthz` is asked.
@@ -159,7 +169,14 @@ impl AppState {
             access_changes: access::AccessChanges::default(),
             key_lookups: api::key_lookup_throttle(),
             rlqs: Arc::default(),
+            sync_turns: tokio::sync::Semaphore::new(DEFAULT_MAX_SYNCS_IN_FLIGHT),
         }
+    }
+
+    /// Answers at most `max` syncs at once (`--max-syncs-in-flight`).
+    pub fn with_max_syncs_in_flight(mut self, max: usize) -> Self {
+        self.sync_turns = tokio::sync::Semaphore::new(max.min(tokio::sync::Semaphore::MAX_PERMITS));
+        self
     }
 
     /// Takes the policies from `dir` (policies as code, managed mode).

@@ -122,6 +122,11 @@ struct Args {
     /// open-files limit is raised to fit, as far as its hard limit allows.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = sluice_admin::server::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Syncs answered at once, at most: one more is answered 503 with
+    /// Retry-After at once (its Envoy keeps its set and shares and syncs
+    /// again after its backoff) rather than wait behind the others.
+    #[arg(long, env = "SLUICE_MAX_SYNCS_IN_FLIGHT", default_value_t = sluice_admin::DEFAULT_MAX_SYNCS_IN_FLIGHT as u64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_syncs_in_flight: u64,
     /// How long a client has to send its request headers (slow clients
     /// cannot hold connections), e.g. 10s.
     #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_span)]
@@ -529,7 +534,8 @@ async fn main() -> anyhow::Result<()> {
         .with_metrics_token(args.metrics_token.clone())
         .with_allowed_hosts(args.allowed_hosts.clone())
         .with_proxy_users(proxy_users)
-        .with_server_limits(limits);
+        .with_server_limits(limits)
+        .with_max_syncs_in_flight(usize::try_from(args.max_syncs_in_flight).unwrap_or(usize::MAX));
     if let Some(url) = &args.redis_url {
         let redis = RedisConnection::open(url, args.redis_ca.as_deref())
             .await

@@ -2313,3 +2313,53 @@ async fn downgrades_routes_paces_and_budget_refusals_are_audited_per_minute() {
     );
     assert!(rows("refuse", "per-second").is_empty(), "{audit}");
 }
+
+/// Past `--max-syncs-in-flight` a sync is shed at once: 503 with
+/// Retry-After and a reason, counted as `shed`, nothing recorded; the
+/// next sync after one finishes is answered.
+#[tokio::test]
+async fn a_sync_past_the_syncs_in_flight_is_shed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sluice.db");
+    let state = Arc::new(new_state(&db, false).with_max_syncs_in_flight(2));
+    let admin = serve(Arc::clone(&state), dir, db).await;
+    let report = json!({"instance": "envoy-busy", "policy_version": 0, "at_ms": 1000});
+    let auth = format!("Bearer {SYNC_TOKEN}");
+    // Two syncs being answered (their turns held, as a slow store would).
+    let held = state.sync_turns.try_acquire_many(2).unwrap();
+    let (status, h, body) = admin
+        .call(
+            Method::POST,
+            "/api/v1/sync",
+            &[("authorization", &auth)],
+            Some(report.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(
+        h.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--max-syncs-in-flight")),
+        "{body}"
+    );
+    let instances = state.store.instances("", 10).await.unwrap();
+    assert!(
+        instances.is_empty(),
+        "a shed sync records nothing: {instances:?}"
+    );
+    let (_, _, metrics) = admin.call(Method::GET, "/metrics", &[], None).await;
+    let metrics = metrics.as_str().unwrap_or_default();
+    assert!(
+        metrics.contains("sluice_admin_sync_requests_total{result=\"shed\"} 1"),
+        "{metrics}"
+    );
+    drop(held);
+    // Answered (304: the Envoy holds the store's version 0 already).
+    let (status, _) = sync_with(&admin, report).await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    assert_eq!(state.store.instances("", 10).await.unwrap().len(), 1);
+}

@@ -44,6 +44,9 @@ enum Answer {
     /// mid-body: Envoy reports a reset after headers, with no response
     /// headers left to read (the SDK's getter panics on the missing map).
     ResetAfterHeaders,
+    /// 503 with Retry-After, as a busy admin sheds a sync past
+    /// `--max-syncs-in-flight`.
+    Shed,
 }
 
 impl Answer {
@@ -56,6 +59,7 @@ impl Answer {
             Answer::Invalid => "a set that fails validation",
             Answer::NonUtf8Header => "a shares header that is not UTF-8",
             Answer::ResetAfterHeaders => "a reset after the headers (truncated body)",
+            Answer::Shed => "a busy admin's 503 with Retry-After",
         }
     }
 }
@@ -189,6 +193,11 @@ async fn stand_in_connection(mut sock: TcpStream, admin: StandInAdmin) -> std::i
             &[(sluice_wire::sync::SHARES_HEADER, &[0xff, 0xfe, 0x80, b'{'])],
             b"",
         ),
+        Answer::Shed => response(
+            "503 Service Unavailable",
+            &[json[0], ("retry-after", b"1")],
+            br#"{"error":"busy: the admin answers as many syncs as it can (--max-syncs-in-flight); keep the set and shares you hold and sync again later"}"#,
+        ),
         Answer::ResetAfterHeaders => {
             let body = bank_set(80, 1000).to_string().into_bytes();
             let mut out = response("200 OK", json, &body);
@@ -250,6 +259,7 @@ async fn a_misbehaving_admin_never_replaces_the_last_good_set() -> anyhow::Resul
         Answer::Invalid,
         Answer::NonUtf8Header,
         Answer::ResetAfterHeaders,
+        Answer::Shed,
     ] {
         let name = bad.name();
         *stand_in
@@ -314,6 +324,7 @@ async fn a_misbehaving_admin_never_replaces_the_last_good_set() -> anyhow::Resul
         "not UTF-8",
         "refused a 3145",
         "HTTP 504",
+        "HTTP 503",
         "refused an invalid policy set",
     ] {
         assert!(

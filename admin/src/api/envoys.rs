@@ -30,11 +30,26 @@ pub fn routes() -> Router<Shared> {
         .route(crate::push::WATCH_PATH, post(crate::push::watch))
 }
 
+/// When a shed sync is told to come back: the filter backs off on its
+/// own (its interval, doubled after each failure, at most 5 s).
+const SHED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn sync(
     State(state): State<Shared>,
     peer: SyncPeer,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
+    // Shed before any work: a sync that waits its turn behind thousands
+    // reaches its Envoy after its timeout, and is sent again.
+    let Ok(_turn) = state.sync_turns.try_acquire() else {
+        state.metrics.result("shed");
+        return Err(ApiError::Busy(
+            "the admin answers as many syncs as it can (--max-syncs-in-flight); \
+             keep the set and shares you hold and sync again later"
+                .into(),
+            SHED_RETRY_AFTER,
+        ));
+    };
     let report: SyncReport = serde_json::from_slice(&body).map_err(|e| {
         state.metrics.result("bad_request");
         ApiError::BadRequest(format!("sync report: {e}"))

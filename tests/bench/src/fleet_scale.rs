@@ -41,6 +41,9 @@ const NEWS_GAP: Duration = Duration::from_millis(50);
 /// `sync_timeout` bounds its own calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The filter's longest wait between syncs after failures.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
 fn global_policy(rate: u64) -> Value {
     json!({"name": POLICY, "match": {"host": "api.fleet.example"}, "scope": "global",
            "rate": {"requests": rate, "period": "1s"},
@@ -503,6 +506,7 @@ impl SimEnvoy {
         let mut admitted = 0u64;
         let mut share_ids = BTreeMap::new();
         let mut held = BTreeMap::new();
+        let mut failures = 0u32;
         loop {
             next += SYNC_EVERY;
             admitted += self.demand;
@@ -525,11 +529,19 @@ impl SimEnvoy {
                     if self.fleet.counting() {
                         self.fleet.failed.fetch_add(1, Ordering::SeqCst);
                     }
-                    self.wait_for_turn(next).await;
+                    // As the filter backs off (`finish_turn`): its interval,
+                    // doubled after each failure in a row, at most 5 s.
+                    failures = failures.saturating_add(1);
+                    let backoff = SYNC_EVERY
+                        .saturating_mul(1 << (failures - 1).min(16))
+                        .min(MAX_BACKOFF);
+                    self.wait_for_turn(tokio::time::Instant::now() + backoff)
+                        .await;
                     next = tokio::time::Instant::now();
                     continue;
                 }
             };
+            failures = 0;
             let heard = ReceivedHeaders::read(|name| {
                 answer.headers().get(name).map(|v| v.as_bytes().to_vec())
             });
@@ -615,7 +627,7 @@ fn render(rows: &[Measured], seconds: u64) -> String {
          sync now, which also makes it sync at once), a report every second at its own point of the second (counters of \
          one `scope: global` policy growing by its own demand, uneven from one Envoy to the next by 1 to 10 times, \
          its in-flight, the fleet share it was last given echoed back), its share read from each answer's \
-         headers. Counted for ",
+         headers, and after a failed or shed sync (`503`) its interval doubled each time, at most 5 s, as the filter backs off. Counted for ",
     );
     let _ = write!(
         s,
