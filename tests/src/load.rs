@@ -413,6 +413,35 @@ pub fn header_text(response: &reqwest::Response, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The most a token bucket of `burst` refilling at `per_second` can admit
+/// over the span these requests were in flight: its burst, what refilled
+/// from the first send to the last answer, and one token for rounding.
+pub fn admitted_at_most(outcomes: &[Outcome], burst: usize, per_second: f64) -> usize {
+    let first = outcomes.iter().map(|o| o.started).min().unwrap_or_default();
+    let last = outcomes
+        .iter()
+        .map(|o| o.started + o.latency)
+        .max()
+        .unwrap_or_default();
+    burst + (last.saturating_sub(first).as_secs_f64() * per_second).floor() as usize + 1
+}
+
+/// The fewest a full bucket of `burst` admits from a burst that arrives at
+/// once: a worker that prefetched tokens it does not spend within the
+/// prefetch's life (`PREFETCH_TTL`) loses them (the book, "Prefetch"; a
+/// loaded machine spreads "at once" over more than that). Worst case, each
+/// admission that follows takes a prefetch of a PREFETCH_SLACK-th of what
+/// is left, and each prefetch lapses.
+pub fn burst_less_stranded_prefetches(burst: u64) -> usize {
+    let (mut left, mut admitted) = (burst, 0);
+    while left > 0 {
+        left -= 1;
+        admitted += 1;
+        left -= left / sluice_filter_core::bucket::PREFETCH_SLACK;
+    }
+    admitted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

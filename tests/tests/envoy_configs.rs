@@ -170,34 +170,6 @@ fn the_demo_pools_attempts_filter_is_configured_as_the_listeners() -> anyhow::Re
     Ok(())
 }
 
-/// The most a token bucket of `burst` refilling at `per_second` can admit
-/// over the span these requests were in flight: its burst, what refilled
-/// from the first send to the last answer, and one token for rounding.
-fn admitted_at_most(outcomes: &[load::Outcome], burst: usize, per_second: f64) -> usize {
-    let first = outcomes.iter().map(|o| o.started).min().unwrap_or_default();
-    let last = outcomes
-        .iter()
-        .map(|o| o.started + o.latency)
-        .max()
-        .unwrap_or_default();
-    burst + (last.saturating_sub(first).as_secs_f64() * per_second).floor() as usize + 1
-}
-
-/// The fewest a full bucket of `burst` admits from a burst that arrives at
-/// once: a worker that prefetched tokens it does not spend within the
-/// prefetch's 1 ms loses them (the book, "Prefetch"). Worst case, each
-/// admission that follows takes a prefetch of a PREFETCH_SLACK-th of what
-/// is left, and each prefetch lapses.
-fn burst_less_stranded_prefetches(burst: u64) -> usize {
-    let (mut left, mut admitted) = (burst, 0);
-    while left > 0 {
-        left -= 1;
-        admitted += 1;
-        left -= left / sluice_filter_core::bucket::PREFETCH_SLACK;
-    }
-    admitted
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
     let mock = MockApi::start("127.0.0.1:0".parse()?, MockLimits::default()).await?;
@@ -246,13 +218,13 @@ async fn demo_config_enforces_its_policies() -> anyhow::Result<()> {
     let (k1, k2) = (per_key_of("k1"), per_key_of("k2"));
     // A bucket admits its burst, plus what refilled while the requests were
     // being sent: on a slow machine a "burst" can take tens of milliseconds.
-    let bank_most = admitted_at_most(&outcomes, 10, 100.0);
+    let bank_most = load::admitted_at_most(&outcomes, 10, 100.0);
     // And at least its burst less what prefetches can strand (one clean
     // `make test` run passed 9 of this burst of 10).
-    let bank_least = burst_less_stranded_prefetches(10);
+    let bank_least = load::burst_less_stranded_prefetches(10);
     let (k1_most, k2_most) = (
-        admitted_at_most(&k1, 5, 10.0),
-        admitted_at_most(&k2, 5, 10.0),
+        load::admitted_at_most(&k1, 5, 10.0),
+        load::admitted_at_most(&k2, 5, 10.0),
     );
     println!(
         "demo config: bank burst of 30 -> {} passed ({bank_least}..={bank_most}), {} got 429; maps per key k1 {} (5..={k1_most}) / k2 {} (5..={k2_most}) of 8 passed; unrouted host -> {}",
@@ -533,7 +505,7 @@ async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Res
         let url = envoy.url("/v1/pay");
         let with_port = load::burst(&url, "api.bank.example:8443", 40).await;
         let passed = with_port.len() - count(&with_port, 429);
-        let bound = admitted_at_most(&with_port, 1, 5.0);
+        let bound = load::admitted_at_most(&with_port, 1, 5.0);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let other_port = load::burst(&url, "api.bank.example:443", 10).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -563,7 +535,7 @@ async fn host_and_port_policies_hold_under_every_shipped_config() -> anyhow::Res
         );
         // Another port: the host's own policy (burst 10, less what lapsed
         // prefetches strand), not the host:port one (burst 1).
-        let least = burst_less_stranded_prefetches(10);
+        let least = load::burst_less_stranded_prefetches(10);
         assert!(
             (least..=10).contains(&count(&other_port, 200)),
             "{file}: the host's own policy"
