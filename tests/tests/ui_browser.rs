@@ -667,10 +667,18 @@ async fn the_live_view_shows_a_token_limits_use_against_its_size() -> anyhow::Re
     let used = browser.text(&format!("{row} .used-per-period")).await?;
     let size = browser.text(&format!("{row} .limit-size")).await?;
     let left = browser.text(&format!("{row} .left-now")).await?;
+    // The slots' use, size and free count of one render, read in one
+    // script: read one by one, a render between the reads paired one
+    // report's calls in flight with the next one's free slots (1 in
+    // flight and 4 free of 4, CI of dc52394).
     let slots = ".live-limit[data-limit='in-flight']";
-    let slots_size = browser.text(&format!("{slots} .limit-size")).await?;
-    let slots_used = browser.text(&format!("{slots} .used-per-period")).await?;
-    let slots_left = browser.text(&format!("{slots} .left-now")).await?;
+    let cells = browser
+        .texts(&format!(
+            "{slots} .used-per-period, {slots} .limit-size, {slots} .left-now"
+        ))
+        .await?;
+    let [slots_used, slots_size, slots_left] = <[String; 3]>::try_from(cells)
+        .map_err(|cells| anyhow::anyhow!("the in-flight row's cells: {cells:?}"))?;
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
     let run = started.elapsed();
