@@ -404,24 +404,28 @@ impl BlockingStore {
     /// round trips to PostgreSQL.) An instance beyond
     /// [`sluice_wire::sync::MAX_INSTANCES`] is refused.
     pub fn record_sync(&self, mut report: SyncReport) -> Result<RecordedSync, StoreError> {
-        let mut set = self.cached_set();
-        // A set read again after the version moved is the one to answer
-        // with, even if an edit lands meanwhile: the next sync brings it.
-        let mut reread = false;
+        // A set read again (none cached, or the version moved) is the one
+        // to answer with, even if an edit lands meanwhile: the next sync
+        // brings it. Read before the record when none is cached, rather
+        // than after a transaction that finds none.
+        let (mut set, mut reread) = match self.cached_set() {
+            Some(set) => (set, false),
+            None => (self.reread_set()?, true),
+        };
         loop {
             let recorded = self.db.note(|sql| {
                 let (version, epoch) = version_and_epoch(sql)?;
-                let Some(set) = set.as_ref().filter(|s| reread || s.version == version) else {
+                if !reread && set.version != version {
                     return Ok(None);
-                };
-                report.keep_known(set);
+                }
+                report.keep_known(&set);
                 self.write_instance(sql, &report)?;
-                Ok(Some((Arc::clone(set), epoch)))
+                Ok(Some(epoch))
             })?;
             match recorded {
-                Some((set, epoch)) => return Ok(RecordedSync { report, set, epoch }),
+                Some(epoch) => return Ok(RecordedSync { report, set, epoch }),
                 None => {
-                    set = Some(self.reread_set()?);
+                    set = self.reread_set()?;
                     reread = true;
                 }
             }
