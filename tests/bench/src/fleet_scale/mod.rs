@@ -475,17 +475,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_second_admin_adds_what_its_cpu_per_sync_leaves() {
-        // The same CPU per sync beside another as alone: a whole admin more.
-        assert!((second_admin_adds(500.0, 500.0) - 1.0).abs() < 1e-9);
-        // Twice the CPU per sync: two serve what one did, nothing added.
-        assert!(second_admin_adds(500.0, 1000.0).abs() < 1e-9);
-        // 80 % added needs CPU per sync within 11 % of one's alone.
-        assert!(second_admin_adds(500.0, 555.0) > 0.8);
-        assert!(second_admin_adds(500.0, 560.0) < 0.8);
-    }
-
-    #[test]
     fn push_latency_is_to_each_envoy_holding_the_edits_version() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);

@@ -522,3 +522,26 @@ struct Answer {
     headers: HeaderMap,
     body: Bytes,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_pass_as_far_as_the_share_held_over_the_period_lets_them() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut calls = Calls::new(t0);
+        // No share yet: asked 10 a second for a second, none passed.
+        assert_eq!(calls.until(at(1000), 10.0, 0.0), (10_000, 0));
+        // A share of 6.5 a second for half a second: 3.25 of 5 passed.
+        assert_eq!(calls.until(at(1500), 10.0, 6.5), (5_000, 3_250));
+        // A share above the demand passes the demand, no more.
+        assert_eq!(calls.until(at(2500), 10.0, 40.0), (10_000, 10_000));
+        assert_eq!((calls.admitted(), calls.rejected()), (13, 12));
+        assert_eq!(calls.at_ms(), 2501);
+        // A clock that went back counts nothing.
+        assert_eq!(calls.until(at(2000), 10.0, 40.0), (0, 0));
+        assert_eq!(calls.at_ms(), 2501);
+    }
+}
