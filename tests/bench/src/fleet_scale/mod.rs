@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use sluice_e2e::envoy::free_port;
 use sluice_e2e::postgres::PostgresServer;
 use sluice_e2e::redis::RedisServer;
+use sluice_shared::fleet::Amount;
 
 use crate::procs::{self, cpu_time, rss_mib};
 use crate::Args;
@@ -58,10 +59,13 @@ fn bank_policy() -> Value {
     ]})
 }
 
+/// The global policy's calls in flight.
+const GLOBAL_IN_FLIGHT: u32 = 200;
+
 fn global_policy(rate: u64) -> Value {
     json!({"name": POLICY, "match": {"host": "api.fleet.example"}, "scope": "global",
            "rate": {"requests": rate, "period": "1s"},
-           "concurrency": {"max_in_flight": 200}})
+           "concurrency": {"max_in_flight": GLOBAL_IN_FLIGHT}})
 }
 
 /// What one fleet size measured.
@@ -87,8 +91,9 @@ struct Measured {
     /// part of the global limit, over the run.
     asked_of_limit: f64,
     used_of_limit: f64,
-    /// The shares of the limit's rate the Envoys held at the run's end,
-    /// added up, as a part of it.
+    /// The rates of the limit the Envoys enforced at the run's end (each
+    /// its share, or its fallback once the lease ended), added up, as a
+    /// part of it.
     shares_of_limit: f64,
     /// From the fleet's start until every Envoy held a share of the
     /// global policy (none within [`FIRST_SHARES_WAIT`]: `None`).
@@ -300,6 +305,10 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
             tls_config.as_ref(),
             i,
             envoys,
+            Amount {
+                rate: limit as f64,
+                in_flight: GLOBAL_IN_FLIGHT,
+            },
             Arc::clone(&fleet),
         )?;
         tasks.push(tokio::spawn(envoy.clone().watch_forever()));
@@ -309,11 +318,7 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
     // once more, so that no counted second is one before its first share.
     let spawned = Instant::now();
     let first_shares = loop {
-        if fleet
-            .share_milli
-            .iter()
-            .all(|m| m.load(Ordering::SeqCst) > 0)
-        {
+        if fleet.all_shared() {
             break Some(spawned.elapsed());
         }
         if spawned.elapsed() > FIRST_SHARES_WAIT {
@@ -364,11 +369,11 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
     tokio::time::sleep(run.saturating_sub(started.elapsed())).await;
     fleet.counting.store(false, Ordering::SeqCst);
     let elapsed = started.elapsed().as_secs_f64();
-    let shares_milli: u64 = fleet
-        .share_milli
-        .iter()
-        .map(|m| m.load(Ordering::SeqCst))
-        .sum();
+    let global_limit = Amount {
+        rate: limit as f64,
+        in_flight: GLOBAL_IN_FLIGHT,
+    };
+    let rates_in_force = fleet.rates_in_force(global_limit, Instant::now());
     let admin_cpu = sum_of(&pids, cpu_time)?.saturating_sub(cpu_before);
     let stores_after = backing.as_ref().map(Backing::counters).transpose()?;
     let gen_cpu = cpu_time(std::process::id())?.saturating_sub(gen_before);
@@ -410,7 +415,7 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
         asked_of_limit: part_of_limit(&fleet.asked_milli, limit, elapsed),
         used_of_limit: part_of_limit(&fleet.passed_milli, limit, elapsed),
         first_shares,
-        shares_of_limit: shares_milli as f64 / 1000.0 / limit.max(1) as f64,
+        shares_of_limit: rates_in_force / limit.max(1) as f64,
         store_traffic,
     })
 }

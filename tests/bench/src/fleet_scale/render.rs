@@ -26,8 +26,12 @@ pub(super) fn render(rows: &[Measured], seconds: u64) -> String {
          `/proc/<admin>/stat` (both admins' added up) and divided by the syncs answered (watches and edits included); memory per Envoy is the \
          admins' RSS after the run less before the fleet came, divided by N. Push: from an edit's 2xx to each \
          Envoy holding the set version it made, by its watch's answer or by its sync's when that came first \
-         (edits through the first admin). Not simulated yet: \
-         provider news, keyed policies and budgets in the reports.\n\n",
+         (edits through the first admin). Each report also says what a real Envoy's says of a second, local policy \
+         (`bank`, 5 calls a second): its callers' top keys since the last sync (20 of 200 keys, the live view's), a \
+         further limit that listens to its provider's `RateLimit` headers (what the provider says is left), and a \
+         keyed daily money budget per team (the 4 of 50 teams charged since the last sync, each what it spent). \
+         Not simulated: provider news that pauses a limit (a `Retry-After` relayed to the fleet), which comes \
+         rarely.\n\n",
         seconds.max(10)
     );
     s.push_str(
@@ -65,13 +69,13 @@ pub(super) fn render(rows: &[Measured], seconds: u64) -> String {
          were asked and those their fleet shares let through, over the run, each as a part of the limit \
          ({LIMIT_PER_ENVOY} a second per Envoy, N × {LIMIT_PER_ENVOY} in all). Asked more than the limit in all but \
          unevenly (an Envoy asked 2 a second needs less than its even part, one asked 20 more), the limit is \
-         used whole only where the shares follow each Envoy's demand; an Envoy whose sync fails keeps the share \
-         it holds. A global policy is closed on an Envoy until its first share: the first column says how long \
+         used whole only where the shares follow each Envoy's demand; an Envoy whose sync fails enforces its \
+         share until its lease ends, then its fallback, as the filter does (`share_in_force`). A global policy is closed on an Envoy until its first share: the first column says how long \
          after the fleet came that took: the admins here had just started, and an admin younger than a lease and \
          a half (4.5 s with the default `share_lease` of 3 s) cannot know what shares Envoys hold from before it \
          started, so it grows nobody's share until that time has passed since the first sync \
          (`admin/src/fleet/mod.rs`, `presumed_lost`).\n\n\
-         | stores | Envoys | every Envoy held a share after | asked | shares held at the end, in all | let through |\n|---|---|---|---|---|---|\n",
+         | stores | Envoys | every Envoy held a share after | asked | rates enforced at the end, in all | let through |\n|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let _ = writeln!(

@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sluice_shared::fleet::{share_in_force, Amount, Share};
 use sluice_shared::key_view::{label_secret, name_key, KeyOutcome, KeysReport, ENVOY_TOP_KEYS};
 use sluice_shared::policy::key::KeyLabel;
+use sluice_shared::time::{Instant as SimInstant, Span};
 use sluice_wire::counts::Counts;
 use sluice_wire::stats::LimitCounter;
 use sluice_wire::stats::PolicyCounter;
@@ -84,9 +86,9 @@ pub(super) struct FleetState {
     /// counts n of each Envoy's periods).
     pub(super) asked_milli: AtomicU64,
     pub(super) passed_milli: AtomicU64,
-    /// The share of the global policy's rate each Envoy holds now, in
-    /// thousandths of a call a second.
-    pub(super) share_milli: Vec<AtomicU64>,
+    /// Each Envoy's newest share of the global policy, and its calls
+    /// (whose clock the share's lease is on).
+    pub(super) shares: Vec<Mutex<Option<(Share, Calls)>>>,
 }
 
 impl FleetState {
@@ -101,8 +103,23 @@ impl FleetState {
             versions: (0..envoys).map(|_| AtomicU64::new(version)).collect(),
             asked_milli: AtomicU64::new(0),
             passed_milli: AtomicU64::new(0),
-            share_milli: (0..envoys).map(|_| AtomicU64::new(0)).collect(),
+            shares: (0..envoys).map(|_| Mutex::new(None)).collect(),
         }
+    }
+
+    /// Whether every Envoy has had a share.
+    pub(super) fn all_shared(&self) -> bool {
+        self.shares.iter().all(|s| lock(s).is_some())
+    }
+
+    /// The rates the Envoys enforce of the global policy at `now`, added
+    /// up: each its share while the lease runs, then its fallback.
+    pub(super) fn rates_in_force(&self, limit: Amount, now: Instant) -> f64 {
+        self.shares
+            .iter()
+            .filter_map(|s| *lock(s))
+            .map(|(share, calls)| share_in_force(Some(share), limit, calls.clock(now)).rate)
+            .sum()
     }
 
     pub(super) fn counting(&self) -> bool {
@@ -126,6 +143,8 @@ pub(super) struct SimEnvoy {
     watch_url: Uri,
     /// Its calls a second: uneven, 1 to 10 times the least busy one's.
     demand: u64,
+    /// The global policy's limit (what a lapsed share falls back to splits).
+    limit: Amount,
     /// Where in the sync second it syncs (real Envoys start at any time).
     offset: Duration,
     /// Its watch heard that fleet room was freed: sync now.
@@ -142,6 +161,7 @@ impl SimEnvoy {
         tls: Option<&rustls::ClientConfig>,
         index: usize,
         envoys: usize,
+        limit: Amount,
         fleet: Arc<FleetState>,
     ) -> anyhow::Result<Self> {
         // Plain HTTP is given a configuration that trusts nothing: it
@@ -169,6 +189,7 @@ impl SimEnvoy {
             sync_url: format!("{base}/api/v1/sync").parse()?,
             watch_url: format!("{base}/api/v1/sync/watch").parse()?,
             demand: 2 + 2 * (index as u64 % 10),
+            limit,
             offset: SYNC_EVERY.mul_f64(index as f64 / envoys as f64),
             hurry: Arc::new(Notify::new()),
             fleet,
@@ -229,14 +250,16 @@ impl SimEnvoy {
         let mut calls = Calls::new(Instant::now());
         let mut share_ids = BTreeMap::new();
         let mut held: BTreeMap<String, HeldShareReport> = BTreeMap::new();
+        // The global policy's newest share, its lease on this Envoy's clock.
+        let mut in_force: Option<Share> = None;
         let mut failures = 0u32;
         loop {
             next += SYNC_EVERY;
             // Its calls since the last sync, let through as far as the
             // fleet share it held allowed (none before its first share:
             // a global policy is closed until then).
-            let share = held.get(POLICY).map_or(0.0, |h| h.rate);
-            let (asked, passed) = calls.until(Instant::now(), self.demand as f64, share);
+            let (asked, passed) =
+                calls.until(Instant::now(), self.demand as f64, in_force, self.limit);
             if self.fleet.counting() {
                 self.fleet.asked_milli.fetch_add(asked, Ordering::SeqCst);
                 self.fleet.passed_milli.fetch_add(passed, Ordering::SeqCst);
@@ -277,8 +300,17 @@ impl SimEnvoy {
             if let Some(Ok(shares)) = heard.shares {
                 for (policy, share) in shares {
                     if policy == POLICY {
-                        self.fleet.share_milli[self.index]
-                            .store((share.rate.max(0.0) * MILLI) as u64, Ordering::SeqCst);
+                        let newest = Share {
+                            amount: Amount {
+                                rate: share.rate,
+                                in_flight: share.in_flight,
+                            },
+                            expires_at: calls.clock(Instant::now())
+                                + Span::from_millis(share.lease_ms),
+                            instances: share.instances,
+                        };
+                        in_force = Some(newest);
+                        *lock(&self.fleet.shares[self.index]) = Some((newest, calls));
                     }
                     share_ids.insert(policy.clone(), share.id);
                     held.insert(
@@ -487,15 +519,41 @@ impl Calls {
     }
 
     /// Calls from the last count to `now` at `demand` a second, of which
-    /// `share` a second passed: what this period added, in thousandths.
-    pub(super) fn until(&mut self, now: Instant, demand: f64, share: f64) -> (u64, u64) {
-        let seconds = now.saturating_duration_since(self.until).as_secs_f64();
-        self.until = self.until.max(now);
-        let asked = demand * seconds;
-        let passed = demand.min(share.max(0.0)) * seconds;
+    /// passed what the share in force let through (the filter's
+    /// `share_in_force`: `newest` while its lease runs, then its fallback
+    /// of `limit`; nothing before a first share): what this period added,
+    /// in thousandths.
+    pub(super) fn until(
+        &mut self,
+        now: Instant,
+        demand: f64,
+        newest: Option<Share>,
+        limit: Amount,
+    ) -> (u64, u64) {
+        let (from, to) = (self.until, self.until.max(now));
+        self.until = to;
+        let passing = |at: Instant, seconds: f64| {
+            demand.min(share_in_force(newest, limit, self.clock(at)).rate.max(0.0)) * seconds
+        };
+        let seconds = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+        // A lease that ends within the period: the share before, its
+        // fallback after.
+        let lapse = newest
+            .map(|s| self.started + Duration::from_millis(s.expires_at.as_millis()))
+            .filter(|&end| from < end && end < to);
+        let passed = match lapse {
+            Some(end) => passing(from, seconds(from, end)) + passing(to, seconds(end, to)),
+            None => passing(to, seconds(from, to)),
+        };
+        let asked = demand * seconds(from, to);
         self.asked += asked;
         self.passed += passed;
         ((asked * MILLI) as u64, (passed * MILLI) as u64)
+    }
+
+    /// `at` on this Envoy's clock.
+    pub(super) fn clock(&self, at: Instant) -> SimInstant {
+        SimInstant::from_millis(at.saturating_duration_since(self.started).as_millis() as u64)
     }
 
     pub(super) fn admitted(&self) -> u64 {
@@ -531,17 +589,44 @@ mod tests {
     fn calls_pass_as_far_as_the_share_held_over_the_period_lets_them() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let limit = Amount {
+            rate: 40.0,
+            in_flight: 0,
+        };
+        // Leased until `ms` of its clock, made when there were 4 Envoys.
+        let share = |rate: f64, ms: u64| {
+            Some(Share {
+                amount: Amount { rate, in_flight: 0 },
+                expires_at: SimInstant::from_millis(ms),
+                instances: 4,
+            })
+        };
         let mut calls = Calls::new(t0);
         // No share yet: asked 10 a second for a second, none passed.
-        assert_eq!(calls.until(at(1000), 10.0, 0.0), (10_000, 0));
+        assert_eq!(calls.until(at(1000), 10.0, None, limit), (10_000, 0));
         // A share of 6.5 a second for half a second: 3.25 of 5 passed.
-        assert_eq!(calls.until(at(1500), 10.0, 6.5), (5_000, 3_250));
+        assert_eq!(
+            calls.until(at(1500), 10.0, share(6.5, 9_000), limit),
+            (5_000, 3_250)
+        );
         // A share above the demand passes the demand, no more.
-        assert_eq!(calls.until(at(2500), 10.0, 40.0), (10_000, 10_000));
+        assert_eq!(
+            calls.until(at(2500), 10.0, share(40.0, 9_000), limit),
+            (10_000, 10_000)
+        );
         assert_eq!((calls.admitted(), calls.rejected()), (13, 12));
         assert_eq!(calls.at_ms(), 2501);
+        // A lease that ends half way: the share of 30 before, its fallback
+        // after (an even split of 40 four ways: 10, of 20 asked).
+        assert_eq!(
+            calls.until(at(3500), 20.0, share(30.0, 3_000), limit),
+            (20_000, 15_000)
+        );
         // A clock that went back counts nothing.
-        assert_eq!(calls.until(at(2000), 10.0, 40.0), (0, 0));
-        assert_eq!(calls.at_ms(), 2501);
+        assert_eq!(
+            calls.until(at(2000), 10.0, share(40.0, 9_000), limit),
+            (0, 0)
+        );
+        assert_eq!(calls.at_ms(), 3501);
     }
 }
