@@ -107,9 +107,12 @@ impl FleetState {
         }
     }
 
-    /// Whether every Envoy has had a share.
+    /// Whether every Envoy has had a share of some rate (an admin that
+    /// has just started answers with shares of none at first).
     pub(super) fn all_shared(&self) -> bool {
-        self.shares.iter().all(|s| lock(s).is_some())
+        self.shares
+            .iter()
+            .all(|s| lock(s).is_some_and(|(share, _)| share.amount.rate > 0.0))
     }
 
     /// The rates the Envoys enforce of the global policy at `now`, added
