@@ -140,10 +140,11 @@ fn render_scaling(rows: &[Measured]) -> String {
          second adds `2 × alone / beside − 1` of one's capacity. What the two spend beyond one (reading \
          each other's changes of the ledgers in Redis, compare-and-set rounds lost to each other) is what \
          lowers it. On this machine's two cores, shared with PostgreSQL, Redis and the load, this is a \
-         projection from CPU per sync, not a measured saturation; above 100 %, the one admin alone \
-         answered fewer syncs than were asked (it fell behind, and what it spent waiting on its stores \
-         and on the cores went to fewer syncs), and where the two fell behind further (5 000) it is \
-         lower than a machine with cores to spare would give.\n\n\
+         projection from CPU per sync, not a measured saturation, and it holds only where neither the one \
+         admin nor the two fell behind (no syncs failed or shed in the first table): an admin behind \
+         spends what it spends waiting on its stores and on the cores on fewer syncs than were asked, \
+         so the figure reads above 100 % where the one fell further behind, and below what a machine \
+         with cores to spare would give where the two did.\n\n\
          | Envoys | 1 admin: CPU per sync | 2 admins: CPU per sync | a second admin adds |\n|---|---|---|---|\n",
     );
     let mut sizes: Vec<usize> = rows.iter().map(|r| r.envoys).collect();

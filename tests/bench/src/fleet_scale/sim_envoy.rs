@@ -169,17 +169,15 @@ impl SimEnvoy {
     ) -> anyhow::Result<Self> {
         // Plain HTTP is given a configuration that trusts nothing: it
         // never makes a TLS connection with it.
-        let config = tls.cloned().unwrap_or_else(|| {
-            rustls::ClientConfig::builder_with_provider(Arc::new(
+        let config = match tls {
+            Some(config) => config.clone(),
+            None => rustls::ClientConfig::builder_with_provider(Arc::new(
                 rustls::crypto::ring::default_provider(),
             ))
-            .with_safe_default_protocol_versions()
-            .map(|b| {
-                b.with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth()
-            })
-            .expect("ring offers the default protocol versions")
-        });
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        };
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(config)
             .https_or_http()
