@@ -1,10 +1,12 @@
-//! Scenario 12: one admin under a fleet of simulated Envoys, N of them
-//! at once (`--fleet-sizes`), each speaking the filter's own sync protocol:
-//! a watch held open and reopened as the filter holds it, a report every
-//! second with counters that grow by its own demand, the fleet shares the
-//! last answer gave echoed back. What the admin spends per sync, how long
-//! a sync takes, what each Envoy costs it in memory, and how long an edit
-//! takes to reach every watch.
+//! Scenario 12: admins (SQLite, over TLS or not; one and two over
+//! PostgreSQL and Redis) under a fleet of simulated Envoys, N of them at
+//! once (`--fleet-sizes`), each speaking the filter's own sync protocol
+//! (`sim_envoy`): a watch held open and reopened as the filter holds it,
+//! a report every second as a real Envoy's, the fleet shares the last
+//! answer gave echoed back and enforced. What the admin spends per sync,
+//! how long a sync takes, what each Envoy costs it in memory, how long an
+//! edit takes to reach every Envoy, and how much of the global limit the
+//! shares let the fleet use.
 
 mod render;
 mod sim_envoy;
