@@ -286,6 +286,10 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
     }
     let op = sluice_e2e::admin::Operator::login(&bases[0], PASSWORD).await?;
     let limit = LIMIT_PER_ENVOY * envoys as u64;
+    let global_limit = Amount {
+        rate: limit as f64,
+        in_flight: GLOBAL_IN_FLIGHT,
+    };
     op.create(global_policy(limit)).await?;
     op.create(bank_policy()).await?;
     let tls_config = if tls {
@@ -307,10 +311,7 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
             tls_config.as_ref(),
             i,
             envoys,
-            Amount {
-                rate: limit as f64,
-                in_flight: GLOBAL_IN_FLIGHT,
-            },
+            global_limit,
             Arc::clone(&fleet),
         )?;
         tasks.push(tokio::spawn(envoy.clone().watch_forever()));
@@ -371,10 +372,6 @@ async fn measure(args: &Args, envoys: usize, stores: Stores) -> anyhow::Result<M
     tokio::time::sleep(run.saturating_sub(started.elapsed())).await;
     fleet.counting.store(false, Ordering::SeqCst);
     let elapsed = started.elapsed().as_secs_f64();
-    let global_limit = Amount {
-        rate: limit as f64,
-        in_flight: GLOBAL_IN_FLIGHT,
-    };
     let rates_in_force = fleet.rates_in_force(global_limit, Instant::now());
     let admin_cpu = sum_of(&pids, cpu_time)?.saturating_sub(cpu_before);
     let stores_after = backing.as_ref().map(Backing::counters).transpose()?;

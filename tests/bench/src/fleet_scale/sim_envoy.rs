@@ -86,9 +86,9 @@ pub(super) struct FleetState {
     /// counts n of each Envoy's periods).
     pub(super) asked_milli: AtomicU64,
     pub(super) passed_milli: AtomicU64,
-    /// Each Envoy's newest share of the global policy, and its calls
-    /// (whose clock the share's lease is on).
-    pub(super) shares: Vec<Mutex<Option<(Share, Calls)>>>,
+    /// Each Envoy's newest share of the global policy, and when that
+    /// Envoy's clock (which the share's lease is on) started.
+    pub(super) shares: Vec<Mutex<Option<(Share, Instant)>>>,
 }
 
 impl FleetState {
@@ -121,7 +121,7 @@ impl FleetState {
         self.shares
             .iter()
             .filter_map(|s| *lock(s))
-            .map(|(share, calls)| share_in_force(Some(share), limit, calls.clock(now)).rate)
+            .map(|(share, started)| share_in_force(Some(share), limit, clock(started, now)).rate)
             .sum()
     }
 
@@ -311,7 +311,7 @@ impl SimEnvoy {
                             instances: share.instances,
                         };
                         in_force = Some(newest);
-                        *lock(&self.fleet.shares[self.index]) = Some((newest, calls));
+                        *lock(&self.fleet.shares[self.index]) = Some((newest, calls.started));
                     }
                     share_ids.insert(policy.clone(), share.id);
                     held.insert(
@@ -554,7 +554,7 @@ impl Calls {
 
     /// `at` on this Envoy's clock.
     pub(super) fn clock(&self, at: Instant) -> SimInstant {
-        SimInstant::from_millis(at.saturating_duration_since(self.started).as_millis() as u64)
+        clock(self.started, at)
     }
 
     pub(super) fn admitted(&self) -> u64 {
@@ -573,6 +573,11 @@ impl Calls {
             .as_millis() as u64
             + 1
     }
+}
+
+/// `at` on the clock of an Envoy that started at `started`.
+fn clock(started: Instant, at: Instant) -> SimInstant {
+    SimInstant::from_millis(at.saturating_duration_since(started).as_millis() as u64)
 }
 
 /// An answer of the admin, read whole.
