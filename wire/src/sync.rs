@@ -28,6 +28,10 @@ use sluice_shared::key_view::{KeysReport, ENVOY_TOP_KEYS, MAX_VALUE_LABEL};
 use sluice_shared::spend::SpendReport;
 
 pub const SYNC_PATH: &str = "/api/v1/sync";
+/// The longest an Envoy waits between sync attempts while the admin keeps
+/// failing them (its interval, doubled after each failure, up to this): an
+/// Envoy turned away is heard again within it of the admin answering.
+pub const MAX_SYNC_BACKOFF_MS: u64 = 5_000;
 /// Push: a watch call (sync token, a [`WatchRequest`] body) the admin holds
 /// until the policy set differs from the one named, then answers `200`
 /// with it, or `304` after the hold asked for in [`WAIT_HEADER`] (ms, at

@@ -43,6 +43,8 @@ async fn sync(
     // reaches its Envoy after its timeout, and is sent again.
     let Ok(_turn) = state.sync_turns.try_acquire() else {
         state.metrics.result("shed");
+        // Its Envoy is alive and unheard: nobody silent is given away.
+        state.fleet.turned_away();
         return Err(ApiError::Busy(
             "the admin answers as many syncs as it can (--max-syncs-in-flight); \
              keep the set and shares you hold and sync again later"
@@ -81,6 +83,9 @@ async fn answer_sync(state: &AppState, report: SyncReport) -> Result<AdminAnswer
             state.metrics.result("too_many_instances");
             return ApiError::Unavailable(e.to_string());
         }
+        // Its Envoy is alive and unheard (the store failed this sync, and
+        // may not the others'): nobody silent is given away.
+        state.fleet.turned_away();
         ApiError::from(e)
     })?;
     let (report, set, epoch) = (recorded.report, recorded.set, recorded.epoch);

@@ -13,6 +13,7 @@
 mod replicated;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use sluice_api::FleetPolicy;
@@ -23,9 +24,9 @@ use crate::clock::MonotonicWall;
 use crate::expiring::ExpiringMap;
 use crate::kv::{KvError, RedisConnection};
 use replicated::ReplicatedLedgers;
-use sluice_shared::{Instant, PolicySet, Scope};
+use sluice_shared::{Instant, PolicySet, Scope, Span};
 use sluice_wire::stats::{LimitCounter, PolicyCounter};
-use sluice_wire::sync::{ShareMessage, SharesMessage, SyncReport};
+use sluice_wire::sync::{ShareMessage, SharesMessage, SyncReport, MAX_SYNC_BACKOFF_MS};
 
 /// Attempts before a sync gives up on a contended ledger in Redis.
 const MAX_CAS_ATTEMPTS: u32 = 32;
@@ -89,6 +90,9 @@ pub struct Ledgers {
     /// When each instance's claim of a share nobody issued was last
     /// logged: at most once a minute each.
     refused_logged: Mutex<BTreeMap<String, std::time::Instant>>,
+    /// When this admin last turned a sync away unheard, in milliseconds
+    /// of the lease clock (0: never; see [`Self::turned_away`]).
+    turned_away_ms: AtomicU64,
 }
 
 /// Instances whose refused claims are remembered for the log's sake.
@@ -121,6 +125,7 @@ impl Ledgers {
             seen: Mutex::new(HashSet::new()),
             tags: ShareTags::new(secret),
             refused_logged: Mutex::new(BTreeMap::new()),
+            turned_away_ms: AtomicU64::new(0),
         }
     }
 
@@ -184,6 +189,36 @@ impl Ledgers {
         if let Store::Memory(memory) = &self.ledgers {
             lock(memory).clear();
         }
+    }
+
+    /// A sync was turned away before its Envoy was heard (shed, or its
+    /// record failed): until a lease and a half and two of an Envoy's
+    /// longest backoffs after (its next attempt may be lost too: seed 256
+    /// of `syncs_shed_never_cost_the_limit_and_shares_come_back` in
+    /// `tests/sim/tests/fleet_shares.rs`), every ledger this admin syncs
+    /// keeps its silent members' reservations
+    /// ([`Ledger::keep_the_silent_until`]), and with replicas tells the
+    /// others so through the ledger's head.
+    pub fn turned_away(&self) {
+        self.turned_away_at(self.now());
+    }
+
+    /// [`Self::turned_away`] at `now` on the lease clock.
+    pub fn turned_away_at(&self, now: Instant) {
+        self.turned_away_ms
+            .fetch_max(now.as_millis(), Ordering::Relaxed);
+    }
+
+    /// Until when a ledger of `terms` keeps its silent members, if this
+    /// admin ever turned a sync away.
+    fn silent_kept_until(&self, terms: &FleetTerms) -> Option<Instant> {
+        let at = self.turned_away_ms.load(Ordering::Relaxed);
+        (at > 0).then(|| {
+            Instant::from_millis(at)
+                + terms.lease
+                + terms.lease.div(2)
+                + Span::from_millis(2 * MAX_SYNC_BACKOFF_MS)
+        })
     }
 
     /// Now, on the clock leases are measured on.
@@ -296,7 +331,11 @@ impl Ledgers {
         held: Held,
         now: Instant,
     ) -> Result<(Share, bool), FleetError> {
+        let kept_until = self.silent_kept_until(terms);
         self.update(name, instance, terms, now, |ledger| {
+            if let Some(until) = kept_until {
+                ledger.keep_the_silent_until(until);
+            }
             // The sync changes this instance's member only: what it
             // frees of the whole is what it frees of its own.
             let before = ledger.reserved_by(terms, instance, now);

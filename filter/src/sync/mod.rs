@@ -31,7 +31,7 @@ use crate::host::Host;
 use crate::store::{Store, StoreError};
 
 /// Longest wait between attempts while the admin keeps failing.
-const MAX_BACKOFF: Span = Span::from_secs(5);
+const MAX_BACKOFF: Span = Span::from_millis(sluice_wire::sync::MAX_SYNC_BACKOFF_MS);
 /// Larger answers are refused unread.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 

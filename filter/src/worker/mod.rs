@@ -299,6 +299,15 @@ impl Worker {
         self.parts.streams.holding()
     }
 
+    /// The share of each global policy (by its name) and global further
+    /// limit (as `policy/limit`) this worker enforces, as of its last
+    /// tick.
+    pub fn shares_in_force(
+        &self,
+    ) -> &std::collections::BTreeMap<String, sluice_shared::fleet::Amount> {
+        self.parts.shares.applied()
+    }
+
     pub fn waiting(&self) -> usize {
         self.parts.streams.waiting()
     }

@@ -47,6 +47,13 @@ impl FleetShares {
         self.applied.clear();
     }
 
+    /// The share each global policy (by its name) and global further
+    /// limit (as `policy/limit`) enforces, as of the last time they were
+    /// applied.
+    pub fn applied(&self) -> &BTreeMap<String, Amount> {
+        &self.applied
+    }
+
     /// Takes up shares another VM's sync published.
     pub fn pick_up<H: Host + ?Sized>(&mut self, host: &H) {
         if fleet::published_seq(host) == self.seq {

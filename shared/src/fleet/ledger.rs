@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::allocation::allocate;
 use super::demand::{demand_between, settle, smooth, used_between, Demand, Usage};
 use super::fair_demand::KeyDemand;
-use super::member::Member;
+use super::member::{Keeping, Member};
 pub use super::share::{share_in_force, Share};
 use super::{fair_demand, Amount, FLOOR_FRACTION};
 use crate::fair::FairKeyView;
@@ -112,6 +112,10 @@ pub(super) struct Head {
     next_forget: Instant,
     #[serde(default, rename = "forget_lease_ms", with = "millis")]
     forget_lease: Span,
+    /// Until when no silent instance's reservation ends (see
+    /// [`Ledger::keep_the_silent_until`]).
+    #[serde(default, rename = "silent_kept_until_ms", with = "millis")]
+    silent_kept_until: Instant,
 }
 
 impl Ledger {
@@ -235,13 +239,14 @@ impl Ledger {
         // Told apart by address: comparing every name cost more than the
         // sum itself at a thousand members.
         let own: *const Member = member;
+        let keeping = self.keeping(terms);
         let target = self.target(terms, instance, now);
         let others = self
             .members
             .values()
             .filter(|m| !std::ptr::eq(*m, own))
             .fold(Amount::default(), |acc, m| {
-                acc.plus(m.reserved(terms.limit, terms.lease, now))
+                acc.plus(m.reserved(terms.limit, keeping, now))
             });
         let mut amount = target.min(terms.limit.minus(others));
         if self.recovering(now) {
@@ -253,7 +258,7 @@ impl Ledger {
                 .get(instance)
                 .map(|m| {
                     let claimed = share_in_force(m.claimed, terms.limit, now);
-                    m.reserved(terms.limit, terms.lease, now).max(claimed)
+                    m.reserved(terms.limit, keeping, now).max(claimed)
                 })
                 .unwrap_or_default();
             amount = amount.min(holds);
@@ -276,7 +281,7 @@ impl Ledger {
             } else {
                 target.minus(amount)
             };
-            let until = member.reserved_until(terms.lease);
+            let until = member.reserved_until(keeping);
             self.may_forget_at(until);
         }
         share
@@ -419,9 +424,10 @@ impl Ledger {
 
     /// The sum of what every instance may be enforcing now.
     pub fn reserved(&self, terms: &FleetTerms, now: Instant) -> Amount {
+        let keeping = self.keeping(terms);
         self.members
             .values()
-            .map(|m| m.reserved(terms.limit, terms.lease, now))
+            .map(|m| m.reserved(terms.limit, keeping, now))
             .fold(Amount::default(), Amount::plus)
     }
 
@@ -430,22 +436,24 @@ impl Ledger {
     /// moves of [`Self::reserved`] is what it moves of this: one member
     /// weighed instead of every one, before and after.
     pub fn reserved_by(&self, terms: &FleetTerms, instance: &str, now: Instant) -> Amount {
+        let keeping = self.keeping(terms);
         self.members
             .get(instance)
-            .map(|m| m.reserved(terms.limit, terms.lease, now))
+            .map(|m| m.reserved(terms.limit, keeping, now))
             .unwrap_or_default()
     }
 
     /// Instances still holding a reservation: what each may enforce, uses
     /// and wants, for the UI.
     pub fn members(&self, terms: &FleetTerms, now: Instant) -> Vec<MemberState> {
+        let keeping = self.keeping(terms);
         self.members
             .iter()
-            .filter(|(_, m)| now < m.reserved_until(terms.lease))
+            .filter(|(_, m)| now < m.reserved_until(keeping))
             .map(|(n, m)| MemberState {
                 instance: n.clone(),
                 share: share_in_force(m.shares.last().copied(), terms.limit, now),
-                reserved: m.reserved(terms.limit, terms.lease, now),
+                reserved: m.reserved(terms.limit, keeping, now),
                 used: m.used,
                 demand: m.demand,
                 last_sync: m.last_heard,
@@ -460,9 +468,10 @@ impl Ledger {
             return;
         }
         let mut next = Instant::MAX;
+        let keeping = self.keeping(terms);
         let forgotten = &mut self.forgotten;
         self.members.retain(|name, m| {
-            let until = m.reserved_until(terms.lease);
+            let until = m.reserved_until(keeping);
             next = next.min(until);
             let keep = now < until;
             if !keep {
@@ -472,6 +481,27 @@ impl Ledger {
         });
         self.head.next_forget = next;
         self.head.forget_lease = terms.lease;
+    }
+
+    /// How long it keeps what its members may enforce reserved.
+    fn keeping(&self, terms: &FleetTerms) -> Keeping {
+        Keeping {
+            lease: terms.lease,
+            silent_until: self.head.silent_kept_until,
+        }
+    }
+
+    /// The admin turned syncs away without hearing them (it shed them, or
+    /// its store failed them): the Envoys that sent them are alive and
+    /// enforce what they hold (their fallbacks, once their leases end), and
+    /// the admin cannot tell them from the dead. Until `until` no silent
+    /// instance's reservation ends: forgotten, its room would go to the
+    /// others while it still enforced its fallback (past an admin's
+    /// capacity the fleet then enforced up to 245 % of a limit,
+    /// docs/BENCHMARKS.md section 12 at cd2fa4d). It errs toward room
+    /// unused, never toward a limit oversubscribed.
+    pub fn keep_the_silent_until(&mut self, until: Instant) {
+        self.head.silent_kept_until = self.head.silent_kept_until.max(until);
     }
 
     /// `member`'s reservation may end sooner than any before: when it
@@ -824,6 +854,36 @@ mod tests {
         let b6 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b5), t(3_030));
         assert_eq!(b6.amount.in_flight, 100);
         assert_eq!(ledger.members(&TERMS, t(3_030)).len(), 1);
+    }
+
+    /// As above, but the admin turns syncs away (shed) at 1 500 ms: a,
+    /// silent, may be one of those it turned away, alive and enforcing its
+    /// fallback; nor does a closed connection prove it dead meanwhile. Its
+    /// fallback stays reserved until the time the admin keeps the silent,
+    /// however much the admin turns away later (never sooner).
+    #[test]
+    fn a_silent_instance_is_kept_while_the_admin_turns_syncs_away() {
+        let mut ledger = Ledger::default();
+        let a1 = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
+        let b1 = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
+        let a2 = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a1), t(20));
+        ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a2), t(30));
+        let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1), t(40));
+        ledger.departed("a", t(100));
+        ledger.keep_the_silent_until(t(9_000));
+        ledger.keep_the_silent_until(t(5_000));
+        let mut b = b2;
+        // b syncs every second (a longer gap is the admin's own outage).
+        for ms in [1_000, 2_000, 3_030, 4_000, 5_000, 6_000, 7_000, 8_000, 8_999] {
+            b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(ms));
+            assert_eq!(b.amount.in_flight, 50, "at {ms} ms");
+            assert_eq!(ledger.members(&TERMS, t(ms)).len(), 2, "at {ms} ms");
+        }
+        // Its fallback, not its share: min(50, 100 / 2).
+        assert_eq!(ledger.reserved_by(&TERMS, "a", t(8_999)).in_flight, 50);
+        b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(9_000));
+        assert_eq!(b.amount.in_flight, 100);
+        assert_eq!(ledger.members(&TERMS, t(9_000)).len(), 1);
     }
 
     /// a and b, each wanting half, syncing every 200 ms from 0 to 1 000 ms:

@@ -60,6 +60,16 @@ pub(super) struct Member {
     pub(super) claimed_at: Instant,
 }
 
+/// How long a ledger keeps what a member may enforce reserved: a lease
+/// and a half past its last share or sync (sooner once it is taken for
+/// dead), and in any case until `silent_until` (see
+/// `Ledger::keep_the_silent_until`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Keeping {
+    pub(super) lease: Span,
+    pub(super) silent_until: Instant,
+}
+
 /// An instance whose connection closed is taken for dead once it has
 /// not synced for this many of its sync intervals since...
 const DEPARTURE_SYNCS: u64 = 3;
@@ -91,8 +101,8 @@ impl Member {
     }
 
     /// The most it may be enforcing now (0 once its reservation ended).
-    pub(super) fn reserved(&self, limit: Amount, lease: Span, now: Instant) -> Amount {
-        if now >= self.reserved_until(lease) {
+    pub(super) fn reserved(&self, limit: Amount, keeping: Keeping, now: Instant) -> Amount {
+        if now >= self.reserved_until(keeping) {
             return Amount::default();
         }
         self.shares
@@ -101,7 +111,8 @@ impl Member {
             .fold(Amount::default(), Amount::max)
     }
 
-    pub(super) fn reserved_until(&self, lease: Span) -> Instant {
+    pub(super) fn reserved_until(&self, keeping: Keeping) -> Instant {
+        let lease = keeping.lease;
         // The fallback after a lapsed share stays reserved this long: an
         // instance that merely missed a few syncs is not given away.
         let grace = lease.div(2);
@@ -112,10 +123,14 @@ impl Member {
             .max()
             .unwrap_or(Instant::EPOCH);
         let until = last_share_ends.max(self.last_heard + lease + grace);
-        match self.dead_from() {
+        let until = match self.dead_from() {
             Some(dead) => until.min(dead),
             None => until,
-        }
+        };
+        // While the admin turns syncs away, silence and closed connections
+        // (an Envoy giving up on a sync the admin was slow to answer closes
+        // it) prove nothing.
+        until.max(keeping.silent_until)
     }
 
     /// When a departed instance counts as dead: its connection closed and

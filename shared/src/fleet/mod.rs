@@ -80,7 +80,7 @@ impl Amount {
         rate.requests as f64 / rate.period.as_span().as_secs_f64().max(1e-9)
     }
 
-    fn max(self, other: Amount) -> Amount {
+    pub fn max(self, other: Amount) -> Amount {
         Amount {
             rate: self.rate.max(other.rate),
             in_flight: self.in_flight.max(other.in_flight),
@@ -94,7 +94,7 @@ impl Amount {
         }
     }
 
-    fn plus(self, other: Amount) -> Amount {
+    pub fn plus(self, other: Amount) -> Amount {
         Amount {
             rate: self.rate + other.rate,
             in_flight: self.in_flight.saturating_add(other.in_flight),

@@ -133,6 +133,11 @@ impl SimAdmin {
         })
     }
 
+    /// A sync turned away at `now` before it was read (shed).
+    pub fn turned_away(&self, now: Instant) {
+        self.ledgers.turned_away_at(now);
+    }
+
     /// The ledgers' store stops answering (down), or answers again
     /// (back, empty: a Redis restarted without persistence).
     pub fn set_ledgers_up(&mut self, up: bool) {

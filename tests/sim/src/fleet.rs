@@ -84,6 +84,12 @@ pub struct FleetOutcome {
     pub refused_while_down: u64,
     /// Every share an Envoy took: when, which Envoy, of what, how much.
     pub taken: Vec<(Instant, usize, String, Amount)>,
+    /// Syncs the admin turned away unread ([`Network::turn_away`]).
+    pub turned_away: u64,
+    /// The most the running Envoys enforced of each global policy at
+    /// once (their shares, or the fallbacks of lapsed ones), as their
+    /// workers applied them, and when.
+    pub most_in_force: BTreeMap<String, (Amount, Instant)>,
 }
 
 pub struct Network {
@@ -97,6 +103,8 @@ pub struct Network {
     pub outcome: FleetOutcome,
     /// The limits whose ledger was recovering after the last sync.
     recovering: Vec<String>,
+    /// Envoys whose syncs the admin turns away, from, until.
+    turned_away: Vec<(usize, Instant, Instant)>,
 }
 
 /// What carrying a message asks of the world: messages to deliver later,
@@ -123,6 +131,28 @@ impl Network {
             held: Vec::new(),
             outcome,
             recovering: Vec::new(),
+            turned_away: Vec::new(),
+        }
+    }
+
+    /// The admin turns Envoy `envoy`'s syncs away unread from `from`
+    /// until `until`: a 503 telling it to come back in a second, as one
+    /// past its capacity sheds them.
+    pub fn turn_away(&mut self, envoy: usize, from: Instant, until: Instant) {
+        self.turned_away.push((envoy, from, until));
+    }
+
+    /// What the running Envoys enforce of each global policy at `now`.
+    pub fn in_force(&mut self, now: Instant, in_force: &BTreeMap<String, Amount>) {
+        for (name, amount) in in_force {
+            let most = self
+                .outcome
+                .most_in_force
+                .entry(name.clone())
+                .or_insert((Amount::default(), now));
+            if amount.rate > most.0.rate || amount.in_flight > most.0.in_flight {
+                *most = (most.0.max(*amount), now);
+            }
         }
     }
 
@@ -202,6 +232,27 @@ impl Network {
         }
         if call.path != SYNC_PATH {
             carried.later.push((now, give_up(from, call.token)));
+            return carried;
+        }
+        if self
+            .turned_away
+            .iter()
+            .any(|(envoy, start, until)| *envoy == from.envoy && (*start..*until).contains(&now))
+        {
+            self.outcome.turned_away += 1;
+            self.admin.turned_away(now);
+            let busy = HttpAnswer {
+                status: 503,
+                headers: vec![("retry-after", "1".to_string())],
+                body: Vec::new(),
+            };
+            self.answer(
+                &mut carried,
+                (from, call.token, gives_up),
+                (busy, None),
+                now,
+                rng,
+            );
             return carried;
         }
         self.outcome.syncs += 1;

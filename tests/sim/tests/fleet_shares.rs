@@ -10,7 +10,7 @@ use sluice_sim::callers::{Caller, Shape};
 use sluice_sim::fleet::Fleet;
 use sluice_sim::property::{for_seeds_by_default, verdict, Failure, DEFAULT_SEEDS};
 use sluice_sim::provider::ProviderShape;
-use sluice_sim::world::{run, Faults, Kill, Outcome, Pause, Scenario};
+use sluice_sim::world::{run, Faults, Kill, Outcome, Pause, Scenario, Shed};
 
 const LIMIT: u64 = 290;
 
@@ -115,6 +115,31 @@ fn served(outcome: &Outcome, from: u64, to: u64) -> u64 {
         .sum()
 }
 
+/// What the running Envoys' workers enforced together (their shares, or
+/// the fallbacks of lapsed ones) never added up past the limit, and
+/// [`within_the_limit`].
+///
+/// Not yet asked of every run: after an admin outage (seed 284), a lost
+/// ledger (161), a pause (10) or moving load (354) the Envoys enforced up
+/// to 341 of 290 at once for a moment, though the provider refused
+/// nothing (the next thing to look at, in issue 54's closing note).
+fn enforced_within_the_limit(outcome: &Outcome) -> Result<(), String> {
+    let fleet = outcome.fleet.as_ref().ok_or("not a fleet run")?;
+    for (name, limit) in &fleet.limits {
+        if let Some((enforced, at)) = fleet.most_in_force.get(name) {
+            if enforced.rate > limit.rate * (1.0 + 1e-9)
+                || (limit.in_flight > 0 && enforced.in_flight > limit.in_flight)
+            {
+                return Err(format!(
+                    "the Envoys enforced {enforced:?} of {name} at once {:?} into the run, over {limit:?}",
+                    *at - outcome.start
+                ));
+            }
+        }
+    }
+    within_the_limit(outcome)
+}
+
 /// The shares the live Envoys held never added up past the limit, and
 /// the provider refused nothing.
 fn within_the_limit(outcome: &Outcome) -> Result<(), String> {
@@ -138,13 +163,15 @@ fn within_the_limit(outcome: &Outcome) -> Result<(), String> {
     Ok(())
 }
 
-/// [`within_the_limit`] on every run, and `timing` on runs that lost no
-/// message: a lost message costs its timeout (an interval) and a sync.
+/// `within` (a check of the limit) on every run, and `timing` on runs
+/// that lost no message: a lost message costs its timeout (an interval)
+/// and a sync.
 fn within_the_limit_and_in_time(
     outcome: &Outcome,
+    within: fn(&Outcome) -> Result<(), String>,
     timing: impl FnOnce() -> Result<(), String>,
 ) -> Result<(), String> {
-    within_the_limit(outcome)?;
+    within(outcome)?;
     if outcome.fleet.as_ref().is_some_and(|f| f.lost > 0) {
         return Ok(());
     }
@@ -186,7 +213,7 @@ fn uneven_load_uses_the_global_limit_and_the_shares_never_exceed_it() {
             let callers = busy_beside_steady(envoys);
             let outcome = run(&scenario(seed, envoys, callers, Span::from_secs(12)), seed)
                 .map_err(|e| panic!("{e}"))?;
-            let checked = within_the_limit(&outcome)
+            let checked = enforced_within_the_limit(&outcome)
                 .and_then(|()| used(&outcome, (settled_from(seed), 12), 98.0));
             verdict(outcome, checked)
         },
@@ -227,7 +254,9 @@ fn moving_load_uses_the_global_limit() {
             // Each move costs about a sync and its round trips of the limit
             // (0.2 s at 200 ms): over 1 000 seeds the median used 96.2 %, the
             // worst 94.83 %, three seeds under the 95 % aimed at.
-            let checked = within_the_limit_and_in_time(&outcome, || used(&outcome, (3, 20), 94.5));
+            let checked = within_the_limit_and_in_time(&outcome, within_the_limit, || {
+                used(&outcome, (3, 20), 94.5)
+            });
             verdict(outcome, checked)
         },
     );
@@ -291,7 +320,7 @@ fn a_dead_envoys_share_moves_and_comes_back() {
             // trips between: the others told to sync, giving room back, saying
             // they hold less, it told to sync.
             let may_regrow = interval.saturating_mul(2) + LATENCY.saturating_mul(10);
-            let checked = within_the_limit_and_in_time(&outcome, || {
+            let checked = within_the_limit_and_in_time(&outcome, enforced_within_the_limit, || {
                 match moved {
                     Some(took) if took <= may_take => Ok(()),
                     _ => Err(format!("the others held 95 % of the limit {moved:?} after the kill (at most {may_take:?})")),
@@ -311,11 +340,12 @@ fn a_dead_envoys_share_moves_and_comes_back() {
 /// Uneven load over 2-4 Envoys with the admin out of their reach for
 /// `lasting` from 4 s on (`fault` sets it, and may change the policy and
 /// the provider with it), until `end`: the shares never add up past the
-/// limit, the provider refuses nothing, and 98 % of the limit is used
+/// limit (`within`), the provider refuses nothing, and 98 % of the limit is used
 /// from `settling` after (the Envoys' backoff of up to 5 s when their
 /// syncs failed, the ledger's recovery of 4.5 s) and two syncs.
 fn shares_come_back_after_the_admin(
     seed: u64,
+    within: fn(&Outcome) -> Result<(), String>,
     (lasting, settling, end): (Span, u64, u64),
     fault: impl FnOnce(&mut Scenario, Span),
 ) -> Result<Outcome, Failure> {
@@ -331,9 +361,9 @@ fn shares_come_back_after_the_admin(
     // use is not what is measured (a share of 30 slots at answers of up
     // to 60 ms holds the busy Envoy back on its own).
     let checked = if scenario.provider.max_in_flight.is_some() {
-        within_the_limit(&outcome)
+        within(&outcome)
     } else {
-        within_the_limit_and_in_time(&outcome, || used(&outcome, (from, end), 98.0))
+        within_the_limit_and_in_time(&outcome, within, || used(&outcome, (from, end), 98.0))
     };
     verdict(outcome, checked)
 }
@@ -352,7 +382,7 @@ fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
         SEEDS,
         |seed| {
             let down = Span::from_secs(1 + seed / 72 % 4);
-            shares_come_back_after_the_admin(seed, (down, 10, 24), |run, at| {
+            shares_come_back_after_the_admin(seed, within_the_limit, (down, 10, 24), |run, at| {
                 run.faults.admin_down = vec![(at, down)];
             })
         },
@@ -376,9 +406,14 @@ fn an_admin_stall_never_costs_the_limit_and_shares_come_back() {
         SEEDS,
         |seed| {
             let stall = Span::from_millis(500 + seed * 7_919 % 3_500);
-            shares_come_back_after_the_admin(seed, (stall, 10, 24), |run, at| {
-                run.faults.admin_stalls = vec![(at, stall)];
-            })
+            shares_come_back_after_the_admin(
+                seed,
+                enforced_within_the_limit,
+                (stall, 10, 24),
+                |run, at| {
+                    run.faults.admin_stalls = vec![(at, stall)];
+                },
+            )
         },
     );
 }
@@ -399,7 +434,7 @@ fn a_lost_ledger_never_costs_the_limit_and_shares_come_back() {
         SEEDS,
         |seed| {
             let down = Span::from_millis(100 + seed * 7_919 % 3_900);
-            shares_come_back_after_the_admin(seed, (down, 5, 17), |run, at| {
+            shares_come_back_after_the_admin(seed, within_the_limit, (down, 5, 17), |run, at| {
                 run.faults.ledger_losses = vec![(at, down)];
                 if seed % 2 == 1 {
                     // The end-to-end test's policy: a shorter lease, and
@@ -408,6 +443,43 @@ fn a_lost_ledger_never_costs_the_limit_and_shares_come_back() {
                     run.provider.max_in_flight = Some(30);
                 }
             })
+        },
+    );
+}
+
+/// Past its capacity the admin sheds syncs (503 before reading them):
+/// one to all but one of 2-4 Envoys under uneven load have theirs turned
+/// away for 1 to 9 s from 4 s on while the others' go through. Each
+/// keeps its share until its lease ends, then its fallback, and goes on
+/// trying; the admin, which cannot tell it from a dead Envoy, keeps its
+/// reservation while it turns syncs away (else it gave the room to the
+/// others while the fallback still ran: the fleet enforced up to 245 %
+/// of a limit, docs/BENCHMARKS.md section 12 at cd2fa4d). The Envoys
+/// never enforce more than the limit together, the provider refuses
+/// nothing, and once the shedding ends the shares follow demand again
+/// within a backoff, a lease and a half and two syncs.
+#[test]
+fn syncs_shed_never_cost_the_limit_and_shares_come_back() {
+    for_seeds_by_default(
+        "fleet_shares::syncs_shed_never_cost_the_limit_and_shares_come_back",
+        SEEDS,
+        |seed| {
+            let lasting = Span::from_millis(1_000 + seed * 7_919 % 8_000);
+            shares_come_back_after_the_admin(
+                seed,
+                enforced_within_the_limit,
+                (lasting, 10, 26),
+                |run, at| {
+                    let envoys = run.fleet.as_ref().map_or(2, |f| f.envoys);
+                    // Which are shed: the steady ones (their room goes to the
+                    // busy one once forgotten), and on odd seeds the busy one.
+                    let shed = 1 + (seed / 2) as usize % (envoys - 1);
+                    let first = if seed % 2 == 1 { 0 } else { 1 };
+                    run.faults.sheds = (first..first + shed)
+                        .map(|envoy| Shed { envoy, at, lasting })
+                        .collect();
+                },
+            )
         },
     );
 }

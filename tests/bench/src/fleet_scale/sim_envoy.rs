@@ -40,7 +40,7 @@ const NEWS_GAP: Duration = Duration::from_millis(50);
 /// `sync_timeout` bounds its own calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The filter's longest wait between syncs after failures.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(sluice_wire::sync::MAX_SYNC_BACKOFF_MS);
 /// How long the admin may hold a watch, and how long one is waited for.
 const WATCH_WAIT_MS: &str = "20000";
 const WATCH_TIMEOUT: Duration = Duration::from_secs(30);

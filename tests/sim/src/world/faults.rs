@@ -31,6 +31,19 @@ pub struct Faults {
     /// for so long, then back empty (no persistence): syncs meanwhile get
     /// no shares, and every lease it knew is gone.
     pub ledger_losses: Vec<(Span, Span)>,
+    /// Envoys whose syncs the admin turns away unread (503, as one past
+    /// its capacity sheds them, or whose store fails them) while the
+    /// others' go through.
+    pub sheds: Vec<Shed>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Shed {
+    pub envoy: usize,
+    /// This long into the run.
+    pub at: Span,
+    /// Its syncs turned away for so long.
+    pub lasting: Span,
 }
 
 #[derive(Debug, Clone, Copy)]

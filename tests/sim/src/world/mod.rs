@@ -6,6 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
+use sluice_shared::fleet::Amount;
 use sluice_shared::time::{Instant, Span};
 
 use sluice_filter::sync::SyncSettings;
@@ -24,7 +25,7 @@ mod calls;
 mod faults;
 mod upstream;
 
-pub use faults::{Faults, Kill, Pause};
+pub use faults::{Faults, Kill, Pause, Shed};
 use upstream::Attempt;
 
 /// What to simulate.
@@ -132,10 +133,13 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, String> {
     let start = Instant::from_nanos(EPOCH_SECS * 1_000_000_000 + phase);
     let clock = Rc::new(Cell::new(start));
     let network = match &scenario.fleet {
-        Some(fleet) => Some(Network::new(
-            fleet.clone(),
-            SimAdmin::new(&scenario.policies, seed)?,
-        )),
+        Some(fleet) => {
+            let mut network = Network::new(fleet.clone(), SimAdmin::new(&scenario.policies, seed)?);
+            for shed in &scenario.faults.sheds {
+                network.turn_away(shed.envoy, start + shed.at, start + shed.at + shed.lasting);
+            }
+            Some(network)
+        }
         None => None,
     };
     let envoys = network.as_ref().map_or(1, |n| n.fleet.envoys.max(1));
@@ -479,6 +483,7 @@ impl World {
             return;
         }
         let passed = e.tick(worker);
+        self.note_in_force(now);
         for (stream, passage) in passed {
             if let Some(conn) = self.conn_of(envoy, stream) {
                 self.passed(now, (envoy, conn), stream, passage);
@@ -486,6 +491,33 @@ impl World {
         }
         self.tick_again(envoy, worker, now);
         self.carry_calls(envoy, now);
+    }
+
+    /// What the Envoys running now enforce of each global policy, added
+    /// up (each Envoy's workers apply the shares it holds alike; a paused
+    /// Envoy admits nothing, and applies its shares again when it goes on).
+    fn note_in_force(&mut self, now: Instant) {
+        let Some(network) = self.network.as_mut() else {
+            return;
+        };
+        let mut in_force: BTreeMap<String, Amount> = BTreeMap::new();
+        for (index, envoy) in self.envoys.iter().enumerate() {
+            let Some(envoy) = envoy.as_ref().filter(|_| self.paused_until[index] <= now) else {
+                continue;
+            };
+            let mut most: BTreeMap<&String, Amount> = BTreeMap::new();
+            for w in &envoy.workers {
+                for (name, amount) in w.worker.shares_in_force() {
+                    let m = most.entry(name).or_default();
+                    *m = m.max(*amount);
+                }
+            }
+            for (name, amount) in most {
+                let sum = in_force.entry(name.clone()).or_default();
+                *sum = sum.plus(amount);
+            }
+        }
+        network.in_force(now, &in_force);
     }
 
     /// A call of Envoy `envoy`'s workers' to the admin goes out.
