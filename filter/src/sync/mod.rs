@@ -19,10 +19,12 @@
 pub mod fleet;
 pub mod watch;
 
+use sluice_filter_core::matcher::CompiledPolicySet;
 use sluice_filter_core::plugin::PluginConfig;
+use sluice_shared::fleet::{sync_backoff_bound, FleetTerms};
 use sluice_shared::time::{Instant, Span};
 use sluice_shared::validate::parse_policy_set;
-use sluice_shared::PolicySet;
+use sluice_shared::{PolicySet, Scope};
 use sluice_wire::sync::SYNC_PATH;
 use sluice_wire::sync_answer::ReceivedHeaders;
 
@@ -31,7 +33,7 @@ use crate::host::Host;
 use crate::store::{Store, StoreError};
 
 /// Longest wait between attempts while the admin keeps failing.
-const MAX_BACKOFF: Span = Span::from_millis(sluice_wire::sync::MAX_SYNC_BACKOFF_MS);
+pub(crate) const MAX_BACKOFF: Span = Span::from_millis(sluice_wire::sync::MAX_SYNC_BACKOFF_MS);
 /// Larger answers are refused unread.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
@@ -123,8 +125,9 @@ pub fn hurry<H: Host + ?Sized>(host: &H, store: &mut Store, now: Instant) {
 
 /// After a sync: a failure pushes the next turn back, the interval after
 /// one failure (a lost answer, noticed only at its timeout), then doubling
-/// up to 5 s (so syncs resume within 5 s of the admin answering again);
-/// a success clears the backoff. (Doubling from the first, one lost
+/// up to `longest` (5 s, or half the shortest share lease held:
+/// [`longest_backoff`]; so syncs resume within it of the admin answering
+/// again); a success clears the backoff. (Doubling from the first, one lost
 /// answer left an Envoy three intervals without a sync, a lease at the
 /// default 1 s and 3 s: its share lapsed to its fallback; the simulated
 /// fleet, `tests/sim/tests/fleet_shares.rs` with 1 % of messages lost.)
@@ -133,6 +136,7 @@ pub fn finish_turn<H: Host + ?Sized>(
     store: &mut Store,
     now: Instant,
     interval: Span,
+    longest: Span,
     ok: bool,
 ) {
     // A failure is counted and logged by the store; the next claim then
@@ -147,11 +151,28 @@ pub fn finish_turn<H: Host + ?Sized>(
             turn.failures = turn.failures.saturating_add(1);
             let backoff = interval
                 .saturating_mul(1 << (turn.failures - 1).min(16))
-                .min(MAX_BACKOFF);
+                .min(longest);
             turn.next_due = now + backoff.max(interval);
         }
         ((), true)
     });
+}
+
+/// The longest wait between sync attempts while they fail, for an Envoy
+/// enforcing `policies`: 5 s, or half the shortest lease of a share of a
+/// global policy or limit it may hold (`sync_backoff_bound`).
+pub fn longest_backoff(policies: &CompiledPolicySet) -> Span {
+    let leases = policies.all().flat_map(|p| {
+        let own = p
+            .is_global()
+            .then(|| FleetTerms::of_policy(&p.policy).lease);
+        let limits = p
+            .rate_limit_specs()
+            .filter(|(spec, _)| spec.scope == Scope::Global)
+            .map(|(spec, _)| FleetTerms::of_limit(spec).lease);
+        own.into_iter().chain(limits)
+    });
+    sync_backoff_bound(leases, MAX_BACKOFF)
 }
 
 pub(crate) fn read_u64(bytes: Option<&[u8]>) -> Option<u64> {
@@ -373,6 +394,39 @@ mod tests {
         Instant::from_nanos(secs * 1_000_000_000)
     }
 
+    /// An Envoy holding shares waits at most half the shortest lease
+    /// between failing syncs: the admin keeps a silent one's reservation
+    /// a lease and a half after it last heard it.
+    #[test]
+    fn syncs_back_off_within_half_the_shortest_share_lease() {
+        let compiled = |json: &str| CompiledPolicySet::from_json(json).expect("a valid set");
+        let local = compiled(
+            r#"{"version": 1, "policies": [{"name": "bank", "match": {"host": "b"}, "rate": {"requests": 5, "period": "1s"}}]}"#,
+        );
+        assert_eq!(longest_backoff(&local), MAX_BACKOFF);
+        let global = compiled(
+            r#"{"version": 1, "policies": [
+                {"name": "bank", "match": {"host": "b"}, "rate": {"requests": 5, "period": "1s"}},
+                {"name": "llm", "match": {"host": "l"}, "scope": "global", "share_lease": "2s",
+                 "rate": {"requests": 300, "period": "1s"}}]}"#,
+        );
+        assert_eq!(longest_backoff(&global), SEC);
+        let host = FakeHost::at(at(10));
+        let mut store = Store::default();
+        assert!(claim_turn(
+            &host,
+            &mut store,
+            at(10),
+            Span::from_millis(200)
+        ));
+        let mut now = at(10);
+        for _ in 0..10 {
+            finish_turn(&host, &mut store, now, Span::from_millis(200), SEC, false);
+            now += SEC;
+            assert!(claim_turn(&host, &mut store, now, Span::from_millis(200)));
+        }
+    }
+
     fn set(version: u64, requests: u64) -> PolicySet {
         parse_policy_set(&format!(
             r#"{{"version": {version}, "policies": [{{"name": "bank", "match": {{"host": "b"}}, "rate": {{"requests": {requests}, "period": "1s"}}}}]}}"#
@@ -394,7 +448,7 @@ mod tests {
         // Four failures: the interval, 2 s, 4 s, then the cap of 5 s.
         let mut now = at(11);
         for expected in [1, 2, 4, 5] {
-            finish_turn(&host, &mut store, now, SEC, false);
+            finish_turn(&host, &mut store, now, SEC, MAX_BACKOFF, false);
             assert!(!claim_turn(
                 &host,
                 &mut store,
@@ -405,7 +459,7 @@ mod tests {
             assert!(claim_turn(&host, &mut store, now, SEC));
         }
         for _ in 0..20 {
-            finish_turn(&host, &mut store, now, SEC, false);
+            finish_turn(&host, &mut store, now, SEC, MAX_BACKOFF, false);
         }
         assert!(
             !claim_turn(&host, &mut store, now + secs(5) - Span::from_nanos(1), SEC),
@@ -415,7 +469,7 @@ mod tests {
             claim_turn(&host, &mut store, now + secs(5), SEC),
             "backoff stops at 5 s"
         );
-        finish_turn(&host, &mut store, now + secs(5), SEC, true);
+        finish_turn(&host, &mut store, now + secs(5), SEC, MAX_BACKOFF, true);
         assert!(
             claim_turn(&host, &mut store, now + secs(6), SEC),
             "success: back to the interval"

@@ -85,6 +85,18 @@ impl FleetShares {
             return None;
         };
         self.pick_up(host);
+        if shares.values().any(|s| s.expires_at <= ctx.now) {
+            // Its shares ended before it was taken: it waited out a stall
+            // of this process (Envoy gives up on a call long before a lease
+            // ends otherwise), and the admin, which heard nothing from this
+            // Envoy meanwhile, may have given their room away. As a share
+            // that lapsed during a stall (`lapsed_asleep`), they give
+            // nothing: the shares held stay, until a later sync brings
+            // others (the simulator's `a_paused_envoy_never_costs_the_limit`,
+            // seed 801: their fallback, taken 20 ms after the stall, had
+            // the fleet enforce 435 of 290).
+            return Some(Shrank(false));
+        }
         let shrank = shares.iter().any(|(name, new)| {
             self.held.get(name).is_some_and(|old| {
                 new.amount.rate < old.amount.rate * SHRINK_TO_TELL

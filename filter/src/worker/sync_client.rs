@@ -66,6 +66,9 @@ pub(super) struct SyncClient {
     watch_failing: bool,
     /// Another VM holds the watch until then.
     watch_held_until: Instant,
+    /// The longest wait between sync attempts while they fail, for the
+    /// policies of this VM's last sync (None: none yet).
+    longest_backoff: Option<Span>,
 }
 
 /// The watch call a VM holds open: its token, when it went, and the set
@@ -222,6 +225,8 @@ impl SyncClient {
         if !policy_sync::claim_turn(host, store, now, settings.interval) {
             return;
         }
+        let longest_backoff = policy_sync::longest_backoff(policies);
+        self.longest_backoff = Some(longest_backoff);
         let mut report = self.snapshot(host, store, policies, &settings.instance, now);
         report.budgets = budgets.report(host, policies, now);
         report.limits = limit_reports(host, policies, now, &mut self.spend);
@@ -241,7 +246,14 @@ impl SyncClient {
             Some(token) => self.pending_call = Some((token, now)),
             None => {
                 metrics.add_filter(FilterCounter::SyncFailures, 1);
-                policy_sync::finish_turn(host, store, now, settings.interval, false);
+                policy_sync::finish_turn(
+                    host,
+                    store,
+                    now,
+                    settings.interval,
+                    longest_backoff,
+                    false,
+                );
                 host.log(
                     Level::Warn,
                     &format!(
@@ -481,7 +493,8 @@ impl SyncClient {
         };
         metrics.add_filter(stat, 1);
         if let Some(settings) = &self.settings {
-            policy_sync::finish_turn(host, store, host.now(), settings.interval, ok);
+            let longest = self.longest_backoff.unwrap_or(policy_sync::MAX_BACKOFF);
+            policy_sync::finish_turn(host, store, host.now(), settings.interval, longest, ok);
         }
         installed
     }

@@ -874,7 +874,9 @@ mod tests {
         ledger.keep_the_silent_until(t(5_000));
         let mut b = b2;
         // b syncs every second (a longer gap is the admin's own outage).
-        for ms in [1_000, 2_000, 3_030, 4_000, 5_000, 6_000, 7_000, 8_000, 8_999] {
+        for ms in [
+            1_000, 2_000, 3_030, 4_000, 5_000, 6_000, 7_000, 8_000, 8_999,
+        ] {
             b = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b), t(ms));
             assert_eq!(b.amount.in_flight, 50, "at {ms} ms");
             assert_eq!(ledger.members(&TERMS, t(ms)).len(), 2, "at {ms} ms");

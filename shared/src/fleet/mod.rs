@@ -46,7 +46,7 @@ use crate::policy::Policy;
 pub use allocation::{allocate, FLOOR_FRACTION, RATE_HEADROOM};
 pub use demand::{demand_between, used_between, Demand, Usage};
 pub use ledger::{share_in_force, FleetTerms, Held, Ledger, MemberState, Share, USED_WINDOW};
-pub use share::{lapsed_asleep, STALL};
+pub use share::{lapsed_asleep, sync_backoff_bound, STALL};
 pub use share_limits::{limits_for_share, rate_for_share, ShareLimits, MIN_SHARE_BURST};
 pub use share_tag::ShareTags;
 

@@ -59,6 +59,23 @@ pub fn lapsed_asleep(share: &Share, last_ran: Instant, now: Instant) -> bool {
     now - last_ran > STALL && share.expires_at > last_ran && share.expires_at <= now
 }
 
+/// The longest an instance holding shares leased for `leases` may wait
+/// between two sync attempts while they fail: half the shortest lease,
+/// and never more than `most`. The admin keeps a silent instance's
+/// reservation a lease and a half after it last heard it, while the
+/// instance enforces its fallback for as long as its syncs fail: one
+/// that waited longer (5 s at a 3 s lease, its one answer after an
+/// admin outage lost) was taken for dead while it enforced its fallback,
+/// and the fleet enforced 341 of a limit of 290 (the simulator's
+/// `an_admin_outage_never_costs_the_limit_and_shares_come_back`, seed
+/// 284).
+pub fn sync_backoff_bound(leases: impl IntoIterator<Item = Span>, most: Span) -> Span {
+    leases
+        .into_iter()
+        .map(|lease| lease.div(2))
+        .fold(most, Span::min)
+}
+
 fn even_split(limit: Amount, instances: u32) -> Amount {
     let n = instances.max(1);
     Amount {
@@ -84,6 +101,17 @@ mod tests {
             expires_at: at(ms),
             instances: 2,
         }
+    }
+
+    #[test]
+    fn syncs_back_off_at_most_half_the_shortest_lease() {
+        let most = Span::from_secs(5);
+        assert_eq!(sync_backoff_bound([], most), most);
+        assert_eq!(
+            sync_backoff_bound([Span::from_secs(20), Span::from_secs(3)], most),
+            Span::from_millis(1_500)
+        );
+        assert_eq!(sync_backoff_bound([Span::from_secs(60)], most), most);
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub struct SimWorker {
     pub scheduled: Span,
     /// Bumped when the tick is scheduled again: older ticks are stale.
     pub tick_generation: u64,
+    /// When it last ticked (applying the shares in force then).
+    pub ticked_at: Option<Instant>,
 }
 
 /// What became of a call as its request's headers passed.
@@ -145,6 +147,7 @@ impl SimEnvoy {
                 host,
                 scheduled,
                 tick_generation: 0,
+                ticked_at: None,
             });
         }
         Ok(Self {
@@ -187,6 +190,7 @@ impl SimEnvoy {
                 host,
                 scheduled,
                 tick_generation: 0,
+                ticked_at: None,
             });
         }
         Ok(())

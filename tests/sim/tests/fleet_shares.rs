@@ -119,10 +119,13 @@ fn served(outcome: &Outcome, from: u64, to: u64) -> u64 {
 /// the fallbacks of lapsed ones) never added up past the limit, and
 /// [`within_the_limit`].
 ///
-/// Not yet asked of every run: after an admin outage (seed 284), a lost
-/// ledger (161), a pause (10) or moving load (354) the Envoys enforced up
-/// to 341 of 290 at once for a moment, though the provider refused
-/// nothing (the next thing to look at, in issue 54's closing note).
+/// Not yet asked of every run, as two cases break it for moments the
+/// provider never saw (it refused nothing): a worker applies a smaller
+/// share at its next tick, while its Envoy, told the smaller one by
+/// another worker, already said it holds it (moving load, seed 354: 299.7
+/// of 290 for 4 ms); and one lost sync at a 1 s interval and a 2 s lease
+/// leaves an Envoy silent for a lease and a half, given away while it
+/// enforces its fallback (a lost ledger, seed 161: 297.25 for 18 ms).
 fn enforced_within_the_limit(outcome: &Outcome) -> Result<(), String> {
     let fleet = outcome.fleet.as_ref().ok_or("not a fleet run")?;
     for (name, limit) in &fleet.limits {
@@ -382,9 +385,14 @@ fn an_admin_outage_never_costs_the_limit_and_shares_come_back() {
         SEEDS,
         |seed| {
             let down = Span::from_secs(1 + seed / 72 % 4);
-            shares_come_back_after_the_admin(seed, within_the_limit, (down, 10, 24), |run, at| {
-                run.faults.admin_down = vec![(at, down)];
-            })
+            shares_come_back_after_the_admin(
+                seed,
+                enforced_within_the_limit,
+                (down, 10, 24),
+                |run, at| {
+                    run.faults.admin_down = vec![(at, down)];
+                },
+            )
         },
     );
 }
@@ -511,7 +519,7 @@ fn a_paused_envoy_never_costs_the_limit() {
                 lasting: Span::from_millis(300 + seed * 7_919 % 5_700),
             }];
             let outcome = run(&scenario, seed).map_err(|e| panic!("{e}"))?;
-            let checked = within_the_limit(&outcome);
+            let checked = enforced_within_the_limit(&outcome);
             verdict(outcome, checked)
         },
     );

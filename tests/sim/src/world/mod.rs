@@ -483,6 +483,7 @@ impl World {
             return;
         }
         let passed = e.tick(worker);
+        e.workers[worker].ticked_at = Some(now);
         self.note_in_force(now);
         for (stream, passage) in passed {
             if let Some(conn) = self.conn_of(envoy, stream) {
@@ -494,8 +495,10 @@ impl World {
     }
 
     /// What the Envoys running now enforce of each global policy, added
-    /// up (each Envoy's workers apply the shares it holds alike; a paused
-    /// Envoy admits nothing, and applies its shares again when it goes on).
+    /// up: each Envoy's workers apply the shares it holds alike, at their
+    /// ticks; a paused Envoy admits nothing, and each of its workers
+    /// applies its shares again at its first tick when it goes on (the
+    /// share that lapsed meanwhile gives nothing: `lapsed_asleep`).
     fn note_in_force(&mut self, now: Instant) {
         let Some(network) = self.network.as_mut() else {
             return;
@@ -506,7 +509,12 @@ impl World {
                 continue;
             };
             let mut most: BTreeMap<&String, Amount> = BTreeMap::new();
-            for w in &envoy.workers {
+            let went_on = self.paused_until[index];
+            for w in envoy
+                .workers
+                .iter()
+                .filter(|w| w.ticked_at >= Some(went_on))
+            {
                 for (name, amount) in w.worker.shares_in_force() {
                     let m = most.entry(name).or_default();
                     *m = m.max(*amount);
