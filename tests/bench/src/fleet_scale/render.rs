@@ -17,7 +17,7 @@ pub(super) fn render(rows: &[Measured], seconds: u64) -> String {
          one `scope: global` policy: the calls it was asked, 2 to 20 a second from one Envoy to the next, and those \
          its fleet share let through, admitted, the rest refused, none before its first share; its calls in flight, \
          each taking 200 ms; the fleet share it was last given echoed back), its share read from each answer's \
-         headers, and after a failed or shed sync (`503`) its interval doubled each time, at most 5 s, as the filter backs off. Counted for ",
+         headers, and after a failed or shed sync (`503`) its interval doubled each time, at most half the share lease (1.5 s), as the filter backs off. Counted for ",
     );
     let _ = write!(
         s,

@@ -39,8 +39,14 @@ const NEWS_GAP: Duration = Duration::from_millis(50);
 /// How long a simulated Envoy waits for one answer, as the filter's
 /// `sync_timeout` bounds its own calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// The filter's longest wait between syncs after failures.
-const MAX_BACKOFF: Duration = Duration::from_millis(sluice_wire::sync::MAX_SYNC_BACKOFF_MS);
+/// The filter's longest wait between syncs after failures, holding a
+/// share of the global policy (its default lease): half that lease, at
+/// most 5 s (`sync_backoff_bound`).
+fn longest_backoff() -> Duration {
+    let lease = sluice_shared::Scope::DEFAULT_SHARE_LEASE.as_span();
+    let most = sluice_shared::Span::from_millis(sluice_wire::sync::MAX_SYNC_BACKOFF_MS);
+    Duration::from_millis(sluice_shared::fleet::sync_backoff_bound([lease], most).as_millis())
+}
 /// How long the admin may hold a watch, and how long one is waited for.
 const WATCH_WAIT_MS: &str = "20000";
 const WATCH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -276,11 +282,12 @@ impl SimEnvoy {
                         self.fleet.failed.fetch_add(1, Ordering::SeqCst);
                     }
                     // As the filter backs off (`finish_turn`): its interval,
-                    // doubled after each failure in a row, at most 5 s.
+                    // doubled after each failure in a row, at most half
+                    // the share lease.
                     failures = failures.saturating_add(1);
                     let backoff = SYNC_EVERY
                         .saturating_mul(1 << (failures - 1).min(16))
-                        .min(MAX_BACKOFF);
+                        .min(longest_backoff());
                     self.wait_for_turn(tokio::time::Instant::now() + backoff)
                         .await;
                     next = tokio::time::Instant::now();
