@@ -11,9 +11,9 @@
 //! Either way a ledger is kept for an hour after its last sync.
 
 mod replicated;
+mod turned_away;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use sluice_api::FleetPolicy;
@@ -24,9 +24,10 @@ use crate::clock::MonotonicWall;
 use crate::expiring::ExpiringMap;
 use crate::kv::{KvError, RedisConnection};
 use replicated::ReplicatedLedgers;
-use sluice_shared::{Instant, PolicySet, Scope, Span};
+use sluice_shared::{Instant, PolicySet, Scope};
 use sluice_wire::stats::{LimitCounter, PolicyCounter};
-use sluice_wire::sync::{ShareMessage, SharesMessage, SyncReport, MAX_SYNC_BACKOFF_MS};
+use sluice_wire::sync::{ShareMessage, SharesMessage, SyncReport};
+use turned_away::TurnedAway;
 
 /// Attempts before a sync gives up on a contended ledger in Redis.
 const MAX_CAS_ATTEMPTS: u32 = 32;
@@ -90,9 +91,8 @@ pub struct Ledgers {
     /// When each instance's claim of a share nobody issued was last
     /// logged: at most once a minute each.
     refused_logged: Mutex<BTreeMap<String, std::time::Instant>>,
-    /// When this admin last turned a sync away unheard, in milliseconds
-    /// of the lease clock (0: never; see [`Self::turned_away`]).
-    turned_away_ms: AtomicU64,
+    /// When this admin last turned a sync away unheard.
+    turned_away: TurnedAway,
 }
 
 /// Instances whose refused claims are remembered for the log's sake.
@@ -125,7 +125,7 @@ impl Ledgers {
             seen: Mutex::new(HashSet::new()),
             tags: ShareTags::new(secret),
             refused_logged: Mutex::new(BTreeMap::new()),
-            turned_away_ms: AtomicU64::new(0),
+            turned_away: TurnedAway::default(),
         }
     }
 
@@ -205,20 +205,7 @@ impl Ledgers {
 
     /// [`Self::turned_away`] at `now` on the lease clock.
     pub fn turned_away_at(&self, now: Instant) {
-        self.turned_away_ms
-            .fetch_max(now.as_millis(), Ordering::Relaxed);
-    }
-
-    /// Until when a ledger of `terms` keeps its silent members, if this
-    /// admin ever turned a sync away.
-    fn silent_kept_until(&self, terms: &FleetTerms) -> Option<Instant> {
-        let at = self.turned_away_ms.load(Ordering::Relaxed);
-        (at > 0).then(|| {
-            Instant::from_millis(at)
-                + terms.lease
-                + terms.lease.div(2)
-                + Span::from_millis(2 * MAX_SYNC_BACKOFF_MS)
-        })
+        self.turned_away.note(now);
     }
 
     /// Now, on the clock leases are measured on.
@@ -331,7 +318,7 @@ impl Ledgers {
         held: Held,
         now: Instant,
     ) -> Result<(Share, bool), FleetError> {
-        let kept_until = self.silent_kept_until(terms);
+        let kept_until = self.turned_away.silent_kept_until(terms);
         self.update(name, instance, terms, now, |ledger| {
             if let Some(until) = kept_until {
                 ledger.keep_the_silent_until(until);
