@@ -833,14 +833,21 @@ mod tests {
         assert_eq!(ledger.held_back("nobody"), Amount::default());
     }
 
-    #[test]
-    fn a_dead_instance_share_returns_a_lease_and_a_half_after_it_last_synced() {
+    /// a and b, each wanting half: a's last sync is at 30 ms, b's at
+    /// 40 ms. The ledger and b's last share.
+    fn a_last_synced_at_30_ms_beside_b() -> (Ledger, Share) {
         let mut ledger = Ledger::default();
         let a1 = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
         let b1 = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
         let a2 = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a1), t(20));
         ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a2), t(30));
         let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1), t(40));
+        (ledger, b2)
+    }
+
+    #[test]
+    fn a_dead_instance_share_returns_a_lease_and_a_half_after_it_last_synced() {
+        let (mut ledger, b2) = a_last_synced_at_30_ms_beside_b();
         assert_eq!(b2.amount.in_flight, 50);
         // a dies after its sync at 30 ms. Its share runs to 2 030 ms; then
         // its fallback (min(50, 100 / 2)) stays reserved until 3 030 ms.
@@ -856,19 +863,14 @@ mod tests {
         assert_eq!(ledger.members(&TERMS, t(3_030)).len(), 1);
     }
 
-    /// As above, but the admin turns syncs away (shed) at 1 500 ms: a,
-    /// silent, may be one of those it turned away, alive and enforcing its
-    /// fallback; nor does a closed connection prove it dead meanwhile. Its
-    /// fallback stays reserved until the time the admin keeps the silent,
-    /// however much the admin turns away later (never sooner).
+    /// As above, but the admin keeps the silent until 9 000 ms (it turned
+    /// syncs away): a, silent, may be one of those it turned away, alive
+    /// and enforcing its fallback; nor does a closed connection prove it
+    /// dead meanwhile. Its fallback stays reserved until that time, which
+    /// an earlier one asked later never shortens.
     #[test]
     fn a_silent_instance_is_kept_while_the_admin_turns_syncs_away() {
-        let mut ledger = Ledger::default();
-        let a1 = ledger.sync(&TERMS, "a", wants(500.0, 50), None, t(0));
-        let b1 = ledger.sync(&TERMS, "b", wants(500.0, 50), None, t(10));
-        let a2 = ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a1), t(20));
-        ledger.sync(&TERMS, "a", wants(500.0, 50), Some(a2), t(30));
-        let b2 = ledger.sync(&TERMS, "b", wants(500.0, 50), Some(b1), t(40));
+        let (mut ledger, b2) = a_last_synced_at_30_ms_beside_b();
         ledger.departed("a", t(100));
         ledger.keep_the_silent_until(t(9_000));
         ledger.keep_the_silent_until(t(5_000));
